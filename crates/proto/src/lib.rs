@@ -1,0 +1,43 @@
+//! The virtsoc wire protocol, shared by the host daemon and the guest library.
+//!
+//! This crate owns everything both sides must agree on byte for byte:
+//! - [`layout`]: where the rings, the fence page and the data area sit in the shared window;
+//! - [`wire`]: the fixed-size ring entries, opcodes, access modes and status codes;
+//! - [`window`]: bounds-checked access to a mapped window (vm-memory over a memfd or a PCI BAR);
+//! - [`ring`]: the lock-free single-producer/single-consumer rings and their doorbells;
+//! - [`handshake`]: the connection handshake and file-descriptor passing on the Unix socket.
+//!
+//! Nothing here trusts the peer: every index, offset and length read from the window is checked
+//! and a violation is a [`ProtoError`], never a panic.
+
+pub mod handshake;
+pub mod layout;
+pub mod ring;
+pub mod wire;
+pub mod window;
+
+pub use layout::WindowLayout;
+pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
+pub use window::SharedWindow;
+
+/// Errors of the protocol layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("bad handshake: {0}")]
+    Handshake(String),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("peer violated the ring protocol: {0}")]
+    RingViolation(&'static str),
+    #[error("window access out of bounds: offset {offset} len {len} (window {size} bytes)")]
+    OutOfBounds { offset: u64, len: u64, size: u64 },
+    #[error("invalid window layout: {0}")]
+    Layout(String),
+    #[error("memory mapping failed: {0}")]
+    Mmap(String),
+    #[error("peer closed the connection")]
+    Closed,
+}
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, ProtoError>;

@@ -1,0 +1,330 @@
+//! Lock-free single-producer/single-consumer rings in the shared window, and doorbells.
+//!
+//! Each ring has a tail (written only by its producer) and a head (written only by its
+//! consumer) in the control page. Each side keeps its own index privately and never trusts
+//! the index the peer published beyond a range check: a peer that publishes a tail more than
+//! `entries` ahead is a [`ProtoError::RingViolation`].
+//!
+//! Doorbells follow spin-then-sleep: the waiter spins briefly on the ring, then announces that
+//! it sleeps and sleeps on a futex word; the notifier bumps that word and wakes only when the
+//! waiter announced sleep. The [`Doorbell`] trait is the seam for other transports (a
+//! virtio-serial port for VM guests).
+
+use std::marker::PhantomData;
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vm_memory::ByteValued;
+
+use crate::layout::{ctl, WindowLayout, CONTROL_OFFSET, SQ_OFFSET};
+use crate::wire::{Completion, Request};
+use crate::window::SharedWindow;
+use crate::{ProtoError, Result};
+
+/// Where one ring lives in the window.
+#[derive(Debug, Clone, Copy)]
+struct RingPlace {
+    tail: u64,
+    head: u64,
+    entries_at: u64,
+    entries: u32,
+    entry_size: u64,
+}
+
+impl RingPlace {
+    fn sq(l: &WindowLayout) -> Self {
+        RingPlace {
+            tail: CONTROL_OFFSET + ctl::SQ_TAIL,
+            head: CONTROL_OFFSET + ctl::SQ_HEAD,
+            entries_at: SQ_OFFSET,
+            entries: l.sq_entries,
+            entry_size: Request::SIZE as u64,
+        }
+    }
+
+    fn cq(l: &WindowLayout) -> Self {
+        RingPlace {
+            tail: CONTROL_OFFSET + ctl::CQ_TAIL,
+            head: CONTROL_OFFSET + ctl::CQ_HEAD,
+            entries_at: l.cq_offset(),
+            entries: l.cq_entries,
+            entry_size: Completion::SIZE as u64,
+        }
+    }
+
+    fn slot(&self, index: u32) -> u64 {
+        self.entries_at + (index & (self.entries - 1)) as u64 * self.entry_size
+    }
+}
+
+/// The producing end of a ring.
+pub struct RingProducer<T> {
+    win: Arc<SharedWindow>,
+    place: RingPlace,
+    tail: u32,
+    _t: PhantomData<T>,
+}
+
+impl<T: ByteValued> RingProducer<T> {
+    fn new(win: Arc<SharedWindow>, place: RingPlace) -> Self {
+        RingProducer {
+            win,
+            place,
+            tail: 0,
+            _t: PhantomData,
+        }
+    }
+
+    /// Free entries, as published by the consumer (checked).
+    pub fn space(&self) -> Result<u32> {
+        let head = self.win.atomic_u32(self.place.head)?.load(Ordering::Acquire);
+        let used = self.tail.wrapping_sub(head);
+        if used > self.place.entries {
+            return Err(ProtoError::RingViolation("consumer head out of range"));
+        }
+        Ok(self.place.entries - used)
+    }
+
+    /// Appends an entry; `Ok(false)` when the ring is full.
+    pub fn push(&mut self, v: T) -> Result<bool> {
+        if self.space()? == 0 {
+            return Ok(false);
+        }
+        self.win.write_obj(self.place.slot(self.tail), v)?;
+        self.tail = self.tail.wrapping_add(1);
+        self.win
+            .atomic_u32(self.place.tail)?
+            .store(self.tail, Ordering::Release);
+        Ok(true)
+    }
+}
+
+/// The consuming end of a ring.
+pub struct RingConsumer<T> {
+    win: Arc<SharedWindow>,
+    place: RingPlace,
+    head: u32,
+    _t: PhantomData<T>,
+}
+
+impl<T: ByteValued> RingConsumer<T> {
+    fn new(win: Arc<SharedWindow>, place: RingPlace) -> Self {
+        RingConsumer {
+            win,
+            place,
+            head: 0,
+            _t: PhantomData,
+        }
+    }
+
+    /// Entries available, as published by the producer (checked).
+    pub fn available(&self) -> Result<u32> {
+        let tail = self.win.atomic_u32(self.place.tail)?.load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(self.head);
+        if avail > self.place.entries {
+            return Err(ProtoError::RingViolation("producer tail out of range"));
+        }
+        Ok(avail)
+    }
+
+    /// Takes the next entry (copied out of shared memory), `None` when empty.
+    pub fn pop(&mut self) -> Result<Option<T>> {
+        if self.available()? == 0 {
+            return Ok(None);
+        }
+        let v = self.win.read_obj(self.place.slot(self.head))?;
+        self.head = self.head.wrapping_add(1);
+        self.win
+            .atomic_u32(self.place.head)?
+            .store(self.head, Ordering::Release);
+        Ok(Some(v))
+    }
+}
+
+/// Host end: consumes requests, produces completions.
+pub fn host_rings(win: &Arc<SharedWindow>) -> (RingConsumer<Request>, RingProducer<Completion>) {
+    let l = win.layout();
+    (
+        RingConsumer::new(win.clone(), RingPlace::sq(&l)),
+        RingProducer::new(win.clone(), RingPlace::cq(&l)),
+    )
+}
+
+/// Guest end: produces requests, consumes completions.
+pub fn guest_rings(win: &Arc<SharedWindow>) -> (RingProducer<Request>, RingConsumer<Completion>) {
+    let l = win.layout();
+    (
+        RingProducer::new(win.clone(), RingPlace::sq(&l)),
+        RingConsumer::new(win.clone(), RingPlace::cq(&l)),
+    )
+}
+
+/// Wakes a peer that waits for ring activity.
+pub trait Doorbell: Send + Sync {
+    /// Called after publishing: wakes the peer if it announced that it sleeps.
+    fn notify(&self);
+    /// Wakes the peer unconditionally (shutdown, disconnect).
+    fn force_wake(&self);
+    /// Waits until `ready()` returns true (`true`) or `timeout` passes (`false`): spins a
+    /// little, then sleeps until notified.
+    fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool;
+}
+
+/// A doorbell made of two words in the shared window, slept on with a futex.
+pub struct FutexDoorbell {
+    win: Arc<SharedWindow>,
+    word: u64,
+    sleeping: u64,
+    spins: u32,
+}
+
+impl FutexDoorbell {
+    /// The bell the host sleeps on (the guest notifies it).
+    pub fn host_bell(win: &Arc<SharedWindow>, spins: u32) -> Self {
+        FutexDoorbell {
+            win: win.clone(),
+            word: CONTROL_OFFSET + ctl::HOST_BELL,
+            sleeping: CONTROL_OFFSET + ctl::HOST_SLEEPING,
+            spins,
+        }
+    }
+
+    /// The bell the guest sleeps on (the host notifies it).
+    pub fn guest_bell(win: &Arc<SharedWindow>, spins: u32) -> Self {
+        FutexDoorbell {
+            win: win.clone(),
+            word: CONTROL_OFFSET + ctl::GUEST_BELL,
+            sleeping: CONTROL_OFFSET + ctl::GUEST_SLEEPING,
+            spins,
+        }
+    }
+
+    fn words(&self) -> (&AtomicU32, &AtomicU32) {
+        // The offsets are constants inside the control page, which every valid layout has.
+        (
+            self.win.atomic_u32(self.word).expect("control page in window"),
+            self.win
+                .atomic_u32(self.sleeping)
+                .expect("control page in window"),
+        )
+    }
+}
+
+impl Doorbell for FutexDoorbell {
+    fn notify(&self) {
+        let (word, sleeping) = self.words();
+        fence(Ordering::SeqCst);
+        if sleeping.load(Ordering::SeqCst) != 0 {
+            word.fetch_add(1, Ordering::SeqCst);
+            let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
+        }
+    }
+
+    fn force_wake(&self) {
+        let (word, _) = self.words();
+        word.fetch_add(1, Ordering::SeqCst);
+        let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
+    }
+
+    fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
+        for _ in 0..self.spins {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        let (word, sleeping) = self.words();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let seen = word.load(Ordering::SeqCst);
+            sleeping.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if ready() {
+                sleeping.store(0, Ordering::SeqCst);
+                return true;
+            }
+            let ts = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        sleeping.store(0, Ordering::SeqCst);
+                        return false;
+                    }
+                    Some(rustix::thread::futex::Timespec {
+                        tv_sec: left.as_secs() as i64,
+                        tv_nsec: left.subsec_nanos() as i64,
+                    })
+                }
+                None => None,
+            };
+            // EAGAIN (word changed), EINTR and ETIMEDOUT all lead back to the checks above.
+            let _ = rustix::thread::futex::wait(
+                word,
+                rustix::thread::futex::Flags::empty(),
+                seen,
+                ts.as_ref(),
+            );
+            sleeping.store(0, Ordering::SeqCst);
+            if ready() {
+                return true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{DeviceId, Opcode};
+
+    fn window() -> Arc<SharedWindow> {
+        let l = WindowLayout::new(1 << 16, 4, 4).unwrap();
+        Arc::new(SharedWindow::create_memfd("ring", l).unwrap())
+    }
+
+    #[test]
+    fn requests_flow_in_order_and_ring_fills() {
+        let w = window();
+        let (mut gp, _gc) = guest_rings(&w);
+        let (mut hc, _hp) = host_rings(&w);
+        for i in 0..4 {
+            assert!(gp.push(Request::new(i, Opcode::Nop, DeviceId::CPU, [0; 6])).unwrap());
+        }
+        assert!(!gp.push(Request::default()).unwrap(), "fifth push must report full");
+        for i in 0..4 {
+            assert_eq!(hc.pop().unwrap().unwrap().seq, i);
+        }
+        assert!(hc.pop().unwrap().is_none());
+        assert!(gp.push(Request::new(9, Opcode::Nop, DeviceId::CPU, [0; 6])).unwrap());
+        assert_eq!(hc.pop().unwrap().unwrap().seq, 9);
+    }
+
+    #[test]
+    fn hostile_tail_is_a_violation() {
+        let w = window();
+        let (mut hc, _) = host_rings(&w);
+        w.atomic_u32(CONTROL_OFFSET + ctl::SQ_TAIL)
+            .unwrap()
+            .store(1000, Ordering::SeqCst);
+        assert!(matches!(hc.pop(), Err(ProtoError::RingViolation(_))));
+    }
+
+    #[test]
+    fn hostile_head_is_a_violation() {
+        let w = window();
+        let (_, mut hp) = host_rings(&w);
+        w.atomic_u32(CONTROL_OFFSET + ctl::CQ_HEAD)
+            .unwrap()
+            .store(77, Ordering::SeqCst);
+        assert!(hp.push(Completion::ok(1, [0; 6])).is_err());
+    }
+
+    #[test]
+    fn doorbell_wait_times_out_and_sees_ready() {
+        let w = window();
+        let bell = FutexDoorbell::host_bell(&w, 10);
+        assert!(!bell.wait(&mut || false, Some(Duration::from_millis(1))));
+        assert!(bell.wait(&mut || true, None));
+    }
+}

@@ -1,0 +1,280 @@
+//! Fixed-size ring entries and the numbers carried in them.
+//!
+//! A [`Request`] travels guest -> host on the submission ring, a [`Completion`] host -> guest
+//! on the completion ring; both are 64 bytes, `repr(C)`, little-endian, and read out of shared
+//! memory by value before they are looked at.
+
+use vm_memory::ByteValued;
+
+/// One submission ring entry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Request {
+    /// Guest-chosen sequence number, echoed in the completion.
+    pub seq: u64,
+    /// An [`Opcode`] value.
+    pub opcode: u32,
+    /// A [`DeviceId`] value: the device whose queue runs this request.
+    pub device: u32,
+    /// Opcode-specific arguments.
+    pub args: [u64; 6],
+}
+
+// SAFETY: plain old data made of integers, no padding (8 + 4 + 4 + 48 bytes).
+unsafe impl ByteValued for Request {}
+
+impl Request {
+    /// Size of an entry in the ring.
+    pub const SIZE: usize = 64;
+
+    /// Builds a request.
+    pub fn new(seq: u64, opcode: Opcode, device: DeviceId, args: [u64; 6]) -> Self {
+        Request {
+            seq,
+            opcode: opcode as u32,
+            device: device.0,
+            args,
+        }
+    }
+}
+
+/// One completion ring entry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Completion {
+    /// Sequence number of the request this completes.
+    pub seq: u64,
+    /// A [`Status`] value (0 = ok).
+    pub status: u32,
+    /// Number of requests still queued on the host for this guest when it was posted (a
+    /// flow-control hint).
+    pub queue_depth: u32,
+    /// Opcode-specific results.
+    pub values: [u64; 6],
+}
+
+// SAFETY: plain old data made of integers, no padding (8 + 4 + 4 + 48 bytes).
+unsafe impl ByteValued for Completion {}
+
+impl Completion {
+    /// Size of an entry in the ring.
+    pub const SIZE: usize = 64;
+
+    /// A successful completion.
+    pub fn ok(seq: u64, values: [u64; 6]) -> Self {
+        Completion {
+            seq,
+            status: Status::Ok as u32,
+            queue_depth: 0,
+            values,
+        }
+    }
+
+    /// A failed completion.
+    pub fn err(seq: u64, status: Status) -> Self {
+        Completion {
+            seq,
+            status: status as u32,
+            queue_depth: 0,
+            values: [0; 6],
+        }
+    }
+}
+
+macro_rules! u32_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $n:expr),* $(,)? }) => {
+        $(#[$m])*
+        #[repr(u32)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vm])* $v = $n),* }
+
+        impl $name {
+            /// Decodes a raw value, `None` if unknown.
+            pub fn from_u32(v: u32) -> Option<Self> {
+                match v { $($n => Some($name::$v),)* _ => None }
+            }
+        }
+    };
+}
+
+u32_enum!(
+    /// Requests understood by the host.
+    Opcode {
+        /// Does nothing; used to measure the round trip.
+        Nop = 0,
+        /// args: size, width, height, format, usage -> values: id, size, stride.
+        Alloc = 1,
+        /// args: id.
+        Free = 2,
+        /// args: id, offset, len, mode -> values: window offset (CPU device only).
+        BeginAccess = 3,
+        /// args: id, offset, len, mode -> values: compensation ns the guest should block.
+        EndAccess = 4,
+        /// args: device opcode, then device-defined -> values: device-defined.
+        DeviceCmd = 5,
+        /// -> values: guest id, regions, bytes held.
+        Stats = 6,
+    }
+);
+
+u32_enum!(
+    /// Status of a completion. The C ABI returns these negated.
+    Status {
+        Ok = 0,
+        UnknownOpcode = 1,
+        UnknownDevice = 2,
+        NoSuchRegion = 3,
+        OutOfRange = 4,
+        BadArgument = 5,
+        OutOfMemory = 6,
+        Busy = 7,
+        DeviceError = 8,
+        NotSupported = 9,
+        Closed = 10,
+        Internal = 11,
+    }
+);
+
+impl Status {
+    /// A human-readable message for the status.
+    pub fn message(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::UnknownOpcode => "unknown opcode",
+            Status::UnknownDevice => "unknown device",
+            Status::NoSuchRegion => "no such region (or not yours)",
+            Status::OutOfRange => "offset or length out of range",
+            Status::BadArgument => "bad argument",
+            Status::OutOfMemory => "out of memory (window or guest quota exhausted)",
+            Status::Busy => "busy, try again",
+            Status::DeviceError => "device error",
+            Status::NotSupported => "not supported",
+            Status::Closed => "connection closed",
+            Status::Internal => "internal error",
+        }
+    }
+}
+
+u32_enum!(
+    /// How a device accesses a region between begin_access and end_access.
+    AccessMode {
+        Read = 1,
+        Write = 2,
+        ReadWrite = 3,
+    }
+);
+
+impl AccessMode {
+    /// Whether the access reads existing contents.
+    pub fn reads(self) -> bool {
+        matches!(self, AccessMode::Read | AccessMode::ReadWrite)
+    }
+
+    /// Whether the access modifies contents.
+    pub fn writes(self) -> bool {
+        matches!(self, AccessMode::Write | AccessMode::ReadWrite)
+    }
+}
+
+u32_enum!(
+    /// Pixel formats a region can be allocated with.
+    Format {
+        /// Untyped bytes; size given explicitly.
+        Blob = 0,
+        Rgba8 = 1,
+        Bgra8 = 2,
+        Nv12 = 3,
+        Yuv420p = 4,
+        /// Packed 4:2:2, two bytes per pixel (a 3840x2160 frame is 15.8 MiB).
+        Yuyv = 5,
+    }
+);
+
+impl Format {
+    /// Size in bytes and row stride of a `width` x `height` image, `None` if the dimensions
+    /// do not fit the format or overflow.
+    pub fn image_size(self, width: u32, height: u32) -> Option<(u64, u32)> {
+        let (w, h) = (width as u64, height as u64);
+        if w == 0 || h == 0 || w > 1 << 15 || h > 1 << 15 {
+            return None;
+        }
+        let (size, stride) = match self {
+            Format::Blob => return None,
+            Format::Rgba8 | Format::Bgra8 => (w * h * 4, w * 4),
+            Format::Yuyv => {
+                if w % 2 != 0 {
+                    return None;
+                }
+                (w * h * 2, w * 2)
+            }
+            Format::Nv12 | Format::Yuv420p => {
+                if w % 2 != 0 || h % 2 != 0 {
+                    return None;
+                }
+                (w * h * 3 / 2, w)
+            }
+        };
+        Some((size, stride as u32))
+    }
+}
+
+/// Usage bits given at allocation (informational, kept in the region metadata).
+pub mod usage {
+    pub const CPU_READ: u32 = 1;
+    pub const CPU_WRITE: u32 = 2;
+    pub const DEVICE_READ: u32 = 4;
+    pub const DEVICE_WRITE: u32 = 8;
+}
+
+/// A virtual device as named in requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(pub u32);
+
+impl DeviceId {
+    /// The guest CPU: accesses go through the guest window.
+    pub const CPU: DeviceId = DeviceId(0);
+    /// Test device that writes a pattern into a region.
+    pub const PRODUCER: DeviceId = DeviceId(1);
+    /// Test device that checksums a region.
+    pub const CONSUMER: DeviceId = DeviceId(2);
+}
+
+/// Device opcodes of the test devices (first argument of [`Opcode::DeviceCmd`]).
+pub mod testdev {
+    /// Producer: args[1] = region id, args[2] = seed -> values[0] = crc32 of what was written.
+    pub const WRITE_PATTERN: u64 = 1;
+    /// Consumer: args[1] = region id -> values[0] = crc32 of the region.
+    pub const CHECKSUM: u64 = 2;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_64_bytes() {
+        assert_eq!(std::mem::size_of::<Request>(), Request::SIZE);
+        assert_eq!(std::mem::size_of::<Completion>(), Completion::SIZE);
+    }
+
+    #[test]
+    fn enums_round_trip_and_reject_unknown() {
+        assert_eq!(Opcode::from_u32(3), Some(Opcode::BeginAccess));
+        assert_eq!(Opcode::from_u32(999), None);
+        assert_eq!(AccessMode::from_u32(0), None);
+        assert!(AccessMode::ReadWrite.reads() && AccessMode::ReadWrite.writes());
+        assert_eq!(Status::from_u32(3), Some(Status::NoSuchRegion));
+    }
+
+    #[test]
+    fn image_sizes() {
+        assert_eq!(
+            Format::Yuyv.image_size(3840, 2160),
+            Some((16_588_800, 7680))
+        );
+        assert_eq!(Format::Nv12.image_size(1920, 1080), Some((3_110_400, 1920)));
+        assert_eq!(Format::Nv12.image_size(1921, 1080), None);
+        assert_eq!(Format::Rgba8.image_size(0, 10), None);
+        assert_eq!(Format::Blob.image_size(1, 1), None);
+    }
+}
