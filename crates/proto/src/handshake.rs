@@ -115,7 +115,9 @@ pub fn recv_frame(sock: BorrowedFd<'_>) -> Result<(Vec<u8>, Option<OwnedFd>)> {
     }
     let len = u32::from_le_bytes(head) as usize;
     if len > MAX_FRAME {
-        return Err(ProtoError::Handshake(format!("frame of {len} bytes too large")));
+        return Err(ProtoError::Handshake(format!(
+            "frame of {len} bytes too large"
+        )));
     }
     let mut body = vec![0u8; len];
     let mut stream = FdReader(sock);

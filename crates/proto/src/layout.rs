@@ -80,7 +80,9 @@ impl WindowLayout {
             }
         }
         if self.size % PAGE != 0 {
-            return Err(ProtoError::Layout("window size must be page aligned".into()));
+            return Err(ProtoError::Layout(
+                "window size must be page aligned".into(),
+            ));
         }
         if self.size < self.data_offset() + MIN_DATA {
             return Err(ProtoError::Layout(format!(

@@ -13,12 +13,12 @@
 pub mod handshake;
 pub mod layout;
 pub mod ring;
-pub mod wire;
 pub mod window;
+pub mod wire;
 
 pub use layout::WindowLayout;
-pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
 pub use window::SharedWindow;
+pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
 
 /// Errors of the protocol layer.
 #[derive(Debug, thiserror::Error)]

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use vm_memory::ByteValued;
 
 use crate::layout::{ctl, WindowLayout, CONTROL_OFFSET, SQ_OFFSET};
-use crate::wire::{Completion, Request};
 use crate::window::SharedWindow;
+use crate::wire::{Completion, Request};
 use crate::{ProtoError, Result};
 
 /// Where one ring lives in the window.
@@ -78,7 +78,10 @@ impl<T: ByteValued> RingProducer<T> {
 
     /// Free entries, as published by the consumer (checked).
     pub fn space(&self) -> Result<u32> {
-        let head = self.win.atomic_u32(self.place.head)?.load(Ordering::Acquire);
+        let head = self
+            .win
+            .atomic_u32(self.place.head)?
+            .load(Ordering::Acquire);
         let used = self.tail.wrapping_sub(head);
         if used > self.place.entries {
             return Err(ProtoError::RingViolation("consumer head out of range"));
@@ -120,7 +123,10 @@ impl<T: ByteValued> RingConsumer<T> {
 
     /// Entries available, as published by the producer (checked).
     pub fn available(&self) -> Result<u32> {
-        let tail = self.win.atomic_u32(self.place.tail)?.load(Ordering::Acquire);
+        let tail = self
+            .win
+            .atomic_u32(self.place.tail)?
+            .load(Ordering::Acquire);
         let avail = tail.wrapping_sub(self.head);
         if avail > self.place.entries {
             return Err(ProtoError::RingViolation("producer tail out of range"));
@@ -203,7 +209,9 @@ impl FutexDoorbell {
     fn words(&self) -> (&AtomicU32, &AtomicU32) {
         // The offsets are constants inside the control page, which every valid layout has.
         (
-            self.win.atomic_u32(self.word).expect("control page in window"),
+            self.win
+                .atomic_u32(self.word)
+                .expect("control page in window"),
             self.win
                 .atomic_u32(self.sleeping)
                 .expect("control page in window"),
@@ -217,7 +225,8 @@ impl Doorbell for FutexDoorbell {
         fence(Ordering::SeqCst);
         if sleeping.load(Ordering::SeqCst) != 0 {
             word.fetch_add(1, Ordering::SeqCst);
-            let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
+            let _ =
+                rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
         }
     }
 
@@ -289,14 +298,21 @@ mod tests {
         let (mut gp, _gc) = guest_rings(&w);
         let (mut hc, _hp) = host_rings(&w);
         for i in 0..4 {
-            assert!(gp.push(Request::new(i, Opcode::Nop, DeviceId::CPU, [0; 6])).unwrap());
+            assert!(gp
+                .push(Request::new(i, Opcode::Nop, DeviceId::CPU, [0; 6]))
+                .unwrap());
         }
-        assert!(!gp.push(Request::default()).unwrap(), "fifth push must report full");
+        assert!(
+            !gp.push(Request::default()).unwrap(),
+            "fifth push must report full"
+        );
         for i in 0..4 {
             assert_eq!(hc.pop().unwrap().unwrap().seq, i);
         }
         assert!(hc.pop().unwrap().is_none());
-        assert!(gp.push(Request::new(9, Opcode::Nop, DeviceId::CPU, [0; 6])).unwrap());
+        assert!(gp
+            .push(Request::new(9, Opcode::Nop, DeviceId::CPU, [0; 6]))
+            .unwrap());
         assert_eq!(hc.pop().unwrap().unwrap().seq, 9);
     }
 

@@ -9,9 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
-use vm_memory::{
-    ByteValued, Bytes, FileOffset, MmapRegion, VolatileMemory, VolatileSlice,
-};
+use vm_memory::{ByteValued, Bytes, FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
 
 use crate::layout::WindowLayout;
 use crate::{ProtoError, Result};
@@ -143,6 +141,19 @@ impl SharedWindow {
     pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
         let s = self.slice(offset, src.len() as u64)?;
         s.copy_from(src);
+        Ok(())
+    }
+
+    /// Fills `[offset, offset + len)` with zeroes.
+    pub fn zero(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)?;
+        let zeros = [0u8; 64 * 1024];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64);
+            self.copy_in(offset + done, &zeros[..n as usize])?;
+            done += n;
+        }
         Ok(())
     }
 

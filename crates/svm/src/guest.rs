@@ -1,0 +1,124 @@
+//! Per-guest SVM state: the guest's window and its allocator, its id counter, its memory
+//! accounting and limit, and the coherence protocol its regions use.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use virtsoc_proto::SharedWindow;
+
+use crate::alloc::RangeAllocator;
+use crate::coherence::Coherence;
+use crate::{Result, SvmError};
+
+/// One guest's view of the SVM manager.
+pub struct GuestSvm {
+    id: u64,
+    window: Arc<SharedWindow>,
+    alloc: Mutex<RangeAllocator>,
+    next_region: AtomicU64,
+    host_bytes: AtomicU64,
+    limit: u64,
+    protocol: Arc<dyn Coherence>,
+}
+
+impl std::fmt::Debug for GuestSvm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestSvm")
+            .field("id", &self.id)
+            .field("protocol", &self.protocol.name())
+            .finish()
+    }
+}
+
+impl GuestSvm {
+    pub(crate) fn new(
+        id: u64,
+        window: Arc<SharedWindow>,
+        limit: u64,
+        protocol: Arc<dyn Coherence>,
+    ) -> Self {
+        let l = window.layout();
+        GuestSvm {
+            id,
+            alloc: Mutex::new(RangeAllocator::new(
+                l.data_offset(),
+                l.data_size(),
+                virtsoc_proto::layout::PAGE,
+            )),
+            window,
+            next_region: AtomicU64::new(1),
+            host_bytes: AtomicU64::new(0),
+            limit,
+            protocol,
+        }
+    }
+
+    /// The guest's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The guest's window.
+    pub fn window(&self) -> &Arc<SharedWindow> {
+        &self.window
+    }
+
+    /// The coherence protocol of this guest's regions.
+    pub fn protocol(&self) -> &Arc<dyn Coherence> {
+        &self.protocol
+    }
+
+    /// Bytes of host and device memory held by the guest's replicas.
+    pub fn host_bytes(&self) -> u64 {
+        self.host_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_region.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn charge_bytes(&self, n: u64) -> Result<()> {
+        let mut cur = self.host_bytes.load(Ordering::Relaxed);
+        loop {
+            let new = cur.checked_add(n).filter(|v| *v <= self.limit);
+            let Some(new) = new else {
+                return Err(SvmError::OutOfMemory);
+            };
+            match self.host_bytes.compare_exchange_weak(
+                cur,
+                new,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    pub(crate) fn release_bytes(&self, n: u64) {
+        self.host_bytes.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn alloc_window(&self, size: u64) -> Result<u64> {
+        let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        a.alloc(size).ok_or(SvmError::OutOfMemory)
+    }
+
+    /// Gives a window range back, zeroing it (by punching a hole in the file, so the memory
+    /// goes back to the host too) so the next region starts from zeroes.
+    pub(crate) fn release_window(&self, offset: u64, size: u64) {
+        let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        let len = a.round(size).unwrap_or(size);
+        let punched = rustix::fs::fallocate(
+            self.window.fd(),
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        );
+        if punched.is_err() {
+            let _ = self.window.zero(offset, len);
+        }
+        a.free(offset, size);
+    }
+}

@@ -1,0 +1,283 @@
+//! Unit tests of the manager and both protocols, single-threaded.
+
+use super::*;
+use virtsoc_proto::WindowLayout;
+
+struct Fixture {
+    svm: SvmManager,
+    prod: DomainId,
+    cons: DomainId,
+    win: Arc<SharedWindow>,
+}
+
+fn fixture(kind: ProtocolKind, topo_fn: impl FnOnce(&mut Topology, DomainId, DomainId)) -> Fixture {
+    let mut t = Topology::new();
+    let prod = t.add_device_domain("producer");
+    let cons = t.add_device_domain("consumer");
+    topo_fn(&mut t, prod, cons);
+    let svm = SvmManager::new(t);
+    let win = Arc::new(
+        SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
+    );
+    svm.attach_guest(1, win.clone(), coherence::build(kind).unwrap(), 1 << 30)
+        .unwrap();
+    Fixture {
+        svm,
+        prod,
+        cons,
+        win,
+    }
+}
+
+fn blob(size: u64) -> AllocDesc {
+    AllocDesc {
+        size,
+        width: 0,
+        height: 0,
+        format: Format::Blob,
+        usage: 0,
+    }
+}
+
+/// Producer writes `seed` bytes; consumer reads; returns (copies at producer end, copies at
+/// consumer begin, what the consumer saw).
+fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
+    let size = f.svm.meta(1, id).unwrap().size;
+    f.svm
+        .begin_access(1, id, f.prod, 0, size, AccessMode::Write)
+        .unwrap();
+    f.svm
+        .with_replica(1, id, f.prod, |b| {
+            b.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = seed ^ i as u8)
+        })
+        .unwrap();
+    let e = f
+        .svm
+        .end_access(1, id, f.prod, 0, size, AccessMode::Write)
+        .unwrap();
+    let b = f
+        .svm
+        .begin_access(1, id, f.cons, 0, size, AccessMode::Read)
+        .unwrap();
+    let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
+    f.svm
+        .end_access(1, id, f.cons, 0, size, AccessMode::Read)
+        .unwrap();
+    (e.copies, b.copies, seen)
+}
+
+fn expected(seed: u8, n: usize) -> Vec<u8> {
+    (0..n).map(|i| seed ^ i as u8).collect()
+}
+
+#[test]
+fn guest_staging_copies_twice_and_reader_sees_last_write() {
+    let f = fixture(ProtocolKind::GuestStaging, |_, _, _| {});
+    let (id, _) = f.svm.alloc(1, blob(10_000)).unwrap();
+    for seed in 1..5 {
+        let (e, b, seen) = write_then_read(&f, id, seed);
+        assert_eq!((e, b), (1, 1), "one copy to the window, one back");
+        assert_eq!(seen, expected(seed, 10_000));
+    }
+    // The window also holds the last write (that is the baseline's point).
+    let mut w = vec![0u8; 10_000];
+    let off = f
+        .svm
+        .begin_access(1, id, DomainId::GUEST_WINDOW, 0, 10_000, AccessMode::Read)
+        .unwrap()
+        .window_offset
+        .unwrap();
+    f.win.copy_out(off, &mut w).unwrap();
+    assert_eq!(w, expected(4, 10_000));
+}
+
+#[test]
+fn write_invalidate_copies_once_and_reader_sees_last_write() {
+    let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
+    let (id, _) = f.svm.alloc(1, blob(10_000)).unwrap();
+    for seed in 1..5 {
+        let (e, b, seen) = write_then_read(&f, id, seed);
+        assert_eq!(
+            (e, b),
+            (0, 1),
+            "one direct device-to-device copy at the read"
+        );
+        assert_eq!(seen, expected(seed, 10_000));
+    }
+    // A second read without an intervening write copies nothing.
+    let r = f
+        .svm
+        .begin_access(1, id, f.cons, 0, 10_000, AccessMode::Read)
+        .unwrap();
+    assert_eq!(r.copies, 0);
+}
+
+#[test]
+fn restricted_topology_routes_through_host_ram() {
+    let f = fixture(ProtocolKind::WriteInvalidate, |t, p, c| {
+        t.add_link(p, DomainId::HOST_RAM);
+        t.add_link(DomainId::HOST_RAM, c);
+        t.add_link(DomainId::HOST_RAM, DomainId::GUEST_WINDOW);
+    });
+    let (id, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    let (_, b, seen) = write_then_read(&f, id, 7);
+    assert_eq!(b, 2, "producer -> host ram -> consumer");
+    assert_eq!(seen, expected(7, 4096));
+    // Host RAM kept a valid replica on the way: the CPU read takes one hop.
+    let r = f
+        .svm
+        .begin_access(1, id, DomainId::GUEST_WINDOW, 0, 4096, AccessMode::Read)
+        .unwrap();
+    assert_eq!(r.copies, 1);
+}
+
+#[test]
+fn cpu_writes_reach_devices() {
+    for kind in [ProtocolKind::GuestStaging, ProtocolKind::WriteInvalidate] {
+        let f = fixture(kind, |_, _, _| {});
+        let (id, _) = f.svm.alloc(1, blob(8192)).unwrap();
+        let r = f
+            .svm
+            .begin_access(1, id, DomainId::GUEST_WINDOW, 4096, 4, AccessMode::Write)
+            .unwrap();
+        let off = r.window_offset.unwrap();
+        assert_eq!(
+            off % 4096,
+            0,
+            "window offset of byte 4096 of a page-aligned replica"
+        );
+        f.win.copy_in(off, &[1, 2, 3, 4]).unwrap();
+        f.svm
+            .end_access(1, id, DomainId::GUEST_WINDOW, 4096, 4, AccessMode::Write)
+            .unwrap();
+        f.svm
+            .begin_access(1, id, f.cons, 0, 8192, AccessMode::Read)
+            .unwrap();
+        let seen = f
+            .svm
+            .with_replica(1, id, f.cons, |b| b[4096..4100].to_vec())
+            .unwrap();
+        assert_eq!(seen, vec![1, 2, 3, 4], "{kind}");
+    }
+}
+
+#[test]
+fn guests_cannot_name_each_others_regions() {
+    let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
+    let win2 = Arc::new(
+        SharedWindow::create_memfd("t2", WindowLayout::new(1 << 20, 16, 16).unwrap()).unwrap(),
+    );
+    f.svm
+        .attach_guest(
+            2,
+            win2,
+            coherence::build(ProtocolKind::WriteInvalidate).unwrap(),
+            1 << 30,
+        )
+        .unwrap();
+    let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
+    assert!(matches!(
+        f.svm.begin_access(2, id, f.prod, 0, 100, AccessMode::Read),
+        Err(SvmError::NoSuchRegion)
+    ));
+    assert!(matches!(f.svm.free(2, id), Err(SvmError::NoSuchRegion)));
+    assert!(matches!(f.svm.meta(2, id), Err(SvmError::NoSuchRegion)));
+    f.svm.free(1, id).unwrap();
+    assert!(matches!(f.svm.free(1, id), Err(SvmError::NoSuchRegion)));
+}
+
+#[test]
+fn bad_ranges_domains_and_sizes_are_errors() {
+    let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
+    let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
+    let r = |o, l| f.svm.begin_access(1, id, f.prod, o, l, AccessMode::Read);
+    assert!(matches!(r(0, 0), Err(SvmError::OutOfRange)));
+    assert!(matches!(r(1, 100), Err(SvmError::OutOfRange)));
+    assert!(matches!(r(u64::MAX, 2), Err(SvmError::OutOfRange)));
+    assert!(matches!(
+        f.svm
+            .begin_access(1, id, DomainId(99), 0, 100, AccessMode::Read),
+        Err(SvmError::UnknownDomain(99))
+    ));
+    assert!(f.svm.alloc(1, blob(0)).is_err());
+    let bad_image = AllocDesc {
+        format: Format::Nv12,
+        width: 3,
+        height: 3,
+        ..blob(0)
+    };
+    assert!(matches!(
+        f.svm.alloc(1, bad_image),
+        Err(SvmError::BadArgument(_))
+    ));
+    assert!(
+        f.svm.with_replica(1, id, f.cons, |_| ()).is_err(),
+        "no access begun"
+    );
+}
+
+#[test]
+fn memory_limits_fail_cleanly_and_detach_frees_everything() {
+    let mut t = Topology::new();
+    let dev = t.add_device_domain("dev");
+    let svm = SvmManager::new(t);
+    let win = Arc::new(
+        SharedWindow::create_memfd("t", WindowLayout::new(1 << 20, 16, 16).unwrap()).unwrap(),
+    );
+    let g = svm
+        .attach_guest(
+            5,
+            win,
+            coherence::build(ProtocolKind::WriteInvalidate).unwrap(),
+            64 << 10,
+        )
+        .unwrap();
+    let (a, _) = svm.alloc(5, blob(48 << 10)).unwrap();
+    let (b, _) = svm.alloc(5, blob(48 << 10)).unwrap();
+    svm.begin_access(5, a, dev, 0, 48 << 10, AccessMode::Write)
+        .unwrap();
+    assert!(matches!(
+        svm.begin_access(5, b, dev, 0, 48 << 10, AccessMode::Write),
+        Err(SvmError::OutOfMemory)
+    ));
+    // The window (1 MiB minus rings) cannot hold a 2 MiB region.
+    let (c, _) = svm.alloc(5, blob(2 << 20)).unwrap();
+    assert!(matches!(
+        svm.begin_access(5, c, DomainId::GUEST_WINDOW, 0, 2 << 20, AccessMode::Write),
+        Err(SvmError::OutOfMemory)
+    ));
+    assert_eq!(g.host_bytes(), 48 << 10);
+    assert_eq!(svm.detach_guest(5), 3);
+    assert_eq!(g.host_bytes(), 0, "replicas released with their regions");
+    assert!(matches!(
+        svm.alloc(5, blob(1)),
+        Err(SvmError::GuestNotAttached(5))
+    ));
+}
+
+#[test]
+fn freed_window_ranges_come_back_zeroed() {
+    let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
+    let (a, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    let off = f
+        .svm
+        .begin_access(1, a, DomainId::GUEST_WINDOW, 0, 4096, AccessMode::Write)
+        .unwrap()
+        .window_offset
+        .unwrap();
+    f.win.copy_in(off, &[0xAA; 4096]).unwrap();
+    f.svm.free(1, a).unwrap();
+    let (b, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    let off2 = f
+        .svm
+        .begin_access(1, b, DomainId::GUEST_WINDOW, 0, 4096, AccessMode::Read)
+        .unwrap()
+        .window_offset
+        .unwrap();
+    assert_eq!(off, off2, "first fit reuses the range");
+    let mut buf = [1u8; 4096];
+    f.win.copy_out(off2, &mut buf).unwrap();
+    assert!(buf.iter().all(|&x| x == 0));
+}
