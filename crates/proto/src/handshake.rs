@@ -36,6 +36,9 @@ pub struct Hello {
     /// Credential for transports that need one (remote guests).
     #[serde(default)]
     pub token: Option<String>,
+    /// Coherence protocol requested for this guest's regions (`None`: the daemon's default).
+    #[serde(default)]
+    pub coherence: Option<String>,
 }
 
 /// Answer, host -> guest. A `Welcome` carries the window's file descriptor.
@@ -165,6 +168,7 @@ mod tests {
             sq_entries: 64,
             cq_entries: 64,
             token: None,
+            coherence: None,
         };
         let file = std::fs::File::open("/dev/null").unwrap();
         send_json(&a, &hello, Some(file.as_fd())).unwrap();

@@ -79,7 +79,7 @@ impl WindowLayout {
                 )));
             }
         }
-        if self.size % PAGE != 0 {
+        if !self.size.is_multiple_of(PAGE) {
             return Err(ProtoError::Layout(
                 "window size must be page aligned".into(),
             ));

@@ -88,13 +88,10 @@ impl CopyEngine {
         for s in sources.iter().filter(|s| self.topo.contains(**s)) {
             dist[s.0 as usize] = 0.0;
         }
-        loop {
-            let Some(u) = (0..n)
-                .filter(|&i| !done[i] && dist[i].is_finite())
-                .min_by(|&a, &b| dist[a].total_cmp(&dist[b]))
-            else {
-                break;
-            };
+        while let Some(u) = (0..n)
+            .filter(|&i| !done[i] && dist[i].is_finite())
+            .min_by(|&a, &b| dist[a].total_cmp(&dist[b]))
+        {
             done[u] = true;
             if u == dst.0 as usize {
                 break;

@@ -1,0 +1,962 @@
+//! The virtual fence table: the host's authoritative record of every virtual
+//! fence of one guest (vSoC §3.4, §4).
+//!
+//! This module owns fence ids ([`FenceId`]), fence status ([`FenceStatus`])
+//! and [`VirtualFenceTable`], which
+//!
+//! * allocates fences in the slots of the shared fence page and mirrors
+//!   their status into it through a [`FencePageSink`] (host memory is the
+//!   source of truth: the page is never read back);
+//! * recycles the slots of signaled fences, oldest signal first, when free
+//!   slots run low (below [`LOW_WATER_SLOTS`]);
+//! * never fails for lack of slots: when every page slot holds an
+//!   unsignaled fence it hands out *overflow* fences (`index >= PAGE_SLOTS`)
+//!   tracked host-side only, whose status needs a round trip;
+//! * signals fences, answers status queries, blocks waiters on a `Condvar`,
+//!   runs signal callbacks outside its lock, and tears down (`cancel_all`,
+//!   `signal_all`) when the guest goes away.
+//!
+//! # Fence life cycle
+//!
+//! `create` → *pending* → `signal` → *signaled* → slot reclaimed. A page slot
+//! is reclaimed (and its fence's record dropped) when the fence is signaled
+//! **and** released by its owner (immediately, onto the free list), or when
+//! it is signaled and the table recycles it under slot pressure. Releasing a
+//! fence that is still pending does **not** free its slot: the fence keeps
+//! its slot until it is signaled, so that `Wait`s on it keep blocking and the
+//! device's `Signal` still finds it. Once reclaimed, an id is *stale*: its
+//! status reads `Signaled` forever (reclaiming only happens after signal),
+//! and `signal` on it returns [`FenceError::StaleFence`].
+//!
+//! Overflow fences have no slot; their record is dropped as soon as they are
+//! signaled.
+//!
+//! Generations are 31 bits and wrap (skipping 0) after 2^31 - 1 reuses of
+//! one slot; an id older than a full wrap of its slot is reported as unknown
+//! instead of signaled.
+
+use crate::error::{FenceError, Result};
+use crate::page::{pack_word, FencePageSink, GENERATION_MASK, PAGE_HEADER, PAGE_SLOTS};
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// When fewer than this many page slots are free, `create` recycles the
+/// oldest signaled slot before taking a free one (1/8 of the page).
+pub const LOW_WATER_SLOTS: usize = PAGE_SLOTS as usize / 8;
+
+/// A callback run once a fence is signaled (or the table cancelled).
+pub type SignalCallback = Box<dyn FnOnce() + Send>;
+
+/// Identifies one virtual fence: a page slot (or overflow number) and the
+/// generation of that slot when the fence was created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FenceId {
+    /// Page slot index (`0..PAGE_SLOTS`), or `>= PAGE_SLOTS` for an overflow
+    /// fence that has no slot in the page.
+    pub index: u32,
+    /// Generation of the slot for this fence (never 0 for a handed-out id).
+    pub generation: u32,
+}
+
+impl FenceId {
+    /// Packs the id for wire protocols: `generation << 32 | index`.
+    pub const fn to_u64(self) -> u64 {
+        ((self.generation as u64) << 32) | self.index as u64
+    }
+
+    /// Inverse of [`FenceId::to_u64`].
+    pub const fn from_u64(raw: u64) -> Self {
+        Self {
+            index: raw as u32,
+            generation: (raw >> 32) as u32,
+        }
+    }
+
+    /// Whether the fence has a slot in the shared page, so that the guest
+    /// can read its status without a round trip.
+    pub const fn is_page_backed(self) -> bool {
+        self.index < PAGE_SLOTS
+    }
+}
+
+/// Status of a fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FenceStatus {
+    /// Not signaled yet.
+    Pending,
+    /// Signaled (possibly long ago: its slot may have been recycled).
+    Signaled,
+}
+
+/// A snapshot of the table's occupancy and counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FenceStats {
+    /// Unsignaled fences (page-backed and overflow).
+    pub live: usize,
+    /// Signaled fences still holding their page slot (recyclable).
+    pub signaled: usize,
+    /// Unsignaled overflow fences (subset of `live`).
+    pub overflow: usize,
+    /// Free page slots.
+    pub free_slots: usize,
+    /// Slots taken back from signaled fences under slot pressure, ever.
+    pub recycled: u64,
+    /// Fences created, ever.
+    pub created: u64,
+    /// Overflow fences created, ever.
+    pub overflow_created: u64,
+}
+
+enum SlotState {
+    Free,
+    Pending {
+        released: bool,
+        callbacks: Vec<SignalCallback>,
+    },
+    /// Signaled and not released (released + signaled goes straight to Free).
+    Signaled,
+}
+
+struct Slot {
+    generation: u32,
+    state: SlotState,
+}
+
+/// Where an id's record is, if anywhere.
+enum Lookup {
+    /// Page slot with matching generation that still holds the fence.
+    Page(usize),
+    /// Unsignaled overflow fence.
+    Overflow,
+    /// Issued, signaled, record reclaimed.
+    Reclaimed,
+    /// Never issued.
+    Unknown,
+}
+
+/// Number of distinct overflow indices (`PAGE_SLOTS..=u32::MAX`).
+const OVERFLOW_RANGE: u64 = u32::MAX as u64 + 1 - PAGE_SLOTS as u64;
+
+fn overflow_id(seq: u64) -> FenceId {
+    FenceId {
+        index: PAGE_SLOTS + (seq % OVERFLOW_RANGE) as u32,
+        generation: (seq / OVERFLOW_RANGE + 1) as u32,
+    }
+}
+
+fn overflow_seq(id: FenceId) -> Option<u64> {
+    if id.is_page_backed() || id.generation == 0 {
+        return None;
+    }
+    Some((id.generation as u64 - 1) * OVERFLOW_RANGE + (id.index - PAGE_SLOTS) as u64)
+}
+
+const fn next_generation(generation: u32) -> u32 {
+    if generation >= GENERATION_MASK {
+        1
+    } else {
+        generation + 1
+    }
+}
+
+struct Inner {
+    slots: Vec<Slot>,
+    /// Free slots, least recently freed first.
+    free: VecDeque<u32>,
+    /// Signaled, unreleased slots in signal order, as (index, generation);
+    /// entries that no longer match a `Signaled` slot are skipped lazily.
+    signaled_fifo: VecDeque<(u32, u32)>,
+    /// Unsignaled overflow fences and their callbacks.
+    overflow: HashMap<FenceId, Vec<SignalCallback>>,
+    overflow_next: u64,
+    cancelled: bool,
+    recycled: u64,
+    created: u64,
+}
+
+impl Inner {
+    fn lookup(&self, id: FenceId) -> Lookup {
+        if id.is_page_backed() {
+            if id.generation == 0 || id.generation > GENERATION_MASK {
+                return Lookup::Unknown;
+            }
+            let slot = &self.slots[id.index as usize];
+            if slot.generation == id.generation {
+                match slot.state {
+                    SlotState::Free => Lookup::Reclaimed,
+                    _ => Lookup::Page(id.index as usize),
+                }
+            } else if id.generation < slot.generation {
+                Lookup::Reclaimed
+            } else {
+                Lookup::Unknown
+            }
+        } else if self.overflow.contains_key(&id) {
+            Lookup::Overflow
+        } else {
+            match overflow_seq(id) {
+                Some(seq) if seq < self.overflow_next => Lookup::Reclaimed,
+                _ => Lookup::Unknown,
+            }
+        }
+    }
+
+    fn status(&self, id: FenceId) -> Result<FenceStatus> {
+        let pending = match self.lookup(id) {
+            Lookup::Unknown => return Err(FenceError::UnknownFence(id)),
+            Lookup::Reclaimed => false,
+            Lookup::Overflow => true,
+            Lookup::Page(i) => matches!(self.slots[i].state, SlotState::Pending { .. }),
+        };
+        match (pending, self.cancelled) {
+            (false, _) => Ok(FenceStatus::Signaled),
+            (true, false) => Ok(FenceStatus::Pending),
+            (true, true) => Err(FenceError::Cancelled),
+        }
+    }
+
+    fn is_recyclable(&self, index: u32, generation: u32) -> bool {
+        let slot = &self.slots[index as usize];
+        slot.generation == generation && matches!(slot.state, SlotState::Signaled)
+    }
+
+    fn pop_recyclable(&mut self) -> Option<u32> {
+        while let Some((index, generation)) = self.signaled_fifo.pop_front() {
+            if self.is_recyclable(index, generation) {
+                self.recycled += 1;
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    fn take_slot(&mut self) -> Option<u32> {
+        if self.free.len() < LOW_WATER_SLOTS {
+            if let Some(index) = self.pop_recyclable() {
+                return Some(index);
+            }
+        }
+        self.free.pop_front().or_else(|| self.pop_recyclable())
+    }
+
+    fn push_signaled(&mut self, index: u32, generation: u32) {
+        self.signaled_fifo.push_back((index, generation));
+        // Released slots leave dead entries behind; keep the queue bounded.
+        if self.signaled_fifo.len() > 2 * PAGE_SLOTS as usize {
+            let fifo = std::mem::take(&mut self.signaled_fifo);
+            self.signaled_fifo = fifo
+                .into_iter()
+                .filter(|&(i, g)| self.is_recyclable(i, g))
+                .collect();
+        }
+    }
+
+    /// Marks a pending fence signaled; returns its callbacks.
+    fn mark_signaled(&mut self, id: FenceId, sink: &dyn FencePageSink) -> Vec<SignalCallback> {
+        if !id.is_page_backed() {
+            return self.overflow.remove(&id).unwrap_or_default();
+        }
+        let index = id.index;
+        let slot = &mut self.slots[index as usize];
+        let SlotState::Pending {
+            released,
+            callbacks,
+        } = std::mem::replace(&mut slot.state, SlotState::Signaled)
+        else {
+            unreachable!("mark_signaled on a fence that is not pending");
+        };
+        sink.store_slot(index, pack_word(slot.generation, true));
+        if released {
+            slot.state = SlotState::Free;
+            self.free.push_back(index);
+        } else {
+            let generation = slot.generation;
+            self.push_signaled(index, generation);
+        }
+        callbacks
+    }
+
+    fn pending_ids(&self) -> Vec<FenceId> {
+        let page = self.slots.iter().enumerate().filter_map(|(i, s)| {
+            matches!(s.state, SlotState::Pending { .. }).then_some(FenceId {
+                index: i as u32,
+                generation: s.generation,
+            })
+        });
+        page.chain(self.overflow.keys().copied()).collect()
+    }
+}
+
+fn run_callbacks(callbacks: Vec<SignalCallback>) {
+    for callback in callbacks {
+        callback();
+    }
+}
+
+/// The host's virtual fence table for one guest. Share it with `Arc`; all
+/// methods take `&self`.
+pub struct VirtualFenceTable {
+    sink: Arc<dyn FencePageSink>,
+    inner: Mutex<Inner>,
+    signaled_cv: Condvar,
+}
+
+impl VirtualFenceTable {
+    /// A table mirroring into `sink`. Writes the page header and resets
+    /// every slot word (generation 0, pending).
+    pub fn new(sink: Arc<dyn FencePageSink>) -> Self {
+        sink.store_header(PAGE_HEADER);
+        for index in 0..PAGE_SLOTS {
+            sink.store_slot(index, pack_word(0, false));
+        }
+        let slots = (0..PAGE_SLOTS)
+            .map(|_| Slot {
+                generation: 0,
+                state: SlotState::Free,
+            })
+            .collect();
+        Self {
+            sink,
+            inner: Mutex::new(Inner {
+                slots,
+                free: (0..PAGE_SLOTS).collect(),
+                signaled_fifo: VecDeque::new(),
+                overflow: HashMap::new(),
+                overflow_next: 0,
+                cancelled: false,
+                recycled: 0,
+                created: 0,
+            }),
+            signaled_cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Callbacks never run under the lock, so a poisoned lock can only
+        // come from a panic inside this module; its state is still coherent.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Creates a pending fence. Takes a free page slot (recycling the oldest
+    /// signaled slot first when free slots are below [`LOW_WATER_SLOTS`]);
+    /// if every slot holds a pending fence, returns an overflow fence.
+    ///
+    /// Fails only after [`cancel_all`](Self::cancel_all).
+    pub fn create(&self) -> Result<FenceId> {
+        let mut inner = self.lock();
+        if inner.cancelled {
+            return Err(FenceError::Cancelled);
+        }
+        inner.created += 1;
+        if let Some(index) = inner.take_slot() {
+            let slot = &mut inner.slots[index as usize];
+            slot.generation = next_generation(slot.generation);
+            slot.state = SlotState::Pending {
+                released: false,
+                callbacks: Vec::new(),
+            };
+            self.sink
+                .store_slot(index, pack_word(slot.generation, false));
+            return Ok(FenceId {
+                index,
+                generation: slot.generation,
+            });
+        }
+        let id = overflow_id(inner.overflow_next);
+        inner.overflow_next += 1;
+        inner.overflow.insert(id, Vec::new());
+        log::debug!("fence page full, handing out overflow fence {id:?}");
+        Ok(id)
+    }
+
+    /// Signals a fence: mirrors it into the page, wakes waiters, runs its
+    /// callbacks (outside the lock). Idempotent while the fence's record
+    /// exists; errors on an id never issued ([`FenceError::UnknownFence`]),
+    /// on a reclaimed id ([`FenceError::StaleFence`]) and on a pending fence
+    /// of a cancelled table ([`FenceError::Cancelled`]).
+    pub fn signal(&self, id: FenceId) -> Result<()> {
+        let mut inner = self.lock();
+        match inner.lookup(id) {
+            Lookup::Unknown => return Err(FenceError::UnknownFence(id)),
+            Lookup::Reclaimed => return Err(FenceError::StaleFence(id)),
+            Lookup::Page(i) if matches!(inner.slots[i].state, SlotState::Signaled) => return Ok(()),
+            Lookup::Page(_) | Lookup::Overflow => {}
+        }
+        if inner.cancelled {
+            return Err(FenceError::Cancelled);
+        }
+        let callbacks = inner.mark_signaled(id, &*self.sink);
+        drop(inner);
+        self.signaled_cv.notify_all();
+        run_callbacks(callbacks);
+        Ok(())
+    }
+
+    /// Status of a fence. A reclaimed (stale) id reads `Signaled`. A pending
+    /// fence of a cancelled table is `Err(Cancelled)`.
+    pub fn status(&self, id: FenceId) -> Result<FenceStatus> {
+        self.lock().status(id)
+    }
+
+    /// Whether the guest can read `id`'s status from the page (otherwise it
+    /// is an overflow fence and needs a round trip to [`status`](Self::status)).
+    pub fn is_page_backed(&self, id: FenceId) -> bool {
+        id.is_page_backed()
+    }
+
+    /// Blocks until the fence is signaled, or until `timeout` (if any) has
+    /// passed, in which case it returns `Ok(Pending)`. Returns
+    /// `Err(Cancelled)` if the table is cancelled while the fence is pending.
+    pub fn wait(&self, id: FenceId, timeout: Option<Duration>) -> Result<FenceStatus> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut inner = self.lock();
+        loop {
+            if inner.status(id)? == FenceStatus::Signaled {
+                return Ok(FenceStatus::Signaled);
+            }
+            inner = match (timeout, deadline) {
+                (Some(_), Some(deadline)) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(FenceStatus::Pending);
+                    }
+                    self.signaled_cv
+                        .wait_timeout(inner, deadline - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+                // No timeout, or one too large to represent: wait forever.
+                _ => self
+                    .signaled_cv
+                    .wait(inner)
+                    .unwrap_or_else(PoisonError::into_inner),
+            };
+        }
+    }
+
+    /// Runs `f` once the fence is signaled: right now (in this thread) if it
+    /// already is (or is stale), otherwise in the signaling thread, outside
+    /// the table lock. On [`cancel_all`](Self::cancel_all) pending callbacks
+    /// run too, so callbacks should check [`status`](Self::status) if they
+    /// care. Errors (and drops `f`) on an unknown id or a cancelled table.
+    pub fn on_signal(&self, id: FenceId, f: SignalCallback) -> Result<()> {
+        let mut inner = self.lock();
+        match inner.status(id)? {
+            FenceStatus::Signaled => {
+                drop(inner);
+                f();
+            }
+            FenceStatus::Pending => match inner.lookup(id) {
+                Lookup::Page(i) => match &mut inner.slots[i].state {
+                    SlotState::Pending { callbacks, .. } => callbacks.push(f),
+                    _ => unreachable!("pending fence without a pending slot"),
+                },
+                Lookup::Overflow => inner
+                    .overflow
+                    .get_mut(&id)
+                    .expect("overflow fence present")
+                    .push(f),
+                Lookup::Reclaimed | Lookup::Unknown => unreachable!("pending fence without record"),
+            },
+        }
+        Ok(())
+    }
+
+    /// The owner drops its fence. A signaled fence's slot is freed at once;
+    /// a pending fence keeps its slot until it is signaled (then it is freed
+    /// at once rather than waiting for recycling). Releasing twice, or
+    /// releasing a stale id, is a no-op; an unknown id is an error.
+    pub fn release(&self, id: FenceId) -> Result<()> {
+        let mut inner = self.lock();
+        match inner.lookup(id) {
+            Lookup::Unknown => Err(FenceError::UnknownFence(id)),
+            Lookup::Reclaimed | Lookup::Overflow => Ok(()),
+            Lookup::Page(i) => {
+                let slot = &mut inner.slots[i];
+                match &mut slot.state {
+                    SlotState::Pending { released, .. } => *released = true,
+                    SlotState::Signaled => {
+                        slot.state = SlotState::Free;
+                        inner.free.push_back(i as u32);
+                    }
+                    SlotState::Free => unreachable!("lookup returned a free slot"),
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Signals every pending fence (graceful teardown). Returns how many
+    /// were signaled; does nothing on a cancelled table.
+    pub fn signal_all(&self) -> usize {
+        let mut inner = self.lock();
+        if inner.cancelled {
+            return 0;
+        }
+        let ids = inner.pending_ids();
+        let mut callbacks = Vec::new();
+        for &id in &ids {
+            callbacks.extend(inner.mark_signaled(id, &*self.sink));
+        }
+        drop(inner);
+        self.signaled_cv.notify_all();
+        run_callbacks(callbacks);
+        ids.len()
+    }
+
+    /// Tears the table down (e.g. the guest disconnected): every waiter on a
+    /// pending fence wakes with `Err(Cancelled)`, pending callbacks run, and
+    /// from now on `create`, `signal` of pending fences and `on_signal` of
+    /// pending fences fail with [`FenceError::Cancelled`]. The page is left
+    /// as it was. Idempotent.
+    pub fn cancel_all(&self) {
+        let mut inner = self.lock();
+        if inner.cancelled {
+            return;
+        }
+        inner.cancelled = true;
+        let mut callbacks = Vec::new();
+        for slot in &mut inner.slots {
+            if let SlotState::Pending { callbacks: cbs, .. } = &mut slot.state {
+                callbacks.append(cbs);
+            }
+        }
+        for cbs in inner.overflow.values_mut() {
+            callbacks.append(cbs);
+        }
+        drop(inner);
+        self.signaled_cv.notify_all();
+        run_callbacks(callbacks);
+    }
+
+    /// Whether [`cancel_all`](Self::cancel_all) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.lock().cancelled
+    }
+
+    /// A snapshot of occupancy and counters.
+    pub fn stats(&self) -> FenceStats {
+        let inner = self.lock();
+        let (mut pending, mut signaled) = (0, 0);
+        for slot in &inner.slots {
+            match slot.state {
+                SlotState::Pending { .. } => pending += 1,
+                SlotState::Signaled => signaled += 1,
+                SlotState::Free => {}
+            }
+        }
+        FenceStats {
+            live: pending + inner.overflow.len(),
+            signaled,
+            overflow: inner.overflow.len(),
+            free_slots: inner.free.len(),
+            recycled: inner.recycled,
+            created: inner.created,
+            overflow_created: inner.overflow_next,
+        }
+    }
+}
+
+impl fmt::Debug for VirtualFenceTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualFenceTable")
+            .field("stats", &self.stats())
+            .field("cancelled", &self.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page::{slot_status, unpack_word, MemPage};
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Barrier};
+    use std::thread;
+
+    fn table() -> (Arc<MemPage>, Arc<VirtualFenceTable>) {
+        let page = Arc::new(MemPage::new());
+        let table = Arc::new(VirtualFenceTable::new(page.clone()));
+        (page, table)
+    }
+
+    #[test]
+    fn id_packing_roundtrip() {
+        let id = FenceId {
+            index: 0xdead_beef,
+            generation: 0x1234_5678,
+        };
+        assert_eq!(FenceId::from_u64(id.to_u64()), id);
+        assert_eq!(id.to_u64(), 0x1234_5678_dead_beef);
+    }
+
+    #[test]
+    fn overflow_id_mapping_roundtrip() {
+        for seq in [
+            0,
+            1,
+            OVERFLOW_RANGE - 1,
+            OVERFLOW_RANGE,
+            5 * OVERFLOW_RANGE + 7,
+        ] {
+            let id = overflow_id(seq);
+            assert!(!id.is_page_backed());
+            assert_eq!(overflow_seq(id), Some(seq));
+        }
+    }
+
+    #[test]
+    fn page_mirrors_create_and_signal() {
+        let (page, table) = table();
+        let id = table.create().unwrap();
+        assert!(id.is_page_backed());
+        assert_eq!(
+            unpack_word(page.load_slot(id.index)),
+            (id.generation, false)
+        );
+        assert_eq!(page.status(id), Some(FenceStatus::Pending));
+        table.signal(id).unwrap();
+        assert_eq!(unpack_word(page.load_slot(id.index)), (id.generation, true));
+        assert_eq!(page.status(id), Some(FenceStatus::Signaled));
+        // A guest-side view of an older generation of the same slot.
+        let older = FenceId {
+            index: id.index,
+            generation: id.generation - 1,
+        };
+        page.store_slot(id.index, pack_word(id.generation, false));
+        assert_eq!(
+            slot_status(page.load_slot(id.index), older),
+            FenceStatus::Signaled
+        );
+    }
+
+    #[test]
+    fn host_state_ignores_guest_scribbles() {
+        let (page, table) = table();
+        let a = table.create().unwrap();
+        let b = table.create().unwrap();
+        table.signal(b).unwrap();
+        // The guest scribbles the opposite of the truth onto the page.
+        page.store_slot(a.index, pack_word(a.generation, true));
+        page.store_slot(b.index, pack_word(b.generation, false));
+        assert_eq!(table.status(a).unwrap(), FenceStatus::Pending);
+        assert_eq!(table.status(b).unwrap(), FenceStatus::Signaled);
+        // The next host write restores the truth.
+        table.signal(a).unwrap();
+        assert_eq!(page.status(a), Some(FenceStatus::Signaled));
+    }
+
+    #[test]
+    fn signal_is_idempotent_and_rejects_unknown_and_stale() {
+        let (_page, table) = table();
+        let id = table.create().unwrap();
+        table.signal(id).unwrap();
+        table.signal(id).unwrap();
+        let never = FenceId {
+            index: id.index,
+            generation: id.generation + 1,
+        };
+        assert_eq!(table.signal(never), Err(FenceError::UnknownFence(never)));
+        assert_eq!(table.status(never), Err(FenceError::UnknownFence(never)));
+        let never_overflow = overflow_id(0);
+        assert_eq!(
+            table.signal(never_overflow),
+            Err(FenceError::UnknownFence(never_overflow))
+        );
+        table.release(id).unwrap();
+        assert_eq!(table.signal(id), Err(FenceError::StaleFence(id)));
+        assert_eq!(table.status(id).unwrap(), FenceStatus::Signaled);
+    }
+
+    #[test]
+    fn recycling_reuses_indices_without_aliasing_live_fences() {
+        let (page, table) = table();
+        // A set of fences that stay pending throughout.
+        let live: Vec<FenceId> = (0..100).map(|_| table.create().unwrap()).collect();
+        let live_indices: HashSet<u32> = live.iter().map(|id| id.index).collect();
+        let mut old = Vec::new();
+        let mut seen = HashSet::new();
+        let total = 10 * PAGE_SLOTS as usize;
+        for _ in 0..total {
+            let id = table.create().unwrap();
+            assert!(id.is_page_backed(), "no overflow needed: {id:?}");
+            assert!(
+                !live_indices.contains(&id.index),
+                "recycled a live fence's slot: {id:?}"
+            );
+            assert!(seen.insert(id), "duplicate id {id:?}");
+            table.signal(id).unwrap();
+            old.push(id); // never released: only recycling frees these
+        }
+        let stats = table.stats();
+        assert!(stats.recycled > 0, "{stats:?}");
+        let distinct: HashSet<u32> = old.iter().map(|id| id.index).collect();
+        assert!(distinct.len() < total, "indices were reused");
+        for &id in &old {
+            assert_eq!(table.status(id).unwrap(), FenceStatus::Signaled, "{id:?}");
+            assert_eq!(page.status(id), Some(FenceStatus::Signaled), "{id:?}");
+        }
+        for &id in &live {
+            assert_eq!(table.status(id).unwrap(), FenceStatus::Pending);
+            assert_eq!(page.status(id), Some(FenceStatus::Pending));
+        }
+    }
+
+    #[test]
+    fn recycles_oldest_signaled_first_when_low() {
+        let (_page, table) = table();
+        let all: Vec<FenceId> = (0..PAGE_SLOTS).map(|_| table.create().unwrap()).collect();
+        // Signal in a scrambled order; the recycle order must follow it.
+        let order: Vec<FenceId> = all.iter().rev().step_by(3).copied().collect();
+        for &id in &order {
+            table.signal(id).unwrap();
+        }
+        for &expected in order.iter().take(10) {
+            let id = table.create().unwrap();
+            assert_eq!(id.index, expected.index);
+            assert_eq!(id.generation, expected.generation + 1);
+        }
+    }
+
+    #[test]
+    fn released_signaled_slots_are_reused_before_recycling() {
+        let (_page, table) = table();
+        let a = table.create().unwrap();
+        table.signal(a).unwrap();
+        // Plenty of free slots: a's slot stays readable with its own
+        // generation until free slots run low.
+        let b = table.create().unwrap();
+        assert_ne!(b.index, a.index);
+        assert_eq!(table.stats().signaled, 1);
+        table.release(a).unwrap();
+        assert_eq!(table.stats().signaled, 0);
+        assert_eq!(table.stats().recycled, 0);
+    }
+
+    #[test]
+    fn releasing_a_pending_fence_keeps_its_slot_until_signaled() {
+        let (_page, table) = table();
+        let all: Vec<FenceId> = (0..PAGE_SLOTS).map(|_| table.create().unwrap()).collect();
+        table.release(all[0]).unwrap();
+        let next = table.create().unwrap();
+        assert!(!next.is_page_backed(), "slot of a pending fence was reused");
+        assert_eq!(table.status(all[0]).unwrap(), FenceStatus::Pending);
+        table.signal(all[0]).unwrap();
+        let reused = table.create().unwrap();
+        assert_eq!(reused.index, all[0].index);
+        assert_eq!(table.status(all[0]).unwrap(), FenceStatus::Signaled);
+        assert_eq!(table.status(reused).unwrap(), FenceStatus::Pending);
+    }
+
+    #[test]
+    fn overflow_fences_when_page_is_full() {
+        let (_page, table) = table();
+        let page_ids: Vec<FenceId> = (0..PAGE_SLOTS).map(|_| table.create().unwrap()).collect();
+        assert!(page_ids.iter().all(|id| id.is_page_backed()));
+        let extra: Vec<FenceId> = (0..50).map(|_| table.create().unwrap()).collect();
+        assert!(extra.iter().all(|id| !table.is_page_backed(*id)));
+        assert_eq!(extra.iter().collect::<HashSet<_>>().len(), extra.len());
+        let stats = table.stats();
+        assert_eq!(stats.live, PAGE_SLOTS as usize + 50);
+        assert_eq!(stats.overflow, 50);
+        for &id in &extra {
+            assert_eq!(table.status(id).unwrap(), FenceStatus::Pending);
+            assert_eq!(
+                table.wait(id, Some(Duration::ZERO)).unwrap(),
+                FenceStatus::Pending
+            );
+        }
+        // Signal and wait on overflow fences.
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let table = table.clone();
+            let id = extra[7];
+            thread::spawn(move || {
+                tx.send(()).unwrap();
+                table.wait(id, None)
+            })
+        };
+        rx.recv().unwrap();
+        for &id in &extra {
+            table.signal(id).unwrap();
+            assert_eq!(table.status(id).unwrap(), FenceStatus::Signaled);
+            assert_eq!(table.wait(id, None).unwrap(), FenceStatus::Signaled);
+        }
+        assert_eq!(waiter.join().unwrap(), Ok(FenceStatus::Signaled));
+        assert_eq!(table.stats().overflow, 0);
+        // Signaled overflow fences are stale but still read signaled.
+        assert_eq!(
+            table.signal(extra[0]),
+            Err(FenceError::StaleFence(extra[0]))
+        );
+        assert_eq!(table.status(extra[0]).unwrap(), FenceStatus::Signaled);
+        // Freeing page slots stops the overflow.
+        table.signal(page_ids[3]).unwrap();
+        assert!(table.create().unwrap().is_page_backed());
+    }
+
+    #[test]
+    fn many_waiters_wake_on_one_signal() {
+        let (_page, table) = table();
+        let id = table.create().unwrap();
+        let n = 4;
+        let barrier = Arc::new(Barrier::new(n + 1));
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let table = table.clone();
+                let barrier = barrier.clone();
+                thread::spawn(move || {
+                    barrier.wait();
+                    table.wait(id, None)
+                })
+            })
+            .collect();
+        barrier.wait();
+        table.signal(id).unwrap();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), Ok(FenceStatus::Signaled));
+        }
+    }
+
+    #[test]
+    fn wait_times_out_as_pending() {
+        let (_page, table) = table();
+        let id = table.create().unwrap();
+        assert_eq!(
+            table.wait(id, Some(Duration::from_millis(1))).unwrap(),
+            FenceStatus::Pending
+        );
+    }
+
+    #[test]
+    fn on_signal_runs_now_or_later_exactly_once() {
+        let (_page, table) = table();
+        let count = Arc::new(AtomicUsize::new(0));
+        let bump = |c: &Arc<AtomicUsize>| {
+            let c = c.clone();
+            Box::new(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+            }) as SignalCallback
+        };
+        let id = table.create().unwrap();
+        table.on_signal(id, bump(&count)).unwrap();
+        table.on_signal(id, bump(&count)).unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+        table.signal(id).unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+        table.signal(id).unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+        table.on_signal(id, bump(&count)).unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 3);
+        let unknown = FenceId {
+            index: 500,
+            generation: 9,
+        };
+        assert!(table.on_signal(unknown, bump(&count)).is_err());
+        assert_eq!(count.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn callbacks_may_reenter_the_table() {
+        let (_page, table) = table();
+        let a = table.create().unwrap();
+        let b = table.create().unwrap();
+        let t2 = table.clone();
+        table
+            .on_signal(a, Box::new(move || t2.signal(b).unwrap()))
+            .unwrap();
+        table.signal(a).unwrap();
+        assert_eq!(table.status(b).unwrap(), FenceStatus::Signaled);
+    }
+
+    #[test]
+    fn cancel_all_wakes_waiters_with_cancelled() {
+        let (_page, table) = table();
+        let pending = table.create().unwrap();
+        let done = table.create().unwrap();
+        table.signal(done).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let table = table.clone();
+            thread::spawn(move || {
+                tx.send(()).unwrap();
+                table.wait(pending, None)
+            })
+        };
+        rx.recv().unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        table
+            .on_signal(
+                pending,
+                Box::new(move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+            .unwrap();
+        table.cancel_all();
+        assert_eq!(waiter.join().unwrap(), Err(FenceError::Cancelled));
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(table.status(pending), Err(FenceError::Cancelled));
+        assert_eq!(table.status(done), Ok(FenceStatus::Signaled));
+        assert_eq!(table.create(), Err(FenceError::Cancelled));
+        assert_eq!(table.signal(pending), Err(FenceError::Cancelled));
+        assert_eq!(table.signal_all(), 0);
+        assert!(table.is_cancelled());
+    }
+
+    #[test]
+    fn signal_all_signals_page_and_overflow_fences() {
+        let (page, table) = table();
+        let ids: Vec<FenceId> = (0..PAGE_SLOTS + 3)
+            .map(|_| table.create().unwrap())
+            .collect();
+        assert_eq!(table.signal_all(), ids.len());
+        for &id in &ids {
+            assert_eq!(table.status(id).unwrap(), FenceStatus::Signaled);
+            if let Some(s) = page.status(id) {
+                assert_eq!(s, FenceStatus::Signaled);
+            }
+        }
+        assert_eq!(table.stats().live, 0);
+    }
+
+    #[test]
+    fn signaled_fifo_stays_bounded_under_release_churn() {
+        let (_page, table) = table();
+        for _ in 0..20 * PAGE_SLOTS {
+            let id = table.create().unwrap();
+            table.signal(id).unwrap();
+            table.release(id).unwrap();
+        }
+        assert!(table.lock().signaled_fifo.len() <= 2 * PAGE_SLOTS as usize + 1);
+        assert_eq!(table.stats().free_slots, PAGE_SLOTS as usize);
+    }
+
+    #[test]
+    fn new_table_writes_header_and_clears_slots() {
+        let page = Arc::new(MemPage::new());
+        page.store_slot(5, 0xffff_ffff);
+        page.store_header(0);
+        let _table = VirtualFenceTable::new(page.clone());
+        assert_eq!(page.header(), PAGE_HEADER);
+        assert_eq!(page.load_slot(5), 0);
+    }
+
+    #[test]
+    fn generation_wraps_skipping_zero() {
+        assert_eq!(next_generation(GENERATION_MASK), 1);
+        assert_eq!(next_generation(0), 1);
+        assert_eq!(next_generation(41), 42);
+    }
+
+    #[test]
+    fn table_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<VirtualFenceTable>();
+        assert_send_sync::<Arc<VirtualFenceTable>>();
+    }
+}

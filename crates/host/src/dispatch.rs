@@ -1,0 +1,118 @@
+//! Decoding and execution of ring requests.
+//!
+//! Every field of a request came from guest memory: opcodes, devices, modes, ids, offsets and
+//! lengths are all checked here or in the SVM manager, and anything wrong becomes a status in
+//! the completion.
+
+use virtsoc_proto::wire::Format;
+use virtsoc_proto::{AccessMode, DeviceId, Opcode, Request, Status};
+use virtsoc_svm::{AccessReport, AllocDesc, DomainId, SvmError, SvmManager};
+
+/// Result values or an error status.
+pub type Outcome = std::result::Result<[u64; 6], Status>;
+
+/// Maps an SVM error to the status a guest sees.
+pub fn status_of(e: &SvmError) -> Status {
+    match e {
+        SvmError::BadArgument(_) => Status::BadArgument,
+        SvmError::GuestNotAttached(_) => Status::Closed,
+        SvmError::NoSuchRegion => Status::NoSuchRegion,
+        SvmError::NotSupported(_) => Status::NotSupported,
+        SvmError::OutOfMemory => Status::OutOfMemory,
+        SvmError::OutOfRange => Status::OutOfRange,
+        SvmError::UnknownDomain(_) => Status::UnknownDevice,
+        SvmError::Internal(_) | SvmError::Unreachable(_) | SvmError::Window(_) => Status::Internal,
+    }
+}
+
+fn svm<T>(guest: u64, r: Result<T, SvmError>) -> Result<T, Status> {
+    r.map_err(|e| {
+        log::debug!("guest {guest}: {e}");
+        status_of(&e)
+    })
+}
+
+/// Values of an access completion.
+pub fn access_values(r: &AccessReport) -> [u64; 6] {
+    [
+        r.window_offset.unwrap_or(u64::MAX),
+        r.coherence.as_nanos() as u64,
+        r.copies as u64,
+        r.compensation.as_nanos() as u64,
+        0,
+        0,
+    ]
+}
+
+fn access(
+    svm_mgr: &SvmManager,
+    guest: u64,
+    domain: DomainId,
+    req: &Request,
+    begin: bool,
+) -> Outcome {
+    let [id, offset, len, mode, ..] = req.args;
+    let mode = u32::try_from(mode)
+        .ok()
+        .and_then(AccessMode::from_u32)
+        .ok_or(Status::BadArgument)?;
+    let r = if begin {
+        svm_mgr.begin_access(guest, id, domain, offset, len, mode)
+    } else {
+        svm_mgr.end_access(guest, id, domain, offset, len, mode)
+    };
+    Ok(access_values(&svm(guest, r)?))
+}
+
+/// Runs a request addressed to a device (not the CPU) on that device's worker.
+pub fn access_or_command(
+    svm_mgr: &SvmManager,
+    guest: u64,
+    _device: DeviceId,
+    domain: DomainId,
+    req: &Request,
+    command: impl FnOnce(&[u64; 6]) -> Outcome,
+) -> Outcome {
+    match Opcode::from_u32(req.opcode) {
+        Some(Opcode::BeginAccess) => access(svm_mgr, guest, domain, req, true),
+        Some(Opcode::EndAccess) => access(svm_mgr, guest, domain, req, false),
+        Some(Opcode::DeviceCmd) => command(&req.args),
+        _ => Err(Status::UnknownOpcode),
+    }
+}
+
+/// Runs a request that needs no device: allocation, CPU accesses, queries.
+pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
+    match Opcode::from_u32(req.opcode) {
+        Some(Opcode::Nop) => Ok([0; 6]),
+        Some(Opcode::Alloc) => {
+            let [size, width, height, format, usage, _] = req.args;
+            let format = u32::try_from(format)
+                .ok()
+                .and_then(Format::from_u32)
+                .ok_or(Status::BadArgument)?;
+            let dim = |v: u64| u32::try_from(v).map_err(|_| Status::BadArgument);
+            let desc = AllocDesc {
+                size,
+                width: dim(width)?,
+                height: dim(height)?,
+                format,
+                usage: dim(usage)?,
+            };
+            let (id, meta) = svm(guest, svm_mgr.alloc(guest, desc))?;
+            Ok([id, meta.size, meta.stride as u64, 0, 0, 0])
+        }
+        Some(Opcode::Free) => {
+            svm(guest, svm_mgr.free(guest, req.args[0]))?;
+            Ok([0; 6])
+        }
+        Some(Opcode::BeginAccess) => access(svm_mgr, guest, DomainId::GUEST_WINDOW, req, true),
+        Some(Opcode::EndAccess) => access(svm_mgr, guest, DomainId::GUEST_WINDOW, req, false),
+        Some(Opcode::Stats) => {
+            let (regions, bytes) = svm(guest, svm_mgr.guest_usage(guest))?;
+            Ok([guest, regions, bytes, 0, 0, 0])
+        }
+        Some(Opcode::DeviceCmd) => Err(Status::UnknownDevice),
+        None => Err(Status::UnknownOpcode),
+    }
+}

@@ -1,0 +1,29 @@
+//! virtsocd, the virtsoc host daemon, as a library (the binary is a thin wrapper).
+//!
+//! - [`daemon`]: accepting guests, the handshake, the session table, shutdown;
+//! - [`session`]: one guest's rings and the thread that serves them;
+//! - [`dispatch`]: decoding and validating requests;
+//! - [`device`]: the device trait, device workers, and the devices themselves.
+
+pub mod daemon;
+pub mod device;
+pub mod dispatch;
+pub mod session;
+
+pub use daemon::{Daemon, DaemonConfig};
+
+/// Errors of the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Proto(#[from] virtsoc_proto::ProtoError),
+    #[error("svm: {0}")]
+    Svm(#[from] virtsoc_svm::SvmError),
+}
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, HostError>;

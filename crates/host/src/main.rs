@@ -1,0 +1,58 @@
+//! `virtsocd`: serves guests on a Unix socket until SIGINT or SIGTERM.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+
+use clap::Parser;
+use virtsoc_host::{Daemon, DaemonConfig};
+use virtsoc_svm::ProtocolKind;
+
+/// The virtsoc host daemon.
+#[derive(Debug, Parser)]
+#[command(name = "virtsocd", version)]
+struct Args {
+    /// Unix socket to listen on (replaced if it exists).
+    #[arg(long, default_value = "/tmp/virtsoc.sock")]
+    socket: PathBuf,
+    /// Coherence protocol for guests that do not choose one.
+    #[arg(long, default_value = "write-invalidate")]
+    protocol: ProtocolKind,
+    /// Largest window a guest may map, in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_window: u64,
+    /// Host and device memory one guest's regions may hold, in bytes.
+    #[arg(long, default_value_t = 4 << 30)]
+    guest_mem_limit: u64,
+    /// Spin iterations on a ring before sleeping on its doorbell.
+    #[arg(long, default_value_t = 4096)]
+    spins: u32,
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("virtsocd: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> virtsoc_host::Result<()> {
+    let _ = std::fs::remove_file(&args.socket);
+    let listener = UnixListener::bind(&args.socket)?;
+    let (stop_rx, stop_tx) = UnixStream::pair()?;
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::low_level::pipe::register(sig, stop_tx.try_clone()?)?;
+    }
+    let daemon = Daemon::new(DaemonConfig {
+        socket: args.socket.clone(),
+        protocol: args.protocol,
+        max_window: args.max_window,
+        guest_mem_limit: args.guest_mem_limit,
+        spins: args.spins,
+    })?;
+    let result = daemon.serve(listener, OwnedFd::from(stop_rx));
+    let _ = std::fs::remove_file(&args.socket);
+    result
+}
