@@ -16,7 +16,7 @@ struct Args {
     #[arg(long, default_value = "/tmp/virtsoc.sock")]
     socket: PathBuf,
     /// Coherence protocol for guests that do not choose one.
-    #[arg(long, default_value = "write-invalidate")]
+    #[arg(long, default_value = "write-invalidate", value_parser = parse_protocol)]
     protocol: ProtocolKind,
     /// Largest window a guest may map, in bytes.
     #[arg(long, default_value_t = 1 << 30)]
@@ -24,6 +24,9 @@ struct Args {
     /// Host and device memory one guest's regions may hold, in bytes.
     #[arg(long, default_value_t = 4 << 30)]
     guest_mem_limit: u64,
+    /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
+    #[arg(long)]
+    print_ready: bool,
     /// Spin iterations on a ring before sleeping on its doorbell.
     #[arg(long, default_value_t = 4096)]
     spins: u32,
@@ -52,7 +55,17 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         guest_mem_limit: args.guest_mem_limit,
         spins: args.spins,
     })?;
+    if args.print_ready {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "READY {}", args.socket.display())?;
+        out.flush()?;
+    }
     let result = daemon.serve(listener, OwnedFd::from(stop_rx));
     let _ = std::fs::remove_file(&args.socket);
     result
+}
+
+fn parse_protocol(s: &str) -> Result<ProtocolKind, String> {
+    s.parse().map_err(|e: virtsoc_svm::SvmError| e.to_string())
 }

@@ -1,0 +1,217 @@
+//! `virtsoc bench transport`: round-trip latency and bandwidth of the shared-memory ring
+//! channel, beside a Unix socket and TCP loopback measured in the same run.
+//!
+//! Every channel moves the same thing: a 64-byte request answered by a 64-byte reply for the
+//! round trip, and `size` bytes from this process into the peer's memory for bandwidth (for
+//! the ring: a CPU write into the window plus the host pulling it into a device's memory; for
+//! sockets: a write and the peer reading it into a buffer). The socket peers are threads of
+//! this process on the other core; the ring's peer is the daemon process.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Instant;
+
+use serde::Serialize;
+use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
+
+use crate::stats::{percentile, P50P99};
+use crate::CliError;
+
+/// Measurements of one channel.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChannelResult {
+    pub channel: String,
+    pub rtt_us: P50P99,
+    pub bandwidth_gbps: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct TransportReport {
+    pub round_trips: usize,
+    pub bulk_bytes: u64,
+    pub channels: Vec<ChannelResult>,
+}
+
+/// Runs all channels.
+pub fn run(
+    socket: &std::path::Path,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<TransportReport, CliError> {
+    let channels = vec![
+        ring(socket, round_trips, size, reps)?,
+        stream_channel("unix-socket", round_trips, size, reps, unix_pair)?,
+        stream_channel("tcp-loopback", round_trips, size, reps, tcp_pair)?,
+    ];
+    Ok(TransportReport {
+        round_trips,
+        bulk_bytes: size,
+        channels,
+    })
+}
+
+fn ring(
+    socket: &std::path::Path,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<ChannelResult, CliError> {
+    let conn = Connection::connect(
+        socket,
+        &ConnectOptions {
+            name: "bench-transport".into(),
+            coherence: Some("write-invalidate".into()),
+            window_size: size + (64 << 20),
+            ..ConnectOptions::default()
+        },
+    )?;
+    for _ in 0..round_trips / 10 {
+        conn.nop()?;
+    }
+    let mut rtt = Vec::with_capacity(round_trips);
+    for _ in 0..round_trips {
+        let t0 = Instant::now();
+        conn.nop()?;
+        rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    let id = conn.alloc_blob(size)?.id;
+    let src = vec![0x5au8; size as usize];
+    let mut times = Vec::new();
+    for i in 0..reps + 1 {
+        let t0 = Instant::now();
+        let a = conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+        let ptr = a
+            .ptr
+            .ok_or_else(|| CliError::Usage("no pointer for CPU access".into()))?;
+        // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), size as usize) };
+        conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+        conn.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)?;
+        conn.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)?;
+        if i > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    conn.free(id)?;
+    Ok(ChannelResult {
+        channel: "shm-ring (process guest)".into(),
+        rtt_us: P50P99::of(&rtt),
+        bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
+    })
+}
+
+/// Peer loop: a header `[kind u8][len u64]`, then `len` bytes; answers 64 bytes.
+fn serve_stream(mut s: impl Read + Write) {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut head = [0u8; 9];
+    while s.read_exact(&mut head).is_ok() {
+        let mut left = u64::from_le_bytes(head[1..9].try_into().unwrap_or([0; 8]));
+        while left > 0 {
+            let n = (left as usize).min(buf.len());
+            if s.read_exact(&mut buf[..n]).is_err() {
+                return;
+            }
+            left -= n as u64;
+        }
+        if s.write_all(&[0u8; 64]).is_err() {
+            return;
+        }
+    }
+}
+
+fn unix_pair() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError> {
+    let path = std::env::temp_dir().join(format!("virtsoc-bench-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path)?;
+    let h = std::thread::spawn(move || {
+        if let Ok((s, _)) = l.accept() {
+            serve_stream(s);
+        }
+    });
+    let c = UnixStream::connect(&path)?;
+    let _ = std::fs::remove_file(&path);
+    Ok((Box::new(c), h))
+}
+
+fn tcp_pair() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let h = std::thread::spawn(move || {
+        if let Ok((s, _)) = l.accept() {
+            let _ = s.set_nodelay(true);
+            serve_stream(s);
+        }
+    });
+    let c = TcpStream::connect(addr)?;
+    c.set_nodelay(true)?;
+    Ok((Box::new(c), h))
+}
+
+/// A bidirectional byte stream.
+pub trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
+
+type PairFn = fn() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError>;
+
+fn stream_channel(
+    name: &str,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+    pair: PairFn,
+) -> Result<ChannelResult, CliError> {
+    let (mut c, peer) = pair()?;
+    let mut reply = [0u8; 64];
+    let mut msg = [0u8; 64];
+    msg[1..9].copy_from_slice(&55u64.to_le_bytes());
+    let mut rtt = Vec::with_capacity(round_trips);
+    for i in 0..round_trips + round_trips / 10 {
+        let t0 = Instant::now();
+        c.write_all(&msg)?;
+        c.read_exact(&mut reply)?;
+        if i >= round_trips / 10 {
+            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let data = vec![0x5au8; size as usize];
+    let mut times = Vec::new();
+    for i in 0..reps + 1 {
+        let t0 = Instant::now();
+        let mut head = [1u8; 9];
+        head[1..9].copy_from_slice(&size.to_le_bytes());
+        c.write_all(&head)?;
+        c.write_all(&data)?;
+        c.read_exact(&mut reply)?;
+        if i > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    drop(c);
+    let _ = peer.join();
+    Ok(ChannelResult {
+        channel: name.to_string(),
+        rtt_us: P50P99::of(&rtt),
+        bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
+    })
+}
+
+/// Prints the report as a table.
+pub fn print_table(r: &TransportReport) {
+    println!(
+        "Transport: {} round trips, {} bytes per bulk transfer",
+        r.round_trips, r.bulk_bytes
+    );
+    println!(
+        "{:<26} {:>11} {:>11} {:>12}",
+        "channel", "rtt p50 us", "rtt p99 us", "bulk GB/s"
+    );
+    for c in &r.channels {
+        println!(
+            "{:<26} {:>11.2} {:>11.2} {:>12.3}",
+            c.channel, c.rtt_us.p50, c.rtt_us.p99, c.bandwidth_gbps
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! `virtsoc`: benchmarks, the demo, and guest-side tools.
+//!
+//! Every subcommand is a guest process: it connects to a daemon given with `--socket`, or
+//! starts its own `virtsocd` child process when none is given.
+
+mod bench_svm;
+mod bench_transport;
+mod daemon_proc;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use daemon_proc::DaemonProcess;
+use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
+
+/// Errors of the command line tool.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("guest library: {0}")]
+    Guest(#[from] virtsoc_guest::GuestError),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Usage(String),
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "virtsoc",
+    version,
+    about = "virtsoc benchmarks, demo and guest tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Benchmarks (each reports ratios measured in one run).
+    Bench {
+        #[command(subcommand)]
+        which: BenchCmd,
+    },
+    /// The main job: transport and SVM benchmarks side by side.
+    Demo {
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Frames per protocol.
+        #[arg(long, default_value_t = 120)]
+        frames: usize,
+    },
+    /// Tools for tests.
+    #[command(hide = true)]
+    Debug {
+        #[command(subcommand)]
+        which: DebugCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// Round-trip latency and bandwidth of the ring channel, a Unix socket and TCP loopback.
+    Transport {
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(long, default_value_t = 5000)]
+        round_trips: usize,
+        #[arg(long, default_value_t = 16_588_800)]
+        size: u64,
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The SVM microbenchmark: producer -> consumer over a ring of buffers, per protocol.
+    Svm {
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Comma-separated coherence protocols.
+        #[arg(
+            long,
+            default_value = "guest-staging,write-invalidate",
+            value_delimiter = ','
+        )]
+        protocol: Vec<String>,
+        /// Bytes per frame (default: one 3840x2160 frame at 2 bytes per pixel).
+        #[arg(long, default_value_t = 16_588_800)]
+        size: u64,
+        /// Slack interval between the write and the read, in milliseconds.
+        #[arg(long, default_value_t = 17.0)]
+        slack_ms: f64,
+        #[arg(long, default_value_t = 200)]
+        frames: usize,
+        /// Buffers in the ring.
+        #[arg(long, default_value_t = 4)]
+        buffers: usize,
+        /// Unmeasured frames first (lazy allocation, page faults).
+        #[arg(long, default_value_t = 8)]
+        warmup: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DebugCmd {
+    /// Allocates and fills regions, prints READY, then waits to be killed.
+    Hold {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        regions: usize,
+        #[arg(long, default_value_t = 1 << 20)]
+        size: u64,
+    },
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("virtsoc: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs `f` against `socket`, or against a daemon started for the purpose.
+fn with_daemon<T>(
+    socket: Option<PathBuf>,
+    f: impl FnOnce(&std::path::Path) -> Result<T, CliError>,
+) -> Result<T, CliError> {
+    match socket {
+        Some(s) => f(&s),
+        None => {
+            let d = DaemonProcess::spawn(&[])?;
+            let r = f(d.socket());
+            d.stop()?;
+            r
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.cmd {
+        Cmd::Bench {
+            which:
+                BenchCmd::Transport {
+                    socket,
+                    round_trips,
+                    size,
+                    reps,
+                    json,
+                },
+        } => {
+            let r = with_daemon(socket, |s| bench_transport::run(s, round_trips, size, reps))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_transport::print_table(&r);
+            }
+        }
+        Cmd::Bench {
+            which:
+                BenchCmd::Svm {
+                    socket,
+                    protocol,
+                    size,
+                    slack_ms,
+                    frames,
+                    buffers,
+                    warmup,
+                    json,
+                },
+        } => {
+            if !(0.0..=10_000.0).contains(&slack_ms) {
+                return Err(CliError::Usage("--slack-ms must be in 0..=10000".into()));
+            }
+            let params = bench_svm::SvmBenchParams {
+                protocols: protocol,
+                size,
+                slack: Duration::from_secs_f64(slack_ms / 1e3),
+                frames,
+                buffers,
+                warmup,
+            };
+            let r = with_daemon(socket, |s| bench_svm::run(s, &params))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_svm::print_table(&r);
+            }
+            if r.protocols.iter().any(|p| p.corrupt_frames > 0) {
+                return Err(CliError::Usage("some frames were delivered corrupt".into()));
+            }
+        }
+        Cmd::Demo { socket, frames } => {
+            with_daemon(socket, |s| {
+                let t = bench_transport::run(s, 2000, 16_588_800, 10)?;
+                bench_transport::print_table(&t);
+                println!();
+                let params = bench_svm::SvmBenchParams {
+                    protocols: vec!["guest-staging".into(), "write-invalidate".into()],
+                    size: 16_588_800,
+                    slack: Duration::from_millis(17),
+                    frames,
+                    buffers: 4,
+                    warmup: 8,
+                };
+                let r = bench_svm::run(s, &params)?;
+                bench_svm::print_table(&r);
+                Ok(())
+            })?;
+        }
+        Cmd::Debug {
+            which:
+                DebugCmd::Hold {
+                    socket,
+                    regions,
+                    size,
+                },
+        } => {
+            let conn = Connection::connect(&socket, &ConnectOptions::default())?;
+            for i in 0..regions {
+                let id = conn.alloc_blob(size)?.id;
+                conn.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)?;
+                conn.device_cmd(
+                    DeviceId::PRODUCER,
+                    [testdev::WRITE_PATTERN, id, i as u64, 0, 0, 0],
+                )?;
+                // Left mid-frame on purpose: the access is never ended.
+            }
+            println!("READY {}", conn.guest_id());
+            use std::io::Write;
+            std::io::stdout().flush()?;
+            // Wait to be killed; reading stdin blocks until the test closes it.
+            let mut sink = String::new();
+            let _ = std::io::stdin().read_line(&mut sink);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! The C ABI, declared in `include/virtsoc.h`.
+//!
+//! Every function returns 0 or a negated [`Status`]; the message of the last error on the
+//! calling thread is available from `virtsoc_last_error`. Null pointers and invalid strings are
+//! reported as `VIRTSOC_E_BAD_ARGUMENT`, never dereferenced. Panics never cross the boundary.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use virtsoc_proto::wire::Format;
+use virtsoc_proto::{AccessMode, DeviceId, Status};
+
+use crate::{ConnectOptions, Connection, GuestError, Result};
+
+/// Opaque connection handle for C.
+pub struct VirtsocConn(Connection);
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn run(f: impl FnOnce() -> Result<()>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            set_error(&e.to_string());
+            -(e.status() as c_int)
+        }
+        Err(_) => {
+            set_error("internal panic in virtsoc guest library");
+            -(Status::Internal as c_int)
+        }
+    }
+}
+
+fn bad(msg: &str) -> GuestError {
+    GuestError::BadArgument(msg.to_string())
+}
+
+unsafe fn opt_str<'a>(p: *const c_char) -> Result<Option<&'a str>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string or NULL.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map(Some)
+        .map_err(|_| bad("string is not UTF-8"))
+}
+
+unsafe fn conn<'a>(c: *mut VirtsocConn) -> Result<&'a Connection> {
+    // SAFETY: a non-null handle came from virtsoc_connect and was not disconnected.
+    unsafe { c.as_ref() }
+        .map(|c| &c.0)
+        .ok_or_else(|| bad("null connection"))
+}
+
+fn mode(m: u32) -> Result<AccessMode> {
+    AccessMode::from_u32(m)
+        .ok_or_else(|| bad("mode must be VIRTSOC_READ, VIRTSOC_WRITE or VIRTSOC_RW"))
+}
+
+/// Connects to the daemon. `name` and `coherence` may be NULL.
+///
+/// # Safety
+/// `socket_path` must be a NUL-terminated string; `out` a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_connect(
+    socket_path: *const c_char,
+    name: *const c_char,
+    coherence: *const c_char,
+    out: *mut *mut VirtsocConn,
+) -> c_int {
+    run(|| {
+        if out.is_null() {
+            return Err(bad("null output pointer"));
+        }
+        // SAFETY: forwarded caller guarantees.
+        let path = unsafe { opt_str(socket_path) }?.ok_or_else(|| bad("null socket path"))?;
+        let mut opts = ConnectOptions::default();
+        // SAFETY: forwarded caller guarantees.
+        if let Some(n) = unsafe { opt_str(name) }? {
+            opts.name = n.to_string();
+        }
+        // SAFETY: forwarded caller guarantees.
+        opts.coherence = unsafe { opt_str(coherence) }?.map(str::to_string);
+        let c = Connection::connect(path, &opts)?;
+        // SAFETY: `out` is non-null and valid per the contract.
+        unsafe { *out = Box::into_raw(Box::new(VirtsocConn(c))) };
+        Ok(())
+    })
+}
+
+/// Hangs up and frees the handle. NULL is ignored.
+///
+/// # Safety
+/// `c` must come from `virtsoc_connect` and not be used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_disconnect(c: *mut VirtsocConn) {
+    if !c.is_null() {
+        // SAFETY: per the contract the handle is owned by us now.
+        drop(unsafe { Box::from_raw(c) });
+    }
+}
+
+/// Allocates a region; see the header.
+///
+/// # Safety
+/// `c` must be a live handle; `id_out` and `size_out` valid pointers or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_alloc(
+    c: *mut VirtsocConn,
+    size: u64,
+    width: u32,
+    height: u32,
+    format: u32,
+    usage: u32,
+    id_out: *mut u64,
+    size_out: *mut u64,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        if id_out.is_null() {
+            return Err(bad("null id pointer"));
+        }
+        let format = Format::from_u32(format).ok_or_else(|| bad("unknown format"))?;
+        let info = c.alloc(size, width, height, format, usage)?;
+        // SAFETY: checked non-null above; size_out checked below.
+        unsafe {
+            *id_out = info.id;
+            if !size_out.is_null() {
+                *size_out = info.size;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Frees a region.
+///
+/// # Safety
+/// `c` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_free(c: *mut VirtsocConn, id: u64) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    run(|| unsafe { conn(c) }?.free(id))
+}
+
+/// Begins an access; for `VIRTSOC_DEV_CPU` stores a pointer to the first byte in `*ptr_out`.
+///
+/// # Safety
+/// `c` must be a live handle; `ptr_out` a valid pointer or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_begin_access(
+    c: *mut VirtsocConn,
+    id: u64,
+    device: u32,
+    offset: u64,
+    len: u64,
+    mode_: u32,
+    ptr_out: *mut *mut c_void,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        let a = c.begin_access(id, DeviceId(device), offset, len, mode(mode_)?)?;
+        if !ptr_out.is_null() {
+            let p = a
+                .ptr
+                .map(|p| p.as_ptr() as *mut c_void)
+                .unwrap_or(std::ptr::null_mut());
+            // SAFETY: checked non-null.
+            unsafe { *ptr_out = p };
+        }
+        Ok(())
+    })
+}
+
+/// Ends an access (blocks for prefetch compensation when the host asks for it).
+///
+/// # Safety
+/// `c` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_end_access(
+    c: *mut VirtsocConn,
+    id: u64,
+    device: u32,
+    offset: u64,
+    len: u64,
+    mode_: u32,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        c.end_access(id, DeviceId(device), offset, len, mode(mode_)?)
+            .map(|_| ())
+    })
+}
+
+/// Sends a device command: `args[0]` is the device opcode; results go to `values` (6 words,
+/// may be NULL).
+///
+/// # Safety
+/// `c` must be a live handle; `args` must point to 6 words; `values` to 6 words or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_device_cmd(
+    c: *mut VirtsocConn,
+    device: u32,
+    args: *const u64,
+    values: *mut u64,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        if args.is_null() {
+            return Err(bad("null args"));
+        }
+        let mut a = [0u64; 6];
+        // SAFETY: the caller passes 6 readable words.
+        a.copy_from_slice(unsafe { std::slice::from_raw_parts(args, 6) });
+        let v = c.device_cmd(DeviceId(device), a)?;
+        if !values.is_null() {
+            // SAFETY: the caller passes 6 writable words.
+            unsafe { std::slice::from_raw_parts_mut(values, 6) }.copy_from_slice(&v);
+        }
+        Ok(())
+    })
+}
+
+/// The message of the last error on this thread (valid until the next call on this thread).
+#[no_mangle]
+pub extern "C" fn virtsoc_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// A static description of a (negated) status code.
+#[no_mangle]
+pub extern "C" fn virtsoc_strerror(code: c_int) -> *const c_char {
+    let s = Status::from_u32(code.unsigned_abs()).unwrap_or(Status::Internal);
+    STATUS_TEXT[s as usize].as_ptr()
+}
+
+macro_rules! status_text {
+    ($($s:ident),*) => {
+        [$(concat_cstr(Status::$s)),*]
+    };
+}
+
+const fn concat_cstr(s: Status) -> &'static CStr {
+    match s {
+        Status::Ok => c"ok",
+        Status::UnknownOpcode => c"unknown opcode",
+        Status::UnknownDevice => c"unknown device",
+        Status::NoSuchRegion => c"no such region (or not yours)",
+        Status::OutOfRange => c"offset or length out of range",
+        Status::BadArgument => c"bad argument",
+        Status::OutOfMemory => c"out of memory (window or guest quota exhausted)",
+        Status::Busy => c"busy, try again",
+        Status::DeviceError => c"device error",
+        Status::NotSupported => c"not supported",
+        Status::Closed => c"connection closed",
+        Status::Internal => c"internal error",
+    }
+}
+
+static STATUS_TEXT: [&CStr; 12] = status_text!(
+    Ok,
+    UnknownOpcode,
+    UnknownDevice,
+    NoSuchRegion,
+    OutOfRange,
+    BadArgument,
+    OutOfMemory,
+    Busy,
+    DeviceError,
+    NotSupported,
+    Closed,
+    Internal
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strerror_matches_status_messages() {
+        for v in 0..12u32 {
+            let s = Status::from_u32(v).unwrap();
+            // SAFETY: static NUL-terminated strings.
+            let c = unsafe { CStr::from_ptr(virtsoc_strerror(-(v as c_int))) };
+            assert_eq!(c.to_str().unwrap(), s.message());
+        }
+    }
+
+    #[test]
+    fn header_constants_match_the_protocol() {
+        let h = include_str!("../include/virtsoc.h");
+        let find = |name: &str| -> i64 {
+            let line = h
+                .lines()
+                .find(|l| l.contains(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} missing from virtsoc.h"));
+            line.split_whitespace()
+                .nth(2)
+                .unwrap()
+                .trim_matches(|c| c == '(' || c == ')')
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(
+            find("VIRTSOC_E_NO_SUCH_REGION"),
+            -(Status::NoSuchRegion as i64)
+        );
+        assert_eq!(find("VIRTSOC_E_OUT_OF_RANGE"), -(Status::OutOfRange as i64));
+        assert_eq!(
+            find("VIRTSOC_E_BAD_ARGUMENT"),
+            -(Status::BadArgument as i64)
+        );
+        assert_eq!(
+            find("VIRTSOC_E_OUT_OF_MEMORY"),
+            -(Status::OutOfMemory as i64)
+        );
+        assert_eq!(find("VIRTSOC_E_CLOSED"), -(Status::Closed as i64));
+        assert_eq!(
+            find("VIRTSOC_E_UNKNOWN_DEVICE"),
+            -(Status::UnknownDevice as i64)
+        );
+        assert_eq!(find("VIRTSOC_E_INTERNAL"), -(Status::Internal as i64));
+        assert_eq!(find("VIRTSOC_READ"), AccessMode::Read as i64);
+        assert_eq!(find("VIRTSOC_WRITE"), AccessMode::Write as i64);
+        assert_eq!(find("VIRTSOC_RW"), AccessMode::ReadWrite as i64);
+        assert_eq!(find("VIRTSOC_DEV_CPU"), DeviceId::CPU.0 as i64);
+        assert_eq!(find("VIRTSOC_DEV_PRODUCER"), DeviceId::PRODUCER.0 as i64);
+        assert_eq!(find("VIRTSOC_DEV_CONSUMER"), DeviceId::CONSUMER.0 as i64);
+        assert_eq!(find("VIRTSOC_FMT_BLOB"), Format::Blob as i64);
+        assert_eq!(find("VIRTSOC_FMT_NV12"), Format::Nv12 as i64);
+        assert_eq!(find("VIRTSOC_FMT_YUYV"), Format::Yuyv as i64);
+        assert_eq!(
+            find("VIRTSOC_TEST_WRITE_PATTERN"),
+            virtsoc_proto::wire::testdev::WRITE_PATTERN as i64
+        );
+        assert_eq!(
+            find("VIRTSOC_TEST_CHECKSUM"),
+            virtsoc_proto::wire::testdev::CHECKSUM as i64
+        );
+    }
+}

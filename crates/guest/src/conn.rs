@@ -1,0 +1,472 @@
+//! A guest's connection to the daemon.
+//!
+//! Requests are written to the submission ring and the host is woken only if it sleeps;
+//! completions are reaped by whichever waiting thread gets there first (the reaper) and handed
+//! to their waiters through a condition variable, so many guest threads can have requests in
+//! flight at once. The library checks what the host gives it too: window offsets are bounds
+//! checked before they become pointers.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
+use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::ring::{guest_rings, Doorbell, FutexDoorbell, RingConsumer, RingProducer};
+use virtsoc_proto::wire::Format;
+use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
+
+use crate::{GuestError, Result};
+
+/// How long a reaper sleeps before checking that the daemon is still there.
+const LIVENESS_CHECK: Duration = Duration::from_millis(250);
+
+/// Options for [`Connection::connect`].
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Name shown in the daemon's logs.
+    pub name: String,
+    /// Requested window size (the daemon may clamp it).
+    pub window_size: u64,
+    pub sq_entries: u32,
+    pub cq_entries: u32,
+    /// Coherence protocol for this guest's regions (`None`: the daemon's default).
+    pub coherence: Option<String>,
+    /// Credential for remote transports.
+    pub token: Option<String>,
+    /// Spin iterations before sleeping on the doorbell.
+    pub spins: u32,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            name: format!("guest-{}", std::process::id()),
+            window_size: 256 << 20,
+            sq_entries: 256,
+            cq_entries: 256,
+            coherence: None,
+            token: None,
+            spins: 4096,
+        }
+    }
+}
+
+/// Guest-side cached metadata of a region (the host keeps the full record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub id: u64,
+    pub size: u64,
+    pub stride: u32,
+    pub width: u32,
+    pub height: u32,
+    pub format: Format,
+}
+
+/// What begin_access returned.
+#[derive(Debug, Clone, Copy)]
+pub struct Access {
+    /// CPU pointer to the first accessed byte (CPU accesses only).
+    pub ptr: Option<NonNull<u8>>,
+    /// Host time spent on coherence for this call.
+    pub coherence: Duration,
+    /// Copies the host made for this call.
+    pub copies: u32,
+    /// Time the library blocked for prefetch compensation (end_access only).
+    pub compensation: Duration,
+}
+
+struct Reaped {
+    done: HashMap<u64, Completion>,
+    reaping: bool,
+}
+
+struct Submit {
+    sq: RingProducer<Request>,
+    next_seq: u64,
+}
+
+/// A connection to the daemon. Cheap to share between threads (`&Connection` is `Sync`).
+pub struct Connection {
+    sock: UnixStream,
+    window: Arc<SharedWindow>,
+    guest_id: u64,
+    coherence: String,
+    submit: Mutex<Submit>,
+    cq: Mutex<RingConsumer<Completion>>,
+    reaped: Mutex<Reaped>,
+    reaped_cv: Condvar,
+    host_bell: FutexDoorbell,
+    guest_bell: FutexDoorbell,
+    regions: Mutex<HashMap<u64, RegionInfo>>,
+    closed: AtomicBool,
+}
+
+// SAFETY: the raw window mapping is only touched through SharedWindow's checked accessors and
+// atomics; all mutable state is behind mutexes.
+unsafe impl Send for Connection {}
+unsafe impl Sync for Connection {}
+
+impl Connection {
+    /// Connects to the daemon listening on the Unix socket `path`.
+    pub fn connect(path: impl AsRef<Path>, opts: &ConnectOptions) -> Result<Self> {
+        let path = path.as_ref();
+        let sock = UnixStream::connect(path).map_err(|source| GuestError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            name: opts.name.clone(),
+            window_size: opts.window_size,
+            sq_entries: opts.sq_entries,
+            cq_entries: opts.cq_entries,
+            token: opts.token.clone(),
+            coherence: opts.coherence.clone(),
+        };
+        send_json(&sock, &hello, None)?;
+        let (reply, fd): (Reply, _) = recv_json(&sock)?;
+        let (guest_id, layout, coherence) = match reply {
+            Reply::Welcome {
+                guest_id,
+                layout,
+                coherence,
+            } => (guest_id, layout, coherence),
+            Reply::Refused { reason } => return Err(GuestError::Refused(reason)),
+        };
+        let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
+        let window = Arc::new(SharedWindow::map_file(std::fs::File::from(fd), layout)?);
+        let (sq, cq) = guest_rings(&window);
+        Ok(Connection {
+            host_bell: FutexDoorbell::host_bell(&window, opts.spins),
+            guest_bell: FutexDoorbell::guest_bell(&window, opts.spins),
+            sock,
+            window,
+            guest_id,
+            coherence,
+            submit: Mutex::new(Submit { sq, next_seq: 1 }),
+            cq: Mutex::new(cq),
+            reaped: Mutex::new(Reaped {
+                done: HashMap::new(),
+                reaping: false,
+            }),
+            reaped_cv: Condvar::new(),
+            regions: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// The id the daemon gave this guest.
+    pub fn guest_id(&self) -> u64 {
+        self.guest_id
+    }
+
+    /// The coherence protocol the daemon runs for this guest.
+    pub fn coherence(&self) -> &str {
+        &self.coherence
+    }
+
+    /// The mapped window (for tests and tools that need raw access).
+    pub fn window(&self) -> &Arc<SharedWindow> {
+        &self.window
+    }
+
+    fn host_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+            || self
+                .window
+                .atomic_u32(CONTROL_OFFSET + ctl::HOST_STATE)
+                .map(|w| w.load(Ordering::SeqCst) != 0)
+                .unwrap_or(true)
+    }
+
+    /// Whether the daemon hung up (non-blocking check of the socket).
+    fn socket_hung_up(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.sock,
+            rustix::event::PollFlags::IN | rustix::event::PollFlags::HUP,
+        )];
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(0) => false,
+            Ok(_) => {
+                // The daemon sends nothing after the handshake: readable means EOF.
+                let mut b = [0u8; 1];
+                !matches!(rustix::io::read(self.sock.as_fd(), &mut b), Ok(n) if n > 0)
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// Puts a request on the submission ring; returns its sequence number.
+    pub fn submit(&self, opcode: Opcode, device: DeviceId, args: [u64; 6]) -> Result<u64> {
+        loop {
+            if self.host_closed() {
+                return Err(GuestError::Closed);
+            }
+            {
+                let mut s = self.submit.lock().unwrap_or_else(|p| p.into_inner());
+                let seq = s.next_seq;
+                if s.sq.push(Request::new(seq, opcode, device, args))? {
+                    s.next_seq += 1;
+                    drop(s);
+                    self.host_bell.notify();
+                    return Ok(seq);
+                }
+            }
+            // Ring full: the host is behind. Help by reaping completions, then retry.
+            self.reap_once(Some(LIVENESS_CHECK))?;
+        }
+    }
+
+    /// Waits for one reaping round: takes every available completion off the ring.
+    fn reap_once(&self, timeout: Option<Duration>) -> Result<()> {
+        {
+            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            if r.reaping {
+                let _ = self
+                    .reaped_cv
+                    .wait_timeout(r, timeout.unwrap_or(LIVENESS_CHECK))
+                    .unwrap_or_else(|p| p.into_inner());
+                return Ok(());
+            }
+            r.reaping = true;
+        }
+        let result = self.reap_as_reaper(timeout);
+        let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+        r.reaping = false;
+        if let Ok(batch) = &result {
+            for c in batch {
+                r.done.insert(c.seq, *c);
+            }
+        }
+        self.reaped_cv.notify_all();
+        result.map(|_| ())
+    }
+
+    fn reap_as_reaper(&self, timeout: Option<Duration>) -> Result<Vec<Completion>> {
+        let mut cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
+        let woke = self.guest_bell.wait(
+            &mut || self.host_closed() || cq.available().map(|n| n > 0).unwrap_or(true),
+            Some(timeout.unwrap_or(LIVENESS_CHECK)),
+        );
+        let mut batch = Vec::new();
+        while let Some(c) = cq.pop()? {
+            batch.push(c);
+        }
+        if !batch.is_empty() {
+            // Completion slots were freed: the host may be waiting for them.
+            self.host_bell.notify();
+        } else if self.host_closed() || (!woke && self.socket_hung_up()) {
+            self.closed.store(true, Ordering::SeqCst);
+            return Err(GuestError::Closed);
+        }
+        Ok(batch)
+    }
+
+    /// Waits for the completion of request `seq`.
+    pub fn wait(&self, seq: u64) -> Result<Completion> {
+        loop {
+            {
+                let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(c) = r.done.remove(&seq) {
+                    return Ok(c);
+                }
+            }
+            self.reap_once(None)?;
+        }
+    }
+
+    /// Submits a request, waits for it, and turns an error status into an error.
+    pub fn call(&self, opcode: Opcode, device: DeviceId, args: [u64; 6]) -> Result<[u64; 6]> {
+        let seq = self.submit(opcode, device, args)?;
+        let c = self.wait(seq)?;
+        match Status::from_u32(c.status) {
+            Some(Status::Ok) => Ok(c.values),
+            Some(status) => Err(GuestError::Status { op: opcode, status }),
+            None => Err(GuestError::Status {
+                op: opcode,
+                status: Status::Internal,
+            }),
+        }
+    }
+
+    /// A round trip that does nothing.
+    pub fn nop(&self) -> Result<()> {
+        self.call(Opcode::Nop, DeviceId::CPU, [0; 6]).map(|_| ())
+    }
+
+    /// Allocates a region: `size` bytes of [`Format::Blob`], or a `width` x `height` image.
+    pub fn alloc(
+        &self,
+        size: u64,
+        width: u32,
+        height: u32,
+        format: Format,
+        usage: u32,
+    ) -> Result<RegionInfo> {
+        let v = self.call(
+            Opcode::Alloc,
+            DeviceId::CPU,
+            [
+                size,
+                width as u64,
+                height as u64,
+                format as u64,
+                usage as u64,
+                0,
+            ],
+        )?;
+        let info = RegionInfo {
+            id: v[0],
+            size: v[1],
+            stride: v[2] as u32,
+            width,
+            height,
+            format,
+        };
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(info.id, info);
+        Ok(info)
+    }
+
+    /// Allocates `size` untyped bytes.
+    pub fn alloc_blob(&self, size: u64) -> Result<RegionInfo> {
+        self.alloc(size, 0, 0, Format::Blob, 0)
+    }
+
+    /// Cached metadata of one of this guest's regions.
+    pub fn region(&self, id: u64) -> Option<RegionInfo> {
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+    }
+
+    /// Frees a region.
+    pub fn free(&self, id: u64) -> Result<()> {
+        self.call(Opcode::Free, DeviceId::CPU, [id, 0, 0, 0, 0, 0])?;
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        Ok(())
+    }
+
+    /// Begins an access to `[offset, offset + len)` of region `id` by `device`. For the CPU
+    /// the result carries a pointer valid until [`end_access`](Self::end_access).
+    pub fn begin_access(
+        &self,
+        id: u64,
+        device: DeviceId,
+        offset: u64,
+        len: u64,
+        mode: AccessMode,
+    ) -> Result<Access> {
+        if let Some(info) = self.region(id) {
+            if offset.checked_add(len).is_none_or(|end| end > info.size) || len == 0 {
+                return Err(GuestError::BadArgument(format!(
+                    "range {offset}+{len} outside region {id} of {} bytes",
+                    info.size
+                )));
+            }
+        }
+        let v = self.call(
+            Opcode::BeginAccess,
+            device,
+            [id, offset, len, mode as u64, 0, 0],
+        )?;
+        let ptr = if device == DeviceId::CPU {
+            self.window.check(v[0], len).map_err(|_| {
+                GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
+                    "host returned a window offset outside the window",
+                ))
+            })?;
+            // SAFETY: offset and length were checked against the mapping above.
+            NonNull::new(unsafe { self.window.base_ptr().add(v[0] as usize) })
+        } else {
+            None
+        };
+        Ok(Access {
+            ptr,
+            coherence: Duration::from_nanos(v[1]),
+            copies: v[2] as u32,
+            compensation: Duration::ZERO,
+        })
+    }
+
+    /// Ends an access. When the host asks for compensation (prefetch protocol), blocks for it
+    /// before returning, so the next reader never waits for the copy.
+    pub fn end_access(
+        &self,
+        id: u64,
+        device: DeviceId,
+        offset: u64,
+        len: u64,
+        mode: AccessMode,
+    ) -> Result<Access> {
+        let v = self.call(
+            Opcode::EndAccess,
+            device,
+            [id, offset, len, mode as u64, 0, 0],
+        )?;
+        let compensation = Duration::from_nanos(v[3]).min(Duration::from_secs(1));
+        if !compensation.is_zero() {
+            std::thread::sleep(compensation);
+        }
+        Ok(Access {
+            ptr: None,
+            coherence: Duration::from_nanos(v[1]),
+            copies: v[2] as u32,
+            compensation,
+        })
+    }
+
+    /// Sends a device command; `args[0]` is the device opcode.
+    pub fn device_cmd(&self, device: DeviceId, args: [u64; 6]) -> Result<[u64; 6]> {
+        self.call(Opcode::DeviceCmd, device, args)
+    }
+
+    /// Number of regions and host bytes the daemon accounts to this guest.
+    pub fn usage(&self) -> Result<(u64, u64)> {
+        let v = self.call(Opcode::Stats, DeviceId::CPU, [0; 6])?;
+        Ok((v[1], v[2]))
+    }
+
+    /// Hangs up. The daemon releases everything this guest held.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Submits a raw request without waiting (for protocol tests).
+    pub fn submit_raw(&self, req: Request) -> Result<()> {
+        let mut s = self.submit.lock().unwrap_or_else(|p| p.into_inner());
+        if !s.sq.push(req)? {
+            return Err(GuestError::Status {
+                op: Opcode::Nop,
+                status: Status::Busy,
+            });
+        }
+        drop(s);
+        self.host_bell.notify();
+        Ok(())
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,53 @@
+//! The virtsoc guest library.
+//!
+//! A guest HAL (gralloc, codec, camera, composer) links this library to reach the host
+//! daemon. It implements the shared memory interface of vSoC's Figure 3 — [`Connection::alloc`],
+//! [`Connection::free`], [`Connection::begin_access`], [`Connection::end_access`] — plus device
+//! commands, over the ring protocol of `virtsoc-proto`.
+//!
+//! - [`conn`]: the connection, request submission and completion reaping;
+//! - [`capi`]: the C ABI declared in `include/virtsoc.h`.
+
+pub mod capi;
+pub mod conn;
+
+pub use conn::{Access, ConnectOptions, Connection, RegionInfo};
+pub use virtsoc_proto::wire::{testdev, usage, Format};
+pub use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Status};
+
+/// Errors the guest library reports.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    #[error("invalid argument: {0}")]
+    BadArgument(String),
+    #[error("the daemon closed the connection")]
+    Closed,
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("protocol error: {0}")]
+    Proto(#[from] virtsoc_proto::ProtoError),
+    #[error("the daemon refused the connection: {0}")]
+    Refused(String),
+    #[error("{op:?} failed: {}", status.message())]
+    Status { op: Opcode, status: Status },
+}
+
+impl GuestError {
+    /// The status a C caller sees (negated in the C ABI).
+    pub fn status(&self) -> Status {
+        match self {
+            GuestError::BadArgument(_) => Status::BadArgument,
+            GuestError::Closed | GuestError::Connect { .. } | GuestError::Refused(_) => {
+                Status::Closed
+            }
+            GuestError::Proto(_) => Status::Internal,
+            GuestError::Status { status, .. } => *status,
+        }
+    }
+}
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, GuestError>;
