@@ -15,6 +15,8 @@ use crate::Result;
 
 /// Bandwidth assumed for a link that has not been measured yet (bytes/s).
 pub const NOMINAL_BANDWIDTH: f64 = 8.0e9;
+/// Fixed cost charged per hop when routing (setup, locking, cache effects).
+pub const HOP_OVERHEAD: Duration = Duration::from_micros(50);
 /// Smoothing factor for bandwidth estimates.
 pub const ALPHA: f64 = 0.5;
 
@@ -63,7 +65,10 @@ impl CopyEngine {
     /// Smoothed bandwidth of a pair, if measured.
     pub fn bandwidth(&self, src: DomainId, dst: DomainId) -> Option<f64> {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.get(&(src, dst)).map(|s| s.bandwidth)
+        links
+            .get(&(src, dst))
+            .map(|s| s.bandwidth)
+            .filter(|b| *b > 0.0)
     }
 
     /// Predicted time to copy `bytes` from `src` to `dst` directly.
@@ -101,7 +106,7 @@ impl CopyEngine {
                 if done[v] || !self.topo.linked(du, dv) {
                     continue;
                 }
-                let c = dist[u] + self.estimate(du, dv, bytes).as_secs_f64();
+                let c = dist[u] + (self.estimate(du, dv, bytes) + HOP_OVERHEAD).as_secs_f64();
                 if c < dist[v] {
                     dist[v] = c;
                     prev[v] = Some(du);
@@ -121,7 +126,8 @@ impl CopyEngine {
         Some(path)
     }
 
-    /// Copies `len` bytes between two directly linked replicas and records the bandwidth.
+    /// Copies `len` bytes between two directly linked replicas; records the bandwidth when
+    /// `measure` (copies into never-touched memory measure page faults, not the link).
     pub fn copy(
         &self,
         src_dom: DomainId,
@@ -129,12 +135,25 @@ impl CopyEngine {
         dst_dom: DomainId,
         dst: &Backing,
         len: u64,
+        measure: bool,
     ) -> Result<Duration> {
         let t0 = Instant::now();
         copy_bytes(src, dst, len)?;
         let dt = t0.elapsed();
-        self.record(src_dom, dst_dom, len, dt);
+        if measure {
+            self.record(src_dom, dst_dom, len, dt);
+        } else {
+            self.count(src_dom, dst_dom, len, dt);
+        }
         Ok(dt)
+    }
+
+    fn count(&self, src: DomainId, dst: DomainId, len: u64, dt: Duration) {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let s = links.entry((src, dst)).or_default();
+        s.copies += 1;
+        s.bytes += len;
+        s.busy_ns += dt.as_nanos() as u64;
     }
 
     /// Records a copy done elsewhere (e.g. by a device's own DMA).
@@ -142,7 +161,7 @@ impl CopyEngine {
         let bw = len as f64 / dt.as_secs_f64().max(1e-9);
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let s = links.entry((src, dst)).or_default();
-        s.bandwidth = if s.copies == 0 {
+        s.bandwidth = if s.bandwidth == 0.0 {
             bw
         } else {
             ALPHA * bw + (1.0 - ALPHA) * s.bandwidth
@@ -211,6 +230,7 @@ mod tests {
             DomainId::HOST_RAM,
             &Backing::Host(y.clone()),
             1 << 16,
+            true,
         )
         .unwrap();
         assert_eq!(y.lock()[5], 42);

@@ -322,10 +322,11 @@ impl SvmManager {
         f: impl FnOnce(&mut [u8]) -> T,
     ) -> Result<T> {
         let region = self.region(guest, id)?;
-        let state = region.lock();
-        let replica = state.replicas.get(&domain).ok_or_else(|| {
+        let mut state = region.lock();
+        let replica = state.replicas.get_mut(&domain).ok_or_else(|| {
             SvmError::BadArgument("the device has not begun an access to this region".into())
         })?;
+        replica.fresh = false;
         match &replica.backing {
             Backing::Host(buf) => {
                 let mut bytes = buf.lock();

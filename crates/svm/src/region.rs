@@ -40,6 +40,9 @@ pub struct RegionMeta {
 pub(crate) struct Replica {
     pub(crate) backing: Backing,
     pub(crate) valid: bool,
+    /// True until bytes were first written into it: copies into a fresh replica pay for page
+    /// faults and are not used to measure bandwidth.
+    pub(crate) fresh: bool,
     /// Window range to give back when the replica goes away.
     window_range: Option<u64>,
 }
@@ -183,6 +186,7 @@ impl<'a> RegionCtx<'a> {
             Replica {
                 backing,
                 valid,
+                fresh: true,
                 window_range,
             },
         );
@@ -199,13 +203,15 @@ impl<'a> RegionCtx<'a> {
             self.state.replicas[&src].backing.clone(),
             self.state.replicas[&dst].backing.clone(),
         );
+        let measure = !self.state.replicas[&dst].fresh;
         let t0 = Instant::now();
-        self.engine.copy(src, &s, dst, &d, size)?;
+        self.engine.copy(src, &s, dst, &d, size, measure)?;
         self.report.coherence += t0.elapsed();
         self.report.copies += 1;
         let src_valid = self.is_valid(src);
         if let Some(r) = self.state.replicas.get_mut(&dst) {
             r.valid = src_valid;
+            r.fresh = false;
         }
         Ok(())
     }

@@ -1,0 +1,35 @@
+# virtsoc: the two set-up commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+CARGO ?= cargo
+
+.PHONY: deps build demo test lint ctest clean
+
+deps:
+	scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --release --workspace
+
+## The main job: a guest pipeline against the daemon, coherence protocols side by side.
+demo: build
+	./target/release/virtsoc demo
+
+## Builds everything and runs every test: lint, unit, integration (real daemon and guest
+## processes), and the C ABI test.
+test: deps lint
+	$(CARGO) build --workspace
+	$(CARGO) test --workspace
+	tests/c/run.sh debug
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+ctest:
+	$(CARGO) build -p virtsoc-guest -p virtsoc
+	tests/c/run.sh debug
+
+clean:
+	$(CARGO) clean
+	rm -rf tests/c/build

@@ -1,0 +1,102 @@
+//! Helpers shared by the integration tests: a real `virtsocd` process with its log captured.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+/// A daemon child process whose stderr lines arrive on a channel.
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub log: Receiver<String>,
+}
+
+static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl Daemon {
+    pub fn start(extra: &[&str]) -> Daemon {
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let socket =
+            std::env::temp_dir().join(format!("virtsoc-it-{}-{n}.sock", std::process::id()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--print-ready")
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start virtsocd");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("READY"), "daemon did not start: {line:?}");
+        let (tx, log) = channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[virtsocd] {l}");
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Daemon { child, socket, log }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Waits for a log line containing `needle` (bounded so a broken daemon fails the test).
+    pub fn expect_log(&self, needle: &str) -> String {
+        loop {
+            match self.log.recv_timeout(Duration::from_secs(30)) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("no log line containing {needle:?}: {e}"),
+            }
+        }
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.alive() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Runs the `virtsoc` CLI and returns its stdout (panics on failure).
+pub fn virtsoc(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+        .args(args)
+        .output()
+        .expect("run virtsoc");
+    assert!(
+        out.status.success(),
+        "virtsoc {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what virtsoc needs on Debian 12 (run as root, or with sudo available).
+# Idempotent: packages already present are not reinstalled, and apt is not touched at all
+# when nothing is missing.
+set -euo pipefail
+
+packages=(
+  build-essential   # cc and make for the C ABI test
+  pkg-config
+  ca-certificates
+  curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Rust (stable, edition 2021). Debian's own rustc is too old; use rustup when cargo is absent.
+if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+  echo "install-deps: installing the Rust toolchain with rustup"
+  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo is in $HOME/.cargo/bin; add it to PATH (the Makefile does)"
+fi
+echo "install-deps: ok"
