@@ -115,7 +115,7 @@ fn guests_cannot_touch_each_others_regions() {
     assert_ne!(a.guest_id(), b.guest_id());
     let id = a.alloc_blob(4096).unwrap().id;
     frame(&a, id, 4096, 1);
-    let e = |r: Result<_, GuestError>| status_of(r.err().expect("must fail"));
+    let e = |r: Result<_, GuestError>| status_of(r.expect_err("must fail"));
     assert_eq!(
         e(b.begin_access(id, DeviceId::CPU, 0, 4096, AccessMode::Read)
             .map(|_| ())),
