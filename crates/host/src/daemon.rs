@@ -14,7 +14,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::PAGE;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
-use virtsoc_svm::{coherence, DomainId, ProtocolKind, SvmManager, Topology};
+use virtsoc_svm::{DomainId, ProtocolKind, SvmManager, Topology};
 
 use crate::device::testdev::{Consumer, Producer};
 use crate::device::{Device, DeviceSet};
@@ -190,10 +190,7 @@ impl Daemon {
             Some(Ok(k)) => k,
             Some(Err(e)) => return Self::refuse(&stream, e.to_string()),
         };
-        let protocol = match coherence::build(kind) {
-            Ok(p) => p,
-            Err(e) => return Self::refuse(&stream, e.to_string()),
-        };
+        let protocol = self.svm.protocol(kind);
         let entries = |n: u32| n.clamp(8, 4096).next_power_of_two();
         let size = hello
             .window_size

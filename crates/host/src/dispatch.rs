@@ -5,7 +5,7 @@
 //! the completion.
 
 use virtsoc_proto::wire::Format;
-use virtsoc_proto::{AccessMode, DeviceId, Opcode, Request, Status};
+use virtsoc_proto::{AccessMode, Opcode, Request, Status};
 use virtsoc_svm::{AccessReport, AllocDesc, DomainId, SvmError, SvmManager};
 
 /// Result values or an error status.
@@ -39,7 +39,7 @@ pub fn access_values(r: &AccessReport) -> [u64; 6] {
         r.coherence.as_nanos() as u64,
         r.copies as u64,
         r.compensation.as_nanos() as u64,
-        0,
+        r.elapsed.as_nanos() as u64,
         0,
     ]
 }
@@ -51,15 +51,16 @@ fn access(
     req: &Request,
     begin: bool,
 ) -> Outcome {
+    let vdev = req.device;
     let [id, offset, len, mode, ..] = req.args;
     let mode = u32::try_from(mode)
         .ok()
         .and_then(AccessMode::from_u32)
         .ok_or(Status::BadArgument)?;
     let r = if begin {
-        svm_mgr.begin_access(guest, id, domain, offset, len, mode)
+        svm_mgr.begin_access(guest, id, vdev, domain, offset, len, mode)
     } else {
-        svm_mgr.end_access(guest, id, domain, offset, len, mode)
+        svm_mgr.end_access(guest, id, vdev, domain, offset, len, mode)
     };
     Ok(access_values(&svm(guest, r)?))
 }
@@ -68,7 +69,6 @@ fn access(
 pub fn access_or_command(
     svm_mgr: &SvmManager,
     guest: u64,
-    _device: DeviceId,
     domain: DomainId,
     req: &Request,
     command: impl FnOnce(&[u64; 6]) -> Outcome,
@@ -112,7 +112,36 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
             let (regions, bytes) = svm(guest, svm_mgr.guest_usage(guest))?;
             Ok([guest, regions, bytes, 0, 0, 0])
         }
+        Some(Opcode::Counters) => {
+            let c = svm(guest, svm_mgr.guest_counters(guest))?;
+            match req.args[0] {
+                0 => Ok([
+                    c.copies,
+                    c.copy_ns,
+                    c.sync_fetches,
+                    c.inflight_waits,
+                    c.prefetches,
+                    c.hits,
+                ]),
+                1 => Ok([
+                    c.misses,
+                    c.compensation_ns,
+                    c.bookkeeping_ns,
+                    svm_mgr.metadata_bytes(),
+                    0,
+                    0,
+                ]),
+                _ => Err(Status::BadArgument),
+            }
+        }
         Some(Opcode::DeviceCmd) => Err(Status::UnknownDevice),
+        Some(
+            Opcode::FenceCreate
+            | Opcode::FenceSignal
+            | Opcode::FenceWait
+            | Opcode::FenceRelease
+            | Opcode::FenceStatus,
+        ) => Err(Status::Internal), // handled by the session, which owns the fence table
         None => Err(Status::UnknownOpcode),
     }
 }

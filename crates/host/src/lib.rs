@@ -3,11 +3,13 @@
 //! - [`daemon`]: accepting guests, the handshake, the session table, shutdown;
 //! - [`session`]: one guest's rings and the thread that serves them;
 //! - [`dispatch`]: decoding and validating requests;
+//! - [`fences`]: the guest-visible virtual fence page;
 //! - [`device`]: the device trait, device workers, and the devices themselves.
 
 pub mod daemon;
 pub mod device;
 pub mod dispatch;
+pub mod fences;
 pub mod session;
 
 pub use daemon::{Daemon, DaemonConfig};

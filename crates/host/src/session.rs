@@ -6,6 +6,7 @@
 //! completion ring can hold: a request is taken off the submission ring only when a completion
 //! slot is free for it, so a guest that stops reading completions stalls only itself.
 
+use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,12 @@ use virtsoc_proto::ring::{host_rings, Doorbell, FutexDoorbell, RingConsumer, Rin
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 use virtsoc_svm::SvmManager;
 
-use crate::device::DeviceSet;
+use virtsoc_fence::queue::{OrderedQueue, QueueItem};
+use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
+
+use crate::device::{DeviceSet, DeviceSlot, GuestQueue};
 use crate::dispatch;
+use crate::fences::WindowFencePage;
 
 /// A connected guest.
 pub struct Session {
@@ -30,6 +35,8 @@ pub struct Session {
     posted: AtomicU64,
     host_bell: FutexDoorbell,
     guest_bell: FutexDoorbell,
+    fences: Arc<VirtualFenceTable>,
+    queues: Mutex<HashMap<u32, (GuestQueue, Arc<DeviceSlot>)>>,
 }
 
 impl Session {
@@ -47,6 +54,10 @@ impl Session {
             name,
             host_bell: FutexDoorbell::host_bell(&window, spins),
             guest_bell: FutexDoorbell::guest_bell(&window, spins),
+            fences: Arc::new(VirtualFenceTable::new(Arc::new(WindowFencePage::new(
+                window.clone(),
+            )))),
+            queues: Mutex::new(HashMap::new()),
             window,
             sock,
             closed: AtomicBool::new(false),
@@ -67,6 +78,11 @@ impl Session {
         &self.name
     }
 
+    /// The guest's virtual fence table.
+    pub fn fences(&self) -> &Arc<VirtualFenceTable> {
+        &self.fences
+    }
+
     /// Whether the session has ended.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
@@ -83,6 +99,18 @@ impl Session {
         self.host_bell.force_wake();
         self.guest_bell.force_wake();
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.fences.cancel_all();
+        let queues: Vec<_> = self
+            .queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, v)| v)
+            .collect();
+        for (q, slot) in queues {
+            q.close();
+            slot.kick();
+        }
     }
 
     /// Posts a completion for a request taken earlier.
@@ -163,22 +191,114 @@ impl Session {
         );
     }
 
-    fn dispatch(self: &Arc<Self>, req: Request, svm: &SvmManager, devices: &DeviceSet) {
-        let device_op = matches!(
-            Opcode::from_u32(req.opcode),
-            Some(Opcode::BeginAccess | Opcode::EndAccess | Opcode::DeviceCmd)
-        );
-        if device_op && req.device != DeviceId::CPU.0 {
-            match devices.get(DeviceId(req.device)) {
-                Some(slot) => slot.submit(self.clone(), req),
-                None => self.complete(Completion::err(req.seq, Status::UnknownDevice)),
-            }
-            return;
+    /// Queues an item on this guest's queue of device `dev`.
+    fn queue_on(
+        self: &Arc<Self>,
+        devices: &DeviceSet,
+        dev: u32,
+        item: QueueItem<Request>,
+    ) -> Result<(), Status> {
+        if self.is_closed() {
+            return Err(Status::Closed);
         }
-        let c = match dispatch::inline(svm, self.guest_id, &req) {
+        let slot = devices.get(DeviceId(dev)).ok_or(Status::UnknownDevice)?;
+        let q = {
+            let mut qs = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+            qs.entry(dev)
+                .or_insert_with(|| {
+                    let q = Arc::new(OrderedQueue::new(self.fences.clone()));
+                    slot.attach(self.clone(), q.clone());
+                    (q, slot.clone())
+                })
+                .0
+                .clone()
+        };
+        q.push(item).map_err(|_| Status::Closed)?;
+        slot.kick();
+        Ok(())
+    }
+
+    /// A fence id named by the guest, checked against its table.
+    fn fence_arg(&self, raw: u64) -> Result<FenceId, Status> {
+        let f = FenceId::from_u64(raw);
+        self.fences
+            .status(f)
+            .map(|_| f)
+            .map_err(|_| Status::BadArgument)
+    }
+
+    fn fence_op(
+        self: &Arc<Self>,
+        op: Opcode,
+        req: &Request,
+        devices: &DeviceSet,
+    ) -> dispatch::Outcome {
+        let cpu = req.device == DeviceId::CPU.0;
+        match op {
+            Opcode::FenceCreate => {
+                let f = self.fences.create().map_err(|_| Status::Closed)?;
+                Ok([f.to_u64(), 0, 0, 0, 0, 0])
+            }
+            Opcode::FenceSignal => {
+                let f = self.fence_arg(req.args[0])?;
+                if cpu {
+                    // CPU requests run in order on this thread: everything before is done.
+                    self.fences.signal(f).map_err(|_| Status::BadArgument)?;
+                } else {
+                    self.queue_on(devices, req.device, QueueItem::Signal(f))?;
+                }
+                Ok([0; 6])
+            }
+            Opcode::FenceWait => {
+                let f = self.fence_arg(req.args[0])?;
+                if cpu {
+                    // Waiting is for device queues; the guest reads the fence page instead.
+                    return Err(Status::BadArgument);
+                }
+                self.queue_on(devices, req.device, QueueItem::Wait(f))?;
+                Ok([0; 6])
+            }
+            Opcode::FenceRelease => {
+                let f = self.fence_arg(req.args[0])?;
+                self.fences.release(f).map_err(|_| Status::BadArgument)?;
+                Ok([0; 6])
+            }
+            Opcode::FenceStatus => {
+                let f = FenceId::from_u64(req.args[0]);
+                match self.fences.status(f) {
+                    Ok(FenceStatus::Signaled) => Ok([1, 0, 0, 0, 0, 0]),
+                    Ok(FenceStatus::Pending) => Ok([0; 6]),
+                    Err(_) => Err(Status::BadArgument),
+                }
+            }
+            _ => Err(Status::Internal),
+        }
+    }
+
+    fn dispatch(self: &Arc<Self>, req: Request, svm: &SvmManager, devices: &DeviceSet) {
+        let op = Opcode::from_u32(req.opcode);
+        let outcome = match op {
+            Some(Opcode::BeginAccess | Opcode::EndAccess | Opcode::DeviceCmd)
+                if req.device != DeviceId::CPU.0 =>
+            {
+                // Completed by the device worker.
+                if let Err(s) = self.queue_on(devices, req.device, QueueItem::Cmd(req)) {
+                    self.complete(Completion::err(req.seq, s));
+                }
+                return;
+            }
+            Some(
+                op @ (Opcode::FenceCreate
+                | Opcode::FenceSignal
+                | Opcode::FenceWait
+                | Opcode::FenceRelease
+                | Opcode::FenceStatus),
+            ) => self.fence_op(op, &req, devices),
+            _ => dispatch::inline(svm, self.guest_id, &req),
+        };
+        self.complete(match outcome {
             Ok(v) => Completion::ok(req.seq, v),
             Err(s) => Completion::err(req.seq, s),
-        };
-        self.complete(c);
+        });
     }
 }

@@ -114,6 +114,18 @@ u32_enum!(
         DeviceCmd = 5,
         /// -> values: guest id, regions, bytes held.
         Stats = 6,
+        /// args: page (0 or 1) -> values: the guest's SVM counters (see the guest library).
+        Counters = 7,
+        /// -> values: fence id (packed index and generation).
+        FenceCreate = 8,
+        /// Queued on `device`: signal args[0] once the device's earlier commands completed.
+        FenceSignal = 9,
+        /// Queued on `device`: hold the device's later commands until args[0] is signaled.
+        FenceWait = 10,
+        /// args: fence id. The guest no longer needs the fence.
+        FenceRelease = 11,
+        /// args: fence id -> values: 1 if signaled (for fences outside the shared page).
+        FenceStatus = 12,
     }
 );
 

@@ -10,28 +10,48 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use virtsoc_prefetch::{AccessKind, PDev, PrefetchEngine, ReadOutcome, VDev};
 use virtsoc_proto::AccessMode;
 
+use crate::dma::{CopyTicket, Dma, DmaJob};
 use crate::domain::DomainId;
 use crate::region::{RegionCtx, RegionKey};
 use crate::{Result, SvmError};
+
+/// One access as the protocols see it.
+#[derive(Debug, Clone, Copy)]
+pub struct AccessInfo {
+    /// The virtual device (as named by the guest).
+    pub vdev: u32,
+    /// The memory domain of the physical device behind it.
+    pub domain: DomainId,
+    pub mode: AccessMode,
+    /// Whether the access covers the whole region.
+    pub whole: bool,
+}
+
+/// What a protocol's begin_access needs next.
+#[derive(Debug)]
+pub enum Step {
+    /// The domain is ready.
+    Done,
+    /// An asynchronous copy must finish first: the manager waits for it without holding the
+    /// region's lock, then asks again.
+    WaitFor(Arc<CopyTicket>),
+}
 
 /// A coherence protocol.
 pub trait Coherence: Send + Sync {
     /// Its name on the command line and in reports.
     fn name(&self) -> &'static str;
-    /// Prepares domain `d` for an access of `mode`; `whole` when the access covers the region.
-    fn begin_access(
-        &self,
-        cx: &mut RegionCtx<'_>,
-        d: DomainId,
-        mode: AccessMode,
-        whole: bool,
-    ) -> Result<()>;
-    /// Finishes an access of `mode` by domain `d`.
-    fn end_access(&self, cx: &mut RegionCtx<'_>, d: DomainId, mode: AccessMode) -> Result<()>;
+    /// Prepares the accessing domain.
+    fn begin_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<Step>;
+    /// Finishes an access.
+    fn end_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<()>;
     /// The region is gone; drop whatever the protocol keeps about it.
     fn forget(&self, _key: RegionKey) {}
 }
@@ -87,31 +107,40 @@ impl Coherence for GuestStaging {
         ProtocolKind::GuestStaging.name()
     }
 
-    fn begin_access(
-        &self,
-        cx: &mut RegionCtx<'_>,
-        d: DomainId,
-        mode: AccessMode,
-        whole: bool,
-    ) -> Result<()> {
+    fn begin_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<Step> {
+        let d = a.domain;
         cx.ensure_replica(DomainId::GUEST_WINDOW)?;
-        if d != DomainId::GUEST_WINDOW && (mode.reads() || !whole) {
+        if d != DomainId::GUEST_WINDOW && (a.mode.reads() || !a.whole) {
             // The device knows nothing of other devices: it always pulls from guest memory.
             cx.copy(DomainId::GUEST_WINDOW, d)?;
         }
         cx.ensure_replica(d)?;
-        if mode.writes() {
+        if a.mode.writes() {
             cx.make_exclusive(d)?;
         }
-        Ok(())
+        Ok(Step::Done)
     }
 
-    fn end_access(&self, cx: &mut RegionCtx<'_>, d: DomainId, mode: AccessMode) -> Result<()> {
-        if mode.writes() && d != DomainId::GUEST_WINDOW {
-            cx.copy(d, DomainId::GUEST_WINDOW)?;
+    fn end_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<()> {
+        if a.mode.writes() && a.domain != DomainId::GUEST_WINDOW {
+            cx.copy(a.domain, DomainId::GUEST_WINDOW)?;
         }
         Ok(())
     }
+}
+
+/// Brings `a.domain` up to date for the access: fetches synchronously when it reads (or writes
+/// part of) a region it holds no valid copy of, then makes it the only valid copy if it writes.
+fn fetch_for(cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<()> {
+    if a.mode.reads() || !a.whole {
+        cx.fetch(a.domain)?;
+    } else {
+        cx.ensure_replica(a.domain)?;
+    }
+    if a.mode.writes() {
+        cx.make_exclusive(a.domain)?;
+    }
+    Ok(())
 }
 
 /// A write invalidates other replicas; the next access elsewhere fetches synchronously.
@@ -123,36 +152,142 @@ impl Coherence for WriteInvalidate {
         ProtocolKind::WriteInvalidate.name()
     }
 
-    fn begin_access(
-        &self,
-        cx: &mut RegionCtx<'_>,
-        d: DomainId,
-        mode: AccessMode,
-        whole: bool,
-    ) -> Result<()> {
-        if mode.reads() || !whole {
-            cx.fetch(d)?;
-        } else {
-            cx.ensure_replica(d)?;
-        }
-        if mode.writes() {
-            cx.make_exclusive(d)?;
-        }
-        Ok(())
+    fn begin_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<Step> {
+        fetch_for(cx, a)?;
+        Ok(Step::Done)
     }
 
-    fn end_access(&self, _cx: &mut RegionCtx<'_>, _d: DomainId, _mode: AccessMode) -> Result<()> {
+    fn end_access(&self, _cx: &mut RegionCtx<'_>, _a: &AccessInfo) -> Result<()> {
         Ok(())
     }
 }
 
-/// Builds a protocol by kind.
-pub fn build(kind: ProtocolKind) -> Result<Arc<dyn Coherence>> {
-    match kind {
-        ProtocolKind::GuestStaging => Ok(Arc::new(GuestStaging)),
-        ProtocolKind::WriteInvalidate => Ok(Arc::new(WriteInvalidate)),
-        ProtocolKind::Prefetch => Err(SvmError::NotSupported(
-            "the prefetch protocol is not built into this daemon yet".into(),
-        )),
+/// vSoC's prefetch protocol: write-invalidate, plus, at a writer's end_access, an
+/// asynchronous copy to every physical device the twin hypergraphs predict will read next,
+/// and a compensation the writer's guest blocks for when the copy is predicted to outlast the
+/// slack. A reader whose prefetch is still in flight waits for it; a mispredicted reader
+/// fetches synchronously.
+pub struct Prefetch {
+    engine: Arc<PrefetchEngine>,
+    dma: Arc<Dma>,
+    epoch: Instant,
+}
+
+impl Prefetch {
+    pub(crate) fn new(engine: Arc<PrefetchEngine>, dma: Arc<Dma>, epoch: Instant) -> Self {
+        Prefetch { engine, dma, epoch }
     }
 }
+
+/// Folds a host-wide region key into the predictor's 64-bit key (guest in the top 24 bits).
+pub fn predictor_key(k: RegionKey) -> virtsoc_prefetch::RegionKey {
+    virtsoc_prefetch::RegionKey((k.guest << 40) ^ k.id)
+}
+
+fn kind_of(m: AccessMode) -> AccessKind {
+    match m {
+        AccessMode::Read => AccessKind::Read,
+        AccessMode::Write => AccessKind::Write,
+        AccessMode::ReadWrite => AccessKind::ReadWrite,
+    }
+}
+
+impl Coherence for Prefetch {
+    fn name(&self) -> &'static str {
+        ProtocolKind::Prefetch.name()
+    }
+
+    fn begin_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<Step> {
+        let region = cx.region_arc();
+        let counters = region.guest.counters();
+        // A write must not race a copy into (or out of) this region.
+        if a.mode.writes() {
+            if let Some(t) = cx.any_inflight() {
+                return Ok(Step::WaitFor(t));
+            }
+        }
+        let needs_data = a.mode.reads() || !a.whole;
+        if needs_data && !cx.is_valid(a.domain) {
+            if let Some(t) = cx.inflight_to(a.domain) {
+                counters.inflight_waits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Step::WaitFor(t));
+            }
+        }
+        let t0 = Instant::now();
+        let outcome = self.engine.on_begin_access(
+            predictor_key(cx.region().key),
+            VDev(a.vdev),
+            PDev(a.domain.0),
+            kind_of(a.mode),
+            self.epoch.elapsed(),
+        );
+        counters
+            .bookkeeping_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match outcome {
+            ReadOutcome::Hit => counters.hits.fetch_add(1, Ordering::Relaxed),
+            ReadOutcome::Miss => counters.misses.fetch_add(1, Ordering::Relaxed),
+            ReadOutcome::Unpredicted | ReadOutcome::NotRead => 0,
+        };
+        if needs_data && !cx.is_valid(a.domain) {
+            counters.sync_fetches.fetch_add(1, Ordering::Relaxed);
+        }
+        fetch_for(cx, a)?;
+        Ok(Step::Done)
+    }
+
+    fn end_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<()> {
+        let region = cx.region_arc();
+        let counters = region.guest.counters();
+        let t0 = Instant::now();
+        let plan = self.engine.on_end_access(
+            predictor_key(cx.region().key),
+            VDev(a.vdev),
+            PDev(a.domain.0),
+            kind_of(a.mode),
+            cx.size(),
+            self.epoch.elapsed(),
+        );
+        counters
+            .bookkeeping_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let Some(plan) = plan.filter(|_| a.mode.writes()) else {
+            return Ok(());
+        };
+        let mut started = 0;
+        for t in plan.targets.iter().map(|p| DomainId(p.0)) {
+            // Targets reachable only in hops are left to the synchronous fetch.
+            if t == a.domain || !cx.engine().topology().linked(a.domain, t) {
+                continue;
+            }
+            if cx.ensure_replica(t).is_err() {
+                continue; // out of memory for a speculative copy: skip it
+            }
+            let ticket = CopyTicket::new();
+            cx.set_inflight(t, ticket.clone());
+            self.dma.push(DmaJob {
+                region: cx.region_arc(),
+                src: a.domain,
+                dst: t,
+                generation: cx.generation(),
+                ticket,
+            });
+            started += 1;
+        }
+        counters.prefetches.fetch_add(started, Ordering::Relaxed);
+        if started > 0 {
+            cx.report.compensation = plan.compensation.min(MAX_COMPENSATION);
+            counters
+                .compensation_ns
+                .fetch_add(cx.report.compensation.as_nanos() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn forget(&self, key: RegionKey) {
+        self.engine.forget_region(predictor_key(key));
+    }
+}
+
+/// Upper bound on the compensation a guest is asked for.
+pub const MAX_COMPENSATION: Duration = Duration::from_millis(100);

@@ -45,14 +45,20 @@ pub struct LinkReport {
 #[derive(Debug)]
 pub struct CopyEngine {
     topo: Arc<Topology>,
+    /// Told about every measured copy (its bandwidth model drives prefetch suspension).
+    observer: Option<Arc<virtsoc_prefetch::PrefetchEngine>>,
     links: Mutex<HashMap<(DomainId, DomainId), LinkStats>>,
 }
 
 impl CopyEngine {
     /// A new engine over `topo`.
-    pub fn new(topo: Arc<Topology>) -> Self {
+    pub fn new(
+        topo: Arc<Topology>,
+        observer: Option<Arc<virtsoc_prefetch::PrefetchEngine>>,
+    ) -> Self {
         CopyEngine {
             topo,
+            observer,
             links: Mutex::new(HashMap::new()),
         }
     }
@@ -158,6 +164,14 @@ impl CopyEngine {
 
     /// Records a copy done elsewhere (e.g. by a device's own DMA).
     pub fn record(&self, src: DomainId, dst: DomainId, len: u64, dt: Duration) {
+        if let Some(o) = &self.observer {
+            o.on_copy_complete(
+                virtsoc_prefetch::PDev(src.0),
+                virtsoc_prefetch::PDev(dst.0),
+                len,
+                dt,
+            );
+        }
         let bw = len as f64 / dt.as_secs_f64().max(1e-9);
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let s = links.entry((src, dst)).or_default();
@@ -203,13 +217,13 @@ mod tests {
         let mut t = Topology::new();
         let a = t.add_device_domain("a");
         let b = t.add_device_domain("b");
-        let e = CopyEngine::new(Arc::new(t.clone()));
+        let e = CopyEngine::new(Arc::new(t.clone()), None);
         assert_eq!(e.route(&[a], b, 1 << 20).unwrap(), vec![a, b]);
         assert_eq!(e.route(&[a, b], b, 1).unwrap(), vec![b]);
 
         t.add_link(a, DomainId::HOST_RAM);
         t.add_link(DomainId::HOST_RAM, b);
-        let e = CopyEngine::new(Arc::new(t));
+        let e = CopyEngine::new(Arc::new(t), None);
         assert_eq!(
             e.route(&[a], b, 1 << 20).unwrap(),
             vec![a, DomainId::HOST_RAM, b]
@@ -221,7 +235,7 @@ mod tests {
     fn copies_and_measures() {
         let mut t = Topology::new();
         let a = t.add_device_domain("a");
-        let e = CopyEngine::new(Arc::new(t));
+        let e = CopyEngine::new(Arc::new(t), None);
         let (x, y) = (HostBuf::zeroed(1 << 16), HostBuf::zeroed(1 << 16));
         x.lock()[5] = 42;
         e.copy(

@@ -19,6 +19,62 @@ pub struct GuestSvm {
     host_bytes: AtomicU64,
     limit: u64,
     protocol: Arc<dyn Coherence>,
+    counters: GuestCounters,
+}
+
+/// Per-guest counters, for the benchmarks and the stats request.
+#[derive(Debug, Default)]
+pub struct GuestCounters {
+    /// Copies made for this guest's regions (synchronous and asynchronous).
+    pub copies: AtomicU64,
+    /// Time spent in those copies.
+    pub copy_ns: AtomicU64,
+    /// Reads that had to fetch synchronously (no valid replica, nothing in flight).
+    pub sync_fetches: AtomicU64,
+    /// Reads that waited for a prefetch still in flight.
+    pub inflight_waits: AtomicU64,
+    /// Asynchronous copies started by predictions.
+    pub prefetches: AtomicU64,
+    /// Reads by a predicted device.
+    pub hits: AtomicU64,
+    /// Reads by a device other than the predicted one.
+    pub misses: AtomicU64,
+    /// Compensation asked of the guest.
+    pub compensation_ns: AtomicU64,
+    /// Time spent in prediction bookkeeping.
+    pub bookkeeping_ns: AtomicU64,
+}
+
+/// A copy of the counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CounterSnapshot {
+    pub copies: u64,
+    pub copy_ns: u64,
+    pub sync_fetches: u64,
+    pub inflight_waits: u64,
+    pub prefetches: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub compensation_ns: u64,
+    pub bookkeeping_ns: u64,
+}
+
+impl GuestCounters {
+    /// Reads all counters.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CounterSnapshot {
+            copies: l(&self.copies),
+            copy_ns: l(&self.copy_ns),
+            sync_fetches: l(&self.sync_fetches),
+            inflight_waits: l(&self.inflight_waits),
+            prefetches: l(&self.prefetches),
+            hits: l(&self.hits),
+            misses: l(&self.misses),
+            compensation_ns: l(&self.compensation_ns),
+            bookkeeping_ns: l(&self.bookkeeping_ns),
+        }
+    }
 }
 
 impl std::fmt::Debug for GuestSvm {
@@ -50,7 +106,13 @@ impl GuestSvm {
             host_bytes: AtomicU64::new(0),
             limit,
             protocol,
+            counters: GuestCounters::default(),
         }
+    }
+
+    /// The guest's counters.
+    pub fn counters(&self) -> &GuestCounters {
+        &self.counters
     }
 
     /// The guest's id.

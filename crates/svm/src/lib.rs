@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod backing;
 pub mod coherence;
+pub mod dma;
 pub mod domain;
 pub mod engine;
 pub mod guest;
@@ -19,14 +20,17 @@ mod tests;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use virtsoc_prefetch::PrefetchEngine;
 
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, ProtoError, SharedWindow};
 
-pub use coherence::{Coherence, ProtocolKind};
+pub use coherence::{AccessInfo, Coherence, ProtocolKind, Step};
 pub use domain::{DomainId, DomainKind, Topology};
 pub use engine::CopyEngine;
+pub use guest::CounterSnapshot;
 pub use guest::GuestSvm;
 pub use region::{AccessReport, Region, RegionKey, RegionMeta};
 
@@ -92,7 +96,10 @@ struct Counters {
 
 /// The SVM manager.
 pub struct SvmManager {
-    engine: CopyEngine,
+    engine: Arc<CopyEngine>,
+    prefetch: Arc<PrefetchEngine>,
+    dma: Arc<dma::Dma>,
+    epoch: Instant,
     regions: RwLock<HashMap<RegionKey, Arc<Region>>>,
     guests: Mutex<HashMap<u64, Arc<GuestSvm>>>,
     counters: Counters,
@@ -101,8 +108,18 @@ pub struct SvmManager {
 impl SvmManager {
     /// A manager over the given domains.
     pub fn new(topo: Topology) -> Self {
+        Self::with_prefetch_config(topo, virtsoc_prefetch::Config::default())
+    }
+
+    /// A manager whose prefetch engine uses `cfg` (the default is the paper's tuning).
+    pub fn with_prefetch_config(topo: Topology, cfg: virtsoc_prefetch::Config) -> Self {
+        let prefetch = Arc::new(PrefetchEngine::new(cfg));
+        let engine = Arc::new(CopyEngine::new(Arc::new(topo), Some(prefetch.clone())));
         SvmManager {
-            engine: CopyEngine::new(Arc::new(topo)),
+            dma: Arc::new(dma::Dma::start(engine.clone())),
+            engine,
+            prefetch,
+            epoch: Instant::now(),
             regions: RwLock::new(HashMap::new()),
             guests: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -112,6 +129,39 @@ impl SvmManager {
     /// The copy engine (for measurements).
     pub fn engine(&self) -> &CopyEngine {
         &self.engine
+    }
+
+    /// An instance of a coherence protocol bound to this manager.
+    pub fn protocol(&self, kind: ProtocolKind) -> Arc<dyn Coherence> {
+        match kind {
+            ProtocolKind::GuestStaging => Arc::new(coherence::GuestStaging),
+            ProtocolKind::WriteInvalidate => Arc::new(coherence::WriteInvalidate),
+            ProtocolKind::Prefetch => Arc::new(coherence::Prefetch::new(
+                self.prefetch.clone(),
+                self.dma.clone(),
+                self.epoch,
+            )),
+        }
+    }
+
+    /// The prefetch engine (twin hypergraphs), shared by every guest.
+    pub fn prefetch_engine(&self) -> &Arc<PrefetchEngine> {
+        &self.prefetch
+    }
+
+    /// Bytes held by the manager's bookkeeping: the twin hypergraphs and the region table.
+    pub fn metadata_bytes(&self) -> u64 {
+        let regions = self.regions.read().map(|r| r.capacity()).unwrap_or(0) as u64;
+        self.prefetch.stats().metadata_bytes
+            + regions
+                * (std::mem::size_of::<RegionKey>()
+                    + std::mem::size_of::<Arc<Region>>()
+                    + std::mem::size_of::<Region>()) as u64
+    }
+
+    /// Counters of one guest.
+    pub fn guest_counters(&self, guest: u64) -> Result<CounterSnapshot> {
+        Ok(self.guest(guest)?.counters().snapshot())
     }
 
     /// Registers a guest and its window; its regions use `protocol` and may hold at most
@@ -242,40 +292,53 @@ impl SvmManager {
         }
     }
 
-    fn with_ctx<T>(
-        &self,
-        guest: u64,
-        id: u64,
-        domain: DomainId,
-        f: impl FnOnce(&Arc<dyn Coherence>, &mut RegionCtx<'_>) -> Result<T>,
-    ) -> Result<(T, AccessReport)> {
-        if !self.engine.topology().contains(domain) {
-            return Err(SvmError::UnknownDomain(domain.0));
+    fn run_access(&self, guest: u64, id: u64, a: AccessInfo, begin: bool) -> Result<AccessReport> {
+        if !self.engine.topology().contains(a.domain) {
+            return Err(SvmError::UnknownDomain(a.domain.0));
         }
         let region = self.region(guest, id)?;
         let protocol = region.guest.protocol().clone();
-        let mut state = region.lock();
-        let mut cx = RegionCtx::new(&region, &mut state, &self.engine);
-        let v = f(&protocol, &mut cx)?;
-        let mut report = cx.report;
-        if domain == DomainId::GUEST_WINDOW {
-            report.window_offset = cx.window_offset();
+        let mut report = AccessReport::default();
+        let t0 = Instant::now();
+        loop {
+            let mut state = region.lock();
+            let mut cx = RegionCtx::new(&region, &mut state, &self.engine);
+            let step = if begin {
+                protocol.begin_access(&mut cx, &a)?
+            } else {
+                protocol.end_access(&mut cx, &a)?;
+                Step::Done
+            };
+            report.copies += cx.report.copies;
+            report.coherence += cx.report.coherence;
+            report.compensation = cx.report.compensation;
+            if a.domain == DomainId::GUEST_WINDOW && begin {
+                report.window_offset = cx.window_offset();
+            }
+            drop(state);
+            match step {
+                Step::Done => break,
+                Step::WaitFor(t) => t.wait(),
+            }
         }
+        report.elapsed = t0.elapsed();
         self.counters
             .copies
             .fetch_add(report.copies as u64, Ordering::Relaxed);
         self.counters
             .coherence_ns
             .fetch_add(report.coherence.as_nanos() as u64, Ordering::Relaxed);
-        Ok((v, report))
+        Ok(report)
     }
 
     /// Begins an access of `[offset, offset + len)` of a region by `domain`. For the guest
     /// window domain the report carries the window offset of the region's first byte.
+    #[allow(clippy::too_many_arguments)]
     pub fn begin_access(
         &self,
         guest: u64,
         id: u64,
+        vdev: u32,
         domain: DomainId,
         offset: u64,
         len: u64,
@@ -284,9 +347,13 @@ impl SvmManager {
         let meta = self.meta(guest, id)?;
         let whole = Self::check_range(&meta, offset, len)?;
         self.counters.begin.fetch_add(1, Ordering::Relaxed);
-        let ((), mut report) = self.with_ctx(guest, id, domain, |p, cx| {
-            p.begin_access(cx, domain, mode, whole)
-        })?;
+        let a = AccessInfo {
+            vdev,
+            domain,
+            mode,
+            whole,
+        };
+        let mut report = self.run_access(guest, id, a, true)?;
         if let Some(w) = report.window_offset.as_mut() {
             *w += offset;
         }
@@ -294,20 +361,27 @@ impl SvmManager {
     }
 
     /// Ends an access begun with [`begin_access`](Self::begin_access).
+    #[allow(clippy::too_many_arguments)]
     pub fn end_access(
         &self,
         guest: u64,
         id: u64,
+        vdev: u32,
         domain: DomainId,
         offset: u64,
         len: u64,
         mode: AccessMode,
     ) -> Result<AccessReport> {
         let meta = self.meta(guest, id)?;
-        Self::check_range(&meta, offset, len)?;
+        let whole = Self::check_range(&meta, offset, len)?;
         self.counters.end.fetch_add(1, Ordering::Relaxed);
-        let ((), mut report) =
-            self.with_ctx(guest, id, domain, |p, cx| p.end_access(cx, domain, mode))?;
+        let a = AccessInfo {
+            vdev,
+            domain,
+            mode,
+            whole,
+        };
+        let mut report = self.run_access(guest, id, a, false)?;
         report.window_offset = None;
         Ok(report)
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use virtsoc_proto::wire::Format;
 
 use crate::backing::{Backing, HostBuf};
+use crate::dma::CopyTicket;
 use crate::domain::{DomainId, DomainKind};
 use crate::engine::CopyEngine;
 use crate::guest::GuestSvm;
@@ -53,6 +54,10 @@ pub struct RegionState {
     pub(crate) replicas: BTreeMap<DomainId, Replica>,
     /// False until the first write: until then every replica is (zero-)valid.
     pub(crate) written: bool,
+    /// Bumped by every write; asynchronous copies of an older generation are discarded.
+    pub(crate) generation: u64,
+    /// Asynchronous copies under way, by destination.
+    pub(crate) inflight: BTreeMap<DomainId, Arc<CopyTicket>>,
 }
 
 /// The host's record of a region.
@@ -103,11 +108,13 @@ pub struct AccessReport {
     pub copies: u32,
     /// How long the guest should block before handing the region on (prefetch protocol).
     pub compensation: Duration,
+    /// Wall time of the call on the host, waits for in-flight copies included.
+    pub elapsed: Duration,
 }
 
 /// A locked region handed to a coherence protocol.
 pub struct RegionCtx<'a> {
-    pub(crate) region: &'a Region,
+    pub(crate) region: &'a Arc<Region>,
     pub(crate) state: &'a mut RegionState,
     pub(crate) engine: &'a CopyEngine,
     pub(crate) report: AccessReport,
@@ -115,7 +122,7 @@ pub struct RegionCtx<'a> {
 
 impl<'a> RegionCtx<'a> {
     pub(crate) fn new(
-        region: &'a Region,
+        region: &'a Arc<Region>,
         state: &'a mut RegionState,
         engine: &'a CopyEngine,
     ) -> Self {
@@ -206,8 +213,13 @@ impl<'a> RegionCtx<'a> {
         let measure = !self.state.replicas[&dst].fresh;
         let t0 = Instant::now();
         self.engine.copy(src, &s, dst, &d, size, measure)?;
-        self.report.coherence += t0.elapsed();
+        let dt = t0.elapsed();
+        self.report.coherence += dt;
         self.report.copies += 1;
+        let c = self.region.guest.counters();
+        c.copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        c.copy_ns
+            .fetch_add(dt.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         let src_valid = self.is_valid(src);
         if let Some(r) = self.state.replicas.get_mut(&dst) {
             r.valid = src_valid;
@@ -243,6 +255,7 @@ impl<'a> RegionCtx<'a> {
     pub fn make_exclusive(&mut self, d: DomainId) -> Result<()> {
         self.ensure_replica(d)?;
         self.state.written = true;
+        self.state.generation += 1;
         for (dom, r) in self.state.replicas.iter_mut() {
             r.valid = *dom == d;
         }
@@ -254,6 +267,40 @@ impl<'a> RegionCtx<'a> {
         if let Some(r) = self.state.replicas.get_mut(&d) {
             r.valid = true;
         }
+    }
+
+    /// The region being accessed.
+    pub fn region(&self) -> &Region {
+        self.region
+    }
+
+    pub(crate) fn region_arc(&self) -> Arc<Region> {
+        self.region.clone()
+    }
+
+    /// The copy engine.
+    pub fn engine(&self) -> &CopyEngine {
+        self.engine
+    }
+
+    /// An asynchronous copy under way to `d`, if any.
+    pub fn inflight_to(&self, d: DomainId) -> Option<Arc<CopyTicket>> {
+        self.state.inflight.get(&d).cloned()
+    }
+
+    /// Any asynchronous copy under way.
+    pub fn any_inflight(&self) -> Option<Arc<CopyTicket>> {
+        self.state.inflight.values().next().cloned()
+    }
+
+    /// Current write generation.
+    pub fn generation(&self) -> u64 {
+        self.state.generation
+    }
+
+    /// Registers an asynchronous copy to `d`.
+    pub(crate) fn set_inflight(&mut self, d: DomainId, t: Arc<CopyTicket>) {
+        self.state.inflight.insert(d, t);
     }
 
     /// Offset of the window replica, if any.

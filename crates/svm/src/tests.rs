@@ -15,17 +15,26 @@ fn fixture(kind: ProtocolKind, topo_fn: impl FnOnce(&mut Topology, DomainId, Dom
     let prod = t.add_device_domain("producer");
     let cons = t.add_device_domain("consumer");
     topo_fn(&mut t, prod, cons);
-    let svm = SvmManager::new(t);
+    let svm = SvmManager::with_prefetch_config(t, steady_config());
     let win = Arc::new(
         SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
     );
-    svm.attach_guest(1, win.clone(), coherence::build(kind).unwrap(), 1 << 30)
+    svm.attach_guest(1, win.clone(), svm.protocol(kind), 1 << 30)
         .unwrap();
     Fixture {
         svm,
         prod,
         cons,
         win,
+    }
+}
+
+/// The paper's tuning without bandwidth-based suspension: these tests share two cores with
+/// each other, and the bandwidth rule (tested in the prefetch crate) would react to that.
+fn steady_config() -> virtsoc_prefetch::Config {
+    virtsoc_prefetch::Config {
+        bandwidth_floor: 0.0,
+        ..virtsoc_prefetch::Config::default()
     }
 }
 
@@ -44,7 +53,7 @@ fn blob(size: u64) -> AllocDesc {
 fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
     let size = f.svm.meta(1, id).unwrap().size;
     f.svm
-        .begin_access(1, id, f.prod, 0, size, AccessMode::Write)
+        .begin_access(1, id, f.prod.0, f.prod, 0, size, AccessMode::Write)
         .unwrap();
     f.svm
         .with_replica(1, id, f.prod, |b| {
@@ -55,15 +64,15 @@ fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
         .unwrap();
     let e = f
         .svm
-        .end_access(1, id, f.prod, 0, size, AccessMode::Write)
+        .end_access(1, id, f.prod.0, f.prod, 0, size, AccessMode::Write)
         .unwrap();
     let b = f
         .svm
-        .begin_access(1, id, f.cons, 0, size, AccessMode::Read)
+        .begin_access(1, id, f.cons.0, f.cons, 0, size, AccessMode::Read)
         .unwrap();
     let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
     f.svm
-        .end_access(1, id, f.cons, 0, size, AccessMode::Read)
+        .end_access(1, id, f.cons.0, f.cons, 0, size, AccessMode::Read)
         .unwrap();
     (e.copies, b.copies, seen)
 }
@@ -85,7 +94,15 @@ fn guest_staging_copies_twice_and_reader_sees_last_write() {
     let mut w = vec![0u8; 10_000];
     let off = f
         .svm
-        .begin_access(1, id, DomainId::GUEST_WINDOW, 0, 10_000, AccessMode::Read)
+        .begin_access(
+            1,
+            id,
+            DomainId::GUEST_WINDOW.0,
+            DomainId::GUEST_WINDOW,
+            0,
+            10_000,
+            AccessMode::Read,
+        )
         .unwrap()
         .window_offset
         .unwrap();
@@ -109,7 +126,7 @@ fn write_invalidate_copies_once_and_reader_sees_last_write() {
     // A second read without an intervening write copies nothing.
     let r = f
         .svm
-        .begin_access(1, id, f.cons, 0, 10_000, AccessMode::Read)
+        .begin_access(1, id, f.cons.0, f.cons, 0, 10_000, AccessMode::Read)
         .unwrap();
     assert_eq!(r.copies, 0);
 }
@@ -128,7 +145,15 @@ fn restricted_topology_routes_through_host_ram() {
     // Host RAM kept a valid replica on the way: the CPU read takes one hop.
     let r = f
         .svm
-        .begin_access(1, id, DomainId::GUEST_WINDOW, 0, 4096, AccessMode::Read)
+        .begin_access(
+            1,
+            id,
+            DomainId::GUEST_WINDOW.0,
+            DomainId::GUEST_WINDOW,
+            0,
+            4096,
+            AccessMode::Read,
+        )
         .unwrap();
     assert_eq!(r.copies, 1);
 }
@@ -140,7 +165,15 @@ fn cpu_writes_reach_devices() {
         let (id, _) = f.svm.alloc(1, blob(8192)).unwrap();
         let r = f
             .svm
-            .begin_access(1, id, DomainId::GUEST_WINDOW, 4096, 4, AccessMode::Write)
+            .begin_access(
+                1,
+                id,
+                DomainId::GUEST_WINDOW.0,
+                DomainId::GUEST_WINDOW,
+                4096,
+                4,
+                AccessMode::Write,
+            )
             .unwrap();
         let off = r.window_offset.unwrap();
         assert_eq!(
@@ -150,10 +183,18 @@ fn cpu_writes_reach_devices() {
         );
         f.win.copy_in(off, &[1, 2, 3, 4]).unwrap();
         f.svm
-            .end_access(1, id, DomainId::GUEST_WINDOW, 4096, 4, AccessMode::Write)
+            .end_access(
+                1,
+                id,
+                DomainId::GUEST_WINDOW.0,
+                DomainId::GUEST_WINDOW,
+                4096,
+                4,
+                AccessMode::Write,
+            )
             .unwrap();
         f.svm
-            .begin_access(1, id, f.cons, 0, 8192, AccessMode::Read)
+            .begin_access(1, id, f.cons.0, f.cons, 0, 8192, AccessMode::Read)
             .unwrap();
         let seen = f
             .svm
@@ -173,13 +214,14 @@ fn guests_cannot_name_each_others_regions() {
         .attach_guest(
             2,
             win2,
-            coherence::build(ProtocolKind::WriteInvalidate).unwrap(),
+            f.svm.protocol(ProtocolKind::WriteInvalidate),
             1 << 30,
         )
         .unwrap();
     let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
     assert!(matches!(
-        f.svm.begin_access(2, id, f.prod, 0, 100, AccessMode::Read),
+        f.svm
+            .begin_access(2, id, f.prod.0, f.prod, 0, 100, AccessMode::Read),
         Err(SvmError::NoSuchRegion)
     ));
     assert!(matches!(f.svm.free(2, id), Err(SvmError::NoSuchRegion)));
@@ -192,13 +234,23 @@ fn guests_cannot_name_each_others_regions() {
 fn bad_ranges_domains_and_sizes_are_errors() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
     let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
-    let r = |o, l| f.svm.begin_access(1, id, f.prod, o, l, AccessMode::Read);
+    let r = |o, l| {
+        f.svm
+            .begin_access(1, id, f.prod.0, f.prod, o, l, AccessMode::Read)
+    };
     assert!(matches!(r(0, 0), Err(SvmError::OutOfRange)));
     assert!(matches!(r(1, 100), Err(SvmError::OutOfRange)));
     assert!(matches!(r(u64::MAX, 2), Err(SvmError::OutOfRange)));
     assert!(matches!(
-        f.svm
-            .begin_access(1, id, DomainId(99), 0, 100, AccessMode::Read),
+        f.svm.begin_access(
+            1,
+            id,
+            DomainId(99).0,
+            DomainId(99),
+            0,
+            100,
+            AccessMode::Read
+        ),
         Err(SvmError::UnknownDomain(99))
     ));
     assert!(f.svm.alloc(1, blob(0)).is_err());
@@ -230,22 +282,30 @@ fn memory_limits_fail_cleanly_and_detach_frees_everything() {
         .attach_guest(
             5,
             win,
-            coherence::build(ProtocolKind::WriteInvalidate).unwrap(),
+            svm.protocol(ProtocolKind::WriteInvalidate),
             64 << 10,
         )
         .unwrap();
     let (a, _) = svm.alloc(5, blob(48 << 10)).unwrap();
     let (b, _) = svm.alloc(5, blob(48 << 10)).unwrap();
-    svm.begin_access(5, a, dev, 0, 48 << 10, AccessMode::Write)
+    svm.begin_access(5, a, dev.0, dev, 0, 48 << 10, AccessMode::Write)
         .unwrap();
     assert!(matches!(
-        svm.begin_access(5, b, dev, 0, 48 << 10, AccessMode::Write),
+        svm.begin_access(5, b, dev.0, dev, 0, 48 << 10, AccessMode::Write),
         Err(SvmError::OutOfMemory)
     ));
     // The window (1 MiB minus rings) cannot hold a 2 MiB region.
     let (c, _) = svm.alloc(5, blob(2 << 20)).unwrap();
     assert!(matches!(
-        svm.begin_access(5, c, DomainId::GUEST_WINDOW, 0, 2 << 20, AccessMode::Write),
+        svm.begin_access(
+            5,
+            c,
+            DomainId::GUEST_WINDOW.0,
+            DomainId::GUEST_WINDOW,
+            0,
+            2 << 20,
+            AccessMode::Write
+        ),
         Err(SvmError::OutOfMemory)
     ));
     assert_eq!(g.host_bytes(), 48 << 10);
@@ -263,7 +323,15 @@ fn freed_window_ranges_come_back_zeroed() {
     let (a, _) = f.svm.alloc(1, blob(4096)).unwrap();
     let off = f
         .svm
-        .begin_access(1, a, DomainId::GUEST_WINDOW, 0, 4096, AccessMode::Write)
+        .begin_access(
+            1,
+            a,
+            DomainId::GUEST_WINDOW.0,
+            DomainId::GUEST_WINDOW,
+            0,
+            4096,
+            AccessMode::Write,
+        )
         .unwrap()
         .window_offset
         .unwrap();
@@ -272,7 +340,15 @@ fn freed_window_ranges_come_back_zeroed() {
     let (b, _) = f.svm.alloc(1, blob(4096)).unwrap();
     let off2 = f
         .svm
-        .begin_access(1, b, DomainId::GUEST_WINDOW, 0, 4096, AccessMode::Read)
+        .begin_access(
+            1,
+            b,
+            DomainId::GUEST_WINDOW.0,
+            DomainId::GUEST_WINDOW,
+            0,
+            4096,
+            AccessMode::Read,
+        )
         .unwrap()
         .window_offset
         .unwrap();
@@ -280,4 +356,131 @@ fn freed_window_ranges_come_back_zeroed() {
     let mut buf = [1u8; 4096];
     f.win.copy_out(off2, &mut buf).unwrap();
     assert!(buf.iter().all(|&x| x == 0));
+}
+
+#[test]
+fn prefetch_moves_the_bytes_before_the_reader_asks() {
+    let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
+    let ids: Vec<u64> = (0..4)
+        .map(|_| f.svm.alloc(1, blob(100_000)).unwrap().0)
+        .collect();
+    let mut reader_copies = Vec::new();
+    for frame in 0..40u8 {
+        let id = ids[frame as usize % 4];
+        let (_, b, seen) = write_then_read(&f, id, frame);
+        assert_eq!(seen, expected(frame, 100_000), "frame {frame}");
+        reader_copies.push(b);
+    }
+    // The first cycle teaches the flow; afterwards the reader never copies itself.
+    assert!(reader_copies[..1].iter().all(|&c| c == 1));
+    assert!(
+        reader_copies[4..].iter().all(|&c| c == 0),
+        "{reader_copies:?} {:?}",
+        f.svm.prefetch_engine().stats()
+    );
+    let c = f.svm.guest_counters(1).unwrap();
+    assert!(c.prefetches >= 36, "{c:?}");
+    assert!(c.hits >= 36 && c.misses == 0, "{c:?}");
+    assert!(f.svm.metadata_bytes() > 0);
+}
+
+#[test]
+fn prefetch_mispredictions_fall_back_to_a_synchronous_fetch() {
+    let mut t = Topology::new();
+    let prod = t.add_device_domain("producer");
+    let cons = t.add_device_domain("consumer");
+    let other = t.add_device_domain("other");
+    let svm = SvmManager::with_prefetch_config(t, steady_config());
+    let win = Arc::new(
+        SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
+    );
+    svm.attach_guest(1, win, svm.protocol(ProtocolKind::Prefetch), 1 << 30)
+        .unwrap();
+    let (id, _) = svm.alloc(1, blob(50_000)).unwrap();
+    let w = AccessMode::Write;
+    let r = AccessMode::Read;
+    for frame in 0..12u8 {
+        // Frames 0-7 go to the consumer; then the flow switches to `other`.
+        let reader = if frame < 8 { cons } else { other };
+        svm.begin_access(1, id, prod.0, prod, 0, 50_000, w).unwrap();
+        svm.with_replica(1, id, prod, |b| b.fill(frame)).unwrap();
+        svm.end_access(1, id, prod.0, prod, 0, 50_000, w).unwrap();
+        svm.begin_access(1, id, reader.0, reader, 0, 50_000, r)
+            .unwrap();
+        let ok = svm
+            .with_replica(1, id, reader, |b| b.iter().all(|&x| x == frame))
+            .unwrap();
+        assert!(ok, "frame {frame}: reader saw stale bytes");
+        svm.end_access(1, id, reader.0, reader, 0, 50_000, r)
+            .unwrap();
+    }
+    let c = svm.guest_counters(1).unwrap();
+    assert!(c.misses >= 1, "{c:?}");
+    assert!(
+        c.sync_fetches >= 2,
+        "first frame and the switch fetch synchronously: {c:?}"
+    );
+}
+
+#[test]
+fn prefetch_reaches_every_reader_of_a_multi_reader_flow() {
+    let mut t = Topology::new();
+    let cam = t.add_device_domain("camera");
+    let isp = t.add_device_domain("isp");
+    let gpu = t.add_device_domain("gpu");
+    let svm = SvmManager::with_prefetch_config(t, steady_config());
+    let win = Arc::new(
+        SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
+    );
+    svm.attach_guest(1, win, svm.protocol(ProtocolKind::Prefetch), 1 << 30)
+        .unwrap();
+    let (id, _) = svm.alloc(1, blob(10_000)).unwrap();
+    let mut last = (0, 0);
+    for frame in 0..10u8 {
+        svm.begin_access(1, id, cam.0, cam, 0, 10_000, AccessMode::Write)
+            .unwrap();
+        svm.with_replica(1, id, cam, |b| b.fill(frame)).unwrap();
+        svm.end_access(1, id, cam.0, cam, 0, 10_000, AccessMode::Write)
+            .unwrap();
+        let mut copies = Vec::new();
+        for d in [isp, gpu] {
+            let rep = svm
+                .begin_access(1, id, d.0, d, 0, 10_000, AccessMode::Read)
+                .unwrap();
+            assert!(svm
+                .with_replica(1, id, d, |b| b.iter().all(|&x| x == frame))
+                .unwrap());
+            svm.end_access(1, id, d.0, d, 0, 10_000, AccessMode::Read)
+                .unwrap();
+            copies.push(rep.copies);
+        }
+        last = (copies[0], copies[1]);
+    }
+    assert_eq!(last, (0, 0), "both readers were prefetched to");
+}
+
+#[test]
+fn a_write_waits_for_copies_in_flight() {
+    let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
+    let (id, _) = f.svm.alloc(1, blob(4 << 20)).unwrap();
+    for frame in 0..3u8 {
+        write_then_read(&f, id, frame);
+    }
+    // Write twice in a row: the second write must not race the prefetch of the first.
+    for seed in [50u8, 51] {
+        f.svm
+            .begin_access(1, id, f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write)
+            .unwrap();
+        f.svm.with_replica(1, id, f.prod, |b| b.fill(seed)).unwrap();
+        f.svm
+            .end_access(1, id, f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write)
+            .unwrap();
+    }
+    f.svm
+        .begin_access(1, id, f.cons.0, f.cons, 0, 4 << 20, AccessMode::Read)
+        .unwrap();
+    assert!(f
+        .svm
+        .with_replica(1, id, f.cons, |b| b.iter().all(|&x| x == 51))
+        .unwrap());
 }

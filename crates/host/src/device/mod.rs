@@ -2,17 +2,21 @@
 //! queue.
 //!
 //! A device owns a memory domain (its local memory) and executes the requests addressed to it
-//! in order on its own thread: begin_access / end_access of regions it touches, and its own
-//! commands. Requests from all guests share the device's queue; each completion goes back to
-//! the guest that sent it. Jobs of a guest that has gone away are dropped unexecuted.
+//! on its own thread: begin_access / end_access of regions it touches, and its own commands.
+//! Each guest has its own ordered queue on each device it uses (so a fence wait holds back only
+//! that guest's work on that device); the worker serves the queues round robin and posts each
+//! completion to the guest that sent the request. Queues of a guest that has gone away are
+//! dropped unexecuted.
 
 pub mod testdev;
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use virtsoc_fence::queue::{OrderedQueue, TryPop};
+use virtsoc_fence::table::FenceId;
 use virtsoc_proto::{Completion, DeviceId, Request, Status};
 use virtsoc_svm::{DomainId, SvmManager};
 
@@ -42,37 +46,73 @@ pub trait Device: Send + Sync {
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult;
 }
 
-struct Job {
-    session: Arc<Session>,
-    req: Request,
+/// Wakes a device worker: a counter bumped by every event (a push, a fence signal, a stop),
+/// so a worker that saw no work sleeps only until something changed.
+#[derive(Default)]
+struct EventCount {
+    seq: Mutex<u64>,
+    cv: Condvar,
 }
 
-struct Queue {
-    jobs: Mutex<VecDeque<Job>>,
-    ready: Condvar,
-    stop: AtomicBool,
+impl EventCount {
+    fn current(&self) -> u64 {
+        *self.seq.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn notify(&self) {
+        *self.seq.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.cv.notify_all();
+    }
+
+    fn wait_past(&self, seen: u64) {
+        let mut s = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+        while *s == seen {
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
-/// A registered device with its queue and worker thread.
+/// One guest's queue on one device.
+pub type GuestQueue = Arc<OrderedQueue<Request>>;
+
+/// A registered device with its queues (one per guest) and its worker thread.
 pub struct DeviceSlot {
     pub id: DeviceId,
     pub domain: DomainId,
     pub device: Arc<dyn Device>,
-    queue: Arc<Queue>,
+    queues: Mutex<Vec<(Arc<Session>, GuestQueue)>>,
+    events: Arc<EventCount>,
+    stop: AtomicBool,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl DeviceSlot {
-    /// Queue depth right now.
+    /// Commands queued on this device, all guests together.
     pub fn depth(&self) -> usize {
-        self.queue.jobs.lock().map(|q| q.len()).unwrap_or(0)
+        self.queues
+            .lock()
+            .map(|q| q.iter().map(|(_, q)| q.len()).sum())
+            .unwrap_or(0)
     }
 
-    /// Queues a request from `session`.
-    pub fn submit(&self, session: Arc<Session>, req: Request) {
-        let mut q = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        q.push_back(Job { session, req });
-        self.queue.ready.notify_one();
+    /// Registers a guest's queue on this device.
+    pub fn attach(&self, session: Arc<Session>, queue: GuestQueue) {
+        self.queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((session, queue));
+        self.events.notify();
+    }
+
+    /// Tells the worker that a queue changed (a push, a close).
+    pub fn kick(&self) {
+        self.events.notify();
+    }
+
+    /// A callback that wakes this device's worker (for fence signals).
+    pub fn waker(&self) -> impl Fn() + Send + Sync + 'static {
+        let ev = self.events.clone();
+        move || ev.notify()
     }
 }
 
@@ -90,23 +130,19 @@ impl DeviceSet {
         let slots = devices
             .into_iter()
             .map(|(id, domain, device)| {
-                let queue = Arc::new(Queue {
-                    jobs: Mutex::new(VecDeque::new()),
-                    ready: Condvar::new(),
-                    stop: AtomicBool::new(false),
-                });
                 let slot = Arc::new(DeviceSlot {
                     id,
                     domain,
                     device: device.clone(),
-                    queue: queue.clone(),
+                    queues: Mutex::new(Vec::new()),
+                    events: Arc::new(EventCount::default()),
+                    stop: AtomicBool::new(false),
                     worker: Mutex::new(None),
                 });
-                let svm = svm.clone();
-                let name = format!("dev-{}", device.name());
+                let (svm, s) = (svm.clone(), slot.clone());
                 let handle = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || worker(svm, id, domain, device, queue))
+                    .name(format!("dev-{}", device.name()))
+                    .spawn(move || worker(svm, s))
                     .expect("spawn device worker");
                 *slot.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
                 slot
@@ -125,12 +161,11 @@ impl DeviceSet {
         self.slots.iter()
     }
 
-    /// Stops every worker after its current job.
+    /// Stops every worker after its current command.
     pub fn stop(&self) {
         for s in &self.slots {
-            s.queue.stop.store(true, Ordering::SeqCst);
-            let _g = s.queue.jobs.lock();
-            s.queue.ready.notify_all();
+            s.stop.store(true, Ordering::SeqCst);
+            s.events.notify();
         }
         for s in &self.slots {
             if let Some(h) = s.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -140,44 +175,76 @@ impl DeviceSet {
     }
 }
 
-fn worker(
-    svm: Arc<SvmManager>,
-    id: DeviceId,
-    domain: DomainId,
-    device: Arc<dyn Device>,
-    queue: Arc<Queue>,
-) {
+/// Runs one request on the device and posts its completion.
+fn execute(svm: &SvmManager, slot: &DeviceSlot, session: &Session, req: &Request) {
+    let guest = session.guest_id();
+    let result = dispatch::access_or_command(svm, guest, slot.domain, req, |args| {
+        slot.device.execute(
+            &DeviceCtx {
+                guest,
+                svm,
+                domain: slot.domain,
+            },
+            args,
+        )
+    });
+    session.complete(match result {
+        Ok(values) => Completion::ok(req.seq, values),
+        Err(status) => Completion::err(req.seq, status),
+    });
+}
+
+/// The device worker: serves the guests' queues round robin, one command per queue per
+/// pass. A queue held by a fence wait is skipped, and the fence's signal wakes the worker.
+fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
+    // Fence each blocked queue has a wake-up registered for (keyed by queue address).
+    let mut armed: HashMap<usize, FenceId> = HashMap::new();
     loop {
-        let job = {
-            let mut q = queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                if queue.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if let Some(j) = q.pop_front() {
-                    break j;
-                }
-                q = queue.ready.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        if job.session.is_closed() {
-            continue;
+        let seen = slot.events.current();
+        if slot.stop.load(Ordering::SeqCst) {
+            return;
         }
-        let guest = job.session.guest_id();
-        let completion =
-            match dispatch::access_or_command(&svm, guest, id, domain, &job.req, |args| {
-                device.execute(
-                    &DeviceCtx {
-                        guest,
-                        svm: &svm,
-                        domain,
-                    },
-                    args,
-                )
-            }) {
-                Ok(values) => Completion::ok(job.req.seq, values),
-                Err(status) => Completion::err(job.req.seq, status),
-            };
-        job.session.complete(completion);
+        let queues: Vec<_> = slot
+            .queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut progressed = false;
+        let mut dead = Vec::new();
+        for (session, q) in &queues {
+            let key = Arc::as_ptr(q) as usize;
+            if session.is_closed() {
+                dead.push(key);
+                continue;
+            }
+            match q.try_pop_ready() {
+                TryPop::Ready(req, token) => {
+                    execute(&svm, &slot, session, &req);
+                    token.done();
+                    progressed = true;
+                }
+                TryPop::Blocked(f) => {
+                    if armed.get(&key) != Some(&f) {
+                        armed.insert(key, f);
+                        let wake = slot.waker();
+                        if session.fences().on_signal(f, Box::new(wake)).is_err() {
+                            progressed = true; // stale or cancelled: look again
+                        }
+                    }
+                }
+                TryPop::Empty => {}
+                TryPop::Closed => dead.push(key),
+            }
+        }
+        if !dead.is_empty() {
+            let mut qs = slot.queues.lock().unwrap_or_else(|p| p.into_inner());
+            qs.retain(|(_, q)| !dead.contains(&(Arc::as_ptr(q) as usize)));
+            for k in dead {
+                armed.remove(&k);
+            }
+        }
+        if !progressed {
+            slot.events.wait_past(seen);
+        }
     }
 }
