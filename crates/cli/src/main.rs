@@ -7,6 +7,7 @@ mod bench_svm;
 mod bench_transport;
 mod daemon_proc;
 mod stats;
+mod trace;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -84,10 +85,26 @@ enum BenchCmd {
         /// Comma-separated coherence protocols.
         #[arg(
             long,
-            default_value = "guest-staging,write-invalidate",
+            default_value = "guest-staging,write-invalidate,prefetch",
             value_delimiter = ','
         )]
         protocol: Vec<String>,
+        /// Comma-separated ordering modes: fence, atomic.
+        #[arg(long, default_value = "atomic", value_delimiter = ',')]
+        ordering: Vec<bench_svm::OrderingMode>,
+        /// How the slack varies from frame to frame.
+        #[arg(long, value_enum, default_value = "fixed")]
+        slack_pattern: bench_svm::SlackPattern,
+        /// Readers per flow (1: consumer; 2: consumer and consumer2).
+        #[arg(long, default_value_t = 1)]
+        readers: usize,
+        /// Switch to a new pipeline (freshly allocated ring) every N frames.
+        #[arg(long)]
+        switch_every: Option<usize>,
+        /// Replay a recorded access trace instead of the synthetic pipeline (format: see
+        /// `crates/cli/src/trace.rs`).
+        #[arg(long)]
+        trace: Option<PathBuf>,
         /// Bytes per frame (default: one 3840x2160 frame at 2 bytes per pixel).
         #[arg(long, default_value_t = 16_588_800)]
         size: u64,
@@ -168,6 +185,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 BenchCmd::Svm {
                     socket,
                     protocol,
+                    ordering,
+                    slack_pattern,
+                    readers,
+                    switch_every,
+                    trace,
                     size,
                     slack_ms,
                     frames,
@@ -181,13 +203,34 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             let params = bench_svm::SvmBenchParams {
                 protocols: protocol,
+                orderings: ordering,
                 size,
                 slack: Duration::from_secs_f64(slack_ms / 1e3),
+                pattern: slack_pattern,
                 frames,
                 buffers,
                 warmup,
+                readers,
+                switch_every,
             };
-            let r = with_daemon(socket, |s| bench_svm::run(s, &params))?;
+            let r = match trace {
+                Some(path) => {
+                    let events = trace::parse(&std::fs::read_to_string(&path)?)?;
+                    let results =
+                        with_daemon(socket, |s| trace::replay(s, &params.protocols, &events))?;
+                    bench_svm::SvmBenchReport {
+                        size: 0,
+                        slack_ms: 0.0,
+                        slack_pattern: params.pattern,
+                        buffers: 0,
+                        readers: 0,
+                        switch_every: None,
+                        machine_memcpy_ms: 0.0,
+                        protocols: results,
+                    }
+                }
+                None => with_daemon(socket, |s| bench_svm::run(s, &params))?,
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -203,12 +246,23 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 bench_transport::print_table(&t);
                 println!();
                 let params = bench_svm::SvmBenchParams {
-                    protocols: vec!["guest-staging".into(), "write-invalidate".into()],
+                    protocols: vec![
+                        "guest-staging".into(),
+                        "write-invalidate".into(),
+                        "prefetch".into(),
+                    ],
+                    orderings: vec![
+                        bench_svm::OrderingMode::Atomic,
+                        bench_svm::OrderingMode::Fence,
+                    ],
                     size: 16_588_800,
                     slack: Duration::from_millis(17),
+                    pattern: bench_svm::SlackPattern::Fixed,
                     frames,
                     buffers: 4,
                     warmup: 8,
+                    readers: 1,
+                    switch_every: None,
                 };
                 let r = bench_svm::run(s, &params)?;
                 bench_svm::print_table(&r);

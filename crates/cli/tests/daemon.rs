@@ -393,11 +393,13 @@ fn bench_svm_reports_copies_per_protocol() {
     ]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let p = v["protocols"].as_array().unwrap();
-    assert_eq!(p.len(), 2);
+    assert_eq!(p.len(), 3);
     assert_eq!(p[0]["protocol"], "guest-staging");
     assert_eq!(p[0]["copies_per_frame"], 2.0);
     assert_eq!(p[1]["protocol"], "write-invalidate");
     assert_eq!(p[1]["copies_per_frame"], 1.0);
+    assert_eq!(p[2]["protocol"], "prefetch");
+    assert_eq!(p[2]["copies_per_frame"], 1.0);
     for x in p {
         assert_eq!(x["corrupt_frames"], 0);
         assert!(

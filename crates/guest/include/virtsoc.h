@@ -44,6 +44,7 @@ extern "C" {
 #define VIRTSOC_DEV_CPU 0
 #define VIRTSOC_DEV_PRODUCER 1
 #define VIRTSOC_DEV_CONSUMER 2
+#define VIRTSOC_DEV_CONSUMER2 3
 
 /* Formats. */
 #define VIRTSOC_FMT_BLOB 0

@@ -6,22 +6,31 @@
 //! flight at once. The library checks what the host gives it too: window offsets are bounds
 //! checked before they become pointers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
+use virtsoc_fence::table::{FenceId, FenceStatus};
+use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET};
 use virtsoc_proto::ring::{guest_rings, Doorbell, FutexDoorbell, RingConsumer, RingProducer};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 
 use crate::{GuestError, Result};
+
+/// Longest compensation the library honours (the host caps it lower).
+const MAX_COMPENSATION: Duration = Duration::from_millis(100);
+
+/// Host queue depth the MIMD pacer steers toward.
+const PACER_TARGET_DEPTH: u32 = 16;
 
 /// How long a reaper sleeps before checking that the daemon is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(250);
@@ -79,11 +88,55 @@ pub struct Access {
     pub copies: u32,
     /// Time the library blocked for prefetch compensation (end_access only).
     pub compensation: Duration,
+    /// Wall time of the call on the host (waiting for in-flight copies included).
+    pub host_elapsed: Duration,
 }
 
 struct Reaped {
     done: HashMap<u64, Completion>,
     reaping: bool,
+    /// Requests whose completion nobody waits for (fire and forget).
+    detached: HashSet<u64>,
+    /// Failures of detached requests, until collected.
+    async_errors: Vec<(u64, Status)>,
+}
+
+/// A virtual command fence of this guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fence(pub u64);
+
+/// The guest's SVM counters as kept by the host (monotonic; subtract two snapshots).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub copies: u64,
+    pub copy_ns: u64,
+    pub sync_fetches: u64,
+    pub inflight_waits: u64,
+    pub prefetches: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub compensation_ns: u64,
+    pub bookkeeping_ns: u64,
+    /// Bytes held by the host's SVM bookkeeping (all guests).
+    pub metadata_bytes: u64,
+}
+
+impl Counters {
+    /// `self - earlier`, for the monotonic fields.
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        Counters {
+            copies: self.copies - earlier.copies,
+            copy_ns: self.copy_ns - earlier.copy_ns,
+            sync_fetches: self.sync_fetches - earlier.sync_fetches,
+            inflight_waits: self.inflight_waits - earlier.inflight_waits,
+            prefetches: self.prefetches - earlier.prefetches,
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            compensation_ns: self.compensation_ns - earlier.compensation_ns,
+            bookkeeping_ns: self.bookkeeping_ns - earlier.bookkeeping_ns,
+            metadata_bytes: self.metadata_bytes,
+        }
+    }
 }
 
 struct Submit {
@@ -105,6 +158,10 @@ pub struct Connection {
     guest_bell: FutexDoorbell,
     regions: Mutex<HashMap<u64, RegionInfo>>,
     closed: AtomicBool,
+    submitted: AtomicU64,
+    completed: AtomicU64,
+    pacer: Mutex<MimdPacer>,
+    max_depth: AtomicU32,
 }
 
 // SAFETY: the raw window mapping is only touched through SharedWindow's checked accessors and
@@ -154,7 +211,16 @@ impl Connection {
             reaped: Mutex::new(Reaped {
                 done: HashMap::new(),
                 reaping: false,
+                detached: HashSet::new(),
+                async_errors: Vec::new(),
             }),
+            submitted: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            pacer: Mutex::new(
+                MimdPacer::new(4, layout.cq_entries.max(4), PACER_TARGET_DEPTH)
+                    .map_err(|e| GuestError::BadArgument(e.to_string()))?,
+            ),
+            max_depth: AtomicU32::new(0),
             reaped_cv: Condvar::new(),
             regions: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
@@ -206,20 +272,87 @@ impl Connection {
         }
     }
 
-    /// Puts a request on the submission ring; returns its sequence number.
+    /// Puts a request on the submission ring; returns its sequence number. Blocks (reaping
+    /// completions) while the MIMD window of requests in flight is full.
     pub fn submit(&self, opcode: Opcode, device: DeviceId, args: [u64; 6]) -> Result<u64> {
+        self.submit_inner(opcode, device, args, false)
+    }
+
+    /// Like [`submit`](Self::submit), but nobody will wait for the completion; a failure is
+    /// kept for [`take_async_errors`](Self::take_async_errors).
+    pub fn submit_detached(&self, opcode: Opcode, device: DeviceId, args: [u64; 6]) -> Result<u64> {
+        self.submit_inner(opcode, device, args, true)
+    }
+
+    /// Failures of detached requests since the last call.
+    pub fn take_async_errors(&self) -> Vec<(u64, Status)> {
+        std::mem::take(
+            &mut self
+                .reaped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .async_errors,
+        )
+    }
+
+    /// Requests submitted and not yet completed.
+    pub fn in_flight(&self) -> u64 {
+        self.submitted
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.completed.load(Ordering::SeqCst))
+    }
+
+    /// Largest host queue depth reported in a completion so far.
+    pub fn max_queue_depth(&self) -> u32 {
+        self.max_depth.load(Ordering::Relaxed)
+    }
+
+    /// The MIMD window right now.
+    pub fn pacing_window(&self) -> u32 {
+        self.pacer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allowed_in_flight()
+    }
+
+    fn submit_inner(
+        &self,
+        opcode: Opcode,
+        device: DeviceId,
+        args: [u64; 6],
+        detached: bool,
+    ) -> Result<u64> {
         loop {
             if self.host_closed() {
                 return Err(GuestError::Closed);
             }
+            if self.in_flight() >= self.pacing_window() as u64 {
+                self.reap_once(Some(LIVENESS_CHECK))?;
+                continue;
+            }
             {
                 let mut s = self.submit.lock().unwrap_or_else(|p| p.into_inner());
                 let seq = s.next_seq;
+                if detached {
+                    self.reaped
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .detached
+                        .insert(seq);
+                }
                 if s.sq.push(Request::new(seq, opcode, device, args))? {
                     s.next_seq += 1;
+                    self.submitted.fetch_add(1, Ordering::SeqCst);
                     drop(s);
                     self.host_bell.notify();
                     return Ok(seq);
+                }
+                if detached {
+                    self.reaped
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .detached
+                        .remove(&seq);
                 }
             }
             // Ring full: the host is behind. Help by reaping completions, then retry.
@@ -244,8 +377,20 @@ impl Connection {
         let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
         r.reaping = false;
         if let Ok(batch) = &result {
+            self.completed
+                .fetch_add(batch.len() as u64, Ordering::SeqCst);
+            let mut pacer = self.pacer.lock().unwrap_or_else(|p| p.into_inner());
             for c in batch {
-                r.done.insert(c.seq, *c);
+                pacer.on_feedback(c.queue_depth);
+                self.max_depth.fetch_max(c.queue_depth, Ordering::Relaxed);
+                if r.detached.remove(&c.seq) {
+                    if c.status != Status::Ok as u32 {
+                        let st = Status::from_u32(c.status).unwrap_or(Status::Internal);
+                        r.async_errors.push((c.seq, st));
+                    }
+                } else {
+                    r.done.insert(c.seq, *c);
+                }
             }
         }
         self.reaped_cv.notify_all();
@@ -403,6 +548,7 @@ impl Connection {
             coherence: Duration::from_nanos(v[1]),
             copies: v[2] as u32,
             compensation: Duration::ZERO,
+            host_elapsed: Duration::from_nanos(v[4]),
         })
     }
 
@@ -421,7 +567,7 @@ impl Connection {
             device,
             [id, offset, len, mode as u64, 0, 0],
         )?;
-        let compensation = Duration::from_nanos(v[3]).min(Duration::from_secs(1));
+        let compensation = Duration::from_nanos(v[3]).min(MAX_COMPENSATION);
         if !compensation.is_zero() {
             std::thread::sleep(compensation);
         }
@@ -430,6 +576,7 @@ impl Connection {
             coherence: Duration::from_nanos(v[1]),
             copies: v[2] as u32,
             compensation,
+            host_elapsed: Duration::from_nanos(v[4]),
         })
     }
 
@@ -442,6 +589,65 @@ impl Connection {
     pub fn usage(&self) -> Result<(u64, u64)> {
         let v = self.call(Opcode::Stats, DeviceId::CPU, [0; 6])?;
         Ok((v[1], v[2]))
+    }
+
+    /// The guest's SVM counters kept by the host.
+    pub fn counters(&self) -> Result<Counters> {
+        let a = self.call(Opcode::Counters, DeviceId::CPU, [0; 6])?;
+        let b = self.call(Opcode::Counters, DeviceId::CPU, [1, 0, 0, 0, 0, 0])?;
+        Ok(Counters {
+            copies: a[0],
+            copy_ns: a[1],
+            sync_fetches: a[2],
+            inflight_waits: a[3],
+            prefetches: a[4],
+            hits: a[5],
+            misses: b[0],
+            compensation_ns: b[1],
+            bookkeeping_ns: b[2],
+            metadata_bytes: b[3],
+        })
+    }
+
+    /// Creates a virtual command fence.
+    pub fn fence_create(&self) -> Result<Fence> {
+        Ok(Fence(
+            self.call(Opcode::FenceCreate, DeviceId::CPU, [0; 6])?[0],
+        ))
+    }
+
+    /// Queues a signal of `f` on `device`: it fires once the device finished everything queued
+    /// before it. Does not wait. On the CPU it fires at once (CPU requests run in order).
+    pub fn fence_signal(&self, device: DeviceId, f: Fence) -> Result<()> {
+        self.submit_detached(Opcode::FenceSignal, device, [f.0, 0, 0, 0, 0, 0])
+            .map(|_| ())
+    }
+
+    /// Queues a wait for `f` on `device`: later commands of this guest on that device run only
+    /// after `f` is signaled. Does not wait.
+    pub fn fence_wait(&self, device: DeviceId, f: Fence) -> Result<()> {
+        self.submit_detached(Opcode::FenceWait, device, [f.0, 0, 0, 0, 0, 0])
+            .map(|_| ())
+    }
+
+    /// Gives a fence back. Does not wait.
+    pub fn fence_release(&self, f: Fence) -> Result<()> {
+        self.submit_detached(Opcode::FenceRelease, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])
+            .map(|_| ())
+    }
+
+    /// Whether `f` was signaled, read from the shared fence page without a round trip (a
+    /// round trip only for fences beyond the page).
+    pub fn fence_signaled(&self, f: Fence) -> Result<bool> {
+        let id = FenceId::from_u64(f.0);
+        if id.index < PAGE_SLOTS {
+            let word = self
+                .window
+                .atomic_u32(FENCE_PAGE_OFFSET + slot_offset(id.index) as u64)?
+                .load(Ordering::Acquire);
+            return Ok(slot_status(word, id) == FenceStatus::Signaled);
+        }
+        Ok(self.call(Opcode::FenceStatus, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])?[0] == 1)
     }
 
     /// Hangs up. The daemon releases everything this guest held.
@@ -459,6 +665,7 @@ impl Connection {
                 status: Status::Busy,
             });
         }
+        self.submitted.fetch_add(1, Ordering::SeqCst);
         drop(s);
         self.host_bell.notify();
         Ok(())

@@ -11,7 +11,7 @@
 pub mod capi;
 pub mod conn;
 
-pub use conn::{Access, ConnectOptions, Connection, RegionInfo};
+pub use conn::{Access, ConnectOptions, Connection, Counters, Fence, RegionInfo};
 pub use virtsoc_proto::wire::{testdev, usage, Format};
 pub use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Status};
 

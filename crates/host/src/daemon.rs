@@ -64,7 +64,8 @@ impl Daemon {
         let mut topo = Topology::new();
         let devices: Vec<(DeviceId, Arc<dyn Device>)> = vec![
             (DeviceId::PRODUCER, Arc::new(Producer)),
-            (DeviceId::CONSUMER, Arc::new(Consumer)),
+            (DeviceId::CONSUMER, Arc::new(Consumer::new("consumer"))),
+            (DeviceId::CONSUMER2, Arc::new(Consumer::new("consumer2"))),
         ];
         let with_domains: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = devices
             .into_iter()

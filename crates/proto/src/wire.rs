@@ -249,6 +249,8 @@ impl DeviceId {
     pub const PRODUCER: DeviceId = DeviceId(1);
     /// Test device that checksums a region.
     pub const CONSUMER: DeviceId = DeviceId(2);
+    /// A second checksum device, for multi-reader flows.
+    pub const CONSUMER2: DeviceId = DeviceId(3);
 }
 
 /// Device opcodes of the test devices (first argument of [`Opcode::DeviceCmd`]).

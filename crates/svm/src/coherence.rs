@@ -8,10 +8,11 @@
 //!   next access elsewhere fetches synchronously, on the cheapest path, from a valid replica.
 //! - `prefetch` (vSoC 3.3) plugs in through the same trait.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use virtsoc_prefetch::{AccessKind, PDev, PrefetchEngine, ReadOutcome, VDev};
@@ -32,6 +33,8 @@ pub struct AccessInfo {
     pub mode: AccessMode,
     /// Whether the access covers the whole region.
     pub whole: bool,
+    /// Set when begin_access is asked again after waiting for an in-flight copy.
+    pub retry: bool,
 }
 
 /// What a protocol's begin_access needs next.
@@ -171,11 +174,23 @@ pub struct Prefetch {
     engine: Arc<PrefetchEngine>,
     dma: Arc<Dma>,
     epoch: Instant,
+    /// Compensation handed to each region's last writer: the slack the reader sees starts
+    /// when the writer's guest stops blocking, so it is taken out of the measured slack.
+    compensated: Mutex<HashMap<RegionKey, Duration>>,
 }
 
 impl Prefetch {
     pub(crate) fn new(engine: Arc<PrefetchEngine>, dma: Arc<Dma>, epoch: Instant) -> Self {
-        Prefetch { engine, dma, epoch }
+        Prefetch {
+            engine,
+            dma,
+            epoch,
+            compensated: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn compensated(&self) -> std::sync::MutexGuard<'_, HashMap<RegionKey, Duration>> {
+        self.compensated.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -200,6 +215,32 @@ impl Coherence for Prefetch {
     fn begin_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<Step> {
         let region = cx.region_arc();
         let counters = region.guest.counters();
+        if !a.retry {
+            // Score the prediction and measure the slack when the access arrives, before any
+            // wait for a copy still in flight.
+            let t0 = Instant::now();
+            let mut now = self.epoch.elapsed();
+            if a.mode.reads() {
+                if let Some(c) = self.compensated().remove(&region.key) {
+                    now = now.saturating_sub(c);
+                }
+            }
+            let outcome = self.engine.on_begin_access(
+                predictor_key(region.key),
+                VDev(a.vdev),
+                PDev(a.domain.0),
+                kind_of(a.mode),
+                now,
+            );
+            counters
+                .bookkeeping_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            match outcome {
+                ReadOutcome::Hit => counters.hits.fetch_add(1, Ordering::Relaxed),
+                ReadOutcome::Miss => counters.misses.fetch_add(1, Ordering::Relaxed),
+                ReadOutcome::Unpredicted | ReadOutcome::NotRead => 0,
+            };
+        }
         // A write must not race a copy into (or out of) this region.
         if a.mode.writes() {
             if let Some(t) = cx.any_inflight() {
@@ -209,27 +250,11 @@ impl Coherence for Prefetch {
         let needs_data = a.mode.reads() || !a.whole;
         if needs_data && !cx.is_valid(a.domain) {
             if let Some(t) = cx.inflight_to(a.domain) {
-                counters.inflight_waits.fetch_add(1, Ordering::Relaxed);
+                if !a.retry {
+                    counters.inflight_waits.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(Step::WaitFor(t));
             }
-        }
-        let t0 = Instant::now();
-        let outcome = self.engine.on_begin_access(
-            predictor_key(cx.region().key),
-            VDev(a.vdev),
-            PDev(a.domain.0),
-            kind_of(a.mode),
-            self.epoch.elapsed(),
-        );
-        counters
-            .bookkeeping_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        match outcome {
-            ReadOutcome::Hit => counters.hits.fetch_add(1, Ordering::Relaxed),
-            ReadOutcome::Miss => counters.misses.fetch_add(1, Ordering::Relaxed),
-            ReadOutcome::Unpredicted | ReadOutcome::NotRead => 0,
-        };
-        if needs_data && !cx.is_valid(a.domain) {
             counters.sync_fetches.fetch_add(1, Ordering::Relaxed);
         }
         fetch_for(cx, a)?;
@@ -254,6 +279,14 @@ impl Coherence for Prefetch {
         let Some(plan) = plan.filter(|_| a.mode.writes()) else {
             return Ok(());
         };
+        log::trace!(
+            "region {:?}: prefetch to {:?}, copy {:?}, slack {:?}, compensation {:?}",
+            region.key,
+            plan.targets,
+            plan.predicted_copy,
+            plan.predicted_slack,
+            plan.compensation
+        );
         let mut started = 0;
         for t in plan.targets.iter().map(|p| DomainId(p.0)) {
             // Targets reachable only in hops are left to the synchronous fetch.
@@ -277,6 +310,10 @@ impl Coherence for Prefetch {
         counters.prefetches.fetch_add(started, Ordering::Relaxed);
         if started > 0 {
             cx.report.compensation = plan.compensation.min(MAX_COMPENSATION);
+            if !cx.report.compensation.is_zero() {
+                self.compensated()
+                    .insert(region.key, cx.report.compensation);
+            }
             counters
                 .compensation_ns
                 .fetch_add(cx.report.compensation.as_nanos() as u64, Ordering::Relaxed);
@@ -285,6 +322,7 @@ impl Coherence for Prefetch {
     }
 
     fn forget(&self, key: RegionKey) {
+        self.compensated().remove(&key);
         self.engine.forget_region(predictor_key(key));
     }
 }

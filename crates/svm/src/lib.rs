@@ -300,6 +300,7 @@ impl SvmManager {
         let protocol = region.guest.protocol().clone();
         let mut report = AccessReport::default();
         let t0 = Instant::now();
+        let mut a = a;
         loop {
             let mut state = region.lock();
             let mut cx = RegionCtx::new(&region, &mut state, &self.engine);
@@ -318,7 +319,10 @@ impl SvmManager {
             drop(state);
             match step {
                 Step::Done => break,
-                Step::WaitFor(t) => t.wait(),
+                Step::WaitFor(t) => {
+                    t.wait();
+                    a.retry = true;
+                }
             }
         }
         report.elapsed = t0.elapsed();
@@ -352,6 +356,7 @@ impl SvmManager {
             domain,
             mode,
             whole,
+            retry: false,
         };
         let mut report = self.run_access(guest, id, a, true)?;
         if let Some(w) = report.window_offset.as_mut() {
@@ -380,6 +385,7 @@ impl SvmManager {
             domain,
             mode,
             whole,
+            retry: false,
         };
         let mut report = self.run_access(guest, id, a, false)?;
         report.window_offset = None;

@@ -51,12 +51,21 @@ impl Device for Producer {
 }
 
 /// Checksums regions.
-#[derive(Debug, Default)]
-pub struct Consumer;
+#[derive(Debug)]
+pub struct Consumer {
+    name: &'static str,
+}
+
+impl Consumer {
+    /// A consumer listed under `name`.
+    pub fn new(name: &'static str) -> Self {
+        Consumer { name }
+    }
+}
 
 impl Device for Consumer {
     fn name(&self) -> &str {
-        "consumer"
+        self.name
     }
 
     fn backend(&self) -> &str {
