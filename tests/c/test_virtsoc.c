@@ -78,6 +78,28 @@ int main(int argc, char **argv) {
           "CPU reads the producer's bytes");
     CHECK(virtsoc_end_access(c, id, VIRTSOC_DEV_CPU, 0, size, VIRTSOC_READ) == 0, "end CPU read");
 
+    /* Fences: the consumer's checksum waits for the producer's signal. */
+    uint64_t fence = 0;
+    CHECK(virtsoc_fence_create(c, &fence) == 0, "fence create");
+    int sig = -1;
+    CHECK(virtsoc_fence_signaled(c, fence, &sig) == 0 && sig == 0, "new fence reads pending from the page");
+    CHECK(virtsoc_fence_wait(c, VIRTSOC_DEV_CONSUMER, fence) == 0, "queue a wait on the consumer");
+    CHECK(virtsoc_begin_access(c, id, VIRTSOC_DEV_PRODUCER, 0, size, VIRTSOC_WRITE, NULL) == 0,
+          "begin producer write (fenced)");
+    uint64_t fargs[6] = {VIRTSOC_TEST_WRITE_PATTERN, id, 7, 0, 0, 0};
+    CHECK(virtsoc_device_cmd(c, VIRTSOC_DEV_PRODUCER, fargs, vals) == 0, "producer writes again");
+    produced = vals[0];
+    CHECK(virtsoc_end_access(c, id, VIRTSOC_DEV_PRODUCER, 0, size, VIRTSOC_WRITE) == 0, "end producer write (fenced)");
+    CHECK(virtsoc_fence_signal(c, VIRTSOC_DEV_PRODUCER, fence) == 0, "queue the signal on the producer");
+    CHECK(virtsoc_begin_access(c, id, VIRTSOC_DEV_CONSUMER, 0, size, VIRTSOC_READ, NULL) == 0,
+          "consumer read after the wait");
+    uint64_t cargs[6] = {VIRTSOC_TEST_CHECKSUM, id, 0, 0, 0, 0};
+    CHECK(virtsoc_device_cmd(c, VIRTSOC_DEV_CONSUMER, cargs, vals) == 0 && vals[0] == produced,
+          "fenced consumer sees the producer's write");
+    CHECK(virtsoc_end_access(c, id, VIRTSOC_DEV_CONSUMER, 0, size, VIRTSOC_READ) == 0, "end consumer read (fenced)");
+    CHECK(virtsoc_fence_signaled(c, fence, &sig) == 0 && sig == 1, "signaled fence reads signaled");
+    CHECK(virtsoc_fence_release(c, fence) == 0, "fence release");
+
     /* Errors. */
     CHECK(virtsoc_begin_access(c, id, VIRTSOC_DEV_CPU, 0, size, 7, &p) == VIRTSOC_E_BAD_ARGUMENT,
           "bad access mode");

@@ -90,6 +90,15 @@ int virtsoc_end_access(virtsoc_conn *c, uint64_t id, uint32_t device, uint64_t o
 /* Sends a device command; args points to 6 words, values (may be NULL) receives 6 words. */
 int virtsoc_device_cmd(virtsoc_conn *c, uint32_t device, const uint64_t *args, uint64_t *values);
 
+/* Virtual command fences: a signal queued on one device and a wait queued on another order
+ * the two devices' work on the host; the guest never waits. Status is read from a page shared
+ * with the host, without a round trip. */
+int virtsoc_fence_create(virtsoc_conn *c, uint64_t *fence_out);
+int virtsoc_fence_signal(virtsoc_conn *c, uint32_t device, uint64_t fence);
+int virtsoc_fence_wait(virtsoc_conn *c, uint32_t device, uint64_t fence);
+int virtsoc_fence_release(virtsoc_conn *c, uint64_t fence);
+int virtsoc_fence_signaled(virtsoc_conn *c, uint64_t fence, int *signaled);
+
 /* Message of the last error on this thread. */
 const char *virtsoc_last_error(void);
 /* Static description of a status code. */

@@ -234,6 +234,82 @@ pub unsafe extern "C" fn virtsoc_device_cmd(
     })
 }
 
+/// Creates a virtual command fence.
+///
+/// # Safety
+/// `c` must be a live handle; `fence_out` a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_fence_create(c: *mut VirtsocConn, fence_out: *mut u64) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        if fence_out.is_null() {
+            return Err(bad("null fence pointer"));
+        }
+        let f = c.fence_create()?;
+        // SAFETY: checked non-null.
+        unsafe { *fence_out = f.0 };
+        Ok(())
+    })
+}
+
+/// Queues a signal of `fence` on `device` (fires after the device's earlier commands).
+///
+/// # Safety
+/// `c` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_fence_signal(
+    c: *mut VirtsocConn,
+    device: u32,
+    fence: u64,
+) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    run(|| unsafe { conn(c) }?.fence_signal(DeviceId(device), crate::Fence(fence)))
+}
+
+/// Queues a wait for `fence` on `device` (its later commands run after the signal).
+///
+/// # Safety
+/// `c` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_fence_wait(c: *mut VirtsocConn, device: u32, fence: u64) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    run(|| unsafe { conn(c) }?.fence_wait(DeviceId(device), crate::Fence(fence)))
+}
+
+/// Gives a fence back.
+///
+/// # Safety
+/// `c` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_fence_release(c: *mut VirtsocConn, fence: u64) -> c_int {
+    // SAFETY: forwarded caller guarantees.
+    run(|| unsafe { conn(c) }?.fence_release(crate::Fence(fence)))
+}
+
+/// Stores 1 in `*signaled` if `fence` was signaled, else 0 (read from the shared fence page).
+///
+/// # Safety
+/// `c` must be a live handle; `signaled` a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_fence_signaled(
+    c: *mut VirtsocConn,
+    fence: u64,
+    signaled: *mut c_int,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        if signaled.is_null() {
+            return Err(bad("null output pointer"));
+        }
+        let v = c.fence_signaled(crate::Fence(fence))?;
+        // SAFETY: checked non-null.
+        unsafe { *signaled = c_int::from(v) };
+        Ok(())
+    })
+}
+
 /// The message of the last error on this thread (valid until the next call on this thread).
 #[no_mangle]
 pub extern "C" fn virtsoc_last_error() -> *const c_char {

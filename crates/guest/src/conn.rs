@@ -31,6 +31,9 @@ const MAX_COMPENSATION: Duration = Duration::from_millis(100);
 
 /// Host queue depth the MIMD pacer steers toward.
 const PACER_TARGET_DEPTH: u32 = 16;
+/// Largest MIMD window: requests in flight never exceed it, so host queues stay bounded even
+/// between two feedback rounds.
+const PACER_MAX_WINDOW: u32 = 4 * PACER_TARGET_DEPTH;
 
 /// How long a reaper sleeps before checking that the daemon is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(250);
@@ -217,8 +220,12 @@ impl Connection {
             submitted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             pacer: Mutex::new(
-                MimdPacer::new(4, layout.cq_entries.max(4), PACER_TARGET_DEPTH)
-                    .map_err(|e| GuestError::BadArgument(e.to_string()))?,
+                MimdPacer::new(
+                    4,
+                    PACER_MAX_WINDOW.min(layout.cq_entries).max(4),
+                    PACER_TARGET_DEPTH,
+                )
+                .map_err(|e| GuestError::BadArgument(e.to_string()))?,
             ),
             max_depth: AtomicU32::new(0),
             reaped_cv: Condvar::new(),
@@ -379,10 +386,15 @@ impl Connection {
         if let Ok(batch) = &result {
             self.completed
                 .fetch_add(batch.len() as u64, Ordering::SeqCst);
-            let mut pacer = self.pacer.lock().unwrap_or_else(|p| p.into_inner());
+            // One MIMD step per reaping round, driven by the deepest queue it reported.
+            if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
+                self.pacer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .on_feedback(depth);
+                self.max_depth.fetch_max(depth, Ordering::Relaxed);
+            }
             for c in batch {
-                pacer.on_feedback(c.queue_depth);
-                self.max_depth.fetch_max(c.queue_depth, Ordering::Relaxed);
                 if r.detached.remove(&c.seq) {
                     if c.status != Status::Ok as u32 {
                         let st = Status::from_u32(c.status).unwrap_or(Status::Internal);

@@ -34,6 +34,8 @@ pub struct DaemonConfig {
     pub guest_mem_limit: u64,
     /// Spin iterations before sleeping on a doorbell.
     pub spins: u32,
+    /// Tuning of the prefetch engine.
+    pub prefetch: virtsoc_prefetch::Config,
 }
 
 impl Default for DaemonConfig {
@@ -44,6 +46,7 @@ impl Default for DaemonConfig {
             max_window: 1 << 30,
             guest_mem_limit: 4 << 30,
             spins: 4096,
+            prefetch: virtsoc_prefetch::Config::default(),
         }
     }
 }
@@ -71,7 +74,7 @@ impl Daemon {
             .into_iter()
             .map(|(id, d)| (id, topo.add_device_domain(d.name()), d))
             .collect();
-        let svm = Arc::new(SvmManager::new(topo));
+        let svm = Arc::new(SvmManager::with_prefetch_config(topo, cfg.prefetch));
         let devices = Arc::new(DeviceSet::start(svm.clone(), with_domains));
         Ok(Arc::new(Daemon {
             cfg,

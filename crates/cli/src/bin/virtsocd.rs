@@ -24,6 +24,13 @@ struct Args {
     /// Host and device memory one guest's regions may hold, in bytes.
     #[arg(long, default_value_t = 4 << 30)]
     guest_mem_limit: u64,
+    /// Prefetch: suspend a flow while its link's bandwidth is under this fraction of the
+    /// best seen (0 disables the rule).
+    #[arg(long, default_value_t = 0.5)]
+    prefetch_bandwidth_floor: f64,
+    /// Prefetch: suspend a flow after this many consecutive mispredictions (0 disables).
+    #[arg(long, default_value_t = 3)]
+    prefetch_max_misses: u32,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -54,6 +61,16 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         max_window: args.max_window,
         guest_mem_limit: args.guest_mem_limit,
         spins: args.spins,
+        prefetch: {
+            let cfg = virtsoc_prefetch::Config {
+                bandwidth_floor: args.prefetch_bandwidth_floor,
+                max_consecutive_misses: args.prefetch_max_misses,
+                ..virtsoc_prefetch::Config::default()
+            };
+            cfg.validate()
+                .map_err(|e| virtsoc_host::HostError::Config(e.to_string()))?;
+            cfg
+        },
     })?;
     if args.print_ready {
         use std::io::Write;
