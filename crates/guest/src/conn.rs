@@ -15,12 +15,16 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use std::net::TcpStream;
 use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
 use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET};
-use virtsoc_proto::ring::{guest_rings, Doorbell, FutexDoorbell, RingConsumer, RingProducer};
+use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
+use virtsoc_proto::ring::FutexDoorbell;
+use virtsoc_proto::WindowLayout;
+
+use crate::link::{GuestLink, ShmLink, StreamLink};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 
@@ -142,23 +146,18 @@ impl Counters {
     }
 }
 
-struct Submit {
-    sq: RingProducer<Request>,
-    next_seq: u64,
-}
-
 /// A connection to the daemon. Cheap to share between threads (`&Connection` is `Sync`).
 pub struct Connection {
-    sock: UnixStream,
+    link: Box<dyn GuestLink>,
     window: Arc<SharedWindow>,
     guest_id: u64,
     coherence: String,
-    submit: Mutex<Submit>,
-    cq: Mutex<RingConsumer<Completion>>,
+    next_seq: AtomicU64,
     reaped: Mutex<Reaped>,
     reaped_cv: Condvar,
-    host_bell: FutexDoorbell,
-    guest_bell: FutexDoorbell,
+    /// Window offset of each region's replica, from CPU begin_access (remote guests copy
+    /// their writes from there into the stream).
+    cpu_offsets: Mutex<HashMap<u64, u64>>,
     regions: Mutex<HashMap<u64, RegionInfo>>,
     closed: AtomicBool,
     submitted: AtomicU64,
@@ -173,14 +172,24 @@ unsafe impl Send for Connection {}
 unsafe impl Sync for Connection {}
 
 impl Connection {
-    /// Connects to the daemon listening on the Unix socket `path`.
-    pub fn connect(path: impl AsRef<Path>, opts: &ConnectOptions) -> Result<Self> {
-        let path = path.as_ref();
-        let sock = UnixStream::connect(path).map_err(|source| GuestError::Connect {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let hello = Hello {
+    /// Connects to the daemon named by `target`: `tcp:HOST:PORT` (remote guest), `vm` or
+    /// `vm:PORT_NAME` (inside a VM: ivshmem window and virtio-serial doorbells), or a Unix
+    /// socket path (process guest, optionally written `unix:PATH`).
+    pub fn open(target: &str, opts: &ConnectOptions) -> Result<Self> {
+        if let Some(addr) = target.strip_prefix("tcp:") {
+            Self::connect_tcp(addr, opts)
+        } else if target == "vm" || target.starts_with("vm:") {
+            let port = target
+                .strip_prefix("vm:")
+                .unwrap_or(crate::vm::DEFAULT_PORT);
+            crate::vm::connect(port, opts)
+        } else {
+            Self::connect(target.strip_prefix("unix:").unwrap_or(target), opts)
+        }
+    }
+
+    pub(crate) fn hello_for(opts: &ConnectOptions) -> Hello {
+        Hello {
             protocol: PROTOCOL_VERSION,
             name: opts.name.clone(),
             window_size: opts.window_size,
@@ -188,49 +197,96 @@ impl Connection {
             cq_entries: opts.cq_entries,
             token: opts.token.clone(),
             coherence: opts.coherence.clone(),
-        };
-        send_json(&sock, &hello, None)?;
-        let (reply, fd): (Reply, _) = recv_json(&sock)?;
-        let (guest_id, layout, coherence) = match reply {
+        }
+    }
+
+    pub(crate) fn welcome_of(reply: Reply) -> Result<(u64, WindowLayout, String)> {
+        match reply {
             Reply::Welcome {
                 guest_id,
                 layout,
                 coherence,
-            } => (guest_id, layout, coherence),
-            Reply::Refused { reason } => return Err(GuestError::Refused(reason)),
-        };
+            } => Ok((guest_id, layout, coherence)),
+            Reply::Refused { reason } => Err(GuestError::Refused(reason)),
+        }
+    }
+
+    /// Connects to the daemon listening on the Unix socket `path` (process guest).
+    pub fn connect(path: impl AsRef<Path>, opts: &ConnectOptions) -> Result<Self> {
+        let path = path.as_ref();
+        let sock = UnixStream::connect(path).map_err(|source| GuestError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        send_json(&sock, &Self::hello_for(opts), None)?;
+        let (reply, fd): (Reply, _) = recv_json(&sock)?;
+        let (guest_id, layout, coherence) = Self::welcome_of(reply)?;
         let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
         let window = Arc::new(SharedWindow::map_file(std::fs::File::from(fd), layout)?);
-        let (sq, cq) = guest_rings(&window);
+        let sock = Arc::new(sock);
+        let (s1, s2) = (sock.clone(), sock);
+        let link = ShmLink::new(
+            window.clone(),
+            Box::new(FutexDoorbell::host_bell(&window, opts.spins)),
+            Box::new(FutexDoorbell::guest_bell(&window, opts.spins)),
+            Box::new(move || socket_hung_up(&s1)),
+            Box::new(move || {
+                let _ = s2.shutdown(std::net::Shutdown::Both);
+            }),
+        );
+        Self::with_link(Box::new(link), window, guest_id, coherence)
+    }
+
+    /// Connects to a daemon listening on TCP (remote guest). Bulk data goes in the stream;
+    /// `opts.token` must match the operator's token.
+    pub fn connect_tcp(addr: &str, opts: &ConnectOptions) -> Result<Self> {
+        let sock = TcpStream::connect(addr).map_err(|source| GuestError::Connect {
+            path: addr.to_string(),
+            source,
+        })?;
+        send_json(&sock, &Self::hello_for(opts), None)?;
+        let (reply, _): (Reply, _) = recv_json(&sock)?;
+        let (guest_id, layout, coherence) = Self::welcome_of(reply)?;
+        // A private mirror of the window: CPU pointers point here, bytes travel in the stream.
+        let window = Arc::new(SharedWindow::create_memfd("virtsoc-remote-mirror", layout)?);
+        let link = StreamLink::new(sock, layout.size)?;
+        Self::with_link(Box::new(link), window, guest_id, coherence)
+    }
+
+    pub(crate) fn with_link(
+        link: Box<dyn GuestLink>,
+        window: Arc<SharedWindow>,
+        guest_id: u64,
+        coherence: String,
+    ) -> Result<Self> {
+        let cq_entries = window.layout().cq_entries;
         Ok(Connection {
-            host_bell: FutexDoorbell::host_bell(&window, opts.spins),
-            guest_bell: FutexDoorbell::guest_bell(&window, opts.spins),
-            sock,
+            link,
             window,
             guest_id,
             coherence,
-            submit: Mutex::new(Submit { sq, next_seq: 1 }),
-            cq: Mutex::new(cq),
+            next_seq: AtomicU64::new(1),
             reaped: Mutex::new(Reaped {
                 done: HashMap::new(),
                 reaping: false,
                 detached: HashSet::new(),
                 async_errors: Vec::new(),
             }),
+            reaped_cv: Condvar::new(),
+            cpu_offsets: Mutex::new(HashMap::new()),
+            regions: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
             submitted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             pacer: Mutex::new(
                 MimdPacer::new(
                     4,
-                    PACER_MAX_WINDOW.min(layout.cq_entries).max(4),
+                    PACER_MAX_WINDOW.min(cq_entries).max(4),
                     PACER_TARGET_DEPTH,
                 )
                 .map_err(|e| GuestError::BadArgument(e.to_string()))?,
             ),
             max_depth: AtomicU32::new(0),
-            reaped_cv: Condvar::new(),
-            regions: Mutex::new(HashMap::new()),
-            closed: AtomicBool::new(false),
         })
     }
 
@@ -247,36 +303,6 @@ impl Connection {
     /// The mapped window (for tests and tools that need raw access).
     pub fn window(&self) -> &Arc<SharedWindow> {
         &self.window
-    }
-
-    fn host_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-            || self
-                .window
-                .atomic_u32(CONTROL_OFFSET + ctl::HOST_STATE)
-                .map(|w| w.load(Ordering::SeqCst) != 0)
-                .unwrap_or(true)
-    }
-
-    /// Whether the daemon hung up (non-blocking check of the socket).
-    fn socket_hung_up(&self) -> bool {
-        let mut fds = [rustix::event::PollFd::new(
-            &self.sock,
-            rustix::event::PollFlags::IN | rustix::event::PollFlags::HUP,
-        )];
-        let zero = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        match rustix::event::poll(&mut fds, Some(&zero)) {
-            Ok(0) => false,
-            Ok(_) => {
-                // The daemon sends nothing after the handshake: readable means EOF.
-                let mut b = [0u8; 1];
-                !matches!(rustix::io::read(self.sock.as_fd(), &mut b), Ok(n) if n > 0)
-            }
-            Err(_) => true,
-        }
     }
 
     /// Puts a request on the submission ring; returns its sequence number. Blocks (reaping
@@ -329,39 +355,49 @@ impl Connection {
         args: [u64; 6],
         detached: bool,
     ) -> Result<u64> {
+        self.submit_with(opcode, device, args, detached, &[])
+    }
+
+    fn submit_with(
+        &self,
+        opcode: Opcode,
+        device: DeviceId,
+        args: [u64; 6],
+        detached: bool,
+        payload: &[u8],
+    ) -> Result<u64> {
         loop {
-            if self.host_closed() {
+            if self.closed.load(Ordering::SeqCst) {
                 return Err(GuestError::Closed);
             }
             if self.in_flight() >= self.pacing_window() as u64 {
                 self.reap_once(Some(LIVENESS_CHECK))?;
                 continue;
             }
-            {
-                let mut s = self.submit.lock().unwrap_or_else(|p| p.into_inner());
-                let seq = s.next_seq;
-                if detached {
-                    self.reaped
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .detached
-                        .insert(seq);
-                }
-                if s.sq.push(Request::new(seq, opcode, device, args))? {
-                    s.next_seq += 1;
-                    self.submitted.fetch_add(1, Ordering::SeqCst);
-                    drop(s);
-                    self.host_bell.notify();
-                    return Ok(seq);
-                }
-                if detached {
-                    self.reaped
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .detached
-                        .remove(&seq);
-                }
+            let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
+            if detached {
+                self.reaped
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .detached
+                    .insert(seq);
             }
+            self.submitted.fetch_add(1, Ordering::SeqCst);
+            let pushed = self
+                .link
+                .push(&Request::new(seq, opcode, device, args), payload);
+            if matches!(pushed, Ok(true)) {
+                return Ok(seq);
+            }
+            self.submitted.fetch_sub(1, Ordering::SeqCst);
+            if detached {
+                self.reaped
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .detached
+                    .remove(&seq);
+            }
+            pushed?;
             // Ring full: the host is behind. Help by reaping completions, then retry.
             self.reap_once(Some(LIVENESS_CHECK))?;
         }
@@ -410,21 +446,17 @@ impl Connection {
     }
 
     fn reap_as_reaper(&self, timeout: Option<Duration>) -> Result<Vec<Completion>> {
-        let mut cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
-        let woke = self.guest_bell.wait(
-            &mut || self.host_closed() || cq.available().map(|n| n > 0).unwrap_or(true),
-            Some(timeout.unwrap_or(LIVENESS_CHECK)),
-        );
-        let mut batch = Vec::new();
-        while let Some(c) = cq.pop()? {
-            batch.push(c);
-        }
-        if !batch.is_empty() {
-            // Completion slots were freed: the host may be waiting for them.
-            self.host_bell.notify();
-        } else if self.host_closed() || (!woke && self.socket_hung_up()) {
+        let arrived = self.link.reap(timeout.unwrap_or(LIVENESS_CHECK));
+        if arrived.is_err() {
             self.closed.store(true, Ordering::SeqCst);
-            return Err(GuestError::Closed);
+        }
+        let mut batch = Vec::new();
+        for (c, payload) in arrived? {
+            if !payload.is_empty() {
+                // A remote CPU read: the bytes of the range, for the mirror window.
+                self.window.copy_in(c.values[0], &payload)?;
+            }
+            batch.push(c);
         }
         Ok(batch)
     }
@@ -445,6 +477,10 @@ impl Connection {
     /// Submits a request, waits for it, and turns an error status into an error.
     pub fn call(&self, opcode: Opcode, device: DeviceId, args: [u64; 6]) -> Result<[u64; 6]> {
         let seq = self.submit(opcode, device, args)?;
+        self.finish(opcode, seq)
+    }
+
+    fn finish(&self, opcode: Opcode, seq: u64) -> Result<[u64; 6]> {
         let c = self.wait(seq)?;
         match Status::from_u32(c.status) {
             Some(Status::Ok) => Ok(c.values),
@@ -545,6 +581,10 @@ impl Connection {
             [id, offset, len, mode as u64, 0, 0],
         )?;
         let ptr = if device == DeviceId::CPU {
+            self.cpu_offsets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, v[0].wrapping_sub(offset));
             self.window.check(v[0], len).map_err(|_| {
                 GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
                     "host returned a window offset outside the window",
@@ -574,11 +614,30 @@ impl Connection {
         len: u64,
         mode: AccessMode,
     ) -> Result<Access> {
-        let v = self.call(
+        let payload = if device == DeviceId::CPU && mode.writes() && !self.link.shares_window() {
+            let base = self
+                .cpu_offsets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .copied()
+                .ok_or_else(|| GuestError::BadArgument("end_access without begin_access".into()))?;
+            let n = usize::try_from(len).map_err(|_| GuestError::BadArgument("length".into()))?;
+            let mut bytes = vec![0u8; n];
+            self.window
+                .copy_out(base.wrapping_add(offset), &mut bytes)?;
+            bytes
+        } else {
+            Vec::new()
+        };
+        let seq = self.submit_with(
             Opcode::EndAccess,
             device,
             [id, offset, len, mode as u64, 0, 0],
+            false,
+            &payload,
         )?;
+        let v = self.finish(Opcode::EndAccess, seq)?;
         let compensation = Duration::from_nanos(v[3]).min(MAX_COMPENSATION);
         if !compensation.is_zero() {
             std::thread::sleep(compensation);
@@ -652,7 +711,7 @@ impl Connection {
     /// round trip only for fences beyond the page).
     pub fn fence_signaled(&self, f: Fence) -> Result<bool> {
         let id = FenceId::from_u64(f.0);
-        if id.index < PAGE_SLOTS {
+        if id.index < PAGE_SLOTS && self.link.shares_window() {
             let word = self
                 .window
                 .atomic_u32(FENCE_PAGE_OFFSET + slot_offset(id.index) as u64)?
@@ -665,22 +724,41 @@ impl Connection {
     /// Hangs up. The daemon releases everything this guest held.
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.link.close();
     }
 
     /// Submits a raw request without waiting (for protocol tests).
     pub fn submit_raw(&self, req: Request) -> Result<()> {
-        let mut s = self.submit.lock().unwrap_or_else(|p| p.into_inner());
-        if !s.sq.push(req)? {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        if !self.link.push(&req, &[])? {
+            self.submitted.fetch_sub(1, Ordering::SeqCst);
             return Err(GuestError::Status {
                 op: Opcode::Nop,
                 status: Status::Busy,
             });
         }
-        self.submitted.fetch_add(1, Ordering::SeqCst);
-        drop(s);
-        self.host_bell.notify();
         Ok(())
+    }
+}
+
+/// Whether the daemon hung up (non-blocking check of the socket).
+fn socket_hung_up(sock: &UnixStream) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        sock,
+        rustix::event::PollFlags::IN | rustix::event::PollFlags::HUP,
+    )];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match rustix::event::poll(&mut fds, Some(&zero)) {
+        Ok(0) => false,
+        Ok(_) => {
+            // The daemon sends nothing after the handshake: readable means EOF.
+            let mut b = [0u8; 1];
+            !matches!(rustix::io::read(sock.as_fd(), &mut b), Ok(n) if n > 0)
+        }
+        Err(_) => true,
     }
 }
 

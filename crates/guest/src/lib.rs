@@ -10,6 +10,8 @@
 
 pub mod capi;
 pub mod conn;
+mod link;
+pub mod vm;
 
 pub use conn::{Access, ConnectOptions, Connection, Counters, Fence, RegionInfo};
 pub use virtsoc_proto::wire::{testdev, usage, Format};
@@ -20,6 +22,8 @@ pub use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Status};
 pub enum GuestError {
     #[error("invalid argument: {0}")]
     BadArgument(String),
+    #[error("i/o: {0}")]
+    Io(std::io::Error),
     #[error("the daemon closed the connection")]
     Closed,
     #[error("cannot connect to {path}: {source}")]
@@ -43,7 +47,7 @@ impl GuestError {
             GuestError::Closed | GuestError::Connect { .. } | GuestError::Refused(_) => {
                 Status::Closed
             }
-            GuestError::Proto(_) => Status::Internal,
+            GuestError::Proto(_) | GuestError::Io(_) => Status::Internal,
             GuestError::Status { status, .. } => *status,
         }
     }

@@ -5,7 +5,8 @@
 //! - [`wire`]: the fixed-size ring entries, opcodes, access modes and status codes;
 //! - [`window`]: bounds-checked access to a mapped window (vm-memory over a memfd or a PCI BAR);
 //! - [`ring`]: the lock-free single-producer/single-consumer rings and their doorbells;
-//! - [`handshake`]: the connection handshake and file-descriptor passing on the Unix socket.
+//! - [`handshake`]: the connection handshake and file-descriptor passing on the Unix socket;
+//! - [`stream`]: ring entries as frames on a byte stream, for remote (TCP) guests.
 //!
 //! Nothing here trusts the peer: every index, offset and length read from the window is checked
 //! and a violation is a [`ProtoError`], never a panic.
@@ -13,6 +14,7 @@
 pub mod handshake;
 pub mod layout;
 pub mod ring;
+pub mod stream;
 pub mod window;
 pub mod wire;
 
