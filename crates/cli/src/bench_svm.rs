@@ -123,7 +123,7 @@ pub fn slack_for(p: SlackPattern, base: Duration, i: usize, rng: &mut SplitMix) 
 }
 
 /// Runs the benchmark for every protocol and ordering against the daemon at `socket`.
-pub fn run(socket: &std::path::Path, p: &SvmBenchParams) -> Result<SvmBenchReport, CliError> {
+pub fn run(socket: &str, p: &SvmBenchParams) -> Result<SvmBenchReport, CliError> {
     if p.frames == 0 || p.buffers == 0 || p.size == 0 {
         return Err(CliError::Usage(
             "frames, buffers and size must be positive".into(),
@@ -173,7 +173,7 @@ fn alloc_ring(conn: &Connection, p: &SvmBenchParams) -> Result<Vec<u64>, CliErro
 }
 
 fn run_one(
-    socket: &std::path::Path,
+    socket: &str,
     proto: &str,
     ordering: OrderingMode,
     p: &SvmBenchParams,
@@ -186,7 +186,7 @@ fn run_one(
         window_size: 2 * ring_bytes + (64 << 20),
         ..ConnectOptions::default()
     };
-    let conn = Connection::connect(socket, &opts)?;
+    let conn = Connection::open(socket, &opts)?;
     let mut ring = alloc_ring(&conn, p)?;
     let mut rng = SplitMix(0x5eed);
     let mut latency_us = Vec::new();

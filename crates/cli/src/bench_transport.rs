@@ -5,7 +5,8 @@
 //! round trip, and `size` bytes from this process into the peer's memory for bandwidth (for
 //! the ring: a CPU write into the window plus the host pulling it into a device's memory; for
 //! sockets: a write and the peer reading it into a buffer). The socket peers are threads of
-//! this process on the other core; the ring's peer is the daemon process.
+//! this process on the other core; the daemon's channels (shared rings for process guests,
+//! frames on TCP for remote guests) go to the daemon process.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,6 +16,7 @@ use std::time::Instant;
 use serde::Serialize;
 use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 
+use crate::daemon_proc::Endpoint;
 use crate::stats::{percentile, P50P99};
 use crate::CliError;
 
@@ -36,16 +38,33 @@ pub struct TransportReport {
 
 /// Runs all channels.
 pub fn run(
-    socket: &std::path::Path,
+    endpoint: &Endpoint,
     round_trips: usize,
     size: u64,
     reps: usize,
 ) -> Result<TransportReport, CliError> {
-    let channels = vec![
-        ring(socket, round_trips, size, reps)?,
+    let mut channels = vec![ring(
+        "shm-ring (process guest)",
+        &endpoint.target,
+        None,
+        round_trips,
+        size,
+        reps,
+    )?];
+    if let Some((addr, token)) = &endpoint.remote {
+        channels.push(ring(
+            "virtsoc over TCP (remote guest)",
+            &format!("tcp:{addr}"),
+            Some(token.clone()),
+            round_trips,
+            size,
+            reps,
+        )?);
+    }
+    channels.extend([
         stream_channel("unix-socket", round_trips, size, reps, unix_pair)?,
         stream_channel("tcp-loopback", round_trips, size, reps, tcp_pair)?,
-    ];
+    ]);
     Ok(TransportReport {
         round_trips,
         bulk_bytes: size,
@@ -53,21 +72,26 @@ pub fn run(
     })
 }
 
-fn ring(
-    socket: &std::path::Path,
+/// The daemon's own channel: a NOP round trip, and a CPU write of `size` bytes that a
+/// device then reads (the host pulls the bytes out of the window, or off the stream).
+pub fn ring(
+    name: &str,
+    target: &str,
+    token: Option<String>,
     round_trips: usize,
     size: u64,
     reps: usize,
 ) -> Result<ChannelResult, CliError> {
-    let conn = Connection::connect(
-        socket,
-        &ConnectOptions {
-            name: "bench-transport".into(),
-            coherence: Some("write-invalidate".into()),
-            window_size: size + (64 << 20),
-            ..ConnectOptions::default()
-        },
-    )?;
+    let mut opts = ConnectOptions {
+        name: "bench-transport".into(),
+        coherence: Some("write-invalidate".into()),
+        window_size: size + (64 << 20),
+        ..ConnectOptions::default()
+    };
+    if token.is_some() {
+        opts.token = token;
+    }
+    let conn = Connection::open(target, &opts)?;
     for _ in 0..round_trips / 10 {
         conn.nop()?;
     }
@@ -97,7 +121,7 @@ fn ring(
     }
     conn.free(id)?;
     Ok(ChannelResult {
-        channel: "shm-ring (process guest)".into(),
+        channel: name.into(),
         rtt_us: P50P99::of(&rtt),
         bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
     })
@@ -205,12 +229,12 @@ pub fn print_table(r: &TransportReport) {
         r.round_trips, r.bulk_bytes
     );
     println!(
-        "{:<26} {:>11} {:>11} {:>12}",
+        "{:<32} {:>11} {:>11} {:>12}",
         "channel", "rtt p50 us", "rtt p99 us", "bulk GB/s"
     );
     for c in &r.channels {
         println!(
-            "{:<26} {:>11.2} {:>11.2} {:>12.3}",
+            "{:<32} {:>11.2} {:>11.2} {:>12.3}",
             c.channel, c.rtt_us.p50, c.rtt_us.p99, c.bandwidth_gbps
         );
     }

@@ -11,6 +11,17 @@ use crate::CliError;
 pub struct DaemonProcess {
     child: Child,
     socket: PathBuf,
+    remote: Option<(String, String)>,
+    token_file: Option<PathBuf>,
+}
+
+/// Where guests reach a daemon.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// What `Connection::open` takes: a socket path, `tcp:HOST:PORT` or `vm`.
+    pub target: String,
+    /// The daemon's TCP address and token, when it also serves remote guests.
+    pub remote: Option<(String, String)>,
 }
 
 /// Path of the `virtsocd` binary: next to the running executable (or one level up, for test
@@ -33,8 +44,9 @@ pub fn virtsocd_path() -> Result<PathBuf, CliError> {
 }
 
 impl DaemonProcess {
-    /// Starts `virtsocd --socket <fresh path> <extra>` and waits until it accepts.
-    pub fn spawn(extra: &[&str]) -> Result<Self, CliError> {
+    /// Starts `virtsocd --socket <fresh path> <extra>` and waits until it accepts; with
+    /// `remote`, it also listens on TCP loopback with a fresh token.
+    pub fn spawn(extra: &[&str], remote: bool) -> Result<Self, CliError> {
         let socket = std::env::temp_dir().join(format!(
             "virtsoc-{}-{}.sock",
             std::process::id(),
@@ -45,16 +57,40 @@ impl DaemonProcess {
             .arg(&socket)
             .arg("--print-ready")
             .args(extra);
+        let token = format!("{:032x}", rand_nonce() ^ (rand_nonce() << 64));
+        let token_file = if remote {
+            let f = socket.with_extension("token");
+            std::fs::write(&f, format!("{token}\n"))?;
+            cmd.arg("--listen")
+                .arg("127.0.0.1:0")
+                .arg("--token-file")
+                .arg(&f);
+            Some(f)
+        } else {
+            None
+        };
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "warn");
         }
         let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).spawn()?;
         // The daemon prints one line once it listens; EOF first means it failed to start.
         let mut line = String::new();
+        let mut remote_addr = None;
         if let Some(out) = child.stdout.take() {
-            BufReader::new(out).read_line(&mut line)?;
+            let mut r = BufReader::new(out);
+            r.read_line(&mut line)?;
+            if let Some(a) = line.strip_prefix("LISTEN ") {
+                remote_addr = Some(a.trim().to_string());
+                line.clear();
+                r.read_line(&mut line)?;
+            }
         }
-        let d = DaemonProcess { child, socket };
+        let d = DaemonProcess {
+            child,
+            socket,
+            remote: remote_addr.map(|a| (a, token)),
+            token_file,
+        };
         if !line.starts_with("READY") {
             return Err(CliError::Usage(format!(
                 "virtsocd did not start listening on {}",
@@ -64,9 +100,12 @@ impl DaemonProcess {
         Ok(d)
     }
 
-    /// The socket guests connect to.
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    /// Where guests reach this daemon.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            target: self.socket.display().to_string(),
+            remote: self.remote.clone(),
+        }
     }
 
     /// Whether the daemon is still running.
@@ -98,5 +137,8 @@ impl Drop for DaemonProcess {
             let _ = self.terminate();
         }
         let _ = std::fs::remove_file(&self.socket);
+        if let Some(f) = &self.token_file {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }

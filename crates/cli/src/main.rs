@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use daemon_proc::DaemonProcess;
+use daemon_proc::{DaemonProcess, Endpoint};
 use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
 
 /// Errors of the command line tool.
@@ -49,8 +49,10 @@ enum Cmd {
     },
     /// The main job: transport and SVM benchmarks side by side.
     Demo {
+        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+        /// default: start one.
         #[arg(long)]
-        socket: Option<PathBuf>,
+        socket: Option<String>,
         /// Frames per protocol.
         #[arg(long, default_value_t = 120)]
         frames: usize,
@@ -67,8 +69,10 @@ enum Cmd {
 enum BenchCmd {
     /// Round-trip latency and bandwidth of the ring channel, a Unix socket and TCP loopback.
     Transport {
+        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+        /// default: start one.
         #[arg(long)]
-        socket: Option<PathBuf>,
+        socket: Option<String>,
         #[arg(long, default_value_t = 5000)]
         round_trips: usize,
         #[arg(long, default_value_t = 16_588_800)]
@@ -80,8 +84,10 @@ enum BenchCmd {
     },
     /// The SVM microbenchmark: producer -> consumer over a ring of buffers, per protocol.
     Svm {
+        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+        /// default: start one.
         #[arg(long)]
-        socket: Option<PathBuf>,
+        socket: Option<String>,
         /// Comma-separated coherence protocols.
         #[arg(
             long,
@@ -129,7 +135,7 @@ enum DebugCmd {
     /// Allocates and fills regions, prints READY, then waits to be killed.
     Hold {
         #[arg(long)]
-        socket: PathBuf,
+        socket: String,
         #[arg(long, default_value_t = 4)]
         regions: usize,
         #[arg(long, default_value_t = 1 << 20)]
@@ -145,16 +151,21 @@ fn main() {
     }
 }
 
-/// Runs `f` against `socket`, or against a daemon started for the purpose.
+/// Runs `f` against `socket`, or against a daemon started for the purpose (which also
+/// serves remote guests on loopback when `remote`).
 fn with_daemon<T>(
-    socket: Option<PathBuf>,
-    f: impl FnOnce(&std::path::Path) -> Result<T, CliError>,
+    socket: Option<String>,
+    remote: bool,
+    f: impl FnOnce(&Endpoint) -> Result<T, CliError>,
 ) -> Result<T, CliError> {
     match socket {
-        Some(s) => f(&s),
+        Some(s) => f(&Endpoint {
+            target: s,
+            remote: None,
+        }),
         None => {
-            let d = DaemonProcess::spawn(&[])?;
-            let r = f(d.socket());
+            let d = DaemonProcess::spawn(&[], remote)?;
+            let r = f(&d.endpoint());
             d.stop()?;
             r
         }
@@ -173,7 +184,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     json,
                 },
         } => {
-            let r = with_daemon(socket, |s| bench_transport::run(s, round_trips, size, reps))?;
+            let r = with_daemon(socket, true, |e| {
+                bench_transport::run(e, round_trips, size, reps)
+            })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -216,8 +229,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let r = match trace {
                 Some(path) => {
                     let events = trace::parse(&std::fs::read_to_string(&path)?)?;
-                    let results =
-                        with_daemon(socket, |s| trace::replay(s, &params.protocols, &events))?;
+                    let results = with_daemon(socket, false, |e| {
+                        trace::replay(&e.target, &params.protocols, &events)
+                    })?;
                     bench_svm::SvmBenchReport {
                         size: 0,
                         slack_ms: 0.0,
@@ -229,7 +243,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                         protocols: results,
                     }
                 }
-                None => with_daemon(socket, |s| bench_svm::run(s, &params))?,
+                None => with_daemon(socket, false, |e| bench_svm::run(&e.target, &params))?,
             };
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -241,8 +255,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Cmd::Demo { socket, frames } => {
-            with_daemon(socket, |s| {
-                let t = bench_transport::run(s, 2000, 16_588_800, 10)?;
+            with_daemon(socket, true, |e| {
+                let t = bench_transport::run(e, 2000, 16_588_800, 10)?;
                 bench_transport::print_table(&t);
                 println!();
                 let params = bench_svm::SvmBenchParams {
@@ -264,7 +278,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     readers: 1,
                     switch_every: None,
                 };
-                let r = bench_svm::run(s, &params)?;
+                let r = bench_svm::run(&e.target, &params)?;
                 bench_svm::print_table(&r);
                 Ok(())
             })?;
@@ -277,7 +291,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     size,
                 },
         } => {
-            let conn = Connection::connect(&socket, &ConnectOptions::default())?;
+            let conn = Connection::open(&socket, &ConnectOptions::default())?;
             for i in 0..regions {
                 let id = conn.alloc_blob(size)?.id;
                 conn.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)?;

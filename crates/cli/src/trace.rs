@@ -23,7 +23,6 @@
 //! Real traces (from an instrumented gralloc, say) map their devices onto these four.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
@@ -110,7 +109,7 @@ pub fn parse(text: &str) -> Result<Vec<TraceEvent>, CliError> {
 
 /// Replays `events` once per protocol (atomic ordering) and reports like the synthetic runs.
 pub fn replay(
-    socket: &Path,
+    socket: &str,
     protocols: &[String],
     events: &[TraceEvent],
 ) -> Result<Vec<ProtocolResult>, CliError> {
@@ -127,7 +126,7 @@ struct Live {
 }
 
 fn replay_one(
-    socket: &Path,
+    socket: &str,
     proto: &str,
     events: &[TraceEvent],
 ) -> Result<ProtocolResult, CliError> {
@@ -138,7 +137,7 @@ fn replay_one(
             _ => None,
         })
         .sum();
-    let conn = Connection::connect(
+    let conn = Connection::open(
         socket,
         &ConnectOptions {
             name: format!("trace-{proto}"),

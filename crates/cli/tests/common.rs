@@ -13,6 +13,8 @@ pub struct Daemon {
     pub child: Child,
     pub socket: PathBuf,
     pub log: Receiver<String>,
+    /// TCP address, when started with `--listen`.
+    pub tcp: Option<String>,
 }
 
 static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -34,9 +36,14 @@ impl Daemon {
             .spawn()
             .expect("start virtsocd");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut line).unwrap();
+        let mut tcp = None;
+        if let Some(a) = line.strip_prefix("LISTEN ") {
+            tcp = Some(a.trim().to_string());
+            line.clear();
+            out.read_line(&mut line).unwrap();
+        }
         assert!(line.starts_with("READY"), "daemon did not start: {line:?}");
         let (tx, log) = channel();
         let err = child.stderr.take().unwrap();
@@ -48,7 +55,12 @@ impl Daemon {
                 }
             }
         });
-        Daemon { child, socket, log }
+        Daemon {
+            child,
+            socket,
+            log,
+            tcp,
+        }
     }
 
     pub fn socket(&self) -> &Path {

@@ -53,7 +53,7 @@ pub struct ConnectOptions {
     pub cq_entries: u32,
     /// Coherence protocol for this guest's regions (`None`: the daemon's default).
     pub coherence: Option<String>,
-    /// Credential for remote transports.
+    /// Credential for remote transports (default: `$VIRTSOC_TOKEN`).
     pub token: Option<String>,
     /// Spin iterations before sleeping on the doorbell.
     pub spins: u32,
@@ -67,7 +67,7 @@ impl Default for ConnectOptions {
             sq_entries: 256,
             cq_entries: 256,
             coherence: None,
-            token: None,
+            token: std::env::var("VIRTSOC_TOKEN").ok(),
             spins: 4096,
         }
     }

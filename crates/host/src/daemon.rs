@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,11 +14,13 @@ use std::time::Duration;
 use rustix::event::{poll, PollFd, PollFlags};
 use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::PAGE;
+use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
 use virtsoc_svm::{DomainId, ProtocolKind, SvmManager, Topology};
 
 use crate::device::testdev::{Consumer, Producer};
 use crate::device::{Device, DeviceSet};
+use crate::link::{ShmLink, StreamLink};
 use crate::session::Session;
 use crate::{HostError, Result};
 
@@ -36,6 +39,8 @@ pub struct DaemonConfig {
     pub spins: u32,
     /// Tuning of the prefetch engine.
     pub prefetch: virtsoc_prefetch::Config,
+    /// Token remote (TCP) guests must present; TCP is refused without one.
+    pub token: Option<String>,
 }
 
 impl Default for DaemonConfig {
@@ -47,6 +52,7 @@ impl Default for DaemonConfig {
             guest_mem_limit: 4 << 30,
             spins: 4096,
             prefetch: virtsoc_prefetch::Config::default(),
+            token: None,
         }
     }
 }
@@ -101,40 +107,58 @@ impl Daemon {
         self.sessions.lock().map(|s| s.len()).unwrap_or(0)
     }
 
-    /// Accepts guests until `stop` becomes readable, then closes every session.
-    pub fn serve(self: &Arc<Self>, listener: UnixListener, stop: OwnedFd) -> Result<()> {
+    /// Accepts guests on the Unix socket (and on `tcp`, for remote guests) until `stop`
+    /// becomes readable, then closes every session.
+    pub fn serve(
+        self: &Arc<Self>,
+        listener: UnixListener,
+        tcp: Option<TcpListener>,
+        stop: OwnedFd,
+    ) -> Result<()> {
         listener.set_nonblocking(true)?;
+        if let Some(t) = &tcp {
+            if self.cfg.token.is_none() {
+                return Err(HostError::Config(
+                    "remote guests need a token: give --token-file".into(),
+                ));
+            }
+            t.set_nonblocking(true)?;
+            log::info!("virtsocd accepting remote guests on {}", t.local_addr()?);
+        }
         log::info!(
             "virtsocd listening on {} (default coherence {})",
             self.cfg.socket.display(),
             self.cfg.protocol
         );
         loop {
-            let mut fds = [
-                PollFd::new(&listener, PollFlags::IN),
+            let mut fds = vec![
                 PollFd::new(&stop, PollFlags::IN),
+                PollFd::new(&listener, PollFlags::IN),
             ];
+            if let Some(t) = &tcp {
+                fds.push(PollFd::new(t, PollFlags::IN));
+            }
             match poll(&mut fds, None) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(HostError::Io(e.into())),
             }
-            if !fds[1].revents().is_empty() {
+            if !fds[0].revents().is_empty() {
                 break;
             }
-            loop {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        let me = self.clone();
-                        std::thread::Builder::new()
-                            .name("guest-conn".into())
-                            .spawn(move || me.connection(stream))?;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        log::warn!("accept: {e}");
-                        break;
-                    }
+            drop(fds);
+            while let Ok((stream, _)) = listener.accept() {
+                let me = self.clone();
+                std::thread::Builder::new()
+                    .name("guest-conn".into())
+                    .spawn(move || me.unix_connection(stream))?;
+            }
+            if let Some(t) = &tcp {
+                while let Ok((stream, peer)) = t.accept() {
+                    let me = self.clone();
+                    std::thread::Builder::new()
+                        .name("remote-conn".into())
+                        .spawn(move || me.tcp_connection(stream, peer))?;
                 }
             }
         }
@@ -166,69 +190,95 @@ impl Daemon {
         log::info!("virtsocd stopped");
     }
 
-    fn refuse(stream: &UnixStream, reason: String) {
+    fn refuse(stream: &impl AsFd, reason: String) {
         log::warn!("refusing guest: {reason}");
         let _ = send_json(stream, &Reply::Refused { reason }, None);
     }
 
-    /// Handshake, then watch the socket until the guest hangs up.
-    fn connection(self: Arc<Self>, mut stream: UnixStream) {
-        let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
-        let hello: Hello = match recv_json(&stream) {
-            Ok((h, _)) => h,
-            Err(e) => return Self::refuse(&stream, format!("bad hello: {e}")),
-        };
-        let _ = stream.set_read_timeout(None);
+    /// Checks a hello and sets up the guest: its window and its SVM state. Nothing is
+    /// allocated for a hello that fails the checks.
+    fn admit(&self, hello: &Hello) -> std::result::Result<Admitted, String> {
         if hello.protocol != PROTOCOL_VERSION {
-            return Self::refuse(
-                &stream,
-                format!(
-                    "protocol {} not supported (daemon speaks {PROTOCOL_VERSION})",
-                    hello.protocol
-                ),
-            );
+            return Err(format!(
+                "protocol {} not supported (daemon speaks {PROTOCOL_VERSION})",
+                hello.protocol
+            ));
         }
         let kind = match hello.coherence.as_deref().map(str::parse::<ProtocolKind>) {
             None => self.cfg.protocol,
             Some(Ok(k)) => k,
-            Some(Err(e)) => return Self::refuse(&stream, e.to_string()),
+            Some(Err(e)) => return Err(e.to_string()),
         };
-        let protocol = self.svm.protocol(kind);
         let entries = |n: u32| n.clamp(8, 4096).next_power_of_two();
         let size = hello
             .window_size
             .clamp(1 << 20, self.cfg.max_window)
             .div_ceil(PAGE)
             * PAGE;
-        let layout =
-            match WindowLayout::new(size, entries(hello.sq_entries), entries(hello.cq_entries)) {
-                Ok(l) => l,
-                Err(e) => return Self::refuse(&stream, e.to_string()),
-            };
+        let layout = WindowLayout::new(size, entries(hello.sq_entries), entries(hello.cq_entries))
+            .map_err(|e| e.to_string())?;
         let guest_id = self.next_guest.fetch_add(1, Ordering::Relaxed);
-        let window = match SharedWindow::create_memfd(&format!("virtsoc-guest-{guest_id}"), layout)
-        {
-            Ok(w) => Arc::new(w),
-            Err(e) => return Self::refuse(&stream, format!("cannot create window: {e}")),
-        };
-        if let Err(e) =
-            self.svm
-                .attach_guest(guest_id, window.clone(), protocol, self.cfg.guest_mem_limit)
-        {
-            return Self::refuse(&stream, e.to_string());
-        }
-        let reply = Reply::Welcome {
+        let window = SharedWindow::create_memfd(&format!("virtsoc-guest-{guest_id}"), layout)
+            .map_err(|e| format!("cannot create window: {e}"))?;
+        let window = Arc::new(window);
+        self.svm
+            .attach_guest(
+                guest_id,
+                window.clone(),
+                self.svm.protocol(kind),
+                self.cfg.guest_mem_limit,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(Admitted {
             guest_id,
             layout,
-            coherence: kind.name().to_string(),
+            window,
+            kind,
+        })
+    }
+
+    fn welcome(a: &Admitted) -> Reply {
+        Reply::Welcome {
+            guest_id: a.guest_id,
+            layout: a.layout,
+            coherence: a.kind.name().to_string(),
+        }
+    }
+
+    fn register(&self, session: &Arc<Session>) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session.guest_id(), session.clone());
+    }
+
+    fn unregister(&self, guest_id: u64) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        sessions.remove(&guest_id);
+        self.sessions_gone.notify_all();
+    }
+
+    /// A process guest: handshake, the window passed as a memfd, futex doorbells; then the
+    /// connection thread watches the socket for the hang-up.
+    fn unix_connection(self: Arc<Self>, mut stream: UnixStream) {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let hello: Hello = match recv_json(&stream) {
+            Ok((h, _)) => h,
+            Err(e) => return Self::refuse(&stream, format!("bad hello: {e}")),
         };
-        if let Err(e) = send_json(&stream, &reply, Some(window.fd())) {
+        let _ = stream.set_read_timeout(None);
+        let a = match self.admit(&hello) {
+            Ok(a) => a,
+            Err(reason) => return Self::refuse(&stream, reason),
+        };
+        let guest_id = a.guest_id;
+        if let Err(e) = send_json(&stream, &Self::welcome(&a), Some(a.window.fd())) {
             log::warn!("guest {guest_id}: handshake failed: {e}");
             self.svm.detach_guest(guest_id);
             return;
         }
-        let sock = match stream.try_clone() {
+        let hangup = match stream.try_clone() {
             Ok(s) => s,
             Err(e) => {
                 log::warn!("guest {guest_id}: {e}");
@@ -236,43 +286,124 @@ impl Daemon {
                 return;
             }
         };
-        let (session, sq) =
-            Session::new(guest_id, hello.name.clone(), window, sock, self.cfg.spins);
-        log::info!(
-            "guest {guest_id} ({}) connected: window {} MiB, coherence {kind}",
-            hello.name,
-            layout.size >> 20
+        let link = ShmLink::new(
+            a.window.clone(),
+            Box::new(FutexDoorbell::host_bell(&a.window, self.cfg.spins)),
+            Box::new(FutexDoorbell::guest_bell(&a.window, self.cfg.spins)),
+            Box::new(move || {
+                let _ = hangup.shutdown(std::net::Shutdown::Both);
+            }),
         );
+        let session = Session::new(
+            guest_id,
+            hello.name.clone(),
+            a.window.clone(),
+            Arc::new(link),
+        );
+        log::info!(
+            "guest {guest_id} ({}) connected: window {} MiB, coherence {}",
+            hello.name,
+            a.layout.size >> 20,
+            a.kind
+        );
+        self.register(&session);
         let runner = {
             let (s, svm, dev) = (session.clone(), self.svm.clone(), self.devices.clone());
             std::thread::Builder::new()
                 .name(format!("guest-{guest_id}"))
-                .spawn(move || s.run(sq, svm, dev))
+                .spawn(move || s.run(svm, dev))
         };
-        let runner = match runner {
-            Ok(h) => h,
+        match runner {
+            Ok(runner) => {
+                // Watch for the hang-up: a crashed guest's socket reads EOF.
+                let mut buf = [0u8; 64];
+                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+                session.close();
+                let _ = runner.join();
+            }
             Err(e) => {
                 log::warn!("guest {guest_id}: cannot start session: {e}");
+                session.close();
+                self.svm.detach_guest(guest_id);
+            }
+        }
+        self.unregister(guest_id);
+    }
+
+    /// A remote guest: the token is checked before anything is allocated; then requests,
+    /// completions and CPU-access bytes travel as frames on the stream.
+    fn tcp_connection(self: Arc<Self>, stream: TcpStream, peer: std::net::SocketAddr) {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let hello: Hello = match recv_json(&stream) {
+            Ok((h, _)) => h,
+            Err(e) => return Self::refuse(&stream, format!("bad hello from {peer}: {e}")),
+        };
+        let authorized = match (&self.cfg.token, &hello.token) {
+            (Some(want), Some(got)) => constant_time_eq(want.as_bytes(), got.as_bytes()),
+            _ => false,
+        };
+        if !authorized {
+            return Self::refuse(
+                &stream,
+                format!("remote guest {peer}: bad or missing token"),
+            );
+        }
+        let _ = stream.set_read_timeout(None);
+        let a = match self.admit(&hello) {
+            Ok(a) => a,
+            Err(reason) => return Self::refuse(&stream, reason),
+        };
+        let guest_id = a.guest_id;
+        let link = match send_json(&stream, &Self::welcome(&a), None)
+            .map_err(|e| e.to_string())
+            .and_then(|_| StreamLink::new(stream, a.layout.size).map_err(|e| e.to_string()))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                log::warn!("guest {guest_id}: handshake failed: {e}");
                 self.svm.detach_guest(guest_id);
                 return;
             }
         };
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(guest_id, session.clone());
-        // Watch for the hang-up: a crashed guest's socket reads EOF.
-        let mut buf = [0u8; 64];
-        loop {
-            match stream.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-        session.close();
-        let _ = runner.join();
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        sessions.remove(&guest_id);
-        self.sessions_gone.notify_all();
+        log::info!(
+            "remote guest {guest_id} ({}) connected from {peer}, coherence {}",
+            hello.name,
+            a.kind
+        );
+        let session = Session::new(guest_id, hello.name, a.window, Arc::new(link));
+        self.register(&session);
+        session.run(self.svm.clone(), self.devices.clone());
+        self.unregister(guest_id);
+    }
+}
+
+/// What `admit` set up for a guest.
+struct Admitted {
+    guest_id: u64,
+    layout: WindowLayout,
+    window: Arc<SharedWindow>,
+    kind: ProtocolKind,
+}
+
+/// Compares two byte strings in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() != b.len()) as u8;
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
     }
 }

@@ -1,7 +1,8 @@
 //! virtsocd, the virtsoc host daemon, as a library (the binary is a thin wrapper).
 //!
 //! - [`daemon`]: accepting guests, the handshake, the session table, shutdown;
-//! - [`session`]: one guest's rings and the thread that serves them;
+//! - [`session`]: one guest's session and the loop that serves it;
+//! - [`link`]: the transports (shared rings, TCP frames) behind one trait;
 //! - [`dispatch`]: decoding and validating requests;
 //! - [`fences`]: the guest-visible virtual fence page;
 //! - [`device`]: the device trait, device workers, and the devices themselves.
@@ -10,6 +11,7 @@ pub mod daemon;
 pub mod device;
 pub mod dispatch;
 pub mod fences;
+pub mod link;
 pub mod session;
 
 pub use daemon::{Daemon, DaemonConfig};

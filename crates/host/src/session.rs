@@ -7,65 +7,50 @@
 //! slot is free for it, so a guest that stops reading completions stalls only itself.
 
 use std::collections::HashMap;
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
-use virtsoc_proto::ring::{host_rings, Doorbell, FutexDoorbell, RingConsumer, RingProducer};
-use virtsoc_proto::{Completion, DeviceId, Opcode, Request, SharedWindow, Status};
-use virtsoc_svm::SvmManager;
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
 use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
+use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
+use virtsoc_svm::SvmManager;
 
 use crate::device::{DeviceSet, DeviceSlot, GuestQueue};
 use crate::dispatch;
 use crate::fences::WindowFencePage;
+use crate::link::{HostLink, Incoming};
 
 /// A connected guest.
 pub struct Session {
     guest_id: u64,
     name: String,
     window: Arc<SharedWindow>,
-    sock: UnixStream,
+    link: Arc<dyn HostLink>,
     closed: AtomicBool,
-    cq: Mutex<RingProducer<Completion>>,
-    popped: AtomicU64,
-    posted: AtomicU64,
-    host_bell: FutexDoorbell,
-    guest_bell: FutexDoorbell,
     fences: Arc<VirtualFenceTable>,
     queues: Mutex<HashMap<u32, (GuestQueue, Arc<DeviceSlot>)>>,
 }
 
 impl Session {
-    /// A session over an already mapped window.
+    /// A session over `link`; `window` is the guest's window (shared with the guest, or the
+    /// host's copy for remote guests).
     pub fn new(
         guest_id: u64,
         name: String,
         window: Arc<SharedWindow>,
-        sock: UnixStream,
-        spins: u32,
-    ) -> (Arc<Self>, RingConsumer<Request>) {
-        let (sq, cq) = host_rings(&window);
-        let s = Arc::new(Session {
+        link: Arc<dyn HostLink>,
+    ) -> Arc<Self> {
+        Arc::new(Session {
             guest_id,
             name,
-            host_bell: FutexDoorbell::host_bell(&window, spins),
-            guest_bell: FutexDoorbell::guest_bell(&window, spins),
             fences: Arc::new(VirtualFenceTable::new(Arc::new(WindowFencePage::new(
                 window.clone(),
             )))),
             queues: Mutex::new(HashMap::new()),
             window,
-            sock,
+            link,
             closed: AtomicBool::new(false),
-            cq: Mutex::new(cq),
-            popped: AtomicU64::new(0),
-            posted: AtomicU64::new(0),
-        });
-        (s, sq)
+        })
     }
 
     /// The guest's id.
@@ -88,17 +73,13 @@ impl Session {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Ends the session: wakes the session thread, tells the guest, hangs up.
+    /// Ends the session: wakes the session thread, tells the guest, hangs up, and stops the
+    /// guest's device queues.
     pub fn close(&self) {
         if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Ok(w) = self.window.atomic_u32(CONTROL_OFFSET + ctl::HOST_STATE) {
-            w.store(1, Ordering::SeqCst);
-        }
-        self.host_bell.force_wake();
-        self.guest_bell.force_wake();
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.link.close();
         self.fences.cancel_all();
         let queues: Vec<_> = self
             .queues
@@ -114,81 +95,89 @@ impl Session {
     }
 
     /// Posts a completion for a request taken earlier.
-    pub fn complete(&self, mut c: Completion) {
+    pub fn complete(&self, c: Completion) {
+        self.complete_with(c, Vec::new());
+    }
+
+    fn complete_with(&self, c: Completion, payload: Vec<u8>) {
         if self.is_closed() {
             return;
         }
-        let mut cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
-        let in_flight = self.popped.load(Ordering::SeqCst) - self.posted.load(Ordering::SeqCst);
-        c.queue_depth = in_flight.saturating_sub(1).min(u32::MAX as u64) as u32;
-        match cq.push(c) {
-            Ok(true) => {
-                self.posted.fetch_add(1, Ordering::SeqCst);
-                drop(cq);
-                self.guest_bell.notify();
-            }
-            Ok(false) | Err(_) => {
-                drop(cq);
-                log::warn!(
-                    "guest {} ({}): completion ring corrupted by the guest; closing",
-                    self.guest_id,
-                    self.name
-                );
-                self.close();
-            }
+        if let Err(e) = self.link.post(c, payload) {
+            log::warn!("guest {} ({}): {e}; closing", self.guest_id, self.name);
+            self.close();
         }
     }
 
-    /// Whether one more request may be taken (a completion slot is free for it).
-    fn can_take(&self) -> Result<bool, ()> {
-        let cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
-        let space = cq.space().map_err(|_| ())? as u64;
-        let in_flight = self.popped.load(Ordering::SeqCst) - self.posted.load(Ordering::SeqCst);
-        Ok(in_flight < space)
-    }
-
-    /// The session thread: takes requests until the session closes, then releases everything
+    /// The session loop: takes requests until the session closes, then releases everything
     /// the guest held.
-    pub fn run(
-        self: Arc<Self>,
-        mut sq: RingConsumer<Request>,
-        svm: Arc<SvmManager>,
-        devices: Arc<DeviceSet>,
-    ) {
+    pub fn run(self: Arc<Self>, svm: Arc<SvmManager>, devices: Arc<DeviceSet>) {
         loop {
-            let mut ready = || {
-                self.is_closed()
-                    || match (sq.available(), self.can_take()) {
-                        (Ok(n), Ok(ok)) => n > 0 && ok,
-                        _ => true,
-                    }
-            };
-            self.host_bell.wait(&mut ready, None);
+            match self.link.next() {
+                Ok(Some(inc)) => self.dispatch(inc, &svm, &devices),
+                Ok(None) => break,
+                Err(e) => {
+                    log::warn!("guest {} ({}): {e}; closing", self.guest_id, self.name);
+                    break;
+                }
+            }
             if self.is_closed() {
                 break;
             }
-            let req = match (self.can_take(), sq.pop()) {
-                (Ok(true), Ok(Some(r))) => r,
-                (Ok(false), Ok(_)) | (Ok(true), Ok(None)) => continue,
-                _ => {
-                    log::warn!(
-                        "guest {} ({}): submission ring corrupted by the guest; closing",
-                        self.guest_id,
-                        self.name
-                    );
-                    self.close();
-                    break;
-                }
-            };
-            self.popped.fetch_add(1, Ordering::SeqCst);
-            self.dispatch(req, &svm, &devices);
         }
+        self.close();
         let freed = svm.detach_guest(self.guest_id);
         log::info!(
             "guest {} ({}) gone: released {freed} regions",
             self.guest_id,
             self.name
         );
+    }
+
+    /// A CPU access of a remote guest: its bytes travel with the request (writes) or the
+    /// completion (reads) and land in, or come from, the host's copy of its window.
+    fn remote_cpu_access(
+        &self,
+        op: Opcode,
+        inc: &Incoming,
+        svm: &SvmManager,
+    ) -> Result<(Completion, Vec<u8>), Status> {
+        let [id, offset, len, mode, ..] = inc.req.args;
+        let mode = u32::try_from(mode)
+            .ok()
+            .and_then(AccessMode::from_u32)
+            .ok_or(Status::BadArgument)?;
+        let meta = svm
+            .meta(self.guest_id, id)
+            .map_err(|e| dispatch::status_of(&e))?;
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= meta.size && len > 0);
+        end.ok_or(Status::OutOfRange)?;
+        if op == Opcode::EndAccess && mode.writes() {
+            if inc.payload.len() as u64 != len {
+                return Err(Status::BadArgument);
+            }
+            let base = svm
+                .window_offset(self.guest_id, id)
+                .map_err(|e| dispatch::status_of(&e))?
+                .ok_or(Status::BadArgument)?;
+            self.window
+                .copy_in(base + offset, &inc.payload)
+                .map_err(|_| Status::OutOfRange)?;
+        }
+        let v = dispatch::inline(svm, self.guest_id, &inc.req)?;
+        let whole = offset == 0 && len == meta.size;
+        let payload = if op == Opcode::BeginAccess && (mode.reads() || !whole) {
+            let mut bytes = vec![0u8; len as usize];
+            self.window
+                .copy_out(v[0], &mut bytes)
+                .map_err(|_| Status::Internal)?;
+            bytes
+        } else {
+            Vec::new()
+        };
+        Ok((Completion::ok(inc.req.seq, v), payload))
     }
 
     /// Queues an item on this guest's queue of device `dev`.
@@ -275,9 +264,19 @@ impl Session {
         }
     }
 
-    fn dispatch(self: &Arc<Self>, req: Request, svm: &SvmManager, devices: &DeviceSet) {
+    fn dispatch(self: &Arc<Self>, inc: Incoming, svm: &SvmManager, devices: &DeviceSet) {
+        let req = inc.req;
         let op = Opcode::from_u32(req.opcode);
         let outcome = match op {
+            Some(op @ (Opcode::BeginAccess | Opcode::EndAccess))
+                if req.device == DeviceId::CPU.0 && self.link.carries_bulk() =>
+            {
+                match self.remote_cpu_access(op, &inc, svm) {
+                    Ok((c, payload)) => self.complete_with(c, payload),
+                    Err(s) => self.complete(Completion::err(req.seq, s)),
+                }
+                return;
+            }
             Some(Opcode::BeginAccess | Opcode::EndAccess | Opcode::DeviceCmd)
                 if req.device != DeviceId::CPU.0 =>
             {

@@ -280,6 +280,11 @@ impl SvmManager {
         Ok(())
     }
 
+    /// Offset of a region's replica in its owner's window (CPU accesses), if it has one.
+    pub fn window_offset(&self, guest: u64, id: u64) -> Result<Option<u64>> {
+        Ok(self.region(guest, id)?.window_offset())
+    }
+
     /// Metadata of a region of `guest`.
     pub fn meta(&self, guest: u64, id: u64) -> Result<RegionMeta> {
         Ok(self.region(guest, id)?.meta)

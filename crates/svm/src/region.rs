@@ -79,6 +79,14 @@ impl Region {
         }
     }
 
+    /// Offset of the region's replica in the owner's window, if it has one.
+    pub fn window_offset(&self) -> Option<u64> {
+        self.lock()
+            .replicas
+            .get(&DomainId::GUEST_WINDOW)
+            .and_then(|r| r.window_range)
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, RegionState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

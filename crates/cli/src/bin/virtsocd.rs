@@ -31,6 +31,13 @@ struct Args {
     /// Prefetch: suspend a flow after this many consecutive mispredictions (0 disables).
     #[arg(long, default_value_t = 3)]
     prefetch_max_misses: u32,
+    /// Also accept remote guests on this TCP address (needs --token-file).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// File holding the token remote guests must present (first line; or set
+    /// VIRTSOC_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -61,6 +68,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         max_window: args.max_window,
         guest_mem_limit: args.guest_mem_limit,
         spins: args.spins,
+        token: token(&args)?,
         prefetch: {
             let cfg = virtsoc_prefetch::Config {
                 bandwidth_floor: args.prefetch_bandwidth_floor,
@@ -72,15 +80,40 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             cfg
         },
     })?;
+    let tcp = args.listen.map(std::net::TcpListener::bind).transpose()?;
     if args.print_ready {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
+        if let Some(t) = &tcp {
+            writeln!(out, "LISTEN {}", t.local_addr()?)?;
+        }
         writeln!(out, "READY {}", args.socket.display())?;
         out.flush()?;
     }
-    let result = daemon.serve(listener, OwnedFd::from(stop_rx));
+    let result = daemon.serve(listener, tcp, OwnedFd::from(stop_rx));
     let _ = std::fs::remove_file(&args.socket);
     result
+}
+
+/// The remote-guest token: from --token-file, else $VIRTSOC_TOKEN.
+fn token(args: &Args) -> virtsoc_host::Result<Option<String>> {
+    let t = match &args.token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var("VIRTSOC_TOKEN").ok(),
+    };
+    match t {
+        Some(t) if t.len() < 16 => Err(virtsoc_host::HostError::Config(
+            "the remote-guest token must be at least 16 characters".into(),
+        )),
+        t => Ok(t),
+    }
 }
 
 fn parse_protocol(s: &str) -> Result<ProtocolKind, String> {

@@ -1,0 +1,151 @@
+//! Remote guests over TCP: the same API with the bytes in the stream, and authentication.
+
+mod common;
+
+use common::Daemon;
+use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId, GuestError};
+
+const TOKEN: &str = "0123456789abcdef-remote-test";
+
+fn daemon_with_tcp(test: &str) -> (Daemon, std::path::PathBuf) {
+    let f = std::env::temp_dir().join(format!("virtsoc-token-{}-{test}", std::process::id()));
+    std::fs::write(&f, format!("{TOKEN}\n")).unwrap();
+    let d = Daemon::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        f.to_str().unwrap(),
+    ]);
+    (d, f)
+}
+
+fn opts(token: Option<&str>) -> ConnectOptions {
+    ConnectOptions {
+        token: token.map(str::to_string),
+        window_size: 32 << 20,
+        ..ConnectOptions::default()
+    }
+}
+
+#[test]
+fn a_remote_guest_uses_the_same_api() {
+    let (d, f) = daemon_with_tcp("api");
+    let target = format!("tcp:{}", d.tcp.as_ref().unwrap());
+    for proto in ["guest-staging", "write-invalidate", "prefetch"] {
+        let c = Connection::open(
+            &target,
+            &ConnectOptions {
+                coherence: Some(proto.into()),
+                ..opts(Some(TOKEN))
+            },
+        )
+        .unwrap();
+        let size = 300_000u64;
+        let id = c.alloc_blob(size).unwrap().id;
+        // CPU write: the bytes travel in the stream to the host's copy of the window.
+        let a = c
+            .begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)
+            .unwrap();
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(a.ptr.unwrap().as_ptr(), size as usize) };
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let want = crc32fast::hash(bytes) as u64;
+        c.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)
+            .unwrap();
+        c.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
+            .unwrap();
+        let got = c
+            .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+            .unwrap()[0];
+        assert_eq!(got, want, "{proto}: the device saw the remote CPU's bytes");
+        c.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
+            .unwrap();
+        // Device write, CPU read: the bytes come back in the stream.
+        c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+            .unwrap();
+        let crc = c
+            .device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, id, 9, 0, 0, 0])
+            .unwrap()[0];
+        c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+            .unwrap();
+        let a = c
+            .begin_access(id, DeviceId::CPU, 0, size, AccessMode::Read)
+            .unwrap();
+        let bytes = unsafe { std::slice::from_raw_parts(a.ptr.unwrap().as_ptr(), size as usize) };
+        assert_eq!(
+            crc32fast::hash(bytes) as u64,
+            crc,
+            "{proto}: the remote CPU read the device's bytes"
+        );
+        // A partial read of the middle.
+        let a = c
+            .begin_access(id, DeviceId::CPU, 1000, 10, AccessMode::Read)
+            .unwrap();
+        let part = unsafe { std::slice::from_raw_parts(a.ptr.unwrap().as_ptr(), 10) };
+        assert_eq!(part, &bytes[1000..1010]);
+        // Fences work too (status by round trip).
+        let fence = c.fence_create().unwrap();
+        c.fence_signal(DeviceId::PRODUCER, fence).unwrap();
+        c.nop().unwrap();
+        c.free(id).unwrap();
+    }
+    std::fs::remove_file(f).unwrap();
+}
+
+#[test]
+fn wrong_or_missing_tokens_are_refused_before_anything_is_allocated() {
+    let (d, f) = daemon_with_tcp("auth");
+    let target = format!("tcp:{}", d.tcp.as_ref().unwrap());
+    for bad in [Some("0123456789abcdef-remote-tesT"), Some(""), None] {
+        let e = Connection::open(&target, &opts(bad))
+            .err()
+            .expect("must be refused");
+        assert!(
+            matches!(&e, GuestError::Refused(r) if r.contains("token")),
+            "{e}"
+        );
+        d.expect_log("bad or missing token");
+    }
+    // No guest was admitted: the first good guest gets id 1.
+    let c = Connection::open(&target, &opts(Some(TOKEN))).unwrap();
+    assert_eq!(c.guest_id(), 1);
+    std::fs::remove_file(f).unwrap();
+}
+
+#[test]
+fn tcp_without_a_token_does_not_start() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+        .args([
+            "--socket",
+            "/tmp/virtsoc-notoken.sock",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env_remove("VIRTSOC_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token"));
+}
+
+#[test]
+fn a_remote_guest_that_vanishes_is_cleaned_up() {
+    let (d, f) = daemon_with_tcp("vanish");
+    let target = format!("tcp:{}", d.tcp.as_ref().unwrap());
+    let c = Connection::open(&target, &opts(Some(TOKEN))).unwrap();
+    let id = c.alloc_blob(1 << 20).unwrap().id;
+    c.begin_access(id, DeviceId::PRODUCER, 0, 1 << 20, AccessMode::Write)
+        .unwrap();
+    let gid = c.guest_id();
+    drop(c);
+    let l = d.expect_log(&format!("guest {gid} ("));
+    let l = if l.contains("gone") {
+        l
+    } else {
+        d.expect_log(&format!("guest {gid} ("))
+    };
+    assert!(l.contains("released 1 regions"), "{l}");
+    std::fs::remove_file(f).unwrap();
+}

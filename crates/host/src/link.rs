@@ -1,0 +1,289 @@
+//! How a session talks to its guest: one trait, three transports.
+//!
+//! - [`ShmLink`]: request/completion rings in the shared window, with doorbells — futexes for
+//!   process guests, the virtio-serial port for VM guests. A request is taken off the ring
+//!   only when a completion slot is free for it, so a guest that stops reading completions
+//!   stalls only itself.
+//! - [`StreamLink`]: frames on a TCP stream for remote guests; CPU-access bytes travel in the
+//!   frames. A writer thread sends completions, so a slow reader never blocks a device worker,
+//!   and at most [`STREAM_MAX_IN_FLIGHT`] requests are taken before their completions are sent.
+
+use std::collections::VecDeque;
+use std::io::{BufReader, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
+use virtsoc_proto::stream::{read_frame, write_frame};
+use virtsoc_proto::{Completion, Request, SharedWindow};
+
+/// Requests a remote guest may have in flight.
+pub const STREAM_MAX_IN_FLIGHT: u64 = 256;
+
+/// A request and the bytes that came with it.
+#[derive(Debug)]
+pub struct Incoming {
+    pub req: Request,
+    pub payload: Vec<u8>,
+}
+
+/// Why a link stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("the guest violated the transport protocol: {0}")]
+    Violation(String),
+}
+
+/// The host end of a guest transport.
+pub trait HostLink: Send + Sync {
+    /// Blocks until the next request; `Ok(None)` once the link is closed.
+    fn next(&self) -> Result<Option<Incoming>, LinkError>;
+    /// Posts a completion (with the bytes of a remote CPU read). Never blocks on the guest.
+    fn post(&self, c: Completion, payload: Vec<u8>) -> Result<(), LinkError>;
+    /// Wakes `next` and hangs up.
+    fn close(&self);
+    /// Whether CPU-access bytes travel in the link (no window shared with the guest).
+    fn carries_bulk(&self) -> bool;
+}
+
+/// Rings in a shared window.
+pub struct ShmLink {
+    window: Arc<SharedWindow>,
+    sq: Mutex<RingConsumer<Request>>,
+    cq: Mutex<RingProducer<Completion>>,
+    popped: AtomicU64,
+    posted: AtomicU64,
+    host_bell: Box<dyn Doorbell>,
+    guest_bell: Box<dyn Doorbell>,
+    closed: AtomicBool,
+    on_close: Box<dyn Fn() + Send + Sync>,
+}
+
+impl ShmLink {
+    /// A link over `window` with the given doorbells; `on_close` hangs up the side channel.
+    pub fn new(
+        window: Arc<SharedWindow>,
+        host_bell: Box<dyn Doorbell>,
+        guest_bell: Box<dyn Doorbell>,
+        on_close: Box<dyn Fn() + Send + Sync>,
+    ) -> Self {
+        let (sq, cq) = host_rings(&window);
+        ShmLink {
+            window,
+            sq: Mutex::new(sq),
+            cq: Mutex::new(cq),
+            popped: AtomicU64::new(0),
+            posted: AtomicU64::new(0),
+            host_bell,
+            guest_bell,
+            closed: AtomicBool::new(false),
+            on_close,
+        }
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.popped.load(Ordering::SeqCst) - self.posted.load(Ordering::SeqCst)
+    }
+
+    /// Whether one more request may be taken (a completion slot is free for it).
+    fn can_take(&self) -> Result<bool, LinkError> {
+        let space = self
+            .cq
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .space()
+            .map_err(|e| LinkError::Violation(e.to_string()))?;
+        Ok(self.in_flight() < space as u64)
+    }
+}
+
+impl HostLink for ShmLink {
+    fn next(&self) -> Result<Option<Incoming>, LinkError> {
+        let mut sq = self.sq.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let mut ready = || {
+                self.closed.load(Ordering::SeqCst)
+                    || match (sq.available(), self.can_take()) {
+                        (Ok(n), Ok(ok)) => n > 0 && ok,
+                        _ => true,
+                    }
+            };
+            self.host_bell.wait(&mut ready, None);
+            if self.closed.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            let take = self.can_take()?;
+            let avail = sq
+                .available()
+                .map_err(|e| LinkError::Violation(e.to_string()))?;
+            if !take || avail == 0 {
+                continue;
+            }
+            let req = sq
+                .pop()
+                .map_err(|e| LinkError::Violation(e.to_string()))?
+                .ok_or_else(|| LinkError::Violation("ring emptied under the host".into()))?;
+            self.popped.fetch_add(1, Ordering::SeqCst);
+            return Ok(Some(Incoming {
+                req,
+                payload: Vec::new(),
+            }));
+        }
+    }
+
+    fn post(&self, mut c: Completion, _payload: Vec<u8>) -> Result<(), LinkError> {
+        let mut cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
+        c.queue_depth = self.in_flight().saturating_sub(1).min(u32::MAX as u64) as u32;
+        match cq.push(c) {
+            Ok(true) => {
+                self.posted.fetch_add(1, Ordering::SeqCst);
+                drop(cq);
+                self.guest_bell.notify();
+                Ok(())
+            }
+            Ok(false) => Err(LinkError::Violation("completion ring full".into())),
+            Err(e) => Err(LinkError::Violation(e.to_string())),
+        }
+    }
+
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(w) = self.window.atomic_u32(CONTROL_OFFSET + ctl::HOST_STATE) {
+            w.store(1, Ordering::SeqCst);
+        }
+        self.host_bell.force_wake();
+        self.guest_bell.force_wake();
+        (self.on_close)();
+    }
+
+    fn carries_bulk(&self) -> bool {
+        false
+    }
+}
+
+struct Outbox {
+    frames: VecDeque<(Completion, Vec<u8>)>,
+    in_flight: u64,
+    closed: bool,
+}
+
+/// Frames on a TCP stream.
+pub struct StreamLink {
+    reader: Mutex<BufReader<TcpStream>>,
+    stream: TcpStream,
+    outbox: Arc<(Mutex<Outbox>, Condvar)>,
+    max_payload: u64,
+}
+
+impl StreamLink {
+    /// A link over `stream`; payloads over `max_payload` bytes are a violation. Starts the
+    /// writer thread.
+    pub fn new(stream: TcpStream, max_payload: u64) -> std::io::Result<Self> {
+        stream.set_nodelay(true)?;
+        let outbox = Arc::new((
+            Mutex::new(Outbox {
+                frames: VecDeque::new(),
+                in_flight: 0,
+                closed: false,
+            }),
+            Condvar::new(),
+        ));
+        let (w, ob) = (stream.try_clone()?, outbox.clone());
+        std::thread::Builder::new()
+            .name("tcp-writer".into())
+            .spawn(move || writer(w, ob))?;
+        Ok(StreamLink {
+            reader: Mutex::new(BufReader::with_capacity(1 << 20, stream.try_clone()?)),
+            stream,
+            outbox,
+            max_payload,
+        })
+    }
+}
+
+fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
+    let (m, cv) = &*outbox;
+    loop {
+        let (c, payload) = {
+            let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(f) = ob.frames.pop_front() {
+                    break f;
+                }
+                if ob.closed {
+                    return;
+                }
+                ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let ok = write_frame(&mut w, &c, &payload).is_ok();
+        let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+        ob.in_flight = ob.in_flight.saturating_sub(1);
+        if !ok {
+            ob.closed = true;
+        }
+        cv.notify_all();
+        if !ok {
+            let _ = w.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
+}
+
+impl HostLink for StreamLink {
+    fn next(&self) -> Result<Option<Incoming>, LinkError> {
+        {
+            let (m, cv) = &*self.outbox;
+            let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+            while !ob.closed && ob.in_flight >= STREAM_MAX_IN_FLIGHT {
+                ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
+            }
+            if ob.closed {
+                return Ok(None);
+            }
+        }
+        let mut r = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        match read_frame::<Request>(&mut *r, self.max_payload) {
+            Ok(f) => {
+                let (m, _) = &*self.outbox;
+                m.lock().unwrap_or_else(|p| p.into_inner()).in_flight += 1;
+                Ok(Some(Incoming {
+                    req: f.entry,
+                    payload: f.payload,
+                }))
+            }
+            Err(virtsoc_proto::stream::FrameError::TooLarge { len, max }) => Err(
+                LinkError::Violation(format!("frame payload of {len} bytes over {max}")),
+            ),
+            Err(_) => Ok(None),
+        }
+    }
+
+    fn post(&self, c: Completion, payload: Vec<u8>) -> Result<(), LinkError> {
+        let (m, cv) = &*self.outbox;
+        let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+        if !ob.closed {
+            let mut c = c;
+            c.queue_depth = ob.in_flight.saturating_sub(1).min(u32::MAX as u64) as u32;
+            ob.frames.push_back((c, payload));
+            cv.notify_all();
+        }
+        Ok(())
+    }
+
+    fn close(&self) {
+        let (m, cv) = &*self.outbox;
+        m.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        cv.notify_all();
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let _ = (&self.stream).flush();
+    }
+
+    fn carries_bulk(&self) -> bool {
+        true
+    }
+}
