@@ -205,6 +205,8 @@ fn run_one(
         }
         if let Some(n) = p.switch_every {
             if i > 0 && i % n == 0 {
+                // Queued device work may still name the old ring.
+                conn.drain()?;
                 for id in ring.drain(..) {
                     conn.free(id)?;
                 }
@@ -229,6 +231,7 @@ fn run_one(
         }
     }
     let wall = t_start.elapsed();
+    conn.drain()?;
     let after = conn.counters()?;
     for id in ring {
         conn.free(id)?;

@@ -335,6 +335,15 @@ impl Connection {
             .saturating_sub(self.completed.load(Ordering::SeqCst))
     }
 
+    /// Waits until every submitted request has completed (detached ones included), e.g.
+    /// before freeing regions that queued device work still names.
+    pub fn drain(&self) -> Result<()> {
+        while self.in_flight() > 0 {
+            self.reap_once(Some(LIVENESS_CHECK))?;
+        }
+        Ok(())
+    }
+
     /// Largest host queue depth reported in a completion so far.
     pub fn max_queue_depth(&self) -> u32 {
         self.max_depth.load(Ordering::Relaxed)
