@@ -8,6 +8,7 @@ mod bench_transport;
 mod daemon_proc;
 mod stats;
 mod trace;
+mod vm;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -56,6 +57,11 @@ enum Cmd {
         /// Frames per protocol.
         #[arg(long, default_value_t = 120)]
         frames: usize,
+    },
+    /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
+    Vm {
+        #[command(subcommand)]
+        which: VmCmd,
     },
     /// Tools for tests.
     #[command(hide = true)]
@@ -131,6 +137,38 @@ enum BenchCmd {
 }
 
 #[derive(Debug, Subcommand)]
+enum VmCmd {
+    /// Boots the guest image under QEMU and runs `virtsoc ARGS...` inside it against the
+    /// host daemon (use `--socket vm` in ARGS to reach it).
+    Run {
+        /// Directory made by scripts/build-guest-image.sh.
+        #[arg(long)]
+        image: PathBuf,
+        /// Memory file of a running daemon's VM endpoint (with --doorbell); default: start a
+        /// daemon for this run.
+        #[arg(long, requires = "doorbell")]
+        shm: Option<PathBuf>,
+        /// Doorbell socket of that endpoint.
+        #[arg(long, requires = "shm")]
+        doorbell: Option<PathBuf>,
+        /// Window size in MiB (must match the endpoint's).
+        #[arg(long, default_value_t = 64)]
+        window_mib: u64,
+        /// tcg (works everywhere) or kvm (where the host supports it).
+        #[arg(long, default_value = "tcg")]
+        accel: String,
+        #[arg(long, default_value_t = 512)]
+        memory_mib: u32,
+        /// Give up (and kill QEMU) after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// The command to run inside the guest.
+        #[arg(last = true, required = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum DebugCmd {
     /// Allocates and fills regions, prints READY, then waits to be killed.
     Hold {
@@ -145,7 +183,17 @@ enum DebugCmd {
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    if let Err(e) = run(Cli::parse()) {
+    // Inside a VM guest the arguments come hex-encoded from the kernel command line.
+    let cli = match std::env::var("VIRTSOC_ARGS_HEX")
+        .ok()
+        .and_then(|h| vm::decode_args(&h))
+    {
+        Some(args) if std::env::args().len() == 1 => {
+            Cli::parse_from(std::iter::once("virtsoc".to_string()).chain(args))
+        }
+        _ => Cli::parse(),
+    };
+    if let Err(e) = run(cli) {
         eprintln!("virtsoc: {e}");
         std::process::exit(1);
     }
@@ -282,6 +330,38 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 bench_svm::print_table(&r);
                 Ok(())
             })?;
+        }
+        Cmd::Vm {
+            which:
+                VmCmd::Run {
+                    image,
+                    shm,
+                    doorbell,
+                    window_mib,
+                    accel,
+                    memory_mib,
+                    timeout,
+                    args,
+                },
+        } => {
+            let outcome = vm::run(&vm::VmRun {
+                image,
+                endpoint: shm.zip(doorbell),
+                window_mib,
+                accel,
+                memory_mib,
+                timeout: Duration::from_secs(timeout),
+                args,
+            })?;
+            print!("{}", outcome.output);
+            eprintln!(
+                "virtsoc vm run: guest command exited with {:?} after {:.1} s of VM time",
+                outcome.exit,
+                outcome.wall.as_secs_f64()
+            );
+            if outcome.exit != Some(0) {
+                return Err(CliError::Usage("the guest command failed".into()));
+            }
         }
         Cmd::Debug {
             which:

@@ -35,7 +35,11 @@ pub const MSG_BYE: u8 = 4;
 
 fn find_port(name: &str) -> Result<PathBuf> {
     let dir = Path::new("/sys/class/virtio-ports");
-    for e in std::fs::read_dir(dir).map_err(GuestError::Io)?.flatten() {
+    let entries = std::fs::read_dir(dir).map_err(|source| GuestError::Connect {
+        path: format!("{} (is virtio_console loaded?)", dir.display()),
+        source,
+    })?;
+    for e in entries.flatten() {
         if std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == name) {
             return Ok(Path::new("/dev").join(e.file_name()));
         }

@@ -198,17 +198,7 @@ impl Daemon {
     /// Checks a hello and sets up the guest: its window and its SVM state. Nothing is
     /// allocated for a hello that fails the checks.
     fn admit(&self, hello: &Hello) -> std::result::Result<Admitted, String> {
-        if hello.protocol != PROTOCOL_VERSION {
-            return Err(format!(
-                "protocol {} not supported (daemon speaks {PROTOCOL_VERSION})",
-                hello.protocol
-            ));
-        }
-        let kind = match hello.coherence.as_deref().map(str::parse::<ProtocolKind>) {
-            None => self.cfg.protocol,
-            Some(Ok(k)) => k,
-            Some(Err(e)) => return Err(e.to_string()),
-        };
+        let kind = self.check_hello(hello)?;
         let entries = |n: u32| n.clamp(8, 4096).next_power_of_two();
         let size = hello
             .window_size
@@ -220,7 +210,16 @@ impl Daemon {
         let guest_id = self.next_guest.fetch_add(1, Ordering::Relaxed);
         let window = SharedWindow::create_memfd(&format!("virtsoc-guest-{guest_id}"), layout)
             .map_err(|e| format!("cannot create window: {e}"))?;
-        let window = Arc::new(window);
+        self.admit_with(guest_id, kind, Arc::new(window))
+    }
+
+    /// Sets up a guest whose window already exists (a VM's ivshmem memory).
+    pub(crate) fn admit_with(
+        &self,
+        guest_id: u64,
+        kind: ProtocolKind,
+        window: Arc<SharedWindow>,
+    ) -> std::result::Result<Admitted, String> {
         self.svm
             .attach_guest(
                 guest_id,
@@ -231,13 +230,33 @@ impl Daemon {
             .map_err(|e| e.to_string())?;
         Ok(Admitted {
             guest_id,
-            layout,
+            layout: window.layout(),
             window,
             kind,
         })
     }
 
-    fn welcome(a: &Admitted) -> Reply {
+    /// A fresh guest id.
+    pub(crate) fn next_guest_id(&self) -> u64 {
+        self.next_guest.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Checks the protocol version and the coherence protocol a guest asks for.
+    pub(crate) fn check_hello(&self, hello: &Hello) -> std::result::Result<ProtocolKind, String> {
+        if hello.protocol != PROTOCOL_VERSION {
+            return Err(format!(
+                "protocol {} not supported (daemon speaks {PROTOCOL_VERSION})",
+                hello.protocol
+            ));
+        }
+        match hello.coherence.as_deref().map(str::parse::<ProtocolKind>) {
+            None => Ok(self.cfg.protocol),
+            Some(Ok(k)) => Ok(k),
+            Some(Err(e)) => Err(e.to_string()),
+        }
+    }
+
+    pub(crate) fn welcome(a: &Admitted) -> Reply {
         Reply::Welcome {
             guest_id: a.guest_id,
             layout: a.layout,
@@ -245,14 +264,14 @@ impl Daemon {
         }
     }
 
-    fn register(&self, session: &Arc<Session>) {
+    pub(crate) fn register(&self, session: &Arc<Session>) {
         self.sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(session.guest_id(), session.clone());
     }
 
-    fn unregister(&self, guest_id: u64) {
+    pub(crate) fn unregister(&self, guest_id: u64) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         sessions.remove(&guest_id);
         self.sessions_gone.notify_all();
@@ -379,11 +398,11 @@ impl Daemon {
 }
 
 /// What `admit` set up for a guest.
-struct Admitted {
-    guest_id: u64,
-    layout: WindowLayout,
-    window: Arc<SharedWindow>,
-    kind: ProtocolKind,
+pub(crate) struct Admitted {
+    pub(crate) guest_id: u64,
+    pub(crate) layout: WindowLayout,
+    pub(crate) window: Arc<SharedWindow>,
+    pub(crate) kind: ProtocolKind,
 }
 
 /// Compares two byte strings in time independent of where they differ.

@@ -3,6 +3,7 @@
 //! - [`daemon`]: accepting guests, the handshake, the session table, shutdown;
 //! - [`session`]: one guest's session and the loop that serves it;
 //! - [`link`]: the transports (shared rings, TCP frames) behind one trait;
+//! - [`vm`]: VM guests (ivshmem window, virtio-serial doorbells);
 //! - [`dispatch`]: decoding and validating requests;
 //! - [`fences`]: the guest-visible virtual fence page;
 //! - [`device`]: the device trait, device workers, and the devices themselves.
@@ -13,6 +14,8 @@ pub mod dispatch;
 pub mod fences;
 pub mod link;
 pub mod session;
+pub mod sync;
+pub mod vm;
 
 pub use daemon::{Daemon, DaemonConfig};
 

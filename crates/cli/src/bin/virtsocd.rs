@@ -38,6 +38,11 @@ struct Args {
     /// VIRTSOC_TOKEN).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Serve a VM: NAME:SHM_FILE:DOORBELL_SOCKET[:WINDOW_MIB] (repeatable). The daemon
+    /// creates the memory file QEMU maps as an ivshmem BAR and listens on the socket QEMU's
+    /// virtio-serial chardev connects to.
+    #[arg(long = "vm")]
+    vms: Vec<String>,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -80,6 +85,14 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             cfg
         },
     })?;
+    let vms = args
+        .vms
+        .iter()
+        .map(|v| virtsoc_host::vm::VmConfig::parse(v))
+        .collect::<virtsoc_host::Result<Vec<_>>>()?;
+    for vm in &vms {
+        virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
+    }
     let tcp = args.listen.map(std::net::TcpListener::bind).transpose()?;
     if args.print_ready {
         use std::io::Write;
@@ -92,6 +105,9 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     }
     let result = daemon.serve(listener, tcp, OwnedFd::from(stop_rx));
     let _ = std::fs::remove_file(&args.socket);
+    for vm in &vms {
+        virtsoc_host::vm::cleanup(vm);
+    }
     result
 }
 

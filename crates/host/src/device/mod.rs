@@ -12,7 +12,7 @@ pub mod testdev;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use virtsoc_fence::queue::{OrderedQueue, TryPop};
@@ -22,6 +22,7 @@ use virtsoc_svm::{DomainId, SvmManager};
 
 use crate::dispatch;
 use crate::session::Session;
+use crate::sync::EventCount;
 
 /// What a device command returns: result values, or a status for the guest.
 pub type DeviceResult = std::result::Result<[u64; 6], Status>;
@@ -44,32 +45,6 @@ pub trait Device: Send + Sync {
     fn backend(&self) -> &str;
     /// Runs one device command (`args[0]` is the device opcode).
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult;
-}
-
-/// Wakes a device worker: a counter bumped by every event (a push, a fence signal, a stop),
-/// so a worker that saw no work sleeps only until something changed.
-#[derive(Default)]
-struct EventCount {
-    seq: Mutex<u64>,
-    cv: Condvar,
-}
-
-impl EventCount {
-    fn current(&self) -> u64 {
-        *self.seq.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn notify(&self) {
-        *self.seq.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        self.cv.notify_all();
-    }
-
-    fn wait_past(&self, seen: u64) {
-        let mut s = self.seq.lock().unwrap_or_else(|p| p.into_inner());
-        while *s == seen {
-            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
-        }
-    }
 }
 
 /// One guest's queue on one device.
