@@ -55,7 +55,7 @@ pub fn encode_args(args: &[String]) -> String {
 
 /// Decodes `$VIRTSOC_ARGS_HEX`.
 pub fn decode_args(hex: &str) -> Option<Vec<String>> {
-    if hex.is_empty() || hex.len() % 2 != 0 {
+    if hex.is_empty() || !hex.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..hex.len())
