@@ -9,6 +9,12 @@ packages=(
   pkg-config
   ca-certificates
   curl
+  clang libclang-dev                      # bindgen for ffmpeg-sys-next
+  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
+  libavdevice-dev libavfilter-dev libswresample-dev
+  ffmpeg                                  # test clips and golden frame hashes
+  mesa-vulkan-drivers libvulkan1          # wgpu on lavapipe (CPU Vulkan) where there is no GPU
+  qemu-system-x86 busybox-static xz-utils # VM guests (TCG) and their image
 )
 
 missing=()

@@ -21,7 +21,7 @@ use crate::stats::{percentile, P50P99};
 use crate::CliError;
 
 /// Measurements of one channel.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ChannelResult {
     pub channel: String,
     pub rtt_us: P50P99,
@@ -29,7 +29,7 @@ pub struct ChannelResult {
 }
 
 /// The whole report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct TransportReport {
     pub round_trips: usize,
     pub bulk_bytes: u64,
@@ -39,19 +39,30 @@ pub struct TransportReport {
 /// Runs all channels.
 pub fn run(
     endpoint: &Endpoint,
+    which: &[String],
     round_trips: usize,
     size: u64,
     reps: usize,
 ) -> Result<TransportReport, CliError> {
-    let mut channels = vec![ring(
-        "shm-ring (process guest)",
-        &endpoint.target,
-        None,
-        round_trips,
-        size,
-        reps,
-    )?];
-    if let Some((addr, token)) = &endpoint.remote {
+    if let Some(bad) = which
+        .iter()
+        .find(|c| !["ring", "remote", "unix", "tcp"].contains(&c.as_str()))
+    {
+        return Err(CliError::Usage(format!("unknown channel {bad:?}")));
+    }
+    let want = |c: &str| which.iter().any(|w| w == c);
+    let mut channels = Vec::new();
+    if want("ring") {
+        let name = if endpoint.target == "vm" || endpoint.target.starts_with("vm:") {
+            "shm-ring (VM guest)"
+        } else if endpoint.target.starts_with("tcp:") {
+            "virtsoc over TCP (remote guest)"
+        } else {
+            "shm-ring (process guest)"
+        };
+        channels.push(ring(name, &endpoint.target, None, round_trips, size, reps)?);
+    }
+    if let (true, Some((addr, token))) = (want("remote"), &endpoint.remote) {
         channels.push(ring(
             "virtsoc over TCP (remote guest)",
             &format!("tcp:{addr}"),
@@ -61,10 +72,24 @@ pub fn run(
             reps,
         )?);
     }
-    channels.extend([
-        stream_channel("unix-socket", round_trips, size, reps, unix_pair)?,
-        stream_channel("tcp-loopback", round_trips, size, reps, tcp_pair)?,
-    ]);
+    if want("unix") {
+        channels.push(stream_channel(
+            "unix-socket",
+            round_trips,
+            size,
+            reps,
+            unix_pair,
+        )?);
+    }
+    if want("tcp") {
+        channels.push(stream_channel(
+            "tcp-loopback",
+            round_trips,
+            size,
+            reps,
+            tcp_pair,
+        )?);
+    }
     Ok(TransportReport {
         round_trips,
         bulk_bytes: size,
@@ -125,6 +150,58 @@ pub fn ring(
         rtt_us: P50P99::of(&rtt),
         bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
     })
+}
+
+/// Boots a VM guest that measures its own ring channel against a daemon started for it.
+pub fn vm_channel(
+    image: &std::path::Path,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<ChannelResult, CliError> {
+    let args: Vec<String> = [
+        "bench",
+        "transport",
+        "--socket",
+        "vm",
+        "--channels",
+        "ring",
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "--round-trips".into(),
+        round_trips.to_string(),
+        "--size".into(),
+        size.to_string(),
+        "--reps".into(),
+        reps.to_string(),
+    ])
+    .collect();
+    let out = crate::vm::run(&crate::vm::VmRun {
+        image: image.to_path_buf(),
+        endpoint: None,
+        window_mib: (size * 2 + (64 << 20)).next_power_of_two() >> 20,
+        accel: "tcg".into(),
+        memory_mib: 512,
+        timeout: std::time::Duration::from_secs(600),
+        args,
+        echo: false,
+    })?;
+    if out.exit != Some(0) {
+        return Err(CliError::Usage(format!(
+            "VM transport run failed:\n{}",
+            out.output
+        )));
+    }
+    let mut r: TransportReport = serde_json::from_str(&out.output)?;
+    let mut c = r
+        .channels
+        .pop()
+        .ok_or_else(|| CliError::Usage("the VM reported no channel".into()))?;
+    c.channel = "shm-ring (VM guest, TCG)".into();
+    Ok(c)
 }
 
 /// Peer loop: a header `[kind u8][len u64]`, then `len` bytes; answers 64 bytes.

@@ -85,6 +85,13 @@ enum BenchCmd {
         size: u64,
         #[arg(long, default_value_t = 20)]
         reps: usize,
+        /// Channels to measure: ring (this guest's shared rings), remote (virtsoc over TCP),
+        /// unix, tcp (plain sockets).
+        #[arg(long, value_delimiter = ',', default_value = "ring,remote,unix,tcp")]
+        channels: Vec<String>,
+        /// Also measure a VM guest's ring (ivshmem + virtio-serial) by booting this image.
+        #[arg(long)]
+        vm_image: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -229,12 +236,22 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     round_trips,
                     size,
                     reps,
+                    channels,
+                    vm_image,
                     json,
                 },
         } => {
-            let r = with_daemon(socket, true, |e| {
-                bench_transport::run(e, round_trips, size, reps)
+            let mut r = with_daemon(socket, true, |e| {
+                bench_transport::run(e, &channels, round_trips, size, reps)
             })?;
+            if let Some(image) = vm_image {
+                r.channels.push(bench_transport::vm_channel(
+                    &image,
+                    round_trips,
+                    size,
+                    reps,
+                )?);
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -304,7 +321,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Cmd::Demo { socket, frames } => {
             with_daemon(socket, true, |e| {
-                let t = bench_transport::run(e, 2000, 16_588_800, 10)?;
+                let all = ["ring", "remote", "unix", "tcp"].map(String::from);
+                let t = bench_transport::run(e, &all, 2000, 16_588_800, 10)?;
                 bench_transport::print_table(&t);
                 println!();
                 let params = bench_svm::SvmBenchParams {
@@ -352,8 +370,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 memory_mib,
                 timeout: Duration::from_secs(timeout),
                 args,
+                echo: true,
             })?;
-            print!("{}", outcome.output);
             eprintln!(
                 "virtsoc vm run: guest command exited with {:?} after {:.1} s of VM time",
                 outcome.exit,

@@ -23,7 +23,7 @@ pub fn mean(v: &[f64]) -> f64 {
 }
 
 /// p50 and p99 of a sample set.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct P50P99 {
     pub p50: f64,
     pub p99: f64,

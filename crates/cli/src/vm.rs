@@ -32,6 +32,8 @@ pub struct VmRun {
     pub memory_mib: u32,
     pub timeout: Duration,
     pub args: Vec<String>,
+    /// Print the guest's lines as they arrive.
+    pub echo: bool,
 }
 
 /// What the guest command did.
@@ -147,6 +149,7 @@ pub fn run(r: &VmRun) -> Result<VmOutcome, CliError> {
             "cannot start qemu-system-x86_64 (apt install qemu-system-x86): {e}"
         ))
     })?;
+    eprintln!("VM-PID {}", child.id());
     let (tx, rx) = mpsc::channel();
     let out = child.stdout.take().expect("piped stdout");
     std::thread::spawn(move || {
@@ -169,6 +172,9 @@ pub fn run(r: &VmRun) -> Result<VmOutcome, CliError> {
                     exit = code.trim().parse().ok();
                     inside = false;
                 } else if inside {
+                    if r.echo {
+                        println!("{line}");
+                    }
                     output.push_str(line);
                     output.push('\n');
                 }

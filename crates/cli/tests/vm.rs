@@ -1,0 +1,170 @@
+//! VM guests under QEMU (TCG): the guest library inside a real VM reaches the host daemon
+//! through an ivshmem BAR and a virtio-serial port. Skipped, loudly, only when QEMU is absent.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use common::Daemon;
+use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
+
+fn qemu_present() -> bool {
+    let ok = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "SKIPPED: qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)"
+        );
+    }
+    ok
+}
+
+/// Builds (once per test binary) the guest image holding this build's `virtsoc`.
+fn image() -> &'static PathBuf {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = root.join("target/vm-image-test");
+        let st = Command::new(root.join("scripts/build-guest-image.sh"))
+            .arg(&out)
+            .arg(env!("CARGO_BIN_EXE_virtsoc"))
+            .status()
+            .expect("run build-guest-image.sh");
+        assert!(st.success(), "building the guest image failed");
+        out
+    })
+}
+
+fn vm_daemon(tag: &str) -> (Daemon, PathBuf, PathBuf) {
+    let dir = std::env::temp_dir();
+    let shm = dir.join(format!("virtsoc-it-vm-{}-{tag}.shm", std::process::id()));
+    let sock = dir.join(format!("virtsoc-it-vm-{}-{tag}.sock", std::process::id()));
+    let spec = format!("vm0:{}:{}:64", shm.display(), sock.display());
+    (Daemon::start(&["--vm", &spec]), shm, sock)
+}
+
+fn vm_run(shm: &PathBuf, sock: &PathBuf, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_virtsoc"));
+    c.args(["vm", "run", "--timeout", "240", "--image"])
+        .arg(image())
+        .arg("--shm")
+        .arg(shm)
+        .arg("--doorbell")
+        .arg(sock)
+        .arg("--")
+        .args(args);
+    c
+}
+
+#[test]
+fn a_vm_guest_runs_the_svm_benchmark_against_the_host_daemon() {
+    if !qemu_present() {
+        return;
+    }
+    let (d, shm, sock) = vm_daemon("bench");
+    let out = vm_run(
+        &shm,
+        &sock,
+        &[
+            "bench",
+            "svm",
+            "--socket",
+            "vm",
+            "--json",
+            "--frames",
+            "8",
+            "--warmup",
+            "2",
+            "--size",
+            "1048576",
+            "--slack-ms",
+            "2",
+            "--ordering",
+            "atomic,fence",
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON from the guest");
+    let results = v["protocols"].as_array().unwrap();
+    assert_eq!(results.len(), 6);
+    for r in results {
+        assert_eq!(r["corrupt_frames"], 0, "{r}");
+        assert_eq!(r["frames"], 8, "{r}");
+    }
+    d.expect_log("VM vm0 disconnected");
+}
+
+#[test]
+fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
+    if !qemu_present() {
+        return;
+    }
+    let (mut d, shm, sock) = vm_daemon("kill");
+    let mut vm = vm_run(
+        &shm,
+        &sock,
+        &["debug", "hold", "--socket", "vm", "--regions", "3"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut err = BufReader::new(vm.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let qemu: i32 = line
+        .trim()
+        .strip_prefix("VM-PID ")
+        .expect("VM-PID line")
+        .parse()
+        .unwrap();
+    let mut out = BufReader::new(vm.stdout.take().unwrap());
+    line.clear();
+    while !line.starts_with("READY") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the VM guest never got ready"
+        );
+    }
+    // The guest is mid-frame with three regions: kill the whole VM.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(qemu).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let _ = vm.wait();
+    let l = d.expect_log("gone: released");
+    assert!(l.contains("released 3 regions"), "{l}");
+    d.expect_log("VM vm0 disconnected");
+    assert!(d.alive());
+    // Process guests are still served.
+    let c = Connection::connect(d.socket(), &ConnectOptions::default()).unwrap();
+    let id = c.alloc_blob(65536).unwrap().id;
+    c.begin_access(id, DeviceId::PRODUCER, 0, 65536, AccessMode::Write)
+        .unwrap();
+    let w = c
+        .device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, id, 1, 0, 0, 0])
+        .unwrap()[0];
+    c.end_access(id, DeviceId::PRODUCER, 0, 65536, AccessMode::Write)
+        .unwrap();
+    c.begin_access(id, DeviceId::CONSUMER, 0, 65536, AccessMode::Read)
+        .unwrap();
+    let r = c
+        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+        .unwrap()[0];
+    assert_eq!(w, r);
+}
