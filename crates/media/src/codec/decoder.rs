@@ -1,0 +1,309 @@
+//! libavcodec-backed [`FfmpegDecoder`].
+
+use std::ffi::c_int;
+
+use ff::ffi;
+use ffmpeg_next as ff;
+
+use super::{CodecKind, DecodedFrame, DecoderBackend, StreamInfo};
+use crate::error::{MediaError, Result};
+use crate::frame::{FrameLayout, FrameMut, PixelFormat};
+use crate::sws::{av_format, ScaleFilter, Scaler};
+
+/// A libavcodec video decoder with frame threading and packed NV12/YUV420P output.
+pub struct FfmpegDecoder {
+    decoder: ff::decoder::Video,
+    kind: CodecKind,
+    name: String,
+    out: PixelFormat,
+    layout: Option<FrameLayout>,
+    /// Conversion from the codec's native format, keyed by (native format, width, height).
+    scaler: Option<((ffi::AVPixelFormat, u32, u32), Scaler)>,
+    frame: ff::frame::Video,
+    /// Pictures decoded before an error, handed out by the next call.
+    pending: Vec<DecodedFrame>,
+    /// Buffers handed back through `recycle`, reused for pictures of the same size.
+    pool: Vec<Vec<u8>>,
+    errors: u64,
+    frames_out: u64,
+}
+
+fn is_again(e: &ff::Error) -> bool {
+    matches!(e, ff::Error::Other { errno } if *errno == ff::error::EAGAIN)
+}
+
+impl FfmpegDecoder {
+    /// A decoder for a raw (Annex-B / IVF-less OBU / VP9 frame) stream of `codec`, writing
+    /// `out` (NV12 or YUV420P). `threads > 1` enables frame threading with that many threads;
+    /// 0 or 1 decodes on the calling thread.
+    pub fn new(codec: CodecKind, out: PixelFormat, threads: usize) -> Result<Self> {
+        Self::build(codec, out, threads, None)
+    }
+
+    /// A decoder for a demuxed stream: takes the codec, size and extradata (e.g. the avcC
+    /// box of an MP4) from `info`.
+    pub fn for_stream(info: &StreamInfo, out: PixelFormat, threads: usize) -> Result<Self> {
+        let codec = info.codec.ok_or_else(|| {
+            MediaError::Unsupported(format!(
+                "codec {} is not one of h264/hevc/vp9/av1",
+                info.codec_name
+            ))
+        })?;
+        Self::build(codec, out, threads, Some(info))
+    }
+
+    fn find_codec(kind: CodecKind) -> Result<ff::Codec> {
+        // dav1d is much faster than libaom and does not need hardware, unlike FFmpeg's
+        // native av1 decoder in 5.x.
+        let preferred: &[&str] = match kind {
+            CodecKind::Av1 => &["libdav1d", "libaom-av1"],
+            _ => &[],
+        };
+        for name in preferred {
+            if let Some(c) = ff::decoder::find_by_name(name) {
+                return Ok(c);
+            }
+        }
+        ff::decoder::find(kind.av_id()).ok_or_else(|| {
+            MediaError::Unsupported(format!("this FFmpeg build has no {} decoder", kind.name()))
+        })
+    }
+
+    fn build(
+        kind: CodecKind,
+        out: PixelFormat,
+        threads: usize,
+        info: Option<&StreamInfo>,
+    ) -> Result<Self> {
+        if !out.is_yuv() {
+            return Err(MediaError::Unsupported(format!(
+                "decoder output must be NV12 or YUV420P, not {out:?}"
+            )));
+        }
+        let codec = Self::find_codec(kind)?;
+        let mut ctx = ff::codec::Context::new_with_codec(codec);
+        if let Some(info) = info {
+            // SAFETY: the context is freshly allocated and not opened; extradata is allocated
+            // with av_mallocz (zeroed padding) and freed by avcodec_free_context.
+            unsafe {
+                let p = ctx.as_mut_ptr();
+                (*p).width = info.width as c_int;
+                (*p).height = info.height as c_int;
+                if !info.extradata.is_empty() {
+                    let len = info.extradata.len();
+                    let buf = ffi::av_mallocz(len + ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize)
+                        as *mut u8;
+                    if buf.is_null() {
+                        return Err(MediaError::ffmpeg(
+                            "av_mallocz",
+                            ff::Error::Other {
+                                errno: ff::error::ENOMEM,
+                            },
+                        ));
+                    }
+                    std::ptr::copy_nonoverlapping(info.extradata.as_ptr(), buf, len);
+                    (*p).extradata = buf;
+                    (*p).extradata_size = len as c_int;
+                }
+            }
+        }
+        let threads = threads.max(1);
+        ctx.set_threading(ff::threading::Config {
+            kind: if threads > 1 {
+                ff::threading::Type::Frame
+            } else {
+                ff::threading::Type::None
+            },
+            count: threads,
+            ..Default::default()
+        });
+        let decoder = ctx
+            .decoder()
+            .open_as(codec)
+            .and_then(|o| o.video())
+            .map_err(|e| MediaError::ffmpeg("avcodec_open2 (decoder)", e))?;
+        Ok(FfmpegDecoder {
+            decoder,
+            kind,
+            name: format!("ffmpeg-{}", codec.name()),
+            out,
+            layout: None,
+            scaler: None,
+            frame: ff::frame::Video::empty(),
+            pending: Vec::new(),
+            pool: Vec::new(),
+            errors: 0,
+            frames_out: 0,
+        })
+    }
+
+    /// The codec being decoded.
+    pub fn codec(&self) -> CodecKind {
+        self.kind
+    }
+
+    /// Packets or pictures rejected as corrupt so far.
+    pub fn error_count(&self) -> u64 {
+        self.errors
+    }
+
+    /// Receives every picture the decoder has ready.
+    fn drain(&mut self, out: &mut Vec<DecodedFrame>) -> Result<()> {
+        loop {
+            match self.decoder.receive_frame(&mut self.frame) {
+                Ok(()) => match self.convert_current() {
+                    Ok(f) => out.push(f),
+                    Err(e @ MediaError::Decode(_)) => return Err(e),
+                    Err(e) => {
+                        // E.g. a picture size beyond MAX_DIMENSION from a hostile stream.
+                        self.errors += 1;
+                        return Err(MediaError::Decode(format!(
+                            "{}: cannot output picture: {e}",
+                            self.name
+                        )));
+                    }
+                },
+                Err(ff::Error::Eof) => return Ok(()),
+                Err(e) if is_again(&e) => return Ok(()),
+                Err(e) => {
+                    self.errors += 1;
+                    return Err(MediaError::Decode(format!("{}: {e}", self.name)));
+                }
+            }
+        }
+    }
+
+    /// Copies or converts `self.frame` into a packed picture.
+    fn convert_current(&mut self) -> Result<DecodedFrame> {
+        let f = &self.frame;
+        let (w, h) = (f.width() & !1, f.height() & !1);
+        let layout = FrameLayout::packed(self.out, w, h)?;
+        let pixel = f.format();
+        if pixel == ff::format::Pixel::None || w == 0 || h == 0 {
+            self.errors += 1;
+            return Err(MediaError::Decode(format!(
+                "{}: decoder returned an empty {pixel:?} {}x{} picture",
+                self.name,
+                f.width(),
+                f.height()
+            )));
+        }
+        let native = ffi::AVPixelFormat::from(pixel);
+        // SAFETY: reading plain fields of a frame the decoder just returned.
+        let (ptrs, strides) = unsafe {
+            let p = f.as_ptr();
+            let ptrs: [*const u8; 4] = std::array::from_fn(|i| (*p).data[i] as *const u8);
+            let strides: [c_int; 4] = std::array::from_fn(|i| (*p).linesize[i]);
+            (ptrs, strides)
+        };
+        // Every byte of a packed layout is overwritten below, so a recycled buffer needs
+        // no clearing.
+        let mut data = match self.pool.iter().position(|b| b.len() == layout.size()) {
+            Some(i) => self.pool.swap_remove(i),
+            None => vec![0u8; layout.size()],
+        };
+        if native == av_format(self.out)
+            && strides.iter().take(layout.planes().len()).all(|&s| s > 0)
+        {
+            // Same format: copy the planes, dropping FFmpeg's row padding.
+            for (i, p) in layout.planes().iter().enumerate() {
+                let src_stride = strides[i] as usize;
+                for row in 0..p.rows {
+                    // SAFETY: FFmpeg planes hold `rows` rows of `linesize` bytes, and
+                    // `row_bytes` never exceeds the (cropped) visible width.
+                    let src = unsafe {
+                        std::slice::from_raw_parts(ptrs[i].add(row * src_stride), p.row_bytes)
+                    };
+                    let o = p.offset + row * p.stride;
+                    data[o..o + p.row_bytes].copy_from_slice(src);
+                }
+            }
+        } else {
+            let key = (native, w, h);
+            if self.scaler.as_ref().map(|(k, _)| *k) != Some(key) {
+                log::debug!(
+                    "{}: converting {native:?} {w}x{h} to {:?}",
+                    self.name,
+                    self.out
+                );
+                let s = Scaler::new(native, w, h, layout, ScaleFilter::Bilinear)?;
+                self.scaler = Some((key, s));
+            }
+            let (_, scaler) = self.scaler.as_mut().expect("scaler just set");
+            // SAFETY: the pointers and strides are the decoder's own padded frame of format
+            // `native`, at least w x h.
+            unsafe { scaler.scale_raw_into(&ptrs, &strides, FrameMut::new(layout, &mut data)?)? };
+        }
+        self.layout = Some(layout);
+        self.frames_out += 1;
+        let pts = f
+            .pts()
+            .or_else(|| f.timestamp())
+            .unwrap_or(self.frames_out as i64 - 1);
+        Ok(DecodedFrame { layout, pts, data })
+    }
+}
+
+impl DecoderBackend for FfmpegDecoder {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn decode(&mut self, packet: &[u8], pts: i64) -> Result<Vec<DecodedFrame>> {
+        let mut out = std::mem::take(&mut self.pending);
+        if packet.is_empty() {
+            // An empty packet would mean end of stream to libavcodec; use flush() for that.
+            return Ok(out);
+        }
+        let mut pkt = ff::Packet::copy(packet);
+        pkt.set_pts(Some(pts));
+        let mut sent = self.decoder.send_packet(&pkt);
+        if matches!(&sent, Err(e) if is_again(e)) {
+            if let Err(e) = self.drain(&mut out) {
+                self.pending = out;
+                return Err(e);
+            }
+            sent = self.decoder.send_packet(&pkt);
+        }
+        if let Err(e) = sent {
+            self.errors += 1;
+            // Keep what is decodable; the error is this packet's.
+            let _ = self.drain(&mut out);
+            self.pending = out;
+            return Err(MediaError::Decode(format!(
+                "{}: packet rejected: {e}",
+                self.name
+            )));
+        }
+        match self.drain(&mut out) {
+            Ok(()) => Ok(out),
+            Err(e) => {
+                self.pending = out;
+                Err(e)
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<Vec<DecodedFrame>> {
+        let mut out = std::mem::take(&mut self.pending);
+        let r = match self.decoder.send_eof() {
+            Ok(()) | Err(ff::Error::Eof) => self.drain(&mut out),
+            Err(e) => Err(MediaError::ffmpeg("avcodec_send_packet (eof)", e)),
+        };
+        // Reset so that a new stream can follow.
+        self.decoder.flush();
+        r.map(|()| out)
+    }
+
+    fn output_layout(&self) -> Option<FrameLayout> {
+        self.layout
+    }
+
+    fn recycle(&mut self, frame: DecodedFrame) {
+        const MAX_POOLED: usize = 4;
+        if self.layout.is_some_and(|l| l.size() == frame.data.len()) && self.pool.len() < MAX_POOLED
+        {
+            self.pool.push(frame.data);
+        }
+    }
+}

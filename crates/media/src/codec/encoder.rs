@@ -1,0 +1,217 @@
+//! libavcodec-backed H.264 [`FfmpegEncoder`].
+
+use ff::ffi;
+use ffmpeg_next as ff;
+
+use crate::error::{MediaError, Result};
+use crate::frame::{FrameRef, PixelFormat};
+
+/// One encoded access unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedPacket {
+    /// Annex-B byte stream (start codes); keyframes carry SPS and PPS in band.
+    pub data: Vec<u8>,
+    /// Presentation timestamp in units of 1/fps (the `pts` passed to `encode`).
+    pub pts: i64,
+    /// Decoding timestamp in the same units.
+    pub dts: i64,
+    /// True for IDR pictures.
+    pub keyframe: bool,
+}
+
+/// H.264 encoders tried in order: software x264 first, then hardware wrappers.
+const H264_ENCODERS: [&str; 7] = [
+    "libx264",
+    "libopenh264",
+    "h264_v4l2m2m",
+    "h264_nvenc",
+    "h264_qsv",
+    "h264_vaapi",
+    "h264_omx",
+];
+
+/// An H.264 encoder taking NV12 or YUV420P frames of a fixed size and producing Annex-B
+/// packets. With libx264 it runs preset `veryfast`, tune `zerolatency` (no B-frames, no
+/// lookahead: one packet out per frame in, pts == dts), a keyframe every 2 seconds.
+pub struct FfmpegEncoder {
+    encoder: ff::encoder::video::Encoder,
+    frame: ff::frame::Video,
+    width: u32,
+    height: u32,
+    name: String,
+}
+
+fn is_again(e: &ff::Error) -> bool {
+    matches!(e, ff::Error::Other { errno } if *errno == ff::error::EAGAIN)
+}
+
+impl FfmpegEncoder {
+    /// An H.264 encoder for `width x height` (even, at least 16x16) frames at `fps` frames
+    /// per second and `bitrate` bits per second.
+    pub fn new_h264(width: u32, height: u32, fps: u32, bitrate: u64) -> Result<Self> {
+        crate::frame::FrameLayout::packed(PixelFormat::Yuv420p, width, height)?;
+        if width < 16 || height < 16 {
+            return Err(MediaError::InvalidLayout(format!(
+                "H.264 encoder needs at least 16x16, got {width}x{height}"
+            )));
+        }
+        if fps == 0 || fps > 1000 || bitrate == 0 {
+            return Err(MediaError::Encode(format!(
+                "bad rate: {fps} fps, {bitrate} bit/s"
+            )));
+        }
+        let mut tried = Vec::new();
+        for name in H264_ENCODERS {
+            let Some(codec) = ff::encoder::find_by_name(name) else {
+                continue;
+            };
+            match Self::open(codec, width, height, fps, bitrate) {
+                Ok(enc) => return Ok(enc),
+                Err(e) => {
+                    log::debug!("H.264 encoder {name} failed to open: {e}");
+                    tried.push(format!("{name}: {e}"));
+                }
+            }
+        }
+        Err(MediaError::Unsupported(if tried.is_empty() {
+            "this FFmpeg build has no H.264 encoder (libx264 or a hardware one)".into()
+        } else {
+            format!("no H.264 encoder could be opened ({})", tried.join("; "))
+        }))
+    }
+
+    fn open(codec: ff::Codec, width: u32, height: u32, fps: u32, bitrate: u64) -> Result<Self> {
+        let ctx = ff::codec::Context::new_with_codec(codec);
+        let mut enc = ctx
+            .encoder()
+            .video()
+            .map_err(|e| MediaError::ffmpeg("encoder context", e))?;
+        enc.set_width(width);
+        enc.set_height(height);
+        enc.set_format(ff::format::Pixel::YUV420P);
+        enc.set_time_base(ff::Rational::new(1, fps as i32));
+        enc.set_frame_rate(Some(ff::Rational::new(fps as i32, 1)));
+        enc.set_bit_rate(usize::try_from(bitrate).unwrap_or(usize::MAX));
+        enc.set_gop(fps * 2);
+        enc.set_max_b_frames(0);
+        let mut opts = ff::Dictionary::new();
+        if codec.name() == "libx264" {
+            opts.set("preset", "veryfast");
+            opts.set("tune", "zerolatency");
+        }
+        let encoder = enc
+            .open_as_with(codec, opts)
+            .map_err(|e| MediaError::ffmpeg("avcodec_open2 (encoder)", e))?;
+        Ok(FfmpegEncoder {
+            encoder,
+            frame: ff::frame::Video::new(ff::format::Pixel::YUV420P, width, height),
+            width,
+            height,
+            name: codec.name().to_string(),
+        })
+    }
+
+    /// The FFmpeg encoder in use (e.g. `libx264`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bitstream framing of the packets.
+    pub fn bitstream_format(&self) -> &'static str {
+        "annex-b"
+    }
+
+    /// Encodes one frame (NV12 or YUV420P of the configured size) with presentation time
+    /// `pts` in units of 1/fps; returns the packets that became ready.
+    pub fn encode(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<Vec<EncodedPacket>> {
+        frame.validate()?;
+        let l = frame.layout;
+        if !l.format.is_yuv() || l.width != self.width || l.height != self.height {
+            return Err(MediaError::InvalidLayout(format!(
+                "encoder takes NV12/YUV420P {}x{}, got {l:?}",
+                self.width, self.height
+            )));
+        }
+        // SAFETY: the encoder may still hold a reference to the previous frame's buffers;
+        // make them ours before writing.
+        let r = unsafe { ffi::av_frame_make_writable(self.frame.as_mut_ptr()) };
+        if r < 0 {
+            return Err(MediaError::ffmpeg(
+                "av_frame_make_writable",
+                ff::Error::from(r),
+            ));
+        }
+        let (w, h) = (l.width as usize, l.height as usize);
+        let planes = l.planes();
+        let yp = planes[0];
+        let ys = self.frame.stride(0);
+        {
+            let dst = self.frame.data_mut(0);
+            for row in 0..h {
+                let s = yp.offset + row * yp.stride;
+                dst[row * ys..row * ys + w].copy_from_slice(&frame.data[s..s + w]);
+            }
+        }
+        let (us, vs) = (self.frame.stride(1), self.frame.stride(2));
+        for row in 0..h / 2 {
+            match l.format {
+                PixelFormat::Nv12 => {
+                    let p = planes[1];
+                    let src = &frame.data[p.offset + row * p.stride..][..w];
+                    let (u, v): (Vec<u8>, Vec<u8>) =
+                        src.chunks_exact(2).map(|c| (c[0], c[1])).unzip();
+                    self.frame.data_mut(1)[row * us..row * us + w / 2].copy_from_slice(&u);
+                    self.frame.data_mut(2)[row * vs..row * vs + w / 2].copy_from_slice(&v);
+                }
+                _ => {
+                    let (pu, pv) = (planes[1], planes[2]);
+                    let u = &frame.data[pu.offset + row * pu.stride..][..w / 2];
+                    let v = &frame.data[pv.offset + row * pv.stride..][..w / 2];
+                    self.frame.data_mut(1)[row * us..row * us + w / 2].copy_from_slice(u);
+                    self.frame.data_mut(2)[row * vs..row * vs + w / 2].copy_from_slice(v);
+                }
+            }
+        }
+        self.frame.set_pts(Some(pts));
+        let mut out = Vec::new();
+        let mut sent = self.encoder.send_frame(&self.frame);
+        if matches!(&sent, Err(e) if is_again(e)) {
+            self.drain(&mut out)?;
+            sent = self.encoder.send_frame(&self.frame);
+        }
+        sent.map_err(|e| MediaError::Encode(format!("{}: {e}", self.name)))?;
+        self.drain(&mut out)?;
+        Ok(out)
+    }
+
+    /// Ends the stream and returns the remaining packets; the encoder cannot be used after.
+    pub fn flush(&mut self) -> Result<Vec<EncodedPacket>> {
+        let mut out = Vec::new();
+        match self.encoder.send_eof() {
+            Ok(()) | Err(ff::Error::Eof) => {}
+            Err(e) => return Err(MediaError::Encode(format!("{}: {e}", self.name))),
+        }
+        self.drain(&mut out)?;
+        Ok(out)
+    }
+
+    fn drain(&mut self, out: &mut Vec<EncodedPacket>) -> Result<()> {
+        loop {
+            let mut pkt = ff::Packet::empty();
+            match self.encoder.receive_packet(&mut pkt) {
+                Ok(()) => {
+                    let pts = pkt.pts().unwrap_or(0);
+                    out.push(EncodedPacket {
+                        data: pkt.data().map(<[u8]>::to_vec).unwrap_or_default(),
+                        pts,
+                        dts: pkt.dts().unwrap_or(pts),
+                        keyframe: pkt.is_key(),
+                    });
+                }
+                Err(ff::Error::Eof) => return Ok(()),
+                Err(e) if is_again(&e) => return Ok(()),
+                Err(e) => return Err(MediaError::Encode(format!("{}: {e}", self.name))),
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The crate's single error type, [`MediaError`], and its `Result` alias.
+//!
+//! Every public entry point of `virtsoc-media` validates its inputs (layouts, buffer sizes,
+//! codec availability) and reports problems through this enum instead of panicking, because
+//! the bytes come from guest-controlled shared memory.
+
+use std::path::PathBuf;
+
+/// Errors of the media backends.
+#[derive(Debug, thiserror::Error)]
+pub enum MediaError {
+    /// A frame layout is malformed (zero or odd size where even is required, stride too
+    /// small, size overflow).
+    #[error("invalid frame layout: {0}")]
+    InvalidLayout(String),
+    /// A buffer is smaller than the layout it is supposed to hold.
+    #[error("buffer too small: layout needs {needed} bytes, buffer has {got}")]
+    BufferTooSmall {
+        /// Bytes the layout requires.
+        needed: usize,
+        /// Bytes the buffer has.
+        got: usize,
+    },
+    /// The request is valid but this backend or this FFmpeg build cannot serve it
+    /// (missing codec or encoder, conversion pair not handled by a backend, ...).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The input bitstream is corrupt or truncated; the decoder stays usable.
+    #[error("decode error: {0}")]
+    Decode(String),
+    /// The encoder rejected a frame or failed.
+    #[error("encode error: {0}")]
+    Encode(String),
+    /// A file could not be opened or demuxed.
+    #[error("cannot read media file {path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A source has no (more) frames to give.
+    #[error("no frames: {0}")]
+    NoFrames(String),
+    /// Any other failure reported by an FFmpeg library.
+    #[error("ffmpeg {context}: {source}")]
+    Ffmpeg {
+        /// The FFmpeg call or step that failed.
+        context: &'static str,
+        /// FFmpeg's error.
+        #[source]
+        source: ffmpeg_next::Error,
+    },
+}
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, MediaError>;
+
+impl MediaError {
+    pub(crate) fn ffmpeg(context: &'static str, source: ffmpeg_next::Error) -> Self {
+        MediaError::Ffmpeg { context, source }
+    }
+}

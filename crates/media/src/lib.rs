@@ -1,0 +1,56 @@
+//! `virtsoc-media`: the media backends of the virtsoc host — video codec (libavcodec),
+//! image signal processor (libswscale and a CPU reference) and camera sources.
+//!
+//! Everything works on plain byte buffers described by a [`FrameLayout`], because the
+//! daemon's devices read and write SVM region replicas. Every entry point validates sizes and
+//! returns [`MediaError`] instead of panicking. The crate holds no global mutable state.
+//!
+//! * [`frame`] — pixel formats, layouts and frame views.
+//! * [`isp`] — colour conversion and scaling backends.
+//! * [`codec`] — decoders, demuxer, H.264 encoder.
+//! * [`camera`] — synthetic and file camera sources, pixel-embedded capture timestamps.
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod camera;
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod isp;
+mod sws;
+
+pub use camera::{
+    read_timestamp, stamp_timestamp, CameraSource, CaptureInfo, FileCamera, SyntheticCamera,
+};
+pub use codec::{
+    measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, FfmpegDecoder,
+    FfmpegEncoder, NullDecoder,
+};
+pub use error::{MediaError, Result};
+pub use frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat, PlaneInfo};
+pub use isp::{CpuIsp, IspBackend, NullIsp, SwscaleIsp};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn backends_are_thread_safe_as_the_daemon_needs() {
+        send::<FfmpegDecoder>();
+        send::<NullDecoder>();
+        send::<FfmpegEncoder>();
+        send::<Demuxer>();
+        send::<FileCamera>();
+        send::<SyntheticCamera>();
+        send::<Box<dyn DecoderBackend>>();
+        send::<Box<dyn CameraSource>>();
+        send_sync::<SwscaleIsp>();
+        send_sync::<CpuIsp>();
+        send_sync::<NullIsp>();
+        send_sync::<Box<dyn IspBackend>>();
+    }
+}
