@@ -1,0 +1,284 @@
+//! Frames handed to the display: [`PresentedFrame`], its pixel storage
+//! ([`FrameData`], [`FrameHandle`]) and pixel [`PixelFormat`]s.
+//!
+//! A frame is cheap to clone (its pixels sit behind an `Arc`), so the
+//! display can keep the last frame of every guest and backends can keep the
+//! frame they showed without copying pixels.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{DisplayError, Result};
+
+/// Identifies the guest (or other producer) that owns a frame, for
+/// foreground/background display sharing.
+pub type OwnerId = u32;
+
+/// Largest width or height accepted, in pixels.
+pub const MAX_DIMENSION: u32 = 16_384;
+
+/// Pixel layout of a frame: 4 bytes per pixel, 8 bits per channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PixelFormat {
+    /// Bytes in memory order R, G, B, A.
+    #[default]
+    Rgba8,
+    /// Bytes in memory order B, G, R, A (the common scan-out format).
+    Bgra8,
+}
+
+impl PixelFormat {
+    /// Bytes per pixel.
+    pub const fn bytes_per_pixel(self) -> u32 {
+        4
+    }
+
+    /// Converts one pixel of this format to R, G, B, A.
+    pub fn to_rgba(self, px: [u8; 4]) -> [u8; 4] {
+        match self {
+            PixelFormat::Rgba8 => px,
+            PixelFormat::Bgra8 => [px[2], px[1], px[0], px[3]],
+        }
+    }
+}
+
+/// Pixel storage that is not a plain byte buffer owned by the frame: an SVM
+/// region, a mapped guest buffer, a GPU surface.
+pub trait FrameHandle: Send + Sync + fmt::Debug {
+    /// The CPU-visible pixels, laid out as the frame's `stride`, `height`
+    /// and `format` say; `None` if they are not CPU-visible (a backend that
+    /// needs them then fails with [`DisplayError::PixelsUnavailable`]).
+    fn pixels(&self) -> Option<&[u8]>;
+}
+
+/// Where a frame's pixels live.
+#[derive(Clone, Debug)]
+pub enum FrameData {
+    /// A shared byte buffer.
+    Bytes(Arc<[u8]>),
+    /// A caller-provided handle.
+    Handle(Arc<dyn FrameHandle>),
+}
+
+impl FrameData {
+    /// The CPU-visible pixels, if any.
+    pub fn pixels(&self) -> Option<&[u8]> {
+        match self {
+            FrameData::Bytes(b) => Some(b),
+            FrameData::Handle(h) => h.pixels(),
+        }
+    }
+}
+
+impl From<Arc<[u8]>> for FrameData {
+    fn from(b: Arc<[u8]>) -> Self {
+        FrameData::Bytes(b)
+    }
+}
+
+impl From<Vec<u8>> for FrameData {
+    fn from(b: Vec<u8>) -> Self {
+        FrameData::Bytes(b.into())
+    }
+}
+
+impl From<Arc<dyn FrameHandle>> for FrameData {
+    fn from(h: Arc<dyn FrameHandle>) -> Self {
+        FrameData::Handle(h)
+    }
+}
+
+/// One frame presented to the display.
+#[derive(Clone, Debug)]
+pub struct PresentedFrame {
+    /// Producer-chosen id, reported back in scan-out records.
+    pub id: u64,
+    /// The guest that presented it.
+    pub owner: OwnerId,
+    /// The pixels.
+    pub data: FrameData,
+    /// Pixel layout.
+    pub format: PixelFormat,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Bytes from one row to the next (at least `width * 4`).
+    pub stride: u32,
+    /// When the content was captured or decoded (camera or decoder
+    /// timestamp, same clock as the display's vsync times), for
+    /// motion-to-photon latency.
+    pub capture_ns: Option<u64>,
+    /// When the frame was submitted to the display.
+    pub submitted_ns: u64,
+}
+
+impl PresentedFrame {
+    /// A tightly packed frame of owner 0, submitted at time 0, with no
+    /// capture time; adjust with the `with_*` methods.
+    pub fn new(
+        id: u64,
+        width: u32,
+        height: u32,
+        format: PixelFormat,
+        data: impl Into<FrameData>,
+    ) -> Self {
+        PresentedFrame {
+            id,
+            owner: 0,
+            data: data.into(),
+            format,
+            width,
+            height,
+            stride: width.saturating_mul(format.bytes_per_pixel()),
+            capture_ns: None,
+            submitted_ns: 0,
+        }
+    }
+
+    /// Sets the owner.
+    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    /// Sets the capture time.
+    pub fn with_capture_ns(mut self, capture_ns: u64) -> Self {
+        self.capture_ns = Some(capture_ns);
+        self
+    }
+
+    /// Sets the submission time.
+    pub fn with_submitted_ns(mut self, submitted_ns: u64) -> Self {
+        self.submitted_ns = submitted_ns;
+        self
+    }
+
+    /// Sets the row stride in bytes.
+    pub fn with_stride(mut self, stride: u32) -> Self {
+        self.stride = stride;
+        self
+    }
+
+    fn invalid(&self, reason: impl Into<String>) -> DisplayError {
+        DisplayError::InvalidFrame {
+            id: self.id,
+            reason: reason.into(),
+        }
+    }
+
+    /// Bytes the pixel buffer must hold: every full row but the last, plus
+    /// the last row's pixels.
+    pub fn required_len(&self) -> u64 {
+        let row = u64::from(self.width) * u64::from(self.format.bytes_per_pixel());
+        match self.height {
+            0 => 0,
+            h => u64::from(self.stride) * u64::from(h - 1) + row,
+        }
+    }
+
+    /// Checks dimensions, stride and (when the pixels are CPU-visible) the
+    /// buffer length.
+    pub fn validate(&self) -> Result<()> {
+        if self.width == 0 || self.height == 0 {
+            return Err(self.invalid("zero width or height"));
+        }
+        if self.width > MAX_DIMENSION || self.height > MAX_DIMENSION {
+            return Err(self.invalid(format!(
+                "{}x{} exceeds {MAX_DIMENSION}x{MAX_DIMENSION}",
+                self.width, self.height
+            )));
+        }
+        let row = u64::from(self.width) * u64::from(self.format.bytes_per_pixel());
+        if u64::from(self.stride) < row {
+            return Err(self.invalid(format!("stride {} < row size {row}", self.stride)));
+        }
+        if let Some(p) = self.data.pixels() {
+            let need = self.required_len();
+            if (p.len() as u64) < need {
+                return Err(self.invalid(format!("{} bytes of pixels, need {need}", p.len())));
+            }
+        }
+        Ok(())
+    }
+
+    /// The CPU-visible pixels, validated against the frame's geometry.
+    pub fn pixels(&self) -> Result<&[u8]> {
+        self.validate()?;
+        self.data
+            .pixels()
+            .ok_or(DisplayError::PixelsUnavailable { id: self.id })
+    }
+
+    /// Rows of pixel bytes (`width * 4` each, stride padding cut off).
+    pub fn rows(&self) -> Result<impl Iterator<Item = &[u8]>> {
+        let px = self.pixels()?;
+        let row = self.width as usize * self.format.bytes_per_pixel() as usize;
+        let stride = self.stride as usize;
+        Ok((0..self.height as usize).map(move |y| &px[y * stride..y * stride + row]))
+    }
+
+    /// The pixels as tightly packed R, G, B, A bytes.
+    pub fn to_rgba8(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.width as usize * self.height as usize * 4);
+        for row in self.rows()? {
+            for px in row.chunks_exact(4) {
+                out.extend_from_slice(&self.format.to_rgba([px[0], px[1], px[2], px[3]]));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_rejects_bad_geometry() {
+        let ok = PresentedFrame::new(1, 2, 2, PixelFormat::Rgba8, vec![0u8; 16]);
+        assert!(ok.validate().is_ok());
+        let short = PresentedFrame::new(2, 2, 2, PixelFormat::Rgba8, vec![0u8; 15]);
+        assert!(matches!(
+            short.validate(),
+            Err(DisplayError::InvalidFrame { id: 2, .. })
+        ));
+        let zero = PresentedFrame::new(3, 0, 2, PixelFormat::Rgba8, vec![0u8; 16]);
+        assert!(zero.validate().is_err());
+        let huge = PresentedFrame::new(4, u32::MAX, 1, PixelFormat::Rgba8, vec![0u8; 16]);
+        assert!(huge.validate().is_err());
+        let narrow = ok.clone().with_stride(7);
+        assert!(narrow.validate().is_err());
+        // A padded stride needs no padding after the last row.
+        let padded =
+            PresentedFrame::new(5, 2, 2, PixelFormat::Rgba8, vec![0u8; 20]).with_stride(12);
+        assert!(padded.validate().is_ok());
+    }
+
+    #[test]
+    fn bgra_converts_and_stride_is_skipped() {
+        // 1x2 BGRA with 8-byte stride: row 0 = blue, row 1 = red.
+        let data = vec![255, 0, 0, 255, 9, 9, 9, 9, 0, 0, 255, 128];
+        let f = PresentedFrame::new(1, 1, 2, PixelFormat::Bgra8, data).with_stride(8);
+        assert_eq!(f.to_rgba8().unwrap(), vec![0, 0, 255, 255, 255, 0, 0, 128]);
+    }
+
+    #[derive(Debug)]
+    struct Opaque;
+    impl FrameHandle for Opaque {
+        fn pixels(&self) -> Option<&[u8]> {
+            None
+        }
+    }
+
+    #[test]
+    fn opaque_handles_have_no_pixels() {
+        let h: Arc<dyn FrameHandle> = Arc::new(Opaque);
+        let f = PresentedFrame::new(9, 4, 4, PixelFormat::Rgba8, h);
+        assert!(f.validate().is_ok());
+        assert!(matches!(
+            f.to_rgba8(),
+            Err(DisplayError::PixelsUnavailable { id: 9 })
+        ));
+    }
+}
