@@ -25,6 +25,7 @@ use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::WindowLayout;
 
 use crate::link::{GuestLink, ShmLink, StreamLink};
+use virtsoc_devapi::DeviceCommand;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 
@@ -658,6 +659,62 @@ impl Connection {
             compensation,
             host_elapsed: Duration::from_nanos(v[4]),
         })
+    }
+
+    /// Runs a declared device command (see `virtsoc-devapi`) and decodes its results. The
+    /// caller brackets the regions it names with begin/end_access itself.
+    pub fn command<C: DeviceCommand>(&self, cmd: &C) -> Result<C::Reply> {
+        let v = self.call(Opcode::DeviceCmd, C::DEVICE, cmd.encode())?;
+        Ok(C::reply(&v))
+    }
+
+    /// Runs a declared device command with every region it names bracketed by
+    /// begin_access/end_access on the command's device (whole regions, in the declared
+    /// modes). All requests are queued at once; the first failure is returned.
+    pub fn command_with_access<C: DeviceCommand>(&self, cmd: &C) -> Result<C::Reply> {
+        let regions = cmd.regions();
+        let mut sizes = Vec::with_capacity(regions.len());
+        for (id, _) in &regions {
+            let info = self.region(*id).ok_or(GuestError::Status {
+                op: Opcode::BeginAccess,
+                status: Status::NoSuchRegion,
+            })?;
+            sizes.push(info.size);
+        }
+        let mut seqs = Vec::new();
+        for ((id, mode), size) in regions.iter().zip(&sizes) {
+            let s = self.submit(
+                Opcode::BeginAccess,
+                C::DEVICE,
+                [*id, 0, *size, *mode as u64, 0, 0],
+            )?;
+            seqs.push((Opcode::BeginAccess, s));
+        }
+        let cmd_seq = self.submit(Opcode::DeviceCmd, C::DEVICE, cmd.encode())?;
+        seqs.push((Opcode::DeviceCmd, cmd_seq));
+        for ((id, mode), size) in regions.iter().zip(&sizes) {
+            let s = self.submit(
+                Opcode::EndAccess,
+                C::DEVICE,
+                [*id, 0, *size, *mode as u64, 0, 0],
+            )?;
+            seqs.push((Opcode::EndAccess, s));
+        }
+        let mut first_err = None;
+        let mut values = [0u64; 6];
+        for (op, s) in seqs {
+            match self.finish(op, s) {
+                Ok(v) if s == cmd_seq => values = v,
+                Ok(_) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(C::reply(&values)),
+        }
     }
 
     /// Sends a device command; `args[0]` is the device opcode.

@@ -14,6 +14,8 @@ mod link;
 pub mod vm;
 
 pub use conn::{Access, ConnectOptions, Connection, Counters, Fence, RegionInfo};
+pub use virtsoc_devapi as devices;
+pub use virtsoc_devapi::DeviceCommand;
 pub use virtsoc_proto::wire::{testdev, usage, Format};
 pub use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Status};
 

@@ -18,7 +18,6 @@ use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
 use virtsoc_svm::{DomainId, ProtocolKind, SvmManager, Topology};
 
-use crate::device::testdev::{Consumer, Producer};
 use crate::device::{Device, DeviceSet};
 use crate::link::{ShmLink, StreamLink};
 use crate::session::Session;
@@ -41,6 +40,8 @@ pub struct DaemonConfig {
     pub prefetch: virtsoc_prefetch::Config,
     /// Token remote (TCP) guests must present; TCP is refused without one.
     pub token: Option<String>,
+    /// Device backends and settings.
+    pub devices: crate::device::registry::DeviceConfig,
 }
 
 impl Default for DaemonConfig {
@@ -53,6 +54,7 @@ impl Default for DaemonConfig {
             spins: 4096,
             prefetch: virtsoc_prefetch::Config::default(),
             token: None,
+            devices: Default::default(),
         }
     }
 }
@@ -71,11 +73,7 @@ impl Daemon {
     /// Builds the memory domains and devices and starts the device workers.
     pub fn new(cfg: DaemonConfig) -> Result<Arc<Self>> {
         let mut topo = Topology::new();
-        let devices: Vec<(DeviceId, Arc<dyn Device>)> = vec![
-            (DeviceId::PRODUCER, Arc::new(Producer)),
-            (DeviceId::CONSUMER, Arc::new(Consumer::new("consumer"))),
-            (DeviceId::CONSUMER2, Arc::new(Consumer::new("consumer2"))),
-        ];
+        let devices = crate::device::registry::build(&cfg.devices)?;
         let with_domains: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = devices
             .into_iter()
             .map(|(id, d)| (id, topo.add_device_domain(d.name()), d))

@@ -126,6 +126,9 @@ impl Session {
             }
         }
         self.close();
+        for slot in devices.iter() {
+            slot.device.guest_gone(self.guest_id);
+        }
         let freed = svm.detach_guest(self.guest_id);
         log::info!(
             "guest {} ({}) gone: released {freed} regions",

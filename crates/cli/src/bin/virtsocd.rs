@@ -43,6 +43,21 @@ struct Args {
     /// virtio-serial chardev connects to.
     #[arg(long = "vm")]
     vms: Vec<String>,
+    /// GPU backend: wgpu (Vulkan; Mesa's CPU driver where there is no GPU), cpu, null.
+    #[arg(long, default_value = "wgpu")]
+    gpu_backend: String,
+    /// ISP backend: swscale, gpu, cpu, null.
+    #[arg(long, default_value = "swscale")]
+    isp_backend: String,
+    /// Decoding threads per decoder.
+    #[arg(long, default_value_t = 2)]
+    codec_threads: usize,
+    /// Display refresh rate in Hz.
+    #[arg(long, default_value_t = 60)]
+    refresh_hz: u32,
+    /// Directory for display snapshots (PNG).
+    #[arg(long, default_value = "/tmp")]
+    snapshot_dir: PathBuf,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -74,6 +89,13 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         guest_mem_limit: args.guest_mem_limit,
         spins: args.spins,
         token: token(&args)?,
+        devices: virtsoc_host::device::registry::DeviceConfig {
+            gpu: args.gpu_backend.clone(),
+            isp: args.isp_backend.clone(),
+            codec_threads: args.codec_threads,
+            refresh_hz: args.refresh_hz,
+            snapshot_dir: args.snapshot_dir.clone(),
+        },
         prefetch: {
             let cfg = virtsoc_prefetch::Config {
                 bandwidth_floor: args.prefetch_bandwidth_floor,

@@ -8,6 +8,13 @@
 //! completion to the guest that sent the request. Queues of a guest that has gone away are
 //! dropped unexecuted.
 
+pub mod camera;
+pub mod codec;
+pub mod display;
+pub mod gpu;
+pub mod isp;
+pub mod modem;
+pub mod registry;
 pub mod testdev;
 
 use std::collections::HashMap;
@@ -16,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use virtsoc_fence::queue::{OrderedQueue, TryPop};
-use virtsoc_fence::table::FenceId;
+use virtsoc_fence::table::{FenceId, VirtualFenceTable};
 use virtsoc_proto::{Completion, DeviceId, Request, Status};
 use virtsoc_svm::{DomainId, SvmManager};
 
@@ -35,16 +42,57 @@ pub struct DeviceCtx<'a> {
     pub svm: &'a SvmManager,
     /// The device's own memory domain.
     pub domain: DomainId,
+    /// The guest's virtual fence table (e.g. to signal a fence at the next vsync).
+    pub fences: &'a Arc<VirtualFenceTable>,
 }
 
-/// A virtual device.
+impl DeviceCtx<'_> {
+    /// Runs `f` on the bytes of region `id` in this device's memory. The guest must have
+    /// begun an access to it from this device.
+    pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
+        self.svm
+            .with_replica(self.guest, id, self.domain, f)
+            .map_err(|e| dispatch::status_of(&e))
+    }
+
+    /// Metadata (size, format, dimensions) of region `id` of this guest.
+    pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
+        self.svm
+            .meta(self.guest, id)
+            .map_err(|e| dispatch::status_of(&e))
+    }
+}
+
+/// A virtual device. Its command set is declared in `virtsoc-devapi`; the worker has already
+/// checked the opcode and that every region argument names a region of the calling guest.
 pub trait Device: Send + Sync {
     /// Short name for logs and listings.
     fn name(&self) -> &str;
-    /// Backend description for listings.
-    fn backend(&self) -> &str;
+    /// Backend description for listings (e.g. "libavcodec 59 (h264, hevc)").
+    fn backend(&self) -> String;
     /// Runs one device command (`args[0]` is the device opcode).
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult;
+    /// A guest went away: drop every object it held on this device.
+    fn guest_gone(&self, _guest: u64) {}
+}
+
+/// Checks a device command against the device's declaration: the opcode exists and every
+/// region argument names a region of the guest.
+pub fn validate(id: DeviceId, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> Result<(), Status> {
+    let Some(decl) = virtsoc_devapi::device(id) else {
+        return Ok(()); // a device without a declaration validates itself
+    };
+    let cmd = decl
+        .commands
+        .iter()
+        .find(|c| c.op == args[0])
+        .ok_or(Status::UnknownOpcode)?;
+    for (i, a) in cmd.args.iter().enumerate() {
+        if a.kind.starts_with("region") {
+            cx.meta(args[1 + i])?;
+        }
+    }
+    Ok(())
 }
 
 /// One guest's queue on one device.
@@ -154,14 +202,14 @@ impl DeviceSet {
 fn execute(svm: &SvmManager, slot: &DeviceSlot, session: &Session, req: &Request) {
     let guest = session.guest_id();
     let result = dispatch::access_or_command(svm, guest, slot.domain, req, |args| {
-        slot.device.execute(
-            &DeviceCtx {
-                guest,
-                svm,
-                domain: slot.domain,
-            },
-            args,
-        )
+        let cx = DeviceCtx {
+            guest,
+            svm,
+            domain: slot.domain,
+            fences: session.fences(),
+        };
+        validate(slot.id, &cx, args)?;
+        slot.device.execute(&cx, args)
     });
     session.complete(match result {
         Ok(values) => Completion::ok(req.seq, values),

@@ -32,8 +32,8 @@ impl Device for Producer {
         "producer"
     }
 
-    fn backend(&self) -> &str {
-        "cpu pattern generator"
+    fn backend(&self) -> String {
+        "cpu pattern generator".into()
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
@@ -68,8 +68,8 @@ impl Device for Consumer {
         self.name
     }
 
-    fn backend(&self) -> &str {
-        "cpu crc32"
+    fn backend(&self) -> String {
+        "cpu crc32".into()
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {

@@ -1,0 +1,299 @@
+//! Every virtsoc device's command set, declared once (AvA's idea, with Rust's own macros).
+//!
+//! A declaration names each command, its arguments (plain values, device handles, and SVM
+//! regions with how the command uses them) and its results. From it come:
+//! - the typed command and reply structs the guest library sends ([`DeviceCommand`]);
+//! - the host's `Command` enum that decodes and validates the wire words;
+//! - the metadata behind `virtsoc devices` ([`DeviceInfo`], [`ALL`]);
+//! - the C header with one inline stub per command ([`c_header`]).
+//!
+//! Adding a device means adding its declaration here and its backend in the daemon.
+
+#[doc(hidden)]
+pub use paste;
+pub use virtsoc_proto::{AccessMode, DeviceId, Status};
+
+mod macros;
+
+/// A device command as the guest sends it.
+pub trait DeviceCommand: Copy {
+    /// The device that runs it.
+    const DEVICE: DeviceId;
+    /// Its opcode (first request word).
+    const OP: u64;
+    /// Its name.
+    const NAME: &'static str;
+    /// What it returns.
+    type Reply;
+    /// Request words: the opcode, then the arguments in declaration order.
+    fn encode(&self) -> [u64; 6];
+    /// The regions it names and how it uses them.
+    fn regions(&self) -> Vec<(u64, AccessMode)>;
+    /// Decodes the completion values.
+    fn reply(values: &[u64; 6]) -> Self::Reply;
+}
+
+/// One argument in a declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgInfo {
+    pub name: &'static str,
+    /// `u64`, `handle`, `region_r`, `region_w` or `region_rw`.
+    pub kind: &'static str,
+}
+
+/// One command in a declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandInfo {
+    pub name: &'static str,
+    pub op: u64,
+    pub doc: &'static str,
+    pub args: &'static [ArgInfo],
+    pub results: &'static [&'static str],
+}
+
+/// One device's declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: &'static str,
+    pub id: DeviceId,
+    pub doc: &'static str,
+    pub commands: &'static [CommandInfo],
+}
+
+/// Codec kinds of `codec::open_decoder`.
+pub mod codec_kind {
+    pub const H264: u64 = 0;
+    pub const HEVC: u64 = 1;
+    pub const VP9: u64 = 2;
+    pub const AV1: u64 = 3;
+}
+
+/// Size of one layer record in the blob passed to `gpu::composite`.
+pub const LAYER_RECORD: usize = 64;
+/// Size of one marker record in the blob passed to `gpu::markers`.
+pub const MARKER_RECORD: usize = 16;
+
+devices! {
+    /// Test device: writes a seeded pattern into a region.
+    device producer = 1 {
+        /// Fills `region` with the pattern of `seed`; returns its CRC-32.
+        fn write_pattern(region: region_w, seed: u64) -> (crc) = 1;
+    }
+
+    /// Test device: checksums a region.
+    device consumer = 2 {
+        /// CRC-32 of `region`.
+        fn checksum(region: region_r) -> (crc) = 2;
+    }
+
+    /// A second checksum device, for multi-reader flows.
+    device consumer2 = 3 {
+        /// CRC-32 of `region`.
+        fn checksum(region: region_r) -> (crc) = 2;
+    }
+
+    /// Video decoder and encoder (libavcodec).
+    device codec = 10 {
+        /// Opens a decoder for `kind` (see `codec_kind`) producing frames in `format`
+        /// (NV12 or YUV420P) with `threads` decoding threads.
+        fn open_decoder(kind: u64, format: u64, threads: u64) -> (handle) = 1;
+        /// Feeds one packet: the first `len` bytes of `bitstream`, presented at `pts`.
+        fn decode(handle: handle, bitstream: region_r, len: u64, pts: u64) -> (frames_ready) = 2;
+        /// Moves the next decoded frame, if any, into `frame` (whose format and size must match).
+        fn receive_frame(handle: handle, frame: region_w) -> (got, pts, width, height) = 3;
+        /// Drains the decoder at the end of the stream.
+        fn flush(handle: handle) -> (frames_ready) = 4;
+        /// Opens an H.264 encoder.
+        fn open_encoder(width: u64, height: u64, fps: u64, bitrate: u64) -> (handle) = 5;
+        /// Encodes `frame` (NV12 or YUV420P) presented at `pts`; the packet(s) go to `out`.
+        fn encode(handle: handle, frame: region_r, pts: u64, out: region_w) -> (bytes, keyframe, out_pts) = 6;
+        /// Closes a decoder or encoder.
+        fn close(handle: handle) -> () = 7;
+    }
+
+    /// Image signal processor: colour conversion and scaling between the regions' formats.
+    device isp = 11 {
+        /// Converts `src` into `dst` (formats and sizes from the regions' metadata).
+        fn convert(src: region_r, dst: region_w) -> () = 1;
+    }
+
+    /// Camera: a synthetic moving pattern with the capture time stamped into the pixels.
+    device camera = 12 {
+        /// Captures the next frame into `frame` (its format and size set the mode).
+        fn capture(frame: region_w) -> (index, capture_ns, marker_x, marker_y) = 1;
+    }
+
+    /// GPU (wgpu): composition, YUV sampling, 360-degree projection, overlays.
+    device gpu = 13 {
+        /// Composites `count` layers described by 64-byte records in `layers` into `dst`.
+        fn composite(layers: region_r, count: u64, dst: region_w) -> (gpu_us) = 1;
+        /// Renders a view of equirectangular `src` into `dst`; angles in microradians
+        /// (two's complement).
+        fn project(src: region_r, dst: region_w, yaw: u64, pitch: u64, fov: u64) -> (gpu_us) = 2;
+        /// Draws `count` markers (16-byte records: x, y, size as u32, rgba) from `markers` onto `dst`.
+        fn markers(markers: region_r, count: u64, dst: region_rw) -> (gpu_us) = 3;
+        /// Converts `src` into `dst` with a compute shader.
+        fn convert(src: region_r, dst: region_w) -> (gpu_us) = 4;
+    }
+
+    /// Display: scan-out paced by a vsync clock; headless unless a window is configured.
+    device display = 14 {
+        /// Queues `frame` for the next vsync; `capture_ns` (0: none) is when its content was
+        /// captured or decoded, for motion-to-photon latency.
+        fn present(frame: region_r, capture_ns: u64) -> (frame_id) = 1;
+        /// Counters of this guest's frames.
+        fn stats() -> (presented, dropped, vsyncs, latency_p50_ns, latency_p99_ns, samples) = 2;
+        /// Signals virtual fence `fence` at the next vsync.
+        fn signal_at_vsync(fence: u64) -> () = 3;
+        /// Writes the last scanned-out frame as a PNG into the daemon's snapshot directory.
+        fn snapshot() -> (frame_id) = 4;
+    }
+
+    /// Cellular modem: an AT-command channel (registration, signal, SMS, calls).
+    device modem = 15 {
+        /// Sends `len` (at most 32) bytes packed little-endian in `b0`..`b3`.
+        fn write(len: u64, b0: u64, b1: u64, b2: u64, b3: u64) -> (accepted) = 1;
+        /// Reads up to 40 bytes of modem output, packed little-endian in `b0`..`b4`.
+        fn read() -> (len, b0, b1, b2, b3, b4) = 2;
+    }
+}
+
+/// The declaration of the device with id `id`.
+pub fn device(id: DeviceId) -> Option<&'static DeviceInfo> {
+    ALL.iter().find(|d| d.id == id)
+}
+
+/// The C header: device ids, opcodes, and one static inline stub per command calling
+/// `virtsoc_device_cmd` (declared in `virtsoc.h`).
+pub fn c_header(all: &[DeviceInfo]) -> String {
+    let mut h = String::from(
+        "/* virtsoc_devices.h - generated by `virtsoc devices --c-header` from the device\n \
+         * declarations in crates/devapi. Do not edit; regenerate. */\n\
+         #ifndef VIRTSOC_DEVICES_H\n#define VIRTSOC_DEVICES_H\n\n#include \"virtsoc.h\"\n\n",
+    );
+    for d in all {
+        let up = d.name.to_uppercase();
+        for line in d.doc.lines() {
+            h += &format!("/*{line} */\n");
+        }
+        h += &format!("#define VIRTSOC_DEVICE_{up} {}\n", d.id.0);
+        for c in d.commands {
+            h += &format!("#define VIRTSOC_{up}_{} {}\n", c.name.to_uppercase(), c.op);
+        }
+        for c in d.commands {
+            for line in c.doc.lines() {
+                h += &format!("/*{line} */\n");
+            }
+            let mut params = vec!["virtsoc_conn *c".to_string()];
+            params.extend(c.args.iter().map(|a| format!("uint64_t {}", a.name)));
+            params.extend(c.results.iter().map(|r| format!("uint64_t *{r}_out")));
+            h += &format!(
+                "static inline int virtsoc_{}_{}({}) {{\n",
+                d.name,
+                c.name,
+                params.join(", ")
+            );
+            let args: Vec<String> = std::iter::once(c.op.to_string())
+                .chain(c.args.iter().map(|a| a.name.to_string()))
+                .collect();
+            h += &format!(
+                "    uint64_t a[6] = {{{}}};\n    uint64_t v[6] = {{0}};\n",
+                args.join(", ")
+            );
+            h += &format!("    int r = virtsoc_device_cmd(c, {}, a, v);\n", d.id.0);
+            for (i, r) in c.results.iter().enumerate() {
+                h += &format!("    if (r == 0 && {r}_out) *{r}_out = v[{i}];\n");
+            }
+            h += "    (void)v;\n    return r;\n}\n";
+        }
+        h += "\n";
+    }
+    h += "#endif /* VIRTSOC_DEVICES_H */\n";
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_round_trip_through_the_wire() {
+        let d = codec::Decode {
+            handle: 7,
+            bitstream: 11,
+            len: 1234,
+            pts: 99,
+        };
+        let w = d.encode();
+        assert_eq!(w, [2, 7, 11, 1234, 99, 0]);
+        assert_eq!(codec::Command::decode(&w), Ok(codec::Command::Decode(d)));
+        assert_eq!(d.regions(), vec![(11, AccessMode::Read)]);
+        let r = codec::ReceiveFrame {
+            handle: 1,
+            frame: 5,
+        };
+        assert_eq!(r.regions(), vec![(5, AccessMode::Write)]);
+        assert_eq!(
+            codec::Command::decode(&[99, 0, 0, 0, 0, 0]),
+            Err(Status::UnknownOpcode)
+        );
+        let rep = codec::ReceiveFrameReply::from_values(&[1, 2, 3, 4, 0, 0]);
+        assert_eq!((rep.got, rep.pts, rep.width, rep.height), (1, 2, 3, 4));
+        assert_eq!(rep.to_values(), [1, 2, 3, 4, 0, 0]);
+        assert_eq!(gpu::Markers::OP, 3);
+        assert_eq!(
+            gpu::Markers {
+                markers: 1,
+                count: 2,
+                dst: 3
+            }
+            .regions(),
+            vec![(1, AccessMode::Read), (3, AccessMode::ReadWrite)]
+        );
+    }
+
+    #[test]
+    fn declarations_are_consistent() {
+        let mut ids: Vec<u32> = ALL.iter().map(|d| d.id.0).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), ALL.len(), "device ids are unique");
+        for d in ALL {
+            let mut ops: Vec<u64> = d.commands.iter().map(|c| c.op).collect();
+            ops.sort();
+            ops.dedup();
+            assert_eq!(
+                ops.len(),
+                d.commands.len(),
+                "{}: opcodes are unique",
+                d.name
+            );
+            assert!(!d.doc.trim().is_empty(), "{} is documented", d.name);
+        }
+        assert_eq!(device(DeviceId(10)).unwrap().name, "codec");
+        assert_eq!(producer::ID, virtsoc_proto::DeviceId::PRODUCER);
+        assert_eq!(
+            producer::WritePattern::OP,
+            virtsoc_proto::wire::testdev::WRITE_PATTERN
+        );
+        assert_eq!(
+            consumer::Checksum::OP,
+            virtsoc_proto::wire::testdev::CHECKSUM
+        );
+    }
+
+    #[test]
+    fn c_header_has_every_command() {
+        let h = c_header(ALL);
+        assert!(h.contains("#define VIRTSOC_DEVICE_CODEC 10"));
+        assert!(h.contains("static inline int virtsoc_codec_decode(virtsoc_conn *c, uint64_t handle, uint64_t bitstream, uint64_t len, uint64_t pts, uint64_t *frames_ready_out)"));
+        assert!(
+            h.contains("static inline int virtsoc_modem_read(virtsoc_conn *c, uint64_t *len_out")
+        );
+        for d in ALL {
+            for c in d.commands {
+                assert!(h.contains(&format!("virtsoc_{}_{}(", d.name, c.name)));
+            }
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! The modem device (being written: answers every command with NotSupported for now).
+
+use virtsoc_proto::Status;
+
+use super::registry::DeviceConfig;
+use super::{Device, DeviceCtx, DeviceResult};
+use crate::Result;
+
+/// The modem device.
+pub struct Modem;
+
+impl Modem {
+    /// Builds the device from the daemon's configuration.
+    pub fn new(_cfg: &DeviceConfig) -> Result<Self> {
+        Ok(Modem)
+    }
+}
+
+impl Device for Modem {
+    fn name(&self) -> &str {
+        "modem"
+    }
+
+    fn backend(&self) -> String {
+        "none yet".into()
+    }
+
+    fn execute(&self, _cx: &DeviceCtx<'_>, _args: &[u64; 6]) -> DeviceResult {
+        Err(Status::NotSupported)
+    }
+}

@@ -1,0 +1,54 @@
+//! Which devices the daemon runs, with which backends: built from [`DeviceConfig`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use virtsoc_proto::DeviceId;
+
+use super::testdev::{Consumer, Producer};
+use super::{camera, codec, display, gpu, isp, modem, Device};
+use crate::Result;
+
+/// Backend choices and device settings (from the daemon's command line).
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// GPU backend: `wgpu` (Vulkan; Mesa's CPU driver where there is no GPU), `cpu`, `null`.
+    pub gpu: String,
+    /// ISP backend: `swscale`, `gpu` (compute shader), `cpu`, `null`.
+    pub isp: String,
+    /// Decoding threads per decoder.
+    pub codec_threads: usize,
+    /// Display refresh rate.
+    pub refresh_hz: u32,
+    /// Where display snapshots go.
+    pub snapshot_dir: PathBuf,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            gpu: "wgpu".into(),
+            isp: "swscale".into(),
+            codec_threads: 2,
+            refresh_hz: 60,
+            snapshot_dir: std::env::temp_dir(),
+        }
+    }
+}
+
+/// Builds every device.
+pub fn build(cfg: &DeviceConfig) -> Result<Vec<(DeviceId, Arc<dyn Device>)>> {
+    use virtsoc_devapi as api;
+    let gpu_dev = Arc::new(gpu::Gpu::new(cfg)?);
+    Ok(vec![
+        (DeviceId::PRODUCER, Arc::new(Producer) as Arc<dyn Device>),
+        (DeviceId::CONSUMER, Arc::new(Consumer::new("consumer"))),
+        (DeviceId::CONSUMER2, Arc::new(Consumer::new("consumer2"))),
+        (api::codec::ID, Arc::new(codec::Codec::new(cfg)?)),
+        (api::isp::ID, Arc::new(isp::Isp::new(cfg, &gpu_dev)?)),
+        (api::camera::ID, Arc::new(camera::Camera::new(cfg)?)),
+        (api::gpu::ID, gpu_dev),
+        (api::display::ID, Arc::new(display::Display::new(cfg)?)),
+        (api::modem::ID, Arc::new(modem::Modem::new(cfg)?)),
+    ])
+}
