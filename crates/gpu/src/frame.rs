@@ -126,7 +126,8 @@ impl FrameLayout {
                 self.stride, row, self.format, self.width
             )));
         }
-        if self.format.is_yuv() && (!self.width.is_multiple_of(2) || !self.height.is_multiple_of(2)) {
+        if self.format.is_yuv() && (!self.width.is_multiple_of(2) || !self.height.is_multiple_of(2))
+        {
             return Err(GpuError::InvalidLayout(format!(
                 "{:?} needs even width and height, got {}x{}",
                 self.format, self.width, self.height
