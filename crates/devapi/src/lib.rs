@@ -73,6 +73,88 @@ pub const LAYER_RECORD: usize = 64;
 /// Size of one marker record in the blob passed to `gpu::markers`.
 pub const MARKER_RECORD: usize = 16;
 
+/// One layer of `gpu::composite`, as a 64-byte little-endian record:
+/// `src u64 | crop x,y,w,h u32 | dst x,y i32, w,h u32 | rotation u32 (0, 90, 180, 270) |
+/// alpha f32 | blend u32 | 12 bytes zero`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerRecord {
+    /// Source region (this guest's; the GPU must have begun reading it).
+    pub src: u64,
+    pub crop: [u32; 4],
+    pub dst_pos: [i32; 2],
+    pub dst_size: [u32; 2],
+    pub rotation: u32,
+    pub alpha: f32,
+    pub blend: bool,
+}
+
+impl LayerRecord {
+    /// Encodes the record.
+    pub fn to_bytes(&self) -> [u8; LAYER_RECORD] {
+        let mut b = [0u8; LAYER_RECORD];
+        b[0..8].copy_from_slice(&self.src.to_le_bytes());
+        for (i, v) in self.crop.iter().enumerate() {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        b[24..28].copy_from_slice(&self.dst_pos[0].to_le_bytes());
+        b[28..32].copy_from_slice(&self.dst_pos[1].to_le_bytes());
+        b[32..36].copy_from_slice(&self.dst_size[0].to_le_bytes());
+        b[36..40].copy_from_slice(&self.dst_size[1].to_le_bytes());
+        b[40..44].copy_from_slice(&self.rotation.to_le_bytes());
+        b[44..48].copy_from_slice(&self.alpha.to_le_bytes());
+        b[48..52].copy_from_slice(&u32::from(self.blend).to_le_bytes());
+        b
+    }
+
+    /// Decodes a record (no validation beyond the layout: the GPU checks the values).
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        let b: &[u8; LAYER_RECORD] = b.get(..LAYER_RECORD)?.try_into().ok()?;
+        let u = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        Some(LayerRecord {
+            src: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            crop: [u(8), u(12), u(16), u(20)],
+            dst_pos: [u(24) as i32, u(28) as i32],
+            dst_size: [u(32), u(36)],
+            rotation: u(40),
+            alpha: f32::from_bits(u(44)),
+            blend: u(48) != 0,
+        })
+    }
+}
+
+/// One marker of `gpu::markers`, as a 16-byte little-endian record: `x i32 | y i32 |
+/// size u32 | rgba u32` (r in the low byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarkerRecord {
+    pub x: i32,
+    pub y: i32,
+    pub size: u32,
+    pub rgba: [u8; 4],
+}
+
+impl MarkerRecord {
+    /// Encodes the record.
+    pub fn to_bytes(&self) -> [u8; MARKER_RECORD] {
+        let mut b = [0u8; MARKER_RECORD];
+        b[0..4].copy_from_slice(&self.x.to_le_bytes());
+        b[4..8].copy_from_slice(&self.y.to_le_bytes());
+        b[8..12].copy_from_slice(&self.size.to_le_bytes());
+        b[12..16].copy_from_slice(&self.rgba);
+        b
+    }
+
+    /// Decodes a record.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        let b: &[u8; MARKER_RECORD] = b.get(..MARKER_RECORD)?.try_into().ok()?;
+        Some(MarkerRecord {
+            x: i32::from_le_bytes(b[0..4].try_into().ok()?),
+            y: i32::from_le_bytes(b[4..8].try_into().ok()?),
+            size: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            rgba: [b[12], b[13], b[14], b[15]],
+        })
+    }
+}
+
 devices! {
     /// Test device: writes a seeded pattern into a region.
     device producer = 1 {
@@ -280,6 +362,28 @@ mod tests {
             consumer::Checksum::OP,
             virtsoc_proto::wire::testdev::CHECKSUM
         );
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let l = LayerRecord {
+            src: 42,
+            crop: [1, 2, 3, 4],
+            dst_pos: [-5, 6],
+            dst_size: [7, 8],
+            rotation: 90,
+            alpha: 0.5,
+            blend: true,
+        };
+        assert_eq!(LayerRecord::from_bytes(&l.to_bytes()), Some(l));
+        assert_eq!(LayerRecord::from_bytes(&[0u8; 10]), None);
+        let m = MarkerRecord {
+            x: -1,
+            y: 2,
+            size: 3,
+            rgba: [1, 2, 3, 4],
+        };
+        assert_eq!(MarkerRecord::from_bytes(&m.to_bytes()), Some(m));
     }
 
     #[test]

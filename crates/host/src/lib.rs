@@ -8,6 +8,7 @@
 //! - [`fences`]: the guest-visible virtual fence page;
 //! - [`device`]: the device trait, device workers, and the devices themselves.
 
+pub mod clock;
 pub mod daemon;
 pub mod device;
 pub mod dispatch;
