@@ -58,6 +58,17 @@ enum Cmd {
         #[arg(long, default_value_t = 120)]
         frames: usize,
     },
+    /// Lists the daemon's devices with their backends and commands.
+    Devices {
+        #[arg(long)]
+        socket: Option<String>,
+        #[arg(long)]
+        json: bool,
+        /// Print the C header with one stub per device command (generated from the
+        /// declarations) instead.
+        #[arg(long)]
+        c_header: bool,
+    },
     /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
     Vm {
         #[command(subcommand)]
@@ -348,6 +359,42 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 bench_svm::print_table(&r);
                 Ok(())
             })?;
+        }
+        Cmd::Devices {
+            socket,
+            json,
+            c_header,
+        } => {
+            if c_header {
+                print!("{}", virtsoc_devapi::c_header(virtsoc_devapi::ALL));
+                return Ok(());
+            }
+            let devices = with_daemon(socket, false, |e| {
+                let c = Connection::open(&e.target, &ConnectOptions::default())?;
+                Ok(c.devices().to_vec())
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&devices)?);
+            } else {
+                println!(
+                    "{:<4} {:<10} {:<14} backend / commands",
+                    "id", "device", "memory"
+                );
+                for d in &devices {
+                    println!("{:<4} {:<10} {:<14} {}", d.id, d.name, d.domain, d.backend);
+                    if let Some(decl) = virtsoc_devapi::device(virtsoc_guest::DeviceId(d.id)) {
+                        let cmds: Vec<String> = decl
+                            .commands
+                            .iter()
+                            .map(|c| {
+                                let args: Vec<&str> = c.args.iter().map(|a| a.name).collect();
+                                format!("{}({})", c.name, args.join(", "))
+                            })
+                            .collect();
+                        println!("{:<30} {}", "", cmds.join("  "));
+                    }
+                }
+            }
         }
         Cmd::Vm {
             which:

@@ -19,7 +19,7 @@ use std::net::TcpStream;
 use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
 use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
-use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
+use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::WindowLayout;
@@ -153,6 +153,7 @@ pub struct Connection {
     window: Arc<SharedWindow>,
     guest_id: u64,
     coherence: String,
+    devices: Vec<DeviceDesc>,
     next_seq: AtomicU64,
     reaped: Mutex<Reaped>,
     reaped_cv: Condvar,
@@ -201,13 +202,14 @@ impl Connection {
         }
     }
 
-    pub(crate) fn welcome_of(reply: Reply) -> Result<(u64, WindowLayout, String)> {
+    pub(crate) fn welcome_of(reply: Reply) -> Result<(u64, WindowLayout, String, Vec<DeviceDesc>)> {
         match reply {
             Reply::Welcome {
                 guest_id,
                 layout,
                 coherence,
-            } => Ok((guest_id, layout, coherence)),
+                devices,
+            } => Ok((guest_id, layout, coherence, devices)),
             Reply::Refused { reason } => Err(GuestError::Refused(reason)),
         }
     }
@@ -221,7 +223,7 @@ impl Connection {
         })?;
         send_json(&sock, &Self::hello_for(opts), None)?;
         let (reply, fd): (Reply, _) = recv_json(&sock)?;
-        let (guest_id, layout, coherence) = Self::welcome_of(reply)?;
+        let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
         let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
         let window = Arc::new(SharedWindow::map_file(std::fs::File::from(fd), layout)?);
         let sock = Arc::new(sock);
@@ -235,7 +237,7 @@ impl Connection {
                 let _ = s2.shutdown(std::net::Shutdown::Both);
             }),
         );
-        Self::with_link(Box::new(link), window, guest_id, coherence)
+        Self::with_link(Box::new(link), window, guest_id, coherence, devices)
     }
 
     /// Connects to a daemon listening on TCP (remote guest). Bulk data goes in the stream;
@@ -247,11 +249,11 @@ impl Connection {
         })?;
         send_json(&sock, &Self::hello_for(opts), None)?;
         let (reply, _): (Reply, _) = recv_json(&sock)?;
-        let (guest_id, layout, coherence) = Self::welcome_of(reply)?;
+        let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
         // A private mirror of the window: CPU pointers point here, bytes travel in the stream.
         let window = Arc::new(SharedWindow::create_memfd("virtsoc-remote-mirror", layout)?);
         let link = StreamLink::new(sock, layout.size)?;
-        Self::with_link(Box::new(link), window, guest_id, coherence)
+        Self::with_link(Box::new(link), window, guest_id, coherence, devices)
     }
 
     pub(crate) fn with_link(
@@ -259,6 +261,7 @@ impl Connection {
         window: Arc<SharedWindow>,
         guest_id: u64,
         coherence: String,
+        devices: Vec<DeviceDesc>,
     ) -> Result<Self> {
         let cq_entries = window.layout().cq_entries;
         Ok(Connection {
@@ -266,6 +269,7 @@ impl Connection {
             window,
             guest_id,
             coherence,
+            devices,
             next_seq: AtomicU64::new(1),
             reaped: Mutex::new(Reaped {
                 done: HashMap::new(),
@@ -294,6 +298,11 @@ impl Connection {
     /// The id the daemon gave this guest.
     pub fn guest_id(&self) -> u64 {
         self.guest_id
+    }
+
+    /// The devices the daemon offers (from the welcome).
+    pub fn devices(&self) -> &[DeviceDesc] {
+        &self.devices
     }
 
     /// The coherence protocol the daemon runs for this guest.

@@ -103,7 +103,7 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
     read_exact_port(&mut port, &mut body)?;
     let reply: Reply =
         serde_json::from_slice(&body).map_err(|e| GuestError::Refused(e.to_string()))?;
-    let (guest_id, layout, coherence) = Connection::welcome_of(reply)?;
+    let (guest_id, layout, coherence, devices) = Connection::welcome_of(reply)?;
     let bar = find_ivshmem()?;
     let file = OpenOptions::new()
         .read(true)
@@ -135,7 +135,7 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
             let _ = (&*bye).write_all(&[MSG_BYE]);
         }),
     );
-    Connection::with_link(Box::new(link), window, guest_id, coherence)
+    Connection::with_link(Box::new(link), window, guest_id, coherence, devices)
 }
 
 /// A doorbell over the virtio-serial port. As the host's bell (`sleeping` =

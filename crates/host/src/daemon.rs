@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags};
-use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
+use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::PAGE;
 use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
@@ -254,11 +254,25 @@ impl Daemon {
         }
     }
 
-    pub(crate) fn welcome(a: &Admitted) -> Reply {
+    pub(crate) fn welcome(&self, a: &Admitted) -> Reply {
+        let topo = self.svm.engine().topology();
         Reply::Welcome {
             guest_id: a.guest_id,
             layout: a.layout,
             coherence: a.kind.name().to_string(),
+            devices: self
+                .devices
+                .iter()
+                .map(|s| DeviceDesc {
+                    id: s.id.0,
+                    name: s.device.name().to_string(),
+                    backend: s.device.backend(),
+                    domain: topo
+                        .info(s.domain)
+                        .map(|i| i.name.clone())
+                        .unwrap_or_default(),
+                })
+                .collect(),
         }
     }
 
@@ -290,7 +304,7 @@ impl Daemon {
             Err(reason) => return Self::refuse(&stream, reason),
         };
         let guest_id = a.guest_id;
-        if let Err(e) = send_json(&stream, &Self::welcome(&a), Some(a.window.fd())) {
+        if let Err(e) = send_json(&stream, &self.welcome(&a), Some(a.window.fd())) {
             log::warn!("guest {guest_id}: handshake failed: {e}");
             self.svm.detach_guest(guest_id);
             return;
@@ -372,7 +386,7 @@ impl Daemon {
             Err(reason) => return Self::refuse(&stream, reason),
         };
         let guest_id = a.guest_id;
-        let link = match send_json(&stream, &Self::welcome(&a), None)
+        let link = match send_json(&stream, &self.welcome(&a), None)
             .map_err(|e| e.to_string())
             .and_then(|_| StreamLink::new(stream, a.layout.size).map_err(|e| e.to_string()))
         {

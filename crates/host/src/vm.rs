@@ -232,7 +232,7 @@ fn start_session(
         .map_err(|e| e.to_string())?;
     let guest_id = daemon.next_guest_id();
     let a = daemon.admit_with(guest_id, kind, window.clone())?;
-    send_reply(writer, &Daemon::welcome(&a)).map_err(|e| e.to_string())?;
+    send_reply(writer, &daemon.welcome(&a)).map_err(|e| e.to_string())?;
     let bell = Arc::new(EventCount::default());
     let spins = 2048;
     let link = ShmLink::new(

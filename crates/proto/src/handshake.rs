@@ -41,6 +41,17 @@ pub struct Hello {
     pub coherence: Option<String>,
 }
 
+/// A device the daemon offers, as listed in the welcome.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeviceDesc {
+    pub id: u32,
+    pub name: String,
+    /// The backend serving it (library, driver, mode).
+    pub backend: String,
+    /// The memory domain holding its replicas.
+    pub domain: String,
+}
+
 /// Answer, host -> guest. A `Welcome` carries the window's file descriptor.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub enum Reply {
@@ -49,6 +60,9 @@ pub enum Reply {
         layout: WindowLayout,
         /// Name of the coherence protocol the daemon runs.
         coherence: String,
+        /// The devices the daemon offers.
+        #[serde(default)]
+        devices: Vec<DeviceDesc>,
     },
     Refused {
         reason: String,
