@@ -15,6 +15,7 @@ packages=(
   ffmpeg                                  # test clips and golden frame hashes
   mesa-vulkan-drivers libvulkan1          # wgpu on lavapipe (CPU Vulkan) where there is no GPU
   qemu-system-x86 busybox-static xz-utils # VM guests (TCG) and their image
+  fonts-dejavu-core                       # chart labels in `virtsoc report`
 )
 
 missing=()

@@ -22,6 +22,8 @@ pub struct Endpoint {
     pub target: String,
     /// The daemon's TCP address and token, when it also serves remote guests.
     pub remote: Option<(String, String)>,
+    /// The daemon's process id, when this process started it (for CPU accounting).
+    pub pid: Option<u32>,
 }
 
 /// Path of the `virtsocd` binary: next to the running executable (or one level up, for test
@@ -105,6 +107,7 @@ impl DaemonProcess {
         Endpoint {
             target: self.socket.display().to_string(),
             remote: self.remote.clone(),
+            pid: Some(self.child.id()),
         }
     }
 

@@ -6,6 +6,8 @@
 mod bench_svm;
 mod bench_transport;
 mod daemon_proc;
+mod report;
+mod scenario;
 mod stats;
 mod trace;
 mod vm;
@@ -57,6 +59,34 @@ enum Cmd {
         /// Frames per protocol.
         #[arg(long, default_value_t = 120)]
         frames: usize,
+    },
+    /// Runs an application scenario (uhd-video, video-360, camera, ar) through real devices.
+    Run {
+        scenario: String,
+        #[arg(long)]
+        socket: Option<String>,
+        #[arg(long, default_value = "prefetch")]
+        protocol: String,
+        #[arg(long, value_enum, default_value = "fence")]
+        ordering: bench_svm::OrderingMode,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// 360p, 720p, 1080p or uhd.
+        #[arg(long, default_value = "1080p")]
+        resolution: String,
+        #[arg(long, default_value_t = 30)]
+        fps: u32,
+        /// Run every protocol x ordering combination and print a table.
+        #[arg(long)]
+        compare: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draws charts (PNG and SVG) from `virtsoc run --json` results.
+    Report {
+        results: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Lists the daemon's devices with their backends and commands.
     Devices {
@@ -228,6 +258,7 @@ fn with_daemon<T>(
         Some(s) => f(&Endpoint {
             target: s,
             remote: None,
+            pid: None,
         }),
         None => {
             let d = DaemonProcess::spawn(&[], remote)?;
@@ -359,6 +390,69 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 bench_svm::print_table(&r);
                 Ok(())
             })?;
+        }
+        Cmd::Run {
+            scenario,
+            socket,
+            protocol,
+            ordering,
+            seconds,
+            resolution,
+            fps,
+            compare,
+            json,
+        } => {
+            let (width, height) = scenario::resolution(&resolution)?;
+            if !(0.5..=3600.0).contains(&seconds) || !(1..=240).contains(&fps) {
+                return Err(CliError::Usage(
+                    "--seconds must be 0.5..3600 and --fps 1..240".into(),
+                ));
+            }
+            let combos: Vec<(String, bench_svm::OrderingMode)> = if compare {
+                ["guest-staging", "write-invalidate", "prefetch"]
+                    .iter()
+                    .flat_map(|p| {
+                        [
+                            bench_svm::OrderingMode::Atomic,
+                            bench_svm::OrderingMode::Fence,
+                        ]
+                        .map(|o| (p.to_string(), o))
+                    })
+                    .collect()
+            } else {
+                vec![(protocol, ordering)]
+            };
+            let results = with_daemon(socket, false, |e| {
+                combos
+                    .iter()
+                    .map(|(p, o)| {
+                        scenario::run(
+                            &e.target,
+                            e.pid,
+                            &scenario::RunOpts {
+                                scenario: scenario.clone(),
+                                protocol: p.clone(),
+                                ordering: *o,
+                                seconds,
+                                width,
+                                height,
+                                fps,
+                            },
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&results)?);
+            } else {
+                scenario::print_table(&results);
+            }
+        }
+        Cmd::Report { results, out } => {
+            let rs = report::load(&results)?;
+            for f in report::write(&rs, &out)? {
+                println!("{}", f.display());
+            }
         }
         Cmd::Devices {
             socket,

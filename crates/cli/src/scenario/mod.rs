@@ -1,0 +1,459 @@
+//! `virtsoc run SCENARIO`: the paper's application workloads (vSoC Table 1) as guest
+//! processes driving real devices through the guest library, measured per coherence protocol
+//! and ordering mode in one invocation (`--compare`).
+//!
+//! - `uhd-video`: decode (codec) -> composite with a UI layer (GPU) -> display, with
+//!   presentation deadlines: a frame that is late by more than one frame period is dropped;
+//! - `video-360`: as above with an equirectangular projection (GPU) whose view turns;
+//! - `camera`: camera -> ISP (NV12 to RGBA) -> GPU preview composite -> display;
+//! - `ar`: camera -> ISP -> GPU composite + markers on the tracked point -> display, with a
+//!   second reader of each camera frame (the tracker), a two-reader flow;
+//! - `livestream`: camera -> encoder -> RTMP push to a local nginx, pulled back, decoded,
+//!   composited and displayed (see [`livestream`]).
+
+mod media;
+mod pipe;
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use virtsoc_guest::devices::{self as api, LayerRecord, MarkerRecord};
+use virtsoc_guest::{ConnectOptions, Connection, Format};
+
+use crate::bench_svm::OrderingMode;
+use crate::stats::P50P99;
+use crate::CliError;
+use pipe::Pipe;
+
+/// The scenarios.
+pub const SCENARIOS: [&str; 4] = ["uhd-video", "video-360", "camera", "ar"];
+
+/// How to run a scenario.
+#[derive(Debug, Clone)]
+pub struct RunOpts {
+    pub scenario: String,
+    pub protocol: String,
+    pub ordering: OrderingMode,
+    pub seconds: f64,
+    pub width: u32,
+    pub height: u32,
+    pub fps: u32,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ScenarioResult {
+    pub scenario: String,
+    pub protocol: String,
+    pub ordering: String,
+    pub resolution: String,
+    pub target_fps: u32,
+    pub seconds: f64,
+    /// Frames scanned out by the display per second.
+    pub presented_fps: f64,
+    pub frames_in: u64,
+    pub presented: u64,
+    /// Frames dropped for missing their deadline plus frames replaced before a vsync.
+    pub dropped: u64,
+    /// Motion-to-photon latency (capture or decode to scan-out), ms.
+    pub latency_ms: P50P99,
+    /// Host-side duration of the devices' read begin_access, us.
+    pub access_latency_us: P50P99,
+    /// Those durations, sorted and thinned to at most 400 points (for CDFs).
+    #[serde(default)]
+    pub access_latency_cdf_us: Vec<f64>,
+    pub copies_per_frame: f64,
+    pub coherence_ms_per_frame: f64,
+    pub prediction_accuracy: Option<f64>,
+    /// CPU time over wall time, percent of one core.
+    pub cpu_daemon_pct: Option<f64>,
+    pub cpu_guest_pct: f64,
+}
+
+/// CLOCK_MONOTONIC in ns (the daemon's media clock: process guests share it).
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// CPU seconds (user + system) of process `pid` from /proc.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / rustix::param::clock_ticks_per_second() as f64)
+}
+
+/// Parses `1080p`, `720p`, `uhd`/`2160p`.
+pub fn resolution(s: &str) -> Result<(u32, u32), CliError> {
+    match s {
+        "720p" => Ok((1280, 720)),
+        "1080p" => Ok((1920, 1080)),
+        "uhd" | "2160p" => Ok((3840, 2160)),
+        "360p" => Ok((640, 360)),
+        other => Err(CliError::Usage(format!(
+            "--resolution must be 360p, 720p, 1080p or uhd, not {other}"
+        ))),
+    }
+}
+
+/// A UI layer: transparent with an opaque status bar and a translucent panel.
+fn ui_pixels(w: u32, h: u32) -> Vec<u8> {
+    let mut px = vec![0u8; (w * h * 4) as usize];
+    for y in 0..h {
+        for x in 0..w {
+            let i = ((y * w + x) * 4) as usize;
+            if y < h / 20 {
+                px[i..i + 4].copy_from_slice(&[30, 30, 40, 255]);
+            } else if y > h * 4 / 5 && x > w / 10 && x < w * 9 / 10 {
+                px[i..i + 4].copy_from_slice(&[255, 255, 255, 96]);
+            }
+        }
+    }
+    px
+}
+
+fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
+    LayerRecord {
+        src,
+        crop: [0, 0, w, h],
+        dst_pos: [0, 0],
+        dst_size: [w, h],
+        rotation: 0,
+        alpha: 1.0,
+        blend,
+    }
+}
+
+struct Common {
+    frames_in: u64,
+    late_drops: u64,
+    t0: Instant,
+}
+
+/// Runs one scenario against the daemon at `target`.
+pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
+    let (w, h) = (o.width, o.height);
+    let frame_bytes = w as u64 * h as u64 * 4;
+    let conn = Connection::open(
+        target,
+        &ConnectOptions {
+            name: format!("{}-{}-{:?}", o.scenario, o.protocol, o.ordering),
+            coherence: Some(o.protocol.clone()),
+            window_size: (frame_bytes * 16 + (64 << 20)).min(1 << 30),
+            ..ConnectOptions::default()
+        },
+    )?;
+    let before = conn.counters()?;
+    let cpu_g0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
+    let cpu_d0 = daemon_pid.and_then(cpu_seconds);
+    let mut pipe = Pipe::new(&conn, o.ordering);
+    let period = Duration::from_secs_f64(1.0 / o.fps.max(1) as f64);
+    let mut common = Common {
+        frames_in: 0,
+        late_drops: 0,
+        t0: Instant::now(),
+    };
+    match o.scenario.as_str() {
+        "uhd-video" | "video-360" => video(&mut pipe, o, period, &mut common)?,
+        "camera" | "ar" => camera(&mut pipe, o, period, &mut common)?,
+        other => {
+            return Err(CliError::Usage(format!(
+                "unknown scenario {other} (one of {})",
+                SCENARIOS.join(", ")
+            )))
+        }
+    }
+    pipe.end_frame(0)?;
+    conn.drain()?;
+    let wall = common.t0.elapsed().as_secs_f64();
+    // Let the last presented frame reach a vsync before reading the display's counters.
+    std::thread::sleep(period * 2);
+    let st = pipe.conn.command(&api::display::Stats::default())?;
+    let d = conn.counters()?.since(&before);
+    let scored = d.hits + d.misses;
+    let frames = common.frames_in.max(1) as f64;
+    let access = P50P99::of(&pipe.access_us);
+    Ok(ScenarioResult {
+        scenario: o.scenario.clone(),
+        protocol: o.protocol.clone(),
+        ordering: format!("{:?}", o.ordering).to_lowercase(),
+        resolution: format!("{w}x{h}"),
+        target_fps: o.fps,
+        seconds: wall,
+        presented_fps: st.presented as f64 / wall,
+        frames_in: common.frames_in,
+        presented: st.presented,
+        dropped: common.late_drops + st.dropped,
+        latency_ms: P50P99 {
+            p50: st.latency_p50_ns as f64 / 1e6,
+            p99: st.latency_p99_ns as f64 / 1e6,
+        },
+        access_latency_us: access,
+        access_latency_cdf_us: thin_sorted(&pipe.access_us, 400),
+        copies_per_frame: d.copies as f64 / frames,
+        coherence_ms_per_frame: d.copy_ns as f64 / 1e6 / frames,
+        prediction_accuracy: (scored > 0).then(|| d.hits as f64 / scored as f64),
+        cpu_daemon_pct: cpu_d0
+            .zip(daemon_pid.and_then(cpu_seconds))
+            .map(|(a, b)| (b - a) / wall * 100.0),
+        cpu_guest_pct: (cpu_seconds(std::process::id()).unwrap_or(0.0) - cpu_g0) / wall * 100.0,
+    })
+}
+
+/// Sorts `v` and keeps at most `n` evenly spaced points (the extremes included).
+fn thin_sorted(v: &[f64], n: usize) -> Vec<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.len() <= n || n < 2 {
+        return s;
+    }
+    (0..n).map(|i| s[i * (s.len() - 1) / (n - 1)]).collect()
+}
+
+/// Sleeps until frame `i`'s start; returns whether the guest is already more than a frame
+/// behind (the frame will miss its deadline: drop it, as Android's renderer does).
+fn pace(c: &Common, i: u64, period: Duration) -> bool {
+    let start = c.t0 + period * i as u32;
+    let now = Instant::now();
+    if start > now {
+        std::thread::sleep(start - now);
+        false
+    } else {
+        now - start > period
+    }
+}
+
+fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Result<(), CliError> {
+    let (w, h) = (o.width, o.height);
+    let is360 = o.scenario == "video-360";
+    let (cw, ch) = if is360 { (w, w / 2) } else { (w, h) };
+    let clip = media::clip(if is360 { "equirect" } else { "flat" }, cw, ch, o.fps, 4)?;
+    let units = media::load_units(&clip)?;
+    if units.is_empty() {
+        return Err(CliError::Usage("the clip has no frames".into()));
+    }
+    let max_unit = units.iter().map(Vec::len).max().unwrap_or(1) as u64;
+    let conn = p.conn;
+    let bits: Vec<u64> = (0..2)
+        .map(|_| conn.alloc_blob(max_unit).map(|r| r.id))
+        .collect::<Result<_, _>>()?;
+    let frames: Vec<u64> = (0..3)
+        .map(|_| conn.alloc(0, cw, ch, Format::Nv12, 0).map(|r| r.id))
+        .collect::<Result<_, _>>()?;
+    let projected: Vec<u64> = if is360 {
+        (0..3)
+            .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    let outs: Vec<u64> = (0..3)
+        .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
+        .collect::<Result<_, _>>()?;
+    let ui = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
+    p.cpu_write(ui, &ui_pixels(w, h))?;
+    // One layer list per slot, written once: [video or projection, UI].
+    let layers: Vec<u64> = (0..3)
+        .map(|k| -> Result<u64, CliError> {
+            let id = conn.alloc_blob(2 * api::LAYER_RECORD as u64)?.id;
+            let base = if is360 {
+                full_layer(projected[k], w, h, false)
+            } else {
+                LayerRecord {
+                    src: frames[k],
+                    crop: [0, 0, cw, ch],
+                    ..full_layer(frames[k], w, h, false)
+                }
+            };
+            let mut blob = base.to_bytes().to_vec();
+            blob.extend_from_slice(&full_layer(ui, w, h, true).to_bytes());
+            p.cpu_write(id, &blob)?;
+            Ok(id)
+        })
+        .collect::<Result<_, _>>()?;
+    let dec = p.run(&api::codec::OpenDecoder {
+        kind: api::codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads: 0,
+    })?;
+    let handle = p.result(dec)?.handle;
+    p.end_frame(0)?;
+    let mut i = 0u64;
+    while c.t0.elapsed().as_secs_f64() < o.seconds {
+        let late = pace(c, i, period);
+        let unit = &units[(i as usize) % units.len()];
+        let k = (i % 3) as usize;
+        let decoded_at = now_ns();
+        p.cpu_write(bits[(i % 2) as usize], unit)?;
+        p.run(&api::codec::Decode {
+            handle,
+            bitstream: bits[(i % 2) as usize],
+            len: unit.len() as u64,
+            pts: i,
+        })?;
+        let got = p.run(&api::codec::ReceiveFrame {
+            handle,
+            frame: frames[k],
+        })?;
+        c.frames_in += 1;
+        if late {
+            c.late_drops += 1;
+        } else {
+            if is360 {
+                let yaw = ((i as f64 * 0.02).sin() * 1e6) as i64;
+                p.run(&api::gpu::Project {
+                    src: frames[k],
+                    dst: projected[k],
+                    yaw: yaw as u64,
+                    pitch: 0,
+                    fov: 1_200_000,
+                })?;
+            }
+            p.run(&api::gpu::Composite {
+                layers: layers[k],
+                count: 2,
+                dst: outs[k],
+            })?;
+            p.run(&api::display::Present {
+                frame: outs[k],
+                capture_ns: decoded_at,
+            })?;
+        }
+        if let pipe::Ticket::Ready(r) = got {
+            if r.got == 0 {
+                c.late_drops += 1; // the decoder held the frame back
+            }
+        }
+        p.end_frame(if o.ordering == OrderingMode::Fence {
+            2
+        } else {
+            0
+        })?;
+        i += 1;
+    }
+    let _ = p.run(&api::codec::Close { handle });
+    Ok(())
+}
+
+fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Result<(), CliError> {
+    let (w, h) = (o.width, o.height);
+    let ar = o.scenario == "ar";
+    let conn = p.conn;
+    let cams: Vec<u64> = (0..3)
+        .map(|_| conn.alloc(0, w, h, Format::Nv12, 0).map(|r| r.id))
+        .collect::<Result<_, _>>()?;
+    let rgbs: Vec<u64> = (0..3)
+        .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
+        .collect::<Result<_, _>>()?;
+    let outs: Vec<u64> = (0..3)
+        .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
+        .collect::<Result<_, _>>()?;
+    let ui = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
+    p.cpu_write(ui, &ui_pixels(w, h))?;
+    let layers: Vec<u64> = (0..3)
+        .map(|k| -> Result<u64, CliError> {
+            let id = conn.alloc_blob(2 * api::LAYER_RECORD as u64)?.id;
+            let mut blob = full_layer(rgbs[k], w, h, false).to_bytes().to_vec();
+            blob.extend_from_slice(&full_layer(ui, w, h, true).to_bytes());
+            p.cpu_write(id, &blob)?;
+            Ok(id)
+        })
+        .collect::<Result<_, _>>()?;
+    let markers = conn.alloc_blob(api::MARKER_RECORD as u64)?.id;
+    let mut i = 0u64;
+    while c.t0.elapsed().as_secs_f64() < o.seconds {
+        let late = pace(c, i, period);
+        let k = (i % 3) as usize;
+        let cap = p.run(&api::camera::Capture { frame: cams[k] })?;
+        c.frames_in += 1;
+        if ar {
+            // The tracker: a second reader of the camera frame.
+            p.run(&api::consumer2::Checksum { region: cams[k] })?;
+        }
+        if late {
+            c.late_drops += 1;
+            p.end_frame(0)?;
+            i += 1;
+            continue;
+        }
+        p.run(&api::isp::Convert {
+            src: cams[k],
+            dst: rgbs[k],
+        })?;
+        p.run(&api::gpu::Composite {
+            layers: layers[k],
+            count: 2,
+            dst: outs[k],
+        })?;
+        if ar {
+            // Overlays need the tracked point: this frame's capture result.
+            let r = p.result(cap)?;
+            let m = MarkerRecord {
+                x: r.marker_x as i32,
+                y: r.marker_y as i32,
+                size: (w / 40).max(4),
+                rgba: [255, 40, 40, 255],
+            };
+            p.cpu_write(markers, &m.to_bytes())?;
+            p.run(&api::gpu::Markers {
+                markers,
+                count: 1,
+                dst: outs[k],
+            })?;
+        }
+        // capture_ns 0: the display reads the capture time stamped into the pixels.
+        p.run(&api::display::Present {
+            frame: outs[k],
+            capture_ns: 0,
+        })?;
+        p.end_frame(if o.ordering == OrderingMode::Fence {
+            2
+        } else {
+            0
+        })?;
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Prints results as a table.
+pub fn print_table(rs: &[ScenarioResult]) {
+    println!(
+        "{:<10} {:<16} {:<6} {:>9} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>7} {:>7}",
+        "scenario",
+        "protocol",
+        "order",
+        "res",
+        "fps",
+        "shown",
+        "drop",
+        "m2p p50",
+        "m2p p99",
+        "acc p50us",
+        "copies",
+        "coh ms",
+        "cpu d%",
+        "cpu g%"
+    );
+    for r in rs {
+        println!(
+            "{:<10} {:<16} {:<6} {:>9} {:>8.1} {:>6} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>8.2} {:>7.0} {:>7.0}",
+            r.scenario,
+            r.protocol,
+            r.ordering,
+            r.resolution,
+            r.presented_fps,
+            r.presented,
+            r.dropped,
+            r.latency_ms.p50,
+            r.latency_ms.p99,
+            r.access_latency_us.p50,
+            r.copies_per_frame,
+            r.coherence_ms_per_frame,
+            r.cpu_daemon_pct.unwrap_or(f64::NAN),
+            r.cpu_guest_pct
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! The isp device through a real daemon: NV12 written by the guest CPU, converted by the ISP
+//! into RGBA (same size) and BGRA (half size), read back and compared with a BT.601
+//! reference computed here; bad inputs answer errors and the daemon keeps serving.
+
+mod common;
+
+use common::Daemon;
+use virtsoc_guest::devices::isp;
+use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Format, Status};
+
+const W: u32 = 256;
+const H: u32 = 144;
+
+/// Largest difference allowed per channel against the reference. The pattern is made of
+/// linear ramps, so every bilinear variant (swscale's filters, chroma siting, edge clamping)
+/// agrees with the reference up to rounding, fixed-point coefficients and half a chroma step
+/// (about 1.4 code values of U or V, 2.8 of B).
+const MAX_DIFF: u8 = 5;
+/// Largest mean difference (all channels, all pixels) allowed against the reference.
+const MAX_MEAN_DIFF: f64 = 1.5;
+
+fn connect(d: &Daemon) -> Connection {
+    Connection::connect(d.socket(), &ConnectOptions::default()).expect("connect")
+}
+
+/// Writes `bytes` at the start of region `id` from the guest CPU.
+fn write(c: &Connection, id: u64, bytes: &[u8]) {
+    let len = bytes.len() as u64;
+    let a = c
+        .begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)
+        .unwrap();
+    // SAFETY: the pointer covers `len` bytes of the window until end_access.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), a.ptr.unwrap().as_ptr(), bytes.len()) };
+    c.end_access(id, DeviceId::CPU, 0, len, AccessMode::Write)
+        .unwrap();
+}
+
+/// Reads the first `len` bytes of region `id` from the guest CPU.
+fn read(c: &Connection, id: u64, len: usize) -> Vec<u8> {
+    let a = c
+        .begin_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)
+        .unwrap();
+    let mut out = vec![0u8; len];
+    // SAFETY: the pointer covers `len` bytes of the window until end_access.
+    unsafe { std::ptr::copy_nonoverlapping(a.ptr.unwrap().as_ptr(), out.as_mut_ptr(), len) };
+    c.end_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)
+        .unwrap();
+    out
+}
+
+/// An NV12 frame of linear ramps: luma along x + 2y, U along x, V along y.
+fn nv12_pattern(w: u32, h: u32) -> Vec<u8> {
+    let (w, h) = (w as usize, h as usize);
+    let mut f = vec![0u8; w * h * 3 / 2];
+    for y in 0..h {
+        for x in 0..w {
+            f[y * w + x] = (16 + 219 * (x + 2 * y) / (w - 1 + 2 * (h - 1))) as u8;
+        }
+    }
+    let (cw, ch) = (w / 2, h / 2);
+    for cy in 0..ch {
+        for cx in 0..cw {
+            let o = w * h + cy * w + 2 * cx;
+            f[o] = (40 + 176 * cx / (cw - 1)) as u8;
+            f[o + 1] = (40 + 176 * cy / (ch - 1)) as u8;
+        }
+    }
+    f
+}
+
+/// Bilinear sample (clamped) of an 8-bit plane with `step` bytes per element.
+#[allow(clippy::too_many_arguments)]
+fn bilinear(p: &[u8], stride: usize, step: usize, ch: usize, w: usize, h: usize, x: f64, y: f64) -> f64 {
+    let x = x.clamp(0.0, (w - 1) as f64);
+    let y = y.clamp(0.0, (h - 1) as f64);
+    let (x0, y0) = (x.floor() as usize, y.floor() as usize);
+    let (x1, y1) = ((x0 + 1).min(w - 1), (y0 + 1).min(h - 1));
+    let (tx, ty) = (x - x0 as f64, y - y0 as f64);
+    let at = |xx: usize, yy: usize| p[yy * stride + xx * step + ch] as f64;
+    let top = at(x0, y0) * (1.0 - tx) + at(x1, y0) * tx;
+    let bot = at(x0, y1) * (1.0 - tx) + at(x1, y1) * tx;
+    top * (1.0 - ty) + bot * ty
+}
+
+/// Reference NV12 -> RGB conversion with scaling: BT.601 limited range, bilinear, pixel
+/// centres aligned, chroma centre-sited. Returns `dw * dh` RGB triples.
+fn reference_rgb(nv12: &[u8], w: u32, h: u32, dw: u32, dh: u32) -> Vec<[f64; 3]> {
+    let (w, h) = (w as usize, h as usize);
+    let (luma, chroma) = nv12.split_at(w * h);
+    let (sx, sy) = (w as f64 / dw as f64, h as f64 / dh as f64);
+    let mut out = Vec::with_capacity((dw * dh) as usize);
+    for dy in 0..dh {
+        for dx in 0..dw {
+            let x = (dx as f64 + 0.5) * sx - 0.5;
+            let y = (dy as f64 + 0.5) * sy - 0.5;
+            let yy = bilinear(luma, w, 1, 0, w, h, x, y);
+            let (cx, cy) = ((x + 0.5) / 2.0 - 0.5, (y + 0.5) / 2.0 - 0.5);
+            let u = bilinear(chroma, w, 2, 0, w / 2, h / 2, cx, cy);
+            let v = bilinear(chroma, w, 2, 1, w / 2, h / 2, cx, cy);
+            let c = 1.164_383_6 * (yy - 16.0);
+            let (d, e) = (u - 128.0, v - 128.0);
+            out.push([
+                (c + 1.596_026_8 * e).clamp(0.0, 255.0),
+                (c - 0.391_762_3 * d - 0.812_967_6 * e).clamp(0.0, 255.0),
+                (c + 2.017_232_2 * d).clamp(0.0, 255.0),
+            ]);
+        }
+    }
+    out
+}
+
+/// Compares `got` (4 bytes per pixel, channel order `order` for R, G, B) with the reference;
+/// returns (max, mean) difference.
+fn compare(got: &[u8], want: &[[f64; 3]], order: [usize; 3], what: &str) -> (u8, f64) {
+    let mut max = 0u8;
+    let mut sum = 0.0;
+    for (i, (px, w)) in got.chunks_exact(4).zip(want).enumerate() {
+        assert_eq!(px[3], 255, "{what}: pixel {i} is opaque");
+        for c in 0..3 {
+            let d = (px[order[c]] as f64 - w[c]).abs();
+            sum += d;
+            max = max.max(d.round() as u8);
+        }
+    }
+    let mean = sum / (want.len() * 3) as f64;
+    assert!(
+        max <= MAX_DIFF && mean <= MAX_MEAN_DIFF,
+        "{what}: max difference {max} (allowed {MAX_DIFF}), mean {mean:.2} (allowed {MAX_MEAN_DIFF})"
+    );
+    (max, mean)
+}
+
+fn convert(c: &Connection, src: u64, dst: u64) -> Result<(), Status> {
+    c.command_with_access(&isp::Convert { src, dst })
+        .map(|_| ())
+        .map_err(|e| e.status())
+}
+
+#[test]
+fn isp_converts_nv12_to_rgba_and_half_size_bgra() {
+    let frame = nv12_pattern(W, H);
+    let full = reference_rgb(&frame, W, H, W, H);
+    let half = reference_rgb(&frame, W, H, W / 2, H / 2);
+    for backend in ["swscale", "cpu", "gpu"] {
+        let d = Daemon::start(&["--isp-backend", backend]);
+        let c = connect(&d);
+        let desc = c.devices().iter().find(|x| x.name == "isp").unwrap();
+        eprintln!("isp backend {backend}: {}", desc.backend);
+        let src = c.alloc(0, W, H, Format::Nv12, 0).unwrap();
+        write(&c, src.id, &frame);
+
+        let rgba = c.alloc(0, W, H, Format::Rgba8, 0).unwrap();
+        convert(&c, src.id, rgba.id).unwrap();
+        let got = read(&c, rgba.id, rgba.size as usize);
+        let (max, mean) = compare(&got, &full, [0, 1, 2], &format!("{backend} RGBA"));
+        eprintln!("{backend}: NV12 -> RGBA {W}x{H}: max diff {max}, mean {mean:.2}");
+
+        let bgra = c.alloc(0, W / 2, H / 2, Format::Bgra8, 0).unwrap();
+        convert(&c, src.id, bgra.id).unwrap();
+        let got = read(&c, bgra.id, bgra.size as usize);
+        let what = format!("{backend} BGRA half size");
+        let (max, mean) = compare(&got, &half, [2, 1, 0], &what);
+        eprintln!("{backend}: NV12 -> BGRA {}x{}: max diff {max}, mean {mean:.2}", W / 2, H / 2);
+    }
+}
+
+#[test]
+fn isp_rejects_bad_regions_and_keeps_serving() {
+    let d = Daemon::start(&["--isp-backend", "swscale"]);
+    let a = connect(&d);
+    let b = connect(&d);
+    let src = a.alloc(0, W, H, Format::Nv12, 0).unwrap();
+    write(&a, src.id, &nv12_pattern(W, H));
+    let dst = a.alloc(0, W, H, Format::Rgba8, 0).unwrap();
+
+    // A Blob destination has no pixel format.
+    let blob = a.alloc_blob(W as u64 * H as u64 * 4).unwrap();
+    assert_eq!(convert(&a, src.id, blob.id), Err(Status::NotSupported));
+
+    // YUYV is a region format the ISP does not convert.
+    let yuyv = a.alloc(0, W, H, Format::Yuyv, 0).unwrap();
+    assert_eq!(convert(&a, yuyv.id, dst.id), Err(Status::NotSupported));
+    assert_eq!(convert(&a, src.id, yuyv.id), Err(Status::NotSupported));
+
+    // Another guest's region: ids are per guest, so take one of b's that a does not have.
+    let mut theirs = 0;
+    for _ in 0..8 {
+        theirs = b.alloc(0, 64, 64, Format::Rgba8, 0).unwrap().id;
+    }
+    assert!(a.region(theirs).is_none());
+    let r = a.command(&isp::Convert {
+        src: src.id,
+        dst: theirs,
+    });
+    assert_eq!(r.unwrap_err().status(), Status::NoSuchRegion);
+    let r = a.command(&isp::Convert {
+        src: theirs,
+        dst: dst.id,
+    });
+    assert_eq!(r.unwrap_err().status(), Status::NoSuchRegion);
+
+    // Both guests are still served.
+    convert(&a, src.id, dst.id).unwrap();
+    let bsrc = b.alloc(0, 64, 32, Format::Nv12, 0).unwrap();
+    let bdst = b.alloc(0, 32, 16, Format::Yuv420p, 0).unwrap();
+    write(&b, bsrc.id, &nv12_pattern(64, 32));
+    convert(&b, bsrc.id, bdst.id).unwrap();
+    let y = read(&b, bdst.id, bdst.size as usize);
+    assert!(y[..32 * 16].iter().any(|&v| v != y[0]), "a ramp, not a fill");
+    let mut d = d;
+    assert!(d.alive());
+}
