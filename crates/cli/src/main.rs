@@ -422,10 +422,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
             } else {
                 vec![(protocol, ordering)]
             };
+            let bar = indicatif::ProgressBar::new(combos.len() as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
             let results = with_daemon(socket, false, |e| {
                 combos
                     .iter()
                     .map(|(p, o)| {
+                        bar.set_message(format!("{scenario} {p}/{o:?}"));
+                        bar.inc(1);
                         scenario::run(
                             &e.target,
                             e.pid,
@@ -442,6 +449,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     })
                     .collect::<Result<Vec<_>, _>>()
             })?;
+            bar.finish_and_clear();
             if json {
                 println!("{}", serde_json::to_string_pretty(&results)?);
             } else {

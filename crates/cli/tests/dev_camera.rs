@@ -89,7 +89,11 @@ fn captures_carry_their_time_and_a_moving_marker() {
         // The square is white (Y 235) around the reported centre.
         let (mx, my) = (r.marker_x as usize, r.marker_y as usize);
         assert!(mx < 1280 && my < 720);
-        assert_eq!(luma[my * 1280 + mx], 235, "frame {i}: marker at ({mx}, {my})");
+        assert_eq!(
+            luma[my * 1280 + mx],
+            235,
+            "frame {i}: marker at ({mx}, {my})"
+        );
         if let Some(prev) = last {
             assert!(r.capture_ns > prev.capture_ns);
             assert_ne!(
@@ -117,7 +121,11 @@ fn captures_carry_their_time_and_a_moving_marker() {
             "{format:?}"
         );
     }
-    assert_eq!(capture(&c, &frame).index, 4, "the first guest's camera went on");
+    assert_eq!(
+        capture(&c, &frame).index,
+        4,
+        "the first guest's camera went on"
+    );
 }
 
 #[test]

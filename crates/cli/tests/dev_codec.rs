@@ -309,11 +309,18 @@ impl<'a> Session<'a> {
 fn check_against_golden(got: &[(u64, u32)], golden: &[u32]) {
     assert_eq!(got.len(), golden.len(), "frame count");
     for (i, ((_, sum), want)) in got.iter().zip(golden).enumerate() {
-        assert_eq!(sum, want, "frame {i}: checksum {sum:#010x}, FFmpeg {want:#010x}");
+        assert_eq!(
+            sum, want,
+            "frame {i}: checksum {sum:#010x}, FFmpeg {want:#010x}"
+        );
     }
     let mut pts: Vec<u64> = got.iter().map(|(p, _)| *p).collect();
     pts.sort();
-    assert_eq!(pts, (0..golden.len() as u64).collect::<Vec<_>>(), "every pts once");
+    assert_eq!(
+        pts,
+        (0..golden.len() as u64).collect::<Vec<_>>(),
+        "every pts once"
+    );
 }
 
 #[test]

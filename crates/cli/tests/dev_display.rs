@@ -15,10 +15,8 @@ use virtsoc_guest::devices::display::{Present, SignalAtVsync, Snapshot, Stats, S
 use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Fence, Format, Status};
 
 fn snapshot_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "virtsoc-dev-display-{tag}-{}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("virtsoc-dev-display-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -76,7 +74,8 @@ fn stats(c: &Connection) -> StatsReply {
 /// Waits (bounded) for the next vsync, with a fence the display signals at vsync.
 fn wait_vsync(c: &Connection) {
     let f: Fence = c.fence_create().unwrap();
-    c.command(&SignalAtVsync { fence: f.0 }).expect("signal_at_vsync");
+    c.command(&SignalAtVsync { fence: f.0 })
+        .expect("signal_at_vsync");
     let deadline = Instant::now() + Duration::from_secs(20);
     while !c.fence_signaled(f).unwrap() {
         assert!(Instant::now() < deadline, "no vsync within 20 s");
@@ -113,7 +112,11 @@ fn presents_are_counted_and_snapshots_written() {
         Status::Busy,
         "nothing on screen yet"
     );
-    assert_eq!(stats(&c), StatsReply::default(), "a fresh guest has no counters");
+    assert_eq!(
+        stats(&c),
+        StatsReply::default(),
+        "a fresh guest has no counters"
+    );
 
     let (w, h) = (64, 48);
     let regions: Vec<u64> = (0..6u8)
@@ -130,7 +133,10 @@ fn presents_are_counted_and_snapshots_written() {
     assert_eq!(s.presented + s.dropped, 6, "{s:?}");
     assert!(s.presented >= 1, "{s:?}");
     assert!(s.vsyncs >= 2, "{s:?}");
-    assert_eq!(s.samples, s.presented, "every frame had a capture time: {s:?}");
+    assert_eq!(
+        s.samples, s.presented,
+        "every frame had a capture time: {s:?}"
+    );
     assert!(s.latency_p50_ns <= s.latency_p99_ns, "{s:?}");
 
     // The last frame presented is the one on screen.

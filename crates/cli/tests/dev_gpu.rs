@@ -135,7 +135,11 @@ fn px(img: &[u8], w: u32, x: u32, y: u32) -> [u8; 4] {
 
 fn max_diff(a: &[u8], b: &[u8]) -> u8 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0)
 }
 
 fn mean_diff(a: &[u8], b: &[u8]) -> f64 {
@@ -222,7 +226,8 @@ impl Scene {
         let srcs = [self.video, self.ui];
         for s in srcs {
             let size = c.region(s).unwrap().size;
-            c.begin_access(s, gpu::ID, 0, size, AccessMode::Read).unwrap();
+            c.begin_access(s, gpu::ID, 0, size, AccessMode::Read)
+                .unwrap();
         }
         let r = c.command_with_access(&gpu::Composite {
             layers: blob,
@@ -329,7 +334,10 @@ fn check_composition(img: &[u8]) {
         let got = px(img, W, x, y);
         for c in 0..3 {
             let d = (got[c] as f64 - want[c]).abs();
-            assert!(d <= MAX_BLEND_DIFF as f64, "video at ({x},{y}): {got:?} vs {want:?}");
+            assert!(
+                d <= MAX_BLEND_DIFF as f64,
+                "video at ({x},{y}): {got:?} vs {want:?}"
+            );
         }
         assert_eq!(got[3], 255);
     }
@@ -373,14 +381,20 @@ fn check_markers(before: &[u8], after: &[u8]) {
     let want = [0.0, 255.0, 0.0].map(|v: f64| v * alpha);
     for c in 0..3 {
         let w = want[c] + b[c] as f64 * (1.0 - alpha);
-        assert!((a[c] as f64 - w).abs() <= 2.0, "green marker: {a:?} over {b:?}");
+        assert!(
+            (a[c] as f64 - w).abs() <= 2.0,
+            "green marker: {a:?} over {b:?}"
+        );
     }
     let changed = before
         .chunks_exact(4)
         .zip(after.chunks_exact(4))
         .filter(|(p, q)| p != q)
         .count();
-    assert!((100..=100 + 36).contains(&changed), "{changed} pixels changed");
+    assert!(
+        (100..=100 + 36).contains(&changed),
+        "{changed} pixels changed"
+    );
 }
 
 /// The projection is an image (not a fill), looks at the centre of the panorama at yaw 0 and

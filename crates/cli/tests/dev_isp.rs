@@ -11,11 +11,19 @@ use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Format, St
 const W: u32 = 256;
 const H: u32 = 144;
 
-/// Largest difference allowed per channel against the reference. The pattern is made of
-/// linear ramps, so every bilinear variant (swscale's filters, chroma siting, edge clamping)
-/// agrees with the reference up to rounding, fixed-point coefficients and half a chroma step
-/// (about 1.4 code values of U or V, 2.8 of B).
-const MAX_DIFF: u8 = 5;
+/// Largest difference allowed per channel against the reference, per backend. The pattern
+/// is made of linear ramps, so every bilinear variant agrees with the reference up to
+/// rounding. The CPU reference and the GPU compute shader follow the reference's sampling
+/// rules exactly (measured: max 0). swscale uses fixed-point coefficients, its own chroma
+/// siting and edge handling (up to half a chroma step: about 1.4 code values of U or V, 2.8 of
+/// B); measured here: max 4 (same size), 5 (half size), mean under 1.
+fn max_diff(backend: &str) -> u8 {
+    if backend == "swscale" {
+        6
+    } else {
+        1
+    }
+}
 /// Largest mean difference (all channels, all pixels) allowed against the reference.
 const MAX_MEAN_DIFF: f64 = 1.5;
 
@@ -70,7 +78,16 @@ fn nv12_pattern(w: u32, h: u32) -> Vec<u8> {
 
 /// Bilinear sample (clamped) of an 8-bit plane with `step` bytes per element.
 #[allow(clippy::too_many_arguments)]
-fn bilinear(p: &[u8], stride: usize, step: usize, ch: usize, w: usize, h: usize, x: f64, y: f64) -> f64 {
+fn bilinear(
+    p: &[u8],
+    stride: usize,
+    step: usize,
+    ch: usize,
+    w: usize,
+    h: usize,
+    x: f64,
+    y: f64,
+) -> f64 {
     let x = x.clamp(0.0, (w - 1) as f64);
     let y = y.clamp(0.0, (h - 1) as f64);
     let (x0, y0) = (x.floor() as usize, y.floor() as usize);
@@ -111,7 +128,7 @@ fn reference_rgb(nv12: &[u8], w: u32, h: u32, dw: u32, dh: u32) -> Vec<[f64; 3]>
 
 /// Compares `got` (4 bytes per pixel, channel order `order` for R, G, B) with the reference;
 /// returns (max, mean) difference.
-fn compare(got: &[u8], want: &[[f64; 3]], order: [usize; 3], what: &str) -> (u8, f64) {
+fn compare(got: &[u8], want: &[[f64; 3]], order: [usize; 3], allowed: u8, what: &str) -> (u8, f64) {
     let mut max = 0u8;
     let mut sum = 0.0;
     for (i, (px, w)) in got.chunks_exact(4).zip(want).enumerate() {
@@ -124,8 +141,8 @@ fn compare(got: &[u8], want: &[[f64; 3]], order: [usize; 3], what: &str) -> (u8,
     }
     let mean = sum / (want.len() * 3) as f64;
     assert!(
-        max <= MAX_DIFF && mean <= MAX_MEAN_DIFF,
-        "{what}: max difference {max} (allowed {MAX_DIFF}), mean {mean:.2} (allowed {MAX_MEAN_DIFF})"
+        max <= allowed && mean <= MAX_MEAN_DIFF,
+        "{what}: max difference {max} (allowed {allowed}), mean {mean:.2} (allowed {MAX_MEAN_DIFF})"
     );
     (max, mean)
 }
@@ -152,15 +169,25 @@ fn isp_converts_nv12_to_rgba_and_half_size_bgra() {
         let rgba = c.alloc(0, W, H, Format::Rgba8, 0).unwrap();
         convert(&c, src.id, rgba.id).unwrap();
         let got = read(&c, rgba.id, rgba.size as usize);
-        let (max, mean) = compare(&got, &full, [0, 1, 2], &format!("{backend} RGBA"));
+        let (max, mean) = compare(
+            &got,
+            &full,
+            [0, 1, 2],
+            max_diff(backend),
+            &format!("{backend} RGBA"),
+        );
         eprintln!("{backend}: NV12 -> RGBA {W}x{H}: max diff {max}, mean {mean:.2}");
 
         let bgra = c.alloc(0, W / 2, H / 2, Format::Bgra8, 0).unwrap();
         convert(&c, src.id, bgra.id).unwrap();
         let got = read(&c, bgra.id, bgra.size as usize);
         let what = format!("{backend} BGRA half size");
-        let (max, mean) = compare(&got, &half, [2, 1, 0], &what);
-        eprintln!("{backend}: NV12 -> BGRA {}x{}: max diff {max}, mean {mean:.2}", W / 2, H / 2);
+        let (max, mean) = compare(&got, &half, [2, 1, 0], max_diff(backend), &what);
+        eprintln!(
+            "{backend}: NV12 -> BGRA {}x{}: max diff {max}, mean {mean:.2}",
+            W / 2,
+            H / 2
+        );
     }
 }
 
@@ -206,7 +233,10 @@ fn isp_rejects_bad_regions_and_keeps_serving() {
     write(&b, bsrc.id, &nv12_pattern(64, 32));
     convert(&b, bsrc.id, bdst.id).unwrap();
     let y = read(&b, bdst.id, bdst.size as usize);
-    assert!(y[..32 * 16].iter().any(|&v| v != y[0]), "a ramp, not a fill");
+    assert!(
+        y[..32 * 16].iter().any(|&v| v != y[0]),
+        "a ramp, not a fill"
+    );
     let mut d = d;
     assert!(d.alive());
 }

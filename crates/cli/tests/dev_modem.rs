@@ -90,7 +90,11 @@ fn an_at_session_registers_texts_and_calls() {
     // The modem powers up with echo on.
     assert_eq!(at(&c, "ATE0\r"), "ATE0\r\r\nOK\r\n");
     assert_eq!(at(&c, "AT\r"), "\r\nOK\r\n");
-    assert_eq!(at(&c, "AT+CREG?\r"), "\r\n+CREG: 0,1\r\n\r\nOK\r\n", "registered, home");
+    assert_eq!(
+        at(&c, "AT+CREG?\r"),
+        "\r\n+CREG: 0,1\r\n\r\nOK\r\n",
+        "registered, home"
+    );
     assert_eq!(at(&c, "AT+CSQ\r"), "\r\n+CSQ: 20,99\r\n\r\nOK\r\n");
 
     // An SMS in text mode: the prompt, the text, Ctrl-Z.

@@ -288,9 +288,16 @@ impl Coherence for Prefetch {
             plan.compensation
         );
         let mut started = 0;
-        for t in plan.targets.iter().map(|p| DomainId(p.0)) {
-            // Targets reachable only in hops are left to the synchronous fetch.
-            if t == a.domain || !cx.engine().topology().linked(a.domain, t) {
+        let mut targets: Vec<DomainId> = plan.targets.iter().map(|p| DomainId(p.0)).collect();
+        targets.sort();
+        targets.dedup();
+        for t in targets {
+            // Targets reachable only in hops are left to the synchronous fetch; a target
+            // already valid or already being copied to needs nothing more.
+            if t == a.domain
+                || !cx.engine().topology().linked(a.domain, t)
+                || cx.inflight_to(t).is_some()
+            {
                 continue;
             }
             if cx.ensure_replica(t).is_err() {
