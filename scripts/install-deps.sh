@@ -16,6 +16,7 @@ packages=(
   mesa-vulkan-drivers libvulkan1          # wgpu on lavapipe (CPU Vulkan) where there is no GPU
   qemu-system-x86 busybox-static xz-utils # VM guests (TCG) and their image
   fonts-dejavu-core                       # chart labels in `virtsoc report`
+  nginx-light libnginx-mod-rtmp           # the livestream scenario's local RTMP server
 )
 
 missing=()
