@@ -1,18 +1,456 @@
-//! The codec device (being written: answers every command with NotSupported for now).
+//! The codec device: video decoding and H.264 encoding with libavcodec (through
+//! `virtsoc-media`), on SVM regions.
+//!
+//! A guest opens decoders and encoders and names them by small integer handles. Handles live
+//! in a per-guest namespace: they count up from 1 for each guest and are never reused, so a
+//! stale handle (closed) or another guest's handle is simply unknown and gets
+//! [`Status::BadArgument`]. A guest holds at most [`MAX_SESSIONS_PER_GUEST`] open sessions
+//! ([`Status::OutOfMemory`] beyond); when it goes away its sessions are dropped.
+//!
+//! Decoding: `decode` feeds one packet (a complete access unit of a raw Annex-B / elementary
+//! stream, as a demuxer produces it) read from a region; the pictures it yields wait in the
+//! session's queue, in presentation order, until `receive_frame` moves them into image regions
+//! (NV12 or YUV420P, the format chosen at `open_decoder`, of exactly the picture's size; the
+//! copy honours the region's stride). At most [`MAX_QUEUED_FRAMES`] pictures wait: `decode`
+//! answers [`Status::Busy`] while the queue is full, so a guest that stops receiving cannot
+//! make the daemon hoard frames. A corrupt packet fails that call with
+//! [`Status::DeviceError`]; the decoder stays usable and later packets decode. `flush` drains
+//! the pictures the decoder still holds (reordering, frame threads) at the end of a stream,
+//! after which a new stream may follow.
+//!
+//! Encoding: `encode` takes an NV12 or YUV420P region of the encoder's size and writes the
+//! Annex-B packet(s) it produces into the `out` region (SPS and PPS in band on keyframes). If
+//! they do not fit, the call fails with [`Status::OutOfRange`] and those packets are dropped
+//! (the next keyframe resynchronises a decoder); size `out` generously (a raw frame's size is
+//! always enough).
+//!
+//! Every failure is a status for the guest; nothing here panics on guest input.
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use virtsoc_devapi::codec::{self as api, Command};
+use virtsoc_devapi::codec_kind;
+use virtsoc_media::frame::MAX_DIMENSION;
+use virtsoc_media::{
+    copy_frame, CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameLayout,
+    FrameMut, FrameRef, MediaError, PixelFormat,
+};
+use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
+use virtsoc_svm::RegionMeta;
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
 use crate::Result;
 
+/// Open decoders and encoders one guest may hold.
+pub const MAX_SESSIONS_PER_GUEST: usize = 16;
+/// Decoded pictures a decoder keeps waiting for `receive_frame`; `decode` is Busy beyond.
+pub const MAX_QUEUED_FRAMES: usize = 16;
+/// Largest `threads` accepted by `open_decoder`.
+pub const MAX_DECODE_THREADS: u64 = 16;
+/// Largest frame rate accepted by `open_encoder`.
+pub const MAX_ENCODE_FPS: u64 = 240;
+/// Largest bit rate accepted by `open_encoder` (bits per second).
+pub const MAX_ENCODE_BITRATE: u64 = 1 << 32;
+
+/// The media pixel format of a region format, `None` for formats no media backend handles
+/// (blobs, YUYV).
+pub fn pixel_format(f: Format) -> Option<PixelFormat> {
+    match f {
+        Format::Nv12 => Some(PixelFormat::Nv12),
+        Format::Yuv420p => Some(PixelFormat::Yuv420p),
+        Format::Rgba8 => Some(PixelFormat::Rgba8),
+        Format::Bgra8 => Some(PixelFormat::Bgra8),
+        Format::Blob | Format::Yuyv => None,
+    }
+}
+
+/// The frame layout of an image region: [`Status::NotSupported`] for formats the media
+/// backends do not handle, [`Status::BadArgument`] when the metadata does not describe a
+/// valid frame that fits the region.
+pub fn frame_layout(meta: &RegionMeta) -> std::result::Result<FrameLayout, Status> {
+    let format = pixel_format(meta.format).ok_or(Status::NotSupported)?;
+    let layout = FrameLayout::with_stride(format, meta.width, meta.height, meta.stride)
+        .map_err(|_| Status::BadArgument)?;
+    if layout.size() as u64 > meta.size {
+        return Err(Status::BadArgument);
+    }
+    Ok(layout)
+}
+
+/// The status a guest sees for a media backend error.
+pub fn media_status(e: &MediaError) -> Status {
+    match e {
+        MediaError::InvalidLayout(_) | MediaError::BufferTooSmall { .. } => Status::BadArgument,
+        MediaError::Unsupported(_) => Status::NotSupported,
+        MediaError::Decode(_)
+        | MediaError::Encode(_)
+        | MediaError::NoFrames(_)
+        | MediaError::File { .. }
+        | MediaError::Ffmpeg { .. } => Status::DeviceError,
+    }
+}
+
+/// The codec kind of a `codec_kind` number.
+fn codec_of(kind: u64) -> Option<CodecKind> {
+    match kind {
+        codec_kind::H264 => Some(CodecKind::H264),
+        codec_kind::HEVC => Some(CodecKind::Hevc),
+        codec_kind::VP9 => Some(CodecKind::Vp9),
+        codec_kind::AV1 => Some(CodecKind::Av1),
+        _ => None,
+    }
+}
+
+/// An open decoder and the pictures waiting for `receive_frame`.
+struct DecoderSession {
+    decoder: Box<dyn DecoderBackend>,
+    ready: VecDeque<DecodedFrame>,
+}
+
+/// An open encoder.
+struct EncoderSession {
+    encoder: FfmpegEncoder,
+    width: u32,
+    height: u32,
+}
+
+enum Session {
+    Decoder(DecoderSession),
+    Encoder(EncoderSession),
+}
+
+#[derive(Default)]
+struct State {
+    /// Sessions by (guest, handle).
+    sessions: HashMap<(u64, u64), Session>,
+    /// Last handle given to each guest.
+    last_handle: HashMap<u64, u64>,
+}
+
+impl State {
+    fn open(&mut self, guest: u64, s: Session) -> std::result::Result<u64, Status> {
+        let held = self.sessions.keys().filter(|(g, _)| *g == guest).count();
+        if held >= MAX_SESSIONS_PER_GUEST {
+            return Err(Status::OutOfMemory);
+        }
+        let last = self.last_handle.entry(guest).or_insert(0);
+        *last += 1;
+        self.sessions.insert((guest, *last), s);
+        Ok(*last)
+    }
+
+    fn decoder(
+        &mut self,
+        guest: u64,
+        handle: u64,
+    ) -> std::result::Result<&mut DecoderSession, Status> {
+        match self.sessions.get_mut(&(guest, handle)) {
+            Some(Session::Decoder(d)) => Ok(d),
+            _ => Err(Status::BadArgument),
+        }
+    }
+
+    fn encoder(
+        &mut self,
+        guest: u64,
+        handle: u64,
+    ) -> std::result::Result<&mut EncoderSession, Status> {
+        match self.sessions.get_mut(&(guest, handle)) {
+            Some(Session::Encoder(e)) => Ok(e),
+            _ => Err(Status::BadArgument),
+        }
+    }
+}
+
 /// The codec device.
-pub struct Codec;
+pub struct Codec {
+    /// Decoding threads when `open_decoder` asks for 0.
+    default_threads: usize,
+    state: Mutex<State>,
+    backend: String,
+}
 
 impl Codec {
-    /// Builds the device from the daemon's configuration.
-    pub fn new(_cfg: &DeviceConfig) -> Result<Self> {
-        Ok(Codec)
+    /// Builds the device from the daemon's configuration, probing which decoders and which
+    /// H.264 encoder the linked FFmpeg provides (for the backend description).
+    pub fn new(cfg: &DeviceConfig) -> Result<Self> {
+        let decoders: Vec<String> = CodecKind::ALL
+            .into_iter()
+            .filter_map(|k| {
+                let d = FfmpegDecoder::new(k, PixelFormat::Yuv420p, 1).ok()?;
+                let imp = d.name().trim_start_matches("ffmpeg-");
+                Some(if imp == k.name() {
+                    k.name().to_string()
+                } else {
+                    format!("{} ({imp})", k.name())
+                })
+            })
+            .collect();
+        let encoder = FfmpegEncoder::new_h264(64, 64, 30, 500_000)
+            .map(|e| format!("h264 ({})", e.name()))
+            .unwrap_or_else(|_| "none".into());
+        let backend = format!(
+            "libavcodec: decode {} / encode {encoder}",
+            if decoders.is_empty() {
+                "none".to_string()
+            } else {
+                decoders.join(", ")
+            }
+        );
+        log::info!("codec: {backend}");
+        Ok(Codec {
+            default_threads: cfg.codec_threads.max(1),
+            state: Mutex::new(State::default()),
+            backend,
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open_decoder(&self, guest: u64, c: api::OpenDecoder) -> DeviceResult {
+        let kind = codec_of(c.kind).ok_or(Status::BadArgument)?;
+        let out = match u32::try_from(c.format).ok().and_then(Format::from_u32) {
+            Some(Format::Nv12) => PixelFormat::Nv12,
+            Some(Format::Yuv420p) => PixelFormat::Yuv420p,
+            Some(_) => return Err(Status::NotSupported),
+            None => return Err(Status::BadArgument),
+        };
+        if c.threads > MAX_DECODE_THREADS {
+            return Err(Status::BadArgument);
+        }
+        let threads = match c.threads {
+            0 => self.default_threads,
+            n => n as usize,
+        };
+        let mut st = self.state();
+        // Check the quota before paying for a decoder.
+        if st.sessions.keys().filter(|(g, _)| *g == guest).count() >= MAX_SESSIONS_PER_GUEST {
+            return Err(Status::OutOfMemory);
+        }
+        let decoder = FfmpegDecoder::new(kind, out, threads).map_err(|e| {
+            log::info!(
+                "codec: guest {guest}: cannot open {} decoder: {e}",
+                kind.name()
+            );
+            media_status(&e)
+        })?;
+        let handle = st.open(
+            guest,
+            Session::Decoder(DecoderSession {
+                decoder: Box::new(decoder),
+                ready: VecDeque::new(),
+            }),
+        )?;
+        log::info!(
+            "codec: guest {guest} opened {} decoder {handle} ({out:?}, {threads} threads)",
+            kind.name()
+        );
+        Ok(api::OpenDecoderReply { handle }.to_values())
+    }
+
+    fn decode(&self, cx: &DeviceCtx<'_>, c: api::Decode) -> DeviceResult {
+        let meta = cx.meta(c.bitstream)?;
+        if c.len > meta.size {
+            return Err(Status::OutOfRange);
+        }
+        let len = usize::try_from(c.len).map_err(|_| Status::OutOfRange)?;
+        let mut st = self.state();
+        let s = st.decoder(cx.guest, c.handle)?;
+        if s.ready.len() >= MAX_QUEUED_FRAMES {
+            return Err(Status::Busy);
+        }
+        let decoder = &mut s.decoder;
+        let r = cx.with_region(c.bitstream, |bytes| match bytes.get(..len) {
+            Some(packet) => decoder.decode(packet, c.pts as i64),
+            None => Err(MediaError::BufferTooSmall {
+                needed: len,
+                got: bytes.len(),
+            }),
+        })?;
+        match r {
+            Ok(frames) => {
+                s.ready.extend(frames);
+                Ok(api::DecodeReply {
+                    frames_ready: s.ready.len() as u64,
+                }
+                .to_values())
+            }
+            Err(MediaError::BufferTooSmall { .. }) => Err(Status::OutOfRange),
+            Err(e) => {
+                log::debug!("codec: guest {}: decoder {}: {e}", cx.guest, c.handle);
+                Err(media_status(&e))
+            }
+        }
+    }
+
+    fn receive_frame(&self, cx: &DeviceCtx<'_>, c: api::ReceiveFrame) -> DeviceResult {
+        let meta = cx.meta(c.frame)?;
+        let mut st = self.state();
+        let s = st.decoder(cx.guest, c.handle)?;
+        let layout = frame_layout(&meta)?;
+        if !layout.format.is_yuv() {
+            // Decoders only produce NV12 and YUV420P (the ISP converts).
+            return Err(Status::NotSupported);
+        }
+        let Some(front) = s.ready.front() else {
+            return Ok(api::ReceiveFrameReply::default().to_values());
+        };
+        let fl = front.layout;
+        if (fl.format, fl.width, fl.height) != (layout.format, layout.width, layout.height) {
+            log::debug!(
+                "codec: guest {}: decoder {} has a {:?} {}x{} picture, region {} is {:?} {}x{}",
+                cx.guest,
+                c.handle,
+                fl.format,
+                fl.width,
+                fl.height,
+                c.frame,
+                layout.format,
+                layout.width,
+                layout.height
+            );
+            return Err(Status::BadArgument);
+        }
+        cx.with_region(c.frame, |bytes| {
+            FrameMut::new(layout, bytes).and_then(|dst| copy_frame(front.as_frame(), dst))
+        })?
+        .map_err(|e| media_status(&e))?;
+        let f = s.ready.pop_front().ok_or(Status::Internal)?;
+        let reply = api::ReceiveFrameReply {
+            got: 1,
+            pts: f.pts as u64,
+            width: f.layout.width as u64,
+            height: f.layout.height as u64,
+        };
+        s.decoder.recycle(f);
+        Ok(reply.to_values())
+    }
+
+    fn flush(&self, guest: u64, c: api::Flush) -> DeviceResult {
+        let mut st = self.state();
+        let s = st.decoder(guest, c.handle)?;
+        match s.decoder.flush() {
+            Ok(frames) => {
+                s.ready.extend(frames);
+                Ok(api::FlushReply {
+                    frames_ready: s.ready.len() as u64,
+                }
+                .to_values())
+            }
+            Err(e) => {
+                log::debug!("codec: guest {guest}: decoder {}: flush: {e}", c.handle);
+                Err(media_status(&e))
+            }
+        }
+    }
+
+    fn open_encoder(&self, guest: u64, c: api::OpenEncoder) -> DeviceResult {
+        let dim = |v: u64| {
+            u32::try_from(v)
+                .ok()
+                .filter(|v| (16..=MAX_DIMENSION).contains(v) && v % 2 == 0)
+        };
+        let (Some(width), Some(height)) = (dim(c.width), dim(c.height)) else {
+            return Err(Status::BadArgument);
+        };
+        if !(1..=MAX_ENCODE_FPS).contains(&c.fps) || !(1..=MAX_ENCODE_BITRATE).contains(&c.bitrate)
+        {
+            return Err(Status::BadArgument);
+        }
+        let mut st = self.state();
+        if st.sessions.keys().filter(|(g, _)| *g == guest).count() >= MAX_SESSIONS_PER_GUEST {
+            return Err(Status::OutOfMemory);
+        }
+        let encoder =
+            FfmpegEncoder::new_h264(width, height, c.fps as u32, c.bitrate).map_err(|e| {
+                log::info!("codec: guest {guest}: cannot open H.264 encoder: {e}");
+                media_status(&e)
+            })?;
+        let name = encoder.name().to_string();
+        let handle = st.open(
+            guest,
+            Session::Encoder(EncoderSession {
+                encoder,
+                width,
+                height,
+            }),
+        )?;
+        log::info!(
+            "codec: guest {guest} opened {name} encoder {handle} ({width}x{height} at {} fps, {} bit/s)",
+            c.fps,
+            c.bitrate
+        );
+        Ok(api::OpenEncoderReply { handle }.to_values())
+    }
+
+    fn encode(&self, cx: &DeviceCtx<'_>, c: api::Encode) -> DeviceResult {
+        let meta = cx.meta(c.frame)?;
+        let out_size = cx.meta(c.out)?.size;
+        let mut st = self.state();
+        let s = st.encoder(cx.guest, c.handle)?;
+        let layout = frame_layout(&meta)?;
+        if !layout.format.is_yuv() {
+            return Err(Status::NotSupported);
+        }
+        if (layout.width, layout.height) != (s.width, s.height) {
+            return Err(Status::BadArgument);
+        }
+        let encoder = &mut s.encoder;
+        let packets = cx
+            .with_region(c.frame, |bytes| {
+                FrameRef::new(layout, bytes).and_then(|f| encoder.encode(f, c.pts as i64))
+            })?
+            .map_err(|e| {
+                log::debug!("codec: guest {}: encoder {}: {e}", cx.guest, c.handle);
+                media_status(&e)
+            })?;
+        let total: usize = packets.iter().map(|p| p.data.len()).sum();
+        if total as u64 > out_size {
+            log::debug!(
+                "codec: guest {}: encoder {}: {total} bytes of packets do not fit region {} ({out_size} bytes); dropped",
+                cx.guest,
+                c.handle,
+                c.out
+            );
+            return Err(Status::OutOfRange);
+        }
+        if total > 0 {
+            cx.with_region(c.out, |bytes| {
+                let mut o = 0;
+                for p in &packets {
+                    let dst = bytes
+                        .get_mut(o..o + p.data.len())
+                        .ok_or(Status::OutOfRange)?;
+                    dst.copy_from_slice(&p.data);
+                    o += p.data.len();
+                }
+                Ok(())
+            })??;
+        }
+        Ok(api::EncodeReply {
+            bytes: total as u64,
+            keyframe: packets.iter().any(|p| p.keyframe) as u64,
+            out_pts: packets.first().map_or(0, |p| p.pts as u64),
+        }
+        .to_values())
+    }
+
+    fn close(&self, guest: u64, c: api::Close) -> DeviceResult {
+        let removed = self.state().sessions.remove(&(guest, c.handle));
+        match removed {
+            Some(s) => {
+                // Drop outside the lock: a frame-threaded decoder joins its threads.
+                drop(s);
+                log::debug!("codec: guest {guest} closed {}", c.handle);
+                Ok([0; 6])
+            }
+            None => Err(Status::BadArgument),
+        }
     }
 }
 
@@ -22,10 +460,156 @@ impl Device for Codec {
     }
 
     fn backend(&self) -> String {
-        "none yet".into()
+        self.backend.clone()
     }
 
-    fn execute(&self, _cx: &DeviceCtx<'_>, _args: &[u64; 6]) -> DeviceResult {
-        Err(Status::NotSupported)
+    fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
+        match Command::decode(args)? {
+            Command::OpenDecoder(c) => self.open_decoder(cx.guest, c),
+            Command::Decode(c) => self.decode(cx, c),
+            Command::ReceiveFrame(c) => self.receive_frame(cx, c),
+            Command::Flush(c) => self.flush(cx.guest, c),
+            Command::OpenEncoder(c) => self.open_encoder(cx.guest, c),
+            Command::Encode(c) => self.encode(cx, c),
+            Command::Close(c) => self.close(cx.guest, c),
+        }
+    }
+
+    fn guest_gone(&self, guest: u64) {
+        let gone: Vec<Session> = {
+            let mut st = self.state();
+            st.last_handle.remove(&guest);
+            let keys: Vec<_> = st
+                .sessions
+                .keys()
+                .filter(|(g, _)| *g == guest)
+                .copied()
+                .collect();
+            keys.iter().filter_map(|k| st.sessions.remove(k)).collect()
+        };
+        if !gone.is_empty() {
+            log::debug!("codec: guest {guest} gone, {} sessions closed", gone.len());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_formats_map_to_layouts() {
+        let meta = |format, width, height, stride, size| RegionMeta {
+            size,
+            width,
+            height,
+            stride,
+            format,
+            usage: 0,
+        };
+        let l = frame_layout(&meta(Format::Nv12, 64, 48, 64, 64 * 48 * 3 / 2)).unwrap();
+        assert_eq!((l.format, l.width, l.height), (PixelFormat::Nv12, 64, 48));
+        assert_eq!(
+            frame_layout(&meta(Format::Blob, 0, 0, 0, 100)),
+            Err(Status::NotSupported)
+        );
+        assert_eq!(
+            frame_layout(&meta(Format::Yuyv, 64, 48, 128, 64 * 48 * 2)),
+            Err(Status::NotSupported)
+        );
+        // Metadata claiming more than the region holds.
+        assert_eq!(
+            frame_layout(&meta(Format::Yuv420p, 64, 48, 64, 100)),
+            Err(Status::BadArgument)
+        );
+        assert_eq!(
+            frame_layout(&meta(Format::Rgba8, 0, 48, 0, 100)),
+            Err(Status::BadArgument)
+        );
+    }
+
+    #[test]
+    fn handles_are_per_guest_and_bounded() {
+        let codec = Codec::new(&DeviceConfig::default()).unwrap();
+        assert!(codec.backend().starts_with("libavcodec"));
+        let open = |guest| {
+            codec.open_decoder(
+                guest,
+                api::OpenDecoder {
+                    kind: codec_kind::H264,
+                    format: Format::Nv12 as u64,
+                    threads: 1,
+                },
+            )
+        };
+        let h1 = open(1).unwrap()[0];
+        let h2 = open(2).unwrap()[0];
+        assert_eq!((h1, h2), (1, 1), "each guest counts its own handles");
+        // Guest 2 cannot flush or close guest 1's second decoder.
+        let h = open(1).unwrap()[0];
+        assert_eq!(
+            codec.close(2, api::Close { handle: h }),
+            Err(Status::BadArgument)
+        );
+        assert_eq!(codec.flush(1, api::Flush { handle: h }), Ok([0; 6]));
+        assert_eq!(codec.close(1, api::Close { handle: h }), Ok([0; 6]));
+        assert_eq!(
+            codec.close(1, api::Close { handle: h }),
+            Err(Status::BadArgument)
+        );
+        for _ in 1..MAX_SESSIONS_PER_GUEST {
+            open(1).unwrap();
+        }
+        assert_eq!(open(1), Err(Status::OutOfMemory));
+        codec.guest_gone(1);
+        assert_eq!(open(1).unwrap()[0], 1);
+        assert_eq!(codec.flush(2, api::Flush { handle: 1 }), Ok([0; 6]));
+    }
+
+    #[test]
+    fn bad_open_arguments() {
+        let codec = Codec::new(&DeviceConfig::default()).unwrap();
+        let dec = |kind, format, threads| {
+            codec.open_decoder(
+                7,
+                api::OpenDecoder {
+                    kind,
+                    format,
+                    threads,
+                },
+            )
+        };
+        assert_eq!(dec(99, Format::Nv12 as u64, 0), Err(Status::BadArgument));
+        assert_eq!(
+            dec(codec_kind::H264, Format::Rgba8 as u64, 0),
+            Err(Status::NotSupported)
+        );
+        assert_eq!(dec(codec_kind::H264, 77, 0), Err(Status::BadArgument));
+        assert_eq!(
+            dec(codec_kind::H264, Format::Nv12 as u64, 1000),
+            Err(Status::BadArgument)
+        );
+        let enc = |width, height, fps, bitrate| {
+            codec.open_encoder(
+                7,
+                api::OpenEncoder {
+                    width,
+                    height,
+                    fps,
+                    bitrate,
+                },
+            )
+        };
+        assert_eq!(enc(0, 240, 30, 1_000_000), Err(Status::BadArgument));
+        assert_eq!(enc(321, 240, 30, 1_000_000), Err(Status::BadArgument));
+        assert_eq!(enc(1 << 40, 240, 30, 1_000_000), Err(Status::BadArgument));
+        assert_eq!(enc(320, 240, 0, 1_000_000), Err(Status::BadArgument));
+        assert_eq!(enc(320, 240, 30, 0), Err(Status::BadArgument));
+        assert!(enc(320, 240, 30, 1_000_000).is_ok());
+        assert_eq!(
+            codec.flush(7, api::Flush { handle: 1 }),
+            Err(Status::BadArgument),
+            "an encoder handle is not a decoder"
+        );
     }
 }

@@ -1,18 +1,128 @@
-//! The modem device (being written: answers every command with NotSupported for now).
+//! The modem device: a cellular modem per guest, spoken to with AT commands.
+//!
+//! Each guest (each emulated phone) gets its own [`virtsoc_modem::Modem`] (registration,
+//! signal, SMS in text mode, voice calls), created at its first command and dropped when the
+//! guest goes away. The modem powers up like a real one: registered on the home network,
+//! echo on (a RIL usually starts with `ATE0`).
+//!
+//! The channel is a byte stream carried by two commands (declared in
+//! `virtsoc_devapi::modem`), with bytes packed little-endian into the u64 argument and result
+//! words (byte `i` is bits `8*(i%8)..` of word `i/8`):
+//! - `write(len, b0..b3)`: feeds `len` bytes (at most [`MAX_WRITE`], else `BadArgument`) and
+//!   returns how many were accepted: all of them, or 0 while the guest has left
+//!   [`OUTPUT_LIMIT`] bytes of answers unread (read, then write again);
+//! - `read()`: takes up to [`MAX_READ`] bytes of the modem's output (`len` 0: nothing
+//!   pending); the rest waits for the next read.
+//!
+//! Timed call progress (dialing, alerting, answered) runs on the daemon's clock, applied at
+//! each command.
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use virtsoc_devapi::modem::{Command, ReadReply, WriteReply};
+use virtsoc_modem::{Modem as AtModem, ModemConfig};
 use virtsoc_proto::Status;
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
 use crate::Result;
 
+/// Most bytes one `write` carries (four u64 words).
+pub const MAX_WRITE: usize = 32;
+/// Most bytes one `read` returns (five u64 words).
+pub const MAX_READ: usize = 40;
+/// Unread output at which `write` stops accepting bytes.
+pub const OUTPUT_LIMIT: usize = 64 << 10;
+
+/// One guest's modem and the output it has not read yet.
+struct GuestModem {
+    modem: AtModem,
+    out: VecDeque<u8>,
+}
+
+impl GuestModem {
+    fn new() -> Self {
+        GuestModem {
+            modem: AtModem::new(ModemConfig::default()),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Moves modem time to now and collects what the modem wrote.
+    fn sync(&mut self, now_ns: u64) {
+        self.modem.advance(now_ns);
+        self.out.extend(self.modem.take_output());
+    }
+
+    /// Feeds `bytes`; returns how many were accepted.
+    fn write(&mut self, bytes: &[u8], now_ns: u64) -> usize {
+        self.sync(now_ns);
+        if self.out.len() >= OUTPUT_LIMIT {
+            return 0;
+        }
+        self.modem.feed(bytes);
+        self.sync(now_ns);
+        bytes.len()
+    }
+
+    /// Takes up to [`MAX_READ`] bytes of output.
+    fn read(&mut self, now_ns: u64) -> Vec<u8> {
+        self.sync(now_ns);
+        let n = self.out.len().min(MAX_READ);
+        self.out.drain(..n).collect()
+    }
+}
+
+/// Packs up to `8 * N` bytes little-endian into words.
+fn pack<const N: usize>(bytes: &[u8]) -> [u64; N] {
+    let mut words = [0u64; N];
+    for (i, &b) in bytes.iter().take(8 * N).enumerate() {
+        words[i / 8] |= u64::from(b) << (8 * (i % 8));
+    }
+    words
+}
+
+/// The first `len` bytes packed little-endian in `words`.
+fn unpack(words: &[u64], len: usize) -> Vec<u8> {
+    (0..len.min(8 * words.len()))
+        .map(|i| (words[i / 8] >> (8 * (i % 8))) as u8)
+        .collect()
+}
+
 /// The modem device.
-pub struct Modem;
+pub struct Modem {
+    guests: Mutex<HashMap<u64, GuestModem>>,
+}
 
 impl Modem {
     /// Builds the device from the daemon's configuration.
     pub fn new(_cfg: &DeviceConfig) -> Result<Self> {
-        Ok(Modem)
+        Ok(Modem {
+            guests: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn guests(&self) -> MutexGuard<'_, HashMap<u64, GuestModem>> {
+        self.guests.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Feeds `bytes` to `guest`'s modem; returns how many were accepted.
+    fn write(&self, guest: u64, bytes: &[u8]) -> usize {
+        let now = crate::clock::now_ns();
+        self.guests()
+            .entry(guest)
+            .or_insert_with(GuestModem::new)
+            .write(bytes, now)
+    }
+
+    /// Takes up to [`MAX_READ`] bytes of `guest`'s modem output.
+    fn read(&self, guest: u64) -> Vec<u8> {
+        let now = crate::clock::now_ns();
+        self.guests()
+            .entry(guest)
+            .or_insert_with(GuestModem::new)
+            .read(now)
     }
 }
 
@@ -22,10 +132,119 @@ impl Device for Modem {
     }
 
     fn backend(&self) -> String {
-        "none yet".into()
+        "AT modem (registration, signal, SMS, voice calls)".into()
     }
 
-    fn execute(&self, _cx: &DeviceCtx<'_>, _args: &[u64; 6]) -> DeviceResult {
-        Err(Status::NotSupported)
+    fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
+        match Command::decode(args)? {
+            Command::Write(w) => {
+                let len = usize::try_from(w.len).map_err(|_| Status::BadArgument)?;
+                if len > MAX_WRITE {
+                    return Err(Status::BadArgument);
+                }
+                let bytes = unpack(&[w.b0, w.b1, w.b2, w.b3], len);
+                let accepted = self.write(cx.guest, &bytes) as u64;
+                Ok(WriteReply { accepted }.to_values())
+            }
+            Command::Read(_) => {
+                let bytes = self.read(cx.guest);
+                let [b0, b1, b2, b3, b4] = pack::<5>(&bytes);
+                Ok(ReadReply {
+                    len: bytes.len() as u64,
+                    b0,
+                    b1,
+                    b2,
+                    b3,
+                    b4,
+                }
+                .to_values())
+            }
+        }
+    }
+
+    fn guest_gone(&self, guest: u64) {
+        self.guests().remove(&guest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(m: &Modem, guest: u64, text: &str) {
+        for chunk in text.as_bytes().chunks(MAX_WRITE) {
+            assert_eq!(m.write(guest, chunk), chunk.len());
+        }
+    }
+
+    fn recv(m: &Modem, guest: u64) -> String {
+        let mut out = Vec::new();
+        loop {
+            let b = m.read(guest);
+            assert!(b.len() <= MAX_READ);
+            if b.is_empty() {
+                return String::from_utf8(out).unwrap();
+            }
+            out.extend(b);
+        }
+    }
+
+    #[test]
+    fn bytes_pack_little_endian() {
+        let bytes: Vec<u8> = (1..=40).collect();
+        let w = pack::<5>(&bytes);
+        assert_eq!(w[0], 0x0807_0605_0403_0201);
+        assert_eq!(unpack(&w, 40), bytes);
+        assert_eq!(unpack(&w, 3), vec![1, 2, 3]);
+        assert_eq!(
+            unpack(&w[..1], 20),
+            bytes[..8].to_vec(),
+            "never past the words"
+        );
+        assert_eq!(pack::<4>(b"AT\r"), [0x0d_54_41, 0, 0, 0]);
+    }
+
+    #[test]
+    fn each_guest_has_its_own_modem() {
+        let m = Modem::new(&DeviceConfig::default()).unwrap();
+        send(&m, 1, "ATE0\r");
+        assert!(recv(&m, 1).ends_with("\r\nOK\r\n"));
+        send(&m, 1, "AT+CSQ\r");
+        assert_eq!(recv(&m, 1), "\r\n+CSQ: 20,99\r\n\r\nOK\r\n");
+        // Guest 2's modem still echoes: ATE0 went to guest 1's.
+        send(&m, 2, "AT\r");
+        assert_eq!(recv(&m, 2), "AT\r\r\nOK\r\n");
+        // Long output comes out 40 bytes at a time, in order.
+        send(&m, 1, "AT+CGMI;+CGMM;+CGMR;+CGSN;+COPS?\r");
+        let long = recv(&m, 1);
+        assert!(
+            long.len() > MAX_READ && long.ends_with("OK\r\n"),
+            "{long:?}"
+        );
+        m.guest_gone(1);
+        send(&m, 1, "AT\r");
+        assert_eq!(
+            recv(&m, 1),
+            "AT\r\r\nOK\r\n",
+            "a fresh modem after the guest left"
+        );
+    }
+
+    #[test]
+    fn unread_output_stops_writes() {
+        let m = Modem::new(&DeviceConfig::default()).unwrap();
+        let line = "AT+CSQ;+CSQ;+CSQ;+CSQ;+CSQ\r";
+        let mut refused = false;
+        for _ in 0..100_000 {
+            if m.write(5, line.as_bytes()) == 0 {
+                refused = true;
+                break;
+            }
+        }
+        assert!(refused, "a guest that never reads is stopped");
+        let pending = m.guests().get(&5).unwrap().out.len();
+        assert!((OUTPUT_LIMIT..OUTPUT_LIMIT + 4096).contains(&pending));
+        while !m.read(5).is_empty() {}
+        assert_eq!(m.write(5, b"AT\r"), 3, "accepted again once read");
     }
 }
