@@ -11,9 +11,14 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
-## The main job: a guest pipeline against the daemon, coherence protocols side by side.
+## The main job: a guest pipeline against the daemon, coherence protocols side by side:
+## the transport and SVM microbenchmarks, then the uhd-video scenario for every protocol and
+## ordering mode, with charts written to target/demo/report.
 demo: build
 	./target/release/virtsoc demo
+	@mkdir -p target/demo
+	./target/release/virtsoc run uhd-video --compare --seconds 4 --save target/demo/uhd-video.json
+	./target/release/virtsoc report target/demo/uhd-video.json --out target/demo/report
 
 ## Builds everything and runs every test: lint, unit, integration (real daemon and guest
 ## processes), and the C ABI test.

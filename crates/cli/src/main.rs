@@ -81,6 +81,9 @@ enum Cmd {
         compare: bool,
         #[arg(long)]
         json: bool,
+        /// Also write the results as JSON to this file (for `virtsoc report`).
+        #[arg(long)]
+        save: Option<PathBuf>,
     },
     /// Draws charts (PNG and SVG) from `virtsoc run --json` results.
     Report {
@@ -401,6 +404,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             fps,
             compare,
             json,
+            save,
         } => {
             let (width, height) = scenario::resolution(&resolution)?;
             if !(0.5..=3600.0).contains(&seconds) || !(1..=240).contains(&fps) {
@@ -450,6 +454,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     .collect::<Result<Vec<_>, _>>()
             })?;
             bar.finish_and_clear();
+            if let Some(path) = save {
+                std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&results)?);
             } else {

@@ -54,3 +54,9 @@ mod tests {
         send_sync::<Box<dyn IspBackend>>();
     }
 }
+
+/// Keeps FFmpeg's own console messages to errors (its default prints banners and per-packet
+/// warnings straight to stderr). Process-wide: call it once from the daemon.
+pub fn quiet_ffmpeg_logs() {
+    ffmpeg_next::util::log::set_level(ffmpeg_next::util::log::Level::Error);
+}

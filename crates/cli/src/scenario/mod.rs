@@ -98,15 +98,17 @@ pub fn resolution(s: &str) -> Result<(u32, u32), CliError> {
     }
 }
 
-/// A UI layer: transparent with an opaque status bar and a translucent panel.
+/// A UI layer: transparent, with an opaque navigation bar at the bottom and a translucent
+/// panel above it. It leaves the top half alone: camera frames carry their capture time
+/// stamped in their top quarter, and the display reads it back from the presented pixels.
 fn ui_pixels(w: u32, h: u32) -> Vec<u8> {
     let mut px = vec![0u8; (w * h * 4) as usize];
-    for y in 0..h {
+    for y in h / 2..h {
         for x in 0..w {
             let i = ((y * w + x) * 4) as usize;
-            if y < h / 20 {
+            if y >= h - h / 16 {
                 px[i..i + 4].copy_from_slice(&[30, 30, 40, 255]);
-            } else if y > h * 4 / 5 && x > w / 10 && x < w * 9 / 10 {
+            } else if y > h * 3 / 4 && x > w / 10 && x < w * 9 / 10 {
                 px[i..i + 4].copy_from_slice(&[255, 255, 255, 96]);
             }
         }
@@ -126,10 +128,26 @@ fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
     }
 }
 
-struct Common {
-    frames_in: u64,
-    late_drops: u64,
-    t0: Instant,
+/// Counters of one run; `start` marks the end of setup.
+pub struct Common {
+    pub(super) frames_in: u64,
+    pub(super) late_drops: u64,
+    pub(super) t0: Instant,
+    before: virtsoc_guest::Counters,
+    cpu_guest0: f64,
+    cpu_daemon0: Option<f64>,
+    daemon_pid: Option<u32>,
+}
+
+impl Common {
+    /// Setup (media generation, allocation) is done: the measured run starts now.
+    pub(super) fn start(&mut self, conn: &Connection) -> Result<(), CliError> {
+        self.before = conn.counters()?;
+        self.cpu_guest0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
+        self.cpu_daemon0 = self.daemon_pid.and_then(cpu_seconds);
+        self.t0 = Instant::now();
+        Ok(())
+    }
 }
 
 /// Runs one scenario against the daemon at `target`.
@@ -145,15 +163,16 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
             ..ConnectOptions::default()
         },
     )?;
-    let before = conn.counters()?;
-    let cpu_g0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
-    let cpu_d0 = daemon_pid.and_then(cpu_seconds);
     let mut pipe = Pipe::new(&conn, o.ordering);
     let period = Duration::from_secs_f64(1.0 / o.fps.max(1) as f64);
     let mut common = Common {
         frames_in: 0,
         late_drops: 0,
         t0: Instant::now(),
+        before: virtsoc_guest::Counters::default(),
+        cpu_guest0: 0.0,
+        cpu_daemon0: None,
+        daemon_pid,
     };
     match o.scenario.as_str() {
         "uhd-video" | "video-360" => video(&mut pipe, o, period, &mut common)?,
@@ -171,7 +190,7 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
     // Let the last presented frame reach a vsync before reading the display's counters.
     std::thread::sleep(period * 2);
     let st = pipe.conn.command(&api::display::Stats::default())?;
-    let d = conn.counters()?.since(&before);
+    let d = conn.counters()?.since(&common.before);
     let scored = d.hits + d.misses;
     let frames = common.frames_in.max(1) as f64;
     let access = P50P99::of(&pipe.access_us);
@@ -195,10 +214,12 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
         copies_per_frame: d.copies as f64 / frames,
         coherence_ms_per_frame: d.copy_ns as f64 / 1e6 / frames,
         prediction_accuracy: (scored > 0).then(|| d.hits as f64 / scored as f64),
-        cpu_daemon_pct: cpu_d0
+        cpu_daemon_pct: common
+            .cpu_daemon0
             .zip(daemon_pid.and_then(cpu_seconds))
             .map(|(a, b)| (b - a) / wall * 100.0),
-        cpu_guest_pct: (cpu_seconds(std::process::id()).unwrap_or(0.0) - cpu_g0) / wall * 100.0,
+        cpu_guest_pct: (cpu_seconds(std::process::id()).unwrap_or(0.0) - common.cpu_guest0) / wall
+            * 100.0,
     })
 }
 
@@ -280,6 +301,7 @@ fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Res
     })?;
     let handle = p.result(dec)?.handle;
     p.end_frame(0)?;
+    c.start(p.conn)?; // setup (clip generation, allocation) is not part of the run
     let mut i = 0u64;
     while c.t0.elapsed().as_secs_f64() < o.seconds {
         let late = pace(c, i, period);
@@ -311,11 +333,15 @@ fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Res
                     fov: 1_200_000,
                 })?;
             }
-            p.run(&api::gpu::Composite {
-                layers: layers[k],
-                count: 2,
-                dst: outs[k],
-            })?;
+            let video_layer = if is360 { projected[k] } else { frames[k] };
+            p.run_with(
+                &api::gpu::Composite {
+                    layers: layers[k],
+                    count: 2,
+                    dst: outs[k],
+                },
+                &[video_layer, ui],
+            )?;
             p.run(&api::display::Present {
                 frame: outs[k],
                 capture_ns: decoded_at,
@@ -362,6 +388,7 @@ fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Re
         })
         .collect::<Result<_, _>>()?;
     let markers = conn.alloc_blob(api::MARKER_RECORD as u64)?.id;
+    c.start(p.conn)?; // setup is not part of the run
     let mut i = 0u64;
     while c.t0.elapsed().as_secs_f64() < o.seconds {
         let late = pace(c, i, period);
@@ -382,11 +409,14 @@ fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Re
             src: cams[k],
             dst: rgbs[k],
         })?;
-        p.run(&api::gpu::Composite {
-            layers: layers[k],
-            count: 2,
-            dst: outs[k],
-        })?;
+        p.run_with(
+            &api::gpu::Composite {
+                layers: layers[k],
+                count: 2,
+                dst: outs[k],
+            },
+            &[rgbs[k], ui],
+        )?;
         if ar {
             // Overlays need the tracked point: this frame's capture result.
             let r = p.result(cap)?;

@@ -56,8 +56,19 @@ impl<'a> Pipe<'a> {
         &mut self,
         cmd: &C,
     ) -> Result<Ticket<C::Reply>, CliError> {
+        self.run_with(cmd, &[])
+    }
+
+    /// Like [`run`](Self::run), also bracketing regions the command names indirectly (the
+    /// sources inside a GPU layer list) as reads.
+    pub fn run_with<C: DeviceCommand + 'static>(
+        &mut self,
+        cmd: &C,
+        also_read: &[u64],
+    ) -> Result<Ticket<C::Reply>, CliError> {
         let dev = C::DEVICE;
-        let regions = cmd.regions();
+        let mut regions = cmd.regions();
+        regions.extend(also_read.iter().map(|id| (*id, AccessMode::Read)));
         match self.ordering {
             OrderingMode::Atomic => {
                 for (id, mode) in &regions {

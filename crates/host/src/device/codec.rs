@@ -177,6 +177,7 @@ impl Codec {
     /// Builds the device from the daemon's configuration, probing which decoders and which
     /// H.264 encoder the linked FFmpeg provides (for the backend description).
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
+        virtsoc_media::quiet_ffmpeg_logs();
         let decoders: Vec<String> = CodecKind::ALL
             .into_iter()
             .filter_map(|k| {
