@@ -3,6 +3,7 @@
 //! Every subcommand is a guest process: it connects to a daemon given with `--socket`, or
 //! starts its own `virtsocd` child process when none is given.
 
+mod bench_devices;
 mod bench_svm;
 mod bench_transport;
 mod daemon_proc;
@@ -117,6 +118,19 @@ enum Cmd {
 
 #[derive(Debug, Subcommand)]
 enum BenchCmd {
+    /// Per-frame cost of the real devices through the daemon: decode, ISP, GPU composition.
+    Devices {
+        #[arg(long)]
+        socket: Option<String>,
+        /// Sizes to measure (360p, 720p, 1080p, uhd).
+        #[arg(long, value_delimiter = ',', default_value = "1080p,uhd")]
+        resolution: Vec<String>,
+        /// Frames per measurement.
+        #[arg(long, default_value_t = 90)]
+        frames: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Round-trip latency and bandwidth of the ring channel, a Unix socket and TCP loopback.
     Transport {
         /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
@@ -274,6 +288,28 @@ fn with_daemon<T>(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
+        Cmd::Bench {
+            which:
+                BenchCmd::Devices {
+                    socket,
+                    resolution,
+                    frames,
+                    json,
+                },
+        } => {
+            let sizes = resolution
+                .iter()
+                .map(|r| scenario::resolution(r))
+                .collect::<Result<Vec<_>, _>>()?;
+            let rs = with_daemon(socket, false, |e| {
+                bench_devices::run(&e.target, &sizes, frames)
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rs)?);
+            } else {
+                bench_devices::print_table(&rs);
+            }
+        }
         Cmd::Bench {
             which:
                 BenchCmd::Transport {

@@ -11,8 +11,8 @@
 //! - `livestream`: camera -> encoder -> RTMP push to a local nginx, pulled back, decoded,
 //!   composited and displayed (see [`livestream`]).
 
-mod media;
-mod pipe;
+pub mod media;
+pub mod pipe;
 
 use std::time::{Duration, Instant};
 
