@@ -5,12 +5,12 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use virtsoc_guest::devices::{self as api, LayerRecord};
+use virtsoc_guest::devices as api;
 use virtsoc_guest::{ConnectOptions, Connection, Format};
 
 use crate::bench_svm::OrderingMode;
-use crate::scenario::media;
 use crate::scenario::pipe::Pipe;
+use crate::scenario::{full_layer, media};
 use crate::stats::percentile;
 use crate::CliError;
 
@@ -62,17 +62,8 @@ fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, Cli
     let out = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
     p.cpu_write(ui, &vec![0u8; (w * h * 4) as usize])?;
     let layers = conn.alloc_blob(2 * api::LAYER_RECORD as u64)?.id;
-    let layer = |src, blend| LayerRecord {
-        src,
-        crop: [0, 0, w, h],
-        dst_pos: [0, 0],
-        dst_size: [w, h],
-        rotation: 0,
-        alpha: 1.0,
-        blend,
-    };
-    let mut blob = layer(frame, false).to_bytes().to_vec();
-    blob.extend_from_slice(&layer(ui, true).to_bytes());
+    let mut blob = full_layer(frame, w, h, false).to_bytes().to_vec();
+    blob.extend_from_slice(&full_layer(ui, w, h, true).to_bytes());
     p.cpu_write(layers, &blob)?;
     let t = p.run(&api::codec::OpenDecoder {
         kind: api::codec_kind::H264,

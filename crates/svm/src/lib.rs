@@ -341,7 +341,7 @@ impl SvmManager {
     }
 
     /// Begins an access of `[offset, offset + len)` of a region by `domain`. For the guest
-    /// window domain the report carries the window offset of the region's first byte.
+    /// window domain the report carries the window offset of the byte at `offset`.
     #[allow(clippy::too_many_arguments)]
     pub fn begin_access(
         &self,
@@ -353,17 +353,8 @@ impl SvmManager {
         len: u64,
         mode: AccessMode,
     ) -> Result<AccessReport> {
-        let meta = self.meta(guest, id)?;
-        let whole = Self::check_range(&meta, offset, len)?;
         self.counters.begin.fetch_add(1, Ordering::Relaxed);
-        let a = AccessInfo {
-            vdev,
-            domain,
-            mode,
-            whole,
-            retry: false,
-        };
-        let mut report = self.run_access(guest, id, a, true)?;
+        let mut report = self.access(guest, id, vdev, domain, offset, len, mode, true)?;
         if let Some(w) = report.window_offset.as_mut() {
             *w += offset;
         }
@@ -382,9 +373,25 @@ impl SvmManager {
         len: u64,
         mode: AccessMode,
     ) -> Result<AccessReport> {
+        self.counters.end.fetch_add(1, Ordering::Relaxed);
+        self.access(guest, id, vdev, domain, offset, len, mode, false)
+    }
+
+    /// Checks the range and runs the protocol's begin (or end) for one access.
+    #[allow(clippy::too_many_arguments)]
+    fn access(
+        &self,
+        guest: u64,
+        id: u64,
+        vdev: u32,
+        domain: DomainId,
+        offset: u64,
+        len: u64,
+        mode: AccessMode,
+        begin: bool,
+    ) -> Result<AccessReport> {
         let meta = self.meta(guest, id)?;
         let whole = Self::check_range(&meta, offset, len)?;
-        self.counters.end.fetch_add(1, Ordering::Relaxed);
         let a = AccessInfo {
             vdev,
             domain,
@@ -392,9 +399,7 @@ impl SvmManager {
             whole,
             retry: false,
         };
-        let mut report = self.run_access(guest, id, a, false)?;
-        report.window_offset = None;
-        Ok(report)
+        self.run_access(guest, id, a, begin)
     }
 
     /// Runs `f` on the bytes of the region's replica in a host-backed `domain` (a device's

@@ -116,7 +116,8 @@ fn ui_pixels(w: u32, h: u32) -> Vec<u8> {
     px
 }
 
-fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
+/// A layer covering the whole `w` x `h` frame.
+pub(crate) fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
     LayerRecord {
         src,
         crop: [0, 0, w, h],
