@@ -16,7 +16,7 @@ command -v busybox >/dev/null || { echo "build-guest-image: busybox-static is mi
 
 modules="virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console"
 work=$(mktemp -d)
-chmod 755 "$work"   # apt-get download drops privileges to _apt
+chmod 777 "$work"   # apt-get download writes as the _apt user
 trap 'rm -rf "$work"' EXIT
 
 if [ ! -f "$out/vmlinuz" ] || [ ! -d "$out/modules" ]; then

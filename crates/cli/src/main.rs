@@ -462,7 +462,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
             } else {
                 vec![(protocol, ordering)]
             };
-            let bar = indicatif::ProgressBar::new(combos.len() as u64);
+            // Progress only for people: not with --json (a VM's console mixes the streams).
+            let bar = if json || combos.len() == 1 {
+                indicatif::ProgressBar::hidden()
+            } else {
+                indicatif::ProgressBar::new(combos.len() as u64)
+            };
             bar.set_style(
                 indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),

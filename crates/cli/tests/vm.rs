@@ -108,6 +108,50 @@ fn a_vm_guest_runs_the_svm_benchmark_against_the_host_daemon() {
 }
 
 #[test]
+fn a_vm_guest_runs_a_camera_scenario_through_the_host_devices() {
+    if !qemu_present() {
+        return;
+    }
+    let (_d, shm, sock) = vm_daemon("scenario");
+    let out = vm_run(
+        &shm,
+        &sock,
+        &[
+            "run",
+            "camera",
+            "--socket",
+            "vm",
+            "--json",
+            "--seconds",
+            "1.5",
+            "--resolution",
+            "360p",
+            "--ordering",
+            "fence",
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON from the guest");
+    let r = &v[0];
+    assert!(r["frames_in"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        r["presented"].as_u64().unwrap() > 0,
+        "frames reached the host display: {r}"
+    );
+    assert!(
+        r["latency_ms"]["p50"].as_f64().unwrap() > 0.0,
+        "latency read from the pixels: {r}"
+    );
+}
+
+#[test]
 fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
     if !qemu_present() {
         return;
