@@ -31,6 +31,12 @@ pub use error::{MediaError, Result};
 pub use frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat, PlaneInfo};
 pub use isp::{CpuIsp, IspBackend, NullIsp, SwscaleIsp};
 
+/// Keeps FFmpeg's own console messages to errors (its default prints banners and per-packet
+/// warnings straight to stderr). Process-wide: call it once from the daemon.
+pub fn quiet_ffmpeg_logs() {
+    ffmpeg_next::util::log::set_level(ffmpeg_next::util::log::Level::Error);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,10 +59,4 @@ mod tests {
         send_sync::<NullIsp>();
         send_sync::<Box<dyn IspBackend>>();
     }
-}
-
-/// Keeps FFmpeg's own console messages to errors (its default prints banners and per-packet
-/// warnings straight to stderr). Process-wide: call it once from the daemon.
-pub fn quiet_ffmpeg_logs() {
-    ffmpeg_next::util::log::set_level(ffmpeg_next::util::log::Level::Error);
 }
