@@ -77,24 +77,37 @@ impl CopyEngine {
             .filter(|b| *b > 0.0)
     }
 
-    /// Predicted time to copy `bytes` from `src` to `dst` directly. A link never measured is
-    /// assumed as fast as the best link measured so far (or [`NOMINAL_BANDWIDTH`]): being
-    /// optimistic about an untried direct link keeps routing from preferring two measured
-    /// hops over one unknown one.
+    /// Predicted time to copy `bytes` from `src` to `dst` directly, from the link's smoothed
+    /// bandwidth (what the prefetch engine plans with), or [`NOMINAL_BANDWIDTH`] unmeasured.
     pub fn estimate(&self, src: DomainId, dst: DomainId, bytes: u64) -> Duration {
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        let bw = links
-            .get(&(src, dst))
-            .map(|s| s.bandwidth)
-            .filter(|b| *b > 0.0)
-            .unwrap_or_else(|| {
-                links
-                    .values()
-                    .map(|s| s.bandwidth)
-                    .fold(NOMINAL_BANDWIDTH, f64::max)
-            })
+        let bw = self
+            .bandwidth(src, dst)
+            .unwrap_or(NOMINAL_BANDWIDTH)
             .max(1.0);
         Duration::from_secs_f64(bytes as f64 / bw)
+    }
+
+    /// Cost of one hop for routing: from the best bandwidth the link has shown (its
+    /// capability, not its latest noise), and a link never measured is assumed as good as the
+    /// best link measured so far — so two measured hops never look cheaper than one untried or
+    /// momentarily slow direct link just because of measurement noise.
+    fn hop_cost(
+        links: &HashMap<(DomainId, DomainId), LinkStats>,
+        src: DomainId,
+        dst: DomainId,
+        bytes: u64,
+    ) -> f64 {
+        let best_any = links
+            .values()
+            .map(|s| s.max_bandwidth)
+            .fold(NOMINAL_BANDWIDTH, f64::max);
+        let bw = links
+            .get(&(src, dst))
+            .map(|s| s.max_bandwidth)
+            .filter(|b| *b > 0.0)
+            .unwrap_or(best_any)
+            .max(1.0);
+        bytes as f64 / bw + HOP_OVERHEAD.as_secs_f64()
     }
 
     /// Cheapest path from any of `sources` to `dst` (inclusive of both ends), `None` when
@@ -104,6 +117,7 @@ impl CopyEngine {
             return Some(vec![dst]);
         }
         let n = self.topo.domains().len();
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut dist = vec![f64::INFINITY; n];
         let mut prev: Vec<Option<DomainId>> = vec![None; n];
         let mut done = vec![false; n];
@@ -123,7 +137,7 @@ impl CopyEngine {
                 if done[v] || !self.topo.linked(du, dv) {
                     continue;
                 }
-                let c = dist[u] + (self.estimate(du, dv, bytes) + HOP_OVERHEAD).as_secs_f64();
+                let c = dist[u] + Self::hop_cost(&links, du, dv, bytes);
                 if c < dist[v] {
                     dist[v] = c;
                     prev[v] = Some(du);
@@ -252,6 +266,21 @@ mod tests {
         let w = DomainId::GUEST_WINDOW;
         e.record(a, w, 1 << 24, Duration::from_micros(800));
         e.record(w, b, 1 << 24, Duration::from_micros(800));
+        assert_eq!(e.route(&[a], b, 1 << 24).unwrap(), vec![a, b]);
+    }
+
+    #[test]
+    fn a_noisy_direct_link_still_beats_two_hops() {
+        let mut t = Topology::new();
+        let a = t.add_device_domain("a");
+        let b = t.add_device_domain("b");
+        let e = CopyEngine::new(Arc::new(t), None);
+        let w = DomainId::GUEST_WINDOW;
+        e.record(a, w, 1 << 24, Duration::from_micros(800));
+        e.record(w, b, 1 << 24, Duration::from_micros(800));
+        e.record(a, b, 1 << 24, Duration::from_micros(800));
+        // One slow copy (the machine was busy) drags the smoothed bandwidth down.
+        e.record(a, b, 1 << 24, Duration::from_micros(8000));
         assert_eq!(e.route(&[a], b, 1 << 24).unwrap(), vec![a, b]);
     }
 
