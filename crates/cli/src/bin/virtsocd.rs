@@ -55,6 +55,12 @@ struct Args {
     /// Display refresh rate in Hz.
     #[arg(long, default_value_t = 60)]
     refresh_hz: u32,
+    /// Display backend: headless, or window (an X11 window; built with the `window` feature).
+    #[arg(long, default_value = "headless")]
+    display_backend: String,
+    /// Camera source: synthetic, or file:PATH (a video looped as a camera).
+    #[arg(long, default_value = "synthetic")]
+    camera_source: String,
     /// Directory for display snapshots (PNG).
     #[arg(long, default_value = "/tmp")]
     snapshot_dir: PathBuf,
@@ -95,6 +101,8 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             codec_threads: args.codec_threads,
             refresh_hz: args.refresh_hz,
             snapshot_dir: args.snapshot_dir.clone(),
+            display_backend: args.display_backend.clone(),
+            camera_source: args.camera_source.clone(),
         },
         prefetch: {
             let cfg = virtsoc_prefetch::Config {

@@ -22,6 +22,11 @@ pub struct DeviceConfig {
     pub refresh_hz: u32,
     /// Where display snapshots go.
     pub snapshot_dir: PathBuf,
+    /// Display backend: `headless`, or `window` (an X11 window; needs the `window` feature
+    /// and a display).
+    pub display_backend: String,
+    /// Camera source: `synthetic`, or `file:PATH` (a video looped as a camera).
+    pub camera_source: String,
 }
 
 impl Default for DeviceConfig {
@@ -32,6 +37,8 @@ impl Default for DeviceConfig {
             codec_threads: 2,
             refresh_hz: 60,
             snapshot_dir: std::env::temp_dir(),
+            display_backend: "headless".into(),
+            camera_source: "synthetic".into(),
         }
     }
 }
