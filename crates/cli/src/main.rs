@@ -61,7 +61,8 @@ enum Cmd {
         #[arg(long, default_value_t = 120)]
         frames: usize,
     },
-    /// Runs an application scenario (uhd-video, video-360, camera, ar) through real devices.
+    /// Runs an application scenario (uhd-video, video-360, camera, ar, livestream) through
+    /// real devices.
     Run {
         scenario: String,
         #[arg(long)]

@@ -9,8 +9,9 @@
 //! - `ar`: camera -> ISP -> GPU composite + markers on the tracked point -> display, with a
 //!   second reader of each camera frame (the tracker), a two-reader flow;
 //! - `livestream`: camera -> encoder -> RTMP push to a local nginx, pulled back, decoded,
-//!   composited and displayed (see [`livestream`]).
+//!   composited and displayed (see `livestream.rs`).
 
+mod livestream;
 pub mod media;
 pub mod pipe;
 
@@ -26,7 +27,7 @@ use crate::CliError;
 use pipe::Pipe;
 
 /// The scenarios.
-pub const SCENARIOS: [&str; 4] = ["uhd-video", "video-360", "camera", "ar"];
+pub const SCENARIOS: [&str; 5] = ["uhd-video", "video-360", "camera", "ar", "livestream"];
 
 /// How to run a scenario.
 #[derive(Debug, Clone)]
@@ -178,6 +179,7 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
     match o.scenario.as_str() {
         "uhd-video" | "video-360" => video(&mut pipe, o, period, &mut common)?,
         "camera" | "ar" => camera(&mut pipe, o, period, &mut common)?,
+        "livestream" => livestream::livestream(&mut pipe, o, period, &mut common)?,
         other => {
             return Err(CliError::Usage(format!(
                 "unknown scenario {other} (one of {})",
