@@ -17,6 +17,7 @@ packages=(
   qemu-system-x86 busybox-static xz-utils # VM guests (TCG) and their image
   fonts-dejavu-core                       # chart labels in `virtsoc report`
   nginx-light libnginx-mod-rtmp           # the livestream scenario's local RTMP server
+  xvfb x11-apps                           # the display's window backend, tested under Xvfb
 )
 
 missing=()

@@ -1,19 +1,26 @@
-//! The camera device: a synthetic sensor (`virtsoc-media`'s [`SyntheticCamera`]) whose
-//! frames carry their capture time in the pixels.
+//! The camera device: a sensor whose frames carry their capture time in the pixels. The
+//! source is chosen with the daemon's `--camera-source`:
+//! - `synthetic` (default): `virtsoc-media`'s [`SyntheticCamera`], a moving test pattern with
+//!   a trackable white square;
+//! - `file:PATH`: a video file played in a loop ([`FileCamera`]), each frame converted and
+//!   scaled to the capture region's format and size with the swscale ISP. The file is opened
+//!   and its first frame decoded at startup, so a missing or undecodable file (or an unknown
+//!   source) stops the daemon with a configuration error naming it.
 //!
-//! `capture(frame)` renders the next frame straight into the guest's region; the region's
-//! metadata (NV12, YUV420P, RGBA or BGRA; width, height, stride) sets the mode. Each guest has
-//! its own camera per mode, created on first use, so frame indices and the moving square's
-//! path start at 0 for every guest and mode; a guest keeps at most [`MAX_MODES_PER_GUEST`]
-//! modes (the least recently used one is dropped beyond) and loses them all when it goes
-//! away.
+//! `capture(frame)` writes the next frame into the guest's region; the region's metadata
+//! (NV12, YUV420P, RGBA or BGRA; width, height, stride) sets the mode. Each guest has its own
+//! camera per mode, created on first use, so frame indices (and the moving square's path, or
+//! the file's position) start at 0 for every guest and mode; a guest keeps at most
+//! [`MAX_MODES_PER_GUEST`] modes (the least recently used one is dropped beyond) and loses
+//! them all when it goes away. Captures of different cameras run in parallel; file decoding
+//! happens on the capturing thread.
 //!
 //! The capture time is [`crate::clock::now_ns`] (CLOCK_MONOTONIC), taken just before the
 //! frame is drawn, returned as `capture_ns` and stamped into the top strip of the frame (see
 //! `virtsoc_media::camera::timestamp`), so the display can measure motion-to-photon latency
 //! on whatever reaches it after conversion, scaling, encoding and composition
 //! ([`read_capture_time`] reads it back). The reply also gives the centre of the moving white
-//! square, which AR pipelines track and draw overlays on.
+//! square, which AR pipelines track and draw overlays on (0, 0 for a file source).
 //!
 //! Captures are not paced: the camera delivers a frame per command, as fast as it is asked;
 //! guests pace themselves (e.g. on the display's vsync).
@@ -22,19 +29,22 @@
 //! (under 40x32, the timestamp strip's minimum) get [`Status::BadArgument`].
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtsoc_devapi::camera::{self as api, Command};
 use virtsoc_media::camera::timestamp::MIN_SIZE;
 use virtsoc_media::{read_timestamp, CameraSource, FrameLayout, FrameMut, FrameRef, PixelFormat};
-use virtsoc_media::{MediaError, SyntheticCamera};
+use virtsoc_media::{
+    stamp_timestamp, CaptureInfo, FileCamera, IspBackend, MediaError, SwscaleIsp, SyntheticCamera,
+};
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
 
 use super::codec::{frame_layout, media_status, pixel_format};
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
-use crate::{clock, Result};
+use crate::{clock, HostError, Result};
 
 /// Frame rate the synthetic cameras report (their nominal frame interval).
 pub const CAMERA_FPS: u32 = 60;
@@ -52,8 +62,146 @@ pub fn read_capture_time(meta: &RegionMeta, bytes: &[u8]) -> Option<u64> {
 /// A camera mode: what a capture region looks like (its stride may differ).
 type Mode = (PixelFormat, u32, u32);
 
+/// Where frames come from (`--camera-source`).
+#[derive(Debug, Clone, PartialEq)]
+enum Source {
+    Synthetic,
+    File(FileSource),
+}
+
+/// A video file checked at startup.
+#[derive(Debug, Clone, PartialEq)]
+struct FileSource {
+    path: PathBuf,
+    /// Frame size the file decodes to.
+    width: u32,
+    height: u32,
+    /// Nominal frame rate.
+    fps: f64,
+}
+
+impl Source {
+    /// Parses and checks a `--camera-source` value: `synthetic` or `file:PATH` (the file is
+    /// opened and its first frame decoded).
+    fn parse(spec: &str) -> Result<Self> {
+        if spec == "synthetic" {
+            return Ok(Source::Synthetic);
+        }
+        let Some(path) = spec.strip_prefix("file:") else {
+            return Err(HostError::Config(format!(
+                "camera: unknown camera source {spec:?} (expected synthetic or file:PATH)"
+            )));
+        };
+        if path.is_empty() {
+            return Err(HostError::Config(
+                "camera: camera source file: needs a path (file:PATH)".into(),
+            ));
+        }
+        let path = PathBuf::from(path);
+        let cam = FileCamera::open(&path, PixelFormat::Yuv420p).map_err(|e| {
+            HostError::Config(format!(
+                "camera: cannot use {} as the camera source: {e}",
+                path.display()
+            ))
+        })?;
+        let layout = cam.layout();
+        if layout.width < MIN_SIZE.0 || layout.height < MIN_SIZE.1 {
+            return Err(HostError::Config(format!(
+                "camera: {}: frames of {}x{} are too small (at least {}x{})",
+                path.display(),
+                layout.width,
+                layout.height,
+                MIN_SIZE.0,
+                MIN_SIZE.1
+            )));
+        }
+        Ok(Source::File(FileSource {
+            path,
+            width: layout.width,
+            height: layout.height,
+            fps: 1.0 / cam.frame_interval().as_secs_f64(),
+        }))
+    }
+}
+
+/// A video file's frames for one mode.
+struct FileMode {
+    camera: FileCamera,
+    /// For a mode whose size differs from the file's: a frame at the file's size (YUV420P)
+    /// that the ISP scales into the region. `None`: the camera writes the region directly.
+    scratch: Option<(FrameLayout, Vec<u8>)>,
+}
+
+impl FileMode {
+    fn open(src: &FileSource, mode: Mode) -> std::result::Result<Self, MediaError> {
+        let (format, width, height) = mode;
+        if (width, height) == (src.width, src.height) {
+            let mut camera = FileCamera::open(&src.path, format)?;
+            let l = camera.layout();
+            if (l.format, l.width, l.height) == mode {
+                camera.set_stamp_timestamps(true);
+                return Ok(FileMode {
+                    camera,
+                    scratch: None,
+                });
+            }
+        }
+        let camera = FileCamera::open(&src.path, PixelFormat::Yuv420p)?;
+        let layout = camera.layout();
+        Ok(FileMode {
+            camera,
+            scratch: Some((layout, vec![0; layout.size()])),
+        })
+    }
+
+    fn capture(
+        &mut self,
+        isp: &SwscaleIsp,
+        mut dst: FrameMut<'_>,
+        now: u64,
+    ) -> std::result::Result<CaptureInfo, MediaError> {
+        let Some((layout, buf)) = &mut self.scratch else {
+            return self.camera.capture(dst, now);
+        };
+        let info = self.camera.capture(FrameMut::new(*layout, buf)?, now)?;
+        isp.convert(FrameRef::new(*layout, buf)?, dst.reborrow())?;
+        stamp_timestamp(dst, now)?;
+        Ok(info)
+    }
+}
+
+/// One guest's camera in one mode.
+enum ModeCamera {
+    Synthetic(SyntheticCamera),
+    File(Box<FileMode>),
+}
+
+impl ModeCamera {
+    fn open(source: &Source, mode: Mode) -> std::result::Result<Self, MediaError> {
+        let (format, width, height) = mode;
+        Ok(match source {
+            Source::Synthetic => {
+                ModeCamera::Synthetic(SyntheticCamera::new(width, height, CAMERA_FPS, format)?)
+            }
+            Source::File(f) => ModeCamera::File(Box::new(FileMode::open(f, mode)?)),
+        })
+    }
+
+    fn capture(
+        &mut self,
+        isp: &SwscaleIsp,
+        dst: FrameMut<'_>,
+    ) -> std::result::Result<CaptureInfo, MediaError> {
+        let now = clock::now_ns();
+        match self {
+            ModeCamera::Synthetic(c) => c.capture(dst, now),
+            ModeCamera::File(f) => f.capture(isp, dst, now),
+        }
+    }
+}
+
 struct GuestCamera {
-    camera: SyntheticCamera,
+    camera: Arc<Mutex<ModeCamera>>,
     /// Value of the device's use counter at the last capture, for LRU eviction.
     last_used: u64,
 }
@@ -66,13 +214,28 @@ struct State {
 
 /// The camera device.
 pub struct Camera {
+    source: Source,
+    isp: SwscaleIsp,
     state: Mutex<State>,
 }
 
 impl Camera {
-    /// Builds the device from the daemon's configuration.
-    pub fn new(_cfg: &DeviceConfig) -> Result<Self> {
+    /// Builds the device from the daemon's configuration: checks the camera source (an
+    /// unknown one, or a file that cannot be opened and decoded, is a configuration error).
+    pub fn new(cfg: &DeviceConfig) -> Result<Self> {
+        let source = Source::parse(&cfg.camera_source)?;
+        if let Source::File(f) = &source {
+            log::info!(
+                "camera: playing {} ({}x{}, {:.2} fps) in a loop",
+                f.path.display(),
+                f.width,
+                f.height,
+                f.fps
+            );
+        }
         Ok(Camera {
+            source,
+            isp: SwscaleIsp::new(),
             state: Mutex::new(State::default()),
         })
     }
@@ -98,50 +261,72 @@ impl Camera {
         Ok(layout)
     }
 
+    /// `guest`'s camera for `mode`, opened on first use (outside the device's lock: opening a
+    /// file decodes a frame).
+    fn camera_for(
+        &self,
+        guest: u64,
+        mode: Mode,
+    ) -> std::result::Result<Arc<Mutex<ModeCamera>>, Status> {
+        let key = (guest, mode);
+        {
+            let mut st = self.state();
+            st.uses += 1;
+            let now = st.uses;
+            if let Some(c) = st.cameras.get_mut(&key) {
+                c.last_used = now;
+                return Ok(c.camera.clone());
+            }
+        }
+        let camera = ModeCamera::open(&self.source, mode).map_err(|e| {
+            log::warn!("camera: guest {guest}: cannot open {mode:?}: {e}");
+            media_status(&e)
+        })?;
+        let mut st = self.state();
+        st.uses += 1;
+        let now = st.uses;
+        if let Some(c) = st.cameras.get_mut(&key) {
+            // Another capture of this guest opened it meanwhile.
+            c.last_used = now;
+            return Ok(c.camera.clone());
+        }
+        let held: Vec<_> = st
+            .cameras
+            .iter()
+            .filter(|((g, _), _)| *g == guest)
+            .map(|(k, v)| (v.last_used, *k))
+            .collect();
+        if held.len() >= MAX_MODES_PER_GUEST {
+            if let Some((_, oldest)) = held.iter().min_by_key(|(used, _)| *used) {
+                st.cameras.remove(oldest);
+            }
+        }
+        log::debug!(
+            "camera: guest {guest} captures {:?} {}x{}",
+            mode.0,
+            mode.1,
+            mode.2
+        );
+        let camera = Arc::new(Mutex::new(camera));
+        st.cameras.insert(
+            key,
+            GuestCamera {
+                camera: camera.clone(),
+                last_used: now,
+            },
+        );
+        Ok(camera)
+    }
+
     fn capture(&self, cx: &DeviceCtx<'_>, c: api::Capture) -> DeviceResult {
         let meta = cx.meta(c.frame)?;
         let layout = Self::capture_layout(&meta)?;
         let mode = (layout.format, layout.width, layout.height);
-        let mut st = self.state();
-        st.uses += 1;
-        let now = st.uses;
-        let key = (cx.guest, mode);
-        if !st.cameras.contains_key(&key) {
-            let camera =
-                SyntheticCamera::new(layout.width, layout.height, CAMERA_FPS, layout.format)
-                    .map_err(|e| media_status(&e))?;
-            let held: Vec<_> = st
-                .cameras
-                .iter()
-                .filter(|((g, _), _)| *g == cx.guest)
-                .map(|(k, v)| (v.last_used, *k))
-                .collect();
-            if held.len() >= MAX_MODES_PER_GUEST {
-                if let Some((_, oldest)) = held.iter().min_by_key(|(used, _)| *used) {
-                    st.cameras.remove(oldest);
-                }
-            }
-            log::debug!(
-                "camera: guest {} captures {:?} {}x{}",
-                cx.guest,
-                layout.format,
-                layout.width,
-                layout.height
-            );
-            st.cameras.insert(
-                key,
-                GuestCamera {
-                    camera,
-                    last_used: now,
-                },
-            );
-        }
-        let cam = st.cameras.get_mut(&key).ok_or(Status::Internal)?;
-        cam.last_used = now;
-        let camera = &mut cam.camera;
+        let camera = self.camera_for(cx.guest, mode)?;
+        let mut camera = camera.lock().unwrap_or_else(|p| p.into_inner());
         let info = cx
             .with_region(c.frame, |bytes| {
-                FrameMut::new(layout, bytes).and_then(|dst| camera.capture(dst, clock::now_ns()))
+                FrameMut::new(layout, bytes).and_then(|dst| camera.capture(&self.isp, dst))
             })?
             .map_err(|e: MediaError| {
                 log::debug!("camera: guest {}: {e}", cx.guest);
@@ -164,10 +349,20 @@ impl Device for Camera {
     }
 
     fn backend(&self) -> String {
-        format!(
-            "synthetic scrolling ramp with a moving square, {CAMERA_FPS} fps \
-             (timestamps stamped in pixels)"
-        )
+        match &self.source {
+            Source::Synthetic => format!(
+                "synthetic scrolling ramp with a moving square, {CAMERA_FPS} fps \
+                 (timestamps stamped in pixels)"
+            ),
+            Source::File(f) => format!(
+                "file {} ({}x{}, {:.2} fps, looped; swscale to the region's format and size; \
+                 timestamps stamped in pixels)",
+                f.path.display(),
+                f.width,
+                f.height,
+                f.fps
+            ),
+        }
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
@@ -216,6 +411,40 @@ mod tests {
             read_capture_time(&meta(Format::Nv12, 320, 240), &[0u8; 320 * 240 * 3 / 2]),
             None
         );
+    }
+
+    fn source_error(spec: &str) -> String {
+        match Source::parse(spec) {
+            Err(HostError::Config(m)) => m,
+            other => panic!("{spec}: expected a configuration error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn camera_sources_are_checked_at_startup() {
+        assert_eq!(Source::parse("synthetic").unwrap(), Source::Synthetic);
+        let m = source_error("v4l2:/dev/video0");
+        assert!(
+            m.contains("unknown camera source") && m.contains("v4l2"),
+            "{m}"
+        );
+        assert!(source_error("file:").contains("needs a path"));
+        let missing = "/nonexistent/virtsoc-camera-clip.mp4";
+        let m = source_error(&format!("file:{missing}"));
+        assert!(m.contains(missing), "{m}");
+        // A file that is not a video.
+        let junk = std::env::temp_dir().join(format!("virtsoc-junk-{}.mp4", std::process::id()));
+        std::fs::write(&junk, b"not a video at all").unwrap();
+        let m = source_error(&format!("file:{}", junk.display()));
+        assert!(m.contains(&junk.display().to_string()), "{m}");
+        let _ = std::fs::remove_file(junk);
+        let cfg = DeviceConfig {
+            camera_source: "bogus".into(),
+            ..DeviceConfig::default()
+        };
+        assert!(matches!(Camera::new(&cfg), Err(HostError::Config(_))));
+        let cam = Camera::new(&DeviceConfig::default()).unwrap();
+        assert!(cam.backend().starts_with("synthetic"));
     }
 
     #[test]

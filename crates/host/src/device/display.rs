@@ -1,9 +1,17 @@
 //! The display device: the host's one screen, shared by every guest.
 //!
-//! A headless 1920x1080 display (the `virtsoc-display` state machine) scanned out by a vsync
-//! thread at the daemon's `--refresh-hz`, on the daemon's media clock ([`crate::clock`],
+//! A 1920x1080 display (the `virtsoc-display` state machine) scanned out by a vsync thread at
+//! the daemon's `--refresh-hz`, on the daemon's media clock ([`crate::clock`],
 //! `CLOCK_MONOTONIC`), so a frame's motion-to-photon latency is its scan-out time minus the
 //! capture time the camera or codec reported.
+//!
+//! Where scanned-out frames go is the daemon's `--display-backend`:
+//! - `headless` (default): nowhere but memory (the last frame, for snapshots);
+//! - `window`: an X11 window on `$DISPLAY` (the display crate's `WindowBackend`, built only
+//!   with this crate's `window` cargo feature). Without the feature, without `$DISPLAY`, or
+//!   when the window cannot be opened, the daemon refuses to start with a configuration
+//!   error saying why. Closing the window does not stop the display: scan-outs then count as
+//!   backend errors and snapshots keep working.
 //!
 //! Commands (declared in `virtsoc_devapi::display`):
 //! - `present(frame, capture_ns)`: copies the frame region (Rgba8 or Bgra8; other formats
@@ -65,12 +73,80 @@ pub struct Display {
     screen: Arc<Screen>,
     snapshot_dir: PathBuf,
     refresh_hz: u32,
+    output: Output,
+}
+
+/// Where scanned-out frames go (`--display-backend`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Output {
+    Headless,
+    /// An X11 window on this `$DISPLAY`.
+    Window(String),
+}
+
+impl Output {
+    /// Parses a `--display-backend` value; checks that a window can be had (built in, and a
+    /// `$DISPLAY` is set).
+    fn parse(spec: &str) -> Result<Self> {
+        match spec {
+            "headless" => Ok(Output::Headless),
+            "window" => {
+                if !cfg!(feature = "window") {
+                    return Err(HostError::Config(
+                        "display: --display-backend window is not built into this virtsocd: \
+                         rebuild it with the `window` cargo feature \
+                         (cargo build -p virtsoc --features window)"
+                            .into(),
+                    ));
+                }
+                match std::env::var("DISPLAY") {
+                    Ok(d) if !d.is_empty() => Ok(Output::Window(d)),
+                    _ => Err(HostError::Config(
+                        "display: --display-backend window needs an X11 display, \
+                         but $DISPLAY is not set"
+                            .into(),
+                    )),
+                }
+            }
+            other => Err(HostError::Config(format!(
+                "display: unknown display backend {other:?} (expected headless or window)"
+            ))),
+        }
+    }
+
+    /// The scan-out backend.
+    fn backend(&self, refresh_hz: u32) -> Result<Box<dyn vd::DisplayBackend>> {
+        match self {
+            Output::Headless => Ok(Box::new(vd::HeadlessBackend::new())),
+            Output::Window(display) => open_window(display, refresh_hz),
+        }
+    }
+}
+
+#[cfg(feature = "window")]
+fn open_window(display: &str, refresh_hz: u32) -> Result<Box<dyn vd::DisplayBackend>> {
+    let w = vd::WindowBackend::new("virtsoc display", WIDTH, HEIGHT, refresh_hz).map_err(|e| {
+        HostError::Config(format!(
+            "display: cannot open a window on X11 display {display:?}: {e}"
+        ))
+    })?;
+    log::info!("display: window {WIDTH}x{HEIGHT} open on X11 display {display}");
+    Ok(Box::new(w))
+}
+
+#[cfg(not(feature = "window"))]
+fn open_window(_display: &str, _refresh_hz: u32) -> Result<Box<dyn vd::DisplayBackend>> {
+    Err(HostError::Config(
+        "display: the window backend is not built in".into(),
+    ))
 }
 
 impl Display {
     /// Builds the device from the daemon's configuration and starts its vsync thread.
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
-        let config = vd::DisplayConfig::new(WIDTH, HEIGHT).with_refresh_hz(cfg.refresh_hz);
+        let output = Output::parse(&cfg.display_backend)?;
+        let mut config = vd::DisplayConfig::new(WIDTH, HEIGHT).with_refresh_hz(cfg.refresh_hz);
+        config.backend = output.backend(cfg.refresh_hz)?;
         let display = vd::Display::new(config).map_err(config_error)?;
         let vsync = vd::VsyncThread::spawn_with_clock(display, Arc::new(HostClock))
             .map_err(config_error)?;
@@ -87,6 +163,7 @@ impl Display {
             screen,
             snapshot_dir: cfg.snapshot_dir.clone(),
             refresh_hz: cfg.refresh_hz,
+            output,
         })
     }
 
@@ -144,8 +221,12 @@ impl Device for Display {
     }
 
     fn backend(&self) -> String {
+        let output = match &self.output {
+            Output::Headless => "headless".to_string(),
+            Output::Window(d) => format!("window on X11 display {d},"),
+        };
         format!(
-            "headless {WIDTH}x{HEIGHT}@{}Hz (vsync thread), PNG snapshots to {}",
+            "{output} {WIDTH}x{HEIGHT}@{}Hz (vsync thread), PNG snapshots to {}",
             self.refresh_hz,
             self.snapshot_dir.display()
         )
@@ -788,5 +869,35 @@ mod tests {
         let b = d.backend();
         assert!(b.starts_with("headless 1920x1080@60Hz (vsync thread), PNG snapshots to "));
         assert!(b.ends_with(&dir.display().to_string()));
+    }
+
+    fn backend_error(spec: &str) -> String {
+        match Output::parse(spec) {
+            Err(HostError::Config(m)) => m,
+            other => panic!("{spec}: expected a configuration error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn display_backends_are_checked() {
+        assert_eq!(Output::parse("headless").unwrap(), Output::Headless);
+        let m = backend_error("wayland");
+        assert!(
+            m.contains("unknown display backend") && m.contains("wayland"),
+            "{m}"
+        );
+        match Output::parse("window") {
+            Ok(Output::Window(d)) if cfg!(feature = "window") => {
+                assert_eq!(std::env::var("DISPLAY").unwrap(), d);
+            }
+            Ok(o) => panic!("{o:?}"),
+            Err(HostError::Config(m)) if cfg!(feature = "window") => {
+                assert!(m.contains("$DISPLAY"), "{m}")
+            }
+            Err(HostError::Config(m)) => {
+                assert!(m.contains("not built") && m.contains("window"), "{m}")
+            }
+            Err(e) => panic!("{e}"),
+        }
     }
 }
