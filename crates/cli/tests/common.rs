@@ -112,3 +112,56 @@ pub fn virtsoc(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A guest connection with default options.
+pub fn connect(d: &Daemon) -> virtsoc_guest::Connection {
+    virtsoc_guest::Connection::connect(d.socket(), &virtsoc_guest::ConnectOptions::default())
+        .expect("connect")
+}
+
+/// Writes `bytes` at the start of region `id` from the guest CPU.
+pub fn cpu_write(c: &virtsoc_guest::Connection, id: u64, bytes: &[u8]) {
+    use virtsoc_guest::{AccessMode, DeviceId};
+    let len = bytes.len() as u64;
+    let a = c
+        .begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)
+        .unwrap();
+    // SAFETY: the pointer covers `len` bytes of the window until end_access.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), a.ptr.unwrap().as_ptr(), bytes.len()) };
+    c.end_access(id, DeviceId::CPU, 0, len, AccessMode::Write)
+        .unwrap();
+}
+
+/// Reads the first `len` bytes of region `id` from the guest CPU.
+pub fn cpu_read(c: &virtsoc_guest::Connection, id: u64, len: usize) -> Vec<u8> {
+    use virtsoc_guest::{AccessMode, DeviceId};
+    let a = c
+        .begin_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)
+        .unwrap();
+    let mut out = vec![0u8; len];
+    // SAFETY: the pointer covers `len` bytes of the window until end_access.
+    unsafe { std::ptr::copy_nonoverlapping(a.ptr.unwrap().as_ptr(), out.as_mut_ptr(), len) };
+    c.end_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)
+        .unwrap();
+    out
+}
+
+/// An NV12 frame of linear ramps: luma along x + 2y, U along x, V along y.
+pub fn nv12_pattern(w: u32, h: u32) -> Vec<u8> {
+    let (w, h) = (w as usize, h as usize);
+    let mut f = vec![0u8; w * h * 3 / 2];
+    for y in 0..h {
+        for x in 0..w {
+            f[y * w + x] = (16 + 219 * (x + 2 * y) / (w - 1 + 2 * (h - 1))) as u8;
+        }
+    }
+    let (cw, ch) = (w / 2, h / 2);
+    for cy in 0..ch {
+        for cx in 0..cw {
+            let o = w * h + cy * w + 2 * cx;
+            f[o] = (40 + 176 * cx / (cw - 1)) as u8;
+            f[o + 1] = (40 + 176 * cy / (ch - 1)) as u8;
+        }
+    }
+    f
+}

@@ -6,9 +6,11 @@
 
 mod common;
 
+use common::{connect, cpu_read as read, cpu_write as write, nv12_pattern};
+
 use common::Daemon;
 use virtsoc_guest::devices::{gpu, LayerRecord, MarkerRecord};
-use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Format, Status};
+use virtsoc_guest::{AccessMode, Connection, Format, Status};
 
 const W: u32 = 256;
 const H: u32 = 144;
@@ -22,53 +24,6 @@ const OH: u32 = 72;
 const MAX_BACKEND_DIFF: u8 = 3;
 /// Largest per-channel difference allowed against the blend computed in this test.
 const MAX_BLEND_DIFF: u8 = 3;
-
-fn connect(d: &Daemon) -> Connection {
-    Connection::connect(d.socket(), &ConnectOptions::default()).expect("connect")
-}
-
-fn write(c: &Connection, id: u64, bytes: &[u8]) {
-    let len = bytes.len() as u64;
-    let a = c
-        .begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)
-        .unwrap();
-    // SAFETY: the pointer covers `len` bytes of the window until end_access.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), a.ptr.unwrap().as_ptr(), bytes.len()) };
-    c.end_access(id, DeviceId::CPU, 0, len, AccessMode::Write)
-        .unwrap();
-}
-
-fn read(c: &Connection, id: u64, len: usize) -> Vec<u8> {
-    let a = c
-        .begin_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)
-        .unwrap();
-    let mut out = vec![0u8; len];
-    // SAFETY: the pointer covers `len` bytes of the window until end_access.
-    unsafe { std::ptr::copy_nonoverlapping(a.ptr.unwrap().as_ptr(), out.as_mut_ptr(), len) };
-    c.end_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)
-        .unwrap();
-    out
-}
-
-/// NV12 of linear ramps: luma along x + 2y, U along x, V along y.
-fn nv12_pattern(w: u32, h: u32) -> Vec<u8> {
-    let (w, h) = (w as usize, h as usize);
-    let mut f = vec![0u8; w * h * 3 / 2];
-    for y in 0..h {
-        for x in 0..w {
-            f[y * w + x] = (16 + 219 * (x + 2 * y) / (w - 1 + 2 * (h - 1))) as u8;
-        }
-    }
-    let (cw, ch) = (w / 2, h / 2);
-    for cy in 0..ch {
-        for cx in 0..cw {
-            let o = w * h + cy * w + 2 * cx;
-            f[o] = (40 + 176 * cx / (cw - 1)) as u8;
-            f[o + 1] = (40 + 176 * cy / (ch - 1)) as u8;
-        }
-    }
-    f
-}
 
 /// RGBA overlay pixel: red along x, blue along y, alpha 40..240 along x.
 fn overlay_px(x: u32, y: u32) -> [u8; 4] {
