@@ -25,13 +25,13 @@ demo: build
 test: deps lint
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
-	$(CARGO) test -p virtsoc --features window --test dev_sources
+	$(CARGO) test -p virtsoc --features window,v4l2 --test dev_sources
 	tests/c/run.sh debug
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy -p virtsoc --all-targets --features window -- -D warnings
+	$(CARGO) clippy -p virtsoc --all-targets --features window,v4l2 -- -D warnings
 
 ctest:
 	$(CARGO) build -p virtsoc-guest -p virtsoc

@@ -240,6 +240,15 @@ fn bad_camera_sources_stop_the_daemon() {
     let err = refused(&["--camera-source", &format!("file:{junk}")], &[]);
     assert!(err.contains(junk), "the error names the file: {err}");
     let _ = std::fs::remove_dir_all(dir);
+
+    // V4L2: without the feature the daemon says how to get it; with it, a missing device is
+    // named (no /dev/video* exists on the machines this runs on).
+    let err = refused(&["--camera-source", "v4l2:/dev/video-virtsoc-none"], &[]);
+    if cfg!(feature = "v4l2") {
+        assert!(err.contains("/dev/video-virtsoc-none"), "{err}");
+    } else {
+        assert!(err.contains("v4l2` cargo feature"), "{err}");
+    }
 }
 
 #[test]

@@ -67,6 +67,9 @@ type Mode = (PixelFormat, u32, u32);
 enum Source {
     Synthetic,
     File(FileSource),
+    /// A V4L2 capture device (`v4l2:/dev/videoN`; needs the `v4l2` feature).
+    #[cfg(feature = "v4l2")]
+    V4l2(PathBuf),
 }
 
 /// A video file checked at startup.
@@ -87,9 +90,13 @@ impl Source {
         if spec == "synthetic" {
             return Ok(Source::Synthetic);
         }
+        if let Some(dev) = spec.strip_prefix("v4l2:") {
+            return Self::v4l2(dev);
+        }
         let Some(path) = spec.strip_prefix("file:") else {
             return Err(HostError::Config(format!(
-                "camera: unknown camera source {spec:?} (expected synthetic or file:PATH)"
+                "camera: unknown camera source {spec:?} (expected synthetic, file:PATH or \
+                 v4l2:DEVICE)"
             )));
         };
         if path.is_empty() {
@@ -121,6 +128,25 @@ impl Source {
             height: layout.height,
             fps: 1.0 / cam.frame_interval().as_secs_f64(),
         }))
+    }
+}
+
+impl Source {
+    /// A V4L2 device, checked by opening it once at startup.
+    #[cfg(feature = "v4l2")]
+    fn v4l2(dev: &str) -> Result<Self> {
+        let path = PathBuf::from(dev);
+        virtsoc_media::camera::V4l2Camera::open(&path, 640, 480, CAMERA_FPS, PixelFormat::Nv12)
+            .map_err(|e| HostError::Config(format!("camera: cannot capture from {dev}: {e}")))?;
+        Ok(Source::V4l2(path))
+    }
+
+    #[cfg(not(feature = "v4l2"))]
+    fn v4l2(dev: &str) -> Result<Self> {
+        Err(HostError::Config(format!(
+            "camera: v4l2:{dev} needs a daemon built with the `v4l2` cargo feature \
+             (cargo build --features v4l2)"
+        )))
     }
 }
 
@@ -174,6 +200,8 @@ impl FileMode {
 enum ModeCamera {
     Synthetic(SyntheticCamera),
     File(Box<FileMode>),
+    #[cfg(feature = "v4l2")]
+    V4l2(Box<virtsoc_media::camera::V4l2Camera>),
 }
 
 impl ModeCamera {
@@ -184,6 +212,14 @@ impl ModeCamera {
                 ModeCamera::Synthetic(SyntheticCamera::new(width, height, CAMERA_FPS, format)?)
             }
             Source::File(f) => ModeCamera::File(Box::new(FileMode::open(f, mode)?)),
+            #[cfg(feature = "v4l2")]
+            Source::V4l2(path) => {
+                let mut c = virtsoc_media::camera::V4l2Camera::open(
+                    path, width, height, CAMERA_FPS, format,
+                )?;
+                c.set_stamp_timestamps(true);
+                ModeCamera::V4l2(Box::new(c))
+            }
         })
     }
 
@@ -196,6 +232,11 @@ impl ModeCamera {
         match self {
             ModeCamera::Synthetic(c) => c.capture(dst, now),
             ModeCamera::File(f) => f.capture(isp, dst, now),
+            #[cfg(feature = "v4l2")]
+            ModeCamera::V4l2(c) => {
+                use virtsoc_media::camera::CameraSource;
+                c.capture(dst, now)
+            }
         }
     }
 }
@@ -361,6 +402,11 @@ impl Device for Camera {
                 f.width,
                 f.height,
                 f.fps
+            ),
+            #[cfg(feature = "v4l2")]
+            Source::V4l2(p) => format!(
+                "V4L2 {} (NV12 or YUYV capture; timestamps stamped in pixels)",
+                p.display()
             ),
         }
     }

@@ -3,16 +3,20 @@
 //! [`FileCamera`] that loops a video file. The pixel timestamp format lives in
 //! [`timestamp`].
 //!
-//! A V4L2 source is not provided (no `v4l2` feature): the machines this was built on have no
-//! `/dev/video*`, and the daemon falls back to the synthetic camera.
+//! A V4L2 source is behind the `v4l2` feature (`v4l2::V4l2Camera`); the machines this was built on have no
+//! `/dev/video*`, so it is only compile- and unit-tested here.
 
 mod file;
 pub mod timestamp;
+#[cfg(feature = "v4l2")]
+pub mod v4l2;
 
 use std::time::Duration;
 
 pub use file::FileCamera;
 pub use timestamp::{read_timestamp, stamp_timestamp};
+#[cfg(feature = "v4l2")]
+pub use v4l2::V4l2Camera;
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, FrameRef, PixelFormat};
