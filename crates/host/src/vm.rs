@@ -361,14 +361,6 @@ impl Doorbell for PortRinger {
     }
 }
 
-/// Where the files of VM `name` go by default.
-pub fn default_paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    (
-        dir.join(format!("virtsoc-vm-{name}.shm")),
-        dir.join(format!("virtsoc-vm-{name}.sock")),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -452,8 +452,3 @@ impl SvmManager {
         }
     }
 }
-
-/// Sum of coherence time in a set of reports.
-pub fn total_coherence(reports: &[AccessReport]) -> Duration {
-    reports.iter().map(|r| r.coherence).sum()
-}
