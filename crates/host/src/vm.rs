@@ -11,7 +11,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

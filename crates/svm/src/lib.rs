@@ -20,7 +20,7 @@ mod tests;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use virtsoc_prefetch::PrefetchEngine;
 
