@@ -470,7 +470,10 @@ mod tests {
     fn camera_sources_are_checked_at_startup() {
         assert_eq!(Source::parse("synthetic").unwrap(), Source::Synthetic);
         let m = source_error("rtsp://cam/1");
-        assert!(m.contains("unknown camera source") && m.contains("rtsp"), "{m}");
+        assert!(
+            m.contains("unknown camera source") && m.contains("rtsp"),
+            "{m}"
+        );
         let m = source_error("v4l2:/dev/video-virtsoc-none");
         assert!(m.contains("/dev/video-virtsoc-none"), "{m}");
         assert!(source_error("file:").contains("needs a path"));
