@@ -113,10 +113,57 @@ pub fn virtsoc(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// A guest connection with default options.
+/// A guest connection to `d` with a 64 MiB window.
 pub fn connect(d: &Daemon) -> virtsoc_guest::Connection {
-    virtsoc_guest::Connection::connect(d.socket(), &virtsoc_guest::ConnectOptions::default())
-        .expect("connect")
+    connect_to(d.socket())
+}
+
+/// A guest connection to the daemon at `socket` with a 64 MiB window.
+pub fn connect_to(socket: &Path) -> virtsoc_guest::Connection {
+    virtsoc_guest::Connection::connect(
+        socket,
+        &virtsoc_guest::ConnectOptions {
+            window_size: 64 << 20,
+            ..virtsoc_guest::ConnectOptions::default()
+        },
+    )
+    .expect("connect")
+}
+
+/// The status of a failed guest call (panics if it did not fail with one).
+pub fn status_of<T: std::fmt::Debug>(
+    r: Result<T, virtsoc_guest::GuestError>,
+) -> virtsoc_guest::Status {
+    match r {
+        Err(virtsoc_guest::GuestError::Status { status, .. }) => status,
+        other => panic!("expected a status error, got {other:?}"),
+    }
+}
+
+/// All bytes of a region, read by the guest CPU.
+pub fn region_bytes(c: &virtsoc_guest::Connection, r: &virtsoc_guest::RegionInfo) -> Vec<u8> {
+    cpu_read(c, r.id, r.size as usize)
+}
+
+/// The host-side metadata a region was allocated with.
+pub fn region_meta(r: &virtsoc_guest::RegionInfo) -> virtsoc_svm::RegionMeta {
+    virtsoc_svm::RegionMeta {
+        size: r.size,
+        width: r.width,
+        height: r.height,
+        stride: r.stride,
+        format: r.format,
+        usage: 0,
+    }
+}
+
+/// One camera capture into region `r`.
+pub fn camera_capture(
+    c: &virtsoc_guest::Connection,
+    r: &virtsoc_guest::RegionInfo,
+) -> virtsoc_guest::devices::camera::CaptureReply {
+    c.command_with_access(&virtsoc_guest::devices::camera::Capture { frame: r.id })
+        .expect("capture")
 }
 
 /// Writes `bytes` at the start of region `id` from the guest CPU.

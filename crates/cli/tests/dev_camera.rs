@@ -5,61 +5,14 @@
 
 mod common;
 
-use common::Daemon;
-use virtsoc_guest::devices::camera;
-use virtsoc_guest::{
-    AccessMode, ConnectOptions, Connection, DeviceCommand, DeviceId, Format, GuestError,
-    RegionInfo, Status,
+use common::{
+    camera_capture as capture, connect, region_bytes as read_region, region_meta as meta,
+    status_of, Daemon,
 };
+use virtsoc_guest::devices::camera;
+use virtsoc_guest::{DeviceCommand, Format, Status};
 use virtsoc_host::clock::now_ns;
 use virtsoc_host::device::camera::read_capture_time;
-use virtsoc_svm::RegionMeta;
-
-fn connect(d: &Daemon) -> Connection {
-    Connection::connect(
-        d.socket(),
-        &ConnectOptions {
-            window_size: 64 << 20,
-            ..ConnectOptions::default()
-        },
-    )
-    .expect("connect")
-}
-
-fn status_of<T: std::fmt::Debug>(r: Result<T, GuestError>) -> Status {
-    match r {
-        Err(GuestError::Status { status, .. }) => status,
-        other => panic!("expected a status error, got {other:?}"),
-    }
-}
-
-fn read_region(c: &Connection, r: &RegionInfo) -> Vec<u8> {
-    let a = c
-        .begin_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Read)
-        .unwrap();
-    let p = a.ptr.expect("CPU pointer");
-    // SAFETY: the library checked that the region's bytes lie in our window.
-    let v = unsafe { std::slice::from_raw_parts(p.as_ptr(), r.size as usize) }.to_vec();
-    c.end_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Read)
-        .unwrap();
-    v
-}
-
-fn meta(r: &RegionInfo) -> RegionMeta {
-    RegionMeta {
-        size: r.size,
-        width: r.width,
-        height: r.height,
-        stride: r.stride,
-        format: r.format,
-        usage: 0,
-    }
-}
-
-fn capture(c: &Connection, r: &RegionInfo) -> camera::CaptureReply {
-    c.command_with_access(&camera::Capture { frame: r.id })
-        .unwrap()
-}
 
 #[test]
 fn captures_carry_their_time_and_a_moving_marker() {

@@ -14,11 +14,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::Daemon;
+use common::{connect, status_of, Daemon};
 use virtsoc_guest::devices::{codec, codec_kind};
-use virtsoc_guest::{
-    AccessMode, ConnectOptions, Connection, DeviceId, Format, GuestError, RegionInfo, Status,
-};
+use virtsoc_guest::{AccessMode, Connection, DeviceId, Format, GuestError, RegionInfo, Status};
 
 const W: u32 = 320;
 const H: u32 = 240;
@@ -160,24 +158,6 @@ fn adler32(data: &[u8]) -> u32 {
         b %= MOD;
     }
     (b << 16) | a
-}
-
-fn connect(d: &Daemon) -> Connection {
-    Connection::connect(
-        d.socket(),
-        &ConnectOptions {
-            window_size: 64 << 20,
-            ..ConnectOptions::default()
-        },
-    )
-    .expect("connect")
-}
-
-fn status_of<T: std::fmt::Debug>(r: Result<T, GuestError>) -> Status {
-    match r {
-        Err(GuestError::Status { status, .. }) => status,
-        other => panic!("expected a status error, got {other:?}"),
-    }
 }
 
 /// Writes `bytes` at the start of region `id` from the CPU.

@@ -11,22 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Daemon;
-use virtsoc_guest::devices::camera;
-use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Format, RegionInfo};
+use common::{
+    camera_capture as capture, connect_to as connect, region_bytes as read_region,
+    region_meta as meta, Daemon,
+};
+use virtsoc_guest::Format;
 use virtsoc_host::device::camera::read_capture_time;
-use virtsoc_svm::RegionMeta;
-
-fn connect(socket: &Path) -> Connection {
-    Connection::connect(
-        socket,
-        &ConnectOptions {
-            window_size: 64 << 20,
-            ..ConnectOptions::default()
-        },
-    )
-    .expect("connect")
-}
 
 /// A fresh directory of its own for each call (tests run in parallel).
 fn temp_dir(tag: &str) -> PathBuf {
@@ -39,34 +29,6 @@ fn temp_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn read_region(c: &Connection, r: &RegionInfo) -> Vec<u8> {
-    let a = c
-        .begin_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Read)
-        .unwrap();
-    let p = a.ptr.expect("CPU pointer");
-    // SAFETY: the library checked that the region's bytes lie in our window.
-    let v = unsafe { std::slice::from_raw_parts(p.as_ptr(), r.size as usize) }.to_vec();
-    c.end_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Read)
-        .unwrap();
-    v
-}
-
-fn meta(r: &RegionInfo) -> RegionMeta {
-    RegionMeta {
-        size: r.size,
-        width: r.width,
-        height: r.height,
-        stride: r.stride,
-        format: r.format,
-        usage: 0,
-    }
-}
-
-fn capture(c: &Connection, r: &RegionInfo) -> camera::CaptureReply {
-    c.command_with_access(&camera::Capture { frame: r.id })
-        .expect("capture")
 }
 
 /// Makes a 320x240, 30-frame H.264 clip of FFmpeg's `testsrc2` (a moving pattern).
@@ -277,6 +239,7 @@ mod window {
     use std::io::{BufRead, BufReader};
     use std::process::Child;
     use virtsoc_guest::devices::display::{Present, SignalAtVsync};
+    use virtsoc_guest::{AccessMode, Connection, DeviceId, RegionInfo};
 
     /// Finds `program` on `$PATH`, or fails naming the package that provides it.
     fn require(program: &str, package: &str) -> PathBuf {
