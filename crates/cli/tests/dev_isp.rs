@@ -193,3 +193,37 @@ fn isp_rejects_bad_regions_and_keeps_serving() {
     let mut d = d;
     assert!(d.alive());
 }
+
+/// Regression: NV12 -> YUV420P at the same size with widths 16 mod 32 (720x480, 720x576,
+/// 1936x1088) used to crash the whole daemon inside libswscale (misaligned chroma rows reached
+/// its SIMD paths). Through every backend (the `gpu` one sends YUV destinations to swscale),
+/// the conversion must answer, keep the luma exactly (NV12 and YUV420P share it), and leave
+/// the daemon serving another guest.
+#[test]
+fn isp_same_size_yuv_conversions_at_widths_16_mod_32_do_not_kill_the_daemon() {
+    for backend in ["swscale", "gpu", "cpu"] {
+        let mut d = Daemon::start(&["--isp-backend", backend]);
+        let c = connect(&d);
+        for (w, h) in [(720u32, 480u32), (720, 576), (1936, 1088), (48, 16)] {
+            let frame = nv12_pattern(w, h);
+            let src = c.alloc(0, w, h, Format::Nv12, 0).unwrap();
+            write(&c, src.id, &frame);
+            let dst = c.alloc(0, w, h, Format::Yuv420p, 0).unwrap();
+            convert(&c, src.id, dst.id).unwrap_or_else(|s| panic!("{backend} {w}x{h}: {s:?}"));
+            let got = read(&c, dst.id, dst.size as usize);
+            let luma = (w * h) as usize;
+            assert_eq!(got[..luma], frame[..luma], "{backend} {w}x{h}: luma");
+            // And back, through the same scaler family.
+            let back = c.alloc(0, w, h, Format::Nv12, 0).unwrap();
+            convert(&c, dst.id, back.id).unwrap();
+            assert_eq!(
+                read(&c, back.id, back.size as usize),
+                frame,
+                "{backend} {w}x{h}: NV12 -> YUV420P -> NV12 is lossless"
+            );
+        }
+        assert!(d.alive(), "{backend}: the daemon survived");
+        let other = connect(&d);
+        assert!(other.alloc(0, 64, 64, Format::Rgba8, 0).is_ok());
+    }
+}

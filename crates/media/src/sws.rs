@@ -2,9 +2,14 @@
 //! buffers described by [`FrameLayout`]s (crate-internal; used by the ISP, the decoder's output
 //! conversion and the file camera).
 //!
-//! swscale's SIMD paths may touch a few bytes past a row's last pixel when widths are not a
-//! multiple of 16, so such frames are staged through internally owned, padded buffers; frames
-//! whose widths are multiples of 16 are converted in place without extra copies.
+//! swscale's SIMD paths assume what FFmpeg's own frames guarantee: plane pointers and line
+//! sizes aligned to the CPU's widest vector, and rows that may be read or written up to the
+//! next multiple of that width. Region buffers of arbitrary sizes do not give that (720 pixels
+//! of YUV420P have 360-byte chroma rows, and swscale's aligned stores then fault and kill the
+//! process), so a buffer is handed to swscale directly only when every plane's pointer,
+//! stride and row length are multiples of [`SIMD_ALIGN`]; any other buffer is staged through
+//! internally owned, aligned and padded buffers. The common video sizes (1280, 1920, 3840
+//! wide, on the page-aligned buffers of the SVM) take the direct path without extra copies.
 
 use std::ffi::c_int;
 use std::ptr::NonNull;
@@ -56,33 +61,67 @@ fn plane_arrays(layout: &FrameLayout) -> ([usize; 4], [c_int; 4]) {
     (offs, strides)
 }
 
-/// True if swscale may read/write this layout in place (see module docs).
-fn direct_ok(layout: &FrameLayout) -> bool {
-    layout.width % 16 == 0
+/// The alignment swscale's widest SIMD paths (AVX-512) assume for plane pointers, line sizes
+/// and row lengths.
+pub(crate) const SIMD_ALIGN: usize = 64;
+
+/// True if swscale may read/write the planes of `layout` over `base` in place: every plane
+/// starts on a [`SIMD_ALIGN`] boundary, and its stride and its row length in bytes are
+/// multiples of it, so no vector load or store is misaligned or runs past a row (nor past the
+/// last row of the buffer).
+fn direct_ok(layout: &FrameLayout, base: *const u8) -> bool {
+    layout.planes().iter().all(|p| {
+        (base as usize).wrapping_add(p.offset) % SIMD_ALIGN == 0
+            && p.stride % SIMD_ALIGN == 0
+            && p.row_bytes % SIMD_ALIGN == 0
+    })
 }
 
-/// A padded copy of a layout for staging.
+/// A padded copy of a layout for staging: the luma stride rounded up so that every plane's
+/// stride (chroma planes of YUV420P have half of it) is a multiple of [`SIMD_ALIGN`].
 fn staging_layout(layout: &FrameLayout) -> FrameLayout {
     let row = layout.width * layout.format.luma_bytes_per_pixel();
-    let stride = row.div_ceil(64) * 64;
+    let unit = 2 * SIMD_ALIGN as u32;
+    let stride = row.div_ceil(unit) * unit;
     FrameLayout { stride, ..*layout }
 }
 
 /// Extra bytes after a staged frame so that over-reads past the last row stay in bounds.
 const STAGING_TAIL: usize = 256;
 
+/// A zeroed byte buffer whose first `len` bytes start on a [`SIMD_ALIGN`] boundary: `Vec`
+/// over-allocated by the alignment, with the aligned window's offset.
+#[derive(Default)]
+struct AlignedBuf {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl AlignedBuf {
+    /// The aligned window of `len` bytes (grown and re-aligned when needed).
+    fn get(&mut self, len: usize) -> &mut [u8] {
+        let aligned = |b: &Vec<u8>, start: usize| (b.as_ptr() as usize + start) % SIMD_ALIGN == 0;
+        if self.bytes.len() < self.start + len || !aligned(&self.bytes, self.start) {
+            self.bytes = vec![0u8; len + SIMD_ALIGN];
+            let misalign = self.bytes.as_ptr() as usize % SIMD_ALIGN;
+            self.start = (SIMD_ALIGN - misalign) % SIMD_ALIGN;
+        }
+        &mut self.bytes[self.start..self.start + len]
+    }
+}
+
 /// An owned swscale context plus reusable staging buffers.
 pub(crate) struct Scaler {
     ctx: NonNull<ffi::SwsContext>,
     src: (ffi::AVPixelFormat, u32, u32),
     dst: FrameLayout,
-    stage_src: Vec<u8>,
-    stage_dst: Vec<u8>,
+    stage_src: AlignedBuf,
+    stage_dst: AlignedBuf,
     /// NV12 source fed to a YUV420P-configured context after de-interleaving the chroma
     /// (swscale's fast unscaled YUV -> RGB converters exist only for planar input: NV12 ->
     /// RGBA at 3840x2160 takes ~15 ms through the generic path, ~2-3 ms this way).
     nv12_as_planar: bool,
-    stage_uv: Vec<u8>,
+    stage_uv: AlignedBuf,
 }
 
 // SAFETY: an SwsContext is only used through `&mut self`, so never from two threads at once,
@@ -141,10 +180,10 @@ impl Scaler {
             ctx,
             src: (src_fmt, sw, sh),
             dst,
-            stage_src: Vec::new(),
-            stage_dst: Vec::new(),
+            stage_src: AlignedBuf::default(),
+            stage_dst: AlignedBuf::default(),
             nv12_as_planar: false,
-            stage_uv: Vec::new(),
+            stage_uv: AlignedBuf::default(),
         })
     }
 
@@ -157,7 +196,6 @@ impl Scaler {
         src.validate()?;
         let nv12_as_planar = src.format == PixelFormat::Nv12
             && !dst.format.is_yuv()
-            && direct_ok(&src)
             && filter == ScaleFilter::Bilinear;
         if nv12_as_planar {
             let mut s = Self::new(
@@ -217,11 +255,12 @@ impl Scaler {
         Ok(())
     }
 
-    /// Scales from raw source planes (e.g. a decoder's AVFrame, which FFmpeg pads) into `dst`.
+    /// Scales from raw source planes (e.g. a decoder's AVFrame, which FFmpeg pads and aligns)
+    /// into `dst`, directly when `dst` is aligned for swscale, else through a staging buffer.
     ///
     /// # Safety
     /// `src`/`src_stride` must describe readable planes of the configured source format and
-    /// size, padded the way FFmpeg pads its own frames.
+    /// size, aligned and padded the way FFmpeg aligns and pads its own frames.
     pub(crate) unsafe fn scale_raw_into(
         &mut self,
         src: &[*const u8; 4],
@@ -229,21 +268,21 @@ impl Scaler {
         mut dst: FrameMut<'_>,
     ) -> Result<()> {
         self.check_dst(&dst)?;
-        if direct_ok(&dst.layout) {
+        if direct_ok(&dst.layout, dst.data.as_ptr()) {
             let (offs, strides) = plane_arrays(&dst.layout);
             let base = dst.data.as_mut_ptr();
-            let n = dst.layout.planes().len();
             let mut ptrs = [std::ptr::null_mut(); 4];
-            for i in 0..n {
+            for i in 0..dst.layout.planes().len() {
                 // SAFETY: offsets are inside the validated buffer.
                 ptrs[i] = unsafe { base.add(offs[i]) };
             }
-            // SAFETY: caller guarantees the source; the destination was validated.
+            // SAFETY: caller guarantees the source; the destination was validated and is
+            // aligned with whole-vector rows.
             return unsafe { self.run(src, src_stride, &ptrs, &strides) };
         }
         let stage = staging_layout(&dst.layout);
-        let mut buf = std::mem::take(&mut self.stage_dst);
-        buf.resize(stage.size() + STAGING_TAIL, 0);
+        let mut staged = std::mem::take(&mut self.stage_dst);
+        let buf = staged.get(stage.size() + STAGING_TAIL);
         let (offs, strides) = plane_arrays(&stage);
         let base = buf.as_mut_ptr();
         let mut ptrs = [std::ptr::null_mut(); 4];
@@ -251,10 +290,10 @@ impl Scaler {
             // SAFETY: offsets are inside `buf`.
             ptrs[i] = unsafe { base.add(offs[i]) };
         }
-        // SAFETY: the caller guarantees the source; the staging buffer is padded.
+        // SAFETY: the caller guarantees the source; the staging buffer is aligned and padded.
         let r = unsafe { self.run(src, src_stride, &ptrs, &strides) };
-        let r = r.and_then(|()| copy_frame(FrameRef::new(stage, &buf)?, dst.reborrow()));
-        self.stage_dst = buf;
+        let r = r.and_then(|()| copy_frame(FrameRef::new(stage, buf)?, dst.reborrow()));
+        self.stage_dst = staged;
         r
     }
 
@@ -271,29 +310,50 @@ impl Scaler {
         if self.nv12_as_planar {
             return self.scale_nv12_as_planar(src, dst);
         }
-        if direct_ok(&s) {
+        if direct_ok(&s, src.data.as_ptr()) {
             return self.scale_from(s, src.data, dst);
         }
         let stage = staging_layout(&s);
-        let mut buf = std::mem::take(&mut self.stage_src);
-        buf.resize(stage.size() + STAGING_TAIL, 0);
-        let r = copy_frame(src, FrameMut::new(stage, &mut buf)?)
-            .and_then(|()| self.scale_from(stage, &buf, dst));
-        self.stage_src = buf;
+        let mut staged = std::mem::take(&mut self.stage_src);
+        let buf = staged.get(stage.size() + STAGING_TAIL);
+        let r = copy_frame(src, FrameMut::new(stage, buf)?)
+            .and_then(|()| self.scale_from(stage, buf, dst));
+        self.stage_src = staged;
         r
     }
 
+    /// NV12 through the YUV420P-configured context: the chroma is de-interleaved into an
+    /// aligned scratch buffer, and the luma plane is used in place when it is aligned for
+    /// swscale, else copied next to the chroma.
     fn scale_nv12_as_planar(&mut self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
         let s = src.layout;
-        let (cw, ch) = (s.width as usize / 2, s.height as usize / 2);
-        let cstride = cw.div_ceil(64) * 64;
-        let mut uv = std::mem::take(&mut self.stage_uv);
-        uv.resize(2 * cstride * ch + STAGING_TAIL, 0);
         let (Some(yp), Some(uvp)) = (s.plane(0), s.plane(1)) else {
             return Err(MediaError::InvalidLayout(format!("{s:?} is not NV12")));
         };
+        let (w, h) = (s.width as usize, s.height as usize);
+        let (cw, ch) = (w / 2, h / 2);
+        let cstride = cw.div_ceil(SIMD_ALIGN) * SIMD_ALIGN;
+        let y_in_place = (src.data.as_ptr() as usize + yp.offset) % SIMD_ALIGN == 0
+            && yp.stride % SIMD_ALIGN == 0
+            && yp.row_bytes % SIMD_ALIGN == 0;
+        let ystride = if y_in_place {
+            0
+        } else {
+            w.div_ceil(SIMD_ALIGN) * SIMD_ALIGN
+        };
+        let chroma_at = ystride * h;
+        let mut staged = std::mem::take(&mut self.stage_uv);
+        let buf = staged.get(chroma_at + 2 * cstride * ch + STAGING_TAIL);
         {
-            let (u_plane, v_plane) = uv.split_at_mut(cstride * ch);
+            let (y_plane, rest) = buf.split_at_mut(chroma_at);
+            if !y_in_place {
+                for row in 0..h {
+                    y_plane[row * ystride..][..w]
+                        .copy_from_slice(&src.data[yp.offset + row * yp.stride..][..w]);
+                }
+            }
+            let (u_plane, rest) = rest.split_at_mut(cstride * ch);
+            let v_plane = &mut rest[..cstride * ch];
             for row in 0..ch {
                 let srow = &src.data[uvp.offset + row * uvp.stride..][..2 * cw];
                 let urow = &mut u_plane[row * cstride..][..cw];
@@ -308,17 +368,23 @@ impl Scaler {
                 }
             }
         }
+        let (y_ptr, y_stride) = if y_in_place {
+            (src.data[yp.offset..].as_ptr(), yp.stride)
+        } else {
+            (buf.as_ptr(), ystride)
+        };
         let ptrs = [
-            src.data[yp.offset..].as_ptr(),
-            uv.as_ptr(),
-            uv[cstride * ch..].as_ptr(),
+            y_ptr,
+            buf[chroma_at..].as_ptr(),
+            buf[chroma_at + cstride * ch..].as_ptr(),
             std::ptr::null(),
         ];
-        let strides = [yp.stride as c_int, cstride as c_int, cstride as c_int, 0];
-        // SAFETY: the Y plane lies in the validated source (width a multiple of 16, so no
-        // over-read past its rows), the chroma planes in the padded scratch buffer.
+        let strides = [y_stride as c_int, cstride as c_int, cstride as c_int, 0];
+        // SAFETY: the luma plane lies in the validated source and is aligned with
+        // whole-vector rows, or in the aligned scratch buffer like the chroma planes, which
+        // is padded past its last row.
         let r = unsafe { self.scale_raw_into(&ptrs, &strides, dst) };
-        self.stage_uv = uv;
+        self.stage_uv = staged;
         r
     }
 
@@ -328,7 +394,8 @@ impl Scaler {
         for i in 0..layout.planes().len() {
             ptrs[i] = data[offs[i]..].as_ptr();
         }
-        // SAFETY: the planes lie inside `data` (validated, or staged with padding).
+        // SAFETY: the planes lie inside `data` (validated and aligned, or staged with
+        // alignment and padding).
         unsafe { self.scale_raw_into(&ptrs, &strides, dst) }
     }
 }

@@ -363,3 +363,93 @@ fn measure_convert_reports_a_time() {
     let ms = measure_convert_ms(&SwscaleIsp::new(), src, dst, 5).unwrap();
     assert!(ms > 0.0 && ms.is_finite());
 }
+
+/// `len` zeroed bytes starting `misalign` bytes past a 64-byte boundary, inside `store`.
+fn placed(store: &mut Vec<u8>, len: usize, misalign: usize) -> &mut [u8] {
+    *store = vec![0u8; len + 128];
+    let start = (64 - store.as_ptr() as usize % 64) % 64 + misalign;
+    &mut store[start..start + len]
+}
+
+/// Regression for a daemon-killing input: swscale's SIMD paths fault on plane pointers or
+/// strides that are not vector-aligned (NV12 -> YUV420P at 720x480 has 360-byte chroma rows).
+/// Every format pair, same-size and scaled, at widths from 16 to 4096 (16 mod 32 among them),
+/// odd heights where the formats allow them, with source and destination buffers at every
+/// alignment that matters, must convert like the CPU reference, through either backend.
+#[test]
+fn conversion_matrix_over_widths_heights_and_alignments() {
+    let widths = [16u32, 34, 48, 62, 720, 1280, 1936, 4096];
+    let misaligns = [0usize, 1, 8, 16, 32];
+    let fast = SwscaleIsp::new();
+    let accurate = SwscaleIsp::accurate();
+    let cpu = CpuIsp::new();
+    let mut runs = 0;
+    for &sf in &PixelFormat::ALL {
+        for &df in &PixelFormat::ALL {
+            let yuv = sf.is_yuv() || df.is_yuv();
+            for &w in &widths {
+                let h = if yuv { 16 } else { 15 };
+                let src = FrameLayout::packed(sf, w, h).unwrap();
+                let scaled = if yuv {
+                    (w / 2 + w / 2 % 2, 8)
+                } else {
+                    (w / 2 + 1, 7)
+                };
+                for (dw, dh) in [(w, h), scaled] {
+                    let dst = FrameLayout::packed(df, dw.max(2), dh).unwrap();
+                    let input = smooth_frame(src);
+                    let mut want = vec![0u8; dst.size()];
+                    cpu.convert(
+                        FrameRef::new(src, &input).unwrap(),
+                        FrameMut::new(dst, &mut want).unwrap(),
+                    )
+                    .unwrap();
+                    for &m in &misaligns {
+                        let (mut s_store, mut d_store) = (Vec::new(), Vec::new());
+                        let s_buf = placed(&mut s_store, src.size(), m);
+                        s_buf.copy_from_slice(&input);
+                        let d_buf = placed(&mut d_store, dst.size(), (m * 3) % 64);
+                        for (isp, tol) in [(&fast, FAST), (&accurate, ACCURATE)] {
+                            isp.convert(
+                                FrameRef::new(src, s_buf).unwrap(),
+                                FrameMut::new(dst, d_buf).unwrap(),
+                            )
+                            .unwrap_or_else(|e| panic!("{src:?} -> {dst:?}: {e}"));
+                            let worst = channels(dst, d_buf)
+                                .into_iter()
+                                .zip(channels(dst, &want))
+                                .map(|((_, a), (_, b))| {
+                                    a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max().unwrap()
+                                })
+                                .max()
+                                .unwrap();
+                            // Tiny and scaled frames have few samples to average edge effects
+                            // over, so only the maximum is checked, with room for filter
+                            // footprints at the borders.
+                            assert!(
+                                worst <= tol.max * 4,
+                                "{} {src:?} -> {dst:?} misaligned by {m}: max diff {worst}",
+                                isp.name()
+                            );
+                            runs += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(runs, 16 * widths.len() * 2 * misaligns.len() * 2);
+}
+
+/// Odd YUV sizes are refused with a clear error, never handed to swscale.
+#[test]
+fn odd_yuv_sizes_are_refused() {
+    for (w, h) in [(720, 481), (721, 480)] {
+        for f in [PixelFormat::Nv12, PixelFormat::Yuv420p] {
+            assert!(matches!(
+                FrameLayout::packed(f, w, h),
+                Err(MediaError::InvalidLayout(_))
+            ));
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! Storage of one replica: a host allocation or a range of the owner's shared window.
 //!
-//! Host allocations are zeroed lazily by the kernel (calloc-style), so a replica costs memory
-//! only where it is touched. Window ranges are accessed only through the window's checked
+//! Host allocations are anonymous private mappings: page-aligned (so device libraries get the
+//! vector-aligned planes their SIMD paths want, see `virtsoc-media`'s scaler) and zeroed
+//! lazily by the kernel, so a replica costs memory only where it is touched, and all of it
+//! goes back to the system when the replica is dropped. Window ranges are accessed only through the window's checked
 //! volatile accessors: the guest can change them at any time.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,22 +12,87 @@ use virtsoc_proto::SharedWindow;
 
 use crate::{Result, SvmError};
 
+/// Page-aligned, lazily zeroed bytes of an anonymous private mapping.
+#[derive(Debug)]
+pub struct PageBytes {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone and accessed only through `&`/`&mut self`.
+unsafe impl Send for PageBytes {}
+// SAFETY: shared access hands out only `&[u8]`.
+unsafe impl Sync for PageBytes {}
+
+impl PageBytes {
+    /// Maps `len` zeroed bytes (no pages are committed until touched).
+    fn map(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(PageBytes {
+                ptr: std::ptr::NonNull::dangling(),
+                len: 0,
+            });
+        }
+        // SAFETY: a fresh anonymous mapping aliases nothing.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|_| SvmError::OutOfMemory)?;
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>()).ok_or(SvmError::OutOfMemory)?;
+        Ok(PageBytes { ptr, len })
+    }
+}
+
+impl Drop for PageBytes {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: the mapping came from `map` with this length and is unmapped once.
+            let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
+impl std::ops::Deref for PageBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` readable bytes live at `ptr` as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for PageBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
 /// A replica held in host memory.
 #[derive(Debug)]
 pub struct HostBuf {
-    bytes: Mutex<Box<[u8]>>,
+    bytes: Mutex<PageBytes>,
 }
 
 impl HostBuf {
-    /// A zeroed buffer of `len` bytes.
+    /// A zeroed, page-aligned buffer of `len` bytes; `OutOfMemory` when it cannot be mapped.
+    pub fn try_zeroed(len: usize) -> Result<Arc<Self>> {
+        Ok(Arc::new(HostBuf {
+            bytes: Mutex::new(PageBytes::map(len)?),
+        }))
+    }
+
+    /// A zeroed buffer of `len` bytes (tests and measurements; panics when out of memory).
     pub fn zeroed(len: usize) -> Arc<Self> {
-        Arc::new(HostBuf {
-            bytes: Mutex::new(vec![0u8; len].into_boxed_slice()),
-        })
+        Self::try_zeroed(len).expect("map a host buffer")
     }
 
     /// Locks the bytes.
-    pub fn lock(&self) -> MutexGuard<'_, Box<[u8]>> {
+    pub fn lock(&self) -> MutexGuard<'_, PageBytes> {
         self.bytes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -192,7 +192,13 @@ impl<'a> RegionCtx<'a> {
             DomainKind::HostRam | DomainKind::DeviceLocal => {
                 self.region.guest.charge_bytes(size)?;
                 let n = usize::try_from(size).map_err(|_| SvmError::OutOfMemory)?;
-                (Backing::Host(HostBuf::zeroed(n)), None)
+                match HostBuf::try_zeroed(n) {
+                    Ok(buf) => (Backing::Host(buf), None),
+                    Err(e) => {
+                        self.region.guest.release_bytes(size);
+                        return Err(e);
+                    }
+                }
             }
         };
         let valid = !self.state.written;
