@@ -125,8 +125,26 @@ pub struct Counters {
     pub misses: u64,
     pub compensation_ns: u64,
     pub bookkeeping_ns: u64,
-    /// Bytes held by the host's SVM bookkeeping (all guests).
+    /// Bytes of the host's SVM bookkeeping for this guest (its predictor, its regions).
     pub metadata_bytes: u64,
+    /// Bytes the coherence copies moved.
+    pub copy_bytes: u64,
+    /// Copies of frame bytes that devices made in their own memory (outside coherence).
+    pub device_copies: u64,
+    pub device_copy_bytes: u64,
+    pub device_copy_ns: u64,
+}
+
+/// One link of the host's copy ledger for this guest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerLink {
+    /// Source and destination memory domain (equal for a device's own copies); names in
+    /// [`Connection::domains`].
+    pub src: u32,
+    pub dst: u32,
+    pub copies: u64,
+    pub bytes: u64,
+    pub ns: u64,
 }
 
 impl Counters {
@@ -143,6 +161,10 @@ impl Counters {
             compensation_ns: self.compensation_ns - earlier.compensation_ns,
             bookkeeping_ns: self.bookkeeping_ns - earlier.bookkeeping_ns,
             metadata_bytes: self.metadata_bytes,
+            copy_bytes: self.copy_bytes - earlier.copy_bytes,
+            device_copies: self.device_copies - earlier.device_copies,
+            device_copy_bytes: self.device_copy_bytes - earlier.device_copy_bytes,
+            device_copy_ns: self.device_copy_ns - earlier.device_copy_ns,
         }
     }
 }
@@ -649,10 +671,18 @@ impl Connection {
         } else {
             Vec::new()
         };
+        // This call waits for the completion and blocks for the compensation it carries.
         let seq = self.submit_with(
             Opcode::EndAccess,
             device,
-            [id, offset, len, mode as u64, 0, 0],
+            [
+                id,
+                offset,
+                len,
+                mode as u64,
+                virtsoc_proto::wire::ACCESS_COMPENSATES,
+                0,
+            ],
             false,
             &payload,
         )?;
@@ -741,7 +771,12 @@ impl Connection {
     pub fn counters(&self) -> Result<Counters> {
         let a = self.call(Opcode::Counters, DeviceId::CPU, [0; 6])?;
         let b = self.call(Opcode::Counters, DeviceId::CPU, [1, 0, 0, 0, 0, 0])?;
+        let c = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?;
         Ok(Counters {
+            copy_bytes: c[0],
+            device_copies: c[1],
+            device_copy_bytes: c[2],
+            device_copy_ns: c[3],
             copies: a[0],
             copy_ns: a[1],
             sync_fetches: a[2],
@@ -753,6 +788,37 @@ impl Connection {
             bookkeeping_ns: b[2],
             metadata_bytes: b[3],
         })
+    }
+
+    /// The name of memory domain `id`, as the ledger names domains.
+    pub fn domain_name(&self, id: u32) -> String {
+        match id {
+            0 => "guest-window".into(),
+            1 => "host-ram".into(),
+            _ => self
+                .devices
+                .iter()
+                .find(|d| d.domain_id == id)
+                .map(|d| d.domain.clone())
+                .unwrap_or_else(|| format!("domain-{id}")),
+        }
+    }
+
+    /// The host's copy ledger for this guest: every copy of its bytes by link.
+    pub fn ledger(&self) -> Result<Vec<LedgerLink>> {
+        let n = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?[4];
+        (0..n)
+            .map(|i| {
+                let v = self.call(Opcode::Counters, DeviceId::CPU, [3 + i, 0, 0, 0, 0, 0])?;
+                Ok(LedgerLink {
+                    src: v[0] as u32,
+                    dst: v[1] as u32,
+                    copies: v[2],
+                    bytes: v[3],
+                    ns: v[4],
+                })
+            })
+            .collect()
     }
 
     /// Creates a virtual command fence.

@@ -13,7 +13,7 @@ pub mod conn;
 mod link;
 pub mod vm;
 
-pub use conn::{Access, ConnectOptions, Connection, Counters, Fence, RegionInfo};
+pub use conn::{Access, ConnectOptions, Connection, Counters, Fence, LedgerLink, RegionInfo};
 pub use virtsoc_devapi as devices;
 pub use virtsoc_devapi::DeviceCommand;
 pub use virtsoc_proto::wire::{testdev, usage, Format};

@@ -271,6 +271,7 @@ impl Daemon {
                         .info(s.domain)
                         .map(|i| i.name.clone())
                         .unwrap_or_default(),
+                    domain_id: s.domain.0,
                 })
                 .collect(),
         }

@@ -5,7 +5,7 @@
 //! the completion.
 
 use virtsoc_proto::wire::Format;
-use virtsoc_proto::{AccessMode, Opcode, Request, Status};
+use virtsoc_proto::{Opcode, Request, Status};
 use virtsoc_svm::{AccessReport, AllocDesc, DomainId, SvmError, SvmManager};
 
 /// Result values or an error status.
@@ -32,7 +32,8 @@ fn svm<T>(guest: u64, r: Result<T, SvmError>) -> Result<T, Status> {
     })
 }
 
-/// Values of an access completion.
+/// Values of an access completion: window offset, coherence ns, copies, compensation ns,
+/// host ns, bytes copied.
 pub fn access_values(r: &AccessReport) -> [u64; 6] {
     [
         r.window_offset.unwrap_or(u64::MAX),
@@ -40,46 +41,24 @@ pub fn access_values(r: &AccessReport) -> [u64; 6] {
         r.copies as u64,
         r.compensation.as_nanos() as u64,
         r.elapsed.as_nanos() as u64,
-        0,
+        r.bytes,
     ]
 }
 
-fn access(
-    svm_mgr: &SvmManager,
-    guest: u64,
-    domain: DomainId,
-    req: &Request,
-    begin: bool,
-) -> Outcome {
-    let vdev = req.device;
-    let [id, offset, len, mode, ..] = req.args;
-    let mode = u32::try_from(mode)
-        .ok()
-        .and_then(AccessMode::from_u32)
-        .ok_or(Status::BadArgument)?;
+/// A CPU access (the guest window's domain), run on the session's thread: a begin_access
+/// waits there for copies in flight, holding up only this guest.
+fn access(svm_mgr: &SvmManager, guest: u64, req: &Request, begin: bool) -> Outcome {
+    let (id, spec) = crate::device::access_spec(req, DomainId::GUEST_WINDOW)?;
     let r = if begin {
-        svm_mgr.begin_access(guest, id, vdev, domain, offset, len, mode)
+        svm_mgr.begin_access(guest, id, &spec)
     } else {
-        svm_mgr.end_access(guest, id, vdev, domain, offset, len, mode)
+        svm_mgr.end_access(guest, id, &spec).map(|e| e.report)
     };
     Ok(access_values(&svm(guest, r)?))
 }
 
-/// Runs a request addressed to a device (not the CPU) on that device's worker.
-pub fn access_or_command(
-    svm_mgr: &SvmManager,
-    guest: u64,
-    domain: DomainId,
-    req: &Request,
-    command: impl FnOnce(&[u64; 6]) -> Outcome,
-) -> Outcome {
-    match Opcode::from_u32(req.opcode) {
-        Some(Opcode::BeginAccess) => access(svm_mgr, guest, domain, req, true),
-        Some(Opcode::EndAccess) => access(svm_mgr, guest, domain, req, false),
-        Some(Opcode::DeviceCmd) => command(&req.args),
-        _ => Err(Status::UnknownOpcode),
-    }
-}
+/// Ledger entries per page of the `Counters` request, from page [`LEDGER_PAGE`] on.
+pub const LEDGER_PAGE: u64 = 3;
 
 /// Runs a request that needs no device: allocation, CPU accesses, queries.
 pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
@@ -106,8 +85,8 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
             svm(guest, svm_mgr.free(guest, req.args[0]))?;
             Ok([0; 6])
         }
-        Some(Opcode::BeginAccess) => access(svm_mgr, guest, DomainId::GUEST_WINDOW, req, true),
-        Some(Opcode::EndAccess) => access(svm_mgr, guest, DomainId::GUEST_WINDOW, req, false),
+        Some(Opcode::BeginAccess) => access(svm_mgr, guest, req, true),
+        Some(Opcode::EndAccess) => access(svm_mgr, guest, req, false),
         Some(Opcode::Stats) => {
             let (regions, bytes) = svm(guest, svm_mgr.guest_usage(guest))?;
             Ok([guest, regions, bytes, 0, 0, 0])
@@ -127,11 +106,26 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
                     c.misses,
                     c.compensation_ns,
                     c.bookkeeping_ns,
-                    svm_mgr.metadata_bytes(),
+                    svm_mgr.metadata_bytes(guest),
                     0,
                     0,
                 ]),
-                _ => Err(Status::BadArgument),
+                2 => Ok([
+                    c.copy_bytes,
+                    c.device_copies,
+                    c.device_copy_bytes,
+                    c.device_copy_ns,
+                    svm(guest, svm_mgr.guest_ledger(guest))?.len() as u64,
+                    0,
+                ]),
+                // The ledger, one link per page: source and destination domain, copies,
+                // bytes, ns.
+                n => {
+                    let ledger = svm(guest, svm_mgr.guest_ledger(guest))?;
+                    let i = usize::try_from(n - LEDGER_PAGE).map_err(|_| Status::BadArgument)?;
+                    let ((src, dst), l) = ledger.get(i).ok_or(Status::BadArgument)?;
+                    Ok([*src as u64, *dst as u64, l.copies, l.bytes, l.ns, 0])
+                }
             }
         }
         Some(Opcode::DeviceCmd) => Err(Status::UnknownDevice),

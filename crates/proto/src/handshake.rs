@@ -50,6 +50,9 @@ pub struct DeviceDesc {
     pub backend: String,
     /// The memory domain holding its replicas.
     pub domain: String,
+    /// That domain's id (as the copy ledger names it).
+    #[serde(default)]
+    pub domain_id: u32,
 }
 
 /// Answer, host -> guest. A `Welcome` carries the window's file descriptor.

@@ -23,6 +23,11 @@ pub struct Request {
 // SAFETY: plain old data made of integers, no padding (8 + 4 + 4 + 48 bytes).
 unsafe impl ByteValued for Request {}
 
+/// Flag in `args[4]` of an `EndAccess`: the guest waits for the completion and blocks for the
+/// prefetch compensation it carries. Without it (a detached end_access, fence ordering), the
+/// host holds the writer's next fence signal until the prefetch copies are done instead.
+pub const ACCESS_COMPENSATES: u64 = 1;
+
 impl Request {
     /// Size of an entry in the ring.
     pub const SIZE: usize = 64;

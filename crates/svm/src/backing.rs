@@ -97,18 +97,47 @@ impl HostBuf {
     }
 }
 
+/// Memory owned by a physical device (a GPU's textures or buffers): the copy engine moves
+/// bytes in (an upload) and out (a readback) through it, and the owning device reaches its
+/// native object through [`DeviceMemory::as_any`]. Offsets and lengths are in the region's
+/// linear byte layout (planes at their offsets, rows `stride` apart), so a sub-range copy
+/// moves only that sub-range.
+pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
+    /// Copies `src` into bytes `[offset, offset + src.len())` (an upload).
+    fn write(&self, offset: u64, src: &[u8]) -> Result<()>;
+    /// Copies bytes `[offset, offset + dst.len())` into `dst` (a readback).
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
+    /// The device's own object behind this memory (for the owning device to downcast).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Allocates a domain's replicas in the device's own memory (see
+/// [`crate::SvmManager::set_allocator`]).
+pub trait DeviceAllocator: Send + Sync {
+    /// Memory for one replica of a region with metadata `meta`.
+    fn alloc(&self, meta: &crate::RegionMeta) -> Result<std::sync::Arc<dyn DeviceMemory>>;
+}
+
 /// Where a replica's bytes are.
 #[derive(Debug, Clone)]
 pub enum Backing {
-    /// Host RAM or device-local memory.
+    /// Host RAM, or the local memory of a device that works on host-addressable bytes.
     Host(Arc<HostBuf>),
     /// A range of the owning guest's window.
     Window { win: Arc<SharedWindow>, offset: u64 },
+    /// A device's own memory (GPU textures): reached only through uploads and readbacks.
+    Device(Arc<dyn DeviceMemory>),
 }
 
-/// Copies `len` bytes from `src` to `dst`.
-pub fn copy_bytes(src: &Backing, dst: &Backing, len: u64) -> Result<()> {
+/// Bytes moved per step when a copy has to pass through a bounce buffer (window or device
+/// memory on both ends): small enough to stay in cache, so the bytes cross memory once.
+const BOUNCE: usize = 1 << 20;
+
+/// Copies bytes `[off, off + len)` of the region from `src` to `dst`.
+pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64) -> Result<()> {
     let n = usize::try_from(len).map_err(|_| SvmError::OutOfRange)?;
+    let o = usize::try_from(off).map_err(|_| SvmError::OutOfRange)?;
+    let end = o.checked_add(n).ok_or(SvmError::OutOfRange)?;
     match (src, dst) {
         (Backing::Host(a), Backing::Host(b)) => {
             if Arc::ptr_eq(a, b) {
@@ -123,22 +152,50 @@ pub fn copy_bytes(src: &Backing, dst: &Backing, len: u64) -> Result<()> {
                 let gb = b.lock();
                 (a.lock(), gb)
             };
-            let (s, d) = (ga.get(..n), gb.get_mut(..n));
-            match (s, d) {
+            match (ga.get(o..end), gb.get_mut(o..end)) {
                 (Some(s), Some(d)) => d.copy_from_slice(s),
                 _ => return Err(SvmError::OutOfRange),
             }
         }
         (Backing::Host(a), Backing::Window { win, offset }) => {
             let g = a.lock();
-            win.copy_in(*offset, g.get(..n).ok_or(SvmError::OutOfRange)?)?;
+            win.copy_in(offset + off, g.get(o..end).ok_or(SvmError::OutOfRange)?)?;
         }
         (Backing::Window { win, offset }, Backing::Host(b)) => {
             let mut g = b.lock();
-            win.copy_out(*offset, g.get_mut(..n).ok_or(SvmError::OutOfRange)?)?;
+            win.copy_out(offset + off, g.get_mut(o..end).ok_or(SvmError::OutOfRange)?)?;
         }
+        (Backing::Host(a), Backing::Device(d)) => {
+            let g = a.lock();
+            d.write(off, g.get(o..end).ok_or(SvmError::OutOfRange)?)?;
+        }
+        (Backing::Device(d), Backing::Host(b)) => {
+            let mut g = b.lock();
+            d.read(off, g.get_mut(o..end).ok_or(SvmError::OutOfRange)?)?;
+        }
+        (Backing::Device(a), Backing::Device(b)) if Arc::ptr_eq(a, b) => {}
         (Backing::Window { .. }, Backing::Window { .. }) => {
             return Err(SvmError::Internal("window to window copy".into()))
+        }
+        // Window <-> device and device <-> device: through a cache-sized bounce buffer.
+        _ => {
+            let mut bounce = vec![0u8; n.min(BOUNCE)];
+            let mut at = off;
+            while at < off + len {
+                let step = ((off + len - at) as usize).min(BOUNCE);
+                let chunk = &mut bounce[..step];
+                match src {
+                    Backing::Window { win, offset } => win.copy_out(offset + at, chunk)?,
+                    Backing::Device(d) => d.read(at, chunk)?,
+                    Backing::Host(_) => return Err(SvmError::Internal("bounce from host".into())),
+                }
+                match dst {
+                    Backing::Window { win, offset } => win.copy_in(offset + at, chunk)?,
+                    Backing::Device(d) => d.write(at, chunk)?,
+                    Backing::Host(_) => return Err(SvmError::Internal("bounce to host".into())),
+                }
+                at += step as u64;
+            }
         }
     }
     Ok(())

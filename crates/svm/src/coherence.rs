@@ -7,6 +7,9 @@
 //! - `write-invalidate` (vSoC 5.4): a write makes the writer's replica the only valid one; the
 //!   next access elsewhere fetches synchronously, on the cheapest path, from a valid replica.
 //! - `prefetch` (vSoC 3.3) plugs in through the same trait.
+//!
+//! Every access names a byte range; validity is tracked per range (see [`crate::ranges`]),
+//! so a sub-range access moves only the sub-range.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -15,11 +18,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use virtsoc_prefetch::{AccessKind, PDev, PrefetchEngine, ReadOutcome, VDev};
+use virtsoc_prefetch::{AccessKind, PDev, PrefetchEngine, VDev};
 use virtsoc_proto::AccessMode;
 
 use crate::dma::{CopyTicket, Dma, DmaJob};
 use crate::domain::DomainId;
+use crate::ranges::Range;
 use crate::region::{RegionCtx, RegionKey};
 use crate::{Result, SvmError};
 
@@ -31,10 +35,16 @@ pub struct AccessInfo {
     /// The memory domain of the physical device behind it.
     pub domain: DomainId,
     pub mode: AccessMode,
+    /// The bytes accessed, `[start, end)`, checked against the region's size.
+    pub range: Range,
     /// Whether the access covers the whole region.
     pub whole: bool,
     /// Set when begin_access is asked again after waiting for an in-flight copy.
     pub retry: bool,
+    /// The guest blocks for the compensation this end_access asks for (it waits for the
+    /// completion); otherwise the writer's device queue holds its next fence signal until
+    /// the prefetch copies finished.
+    pub compensates: bool,
 }
 
 /// What a protocol's begin_access needs next.
@@ -57,6 +67,21 @@ pub trait Coherence: Send + Sync {
     fn end_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<()>;
     /// The region is gone; drop whatever the protocol keeps about it.
     fn forget(&self, _key: RegionKey) {}
+    /// The guest's predictor, for protocols that have one.
+    fn predictor(&self) -> Option<Arc<PrefetchEngine>> {
+        None
+    }
+    /// Reads scored by the protocol's predictor as (hits, misses); (0, 0) without one.
+    fn scores(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    /// Bytes of the protocol's own bookkeeping.
+    fn metadata_bytes(&self) -> u64 {
+        0
+    }
+    /// The writer of `key` was held back `held` for its prefetch copies outside the guest (a
+    /// fence signal on its device queue waited for them).
+    fn note_hold(&self, _key: RegionKey, _held: Duration) {}
 }
 
 /// The protocols that can be selected.
@@ -113,35 +138,36 @@ impl Coherence for GuestStaging {
     fn begin_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<Step> {
         let d = a.domain;
         cx.ensure_replica(DomainId::GUEST_WINDOW)?;
-        if d != DomainId::GUEST_WINDOW && (a.mode.reads() || !a.whole) {
+        if d != DomainId::GUEST_WINDOW && a.mode.reads() {
             // The device knows nothing of other devices: it always pulls from guest memory.
-            cx.copy(DomainId::GUEST_WINDOW, d)?;
+            cx.copy(DomainId::GUEST_WINDOW, d, a.range)?;
         }
         cx.ensure_replica(d)?;
         if a.mode.writes() {
-            cx.make_exclusive(d)?;
+            cx.make_exclusive(d, a.range)?;
         }
         Ok(Step::Done)
     }
 
     fn end_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<()> {
         if a.mode.writes() && a.domain != DomainId::GUEST_WINDOW {
-            cx.copy(a.domain, DomainId::GUEST_WINDOW)?;
+            cx.copy(a.domain, DomainId::GUEST_WINDOW, a.range)?;
         }
         Ok(())
     }
 }
 
-/// Brings `a.domain` up to date for the access: fetches synchronously when it reads (or writes
-/// part of) a region it holds no valid copy of, then makes it the only valid copy if it writes.
+/// Brings `a.domain` up to date for the access: fetches synchronously the stale part of the
+/// range it reads, then records its write of the range. A write-only access fetches nothing:
+/// the bytes outside its range stay whatever they are where they are.
 fn fetch_for(cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<()> {
-    if a.mode.reads() || !a.whole {
-        cx.fetch(a.domain)?;
+    if a.mode.reads() {
+        cx.fetch(a.domain, a.range)?;
     } else {
         cx.ensure_replica(a.domain)?;
     }
     if a.mode.writes() {
-        cx.make_exclusive(a.domain)?;
+        cx.make_exclusive(a.domain, a.range)?;
     }
     Ok(())
 }
@@ -168,15 +194,19 @@ impl Coherence for WriteInvalidate {
 /// vSoC's prefetch protocol: write-invalidate, plus, at a writer's end_access, an
 /// asynchronous copy to every physical device the twin hypergraphs predict will read next,
 /// and a compensation the writer's guest blocks for when the copy is predicted to outlast the
-/// slack. A reader whose prefetch is still in flight waits for it; a mispredicted reader
-/// fetches synchronously.
+/// slack. A reader whose prefetch is still in flight waits for it (a device worker parks the
+/// command instead of blocking); a mispredicted reader fetches synchronously.
+///
+/// Each guest has its own instance and its own predictor: one guest's flows never predict,
+/// suspend or score another's.
 pub struct Prefetch {
     engine: Arc<PrefetchEngine>,
     dma: Arc<Dma>,
     epoch: Instant,
-    /// Compensation handed to each region's last writer: the slack the reader sees starts
-    /// when the writer's guest stops blocking, so it is taken out of the measured slack.
-    compensated: Mutex<HashMap<RegionKey, Duration>>,
+    /// How long each region's last writer was held back for its prefetch (its guest blocked
+    /// for the compensation, or its device queue held the next fence signal): the slack the
+    /// reader sees starts after the hold, so the hold is taken out of the measured slack.
+    held: Mutex<HashMap<RegionKey, Duration>>,
 }
 
 impl Prefetch {
@@ -185,18 +215,23 @@ impl Prefetch {
             engine,
             dma,
             epoch,
-            compensated: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
         }
     }
 
-    fn compensated(&self) -> std::sync::MutexGuard<'_, HashMap<RegionKey, Duration>> {
-        self.compensated.lock().unwrap_or_else(|p| p.into_inner())
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<RegionKey, Duration>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This guest's predictor.
+    pub fn engine(&self) -> &Arc<PrefetchEngine> {
+        &self.engine
     }
 }
 
-/// Folds a host-wide region key into the predictor's 64-bit key (guest in the top 24 bits).
+/// The predictor's key of a region (predictors are per guest, so the guest's id is enough).
 pub fn predictor_key(k: RegionKey) -> virtsoc_prefetch::RegionKey {
-    virtsoc_prefetch::RegionKey((k.guest << 40) ^ k.id)
+    virtsoc_prefetch::RegionKey(k.id)
 }
 
 fn kind_of(m: AccessMode) -> AccessKind {
@@ -221,11 +256,11 @@ impl Coherence for Prefetch {
             let t0 = Instant::now();
             let mut now = self.epoch.elapsed();
             if a.mode.reads() {
-                if let Some(c) = self.compensated().remove(&region.key) {
+                if let Some(c) = self.held().remove(&region.key) {
                     now = now.saturating_sub(c);
                 }
             }
-            let outcome = self.engine.on_begin_access(
+            self.engine.on_begin_access(
                 predictor_key(region.key),
                 VDev(a.vdev),
                 PDev(a.domain.0),
@@ -235,20 +270,16 @@ impl Coherence for Prefetch {
             counters
                 .bookkeeping_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            match outcome {
-                ReadOutcome::Hit => counters.hits.fetch_add(1, Ordering::Relaxed),
-                ReadOutcome::Miss => counters.misses.fetch_add(1, Ordering::Relaxed),
-                ReadOutcome::Unpredicted | ReadOutcome::NotRead => 0,
-            };
         }
-        // A write must not race a copy into (or out of) this region.
+        // A write must not race a copy into its own domain (the copy would land on top of
+        // it). Copies out of it may go on: the write bumps the generation, so they are not
+        // taken as valid.
         if a.mode.writes() {
-            if let Some(t) = cx.any_inflight() {
+            if let Some(t) = cx.inflight_to(a.domain) {
                 return Ok(Step::WaitFor(t));
             }
         }
-        let needs_data = a.mode.reads() || !a.whole;
-        if needs_data && !cx.is_valid(a.domain) {
+        if a.mode.reads() && !cx.is_valid_in(a.domain, a.range) {
             if let Some(t) = cx.inflight_to(a.domain) {
                 if !a.retry {
                     counters.inflight_waits.fetch_add(1, Ordering::Relaxed);
@@ -303,34 +334,63 @@ impl Coherence for Prefetch {
             if cx.ensure_replica(t).is_err() {
                 continue; // out of memory for a speculative copy: skip it
             }
+            if cx.stale_ranges(t).is_empty() {
+                continue;
+            }
             let ticket = CopyTicket::new();
-            cx.set_inflight(t, ticket.clone());
-            self.dma.push(DmaJob {
+            let job = DmaJob {
                 region: cx.region_arc(),
                 src: a.domain,
                 dst: t,
                 generation: cx.generation(),
-                ticket,
-            });
-            started += 1;
+                ticket: ticket.clone(),
+            };
+            if self.dma.push(job) {
+                cx.set_inflight(t, ticket.clone());
+                cx.started.push(ticket);
+                started += 1;
+            }
         }
         counters.prefetches.fetch_add(started, Ordering::Relaxed);
         if started > 0 {
-            cx.report.compensation = plan.compensation.min(MAX_COMPENSATION);
-            if !cx.report.compensation.is_zero() {
-                self.compensated()
-                    .insert(region.key, cx.report.compensation);
+            let c = plan.compensation.min(MAX_COMPENSATION);
+            if a.compensates {
+                // The guest waits for this completion and blocks for `c` before handing the
+                // region on.
+                cx.report.compensation = c;
+                if !c.is_zero() {
+                    self.held().insert(region.key, c);
+                }
+                counters
+                    .compensation_ns
+                    .fetch_add(c.as_nanos() as u64, Ordering::Relaxed);
             }
-            counters
-                .compensation_ns
-                .fetch_add(cx.report.compensation.as_nanos() as u64, Ordering::Relaxed);
         }
         Ok(())
     }
 
     fn forget(&self, key: RegionKey) {
-        self.compensated().remove(&key);
+        self.held().remove(&key);
         self.engine.forget_region(predictor_key(key));
+    }
+
+    fn predictor(&self) -> Option<Arc<PrefetchEngine>> {
+        Some(self.engine.clone())
+    }
+
+    fn scores(&self) -> (u64, u64) {
+        let s = self.engine.stats();
+        (s.hits, s.misses)
+    }
+
+    fn metadata_bytes(&self) -> u64 {
+        self.engine.stats().metadata_bytes
+    }
+
+    fn note_hold(&self, key: RegionKey, held: Duration) {
+        if !held.is_zero() {
+            self.held().insert(key, held);
+        }
     }
 }
 

@@ -1,13 +1,17 @@
 //! Asynchronous copies: the "DMA engine" that carries out prefetches while the guest goes on.
 //!
-//! A job copies one region's bytes from a source replica to a destination replica. It takes
-//! the region's lock only to look up the replicas and to publish the result, never while the
-//! bytes move. A job whose region was written again in the meantime (its generation changed)
-//! does not mark its destination valid. Waiters (a reader whose prefetch is still in flight)
-//! block on the job's [`CopyTicket`].
+//! A job copies the stale ranges of one region's destination replica from a source replica.
+//! It takes the region's lock only to look up the replicas and to publish the result, never
+//! while the bytes move. A job whose region was written again in the meantime (its generation
+//! changed) does not mark its destination valid. Waiters (a reader whose prefetch is still in
+//! flight) block on the job's [`CopyTicket`], or register a callback on it (a device worker
+//! parks the command and goes on with other guests' work).
+//!
+//! Several channels (threads) serve the jobs, and guests take turns: each guest has its own
+//! queue and the channels serve the queues round robin, so one guest's large copies never
+//! serialise another guest's behind them.
 
-use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -15,11 +19,28 @@ use crate::domain::DomainId;
 use crate::engine::CopyEngine;
 use crate::region::Region;
 
+/// A callback run once when a copy finishes.
+pub type OnDone = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct TicketState {
+    done: bool,
+    callbacks: Vec<OnDone>,
+}
+
 /// Completion of one asynchronous copy.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct CopyTicket {
-    done: Mutex<bool>,
+    state: Mutex<TicketState>,
     cv: Condvar,
+}
+
+impl std::fmt::Debug for CopyTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyTicket")
+            .field("done", &self.is_done())
+            .finish()
+    }
 }
 
 impl CopyTicket {
@@ -28,22 +49,44 @@ impl CopyTicket {
         Arc::new(CopyTicket::default())
     }
 
-    /// Marks the copy finished and wakes waiters.
+    fn lock(&self) -> std::sync::MutexGuard<'_, TicketState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the copy finished, wakes waiters and runs the callbacks.
     pub fn complete(&self) {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        let callbacks = {
+            let mut st = self.lock();
+            st.done = true;
+            std::mem::take(&mut st.callbacks)
+        };
         self.cv.notify_all();
+        for f in callbacks {
+            f();
+        }
     }
 
     /// Whether the copy finished.
     pub fn is_done(&self) -> bool {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock().done
     }
 
     /// Blocks until the copy finished.
     pub fn wait(&self) {
-        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        while !*d {
-            d = self.cv.wait(d).unwrap_or_else(|p| p.into_inner());
+        let mut st = self.lock();
+        while !st.done {
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Runs `f` when the copy finishes (at once, on this thread, if it has).
+    pub fn on_done(&self, f: OnDone) {
+        let mut st = self.lock();
+        if st.done {
+            drop(st);
+            f();
+        } else {
+            st.callbacks.push(f);
         }
     }
 }
@@ -57,53 +100,91 @@ pub(crate) struct DmaJob {
     pub(crate) ticket: Arc<CopyTicket>,
 }
 
+/// Jobs per guest, served round robin.
+#[derive(Default)]
 struct Queue {
-    jobs: VecDeque<DmaJob>,
+    jobs: HashMap<u64, VecDeque<DmaJob>>,
+    /// Guests with queued jobs, in the order they are served.
+    turn: VecDeque<u64>,
     stop: bool,
 }
 
-/// The copy queue and its worker thread.
-pub struct Dma {
-    queue: Arc<(Mutex<Queue>, Condvar)>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+impl Queue {
+    fn push(&mut self, job: DmaJob) {
+        let g = job.region.key.guest;
+        let q = self.jobs.entry(g).or_default();
+        if q.is_empty() {
+            self.turn.push_back(g);
+        }
+        q.push_back(job);
+    }
+
+    /// The next job: the head of the next guest's queue in turn.
+    fn pop(&mut self) -> Option<DmaJob> {
+        let g = self.turn.pop_front()?;
+        let q = self.jobs.get_mut(&g)?;
+        let job = q.pop_front();
+        if q.is_empty() {
+            self.jobs.remove(&g);
+        } else {
+            self.turn.push_back(g);
+        }
+        job
+    }
+
+    fn len(&self) -> usize {
+        self.jobs.values().map(VecDeque::len).sum()
+    }
 }
 
+/// Copy channels serving one fair queue.
+pub struct Dma {
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Copy channels the daemon runs.
+pub const CHANNELS: usize = 2;
+
 impl Dma {
-    /// Starts the worker.
-    pub(crate) fn start(engine: Arc<CopyEngine>) -> Self {
-        let queue = Arc::new((
-            Mutex::new(Queue {
-                jobs: VecDeque::new(),
-                stop: false,
-            }),
-            Condvar::new(),
-        ));
-        let q = queue.clone();
-        let worker = std::thread::Builder::new()
-            .name("svm-dma".into())
-            .spawn(move || run(q, engine))
-            .expect("spawn dma worker");
+    /// Starts `channels` workers.
+    pub(crate) fn start(engine: Arc<CopyEngine>, channels: usize) -> Self {
+        let queue = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
+        let workers = (0..channels.max(1))
+            .filter_map(|i| {
+                let (q, e) = (queue.clone(), engine.clone());
+                std::thread::Builder::new()
+                    .name(format!("svm-dma-{i}"))
+                    .spawn(move || run(q, e))
+                    .map_err(|err| log::warn!("svm: cannot start copy channel {i}: {err}"))
+                    .ok()
+            })
+            .collect();
         Dma {
             queue,
-            worker: Mutex::new(Some(worker)),
+            workers: Mutex::new(workers),
         }
     }
 
-    /// Queues a copy.
-    pub(crate) fn push(&self, job: DmaJob) {
+    /// Queues a copy. Without a running channel (stopping, or none could be started) the
+    /// copy is not made: its ticket completes at once and the reader fetches synchronously.
+    pub(crate) fn push(&self, job: DmaJob) -> bool {
         let (m, cv) = &*self.queue;
         let mut q = m.lock().unwrap_or_else(|p| p.into_inner());
-        if q.stop {
+        let no_channel = self.workers.lock().map(|w| w.is_empty()).unwrap_or(true);
+        if q.stop || no_channel {
+            drop(q);
             job.ticket.complete();
-            return;
+            return false;
         }
-        q.jobs.push_back(job);
+        q.push(job);
         cv.notify_one();
+        true
     }
 
     /// Number of copies waiting.
     pub fn depth(&self) -> usize {
-        self.queue.0.lock().map(|q| q.jobs.len()).unwrap_or(0)
+        self.queue.0.lock().map(|q| q.len()).unwrap_or(0)
     }
 }
 
@@ -114,7 +195,12 @@ impl Drop for Dma {
             m.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
             cv.notify_all();
         }
-        if let Some(h) = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        for h in self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
             let _ = h.join();
         }
     }
@@ -126,7 +212,7 @@ fn run(queue: Arc<(Mutex<Queue>, Condvar)>, engine: Arc<CopyEngine>) {
         let job = {
             let mut q = m.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                if let Some(j) = q.jobs.pop_front() {
+                if let Some(j) = q.pop() {
                     break j;
                 }
                 if q.stop {
@@ -141,36 +227,53 @@ fn run(queue: Arc<(Mutex<Queue>, Condvar)>, engine: Arc<CopyEngine>) {
 
 fn execute(engine: &CopyEngine, job: DmaJob) {
     let region = &job.region;
-    let size = region.meta.size;
     let prepared = {
         let st = region.lock();
         match (st.replicas.get(&job.src), st.replicas.get(&job.dst)) {
             (Some(s), Some(d)) if st.generation == job.generation => {
-                Some((s.backing.clone(), d.backing.clone(), !d.fresh))
+                let pieces = if st.written {
+                    d.stale.pieces().to_vec()
+                } else {
+                    Vec::new()
+                };
+                // Copy only what the source holds.
+                let pieces: Vec<_> = pieces
+                    .into_iter()
+                    .filter(|p| !st.written || !s.stale.overlaps(*p))
+                    .collect();
+                Some((s.backing.clone(), d.backing.clone(), !d.fresh, pieces))
             }
             _ => None,
         }
     };
-    let copied = prepared.and_then(|(sb, db, measure)| {
-        match engine.copy(job.src, &sb, job.dst, &db, size, measure) {
-            Ok(dt) => {
-                let c = region.guest.counters();
-                c.copies.fetch_add(1, Ordering::Relaxed);
-                c.copy_ns.fetch_add(dt.as_nanos() as u64, Ordering::Relaxed);
-                Some(())
-            }
-            Err(e) => {
-                log::warn!("prefetch copy of region {:?} failed: {e}", region.key);
-                None
+    let mut copied = Vec::new();
+    if let Some((sb, db, measure, pieces)) = prepared {
+        for p in pieces {
+            match engine.copy(job.src, &sb, job.dst, &db, p, measure) {
+                Ok(dt) => {
+                    region
+                        .guest
+                        .counters()
+                        .count_copy(job.src.0, job.dst.0, p.1 - p.0, dt);
+                    copied.push(p);
+                }
+                Err(e) => {
+                    log::warn!("prefetch copy of region {:?} failed: {e}", region.key);
+                    break;
+                }
             }
         }
-    });
+    }
     {
         let mut st = region.lock();
-        if copied.is_some() && st.generation == job.generation {
+        if st.generation == job.generation {
             if let Some(r) = st.replicas.get_mut(&job.dst) {
-                r.valid = true;
-                r.fresh = false;
+                for p in &copied {
+                    r.stale.remove(*p);
+                }
+                if !copied.is_empty() {
+                    r.fresh = false;
+                }
             }
         }
         if st

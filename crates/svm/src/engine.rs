@@ -6,10 +6,10 @@
 //! that holds a valid replica to the destination, so restricted topologies copy in hops.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use crate::backing::{copy_bytes, Backing};
+use crate::backing::{copy_range, Backing, DeviceAllocator};
 use crate::domain::{DomainId, Topology};
 use crate::Result;
 
@@ -42,25 +42,57 @@ pub struct LinkReport {
 }
 
 /// Copies bytes and keeps the per-pair measurements.
-#[derive(Debug)]
 pub struct CopyEngine {
     topo: Arc<Topology>,
-    /// Told about every measured copy (its bandwidth model drives prefetch suspension).
-    observer: Option<Arc<virtsoc_prefetch::PrefetchEngine>>,
+    /// Told about every measured copy (their bandwidth models drive prefetch suspension):
+    /// one prefetch engine per guest, held weakly so a departed guest's goes away.
+    observers: Mutex<Vec<Weak<virtsoc_prefetch::PrefetchEngine>>>,
+    /// Domains whose replicas live in a device's own memory.
+    allocators: RwLock<HashMap<DomainId, Arc<dyn DeviceAllocator>>>,
     links: Mutex<HashMap<(DomainId, DomainId), LinkStats>>,
+}
+
+impl std::fmt::Debug for CopyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyEngine")
+            .field("domains", &self.topo.domains().len())
+            .finish()
+    }
 }
 
 impl CopyEngine {
     /// A new engine over `topo`.
-    pub fn new(
-        topo: Arc<Topology>,
-        observer: Option<Arc<virtsoc_prefetch::PrefetchEngine>>,
-    ) -> Self {
+    pub fn new(topo: Arc<Topology>) -> Self {
         CopyEngine {
             topo,
-            observer,
+            observers: Mutex::new(Vec::new()),
+            allocators: RwLock::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Tells `engine` about every measured copy from now on (until it is dropped).
+    pub fn observe(&self, engine: &Arc<virtsoc_prefetch::PrefetchEngine>) {
+        let mut o = self.observers.lock().unwrap_or_else(|p| p.into_inner());
+        o.retain(|w| w.strong_count() > 0);
+        o.push(Arc::downgrade(engine));
+    }
+
+    /// Places `domain`'s replicas in device memory from `alloc`.
+    pub fn set_allocator(&self, domain: DomainId, alloc: Arc<dyn DeviceAllocator>) {
+        self.allocators
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(domain, alloc);
+    }
+
+    /// The allocator of `domain`, if its replicas live in device memory.
+    pub fn allocator(&self, domain: DomainId) -> Option<Arc<dyn DeviceAllocator>> {
+        self.allocators
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&domain)
+            .cloned()
     }
 
     /// The topology.
@@ -157,19 +189,20 @@ impl CopyEngine {
         Some(path)
     }
 
-    /// Copies `len` bytes between two directly linked replicas; records the bandwidth when
-    /// `measure` (copies into never-touched memory measure page faults, not the link).
+    /// Copies bytes `range` between two replicas; records the bandwidth when `measure`
+    /// (copies into never-touched memory measure page faults, not the link).
     pub fn copy(
         &self,
         src_dom: DomainId,
         src: &Backing,
         dst_dom: DomainId,
         dst: &Backing,
-        len: u64,
+        range: (u64, u64),
         measure: bool,
     ) -> Result<Duration> {
+        let len = range.1.saturating_sub(range.0);
         let t0 = Instant::now();
-        copy_bytes(src, dst, len)?;
+        copy_range(src, dst, range.0, len)?;
         let dt = t0.elapsed();
         if measure {
             self.record(src_dom, dst_dom, len, dt);
@@ -189,7 +222,14 @@ impl CopyEngine {
 
     /// Records a copy done elsewhere (e.g. by a device's own DMA).
     pub fn record(&self, src: DomainId, dst: DomainId, len: u64, dt: Duration) {
-        if let Some(o) = &self.observer {
+        let observers: Vec<_> = self
+            .observers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for o in observers {
             o.on_copy_complete(
                 virtsoc_prefetch::PDev(src.0),
                 virtsoc_prefetch::PDev(dst.0),
@@ -242,13 +282,13 @@ mod tests {
         let mut t = Topology::new();
         let a = t.add_device_domain("a");
         let b = t.add_device_domain("b");
-        let e = CopyEngine::new(Arc::new(t.clone()), None);
+        let e = CopyEngine::new(Arc::new(t.clone()));
         assert_eq!(e.route(&[a], b, 1 << 20).unwrap(), vec![a, b]);
         assert_eq!(e.route(&[a, b], b, 1).unwrap(), vec![b]);
 
         t.add_link(a, DomainId::HOST_RAM);
         t.add_link(DomainId::HOST_RAM, b);
-        let e = CopyEngine::new(Arc::new(t), None);
+        let e = CopyEngine::new(Arc::new(t));
         assert_eq!(
             e.route(&[a], b, 1 << 20).unwrap(),
             vec![a, DomainId::HOST_RAM, b]
@@ -261,7 +301,7 @@ mod tests {
         let mut t = Topology::new();
         let a = t.add_device_domain("a");
         let b = t.add_device_domain("b");
-        let e = CopyEngine::new(Arc::new(t), None);
+        let e = CopyEngine::new(Arc::new(t));
         // Fast measured hops through the window; a -> b never measured.
         let w = DomainId::GUEST_WINDOW;
         e.record(a, w, 1 << 24, Duration::from_micros(800));
@@ -274,7 +314,7 @@ mod tests {
         let mut t = Topology::new();
         let a = t.add_device_domain("a");
         let b = t.add_device_domain("b");
-        let e = CopyEngine::new(Arc::new(t), None);
+        let e = CopyEngine::new(Arc::new(t));
         let w = DomainId::GUEST_WINDOW;
         e.record(a, w, 1 << 24, Duration::from_micros(800));
         e.record(w, b, 1 << 24, Duration::from_micros(800));
@@ -288,7 +328,7 @@ mod tests {
     fn copies_and_measures() {
         let mut t = Topology::new();
         let a = t.add_device_domain("a");
-        let e = CopyEngine::new(Arc::new(t), None);
+        let e = CopyEngine::new(Arc::new(t));
         let (x, y) = (HostBuf::zeroed(1 << 16), HostBuf::zeroed(1 << 16));
         x.lock()[5] = 42;
         e.copy(
@@ -296,7 +336,7 @@ mod tests {
             &Backing::Host(x),
             DomainId::HOST_RAM,
             &Backing::Host(y.clone()),
-            1 << 16,
+            (0, 1 << 16),
             true,
         )
         .unwrap();

@@ -1,8 +1,10 @@
 //! Per-guest SVM state: the guest's window and its allocator, its id counter, its memory
 //! accounting and limit, and the coherence protocol its regions use.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use virtsoc_proto::SharedWindow;
 
@@ -22,23 +24,39 @@ pub struct GuestSvm {
     counters: GuestCounters,
 }
 
+/// Copies on one link of the ledger.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LinkCount {
+    pub copies: u64,
+    pub bytes: u64,
+    pub ns: u64,
+}
+
 /// Per-guest counters, for the benchmarks and the stats request.
 #[derive(Debug, Default)]
 pub struct GuestCounters {
-    /// Copies made for this guest's regions (synchronous and asynchronous).
+    /// Coherence copies made for this guest's regions (synchronous and asynchronous).
     pub copies: AtomicU64,
     /// Time spent in those copies.
     pub copy_ns: AtomicU64,
+    /// Bytes those copies moved.
+    pub copy_bytes: AtomicU64,
+    /// Copies of this guest's frame bytes made by devices outside the coherence protocol
+    /// (a decoder's picture into its output region, a composition for a snapshot...).
+    pub device_copies: AtomicU64,
+    /// Bytes of those.
+    pub device_copy_bytes: AtomicU64,
+    /// Time spent in those.
+    pub device_copy_ns: AtomicU64,
+    /// Every copy above by link (source domain, destination domain); a device's own copies
+    /// are on the link from its domain to itself.
+    ledger: Mutex<BTreeMap<(u32, u32), LinkCount>>,
     /// Reads that had to fetch synchronously (no valid replica, nothing in flight).
     pub sync_fetches: AtomicU64,
     /// Reads that waited for a prefetch still in flight.
     pub inflight_waits: AtomicU64,
     /// Asynchronous copies started by predictions.
     pub prefetches: AtomicU64,
-    /// Reads by a predicted device.
-    pub hits: AtomicU64,
-    /// Reads by a device other than the predicted one.
-    pub misses: AtomicU64,
     /// Compensation asked of the guest.
     pub compensation_ns: AtomicU64,
     /// Time spent in prediction bookkeeping.
@@ -50,6 +68,10 @@ pub struct GuestCounters {
 pub struct CounterSnapshot {
     pub copies: u64,
     pub copy_ns: u64,
+    pub copy_bytes: u64,
+    pub device_copies: u64,
+    pub device_copy_bytes: u64,
+    pub device_copy_ns: u64,
     pub sync_fetches: u64,
     pub inflight_waits: u64,
     pub prefetches: u64,
@@ -60,17 +82,50 @@ pub struct CounterSnapshot {
 }
 
 impl GuestCounters {
+    /// Counts one copy of `bytes` from domain `src` to `dst` that took `dt`: a coherence
+    /// copy, or (`src == dst`) a device's own copy.
+    pub fn count_copy(&self, src: u32, dst: u32, bytes: u64, dt: Duration) {
+        let ns = dt.as_nanos() as u64;
+        let (n, b, t) = if src == dst {
+            (
+                &self.device_copies,
+                &self.device_copy_bytes,
+                &self.device_copy_ns,
+            )
+        } else {
+            (&self.copies, &self.copy_bytes, &self.copy_ns)
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(bytes, Ordering::Relaxed);
+        t.fetch_add(ns, Ordering::Relaxed);
+        let mut l = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let e = l.entry((src, dst)).or_default();
+        e.copies += 1;
+        e.bytes += bytes;
+        e.ns += ns;
+    }
+
+    /// The ledger: copies per (source, destination) domain.
+    pub fn ledger(&self) -> Vec<((u32, u32), LinkCount)> {
+        let l = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        l.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
     /// Reads all counters.
     pub fn snapshot(&self) -> CounterSnapshot {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         CounterSnapshot {
             copies: l(&self.copies),
             copy_ns: l(&self.copy_ns),
+            copy_bytes: l(&self.copy_bytes),
+            device_copies: l(&self.device_copies),
+            device_copy_bytes: l(&self.device_copy_bytes),
+            device_copy_ns: l(&self.device_copy_ns),
             sync_fetches: l(&self.sync_fetches),
             inflight_waits: l(&self.inflight_waits),
             prefetches: l(&self.prefetches),
-            hits: l(&self.hits),
-            misses: l(&self.misses),
+            hits: 0,
+            misses: 0,
             compensation_ns: l(&self.compensation_ns),
             bookkeeping_ns: l(&self.bookkeeping_ns),
         }
@@ -113,6 +168,14 @@ impl GuestSvm {
     /// The guest's counters.
     pub fn counters(&self) -> &GuestCounters {
         &self.counters
+    }
+
+    /// The counters, with the prediction scores as the guest's own predictor counted them
+    /// (each read scored once per write; shadow predictions of suspended flows excluded).
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let mut s = self.counters.snapshot();
+        (s.hits, s.misses) = self.protocol.scores();
+        s
     }
 
     /// The guest's id.

@@ -13,6 +13,7 @@ pub mod dma;
 pub mod domain;
 pub mod engine;
 pub mod guest;
+pub mod ranges;
 pub mod region;
 #[cfg(test)]
 mod tests;
@@ -20,21 +21,21 @@ mod tests;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use virtsoc_prefetch::PrefetchEngine;
 
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, ProtoError, SharedWindow};
 
+pub use backing::{Backing, DeviceAllocator, DeviceMemory, HostBuf};
 pub use coherence::{AccessInfo, Coherence, ProtocolKind, Step};
+pub use dma::CopyTicket;
 pub use domain::{DomainId, DomainKind, Topology};
 pub use engine::CopyEngine;
-pub use guest::CounterSnapshot;
-pub use guest::GuestSvm;
+pub use guest::{CounterSnapshot, GuestSvm, LinkCount};
 pub use region::{AccessReport, Region, RegionKey, RegionMeta};
 
-use backing::Backing;
 use region::RegionCtx;
 
 /// Errors of the SVM manager.
@@ -94,10 +95,67 @@ struct Counters {
     coherence_ns: AtomicU64,
 }
 
+/// One access: who accesses which bytes how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccessSpec {
+    /// The virtual device as the guest names it.
+    pub vdev: u32,
+    /// The memory domain of the physical device behind it.
+    pub domain: DomainId,
+    /// First byte accessed.
+    pub offset: u64,
+    /// Bytes accessed.
+    pub len: u64,
+    pub mode: AccessMode,
+    /// For an end_access: the guest waits for the completion and blocks for the compensation
+    /// it asks for (else the writer's device queue holds its next fence signal instead).
+    pub compensates: bool,
+}
+
+impl AccessSpec {
+    /// An access of `[offset, offset + len)` by `vdev` in `domain`.
+    pub fn new(vdev: u32, domain: DomainId, offset: u64, len: u64, mode: AccessMode) -> Self {
+        AccessSpec {
+            vdev,
+            domain,
+            offset,
+            len,
+            mode,
+            compensates: false,
+        }
+    }
+
+    /// The same access, with the guest blocking for compensation.
+    pub fn compensating(self, yes: bool) -> Self {
+        AccessSpec {
+            compensates: yes,
+            ..self
+        }
+    }
+}
+
+/// Where a begin_access stands.
+#[derive(Debug)]
+pub enum Progress {
+    /// The domain holds the bytes: the access may go on.
+    Done(AccessReport),
+    /// A copy into the domain is in flight: ask again (with `retry`) once it is done.
+    Wait(Arc<CopyTicket>),
+}
+
+/// What an end_access did.
+#[derive(Debug, Default)]
+pub struct EndReport {
+    pub report: AccessReport,
+    /// Prefetch copies it started (a writer's device queue may hold its next fence signal
+    /// until they finished).
+    pub started: Vec<Arc<CopyTicket>>,
+}
+
 /// The SVM manager.
 pub struct SvmManager {
     engine: Arc<CopyEngine>,
-    prefetch: Arc<PrefetchEngine>,
+    prefetch_cfg: virtsoc_prefetch::Config,
     dma: Arc<dma::Dma>,
     epoch: Instant,
     regions: RwLock<HashMap<RegionKey, Arc<Region>>>,
@@ -111,14 +169,13 @@ impl SvmManager {
         Self::with_prefetch_config(topo, virtsoc_prefetch::Config::default())
     }
 
-    /// A manager whose prefetch engine uses `cfg` (the default is the paper's tuning).
+    /// A manager whose prefetch engines use `cfg` (the default is the paper's tuning).
     pub fn with_prefetch_config(topo: Topology, cfg: virtsoc_prefetch::Config) -> Self {
-        let prefetch = Arc::new(PrefetchEngine::new(cfg));
-        let engine = Arc::new(CopyEngine::new(Arc::new(topo), Some(prefetch.clone())));
+        let engine = Arc::new(CopyEngine::new(Arc::new(topo)));
         SvmManager {
-            dma: Arc::new(dma::Dma::start(engine.clone())),
+            dma: Arc::new(dma::Dma::start(engine.clone(), dma::CHANNELS)),
             engine,
-            prefetch,
+            prefetch_cfg: cfg,
             epoch: Instant::now(),
             regions: RwLock::new(HashMap::new()),
             guests: Mutex::new(HashMap::new()),
@@ -131,37 +188,78 @@ impl SvmManager {
         &self.engine
     }
 
-    /// An instance of a coherence protocol bound to this manager.
+    /// A new instance of a coherence protocol bound to this manager, for one guest (the
+    /// prefetch protocol's predictor is the guest's own).
     pub fn protocol(&self, kind: ProtocolKind) -> Arc<dyn Coherence> {
         match kind {
             ProtocolKind::GuestStaging => Arc::new(coherence::GuestStaging),
             ProtocolKind::WriteInvalidate => Arc::new(coherence::WriteInvalidate),
-            ProtocolKind::Prefetch => Arc::new(coherence::Prefetch::new(
-                self.prefetch.clone(),
-                self.dma.clone(),
-                self.epoch,
-            )),
+            ProtocolKind::Prefetch => {
+                let predictor = Arc::new(PrefetchEngine::new(self.prefetch_cfg));
+                self.engine.observe(&predictor);
+                Arc::new(coherence::Prefetch::new(
+                    predictor,
+                    self.dma.clone(),
+                    self.epoch,
+                ))
+            }
         }
     }
 
-    /// The prefetch engine (twin hypergraphs), shared by every guest.
-    pub fn prefetch_engine(&self) -> &Arc<PrefetchEngine> {
-        &self.prefetch
+    /// Places `domain`'s replicas in a device's own memory (a GPU's textures): every copy in
+    /// or out becomes an upload or a readback through `alloc`'s memory.
+    pub fn set_allocator(&self, domain: DomainId, alloc: Arc<dyn DeviceAllocator>) {
+        self.engine.set_allocator(domain, alloc);
     }
 
-    /// Bytes held by the manager's bookkeeping: the twin hypergraphs and the region table.
-    pub fn metadata_bytes(&self) -> u64 {
-        let regions = self.regions.read().map(|r| r.capacity()).unwrap_or(0) as u64;
-        self.prefetch.stats().metadata_bytes
+    /// Bytes of `guest`'s share of the manager's bookkeeping: its predictor (twin
+    /// hypergraphs) and its entries of the region table.
+    pub fn metadata_bytes(&self, guest: u64) -> u64 {
+        let Ok(g) = self.guest(guest) else {
+            return 0;
+        };
+        let regions = self
+            .regions
+            .read()
+            .map(|r| r.keys().filter(|k| k.guest == guest).count())
+            .unwrap_or(0) as u64;
+        g.protocol().metadata_bytes()
             + regions
                 * (std::mem::size_of::<RegionKey>()
                     + std::mem::size_of::<Arc<Region>>()
                     + std::mem::size_of::<Region>()) as u64
     }
 
+    /// The predictor of `guest` (prefetch protocol only).
+    pub fn predictor(&self, guest: u64) -> Option<Arc<PrefetchEngine>> {
+        self.guest(guest).ok()?.protocol().predictor()
+    }
+
     /// Counters of one guest.
     pub fn guest_counters(&self, guest: u64) -> Result<CounterSnapshot> {
-        Ok(self.guest(guest)?.counters().snapshot())
+        Ok(self.guest(guest)?.snapshot())
+    }
+
+    /// The copy ledger of one guest: copies per (source, destination) domain; a device's own
+    /// copies are on the link from its domain to itself.
+    pub fn guest_ledger(&self, guest: u64) -> Result<Vec<((u32, u32), LinkCount)>> {
+        Ok(self.guest(guest)?.counters().ledger())
+    }
+
+    /// Counts a copy of `guest`'s frame bytes that a device made inside its own memory.
+    pub fn count_device_copy(&self, guest: u64, domain: DomainId, bytes: u64, dt: Duration) {
+        if let Ok(g) = self.guest(guest) {
+            g.counters().count_copy(domain.0, domain.0, bytes, dt);
+        }
+    }
+
+    /// The writer of region `id` was held back `held` outside its guest (its device queue's
+    /// fence signal waited for the prefetch copies): the prefetch protocol takes the hold out
+    /// of the slack it measures.
+    pub fn note_hold(&self, guest: u64, id: u64, held: Duration) {
+        if let Ok(g) = self.guest(guest) {
+            g.protocol().note_hold(RegionKey { guest, id }, held);
+        }
     }
 
     /// Registers a guest and its window; its regions use `protocol` and may hold at most
@@ -290,46 +388,60 @@ impl SvmManager {
         Ok(self.region(guest, id)?.meta)
     }
 
-    fn check_range(meta: &RegionMeta, offset: u64, len: u64) -> Result<bool> {
-        match offset.checked_add(len) {
-            Some(end) if len > 0 && end <= meta.size => Ok(offset == 0 && len == meta.size),
+    /// The access's byte range, checked against the region.
+    fn range_of(meta: &RegionMeta, spec: &AccessSpec) -> Result<(u64, u64)> {
+        match spec.offset.checked_add(spec.len) {
+            Some(end) if spec.len > 0 && end <= meta.size => Ok((spec.offset, end)),
             _ => Err(SvmError::OutOfRange),
         }
     }
 
-    fn run_access(&self, guest: u64, id: u64, a: AccessInfo, begin: bool) -> Result<AccessReport> {
-        if !self.engine.topology().contains(a.domain) {
-            return Err(SvmError::UnknownDomain(a.domain.0));
+    fn info(&self, region: &Region, spec: &AccessSpec, retry: bool) -> Result<AccessInfo> {
+        if !self.engine.topology().contains(spec.domain) {
+            return Err(SvmError::UnknownDomain(spec.domain.0));
         }
-        let region = self.region(guest, id)?;
+        let range = Self::range_of(&region.meta, spec)?;
+        Ok(AccessInfo {
+            vdev: spec.vdev,
+            domain: spec.domain,
+            mode: spec.mode,
+            range,
+            whole: range == (0, region.meta.size),
+            retry,
+            compensates: spec.compensates,
+        })
+    }
+
+    /// Runs one step of the protocol's begin (or end) under the region's lock.
+    fn step(
+        &self,
+        region: &Arc<Region>,
+        a: &AccessInfo,
+        begin: bool,
+        report: &mut AccessReport,
+        started: &mut Vec<Arc<CopyTicket>>,
+    ) -> Result<Step> {
         let protocol = region.guest.protocol().clone();
-        let mut report = AccessReport::default();
-        let t0 = Instant::now();
-        let mut a = a;
-        loop {
-            let mut state = region.lock();
-            let mut cx = RegionCtx::new(&region, &mut state, &self.engine);
-            let step = if begin {
-                protocol.begin_access(&mut cx, &a)?
-            } else {
-                protocol.end_access(&mut cx, &a)?;
-                Step::Done
-            };
-            report.copies += cx.report.copies;
-            report.coherence += cx.report.coherence;
-            report.compensation = cx.report.compensation;
-            if a.domain == DomainId::GUEST_WINDOW && begin {
-                report.window_offset = cx.window_offset();
-            }
-            drop(state);
-            match step {
-                Step::Done => break,
-                Step::WaitFor(t) => {
-                    t.wait();
-                    a.retry = true;
-                }
-            }
+        let mut state = region.lock();
+        let mut cx = RegionCtx::new(region, &mut state, &self.engine);
+        let step = if begin {
+            protocol.begin_access(&mut cx, a)?
+        } else {
+            protocol.end_access(&mut cx, a)?;
+            Step::Done
+        };
+        report.copies += cx.report.copies;
+        report.bytes += cx.report.bytes;
+        report.coherence += cx.report.coherence;
+        report.compensation = cx.report.compensation;
+        if a.domain == DomainId::GUEST_WINDOW && begin {
+            report.window_offset = cx.window_offset().map(|w| w + a.range.0);
         }
+        started.append(&mut cx.started);
+        Ok(step)
+    }
+
+    fn finish(&self, mut report: AccessReport, t0: Instant) -> AccessReport {
         report.elapsed = t0.elapsed();
         self.counters
             .copies
@@ -337,80 +449,73 @@ impl SvmManager {
         self.counters
             .coherence_ns
             .fetch_add(report.coherence.as_nanos() as u64, Ordering::Relaxed);
-        Ok(report)
+        report
     }
 
-    /// Begins an access of `[offset, offset + len)` of a region by `domain`. For the guest
-    /// window domain the report carries the window offset of the byte at `offset`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn begin_access(
+    /// Begins an access, waiting (on this thread) for copies in flight to the domain. For
+    /// the guest window domain the report carries the window offset of the byte at
+    /// `spec.offset`.
+    pub fn begin_access(&self, guest: u64, id: u64, spec: &AccessSpec) -> Result<AccessReport> {
+        self.counters.begin.fetch_add(1, Ordering::Relaxed);
+        let region = self.region(guest, id)?;
+        let t0 = Instant::now();
+        let mut report = AccessReport::default();
+        let mut retry = false;
+        loop {
+            let a = self.info(&region, spec, retry)?;
+            match self.step(&region, &a, true, &mut report, &mut Vec::new())? {
+                Step::Done => return Ok(self.finish(report, t0)),
+                Step::WaitFor(t) => {
+                    t.wait();
+                    retry = true;
+                }
+            }
+        }
+    }
+
+    /// One step of a begin_access that never blocks: `Wait(ticket)` when a copy into the
+    /// domain is in flight (ask again with `retry` set once the ticket is done). For device
+    /// workers, which park the command instead of stalling other guests' work.
+    pub fn begin_access_step(
         &self,
         guest: u64,
         id: u64,
-        vdev: u32,
-        domain: DomainId,
-        offset: u64,
-        len: u64,
-        mode: AccessMode,
-    ) -> Result<AccessReport> {
-        self.counters.begin.fetch_add(1, Ordering::Relaxed);
-        let mut report = self.access(guest, id, vdev, domain, offset, len, mode, true)?;
-        if let Some(w) = report.window_offset.as_mut() {
-            *w += offset;
+        spec: &AccessSpec,
+        retry: bool,
+    ) -> Result<Progress> {
+        if !retry {
+            self.counters.begin.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(report)
+        let region = self.region(guest, id)?;
+        let t0 = Instant::now();
+        let mut report = AccessReport::default();
+        let a = self.info(&region, spec, retry)?;
+        Ok(
+            match self.step(&region, &a, true, &mut report, &mut Vec::new())? {
+                Step::Done => Progress::Done(self.finish(report, t0)),
+                Step::WaitFor(t) => Progress::Wait(t),
+            },
+        )
     }
 
     /// Ends an access begun with [`begin_access`](Self::begin_access).
-    #[allow(clippy::too_many_arguments)]
-    pub fn end_access(
-        &self,
-        guest: u64,
-        id: u64,
-        vdev: u32,
-        domain: DomainId,
-        offset: u64,
-        len: u64,
-        mode: AccessMode,
-    ) -> Result<AccessReport> {
+    pub fn end_access(&self, guest: u64, id: u64, spec: &AccessSpec) -> Result<EndReport> {
         self.counters.end.fetch_add(1, Ordering::Relaxed);
-        self.access(guest, id, vdev, domain, offset, len, mode, false)
+        let region = self.region(guest, id)?;
+        let t0 = Instant::now();
+        let mut report = AccessReport::default();
+        let mut started = Vec::new();
+        let a = self.info(&region, spec, false)?;
+        self.step(&region, &a, false, &mut report, &mut started)?;
+        Ok(EndReport {
+            report: self.finish(report, t0),
+            started,
+        })
     }
 
-    /// Checks the range and runs the protocol's begin (or end) for one access.
-    #[allow(clippy::too_many_arguments)]
-    fn access(
-        &self,
-        guest: u64,
-        id: u64,
-        vdev: u32,
-        domain: DomainId,
-        offset: u64,
-        len: u64,
-        mode: AccessMode,
-        begin: bool,
-    ) -> Result<AccessReport> {
-        let meta = self.meta(guest, id)?;
-        let whole = Self::check_range(&meta, offset, len)?;
-        let a = AccessInfo {
-            vdev,
-            domain,
-            mode,
-            whole,
-            retry: false,
-        };
-        self.run_access(guest, id, a, begin)
-    }
-
-    /// Runs `f` on the bytes of the region's replica in a host-backed `domain` (a device's
-    /// own memory). The replica must exist, i.e. the device must have begun an access.
-    pub fn with_replica<T>(
-        &self,
-        guest: u64,
-        id: u64,
-        domain: DomainId,
-        f: impl FnOnce(&mut [u8]) -> T,
-    ) -> Result<T> {
+    /// The backing of the region's replica in `domain` (a device's own memory). The replica
+    /// must exist, i.e. the device must have begun an access. No lock is held on return.
+    pub fn replica(&self, guest: u64, id: u64, domain: DomainId) -> Result<Backing> {
         let region = self.region(guest, id)?;
         let mut state = region.lock();
         let replica = state.replicas.get_mut(&domain).ok_or_else(|| {
@@ -418,12 +523,27 @@ impl SvmManager {
         })?;
         replica.fresh = false;
         match &replica.backing {
-            Backing::Host(buf) => {
-                let mut bytes = buf.lock();
-                Ok(f(&mut bytes))
-            }
             Backing::Window { .. } => Err(SvmError::BadArgument(
                 "devices do not access the guest window directly".into(),
+            )),
+            b => Ok(b.clone()),
+        }
+    }
+
+    /// Runs `f` on the bytes of the region's replica in a host-backed `domain` (a device's
+    /// own memory). The replica must exist, i.e. the device must have begun an access. Only
+    /// the replica's buffer is locked while `f` runs, never the region.
+    pub fn with_replica<T>(
+        &self,
+        guest: u64,
+        id: u64,
+        domain: DomainId,
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<T> {
+        match self.replica(guest, id, domain)? {
+            Backing::Host(buf) => Ok(f(&mut buf.lock())),
+            _ => Err(SvmError::BadArgument(
+                "the replica is in device memory, not host-addressable".into(),
             )),
         }
     }

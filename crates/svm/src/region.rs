@@ -1,12 +1,14 @@
 //! Regions: the host's full record of one SVM region and its replicas.
 //!
 //! The guest caches only the id and size; this record holds the metadata, one replica per
-//! domain that has ever needed the bytes (allocated lazily at first access), and which of
-//! those replicas hold the current contents.
+//! domain that has ever needed the bytes (allocated lazily at first access), and which bytes
+//! of each replica hold the current contents: every replica keeps the set of byte ranges it is
+//! stale in ([`RangeSet`]), so a sub-range write invalidates, and the next read elsewhere
+//! copies, only that sub-range.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use virtsoc_proto::wire::Format;
 
@@ -15,6 +17,7 @@ use crate::dma::CopyTicket;
 use crate::domain::{DomainId, DomainKind};
 use crate::engine::CopyEngine;
 use crate::guest::GuestSvm;
+use crate::ranges::{Range, RangeSet};
 use crate::{Result, SvmError};
 
 /// Identifies a region host-wide: the owning guest and the guest-visible id.
@@ -40,7 +43,8 @@ pub struct RegionMeta {
 #[derive(Debug)]
 pub(crate) struct Replica {
     pub(crate) backing: Backing,
-    pub(crate) valid: bool,
+    /// Byte ranges this replica does not hold the current contents of (empty: all valid).
+    pub(crate) stale: RangeSet,
     /// True until bytes were first written into it: copies into a fresh replica pay for page
     /// faults and are not used to measure bandwidth.
     pub(crate) fresh: bool,
@@ -114,6 +118,8 @@ pub struct AccessReport {
     pub coherence: Duration,
     /// Copies (hops) made during this call.
     pub copies: u32,
+    /// Bytes those copies moved.
+    pub bytes: u64,
     /// How long the guest should block before handing the region on (prefetch protocol).
     pub compensation: Duration,
     /// Wall time of the call on the host, waits for in-flight copies included.
@@ -126,6 +132,8 @@ pub struct RegionCtx<'a> {
     pub(crate) state: &'a mut RegionState,
     pub(crate) engine: &'a CopyEngine,
     pub(crate) report: AccessReport,
+    /// Asynchronous copies this access started (prefetches at a writer's end_access).
+    pub(crate) started: Vec<Arc<CopyTicket>>,
 }
 
 impl<'a> RegionCtx<'a> {
@@ -139,6 +147,7 @@ impl<'a> RegionCtx<'a> {
             state,
             engine,
             report: AccessReport::default(),
+            started: Vec::new(),
         }
     }
 
@@ -147,26 +156,36 @@ impl<'a> RegionCtx<'a> {
         self.region.meta.size
     }
 
-    /// Whether `d` holds the current contents.
+    /// Whether `d` holds the current contents of every byte.
     pub fn is_valid(&self, d: DomainId) -> bool {
+        self.is_valid_in(d, (0, self.size()))
+    }
+
+    /// Whether `d` holds the current contents of `range`.
+    pub fn is_valid_in(&self, d: DomainId, range: Range) -> bool {
         self.state
             .replicas
             .get(&d)
-            .is_some_and(|r| r.valid || !self.state.written)
+            .is_some_and(|r| !self.state.written || !r.stale.overlaps(range))
     }
 
-    /// Domains holding the current contents.
-    pub fn valid_domains(&self) -> Vec<DomainId> {
+    /// Domains holding the current contents of `range`.
+    pub fn valid_domains_in(&self, range: Range) -> Vec<DomainId> {
         self.state
             .replicas
-            .iter()
-            .filter(|(_, r)| r.valid || !self.state.written)
-            .map(|(d, _)| *d)
+            .keys()
+            .copied()
+            .filter(|d| self.is_valid_in(*d, range))
             .collect()
     }
 
+    /// Domains holding the current contents of every byte.
+    pub fn valid_domains(&self) -> Vec<DomainId> {
+        self.valid_domains_in((0, self.size()))
+    }
+
     /// Makes sure `d` has a replica (allocating it lazily). A replica created before the
-    /// first write is valid (all zeroes); after it, invalid until filled.
+    /// first write is valid (all zeroes); after it, stale everywhere until filled.
     pub fn ensure_replica(&mut self, d: DomainId) -> Result<()> {
         if self.state.replicas.contains_key(&d) {
             return Ok(());
@@ -191,9 +210,8 @@ impl<'a> RegionCtx<'a> {
             }
             DomainKind::HostRam | DomainKind::DeviceLocal => {
                 self.region.guest.charge_bytes(size)?;
-                let n = usize::try_from(size).map_err(|_| SvmError::OutOfMemory)?;
-                match HostBuf::try_zeroed(n) {
-                    Ok(buf) => (Backing::Host(buf), None),
+                match self.host_or_device_memory(d, size) {
+                    Ok(b) => (b, None),
                     Err(e) => {
                         self.region.guest.release_bytes(size);
                         return Err(e);
@@ -201,12 +219,16 @@ impl<'a> RegionCtx<'a> {
                 }
             }
         };
-        let valid = !self.state.written;
+        let stale = if self.state.written {
+            RangeSet::of((0, size))
+        } else {
+            RangeSet::new()
+        };
         self.state.replicas.insert(
             d,
             Replica {
                 backing,
-                valid,
+                stale,
                 fresh: true,
                 window_range,
             },
@@ -214,72 +236,115 @@ impl<'a> RegionCtx<'a> {
         Ok(())
     }
 
-    /// Copies the contents directly from `src` to `dst` (both get replicas) and marks `dst`
-    /// valid if `src` was.
-    pub fn copy(&mut self, src: DomainId, dst: DomainId) -> Result<()> {
+    /// Memory for a replica in `d`: the device's own when the domain has an allocator, else
+    /// page-aligned host memory.
+    fn host_or_device_memory(&self, d: DomainId, size: u64) -> Result<Backing> {
+        if let Some(a) = self.engine.allocator(d) {
+            return Ok(Backing::Device(a.alloc(&self.region.meta)?));
+        }
+        let n = usize::try_from(size).map_err(|_| SvmError::OutOfMemory)?;
+        Ok(Backing::Host(HostBuf::try_zeroed(n)?))
+    }
+
+    /// Copies `range` directly from `src` to `dst` (both get replicas), whatever `dst` holds,
+    /// and marks it valid in `dst` where it was valid in `src`.
+    pub fn copy(&mut self, src: DomainId, dst: DomainId, range: Range) -> Result<()> {
         self.ensure_replica(src)?;
         self.ensure_replica(dst)?;
-        let size = self.size();
+        if range.0 >= range.1 {
+            return Ok(());
+        }
         let (s, d) = (
             self.state.replicas[&src].backing.clone(),
             self.state.replicas[&dst].backing.clone(),
         );
         let measure = !self.state.replicas[&dst].fresh;
-        let t0 = Instant::now();
-        self.engine.copy(src, &s, dst, &d, size, measure)?;
-        let dt = t0.elapsed();
+        let dt = self.engine.copy(src, &s, dst, &d, range, measure)?;
         self.report.coherence += dt;
         self.report.copies += 1;
-        let c = self.region.guest.counters();
-        c.copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        c.copy_ns
-            .fetch_add(dt.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-        let src_valid = self.is_valid(src);
+        self.report.bytes += range.1 - range.0;
+        self.region
+            .guest
+            .counters()
+            .count_copy(src.0, dst.0, range.1 - range.0, dt);
+        let src_stale = if self.state.written {
+            self.state.replicas[&src].stale.intersect(range)
+        } else {
+            Vec::new()
+        };
         if let Some(r) = self.state.replicas.get_mut(&dst) {
-            r.valid = src_valid;
+            r.stale.remove(range);
+            for piece in src_stale {
+                r.stale.insert(piece);
+            }
             r.fresh = false;
         }
         Ok(())
     }
 
-    /// Brings the current contents to `d` on the cheapest path from a valid replica. Domains
-    /// passed on the way keep valid replicas.
-    pub fn fetch(&mut self, d: DomainId) -> Result<()> {
+    /// Brings the current contents of `range` to `d`: each stale piece of `d` in `range`
+    /// comes on the cheapest path from a domain holding it. Domains passed on the way keep
+    /// what they forwarded.
+    pub fn fetch(&mut self, d: DomainId, range: Range) -> Result<()> {
         self.ensure_replica(d)?;
-        if self.is_valid(d) {
+        if !self.state.written {
             return Ok(());
         }
-        let sources = self.valid_domains();
-        if sources.is_empty() {
-            return Err(SvmError::Internal(
-                "written region has no valid replica".into(),
-            ));
-        }
-        let path = self
-            .engine
-            .route(&sources, d, self.size())
-            .ok_or(SvmError::Unreachable(d.0))?;
-        for hop in path.windows(2) {
-            self.copy(hop[0], hop[1])?;
+        let needed = self.state.replicas[&d].stale.intersect(range);
+        for piece in needed {
+            // Split where any replica's staleness changes, so that each part is wholly valid
+            // or wholly stale in every domain; then route each part from the domains that
+            // hold it.
+            let mut cuts = vec![piece.0, piece.1];
+            for r in self.state.replicas.values() {
+                r.stale.boundaries_in(piece, &mut cuts);
+            }
+            cuts.sort_unstable();
+            cuts.dedup();
+            for part in cuts.windows(2).map(|w| (w[0], w[1])) {
+                let sources = self.valid_domains_in(part);
+                if sources.is_empty() {
+                    return Err(SvmError::Internal(format!(
+                        "bytes {part:?} of a written region have no valid replica"
+                    )));
+                }
+                let path = self
+                    .engine
+                    .route(&sources, d, part.1 - part.0)
+                    .ok_or(SvmError::Unreachable(d.0))?;
+                for hop in path.windows(2) {
+                    self.copy(hop[0], hop[1], part)?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Records a write in `d`: `d` becomes the only valid replica.
-    pub fn make_exclusive(&mut self, d: DomainId) -> Result<()> {
+    /// Records a write of `range` in `d`: `d` holds the current contents of `range`, every
+    /// other replica is stale there.
+    pub fn make_exclusive(&mut self, d: DomainId, range: Range) -> Result<()> {
         self.ensure_replica(d)?;
-        self.state.written = true;
+        if !self.state.written {
+            // Until now every replica held the (zero) contents everywhere.
+            self.state.written = true;
+        }
         self.state.generation += 1;
         for (dom, r) in self.state.replicas.iter_mut() {
-            r.valid = *dom == d;
+            if *dom == d {
+                r.stale.remove(range);
+            } else {
+                r.stale.insert(range);
+            }
         }
         Ok(())
     }
 
-    /// Marks `d` as holding the current contents too.
-    pub fn mark_valid(&mut self, d: DomainId) {
-        if let Some(r) = self.state.replicas.get_mut(&d) {
-            r.valid = true;
+    /// Stale ranges of `d` (all of it when it has no replica).
+    pub fn stale_ranges(&self, d: DomainId) -> Vec<Range> {
+        match self.state.replicas.get(&d) {
+            Some(_) if !self.state.written => Vec::new(),
+            Some(r) => r.stale.pieces().to_vec(),
+            None => vec![(0, self.size())],
         }
     }
 
@@ -299,12 +364,11 @@ impl<'a> RegionCtx<'a> {
 
     /// An asynchronous copy under way to `d`, if any.
     pub fn inflight_to(&self, d: DomainId) -> Option<Arc<CopyTicket>> {
-        self.state.inflight.get(&d).cloned()
-    }
-
-    /// Any asynchronous copy under way.
-    pub fn any_inflight(&self) -> Option<Arc<CopyTicket>> {
-        self.state.inflight.values().next().cloned()
+        self.state
+            .inflight
+            .get(&d)
+            .filter(|t| !t.is_done())
+            .cloned()
     }
 
     /// Current write generation.

@@ -1,6 +1,7 @@
 //! Unit tests of the manager and both protocols, single-threaded.
 
 use super::*;
+use std::sync::atomic::AtomicU64;
 use virtsoc_proto::WindowLayout;
 
 struct Fixture {
@@ -53,7 +54,11 @@ fn blob(size: u64) -> AllocDesc {
 fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
     let size = f.svm.meta(1, id).unwrap().size;
     f.svm
-        .begin_access(1, id, f.prod.0, f.prod, 0, size, AccessMode::Write)
+        .begin_access(
+            1,
+            id,
+            &AccessSpec::new(f.prod.0, f.prod, 0, size, AccessMode::Write),
+        )
         .unwrap();
     f.svm
         .with_replica(1, id, f.prod, |b| {
@@ -64,17 +69,29 @@ fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
         .unwrap();
     let e = f
         .svm
-        .end_access(1, id, f.prod.0, f.prod, 0, size, AccessMode::Write)
+        .end_access(
+            1,
+            id,
+            &AccessSpec::new(f.prod.0, f.prod, 0, size, AccessMode::Write),
+        )
         .unwrap();
     let b = f
         .svm
-        .begin_access(1, id, f.cons.0, f.cons, 0, size, AccessMode::Read)
+        .begin_access(
+            1,
+            id,
+            &AccessSpec::new(f.cons.0, f.cons, 0, size, AccessMode::Read),
+        )
         .unwrap();
     let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
     f.svm
-        .end_access(1, id, f.cons.0, f.cons, 0, size, AccessMode::Read)
+        .end_access(
+            1,
+            id,
+            &AccessSpec::new(f.cons.0, f.cons, 0, size, AccessMode::Read),
+        )
         .unwrap();
-    (e.copies, b.copies, seen)
+    (e.report.copies, b.copies, seen)
 }
 
 fn expected(seed: u8, n: usize) -> Vec<u8> {
@@ -97,11 +114,13 @@ fn guest_staging_copies_twice_and_reader_sees_last_write() {
         .begin_access(
             1,
             id,
-            DomainId::GUEST_WINDOW.0,
-            DomainId::GUEST_WINDOW,
-            0,
-            10_000,
-            AccessMode::Read,
+            &AccessSpec::new(
+                DomainId::GUEST_WINDOW.0,
+                DomainId::GUEST_WINDOW,
+                0,
+                10_000,
+                AccessMode::Read,
+            ),
         )
         .unwrap()
         .window_offset
@@ -126,7 +145,11 @@ fn write_invalidate_copies_once_and_reader_sees_last_write() {
     // A second read without an intervening write copies nothing.
     let r = f
         .svm
-        .begin_access(1, id, f.cons.0, f.cons, 0, 10_000, AccessMode::Read)
+        .begin_access(
+            1,
+            id,
+            &AccessSpec::new(f.cons.0, f.cons, 0, 10_000, AccessMode::Read),
+        )
         .unwrap();
     assert_eq!(r.copies, 0);
 }
@@ -148,11 +171,13 @@ fn restricted_topology_routes_through_host_ram() {
         .begin_access(
             1,
             id,
-            DomainId::GUEST_WINDOW.0,
-            DomainId::GUEST_WINDOW,
-            0,
-            4096,
-            AccessMode::Read,
+            &AccessSpec::new(
+                DomainId::GUEST_WINDOW.0,
+                DomainId::GUEST_WINDOW,
+                0,
+                4096,
+                AccessMode::Read,
+            ),
         )
         .unwrap();
     assert_eq!(r.copies, 1);
@@ -168,11 +193,13 @@ fn cpu_writes_reach_devices() {
             .begin_access(
                 1,
                 id,
-                DomainId::GUEST_WINDOW.0,
-                DomainId::GUEST_WINDOW,
-                4096,
-                4,
-                AccessMode::Write,
+                &AccessSpec::new(
+                    DomainId::GUEST_WINDOW.0,
+                    DomainId::GUEST_WINDOW,
+                    4096,
+                    4,
+                    AccessMode::Write,
+                ),
             )
             .unwrap();
         let off = r.window_offset.unwrap();
@@ -186,15 +213,21 @@ fn cpu_writes_reach_devices() {
             .end_access(
                 1,
                 id,
-                DomainId::GUEST_WINDOW.0,
-                DomainId::GUEST_WINDOW,
-                4096,
-                4,
-                AccessMode::Write,
+                &AccessSpec::new(
+                    DomainId::GUEST_WINDOW.0,
+                    DomainId::GUEST_WINDOW,
+                    4096,
+                    4,
+                    AccessMode::Write,
+                ),
             )
             .unwrap();
         f.svm
-            .begin_access(1, id, f.cons.0, f.cons, 0, 8192, AccessMode::Read)
+            .begin_access(
+                1,
+                id,
+                &AccessSpec::new(f.cons.0, f.cons, 0, 8192, AccessMode::Read),
+            )
             .unwrap();
         let seen = f
             .svm
@@ -220,8 +253,11 @@ fn guests_cannot_name_each_others_regions() {
         .unwrap();
     let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
     assert!(matches!(
-        f.svm
-            .begin_access(2, id, f.prod.0, f.prod, 0, 100, AccessMode::Read),
+        f.svm.begin_access(
+            2,
+            id,
+            &AccessSpec::new(f.prod.0, f.prod, 0, 100, AccessMode::Read)
+        ),
         Err(SvmError::NoSuchRegion)
     ));
     assert!(matches!(f.svm.free(2, id), Err(SvmError::NoSuchRegion)));
@@ -235,8 +271,11 @@ fn bad_ranges_domains_and_sizes_are_errors() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
     let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
     let r = |o, l| {
-        f.svm
-            .begin_access(1, id, f.prod.0, f.prod, o, l, AccessMode::Read)
+        f.svm.begin_access(
+            1,
+            id,
+            &AccessSpec::new(f.prod.0, f.prod, o, l, AccessMode::Read),
+        )
     };
     assert!(matches!(r(0, 0), Err(SvmError::OutOfRange)));
     assert!(matches!(r(1, 100), Err(SvmError::OutOfRange)));
@@ -245,11 +284,7 @@ fn bad_ranges_domains_and_sizes_are_errors() {
         f.svm.begin_access(
             1,
             id,
-            DomainId(99).0,
-            DomainId(99),
-            0,
-            100,
-            AccessMode::Read
+            &AccessSpec::new(DomainId(99).0, DomainId(99), 0, 100, AccessMode::Read)
         ),
         Err(SvmError::UnknownDomain(99))
     ));
@@ -288,10 +323,18 @@ fn memory_limits_fail_cleanly_and_detach_frees_everything() {
         .unwrap();
     let (a, _) = svm.alloc(5, blob(48 << 10)).unwrap();
     let (b, _) = svm.alloc(5, blob(48 << 10)).unwrap();
-    svm.begin_access(5, a, dev.0, dev, 0, 48 << 10, AccessMode::Write)
-        .unwrap();
+    svm.begin_access(
+        5,
+        a,
+        &AccessSpec::new(dev.0, dev, 0, 48 << 10, AccessMode::Write),
+    )
+    .unwrap();
     assert!(matches!(
-        svm.begin_access(5, b, dev.0, dev, 0, 48 << 10, AccessMode::Write),
+        svm.begin_access(
+            5,
+            b,
+            &AccessSpec::new(dev.0, dev, 0, 48 << 10, AccessMode::Write)
+        ),
         Err(SvmError::OutOfMemory)
     ));
     // The window (1 MiB minus rings) cannot hold a 2 MiB region.
@@ -300,11 +343,13 @@ fn memory_limits_fail_cleanly_and_detach_frees_everything() {
         svm.begin_access(
             5,
             c,
-            DomainId::GUEST_WINDOW.0,
-            DomainId::GUEST_WINDOW,
-            0,
-            2 << 20,
-            AccessMode::Write
+            &AccessSpec::new(
+                DomainId::GUEST_WINDOW.0,
+                DomainId::GUEST_WINDOW,
+                0,
+                2 << 20,
+                AccessMode::Write
+            )
         ),
         Err(SvmError::OutOfMemory)
     ));
@@ -326,11 +371,13 @@ fn freed_window_ranges_come_back_zeroed() {
         .begin_access(
             1,
             a,
-            DomainId::GUEST_WINDOW.0,
-            DomainId::GUEST_WINDOW,
-            0,
-            4096,
-            AccessMode::Write,
+            &AccessSpec::new(
+                DomainId::GUEST_WINDOW.0,
+                DomainId::GUEST_WINDOW,
+                0,
+                4096,
+                AccessMode::Write,
+            ),
         )
         .unwrap()
         .window_offset
@@ -343,11 +390,13 @@ fn freed_window_ranges_come_back_zeroed() {
         .begin_access(
             1,
             b,
-            DomainId::GUEST_WINDOW.0,
-            DomainId::GUEST_WINDOW,
-            0,
-            4096,
-            AccessMode::Read,
+            &AccessSpec::new(
+                DomainId::GUEST_WINDOW.0,
+                DomainId::GUEST_WINDOW,
+                0,
+                4096,
+                AccessMode::Read,
+            ),
         )
         .unwrap()
         .window_offset
@@ -376,12 +425,12 @@ fn prefetch_moves_the_bytes_before_the_reader_asks() {
     assert!(
         reader_copies[4..].iter().all(|&c| c == 0),
         "{reader_copies:?} {:?}",
-        f.svm.prefetch_engine().stats()
+        f.svm.predictor(1).unwrap().stats()
     );
     let c = f.svm.guest_counters(1).unwrap();
     assert!(c.prefetches >= 36, "{c:?}");
     assert!(c.hits >= 36 && c.misses == 0, "{c:?}");
-    assert!(f.svm.metadata_bytes() > 0);
+    assert!(f.svm.metadata_bytes(1) > 0);
 }
 
 #[test]
@@ -402,16 +451,18 @@ fn prefetch_mispredictions_fall_back_to_a_synchronous_fetch() {
     for frame in 0..12u8 {
         // Frames 0-7 go to the consumer; then the flow switches to `other`.
         let reader = if frame < 8 { cons } else { other };
-        svm.begin_access(1, id, prod.0, prod, 0, 50_000, w).unwrap();
+        svm.begin_access(1, id, &AccessSpec::new(prod.0, prod, 0, 50_000, w))
+            .unwrap();
         svm.with_replica(1, id, prod, |b| b.fill(frame)).unwrap();
-        svm.end_access(1, id, prod.0, prod, 0, 50_000, w).unwrap();
-        svm.begin_access(1, id, reader.0, reader, 0, 50_000, r)
+        svm.end_access(1, id, &AccessSpec::new(prod.0, prod, 0, 50_000, w))
+            .unwrap();
+        svm.begin_access(1, id, &AccessSpec::new(reader.0, reader, 0, 50_000, r))
             .unwrap();
         let ok = svm
             .with_replica(1, id, reader, |b| b.iter().all(|&x| x == frame))
             .unwrap();
         assert!(ok, "frame {frame}: reader saw stale bytes");
-        svm.end_access(1, id, reader.0, reader, 0, 50_000, r)
+        svm.end_access(1, id, &AccessSpec::new(reader.0, reader, 0, 50_000, r))
             .unwrap();
     }
     let c = svm.guest_counters(1).unwrap();
@@ -437,20 +488,28 @@ fn prefetch_reaches_every_reader_of_a_multi_reader_flow() {
     let (id, _) = svm.alloc(1, blob(10_000)).unwrap();
     let mut last = (0, 0);
     for frame in 0..10u8 {
-        svm.begin_access(1, id, cam.0, cam, 0, 10_000, AccessMode::Write)
-            .unwrap();
+        svm.begin_access(
+            1,
+            id,
+            &AccessSpec::new(cam.0, cam, 0, 10_000, AccessMode::Write),
+        )
+        .unwrap();
         svm.with_replica(1, id, cam, |b| b.fill(frame)).unwrap();
-        svm.end_access(1, id, cam.0, cam, 0, 10_000, AccessMode::Write)
-            .unwrap();
+        svm.end_access(
+            1,
+            id,
+            &AccessSpec::new(cam.0, cam, 0, 10_000, AccessMode::Write),
+        )
+        .unwrap();
         let mut copies = Vec::new();
         for d in [isp, gpu] {
             let rep = svm
-                .begin_access(1, id, d.0, d, 0, 10_000, AccessMode::Read)
+                .begin_access(1, id, &AccessSpec::new(d.0, d, 0, 10_000, AccessMode::Read))
                 .unwrap();
             assert!(svm
                 .with_replica(1, id, d, |b| b.iter().all(|&x| x == frame))
                 .unwrap());
-            svm.end_access(1, id, d.0, d, 0, 10_000, AccessMode::Read)
+            svm.end_access(1, id, &AccessSpec::new(d.0, d, 0, 10_000, AccessMode::Read))
                 .unwrap();
             copies.push(rep.copies);
         }
@@ -460,7 +519,7 @@ fn prefetch_reaches_every_reader_of_a_multi_reader_flow() {
 }
 
 #[test]
-fn a_write_waits_for_copies_in_flight() {
+fn a_write_during_a_prefetch_out_of_its_domain_leaves_readers_the_last_write() {
     let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
     let (id, _) = f.svm.alloc(1, blob(4 << 20)).unwrap();
     for frame in 0..3u8 {
@@ -469,18 +528,318 @@ fn a_write_waits_for_copies_in_flight() {
     // Write twice in a row: the second write must not race the prefetch of the first.
     for seed in [50u8, 51] {
         f.svm
-            .begin_access(1, id, f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write)
+            .begin_access(
+                1,
+                id,
+                &AccessSpec::new(f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write),
+            )
             .unwrap();
         f.svm.with_replica(1, id, f.prod, |b| b.fill(seed)).unwrap();
         f.svm
-            .end_access(1, id, f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write)
+            .end_access(
+                1,
+                id,
+                &AccessSpec::new(f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write),
+            )
             .unwrap();
     }
     f.svm
-        .begin_access(1, id, f.cons.0, f.cons, 0, 4 << 20, AccessMode::Read)
+        .begin_access(
+            1,
+            id,
+            &AccessSpec::new(f.cons.0, f.cons, 0, 4 << 20, AccessMode::Read),
+        )
         .unwrap();
     assert!(f
         .svm
         .with_replica(1, id, f.cons, |b| b.iter().all(|&x| x == 51))
         .unwrap());
+}
+
+fn spec(d: DomainId, offset: u64, len: u64, mode: AccessMode) -> AccessSpec {
+    AccessSpec::new(d.0, d, offset, len, mode)
+}
+
+#[test]
+fn a_sub_range_write_moves_only_the_sub_range() {
+    for kind in [ProtocolKind::WriteInvalidate, ProtocolKind::Prefetch] {
+        let f = fixture(kind, |_, _, _| {});
+        let (id, _) = f.svm.alloc(1, blob(1 << 20)).unwrap();
+        write_then_read(&f, id, 7);
+        // The CPU rewrites 100 bytes in the middle.
+        let w = DomainId::GUEST_WINDOW;
+        let r = f
+            .svm
+            .begin_access(1, id, &spec(w, 5000, 100, AccessMode::Write))
+            .unwrap();
+        assert_eq!(r.bytes, 0, "{kind}: a write-only access fetches nothing");
+        f.win
+            .copy_in(r.window_offset.unwrap(), &[0xAB; 100])
+            .unwrap();
+        f.svm
+            .end_access(1, id, &spec(w, 5000, 100, AccessMode::Write))
+            .unwrap();
+        let r = f
+            .svm
+            .begin_access(1, id, &spec(f.cons, 0, 1 << 20, AccessMode::Read))
+            .unwrap();
+        assert_eq!(
+            (r.copies, r.bytes),
+            (1, 100),
+            "{kind}: the reader copies only the rewritten bytes"
+        );
+        let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
+        let mut want = expected(7, 1 << 20);
+        want[5000..5100].fill(0xAB);
+        assert_eq!(seen, want, "{kind}");
+        // A read of a range that holds nothing new copies nothing.
+        let r = f
+            .svm
+            .begin_access(1, id, &spec(f.prod, 0, 4096, AccessMode::Read))
+            .unwrap();
+        assert_eq!(
+            r.bytes, 0,
+            "{kind}: the producer is stale only at 5000..5100"
+        );
+        let r = f
+            .svm
+            .begin_access(1, id, &spec(f.prod, 4096, 4096, AccessMode::Read))
+            .unwrap();
+        assert_eq!(r.bytes, 100, "{kind}");
+    }
+}
+
+#[test]
+fn two_domains_writing_different_halves_are_merged_by_a_reader() {
+    let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
+    let (id, _) = f.svm.alloc(1, blob(8192)).unwrap();
+    for (d, off, byte) in [(f.prod, 0u64, 1u8), (DomainId::HOST_RAM, 4096, 2)] {
+        f.svm
+            .begin_access(1, id, &spec(d, off, 4096, AccessMode::Write))
+            .unwrap();
+        f.svm
+            .with_replica(1, id, d, |b| {
+                b[off as usize..off as usize + 4096].fill(byte)
+            })
+            .unwrap();
+        f.svm
+            .end_access(1, id, &spec(d, off, 4096, AccessMode::Write))
+            .unwrap();
+    }
+    let r = f
+        .svm
+        .begin_access(1, id, &spec(f.cons, 0, 8192, AccessMode::Read))
+        .unwrap();
+    assert_eq!((r.copies, r.bytes), (2, 8192), "one piece from each writer");
+    let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
+    assert!(seen[..4096].iter().all(|&x| x == 1) && seen[4096..].iter().all(|&x| x == 2));
+}
+
+/// Device memory reached only through uploads and readbacks, counting them.
+#[derive(Debug, Default)]
+struct FakeDeviceMemory {
+    bytes: Mutex<Vec<u8>>,
+    uploaded: AtomicU64,
+    read_back: AtomicU64,
+}
+
+impl DeviceMemory for FakeDeviceMemory {
+    fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let mut b = self.bytes.lock().unwrap();
+        b[offset as usize..offset as usize + src.len()].copy_from_slice(src);
+        self.uploaded.fetch_add(src.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let b = self.bytes.lock().unwrap();
+        dst.copy_from_slice(&b[offset as usize..offset as usize + dst.len()]);
+        self.read_back
+            .fetch_add(dst.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[derive(Default)]
+struct FakeAllocator {
+    made: Mutex<Vec<Arc<FakeDeviceMemory>>>,
+}
+
+impl DeviceAllocator for FakeAllocator {
+    fn alloc(&self, meta: &RegionMeta) -> Result<Arc<dyn DeviceMemory>> {
+        let m = Arc::new(FakeDeviceMemory {
+            bytes: Mutex::new(vec![0; meta.size as usize]),
+            ..Default::default()
+        });
+        self.made.lock().unwrap().push(m.clone());
+        Ok(m)
+    }
+}
+
+#[test]
+fn device_memory_replicas_are_filled_by_uploads_and_read_back_by_readbacks() {
+    for kind in ProtocolKind::ALL {
+        let f = fixture(kind, |_, _, _| {});
+        let alloc = Arc::new(FakeAllocator::default());
+        f.svm.set_allocator(f.cons, alloc.clone());
+        let (id, _) = f.svm.alloc(1, blob(64 << 10)).unwrap();
+        for seed in 1..4 {
+            write_then_read_device(&f, id, seed);
+        }
+        let made = alloc.made.lock().unwrap();
+        assert_eq!(made.len(), 1, "{kind}: one replica in device memory");
+        let mem = &made[0];
+        assert_eq!(*mem.bytes.lock().unwrap(), expected(3, 64 << 10), "{kind}");
+        assert!(
+            mem.uploaded.load(Ordering::Relaxed) >= 3 * (64 << 10),
+            "{kind}"
+        );
+        // The device writes; the CPU reads it back.
+        drop(made);
+        let d = f.cons;
+        f.svm
+            .begin_access(1, id, &spec(d, 0, 64 << 10, AccessMode::Write))
+            .unwrap();
+        match f.svm.replica(1, id, d).unwrap() {
+            Backing::Device(m) => m.write(100, &[9, 9, 9]).unwrap(),
+            other => panic!("{kind}: {other:?}"),
+        }
+        assert!(
+            f.svm.with_replica(1, id, d, |_| ()).is_err(),
+            "device memory is not host-addressable"
+        );
+        f.svm
+            .end_access(1, id, &spec(d, 0, 64 << 10, AccessMode::Write))
+            .unwrap();
+        let w = DomainId::GUEST_WINDOW;
+        let r = f
+            .svm
+            .begin_access(1, id, &spec(w, 96, 8, AccessMode::Read))
+            .unwrap();
+        let mut got = [0u8; 8];
+        f.win.copy_out(r.window_offset.unwrap(), &mut got).unwrap();
+        assert_eq!(&got[4..7], &[9, 9, 9], "{kind}");
+    }
+}
+
+fn write_then_read_device(f: &Fixture, id: u64, seed: u8) {
+    let size = f.svm.meta(1, id).unwrap().size;
+    f.svm
+        .begin_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .unwrap();
+    f.svm
+        .with_replica(1, id, f.prod, |b| {
+            b.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = seed ^ i as u8)
+        })
+        .unwrap();
+    f.svm
+        .end_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .unwrap();
+    f.svm
+        .begin_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+        .unwrap();
+    f.svm
+        .end_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+        .unwrap();
+}
+
+#[test]
+fn a_reader_whose_copy_is_in_flight_is_told_to_wait_not_blocked() {
+    let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
+    let (id, _) = f.svm.alloc(1, blob(64 << 20)).unwrap();
+    for seed in 0..3 {
+        write_then_read(&f, id, seed);
+    }
+    let size = 64 << 20;
+    let before = f.svm.guest_counters(1).unwrap().sync_fetches;
+    f.svm
+        .begin_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .unwrap();
+    let end = f
+        .svm
+        .end_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .unwrap();
+    assert_eq!(end.started.len(), 1, "the predicted reader's copy started");
+    // Either the copy is still in flight (the step says wait, without blocking), or it
+    // already finished (done). Both end with the reader holding the data.
+    let mut retry = false;
+    loop {
+        match f
+            .svm
+            .begin_access_step(1, id, &spec(f.cons, 0, size, AccessMode::Read), retry)
+            .unwrap()
+        {
+            Progress::Done(r) => {
+                assert_eq!(r.copies, 0, "the prefetch brought the bytes");
+                break;
+            }
+            Progress::Wait(t) => {
+                t.wait();
+                retry = true;
+            }
+        }
+    }
+    let s = f.svm.guest_counters(1).unwrap();
+    assert_eq!(
+        s.sync_fetches, before,
+        "the reader never fetched synchronously"
+    );
+}
+
+#[test]
+fn each_guest_has_its_own_predictor() {
+    let mut t = Topology::new();
+    let prod = t.add_device_domain("producer");
+    let cons = t.add_device_domain("consumer");
+    let other = t.add_device_domain("other");
+    let svm = SvmManager::with_prefetch_config(t, steady_config());
+    for g in [1, 2] {
+        let win = Arc::new(
+            SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
+        );
+        svm.attach_guest(g, win, svm.protocol(ProtocolKind::Prefetch), 1 << 30)
+            .unwrap();
+    }
+    let round = |g: u64, id: u64, reader: DomainId| {
+        svm.begin_access(g, id, &spec(prod, 0, 4096, AccessMode::Write))
+            .unwrap();
+        svm.end_access(g, id, &spec(prod, 0, 4096, AccessMode::Write))
+            .unwrap();
+        svm.begin_access(g, id, &spec(reader, 0, 4096, AccessMode::Read))
+            .unwrap();
+        svm.end_access(g, id, &spec(reader, 0, 4096, AccessMode::Read))
+            .unwrap();
+    };
+    // Guest 1 learns producer -> consumer; guest 2 producer -> other.
+    let (a, _) = svm.alloc(1, blob(4096)).unwrap();
+    let (b, _) = svm.alloc(2, blob(4096)).unwrap();
+    for _ in 0..5 {
+        round(1, a, cons);
+        round(2, b, other);
+    }
+    // A new region of guest 2 is predicted from guest 2's flow (zero-shot), never guest 1's.
+    let (c, _) = svm.alloc(2, blob(4096)).unwrap();
+    for _ in 0..3 {
+        round(2, c, other);
+    }
+    let (h1, m1) = {
+        let s = svm.guest_counters(1).unwrap();
+        (s.hits, s.misses)
+    };
+    let (h2, m2) = {
+        let s = svm.guest_counters(2).unwrap();
+        (s.hits, s.misses)
+    };
+    assert_eq!(m1, 0, "guest 1 never mispredicted");
+    assert_eq!(m2, 0, "guest 2 never mispredicted");
+    assert!(h1 >= 4 && h2 >= 6, "hits {h1} {h2}");
+    assert!(svm.predictor(1).unwrap().stats().virtual_flows >= 1);
+    assert_ne!(
+        Arc::as_ptr(&svm.predictor(1).unwrap()),
+        Arc::as_ptr(&svm.predictor(2).unwrap())
+    );
 }

@@ -7,6 +7,17 @@
 //! that guest's work on that device); the worker serves the queues round robin and posts each
 //! completion to the guest that sent the request. Queues of a guest that has gone away are
 //! dropped unexecuted.
+//!
+//! The worker never blocks on one guest's behalf:
+//! - a begin_access whose bytes are still being copied in (a prefetch in flight) is *parked*:
+//!   that guest's queue waits, the worker serves the others, and the copy's completion wakes
+//!   it to retry;
+//! - a device command may finish *later* (an asynchronous GPU submission): it hands back a
+//!   [`Reply`] that posts the completion when the work is done;
+//! - a fence `Signal` queued after a command fires only once that command is really done: the
+//!   queue's [`DoneToken`] travels with the [`Reply`], and with the prefetch copies a writer's
+//!   end_access started when its guest does not block for them (fence ordering), so a reader
+//!   waiting on the fence never finds its bytes still in flight.
 
 pub mod camera;
 pub mod codec;
@@ -22,10 +33,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use virtsoc_fence::queue::{OrderedQueue, TryPop};
+use std::time::Instant;
+
+use virtsoc_fence::queue::{DoneToken, OrderedQueue, TryPop};
 use virtsoc_fence::table::{FenceId, VirtualFenceTable};
-use virtsoc_proto::{Completion, DeviceId, Request, Status};
-use virtsoc_svm::{DomainId, SvmManager};
+use virtsoc_proto::{Completion, DeviceId, Opcode, Request, Status};
+use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, Progress, SvmManager};
 
 use crate::dispatch;
 use crate::session::Session;
@@ -63,6 +76,38 @@ impl DeviceCtx<'_> {
     }
 }
 
+/// The answer to one request, to be given once: posts the completion to the guest, then
+/// reports the request done to its queue (which may fire fence signals queued after it).
+/// Dropping it unanswered answers `Internal`.
+pub struct Reply {
+    session: Arc<Session>,
+    seq: u64,
+    token: Option<DoneToken>,
+}
+
+impl Reply {
+    /// Answers with `result`.
+    pub fn send(mut self, result: DeviceResult) {
+        self.post(result);
+    }
+
+    fn post(&mut self, result: DeviceResult) {
+        if let Some(token) = self.token.take() {
+            self.session.complete(match result {
+                Ok(values) => Completion::ok(self.seq, values),
+                Err(status) => Completion::err(self.seq, status),
+            });
+            token.done();
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        self.post(Err(Status::Internal));
+    }
+}
+
 /// A virtual device. Its command set is declared in `virtsoc-devapi`; the worker has already
 /// checked the opcode and that every region argument names a region of the calling guest.
 pub trait Device: Send + Sync {
@@ -72,6 +117,12 @@ pub trait Device: Send + Sync {
     fn backend(&self) -> String;
     /// Runs one device command (`args[0]` is the device opcode).
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult;
+    /// Runs one device command and answers through `reply`, at once or once the work is done
+    /// (a device with asynchronous work overrides this; the default runs
+    /// [`execute`](Self::execute)).
+    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+        reply.send(self.execute(cx, args));
+    }
     /// A guest went away: drop every object it held on this device.
     fn guest_gone(&self, _guest: u64) {}
 }
@@ -198,30 +249,145 @@ impl DeviceSet {
     }
 }
 
-/// Runs one request on the device and posts its completion.
-fn execute(svm: &SvmManager, slot: &DeviceSlot, session: &Session, req: &Request) {
+/// A begin_access waiting for a copy into the device's memory.
+struct Parked {
+    req: Request,
+    reply: Reply,
+    ticket: Arc<CopyTicket>,
+}
+
+/// Keeps a writer's request open until the prefetch copies its end_access started are done,
+/// so a fence signal queued after it fires only then; tells the SVM how long that held the
+/// writer back.
+struct Hold {
+    token: Option<DoneToken>,
+    left: usize,
+    since: Instant,
+    svm: Arc<SvmManager>,
+    guest: u64,
+    region: u64,
+}
+
+fn hold_until_copied(
+    svm: &Arc<SvmManager>,
+    guest: u64,
+    region: u64,
+    tickets: Vec<Arc<CopyTicket>>,
+    token: DoneToken,
+) {
+    let hold = Arc::new(Mutex::new(Hold {
+        token: Some(token),
+        left: tickets.len(),
+        since: Instant::now(),
+        svm: svm.clone(),
+        guest,
+        region,
+    }));
+    for t in tickets {
+        let hold = hold.clone();
+        t.on_done(Box::new(move || {
+            let mut h = hold.lock().unwrap_or_else(|p| p.into_inner());
+            h.left = h.left.saturating_sub(1);
+            if h.left == 0 {
+                if let Some(token) = h.token.take() {
+                    token.done();
+                    h.svm.note_hold(h.guest, h.region, h.since.elapsed());
+                }
+            }
+        }));
+    }
+}
+
+/// Parses the access arguments `[id, offset, len, mode, flags, _]` of a request.
+pub fn access_spec(req: &Request, domain: DomainId) -> Result<(u64, AccessSpec), Status> {
+    let [id, offset, len, mode, flags, _] = req.args;
+    let mode = u32::try_from(mode)
+        .ok()
+        .and_then(virtsoc_proto::AccessMode::from_u32)
+        .ok_or(Status::BadArgument)?;
+    let spec = AccessSpec::new(req.device, domain, offset, len, mode)
+        .compensating(flags & virtsoc_proto::wire::ACCESS_COMPENSATES != 0);
+    Ok((id, spec))
+}
+
+/// Runs one request on the device. A begin_access that must wait for a copy comes back
+/// parked.
+fn execute(
+    svm: &Arc<SvmManager>,
+    slot: &DeviceSlot,
+    session: &Arc<Session>,
+    req: Request,
+    reply: Reply,
+    retry: bool,
+) -> Option<Parked> {
     let guest = session.guest_id();
-    let result = dispatch::access_or_command(svm, guest, slot.domain, req, |args| {
-        let cx = DeviceCtx {
-            guest,
-            svm,
-            domain: slot.domain,
-            fences: session.fences(),
-        };
-        validate(slot.id, &cx, args)?;
-        slot.device.execute(&cx, args)
-    });
-    session.complete(match result {
-        Ok(values) => Completion::ok(req.seq, values),
-        Err(status) => Completion::err(req.seq, status),
-    });
+    match Opcode::from_u32(req.opcode) {
+        Some(Opcode::BeginAccess) => {
+            let (id, spec) = match access_spec(&req, slot.domain) {
+                Ok(x) => x,
+                Err(st) => {
+                    reply.send(Err(st));
+                    return None;
+                }
+            };
+            match svm.begin_access_step(guest, id, &spec, retry) {
+                Ok(Progress::Done(r)) => reply.send(Ok(dispatch::access_values(&r))),
+                Ok(Progress::Wait(ticket)) => return Some(Parked { req, reply, ticket }),
+                Err(e) => reply.send(Err(dispatch::status_of(&e))),
+            }
+        }
+        Some(Opcode::EndAccess) => {
+            let (id, spec) = match access_spec(&req, slot.domain) {
+                Ok(x) => x,
+                Err(st) => {
+                    reply.send(Err(st));
+                    return None;
+                }
+            };
+            match svm.end_access(guest, id, &spec) {
+                Ok(end) => {
+                    let mut reply = reply;
+                    let values = dispatch::access_values(&end.report);
+                    if !spec.compensates && !end.started.is_empty() {
+                        // Fence ordering: nobody blocks for the compensation, so the queue
+                        // holds its next signal until the copies are done.
+                        if let Some(token) = reply.token.take() {
+                            session.complete(Completion::ok(req.seq, values));
+                            hold_until_copied(svm, guest, id, end.started, token);
+                            return None;
+                        }
+                    }
+                    reply.send(Ok(values));
+                }
+                Err(e) => reply.send(Err(dispatch::status_of(&e))),
+            }
+        }
+        Some(Opcode::DeviceCmd) => {
+            let cx = DeviceCtx {
+                guest,
+                svm,
+                domain: slot.domain,
+                fences: session.fences(),
+            };
+            if let Err(st) = validate(slot.id, &cx, &req.args) {
+                reply.send(Err(st));
+                return None;
+            }
+            slot.device.execute_async(&cx, &req.args, reply);
+        }
+        _ => reply.send(Err(Status::UnknownOpcode)),
+    }
+    None
 }
 
 /// The device worker: serves the guests' queues round robin, one command per queue per
-/// pass. A queue held by a fence wait is skipped, and the fence's signal wakes the worker.
+/// pass. A queue held by a fence wait, or by a begin_access parked on a copy, is skipped; the
+/// fence's signal or the copy's completion wakes the worker.
 fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
     // Fence each blocked queue has a wake-up registered for (keyed by queue address).
     let mut armed: HashMap<usize, FenceId> = HashMap::new();
+    // The parked begin_access of each queue that has one.
+    let mut parked: HashMap<usize, Parked> = HashMap::new();
     loop {
         let seen = slot.events.current();
         if slot.stop.load(Ordering::SeqCst) {
@@ -240,10 +406,27 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
                 dead.push(key);
                 continue;
             }
+            if let Some(p) = parked.remove(&key) {
+                if !p.ticket.is_done() {
+                    parked.insert(key, p);
+                    continue;
+                }
+                if let Some(again) = execute(&svm, &slot, session, p.req, p.reply, true) {
+                    park(&slot, &mut parked, key, again);
+                }
+                progressed = true;
+                continue;
+            }
             match q.try_pop_ready() {
                 TryPop::Ready(req, token) => {
-                    execute(&svm, &slot, session, &req);
-                    token.done();
+                    let reply = Reply {
+                        session: session.clone(),
+                        seq: req.seq,
+                        token: Some(token),
+                    };
+                    if let Some(p) = execute(&svm, &slot, session, req, reply, false) {
+                        park(&slot, &mut parked, key, p);
+                    }
                     progressed = true;
                 }
                 TryPop::Blocked(f) => {
@@ -264,10 +447,18 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
             qs.retain(|(_, q)| !dead.contains(&(Arc::as_ptr(q) as usize)));
             for k in dead {
                 armed.remove(&k);
+                parked.remove(&k);
             }
         }
         if !progressed {
             slot.events.wait_past(seen);
         }
     }
+}
+
+/// Parks `p` for queue `key` and arranges for the copy's completion to wake the worker.
+fn park(slot: &DeviceSlot, parked: &mut HashMap<usize, Parked>, key: usize, p: Parked) {
+    let wake = slot.waker();
+    p.ticket.on_done(Box::new(wake));
+    parked.insert(key, p);
 }
