@@ -70,6 +70,13 @@ struct Args {
     /// Spin iterations on a ring before sleeping on its doorbell.
     #[arg(long, default_value_t = 4096)]
     spins: u32,
+    /// Most guest connections (handshaking or connected, local and remote) served at once;
+    /// more are refused.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    max_guests: u64,
+    /// Milliseconds a new connection has to send its complete hello.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout_ms: u64,
 }
 
 fn main() {
@@ -94,6 +101,8 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         max_window: args.max_window,
         guest_mem_limit: args.guest_mem_limit,
         spins: args.spins,
+        handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
+        max_connections: usize::try_from(args.max_guests).unwrap_or(usize::MAX),
         token: token(&args)?,
         devices: virtsoc_host::device::registry::DeviceConfig {
             gpu: args.gpu_backend.clone(),
