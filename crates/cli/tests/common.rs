@@ -63,6 +63,65 @@ impl Daemon {
         }
     }
 
+    /// Like [`Daemon::start`], but run through `wrapper` (e.g. `["prlimit", "--nofile=64:64"]`)
+    /// and listening on `socket` when given.
+    pub fn start_with(wrapper: &[&str], socket: Option<PathBuf>, extra: &[&str]) -> Daemon {
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let socket = socket.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("virtsoc-it-{}-{n}.sock", std::process::id()))
+        });
+        let bin = env!("CARGO_BIN_EXE_virtsocd");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--print-ready")
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start virtsocd");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("READY"), "daemon did not start: {line:?}");
+        let (tx, log) = channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[virtsocd] {l}");
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Daemon {
+            child,
+            socket,
+            log,
+            tcp: None,
+        }
+    }
+
+    /// The log lines that arrived so far, and, once the daemon has exited, all of them.
+    pub fn drain_log(&self, wait: Duration) -> Vec<String> {
+        let mut lines = Vec::new();
+        while let Ok(l) = self.log.recv_timeout(wait) {
+            lines.push(l);
+        }
+        lines
+    }
+
     pub fn socket(&self) -> &Path {
         &self.socket
     }

@@ -7,12 +7,14 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags};
-use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
+use virtsoc_proto::handshake::{
+    recv_json_until, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION,
+};
 use virtsoc_proto::layout::PAGE;
 use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
@@ -42,6 +44,11 @@ pub struct DaemonConfig {
     pub token: Option<String>,
     /// Device backends and settings.
     pub devices: crate::device::registry::DeviceConfig,
+    /// Time a new connection has to deliver its complete hello (and, on TCP, its token).
+    pub handshake_timeout: Duration,
+    /// Most connections (handshaking and admitted, Unix and TCP) served at once; more are
+    /// refused.
+    pub max_connections: usize,
 }
 
 impl Default for DaemonConfig {
@@ -55,8 +62,87 @@ impl Default for DaemonConfig {
             prefetch: virtsoc_prefetch::Config::default(),
             token: None,
             devices: Default::default(),
+            handshake_timeout: Duration::from_secs(5),
+            max_connections: 64,
         }
     }
+}
+
+/// Longest guest name kept (in characters); longer names are cut.
+pub const MAX_NAME_CHARS: usize = 64;
+
+/// The guest name as logged and stored: control characters (and invisible formatting
+/// characters that could disguise a log line) escaped, at most [`MAX_NAME_CHARS`] characters
+/// of the original kept.
+pub fn sanitize_name(name: &str) -> String {
+    let mut out = String::new();
+    let mut chars = name.chars();
+    for c in chars.by_ref().take(MAX_NAME_CHARS) {
+        let invisible = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+            | '\u{2028}' | '\u{2029}' | '\u{2066}'..='\u{2069}' | '\u{feff}');
+        if c.is_control() || invisible {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if chars.next().is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
+/// Refused connections kept open at most this long for the peer's hello to arrive, so the
+/// refusal is read instead of the guest's write failing on a closed socket.
+const LINGER: Duration = Duration::from_secs(1);
+/// Most refused connections lingering at once; beyond that they are closed at once.
+const MAX_LINGERING: usize = 256;
+/// How long a listener is left alone after an accept error (EMFILE, ENOMEM, ...).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A refused connection waiting for the peer's hello (or a hang-up) before it is closed.
+struct Lingering {
+    fd: OwnedFd,
+    until: Instant,
+}
+
+/// State of one listener in the accept loop.
+#[derive(Default)]
+struct ListenerState {
+    /// Not polled again before this instant (after an accept error).
+    paused_until: Option<Instant>,
+    /// An accept error was logged and no connection was accepted since.
+    failing: bool,
+}
+
+/// One connection counted against `max_connections`; released when dropped.
+struct ConnSlot(Arc<Daemon>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+static FAIL_SPAWNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Starts a named thread (tests can make the next few starts fail).
+fn spawn_thread(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    #[cfg(test)]
+    if FAIL_SPAWNS
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        drop(f);
+        return Err(std::io::Error::from_raw_os_error(
+            rustix::io::Errno::AGAIN.raw_os_error(),
+        ));
+    }
+    std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
 /// The host daemon.
@@ -67,11 +153,15 @@ pub struct Daemon {
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     sessions_gone: Condvar,
     next_guest: AtomicU64,
+    /// Connections being served (handshaking or admitted).
+    connections: AtomicUsize,
 }
 
 impl Daemon {
     /// Builds the memory domains and devices and starts the device workers.
     pub fn new(cfg: DaemonConfig) -> Result<Arc<Self>> {
+        // FFmpeg's init and log level, before any device opens a codec or scaler.
+        virtsoc_media::quiet_ffmpeg_logs();
         let mut topo = Topology::new();
         let devices = crate::device::registry::build(&cfg.devices)?;
         let with_domains: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = devices
@@ -87,6 +177,7 @@ impl Daemon {
             sessions: Mutex::new(HashMap::new()),
             sessions_gone: Condvar::new(),
             next_guest: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
         }))
     }
 
@@ -98,6 +189,11 @@ impl Daemon {
     /// The devices.
     pub fn devices(&self) -> &Arc<DeviceSet> {
         &self.devices
+    }
+
+    /// Number of connections being served (handshaking or admitted).
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// Number of live sessions.
@@ -128,36 +224,85 @@ impl Daemon {
             self.cfg.socket.display(),
             self.cfg.protocol
         );
+        let mut lingering: Vec<Lingering> = Vec::new();
+        let (mut unix_state, mut tcp_state) = (ListenerState::default(), ListenerState::default());
         loop {
-            let mut fds = vec![
-                PollFd::new(&stop, PollFlags::IN),
-                PollFd::new(&listener, PollFlags::IN),
-            ];
-            if let Some(t) = &tcp {
+            let now = Instant::now();
+            // Close refused connections whose time is up.
+            lingering.retain(|l| l.until > now);
+            let unix_on = unix_state.resume(now);
+            let tcp_on = tcp.is_some() && tcp_state.resume(now);
+            let wake = lingering
+                .iter()
+                .map(|l| l.until)
+                .chain(unix_state.paused_until)
+                .chain(tcp_state.paused_until.filter(|_| tcp.is_some()))
+                .min();
+            let mut fds = vec![PollFd::new(&stop, PollFlags::IN)];
+            if unix_on {
+                fds.push(PollFd::new(&listener, PollFlags::IN));
+            }
+            if let (Some(t), true) = (&tcp, tcp_on) {
                 fds.push(PollFd::new(t, PollFlags::IN));
             }
-            match poll(&mut fds, None) {
+            let first_lingering = fds.len();
+            fds.extend(lingering.iter().map(|l| PollFd::new(&l.fd, PollFlags::IN)));
+            let timeout = wake.map(|w| {
+                let left = w.saturating_duration_since(now) + Duration::from_millis(1);
+                rustix::time::Timespec {
+                    tv_sec: left.as_secs() as i64,
+                    tv_nsec: left.subsec_nanos() as _,
+                }
+            });
+            match poll(&mut fds, timeout.as_ref()) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(HostError::Io(e.into())),
+                Err(e) => {
+                    // ENOMEM: nothing to do but wait for memory; never exit over it.
+                    log::warn!("poll failed: {e}; retrying");
+                    drop(fds);
+                    std::thread::sleep(ACCEPT_BACKOFF);
+                    continue;
+                }
             }
             if !fds[0].revents().is_empty() {
                 break;
             }
+            // A refused peer's hello (or hang-up) arrived: it has the refusal, close.
+            let answered: Vec<bool> = fds[first_lingering..]
+                .iter()
+                .map(|f| !f.revents().is_empty())
+                .collect();
             drop(fds);
-            while let Ok((stream, _)) = listener.accept() {
-                let me = self.clone();
-                std::thread::Builder::new()
-                    .name("guest-conn".into())
-                    .spawn(move || me.unix_connection(stream))?;
+            let mut i = 0;
+            lingering.retain(|_| {
+                i += 1;
+                !answered.get(i - 1).copied().unwrap_or(false)
+            });
+            if unix_on {
+                unix_state.accept_all(
+                    "guest",
+                    || listener.accept().map(|(s, _)| s),
+                    |stream| {
+                        self.start_connection(stream, "guest-conn", &mut lingering, |me, s| {
+                            me.unix_connection(s)
+                        })
+                    },
+                );
             }
-            if let Some(t) = &tcp {
-                while let Ok((stream, peer)) = t.accept() {
-                    let me = self.clone();
-                    std::thread::Builder::new()
-                        .name("remote-conn".into())
-                        .spawn(move || me.tcp_connection(stream, peer))?;
-                }
+            if let (Some(t), true) = (&tcp, tcp_on) {
+                tcp_state.accept_all(
+                    "remote guest",
+                    || t.accept(),
+                    |(stream, peer)| {
+                        self.start_connection(
+                            stream,
+                            "remote-conn",
+                            &mut lingering,
+                            move |me, s| me.tcp_connection(s, peer),
+                        )
+                    },
+                );
             }
         }
         self.shutdown();
@@ -191,6 +336,84 @@ impl Daemon {
     fn refuse(stream: &impl AsFd, reason: String) {
         log::warn!("refusing guest: {reason}");
         let _ = send_json(stream, &Reply::Refused { reason }, None);
+    }
+
+    /// Serves a new connection on its own thread, unless the daemon is at its connection
+    /// limit or cannot start a thread: then the connection alone is refused.
+    fn start_connection<S>(
+        self: &Arc<Self>,
+        stream: S,
+        thread: &str,
+        lingering: &mut Vec<Lingering>,
+        serve: impl FnOnce(Arc<Self>, S) + Send + 'static,
+    ) where
+        S: Into<OwnedFd> + Send + 'static,
+    {
+        let max = self.cfg.max_connections;
+        if self.connections.fetch_add(1, Ordering::SeqCst) >= max {
+            self.connections.fetch_sub(1, Ordering::SeqCst);
+            return Self::refuse_at_once(
+                stream.into(),
+                format!("too many connections: the daemon serves at most {max} at once"),
+                lingering,
+            );
+        }
+        let slot = ConnSlot(self.clone());
+        // The stream goes to the thread once it runs, so a failed start leaves it here.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<S>(1);
+        let started = spawn_thread(thread, move || {
+            if let Ok(stream) = rx.recv() {
+                let me = slot.0.clone();
+                serve(me, stream);
+            }
+            drop(slot);
+        });
+        match started {
+            Ok(_) => {
+                let _ = tx.send(stream);
+            }
+            Err(e) => {
+                log::warn!("cannot start a thread for a connection: {e}");
+                Self::refuse_at_once(
+                    stream.into(),
+                    format!("daemon overloaded: cannot start a connection thread ({e})"),
+                    lingering,
+                );
+            }
+        }
+    }
+
+    /// Refuses a connection from the accept loop without blocking it: the refusal is queued
+    /// on the fresh socket, which is closed once the peer's hello arrives (or after a second).
+    fn refuse_at_once(fd: OwnedFd, reason: String, lingering: &mut Vec<Lingering>) {
+        static LAST_LOG: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+        {
+            // One log line a second at most: a flood must not flood the log too.
+            let mut last = LAST_LOG.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            match &mut *last {
+                Some((at, skipped)) if now.duration_since(*at) < Duration::from_secs(1) => {
+                    *skipped += 1
+                }
+                other => {
+                    let skipped = other.map(|(_, n)| n).unwrap_or(0);
+                    if skipped > 0 {
+                        log::warn!("refusing connection: {reason} (and {skipped} more before)");
+                    } else {
+                        log::warn!("refusing connection: {reason}");
+                    }
+                    *other = Some((now, 0));
+                }
+            }
+        }
+        let _ = rustix::io::ioctl_fionbio(&fd, true);
+        let _ = send_json(&fd, &Reply::Refused { reason }, None);
+        if lingering.len() < MAX_LINGERING {
+            lingering.push(Lingering {
+                fd,
+                until: Instant::now() + LINGER,
+            });
+        }
     }
 
     /// Checks a hello and sets up the guest: its window and its SVM state. Nothing is
@@ -294,12 +517,16 @@ impl Daemon {
     /// connection thread watches the socket for the hang-up.
     fn unix_connection(self: Arc<Self>, mut stream: UnixStream) {
         let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let hello: Hello = match recv_json(&stream) {
+        let _ = stream.set_write_timeout(Some(self.cfg.handshake_timeout));
+        let deadline = Instant::now() + self.cfg.handshake_timeout;
+        let hello: Hello = match recv_json_until(&stream, deadline) {
             Ok((h, _)) => h,
+            Err(virtsoc_proto::ProtoError::Closed) => {
+                return log::debug!("connection closed before its hello")
+            }
             Err(e) => return Self::refuse(&stream, format!("bad hello: {e}")),
         };
-        let _ = stream.set_read_timeout(None);
+        let name = sanitize_name(&hello.name);
         let a = match self.admit(&hello) {
             Ok(a) => a,
             Err(reason) => return Self::refuse(&stream, reason),
@@ -310,6 +537,7 @@ impl Daemon {
             self.svm.detach_guest(guest_id);
             return;
         }
+        let _ = stream.set_write_timeout(None);
         let hangup = match stream.try_clone() {
             Ok(s) => s,
             Err(e) => {
@@ -326,24 +554,16 @@ impl Daemon {
                 let _ = hangup.shutdown(std::net::Shutdown::Both);
             }),
         );
-        let session = Session::new(
-            guest_id,
-            hello.name.clone(),
-            a.window.clone(),
-            Arc::new(link),
-        );
         log::info!(
-            "guest {guest_id} ({}) connected: window {} MiB, coherence {}",
-            hello.name,
+            "guest {guest_id} ({name}) connected: window {} MiB, coherence {}",
             a.layout.size >> 20,
             a.kind
         );
+        let session = Session::new(guest_id, name, a.window.clone(), Arc::new(link));
         self.register(&session);
         let runner = {
             let (s, svm, dev) = (session.clone(), self.svm.clone(), self.devices.clone());
-            std::thread::Builder::new()
-                .name(format!("guest-{guest_id}"))
-                .spawn(move || s.run(svm, dev))
+            spawn_thread(&format!("guest-{guest_id}"), move || s.run(svm, dev))
         };
         match runner {
             Ok(runner) => {
@@ -366,9 +586,14 @@ impl Daemon {
     /// completions and CPU-access bytes travel as frames on the stream.
     fn tcp_connection(self: Arc<Self>, stream: TcpStream, peer: std::net::SocketAddr) {
         let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let hello: Hello = match recv_json(&stream) {
+        let _ = stream.set_write_timeout(Some(self.cfg.handshake_timeout));
+        // The hello, token included, must be complete by the deadline.
+        let deadline = Instant::now() + self.cfg.handshake_timeout;
+        let hello: Hello = match recv_json_until(&stream, deadline) {
             Ok((h, _)) => h,
+            Err(virtsoc_proto::ProtoError::Closed) => {
+                return log::debug!("remote connection from {peer} closed before its hello")
+            }
             Err(e) => return Self::refuse(&stream, format!("bad hello from {peer}: {e}")),
         };
         let authorized = match (&self.cfg.token, &hello.token) {
@@ -381,7 +606,7 @@ impl Daemon {
                 format!("remote guest {peer}: bad or missing token"),
             );
         }
-        let _ = stream.set_read_timeout(None);
+        let name = sanitize_name(&hello.name);
         let a = match self.admit(&hello) {
             Ok(a) => a,
             Err(reason) => return Self::refuse(&stream, reason),
@@ -389,6 +614,7 @@ impl Daemon {
         let guest_id = a.guest_id;
         let link = match send_json(&stream, &self.welcome(&a), None)
             .map_err(|e| e.to_string())
+            .and_then(|_| stream.set_write_timeout(None).map_err(|e| e.to_string()))
             .and_then(|_| StreamLink::new(stream, a.layout.size).map_err(|e| e.to_string()))
         {
             Ok(l) => l,
@@ -399,14 +625,64 @@ impl Daemon {
             }
         };
         log::info!(
-            "remote guest {guest_id} ({}) connected from {peer}, coherence {}",
-            hello.name,
+            "remote guest {guest_id} ({name}) connected from {peer}, coherence {}",
             a.kind
         );
-        let session = Session::new(guest_id, hello.name, a.window, Arc::new(link));
+        let session = Session::new(guest_id, name, a.window, Arc::new(link));
         self.register(&session);
         session.run(self.svm.clone(), self.devices.clone());
         self.unregister(guest_id);
+    }
+}
+
+impl ListenerState {
+    /// Whether the listener is polled now (its back-off, if any, is over).
+    fn resume(&mut self, now: Instant) -> bool {
+        match self.paused_until {
+            Some(t) if t > now => false,
+            _ => {
+                self.paused_until = None;
+                true
+            }
+        }
+    }
+
+    /// Accepts every pending connection. Errors other than "none left", EINTR and
+    /// ECONNABORTED (fd or memory exhaustion) are logged once and pause the listener briefly
+    /// instead of making the loop spin on a listener that stays readable.
+    fn accept_all<S>(
+        &mut self,
+        what: &str,
+        mut accept: impl FnMut() -> std::io::Result<S>,
+        mut start: impl FnMut(S),
+    ) {
+        use std::io::ErrorKind;
+        loop {
+            match accept() {
+                Ok(s) => {
+                    if std::mem::take(&mut self.failing) {
+                        log::info!("accepting {what} connections again");
+                    }
+                    start(s);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => {
+                    if !std::mem::replace(&mut self.failing, true) {
+                        log::warn!(
+                            "cannot accept {what} connections: {e}; retrying every {} ms",
+                            ACCEPT_BACKOFF.as_millis()
+                        );
+                    }
+                    self.paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -437,5 +713,76 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secreT"));
         assert!(!constant_time_eq(b"secret", b"secret2"));
         assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn guest_names_are_sanitized() {
+        assert_eq!(sanitize_name("camera-app"), "camera-app");
+        assert_eq!(
+            sanitize_name("x\r\nFAKE LOG LINE\u{1b}[31m"),
+            "x\\r\\nFAKE LOG LINE\\u{1b}[31m"
+        );
+        assert!(!sanitize_name("a\u{202e}b").contains('\u{202e}'));
+        let long = sanitize_name(&"é".repeat(1000));
+        assert_eq!(long, format!("{}...", "é".repeat(MAX_NAME_CHARS)));
+    }
+
+    fn hello(name: &str) -> Hello {
+        Hello {
+            protocol: PROTOCOL_VERSION,
+            name: name.into(),
+            window_size: 1 << 20,
+            sq_entries: 8,
+            cq_entries: 8,
+            token: None,
+            coherence: None,
+        }
+    }
+
+    /// A connection whose thread cannot start is refused; the daemon keeps serving.
+    #[test]
+    fn a_failed_thread_start_refuses_only_that_connection() {
+        let dir = std::env::temp_dir().join(format!("virtsoc-daemon-ut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("d.sock");
+        let _ = std::fs::remove_file(&socket);
+        let daemon = Daemon::new(DaemonConfig {
+            socket: socket.clone(),
+            devices: crate::device::registry::DeviceConfig {
+                gpu: "null".into(),
+                isp: "null".into(),
+                ..Default::default()
+            },
+            ..DaemonConfig::default()
+        })
+        .unwrap();
+        let listener = UnixListener::bind(&socket).unwrap();
+        let (stop_rx, stop_tx) = UnixStream::pair().unwrap();
+        let server = {
+            let d = daemon.clone();
+            std::thread::spawn(move || d.serve(listener, None, OwnedFd::from(stop_rx)))
+        };
+        FAIL_SPAWNS.store(1, Ordering::SeqCst);
+        let s = UnixStream::connect(&socket).unwrap();
+        send_json(&s, &hello("first"), None).unwrap();
+        let (reply, _): (Reply, _) = virtsoc_proto::handshake::recv_json(&s).unwrap();
+        assert!(
+            matches!(&reply, Reply::Refused { reason } if reason.contains("thread")),
+            "{reply:?}"
+        );
+        let s = UnixStream::connect(&socket).unwrap();
+        send_json(&s, &hello("second"), None).unwrap();
+        let (reply, fd): (Reply, _) = virtsoc_proto::handshake::recv_json(&s).unwrap();
+        assert!(matches!(reply, Reply::Welcome { .. }), "{reply:?}");
+        assert!(fd.is_some());
+        drop((s, fd));
+        rustix::io::write(&stop_tx, b"x").unwrap();
+        server.join().unwrap().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while daemon.connection_count() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(daemon.connection_count(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Everything works on plain byte buffers described by a [`FrameLayout`], because the
 //! daemon's devices read and write SVM region replicas. Every entry point validates sizes and
-//! returns [`MediaError`] instead of panicking. The crate holds no global mutable state.
+//! returns [`MediaError`] instead of panicking. The crate holds no global mutable state besides
+//! FFmpeg's one-time initialization (see [`quiet_ffmpeg_logs`]).
 //!
 //! * [`frame`] — pixel formats, layouts and frame views.
 //! * [`isp`] — colour conversion and scaling backends.
@@ -31,10 +32,12 @@ pub use error::{MediaError, Result};
 pub use frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat, PlaneInfo};
 pub use isp::{CpuIsp, IspBackend, NullIsp, SwscaleIsp};
 
-/// Keeps FFmpeg's own console messages to errors (its default prints banners and per-packet
-/// warnings straight to stderr). Process-wide: call it once from the daemon.
+/// Initializes FFmpeg for this process (its error strings, which are empty until then) and
+/// silences its own console messages (libavcodec prints a line per corrupt packet even at
+/// the "error" level; failures reach callers as [`MediaError`]s instead). Runs once; every
+/// decoder, encoder and demuxer constructor calls it, so callers need not.
 pub fn quiet_ffmpeg_logs() {
-    ffmpeg_next::util::log::set_level(ffmpeg_next::util::log::Level::Error);
+    codec::init_ffmpeg();
 }
 
 #[cfg(test)]

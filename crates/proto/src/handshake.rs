@@ -8,6 +8,7 @@
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::Instant;
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -112,12 +113,55 @@ pub fn send_frame(sock: BorrowedFd<'_>, body: &[u8], fd: Option<BorrowedFd<'_>>)
 
 /// Receives one frame and the file descriptor that came with it, if any.
 pub fn recv_frame(sock: BorrowedFd<'_>) -> Result<(Vec<u8>, Option<OwnedFd>)> {
+    recv_frame_inner(sock, None)
+}
+
+/// Like [`recv_frame`], but the whole frame must have arrived by `deadline`: a peer that
+/// sends it a byte at a time cannot hold the reader past it.
+pub fn recv_frame_until(
+    sock: BorrowedFd<'_>,
+    deadline: Instant,
+) -> Result<(Vec<u8>, Option<OwnedFd>)> {
+    recv_frame_inner(sock, Some(deadline))
+}
+
+/// Waits until `sock` is readable (data or hang-up), or fails once `deadline` has passed.
+fn wait_readable(sock: BorrowedFd<'_>, deadline: Option<Instant>) -> Result<()> {
+    let Some(deadline) = deadline else {
+        return Ok(());
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ProtoError::Handshake("timed out".into()));
+        }
+        let timeout = rustix::time::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: left.subsec_nanos() as _,
+        };
+        let mut fds = [rustix::event::PollFd::new(
+            &sock,
+            rustix::event::PollFlags::IN,
+        )];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(n) if n > 0 => return Ok(()),
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        }
+    }
+}
+
+fn recv_frame_inner(
+    sock: BorrowedFd<'_>,
+    deadline: Option<Instant>,
+) -> Result<(Vec<u8>, Option<OwnedFd>)> {
     let mut head = [0u8; 4];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut got = 0;
     let mut fd = None;
     while got < 4 {
+        wait_readable(sock, deadline)?;
         let mut iov = [IoSliceMut::new(&mut head[got..])];
         let r = rustix::net::recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
             .map_err(std::io::Error::from)?;
@@ -140,15 +184,24 @@ pub fn recv_frame(sock: BorrowedFd<'_>) -> Result<(Vec<u8>, Option<OwnedFd>)> {
         )));
     }
     let mut body = vec![0u8; len];
-    let mut stream = FdReader(sock);
-    stream.read_exact(&mut body)?;
+    let mut stream = FdReader(sock, deadline);
+    stream.read_exact(&mut body).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            ProtoError::Handshake("timed out".into())
+        } else {
+            e.into()
+        }
+    })?;
     Ok((body, fd))
 }
 
-struct FdReader<'a>(BorrowedFd<'a>);
+struct FdReader<'a>(BorrowedFd<'a>, Option<Instant>);
 
 impl Read for FdReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if wait_readable(self.0, self.1).is_err() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
         Ok(rustix::io::read(self.0, buf)?)
     }
 }
@@ -166,6 +219,16 @@ pub fn send_json<T: Serialize>(
 /// Receives a JSON message.
 pub fn recv_json<T: DeserializeOwned>(sock: &impl AsFd) -> Result<(T, Option<OwnedFd>)> {
     let (body, fd) = recv_frame(sock.as_fd())?;
+    let msg = serde_json::from_slice(&body).map_err(|e| ProtoError::Handshake(e.to_string()))?;
+    Ok((msg, fd))
+}
+
+/// Receives a JSON message that must have arrived completely by `deadline`.
+pub fn recv_json_until<T: DeserializeOwned>(
+    sock: &impl AsFd,
+    deadline: Instant,
+) -> Result<(T, Option<OwnedFd>)> {
+    let (body, fd) = recv_frame_until(sock.as_fd(), deadline)?;
     let msg = serde_json::from_slice(&body).map_err(|e| ProtoError::Handshake(e.to_string()))?;
     Ok((msg, fd))
 }
@@ -207,5 +270,37 @@ mod tests {
         rustix::io::write(&a, &10u32.to_le_bytes()).unwrap();
         drop(a);
         assert!(recv_frame(b.as_fd()).is_err());
+    }
+
+    #[test]
+    fn a_trickled_frame_misses_the_deadline() {
+        use std::time::Duration;
+        let (a, b) = UnixStream::pair().unwrap();
+        let body = br#"{"x":1}"#;
+        let trickler = std::thread::spawn(move || {
+            // A byte every 100 ms: each read is quick, the whole frame takes over 1 s.
+            let frame = [&(body.len() as u32).to_le_bytes()[..], &body[..]].concat();
+            for byte in frame {
+                if rustix::io::write(&a, &[byte]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let start = Instant::now();
+        let r = recv_frame_until(b.as_fd(), start + Duration::from_millis(300));
+        assert!(
+            matches!(&r, Err(ProtoError::Handshake(m)) if m.contains("timed out")),
+            "{r:?}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+        drop(b);
+        trickler.join().unwrap();
+        // A frame sent at once is read well within its deadline.
+        let (a, b) = UnixStream::pair().unwrap();
+        send_frame(a.as_fd(), body, None).unwrap();
+        let (got, _) =
+            recv_frame_until(b.as_fd(), Instant::now() + Duration::from_secs(30)).unwrap();
+        assert_eq!(got, body);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use virtsoc_host::{Daemon, DaemonConfig};
@@ -12,7 +12,7 @@ use virtsoc_svm::ProtocolKind;
 #[derive(Debug, Parser)]
 #[command(name = "virtsocd", version)]
 struct Args {
-    /// Unix socket to listen on (replaced if it exists).
+    /// Unix socket to listen on (a stale socket file is replaced; a live daemon's is not).
     #[arg(long, default_value = "/tmp/virtsoc.sock")]
     socket: PathBuf,
     /// Coherence protocol for guests that do not choose one.
@@ -70,6 +70,13 @@ struct Args {
     /// Spin iterations on a ring before sleeping on its doorbell.
     #[arg(long, default_value_t = 4096)]
     spins: u32,
+    /// Most guest connections (handshaking or connected, local and remote) served at once;
+    /// more are refused.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    max_guests: u64,
+    /// Milliseconds a new connection has to send its complete hello.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout_ms: u64,
 }
 
 fn main() {
@@ -82,18 +89,15 @@ fn main() {
 }
 
 fn run(args: Args) -> virtsoc_host::Result<()> {
-    let _ = std::fs::remove_file(&args.socket);
-    let listener = UnixListener::bind(&args.socket)?;
-    let (stop_rx, stop_tx) = UnixStream::pair()?;
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::low_level::pipe::register(sig, stop_tx.try_clone()?)?;
-    }
+    // Everything that can fail on a bad configuration runs before the socket is touched.
     let daemon = Daemon::new(DaemonConfig {
         socket: args.socket.clone(),
         protocol: args.protocol,
         max_window: args.max_window,
         guest_mem_limit: args.guest_mem_limit,
         spins: args.spins,
+        handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
+        max_connections: usize::try_from(args.max_guests).unwrap_or(usize::MAX),
         token: token(&args)?,
         devices: virtsoc_host::device::registry::DeviceConfig {
             gpu: args.gpu_backend.clone(),
@@ -120,10 +124,17 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         .iter()
         .map(|v| virtsoc_host::vm::VmConfig::parse(v))
         .collect::<virtsoc_host::Result<Vec<_>>>()?;
+    let tcp = args.listen.map(std::net::TcpListener::bind).transpose()?;
+    let listener = claim_socket(&args.socket)?;
+    // Ours now: removed when run() returns, whether it succeeded or not.
+    let _socket_file = SocketFile(args.socket.clone());
+    let (stop_rx, stop_tx) = UnixStream::pair()?;
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::low_level::pipe::register(sig, stop_tx.try_clone()?)?;
+    }
     for vm in &vms {
         virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
     }
-    let tcp = args.listen.map(std::net::TcpListener::bind).transpose()?;
     if args.print_ready {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -134,11 +145,55 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         out.flush()?;
     }
     let result = daemon.serve(listener, tcp, OwnedFd::from(stop_rx));
-    let _ = std::fs::remove_file(&args.socket);
     for vm in &vms {
         virtsoc_host::vm::cleanup(vm);
     }
     result
+}
+
+/// The socket file this daemon bound, removed on drop.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Binds the Unix socket. An existing socket file is replaced only if no daemon answers on
+/// it (a stale file left by a crash); a live daemon's socket and non-socket files are left
+/// alone.
+fn claim_socket(path: &Path) -> virtsoc_host::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(virtsoc_host::HostError::Config(format!(
+                "{} exists and is not a socket; not replacing it",
+                path.display()
+            )))
+        }
+        Ok(_) => match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(virtsoc_host::HostError::Config(format!(
+                    "another daemon is already listening on {}; not replacing its socket",
+                    path.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                log::info!("replacing stale socket {}", path.display());
+                std::fs::remove_file(path)?;
+            }
+            Err(e) => {
+                return Err(virtsoc_host::HostError::Config(format!(
+                    "cannot tell whether a daemon listens on {}: {e}",
+                    path.display()
+                )))
+            }
+        },
+    }
+    Ok(UnixListener::bind(path)?)
 }
 
 /// The remote-guest token: from --token-file, else $VIRTSOC_TOKEN.

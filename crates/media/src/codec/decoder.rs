@@ -80,6 +80,7 @@ impl FfmpegDecoder {
                 "decoder output must be NV12 or YUV420P, not {out:?}"
             )));
         }
+        super::init_ffmpeg();
         let codec = Self::find_codec(kind)?;
         let mut ctx = ff::codec::Context::new_with_codec(codec);
         if let Some(info) = info {

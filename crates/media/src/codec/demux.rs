@@ -70,6 +70,7 @@ impl Demuxer {
             path: path.clone(),
             reason,
         };
+        super::init_ffmpeg();
         let input = ff::format::input(&path).map_err(|e| file_err(e.to_string()))?;
         let stream = input
             .streams()

@@ -60,6 +60,7 @@ impl FfmpegEncoder {
                 "bad rate: {fps} fps, {bitrate} bit/s"
             )));
         }
+        super::init_ffmpeg();
         let mut tried = Vec::new();
         for name in H264_ENCODERS {
             let Some(codec) = ff::encoder::find_by_name(name) else {

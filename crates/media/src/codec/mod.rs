@@ -22,6 +22,21 @@ pub use encoder::{EncodedPacket, FfmpegEncoder};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameRef, PixelFormat};
 
+/// The FFmpeg log level the crate runs at: only messages about to abort the process.
+pub const FFMPEG_LOG_LEVEL: ffmpeg_next::util::log::Level = ffmpeg_next::util::log::Level::Fatal;
+
+/// Initializes FFmpeg and sets its log level, once per process, before any codec, demuxer
+/// or scaler is opened through this crate.
+pub(crate) fn init_ffmpeg() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        if let Err(e) = ffmpeg_next::init() {
+            log::warn!("FFmpeg initialization failed: {e}");
+        }
+        ffmpeg_next::util::log::set_level(FFMPEG_LOG_LEVEL);
+    });
+}
+
 /// Compressed video formats the decoder knows by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CodecKind {
