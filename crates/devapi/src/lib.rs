@@ -229,6 +229,14 @@ devices! {
         fn signal_at_vsync(fence: u64) -> () = 3;
         /// Writes the last scanned-out frame as a PNG into the daemon's snapshot directory.
         fn snapshot() -> (frame_id) = 4;
+        /// Queues the `count` layer records (64 bytes each, as for the GPU's `composite`) in
+        /// `layers` as display planes for the next vsync, each scanned out of its source region
+        /// (which the guest brackets with a display read access). Planes do not rotate, scale
+        /// at most 4x either way, and number at most `planes` of `mode`: anything else answers
+        /// `NotSupported` (compose those layers on the GPU). `capture_ns` as for `present`.
+        fn present_layers(layers: region_r, count: u64, capture_ns: u64) -> (frame_id) = 5;
+        /// The screen: size, refresh rate and how many planes a frame may use.
+        fn mode() -> (width, height, refresh_hz, planes) = 6;
     }
 
     /// Cellular modem: an AT-command channel (registration, signal, SMS, calls).

@@ -49,6 +49,13 @@ pub trait FrameHandle: Send + Sync + fmt::Debug {
     /// and `format` say; `None` if they are not CPU-visible (a backend that
     /// needs them then fails with [`DisplayError::PixelsUnavailable`]).
     fn pixels(&self) -> Option<&[u8]>;
+
+    /// How many bytes [`pixels`](Self::pixels) gives, if known without producing them (a
+    /// handle whose pixels are made on demand, e.g. composed from display planes, says so
+    /// here so that validating a frame does not make them).
+    fn byte_len(&self) -> Option<usize> {
+        self.pixels().map(<[u8]>::len)
+    }
 }
 
 /// Where a frame's pixels live.
@@ -66,6 +73,14 @@ impl FrameData {
         match self {
             FrameData::Bytes(b) => Some(b),
             FrameData::Handle(h) => h.pixels(),
+        }
+    }
+
+    /// Length of the CPU-visible pixels, if known without producing them.
+    pub fn byte_len(&self) -> Option<usize> {
+        match self {
+            FrameData::Bytes(b) => Some(b.len()),
+            FrameData::Handle(h) => h.byte_len(),
         }
     }
 }
@@ -193,10 +208,10 @@ impl PresentedFrame {
         if u64::from(self.stride) < row {
             return Err(self.invalid(format!("stride {} < row size {row}", self.stride)));
         }
-        if let Some(p) = self.data.pixels() {
+        if let Some(len) = self.data.byte_len() {
             let need = self.required_len();
-            if (p.len() as u64) < need {
-                return Err(self.invalid(format!("{} bytes of pixels, need {need}", p.len())));
+            if (len as u64) < need {
+                return Err(self.invalid(format!("{len} bytes of pixels, need {need}")));
             }
         }
         Ok(())

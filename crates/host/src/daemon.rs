@@ -164,11 +164,29 @@ impl Daemon {
         virtsoc_media::quiet_ffmpeg_logs();
         let mut topo = Topology::new();
         let devices = crate::device::registry::build(&cfg.devices)?;
+        // One domain per physical device's memory: devices naming the same domain share it.
+        let mut domains: Vec<(String, DomainId)> = Vec::new();
         let with_domains: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = devices
             .into_iter()
-            .map(|(id, d)| (id, topo.add_device_domain(d.name()), d))
+            .map(|(id, d)| {
+                let name = d.memory_domain().to_string();
+                let dom = match domains.iter().find(|(n, _)| *n == name) {
+                    Some((_, dom)) => *dom,
+                    None => {
+                        let dom = topo.add_device_domain(&name);
+                        domains.push((name, dom));
+                        dom
+                    }
+                };
+                (id, dom, d)
+            })
             .collect();
         let svm = Arc::new(SvmManager::with_prefetch_config(topo, cfg.prefetch));
+        for (_, dom, d) in &with_domains {
+            if let Some(a) = d.allocator() {
+                svm.set_allocator(*dom, a);
+            }
+        }
         let devices = Arc::new(DeviceSet::start(svm.clone(), with_domains));
         Ok(Arc::new(Daemon {
             cfg,

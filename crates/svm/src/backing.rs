@@ -114,8 +114,9 @@ pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
 /// Allocates a domain's replicas in the device's own memory (see
 /// [`crate::SvmManager::set_allocator`]).
 pub trait DeviceAllocator: Send + Sync {
-    /// Memory for one replica of a region with metadata `meta`.
-    fn alloc(&self, meta: &crate::RegionMeta) -> Result<std::sync::Arc<dyn DeviceMemory>>;
+    /// Memory for one replica of a region with metadata `meta`, or `None` when the device
+    /// keeps such regions in host memory (e.g. command records in a blob).
+    fn alloc(&self, meta: &crate::RegionMeta) -> Result<Option<std::sync::Arc<dyn DeviceMemory>>>;
 }
 
 /// Where a replica's bytes are.

@@ -240,7 +240,9 @@ impl<'a> RegionCtx<'a> {
     /// page-aligned host memory.
     fn host_or_device_memory(&self, d: DomainId, size: u64) -> Result<Backing> {
         if let Some(a) = self.engine.allocator(d) {
-            return Ok(Backing::Device(a.alloc(&self.region.meta)?));
+            if let Some(mem) = a.alloc(&self.region.meta)? {
+                return Ok(Backing::Device(mem));
+            }
         }
         let n = usize::try_from(size).map_err(|_| SvmError::OutOfMemory)?;
         Ok(Backing::Host(HostBuf::try_zeroed(n)?))

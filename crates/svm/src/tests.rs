@@ -668,13 +668,13 @@ struct FakeAllocator {
 }
 
 impl DeviceAllocator for FakeAllocator {
-    fn alloc(&self, meta: &RegionMeta) -> Result<Arc<dyn DeviceMemory>> {
+    fn alloc(&self, meta: &RegionMeta) -> Result<Option<Arc<dyn DeviceMemory>>> {
         let m = Arc::new(FakeDeviceMemory {
             bytes: Mutex::new(vec![0; meta.size as usize]),
             ..Default::default()
         });
         self.made.lock().unwrap().push(m.clone());
-        Ok(m)
+        Ok(Some(m))
     }
 }
 

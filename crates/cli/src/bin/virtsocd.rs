@@ -55,6 +55,9 @@ struct Args {
     /// Display refresh rate in Hz.
     #[arg(long, default_value_t = 60)]
     refresh_hz: u32,
+    /// Display size, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1920x1080", value_parser = parse_size)]
+    display_size: (u32, u32),
     /// Display backend: headless, or window (an X11 window; built with the `window` feature).
     #[arg(long, default_value = "headless")]
     display_backend: String,
@@ -104,6 +107,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             isp: args.isp_backend.clone(),
             codec_threads: args.codec_threads,
             refresh_hz: args.refresh_hz,
+            display_size: args.display_size,
             snapshot_dir: args.snapshot_dir.clone(),
             display_backend: args.display_backend.clone(),
             camera_source: args.camera_source.clone(),
@@ -219,4 +223,13 @@ fn token(args: &Args) -> virtsoc_host::Result<Option<String>> {
 
 fn parse_protocol(s: &str) -> Result<ProtocolKind, String> {
     s.parse().map_err(|e: virtsoc_svm::SvmError| e.to_string())
+}
+
+/// Parses `WIDTHxHEIGHT`.
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s
+        .split_once('x')
+        .ok_or_else(|| format!("{s:?} is not WIDTHxHEIGHT"))?;
+    let n = |v: &str| v.parse::<u32>().map_err(|e| format!("{s:?}: {e}"));
+    Ok((n(w)?, n(h)?))
 }

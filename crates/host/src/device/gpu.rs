@@ -55,16 +55,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use virtsoc_devapi::gpu::{Command, CompositeReply, ConvertReply, MarkersReply, ProjectReply};
-use virtsoc_devapi::{LayerRecord, MarkerRecord, LAYER_RECORD, MARKER_RECORD};
+use virtsoc_devapi::{MarkerRecord, MARKER_RECORD};
 use virtsoc_fence::{MemPage, PhysicalFenceTable, VirtualFenceTable};
 use virtsoc_gpu::{
     CpuBackend, FrameLayout, FrameMut, FrameRef, GpuBackend, GpuError, GpuStats, Layer, Marker,
-    NullBackend, PixelFormat, Rect, Rotation, View, WgpuBackend, MAX_COORD, MAX_LAYERS,
-    MAX_MARKERS,
+    NullBackend, View, WgpuBackend, MAX_COORD, MAX_LAYERS, MAX_MARKERS,
 };
-use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 
+use super::layers::{crop_inside, layout_of, read_layers, read_records};
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
 use crate::{HostError, Result};
@@ -174,15 +173,7 @@ impl Gpu {
     }
 
     fn composite(&self, cx: &DeviceCtx<'_>, layers: u64, count: u64, dst: u64) -> DeviceResult {
-        let records = read_records(cx, layers, count, LAYER_RECORD)?;
-        if count as usize > MAX_LAYERS {
-            return Err(Status::BadArgument);
-        }
-        let specs = records
-            .chunks_exact(LAYER_RECORD)
-            .map(|b| LayerRecord::from_bytes(b).ok_or(Status::BadArgument))
-            .map(|r| r.and_then(|r| LayerSpec::parse(&r)))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let specs = read_layers(cx, layers, count, MAX_LAYERS)?;
         let dst_layout = rgb_layout(cx, dst)?;
         // Copy each distinct source out of its replica, one region lock at a time.
         let mut sources: BTreeMap<u64, (FrameLayout, Vec<u8>)> = BTreeMap::new();
@@ -291,68 +282,6 @@ impl Device for Gpu {
     }
 }
 
-/// A layer record checked on its own (the crop is checked against its source later).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct LayerSpec {
-    src: u64,
-    crop: Rect,
-    dst: Rect,
-    rotation: Rotation,
-    alpha: f32,
-    blend: bool,
-}
-
-impl LayerSpec {
-    fn parse(r: &LayerRecord) -> std::result::Result<Self, Status> {
-        let rotation = match r.rotation {
-            0 => Rotation::R0,
-            90 => Rotation::R90,
-            180 => Rotation::R180,
-            270 => Rotation::R270,
-            _ => return Err(Status::BadArgument),
-        };
-        if !(r.alpha.is_finite() && (0.0..=1.0).contains(&r.alpha)) {
-            return Err(Status::BadArgument);
-        }
-        let [cx, cy, cw, ch] = r.crop;
-        let crop_xy = (i32::try_from(cx), i32::try_from(cy));
-        let (Ok(cx), Ok(cy)) = crop_xy else {
-            return Err(Status::BadArgument);
-        };
-        if cw == 0 || ch == 0 {
-            return Err(Status::BadArgument);
-        }
-        let [dx, dy] = r.dst_pos;
-        let [dw, dh] = r.dst_size;
-        let m = MAX_COORD as i64;
-        let bad_dst = dw == 0
-            || dh == 0
-            || (dx as i64).abs() > m
-            || (dy as i64).abs() > m
-            || dw as i64 > m
-            || dh as i64 > m;
-        if bad_dst {
-            return Err(Status::BadArgument);
-        }
-        Ok(LayerSpec {
-            src: r.src,
-            crop: Rect::new(cx, cy, cw, ch),
-            dst: Rect::new(dx, dy, dw, dh),
-            rotation,
-            alpha: r.alpha,
-            blend: r.blend,
-        })
-    }
-}
-
-/// Whether `crop` lies inside a frame of `layout`.
-fn crop_inside(crop: Rect, layout: &FrameLayout) -> bool {
-    crop.x >= 0
-        && crop.y >= 0
-        && crop.x as u64 + crop.width as u64 <= layout.width as u64
-        && crop.y as u64 + crop.height as u64 <= layout.height as u64
-}
-
 /// A marker record as a filled square centred at (`x`, `y`).
 fn marker_of(r: &MarkerRecord) -> std::result::Result<Marker, Status> {
     let m = MAX_COORD as i64;
@@ -376,33 +305,6 @@ fn view_of([yaw, pitch, fov]: [u64; 3]) -> View {
         pitch: rad(pitch),
         fov_y: rad(fov),
     }
-}
-
-/// The backend's pixel format of a region format.
-pub(crate) fn pixel_format(f: Format) -> std::result::Result<PixelFormat, Status> {
-    match f {
-        Format::Nv12 => Ok(PixelFormat::Nv12),
-        Format::Yuv420p => Ok(PixelFormat::Yuv420p),
-        Format::Rgba8 => Ok(PixelFormat::Rgba8),
-        Format::Bgra8 => Ok(PixelFormat::Bgra8),
-        Format::Blob | Format::Yuyv => Err(Status::NotSupported),
-    }
-}
-
-/// The frame layout of region `id` from its metadata, checked against the region size.
-pub(crate) fn layout_of(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, Status> {
-    let meta = cx.meta(id)?;
-    let layout = FrameLayout::with_stride(
-        pixel_format(meta.format)?,
-        meta.width,
-        meta.height,
-        meta.stride,
-    );
-    let size = layout.size_bytes().map_err(|e| status_of(&e))?;
-    if size as u64 > meta.size {
-        return Err(Status::OutOfRange);
-    }
-    Ok(layout)
 }
 
 /// The layout of a destination region, which must be RGBA8 or BGRA8.
@@ -439,26 +341,6 @@ fn with_dst(
     })?
 }
 
-/// Reads `count` records of `size` bytes from the start of region `id`.
-fn read_records(
-    cx: &DeviceCtx<'_>,
-    id: u64,
-    count: u64,
-    size: usize,
-) -> std::result::Result<Vec<u8>, Status> {
-    let meta = cx.meta(id)?;
-    let bytes = count
-        .checked_mul(size as u64)
-        .filter(|&n| n <= meta.size)
-        .ok_or(Status::OutOfRange)?;
-    if bytes == 0 {
-        return Ok(Vec::new());
-    }
-    let n = usize::try_from(bytes).map_err(|_| Status::OutOfRange)?;
-    cx.with_region(id, |b| b.get(..n).map(<[u8]>::to_vec))?
-        .ok_or(Status::OutOfRange)
-}
-
 fn micros(stats: &GpuStats) -> u64 {
     u64::try_from(stats.total().as_micros()).unwrap_or(u64::MAX)
 }
@@ -486,64 +368,10 @@ pub(crate) fn status_of(e: &GpuError) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record() -> LayerRecord {
-        LayerRecord {
-            src: 3,
-            crop: [0, 0, 16, 8],
-            dst_pos: [-4, 2],
-            dst_size: [32, 16],
-            rotation: 90,
-            alpha: 0.5,
-            blend: true,
-        }
-    }
+    use virtsoc_gpu::PixelFormat;
 
     #[test]
-    fn layer_records_are_validated() {
-        let s = LayerSpec::parse(&record()).unwrap();
-        assert_eq!(s.rotation, Rotation::R90);
-        assert_eq!(s.crop, Rect::new(0, 0, 16, 8));
-        assert_eq!(s.dst, Rect::new(-4, 2, 32, 16));
-        let bad = |f: fn(&mut LayerRecord)| {
-            let mut r = record();
-            f(&mut r);
-            LayerSpec::parse(&r)
-        };
-        assert_eq!(bad(|r| r.rotation = 45), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.alpha = 1.5), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.alpha = -0.1), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.alpha = f32::NAN), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.crop[2] = 0), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.crop[0] = u32::MAX), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.dst_size[1] = 0), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.dst_pos[0] = i32::MIN), Err(Status::BadArgument));
-        assert_eq!(bad(|r| r.dst_size[0] = u32::MAX), Err(Status::BadArgument));
-        for rot in [0, 180, 270] {
-            let mut r = record();
-            r.rotation = rot;
-            assert!(LayerSpec::parse(&r).is_ok());
-        }
-    }
-
-    #[test]
-    fn crops_must_lie_inside_the_source() {
-        let l = FrameLayout::new(PixelFormat::Nv12, 64, 32);
-        assert!(crop_inside(Rect::new(0, 0, 64, 32), &l));
-        assert!(crop_inside(Rect::new(10, 4, 54, 28), &l));
-        assert!(!crop_inside(Rect::new(11, 4, 54, 28), &l));
-        assert!(!crop_inside(Rect::new(0, 1, 64, 32), &l));
-        assert!(!crop_inside(Rect::new(-1, 0, 8, 8), &l));
-    }
-
-    #[test]
-    fn formats_and_views_map() {
-        assert_eq!(pixel_format(Format::Nv12), Ok(PixelFormat::Nv12));
-        assert_eq!(pixel_format(Format::Yuv420p), Ok(PixelFormat::Yuv420p));
-        assert_eq!(pixel_format(Format::Rgba8), Ok(PixelFormat::Rgba8));
-        assert_eq!(pixel_format(Format::Bgra8), Ok(PixelFormat::Bgra8));
-        assert_eq!(pixel_format(Format::Blob), Err(Status::NotSupported));
-        assert_eq!(pixel_format(Format::Yuyv), Err(Status::NotSupported));
+    fn views_map() {
         let v = view_of([(-1_570_796i64) as u64, 250_000, 1_570_796]);
         assert!((v.yaw + std::f32::consts::FRAC_PI_2).abs() < 1e-5);
         assert!((v.pitch - 0.25).abs() < 1e-6);

@@ -212,7 +212,7 @@ mod tests {
             let m = media_format(f).unwrap();
             let l = FrameLayout::packed(m, 16, 8).unwrap();
             let g = gpu_frame_layout(&l);
-            assert_eq!(Ok(g.format), crate::device::gpu::pixel_format(f));
+            assert_eq!(Ok(g.format), crate::device::layers::pixel_format(f));
             assert_eq!(g.size_bytes().unwrap(), l.size(), "{f:?}");
         }
         assert_eq!(media_format(Format::Blob), Err(Status::NotSupported));

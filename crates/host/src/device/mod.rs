@@ -24,6 +24,7 @@ pub mod codec;
 pub mod display;
 pub mod gpu;
 pub mod isp;
+pub(crate) mod layers;
 pub mod modem;
 pub mod registry;
 pub mod testdev;
@@ -52,7 +53,7 @@ pub struct DeviceCtx<'a> {
     /// The guest that sent the command.
     pub guest: u64,
     /// The SVM manager, to reach region replicas.
-    pub svm: &'a SvmManager,
+    pub svm: &'a Arc<SvmManager>,
     /// The device's own memory domain.
     pub domain: DomainId,
     /// The guest's virtual fence table (e.g. to signal a fence at the next vsync).
@@ -115,6 +116,17 @@ pub trait Device: Send + Sync {
     fn name(&self) -> &str;
     /// Backend description for listings (e.g. "libavcodec 59 (h264, hevc)").
     fn backend(&self) -> String;
+    /// The memory domain the device works in: devices naming the same domain are one
+    /// physical device's memory (the ISP's GPU backend and the display share the GPU's), so
+    /// nothing is copied between them. By default the device's own.
+    fn memory_domain(&self) -> &str {
+        self.name()
+    }
+    /// Memory of the device's own kind for the replicas of its domain (a GPU's textures),
+    /// if its replicas do not live in host memory.
+    fn allocator(&self) -> Option<Arc<dyn virtsoc_svm::DeviceAllocator>> {
+        None
+    }
     /// Runs one device command (`args[0]` is the device opcode).
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult;
     /// Runs one device command and answers through `reply`, at once or once the work is done

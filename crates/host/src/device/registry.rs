@@ -20,6 +20,8 @@ pub struct DeviceConfig {
     pub codec_threads: usize,
     /// Display refresh rate.
     pub refresh_hz: u32,
+    /// Display size in pixels.
+    pub display_size: (u32, u32),
     /// Where display snapshots go.
     pub snapshot_dir: PathBuf,
     /// Display backend: `headless`, or `window` (an X11 window; needs the `window` feature
@@ -36,6 +38,7 @@ impl Default for DeviceConfig {
             isp: "swscale".into(),
             codec_threads: 2,
             refresh_hz: 60,
+            display_size: (display::WIDTH, display::HEIGHT),
             snapshot_dir: std::env::temp_dir(),
             display_backend: "headless".into(),
             camera_source: "synthetic".into(),

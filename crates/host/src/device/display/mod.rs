@@ -1,0 +1,313 @@
+//! The display device: the host's one screen, shared by every guest.
+//!
+//! A 1920x1080 display (the `virtsoc-display` state machine) scanned out by a vsync thread at
+//! the daemon's `--refresh-hz`, on the daemon's media clock ([`crate::clock`],
+//! `CLOCK_MONOTONIC`), so a frame's motion-to-photon latency is its scan-out time minus the
+//! capture time the camera or codec reported.
+//!
+//! Where scanned-out frames go is the daemon's `--display-backend`:
+//! - `headless` (default): nowhere but memory (the last frame, for snapshots);
+//! - `window`: an X11 window on `$DISPLAY` (the display crate's `WindowBackend`, built only
+//!   with this crate's `window` cargo feature). Without the feature, without `$DISPLAY`, or
+//!   when the window cannot be opened, the daemon refuses to start with a configuration
+//!   error saying why. Closing the window does not stop the display: scan-outs then count as
+//!   backend errors and snapshots keep working.
+//!
+//! Commands (declared in `virtsoc_devapi::display`):
+//! - `present(frame, capture_ns)`: copies the frame region (Rgba8 or Bgra8; other formats
+//!   answer `NotSupported`) into a frame owned by the guest and queues it for the next vsync.
+//!   `capture_ns` 0 means "not given": the pixels are then searched for a capture time stamped
+//!   by the camera ([`virtsoc_media::read_timestamp`]), which is how a camera pipeline measures
+//!   motion-to-photon latency from the frame it finally shows. Returns the frame's id.
+//! - `stats()`: this guest's counters (see below).
+//! - `signal_at_vsync(fence)`: signals the guest's virtual fence at the first vsync after the
+//!   call (an unknown fence is `BadArgument`). A vsync listener thread keeps the pending fences.
+//! - `snapshot()`: writes the frame on screen as `<snapshot_dir>/virtsoc-display-<id>.png` and
+//!   returns its id; `Busy` while nothing was scanned out yet.
+//!
+//! Sharing the screen: the first guest to present becomes the foreground owner and only its
+//! frames are scanned out; other guests' frames are hidden (kept as their latest content).
+//! When the foreground guest goes away, the guest that presented most recently becomes the
+//! foreground and its latest frame is shown at the next vsync; with no such guest, the next
+//! guest to present takes the screen.
+//!
+//! Per-guest statistics, from the display's scan-out records:
+//! - `presented`: this guest's frames that reached the screen;
+//! - `dropped`: its frames that never will: replaced by a newer frame before a vsync, or
+//!   hidden because another guest has the screen. Once a vsync has passed after a guest's last
+//!   `present`, `presented + dropped` equals the number of frames it presented;
+//! - `vsyncs`: vsyncs since the guest first used the display;
+//! - `latency_p50_ns`, `latency_p99_ns`, `samples`: motion-to-photon latency percentiles
+//!   (nearest rank) over the guest's last [`LATENCY_WINDOW`] scanned-out frames that carried a
+//!   capture time, and how many samples they cover (0 and 0 when there are none).
+
+mod format;
+mod output;
+mod planes;
+mod screen;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use virtsoc_devapi::display::{Command, ModeReply, PresentReply, SnapshotReply};
+use virtsoc_display as vd;
+use virtsoc_proto::Status;
+
+use super::layers::{layout_of, read_layers, LayerSpec};
+use super::registry::DeviceConfig;
+use super::{Device, DeviceCtx, DeviceResult};
+use crate::{HostError, Result};
+use format::FrameFormat;
+use output::Output;
+use planes::{Ledger, Plane, PlaneSet, MAX_PLANES};
+use screen::{listen, Screen, State};
+
+/// What a command answers the guest: a value or a status.
+type Answer<T> = std::result::Result<T, Status>;
+
+/// Width of the screen in pixels, unless configured (`--display-size`).
+pub const WIDTH: u32 = 1920;
+/// Height of the screen in pixels, unless configured.
+pub const HEIGHT: u32 = 1080;
+/// Latency samples kept per guest for the percentiles.
+pub const LATENCY_WINDOW: usize = 4096;
+/// Fences one guest may have waiting for the next vsync.
+pub const MAX_PENDING_FENCES: usize = 1024;
+
+/// The display device.
+pub struct Display {
+    screen: Arc<Screen>,
+    snapshot_dir: PathBuf,
+    refresh_hz: u32,
+    output: Output,
+    width: u32,
+    height: u32,
+}
+
+impl Display {
+    /// Builds the device from the daemon's configuration and starts its vsync thread.
+    pub fn new(cfg: &DeviceConfig) -> Result<Self> {
+        let output = Output::parse(&cfg.display_backend)?;
+        let (width, height) = cfg.display_size;
+        if !(16..=virtsoc_gpu::MAX_DIMENSION).contains(&width)
+            || !(16..=virtsoc_gpu::MAX_DIMENSION).contains(&height)
+        {
+            return Err(HostError::Config(format!(
+                "display: size {width}x{height} out of range"
+            )));
+        }
+        let mut config = vd::DisplayConfig::new(width, height).with_refresh_hz(cfg.refresh_hz);
+        config.backend = output.backend(width, height, cfg.refresh_hz)?;
+        let display = vd::Display::new(config).map_err(config_error)?;
+        let vsync = vd::VsyncThread::spawn_with_clock(display, Arc::new(HostClock))
+            .map_err(config_error)?;
+        let (_, events) = vsync.subscribe();
+        let screen = Arc::new(Screen {
+            vsync,
+            state: Mutex::new(State::default()),
+        });
+        let weak = Arc::downgrade(&screen);
+        std::thread::Builder::new()
+            .name("display-vsync-listener".into())
+            .spawn(move || listen(weak, events))?;
+        Ok(Display {
+            screen,
+            snapshot_dir: cfg.snapshot_dir.clone(),
+            refresh_hz: cfg.refresh_hz,
+            output,
+            width,
+            height,
+        })
+    }
+
+    /// A plane scanning out region `src` of the calling guest from its replica in the
+    /// display's memory (the guest must have begun a read access to it from the display).
+    fn plane(&self, cx: &DeviceCtx<'_>, spec: &LayerSpec) -> Answer<Plane> {
+        let layout = layout_of(cx, spec.src)?;
+        let backing = cx
+            .svm
+            .replica(cx.guest, spec.src, cx.domain)
+            .map_err(|e| crate::dispatch::status_of(&e))?;
+        Plane::new(spec, layout, backing)
+    }
+
+    /// Presents `planes` on a `width` x `height` screen; with no `capture_ns`, the capture
+    /// time stamped into the planes' pixels is used.
+    fn present_planes(
+        &self,
+        cx: &DeviceCtx<'_>,
+        (width, height): (u32, u32),
+        planes: Vec<Plane>,
+        capture_ns: u64,
+    ) -> Answer<u64> {
+        let ledger = Ledger {
+            svm: cx.svm.clone(),
+            guest: cx.guest,
+            domain: cx.domain,
+        };
+        let set = PlaneSet::new(width, height, planes, ledger);
+        let capture_ns = (capture_ns != 0)
+            .then_some(capture_ns)
+            .or_else(|| set.stamped_time());
+        let frame = vd::PresentedFrame {
+            id: 0,
+            owner: 0,
+            data: vd::FrameData::Handle(Arc::new(set)),
+            format: vd::PixelFormat::Rgba8,
+            width,
+            height,
+            stride: width * 4,
+            capture_ns,
+            submitted_ns: 0,
+        };
+        self.screen.present(cx.guest, frame)
+    }
+
+    /// Presents region `region` (RGBA8 or BGRA8) of the calling guest as it is: one plane
+    /// of its own size, scanned out of the display's memory without a copy.
+    fn present(&self, cx: &DeviceCtx<'_>, region: u64, capture_ns: u64) -> Answer<u64> {
+        let meta = cx.meta(region)?;
+        let format = FrameFormat::of(meta.format)?;
+        format.required_len(meta.width, meta.height, meta.stride, meta.size)?;
+        let full = virtsoc_gpu::Rect::full(meta.width, meta.height);
+        let spec = LayerSpec {
+            src: region,
+            crop: full,
+            dst: full,
+            rotation: virtsoc_gpu::Rotation::R0,
+            alpha: 1.0,
+            blend: false,
+        };
+        let plane = self.plane(cx, &spec)?;
+        self.present_planes(cx, (meta.width, meta.height), vec![plane], capture_ns)
+    }
+
+    /// Presents the `count` layer records in region `layers` as display planes on the
+    /// screen: `NotSupported` for what planes cannot show (the guest composes those layers
+    /// on the GPU instead).
+    fn present_layers(
+        &self,
+        cx: &DeviceCtx<'_>,
+        layers: u64,
+        count: u64,
+        capture_ns: u64,
+    ) -> Answer<u64> {
+        if count == 0 {
+            return Err(Status::BadArgument);
+        }
+        let specs = read_layers(cx, layers, count, MAX_PLANES).map_err(|s| {
+            if s == Status::BadArgument && count as usize > MAX_PLANES {
+                Status::NotSupported
+            } else {
+                s
+            }
+        })?;
+        let planes = specs
+            .iter()
+            .map(|s| self.plane(cx, s))
+            .collect::<Answer<Vec<_>>>()?;
+        self.present_planes(cx, (self.width, self.height), planes, capture_ns)
+    }
+
+    /// Writes the frame on screen as a PNG file; returns its id.
+    fn snapshot(&self) -> Answer<u64> {
+        let frame = self
+            .screen
+            .vsync
+            .with_display(|d| d.last_frame().cloned())
+            .ok_or(Status::Busy)?;
+        std::fs::create_dir_all(&self.snapshot_dir).map_err(|e| {
+            log::warn!(
+                "display: snapshot directory {}: {e}",
+                self.snapshot_dir.display()
+            );
+            Status::DeviceError
+        })?;
+        let path = self
+            .snapshot_dir
+            .join(format!("virtsoc-display-{}.png", frame.id));
+        vd::write_png(&frame, &path).map_err(|e| {
+            log::warn!("display: snapshot {}: {e}", path.display());
+            Status::DeviceError
+        })?;
+        log::info!(
+            "display: snapshot of frame {} in {}",
+            frame.id,
+            path.display()
+        );
+        Ok(frame.id)
+    }
+}
+
+impl Device for Display {
+    fn name(&self) -> &str {
+        "display"
+    }
+
+    fn backend(&self) -> String {
+        let output = match &self.output {
+            Output::Headless => "headless".to_string(),
+            Output::Window(d) => format!("window on X11 display {d},"),
+        };
+        format!(
+            "{output} {}x{}@{}Hz (vsync thread), {MAX_PLANES} planes, PNG snapshots to {}",
+            self.width,
+            self.height,
+            self.refresh_hz,
+            self.snapshot_dir.display()
+        )
+    }
+
+    fn memory_domain(&self) -> &str {
+        // A display controller scans out of the GPU's memory.
+        "gpu"
+    }
+
+    fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
+        match Command::decode(args)? {
+            Command::Present(p) => {
+                let frame_id = self.present(cx, p.frame, p.capture_ns)?;
+                Ok(PresentReply { frame_id }.to_values())
+            }
+            Command::Stats(_) => Ok(self.screen.stats(cx.guest).to_values()),
+            Command::SignalAtVsync(s) => {
+                self.screen.signal_at_vsync(cx.guest, cx.fences, s.fence)?;
+                Ok([0; 6])
+            }
+            Command::Snapshot(_) => {
+                let frame_id = self.snapshot()?;
+                Ok(SnapshotReply { frame_id }.to_values())
+            }
+            Command::PresentLayers(p) => {
+                let frame_id = self.present_layers(cx, p.layers, p.count, p.capture_ns)?;
+                Ok(PresentReply { frame_id }.to_values())
+            }
+            Command::Mode(_) => Ok(ModeReply {
+                width: self.width as u64,
+                height: self.height as u64,
+                refresh_hz: self.refresh_hz as u64,
+                planes: MAX_PLANES as u64,
+            }
+            .to_values()),
+        }
+    }
+
+    fn guest_gone(&self, guest: u64) {
+        self.screen.guest_gone(guest);
+    }
+}
+
+fn config_error(e: vd::DisplayError) -> HostError {
+    HostError::Config(format!("display: {e}"))
+}
+
+/// The display crate's vsync clock reading the daemon's media clock.
+struct HostClock;
+
+impl vd::Clock for HostClock {
+    fn now_ns(&self) -> u64 {
+        crate::clock::now_ns()
+    }
+}

@@ -1,0 +1,228 @@
+//! Display planes, as the display controller of a phone or TV has them (the hardware that
+//! Android's hardware composer hands layers to): each plane scans out one source region
+//! directly, with a crop, a position and size on the screen (scaling within limits), a plane
+//! alpha and blending. Sources stay where they are, in the display's memory domain (which is
+//! the GPU's): presenting copies nothing. What a plane cannot do (rotation, projection,
+//! scaling past [`MAX_SCALE`], more than [`MAX_PLANES`] layers) answers `NotSupported`, and
+//! the guest's composition policy sends those layers to the GPU instead.
+//!
+//! A headless display, like a display controller, reads only what it needs: the capture-time
+//! stamp for motion-to-photon latency (a few rows of one plane). The full screen is composed
+//! (on the CPU, from the planes) only when something needs pixels: a window, a snapshot.
+//! Those copies of frame bytes go on the guest's ledger.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use virtsoc_display as vd;
+use virtsoc_gpu::{
+    CpuBackend, FrameLayout, FrameRef, GpuBackend, Layer, OwnedFrame, PixelFormat, Rect, Rotation,
+};
+use virtsoc_proto::Status;
+use virtsoc_svm::{Backing, DomainId, SvmManager};
+
+use super::Answer;
+use crate::device::layers::{crop_inside, LayerSpec};
+
+/// Planes one frame may use.
+pub const MAX_PLANES: usize = 4;
+/// Largest scaling factor of a plane, up or down, per axis.
+pub const MAX_SCALE: u32 = 4;
+
+/// One plane of a presented frame.
+pub(super) struct Plane {
+    /// The source region's replica in the display's domain.
+    pub(super) backing: Backing,
+    pub(super) layout: FrameLayout,
+    pub(super) crop: Rect,
+    pub(super) dst: Rect,
+    pub(super) alpha: f32,
+    pub(super) blend: bool,
+}
+
+impl Plane {
+    /// A plane for `spec` over `backing`, or `NotSupported` for what planes cannot do.
+    pub(super) fn new(spec: &LayerSpec, layout: FrameLayout, backing: Backing) -> Answer<Self> {
+        if !crop_inside(spec.crop, &layout) {
+            return Err(Status::BadArgument);
+        }
+        let within = |from: u32, to: u32| {
+            u64::from(to) * u64::from(MAX_SCALE) >= u64::from(from)
+                && u64::from(to) <= u64::from(from) * u64::from(MAX_SCALE)
+        };
+        if spec.rotation != Rotation::R0
+            || !within(spec.crop.width, spec.dst.width)
+            || !within(spec.crop.height, spec.dst.height)
+        {
+            return Err(Status::NotSupported);
+        }
+        Ok(Plane {
+            backing,
+            layout,
+            crop: spec.crop,
+            dst: spec.dst,
+            alpha: spec.alpha,
+            blend: spec.blend,
+        })
+    }
+
+    /// Bytes `[0, n)` of the plane's frame: host memory is read in place by `f`; device memory
+    /// is read back first (counted as a copy in the domain).
+    fn with_bytes<T>(&self, n: usize, ledger: &Ledger, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        match &self.backing {
+            Backing::Host(buf) => {
+                let b = buf.lock();
+                Some(f(b.get(..n)?))
+            }
+            Backing::Device(mem) => {
+                let t0 = Instant::now();
+                let mut bytes = vec![0u8; n];
+                mem.read(0, &mut bytes).ok()?;
+                ledger.count(n, t0);
+                Some(f(&bytes))
+            }
+            Backing::Window { .. } => None,
+        }
+    }
+
+    /// The capture time the camera stamped into the plane's pixels, reading only the rows
+    /// that carry the stamp (the top quarter of the luma or RGB plane).
+    pub(super) fn stamped_time(&self, ledger: &Ledger) -> Option<u64> {
+        let l = self.layout;
+        let format = match l.format {
+            PixelFormat::Nv12 => virtsoc_media::PixelFormat::Nv12,
+            PixelFormat::Yuv420p => virtsoc_media::PixelFormat::Yuv420p,
+            PixelFormat::Rgba8 => virtsoc_media::PixelFormat::Rgba8,
+            PixelFormat::Bgra8 => virtsoc_media::PixelFormat::Bgra8,
+        };
+        let layout =
+            virtsoc_media::FrameLayout::with_stride(format, l.width, l.height, l.stride).ok()?;
+        let size = layout.size();
+        let rows = (l.height as usize / 4 + 2).min(l.height as usize);
+        let stamp_bytes = (rows * l.stride as usize).min(size);
+        let read = |top: &[u8]| {
+            // The reader needs a frame of the full geometry; rows below the stamp are unread.
+            let mut frame = vec![0u8; size];
+            frame[..top.len()].copy_from_slice(top);
+            virtsoc_media::FrameRef::new(layout, &frame)
+                .ok()
+                .and_then(virtsoc_media::read_timestamp)
+        };
+        match &self.backing {
+            Backing::Host(buf) => {
+                let b = buf.lock();
+                let frame = virtsoc_media::FrameRef::new(layout, b.get(..size)?).ok()?;
+                virtsoc_media::read_timestamp(frame)
+            }
+            _ => self.with_bytes(stamp_bytes, ledger, read).flatten(),
+        }
+    }
+}
+
+/// Counts the display's own copies of a guest's frame bytes.
+#[derive(Clone)]
+pub(super) struct Ledger {
+    pub(super) svm: Arc<SvmManager>,
+    pub(super) guest: u64,
+    pub(super) domain: DomainId,
+}
+
+impl Ledger {
+    fn count(&self, bytes: usize, since: Instant) {
+        self.svm
+            .count_device_copy(self.guest, self.domain, bytes as u64, since.elapsed());
+    }
+}
+
+/// The planes of one presented frame: the display's frame handle. Its pixels (the screen
+/// composed from the planes) are made only when something asks for them.
+pub(super) struct PlaneSet {
+    width: u32,
+    height: u32,
+    planes: Vec<Plane>,
+    ledger: Ledger,
+    composed: OnceLock<Option<Vec<u8>>>,
+}
+
+impl PlaneSet {
+    /// A `width` x `height` screen of `planes` (bottom first).
+    pub(super) fn new(width: u32, height: u32, planes: Vec<Plane>, ledger: Ledger) -> Self {
+        PlaneSet {
+            width,
+            height,
+            planes,
+            ledger,
+            composed: OnceLock::new(),
+        }
+    }
+
+    /// The capture time stamped into the first plane that carries one.
+    pub(super) fn stamped_time(&self) -> Option<u64> {
+        self.planes
+            .iter()
+            .find_map(|p| p.stamped_time(&self.ledger))
+    }
+
+    /// The screen in RGBA8: black, then every plane in order (the CPU reference's sampling).
+    fn compose(&self) -> Option<Vec<u8>> {
+        let mut screen = OwnedFrame::new(FrameLayout::new(
+            PixelFormat::Rgba8,
+            self.width,
+            self.height,
+        ))
+        .ok()?;
+        for px in screen.data.chunks_exact_mut(4) {
+            px[3] = 255;
+        }
+        let t0 = Instant::now();
+        let sources: Vec<Vec<u8>> = self
+            .planes
+            .iter()
+            .map(|p| {
+                let n = p.layout.size_bytes().ok()?;
+                let t = Instant::now();
+                let bytes = p.with_bytes(n, &self.ledger, <[u8]>::to_vec)?;
+                if matches!(p.backing, Backing::Host(_)) {
+                    self.ledger.count(n, t);
+                }
+                Some(bytes)
+            })
+            .collect::<Option<_>>()?;
+        let layers: Vec<Layer<'_>> = self
+            .planes
+            .iter()
+            .zip(&sources)
+            .map(|(p, bytes)| Layer {
+                src: FrameRef::new(p.layout, bytes),
+                crop: p.crop,
+                dst_rect: p.dst,
+                rotation: Rotation::R0,
+                alpha: p.alpha,
+                blend: p.blend,
+            })
+            .collect();
+        CpuBackend::new().composite(&layers, screen.as_mut()).ok()?;
+        self.ledger.count(screen.data.len(), t0);
+        Some(screen.data)
+    }
+}
+
+impl std::fmt::Debug for PlaneSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlaneSet")
+            .field("width", &self.width)
+            .field("height", &self.height)
+            .field("planes", &self.planes.len())
+            .finish()
+    }
+}
+
+impl vd::FrameHandle for PlaneSet {
+    fn pixels(&self) -> Option<&[u8]> {
+        self.composed.get_or_init(|| self.compose()).as_deref()
+    }
+
+    fn byte_len(&self) -> Option<usize> {
+        Some(self.width as usize * self.height as usize * 4)
+    }
+}

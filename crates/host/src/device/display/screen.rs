@@ -1,0 +1,293 @@
+//! The screen shared by every guest: the display state machine behind its vsync thread, each
+//! guest's frames and counters, the foreground rule, and fences signaled at vsync.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use virtsoc_devapi::display::StatsReply;
+use virtsoc_display as vd;
+use virtsoc_fence::table::{FenceId, VirtualFenceTable};
+use virtsoc_proto::Status;
+
+use super::{Answer, LATENCY_WINDOW, MAX_PENDING_FENCES};
+
+/// Nearest-rank percentile `p` of sorted samples (0 when there are none).
+pub(super) fn percentile(sorted: &[u64], p: u64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (sorted.len() as u64 * p).div_ceil(100).max(1);
+    sorted[(rank - 1).min(sorted.len() as u64 - 1) as usize]
+}
+
+/// One guest's view of the display.
+#[derive(Debug)]
+pub(super) struct GuestScreen {
+    /// Its owner id on the display.
+    pub(super) owner: vd::OwnerId,
+    /// Frames it presented.
+    pub(super) submitted: u64,
+    /// Its frames scanned out.
+    pub(super) presented: u64,
+    /// Its frames replaced or hidden.
+    pub(super) dropped: u64,
+    /// Display vsync count when it first used the display.
+    pub(super) first_vsync: u64,
+    /// Latency samples of its last scanned-out frames.
+    pub(super) latencies: VecDeque<u64>,
+    /// Order of its latest `present` among all guests' (0: never presented).
+    pub(super) last_present: u64,
+}
+
+/// A fence to signal at the first vsync after `after_vsync`.
+pub(super) struct PendingFence {
+    pub(super) guest: u64,
+    pub(super) table: Arc<VirtualFenceTable>,
+    pub(super) fence: FenceId,
+    pub(super) after_vsync: u64,
+}
+
+impl PendingFence {
+    pub(super) fn signal(&self) {
+        if let Err(e) = self.table.signal(self.fence) {
+            // The guest released or recycled it meanwhile, or is going away.
+            log::debug!(
+                "display: guest {}: vsync fence {:?}: {e}",
+                self.guest,
+                self.fence
+            );
+        }
+    }
+}
+
+/// Per-guest bookkeeping, behind the screen's lock (always taken inside the display's lock).
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) guests: HashMap<u64, GuestScreen>,
+    pub(super) owners: HashMap<vd::OwnerId, u64>,
+    pub(super) next_owner: vd::OwnerId,
+    pub(super) next_frame_id: u64,
+    pub(super) present_seq: u64,
+    pub(super) foreground: Option<u64>,
+    pub(super) fences: Vec<PendingFence>,
+}
+
+impl State {
+    /// The guest's record, created at its first use of the display (`vsyncs`: the display's
+    /// vsync count now).
+    pub(super) fn guest(&mut self, guest: u64, vsyncs: u64) -> &mut GuestScreen {
+        if !self.guests.contains_key(&guest) {
+            let owner = loop {
+                self.next_owner = self.next_owner.wrapping_add(1);
+                if !self.owners.contains_key(&self.next_owner) {
+                    break self.next_owner;
+                }
+            };
+            self.owners.insert(owner, guest);
+            self.guests.insert(
+                guest,
+                GuestScreen {
+                    owner,
+                    submitted: 0,
+                    presented: 0,
+                    dropped: 0,
+                    first_vsync: vsyncs,
+                    latencies: VecDeque::new(),
+                    last_present: 0,
+                },
+            );
+        }
+        self.guests.get_mut(&guest).expect("inserted above")
+    }
+
+    /// Counts scan-outs into their owners' records.
+    pub(super) fn absorb(&mut self, records: Vec<vd::ScanoutRecord>) {
+        for r in records.into_iter().filter(|r| !r.revealed) {
+            let Some(g) = self
+                .owners
+                .get(&r.owner)
+                .and_then(|guest| self.guests.get_mut(guest))
+            else {
+                continue; // its guest has gone
+            };
+            g.presented += 1;
+            if let Some(l) = r.latency_ns {
+                if g.latencies.len() == LATENCY_WINDOW {
+                    g.latencies.pop_front();
+                }
+                g.latencies.push_back(l);
+            }
+        }
+    }
+
+    /// Gives the screen to `guest`. Frames of owners that have gone, which the display keeps
+    /// as background content when switching, are forgotten.
+    pub(super) fn switch_foreground(
+        &mut self,
+        d: &mut vd::Display,
+        guest: u64,
+        owner: vd::OwnerId,
+    ) {
+        let previous = d.foreground();
+        let shown = d.last_frame().map(|f| f.owner);
+        d.set_foreground(owner);
+        self.foreground = Some(guest);
+        for o in [previous, shown].into_iter().flatten() {
+            if o != owner && !self.owners.contains_key(&o) {
+                d.remove_owner(o);
+            }
+        }
+    }
+}
+
+/// The display with its vsync thread and the guests' bookkeeping.
+pub(super) struct Screen {
+    pub(super) vsync: vd::VsyncThread,
+    pub(super) state: Mutex<State>,
+}
+
+pub(super) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Screen {
+    /// Runs `f` with the display and the bookkeeping locked (in that order). Keep it short:
+    /// vsync waits for it.
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut vd::Display, &mut State) -> R) -> R {
+        self.vsync.with_display(|d| f(d, &mut lock(&self.state)))
+    }
+
+    /// Presents `frame` as `guest`'s; returns its id.
+    pub(super) fn present(&self, guest: u64, mut frame: vd::PresentedFrame) -> Answer<u64> {
+        // Checked before touching any state, so a refused frame changes nothing.
+        frame.validate().map_err(|e| {
+            log::debug!("display: guest {guest}: {e}");
+            Status::BadArgument
+        })?;
+        frame.submitted_ns = crate::clock::now_ns();
+        self.with(|d, st| {
+            let vsyncs = d.stats().vsyncs;
+            let owner = st.guest(guest, vsyncs).owner;
+            st.next_frame_id += 1;
+            let id = st.next_frame_id;
+            frame.id = id;
+            frame.owner = owner;
+            if st.foreground.is_none() {
+                st.switch_foreground(d, guest, owner);
+            }
+            // The display queues only the foreground's frames, so a frame it replaces (and
+            // counts as dropped) is always the presenting guest's own.
+            let dropped_before = d.stats().dropped;
+            let outcome = d.present(frame).map_err(|e| {
+                log::debug!("display: guest {guest}: {e}");
+                Status::BadArgument
+            })?;
+            let dropped =
+                outcome == vd::PresentOutcome::Hidden || d.stats().dropped > dropped_before;
+            st.present_seq += 1;
+            let seq = st.present_seq;
+            let g = st.guest(guest, vsyncs);
+            g.submitted += 1;
+            g.dropped += u64::from(dropped);
+            g.last_present = seq;
+            Ok(id)
+        })
+    }
+
+    /// `guest`'s counters.
+    pub(super) fn stats(&self, guest: u64) -> StatsReply {
+        let (mut samples, mut reply) = self.with(|d, st| {
+            st.absorb(d.drain_scanouts());
+            let vsyncs = d.stats().vsyncs;
+            let g = st.guest(guest, vsyncs);
+            let reply = StatsReply {
+                presented: g.presented,
+                dropped: g.dropped,
+                vsyncs: vsyncs - g.first_vsync,
+                samples: g.latencies.len() as u64,
+                ..StatsReply::default()
+            };
+            (g.latencies.iter().copied().collect::<Vec<_>>(), reply)
+        });
+        samples.sort_unstable();
+        reply.latency_p50_ns = percentile(&samples, 50);
+        reply.latency_p99_ns = percentile(&samples, 99);
+        reply
+    }
+
+    /// Arranges for `guest`'s fence `raw` to be signaled at the next vsync.
+    pub(super) fn signal_at_vsync(
+        &self,
+        guest: u64,
+        fences: &Arc<VirtualFenceTable>,
+        raw: u64,
+    ) -> Answer<()> {
+        let fence = FenceId::from_u64(raw);
+        fences.status(fence).map_err(|_| Status::BadArgument)?;
+        self.with(|d, st| {
+            let vsyncs = d.stats().vsyncs;
+            st.guest(guest, vsyncs);
+            if st.fences.iter().filter(|f| f.guest == guest).count() >= MAX_PENDING_FENCES {
+                return Err(Status::Busy);
+            }
+            st.fences.push(PendingFence {
+                guest,
+                table: fences.clone(),
+                fence,
+                after_vsync: vsyncs,
+            });
+            Ok(())
+        })
+    }
+
+    /// After a vsync: counts the scan-outs and returns the fences now due.
+    pub(super) fn after_vsync(&self) -> Vec<PendingFence> {
+        self.with(|d, st| {
+            st.absorb(d.drain_scanouts());
+            let vsyncs = d.stats().vsyncs;
+            let (due, waiting) = std::mem::take(&mut st.fences)
+                .into_iter()
+                .partition(|f| f.after_vsync < vsyncs);
+            st.fences = waiting;
+            due
+        })
+    }
+
+    /// Forgets `guest`: its frames, counters, pending fences, and the screen if it had it.
+    pub(super) fn guest_gone(&self, guest: u64) {
+        self.with(|d, st| {
+            st.fences.retain(|f| f.guest != guest);
+            let Some(g) = st.guests.remove(&guest) else {
+                return;
+            };
+            st.owners.remove(&g.owner);
+            d.remove_owner(g.owner);
+            if st.foreground == Some(guest) {
+                st.foreground = None;
+                let next = st
+                    .guests
+                    .iter()
+                    .filter(|(_, g)| g.last_present > 0)
+                    .max_by_key(|(_, g)| g.last_present)
+                    .map(|(id, g)| (*id, g.owner));
+                if let Some((next, owner)) = next {
+                    st.switch_foreground(d, next, owner);
+                }
+            }
+        });
+    }
+}
+
+/// The vsync listener: counts scan-outs and signals due fences after every vsync. Ends when
+/// the display goes away (its vsync thread stops and the channel closes).
+pub(super) fn listen(screen: Weak<Screen>, events: Receiver<vd::VsyncEvent>) {
+    while events.recv().is_ok() {
+        let Some(screen) = screen.upgrade() else {
+            return;
+        };
+        for f in screen.after_vsync() {
+            f.signal();
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Unit tests of the display device (no daemon: the device on its own).
+
+use super::screen::{lock, percentile};
+use super::*;
+use std::time::Duration;
+use virtsoc_devapi::display::StatsReply;
+use virtsoc_fence::table::{FenceId, VirtualFenceTable};
+use virtsoc_fence::{FenceStatus, MemPage};
+use virtsoc_proto::wire::Format;
+
+fn display(hz: u32) -> (Display, PathBuf) {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("virtsoc-display-unit-{}-{n}", std::process::id()));
+    let cfg = DeviceConfig {
+        refresh_hz: hz,
+        snapshot_dir: dir.clone(),
+        ..DeviceConfig::default()
+    };
+    (Display::new(&cfg).unwrap(), dir)
+}
+
+fn table() -> Arc<VirtualFenceTable> {
+    Arc::new(VirtualFenceTable::new(Arc::new(MemPage::new())))
+}
+
+/// Waits (bounded) for the next vsync after now, through a vsync fence.
+fn next_vsync(d: &Display, guest: u64, t: &Arc<VirtualFenceTable>) {
+    let f = t.create().unwrap();
+    d.screen.signal_at_vsync(guest, t, f.to_u64()).unwrap();
+    assert_eq!(
+        t.wait(f, Some(Duration::from_secs(10))).unwrap(),
+        FenceStatus::Signaled,
+        "no vsync within 10 s"
+    );
+}
+
+fn rgba_frame(w: u32, h: u32, seed: u8, capture_ns: Option<u64>) -> (Vec<u8>, vd::PresentedFrame) {
+    let bytes: Vec<u8> = (0..w * h * 4)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let frame = f.frame(bytes.clone().into(), w, h, w * 4, capture_ns);
+    (bytes, frame)
+}
+
+#[test]
+fn formats_and_geometry_are_checked() {
+    assert_eq!(FrameFormat::of(Format::Nv12), Err(Status::NotSupported));
+    assert_eq!(FrameFormat::of(Format::Blob), Err(Status::NotSupported));
+    assert_eq!(FrameFormat::of(Format::Yuyv), Err(Status::NotSupported));
+    let f = FrameFormat::of(Format::Bgra8).unwrap();
+    assert_eq!(f.required_len(4, 2, 16, 32), Ok(32));
+    assert_eq!(
+        f.required_len(4, 2, 20, 36),
+        Ok(36),
+        "no padding after the last row"
+    );
+    assert_eq!(
+        f.required_len(4, 2, 12, 32),
+        Err(Status::BadArgument),
+        "stride"
+    );
+    assert_eq!(
+        f.required_len(4, 2, 16, 31),
+        Err(Status::BadArgument),
+        "size"
+    );
+    assert_eq!(f.required_len(0, 2, 16, 32), Err(Status::BadArgument));
+}
+
+#[test]
+fn percentiles_use_nearest_rank() {
+    assert_eq!(percentile(&[], 50), 0);
+    assert_eq!(percentile(&[7], 99), 7);
+    let v: Vec<u64> = (1..=100).collect();
+    assert_eq!(percentile(&v, 50), 50);
+    assert_eq!(percentile(&v, 99), 99);
+    assert_eq!(percentile(&[1, 2, 3], 50), 2);
+}
+
+#[test]
+fn stats_count_every_frame_once_and_measure_latency() {
+    let (d, _) = display(200);
+    let t = table();
+    let g = 1;
+    assert_eq!(d.screen.stats(g), StatsReply::default());
+    let now = crate::clock::now_ns();
+    for i in 0..5u8 {
+        let (_, frame) = rgba_frame(8, 4, i, Some(now));
+        d.screen.present(g, frame).unwrap();
+    }
+    next_vsync(&d, g, &t);
+    next_vsync(&d, g, &t);
+    let s = d.screen.stats(g);
+    assert_eq!(s.presented + s.dropped, 5, "{s:?}");
+    assert!(s.presented >= 1, "{s:?}");
+    assert!(s.vsyncs >= 2, "{s:?}");
+    assert_eq!(s.samples, s.presented, "every frame carried a capture time");
+    assert!(
+        s.latency_p50_ns > 0 && s.latency_p50_ns <= s.latency_p99_ns,
+        "{s:?}"
+    );
+    // Frame ids are distinct and increasing.
+    let a = d.screen.present(g, rgba_frame(8, 4, 9, None).1).unwrap();
+    let b = d.screen.present(g, rgba_frame(8, 4, 9, None).1).unwrap();
+    assert!(b > a);
+}
+
+#[test]
+fn a_stamped_capture_time_is_read_from_the_pixels() {
+    let (d, _) = display(200);
+    let t = table();
+    let (w, h) = (160, 64);
+    let mut bytes = vec![0u8; (w * h * 4) as usize];
+    let stamped = crate::clock::now_ns();
+    let layout =
+        virtsoc_media::FrameLayout::packed(virtsoc_media::PixelFormat::Rgba8, w, h).unwrap();
+    virtsoc_media::stamp_timestamp(
+        virtsoc_media::FrameMut::new(layout, &mut bytes).unwrap(),
+        stamped,
+    )
+    .unwrap();
+    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let frame = f.frame(bytes.clone().into(), w, h, w * 4, None);
+    assert_eq!(frame.capture_ns, Some(stamped));
+    // An explicit capture time wins over the stamp.
+    assert_eq!(
+        f.frame(bytes.into(), w, h, w * 4, Some(5)).capture_ns,
+        Some(5)
+    );
+    // Unstamped pixels carry none.
+    assert_eq!(rgba_frame(64, 64, 3, None).1.capture_ns, None);
+
+    d.screen.present(7, frame).unwrap();
+    next_vsync(&d, 7, &t);
+    let s = d.screen.stats(7);
+    assert_eq!((s.presented, s.samples), (1, 1), "{s:?}");
+    let elapsed = crate::clock::now_ns() - stamped;
+    assert!(s.latency_p50_ns > 0 && s.latency_p50_ns <= elapsed, "{s:?}");
+}
+
+#[test]
+fn snapshot_writes_the_presented_pixels() {
+    let (d, dir) = display(200);
+    let t = table();
+    assert_eq!(d.snapshot(), Err(Status::Busy), "nothing on screen yet");
+    // A BGRA frame with padded rows: the PNG holds its pixels as RGBA.
+    let (w, h, stride) = (5u32, 3u32, 24u32);
+    let bgra: Vec<u8> = (0..stride * h).map(|i| (i * 7 + 1) as u8).collect();
+    let f = FrameFormat::of(Format::Bgra8).unwrap();
+    let id = d
+        .screen
+        .present(3, f.frame(bgra.clone().into(), w, h, stride, None))
+        .unwrap();
+    next_vsync(&d, 3, &t);
+    assert_eq!(d.snapshot(), Ok(id));
+    let png = std::fs::read(dir.join(format!("virtsoc-display-{id}.png"))).unwrap();
+
+    let mut rgba = Vec::new();
+    for y in 0..h {
+        for x in 0..w {
+            let p = (y * stride + x * 4) as usize;
+            rgba.extend_from_slice(&[bgra[p + 2], bgra[p + 1], bgra[p], bgra[p + 3]]);
+        }
+    }
+    let expected = vd::PresentedFrame::new(0, w, h, vd::PixelFormat::Rgba8, rgba);
+    let mut want = Vec::new();
+    vd::encode_png(&expected, &mut want).unwrap();
+    assert_eq!(png, want, "the PNG encodes exactly the presented pixels");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn unknown_fences_are_refused_and_gone_guests_forgotten() {
+    let (d, _) = display(200);
+    let t = table();
+    assert_eq!(
+        d.screen
+            .signal_at_vsync(1, &t, FenceId::from_u64(0x5_0000_0003).to_u64()),
+        Err(Status::BadArgument)
+    );
+    // A gone guest's pending fence is never signaled.
+    let other = table();
+    let f = other.create().unwrap();
+    d.screen.signal_at_vsync(2, &other, f.to_u64()).unwrap();
+    d.guest_gone(2);
+    next_vsync(&d, 1, &t);
+    next_vsync(&d, 1, &t);
+    assert_eq!(other.status(f).unwrap(), FenceStatus::Pending);
+}
+
+#[test]
+fn the_first_presenter_owns_the_screen_until_it_goes() {
+    let (d, dir) = display(200);
+    let t = table();
+    let (a, b) = (10, 20);
+    d.screen.present(a, rgba_frame(8, 4, 1, None).1).unwrap();
+    let hidden = d.screen.present(b, rgba_frame(8, 4, 2, None).1).unwrap();
+    next_vsync(&d, a, &t);
+    next_vsync(&d, a, &t);
+    let (sa, sb) = (d.screen.stats(a), d.screen.stats(b));
+    assert_eq!((sa.presented, sa.dropped), (1, 0), "{sa:?}");
+    assert_eq!((sb.presented, sb.dropped), (0, 1), "background: {sb:?}");
+    assert_ne!(d.snapshot(), Ok(hidden));
+
+    // A goes: B, the latest presenter, gets the screen and its hidden frame shows.
+    d.guest_gone(a);
+    next_vsync(&d, b, &t);
+    next_vsync(&d, b, &t);
+    assert_eq!(d.snapshot(), Ok(hidden));
+    d.screen.present(b, rgba_frame(8, 4, 3, None).1).unwrap();
+    next_vsync(&d, b, &t);
+    next_vsync(&d, b, &t);
+    let sb = d.screen.stats(b);
+    assert_eq!((sb.presented, sb.dropped), (1, 1), "{sb:?}");
+
+    // B goes too: the next guest to present takes the screen.
+    d.guest_gone(b);
+    let c = 30;
+    let shown = d.screen.present(c, rgba_frame(8, 4, 4, None).1).unwrap();
+    next_vsync(&d, c, &t);
+    next_vsync(&d, c, &t);
+    assert_eq!(d.snapshot(), Ok(shown));
+    let sc = d.screen.stats(c);
+    assert_eq!((sc.presented, sc.dropped), (1, 0), "{sc:?}");
+    {
+        let st = lock(&d.screen.state);
+        assert_eq!(st.guests.len(), 1);
+        assert_eq!(st.owners.len(), 1);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn refused_frames_change_nothing() {
+    let (d, _) = display(200);
+    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let huge = f.frame(vec![0u8; 4 * 20_000].into(), 20_000, 1, 80_000, None);
+    assert_eq!(d.screen.present(4, huge), Err(Status::BadArgument));
+    let st = lock(&d.screen.state);
+    assert!(st.guests.is_empty() && st.foreground.is_none());
+}
+
+#[test]
+fn bad_refresh_rates_are_configuration_errors() {
+    let cfg = DeviceConfig {
+        refresh_hz: 0,
+        ..DeviceConfig::default()
+    };
+    assert!(matches!(Display::new(&cfg), Err(HostError::Config(_))));
+}
+
+#[test]
+fn backend_describes_the_screen() {
+    let (d, dir) = display(60);
+    let b = d.backend();
+    assert!(b.starts_with("headless 1920x1080@60Hz (vsync thread), 4 planes, PNG snapshots to "));
+    assert!(b.ends_with(&dir.display().to_string()));
+}
+
+fn backend_error(spec: &str) -> String {
+    match Output::parse(spec) {
+        Err(HostError::Config(m)) => m,
+        other => panic!("{spec}: expected a configuration error, got {other:?}"),
+    }
+}
+
+#[test]
+fn display_backends_are_checked() {
+    assert_eq!(Output::parse("headless").unwrap(), Output::Headless);
+    let m = backend_error("wayland");
+    assert!(
+        m.contains("unknown display backend") && m.contains("wayland"),
+        "{m}"
+    );
+    match Output::parse("window") {
+        Ok(Output::Window(d)) if cfg!(feature = "window") => {
+            assert_eq!(std::env::var("DISPLAY").unwrap(), d);
+        }
+        Ok(o) => panic!("{o:?}"),
+        Err(HostError::Config(m)) if cfg!(feature = "window") => {
+            assert!(m.contains("$DISPLAY"), "{m}")
+        }
+        Err(HostError::Config(m)) => {
+            assert!(m.contains("not built") && m.contains("window"), "{m}")
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
