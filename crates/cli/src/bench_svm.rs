@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, Counters, DeviceId, Opcode};
 
-use crate::stats::{machine_memcpy_ms, MeanP50, P50P99};
+use crate::stats::{machine_memcpy_ms, machine_memcpy_written_ms, MeanP50, P50P99};
 use crate::CliError;
 
 /// How the guest orders the writer's and the readers' work.
@@ -54,7 +54,23 @@ pub struct SvmBenchParams {
     pub readers: usize,
     /// Switch to a freshly allocated ring every N frames (a new pipeline).
     pub switch_every: Option<usize>,
+    /// The first reader: the checksum test device, or the GPU (an image region then, so
+    /// that the GPU's replica is in its own memory and a read is an upload).
+    pub consumer: Consumer,
 }
+
+/// The device that reads each frame first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Consumer {
+    /// The checksum test device (host memory of its own).
+    Checksum,
+    /// The GPU: the frame is an RGBA image, its GPU replica a texture.
+    Gpu,
+}
+
+/// Width of the RGBA frames the GPU consumer reads (the height follows from the size).
+const GPU_FRAME_WIDTH: u64 = 3840;
 
 /// Results of one (protocol, ordering).
 #[derive(Debug, Clone, Serialize)]
@@ -96,7 +112,12 @@ pub struct SvmBenchReport {
     pub buffers: usize,
     pub readers: usize,
     pub switch_every: Option<usize>,
+    pub consumer: Consumer,
+    /// Median memcpy of one frame streaming through memory (cold source).
     pub machine_memcpy_ms: f64,
+    /// The same with the source written just before, as a device's output is when the SVM
+    /// copies it after the write: the floor the coherence copies compare with.
+    pub machine_memcpy_written_ms: f64,
     pub protocols: Vec<ProtocolResult>,
 }
 
@@ -135,6 +156,14 @@ pub fn run(socket: &str, p: &SvmBenchParams) -> Result<SvmBenchReport, CliError>
     if p.switch_every == Some(0) {
         return Err(CliError::Usage("--switch-every must be positive".into()));
     }
+    if p.consumer == Consumer::Gpu
+        && (p.size % (GPU_FRAME_WIDTH * 4) != 0 || p.size < GPU_FRAME_WIDTH * 4)
+    {
+        return Err(CliError::Usage(format!(
+            "--consumer gpu reads RGBA frames {GPU_FRAME_WIDTH} pixels wide: --size must be a multiple of {}",
+            GPU_FRAME_WIDTH * 4
+        )));
+    }
     let mut results = Vec::new();
     for proto in &p.protocols {
         for &ordering in &p.orderings {
@@ -148,7 +177,9 @@ pub fn run(socket: &str, p: &SvmBenchParams) -> Result<SvmBenchReport, CliError>
         buffers: p.buffers,
         readers: p.readers,
         switch_every: p.switch_every,
+        consumer: p.consumer,
         machine_memcpy_ms: machine_memcpy_ms(p.size as usize, 20),
+        machine_memcpy_written_ms: machine_memcpy_written_ms(p.size as usize, 20),
         protocols: results,
     })
 }
@@ -161,14 +192,36 @@ struct FrameOut {
     compensation: Duration,
 }
 
-fn readers(n: usize) -> &'static [DeviceId] {
-    const R: [DeviceId; 2] = [DeviceId::CONSUMER, DeviceId::CONSUMER2];
-    &R[..n]
+fn readers(p: &SvmBenchParams) -> Vec<DeviceId> {
+    let first = match p.consumer {
+        Consumer::Checksum => DeviceId::CONSUMER,
+        Consumer::Gpu => virtsoc_guest::devices::gpu::ID,
+    };
+    [first, DeviceId::CONSUMER2][..p.readers].to_vec()
+}
+
+/// The command a reader runs on the frame: a checksum, or nothing for the GPU (the access is
+/// what is measured; the second reader checks the bytes).
+fn read_cmd(dev: DeviceId, id: u64) -> Option<[u64; 6]> {
+    (dev != virtsoc_guest::devices::gpu::ID).then_some([testdev::CHECKSUM, id, 0, 0, 0, 0])
 }
 
 fn alloc_ring(conn: &Connection, p: &SvmBenchParams) -> Result<Vec<u64>, CliError> {
     (0..p.buffers)
-        .map(|_| conn.alloc_blob(p.size).map(|r| r.id).map_err(Into::into))
+        .map(|_| {
+            match p.consumer {
+                Consumer::Checksum => conn.alloc_blob(p.size),
+                Consumer::Gpu => conn.alloc(
+                    0,
+                    GPU_FRAME_WIDTH as u32,
+                    (p.size / (GPU_FRAME_WIDTH * 4)) as u32,
+                    virtsoc_guest::Format::Rgba8,
+                    0,
+                ),
+            }
+            .map(|r| r.id)
+            .map_err(Into::into)
+        })
         .collect()
 }
 
@@ -286,12 +339,14 @@ fn frame_atomic(
         reader_latency: Vec::new(),
         compensation: e.compensation,
     };
-    for &dev in readers(p.readers) {
+    for dev in readers(p) {
         let b = conn.begin_access(id, dev, 0, size, r)?;
         out.reader_latency.push(b.host_elapsed);
-        let crc_r = conn.device_cmd(dev, [testdev::CHECKSUM, id, 0, 0, 0, 0])?[0];
+        if let Some(cmd) = read_cmd(dev, id) {
+            let crc_r = conn.device_cmd(dev, cmd)?[0];
+            out.corrupt += usize::from(crc_r != crc_w);
+        }
         conn.end_access(id, dev, 0, size, r)?;
-        out.corrupt += usize::from(crc_r != crc_w);
     }
     Ok(out)
 }
@@ -325,10 +380,12 @@ fn frame_fence(
     conn.fence_signal(DeviceId::PRODUCER, f)?;
     sleep(slack);
     let mut pending = Vec::new();
-    for &dev in readers(p.readers) {
+    for dev in readers(p) {
         conn.fence_wait(dev, f)?;
         let s_b = conn.submit(Opcode::BeginAccess, dev, [id, 0, size, r, 0, 0])?;
-        let s_c = conn.submit(Opcode::DeviceCmd, dev, [testdev::CHECKSUM, id, 0, 0, 0, 0])?;
+        let s_c = read_cmd(dev, id)
+            .map(|cmd| conn.submit(Opcode::DeviceCmd, dev, cmd))
+            .transpose()?;
         conn.submit_detached(Opcode::EndAccess, dev, [id, 0, size, r, 0, 0])?;
         pending.push((s_b, s_c));
     }
@@ -352,7 +409,9 @@ fn frame_fence(
     };
     for (s_b, s_c) in pending {
         out.reader_latency.push(Duration::from_nanos(ok(s_b)?[4]));
-        out.corrupt += usize::from(ok(s_c)?[0] != crc_w);
+        if let Some(s_c) = s_c {
+            out.corrupt += usize::from(ok(s_c)?[0] != crc_w);
+        }
     }
     Ok(out)
 }
@@ -366,14 +425,16 @@ fn sleep(d: Duration) {
 /// Prints the report as a table.
 pub fn print_table(r: &SvmBenchReport) {
     println!(
-        "SVM microbenchmark: {} bytes per frame, slack {:.1} ms ({:?}), {} buffers, {} reader(s){}; machine memcpy {:.3} ms",
+        "SVM microbenchmark: {} bytes per frame, slack {:.1} ms ({:?}), {} buffers, {} reader(s) ({:?} first){}; machine memcpy {:.3} ms cold, {:.3} ms right after the source was written",
         r.size,
         r.slack_ms,
         r.slack_pattern,
         r.buffers,
         r.readers,
+        r.consumer,
         r.switch_every.map(|n| format!(", new ring every {n} frames")).unwrap_or_default(),
-        r.machine_memcpy_ms
+        r.machine_memcpy_ms,
+        r.machine_memcpy_written_ms
     );
     println!(
         "{:<17} {:<6} {:>9} {:>9} {:>8} {:>7} {:>6} {:>7} {:>7} {:>6} {:>8} {:>7}",

@@ -73,11 +73,16 @@ enum Cmd {
         ordering: bench_svm::OrderingMode,
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
-        /// 360p, 720p, 1080p or uhd.
-        #[arg(long, default_value = "1080p")]
-        resolution: String,
-        #[arg(long, default_value_t = 30)]
-        fps: u32,
+        /// 360p, 720p, 1080p or uhd (default: uhd for uhd-video, else 1080p).
+        #[arg(long)]
+        resolution: Option<String>,
+        /// Frame rate (default: 60 for uhd-video, else 30).
+        #[arg(long)]
+        fps: Option<u32>,
+        /// How layers reach the screen: display planes where the display can show them (the
+        /// GPU composes the rest), or always the GPU.
+        #[arg(long, value_enum, default_value = "planes")]
+        composition: scenario::show::Composition,
         /// Run every protocol x ordering combination and print a table.
         #[arg(long)]
         compare: bool,
@@ -179,6 +184,10 @@ enum BenchCmd {
         /// Switch to a new pipeline (freshly allocated ring) every N frames.
         #[arg(long)]
         switch_every: Option<usize>,
+        /// The first reader: the checksum test device, or the GPU (RGBA frames 3840 wide
+        /// whose GPU replica is a texture: a read is an upload).
+        #[arg(long, value_enum, default_value = "checksum")]
+        consumer: bench_svm::Consumer,
         /// Replay a recorded access trace instead of the synthetic pipeline (format: see
         /// `crates/cli/src/trace.rs`).
         #[arg(long)]
@@ -272,6 +281,24 @@ fn with_daemon<T>(
     remote: bool,
     f: impl FnOnce(&Endpoint) -> Result<T, CliError>,
 ) -> Result<T, CliError> {
+    with_daemon_spawned(socket, &[], remote, f)
+}
+
+/// Like [`with_daemon`], giving a daemon started for the purpose `extra` arguments.
+fn with_daemon_args<T>(
+    socket: Option<String>,
+    extra: &[&str],
+    f: impl FnOnce(&Endpoint) -> Result<T, CliError>,
+) -> Result<T, CliError> {
+    with_daemon_spawned(socket, extra, false, f)
+}
+
+fn with_daemon_spawned<T>(
+    socket: Option<String>,
+    extra: &[&str],
+    remote: bool,
+    f: impl FnOnce(&Endpoint) -> Result<T, CliError>,
+) -> Result<T, CliError> {
     match socket {
         Some(s) => f(&Endpoint {
             target: s,
@@ -279,7 +306,7 @@ fn with_daemon<T>(
             pid: None,
         }),
         None => {
-            let d = DaemonProcess::spawn(&[], remote)?;
+            let d = DaemonProcess::spawn(extra, remote)?;
             let r = f(&d.endpoint());
             d.stop()?;
             r
@@ -349,6 +376,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     slack_pattern,
                     readers,
                     switch_every,
+                    consumer,
                     trace,
                     size,
                     slack_ms,
@@ -372,6 +400,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 warmup,
                 readers,
                 switch_every,
+                consumer,
             };
             let r = match trace {
                 Some(path) => {
@@ -386,7 +415,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                         buffers: 0,
                         readers: 0,
                         switch_every: None,
+                        consumer: params.consumer,
                         machine_memcpy_ms: 0.0,
+                        machine_memcpy_written_ms: 0.0,
                         protocols: results,
                     }
                 }
@@ -425,6 +456,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     warmup: 8,
                     readers: 1,
                     switch_every: None,
+                    consumer: bench_svm::Consumer::Checksum,
                 };
                 let r = bench_svm::run(&e.target, &params)?;
                 bench_svm::print_table(&r);
@@ -440,10 +472,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
             resolution,
             fps,
             compare,
+            composition,
             json,
             save,
         } => {
-            let (width, height) = scenario::resolution(&resolution)?;
+            let (default_res, default_fps) = scenario::defaults(&scenario);
+            let (width, height) =
+                scenario::resolution(resolution.as_deref().unwrap_or(default_res))?;
+            let fps = fps.unwrap_or(default_fps);
             if !(0.5..=3600.0).contains(&seconds) || !(1..=240).contains(&fps) {
                 return Err(CliError::Usage(
                     "--seconds must be 0.5..3600 and --fps 1..240".into(),
@@ -473,7 +509,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
-            let results = with_daemon(socket, false, |e| {
+            // A daemon started for the run has a screen of the scenario's size.
+            let size = format!("{width}x{height}");
+            let results = with_daemon_args(socket, &["--display-size", &size], |e| {
                 combos
                     .iter()
                     .map(|(p, o)| {
@@ -490,6 +528,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                                 width,
                                 height,
                                 fps,
+                                composition,
                             },
                         )
                     })

@@ -57,19 +57,30 @@ impl MeanP50 {
 /// Median time in milliseconds of `reps` memcpys of `size` bytes, rotating over enough
 /// buffers that each copy streams through memory rather than hitting the cache.
 pub fn machine_memcpy_ms(size: usize, reps: usize) -> f64 {
-    let bufs = (256 << 20) / size.max(1);
-    let bufs = bufs.clamp(2, 16);
+    memcpy_ms(size, reps, false)
+}
+
+/// Median memcpy of `size` bytes whose source was written just before (as a device's output
+/// is when a prefetch copies it): the conditions the SVM's copies after a write run in.
+pub fn machine_memcpy_written_ms(size: usize, reps: usize) -> f64 {
+    memcpy_ms(size, reps, true)
+}
+
+fn memcpy_ms(size: usize, reps: usize, write_first: bool) -> f64 {
+    let bufs = ((256 << 20) / size.max(1)).clamp(2, 16);
     let mut pool: Vec<Vec<u8>> = (0..bufs).map(|i| vec![i as u8; size]).collect();
     let mut times = Vec::with_capacity(reps);
     for r in 0..reps + 2 {
         let (a, b) = (r % bufs, (r + bufs / 2) % bufs);
+        let (lo, hi) = pool.split_at_mut(a.max(b));
         let (src, dst) = if a < b {
-            let (x, y) = pool.split_at_mut(b);
-            (&x[a], &mut y[0])
+            (&mut lo[a], &mut hi[0])
         } else {
-            let (x, y) = pool.split_at_mut(a);
-            (&y[0], &mut x[b])
+            (&mut hi[0], &mut lo[b])
         };
+        if write_first {
+            src.fill(r as u8); // the producer's write, not timed
+        }
         let t0 = std::time::Instant::now();
         dst.copy_from_slice(src);
         std::hint::black_box(&dst);

@@ -248,16 +248,17 @@ fn start_session(
         }),
         Box::new(|| {}),
     );
+    // The name comes from the guest: never log it raw.
+    let name = crate::daemon::sanitize_name(&hello.name);
     let session = Session::new(
         guest_id,
-        format!("{}/{}", cfg.name, hello.name),
+        format!("{}/{name}", cfg.name),
         window.clone(),
         Arc::new(link),
     );
     log::info!(
-        "VM {} guest {guest_id} ({}) connected, coherence {kind}",
-        cfg.name,
-        hello.name
+        "VM {} guest {guest_id} ({name}) connected, coherence {kind}",
+        cfg.name
     );
     daemon.register(&session);
     let (s, svm, dev) = (

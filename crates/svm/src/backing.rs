@@ -97,6 +97,24 @@ impl HostBuf {
     }
 }
 
+/// Locks two distinct host buffers, in address order so that two threads locking the same
+/// pair the other way round cannot deadlock; `None` when they are the same buffer.
+pub fn lock_two<'a>(
+    a: &'a Arc<HostBuf>,
+    b: &'a Arc<HostBuf>,
+) -> Option<(MutexGuard<'a, PageBytes>, MutexGuard<'a, PageBytes>)> {
+    if Arc::ptr_eq(a, b) {
+        return None;
+    }
+    Some(if Arc::as_ptr(a) < Arc::as_ptr(b) {
+        let ga = a.lock();
+        (ga, b.lock())
+    } else {
+        let gb = b.lock();
+        (a.lock(), gb)
+    })
+}
+
 /// Memory owned by a physical device (a GPU's textures or buffers): the copy engine moves
 /// bytes in (an upload) and out (a readback) through it, and the owning device reaches its
 /// native object through [`DeviceMemory::as_any`]. Offsets and lengths are in the region's
@@ -141,17 +159,8 @@ pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64) -> Result<()
     let end = o.checked_add(n).ok_or(SvmError::OutOfRange)?;
     match (src, dst) {
         (Backing::Host(a), Backing::Host(b)) => {
-            if Arc::ptr_eq(a, b) {
+            let Some((ga, mut gb)) = lock_two(a, b) else {
                 return Ok(());
-            }
-            // Lock in address order so two opposite copies cannot deadlock.
-            let a_first = Arc::as_ptr(a) < Arc::as_ptr(b);
-            let (ga, mut gb) = if a_first {
-                let ga = a.lock();
-                (ga, b.lock())
-            } else {
-                let gb = b.lock();
-                (a.lock(), gb)
             };
             match (ga.get(o..end), gb.get_mut(o..end)) {
                 (Some(s), Some(d)) => d.copy_from_slice(s),

@@ -548,6 +548,32 @@ impl SvmManager {
         }
     }
 
+    /// Runs `f` on the bytes of two regions' replicas in a host-backed `domain`, `src` to
+    /// read and `dst` to write, both buffers locked (never the regions). The same region
+    /// twice is `BadArgument`.
+    pub fn with_replicas<T>(
+        &self,
+        guest: u64,
+        (src, dst): (u64, u64),
+        domain: DomainId,
+        f: impl FnOnce(&[u8], &mut [u8]) -> T,
+    ) -> Result<T> {
+        match (
+            self.replica(guest, src, domain)?,
+            self.replica(guest, dst, domain)?,
+        ) {
+            (Backing::Host(a), Backing::Host(b)) => {
+                let (ga, mut gb) = backing::lock_two(&a, &b).ok_or_else(|| {
+                    SvmError::BadArgument("source and destination are one region".into())
+                })?;
+                Ok(f(&ga, &mut gb))
+            }
+            _ => Err(SvmError::BadArgument(
+                "the replicas are in device memory, not host-addressable".into(),
+            )),
+        }
+    }
+
     /// Number of regions and host bytes held by `guest`.
     pub fn guest_usage(&self, guest: u64) -> Result<(u64, u64)> {
         let g = self.guest(guest)?;

@@ -49,11 +49,12 @@ use std::sync::mpsc::{
 };
 use std::time::{Duration, Instant};
 
-use virtsoc_guest::devices as api;
+use virtsoc_guest::devices::{self as api, LayerRecord};
 use virtsoc_guest::{AccessMode, Connection, DeviceCommand, DeviceId, Format};
 
 use super::pipe::{Pipe, Ticket};
-use super::{full_layer, pace, ui_pixels, Common, RunOpts};
+use super::show::{layer_blob, screen_layer, Show};
+use super::{pace, ui_pixels, Common, RunOpts};
 use crate::bench_svm::OrderingMode;
 use crate::CliError;
 
@@ -103,6 +104,7 @@ const STREAM: &str = "live/virtsoc";
 /// Runs the scenario (see the module documentation).
 pub fn livestream(
     p: &mut Pipe<'_>,
+    show: &mut Show,
     o: &RunOpts,
     period: Duration,
     c: &mut Common,
@@ -128,18 +130,18 @@ pub fn livestream(
     let packets = blobs(2)?;
     let bits = blobs(BITSTREAM_SLOTS)?;
     let frames = images(FRAME_SLOTS, Format::Nv12)?;
-    let outs = images(3, Format::Rgba8)?;
-    let ui = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
-    p.cpu_write(ui, &ui_pixels(w, h))?;
+    let screen = show.screen;
+    let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
+    p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
     // One layer list per decoded-picture slot, written once: [picture, UI].
-    let layers: Vec<u64> = frames
+    let lists: Vec<(u64, Vec<LayerRecord>)> = frames
         .iter()
-        .map(|&f| -> Result<u64, CliError> {
-            let id = conn.alloc_blob(2 * api::LAYER_RECORD as u64)?.id;
-            let mut blob = full_layer(f, w, h, false).to_bytes().to_vec();
-            blob.extend_from_slice(&full_layer(ui, w, h, true).to_bytes());
-            p.cpu_write(id, &blob)?;
-            Ok(id)
+        .map(|&f| -> Result<_, CliError> {
+            let records = vec![
+                screen_layer(f, (w, h), screen, false),
+                screen_layer(ui, screen, screen, true),
+            ];
+            Ok((layer_blob(p, &records)?, records))
         })
         .collect::<Result<_, _>>()?;
     let bitrate = (w as u64 * h as u64 * o.fps.max(1) as u64 / 8).clamp(250_000, 40_000_000);
@@ -171,20 +173,18 @@ pub fn livestream(
         decoder,
         bits,
         frames,
-        layers,
-        outs,
+        lists,
         ui,
         unit_max: packet_max,
         decodes: (0..BITSTREAM_SLOTS).map(|_| None).collect(),
         receives: VecDeque::new(),
         next_bits: 0,
         next_frame: 0,
-        next_out: 0,
         synced: false,
         why: Why::default(),
     };
     let keep = if fence_mode { 2 } else { 0 };
-    warm_up(p, &mut relay, &mut sender, &mut player, c, period)?;
+    warm_up(p, show, &mut relay, &mut sender, &mut player, c, period)?;
     c.frames_in = 0;
     c.late_drops = 0;
     player.why = Why::default();
@@ -208,7 +208,7 @@ pub fn livestream(
             }
             // More than a frame behind the schedule: decode only (a newer frame is coming).
             let behind = Instant::now() > due + period;
-            player.show(p, c, batch, !behind)?;
+            player.show(p, show, c, batch, !behind)?;
             p.end_frame(keep)?;
             if Instant::now() >= due {
                 break;
@@ -250,6 +250,7 @@ pub fn livestream(
 /// (the first packets wait while the push connects and publishes, then arrive in a burst).
 fn warm_up(
     p: &mut Pipe<'_>,
+    show: &mut Show,
     relay: &mut Relay,
     sender: &mut Broadcaster,
     player: &mut Player,
@@ -268,7 +269,7 @@ fn warm_up(
         let units = relay.pull_now(usize::MAX)?;
         if !units.is_empty() {
             back.get_or_insert_with(Instant::now);
-            player.show(p, c, units, false)?;
+            player.show(p, show, c, units, false)?;
             p.end_frame(keep)?;
         }
         match back {
@@ -356,9 +357,7 @@ struct Player {
     bits: Vec<u64>,
     /// Decoded-picture regions, in turn, and their layer lists ([picture, UI]).
     frames: Vec<u64>,
-    layers: Vec<u64>,
-    /// Composition targets, in turn.
-    outs: Vec<u64>,
+    lists: Vec<(u64, Vec<LayerRecord>)>,
     ui: u64,
     unit_max: u64,
     /// The decode still reading each bitstream blob (fence mode keeps them in flight).
@@ -366,7 +365,6 @@ struct Player {
     receives: VecDeque<Ticket<api::codec::ReceiveFrameReply>>,
     next_bits: usize,
     next_frame: usize,
-    next_out: usize,
     /// Whether the decoder has seen a keyframe (units before one cannot be decoded).
     synced: bool,
     why: Why,
@@ -377,6 +375,7 @@ impl Player {
     fn show(
         &mut self,
         p: &mut Pipe<'_>,
+        show: &mut Show,
         c: &mut Common,
         units: Vec<Vec<u8>>,
         present: bool,
@@ -423,21 +422,9 @@ impl Player {
         }
         if let Some(f) = newest {
             if present {
-                let dst = self.outs[self.next_out];
-                self.next_out = (self.next_out + 1) % self.outs.len();
-                p.run_with(
-                    &api::gpu::Composite {
-                        layers: self.layers[f],
-                        count: 2,
-                        dst,
-                    },
-                    &[self.frames[f], self.ui],
-                )?;
                 // capture_ns 0: the display reads the capture time stamped into the pixels.
-                p.run(&api::display::Present {
-                    frame: dst,
-                    capture_ns: 0,
-                })?;
+                let (blob, records) = &self.lists[f];
+                show.show(p, (*blob, records), &[self.frames[f], self.ui], 0)?;
                 self.why.shown += 1;
             } else {
                 c.late_drops += 1;

@@ -14,6 +14,7 @@
 mod livestream;
 pub mod media;
 pub mod pipe;
+pub mod show;
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,7 @@ use crate::bench_svm::OrderingMode;
 use crate::stats::P50P99;
 use crate::CliError;
 use pipe::Pipe;
+use show::{layer_blob, screen_layer, Composition, Show};
 
 /// The scenarios.
 pub const SCENARIOS: [&str; 5] = ["uhd-video", "video-360", "camera", "ar", "livestream"];
@@ -39,6 +41,25 @@ pub struct RunOpts {
     pub width: u32,
     pub height: u32,
     pub fps: u32,
+    pub composition: Composition,
+}
+
+/// The resolution and frame rate a scenario runs at unless told: `uhd-video` is the paper's
+/// UHD case (3840x2160 at 60 fps), the others 1080p at 30 fps.
+pub fn defaults(scenario: &str) -> (&'static str, u32) {
+    match scenario {
+        "uhd-video" => ("uhd", 60),
+        _ => ("1080p", 30),
+    }
+}
+
+/// Copies of frame bytes on one link of the host's ledger, per frame.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct LedgerRow {
+    /// `source->destination` memory domains (the same twice: a device's own copy).
+    pub link: String,
+    pub copies_per_frame: f64,
+    pub mb_per_frame: f64,
 }
 
 /// What one run measured.
@@ -63,7 +84,18 @@ pub struct ScenarioResult {
     /// Those durations, sorted and thinned to at most 400 points (for CDFs).
     #[serde(default)]
     pub access_latency_cdf_us: Vec<f64>,
+    /// Every copy of frame bytes the host made for this guest (coherence copies, uploads,
+    /// readbacks, devices' own copies), per frame in: the sum over `ledger`.
     pub copies_per_frame: f64,
+    /// The copies by link.
+    #[serde(default)]
+    pub ledger: Vec<LedgerRow>,
+    /// How layers reached the screen (`planes` or `gpu`), and frames the display's planes
+    /// could not show (composed on the GPU instead).
+    #[serde(default)]
+    pub composition: String,
+    #[serde(default)]
+    pub composition_fallbacks: u64,
     pub coherence_ms_per_frame: f64,
     pub prediction_accuracy: Option<f64>,
     /// CPU time over wall time, percent of one core.
@@ -136,6 +168,7 @@ pub struct Common {
     pub(super) late_drops: u64,
     pub(super) t0: Instant,
     before: virtsoc_guest::Counters,
+    ledger0: Vec<virtsoc_guest::LedgerLink>,
     cpu_guest0: f64,
     cpu_daemon0: Option<f64>,
     daemon_pid: Option<u32>,
@@ -145,6 +178,7 @@ impl Common {
     /// Setup (media generation, allocation) is done: the measured run starts now.
     pub(super) fn start(&mut self, conn: &Connection) -> Result<(), CliError> {
         self.before = conn.counters()?;
+        self.ledger0 = conn.ledger()?;
         self.cpu_guest0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
         self.cpu_daemon0 = self.daemon_pid.and_then(cpu_seconds);
         self.t0 = Instant::now();
@@ -166,20 +200,22 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
         },
     )?;
     let mut pipe = Pipe::new(&conn, o.ordering);
+    let mut show = Show::new(&mut pipe, o.composition)?;
     let period = Duration::from_secs_f64(1.0 / o.fps.max(1) as f64);
     let mut common = Common {
         frames_in: 0,
         late_drops: 0,
         t0: Instant::now(),
         before: virtsoc_guest::Counters::default(),
+        ledger0: Vec::new(),
         cpu_guest0: 0.0,
         cpu_daemon0: None,
         daemon_pid,
     };
     match o.scenario.as_str() {
-        "uhd-video" | "video-360" => video(&mut pipe, o, period, &mut common)?,
-        "camera" | "ar" => camera(&mut pipe, o, period, &mut common)?,
-        "livestream" => livestream::livestream(&mut pipe, o, period, &mut common)?,
+        "uhd-video" | "video-360" => video(&mut pipe, &mut show, o, period, &mut common)?,
+        "camera" | "ar" => camera(&mut pipe, &mut show, o, period, &mut common)?,
+        "livestream" => livestream::livestream(&mut pipe, &mut show, o, period, &mut common)?,
         other => {
             return Err(CliError::Usage(format!(
                 "unknown scenario {other} (one of {})",
@@ -196,6 +232,7 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
     let d = conn.counters()?.since(&common.before);
     let scored = d.hits + d.misses;
     let frames = common.frames_in.max(1) as f64;
+    let ledger = ledger_rows(&conn, &common.ledger0, frames)?;
     let access = P50P99::of(&pipe.access_us);
     Ok(ScenarioResult {
         scenario: o.scenario.clone(),
@@ -214,7 +251,13 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
         },
         access_latency_us: access,
         access_latency_cdf_us: thin_sorted(&pipe.access_us, 400),
-        copies_per_frame: d.copies as f64 / frames,
+        copies_per_frame: (d.copies + d.device_copies) as f64 / frames,
+        ledger,
+        composition: match show.composition {
+            Composition::Planes => "planes".into(),
+            Composition::Gpu => "gpu".into(),
+        },
+        composition_fallbacks: show.fallbacks,
         coherence_ms_per_frame: d.copy_ns as f64 / 1e6 / frames,
         prediction_accuracy: (scored > 0).then(|| d.hits as f64 / scored as f64),
         cpu_daemon_pct: common
@@ -224,6 +267,28 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
         cpu_guest_pct: (cpu_seconds(std::process::id()).unwrap_or(0.0) - common.cpu_guest0) / wall
             * 100.0,
     })
+}
+
+/// The ledger's growth since `before`, per frame, by link.
+fn ledger_rows(
+    conn: &Connection,
+    before: &[virtsoc_guest::LedgerLink],
+    frames: f64,
+) -> Result<Vec<LedgerRow>, CliError> {
+    Ok(conn
+        .ledger()?
+        .into_iter()
+        .filter_map(|l| {
+            let b = before.iter().find(|x| (x.src, x.dst) == (l.src, l.dst));
+            let copies = l.copies - b.map_or(0, |b| b.copies);
+            let bytes = l.bytes - b.map_or(0, |b| b.bytes);
+            (copies > 0).then(|| LedgerRow {
+                link: format!("{}->{}", conn.domain_name(l.src), conn.domain_name(l.dst)),
+                copies_per_frame: copies as f64 / frames,
+                mb_per_frame: bytes as f64 / 1e6 / frames,
+            })
+        })
+        .collect())
 }
 
 /// Sorts `v` and keeps at most `n` evenly spaced points (the extremes included).
@@ -249,8 +314,15 @@ fn pace(c: &Common, i: u64, period: Duration) -> bool {
     }
 }
 
-fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Result<(), CliError> {
+fn video(
+    p: &mut Pipe<'_>,
+    show: &mut Show,
+    o: &RunOpts,
+    period: Duration,
+    c: &mut Common,
+) -> Result<(), CliError> {
     let (w, h) = (o.width, o.height);
+    let screen = show.screen;
     let is360 = o.scenario == "video-360";
     let (cw, ch) = if is360 { (w, w / 2) } else { (w, h) };
     let clip = media::clip(if is360 { "equirect" } else { "flat" }, cw, ch, o.fps, 4)?;
@@ -266,35 +338,29 @@ fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Res
     let frames: Vec<u64> = (0..3)
         .map(|_| conn.alloc(0, cw, ch, Format::Nv12, 0).map(|r| r.id))
         .collect::<Result<_, _>>()?;
+    // The projection renders the view at the screen's size.
     let projected: Vec<u64> = if is360 {
         (0..3)
-            .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
+            .map(|_| {
+                conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)
+                    .map(|r| r.id)
+            })
             .collect::<Result<_, _>>()?
     } else {
         Vec::new()
     };
-    let outs: Vec<u64> = (0..3)
-        .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
-        .collect::<Result<_, _>>()?;
-    let ui = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
-    p.cpu_write(ui, &ui_pixels(w, h))?;
+    let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
+    p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
     // One layer list per slot, written once: [video or projection, UI].
-    let layers: Vec<u64> = (0..3)
-        .map(|k| -> Result<u64, CliError> {
-            let id = conn.alloc_blob(2 * api::LAYER_RECORD as u64)?.id;
+    let lists: Vec<(u64, Vec<LayerRecord>)> = (0..3)
+        .map(|k| -> Result<_, CliError> {
             let base = if is360 {
-                full_layer(projected[k], w, h, false)
+                screen_layer(projected[k], screen, screen, false)
             } else {
-                LayerRecord {
-                    src: frames[k],
-                    crop: [0, 0, cw, ch],
-                    ..full_layer(frames[k], w, h, false)
-                }
+                screen_layer(frames[k], (cw, ch), screen, false)
             };
-            let mut blob = base.to_bytes().to_vec();
-            blob.extend_from_slice(&full_layer(ui, w, h, true).to_bytes());
-            p.cpu_write(id, &blob)?;
-            Ok(id)
+            let records = vec![base, screen_layer(ui, screen, screen, true)];
+            Ok((layer_blob(p, &records)?, records))
         })
         .collect::<Result<_, _>>()?;
     let dec = p.run(&api::codec::OpenDecoder {
@@ -304,20 +370,27 @@ fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Res
     })?;
     let handle = p.result(dec)?.handle;
     p.end_frame(0)?;
+    // The decode still reading each bitstream slot: a slot is rewritten only after the codec
+    // read it (fence ordering keeps decodes in flight).
+    let mut decodes: Vec<Option<pipe::Ticket<api::codec::DecodeReply>>> = vec![None, None];
     c.start(p.conn)?; // setup (clip generation, allocation) is not part of the run
     let mut i = 0u64;
     while c.t0.elapsed().as_secs_f64() < o.seconds {
         let late = pace(c, i, period);
         let unit = &units[(i as usize) % units.len()];
         let k = (i % 3) as usize;
+        let slot = (i % 2) as usize;
+        if let Some(t) = decodes[slot].take() {
+            p.result(t)?;
+        }
         let decoded_at = now_ns();
-        p.cpu_write(bits[(i % 2) as usize], unit)?;
-        p.run(&api::codec::Decode {
+        p.cpu_write(bits[slot], unit)?;
+        decodes[slot] = Some(p.run(&api::codec::Decode {
             handle,
-            bitstream: bits[(i % 2) as usize],
+            bitstream: bits[slot],
             len: unit.len() as u64,
             pts: i,
-        })?;
+        })?);
         let got = p.run(&api::codec::ReceiveFrame {
             handle,
             frame: frames[k],
@@ -337,18 +410,8 @@ fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Res
                 })?;
             }
             let video_layer = if is360 { projected[k] } else { frames[k] };
-            p.run_with(
-                &api::gpu::Composite {
-                    layers: layers[k],
-                    count: 2,
-                    dst: outs[k],
-                },
-                &[video_layer, ui],
-            )?;
-            p.run(&api::display::Present {
-                frame: outs[k],
-                capture_ns: decoded_at,
-            })?;
+            let (blob, records) = &lists[k];
+            show.show(p, (*blob, records), &[video_layer, ui], decoded_at)?;
         }
         if let pipe::Ticket::Ready(r) = got {
             if r.got == 0 {
@@ -362,12 +425,22 @@ fn video(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Res
         })?;
         i += 1;
     }
+    for t in decodes.into_iter().flatten() {
+        p.result(t)?;
+    }
     let _ = p.run(&api::codec::Close { handle });
     Ok(())
 }
 
-fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Result<(), CliError> {
+fn camera(
+    p: &mut Pipe<'_>,
+    show: &mut Show,
+    o: &RunOpts,
+    period: Duration,
+    c: &mut Common,
+) -> Result<(), CliError> {
     let (w, h) = (o.width, o.height);
+    let screen = show.screen;
     let ar = o.scenario == "ar";
     let conn = p.conn;
     let cams: Vec<u64> = (0..3)
@@ -376,18 +449,15 @@ fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Re
     let rgbs: Vec<u64> = (0..3)
         .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
         .collect::<Result<_, _>>()?;
-    let outs: Vec<u64> = (0..3)
-        .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
-        .collect::<Result<_, _>>()?;
-    let ui = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
-    p.cpu_write(ui, &ui_pixels(w, h))?;
-    let layers: Vec<u64> = (0..3)
-        .map(|k| -> Result<u64, CliError> {
-            let id = conn.alloc_blob(2 * api::LAYER_RECORD as u64)?.id;
-            let mut blob = full_layer(rgbs[k], w, h, false).to_bytes().to_vec();
-            blob.extend_from_slice(&full_layer(ui, w, h, true).to_bytes());
-            p.cpu_write(id, &blob)?;
-            Ok(id)
+    let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
+    p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
+    let lists: Vec<(u64, Vec<LayerRecord>)> = (0..3)
+        .map(|k| -> Result<_, CliError> {
+            let records = vec![
+                screen_layer(rgbs[k], (w, h), screen, false),
+                screen_layer(ui, screen, screen, true),
+            ];
+            Ok((layer_blob(p, &records)?, records))
         })
         .collect::<Result<_, _>>()?;
     let markers = conn.alloc_blob(api::MARKER_RECORD as u64)?.id;
@@ -412,16 +482,8 @@ fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Re
             src: cams[k],
             dst: rgbs[k],
         })?;
-        p.run_with(
-            &api::gpu::Composite {
-                layers: layers[k],
-                count: 2,
-                dst: outs[k],
-            },
-            &[rgbs[k], ui],
-        )?;
         if ar {
-            // Overlays need the tracked point: this frame's capture result.
+            // Overlays on the preview need the tracked point: this frame's capture result.
             let r = p.result(cap)?;
             let m = MarkerRecord {
                 x: r.marker_x as i32,
@@ -433,14 +495,12 @@ fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Re
             p.run(&api::gpu::Markers {
                 markers,
                 count: 1,
-                dst: outs[k],
+                dst: rgbs[k],
             })?;
         }
         // capture_ns 0: the display reads the capture time stamped into the pixels.
-        p.run(&api::display::Present {
-            frame: outs[k],
-            capture_ns: 0,
-        })?;
+        let (blob, records) = &lists[k];
+        show.show(p, (*blob, records), &[rgbs[k], ui], 0)?;
         p.end_frame(if o.ordering == OrderingMode::Fence {
             2
         } else {
@@ -454,10 +514,11 @@ fn camera(p: &mut Pipe<'_>, o: &RunOpts, period: Duration, c: &mut Common) -> Re
 /// Prints results as a table.
 pub fn print_table(rs: &[ScenarioResult]) {
     println!(
-        "{:<10} {:<16} {:<6} {:>9} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>7} {:>7}",
+        "{:<10} {:<16} {:<6} {:<6} {:>9} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>7} {:>8} {:>6} {:>6}",
         "scenario",
         "protocol",
         "order",
+        "comp",
         "res",
         "fps",
         "shown",
@@ -472,10 +533,11 @@ pub fn print_table(rs: &[ScenarioResult]) {
     );
     for r in rs {
         println!(
-            "{:<10} {:<16} {:<6} {:>9} {:>8.1} {:>6} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>8.2} {:>7.0} {:>7.0}",
+            "{:<10} {:<16} {:<6} {:<6} {:>9} {:>6.1} {:>6} {:>6} {:>8.1} {:>8.1} {:>9.1} {:>7.2} {:>8.2} {:>6.0} {:>6.0}",
             r.scenario,
             r.protocol,
             r.ordering,
+            r.composition,
             r.resolution,
             r.presented_fps,
             r.presented,
@@ -488,5 +550,26 @@ pub fn print_table(rs: &[ScenarioResult]) {
             r.cpu_daemon_pct.unwrap_or(f64::NAN),
             r.cpu_guest_pct
         );
+    }
+    // Where the copies went, for the first row of each distinct ledger.
+    if let Some(r) = rs.first() {
+        let links: Vec<String> = r
+            .ledger
+            .iter()
+            .map(|l| {
+                format!(
+                    "{} {:.2}x {:.1} MB",
+                    l.link, l.copies_per_frame, l.mb_per_frame
+                )
+            })
+            .collect();
+        if !links.is_empty() {
+            println!(
+                "copies per frame by link ({} {}): {}",
+                r.protocol,
+                r.ordering,
+                links.join(", ")
+            );
+        }
     }
 }

@@ -13,9 +13,9 @@
 //! # Regions and locking
 //!
 //! `convert(src, dst)` names both regions as arguments, so the guest brackets both with
-//! accesses from this device. The source frame is copied out of its replica under its own
-//! lock, then the destination replica alone is locked for the conversion: the device never
-//! holds two region locks (and `src == dst` works).
+//! accesses from this device. Both replicas' buffers are locked at once (in address order,
+//! never the regions themselves) and the source is read in place: the ISP copies no frame
+//! bytes besides its output. `src == dst` converts nothing.
 //!
 //! Bad input answers a status: `NotSupported` for a Blob or YUYV region or a conversion the
 //! backend cannot do, `BadArgument` for a malformed layout, `OutOfRange` when a region is
@@ -82,17 +82,19 @@ impl Isp {
     fn convert(&self, cx: &DeviceCtx<'_>, src: u64, dst: u64) -> DeviceResult {
         let src_layout = layout_of(cx, src)?;
         let dst_layout = layout_of(cx, dst)?;
-        let n = src_layout.size();
-        let bytes = cx
-            .with_region(src, |b| b.get(..n).map(<[u8]>::to_vec))?
-            .ok_or(Status::OutOfRange)?;
-        let dn = dst_layout.size();
-        cx.with_region(dst, |d| {
+        if src == dst {
+            // One region is one format and size: converting it into itself changes nothing.
+            return Ok([0; 6]);
+        }
+        let (n, dn) = (src_layout.size(), dst_layout.size());
+        // Both replicas are locked at once: the source is read in place, not copied out.
+        cx.with_regions(src, dst, |s, d| {
+            let s = s.get(..n).ok_or(Status::OutOfRange)?;
             let d = d.get_mut(..dn).ok_or(Status::OutOfRange)?;
             self.convert_frame(
                 FrameRef {
                     layout: src_layout,
-                    data: &bytes,
+                    data: s,
                 },
                 FrameMut {
                     layout: dst_layout,
@@ -133,6 +135,14 @@ impl Isp {
 impl Device for Isp {
     fn name(&self) -> &str {
         "isp"
+    }
+
+    fn memory_domain(&self) -> &str {
+        match self.engine {
+            // The GPU backend is the GPU itself: one physical device, one memory.
+            Engine::Gpu { .. } => "gpu",
+            Engine::Media(_) => "isp",
+        }
     }
 
     fn backend(&self) -> String {

@@ -69,6 +69,19 @@ impl DeviceCtx<'_> {
             .map_err(|e| dispatch::status_of(&e))
     }
 
+    /// Runs `f` on the bytes of `src` (read) and `dst` (written) in this device's memory,
+    /// both locked at once (the same region twice is `BadArgument`).
+    pub fn with_regions<T>(
+        &self,
+        src: u64,
+        dst: u64,
+        f: impl FnOnce(&[u8], &mut [u8]) -> T,
+    ) -> Result<T, Status> {
+        self.svm
+            .with_replicas(self.guest, (src, dst), self.domain, f)
+            .map_err(|e| dispatch::status_of(&e))
+    }
+
     /// Metadata (size, format, dimensions) of region `id` of this guest.
     pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
         self.svm

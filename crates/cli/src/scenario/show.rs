@@ -1,0 +1,148 @@
+//! Getting a frame's layers onto the screen, as Android's composer does it: the guest's
+//! composition policy asks the display for planes (`present_layers`), and only when the
+//! display cannot show the layers as planes (or `--composition gpu` forces it) composes them
+//! on the GPU into an output at the screen's size and presents that.
+
+use virtsoc_guest::devices::{self as api, LayerRecord};
+use virtsoc_guest::{Connection, Format};
+
+use super::pipe::Pipe;
+use crate::CliError;
+
+/// How layers reach the screen.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Composition {
+    /// Display planes where the display can show the layers, the GPU otherwise.
+    Planes,
+    /// Always the GPU (the baseline of emulators without overlay planes).
+    Gpu,
+}
+
+/// A layer showing all of a `w` x `h` source stretched over the `screen`.
+pub(crate) fn screen_layer(
+    src: u64,
+    (w, h): (u32, u32),
+    screen: (u32, u32),
+    blend: bool,
+) -> LayerRecord {
+    LayerRecord {
+        src,
+        crop: [0, 0, w, h],
+        dst_pos: [0, 0],
+        dst_size: [screen.0, screen.1],
+        rotation: 0,
+        alpha: 1.0,
+        blend,
+    }
+}
+
+/// Writes `layers` into a new blob region; returns its id.
+pub(crate) fn layer_blob(p: &Pipe<'_>, layers: &[LayerRecord]) -> Result<u64, CliError> {
+    let id = p
+        .conn
+        .alloc_blob((layers.len() * api::LAYER_RECORD) as u64)?
+        .id;
+    let bytes: Vec<u8> = layers.iter().flat_map(|l| l.to_bytes()).collect();
+    p.cpu_write(id, &bytes)?;
+    Ok(id)
+}
+
+/// The screen and the way frames get onto it.
+pub(crate) struct Show {
+    pub(crate) composition: Composition,
+    /// The display's size.
+    pub(crate) screen: (u32, u32),
+    /// GPU composition targets (GPU composition only), used in turn.
+    outs: Vec<u64>,
+    next: usize,
+    /// Planes the display offers per frame.
+    planes: u64,
+    /// Frames the display could not show as planes (composed on the GPU instead).
+    pub(crate) fallbacks: u64,
+}
+
+/// Largest scaling of a display plane, either way (the display's rule, see its docs).
+const MAX_PLANE_SCALE: u64 = 4;
+
+impl Show {
+    /// Asks the display for its mode; allocates GPU composition targets when needed.
+    pub(crate) fn new(p: &mut Pipe<'_>, composition: Composition) -> Result<Self, CliError> {
+        let mode = p.conn.command(&api::display::Mode::default())?;
+        let screen = (mode.width as u32, mode.height as u32);
+        let mut show = Show {
+            composition,
+            screen,
+            outs: Vec::new(),
+            next: 0,
+            planes: mode.planes,
+            fallbacks: 0,
+        };
+        if composition == Composition::Gpu {
+            show.outs = Self::targets(p.conn, screen)?;
+        }
+        Ok(show)
+    }
+
+    fn targets(conn: &Connection, (w, h): (u32, u32)) -> Result<Vec<u64>, CliError> {
+        (0..3)
+            .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
+            .collect::<Result<_, _>>()
+            .map_err(CliError::from)
+    }
+
+    /// The composition policy (Android's hardware composer "validate" step): whether the
+    /// display's planes can show `layers` (few enough, unrotated, scaled at most 4x either
+    /// way), from what the display's mode says.
+    pub(crate) fn planes_can_show(&self, layers: &[LayerRecord]) -> bool {
+        let within = |from: u32, to: u32| {
+            u64::from(to) * MAX_PLANE_SCALE >= u64::from(from)
+                && u64::from(to) <= u64::from(from) * MAX_PLANE_SCALE
+        };
+        layers.len() as u64 <= self.planes
+            && layers.iter().all(|l| {
+                l.rotation == 0
+                    && within(l.crop[2], l.dst_size[0])
+                    && within(l.crop[3], l.dst_size[1])
+            })
+    }
+
+    /// Shows `records` (already written into blob `layers`), whose sources are `sources`, as
+    /// captured or decoded at `capture_ns` (0: the display reads the stamp in the pixels).
+    pub(crate) fn show(
+        &mut self,
+        p: &mut Pipe<'_>,
+        (layers, records): (u64, &[LayerRecord]),
+        sources: &[u64],
+        capture_ns: u64,
+    ) -> Result<(), CliError> {
+        let count = records.len() as u64;
+        if self.composition == Composition::Planes {
+            if self.planes_can_show(records) {
+                p.run_with(
+                    &api::display::PresentLayers {
+                        layers,
+                        count,
+                        capture_ns,
+                    },
+                    sources,
+                )?;
+                return Ok(());
+            }
+            self.fallbacks += 1;
+            if self.outs.is_empty() {
+                self.outs = Self::targets(p.conn, self.screen)?;
+            }
+        }
+        let dst = self.outs[self.next];
+        self.next = (self.next + 1) % self.outs.len();
+        p.run_with(&api::gpu::Composite { layers, count, dst }, sources)?;
+        p.run(&api::display::Present {
+            frame: dst,
+            capture_ns,
+        })?;
+        Ok(())
+    }
+}
