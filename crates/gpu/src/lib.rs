@@ -57,7 +57,9 @@ use std::time::{Duration, Instant};
 pub use cpu::CpuBackend;
 pub use frame::{FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, MAX_DIMENSION};
 pub use null::NullBackend;
-pub use wgpu_backend::{AdapterSummary, PendingFrame, SubmissionId, WgpuBackend};
+pub use wgpu_backend::{
+    AdapterSummary, GpuImage, ImageLayer, PendingFrame, SubmissionId, WgpuBackend,
+};
 
 /// Most layers one composition accepts.
 pub const MAX_LAYERS: usize = 64;

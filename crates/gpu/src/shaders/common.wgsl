@@ -22,7 +22,8 @@ struct Params {
     misc: vec4<f32>,
     // cos(yaw), sin(yaw), cos(pitch), sin(pitch).
     rot: vec4<f32>,
-    // Target width, target height, unused, unused.
+    // Target width, target height, output row pitch in pixels (convert
+    // only), unused.
     target_size: vec4<f32>,
     // Unused, unused, unused, swap red/blue on output (0/1, convert only).
     modes: vec4<u32>,
