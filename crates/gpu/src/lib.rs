@@ -58,7 +58,8 @@ pub use cpu::CpuBackend;
 pub use frame::{FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, MAX_DIMENSION};
 pub use null::NullBackend;
 pub use wgpu_backend::{
-    AdapterSummary, GpuImage, ImageLayer, PendingFrame, SubmissionId, WgpuBackend,
+    AdapterSummary, FloorTimings, GpuImage, ImageLayer, PendingFrame, SubmissionId, WgpuBackend,
+    FLOOR_RUNS,
 };
 
 /// Most layers one composition accepts.

@@ -338,3 +338,14 @@ fn partial_ranges_round_trip() {
         }
     }
 }
+
+#[test]
+fn floor_and_resident_measurements_run() {
+    let g = gpu_or_skip!();
+    let f = g.measure_floor(128, 96).unwrap();
+    assert_eq!((f.width, f.height), (128, 96));
+    assert_eq!(f.floor, f.render.min(f.compute));
+    assert!(f.floor > std::time::Duration::ZERO);
+    assert!(g.measure_composite_resident(128, 96).unwrap() > std::time::Duration::ZERO);
+    assert!(g.measure_floor(127, 96).is_err(), "odd NV12 width");
+}

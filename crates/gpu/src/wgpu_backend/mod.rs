@@ -10,6 +10,7 @@
 //! * [`completion`]: completion tracking, the poller thread and callbacks;
 //! * [`pipelines`]: shader modules, layouts, samplers and cached pipelines;
 //! * [`pool`]: pooled textures and buffers;
+//! * [`floor`]: floor and resident-composition measurements.
 //!
 //! # Resident images
 //!
@@ -51,6 +52,7 @@
 
 mod bytes;
 mod completion;
+mod floor;
 mod image;
 mod ops;
 mod pipelines;
@@ -65,6 +67,7 @@ use std::time::{Duration, Instant};
 use crate::{FrameLayout, GpuError, Result};
 
 pub use bytes::PendingFrame;
+pub use floor::{FloorTimings, FLOOR_RUNS};
 pub use image::GpuImage;
 pub use ops::ImageLayer;
 
