@@ -1,7 +1,7 @@
 //! Resident images: asynchronous operations against the CPU reference,
 //! completion callbacks, and byte-range uploads/readbacks.
 //!
-//! Tolerances are those of gpu_vs_cpu.rs (composition max 3, mean 0.5).
+//! Tolerances are those of gpu_vs_cpu.rs (composition max 4, mean 0.6).
 
 mod common;
 
@@ -13,8 +13,8 @@ use virtsoc_gpu::{
     Marker, OwnedFrame, PixelFormat, Rect, Rotation, View, WgpuBackend,
 };
 
-const MAX: u8 = 3;
-const MEAN: f64 = 0.5;
+const MAX: u8 = 4;
+const MEAN: f64 = 0.6;
 
 fn upload(g: &WgpuBackend, f: &OwnedFrame) -> GpuImage {
     let img = g.create_image(f.layout).unwrap();

@@ -42,10 +42,19 @@
 //!
 //! Source planes are textures (R8 Y, RG8 NV12 UV, R8 U/V, RGBA8 or BGRA8
 //! packed) sampled directly in the fragment (or compute) shader: YUV -> RGB
-//! happens while sampling, with no conversion pass. Pipelines are specialised
-//! per source format and for unscaled layers (one exact luma fetch) through
-//! override constants, and plane sizes come from uniforms: CPU Vulkan drivers
+//! happens while sampling, with no conversion pass. Filtering uses the
+//! hardware sampler (linear; clamp-to-edge, or repeating horizontally for the
+//! equirect projection): one `textureSampleLevel` per plane (NV12 chroma in
+//! one sample of the RG8 plane), with coordinates clamped to the crop shrunk
+//! by half a texel so nothing outside the crop bleeds in. Its precision is the
+//! device's (8-bit on llvmpipe: within 4 codes of the CPU reference).
+//! Pipelines are specialised per source format and for unscaled layers (one
+//! exact luma `textureLoad`) through override constants, and plane sizes come from uniforms: CPU Vulkan drivers
 //! execute every branch of a shader and make `textureDimensions` expensive.
+//!
+//! A composition whose first layer overwrites the whole destination (covers
+//! it, and replaces or is opaque) neither loads nor uploads the destination:
+//! the pass starts with a clear.
 //!
 //! Temporary textures and readback/storage buffers are pooled by (format,
 //! size, usage) with a fixed cap. Pipelines are created on first use and cached.
