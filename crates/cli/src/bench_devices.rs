@@ -4,7 +4,7 @@
 //!
 //! Next to those, the GPU's own numbers on resident images: the device floor (the fastest
 //! full-screen NV12 -> RGBA pass, render or compute) and the resident composition (NV12 video
-//! + RGBA UI, no upload or readback). They come from a `WgpuBackend` created in this bench
+//! and RGBA UI, no upload or readback). They come from a `WgpuBackend` created in this bench
 //! process, which runs on the same machine and picks the same device kind as the daemon (the
 //! same wgpu adapter selection; lavapipe on a CPU-only host), so they are what the daemon's
 //! GPU device achieves once its replicas are resident.
