@@ -1,4 +1,7 @@
-//! Prints composition timings (NV12 video + RGBA UI -> RGBA) per backend.
+//! Prints composition timings (NV12 video + RGBA UI -> RGBA) per backend:
+//! the byte API (upload, draw, readback) and, on wgpu, the same composition
+//! on resident images plus the device floor (fastest NV12 -> RGBA pass,
+//! render and compute).
 //!
 //! `cargo run --release -p virtsoc-gpu --example gpu_measure [WxH ...] [--cpu]`
 
@@ -42,6 +45,19 @@ fn main() {
                 b.adapter_info(),
                 t.elapsed().as_secs_f64() * 1e3
             );
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            for &(w, h) in &sizes {
+                match (b.measure_composite_resident(w, h), b.measure_floor(w, h)) {
+                    (Ok(r), Ok(f)) => println!(
+                        " wgpu {w:>4}x{h:<4} resident composite {:7.2} ms; floor {:7.2} ms (render {:7.2}, compute {:7.2})",
+                        ms(r),
+                        ms(f.floor),
+                        ms(f.render),
+                        ms(f.compute)
+                    ),
+                    (r, f) => println!("wgpu {w}x{h}: resident {r:?} floor {f:?}"),
+                }
+            }
             backends.push(Box::new(b));
         }
         Err(e) => println!("skipped wgpu: {e}"),

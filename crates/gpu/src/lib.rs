@@ -14,6 +14,13 @@
 //! * [`GpuBackend::convert`]: colour conversion and scaling (the ISP's GPU path),
 //!   a compute shader on wgpu.
 //!
+//! [`WgpuBackend`] also keeps frames resident on the device: [`GpuImage`]s
+//! filled and read by byte ranges of their linear layout
+//! ([`WgpuBackend::write_image`], [`WgpuBackend::read_image`]), and the same
+//! operations run asynchronously between resident images
+//! ([`WgpuBackend::submit_composite_images`] and friends, completion through
+//! [`WgpuBackend::on_submission_done`]). The byte API runs on that path.
+//!
 //! Backends: [`WgpuBackend`] (headless wgpu, any adapter: lavapipe on a CPU-only
 //! host, a real GPU elsewhere), [`CpuBackend`] (plain Rust; the reference and the
 //! fallback when no adapter exists) and [`NullBackend`] (validates, fills with a
@@ -57,7 +64,10 @@ use std::time::{Duration, Instant};
 pub use cpu::CpuBackend;
 pub use frame::{FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, MAX_DIMENSION};
 pub use null::NullBackend;
-pub use wgpu_backend::{AdapterSummary, PendingFrame, SubmissionId, WgpuBackend};
+pub use wgpu_backend::{
+    AdapterSummary, FloorTimings, GpuImage, ImageLayer, PendingFrame, SubmissionId, WgpuBackend,
+    FLOOR_RUNS,
+};
 
 /// Most layers one composition accepts.
 pub const MAX_LAYERS: usize = 64;

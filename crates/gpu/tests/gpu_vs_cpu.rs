@@ -1,10 +1,12 @@
 //! wgpu results against the CPU reference.
 //!
 //! Tolerances (per 8-bit channel, over all destination pixels):
-//! * composition, markers, convert: max abs diff <= 3, mean <= 0.5. Filtering
-//!   is done in the shader in f32 like the CPU reference, so sampling is
-//!   nearly exact; blending runs in 8-bit fixed point on some GPUs (llvmpipe:
-//!   max 2 observed);
+//! * composition, markers, convert: max abs diff <= 4, mean <= 0.6.
+//!   Sampling uses the hardware bilinear filter, whose precision is
+//!   vendor-specific: llvmpipe filters 8-bit textures in 8-bit fixed point, so
+//!   filtered Y/U/V are rounded to 8 bits before the YUV -> RGB matrix (gain
+//!   up to 2.02 on chroma); llvmpipe: max 4, mean 0.50 on the NV12 downscale.
+//!   Blending runs in 8-bit fixed point on some GPUs (llvmpipe: max 2);
 //! * equirect projection: max abs diff <= 8, mean <= 0.5 (GPU atan2/sqrt are
 //!   approximations, which moves sample positions slightly; llvmpipe: max 1).
 //!
@@ -23,8 +25,8 @@ use virtsoc_gpu::{
     Rotation, View,
 };
 
-const MAX: u8 = 3;
-const MEAN: f64 = 0.5;
+const MAX: u8 = 4;
+const MEAN: f64 = 0.6;
 const EQ_MAX: u8 = 8;
 const EQ_MEAN: f64 = 0.5;
 

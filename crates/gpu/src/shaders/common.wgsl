@@ -22,7 +22,8 @@ struct Params {
     misc: vec4<f32>,
     // cos(yaw), sin(yaw), cos(pitch), sin(pitch).
     rot: vec4<f32>,
-    // Target width, target height, unused, unused.
+    // Target width, target height, output row pitch in pixels (convert
+    // only), unused.
     target_size: vec4<f32>,
     // Unused, unused, unused, swap red/blue on output (0/1, convert only).
     modes: vec4<u32>,
@@ -35,6 +36,9 @@ struct Params {
 @group(0) @binding(2) var t_c0: texture_2d<f32>;
 // YUV420P V (R8); a dummy otherwise.
 @group(0) @binding(3) var t_c1: texture_2d<f32>;
+// Linear filtering; clamp-to-edge (composition, convert) or repeating
+// horizontally (equirect).
+@group(0) @binding(4) var s_lin: sampler;
 
 fn clamp_axis(c: f32, lo_edge: f32, hi_edge: f32) -> f32 {
     var lo = lo_edge + 0.5;
@@ -59,60 +63,28 @@ fn yuv_to_rgb(y: f32, u: f32, v: f32) -> vec3<f32> {
     return clamp(rgb, vec3<f32>(0.0), vec3<f32>(1.0));
 }
 
-struct Taps {
-    i0: i32,
-    i1: i32,
-    a: f32,
-};
-
-// The two texels around continuous coordinate c (texel centres at i + 0.5)
-// and the weight of the second; clamped to the edge, or wrapped.
-fn taps(c: f32, n: i32, wrap: bool) -> Taps {
-    let f = c - 0.5;
-    let fl = floor(f);
-    var t: Taps;
-    t.a = f - fl;
-    let i = i32(fl);
-    if (wrap) {
-        t.i0 = ((i % n) + n) % n;
-        t.i1 = (((i + 1) % n) + n) % n;
-    } else {
-        t.i0 = clamp(i, 0, n - 1);
-        t.i1 = clamp(i + 1, 0, n - 1);
-    }
-    return t;
-}
-
-// Bilinear filtering done in the shader with full float weights, so results
-// do not depend on the sampler precision of the GPU (which varies by vendor
-// and is 8-bit on many, including llvmpipe).
-fn bilinear(t: texture_2d<f32>, dims: vec2<i32>, x: f32, y: f32, wrap: bool) -> vec4<f32> {
-    let tx = taps(x, dims.x, wrap);
-    let ty = taps(y, dims.y, false);
-    let p00 = textureLoad(t, vec2<i32>(tx.i0, ty.i0), 0);
-    let p10 = textureLoad(t, vec2<i32>(tx.i1, ty.i0), 0);
-    let p01 = textureLoad(t, vec2<i32>(tx.i0, ty.i1), 0);
-    let p11 = textureLoad(t, vec2<i32>(tx.i1, ty.i1), 0);
-    let top = p00 + (p10 - p00) * tx.a;
-    let bot = p01 + (p11 - p01) * tx.a;
-    return top + (bot - top) * ty.a;
+// Hardware bilinear filtering (linear, clamp-to-edge; repeat horizontally for
+// the equirect projection) at continuous texel coordinates (x, y), texel
+// centres at i + 0.5: one textureSampleLevel instead of four textureLoads.
+fn sample_tex(t: texture_2d<f32>, dims: vec2<f32>, x: f32, y: f32) -> vec4<f32> {
+    return textureSampleLevel(t, s_lin, vec2<f32>(x, y) / dims, 0.0);
 }
 
 // The luma (or packed RGB) plane at continuous coordinates.
-fn sample_luma(x: f32, y: f32, wrap: bool) -> vec4<f32> {
+fn sample_luma(x: f32, y: f32) -> vec4<f32> {
     if (LUMA_EXACT) {
         let dims = vec2<i32>(P.misc.xy);
         let i = clamp(vec2<i32>(floor(vec2<f32>(x, y) - 0.5)), vec2<i32>(0), dims - 1);
         return textureLoad(t_luma, i, 0);
     }
-    return bilinear(t_luma, vec2<i32>(P.misc.xy), x, y, wrap);
+    return sample_tex(t_luma, P.misc.xy, x, y);
 }
 
 // Samples the source at continuous luma coordinates (sx, sy). With crop_clamp
-// the coordinates are clamped per plane to the texel centres of the crop;
-// otherwise x wraps around and y clamps to the edge (equirect).
+// the coordinates are clamped per plane to the texel centres of the crop
+// (the crop shrunk by half a texel, so the filter reads nothing outside it);
+// otherwise the sampler wraps x and clamps y (equirect).
 fn sample_src(sx: f32, sy: f32, crop_clamp: bool) -> vec4<f32> {
-    let wrap = !crop_clamp;
     var lx = sx;
     var ly = sy;
     if (crop_clamp) {
@@ -120,25 +92,26 @@ fn sample_src(sx: f32, sy: f32, crop_clamp: bool) -> vec4<f32> {
         ly = clamp_axis(sy, P.crop.y, P.crop.y + P.crop.w);
     }
     if (SRC_MODE == 0u) {
-        return sample_luma(lx, ly, wrap);
+        return sample_luma(lx, ly);
     }
-    let y = sample_luma(lx, ly, wrap).r;
+    let y = sample_luma(lx, ly).r;
     var cx = sx * 0.5;
     var cy = sy * 0.5;
     if (crop_clamp) {
         cx = clamp_axis(cx, P.crop.x * 0.5, (P.crop.x + P.crop.z) * 0.5);
         cy = clamp_axis(cy, P.crop.y * 0.5, (P.crop.y + P.crop.w) * 0.5);
     }
-    let cdims = vec2<i32>(P.misc.xy) / 2;
+    let cdims = P.misc.xy * 0.5;
     var u: f32;
     var v: f32;
     if (SRC_MODE == 1u) {
-        let uv = bilinear(t_c0, cdims, cx, cy, wrap);
+        // NV12: both chroma components in one sample of the RG8 plane.
+        let uv = sample_tex(t_c0, cdims, cx, cy);
         u = uv.r;
         v = uv.g;
     } else {
-        u = bilinear(t_c0, cdims, cx, cy, wrap).r;
-        v = bilinear(t_c1, cdims, cx, cy, wrap).r;
+        u = sample_tex(t_c0, cdims, cx, cy).r;
+        v = sample_tex(t_c1, cdims, cx, cy).r;
     }
     return vec4<f32>(yuv_to_rgb(y, u, v), 1.0);
 }

@@ -1,5 +1,7 @@
 // Colour conversion and scaling as a compute shader (the ISP's GPU path):
-// one invocation per target pixel, packed into a tight u32 array.
+// one invocation per target pixel, packed into a u32 array with rows
+// P.target_size.z pixels apart (256-byte aligned, so the array can be copied
+// into the destination texture).
 
 @group(0) @binding(5) var<storage, read_write> out_px: array<u32>;
 
@@ -16,5 +18,5 @@ fn cs_convert(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (P.modes.w == 1u) {
         c = c.bgra;
     }
-    out_px[gid.y * tw + gid.x] = pack4x8unorm(c);
+    out_px[gid.y * u32(P.target_size.z) + gid.x] = pack4x8unorm(c);
 }

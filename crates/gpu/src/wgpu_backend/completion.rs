@@ -1,0 +1,157 @@
+//! Completion tracking: the highest completed submission number, the poller
+//! thread that drives the device while submissions are outstanding (it parks
+//! on a condvar when there is nothing to wait for), and the callbacks of
+//! [`WgpuBackend::on_submission_done`](super::WgpuBackend::on_submission_done),
+//! which it runs without holding any lock.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{lock, SubmissionId};
+use crate::{GpuError, Result};
+
+/// A completion callback.
+pub(super) type Callback = Box<dyn FnOnce(Result<()>) + Send>;
+
+#[derive(Default)]
+struct Inner {
+    /// Highest submission number handed to the queue.
+    submitted: SubmissionId,
+    /// Callbacks waiting for their submission, by number.
+    waiting: BTreeMap<SubmissionId, Vec<Callback>>,
+    /// Callbacks to run at once with a fixed result (unknown ids).
+    immediate: Vec<(Callback, GpuError)>,
+    /// Set when the device was lost or polling failed: everything fails.
+    failed: Option<GpuError>,
+    shutdown: bool,
+}
+
+/// Shared between the backend, the work-done closures and the poller thread.
+pub(super) struct Completion {
+    completed: AtomicU64,
+    inner: Mutex<Inner>,
+    cv: Condvar,
+}
+
+impl Completion {
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Completion {
+            completed: AtomicU64::new(0),
+            inner: Mutex::new(Inner::default()),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Highest submission known to be complete.
+    pub(super) fn completed(&self) -> SubmissionId {
+        self.completed.load(Ordering::Acquire)
+    }
+
+    /// Submission `id` was handed to the queue: the poller has work.
+    pub(super) fn submitted(&self, id: SubmissionId) {
+        let mut g = lock(&self.inner);
+        g.submitted = g.submitted.max(id);
+        self.cv.notify_all();
+    }
+
+    /// The device finished submission `id` (called from inside a device poll).
+    pub(super) fn work_done(&self, id: SubmissionId) {
+        self.completed.fetch_max(id, Ordering::AcqRel);
+        let _g = lock(&self.inner);
+        self.cv.notify_all();
+    }
+
+    /// The device was lost: fail every pending and future callback.
+    pub(super) fn fail(&self, e: GpuError) {
+        let mut g = lock(&self.inner);
+        if g.failed.is_none() {
+            g.failed = Some(e);
+        }
+        self.cv.notify_all();
+    }
+
+    pub(super) fn add_callback(&self, id: SubmissionId, known: bool, f: Callback) {
+        let mut g = lock(&self.inner);
+        if known {
+            g.waiting.entry(id).or_default().push(f);
+        } else {
+            g.immediate.push((f, GpuError::UnknownSubmission(id)));
+        }
+        self.cv.notify_all();
+    }
+
+    pub(super) fn shutdown(&self) {
+        let mut g = lock(&self.inner);
+        g.shutdown = true;
+        self.cv.notify_all();
+    }
+}
+
+fn run(ready: Vec<(Callback, Result<()>)>) {
+    for (f, r) in ready {
+        if catch_unwind(AssertUnwindSafe(move || f(r))).is_err() {
+            log::error!("virtsoc-gpu: a submission callback panicked");
+        }
+    }
+}
+
+/// Starts the poller thread.
+pub(super) fn spawn_poller(device: wgpu::Device, c: Arc<Completion>) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("virtsoc-gpu-poll".into())
+        .spawn(move || poller(device, c))
+        .map_err(|e| GpuError::Backend(format!("poller thread: {e}")))
+}
+
+fn poller(device: wgpu::Device, c: Arc<Completion>) {
+    let mut g = lock(&c.inner);
+    loop {
+        let done = c.completed();
+        let mut ready: Vec<(Callback, Result<()>)> = std::mem::take(&mut g.immediate)
+            .into_iter()
+            .map(|(f, e)| (f, Err(e)))
+            .collect();
+        let fail = g.failed.clone().or_else(|| {
+            g.shutdown
+                .then(|| GpuError::Backend("the GPU backend was dropped".into()))
+        });
+        let later = g.waiting.split_off(&(done + 1));
+        let now = std::mem::replace(&mut g.waiting, later);
+        ready.extend(now.into_values().flatten().map(|f| (f, Ok(()))));
+        if let Some(e) = &fail {
+            let all = std::mem::take(&mut g.waiting);
+            ready.extend(all.into_values().flatten().map(|f| (f, Err(e.clone()))));
+        }
+        if !ready.is_empty() {
+            drop(g);
+            run(ready);
+            g = lock(&c.inner);
+            continue;
+        }
+        if g.shutdown {
+            return;
+        }
+        if g.submitted > done && g.failed.is_none() {
+            drop(g);
+            let r = device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(Duration::from_secs(1)),
+            });
+            g = lock(&c.inner);
+            match r {
+                Ok(_) | Err(wgpu::PollError::Timeout) => {}
+                Err(e) => {
+                    if g.failed.is_none() {
+                        g.failed = Some(GpuError::DeviceLost(e.to_string()));
+                    }
+                }
+            }
+            continue;
+        }
+        g = c.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+    }
+}

@@ -1,0 +1,436 @@
+//! Shader modules, bind group and pipeline layouts, samplers, the uniform
+//! block shared with the shaders, and the render/compute pipelines (created
+//! on first use, cached in the backend state).
+
+use std::num::NonZeroU64;
+
+use bytemuck::{Pod, Zeroable};
+use wgpu::util::DeviceExt;
+
+use super::{align_up, State, WgpuBackend};
+use crate::PixelFormat;
+
+/// Uniforms of the source-sampling shaders; mirrors `Params` in common.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(super) struct Params {
+    pub dst_rect: [f32; 4],
+    pub map_m: [f32; 4],
+    pub map_b: [f32; 4],
+    pub crop: [f32; 4],
+    pub misc: [f32; 4],
+    pub rot: [f32; 4],
+    pub target_size: [f32; 4],
+    pub modes: [u32; 4],
+}
+
+/// One instance of the marker pipeline.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub(super) struct MarkerInstance {
+    pub centre_size: [f32; 3],
+    pub shape: u32,
+    pub rgba: [u8; 4],
+}
+
+const MARKER_ATTRIBUTES: [wgpu::VertexAttribute; 3] = [
+    wgpu::VertexAttribute {
+        format: wgpu::VertexFormat::Float32x3,
+        offset: 0,
+        shader_location: 0,
+    },
+    wgpu::VertexAttribute {
+        format: wgpu::VertexFormat::Uint32,
+        offset: 12,
+        shader_location: 1,
+    },
+    wgpu::VertexAttribute {
+        format: wgpu::VertexFormat::Unorm8x4,
+        offset: 16,
+        shader_location: 2,
+    },
+];
+
+/// Render target byte order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Target {
+    Rgba,
+    Bgra,
+}
+
+impl Target {
+    pub(super) fn of(format: PixelFormat) -> Self {
+        if format == PixelFormat::Bgra8 {
+            Target::Bgra
+        } else {
+            Target::Rgba
+        }
+    }
+
+    pub(super) fn texture_format(self) -> wgpu::TextureFormat {
+        match self {
+            Target::Rgba => wgpu::TextureFormat::Rgba8Unorm,
+            Target::Bgra => wgpu::TextureFormat::Bgra8Unorm,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum PipeKey {
+    Layer {
+        target: Target,
+        blend: bool,
+        mode: u32,
+        exact: bool,
+    },
+    Equirect {
+        target: Target,
+        mode: u32,
+    },
+    Markers(Target),
+}
+
+/// Values of the shader's pipeline-overridable constants.
+fn src_constants(mode: u32, exact: bool) -> Vec<(&'static str, f64)> {
+    vec![
+        ("SRC_MODE", mode as f64),
+        ("LUMA_EXACT", if exact { 1.0 } else { 0.0 }),
+    ]
+}
+
+fn src_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::VERTEX
+            | wgpu::ShaderStages::FRAGMENT
+            | wgpu::ShaderStages::COMPUTE,
+        ty,
+        count: None,
+    }
+}
+
+fn texture_binding() -> wgpu::BindingType {
+    wgpu::BindingType::Texture {
+        sample_type: wgpu::TextureSampleType::Float { filterable: true },
+        view_dimension: wgpu::TextureViewDimension::D2,
+        multisampled: false,
+    }
+}
+
+fn uniform_binding(size: u64) -> wgpu::BindingType {
+    wgpu::BindingType::Buffer {
+        ty: wgpu::BufferBindingType::Uniform,
+        has_dynamic_offset: false,
+        min_binding_size: NonZeroU64::new(size),
+    }
+}
+
+const COMMON_WGSL: &str = include_str!("../shaders/common.wgsl");
+const RENDER_WGSL: &str = include_str!("../shaders/render.wgsl");
+const CONVERT_WGSL: &str = include_str!("../shaders/convert.wgsl");
+const MARKERS_WGSL: &str = include_str!("../shaders/markers.wgsl");
+
+/// Everything pipeline-related created once with the device.
+pub(super) struct Pipelines {
+    pub uniform_stride: u64,
+    render_module: wgpu::ShaderModule,
+    convert_module: wgpu::ShaderModule,
+    marker_module: wgpu::ShaderModule,
+    pub src_bgl: wgpu::BindGroupLayout,
+    src_layout: wgpu::PipelineLayout,
+    pub convert_bgl: wgpu::BindGroupLayout,
+    convert_layout: wgpu::PipelineLayout,
+    pub marker_bgl: wgpu::BindGroupLayout,
+    marker_layout: wgpu::PipelineLayout,
+    /// Linear filtering, clamp to edge (composition, convert).
+    pub clamp_sampler: wgpu::Sampler,
+    /// Linear filtering, repeating horizontally (equirect).
+    pub wrap_sampler: wgpu::Sampler,
+    /// Bound for the planes a format does not have.
+    pub dummy_view: wgpu::TextureView,
+}
+
+impl Pipelines {
+    pub(super) fn new(device: &wgpu::Device, limits: &wgpu::Limits) -> Self {
+        let params_size = std::mem::size_of::<Params>() as u64;
+        let uniform_stride = align_up(
+            params_size,
+            limits.min_uniform_buffer_offset_alignment as u64,
+        );
+        let module = |label: &str, body: &str| {
+            let src = format!("{COMMON_WGSL}\n{body}");
+            device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            })
+        };
+        let render_module = module("virtsoc-render", RENDER_WGSL);
+        let convert_module = module("virtsoc-convert", CONVERT_WGSL);
+        let marker_module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("virtsoc-markers"),
+            source: wgpu::ShaderSource::Wgsl(MARKERS_WGSL.into()),
+        });
+        let src_entries = [
+            src_entry(0, uniform_binding(params_size)),
+            src_entry(1, texture_binding()),
+            src_entry(2, texture_binding()),
+            src_entry(3, texture_binding()),
+            src_entry(
+                4,
+                wgpu::BindingType::Sampler(wgpu::SamplerBindingType::Filtering),
+            ),
+        ];
+        let src_bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("virtsoc-src"),
+            entries: &src_entries,
+        });
+        let mut convert_entries = src_entries.to_vec();
+        convert_entries.push(wgpu::BindGroupLayoutEntry {
+            binding: 5,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+        let convert_bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("virtsoc-convert"),
+            entries: &convert_entries,
+        });
+        let marker_bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("virtsoc-markers"),
+            entries: &[src_entry(0, uniform_binding(16))],
+        });
+        let playout = |label: &str, bgl: &wgpu::BindGroupLayout| {
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(label),
+                bind_group_layouts: &[Some(bgl)],
+                immediate_size: 0,
+            })
+        };
+        let src_layout = playout("virtsoc-src", &src_bgl);
+        let convert_layout = playout("virtsoc-convert", &convert_bgl);
+        let marker_layout = playout("virtsoc-markers", &marker_bgl);
+        let sampler = |label: &str, u: wgpu::AddressMode| {
+            device.create_sampler(&wgpu::SamplerDescriptor {
+                label: Some(label),
+                address_mode_u: u,
+                address_mode_v: wgpu::AddressMode::ClampToEdge,
+                address_mode_w: wgpu::AddressMode::ClampToEdge,
+                mag_filter: wgpu::FilterMode::Linear,
+                min_filter: wgpu::FilterMode::Linear,
+                ..Default::default()
+            })
+        };
+        let clamp_sampler = sampler("virtsoc-clamp", wgpu::AddressMode::ClampToEdge);
+        let wrap_sampler = sampler("virtsoc-wrap", wgpu::AddressMode::Repeat);
+        let dummy = super::pool::create_texture(
+            device,
+            super::pool::TexKey {
+                format: wgpu::TextureFormat::R8Unorm,
+                width: 1,
+                height: 1,
+                usage: wgpu::TextureUsages::TEXTURE_BINDING,
+            },
+            "virtsoc-dummy",
+        );
+        Pipelines {
+            uniform_stride,
+            render_module,
+            convert_module,
+            marker_module,
+            src_bgl,
+            src_layout,
+            convert_bgl,
+            convert_layout,
+            marker_bgl,
+            marker_layout,
+            clamp_sampler,
+            wrap_sampler,
+            dummy_view: dummy.create_view(&Default::default()),
+        }
+    }
+}
+
+impl WgpuBackend {
+    pub(super) fn render_pipeline(&self, st: &mut State, key: PipeKey) -> wgpu::RenderPipeline {
+        if let Some(p) = st.render.get(&key) {
+            return p.clone();
+        }
+        let pp = &self.pipes;
+        let no_buffers: Vec<Option<wgpu::VertexBufferLayout>> = vec![];
+        let (target, blend, module, vs, fs, layout, buffers, constants) = match key {
+            PipeKey::Layer {
+                target,
+                blend,
+                mode,
+                exact,
+            } => (
+                target,
+                blend,
+                &pp.render_module,
+                "vs_rect",
+                "fs_layer",
+                &pp.src_layout,
+                no_buffers,
+                src_constants(mode, exact),
+            ),
+            PipeKey::Equirect { target, mode } => (
+                target,
+                false,
+                &pp.render_module,
+                "vs_rect",
+                "fs_equirect",
+                &pp.src_layout,
+                no_buffers,
+                src_constants(mode, false),
+            ),
+            PipeKey::Markers(target) => (
+                target,
+                true,
+                &pp.marker_module,
+                "vs_marker",
+                "fs_marker",
+                &pp.marker_layout,
+                vec![Some(wgpu::VertexBufferLayout {
+                    array_stride: std::mem::size_of::<MarkerInstance>() as u64,
+                    step_mode: wgpu::VertexStepMode::Instance,
+                    attributes: &MARKER_ATTRIBUTES,
+                })],
+                vec![],
+            ),
+        };
+        let options = wgpu::PipelineCompilationOptions {
+            constants: &constants,
+            ..Default::default()
+        };
+        let pipeline = self
+            .device
+            .create_render_pipeline(&wgpu::RenderPipelineDescriptor {
+                label: Some("virtsoc-render"),
+                layout: Some(layout),
+                vertex: wgpu::VertexState {
+                    module,
+                    entry_point: Some(vs),
+                    compilation_options: options.clone(),
+                    buffers: &buffers,
+                },
+                primitive: wgpu::PrimitiveState {
+                    topology: wgpu::PrimitiveTopology::TriangleList,
+                    cull_mode: None,
+                    ..Default::default()
+                },
+                depth_stencil: None,
+                multisample: Default::default(),
+                fragment: Some(wgpu::FragmentState {
+                    module,
+                    entry_point: Some(fs),
+                    compilation_options: options,
+                    targets: &[Some(wgpu::ColorTargetState {
+                        format: target.texture_format(),
+                        blend: blend.then_some(wgpu::BlendState::ALPHA_BLENDING),
+                        write_mask: wgpu::ColorWrites::ALL,
+                    })],
+                }),
+                multiview_mask: None,
+                cache: None,
+            });
+        st.render.insert(key, pipeline.clone());
+        pipeline
+    }
+
+    pub(super) fn convert_pipeline(
+        &self,
+        st: &mut State,
+        mode: u32,
+        exact: bool,
+    ) -> wgpu::ComputePipeline {
+        if let Some(p) = st.convert.get(&(mode, exact)) {
+            return p.clone();
+        }
+        let constants = src_constants(mode, exact);
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("virtsoc-convert"),
+                layout: Some(&self.pipes.convert_layout),
+                module: &self.pipes.convert_module,
+                entry_point: Some("cs_convert"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    ..Default::default()
+                },
+                cache: None,
+            });
+        st.convert.insert((mode, exact), p.clone());
+        p
+    }
+
+    /// A bind group of the source-sampling layout (`bgl`: render or convert)
+    /// for the planes in `views`, uniforms at `offset` in `ubuf`.
+    pub(super) fn src_bind_group(
+        &self,
+        bgl: &wgpu::BindGroupLayout,
+        ubuf: &wgpu::Buffer,
+        offset: u64,
+        views: &[wgpu::TextureView; 3],
+        sampler: &wgpu::Sampler,
+        storage: Option<&wgpu::Buffer>,
+    ) -> wgpu::BindGroup {
+        let mut entries = vec![
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: ubuf,
+                    offset,
+                    size: NonZeroU64::new(std::mem::size_of::<Params>() as u64),
+                }),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: wgpu::BindingResource::TextureView(&views[0]),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: wgpu::BindingResource::TextureView(&views[1]),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: wgpu::BindingResource::TextureView(&views[2]),
+            },
+            wgpu::BindGroupEntry {
+                binding: 4,
+                resource: wgpu::BindingResource::Sampler(sampler),
+            },
+        ];
+        if let Some(s) = storage {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 5,
+                resource: s.as_entire_binding(),
+            });
+        }
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("virtsoc-src"),
+            layout: bgl,
+            entries: &entries,
+        })
+    }
+
+    /// One uniform buffer holding `params` at `uniform_stride` intervals.
+    pub(super) fn uniform_buffer(&self, params: &[Params]) -> wgpu::Buffer {
+        let stride = self.pipes.uniform_stride as usize;
+        let mut bytes = vec![0u8; stride * params.len().max(1)];
+        for (i, p) in params.iter().enumerate() {
+            bytes[i * stride..i * stride + std::mem::size_of::<Params>()]
+                .copy_from_slice(bytemuck::bytes_of(p));
+        }
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("virtsoc-params"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+}
