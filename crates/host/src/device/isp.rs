@@ -33,7 +33,7 @@ use virtsoc_proto::Status;
 
 use super::gpu::Gpu;
 use super::registry::DeviceConfig;
-use super::{Device, DeviceCtx, DeviceResult};
+use super::{Device, DeviceCtx, DeviceResult, Reply};
 use crate::{HostError, Result};
 
 /// What converts.
@@ -87,6 +87,24 @@ impl Isp {
             return Ok([0; 6]);
         }
         let (n, dn) = (src_layout.size(), dst_layout.size());
+        if cx.in_device_memory(src) || cx.in_device_memory(dst) {
+            // GPU memory (the `gpu` backend's YUV destinations, which swscale writes): read
+            // back, convert on the CPU, upload; every copy on the ledger.
+            let s = cx.read_bytes(src, n)?;
+            let mut d = vec![0u8; dn];
+            self.convert_frame(
+                FrameRef {
+                    layout: src_layout,
+                    data: &s,
+                },
+                FrameMut {
+                    layout: dst_layout,
+                    data: &mut d,
+                },
+            )?;
+            cx.write_bytes(dst, &d)?;
+            return Ok([0; 6]);
+        }
         // Both replicas are locked at once: the source is read in place, not copied out.
         cx.with_regions(src, dst, |s, d| {
             let s = s.get(..n).ok_or(Status::OutOfRange)?;
@@ -153,6 +171,24 @@ impl Device for Isp {
         match Command::decode(args)? {
             Command::Convert(c) => self.convert(cx, c.src, c.dst),
         }
+    }
+
+    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+        // The GPU backend on resident images (RGB destinations): submitted, answered when
+        // the GPU is done, zero copies (the ISP works in the GPU's memory).
+        if let (Engine::Gpu { gpu, .. }, Ok(Command::Convert(c))) =
+            (&self.engine, Command::decode(args))
+        {
+            let rgb = layout_of(cx, c.dst).map(|l| !l.format.is_yuv());
+            match (rgb, gpu.images(cx, c.src, c.dst)) {
+                (Ok(true), Ok(Some((src, dst)))) if c.src != c.dst => {
+                    return gpu.convert_images(&src, &dst, reply);
+                }
+                (Err(st), _) | (_, Err(st)) => return reply.send(Err(st)),
+                _ => {}
+            }
+        }
+        reply.send(self.execute(cx, args));
     }
 }
 

@@ -82,6 +82,59 @@ impl DeviceCtx<'_> {
             .map_err(|e| dispatch::status_of(&e))
     }
 
+    /// A copy of the first `n` bytes of region `id` in this device's memory, wherever that
+    /// memory is (read back from device memory); counted on the guest's ledger.
+    pub fn read_bytes(&self, id: u64, n: usize) -> Result<Vec<u8>, Status> {
+        let t0 = std::time::Instant::now();
+        let mut out = vec![0u8; n];
+        match self.svm.replica(self.guest, id, self.domain) {
+            Ok(virtsoc_svm::Backing::Host(b)) => {
+                out.copy_from_slice(b.lock().get(..n).ok_or(Status::OutOfRange)?)
+            }
+            Ok(virtsoc_svm::Backing::Device(m)) => {
+                m.read(0, &mut out).map_err(|e| dispatch::status_of(&e))?
+            }
+            Ok(_) => return Err(Status::BadArgument),
+            Err(e) => return Err(dispatch::status_of(&e)),
+        }
+        self.count_copy(n, t0);
+        Ok(out)
+    }
+
+    /// Writes `bytes` at the start of region `id` in this device's memory (uploaded into
+    /// device memory); counted on the guest's ledger.
+    pub fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<(), Status> {
+        let t0 = std::time::Instant::now();
+        match self.svm.replica(self.guest, id, self.domain) {
+            Ok(virtsoc_svm::Backing::Host(b)) => b
+                .lock()
+                .get_mut(..bytes.len())
+                .ok_or(Status::OutOfRange)?
+                .copy_from_slice(bytes),
+            Ok(virtsoc_svm::Backing::Device(m)) => {
+                m.write(0, bytes).map_err(|e| dispatch::status_of(&e))?
+            }
+            Ok(_) => return Err(Status::BadArgument),
+            Err(e) => return Err(dispatch::status_of(&e)),
+        }
+        self.count_copy(bytes.len(), t0);
+        Ok(())
+    }
+
+    /// Whether region `id`'s replica in this device's domain is in device memory.
+    pub fn in_device_memory(&self, id: u64) -> bool {
+        matches!(
+            self.svm.replica(self.guest, id, self.domain),
+            Ok(virtsoc_svm::Backing::Device(_))
+        )
+    }
+
+    /// Counts a copy of `n` bytes of frame data this device made in its own memory.
+    pub fn count_copy(&self, n: usize, since: std::time::Instant) {
+        self.svm
+            .count_device_copy(self.guest, self.domain, n as u64, since.elapsed());
+    }
+
     /// Metadata (size, format, dimensions) of region `id` of this guest.
     pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
         self.svm

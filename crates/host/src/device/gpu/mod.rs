@@ -1,0 +1,586 @@
+//! The gpu device: layer composition with direct YUV sampling, 360-degree projection, AR
+//! marker overlays and colour conversion, on a `virtsoc-gpu` backend.
+//!
+//! # Backends
+//!
+//! `wgpu` (headless Vulkan: a real GPU, or Mesa's lavapipe on a CPU-only host), `cpu` (the
+//! plain-Rust reference) or `null` (validates, fills with grey). When `wgpu` finds no adapter
+//! the device falls back to `cpu` with a warning in the log and says so in
+//! [`Device::backend`], so the daemon starts on hosts without Vulkan.
+//!
+//! # Regions
+//!
+//! Formats and sizes come from the regions' metadata: NV12, YUV420P, RGBA8 and BGRA8 map to
+//! the backend's pixel formats; Blob and YUYV are `NotSupported`. Destinations must be RGBA8
+//! or BGRA8 (`NotSupported` otherwise).
+//!
+//! The regions a command names as arguments are bracketed by the guest (its library's
+//! `command_with_access` does it). The *source regions named inside layer records* of
+//! `composite` are not command arguments: the guest must itself `begin_access(src, GPU,
+//! Read)` on each of them before the command and end the access after it. A source that is
+//! not one of the guest's regions answers `NoSuchRegion`; one the GPU has not begun to access
+//! answers `BadArgument`.
+//!
+//! # Memory
+//!
+//! With `wgpu`, the GPU's memory domain (shared with the display and a GPU-backed ISP) keeps
+//! image regions in resident GPU images ([`memory`]): the SVM uploads into them and reads back
+//! out of them, and commands draw from resident sources into a resident destination, so a
+//! source not written since its last upload is never uploaded again and nothing is read back
+//! unless another domain reads it. With `cpu` and `null` (or for regions outside GPU memory)
+//! the device works on host-memory replicas ([`bytes`]): each source is copied out of its
+//! replica (counted on the ledger), the destination replica is locked while the backend draws.
+//!
+//! # Asynchronous execution and the timeline (physical fences)
+//!
+//! A command on resident images is submitted and the worker goes on: its completion (the
+//! guest's reply, and with it the release of any virtual fence signal queued after the command)
+//! is given when the GPU finishes the submission. Each command takes the next sequence number
+//! of the `gpu` [`PhysicalFenceTable`] timeline (shared with the ISP's `gpu` backend) and
+//! completes it then: the guest's virtual fences are ordered by real GPU completion. Commands
+//! on host memory run synchronously and complete their sequence number on return.
+//!
+//! # Results and errors
+//!
+//! Every command returns `gpu_us`: from submission to completion on resident images, the
+//! backend's time (upload, execution and readback) on host memory, in microseconds. Bad input answers a status and never panics: `OutOfRange` when
+//! `count` records do not fit the record region, `BadArgument` for bad records (rotation
+//! other than 0/90/180/270, alpha outside [0, 1], empty or oversized rectangles, crops
+//! outside their source, bad view angles or marker sizes), `NotSupported` for formats,
+//! `DeviceError` when the backend itself fails.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use virtsoc_devapi::gpu::{Command, CompositeReply};
+use virtsoc_devapi::MarkerRecord;
+use virtsoc_fence::{MemPage, PhysicalFenceTable, VirtualFenceTable};
+use virtsoc_gpu::{
+    CpuBackend, FrameLayout, FrameMut, FrameRef, GpuBackend, GpuError, GpuImage, GpuStats,
+    ImageLayer, Marker, NullBackend, SubmissionId, View, WgpuBackend, MAX_COORD, MAX_LAYERS,
+    MAX_MARKERS,
+};
+use virtsoc_proto::Status;
+use virtsoc_svm::Backing;
+
+use super::layers::{crop_inside, layout_of, read_layers, read_records};
+use super::registry::DeviceConfig;
+use super::{Device, DeviceCtx, DeviceResult, Reply};
+use crate::{HostError, Result};
+
+mod bytes;
+pub(crate) mod memory;
+
+use memory::{GpuAllocator, GpuMemory};
+
+/// The gpu device.
+pub struct Gpu {
+    backend: Arc<dyn GpuBackend>,
+    /// The same backend when it is wgpu: resident images, asynchronous submissions.
+    wgpu: Option<Arc<WgpuBackend>>,
+    /// What serves the device, for listings (adapter, fallback reason).
+    desc: String,
+    timeline: Arc<PhysicalFenceTable>,
+    /// Highest sequence number handed out on the timeline.
+    issued: AtomicU64,
+}
+
+impl Gpu {
+    /// Builds the device from the daemon's configuration (`cfg.gpu`: wgpu, cpu or null).
+    pub fn new(cfg: &DeviceConfig) -> Result<Self> {
+        let cpu = || -> Arc<dyn GpuBackend> { Arc::new(CpuBackend::new()) };
+        let (backend, wgpu, desc) = match cfg.gpu.as_str() {
+            "wgpu" => match WgpuBackend::new() {
+                Ok(b) => {
+                    let desc = format!("wgpu on {} (resident images)", b.adapter_info());
+                    let b = Arc::new(b);
+                    (b.clone() as Arc<dyn GpuBackend>, Some(b), desc)
+                }
+                Err(e) => {
+                    log::warn!("gpu: wgpu unavailable ({e}); falling back to the CPU backend");
+                    let desc = "cpu (fallback: no usable wgpu adapter, see the log)".to_string();
+                    (cpu(), None, desc)
+                }
+            },
+            "cpu" => (cpu(), None, "cpu reference".into()),
+            "null" => (
+                Arc::new(NullBackend::new()) as Arc<dyn GpuBackend>,
+                None,
+                "null (fills grey)".into(),
+            ),
+            other => {
+                return Err(HostError::Config(format!(
+                    "unknown gpu backend {other:?} (wgpu, cpu, null)"
+                )))
+            }
+        };
+        log::info!("gpu: {desc}");
+        let mut gpu = Self::with_backend(backend, desc);
+        gpu.wgpu = wgpu;
+        Ok(gpu)
+    }
+
+    /// A device on an explicit backend (host-memory replicas).
+    pub fn with_backend(backend: Arc<dyn GpuBackend>, desc: String) -> Self {
+        let fences = Arc::new(VirtualFenceTable::new(Arc::new(MemPage::new())));
+        Gpu {
+            backend,
+            wgpu: None,
+            desc,
+            timeline: Arc::new(PhysicalFenceTable::new("gpu", fences)),
+            issued: AtomicU64::new(0),
+        }
+    }
+
+    /// Name of the backend in use ("wgpu", "cpu", "null").
+    pub fn backend_name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// Sequence numbers issued on the GPU timeline and the completion watermark.
+    pub fn timeline_counts(&self) -> (u64, u64) {
+        (
+            self.issued.load(Ordering::Relaxed),
+            self.timeline.last_completed(),
+        )
+    }
+
+    fn next_seqno(&self) -> u64 {
+        let seq = self.timeline.next_seqno();
+        self.issued.fetch_max(seq, Ordering::Relaxed);
+        seq
+    }
+
+    /// Runs one backend call as one submission of the GPU timeline.
+    pub(crate) fn run(
+        &self,
+        op: &str,
+        f: impl FnOnce(&dyn GpuBackend) -> virtsoc_gpu::Result<GpuStats>,
+    ) -> std::result::Result<GpuStats, Status> {
+        let seq = self.next_seqno();
+        let r = f(&*self.backend);
+        // The call has finished (or failed) when it returns: retire the seqno either way so
+        // the timeline never stalls.
+        if let Err(e) = self.timeline.complete(seq) {
+            log::warn!("gpu: timeline: {e}");
+        }
+        match r {
+            Ok(stats) => {
+                log::debug!(
+                    "gpu: {op} #{seq} done in {:?} (upload {:?}, execute {:?}, readback {:?})",
+                    stats.total(),
+                    stats.upload,
+                    stats.execute,
+                    stats.readback
+                );
+                Ok(stats)
+            }
+            Err(e) => {
+                log::debug!("gpu: {op} #{seq} failed: {e}");
+                Err(status_of(&e))
+            }
+        }
+    }
+
+    /// Converts `src` into `dst` (RGBA8 or BGRA8) on the GPU: the ISP's `gpu` backend on
+    /// host-memory frames.
+    pub(crate) fn convert_frame(
+        &self,
+        src: FrameRef<'_>,
+        dst: FrameMut<'_>,
+    ) -> std::result::Result<GpuStats, Status> {
+        self.run("convert", |b| b.convert(src, dst))
+    }
+
+    /// The resident image of region `id`'s replica in this device's memory, if it has one
+    /// (`None`: the replica is in host memory).
+    fn image(&self, cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<Option<GpuImage>, Status> {
+        if self.wgpu.is_none() {
+            return Ok(None);
+        }
+        match cx.svm.replica(cx.guest, id, cx.domain) {
+            Ok(Backing::Device(m)) => Ok(m
+                .as_any()
+                .downcast_ref::<GpuMemory>()
+                .map(|g| g.image.clone())),
+            Ok(_) => Ok(None),
+            Err(e) => Err(crate::dispatch::status_of(&e)),
+        }
+    }
+
+    /// Submits `op` on resident images and answers `reply` when the GPU has finished it:
+    /// `Ok(None)` when a region is not resident (the caller runs the host-memory path).
+    fn submit(
+        &self,
+        op: &'static str,
+        reply: Reply,
+        f: impl FnOnce(&WgpuBackend) -> virtsoc_gpu::Result<SubmissionId>,
+    ) {
+        let Some(w) = &self.wgpu else {
+            reply.send(Err(Status::Internal));
+            return;
+        };
+        let seq = self.next_seqno();
+        let t0 = Instant::now();
+        let id = match f(w) {
+            Ok(id) => id,
+            Err(e) => {
+                log::debug!("gpu: {op} #{seq} refused: {e}");
+                let _ = self.timeline.complete(seq);
+                reply.send(Err(status_of(&e)));
+                return;
+            }
+        };
+        let timeline = self.timeline.clone();
+        w.on_submission_done(
+            id,
+            Box::new(move |r| {
+                if let Err(e) = timeline.complete(seq) {
+                    log::warn!("gpu: timeline: {e}");
+                }
+                let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+                log::debug!("gpu: {op} #{seq} (submission {id}) done in {us} us");
+                reply.send(
+                    r.map(|()| CompositeReply { gpu_us: us }.to_values())
+                        .map_err(|e| status_of(&e)),
+                );
+            }),
+        );
+    }
+
+    /// Checks `cmd` and gathers its resident images: `Ok(None)` when an image it names is not
+    /// resident (the host-memory path runs it instead).
+    fn prepare(
+        &self,
+        cx: &DeviceCtx<'_>,
+        cmd: &Command,
+    ) -> std::result::Result<Option<Prepared>, Status> {
+        macro_rules! resident {
+            ($id:expr) => {
+                match self.image(cx, $id)? {
+                    Some(i) => i,
+                    None => return Ok(None),
+                }
+            };
+        }
+        Ok(Some(match *cmd {
+            Command::Composite(c) => {
+                let specs = read_layers(cx, c.layers, c.count, MAX_LAYERS)?;
+                rgb_dst(cx, c.dst)?;
+                let dst = resident!(c.dst);
+                let mut layers = Vec::with_capacity(specs.len());
+                for s in specs {
+                    let img = resident!(s.src);
+                    if !crop_inside(s.crop, &img.layout()) {
+                        return Err(Status::BadArgument);
+                    }
+                    layers.push((img, s));
+                }
+                Prepared::Composite { layers, dst }
+            }
+            Command::Project(c) => {
+                rgb_dst(cx, c.dst)?;
+                Prepared::Project {
+                    src: resident!(c.src),
+                    dst: resident!(c.dst),
+                    view: view_of([c.yaw, c.pitch, c.fov]),
+                }
+            }
+            Command::Markers(c) => {
+                let list = markers_of(cx, c.markers, c.count)?;
+                rgb_dst(cx, c.dst)?;
+                Prepared::Markers {
+                    list,
+                    dst: resident!(c.dst),
+                }
+            }
+            Command::Convert(c) => {
+                rgb_dst(cx, c.dst)?;
+                Prepared::Convert {
+                    src: resident!(c.src),
+                    dst: resident!(c.dst),
+                }
+            }
+        }))
+    }
+
+    /// Submits prepared work; `reply` is answered when the GPU has finished it.
+    fn launch(&self, p: Prepared, reply: Reply) {
+        match p {
+            Prepared::Composite { layers, dst } => {
+                let layers: Vec<ImageLayer<'_>> = layers
+                    .iter()
+                    .map(|(image, s)| ImageLayer {
+                        image,
+                        crop: s.crop,
+                        dst_rect: s.dst,
+                        rotation: s.rotation,
+                        alpha: s.alpha,
+                        blend: s.blend,
+                    })
+                    .collect();
+                self.submit("composite", reply, |w| {
+                    w.submit_composite_images(&layers, &dst)
+                });
+            }
+            Prepared::Project { src, dst, view } => {
+                self.submit("project", reply, |w| {
+                    w.submit_project_images(&src, &view, &dst)
+                });
+            }
+            Prepared::Markers { list, dst } => {
+                self.submit("markers", reply, |w| w.submit_markers_image(&list, &dst));
+            }
+            Prepared::Convert { src, dst } => self.convert_images(&src, &dst, reply),
+        }
+    }
+
+    /// Converts resident `src` into resident `dst` (RGBA8 or BGRA8), answering `reply` when
+    /// done: the gpu device's `convert` and the ISP's `gpu` backend.
+    pub(crate) fn convert_images(&self, src: &GpuImage, dst: &GpuImage, reply: Reply) {
+        self.submit("convert", reply, |w| w.submit_convert_images(src, dst));
+    }
+
+    /// The resident images of `src` and `dst`, if both are (for the ISP's `gpu` backend).
+    pub(crate) fn images(
+        &self,
+        cx: &DeviceCtx<'_>,
+        src: u64,
+        dst: u64,
+    ) -> std::result::Result<Option<(GpuImage, GpuImage)>, Status> {
+        Ok(match (self.image(cx, src)?, self.image(cx, dst)?) {
+            (Some(s), Some(d)) => Some((s, d)),
+            _ => None,
+        })
+    }
+}
+
+impl Device for Gpu {
+    fn name(&self) -> &str {
+        "gpu"
+    }
+
+    fn backend(&self) -> String {
+        let (issued, completed) = self.timeline_counts();
+        format!(
+            "{}; timeline: {issued} submitted, {completed} completed",
+            self.desc
+        )
+    }
+
+    fn allocator(&self) -> Option<Arc<dyn virtsoc_svm::DeviceAllocator>> {
+        self.wgpu.as_ref().map(|b| {
+            Arc::new(GpuAllocator { backend: b.clone() }) as Arc<dyn virtsoc_svm::DeviceAllocator>
+        })
+    }
+
+    fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
+        match Command::decode(args)? {
+            Command::Composite(c) => self.composite(cx, c.layers, c.count, c.dst),
+            Command::Project(c) => self.project(cx, c.src, c.dst, [c.yaw, c.pitch, c.fov]),
+            Command::Markers(c) => self.markers(cx, c.markers, c.count, c.dst),
+            Command::Convert(c) => self.convert(cx, c.src, c.dst),
+        }
+    }
+
+    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+        let prepared = Command::decode(args).and_then(|cmd| self.prepare(cx, &cmd));
+        match prepared {
+            Ok(Some(p)) => self.launch(p, reply),
+            Ok(None) => reply.send(self.execute(cx, args)),
+            Err(st) => reply.send(Err(st)),
+        }
+    }
+}
+
+/// A command checked and ready to submit on resident images.
+enum Prepared {
+    Composite {
+        layers: Vec<(GpuImage, crate::device::layers::LayerSpec)>,
+        dst: GpuImage,
+    },
+    Project {
+        src: GpuImage,
+        dst: GpuImage,
+        view: View,
+    },
+    Markers {
+        list: Vec<Marker>,
+        dst: GpuImage,
+    },
+    Convert {
+        src: GpuImage,
+        dst: GpuImage,
+    },
+}
+
+/// Checks that `id` is an RGBA8 or BGRA8 frame.
+fn rgb_dst(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<(), Status> {
+    rgb_layout(cx, id).map(|_| ())
+}
+
+/// The markers of `count` records in region `markers`.
+fn markers_of(
+    cx: &DeviceCtx<'_>,
+    markers: u64,
+    count: u64,
+) -> std::result::Result<Vec<Marker>, Status> {
+    let records = read_records(cx, markers, count, virtsoc_devapi::MARKER_RECORD)?;
+    if count as usize > MAX_MARKERS {
+        return Err(Status::BadArgument);
+    }
+    records
+        .chunks_exact(virtsoc_devapi::MARKER_RECORD)
+        .map(|b| MarkerRecord::from_bytes(b).ok_or(Status::BadArgument))
+        .map(|r| r.and_then(|r| marker_of(&r)))
+        .collect()
+}
+
+/// A marker record as a filled square centred at (`x`, `y`).
+fn marker_of(r: &MarkerRecord) -> std::result::Result<Marker, Status> {
+    let m = MAX_COORD as i64;
+    if r.size == 0 || r.size as i64 > m || (r.x as i64).abs() > m || (r.y as i64).abs() > m {
+        return Err(Status::BadArgument);
+    }
+    Ok(Marker::square(
+        r.x as f32,
+        r.y as f32,
+        r.size as f32,
+        r.rgba,
+    ))
+}
+
+/// The view of `project`: yaw, pitch and vertical field of view in microradians (two's
+/// complement). The backend rejects a field of view outside (0, 179 degrees].
+fn view_of([yaw, pitch, fov]: [u64; 3]) -> View {
+    let rad = |v: u64| (v as i64 as f64 * 1e-6) as f32;
+    View {
+        yaw: rad(yaw),
+        pitch: rad(pitch),
+        fov_y: rad(fov),
+    }
+}
+
+/// The layout of a destination region, which must be RGBA8 or BGRA8.
+fn rgb_layout(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, Status> {
+    let l = layout_of(cx, id)?;
+    if l.format.is_yuv() {
+        return Err(Status::NotSupported);
+    }
+    Ok(l)
+}
+
+/// The status a guest sees for a backend error.
+pub(crate) fn status_of(e: &GpuError) -> Status {
+    match e {
+        GpuError::ZeroSize { .. }
+        | GpuError::TooLarge { .. }
+        | GpuError::InvalidLayout(_)
+        | GpuError::InvalidRect { .. }
+        | GpuError::RectOutOfBounds { .. }
+        | GpuError::InvalidParameter(_)
+        | GpuError::TooMany { .. } => Status::BadArgument,
+        GpuError::BufferTooSmall { .. } => Status::OutOfRange,
+        GpuError::UnsupportedFormat { .. } => Status::NotSupported,
+        GpuError::UnknownSubmission(_) => Status::Internal,
+        GpuError::NoAdapter(_)
+        | GpuError::DeviceRequest(_)
+        | GpuError::Backend(_)
+        | GpuError::DeviceLost(_) => Status::DeviceError,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtsoc_gpu::PixelFormat;
+
+    #[test]
+    fn views_map() {
+        let v = view_of([(-1_570_796i64) as u64, 250_000, 1_570_796]);
+        assert!((v.yaw + std::f32::consts::FRAC_PI_2).abs() < 1e-5);
+        assert!((v.pitch - 0.25).abs() < 1e-6);
+        assert!((v.fov_y - std::f32::consts::FRAC_PI_2).abs() < 1e-5);
+    }
+
+    #[test]
+    fn markers_are_validated() {
+        let m = MarkerRecord {
+            x: 10,
+            y: -3,
+            size: 6,
+            rgba: [1, 2, 3, 4],
+        };
+        assert_eq!(
+            marker_of(&m),
+            Ok(Marker::square(10.0, -3.0, 6.0, [1, 2, 3, 4]))
+        );
+        assert_eq!(
+            marker_of(&MarkerRecord { size: 0, ..m }),
+            Err(Status::BadArgument)
+        );
+        assert_eq!(
+            marker_of(&MarkerRecord { x: i32::MAX, ..m }),
+            Err(Status::BadArgument)
+        );
+    }
+
+    #[test]
+    fn backend_errors_map_to_statuses() {
+        assert_eq!(
+            status_of(&GpuError::InvalidParameter("x".into())),
+            Status::BadArgument
+        );
+        assert_eq!(
+            status_of(&GpuError::BufferTooSmall { needed: 2, got: 1 }),
+            Status::OutOfRange
+        );
+        assert_eq!(
+            status_of(&GpuError::UnsupportedFormat {
+                op: "convert",
+                role: "destination",
+                format: PixelFormat::Nv12
+            }),
+            Status::NotSupported
+        );
+        assert_eq!(
+            status_of(&GpuError::DeviceLost("gone".into())),
+            Status::DeviceError
+        );
+    }
+
+    #[test]
+    fn backends_are_chosen_by_name_and_the_timeline_advances() {
+        let cfg = |gpu: &str| DeviceConfig {
+            gpu: gpu.into(),
+            ..DeviceConfig::default()
+        };
+        assert!(matches!(
+            Gpu::new(&cfg("vulkan9")),
+            Err(HostError::Config(_))
+        ));
+        let g = Gpu::new(&cfg("cpu")).unwrap();
+        assert_eq!(g.backend_name(), "cpu");
+        let n = Gpu::new(&cfg("null")).unwrap();
+        assert_eq!(n.backend_name(), "null");
+        assert!(n.backend().starts_with("null"));
+        // One good and one failing call: both retire their sequence numbers.
+        let src = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
+        let mut dst =
+            virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 8, 4)).unwrap();
+        g.convert_frame(src.as_ref(), dst.as_mut()).unwrap();
+        let mut yuv =
+            virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
+        assert_eq!(
+            g.convert_frame(src.as_ref(), yuv.as_mut()),
+            Err(Status::NotSupported)
+        );
+        assert_eq!(g.timeline_counts(), (2, 2));
+        assert!(
+            g.backend().contains("2 submitted, 2 completed"),
+            "{}",
+            g.backend()
+        );
+    }
+}
