@@ -157,7 +157,7 @@ pub fn run(socket: &str, p: &SvmBenchParams) -> Result<SvmBenchReport, CliError>
         return Err(CliError::Usage("--switch-every must be positive".into()));
     }
     if p.consumer == Consumer::Gpu
-        && (p.size % (GPU_FRAME_WIDTH * 4) != 0 || p.size < GPU_FRAME_WIDTH * 4)
+        && (!p.size.is_multiple_of(GPU_FRAME_WIDTH * 4) || p.size < GPU_FRAME_WIDTH * 4)
     {
         return Err(CliError::Usage(format!(
             "--consumer gpu reads RGBA frames {GPU_FRAME_WIDTH} pixels wide: --size must be a multiple of {}",
