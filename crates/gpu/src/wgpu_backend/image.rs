@@ -296,6 +296,19 @@ impl WgpuBackend {
                 r += 1;
             }
         }
+        // Hand the staged writes to the queue now, as a submission of their own that the
+        // poller drives to completion: wgpu frees a write's staging memory only once a
+        // submission carrying it has finished, and with no draw after an upload (a display
+        // plane scanned out of GPU memory) nothing else would ever submit them.
+        let encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("virtsoc-upload"),
+            });
+        {
+            let mut st = lock(&self.state);
+            self.submit(&mut st, encoder.finish());
+        }
         self.check_errors()
     }
 
