@@ -77,6 +77,12 @@ pub struct ScenarioResult {
     pub presented: u64,
     /// Frames dropped for missing their deadline plus frames replaced before a vsync.
     pub dropped: u64,
+    /// Of those: the guest was more than a frame late (or the decoder held the frame back).
+    #[serde(default)]
+    pub dropped_late: u64,
+    /// Of those: the display replaced them with a newer frame before a vsync.
+    #[serde(default)]
+    pub dropped_replaced: u64,
     /// Motion-to-photon latency (capture or decode to scan-out), ms.
     pub latency_ms: P50P99,
     /// Host-side duration of the devices' read begin_access, us.
@@ -245,6 +251,8 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
         frames_in: common.frames_in,
         presented: st.presented,
         dropped: common.late_drops + st.dropped,
+        dropped_late: common.late_drops,
+        dropped_replaced: st.dropped,
         latency_ms: P50P99 {
             p50: st.latency_p50_ns as f64 / 1e6,
             p99: st.latency_p99_ns as f64 / 1e6,
