@@ -148,8 +148,21 @@ impl CopyEngine {
         if sources.contains(&dst) {
             return Some(vec![dst]);
         }
-        let n = self.topo.domains().len();
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // A direct link from a source is always taken when there is one: every path into
+        // `dst` ends with a copy into it, so a relay only adds a copy (and an unmeasured
+        // relay would look cheap only because it was never measured).
+        let direct = sources
+            .iter()
+            .filter(|s| self.topo.linked(**s, dst))
+            .min_by(|a, b| {
+                Self::hop_cost(&links, **a, dst, bytes)
+                    .total_cmp(&Self::hop_cost(&links, **b, dst, bytes))
+            });
+        if let Some(s) = direct {
+            return Some(vec![*s, dst]);
+        }
+        let n = self.topo.domains().len();
         let mut dist = vec![f64::INFINITY; n];
         let mut prev: Vec<Option<DomainId>> = vec![None; n];
         let mut done = vec![false; n];
@@ -163,6 +176,17 @@ impl CopyEngine {
             done[u] = true;
             if u == dst.0 as usize {
                 break;
+            }
+            // Bytes are relayed only through host RAM, never through another device's memory
+            // or the guest's window (their replicas are their owners', and their links may
+            // look cheaper only because they were never measured).
+            let relay = dist[u] == 0.0
+                || self
+                    .topo
+                    .info(DomainId(u as u32))
+                    .is_some_and(|i| i.kind == crate::domain::DomainKind::HostRam);
+            if !relay {
+                continue;
             }
             for v in 0..n {
                 let (du, dv) = (DomainId(u as u32), DomainId(v as u32));
@@ -322,6 +346,23 @@ mod tests {
         // One slow copy (the machine was busy) drags the smoothed bandwidth down.
         e.record(a, b, 1 << 24, Duration::from_micros(8000));
         assert_eq!(e.route(&[a], b, 1 << 24).unwrap(), vec![a, b]);
+    }
+
+    #[test]
+    fn bytes_are_never_relayed_through_another_device() {
+        let mut t = Topology::new();
+        let a = t.add_device_domain("a");
+        let b = t.add_device_domain("b");
+        let _c = t.add_device_domain("c");
+        let e = CopyEngine::new(Arc::new(t));
+        // a -> b measured slow (an upload, say); the hops through c or the window were never
+        // measured and would look cheaper, but c is a device and the window the guest's.
+        e.record(a, b, 1 << 24, Duration::from_millis(20));
+        let path = e.route(&[a], b, 1 << 24).unwrap();
+        assert!(
+            path == vec![a, b] || path == vec![a, DomainId::HOST_RAM, b],
+            "{path:?}"
+        );
     }
 
     #[test]
