@@ -160,6 +160,7 @@ pub struct Daemon {
 impl Daemon {
     /// Builds the memory domains and devices and starts the device workers.
     pub fn new(cfg: DaemonConfig) -> Result<Arc<Self>> {
+        crate::set_memory_policy();
         // FFmpeg's init and log level, before any device opens a codec or scaler.
         virtsoc_media::quiet_ffmpeg_logs();
         let mut topo = Topology::new();

@@ -35,3 +35,25 @@ pub enum HostError {
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, HostError>;
+
+/// Host memory policy (glibc): large buffers (frames, replicas, decoder pictures) always get
+/// their own mappings, so the memory a departed guest held goes back to the system instead
+/// of staying in the allocator's arenas (glibc raises its mmap threshold after each large
+/// free, which would keep later frame-sized buffers in arenas for good).
+pub fn set_memory_policy() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; called before the daemon's threads.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 4 << 20);
+    }
+}
+
+/// Gives the allocator's free memory back to the system (after a guest left).
+pub fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

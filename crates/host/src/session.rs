@@ -130,6 +130,7 @@ impl Session {
             slot.device.guest_gone(self.guest_id);
         }
         let freed = svm.detach_guest(self.guest_id);
+        crate::release_free_memory();
         log::info!(
             "guest {} ({}) gone: released {freed} regions",
             self.guest_id,
