@@ -118,6 +118,11 @@ pub struct SvmBenchReport {
     /// The same with the source written just before, as a device's output is when the SVM
     /// copies it after the write: the floor the coherence copies compare with.
     pub machine_memcpy_written_ms: f64,
+    /// With `--consumer gpu`: median upload of one frame into a GPU image, from a source
+    /// written just before, measured in this process on the same kind of device (wgpu picks
+    /// the same adapter as the daemon's): the floor of a coherence copy into GPU memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_upload_ms: Option<f64>,
     pub protocols: Vec<ProtocolResult>,
 }
 
@@ -180,8 +185,43 @@ pub fn run(socket: &str, p: &SvmBenchParams) -> Result<SvmBenchReport, CliError>
         consumer: p.consumer,
         machine_memcpy_ms: machine_memcpy_ms(p.size as usize, 20),
         machine_memcpy_written_ms: machine_memcpy_written_ms(p.size as usize, 20),
+        gpu_upload_ms: (p.consumer == Consumer::Gpu)
+            .then(|| gpu_upload_ms(p.size, p.buffers, 20))
+            .flatten(),
         protocols: results,
     })
+}
+
+/// Median time of one upload (`write_image`) of an RGBA frame of `size` bytes into a GPU
+/// image, over a ring of `buffers` images as the benchmark's frames rotate (on lavapipe an
+/// upload into the image written last costs a fraction of one into another), the source
+/// written just before each and the previous upload finished; `None` without a GPU adapter.
+fn gpu_upload_ms(size: u64, buffers: usize, reps: usize) -> Option<f64> {
+    use virtsoc_gpu::{FrameLayout, PixelFormat, WgpuBackend};
+    let b = WgpuBackend::new()
+        .map_err(|e| log::warn!("bench svm: no GPU to measure an upload on: {e}"))
+        .ok()?;
+    let layout = FrameLayout::new(
+        PixelFormat::Rgba8,
+        GPU_FRAME_WIDTH as u32,
+        (size / (GPU_FRAME_WIDTH * 4)) as u32,
+    );
+    let imgs = (0..buffers.max(1))
+        .map(|_| b.create_image(layout).ok())
+        .collect::<Option<Vec<_>>>()?;
+    let mut src = vec![0u8; size as usize];
+    let mut times = Vec::with_capacity(reps);
+    for r in 0..reps + 2 * imgs.len() {
+        src.fill(r as u8); // the producer's write, not timed
+        let t0 = Instant::now();
+        b.write_image(&imgs[r % imgs.len()], 0, &src).ok()?;
+        if r >= 2 * imgs.len() {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        // Let the upload finish before the next one, as the pipeline's frames do.
+        b.wait_submission(b.last_submission()).ok()?;
+    }
+    Some(crate::stats::percentile(&times, 50.0))
 }
 
 /// Per-frame measurements.
@@ -436,6 +476,12 @@ pub fn print_table(r: &SvmBenchReport) {
         r.machine_memcpy_ms,
         r.machine_memcpy_written_ms
     );
+    if let Some(u) = r.gpu_upload_ms {
+        println!(
+            "one upload of the frame into a GPU image ({} rotating, source just written): {u:.3} ms",
+            r.buffers
+        );
+    }
     println!(
         "{:<17} {:<6} {:>9} {:>9} {:>8} {:>7} {:>6} {:>7} {:>7} {:>6} {:>8} {:>7}",
         "protocol",

@@ -418,6 +418,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                         consumer: params.consumer,
                         machine_memcpy_ms: 0.0,
                         machine_memcpy_written_ms: 0.0,
+                        gpu_upload_ms: None,
                         protocols: results,
                     }
                 }
