@@ -463,3 +463,73 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
         .unwrap()[0];
     assert_eq!(got, crc);
 }
+
+#[test]
+fn verify_mode_checksums_match_the_cpu_reference() {
+    use virtsoc_gpu::{CpuBackend, FrameLayout, FrameRef, GpuBackend, Layer, OwnedFrame, Rect};
+    let d = Daemon::start(&[
+        "--gpu-backend",
+        "wgpu",
+        "--display-size",
+        "320x176",
+        "--display-verify",
+    ]);
+    let c = open(&d, "prefetch");
+    let s = Scene::new(&c, 7);
+    // The reference: the same two layers composed by the CPU over a black, opaque screen.
+    let mut video = nv12_pattern(W, H);
+    for b in video.iter_mut().take((W * H) as usize) {
+        *b = b.wrapping_add(7);
+    }
+    let ui = overlay();
+    let mut want =
+        OwnedFrame::new(FrameLayout::new(virtsoc_gpu::PixelFormat::Rgba8, W, H)).unwrap();
+    for px in want.data.chunks_exact_mut(4) {
+        px[3] = 255;
+    }
+    let full = Rect::new(0, 0, W, H);
+    let nv12 = FrameLayout::new(virtsoc_gpu::PixelFormat::Nv12, W, H);
+    let rgba = FrameLayout::new(virtsoc_gpu::PixelFormat::Rgba8, W, H);
+    CpuBackend::new()
+        .composite(
+            &[
+                Layer::new(FrameRef::new(nv12, &video), full).with_blend(false),
+                Layer::new(FrameRef::new(rgba, &ui), full),
+            ],
+            want.as_mut(),
+        )
+        .unwrap();
+    let want_crc = crc32fast::hash(&want.data) as u64;
+    for _ in 0..3 {
+        for src in [s.video, s.ui] {
+            let size = c.region(src).unwrap().size;
+            c.begin_access(src, display::ID, 0, size, AccessMode::Read)
+                .unwrap();
+        }
+        let shown = c
+            .command_with_access(&display::PresentLayers {
+                layers: s.layers,
+                count: 2,
+                capture_ns: 1,
+            })
+            .unwrap();
+        for src in [s.video, s.ui] {
+            let size = c.region(src).unwrap().size;
+            c.end_access(src, display::ID, 0, size, AccessMode::Read)
+                .unwrap();
+        }
+        let v = c.command(&display::Checksum::default()).unwrap();
+        assert_eq!(v.frame_id, shown.frame_id);
+        assert_eq!(
+            v.crc, want_crc,
+            "the planes scanned out of GPU memory compose to the CPU reference"
+        );
+    }
+    // Without --display-verify the command is not supported.
+    let plain = Daemon::start(&[]);
+    let c = open(&plain, "prefetch");
+    assert_eq!(
+        common::status_of(c.command(&display::Checksum::default())),
+        Status::NotSupported
+    );
+}

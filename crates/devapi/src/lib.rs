@@ -237,6 +237,10 @@ devices! {
         fn present_layers(layers: region_r, count: u64, capture_ns: u64) -> (frame_id) = 5;
         /// The screen: size, refresh rate and how many planes a frame may use.
         fn mode() -> (width, height, refresh_hz, planes) = 6;
+        /// With the daemon's `--display-verify`: the CRC-32 of this guest's last presented
+        /// frame as the screen shows it (RGBA, composed from its planes); `NotSupported`
+        /// otherwise, `Busy` before the first frame.
+        fn checksum() -> (frame_id, crc) = 7;
     }
 
     /// Cellular modem: an AT-command channel (registration, signal, SMS, calls).

@@ -58,6 +58,10 @@ struct Args {
     /// Display size, WIDTHxHEIGHT.
     #[arg(long, default_value = "1920x1080", value_parser = parse_size)]
     display_size: (u32, u32),
+    /// Compose every presented frame and keep its checksum (the display's `checksum`
+    /// command), to verify what the planes scan out; costs a composition per frame.
+    #[arg(long)]
+    display_verify: bool,
     /// Display backend: headless, or window (an X11 window; built with the `window` feature).
     #[arg(long, default_value = "headless")]
     display_backend: String,
@@ -108,6 +112,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             codec_threads: args.codec_threads,
             refresh_hz: args.refresh_hz,
             display_size: args.display_size,
+            display_verify: args.display_verify,
             snapshot_dir: args.snapshot_dir.clone(),
             display_backend: args.display_backend.clone(),
             camera_source: args.camera_source.clone(),

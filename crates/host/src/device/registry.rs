@@ -22,6 +22,8 @@ pub struct DeviceConfig {
     pub refresh_hz: u32,
     /// Display size in pixels.
     pub display_size: (u32, u32),
+    /// Compose and checksum every presented frame (`--display-verify`).
+    pub display_verify: bool,
     /// Where display snapshots go.
     pub snapshot_dir: PathBuf,
     /// Display backend: `headless`, or `window` (an X11 window; needs the `window` feature
@@ -39,6 +41,7 @@ impl Default for DeviceConfig {
             codec_threads: 2,
             refresh_hz: 60,
             display_size: (display::WIDTH, display::HEIGHT),
+            display_verify: false,
             snapshot_dir: std::env::temp_dir(),
             display_backend: "headless".into(),
             camera_source: "synthetic".into(),

@@ -51,7 +51,7 @@ mod tests;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use virtsoc_devapi::display::{Command, ModeReply, PresentReply, SnapshotReply};
+use virtsoc_devapi::display::{ChecksumReply, Command, ModeReply, PresentReply, SnapshotReply};
 use virtsoc_display as vd;
 use virtsoc_proto::Status;
 
@@ -84,6 +84,9 @@ pub struct Display {
     output: Output,
     width: u32,
     height: u32,
+    /// `--display-verify`: every presented frame is composed and checksummed, per guest the
+    /// last one (frame id, CRC-32 of its RGBA pixels).
+    verify: Option<Mutex<std::collections::HashMap<u64, (u64, u32)>>>,
 }
 
 impl Display {
@@ -119,6 +122,7 @@ impl Display {
             output,
             width,
             height,
+            verify: cfg.display_verify.then(Default::default),
         })
     }
 
@@ -151,6 +155,12 @@ impl Display {
         let capture_ns = (capture_ns != 0)
             .then_some(capture_ns)
             .or_else(|| set.stamped_time());
+        // Verify mode: the screen composed from the planes as presented, checksummed now
+        // (the composition is kept for the scan-out).
+        let crc = self.verify.as_ref().map(|_| {
+            use virtsoc_display::FrameHandle;
+            set.pixels().map(crc32fast::hash).unwrap_or(0)
+        });
         let frame = vd::PresentedFrame {
             id: 0,
             owner: 0,
@@ -162,7 +172,13 @@ impl Display {
             capture_ns,
             submitted_ns: 0,
         };
-        self.screen.present(cx.guest, frame)
+        let id = self.screen.present(cx.guest, frame)?;
+        if let (Some(v), Some(crc)) = (&self.verify, crc) {
+            v.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(cx.guest, (id, crc));
+        }
+        Ok(id)
     }
 
     /// Presents region `region` (RGBA8 or BGRA8) of the calling guest as it is: one plane
@@ -284,6 +300,20 @@ impl Device for Display {
                 let frame_id = self.present_layers(cx, p.layers, p.count, p.capture_ns)?;
                 Ok(PresentReply { frame_id }.to_values())
             }
+            Command::Checksum(_) => {
+                let v = self.verify.as_ref().ok_or(Status::NotSupported)?;
+                let (frame_id, crc) = v
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&cx.guest)
+                    .copied()
+                    .ok_or(Status::Busy)?;
+                Ok(ChecksumReply {
+                    frame_id,
+                    crc: crc as u64,
+                }
+                .to_values())
+            }
             Command::Mode(_) => Ok(ModeReply {
                 width: self.width as u64,
                 height: self.height as u64,
@@ -296,6 +326,9 @@ impl Device for Display {
 
     fn guest_gone(&self, guest: u64) {
         self.screen.guest_gone(guest);
+        if let Some(v) = &self.verify {
+            v.lock().unwrap_or_else(|p| p.into_inner()).remove(&guest);
+        }
     }
 }
 
