@@ -226,3 +226,137 @@ fn route(
         _ => Err(ControlError::NotFound(format!("no route {method} {path}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+
+    /// One guest (7, "g"), one display; device operations echo their arguments.
+    struct Fake;
+
+    impl Backend for Fake {
+        fn guests(&self) -> Vec<GuestInfo> {
+            vec![GuestInfo {
+                id: 7,
+                name: "g".into(),
+                transport: "unix".into(),
+                protocol: "prefetch".into(),
+                regions: 1,
+                bytes: 4096,
+                counters: Counters {
+                    hits: 3,
+                    ..Counters::default()
+                },
+                links: vec![LinkCopies {
+                    src: "cpu".into(),
+                    dst: "gpu".into(),
+                    copies: 2,
+                    bytes: 8192,
+                    ns: 1000,
+                }],
+                commands: [("display".to_string(), 5)].into_iter().collect(),
+            }]
+        }
+        fn devices(&self) -> Vec<DeviceInfo> {
+            vec![DeviceInfo {
+                id: 14,
+                name: "display".into(),
+                backend: "headless".into(),
+                domain: "gpu".into(),
+                queued: 0,
+            }]
+        }
+        fn device_control(
+            &self,
+            device: &str,
+            op: &str,
+            args: &Value,
+        ) -> Result<Value, ControlError> {
+            match (device, op) {
+                ("display", "metrics") => Ok(json!([{
+                    "guest": 7, "presented": 4, "dropped": 1, "latencies_ns": [20_000_000]
+                }])),
+                ("display", "foreground") => Ok(json!({ "guest": args["guest"] })),
+                _ => Ok(json!({ "op": op, "args": args })),
+            }
+        }
+        fn kill(&self, _id: u64) -> Result<(), ControlError> {
+            Ok(())
+        }
+    }
+
+    fn go(method: &str, path: &str, body: &str) -> (u16, Value) {
+        let a = handle(&Fake, method, path, body.as_bytes(), Instant::now());
+        let v = serde_json::from_str(&a.body).unwrap_or(Value::String(a.body));
+        (a.status, v)
+    }
+
+    #[test]
+    fn routes_answer_json() {
+        assert_eq!(go("GET", "/guests", "").1[0]["id"], 7);
+        assert_eq!(go("GET", "/guests/7/stats", "").1["name"], "g");
+        assert_eq!(go("GET", "/devices", "").1[0]["domain"], "gpu");
+        let (s, v) = go("POST", "/display/foreground", r#"{"guest": 7}"#);
+        assert_eq!(s, 200);
+        assert!(v["latency_us"].is_number());
+        let (s, v) = go("POST", "/modem/signal", r#"{"rssi": 10}"#);
+        assert_eq!((s, v["args"]["ber"].clone()), (200, json!(99)));
+        assert_eq!(
+            go("POST", "/modem/hangup", "").0,
+            200,
+            "an empty body is {{}}"
+        );
+    }
+
+    #[test]
+    fn errors_have_their_status_and_name_the_field() {
+        let (s, v) = go("GET", "/guests/8/stats", "");
+        assert_eq!(s, 404);
+        assert!(v["error"].as_str().unwrap().contains("no guest 8"));
+        assert_eq!(go("POST", "/display/foreground", r#"{"guest": 8}"#).0, 404);
+        let (s, v) = go("POST", "/modem/call", "{}");
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("`from`"), "{v}");
+        let (s, v) = go("POST", "/modem/signal", r#"{"rssi": 1, "ber": "x"}"#);
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("`ber`"), "{v}");
+        let (s, v) = go(
+            "POST",
+            "/camera/source",
+            r#"{"source": "synthetic", "x": 1}"#,
+        );
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains('x'), "{v}");
+        assert_eq!(go("POST", "/display/foreground", "{").0, 400);
+        assert_eq!(go("GET", "/display/foreground", "").0, 405);
+        assert_eq!(go("GET", "/nothing", "").0, 404);
+    }
+
+    #[test]
+    fn metrics_are_prometheus_text() {
+        let (s, v) = go("GET", "/metrics", "");
+        assert_eq!(s, 200);
+        let text = v.as_str().unwrap();
+        for line in [
+            "virtsoc_guests 1",
+            "virtsoc_prediction_hits_total{guest=\"7\",name=\"g\"} 3",
+            "virtsoc_coherence_copies_total{dst=\"gpu\",guest=\"7\",name=\"g\",src=\"cpu\"} 2",
+            "virtsoc_guest_commands_total{device=\"display\",guest=\"7\",name=\"g\"} 5",
+            "virtsoc_display_presented_frames_total{guest=\"7\",name=\"g\"} 4",
+            "virtsoc_display_motion_to_photon_seconds_bucket{guest=\"7\",name=\"g\",le=\"0.025\"} 1",
+            "virtsoc_display_motion_to_photon_seconds_bucket{guest=\"7\",name=\"g\",le=\"0.016\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_in_full() {
+        use crate::server::constant_time_eq;
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}
