@@ -6,6 +6,7 @@
 mod bench_devices;
 mod bench_svm;
 mod bench_transport;
+mod ctl;
 mod daemon_proc;
 mod report;
 mod scenario;
@@ -108,6 +109,15 @@ enum Cmd {
         /// declarations) instead.
         #[arg(long)]
         c_header: bool,
+    },
+    /// The daemon's console (control API): guests, devices, SMS, calls, signal, foreground,
+    /// camera source, metrics. `virtsoc ctl` alone lists the commands.
+    Ctl {
+        /// Control socket (default /tmp/virtsoc.sock.control), or tcp:HOST:PORT.
+        #[arg(long)]
+        socket: Option<String>,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
     Vm {
@@ -316,6 +326,7 @@ fn with_daemon_spawned<T>(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
+        Cmd::Ctl { socket, args } => ctl::run(socket, &args)?,
         Cmd::Bench {
             which:
                 BenchCmd::Devices {

@@ -296,6 +296,18 @@ impl Display {
         self.refresh_hz
     }
 
+    /// Changes the vsync rate (1-1000 Hz); a [`crate::VsyncThread`] driving this display
+    /// should be told with its own `set_refresh_hz`, which calls this.
+    pub fn set_refresh_hz(&mut self, hz: u32) -> Result<()> {
+        if !(1..=1000).contains(&hz) {
+            return Err(DisplayError::InvalidConfig(
+                "refresh rate must be 1-1000 Hz",
+            ));
+        }
+        self.refresh_hz = hz;
+        Ok(())
+    }
+
     /// Nominal time between vsyncs, rounded to the nanosecond.
     pub fn period_ns(&self) -> u64 {
         (1_000_000_000 + u64::from(self.refresh_hz) / 2) / u64::from(self.refresh_hz)

@@ -187,6 +187,8 @@ struct Shared {
     stop: Mutex<bool>,
     wake: Condvar,
     clock: Arc<dyn Clock>,
+    /// The vsync rate asked for (the thread restarts its schedule when it changes).
+    hz: std::sync::atomic::AtomicU32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -226,6 +228,7 @@ impl VsyncThread {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             clock,
+            hz: std::sync::atomic::AtomicU32::new(hz),
         });
         let schedule = VsyncSchedule::new(shared.clock.now_ns(), hz).ok_or(
             DisplayError::InvalidConfig("refresh rate must be 1-1000 Hz"),
@@ -249,6 +252,18 @@ impl VsyncThread {
     /// Switches the foreground owner (see [`Display::set_foreground`]).
     pub fn set_foreground(&self, owner: OwnerId) {
         lock(&self.shared.display).set_foreground(owner);
+    }
+
+    /// Changes the vsync rate at once: the schedule restarts from now at `hz`.
+    pub fn set_refresh_hz(&self, hz: u32) -> Result<()> {
+        lock(&self.shared.display).set_refresh_hz(hz)?;
+        self.shared
+            .hz
+            .store(hz, std::sync::atomic::Ordering::SeqCst);
+        // Taking the stop lock orders the store before the thread's next check.
+        drop(lock(&self.shared.stop));
+        self.shared.wake.notify_all();
+        Ok(())
     }
 
     /// Runs `f` with the display locked (stats, snapshots, ...). Keep it
@@ -312,6 +327,13 @@ fn run(shared: &Shared, mut schedule: VsyncSchedule) {
                 }
                 let now = shared.clock.now_ns();
                 if now >= deadline {
+                    break;
+                }
+                let hz = shared.hz.load(std::sync::atomic::Ordering::SeqCst);
+                if hz != schedule.hz {
+                    if let Some(s) = VsyncSchedule::new(now, hz) {
+                        schedule = s;
+                    }
                     break;
                 }
                 let wait = Duration::from_nanos(deadline - now);

@@ -155,6 +155,8 @@ pub struct Daemon {
     next_guest: AtomicU64,
     /// Connections being served (handshaking or admitted).
     connections: AtomicUsize,
+    /// Each admitted guest's transport and coherence protocol (for the control API).
+    guest_meta: Mutex<HashMap<u64, (&'static str, ProtocolKind)>>,
 }
 
 impl Daemon {
@@ -197,6 +199,7 @@ impl Daemon {
             sessions_gone: Condvar::new(),
             next_guest: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
+            guest_meta: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -213,6 +216,46 @@ impl Daemon {
     /// Number of connections being served (handshaking or admitted).
     pub fn connection_count(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DaemonConfig {
+        &self.cfg
+    }
+
+    /// The live sessions.
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        s.values().cloned().collect()
+    }
+
+    /// The transport (`unix`, `tcp`, `vm`) and coherence protocol of guest `id`.
+    pub fn guest_meta(&self, id: u64) -> Option<(&'static str, ProtocolKind)> {
+        let m = self.guest_meta.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&id).copied()
+    }
+
+    fn note_transport(&self, id: u64, transport: &'static str) {
+        let mut m = self.guest_meta.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = m.get_mut(&id) {
+            e.0 = transport;
+        }
+    }
+
+    /// Closes guest `id`'s session (its connection then cleans up as on a hang-up); `false`
+    /// if there is no such guest.
+    pub fn kill(&self, id: u64) -> bool {
+        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let session = s.get(&id).cloned();
+        drop(s);
+        match session {
+            Some(session) => {
+                log::info!("guest {id} ({}) killed by the control API", session.name());
+                session.close();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Number of live sessions.
@@ -468,6 +511,10 @@ impl Daemon {
                 self.cfg.guest_mem_limit,
             )
             .map_err(|e| e.to_string())?;
+        self.guest_meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(guest_id, ("vm", kind));
         Ok(Admitted {
             guest_id,
             layout: window.layout(),
@@ -529,6 +576,10 @@ impl Daemon {
     pub(crate) fn unregister(&self, guest_id: u64) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         sessions.remove(&guest_id);
+        self.guest_meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&guest_id);
         self.sessions_gone.notify_all();
     }
 
@@ -551,6 +602,7 @@ impl Daemon {
             Err(reason) => return Self::refuse(&stream, reason),
         };
         let guest_id = a.guest_id;
+        self.note_transport(guest_id, "unix");
         if let Err(e) = send_json(&stream, &self.welcome(&a), Some(a.window.fd())) {
             log::warn!("guest {guest_id}: handshake failed: {e}");
             self.svm.detach_guest(guest_id);
@@ -631,6 +683,7 @@ impl Daemon {
             Err(reason) => return Self::refuse(&stream, reason),
         };
         let guest_id = a.guest_id;
+        self.note_transport(guest_id, "tcp");
         let link = match send_json(&stream, &self.welcome(&a), None)
             .map_err(|e| e.to_string())
             .and_then(|_| stream.set_write_timeout(None).map_err(|e| e.to_string()))

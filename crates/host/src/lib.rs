@@ -9,6 +9,7 @@
 //! - [`device`]: the device trait, device workers, and the devices themselves.
 
 pub mod clock;
+pub mod control;
 pub mod daemon;
 pub mod device;
 pub mod dispatch;

@@ -29,6 +29,8 @@ pub struct Session {
     closed: AtomicBool,
     fences: Arc<VirtualFenceTable>,
     queues: Mutex<HashMap<u32, (GuestQueue, Arc<DeviceSlot>)>>,
+    /// Requests queued on each device (by device id), for the control API.
+    commands: Mutex<HashMap<u32, u64>>,
 }
 
 impl Session {
@@ -47,6 +49,7 @@ impl Session {
                 window.clone(),
             )))),
             queues: Mutex::new(HashMap::new()),
+            commands: Mutex::new(HashMap::new()),
             window,
             link,
             closed: AtomicBool::new(false),
@@ -66,6 +69,14 @@ impl Session {
     /// The guest's virtual fence table.
     pub fn fences(&self) -> &Arc<VirtualFenceTable> {
         &self.fences
+    }
+
+    /// Requests the guest queued on each device so far (by device id).
+    pub fn commands(&self) -> HashMap<u32, u64> {
+        self.commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Whether the session has ended.
@@ -206,8 +217,13 @@ impl Session {
                 .0
                 .clone()
         };
+        let is_cmd = matches!(item, QueueItem::Cmd(_));
         q.push(item).map_err(|_| Status::Closed)?;
         slot.kick();
+        if is_cmd {
+            let mut c = self.commands.lock().unwrap_or_else(|p| p.into_inner());
+            *c.entry(dev).or_insert(0) += 1;
+        }
         Ok(())
     }
 

@@ -81,6 +81,14 @@ struct Args {
     /// more are refused.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     max_guests: u64,
+    /// Unix socket of the control API (HTTP + JSON; `virtsoc ctl`); default
+    /// `<socket>.control`. Removed on exit like the main socket.
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// Also serve the control API on this TCP address; every request must carry
+    /// `Authorization: Bearer <token>` with the remote-guest token (--token-file).
+    #[arg(long)]
+    control_listen: Option<std::net::SocketAddr>,
     /// Milliseconds a new connection has to send its complete hello.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout_ms: u64,
@@ -141,6 +149,12 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::low_level::pipe::register(sig, stop_tx.try_clone()?)?;
     }
+    let control_path = args
+        .control
+        .clone()
+        .unwrap_or_else(|| virtsoc_host::control::default_path(&args.socket));
+    // Stopped, and its socket removed, when run() returns.
+    let _control = virtsoc_host::control::start(&daemon, Some(&control_path), args.control_listen)?;
     for vm in &vms {
         virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
     }

@@ -255,7 +255,8 @@ struct State {
 
 /// The camera device.
 pub struct Camera {
-    source: Source,
+    /// Switched at runtime by the control API (see [`Camera::set_source`]).
+    source: Mutex<Source>,
     isp: SwscaleIsp,
     state: Mutex<State>,
 }
@@ -275,7 +276,7 @@ impl Camera {
             );
         }
         Ok(Camera {
-            source,
+            source: Mutex::new(source),
             isp: SwscaleIsp::new(),
             state: Mutex::new(State::default()),
         })
@@ -319,7 +320,7 @@ impl Camera {
                 return Ok(c.camera.clone());
             }
         }
-        let camera = ModeCamera::open(&self.source, mode).map_err(|e| {
+        let camera = ModeCamera::open(&self.source(), mode).map_err(|e| {
             log::warn!("camera: guest {guest}: cannot open {mode:?}: {e}");
             media_status(&e)
         })?;
@@ -390,7 +391,7 @@ impl Device for Camera {
     }
 
     fn backend(&self) -> String {
-        match &self.source {
+        match &self.source() {
             Source::Synthetic => format!(
                 "synthetic scrolling ramp with a moving square, {CAMERA_FPS} fps \
                  (timestamps stamped in pixels)"
@@ -419,6 +420,46 @@ impl Device for Camera {
 
     fn guest_gone(&self, guest: u64) {
         self.state().cameras.retain(|(g, _), _| *g != guest);
+    }
+
+    fn control(
+        &self,
+        op: &str,
+        args: &serde_json::Value,
+    ) -> std::result::Result<serde_json::Value, virtsoc_control::ControlError> {
+        use virtsoc_control::ControlError;
+        if op != "source" {
+            return Err(ControlError::Unsupported(format!(
+                "camera operation {op:?}"
+            )));
+        }
+        let r: virtsoc_control::CameraSourceRequest = serde_json::from_value(args.clone())
+            .map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        self.set_source(&r.source)
+            .map_err(|e| ControlError::BadRequest(format!("field `source`: {e}")))?;
+        Ok(serde_json::json!({ "source": r.source, "backend": self.backend() }))
+    }
+}
+
+impl Camera {
+    /// The source now.
+    fn source(&self) -> Source {
+        self.source
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Switches the source (checked as at startup: a file is opened and a frame decoded,
+    /// outside the device's locks). Takes effect at once: every guest's cameras are closed,
+    /// so the next capture of every guest and mode opens the new source (frame indices start
+    /// again at 0); a capture running now finishes on the old one.
+    pub fn set_source(&self, spec: &str) -> Result<()> {
+        let source = Source::parse(spec)?;
+        *self.source.lock().unwrap_or_else(|p| p.into_inner()) = source;
+        self.state().cameras.clear();
+        log::info!("camera: source now {spec}");
+        Ok(())
     }
 }
 

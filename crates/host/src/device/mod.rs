@@ -203,6 +203,19 @@ pub trait Device: Send + Sync {
     }
     /// A guest went away: drop every object it held on this device.
     fn guest_gone(&self, _guest: u64) {}
+    /// Runs host control operation `op` (from the control API) with JSON `args`. Called from
+    /// the control server's threads: it must take only short locks. By default no operation
+    /// is supported.
+    fn control(
+        &self,
+        op: &str,
+        _args: &serde_json::Value,
+    ) -> Result<serde_json::Value, virtsoc_control::ControlError> {
+        Err(virtsoc_control::ControlError::Unsupported(format!(
+            "{} control operation {op:?}",
+            self.name()
+        )))
+    }
 }
 
 /// Checks a device command against the device's declaration: the opcode exists and every

@@ -42,9 +42,9 @@ struct GuestModem {
 }
 
 impl GuestModem {
-    fn new() -> Self {
+    fn new(cfg: ModemConfig) -> Self {
         GuestModem {
-            modem: AtModem::new(ModemConfig::default()),
+            modem: AtModem::new(cfg),
             out: VecDeque::new(),
         }
     }
@@ -93,6 +93,9 @@ fn unpack(words: &[u64], len: usize) -> Vec<u8> {
 /// The modem device.
 pub struct Modem {
     guests: Mutex<HashMap<u64, GuestModem>>,
+    /// The network as the host control set it (registration, signal), for modems opened
+    /// later; taken inside the `guests` lock.
+    network: Mutex<ModemConfig>,
 }
 
 impl Modem {
@@ -100,6 +103,7 @@ impl Modem {
     pub fn new(_cfg: &DeviceConfig) -> Result<Self> {
         Ok(Modem {
             guests: Mutex::new(HashMap::new()),
+            network: Mutex::new(ModemConfig::default()),
         })
     }
 
@@ -112,7 +116,7 @@ impl Modem {
         let now = crate::clock::now_ns();
         self.guests()
             .entry(guest)
-            .or_insert_with(GuestModem::new)
+            .or_insert_with(|| self.new_guest_modem())
             .write(bytes, now)
     }
 
@@ -121,7 +125,7 @@ impl Modem {
         let now = crate::clock::now_ns();
         self.guests()
             .entry(guest)
-            .or_insert_with(GuestModem::new)
+            .or_insert_with(|| self.new_guest_modem())
             .read(now)
     }
 }
@@ -164,6 +168,150 @@ impl Device for Modem {
 
     fn guest_gone(&self, guest: u64) {
         self.guests().remove(&guest);
+    }
+
+    fn control(
+        &self,
+        op: &str,
+        args: &serde_json::Value,
+    ) -> std::result::Result<serde_json::Value, virtsoc_control::ControlError> {
+        self.control_op(op, args)
+    }
+}
+
+/// Host control of the modems (the daemon's control API): the network side of the AT
+/// channel, as the Android emulator's console drives it. Each operation applies to one
+/// guest's modem (`"guest": id`; opened if the guest has not used the modem yet) or to every
+/// guest's modem already open; registration and signal also become the network's state for
+/// modems opened later.
+mod control {
+    use serde_json::{json, Value};
+    use virtsoc_control::{
+        CallRequest, ControlError, HangupRequest, RegistrationRequest, SignalRequest, SmsRequest,
+    };
+    use virtsoc_modem::{ModemConfig, RegState, Signal};
+
+    use super::{GuestModem, Modem};
+
+    fn args<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ControlError> {
+        serde_json::from_value(v.clone()).map_err(|e| ControlError::BadRequest(e.to_string()))
+    }
+
+    fn reg_state(s: &str) -> Result<RegState, ControlError> {
+        Ok(match s {
+            "home" => RegState::Home,
+            "searching" => RegState::Searching,
+            "denied" => RegState::Denied,
+            "roaming" => RegState::Roaming,
+            "not-registered" => RegState::NotRegistered,
+            other => {
+                return Err(ControlError::BadRequest(format!(
+                    "field `state`: unknown registration state {other:?}"
+                )))
+            }
+        })
+    }
+
+    impl Modem {
+        pub(super) fn new_guest_modem(&self) -> GuestModem {
+            let cfg: ModemConfig = self
+                .network
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            GuestModem::new(cfg)
+        }
+
+        /// Runs `f` on the modem of `guest`, or of every guest with a modem open; answers
+        /// which guests it was done for (a refusal for the one guest named is a conflict).
+        fn each(
+            &self,
+            guest: Option<u64>,
+            f: impl Fn(&mut virtsoc_modem::Modem) -> virtsoc_modem::Result<()>,
+        ) -> Result<Value, ControlError> {
+            let now = crate::clock::now_ns();
+            let mut guests = self.guests();
+            let ids: Vec<u64> = match guest {
+                Some(g) => {
+                    guests.entry(g).or_insert_with(|| self.new_guest_modem());
+                    vec![g]
+                }
+                None => guests.keys().copied().collect(),
+            };
+            let (mut done, mut refused) = (Vec::new(), serde_json::Map::new());
+            for id in ids {
+                let Some(m) = guests.get_mut(&id) else {
+                    continue;
+                };
+                m.modem.advance(now);
+                match f(&mut m.modem) {
+                    Ok(()) => done.push(id),
+                    Err(e) if guest.is_some() => {
+                        return Err(ControlError::Conflict(format!("guest {id}'s modem: {e}")))
+                    }
+                    Err(e) => {
+                        refused.insert(id.to_string(), json!(e.to_string()));
+                    }
+                }
+                m.out.extend(m.modem.take_output());
+            }
+            done.sort_unstable();
+            Ok(json!({ "delivered": done, "refused": refused }))
+        }
+
+        pub(super) fn control_op(&self, op: &str, v: &Value) -> Result<Value, ControlError> {
+            match op {
+                "sms" => {
+                    let r: SmsRequest = args(v)?;
+                    self.each(r.guest, |m| m.deliver_sms(&r.from, &r.text).map(|_| ()))
+                }
+                "call" => {
+                    let r: CallRequest = args(v)?;
+                    self.each(r.guest, |m| m.incoming_call(&r.from))
+                }
+                "hangup" => {
+                    let r: HangupRequest = args(v)?;
+                    self.each(r.guest, |m| m.remote_hangup())
+                }
+                "signal" => {
+                    let r: SignalRequest = args(v)?;
+                    let s = Signal {
+                        rssi: r.rssi,
+                        ber: r.ber,
+                    };
+                    if !s.is_valid() {
+                        return Err(ControlError::BadRequest(format!(
+                            "field `rssi`/`ber`: {}/{} out of range",
+                            r.rssi, r.ber
+                        )));
+                    }
+                    let out = self.each(r.guest, |m| m.set_signal(r.rssi, r.ber))?;
+                    if r.guest.is_none() {
+                        self.network
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .signal = s;
+                    }
+                    Ok(out)
+                }
+                "registration" => {
+                    let r: RegistrationRequest = args(v)?;
+                    let state = reg_state(&r.state)?;
+                    let out = self.each(r.guest, |m| {
+                        m.set_registered(state);
+                        Ok(())
+                    })?;
+                    if r.guest.is_none() {
+                        self.network
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .registration = state;
+                    }
+                    Ok(out)
+                }
+                _ => Err(ControlError::Unsupported(format!("modem operation {op:?}"))),
+            }
+        }
     }
 }
 

@@ -41,6 +41,7 @@
 //!   (nearest rank) over the guest's last [`LATENCY_WINDOW`] scanned-out frames that carried a
 //!   capture time, and how many samples they cover (0 and 0 when there are none).
 
+mod control;
 mod format;
 mod output;
 mod planes;
@@ -64,6 +65,9 @@ use output::Output;
 use planes::{Ledger, Plane, PlaneSet, MAX_PLANES};
 use screen::{listen, Screen, State};
 
+/// What a control operation answers.
+type ControlResult = std::result::Result<serde_json::Value, virtsoc_control::ControlError>;
+
 /// What a command answers the guest: a value or a status.
 type Answer<T> = std::result::Result<T, Status>;
 
@@ -80,7 +84,6 @@ pub const MAX_PENDING_FENCES: usize = 1024;
 pub struct Display {
     screen: Arc<Screen>,
     snapshot_dir: PathBuf,
-    refresh_hz: u32,
     output: Output,
     width: u32,
     height: u32,
@@ -118,7 +121,6 @@ impl Display {
         Ok(Display {
             screen,
             snapshot_dir: cfg.snapshot_dir.clone(),
-            refresh_hz: cfg.refresh_hz,
             output,
             width,
             height,
@@ -271,7 +273,7 @@ impl Device for Display {
             "{output} {}x{}@{}Hz (vsync thread), {MAX_PLANES} planes, PNG snapshots to {}",
             self.width,
             self.height,
-            self.refresh_hz,
+            self.refresh_hz(),
             self.snapshot_dir.display()
         )
     }
@@ -317,7 +319,7 @@ impl Device for Display {
             Command::Mode(_) => Ok(ModeReply {
                 width: self.width as u64,
                 height: self.height as u64,
-                refresh_hz: self.refresh_hz as u64,
+                refresh_hz: self.refresh_hz() as u64,
                 planes: MAX_PLANES as u64,
             }
             .to_values()),
@@ -329,6 +331,10 @@ impl Device for Display {
         if let Some(v) = &self.verify {
             v.lock().unwrap_or_else(|p| p.into_inner()).remove(&guest);
         }
+    }
+
+    fn control(&self, op: &str, args: &serde_json::Value) -> ControlResult {
+        self.control_op(op, args)
     }
 }
 

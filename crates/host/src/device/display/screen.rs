@@ -291,3 +291,36 @@ pub(super) fn listen(screen: Weak<Screen>, events: Receiver<vd::VsyncEvent>) {
         }
     }
 }
+
+impl Screen {
+    /// Gives the screen to `guest` now (the control API's foreground switch); its record is
+    /// created if it never presented, and its latest frame is shown from the next vsync.
+    pub(super) fn set_foreground(&self, guest: u64) {
+        self.with(|d, st| {
+            let vsyncs = d.stats().vsyncs;
+            let owner = st.guest(guest, vsyncs).owner;
+            st.switch_foreground(d, guest, owner);
+        });
+    }
+
+    /// The guest that has the screen.
+    pub(super) fn foreground(&self) -> Option<u64> {
+        lock(&self.state).foreground
+    }
+
+    /// Every guest's counters and latency samples, for the control API's metrics.
+    pub(super) fn guest_metrics(&self) -> Vec<virtsoc_control::DisplayGuestMetrics> {
+        self.with(|d, st| {
+            st.absorb(d.drain_scanouts());
+            st.guests
+                .iter()
+                .map(|(id, g)| virtsoc_control::DisplayGuestMetrics {
+                    guest: *id,
+                    presented: g.presented,
+                    dropped: g.dropped,
+                    latencies_ns: g.latencies.iter().copied().collect(),
+                })
+                .collect()
+        })
+    }
+}

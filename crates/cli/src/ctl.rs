@@ -1,0 +1,187 @@
+//! `virtsoc ctl`: the daemon's console, in the style of the Android emulator's (`adb emu sms
+//! send ...`), over the control API (HTTP + JSON on `<socket>.control`).
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+use virtsoc_control::client::{request, Target};
+
+use crate::CliError;
+
+/// The commands, as `virtsoc ctl` with no arguments prints them.
+pub const USAGE: &str = "\
+virtsoc ctl [--socket PATH|tcp:HOST:PORT] COMMAND
+  guests                         live guests (transport, protocol, regions, copies)
+  devices                        devices, backends, memory domains
+  stats GUEST                    one guest's counters (JSON)
+  display foreground GUEST       give the screen to GUEST (prints the switch latency)
+  display refresh HZ             change the display's refresh rate
+  sms send FROM TEXT...          incoming SMS to every guest's modem
+  gsm call FROM                  incoming voice call
+  gsm cancel                     the remote party hangs up
+  gsm signal RSSI [BER]          signal strength 0..31, bit error rate 0..7
+  gsm registration STATE         home | searching | denied | roaming | not-registered
+  camera source SRC              synthetic | file:PATH
+  kill GUEST                     close GUEST's session
+  metrics                        Prometheus metrics
+--socket: the control socket (default /tmp/virtsoc.sock.control; a daemon's guest socket
+          is accepted too), or tcp:HOST:PORT with the token in $VIRTSOC_TOKEN";
+
+fn usage(msg: &str) -> CliError {
+    CliError::Usage(format!("{msg}\n{USAGE}"))
+}
+
+fn target(socket: Option<String>) -> Target {
+    let s = socket.unwrap_or_else(|| "/tmp/virtsoc.sock.control".into());
+    if let Some(addr) = s.strip_prefix("tcp:") {
+        return Target::Tcp(addr.to_string(), std::env::var("VIRTSOC_TOKEN").ok());
+    }
+    let p = PathBuf::from(&s);
+    let control = virtsoc_control::client::control_path(&p);
+    if !s.ends_with(".control") && control.exists() {
+        return Target::Unix(control);
+    }
+    Target::Unix(p)
+}
+
+fn guest(s: Option<&String>) -> Result<u64, CliError> {
+    s.ok_or_else(|| usage("missing GUEST"))?
+        .parse()
+        .map_err(|_| usage("GUEST is a guest id (see `virtsoc ctl guests`)"))
+}
+
+fn num(s: Option<&String>, what: &str) -> Result<u64, CliError> {
+    s.ok_or_else(|| usage(&format!("missing {what}")))?
+        .parse()
+        .map_err(|_| usage(&format!("{what} is a number")))
+}
+
+fn arg<'a>(s: Option<&'a String>, what: &str) -> Result<&'a String, CliError> {
+    s.ok_or_else(|| usage(&format!("missing {what}")))
+}
+
+/// Runs `virtsoc ctl ARGS...` and prints the answer.
+pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
+    if args.is_empty() {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = |i: usize| args.get(i);
+    let (method, path, body): (&str, String, Value) = match words.as_slice() {
+        ["guests"] => ("GET", "/guests".into(), Value::Null),
+        ["devices"] => ("GET", "/devices".into(), Value::Null),
+        ["metrics"] => ("GET", "/metrics".into(), Value::Null),
+        ["stats", ..] => (
+            "GET",
+            format!("/guests/{}/stats", guest(a(1))?),
+            Value::Null,
+        ),
+        ["kill", ..] => ("POST", format!("/guests/{}/kill", guest(a(1))?), json!({})),
+        ["display", "foreground", ..] => (
+            "POST",
+            "/display/foreground".into(),
+            json!({ "guest": guest(a(2))? }),
+        ),
+        ["display", "refresh", ..] => (
+            "POST",
+            "/display/refresh".into(),
+            json!({ "hz": num(a(2), "HZ")? }),
+        ),
+        ["sms", "send", ..] => {
+            let from = arg(a(2), "FROM")?;
+            if args.len() < 4 {
+                return Err(usage("missing TEXT"));
+            }
+            let text = args[3..].join(" ");
+            (
+                "POST",
+                "/modem/sms".into(),
+                json!({ "from": from, "text": text }),
+            )
+        }
+        ["gsm", "call", ..] => (
+            "POST",
+            "/modem/call".into(),
+            json!({ "from": arg(a(2), "FROM")? }),
+        ),
+        ["gsm", "cancel"] => ("POST", "/modem/hangup".into(), json!({})),
+        ["gsm", "signal", ..] => {
+            let rssi = num(a(2), "RSSI")?;
+            let mut b = json!({ "rssi": rssi });
+            if a(3).is_some() {
+                b["ber"] = json!(num(a(3), "BER")?);
+            }
+            ("POST", "/modem/signal".into(), b)
+        }
+        ["gsm", "registration", ..] => (
+            "POST",
+            "/modem/registration".into(),
+            json!({ "state": arg(a(2), "STATE")? }),
+        ),
+        ["camera", "source", ..] => (
+            "POST",
+            "/camera/source".into(),
+            json!({ "source": arg(a(2), "SRC")? }),
+        ),
+        _ => return Err(usage(&format!("unknown command: {}", args.join(" ")))),
+    };
+    let body = if body.is_null() {
+        Vec::new()
+    } else {
+        serde_json::to_vec(&body)?
+    };
+    let t = target(socket);
+    let r = request(&t, method, &path, &body).map_err(|e| {
+        CliError::Usage(format!(
+            "cannot reach the daemon's control API at {t:?}: {e}"
+        ))
+    })?;
+    if r.status != 200 {
+        let msg = r.json()["error"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or(r.body.clone());
+        return Err(CliError::Usage(format!("KO: {msg} (HTTP {})", r.status)));
+    }
+    match words[0] {
+        "metrics" => print!("{}", r.body),
+        "guests" => print_guests(&r.json()),
+        "devices" => print_devices(&r.json()),
+        _ => println!("{}\nOK", serde_json::to_string_pretty(&r.json())?),
+    }
+    Ok(())
+}
+
+fn print_guests(v: &Value) {
+    println!(
+        "{:>5}  {:<20} {:<6} {:<17} {:>7} {:>12} {:>8} {:>14}",
+        "id", "name", "via", "protocol", "regions", "bytes", "copies", "copy bytes"
+    );
+    for g in v.as_array().into_iter().flatten() {
+        println!(
+            "{:>5}  {:<20} {:<6} {:<17} {:>7} {:>12} {:>8} {:>14}",
+            g["id"],
+            g["name"].as_str().unwrap_or(""),
+            g["transport"].as_str().unwrap_or(""),
+            g["protocol"].as_str().unwrap_or(""),
+            g["regions"],
+            g["bytes"],
+            g["counters"]["copies"],
+            g["counters"]["copy_bytes"],
+        );
+    }
+}
+
+fn print_devices(v: &Value) {
+    println!("{:>4}  {:<10} {:<8} backend", "id", "name", "domain");
+    for d in v.as_array().into_iter().flatten() {
+        println!(
+            "{:>4}  {:<10} {:<8} {}",
+            d["id"],
+            d["name"].as_str().unwrap_or(""),
+            d["domain"].as_str().unwrap_or(""),
+            d["backend"].as_str().unwrap_or("")
+        );
+    }
+}

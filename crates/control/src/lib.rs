@@ -1,0 +1,72 @@
+//! The control API of `virtsocd`: HTTP + JSON on a Unix socket (and optionally TCP, with the
+//! remote-guest token), to inspect and steer a running daemon the way the Android emulator's
+//! console does (inject an SMS, a call, change the signal, switch the foreground app, ...).
+//!
+//! This crate knows nothing of the daemon's internals: the daemon implements [`Backend`]
+//! (listings, one `control` entry point per device, closing a guest) and [`server::serve`]
+//! runs the HTTP side on threads of its own.
+//!
+//! Why `tiny_http`: the daemon is built of threads (one per guest connection, one per device
+//! worker), not of an async runtime, so a small, well-kept *blocking* HTTP/1.1 server on a
+//! thread of its own is all the control API needs; `tiny_http` is that (no runtime, few
+//! dependencies, listens on Unix sockets as well as TCP) where hyper/axum would bring tokio
+//! into a daemon that does not otherwise use it. Handlers only take short locks and send
+//! messages (a foreground switch, an SMS into a modem's buffer), so the control server never
+//! blocks a device worker, and a slow control client only holds up its own request thread.
+//!
+//! Routes ([`routes::handle`]):
+//!
+//! | method | path | body | answer |
+//! |---|---|---|---|
+//! | GET | `/guests` | | `[GuestInfo]` |
+//! | GET | `/guests/{id}/stats` | | `GuestInfo` |
+//! | POST | `/guests/{id}/kill` | | `{"killed": id}` |
+//! | GET | `/devices` | | `[DeviceInfo]` |
+//! | POST | `/display/foreground` | `{"guest": id}` | `{"guest", "latency_us"}` |
+//! | POST | `/display/refresh` | `{"hz": n}` | `{"refresh_hz"}` |
+//! | POST | `/modem/sms` | `{"from", "text", "guest"?}` | `{"delivered": [...]}` |
+//! | POST | `/modem/call` | `{"from", "guest"?}` | `{"delivered": [...]}` |
+//! | POST | `/modem/hangup` | `{"guest"?}` | `{"delivered": [...]}` |
+//! | POST | `/modem/signal` | `{"rssi": 0..31, "ber": 0..7, "guest"?}` | `{"delivered": [...]}` |
+//! | POST | `/modem/registration` | `{"state", "guest"?}` | `{"delivered": [...]}` |
+//! | POST | `/camera/source` | `{"source": "synthetic" \| "file:PATH"}` | `{"backend"}` |
+//! | GET | `/metrics` | | Prometheus text |
+//!
+//! Errors are `{"error": "..."}` with 400 (malformed JSON, a missing or bad field, named),
+//! 401 (TCP without the token), 404 (unknown guest or route), 409 (refused by the device,
+//! e.g. no call to hang up), 413 (body over [`MAX_BODY`]) or 500.
+
+pub mod client;
+pub mod error;
+pub mod metrics;
+pub mod routes;
+pub mod server;
+pub mod types;
+
+pub use error::ControlError;
+pub use types::*;
+
+/// Largest request body accepted (bigger ones get 413 before being read).
+pub const MAX_BODY: usize = 64 << 10;
+
+/// What the control API needs of the daemon. Every method must return quickly (short locks,
+/// no waiting on devices).
+pub trait Backend: Send + Sync + 'static {
+    /// The live guests.
+    fn guests(&self) -> Vec<GuestInfo>;
+    /// One live guest.
+    fn guest(&self, id: u64) -> Option<GuestInfo> {
+        self.guests().into_iter().find(|g| g.id == id)
+    }
+    /// The devices.
+    fn devices(&self) -> Vec<DeviceInfo>;
+    /// Runs control operation `op` of the device named `device`.
+    fn device_control(
+        &self,
+        device: &str,
+        op: &str,
+        args: &serde_json::Value,
+    ) -> Result<serde_json::Value, ControlError>;
+    /// Closes guest `id`'s session (others are unaffected).
+    fn kill(&self, id: u64) -> Result<(), ControlError>;
+}

@@ -1,0 +1,362 @@
+//! Routing: a method, a path and a body in, a status and a body out (no HTTP here, so the
+//! routes are tested without sockets).
+
+use std::time::Instant;
+
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+use crate::types::*;
+use crate::{Backend, ControlError};
+
+/// An answer: HTTP status, content type, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Answer {
+    fn json(v: &impl serde::Serialize) -> Answer {
+        Answer {
+            status: 200,
+            content_type: "application/json",
+            body: serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
+        }
+    }
+
+    /// The answer for an error: its status and `{"error": "..."}`.
+    pub fn error(e: &ControlError) -> Answer {
+        Answer {
+            status: e.status(),
+            content_type: "application/json",
+            body: e.body(),
+        }
+    }
+}
+
+/// Parses a JSON body into `T`; errors name the offending field.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ControlError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        body
+    };
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            ControlError::BadRequest(format!("bad request body: {inner}"))
+        } else {
+            ControlError::BadRequest(format!("field `{path}`: {inner}"))
+        }
+    })
+}
+
+/// Serves one request. `received` is when it arrived (the foreground switch's latency is
+/// measured from there).
+pub fn handle(
+    backend: &dyn Backend,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    received: Instant,
+) -> Answer {
+    match route(backend, method, path, body, received) {
+        Ok(a) => a,
+        Err(e) => Answer::error(&e),
+    }
+}
+
+fn guest_id(s: &str) -> Result<u64, ControlError> {
+    s.parse()
+        .map_err(|_| ControlError::NotFound(format!("no guest {s:?}")))
+}
+
+fn known_guest(backend: &dyn Backend, id: u64) -> Result<GuestInfo, ControlError> {
+    backend
+        .guest(id)
+        .ok_or_else(|| ControlError::NotFound(format!("no guest {id}")))
+}
+
+fn check_guest(backend: &dyn Backend, id: Option<u64>) -> Result<(), ControlError> {
+    match id {
+        Some(id) => known_guest(backend, id).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+fn to_value(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn route(
+    backend: &dyn Backend,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    received: Instant,
+) -> Result<Answer, ControlError> {
+    let path = path.split('?').next().unwrap_or("");
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let get = method == "GET";
+    let post = method == "POST";
+    let want = |ok: bool| {
+        if ok {
+            Ok(())
+        } else {
+            Err(ControlError::MethodNotAllowed)
+        }
+    };
+    match parts.as_slice() {
+        ["guests"] => {
+            want(get)?;
+            Ok(Answer::json(&backend.guests()))
+        }
+        ["guests", id, "stats"] => {
+            want(get)?;
+            Ok(Answer::json(&known_guest(backend, guest_id(id)?)?))
+        }
+        ["guests", id, "kill"] => {
+            want(post)?;
+            let id = guest_id(id)?;
+            known_guest(backend, id)?;
+            backend.kill(id)?;
+            Ok(Answer::json(&json!({ "killed": id })))
+        }
+        ["devices"] => {
+            want(get)?;
+            Ok(Answer::json(&backend.devices()))
+        }
+        ["display", "foreground"] => {
+            want(post)?;
+            let r: ForegroundRequest = parse(body)?;
+            known_guest(backend, r.guest)?;
+            let mut v = backend.device_control("display", "foreground", &to_value(&r))?;
+            let latency_us = received.elapsed().as_secs_f64() * 1e6;
+            if let Value::Object(m) = &mut v {
+                m.insert("latency_us".into(), json!(latency_us));
+            }
+            Ok(Answer::json(&v))
+        }
+        ["display", "refresh"] => {
+            want(post)?;
+            let r: RefreshRequest = parse(body)?;
+            if !(1..=1000).contains(&r.hz) {
+                return Err(ControlError::BadRequest(
+                    "field `hz`: must be 1..1000".into(),
+                ));
+            }
+            Ok(Answer::json(&backend.device_control(
+                "display",
+                "refresh",
+                &to_value(&r),
+            )?))
+        }
+        ["modem", op] => {
+            want(post)?;
+            let args = match *op {
+                "sms" => {
+                    let r: SmsRequest = parse(body)?;
+                    check_guest(backend, r.guest)?;
+                    to_value(&r)
+                }
+                "call" => {
+                    let r: CallRequest = parse(body)?;
+                    check_guest(backend, r.guest)?;
+                    to_value(&r)
+                }
+                "hangup" => {
+                    let r: HangupRequest = parse(body)?;
+                    check_guest(backend, r.guest)?;
+                    to_value(&r)
+                }
+                "signal" => {
+                    let r: SignalRequest = parse(body)?;
+                    if r.rssi > 31 && r.rssi != 99 {
+                        return Err(ControlError::BadRequest(
+                            "field `rssi`: must be 0..31 (or 99, unknown)".into(),
+                        ));
+                    }
+                    if r.ber > 7 && r.ber != 99 {
+                        return Err(ControlError::BadRequest(
+                            "field `ber`: must be 0..7 (or 99, unknown)".into(),
+                        ));
+                    }
+                    check_guest(backend, r.guest)?;
+                    to_value(&r)
+                }
+                "registration" => {
+                    let r: RegistrationRequest = parse(body)?;
+                    const STATES: [&str; 5] =
+                        ["home", "searching", "denied", "roaming", "not-registered"];
+                    if !STATES.contains(&r.state.as_str()) {
+                        return Err(ControlError::BadRequest(format!(
+                            "field `state`: {:?} is not one of {}",
+                            r.state,
+                            STATES.join(", ")
+                        )));
+                    }
+                    check_guest(backend, r.guest)?;
+                    to_value(&r)
+                }
+                _ => return Err(ControlError::NotFound(format!("no route {path}"))),
+            };
+            Ok(Answer::json(&backend.device_control("modem", op, &args)?))
+        }
+        ["camera", "source"] => {
+            want(post)?;
+            let r: CameraSourceRequest = parse(body)?;
+            Ok(Answer::json(&backend.device_control(
+                "camera",
+                "source",
+                &to_value(&r),
+            )?))
+        }
+        ["metrics"] => {
+            want(get)?;
+            Ok(Answer {
+                status: 200,
+                content_type: "text/plain; version=0.0.4",
+                body: crate::metrics::render(backend)?,
+            })
+        }
+        _ => Err(ControlError::NotFound(format!("no route {method} {path}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+
+    /// One guest (7, "g"), one display; device operations echo their arguments.
+    struct Fake;
+
+    impl Backend for Fake {
+        fn guests(&self) -> Vec<GuestInfo> {
+            vec![GuestInfo {
+                id: 7,
+                name: "g".into(),
+                transport: "unix".into(),
+                protocol: "prefetch".into(),
+                regions: 1,
+                bytes: 4096,
+                counters: Counters {
+                    hits: 3,
+                    ..Counters::default()
+                },
+                links: vec![LinkCopies {
+                    src: "cpu".into(),
+                    dst: "gpu".into(),
+                    copies: 2,
+                    bytes: 8192,
+                    ns: 1000,
+                }],
+                commands: [("display".to_string(), 5)].into_iter().collect(),
+            }]
+        }
+        fn devices(&self) -> Vec<DeviceInfo> {
+            vec![DeviceInfo {
+                id: 14,
+                name: "display".into(),
+                backend: "headless".into(),
+                domain: "gpu".into(),
+                queued: 0,
+            }]
+        }
+        fn device_control(
+            &self,
+            device: &str,
+            op: &str,
+            args: &Value,
+        ) -> Result<Value, ControlError> {
+            match (device, op) {
+                ("display", "metrics") => Ok(json!([{
+                    "guest": 7, "presented": 4, "dropped": 1, "latencies_ns": [20_000_000]
+                }])),
+                ("display", "foreground") => Ok(json!({ "guest": args["guest"] })),
+                _ => Ok(json!({ "op": op, "args": args })),
+            }
+        }
+        fn kill(&self, _id: u64) -> Result<(), ControlError> {
+            Ok(())
+        }
+    }
+
+    fn go(method: &str, path: &str, body: &str) -> (u16, Value) {
+        let a = handle(&Fake, method, path, body.as_bytes(), Instant::now());
+        let v = serde_json::from_str(&a.body).unwrap_or(Value::String(a.body));
+        (a.status, v)
+    }
+
+    #[test]
+    fn routes_answer_json() {
+        assert_eq!(go("GET", "/guests", "").1[0]["id"], 7);
+        assert_eq!(go("GET", "/guests/7/stats", "").1["name"], "g");
+        assert_eq!(go("GET", "/devices", "").1[0]["domain"], "gpu");
+        let (s, v) = go("POST", "/display/foreground", r#"{"guest": 7}"#);
+        assert_eq!(s, 200);
+        assert!(v["latency_us"].is_number());
+        let (s, v) = go("POST", "/modem/signal", r#"{"rssi": 10}"#);
+        assert_eq!((s, v["args"]["ber"].clone()), (200, json!(99)));
+        assert_eq!(
+            go("POST", "/modem/hangup", "").0,
+            200,
+            "an empty body is {{}}"
+        );
+    }
+
+    #[test]
+    fn errors_have_their_status_and_name_the_field() {
+        let (s, v) = go("GET", "/guests/8/stats", "");
+        assert_eq!(s, 404);
+        assert!(v["error"].as_str().unwrap().contains("no guest 8"));
+        assert_eq!(go("POST", "/display/foreground", r#"{"guest": 8}"#).0, 404);
+        let (s, v) = go("POST", "/modem/call", "{}");
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("`from`"), "{v}");
+        let (s, v) = go("POST", "/modem/signal", r#"{"rssi": 1, "ber": "x"}"#);
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("`ber`"), "{v}");
+        let (s, v) = go(
+            "POST",
+            "/camera/source",
+            r#"{"source": "synthetic", "x": 1}"#,
+        );
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains('x'), "{v}");
+        assert_eq!(go("POST", "/display/foreground", "{").0, 400);
+        assert_eq!(go("GET", "/display/foreground", "").0, 405);
+        assert_eq!(go("GET", "/nothing", "").0, 404);
+    }
+
+    #[test]
+    fn metrics_are_prometheus_text() {
+        let (s, v) = go("GET", "/metrics", "");
+        assert_eq!(s, 200);
+        let text = v.as_str().unwrap();
+        for line in [
+            "virtsoc_guests 1",
+            "virtsoc_prediction_hits_total{guest=\"7\",name=\"g\"} 3",
+            "virtsoc_coherence_copies_total{dst=\"gpu\",guest=\"7\",name=\"g\",src=\"cpu\"} 2",
+            "virtsoc_guest_commands_total{device=\"display\",guest=\"7\",name=\"g\"} 5",
+            "virtsoc_display_presented_frames_total{guest=\"7\",name=\"g\"} 4",
+            "virtsoc_display_motion_to_photon_seconds_bucket{guest=\"7\",name=\"g\",le=\"0.025\"} 1",
+            "virtsoc_display_motion_to_photon_seconds_bucket{guest=\"7\",name=\"g\",le=\"0.016\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_in_full() {
+        use crate::server::constant_time_eq;
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

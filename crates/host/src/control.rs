@@ -1,0 +1,167 @@
+//! The daemon's side of the control API ([`virtsoc_control`]): listings from the session
+//! table, the SVM manager and the devices; device operations through
+//! [`Device::control`](crate::device::Device::control); closing a guest. Everything here
+//! takes short locks only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use virtsoc_control::{Backend, ControlError, Counters, DeviceInfo, GuestInfo, LinkCopies};
+use virtsoc_svm::DomainId;
+
+use crate::session::Session;
+use crate::Daemon;
+
+/// The control API's view of a daemon.
+pub struct ControlBackend(pub Arc<Daemon>);
+
+impl ControlBackend {
+    fn domain_name(&self, id: u32) -> String {
+        self.0
+            .svm()
+            .engine()
+            .topology()
+            .info(DomainId(id))
+            .map(|i| i.name.clone())
+            .unwrap_or_else(|| format!("domain{id}"))
+    }
+
+    fn info(&self, s: &Session) -> Option<GuestInfo> {
+        let d = &self.0;
+        let id = s.guest_id();
+        let svm = d.svm();
+        let c = svm.guest_counters(id).ok()?;
+        let (regions, bytes) = svm.guest_usage(id).unwrap_or((0, 0));
+        let (transport, protocol) = d.guest_meta(id).unwrap_or(("unknown", d.config().protocol));
+        let links = svm
+            .guest_ledger(id)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|((src, dst), l)| LinkCopies {
+                src: self.domain_name(src),
+                dst: self.domain_name(dst),
+                copies: l.copies,
+                bytes: l.bytes,
+                ns: l.ns,
+            })
+            .collect();
+        let commands: BTreeMap<String, u64> = s
+            .commands()
+            .into_iter()
+            .map(|(dev, n)| {
+                let name = d
+                    .devices()
+                    .get(virtsoc_proto::DeviceId(dev))
+                    .map(|slot| slot.device.name().to_string())
+                    .unwrap_or_else(|| format!("device{dev}"));
+                (name, n)
+            })
+            .collect();
+        Some(GuestInfo {
+            id,
+            name: s.name().to_string(),
+            transport: transport.to_string(),
+            protocol: protocol.name().to_string(),
+            regions,
+            bytes,
+            counters: Counters {
+                copies: c.copies,
+                copy_ns: c.copy_ns,
+                copy_bytes: c.copy_bytes,
+                device_copies: c.device_copies,
+                device_copy_bytes: c.device_copy_bytes,
+                device_copy_ns: c.device_copy_ns,
+                sync_fetches: c.sync_fetches,
+                inflight_waits: c.inflight_waits,
+                prefetches: c.prefetches,
+                hits: c.hits,
+                misses: c.misses,
+                compensation_ns: c.compensation_ns,
+                bookkeeping_ns: c.bookkeeping_ns,
+            },
+            links,
+            commands,
+        })
+    }
+}
+
+impl Backend for ControlBackend {
+    fn guests(&self) -> Vec<GuestInfo> {
+        let mut out: Vec<GuestInfo> = self
+            .0
+            .sessions()
+            .iter()
+            .filter(|s| !s.is_closed())
+            .filter_map(|s| self.info(s))
+            .collect();
+        out.sort_by_key(|g| g.id);
+        out
+    }
+
+    fn guest(&self, id: u64) -> Option<GuestInfo> {
+        let s = self.0.sessions().into_iter().find(|s| s.guest_id() == id)?;
+        if s.is_closed() {
+            return None;
+        }
+        self.info(&s)
+    }
+
+    fn devices(&self) -> Vec<DeviceInfo> {
+        self.0
+            .devices()
+            .iter()
+            .map(|s| DeviceInfo {
+                id: s.id.0,
+                name: s.device.name().to_string(),
+                backend: s.device.backend(),
+                domain: self.domain_name(s.domain.0),
+                queued: s.depth() as u64,
+            })
+            .collect()
+    }
+
+    fn device_control(&self, device: &str, op: &str, args: &Value) -> Result<Value, ControlError> {
+        let slot = self
+            .0
+            .devices()
+            .iter()
+            .find(|s| s.device.name() == device)
+            .cloned()
+            .ok_or_else(|| ControlError::NotFound(format!("no device {device:?}")))?;
+        slot.device.control(op, args)
+    }
+
+    fn kill(&self, id: u64) -> Result<(), ControlError> {
+        if self.0.kill(id) {
+            Ok(())
+        } else {
+            Err(ControlError::NotFound(format!("no guest {id}")))
+        }
+    }
+}
+
+/// Starts the control API of `daemon` on `unix` and, if given, TCP `tcp` (which needs the
+/// daemon's remote-guest token).
+pub fn start(
+    daemon: &Arc<Daemon>,
+    unix: Option<&std::path::Path>,
+    tcp: Option<std::net::SocketAddr>,
+) -> crate::Result<virtsoc_control::server::ControlServer> {
+    if tcp.is_some() && daemon.config().token.is_none() {
+        return Err(crate::HostError::Config(
+            "the control API on TCP needs a token: give --token-file".into(),
+        ));
+    }
+    Ok(virtsoc_control::server::serve(
+        Arc::new(ControlBackend(daemon.clone())),
+        unix,
+        tcp,
+        daemon.config().token.clone(),
+    )?)
+}
+
+/// The control socket of the daemon listening on `socket`: `<socket>.control`.
+pub fn default_path(socket: &std::path::Path) -> std::path::PathBuf {
+    virtsoc_control::client::control_path(socket)
+}
