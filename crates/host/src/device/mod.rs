@@ -150,6 +150,8 @@ pub struct Reply {
     session: Arc<Session>,
     seq: u64,
     token: Option<DoneToken>,
+    /// Run once the answer is given (the worker's queue becomes ready again).
+    on_sent: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Reply {
@@ -165,6 +167,9 @@ impl Reply {
                 Err(status) => Completion::err(self.seq, status),
             });
             token.done();
+        }
+        if let Some(f) = self.on_sent.take() {
+            f();
         }
     }
 }
@@ -472,13 +477,16 @@ fn execute(
 }
 
 /// The device worker: serves the guests' queues round robin, one command per queue per
-/// pass. A queue held by a fence wait, or by a begin_access parked on a copy, is skipped; the
-/// fence's signal or the copy's completion wakes the worker.
+/// pass, each queue in order. A queue held by a fence wait, by a begin_access parked on a copy,
+/// or by a command still running on the device is skipped; the fence's signal, the copy's
+/// completion or the command's reply wakes the worker.
 fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
     // Fence each blocked queue has a wake-up registered for (keyed by queue address).
     let mut armed: HashMap<usize, FenceId> = HashMap::new();
     // The parked begin_access of each queue that has one.
     let mut parked: HashMap<usize, Parked> = HashMap::new();
+    // Queues whose last request is still being answered (set until its reply is sent).
+    let mut busy: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
     loop {
         let seen = slot.events.current();
         if slot.stop.load(Ordering::SeqCst) {
@@ -508,12 +516,27 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
                 progressed = true;
                 continue;
             }
+            // A command still running on the device (an asynchronous GPU submission) holds
+            // its queue: the guest's next request sees its result, and nobody waits for it.
+            if busy.get(&key).is_some_and(|b| b.load(Ordering::Acquire)) {
+                continue;
+            }
             match q.try_pop_ready() {
                 TryPop::Ready(req, token) => {
+                    let flag = busy
+                        .entry(key)
+                        .or_insert_with(|| Arc::new(AtomicBool::new(false)))
+                        .clone();
+                    flag.store(true, Ordering::Release);
+                    let wake = slot.waker();
                     let reply = Reply {
                         session: session.clone(),
                         seq: req.seq,
                         token: Some(token),
+                        on_sent: Some(Box::new(move || {
+                            flag.store(false, Ordering::Release);
+                            wake();
+                        })),
                     };
                     if let Some(p) = execute(&svm, &slot, session, req, reply, false) {
                         park(&slot, &mut parked, key, p);
@@ -539,6 +562,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
             for k in dead {
                 armed.remove(&k);
                 parked.remove(&k);
+                busy.remove(&k);
             }
         }
         if !progressed {
