@@ -157,6 +157,8 @@ pub struct WgpuBackend {
     poller: Option<JoinHandle<()>>,
     error: Arc<Mutex<Option<String>>>,
     lost: Arc<Mutex<Option<String>>>,
+    /// Draw two full-screen bottom layers in one pass (on by default).
+    fuse: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -238,9 +240,16 @@ impl WgpuBackend {
             poller: Some(poller),
             error,
             lost,
+            fuse: true,
         };
         backend.check_errors()?;
         Ok(backend)
+    }
+
+    /// Whether two full-screen bottom layers are drawn in one pass (the default); off, every
+    /// layer is its own draw (for measuring the difference and testing both paths).
+    pub fn set_fused_layers(&mut self, on: bool) {
+        self.fuse = on;
     }
 
     /// The adapter in use (e.g. "llvmpipe (LLVM 15.0.6)" on lavapipe).

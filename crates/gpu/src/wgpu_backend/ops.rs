@@ -72,12 +72,16 @@ impl<'a> ImageLayer<'a> {
 /// destination, and it either replaces (no blending) or is opaque (plane
 /// alpha 1 and a YUV source, which has no alpha).
 pub(super) fn covers_opaque(l: &ImageLayer<'_>, dst: &FrameLayout) -> bool {
+    covers(l, dst) && (!l.blend || (l.alpha == 1.0 && l.image.layout().format.is_yuv()))
+}
+
+/// Whether `l`'s destination rectangle covers the whole destination.
+fn covers(l: &ImageLayer<'_>, dst: &FrameLayout) -> bool {
     let r = l.dst_rect;
-    let covers = r.x <= 0
+    r.x <= 0
         && r.y <= 0
         && r.x as i64 + r.width as i64 >= dst.width as i64
-        && r.y as i64 + r.height as i64 >= dst.height as i64;
-    covers && (!l.blend || (l.alpha == 1.0 && l.image.layout().format.is_yuv()))
+        && r.y as i64 + r.height as i64 >= dst.height as i64
 }
 
 fn rgb_dst(op: &'static str, dst: &GpuImage) -> Result<()> {
@@ -236,27 +240,51 @@ impl WgpuBackend {
         let target = Target::of(dl.format);
         let params: Vec<Params> = layers.iter().map(|l| layer_params(l, &dl)).collect();
         let ubuf = self.uniform_buffer(&params);
-        let draws: Vec<_> = layers
+        let groups: Vec<wgpu::BindGroup> = layers
             .iter()
             .enumerate()
             .map(|(i, l)| {
-                let group = self.src_bind_group(
+                self.src_bind_group(
                     &self.pipes.src_bgl,
                     &ubuf,
                     i as u64 * self.pipes.uniform_stride,
                     &l.image.inner.views,
                     &self.pipes.clamp_sampler,
                     None,
-                );
-                let key = PipeKey::Layer {
-                    target,
-                    blend: l.blend,
-                    mode: l.image.inner.mode,
-                    exact: LayerMap::new(l.dst_rect, l.crop, l.rotation).is_exact(),
-                };
-                (self.render_pipeline(st, key), group)
+                )
             })
             .collect();
+        let exact = |l: &ImageLayer<'_>| LayerMap::new(l.dst_rect, l.crop, l.rotation).is_exact();
+        // Two full-screen layers at the bottom (a video under a UI, Android's usual GPU
+        // fallback) are drawn in one pass: the target is written once, not twice.
+        let fused = layers.len() >= 2
+            && covers_opaque(&layers[0], &dl)
+            && covers(&layers[1], &dl)
+            && self.fuse;
+        let mut draws: Vec<(wgpu::RenderPipeline, Vec<&wgpu::BindGroup>)> = Vec::new();
+        let mut rest = 0;
+        if fused {
+            let (a, b) = (&layers[0], &layers[1]);
+            let key = PipeKey::Fused {
+                target,
+                mode: a.image.inner.mode,
+                exact: exact(a),
+                mode2: b.image.inner.mode,
+                exact2: exact(b),
+                blend2: b.blend,
+            };
+            draws.push((self.render_pipeline(st, key), vec![&groups[0], &groups[1]]));
+            rest = 2;
+        }
+        for (l, group) in layers.iter().zip(&groups).skip(rest) {
+            let key = PipeKey::Layer {
+                target,
+                blend: l.blend,
+                mode: l.image.inner.mode,
+                exact: exact(l),
+            };
+            draws.push((self.render_pipeline(st, key), vec![group]));
+        }
         let load = if layers.first().is_some_and(|l| covers_opaque(l, &dl)) {
             wgpu::LoadOp::Clear(wgpu::Color::TRANSPARENT)
         } else {
@@ -268,9 +296,11 @@ impl WgpuBackend {
         let mut encoder = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = begin_pass(&mut encoder, &dst.inner.views[0], load, "virtsoc-composite");
-            for (pipe, group) in &draws {
+            for (pipe, groups) in &draws {
                 pass.set_pipeline(pipe);
-                pass.set_bind_group(0, group, &[]);
+                for (i, group) in groups.iter().enumerate() {
+                    pass.set_bind_group(i as u32, *group, &[]);
+                }
                 pass.draw(0..6, 0..1);
             }
         }

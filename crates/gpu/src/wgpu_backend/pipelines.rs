@@ -88,6 +88,15 @@ pub(super) enum PipeKey {
         mode: u32,
     },
     Markers(Target),
+    /// Two full-screen layers in one pass (see `shaders/fused.wgsl`).
+    Fused {
+        target: Target,
+        mode: u32,
+        exact: bool,
+        mode2: u32,
+        exact2: bool,
+        blend2: bool,
+    },
 }
 
 /// Values of the shader's pipeline-overridable constants.
@@ -129,15 +138,67 @@ const COMMON_WGSL: &str = include_str!("../shaders/common.wgsl");
 const RENDER_WGSL: &str = include_str!("../shaders/render.wgsl");
 const CONVERT_WGSL: &str = include_str!("../shaders/convert.wgsl");
 const MARKERS_WGSL: &str = include_str!("../shaders/markers.wgsl");
+const FUSED_WGSL: &str = include_str!("../shaders/fused.wgsl");
+
+/// common.wgsl's sampling code for a second layer: every global and function name suffixed
+/// by 2, its bindings in group 1 (the `Params` struct is shared).
+fn second_layer_wgsl() -> String {
+    let body = match COMMON_WGSL.find("@group(0)") {
+        Some(i) => &COMMON_WGSL[i..],
+        None => COMMON_WGSL,
+    };
+    let names = [
+        "P",
+        "t_luma",
+        "t_c0",
+        "t_c1",
+        "s_lin",
+        "clamp_axis",
+        "yuv_to_rgb",
+        "sample_tex",
+        "sample_luma",
+        "sample_src",
+        "layer_coord",
+        "equirect_coord",
+    ];
+    let mut out = String::with_capacity(body.len() + 256);
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        out.push_str(word);
+        if names.contains(&word.as_str()) {
+            out.push('2');
+        }
+        word.clear();
+    };
+    for ch in body.chars() {
+        if ch.is_ascii_alphanumeric() || ch == '_' {
+            word.push(ch);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(ch);
+        }
+    }
+    flush(&mut word, &mut out);
+    let overrides = "override SRC_MODE2: u32 = 0u;\noverride LUMA_EXACT2: bool = false;\n";
+    format!(
+        "{overrides}{}",
+        out.replace("@group(0)", "@group(1)")
+            .replace("SRC_MODE ", "SRC_MODE2 ")
+            .replace("SRC_MODE)", "SRC_MODE2)")
+            .replace("(LUMA_EXACT)", "(LUMA_EXACT2)")
+    )
+}
 
 /// Everything pipeline-related created once with the device.
 pub(super) struct Pipelines {
     pub uniform_stride: u64,
     render_module: wgpu::ShaderModule,
+    fused_module: wgpu::ShaderModule,
     convert_module: wgpu::ShaderModule,
     marker_module: wgpu::ShaderModule,
     pub src_bgl: wgpu::BindGroupLayout,
     src_layout: wgpu::PipelineLayout,
+    fused_layout: wgpu::PipelineLayout,
     pub convert_bgl: wgpu::BindGroupLayout,
     convert_layout: wgpu::PipelineLayout,
     pub marker_bgl: wgpu::BindGroupLayout,
@@ -165,6 +226,10 @@ impl Pipelines {
             })
         };
         let render_module = module("virtsoc-render", RENDER_WGSL);
+        let fused_module = module(
+            "virtsoc-fused",
+            &format!("{RENDER_WGSL}\n{}\n{FUSED_WGSL}", second_layer_wgsl()),
+        );
         let convert_module = module("virtsoc-convert", CONVERT_WGSL);
         let marker_module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("virtsoc-markers"),
@@ -211,6 +276,11 @@ impl Pipelines {
             })
         };
         let src_layout = playout("virtsoc-src", &src_bgl);
+        let fused_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("virtsoc-fused"),
+            bind_group_layouts: &[Some(&src_bgl), Some(&src_bgl)],
+            immediate_size: 0,
+        });
         let convert_layout = playout("virtsoc-convert", &convert_bgl);
         let marker_layout = playout("virtsoc-markers", &marker_bgl);
         let sampler = |label: &str, u: wgpu::AddressMode| {
@@ -239,10 +309,12 @@ impl Pipelines {
         Pipelines {
             uniform_stride,
             render_module,
+            fused_module,
             convert_module,
             marker_module,
             src_bgl,
             src_layout,
+            fused_layout,
             convert_bgl,
             convert_layout,
             marker_bgl,
@@ -287,6 +359,29 @@ impl WgpuBackend {
                 no_buffers,
                 src_constants(mode, false),
             ),
+            PipeKey::Fused {
+                target,
+                mode,
+                exact,
+                mode2,
+                exact2,
+                blend2,
+            } => {
+                let mut c = src_constants(mode, exact);
+                c.push(("SRC_MODE2", mode2 as f64));
+                c.push(("LUMA_EXACT2", if exact2 { 1.0 } else { 0.0 }));
+                c.push(("BLEND2", if blend2 { 1.0 } else { 0.0 }));
+                (
+                    target,
+                    false,
+                    &pp.fused_module,
+                    "vs_rect",
+                    "fs_fused",
+                    &pp.fused_layout,
+                    no_buffers,
+                    c,
+                )
+            }
             PipeKey::Markers(target) => (
                 target,
                 true,

@@ -1,0 +1,20 @@
+// Two full-screen layers in one pass: the bottom layer (group 0, opaque over the whole
+// target) and the layer over it (group 1), sampled and blended per pixel in the shader, so
+// the target is written once instead of twice. The group-1 sampling code is common.wgsl with
+// its names suffixed by 2 (made when the module is built); BLEND2 is the top layer's blend.
+
+override BLEND2: bool = true;
+
+@fragment
+fn fs_fused(in: VsOut) -> @location(0) vec4<f32> {
+    let s0 = layer_coord(in.pos.x, in.pos.y);
+    let c0 = sample_src(s0.x, s0.y, true);
+    let a0 = c0.a * P.misc.z;
+    let s1 = layer_coord2(in.pos.x, in.pos.y);
+    let c1 = sample_src2(s1.x, s1.y, true);
+    let a1 = c1.a * P2.misc.z;
+    if (!BLEND2) {
+        return vec4<f32>(c1.rgb, a1);
+    }
+    return vec4<f32>(c1.rgb * a1 + c0.rgb * (1.0 - a1), a1 + a0 * (1.0 - a1));
+}
