@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build demo test lint ctest clean
+.PHONY: deps build demo test lint check ctest clean
 
 deps:
 	scripts/install-deps.sh
@@ -22,11 +22,19 @@ demo: build
 
 ## Builds everything and runs every test: lint, unit, integration (real daemon and guest
 ## processes), and the C ABI test.
+test: export VIRTSOC_REQUIRE_ALL = 1
 test: deps lint
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
 	$(CARGO) test -p virtsoc --features window,v4l2 --test dev_sources
 	tests/c/run.sh debug
+
+## Quick checks that need no root and no system packages beyond the build's: formatting,
+## clippy and the unit tests of every crate (no daemon, no VM).
+check:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace --lib --bins
 
 lint:
 	$(CARGO) fmt --all -- --check

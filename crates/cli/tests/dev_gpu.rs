@@ -380,6 +380,10 @@ fn wgpu_and_cpu_backends_agree_end_to_end() {
     let got = render(&wgpu);
     let on = gpu_backend(&connect(&wgpu));
     if !on.starts_with("wgpu") {
+        assert!(
+            std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+            "no wgpu adapter ({on}) and VIRTSOC_REQUIRE_ALL is set"
+        );
         eprintln!("WARNING: no wgpu adapter here ({on}); both runs used the CPU backend");
     }
     drop(wgpu);

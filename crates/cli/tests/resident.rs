@@ -183,6 +183,11 @@ fn gpu_memory_replicas_give_the_cpu_reference_in_every_protocol_and_ordering() {
     for protocol in ["guest-staging", "write-invalidate", "prefetch"] {
         let c = open(&wgpu, protocol);
         if !gpu_backend(&c).contains("resident") {
+            assert!(
+                std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+                "no wgpu adapter ({}) and VIRTSOC_REQUIRE_ALL is set",
+                gpu_backend(&c)
+            );
             eprintln!("WARNING: no wgpu adapter: {}", gpu_backend(&c));
         }
         for fence in [false, true] {
