@@ -9,6 +9,7 @@
 //! - [`capi`]: the C ABI declared in `include/virtsoc.h`.
 
 pub mod capi;
+pub mod compose;
 pub mod conn;
 mod link;
 pub mod vm;

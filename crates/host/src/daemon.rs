@@ -49,6 +49,8 @@ pub struct DaemonConfig {
     /// Most connections (handshaking and admitted, Unix and TCP) served at once; more are
     /// refused.
     pub max_connections: usize,
+    /// Fault injection for tests: every asynchronous SVM copy waits this long first.
+    pub test_dma_delay: Duration,
 }
 
 impl Default for DaemonConfig {
@@ -64,6 +66,7 @@ impl Default for DaemonConfig {
             devices: Default::default(),
             handshake_timeout: Duration::from_secs(5),
             max_connections: 64,
+            test_dma_delay: Duration::ZERO,
         }
     }
 }
@@ -185,6 +188,7 @@ impl Daemon {
             })
             .collect();
         let svm = Arc::new(SvmManager::with_prefetch_config(topo, cfg.prefetch));
+        svm.set_dma_delay(cfg.test_dma_delay);
         for (_, dom, d) in &with_domains {
             if let Some(a) = d.allocator() {
                 svm.set_allocator(*dom, a);

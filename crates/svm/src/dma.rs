@@ -141,6 +141,9 @@ impl Queue {
 pub struct Dma {
     queue: Arc<(Mutex<Queue>, Condvar)>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Fault injection for tests: every copy waits this long (ns) before it starts, so a
+    /// test can keep a copy in flight for as long as it needs. 0 in normal operation.
+    delay_ns: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Copy channels the daemon runs.
@@ -150,12 +153,13 @@ impl Dma {
     /// Starts `channels` workers.
     pub(crate) fn start(engine: Arc<CopyEngine>, channels: usize) -> Self {
         let queue = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
+        let delay_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let workers = (0..channels.max(1))
             .filter_map(|i| {
-                let (q, e) = (queue.clone(), engine.clone());
+                let (q, e, d) = (queue.clone(), engine.clone(), delay_ns.clone());
                 std::thread::Builder::new()
                     .name(format!("svm-dma-{i}"))
-                    .spawn(move || run(q, e))
+                    .spawn(move || run(q, e, d))
                     .map_err(|err| log::warn!("svm: cannot start copy channel {i}: {err}"))
                     .ok()
             })
@@ -163,7 +167,14 @@ impl Dma {
         Dma {
             queue,
             workers: Mutex::new(workers),
+            delay_ns,
         }
+    }
+
+    /// Fault injection for tests: delays every copy by `d` before it starts.
+    pub(crate) fn set_delay(&self, d: std::time::Duration) {
+        self.delay_ns
+            .store(d.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Queues a copy. Without a running channel (stopping, or none could be started) the
@@ -206,7 +217,11 @@ impl Drop for Dma {
     }
 }
 
-fn run(queue: Arc<(Mutex<Queue>, Condvar)>, engine: Arc<CopyEngine>) {
+fn run(
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    engine: Arc<CopyEngine>,
+    delay_ns: Arc<std::sync::atomic::AtomicU64>,
+) {
     let (m, cv) = &*queue;
     loop {
         let job = {
@@ -221,6 +236,10 @@ fn run(queue: Arc<(Mutex<Queue>, Condvar)>, engine: Arc<CopyEngine>) {
                 q = cv.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
+        let delay = delay_ns.load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_nanos(delay));
+        }
         execute(&engine, job);
     }
 }

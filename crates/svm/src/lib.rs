@@ -206,6 +206,12 @@ impl SvmManager {
         }
     }
 
+    /// Fault injection for tests: every asynchronous copy waits `d` before it starts (keeps
+    /// a prefetch in flight deterministically).
+    pub fn set_dma_delay(&self, d: Duration) {
+        self.dma.set_delay(d);
+    }
+
     /// Places `domain`'s replicas in a device's own memory (a GPU's textures): every copy in
     /// or out becomes an upload or a readback through `alloc`'s memory.
     pub fn set_allocator(&self, domain: DomainId, alloc: Arc<dyn DeviceAllocator>) {

@@ -31,6 +31,9 @@ struct Args {
     /// Prefetch: suspend a flow after this many consecutive mispredictions (0 disables).
     #[arg(long, default_value_t = 3)]
     prefetch_max_misses: u32,
+    /// Fault injection for tests: every asynchronous copy waits this many ms first.
+    #[arg(long, default_value_t = 0, hide = true)]
+    test_dma_delay_ms: u64,
     /// Also accept remote guests on this TCP address (needs --token-file).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -113,6 +116,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         spins: args.spins,
         handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
         max_connections: usize::try_from(args.max_guests).unwrap_or(usize::MAX),
+        test_dma_delay: std::time::Duration::from_millis(args.test_dma_delay_ms),
         token: token(&args)?,
         devices: virtsoc_host::device::registry::DeviceConfig {
             gpu: args.gpu_backend.clone(),

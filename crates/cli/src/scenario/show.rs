@@ -64,9 +64,6 @@ pub(crate) struct Show {
     pub(crate) fallbacks: u64,
 }
 
-/// Largest scaling of a display plane, either way (the display's rule, see its docs).
-const MAX_PLANE_SCALE: u64 = 4;
-
 impl Show {
     /// Asks the display for its mode; allocates GPU composition targets when needed.
     pub(crate) fn new(p: &mut Pipe<'_>, composition: Composition) -> Result<Self, CliError> {
@@ -93,20 +90,10 @@ impl Show {
             .map_err(CliError::from)
     }
 
-    /// The composition policy (Android's hardware composer "validate" step): whether the
-    /// display's planes can show `layers` (few enough, unrotated, scaled at most 4x either
-    /// way), from what the display's mode says.
+    /// The composition policy (the guest library's, Android's "validate" step): whether the
+    /// display's planes can show `layers`.
     pub(crate) fn planes_can_show(&self, layers: &[LayerRecord]) -> bool {
-        let within = |from: u32, to: u32| {
-            u64::from(to) * MAX_PLANE_SCALE >= u64::from(from)
-                && u64::from(to) <= u64::from(from) * MAX_PLANE_SCALE
-        };
-        layers.len() as u64 <= self.planes
-            && layers.iter().all(|l| {
-                l.rotation == 0
-                    && within(l.crop[2], l.dst_size[0])
-                    && within(l.crop[3], l.dst_size[1])
-            })
+        virtsoc_guest::compose::planes_can_show(self.planes, layers)
     }
 
     /// Shows `records` (already written into blob `layers`), whose sources are `sources`, as

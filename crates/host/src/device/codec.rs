@@ -317,10 +317,16 @@ impl Codec {
             );
             return Err(Status::BadArgument);
         }
+        let t0 = std::time::Instant::now();
         cx.with_region(c.frame, |bytes| {
             FrameMut::new(layout, bytes).and_then(|dst| copy_frame(front.as_frame(), dst))
         })?
         .map_err(|e| media_status(&e))?;
+        // On the ledger: this copy into the region, and the decoder's own copy of the picture
+        // out of libavcodec's frame pool when it decoded it (both in the codec's memory).
+        let n = layout.size();
+        cx.count_copy(n, t0);
+        cx.count_copy(n, std::time::Instant::now());
         let f = s.ready.pop_front().ok_or(Status::Internal)?;
         let reply = api::ReceiveFrameReply {
             got: 1,
