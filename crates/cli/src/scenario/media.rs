@@ -77,62 +77,117 @@ pub fn clip(
     Ok(path)
 }
 
-/// Splits an Annex-B H.264 stream into access units at its access-unit delimiters.
-pub fn access_units(stream: &[u8]) -> Vec<&[u8]> {
-    let mut starts = Vec::new();
-    let mut i = 0;
-    while i + 4 <= stream.len() {
-        if stream[i] == 0 && stream[i + 1] == 0 && stream[i + 2] == 1 {
-            let nal = stream.get(i + 3).copied().unwrap_or(0) & 0x1f;
-            if nal == 9 {
-                // Include a leading zero of a four-byte start code.
-                starts.push(if i > 0 && stream[i - 1] == 0 {
+/// NAL unit types: access-unit delimiter, filler data.
+pub const NAL_AUD: u8 = 9;
+pub const NAL_FILLER: u8 = 12;
+
+/// Splits an Annex-B byte stream into access units, as the bytes arrive: a unit starts at an
+/// access-unit delimiter and ends at the next one, or earlier at a filler-data NAL unit (the
+/// end marker the livestream guest appends, so a unit is complete without waiting for the next). Bytes
+/// outside units (before the first delimiter, the markers) are dropped.
+#[derive(Debug, Default)]
+pub struct AuSplitter {
+    buf: Vec<u8>,
+    /// Positions before this were searched.
+    scan: usize,
+    /// Whether `buf` starts with a unit (at its delimiter) that has not ended yet.
+    open: bool,
+}
+
+impl AuSplitter {
+    /// Adds bytes; returns the units they completed.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        self.buf.extend_from_slice(bytes);
+        let mut units = Vec::new();
+        let mut i = self.scan;
+        while i + 4 <= self.buf.len() {
+            let b = &self.buf[i..i + 4];
+            let nal = (b[0] == 0 && b[1] == 0 && b[2] == 1).then_some(b[3] & 0x1f);
+            if let Some(t @ (NAL_AUD | NAL_FILLER)) = nal {
+                // A four-byte start code's leading zero belongs to the new NAL unit.
+                let start = if i > 0 && self.buf[i - 1] == 0 {
                     i - 1
                 } else {
                     i
-                });
+                };
+                if start > 0 {
+                    if self.open {
+                        units.push(self.buf[..start].to_vec());
+                    }
+                    self.buf.drain(..start);
+                }
+                self.open = t == NAL_AUD;
+                i = i - start + 4;
+            } else {
+                i += 1;
             }
-            i += 3;
-        } else {
-            i += 1;
         }
+        self.scan = i;
+        units
     }
-    if starts.first() != Some(&0) {
-        starts.insert(0, 0);
+
+    /// The last unit, at the end of the stream.
+    pub fn finish(self) -> Option<Vec<u8>> {
+        (self.open && !self.buf.is_empty()).then_some(self.buf)
     }
-    let mut units = Vec::with_capacity(starts.len());
-    for w in starts.windows(2) {
-        units.push(&stream[w[0]..w[1]]);
-    }
-    if let Some(&last) = starts.last() {
-        units.push(&stream[last..]);
-    }
-    units.retain(|u| !u.is_empty());
-    units
 }
 
 /// Reads a clip and splits it.
 pub fn load_units(path: &Path) -> Result<Vec<Vec<u8>>, CliError> {
     let bytes = std::fs::read(path)?;
-    Ok(access_units(&bytes)
-        .into_iter()
-        .map(<[u8]>::to_vec)
-        .collect())
+    let mut sp = AuSplitter::default();
+    let mut units = sp.push(&bytes);
+    units.extend(sp.finish());
+    Ok(units)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn splits_at_delimiters() {
-        let s = [
-            0, 0, 0, 1, 9, 0xf0, 0, 0, 1, 0x67, 1, 2, 0, 0, 0, 1, 9, 0xf0, 0, 0, 1, 0x65, 7,
+    /// The livestream guest's end marker: a one-byte filler-data NAL unit (what ends a unit
+    /// at once) and an access-unit delimiter.
+    const END_MARKER: [u8; 13] = [0, 0, 0, 1, 12, 0xff, 0x80, 0, 0, 0, 1, 9, 0xf0];
+
+    /// Junk, then three units: an IDR with an end marker, a P picture with an end marker, and
+    /// a P picture without one.
+    fn stream() -> (Vec<u8>, Vec<Vec<u8>>) {
+        let units = vec![
+            vec![0, 0, 0, 1, 9, 0xf0, 0, 0, 1, 0x65, 7, 8],
+            vec![0, 0, 1, 9, 0xf0, 0, 0, 0, 1, 0x41, 5],
+            vec![0, 0, 0, 1, 9, 0xf0, 0, 0, 1, 0x41, 6],
         ];
-        let u = access_units(&s);
-        assert_eq!(u.len(), 2);
-        assert_eq!(u[0], &s[..12]);
-        assert_eq!(u[1], &s[12..]);
-        assert!(access_units(&[]).is_empty());
+        let mut s = vec![0, 0, 0, 1, 0x67, 1, 2];
+        s.extend_from_slice(&units[0]);
+        s.extend_from_slice(&END_MARKER[..7]);
+        s.extend_from_slice(&units[1]);
+        s.extend_from_slice(&END_MARKER[..7]);
+        s.extend_from_slice(&units[2]);
+        (s, units)
+    }
+
+    #[test]
+    fn splits_access_units_in_any_chunking() {
+        let (s, expect) = stream();
+        for chunk in [1, 2, 3, 5, 7, s.len()] {
+            let mut sp = AuSplitter::default();
+            let mut got: Vec<Vec<u8>> = s.chunks(chunk).flat_map(|c| sp.push(c)).collect();
+            got.extend(sp.finish());
+            assert_eq!(got, expect, "chunks of {chunk}");
+        }
+        assert_eq!(AuSplitter::default().finish(), None);
+    }
+
+    #[test]
+    fn an_end_marker_completes_a_unit_at_once() {
+        let (_, units) = stream();
+        let mut sp = AuSplitter::default();
+        assert!(sp.push(&units[0]).is_empty());
+        assert_eq!(sp.push(&END_MARKER), vec![units[0].clone()]);
+        // Without markers, units end at the next delimiter.
+        let mut sp = AuSplitter::default();
+        assert!(sp.push(&units[1]).is_empty());
+        assert_eq!(sp.push(&units[2]), vec![units[1].clone()]);
+        assert_eq!(sp.finish(), Some(units[2].clone()));
     }
 }
