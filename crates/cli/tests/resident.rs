@@ -438,12 +438,17 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
     let crc = round(9);
     // The write ends (a prefetch to the consumer starts, held 3 s) and A's read is queued on
     // the consumer right away: it must wait for the copy...
-    a.submit(
-        Opcode::EndAccess,
-        DeviceId::PRODUCER,
-        [id, 0, big, w as u64, virtsoc_guest::ACCESS_COMPENSATES, 0],
-    )
-    .unwrap();
+    let end = a
+        .submit(
+            Opcode::EndAccess,
+            DeviceId::PRODUCER,
+            [id, 0, big, w as u64, virtsoc_guest::ACCESS_COMPENSATES, 0],
+        )
+        .unwrap();
+    // The producer's worker has ended the write (and started the held copy) before the read
+    // reaches the consumer's worker (the two workers are not ordered otherwise).
+    assert_eq!(a.wait(end).unwrap().status, 0);
+    let waits_before = a.counters().unwrap().inflight_waits;
     let a_read = a
         .submit(
             Opcode::BeginAccess,
@@ -462,8 +467,13 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
         .unwrap();
     let served_first = !a.fence_signaled(fa).unwrap();
     assert!(served_first, "B's command was served only after A's copy");
-    // A's read completes after its copy, with the bytes.
+    // A's read completes after its copy (it waited for it, parked), with the bytes.
     assert_eq!(a.wait(a_read).unwrap().status, 0);
+    assert_eq!(
+        a.counters().unwrap().inflight_waits,
+        waits_before + 1,
+        "A's read waited for its copy in flight"
+    );
     let got = a
         .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
         .unwrap()[0];
