@@ -168,6 +168,8 @@ impl HostLink for ShmLink {
 struct Outbox {
     frames: VecDeque<(Completion, Vec<u8>)>,
     in_flight: u64,
+    /// Payload bytes of the frames queued and not yet written.
+    bytes: u64,
     closed: bool,
 }
 
@@ -177,17 +179,21 @@ pub struct StreamLink {
     stream: TcpStream,
     outbox: Arc<(Mutex<Outbox>, Condvar)>,
     max_payload: u64,
+    /// No request is taken while this many payload bytes wait to be sent.
+    max_bytes: u64,
 }
 
 impl StreamLink {
-    /// A link over `stream`; payloads over `max_payload` bytes are a violation. Starts the
-    /// writer thread.
-    pub fn new(stream: TcpStream, max_payload: u64) -> std::io::Result<Self> {
+    /// A link over `stream`; payloads over `max_payload` bytes are a violation; no request
+    /// is taken while `max_bytes` bytes of completions wait to be sent (the guest's reads in
+    /// flight are bounded by bytes, not only by count). Starts the writer thread.
+    pub fn new(stream: TcpStream, max_payload: u64, max_bytes: u64) -> std::io::Result<Self> {
         stream.set_nodelay(true)?;
         let outbox = Arc::new((
             Mutex::new(Outbox {
                 frames: VecDeque::new(),
                 in_flight: 0,
+                bytes: 0,
                 closed: false,
             }),
             Condvar::new(),
@@ -201,6 +207,7 @@ impl StreamLink {
             stream,
             outbox,
             max_payload,
+            max_bytes,
         })
     }
 }
@@ -221,8 +228,11 @@ fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
             }
         };
         let ok = write_frame(&mut w, &c, &payload).is_ok();
+        let sent = payload.len() as u64;
+        drop(payload);
         let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
         ob.in_flight = ob.in_flight.saturating_sub(1);
+        ob.bytes = ob.bytes.saturating_sub(sent);
         if !ok {
             ob.closed = true;
         }
@@ -239,7 +249,8 @@ impl HostLink for StreamLink {
         {
             let (m, cv) = &*self.outbox;
             let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
-            while !ob.closed && ob.in_flight >= STREAM_MAX_IN_FLIGHT {
+            while !ob.closed && (ob.in_flight >= STREAM_MAX_IN_FLIGHT || ob.bytes >= self.max_bytes)
+            {
                 ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
             }
             if ob.closed {
@@ -269,6 +280,7 @@ impl HostLink for StreamLink {
         if !ob.closed {
             let mut c = c;
             c.queue_depth = ob.in_flight.saturating_sub(1).min(u32::MAX as u64) as u32;
+            ob.bytes += payload.len() as u64;
             ob.frames.push_back((c, payload));
             cv.notify_all();
         }
