@@ -299,3 +299,49 @@ impl HostLink for StreamLink {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use virtsoc_proto::{DeviceId, Opcode};
+
+    /// A remote guest that does not read its completions holds back its own requests once
+    /// the bytes waiting for it reach the limit: the daemon's outbox is bounded in bytes.
+    #[test]
+    fn no_request_is_taken_while_the_guests_bytes_wait() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (host, _) = l.accept().unwrap();
+        let link = Arc::new(StreamLink::new(host, 1 << 20, 1 << 20).unwrap());
+        // 64 MiB of read bytes: far more than the socket buffers take without the peer
+        // reading, so they stay queued.
+        link.post(Completion::ok(1, [0; 6]), vec![7u8; 64 << 20])
+            .unwrap();
+        let req = Request::new(2, Opcode::Nop, DeviceId::CPU, [0; 6]);
+        write_frame(&mut peer, &req, &[]).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let l2 = link.clone();
+        let taker = std::thread::spawn(move || {
+            let got = l2.next().unwrap().map(|i| i.req.seq);
+            tx.send(got).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a request was taken with 64 MiB waiting for the guest"
+        );
+        // The guest reads its completion: the bytes drain and the request is taken.
+        let mut r = std::io::BufReader::new(peer.try_clone().unwrap());
+        let f = read_frame::<Completion>(&mut r, 128 << 20).unwrap();
+        assert_eq!(f.payload.len(), 64 << 20);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(20)).unwrap(),
+            Some(2),
+            "the request is taken once the bytes drained"
+        );
+        taker.join().unwrap();
+        link.close();
+    }
+}
