@@ -28,6 +28,9 @@ fn start(dir: &Path) -> Daemon {
         "60",
         "--snapshot-dir",
         dir.to_str().unwrap(),
+        // These tests take snapshots back to back (the rate limit has its own test).
+        "--limit-snapshot-interval-ms",
+        "0",
     ])
 }
 

@@ -18,6 +18,12 @@ pub enum FenceError {
     /// disconnected) before this fence was signaled.
     #[error("fence table cancelled")]
     Cancelled,
+    /// The table already holds its most live (unsignaled) fences.
+    #[error("too many live fences (at most {0})")]
+    TooMany(usize),
+    /// The queue holds its most items.
+    #[error("queue full (at most {0} items)")]
+    QueueFull(usize),
     /// The queue was closed; no more items are accepted.
     #[error("queue closed")]
     QueueClosed,

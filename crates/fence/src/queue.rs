@@ -234,6 +234,22 @@ impl<T: Send + 'static> OrderedQueue<T> {
         Ok(())
     }
 
+    /// Appends an item unless `max` items are already queued
+    /// ([`FenceError::QueueFull`]); never blocks. Fails once the queue is closed.
+    pub fn push_bounded(&self, item: QueueItem<T>, max: usize) -> Result<()> {
+        let mut st = lock(&self.shared.state);
+        if st.closed {
+            return Err(FenceError::QueueClosed);
+        }
+        if st.items.len() >= max {
+            return Err(FenceError::QueueFull(max));
+        }
+        st.items.push_back(item);
+        drop(st);
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
     /// Closes the queue: pushes fail, the worker's `pop_ready` returns
     /// `None`, queued items are dropped unexecuted. Outstanding tokens still
     /// fire the `Signal`s already popped when they complete.

@@ -299,6 +299,8 @@ fn run_callbacks(callbacks: Vec<SignalCallback>) {
 /// methods take `&self`.
 pub struct VirtualFenceTable {
     sink: Arc<dyn FencePageSink>,
+    /// Most live (unsignaled) fences, page-backed and overflow together.
+    max_live: usize,
     inner: Mutex<Inner>,
     signaled_cv: Condvar,
 }
@@ -307,6 +309,13 @@ impl VirtualFenceTable {
     /// A table mirroring into `sink`. Writes the page header and resets
     /// every slot word (generation 0, pending).
     pub fn new(sink: Arc<dyn FencePageSink>) -> Self {
+        Self::with_limit(sink, usize::MAX)
+    }
+
+    /// Like [`new`](Self::new), holding at most `max_live` unsignaled fences at once (page
+    /// slots and overflow together): [`create`](Self::create) fails with
+    /// [`FenceError::TooMany`] beyond.
+    pub fn with_limit(sink: Arc<dyn FencePageSink>, max_live: usize) -> Self {
         sink.store_header(PAGE_HEADER);
         for index in 0..PAGE_SLOTS {
             sink.store_slot(index, pack_word(0, false));
@@ -319,6 +328,7 @@ impl VirtualFenceTable {
             .collect();
         Self {
             sink,
+            max_live,
             inner: Mutex::new(Inner {
                 slots,
                 free: (0..PAGE_SLOTS).collect(),
@@ -343,14 +353,27 @@ impl VirtualFenceTable {
     /// signaled slot first when free slots are below [`LOW_WATER_SLOTS`]);
     /// if every slot holds a pending fence, returns an overflow fence.
     ///
-    /// Fails only after [`cancel_all`](Self::cancel_all).
+    /// Fails after [`cancel_all`](Self::cancel_all), and with [`FenceError::TooMany`] when
+    /// the table holds its most live fences.
     pub fn create(&self) -> Result<FenceId> {
         let mut inner = self.lock();
         if inner.cancelled {
             return Err(FenceError::Cancelled);
         }
-        inner.created += 1;
+        // Overflow fences exist only while every page slot holds a pending one, so the live
+        // count needs counting the page only when the limit is below the page's size.
+        if self.max_live < PAGE_SLOTS as usize {
+            let pending = inner
+                .slots
+                .iter()
+                .filter(|s| matches!(s.state, SlotState::Pending { .. }))
+                .count();
+            if pending + inner.overflow.len() >= self.max_live {
+                return Err(FenceError::TooMany(self.max_live));
+            }
+        }
         if let Some(index) = inner.take_slot() {
+            inner.created += 1;
             let slot = &mut inner.slots[index as usize];
             slot.generation = next_generation(slot.generation);
             slot.state = SlotState::Pending {
@@ -364,6 +387,11 @@ impl VirtualFenceTable {
                 generation: slot.generation,
             });
         }
+        // Every page slot holds a pending fence.
+        if PAGE_SLOTS as usize + inner.overflow.len() >= self.max_live {
+            return Err(FenceError::TooMany(self.max_live));
+        }
+        inner.created += 1;
         let id = overflow_id(inner.overflow_next);
         inner.overflow_next += 1;
         inner.overflow.insert(id, Vec::new());
@@ -958,5 +986,26 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<VirtualFenceTable>();
         assert_send_sync::<Arc<VirtualFenceTable>>();
+    }
+
+    #[test]
+    fn live_fences_are_capped_overflow_included() {
+        let cap = PAGE_SLOTS as usize + 3;
+        let t = VirtualFenceTable::with_limit(Arc::new(MemPage::new()), cap);
+        let ids: Vec<_> = (0..cap).map(|_| t.create().unwrap()).collect();
+        assert!(!ids[cap - 1].is_page_backed(), "the last ones overflow");
+        assert_eq!(t.create(), Err(FenceError::TooMany(cap)));
+        assert_eq!(t.stats().live, cap);
+        // A signaled fence makes room again.
+        t.signal(ids[cap - 1]).unwrap();
+        t.create().unwrap();
+        assert_eq!(t.create(), Err(FenceError::TooMany(cap)));
+
+        // Under the page's size the page itself is capped.
+        let small = VirtualFenceTable::with_limit(Arc::new(MemPage::new()), 2);
+        let (a, _b) = (small.create().unwrap(), small.create().unwrap());
+        assert_eq!(small.create(), Err(FenceError::TooMany(2)));
+        small.signal(a).unwrap();
+        small.create().unwrap();
     }
 }

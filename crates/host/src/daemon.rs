@@ -51,6 +51,8 @@ pub struct DaemonConfig {
     pub max_connections: usize,
     /// Fault injection for tests: every asynchronous SVM copy waits this long first.
     pub test_dma_delay: Duration,
+    /// What one guest may hold and ask for (regions, fences, queues, device objects...).
+    pub limits: crate::Limits,
 }
 
 impl Default for DaemonConfig {
@@ -67,6 +69,7 @@ impl Default for DaemonConfig {
             handshake_timeout: Duration::from_secs(5),
             max_connections: 64,
             test_dma_delay: Duration::ZERO,
+            limits: crate::Limits::default(),
         }
     }
 }
@@ -169,7 +172,7 @@ impl Daemon {
         // FFmpeg's init and log level, before any device opens a codec or scaler.
         virtsoc_media::quiet_ffmpeg_logs();
         let mut topo = Topology::new();
-        let devices = crate::device::registry::build(&cfg.devices)?;
+        let devices = crate::device::registry::build(&cfg.devices, &cfg.limits)?;
         // One domain per physical device's memory: devices naming the same domain share it.
         let mut domains: Vec<(String, DomainId)> = Vec::new();
         let with_domains: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = devices
@@ -508,11 +511,12 @@ impl Daemon {
         window: Arc<SharedWindow>,
     ) -> std::result::Result<Admitted, String> {
         self.svm
-            .attach_guest(
+            .attach_guest_limited(
                 guest_id,
                 window.clone(),
                 self.svm.protocol(kind),
                 self.cfg.guest_mem_limit,
+                self.cfg.limits.regions,
             )
             .map_err(|e| e.to_string())?;
         self.guest_meta
@@ -634,7 +638,13 @@ impl Daemon {
             a.layout.size >> 20,
             a.kind
         );
-        let session = Session::new(guest_id, name, a.window.clone(), Arc::new(link));
+        let session = Session::new(
+            guest_id,
+            name,
+            a.window.clone(),
+            Arc::new(link),
+            &self.cfg.limits,
+        );
         self.register(&session);
         let runner = {
             let (s, svm, dev) = (session.clone(), self.svm.clone(), self.devices.clone());
@@ -691,8 +701,14 @@ impl Daemon {
         let link = match send_json(&stream, &self.welcome(&a), None)
             .map_err(|e| e.to_string())
             .and_then(|_| stream.set_write_timeout(None).map_err(|e| e.to_string()))
-            .and_then(|_| StreamLink::new(stream, a.layout.size).map_err(|e| e.to_string()))
-        {
+            .and_then(|_| {
+                StreamLink::new(
+                    stream,
+                    a.layout.size,
+                    self.cfg.limits.remote_bytes_in_flight,
+                )
+                .map_err(|e| e.to_string())
+            }) {
             Ok(l) => l,
             Err(e) => {
                 log::warn!("guest {guest_id}: handshake failed: {e}");
@@ -704,7 +720,7 @@ impl Daemon {
             "remote guest {guest_id} ({name}) connected from {peer}, coherence {}",
             a.kind
         );
-        let session = Session::new(guest_id, name, a.window, Arc::new(link));
+        let session = Session::new(guest_id, name, a.window, Arc::new(link), &self.cfg.limits);
         self.register(&session);
         session.run(self.svm.clone(), self.devices.clone());
         self.unregister(guest_id);

@@ -14,12 +14,14 @@ pub mod daemon;
 pub mod device;
 pub mod dispatch;
 pub mod fences;
+pub mod limits;
 pub mod link;
 pub mod session;
 pub mod sync;
 pub mod vm;
 
 pub use daemon::{Daemon, DaemonConfig};
+pub use limits::Limits;
 
 /// Errors of the daemon.
 #[derive(Debug, thiserror::Error)]

@@ -168,6 +168,8 @@ impl HostLink for ShmLink {
 struct Outbox {
     frames: VecDeque<(Completion, Vec<u8>)>,
     in_flight: u64,
+    /// Payload bytes of the frames queued and not yet written.
+    bytes: u64,
     closed: bool,
 }
 
@@ -177,17 +179,21 @@ pub struct StreamLink {
     stream: TcpStream,
     outbox: Arc<(Mutex<Outbox>, Condvar)>,
     max_payload: u64,
+    /// No request is taken while this many payload bytes wait to be sent.
+    max_bytes: u64,
 }
 
 impl StreamLink {
-    /// A link over `stream`; payloads over `max_payload` bytes are a violation. Starts the
-    /// writer thread.
-    pub fn new(stream: TcpStream, max_payload: u64) -> std::io::Result<Self> {
+    /// A link over `stream`; payloads over `max_payload` bytes are a violation; no request
+    /// is taken while `max_bytes` bytes of completions wait to be sent (the guest's reads in
+    /// flight are bounded by bytes, not only by count). Starts the writer thread.
+    pub fn new(stream: TcpStream, max_payload: u64, max_bytes: u64) -> std::io::Result<Self> {
         stream.set_nodelay(true)?;
         let outbox = Arc::new((
             Mutex::new(Outbox {
                 frames: VecDeque::new(),
                 in_flight: 0,
+                bytes: 0,
                 closed: false,
             }),
             Condvar::new(),
@@ -201,6 +207,7 @@ impl StreamLink {
             stream,
             outbox,
             max_payload,
+            max_bytes,
         })
     }
 }
@@ -221,8 +228,11 @@ fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
             }
         };
         let ok = write_frame(&mut w, &c, &payload).is_ok();
+        let sent = payload.len() as u64;
+        drop(payload);
         let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
         ob.in_flight = ob.in_flight.saturating_sub(1);
+        ob.bytes = ob.bytes.saturating_sub(sent);
         if !ok {
             ob.closed = true;
         }
@@ -239,7 +249,8 @@ impl HostLink for StreamLink {
         {
             let (m, cv) = &*self.outbox;
             let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
-            while !ob.closed && ob.in_flight >= STREAM_MAX_IN_FLIGHT {
+            while !ob.closed && (ob.in_flight >= STREAM_MAX_IN_FLIGHT || ob.bytes >= self.max_bytes)
+            {
                 ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
             }
             if ob.closed {
@@ -269,6 +280,7 @@ impl HostLink for StreamLink {
         if !ob.closed {
             let mut c = c;
             c.queue_depth = ob.in_flight.saturating_sub(1).min(u32::MAX as u64) as u32;
+            ob.bytes += payload.len() as u64;
             ob.frames.push_back((c, payload));
             cv.notify_all();
         }
@@ -285,5 +297,51 @@ impl HostLink for StreamLink {
 
     fn carries_bulk(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use virtsoc_proto::{DeviceId, Opcode};
+
+    /// A remote guest that does not read its completions holds back its own requests once
+    /// the bytes waiting for it reach the limit: the daemon's outbox is bounded in bytes.
+    #[test]
+    fn no_request_is_taken_while_the_guests_bytes_wait() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (host, _) = l.accept().unwrap();
+        let link = Arc::new(StreamLink::new(host, 1 << 20, 1 << 20).unwrap());
+        // 64 MiB of read bytes: far more than the socket buffers take without the peer
+        // reading, so they stay queued.
+        link.post(Completion::ok(1, [0; 6]), vec![7u8; 64 << 20])
+            .unwrap();
+        let req = Request::new(2, Opcode::Nop, DeviceId::CPU, [0; 6]);
+        write_frame(&mut peer, &req, &[]).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let l2 = link.clone();
+        let taker = std::thread::spawn(move || {
+            let got = l2.next().unwrap().map(|i| i.req.seq);
+            tx.send(got).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a request was taken with 64 MiB waiting for the guest"
+        );
+        // The guest reads its completion: the bytes drain and the request is taken.
+        let mut r = std::io::BufReader::new(peer.try_clone().unwrap());
+        let f = read_frame::<Completion>(&mut r, 128 << 20).unwrap();
+        assert_eq!(f.payload.len(), 64 << 20);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(20)).unwrap(),
+            Some(2),
+            "the request is taken once the bytes drained"
+        );
+        taker.join().unwrap();
+        link.close();
     }
 }

@@ -19,6 +19,7 @@ use crate::device::{DeviceSet, DeviceSlot, GuestQueue};
 use crate::dispatch;
 use crate::fences::WindowFencePage;
 use crate::link::{HostLink, Incoming};
+use crate::Limits;
 
 /// A connected guest.
 pub struct Session {
@@ -31,25 +32,30 @@ pub struct Session {
     queues: Mutex<HashMap<u32, (GuestQueue, Arc<DeviceSlot>)>>,
     /// Requests queued on each device (by device id), for the control API.
     commands: Mutex<HashMap<u32, u64>>,
+    /// Items the guest may have waiting on one device.
+    max_queued: usize,
 }
 
 impl Session {
     /// A session over `link`; `window` is the guest's window (shared with the guest, or the
-    /// host's copy for remote guests).
+    /// host's copy for remote guests), within `limits` (live fences, items queued per device).
     pub fn new(
         guest_id: u64,
         name: String,
         window: Arc<SharedWindow>,
         link: Arc<dyn HostLink>,
+        limits: &Limits,
     ) -> Arc<Self> {
         Arc::new(Session {
             guest_id,
             name,
-            fences: Arc::new(VirtualFenceTable::new(Arc::new(WindowFencePage::new(
-                window.clone(),
-            )))),
+            fences: Arc::new(VirtualFenceTable::with_limit(
+                Arc::new(WindowFencePage::new(window.clone())),
+                limits.fences,
+            )),
             queues: Mutex::new(HashMap::new()),
             commands: Mutex::new(HashMap::new()),
+            max_queued: limits.queued_per_device,
             window,
             link,
             closed: AtomicBool::new(false),
@@ -218,7 +224,11 @@ impl Session {
                 .clone()
         };
         let is_cmd = matches!(item, QueueItem::Cmd(_));
-        q.push(item).map_err(|_| Status::Closed)?;
+        // A guest may queue only so much ahead of the device: beyond, it is told to wait.
+        q.push_bounded(item, self.max_queued).map_err(|e| match e {
+            virtsoc_fence::FenceError::QueueFull(_) => Status::Busy,
+            _ => Status::Closed,
+        })?;
         slot.kick();
         if is_cmd {
             let mut c = self.commands.lock().unwrap_or_else(|p| p.into_inner());
@@ -245,7 +255,10 @@ impl Session {
         let cpu = req.device == DeviceId::CPU.0;
         match op {
             Opcode::FenceCreate => {
-                let f = self.fences.create().map_err(|_| Status::Closed)?;
+                let f = self.fences.create().map_err(|e| match e {
+                    virtsoc_fence::FenceError::TooMany(_) => Status::OutOfMemory,
+                    _ => Status::Closed,
+                })?;
                 Ok([f.to_u64(), 0, 0, 0, 0, 0])
             }
             Opcode::FenceSignal => {

@@ -255,6 +255,7 @@ fn start_session(
         format!("{}/{name}", cfg.name),
         window.clone(),
         Arc::new(link),
+        &daemon.config().limits,
     );
     log::info!(
         "VM {} guest {guest_id} ({name}) connected, coherence {kind}",

@@ -49,8 +49,12 @@ pub struct ModemConfig {
     pub registration: RegState,
     /// Signal report after power-up.
     pub signal: Signal,
-    /// Number of slots in SMS storage.
+    /// Number of slots in SMS storage (a full store refuses deliveries with
+    /// [`ModemError::MemoryFull`], `+CMS ERROR: 322`).
     pub sms_capacity: u32,
+    /// Sent messages kept for the host ([`Modem::sent_messages`]); beyond, the oldest
+    /// (already delivered to the network) are dropped.
+    pub sent_capacity: usize,
     /// Longest command line (and SMS text) accepted, in bytes.
     pub max_line_len: usize,
     /// Time an outgoing call spends dialing before it alerts.
@@ -76,6 +80,7 @@ impl Default for ModemConfig {
             registration: RegState::Home,
             signal: Signal::default(),
             sms_capacity: 30,
+            sent_capacity: 256,
             max_line_len: 1024,
             dial_to_alert_ns: 1_000_000_000,
             auto_answer_ns: Some(3_000_000_000),
@@ -314,6 +319,11 @@ impl Modem {
         let mr = self.next_mr;
         self.next_mr = self.next_mr.wrapping_add(1);
         let text = String::from_utf8_lossy(text).into_owned();
+        // The record of sent messages is bounded: the oldest (delivered) go first.
+        if self.sent.len() >= self.cfg.sent_capacity.max(1) {
+            let excess = self.sent.len() + 1 - self.cfg.sent_capacity.max(1);
+            self.sent.drain(..excess);
+        }
         self.sent.push(SentSms {
             mr,
             to,
@@ -1177,6 +1187,22 @@ mod tests {
         assert_eq!(m.deliver_sms("+1", "c"), Err(ModemError::MemoryFull));
         run(&mut m, "AT+CMGD=1\r");
         assert_eq!(m.deliver_sms("+1", "d"), Ok(1));
+    }
+
+    #[test]
+    fn the_sent_record_keeps_only_the_latest_messages() {
+        let mut m = Modem::new(ModemConfig {
+            sent_capacity: 3,
+            echo: false,
+            ..ModemConfig::default()
+        });
+        run(&mut m, "AT+CMGF=1\r");
+        for i in 0..10 {
+            let out = run(&mut m, &format!("AT+CMGS=\"+1555\"\rmsg {i}\x1a"));
+            assert!(out.contains("+CMGS:"), "{out:?}");
+        }
+        let texts: Vec<&str> = m.sent_messages().iter().map(|s| s.text.as_str()).collect();
+        assert_eq!(texts, ["msg 7", "msg 8", "msg 9"]);
     }
 
     #[test]

@@ -1,15 +1,20 @@
-//! Per-guest SVM state: the guest's window and its allocator, its id counter, its memory
-//! accounting and limit, and the coherence protocol its regions use.
+//! Per-guest SVM state: the guest's window and its allocator, its region table, its id
+//! counter, its memory accounting and limits, and the coherence protocol its regions use.
+//!
+//! Each guest has its own region table: a lookup takes only its own guest's lock, so guests
+//! never contend on one table, and a departed guest's table is dropped whole (no scan of
+//! other guests' regions).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use virtsoc_proto::SharedWindow;
 
 use crate::alloc::RangeAllocator;
 use crate::coherence::Coherence;
+use crate::region::Region;
 use crate::{Result, SvmError};
 
 /// One guest's view of the SVM manager.
@@ -20,6 +25,10 @@ pub struct GuestSvm {
     next_region: AtomicU64,
     host_bytes: AtomicU64,
     limit: u64,
+    /// The guest's regions by id.
+    regions: RwLock<HashMap<u64, Arc<Region>>>,
+    /// Most regions the guest may hold at once.
+    max_regions: u64,
     protocol: Arc<dyn Coherence>,
     counters: GuestCounters,
 }
@@ -146,6 +155,7 @@ impl GuestSvm {
         id: u64,
         window: Arc<SharedWindow>,
         limit: u64,
+        max_regions: u64,
         protocol: Arc<dyn Coherence>,
     ) -> Self {
         let l = window.layout();
@@ -160,6 +170,8 @@ impl GuestSvm {
             next_region: AtomicU64::new(1),
             host_bytes: AtomicU64::new(0),
             limit,
+            regions: RwLock::new(HashMap::new()),
+            max_regions,
             protocol,
             counters: GuestCounters::default(),
         }
@@ -196,6 +208,59 @@ impl GuestSvm {
     /// Bytes of host and device memory held by the guest's replicas.
     pub fn host_bytes(&self) -> u64 {
         self.host_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of host and device memory the guest's replicas may hold.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Most regions the guest may hold at once.
+    pub fn max_regions(&self) -> u64 {
+        self.max_regions
+    }
+
+    /// Number of regions the guest holds.
+    pub fn region_count(&self) -> usize {
+        self.regions.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Region `id` of this guest.
+    pub(crate) fn region(&self, id: u64) -> Option<Arc<Region>> {
+        self.regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Adds a region, unless the guest already holds its most (`OutOfMemory`).
+    pub(crate) fn insert_region(&self, id: u64, region: Arc<Region>) -> Result<()> {
+        let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        if t.len() as u64 >= self.max_regions {
+            return Err(SvmError::OutOfMemory);
+        }
+        t.insert(id, region);
+        Ok(())
+    }
+
+    /// Removes region `id` from the table.
+    pub(crate) fn remove_region(&self, id: u64) -> Option<Arc<Region>> {
+        let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        let r = t.remove(&id);
+        if t.is_empty() {
+            // A guest that freed everything gives its table's memory back too.
+            t.shrink_to_fit();
+        }
+        r
+    }
+
+    /// Empties the table (the guest is leaving): its regions, for the caller to drop. This
+    /// also breaks the cycle between the guest and its regions (each region refers to its
+    /// guest).
+    pub(crate) fn take_regions(&self) -> Vec<Arc<Region>> {
+        let t = std::mem::take(&mut *self.regions.write().unwrap_or_else(|p| p.into_inner()));
+        t.into_values().collect()
     }
 
     pub(crate) fn next_id(&self) -> u64 {

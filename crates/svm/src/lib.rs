@@ -1,7 +1,7 @@
 //! The SVM manager of virtsoc (vSoC section 3.2).
 //!
-//! It owns the host-wide region table keyed by (guest, 64-bit id), the per-guest state
-//! ([`guest::GuestSvm`]), the replicas of every region in every memory domain
+//! It owns the per-guest state ([`guest::GuestSvm`], with each guest's own region table keyed
+//! by its 64-bit ids), the replicas of every region in every memory domain
 //! ([`region`]), the copy engine that moves bytes between domains ([`engine`]), and the
 //! coherence protocols that decide when to move them ([`coherence`]). A guest names only its
 //! own regions: every lookup is keyed by the caller's guest id.
@@ -20,7 +20,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use virtsoc_prefetch::PrefetchEngine;
@@ -158,8 +158,7 @@ pub struct SvmManager {
     prefetch_cfg: virtsoc_prefetch::Config,
     dma: Arc<dma::Dma>,
     epoch: Instant,
-    regions: RwLock<HashMap<RegionKey, Arc<Region>>>,
-    guests: Mutex<HashMap<u64, Arc<GuestSvm>>>,
+    guests: RwLock<HashMap<u64, Arc<GuestSvm>>>,
     counters: Counters,
 }
 
@@ -177,8 +176,7 @@ impl SvmManager {
             engine,
             prefetch_cfg: cfg,
             epoch: Instant::now(),
-            regions: RwLock::new(HashMap::new()),
-            guests: Mutex::new(HashMap::new()),
+            guests: RwLock::new(HashMap::new()),
             counters: Counters::default(),
         }
     }
@@ -224,14 +222,10 @@ impl SvmManager {
         let Ok(g) = self.guest(guest) else {
             return 0;
         };
-        let regions = self
-            .regions
-            .read()
-            .map(|r| r.keys().filter(|k| k.guest == guest).count())
-            .unwrap_or(0) as u64;
+        let regions = g.region_count() as u64;
         g.protocol().metadata_bytes()
             + regions
-                * (std::mem::size_of::<RegionKey>()
+                * (std::mem::size_of::<u64>()
                     + std::mem::size_of::<Arc<Region>>()
                     + std::mem::size_of::<Region>()) as u64
     }
@@ -277,46 +271,51 @@ impl SvmManager {
         protocol: Arc<dyn Coherence>,
         limit: u64,
     ) -> Result<Arc<GuestSvm>> {
-        let mut guests = self.guests.lock().unwrap_or_else(|p| p.into_inner());
+        self.attach_guest_limited(guest, window, protocol, limit, u64::MAX)
+    }
+
+    /// Like [`attach_guest`](Self::attach_guest), the guest holding at most `max_regions`
+    /// regions at once (`OutOfMemory` beyond).
+    pub fn attach_guest_limited(
+        &self,
+        guest: u64,
+        window: Arc<SharedWindow>,
+        protocol: Arc<dyn Coherence>,
+        limit: u64,
+        max_regions: u64,
+    ) -> Result<Arc<GuestSvm>> {
+        let mut guests = self.guests.write().unwrap_or_else(|p| p.into_inner());
         if guests.contains_key(&guest) {
             return Err(SvmError::BadArgument(format!(
                 "guest {guest} already attached"
             )));
         }
-        let g = Arc::new(GuestSvm::new(guest, window, limit, protocol));
+        let g = Arc::new(GuestSvm::new(guest, window, limit, max_regions, protocol));
         guests.insert(guest, g.clone());
         Ok(g)
     }
 
     /// Removes a guest and frees every region it owns. Returns how many regions were freed.
+    /// Only the guest's own table is touched: other guests' lookups never wait for it.
     pub fn detach_guest(&self, guest: u64) -> usize {
         let g = self
             .guests
-            .lock()
+            .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&guest);
-        let mut regions = self.regions.write().unwrap_or_else(|p| p.into_inner());
-        let mut dropped = Vec::new();
-        regions.retain(|k, r| {
-            if k.guest == guest {
-                dropped.push(r.clone());
-                false
-            } else {
-                true
-            }
-        });
-        drop(regions);
-        if let Some(g) = g {
-            for r in &dropped {
-                g.protocol().forget(r.key);
-            }
+        let Some(g) = g else {
+            return 0;
+        };
+        let dropped = g.take_regions();
+        for r in &dropped {
+            g.protocol().forget(r.key);
         }
         dropped.len()
     }
 
     fn guest(&self, guest: u64) -> Result<Arc<GuestSvm>> {
         self.guests
-            .lock()
+            .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&guest)
             .cloned()
@@ -324,11 +323,9 @@ impl SvmManager {
     }
 
     fn region(&self, guest: u64, id: u64) -> Result<Arc<Region>> {
-        self.regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&RegionKey { guest, id })
-            .cloned()
+        self.guest(guest)
+            .map_err(|_| SvmError::NoSuchRegion)?
+            .region(id)
             .ok_or(SvmError::NoSuchRegion)
     }
 
@@ -352,6 +349,11 @@ impl SvmManager {
                 ))
             })?,
         };
+        // Nothing the guest could ever back is promised: a region larger than its memory
+        // limit is refused up front.
+        if size > g.limit() {
+            return Err(SvmError::OutOfMemory);
+        }
         let meta = RegionMeta {
             size,
             width: desc.width,
@@ -364,21 +366,17 @@ impl SvmManager {
             guest,
             id: g.next_id(),
         };
-        let region = Arc::new(Region::new(key, meta, g));
-        self.regions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, region);
+        let region = Arc::new(Region::new(key, meta, g.clone()));
+        g.insert_region(key.id, region)?;
         Ok((key.id, meta))
     }
 
     /// Frees a region of `guest`.
     pub fn free(&self, guest: u64, id: u64) -> Result<()> {
         let r = self
-            .regions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&RegionKey { guest, id })
+            .guest(guest)
+            .map_err(|_| SvmError::NoSuchRegion)?
+            .remove_region(id)
             .ok_or(SvmError::NoSuchRegion)?;
         r.guest.protocol().forget(r.key);
         Ok(())
@@ -583,20 +581,17 @@ impl SvmManager {
     /// Number of regions and host bytes held by `guest`.
     pub fn guest_usage(&self, guest: u64) -> Result<(u64, u64)> {
         let g = self.guest(guest)?;
-        let n = self
-            .regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .filter(|k| k.guest == guest)
-            .count();
-        Ok((n as u64, g.host_bytes()))
+        Ok((g.region_count() as u64, g.host_bytes()))
     }
 
     /// Lifetime counters.
     pub fn stats(&self) -> SvmStats {
         SvmStats {
-            regions: self.regions.read().map(|r| r.len()).unwrap_or(0) as u64,
+            regions: self
+                .guests
+                .read()
+                .map(|g| g.values().map(|g| g.region_count() as u64).sum())
+                .unwrap_or(0),
             begin_accesses: self.counters.begin.load(Ordering::Relaxed),
             end_accesses: self.counters.end.load(Ordering::Relaxed),
             copies: self.counters.copies.load(Ordering::Relaxed),

@@ -2,6 +2,7 @@
 
 use super::*;
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 use virtsoc_proto::WindowLayout;
 
 struct Fixture {
@@ -337,24 +338,13 @@ fn memory_limits_fail_cleanly_and_detach_frees_everything() {
         ),
         Err(SvmError::OutOfMemory)
     ));
-    // The window (1 MiB minus rings) cannot hold a 2 MiB region.
-    let (c, _) = svm.alloc(5, blob(2 << 20)).unwrap();
+    // A region larger than the guest's memory limit is refused up front.
     assert!(matches!(
-        svm.begin_access(
-            5,
-            c,
-            &AccessSpec::new(
-                DomainId::GUEST_WINDOW.0,
-                DomainId::GUEST_WINDOW,
-                0,
-                2 << 20,
-                AccessMode::Write
-            )
-        ),
+        svm.alloc(5, blob(2 << 20)),
         Err(SvmError::OutOfMemory)
     ));
     assert_eq!(g.host_bytes(), 48 << 10);
-    assert_eq!(svm.detach_guest(5), 3);
+    assert_eq!(svm.detach_guest(5), 2);
     assert_eq!(g.host_bytes(), 0, "replicas released with their regions");
     assert!(matches!(
         svm.alloc(5, blob(1)),
@@ -842,4 +832,69 @@ fn each_guest_has_its_own_predictor() {
         Arc::as_ptr(&svm.predictor(1).unwrap()),
         Arc::as_ptr(&svm.predictor(2).unwrap())
     );
+}
+
+fn window() -> Arc<SharedWindow> {
+    Arc::new(SharedWindow::create_memfd("t", WindowLayout::new(1 << 20, 16, 16).unwrap()).unwrap())
+}
+
+#[test]
+fn a_guest_holds_at_most_its_region_limit_and_no_blob_over_its_memory_limit() {
+    let svm = SvmManager::new(Topology::new());
+    let p = svm.protocol(ProtocolKind::WriteInvalidate);
+    svm.attach_guest_limited(1, window(), p, 1 << 20, 3)
+        .unwrap();
+    let ids: Vec<u64> = (0..3).map(|_| svm.alloc(1, blob(16)).unwrap().0).collect();
+    assert!(matches!(svm.alloc(1, blob(16)), Err(SvmError::OutOfMemory)));
+    assert_eq!(svm.guest_usage(1).unwrap().0, 3);
+    // Freeing one makes room for one.
+    svm.free(1, ids[0]).unwrap();
+    svm.alloc(1, blob(16)).unwrap();
+    assert!(matches!(svm.alloc(1, blob(16)), Err(SvmError::OutOfMemory)));
+    // Up to the memory limit is accepted (lazily backed), one byte more is not; a 1 TiB blob
+    // is refused at once, not at its first access.
+    svm.free(1, ids[1]).unwrap();
+    svm.alloc(1, blob(1 << 20)).unwrap();
+    svm.free(1, ids[2]).unwrap();
+    assert!(matches!(
+        svm.alloc(1, blob((1 << 20) + 1)),
+        Err(SvmError::OutOfMemory)
+    ));
+    assert!(matches!(
+        svm.alloc(1, blob(1 << 40)),
+        Err(SvmError::OutOfMemory)
+    ));
+}
+
+#[test]
+fn each_guest_has_its_own_region_table_dropped_whole_when_it_leaves() {
+    let svm = Arc::new(SvmManager::new(Topology::new()));
+    for g in [1, 2] {
+        let p = svm.protocol(ProtocolKind::WriteInvalidate);
+        svm.attach_guest(g, window(), p, 1 << 30).unwrap();
+    }
+    let (mine, _) = svm.alloc(2, blob(64)).unwrap();
+    for _ in 0..20_000 {
+        svm.alloc(1, blob(64)).unwrap();
+    }
+    assert_eq!(svm.stats().regions, 20_001);
+    // Guest 1 leaving holds no lock guest 2's lookups need: they go on while it runs.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looker = {
+        let (svm, stop) = (svm.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                svm.meta(2, mine).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    assert_eq!(svm.detach_guest(1), 20_000);
+    stop.store(true, Ordering::Relaxed);
+    assert!(looker.join().unwrap() > 0);
+    assert_eq!(svm.stats().regions, 1);
+    assert_eq!(svm.guest_usage(2).unwrap().0, 1);
+    assert!(matches!(svm.meta(1, 1), Err(SvmError::NoSuchRegion)));
 }

@@ -5,7 +5,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use virtsoc_host::{Daemon, DaemonConfig};
+use virtsoc_host::{Daemon, DaemonConfig, Limits};
 use virtsoc_svm::ProtocolKind;
 
 /// The virtsoc host daemon.
@@ -92,6 +92,42 @@ struct Args {
     /// `Authorization: Bearer <token>` with the remote-guest token (--token-file).
     #[arg(long)]
     control_listen: Option<std::net::SocketAddr>,
+    /// Limit: regions one guest may hold at once (OutOfMemory beyond).
+    #[arg(long, default_value_t = Limits::default().regions)]
+    limit_regions: u64,
+    /// Limit: live virtual fences of one guest (OutOfMemory beyond).
+    #[arg(long, default_value_t = Limits::default().fences)]
+    limit_fences: usize,
+    /// Limit: items (commands, fence waits and signals) one guest may have queued on one
+    /// device (Busy beyond).
+    #[arg(long, default_value_t = Limits::default().queued_per_device)]
+    limit_queued: usize,
+    /// Limit: bytes of completions a remote guest may have waiting to be sent before the
+    /// daemon takes its next request.
+    #[arg(long, default_value_t = Limits::default().remote_bytes_in_flight)]
+    limit_remote_bytes: u64,
+    /// Limit: codec sessions (decoders and encoders) of one guest (OutOfMemory beyond).
+    #[arg(long, default_value_t = Limits::default().codec_sessions_per_guest)]
+    limit_codec_sessions: usize,
+    /// Limit: codec sessions of all guests together (Busy beyond).
+    #[arg(long, default_value_t = Limits::default().codec_sessions)]
+    limit_codec_sessions_total: usize,
+    /// Limit: codec threads of all sessions together (Busy beyond).
+    #[arg(long, default_value_t = Limits::default().codec_threads)]
+    limit_codec_threads: usize,
+    /// Limit: sent SMS the modem keeps per guest (the oldest are dropped beyond).
+    #[arg(long, default_value_t = Limits::default().sms_sent)]
+    limit_sms_sent: usize,
+    /// Limit: milliseconds between two display snapshots of one guest (Busy sooner).
+    #[arg(long, default_value_t = Limits::default().snapshot_interval.as_millis() as u64)]
+    limit_snapshot_interval_ms: u64,
+    /// Limit: cost of one GPU composite, the destination pixels its layers cover, summed
+    /// (Busy beyond).
+    #[arg(long, default_value_t = Limits::default().gpu_cost)]
+    limit_gpu_cost: u64,
+    /// Limit: GPU submissions of one guest in flight at once (Busy beyond).
+    #[arg(long, default_value_t = Limits::default().gpu_in_flight, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    limit_gpu_in_flight: usize,
     /// Milliseconds a new connection has to send its complete hello.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout_ms: u64,
@@ -118,6 +154,19 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         max_connections: usize::try_from(args.max_guests).unwrap_or(usize::MAX),
         test_dma_delay: std::time::Duration::from_millis(args.test_dma_delay_ms),
         token: token(&args)?,
+        limits: Limits {
+            regions: args.limit_regions,
+            fences: args.limit_fences,
+            queued_per_device: args.limit_queued,
+            remote_bytes_in_flight: args.limit_remote_bytes,
+            codec_sessions_per_guest: args.limit_codec_sessions,
+            codec_sessions: args.limit_codec_sessions_total,
+            codec_threads: args.limit_codec_threads,
+            sms_sent: args.limit_sms_sent,
+            snapshot_interval: std::time::Duration::from_millis(args.limit_snapshot_interval_ms),
+            gpu_cost: args.limit_gpu_cost,
+            gpu_in_flight: args.limit_gpu_in_flight,
+        },
         devices: virtsoc_host::device::registry::DeviceConfig {
             gpu: args.gpu_backend.clone(),
             isp: args.isp_backend.clone(),

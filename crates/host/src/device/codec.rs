@@ -4,8 +4,12 @@
 //! A guest opens decoders and encoders and names them by small integer handles. Handles live
 //! in a per-guest namespace: they count up from 1 for each guest and are never reused, so a
 //! stale handle (closed) or another guest's handle is simply unknown and gets
-//! [`Status::BadArgument`]. A guest holds at most [`MAX_SESSIONS_PER_GUEST`] open sessions
-//! ([`Status::OutOfMemory`] beyond); when it goes away its sessions are dropped.
+//! [`Status::BadArgument`]. A guest holds at most [`Limits::codec_sessions_per_guest`] open
+//! sessions (default [`MAX_SESSIONS_PER_GUEST`], [`Status::OutOfMemory`] beyond); all guests
+//! together hold at most [`Limits::codec_sessions`] sessions and [`Limits::codec_threads`]
+//! codec threads (a decoder counts its threads, an encoder [`ENCODER_THREADS`]):
+//! [`Status::Busy`] for a session past either. When a guest goes away its sessions are
+//! dropped.
 //!
 //! Decoding: `decode` feeds one packet (a complete access unit of a raw Annex-B / elementary
 //! stream, as a demuxer produces it) read from a region; the pictures it yields wait in the
@@ -42,10 +46,12 @@ use virtsoc_svm::RegionMeta;
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
-use crate::Result;
+use crate::{Limits, Result};
 
 /// Open decoders and encoders one guest may hold.
 pub const MAX_SESSIONS_PER_GUEST: usize = 16;
+/// Codec threads an encoder counts for against the daemon's thread limit.
+pub const ENCODER_THREADS: usize = 1;
 /// Decoded pictures a decoder keeps waiting for `receive_frame`; `decode` is Busy beyond.
 pub const MAX_QUEUED_FRAMES: usize = 16;
 /// Largest `threads` accepted by `open_decoder`.
@@ -122,24 +128,68 @@ enum Session {
     Encoder(EncoderSession),
 }
 
+/// An open session and the codec threads it counts for.
+struct Open {
+    session: Session,
+    threads: usize,
+}
+
 #[derive(Default)]
 struct State {
     /// Sessions by (guest, handle).
-    sessions: HashMap<(u64, u64), Session>,
+    sessions: HashMap<(u64, u64), Open>,
+    /// Codec threads of all open sessions.
+    threads: usize,
     /// Last handle given to each guest.
     last_handle: HashMap<u64, u64>,
 }
 
 impl State {
-    fn open(&mut self, guest: u64, s: Session) -> std::result::Result<u64, Status> {
+    /// Whether `guest` may open one more session of `threads` threads: `OutOfMemory` past its
+    /// own quota, `Busy` past the daemon's (every guest's sessions and threads together).
+    fn admit(
+        &self,
+        limits: &Limits,
+        guest: u64,
+        threads: usize,
+    ) -> std::result::Result<(), Status> {
         let held = self.sessions.keys().filter(|(g, _)| *g == guest).count();
-        if held >= MAX_SESSIONS_PER_GUEST {
+        if held >= limits.codec_sessions_per_guest {
             return Err(Status::OutOfMemory);
         }
+        if self.sessions.len() >= limits.codec_sessions
+            || self.threads + threads > limits.codec_threads
+        {
+            return Err(Status::Busy);
+        }
+        Ok(())
+    }
+
+    fn open(
+        &mut self,
+        limits: &Limits,
+        guest: u64,
+        s: Session,
+        threads: usize,
+    ) -> std::result::Result<u64, Status> {
+        self.admit(limits, guest, threads)?;
         let last = self.last_handle.entry(guest).or_insert(0);
         *last += 1;
-        self.sessions.insert((guest, *last), s);
+        self.threads += threads;
+        self.sessions.insert(
+            (guest, *last),
+            Open {
+                session: s,
+                threads,
+            },
+        );
         Ok(*last)
+    }
+
+    fn remove(&mut self, key: &(u64, u64)) -> Option<Session> {
+        let o = self.sessions.remove(key)?;
+        self.threads -= o.threads;
+        Some(o.session)
     }
 
     fn decoder(
@@ -147,7 +197,11 @@ impl State {
         guest: u64,
         handle: u64,
     ) -> std::result::Result<&mut DecoderSession, Status> {
-        match self.sessions.get_mut(&(guest, handle)) {
+        match self
+            .sessions
+            .get_mut(&(guest, handle))
+            .map(|o| &mut o.session)
+        {
             Some(Session::Decoder(d)) => Ok(d),
             _ => Err(Status::BadArgument),
         }
@@ -158,7 +212,11 @@ impl State {
         guest: u64,
         handle: u64,
     ) -> std::result::Result<&mut EncoderSession, Status> {
-        match self.sessions.get_mut(&(guest, handle)) {
+        match self
+            .sessions
+            .get_mut(&(guest, handle))
+            .map(|o| &mut o.session)
+        {
             Some(Session::Encoder(e)) => Ok(e),
             _ => Err(Status::BadArgument),
         }
@@ -171,6 +229,7 @@ pub struct Codec {
     default_threads: usize,
     state: Mutex<State>,
     backend: String,
+    limits: Limits,
 }
 
 impl Codec {
@@ -206,7 +265,14 @@ impl Codec {
             default_threads: cfg.codec_threads.max(1),
             state: Mutex::new(State::default()),
             backend,
+            limits: Limits::default(),
         })
+    }
+
+    /// The same device within `limits` (codec sessions per guest and in all, codec threads).
+    pub fn with_limits(mut self, limits: &Limits) -> Self {
+        self.limits = limits.clone();
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -229,10 +295,8 @@ impl Codec {
             n => n as usize,
         };
         let mut st = self.state();
-        // Check the quota before paying for a decoder.
-        if st.sessions.keys().filter(|(g, _)| *g == guest).count() >= MAX_SESSIONS_PER_GUEST {
-            return Err(Status::OutOfMemory);
-        }
+        // Check the quotas before paying for a decoder.
+        st.admit(&self.limits, guest, threads)?;
         let decoder = FfmpegDecoder::new(kind, out, threads).map_err(|e| {
             log::info!(
                 "codec: guest {guest}: cannot open {} decoder: {e}",
@@ -241,11 +305,13 @@ impl Codec {
             media_status(&e)
         })?;
         let handle = st.open(
+            &self.limits,
             guest,
             Session::Decoder(DecoderSession {
                 decoder: Box::new(decoder),
                 ready: VecDeque::new(),
             }),
+            threads,
         )?;
         log::info!(
             "codec: guest {guest} opened {} decoder {handle} ({out:?}, {threads} threads)",
@@ -370,9 +436,7 @@ impl Codec {
             return Err(Status::BadArgument);
         }
         let mut st = self.state();
-        if st.sessions.keys().filter(|(g, _)| *g == guest).count() >= MAX_SESSIONS_PER_GUEST {
-            return Err(Status::OutOfMemory);
-        }
+        st.admit(&self.limits, guest, ENCODER_THREADS)?;
         let encoder =
             FfmpegEncoder::new_h264(width, height, c.fps as u32, c.bitrate).map_err(|e| {
                 log::info!("codec: guest {guest}: cannot open H.264 encoder: {e}");
@@ -380,12 +444,14 @@ impl Codec {
             })?;
         let name = encoder.name().to_string();
         let handle = st.open(
+            &self.limits,
             guest,
             Session::Encoder(EncoderSession {
                 encoder,
                 width,
                 height,
             }),
+            ENCODER_THREADS,
         )?;
         log::info!(
             "codec: guest {guest} opened {name} encoder {handle} ({width}x{height} at {} fps, {} bit/s)",
@@ -448,7 +514,7 @@ impl Codec {
     }
 
     fn close(&self, guest: u64, c: api::Close) -> DeviceResult {
-        let removed = self.state().sessions.remove(&(guest, c.handle));
+        let removed = self.state().remove(&(guest, c.handle));
         match removed {
             Some(s) => {
                 // Drop outside the lock: a frame-threaded decoder joins its threads.
@@ -492,7 +558,7 @@ impl Device for Codec {
                 .filter(|(g, _)| *g == guest)
                 .copied()
                 .collect();
-            keys.iter().filter_map(|k| st.sessions.remove(k)).collect()
+            keys.iter().filter_map(|k| st.remove(k)).collect()
         };
         if !gone.is_empty() {
             log::debug!("codec: guest {guest} gone, {} sessions closed", gone.len());
@@ -571,6 +637,40 @@ mod tests {
         codec.guest_gone(1);
         assert_eq!(open(1).unwrap()[0], 1);
         assert_eq!(codec.flush(2, api::Flush { handle: 1 }), Ok([0; 6]));
+    }
+
+    #[test]
+    fn sessions_and_threads_are_capped_across_guests() {
+        let limits = Limits {
+            codec_sessions: 3,
+            codec_threads: 8,
+            ..Limits::default()
+        };
+        let codec = Codec::new(&DeviceConfig::default())
+            .unwrap()
+            .with_limits(&limits);
+        let open = |guest, threads| {
+            codec.open_decoder(
+                guest,
+                api::OpenDecoder {
+                    kind: codec_kind::H264,
+                    format: Format::Nv12 as u64,
+                    threads,
+                },
+            )
+        };
+        // Threads: 4 + 4 fill the daemon's 8; a third decoder of any guest is Busy.
+        let a = open(1, 4).unwrap()[0];
+        open(2, 4).unwrap();
+        assert_eq!(open(3, 1), Err(Status::Busy));
+        // Closing gives the threads back.
+        codec.close(1, api::Close { handle: a }).unwrap();
+        open(3, 2).unwrap();
+        open(3, 2).unwrap();
+        // Sessions: three open, a fourth (even of one thread) is Busy.
+        assert_eq!(open(4, 0), Err(Status::Busy));
+        codec.guest_gone(3);
+        open(4, 1).unwrap();
     }
 
     #[test]

@@ -182,7 +182,7 @@ impl Device for Isp {
             let rgb = layout_of(cx, c.dst).map(|l| !l.format.is_yuv());
             match (rgb, gpu.images(cx, c.src, c.dst)) {
                 (Ok(true), Ok(Some((src, dst)))) if c.src != c.dst => {
-                    return gpu.convert_images(&src, &dst, reply);
+                    return gpu.convert_images(cx.guest, &src, &dst, reply);
                 }
                 (Err(st), _) | (_, Err(st)) => return reply.send(Err(st)),
                 _ => {}

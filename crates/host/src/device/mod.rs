@@ -565,6 +565,10 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
                 busy.remove(&k);
             }
         }
+        // Nothing of a guest may outlive its session here: the worker sleeps holding no
+        // session (and with it no window) of any guest; a departed guest's queue, parked
+        // request and flags went above.
+        drop(queues);
         if !progressed {
             slot.events.wait_past(seen);
         }

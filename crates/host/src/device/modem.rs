@@ -107,6 +107,16 @@ impl Modem {
         })
     }
 
+    /// The same device within `limits`: each guest's modem keeps at most
+    /// [`Limits::sms_sent`] sent messages.
+    pub fn with_limits(self, limits: &crate::Limits) -> Self {
+        self.network
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sent_capacity = limits.sms_sent;
+        self
+    }
+
     fn guests(&self) -> MutexGuard<'_, HashMap<u64, GuestModem>> {
         self.guests.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -7,7 +7,7 @@ use virtsoc_proto::DeviceId;
 
 use super::testdev::{Consumer, Producer};
 use super::{camera, codec, display, gpu, isp, modem, Device};
-use crate::Result;
+use crate::{Limits, Result};
 
 /// Backend choices and device settings (from the daemon's command line).
 #[derive(Debug, Clone)]
@@ -49,19 +49,28 @@ impl Default for DeviceConfig {
     }
 }
 
-/// Builds every device.
-pub fn build(cfg: &DeviceConfig) -> Result<Vec<(DeviceId, Arc<dyn Device>)>> {
+/// Builds every device, within `limits`.
+pub fn build(cfg: &DeviceConfig, limits: &Limits) -> Result<Vec<(DeviceId, Arc<dyn Device>)>> {
     use virtsoc_devapi as api;
-    let gpu_dev = Arc::new(gpu::Gpu::new(cfg)?);
+    let gpu_dev = Arc::new(gpu::Gpu::new(cfg)?.with_limits(limits));
     Ok(vec![
         (DeviceId::PRODUCER, Arc::new(Producer) as Arc<dyn Device>),
         (DeviceId::CONSUMER, Arc::new(Consumer::new("consumer"))),
         (DeviceId::CONSUMER2, Arc::new(Consumer::new("consumer2"))),
-        (api::codec::ID, Arc::new(codec::Codec::new(cfg)?)),
+        (
+            api::codec::ID,
+            Arc::new(codec::Codec::new(cfg)?.with_limits(limits)),
+        ),
         (api::isp::ID, Arc::new(isp::Isp::new(cfg, &gpu_dev)?)),
         (api::camera::ID, Arc::new(camera::Camera::new(cfg)?)),
         (api::gpu::ID, gpu_dev),
-        (api::display::ID, Arc::new(display::Display::new(cfg)?)),
-        (api::modem::ID, Arc::new(modem::Modem::new(cfg)?)),
+        (
+            api::display::ID,
+            Arc::new(display::Display::new(cfg)?.with_limits(limits)),
+        ),
+        (
+            api::modem::ID,
+            Arc::new(modem::Modem::new(cfg)?.with_limits(limits)),
+        ),
     ])
 }

@@ -23,7 +23,11 @@
 //! - `signal_at_vsync(fence)`: signals the guest's virtual fence at the first vsync after the
 //!   call (an unknown fence is `BadArgument`). A vsync listener thread keeps the pending fences.
 //! - `snapshot()`: writes the frame on screen as `<snapshot_dir>/virtsoc-display-<id>.png` and
-//!   returns its id; `Busy` while nothing was scanned out yet.
+//!   returns its id once the file is written; `Busy` while nothing was scanned out yet, when
+//!   the guest's last snapshot is more recent than [`Limits::snapshot_interval`], or when
+//!   [`SNAPSHOT_QUEUE`] snapshots already wait. The PNG is encoded and written on the
+//!   display's snapshot thread, never on the device worker: other guests' presents go on
+//!   meanwhile.
 //!
 //! Sharing the screen: the first guest to present becomes the foreground owner and only its
 //! frames are scanned out; other guests' frames are hidden (kept as their latest content).
@@ -49,8 +53,11 @@ mod screen;
 #[cfg(test)]
 mod tests;
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use virtsoc_devapi::display::{ChecksumReply, Command, ModeReply, PresentReply, SnapshotReply};
 use virtsoc_display as vd;
@@ -58,8 +65,8 @@ use virtsoc_proto::Status;
 
 use super::layers::{layout_of, read_layers, LayerSpec};
 use super::registry::DeviceConfig;
-use super::{Device, DeviceCtx, DeviceResult};
-use crate::{HostError, Result};
+use super::{Device, DeviceCtx, DeviceResult, Reply};
+use crate::{HostError, Limits, Result};
 use format::FrameFormat;
 use output::Output;
 use planes::{Ledger, Plane, PlaneSet, MAX_PLANES};
@@ -79,6 +86,15 @@ pub const HEIGHT: u32 = 1080;
 pub const LATENCY_WINDOW: usize = 4096;
 /// Fences one guest may have waiting for the next vsync.
 pub const MAX_PENDING_FENCES: usize = 1024;
+/// Snapshots waiting for the snapshot thread, all guests together (`Busy` beyond).
+pub const SNAPSHOT_QUEUE: usize = 4;
+
+/// A snapshot for the snapshot thread to write, and whom to answer.
+struct SnapshotJob {
+    frame: vd::PresentedFrame,
+    dir: PathBuf,
+    reply: Reply,
+}
 
 /// The display device.
 pub struct Display {
@@ -90,6 +106,12 @@ pub struct Display {
     /// `--display-verify`: every presented frame is composed and checksummed, per guest the
     /// last one (frame id, CRC-32 of its RGBA pixels).
     verify: Option<Mutex<std::collections::HashMap<u64, (u64, u32)>>>,
+    /// Shortest time between two snapshots of one guest.
+    snapshot_interval: Duration,
+    /// When each guest's last snapshot was accepted.
+    last_snapshot: Mutex<HashMap<u64, Instant>>,
+    /// The snapshot thread's queue.
+    snapshots: SyncSender<SnapshotJob>,
 }
 
 impl Display {
@@ -118,6 +140,16 @@ impl Display {
         std::thread::Builder::new()
             .name("display-vsync-listener".into())
             .spawn(move || listen(weak, events))?;
+        let (snapshots, jobs) = sync_channel::<SnapshotJob>(SNAPSHOT_QUEUE);
+        std::thread::Builder::new()
+            .name("display-snapshot".into())
+            .spawn(move || {
+                for job in jobs {
+                    let r = write_snapshot(&job.frame, &job.dir);
+                    job.reply
+                        .send(r.map(|frame_id| SnapshotReply { frame_id }.to_values()));
+                }
+            })?;
         Ok(Display {
             screen,
             snapshot_dir: cfg.snapshot_dir.clone(),
@@ -125,7 +157,16 @@ impl Display {
             width,
             height,
             verify: cfg.display_verify.then(Default::default),
+            snapshot_interval: Limits::default().snapshot_interval,
+            last_snapshot: Mutex::new(HashMap::new()),
+            snapshots,
         })
+    }
+
+    /// The same device within `limits` (the snapshot rate).
+    pub fn with_limits(mut self, limits: &Limits) -> Self {
+        self.snapshot_interval = limits.snapshot_interval;
+        self
     }
 
     /// A plane scanning out region `src` of the calling guest from its replica in the
@@ -229,34 +270,70 @@ impl Display {
         self.present_planes(cx, (self.width, self.height), planes, capture_ns)
     }
 
-    /// Writes the frame on screen as a PNG file; returns its id.
-    fn snapshot(&self) -> Answer<u64> {
-        let frame = self
-            .screen
+    /// The frame on screen (`Busy` while there is none).
+    fn screen_frame(&self) -> Answer<vd::PresentedFrame> {
+        self.screen
             .vsync
             .with_display(|d| d.last_frame().cloned())
-            .ok_or(Status::Busy)?;
-        std::fs::create_dir_all(&self.snapshot_dir).map_err(|e| {
-            log::warn!(
-                "display: snapshot directory {}: {e}",
-                self.snapshot_dir.display()
-            );
-            Status::DeviceError
-        })?;
-        let path = self
-            .snapshot_dir
-            .join(format!("virtsoc-display-{}.png", frame.id));
-        vd::write_png(&frame, &path).map_err(|e| {
-            log::warn!("display: snapshot {}: {e}", path.display());
-            Status::DeviceError
-        })?;
-        log::info!(
-            "display: snapshot of frame {} in {}",
-            frame.id,
-            path.display()
-        );
-        Ok(frame.id)
+            .ok_or(Status::Busy)
     }
+
+    /// Writes the frame on screen as a PNG file on this thread; returns its id.
+    #[cfg(test)]
+    fn snapshot(&self) -> Answer<u64> {
+        write_snapshot(&self.screen_frame()?, &self.snapshot_dir)
+    }
+
+    /// A guest's snapshot: at most one per interval per guest, written on the snapshot
+    /// thread, which answers `reply` once the file is written.
+    fn snapshot_async(&self, guest: u64, reply: Reply) {
+        let now = Instant::now();
+        {
+            let mut last = self.last_snapshot.lock().unwrap_or_else(|p| p.into_inner());
+            if last
+                .get(&guest)
+                .is_some_and(|t| now.duration_since(*t) < self.snapshot_interval)
+            {
+                return reply.send(Err(Status::Busy));
+            }
+            let frame = match self.screen_frame() {
+                Ok(f) => f,
+                Err(st) => return reply.send(Err(st)),
+            };
+            let job = SnapshotJob {
+                frame,
+                dir: self.snapshot_dir.clone(),
+                reply,
+            };
+            match self.snapshots.try_send(job) {
+                Ok(()) => {
+                    last.insert(guest, now);
+                }
+                Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
+                    job.reply.send(Err(Status::Busy))
+                }
+            }
+        }
+    }
+}
+
+/// Writes `frame` as a PNG file in `dir`; returns its id.
+fn write_snapshot(frame: &vd::PresentedFrame, dir: &Path) -> Answer<u64> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        log::warn!("display: snapshot directory {}: {e}", dir.display());
+        Status::DeviceError
+    })?;
+    let path = dir.join(format!("virtsoc-display-{}.png", frame.id));
+    vd::write_png(frame, &path).map_err(|e| {
+        log::warn!("display: snapshot {}: {e}", path.display());
+        Status::DeviceError
+    })?;
+    log::info!(
+        "display: snapshot of frame {} in {}",
+        frame.id,
+        path.display()
+    );
+    Ok(frame.id)
 }
 
 impl Device for Display {
@@ -294,10 +371,8 @@ impl Device for Display {
                 self.screen.signal_at_vsync(cx.guest, cx.fences, s.fence)?;
                 Ok([0; 6])
             }
-            Command::Snapshot(_) => {
-                let frame_id = self.snapshot()?;
-                Ok(SnapshotReply { frame_id }.to_values())
-            }
+            // Answered by `execute_async`, off the device worker.
+            Command::Snapshot(_) => Err(Status::Internal),
             Command::PresentLayers(p) => {
                 let frame_id = self.present_layers(cx, p.layers, p.count, p.capture_ns)?;
                 Ok(PresentReply { frame_id }.to_values())
@@ -326,7 +401,18 @@ impl Device for Display {
         }
     }
 
+    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+        match Command::decode(args) {
+            Ok(Command::Snapshot(_)) => self.snapshot_async(cx.guest, reply),
+            _ => reply.send(self.execute(cx, args)),
+        }
+    }
+
     fn guest_gone(&self, guest: u64) {
+        self.last_snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&guest);
         self.screen.guest_gone(guest);
         if let Some(v) = &self.verify {
             v.lock().unwrap_or_else(|p| p.into_inner()).remove(&guest);

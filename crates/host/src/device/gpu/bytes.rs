@@ -24,6 +24,7 @@ impl Gpu {
     ) -> DeviceResult {
         let specs = read_layers(cx, layers, count, MAX_LAYERS)?;
         let dst_layout = rgb_layout(cx, dst)?;
+        self.check_cost(&specs, dst_layout.width, dst_layout.height)?;
         // Copy each distinct source out of its replica, one region lock at a time.
         let mut sources: BTreeMap<u64, (FrameLayout, Vec<u8>)> = BTreeMap::new();
         for s in &specs {

@@ -40,6 +40,17 @@
 //! completes it then: the guest's virtual fences are ordered by real GPU completion. Commands
 //! on host memory run synchronously and complete their sequence number on return.
 //!
+//! # Limits
+//!
+//! One guest's command cannot hog the GPU ([`crate::Limits`]): a `composite` whose cost (the
+//! sum over its layers of the destination pixels each layer covers, its destination rectangle
+//! clipped to the target) is over [`Limits::gpu_cost`](crate::Limits::gpu_cost) answers
+//! `Busy` without running; and a guest has at most
+//! [`Limits::gpu_in_flight`](crate::Limits::gpu_in_flight) submissions on the GPU at once (its
+//! gpu and GPU-backed ISP work together; `Busy` beyond). The device worker already serves
+//! guests round robin and holds a guest's queue, not the worker, while its command runs, so
+//! another guest's command is submitted after at most one command of each other guest.
+//!
 //! # Results and errors
 //!
 //! Every command returns `gpu_us`: from submission to completion on resident images, the
@@ -49,8 +60,9 @@
 //! outside their source, bad view angles or marker sizes), `NotSupported` for formats,
 //! `DeviceError` when the backend itself fails.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use virtsoc_devapi::gpu::{Command, CompositeReply};
@@ -84,6 +96,71 @@ pub struct Gpu {
     timeline: Arc<PhysicalFenceTable>,
     /// Highest sequence number handed out on the timeline.
     issued: AtomicU64,
+    /// Largest cost of one composite (layers x destination pixels).
+    max_cost: u64,
+    /// Each guest's submissions on the GPU.
+    in_flight: Arc<InFlight>,
+}
+
+/// Submissions in flight per guest, each guest at most `max`.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    max: usize,
+    by_guest: Mutex<HashMap<u64, usize>>,
+}
+
+impl InFlight {
+    pub(crate) fn new(max: usize) -> Self {
+        InFlight {
+            max,
+            by_guest: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Counts one more submission of `guest`: `false` (nothing counted) at its maximum.
+    pub(crate) fn take(&self, guest: u64) -> bool {
+        let mut m = self.by_guest.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(guest).or_insert(0);
+        if *n >= self.max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// One submission of `guest` finished.
+    pub(crate) fn release(&self, guest: u64) {
+        let mut m = self.by_guest.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&guest) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&guest);
+            }
+        }
+    }
+}
+
+/// Destination pixels `r` covers inside a `width` x `height` target.
+fn clipped_area(r: virtsoc_gpu::Rect, width: u32, height: u32) -> u64 {
+    let span = |start: i32, len: u32, size: u32| {
+        let a = i64::from(start).max(0);
+        let b = (i64::from(start) + i64::from(len)).min(i64::from(size));
+        (b - a).max(0) as u64
+    };
+    span(r.x, r.width, width) * span(r.y, r.height, height)
+}
+
+/// The cost of composing `layers` onto a `width` x `height` target: the destination pixels
+/// each layer covers, summed.
+pub(crate) fn composite_cost(
+    layers: &[crate::device::layers::LayerSpec],
+    width: u32,
+    height: u32,
+) -> u64 {
+    layers
+        .iter()
+        .map(|l| clipped_area(l.dst, width, height))
+        .sum()
 }
 
 impl Gpu {
@@ -130,7 +207,34 @@ impl Gpu {
             desc,
             timeline: Arc::new(PhysicalFenceTable::new("gpu", fences)),
             issued: AtomicU64::new(0),
+            max_cost: crate::Limits::default().gpu_cost,
+            in_flight: Arc::new(InFlight::new(crate::Limits::default().gpu_in_flight)),
         }
+    }
+
+    /// The same device within `limits` (cost of one command, submissions in flight).
+    pub fn with_limits(mut self, limits: &crate::Limits) -> Self {
+        self.max_cost = limits.gpu_cost;
+        self.in_flight = Arc::new(InFlight::new(limits.gpu_in_flight));
+        self
+    }
+
+    /// `Busy` for a composite of `layers` onto a `width` x `height` target over the budget.
+    pub(crate) fn check_cost(
+        &self,
+        layers: &[crate::device::layers::LayerSpec],
+        width: u32,
+        height: u32,
+    ) -> std::result::Result<(), Status> {
+        let cost = composite_cost(layers, width, height);
+        if cost > self.max_cost {
+            log::debug!(
+                "gpu: composite of cost {cost} over the budget {}",
+                self.max_cost
+            );
+            return Err(Status::Busy);
+        }
+        Ok(())
     }
 
     /// Name of the backend in use ("wgpu", "cpu", "null").
@@ -214,6 +318,7 @@ impl Gpu {
     fn submit(
         &self,
         op: &'static str,
+        guest: u64,
         reply: Reply,
         f: impl FnOnce(&WgpuBackend) -> virtsoc_gpu::Result<SubmissionId>,
     ) {
@@ -221,6 +326,11 @@ impl Gpu {
             reply.send(Err(Status::Internal));
             return;
         };
+        if !self.in_flight.take(guest) {
+            log::debug!("gpu: guest {guest}: {op} refused, submissions in flight at the limit");
+            reply.send(Err(Status::Busy));
+            return;
+        }
         let seq = self.next_seqno();
         let t0 = Instant::now();
         let id = match f(w) {
@@ -228,14 +338,17 @@ impl Gpu {
             Err(e) => {
                 log::debug!("gpu: {op} #{seq} refused: {e}");
                 let _ = self.timeline.complete(seq);
+                self.in_flight.release(guest);
                 reply.send(Err(status_of(&e)));
                 return;
             }
         };
         let timeline = self.timeline.clone();
+        let in_flight = self.in_flight.clone();
         w.on_submission_done(
             id,
             Box::new(move |r| {
+                in_flight.release(guest);
                 if let Err(e) = timeline.complete(seq) {
                     log::warn!("gpu: timeline: {e}");
                 }
@@ -267,7 +380,8 @@ impl Gpu {
         Ok(Some(match *cmd {
             Command::Composite(c) => {
                 let specs = read_layers(cx, c.layers, c.count, MAX_LAYERS)?;
-                rgb_dst(cx, c.dst)?;
+                let target = rgb_layout(cx, c.dst)?;
+                self.check_cost(&specs, target.width, target.height)?;
                 let dst = resident!(c.dst);
                 let mut layers = Vec::with_capacity(specs.len());
                 for s in specs {
@@ -306,7 +420,7 @@ impl Gpu {
     }
 
     /// Submits prepared work; `reply` is answered when the GPU has finished it.
-    fn launch(&self, p: Prepared, reply: Reply) {
+    fn launch(&self, p: Prepared, guest: u64, reply: Reply) {
         match p {
             Prepared::Composite { layers, dst } => {
                 let layers: Vec<ImageLayer<'_>> = layers
@@ -320,26 +434,30 @@ impl Gpu {
                         blend: s.blend,
                     })
                     .collect();
-                self.submit("composite", reply, |w| {
+                self.submit("composite", guest, reply, |w| {
                     w.submit_composite_images(&layers, &dst)
                 });
             }
             Prepared::Project { src, dst, view } => {
-                self.submit("project", reply, |w| {
+                self.submit("project", guest, reply, |w| {
                     w.submit_project_images(&src, &view, &dst)
                 });
             }
             Prepared::Markers { list, dst } => {
-                self.submit("markers", reply, |w| w.submit_markers_image(&list, &dst));
+                self.submit("markers", guest, reply, |w| {
+                    w.submit_markers_image(&list, &dst)
+                });
             }
-            Prepared::Convert { src, dst } => self.convert_images(&src, &dst, reply),
+            Prepared::Convert { src, dst } => self.convert_images(guest, &src, &dst, reply),
         }
     }
 
     /// Converts resident `src` into resident `dst` (RGBA8 or BGRA8), answering `reply` when
     /// done: the gpu device's `convert` and the ISP's `gpu` backend.
-    pub(crate) fn convert_images(&self, src: &GpuImage, dst: &GpuImage, reply: Reply) {
-        self.submit("convert", reply, |w| w.submit_convert_images(src, dst));
+    pub(crate) fn convert_images(&self, guest: u64, src: &GpuImage, dst: &GpuImage, reply: Reply) {
+        self.submit("convert", guest, reply, |w| {
+            w.submit_convert_images(src, dst)
+        });
     }
 
     /// The resident images of `src` and `dst`, if both are (for the ISP's `gpu` backend).
@@ -387,7 +505,7 @@ impl Device for Gpu {
     fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
         let prepared = Command::decode(args).and_then(|cmd| self.prepare(cx, &cmd));
         match prepared {
-            Ok(Some(p)) => self.launch(p, reply),
+            Ok(Some(p)) => self.launch(p, cx.guest, reply),
             Ok(None) => reply.send(self.execute(cx, args)),
             Err(st) => reply.send(Err(st)),
         }
@@ -495,6 +613,58 @@ pub(crate) fn status_of(e: &GpuError) -> Status {
 mod tests {
     use super::*;
     use virtsoc_gpu::PixelFormat;
+
+    #[test]
+    fn cost_counts_each_layer_clipped_to_the_target() {
+        use crate::device::layers::LayerSpec;
+        use virtsoc_gpu::{Rect, Rotation};
+        let l = |x, y, w, h| LayerSpec {
+            src: 1,
+            crop: Rect::new(0, 0, 1, 1),
+            dst: Rect::new(x, y, w, h),
+            rotation: Rotation::R0,
+            alpha: 1.0,
+            blend: true,
+        };
+        // Inside, half off the right edge, wholly off screen, larger than the target.
+        assert_eq!(composite_cost(&[l(0, 0, 10, 10)], 100, 100), 100);
+        assert_eq!(composite_cost(&[l(95, 0, 10, 10)], 100, 100), 50);
+        assert_eq!(composite_cost(&[l(-50, -50, 10, 10)], 100, 100), 0);
+        assert_eq!(composite_cost(&[l(-8, -8, 4096, 4096)], 100, 100), 10_000);
+        // 64 full-target layers cost 64 targets.
+        assert_eq!(
+            composite_cost(&vec![l(0, 0, 4096, 4096); 64], 4096, 4096),
+            64 << 24
+        );
+        let gpu = Gpu::with_backend(Arc::new(NullBackend::new()), "null".into()).with_limits(
+            &crate::Limits {
+                gpu_cost: 8 * 100 * 100,
+                ..crate::Limits::default()
+            },
+        );
+        assert_eq!(
+            gpu.check_cost(&vec![l(0, 0, 100, 100); 8], 100, 100),
+            Ok(())
+        );
+        assert_eq!(
+            gpu.check_cost(&vec![l(0, 0, 100, 100); 9], 100, 100),
+            Err(Status::Busy)
+        );
+    }
+
+    #[test]
+    fn submissions_in_flight_are_capped_per_guest() {
+        let f = InFlight::new(2);
+        assert!(f.take(1) && f.take(1));
+        assert!(!f.take(1), "a third submission of guest 1 waits");
+        assert!(f.take(2), "guest 2 is not held back by guest 1");
+        f.release(1);
+        assert!(f.take(1));
+        f.release(1);
+        f.release(1);
+        f.release(2);
+        assert!(f.by_guest.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn views_map() {

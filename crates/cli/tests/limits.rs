@@ -1,0 +1,371 @@
+//! The daemon as a security boundary, limits and isolation: what one guest may hold and ask
+//! for is bounded (`virtsocd --limit-*`), a guest that hits a limit gets a clear status
+//! (`OutOfMemory` for what it holds, `Busy` for queues and rates), and nothing of a departed
+//! guest stays behind. Each test runs a real daemon.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{connect, cpu_write, Daemon};
+use virtsoc_guest::devices::codec_kind;
+use virtsoc_guest::devices::{codec, display, gpu, LayerRecord};
+use virtsoc_guest::{AccessMode, Connection, DeviceId, Format, Opcode, Status};
+
+fn status<T: std::fmt::Debug>(r: virtsoc_guest::Result<T>) -> Status {
+    r.expect_err("the request should fail").status()
+}
+
+#[test]
+fn regions_are_capped_per_guest_and_huge_blobs_refused_up_front() {
+    let d = Daemon::start(&[
+        "--gpu-backend",
+        "null",
+        "--limit-regions",
+        "8",
+        "--guest-mem-limit",
+        "67108864",
+    ]);
+    let c = connect(&d);
+    let ids: Vec<u64> = (0..8).map(|_| c.alloc_blob(4096).unwrap().id).collect();
+    assert_eq!(status(c.alloc_blob(4096)), Status::OutOfMemory);
+    c.free(ids[0]).unwrap();
+    c.alloc_blob(4096).unwrap();
+    assert_eq!(status(c.alloc_blob(4096)), Status::OutOfMemory);
+    // Larger than the guest's memory limit (64 MiB): refused at alloc, not at first access.
+    c.free(ids[1]).unwrap();
+    assert_eq!(status(c.alloc_blob(1 << 40)), Status::OutOfMemory);
+    assert_eq!(status(c.alloc_blob((64 << 20) + 1)), Status::OutOfMemory);
+    c.alloc_blob(64 << 20).unwrap();
+    // Another guest has its own quota.
+    let other = connect(&d);
+    other.alloc_blob(4096).unwrap();
+}
+
+#[test]
+fn live_fences_are_capped_per_guest() {
+    let d = Daemon::start(&["--gpu-backend", "null", "--limit-fences", "5"]);
+    let c = connect(&d);
+    let fences: Vec<_> = (0..5).map(|_| c.fence_create().unwrap()).collect();
+    assert_eq!(status(c.fence_create()), Status::OutOfMemory);
+    // A signaled fence no longer counts.
+    c.call(
+        Opcode::FenceSignal,
+        DeviceId::CPU,
+        [fences[0].0, 0, 0, 0, 0, 0],
+    )
+    .unwrap();
+    c.fence_create().unwrap();
+    assert_eq!(status(c.fence_create()), Status::OutOfMemory);
+}
+
+#[test]
+fn queued_items_per_device_are_capped_busy_beyond() {
+    let d = Daemon::start(&["--gpu-backend", "null", "--limit-queued", "4"]);
+    let c = connect(&d);
+    let f = c.fence_create().unwrap();
+    let wait = || c.call(Opcode::FenceWait, DeviceId::CONSUMER, [f.0, 0, 0, 0, 0, 0]);
+    // The queue is held by the unsignaled fence: items pile up until the cap.
+    let mut accepted = 0;
+    let busy = loop {
+        match wait() {
+            Ok(_) => accepted += 1,
+            Err(e) => break e.status(),
+        }
+        assert!(accepted <= 5, "5 waits accepted past a cap of 4");
+    };
+    assert_eq!(busy, Status::Busy);
+    assert!(
+        accepted >= 4,
+        "only {accepted} items accepted under a cap of 4"
+    );
+    // Another device's queue of the same guest is its own.
+    c.call(Opcode::FenceWait, DeviceId::PRODUCER, [f.0, 0, 0, 0, 0, 0])
+        .unwrap();
+    // Once the fence is signaled the queue drains and takes items again.
+    c.call(Opcode::FenceSignal, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while wait().is_err() {
+        assert!(Instant::now() < deadline, "the queue never drained");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Lines of the daemon's memory map naming a memfd (guest windows).
+fn memfd_maps(d: &Daemon) -> usize {
+    std::fs::read_to_string(format!("/proc/{}/maps", d.child.id()))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("memfd"))
+        .count()
+}
+
+#[test]
+fn a_departed_guests_window_is_unmapped_without_anyone_else_using_its_devices() {
+    let d = Daemon::start(&["--gpu-backend", "null"]);
+    let c = connect(&d);
+    // Warm-up guest: whatever the daemon maps once for good is in the baseline.
+    c.nop().unwrap();
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut baseline = memfd_maps(&d);
+    // Wait for the warm-up guest's window to go (its cleanup is asynchronous).
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = memfd_maps(&d);
+        if now == baseline {
+            break;
+        }
+        baseline = now;
+    }
+    let c = connect(&d);
+    // Queues on two devices, each worker handling the guest's items.
+    for dev in [DeviceId::CONSUMER, DeviceId::PRODUCER] {
+        let f = c.fence_create().unwrap();
+        c.call(Opcode::FenceSignal, dev, [f.0, 0, 0, 0, 0, 0])
+            .unwrap();
+        let t = Instant::now();
+        while !c.fence_signaled(f).unwrap() {
+            assert!(t.elapsed() < Duration::from_secs(20));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert!(memfd_maps(&d) > baseline, "the guest's window is mapped");
+    drop(c);
+    // No other guest comes: the window must still go.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = memfd_maps(&d);
+        if now == baseline {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{now} memfd mappings 10 s after the guest left, {baseline} before it came"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn codec_sessions_and_threads_are_capped_across_guests() {
+    let d = Daemon::start(&[
+        "--gpu-backend",
+        "null",
+        "--limit-codec-threads",
+        "4",
+        "--limit-codec-sessions",
+        "2",
+    ]);
+    let open = |c: &Connection, threads| {
+        c.command(&codec::OpenDecoder {
+            kind: codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads,
+        })
+        .map(|r| r.handle)
+    };
+    let a = connect(&d);
+    let b = connect(&d);
+    let h = open(&a, 3).unwrap();
+    // 3 of the daemon's 4 codec threads are taken: B's 2-thread decoder is Busy, 1 fits.
+    assert_eq!(status(open(&b, 2)), Status::Busy);
+    open(&b, 1).unwrap();
+    assert_eq!(status(open(&b, 1)), Status::Busy);
+    a.command(&codec::Close { handle: h }).unwrap();
+    open(&b, 1).unwrap();
+    // B's own quota: two sessions.
+    assert_eq!(status(open(&b, 1)), Status::OutOfMemory);
+    // A guest that leaves gives its sessions and threads back.
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while open(&a, 4).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "B's threads were never given back"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn snapshots_are_rate_limited_per_guest() {
+    let dir = std::env::temp_dir().join(format!("virtsoc-limits-snap-{}", std::process::id()));
+    let d = Daemon::start(&[
+        "--gpu-backend",
+        "null",
+        "--refresh-hz",
+        "200",
+        "--limit-snapshot-interval-ms",
+        "500",
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+    ]);
+    let c = connect(&d);
+    let r = c.alloc(0, 64, 48, Format::Rgba8, 0).unwrap();
+    cpu_write(&c, r.id, &vec![0x80; r.size as usize]);
+    let shown = c
+        .command_with_access(&display::Present {
+            frame: r.id,
+            capture_ns: 0,
+        })
+        .unwrap()
+        .frame_id;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        match c.command(&display::Snapshot {}) {
+            Ok(s) => break s.frame_id,
+            Err(e) => {
+                // Nothing scanned out yet.
+                assert_eq!(e.status(), Status::Busy);
+                assert!(Instant::now() < deadline, "no snapshot within 20 s");
+                std::thread::sleep(Duration::from_millis(600));
+            }
+        }
+    };
+    assert_eq!(first, shown);
+    // The file exists once the snapshot is answered (written off the device worker).
+    assert!(dir.join(format!("virtsoc-display-{first}.png")).exists());
+    assert_eq!(status(c.command(&display::Snapshot {})), Status::Busy);
+    // Another guest has its own rate.
+    let other = connect(&d);
+    other.command(&display::Snapshot {}).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    c.command(&display::Snapshot {}).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Writes `layers` as records into a new blob of `c`.
+fn layer_blob(c: &Connection, layers: &[LayerRecord]) -> u64 {
+    let bytes: Vec<u8> = layers.iter().flat_map(|l| l.to_bytes()).collect();
+    let blob = c.alloc_blob(bytes.len() as u64).unwrap().id;
+    cpu_write(c, blob, &bytes);
+    blob
+}
+
+fn full_layer(src: u64, w: u32, h: u32) -> LayerRecord {
+    LayerRecord {
+        src,
+        crop: [0, 0, w, h],
+        dst_pos: [0, 0],
+        dst_size: [w, h],
+        rotation: 0,
+        alpha: 0.5,
+        blend: true,
+    }
+}
+
+/// A guest with an RGBA source and destination of `w` x `h`, both begun by the GPU (source
+/// read, destination written) for detached composites.
+struct Painter {
+    c: Connection,
+    src: virtsoc_guest::RegionInfo,
+    dst: virtsoc_guest::RegionInfo,
+}
+
+impl Painter {
+    fn new(d: &Daemon, w: u32, h: u32) -> Painter {
+        let c = connect(d);
+        let src = c.alloc(0, w, h, Format::Rgba8, 0).unwrap();
+        cpu_write(&c, src.id, &vec![0x40; src.size as usize]);
+        let dst = c.alloc(0, w, h, Format::Rgba8, 0).unwrap();
+        Painter { c, src, dst }
+    }
+
+    fn begin(&self, blob: u64) {
+        let c = &self.c;
+        let size = c.region(blob).unwrap().size;
+        c.begin_access(blob, gpu::ID, 0, size, AccessMode::Read)
+            .unwrap();
+        c.begin_access(self.src.id, gpu::ID, 0, self.src.size, AccessMode::Read)
+            .unwrap();
+        c.begin_access(self.dst.id, gpu::ID, 0, self.dst.size, AccessMode::Write)
+            .unwrap();
+    }
+
+    fn end(&self, blob: u64) {
+        let c = &self.c;
+        let size = c.region(blob).unwrap().size;
+        c.end_access(blob, gpu::ID, 0, size, AccessMode::Read)
+            .unwrap();
+        c.end_access(self.src.id, gpu::ID, 0, self.src.size, AccessMode::Read)
+            .unwrap();
+        c.end_access(self.dst.id, gpu::ID, 0, self.dst.size, AccessMode::Write)
+            .unwrap();
+    }
+
+    fn composite(&self, blob: u64, count: u64) -> gpu::Composite {
+        gpu::Composite {
+            layers: blob,
+            count,
+            dst: self.dst.id,
+        }
+    }
+}
+
+#[test]
+fn a_composite_over_the_cost_budget_is_busy() {
+    // Budget: 4 full layers of a 64x64 target.
+    let d = Daemon::start(&["--gpu-backend", "cpu", "--limit-gpu-cost", "16384"]);
+    let p = Painter::new(&d, 64, 64);
+    let four = layer_blob(&p.c, &[full_layer(p.src.id, 64, 64); 4]);
+    let five = layer_blob(&p.c, &[full_layer(p.src.id, 64, 64); 5]);
+    // Off-target parts of a layer cost nothing: 5 layers half off the target fit.
+    let half_off = LayerRecord {
+        dst_pos: [32, 0],
+        ..full_layer(p.src.id, 64, 64)
+    };
+    let offset = layer_blob(&p.c, &[half_off; 5]);
+    for (blob, count, want) in [
+        (four, 4, None),
+        (five, 5, Some(Status::Busy)),
+        (offset, 5, None),
+    ] {
+        p.begin(blob);
+        let r = p.c.command(&p.composite(blob, count));
+        p.end(blob);
+        match want {
+            None => {
+                r.unwrap();
+            }
+            Some(s) => assert_eq!(status(r), s),
+        }
+    }
+}
+
+#[test]
+fn a_gpu_hog_does_not_hold_back_another_guest() {
+    let d = Daemon::start(&["--gpu-backend", "cpu"]);
+    // The hog: a queue full of 8-layer 512x512 composites (within the budget).
+    let (w, h) = (512, 512);
+    let hog = Painter::new(&d, w, h);
+    let blob = layer_blob(&hog.c, &[full_layer(hog.src.id, w, h); 8]);
+    hog.begin(blob);
+    let victim = Painter::new(&d, 64, 64);
+    let vblob = layer_blob(&victim.c, &[full_layer(victim.src.id, 64, 64)]);
+    const N: u64 = 24;
+    for _ in 0..N {
+        hog.c
+            .submit_detached(
+                Opcode::DeviceCmd,
+                gpu::ID,
+                virtsoc_guest::DeviceCommand::encode(&hog.composite(blob, 8)),
+            )
+            .unwrap();
+    }
+    // The victim's whole composite (its accesses and the command, five requests on the GPU
+    // queue) completes while most of the hog's work still waits: the worker serves the
+    // guests in turn, never one guest's queue to the end.
+    victim.begin(vblob);
+    victim.c.command(&victim.composite(vblob, 1)).unwrap();
+    victim.end(vblob);
+    let left = hog.c.in_flight();
+    assert!(
+        left >= N / 3,
+        "the victim finished after the hog's composites: {left} of {N} left"
+    );
+    hog.c.drain().unwrap();
+    assert!(hog.c.take_async_errors().is_empty());
+    hog.end(blob);
+}
