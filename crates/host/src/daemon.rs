@@ -611,12 +611,6 @@ impl Daemon {
         };
         let guest_id = a.guest_id;
         self.note_transport(guest_id, "unix");
-        if let Err(e) = send_json(&stream, &self.welcome(&a), Some(a.window.fd())) {
-            log::warn!("guest {guest_id}: handshake failed: {e}");
-            self.svm.detach_guest(guest_id);
-            return;
-        }
-        let _ = stream.set_write_timeout(None);
         let hangup = match stream.try_clone() {
             Ok(s) => s,
             Err(e) => {
@@ -645,7 +639,17 @@ impl Daemon {
             Arc::new(link),
             &self.cfg.limits,
         );
+        // Registered before the guest hears it was admitted, so that anything it does next
+        // (or a control request about it) finds its session.
         self.register(&session);
+        if let Err(e) = send_json(&stream, &self.welcome(&a), Some(a.window.fd())) {
+            log::warn!("guest {guest_id}: handshake failed: {e}");
+            self.unregister(guest_id);
+            session.close();
+            self.svm.detach_guest(guest_id);
+            return;
+        }
+        let _ = stream.set_write_timeout(None);
         let runner = {
             let (s, svm, dev) = (session.clone(), self.svm.clone(), self.devices.clone());
             spawn_thread(&format!("guest-{guest_id}"), move || s.run(svm, dev))
