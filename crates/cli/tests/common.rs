@@ -21,10 +21,26 @@ static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new
 
 impl Daemon {
     pub fn start(extra: &[&str]) -> Daemon {
+        Self::start_with(&[], None, extra)
+    }
+
+    /// Like [`Daemon::start`], but run through `wrapper` (e.g. `["prlimit", "--nofile=64:64"]`)
+    /// and listening on `socket` when given.
+    pub fn start_with(wrapper: &[&str], socket: Option<PathBuf>, extra: &[&str]) -> Daemon {
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let socket =
-            std::env::temp_dir().join(format!("virtsoc-it-{}-{n}.sock", std::process::id()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+        let socket = socket.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("virtsoc-it-{}-{n}.sock", std::process::id()))
+        });
+        let bin = env!("CARGO_BIN_EXE_virtsocd");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd
             .arg("--socket")
             .arg(&socket)
             .arg("--print-ready")
@@ -60,56 +76,6 @@ impl Daemon {
             socket,
             log,
             tcp,
-        }
-    }
-
-    /// Like [`Daemon::start`], but run through `wrapper` (e.g. `["prlimit", "--nofile=64:64"]`)
-    /// and listening on `socket` when given.
-    pub fn start_with(wrapper: &[&str], socket: Option<PathBuf>, extra: &[&str]) -> Daemon {
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let socket = socket.unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("virtsoc-it-{}-{n}.sock", std::process::id()))
-        });
-        let bin = env!("CARGO_BIN_EXE_virtsocd");
-        let mut cmd = match wrapper.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(bin);
-                c
-            }
-            None => Command::new(bin),
-        };
-        let mut child = cmd
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--print-ready")
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start virtsocd");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("READY"), "daemon did not start: {line:?}");
-        let (tx, log) = channel();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[virtsocd] {l}");
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Daemon {
-            child,
-            socket,
-            log,
-            tcp: None,
         }
     }
 
