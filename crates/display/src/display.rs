@@ -53,6 +53,14 @@ pub struct DisplayConfig {
     pub backend: Box<dyn DisplayBackend>,
     /// How many scan-out records to keep (default 4096).
     pub history: usize,
+    /// Frames waiting for vsyncs, 1 or 2 (default 1): with 1 a frame presented before the
+    /// next vsync replaces the waiting one ("mailbox"); with 2 it waits behind it and is shown
+    /// at the vsync after (a FIFO of two, as Android's BufferQueue: frames that arrive in a
+    /// burst are all shown, one vsync later), only a third replaces the newest waiting, and a
+    /// frame that has already waited half a period behind another at a vsync is shown then
+    /// and the older dropped (the queue catches up instead of adding a vsync of latency for
+    /// good).
+    pub queue_depth: usize,
 }
 
 impl DisplayConfig {
@@ -64,7 +72,14 @@ impl DisplayConfig {
             refresh_hz: 60,
             backend: Box::new(HeadlessBackend::new()),
             history: 4096,
+            queue_depth: 1,
         }
+    }
+
+    /// Sets how many frames may wait for vsyncs (1 or 2; see [`DisplayConfig::queue_depth`]).
+    pub fn with_queue_depth(mut self, depth: usize) -> Self {
+        self.queue_depth = depth.clamp(1, 2);
+        self
     }
 
     /// Sets the vsync rate.
@@ -228,6 +243,9 @@ pub struct Display {
     backend: Box<dyn DisplayBackend>,
     foreground: Option<OwnerId>,
     pending: Option<Pending>,
+    /// The frame waiting behind `pending` (queue depth 2 only).
+    queued: Option<Pending>,
+    queue_depth: usize,
     background: HashMap<OwnerId, PresentedFrame>,
     current: Option<PresentedFrame>,
     seq: u64,
@@ -270,6 +288,8 @@ impl Display {
             backend: config.backend,
             foreground: None,
             pending: None,
+            queued: None,
+            queue_depth: config.queue_depth.clamp(1, 2),
             background: HashMap::new(),
             current: None,
             seq: 0,
@@ -326,10 +346,18 @@ impl Display {
             self.background.insert(frame.owner, frame);
             return Ok(PresentOutcome::Hidden);
         }
-        let old = self.pending.replace(Pending {
+        let new = Pending {
             frame,
             revealed: false,
-        });
+        };
+        // Depth 2: a frame arriving while another (not a revealed background frame) waits
+        // queues behind it; only the newest waiting frame is ever replaced.
+        let behind = self.queue_depth == 2 && self.pending.as_ref().is_some_and(|p| !p.revealed);
+        let old = if behind {
+            self.queued.replace(new)
+        } else {
+            self.pending.replace(new)
+        };
         Ok(match old {
             None => PresentOutcome::Queued,
             Some(old) => {
@@ -350,6 +378,14 @@ impl Display {
     pub fn set_foreground(&mut self, owner: OwnerId) {
         if self.foreground == Some(owner) {
             return;
+        }
+        // Only the newest waiting frame matters from here on.
+        if let Some(q) = self.queued.take() {
+            if let Some(p) = self.pending.replace(q) {
+                if !p.revealed {
+                    self.stats.dropped += 1;
+                }
+            }
         }
         self.foreground = Some(owner);
         // Remember what the others had on screen, so switching back to them
@@ -407,6 +443,21 @@ impl Display {
         self.stats.vsyncs += 1;
         self.stats.missed_vsyncs += missed;
 
+        // Catching up: a frame that has waited behind another for half a period already is
+        // shown now and the older one dropped, so a burst is absorbed without every later
+        // frame waiting an extra vsync.
+        if self
+            .queued
+            .as_ref()
+            .is_some_and(|q| q.frame.submitted_ns + self.period_ns() / 2 <= now)
+        {
+            if let Some(p) = self.pending.take() {
+                if !p.revealed {
+                    self.stats.dropped += 1;
+                }
+            }
+            self.pending = self.queued.take();
+        }
         let scanout = match self.pending.take() {
             None => {
                 self.stats.idle_vsyncs += 1;
@@ -414,6 +465,7 @@ impl Display {
             }
             Some(Pending { frame, revealed }) => self.scan_out(frame, revealed, now),
         };
+        self.pending = self.queued.take();
         VsyncEvent {
             seq: self.seq,
             timestamp_ns: now,
@@ -497,6 +549,11 @@ impl Display {
     /// The frame on screen (the last one scanned out).
     pub fn last_frame(&self) -> Option<&PresentedFrame> {
         self.current.as_ref()
+    }
+
+    /// Frames waiting for vsyncs (0, 1, or 2 with a queue depth of 2).
+    pub fn waiting(&self) -> usize {
+        usize::from(self.pending.is_some()) + usize::from(self.queued.is_some())
     }
 
     /// Id of the frame waiting for the next vsync.

@@ -414,3 +414,58 @@ fn vsync_thread_unsubscribe_drop_and_stop() {
     assert_eq!(vt.subscriber_count(), 0);
     vt.stop().unwrap();
 }
+
+/// Depth 2 (a BufferQueue-like FIFO): two frames presented between vsyncs are both shown, on
+/// consecutive vsyncs; a third replaces the newest waiting one.
+#[test]
+fn a_queue_of_two_shows_a_burst_and_replaces_only_the_newest() {
+    let headless = HeadlessBackend::new();
+    let mut d = Display::new(
+        DisplayConfig::new(4, 2)
+            .with_backend(headless.clone())
+            .with_queue_depth(2),
+    )
+    .unwrap();
+    let balanced = |d: &Display| {
+        let s = d.stats();
+        assert_eq!(
+            s.submitted,
+            s.presented + s.dropped + s.hidden + s.failed + d.waiting() as u64,
+            "{s:?}"
+        );
+    };
+    // Frames submitted just before the vsync they are meant for.
+    let at = |id: u64, t: u64| frame(id).with_submitted_ns(t);
+    d.on_vsync(0);
+    assert_eq!(
+        d.present(at(1, PERIOD - MS)).unwrap(),
+        PresentOutcome::Queued
+    );
+    assert_eq!(
+        d.present(at(2, PERIOD - MS)).unwrap(),
+        PresentOutcome::Queued
+    );
+    assert_eq!(d.waiting(), 2);
+    balanced(&d);
+    assert_eq!(d.on_vsync(PERIOD).scanout.map(|r| r.frame_id), Some(1));
+    assert_eq!(d.on_vsync(2 * PERIOD).scanout.map(|r| r.frame_id), Some(2));
+    assert_eq!(d.stats().dropped, 0);
+    // A burst of three: the third replaces the second, the first stays first.
+    for id in 3..=5 {
+        d.present(at(id, 3 * PERIOD - MS)).unwrap();
+    }
+    assert_eq!(d.stats().dropped, 1);
+    balanced(&d);
+    assert_eq!(d.on_vsync(3 * PERIOD).scanout.map(|r| r.frame_id), Some(3));
+    assert_eq!(d.on_vsync(4 * PERIOD).scanout.map(|r| r.frame_id), Some(5));
+    assert!(d.on_vsync(5 * PERIOD).scanout.is_none());
+    balanced(&d);
+    assert_eq!(headless.scanout_count(), 4);
+    // A frame that already waited half a period behind another is shown at once, the older
+    // dropped: the queue catches up instead of staying a vsync behind.
+    d.present(at(6, 5 * PERIOD + MS)).unwrap();
+    d.present(at(7, 5 * PERIOD + 2 * MS)).unwrap();
+    assert_eq!(d.on_vsync(6 * PERIOD).scanout.map(|r| r.frame_id), Some(7));
+    assert_eq!(d.stats().dropped, 2);
+    balanced(&d);
+}

@@ -37,7 +37,8 @@
 //!
 //! Per-guest statistics, from the display's scan-out records:
 //! - `presented`: this guest's frames that reached the screen;
-//! - `dropped`: its frames that never will: replaced by a newer frame before a vsync, or
+//! - `dropped`: its frames that never will: replaced by a newer frame while two already
+//!   waited for vsyncs (the display queues two frames, as Android's BufferQueue does), or
 //!   hidden because another guest has the screen. Once a vsync has passed after a guest's last
 //!   `present`, `presented + dropped` equals the number of frames it presented;
 //! - `vsyncs`: vsyncs since the guest first used the display;
@@ -126,7 +127,10 @@ impl Display {
                 "display: size {width}x{height} out of range"
             )));
         }
-        let mut config = vd::DisplayConfig::new(width, height).with_refresh_hz(cfg.refresh_hz);
+        // Two frames may wait for vsyncs, as in a BufferQueue: a burst is shown, not replaced.
+        let mut config = vd::DisplayConfig::new(width, height)
+            .with_refresh_hz(cfg.refresh_hz)
+            .with_queue_depth(2);
         config.backend = output.backend(width, height, cfg.refresh_hz)?;
         let display = vd::Display::new(config).map_err(config_error)?;
         let vsync = vd::VsyncThread::spawn_with_clock(display, Arc::new(HostClock))
