@@ -245,6 +245,9 @@ pub struct Display {
     pending: Option<Pending>,
     /// The frame waiting behind `pending` (queue depth 2 only).
     queued: Option<Pending>,
+    /// Owners of waiting frames dropped after they were queued (catch-up at a vsync, or a
+    /// foreground switch), until drained.
+    late_drops: Vec<OwnerId>,
     queue_depth: usize,
     background: HashMap<OwnerId, PresentedFrame>,
     current: Option<PresentedFrame>,
@@ -289,6 +292,7 @@ impl Display {
             foreground: None,
             pending: None,
             queued: None,
+            late_drops: Vec::new(),
             queue_depth: config.queue_depth.clamp(1, 2),
             background: HashMap::new(),
             current: None,
@@ -382,9 +386,7 @@ impl Display {
         // Only the newest waiting frame matters from here on.
         if let Some(q) = self.queued.take() {
             if let Some(p) = self.pending.replace(q) {
-                if !p.revealed {
-                    self.stats.dropped += 1;
-                }
+                self.drop_waiting(p);
             }
         }
         self.foreground = Some(owner);
@@ -452,9 +454,7 @@ impl Display {
             .is_some_and(|q| q.frame.submitted_ns + self.period_ns() / 2 <= now)
         {
             if let Some(p) = self.pending.take() {
-                if !p.revealed {
-                    self.stats.dropped += 1;
-                }
+                self.drop_waiting(p);
             }
             self.pending = self.queued.take();
         }
@@ -549,6 +549,20 @@ impl Display {
     /// The frame on screen (the last one scanned out).
     pub fn last_frame(&self) -> Option<&PresentedFrame> {
         self.current.as_ref()
+    }
+
+    /// Counts a waiting frame dropped after it was queued (and remembers its owner).
+    fn drop_waiting(&mut self, p: Pending) {
+        if !p.revealed {
+            self.stats.dropped += 1;
+            self.late_drops.push(p.frame.owner);
+        }
+    }
+
+    /// Owners of the frames dropped after they had been queued (a queue of two catching up,
+    /// a foreground switch), since the last call: one entry per frame.
+    pub fn drain_late_drops(&mut self) -> Vec<OwnerId> {
+        std::mem::take(&mut self.late_drops)
     }
 
     /// Frames waiting for vsyncs (0, 1, or 2 with a queue depth of 2).

@@ -102,7 +102,17 @@ impl State {
     }
 
     /// Counts scan-outs into their owners' records.
-    pub(super) fn absorb(&mut self, records: Vec<vd::ScanoutRecord>) {
+    pub(super) fn absorb(&mut self, d: &mut vd::Display) {
+        for owner in d.drain_late_drops() {
+            if let Some(g) = self
+                .owners
+                .get(&owner)
+                .and_then(|guest| self.guests.get_mut(guest))
+            {
+                g.dropped += 1;
+            }
+        }
+        let records = d.drain_scanouts();
         for r in records.into_iter().filter(|r| !r.revealed) {
             let Some(g) = self
                 .owners
@@ -198,7 +208,7 @@ impl Screen {
     /// `guest`'s counters.
     pub(super) fn stats(&self, guest: u64) -> StatsReply {
         let (mut samples, mut reply) = self.with(|d, st| {
-            st.absorb(d.drain_scanouts());
+            st.absorb(d);
             let vsyncs = d.stats().vsyncs;
             let g = st.guest(guest, vsyncs);
             let reply = StatsReply {
@@ -244,7 +254,7 @@ impl Screen {
     /// After a vsync: counts the scan-outs and returns the fences now due.
     pub(super) fn after_vsync(&self) -> Vec<PendingFence> {
         self.with(|d, st| {
-            st.absorb(d.drain_scanouts());
+            st.absorb(d);
             let vsyncs = d.stats().vsyncs;
             let (due, waiting) = std::mem::take(&mut st.fences)
                 .into_iter()
@@ -311,7 +321,7 @@ impl Screen {
     /// Every guest's counters and latency samples, for the control API's metrics.
     pub(super) fn guest_metrics(&self) -> Vec<virtsoc_control::DisplayGuestMetrics> {
         self.with(|d, st| {
-            st.absorb(d.drain_scanouts());
+            st.absorb(d);
             st.guests
                 .iter()
                 .map(|(id, g)| virtsoc_control::DisplayGuestMetrics {
