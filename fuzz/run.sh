@@ -6,7 +6,6 @@
 #   FUZZ_SANITIZER  cargo fuzz --sanitizer (default none: the Rust code is memory safe and
 #                   the native libraries are not instrumented, so ASan mostly costs speed;
 #                   FUZZ_SANITIZER=address works with a nightly toolchain)
-#   FUZZ_JOBS       libFuzzer -jobs (default 1: the machine is shared)
 #
 # cargo fuzz needs nightly rustc flags: with a nightly toolchain installed it is used
 # (`cargo +nightly`), otherwise the stable compiler is unlocked with RUSTC_BOOTSTRAP=1
@@ -39,7 +38,7 @@ for t in "${TARGETS[@]}"; do
     set +e
     "${CARGO[@]}" fuzz run "${FLAGS[@]}" "$t" "work/$t" "corpus/$t" -- \
         -max_total_time="$SECONDS_PER" -print_final_stats=1 -timeout=30 \
-        -rss_limit_mb=2048 -jobs="${FUZZ_JOBS:-1}" -workers="${FUZZ_JOBS:-1}" \
+        -rss_limit_mb=2048 \
         -artifact_prefix="artifacts/$t/" >"$log" 2>&1
     rc=$?
     set -e
