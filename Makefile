@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps build demo test lint check ctest clean
+.PHONY: deps build demo test lint check ctest clean fuzz soak
 
 deps:
 	scripts/install-deps.sh
@@ -44,6 +44,21 @@ lint:
 ctest:
 	$(CARGO) build -p virtsoc-guest -p virtsoc
 	tests/c/run.sh debug
+
+## libFuzzer targets (fuzz/fuzz_targets), each for FUZZ_SECONDS (default 60) seconds; prints
+## libFuzzer's execution counts. cargo fuzz wants nightly: fuzz/run.sh uses `cargo +nightly`
+## when a nightly toolchain is installed, else RUSTC_BOOTSTRAP=1 with `--sanitizer none`.
+## One target: `fuzz/run.sh ring_entry`.
+FUZZ_SECONDS ?= 60
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
+
+## The soak of issue 10 (release build): SOAK_GUESTS guests for SOAK_SECONDS seconds.
+SOAK_GUESTS ?= 32
+SOAK_SECONDS ?= 600
+soak:
+	$(CARGO) build --release -p virtsoc
+	./target/release/virtsoc soak --guests $(SOAK_GUESTS) --seconds $(SOAK_SECONDS)
 
 clean:
 	$(CARGO) clean

@@ -10,6 +10,7 @@ mod ctl;
 mod daemon_proc;
 mod report;
 mod scenario;
+mod soak;
 mod stats;
 mod trace;
 mod vm;
@@ -124,6 +125,9 @@ enum Cmd {
         #[command(subcommand)]
         which: VmCmd,
     },
+    /// Soak: mixed good, hostile, crashing and reconnecting guests against a daemon of its
+    /// own; checks its memory, descriptors and threads afterwards.
+    Soak(soak::SoakArgs),
     /// Tools for tests.
     #[command(hide = true)]
     Debug {
@@ -327,6 +331,7 @@ fn with_daemon_spawned<T>(
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Ctl { socket, args } => ctl::run(socket, &args)?,
+        Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Bench {
             which:
                 BenchCmd::Devices {

@@ -32,6 +32,10 @@ fn is_again(e: &ff::Error) -> bool {
     matches!(e, ff::Error::Other { errno } if *errno == ff::error::EAGAIN)
 }
 
+/// Most pixels a decoded picture may have: DCI 4K with room (4096 x 2304), above every size
+/// the scenarios use (UHD is 3840 x 2160).
+pub const MAX_DECODE_PIXELS: i64 = 4096 * 2304;
+
 impl FfmpegDecoder {
     /// A decoder for a raw (Annex-B / IVF-less OBU / VP9 frame) stream of `codec`, writing
     /// `out` (NV12 or YUV420P). `threads > 1` enables frame threading with that many threads;
@@ -107,6 +111,14 @@ impl FfmpegDecoder {
                     (*p).extradata_size = len as c_int;
                 }
             }
+        }
+        // A stream's headers say how large its pictures are, and libavcodec allocates them
+        // (and their reference frames) before any picture comes out: a hostile bitstream
+        // declaring 16384x16384 4:4:4 made it allocate gigabytes (found by the
+        // `device_commands` fuzz target). libavcodec (and libdav1d) refuse larger pictures.
+        // SAFETY: a plain field of the context, not yet opened.
+        unsafe {
+            (*ctx.as_mut_ptr()).max_pixels = MAX_DECODE_PIXELS;
         }
         let threads = threads.max(1);
         ctx.set_threading(ff::threading::Config {
@@ -305,6 +317,43 @@ impl DecoderBackend for FfmpegDecoder {
         if self.layout.is_some_and(|l| l.size() == frame.data.len()) && self.pool.len() < MAX_POOLED
         {
             self.pool.push(frame.data);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `device_commands` fuzz input that made libavcodec allocate over 6 GiB: an H.264
+    /// stream whose SPS declares a huge 4:4:4 picture (fuzz/artifacts-regressions). Now the
+    /// decoder refuses it; nothing comes out larger than the limit.
+    #[test]
+    fn a_stream_declaring_huge_pictures_is_refused() {
+        let input = include_bytes!(
+            "../../../../fuzz/artifacts-regressions/device_commands-oom-h264-huge-sps"
+        );
+        // The fuzz target's format: selector, codec kind, output format, then packets of
+        // u16 length + bytes.
+        let mut rest = &input[3..];
+        let mut dec = FfmpegDecoder::new(CodecKind::H264, PixelFormat::Nv12, 1).unwrap();
+        let mut frames = Vec::new();
+        for pts in 0..8 {
+            if rest.len() < 2 {
+                break;
+            }
+            let n = (u16::from_le_bytes([rest[0], rest[1]]) as usize).min(rest.len() - 2);
+            if let Ok(f) = dec.decode(&rest[2..2 + n], pts) {
+                frames.extend(f);
+            }
+            rest = &rest[2 + n..];
+        }
+        if let Ok(f) = dec.flush() {
+            frames.extend(f);
+        }
+        for f in frames {
+            let px = i64::from(f.layout.width) * i64::from(f.layout.height);
+            assert!(px <= MAX_DECODE_PIXELS, "{:?}", f.layout);
         }
     }
 }

@@ -1,0 +1,221 @@
+//! Where guest input meets the devices and their native libraries:
+//! - selector 0: every device's declared command decoded from arbitrary request words with
+//!   `virtsoc_devapi` (and the layer and marker records the GPU and display read);
+//! - selector 1: the ISP conversion with the real libswscale backend (and the CPU reference)
+//!   on small frames with fuzzed formats, sizes, strides and buffer placement;
+//! - selector 2: an FFmpeg decoder of a fuzzed codec fed fuzzed packets, then flushed.
+//!
+//! Errors are fine; a panic or a crash inside FFmpeg is not.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use virtsoc_devapi as api;
+use virtsoc_media::{
+    CodecKind, CpuIsp, DecoderBackend, FfmpegDecoder, FrameLayout, FrameMut, FrameRef, IspBackend,
+    PixelFormat, SwscaleIsp,
+};
+
+/// Reads the fuzz input as little numbers.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from(self.u8()) | (u16::from(self.u8()) << 8)
+    }
+    fn u64(&mut self) -> u64 {
+        (0..8).fold(0u64, |v, i| v | (u64::from(self.u8()) << (8 * i)))
+    }
+    fn take(&mut self, n: usize) -> &[u8] {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+}
+
+fn check<C: std::fmt::Debug>(
+    info: &api::DeviceInfo,
+    words: &[u64; 6],
+    decoded: Result<C, api::Status>,
+    regions: impl Fn(&C) -> Vec<(u64, api::AccessMode)>,
+    name: impl Fn(&C) -> &'static str,
+) {
+    let declared = info.commands.iter().find(|c| c.op == words[0]);
+    match decoded {
+        Ok(cmd) => {
+            let decl = declared.expect("decoded an undeclared opcode");
+            assert_eq!(name(&cmd), decl.name);
+            let region_args = decl
+                .args
+                .iter()
+                .filter(|a| a.kind.starts_with("region"))
+                .count();
+            assert_eq!(regions(&cmd).len(), region_args, "{}", decl.name);
+        }
+        Err(st) => {
+            assert!(declared.is_none(), "{}: declared opcode refused", info.name);
+            assert_eq!(st, api::Status::UnknownOpcode);
+        }
+    }
+}
+
+macro_rules! decode_all {
+    ($words:expr, $($dev:ident),*) => {
+        $(
+            check(
+                &api::$dev::INFO,
+                $words,
+                api::$dev::Command::decode($words),
+                |c| c.regions(),
+                |c| c.name(),
+            );
+        )*
+    };
+}
+
+fn commands(b: &mut Bytes) {
+    let mut words = [0u64; 6];
+    for w in &mut words {
+        *w = b.u64();
+    }
+    // Small opcodes are the declared ones.
+    words[0] %= 1 + (words[0] >> 60) * 16;
+    decode_all!(&words, producer, consumer, consumer2, codec, isp, camera, gpu, display, modem);
+    let rest = b.take(usize::MAX);
+    for chunk in rest.chunks(api::LAYER_RECORD) {
+        if let Some(l) = api::LayerRecord::from_bytes(chunk) {
+            let again = api::LayerRecord::from_bytes(&l.to_bytes()).expect("round trip");
+            assert_eq!(again.to_bytes(), l.to_bytes());
+        }
+    }
+    for chunk in rest.chunks(api::MARKER_RECORD) {
+        if let Some(m) = api::MarkerRecord::from_bytes(chunk) {
+            assert_eq!(&m.to_bytes()[..], chunk);
+        }
+    }
+}
+
+fn layout(b: &mut Bytes) -> (FrameLayout, usize, usize) {
+    let format = PixelFormat::ALL[b.u8() as usize % 4];
+    // Mostly valid sizes, sometimes anything (odd, zero): the backends must refuse those.
+    let raw = b.u8();
+    let (w, h) = (u32::from(b.u8() % 65), u32::from(b.u8() % 65));
+    let (w, h) = if raw & 1 == 0 {
+        ((w + 1) & !1, (h + 1) & !1)
+    } else {
+        (w, h)
+    };
+    let pad = u32::from(b.u8() % 80);
+    let stride = (w * format.luma_bytes_per_pixel()).saturating_add(pad);
+    let l = FrameLayout {
+        format,
+        width: w,
+        height: h,
+        stride: if raw & 2 == 0 { stride & !1 } else { stride },
+    };
+    // Buffer: the layout's size give or take a few bytes, at a fuzzed misalignment.
+    let size = if l.validate().is_ok() {
+        l.size()
+    } else {
+        (w * h * 4) as usize
+    };
+    let slack = (b.u8() % 16) as usize;
+    let len = if raw & 4 == 0 {
+        size + slack
+    } else {
+        size.saturating_sub(slack)
+    };
+    (l, len, (b.u8() % 64) as usize)
+}
+
+fn isp(b: &mut Bytes) {
+    let (sl, slen, soff) = layout(b);
+    let (dl, dlen, doff) = layout(b);
+    let mut src = vec![0u8; soff + slen];
+    let fill = b.take(slen);
+    src[soff..soff + fill.len()].copy_from_slice(fill);
+    let mut dst = vec![0u8; doff + dlen];
+    let accurate = b.u8() & 1 == 1;
+    let src = FrameRef {
+        layout: sl,
+        data: &src[soff..],
+    };
+    let sws = if accurate {
+        SwscaleIsp::accurate()
+    } else {
+        SwscaleIsp::new()
+    };
+    let ok = sws
+        .convert(
+            src,
+            FrameMut {
+                layout: dl,
+                data: &mut dst[doff..],
+            },
+        )
+        .is_ok();
+    let cpu = CpuIsp::new()
+        .convert(
+            src,
+            FrameMut {
+                layout: dl,
+                data: &mut dst[doff..],
+            },
+        )
+        .is_ok();
+    assert_eq!(
+        ok, cpu,
+        "swscale and the CPU reference agree on what is valid: {sl:?} -> {dl:?}"
+    );
+}
+
+fn decoder(b: &mut Bytes) {
+    let kind = CodecKind::ALL[b.u8() as usize % CodecKind::ALL.len()];
+    let out = if b.u8() & 1 == 0 {
+        PixelFormat::Nv12
+    } else {
+        PixelFormat::Yuv420p
+    };
+    let Ok(mut dec) = FfmpegDecoder::new(kind, out, 1) else {
+        return;
+    };
+    let mut frames = Vec::new();
+    for pts in 0..8 {
+        if b.0.is_empty() {
+            break;
+        }
+        let n = b.u16() as usize;
+        let packet = b.take(n).to_vec();
+        if let Ok(f) = dec.decode(&packet, pts) {
+            frames.extend(f);
+        }
+    }
+    if let Ok(f) = dec.flush() {
+        frames.extend(f);
+    }
+    for f in frames {
+        assert_eq!(f.data.len(), f.layout.size(), "a picture fills its layout");
+        f.as_frame().validate().expect("a decoded picture is valid");
+        dec.recycle(f);
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    virtsoc_media::quiet_ffmpeg_logs();
+    let mut b = Bytes(data);
+    match b.u8() % 3 {
+        0 => commands(&mut b),
+        1 => isp(&mut b),
+        _ => decoder(&mut b),
+    }
+});

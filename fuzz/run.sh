@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets and runs each one for a bounded time, printing the execution
+# counts libFuzzer reports. Usage: fuzz/run.sh [TARGET...] (default: every target).
+#
+#   FUZZ_SECONDS    seconds per target (default 60)
+#   FUZZ_SANITIZER  cargo fuzz --sanitizer (default none: the Rust code is memory safe and
+#                   the native libraries are not instrumented, so ASan mostly costs speed;
+#                   FUZZ_SANITIZER=address works with a nightly toolchain)
+#
+# cargo fuzz needs nightly rustc flags: with a nightly toolchain installed it is used
+# (`cargo +nightly`), otherwise the stable compiler is unlocked with RUSTC_BOOTSTRAP=1
+# (only with FUZZ_SANITIZER=none). Found inputs go to fuzz/work/<target> (not committed; the
+# seeds are in fuzz/corpus/<target>), crashes to fuzz/artifacts/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")"
+export PATH="$HOME/.cargo/bin:$PATH"
+SECONDS_PER=${FUZZ_SECONDS:-60}
+SAN=${FUZZ_SANITIZER:-none}
+TARGETS=("$@")
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(handshake ring_entry device_commands at_parser tcp_frame)
+
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    CARGO=(cargo +nightly)
+else
+    export RUSTC_BOOTSTRAP=1
+    CARGO=(cargo)
+    SAN=none
+fi
+FLAGS=(-s "$SAN" -a)
+"${CARGO[@]}" fuzz build "${FLAGS[@]}"
+
+summary=()
+for t in "${TARGETS[@]}"; do
+    mkdir -p "work/$t" "artifacts/$t"
+    log="artifacts/$t.log"
+    echo "== $t: ${SECONDS_PER} s"
+    set +e
+    "${CARGO[@]}" fuzz run "${FLAGS[@]}" "$t" "work/$t" "corpus/$t" -- \
+        -max_total_time="$SECONDS_PER" -print_final_stats=1 -timeout=30 \
+        -rss_limit_mb=2048 \
+        -artifact_prefix="artifacts/$t/" >"$log" 2>&1
+    rc=$?
+    set -e
+    done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)
+    execs=$(grep -E 'stat::number_of_executed_units' "$log" | tail -1 | awk '{print $2}' || true)
+    rate=$(grep -E 'stat::average_exec_per_sec' "$log" | tail -1 | awk '{print $2}' || true)
+    echo "$done_line"
+    echo "stat::number_of_executed_units: ${execs:-?}  exec/s: ${rate:-?}  exit: $rc"
+    summary+=("$(printf '%-16s %12s execs %8s exec/s  exit %s' "$t" "${execs:-?}" "${rate:-?}" "$rc")")
+    if [ $rc -ne 0 ]; then
+        echo "   $t FAILED: see fuzz/$log and fuzz/artifacts/$t/"
+        tail -30 "$log"
+    fi
+done
+echo
+printf '%s\n' "${summary[@]}"
