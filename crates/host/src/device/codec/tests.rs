@@ -1,0 +1,153 @@
+//! Unit tests of the codec device: sessions, limits, statuses.
+
+use super::*;
+
+#[test]
+fn region_formats_map_to_layouts() {
+    let meta = |format, width, height, stride, size| RegionMeta {
+        size,
+        width,
+        height,
+        stride,
+        format,
+        usage: 0,
+    };
+    let l = frame_layout(&meta(Format::Nv12, 64, 48, 64, 64 * 48 * 3 / 2)).unwrap();
+    assert_eq!((l.format, l.width, l.height), (PixelFormat::Nv12, 64, 48));
+    assert_eq!(
+        frame_layout(&meta(Format::Blob, 0, 0, 0, 100)),
+        Err(Status::NotSupported)
+    );
+    assert_eq!(
+        frame_layout(&meta(Format::Yuyv, 64, 48, 128, 64 * 48 * 2)),
+        Err(Status::NotSupported)
+    );
+    // Metadata claiming more than the region holds.
+    assert_eq!(
+        frame_layout(&meta(Format::Yuv420p, 64, 48, 64, 100)),
+        Err(Status::BadArgument)
+    );
+    assert_eq!(
+        frame_layout(&meta(Format::Rgba8, 0, 48, 0, 100)),
+        Err(Status::BadArgument)
+    );
+}
+
+#[test]
+fn handles_are_per_guest_and_bounded() {
+    let codec = Codec::new(&DeviceConfig::default()).unwrap();
+    assert!(codec.backend().starts_with("libavcodec"));
+    let open = |guest| {
+        codec.open_decoder(
+            guest,
+            api::OpenDecoder {
+                kind: codec_kind::H264,
+                format: Format::Nv12 as u64,
+                threads: 1,
+            },
+        )
+    };
+    let h1 = open(1).unwrap()[0];
+    let h2 = open(2).unwrap()[0];
+    assert_eq!((h1, h2), (1, 1), "each guest counts its own handles");
+    // Guest 2 cannot flush or close guest 1's second decoder.
+    let h = open(1).unwrap()[0];
+    assert_eq!(
+        codec.close(2, api::Close { handle: h }),
+        Err(Status::BadArgument)
+    );
+    assert_eq!(codec.flush(1, api::Flush { handle: h }), Ok([0; 6]));
+    assert_eq!(codec.close(1, api::Close { handle: h }), Ok([0; 6]));
+    assert_eq!(
+        codec.close(1, api::Close { handle: h }),
+        Err(Status::BadArgument)
+    );
+    for _ in 1..MAX_SESSIONS_PER_GUEST {
+        open(1).unwrap();
+    }
+    assert_eq!(open(1), Err(Status::OutOfMemory));
+    codec.guest_gone(1);
+    assert_eq!(open(1).unwrap()[0], 1);
+    assert_eq!(codec.flush(2, api::Flush { handle: 1 }), Ok([0; 6]));
+}
+
+#[test]
+fn sessions_and_threads_are_capped_across_guests() {
+    let limits = Limits {
+        codec_sessions: 3,
+        codec_threads: 8,
+        ..Limits::default()
+    };
+    let codec = Codec::new(&DeviceConfig::default())
+        .unwrap()
+        .with_limits(&limits);
+    let open = |guest, threads| {
+        codec.open_decoder(
+            guest,
+            api::OpenDecoder {
+                kind: codec_kind::H264,
+                format: Format::Nv12 as u64,
+                threads,
+            },
+        )
+    };
+    // Threads: 4 + 4 fill the daemon's 8; a third decoder of any guest is Busy.
+    let a = open(1, 4).unwrap()[0];
+    open(2, 4).unwrap();
+    assert_eq!(open(3, 1), Err(Status::Busy));
+    // Closing gives the threads back.
+    codec.close(1, api::Close { handle: a }).unwrap();
+    open(3, 2).unwrap();
+    open(3, 2).unwrap();
+    // Sessions: three open, a fourth (even of one thread) is Busy.
+    assert_eq!(open(4, 0), Err(Status::Busy));
+    codec.guest_gone(3);
+    open(4, 1).unwrap();
+}
+
+#[test]
+fn bad_open_arguments() {
+    let codec = Codec::new(&DeviceConfig::default()).unwrap();
+    let dec = |kind, format, threads| {
+        codec.open_decoder(
+            7,
+            api::OpenDecoder {
+                kind,
+                format,
+                threads,
+            },
+        )
+    };
+    assert_eq!(dec(99, Format::Nv12 as u64, 0), Err(Status::BadArgument));
+    assert_eq!(
+        dec(codec_kind::H264, Format::Rgba8 as u64, 0),
+        Err(Status::NotSupported)
+    );
+    assert_eq!(dec(codec_kind::H264, 77, 0), Err(Status::BadArgument));
+    assert_eq!(
+        dec(codec_kind::H264, Format::Nv12 as u64, 1000),
+        Err(Status::BadArgument)
+    );
+    let enc = |width, height, fps, bitrate| {
+        codec.open_encoder(
+            7,
+            api::OpenEncoder {
+                width,
+                height,
+                fps,
+                bitrate,
+            },
+        )
+    };
+    assert_eq!(enc(0, 240, 30, 1_000_000), Err(Status::BadArgument));
+    assert_eq!(enc(321, 240, 30, 1_000_000), Err(Status::BadArgument));
+    assert_eq!(enc(1 << 40, 240, 30, 1_000_000), Err(Status::BadArgument));
+    assert_eq!(enc(320, 240, 0, 1_000_000), Err(Status::BadArgument));
+    assert_eq!(enc(320, 240, 30, 0), Err(Status::BadArgument));
+    assert!(enc(320, 240, 30, 1_000_000).is_ok());
+    assert_eq!(
+        codec.flush(7, api::Flush { handle: 1 }),
+        Err(Status::BadArgument),
+        "an encoder handle is not a decoder"
+    );
+}

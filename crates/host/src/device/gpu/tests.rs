@@ -1,0 +1,142 @@
+//! Unit tests of the gpu device: records, markers, views, statuses, backends, budgets.
+
+use super::*;
+use virtsoc_gpu::PixelFormat;
+
+#[test]
+fn cost_counts_each_layer_clipped_to_the_target() {
+    use crate::device::layers::LayerSpec;
+    use virtsoc_gpu::{Rect, Rotation};
+    let l = |x, y, w, h| LayerSpec {
+        src: 1,
+        crop: Rect::new(0, 0, 1, 1),
+        dst: Rect::new(x, y, w, h),
+        rotation: Rotation::R0,
+        alpha: 1.0,
+        blend: true,
+    };
+    // Inside, half off the right edge, wholly off screen, larger than the target.
+    assert_eq!(composite_cost(&[l(0, 0, 10, 10)], 100, 100), 100);
+    assert_eq!(composite_cost(&[l(95, 0, 10, 10)], 100, 100), 50);
+    assert_eq!(composite_cost(&[l(-50, -50, 10, 10)], 100, 100), 0);
+    assert_eq!(composite_cost(&[l(-8, -8, 4096, 4096)], 100, 100), 10_000);
+    // 64 full-target layers cost 64 targets.
+    assert_eq!(
+        composite_cost(&vec![l(0, 0, 4096, 4096); 64], 4096, 4096),
+        64 << 24
+    );
+    let gpu = Gpu::with_backend(Arc::new(NullBackend::new()), "null".into()).with_limits(
+        &crate::Limits {
+            gpu_cost: 8 * 100 * 100,
+            ..crate::Limits::default()
+        },
+    );
+    assert_eq!(
+        gpu.check_cost(&vec![l(0, 0, 100, 100); 8], 100, 100),
+        Ok(())
+    );
+    assert_eq!(
+        gpu.check_cost(&vec![l(0, 0, 100, 100); 9], 100, 100),
+        Err(Status::Busy)
+    );
+}
+
+#[test]
+fn submissions_in_flight_are_capped_per_guest() {
+    let f = InFlight::new(2);
+    assert!(f.take(1) && f.take(1));
+    assert!(!f.take(1), "a third submission of guest 1 waits");
+    assert!(f.take(2), "guest 2 is not held back by guest 1");
+    f.release(1);
+    assert!(f.take(1));
+    f.release(1);
+    f.release(1);
+    f.release(2);
+    assert!(f.by_guest.lock().unwrap().is_empty());
+}
+
+#[test]
+fn views_map() {
+    let v = view_of([(-1_570_796i64) as u64, 250_000, 1_570_796]);
+    assert!((v.yaw + std::f32::consts::FRAC_PI_2).abs() < 1e-5);
+    assert!((v.pitch - 0.25).abs() < 1e-6);
+    assert!((v.fov_y - std::f32::consts::FRAC_PI_2).abs() < 1e-5);
+}
+
+#[test]
+fn markers_are_validated() {
+    let m = MarkerRecord {
+        x: 10,
+        y: -3,
+        size: 6,
+        rgba: [1, 2, 3, 4],
+    };
+    assert_eq!(
+        marker_of(&m),
+        Ok(Marker::square(10.0, -3.0, 6.0, [1, 2, 3, 4]))
+    );
+    assert_eq!(
+        marker_of(&MarkerRecord { size: 0, ..m }),
+        Err(Status::BadArgument)
+    );
+    assert_eq!(
+        marker_of(&MarkerRecord { x: i32::MAX, ..m }),
+        Err(Status::BadArgument)
+    );
+}
+
+#[test]
+fn backend_errors_map_to_statuses() {
+    assert_eq!(
+        status_of(&GpuError::InvalidParameter("x".into())),
+        Status::BadArgument
+    );
+    assert_eq!(
+        status_of(&GpuError::BufferTooSmall { needed: 2, got: 1 }),
+        Status::OutOfRange
+    );
+    assert_eq!(
+        status_of(&GpuError::UnsupportedFormat {
+            op: "convert",
+            role: "destination",
+            format: PixelFormat::Nv12
+        }),
+        Status::NotSupported
+    );
+    assert_eq!(
+        status_of(&GpuError::DeviceLost("gone".into())),
+        Status::DeviceError
+    );
+}
+
+#[test]
+fn backends_are_chosen_by_name_and_the_timeline_advances() {
+    let cfg = |gpu: &str| DeviceConfig {
+        gpu: gpu.into(),
+        ..DeviceConfig::default()
+    };
+    assert!(matches!(
+        Gpu::new(&cfg("vulkan9")),
+        Err(HostError::Config(_))
+    ));
+    let g = Gpu::new(&cfg("cpu")).unwrap();
+    assert_eq!(g.backend_name(), "cpu");
+    let n = Gpu::new(&cfg("null")).unwrap();
+    assert_eq!(n.backend_name(), "null");
+    assert!(n.backend().starts_with("null"));
+    // One good and one failing call: both retire their sequence numbers.
+    let src = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
+    let mut dst = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 8, 4)).unwrap();
+    g.convert_frame(src.as_ref(), dst.as_mut()).unwrap();
+    let mut yuv = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
+    assert_eq!(
+        g.convert_frame(src.as_ref(), yuv.as_mut()),
+        Err(Status::NotSupported)
+    );
+    assert_eq!(g.timeline_counts(), (2, 2));
+    assert!(
+        g.backend().contains("2 submitted, 2 completed"),
+        "{}",
+        g.backend()
+    );
+}
