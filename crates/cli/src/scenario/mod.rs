@@ -155,6 +155,19 @@ fn ui_pixels(w: u32, h: u32) -> Vec<u8> {
     px
 }
 
+/// `n` image regions of `w` x `h` pixels in `format` (the slots a pipeline rotates through).
+pub(crate) fn images(
+    conn: &Connection,
+    n: usize,
+    (w, h): (u32, u32),
+    format: Format,
+) -> Result<Vec<u64>, CliError> {
+    (0..n)
+        .map(|_| conn.alloc(0, w, h, format, 0).map(|r| r.id))
+        .collect::<Result<_, _>>()
+        .map_err(CliError::from)
+}
+
 /// A layer covering the whole `w` x `h` frame.
 pub(crate) fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
     LayerRecord {
@@ -343,17 +356,10 @@ fn video(
     let bits: Vec<u64> = (0..2)
         .map(|_| conn.alloc_blob(max_unit).map(|r| r.id))
         .collect::<Result<_, _>>()?;
-    let frames: Vec<u64> = (0..3)
-        .map(|_| conn.alloc(0, cw, ch, Format::Nv12, 0).map(|r| r.id))
-        .collect::<Result<_, _>>()?;
+    let frames = images(conn, 3, (cw, ch), Format::Nv12)?;
     // The projection renders the view at the screen's size.
     let projected: Vec<u64> = if is360 {
-        (0..3)
-            .map(|_| {
-                conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)
-                    .map(|r| r.id)
-            })
-            .collect::<Result<_, _>>()?
+        images(conn, 3, screen, Format::Rgba8)?
     } else {
         Vec::new()
     };
@@ -451,12 +457,8 @@ fn camera(
     let screen = show.screen;
     let ar = o.scenario == "ar";
     let conn = p.conn;
-    let cams: Vec<u64> = (0..3)
-        .map(|_| conn.alloc(0, w, h, Format::Nv12, 0).map(|r| r.id))
-        .collect::<Result<_, _>>()?;
-    let rgbs: Vec<u64> = (0..3)
-        .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
-        .collect::<Result<_, _>>()?;
+    let cams = images(conn, 3, (w, h), Format::Nv12)?;
+    let rgbs = images(conn, 3, (w, h), Format::Rgba8)?;
     let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
     p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
     let lists: Vec<(u64, Vec<LayerRecord>)> = (0..3)

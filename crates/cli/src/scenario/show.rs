@@ -83,11 +83,8 @@ impl Show {
         Ok(show)
     }
 
-    fn targets(conn: &Connection, (w, h): (u32, u32)) -> Result<Vec<u64>, CliError> {
-        (0..3)
-            .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
-            .collect::<Result<_, _>>()
-            .map_err(CliError::from)
+    fn targets(conn: &Connection, screen: (u32, u32)) -> Result<Vec<u64>, CliError> {
+        super::images(conn, 3, screen, Format::Rgba8)
     }
 
     /// The composition policy (the guest library's, Android's "validate" step): whether the

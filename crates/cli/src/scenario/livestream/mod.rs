@@ -113,12 +113,7 @@ pub fn livestream(
     let (w, h) = (o.width, o.height);
     let conn = p.conn;
     let fence_mode = o.ordering == OrderingMode::Fence;
-    let images = |n: usize, format: Format| -> Result<Vec<u64>, CliError> {
-        (0..n)
-            .map(|_| conn.alloc(0, w, h, format, 0).map(|r| r.id))
-            .collect::<Result<_, _>>()
-            .map_err(CliError::from)
-    };
+    let images = |n: usize, format: Format| super::images(conn, n, (w, h), format);
     // A packet never exceeds a raw frame (the codec device's rule); room for SPS/PPS and AUDs.
     let packet_max = w as u64 * h as u64 * 3 / 2 + 4096;
     let blobs = |n: usize| -> Result<Vec<u64>, CliError> {
