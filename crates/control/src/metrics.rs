@@ -66,6 +66,11 @@ pub fn render(backend: &dyn Backend) -> Result<String, ControlError> {
     const GL: &[&str] = &["guest", "name", "src", "dst"];
     const GD: &[&str] = &["guest", "name", "device"];
     let guests_up = f.gauge("guests", "Live guest sessions.", &[])?;
+    let lingering = f.gauge(
+        "sessions_lingering",
+        "Guest sessions that ended over a second ago and are still referenced (a leak).",
+        &[],
+    )?;
     let regions = f.gauge("guest_regions", "Regions a guest holds.", G)?;
     let bytes = f.gauge("guest_bytes", "Host bytes a guest's regions hold.", G)?;
     let commands = f.counter(
@@ -132,6 +137,9 @@ pub fn render(backend: &dyn Backend) -> Result<String, ControlError> {
 
     let guests = backend.guests();
     guests_up.with_label_values(&[]).set(guests.len() as i64);
+    lingering
+        .with_label_values(&[])
+        .set(i64::try_from(backend.lingering_sessions()).unwrap_or(i64::MAX));
     for g in &guests {
         let id = g.id.to_string();
         let l = [id.as_str(), g.name.as_str()];

@@ -139,6 +139,15 @@ impl Backend for ControlBackend {
             Err(ControlError::NotFound(format!("no guest {id}")))
         }
     }
+
+    fn lingering_sessions(&self) -> u64 {
+        let old = std::time::Duration::from_secs(1);
+        self.0
+            .lingering_sessions()
+            .iter()
+            .filter(|l| l.ended.elapsed() >= old)
+            .count() as u64
+    }
 }
 
 /// Starts the control API of `daemon` on `unix` and, if given, TCP `tcp` (which needs the

@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags};
@@ -151,12 +151,26 @@ fn spawn_thread(
     std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
+/// A session that ended and is still referenced.
+#[derive(Debug, Clone)]
+pub struct LingeringSession {
+    pub guest: u64,
+    /// References to it besides the daemon's list.
+    pub references: usize,
+    /// Devices whose worker still lists one of its queues.
+    pub device_queues: Vec<String>,
+    /// When it left.
+    pub ended: Instant,
+}
+
 /// The host daemon.
 pub struct Daemon {
     cfg: DaemonConfig,
     svm: Arc<SvmManager>,
     devices: Arc<DeviceSet>,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// Sessions that left, weakly: one still alive here is a leak (something kept it).
+    departed: Mutex<Vec<(Weak<Session>, Instant)>>,
     sessions_gone: Condvar,
     next_guest: AtomicU64,
     /// Connections being served (handshaking or admitted).
@@ -203,6 +217,7 @@ impl Daemon {
             svm,
             devices,
             sessions: Mutex::new(HashMap::new()),
+            departed: Mutex::new(Vec::new()),
             sessions_gone: Condvar::new(),
             next_guest: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
@@ -378,6 +393,28 @@ impl Daemon {
         Ok(())
     }
 
+    /// Sessions that left but are still referenced. A session is released once its last
+    /// device reply is sent, so one listed here for long is a leak.
+    pub fn lingering_sessions(&self) -> Vec<LingeringSession> {
+        let departed: Vec<(Arc<Session>, Instant)> = self
+            .departed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|(w, t)| Some((w.upgrade()?, *t)))
+            .collect();
+        departed
+            .iter()
+            .map(|(s, ended)| LingeringSession {
+                guest: s.guest_id(),
+                // Minus the reference taken here.
+                references: Arc::strong_count(s) - 1,
+                device_queues: self.devices.holders(s),
+                ended: *ended,
+            })
+            .collect()
+    }
+
     /// Closes every session, waits (bounded) for their cleanup, and stops the devices.
     pub fn shutdown(&self) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
@@ -398,6 +435,20 @@ impl Daemon {
                 .0;
         }
         drop(sessions);
+        let old = Duration::from_secs(1);
+        for l in self.lingering_sessions() {
+            if l.ended.elapsed() < old {
+                continue; // still finishing its last reply
+            }
+            log::warn!(
+                "guest {} left {:?} ago and its session is still referenced {} times \
+                 (device queues holding it: {:?})",
+                l.guest,
+                l.ended.elapsed(),
+                l.references,
+                l.device_queues
+            );
+        }
         self.devices.stop();
         log::info!("virtsocd stopped");
     }
@@ -583,7 +634,11 @@ impl Daemon {
 
     pub(crate) fn unregister(&self, guest_id: u64) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        sessions.remove(&guest_id);
+        if let Some(s) = sessions.remove(&guest_id) {
+            let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+            departed.retain(|(w, _)| w.strong_count() > 0);
+            departed.push((Arc::downgrade(&s), Instant::now()));
+        }
         self.guest_meta
             .lock()
             .unwrap_or_else(|p| p.into_inner())

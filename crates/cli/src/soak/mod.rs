@@ -47,8 +47,7 @@ pub struct SoakArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Hostile guests send no bursts of malformed ring entries (`submit_raw`); see
-    /// `tests/soak.rs` for what those bursts currently leave behind in the daemon.
+    /// Hostile guests send no bursts of malformed ring entries (`submit_raw`).
     #[arg(long)]
     pub no_raw_bursts: bool,
     /// Roles to run (default all): good, hostile, crashing, reconnecting.
@@ -305,6 +304,7 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
     ctx.stop.store(true, Ordering::Relaxed);
     let _ = watcher.join();
     let end = settle(pid, Some(start));
+    let lingering = lingering_sessions(&ctx.socket);
     if end.fds > start.fds {
         let mut extra = fd_targets(pid);
         for f in &start_fds {
@@ -340,6 +340,14 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
         "fds",
         end.fds <= start.fds,
         format!("{} -> {}", start.fds, end.fds),
+    );
+    check(
+        "sessions released",
+        lingering == Some(0),
+        match lingering {
+            Some(n) => format!("{n} ended sessions still referenced in the daemon"),
+            None => "the control API did not answer".into(),
+        },
     );
     check(
         "threads",
@@ -413,6 +421,20 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
         daemon.stop()?;
     }
     Ok(report)
+}
+
+/// The daemon's count of sessions that ended over a second ago and are still referenced
+/// (the `virtsoc_sessions_lingering` metric of its control API).
+fn lingering_sessions(socket: &str) -> Option<u64> {
+    let target = virtsoc_control::client::Target::Unix(virtsoc_control::client::control_path(
+        std::path::Path::new(socket),
+    ));
+    let page = virtsoc_control::client::request(&target, "GET", "/metrics", b"").ok()?;
+    page.body.lines().find_map(|l| {
+        l.strip_prefix("virtsoc_sessions_lingering ")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+    })
 }
 
 /// Measures the daemon once every guest has left: descriptors and threads of departed

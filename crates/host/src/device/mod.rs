@@ -331,6 +331,21 @@ impl DeviceSet {
         self.slots.iter()
     }
 
+    /// Names of the devices whose worker still lists a queue of `session`.
+    pub fn holders(&self, session: &Arc<Session>) -> Vec<String> {
+        self.slots
+            .iter()
+            .filter(|s| {
+                s.queues
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .any(|(x, _)| Arc::ptr_eq(x, session))
+            })
+            .map(|s| s.device.name().to_string())
+            .collect()
+    }
+
     /// Stops every worker after its current command.
     pub fn stop(&self) {
         for s in &self.slots {
