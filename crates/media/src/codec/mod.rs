@@ -1,7 +1,8 @@
 //! Video codec backends: the [`DecoderBackend`] trait with its libavcodec implementation
 //! ([`FfmpegDecoder`]) and a [`NullDecoder`] for plumbing tests, a libavformat [`Demuxer`]
 //! that feeds a file packet by packet, the H.264 [`FfmpegEncoder`] used by camera recording
-//! and livestreaming, and [`measure_decode_fps`] for the project's bench.
+//! and livestreaming, the [`JpegEncoder`] and [`Mp4Recorder`] of the live view and
+//! recordings, and [`measure_decode_fps`] for the project's bench.
 //!
 //! Decoded frames always come out as tightly packed NV12 or YUV420P (chosen at
 //! construction), converted with libswscale inside the backend when the codec's native
@@ -11,6 +12,7 @@
 mod decoder;
 mod demux;
 mod encoder;
+mod still;
 
 use std::path::Path;
 use std::time::Instant;
@@ -18,6 +20,7 @@ use std::time::Instant;
 pub use decoder::FfmpegDecoder;
 pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
 pub use encoder::{EncodedPacket, FfmpegEncoder};
+pub use still::{fit_within, JpegEncoder, Mp4Recorder};
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameRef, PixelFormat};
