@@ -23,6 +23,10 @@ virtsoc ctl [--socket PATH|tcp:HOST:PORT] COMMAND
   gsm registration STATE         home | searching | denied | roaming | not-registered
   camera source SRC              synthetic | file:PATH
   kill GUEST                     close GUEST's session
+  record GUEST OUT.mp4 [--seconds N] [--fps F] [--max WxH]
+                                 record GUEST's presented frames (H.264 MP4; 5 s, 30 fps,
+                                 1280x720 at most by default)
+  view                           the live view's page (needs --control-listen on the daemon)
   metrics                        Prometheus metrics
 --socket: the control socket (default /tmp/virtsoc.sock.control; a daemon's guest socket
           is accepted too), or tcp:HOST:PORT with the token in $VIRTSOC_TOKEN";
@@ -67,6 +71,17 @@ pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
         return Ok(());
     }
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    if words[0] == "record" {
+        return record(socket, args);
+    }
+    if words[0] == "view" {
+        println!(
+            "The live view is served by the daemon's control API on TCP: start virtsocd with \
+             --control-listen ADDR (and --token-file), then open http://ADDR/view?token=TOKEN \
+             (virtsocd logs that URL when it starts)."
+        );
+        return Ok(());
+    }
     let a = |i: usize| args.get(i);
     let (method, path, body): (&str, String, Value) = match words.as_slice() {
         ["guests"] => ("GET", "/guests".into(), Value::Null),
@@ -150,6 +165,56 @@ pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
         "devices" => print_devices(&r.json()),
         _ => println!("{}\nOK", serde_json::to_string_pretty(&r.json())?),
     }
+    Ok(())
+}
+
+/// `virtsoc ctl record GUEST OUT.mp4 [--seconds N] [--fps F] [--max WxH]`.
+fn record(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
+    let id = guest(args.get(1))?;
+    let out = arg(args.get(2), "OUT.mp4")?;
+    let mut body = json!({ "seconds": 5.0 });
+    let mut rest = args[3..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .ok_or_else(|| usage(&format!("{flag} needs a value")))?;
+        match flag.as_str() {
+            "--seconds" => {
+                body["seconds"] = json!(value
+                    .parse::<f64>()
+                    .map_err(|_| usage("--seconds is a number"))?)
+            }
+            "--fps" => body["fps"] = json!(num(Some(value), "--fps")?),
+            "--max" => body["max"] = json!(value),
+            _ => return Err(usage(&format!("unknown option {flag}"))),
+        }
+    }
+    let seconds = body["seconds"].as_f64().unwrap_or(5.0).clamp(0.0, 3600.0);
+    let t = target(socket);
+    let r = virtsoc_control::client::request_waiting(
+        &t,
+        "POST",
+        &format!("/guests/{id}/record"),
+        &serde_json::to_vec(&body)?,
+        std::time::Duration::from_secs_f64(seconds + 30.0),
+    )
+    .map_err(|e| {
+        CliError::Usage(format!(
+            "cannot reach the daemon's control API at {t:?}: {e}"
+        ))
+    })?;
+    if r.status != 200 {
+        let msg = r.json()["error"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or(r.body.clone());
+        return Err(CliError::Usage(format!("KO: {msg} (HTTP {})", r.status)));
+    }
+    std::fs::write(out, &r.bytes)?;
+    println!(
+        "recorded {seconds} s of guest {id} into {out} ({} bytes)\nOK",
+        r.bytes.len()
+    );
     Ok(())
 }
 

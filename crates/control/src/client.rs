@@ -17,7 +17,10 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct Response {
     pub status: u16,
+    /// The body as text (lossy).
     pub body: String,
+    /// The body as sent.
+    pub bytes: Vec<u8>,
 }
 
 impl Response {
@@ -31,19 +34,30 @@ fn bad(msg: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.into())
 }
 
-/// Sends `method path` with `body` (raw bytes) and reads the answer.
+/// Sends `method path` with `body` (raw bytes) and reads the answer (waiting up to 30 s).
 pub fn request(
     target: &Target,
     method: &str,
     path: &str,
     body: &[u8],
 ) -> std::io::Result<Response> {
+    request_waiting(target, method, path, body, Duration::from_secs(30))
+}
+
+/// [`request`], waiting up to `wait` for the answer.
+pub fn request_waiting(
+    target: &Target,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    wait: Duration,
+) -> std::io::Result<Response> {
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
     );
-    let timeout = Some(Duration::from_secs(30));
+    let timeout = Some(wait);
     let mut raw = Vec::new();
     match target {
         Target::Unix(p) => {
@@ -106,6 +120,7 @@ fn parse(raw: &[u8]) -> std::io::Result<Response> {
     Ok(Response {
         status,
         body: String::from_utf8_lossy(&body).into_owned(),
+        bytes: body,
     })
 }
 

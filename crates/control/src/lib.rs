@@ -31,6 +31,11 @@
 //! | POST | `/modem/registration` | `{"state", "guest"?}` | `{"delivered": [...]}` |
 //! | POST | `/camera/source` | `{"source": "synthetic" \| "file:PATH"}` | `{"backend"}` |
 //! | GET | `/metrics` | | Prometheus text |
+//! | GET | `/view` | | the live view page (HTML) |
+//! | GET | `/guests/{id}/frame.jpg?after=N&max=WxH` | | the guest's latest frame (JPEG) newer than frame N, waiting up to a second (204 if none) |
+//! | POST | `/view/report` | `ViewReport` | `{"ok": true}` (what a view page measured) |
+//! | GET | `/view/report` | | `[ViewReport]` |
+//! | POST | `/guests/{id}/record` | `{"seconds", "fps"?, "max"?}` | the presented frames as an H.264 MP4 |
 //!
 //! Errors are `{"error": "..."}` with 400 (malformed JSON, a missing or bad field, named),
 //! 401 (TCP without the token), 404 (unknown guest or route), 409 (refused by the device,
@@ -42,6 +47,7 @@ pub mod metrics;
 pub mod routes;
 pub mod server;
 pub mod types;
+pub mod view;
 
 pub use error::ControlError;
 pub use types::*;
@@ -69,6 +75,34 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<serde_json::Value, ControlError>;
     /// Closes guest `id`'s session (others are unaffected).
     fn kill(&self, id: u64) -> Result<(), ControlError>;
+    /// Guest `guest`'s latest presented frame newer than frame `after`, as a JPEG fitting
+    /// `max` (width, height), waiting up to `wait` for one; `Ok(None)` when none came.
+    fn view_frame(
+        &self,
+        _guest: u64,
+        _after: u64,
+        _max: (u32, u32),
+        _wait: std::time::Duration,
+    ) -> Result<Option<ViewFrame>, ControlError> {
+        Err(ControlError::Unsupported("the live view".into()))
+    }
+    /// Records guest `guest`'s presented frames for `seconds` at up to `fps` into an MP4
+    /// (frames fitting `max`); returns the file's bytes and the frames recorded.
+    fn record(
+        &self,
+        _guest: u64,
+        _seconds: f64,
+        _fps: u32,
+        _max: (u32, u32),
+    ) -> Result<(Vec<u8>, u64), ControlError> {
+        Err(ControlError::Unsupported("recording".into()))
+    }
+    /// Keeps what a live-view page measured (the latest report per guest).
+    fn note_view(&self, _report: ViewReport) {}
+    /// The latest live-view reports.
+    fn view_reports(&self) -> Vec<ViewReport> {
+        Vec::new()
+    }
     /// Sessions that ended over a second ago and are still referenced: a leak when not 0.
     fn lingering_sessions(&self) -> u64 {
         0

@@ -9,29 +9,39 @@ use serde_json::{json, Value};
 use crate::types::*;
 use crate::{Backend, ControlError};
 
-/// An answer: HTTP status, content type, body.
+/// An answer: HTTP status, content type, extra headers, body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     pub status: u16,
     pub content_type: &'static str,
-    pub body: String,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
 }
 
 impl Answer {
-    fn json(v: &impl serde::Serialize) -> Answer {
+    /// A 200 answer of `content_type`.
+    pub fn bytes(content_type: &'static str, body: Vec<u8>) -> Answer {
         Answer {
             status: 200,
-            content_type: "application/json",
-            body: serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
+            content_type,
+            headers: Vec::new(),
+            body,
         }
+    }
+
+    /// A 200 answer with `v` as JSON.
+    pub fn json(v: &impl serde::Serialize) -> Answer {
+        Answer::bytes(
+            "application/json",
+            serde_json::to_vec(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}").into_bytes()),
+        )
     }
 
     /// The answer for an error: its status and `{"error": "..."}`.
     pub fn error(e: &ControlError) -> Answer {
         Answer {
             status: e.status(),
-            content_type: "application/json",
-            body: e.body(),
+            ..Answer::bytes("application/json", e.body().into_bytes())
         }
     }
 }
@@ -99,7 +109,7 @@ fn route(
     body: &[u8],
     received: Instant,
 ) -> Result<Answer, ControlError> {
-    let path = path.split('?').next().unwrap_or("");
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let get = method == "GET";
     let post = method == "POST";
@@ -111,6 +121,9 @@ fn route(
         }
     };
     match parts.as_slice() {
+        ["view", ..] | ["guests", _, "frame.jpg" | "record"] => {
+            crate::view::route(backend, method, &parts, query, body)
+        }
         ["guests"] => {
             want(get)?;
             Ok(Answer::json(&backend.guests()))
@@ -217,11 +230,10 @@ fn route(
         }
         ["metrics"] => {
             want(get)?;
-            Ok(Answer {
-                status: 200,
-                content_type: "text/plain; version=0.0.4",
-                body: crate::metrics::render(backend)?,
-            })
+            Ok(Answer::bytes(
+                "text/plain; version=0.0.4",
+                crate::metrics::render(backend)?.into_bytes(),
+            ))
         }
         _ => Err(ControlError::NotFound(format!("no route {method} {path}"))),
     }
@@ -288,7 +300,8 @@ mod tests {
 
     fn go(method: &str, path: &str, body: &str) -> (u16, Value) {
         let a = handle(&Fake, method, path, body.as_bytes(), Instant::now());
-        let v = serde_json::from_str(&a.body).unwrap_or(Value::String(a.body));
+        let text = String::from_utf8_lossy(&a.body).into_owned();
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
         (a.status, v)
     }
 

@@ -162,12 +162,21 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// Whether `rq` carries the token: `Authorization: Bearer <token>`, or (for GET, so that a
+/// browser can open the live view) `token=<token>` in the query.
 fn authorized(rq: &tiny_http::Request, token: &str) -> bool {
-    rq.headers()
+    let header = rq
+        .headers()
         .iter()
         .find(|h| h.field.equiv("Authorization"))
         .and_then(|h| h.value.as_str().strip_prefix("Bearer "))
-        .is_some_and(|got| constant_time_eq(got.trim().as_bytes(), token.as_bytes()))
+        .map(|t| t.trim().to_string());
+    let query = (rq.method() == &tiny_http::Method::Get)
+        .then(|| crate::view::query_param(rq.url(), "token"))
+        .flatten();
+    header
+        .or(query)
+        .is_some_and(|got| constant_time_eq(got.as_bytes(), token.as_bytes()))
 }
 
 fn serve_one(
@@ -206,9 +215,14 @@ fn serve_one(
 }
 
 fn respond(rq: tiny_http::Request, a: &Answer, status: u16) {
-    let mut r = tiny_http::Response::from_string(a.body.clone()).with_status_code(status);
+    let mut r = tiny_http::Response::from_data(a.body.clone()).with_status_code(status);
     if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", a.content_type) {
         r = r.with_header(h);
+    }
+    for (k, v) in &a.headers {
+        if let Ok(h) = tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()) {
+            r = r.with_header(h);
+        }
     }
     if let Err(e) = rq.respond(r) {
         log::debug!("control: answering: {e}");

@@ -149,3 +149,34 @@ pub struct CameraSourceRequest {
     /// `synthetic` or `file:PATH`.
     pub source: String,
 }
+
+/// A guest's frame for the live view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ViewFrame {
+    /// The display's frame id.
+    pub id: u64,
+    /// Size of the JPEG.
+    pub width: u32,
+    pub height: u32,
+    pub jpeg: Vec<u8>,
+    /// Capture (or decode) stamp to JPEG ready, in milliseconds (0 when unstamped).
+    pub age_ms: f64,
+}
+
+/// What a live-view page measured for one guest and posted back.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ViewReport {
+    pub guest: u64,
+    /// Frames the page decoded and drew.
+    pub frames: u64,
+    /// Distinct frame ids among them.
+    pub distinct: u64,
+    /// Frames drawn per second over the last second.
+    pub fps: f64,
+    /// Capture stamp -> frame decoded in the page, median and 95th percentile (ms).
+    pub latency_ms_p50: f64,
+    pub latency_ms_p95: f64,
+    /// The guest's presented frame rate the page read from the daemon.
+    #[serde(default)]
+    pub presented_fps: f64,
+}

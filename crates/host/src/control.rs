@@ -4,17 +4,26 @@
 //! takes short locks only.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use virtsoc_control::{Backend, ControlError, Counters, DeviceInfo, GuestInfo, LinkCopies};
+use virtsoc_control::{
+    Backend, ControlError, Counters, DeviceInfo, GuestInfo, LinkCopies, ViewFrame, ViewReport,
+};
 use virtsoc_svm::DomainId;
 
 use crate::session::Session;
 use crate::Daemon;
 
-/// The control API's view of a daemon.
-pub struct ControlBackend(pub Arc<Daemon>);
+/// The control API's view of a daemon, and the latest report of each live-view page.
+pub struct ControlBackend(pub Arc<Daemon>, Mutex<BTreeMap<u64, ViewReport>>);
+
+impl ControlBackend {
+    /// The control API of `daemon`.
+    pub fn new(daemon: Arc<Daemon>) -> Self {
+        ControlBackend(daemon, Mutex::new(BTreeMap::new()))
+    }
+}
 
 impl ControlBackend {
     fn domain_name(&self, id: u32) -> String {
@@ -140,6 +149,43 @@ impl Backend for ControlBackend {
         }
     }
 
+    fn view_frame(
+        &self,
+        guest: u64,
+        after: u64,
+        max: (u32, u32),
+        wait: std::time::Duration,
+    ) -> Result<Option<ViewFrame>, ControlError> {
+        crate::view::frame(&self.0, guest, after, max, wait)
+    }
+
+    fn record(
+        &self,
+        guest: u64,
+        seconds: f64,
+        fps: u32,
+        max: (u32, u32),
+    ) -> Result<(Vec<u8>, u64), ControlError> {
+        crate::view::record(&self.0, guest, seconds, fps, max)
+    }
+
+    fn note_view(&self, report: ViewReport) {
+        let mut views = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        // Only live guests' reports are kept.
+        let live: Vec<u64> = self.0.sessions().iter().map(|s| s.guest_id()).collect();
+        views.retain(|g, _| live.contains(g));
+        views.insert(report.guest, report);
+    }
+
+    fn view_reports(&self) -> Vec<ViewReport> {
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     fn lingering_sessions(&self) -> u64 {
         let old = std::time::Duration::from_secs(1);
         self.0
@@ -163,7 +209,7 @@ pub fn start(
         ));
     }
     Ok(virtsoc_control::server::serve(
-        Arc::new(ControlBackend(daemon.clone())),
+        Arc::new(ControlBackend::new(daemon.clone())),
         unix,
         tcp,
         daemon.config().token.clone(),

@@ -18,6 +18,7 @@ pub mod limits;
 pub mod link;
 pub mod session;
 pub mod sync;
+pub mod view;
 pub mod vm;
 
 pub use daemon::{Daemon, DaemonConfig};

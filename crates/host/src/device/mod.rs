@@ -208,6 +208,17 @@ pub trait Device: Send + Sync {
     }
     /// A guest went away: drop every object it held on this device.
     fn guest_gone(&self, _guest: u64) {}
+    /// A display's latest frame presented by `guest` newer than frame `after`, waiting up to
+    /// `wait` for one on the caller's thread (the live view's and recordings' source). Only
+    /// a display has frames.
+    fn latest_frame(
+        &self,
+        _guest: u64,
+        _after: u64,
+        _wait: std::time::Duration,
+    ) -> Option<virtsoc_display::PresentedFrame> {
+        None
+    }
     /// Runs host control operation `op` (from the control API) with JSON `args`. Called from
     /// the control server's threads: it must take only short locks. By default no operation
     /// is supported.

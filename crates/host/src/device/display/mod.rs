@@ -139,6 +139,7 @@ impl Display {
         let screen = Arc::new(Screen {
             vsync,
             state: Mutex::new(State::default()),
+            presented: std::sync::Condvar::new(),
         });
         let weak = Arc::downgrade(&screen);
         std::thread::Builder::new()
@@ -410,6 +411,10 @@ impl Device for Display {
             Ok(Command::Snapshot(_)) => self.snapshot_async(cx.guest, reply),
             _ => reply.send(self.execute(cx, args)),
         }
+    }
+
+    fn latest_frame(&self, guest: u64, after: u64, wait: Duration) -> Option<vd::PresentedFrame> {
+        self.screen.latest_after(guest, after, wait)
     }
 
     fn guest_gone(&self, guest: u64) {

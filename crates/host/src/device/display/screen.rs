@@ -3,7 +3,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use virtsoc_devapi::display::StatsReply;
 use virtsoc_display as vd;
@@ -71,6 +72,8 @@ pub(super) struct State {
     pub(super) present_seq: u64,
     pub(super) foreground: Option<u64>,
     pub(super) fences: Vec<PendingFence>,
+    /// Each guest's latest presented frame, shown or not (for the live view and recordings).
+    pub(super) latest: HashMap<u64, vd::PresentedFrame>,
 }
 
 impl State {
@@ -155,6 +158,8 @@ impl State {
 pub(super) struct Screen {
     pub(super) vsync: vd::VsyncThread,
     pub(super) state: Mutex<State>,
+    /// Notified after every present (with `state`).
+    pub(super) presented: Condvar,
 }
 
 pub(super) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -186,6 +191,7 @@ impl Screen {
             if st.foreground.is_none() {
                 st.switch_foreground(d, guest, owner);
             }
+            let keep = frame.clone();
             // The display queues only the foreground's frames, so a frame it replaces (and
             // counts as dropped) is always the presenting guest's own.
             let dropped_before = d.stats().dropped;
@@ -201,8 +207,36 @@ impl Screen {
             g.submitted += 1;
             g.dropped += u64::from(dropped);
             g.last_present = seq;
+            st.latest.insert(guest, keep);
             Ok(id)
         })
+        .inspect(|_| self.presented.notify_all())
+    }
+
+    /// `guest`'s latest presented frame if it is newer than frame `after`, waiting up to
+    /// `wait` for one (on the caller's thread; presents only notify).
+    pub(super) fn latest_after(
+        &self,
+        guest: u64,
+        after: u64,
+        wait: Duration,
+    ) -> Option<vd::PresentedFrame> {
+        let deadline = Instant::now() + wait;
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(f) = st.latest.get(&guest).filter(|f| f.id > after) {
+                return Some(f.clone());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = self
+                .presented
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// `guest`'s counters.
@@ -268,6 +302,7 @@ impl Screen {
     pub(super) fn guest_gone(&self, guest: u64) {
         self.with(|d, st| {
             st.fences.retain(|f| f.guest != guest);
+            st.latest.remove(&guest);
             let Some(g) = st.guests.remove(&guest) else {
                 return;
             };

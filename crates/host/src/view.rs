@@ -1,0 +1,113 @@
+//! The live view's frames and recordings of the control API: a guest's latest presented
+//! frames (from the display), composed into RGBA and encoded as JPEG or into an MP4, on the
+//! control request's own thread, never on a device worker. Composing a frame of display
+//! planes reads the planes' memory; those copies are counted on the guest's ledger like the
+//! display's own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use virtsoc_control::{ControlError, ViewFrame};
+use virtsoc_display::PresentedFrame;
+use virtsoc_media::{JpegEncoder, Mp4Recorder};
+
+use crate::device::DeviceSlot;
+use crate::Daemon;
+
+/// JPEG quantizer of view frames (2 best .. 31 worst).
+const VIEW_QUALITY: u8 = 6;
+/// How long a recording waits for the guest's first frame.
+const FIRST_FRAME_WAIT: Duration = Duration::from_secs(2);
+
+fn internal(e: impl std::fmt::Display) -> ControlError {
+    ControlError::Internal(e.to_string())
+}
+
+fn display(daemon: &Daemon) -> Result<&Arc<DeviceSlot>, ControlError> {
+    daemon
+        .devices()
+        .iter()
+        .find(|s| s.device.name() == "display")
+        .ok_or_else(|| ControlError::NotFound("this daemon has no display".into()))
+}
+
+fn rgba(f: &PresentedFrame) -> Result<Vec<u8>, ControlError> {
+    f.to_rgba8().map_err(internal)
+}
+
+/// Guest `guest`'s latest frame newer than `after` as a JPEG fitting `max`, waiting up to
+/// `wait`.
+pub fn frame(
+    daemon: &Daemon,
+    guest: u64,
+    after: u64,
+    max: (u32, u32),
+    wait: Duration,
+) -> Result<Option<ViewFrame>, ControlError> {
+    let Some(f) = display(daemon)?.device.latest_frame(guest, after, wait) else {
+        return Ok(None);
+    };
+    let mut enc =
+        JpegEncoder::new(f.width, f.height, max.0, max.1, VIEW_QUALITY).map_err(internal)?;
+    let jpeg = enc.encode(&rgba(&f)?).map_err(internal)?;
+    let (width, height) = enc.size();
+    let age_ms = f
+        .capture_ns
+        .map(|c| crate::clock::now_ns().saturating_sub(c) as f64 / 1e6)
+        .unwrap_or(0.0);
+    Ok(Some(ViewFrame {
+        id: f.id,
+        width,
+        height,
+        jpeg,
+        age_ms,
+    }))
+}
+
+/// Records guest `guest`'s presented frames for `seconds` at `fps` (each tick takes the
+/// latest frame; a tick without a new frame repeats the last, so the file plays in real
+/// time) into an MP4 fitting `max`; returns its bytes and the distinct frames in it.
+pub fn record(
+    daemon: &Daemon,
+    guest: u64,
+    seconds: f64,
+    fps: u32,
+    max: (u32, u32),
+) -> Result<(Vec<u8>, u64), ControlError> {
+    let slot = display(daemon)?;
+    let mut cur = slot
+        .device
+        .latest_frame(guest, 0, FIRST_FRAME_WAIT)
+        .ok_or_else(|| ControlError::Conflict(format!("guest {guest} presents no frames")))?;
+    // A file of our own (libavformat seeks back to write the MP4 index), removed when done.
+    let file = tempfile::Builder::new()
+        .prefix("virtsoc-record-")
+        .suffix(".mp4")
+        .tempfile()
+        .map_err(internal)?;
+    let path = file.path().to_path_buf();
+    (|| {
+        let mut rec =
+            Mp4Recorder::create(&path, (cur.width, cur.height), max, fps).map_err(internal)?;
+        let mut pixels = rgba(&cur)?;
+        let mut distinct = 1u64;
+        let period = Duration::from_secs_f64(1.0 / fps as f64);
+        let ticks = (seconds * fps as f64).ceil() as u32;
+        let start = Instant::now();
+        for k in 0..ticks {
+            std::thread::sleep((start + period * k).saturating_duration_since(Instant::now()));
+            if let Some(f) = slot.device.latest_frame(guest, cur.id, Duration::ZERO) {
+                // A frame of another size (the guest changed mode) is left out.
+                if (f.width, f.height) == (cur.width, cur.height) {
+                    pixels = rgba(&f)?;
+                    cur = f;
+                    distinct += 1;
+                }
+            }
+            rec.push(&pixels).map_err(internal)?;
+        }
+        rec.finish().map_err(internal)?;
+        let bytes = std::fs::read(&path).map_err(internal)?;
+        Ok((bytes, distinct))
+    })()
+}
