@@ -18,6 +18,7 @@ packages=(
   fonts-dejavu-core                       # chart labels in `virtsoc report`
   nginx-light libnginx-mod-rtmp           # the livestream scenario's local RTMP server
   xvfb x11-apps                           # the display's window backend, tested under Xvfb
+  chromium                                # the live view, tested in a headless browser
 )
 
 missing=()

@@ -163,8 +163,9 @@ pub struct ViewFrame {
     pub age_ms: f64,
 }
 
-/// What a live-view page measured for one guest and posted back.
+/// What a live-view page measured for one guest and posted back (missing fields are 0).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ViewReport {
     pub guest: u64,
     /// Frames the page decoded and drew.
@@ -177,6 +178,5 @@ pub struct ViewReport {
     pub latency_ms_p50: f64,
     pub latency_ms_p95: f64,
     /// The guest's presented frame rate the page read from the daemon.
-    #[serde(default)]
     pub presented_fps: f64,
 }

@@ -270,6 +270,8 @@ impl Mp4Recorder {
         let mut packet = ff::Packet::empty();
         while self.encoder.receive_packet(&mut packet).is_ok() {
             packet.set_stream(0);
+            // One frame long (the muxer's edit list ends after the last frame's duration).
+            packet.set_duration(1);
             packet.rescale_ts(self.encoder_tb, stream_tb);
             packet
                 .write_interleaved(&mut self.output)
