@@ -13,12 +13,15 @@ build: deps
 
 ## The main job: a guest pipeline against the daemon, coherence protocols side by side:
 ## the transport and SVM microbenchmarks, then the uhd-video scenario for every protocol and
-## ordering mode, with charts written to target/demo/report.
+## ordering mode, with charts written to target/demo/report; then a camera scenario keeps
+## running with the live view on (its URL is printed) until Ctrl-C.
+VIEW_LISTEN ?= 127.0.0.1:8080
 demo: build
 	./target/release/virtsoc demo
 	@mkdir -p target/demo
 	./target/release/virtsoc run uhd-video --compare --seconds 4 --save target/demo/uhd-video.json
 	./target/release/virtsoc report target/demo/uhd-video.json --out target/demo/report
+	./target/release/virtsoc watch camera --listen $(VIEW_LISTEN)
 
 ## Builds everything and runs every test: lint, unit, integration (real daemon and guest
 ## processes), and the C ABI test.

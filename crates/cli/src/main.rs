@@ -14,6 +14,7 @@ mod soak;
 mod stats;
 mod trace;
 mod vm;
+mod watch;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -128,6 +129,9 @@ enum Cmd {
     /// Soak: mixed good, hostile, crashing and reconnecting guests against a daemon of its
     /// own; checks its memory, descriptors and threads afterwards.
     Soak(soak::SoakArgs),
+    /// Runs a scenario against a daemon of its own with the live view on (prints its URL),
+    /// until Ctrl-C; `--measure SECONDS` measures the view's cost with a headless viewer.
+    Watch(watch::WatchArgs),
     /// Tools for tests.
     #[command(hide = true)]
     Debug {
@@ -332,6 +336,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Ctl { socket, args } => ctl::run(socket, &args)?,
         Cmd::Soak(args) => soak::run(&args)?,
+        Cmd::Watch(args) => watch::run(&args)?,
         Cmd::Bench {
             which:
                 BenchCmd::Devices {

@@ -1,0 +1,230 @@
+//! `virtsoc watch`: a scenario running against a daemon of its own with the live view on,
+//! until Ctrl-C (how `make demo` ends: something a person can watch in a browser). With
+//! `--measure SECONDS` it runs the scenario twice instead, without and with a viewer (Debian's
+//! chromium, headless, on the live view page), and prints what the view costs the daemon in
+//! CPU and the latency the page measured (capture stamp -> frame drawn in the browser).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use virtsoc_control::client::{control_path, request, Target};
+
+use crate::bench_svm::OrderingMode;
+use crate::daemon_proc::DaemonProcess;
+use crate::scenario::{self, show::Composition, RunOpts, ScenarioResult};
+use crate::CliError;
+
+/// Options of `virtsoc watch`.
+#[derive(Debug, clap::Args)]
+pub struct WatchArgs {
+    /// The scenario to run (camera, uhd-video, video-360, ar).
+    #[arg(default_value = "camera")]
+    pub scenario: String,
+    /// Where the live view (the daemon's control API on TCP) listens.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// 360p, 720p, 1080p or uhd (default: the scenario's).
+    #[arg(long)]
+    pub resolution: Option<String>,
+    /// Frame rate (default: the scenario's).
+    #[arg(long)]
+    pub fps: Option<u32>,
+    /// Measure the view's cost instead: the scenario for this many seconds without, then
+    /// with, a headless chromium viewer.
+    #[arg(long)]
+    pub measure: Option<f64>,
+    /// Print the measurement as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The view's cost, from `--measure`.
+#[derive(Debug, Serialize)]
+pub struct ViewCost {
+    pub scenario: String,
+    pub resolution: String,
+    pub fps: u32,
+    pub seconds: f64,
+    /// Daemon CPU (percent of one core) without and with the viewer.
+    pub cpu_daemon_pct_without: f64,
+    pub cpu_daemon_pct_with: f64,
+    /// (with - without) / without, percent.
+    pub extra_cpu_pct: f64,
+    pub presented_fps_without: f64,
+    pub presented_fps_with: f64,
+    /// What the page reported: frames drawn per second, capture -> drawn latency.
+    pub view_fps: f64,
+    pub view_latency_ms_p50: f64,
+    pub view_latency_ms_p95: f64,
+}
+
+/// The chromium binary, if installed.
+pub fn chromium() -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).find_map(|dir| {
+            ["chromium", "chromium-browser", "google-chrome"]
+                .iter()
+                .map(|b| dir.join(b))
+                .find(|p| p.is_file())
+        })
+    })
+}
+
+/// Opens `url` in headless chromium with a profile of its own in `profile`.
+fn open_viewer(browser: &PathBuf, url: &str, profile: &std::path::Path) -> std::io::Result<Child> {
+    Command::new(browser)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--mute-audio",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+/// Runs `virtsoc watch`.
+pub fn run(args: &WatchArgs) -> Result<(), CliError> {
+    let (default_res, default_fps) = scenario::defaults(&args.scenario);
+    let (width, height) = scenario::resolution(args.resolution.as_deref().unwrap_or(default_res))?;
+    let fps = args.fps.unwrap_or(default_fps);
+    let size = format!("{width}x{height}");
+    let daemon = DaemonProcess::spawn(
+        &["--display-size", &size, "--control-listen", &args.listen],
+        true,
+    )?;
+    let e = daemon.endpoint();
+    let token = e.remote.as_ref().map(|r| r.1.clone()).unwrap_or_default();
+    let url = format!("http://{}/view?token={token}", args.listen);
+    let opts = |seconds: f64| RunOpts {
+        scenario: args.scenario.clone(),
+        protocol: "prefetch".into(),
+        ordering: OrderingMode::Fence,
+        seconds,
+        width,
+        height,
+        fps,
+        composition: Composition::Planes,
+    };
+    let Some(seconds) = args.measure else {
+        println!(
+            "live view of the {} scenario ({size} at {fps} fps): {url}",
+            args.scenario
+        );
+        println!("(Ctrl-C to stop)");
+        let stop = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register(sig, stop.clone())?;
+        }
+        while !stop.load(Ordering::Relaxed) {
+            match scenario::run(&e.target, e.pid, &opts(5.0)) {
+                Ok(r) => println!(
+                    "{}: {:.1} fps presented, motion-to-photon p50 {:.1} ms, daemon CPU {:.0}%",
+                    r.scenario,
+                    r.presented_fps,
+                    r.latency_ms.p50,
+                    r.cpu_daemon_pct.unwrap_or(0.0)
+                ),
+                // Ctrl-C reaches the daemon too: the run in progress ends with an error.
+                Err(_) if stop.load(Ordering::Relaxed) => break,
+                Err(err) => return Err(err),
+            }
+        }
+        let _ = daemon.stop();
+        return Ok(());
+    };
+    if !(1.0..=600.0).contains(&seconds) {
+        return Err(CliError::Usage("--measure must be 1..600 seconds".into()));
+    }
+    let browser = chromium().ok_or_else(|| {
+        CliError::Usage("--measure needs chromium (scripts/install-deps.sh installs it)".into())
+    })?;
+    let without = scenario::run(&e.target, e.pid, &opts(seconds))?;
+    let profile = tempfile::tempdir()?;
+    let mut viewer = open_viewer(&browser, &url, profile.path())?;
+    // The page loads and starts pulling frames before the measured run.
+    std::thread::sleep(Duration::from_secs(2));
+    let with = scenario::run(&e.target, e.pid, &opts(seconds));
+    let reports = request(
+        &Target::Unix(control_path(std::path::Path::new(&e.target))),
+        "GET",
+        "/view/report",
+        b"",
+    )
+    .map(|r| r.json());
+    let _ = viewer.kill();
+    let _ = viewer.wait();
+    let _ = daemon.stop();
+    let with = with?;
+    let report = reports
+        .ok()
+        .and_then(|v| v.as_array().and_then(|a| a.last().cloned()))
+        .unwrap_or_default();
+    let cost = view_cost(args, seconds, &without, &with, &report);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&cost)?);
+    } else {
+        print_cost(&cost);
+    }
+    Ok(())
+}
+
+fn view_cost(
+    args: &WatchArgs,
+    seconds: f64,
+    without: &ScenarioResult,
+    with: &ScenarioResult,
+    report: &serde_json::Value,
+) -> ViewCost {
+    let cpu0 = without.cpu_daemon_pct.unwrap_or(0.0);
+    let cpu1 = with.cpu_daemon_pct.unwrap_or(0.0);
+    let num = |k: &str| report[k].as_f64().unwrap_or(0.0);
+    ViewCost {
+        scenario: args.scenario.clone(),
+        resolution: with.resolution.clone(),
+        fps: with.target_fps,
+        seconds,
+        cpu_daemon_pct_without: cpu0,
+        cpu_daemon_pct_with: cpu1,
+        extra_cpu_pct: if cpu0 > 0.0 {
+            (cpu1 - cpu0) / cpu0 * 100.0
+        } else {
+            0.0
+        },
+        presented_fps_without: without.presented_fps,
+        presented_fps_with: with.presented_fps,
+        view_fps: num("fps"),
+        view_latency_ms_p50: num("latency_ms_p50"),
+        view_latency_ms_p95: num("latency_ms_p95"),
+    }
+}
+
+fn print_cost(c: &ViewCost) {
+    println!(
+        "{} {} at {} fps, {} s per run",
+        c.scenario, c.resolution, c.fps, c.seconds
+    );
+    println!("{:<28} {:>10} {:>10}", "", "no viewer", "viewer");
+    println!(
+        "{:<28} {:>10.1} {:>10.1}",
+        "daemon CPU (% of a core)", c.cpu_daemon_pct_without, c.cpu_daemon_pct_with
+    );
+    println!(
+        "{:<28} {:>10.1} {:>10.1}",
+        "presented fps", c.presented_fps_without, c.presented_fps_with
+    );
+    println!("view's extra daemon CPU: {:+.1}%", c.extra_cpu_pct);
+    println!(
+        "view: {:.1} fps drawn, capture -> drawn p50 {:.1} ms, p95 {:.1} ms",
+        c.view_fps, c.view_latency_ms_p50, c.view_latency_ms_p95
+    );
+}
