@@ -40,6 +40,12 @@ pub struct WatchArgs {
     /// Print the measurement as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Frames per second the page pulls at most.
+    #[arg(long, default_value_t = 15)]
+    pub view_fps: u32,
+    /// The box the page's frames fit (WIDTHxHEIGHT).
+    #[arg(long, default_value = "640x640")]
+    pub view_max: String,
 }
 
 /// The view's cost, from `--measure`.
@@ -58,6 +64,9 @@ pub struct ViewCost {
     pub presented_fps_with: f64,
     /// What the page reported: frames drawn per second, capture -> drawn latency.
     pub view_fps: f64,
+    /// The page's limits: frames per second and the box frames fit.
+    pub view_fps_cap: u32,
+    pub view_max: String,
     pub view_latency_ms_p50: f64,
     pub view_latency_ms_p95: f64,
 }
@@ -104,7 +113,10 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
     )?;
     let e = daemon.endpoint();
     let token = e.remote.as_ref().map(|r| r.1.clone()).unwrap_or_default();
-    let url = format!("http://{}/view?token={token}", args.listen);
+    let url = format!(
+        "http://{}/view?token={token}&fps={}&max={}",
+        args.listen, args.view_fps, args.view_max
+    );
     let opts = |seconds: f64| RunOpts {
         scenario: args.scenario.clone(),
         protocol: "prefetch".into(),
@@ -203,6 +215,8 @@ fn view_cost(
         presented_fps_without: without.presented_fps,
         presented_fps_with: with.presented_fps,
         view_fps: num("fps"),
+        view_fps_cap: args.view_fps,
+        view_max: args.view_max.clone(),
         view_latency_ms_p50: num("latency_ms_p50"),
         view_latency_ms_p95: num("latency_ms_p95"),
     }
@@ -224,7 +238,8 @@ fn print_cost(c: &ViewCost) {
     );
     println!("view's extra daemon CPU: {:+.1}%", c.extra_cpu_pct);
     println!(
-        "view: {:.1} fps drawn, capture -> drawn p50 {:.1} ms, p95 {:.1} ms",
-        c.view_fps, c.view_latency_ms_p50, c.view_latency_ms_p95
+        "view (at most {} fps, within {}): {:.1} fps drawn, capture -> drawn p50 {:.1} ms, \
+         p95 {:.1} ms",
+        c.view_fps_cap, c.view_max, c.view_fps, c.view_latency_ms_p50, c.view_latency_ms_p95
     );
 }

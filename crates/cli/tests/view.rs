@@ -31,13 +31,23 @@ fn now_ns() -> u64 {
 
 /// A guest presenting a changing 320x240 frame every 10 ms until `stop`.
 fn presenter(d: &Daemon, stop: Arc<AtomicBool>) -> (u64, std::thread::JoinHandle<()>) {
+    presenter_filling(d, stop, None)
+}
+
+/// A guest presenting a 320x240 frame every 10 ms until `stop`, every byte `fill` (or
+/// changing from frame to frame).
+fn presenter_filling(
+    d: &Daemon,
+    stop: Arc<AtomicBool>,
+    fill: Option<u8>,
+) -> (u64, std::thread::JoinHandle<()>) {
     let c: Connection = common::connect(d);
     let id = c.guest_id();
     let handle = std::thread::spawn(move || {
         let r = c.alloc(0, 320, 240, Format::Rgba8, 0).expect("alloc");
         let mut n = 0u8;
         while !stop.load(Ordering::Relaxed) {
-            n = n.wrapping_add(17);
+            n = fill.unwrap_or(n.wrapping_add(17));
             common::cpu_write(&c, r.id, &vec![n; r.size as usize]);
             c.command_with_access(&Present {
                 frame: r.id,
@@ -147,6 +157,44 @@ fn view_frames_are_newer_jpegs_and_bad_requests_are_refused() {
     assert_eq!(reports[0]["frames"], 3);
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
+}
+
+/// The pixels of a view frame decoded by the ffmpeg CLI (RGB24).
+fn decode_jpeg(jpeg: &[u8]) -> Vec<u8> {
+    let f = std::env::temp_dir().join(format!("virtsoc-view-{}.jpg", std::process::id()));
+    std::fs::write(&f, jpeg).unwrap();
+    let out = Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(&f)
+        .args(["-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
+        .output()
+        .expect("ffmpeg");
+    let _ = std::fs::remove_file(&f);
+    assert!(out.status.success());
+    out.stdout
+}
+
+/// With the wgpu GPU the presented planes are resident GPU images: the view frame is
+/// composed on the GPU at its small size; its pixels are the guest's.
+#[test]
+fn view_frames_of_gpu_resident_planes_show_the_guests_pixels() {
+    for gpu in ["wgpu", "null"] {
+        let d = Daemon::start(&["--gpu-backend", gpu, "--isp-backend", "null"]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (guest, h) = presenter_filling(&d, stop.clone(), Some(0x60));
+        let raw = raw_get(&d, &format!("/guests/{guest}/frame.jpg?max=160x160"));
+        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let px = decode_jpeg(&raw[split + 4..]);
+        assert_eq!(px.len(), 160 * 120 * 3, "{gpu}");
+        let off = px.iter().filter(|&&v| v.abs_diff(0x60) > 6).count();
+        assert!(
+            off < px.len() / 100,
+            "{gpu}: {off} of {} bytes off",
+            px.len()
+        );
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+    }
 }
 
 #[test]

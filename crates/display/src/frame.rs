@@ -56,6 +56,13 @@ pub trait FrameHandle: Send + Sync + fmt::Debug {
     fn byte_len(&self) -> Option<usize> {
         self.pixels().map(<[u8]>::len)
     }
+
+    /// The frame as tightly packed RGBA8 at `width` x `height`, when the handle can make it
+    /// at that size directly (display planes composed straight into a small screen for a
+    /// viewer); `None` otherwise (scale the full pixels instead).
+    fn rgba_scaled(&self, _width: u32, _height: u32) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// Where a frame's pixels live.
@@ -231,6 +238,15 @@ impl PresentedFrame {
         let row = self.width as usize * self.format.bytes_per_pixel() as usize;
         let stride = self.stride as usize;
         Ok((0..self.height as usize).map(move |y| &px[y * stride..y * stride + row]))
+    }
+
+    /// The frame as tightly packed RGBA8 at `width` x `height`, when its handle can make it
+    /// at that size directly ([`FrameHandle::rgba_scaled`]).
+    pub fn rgba_scaled(&self, width: u32, height: u32) -> Option<Vec<u8>> {
+        match &self.data {
+            FrameData::Handle(h) => h.rgba_scaled(width, height),
+            FrameData::Bytes(_) => None,
+        }
     }
 
     /// The pixels as tightly packed R, G, B, A bytes.

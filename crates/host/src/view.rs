@@ -47,9 +47,18 @@ pub fn frame(
     let Some(f) = display(daemon)?.device.latest_frame(guest, after, wait) else {
         return Ok(None);
     };
-    let mut enc =
-        JpegEncoder::new(f.width, f.height, max.0, max.1, VIEW_QUALITY).map_err(internal)?;
-    let jpeg = enc.encode(&rgba(&f)?).map_err(internal)?;
+    // Display planes are composed straight into the view's size (a ninth of the work of a
+    // 1080p screen for 640x360); other frames are scaled by the encoder.
+    let (w, h) = virtsoc_media::codec::fit_within(f.width, f.height, max.0, max.1);
+    let (enc, pixels) = match f.rgba_scaled(w, h) {
+        Some(px) => (JpegEncoder::new(w, h, w, h, VIEW_QUALITY), px),
+        None => (
+            JpegEncoder::new(f.width, f.height, max.0, max.1, VIEW_QUALITY),
+            rgba(&f)?,
+        ),
+    };
+    let mut enc = enc.map_err(internal)?;
+    let jpeg = enc.encode(&pixels).map_err(internal)?;
     let (width, height) = enc.size();
     let age_ms = f
         .capture_ns
@@ -86,10 +95,23 @@ pub fn record(
         .tempfile()
         .map_err(internal)?;
     let path = file.path().to_path_buf();
+    // Planes are composed straight into the recording's size where the frame allows it.
+    let (w, h) = virtsoc_media::codec::fit_within(cur.width, cur.height, max.0, max.1);
+    let scaled = cur.rgba_scaled(w, h).is_some();
+    let pixels_of = |f: &PresentedFrame| match scaled {
+        true => f
+            .rgba_scaled(w, h)
+            .ok_or_else(|| internal("a frame could not be composed")),
+        false => rgba(f),
+    };
+    let size = if scaled {
+        (w, h)
+    } else {
+        (cur.width, cur.height)
+    };
     (|| {
-        let mut rec =
-            Mp4Recorder::create(&path, (cur.width, cur.height), max, fps).map_err(internal)?;
-        let mut pixels = rgba(&cur)?;
+        let mut rec = Mp4Recorder::create(&path, size, max, fps).map_err(internal)?;
+        let mut pixels = pixels_of(&cur)?;
         let mut distinct = 1u64;
         let period = Duration::from_secs_f64(1.0 / fps as f64);
         let ticks = (seconds * fps as f64).ceil() as u32;
@@ -99,7 +121,7 @@ pub fn record(
             if let Some(f) = slot.device.latest_frame(guest, cur.id, Duration::ZERO) {
                 // A frame of another size (the guest changed mode) is left out.
                 if (f.width, f.height) == (cur.width, cur.height) {
-                    pixels = rgba(&f)?;
+                    pixels = pixels_of(&f)?;
                     cur = f;
                     distinct += 1;
                 }

@@ -53,6 +53,9 @@ impl Default for DeviceConfig {
 pub fn build(cfg: &DeviceConfig, limits: &Limits) -> Result<Vec<(DeviceId, Arc<dyn Device>)>> {
     use virtsoc_devapi as api;
     let gpu_dev = Arc::new(gpu::Gpu::new(cfg)?.with_limits(limits));
+    let display = display::Display::new(cfg)?
+        .with_limits(limits)
+        .with_gpu(gpu_dev.wgpu().cloned());
     Ok(vec![
         (DeviceId::PRODUCER, Arc::new(Producer) as Arc<dyn Device>),
         (DeviceId::CONSUMER, Arc::new(Consumer::new("consumer"))),
@@ -64,10 +67,7 @@ pub fn build(cfg: &DeviceConfig, limits: &Limits) -> Result<Vec<(DeviceId, Arc<d
         (api::isp::ID, Arc::new(isp::Isp::new(cfg, &gpu_dev)?)),
         (api::camera::ID, Arc::new(camera::Camera::new(cfg)?)),
         (api::gpu::ID, gpu_dev),
-        (
-            api::display::ID,
-            Arc::new(display::Display::new(cfg)?.with_limits(limits)),
-        ),
+        (api::display::ID, Arc::new(display)),
         (
             api::modem::ID,
             Arc::new(modem::Modem::new(cfg)?.with_limits(limits)),

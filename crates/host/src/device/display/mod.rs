@@ -113,6 +113,9 @@ pub struct Display {
     last_snapshot: Mutex<HashMap<u64, Instant>>,
     /// The snapshot thread's queue.
     snapshots: SyncSender<SnapshotJob>,
+    /// The GPU whose memory the display scans out of, when it is a wgpu device: view frames
+    /// of resident planes are composed there, small, and only that is read back.
+    gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>,
 }
 
 impl Display {
@@ -165,7 +168,14 @@ impl Display {
             snapshot_interval: Limits::default().snapshot_interval,
             last_snapshot: Mutex::new(HashMap::new()),
             snapshots,
+            gpu: None,
         })
+    }
+
+    /// Composes view frames of GPU-resident planes on `gpu`.
+    pub fn with_gpu(mut self, gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>) -> Self {
+        self.gpu = gpu;
+        self
     }
 
     /// The same device within `limits` (the snapshot rate).
@@ -199,7 +209,7 @@ impl Display {
             guest: cx.guest,
             domain: cx.domain,
         };
-        let set = PlaneSet::new(width, height, planes, ledger);
+        let set = PlaneSet::new(width, height, planes, ledger).with_gpu(self.gpu.clone());
         let capture_ns = (capture_ns != 0)
             .then_some(capture_ns)
             .or_else(|| set.stamped_time());

@@ -16,12 +16,14 @@ use std::time::Instant;
 
 use virtsoc_display as vd;
 use virtsoc_gpu::{
-    CpuBackend, FrameLayout, FrameRef, GpuBackend, Layer, OwnedFrame, PixelFormat, Rect, Rotation,
+    CpuBackend, FrameLayout, FrameRef, GpuBackend, GpuImage, ImageLayer, Layer, OwnedFrame,
+    PixelFormat, Rect, Rotation, WgpuBackend,
 };
 use virtsoc_proto::Status;
 use virtsoc_svm::{Backing, DomainId, SvmManager};
 
 use super::Answer;
+use crate::device::gpu::memory::GpuMemory;
 use crate::device::layers::{crop_inside, LayerSpec};
 
 /// Planes one frame may use.
@@ -142,6 +144,8 @@ pub(super) struct PlaneSet {
     planes: Vec<Plane>,
     ledger: Ledger,
     composed: OnceLock<Option<Vec<u8>>>,
+    /// The GPU the planes live on, when they are its resident images.
+    gpu: Option<Arc<WgpuBackend>>,
 }
 
 impl PlaneSet {
@@ -153,6 +157,65 @@ impl PlaneSet {
             planes,
             ledger,
             composed: OnceLock::new(),
+            gpu: None,
+        }
+    }
+
+    /// Composes scaled-down screens of resident planes on `gpu`.
+    pub(super) fn with_gpu(mut self, gpu: Option<Arc<WgpuBackend>>) -> Self {
+        self.gpu = gpu;
+        self
+    }
+
+    /// The screen composed at `width` x `height` on the GPU, when every plane is one of its
+    /// resident images: only the small result is read back.
+    fn compose_on_gpu(&self, width: u32, height: u32) -> Option<Vec<u8>> {
+        let gpu = self.gpu.as_ref()?;
+        let images: Vec<&GpuImage> = self
+            .planes
+            .iter()
+            .map(|p| match &p.backing {
+                Backing::Device(m) => m.as_any().downcast_ref::<GpuMemory>().map(|g| &g.image),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        let scale = self.scaler(width, height);
+        let layers: Vec<ImageLayer<'_>> = self
+            .planes
+            .iter()
+            .zip(images)
+            .map(|(p, image)| ImageLayer {
+                image,
+                crop: p.crop,
+                dst_rect: scale(p.dst),
+                rotation: Rotation::R0,
+                alpha: p.alpha,
+                blend: p.blend,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let layout = FrameLayout::new(PixelFormat::Rgba8, width, height);
+        let dst = gpu.create_image(layout).ok()?;
+        gpu.submit_composite_images(&layers, &dst).ok()?;
+        let mut out = vec![0u8; width as usize * height as usize * 4];
+        gpu.read_image(&dst, 0, &mut out).ok()?;
+        self.ledger.count(out.len(), t0);
+        Some(out)
+    }
+
+    /// Maps a destination rectangle of the screen onto a `width` x `height` one.
+    fn scaler(&self, width: u32, height: u32) -> impl Fn(Rect) -> Rect {
+        let (sx, sy) = (
+            width as f64 / self.width as f64,
+            height as f64 / self.height as f64,
+        );
+        move |r: Rect| {
+            Rect::new(
+                (r.x as f64 * sx).round() as i32,
+                (r.y as f64 * sy).round() as i32,
+                ((r.width as f64 * sx).round() as u32).max(1),
+                ((r.height as f64 * sy).round() as u32).max(1),
+            )
         }
     }
 
@@ -165,15 +228,18 @@ impl PlaneSet {
 
     /// The screen in RGBA8: black, then every plane in order (the CPU reference's sampling).
     fn compose(&self) -> Option<Vec<u8>> {
-        let mut screen = OwnedFrame::new(FrameLayout::new(
-            PixelFormat::Rgba8,
-            self.width,
-            self.height,
-        ))
-        .ok()?;
+        self.compose_at(self.width, self.height)
+    }
+
+    /// The screen composed at `width` x `height` (the planes' destinations scaled): the
+    /// whole screen when that is its size, a small one for a viewer.
+    fn compose_at(&self, width: u32, height: u32) -> Option<Vec<u8>> {
+        let mut screen =
+            OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, width, height)).ok()?;
         for px in screen.data.chunks_exact_mut(4) {
             px[3] = 255;
         }
+        let scale = self.scaler(width, height);
         let t0 = Instant::now();
         let sources: Vec<Vec<u8>> = self
             .planes
@@ -195,7 +261,7 @@ impl PlaneSet {
             .map(|(p, bytes)| Layer {
                 src: FrameRef::new(p.layout, bytes),
                 crop: p.crop,
-                dst_rect: p.dst,
+                dst_rect: scale(p.dst),
                 rotation: Rotation::R0,
                 alpha: p.alpha,
                 blend: p.blend,
@@ -224,5 +290,13 @@ impl vd::FrameHandle for PlaneSet {
 
     fn byte_len(&self) -> Option<usize> {
         Some(self.width as usize * self.height as usize * 4)
+    }
+
+    fn rgba_scaled(&self, width: u32, height: u32) -> Option<Vec<u8>> {
+        if (width, height) == (self.width, self.height) {
+            return self.pixels().map(<[u8]>::to_vec);
+        }
+        self.compose_on_gpu(width, height)
+            .or_else(|| self.compose_at(width, height))
     }
 }

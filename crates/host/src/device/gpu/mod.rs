@@ -164,6 +164,12 @@ pub(crate) fn composite_cost(
 }
 
 impl Gpu {
+    /// The wgpu backend, when the GPU is one (its resident images are the GPU domain's
+    /// memory; the display composes view frames there).
+    pub fn wgpu(&self) -> Option<&Arc<WgpuBackend>> {
+        self.wgpu.as_ref()
+    }
+
     /// Builds the device from the daemon's configuration (`cfg.gpu`: wgpu, cpu or null).
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
         let cpu = || -> Arc<dyn GpuBackend> { Arc::new(CpuBackend::new()) };
