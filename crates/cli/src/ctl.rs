@@ -152,13 +152,7 @@ pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
             "cannot reach the daemon's control API at {t:?}: {e}"
         ))
     })?;
-    if r.status != 200 {
-        let msg = r.json()["error"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or(r.body.clone());
-        return Err(CliError::Usage(format!("KO: {msg} (HTTP {})", r.status)));
-    }
+    let r = answered(r)?;
     match words[0] {
         "metrics" => print!("{}", r.body),
         "guests" => print_guests(&r.json()),
@@ -203,19 +197,27 @@ fn record(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
             "cannot reach the daemon's control API at {t:?}: {e}"
         ))
     })?;
-    if r.status != 200 {
-        let msg = r.json()["error"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or(r.body.clone());
-        return Err(CliError::Usage(format!("KO: {msg} (HTTP {})", r.status)));
-    }
+    let r = answered(r)?;
     std::fs::write(out, &r.bytes)?;
     println!(
         "recorded {seconds} s of guest {id} into {out} ({} bytes)\nOK",
         r.bytes.len()
     );
     Ok(())
+}
+
+/// The answer if it is a success, else its error message as the command's error.
+fn answered(
+    r: virtsoc_control::client::Response,
+) -> Result<virtsoc_control::client::Response, CliError> {
+    if r.status == 200 {
+        return Ok(r);
+    }
+    let msg = r.json()["error"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or(r.body.clone());
+    Err(CliError::Usage(format!("KO: {msg} (HTTP {})", r.status)))
 }
 
 fn print_guests(v: &Value) {
