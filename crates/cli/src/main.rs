@@ -10,6 +10,7 @@ mod ctl;
 mod daemon_proc;
 mod report;
 mod scenario;
+mod snapshot;
 mod soak;
 mod stats;
 mod trace;
@@ -119,6 +120,12 @@ enum Cmd {
         socket: Option<String>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Snapshots of guest sessions through the daemon's control API: `save GUEST FILE`,
+    /// `load FILE --guest GUEST`.
+    Snapshot {
+        #[command(subcommand)]
+        which: snapshot::SnapshotCmd,
     },
     /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
     Vm {
@@ -331,6 +338,7 @@ fn with_daemon_spawned<T>(
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Ctl { socket, args } => ctl::run(socket, &args)?,
+        Cmd::Snapshot { which } => snapshot::run(which)?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Bench {
             which:

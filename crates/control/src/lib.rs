@@ -30,6 +30,8 @@
 //! | POST | `/modem/signal` | `{"rssi": 0..31, "ber": 0..7, "guest"?}` | `{"delivered": [...]}` |
 //! | POST | `/modem/registration` | `{"state", "guest"?}` | `{"delivered": [...]}` |
 //! | POST | `/camera/source` | `{"source": "synthetic" \| "file:PATH"}` | `{"backend"}` |
+//! | POST | `/guests/{id}/snapshot` | `{"path"}` | `{"regions", "region_bytes", "file_bytes", "ms"}` |
+//! | POST | `/guests/{id}/restore` | `{"path"}` | `{"regions", "region_bytes", "file_bytes", "ms"}` |
 //! | GET | `/metrics` | | Prometheus text |
 //!
 //! Errors are `{"error": "..."}` with 400 (malformed JSON, a missing or bad field, named),
@@ -69,4 +71,15 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<serde_json::Value, ControlError>;
     /// Closes guest `id`'s session (others are unaffected).
     fn kill(&self, id: u64) -> Result<(), ControlError>;
+    /// Saves guest `id`'s session to the snapshot file `path` (quiesces the guest meanwhile:
+    /// this one may take as long as writing the guest's memory takes).
+    fn snapshot_save(&self, id: u64, path: &str) -> Result<serde_json::Value, ControlError> {
+        let _ = (id, path);
+        Err(ControlError::Unsupported("snapshots".into()))
+    }
+    /// Restores the snapshot file `path` into guest `id`'s fresh session.
+    fn snapshot_load(&self, id: u64, path: &str) -> Result<serde_json::Value, ControlError> {
+        let _ = (id, path);
+        Err(ControlError::Unsupported("snapshots".into()))
+    }
 }

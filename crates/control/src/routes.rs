@@ -126,6 +126,23 @@ fn route(
             backend.kill(id)?;
             Ok(Answer::json(&json!({ "killed": id })))
         }
+        ["guests", id, op @ ("snapshot" | "restore")] => {
+            want(post)?;
+            let id = guest_id(id)?;
+            known_guest(backend, id)?;
+            let r: SnapshotRequest = parse(body)?;
+            if !std::path::Path::new(&r.path).is_absolute() {
+                return Err(ControlError::BadRequest(
+                    "field `path`: must be an absolute path".into(),
+                ));
+            }
+            let v = if *op == "snapshot" {
+                backend.snapshot_save(id, &r.path)?
+            } else {
+                backend.snapshot_load(id, &r.path)?
+            };
+            Ok(Answer::json(&v))
+        }
         ["devices"] => {
             want(get)?;
             Ok(Answer::json(&backend.devices()))

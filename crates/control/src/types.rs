@@ -149,3 +149,12 @@ pub struct CameraSourceRequest {
     /// `synthetic` or `file:PATH`.
     pub source: String,
 }
+
+/// `POST /guests/{id}/snapshot` and `POST /guests/{id}/restore`: a snapshot file on the
+/// daemon's host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Absolute path of the file.
+    pub path: String,
+}
