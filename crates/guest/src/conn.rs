@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use std::net::TcpStream;
@@ -30,6 +30,8 @@ use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 
 use crate::{GuestError, Result};
+
+mod reconnect;
 
 /// Longest compensation the library honours (the host caps it lower).
 const MAX_COMPENSATION: Duration = Duration::from_millis(100);
@@ -171,9 +173,23 @@ impl Counters {
 
 /// A connection to the daemon. Cheap to share between threads (`&Connection` is `Sync`).
 pub struct Connection {
-    link: Box<dyn GuestLink>,
-    window: Arc<SharedWindow>,
-    guest_id: u64,
+    /// The transport and the window: replaced when the connection moves to another daemon
+    /// (restart, migration; see [`Connection::reconnect`]).
+    link: RwLock<Arc<dyn GuestLink>>,
+    window: RwLock<Arc<SharedWindow>>,
+    guest_id: AtomicU64,
+    /// How to reach the daemon again: the socket and the options (process guests).
+    origin: Option<(std::path::PathBuf, ConnectOptions)>,
+    /// The secret that resumes this session elsewhere (from the welcome).
+    resume: Mutex<Option<String>>,
+    /// Reconnect by itself for this long when the daemon goes away (`None`: never).
+    auto_reconnect: Mutex<Option<Duration>>,
+    /// One reconnect at a time.
+    reconnecting: Mutex<()>,
+    /// Closed by the application (never reconnects).
+    user_closed: AtomicBool,
+    /// Windows of daemons this connection left (CPU pointers into them stay mapped).
+    retired: Mutex<Vec<Arc<SharedWindow>>>,
     coherence: String,
     devices: Vec<DeviceDesc>,
     next_seq: AtomicU64,
@@ -221,6 +237,7 @@ impl Connection {
             cq_entries: opts.cq_entries,
             token: opts.token.clone(),
             coherence: opts.coherence.clone(),
+            resume: None,
         }
     }
 
@@ -231,6 +248,7 @@ impl Connection {
                 layout,
                 coherence,
                 devices,
+                ..
             } => Ok((guest_id, layout, coherence, devices)),
             Reply::Refused { reason } => Err(GuestError::Refused(reason)),
         }
@@ -243,8 +261,28 @@ impl Connection {
             path: path.display().to_string(),
             source,
         })?;
-        send_json(&sock, &Self::hello_for(opts), None)?;
+        let h = Self::handshake_unix(sock, opts, None)?;
+        let mut c = Self::with_link(h.link, h.window, h.guest_id, h.coherence, h.devices)?;
+        c.origin = Some((path.to_path_buf(), opts.clone()));
+        *c.resume.lock().unwrap_or_else(|p| p.into_inner()) = h.resume;
+        Ok(c)
+    }
+
+    /// The handshake of a process guest on `sock` (resuming a saved session with `resume`):
+    /// the mapped window and the link over it.
+    fn handshake_unix(
+        sock: UnixStream,
+        opts: &ConnectOptions,
+        resume: Option<String>,
+    ) -> Result<Handshake> {
+        let mut hello = Self::hello_for(opts);
+        hello.resume = resume;
+        send_json(&sock, &hello, None)?;
         let (reply, fd): (Reply, _) = recv_json(&sock)?;
+        let resume = match &reply {
+            Reply::Welcome { resume, .. } => resume.clone(),
+            Reply::Refused { .. } => None,
+        };
         let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
         let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
         let window = Arc::new(SharedWindow::map_file(std::fs::File::from(fd), layout)?);
@@ -259,7 +297,14 @@ impl Connection {
                 let _ = s2.shutdown(std::net::Shutdown::Both);
             }),
         );
-        Self::with_link(Box::new(link), window, guest_id, coherence, devices)
+        Ok(Handshake {
+            link: Box::new(link),
+            window,
+            guest_id,
+            coherence,
+            devices,
+            resume,
+        })
     }
 
     /// Connects to a daemon listening on TCP (remote guest). Bulk data goes in the stream;
@@ -287,9 +332,15 @@ impl Connection {
     ) -> Result<Self> {
         let cq_entries = window.layout().cq_entries;
         Ok(Connection {
-            link,
-            window,
-            guest_id,
+            link: RwLock::new(Arc::from(link)),
+            window: RwLock::new(window),
+            guest_id: AtomicU64::new(guest_id),
+            origin: None,
+            resume: Mutex::new(None),
+            auto_reconnect: Mutex::new(None),
+            reconnecting: Mutex::new(()),
+            user_closed: AtomicBool::new(false),
+            retired: Mutex::new(Vec::new()),
             coherence,
             devices,
             next_seq: AtomicU64::new(1),
@@ -319,7 +370,7 @@ impl Connection {
 
     /// The id the daemon gave this guest.
     pub fn guest_id(&self) -> u64 {
-        self.guest_id
+        self.guest_id.load(Ordering::SeqCst)
     }
 
     /// The devices the daemon offers (from the welcome).
@@ -332,9 +383,17 @@ impl Connection {
         &self.coherence
     }
 
-    /// The mapped window (for tests and tools that need raw access).
-    pub fn window(&self) -> &Arc<SharedWindow> {
-        &self.window
+    /// The mapped window (for tests and tools that need raw access). After a reconnect it
+    /// is the new daemon's window.
+    pub fn window(&self) -> Arc<SharedWindow> {
+        self.window
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn link(&self) -> Arc<dyn GuestLink> {
+        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Puts a request on the submission ring; returns its sequence number. Blocks (reaping
@@ -408,7 +467,7 @@ impl Connection {
         payload: &[u8],
     ) -> Result<u64> {
         loop {
-            if self.closed.load(Ordering::SeqCst) {
+            if self.closed.load(Ordering::SeqCst) && !self.reconnect_if_allowed()? {
                 return Err(GuestError::Closed);
             }
             if self.in_flight() >= self.pacing_window() as u64 {
@@ -425,7 +484,7 @@ impl Connection {
             }
             self.submitted.fetch_add(1, Ordering::SeqCst);
             let pushed = self
-                .link
+                .link()
                 .push(&Request::new(seq, opcode, device, args), payload);
             if matches!(pushed, Ok(true)) {
                 return Ok(seq);
@@ -438,7 +497,14 @@ impl Connection {
                     .detached
                     .remove(&seq);
             }
-            pushed?;
+            if let Err(e) = pushed {
+                if matches!(e, GuestError::Closed) {
+                    // The daemon went away: the loop reconnects if allowed, else fails.
+                    self.closed.store(true, Ordering::SeqCst);
+                    continue;
+                }
+                return Err(e);
+            }
             // Ring full: the host is behind. Help by reaping completions, then retry.
             self.reap_once(Some(LIVENESS_CHECK))?;
         }
@@ -487,7 +553,8 @@ impl Connection {
     }
 
     fn reap_as_reaper(&self, timeout: Option<Duration>) -> Result<Vec<Completion>> {
-        let arrived = self.link.reap(timeout.unwrap_or(LIVENESS_CHECK));
+        let link = self.link();
+        let arrived = link.reap(timeout.unwrap_or(LIVENESS_CHECK));
         if arrived.is_err() {
             self.closed.store(true, Ordering::SeqCst);
         }
@@ -495,7 +562,7 @@ impl Connection {
         for (c, payload) in arrived? {
             if !payload.is_empty() {
                 // A remote CPU read: the bytes of the range, for the mirror window.
-                self.window.copy_in(c.values[0], &payload)?;
+                self.window().copy_in(c.values[0], &payload)?;
             }
             batch.push(c);
         }
@@ -626,13 +693,14 @@ impl Connection {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, v[0].wrapping_sub(offset));
-            self.window.check(v[0], len).map_err(|_| {
+            let window = self.window();
+            window.check(v[0], len).map_err(|_| {
                 GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
                     "host returned a window offset outside the window",
                 ))
             })?;
             // SAFETY: offset and length were checked against the mapping above.
-            NonNull::new(unsafe { self.window.base_ptr().add(v[0] as usize) })
+            NonNull::new(unsafe { window.base_ptr().add(v[0] as usize) })
         } else {
             None
         };
@@ -655,7 +723,7 @@ impl Connection {
         len: u64,
         mode: AccessMode,
     ) -> Result<Access> {
-        let payload = if device == DeviceId::CPU && mode.writes() && !self.link.shares_window() {
+        let payload = if device == DeviceId::CPU && mode.writes() && !self.link().shares_window() {
             let base = self
                 .cpu_offsets
                 .lock()
@@ -665,7 +733,7 @@ impl Connection {
                 .ok_or_else(|| GuestError::BadArgument("end_access without begin_access".into()))?;
             let n = usize::try_from(len).map_err(|_| GuestError::BadArgument("length".into()))?;
             let mut bytes = vec![0u8; n];
-            self.window
+            self.window()
                 .copy_out(base.wrapping_add(offset), &mut bytes)?;
             bytes
         } else {
@@ -852,9 +920,9 @@ impl Connection {
     /// round trip only for fences beyond the page).
     pub fn fence_signaled(&self, f: Fence) -> Result<bool> {
         let id = FenceId::from_u64(f.0);
-        if id.index < PAGE_SLOTS && self.link.shares_window() {
+        if id.index < PAGE_SLOTS && self.link().shares_window() {
             let word = self
-                .window
+                .window()
                 .atomic_u32(FENCE_PAGE_OFFSET + slot_offset(id.index) as u64)?
                 .load(Ordering::Acquire);
             return Ok(slot_status(word, id) == FenceStatus::Signaled);
@@ -864,14 +932,15 @@ impl Connection {
 
     /// Hangs up. The daemon releases everything this guest held.
     pub fn close(&self) {
+        self.user_closed.store(true, Ordering::SeqCst);
         self.closed.store(true, Ordering::SeqCst);
-        self.link.close();
+        self.link().close();
     }
 
     /// Submits a raw request without waiting (for protocol tests).
     pub fn submit_raw(&self, req: Request) -> Result<()> {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        if !self.link.push(&req, &[])? {
+        if !self.link().push(&req, &[])? {
             self.submitted.fetch_sub(1, Ordering::SeqCst);
             return Err(GuestError::Status {
                 op: Opcode::Nop,
@@ -880,6 +949,16 @@ impl Connection {
         }
         Ok(())
     }
+}
+
+/// What a handshake set up.
+struct Handshake {
+    link: Box<dyn GuestLink>,
+    window: Arc<SharedWindow>,
+    guest_id: u64,
+    coherence: String,
+    devices: Vec<DeviceDesc>,
+    resume: Option<String>,
 }
 
 /// Whether the daemon hung up (non-blocking check of the socket).

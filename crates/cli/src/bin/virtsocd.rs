@@ -74,6 +74,10 @@ struct Args {
     /// Directory for display snapshots (PNG).
     #[arg(long, default_value = "/tmp")]
     snapshot_dir: PathBuf,
+    /// Keep guest sessions across restarts: save every session here on SIGTERM, and restore
+    /// a saved session into the process guest that reconnects with its resume secret.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -154,6 +158,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         max_connections: usize::try_from(args.max_guests).unwrap_or(usize::MAX),
         test_dma_delay: std::time::Duration::from_millis(args.test_dma_delay_ms),
         token: token(&args)?,
+        state_dir: args.state_dir.clone(),
         limits: Limits {
             regions: args.limit_regions,
             fences: args.limit_fences,

@@ -71,7 +71,10 @@ impl SnapshotWriter {
         tmp_name.push(name);
         tmp_name.push(format!(".tmp.{}", std::process::id()));
         let tmp = dest.with_file_name(tmp_name);
+        use std::os::unix::fs::OpenOptionsExt;
+        // Guest memory (and a resume secret): readable by the daemon's user only.
         let file = std::fs::OpenOptions::new()
+            .mode(0o600)
             .write(true)
             .create(true)
             .truncate(true)

@@ -37,6 +37,8 @@ pub struct GuestRecord {
     pub source_guest: u64,
     /// The id the guest's next allocation gets (never below any region's).
     pub next_region_id: u64,
+    /// The secret a reconnecting guest presents to resume this session (empty: none).
+    pub resume: String,
 }
 
 /// Everything a snapshot holds about one guest.
@@ -64,7 +66,8 @@ pub(crate) fn encode_guest(g: &GuestRecord, regions: u64) -> Vec<u8> {
         .string(&g.protocol)
         .u64(g.source_guest)
         .u64(g.next_region_id)
-        .u64(regions);
+        .u64(regions)
+        .string(&g.resume);
     b.0
 }
 
@@ -108,8 +111,13 @@ fn decode_guest(p: &[u8]) -> Result<(GuestRecord, u64)> {
         protocol: c.string(64)?,
         source_guest: c.u64()?,
         next_region_id: c.u64()?,
+        resume: String::new(),
     };
     let regions = c.u64()?;
+    let g = GuestRecord {
+        resume: c.string(64)?,
+        ..g
+    };
     c.end()?;
     Ok((g, regions))
 }

@@ -5,7 +5,8 @@
 //!   written atomically and read back with every length and checksum checked;
 //! - [`image`]: what a session image holds (guest record, fence table, regions, device
 //!   records) and its encoding;
-//! - [`devices`]: device objects as records of the commands that made them.
+//! - [`devices`]: device objects as records of the commands that made them;
+//! - [`restart`]: sessions kept across a daemon restart (`--state-dir`).
 //!
 //! Saving quiesces the guest first ([`quiesce`]): its session stops taking requests, and
 //! every command it queued on a device (copies and GPU submissions included) completes;
@@ -18,6 +19,7 @@
 pub mod devices;
 pub mod format;
 pub mod image;
+pub mod restart;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -53,12 +55,21 @@ pub fn session_of(daemon: &Daemon, id: u64) -> Result<Arc<Session>> {
         .ok_or_else(|| format::err(format!("no guest {id}")))
 }
 
-/// A paused session; resumes when dropped.
-pub struct Quiesced(Arc<Session>);
+/// A paused session; resumes when dropped (unless [`kept`](Self::kept)).
+pub struct Quiesced(Option<Arc<Session>>);
+
+impl Quiesced {
+    /// Leaves the session paused for good (the daemon is stopping, or it moved away).
+    pub fn kept(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for Quiesced {
     fn drop(&mut self) {
-        self.0.resume();
+        if let Some(s) = self.0.take() {
+            s.resume();
+        }
     }
 }
 
@@ -66,14 +77,14 @@ impl Drop for Quiesced {
 /// does not drain in time the session resumes and this fails.
 pub fn quiesce(session: &Arc<Session>) -> Result<Quiesced> {
     session.pause();
-    let q = Quiesced(session.clone());
+    let q = Quiesced(Some(session.clone()));
     session
         .drain_queues(DRAIN_TIMEOUT)
         .map_err(|e| format::err(format!("quiesce of guest {}: {e}", session.guest_id())))?;
     Ok(q)
 }
 
-fn record_of(daemon: &Daemon, s: &Session) -> Result<GuestRecord> {
+fn record_of(daemon: &Daemon, s: &Session, resume: &str) -> Result<GuestRecord> {
     let id = s.guest_id();
     let protocol = daemon
         .guest_meta(id)
@@ -84,6 +95,7 @@ fn record_of(daemon: &Daemon, s: &Session) -> Result<GuestRecord> {
         protocol: protocol.name().to_string(),
         source_guest: id,
         next_region_id: daemon.svm().next_region_id(id)?,
+        resume: resume.to_string(),
     })
 }
 
@@ -97,7 +109,7 @@ pub fn capture(daemon: &Daemon, s: &Session) -> Result<SessionImage> {
         .map(|r| svm.export_region(id, r))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok(SessionImage {
-        guest: record_of(daemon, s)?,
+        guest: record_of(daemon, s, "")?,
         fences: s.fences().export(),
         regions,
         devices: devices::capture(daemon.devices(), id),
@@ -128,9 +140,21 @@ pub fn read_image(path: &Path) -> Result<SessionImage> {
 /// Saves guest `id`'s session to `path`: quiesces it, streams its regions to the file one at
 /// a time, resumes it.
 pub fn save(daemon: &Daemon, id: u64, path: &Path) -> Result<Report> {
+    save_session(daemon, &session_of(daemon, id)?, path, "", true)
+}
+
+/// Saves `s` to `path` with resume secret `resume` (empty: none); resumes it afterwards only
+/// if `resume_after`.
+pub fn save_session(
+    daemon: &Daemon,
+    s: &Arc<Session>,
+    path: &Path,
+    resume: &str,
+    resume_after: bool,
+) -> Result<Report> {
     let t0 = Instant::now();
-    let s = session_of(daemon, id)?;
-    let _q = quiesce(&s)?;
+    let id = s.guest_id();
+    let q = quiesce(s)?;
     let svm = daemon.svm();
     let ids = svm.region_ids(id)?;
     let count = u32::try_from(ids.len() + 3).map_err(|_| format::err("too many regions"))?;
@@ -138,7 +162,7 @@ pub fn save(daemon: &Daemon, id: u64, path: &Path) -> Result<Report> {
     w.section(
         image::GUEST,
         &[&image::encode_guest(
-            &record_of(daemon, &s)?,
+            &record_of(daemon, s, resume)?,
             ids.len() as u64,
         )],
     )?;
@@ -158,6 +182,9 @@ pub fn save(daemon: &Daemon, id: u64, path: &Path) -> Result<Report> {
     let recs = devices::capture(daemon.devices(), id);
     w.section(image::DEVICES, &[&image::encode_devices(&recs)?])?;
     report.file_bytes = w.finish()?;
+    if !resume_after {
+        q.kept();
+    }
     report.ms = t0.elapsed().as_millis() as u64;
     log::info!(
         "guest {id}: saved {} regions ({} bytes) to {}",

@@ -90,6 +90,7 @@ fn image(regions: &[(u8, u32, bool)], seed: u64, overflow: usize) -> SessionImag
             protocol: "prefetch".into(),
             source_guest: seed,
             next_region_id: id + 1,
+            resume: format!("{seed:032x}"),
         },
         fences: fences(seed, overflow),
         regions,

@@ -1,0 +1,127 @@
+//! Reconnecting a process guest to a daemon that restarted (or to the daemon its session
+//! moved to): the library connects again on the same socket, presents the session's resume
+//! secret (from its welcome), maps the new window and carries on. Region ids, fence ids and
+//! region contents stay what they were: the daemon restored the saved session into the new
+//! connection. Requests that were in flight when the old daemon went away fail with
+//! `Closed` (their effect is unknown); everything after the reconnect works as before.
+//!
+//! [`Connection::set_auto_reconnect`] makes the library do this by itself the first time it
+//! finds the daemon gone; [`Connection::reconnect`] does it on demand.
+
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Connection;
+use crate::{GuestError, Result};
+
+/// Pause between two connection attempts while the daemon is away.
+const RETRY: Duration = Duration::from_millis(20);
+/// Longest a handshake may take once connected.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+impl Connection {
+    /// The secret that resumes this session after a daemon restart, if the daemon gave one.
+    pub fn resume_secret(&self) -> Option<String> {
+        self.resume
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reconnect by itself (for at most `within`) when the daemon goes away; `None`: never
+    /// (the default: calls fail with `Closed`).
+    pub fn set_auto_reconnect(&self, within: Option<Duration>) {
+        *self
+            .auto_reconnect
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = within;
+    }
+
+    /// Reconnects if the daemon is gone and auto-reconnect is on; true when connected again.
+    pub(super) fn reconnect_if_allowed(&self) -> Result<bool> {
+        if self.user_closed.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let Some(within) = *self
+            .auto_reconnect
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+        else {
+            return Ok(false);
+        };
+        self.reconnect(within)?;
+        Ok(true)
+    }
+
+    /// Connects again to the daemon's socket (waiting up to `within` for it to come back),
+    /// resuming this session there: same region ids, fence ids and bytes, a new window.
+    pub fn reconnect(&self, within: Duration) -> Result<()> {
+        let _one = self.reconnecting.lock().unwrap_or_else(|p| p.into_inner());
+        if self.user_closed.load(Ordering::SeqCst) {
+            return Err(GuestError::Closed);
+        }
+        let (path, opts) = self.origin.clone().ok_or_else(|| {
+            GuestError::BadArgument("only process guests (Unix socket) reconnect".into())
+        })?;
+        let secret = self.resume_secret().ok_or_else(|| {
+            GuestError::Refused("the daemon gave this session no resume secret".into())
+        })?;
+        // The old transport is done with: hang it up so its daemon (if still there) lets go.
+        self.link().close();
+        let deadline = Instant::now() + within;
+        let h = loop {
+            let attempt = UnixStream::connect(&path)
+                .map_err(|source| GuestError::Connect {
+                    path: path.display().to_string(),
+                    source,
+                })
+                .and_then(|sock| {
+                    sock.set_read_timeout(Some(HANDSHAKE))
+                        .map_err(GuestError::Io)?;
+                    let dup = sock.try_clone().map_err(GuestError::Io)?;
+                    let h = Self::handshake_unix(dup, &opts, Some(secret.clone()))?;
+                    sock.set_read_timeout(None).map_err(GuestError::Io)?;
+                    Ok(h)
+                });
+            match attempt {
+                Ok(h) => break h,
+                // Refused: the daemon is there and said no (no such saved session).
+                Err(e @ GuestError::Refused(_)) => return Err(e),
+                // Not there yet, or an old daemon hanging up while it stops: try again.
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(RETRY),
+            }
+        };
+        let old_window = {
+            let mut w = self.window.write().unwrap_or_else(|p| p.into_inner());
+            std::mem::replace(&mut *w, h.window)
+        };
+        // Pointers from begin_access into the old window stay mapped until the connection goes.
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(old_window);
+        *self.link.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(h.link);
+        self.guest_id.store(h.guest_id, Ordering::SeqCst);
+        if let Some(r) = h.resume {
+            *self.resume.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        }
+        self.cpu_offsets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        {
+            // Requests in flight on the old daemon will never complete.
+            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            r.done.clear();
+            r.detached.clear();
+            self.completed
+                .store(self.submitted.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+        self.reaped_cv.notify_all();
+        self.closed.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+}
