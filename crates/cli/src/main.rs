@@ -127,6 +127,17 @@ enum Cmd {
         #[command(subcommand)]
         which: snapshot::SnapshotCmd,
     },
+    /// Live migration of guest GUEST to the daemon whose `--migrate-listen` is HOST:PORT
+    /// (that daemon's token in $VIRTSOC_TOKEN); the guest library follows by itself.
+    Migrate {
+        guest: u64,
+        /// tcp:HOST:PORT of the target's migration listener.
+        #[arg(long)]
+        to: String,
+        /// The guest's daemon's control socket (default /tmp/virtsoc.sock.control).
+        #[arg(long)]
+        socket: Option<String>,
+    },
     /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
     Vm {
         #[command(subcommand)]
@@ -339,6 +350,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Ctl { socket, args } => ctl::run(socket, &args)?,
         Cmd::Snapshot { which } => snapshot::run(which)?,
+        Cmd::Migrate { guest, to, socket } => {
+            let r = snapshot::migrate(socket, guest, &to)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        }
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Bench {
             which:

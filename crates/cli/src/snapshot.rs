@@ -43,7 +43,25 @@ pub fn call(
     file: &std::path::Path,
 ) -> Result<Value, CliError> {
     let path = std::path::absolute(file)?;
-    let body = serde_json::to_vec(&json!({ "path": path }))?;
+    post(socket, guest, op, &json!({ "path": path }))
+}
+
+/// `virtsoc migrate GUEST --to tcp:HOST:PORT`: asks the guest's daemon to migrate it to the
+/// daemon whose `--migrate-listen` is HOST:PORT (its token from `$VIRTSOC_TOKEN`).
+pub fn migrate(socket: Option<String>, guest: u64, to: &str) -> Result<Value, CliError> {
+    let addr = to.strip_prefix("tcp:").unwrap_or(to);
+    let token = std::env::var("VIRTSOC_TOKEN")
+        .map_err(|_| CliError::Usage("the target daemon's token goes in $VIRTSOC_TOKEN".into()))?;
+    post(
+        socket,
+        guest,
+        "migrate",
+        &json!({ "to": addr, "token": token }),
+    )
+}
+
+fn post(socket: Option<String>, guest: u64, op: &str, body: &Value) -> Result<Value, CliError> {
+    let body = serde_json::to_vec(body)?;
     let t = crate::ctl::target(socket);
     let r = request(&t, "POST", &format!("/guests/{guest}/{op}"), &body).map_err(|e| {
         CliError::Usage(format!(

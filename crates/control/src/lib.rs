@@ -32,6 +32,7 @@
 //! | POST | `/camera/source` | `{"source": "synthetic" \| "file:PATH"}` | `{"backend"}` |
 //! | POST | `/guests/{id}/snapshot` | `{"path"}` | `{"regions", "region_bytes", "file_bytes", "ms"}` |
 //! | POST | `/guests/{id}/restore` | `{"path"}` | `{"regions", "region_bytes", "file_bytes", "ms"}` |
+//! | POST | `/guests/{id}/migrate` | `{"to": "HOST:PORT", "token"}` | `{"stop_ms", "precopy_bytes", "dirty_bytes", ...}` |
 //! | GET | `/metrics` | | Prometheus text |
 //!
 //! Errors are `{"error": "..."}` with 400 (malformed JSON, a missing or bad field, named),
@@ -76,6 +77,11 @@ pub trait Backend: Send + Sync + 'static {
     fn snapshot_save(&self, id: u64, path: &str) -> Result<serde_json::Value, ControlError> {
         let _ = (id, path);
         Err(ControlError::Unsupported("snapshots".into()))
+    }
+    /// Migrates guest `id` to the daemon whose migration listener is `to`.
+    fn migrate(&self, id: u64, to: &str, token: &str) -> Result<serde_json::Value, ControlError> {
+        let _ = (id, to, token);
+        Err(ControlError::Unsupported("migration".into()))
     }
     /// Restores the snapshot file `path` into guest `id`'s fresh session.
     fn snapshot_load(&self, id: u64, path: &str) -> Result<serde_json::Value, ControlError> {

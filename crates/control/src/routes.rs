@@ -143,6 +143,13 @@ fn route(
             };
             Ok(Answer::json(&v))
         }
+        ["guests", id, "migrate"] => {
+            want(post)?;
+            let id = guest_id(id)?;
+            known_guest(backend, id)?;
+            let r: MigrateRequest = parse(body)?;
+            Ok(Answer::json(&backend.migrate(id, &r.to, &r.token)?))
+        }
         ["devices"] => {
             want(get)?;
             Ok(Answer::json(&backend.devices()))

@@ -158,3 +158,13 @@ pub struct SnapshotRequest {
     /// Absolute path of the file.
     pub path: String,
 }
+
+/// `POST /guests/{id}/migrate`: live migration to another daemon's migration listener.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// `HOST:PORT` of the target's `--migrate-listen`.
+    pub to: String,
+    /// The target daemon's token.
+    pub token: String,
+}

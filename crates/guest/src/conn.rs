@@ -179,7 +179,7 @@ pub struct Connection {
     window: RwLock<Arc<SharedWindow>>,
     guest_id: AtomicU64,
     /// How to reach the daemon again: the socket and the options (process guests).
-    origin: Option<(std::path::PathBuf, ConnectOptions)>,
+    origin: Mutex<Option<(std::path::PathBuf, ConnectOptions)>>,
     /// The secret that resumes this session elsewhere (from the welcome).
     resume: Mutex<Option<String>>,
     /// Reconnect by itself for this long when the daemon goes away (`None`: never).
@@ -251,6 +251,7 @@ impl Connection {
                 ..
             } => Ok((guest_id, layout, coherence, devices)),
             Reply::Refused { reason } => Err(GuestError::Refused(reason)),
+            Reply::Moved { socket } => Err(GuestError::Moved(socket)),
         }
     }
 
@@ -263,7 +264,7 @@ impl Connection {
         })?;
         let h = Self::handshake_unix(sock, opts, None)?;
         let mut c = Self::with_link(h.link, h.window, h.guest_id, h.coherence, h.devices)?;
-        c.origin = Some((path.to_path_buf(), opts.clone()));
+        c.origin = Mutex::new(Some((path.to_path_buf(), opts.clone())));
         *c.resume.lock().unwrap_or_else(|p| p.into_inner()) = h.resume;
         Ok(c)
     }
@@ -281,7 +282,7 @@ impl Connection {
         let (reply, fd): (Reply, _) = recv_json(&sock)?;
         let resume = match &reply {
             Reply::Welcome { resume, .. } => resume.clone(),
-            Reply::Refused { .. } => None,
+            _ => None,
         };
         let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
         let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
@@ -335,7 +336,7 @@ impl Connection {
             link: RwLock::new(Arc::from(link)),
             window: RwLock::new(window),
             guest_id: AtomicU64::new(guest_id),
-            origin: None,
+            origin: Mutex::new(None),
             resume: Mutex::new(None),
             auto_reconnect: Mutex::new(None),
             reconnecting: Mutex::new(()),

@@ -670,9 +670,16 @@ impl Daemon {
                     *resume = Some(secret);
                 }
             }
-            Err(reason) => {
-                // Refused before the session's close hangs the socket up.
-                Self::refuse(&stream, reason);
+            Err(refusal) => {
+                // Answered before the session's close hangs the socket up.
+                match refusal {
+                    crate::snapshot::restart::Refusal::Refused(reason) => {
+                        Self::refuse(&stream, reason)
+                    }
+                    crate::snapshot::restart::Refusal::Moved(socket) => {
+                        let _ = send_json(&stream, &Reply::Moved { socket }, None);
+                    }
+                }
                 self.unregister(guest_id);
                 session.close();
                 self.svm.detach_guest(guest_id);
@@ -828,7 +835,7 @@ pub(crate) struct Admitted {
 }
 
 /// Compares two byte strings in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = (a.len() != b.len()) as u8;
     for i in 0..a.len().max(b.len()) {
         diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);

@@ -79,6 +79,11 @@ pub enum Reply {
     Refused {
         reason: String,
     },
+    /// The session a guest asked to resume lives in the daemon on this Unix socket now (it
+    /// migrated): the guest resumes it there.
+    Moved {
+        socket: String,
+    },
 }
 
 /// Sends one frame, optionally with a file descriptor attached.

@@ -420,6 +420,9 @@ impl SvmManager {
             protocol.end_access(&mut cx, a)?;
             Step::Done
         };
+        if a.mode.writes() {
+            cx.state.version += 1;
+        }
         report.copies += cx.report.copies;
         report.bytes += cx.report.bytes;
         report.coherence += cx.report.coherence;

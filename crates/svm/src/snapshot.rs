@@ -89,15 +89,31 @@ impl SvmManager {
     /// replicas that hold them (device memory through readbacks where that is the only
     /// valid copy). The region's lock is held while its bytes are read.
     pub fn export_region(&self, guest: u64, id: u64) -> Result<RegionImage> {
+        Ok(self.export_region_versioned(guest, id)?.0)
+    }
+
+    /// The write version of region `id`: it moves at the begin and the end of every writing
+    /// access (a migration's pre-copy resends the regions whose version moved).
+    pub fn region_version(&self, guest: u64, id: u64) -> Result<u64> {
+        Ok(self.region(guest, id)?.lock().version)
+    }
+
+    /// Like [`export_region`](Self::export_region), with the write version the bytes are of
+    /// (read under the same lock).
+    pub fn export_region_versioned(&self, guest: u64, id: u64) -> Result<(RegionImage, u64)> {
         let region = self.region(guest, id)?;
         let size = usize::try_from(region.meta.size).map_err(|_| SvmError::OutOfMemory)?;
         let state = region.lock();
+        let generation = state.version;
         if !state.written {
-            return Ok(RegionImage {
-                id,
-                meta: region.meta,
-                bytes: None,
-            });
+            return Ok((
+                RegionImage {
+                    id,
+                    meta: region.meta,
+                    bytes: None,
+                },
+                generation,
+            ));
         }
         let mut bytes = Vec::new();
         bytes
@@ -134,11 +150,14 @@ impl SvmManager {
             })?;
             read_backing(b, part.0, &mut bytes[part.0 as usize..part.1 as usize])?;
         }
-        Ok(RegionImage {
-            id,
-            meta: region.meta,
-            bytes: Some(bytes),
-        })
+        Ok((
+            RegionImage {
+                id,
+                meta: region.meta,
+                bytes: Some(bytes),
+            },
+            generation,
+        ))
     }
 
     /// Checks that `img` describes a region `alloc` could have made and that its bytes are

@@ -78,6 +78,9 @@ struct Args {
     /// a saved session into the process guest that reconnects with its resume secret.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Accept live migrations of guest sessions on this TCP address (needs the token).
+    #[arg(long)]
+    migrate_listen: Option<std::net::SocketAddr>,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -215,6 +218,9 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     let _control = virtsoc_host::control::start(&daemon, Some(&control_path), args.control_listen)?;
     for vm in &vms {
         virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
+    }
+    if let Some(addr) = args.migrate_listen {
+        virtsoc_host::snapshot::migrate::listen(&daemon, addr)?;
     }
     if args.print_ready {
         use std::io::Write;

@@ -1,6 +1,7 @@
 //! Reconnecting a process guest to a daemon that restarted (or to the daemon its session
 //! moved to): the library connects again on the same socket, presents the session's resume
-//! secret (from its welcome), maps the new window and carries on. Region ids, fence ids and
+//! secret (from its welcome), follows a `Moved` answer to the socket of the daemon its session
+//! migrated to, maps the new window and carries on. Region ids, fence ids and
 //! region contents stay what they were: the daemon restored the saved session into the new
 //! connection. Requests that were in flight when the old daemon went away fail with
 //! `Closed` (their effect is unknown); everything after the reconnect works as before.
@@ -18,6 +19,8 @@ use crate::{GuestError, Result};
 
 /// Pause between two connection attempts while the daemon is away.
 const RETRY: Duration = Duration::from_millis(20);
+/// Most `Moved` answers followed in one reconnect.
+const MAX_REDIRECTS: u32 = 8;
 /// Longest a handshake may take once connected.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
@@ -62,7 +65,12 @@ impl Connection {
         if self.user_closed.load(Ordering::SeqCst) {
             return Err(GuestError::Closed);
         }
-        let (path, opts) = self.origin.clone().ok_or_else(|| {
+        let origin = self
+            .origin
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let (mut path, opts) = origin.ok_or_else(|| {
             GuestError::BadArgument("only process guests (Unix socket) reconnect".into())
         })?;
         let secret = self.resume_secret().ok_or_else(|| {
@@ -71,6 +79,7 @@ impl Connection {
         // The old transport is done with: hang it up so its daemon (if still there) lets go.
         self.link().close();
         let deadline = Instant::now() + within;
+        let mut redirects = 0;
         let h = loop {
             let attempt = UnixStream::connect(&path)
                 .map_err(|source| GuestError::Connect {
@@ -87,6 +96,11 @@ impl Connection {
                 });
             match attempt {
                 Ok(h) => break h,
+                // The session migrated: resume it at the daemon it went to.
+                Err(GuestError::Moved(to)) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    path = std::path::PathBuf::from(to);
+                }
                 // Refused: the daemon is there and said no (no such saved session).
                 Err(e @ GuestError::Refused(_)) => return Err(e),
                 // Not there yet, or an old daemon hanging up while it stops: try again.
@@ -94,6 +108,7 @@ impl Connection {
                 Err(_) => std::thread::sleep(RETRY),
             }
         };
+        *self.origin.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, opts));
         let old_window = {
             let mut w = self.window.write().unwrap_or_else(|p| p.into_inner());
             std::mem::replace(&mut *w, h.window)

@@ -112,18 +112,8 @@ impl SnapshotWriter {
         if self.written >= self.declared {
             return Err(err("more sections than declared"));
         }
-        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let mut h = Vec::with_capacity(SECTION_HEADER_LEN);
-        h.extend_from_slice(&kind.to_le_bytes());
-        h.extend_from_slice(&len.to_le_bytes());
-        h.extend_from_slice(&0u32.to_le_bytes());
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&h);
-        for p in parts {
-            crc.update(p);
-        }
-        let crc = crc.finalize();
-        h.extend_from_slice(&crc.to_le_bytes());
+        let h = section_header(kind, parts);
+        let crc = u32_at(&h, 16);
         self.put(&h)?;
         for p in parts {
             self.put(p)?;
@@ -359,4 +349,55 @@ impl Buf {
         self.0.extend_from_slice(s.as_bytes());
         self
     }
+}
+
+/// A section's 20-byte header (kind, length, checksum of the header and `parts`).
+fn section_header(kind: u32, parts: &[&[u8]]) -> [u8; SECTION_HEADER_LEN] {
+    let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let mut h = [0u8; SECTION_HEADER_LEN];
+    h[..4].copy_from_slice(&kind.to_le_bytes());
+    h[4..12].copy_from_slice(&len.to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&h[..16]);
+    for p in parts {
+        crc.update(p);
+    }
+    h[16..].copy_from_slice(&crc.finalize().to_le_bytes());
+    h
+}
+
+/// Writes one section to a stream (a migration's connection).
+pub fn write_section_to(w: &mut impl Write, kind: u32, parts: &[&[u8]]) -> Result<()> {
+    w.write_all(&section_header(kind, parts))?;
+    for p in parts {
+        w.write_all(p)?;
+    }
+    Ok(())
+}
+
+/// Reads one section from a stream, refusing one longer than `max_len` before allocating
+/// and one whose checksum fails.
+pub fn read_section_from(r: &mut impl Read, max_len: u64) -> Result<Section> {
+    let mut sh = [0u8; SECTION_HEADER_LEN];
+    read_exact(r, &mut sh, "a section header")?;
+    let (kind, len, crc) = (u32_at(&sh, 0), u64_at(&sh, 4), u32_at(&sh, 16));
+    if u32_at(&sh, 12) != 0 || len > max_len {
+        return Err(err(format!(
+            "bad section header (kind {kind}, {len} bytes, at most {max_len})"
+        )));
+    }
+    let n = usize::try_from(len).map_err(|_| err("section too large"))?;
+    let mut payload = Vec::new();
+    payload
+        .try_reserve_exact(n)
+        .map_err(|_| err(format!("{len} bytes do not fit in memory")))?;
+    payload.resize(n, 0);
+    read_exact(r, &mut payload, "a section")?;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&sh[..16]);
+    h.update(&payload);
+    if h.finalize() != crc {
+        return Err(err(format!("section of kind {kind} fails its checksum")));
+    }
+    Ok(Section { kind, payload })
 }

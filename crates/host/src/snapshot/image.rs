@@ -104,7 +104,7 @@ pub(crate) fn encode_devices(d: &DeviceRecords) -> Result<Vec<u8>> {
     serde_json::to_vec(d).map_err(|e| err(format!("device records: {e}")))
 }
 
-fn decode_guest(p: &[u8]) -> Result<(GuestRecord, u64)> {
+pub(crate) fn decode_guest(p: &[u8]) -> Result<(GuestRecord, u64)> {
     let mut c = Cursor::new(p, "guest record");
     let g = GuestRecord {
         name: c.string(MAX_NAME)?,
@@ -122,7 +122,7 @@ fn decode_guest(p: &[u8]) -> Result<(GuestRecord, u64)> {
     Ok((g, regions))
 }
 
-fn decode_fences(p: &[u8]) -> Result<FenceTableImage> {
+pub(crate) fn decode_fences(p: &[u8]) -> Result<FenceTableImage> {
     let mut c = Cursor::new(p, "fence table");
     let n = c.u32()?;
     if n != PAGE_SLOTS {
@@ -157,7 +157,7 @@ fn decode_fences(p: &[u8]) -> Result<FenceTableImage> {
     Ok(img)
 }
 
-fn decode_region(mut p: Vec<u8>) -> Result<RegionImage> {
+pub(crate) fn decode_region(mut p: Vec<u8>) -> Result<RegionImage> {
     let mut c = Cursor::new(&p, "region");
     let id = c.u64()?;
     let size = c.u64()?;

@@ -6,7 +6,8 @@
 //! - [`image`]: what a session image holds (guest record, fence table, regions, device
 //!   records) and its encoding;
 //! - [`devices`]: device objects as records of the commands that made them;
-//! - [`restart`]: sessions kept across a daemon restart (`--state-dir`).
+//! - [`restart`]: sessions kept across a daemon restart (`--state-dir`);
+//! - [`migrate`]: live migration of a session to another daemon over TCP.
 //!
 //! Saving quiesces the guest first ([`quiesce`]): its session stops taking requests, and
 //! every command it queued on a device (copies and GPU submissions included) completes;
@@ -19,6 +20,7 @@
 pub mod devices;
 pub mod format;
 pub mod image;
+pub mod migrate;
 pub mod restart;
 
 use std::path::Path;

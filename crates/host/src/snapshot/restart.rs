@@ -23,8 +23,19 @@ use crate::Daemon;
 pub struct Restart {
     /// Guest id -> its resume secret.
     tokens: Mutex<HashMap<u64, String>>,
-    /// Resume secret -> the saved session and its file.
-    parked: Mutex<HashMap<String, (PathBuf, SessionImage)>>,
+    /// Resume secret -> the saved session and its file (none for a migrated session).
+    parked: Mutex<HashMap<String, (Option<PathBuf>, SessionImage)>>,
+    /// Resume secret -> the Unix socket of the daemon the session migrated to.
+    moved: Mutex<HashMap<String, String>>,
+}
+
+/// Why a guest is not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Refused, for this reason.
+    Refused(String),
+    /// Its session lives in the daemon on this socket now.
+    Moved(String),
 }
 
 /// A fresh resume secret: 128 bits from the kernel's CSPRNG, in hex.
@@ -64,7 +75,7 @@ impl Restart {
                         path.display(),
                         img.regions.len()
                     );
-                    parked.insert(img.guest.resume.clone(), (path, img));
+                    parked.insert(img.guest.resume.clone(), (Some(path), img));
                 }
                 Ok(_) => log::error!("{}: no resume secret; not restored", path.display()),
                 Err(e) => log::error!("{}: {e}; not restored", path.display()),
@@ -88,6 +99,26 @@ impl Restart {
             .cloned()
     }
 
+    /// Parks a session (from a migration) until its guest reconnects with its secret.
+    pub fn park(&self, secret: String, img: SessionImage) {
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&secret);
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(secret, (None, img));
+    }
+
+    /// Records that the session with `secret` moved to the daemon on `socket`.
+    pub fn moved(&self, secret: &str, socket: &str) {
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(secret.to_string(), socket.to_string());
+    }
+
     /// Forgets guest `id`'s secret (its session ended).
     pub fn forget(&self, id: u64) {
         self.tokens
@@ -103,10 +134,11 @@ impl Restart {
         daemon: &Daemon,
         session: &Arc<Session>,
         resume: Option<&str>,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refusal> {
         let id = session.guest_id();
         let secret = match resume {
-            None => new_secret().map_err(|e| format!("cannot make a resume secret: {e}"))?,
+            None => new_secret()
+                .map_err(|e| Refusal::Refused(format!("cannot make a resume secret: {e}")))?,
             Some(want) => {
                 let found = self
                     .parked
@@ -114,7 +146,17 @@ impl Restart {
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(want);
                 let Some((path, img)) = found else {
-                    return Err("no saved session for this resume secret".into());
+                    if let Some(to) = self
+                        .moved
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(want)
+                    {
+                        return Err(Refusal::Moved(to.clone()));
+                    }
+                    return Err(Refusal::Refused(
+                        "no saved session for this resume secret".into(),
+                    ));
                 };
                 match super::restore(daemon, id, &img) {
                     Ok(r) => {
@@ -123,7 +165,9 @@ impl Restart {
                             img.guest.source_guest,
                             r.regions
                         );
-                        let _ = std::fs::remove_file(&path);
+                        if let Some(path) = &path {
+                            let _ = std::fs::remove_file(path);
+                        }
                         want.to_string()
                     }
                     Err(e) => {
@@ -132,7 +176,7 @@ impl Restart {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .insert(want.to_string(), (path, img));
-                        return Err(msg);
+                        return Err(Refusal::Refused(msg));
                     }
                 }
             }
