@@ -6,7 +6,7 @@
 //! 1. `HELLO` (magic and the target's token) -> the target answers `ACK` with its Unix
 //!    socket, or `ERROR`;
 //! 2. **pre-copy**: every region while the guest keeps running, with the write version it
-//!    was read at;
+//!    was read at; then, for a few rounds while it shrinks, the regions written meanwhile;
 //! 3. **stop**: the guest is quiesced (no request taken, its device queues drained: copies
 //!    and GPU submissions in flight complete); the source sends `STOP` with the live region
 //!    ids, the regions whose version moved since they were sent (the dirty part), the guest
@@ -39,6 +39,8 @@ const END: u32 = 104;
 const READY: u32 = 105;
 const MAGIC: &[u8; 8] = b"VSOCMIG1";
 
+/// Most rounds of pre-copy after the first (each resends what was written during the last).
+const PRECOPY_ROUNDS: usize = 4;
 /// How long either side waits for the other.
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest control section (hello, stop, guest, fences, devices).
@@ -117,6 +119,37 @@ pub fn migrate(daemon: &Daemon, id: u64, to: &str, token: &str) -> Result<Migrat
         sent.insert(rid, version);
     }
     w.flush()?;
+    // Further rounds resend what the guest wrote meanwhile, while it keeps running, as long
+    // as that shrinks: what is left for the stop is what it writes during the last round.
+    let mut last = u64::MAX;
+    for _ in 0..PRECOPY_ROUNDS {
+        let mut resent = 0u64;
+        for rid in svm.region_ids(id)? {
+            let Ok(v) = svm.region_version(id, rid) else {
+                continue;
+            };
+            if sent.get(&rid) == Some(&v) {
+                continue;
+            }
+            let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
+                continue;
+            };
+            let bytes = img.bytes.as_deref().unwrap_or(&[]);
+            send(
+                &mut w,
+                image::REGION,
+                &[&image::encode_region_header(&img), bytes],
+            )?;
+            report.precopy_bytes += bytes.len() as u64;
+            resent += bytes.len() as u64;
+            sent.insert(rid, version);
+        }
+        w.flush()?;
+        if resent == 0 || resent >= last {
+            break;
+        }
+        last = resent;
+    }
     report.precopy_ms = t0.elapsed().as_millis() as u64;
 
     // Stop and copy the dirty part. Dropping `q` on an error resumes the guest here.
