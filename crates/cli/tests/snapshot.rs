@@ -172,3 +172,66 @@ fn a_saved_session_is_restored_with_its_ids_bytes_and_fences() {
     std::fs::remove_file(&file).ok();
     std::fs::remove_file(&bad).ok();
 }
+
+/// `kill -9` of the daemon while it writes a snapshot over an older one: the older file is
+/// still there and loads (the new one is written to a temporary file renamed into place only
+/// once complete and synced).
+#[test]
+fn a_daemon_killed_while_writing_leaves_the_previous_snapshot_loadable() {
+    let mut a = Daemon::start(&["--gpu-backend", "null", "--isp-backend", "null"]);
+    let g = connect(&a);
+    let ids: Vec<u64> = (0..6)
+        .map(|i| {
+            let r = g.alloc_blob(8 << 20).unwrap();
+            cpu_write(&g, r.id, &pattern(8 << 20, i));
+            r.id
+        })
+        .collect();
+    let dir = tmp("killdir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("s.snap");
+    let save = |file: &PathBuf| {
+        Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+            .args([
+                "snapshot",
+                "save",
+                &g.guest_id().to_string(),
+                file.to_str().unwrap(),
+                "--socket",
+                a.socket().to_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap()
+    };
+    assert!(save(&file).wait().unwrap().success());
+    let old = std::fs::read(&file).unwrap();
+    for &id in &ids {
+        cpu_write(&g, id, &pattern(8 << 20, 99));
+    }
+    let mut second = save(&file);
+    // Wait (bounded) for the second write to be under way, then kill the daemon.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let writing = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().contains(".tmp."));
+        if writing || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let _ = second.wait();
+    // Whatever the moment of the kill, the file is a complete snapshot: the old one, or (if
+    // the rename won the race) the new one.
+    let img = virtsoc_host::snapshot::read_image(&file).expect("the snapshot file loads");
+    let now = std::fs::read(&file).unwrap();
+    let seed = if now == old { None } else { Some(99u8) };
+    for (i, r) in img.regions.iter().enumerate() {
+        let want = pattern(8 << 20, seed.unwrap_or(i as u8));
+        assert_eq!(r.bytes.as_deref(), Some(&want[..]), "region {}", r.id);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
