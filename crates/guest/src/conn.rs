@@ -21,16 +21,16 @@ use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
-use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::WindowLayout;
 
-use crate::link::{GuestLink, ShmLink, StreamLink};
+use crate::link::{GuestLink, StreamLink};
 use virtsoc_devapi::DeviceCommand;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 
 use crate::{GuestError, Result};
 
+mod handshake;
 mod reconnect;
 
 /// Longest compensation the library honours (the host caps it lower).
@@ -267,45 +267,6 @@ impl Connection {
         c.origin = Mutex::new(Some((path.to_path_buf(), opts.clone())));
         *c.resume.lock().unwrap_or_else(|p| p.into_inner()) = h.resume;
         Ok(c)
-    }
-
-    /// The handshake of a process guest on `sock` (resuming a saved session with `resume`):
-    /// the mapped window and the link over it.
-    fn handshake_unix(
-        sock: UnixStream,
-        opts: &ConnectOptions,
-        resume: Option<String>,
-    ) -> Result<Handshake> {
-        let mut hello = Self::hello_for(opts);
-        hello.resume = resume;
-        send_json(&sock, &hello, None)?;
-        let (reply, fd): (Reply, _) = recv_json(&sock)?;
-        let resume = match &reply {
-            Reply::Welcome { resume, .. } => resume.clone(),
-            _ => None,
-        };
-        let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
-        let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
-        let window = Arc::new(SharedWindow::map_file(std::fs::File::from(fd), layout)?);
-        let sock = Arc::new(sock);
-        let (s1, s2) = (sock.clone(), sock);
-        let link = ShmLink::new(
-            window.clone(),
-            Box::new(FutexDoorbell::host_bell(&window, opts.spins)),
-            Box::new(FutexDoorbell::guest_bell(&window, opts.spins)),
-            Box::new(move || socket_hung_up(&s1)),
-            Box::new(move || {
-                let _ = s2.shutdown(std::net::Shutdown::Both);
-            }),
-        );
-        Ok(Handshake {
-            link: Box::new(link),
-            window,
-            guest_id,
-            coherence,
-            devices,
-            resume,
-        })
     }
 
     /// Connects to a daemon listening on TCP (remote guest). Bulk data goes in the stream;
@@ -950,16 +911,6 @@ impl Connection {
         }
         Ok(())
     }
-}
-
-/// What a handshake set up.
-struct Handshake {
-    link: Box<dyn GuestLink>,
-    window: Arc<SharedWindow>,
-    guest_id: u64,
-    coherence: String,
-    devices: Vec<DeviceDesc>,
-    resume: Option<String>,
 }
 
 /// Whether the daemon hung up (non-blocking check of the socket).

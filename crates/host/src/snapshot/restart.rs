@@ -192,6 +192,16 @@ impl Restart {
     /// Returns how many were saved; a session that fails is logged and lost alone.
     pub fn save_all(&self, daemon: &Daemon, dir: &Path) -> usize {
         let mut saved = 0;
+        // Sessions that migrated in and whose guest has not arrived yet live only in memory.
+        for (secret, (path, img)) in self.parked.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if path.is_none() {
+                let file = file_for(dir, secret);
+                match super::write_image(&file, img) {
+                    Ok(_) => saved += 1,
+                    Err(e) => log::error!("{}: parked session not saved: {e}", file.display()),
+                }
+            }
+        }
         for s in daemon.sessions() {
             if s.is_closed() {
                 continue;
