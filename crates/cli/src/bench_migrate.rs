@@ -1,9 +1,10 @@
 //! `virtsoc bench migrate`: snapshot and restore of a guest holding 256 MiB of regions (time
 //! and file size), and a live migration between two daemons of a guest holding 64 MiB of
 //! regions that a 60 fps frame loop keeps writing (4 MiB per frame) through the pre-copy and
-//! the stop: host-side stop time, guest-observed downtime (the longest gap between two
-//! completed frames), frames dropped (60 fps slots with no frame), and whether every region's
-//! bytes are identical after the restore and after the migration.
+//! the stop, while a 30 fps camera captures into two more of its regions: host-side stop
+//! time, guest-observed downtime (the longest gap between two written frames), camera frames
+//! dropped (30 fps slots without a capture), and whether every region's bytes are identical
+//! after the restore and after the migration.
 //!
 //! Both daemons are started by the benchmark (null GPU and ISP backends: the regions live in
 //! host RAM and the guest window), with a migration listener and a token each.
@@ -41,12 +42,17 @@ pub struct MigrateResult {
     pub migrated_region_bytes: u64,
     /// The source's report (pre-copy, dirty part, stop time).
     pub migration: Value,
-    /// Longest gap between two completed frames around the migration, as the guest saw it
-    /// (the stop, the hand-over and the library's reconnect).
+    /// Longest gap between two completed frames of the 60 fps writer around the migration,
+    /// as the guest saw it (the stop, the hand-over and the library's reconnect).
     pub downtime_ms: f64,
-    /// 60 fps frame slots in which no frame completed, during the whole run.
+    /// Camera frames (30 fps captures into the guest's regions, running across the
+    /// migration) whose slot went by without a capture.
     pub frames_dropped: u64,
+    /// Camera frames captured.
     pub frames: u64,
+    /// The 60 fps writer: frames written, and slots that went by without one.
+    pub writer_frames: u64,
+    pub writer_frames_dropped: u64,
     /// Every region's bytes equal to what was written: after the restore and after the
     /// migration.
     pub regions_identical: bool,
@@ -236,6 +242,40 @@ pub fn run() -> Result<MigrateResult, CliError> {
             Ok((done, slots_missed))
         })
     };
+    // A camera capturing at 30 fps into two frames of its own, across the migration.
+    let cam_frames: Vec<u64> = (0..2)
+        .map(|_| {
+            g.alloc(0, 640, 480, virtsoc_guest::Format::Nv12, 0)
+                .map(|r| r.id)
+        })
+        .collect::<Result<_, _>>()?;
+    let camera = {
+        let (g, stop) = (g.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let period = Duration::from_nanos(33_333_333);
+            let t0 = Instant::now();
+            let (mut captured, mut dropped, mut slot) = (0u64, 0u64, 0u64);
+            while !stop.load(Ordering::SeqCst) {
+                let at = t0 + period * slot as u32;
+                let now = Instant::now();
+                if now < at {
+                    std::thread::sleep(at - now);
+                }
+                let frame = cam_frames[slot as usize % 2];
+                match g.command_with_access(&virtsoc_guest::devices::camera::Capture { frame }) {
+                    Ok(_) => captured += 1,
+                    Err(_) => dropped += 1,
+                }
+                slot += 1;
+                let behind = (t0.elapsed().as_nanos() / period.as_nanos()) as u64;
+                if behind > slot {
+                    dropped += behind - slot;
+                    slot = behind;
+                }
+            }
+            (captured, dropped)
+        })
+    };
     std::thread::sleep(Duration::from_millis(500));
     let target_token = b
         .endpoint()
@@ -252,8 +292,13 @@ pub fn run() -> Result<MigrateResult, CliError> {
     let (done, missed) = writer
         .join()
         .map_err(|_| CliError::Usage("frame loop panicked".into()))??;
-    out.frames = done.len() as u64;
-    out.frames_dropped = missed;
+    let (captured, dropped) = camera
+        .join()
+        .map_err(|_| CliError::Usage("camera loop panicked".into()))?;
+    out.frames = captured;
+    out.frames_dropped = dropped;
+    out.writer_frames = done.len() as u64;
+    out.writer_frames_dropped = missed;
     out.downtime_ms = done
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
@@ -285,8 +330,10 @@ pub fn print(r: &MigrateResult) {
         r.migration
     );
     println!(
-        "downtime {:.1} ms (longest gap between frames), {} of {} frames dropped, regions identical: {}",
+        "downtime {:.1} ms (longest gap between written frames; {} of {} dropped), camera: {} of {} frames dropped, regions identical: {}",
         r.downtime_ms,
+        r.writer_frames_dropped,
+        r.writer_frames + r.writer_frames_dropped,
         r.frames_dropped,
         r.frames + r.frames_dropped,
         r.regions_identical

@@ -358,6 +358,15 @@ impl Connection {
         self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The daemon behind `link` is gone: the connection is closed, unless `link` was already
+    /// replaced by a reconnect (another thread's).
+    fn mark_closed(&self, link: &Arc<dyn GuestLink>) {
+        let current = self.link.read().unwrap_or_else(|p| p.into_inner());
+        if Arc::ptr_eq(&*current, link) {
+            self.closed.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Puts a request on the submission ring; returns its sequence number. Blocks (reaping
     /// completions) while the MIMD window of requests in flight is full.
     pub fn submit(&self, opcode: Opcode, device: DeviceId, args: [u64; 6]) -> Result<u64> {
@@ -445,9 +454,8 @@ impl Connection {
                     .insert(seq);
             }
             self.submitted.fetch_add(1, Ordering::SeqCst);
-            let pushed = self
-                .link()
-                .push(&Request::new(seq, opcode, device, args), payload);
+            let link = self.link();
+            let pushed = link.push(&Request::new(seq, opcode, device, args), payload);
             if matches!(pushed, Ok(true)) {
                 return Ok(seq);
             }
@@ -462,7 +470,7 @@ impl Connection {
             if let Err(e) = pushed {
                 if matches!(e, GuestError::Closed) {
                     // The daemon went away: the loop reconnects if allowed, else fails.
-                    self.closed.store(true, Ordering::SeqCst);
+                    self.mark_closed(&link);
                     continue;
                 }
                 return Err(e);
@@ -518,7 +526,7 @@ impl Connection {
         let link = self.link();
         let arrived = link.reap(timeout.unwrap_or(LIVENESS_CHECK));
         if arrived.is_err() {
-            self.closed.store(true, Ordering::SeqCst);
+            self.mark_closed(&link);
         }
         let mut batch = Vec::new();
         for (c, payload) in arrived? {

@@ -54,7 +54,12 @@ impl Connection {
         else {
             return Ok(false);
         };
-        self.reconnect(within)?;
+        let _one = self.reconnecting.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.closed.load(Ordering::SeqCst) {
+            // Another thread reconnected meanwhile.
+            return Ok(true);
+        }
+        self.reconnect_locked(within)?;
         Ok(true)
     }
 
@@ -62,6 +67,10 @@ impl Connection {
     /// resuming this session there: same region ids, fence ids and bytes, a new window.
     pub fn reconnect(&self, within: Duration) -> Result<()> {
         let _one = self.reconnecting.lock().unwrap_or_else(|p| p.into_inner());
+        self.reconnect_locked(within)
+    }
+
+    fn reconnect_locked(&self, within: Duration) -> Result<()> {
         if self.user_closed.load(Ordering::SeqCst) {
             return Err(GuestError::Closed);
         }
