@@ -187,3 +187,58 @@ fn a_failed_migration_leaves_the_guest_running_on_its_source() {
     assert_eq!(cpu_read(&g, r.id, 16), pattern(16, 6));
     std::fs::remove_file(&token_file).ok();
 }
+
+/// Requests in flight while the guest moves run exactly once: a thread allocates regions and
+/// creates and signals fences (the signals detached, nobody waits for them) without pause
+/// while the guest migrates there and back; afterwards the guest holds exactly the regions it
+/// allocated and every fence it signaled is signaled.
+#[test]
+fn requests_in_flight_during_a_migration_run_exactly_once() {
+    let token_file =
+        std::env::temp_dir().join(format!("virtsoc-mig-x-{}.token", std::process::id()));
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let (pa, pb) = (free_port(), free_port());
+    let daemons = [start(&token_file, pa), start(&token_file, pb)];
+    let g = std::sync::Arc::new(connect_to(daemons[0].socket()));
+    g.set_auto_reconnect(Some(Duration::from_secs(30)));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let (g, stop) = (g.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut allocated, mut fences) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                g.alloc_blob(4096).unwrap();
+                allocated += 1;
+                let f = g.fence_create().unwrap();
+                g.fence_signal(DeviceId::CPU, f).unwrap();
+                fences.push(f);
+            }
+            (allocated, fences)
+        })
+    };
+    let mut at = 0;
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(50));
+        let (status, v) = migrate(
+            &daemons[at],
+            g.guest_id(),
+            &format!("127.0.0.1:{}", [pa, pb][1 - at]),
+            TOKEN,
+        );
+        assert_eq!(status, 200, "{v}");
+        at = 1 - at;
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (allocated, fences) = worker.join().unwrap();
+    g.nop().unwrap();
+    assert_eq!(
+        g.usage().unwrap().0,
+        allocated,
+        "each alloc ran exactly once"
+    );
+    for f in fences {
+        assert!(g.fence_signaled(f).unwrap(), "{f:?} lost its signal");
+    }
+    std::fs::remove_file(&token_file).ok();
+}

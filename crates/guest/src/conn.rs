@@ -190,6 +190,11 @@ pub struct Connection {
     user_closed: AtomicBool,
     /// Windows of daemons this connection left (CPU pointers into them stay mapped).
     retired: Mutex<Vec<Arc<SharedWindow>>>,
+    /// Requests not completed yet, kept (while auto-reconnect is on) to be sent again to the
+    /// daemon the session moves to.
+    replay: Mutex<reconnect::Replay>,
+    /// Whether requests are kept in `replay`.
+    track: AtomicBool,
     coherence: String,
     devices: Vec<DeviceDesc>,
     next_seq: AtomicU64,
@@ -303,6 +308,8 @@ impl Connection {
             reconnecting: Mutex::new(()),
             user_closed: AtomicBool::new(false),
             retired: Mutex::new(Vec::new()),
+            replay: Mutex::new(reconnect::Replay::default()),
+            track: AtomicBool::new(false),
             coherence,
             devices,
             next_seq: AtomicU64::new(1),
@@ -442,7 +449,7 @@ impl Connection {
                 return Err(GuestError::Closed);
             }
             if self.in_flight() >= self.pacing_window() as u64 {
-                self.reap_once(Some(LIVENESS_CHECK))?;
+                self.reap_or_reconnect(Some(LIVENESS_CHECK))?;
                 continue;
             }
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
@@ -454,9 +461,11 @@ impl Connection {
                     .insert(seq);
             }
             self.submitted.fetch_add(1, Ordering::SeqCst);
-            let link = self.link();
-            let pushed = link.push(&Request::new(seq, opcode, device, args), payload);
-            if matches!(pushed, Ok(true)) {
+            let req = Request::new(seq, opcode, device, args);
+            let (link, epoch) = self.keep_for_replay(&req, payload);
+            let pushed = link.push(&req, payload);
+            if matches!(pushed, Ok(true)) || !self.unkeep(seq, epoch) {
+                // Pushed, or sent again by a reconnect meanwhile.
                 return Ok(seq);
             }
             self.submitted.fetch_sub(1, Ordering::SeqCst);
@@ -476,7 +485,7 @@ impl Connection {
                 return Err(e);
             }
             // Ring full: the host is behind. Help by reaping completions, then retry.
-            self.reap_once(Some(LIVENESS_CHECK))?;
+            self.reap_or_reconnect(Some(LIVENESS_CHECK))?;
         }
     }
 
@@ -497,29 +506,35 @@ impl Connection {
         let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
         r.reaping = false;
         if let Ok(batch) = &result {
-            self.completed
-                .fetch_add(batch.len() as u64, Ordering::SeqCst);
-            // One MIMD step per reaping round, driven by the deepest queue it reported.
-            if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
-                self.pacer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .on_feedback(depth);
-                self.max_depth.fetch_max(depth, Ordering::Relaxed);
-            }
-            for c in batch {
-                if r.detached.remove(&c.seq) {
-                    if c.status != Status::Ok as u32 {
-                        let st = Status::from_u32(c.status).unwrap_or(Status::Internal);
-                        r.async_errors.push((c.seq, st));
-                    }
-                } else {
-                    r.done.insert(c.seq, *c);
-                }
-            }
+            self.absorb(&mut r, batch);
         }
         self.reaped_cv.notify_all();
         result.map(|_| ())
+    }
+
+    /// Books a batch of completions: counters, pacing, detached failures, waiters' results.
+    fn absorb(&self, r: &mut Reaped, batch: &[Completion]) {
+        self.forget_replayed(batch);
+        self.completed
+            .fetch_add(batch.len() as u64, Ordering::SeqCst);
+        // One MIMD step per reaping round, driven by the deepest queue it reported.
+        if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
+            self.pacer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .on_feedback(depth);
+            self.max_depth.fetch_max(depth, Ordering::Relaxed);
+        }
+        for c in batch {
+            if r.detached.remove(&c.seq) {
+                if c.status != Status::Ok as u32 {
+                    let st = Status::from_u32(c.status).unwrap_or(Status::Internal);
+                    r.async_errors.push((c.seq, st));
+                }
+            } else {
+                r.done.insert(c.seq, *c);
+            }
+        }
     }
 
     fn reap_as_reaper(&self, timeout: Option<Duration>) -> Result<Vec<Completion>> {
@@ -548,7 +563,16 @@ impl Connection {
                     return Ok(c);
                 }
             }
-            self.reap_once(None)?;
+            self.reap_or_reconnect(None)?;
+        }
+    }
+
+    /// One reaping round; a daemon found gone is reconnected to when allowed (the requests
+    /// in flight are sent again there).
+    fn reap_or_reconnect(&self, timeout: Option<Duration>) -> Result<()> {
+        match self.reap_once(timeout) {
+            Err(GuestError::Closed) if self.reconnect_if_allowed()? => Ok(()),
+            r => r,
         }
     }
 

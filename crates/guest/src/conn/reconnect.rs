@@ -3,19 +3,39 @@
 //! secret (from its welcome), follows a `Moved` answer to the socket of the daemon its session
 //! migrated to, maps the new window and carries on. Region ids, fence ids and
 //! region contents stay what they were: the daemon restored the saved session into the new
-//! connection. Requests that were in flight when the old daemon went away fail with
-//! `Closed` (their effect is unknown); everything after the reconnect works as before.
+//! connection.
+//!
+//! With auto-reconnect on, the library keeps every request until its completion arrives. The
+//! old daemon quiesced the session before handing it over (nothing taken off the ring after
+//! that runs there, and every completion of what ran was posted), so after taking the old
+//! ring's last completions the library sends the rest again to the new daemon, under the
+//! same sequence numbers: each request runs exactly once and waiters just get their answer.
+//! Without it (a [`Connection::reconnect`] on demand), requests in flight when the old
+//! daemon went away fail with `Closed`.
 //!
 //! [`Connection::set_auto_reconnect`] makes the library do this by itself the first time it
 //! finds the daemon gone; [`Connection::reconnect`] does it on demand.
 
+use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use virtsoc_proto::{Completion, Request};
+
 use super::Connection;
+use crate::link::GuestLink;
 use crate::{GuestError, Result};
+
+/// Requests sent and not completed, by sequence number, with the link generation they went
+/// out on: what a reconnect sends again.
+#[derive(Default)]
+pub(super) struct Replay {
+    /// Bumped by each reconnect (under this lock, with the link swap).
+    epoch: u64,
+    requests: BTreeMap<u64, (Request, Vec<u8>)>,
+}
 
 /// Pause between two connection attempts while the daemon is away.
 const RETRY: Duration = Duration::from_millis(20);
@@ -40,6 +60,47 @@ impl Connection {
             .auto_reconnect
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = within;
+        self.track.store(within.is_some(), Ordering::SeqCst);
+    }
+
+    /// The link to push `req` on; with auto-reconnect on, `req` is kept (before it is pushed,
+    /// so a reconnect that swaps the link meanwhile sends it again) and the link generation
+    /// returned.
+    pub(super) fn keep_for_replay(
+        &self,
+        req: &Request,
+        payload: &[u8],
+    ) -> (Arc<dyn GuestLink>, Option<u64>) {
+        if !self.track.load(Ordering::SeqCst) {
+            return (self.link(), None);
+        }
+        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        rp.requests.insert(req.seq, (*req, payload.to_vec()));
+        (self.link(), Some(rp.epoch))
+    }
+
+    /// `seq` was not pushed: forgets it, unless a reconnect already sent it again (false).
+    pub(super) fn unkeep(&self, seq: u64, epoch: Option<u64>) -> bool {
+        let Some(epoch) = epoch else {
+            return true;
+        };
+        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        if rp.epoch != epoch {
+            return false;
+        }
+        rp.requests.remove(&seq);
+        true
+    }
+
+    /// Completed requests are not sent again.
+    pub(super) fn forget_replayed(&self, batch: &[Completion]) {
+        if batch.is_empty() || !self.track.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        for c in batch {
+            rp.requests.remove(&c.seq);
+        }
     }
 
     /// Reconnects if the daemon is gone and auto-reconnect is on; true when connected again.
@@ -118,6 +179,44 @@ impl Connection {
             }
         };
         *self.origin.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, opts));
+        // Become the reaper, so nothing takes completions off the old link meanwhile.
+        {
+            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            while r.reaping {
+                r = self
+                    .reaped_cv
+                    .wait_timeout(r, RETRY)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            r.reaping = true;
+        }
+        let result = self.switch(h);
+        self.reaped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reaping = false;
+        self.reaped_cv.notify_all();
+        result
+    }
+
+    /// Takes the completions the old daemon posted before it went, swaps in the new link and
+    /// window, and sends every request still in flight again (the old daemon stopped taking
+    /// requests before it handed the session over, so each runs exactly once).
+    fn switch(&self, h: super::handshake::Handshake) -> Result<()> {
+        let old = self.link();
+        let mut posted = Vec::new();
+        while let Ok(batch) = old.reap(Duration::ZERO) {
+            if batch.is_empty() {
+                break;
+            }
+            posted.extend(batch.into_iter().map(|(c, _)| c));
+        }
+        {
+            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            self.absorb(&mut r, &posted);
+        }
+        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
         let old_window = {
             let mut w = self.window.write().unwrap_or_else(|p| p.into_inner());
             std::mem::replace(&mut *w, h.window)
@@ -127,7 +226,9 @@ impl Connection {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(old_window);
-        *self.link.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(h.link);
+        let link: Arc<dyn GuestLink> = Arc::from(h.link);
+        *self.link.write().unwrap_or_else(|p| p.into_inner()) = link.clone();
+        rp.epoch += 1;
         self.guest_id.store(h.guest_id, Ordering::SeqCst);
         if let Some(r) = h.resume {
             *self.resume.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
@@ -136,14 +237,22 @@ impl Connection {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        {
-            // Requests in flight on the old daemon will never complete.
+        if self.track.load(Ordering::SeqCst) {
+            for (req, payload) in rp.requests.values() {
+                if !link.push(req, payload)? {
+                    return Err(GuestError::BadArgument(
+                        "more requests in flight than the new ring holds".into(),
+                    ));
+                }
+            }
+        } else {
+            // Nothing kept: requests in flight on the old daemon will never complete.
             let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
-            r.done.clear();
             r.detached.clear();
             self.completed
                 .store(self.submitted.load(Ordering::SeqCst), Ordering::SeqCst);
         }
+        drop(rp);
         self.reaped_cv.notify_all();
         self.closed.store(false, Ordering::SeqCst);
         Ok(())
