@@ -43,6 +43,8 @@ const MAGIC: &[u8; 8] = b"VSOCMIG1";
 const PRECOPY_ROUNDS: usize = 4;
 /// How long either side waits for the other.
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most incoming migrations served at once (more are refused at once).
+const MAX_INCOMING: usize = 4;
 /// Largest control section (hello, stop, guest, fences, devices).
 const MAX_CONTROL: u64 = 2 << 20;
 
@@ -232,21 +234,35 @@ pub fn listen(daemon: &Arc<Daemon>, addr: SocketAddr) -> Result<SocketAddr> {
     let l = TcpListener::bind(addr)?;
     let local = l.local_addr()?;
     let weak = Arc::downgrade(daemon);
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("migrate-accept".into())
         .spawn(move || {
+            use std::sync::atomic::Ordering;
             for conn in l.incoming() {
                 let Some(daemon) = weak.upgrade() else { break };
                 let Ok(stream) = conn else { continue };
-                let token = token.clone();
-                let _ = std::thread::Builder::new()
-                    .name("migrate-in".into())
-                    .spawn(move || {
-                        let peer = stream.peer_addr().ok();
-                        if let Err(e) = receive(&daemon, stream, &token) {
-                            log::warn!("incoming migration from {peer:?} failed: {e}");
-                        }
-                    });
+                if busy.fetch_add(1, Ordering::SeqCst) >= MAX_INCOMING {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    let mut w = BufWriter::new(stream);
+                    refuse(&mut w, "too many migrations under way");
+                    continue;
+                }
+                let (token, done) = (token.clone(), busy.clone());
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("migrate-in".into())
+                        .spawn(move || {
+                            let peer = stream.peer_addr().ok();
+                            if let Err(e) = receive(&daemon, stream, &token) {
+                                log::warn!("incoming migration from {peer:?} failed: {e}");
+                            }
+                            done.fetch_sub(1, Ordering::SeqCst);
+                        });
+                if spawned.is_err() {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    log::warn!("cannot start a thread for an incoming migration");
+                }
             }
         })?;
     log::info!("virtsocd accepting migrations on {local}");
