@@ -334,6 +334,28 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_and_migration_routes_check_their_arguments() {
+        let (s, v) = go("POST", "/guests/7/snapshot", r#"{"path": "relative.snap"}"#);
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("absolute"), "{v}");
+        assert_eq!(
+            go("POST", "/guests/8/restore", r#"{"path": "/tmp/x.snap"}"#).0,
+            404
+        );
+        let (s, v) = go("POST", "/guests/7/migrate", r#"{"to": "127.0.0.1:1"}"#);
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("token"), "{v}");
+        assert_eq!(go("GET", "/guests/7/snapshot", "").0, 405);
+        // A backend without snapshots says so.
+        let (s, v) = go("POST", "/guests/7/snapshot", r#"{"path": "/tmp/x.snap"}"#);
+        assert_eq!(s, 404);
+        assert!(
+            v["error"].as_str().unwrap().contains("not supported"),
+            "{v}"
+        );
+    }
+
+    #[test]
     fn errors_have_their_status_and_name_the_field() {
         let (s, v) = go("GET", "/guests/8/stats", "");
         assert_eq!(s, 404);
