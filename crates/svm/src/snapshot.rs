@@ -19,6 +19,9 @@ use crate::region::{Region, RegionCtx, RegionKey, RegionMeta};
 use crate::{AllocDesc, ProtocolKind, Result, SvmError, SvmManager};
 use std::sync::Arc;
 
+/// Largest region id an import accepts (so the id counter never wraps).
+pub const MAX_ID: u64 = 1 << 62;
+
 /// One region as exported: its id, metadata and contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionImage {
@@ -81,6 +84,9 @@ impl SvmManager {
 
     /// Makes `guest`'s later allocations take ids from `next` on (never lowers the counter).
     pub fn reserve_ids(&self, guest: u64, next: u64) -> Result<()> {
+        if next > MAX_ID {
+            return Err(SvmError::BadArgument(format!("next region id {next}")));
+        }
         self.guest(guest)?.raise_next_id(next);
         Ok(())
     }
@@ -163,7 +169,7 @@ impl SvmManager {
     /// Checks that `img` describes a region `alloc` could have made and that its bytes are
     /// exactly its size (untrusted input: nothing is allocated).
     pub fn validate_image(img: &RegionImage) -> Result<()> {
-        if img.id == 0 || img.id == u64::MAX {
+        if img.id == 0 || img.id >= MAX_ID {
             return Err(SvmError::BadArgument(format!(
                 "region id {} invalid",
                 img.id

@@ -62,6 +62,9 @@ pub struct FenceTableImage {
     pub recycled: u64,
 }
 
+/// Largest counter value an image may carry.
+const MAX_COUNT: u64 = 1 << 62;
+
 fn bad(msg: String) -> FenceError {
     FenceError::BadImage(msg)
 }
@@ -95,6 +98,10 @@ impl FenceTableImage {
         }
         if self.overflow_next > self.created {
             return Err(bad("more overflow fences than fences created".into()));
+        }
+        // Counters a table could reach, with room to go on counting.
+        if self.created > MAX_COUNT || self.recycled > MAX_COUNT {
+            return Err(bad("counters out of range".into()));
         }
         Ok(())
     }

@@ -114,6 +114,12 @@ pub(crate) fn decode_guest(p: &[u8]) -> Result<(GuestRecord, u64)> {
         resume: String::new(),
     };
     let regions = c.u64()?;
+    if g.next_region_id == 0 || g.next_region_id > 1 << 62 {
+        return Err(err(format!(
+            "guest record: next region id {} out of range",
+            g.next_region_id
+        )));
+    }
     let g = GuestRecord {
         resume: c.string(64)?,
         ..g

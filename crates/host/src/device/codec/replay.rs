@@ -36,6 +36,8 @@ struct Record {
     opened: Opened,
 }
 
+/// Largest handle a record may name (so later handles never wrap).
+const MAX_HANDLE: u64 = 1 << 32;
 /// Most sessions a record may hold (the limits refuse more anyway).
 const MAX_SESSIONS: usize = 1024;
 
@@ -66,6 +68,11 @@ impl Codec {
             return Err(format!("{} codec sessions", recs.len()));
         }
         let mut opened = Vec::new();
+        for r in &recs {
+            if r.handle == 0 || r.handle > MAX_HANDLE {
+                return Err(format!("codec handle {}", r.handle));
+            }
+        }
         for r in &recs {
             let done = match r.opened {
                 Opened::Decoder {
