@@ -4,12 +4,14 @@
 //! starts its own `virtsocd` child process when none is given.
 
 mod bench_devices;
+mod bench_migrate;
 mod bench_svm;
 mod bench_transport;
 mod ctl;
 mod daemon_proc;
 mod report;
 mod scenario;
+mod snapshot;
 mod soak;
 mod stats;
 mod trace;
@@ -121,6 +123,23 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Snapshots of guest sessions through the daemon's control API: `save GUEST FILE`,
+    /// `load FILE --guest GUEST`.
+    Snapshot {
+        #[command(subcommand)]
+        which: snapshot::SnapshotCmd,
+    },
+    /// Live migration of guest GUEST to the daemon whose `--migrate-listen` is HOST:PORT
+    /// (that daemon's token in $VIRTSOC_TOKEN); the guest library follows by itself.
+    Migrate {
+        guest: u64,
+        /// tcp:HOST:PORT of the target's migration listener.
+        #[arg(long)]
+        to: String,
+        /// The guest's daemon's control socket (default /tmp/virtsoc.sock.control).
+        #[arg(long)]
+        socket: Option<String>,
+    },
     /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
     Vm {
         #[command(subcommand)]
@@ -152,6 +171,12 @@ enum BenchCmd {
         /// Frames per measurement.
         #[arg(long, default_value_t = 90)]
         frames: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Snapshot/restore of 256 MiB of regions and a live migration under a 60 fps writer
+    /// between two daemons of its own: times, sizes, downtime, dropped frames, integrity.
+    Migrate {
         #[arg(long)]
         json: bool,
     },
@@ -335,6 +360,11 @@ fn with_daemon_spawned<T>(
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Ctl { socket, args } => ctl::run(socket, &args)?,
+        Cmd::Snapshot { which } => snapshot::run(which)?,
+        Cmd::Migrate { guest, to, socket } => {
+            let r = snapshot::migrate(socket, guest, &to)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        }
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Watch(args) => watch::run(&args)?,
         Cmd::Bench {
@@ -357,6 +387,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("{}", serde_json::to_string_pretty(&rs)?);
             } else {
                 bench_devices::print_table(&rs);
+            }
+        }
+        Cmd::Bench {
+            which: BenchCmd::Migrate { json },
+        } => {
+            let r = bench_migrate::run()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_migrate::print(&r);
             }
         }
         Cmd::Bench {

@@ -237,7 +237,7 @@ fn malformed_requests_get_errors_and_the_daemon_survives() {
         .unwrap()
         .fetch_add(100_000, Ordering::SeqCst);
     // Wake the host so it looks at the ring.
-    FutexDoorbell::host_bell(c.window(), 0).force_wake();
+    FutexDoorbell::host_bell(&c.window(), 0).force_wake();
     d.expect_log("violated the transport protocol");
     assert!(matches!(c.nop(), Err(GuestError::Closed)));
     let oid = other.alloc_blob(4096).unwrap().id;

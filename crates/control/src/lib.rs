@@ -30,6 +30,9 @@
 //! | POST | `/modem/signal` | `{"rssi": 0..31, "ber": 0..7, "guest"?}` | `{"delivered": [...]}` |
 //! | POST | `/modem/registration` | `{"state", "guest"?}` | `{"delivered": [...]}` |
 //! | POST | `/camera/source` | `{"source": "synthetic" \| "file:PATH"}` | `{"backend"}` |
+//! | POST | `/guests/{id}/snapshot` | `{"path"}` | `{"regions", "region_bytes", "file_bytes", "ms"}` |
+//! | POST | `/guests/{id}/restore` | `{"path"}` | `{"regions", "region_bytes", "file_bytes", "ms"}` |
+//! | POST | `/guests/{id}/migrate` | `{"to": "HOST:PORT", "token"}` | `{"stop_ms", "precopy_bytes", "dirty_bytes", ...}` |
 //! | GET | `/metrics` | | Prometheus text |
 //! | GET | `/view` | | the live view page (HTML) |
 //! | GET | `/guests/{id}/frame.jpg?after=N&max=WxH` | | the guest's latest frame (JPEG) newer than frame N, waiting up to a second (204 if none) |
@@ -106,5 +109,21 @@ pub trait Backend: Send + Sync + 'static {
     /// Sessions that ended over a second ago and are still referenced: a leak when not 0.
     fn lingering_sessions(&self) -> u64 {
         0
+    }
+    /// Saves guest `id`'s session to the snapshot file `path` (quiesces the guest meanwhile:
+    /// this one may take as long as writing the guest's memory takes).
+    fn snapshot_save(&self, id: u64, path: &str) -> Result<serde_json::Value, ControlError> {
+        let _ = (id, path);
+        Err(ControlError::Unsupported("snapshots".into()))
+    }
+    /// Migrates guest `id` to the daemon whose migration listener is `to`.
+    fn migrate(&self, id: u64, to: &str, token: &str) -> Result<serde_json::Value, ControlError> {
+        let _ = (id, to, token);
+        Err(ControlError::Unsupported("migration".into()))
+    }
+    /// Restores the snapshot file `path` into guest `id`'s fresh session.
+    fn snapshot_load(&self, id: u64, path: &str) -> Result<serde_json::Value, ControlError> {
+        let _ = (id, path);
+        Err(ControlError::Unsupported("snapshots".into()))
     }
 }

@@ -139,6 +139,30 @@ fn route(
             backend.kill(id)?;
             Ok(Answer::json(&json!({ "killed": id })))
         }
+        ["guests", id, op @ ("snapshot" | "restore")] => {
+            want(post)?;
+            let id = guest_id(id)?;
+            known_guest(backend, id)?;
+            let r: SnapshotRequest = parse(body)?;
+            if !std::path::Path::new(&r.path).is_absolute() {
+                return Err(ControlError::BadRequest(
+                    "field `path`: must be an absolute path".into(),
+                ));
+            }
+            let v = if *op == "snapshot" {
+                backend.snapshot_save(id, &r.path)?
+            } else {
+                backend.snapshot_load(id, &r.path)?
+            };
+            Ok(Answer::json(&v))
+        }
+        ["guests", id, "migrate"] => {
+            want(post)?;
+            let id = guest_id(id)?;
+            known_guest(backend, id)?;
+            let r: MigrateRequest = parse(body)?;
+            Ok(Answer::json(&backend.migrate(id, &r.to, &r.token)?))
+        }
         ["devices"] => {
             want(get)?;
             Ok(Answer::json(&backend.devices()))
@@ -319,6 +343,28 @@ mod tests {
             go("POST", "/modem/hangup", "").0,
             200,
             "an empty body is {{}}"
+        );
+    }
+
+    #[test]
+    fn snapshot_and_migration_routes_check_their_arguments() {
+        let (s, v) = go("POST", "/guests/7/snapshot", r#"{"path": "relative.snap"}"#);
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("absolute"), "{v}");
+        assert_eq!(
+            go("POST", "/guests/8/restore", r#"{"path": "/tmp/x.snap"}"#).0,
+            404
+        );
+        let (s, v) = go("POST", "/guests/7/migrate", r#"{"to": "127.0.0.1:1"}"#);
+        assert_eq!(s, 400);
+        assert!(v["error"].as_str().unwrap().contains("token"), "{v}");
+        assert_eq!(go("GET", "/guests/7/snapshot", "").0, 405);
+        // A backend without snapshots says so.
+        let (s, v) = go("POST", "/guests/7/snapshot", r#"{"path": "/tmp/x.snap"}"#);
+        assert_eq!(s, 404);
+        assert!(
+            v["error"].as_str().unwrap().contains("not supported"),
+            "{v}"
         );
     }
 

@@ -180,3 +180,22 @@ pub struct ViewReport {
     /// The guest's presented frame rate the page read from the daemon.
     pub presented_fps: f64,
 }
+
+/// `POST /guests/{id}/snapshot` and `POST /guests/{id}/restore`: a snapshot file on the
+/// daemon's host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Absolute path of the file.
+    pub path: String,
+}
+
+/// `POST /guests/{id}/migrate`: live migration to another daemon's migration listener.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// `HOST:PORT` of the target's `--migrate-listen`.
+    pub to: String,
+    /// The target daemon's token.
+    pub token: String,
+}

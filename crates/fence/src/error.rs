@@ -37,6 +37,9 @@ pub enum FenceError {
         /// The next sequence number the timeline would issue.
         next: u64,
     },
+    /// An exported table state that is inconsistent (untrusted snapshot input).
+    #[error("bad fence table image: {0}")]
+    BadImage(String),
     /// A flow control configuration that makes no sense.
     #[error("invalid pacer configuration: {0}")]
     InvalidPacerConfig(&'static str),

@@ -42,6 +42,9 @@ use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+mod snapshot;
+pub use snapshot::{FenceTableImage, SlotImage};
+
 /// When fewer than this many page slots are free, `create` recycles the
 /// oldest signaled slot before taking a free one (1/8 of the page).
 pub const LOW_WATER_SLOTS: usize = PAGE_SLOTS as usize / 8;
@@ -177,6 +180,25 @@ struct Inner {
 }
 
 impl Inner {
+    /// A table with every slot free, generation 0.
+    fn empty() -> Self {
+        Inner {
+            slots: (0..PAGE_SLOTS)
+                .map(|_| Slot {
+                    generation: 0,
+                    state: SlotState::Free,
+                })
+                .collect(),
+            free: (0..PAGE_SLOTS).collect(),
+            signaled_fifo: VecDeque::new(),
+            overflow: HashMap::new(),
+            overflow_next: 0,
+            cancelled: false,
+            recycled: 0,
+            created: 0,
+        }
+    }
+
     fn lookup(&self, id: FenceId) -> Lookup {
         if id.is_page_backed() {
             if id.generation == 0 || id.generation > GENERATION_MASK {
@@ -320,25 +342,10 @@ impl VirtualFenceTable {
         for index in 0..PAGE_SLOTS {
             sink.store_slot(index, pack_word(0, false));
         }
-        let slots = (0..PAGE_SLOTS)
-            .map(|_| Slot {
-                generation: 0,
-                state: SlotState::Free,
-            })
-            .collect();
         Self {
             sink,
             max_live,
-            inner: Mutex::new(Inner {
-                slots,
-                free: (0..PAGE_SLOTS).collect(),
-                signaled_fifo: VecDeque::new(),
-                overflow: HashMap::new(),
-                overflow_next: 0,
-                cancelled: false,
-                recycled: 0,
-                created: 0,
-            }),
+            inner: Mutex::new(Inner::empty()),
             signaled_cv: Condvar::new(),
         }
     }

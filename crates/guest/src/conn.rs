@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use std::net::TcpStream;
@@ -21,15 +21,17 @@ use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
-use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::WindowLayout;
 
-use crate::link::{GuestLink, ShmLink, StreamLink};
+use crate::link::{GuestLink, StreamLink};
 use virtsoc_devapi::DeviceCommand;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 
 use crate::{GuestError, Result};
+
+mod handshake;
+mod reconnect;
 
 /// Longest compensation the library honours (the host caps it lower).
 const MAX_COMPENSATION: Duration = Duration::from_millis(100);
@@ -171,9 +173,28 @@ impl Counters {
 
 /// A connection to the daemon. Cheap to share between threads (`&Connection` is `Sync`).
 pub struct Connection {
-    link: Box<dyn GuestLink>,
-    window: Arc<SharedWindow>,
-    guest_id: u64,
+    /// The transport and the window: replaced when the connection moves to another daemon
+    /// (restart, migration; see [`Connection::reconnect`]).
+    link: RwLock<Arc<dyn GuestLink>>,
+    window: RwLock<Arc<SharedWindow>>,
+    guest_id: AtomicU64,
+    /// How to reach the daemon again: the socket and the options (process guests).
+    origin: Mutex<Option<(std::path::PathBuf, ConnectOptions)>>,
+    /// The secret that resumes this session elsewhere (from the welcome).
+    resume: Mutex<Option<String>>,
+    /// Reconnect by itself for this long when the daemon goes away (`None`: never).
+    auto_reconnect: Mutex<Option<Duration>>,
+    /// One reconnect at a time.
+    reconnecting: Mutex<()>,
+    /// Closed by the application (never reconnects).
+    user_closed: AtomicBool,
+    /// Windows of daemons this connection left (CPU pointers into them stay mapped).
+    retired: Mutex<Vec<Arc<SharedWindow>>>,
+    /// Requests not completed yet, kept (while auto-reconnect is on) to be sent again to the
+    /// daemon the session moves to.
+    replay: Mutex<reconnect::Replay>,
+    /// Whether requests are kept in `replay`.
+    track: AtomicBool,
     coherence: String,
     devices: Vec<DeviceDesc>,
     next_seq: AtomicU64,
@@ -221,6 +242,7 @@ impl Connection {
             cq_entries: opts.cq_entries,
             token: opts.token.clone(),
             coherence: opts.coherence.clone(),
+            resume: None,
         }
     }
 
@@ -231,8 +253,10 @@ impl Connection {
                 layout,
                 coherence,
                 devices,
+                ..
             } => Ok((guest_id, layout, coherence, devices)),
             Reply::Refused { reason } => Err(GuestError::Refused(reason)),
+            Reply::Moved { socket } => Err(GuestError::Moved(socket)),
         }
     }
 
@@ -243,23 +267,11 @@ impl Connection {
             path: path.display().to_string(),
             source,
         })?;
-        send_json(&sock, &Self::hello_for(opts), None)?;
-        let (reply, fd): (Reply, _) = recv_json(&sock)?;
-        let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
-        let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
-        let window = Arc::new(SharedWindow::map_file(std::fs::File::from(fd), layout)?);
-        let sock = Arc::new(sock);
-        let (s1, s2) = (sock.clone(), sock);
-        let link = ShmLink::new(
-            window.clone(),
-            Box::new(FutexDoorbell::host_bell(&window, opts.spins)),
-            Box::new(FutexDoorbell::guest_bell(&window, opts.spins)),
-            Box::new(move || socket_hung_up(&s1)),
-            Box::new(move || {
-                let _ = s2.shutdown(std::net::Shutdown::Both);
-            }),
-        );
-        Self::with_link(Box::new(link), window, guest_id, coherence, devices)
+        let h = Self::handshake_unix(sock, opts, None)?;
+        let mut c = Self::with_link(h.link, h.window, h.guest_id, h.coherence, h.devices)?;
+        c.origin = Mutex::new(Some((path.to_path_buf(), opts.clone())));
+        *c.resume.lock().unwrap_or_else(|p| p.into_inner()) = h.resume;
+        Ok(c)
     }
 
     /// Connects to a daemon listening on TCP (remote guest). Bulk data goes in the stream;
@@ -287,9 +299,17 @@ impl Connection {
     ) -> Result<Self> {
         let cq_entries = window.layout().cq_entries;
         Ok(Connection {
-            link,
-            window,
-            guest_id,
+            link: RwLock::new(Arc::from(link)),
+            window: RwLock::new(window),
+            guest_id: AtomicU64::new(guest_id),
+            origin: Mutex::new(None),
+            resume: Mutex::new(None),
+            auto_reconnect: Mutex::new(None),
+            reconnecting: Mutex::new(()),
+            user_closed: AtomicBool::new(false),
+            retired: Mutex::new(Vec::new()),
+            replay: Mutex::new(reconnect::Replay::default()),
+            track: AtomicBool::new(false),
             coherence,
             devices,
             next_seq: AtomicU64::new(1),
@@ -319,7 +339,7 @@ impl Connection {
 
     /// The id the daemon gave this guest.
     pub fn guest_id(&self) -> u64 {
-        self.guest_id
+        self.guest_id.load(Ordering::SeqCst)
     }
 
     /// The devices the daemon offers (from the welcome).
@@ -332,9 +352,26 @@ impl Connection {
         &self.coherence
     }
 
-    /// The mapped window (for tests and tools that need raw access).
-    pub fn window(&self) -> &Arc<SharedWindow> {
-        &self.window
+    /// The mapped window (for tests and tools that need raw access). After a reconnect it
+    /// is the new daemon's window.
+    pub fn window(&self) -> Arc<SharedWindow> {
+        self.window
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn link(&self) -> Arc<dyn GuestLink> {
+        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The daemon behind `link` is gone: the connection is closed, unless `link` was already
+    /// replaced by a reconnect (another thread's).
+    fn mark_closed(&self, link: &Arc<dyn GuestLink>) {
+        let current = self.link.read().unwrap_or_else(|p| p.into_inner());
+        if Arc::ptr_eq(&*current, link) {
+            self.closed.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Puts a request on the submission ring; returns its sequence number. Blocks (reaping
@@ -408,11 +445,11 @@ impl Connection {
         payload: &[u8],
     ) -> Result<u64> {
         loop {
-            if self.closed.load(Ordering::SeqCst) {
+            if self.closed.load(Ordering::SeqCst) && !self.reconnect_if_allowed()? {
                 return Err(GuestError::Closed);
             }
             if self.in_flight() >= self.pacing_window() as u64 {
-                self.reap_once(Some(LIVENESS_CHECK))?;
+                self.reap_or_reconnect(Some(LIVENESS_CHECK))?;
                 continue;
             }
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
@@ -424,10 +461,11 @@ impl Connection {
                     .insert(seq);
             }
             self.submitted.fetch_add(1, Ordering::SeqCst);
-            let pushed = self
-                .link
-                .push(&Request::new(seq, opcode, device, args), payload);
-            if matches!(pushed, Ok(true)) {
+            let req = Request::new(seq, opcode, device, args);
+            let (link, epoch) = self.keep_for_replay(&req, payload);
+            let pushed = link.push(&req, payload);
+            if matches!(pushed, Ok(true)) || !self.unkeep(seq, epoch) {
+                // Pushed, or sent again by a reconnect meanwhile.
                 return Ok(seq);
             }
             self.submitted.fetch_sub(1, Ordering::SeqCst);
@@ -438,9 +476,16 @@ impl Connection {
                     .detached
                     .remove(&seq);
             }
-            pushed?;
+            if let Err(e) = pushed {
+                if matches!(e, GuestError::Closed) {
+                    // The daemon went away: the loop reconnects if allowed, else fails.
+                    self.mark_closed(&link);
+                    continue;
+                }
+                return Err(e);
+            }
             // Ring full: the host is behind. Help by reaping completions, then retry.
-            self.reap_once(Some(LIVENESS_CHECK))?;
+            self.reap_or_reconnect(Some(LIVENESS_CHECK))?;
         }
     }
 
@@ -461,41 +506,48 @@ impl Connection {
         let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
         r.reaping = false;
         if let Ok(batch) = &result {
-            self.completed
-                .fetch_add(batch.len() as u64, Ordering::SeqCst);
-            // One MIMD step per reaping round, driven by the deepest queue it reported.
-            if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
-                self.pacer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .on_feedback(depth);
-                self.max_depth.fetch_max(depth, Ordering::Relaxed);
-            }
-            for c in batch {
-                if r.detached.remove(&c.seq) {
-                    if c.status != Status::Ok as u32 {
-                        let st = Status::from_u32(c.status).unwrap_or(Status::Internal);
-                        r.async_errors.push((c.seq, st));
-                    }
-                } else {
-                    r.done.insert(c.seq, *c);
-                }
-            }
+            self.absorb(&mut r, batch);
         }
         self.reaped_cv.notify_all();
         result.map(|_| ())
     }
 
+    /// Books a batch of completions: counters, pacing, detached failures, waiters' results.
+    fn absorb(&self, r: &mut Reaped, batch: &[Completion]) {
+        self.forget_replayed(batch);
+        self.completed
+            .fetch_add(batch.len() as u64, Ordering::SeqCst);
+        // One MIMD step per reaping round, driven by the deepest queue it reported.
+        if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
+            self.pacer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .on_feedback(depth);
+            self.max_depth.fetch_max(depth, Ordering::Relaxed);
+        }
+        for c in batch {
+            if r.detached.remove(&c.seq) {
+                if c.status != Status::Ok as u32 {
+                    let st = Status::from_u32(c.status).unwrap_or(Status::Internal);
+                    r.async_errors.push((c.seq, st));
+                }
+            } else {
+                r.done.insert(c.seq, *c);
+            }
+        }
+    }
+
     fn reap_as_reaper(&self, timeout: Option<Duration>) -> Result<Vec<Completion>> {
-        let arrived = self.link.reap(timeout.unwrap_or(LIVENESS_CHECK));
+        let link = self.link();
+        let arrived = link.reap(timeout.unwrap_or(LIVENESS_CHECK));
         if arrived.is_err() {
-            self.closed.store(true, Ordering::SeqCst);
+            self.mark_closed(&link);
         }
         let mut batch = Vec::new();
         for (c, payload) in arrived? {
             if !payload.is_empty() {
                 // A remote CPU read: the bytes of the range, for the mirror window.
-                self.window.copy_in(c.values[0], &payload)?;
+                self.window().copy_in(c.values[0], &payload)?;
             }
             batch.push(c);
         }
@@ -511,7 +563,16 @@ impl Connection {
                     return Ok(c);
                 }
             }
-            self.reap_once(None)?;
+            self.reap_or_reconnect(None)?;
+        }
+    }
+
+    /// One reaping round; a daemon found gone is reconnected to when allowed (the requests
+    /// in flight are sent again there).
+    fn reap_or_reconnect(&self, timeout: Option<Duration>) -> Result<()> {
+        match self.reap_once(timeout) {
+            Err(GuestError::Closed) if self.reconnect_if_allowed()? => Ok(()),
+            r => r,
         }
     }
 
@@ -626,13 +687,14 @@ impl Connection {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, v[0].wrapping_sub(offset));
-            self.window.check(v[0], len).map_err(|_| {
+            let window = self.window();
+            window.check(v[0], len).map_err(|_| {
                 GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
                     "host returned a window offset outside the window",
                 ))
             })?;
             // SAFETY: offset and length were checked against the mapping above.
-            NonNull::new(unsafe { self.window.base_ptr().add(v[0] as usize) })
+            NonNull::new(unsafe { window.base_ptr().add(v[0] as usize) })
         } else {
             None
         };
@@ -655,7 +717,7 @@ impl Connection {
         len: u64,
         mode: AccessMode,
     ) -> Result<Access> {
-        let payload = if device == DeviceId::CPU && mode.writes() && !self.link.shares_window() {
+        let payload = if device == DeviceId::CPU && mode.writes() && !self.link().shares_window() {
             let base = self
                 .cpu_offsets
                 .lock()
@@ -665,7 +727,7 @@ impl Connection {
                 .ok_or_else(|| GuestError::BadArgument("end_access without begin_access".into()))?;
             let n = usize::try_from(len).map_err(|_| GuestError::BadArgument("length".into()))?;
             let mut bytes = vec![0u8; n];
-            self.window
+            self.window()
                 .copy_out(base.wrapping_add(offset), &mut bytes)?;
             bytes
         } else {
@@ -852,9 +914,9 @@ impl Connection {
     /// round trip only for fences beyond the page).
     pub fn fence_signaled(&self, f: Fence) -> Result<bool> {
         let id = FenceId::from_u64(f.0);
-        if id.index < PAGE_SLOTS && self.link.shares_window() {
+        if id.index < PAGE_SLOTS && self.link().shares_window() {
             let word = self
-                .window
+                .window()
                 .atomic_u32(FENCE_PAGE_OFFSET + slot_offset(id.index) as u64)?
                 .load(Ordering::Acquire);
             return Ok(slot_status(word, id) == FenceStatus::Signaled);
@@ -864,14 +926,15 @@ impl Connection {
 
     /// Hangs up. The daemon releases everything this guest held.
     pub fn close(&self) {
+        self.user_closed.store(true, Ordering::SeqCst);
         self.closed.store(true, Ordering::SeqCst);
-        self.link.close();
+        self.link().close();
     }
 
     /// Submits a raw request without waiting (for protocol tests).
     pub fn submit_raw(&self, req: Request) -> Result<()> {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        if !self.link.push(&req, &[])? {
+        if !self.link().push(&req, &[])? {
             self.submitted.fetch_sub(1, Ordering::SeqCst);
             return Err(GuestError::Status {
                 op: Opcode::Nop,

@@ -38,6 +38,8 @@ pub enum GuestError {
     Proto(#[from] virtsoc_proto::ProtoError),
     #[error("the daemon refused the connection: {0}")]
     Refused(String),
+    #[error("the session moved to the daemon on {0}")]
+    Moved(String),
     #[error("{op:?} failed: {}", status.message())]
     Status { op: Opcode, status: Status },
 }
@@ -47,9 +49,10 @@ impl GuestError {
     pub fn status(&self) -> Status {
         match self {
             GuestError::BadArgument(_) => Status::BadArgument,
-            GuestError::Closed | GuestError::Connect { .. } | GuestError::Refused(_) => {
-                Status::Closed
-            }
+            GuestError::Closed
+            | GuestError::Connect { .. }
+            | GuestError::Refused(_)
+            | GuestError::Moved(_) => Status::Closed,
             GuestError::Proto(_) | GuestError::Io(_) => Status::Internal,
             GuestError::Status { status, .. } => *status,
         }

@@ -141,6 +141,24 @@ impl Backend for ControlBackend {
         slot.device.control(op, args)
     }
 
+    fn snapshot_save(&self, id: u64, path: &str) -> Result<Value, ControlError> {
+        let r = crate::snapshot::save(&self.0, id, std::path::Path::new(path))
+            .map_err(|e| ControlError::Conflict(e.to_string()))?;
+        Ok(serde_json::to_value(r).unwrap_or(Value::Null))
+    }
+
+    fn migrate(&self, id: u64, to: &str, token: &str) -> Result<Value, ControlError> {
+        let r = crate::snapshot::migrate::migrate(&self.0, id, to, token)
+            .map_err(|e| ControlError::Conflict(e.to_string()))?;
+        Ok(serde_json::to_value(r).unwrap_or(Value::Null))
+    }
+
+    fn snapshot_load(&self, id: u64, path: &str) -> Result<Value, ControlError> {
+        let r = crate::snapshot::load(&self.0, std::path::Path::new(path), id)
+            .map_err(|e| ControlError::Conflict(e.to_string()))?;
+        Ok(serde_json::to_value(r).unwrap_or(Value::Null))
+    }
+
     fn kill(&self, id: u64) -> Result<(), ControlError> {
         if self.0.kill(id) {
             Ok(())

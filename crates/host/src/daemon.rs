@@ -53,6 +53,8 @@ pub struct DaemonConfig {
     pub test_dma_delay: Duration,
     /// What one guest may hold and ask for (regions, fences, queues, device objects...).
     pub limits: crate::Limits,
+    /// Where sessions are saved on SIGTERM and restored from for reconnecting guests.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for DaemonConfig {
@@ -70,6 +72,7 @@ impl Default for DaemonConfig {
             max_connections: 64,
             test_dma_delay: Duration::ZERO,
             limits: crate::Limits::default(),
+            state_dir: None,
         }
     }
 }
@@ -177,6 +180,8 @@ pub struct Daemon {
     connections: AtomicUsize,
     /// Each admitted guest's transport and coherence protocol (for the control API).
     guest_meta: Mutex<HashMap<u64, (&'static str, ProtocolKind)>>,
+    /// Resume secrets and sessions saved by a previous run (`--state-dir`).
+    restart: crate::snapshot::restart::Restart,
 }
 
 impl Daemon {
@@ -211,8 +216,13 @@ impl Daemon {
                 svm.set_allocator(*dom, a);
             }
         }
+        let restart = match &cfg.state_dir {
+            Some(dir) => crate::snapshot::restart::Restart::load(dir)?,
+            None => Default::default(),
+        };
         let devices = Arc::new(DeviceSet::start(svm.clone(), with_domains));
         Ok(Arc::new(Daemon {
+            restart,
             cfg,
             svm,
             devices,
@@ -238,6 +248,11 @@ impl Daemon {
     /// Number of connections being served (handshaking or admitted).
     pub fn connection_count(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Resume secrets and saved sessions.
+    pub fn restart(&self) -> &crate::snapshot::restart::Restart {
+        &self.restart
     }
 
     /// The configuration.
@@ -417,6 +432,10 @@ impl Daemon {
 
     /// Closes every session, waits (bounded) for their cleanup, and stops the devices.
     pub fn shutdown(&self) {
+        if let Some(dir) = &self.cfg.state_dir {
+            let n = self.restart.save_all(self, dir);
+            log::info!("{n} sessions saved to {}", dir.display());
+        }
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         for s in sessions.values() {
             s.close();
@@ -622,6 +641,7 @@ impl Daemon {
                     domain_id: s.domain.0,
                 })
                 .collect(),
+            resume: None,
         }
     }
 
@@ -639,6 +659,7 @@ impl Daemon {
             departed.retain(|(w, _)| w.strong_count() > 0);
             departed.push((Arc::downgrade(&s), Instant::now()));
         }
+        self.restart.forget(guest_id);
         self.guest_meta
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -697,7 +718,30 @@ impl Daemon {
         // Registered before the guest hears it was admitted, so that anything it does next
         // (or a control request about it) finds its session.
         self.register(&session);
-        if let Err(e) = send_json(&stream, &self.welcome(&a), Some(a.window.fd())) {
+        let mut welcome = self.welcome(&a);
+        match self.restart.admit(&self, &session, hello.resume.as_deref()) {
+            Ok(secret) => {
+                if let Reply::Welcome { resume, .. } = &mut welcome {
+                    *resume = Some(secret);
+                }
+            }
+            Err(refusal) => {
+                // Answered before the session's close hangs the socket up.
+                match refusal {
+                    crate::snapshot::restart::Refusal::Refused(reason) => {
+                        Self::refuse(&stream, reason)
+                    }
+                    crate::snapshot::restart::Refusal::Moved(socket) => {
+                        let _ = send_json(&stream, &Reply::Moved { socket }, None);
+                    }
+                }
+                self.unregister(guest_id);
+                session.close();
+                self.svm.detach_guest(guest_id);
+                return;
+            }
+        }
+        if let Err(e) = send_json(&stream, &welcome, Some(a.window.fd())) {
             log::warn!("guest {guest_id}: handshake failed: {e}");
             self.unregister(guest_id);
             session.close();
@@ -846,7 +890,7 @@ pub(crate) struct Admitted {
 }
 
 /// Compares two byte strings in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = (a.len() != b.len()) as u8;
     for i in 0..a.len().max(b.len()) {
         diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
@@ -887,6 +931,7 @@ mod tests {
             cq_entries: 8,
             token: None,
             coherence: None,
+            resume: None,
         }
     }
 

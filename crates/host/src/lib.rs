@@ -6,7 +6,8 @@
 //! - [`vm`]: VM guests (ivshmem window, virtio-serial doorbells);
 //! - [`dispatch`]: decoding and validating requests;
 //! - [`fences`]: the guest-visible virtual fence page;
-//! - [`device`]: the device trait, device workers, and the devices themselves.
+//! - [`device`]: the device trait, device workers, and the devices themselves;
+//! - [`snapshot`]: saving and restoring guest sessions (snapshots, restarts, migration).
 
 pub mod clock;
 pub mod control;
@@ -17,6 +18,7 @@ pub mod fences;
 pub mod limits;
 pub mod link;
 pub mod session;
+pub mod snapshot;
 pub mod sync;
 pub mod view;
 pub mod vm;
@@ -35,6 +37,8 @@ pub enum HostError {
     Proto(#[from] virtsoc_proto::ProtoError),
     #[error("svm: {0}")]
     Svm(#[from] virtsoc_svm::SvmError),
+    #[error("snapshot: {0}")]
+    Snapshot(String),
 }
 
 /// Result type of this crate.

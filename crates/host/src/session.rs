@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
 use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
@@ -34,6 +35,9 @@ pub struct Session {
     commands: Mutex<HashMap<u32, u64>>,
     /// Items the guest may have waiting on one device.
     max_queued: usize,
+    /// Quiesce gate (snapshots, migration): (paused, a request is being dispatched).
+    gate: Mutex<(bool, bool)>,
+    gate_cv: Condvar,
 }
 
 impl Session {
@@ -59,7 +63,66 @@ impl Session {
             window,
             link,
             closed: AtomicBool::new(false),
+            gate: Mutex::new((false, false)),
+            gate_cv: Condvar::new(),
         })
+    }
+
+    /// Stops taking requests (quiesce): returns once no request is being dispatched; a
+    /// request taken off the link meanwhile waits until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 = true;
+        while g.1 && !self.is_closed() {
+            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Takes requests again after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner()).0 = false;
+        self.gate_cv.notify_all();
+    }
+
+    /// Waits until every command the guest queued on a device has completed (a fence
+    /// signal queued behind them on each queue fires), at most `timeout`; `Err` names the
+    /// devices that did not drain (e.g. a queue waiting on a fence nobody signals).
+    pub fn drain_queues(&self, timeout: Duration) -> Result<(), String> {
+        let queues: Vec<(u32, GuestQueue, Arc<DeviceSlot>)> = self
+            .queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(d, (q, s))| (*d, q.clone(), s.clone()))
+            .collect();
+        let mut marks = Vec::new();
+        for (dev, q, slot) in queues {
+            let f = self.fences.create().map_err(|e| e.to_string())?;
+            if q.push(QueueItem::Signal(f)).is_err() {
+                let _ = self.fences.signal(f);
+            }
+            slot.kick();
+            marks.push((dev, f));
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut stuck = Vec::new();
+        for (dev, f) in marks {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if self.fences.wait(f, Some(left)) != Ok(FenceStatus::Signaled) {
+                stuck.push(dev);
+            }
+            let _ = self.fences.release(f);
+        }
+        if stuck.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("device queues {stuck:?} did not drain"))
+        }
+    }
+
+    /// Whether the guest has not created a fence yet (a restore goes only into such a session).
+    pub fn is_fresh(&self) -> bool {
+        self.fences.stats().created == 0
     }
 
     /// The guest's id.
@@ -98,6 +161,9 @@ impl Session {
         }
         self.link.close();
         self.fences.cancel_all();
+        // Under the gate's lock, so a thread about to wait at the gate sees the close.
+        drop(self.gate.lock().unwrap_or_else(|p| p.into_inner()));
+        self.gate_cv.notify_all();
         let queues: Vec<_> = self
             .queues
             .lock()
@@ -131,7 +197,13 @@ impl Session {
     pub fn run(self: Arc<Self>, svm: Arc<SvmManager>, devices: Arc<DeviceSet>) {
         loop {
             match self.link.next() {
-                Ok(Some(inc)) => self.dispatch(inc, &svm, &devices),
+                Ok(Some(inc)) => {
+                    if !self.enter() {
+                        break;
+                    }
+                    self.dispatch(inc, &svm, &devices);
+                    self.leave();
+                }
                 Ok(None) => break,
                 Err(e) => {
                     log::warn!("guest {} ({}): {e}; closing", self.guest_id, self.name);
@@ -153,6 +225,21 @@ impl Session {
             self.guest_id,
             self.name
         );
+    }
+
+    /// Waits while the session is paused, then marks a dispatch under way; false once closed.
+    fn enter(&self) -> bool {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        while g.0 && !self.is_closed() {
+            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g.1 = true;
+        !self.is_closed()
+    }
+
+    fn leave(&self) {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner()).1 = false;
+        self.gate_cv.notify_all();
     }
 
     /// A CPU access of a remote guest: its bytes travel with the request (writes) or the

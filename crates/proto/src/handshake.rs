@@ -40,6 +40,10 @@ pub struct Hello {
     /// Coherence protocol requested for this guest's regions (`None`: the daemon's default).
     #[serde(default)]
     pub coherence: Option<String>,
+    /// Resume a saved session (daemon restart): the secret its welcome carried. The daemon
+    /// restores that session's regions and fences into this connection, or refuses.
+    #[serde(default)]
+    pub resume: Option<String>,
 }
 
 /// A device the daemon offers, as listed in the welcome.
@@ -67,9 +71,18 @@ pub enum Reply {
         /// The devices the daemon offers.
         #[serde(default)]
         devices: Vec<DeviceDesc>,
+        /// The secret that resumes this session after a daemon restart (`Hello::resume`),
+        /// when the daemon keeps sessions across restarts.
+        #[serde(default)]
+        resume: Option<String>,
     },
     Refused {
         reason: String,
+    },
+    /// The session a guest asked to resume lives in the daemon on this Unix socket now (it
+    /// migrated): the guest resumes it there.
+    Moved {
+        socket: String,
     },
 }
 
@@ -249,6 +262,7 @@ mod tests {
             cq_entries: 64,
             token: None,
             coherence: None,
+            resume: None,
         };
         let file = std::fs::File::open("/dev/null").unwrap();
         send_json(&a, &hello, Some(file.as_fd())).unwrap();

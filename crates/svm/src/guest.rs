@@ -263,6 +263,39 @@ impl GuestSvm {
         t.into_values().collect()
     }
 
+    /// The ids of the guest's regions (in no order).
+    pub(crate) fn region_ids(&self) -> Vec<u64> {
+        self.regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Adds a region under an id that must be free (imports), within the guest's limits.
+    pub(crate) fn insert_region_new(&self, id: u64, region: Arc<Region>) -> Result<()> {
+        let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        if t.contains_key(&id) {
+            return Err(SvmError::BadArgument(format!("region {id} exists")));
+        }
+        if t.len() as u64 >= self.max_regions {
+            return Err(SvmError::OutOfMemory);
+        }
+        t.insert(id, region);
+        Ok(())
+    }
+
+    /// The id the next allocation gets.
+    pub(crate) fn peek_next_id(&self) -> u64 {
+        self.next_region.load(Ordering::Relaxed)
+    }
+
+    /// Makes later allocations take ids from `next` on (never lowers the counter).
+    pub(crate) fn raise_next_id(&self, next: u64) {
+        self.next_region.fetch_max(next, Ordering::Relaxed);
+    }
+
     pub(crate) fn next_id(&self) -> u64 {
         self.next_region.fetch_add(1, Ordering::Relaxed)
     }

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod guest;
 pub mod ranges;
 pub mod region;
+pub mod snapshot;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +36,7 @@ pub use domain::{DomainId, DomainKind, Topology};
 pub use engine::CopyEngine;
 pub use guest::{CounterSnapshot, GuestSvm, LinkCount};
 pub use region::{AccessReport, Region, RegionKey, RegionMeta};
+pub use snapshot::RegionImage;
 
 use region::RegionCtx;
 
@@ -332,23 +334,7 @@ impl SvmManager {
     /// Allocates a region (no memory is committed until the first access); returns its id.
     pub fn alloc(&self, guest: u64, desc: AllocDesc) -> Result<(u64, RegionMeta)> {
         let g = self.guest(guest)?;
-        let (size, stride) = match desc.format {
-            Format::Blob => {
-                if desc.size == 0 || desc.size > (1 << 40) {
-                    return Err(SvmError::BadArgument(format!(
-                        "blob size {} out of range",
-                        desc.size
-                    )));
-                }
-                (desc.size, 0)
-            }
-            f => f.image_size(desc.width, desc.height).ok_or_else(|| {
-                SvmError::BadArgument(format!(
-                    "{}x{} does not fit format {:?}",
-                    desc.width, desc.height, f
-                ))
-            })?,
-        };
+        let (size, stride) = snapshot::layout_of(&desc)?;
         // Nothing the guest could ever back is promised: a region larger than its memory
         // limit is refused up front.
         if size > g.limit() {
@@ -434,6 +420,9 @@ impl SvmManager {
             protocol.end_access(&mut cx, a)?;
             Step::Done
         };
+        if a.mode.writes() {
+            cx.state.version += 1;
+        }
         report.copies += cx.report.copies;
         report.bytes += cx.report.bytes;
         report.coherence += cx.report.coherence;

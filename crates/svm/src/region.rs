@@ -62,6 +62,9 @@ pub struct RegionState {
     pub(crate) generation: u64,
     /// Asynchronous copies under way, by destination.
     pub(crate) inflight: BTreeMap<DomainId, Arc<CopyTicket>>,
+    /// Bumped at the begin and at the end of every writing access (bytes may change in
+    /// between): a migration's pre-copy resends the regions whose version moved.
+    pub(crate) version: u64,
 }
 
 /// The host's record of a region.

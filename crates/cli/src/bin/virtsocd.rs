@@ -74,6 +74,13 @@ struct Args {
     /// Directory for display snapshots (PNG).
     #[arg(long, default_value = "/tmp")]
     snapshot_dir: PathBuf,
+    /// Keep guest sessions across restarts: save every session here on SIGTERM, and restore
+    /// a saved session into the process guest that reconnects with its resume secret.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Accept live migrations of guest sessions on this TCP address (needs the token).
+    #[arg(long)]
+    migrate_listen: Option<std::net::SocketAddr>,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -154,6 +161,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         max_connections: usize::try_from(args.max_guests).unwrap_or(usize::MAX),
         test_dma_delay: std::time::Duration::from_millis(args.test_dma_delay_ms),
         token: token(&args)?,
+        state_dir: args.state_dir.clone(),
         limits: Limits {
             regions: args.limit_regions,
             fences: args.limit_fences,
@@ -214,6 +222,9 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     }
     for vm in &vms {
         virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
+    }
+    if let Some(addr) = args.migrate_listen {
+        virtsoc_host::snapshot::migrate::listen(&daemon, addr)?;
     }
     if args.print_ready {
         use std::io::Write;

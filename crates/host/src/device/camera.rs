@@ -422,6 +422,51 @@ impl Device for Camera {
         self.state().cameras.retain(|(g, _), _| *g != guest);
     }
 
+    /// Snapshots keep the guest's camera modes (format and size), reopened by a restore;
+    /// their frame counters start again at 0 (a file source from its start).
+    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+        let modes: Vec<[u32; 3]> = self
+            .state()
+            .cameras
+            .keys()
+            .filter(|(g, _)| *g == guest)
+            .map(|(_, (f, w, h))| {
+                let code = PixelFormat::ALL.iter().position(|x| x == f).unwrap_or(0) as u32;
+                [code, *w, *h]
+            })
+            .collect();
+        (!modes.is_empty()).then(|| serde_json::json!({ "modes": modes }))
+    }
+
+    fn import_guest(
+        &self,
+        guest: u64,
+        record: &serde_json::Value,
+    ) -> std::result::Result<(), String> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Record {
+            modes: Vec<[u32; 3]>,
+        }
+        let r: Record = serde_json::from_value(record.clone()).map_err(|e| e.to_string())?;
+        if r.modes.len() > MAX_MODES_PER_GUEST {
+            return Err(format!("{} camera modes", r.modes.len()));
+        }
+        for [code, w, h] in r.modes {
+            let f = *PixelFormat::ALL
+                .get(code as usize)
+                .ok_or_else(|| format!("camera format {code}"))?;
+            if !(2..=virtsoc_media::frame::MAX_DIMENSION).contains(&w)
+                || !(2..=virtsoc_media::frame::MAX_DIMENSION).contains(&h)
+            {
+                return Err(format!("camera mode {w}x{h}"));
+            }
+            self.camera_for(guest, (f, w, h))
+                .map_err(|s| format!("camera mode {w}x{h}: {}", s.message()))?;
+        }
+        Ok(())
+    }
+
     fn control(
         &self,
         op: &str,

@@ -219,6 +219,16 @@ pub trait Device: Send + Sync {
     ) -> Option<virtsoc_display::PresentedFrame> {
         None
     }
+    /// Snapshots: a record of the commands that created and configured `guest`'s objects on
+    /// this device (JSON), or `None` when it holds none worth keeping.
+    fn export_guest(&self, _guest: u64) -> Option<serde_json::Value> {
+        None
+    }
+    /// Snapshots: recreates `guest`'s objects from a record of
+    /// [`export_guest`](Self::export_guest) (untrusted input: validate it).
+    fn import_guest(&self, _guest: u64, _record: &serde_json::Value) -> Result<(), String> {
+        Ok(())
+    }
     /// Runs host control operation `op` (from the control API) with JSON `args`. Called from
     /// the control server's threads: it must take only short locks. By default no operation
     /// is supported.

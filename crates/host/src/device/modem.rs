@@ -180,12 +180,113 @@ impl Device for Modem {
         self.guests().remove(&guest);
     }
 
+    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+        let guests = self.guests();
+        let m = &guests.get(&guest)?.modem;
+        let sms: Vec<serde_json::Value> = m
+            .stored_messages()
+            .map(|s| serde_json::json!({ "from": s.from, "text": s.text }))
+            .collect();
+        let sig = m.signal();
+        Some(serde_json::json!({
+            "registration": m.registration().code(),
+            "signal": [sig.rssi, sig.ber],
+            "echo": m.echo(),
+            "sms": sms,
+        }))
+    }
+
+    fn import_guest(
+        &self,
+        guest: u64,
+        record: &serde_json::Value,
+    ) -> std::result::Result<(), String> {
+        snapshot::import(self, guest, record)
+    }
+
     fn control(
         &self,
         op: &str,
         args: &serde_json::Value,
     ) -> std::result::Result<serde_json::Value, virtsoc_control::ControlError> {
         self.control_op(op, args)
+    }
+}
+
+/// Snapshots: a guest's modem as a record (registration, signal, echo, stored SMS) and back.
+/// A call in progress and the read/unread state of stored messages are not kept: restored
+/// messages are unread, at indices from 1 in their original order.
+mod snapshot {
+    use serde::Deserialize;
+    use virtsoc_modem::{RegState, Signal};
+
+    use super::{GuestModem, Modem};
+
+    /// Longest SMS text or address kept.
+    const MAX_FIELD: usize = 1024;
+    /// Most stored messages kept.
+    const MAX_SMS: usize = 256;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Sms {
+        from: String,
+        text: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Record {
+        registration: u8,
+        signal: [u8; 2],
+        echo: bool,
+        sms: Vec<Sms>,
+    }
+
+    fn reg_state(code: u8) -> Result<RegState, String> {
+        Ok(match code {
+            0 => RegState::NotRegistered,
+            1 => RegState::Home,
+            2 => RegState::Searching,
+            3 => RegState::Denied,
+            4 => RegState::Unknown,
+            5 => RegState::Roaming,
+            c => return Err(format!("registration state {c}")),
+        })
+    }
+
+    pub(super) fn import(m: &Modem, guest: u64, v: &serde_json::Value) -> Result<(), String> {
+        let r: Record = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+        let registration = reg_state(r.registration)?;
+        let signal = Signal {
+            rssi: r.signal[0],
+            ber: r.signal[1],
+        };
+        if !signal.is_valid() {
+            return Err("signal out of range".into());
+        }
+        if r.sms.len() > MAX_SMS
+            || r.sms
+                .iter()
+                .any(|s| s.from.len() > MAX_FIELD || s.text.len() > MAX_FIELD)
+        {
+            return Err("too many or too long stored messages".into());
+        }
+        let mut cfg = m.new_guest_modem().modem.config().clone();
+        cfg.echo = r.echo;
+        cfg.registration = RegState::Home;
+        cfg.signal = signal;
+        let mut gm = GuestModem::new(cfg);
+        for s in &r.sms {
+            gm.modem
+                .deliver_sms(&s.from, &s.text)
+                .map_err(|e| format!("stored message: {e}"))?;
+        }
+        gm.modem.set_registered(registration);
+        // The guest saw these messages arrive before: no new notifications.
+        let _ = gm.modem.take_output();
+        m.guests().insert(guest, gm);
+        Ok(())
     }
 }
 

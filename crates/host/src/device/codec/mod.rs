@@ -132,6 +132,8 @@ enum Session {
 struct Open {
     session: Session,
     threads: usize,
+    /// The command that opened it (replayed by a restore, see [`replay`]).
+    record: replay::Opened,
 }
 
 #[derive(Default)]
@@ -165,25 +167,40 @@ impl State {
         Ok(())
     }
 
+    /// Opens a session under the next handle, or under handle `at` (a restore).
     fn open(
         &mut self,
         limits: &Limits,
         guest: u64,
-        s: Session,
+        (s, record): (Session, replay::Opened),
         threads: usize,
+        at: Option<u64>,
     ) -> std::result::Result<u64, Status> {
         self.admit(limits, guest, threads)?;
         let last = self.last_handle.entry(guest).or_insert(0);
-        *last += 1;
+        let handle = match at {
+            Some(h) if h == 0 || self.sessions.contains_key(&(guest, h)) => {
+                return Err(Status::BadArgument)
+            }
+            Some(h) => {
+                *last = (*last).max(h);
+                h
+            }
+            None => {
+                *last += 1;
+                *last
+            }
+        };
         self.threads += threads;
         self.sessions.insert(
-            (guest, *last),
+            (guest, handle),
             Open {
                 session: s,
                 threads,
+                record,
             },
         );
-        Ok(*last)
+        Ok(handle)
     }
 
     fn remove(&mut self, key: &(u64, u64)) -> Option<Session> {
@@ -280,6 +297,16 @@ impl Codec {
     }
 
     fn open_decoder(&self, guest: u64, c: api::OpenDecoder) -> DeviceResult {
+        let handle = self.open_decoder_at(guest, c, None)?;
+        Ok(api::OpenDecoderReply { handle }.to_values())
+    }
+
+    fn open_decoder_at(
+        &self,
+        guest: u64,
+        c: api::OpenDecoder,
+        at: Option<u64>,
+    ) -> std::result::Result<u64, Status> {
         let kind = codec_of(c.kind).ok_or(Status::BadArgument)?;
         let out = match u32::try_from(c.format).ok().and_then(Format::from_u32) {
             Some(Format::Nv12) => PixelFormat::Nv12,
@@ -307,17 +334,25 @@ impl Codec {
         let handle = st.open(
             &self.limits,
             guest,
-            Session::Decoder(DecoderSession {
-                decoder: Box::new(decoder),
-                ready: VecDeque::new(),
-            }),
+            (
+                Session::Decoder(DecoderSession {
+                    decoder: Box::new(decoder),
+                    ready: VecDeque::new(),
+                }),
+                replay::Opened::Decoder {
+                    kind: c.kind,
+                    format: c.format,
+                    threads: c.threads,
+                },
+            ),
             threads,
+            at,
         )?;
         log::info!(
             "codec: guest {guest} opened {} decoder {handle} ({out:?}, {threads} threads)",
             kind.name()
         );
-        Ok(api::OpenDecoderReply { handle }.to_values())
+        Ok(handle)
     }
 
     fn decode(&self, cx: &DeviceCtx<'_>, c: api::Decode) -> DeviceResult {
@@ -423,6 +458,16 @@ impl Codec {
     }
 
     fn open_encoder(&self, guest: u64, c: api::OpenEncoder) -> DeviceResult {
+        let handle = self.open_encoder_at(guest, c, None)?;
+        Ok(api::OpenEncoderReply { handle }.to_values())
+    }
+
+    fn open_encoder_at(
+        &self,
+        guest: u64,
+        c: api::OpenEncoder,
+        at: Option<u64>,
+    ) -> std::result::Result<u64, Status> {
         let dim = |v: u64| {
             u32::try_from(v)
                 .ok()
@@ -446,19 +491,28 @@ impl Codec {
         let handle = st.open(
             &self.limits,
             guest,
-            Session::Encoder(EncoderSession {
-                encoder,
-                width,
-                height,
-            }),
+            (
+                Session::Encoder(EncoderSession {
+                    encoder,
+                    width,
+                    height,
+                }),
+                replay::Opened::Encoder {
+                    width: c.width,
+                    height: c.height,
+                    fps: c.fps,
+                    bitrate: c.bitrate,
+                },
+            ),
             ENCODER_THREADS,
+            at,
         )?;
         log::info!(
             "codec: guest {guest} opened {name} encoder {handle} ({width}x{height} at {} fps, {} bit/s)",
             c.fps,
             c.bitrate
         );
-        Ok(api::OpenEncoderReply { handle }.to_values())
+        Ok(handle)
     }
 
     fn encode(&self, cx: &DeviceCtx<'_>, c: api::Encode) -> DeviceResult {
@@ -548,6 +602,18 @@ impl Device for Codec {
         }
     }
 
+    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+        self.export(guest)
+    }
+
+    fn import_guest(
+        &self,
+        guest: u64,
+        record: &serde_json::Value,
+    ) -> std::result::Result<(), String> {
+        self.import(guest, record)
+    }
+
     fn guest_gone(&self, guest: u64) {
         let gone: Vec<Session> = {
             let mut st = self.state();
@@ -566,5 +632,6 @@ impl Device for Codec {
     }
 }
 
+mod replay;
 #[cfg(test)]
 mod tests;

@@ -441,6 +441,26 @@ impl Device for Display {
     fn control(&self, op: &str, args: &serde_json::Value) -> ControlResult {
         self.control_op(op, args)
     }
+
+    /// Snapshots keep whether the guest had the screen (its frames it presents again).
+    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+        (self.screen.foreground() == Some(guest)).then(|| serde_json::json!({ "foreground": true }))
+    }
+
+    fn import_guest(
+        &self,
+        guest: u64,
+        record: &serde_json::Value,
+    ) -> std::result::Result<(), String> {
+        match record.get("foreground").and_then(|v| v.as_bool()) {
+            Some(true) => {
+                self.screen.set_foreground(guest);
+                Ok(())
+            }
+            Some(false) => Ok(()),
+            None => Err("display record without `foreground`".into()),
+        }
+    }
 }
 
 fn config_error(e: vd::DisplayError) -> HostError {

@@ -1,0 +1,64 @@
+//! The handshake of a process guest: hello (resuming a saved session with its secret), the
+//! welcome with the window's memfd, the mapped window and the ring link over it.
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Reply};
+use virtsoc_proto::ring::FutexDoorbell;
+use virtsoc_proto::SharedWindow;
+
+use super::{socket_hung_up, ConnectOptions, Connection};
+use crate::link::{GuestLink, ShmLink};
+use crate::{GuestError, Result};
+
+/// What a handshake set up.
+pub(super) struct Handshake {
+    pub(super) link: Box<dyn GuestLink>,
+    pub(super) window: Arc<SharedWindow>,
+    pub(super) guest_id: u64,
+    pub(super) coherence: String,
+    pub(super) devices: Vec<DeviceDesc>,
+    pub(super) resume: Option<String>,
+}
+
+impl Connection {
+    /// The handshake of a process guest on `sock` (resuming a saved session with `resume`):
+    /// the mapped window and the link over it.
+    pub(super) fn handshake_unix(
+        sock: UnixStream,
+        opts: &ConnectOptions,
+        resume: Option<String>,
+    ) -> Result<Handshake> {
+        let mut hello = Self::hello_for(opts);
+        hello.resume = resume;
+        send_json(&sock, &hello, None)?;
+        let (reply, fd): (Reply, _) = recv_json(&sock)?;
+        let resume = match &reply {
+            Reply::Welcome { resume, .. } => resume.clone(),
+            _ => None,
+        };
+        let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
+        let fd = fd.ok_or_else(|| GuestError::Refused("welcome carried no window".into()))?;
+        let window = Arc::new(SharedWindow::map_file(std::fs::File::from(fd), layout)?);
+        let sock = Arc::new(sock);
+        let (s1, s2) = (sock.clone(), sock);
+        let link = ShmLink::new(
+            window.clone(),
+            Box::new(FutexDoorbell::host_bell(&window, opts.spins)),
+            Box::new(FutexDoorbell::guest_bell(&window, opts.spins)),
+            Box::new(move || socket_hung_up(&s1)),
+            Box::new(move || {
+                let _ = s2.shutdown(std::net::Shutdown::Both);
+            }),
+        );
+        Ok(Handshake {
+            link: Box::new(link),
+            window,
+            guest_id,
+            coherence,
+            devices,
+            resume,
+        })
+    }
+}

@@ -1,0 +1,229 @@
+//! Sessions that survive a daemon restart (`virtsocd --state-dir DIR`).
+//!
+//! Every admitted guest gets a *resume secret* in its welcome (128 random bits). On SIGTERM
+//! the daemon saves every session to `DIR/session-<prefix>.snap` (quiesced, and left paused
+//! so nothing the guest sends afterwards is lost silently: it is refused with the hang-up)
+//! before closing them. On start it reads and validates every such file; a file that fails
+//! is logged and left alone (never restored partially). A guest that reconnects with its
+//! secret (`Hello::resume`) gets its session restored into its new connection, with the
+//! same region ids, fence ids and bytes, and the file is removed; unclaimed sessions stay
+//! parked (and on disk) until claimed.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::image::SessionImage;
+use crate::session::Session;
+use crate::Daemon;
+
+/// Resume secrets of live sessions and the saved sessions waiting for their guest.
+#[derive(Default)]
+pub struct Restart {
+    /// Guest id -> its resume secret.
+    tokens: Mutex<HashMap<u64, String>>,
+    /// Resume secret -> the saved session and its file (none for a migrated session).
+    parked: Mutex<HashMap<String, (Option<PathBuf>, SessionImage)>>,
+    /// Resume secret -> the Unix socket of the daemon the session migrated to.
+    moved: Mutex<HashMap<String, String>>,
+}
+
+/// Why a guest is not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Refused, for this reason.
+    Refused(String),
+    /// Its session lives in the daemon on this socket now.
+    Moved(String),
+}
+
+/// A fresh resume secret: 128 bits from the kernel's CSPRNG, in hex.
+pub fn new_secret() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn file_for(dir: &Path, secret: &str) -> PathBuf {
+    // Only a prefix of the secret names the file (the rest stays secret to listings).
+    dir.join(format!("session-{}.snap", &secret[..secret.len().min(12)]))
+}
+
+impl Restart {
+    /// Reads every saved session in `dir` (creating it, mode 0700, if missing).
+    pub fn load(dir: &Path) -> crate::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let r = Restart::default();
+        let mut parked = r.parked.lock().unwrap_or_else(|p| p.into_inner());
+        for e in std::fs::read_dir(dir)?.filter_map(|e| e.ok()) {
+            let path = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("session-") && name.ends_with(".snap")) {
+                continue;
+            }
+            match super::read_image(&path) {
+                Ok(img) if img.guest.resume.len() >= 32 => {
+                    log::info!(
+                        "saved session of guest {} ({}) from {}: {} regions, waiting for its guest",
+                        img.guest.source_guest,
+                        img.guest.name,
+                        path.display(),
+                        img.regions.len()
+                    );
+                    parked.insert(img.guest.resume.clone(), (Some(path), img));
+                }
+                Ok(_) => log::error!("{}: no resume secret; not restored", path.display()),
+                Err(e) => log::error!("{}: {e}; not restored", path.display()),
+            }
+        }
+        drop(parked);
+        Ok(r)
+    }
+
+    /// Sessions waiting for their guest.
+    pub fn parked(&self) -> usize {
+        self.parked.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    /// The resume secret of guest `id`.
+    pub fn secret_of(&self, id: u64) -> Option<String> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Parks a session (from a migration) until its guest reconnects with its secret.
+    pub fn park(&self, secret: String, img: SessionImage) {
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&secret);
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(secret, (None, img));
+    }
+
+    /// Records that the session with `secret` moved to the daemon on `socket`.
+    pub fn moved(&self, secret: &str, socket: &str) {
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(secret.to_string(), socket.to_string());
+    }
+
+    /// Forgets guest `id`'s secret (its session ended).
+    pub fn forget(&self, id: u64) {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    /// Admits `session` (registered, not yet welcomed): with `resume`, restores the parked
+    /// session it names into it; returns the secret for its welcome. `Err` is the refusal.
+    pub fn admit(
+        &self,
+        daemon: &Daemon,
+        session: &Arc<Session>,
+        resume: Option<&str>,
+    ) -> Result<String, Refusal> {
+        let id = session.guest_id();
+        let secret = match resume {
+            None => new_secret()
+                .map_err(|e| Refusal::Refused(format!("cannot make a resume secret: {e}")))?,
+            Some(want) => {
+                let found = self
+                    .parked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(want);
+                let Some((path, img)) = found else {
+                    if let Some(to) = self
+                        .moved
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(want)
+                    {
+                        return Err(Refusal::Moved(to.clone()));
+                    }
+                    return Err(Refusal::Refused(
+                        "no saved session for this resume secret".into(),
+                    ));
+                };
+                match super::restore(daemon, id, &img) {
+                    Ok(r) => {
+                        log::info!(
+                            "guest {id} resumed the session of guest {} ({} regions)",
+                            img.guest.source_guest,
+                            r.regions
+                        );
+                        if let Some(path) = &path {
+                            let _ = std::fs::remove_file(path);
+                        }
+                        want.to_string()
+                    }
+                    Err(e) => {
+                        let msg = format!("saved session not restored: {e}");
+                        self.parked
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(want.to_string(), (path, img));
+                        return Err(Refusal::Refused(msg));
+                    }
+                }
+            }
+        };
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, secret.clone());
+        Ok(secret)
+    }
+
+    /// Saves every live session to `dir`, leaving each paused (the daemon is stopping).
+    /// Returns how many were saved; a session that fails is logged and lost alone.
+    pub fn save_all(&self, daemon: &Daemon, dir: &Path) -> usize {
+        let mut saved = 0;
+        // Sessions that migrated in and whose guest has not arrived yet live only in memory.
+        for (secret, (path, img)) in self.parked.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if path.is_none() {
+                let file = file_for(dir, secret);
+                match super::write_image(&file, img) {
+                    Ok(_) => saved += 1,
+                    Err(e) => log::error!("{}: parked session not saved: {e}", file.display()),
+                }
+            }
+        }
+        for s in daemon.sessions() {
+            if s.is_closed() {
+                continue;
+            }
+            let id = s.guest_id();
+            let Some(secret) = self.secret_of(id) else {
+                continue;
+            };
+            let path = file_for(dir, &secret);
+            match super::save_session(daemon, &s, &path, &secret, false) {
+                Ok(r) => {
+                    log::info!(
+                        "guest {id}: session saved to {} ({} regions, {} bytes)",
+                        path.display(),
+                        r.regions,
+                        r.file_bytes
+                    );
+                    saved += 1;
+                }
+                Err(e) => log::error!("guest {id}: session not saved: {e}"),
+            }
+        }
+        saved
+    }
+}
