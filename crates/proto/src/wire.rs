@@ -94,9 +94,17 @@ macro_rules! u32_enum {
         pub enum $name { $($(#[$vm])* $v = $n),* }
 
         impl $name {
+            /// Every value, in declaration order (the C header generator lists them).
+            pub const ALL: &'static [$name] = &[$($name::$v),*];
+
             /// Decodes a raw value, `None` if unknown.
             pub fn from_u32(v: u32) -> Option<Self> {
                 match v { $($n => Some($name::$v),)* _ => None }
+            }
+
+            /// The variant's name as declared (`Yuv420p`).
+            pub fn name(self) -> &'static str {
+                match self { $($name::$v => stringify!($v),)* }
             }
         }
     };
