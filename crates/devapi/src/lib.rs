@@ -200,6 +200,12 @@ devices! {
         fn encode(handle: handle, frame: region_r, pts: u64, out: region_w) -> (bytes, keyframe, out_pts) = 6;
         /// Closes a decoder or encoder.
         fn close(handle: handle) -> () = 7;
+        /// A decoder's picture size: `width` x `height` of the picture `receive_frame` delivers
+        /// next (the oldest waiting one; with none waiting, the last decoded one; 0 x 0 before
+        /// the first), its `format` (the decoder's output format) and `changes`, how many times
+        /// the size changed between consecutive decoded pictures. Call it before
+        /// `receive_frame` and reallocate the frame region when the size differs.
+        fn stream_info(handle: handle) -> (width, height, format, changes) = 8;
     }
 
     /// Image signal processor: colour conversion and scaling between the regions' formats.
