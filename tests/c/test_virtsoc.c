@@ -165,6 +165,29 @@ int main(int argc, char **argv) {
           "stream_info before the first picture: 0x0");
     CHECK(virtsoc_codec_stream_info(c, dec + 100, &w, &h, &fmt, &changes) == VIRTSOC_E_BAD_ARGUMENT,
           "stream_info of an unknown handle");
+
+    /* Device errors carry the device's reason to virtsoc_last_error. */
+    uint64_t bs = 0;
+    CHECK(virtsoc_alloc(c, 3000, 0, 0, VIRTSOC_FORMAT_BLOB, 0, &bs, NULL) == 0, "alloc a bitstream");
+    CHECK(virtsoc_begin_access(c, bs, VIRTSOC_DEVICE_CPU, 0, 3000, VIRTSOC_WRITE, &p) == 0 && p != NULL,
+          "begin CPU write of junk");
+    if (p) {
+        /* Bytes without a single NAL unit: libavcodec rejects the packet. */
+        for (uint32_t i = 0; i < 3000; i++) ((uint8_t *)p)[i] = (uint8_t)((i * 7 + 0xa5) | 0x80);
+    }
+    CHECK(virtsoc_end_access(c, bs, VIRTSOC_DEVICE_CPU, 0, 3000, VIRTSOC_WRITE) == 0, "end CPU write of junk");
+    CHECK(virtsoc_begin_access(c, bs, VIRTSOC_DEVICE_CODEC, 0, 3000, VIRTSOC_READ, NULL) == 0,
+          "begin codec read");
+    rc = virtsoc_codec_decode(c, dec, bs, 3000, 0, NULL);
+    printf("     last error: %s\n", virtsoc_last_error());
+    CHECK(rc == VIRTSOC_E_DEVICE && strstr(virtsoc_last_error(), "device error: h264") != NULL,
+          "a corrupt packet: VIRTSOC_E_DEVICE with the decoder's reason");
+    rc = virtsoc_codec_decode(c, dec, bs, 3001, 0, NULL);
+    printf("     last error: %s\n", virtsoc_last_error());
+    CHECK(rc == VIRTSOC_E_OUT_OF_RANGE && strstr(virtsoc_last_error(), "len 3001 > bitstream's 3000 bytes") != NULL,
+          "a length past the region: VIRTSOC_E_OUT_OF_RANGE with the lengths");
+    CHECK(virtsoc_end_access(c, bs, VIRTSOC_DEVICE_CODEC, 0, 3000, VIRTSOC_READ) == 0, "end codec read");
+    CHECK(virtsoc_free(c, bs) == 0, "free the bitstream");
     CHECK(virtsoc_codec_close(c, dec) == 0, "close the decoder");
 
     /* Errors. */

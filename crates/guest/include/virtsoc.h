@@ -41,6 +41,9 @@
  *   VIRTSOC_E_DEVICE         the device failed on the data (a corrupt packet); the session
  *                            stays usable
  *   VIRTSOC_E_CLOSED         the daemon is gone
+ * When the device says why (a decoder's message, the sizes that do not match), the reason
+ * (at most 48 bytes) ends virtsoc_last_error()'s message, e.g.
+ * "DeviceCmd failed: offset or length out of range: len 3001 > bitstream's 3000 bytes".
  *
  * The constants below are checked against the Rust protocol definitions by the library's
  * test suite.

@@ -256,6 +256,7 @@ pub unsafe extern "C" fn virtsoc_region_info(
         let info = c.region(id).ok_or(GuestError::Status {
             op: virtsoc_proto::Opcode::Alloc,
             status: Status::NoSuchRegion,
+            reason: Some(format!("region {id} is not one of this connection's")),
         })?;
         // SAFETY: forwarded caller guarantees.
         unsafe { put_region(out, &info) }

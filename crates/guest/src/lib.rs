@@ -40,8 +40,13 @@ pub enum GuestError {
     Proto(#[from] virtsoc_proto::ProtoError),
     #[error("the daemon refused the connection: {0}")]
     Refused(String),
-    #[error("{op:?} failed: {}", status.message())]
-    Status { op: Opcode, status: Status },
+    /// The host answered with an error status, and with the device's reason when it gave one.
+    #[error("{op:?} failed: {}{}", status.message(), reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Status {
+        op: Opcode,
+        status: Status,
+        reason: Option<String>,
+    },
 }
 
 impl GuestError {

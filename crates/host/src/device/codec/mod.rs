@@ -20,9 +20,10 @@
 //! make the daemon hoard frames. `stream_info` tells the size of the picture `receive_frame`
 //! delivers next (and how many times the size changed), so a guest sizes its frame region
 //! before receiving, and again on a resolution change. A corrupt packet fails that call with
-//! [`Status::DeviceError`]; the decoder stays usable and later packets decode. `flush` drains
-//! the pictures the decoder still holds (reordering, frame threads) at the end of a stream,
-//! after which a new stream may follow.
+//! [`Status::DeviceError`] (the decoder's message goes to the guest as the reason); the
+//! decoder stays usable and later packets decode. `flush` drains the pictures the decoder
+//! still holds (reordering, frame threads) at the end of a stream, after which a new stream
+//! may follow.
 //!
 //! Encoding: `encode` takes an NV12 or YUV420P region of the encoder's size and writes the
 //! Annex-B packet(s) it produces into the `out` region (SPS and PPS in band on keyframes). If
@@ -98,6 +99,15 @@ pub fn media_status(e: &MediaError) -> Status {
         | MediaError::NoFrames(_)
         | MediaError::File { .. }
         | MediaError::Ffmpeg { .. } => Status::DeviceError,
+    }
+}
+
+/// The reason a guest sees for a media backend error (as short as the completion's room
+/// allows: the decoder's own message without the generic prefixes).
+fn media_reason(e: &MediaError) -> String {
+    match e {
+        MediaError::Decode(m) | MediaError::Encode(m) => m.trim_start_matches("ffmpeg-").into(),
+        e => e.to_string(),
     }
 }
 
@@ -362,7 +372,8 @@ impl Codec {
     fn decode(&self, cx: &DeviceCtx<'_>, c: api::Decode) -> DeviceResult {
         let meta = cx.meta(c.bitstream)?;
         if c.len > meta.size {
-            return Err(Status::OutOfRange);
+            let why = format!("len {} > bitstream's {} bytes", c.len, meta.size);
+            return Err(cx.fail(Status::OutOfRange, why));
         }
         let len = usize::try_from(c.len).map_err(|_| Status::OutOfRange)?;
         let mut st = self.state();
@@ -389,7 +400,7 @@ impl Codec {
             Err(MediaError::BufferTooSmall { .. }) => Err(Status::OutOfRange),
             Err(e) => {
                 log::debug!("codec: guest {}: decoder {}: {e}", cx.guest, c.handle);
-                Err(media_status(&e))
+                Err(cx.fail(media_status(&e), media_reason(&e)))
             }
         }
     }
@@ -420,7 +431,11 @@ impl Codec {
                 layout.width,
                 layout.height
             );
-            return Err(Status::BadArgument);
+            let why = format!(
+                "picture {:?} {}x{}, region {:?} {}x{}",
+                fl.format, fl.width, fl.height, layout.format, layout.width, layout.height
+            );
+            return Err(cx.fail(Status::BadArgument, why));
         }
         let t0 = std::time::Instant::now();
         cx.with_region(c.frame, |bytes| {
@@ -524,7 +539,7 @@ impl Codec {
             })?
             .map_err(|e| {
                 log::debug!("codec: guest {}: encoder {}: {e}", cx.guest, c.handle);
-                media_status(&e)
+                cx.fail(media_status(&e), media_reason(&e))
             })?;
         let total: usize = packets.iter().map(|p| p.data.len()).sum();
         if total as u64 > out_size {
