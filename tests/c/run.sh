@@ -55,6 +55,10 @@ for name in plain bframes change; do
     echo "FAIL c-decoder: $name: the decoder failed"; cat "$build/$name.decode.log"; status=1
   elif [ ! -s "$want" ] || ! diff -u "$want" "$got"; then
     echo "FAIL c-decoder: $name: frames differ from ffmpeg -f framemd5 ($want, $got)"; status=1
+  elif [ "$name" = change ] && ! grep -q "resolution change 1: 176x144 from frame 30" \
+      "$build/$name.decode.log"; then
+    echo "FAIL c-decoder: stream_info did not report the change to 176x144 at frame 30"
+    cat "$build/$name.decode.log"; status=1
   else
     echo "ok   c-decoder: $name.h264: $(wc -l < "$got") frames bit-exact against ffmpeg -f framemd5"
   fi

@@ -23,7 +23,8 @@
  *   before the command that uses it and ended after it.
  * - Ownership: the connection owns its regions, fences and device sessions (decoder
  *   handles...); virtsoc_disconnect releases them all on the host. Region ids and handles are
- *   private to the connection that made them (another guest's id is VIRTSOC_E_NO_SUCH_REGION).
+ *   private to the connection that made them (another's region id is VIRTSOC_E_NO_SUCH_REGION,
+ *   another's handle VIRTSOC_E_BAD_ARGUMENT).
  * - Devices: a command reads or writes its region arguments on its own device, so each region
  *   argument is bracketed by virtsoc_begin_access / virtsoc_end_access naming THAT device
  *   (VIRTSOC_DEVICE_CODEC around virtsoc_codec_decode's bitstream, for instance), with the
