@@ -12,6 +12,19 @@
 
 static int passed, failed;
 
+/* The hand-written constants of virtsoc.h equal the generated enums of virtsoc_devices.h
+ * (which the devapi tests check against the Rust definitions). */
+_Static_assert(VIRTSOC_FMT_BLOB == VIRTSOC_FORMAT_BLOB, "blob");
+_Static_assert(VIRTSOC_FMT_RGBA8 == VIRTSOC_FORMAT_RGBA8, "rgba8");
+_Static_assert(VIRTSOC_FMT_BGRA8 == VIRTSOC_FORMAT_BGRA8, "bgra8");
+_Static_assert(VIRTSOC_FMT_NV12 == VIRTSOC_FORMAT_NV12, "nv12");
+_Static_assert(VIRTSOC_FMT_YUV420P == VIRTSOC_FORMAT_YUV420P, "yuv420p");
+_Static_assert(VIRTSOC_FMT_YUYV == VIRTSOC_FORMAT_YUYV, "yuyv");
+_Static_assert(VIRTSOC_DEV_CPU == VIRTSOC_DEVICE_CPU, "cpu");
+_Static_assert(VIRTSOC_DEV_PRODUCER == VIRTSOC_DEVICE_PRODUCER, "producer");
+_Static_assert(VIRTSOC_DEV_CONSUMER == VIRTSOC_DEVICE_CONSUMER, "consumer");
+_Static_assert(VIRTSOC_DEV_CONSUMER2 == VIRTSOC_DEVICE_CONSUMER2, "consumer2");
+
 #define CHECK(cond, what)                                                                    \
     do {                                                                                     \
         if (cond) {                                                                          \
@@ -100,6 +113,82 @@ int main(int argc, char **argv) {
     CHECK(virtsoc_end_access(c, id, VIRTSOC_DEV_CONSUMER, 0, size, VIRTSOC_READ) == 0, "end consumer read (fenced)");
     CHECK(virtsoc_fence_signaled(c, fence, &sig) == 0 && sig == 1, "signaled fence reads signaled");
     CHECK(virtsoc_fence_release(c, fence) == 0, "fence release");
+
+    /* Frame regions report their layout. */
+    struct virtsoc_region r, q;
+    memset(&r, 0xAB, sizeof r);
+    rc = virtsoc_alloc_frame(c, 320, 240, VIRTSOC_FORMAT_YUV420P, VIRTSOC_USAGE_CPU_READ, &r);
+    CHECK(rc == 0 && r.id != 0 && r.width == 320 && r.height == 240 &&
+              r.format == VIRTSOC_FORMAT_YUV420P && r.stride >= 320 && r.plane_count == 3,
+          "alloc_frame: a 320x240 YUV420P frame with three planes");
+    CHECK(r.planes[0].offset == 0 && r.planes[0].stride == r.stride && r.planes[0].row_bytes == 320 &&
+              r.planes[0].rows == 240,
+          "alloc_frame: the Y plane");
+    CHECK(r.planes[1].offset == (uint64_t)r.stride * 240 && r.planes[1].stride == r.stride / 2 &&
+              r.planes[1].row_bytes == 160 && r.planes[1].rows == 120 &&
+              r.planes[2].offset == r.planes[1].offset + (uint64_t)r.planes[1].stride * 120 &&
+              r.planes[2].stride == r.stride / 2 && r.planes[2].rows == 120,
+          "alloc_frame: the U and V planes follow");
+    CHECK(r.planes[2].offset + (uint64_t)r.planes[2].stride * r.planes[2].rows <= r.size &&
+              r.planes[3].offset == 0 && r.planes[3].stride == 0 && r.reserved == 0,
+          "alloc_frame: the planes fit the size, unused ones are zero");
+    CHECK(virtsoc_region_info(c, r.id, &q) == 0 && memcmp(&q, &r, sizeof q) == 0,
+          "region_info reports the same layout");
+    CHECK(virtsoc_free(c, r.id) == 0, "free the frame");
+    rc = virtsoc_alloc_frame(c, 64, 48, VIRTSOC_FORMAT_NV12, 0, &r);
+    CHECK(rc == 0 && r.plane_count == 2 && r.planes[1].offset == (uint64_t)r.stride * 48 &&
+              r.planes[1].stride == r.stride && r.planes[1].rows == 24 && r.size == 64u * 48u * 3u / 2u,
+          "alloc_frame: NV12 has Y and interleaved UV");
+    CHECK(virtsoc_free(c, r.id) == 0, "free the NV12 frame");
+    uint64_t blob = 0;
+    CHECK(virtsoc_alloc(c, 4096, 0, 0, VIRTSOC_FMT_BLOB, 0, &blob, NULL) == 0 &&
+              virtsoc_region_info(c, blob, &q) == 0 && q.size == 4096 && q.plane_count == 0 &&
+              q.format == VIRTSOC_FORMAT_BLOB,
+          "region_info of a blob (virtsoc_alloc keeps its ABI)");
+    CHECK(virtsoc_alloc_frame(c, 64, 48, VIRTSOC_FORMAT_BLOB, 0, &r) == VIRTSOC_E_BAD_ARGUMENT,
+          "alloc_frame refuses a blob");
+    CHECK(virtsoc_alloc_frame(c, 63, 48, VIRTSOC_FORMAT_YUV420P, 0, &r) == VIRTSOC_E_BAD_ARGUMENT,
+          "alloc_frame refuses odd YUV dimensions");
+    CHECK(virtsoc_alloc_frame(c, 64, 48, VIRTSOC_FORMAT_RGBA8, 0, NULL) == VIRTSOC_E_BAD_ARGUMENT,
+          "alloc_frame refuses a null output");
+    CHECK(virtsoc_region_info(c, 0xdeadbeef, &q) == VIRTSOC_E_NO_SUCH_REGION &&
+              strlen(virtsoc_last_error()) > 0,
+          "region_info of an unknown id");
+    CHECK(virtsoc_free(c, blob) == 0, "free the blob");
+
+    /* A decoder's stream info before any packet. */
+    uint64_t dec = 0, w = 1, h = 1, fmt = 0, changes = 1;
+    CHECK(virtsoc_codec_open_decoder(c, VIRTSOC_CODEC_KIND_H264, VIRTSOC_FORMAT_YUV420P, 1, &dec) == 0,
+          "open an H.264 decoder");
+    CHECK(virtsoc_codec_stream_info(c, dec, &w, &h, &fmt, &changes) == 0 && w == 0 && h == 0 &&
+              fmt == VIRTSOC_FORMAT_YUV420P && changes == 0,
+          "stream_info before the first picture: 0x0");
+    CHECK(virtsoc_codec_stream_info(c, dec + 100, &w, &h, &fmt, &changes) == VIRTSOC_E_BAD_ARGUMENT,
+          "stream_info of an unknown handle");
+
+    /* Device errors carry the device's reason to virtsoc_last_error. */
+    uint64_t bs = 0;
+    CHECK(virtsoc_alloc(c, 3000, 0, 0, VIRTSOC_FORMAT_BLOB, 0, &bs, NULL) == 0, "alloc a bitstream");
+    CHECK(virtsoc_begin_access(c, bs, VIRTSOC_DEVICE_CPU, 0, 3000, VIRTSOC_WRITE, &p) == 0 && p != NULL,
+          "begin CPU write of junk");
+    if (p) {
+        /* Bytes without a single NAL unit: libavcodec rejects the packet. */
+        for (uint32_t i = 0; i < 3000; i++) ((uint8_t *)p)[i] = (uint8_t)((i * 7 + 0xa5) | 0x80);
+    }
+    CHECK(virtsoc_end_access(c, bs, VIRTSOC_DEVICE_CPU, 0, 3000, VIRTSOC_WRITE) == 0, "end CPU write of junk");
+    CHECK(virtsoc_begin_access(c, bs, VIRTSOC_DEVICE_CODEC, 0, 3000, VIRTSOC_READ, NULL) == 0,
+          "begin codec read");
+    rc = virtsoc_codec_decode(c, dec, bs, 3000, 0, NULL);
+    printf("     last error: %s\n", virtsoc_last_error());
+    CHECK(rc == VIRTSOC_E_DEVICE && strstr(virtsoc_last_error(), "device error: h264") != NULL,
+          "a corrupt packet: VIRTSOC_E_DEVICE with the decoder's reason");
+    rc = virtsoc_codec_decode(c, dec, bs, 3001, 0, NULL);
+    printf("     last error: %s\n", virtsoc_last_error());
+    CHECK(rc == VIRTSOC_E_OUT_OF_RANGE && strstr(virtsoc_last_error(), "len 3001 > bitstream's 3000 bytes") != NULL,
+          "a length past the region: VIRTSOC_E_OUT_OF_RANGE with the lengths");
+    CHECK(virtsoc_end_access(c, bs, VIRTSOC_DEVICE_CODEC, 0, 3000, VIRTSOC_READ) == 0, "end codec read");
+    CHECK(virtsoc_free(c, bs) == 0, "free the bitstream");
+    CHECK(virtsoc_codec_close(c, dec) == 0, "close the decoder");
 
     /* Errors. */
     CHECK(virtsoc_begin_access(c, id, VIRTSOC_DEV_CPU, 0, size, 7, &p) == VIRTSOC_E_BAD_ARGUMENT,

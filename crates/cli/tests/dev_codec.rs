@@ -338,7 +338,10 @@ fn a_corrupt_packet_fails_alone() {
         if i == FRAMES / 2 {
             // Bytes without a single NAL unit: libavcodec rejects the packet.
             let junk: Vec<u8> = (0..3000u32).map(|x| (x * 7 + 0xa5) as u8 | 0x80).collect();
-            assert_eq!(status_of(s.decode(&junk, 1000)), Status::DeviceError);
+            let e = s.decode(&junk, 1000).unwrap_err();
+            // The decoder's reason comes with the status.
+            assert!(e.to_string().contains("device error: h264"), "{e}");
+            assert_eq!(status_of::<()>(Err(e)), Status::DeviceError);
         }
         s.decode(p, i as u64).unwrap();
         s.receive_all(&mut got);
@@ -445,6 +448,17 @@ fn handles_regions_and_bounds_are_checked() {
             "region {region}"
         );
     }
+    let e = c
+        .command_with_access(&codec::ReceiveFrame {
+            handle: s.handle,
+            frame: small.id,
+        })
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("picture Nv12 320x240, region Nv12 160x120"),
+        "the reason names both sizes: {e}"
+    );
     let mut got = Vec::new();
     s.receive_all(&mut got);
     assert!(got.len() >= 16);

@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Status};
 
-use crate::{ConnectOptions, Connection, GuestError, Result};
+use crate::{ConnectOptions, Connection, GuestError, RegionInfo, Result};
 
 /// Opaque connection handle for C.
 pub struct VirtsocConn(Connection);
@@ -140,6 +140,126 @@ pub unsafe extern "C" fn virtsoc_alloc(
             }
         }
         Ok(())
+    })
+}
+
+/// Planes `struct virtsoc_region` holds.
+pub const MAX_PLANES: usize = 4;
+
+/// `struct virtsoc_plane` of the header.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VirtsocPlane {
+    pub offset: u64,
+    pub stride: u32,
+    pub row_bytes: u32,
+    pub rows: u32,
+    pub reserved: u32,
+}
+
+/// `struct virtsoc_region` of the header: a region's id, size and layout.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VirtsocRegion {
+    pub id: u64,
+    pub size: u64,
+    pub width: u32,
+    pub height: u32,
+    pub format: u32,
+    pub stride: u32,
+    pub plane_count: u32,
+    pub reserved: u32,
+    pub planes: [VirtsocPlane; MAX_PLANES],
+}
+
+impl From<&RegionInfo> for VirtsocRegion {
+    fn from(r: &RegionInfo) -> Self {
+        let mut out = VirtsocRegion {
+            id: r.id,
+            size: r.size,
+            width: r.width,
+            height: r.height,
+            format: r.format as u32,
+            stride: r.stride,
+            ..VirtsocRegion::default()
+        };
+        for (dst, p) in out.planes.iter_mut().zip(r.planes()) {
+            *dst = VirtsocPlane {
+                offset: p.offset,
+                stride: p.stride,
+                row_bytes: p.row_bytes,
+                rows: p.rows,
+                reserved: 0,
+            };
+            out.plane_count += 1;
+        }
+        out
+    }
+}
+
+/// Writes `r` to `out`.
+///
+/// # Safety
+/// `out` must be a valid pointer or NULL (refused).
+unsafe fn put_region(out: *mut VirtsocRegion, r: &RegionInfo) -> Result<()> {
+    if out.is_null() {
+        return Err(bad("null region pointer"));
+    }
+    // SAFETY: non-null and valid per the caller's contract; written whole, unaligned-safe.
+    unsafe { out.write_unaligned(VirtsocRegion::from(r)) };
+    Ok(())
+}
+
+/// Allocates a `width` x `height` image region and reports its layout; see the header.
+///
+/// # Safety
+/// `c` must be a live handle; `out` a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_alloc_frame(
+    c: *mut VirtsocConn,
+    width: u32,
+    height: u32,
+    format: u32,
+    usage: u32,
+    out: *mut VirtsocRegion,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        if out.is_null() {
+            return Err(bad("null region pointer"));
+        }
+        let format = match Format::from_u32(format) {
+            Some(Format::Blob) => return Err(bad("a blob has no frame layout: use virtsoc_alloc")),
+            Some(f) => f,
+            None => return Err(bad("unknown format")),
+        };
+        let info = c.alloc(0, width, height, format, usage)?;
+        // SAFETY: forwarded caller guarantees (checked non-null above).
+        unsafe { put_region(out, &info) }
+    })
+}
+
+/// Reports the id, size and layout of one of this connection's regions; see the header.
+///
+/// # Safety
+/// `c` must be a live handle; `out` a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_region_info(
+    c: *mut VirtsocConn,
+    id: u64,
+    out: *mut VirtsocRegion,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        let info = c.region(id).ok_or(GuestError::Status {
+            op: virtsoc_proto::Opcode::Alloc,
+            status: Status::NoSuchRegion,
+            reason: Some(format!("region {id} is not one of this connection's")),
+        })?;
+        // SAFETY: forwarded caller guarantees.
+        unsafe { put_region(out, &info) }
     })
 }
 
@@ -376,6 +496,28 @@ mod tests {
     }
 
     #[test]
+    fn region_struct_has_the_headers_layout() {
+        // The header's _Static_asserts check the same numbers on the C side.
+        assert_eq!(std::mem::size_of::<VirtsocPlane>(), 24);
+        assert_eq!(std::mem::size_of::<VirtsocRegion>(), 136);
+        assert_eq!(std::mem::offset_of!(VirtsocRegion, planes), 40);
+        let h = include_str!("../include/virtsoc.h");
+        assert!(h.contains("sizeof(struct virtsoc_region) == 136"));
+        assert!(h.contains("sizeof(struct virtsoc_plane) == 24"));
+        assert!(h.contains(&format!("#define VIRTSOC_MAX_PLANES {MAX_PLANES}")));
+        let r = VirtsocRegion::from(&RegionInfo {
+            id: 9,
+            size: 320 * 240 * 3 / 2,
+            stride: 320,
+            width: 320,
+            height: 240,
+            format: Format::Yuv420p,
+        });
+        assert_eq!((r.plane_count, r.planes[2].offset), (3, 320 * 240 * 5 / 4));
+        assert_eq!(r.planes[3], VirtsocPlane::default());
+    }
+
+    #[test]
     fn header_constants_match_the_protocol() {
         let h = include_str!("../include/virtsoc.h");
         let find = |name: &str| -> i64 {
@@ -418,6 +560,10 @@ mod tests {
         assert_eq!(find("VIRTSOC_FMT_BLOB"), Format::Blob as i64);
         assert_eq!(find("VIRTSOC_FMT_NV12"), Format::Nv12 as i64);
         assert_eq!(find("VIRTSOC_FMT_YUYV"), Format::Yuyv as i64);
+        assert_eq!(find("VIRTSOC_FMT_RGBA8"), Format::Rgba8 as i64);
+        assert_eq!(find("VIRTSOC_FMT_BGRA8"), Format::Bgra8 as i64);
+        assert_eq!(find("VIRTSOC_FMT_YUV420P"), Format::Yuv420p as i64);
+        assert_eq!(find("VIRTSOC_DEV_CONSUMER2"), DeviceId::CONSUMER2.0 as i64);
         assert_eq!(
             find("VIRTSOC_TEST_WRITE_PATTERN"),
             virtsoc_proto::wire::testdev::WRITE_PATTERN as i64

@@ -586,10 +586,15 @@ impl Connection {
         let c = self.wait(seq)?;
         match Status::from_u32(c.status) {
             Some(Status::Ok) => Ok(c.values),
-            Some(status) => Err(GuestError::Status { op: opcode, status }),
+            Some(status) => Err(GuestError::Status {
+                op: opcode,
+                status,
+                reason: c.reason(),
+            }),
             None => Err(GuestError::Status {
                 op: opcode,
                 status: Status::Internal,
+                reason: None,
             }),
         }
     }
@@ -779,6 +784,7 @@ impl Connection {
             let info = self.region(*id).ok_or(GuestError::Status {
                 op: Opcode::BeginAccess,
                 status: Status::NoSuchRegion,
+                reason: None,
             })?;
             sizes.push(info.size);
         }
@@ -939,6 +945,7 @@ impl Connection {
             return Err(GuestError::Status {
                 op: Opcode::Nop,
                 status: Status::Busy,
+                reason: None,
             });
         }
         Ok(())

@@ -6,11 +6,13 @@
 //! commands, over the ring protocol of `virtsoc-proto`.
 //!
 //! - [`conn`]: the connection, request submission and completion reaping;
+//! - [`layout`]: where an image region's planes are;
 //! - [`capi`]: the C ABI declared in `include/virtsoc.h`.
 
 pub mod capi;
 pub mod compose;
 pub mod conn;
+pub mod layout;
 mod link;
 pub mod vm;
 
@@ -40,8 +42,13 @@ pub enum GuestError {
     Refused(String),
     #[error("the session moved to the daemon on {0}")]
     Moved(String),
-    #[error("{op:?} failed: {}", status.message())]
-    Status { op: Opcode, status: Status },
+    /// The host answered with an error status, and with the device's reason when it gave one.
+    #[error("{op:?} failed: {}{}", status.message(), reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Status {
+        op: Opcode,
+        status: Status,
+        reason: Option<String>,
+    },
 }
 
 impl GuestError {

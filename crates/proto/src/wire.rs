@@ -84,7 +84,49 @@ impl Completion {
             values: [0; 6],
         }
     }
+
+    /// A failed completion carrying the device's reason: up to [`REASON_BYTES`] bytes of
+    /// UTF-8 in the values (NUL-padded; a longer reason is cut at a character boundary and
+    /// ends with "..."), which a failed completion otherwise leaves zero.
+    pub fn err_with_reason(seq: u64, status: Status, reason: &str) -> Self {
+        let mut bytes = [0u8; REASON_BYTES];
+        if reason.len() <= REASON_BYTES {
+            bytes[..reason.len()].copy_from_slice(reason.as_bytes());
+        } else {
+            let mut end = REASON_BYTES - 3;
+            while !reason.is_char_boundary(end) {
+                end -= 1;
+            }
+            bytes[..end].copy_from_slice(&reason.as_bytes()[..end]);
+            bytes[end..end + 3].copy_from_slice(b"...");
+        }
+        let mut c = Completion::err(seq, status);
+        for (v, chunk) in c.values.iter_mut().zip(bytes.chunks_exact(8)) {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            *v = u64::from_le_bytes(w);
+        }
+        c
+    }
+
+    /// The reason a failed completion carries, `None` for a success or an empty reason. The
+    /// bytes come from the host: invalid UTF-8 and control characters are replaced.
+    pub fn reason(&self) -> Option<String> {
+        if self.status == Status::Ok as u32 {
+            return None;
+        }
+        let bytes: Vec<u8> = self.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let len = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+        let text: String = String::from_utf8_lossy(&bytes[..len])
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        (!text.is_empty()).then_some(text)
+    }
 }
+
+/// Bytes of a reason a failed [`Completion`] carries at most.
+pub const REASON_BYTES: usize = 48;
 
 macro_rules! u32_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $n:expr),* $(,)? }) => {
@@ -94,9 +136,17 @@ macro_rules! u32_enum {
         pub enum $name { $($(#[$vm])* $v = $n),* }
 
         impl $name {
+            /// Every value, in declaration order (the C header generator lists them).
+            pub const ALL: &'static [$name] = &[$($name::$v),*];
+
             /// Decodes a raw value, `None` if unknown.
             pub fn from_u32(v: u32) -> Option<Self> {
                 match v { $($n => Some($name::$v),)* _ => None }
+            }
+
+            /// The variant's name as declared (`Yuv420p`).
+            pub fn name(self) -> &'static str {
+                match self { $($name::$v => stringify!($v),)* }
             }
         }
     };
@@ -269,6 +319,26 @@ pub mod testdev {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_completions_carry_a_short_reason() {
+        let c = Completion::err_with_reason(7, Status::DeviceError, "h264: invalid data");
+        assert_eq!((c.seq, c.status), (7, Status::DeviceError as u32));
+        assert_eq!(c.reason().as_deref(), Some("h264: invalid data"));
+        assert_eq!(Completion::err(7, Status::Busy).reason(), None);
+        assert_eq!(Completion::ok(7, [u64::MAX; 6]).reason(), None);
+        let fits = "y".repeat(REASON_BYTES);
+        let r = Completion::err_with_reason(1, Status::BadArgument, &fits).reason();
+        assert_eq!(r.as_ref(), Some(&fits));
+        // Cut to 48 bytes, never inside a character.
+        let long = format!("{}é and more", "x".repeat(REASON_BYTES - 4));
+        let r = Completion::err_with_reason(1, Status::BadArgument, &long).reason();
+        assert_eq!(r, Some(format!("{}...", "x".repeat(REASON_BYTES - 4))));
+        // Whatever the host sends is made printable.
+        let mut c = Completion::err(1, Status::DeviceError);
+        c.values[0] = u64::from_le_bytes(*b"a\nb\xff\x01c\0\0");
+        assert_eq!(c.reason().as_deref(), Some("a b\u{fffd} c"));
+    }
 
     #[test]
     fn entries_are_64_bytes() {

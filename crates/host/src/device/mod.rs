@@ -58,9 +58,41 @@ pub struct DeviceCtx<'a> {
     pub domain: DomainId,
     /// The guest's virtual fence table (e.g. to signal a fence at the next vsync).
     pub fences: &'a Arc<VirtualFenceTable>,
+    /// Why the command failed, for the guest ([`DeviceCtx::fail`]).
+    reason: std::sync::Mutex<Option<String>>,
 }
 
-impl DeviceCtx<'_> {
+impl<'a> DeviceCtx<'a> {
+    /// The context of one command of `guest` on the device whose memory is `domain`.
+    pub fn new(
+        guest: u64,
+        svm: &'a Arc<SvmManager>,
+        domain: DomainId,
+        fences: &'a Arc<VirtualFenceTable>,
+    ) -> Self {
+        DeviceCtx {
+            guest,
+            svm,
+            domain,
+            fences,
+            reason: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Records why the command fails with `status` and returns the status: the guest gets
+    /// the reason with it (the first [`REASON_BYTES`](virtsoc_proto::wire::REASON_BYTES)
+    /// bytes, shown by `virtsoc_last_error`). Only for sentences about this guest's own
+    /// command and data.
+    pub fn fail(&self, status: Status, reason: impl Into<String>) -> Status {
+        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.into());
+        status
+    }
+
+    /// The reason recorded by [`fail`](Self::fail), taken.
+    pub fn take_reason(&self) -> Option<String> {
+        self.reason.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// Runs `f` on the bytes of region `id` in this device's memory. The guest must have
     /// begun an access to it from this device.
     pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
@@ -157,14 +189,20 @@ pub struct Reply {
 impl Reply {
     /// Answers with `result`.
     pub fn send(mut self, result: DeviceResult) {
-        self.post(result);
+        self.post(result, None);
     }
 
-    fn post(&mut self, result: DeviceResult) {
+    /// Answers with `result`, and a failure with `reason` if there is one.
+    pub fn send_because(mut self, result: DeviceResult, reason: Option<String>) {
+        self.post(result, reason);
+    }
+
+    fn post(&mut self, result: DeviceResult, reason: Option<String>) {
         if let Some(token) = self.token.take() {
-            self.session.complete(match result {
-                Ok(values) => Completion::ok(self.seq, values),
-                Err(status) => Completion::err(self.seq, status),
+            self.session.complete(match (result, reason) {
+                (Ok(values), _) => Completion::ok(self.seq, values),
+                (Err(status), Some(r)) => Completion::err_with_reason(self.seq, status, &r),
+                (Err(status), None) => Completion::err(self.seq, status),
             });
             token.done();
         }
@@ -176,7 +214,7 @@ impl Reply {
 
 impl Drop for Reply {
     fn drop(&mut self) {
-        self.post(Err(Status::Internal));
+        self.post(Err(Status::Internal), None);
     }
 }
 
@@ -204,7 +242,8 @@ pub trait Device: Send + Sync {
     /// (a device with asynchronous work overrides this; the default runs
     /// [`execute`](Self::execute)).
     fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
-        reply.send(self.execute(cx, args));
+        let result = self.execute(cx, args);
+        reply.send_because(result, cx.take_reason());
     }
     /// A guest went away: drop every object it held on this device.
     fn guest_gone(&self, _guest: u64) {}
@@ -495,12 +534,7 @@ fn execute(
             }
         }
         Some(Opcode::DeviceCmd) => {
-            let cx = DeviceCtx {
-                guest,
-                svm,
-                domain: slot.domain,
-                fences: session.fences(),
-            };
+            let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences());
             if let Err(st) = validate(slot.id, &cx, &req.args) {
                 reply.send(Err(st));
                 return None;

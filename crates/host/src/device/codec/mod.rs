@@ -17,10 +17,13 @@
 //! (NV12 or YUV420P, the format chosen at `open_decoder`, of exactly the picture's size; the
 //! copy honours the region's stride). At most [`MAX_QUEUED_FRAMES`] pictures wait: `decode`
 //! answers [`Status::Busy`] while the queue is full, so a guest that stops receiving cannot
-//! make the daemon hoard frames. A corrupt packet fails that call with
-//! [`Status::DeviceError`]; the decoder stays usable and later packets decode. `flush` drains
-//! the pictures the decoder still holds (reordering, frame threads) at the end of a stream,
-//! after which a new stream may follow.
+//! make the daemon hoard frames. `stream_info` tells the size of the picture `receive_frame`
+//! delivers next (and how many times the size changed), so a guest sizes its frame region
+//! before receiving, and again on a resolution change. A corrupt packet fails that call with
+//! [`Status::DeviceError`] (the decoder's message goes to the guest as the reason); the
+//! decoder stays usable and later packets decode. `flush` drains the pictures the decoder
+//! still holds (reordering, frame threads) at the end of a stream, after which a new stream
+//! may follow.
 //!
 //! Encoding: `encode` takes an NV12 or YUV420P region of the encoder's size and writes the
 //! Annex-B packet(s) it produces into the `out` region (SPS and PPS in band on keyframes). If
@@ -99,6 +102,15 @@ pub fn media_status(e: &MediaError) -> Status {
     }
 }
 
+/// The reason a guest sees for a media backend error (as short as the completion's room
+/// allows: the decoder's own message without the generic prefixes).
+fn media_reason(e: &MediaError) -> String {
+    match e {
+        MediaError::Decode(m) | MediaError::Encode(m) => m.trim_start_matches("ffmpeg-").into(),
+        e => e.to_string(),
+    }
+}
+
 /// The codec kind of a `codec_kind` number.
 fn codec_of(kind: u64) -> Option<CodecKind> {
     match kind {
@@ -114,6 +126,40 @@ fn codec_of(kind: u64) -> Option<CodecKind> {
 struct DecoderSession {
     decoder: Box<dyn DecoderBackend>,
     ready: VecDeque<DecodedFrame>,
+    /// The output format chosen at `open_decoder` (for `stream_info`).
+    format: Format,
+    /// Size of the last decoded picture, `None` before the first.
+    last_size: Option<(u32, u32)>,
+    /// Size changes between consecutive decoded pictures.
+    changes: u64,
+}
+
+impl DecoderSession {
+    /// Queues decoded pictures for `receive_frame`, noting size changes for `stream_info`.
+    fn queue(&mut self, frames: Vec<DecodedFrame>) {
+        for f in frames {
+            let size = (f.layout.width, f.layout.height);
+            if self.last_size.is_some_and(|s| s != size) {
+                self.changes += 1;
+            }
+            self.last_size = Some(size);
+            self.ready.push_back(f);
+        }
+    }
+
+    /// `stream_info`'s answer: the next picture's size (else the last's), format, changes.
+    fn stream_info(&self) -> api::StreamInfoReply {
+        let (width, height) = match self.ready.front() {
+            Some(f) => (f.layout.width, f.layout.height),
+            None => self.last_size.unwrap_or((0, 0)),
+        };
+        api::StreamInfoReply {
+            width: u64::from(width),
+            height: u64::from(height),
+            format: self.format as u64,
+            changes: self.changes,
+        }
+    }
 }
 
 /// An open encoder.
@@ -308,9 +354,9 @@ impl Codec {
         at: Option<u64>,
     ) -> std::result::Result<u64, Status> {
         let kind = codec_of(c.kind).ok_or(Status::BadArgument)?;
-        let out = match u32::try_from(c.format).ok().and_then(Format::from_u32) {
-            Some(Format::Nv12) => PixelFormat::Nv12,
-            Some(Format::Yuv420p) => PixelFormat::Yuv420p,
+        let (out, format) = match u32::try_from(c.format).ok().and_then(Format::from_u32) {
+            Some(Format::Nv12) => (PixelFormat::Nv12, Format::Nv12),
+            Some(Format::Yuv420p) => (PixelFormat::Yuv420p, Format::Yuv420p),
             Some(_) => return Err(Status::NotSupported),
             None => return Err(Status::BadArgument),
         };
@@ -338,6 +384,9 @@ impl Codec {
                 Session::Decoder(DecoderSession {
                     decoder: Box::new(decoder),
                     ready: VecDeque::new(),
+                    format,
+                    last_size: None,
+                    changes: 0,
                 }),
                 replay::Opened::Decoder {
                     kind: c.kind,
@@ -358,7 +407,8 @@ impl Codec {
     fn decode(&self, cx: &DeviceCtx<'_>, c: api::Decode) -> DeviceResult {
         let meta = cx.meta(c.bitstream)?;
         if c.len > meta.size {
-            return Err(Status::OutOfRange);
+            let why = format!("len {} > bitstream's {} bytes", c.len, meta.size);
+            return Err(cx.fail(Status::OutOfRange, why));
         }
         let len = usize::try_from(c.len).map_err(|_| Status::OutOfRange)?;
         let mut st = self.state();
@@ -376,7 +426,7 @@ impl Codec {
         })?;
         match r {
             Ok(frames) => {
-                s.ready.extend(frames);
+                s.queue(frames);
                 Ok(api::DecodeReply {
                     frames_ready: s.ready.len() as u64,
                 }
@@ -385,7 +435,7 @@ impl Codec {
             Err(MediaError::BufferTooSmall { .. }) => Err(Status::OutOfRange),
             Err(e) => {
                 log::debug!("codec: guest {}: decoder {}: {e}", cx.guest, c.handle);
-                Err(media_status(&e))
+                Err(cx.fail(media_status(&e), media_reason(&e)))
             }
         }
     }
@@ -416,7 +466,11 @@ impl Codec {
                 layout.width,
                 layout.height
             );
-            return Err(Status::BadArgument);
+            let why = format!(
+                "picture {:?} {}x{}, region {:?} {}x{}",
+                fl.format, fl.width, fl.height, layout.format, layout.width, layout.height
+            );
+            return Err(cx.fail(Status::BadArgument, why));
         }
         let t0 = std::time::Instant::now();
         cx.with_region(c.frame, |bytes| {
@@ -444,7 +498,7 @@ impl Codec {
         let s = st.decoder(guest, c.handle)?;
         match s.decoder.flush() {
             Ok(frames) => {
-                s.ready.extend(frames);
+                s.queue(frames);
                 Ok(api::FlushReply {
                     frames_ready: s.ready.len() as u64,
                 }
@@ -455,6 +509,11 @@ impl Codec {
                 Err(media_status(&e))
             }
         }
+    }
+
+    fn stream_info(&self, guest: u64, c: api::StreamInfo) -> DeviceResult {
+        let mut st = self.state();
+        Ok(st.decoder(guest, c.handle)?.stream_info().to_values())
     }
 
     fn open_encoder(&self, guest: u64, c: api::OpenEncoder) -> DeviceResult {
@@ -534,7 +593,7 @@ impl Codec {
             })?
             .map_err(|e| {
                 log::debug!("codec: guest {}: encoder {}: {e}", cx.guest, c.handle);
-                media_status(&e)
+                cx.fail(media_status(&e), media_reason(&e))
             })?;
         let total: usize = packets.iter().map(|p| p.data.len()).sum();
         if total as u64 > out_size {
@@ -599,6 +658,7 @@ impl Device for Codec {
             Command::OpenEncoder(c) => self.open_encoder(cx.guest, c),
             Command::Encode(c) => self.encode(cx, c),
             Command::Close(c) => self.close(cx.guest, c),
+            Command::StreamInfo(c) => self.stream_info(cx.guest, c),
         }
     }
 

@@ -151,3 +151,89 @@ fn bad_open_arguments() {
         "an encoder handle is not a decoder"
     );
 }
+
+#[test]
+fn stream_info_reports_the_next_pictures_size_and_its_changes() {
+    let codec = Codec::new(&DeviceConfig::default()).unwrap();
+    let h = codec
+        .open_decoder(
+            3,
+            api::OpenDecoder {
+                kind: codec_kind::H264,
+                format: Format::Yuv420p as u64,
+                threads: 1,
+            },
+        )
+        .unwrap()[0];
+    let info = |guest, handle| {
+        codec
+            .stream_info(guest, api::StreamInfo { handle })
+            .map(|v| api::StreamInfoReply::from_values(&v))
+    };
+    let reply = |width, height, changes| api::StreamInfoReply {
+        width,
+        height,
+        format: Format::Yuv420p as u64,
+        changes,
+    };
+    assert_eq!(info(3, h), Ok(reply(0, 0, 0)), "nothing decoded yet");
+    let pic = |w, h, pts| {
+        let layout = FrameLayout::packed(PixelFormat::Yuv420p, w, h).unwrap();
+        DecodedFrame {
+            layout,
+            pts,
+            data: vec![0; layout.size()],
+        }
+    };
+    codec.state().decoder(3, h).unwrap().queue(vec![
+        pic(64, 48, 0),
+        pic(64, 48, 1),
+        pic(32, 16, 2),
+    ]);
+    assert_eq!(
+        info(3, h),
+        Ok(reply(64, 48, 1)),
+        "the oldest waiting picture"
+    );
+    let pop = || {
+        codec.state().decoder(3, h).unwrap().ready.pop_front();
+    };
+    pop();
+    assert_eq!(info(3, h), Ok(reply(64, 48, 1)));
+    pop();
+    assert_eq!(
+        info(3, h),
+        Ok(reply(32, 16, 1)),
+        "the new size before its picture"
+    );
+    pop();
+    assert_eq!(
+        info(3, h),
+        Ok(reply(32, 16, 1)),
+        "none waiting: the last size"
+    );
+    codec
+        .state()
+        .decoder(3, h)
+        .unwrap()
+        .queue(vec![pic(64, 48, 3)]);
+    assert_eq!(info(3, h), Ok(reply(64, 48, 2)));
+    assert_eq!(
+        info(4, h),
+        Err(Status::BadArgument),
+        "another guest's handle"
+    );
+    assert_eq!(info(3, h + 1), Err(Status::BadArgument), "unknown handle");
+    let e = codec
+        .open_encoder(
+            3,
+            api::OpenEncoder {
+                width: 64,
+                height: 48,
+                fps: 30,
+                bitrate: 100_000,
+            },
+        )
+        .unwrap()[0];
+    assert_eq!(info(3, e), Err(Status::BadArgument), "an encoder");
+}
