@@ -1,0 +1,184 @@
+//! Weighted fair queueing on measured device time: start-time fair queueing (SFQ) over
+//! guests.
+//!
+//! Every guest has a virtual finish time `F`: each command of device time `t` moves it by
+//! `t / share`. The device serves the ready guest with the smallest `F`, so over time each
+//! backlogged guest gets device time in proportion to its share, whatever its commands cost.
+//! A command's cost is known only when it completes (the GPU answers at GPU completion): at
+//! dispatch the guest is charged its recent average cost, corrected at completion.
+//!
+//! - The system virtual time `V` is the smallest `F` among the guests with work (ready or
+//!   running), never going back. A new guest starts at `V`, so it neither starves the others
+//!   nor is starved.
+//! - A guest that was idle cannot bank credit forever: its `F` is never more than one
+//!   window (500 ms of device time shared by all) behind `V`.
+//! - A device with asynchronous commands (several guests' work queued on it at once) would
+//!   serve whoever is ready while an expensive command runs: a ready guest more than `slack`
+//!   of its own device time ahead of a guest whose command is still running waits for that
+//!   command's completion instead.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::{GuestId, Nanos, Pick, Scheduler, DEFAULT_SHARE, MS};
+
+/// Parameters of [`Wfq`].
+#[derive(Debug, Clone, Copy)]
+pub struct WfqConfig {
+    /// Device time (all guests together) an idle guest may be behind by when it comes back.
+    pub window: Nanos,
+    /// How far (its own device time) a ready guest may be ahead of a running one.
+    pub slack: Nanos,
+    /// Weight of the newest sample in a guest's average command cost (0..=1).
+    pub cost_weight: f64,
+}
+
+impl Default for WfqConfig {
+    fn default() -> Self {
+        WfqConfig {
+            window: 500 * MS,
+            slack: 2 * MS,
+            cost_weight: 0.5,
+        }
+    }
+}
+
+/// Most charges a guest may have outstanding (one per command not yet completed).
+const MAX_PENDING: usize = 64;
+
+#[derive(Debug)]
+struct Flow {
+    share: f64,
+    finish: f64,
+    cost: f64,
+    pending: VecDeque<f64>,
+}
+
+/// Start-time fair queueing over measured device time.
+#[derive(Debug)]
+pub struct Wfq {
+    cfg: WfqConfig,
+    flows: HashMap<GuestId, Flow>,
+    shares: HashMap<GuestId, u32>,
+    vtime: f64,
+}
+
+impl Wfq {
+    /// A scheduler with no guests yet.
+    pub fn new(cfg: WfqConfig) -> Self {
+        Wfq {
+            cfg,
+            flows: HashMap::new(),
+            shares: HashMap::new(),
+            vtime: 0.0,
+        }
+    }
+
+    /// The system virtual time.
+    pub fn vtime(&self) -> f64 {
+        self.vtime
+    }
+
+    /// A guest's virtual finish time, if known.
+    pub fn finish(&self, guest: GuestId) -> Option<f64> {
+        self.flows.get(&guest).map(|f| f.finish)
+    }
+
+    fn total_share(&self) -> f64 {
+        self.flows.values().map(|f| f.share).sum::<f64>().max(1.0)
+    }
+
+    fn flow(&mut self, guest: GuestId) -> &mut Flow {
+        let share = f64::from(*self.shares.get(&guest).unwrap_or(&DEFAULT_SHARE));
+        let v = self.vtime;
+        self.flows.entry(guest).or_insert(Flow {
+            share,
+            finish: v,
+            cost: 0.0,
+            pending: VecDeque::new(),
+        })
+    }
+}
+
+impl Scheduler for Wfq {
+    fn name(&self) -> &'static str {
+        "wfq"
+    }
+
+    fn set_share(&mut self, guest: GuestId, share: u32) {
+        let share = share.max(1);
+        self.shares.insert(guest, share);
+        if let Some(f) = self.flows.get_mut(&guest) {
+            f.share = f64::from(share);
+        }
+    }
+
+    fn forget(&mut self, guest: GuestId) {
+        self.flows.remove(&guest);
+        self.shares.remove(&guest);
+    }
+
+    fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], _now: Nanos) -> Pick {
+        if ready.is_empty() {
+            return Pick::Wait;
+        }
+        for g in ready.iter().chain(busy) {
+            self.flow(*g);
+        }
+        // No banking beyond one window: a returning guest is at most that far behind.
+        let floor = self.vtime - self.cfg.window as f64 / self.total_share();
+        let mut min_active = f64::INFINITY;
+        for g in ready.iter().chain(busy) {
+            if let Some(f) = self.flows.get_mut(g) {
+                f.finish = f.finish.max(floor);
+                min_active = min_active.min(f.finish);
+            }
+        }
+        if min_active.is_finite() {
+            self.vtime = self.vtime.max(min_active);
+        }
+        let (cand, cf) = ready
+            .iter()
+            .filter_map(|g| self.flows.get(g).map(|f| (*g, f.finish)))
+            .fold((ready[0], f64::INFINITY), |best, x| {
+                if x.1 < best.1 {
+                    x
+                } else {
+                    best
+                }
+            });
+        let running = busy
+            .iter()
+            .filter_map(|g| self.flows.get(g).map(|f| f.finish))
+            .fold(f64::INFINITY, f64::min);
+        let share = self.flows.get(&cand).map_or(1.0, |f| f.share);
+        if running.is_finite() && cf - running > self.cfg.slack as f64 / share {
+            return Pick::Wait;
+        }
+        Pick::Serve(cand)
+    }
+
+    fn dispatched(&mut self, guest: GuestId, _now: Nanos) {
+        let f = self.flow(guest);
+        let est = f.cost;
+        f.finish += est / f.share;
+        if f.pending.len() == MAX_PENDING {
+            f.pending.pop_front();
+        }
+        f.pending.push_back(est);
+    }
+
+    fn completed(&mut self, guest: GuestId, device_ns: Nanos, _now: Nanos) {
+        let w = self.cfg.cost_weight.clamp(0.0, 1.0);
+        let Some(f) = self.flows.get_mut(&guest) else {
+            return;
+        };
+        let est = f.pending.pop_front().unwrap_or(0.0);
+        let t = device_ns as f64;
+        f.finish += (t - est) / f.share;
+        f.cost = if f.cost == 0.0 {
+            t
+        } else {
+            (1.0 - w) * f.cost + w * t
+        };
+    }
+}
