@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::Value;
-use virtsoc_control::{Backend, ControlError, Counters, DeviceInfo, GuestInfo, LinkCopies};
+use virtsoc_control::{
+    Backend, ControlError, Counters, DeviceInfo, DeviceUse, GuestInfo, LinkCopies,
+};
 use virtsoc_svm::DomainId;
 
 use crate::session::Session;
@@ -58,7 +60,24 @@ impl ControlBackend {
                 (name, n)
             })
             .collect();
+        let device_use: BTreeMap<String, DeviceUse> = d
+            .devices()
+            .iter()
+            .filter_map(|slot| {
+                let u = slot.usage().get(&id).copied()?;
+                Some((
+                    slot.device.name().to_string(),
+                    DeviceUse {
+                        requests: u.requests,
+                        device_ns: u.device_ns,
+                        denied: u.denied,
+                        queued: slot.depth_of(id) as u64,
+                    },
+                ))
+            })
+            .collect();
         Some(GuestInfo {
+            device_use,
             id,
             name: s.name().to_string(),
             transport: transport.to_string(),

@@ -53,6 +53,9 @@ pub struct DaemonConfig {
     pub test_dma_delay: Duration,
     /// What one guest may hold and ask for (regions, fences, queues, device objects...).
     pub limits: crate::Limits,
+    /// How devices are shared between guests: scheduler and policy (`--scheduler`,
+    /// `--policy`).
+    pub sharing: crate::device::share::Sharing,
 }
 
 impl Default for DaemonConfig {
@@ -70,6 +73,7 @@ impl Default for DaemonConfig {
             max_connections: 64,
             test_dma_delay: Duration::ZERO,
             limits: crate::Limits::default(),
+            sharing: Default::default(),
         }
     }
 }
@@ -197,7 +201,11 @@ impl Daemon {
                 svm.set_allocator(*dom, a);
             }
         }
-        let devices = Arc::new(DeviceSet::start(svm.clone(), with_domains));
+        let devices = Arc::new(DeviceSet::start_shared(
+            svm.clone(),
+            with_domains,
+            cfg.sharing.clone(),
+        ));
         Ok(Arc::new(Daemon {
             cfg,
             svm,

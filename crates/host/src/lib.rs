@@ -16,6 +16,7 @@ pub mod dispatch;
 pub mod fences;
 pub mod limits;
 pub mod link;
+pub mod policy;
 pub mod session;
 pub mod sync;
 pub mod vm;
