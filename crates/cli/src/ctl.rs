@@ -31,7 +31,8 @@ fn usage(msg: &str) -> CliError {
     CliError::Usage(format!("{msg}\n{USAGE}"))
 }
 
-fn target(socket: Option<String>) -> Target {
+/// The control API named by `--socket` (a control socket, a guest socket or tcp:HOST:PORT).
+pub(crate) fn target(socket: Option<String>) -> Target {
     let s = socket.unwrap_or_else(|| "/tmp/virtsoc.sock.control".into());
     if let Some(addr) = s.strip_prefix("tcp:") {
         return Target::Tcp(addr.to_string(), std::env::var("VIRTSOC_TOKEN").ok());

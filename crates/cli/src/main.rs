@@ -12,6 +12,7 @@ mod report;
 mod scenario;
 mod soak;
 mod stats;
+mod top;
 mod trace;
 mod vm;
 
@@ -119,6 +120,23 @@ enum Cmd {
         socket: Option<String>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// A live table of the daemon's guests: device time per device, queues, memory, copies,
+    /// frames (control API).
+    Top {
+        /// Control socket (default /tmp/virtsoc.sock.control; a guest socket is accepted), or
+        /// tcp:HOST:PORT.
+        #[arg(long)]
+        socket: Option<String>,
+        /// One snapshot as JSON instead of the refreshing table.
+        #[arg(long)]
+        json: bool,
+        /// Refresh interval in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Stop after this many refreshes.
+        #[arg(long)]
+        count: Option<u64>,
     },
     /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
     Vm {
@@ -331,6 +349,17 @@ fn with_daemon_spawned<T>(
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Ctl { socket, args } => ctl::run(socket, &args)?,
+        Cmd::Top {
+            socket,
+            json,
+            interval_ms,
+            count,
+        } => top::run(
+            &ctl::target(socket),
+            json,
+            std::time::Duration::from_millis(interval_ms),
+            count,
+        )?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Bench {
             which:
