@@ -4,6 +4,7 @@
 //! starts its own `virtsocd` child process when none is given.
 
 mod bench_devices;
+mod bench_sharing;
 mod bench_svm;
 mod bench_transport;
 mod ctl;
@@ -166,6 +167,25 @@ enum BenchCmd {
         /// Frames per measurement.
         #[arg(long, default_value_t = 90)]
         frames: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sharing the GPU between guests: unfairness per 1 s window and throughput overhead of
+    /// each scheduler with 2, 4 and 8 guests of different per-command cost.
+    Sharing {
+        /// Seconds measured per configuration.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Guest counts.
+        #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+        guests: Vec<usize>,
+        /// Schedulers to compare.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "round-robin,wfq,fixed-rate,aimd"
+        )]
+        scheduler: Vec<virtsoc_sched::Kind>,
         #[arg(long)]
         json: bool,
     },
@@ -381,6 +401,26 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("{}", serde_json::to_string_pretty(&rs)?);
             } else {
                 bench_devices::print_table(&rs);
+            }
+        }
+        Cmd::Bench {
+            which:
+                BenchCmd::Sharing {
+                    seconds,
+                    guests,
+                    scheduler,
+                    json,
+                },
+        } => {
+            let r = bench_sharing::run(&bench_sharing::SharingParams {
+                seconds: seconds.max(1),
+                guests: guests.into_iter().filter(|n| *n > 0).collect(),
+                schedulers: scheduler,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_sharing::print_table(&r);
             }
         }
         Cmd::Bench {

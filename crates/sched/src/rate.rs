@@ -9,7 +9,9 @@
 //!   [`RateConfig::min_delay`] and [`RateConfig::max_delay`]: a hog is re-checked ever more
 //!   finely while it is over its share, so the device idles little once it may run again.
 //!
-//! Guests within their share are served in turn. A guest alone is never postponed.
+//! Guests within their share are served in turn. A guest alone is never postponed. The guests
+//! "with work" are those ready or running now, and those that were within the last
+//! `anticipate` (a closed-loop guest between two commands).
 
 use std::collections::HashMap;
 
@@ -32,6 +34,8 @@ pub struct RateConfig {
     pub max_delay: Nanos,
     /// Proportion above its share a guest may use before it is postponed (0.01 = 1 point).
     pub tolerance: f64,
+    /// How long a guest that had work still counts as having work.
+    pub anticipate: Nanos,
 }
 
 impl Default for RateConfig {
@@ -44,6 +48,7 @@ impl Default for RateConfig {
             min_delay: MS / 4,
             max_delay: 50 * MS,
             tolerance: 0.0,
+            anticipate: 2 * MS,
         }
     }
 }
@@ -71,6 +76,7 @@ pub struct RateControl {
     shares: HashMap<GuestId, u32>,
     window_start: Option<Nanos>,
     turn: RoundRobin,
+    seen: HashMap<GuestId, Nanos>,
 }
 
 impl RateControl {
@@ -92,6 +98,7 @@ impl RateControl {
             shares: HashMap::new(),
             window_start: None,
             turn: RoundRobin::default(),
+            seen: HashMap::new(),
         }
     }
 
@@ -163,6 +170,7 @@ impl Scheduler for RateControl {
         self.accounts.remove(&guest);
         self.shares.remove(&guest);
         self.turn.forget(guest);
+        self.seen.remove(&guest);
     }
 
     fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], now: Nanos) -> Pick {
@@ -170,12 +178,12 @@ impl Scheduler for RateControl {
             return Pick::Wait;
         }
         self.roll(now);
-        let mut active: Vec<GuestId> = ready.to_vec();
-        for g in busy {
-            if !active.contains(g) {
-                active.push(*g);
-            }
+        for g in ready.iter().chain(busy) {
+            self.seen.insert(*g, now);
         }
+        let horizon = now.saturating_sub(self.cfg.anticipate);
+        self.seen.retain(|_, t| *t >= horizon);
+        let active: Vec<GuestId> = self.seen.keys().copied().collect();
         for g in &active {
             self.account(*g);
         }
@@ -215,6 +223,7 @@ impl Scheduler for RateControl {
 
     fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos) {
         self.roll(now);
+        self.seen.insert(guest, now);
         let a = self.account(guest);
         a.used = a.used.saturating_add(device_ns);
     }

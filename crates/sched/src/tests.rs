@@ -64,6 +64,18 @@ fn run_sync(
 /// The same on an asynchronous device: each guest may have one command in flight, the
 /// device runs them in FIFO order; a command's device time is its busy period.
 fn run_async(s: &mut dyn Scheduler, guests: &[SimGuest], until: Nanos) -> BTreeMap<GuestId, Nanos> {
+    run_closed_loop(s, guests, until, 0)
+}
+
+/// [`run_async`] where a guest sends its next command `think` after its last one completed
+/// (a round trip), so it is not ready in between.
+fn run_closed_loop(
+    s: &mut dyn Scheduler,
+    guests: &[SimGuest],
+    until: Nanos,
+    think: Nanos,
+) -> BTreeMap<GuestId, Nanos> {
+    let mut back: BTreeMap<GuestId, Nanos> = BTreeMap::new();
     let mut now = 0;
     let mut free_at = 0;
     let mut fifo: VecDeque<(GuestId, Nanos, Nanos)> = VecDeque::new(); // guest, start, end
@@ -74,6 +86,7 @@ fn run_async(s: &mut dyn Scheduler, guests: &[SimGuest], until: Nanos) -> BTreeM
                 break;
             }
             fifo.pop_front();
+            back.insert(g, end + think);
             s.completed(g, end - start, end);
             *used.entry(g).or_default() += end - start;
         }
@@ -81,9 +94,14 @@ fn run_async(s: &mut dyn Scheduler, guests: &[SimGuest], until: Nanos) -> BTreeM
         let ready: Vec<GuestId> = guests
             .iter()
             .filter(|g| (g.active)(now) && !busy.contains(&g.id))
+            .filter(|g| back.get(&g.id).is_none_or(|t| *t <= now))
             .map(|g| g.id)
             .collect();
-        let next_done = fifo.front().map(|x| x.2);
+        let next_back = back.values().copied().filter(|t| *t > now).min();
+        let next_done = match (fifo.front().map(|x| x.2), next_back) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         match s.pick(&ready, &busy, now) {
             Pick::Serve(id) => {
                 let g = guests.iter().find(|g| g.id == id).unwrap();
@@ -209,6 +227,18 @@ fn wfq_on_an_asynchronous_device_holds_back_the_cheap_guests_turns() {
     assert!(unfairness(&rr, 2) > 0.5, "round robin: {rr:?}");
     let wfq = run_async(&mut Wfq::new(WfqConfig::default()), &guests, 10 * S);
     assert!(unfairness(&wfq, 2) < 0.05, "wfq: {wfq:?}");
+}
+
+#[test]
+fn closed_loop_guests_between_two_commands_are_not_run_over() {
+    let guests = vec![always(1, 10 * MS), always(2, MS), always(3, 4 * MS)];
+    let think = MS / 2;
+    let rr = run_closed_loop(&mut RoundRobin::default(), &guests, 10 * S, think);
+    assert!(unfairness(&rr, 3) > 0.5, "round robin: {rr:?}");
+    for kind in [Kind::Wfq, Kind::FixedRate, Kind::Aimd] {
+        let used = run_closed_loop(kind.build().as_mut(), &guests, 10 * S, think);
+        assert!(unfairness(&used, 3) < 0.1, "{}: {used:?}", kind.name());
+    }
 }
 
 #[test]

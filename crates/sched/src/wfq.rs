@@ -16,6 +16,10 @@
 //!   serve whoever is ready while an expensive command runs: a ready guest more than `slack`
 //!   of its own device time ahead of a guest whose command is still running waits for that
 //!   command's completion instead.
+//! - Guests are closed loops (a guest sends its next command once the last one answered): a
+//!   guest that had work `anticipate` ago but has none ready this instant is still counted as
+//!   wanting the device, so the others do not run ahead of it during its round trip (the
+//!   device waits at most `anticipate` for it).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -30,6 +34,8 @@ pub struct WfqConfig {
     pub slack: Nanos,
     /// Weight of the newest sample in a guest's average command cost (0..=1).
     pub cost_weight: f64,
+    /// How long a guest that had work still counts as wanting the device.
+    pub anticipate: Nanos,
 }
 
 impl Default for WfqConfig {
@@ -38,6 +44,7 @@ impl Default for WfqConfig {
             window: 500 * MS,
             slack: 2 * MS,
             cost_weight: 0.5,
+            anticipate: 2 * MS,
         }
     }
 }
@@ -60,6 +67,8 @@ pub struct Wfq {
     flows: HashMap<GuestId, Flow>,
     shares: HashMap<GuestId, u32>,
     vtime: f64,
+    /// When each guest last had work (ready, running or just completed).
+    seen: HashMap<GuestId, Nanos>,
 }
 
 impl Wfq {
@@ -70,6 +79,7 @@ impl Wfq {
             flows: HashMap::new(),
             shares: HashMap::new(),
             vtime: 0.0,
+            seen: HashMap::new(),
         }
     }
 
@@ -115,15 +125,19 @@ impl Scheduler for Wfq {
     fn forget(&mut self, guest: GuestId) {
         self.flows.remove(&guest);
         self.shares.remove(&guest);
+        self.seen.remove(&guest);
     }
 
-    fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], _now: Nanos) -> Pick {
+    fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], now: Nanos) -> Pick {
         if ready.is_empty() {
             return Pick::Wait;
         }
         for g in ready.iter().chain(busy) {
             self.flow(*g);
+            self.seen.insert(*g, now);
         }
+        let horizon = now.saturating_sub(self.cfg.anticipate);
+        self.seen.retain(|_, t| *t >= horizon);
         // No banking beyond one window: a returning guest is at most that far behind.
         let floor = self.vtime - self.cfg.window as f64 / self.total_share();
         let mut min_active = f64::INFINITY;
@@ -146,15 +160,29 @@ impl Scheduler for Wfq {
                     best
                 }
             });
-        let running = busy
-            .iter()
-            .filter_map(|g| self.flows.get(g).map(|f| f.finish))
-            .fold(f64::INFINITY, f64::min);
+        // The guests behind: running, or between two commands.
         let share = self.flows.get(&cand).map_or(1.0, |f| f.share);
-        if running.is_finite() && cf - running > self.cfg.slack as f64 / share {
-            return Pick::Wait;
+        let limit = cf - self.cfg.slack as f64 / share;
+        let mut wait = None;
+        for (g, t) in &self.seen {
+            if ready.contains(g) {
+                continue;
+            }
+            let Some(f) = self.flows.get(g) else { continue };
+            if f.finish < limit {
+                let until = if busy.contains(g) {
+                    Nanos::MAX
+                } else {
+                    t + self.cfg.anticipate
+                };
+                wait = Some(wait.map_or(until, |w: Nanos| w.min(until)));
+            }
         }
-        Pick::Serve(cand)
+        match wait {
+            None => Pick::Serve(cand),
+            Some(Nanos::MAX) => Pick::Wait,
+            Some(t) => Pick::Until(t.max(now + 1)),
+        }
     }
 
     fn dispatched(&mut self, guest: GuestId, _now: Nanos) {
@@ -167,11 +195,12 @@ impl Scheduler for Wfq {
         f.pending.push_back(est);
     }
 
-    fn completed(&mut self, guest: GuestId, device_ns: Nanos, _now: Nanos) {
+    fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos) {
         let w = self.cfg.cost_weight.clamp(0.0, 1.0);
         let Some(f) = self.flows.get_mut(&guest) else {
             return;
         };
+        self.seen.insert(guest, now);
         let est = f.pending.pop_front().unwrap_or(0.0);
         let t = device_ns as f64;
         f.finish += (t - est) / f.share;

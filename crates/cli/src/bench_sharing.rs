@@ -1,0 +1,310 @@
+//! `virtsoc bench sharing`: how fairly the daemon's schedulers share the GPU.
+//!
+//! (a) **Fairness.** For each scheduler (`virtsocd --scheduler`), a daemon of its own serves
+//! 2, 4 and 8 guests with equal shares. Each guest is a thread of this process with its own
+//! connection (its own session, rings and window) looping GPU compositions, one in flight,
+//! of a size that differs from guest to guest (320x180, 1280x720, 1920x1080 in turn), so the
+//! per-command cost differs several-fold. Every second the bench reads each guest's GPU device
+//! time from the daemon's control API (the worker's accounting, as AvA reads its API
+//! server's): the window's unfairness is `max over guests |share - ideal| / ideal`, reported as
+//! the median and p95 over the windows. Throughput is the work done, each command counted as
+//! `1 / (commands per second of its size alone)`, per second: `overhead_pct` is how much less
+//! than one (the device as busy as with one guest alone) that is.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use virtsoc_control::client::{control_path, request, Target};
+use virtsoc_control::GuestInfo;
+use virtsoc_guest::devices as api;
+use virtsoc_guest::{ConnectOptions, Connection, Format};
+use virtsoc_sched::Kind;
+
+use crate::bench_svm::OrderingMode;
+use crate::daemon_proc::DaemonProcess;
+use crate::scenario::full_layer;
+use crate::scenario::pipe::Pipe;
+use crate::stats::percentile;
+use crate::CliError;
+
+/// The composition sizes guests cycle through.
+const SIZES: [(u32, u32); 3] = [(320, 180), (1280, 720), (1920, 1080)];
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SharingParams {
+    pub seconds: u64,
+    pub guests: Vec<usize>,
+    pub schedulers: Vec<Kind>,
+}
+
+/// One size alone on the device.
+#[derive(Debug, Clone, Serialize)]
+pub struct AloneRow {
+    pub size: String,
+    pub commands_per_s: f64,
+}
+
+/// One fairness configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct FairnessRow {
+    pub scheduler: String,
+    pub guests: usize,
+    /// Median over 1 s windows of max |share - ideal| / ideal (a fraction).
+    pub unfairness_median: f64,
+    pub unfairness_p95: f64,
+    /// Throughput lost against one guest alone, percent.
+    pub overhead_pct: f64,
+    /// Each guest's fraction of the GPU time, whole run.
+    pub shares: Vec<f64>,
+    pub windows: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SharingReport {
+    pub alone: Vec<AloneRow>,
+    pub fairness: Vec<FairnessRow>,
+}
+
+/// What one guest thread does until `stop`: compositions of `size`, one at a time.
+fn guest(
+    target: &str,
+    name: &str,
+    (w, h): (u32, u32),
+    warm: &Barrier,
+    stop: &AtomicBool,
+    done: &AtomicU64,
+) -> Result<(), CliError> {
+    let setup = || -> Result<_, CliError> {
+        let conn = Connection::open(
+            target,
+            &ConnectOptions {
+                name: name.to_string(),
+                window_size: w as u64 * h as u64 * 4 * 3 + (16 << 20),
+                ..ConnectOptions::default()
+            },
+        )?;
+        let src = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
+        let dst = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
+        let layers = conn.alloc_blob(api::LAYER_RECORD as u64)?.id;
+        Ok((conn, src, dst, layers))
+    };
+    let r = setup();
+    let (conn, src, dst, layers) = match r {
+        Ok(x) => x,
+        Err(e) => {
+            warm.wait();
+            return Err(e);
+        }
+    };
+    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
+    let one = |p: &mut Pipe| -> Result<(), CliError> {
+        let t = p.run_with(
+            &api::gpu::Composite {
+                layers,
+                count: 1,
+                dst,
+            },
+            &[src],
+        )?;
+        p.result(t)?;
+        Ok(())
+    };
+    let warmed = (|| -> Result<(), CliError> {
+        p.cpu_write(src, &vec![0x80u8; (w * h * 4) as usize])?;
+        p.cpu_write(layers, &full_layer(src, w, h, false).to_bytes())?;
+        for _ in 0..3 {
+            one(&mut p)?;
+        }
+        Ok(())
+    })();
+    warm.wait();
+    warmed?;
+    while !stop.load(Ordering::Relaxed) {
+        one(&mut p)?;
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// GPU device time of each guest named `share-*`, by name.
+fn gpu_time(control: &Target) -> Result<BTreeMap<String, u64>, CliError> {
+    let r = request(control, "GET", "/guests", b"")?;
+    let guests: Vec<GuestInfo> = serde_json::from_str(&r.body)?;
+    Ok(guests
+        .into_iter()
+        .filter(|g| g.name.starts_with("share-"))
+        .map(|g| {
+            let t = g.device_use.get("gpu").map_or(0, |u| u.device_ns);
+            (g.name, t)
+        })
+        .collect())
+}
+
+/// One run: `n` guests against a fresh daemon with `kind`; per-window GPU time per guest and
+/// each guest's completed commands.
+#[allow(clippy::type_complexity)]
+fn run_guests(
+    kind: Kind,
+    n: usize,
+    seconds: u64,
+) -> Result<(Vec<Vec<u64>>, Vec<u64>, f64), CliError> {
+    let d = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
+    let target = d.endpoint().target;
+    let control = Target::Unix(control_path(std::path::Path::new(&target)));
+    let warm = Barrier::new(n + 1);
+    let stop = AtomicBool::new(false);
+    let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("share-{i}")).collect();
+    let result = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
+                s.spawn(move || guest(t, name, SIZES[i % SIZES.len()], warm, stop, done))
+            })
+            .collect();
+        warm.wait();
+        let measured = (|| -> Result<_, CliError> {
+            let mut windows = Vec::new();
+            let mut last = gpu_time(&control)?;
+            let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let t0 = Instant::now();
+            for k in 1..=seconds {
+                let next = t0 + Duration::from_secs(k);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                let now = gpu_time(&control)?;
+                windows.push(
+                    names
+                        .iter()
+                        .map(|g| {
+                            let a = now.get(g).copied().unwrap_or(0);
+                            a.saturating_sub(last.get(g).copied().unwrap_or(0))
+                        })
+                        .collect(),
+                );
+                last = now;
+            }
+            let counts: Vec<u64> = done
+                .iter()
+                .zip(&c0)
+                .map(|(c, z)| c.load(Ordering::Relaxed) - z)
+                .collect();
+            Ok((windows, counts, t0.elapsed().as_secs_f64()))
+        })();
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+            }
+        }
+        measured
+    });
+    d.stop()?;
+    result
+}
+
+/// max over guests |share - ideal| / ideal of one window (equal shares).
+fn unfairness(window: &[u64]) -> Option<f64> {
+    let total: u64 = window.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let ideal = 1.0 / window.len() as f64;
+    Some(
+        window
+            .iter()
+            .map(|t| (*t as f64 / total as f64 - ideal).abs() / ideal)
+            .fold(0.0, f64::max),
+    )
+}
+
+/// Runs the benchmark.
+pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
+    let mut alone = Vec::new();
+    for (w, h) in SIZES {
+        let (counts, secs) = run_alone(w, h, p.seconds)?;
+        alone.push(AloneRow {
+            size: format!("{w}x{h}"),
+            commands_per_s: counts as f64 / secs,
+        });
+    }
+    let mut fairness = Vec::new();
+    for kind in &p.schedulers {
+        for &n in &p.guests {
+            let (windows, counts, secs) = run_guests(*kind, n, p.seconds)?;
+            let mut us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
+            us.sort_by(f64::total_cmp);
+            let work: f64 = counts
+                .iter()
+                .enumerate()
+                .map(|(i, c)| *c as f64 / alone[i % SIZES.len()].commands_per_s.max(1e-9))
+                .sum();
+            let total: Vec<u64> = (0..n).map(|g| windows.iter().map(|w| w[g]).sum()).collect();
+            let all: u64 = total.iter().sum::<u64>().max(1);
+            fairness.push(FairnessRow {
+                scheduler: kind.name().to_string(),
+                guests: n,
+                unfairness_median: percentile(&us, 50.0),
+                unfairness_p95: percentile(&us, 95.0),
+                overhead_pct: (1.0 - work / secs) * 100.0,
+                shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
+                windows: us.len(),
+            });
+        }
+    }
+    Ok(SharingReport { alone, fairness })
+}
+
+/// One guest of size `w` x `h` alone (round robin): its completed commands and the seconds.
+fn run_alone(w: u32, h: u32, seconds: u64) -> Result<(u64, f64), CliError> {
+    let d = DaemonProcess::spawn(&[], false)?;
+    let target = d.endpoint().target;
+    let warm = Barrier::new(2);
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let r = std::thread::scope(|s| {
+        let h = s.spawn(|| guest(&target, "share-alone", (w, h), &warm, &stop, &done));
+        warm.wait();
+        let c0 = done.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs(seconds));
+        let c = done.load(Ordering::Relaxed) - c0;
+        let secs = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        match h.join() {
+            Ok(r) => r.map(|()| (c, secs)),
+            Err(_) => Err(CliError::Usage("the guest thread panicked".into())),
+        }
+    });
+    d.stop()?;
+    r
+}
+
+/// Prints the report as tables.
+pub fn print_table(r: &SharingReport) {
+    println!("alone on the GPU:");
+    for a in &r.alone {
+        println!("  {:<10} {:>8.1} commands/s", a.size, a.commands_per_s);
+    }
+    println!(
+        "{:<12} {:>6} {:>12} {:>10} {:>10}  shares",
+        "scheduler", "guests", "unfair p50%", "p95%", "overhead%"
+    );
+    for f in &r.fairness {
+        let shares: Vec<String> = f.shares.iter().map(|s| format!("{:.3}", s)).collect();
+        println!(
+            "{:<12} {:>6} {:>12.1} {:>10.1} {:>10.1}  {}",
+            f.scheduler,
+            f.guests,
+            f.unfairness_median * 100.0,
+            f.unfairness_p95 * 100.0,
+            f.overhead_pct,
+            shares.join(" ")
+        );
+    }
+}
