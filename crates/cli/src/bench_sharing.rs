@@ -10,6 +10,12 @@
 //! the median and p95 over the windows. Throughput is the work done, each command counted as
 //! `1 / (commands per second of its size alone)`, per second: `overhead_pct` is how much less
 //! than one (the device as busy as with one guest alone) that is.
+//!
+//! (b) **Multimedia.** A video guest composes a 1280x720 frame on the GPU and presents it on
+//! the display 30 times a second, against 1, 2 and 4 hog guests looping 640x360
+//! compositions (each guest one in flight); its presented rate (the display's count) as a percentage of its desired 30
+//! fps, with round robin and with the `feedback` scheduler (the video guest's policy class is
+//! `multimedia`: the DFR loop raises its share and boosts it while it is behind).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,6 +45,8 @@ pub struct SharingParams {
     pub seconds: u64,
     pub guests: Vec<usize>,
     pub schedulers: Vec<Kind>,
+    /// Hog counts of the multimedia part (empty: skip it).
+    pub hogs: Vec<usize>,
 }
 
 /// One size alone on the device.
@@ -63,11 +71,170 @@ pub struct FairnessRow {
     pub windows: usize,
 }
 
+/// One multimedia configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct MultimediaRow {
+    pub scheduler: String,
+    pub hogs: usize,
+    /// Presented frames per second as a percentage of the desired 30.
+    pub dfr_pct: f64,
+    pub presented_fps: f64,
+    /// Hog compositions per second, all hogs.
+    pub hog_commands_per_s: f64,
+}
+
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
 pub struct SharingReport {
     pub alone: Vec<AloneRow>,
     pub fairness: Vec<FairnessRow>,
+    pub multimedia: Vec<MultimediaRow>,
+}
+
+/// The hogs' composition size: on lavapipe a 1920x1080 composition takes longer than a frame
+/// period, and no scheduler can get a frame past a command it cannot preempt.
+const HOG_SIZE: (u32, u32) = (640, 360);
+
+/// The video guest's desired frame rate.
+const VIDEO_FPS: f64 = 30.0;
+
+/// The video guest: a 1280x720 GPU composition presented on the display every 1/30 s.
+fn video(target: &str, warm: &Barrier, stop: &AtomicBool) -> Result<(), CliError> {
+    let (w, h) = (1280u32, 720u32);
+    let setup = || -> Result<_, CliError> {
+        let conn = Connection::open(
+            target,
+            &ConnectOptions {
+                name: "video".into(),
+                window_size: w as u64 * h as u64 * 4 * 5 + (16 << 20),
+                ..ConnectOptions::default()
+            },
+        )?;
+        let src = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
+        let outs = (0..3)
+            .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let layers = conn.alloc_blob(api::LAYER_RECORD as u64)?.id;
+        Ok((conn, src, outs, layers))
+    };
+    let (conn, src, outs, layers) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            warm.wait();
+            return Err(e);
+        }
+    };
+    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
+    let ready = (|| -> Result<(), CliError> {
+        p.cpu_write(src, &vec![0x40u8; (w * h * 4) as usize])?;
+        p.cpu_write(layers, &full_layer(src, w, h, false).to_bytes())?;
+        Ok(())
+    })();
+    warm.wait();
+    ready?;
+    let period = Duration::from_secs_f64(1.0 / VIDEO_FPS);
+    let mut next = Instant::now();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let dst = outs[i % outs.len()];
+        i += 1;
+        let t = p.run_with(
+            &api::gpu::Composite {
+                layers,
+                count: 1,
+                dst,
+            },
+            &[src],
+        )?;
+        p.result(t)?;
+        let t = p.run(&api::display::Present {
+            frame: dst,
+            capture_ns: 0,
+        })?;
+        p.result(t)?;
+        next += period;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            next = now; // late: no catching up
+        }
+    }
+    Ok(())
+}
+
+/// The display's presented count of the guest named `video`.
+fn presented(control: &Target) -> Result<u64, CliError> {
+    Ok(crate::top::sample(control, None)?
+        .into_iter()
+        .find(|g| g.name == "video")
+        .map_or(0, |g| g.presented))
+}
+
+/// One multimedia run: the video guest against `hogs` GPU hogs under `kind`.
+fn run_multimedia(kind: Kind, hogs: usize, seconds: u64) -> Result<MultimediaRow, CliError> {
+    let policy =
+        std::env::temp_dir().join(format!("virtsoc-bench-policy-{}.toml", std::process::id()));
+    std::fs::write(&policy, "[guest.video]\nclass = \"multimedia\"\n")?;
+    let policy_arg = policy.display().to_string();
+    let d = DaemonProcess::spawn(
+        &[
+            "--scheduler",
+            kind.name(),
+            "--policy",
+            &policy_arg,
+            "--display-size",
+            "1280x720",
+        ],
+        false,
+    )?;
+    let target = d.endpoint().target;
+    let control = Target::Unix(control_path(std::path::Path::new(&target)));
+    let warm = Barrier::new(hogs + 2);
+    let stop = AtomicBool::new(false);
+    let done: Vec<AtomicU64> = (0..hogs).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..hogs).map(|i| format!("hog-{i}")).collect();
+    let result = std::thread::scope(|s| {
+        let mut handles: Vec<_> = (0..hogs)
+            .map(|i| {
+                let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
+                s.spawn(move || guest(t, name, HOG_SIZE, warm, stop, done))
+            })
+            .collect();
+        let (t, warm_v, stop_v) = (&target, &warm, &stop);
+        handles.push(s.spawn(move || video(t, warm_v, stop_v)));
+        warm.wait();
+        let measured = (|| -> Result<_, CliError> {
+            // Let the feedback loop see the guest (its fast start is one second).
+            std::thread::sleep(Duration::from_secs(2));
+            let f0 = presented(&control)?;
+            let c0: u64 = done.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs(seconds));
+            let f1 = presented(&control)?;
+            let c1: u64 = done.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+            let secs = t0.elapsed().as_secs_f64();
+            Ok(((f1 - f0) as f64 / secs, (c1 - c0) as f64 / secs))
+        })();
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+            }
+        }
+        measured
+    });
+    d.stop()?;
+    let _ = std::fs::remove_file(&policy);
+    let (fps, hog_rate) = result?;
+    Ok(MultimediaRow {
+        scheduler: kind.name().to_string(),
+        hogs,
+        dfr_pct: fps / VIDEO_FPS * 100.0,
+        presented_fps: fps,
+        hog_commands_per_s: hog_rate,
+    })
 }
 
 /// What one guest thread does until `stop`: compositions of `size`, one at a time.
@@ -257,7 +424,17 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
             });
         }
     }
-    Ok(SharingReport { alone, fairness })
+    let mut multimedia = Vec::new();
+    for kind in [Kind::RoundRobin, Kind::Feedback] {
+        for &h in &p.hogs {
+            multimedia.push(run_multimedia(kind, h, p.seconds)?);
+        }
+    }
+    Ok(SharingReport {
+        alone,
+        fairness,
+        multimedia,
+    })
 }
 
 /// One guest of size `w` x `h` alone (round robin): its completed commands and the seconds.
@@ -305,6 +482,18 @@ pub fn print_table(r: &SharingReport) {
             f.unfairness_p95 * 100.0,
             f.overhead_pct,
             shares.join(" ")
+        );
+    }
+    if !r.multimedia.is_empty() {
+        println!(
+            "{:<12} {:>5} {:>8} {:>8} {:>12}",
+            "scheduler", "hogs", "% of DFR", "fps", "hog cmds/s"
+        );
+    }
+    for m in &r.multimedia {
+        println!(
+            "{:<12} {:>5} {:>8.1} {:>8.1} {:>12.1}",
+            m.scheduler, m.hogs, m.dfr_pct, m.presented_fps, m.hog_commands_per_s
         );
     }
 }

@@ -186,6 +186,9 @@ enum BenchCmd {
             default_value = "round-robin,wfq,fixed-rate,aimd"
         )]
         scheduler: Vec<virtsoc_sched::Kind>,
+        /// Hog counts of the multimedia part (0 to skip it).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        hogs: Vec<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -409,10 +412,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     seconds,
                     guests,
                     scheduler,
+                    hogs,
                     json,
                 },
         } => {
             let r = bench_sharing::run(&bench_sharing::SharingParams {
+                hogs: hogs.into_iter().filter(|n| *n > 0).collect(),
                 seconds: seconds.max(1),
                 guests: guests.into_iter().filter(|n| *n > 0).collect(),
                 schedulers: scheduler,

@@ -27,7 +27,7 @@ mod tests;
 #[derive(Debug, thiserror::Error)]
 pub enum SchedError {
     /// An unknown scheduler name.
-    #[error("unknown scheduler {0:?} (round-robin, wfq, fixed-rate, aimd)")]
+    #[error("unknown scheduler {0:?} (round-robin, wfq, fixed-rate, aimd, feedback)")]
     UnknownScheduler(String),
     /// A policy file that does not parse or does not validate.
     #[error("policy line {line}: {msg}")]
@@ -77,6 +77,9 @@ pub trait Scheduler: Send {
     fn dispatched(&mut self, guest: GuestId, now: Nanos);
     /// A command of `guest` finished after `device_ns` of device time.
     fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos);
+    /// Boosts `guest` (a multimedia guest behind its desired frame rate) above the others,
+    /// or ends its boost. Schedulers without classes ignore it.
+    fn set_boost(&mut self, _guest: GuestId, _on: bool) {}
 }
 
 /// The schedulers the daemon offers.
@@ -87,11 +90,20 @@ pub enum Kind {
     Wfq,
     FixedRate,
     Aimd,
+    /// WFQ with multimedia boost, steered by the DFR feedback loop ([`dfr`]) the daemon runs
+    /// for multimedia guests.
+    Feedback,
 }
 
 impl Kind {
     /// Every kind, in the order benches report them.
-    pub const ALL: [Kind; 4] = [Kind::RoundRobin, Kind::Wfq, Kind::FixedRate, Kind::Aimd];
+    pub const ALL: [Kind; 5] = [
+        Kind::RoundRobin,
+        Kind::Wfq,
+        Kind::FixedRate,
+        Kind::Aimd,
+        Kind::Feedback,
+    ];
 
     /// The flag's spelling.
     pub fn name(self) -> &'static str {
@@ -100,6 +112,7 @@ impl Kind {
             Kind::Wfq => "wfq",
             Kind::FixedRate => "fixed-rate",
             Kind::Aimd => "aimd",
+            Kind::Feedback => "feedback",
         }
     }
 
@@ -110,6 +123,7 @@ impl Kind {
             Kind::Wfq => Box::new(wfq::Wfq::new(wfq::WfqConfig::default())),
             Kind::FixedRate => Box::new(rate::RateControl::fixed(rate::RateConfig::default())),
             Kind::Aimd => Box::new(rate::RateControl::aimd(rate::RateConfig::default())),
+            Kind::Feedback => Box::new(wfq::Wfq::feedback(wfq::WfqConfig::default())),
         }
     }
 }

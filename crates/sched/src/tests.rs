@@ -242,6 +242,26 @@ fn closed_loop_guests_between_two_commands_are_not_run_over() {
 }
 
 #[test]
+fn feedback_boost_serves_the_boosted_guest_first_and_limits_the_others() {
+    let mut f = Kind::Feedback.build();
+    assert_eq!(f.name(), "feedback");
+    assert_eq!(f.pick(&[1, 2, 3], &[], 0), Pick::Serve(1));
+    f.dispatched(1, 0);
+    f.completed(1, 50 * MS, 50 * MS);
+    f.set_boost(1, true);
+    // Guest 1 is far ahead in device time, but boosted: served first.
+    assert_eq!(f.pick(&[1, 2, 3], &[], 50 * MS), Pick::Serve(1));
+    // While it is boosted, the others have one command running at most.
+    assert_eq!(f.pick(&[3], &[1, 2], 51 * MS), Pick::Wait);
+    f.set_boost(1, false);
+    assert_eq!(f.pick(&[3], &[1, 2], 51 * MS), Pick::Serve(3));
+    // Plain WFQ ignores boosts.
+    let mut w = Kind::Wfq.build();
+    w.set_boost(2, true);
+    assert_eq!(w.pick(&[1, 2], &[], 0), Pick::Serve(1));
+}
+
+#[test]
 fn rate_controls_hold_equal_shares() {
     for kind in [Kind::FixedRate, Kind::Aimd] {
         let mut s = kind.build();

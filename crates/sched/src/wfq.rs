@@ -20,8 +20,13 @@
 //!   guest that had work `anticipate` ago but has none ready this instant is still counted as
 //!   wanting the device, so the others do not run ahead of it during its round trip (the
 //!   device waits at most `anticipate` for it).
+//! - As the `feedback` scheduler, boosted guests (multimedia guests behind their desired frame
+//!   rate, [`Scheduler::set_boost`]) go first whenever they have a command ready, and while
+//!   any guest is boosted the others have at most one command running at a time, so a boosted
+//!   guest's next command waits behind at most one other on a device that runs submissions in
+//!   order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::{GuestId, Nanos, Pick, Scheduler, DEFAULT_SHARE, MS};
 
@@ -69,6 +74,9 @@ pub struct Wfq {
     vtime: f64,
     /// When each guest last had work (ready, running or just completed).
     seen: HashMap<GuestId, Nanos>,
+    /// Boosted guests (feedback scheduler only).
+    boosted: HashSet<GuestId>,
+    feedback: bool,
 }
 
 impl Wfq {
@@ -80,6 +88,16 @@ impl Wfq {
             shares: HashMap::new(),
             vtime: 0.0,
             seen: HashMap::new(),
+            boosted: HashSet::new(),
+            feedback: false,
+        }
+    }
+
+    /// WFQ with multimedia boost: the `feedback` scheduler.
+    pub fn feedback(cfg: WfqConfig) -> Self {
+        Wfq {
+            feedback: true,
+            ..Wfq::new(cfg)
         }
     }
 
@@ -111,7 +129,22 @@ impl Wfq {
 
 impl Scheduler for Wfq {
     fn name(&self) -> &'static str {
-        "wfq"
+        if self.feedback {
+            "feedback"
+        } else {
+            "wfq"
+        }
+    }
+
+    fn set_boost(&mut self, guest: GuestId, on: bool) {
+        if !self.feedback {
+            return;
+        }
+        if on {
+            self.boosted.insert(guest);
+        } else {
+            self.boosted.remove(&guest);
+        }
     }
 
     fn set_share(&mut self, guest: GuestId, share: u32) {
@@ -126,6 +159,7 @@ impl Scheduler for Wfq {
         self.flows.remove(&guest);
         self.shares.remove(&guest);
         self.seen.remove(&guest);
+        self.boosted.remove(&guest);
     }
 
     fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], now: Nanos) -> Pick {
@@ -160,6 +194,19 @@ impl Scheduler for Wfq {
                     best
                 }
             });
+        if !self.boosted.is_empty() {
+            let boosted = ready
+                .iter()
+                .filter(|g| self.boosted.contains(g))
+                .filter_map(|g| self.flows.get(g).map(|f| (*g, f.finish)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((g, _)) = boosted {
+                return Pick::Serve(g);
+            }
+            if busy.iter().any(|g| !self.boosted.contains(g)) {
+                return Pick::Wait;
+            }
+        }
         // The guests behind: running, or between two commands.
         let share = self.flows.get(&cand).map_or(1.0, |f| f.share);
         let limit = cf - self.cfg.slack as f64 / share;

@@ -24,6 +24,7 @@
 pub mod camera;
 pub mod codec;
 pub mod display;
+pub mod feedback;
 pub mod gpu;
 pub mod isp;
 pub(crate) mod layers;
@@ -273,29 +274,6 @@ impl DeviceSlot {
             .unwrap_or(0)
     }
 
-    /// Each guest's use of this device (device time, requests, refusals).
-    pub fn usage(&self) -> HashMap<u64, share::Usage> {
-        self.acct.usage()
-    }
-
-    /// Commands queued on this device by `guest`.
-    pub fn depth_of(&self, guest: u64) -> usize {
-        self.queues
-            .lock()
-            .map(|q| {
-                q.iter()
-                    .filter(|(s, _)| s.guest_id() == guest)
-                    .map(|(_, q)| q.len())
-                    .sum()
-            })
-            .unwrap_or(0)
-    }
-
-    /// The name of this device's scheduler.
-    pub fn scheduler(&self) -> &'static str {
-        self.acct.scheduler()
-    }
-
     /// Registers a guest's queue on this device.
     pub fn attach(&self, session: Arc<Session>, queue: GuestQueue) {
         self.queues
@@ -320,6 +298,8 @@ impl DeviceSlot {
 /// Every device of the daemon.
 pub struct DeviceSet {
     slots: Vec<Arc<DeviceSlot>>,
+    /// The multimedia feedback loop (`--scheduler feedback`).
+    feedback: Mutex<Option<feedback::FeedbackLoop>>,
 }
 
 impl DeviceSet {
@@ -359,8 +339,18 @@ impl DeviceSet {
                 *slot.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
                 slot
             })
-            .collect();
-        DeviceSet { slots }
+            .collect::<Vec<_>>();
+        let feedback = if sharing.scheduler == virtsoc_sched::Kind::Feedback {
+            feedback::FeedbackLoop::start(slots.clone(), sharing.policy.clone())
+                .map_err(|e| log::error!("feedback loop not started: {e}"))
+                .ok()
+        } else {
+            None
+        };
+        DeviceSet {
+            slots,
+            feedback: Mutex::new(feedback),
+        }
     }
 
     /// The device with id `id`, if any (never the CPU).
@@ -375,6 +365,14 @@ impl DeviceSet {
 
     /// Stops every worker after its current command.
     pub fn stop(&self) {
+        if let Some(mut f) = self
+            .feedback
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            f.stop();
+        }
         for s in &self.slots {
             s.stop.store(true, Ordering::SeqCst);
             s.events.notify();

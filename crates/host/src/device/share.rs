@@ -31,6 +31,44 @@ pub struct Sharing {
     pub policy: Arc<PolicyStore>,
 }
 
+/// Per-guest views of a device, for the control API and the feedback loop.
+impl DeviceSlot {
+    /// Each guest's use of this device (device time, requests, refusals).
+    pub fn usage(&self) -> HashMap<u64, Usage> {
+        self.acct.usage()
+    }
+
+    /// Commands queued on this device by `guest`.
+    pub fn depth_of(&self, guest: u64) -> usize {
+        self.queues
+            .lock()
+            .map(|q| {
+                q.iter()
+                    .filter(|(s, _)| s.guest_id() == guest)
+                    .map(|(_, q)| q.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Guests with a queue on this device, by id: their names.
+    pub fn guest_names(&self) -> HashMap<u64, String> {
+        self.queues
+            .lock()
+            .map(|q| {
+                q.iter()
+                    .map(|(s, _)| (s.guest_id(), s.name().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The name of this device's scheduler.
+    pub fn scheduler(&self) -> &'static str {
+        self.acct.scheduler()
+    }
+}
+
 /// One guest's use of one device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -107,6 +145,16 @@ impl Accounting {
             .unwrap_or_else(|p| p.into_inner())
             .usage
             .clone()
+    }
+
+    /// Sets `guest`'s share on this device (the feedback loop).
+    pub fn set_share(&self, guest: GuestId, share: u32) {
+        self.with_sched(|s| s.set_share(guest, share));
+    }
+
+    /// Boosts `guest` on this device, or ends its boost (the feedback loop).
+    pub fn set_boost(&self, guest: GuestId, on: bool) {
+        self.with_sched(|s| s.set_boost(guest, on));
     }
 
     fn with_sched<T>(&self, f: impl FnOnce(&mut dyn Scheduler) -> T) -> T {
