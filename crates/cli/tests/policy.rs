@@ -131,3 +131,16 @@ fn a_bad_policy_at_start_is_a_clear_error() {
     assert!(err.contains("line 1") && err.contains("shares"), "{err}");
     let _ = std::fs::remove_file(&file);
 }
+
+#[test]
+fn the_policy_memory_limit_caps_that_guest_only() {
+    let file = policy_file("mem", "[guest.small]\nmemory_limit = 1048576\n");
+    let d = Daemon::start(&["--policy", file.to_str().unwrap()]);
+    let small = guest(&d, "small");
+    let other = guest(&d, "other");
+    let err = small.alloc_blob(2 << 20).expect_err("over its limit");
+    assert_eq!(err.status(), Status::OutOfMemory);
+    small.alloc_blob(512 << 10).unwrap();
+    other.alloc_blob(2 << 20).unwrap();
+    let _ = std::fs::remove_file(&file);
+}
