@@ -4,11 +4,13 @@
 //! A device owns a memory domain (its local memory) and executes the requests addressed to it
 //! on its own thread: begin_access / end_access of regions it touches, and its own commands.
 //! Each guest has its own ordered queue on each device it uses (so a fence wait holds back only
-//! that guest's work on that device); the worker serves the queues round robin and posts each
-//! completion to the guest that sent the request. Queues of a guest that has gone away are
-//! dropped unexecuted. Which ready queue goes next is the device's scheduler's choice
-//! ([`share`]: round robin by default, or weighted fair queueing and AvA's rate controls on
-//! the device time measured per guest), within the policy's allow-lists and rate caps.
+//! that guest's work on that device); the worker serves the queues and posts each completion to
+//! the guest that sent the request. Queues of a guest that has gone away are dropped
+//! unexecuted. Which ready queue goes next is the device's scheduler's choice ([`share`]: round
+//! robin by default, or weighted fair queueing, AvA's rate controls and the multimedia feedback
+//! scheduler on the device time measured per guest), within the policy's allow-lists and rate
+//! caps; a rate control may postpone every ready guest, and the worker then sleeps until the
+//! time it names (or an event).
 //!
 //! The worker never blocks on one guest's behalf:
 //! - a begin_access whose bytes are still being copied in (a prefetch in flight) is *parked*:
