@@ -35,9 +35,38 @@ impl Default for PolicyStore {
 }
 
 fn read(path: &Path) -> Result<Policy> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| HostError::Config(format!("policy {}: {e}", path.display())))?;
-    Policy::parse(&text).map_err(|e| HostError::Config(format!("policy {}: {e}", path.display())))
+    let bad = |e: String| HostError::Config(format!("policy {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let p = Policy::parse(&text).map_err(|e| bad(e.to_string()))?;
+    check_commands(&p, &text).map_err(bad)?;
+    Ok(p)
+}
+
+/// Every `device.command` naming a declared device names one of its commands (a typo would
+/// otherwise deny silently).
+fn check_commands(p: &Policy, text: &str) -> std::result::Result<(), String> {
+    for g in std::iter::once(&p.default).chain(p.guest.values()) {
+        for c in g.commands.iter().flatten() {
+            let Some((dev, cmd)) = c.split_once('.') else {
+                continue;
+            };
+            let Some(decl) = virtsoc_devapi::ALL.iter().find(|d| d.name == dev) else {
+                continue;
+            };
+            if cmd != "*" && !decl.commands.iter().any(|x| x.name == cmd) {
+                let line = text
+                    .lines()
+                    .position(|l| l.contains(c.as_str()))
+                    .map_or(1, |i| i + 1);
+                let known: Vec<&str> = decl.commands.iter().map(|x| x.name).collect();
+                return Err(format!(
+                    "line {line}: {dev} has no command {cmd:?} (it has {})",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl PolicyStore {
@@ -87,4 +116,36 @@ pub fn allows_command(guest: &GuestPolicy, dev: DeviceId, device: &str, op: u64)
     virtsoc_devapi::device(dev)
         .and_then(|d| d.commands.iter().find(|c| c.op == op))
         .is_none_or(|c| guest.allows_command(device, c.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_commands_of_declared_devices_are_errors_with_their_line() {
+        let dir = std::env::temp_dir().join(format!("virtsoc-policy-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("p.toml");
+        std::fs::write(&f, "[guest.a]\nshares = 5\ncommands = [\"gpu.composit\"]\n").unwrap();
+        let e = PolicyStore::load(&f).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("composite"), "{e}");
+        std::fs::write(
+            &f,
+            "[guest.a]\ncommands = [\"gpu.composite\", \"mystery.x\"]\n",
+        )
+        .unwrap();
+        let store = PolicyStore::load(&f).unwrap();
+        assert_eq!(store.generation(), 0);
+        // A bad reload keeps the policy.
+        std::fs::write(&f, "[guest.a]\nshares = -1\n").unwrap();
+        assert!(store.reload().is_err());
+        assert_eq!(store.generation(), 0);
+        assert!(store.current().guest.contains_key("a"));
+        std::fs::write(&f, "[guest.b]\n").unwrap();
+        store.reload().unwrap();
+        assert_eq!(store.generation(), 1);
+        assert!(store.current().guest.contains_key("b"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -9,8 +9,8 @@
 //! shares = 400                          # weight under wfq / fixed-rate / aimd
 //! class = "multimedia"                  # or "batch" (the default)
 //! devices = ["codec", "display", "gpu"] # devices it may use (absent: all)
-//! commands = ["gpu.compose", "codec.*"] # device commands it may send (absent: all)
-//! rate_cap = 500                        # device commands per second on each device
+//! commands = ["gpu.composite", "codec.*"] # device commands it may send (absent: all)
+//! rate_cap = 500                        # requests per second on each device (commands and accesses)
 //! memory_limit = 268435456              # bytes its replicas may hold
 //! ```
 //!
@@ -49,7 +49,8 @@ pub struct GuestPolicy {
     /// Device commands it may send, as `device.command` or `device.*`; `None`: every one.
     #[serde(default)]
     pub commands: Option<Vec<String>>,
-    /// Device commands per second on each device.
+    /// Requests (device commands and the accesses bracketing them) per second on each
+    /// device.
     #[serde(default)]
     pub rate_cap: Option<f64>,
     /// Bytes its replicas may hold.
@@ -179,7 +180,7 @@ fn find_line(text: &str, key: &str) -> usize {
         .map_or(1, |i| i + 1)
 }
 
-/// A token bucket for a rate cap: `rate` commands per second, bursts of up to one second's
+/// A token bucket for a rate cap: `rate` requests per second, bursts of up to one second's
 /// worth (at least one).
 #[derive(Debug, Clone)]
 pub struct TokenBucket {

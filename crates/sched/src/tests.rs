@@ -404,7 +404,7 @@ shares = 50
 shares = 400
 class = "multimedia"
 devices = ["codec", "display", "gpu"]
-commands = ["gpu.compose", "codec.*", "display.present"]
+commands = ["gpu.composite", "codec.*", "display.present"]
 rate_cap = 500
 memory_limit = 268435456
 "#;
@@ -415,7 +415,7 @@ fn policy_parses_toml_and_json() {
     let v = p.for_guest("video");
     assert_eq!((v.shares, v.class), (400, Class::Multimedia));
     assert_eq!(v.memory_limit, Some(256 << 20));
-    assert!(v.allows_command("gpu", "compose"));
+    assert!(v.allows_command("gpu", "composite"));
     assert!(v.allows_command("codec", "decode"));
     assert!(!v.allows_command("gpu", "project"));
     assert!(!v.allows_device("modem"));
