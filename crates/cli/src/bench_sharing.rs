@@ -3,7 +3,7 @@
 //! (a) **Fairness.** For each scheduler (`virtsocd --scheduler`), a daemon of its own serves
 //! 2, 4 and 8 guests with equal shares. Each guest is a thread of this process with its own
 //! connection (its own session, rings and window) looping GPU compositions, one in flight,
-//! of a size that differs from guest to guest (320x180, 1280x720, 1920x1080 in turn), so the
+//! of a size that differs from guest to guest (320x180, 960x540, 1280x720 in turn), so the
 //! per-command cost differs several-fold. Every second the bench reads each guest's GPU device
 //! time from the daemon's control API (the worker's accounting, as AvA reads its API
 //! server's): the window's unfairness is `max over guests |share - ideal| / ideal`, reported as
@@ -39,7 +39,7 @@ use crate::stats::percentile;
 use crate::CliError;
 
 /// The composition sizes guests cycle through.
-const SIZES: [(u32, u32); 3] = [(320, 180), (1280, 720), (1920, 1080)];
+const SIZES: [(u32, u32); 3] = [(320, 180), (960, 540), (1280, 720)];
 
 /// What to run.
 #[derive(Debug, Clone)]

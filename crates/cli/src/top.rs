@@ -132,7 +132,7 @@ fn print_table(guests: &[TopGuest]) {
         let devs: Vec<_> = g.devices.iter().collect();
         if devs.is_empty() {
             println!(
-                "{:>5} {:<16} {:<8} {:>9} {:>10.1} {:>7} {:>7}",
+                "{:>5} {:<16.16} {:<8} {:>9} {:>10.1} {:>7} {:>7}",
                 g.id,
                 g.name,
                 "-",
@@ -148,7 +148,7 @@ fn print_table(guests: &[TopGuest]) {
                 .map_or("-".to_string(), |u| format!("{:.1}", u * 100.0));
             if first {
                 print!(
-                    "{:>5} {:<16} {:<8} {:>9} {:>10.1} {:>7} {:>7}",
+                    "{:>5} {:<16.16} {:<8} {:>9} {:>10.1} {:>7} {:>7}",
                     g.id,
                     g.name,
                     name,

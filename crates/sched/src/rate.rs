@@ -4,10 +4,11 @@
 //! again after a delay:
 //!
 //! - **fixed-rate** polling: the delay is a fixed interval `d` (AvA: 5 ms);
-//! - **AIMD** feedback: the delay adapts at every check, `d <- d * b` if the guest has
-//!   exhausted its share, `d <- d + a` otherwise (AvA: `a = 1 ms`, `b = 1/2`), within
-//!   [`RateConfig::min_delay`] and [`RateConfig::max_delay`]: a hog is re-checked ever more
-//!   finely while it is over its share, so the device idles little once it may run again.
+//! - **AIMD** feedback: each guest's delay adapts at the end of every window, `d <- d * b` if
+//!   the guest exhausted its share in that window, `d <- d + a` otherwise (AvA's formula with
+//!   `a = 1 ms`, `b = 1/2`), within [`RateConfig::min_delay`] and [`RateConfig::max_delay`]: a
+//!   guest that keeps exhausting its share is re-checked ever more finely, so the device idles
+//!   little once it may run again.
 //!
 //! Guests within their share are served in turn. A guest alone is never postponed. The guests
 //! "with work" are those ready or running now, and those that were within the last
@@ -47,7 +48,7 @@ impl Default for RateConfig {
             b: 0.5,
             min_delay: MS / 4,
             max_delay: 50 * MS,
-            tolerance: 0.0,
+            tolerance: 0.01,
             anticipate: 2 * MS,
         }
     }
@@ -121,6 +122,23 @@ impl RateControl {
     fn roll(&mut self, now: Nanos) {
         let start = *self.window_start.get_or_insert(now);
         if now.saturating_sub(start) >= self.cfg.window {
+            if self.mode == Mode::Aimd {
+                let (used, share) = self
+                    .accounts
+                    .values()
+                    .filter(|a| a.used > 0)
+                    .fold((0u64, 0.0), |(u, s), a| (u + a.used, s + a.share));
+                let cfg = self.cfg;
+                for a in self.accounts.values_mut().filter(|a| a.used > 0) {
+                    let exhausted = a.used as f64 / used.max(1) as f64
+                        > a.share / share.max(1.0) + cfg.tolerance;
+                    a.delay = if exhausted {
+                        ((a.delay as f64 * cfg.b) as Nanos).max(cfg.min_delay)
+                    } else {
+                        (a.delay + cfg.a).min(cfg.max_delay)
+                    };
+                }
+            }
             for a in self.accounts.values_mut() {
                 a.used = 0;
             }
@@ -196,15 +214,7 @@ impl Scheduler for RateControl {
                 continue;
             }
             let over = self.over_share(*g, &active);
-            let (cfg, mode) = (self.cfg, self.mode);
             let a = self.account(*g);
-            if mode == Mode::Aimd {
-                a.delay = if over {
-                    ((a.delay as f64 * cfg.b) as Nanos).max(cfg.min_delay)
-                } else {
-                    (a.delay + cfg.a).min(cfg.max_delay)
-                };
-            }
             if over {
                 a.not_before = now + a.delay;
                 wake = wake.min(a.not_before);

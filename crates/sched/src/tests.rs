@@ -303,13 +303,20 @@ fn fixed_rate_postpones_by_its_interval_and_aimd_adapts() {
     let mut a = RateControl::aimd(cfg);
     a.completed(1, 10 * MS, 0);
     a.completed(2, MS, 0);
-    assert_eq!(a.pick(&[1], &[2], MS), Pick::Until(MS + cfg.delay / 2)); // d * b
-    let t = MS + cfg.delay / 2;
-    assert_eq!(a.pick(&[1], &[2], t), Pick::Until(t + cfg.delay / 4)); // exhausted again
-    a.completed(2, 20 * MS, t);
-    // Now within its share: served, and its delay grows by a.
-    assert_eq!(a.pick(&[1], &[2], t + cfg.delay), Pick::Serve(1));
-    assert_eq!(a.delay(1), Some(cfg.delay / 4 + cfg.a));
+    assert_eq!(a.pick(&[1], &[2], MS), Pick::Until(MS + cfg.delay));
+    // End of the window: guest 1 exhausted its share (d * b), guest 2 did not (d + a).
+    let w = cfg.window;
+    a.completed(1, 10 * MS, w);
+    assert_eq!(a.delay(1), Some(cfg.delay / 2));
+    assert_eq!(a.delay(2), Some(cfg.delay + cfg.a));
+    a.completed(1, 10 * MS, w + MS);
+    a.completed(2, MS, w + MS);
+    assert_eq!(
+        a.pick(&[1], &[2], w + 2 * MS),
+        Pick::Until(w + 2 * MS + cfg.delay / 2)
+    );
+    a.completed(1, MS, 2 * w);
+    assert_eq!(a.delay(1), Some(cfg.delay / 4));
 }
 
 #[test]

@@ -2,11 +2,13 @@
 //! scheduler (`virtsocd --scheduler`, [`virtsoc_sched`]), the policy's shares, rate caps and
 //! allow-lists as the device worker applies them.
 //!
-//! **Device time** of a request is its busy period on the device: from the later of its
-//! dispatch and the previous answer on this device, to its answer ([`Reply`](super::Reply)
-//! being sent). For a device that runs one request at a time this is dispatch to answer; for
-//! the GPU, whose submissions run in order while several guests' are queued, it does not count
-//! the time a submission waited behind another guest's.
+//! **Device time** of a device command is its busy period on the device: from the later of
+//! its dispatch and the previous command's answer on this device, to its answer
+//! ([`Reply`](super::Reply) being sent). For a device that runs one command at a time this is
+//! dispatch to answer; for the GPU, whose submissions run in order while several guests' are
+//! queued, it does not count the time a submission waited behind another guest's. Accesses
+//! (begin/end_access, run by the worker itself, not queued on the device) count from dispatch
+//! to answer and stay out of the commands' chain.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -114,13 +116,19 @@ impl Accounting {
         self.sched.lock().unwrap_or_else(|p| p.into_inner()).name()
     }
 
-    /// A request of `guest` dispatched at `t0` has been answered.
-    pub fn finish(&self, guest: GuestId, t0: Nanos) {
+    /// A request of `guest` dispatched at `t0` has been answered; `command`: a device command
+    /// (in the device's order of execution), else an access.
+    pub fn finish(&self, guest: GuestId, t0: Nanos, command: bool) {
         let now = self.now();
         let ns = {
             let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
-            let start = t0.max(b.last_done).min(now);
-            b.last_done = now;
+            let start = if command {
+                let s = t0.max(b.last_done).min(now);
+                b.last_done = now;
+                s
+            } else {
+                t0.min(now)
+            };
             let u = b.usage.entry(guest).or_default();
             u.requests += 1;
             u.device_ns += now - start;
@@ -292,12 +300,13 @@ pub(super) fn start(
     let wake = slot.waker();
     let acct = slot.acct.clone();
     let (guest, t0) = (session.guest_id(), slot.acct.now());
+    let command = Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd);
     Reply {
         session: session.clone(),
         seq: req.seq,
         token: Some(token),
         on_sent: Some(Box::new(move || {
-            acct.finish(guest, t0);
+            acct.finish(guest, t0, command);
             flag.store(false, Ordering::Release);
             wake();
         })),
