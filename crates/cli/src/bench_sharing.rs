@@ -18,6 +18,10 @@
 //! compositions (each guest one in flight); its presented rate (the display's count) as a percentage of its desired 30
 //! fps, with round robin and with the `feedback` scheduler (the video guest's policy class is
 //! `multimedia`: the DFR loop raises its share and boosts it while it is behind).
+//!
+//! (c) **Together vs alone** (the Android-on-KVM paper's Table 3 analog): app guests that each
+//! compose and present a 1280x720 frame 30 times a second, one alone and two together; the
+//! slower guest's frame rate together as a percentage of one alone.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,6 +53,8 @@ pub struct SharingParams {
     pub schedulers: Vec<Kind>,
     /// Hog counts of the multimedia part (empty: skip it).
     pub hogs: Vec<usize>,
+    /// Run the two-guests-together part.
+    pub together: bool,
 }
 
 /// One size alone on the device.
@@ -90,12 +96,67 @@ pub struct MultimediaRow {
     pub hog_commands_per_s: f64,
 }
 
+/// The Table 3 analog: app guests (30 fps, a 1280x720 GPU composition presented per frame)
+/// alone and two together.
+#[derive(Debug, Clone, Serialize)]
+pub struct TogetherRow {
+    pub scheduler: String,
+    pub guests: usize,
+    /// Frames per second of each guest.
+    pub fps: Vec<f64>,
+    /// The slowest guest's rate as a percentage of one guest alone.
+    pub vs_alone_pct: f64,
+}
+
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
 pub struct SharingReport {
     pub alone: Vec<AloneRow>,
     pub fairness: Vec<FairnessRow>,
     pub multimedia: Vec<MultimediaRow>,
+    pub together: Vec<TogetherRow>,
+}
+
+/// `n` app guests together under `kind`: each guest's frames per second.
+fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Vec<f64>, CliError> {
+    let d = DaemonProcess::spawn(
+        &["--scheduler", kind.name(), "--display-size", "1280x720"],
+        false,
+    )?;
+    let target = d.endpoint().target;
+    let warm = Barrier::new(n + 1);
+    let stop = AtomicBool::new(false);
+    let frames: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("app-{i}")).collect();
+    let r = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (t, name, warm, stop, f) = (&target, &names[i], &warm, &stop, &frames[i]);
+                s.spawn(move || video(t, name, warm, stop, f))
+            })
+            .collect();
+        warm.wait();
+        std::thread::sleep(Duration::from_secs(1));
+        let f0: Vec<u64> = frames.iter().map(|f| f.load(Ordering::Relaxed)).collect();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs(seconds));
+        let secs = t0.elapsed().as_secs_f64();
+        let fps: Vec<f64> = frames
+            .iter()
+            .zip(&f0)
+            .map(|(f, z)| (f.load(Ordering::Relaxed) - z) as f64 / secs)
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+            }
+        }
+        Ok(fps)
+    });
+    d.stop()?;
+    r
 }
 
 /// The hogs' composition size: on lavapipe a 1920x1080 composition takes longer than a frame
@@ -106,13 +167,19 @@ const HOG_SIZE: (u32, u32) = (640, 360);
 const VIDEO_FPS: f64 = 30.0;
 
 /// The video guest: a 1280x720 GPU composition presented on the display every 1/30 s.
-fn video(target: &str, warm: &Barrier, stop: &AtomicBool) -> Result<(), CliError> {
+fn video(
+    target: &str,
+    name: &str,
+    warm: &Barrier,
+    stop: &AtomicBool,
+    frames: &AtomicU64,
+) -> Result<(), CliError> {
     let (w, h) = (1280u32, 720u32);
     let setup = || -> Result<_, CliError> {
         let conn = Connection::open(
             target,
             &ConnectOptions {
-                name: "video".into(),
+                name: name.into(),
                 window_size: w as u64 * h as u64 * 4 * 5 + (16 << 20),
                 ..ConnectOptions::default()
             },
@@ -159,6 +226,7 @@ fn video(target: &str, warm: &Barrier, stop: &AtomicBool) -> Result<(), CliError
             capture_ns: 0,
         })?;
         p.result(t)?;
+        frames.fetch_add(1, Ordering::Relaxed);
         next += period;
         let now = Instant::now();
         if next > now {
@@ -201,6 +269,7 @@ fn run_multimedia(kind: Kind, hogs: usize, seconds: u64) -> Result<MultimediaRow
     let stop = AtomicBool::new(false);
     let done: Vec<AtomicU64> = (0..hogs).map(|_| AtomicU64::new(0)).collect();
     let names: Vec<String> = (0..hogs).map(|i| format!("hog-{i}")).collect();
+    let video_frames = AtomicU64::new(0);
     let result = std::thread::scope(|s| {
         let mut handles: Vec<_> = (0..hogs)
             .map(|i| {
@@ -208,8 +277,8 @@ fn run_multimedia(kind: Kind, hogs: usize, seconds: u64) -> Result<MultimediaRow
                 s.spawn(move || guest(t, name, HOG_SIZE, warm, stop, done))
             })
             .collect();
-        let (t, warm_v, stop_v) = (&target, &warm, &stop);
-        handles.push(s.spawn(move || video(t, warm_v, stop_v)));
+        let (t, warm_v, stop_v, frames) = (&target, &warm, &stop, &video_frames);
+        handles.push(s.spawn(move || video(t, "video", warm_v, stop_v, frames)));
         warm.wait();
         let measured = (|| -> Result<_, CliError> {
             // Let the feedback loop see the guest (its fast start is one second).
@@ -442,10 +511,27 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
             multimedia.push(run_multimedia(kind, h, p.seconds)?);
         }
     }
+    let mut together = Vec::new();
+    if p.together {
+        for kind in [Kind::RoundRobin, Kind::Wfq] {
+            let alone = run_apps(kind, 1, p.seconds)?;
+            let two = run_apps(kind, 2, p.seconds)?;
+            let base = alone[0].max(1e-9);
+            for fps in [alone, two] {
+                together.push(TogetherRow {
+                    scheduler: kind.name().to_string(),
+                    guests: fps.len(),
+                    vs_alone_pct: fps.iter().copied().fold(f64::INFINITY, f64::min) / base * 100.0,
+                    fps,
+                });
+            }
+        }
+    }
     Ok(SharingReport {
         alone,
         fairness,
         multimedia,
+        together,
     })
 }
 
@@ -508,6 +594,19 @@ pub fn print_table(r: &SharingReport) {
         println!(
             "{:<12} {:>5} {:>8.1} {:>8.1} {:>12.1}",
             m.scheduler, m.hogs, m.dfr_pct, m.presented_fps, m.hog_commands_per_s
+        );
+    }
+    if !r.together.is_empty() {
+        println!("{:<12} {:>6} {:>10}  fps", "scheduler", "guests", "% alone");
+    }
+    for t in &r.together {
+        let fps: Vec<String> = t.fps.iter().map(|f| format!("{f:.1}")).collect();
+        println!(
+            "{:<12} {:>6} {:>10.1}  {}",
+            t.scheduler,
+            t.guests,
+            t.vs_alone_pct,
+            fps.join(" ")
         );
     }
 }

@@ -189,6 +189,9 @@ enum BenchCmd {
         /// Hog counts of the multimedia part (0 to skip it).
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         hogs: Vec<usize>,
+        /// Skip the two-guests-together part.
+        #[arg(long)]
+        no_together: bool,
         #[arg(long)]
         json: bool,
     },
@@ -413,10 +416,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     guests,
                     scheduler,
                     hogs,
+                    no_together,
                     json,
                 },
         } => {
             let r = bench_sharing::run(&bench_sharing::SharingParams {
+                together: !no_together,
                 hogs: hogs.into_iter().filter(|n| *n > 0).collect(),
                 seconds: seconds.max(1),
                 guests: guests.into_iter().filter(|n| *n > 0).collect(),
