@@ -57,7 +57,6 @@ impl FeedbackLoop {
 
 struct Tracked {
     ctl: DfrController,
-    boosted: bool,
 }
 
 fn run(slots: &[Arc<DeviceSlot>], policy: &PolicyStore, stop: &AtomicBool, wake: &EventCount) {
@@ -79,6 +78,9 @@ fn run(slots: &[Arc<DeviceSlot>], policy: &PolicyStore, stop: &AtomicBool, wake:
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default();
         let names = display.guest_names();
+        // Each device hears only of guests with a queue on it, so a departed guest's
+        // scheduler state goes with its queue (the worker forgets it).
+        let on: Vec<_> = slots.iter().map(|s| (s, s.guest_names())).collect();
         let now = epoch.elapsed().as_nanos() as u64;
         let current = policy.current();
         tracked.retain(|g, _| names.contains_key(g));
@@ -88,11 +90,19 @@ fn run(slots: &[Arc<DeviceSlot>], policy: &PolicyStore, stop: &AtomicBool, wake:
             };
             let p = current.for_guest(name);
             if p.class != Class::Multimedia {
+                // No longer multimedia (a reload): back to the policy's share, no boost.
+                if tracked.remove(&m.guest).is_some() {
+                    for (s, guests) in &on {
+                        if guests.contains_key(&m.guest) {
+                            s.acct.set_share(m.guest, p.shares);
+                            s.acct.set_boost(m.guest, false);
+                        }
+                    }
+                }
                 continue;
             }
             let t = tracked.entry(m.guest).or_insert_with(|| Tracked {
                 ctl: DfrController::new(cfg, p.shares),
-                boosted: false,
             });
             if let Some(share) = t.ctl.observe(now, m.presented) {
                 log::info!(
@@ -101,14 +111,12 @@ fn run(slots: &[Arc<DeviceSlot>], policy: &PolicyStore, stop: &AtomicBool, wake:
                     t.ctl.fps().unwrap_or(0.0),
                     t.ctl.dfr()
                 );
-                for s in slots {
-                    s.acct.set_share(m.guest, share);
-                }
             }
-            let behind = t.ctl.behind();
-            if behind != t.boosted {
-                t.boosted = behind;
-                for s in slots {
+            // Applied every period, so a device the guest starts using later hears of it too.
+            let (share, behind) = (t.ctl.share(), t.ctl.behind());
+            for (s, guests) in &on {
+                if guests.contains_key(&m.guest) {
+                    s.acct.set_share(m.guest, share);
                     s.acct.set_boost(m.guest, behind);
                 }
             }
