@@ -192,6 +192,9 @@ enum BenchCmd {
         /// Skip the two-guests-together part.
         #[arg(long)]
         no_together: bool,
+        /// Skip the fairness part on the codec.
+        #[arg(long)]
+        no_codec: bool,
         #[arg(long)]
         json: bool,
     },
@@ -417,10 +420,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     scheduler,
                     hogs,
                     no_together,
+                    no_codec,
                     json,
                 },
         } => {
             let r = bench_sharing::run(&bench_sharing::SharingParams {
+                codec: !no_codec,
                 together: !no_together,
                 hogs: hogs.into_iter().filter(|n| *n > 0).collect(),
                 seconds: seconds.max(1),

@@ -45,6 +45,51 @@ use crate::CliError;
 /// The composition sizes guests cycle through.
 const SIZES: [(u32, u32); 3] = [(320, 180), (960, 540), (1280, 720)];
 
+mod codec;
+mod multimedia;
+use multimedia::{run_apps, run_multimedia};
+
+/// The device the fairness part loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    /// GPU compositions of [`SIZES`].
+    Gpu,
+    /// H.264 decodes of 360p, 720p and 1080p clips.
+    Codec,
+}
+
+impl Work {
+    fn device(self) -> &'static str {
+        match self {
+            Work::Gpu => "gpu",
+            Work::Codec => "codec",
+        }
+    }
+
+    fn sizes(self) -> [(u32, u32); 3] {
+        match self {
+            Work::Gpu => SIZES,
+            Work::Codec => [(640, 360), (1280, 720), (1920, 1080)],
+        }
+    }
+
+    /// Runs one guest of this work until `stop`.
+    fn guest(
+        self,
+        target: &str,
+        name: &str,
+        size: (u32, u32),
+        warm: &Barrier,
+        stop: &AtomicBool,
+        done: &AtomicU64,
+    ) -> Result<(), CliError> {
+        match self {
+            Work::Gpu => guest(target, name, size, warm, stop, done),
+            Work::Codec => codec::guest(target, name, size, warm, stop, done),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct SharingParams {
@@ -55,12 +100,15 @@ pub struct SharingParams {
     pub hogs: Vec<usize>,
     /// Run the two-guests-together part.
     pub together: bool,
+    /// Run the fairness part on the codec too.
+    pub codec: bool,
 }
 
 /// One size alone on the device, measured just before a scheduler's fairness runs (the
 /// machine's load drifts: other work on its cores is the GPU's too on a CPU driver).
 #[derive(Debug, Clone, Serialize)]
 pub struct AloneRow {
+    pub device: String,
     pub scheduler: String,
     pub size: String,
     pub commands_per_s: f64,
@@ -114,51 +162,12 @@ pub struct TogetherRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct SharingReport {
     pub alone: Vec<AloneRow>,
+    /// Part (a) on the GPU.
     pub fairness: Vec<FairnessRow>,
+    /// Part (a) on the codec (H.264 decode, a device that runs one command at a time).
+    pub fairness_codec: Vec<FairnessRow>,
     pub multimedia: Vec<MultimediaRow>,
     pub together: Vec<TogetherRow>,
-}
-
-/// `n` app guests together under `kind`: each guest's frames per second.
-fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Vec<f64>, CliError> {
-    let d = DaemonProcess::spawn(
-        &["--scheduler", kind.name(), "--display-size", "1280x720"],
-        false,
-    )?;
-    let target = d.endpoint().target;
-    let warm = Barrier::new(n + 1);
-    let stop = AtomicBool::new(false);
-    let frames: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    let names: Vec<String> = (0..n).map(|i| format!("app-{i}")).collect();
-    let r = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|i| {
-                let (t, name, warm, stop, f) = (&target, &names[i], &warm, &stop, &frames[i]);
-                s.spawn(move || video(t, name, warm, stop, f))
-            })
-            .collect();
-        warm.wait();
-        std::thread::sleep(Duration::from_secs(1));
-        let f0: Vec<u64> = frames.iter().map(|f| f.load(Ordering::Relaxed)).collect();
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs(seconds));
-        let secs = t0.elapsed().as_secs_f64();
-        let fps: Vec<f64> = frames
-            .iter()
-            .zip(&f0)
-            .map(|(f, z)| (f.load(Ordering::Relaxed) - z) as f64 / secs)
-            .collect();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
-            }
-        }
-        Ok(fps)
-    });
-    d.stop()?;
-    r
 }
 
 /// The hogs' composition size: four of them queued ahead of the video's frame overrun its
@@ -168,153 +177,6 @@ const HOG_SIZE: (u32, u32) = (1920, 1080);
 
 /// The video guest's desired frame rate.
 const VIDEO_FPS: f64 = 30.0;
-
-/// The video guest: a 1280x720 GPU composition presented on the display every 1/30 s.
-fn video(
-    target: &str,
-    name: &str,
-    warm: &Barrier,
-    stop: &AtomicBool,
-    frames: &AtomicU64,
-) -> Result<(), CliError> {
-    let (w, h) = (1280u32, 720u32);
-    let setup = || -> Result<_, CliError> {
-        let conn = Connection::open(
-            target,
-            &ConnectOptions {
-                name: name.into(),
-                window_size: w as u64 * h as u64 * 4 * 5 + (16 << 20),
-                ..ConnectOptions::default()
-            },
-        )?;
-        let src = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
-        let outs = (0..3)
-            .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
-            .collect::<Result<Vec<_>, _>>()?;
-        let layers = conn.alloc_blob(api::LAYER_RECORD as u64)?.id;
-        Ok((conn, src, outs, layers))
-    };
-    let (conn, src, outs, layers) = match setup() {
-        Ok(x) => x,
-        Err(e) => {
-            warm.wait();
-            return Err(e);
-        }
-    };
-    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
-    let ready = (|| -> Result<(), CliError> {
-        p.cpu_write(src, &vec![0x40u8; (w * h * 4) as usize])?;
-        p.cpu_write(layers, &full_layer(src, w, h, false).to_bytes())?;
-        Ok(())
-    })();
-    warm.wait();
-    ready?;
-    let period = Duration::from_secs_f64(1.0 / VIDEO_FPS);
-    let mut next = Instant::now();
-    let mut i = 0;
-    while !stop.load(Ordering::Relaxed) {
-        let dst = outs[i % outs.len()];
-        i += 1;
-        let t = p.run_with(
-            &api::gpu::Composite {
-                layers,
-                count: 1,
-                dst,
-            },
-            &[src],
-        )?;
-        p.result(t)?;
-        let t = p.run(&api::display::Present {
-            frame: dst,
-            capture_ns: 0,
-        })?;
-        p.result(t)?;
-        frames.fetch_add(1, Ordering::Relaxed);
-        next += period;
-        let now = Instant::now();
-        if next > now {
-            std::thread::sleep(next - now);
-        } else {
-            next = now; // late: no catching up
-        }
-    }
-    Ok(())
-}
-
-/// The display's presented count of the guest named `video`.
-fn presented(control: &Target) -> Result<u64, CliError> {
-    Ok(crate::top::sample(control, None)?
-        .into_iter()
-        .find(|g| g.name == "video")
-        .map_or(0, |g| g.presented))
-}
-
-/// One multimedia run: the video guest against `hogs` GPU hogs under `kind`.
-fn run_multimedia(kind: Kind, hogs: usize, seconds: u64) -> Result<MultimediaRow, CliError> {
-    let policy =
-        std::env::temp_dir().join(format!("virtsoc-bench-policy-{}.toml", std::process::id()));
-    std::fs::write(&policy, "[guest.video]\nclass = \"multimedia\"\n")?;
-    let policy_arg = policy.display().to_string();
-    let d = DaemonProcess::spawn(
-        &[
-            "--scheduler",
-            kind.name(),
-            "--policy",
-            &policy_arg,
-            "--display-size",
-            "1280x720",
-        ],
-        false,
-    )?;
-    let target = d.endpoint().target;
-    let control = Target::Unix(control_path(std::path::Path::new(&target)));
-    let warm = Barrier::new(hogs + 2);
-    let stop = AtomicBool::new(false);
-    let done: Vec<AtomicU64> = (0..hogs).map(|_| AtomicU64::new(0)).collect();
-    let names: Vec<String> = (0..hogs).map(|i| format!("hog-{i}")).collect();
-    let video_frames = AtomicU64::new(0);
-    let result = std::thread::scope(|s| {
-        let mut handles: Vec<_> = (0..hogs)
-            .map(|i| {
-                let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
-                s.spawn(move || guest(t, name, HOG_SIZE, warm, stop, done))
-            })
-            .collect();
-        let (t, warm_v, stop_v, frames) = (&target, &warm, &stop, &video_frames);
-        handles.push(s.spawn(move || video(t, "video", warm_v, stop_v, frames)));
-        warm.wait();
-        let measured = (|| -> Result<_, CliError> {
-            // Let the feedback loop see the guest (its fast start is one second).
-            std::thread::sleep(Duration::from_secs(2));
-            let f0 = presented(&control)?;
-            let c0: u64 = done.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-            let t0 = Instant::now();
-            std::thread::sleep(Duration::from_secs(seconds));
-            let f1 = presented(&control)?;
-            let c1: u64 = done.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-            let secs = t0.elapsed().as_secs_f64();
-            Ok(((f1 - f0) as f64 / secs, (c1 - c0) as f64 / secs))
-        })();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
-            }
-        }
-        measured
-    });
-    d.stop()?;
-    let _ = std::fs::remove_file(&policy);
-    let (fps, hog_rate) = result?;
-    Ok(MultimediaRow {
-        scheduler: kind.name().to_string(),
-        hogs,
-        dfr_pct: fps / VIDEO_FPS * 100.0,
-        presented_fps: fps,
-        hog_commands_per_s: hog_rate,
-    })
-}
 
 /// What one guest thread does until `stop`: compositions of `size`, one at a time.
 fn guest(
@@ -377,15 +239,15 @@ fn guest(
     Ok(())
 }
 
-/// GPU device time of each guest named `share-*`, by name.
-fn gpu_time(control: &Target) -> Result<BTreeMap<String, u64>, CliError> {
+/// Device time on `device` of each guest named `share-*`, by name.
+fn device_time(control: &Target, device: &str) -> Result<BTreeMap<String, u64>, CliError> {
     let r = request(control, "GET", "/guests", b"")?;
     let guests: Vec<GuestInfo> = serde_json::from_str(&r.body)?;
     Ok(guests
         .into_iter()
         .filter(|g| g.name.starts_with("share-"))
         .map(|g| {
-            let t = g.device_use.get("gpu").map_or(0, |u| u.device_ns);
+            let t = g.device_use.get(device).map_or(0, |u| u.device_ns);
             (g.name, t)
         })
         .collect())
@@ -395,6 +257,7 @@ fn gpu_time(control: &Target) -> Result<BTreeMap<String, u64>, CliError> {
 /// each guest's completed commands.
 #[allow(clippy::type_complexity)]
 fn run_guests(
+    work: Work,
     kind: Kind,
     n: usize,
     seconds: u64,
@@ -410,19 +273,20 @@ fn run_guests(
         let handles: Vec<_> = (0..n)
             .map(|i| {
                 let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
-                s.spawn(move || guest(t, name, SIZES[i % SIZES.len()], warm, stop, done))
+                let size = work.sizes()[i % 3];
+                s.spawn(move || work.guest(t, name, size, warm, stop, done))
             })
             .collect();
         warm.wait();
         let measured = (|| -> Result<_, CliError> {
             let mut windows = Vec::new();
-            let mut last = gpu_time(&control)?;
+            let mut last = device_time(&control, work.device())?;
             let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
             let t0 = Instant::now();
             for k in 1..=seconds {
                 let next = t0 + Duration::from_secs(k);
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                let now = gpu_time(&control)?;
+                let now = device_time(&control, work.device())?;
                 windows.push(
                     names
                         .iter()
@@ -471,46 +335,13 @@ fn unfairness(window: &[u64]) -> Option<f64> {
 
 /// Runs the benchmark.
 pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
-    let mut alone_all = Vec::new();
-    let mut fairness = Vec::new();
-    for kind in &p.schedulers {
-        let mut alone = Vec::new();
-        for (w, h) in SIZES {
-            let (counts, secs) = run_alone(*kind, w, h, p.seconds.min(3))?;
-            alone.push(AloneRow {
-                scheduler: kind.name().to_string(),
-                size: format!("{w}x{h}"),
-                commands_per_s: counts as f64 / secs,
-            });
-        }
-        for &n in &p.guests {
-            let (windows, counts, secs) = run_guests(*kind, n, p.seconds)?;
-            let mut us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
-            us.sort_by(f64::total_cmp);
-            let work: f64 = counts
-                .iter()
-                .enumerate()
-                .map(|(i, c)| *c as f64 / alone[i % SIZES.len()].commands_per_s.max(1e-9))
-                .sum();
-            let total: Vec<u64> = (0..n).map(|g| windows.iter().map(|w| w[g]).sum()).collect();
-            let all: u64 = total.iter().sum::<u64>().max(1);
-            fairness.push(FairnessRow {
-                scheduler: kind.name().to_string(),
-                guests: n,
-                unfairness_median: percentile(&us, 50.0),
-                unfairness_p95: percentile(&us, 95.0),
-                overhead_pct: (1.0 - work / secs) * 100.0,
-                overhead_vs_round_robin_pct: fairness
-                    .iter()
-                    .find(|r: &&FairnessRow| r.scheduler == "round-robin" && r.guests == n)
-                    .map(|r| (1.0 - work / secs / r.throughput.max(1e-9)) * 100.0),
-                throughput: work / secs,
-                shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
-                windows: us.len(),
-            });
-        }
-        alone_all.extend(alone);
-    }
+    let mut alone = Vec::new();
+    let fairness = fairness_on(Work::Gpu, p, &mut alone)?;
+    let fairness_codec = if p.codec {
+        fairness_on(Work::Codec, p, &mut alone)?
+    } else {
+        Vec::new()
+    };
     let mut multimedia = Vec::new();
     for kind in [Kind::RoundRobin, Kind::Feedback] {
         for &h in &p.hogs {
@@ -534,22 +365,72 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
         }
     }
     Ok(SharingReport {
-        alone: alone_all,
+        alone,
         fairness,
+        fairness_codec,
         multimedia,
         together,
     })
 }
 
+/// Part (a) on one device: every scheduler with every guest count.
+fn fairness_on(
+    work: Work,
+    p: &SharingParams,
+    alone_all: &mut Vec<AloneRow>,
+) -> Result<Vec<FairnessRow>, CliError> {
+    let mut fairness = Vec::new();
+    for kind in &p.schedulers {
+        let mut alone = Vec::new();
+        for (w, h) in work.sizes() {
+            let (counts, secs) = run_alone(work, *kind, w, h, p.seconds.min(3))?;
+            alone.push(AloneRow {
+                device: work.device().to_string(),
+                scheduler: kind.name().to_string(),
+                size: format!("{w}x{h}"),
+                commands_per_s: counts as f64 / secs,
+            });
+        }
+        for &n in &p.guests {
+            let (windows, counts, secs) = run_guests(work, *kind, n, p.seconds)?;
+            let mut us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
+            us.sort_by(f64::total_cmp);
+            let work: f64 = counts
+                .iter()
+                .enumerate()
+                .map(|(i, c)| *c as f64 / alone[i % 3].commands_per_s.max(1e-9))
+                .sum();
+            let total: Vec<u64> = (0..n).map(|g| windows.iter().map(|w| w[g]).sum()).collect();
+            let all: u64 = total.iter().sum::<u64>().max(1);
+            fairness.push(FairnessRow {
+                scheduler: kind.name().to_string(),
+                guests: n,
+                unfairness_median: percentile(&us, 50.0),
+                unfairness_p95: percentile(&us, 95.0),
+                overhead_pct: (1.0 - work / secs) * 100.0,
+                overhead_vs_round_robin_pct: fairness
+                    .iter()
+                    .find(|r: &&FairnessRow| r.scheduler == "round-robin" && r.guests == n)
+                    .map(|r| (1.0 - work / secs / r.throughput.max(1e-9)) * 100.0),
+                throughput: work / secs,
+                shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
+                windows: us.len(),
+            });
+        }
+        alone_all.extend(alone);
+    }
+    Ok(fairness)
+}
+
 /// One guest of size `w` x `h` alone under `kind`: its completed commands and the seconds.
-fn run_alone(kind: Kind, w: u32, h: u32, seconds: u64) -> Result<(u64, f64), CliError> {
+fn run_alone(work: Work, kind: Kind, w: u32, h: u32, seconds: u64) -> Result<(u64, f64), CliError> {
     let d = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
     let target = d.endpoint().target;
     let warm = Barrier::new(2);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let r = std::thread::scope(|s| {
-        let h = s.spawn(|| guest(&target, "share-alone", (w, h), &warm, &stop, &done));
+        let h = s.spawn(|| work.guest(&target, "share-alone", (w, h), &warm, &stop, &done));
         warm.wait();
         let c0 = done.load(Ordering::Relaxed);
         let t0 = Instant::now();
@@ -568,18 +449,28 @@ fn run_alone(kind: Kind, w: u32, h: u32, seconds: u64) -> Result<(u64, f64), Cli
 
 /// Prints the report as tables.
 pub fn print_table(r: &SharingReport) {
-    println!("alone on the GPU:");
+    println!("one guest alone:");
     for a in &r.alone {
         println!(
-            "  {:<12} {:<10} {:>8.1} commands/s",
-            a.scheduler, a.size, a.commands_per_s
+            "  {:<6} {:<12} {:<10} {:>8.1} commands/s",
+            a.device, a.scheduler, a.size, a.commands_per_s
         );
     }
+    for (device, rows) in [("gpu", &r.fairness), ("codec", &r.fairness_codec)] {
+        if !rows.is_empty() {
+            println!("fairness on the {device}:");
+            print_fairness(rows);
+        }
+    }
+    print_rest(r);
+}
+
+fn print_fairness(rows: &[FairnessRow]) {
     println!(
         "{:<12} {:>6} {:>12} {:>10} {:>10} {:>10}  shares",
         "scheduler", "guests", "unfair p50%", "p95%", "overhead%", "vs rr %"
     );
-    for f in &r.fairness {
+    for f in rows {
         let shares: Vec<String> = f.shares.iter().map(|s| format!("{:.3}", s)).collect();
         println!(
             "{:<12} {:>6} {:>12.1} {:>10.1} {:>10.1} {:>10}  {}",
@@ -593,6 +484,10 @@ pub fn print_table(r: &SharingReport) {
             shares.join(" ")
         );
     }
+}
+
+/// Prints the rest of the report.
+fn print_rest(r: &SharingReport) {
     if !r.multimedia.is_empty() {
         println!(
             "{:<12} {:>5} {:>8} {:>8} {:>12}",
