@@ -12,6 +12,9 @@
 
 use crate::{Nanos, MS};
 
+/// How far under its DFR a guest may be before it counts as behind.
+pub const BEHIND_MARGIN: f64 = 0.05;
+
 /// Parameters of [`DfrController`] (defaults from the paper, memory-mapped display).
 #[derive(Debug, Clone, Copy)]
 pub struct DfrConfig {
@@ -109,10 +112,15 @@ impl DfrController {
         self.fps
     }
 
-    /// Whether the guest is behind its DFR (a multimedia guest then goes ahead of batch
-    /// guests).
+    /// Whether the guest is behind its DFR by more than [`BEHIND_MARGIN`] (a multimedia guest
+    /// then goes ahead of batch guests). The margin keeps a guest that presents at its DFR,
+    /// whose average is a hair under it, from holding batch guests back for good: the boost
+    /// comes and goes around 95% of the DFR.
     pub fn behind(&self) -> bool {
-        self.start.is_some() && self.fps.is_some_and(|f| f < self.dfr)
+        self.start.is_some()
+            && self
+                .fps
+                .is_some_and(|f| f < self.dfr * (1.0 - BEHIND_MARGIN))
     }
 
     /// Feeds the guest's total of presented frames at `now`; returns the new share when it

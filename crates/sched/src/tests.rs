@@ -262,6 +262,36 @@ fn feedback_boost_serves_the_boosted_guest_first_and_limits_the_others() {
 }
 
 #[test]
+fn feedback_keeps_long_commands_out_of_a_boosted_guests_next_frame() {
+    let mut f = Kind::Feedback.build();
+    // Guest 2, a batch guest, costs 20 ms a command; guest 3 costs 2 ms.
+    for (g, cost) in [(2, 20 * MS), (3, 2 * MS)] {
+        assert_eq!(f.pick(&[g], &[], 0), Pick::Serve(g));
+        f.dispatched(g, 0);
+        f.completed(g, cost, cost);
+    }
+    f.set_boost(1, true);
+    // Guest 1's frames start every 33 ms, each a 10 ms command.
+    for k in 0..4u64 {
+        let t = 100 * MS + k * 33 * MS;
+        assert_eq!(f.pick(&[1, 2, 3], &[], t), Pick::Serve(1));
+        f.dispatched(1, t);
+        f.completed(1, 10 * MS, t + 10 * MS);
+    }
+    // 15 ms into the last frame (18 ms to the next): the 20 ms command waits until the
+    // boosted guest is half a period late, the 2 ms one goes.
+    let now = 199 * MS + 15 * MS;
+    match f.pick(&[2], &[], now) {
+        Pick::Until(t) => assert!(t > 199 * MS + 33 * MS, "{t}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.pick(&[3], &[], now), Pick::Serve(3));
+    // Without the boost (and once guest 3's round trip is over), nothing holds it.
+    f.set_boost(1, false);
+    assert_eq!(f.pick(&[2], &[], now + 5 * MS), Pick::Serve(2));
+}
+
+#[test]
 fn rate_controls_hold_equal_shares() {
     for kind in [Kind::FixedRate, Kind::Aimd] {
         let mut s = kind.build();

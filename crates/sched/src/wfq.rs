@@ -24,7 +24,10 @@
 //!   rate, [`Scheduler::set_boost`]) go first whenever they have a command ready, and while
 //!   any guest is boosted the others have at most one command running at a time, so a boosted
 //!   guest's next command waits behind at most one other on a device that runs submissions in
-//!   order.
+//!   order. Nor does another guest start a command whose usual cost would run into the
+//!   boosted guest's next frame (expected one frame period, learnt from when its bursts of
+//!   work start, after the last one): devices cannot be preempted, so a long command started
+//!   just before a frame would hold it back whatever the order afterwards.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -76,6 +79,8 @@ pub struct Wfq {
     seen: HashMap<GuestId, Nanos>,
     /// Boosted guests (feedback scheduler only).
     boosted: HashSet<GuestId>,
+    /// When each boosted guest's last burst of work started, and its average period.
+    frames: HashMap<GuestId, (Nanos, f64)>,
     feedback: bool,
 }
 
@@ -89,6 +94,7 @@ impl Wfq {
             vtime: 0.0,
             seen: HashMap::new(),
             boosted: HashSet::new(),
+            frames: HashMap::new(),
             feedback: false,
         }
     }
@@ -127,6 +133,31 @@ impl Wfq {
     }
 }
 
+impl Wfq {
+    /// If `cand` (not boosted) would run into a boosted guest's next frame: until when to
+    /// hold it.
+    fn next_frame_conflict(&self, cand: GuestId, now: Nanos) -> Option<Nanos> {
+        if self.boosted.is_empty() || self.boosted.contains(&cand) {
+            return None;
+        }
+        let cost = self.flows.get(&cand).map_or(0.0, |f| f.cost);
+        let mut until: Option<Nanos> = None;
+        for (start, period) in self.frames.values() {
+            if *period <= 0.0 {
+                continue;
+            }
+            let next = *start as f64 + period;
+            // Late by half a period: it skipped a frame; do not wait for it.
+            let give_up = next + period / 2.0;
+            if (now as f64) < give_up && now as f64 + cost > next {
+                let t = give_up as Nanos;
+                until = Some(until.map_or(t, |u| u.min(t)));
+            }
+        }
+        until
+    }
+}
+
 impl Scheduler for Wfq {
     fn name(&self) -> &'static str {
         if self.feedback {
@@ -144,6 +175,7 @@ impl Scheduler for Wfq {
             self.boosted.insert(guest);
         } else {
             self.boosted.remove(&guest);
+            self.frames.remove(&guest);
         }
     }
 
@@ -160,17 +192,34 @@ impl Scheduler for Wfq {
         self.shares.remove(&guest);
         self.seen.remove(&guest);
         self.boosted.remove(&guest);
+        self.frames.remove(&guest);
     }
 
     fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], now: Nanos) -> Pick {
         if ready.is_empty() {
             return Pick::Wait;
         }
+        let horizon = now.saturating_sub(self.cfg.anticipate);
+        // A boosted guest with work again after a pause: a frame starts.
+        for g in ready.iter().filter(|g| self.boosted.contains(g)) {
+            if self.seen.get(g).is_some_and(|t| *t >= horizon) {
+                continue;
+            }
+            let e = self.frames.entry(*g).or_insert((now, 0.0));
+            let gap = now.saturating_sub(e.0) as f64;
+            if gap > 0.0 && gap < 1e9 {
+                e.1 = if e.1 == 0.0 {
+                    gap
+                } else {
+                    0.5 * e.1 + 0.5 * gap
+                };
+            }
+            e.0 = now;
+        }
         for g in ready.iter().chain(busy) {
             self.flow(*g);
             self.seen.insert(*g, now);
         }
-        let horizon = now.saturating_sub(self.cfg.anticipate);
         self.seen.retain(|_, t| *t >= horizon);
         // No banking beyond one window: a returning guest is at most that far behind.
         let floor = self.vtime - self.cfg.window as f64 / self.total_share();
@@ -223,6 +272,11 @@ impl Scheduler for Wfq {
                     t + self.cfg.anticipate
                 };
                 wait = Some(wait.map_or(until, |w: Nanos| w.min(until)));
+            }
+        }
+        if wait.is_none() {
+            if let Some(t) = self.next_frame_conflict(cand, now) {
+                wait = Some(t);
             }
         }
         match wait {
