@@ -35,6 +35,7 @@ fn usage(msg: &str) -> CliError {
     CliError::Usage(format!("{msg}\n{USAGE}"))
 }
 
+/// The control API named by `--socket` (a control socket, a guest socket or tcp:HOST:PORT).
 pub(crate) fn target(socket: Option<String>) -> Target {
     let s = socket.unwrap_or_else(|| "/tmp/virtsoc.sock.control".into());
     if let Some(addr) = s.strip_prefix("tcp:") {

@@ -5,6 +5,7 @@
 
 mod bench_devices;
 mod bench_migrate;
+mod bench_sharing;
 mod bench_svm;
 mod bench_transport;
 mod ctl;
@@ -14,6 +15,7 @@ mod scenario;
 mod snapshot;
 mod soak;
 mod stats;
+mod top;
 mod trace;
 mod vm;
 mod watch;
@@ -140,6 +142,23 @@ enum Cmd {
         #[arg(long)]
         socket: Option<String>,
     },
+    /// A live table of the daemon's guests: device time per device, queues, memory, copies,
+    /// frames (control API).
+    Top {
+        /// Control socket (default /tmp/virtsoc.sock.control; a guest socket is accepted), or
+        /// tcp:HOST:PORT.
+        #[arg(long)]
+        socket: Option<String>,
+        /// One snapshot as JSON instead of the refreshing table.
+        #[arg(long)]
+        json: bool,
+        /// Refresh interval in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Stop after this many refreshes.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
     Vm {
         #[command(subcommand)]
@@ -177,6 +196,34 @@ enum BenchCmd {
     /// Snapshot/restore of 256 MiB of regions and a live migration under a 60 fps writer
     /// between two daemons of its own: times, sizes, downtime, dropped frames, integrity.
     Migrate {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sharing the GPU between guests: unfairness per 1 s window and throughput overhead of
+    /// each scheduler with 2, 4 and 8 guests of different per-command cost.
+    Sharing {
+        /// Seconds measured per configuration.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Guest counts.
+        #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+        guests: Vec<usize>,
+        /// Schedulers to compare.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "round-robin,wfq,fixed-rate,aimd"
+        )]
+        scheduler: Vec<virtsoc_sched::Kind>,
+        /// Hog counts of the multimedia part (0 to skip it).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        hogs: Vec<usize>,
+        /// Skip the two-guests-together part.
+        #[arg(long)]
+        no_together: bool,
+        /// Skip the fairness part on the codec.
+        #[arg(long)]
+        no_codec: bool,
         #[arg(long)]
         json: bool,
     },
@@ -365,6 +412,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let r = snapshot::migrate(socket, guest, &to)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
         }
+        Cmd::Top {
+            socket,
+            json,
+            interval_ms,
+            count,
+        } => top::run(
+            &ctl::target(socket),
+            json,
+            std::time::Duration::from_millis(interval_ms),
+            count,
+        )?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Watch(args) => watch::run(&args)?,
         Cmd::Bench {
@@ -397,6 +455,32 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 bench_migrate::print(&r);
+            }
+        }
+        Cmd::Bench {
+            which:
+                BenchCmd::Sharing {
+                    seconds,
+                    guests,
+                    scheduler,
+                    hogs,
+                    no_together,
+                    no_codec,
+                    json,
+                },
+        } => {
+            let r = bench_sharing::run(&bench_sharing::SharingParams {
+                codec: !no_codec,
+                together: !no_together,
+                hogs: hogs.into_iter().filter(|n| *n > 0).collect(),
+                seconds: seconds.max(1),
+                guests: guests.into_iter().filter(|n| *n > 0).collect(),
+                schedulers: scheduler,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_sharing::print_table(&r);
             }
         }
         Cmd::Bench {

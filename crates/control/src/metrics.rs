@@ -109,6 +109,11 @@ pub fn render(backend: &dyn Backend) -> Result<String, ControlError> {
         "Prefetch predictions that were wrong.",
         G,
     )?;
+    let device_time = f.seconds(
+        "guest_device_seconds_total",
+        "Device time of a guest's requests, by device.",
+        GD,
+    )?;
     let queued = f.gauge(
         "device_queued",
         "Commands waiting in a device's queues.",
@@ -147,6 +152,11 @@ pub fn render(backend: &dyn Backend) -> Result<String, ControlError> {
         bytes.with_label_values(&l).set(g.bytes as i64);
         for (dev, n) in &g.commands {
             commands.with_label_values(&[&id, &g.name, dev]).inc_by(*n);
+        }
+        for (dev, u) in &g.device_use {
+            device_time
+                .with_label_values(&[&id, &g.name, dev])
+                .inc_by(secs(u.device_ns));
         }
         for link in &g.links {
             let ll = [id.as_str(), g.name.as_str(), &link.src, &link.dst];

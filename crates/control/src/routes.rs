@@ -292,6 +292,7 @@ mod tests {
                     ns: 1000,
                 }],
                 commands: [("display".to_string(), 5)].into_iter().collect(),
+                device_use: Default::default(),
             }]
         }
         fn devices(&self) -> Vec<DeviceInfo> {

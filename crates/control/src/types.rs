@@ -51,6 +51,22 @@ pub struct GuestInfo {
     pub links: Vec<LinkCopies>,
     /// Device commands it queued, by device name.
     pub commands: BTreeMap<String, u64>,
+    /// Its use of each device it has a queue on, by device name.
+    #[serde(default)]
+    pub device_use: BTreeMap<String, DeviceUse>,
+}
+
+/// One guest's use of one device (the device worker's accounting).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceUse {
+    /// Requests answered (commands and accesses).
+    pub requests: u64,
+    /// Their device time (busy period on the device), in nanoseconds.
+    pub device_ns: u64,
+    /// Requests the policy refused.
+    pub denied: u64,
+    /// Items waiting in its queue now.
+    pub queued: u64,
 }
 
 /// A device.

@@ -71,6 +71,7 @@ extern "C" {
 #define VIRTSOC_E_NOT_SUPPORTED (-9)
 #define VIRTSOC_E_CLOSED (-10)
 #define VIRTSOC_E_INTERNAL (-11)
+#define VIRTSOC_E_PERMISSION_DENIED (-12)
 
 /* Access modes. */
 #define VIRTSOC_READ 1

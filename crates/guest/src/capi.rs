@@ -463,6 +463,7 @@ const fn concat_cstr(s: Status) -> &'static CStr {
         Status::NotSupported => c"not supported",
         Status::Closed => c"connection closed",
         Status::Internal => c"internal error",
+        Status::PermissionDenied => c"permission denied by the daemon's policy",
     }
 }
 
@@ -551,6 +552,10 @@ mod tests {
             -(Status::UnknownDevice as i64)
         );
         assert_eq!(find("VIRTSOC_E_INTERNAL"), -(Status::Internal as i64));
+        assert_eq!(
+            find("VIRTSOC_E_PERMISSION_DENIED"),
+            -(Status::PermissionDenied as i64)
+        );
         assert_eq!(find("VIRTSOC_READ"), AccessMode::Read as i64);
         assert_eq!(find("VIRTSOC_WRITE"), AccessMode::Write as i64);
         assert_eq!(find("VIRTSOC_RW"), AccessMode::ReadWrite as i64);

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use virtsoc_control::{
-    Backend, ControlError, Counters, DeviceInfo, GuestInfo, LinkCopies, ViewFrame, ViewReport,
+    Backend, ControlError, Counters, DeviceInfo, DeviceUse, GuestInfo, LinkCopies, ViewFrame,
+    ViewReport,
 };
 use virtsoc_svm::DomainId;
 
@@ -67,7 +68,24 @@ impl ControlBackend {
                 (name, n)
             })
             .collect();
+        let device_use: BTreeMap<String, DeviceUse> = d
+            .devices()
+            .iter()
+            .filter_map(|slot| {
+                let u = slot.usage().get(&id).copied()?;
+                Some((
+                    slot.device.name().to_string(),
+                    DeviceUse {
+                        requests: u.requests,
+                        device_ns: u.device_ns,
+                        denied: u.denied,
+                        queued: slot.depth_of(id) as u64,
+                    },
+                ))
+            })
+            .collect();
         Some(GuestInfo {
+            device_use,
             id,
             name: s.name().to_string(),
             transport: transport.to_string(),

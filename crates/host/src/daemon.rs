@@ -55,6 +55,9 @@ pub struct DaemonConfig {
     pub limits: crate::Limits,
     /// Where sessions are saved on SIGTERM and restored from for reconnecting guests.
     pub state_dir: Option<PathBuf>,
+    /// How devices are shared between guests: scheduler and policy (`--scheduler`,
+    /// `--policy`).
+    pub sharing: crate::device::share::Sharing,
 }
 
 impl Default for DaemonConfig {
@@ -73,6 +76,7 @@ impl Default for DaemonConfig {
             test_dma_delay: Duration::ZERO,
             limits: crate::Limits::default(),
             state_dir: None,
+            sharing: Default::default(),
         }
     }
 }
@@ -220,7 +224,11 @@ impl Daemon {
             Some(dir) => crate::snapshot::restart::Restart::load(dir)?,
             None => Default::default(),
         };
-        let devices = Arc::new(DeviceSet::start(svm.clone(), with_domains));
+        let devices = Arc::new(DeviceSet::start_shared(
+            svm.clone(),
+            with_domains,
+            cfg.sharing.clone(),
+        ));
         Ok(Arc::new(Daemon {
             restart,
             cfg,
@@ -570,22 +578,32 @@ impl Daemon {
         let guest_id = self.next_guest.fetch_add(1, Ordering::Relaxed);
         let window = SharedWindow::create_memfd(&format!("virtsoc-guest-{guest_id}"), layout)
             .map_err(|e| format!("cannot create window: {e}"))?;
-        self.admit_with(guest_id, kind, Arc::new(window))
+        self.admit_with(guest_id, kind, Arc::new(window), &hello.name)
     }
 
     /// Sets up a guest whose window already exists (a VM's ivshmem memory).
+    /// `name` (as the guest gave it) picks its policy's memory limit, if lower than the
+    /// daemon's.
     pub(crate) fn admit_with(
         &self,
         guest_id: u64,
         kind: ProtocolKind,
         window: Arc<SharedWindow>,
+        name: &str,
     ) -> std::result::Result<Admitted, String> {
+        let policy = self.cfg.sharing.policy.current();
+        let limit = policy
+            .for_guest(&sanitize_name(name))
+            .memory_limit
+            .map_or(self.cfg.guest_mem_limit, |m| {
+                m.min(self.cfg.guest_mem_limit)
+            });
         self.svm
             .attach_guest_limited(
                 guest_id,
                 window.clone(),
                 self.svm.protocol(kind),
-                self.cfg.guest_mem_limit,
+                limit,
                 self.cfg.limits.regions,
             )
             .map_err(|e| e.to_string())?;

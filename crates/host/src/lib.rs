@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod fences;
 pub mod limits;
 pub mod link;
+pub mod policy;
 pub mod session;
 pub mod snapshot;
 pub mod sync;

@@ -231,7 +231,7 @@ fn start_session(
         .zero(FENCE_PAGE_OFFSET, 2 * PAGE)
         .map_err(|e| e.to_string())?;
     let guest_id = daemon.next_guest_id();
-    let a = daemon.admit_with(guest_id, kind, window.clone())?;
+    let a = daemon.admit_with(guest_id, kind, window.clone(), &hello.name)?;
     send_reply(writer, &daemon.welcome(&a)).map_err(|e| e.to_string())?;
     let bell = Arc::new(EventCount::default());
     let spins = 2048;

@@ -199,6 +199,8 @@ u32_enum!(
         NotSupported = 9,
         Closed = 10,
         Internal = 11,
+        /// The daemon's policy does not allow this guest the device or command.
+        PermissionDenied = 12,
     }
 );
 
@@ -218,6 +220,7 @@ impl Status {
             Status::NotSupported => "not supported",
             Status::Closed => "connection closed",
             Status::Internal => "internal error",
+            Status::PermissionDenied => "permission denied by the daemon's policy",
         }
     }
 }

@@ -3,8 +3,11 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::Parser;
+use virtsoc_host::device::share::Sharing;
+use virtsoc_host::policy::PolicyStore;
 use virtsoc_host::{Daemon, DaemonConfig, Limits};
 use virtsoc_svm::ProtocolKind;
 
@@ -138,6 +141,15 @@ struct Args {
     /// Milliseconds a new connection has to send its complete hello.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout_ms: u64,
+
+    /// How each device chooses the next guest: round-robin, wfq (weighted fair queueing on
+    /// device time), fixed-rate or aimd (AvA's rate controls).
+    #[arg(long, default_value = "round-robin")]
+    scheduler: virtsoc_sched::Kind,
+    /// Sharing policy (TOML or JSON): per-guest shares, rate caps, allowed devices and
+    /// commands, class. Reloaded on SIGHUP (a bad file then keeps the old policy).
+    #[arg(long)]
+    policy: Option<PathBuf>,
 }
 
 fn main() {
@@ -151,7 +163,15 @@ fn main() {
 
 fn run(args: Args) -> virtsoc_host::Result<()> {
     // Everything that can fail on a bad configuration runs before the socket is touched.
+    let policy = Arc::new(match &args.policy {
+        Some(p) => PolicyStore::load(p)?,
+        None => PolicyStore::default(),
+    });
     let daemon = Daemon::new(DaemonConfig {
+        sharing: Sharing {
+            scheduler: args.scheduler,
+            policy: policy.clone(),
+        },
         socket: args.socket.clone(),
         protocol: args.protocol,
         max_window: args.max_window,
@@ -210,6 +230,9 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::low_level::pipe::register(sig, stop_tx.try_clone()?)?;
     }
+    if args.policy.is_some() {
+        reload_on_sighup(policy)?;
+    }
     let control_path = args
         .control
         .clone()
@@ -240,6 +263,22 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         virtsoc_host::vm::cleanup(vm);
     }
     result
+}
+
+/// Reloads the policy on every SIGHUP; a bad file keeps the old policy and is logged.
+fn reload_on_sighup(policy: Arc<PolicyStore>) -> virtsoc_host::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])?;
+    std::thread::Builder::new()
+        .name("policy-reload".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                match policy.reload() {
+                    Ok(()) => log::info!("policy reloaded"),
+                    Err(e) => log::error!("policy not reloaded, keeping the old one: {e}"),
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// The socket file this daemon bound, removed on drop.

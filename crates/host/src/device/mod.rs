@@ -4,9 +4,13 @@
 //! A device owns a memory domain (its local memory) and executes the requests addressed to it
 //! on its own thread: begin_access / end_access of regions it touches, and its own commands.
 //! Each guest has its own ordered queue on each device it uses (so a fence wait holds back only
-//! that guest's work on that device); the worker serves the queues round robin and posts each
-//! completion to the guest that sent the request. Queues of a guest that has gone away are
-//! dropped unexecuted.
+//! that guest's work on that device); the worker serves the queues and posts each completion to
+//! the guest that sent the request. Queues of a guest that has gone away are dropped
+//! unexecuted. Which ready queue goes next is the device's scheduler's choice ([`share`]: round
+//! robin by default, or weighted fair queueing, AvA's rate controls and the multimedia feedback
+//! scheduler on the device time measured per guest), within the policy's allow-lists and rate
+//! caps; a rate control may postpone every ready guest, and the worker then sleeps until the
+//! time it names (or an event).
 //!
 //! The worker never blocks on one guest's behalf:
 //! - a begin_access whose bytes are still being copied in (a prefetch in flight) is *parked*:
@@ -22,11 +26,13 @@
 pub mod camera;
 pub mod codec;
 pub mod display;
+pub mod feedback;
 pub mod gpu;
 pub mod isp;
 pub(crate) mod layers;
 pub mod modem;
 pub mod registry;
+pub mod share;
 pub mod testdev;
 
 use std::collections::HashMap;
@@ -44,6 +50,9 @@ use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, Progress, SvmManager};
 use crate::dispatch;
 use crate::session::Session;
 use crate::sync::EventCount;
+use share::{permitted, start, Accounting, Arbiter, Sharing};
+use virtsoc_sched::policy::Policy;
+use virtsoc_sched::Pick;
 
 /// What a device command returns: result values, or a status for the guest.
 pub type DeviceResult = std::result::Result<[u64; 6], Status>;
@@ -314,6 +323,8 @@ pub struct DeviceSlot {
     events: Arc<EventCount>,
     stop: AtomicBool,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// Device time per guest and the scheduler.
+    acct: Arc<Accounting>,
 }
 
 impl DeviceSlot {
@@ -349,13 +360,24 @@ impl DeviceSlot {
 /// Every device of the daemon.
 pub struct DeviceSet {
     slots: Vec<Arc<DeviceSlot>>,
+    /// The multimedia feedback loop (`--scheduler feedback`).
+    feedback: Mutex<Option<feedback::FeedbackLoop>>,
 }
 
 impl DeviceSet {
-    /// Starts a worker for each `(id, domain, device)`.
+    /// Starts a worker for each `(id, domain, device)`, round robin and no policy.
     pub fn start(
         svm: Arc<SvmManager>,
         devices: Vec<(DeviceId, DomainId, Arc<dyn Device>)>,
+    ) -> Self {
+        Self::start_shared(svm, devices, Sharing::default())
+    }
+
+    /// Starts a worker for each `(id, domain, device)`, shared as `sharing` says.
+    pub fn start_shared(
+        svm: Arc<SvmManager>,
+        devices: Vec<(DeviceId, DomainId, Arc<dyn Device>)>,
+        sharing: Sharing,
     ) -> Self {
         let slots = devices
             .into_iter()
@@ -368,17 +390,29 @@ impl DeviceSet {
                     events: Arc::new(EventCount::default()),
                     stop: AtomicBool::new(false),
                     worker: Mutex::new(None),
+                    acct: Arc::new(Accounting::new(sharing.scheduler)),
                 });
                 let (svm, s) = (svm.clone(), slot.clone());
+                let arbiter = Arbiter::new(sharing.clone());
                 let handle = std::thread::Builder::new()
                     .name(format!("dev-{}", device.name()))
-                    .spawn(move || worker(svm, s))
+                    .spawn(move || worker(svm, s, arbiter))
                     .expect("spawn device worker");
                 *slot.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
                 slot
             })
-            .collect();
-        DeviceSet { slots }
+            .collect::<Vec<_>>();
+        let feedback = if sharing.scheduler == virtsoc_sched::Kind::Feedback {
+            feedback::FeedbackLoop::start(slots.clone(), sharing.policy.clone())
+                .map_err(|e| log::error!("feedback loop not started: {e}"))
+                .ok()
+        } else {
+            None
+        };
+        DeviceSet {
+            slots,
+            feedback: Mutex::new(feedback),
+        }
     }
 
     /// The device with id `id`, if any (never the CPU).
@@ -408,6 +442,14 @@ impl DeviceSet {
 
     /// Stops every worker after its current command.
     pub fn stop(&self) {
+        if let Some(mut f) = self
+            .feedback
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            f.stop();
+        }
         for s in &self.slots {
             s.stop.store(true, Ordering::SeqCst);
             s.events.notify();
@@ -490,8 +532,14 @@ fn execute(
     req: Request,
     reply: Reply,
     retry: bool,
+    policy: &Policy,
 ) -> Option<Parked> {
     let guest = session.guest_id();
+    if !retry && !permitted(slot, policy, session.name(), &req) {
+        slot.acct.denied(guest);
+        reply.send(Err(Status::PermissionDenied));
+        return None;
+    }
     match Opcode::from_u32(req.opcode) {
         Some(Opcode::BeginAccess) => {
             let (id, spec) = match access_spec(&req, slot.domain) {
@@ -546,17 +594,21 @@ fn execute(
     None
 }
 
-/// The device worker: serves the guests' queues round robin, one command per queue per
-/// pass, each queue in order. A queue held by a fence wait, by a begin_access parked on a copy,
-/// or by a command still running on the device is skipped; the fence's signal, the copy's
-/// completion or the command's reply wakes the worker.
-fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
+/// The device worker: each pass takes the next ready request of every queue (at most one
+/// staged per queue), asks the scheduler which guest goes next, and runs that one request,
+/// each queue in order. A queue held by a fence wait, by a begin_access parked on a copy, or by
+/// a command still running on the device has nothing ready; the fence's signal, the copy's
+/// completion or the command's reply wakes the worker, and so does the time a rate control
+/// postponed every ready guest to.
+fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
     // Fence each blocked queue has a wake-up registered for (keyed by queue address).
     let mut armed: HashMap<usize, FenceId> = HashMap::new();
     // The parked begin_access of each queue that has one.
     let mut parked: HashMap<usize, Parked> = HashMap::new();
     // Queues whose last request is still being answered (set until its reply is sent).
     let mut busy: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
+    // The next request of each queue, taken off it and waiting for the scheduler's turn.
+    let mut staged: HashMap<usize, (Request, DoneToken)> = HashMap::new();
     loop {
         let seen = slot.events.current();
         if slot.stop.load(Ordering::SeqCst) {
@@ -569,7 +621,10 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
             .clone();
         let mut progressed = false;
         let mut dead = Vec::new();
-        for (session, q) in &queues {
+        let mut ready: Vec<usize> = Vec::new();
+        let mut running: Vec<u64> = Vec::new();
+        let policy = arbiter.policy().current();
+        for (i, (session, q)) in queues.iter().enumerate() {
             let key = Arc::as_ptr(q) as usize;
             if session.is_closed() {
                 dead.push(key);
@@ -578,9 +633,10 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
             if let Some(p) = parked.remove(&key) {
                 if !p.ticket.is_done() {
                     parked.insert(key, p);
+                    running.push(session.guest_id());
                     continue;
                 }
-                if let Some(again) = execute(&svm, &slot, session, p.req, p.reply, true) {
+                if let Some(again) = execute(&svm, &slot, session, p.req, p.reply, true, &policy) {
                     park(&slot, &mut parked, key, again);
                 }
                 progressed = true;
@@ -589,29 +645,17 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
             // A command still running on the device (an asynchronous GPU submission) holds
             // its queue: the guest's next request sees its result, and nobody waits for it.
             if busy.get(&key).is_some_and(|b| b.load(Ordering::Acquire)) {
+                running.push(session.guest_id());
+                continue;
+            }
+            if staged.contains_key(&key) {
+                ready.push(i);
                 continue;
             }
             match q.try_pop_ready() {
                 TryPop::Ready(req, token) => {
-                    let flag = busy
-                        .entry(key)
-                        .or_insert_with(|| Arc::new(AtomicBool::new(false)))
-                        .clone();
-                    flag.store(true, Ordering::Release);
-                    let wake = slot.waker();
-                    let reply = Reply {
-                        session: session.clone(),
-                        seq: req.seq,
-                        token: Some(token),
-                        on_sent: Some(Box::new(move || {
-                            flag.store(false, Ordering::Release);
-                            wake();
-                        })),
-                    };
-                    if let Some(p) = execute(&svm, &slot, session, req, reply, false) {
-                        park(&slot, &mut parked, key, p);
-                    }
-                    progressed = true;
+                    staged.insert(key, (req, token));
+                    ready.push(i);
                 }
                 TryPop::Blocked(f) => {
                     if armed.get(&key) != Some(&f) {
@@ -626,21 +670,60 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>) {
                 TryPop::Closed => dead.push(key),
             }
         }
+        let mut deadline = None;
+        if !ready.is_empty() {
+            let guests: Vec<(u64, &str)> = ready
+                .iter()
+                .map(|i| (queues[*i].0.guest_id(), queues[*i].0.name()))
+                .collect();
+            match arbiter.pick(&slot.acct, &guests, &running) {
+                Pick::Serve(g) => {
+                    if let Some(&i) = ready.iter().find(|i| queues[**i].0.guest_id() == g) {
+                        let (session, q) = &queues[i];
+                        let key = Arc::as_ptr(q) as usize;
+                        if let Some((req, token)) = staged.remove(&key) {
+                            let reply = start(&slot, &mut busy, key, session, req, token);
+                            if let Some(p) =
+                                execute(&svm, &slot, session, req, reply, false, &policy)
+                            {
+                                park(&slot, &mut parked, key, p);
+                            }
+                            progressed = true;
+                        }
+                    }
+                }
+                Pick::Until(t) => deadline = Some(t),
+                Pick::Wait => {}
+            }
+        }
         if !dead.is_empty() {
             let mut qs = slot.queues.lock().unwrap_or_else(|p| p.into_inner());
+            let gone: Vec<u64> = qs
+                .iter()
+                .filter(|(_, q)| dead.contains(&(Arc::as_ptr(q) as usize)))
+                .map(|(s, _)| s.guest_id())
+                .collect();
             qs.retain(|(_, q)| !dead.contains(&(Arc::as_ptr(q) as usize)));
+            drop(qs);
+            for g in gone {
+                arbiter.forget(&slot.acct, g);
+            }
             for k in dead {
                 armed.remove(&k);
                 parked.remove(&k);
                 busy.remove(&k);
+                staged.remove(&k);
             }
         }
         // Nothing of a guest may outlive its session here: the worker sleeps holding no
         // session (and with it no window) of any guest; a departed guest's queue, parked
         // request and flags went above.
         drop(queues);
+        drop(policy);
         if !progressed {
-            slot.events.wait_past(seen);
+            let limit = deadline
+                .map(|t| std::time::Duration::from_nanos(t.saturating_sub(slot.acct.now()).max(1)));
+            slot.events.wait_past_for(seen, limit);
         }
     }
 }

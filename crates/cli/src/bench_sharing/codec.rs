@@ -1,0 +1,88 @@
+//! The codec guest of `virtsoc bench sharing`: H.264 decode into an NV12 region, one packet
+//! and one frame at a time, looping over a generated clip of its size.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+
+use virtsoc_guest::devices as api;
+use virtsoc_guest::{ConnectOptions, Connection, Format};
+
+use crate::bench_svm::OrderingMode;
+use crate::scenario::media;
+use crate::scenario::pipe::Pipe;
+use crate::CliError;
+
+/// Decodes until `stop`, counting decode + receive pairs in `done`.
+pub(super) fn guest(
+    target: &str,
+    name: &str,
+    (w, h): (u32, u32),
+    warm: &Barrier,
+    stop: &AtomicBool,
+    done: &AtomicU64,
+) -> Result<(), CliError> {
+    let setup = || -> Result<_, CliError> {
+        let units = media::load_units(&media::clip("flat", w, h, 30, 2)?)?;
+        if units.is_empty() {
+            return Err(CliError::Usage(format!(
+                "no access units in the {w}x{h} clip"
+            )));
+        }
+        let conn = Connection::open(
+            target,
+            &ConnectOptions {
+                name: name.to_string(),
+                window_size: w as u64 * h as u64 * 4 + (32 << 20),
+                ..ConnectOptions::default()
+            },
+        )?;
+        let bits = conn
+            .alloc_blob(units.iter().map(Vec::len).max().unwrap_or(1) as u64)?
+            .id;
+        let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
+        Ok((units, conn, bits, frame))
+    };
+    let (units, conn, bits, frame) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            warm.wait();
+            return Err(e);
+        }
+    };
+    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
+    let mut next = 0usize;
+    let mut one = |p: &mut Pipe, handle: u64| -> Result<(), CliError> {
+        let unit = &units[next % units.len()];
+        next += 1;
+        p.cpu_write(bits, unit)?;
+        p.run(&api::codec::Decode {
+            handle,
+            bitstream: bits,
+            len: unit.len() as u64,
+            pts: 0,
+        })?;
+        let t = p.run(&api::codec::ReceiveFrame { handle, frame })?;
+        p.result(t)?;
+        Ok(())
+    };
+    let opened = (|| -> Result<u64, CliError> {
+        let t = p.run(&api::codec::OpenDecoder {
+            kind: api::codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads: 1,
+        })?;
+        let handle = p.result(t)?.handle;
+        for _ in 0..3 {
+            one(&mut p, handle)?;
+        }
+        Ok(handle)
+    })();
+    warm.wait();
+    let handle = opened?;
+    while !stop.load(Ordering::Relaxed) {
+        one(&mut p, handle)?;
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    p.run(&api::codec::Close { handle })?;
+    Ok(())
+}

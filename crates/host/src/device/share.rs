@@ -1,0 +1,314 @@
+//! Sharing a device between guests: device-time accounting per guest, the device's
+//! scheduler (`virtsocd --scheduler`, [`virtsoc_sched`]), the policy's shares, rate caps and
+//! allow-lists as the device worker applies them.
+//!
+//! **Device time** of a device command is its busy period on the device: from the later of
+//! its dispatch and the previous command's answer on this device, to its answer
+//! ([`Reply`](super::Reply) being sent). For a device that runs one command at a time this is
+//! dispatch to answer; for the GPU, whose submissions run in order while several guests' are
+//! queued, it does not count the time a submission waited behind another guest's. Accesses
+//! (begin/end_access, run by the worker itself, not queued on the device) count from dispatch
+//! to answer and stay out of the commands' chain.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use virtsoc_fence::queue::DoneToken;
+use virtsoc_proto::{Opcode, Request};
+use virtsoc_sched::policy::Policy;
+
+use virtsoc_sched::policy::TokenBucket;
+use virtsoc_sched::{GuestId, Kind, Nanos, Pick, Scheduler};
+
+use super::{DeviceSlot, Reply};
+use crate::policy::PolicyStore;
+use crate::session::Session;
+
+/// How the devices are shared: the scheduler kind and the policy.
+#[derive(Debug, Clone, Default)]
+pub struct Sharing {
+    pub scheduler: Kind,
+    pub policy: Arc<PolicyStore>,
+}
+
+/// Per-guest views of a device, for the control API and the feedback loop.
+impl DeviceSlot {
+    /// Each guest's use of this device (device time, requests, refusals).
+    pub fn usage(&self) -> HashMap<u64, Usage> {
+        self.acct.usage()
+    }
+
+    /// Commands queued on this device by `guest`.
+    pub fn depth_of(&self, guest: u64) -> usize {
+        self.queues
+            .lock()
+            .map(|q| {
+                q.iter()
+                    .filter(|(s, _)| s.guest_id() == guest)
+                    .map(|(_, q)| q.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Guests with a queue on this device, by id: their names.
+    pub fn guest_names(&self) -> HashMap<u64, String> {
+        self.queues
+            .lock()
+            .map(|q| {
+                q.iter()
+                    .map(|(s, _)| (s.guest_id(), s.name().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The name of this device's scheduler.
+    pub fn scheduler(&self) -> &'static str {
+        self.acct.scheduler()
+    }
+}
+
+/// One guest's use of one device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Requests answered (commands and accesses).
+    pub requests: u64,
+    /// Device time of those requests, in nanoseconds.
+    pub device_ns: u64,
+    /// Requests refused by the policy.
+    pub denied: u64,
+}
+
+#[derive(Default)]
+struct Book {
+    usage: HashMap<GuestId, Usage>,
+    last_done: Nanos,
+}
+
+/// A device's accounting and scheduler, shared by its worker and the answers of its
+/// requests (which may come from other threads: the GPU's poller).
+pub struct Accounting {
+    epoch: Instant,
+    book: Mutex<Book>,
+    sched: Mutex<Box<dyn Scheduler>>,
+}
+
+impl Accounting {
+    /// Accounting with a scheduler of `kind`.
+    pub fn new(kind: Kind) -> Self {
+        Accounting {
+            epoch: Instant::now(),
+            book: Mutex::new(Book::default()),
+            sched: Mutex::new(kind.build()),
+        }
+    }
+
+    /// Nanoseconds since the device started.
+    pub fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// The scheduler's name.
+    pub fn scheduler(&self) -> &'static str {
+        self.sched.lock().unwrap_or_else(|p| p.into_inner()).name()
+    }
+
+    /// A request of `guest` dispatched at `t0` has been answered; `command`: a device command
+    /// (in the device's order of execution), else an access.
+    pub fn finish(&self, guest: GuestId, t0: Nanos, command: bool) {
+        let now = self.now();
+        let ns = {
+            let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+            let start = if command {
+                let s = t0.max(b.last_done).min(now);
+                b.last_done = now;
+                s
+            } else {
+                t0.min(now)
+            };
+            let u = b.usage.entry(guest).or_default();
+            u.requests += 1;
+            u.device_ns += now - start;
+            now - start
+        };
+        self.sched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .completed(guest, ns, now);
+    }
+
+    /// A request of `guest` was refused by the policy.
+    pub fn denied(&self, guest: GuestId) {
+        let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+        b.usage.entry(guest).or_default().denied += 1;
+    }
+
+    /// Every guest's use of the device so far.
+    pub fn usage(&self) -> HashMap<GuestId, Usage> {
+        self.book
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .usage
+            .clone()
+    }
+
+    /// Sets `guest`'s share on this device (the feedback loop).
+    pub fn set_share(&self, guest: GuestId, share: u32) {
+        self.with_sched(|s| s.set_share(guest, share));
+    }
+
+    /// Boosts `guest` on this device, or ends its boost (the feedback loop).
+    pub fn set_boost(&self, guest: GuestId, on: bool) {
+        self.with_sched(|s| s.set_boost(guest, on));
+    }
+
+    fn with_sched<T>(&self, f: impl FnOnce(&mut dyn Scheduler) -> T) -> T {
+        f(self
+            .sched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut())
+    }
+
+    fn forget(&self, guest: GuestId) {
+        self.book
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .usage
+            .remove(&guest);
+        self.with_sched(|s| s.forget(guest));
+    }
+}
+
+/// The worker's side: which guests it has applied the policy to, and their rate caps.
+pub(super) struct Arbiter {
+    sharing: Sharing,
+    generation: Option<u64>,
+    known: HashMap<GuestId, Option<TokenBucket>>,
+}
+
+impl Arbiter {
+    pub(super) fn new(sharing: Sharing) -> Self {
+        Arbiter {
+            sharing,
+            generation: None,
+            known: HashMap::new(),
+        }
+    }
+
+    pub(super) fn policy(&self) -> &Arc<PolicyStore> {
+        &self.sharing.policy
+    }
+
+    fn apply(&mut self, acct: &Accounting, guest: GuestId, name: &str) {
+        let policy = self.sharing.policy.current();
+        let p = policy.for_guest(name);
+        acct.with_sched(|s| s.set_share(guest, p.shares));
+        let bucket = p.rate_cap.map(TokenBucket::new);
+        self.known.insert(guest, bucket);
+    }
+
+    /// Chooses the next guest among `ready` (guest, name) pairs; `busy`: guests with a
+    /// request running on the device. Guests over their rate cap wait for a token.
+    pub(super) fn pick(
+        &mut self,
+        acct: &Accounting,
+        ready: &[(GuestId, &str)],
+        busy: &[GuestId],
+    ) -> Pick {
+        let gen = self.sharing.policy.generation();
+        if self.generation != Some(gen) {
+            self.generation = Some(gen);
+            self.known.clear();
+        }
+        for (g, name) in ready {
+            if !self.known.contains_key(g) {
+                self.apply(acct, *g, name);
+            }
+        }
+        let now = acct.now();
+        let mut wake = Nanos::MAX;
+        let mut eligible = Vec::with_capacity(ready.len());
+        for (g, _) in ready {
+            match self.known.get_mut(g).and_then(Option::as_mut) {
+                Some(b) => {
+                    let at = b.ready_at(now);
+                    if at > now {
+                        wake = wake.min(at);
+                    } else {
+                        eligible.push(*g);
+                    }
+                }
+                None => eligible.push(*g),
+            }
+        }
+        let pick = if eligible.is_empty() {
+            Pick::Wait
+        } else {
+            acct.with_sched(|s| s.pick(&eligible, busy, now))
+        };
+        match pick {
+            Pick::Serve(g) => {
+                if let Some(Some(b)) = self.known.get_mut(&g) {
+                    let _ = b.take(now);
+                }
+                acct.with_sched(|s| s.dispatched(g, now));
+                Pick::Serve(g)
+            }
+            Pick::Until(t) => Pick::Until(t.min(wake)),
+            Pick::Wait if wake != Nanos::MAX => Pick::Until(wake),
+            Pick::Wait => Pick::Wait,
+        }
+    }
+
+    /// The guest's queue on this device is gone.
+    pub(super) fn forget(&mut self, acct: &Accounting, guest: GuestId) {
+        self.known.remove(&guest);
+        acct.forget(guest);
+    }
+}
+
+/// Whether the policy lets the guest named `name` send `req` to this device.
+pub(super) fn permitted(slot: &DeviceSlot, policy: &Policy, name: &str, req: &Request) -> bool {
+    let p = policy.for_guest(name);
+    let device = slot.device.name();
+    if Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd) {
+        crate::policy::allows_command(p, slot.id, device, req.args[0])
+    } else {
+        p.allows_device(device)
+    }
+}
+
+/// Marks queue `key` busy and makes the reply of its request `req`, which clears the mark,
+/// accounts the request's device time and wakes the worker once sent.
+pub(super) fn start(
+    slot: &DeviceSlot,
+    busy: &mut HashMap<usize, Arc<AtomicBool>>,
+    key: usize,
+    session: &Arc<Session>,
+    req: Request,
+    token: DoneToken,
+) -> Reply {
+    let flag = busy
+        .entry(key)
+        .or_insert_with(|| Arc::new(AtomicBool::new(false)))
+        .clone();
+    flag.store(true, Ordering::Release);
+    let wake = slot.waker();
+    let acct = slot.acct.clone();
+    let (guest, t0) = (session.guest_id(), slot.acct.now());
+    let command = Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd);
+    Reply {
+        session: session.clone(),
+        seq: req.seq,
+        token: Some(token),
+        on_sent: Some(Box::new(move || {
+            acct.finish(guest, t0, command);
+            flag.store(false, Ordering::Release);
+            wake();
+        })),
+    }
+}

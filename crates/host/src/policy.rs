@@ -1,0 +1,151 @@
+//! The daemon's sharing policy (`virtsocd --policy FILE`): per-guest shares, rate caps,
+//! allowed devices and commands, class (the model and parser are in
+//! [`virtsoc_sched::policy`]).
+//!
+//! The store holds the current policy behind a lock; device workers read it per command
+//! (an `Arc` clone) and re-apply shares when its generation moves. [`PolicyStore::reload`]
+//! (on SIGHUP) parses the file again and swaps it in only if it is valid: a bad file keeps the
+//! old policy and says why.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use virtsoc_proto::DeviceId;
+use virtsoc_sched::policy::{GuestPolicy, Policy};
+
+use crate::{HostError, Result};
+
+/// The current policy and where it came from.
+#[derive(Debug)]
+pub struct PolicyStore {
+    path: Option<PathBuf>,
+    current: RwLock<Arc<Policy>>,
+    generation: AtomicU64,
+}
+
+impl Default for PolicyStore {
+    fn default() -> Self {
+        PolicyStore {
+            path: None,
+            current: RwLock::new(Arc::new(Policy::default())),
+            generation: AtomicU64::new(0),
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Policy> {
+    let bad = |e: String| HostError::Config(format!("policy {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let p = Policy::parse(&text).map_err(|e| bad(e.to_string()))?;
+    check_commands(&p, &text).map_err(bad)?;
+    Ok(p)
+}
+
+/// Every `device.command` naming a declared device names one of its commands (a typo would
+/// otherwise deny silently).
+fn check_commands(p: &Policy, text: &str) -> std::result::Result<(), String> {
+    for g in std::iter::once(&p.default).chain(p.guest.values()) {
+        for c in g.commands.iter().flatten() {
+            let Some((dev, cmd)) = c.split_once('.') else {
+                continue;
+            };
+            let Some(decl) = virtsoc_devapi::ALL.iter().find(|d| d.name == dev) else {
+                continue;
+            };
+            if cmd != "*" && !decl.commands.iter().any(|x| x.name == cmd) {
+                let line = text
+                    .lines()
+                    .position(|l| l.contains(c.as_str()))
+                    .map_or(1, |i| i + 1);
+                let known: Vec<&str> = decl.commands.iter().map(|x| x.name).collect();
+                return Err(format!(
+                    "line {line}: {dev} has no command {cmd:?} (it has {})",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl PolicyStore {
+    /// The policy in `path`; an error (naming the line) if it does not parse.
+    pub fn load(path: &Path) -> Result<Self> {
+        Ok(PolicyStore {
+            path: Some(path.to_path_buf()),
+            current: RwLock::new(Arc::new(read(path)?)),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// Reads the file again; on error the old policy stays and the error says why.
+    pub fn reload(&self) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let p = read(path)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The policy now.
+    pub fn current(&self) -> Arc<Policy> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Bumped at every successful reload.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+}
+
+/// Whether `guest` may send the device command `args[0]` to device `dev` (named `device`).
+/// Commands the declaration does not know are left to the device's own validation.
+pub fn allows_command(guest: &GuestPolicy, dev: DeviceId, device: &str, op: u64) -> bool {
+    if !guest.allows_device(device) {
+        return false;
+    }
+    if guest.commands.is_none() {
+        return true;
+    }
+    virtsoc_devapi::device(dev)
+        .and_then(|d| d.commands.iter().find(|c| c.op == op))
+        .is_none_or(|c| guest.allows_command(device, c.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_commands_of_declared_devices_are_errors_with_their_line() {
+        let dir = std::env::temp_dir().join(format!("virtsoc-policy-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("p.toml");
+        std::fs::write(&f, "[guest.a]\nshares = 5\ncommands = [\"gpu.composit\"]\n").unwrap();
+        let e = PolicyStore::load(&f).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("composite"), "{e}");
+        std::fs::write(
+            &f,
+            "[guest.a]\ncommands = [\"gpu.composite\", \"mystery.x\"]\n",
+        )
+        .unwrap();
+        let store = PolicyStore::load(&f).unwrap();
+        assert_eq!(store.generation(), 0);
+        // A bad reload keeps the policy.
+        std::fs::write(&f, "[guest.a]\nshares = -1\n").unwrap();
+        assert!(store.reload().is_err());
+        assert_eq!(store.generation(), 0);
+        assert!(store.current().guest.contains_key("a"));
+        std::fs::write(&f, "[guest.b]\n").unwrap();
+        store.reload().unwrap();
+        assert_eq!(store.generation(), 1);
+        assert!(store.current().guest.contains_key("b"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

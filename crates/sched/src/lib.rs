@@ -1,0 +1,142 @@
+//! How a device shares itself between guests, as pure logic.
+//!
+//! Nothing here reads a clock, sleeps or starts a thread: every call takes the current time
+//! (`now`, nanoseconds on any monotonic clock the caller chooses), so the device worker uses
+//! the real clock and the tests a fake one.
+//!
+//! - [`Scheduler`]: which guest a device serves next, among the guests with a command ready.
+//!   [`RoundRobin`](rr::RoundRobin) is the baseline (the device worker's historical order);
+//!   [`Wfq`](wfq::Wfq) is start-time fair queueing on measured device time with per-guest
+//!   shares; [`RateControl`](rate::RateControl) is AvA's windowed accounting with fixed-rate
+//!   polling or AIMD delay control for devices that cannot be preempted.
+//! - [`dfr::DfrController`]: the desired-frame-rate feedback loop of the multimedia VM
+//!   scheduler (Algorithm 1), steering a multimedia guest's share from its presented rate.
+//! - [`policy::Policy`]: the per-guest sharing policy (shares, rate caps, allowed devices and
+//!   commands, memory limit, class) parsed from TOML or JSON.
+
+pub mod dfr;
+pub mod policy;
+pub mod rate;
+pub mod rr;
+pub mod wfq;
+
+#[cfg(test)]
+mod tests;
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedError {
+    /// An unknown scheduler name.
+    #[error("unknown scheduler {0:?} (round-robin, wfq, fixed-rate, aimd, feedback)")]
+    UnknownScheduler(String),
+    /// A policy file that does not parse or does not validate.
+    #[error("policy line {line}: {msg}")]
+    Policy { line: usize, msg: String },
+}
+
+/// Result of this crate.
+pub type Result<T> = std::result::Result<T, SchedError>;
+
+/// A guest, as the device worker names it.
+pub type GuestId = u64;
+
+/// Nanoseconds since an arbitrary origin.
+pub type Nanos = u64;
+
+/// One millisecond in [`Nanos`].
+pub const MS: Nanos = 1_000_000;
+
+/// What a scheduler answers when asked which guest to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// Serve this guest's next command now.
+    Serve(GuestId),
+    /// Serve nobody now; ask again at this time (a rate control postponing every ready
+    /// guest) or earlier if something changes.
+    Until(Nanos),
+    /// Serve nobody now; ask again when something changes (a command completes, a queue
+    /// becomes ready).
+    Wait,
+}
+
+/// A device's scheduling policy. The device worker calls [`pick`](Self::pick) with the guests
+/// that have a command ready, [`dispatched`](Self::dispatched) when it starts one and
+/// [`completed`](Self::completed) with the command's measured device time when its reply is
+/// sent.
+pub trait Scheduler: Send {
+    /// The name the daemon's `--scheduler` flag uses.
+    fn name(&self) -> &'static str;
+    /// Sets a guest's share (weight, at least 1; guests never told have share 100).
+    fn set_share(&mut self, guest: GuestId, share: u32);
+    /// The guest is gone: forget its state.
+    fn forget(&mut self, guest: GuestId);
+    /// Chooses among `ready` (guests with a command ready, no duplicates); `busy` are guests
+    /// with a command still running on the device.
+    fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], now: Nanos) -> Pick;
+    /// A command of `guest` started.
+    fn dispatched(&mut self, guest: GuestId, now: Nanos);
+    /// A command of `guest` finished after `device_ns` of device time.
+    fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos);
+    /// Boosts `guest` (a multimedia guest behind its desired frame rate) above the others,
+    /// or ends its boost. Schedulers without classes ignore it.
+    fn set_boost(&mut self, _guest: GuestId, _on: bool) {}
+}
+
+/// The schedulers the daemon offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kind {
+    #[default]
+    RoundRobin,
+    Wfq,
+    FixedRate,
+    Aimd,
+    /// WFQ with multimedia boost, steered by the DFR feedback loop ([`dfr`]) the daemon runs
+    /// for multimedia guests.
+    Feedback,
+}
+
+impl Kind {
+    /// Every kind, in the order benches report them.
+    pub const ALL: [Kind; 5] = [
+        Kind::RoundRobin,
+        Kind::Wfq,
+        Kind::FixedRate,
+        Kind::Aimd,
+        Kind::Feedback,
+    ];
+
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::RoundRobin => "round-robin",
+            Kind::Wfq => "wfq",
+            Kind::FixedRate => "fixed-rate",
+            Kind::Aimd => "aimd",
+            Kind::Feedback => "feedback",
+        }
+    }
+
+    /// A fresh scheduler of this kind with default parameters.
+    pub fn build(self) -> Box<dyn Scheduler> {
+        match self {
+            Kind::RoundRobin => Box::new(rr::RoundRobin::default()),
+            Kind::Wfq => Box::new(wfq::Wfq::new(wfq::WfqConfig::default())),
+            Kind::FixedRate => Box::new(rate::RateControl::fixed(rate::RateConfig::default())),
+            Kind::Aimd => Box::new(rate::RateControl::aimd(rate::RateConfig::default())),
+            Kind::Feedback => Box::new(wfq::Wfq::feedback(wfq::WfqConfig::default())),
+        }
+    }
+}
+
+impl std::str::FromStr for Kind {
+    type Err = SchedError;
+    fn from_str(s: &str) -> Result<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| SchedError::UnknownScheduler(s.to_string()))
+    }
+}
+
+/// The share a guest has until told otherwise.
+pub const DEFAULT_SHARE: u32 = 100;

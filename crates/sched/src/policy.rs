@@ -1,0 +1,230 @@
+//! The sharing policy: what each guest, named as it names itself at the handshake (a VM
+//! guest by its VM name), may use and how much of each device it gets.
+//!
+//! ```toml
+//! [default]            # guests not listed below (every field optional)
+//! shares = 100
+//!
+//! [guest.video]
+//! shares = 400                          # weight under wfq / fixed-rate / aimd
+//! class = "multimedia"                  # or "batch" (the default)
+//! devices = ["codec", "display", "gpu"] # devices it may use (absent: all)
+//! commands = ["gpu.composite", "codec.*"] # device commands it may send (absent: all)
+//! rate_cap = 500                        # requests per second on each device (commands and accesses)
+//! memory_limit = 268435456              # bytes its replicas may hold
+//! ```
+//!
+//! The same in JSON (`{"default": {...}, "guest": {"video": {...}}}`) is accepted too. A file
+//! that does not parse, has an unknown field, or a value out of range is an error naming its
+//! line. The policy is declarative on purpose: the checks it makes (a set lookup per command,
+//! a weight, a token bucket) need no program, so there is nothing to verify or sandbox as
+//! AvA's eBPF router programs are, and a guest cannot make it loop or allocate.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::{Nanos, Result, SchedError, DEFAULT_SHARE};
+
+/// A guest's class: multimedia guests behind their desired frame rate go ahead of batch ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    Multimedia,
+    #[default]
+    Batch,
+}
+
+/// What one guest may do.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestPolicy {
+    #[serde(default = "default_shares")]
+    pub shares: u32,
+    #[serde(default)]
+    pub class: Class,
+    /// Devices it may use; `None`: every device.
+    #[serde(default)]
+    pub devices: Option<Vec<String>>,
+    /// Device commands it may send, as `device.command` or `device.*`; `None`: every one.
+    #[serde(default)]
+    pub commands: Option<Vec<String>>,
+    /// Requests (device commands and the accesses bracketing them) per second on each
+    /// device.
+    #[serde(default)]
+    pub rate_cap: Option<f64>,
+    /// Bytes its replicas may hold.
+    #[serde(default)]
+    pub memory_limit: Option<u64>,
+}
+
+fn default_shares() -> u32 {
+    DEFAULT_SHARE
+}
+
+impl Default for GuestPolicy {
+    fn default() -> Self {
+        GuestPolicy {
+            shares: DEFAULT_SHARE,
+            class: Class::Batch,
+            devices: None,
+            commands: None,
+            rate_cap: None,
+            memory_limit: None,
+        }
+    }
+}
+
+impl GuestPolicy {
+    /// Whether the guest may use `device` at all.
+    pub fn allows_device(&self, device: &str) -> bool {
+        self.devices
+            .as_ref()
+            .is_none_or(|d| d.iter().any(|x| x == device))
+    }
+
+    /// Whether the guest may send `device`'s command `command`.
+    pub fn allows_command(&self, device: &str, command: &str) -> bool {
+        self.allows_device(device)
+            && self.commands.as_ref().is_none_or(|cs| {
+                cs.iter().any(|c| match c.split_once('.') {
+                    Some((d, "*")) => d == device,
+                    Some((d, n)) => d == device && n == command,
+                    None => false,
+                })
+            })
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.shares == 0 || self.shares > 1_000_000 {
+            return Err(format!("shares {} out of range 1..=1000000", self.shares));
+        }
+        if let Some(r) = self.rate_cap {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(format!("rate_cap {r} is not a positive number"));
+            }
+        }
+        for c in self.commands.iter().flatten() {
+            if c.split_once('.')
+                .is_none_or(|(d, n)| d.is_empty() || n.is_empty())
+            {
+                return Err(format!("command {c:?} is not device.command or device.*"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A whole policy file.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    #[serde(default)]
+    pub default: GuestPolicy,
+    #[serde(default)]
+    pub guest: BTreeMap<String, GuestPolicy>,
+}
+
+impl Policy {
+    /// Parses a policy: JSON if it starts with `{`, TOML otherwise.
+    pub fn parse(text: &str) -> Result<Policy> {
+        let p: Policy = if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| SchedError::Policy {
+                line: e.line(),
+                msg: e.to_string(),
+            })?
+        } else {
+            toml::from_str(text).map_err(|e| SchedError::Policy {
+                line: e
+                    .span()
+                    .map_or(1, |s| line_of(text, s.start.min(text.len()))),
+                msg: e.message().to_string(),
+            })?
+        };
+        p.default.check().map_err(|msg| SchedError::Policy {
+            line: find_line(text, "default"),
+            msg: format!("default: {msg}"),
+        })?;
+        for (name, g) in &p.guest {
+            g.check().map_err(|msg| SchedError::Policy {
+                line: find_line(text, name),
+                msg: format!("guest {name:?}: {msg}"),
+            })?;
+        }
+        Ok(p)
+    }
+
+    /// The policy of the guest named `name`.
+    pub fn for_guest(&self, name: &str) -> &GuestPolicy {
+        self.guest.get(name).unwrap_or(&self.default)
+    }
+}
+
+fn line_of(text: &str, byte: usize) -> usize {
+    text.as_bytes()[..byte]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// The first line naming `key` (a table header or a JSON key), 1 if none.
+fn find_line(text: &str, key: &str) -> usize {
+    text.lines()
+        .position(|l| {
+            l.contains(&format!("guest.{key}]"))
+                || l.contains(&format!("guest.\"{key}\"]"))
+                || l.contains(&format!("[{key}]"))
+                || l.contains(&format!("\"{key}\""))
+        })
+        .map_or(1, |i| i + 1)
+}
+
+/// A token bucket for a rate cap: `rate` requests per second, bursts of up to one second's
+/// worth (at least one).
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    tokens: f64,
+    last: Option<Nanos>,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(rate: f64) -> Self {
+        TokenBucket {
+            rate,
+            tokens: rate.max(1.0),
+            last: None,
+        }
+    }
+
+    fn refill(&mut self, now: Nanos) {
+        let last = *self.last.get_or_insert(now);
+        let dt = now.saturating_sub(last) as f64 / 1e9;
+        self.tokens = (self.tokens + dt * self.rate).min(self.rate.max(1.0));
+        self.last = Some(now);
+    }
+
+    /// Takes one token at `now`: `Ok` if there was one, else the time one will be there.
+    pub fn take(&mut self, now: Nanos) -> std::result::Result<(), Nanos> {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = (1.0 - self.tokens) / self.rate * 1e9;
+            Err(now + wait.ceil() as Nanos)
+        }
+    }
+
+    /// When a token is there (`now` if one is), without taking it.
+    pub fn ready_at(&mut self, now: Nanos) -> Nanos {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            now
+        } else {
+            now + ((1.0 - self.tokens) / self.rate * 1e9).ceil() as Nanos
+        }
+    }
+}

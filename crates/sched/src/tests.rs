@@ -1,0 +1,501 @@
+//! Schedulers and controllers on a fake clock: simulated devices, no threads, no sleeps.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::dfr::{DfrConfig, DfrController};
+use crate::policy::{Class, Policy, TokenBucket};
+use crate::rate::{RateConfig, RateControl};
+use crate::rr::RoundRobin;
+use crate::wfq::{Wfq, WfqConfig};
+use crate::{GuestId, Kind, Nanos, Pick, Scheduler, MS};
+
+const S: Nanos = 1_000_000_000;
+
+/// A guest of a simulation: its command cost and when it has work.
+struct SimGuest {
+    id: GuestId,
+    cost: Nanos,
+    active: Box<dyn Fn(Nanos) -> bool>,
+}
+
+fn always(id: GuestId, cost: Nanos) -> SimGuest {
+    SimGuest {
+        id,
+        cost,
+        active: Box::new(|_| true),
+    }
+}
+
+/// Device time per guest in each `bucket`-long window, on a device that runs one command
+/// at a time and answers when done (a synchronous device).
+fn run_sync(
+    s: &mut dyn Scheduler,
+    guests: &[SimGuest],
+    until: Nanos,
+    bucket: Nanos,
+) -> Vec<BTreeMap<GuestId, Nanos>> {
+    let mut now = 0;
+    let mut out = vec![BTreeMap::new(); (until / bucket) as usize + 1];
+    while now < until {
+        let ready: Vec<GuestId> = guests
+            .iter()
+            .filter(|g| (g.active)(now))
+            .map(|g| g.id)
+            .collect();
+        match s.pick(&ready, &[], now) {
+            Pick::Serve(id) => {
+                assert!(ready.contains(&id), "served a guest that was not ready");
+                let g = guests.iter().find(|g| g.id == id).unwrap();
+                s.dispatched(id, now);
+                now += g.cost;
+                s.completed(id, g.cost, now);
+                *out[(now / bucket) as usize].entry(id).or_default() += g.cost;
+            }
+            Pick::Until(t) => {
+                assert!(t > now, "asked to wait until the past");
+                now = t;
+            }
+            Pick::Wait => now += MS,
+        }
+    }
+    out
+}
+
+/// The same on an asynchronous device: each guest may have one command in flight, the
+/// device runs them in FIFO order; a command's device time is its busy period.
+fn run_async(s: &mut dyn Scheduler, guests: &[SimGuest], until: Nanos) -> BTreeMap<GuestId, Nanos> {
+    run_closed_loop(s, guests, until, 0)
+}
+
+/// [`run_async`] where a guest sends its next command `think` after its last one completed
+/// (a round trip), so it is not ready in between.
+fn run_closed_loop(
+    s: &mut dyn Scheduler,
+    guests: &[SimGuest],
+    until: Nanos,
+    think: Nanos,
+) -> BTreeMap<GuestId, Nanos> {
+    let mut back: BTreeMap<GuestId, Nanos> = BTreeMap::new();
+    let mut now = 0;
+    let mut free_at = 0;
+    let mut fifo: VecDeque<(GuestId, Nanos, Nanos)> = VecDeque::new(); // guest, start, end
+    let mut used = BTreeMap::new();
+    while now < until {
+        while let Some(&(g, start, end)) = fifo.front() {
+            if end > now {
+                break;
+            }
+            fifo.pop_front();
+            back.insert(g, end + think);
+            s.completed(g, end - start, end);
+            *used.entry(g).or_default() += end - start;
+        }
+        let busy: Vec<GuestId> = fifo.iter().map(|x| x.0).collect();
+        let ready: Vec<GuestId> = guests
+            .iter()
+            .filter(|g| (g.active)(now) && !busy.contains(&g.id))
+            .filter(|g| back.get(&g.id).is_none_or(|t| *t <= now))
+            .map(|g| g.id)
+            .collect();
+        let next_back = back.values().copied().filter(|t| *t > now).min();
+        let next_done = match (fifo.front().map(|x| x.2), next_back) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match s.pick(&ready, &busy, now) {
+            Pick::Serve(id) => {
+                let g = guests.iter().find(|g| g.id == id).unwrap();
+                s.dispatched(id, now);
+                let start = free_at.max(now);
+                free_at = start + g.cost;
+                fifo.push_back((id, start, free_at));
+            }
+            Pick::Until(t) => now = next_done.map_or(t, |d| d.min(t)).max(now + 1),
+            Pick::Wait => now = next_done.unwrap_or(now + MS).max(now + 1),
+        }
+    }
+    used
+}
+
+fn fractions(used: &BTreeMap<GuestId, Nanos>) -> BTreeMap<GuestId, f64> {
+    let total: Nanos = used.values().sum();
+    used.iter()
+        .map(|(g, t)| (*g, *t as f64 / total.max(1) as f64))
+        .collect()
+}
+
+fn sum(windows: &[BTreeMap<GuestId, Nanos>]) -> BTreeMap<GuestId, Nanos> {
+    let mut all = BTreeMap::new();
+    for w in windows {
+        for (g, t) in w {
+            *all.entry(*g).or_default() += t;
+        }
+    }
+    all
+}
+
+/// Max over guests of |share - ideal| / ideal, equal shares.
+fn unfairness(used: &BTreeMap<GuestId, Nanos>, n: usize) -> f64 {
+    let ideal = 1.0 / n as f64;
+    (1..=n as u64)
+        .map(|g| (fractions(used).get(&g).copied().unwrap_or(0.0) - ideal).abs() / ideal)
+        .fold(0.0, f64::max)
+}
+
+fn mixed_costs() -> Vec<SimGuest> {
+    vec![always(1, MS), always(2, 5 * MS), always(3, 13 * MS)]
+}
+
+#[test]
+fn round_robin_serves_in_turn_and_is_unfair_on_device_time() {
+    let mut rr = RoundRobin::default();
+    assert_eq!(rr.pick(&[1, 2, 3], &[], 0), Pick::Serve(1));
+    assert_eq!(rr.pick(&[1, 2, 3], &[], 0), Pick::Serve(2));
+    assert_eq!(rr.pick(&[1, 3], &[], 0), Pick::Serve(3));
+    assert_eq!(rr.pick(&[1, 2, 3], &[], 0), Pick::Serve(1));
+    let used = sum(&run_sync(&mut rr, &mixed_costs(), 10 * S, S));
+    // One command each per turn: device time in proportion to cost (1:5:13).
+    assert!(unfairness(&used, 3) > 0.5, "{used:?}");
+}
+
+#[test]
+fn wfq_holds_equal_shares_with_different_costs() {
+    let mut w = Wfq::new(WfqConfig::default());
+    let windows = run_sync(&mut w, &mixed_costs(), 10 * S, S);
+    for (i, win) in windows.iter().enumerate().take(9).skip(1) {
+        let u = unfairness(win, 3);
+        assert!(u < 0.05, "window {i}: unfairness {u}, {win:?}");
+    }
+}
+
+#[test]
+fn wfq_holds_weighted_shares() {
+    let mut w = Wfq::new(WfqConfig::default());
+    w.set_share(1, 100);
+    w.set_share(2, 200);
+    w.set_share(3, 300);
+    let f = fractions(&sum(&run_sync(&mut w, &mixed_costs(), 10 * S, S)));
+    for (g, want) in [(1, 1.0 / 6.0), (2, 2.0 / 6.0), (3, 3.0 / 6.0)] {
+        assert!(
+            (f[&g] - want).abs() < 0.02,
+            "guest {g}: {} vs {want}",
+            f[&g]
+        );
+    }
+}
+
+#[test]
+fn wfq_idle_guest_does_not_bank_credit() {
+    let mut w = Wfq::new(WfqConfig::default());
+    let guests = vec![
+        SimGuest {
+            id: 1,
+            cost: 2 * MS,
+            active: Box::new(|t| t >= 10 * S),
+        },
+        always(2, 2 * MS),
+    ];
+    let windows = run_sync(&mut w, &guests, 13 * S, S);
+    // The second after guest 1 comes back: guest 2 still gets a good part (without the
+    // window, guest 1 would have the device alone for ten seconds).
+    let back = &windows[10];
+    let two = back.get(&2).copied().unwrap_or(0);
+    assert!(two > 300 * MS, "guest 2 got {two} ns: {back:?}");
+    // ...and it is even again the next second.
+    assert!(unfairness(&windows[11], 2) < 0.05, "{:?}", windows[11]);
+}
+
+#[test]
+fn wfq_new_guest_does_not_starve_others() {
+    let mut w = Wfq::new(WfqConfig::default());
+    let mut guests = mixed_costs();
+    guests.push(SimGuest {
+        id: 4,
+        cost: 3 * MS,
+        active: Box::new(|t| t >= 5 * S),
+    });
+    let windows = run_sync(&mut w, &guests, 8 * S, S);
+    for win in &windows[5..7] {
+        assert!(unfairness(win, 4) < 0.08, "{win:?}");
+    }
+}
+
+#[test]
+fn wfq_on_an_asynchronous_device_holds_back_the_cheap_guests_turns() {
+    let guests = vec![always(1, 10 * MS), always(2, MS)];
+    let rr = run_async(&mut RoundRobin::default(), &guests, 10 * S);
+    assert!(unfairness(&rr, 2) > 0.5, "round robin: {rr:?}");
+    let wfq = run_async(&mut Wfq::new(WfqConfig::default()), &guests, 10 * S);
+    assert!(unfairness(&wfq, 2) < 0.05, "wfq: {wfq:?}");
+}
+
+#[test]
+fn closed_loop_guests_between_two_commands_are_not_run_over() {
+    let guests = vec![always(1, 10 * MS), always(2, MS), always(3, 4 * MS)];
+    let think = MS / 2;
+    let rr = run_closed_loop(&mut RoundRobin::default(), &guests, 10 * S, think);
+    assert!(unfairness(&rr, 3) > 0.5, "round robin: {rr:?}");
+    for kind in [Kind::Wfq, Kind::FixedRate, Kind::Aimd] {
+        let used = run_closed_loop(kind.build().as_mut(), &guests, 10 * S, think);
+        assert!(unfairness(&used, 3) < 0.1, "{}: {used:?}", kind.name());
+    }
+}
+
+#[test]
+fn feedback_boost_serves_the_boosted_guest_first_and_limits_the_others() {
+    let mut f = Kind::Feedback.build();
+    assert_eq!(f.name(), "feedback");
+    assert_eq!(f.pick(&[1, 2, 3], &[], 0), Pick::Serve(1));
+    f.dispatched(1, 0);
+    f.completed(1, 50 * MS, 50 * MS);
+    f.set_boost(1, true);
+    // Guest 1 is far ahead in device time, but boosted: served first.
+    assert_eq!(f.pick(&[1, 2, 3], &[], 50 * MS), Pick::Serve(1));
+    // While it is boosted, the others have one command running at most.
+    assert_eq!(f.pick(&[3], &[1, 2], 51 * MS), Pick::Wait);
+    f.set_boost(1, false);
+    assert_eq!(f.pick(&[3], &[1, 2], 51 * MS), Pick::Serve(3));
+    // Plain WFQ ignores boosts.
+    let mut w = Kind::Wfq.build();
+    w.set_boost(2, true);
+    assert_eq!(w.pick(&[1, 2], &[], 0), Pick::Serve(1));
+}
+
+#[test]
+fn feedback_keeps_long_commands_out_of_a_boosted_guests_next_frame() {
+    let mut f = Kind::Feedback.build();
+    // Guest 2, a batch guest, costs 20 ms a command; guest 3 costs 2 ms.
+    for (g, cost) in [(2, 20 * MS), (3, 2 * MS)] {
+        assert_eq!(f.pick(&[g], &[], 0), Pick::Serve(g));
+        f.dispatched(g, 0);
+        f.completed(g, cost, cost);
+    }
+    f.set_boost(1, true);
+    // Guest 1's frames start every 33 ms, each a 10 ms command.
+    for k in 0..4u64 {
+        let t = 100 * MS + k * 33 * MS;
+        assert_eq!(f.pick(&[1, 2, 3], &[], t), Pick::Serve(1));
+        f.dispatched(1, t);
+        f.completed(1, 10 * MS, t + 10 * MS);
+    }
+    // 15 ms into the last frame (18 ms to the next): the 20 ms command waits until the
+    // boosted guest is half a period late, the 2 ms one goes.
+    let now = 199 * MS + 15 * MS;
+    match f.pick(&[2], &[], now) {
+        Pick::Until(t) => assert!(t > 199 * MS + 33 * MS, "{t}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.pick(&[3], &[], now), Pick::Serve(3));
+    // Without the boost (and once guest 3's round trip is over), nothing holds it.
+    f.set_boost(1, false);
+    assert_eq!(f.pick(&[2], &[], now + 5 * MS), Pick::Serve(2));
+}
+
+#[test]
+fn rate_controls_hold_equal_shares() {
+    for kind in [Kind::FixedRate, Kind::Aimd] {
+        let mut s = kind.build();
+        let guests = vec![always(1, MS), always(2, 10 * MS)];
+        let windows = run_sync(s.as_mut(), &guests, 10 * S, S);
+        let mut us: Vec<f64> = windows[1..9].iter().map(|w| unfairness(w, 2)).collect();
+        us.sort_by(f64::total_cmp);
+        assert!(us[us.len() / 2] < 0.1, "{}: {us:?}", kind.name());
+        let asy = run_async(kind.build().as_mut(), &guests, 10 * S);
+        assert!(unfairness(&asy, 2) < 0.1, "{} async: {asy:?}", kind.name());
+    }
+}
+
+#[test]
+fn rate_controls_never_postpone_a_guest_alone() {
+    for kind in [Kind::FixedRate, Kind::Aimd, Kind::Wfq] {
+        let mut s = kind.build();
+        let windows = run_sync(s.as_mut(), &[always(1, 3 * MS)], 2 * S, S);
+        // Busy the whole second (the last command may end in the next window).
+        assert!(
+            windows[0][&1] >= S - 3 * MS,
+            "{}: {:?}",
+            kind.name(),
+            windows[0]
+        );
+    }
+}
+
+#[test]
+fn fixed_rate_postpones_by_its_interval_and_aimd_adapts() {
+    let cfg = RateConfig::default();
+    let mut f = RateControl::fixed(cfg);
+    f.completed(1, 10 * MS, 0);
+    f.completed(2, MS, 0);
+    // Guest 1 used 10/11 of the window: postponed by the fixed interval.
+    assert_eq!(f.pick(&[1], &[2], MS), Pick::Until(MS + cfg.delay));
+    assert_eq!(f.pick(&[1, 2], &[], MS), Pick::Serve(2));
+
+    let mut a = RateControl::aimd(cfg);
+    a.completed(1, 10 * MS, 0);
+    a.completed(2, MS, 0);
+    assert_eq!(a.pick(&[1], &[2], MS), Pick::Until(MS + cfg.delay));
+    // End of the window: guest 1 exhausted its share (d * b), guest 2 did not (d + a).
+    let w = cfg.window;
+    a.completed(1, 10 * MS, w);
+    assert_eq!(a.delay(1), Some(cfg.delay / 2));
+    assert_eq!(a.delay(2), Some(cfg.delay + cfg.a));
+    a.completed(1, 10 * MS, w + MS);
+    a.completed(2, MS, w + MS);
+    assert_eq!(
+        a.pick(&[1], &[2], w + 2 * MS),
+        Pick::Until(w + 2 * MS + cfg.delay / 2)
+    );
+    a.completed(1, MS, 2 * w);
+    assert_eq!(a.delay(1), Some(cfg.delay / 4));
+}
+
+#[test]
+fn scheduler_names_parse() {
+    for k in Kind::ALL {
+        assert_eq!(k.name().parse::<Kind>().unwrap(), k);
+        assert_eq!(k.build().name(), k.name());
+    }
+    assert!("lottery".parse::<Kind>().is_err());
+}
+
+/// Feeds `ctl` a guest presenting `fps(t)` frames per second from `from` to `to`, observing
+/// every 100 ms; returns the shares it set, with their times.
+fn feed(
+    ctl: &mut DfrController,
+    frames: &mut f64,
+    from: Nanos,
+    to: Nanos,
+    fps: impl Fn(Nanos) -> f64,
+) -> Vec<(Nanos, u32)> {
+    let mut out = Vec::new();
+    let mut t = from;
+    while t < to {
+        t += 100 * MS;
+        *frames += fps(t) * 0.1;
+        if let Some(s) = ctl.observe(t, *frames as u64) {
+            out.push((t, s));
+        }
+    }
+    out
+}
+
+#[test]
+fn dfr_fast_start_doubles_every_200_ms() {
+    let mut c = DfrController::new(DfrConfig::default(), 100);
+    let mut n = 0.0;
+    let changes = feed(&mut c, &mut n, 0, 1100 * MS, |_| 10.0);
+    let shares: Vec<u32> = changes.iter().map(|x| x.1).collect();
+    assert_eq!(shares, vec![200, 400, 800, 1600], "{changes:?}");
+}
+
+fn normal_phase() -> DfrConfig {
+    DfrConfig {
+        fast_start: 0,
+        ..DfrConfig::default()
+    }
+}
+
+#[test]
+fn dfr_three_chances_then_halving_and_lowering_the_dfr() {
+    let mut c = DfrController::new(normal_phase(), 100);
+    let mut n = 0.0;
+    // 10 fps under a DFR of 20, never improving: raise, no raise (chance), raise...
+    let changes = feed(&mut c, &mut n, 0, 7100 * MS, |_| 10.0);
+    let shares: Vec<u32> = changes.iter().map(|x| x.1).collect();
+    assert_eq!(shares, vec![200, 300, 400, 200], "{changes:?}");
+    assert!((c.dfr() - 10.0).abs() < 0.5, "dfr {}", c.dfr());
+}
+
+#[test]
+fn dfr_raises_with_a_faster_rate_and_stops_raising_share() {
+    let mut c = DfrController::new(normal_phase(), 100);
+    let mut n = 0.0;
+    let changes = feed(&mut c, &mut n, 0, 5100 * MS, |_| 30.0);
+    assert!(changes.is_empty(), "{changes:?}");
+    assert!((c.dfr() - 24.0).abs() < 0.5, "dfr {}", c.dfr());
+    assert!(!c.behind());
+    // The rate falls under the new DFR: the share grows.
+    let changes = feed(&mut c, &mut n, 5100 * MS, 7100 * MS, |_| 15.0);
+    assert_eq!(changes.first().map(|x| x.1), Some(200), "{changes:?}");
+    assert!(c.behind());
+}
+
+#[test]
+fn dfr_restores_the_share_after_a_second_idle() {
+    let mut c = DfrController::new(DfrConfig::default(), 100);
+    let mut n = 0.0;
+    feed(&mut c, &mut n, 0, 1100 * MS, |_| 10.0);
+    assert!(c.share() > 100);
+    let changes = feed(&mut c, &mut n, 1100 * MS, 2300 * MS, |_| 0.0);
+    assert_eq!(changes.last().map(|x| x.1), Some(100), "{changes:?}");
+    // Activity again: fast start again.
+    let changes = feed(&mut c, &mut n, 2300 * MS, 3000 * MS, |_| 10.0);
+    assert_eq!(changes.first().map(|x| x.1), Some(200), "{changes:?}");
+}
+
+const TOML_POLICY: &str = r#"
+[default]
+shares = 50
+
+[guest.video]
+shares = 400
+class = "multimedia"
+devices = ["codec", "display", "gpu"]
+commands = ["gpu.composite", "codec.*", "display.present"]
+rate_cap = 500
+memory_limit = 268435456
+"#;
+
+#[test]
+fn policy_parses_toml_and_json() {
+    let p = Policy::parse(TOML_POLICY).unwrap();
+    let v = p.for_guest("video");
+    assert_eq!((v.shares, v.class), (400, Class::Multimedia));
+    assert_eq!(v.memory_limit, Some(256 << 20));
+    assert!(v.allows_command("gpu", "composite"));
+    assert!(v.allows_command("codec", "decode"));
+    assert!(!v.allows_command("gpu", "project"));
+    assert!(!v.allows_device("modem"));
+    assert_eq!(p.for_guest("other").shares, 50);
+    assert!(p.for_guest("other").allows_command("modem", "at"));
+    let j = Policy::parse(r#"{"guest": {"hog": {"shares": 10, "devices": []}}}"#).unwrap();
+    assert!(!j.for_guest("hog").allows_device("gpu"));
+    assert_eq!(j.for_guest("x").shares, 100);
+}
+
+#[test]
+fn policy_errors_name_the_line() {
+    let e = Policy::parse("[guest.a]\nshares = 1\nshare = 2\n").unwrap_err();
+    assert!(
+        matches!(e, crate::SchedError::Policy { line: 3, .. }),
+        "{e}"
+    );
+    let e = Policy::parse("[guest.a]\nshares = 1\n\n[guest.b]\nshares = 0\n").unwrap_err();
+    assert!(
+        matches!(e, crate::SchedError::Policy { line: 4, .. }),
+        "{e}"
+    );
+    let e = Policy::parse("{\n\"guest\": {\n\"a\": {\"shares\": \"x\"}}}").unwrap_err();
+    assert!(
+        matches!(e, crate::SchedError::Policy { line: 3, .. }),
+        "{e}"
+    );
+    let e = Policy::parse("[guest.a]\ncommands = [\"gpu\"]\n").unwrap_err();
+    assert!(e.to_string().contains("device.command"), "{e}");
+}
+
+#[test]
+fn token_bucket_caps_the_rate() {
+    let mut b = TokenBucket::new(10.0);
+    let mut served = 0;
+    let mut t = 0;
+    while t < 10 * S {
+        match b.take(t) {
+            Ok(()) => served += 1,
+            Err(at) => assert!(at > t),
+        }
+        t += MS;
+    }
+    // A full bucket (10) plus 10 per second.
+    assert!((105..=111).contains(&served), "{served}");
+}

@@ -1,0 +1,314 @@
+//! Weighted fair queueing on measured device time: start-time fair queueing (SFQ) over
+//! guests.
+//!
+//! Every guest has a virtual finish time `F`: each command of device time `t` moves it by
+//! `t / share`. The device serves the ready guest with the smallest `F`, so over time each
+//! backlogged guest gets device time in proportion to its share, whatever its commands cost.
+//! A command's cost is known only when it completes (the GPU answers at GPU completion): at
+//! dispatch the guest is charged its recent average cost, corrected at completion.
+//!
+//! - The system virtual time `V` is the smallest `F` among the guests with work (ready or
+//!   running), never going back. A new guest starts at `V`, so it neither starves the others
+//!   nor is starved.
+//! - A guest that was idle cannot bank credit forever: its `F` is never more than one
+//!   window (500 ms of device time shared by all) behind `V`.
+//! - A device with asynchronous commands (several guests' work queued on it at once) would
+//!   serve whoever is ready while an expensive command runs: a ready guest more than `slack`
+//!   of its own device time ahead of a guest whose command is still running waits for that
+//!   command's completion instead.
+//! - Guests are closed loops (a guest sends its next command once the last one answered): a
+//!   guest that had work `anticipate` ago but has none ready this instant is still counted as
+//!   wanting the device, so the others do not run ahead of it during its round trip (the
+//!   device waits at most `anticipate` for it).
+//! - As the `feedback` scheduler, boosted guests (multimedia guests behind their desired frame
+//!   rate, [`Scheduler::set_boost`]) go first whenever they have a command ready, and while
+//!   any guest is boosted the others have at most one command running at a time, so a boosted
+//!   guest's next command waits behind at most one other on a device that runs submissions in
+//!   order. Nor does another guest start a command whose usual cost would run into the
+//!   boosted guest's next frame (expected one frame period, learnt from when its bursts of
+//!   work start, after the last one): devices cannot be preempted, so a long command started
+//!   just before a frame would hold it back whatever the order afterwards.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::{GuestId, Nanos, Pick, Scheduler, DEFAULT_SHARE, MS};
+
+/// Parameters of [`Wfq`].
+#[derive(Debug, Clone, Copy)]
+pub struct WfqConfig {
+    /// Device time (all guests together) an idle guest may be behind by when it comes back.
+    pub window: Nanos,
+    /// How far (its own device time) a ready guest may be ahead of a running one.
+    pub slack: Nanos,
+    /// Weight of the newest sample in a guest's average command cost (0..=1).
+    pub cost_weight: f64,
+    /// How long a guest that had work still counts as wanting the device.
+    pub anticipate: Nanos,
+}
+
+impl Default for WfqConfig {
+    fn default() -> Self {
+        WfqConfig {
+            window: 500 * MS,
+            slack: 2 * MS,
+            cost_weight: 0.5,
+            anticipate: 2 * MS,
+        }
+    }
+}
+
+/// Most charges a guest may have outstanding (one per command not yet completed).
+const MAX_PENDING: usize = 64;
+
+#[derive(Debug)]
+struct Flow {
+    share: f64,
+    finish: f64,
+    cost: f64,
+    pending: VecDeque<f64>,
+}
+
+/// Start-time fair queueing over measured device time.
+#[derive(Debug)]
+pub struct Wfq {
+    cfg: WfqConfig,
+    flows: HashMap<GuestId, Flow>,
+    shares: HashMap<GuestId, u32>,
+    vtime: f64,
+    /// When each guest last had work (ready, running or just completed).
+    seen: HashMap<GuestId, Nanos>,
+    /// Boosted guests (feedback scheduler only).
+    boosted: HashSet<GuestId>,
+    /// When each boosted guest's last burst of work started, and its average period.
+    frames: HashMap<GuestId, (Nanos, f64)>,
+    feedback: bool,
+}
+
+impl Wfq {
+    /// A scheduler with no guests yet.
+    pub fn new(cfg: WfqConfig) -> Self {
+        Wfq {
+            cfg,
+            flows: HashMap::new(),
+            shares: HashMap::new(),
+            vtime: 0.0,
+            seen: HashMap::new(),
+            boosted: HashSet::new(),
+            frames: HashMap::new(),
+            feedback: false,
+        }
+    }
+
+    /// WFQ with multimedia boost: the `feedback` scheduler.
+    pub fn feedback(cfg: WfqConfig) -> Self {
+        Wfq {
+            feedback: true,
+            ..Wfq::new(cfg)
+        }
+    }
+
+    /// The system virtual time.
+    pub fn vtime(&self) -> f64 {
+        self.vtime
+    }
+
+    /// A guest's virtual finish time, if known.
+    pub fn finish(&self, guest: GuestId) -> Option<f64> {
+        self.flows.get(&guest).map(|f| f.finish)
+    }
+
+    fn total_share(&self) -> f64 {
+        self.flows.values().map(|f| f.share).sum::<f64>().max(1.0)
+    }
+
+    fn flow(&mut self, guest: GuestId) -> &mut Flow {
+        let share = f64::from(*self.shares.get(&guest).unwrap_or(&DEFAULT_SHARE));
+        let v = self.vtime;
+        self.flows.entry(guest).or_insert(Flow {
+            share,
+            finish: v,
+            cost: 0.0,
+            pending: VecDeque::new(),
+        })
+    }
+}
+
+impl Wfq {
+    /// If `cand` (not boosted) would run into a boosted guest's next frame: until when to
+    /// hold it.
+    fn next_frame_conflict(&self, cand: GuestId, now: Nanos) -> Option<Nanos> {
+        if self.boosted.is_empty() || self.boosted.contains(&cand) {
+            return None;
+        }
+        let cost = self.flows.get(&cand).map_or(0.0, |f| f.cost);
+        let mut until: Option<Nanos> = None;
+        for (start, period) in self.frames.values() {
+            if *period <= 0.0 {
+                continue;
+            }
+            let next = *start as f64 + period;
+            // Late by half a period: it skipped a frame; do not wait for it.
+            let give_up = next + period / 2.0;
+            if (now as f64) < give_up && now as f64 + cost > next {
+                let t = give_up as Nanos;
+                until = Some(until.map_or(t, |u| u.min(t)));
+            }
+        }
+        until
+    }
+}
+
+impl Scheduler for Wfq {
+    fn name(&self) -> &'static str {
+        if self.feedback {
+            "feedback"
+        } else {
+            "wfq"
+        }
+    }
+
+    fn set_boost(&mut self, guest: GuestId, on: bool) {
+        if !self.feedback {
+            return;
+        }
+        if on {
+            self.boosted.insert(guest);
+        } else {
+            self.boosted.remove(&guest);
+            self.frames.remove(&guest);
+        }
+    }
+
+    fn set_share(&mut self, guest: GuestId, share: u32) {
+        let share = share.max(1);
+        self.shares.insert(guest, share);
+        if let Some(f) = self.flows.get_mut(&guest) {
+            f.share = f64::from(share);
+        }
+    }
+
+    fn forget(&mut self, guest: GuestId) {
+        self.flows.remove(&guest);
+        self.shares.remove(&guest);
+        self.seen.remove(&guest);
+        self.boosted.remove(&guest);
+        self.frames.remove(&guest);
+    }
+
+    fn pick(&mut self, ready: &[GuestId], busy: &[GuestId], now: Nanos) -> Pick {
+        if ready.is_empty() {
+            return Pick::Wait;
+        }
+        let horizon = now.saturating_sub(self.cfg.anticipate);
+        // A boosted guest with work again after a pause: a frame starts.
+        for g in ready.iter().filter(|g| self.boosted.contains(g)) {
+            if self.seen.get(g).is_some_and(|t| *t >= horizon) {
+                continue;
+            }
+            let e = self.frames.entry(*g).or_insert((now, 0.0));
+            let gap = now.saturating_sub(e.0) as f64;
+            if gap > 0.0 && gap < 1e9 {
+                e.1 = if e.1 == 0.0 {
+                    gap
+                } else {
+                    0.5 * e.1 + 0.5 * gap
+                };
+            }
+            e.0 = now;
+        }
+        for g in ready.iter().chain(busy) {
+            self.flow(*g);
+            self.seen.insert(*g, now);
+        }
+        self.seen.retain(|_, t| *t >= horizon);
+        // No banking beyond one window: a returning guest is at most that far behind.
+        let floor = self.vtime - self.cfg.window as f64 / self.total_share();
+        let mut min_active = f64::INFINITY;
+        for g in ready.iter().chain(busy) {
+            if let Some(f) = self.flows.get_mut(g) {
+                f.finish = f.finish.max(floor);
+                min_active = min_active.min(f.finish);
+            }
+        }
+        if min_active.is_finite() {
+            self.vtime = self.vtime.max(min_active);
+        }
+        let (cand, cf) = ready
+            .iter()
+            .filter_map(|g| self.flows.get(g).map(|f| (*g, f.finish)))
+            .fold((ready[0], f64::INFINITY), |best, x| {
+                if x.1 < best.1 {
+                    x
+                } else {
+                    best
+                }
+            });
+        if !self.boosted.is_empty() {
+            let boosted = ready
+                .iter()
+                .filter(|g| self.boosted.contains(g))
+                .filter_map(|g| self.flows.get(g).map(|f| (*g, f.finish)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((g, _)) = boosted {
+                return Pick::Serve(g);
+            }
+            if busy.iter().any(|g| !self.boosted.contains(g)) {
+                return Pick::Wait;
+            }
+        }
+        // The guests behind: running, or between two commands.
+        let share = self.flows.get(&cand).map_or(1.0, |f| f.share);
+        let limit = cf - self.cfg.slack as f64 / share;
+        let mut wait = None;
+        for (g, t) in &self.seen {
+            if ready.contains(g) {
+                continue;
+            }
+            let Some(f) = self.flows.get(g) else { continue };
+            if f.finish < limit {
+                let until = if busy.contains(g) {
+                    Nanos::MAX
+                } else {
+                    t + self.cfg.anticipate
+                };
+                wait = Some(wait.map_or(until, |w: Nanos| w.min(until)));
+            }
+        }
+        if wait.is_none() {
+            if let Some(t) = self.next_frame_conflict(cand, now) {
+                wait = Some(t);
+            }
+        }
+        match wait {
+            None => Pick::Serve(cand),
+            Some(Nanos::MAX) => Pick::Wait,
+            Some(t) => Pick::Until(t.max(now + 1)),
+        }
+    }
+
+    fn dispatched(&mut self, guest: GuestId, _now: Nanos) {
+        let f = self.flow(guest);
+        let est = f.cost;
+        f.finish += est / f.share;
+        if f.pending.len() == MAX_PENDING {
+            f.pending.pop_front();
+        }
+        f.pending.push_back(est);
+    }
+
+    fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos) {
+        let w = self.cfg.cost_weight.clamp(0.0, 1.0);
+        let Some(f) = self.flows.get_mut(&guest) else {
+            return;
+        };
+        self.seen.insert(guest, now);
+        let est = f.pending.pop_front().unwrap_or(0.0);
+        let t = device_ns as f64;
+        f.finish += (t - est) / f.share;
+        f.cost = if f.cost == 0.0 {
+            t
+        } else {
+            (1.0 - w) * f.cost + w * t
+        };
+    }
+}
