@@ -23,6 +23,8 @@ virtsoc ctl [--socket PATH|tcp:HOST:PORT] COMMAND
   gsm registration STATE         home | searching | denied | roaming | not-registered
   camera source SRC              synthetic | file:PATH
   kill GUEST                     close GUEST's session
+  policy GUEST JSON              set GUEST's sharing policy, e.g. '{"shares": 200, "devices": ["gpu"]}'
+  policy reload                  read the daemon's --policy file again
   record GUEST OUT.mp4 [--seconds N] [--fps F] [--max WxH]
                                  record GUEST's presented frames (H.264 MP4; 5 s, 30 fps,
                                  1280x720 at most by default)
@@ -94,6 +96,12 @@ pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
             Value::Null,
         ),
         ["kill", ..] => ("POST", format!("/guests/{}/kill", guest(a(1))?), json!({})),
+        ["policy", "reload"] => ("POST", "/policy/reload".into(), json!({})),
+        ["policy", ..] => {
+            let table: Value = serde_json::from_str(arg(a(2), "JSON")?)
+                .map_err(|e| usage(&format!("JSON: {e}")))?;
+            ("POST", format!("/guests/{}/policy", guest(a(1))?), table)
+        }
         ["display", "foreground", ..] => (
             "POST",
             "/display/foreground".into(),

@@ -144,3 +144,54 @@ fn the_policy_memory_limit_caps_that_guest_only() {
     other.alloc_blob(2 << 20).unwrap();
     let _ = std::fs::remove_file(&file);
 }
+
+/// The control API changes one guest's policy at runtime (`POST /guests/{id}/policy`):
+/// that guest is refused at once, another is unaffected; a bad table is a 400 naming the
+/// field and changes nothing; `POST /policy/reload` reads the file again.
+#[test]
+fn the_control_api_changes_a_guests_policy() {
+    use virtsoc_control::client::{control_path, request, Target};
+    let file = policy_file("control", "[default]\nshares = 100\n");
+    let d = Daemon::start(&["--policy", file.to_str().unwrap()]);
+    let limited = guest(&d, "limited");
+    let free = guest(&d, "free");
+    let a = limited.alloc_blob(4096).unwrap().id;
+    let b = free.alloc_blob(4096).unwrap().id;
+    frame(&limited, a).expect("allowed before the change");
+    let good = frame(&free, b).unwrap();
+    let post = |path: &str, body: &str| {
+        request(
+            &Target::Unix(control_path(d.socket())),
+            "POST",
+            path,
+            body.as_bytes(),
+        )
+        .unwrap()
+    };
+    let id = limited.guest_id();
+    let r = post(&format!("/guests/{id}/policy"), NO_CHECKSUM_JSON);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["name"], "limited");
+    assert_eq!(frame(&limited, a), Err(Status::PermissionDenied));
+    assert_eq!(frame(&free, b), Ok(good));
+    // Refusals: a bad field, a command the device does not have, an unknown guest.
+    let r = post(&format!("/guests/{id}/policy"), r#"{"shares": "many"}"#);
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("shares"), "{}", r.body);
+    let r = post(
+        &format!("/guests/{id}/policy"),
+        r#"{"commands": ["consumer.no_such_command"]}"#,
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("no_such_command"), "{}", r.body);
+    assert_eq!(post("/guests/999999/policy", "{}").status, 404);
+    assert_eq!(frame(&limited, a), Err(Status::PermissionDenied));
+    // The file read again replaces what the control API set.
+    let r = post("/policy/reload", "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    frame(&limited, a).expect("allowed after the reload");
+    let _ = std::fs::remove_file(&file);
+}
+
+const NO_CHECKSUM_JSON: &str =
+    r#"{"devices": ["producer", "consumer"], "commands": ["producer.*"]}"#;

@@ -34,6 +34,8 @@
 //! | POST | `/guests/{id}/restore` | `{"path"}` | `{"regions", "region_bytes", "file_bytes", "ms"}` |
 //! | POST | `/guests/{id}/migrate` | `{"to": "HOST:PORT", "token"}` | `{"stop_ms", "precopy_bytes", "dirty_bytes", ...}` |
 //! | GET | `/metrics` | | Prometheus text |
+//! | POST | `/guests/{id}/policy` | a policy file's guest table (`shares`, `class`, `devices`, `commands`, `rate_cap`, `memory_limit`) | `{"guest", "name", "generation"}` |
+//! | POST | `/policy/reload` | | `{"generation"}` (the file read again, as on SIGHUP) |
 //! | GET | `/view` | | the live view page (HTML) |
 //! | GET | `/guests/{id}/frame.jpg?after=N&max=WxH` | | the guest's latest frame (JPEG) newer than frame N, waiting up to a second (204 if none) |
 //! | POST | `/view/report` | `ViewReport` | `{"ok": true}` (what a view page measured) |
@@ -105,6 +107,19 @@ pub trait Backend: Send + Sync + 'static {
     /// The latest live-view reports.
     fn view_reports(&self) -> Vec<ViewReport> {
         Vec::new()
+    }
+    /// Sets the sharing policy of guest `guest` (by its name: every guest of that name) to
+    /// `policy` (a policy file's per-guest table, as JSON).
+    fn set_policy(
+        &self,
+        _guest: u64,
+        _policy: &serde_json::Value,
+    ) -> Result<serde_json::Value, ControlError> {
+        Err(ControlError::Unsupported("policies".into()))
+    }
+    /// Reads the daemon's policy file again (as SIGHUP does).
+    fn reload_policy(&self) -> Result<serde_json::Value, ControlError> {
+        Err(ControlError::Unsupported("policies".into()))
     }
     /// Sessions that ended over a second ago and are still referenced: a leak when not 0.
     fn lingering_sessions(&self) -> u64 {

@@ -132,6 +132,22 @@ fn route(
             want(get)?;
             Ok(Answer::json(&known_guest(backend, guest_id(id)?)?))
         }
+        ["guests", id, "policy"] => {
+            want(post)?;
+            let id = guest_id(id)?;
+            known_guest(backend, id)?;
+            let v: Value = parse(body)?;
+            if !v.is_object() {
+                return Err(ControlError::BadRequest(
+                    "bad request body: a guest's policy table (an object)".into(),
+                ));
+            }
+            Ok(Answer::json(&backend.set_policy(id, &v)?))
+        }
+        ["policy", "reload"] => {
+            want(post)?;
+            Ok(Answer::json(&backend.reload_policy()?))
+        }
         ["guests", id, "kill"] => {
             want(post)?;
             let id = guest_id(id)?;

@@ -222,6 +222,35 @@ impl Backend for ControlBackend {
             .collect()
     }
 
+    fn set_policy(&self, guest: u64, policy: &Value) -> Result<Value, ControlError> {
+        let name = self
+            .0
+            .sessions()
+            .iter()
+            .find(|s| s.guest_id() == guest)
+            .map(|s| s.name().to_string())
+            .ok_or_else(|| ControlError::NotFound(format!("no guest {guest}")))?;
+        let de = policy.clone();
+        let p: virtsoc_sched::policy::GuestPolicy =
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                ControlError::BadRequest(format!("field `{}`: {}", e.path(), e.inner()))
+            })?;
+        let store = &self.0.config().sharing.policy;
+        store
+            .set_guest(&name, p)
+            .map_err(ControlError::BadRequest)?;
+        log::info!("policy of guests named {name:?} changed through the control API");
+        Ok(serde_json::json!({ "guest": guest, "name": name, "generation": store.generation() }))
+    }
+
+    fn reload_policy(&self) -> Result<Value, ControlError> {
+        let store = &self.0.config().sharing.policy;
+        store.reload().map_err(|e| {
+            ControlError::Conflict(format!("policy not reloaded, the old one stays: {e}"))
+        })?;
+        Ok(serde_json::json!({ "generation": store.generation() }))
+    }
+
     fn lingering_sessions(&self) -> u64 {
         let old = std::time::Duration::from_secs(1);
         self.0
