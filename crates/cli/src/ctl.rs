@@ -23,7 +23,7 @@ virtsoc ctl [--socket PATH|tcp:HOST:PORT] COMMAND
   gsm registration STATE         home | searching | denied | roaming | not-registered
   camera source SRC              synthetic | file:PATH
   kill GUEST                     close GUEST's session
-  policy GUEST JSON              set GUEST's sharing policy, e.g. '{"shares": 200, "devices": ["gpu"]}'
+  policy GUEST JSON              set GUEST's sharing policy, e.g. '{\"shares\": 200}'
   policy reload                  read the daemon's --policy file again
   record GUEST OUT.mp4 [--seconds N] [--fps F] [--max WxH]
                                  record GUEST's presented frames (H.264 MP4; 5 s, 30 fps,
