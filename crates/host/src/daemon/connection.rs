@@ -1,0 +1,169 @@
+//! The daemon's two kinds of guest connection: a process guest on the Unix socket (the
+//! window passed as a memfd, futex doorbells, the connection thread watching for the
+//! hang-up), and a remote guest on TCP (token first, then frames on the stream).
+
+use super::*;
+
+impl Daemon {
+    /// A process guest: handshake, the window passed as a memfd, futex doorbells; then the
+    /// connection thread watches the socket for the hang-up.
+    pub(super) fn unix_connection(self: Arc<Self>, mut stream: UnixStream) {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_write_timeout(Some(self.cfg.handshake_timeout));
+        let deadline = Instant::now() + self.cfg.handshake_timeout;
+        let hello: Hello = match recv_json_until(&stream, deadline) {
+            Ok((h, _)) => h,
+            Err(virtsoc_proto::ProtoError::Closed) => {
+                return log::debug!("connection closed before its hello")
+            }
+            Err(e) => return Self::refuse(&stream, format!("bad hello: {e}")),
+        };
+        let name = sanitize_name(&hello.name);
+        let a = match self.admit(&hello) {
+            Ok(a) => a,
+            Err(reason) => return Self::refuse(&stream, reason),
+        };
+        let guest_id = a.guest_id;
+        self.note_transport(guest_id, "unix");
+        let hangup = match stream.try_clone() {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("guest {guest_id}: {e}");
+                self.svm.detach_guest(guest_id);
+                return;
+            }
+        };
+        let link = ShmLink::new(
+            a.window.clone(),
+            Box::new(FutexDoorbell::host_bell(&a.window, self.cfg.spins)),
+            Box::new(FutexDoorbell::guest_bell(&a.window, self.cfg.spins)),
+            Box::new(move || {
+                let _ = hangup.shutdown(std::net::Shutdown::Both);
+            }),
+        );
+        log::info!(
+            "guest {guest_id} ({name}) connected: window {} MiB, coherence {}",
+            a.layout.size >> 20,
+            a.kind
+        );
+        let session = Session::new(
+            guest_id,
+            name,
+            a.window.clone(),
+            Arc::new(link),
+            &self.cfg.limits,
+        );
+        // Registered before the guest hears it was admitted, so that anything it does next
+        // (or a control request about it) finds its session.
+        self.register(&session);
+        let mut welcome = self.welcome(&a);
+        match self.restart.admit(&self, &session, hello.resume.as_deref()) {
+            Ok(secret) => {
+                if let Reply::Welcome { resume, .. } = &mut welcome {
+                    *resume = Some(secret);
+                }
+            }
+            Err(refusal) => {
+                // Answered before the session's close hangs the socket up.
+                match refusal {
+                    crate::snapshot::restart::Refusal::Refused(reason) => {
+                        Self::refuse(&stream, reason)
+                    }
+                    crate::snapshot::restart::Refusal::Moved(socket) => {
+                        let _ = send_json(&stream, &Reply::Moved { socket }, None);
+                    }
+                }
+                self.unregister(guest_id);
+                session.close();
+                self.svm.detach_guest(guest_id);
+                return;
+            }
+        }
+        if let Err(e) = send_json(&stream, &welcome, Some(a.window.fd())) {
+            log::warn!("guest {guest_id}: handshake failed: {e}");
+            self.unregister(guest_id);
+            session.close();
+            self.svm.detach_guest(guest_id);
+            return;
+        }
+        let _ = stream.set_write_timeout(None);
+        let runner = {
+            let (s, svm, dev) = (session.clone(), self.svm.clone(), self.devices.clone());
+            spawn_thread(&format!("guest-{guest_id}"), move || s.run(svm, dev))
+        };
+        match runner {
+            Ok(runner) => {
+                // Watch for the hang-up: a crashed guest's socket reads EOF.
+                let mut buf = [0u8; 64];
+                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+                session.close();
+                let _ = runner.join();
+            }
+            Err(e) => {
+                log::warn!("guest {guest_id}: cannot start session: {e}");
+                session.close();
+                self.svm.detach_guest(guest_id);
+            }
+        }
+        self.unregister(guest_id);
+    }
+
+    /// A remote guest: the token is checked before anything is allocated; then requests,
+    /// completions and CPU-access bytes travel as frames on the stream.
+    pub(super) fn tcp_connection(self: Arc<Self>, stream: TcpStream, peer: std::net::SocketAddr) {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_write_timeout(Some(self.cfg.handshake_timeout));
+        // The hello, token included, must be complete by the deadline.
+        let deadline = Instant::now() + self.cfg.handshake_timeout;
+        let hello: Hello = match recv_json_until(&stream, deadline) {
+            Ok((h, _)) => h,
+            Err(virtsoc_proto::ProtoError::Closed) => {
+                return log::debug!("remote connection from {peer} closed before its hello")
+            }
+            Err(e) => return Self::refuse(&stream, format!("bad hello from {peer}: {e}")),
+        };
+        let authorized = match (&self.cfg.token, &hello.token) {
+            (Some(want), Some(got)) => constant_time_eq(want.as_bytes(), got.as_bytes()),
+            _ => false,
+        };
+        if !authorized {
+            return Self::refuse(
+                &stream,
+                format!("remote guest {peer}: bad or missing token"),
+            );
+        }
+        let name = sanitize_name(&hello.name);
+        let a = match self.admit(&hello) {
+            Ok(a) => a,
+            Err(reason) => return Self::refuse(&stream, reason),
+        };
+        let guest_id = a.guest_id;
+        self.note_transport(guest_id, "tcp");
+        let link = match send_json(&stream, &self.welcome(&a), None)
+            .map_err(|e| e.to_string())
+            .and_then(|_| stream.set_write_timeout(None).map_err(|e| e.to_string()))
+            .and_then(|_| {
+                StreamLink::new(
+                    stream,
+                    a.layout.size,
+                    self.cfg.limits.remote_bytes_in_flight,
+                )
+                .map_err(|e| e.to_string())
+            }) {
+            Ok(l) => l,
+            Err(e) => {
+                log::warn!("guest {guest_id}: handshake failed: {e}");
+                self.svm.detach_guest(guest_id);
+                return;
+            }
+        };
+        log::info!(
+            "remote guest {guest_id} ({name}) connected from {peer}, coherence {}",
+            a.kind
+        );
+        let session = Session::new(guest_id, name, a.window, Arc::new(link), &self.cfg.limits);
+        self.register(&session);
+        session.run(self.svm.clone(), self.devices.clone());
+        self.unregister(guest_id);
+    }
+}

@@ -1,0 +1,83 @@
+//! Unit tests of `daemon`.
+
+use super::*;
+
+#[test]
+fn token_comparison() {
+    assert!(constant_time_eq(b"secret", b"secret"));
+    assert!(!constant_time_eq(b"secret", b"secreT"));
+    assert!(!constant_time_eq(b"secret", b"secret2"));
+    assert!(!constant_time_eq(b"", b"x"));
+}
+
+#[test]
+fn guest_names_are_sanitized() {
+    assert_eq!(sanitize_name("camera-app"), "camera-app");
+    assert_eq!(
+        sanitize_name("x\r\nFAKE LOG LINE\u{1b}[31m"),
+        "x\\r\\nFAKE LOG LINE\\u{1b}[31m"
+    );
+    assert!(!sanitize_name("a\u{202e}b").contains('\u{202e}'));
+    let long = sanitize_name(&"é".repeat(1000));
+    assert_eq!(long, format!("{}...", "é".repeat(MAX_NAME_CHARS)));
+}
+
+fn hello(name: &str) -> Hello {
+    Hello {
+        protocol: PROTOCOL_VERSION,
+        name: name.into(),
+        window_size: 1 << 20,
+        sq_entries: 8,
+        cq_entries: 8,
+        token: None,
+        coherence: None,
+        resume: None,
+    }
+}
+
+/// A connection whose thread cannot start is refused; the daemon keeps serving.
+#[test]
+fn a_failed_thread_start_refuses_only_that_connection() {
+    let dir = std::env::temp_dir().join(format!("virtsoc-daemon-ut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("d.sock");
+    let _ = std::fs::remove_file(&socket);
+    let daemon = Daemon::new(DaemonConfig {
+        socket: socket.clone(),
+        devices: crate::device::registry::DeviceConfig {
+            gpu: "null".into(),
+            isp: "null".into(),
+            ..Default::default()
+        },
+        ..DaemonConfig::default()
+    })
+    .unwrap();
+    let listener = UnixListener::bind(&socket).unwrap();
+    let (stop_rx, stop_tx) = UnixStream::pair().unwrap();
+    let server = {
+        let d = daemon.clone();
+        std::thread::spawn(move || d.serve(listener, None, OwnedFd::from(stop_rx)))
+    };
+    FAIL_SPAWNS.store(1, Ordering::SeqCst);
+    let s = UnixStream::connect(&socket).unwrap();
+    send_json(&s, &hello("first"), None).unwrap();
+    let (reply, _): (Reply, _) = virtsoc_proto::handshake::recv_json(&s).unwrap();
+    assert!(
+        matches!(&reply, Reply::Refused { reason } if reason.contains("thread")),
+        "{reply:?}"
+    );
+    let s = UnixStream::connect(&socket).unwrap();
+    send_json(&s, &hello("second"), None).unwrap();
+    let (reply, fd): (Reply, _) = virtsoc_proto::handshake::recv_json(&s).unwrap();
+    assert!(matches!(reply, Reply::Welcome { .. }), "{reply:?}");
+    assert!(fd.is_some());
+    drop((s, fd));
+    rustix::io::write(&stop_tx, b"x").unwrap();
+    server.join().unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while daemon.connection_count() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(daemon.connection_count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
