@@ -25,6 +25,7 @@
 
 pub mod camera;
 pub mod codec;
+mod ctx;
 pub mod display;
 pub mod feedback;
 pub mod gpu;
@@ -43,7 +44,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use virtsoc_fence::queue::{DoneToken, OrderedQueue, TryPop};
-use virtsoc_fence::table::{FenceId, VirtualFenceTable};
+use virtsoc_fence::table::FenceId;
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, Status};
 use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, Progress, SvmManager};
 
@@ -54,135 +55,7 @@ use share::{permitted, start, Accounting, Arbiter, Sharing};
 use virtsoc_sched::policy::Policy;
 use virtsoc_sched::Pick;
 
-/// What a device command returns: result values, or a status for the guest.
-pub type DeviceResult = std::result::Result<[u64; 6], Status>;
-
-/// Context of one device command.
-pub struct DeviceCtx<'a> {
-    /// The guest that sent the command.
-    pub guest: u64,
-    /// The SVM manager, to reach region replicas.
-    pub svm: &'a Arc<SvmManager>,
-    /// The device's own memory domain.
-    pub domain: DomainId,
-    /// The guest's virtual fence table (e.g. to signal a fence at the next vsync).
-    pub fences: &'a Arc<VirtualFenceTable>,
-    /// Why the command failed, for the guest ([`DeviceCtx::fail`]).
-    reason: std::sync::Mutex<Option<String>>,
-}
-
-impl<'a> DeviceCtx<'a> {
-    /// The context of one command of `guest` on the device whose memory is `domain`.
-    pub fn new(
-        guest: u64,
-        svm: &'a Arc<SvmManager>,
-        domain: DomainId,
-        fences: &'a Arc<VirtualFenceTable>,
-    ) -> Self {
-        DeviceCtx {
-            guest,
-            svm,
-            domain,
-            fences,
-            reason: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Records why the command fails with `status` and returns the status: the guest gets
-    /// the reason with it (the first [`REASON_BYTES`](virtsoc_proto::wire::REASON_BYTES)
-    /// bytes, shown by `virtsoc_last_error`). Only for sentences about this guest's own
-    /// command and data.
-    pub fn fail(&self, status: Status, reason: impl Into<String>) -> Status {
-        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.into());
-        status
-    }
-
-    /// The reason recorded by [`fail`](Self::fail), taken.
-    pub fn take_reason(&self) -> Option<String> {
-        self.reason.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-
-    /// Runs `f` on the bytes of region `id` in this device's memory. The guest must have
-    /// begun an access to it from this device.
-    pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
-        self.svm
-            .with_replica(self.guest, id, self.domain, f)
-            .map_err(|e| dispatch::status_of(&e))
-    }
-
-    /// Runs `f` on the bytes of `src` (read) and `dst` (written) in this device's memory,
-    /// both locked at once (the same region twice is `BadArgument`).
-    pub fn with_regions<T>(
-        &self,
-        src: u64,
-        dst: u64,
-        f: impl FnOnce(&[u8], &mut [u8]) -> T,
-    ) -> Result<T, Status> {
-        self.svm
-            .with_replicas(self.guest, (src, dst), self.domain, f)
-            .map_err(|e| dispatch::status_of(&e))
-    }
-
-    /// A copy of the first `n` bytes of region `id` in this device's memory, wherever that
-    /// memory is (read back from device memory); counted on the guest's ledger.
-    pub fn read_bytes(&self, id: u64, n: usize) -> Result<Vec<u8>, Status> {
-        let t0 = std::time::Instant::now();
-        let mut out = vec![0u8; n];
-        match self.svm.replica(self.guest, id, self.domain) {
-            Ok(virtsoc_svm::Backing::Host(b)) => {
-                out.copy_from_slice(b.lock().get(..n).ok_or(Status::OutOfRange)?)
-            }
-            Ok(virtsoc_svm::Backing::Device(m)) => {
-                m.read(0, &mut out).map_err(|e| dispatch::status_of(&e))?
-            }
-            Ok(_) => return Err(Status::BadArgument),
-            Err(e) => return Err(dispatch::status_of(&e)),
-        }
-        self.count_copy(n, t0);
-        Ok(out)
-    }
-
-    /// Writes `bytes` at the start of region `id` in this device's memory (uploaded into
-    /// device memory); counted on the guest's ledger.
-    pub fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<(), Status> {
-        let t0 = std::time::Instant::now();
-        match self.svm.replica(self.guest, id, self.domain) {
-            Ok(virtsoc_svm::Backing::Host(b)) => b
-                .lock()
-                .get_mut(..bytes.len())
-                .ok_or(Status::OutOfRange)?
-                .copy_from_slice(bytes),
-            Ok(virtsoc_svm::Backing::Device(m)) => {
-                m.write(0, bytes).map_err(|e| dispatch::status_of(&e))?
-            }
-            Ok(_) => return Err(Status::BadArgument),
-            Err(e) => return Err(dispatch::status_of(&e)),
-        }
-        self.count_copy(bytes.len(), t0);
-        Ok(())
-    }
-
-    /// Whether region `id`'s replica in this device's domain is in device memory.
-    pub fn in_device_memory(&self, id: u64) -> bool {
-        matches!(
-            self.svm.replica(self.guest, id, self.domain),
-            Ok(virtsoc_svm::Backing::Device(_))
-        )
-    }
-
-    /// Counts a copy of `n` bytes of frame data this device made in its own memory.
-    pub fn count_copy(&self, n: usize, since: std::time::Instant) {
-        self.svm
-            .count_device_copy(self.guest, self.domain, n as u64, since.elapsed());
-    }
-
-    /// Metadata (size, format, dimensions) of region `id` of this guest.
-    pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
-        self.svm
-            .meta(self.guest, id)
-            .map_err(|e| dispatch::status_of(&e))
-    }
-}
+pub use ctx::{DeviceCtx, DeviceResult};
 
 /// The answer to one request, to be given once: posts the completion to the guest, then
 /// reports the request done to its queue (which may fire fence signals queued after it).

@@ -1,0 +1,337 @@
+//! The guest's calls on a connection: regions (alloc, free, metadata), accesses, device
+//! commands (typed and raw), counters and the copy ledger, and fences.
+
+use super::*;
+
+impl Connection {
+    /// A round trip that does nothing.
+    pub fn nop(&self) -> Result<()> {
+        self.call(Opcode::Nop, DeviceId::CPU, [0; 6]).map(|_| ())
+    }
+
+    /// Allocates a region: `size` bytes of [`Format::Blob`], or a `width` x `height` image.
+    pub fn alloc(
+        &self,
+        size: u64,
+        width: u32,
+        height: u32,
+        format: Format,
+        usage: u32,
+    ) -> Result<RegionInfo> {
+        let v = self.call(
+            Opcode::Alloc,
+            DeviceId::CPU,
+            [
+                size,
+                width as u64,
+                height as u64,
+                format as u64,
+                usage as u64,
+                0,
+            ],
+        )?;
+        let info = RegionInfo {
+            id: v[0],
+            size: v[1],
+            stride: v[2] as u32,
+            width,
+            height,
+            format,
+        };
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(info.id, info);
+        Ok(info)
+    }
+
+    /// Allocates `size` untyped bytes.
+    pub fn alloc_blob(&self, size: u64) -> Result<RegionInfo> {
+        self.alloc(size, 0, 0, Format::Blob, 0)
+    }
+
+    /// Cached metadata of one of this guest's regions.
+    pub fn region(&self, id: u64) -> Option<RegionInfo> {
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+    }
+
+    /// Frees a region.
+    pub fn free(&self, id: u64) -> Result<()> {
+        self.call(Opcode::Free, DeviceId::CPU, [id, 0, 0, 0, 0, 0])?;
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        Ok(())
+    }
+
+    /// Begins an access to `[offset, offset + len)` of region `id` by `device`. For the CPU
+    /// the result carries a pointer valid until [`end_access`](Self::end_access).
+    pub fn begin_access(
+        &self,
+        id: u64,
+        device: DeviceId,
+        offset: u64,
+        len: u64,
+        mode: AccessMode,
+    ) -> Result<Access> {
+        if let Some(info) = self.region(id) {
+            if offset.checked_add(len).is_none_or(|end| end > info.size) || len == 0 {
+                return Err(GuestError::BadArgument(format!(
+                    "range {offset}+{len} outside region {id} of {} bytes",
+                    info.size
+                )));
+            }
+        }
+        let v = self.call(
+            Opcode::BeginAccess,
+            device,
+            [id, offset, len, mode as u64, 0, 0],
+        )?;
+        let ptr = if device == DeviceId::CPU {
+            self.cpu_offsets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, v[0].wrapping_sub(offset));
+            let window = self.window();
+            window.check(v[0], len).map_err(|_| {
+                GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
+                    "host returned a window offset outside the window",
+                ))
+            })?;
+            // SAFETY: offset and length were checked against the mapping above.
+            NonNull::new(unsafe { window.base_ptr().add(v[0] as usize) })
+        } else {
+            None
+        };
+        Ok(Access {
+            ptr,
+            coherence: Duration::from_nanos(v[1]),
+            copies: v[2] as u32,
+            compensation: Duration::ZERO,
+            host_elapsed: Duration::from_nanos(v[4]),
+        })
+    }
+
+    /// Ends an access. When the host asks for compensation (prefetch protocol), blocks for it
+    /// before returning, so the next reader never waits for the copy.
+    pub fn end_access(
+        &self,
+        id: u64,
+        device: DeviceId,
+        offset: u64,
+        len: u64,
+        mode: AccessMode,
+    ) -> Result<Access> {
+        let payload = if device == DeviceId::CPU && mode.writes() && !self.link().shares_window() {
+            let base = self
+                .cpu_offsets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .copied()
+                .ok_or_else(|| GuestError::BadArgument("end_access without begin_access".into()))?;
+            let n = usize::try_from(len).map_err(|_| GuestError::BadArgument("length".into()))?;
+            let mut bytes = vec![0u8; n];
+            self.window()
+                .copy_out(base.wrapping_add(offset), &mut bytes)?;
+            bytes
+        } else {
+            Vec::new()
+        };
+        // This call waits for the completion and blocks for the compensation it carries.
+        let seq = self.submit_with(
+            Opcode::EndAccess,
+            device,
+            [
+                id,
+                offset,
+                len,
+                mode as u64,
+                virtsoc_proto::wire::ACCESS_COMPENSATES,
+                0,
+            ],
+            false,
+            &payload,
+        )?;
+        let v = self.finish(Opcode::EndAccess, seq)?;
+        let compensation = Duration::from_nanos(v[3]).min(MAX_COMPENSATION);
+        if !compensation.is_zero() {
+            std::thread::sleep(compensation);
+        }
+        Ok(Access {
+            ptr: None,
+            coherence: Duration::from_nanos(v[1]),
+            copies: v[2] as u32,
+            compensation,
+            host_elapsed: Duration::from_nanos(v[4]),
+        })
+    }
+
+    /// Runs a declared device command (see `virtsoc-devapi`) and decodes its results. The
+    /// caller brackets the regions it names with begin/end_access itself.
+    pub fn command<C: DeviceCommand>(&self, cmd: &C) -> Result<C::Reply> {
+        let v = self.call(Opcode::DeviceCmd, C::DEVICE, cmd.encode())?;
+        Ok(C::reply(&v))
+    }
+
+    /// Runs a declared device command with every region it names bracketed by
+    /// begin_access/end_access on the command's device (whole regions, in the declared
+    /// modes). All requests are queued at once; the first failure is returned.
+    pub fn command_with_access<C: DeviceCommand>(&self, cmd: &C) -> Result<C::Reply> {
+        let regions = cmd.regions();
+        let mut sizes = Vec::with_capacity(regions.len());
+        for (id, _) in &regions {
+            let info = self.region(*id).ok_or(GuestError::Status {
+                op: Opcode::BeginAccess,
+                status: Status::NoSuchRegion,
+                reason: None,
+            })?;
+            sizes.push(info.size);
+        }
+        let mut seqs = Vec::new();
+        for ((id, mode), size) in regions.iter().zip(&sizes) {
+            let s = self.submit(
+                Opcode::BeginAccess,
+                C::DEVICE,
+                [*id, 0, *size, *mode as u64, 0, 0],
+            )?;
+            seqs.push((Opcode::BeginAccess, s));
+        }
+        let cmd_seq = self.submit(Opcode::DeviceCmd, C::DEVICE, cmd.encode())?;
+        seqs.push((Opcode::DeviceCmd, cmd_seq));
+        for ((id, mode), size) in regions.iter().zip(&sizes) {
+            let s = self.submit(
+                Opcode::EndAccess,
+                C::DEVICE,
+                [*id, 0, *size, *mode as u64, 0, 0],
+            )?;
+            seqs.push((Opcode::EndAccess, s));
+        }
+        let mut first_err = None;
+        let mut values = [0u64; 6];
+        for (op, s) in seqs {
+            match self.finish(op, s) {
+                Ok(v) if s == cmd_seq => values = v,
+                Ok(_) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(C::reply(&values)),
+        }
+    }
+
+    /// Sends a device command; `args[0]` is the device opcode.
+    pub fn device_cmd(&self, device: DeviceId, args: [u64; 6]) -> Result<[u64; 6]> {
+        self.call(Opcode::DeviceCmd, device, args)
+    }
+
+    /// Number of regions and host bytes the daemon accounts to this guest.
+    pub fn usage(&self) -> Result<(u64, u64)> {
+        let v = self.call(Opcode::Stats, DeviceId::CPU, [0; 6])?;
+        Ok((v[1], v[2]))
+    }
+
+    /// The guest's SVM counters kept by the host.
+    pub fn counters(&self) -> Result<Counters> {
+        let a = self.call(Opcode::Counters, DeviceId::CPU, [0; 6])?;
+        let b = self.call(Opcode::Counters, DeviceId::CPU, [1, 0, 0, 0, 0, 0])?;
+        let c = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?;
+        Ok(Counters {
+            copy_bytes: c[0],
+            device_copies: c[1],
+            device_copy_bytes: c[2],
+            device_copy_ns: c[3],
+            copies: a[0],
+            copy_ns: a[1],
+            sync_fetches: a[2],
+            inflight_waits: a[3],
+            prefetches: a[4],
+            hits: a[5],
+            misses: b[0],
+            compensation_ns: b[1],
+            bookkeeping_ns: b[2],
+            metadata_bytes: b[3],
+        })
+    }
+
+    /// The name of memory domain `id`, as the ledger names domains.
+    pub fn domain_name(&self, id: u32) -> String {
+        match id {
+            0 => "guest-window".into(),
+            1 => "host-ram".into(),
+            _ => self
+                .devices
+                .iter()
+                .find(|d| d.domain_id == id)
+                .map(|d| d.domain.clone())
+                .unwrap_or_else(|| format!("domain-{id}")),
+        }
+    }
+
+    /// The host's copy ledger for this guest: every copy of its bytes by link.
+    pub fn ledger(&self) -> Result<Vec<LedgerLink>> {
+        let n = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?[4];
+        (0..n)
+            .map(|i| {
+                let v = self.call(Opcode::Counters, DeviceId::CPU, [3 + i, 0, 0, 0, 0, 0])?;
+                Ok(LedgerLink {
+                    src: v[0] as u32,
+                    dst: v[1] as u32,
+                    copies: v[2],
+                    bytes: v[3],
+                    ns: v[4],
+                })
+            })
+            .collect()
+    }
+
+    /// Creates a virtual command fence.
+    pub fn fence_create(&self) -> Result<Fence> {
+        Ok(Fence(
+            self.call(Opcode::FenceCreate, DeviceId::CPU, [0; 6])?[0],
+        ))
+    }
+
+    /// Queues a signal of `f` on `device`: it fires once the device finished everything queued
+    /// before it. Does not wait. On the CPU it fires at once (CPU requests run in order).
+    pub fn fence_signal(&self, device: DeviceId, f: Fence) -> Result<()> {
+        self.submit_detached(Opcode::FenceSignal, device, [f.0, 0, 0, 0, 0, 0])
+            .map(|_| ())
+    }
+
+    /// Queues a wait for `f` on `device`: later commands of this guest on that device run only
+    /// after `f` is signaled. Does not wait.
+    pub fn fence_wait(&self, device: DeviceId, f: Fence) -> Result<()> {
+        self.submit_detached(Opcode::FenceWait, device, [f.0, 0, 0, 0, 0, 0])
+            .map(|_| ())
+    }
+
+    /// Gives a fence back. Does not wait.
+    pub fn fence_release(&self, f: Fence) -> Result<()> {
+        self.submit_detached(Opcode::FenceRelease, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])
+            .map(|_| ())
+    }
+
+    /// Whether `f` was signaled, read from the shared fence page without a round trip (a
+    /// round trip only for fences beyond the page).
+    pub fn fence_signaled(&self, f: Fence) -> Result<bool> {
+        let id = FenceId::from_u64(f.0);
+        if id.index < PAGE_SLOTS && self.link().shares_window() {
+            let word = self
+                .window()
+                .atomic_u32(FENCE_PAGE_OFFSET + slot_offset(id.index) as u64)?
+                .load(Ordering::Acquire);
+            return Ok(slot_status(word, id) == FenceStatus::Signaled);
+        }
+        Ok(self.call(Opcode::FenceStatus, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])?[0] == 1)
+    }
+}
