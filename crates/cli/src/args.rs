@@ -1,0 +1,309 @@
+//! The command line: `virtsoc`'s commands and their options (clap).
+
+use super::*;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "virtsoc",
+    version,
+    about = "virtsoc benchmarks, demo and guest tools"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Cmd {
+    /// Benchmarks (each reports ratios measured in one run).
+    Bench {
+        #[command(subcommand)]
+        which: BenchCmd,
+    },
+    /// The main job: transport and SVM benchmarks side by side.
+    Demo {
+        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+        /// default: start one.
+        #[arg(long)]
+        socket: Option<String>,
+        /// Frames per protocol.
+        #[arg(long, default_value_t = 120)]
+        frames: usize,
+    },
+    /// Runs an application scenario (uhd-video, video-360, camera, ar, livestream) through
+    /// real devices.
+    Run {
+        scenario: String,
+        #[arg(long)]
+        socket: Option<String>,
+        #[arg(long, default_value = "prefetch")]
+        protocol: String,
+        #[arg(long, value_enum, default_value = "fence")]
+        ordering: bench_svm::OrderingMode,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// 360p, 720p, 1080p or uhd (default: uhd for uhd-video, else 1080p).
+        #[arg(long)]
+        resolution: Option<String>,
+        /// Frame rate (default: 60 for uhd-video, else 30).
+        #[arg(long)]
+        fps: Option<u32>,
+        /// How layers reach the screen: display planes where the display can show them (the
+        /// GPU composes the rest), or always the GPU.
+        #[arg(long, value_enum, default_value = "planes")]
+        composition: scenario::show::Composition,
+        /// Run every protocol x ordering combination and print a table.
+        #[arg(long)]
+        compare: bool,
+        #[arg(long)]
+        json: bool,
+        /// Also write the results as JSON to this file (for `virtsoc report`).
+        #[arg(long)]
+        save: Option<PathBuf>,
+    },
+    /// Draws charts (PNG and SVG) from `virtsoc run --json` results.
+    Report {
+        results: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Lists the daemon's devices with their backends and commands.
+    Devices {
+        #[arg(long)]
+        socket: Option<String>,
+        #[arg(long)]
+        json: bool,
+        /// Print the C header with one stub per device command (generated from the
+        /// declarations) instead.
+        #[arg(long)]
+        c_header: bool,
+    },
+    /// The daemon's console (control API): guests, devices, SMS, calls, signal, foreground,
+    /// camera source, metrics. `virtsoc ctl` alone lists the commands.
+    Ctl {
+        /// Control socket (default /tmp/virtsoc.sock.control), or tcp:HOST:PORT.
+        #[arg(long)]
+        socket: Option<String>,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Snapshots of guest sessions through the daemon's control API: `save GUEST FILE`,
+    /// `load FILE --guest GUEST`.
+    Snapshot {
+        #[command(subcommand)]
+        which: snapshot::SnapshotCmd,
+    },
+    /// Live migration of guest GUEST to the daemon whose `--migrate-listen` is HOST:PORT
+    /// (that daemon's token in $VIRTSOC_TOKEN); the guest library follows by itself.
+    Migrate {
+        guest: u64,
+        /// tcp:HOST:PORT of the target's migration listener.
+        #[arg(long)]
+        to: String,
+        /// The guest's daemon's control socket (default /tmp/virtsoc.sock.control).
+        #[arg(long)]
+        socket: Option<String>,
+    },
+    /// A live table of the daemon's guests: device time per device, queues, memory, copies,
+    /// frames (control API).
+    Top {
+        /// Control socket (default /tmp/virtsoc.sock.control; a guest socket is accepted), or
+        /// tcp:HOST:PORT.
+        #[arg(long)]
+        socket: Option<String>,
+        /// One snapshot as JSON instead of the refreshing table.
+        #[arg(long)]
+        json: bool,
+        /// Refresh interval in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Stop after this many refreshes.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// VM guests: boot a QEMU guest and run a virtsoc command inside it.
+    Vm {
+        #[command(subcommand)]
+        which: VmCmd,
+    },
+    /// Soak: mixed good, hostile, crashing and reconnecting guests against a daemon of its
+    /// own; checks its memory, descriptors and threads afterwards.
+    Soak(soak::SoakArgs),
+    /// Runs a scenario against a daemon of its own with the live view on (prints its URL),
+    /// until Ctrl-C; `--measure SECONDS` measures the view's cost with a headless viewer.
+    Watch(watch::WatchArgs),
+    /// Tools for tests.
+    #[command(hide = true)]
+    Debug {
+        #[command(subcommand)]
+        which: DebugCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCmd {
+    /// Per-frame cost of the real devices through the daemon: decode, ISP, GPU composition.
+    Devices {
+        #[arg(long)]
+        socket: Option<String>,
+        /// Sizes to measure (360p, 720p, 1080p, uhd).
+        #[arg(long, value_delimiter = ',', default_value = "1080p,uhd")]
+        resolution: Vec<String>,
+        /// Frames per measurement.
+        #[arg(long, default_value_t = 90)]
+        frames: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Snapshot/restore of 256 MiB of regions and a live migration under a 60 fps writer
+    /// between two daemons of its own: times, sizes, downtime, dropped frames, integrity.
+    Migrate {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sharing the GPU between guests: unfairness per 1 s window and throughput overhead of
+    /// each scheduler with 2, 4 and 8 guests of different per-command cost.
+    Sharing {
+        /// Seconds measured per configuration.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Guest counts.
+        #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+        guests: Vec<usize>,
+        /// Schedulers to compare.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "round-robin,wfq,fixed-rate,aimd"
+        )]
+        scheduler: Vec<virtsoc_sched::Kind>,
+        /// Hog counts of the multimedia part (0 to skip it).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        hogs: Vec<usize>,
+        /// Skip the two-guests-together part.
+        #[arg(long)]
+        no_together: bool,
+        /// Skip the fairness part on the codec.
+        #[arg(long)]
+        no_codec: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Round-trip latency and bandwidth of the ring channel, a Unix socket and TCP loopback.
+    Transport {
+        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+        /// default: start one.
+        #[arg(long)]
+        socket: Option<String>,
+        #[arg(long, default_value_t = 5000)]
+        round_trips: usize,
+        #[arg(long, default_value_t = 16_588_800)]
+        size: u64,
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+        /// Channels to measure: ring (this guest's shared rings), remote (virtsoc over TCP),
+        /// unix, tcp (plain sockets).
+        #[arg(long, value_delimiter = ',', default_value = "ring,remote,unix,tcp")]
+        channels: Vec<String>,
+        /// Also measure a VM guest's ring (ivshmem + virtio-serial) by booting this image.
+        #[arg(long)]
+        vm_image: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The SVM microbenchmark: producer -> consumer over a ring of buffers, per protocol.
+    Svm {
+        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+        /// default: start one.
+        #[arg(long)]
+        socket: Option<String>,
+        /// Comma-separated coherence protocols.
+        #[arg(
+            long,
+            default_value = "guest-staging,write-invalidate,prefetch",
+            value_delimiter = ','
+        )]
+        protocol: Vec<String>,
+        /// Comma-separated ordering modes: fence, atomic.
+        #[arg(long, default_value = "atomic", value_delimiter = ',')]
+        ordering: Vec<bench_svm::OrderingMode>,
+        /// How the slack varies from frame to frame.
+        #[arg(long, value_enum, default_value = "fixed")]
+        slack_pattern: bench_svm::SlackPattern,
+        /// Readers per flow (1: consumer; 2: consumer and consumer2).
+        #[arg(long, default_value_t = 1)]
+        readers: usize,
+        /// Switch to a new pipeline (freshly allocated ring) every N frames.
+        #[arg(long)]
+        switch_every: Option<usize>,
+        /// The first reader: the checksum test device, or the GPU (RGBA frames 3840 wide
+        /// whose GPU replica is a texture: a read is an upload).
+        #[arg(long, value_enum, default_value = "checksum")]
+        consumer: bench_svm::Consumer,
+        /// Replay a recorded access trace instead of the synthetic pipeline (format: see
+        /// `crates/cli/src/trace.rs`).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Bytes per frame (default: one 3840x2160 frame at 2 bytes per pixel).
+        #[arg(long, default_value_t = 16_588_800)]
+        size: u64,
+        /// Slack interval between the write and the read, in milliseconds.
+        #[arg(long, default_value_t = 17.0)]
+        slack_ms: f64,
+        #[arg(long, default_value_t = 200)]
+        frames: usize,
+        /// Buffers in the ring.
+        #[arg(long, default_value_t = 4)]
+        buffers: usize,
+        /// Unmeasured frames first (lazy allocation, page faults).
+        #[arg(long, default_value_t = 8)]
+        warmup: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum VmCmd {
+    /// Boots the guest image under QEMU and runs `virtsoc ARGS...` inside it against the
+    /// host daemon (use `--socket vm` in ARGS to reach it).
+    Run {
+        /// Directory made by scripts/build-guest-image.sh.
+        #[arg(long)]
+        image: PathBuf,
+        /// Memory file of a running daemon's VM endpoint (with --doorbell); default: start a
+        /// daemon for this run.
+        #[arg(long, requires = "doorbell")]
+        shm: Option<PathBuf>,
+        /// Doorbell socket of that endpoint.
+        #[arg(long, requires = "shm")]
+        doorbell: Option<PathBuf>,
+        /// Window size in MiB (must match the endpoint's).
+        #[arg(long, default_value_t = 64)]
+        window_mib: u64,
+        /// tcg (works everywhere) or kvm (where the host supports it).
+        #[arg(long, default_value = "tcg")]
+        accel: String,
+        #[arg(long, default_value_t = 512)]
+        memory_mib: u32,
+        /// Give up (and kill QEMU) after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// The command to run inside the guest.
+        #[arg(last = true, required = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum DebugCmd {
+    /// Allocates and fills regions, prints READY, then waits to be killed.
+    Hold {
+        #[arg(long)]
+        socket: String,
+        #[arg(long, default_value_t = 4)]
+        regions: usize,
+        #[arg(long, default_value_t = 1 << 20)]
+        size: u64,
+    },
+}
