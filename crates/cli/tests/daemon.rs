@@ -73,6 +73,7 @@ fn both_protocols_deliver_the_last_write() {
         let a = c
             .begin_access(ids[0], DeviceId::CPU, 0, 300_001, AccessMode::Read)
             .unwrap();
+        // SAFETY: the window maps the accessed bytes while the CPU access lasts.
         let bytes = unsafe { std::slice::from_raw_parts(a.ptr.unwrap().as_ptr(), 300_001) };
         assert_eq!(crc32fast::hash(bytes) as u64, w, "{proto}: CPU read");
         c.end_access(ids[0], DeviceId::CPU, 0, 300_001, AccessMode::Read)
@@ -90,6 +91,7 @@ fn cpu_writes_reach_the_consumer_device() {
         let a = c
             .begin_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Write)
             .unwrap();
+        // SAFETY: the window maps the accessed bytes while the CPU access lasts.
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(a.ptr.unwrap().as_ptr(), r.size as usize) };
         for (i, b) in bytes.iter_mut().enumerate() {

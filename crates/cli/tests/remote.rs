@@ -46,6 +46,7 @@ fn a_remote_guest_uses_the_same_api() {
         let a = c
             .begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)
             .unwrap();
+        // SAFETY: the window maps the accessed bytes while the CPU access lasts.
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(a.ptr.unwrap().as_ptr(), size as usize) };
         for (i, b) in bytes.iter_mut().enumerate() {
@@ -73,6 +74,7 @@ fn a_remote_guest_uses_the_same_api() {
         let a = c
             .begin_access(id, DeviceId::CPU, 0, size, AccessMode::Read)
             .unwrap();
+        // SAFETY: the window maps the accessed bytes while the CPU access lasts.
         let bytes = unsafe { std::slice::from_raw_parts(a.ptr.unwrap().as_ptr(), size as usize) };
         assert_eq!(
             crc32fast::hash(bytes) as u64,
@@ -83,6 +85,7 @@ fn a_remote_guest_uses_the_same_api() {
         let a = c
             .begin_access(id, DeviceId::CPU, 1000, 10, AccessMode::Read)
             .unwrap();
+        // SAFETY: the window maps the accessed bytes while the CPU access lasts.
         let part = unsafe { std::slice::from_raw_parts(a.ptr.unwrap().as_ptr(), 10) };
         assert_eq!(part, &bytes[1000..1010]);
         // Fences work too (status by round trip).

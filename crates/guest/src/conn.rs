@@ -142,7 +142,7 @@ pub struct Counters {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LedgerLink {
     /// Source and destination memory domain (equal for a device's own copies); names in
-    /// [`Connection::domains`].
+    /// [`Connection::domain_name`].
     pub src: u32,
     pub dst: u32,
     pub copies: u64,
@@ -215,6 +215,7 @@ pub struct Connection {
 // SAFETY: the raw window mapping is only touched through SharedWindow's checked accessors and
 // atomics; all mutable state is behind mutexes.
 unsafe impl Send for Connection {}
+// SAFETY: as for Send: shared use goes through checked accessors, atomics and mutexes.
 unsafe impl Sync for Connection {}
 
 impl Connection {

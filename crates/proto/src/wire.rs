@@ -173,9 +173,9 @@ u32_enum!(
         Counters = 7,
         /// -> values: fence id (packed index and generation).
         FenceCreate = 8,
-        /// Queued on `device`: signal args[0] once the device's earlier commands completed.
+        /// Queued on `device`: signal `args[0]` once the device's earlier commands completed.
         FenceSignal = 9,
-        /// Queued on `device`: hold the device's later commands until args[0] is signaled.
+        /// Queued on `device`: hold the device's later commands until `args[0]` is signaled.
         FenceWait = 10,
         /// args: fence id. The guest no longer needs the fence.
         FenceRelease = 11,
@@ -313,9 +313,9 @@ impl DeviceId {
 
 /// Device opcodes of the test devices (first argument of [`Opcode::DeviceCmd`]).
 pub mod testdev {
-    /// Producer: args[1] = region id, args[2] = seed -> values[0] = crc32 of what was written.
+    /// Producer: `args[1]` = region id, `args[2]` = seed -> `values[0]` = crc32 of what was written.
     pub const WRITE_PATTERN: u64 = 1;
-    /// Consumer: args[1] = region id -> values[0] = crc32 of the region.
+    /// Consumer: `args[1]` = region id -> `values[0]` = crc32 of the region.
     pub const CHECKSUM: u64 = 2;
 }
 

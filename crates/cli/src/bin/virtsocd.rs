@@ -44,7 +44,7 @@ struct Args {
     /// VIRTSOC_TOKEN).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// Serve a VM: NAME:SHM_FILE:DOORBELL_SOCKET[:WINDOW_MIB] (repeatable). The daemon
+    /// Serve a VM: `NAME:SHM_FILE:DOORBELL_SOCKET[:WINDOW_MIB]` (repeatable). The daemon
     /// creates the memory file QEMU maps as an ivshmem BAR and listens on the socket QEMU's
     /// virtio-serial chardev connects to.
     #[arg(long = "vm")]

@@ -108,7 +108,7 @@ impl Modem {
     }
 
     /// The same device within `limits`: each guest's modem keeps at most
-    /// [`Limits::sms_sent`] sent messages.
+    /// [`Limits::sms_sent`](crate::Limits::sms_sent) sent messages.
     pub fn with_limits(self, limits: &crate::Limits) -> Self {
         self.network
             .lock()

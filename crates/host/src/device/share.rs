@@ -4,7 +4,7 @@
 //!
 //! **Device time** of a device command is its busy period on the device: from the later of
 //! its dispatch and the previous command's answer on this device, to its answer
-//! ([`Reply`](super::Reply) being sent). For a device that runs one command at a time this is
+//! ([`super::Reply`] being sent). For a device that runs one command at a time this is
 //! dispatch to answer; for the GPU, whose submissions run in order while several guests' are
 //! queued, it does not count the time a submission waited behind another guest's. Accesses
 //! (begin/end_access, run by the worker itself, not queued on the device) count from dispatch

@@ -1,7 +1,7 @@
 //! Snapshots of guest sessions: save one guest's session to a file, restore it into a
 //! session of this or another daemon with the same region ids, fence ids and bytes.
 //!
-//! - [`format`]: the versioned container (magic, version, sections with CRC-32s, trailer),
+//! - [`format`](mod@format): the versioned container (magic, version, sections with CRC-32s, trailer),
 //!   written atomically and read back with every length and checksum checked;
 //! - [`image`]: what a session image holds (guest record, fence table, regions, device
 //!   records) and its encoding;

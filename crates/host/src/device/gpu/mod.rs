@@ -24,11 +24,11 @@
 //! # Memory
 //!
 //! With `wgpu`, the GPU's memory domain (shared with the display and a GPU-backed ISP) keeps
-//! image regions in resident GPU images ([`memory`]): the SVM uploads into them and reads back
+//! image regions in resident GPU images (`memory`): the SVM uploads into them and reads back
 //! out of them, and commands draw from resident sources into a resident destination, so a
 //! source not written since its last upload is never uploaded again and nothing is read back
 //! unless another domain reads it. With `cpu` and `null` (or for regions outside GPU memory)
-//! the device works on host-memory replicas ([`bytes`]): each source is copied out of its
+//! the device works on host-memory replicas (`bytes`): each source is copied out of its
 //! replica (counted on the ledger), the destination replica is locked while the backend draws.
 //!
 //! # Asynchronous execution and the timeline (physical fences)
