@@ -50,16 +50,24 @@ pub fn frame(
     // Display planes are composed straight into the view's size (a ninth of the work of a
     // 1080p screen for 640x360); other frames are scaled by the encoder.
     let (w, h) = virtsoc_media::codec::fit_within(f.width, f.height, max.0, max.1);
-    let (enc, pixels) = match f.rgba_scaled(w, h) {
-        Some(px) => (JpegEncoder::new(w, h, w, h, VIEW_QUALITY), px),
-        None => (
-            JpegEncoder::new(f.width, f.height, max.0, max.1, VIEW_QUALITY),
-            rgba(&f)?,
-        ),
+    let t0 = Instant::now();
+    let (pixels, size) = match f.rgba_scaled(w, h) {
+        Some(px) => (px, (w, h)),
+        None => (rgba(&f)?, (f.width, f.height)),
     };
+    let composed = t0.elapsed();
+    let enc = JpegEncoder::new(size.0, size.1, max.0, max.1, VIEW_QUALITY);
     let mut enc = enc.map_err(internal)?;
+    let opened = t0.elapsed();
     let jpeg = enc.encode(&pixels).map_err(internal)?;
     let (width, height) = enc.size();
+    log::debug!(
+        "view: guest {guest} frame {}: composed {:?}, encoder opened {:?}, encoded {:?}",
+        f.id,
+        composed,
+        opened - composed,
+        t0.elapsed() - opened
+    );
     let age_ms = f
         .capture_ns
         .map(|c| crate::clock::now_ns().saturating_sub(c) as f64 / 1e6)
