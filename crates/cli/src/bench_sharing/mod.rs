@@ -188,14 +188,7 @@ fn guest(
     done: &AtomicU64,
 ) -> Result<(), CliError> {
     let setup = || -> Result<_, CliError> {
-        let conn = Connection::open(
-            target,
-            &ConnectOptions {
-                name: name.to_string(),
-                window_size: w as u64 * h as u64 * 4 * 3 + (16 << 20),
-                ..ConnectOptions::default()
-            },
-        )?;
+        let conn = open_guest(target, name, w as u64 * h as u64 * 4 * 3 + (16 << 20))?;
         let src = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
         let dst = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
         let layers = conn.alloc_blob(api::LAYER_RECORD as u64)?.id;
@@ -513,4 +506,20 @@ fn print_rest(r: &SharingReport) {
             fps.join(" ")
         );
     }
+}
+
+/// A bench guest named `name` on `target` with a window of `window_size` bytes.
+pub(super) fn open_guest(
+    target: &str,
+    name: &str,
+    window_size: u64,
+) -> Result<Connection, CliError> {
+    Ok(Connection::open(
+        target,
+        &ConnectOptions {
+            name: name.to_string(),
+            window_size,
+            ..ConnectOptions::default()
+        },
+    )?)
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use virtsoc_control::client::{control_path, Target};
 use virtsoc_guest::devices as api;
-use virtsoc_guest::{ConnectOptions, Connection, Format};
+use virtsoc_guest::Format;
 use virtsoc_sched::Kind;
 
 use super::{guest, MultimediaRow, HOG_SIZE, VIDEO_FPS};
@@ -69,14 +69,7 @@ fn video(
 ) -> Result<(), CliError> {
     let (w, h) = (1280u32, 720u32);
     let setup = || -> Result<_, CliError> {
-        let conn = Connection::open(
-            target,
-            &ConnectOptions {
-                name: name.into(),
-                window_size: w as u64 * h as u64 * 4 * 5 + (16 << 20),
-                ..ConnectOptions::default()
-            },
-        )?;
+        let conn = super::open_guest(target, name, w as u64 * h as u64 * 4 * 5 + (16 << 20))?;
         let src = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
         let outs = (0..3)
             .map(|_| conn.alloc(0, w, h, Format::Rgba8, 0).map(|r| r.id))
