@@ -1,8 +1,10 @@
 //! `virtsoc watch`: a scenario running against a daemon of its own with the live view on,
 //! until Ctrl-C (how `make demo` ends: something a person can watch in a browser). With
-//! `--measure SECONDS` it runs the scenario twice instead, without and with a viewer (Debian's
-//! chromium, headless, on the live view page), and prints what the view costs the daemon in
-//! CPU and the latency the page measured (capture stamp -> frame drawn in the browser).
+//! `--measure SECONDS` it measures the view instead: one scenario run during which a viewer
+//! (Debian's chromium, headless, on the live view page) is paused and resumed in turn
+//! (SIGSTOP/SIGCONT), `--rounds` times, the daemon's CPU taken over each `SECONDS` window; it
+//! prints what the view costs the daemon (median of the windows with the viewer against the
+//! median without) and the latency the page measured (capture stamp -> frame drawn).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -33,18 +35,21 @@ pub struct WatchArgs {
     /// Frame rate (default: the scenario's).
     #[arg(long)]
     pub fps: Option<u32>,
-    /// Measure the view's cost instead: the scenario for this many seconds without, then
-    /// with, a headless chromium viewer.
+    /// Measure the view's cost instead: windows of this many seconds without and with a
+    /// headless chromium viewer, alternating, in one scenario run.
     #[arg(long)]
     pub measure: Option<f64>,
+    /// Pairs of windows (without, with) of `--measure`.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: u32,
     /// Print the measurement as JSON.
     #[arg(long)]
     pub json: bool,
     /// Frames per second the page pulls at most.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 10)]
     pub view_fps: u32,
     /// The box the page's frames fit (WIDTHxHEIGHT).
-    #[arg(long, default_value = "640x640")]
+    #[arg(long, default_value = "480x480")]
     pub view_max: String,
 }
 
@@ -54,14 +59,19 @@ pub struct ViewCost {
     pub scenario: String,
     pub resolution: String,
     pub fps: u32,
+    /// Seconds per window, and pairs of windows.
     pub seconds: f64,
-    /// Daemon CPU (percent of one core) without and with the viewer.
+    pub rounds: u32,
+    /// Daemon CPU (percent of one core) without and with the viewer: medians of the windows,
+    /// and each window in order.
     pub cpu_daemon_pct_without: f64,
     pub cpu_daemon_pct_with: f64,
+    pub cpu_windows_without: Vec<f64>,
+    pub cpu_windows_with: Vec<f64>,
     /// (with - without) / without, percent.
     pub extra_cpu_pct: f64,
-    pub presented_fps_without: f64,
-    pub presented_fps_with: f64,
+    /// Frames the display presented per second over the whole run.
+    pub presented_fps: f64,
     /// What the page reported: frames drawn per second, capture -> drawn latency.
     pub view_fps: f64,
     /// The page's limits: frames per second and the box frames fit.
@@ -83,9 +93,12 @@ pub fn chromium() -> Option<PathBuf> {
     })
 }
 
-/// Opens `url` in headless chromium with a profile of its own in `profile`.
+/// Opens `url` in headless chromium with a profile of its own in `profile`, in a process
+/// group of its own (so that it can be paused and resumed whole).
 fn open_viewer(browser: &PathBuf, url: &str, profile: &std::path::Path) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
     Command::new(browser)
+        .process_group(0)
         .args([
             "--headless=new",
             "--no-sandbox",
@@ -157,15 +170,26 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
     if !(1.0..=600.0).contains(&seconds) {
         return Err(CliError::Usage("--measure must be 1..600 seconds".into()));
     }
+    if !(1..=50).contains(&args.rounds) {
+        return Err(CliError::Usage("--rounds must be 1..50".into()));
+    }
     let browser = chromium().ok_or_else(|| {
         CliError::Usage("--measure needs chromium (scripts/install-deps.sh installs it)".into())
     })?;
-    let without = scenario::run(&e.target, e.pid, &opts(seconds))?;
+    let pid = e
+        .pid
+        .ok_or_else(|| CliError::Usage("the daemon's pid is unknown".into()))?;
     let profile = tempfile::tempdir()?;
     let mut viewer = open_viewer(&browser, &url, profile.path())?;
-    // The page loads and starts pulling frames before the measured run.
-    std::thread::sleep(Duration::from_secs(2));
-    let with = scenario::run(&e.target, e.pid, &opts(seconds));
+    // The page loads and starts pulling frames while the scenario starts.
+    const SETTLE: Duration = Duration::from_secs(1);
+    let total = 4.0 + (seconds + SETTLE.as_secs_f64()) * 2.0 * f64::from(args.rounds);
+    let (run, windows) = std::thread::scope(|scope| {
+        let run = scope.spawn(|| scenario::run(&e.target, e.pid, &opts(total)));
+        std::thread::sleep(Duration::from_secs(3));
+        let windows = measure_windows(&viewer, pid, seconds, args.rounds);
+        (run.join(), windows)
+    });
     let reports = request(
         &Target::Unix(control_path(std::path::Path::new(&e.target))),
         "GET",
@@ -176,12 +200,13 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
     let _ = viewer.kill();
     let _ = viewer.wait();
     let _ = daemon.stop();
-    let with = with?;
+    let run = run.map_err(|_| CliError::Usage("the scenario thread panicked".into()))??;
+    let (without, with) = windows?;
     let report = reports
         .ok()
         .and_then(|v| v.as_array().and_then(|a| a.last().cloned()))
         .unwrap_or_default();
-    let cost = view_cost(args, seconds, &without, &with, &report);
+    let cost = view_cost(args, seconds, &run, (without, with), &report);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&cost)?);
     } else {
@@ -190,30 +215,80 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Sends `sig` to the viewer's process group.
+fn signal_viewer(viewer: &Child, sig: rustix::process::Signal) -> Result<(), CliError> {
+    let pid = rustix::process::Pid::from_raw(viewer.id() as i32)
+        .ok_or_else(|| CliError::Usage("the viewer has no pid".into()))?;
+    rustix::process::kill_process_group(pid, sig)
+        .map_err(|e| CliError::Usage(format!("signalling the viewer: {e}")))
+}
+
+/// The daemon's CPU (percent of a core) over `rounds` pairs of `seconds` windows, the viewer
+/// paused in the first of each pair and running in the second.
+fn measure_windows(
+    viewer: &Child,
+    pid: u32,
+    seconds: f64,
+    rounds: u32,
+) -> Result<(Vec<f64>, Vec<f64>), CliError> {
+    let window = |pid: u32| -> Result<f64, CliError> {
+        let cpu = || {
+            scenario::cpu_seconds(pid)
+                .ok_or_else(|| CliError::Usage("the daemon's CPU time is unreadable".into()))
+        };
+        let (c0, t0) = (cpu()?, std::time::Instant::now());
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        Ok((cpu()? - c0) / t0.elapsed().as_secs_f64() * 100.0)
+    };
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        signal_viewer(viewer, rustix::process::Signal::STOP)?;
+        // Requests under way finish first.
+        std::thread::sleep(Duration::from_secs(1));
+        without.push(window(pid)?);
+        signal_viewer(viewer, rustix::process::Signal::CONT)?;
+        std::thread::sleep(Duration::from_secs(1));
+        with.push(window(pid)?);
+    }
+    Ok((without, with))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
 fn view_cost(
     args: &WatchArgs,
     seconds: f64,
-    without: &ScenarioResult,
-    with: &ScenarioResult,
+    run: &ScenarioResult,
+    (without, with): (Vec<f64>, Vec<f64>),
     report: &serde_json::Value,
 ) -> ViewCost {
-    let cpu0 = without.cpu_daemon_pct.unwrap_or(0.0);
-    let cpu1 = with.cpu_daemon_pct.unwrap_or(0.0);
+    let cpu0 = median(&without);
+    let cpu1 = median(&with);
     let num = |k: &str| report[k].as_f64().unwrap_or(0.0);
     ViewCost {
         scenario: args.scenario.clone(),
-        resolution: with.resolution.clone(),
-        fps: with.target_fps,
+        resolution: run.resolution.clone(),
+        fps: run.target_fps,
         seconds,
+        rounds: args.rounds,
         cpu_daemon_pct_without: cpu0,
         cpu_daemon_pct_with: cpu1,
+        cpu_windows_without: without,
+        cpu_windows_with: with,
         extra_cpu_pct: if cpu0 > 0.0 {
             (cpu1 - cpu0) / cpu0 * 100.0
         } else {
             0.0
         },
-        presented_fps_without: without.presented_fps,
-        presented_fps_with: with.presented_fps,
+        presented_fps: run.presented_fps,
         view_fps: num("fps"),
         view_fps_cap: args.view_fps,
         view_max: args.view_max.clone(),
@@ -224,19 +299,23 @@ fn view_cost(
 
 fn print_cost(c: &ViewCost) {
     println!(
-        "{} {} at {} fps, {} s per run",
-        c.scenario, c.resolution, c.fps, c.seconds
+        "{} {} at {} fps: {} windows of {} s without and with a viewer, alternating",
+        c.scenario, c.resolution, c.fps, c.rounds, c.seconds
     );
-    println!("{:<28} {:>10} {:>10}", "", "no viewer", "viewer");
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     println!(
-        "{:<28} {:>10.1} {:>10.1}",
-        "daemon CPU (% of a core)", c.cpu_daemon_pct_without, c.cpu_daemon_pct_with
+        "daemon CPU (% of a core), median: {:.1} without, {:.1} with",
+        c.cpu_daemon_pct_without, c.cpu_daemon_pct_with
     );
-    println!(
-        "{:<28} {:>10.1} {:>10.1}",
-        "presented fps", c.presented_fps_without, c.presented_fps_with
-    );
+    println!("  windows without: {}", list(&c.cpu_windows_without));
+    println!("  windows with:    {}", list(&c.cpu_windows_with));
     println!("view's extra daemon CPU: {:+.1}%", c.extra_cpu_pct);
+    println!("presented fps over the run: {:.1}", c.presented_fps);
     println!(
         "view (at most {} fps, within {}): {:.1} fps drawn, capture -> drawn p50 {:.1} ms, \
          p95 {:.1} ms",

@@ -63,6 +63,47 @@ pub trait FrameHandle: Send + Sync + fmt::Debug {
     fn rgba_scaled(&self, _width: u32, _height: u32) -> Option<Vec<u8>> {
         None
     }
+
+    /// A small picture of the frame in full-range YUV 4:2:0 for a viewer, made directly at
+    /// `width` x `height` from where the pixels live (display planes sampled row by row);
+    /// `None` when the handle cannot.
+    fn view_picture(&self, _width: u32, _height: u32) -> Option<ViewPicture> {
+        None
+    }
+}
+
+/// A picture in full-range ("JPEG") YUV 4:2:0 with tightly packed planes, for viewers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewPicture {
+    /// Width in pixels (even).
+    pub width: u32,
+    /// Height in pixels (even).
+    pub height: u32,
+    /// Y (width x height), then U and V (each width/2 x height/2).
+    pub data: Vec<u8>,
+}
+
+impl ViewPicture {
+    /// A black picture; sizes are rounded up to even.
+    pub fn black(width: u32, height: u32) -> Self {
+        let (w, h) = ((width.max(2) + 1) & !1, (height.max(2) + 1) & !1);
+        let luma = w as usize * h as usize;
+        let mut data = vec![0u8; luma + luma / 2];
+        data[luma..].fill(128);
+        ViewPicture {
+            width: w,
+            height: h,
+            data,
+        }
+    }
+
+    /// The Y, U and V planes.
+    pub fn planes_mut(&mut self) -> (&mut [u8], &mut [u8], &mut [u8]) {
+        let luma = self.width as usize * self.height as usize;
+        let (y, c) = self.data.split_at_mut(luma);
+        let (u, v) = c.split_at_mut(luma / 4);
+        (y, u, v)
+    }
 }
 
 /// Where a frame's pixels live.
@@ -245,6 +286,15 @@ impl PresentedFrame {
     pub fn rgba_scaled(&self, width: u32, height: u32) -> Option<Vec<u8>> {
         match &self.data {
             FrameData::Handle(h) => h.rgba_scaled(width, height),
+            FrameData::Bytes(_) => None,
+        }
+    }
+
+    /// A small full-range YUV 4:2:0 picture for a viewer, when the frame's handle can make
+    /// one directly (see [`FrameHandle::view_picture`]).
+    pub fn view_picture(&self, width: u32, height: u32) -> Option<ViewPicture> {
+        match &self.data {
+            FrameData::Handle(h) => h.view_picture(width, height),
             FrameData::Bytes(_) => None,
         }
     }

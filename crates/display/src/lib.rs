@@ -33,7 +33,9 @@ pub use display::{
     Display, DisplayConfig, DisplayStats, LatencySummary, PresentOutcome, ScanoutRecord, VsyncEvent,
 };
 pub use error::{DisplayError, Result};
-pub use frame::{FrameData, FrameHandle, OwnerId, PixelFormat, PresentedFrame, MAX_DIMENSION};
+pub use frame::{
+    FrameData, FrameHandle, OwnerId, PixelFormat, PresentedFrame, ViewPicture, MAX_DIMENSION,
+};
 pub use snapshot::{encode_png, write_png};
 pub use vsync::{
     Clock, MonotonicClock, SubscriberId, Subscribers, Tick, VsyncSchedule, VsyncThread,

@@ -56,6 +56,22 @@ pub struct FrameLayout {
     pub stride: u32,
 }
 
+/// One plane of a frame in its byte layout: the luma or packed RGB plane, or a chroma plane
+/// (half the width and height; NV12's holds U and V interleaved, 2 bytes per texel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlaneInfo {
+    /// Where the plane starts in the frame's bytes.
+    pub offset: usize,
+    /// Bytes from one row of the plane to the next.
+    pub stride: usize,
+    /// Width in texels.
+    pub width: u32,
+    /// Height in texels.
+    pub height: u32,
+    /// Bytes per texel.
+    pub bytes_per_texel: usize,
+}
+
 /// Byte ranges of the planes of a validated layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Planes {
@@ -103,6 +119,33 @@ impl FrameLayout {
     /// Width and height of the chroma planes (YUV only).
     pub fn chroma_size(&self) -> (u32, u32) {
         (self.width / 2, self.height / 2)
+    }
+
+    /// The planes of the layout (luma or packed RGB first), each with its place in the
+    /// frame's bytes and its size in texels.
+    pub fn plane_infos(&self) -> Result<Vec<PlaneInfo>> {
+        let p = self.planes()?;
+        let (w, h) = (self.width, self.height);
+        let (cw, ch) = self.chroma_size();
+        let info = |(offset, stride): (usize, usize), width, height, bytes_per_texel| PlaneInfo {
+            offset,
+            stride,
+            width,
+            height,
+            bytes_per_texel,
+        };
+        Ok(match self.format {
+            PixelFormat::Rgba8 | PixelFormat::Bgra8 => vec![info(p.p0, w, h, 4)],
+            PixelFormat::Nv12 => vec![
+                info(p.p0, w, h, 1),
+                info(p.p1.unwrap_or_default(), cw, ch, 2),
+            ],
+            PixelFormat::Yuv420p => vec![
+                info(p.p0, w, h, 1),
+                info(p.p1.unwrap_or_default(), cw, ch, 1),
+                info(p.p2.unwrap_or_default(), cw, ch, 1),
+            ],
+        })
     }
 
     pub(crate) fn planes(&self) -> Result<Planes> {

@@ -62,11 +62,13 @@ mod wgpu_backend;
 use std::time::{Duration, Instant};
 
 pub use cpu::CpuBackend;
-pub use frame::{FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, MAX_DIMENSION};
+pub use frame::{
+    FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo, MAX_DIMENSION,
+};
 pub use null::NullBackend;
 pub use wgpu_backend::{
-    AdapterSummary, FloorTimings, GpuImage, ImageLayer, PendingFrame, SubmissionId, WgpuBackend,
-    FLOOR_RUNS,
+    AdapterSummary, FloorTimings, GpuImage, ImageLayer, PendingFrame, SampleAxis, SubmissionId,
+    WgpuBackend, FLOOR_RUNS,
 };
 
 /// Most layers one composition accepts.

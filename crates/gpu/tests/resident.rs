@@ -420,3 +420,68 @@ fn fused_full_screen_layers_match_separate_draws_and_the_cpu() {
         }
     }
 }
+
+/// `sample_plane` takes exactly the texels [`SampleAxis::texel`] names, for packed RGB and for
+/// both planes of NV12 (chroma through a luma grid, every other sample).
+#[test]
+fn sampling_reads_the_texels_of_the_grid() {
+    let g = gpu_or_skip!();
+    let rgba = pattern::rgb_gradient(PixelFormat::Rgba8, 64, 48, |x, y| (x * 3 + y) as u8).unwrap();
+    let img = upload(g, &rgba);
+    let axis = |origin, size, samples, first, count, step, shift| virtsoc_gpu::SampleAxis {
+        origin,
+        size,
+        samples,
+        first,
+        count,
+        step,
+        shift,
+    };
+    // Columns 4..60 in 10 cells, cells 2..9; rows 0..48 in 6 cells, all.
+    let (x, y) = (axis(4, 56, 10, 2, 7, 1, 0), axis(0, 48, 6, 0, 6, 1, 0));
+    assert_eq!((x.texel(0), x.texel(6), y.texel(5)), (18, 57, 44));
+    let mut got = Vec::new();
+    g.sample_plane(&img, 0, (x, y), |b| got = b.to_vec())
+        .unwrap();
+    assert_eq!(got.len(), 7 * 6 * 4);
+    for j in 0..6 {
+        for i in 0..7 {
+            let (sx, sy) = (x.texel(i) as usize, y.texel(j) as usize);
+            let want = &rgba.data[sy * 64 * 4 + sx * 4..][..4];
+            assert_eq!(
+                &got[(j as usize * 7 + i as usize) * 4..][..4],
+                want,
+                "cell {i},{j}"
+            );
+        }
+    }
+    let nv12 = pattern::nv12_gradient(64, 48, 5).unwrap();
+    let img = upload(g, &nv12);
+    // The chroma under every other sample of a 64 x 24 luma grid over the whole frame.
+    let (cx, cy) = (axis(0, 64, 64, 1, 32, 2, 1), axis(0, 48, 24, 0, 12, 2, 1));
+    g.sample_plane(&img, 1, (cx, cy), |b| got = b.to_vec())
+        .unwrap();
+    assert_eq!(got.len(), 32 * 12 * 4);
+    for j in 0..12 {
+        for i in 0..32 {
+            let (sx, sy) = (cx.texel(i) as usize, cy.texel(j) as usize);
+            let uv = &nv12.data[64 * 48 + sy * 64 + sx * 2..][..2];
+            assert_eq!(
+                &got[(j as usize * 32 + i as usize) * 4..][..2],
+                uv,
+                "chroma {i},{j}"
+            );
+        }
+    }
+    // Grids outside the plane or the cells, or a plane the image lacks, are refused.
+    assert!(g
+        .sample_plane(&img, 1, (axis(0, 66, 8, 0, 8, 1, 1), cy), |_| ())
+        .is_err());
+    assert!(g.sample_plane(&img, 2, (cx, cy), |_| ()).is_err());
+    assert!(g
+        .sample_plane(&img, 0, (axis(0, 8, 4, 2, 3, 1, 0), cy), |_| ())
+        .is_err());
+    assert!(g
+        .sample_plane(&img, 0, (axis(0, 8, 4, 0, 3, 2, 0), cy), |_| ())
+        .is_err());
+}

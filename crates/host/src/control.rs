@@ -16,13 +16,22 @@ use virtsoc_svm::DomainId;
 use crate::session::Session;
 use crate::Daemon;
 
-/// The control API's view of a daemon, and the latest report of each live-view page.
-pub struct ControlBackend(pub Arc<Daemon>, Mutex<BTreeMap<u64, ViewReport>>);
+/// The control API's view of a daemon, the latest report of each live-view page, and the
+/// live view's encoders.
+pub struct ControlBackend(
+    pub Arc<Daemon>,
+    Mutex<BTreeMap<u64, ViewReport>>,
+    crate::view::Encoders,
+);
 
 impl ControlBackend {
     /// The control API of `daemon`.
     pub fn new(daemon: Arc<Daemon>) -> Self {
-        ControlBackend(daemon, Mutex::new(BTreeMap::new()))
+        ControlBackend(
+            daemon,
+            Mutex::new(BTreeMap::new()),
+            crate::view::Encoders::default(),
+        )
     }
 }
 
@@ -192,7 +201,7 @@ impl Backend for ControlBackend {
         max: (u32, u32),
         wait: std::time::Duration,
     ) -> Result<Option<ViewFrame>, ControlError> {
-        crate::view::frame(&self.0, guest, after, max, wait)
+        crate::view::frame(&self.0, &self.2, guest, after, max, wait)
     }
 
     fn record(

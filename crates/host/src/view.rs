@@ -1,15 +1,16 @@
 //! The live view's frames and recordings of the control API: a guest's latest presented
-//! frames (from the display), composed into RGBA and encoded as JPEG or into an MP4, on the
-//! control request's own thread, never on a device worker. Composing a frame of display
-//! planes reads the planes' memory; those copies are counted on the guest's ledger like the
-//! display's own.
+//! frames (from the display), on the control request's own thread, never on a device worker.
+//! View frames of display planes are sampled straight into a small YUV picture (see the
+//! display's `thumb` module) and encoded as JPEG by a kept encoder; other frames, and
+//! recordings, are composed into RGBA and scaled by the encoder. Reading the planes' memory
+//! is counted on the guest's ledger like the display's own copies.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use virtsoc_control::{ControlError, ViewFrame};
-use virtsoc_display::PresentedFrame;
-use virtsoc_media::{JpegEncoder, Mp4Recorder};
+use virtsoc_display::{PresentedFrame, ViewPicture};
+use virtsoc_media::{JpegEncoder, Mp4Recorder, YuvJpegEncoder};
 
 use crate::device::DeviceSlot;
 use crate::Daemon;
@@ -35,10 +36,50 @@ fn rgba(f: &PresentedFrame) -> Result<Vec<u8>, ControlError> {
     f.to_rgba8().map_err(internal)
 }
 
+/// JPEG encoders of view pictures kept between frames, by size (opening one costs about as
+/// much as encoding a small picture). MJPEG frames are independent, so any viewer of any
+/// guest may use any encoder of the right size.
+#[derive(Default)]
+pub struct Encoders(Mutex<Vec<YuvJpegEncoder>>);
+
+/// Encoders kept.
+const ENCODERS_KEPT: usize = 4;
+
+impl Encoders {
+    /// Encodes `pic` with a kept encoder of its size (or a new one, kept afterwards).
+    fn encode(&self, pic: &ViewPicture) -> Result<Vec<u8>, ControlError> {
+        let size = (pic.width, pic.height);
+        let kept = {
+            let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            v.iter()
+                .position(|e| e.size() == size)
+                .map(|i| v.swap_remove(i))
+        };
+        let mut enc = match kept {
+            Some(e) => e,
+            None => YuvJpegEncoder::new(size.0, size.1, VIEW_QUALITY).map_err(internal)?,
+        };
+        let jpeg = enc.encode(&pic.data).map_err(internal)?;
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() >= ENCODERS_KEPT {
+            v.remove(0);
+        }
+        v.push(enc);
+        Ok(jpeg)
+    }
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 /// Guest `guest`'s latest frame newer than `after` as a JPEG fitting `max`, waiting up to
 /// `wait`.
 pub fn frame(
     daemon: &Daemon,
+    encoders: &Encoders,
     guest: u64,
     after: u64,
     max: (u32, u32),
@@ -51,22 +92,36 @@ pub fn frame(
     // 1080p screen for 640x360); other frames are scaled by the encoder.
     let (w, h) = virtsoc_media::codec::fit_within(f.width, f.height, max.0, max.1);
     let t0 = Instant::now();
-    let (pixels, size) = match f.rgba_scaled(w, h) {
-        Some(px) => (px, (w, h)),
-        None => (rgba(&f)?, (f.width, f.height)),
+    let cpu0 = thread_cpu();
+    // Display planes are sampled straight into a small YUV picture; other frames are
+    // converted to RGBA and scaled by the encoder.
+    let (jpeg, (width, height), composed, opened) = match f.view_picture(w, h) {
+        Some(pic) => {
+            let composed = t0.elapsed();
+            let jpeg = encoders.encode(&pic)?;
+            (jpeg, (pic.width, pic.height), composed, composed)
+        }
+        None => {
+            let (pixels, size) = match f.rgba_scaled(w, h) {
+                Some(px) => (px, (w, h)),
+                None => (rgba(&f)?, (f.width, f.height)),
+            };
+            let composed = t0.elapsed();
+            let enc = JpegEncoder::new(size.0, size.1, max.0, max.1, VIEW_QUALITY);
+            let mut enc = enc.map_err(internal)?;
+            let opened = t0.elapsed();
+            let jpeg = enc.encode(&pixels).map_err(internal)?;
+            (jpeg, enc.size(), composed, opened)
+        }
     };
-    let composed = t0.elapsed();
-    let enc = JpegEncoder::new(size.0, size.1, max.0, max.1, VIEW_QUALITY);
-    let mut enc = enc.map_err(internal)?;
-    let opened = t0.elapsed();
-    let jpeg = enc.encode(&pixels).map_err(internal)?;
-    let (width, height) = enc.size();
     log::debug!(
-        "view: guest {guest} frame {}: composed {:?}, encoder opened {:?}, encoded {:?}",
+        "view: guest {guest} frame {}: composed {:?}, encoder opened {:?}, encoded {:?}, \
+         this thread's CPU {:?}",
         f.id,
         composed,
         opened - composed,
-        t0.elapsed() - opened
+        t0.elapsed() - opened,
+        thread_cpu().saturating_sub(cpu0)
     );
     let age_ms = f
         .capture_ns

@@ -523,6 +523,11 @@ impl SvmManager {
         }
     }
 
+    /// The region's write generation (it changes with every write access).
+    pub fn generation(&self, guest: u64, id: u64) -> Result<u64> {
+        Ok(self.region(guest, id)?.lock().generation)
+    }
+
     /// Runs `f` on the bytes of the region's replica in a host-backed `domain` (a device's
     /// own memory). The replica must exist, i.e. the device must have begun an access. Only
     /// the replica's buffer is locked while `f` runs, never the region.

@@ -66,6 +66,7 @@ mod image;
 mod ops;
 mod pipelines;
 mod pool;
+mod sample;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +80,7 @@ pub use bytes::PendingFrame;
 pub use floor::{FloorTimings, FLOOR_RUNS};
 pub use image::GpuImage;
 pub use ops::ImageLayer;
+pub use sample::SampleAxis;
 
 use completion::Completion;
 use pipelines::{PipeKey, Pipelines};
@@ -159,6 +161,8 @@ pub struct WgpuBackend {
     lost: Arc<Mutex<Option<String>>>,
     /// Draw two full-screen bottom layers in one pass (on by default).
     fuse: bool,
+    /// Nearest-neighbour plane sampling, made on first use.
+    sample_pipe: sample::SamplePipeCell,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -241,6 +245,7 @@ impl WgpuBackend {
             error,
             lost,
             fuse: true,
+            sample_pipe: Default::default(),
         };
         backend.check_errors()?;
         Ok(backend)

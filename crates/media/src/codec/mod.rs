@@ -20,7 +20,7 @@ use std::time::Instant;
 pub use decoder::FfmpegDecoder;
 pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
 pub use encoder::{EncodedPacket, FfmpegEncoder};
-pub use still::{fit_within, JpegEncoder, Mp4Recorder};
+pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameRef, PixelFormat};

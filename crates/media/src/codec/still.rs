@@ -98,10 +98,11 @@ impl RgbaScaler {
     }
 }
 
-/// One RGBA frame in, one JPEG out (libavcodec's MJPEG encoder, full-range 4:2:0), scaled
-/// down to fit the box given at construction.
-pub struct JpegEncoder {
-    scaler: RgbaScaler,
+/// One full-range YUV 4:2:0 picture in, one JPEG of the same size out (libavcodec's MJPEG
+/// encoder): what the live view encodes its pictures with, no conversion or scaling.
+pub struct YuvJpegEncoder {
+    /// The encoder's input frame (FFmpeg-allocated, aligned).
+    picture: ff::frame::Video,
     encoder: ff::encoder::video::Encoder,
     /// MJPEG quantizer scale (2 best .. 31 worst), as FFmpeg's lambda.
     lambda: i32,
@@ -109,60 +110,132 @@ pub struct JpegEncoder {
     pts: i64,
 }
 
-impl JpegEncoder {
-    /// An encoder of `width` x `height` RGBA frames into JPEGs that fit `max_w` x `max_h`, at
-    /// quantizer `q` (2 best .. 31 worst; 5 is good for viewing).
-    pub fn new(width: u32, height: u32, max_w: u32, max_h: u32, q: u8) -> Result<Self> {
+impl YuvJpegEncoder {
+    /// An encoder of `width` x `height` pictures (even sizes) at quantizer `q` (2 best .. 31
+    /// worst; 5 is good for viewing).
+    pub fn new(width: u32, height: u32, q: u8) -> Result<Self> {
         check_source(width, height, None)?;
+        if width % 2 != 0 || height % 2 != 0 {
+            return Err(MediaError::InvalidLayout(format!(
+                "YUV 4:2:0 picture {width}x{height}: sizes must be even"
+            )));
+        }
         super::init_ffmpeg();
-        let (dw, dh) = fit_within(width, height, max_w, max_h);
         let codec = ff::encoder::find(ff::codec::Id::MJPEG)
             .ok_or_else(|| MediaError::Unsupported("this FFmpeg has no MJPEG encoder".into()))?;
         let mut enc = ff::codec::Context::new_with_codec(codec)
             .encoder()
             .video()
             .map_err(|e| MediaError::ffmpeg("encoder context", e))?;
-        enc.set_width(dw);
-        enc.set_height(dh);
+        enc.set_width(width);
+        enc.set_height(height);
         enc.set_format(ff::format::Pixel::YUVJ420P);
         enc.set_time_base(ff::Rational::new(1, 30));
         let lambda = i32::from(q.clamp(2, 31)) * ff::ffi::FF_QP2LAMBDA;
         enc.set_flags(ff::codec::Flags::QSCALE);
         enc.set_global_quality(lambda);
+        // One pass with the standard Huffman tables: a little larger, noticeably cheaper.
+        let mut opts = ff::Dictionary::new();
+        opts.set("huffman", "default");
         let encoder = enc
-            .open_as(codec)
+            .open_as_with(codec, opts)
             .map_err(|e| MediaError::ffmpeg("avcodec_open2 (mjpeg)", e))?;
-        Ok(JpegEncoder {
-            scaler: RgbaScaler::new(width, height, ff::format::Pixel::YUVJ420P, dw, dh)?,
+        Ok(YuvJpegEncoder {
+            picture: ff::frame::Video::new(ff::format::Pixel::YUVJ420P, width, height),
             encoder,
             lambda,
-            size: (dw, dh),
+            size: (width, height),
             pts: 0,
+        })
+    }
+
+    /// The size of the pictures and JPEGs.
+    pub fn size(&self) -> (u32, u32) {
+        self.size
+    }
+
+    /// Encodes a picture of the encoder's size: Y, then U, then V, each tightly packed.
+    pub fn encode(&mut self, yuv: &[u8]) -> Result<Vec<u8>> {
+        let (w, h) = (self.size.0 as usize, self.size.1 as usize);
+        let needed = w * h * 3 / 2;
+        if yuv.len() != needed {
+            return Err(MediaError::BufferTooSmall {
+                needed,
+                got: yuv.len(),
+            });
+        }
+        let (luma, chroma) = yuv.split_at(w * h);
+        let (u, v) = chroma.split_at(w * h / 4);
+        for (k, (src, width)) in [(luma, w), (u, w / 2), (v, w / 2)].into_iter().enumerate() {
+            let stride = self.picture.stride(k);
+            let dst = self.picture.data_mut(k);
+            for (y, line) in src.chunks_exact(width).enumerate() {
+                dst[y * stride..y * stride + width].copy_from_slice(line);
+            }
+        }
+        Self::encode_frame(
+            &mut self.encoder,
+            &mut self.picture,
+            self.lambda,
+            &mut self.pts,
+        )
+    }
+
+    /// Encodes `frame` (YUVJ420P of the encoder's size).
+    fn encode_frame_of(&mut self, frame: &mut ff::frame::Video) -> Result<Vec<u8>> {
+        Self::encode_frame(&mut self.encoder, frame, self.lambda, &mut self.pts)
+    }
+
+    fn encode_frame(
+        encoder: &mut ff::encoder::video::Encoder,
+        frame: &mut ff::frame::Video,
+        lambda: i32,
+        pts: &mut i64,
+    ) -> Result<Vec<u8>> {
+        frame.set_pts(Some(*pts));
+        // SAFETY: a plain field of the frame FFmpeg allocated; the encoder reads it as the
+        // picture's quantizer with QSCALE set.
+        unsafe { (*frame.as_mut_ptr()).quality = lambda };
+        *pts += 1;
+        encoder
+            .send_frame(frame)
+            .map_err(|e| MediaError::Encode(format!("mjpeg: {e}")))?;
+        let mut packet = ff::Packet::empty();
+        encoder
+            .receive_packet(&mut packet)
+            .map_err(|e| MediaError::Encode(format!("mjpeg: {e}")))?;
+        Ok(packet.data().map(<[u8]>::to_vec).unwrap_or_default())
+    }
+}
+
+/// One RGBA frame in, one JPEG out (libavcodec's MJPEG encoder, full-range 4:2:0), scaled
+/// down to fit the box given at construction.
+pub struct JpegEncoder {
+    scaler: RgbaScaler,
+    inner: YuvJpegEncoder,
+}
+
+impl JpegEncoder {
+    /// An encoder of `width` x `height` RGBA frames into JPEGs that fit `max_w` x `max_h`, at
+    /// quantizer `q` (2 best .. 31 worst; 5 is good for viewing).
+    pub fn new(width: u32, height: u32, max_w: u32, max_h: u32, q: u8) -> Result<Self> {
+        check_source(width, height, None)?;
+        let (dw, dh) = fit_within(width, height, max_w, max_h);
+        Ok(JpegEncoder {
+            scaler: RgbaScaler::new(width, height, ff::format::Pixel::YUVJ420P, dw, dh)?,
+            inner: YuvJpegEncoder::new(dw, dh, q)?,
         })
     }
 
     /// The size of the JPEGs.
     pub fn size(&self) -> (u32, u32) {
-        self.size
+        self.inner.size()
     }
 
     /// Encodes `rgba` (tightly packed, the size given at construction).
     pub fn encode(&mut self, rgba: &[u8]) -> Result<Vec<u8>> {
-        let lambda = self.lambda;
         let frame = self.scaler.run(rgba)?;
-        frame.set_pts(Some(self.pts));
-        // SAFETY: a plain field of the frame FFmpeg allocated; the encoder reads it as the
-        // picture's quantizer with QSCALE set.
-        unsafe { (*frame.as_mut_ptr()).quality = lambda };
-        self.pts += 1;
-        self.encoder
-            .send_frame(frame)
-            .map_err(|e| MediaError::Encode(format!("mjpeg: {e}")))?;
-        let mut packet = ff::Packet::empty();
-        self.encoder
-            .receive_packet(&mut packet)
-            .map_err(|e| MediaError::Encode(format!("mjpeg: {e}")))?;
-        Ok(packet.data().map(<[u8]>::to_vec).unwrap_or_default())
+        self.inner.encode_frame_of(frame)
     }
 }
 
@@ -331,6 +404,21 @@ mod tests {
         assert_eq!(&jpeg[jpeg.len() - 2..], &[0xff, 0xd9]);
         // A different frame makes different bytes.
         assert_ne!(enc.encode(&gradient(320, 240, 40)).unwrap(), jpeg);
+    }
+
+    #[test]
+    fn yuv_pictures_are_encoded_as_they_are() {
+        let mut enc = YuvJpegEncoder::new(64, 48, 5).unwrap();
+        assert_eq!(enc.size(), (64, 48));
+        let mut yuv = vec![128u8; 64 * 48 * 3 / 2];
+        yuv[..64 * 48].fill(200);
+        let jpeg = enc.encode(&yuv).unwrap();
+        assert_eq!(&jpeg[..2], &[0xff, 0xd8]);
+        yuv[..64 * 48].fill(20);
+        assert_ne!(enc.encode(&yuv).unwrap(), jpeg);
+        // Wrong sizes are refused.
+        assert!(enc.encode(&yuv[1..]).is_err());
+        assert!(YuvJpegEncoder::new(63, 48, 5).is_err());
     }
 
     #[test]

@@ -53,6 +53,7 @@ mod planes;
 mod screen;
 #[cfg(test)]
 mod tests;
+mod thumb;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -113,9 +114,11 @@ pub struct Display {
     last_snapshot: Mutex<HashMap<u64, Instant>>,
     /// The snapshot thread's queue.
     snapshots: SyncSender<SnapshotJob>,
-    /// The GPU whose memory the display scans out of, when it is a wgpu device: view frames
-    /// of resident planes are composed there, small, and only that is read back.
+    /// The GPU whose memory the display scans out of, when it is a wgpu device: frames of
+    /// resident planes are recorded at a small size composed there, and only that is read back.
     gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>,
+    /// Per guest, view pictures of its planes that do not change (see [`thumb`]).
+    view_statics: Mutex<HashMap<u64, Arc<thumb::StaticPlanes>>>,
 }
 
 impl Display {
@@ -167,12 +170,13 @@ impl Display {
             verify: cfg.display_verify.then(Default::default),
             snapshot_interval: Limits::default().snapshot_interval,
             last_snapshot: Mutex::new(HashMap::new()),
+            view_statics: Mutex::new(HashMap::new()),
             snapshots,
             gpu: None,
         })
     }
 
-    /// Composes view frames of GPU-resident planes on `gpu`.
+    /// Composes recorded frames of GPU-resident planes on `gpu`.
     pub fn with_gpu(mut self, gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>) -> Self {
         self.gpu = gpu;
         self
@@ -184,6 +188,16 @@ impl Display {
         self
     }
 
+    /// Guest `guest`'s view pictures of planes that do not change.
+    fn view_statics(&self, guest: u64) -> Arc<thumb::StaticPlanes> {
+        self.view_statics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(guest)
+            .or_default()
+            .clone()
+    }
+
     /// A plane scanning out region `src` of the calling guest from its replica in the
     /// display's memory (the guest must have begun a read access to it from the display).
     fn plane(&self, cx: &DeviceCtx<'_>, spec: &LayerSpec) -> Answer<Plane> {
@@ -192,7 +206,11 @@ impl Display {
             .svm
             .replica(cx.guest, spec.src, cx.domain)
             .map_err(|e| crate::dispatch::status_of(&e))?;
-        Plane::new(spec, layout, backing)
+        let generation = cx
+            .svm
+            .generation(cx.guest, spec.src)
+            .map_err(|e| crate::dispatch::status_of(&e))?;
+        Plane::new(spec, layout, backing).map(|p| p.at_generation(generation))
     }
 
     /// Presents `planes` on a `width` x `height` screen; with no `capture_ns`, the capture
@@ -209,7 +227,10 @@ impl Display {
             guest: cx.guest,
             domain: cx.domain,
         };
-        let set = PlaneSet::new(width, height, planes, ledger).with_gpu(self.gpu.clone());
+        let statics = self.view_statics(cx.guest);
+        let set = PlaneSet::new(width, height, planes, ledger)
+            .with_gpu(self.gpu.clone())
+            .with_statics(statics);
         let capture_ns = (capture_ns != 0)
             .then_some(capture_ns)
             .or_else(|| set.stamped_time());
@@ -433,6 +454,10 @@ impl Device for Display {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&guest);
         self.screen.guest_gone(guest);
+        self.view_statics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&guest);
         if let Some(v) = &self.verify {
             v.lock().unwrap_or_else(|p| p.into_inner()).remove(&guest);
         }

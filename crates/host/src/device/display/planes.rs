@@ -22,7 +22,7 @@ use virtsoc_gpu::{
 use virtsoc_proto::Status;
 use virtsoc_svm::{Backing, DomainId, SvmManager};
 
-use super::Answer;
+use super::{thumb, Answer};
 use crate::device::gpu::memory::GpuMemory;
 use crate::device::layers::{crop_inside, LayerSpec};
 
@@ -35,6 +35,9 @@ pub const MAX_SCALE: u32 = 4;
 pub(super) struct Plane {
     /// The source region's replica in the display's domain.
     pub(super) backing: Backing,
+    /// The source region and its write generation when presented.
+    pub(super) region: u64,
+    pub(super) generation: u64,
     pub(super) layout: FrameLayout,
     pub(super) crop: Rect,
     pub(super) dst: Rect,
@@ -60,12 +63,20 @@ impl Plane {
         }
         Ok(Plane {
             backing,
+            region: spec.src,
+            generation: 0,
             layout,
             crop: spec.crop,
             dst: spec.dst,
             alpha: spec.alpha,
             blend: spec.blend,
         })
+    }
+
+    /// The same plane, its source at write generation `generation`.
+    pub(super) fn at_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     /// Bytes `[0, n)` of the plane's frame: host memory is read in place by `f`; device memory
@@ -130,7 +141,7 @@ pub(super) struct Ledger {
 }
 
 impl Ledger {
-    fn count(&self, bytes: usize, since: Instant) {
+    pub(super) fn count(&self, bytes: usize, since: Instant) {
         self.svm
             .count_device_copy(self.guest, self.domain, bytes as u64, since.elapsed());
     }
@@ -146,6 +157,8 @@ pub(super) struct PlaneSet {
     composed: OnceLock<Option<Vec<u8>>>,
     /// The GPU the planes live on, when they are its resident images.
     gpu: Option<Arc<WgpuBackend>>,
+    /// The guest's view pictures of planes that do not change.
+    statics: Arc<thumb::StaticPlanes>,
 }
 
 impl PlaneSet {
@@ -158,7 +171,15 @@ impl PlaneSet {
             ledger,
             composed: OnceLock::new(),
             gpu: None,
+            statics: Arc::default(),
         }
+    }
+
+    /// Shares `statics`, the guest's view pictures of planes that do not change, with the
+    /// guest's other frames.
+    pub(super) fn with_statics(mut self, statics: Arc<thumb::StaticPlanes>) -> Self {
+        self.statics = statics;
+        self
     }
 
     /// Composes scaled-down screens of resident planes on `gpu`.
@@ -284,6 +305,14 @@ impl std::fmt::Debug for PlaneSet {
 }
 
 impl vd::FrameHandle for PlaneSet {
+    fn view_picture(&self, width: u32, height: u32) -> Option<vd::ViewPicture> {
+        let mut pic = vd::ViewPicture::black(width, height);
+        let scale = self.scaler(pic.width, pic.height);
+        let placed: Vec<(&Plane, Rect)> = self.planes.iter().map(|p| (p, scale(p.dst))).collect();
+        thumb::compose(&mut pic, &placed, &self.statics, &self.ledger)?;
+        Some(pic)
+    }
+
     fn pixels(&self) -> Option<&[u8]> {
         self.composed.get_or_init(|| self.compose()).as_deref()
     }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use virtsoc_gpu::{FrameLayout, GpuImage, WgpuBackend};
+use virtsoc_gpu::{FrameLayout, GpuImage, SampleAxis, WgpuBackend};
 use virtsoc_svm::{DeviceAllocator, DeviceMemory, RegionMeta, SvmError};
 
 use crate::device::layers::pixel_format;
@@ -30,6 +30,21 @@ fn gpu_error(e: virtsoc_gpu::GpuError) -> SvmError {
             SvmError::OutOfRange
         }
         e => SvmError::Internal(format!("gpu memory: {e}")),
+    }
+}
+
+impl GpuMemory {
+    /// Samples plane `plane` of the image on a nearest-neighbour grid on the GPU (see
+    /// [`WgpuBackend::sample_plane`]).
+    pub(crate) fn sample_plane(
+        &self,
+        plane: usize,
+        grid: (SampleAxis, SampleAxis),
+        sink: impl FnOnce(&[u8]),
+    ) -> virtsoc_svm::Result<()> {
+        self.backend
+            .sample_plane(&self.image, plane, grid, sink)
+            .map_err(gpu_error)
     }
 }
 
