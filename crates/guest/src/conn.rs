@@ -33,6 +33,8 @@ use crate::{GuestError, Result};
 mod calls;
 mod handshake;
 mod reconnect;
+#[cfg(test)]
+mod tests;
 
 /// Longest compensation the library honours (the host caps it lower).
 const MAX_COMPENSATION: Duration = Duration::from_millis(100);
@@ -105,6 +107,9 @@ pub struct Access {
 
 struct Reaped {
     done: HashMap<u64, Completion>,
+    /// Requests submitted and not completed yet: a completion for anything else (a sequence
+    /// number never used, or completed already) is the host's mistake and is dropped.
+    outstanding: HashSet<u64>,
     reaping: bool,
     /// Requests whose completion nobody waits for (fire and forget).
     detached: HashSet<u64>,
@@ -317,6 +322,7 @@ impl Connection {
             next_seq: AtomicU64::new(1),
             reaped: Mutex::new(Reaped {
                 done: HashMap::new(),
+                outstanding: HashSet::new(),
                 reaping: false,
                 detached: HashSet::new(),
                 async_errors: Vec::new(),
@@ -455,12 +461,12 @@ impl Connection {
                 continue;
             }
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
-            if detached {
-                self.reaped
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .detached
-                    .insert(seq);
+            {
+                let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+                r.outstanding.insert(seq);
+                if detached {
+                    r.detached.insert(seq);
+                }
             }
             self.submitted.fetch_add(1, Ordering::SeqCst);
             let req = Request::new(seq, opcode, device, args);
@@ -471,12 +477,10 @@ impl Connection {
                 return Ok(seq);
             }
             self.submitted.fetch_sub(1, Ordering::SeqCst);
-            if detached {
-                self.reaped
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .detached
-                    .remove(&seq);
+            {
+                let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+                r.outstanding.remove(&seq);
+                r.detached.remove(&seq);
             }
             if let Err(e) = pushed {
                 if matches!(e, GuestError::Closed) {
@@ -516,6 +520,18 @@ impl Connection {
 
     /// Books a batch of completions: counters, pacing, detached failures, waiters' results.
     fn absorb(&self, r: &mut Reaped, batch: &[Completion]) {
+        let known: Vec<Completion> = batch
+            .iter()
+            .filter(|c| {
+                let ours = r.outstanding.remove(&c.seq);
+                if !ours {
+                    log::warn!("dropped a completion for unknown request {}", c.seq);
+                }
+                ours
+            })
+            .copied()
+            .collect();
+        let batch = &known[..];
         self.forget_replayed(batch);
         self.completed
             .fetch_add(batch.len() as u64, Ordering::SeqCst);
@@ -611,8 +627,20 @@ impl Connection {
     /// Submits a raw request without waiting (for protocol tests).
     pub fn submit_raw(&self, req: Request) -> Result<()> {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        if !self.link().push(&req, &[])? {
+        self.reaped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .outstanding
+            .insert(req.seq);
+        let pushed = self.link().push(&req, &[]);
+        if !matches!(pushed, Ok(true)) {
             self.submitted.fetch_sub(1, Ordering::SeqCst);
+            self.reaped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .outstanding
+                .remove(&req.seq);
+            pushed?;
             return Err(GuestError::Status {
                 op: Opcode::Nop,
                 status: Status::Busy,

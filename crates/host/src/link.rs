@@ -84,7 +84,10 @@ impl ShmLink {
     }
 
     fn in_flight(&self) -> u64 {
-        self.popped.load(Ordering::SeqCst) - self.posted.load(Ordering::SeqCst)
+        // Saturating: a post the host never took a request for must not wrap the count.
+        self.popped
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.posted.load(Ordering::SeqCst))
     }
 
     /// Whether one more request may be taken (a completion slot is free for it).
@@ -303,10 +306,165 @@ impl HostLink for StreamLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{self, FakeBell};
     use std::net::TcpListener;
+    use std::sync::atomic::AtomicU32;
     use std::sync::mpsc;
     use std::time::Duration;
+    use virtsoc_proto::ring::guest_rings;
     use virtsoc_proto::{DeviceId, Opcode};
+
+    struct Shm {
+        window: Arc<SharedWindow>,
+        link: ShmLink,
+        host_bell: FakeBell,
+        guest_bell: FakeBell,
+        hung_up: Arc<AtomicU32>,
+    }
+
+    /// A ShmLink over a memfd window (8-entry rings) with fake doorbells.
+    fn shm() -> Shm {
+        let window = testkit::window();
+        let (host_bell, guest_bell) = (FakeBell::default(), FakeBell::default());
+        let hung_up = Arc::new(AtomicU32::new(0));
+        let h = hung_up.clone();
+        let link = ShmLink::new(
+            window.clone(),
+            Box::new(host_bell.clone()),
+            Box::new(guest_bell.clone()),
+            Box::new(move || {
+                h.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        Shm {
+            window,
+            link,
+            host_bell,
+            guest_bell,
+            hung_up,
+        }
+    }
+
+    fn nop(seq: u64) -> Request {
+        Request::new(seq, Opcode::Nop, DeviceId::CPU, [seq; 6])
+    }
+
+    fn word(w: &SharedWindow, at: u64) -> &std::sync::atomic::AtomicU32 {
+        w.atomic_u32(CONTROL_OFFSET + at).unwrap()
+    }
+
+    #[test]
+    fn shm_requests_come_in_order_and_completions_reach_the_guest() {
+        let s = shm();
+        let (mut sq, mut cq) = guest_rings(&s.window);
+        for seq in 1..=3 {
+            assert!(sq.push(nop(seq)).unwrap());
+        }
+        for seq in 1..=3 {
+            let inc = s.link.next().unwrap().unwrap();
+            assert_eq!(inc.req, nop(seq), "copied out whole, in order");
+            assert!(inc.payload.is_empty());
+        }
+        s.link.post(Completion::ok(2, [5; 6]), Vec::new()).unwrap();
+        assert_eq!(s.guest_bell.notified(), 1, "the guest is rung");
+        let c = cq.pop().unwrap().unwrap();
+        assert_eq!((c.seq, c.values), (2, [5; 6]));
+        assert_eq!(
+            c.queue_depth, 2,
+            "two more requests taken and not completed"
+        );
+        assert!(cq.pop().unwrap().is_none());
+    }
+
+    /// The host takes a request only when a completion slot is free for it.
+    #[test]
+    fn shm_takes_no_more_than_the_completion_ring_holds() {
+        let s = shm();
+        let (mut sq, mut cq) = guest_rings(&s.window);
+        let n = s.window.layout().cq_entries as u64;
+        for seq in 0..n {
+            assert!(sq.push(nop(seq)).unwrap());
+            s.link.next().unwrap().unwrap();
+        }
+        assert!(sq.push(nop(n)).unwrap());
+        assert!(
+            !s.link.can_take().unwrap(),
+            "every completion slot is promised"
+        );
+        for seq in 0..n {
+            s.link
+                .post(Completion::ok(seq, [0; 6]), Vec::new())
+                .unwrap();
+        }
+        assert!(!s.link.can_take().unwrap(), "the guest has not read them");
+        cq.pop().unwrap().unwrap();
+        assert!(s.link.can_take().unwrap());
+        assert_eq!(s.link.next().unwrap().unwrap().req.seq, n);
+    }
+
+    #[test]
+    fn shm_hostile_submission_tail_is_a_violation() {
+        let s = shm();
+        let (mut sq, _) = guest_rings(&s.window);
+        assert!(sq.push(nop(1)).unwrap());
+        s.link.next().unwrap().unwrap();
+        // A tail more than a ring ahead of the host's head.
+        word(&s.window, ctl::SQ_TAIL).store(1 + 9, Ordering::SeqCst);
+        assert!(matches!(s.link.next(), Err(LinkError::Violation(_))));
+        // A tail behind the host's head is as far out of range.
+        word(&s.window, ctl::SQ_TAIL).store(0, Ordering::SeqCst);
+        assert!(matches!(s.link.next(), Err(LinkError::Violation(_))));
+    }
+
+    #[test]
+    fn shm_hostile_completion_head_is_a_violation() {
+        let s = shm();
+        word(&s.window, ctl::CQ_HEAD).store(3, Ordering::SeqCst);
+        assert!(matches!(
+            s.link.post(Completion::ok(1, [0; 6]), Vec::new()),
+            Err(LinkError::Violation(_))
+        ));
+        assert!(matches!(s.link.can_take(), Err(LinkError::Violation(_))));
+        assert_eq!(s.guest_bell.notified(), 0);
+    }
+
+    /// Posting past the completion ring's room is a violation (the host never promised it).
+    #[test]
+    fn shm_post_with_full_completion_ring_is_a_violation() {
+        let s = shm();
+        let n = s.window.layout().cq_entries as u64;
+        for seq in 0..n {
+            s.link
+                .post(Completion::ok(seq, [0; 6]), Vec::new())
+                .unwrap();
+        }
+        assert!(matches!(
+            s.link.post(Completion::ok(n, [0; 6]), Vec::new()),
+            Err(LinkError::Violation(_))
+        ));
+    }
+
+    #[test]
+    fn shm_close_tells_the_guest_and_wakes_everyone_once() {
+        let s = shm();
+        let (mut sq, _) = guest_rings(&s.window);
+        assert!(sq.push(nop(1)).unwrap());
+        s.link.close();
+        s.link.close();
+        assert_eq!(word(&s.window, ctl::HOST_STATE).load(Ordering::SeqCst), 1);
+        assert_eq!(s.host_bell.forced(), 1);
+        assert_eq!(s.guest_bell.forced(), 1);
+        assert_eq!(
+            s.hung_up.load(Ordering::SeqCst),
+            1,
+            "the side channel hung up once"
+        );
+        assert!(
+            s.link.next().unwrap().is_none(),
+            "a closed link takes nothing"
+        );
+        assert!(!s.link.carries_bulk());
+    }
 
     /// A remote guest that does not read its completions holds back its own requests once
     /// the bytes waiting for it reach the limit: the daemon's outbox is bounded in bytes.

@@ -384,7 +384,9 @@ impl Session {
         }
     }
 
-    fn dispatch(self: &Arc<Self>, inc: Incoming, svm: &SvmManager, devices: &DeviceSet) {
+    /// Runs or queues one request taken off the link; everything that completes here is
+    /// posted before this returns.
+    pub(crate) fn dispatch(self: &Arc<Self>, inc: Incoming, svm: &SvmManager, devices: &DeviceSet) {
         let req = inc.req;
         let op = Opcode::from_u32(req.opcode);
         let outcome = match op {
@@ -421,3 +423,6 @@ impl Session {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

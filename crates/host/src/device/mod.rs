@@ -288,6 +288,31 @@ impl DeviceSet {
         }
     }
 
+    /// The devices without their workers: a test serves the queues itself, one step at a
+    /// time.
+    #[cfg(test)]
+    pub(crate) fn idle(devices: Vec<(DeviceId, DomainId, Arc<dyn Device>)>) -> Self {
+        let slots = devices
+            .into_iter()
+            .map(|(id, domain, device)| {
+                Arc::new(DeviceSlot {
+                    id,
+                    domain,
+                    device,
+                    queues: Mutex::new(Vec::new()),
+                    events: Arc::new(EventCount::default()),
+                    stop: AtomicBool::new(false),
+                    worker: Mutex::new(None),
+                    acct: Arc::new(Accounting::new(virtsoc_sched::Kind::default())),
+                })
+            })
+            .collect();
+        DeviceSet {
+            slots,
+            feedback: Mutex::new(None),
+        }
+    }
+
     /// The device with id `id`, if any (never the CPU).
     pub fn get(&self, id: DeviceId) -> Option<&Arc<DeviceSlot>> {
         self.slots.iter().find(|s| s.id == id)
@@ -607,3 +632,6 @@ fn park(slot: &DeviceSlot, parked: &mut HashMap<usize, Parked>, key: usize, p: P
     p.ticket.on_done(Box::new(wake));
     parked.insert(key, p);
 }
+
+#[cfg(test)]
+mod tests;
