@@ -391,6 +391,12 @@ mod tests {
             !s.link.can_take().unwrap(),
             "every completion slot is promised"
         );
+        // `next` would sleep (FakeBell panics rather than sleep) instead of taking it.
+        let took = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.link.next()));
+        assert!(
+            took.is_err(),
+            "a request was taken without a completion slot"
+        );
         for seq in 0..n {
             s.link
                 .post(Completion::ok(seq, [0; 6]), Vec::new())
