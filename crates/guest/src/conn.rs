@@ -121,61 +121,12 @@ struct Reaped {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fence(pub u64);
 
-/// The guest's SVM counters as kept by the host (monotonic; subtract two snapshots).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub copies: u64,
-    pub copy_ns: u64,
-    pub sync_fetches: u64,
-    pub inflight_waits: u64,
-    pub prefetches: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub compensation_ns: u64,
-    pub bookkeeping_ns: u64,
-    /// Bytes of the host's SVM bookkeeping for this guest (its predictor, its regions).
-    pub metadata_bytes: u64,
-    /// Bytes the coherence copies moved.
-    pub copy_bytes: u64,
-    /// Copies of frame bytes that devices made in their own memory (outside coherence).
-    pub device_copies: u64,
-    pub device_copy_bytes: u64,
-    pub device_copy_ns: u64,
-}
-
-/// One link of the host's copy ledger for this guest.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LedgerLink {
-    /// Source and destination memory domain (equal for a device's own copies); names in
-    /// [`Connection::domain_name`].
-    pub src: u32,
-    pub dst: u32,
-    pub copies: u64,
-    pub bytes: u64,
-    pub ns: u64,
-}
-
-impl Counters {
-    /// `self - earlier`, for the monotonic fields.
-    pub fn since(&self, earlier: &Counters) -> Counters {
-        Counters {
-            copies: self.copies - earlier.copies,
-            copy_ns: self.copy_ns - earlier.copy_ns,
-            sync_fetches: self.sync_fetches - earlier.sync_fetches,
-            inflight_waits: self.inflight_waits - earlier.inflight_waits,
-            prefetches: self.prefetches - earlier.prefetches,
-            hits: self.hits - earlier.hits,
-            misses: self.misses - earlier.misses,
-            compensation_ns: self.compensation_ns - earlier.compensation_ns,
-            bookkeeping_ns: self.bookkeeping_ns - earlier.bookkeeping_ns,
-            metadata_bytes: self.metadata_bytes,
-            copy_bytes: self.copy_bytes - earlier.copy_bytes,
-            device_copies: self.device_copies - earlier.device_copies,
-            device_copy_bytes: self.device_copy_bytes - earlier.device_copy_bytes,
-            device_copy_ns: self.device_copy_ns - earlier.device_copy_ns,
-        }
-    }
-}
+/// The guest's SVM counters as kept by the host: one record declared once in the protocol
+/// crate (its counts are monotonic: subtract two snapshots with `since`).
+pub use virtsoc_proto::counters::Counters;
+/// One link of the host's copy ledger for this guest (domain names in
+/// [`Connection::domain_name`]).
+pub use virtsoc_proto::counters::LedgerEntry as LedgerLink;
 
 /// A connection to the daemon. Cheap to share between threads (`&Connection` is `Sync`).
 pub struct Connection {

@@ -4,6 +4,7 @@
 //! lengths are all checked here or in the SVM manager, and anything wrong becomes a status in
 //! the completion.
 
+use virtsoc_proto::counters::{Counters, LedgerEntry, LEDGER_PAGE};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{Opcode, Request, Status};
 use virtsoc_svm::{AccessReport, AllocDesc, DomainId, SvmError, SvmManager};
@@ -57,9 +58,6 @@ fn access(svm_mgr: &SvmManager, guest: u64, req: &Request, begin: bool) -> Outco
     Ok(access_values(&svm(guest, r)?))
 }
 
-/// Ledger entries per page of the `Counters` request, from page [`LEDGER_PAGE`] on.
-pub const LEDGER_PAGE: u64 = 3;
-
 /// Runs a request that needs no device: allocation, CPU accesses, queries.
 pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
     match Opcode::from_u32(req.opcode) {
@@ -91,43 +89,7 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
             let (regions, bytes) = svm(guest, svm_mgr.guest_usage(guest))?;
             Ok([guest, regions, bytes, 0, 0, 0])
         }
-        Some(Opcode::Counters) => {
-            let c = svm(guest, svm_mgr.guest_counters(guest))?;
-            match req.args[0] {
-                0 => Ok([
-                    c.copies,
-                    c.copy_ns,
-                    c.sync_fetches,
-                    c.inflight_waits,
-                    c.prefetches,
-                    c.hits,
-                ]),
-                1 => Ok([
-                    c.misses,
-                    c.compensation_ns,
-                    c.bookkeeping_ns,
-                    svm_mgr.metadata_bytes(guest),
-                    0,
-                    0,
-                ]),
-                2 => Ok([
-                    c.copy_bytes,
-                    c.device_copies,
-                    c.device_copy_bytes,
-                    c.device_copy_ns,
-                    svm(guest, svm_mgr.guest_ledger(guest))?.len() as u64,
-                    0,
-                ]),
-                // The ledger, one link per page: source and destination domain, copies,
-                // bytes, ns.
-                n => {
-                    let ledger = svm(guest, svm_mgr.guest_ledger(guest))?;
-                    let i = usize::try_from(n - LEDGER_PAGE).map_err(|_| Status::BadArgument)?;
-                    let ((src, dst), l) = ledger.get(i).ok_or(Status::BadArgument)?;
-                    Ok([*src as u64, *dst as u64, l.copies, l.bytes, l.ns, 0])
-                }
-            }
-        }
+        Some(Opcode::Counters) => counters_page(svm_mgr, guest, req.args[0]),
         Some(Opcode::DeviceCmd) => Err(Status::UnknownDevice),
         Some(
             Opcode::FenceCreate
@@ -138,4 +100,41 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
         ) => Err(Status::Internal), // handled by the session, which owns the fence table
         None => Err(Status::UnknownOpcode),
     }
+}
+
+/// The guest's own counters (its metadata, its ledger): page `n` of the `Counters` request,
+/// the record's pages first, then one ledger link per page.
+fn counters_page(svm_mgr: &SvmManager, guest: u64, n: u64) -> Outcome {
+    let ledger = svm(guest, svm_mgr.guest_ledger(guest))?;
+    if n >= LEDGER_PAGE {
+        let i = usize::try_from(n - LEDGER_PAGE).map_err(|_| Status::BadArgument)?;
+        let ((src, dst), l) = ledger.get(i).ok_or(Status::BadArgument)?;
+        let entry = LedgerEntry {
+            src: *src,
+            dst: *dst,
+            copies: l.copies,
+            bytes: l.bytes,
+            ns: l.ns,
+        };
+        return Ok(entry.to_values());
+    }
+    let c = svm(guest, svm_mgr.guest_counters(guest))?;
+    let record = Counters {
+        copies: c.copies,
+        copy_ns: c.copy_ns,
+        sync_fetches: c.sync_fetches,
+        inflight_waits: c.inflight_waits,
+        prefetches: c.prefetches,
+        hits: c.hits,
+        misses: c.misses,
+        compensation_ns: c.compensation_ns,
+        bookkeeping_ns: c.bookkeeping_ns,
+        metadata_bytes: svm_mgr.metadata_bytes(guest),
+        copy_bytes: c.copy_bytes,
+        device_copies: c.device_copies,
+        device_copy_bytes: c.device_copy_bytes,
+        device_copy_ns: c.device_copy_ns,
+        ledger_links: ledger.len() as u64,
+    };
+    record.page(n).ok_or(Status::BadArgument)
 }

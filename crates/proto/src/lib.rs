@@ -3,6 +3,7 @@
 //! This crate owns everything both sides must agree on byte for byte:
 //! - [`layout`]: where the rings, the fence page and the data area sit in the shared window;
 //! - [`wire`]: the fixed-size ring entries, opcodes, access modes and status codes;
+//! - [`counters`]: the guest's SVM counters, one record both sides decode the same way;
 //! - [`window`]: bounds-checked access to a mapped window (vm-memory over a memfd or a PCI BAR);
 //! - [`ring`]: the lock-free single-producer/single-consumer rings and their doorbells;
 //! - [`handshake`]: the connection handshake and file-descriptor passing on the Unix socket;
@@ -11,6 +12,7 @@
 //! Nothing here trusts the peer: every index, offset and length read from the window is checked
 //! and a violation is a [`ProtoError`], never a panic.
 
+pub mod counters;
 pub mod handshake;
 pub mod layout;
 pub mod ring;

@@ -2,6 +2,7 @@
 //! commands (typed and raw), counters and the copy ledger, and fences.
 
 use super::*;
+use virtsoc_proto::counters::LEDGER_PAGE;
 
 impl Connection {
     /// A round trip that does nothing.
@@ -240,27 +241,14 @@ impl Connection {
         Ok((v[1], v[2]))
     }
 
-    /// The guest's SVM counters kept by the host.
+    /// The guest's SVM counters kept by the host (its own: its metadata, its copies).
     pub fn counters(&self) -> Result<Counters> {
-        let a = self.call(Opcode::Counters, DeviceId::CPU, [0; 6])?;
-        let b = self.call(Opcode::Counters, DeviceId::CPU, [1, 0, 0, 0, 0, 0])?;
-        let c = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?;
-        Ok(Counters {
-            copy_bytes: c[0],
-            device_copies: c[1],
-            device_copy_bytes: c[2],
-            device_copy_ns: c[3],
-            copies: a[0],
-            copy_ns: a[1],
-            sync_fetches: a[2],
-            inflight_waits: a[3],
-            prefetches: a[4],
-            hits: a[5],
-            misses: b[0],
-            compensation_ns: b[1],
-            bookkeeping_ns: b[2],
-            metadata_bytes: b[3],
-        })
+        let mut c = Counters::default();
+        for page in 0..Counters::PAGES {
+            let v = self.call(Opcode::Counters, DeviceId::CPU, [page, 0, 0, 0, 0, 0])?;
+            c.set_page(page, &v);
+        }
+        Ok(c)
     }
 
     /// The name of memory domain `id`, as the ledger names domains.
@@ -279,17 +267,12 @@ impl Connection {
 
     /// The host's copy ledger for this guest: every copy of its bytes by link.
     pub fn ledger(&self) -> Result<Vec<LedgerLink>> {
-        let n = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?[4];
+        let n = self.counters()?.ledger_links;
         (0..n)
             .map(|i| {
-                let v = self.call(Opcode::Counters, DeviceId::CPU, [3 + i, 0, 0, 0, 0, 0])?;
-                Ok(LedgerLink {
-                    src: v[0] as u32,
-                    dst: v[1] as u32,
-                    copies: v[2],
-                    bytes: v[3],
-                    ns: v[4],
-                })
+                let page = LEDGER_PAGE + i;
+                let v = self.call(Opcode::Counters, DeviceId::CPU, [page, 0, 0, 0, 0, 0])?;
+                Ok(LedgerLink::from_values(&v))
             })
             .collect()
     }
