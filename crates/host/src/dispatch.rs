@@ -5,7 +5,9 @@
 //! the completion.
 
 use virtsoc_proto::counters::{Counters, LedgerEntry, LEDGER_PAGE};
-use virtsoc_proto::wire::Format;
+use virtsoc_proto::ops::{
+    AllocReply, BeginAccessReply, CoreRequest, FreeReply, NopReply, StatsReply,
+};
 use virtsoc_proto::{Opcode, Request, Status};
 use virtsoc_svm::{AccessReport, AllocDesc, DomainId, SvmError, SvmManager};
 
@@ -33,17 +35,17 @@ fn svm<T>(guest: u64, r: Result<T, SvmError>) -> Result<T, Status> {
     })
 }
 
-/// Values of an access completion: window offset, coherence ns, copies, compensation ns,
-/// host ns, bytes copied.
+/// Values of an access completion (either end: the same [`BeginAccessReply`]).
 pub fn access_values(r: &AccessReport) -> [u64; 6] {
-    [
-        r.window_offset.unwrap_or(u64::MAX),
-        r.coherence.as_nanos() as u64,
-        r.copies as u64,
-        r.compensation.as_nanos() as u64,
-        r.elapsed.as_nanos() as u64,
-        r.bytes,
-    ]
+    BeginAccessReply {
+        window_offset: r.window_offset.unwrap_or(u64::MAX),
+        coherence_ns: r.coherence.as_nanos() as u64,
+        copies: r.copies as u64,
+        compensation_ns: r.compensation.as_nanos() as u64,
+        host_ns: r.elapsed.as_nanos() as u64,
+        bytes: r.bytes,
+    }
+    .to_values()
 }
 
 /// A CPU access (the guest window's domain), run on the session's thread: a begin_access
@@ -58,47 +60,52 @@ fn access(svm_mgr: &SvmManager, guest: u64, req: &Request, begin: bool) -> Outco
     Ok(access_values(&svm(guest, r)?))
 }
 
-/// Runs a request that needs no device: allocation, CPU accesses, queries.
+/// Runs a request that needs no device: allocation, CPU accesses, queries. Its words are
+/// decoded by the core requests' declaration ([`virtsoc_proto::ops`]).
 pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
-    match Opcode::from_u32(req.opcode) {
-        Some(Opcode::Nop) => Ok([0; 6]),
-        Some(Opcode::Alloc) => {
-            let [size, width, height, format, usage, _] = req.args;
-            let format = u32::try_from(format)
-                .ok()
-                .and_then(Format::from_u32)
-                .ok_or(Status::BadArgument)?;
-            let dim = |v: u64| u32::try_from(v).map_err(|_| Status::BadArgument);
+    if req.opcode == Opcode::DeviceCmd as u32 {
+        return Err(Status::UnknownDevice); // a device command on the CPU
+    }
+    match CoreRequest::decode(req.opcode, &req.args)? {
+        CoreRequest::Nop(_) => Ok(NopReply {}.to_values()),
+        CoreRequest::Alloc(a) => {
             let desc = AllocDesc {
-                size,
-                width: dim(width)?,
-                height: dim(height)?,
-                format,
-                usage: dim(usage)?,
+                size: a.size,
+                width: a.width,
+                height: a.height,
+                format: a.format,
+                usage: a.usage,
             };
             let (id, meta) = svm(guest, svm_mgr.alloc(guest, desc))?;
-            Ok([id, meta.size, meta.stride as u64, 0, 0, 0])
+            let reply = AllocReply {
+                id,
+                size: meta.size,
+                stride: meta.stride as u64,
+            };
+            Ok(reply.to_values())
         }
-        Some(Opcode::Free) => {
-            svm(guest, svm_mgr.free(guest, req.args[0]))?;
-            Ok([0; 6])
+        CoreRequest::Free(f) => {
+            svm(guest, svm_mgr.free(guest, f.id))?;
+            Ok(FreeReply {}.to_values())
         }
-        Some(Opcode::BeginAccess) => access(svm_mgr, guest, req, true),
-        Some(Opcode::EndAccess) => access(svm_mgr, guest, req, false),
-        Some(Opcode::Stats) => {
+        CoreRequest::BeginAccess(_) => access(svm_mgr, guest, req, true),
+        CoreRequest::EndAccess(_) => access(svm_mgr, guest, req, false),
+        CoreRequest::Stats(_) => {
             let (regions, bytes) = svm(guest, svm_mgr.guest_usage(guest))?;
-            Ok([guest, regions, bytes, 0, 0, 0])
+            Ok(StatsReply {
+                guest,
+                regions,
+                bytes,
+            }
+            .to_values())
         }
-        Some(Opcode::Counters) => counters_page(svm_mgr, guest, req.args[0]),
-        Some(Opcode::DeviceCmd) => Err(Status::UnknownDevice),
-        Some(
-            Opcode::FenceCreate
-            | Opcode::FenceSignal
-            | Opcode::FenceWait
-            | Opcode::FenceRelease
-            | Opcode::FenceStatus,
-        ) => Err(Status::Internal), // handled by the session, which owns the fence table
-        None => Err(Status::UnknownOpcode),
+        CoreRequest::Counters(c) => counters_page(svm_mgr, guest, c.page),
+        // Handled by the session, which owns the fence table.
+        CoreRequest::FenceCreate(_)
+        | CoreRequest::FenceSignal(_)
+        | CoreRequest::FenceWait(_)
+        | CoreRequest::FenceRelease(_)
+        | CoreRequest::FenceStatus(_) => Err(Status::Internal),
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
 use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
-use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
+use virtsoc_proto::ops::{self, CoreRequest};
+use virtsoc_proto::{Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 use virtsoc_svm::SvmManager;
 
 use crate::device::{DeviceSet, DeviceSlot, GuestQueue};
@@ -250,11 +251,15 @@ impl Session {
         inc: &Incoming,
         svm: &SvmManager,
     ) -> Result<(Completion, Vec<u8>), Status> {
-        let [id, offset, len, mode, ..] = inc.req.args;
-        let mode = u32::try_from(mode)
-            .ok()
-            .and_then(AccessMode::from_u32)
-            .ok_or(Status::BadArgument)?;
+        let ops::BeginAccess {
+            id,
+            offset,
+            len,
+            mode,
+            ..
+        } = CoreRequest::decode(inc.req.opcode, &inc.req.args)?
+            .access()
+            .ok_or(Status::UnknownOpcode)?;
         let meta = svm
             .meta(self.guest_id, id)
             .map_err(|e| dispatch::status_of(&e))?;
@@ -333,52 +338,54 @@ impl Session {
             .map_err(|_| Status::BadArgument)
     }
 
+    /// A fence request (the session owns the guest's fence table); `device` is the
+    /// request's.
     fn fence_op(
         self: &Arc<Self>,
-        op: Opcode,
-        req: &Request,
+        req: CoreRequest,
+        device: u32,
         devices: &DeviceSet,
     ) -> dispatch::Outcome {
-        let cpu = req.device == DeviceId::CPU.0;
-        match op {
-            Opcode::FenceCreate => {
+        let cpu = device == DeviceId::CPU.0;
+        match req {
+            CoreRequest::FenceCreate(_) => {
                 let f = self.fences.create().map_err(|e| match e {
                     virtsoc_fence::FenceError::TooMany(_) => Status::OutOfMemory,
                     _ => Status::Closed,
                 })?;
-                Ok([f.to_u64(), 0, 0, 0, 0, 0])
+                Ok(ops::FenceCreateReply { fence: f.to_u64() }.to_values())
             }
-            Opcode::FenceSignal => {
-                let f = self.fence_arg(req.args[0])?;
+            CoreRequest::FenceSignal(ops::FenceSignal { fence }) => {
+                let f = self.fence_arg(fence)?;
                 if cpu {
                     // CPU requests run in order on this thread: everything before is done.
                     self.fences.signal(f).map_err(|_| Status::BadArgument)?;
                 } else {
-                    self.queue_on(devices, req.device, QueueItem::Signal(f))?;
+                    self.queue_on(devices, device, QueueItem::Signal(f))?;
                 }
-                Ok([0; 6])
+                Ok(ops::FenceSignalReply {}.to_values())
             }
-            Opcode::FenceWait => {
-                let f = self.fence_arg(req.args[0])?;
+            CoreRequest::FenceWait(ops::FenceWait { fence }) => {
+                let f = self.fence_arg(fence)?;
                 if cpu {
                     // Waiting is for device queues; the guest reads the fence page instead.
                     return Err(Status::BadArgument);
                 }
-                self.queue_on(devices, req.device, QueueItem::Wait(f))?;
-                Ok([0; 6])
+                self.queue_on(devices, device, QueueItem::Wait(f))?;
+                Ok(ops::FenceWaitReply {}.to_values())
             }
-            Opcode::FenceRelease => {
-                let f = self.fence_arg(req.args[0])?;
+            CoreRequest::FenceRelease(ops::FenceRelease { fence }) => {
+                let f = self.fence_arg(fence)?;
                 self.fences.release(f).map_err(|_| Status::BadArgument)?;
-                Ok([0; 6])
+                Ok(ops::FenceReleaseReply {}.to_values())
             }
-            Opcode::FenceStatus => {
-                let f = FenceId::from_u64(req.args[0]);
-                match self.fences.status(f) {
-                    Ok(FenceStatus::Signaled) => Ok([1, 0, 0, 0, 0, 0]),
-                    Ok(FenceStatus::Pending) => Ok([0; 6]),
-                    Err(_) => Err(Status::BadArgument),
-                }
+            CoreRequest::FenceStatus(ops::FenceStatus { fence }) => {
+                let signaled = match self.fences.status(FenceId::from_u64(fence)) {
+                    Ok(FenceStatus::Signaled) => 1,
+                    Ok(FenceStatus::Pending) => 0,
+                    Err(_) => return Err(Status::BadArgument),
+                };
+                Ok(ops::FenceStatusReply { signaled }.to_values())
             }
             _ => Err(Status::Internal),
         }
@@ -409,12 +416,13 @@ impl Session {
                 return;
             }
             Some(
-                op @ (Opcode::FenceCreate
+                Opcode::FenceCreate
                 | Opcode::FenceSignal
                 | Opcode::FenceWait
                 | Opcode::FenceRelease
-                | Opcode::FenceStatus),
-            ) => self.fence_op(op, &req, devices),
+                | Opcode::FenceStatus,
+            ) => CoreRequest::decode(req.opcode, &req.args)
+                .and_then(|r| self.fence_op(r, req.device, devices)),
             _ => dispatch::inline(svm, self.guest_id, &req),
         };
         self.complete(match outcome {

@@ -3,6 +3,7 @@
 //! This crate owns everything both sides must agree on byte for byte:
 //! - [`layout`]: where the rings, the fence page and the data area sit in the shared window;
 //! - [`wire`]: the fixed-size ring entries, opcodes, access modes and status codes;
+//! - [`ops`]: the core requests (regions, accesses, fences, counters) declared once;
 //! - [`counters`]: the guest's SVM counters, one record both sides decode the same way;
 //! - [`window`]: bounds-checked access to a mapped window (vm-memory over a memfd or a PCI BAR);
 //! - [`ring`]: the lock-free single-producer/single-consumer rings and their doorbells;
@@ -15,6 +16,7 @@
 pub mod counters;
 pub mod handshake;
 pub mod layout;
+pub mod ops;
 pub mod ring;
 pub mod stream;
 pub mod window;

@@ -409,16 +409,15 @@ fn hold_until_copied(
     }
 }
 
-/// Parses the access arguments `[id, offset, len, mode, flags, _]` of a request.
+/// The region and access of a begin_access or end_access request (decoded by the core
+/// requests' declaration, [`virtsoc_proto::ops`]); `UnknownOpcode` for any other request.
 pub fn access_spec(req: &Request, domain: DomainId) -> Result<(u64, AccessSpec), Status> {
-    let [id, offset, len, mode, flags, _] = req.args;
-    let mode = u32::try_from(mode)
-        .ok()
-        .and_then(virtsoc_proto::AccessMode::from_u32)
-        .ok_or(Status::BadArgument)?;
-    let spec = AccessSpec::new(req.device, domain, offset, len, mode)
-        .compensating(flags & virtsoc_proto::wire::ACCESS_COMPENSATES != 0);
-    Ok((id, spec))
+    let a = virtsoc_proto::ops::CoreRequest::decode(req.opcode, &req.args)?
+        .access()
+        .ok_or(Status::UnknownOpcode)?;
+    let spec = AccessSpec::new(req.device, domain, a.offset, a.len, a.mode)
+        .compensating(a.flags & virtsoc_proto::wire::ACCESS_COMPENSATES != 0);
+    Ok((a.id, spec))
 }
 
 /// Runs one request on the device. A begin_access that must wait for a copy comes back

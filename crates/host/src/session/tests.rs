@@ -4,6 +4,7 @@
 use super::*;
 use crate::testkit::{Core, GUEST};
 use virtsoc_proto::wire::Format;
+use virtsoc_proto::AccessMode;
 
 const CPU: DeviceId = DeviceId::CPU;
 const MISSING_DEVICE: u32 = 99;
