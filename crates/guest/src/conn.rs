@@ -14,6 +14,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use std::net::TcpStream;
 use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
@@ -347,13 +348,7 @@ impl Connection {
 
     /// Failures of detached requests since the last call.
     pub fn take_async_errors(&self) -> Vec<(u64, Status)> {
-        std::mem::take(
-            &mut self
-                .reaped
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .async_errors,
-        )
+        std::mem::take(&mut self.reaped.lock_or_recover().async_errors)
     }
 
     /// Requests submitted and not yet completed.
@@ -379,10 +374,7 @@ impl Connection {
 
     /// The MIMD window right now.
     pub fn pacing_window(&self) -> u32 {
-        self.pacer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .allowed_in_flight()
+        self.pacer.lock_or_recover().allowed_in_flight()
     }
 
     fn submit_inner(
@@ -413,7 +405,7 @@ impl Connection {
             }
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
             {
-                let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = self.reaped.lock_or_recover();
                 r.outstanding.insert(seq);
                 if detached {
                     r.detached.insert(seq);
@@ -429,7 +421,7 @@ impl Connection {
             }
             self.submitted.fetch_sub(1, Ordering::SeqCst);
             {
-                let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = self.reaped.lock_or_recover();
                 r.outstanding.remove(&seq);
                 r.detached.remove(&seq);
             }
@@ -449,18 +441,17 @@ impl Connection {
     /// Waits for one reaping round: takes every available completion off the ring.
     fn reap_once(&self, timeout: Option<Duration>) -> Result<()> {
         {
-            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.reaped.lock_or_recover();
             if r.reaping {
                 let _ = self
                     .reaped_cv
-                    .wait_timeout(r, timeout.unwrap_or(LIVENESS_CHECK))
-                    .unwrap_or_else(|p| p.into_inner());
+                    .wait_timeout_or_recover(r, timeout.unwrap_or(LIVENESS_CHECK));
                 return Ok(());
             }
             r.reaping = true;
         }
         let result = self.reap_as_reaper(timeout);
-        let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.reaped.lock_or_recover();
         r.reaping = false;
         if let Ok(batch) = &result {
             self.absorb(&mut r, batch);
@@ -488,10 +479,7 @@ impl Connection {
             .fetch_add(batch.len() as u64, Ordering::SeqCst);
         // One MIMD step per reaping round, driven by the deepest queue it reported.
         if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
-            self.pacer
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .on_feedback(depth);
+            self.pacer.lock_or_recover().on_feedback(depth);
             self.max_depth.fetch_max(depth, Ordering::Relaxed);
         }
         for c in batch {
@@ -527,7 +515,7 @@ impl Connection {
     pub fn wait(&self, seq: u64) -> Result<Completion> {
         loop {
             {
-                let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = self.reaped.lock_or_recover();
                 if let Some(c) = r.done.remove(&seq) {
                     return Ok(c);
                 }
@@ -578,19 +566,11 @@ impl Connection {
     /// Submits a raw request without waiting (for protocol tests).
     pub fn submit_raw(&self, req: Request) -> Result<()> {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        self.reaped
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .outstanding
-            .insert(req.seq);
+        self.reaped.lock_or_recover().outstanding.insert(req.seq);
         let pushed = self.link().push(&req, &[]);
         if !matches!(pushed, Ok(true)) {
             self.submitted.fetch_sub(1, Ordering::SeqCst);
-            self.reaped
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .outstanding
-                .remove(&req.seq);
+            self.reaped.lock_or_recover().outstanding.remove(&req.seq);
             pushed?;
             return Err(GuestError::Status {
                 op: Opcode::Nop,

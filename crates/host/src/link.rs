@@ -13,6 +13,7 @@ use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
@@ -94,8 +95,7 @@ impl ShmLink {
     fn can_take(&self) -> Result<bool, LinkError> {
         let space = self
             .cq
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .space()
             .map_err(|e| LinkError::Violation(e.to_string()))?;
         Ok(self.in_flight() < space as u64)
@@ -104,7 +104,7 @@ impl ShmLink {
 
 impl HostLink for ShmLink {
     fn next(&self) -> Result<Option<Incoming>, LinkError> {
-        let mut sq = self.sq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sq = self.sq.lock_or_recover();
         loop {
             let mut ready = || {
                 self.closed.load(Ordering::SeqCst)
@@ -137,7 +137,7 @@ impl HostLink for ShmLink {
     }
 
     fn post(&self, mut c: Completion, _payload: Vec<u8>) -> Result<(), LinkError> {
-        let mut cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cq = self.cq.lock_or_recover();
         c.queue_depth = self.in_flight().saturating_sub(1).min(u32::MAX as u64) as u32;
         match cq.push(c) {
             Ok(true) => {
@@ -219,7 +219,7 @@ fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
     let (m, cv) = &*outbox;
     loop {
         let (c, payload) = {
-            let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ob = m.lock_or_recover();
             loop {
                 if let Some(f) = ob.frames.pop_front() {
                     break f;
@@ -227,13 +227,13 @@ fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
                 if ob.closed {
                     return;
                 }
-                ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
+                ob = cv.wait_or_recover(ob);
             }
         };
         let ok = write_frame(&mut w, &c, &payload).is_ok();
         let sent = payload.len() as u64;
         drop(payload);
-        let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ob = m.lock_or_recover();
         ob.in_flight = ob.in_flight.saturating_sub(1);
         ob.bytes = ob.bytes.saturating_sub(sent);
         if !ok {
@@ -251,20 +251,20 @@ impl HostLink for StreamLink {
     fn next(&self) -> Result<Option<Incoming>, LinkError> {
         {
             let (m, cv) = &*self.outbox;
-            let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ob = m.lock_or_recover();
             while !ob.closed && (ob.in_flight >= STREAM_MAX_IN_FLIGHT || ob.bytes >= self.max_bytes)
             {
-                ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
+                ob = cv.wait_or_recover(ob);
             }
             if ob.closed {
                 return Ok(None);
             }
         }
-        let mut r = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.reader.lock_or_recover();
         match read_frame::<Request>(&mut *r, self.max_payload) {
             Ok(f) => {
                 let (m, _) = &*self.outbox;
-                m.lock().unwrap_or_else(|p| p.into_inner()).in_flight += 1;
+                m.lock_or_recover().in_flight += 1;
                 Ok(Some(Incoming {
                     req: f.entry,
                     payload: f.payload,
@@ -279,7 +279,7 @@ impl HostLink for StreamLink {
 
     fn post(&self, c: Completion, payload: Vec<u8>) -> Result<(), LinkError> {
         let (m, cv) = &*self.outbox;
-        let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ob = m.lock_or_recover();
         if !ob.closed {
             let mut c = c;
             c.queue_depth = ob.in_flight.saturating_sub(1).min(u32::MAX as u64) as u32;
@@ -292,7 +292,7 @@ impl HostLink for StreamLink {
 
     fn close(&self) {
         let (m, cv) = &*self.outbox;
-        m.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        m.lock_or_recover().closed = true;
         cv.notify_all();
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         let _ = (&self.stream).flush();

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
 use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
@@ -72,16 +73,16 @@ impl Session {
     /// Stops taking requests (quiesce): returns once no request is being dispatched; a
     /// request taken off the link meanwhile waits until [`resume`](Self::resume).
     pub fn pause(&self) {
-        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.gate.lock_or_recover();
         g.0 = true;
         while g.1 && !self.is_closed() {
-            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = self.gate_cv.wait_or_recover(g);
         }
     }
 
     /// Takes requests again after [`pause`](Self::pause).
     pub fn resume(&self) {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner()).0 = false;
+        self.gate.lock_or_recover().0 = false;
         self.gate_cv.notify_all();
     }
 
@@ -91,8 +92,7 @@ impl Session {
     pub fn drain_queues(&self, timeout: Duration) -> Result<(), String> {
         let queues: Vec<(u32, GuestQueue, Arc<DeviceSlot>)> = self
             .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .iter()
             .map(|(d, (q, s))| (*d, q.clone(), s.clone()))
             .collect();
@@ -143,10 +143,7 @@ impl Session {
 
     /// Requests the guest queued on each device so far (by device id).
     pub fn commands(&self) -> HashMap<u32, u64> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.commands.lock_or_recover().clone()
     }
 
     /// Whether the session has ended.
@@ -163,12 +160,11 @@ impl Session {
         self.link.close();
         self.fences.cancel_all();
         // Under the gate's lock, so a thread about to wait at the gate sees the close.
-        drop(self.gate.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(self.gate.lock_or_recover());
         self.gate_cv.notify_all();
         let queues: Vec<_> = self
             .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .drain()
             .map(|(_, v)| v)
             .collect();
@@ -230,16 +226,16 @@ impl Session {
 
     /// Waits while the session is paused, then marks a dispatch under way; false once closed.
     fn enter(&self) -> bool {
-        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.gate.lock_or_recover();
         while g.0 && !self.is_closed() {
-            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = self.gate_cv.wait_or_recover(g);
         }
         g.1 = true;
         !self.is_closed()
     }
 
     fn leave(&self) {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner()).1 = false;
+        self.gate.lock_or_recover().1 = false;
         self.gate_cv.notify_all();
     }
 
@@ -305,7 +301,7 @@ impl Session {
         }
         let slot = devices.get(DeviceId(dev)).ok_or(Status::UnknownDevice)?;
         let q = {
-            let mut qs = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+            let mut qs = self.queues.lock_or_recover();
             qs.entry(dev)
                 .or_insert_with(|| {
                     let q = Arc::new(OrderedQueue::new(self.fences.clone()));
@@ -323,7 +319,7 @@ impl Session {
         })?;
         slot.kick();
         if is_cmd {
-            let mut c = self.commands.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = self.commands.lock_or_recover();
             *c.entry(dev).or_insert(0) += 1;
         }
         Ok(())

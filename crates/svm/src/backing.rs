@@ -7,6 +7,7 @@
 //! volatile accessors: the guest can change them at any time.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use virtsoc_sync::LockExt;
 
 use virtsoc_proto::SharedWindow;
 
@@ -93,7 +94,7 @@ impl HostBuf {
 
     /// Locks the bytes.
     pub fn lock(&self) -> MutexGuard<'_, PageBytes> {
-        self.bytes.lock().unwrap_or_else(|p| p.into_inner())
+        self.bytes.lock_or_recover()
     }
 }
 

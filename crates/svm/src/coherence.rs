@@ -17,6 +17,7 @@ use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use virtsoc_sync::LockExt;
 
 use virtsoc_prefetch::{AccessKind, PDev, PrefetchEngine, VDev};
 use virtsoc_proto::AccessMode;
@@ -220,7 +221,7 @@ impl Prefetch {
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<RegionKey, Duration>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        self.held.lock_or_recover()
     }
 
     /// This guest's predictor.

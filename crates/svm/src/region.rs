@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use virtsoc_sync::LockExt;
 
 use virtsoc_proto::wire::Format;
 
@@ -95,7 +96,7 @@ impl Region {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, RegionState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_or_recover()
     }
 }
 

@@ -4,6 +4,7 @@
 use super::*;
 use virtsoc_proto::counters::LEDGER_PAGE;
 use virtsoc_proto::ops::{self, CoreOp};
+use virtsoc_sync::LockExt;
 
 impl Connection {
     /// Runs core request `op` (see [`virtsoc_proto::ops`]) on `device`, waits for it and
@@ -52,10 +53,7 @@ impl Connection {
             height,
             format,
         };
-        self.regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(info.id, info);
+        self.regions.lock_or_recover().insert(info.id, info);
         Ok(info)
     }
 
@@ -66,20 +64,13 @@ impl Connection {
 
     /// Cached metadata of one of this guest's regions.
     pub fn region(&self, id: u64) -> Option<RegionInfo> {
-        self.regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .copied()
+        self.regions.lock_or_recover().get(&id).copied()
     }
 
     /// Frees a region.
     pub fn free(&self, id: u64) -> Result<()> {
         self.core(DeviceId::CPU, ops::Free { id })?;
-        self.regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        self.regions.lock_or_recover().remove(&id);
         Ok(())
     }
 
@@ -113,8 +104,7 @@ impl Connection {
         )?;
         let ptr = if device == DeviceId::CPU {
             self.cpu_offsets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .lock_or_recover()
                 .insert(id, r.window_offset.wrapping_sub(offset));
             let window = self.window();
             window.check(r.window_offset, len).map_err(|_| {
@@ -149,8 +139,7 @@ impl Connection {
         let payload = if device == DeviceId::CPU && mode.writes() && !self.link().shares_window() {
             let base = self
                 .cpu_offsets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .lock_or_recover()
                 .get(&id)
                 .copied()
                 .ok_or_else(|| GuestError::BadArgument("end_access without begin_access".into()))?;

@@ -40,6 +40,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use virtsoc_sync::LockExt;
 
 use std::time::Instant;
 
@@ -211,10 +212,7 @@ impl DeviceSlot {
 
     /// Registers a guest's queue on this device.
     pub fn attach(&self, session: Arc<Session>, queue: GuestQueue) {
-        self.queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((session, queue));
+        self.queues.lock_or_recover().push((session, queue));
         self.events.notify();
     }
 
@@ -271,7 +269,7 @@ impl DeviceSet {
                     .name(format!("dev-{}", device.name()))
                     .spawn(move || worker(svm, s, arbiter))
                     .expect("spawn device worker");
-                *slot.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+                *slot.worker.lock_or_recover() = Some(handle);
                 slot
             })
             .collect::<Vec<_>>();
@@ -329,8 +327,7 @@ impl DeviceSet {
             .iter()
             .filter(|s| {
                 s.queues
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .lock_or_recover()
                     .iter()
                     .any(|(x, _)| Arc::ptr_eq(x, session))
             })
@@ -340,12 +337,7 @@ impl DeviceSet {
 
     /// Stops every worker after its current command.
     pub fn stop(&self) {
-        if let Some(mut f) = self
-            .feedback
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(mut f) = self.feedback.lock_or_recover().take() {
             f.stop();
         }
         for s in &self.slots {
@@ -353,7 +345,7 @@ impl DeviceSet {
             s.events.notify();
         }
         for s in &self.slots {
-            if let Some(h) = s.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(h) = s.worker.lock_or_recover().take() {
                 let _ = h.join();
             }
         }
@@ -397,7 +389,7 @@ fn hold_until_copied(
     for t in tickets {
         let hold = hold.clone();
         t.on_done(Box::new(move || {
-            let mut h = hold.lock().unwrap_or_else(|p| p.into_inner());
+            let mut h = hold.lock_or_recover();
             h.left = h.left.saturating_sub(1);
             if h.left == 0 {
                 if let Some(token) = h.token.take() {
@@ -511,11 +503,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
         if slot.stop.load(Ordering::SeqCst) {
             return;
         }
-        let queues: Vec<_> = slot
-            .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let queues: Vec<_> = slot.queues.lock_or_recover().clone();
         let mut progressed = false;
         let mut dead = Vec::new();
         let mut ready: Vec<usize> = Vec::new();
@@ -594,7 +582,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
             }
         }
         if !dead.is_empty() {
-            let mut qs = slot.queues.lock().unwrap_or_else(|p| p.into_inner());
+            let mut qs = slot.queues.lock_or_recover();
             let gone: Vec<u64> = qs
                 .iter()
                 .filter(|(_, q)| dead.contains(&(Arc::as_ptr(q) as usize)))
