@@ -4,7 +4,7 @@
 //! page `n` with [`Opcode::Counters`](crate::Opcode::Counters) (`args[0] = n`) and the host
 //! answers with that page's values. The host fills a [`Counters`] and sends
 //! [`Counters::page`]; the guest decodes each page with [`Counters::set_page`]. The fields,
-//! their pages and their order are written only in the [`paged_record!`] declaration below.
+//! their pages and their order are written only in the `paged_record!` declaration below.
 //! The copy ledger follows the record: page [`LEDGER_PAGE`]` + i` is link `i` (see
 //! [`LedgerEntry`]), [`Counters::ledger_links`] of them.
 
