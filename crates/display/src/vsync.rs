@@ -232,7 +232,7 @@ impl VsyncThread {
         let thread = std::thread::Builder::new()
             .name("virtsoc-vsync".into())
             .spawn(move || run(&worker, schedule))
-            .map_err(|e| DisplayError::Thread(e.to_string()))?;
+            .map_err(DisplayError::Spawn)?;
         Ok(VsyncThread {
             shared,
             thread: Some(thread),

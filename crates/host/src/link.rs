@@ -35,6 +35,9 @@ pub struct Incoming {
 pub enum LinkError {
     #[error("the guest violated the transport protocol: {0}")]
     Violation(String),
+    /// The guest's ring indices (or the window under them) are out of range.
+    #[error("the guest violated the ring protocol: {0}")]
+    Ring(#[from] virtsoc_proto::ProtoError),
 }
 
 /// The host end of a guest transport.
@@ -93,11 +96,7 @@ impl ShmLink {
 
     /// Whether one more request may be taken (a completion slot is free for it).
     fn can_take(&self) -> Result<bool, LinkError> {
-        let space = self
-            .cq
-            .lock_or_recover()
-            .space()
-            .map_err(|e| LinkError::Violation(e.to_string()))?;
+        let space = self.cq.lock_or_recover().space()?;
         Ok(self.in_flight() < space as u64)
     }
 }
@@ -118,15 +117,12 @@ impl HostLink for ShmLink {
                 return Ok(None);
             }
             let take = self.can_take()?;
-            let avail = sq
-                .available()
-                .map_err(|e| LinkError::Violation(e.to_string()))?;
+            let avail = sq.available()?;
             if !take || avail == 0 {
                 continue;
             }
             let req = sq
-                .pop()
-                .map_err(|e| LinkError::Violation(e.to_string()))?
+                .pop()?
                 .ok_or_else(|| LinkError::Violation("ring emptied under the host".into()))?;
             self.popped.fetch_add(1, Ordering::SeqCst);
             return Ok(Some(Incoming {
@@ -147,7 +143,7 @@ impl HostLink for ShmLink {
                 Ok(())
             }
             Ok(false) => Err(LinkError::Violation("completion ring full".into())),
-            Err(e) => Err(LinkError::Violation(e.to_string())),
+            Err(e) => Err(LinkError::Ring(e)),
         }
     }
 
@@ -312,7 +308,7 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
     use virtsoc_proto::ring::guest_rings;
-    use virtsoc_proto::{DeviceId, Opcode};
+    use virtsoc_proto::{DeviceId, Opcode, ProtoError};
 
     struct Shm {
         window: Arc<SharedWindow>,
@@ -416,10 +412,16 @@ mod tests {
         s.link.next().unwrap().unwrap();
         // A tail more than a ring ahead of the host's head.
         word(&s.window, ctl::SQ_TAIL).store(1 + 9, Ordering::SeqCst);
-        assert!(matches!(s.link.next(), Err(LinkError::Violation(_))));
+        assert!(matches!(
+            s.link.next(),
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
+        ));
         // A tail behind the host's head is as far out of range.
         word(&s.window, ctl::SQ_TAIL).store(0, Ordering::SeqCst);
-        assert!(matches!(s.link.next(), Err(LinkError::Violation(_))));
+        assert!(matches!(
+            s.link.next(),
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
+        ));
     }
 
     #[test]
@@ -428,9 +430,12 @@ mod tests {
         word(&s.window, ctl::CQ_HEAD).store(3, Ordering::SeqCst);
         assert!(matches!(
             s.link.post(Completion::ok(1, [0; 6]), Vec::new()),
-            Err(LinkError::Violation(_))
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
         ));
-        assert!(matches!(s.link.can_take(), Err(LinkError::Violation(_))));
+        assert!(matches!(
+            s.link.can_take(),
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
+        ));
         assert_eq!(s.guest_bell.notified(), 0);
     }
 

@@ -31,6 +31,8 @@ pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
 pub enum ProtoError {
     #[error("bad handshake: {0}")]
     Handshake(String),
+    #[error("bad handshake message: {0}")]
+    HandshakeJson(#[from] serde_json::Error),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
     #[error("peer violated the ring protocol: {0}")]
@@ -40,7 +42,7 @@ pub enum ProtoError {
     #[error("invalid window layout: {0}")]
     Layout(String),
     #[error("memory mapping failed: {0}")]
-    Mmap(String),
+    Mmap(#[source] vm_memory::mmap::MmapRegionError),
     #[error("peer closed the connection")]
     Closed,
 }
