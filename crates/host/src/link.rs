@@ -36,7 +36,7 @@ pub enum LinkError {
     #[error("the guest violated the transport protocol: {0}")]
     Violation(String),
     /// The guest's ring indices (or the window under them) are out of range.
-    #[error("the guest violated the ring protocol: {0}")]
+    #[error("the guest violated the transport protocol: {0}")]
     Ring(#[from] virtsoc_proto::ProtoError),
 }
 
