@@ -169,29 +169,31 @@ fn a_worker_refuses_what_is_not_a_device_request() {
     assert_eq!(results(&core), vec![(42, Err(Status::UnknownOpcode))]);
 }
 
+/// The reply of request `seq`, taken off a queue of its own as a worker would.
+fn reply_for(core: &Core, seq: u64) -> Reply {
+    let q: GuestQueue = Arc::new(OrderedQueue::new(core.session.fences().clone()));
+    let req = Request::new(seq, Opcode::Nop, PRODUCER, [0; 6]);
+    q.push(QueueItem::Cmd(req)).unwrap();
+    let TryPop::Ready(req, token) = q.try_pop_ready() else {
+        panic!("ready");
+    };
+    Reply {
+        session: core.session.clone(),
+        seq: req.seq,
+        token: Some(token),
+        on_sent: None,
+    }
+}
+
 /// A reply dropped without an answer answers `Internal`, and only once.
 #[test]
 fn an_unanswered_reply_answers_internal() {
     let core = Core::new();
-    let q: GuestQueue = Arc::new(OrderedQueue::new(core.session.fences().clone()));
-    q.push(QueueItem::Cmd(Request::new(
-        5,
-        Opcode::Nop,
-        PRODUCER,
-        [0; 6],
-    )))
-    .unwrap();
-    let TryPop::Ready(req, token) = q.try_pop_ready() else {
-        panic!("ready");
-    };
     let sent = Arc::new(AtomicBool::new(false));
     let s2 = sent.clone();
-    drop(Reply {
-        session: core.session.clone(),
-        seq: req.seq,
-        token: Some(token),
-        on_sent: Some(Box::new(move || s2.store(true, Ordering::SeqCst))),
-    });
+    let mut reply = reply_for(&core, 5);
+    reply.on_sent = Some(Box::new(move || s2.store(true, Ordering::SeqCst)));
+    drop(reply);
     assert_eq!(results(&core), vec![(5, Err(Status::Internal))]);
     assert!(sent.load(Ordering::SeqCst), "the worker is told");
 }
@@ -200,24 +202,7 @@ fn an_unanswered_reply_answers_internal() {
 #[test]
 fn a_reply_carries_the_reason() {
     let core = Core::new();
-    let q: GuestQueue = Arc::new(OrderedQueue::new(core.session.fences().clone()));
-    q.push(QueueItem::Cmd(Request::new(
-        6,
-        Opcode::Nop,
-        PRODUCER,
-        [0; 6],
-    )))
-    .unwrap();
-    let TryPop::Ready(req, token) = q.try_pop_ready() else {
-        panic!("ready");
-    };
-    let reply = Reply {
-        session: core.session.clone(),
-        seq: req.seq,
-        token: Some(token),
-        on_sent: None,
-    };
-    reply.send_because(Err(Status::DeviceError), Some("no signal".into()));
+    reply_for(&core, 6).send_because(Err(Status::DeviceError), Some("no signal".into()));
     let posted = core.link.take_posted();
     assert_eq!(posted.len(), 1);
     assert_eq!(posted[0].0.reason().as_deref(), Some("no signal"));
