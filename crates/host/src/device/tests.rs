@@ -42,6 +42,17 @@ fn queue(core: &mut Core, op: Opcode, dev: DeviceId, args: [u64; 6]) -> u64 {
     core.last_seq()
 }
 
+/// Queues a command on `dev` bracketed by a whole-region access of region `id` in `mode`;
+/// the three sequence numbers.
+fn bracketed(core: &mut Core, dev: DeviceId, id: u64, mode: u64, cmd: [u64; 6]) -> [u64; 3] {
+    let len = core.svm.meta(crate::testkit::GUEST, id).unwrap().size;
+    [
+        queue(core, Opcode::BeginAccess, dev, [id, 0, len, mode, 0, 0]),
+        queue(core, Opcode::DeviceCmd, dev, cmd),
+        queue(core, Opcode::EndAccess, dev, [id, 0, len, mode, 0, 0]),
+    ]
+}
+
 /// The completions posted since the last call, by sequence number.
 fn results(core: &Core) -> Vec<(u64, Result<[u64; 6], Status>)> {
     core.link
@@ -214,7 +225,6 @@ fn a_reply_carries_the_reason() {
 fn fences_order_a_consumer_after_a_producer() {
     let mut core = Core::new();
     let id = core.blob(1 << 16);
-    let len = 1 << 16;
     let f = core
         .call(Opcode::FenceCreate, DeviceId::CPU, [0; 6])
         .unwrap()[0];
@@ -226,45 +236,11 @@ fn fences_order_a_consumer_after_a_producer() {
         core.call(Opcode::FenceWait, CONSUMER, [f, 0, 0, 0, 0, 0]),
         Ok([0; 6])
     );
-    let c_begin = queue(
-        &mut core,
-        Opcode::BeginAccess,
-        CONSUMER,
-        [id, 0, len, r, 0, 0],
-    );
-    let c_sum = queue(
-        &mut core,
-        Opcode::DeviceCmd,
-        CONSUMER,
-        [CHECKSUM, id, 0, 0, 0, 0],
-    );
-    let c_end = queue(
-        &mut core,
-        Opcode::EndAccess,
-        CONSUMER,
-        [id, 0, len, r, 0, 0],
-    );
+    let consumer = bracketed(&mut core, CONSUMER, id, r, [CHECKSUM, id, 0, 0, 0, 0]);
     assert_eq!(serve(&core, CONSUMER), 0, "held by the fence");
     assert!(results(&core).is_empty());
 
-    let p_begin = queue(
-        &mut core,
-        Opcode::BeginAccess,
-        PRODUCER,
-        [id, 0, len, w, 0, 0],
-    );
-    let p_write = queue(
-        &mut core,
-        Opcode::DeviceCmd,
-        PRODUCER,
-        [WRITE_PATTERN, id, 9, 0, 0, 0],
-    );
-    let p_end = queue(
-        &mut core,
-        Opcode::EndAccess,
-        PRODUCER,
-        [id, 0, len, w, 0, 0],
-    );
+    let producer = bracketed(&mut core, PRODUCER, id, w, [WRITE_PATTERN, id, 9, 0, 0, 0]);
     assert_eq!(
         core.call(Opcode::FenceSignal, PRODUCER, [f, 0, 0, 0, 0, 0]),
         Ok([0; 6])
@@ -272,7 +248,7 @@ fn fences_order_a_consumer_after_a_producer() {
     assert_eq!(serve(&core, PRODUCER), 3, "the signal is no command");
     let produced = results(&core);
     let seqs: Vec<u64> = produced.iter().map(|(s, _)| *s).collect();
-    assert_eq!(seqs, vec![p_begin, p_write, p_end], "in order");
+    assert_eq!(seqs, producer.to_vec(), "in order");
     assert!(produced.iter().all(|(_, r)| r.is_ok()), "{produced:?}");
     let crc = produced[1].1.unwrap()[0];
     assert_eq!(
@@ -285,7 +261,7 @@ fn fences_order_a_consumer_after_a_producer() {
     assert_eq!(serve(&core, CONSUMER), 3);
     let consumed = results(&core);
     let seqs: Vec<u64> = consumed.iter().map(|(s, _)| *s).collect();
-    assert_eq!(seqs, vec![c_begin, c_sum, c_end]);
+    assert_eq!(seqs, consumer.to_vec());
     assert_eq!(
         consumed[1].1.unwrap()[0],
         crc,
