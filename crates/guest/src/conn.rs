@@ -291,7 +291,7 @@ impl Connection {
                     PACER_MAX_WINDOW.min(cq_entries).max(4),
                     PACER_TARGET_DEPTH,
                 )
-                .map_err(|e| GuestError::BadArgument(e.to_string()))?,
+                .map_err(GuestError::Pacing)?,
             ),
             max_depth: AtomicU32::new(0),
         })
