@@ -14,7 +14,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
-use virtsoc_sync::{CondvarExt, LockExt};
 
 use std::net::TcpStream;
 use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
@@ -23,6 +22,7 @@ use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::WindowLayout;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::link::{GuestLink, StreamLink};
 use virtsoc_devapi::DeviceCommand;

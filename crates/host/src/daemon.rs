@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
-use virtsoc_sync::{CondvarExt, LockExt};
 
 use rustix::event::{poll, PollFd, PollFlags};
 use virtsoc_proto::handshake::{
@@ -20,6 +19,7 @@ use virtsoc_proto::layout::PAGE;
 use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
 use virtsoc_svm::{DomainId, ProtocolKind, SvmManager, Topology};
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::device::{Device, DeviceSet};
 use crate::link::{ShmLink, StreamLink};

@@ -13,12 +13,12 @@ use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use virtsoc_sync::{CondvarExt, LockExt};
 
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
 use virtsoc_proto::stream::{read_frame, write_frame};
 use virtsoc_proto::{Completion, Request, SharedWindow};
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// Requests a remote guest may have in flight.
 pub const STREAM_MAX_IN_FLIGHT: u64 = 256;

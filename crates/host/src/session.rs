@@ -10,13 +10,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use virtsoc_sync::{CondvarExt, LockExt};
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
 use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
 use virtsoc_proto::ops::{self, CoreRequest};
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 use virtsoc_svm::SvmManager;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::device::{DeviceSet, DeviceSlot, GuestQueue};
 use crate::dispatch;

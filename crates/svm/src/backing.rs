@@ -7,9 +7,9 @@
 //! volatile accessors: the guest can change them at any time.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use virtsoc_sync::LockExt;
 
 use virtsoc_proto::SharedWindow;
+use virtsoc_sync::LockExt;
 
 use crate::{Result, SvmError};
 

@@ -17,10 +17,10 @@ use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use virtsoc_sync::LockExt;
 
 use virtsoc_prefetch::{AccessKind, PDev, PrefetchEngine, VDev};
 use virtsoc_proto::AccessMode;
+use virtsoc_sync::LockExt;
 
 use crate::dma::{CopyTicket, Dma, DmaJob};
 use crate::domain::DomainId;

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use virtsoc_sync::{LockExt, RwLockExt};
 
 use virtsoc_proto::SharedWindow;
+use virtsoc_sync::{LockExt, RwLockExt};
 
 use crate::alloc::RangeAllocator;
 use crate::coherence::Coherence;

@@ -23,9 +23,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use virtsoc_sync::RwLockExt;
 
 use virtsoc_prefetch::PrefetchEngine;
+use virtsoc_sync::RwLockExt;
 
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, ProtoError, SharedWindow};

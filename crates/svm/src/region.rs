@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use virtsoc_sync::LockExt;
 
 use virtsoc_proto::wire::Format;
+use virtsoc_sync::LockExt;
 
 use crate::backing::{Backing, HostBuf};
 use crate::dma::CopyTicket;

@@ -40,7 +40,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use virtsoc_sync::LockExt;
 
 use std::time::Instant;
 
@@ -48,6 +47,7 @@ use virtsoc_fence::queue::{DoneToken, OrderedQueue, TryPop};
 use virtsoc_fence::table::FenceId;
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, Status};
 use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, Progress, SvmManager};
+use virtsoc_sync::LockExt;
 
 use crate::dispatch;
 use crate::session::Session;
