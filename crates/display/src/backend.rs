@@ -2,7 +2,8 @@
 //! [`HeadlessBackend`] and [`NullBackend`]. (The window backend lives in
 //! `window`, behind the `window` cargo feature.)
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+use virtsoc_sync::LockExt;
 
 use crate::error::Result;
 use crate::frame::PresentedFrame;
@@ -55,24 +56,20 @@ impl HeadlessBackend {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HeadlessState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The last frame scanned out.
     pub fn last_frame(&self) -> Option<PresentedFrame> {
-        self.lock().last.clone()
+        self.state.lock_or_recover().last.clone()
     }
 
     /// How many frames were scanned out.
     pub fn scanout_count(&self) -> u64 {
-        self.lock().scanouts
+        self.state.lock_or_recover().scanouts
     }
 }
 
 impl DisplayBackend for HeadlessBackend {
     fn scanout(&mut self, frame: &PresentedFrame) -> Result<()> {
-        let mut s = self.lock();
+        let mut s = self.state.lock_or_recover();
         s.last = Some(frame.clone());
         s.scanouts += 1;
         Ok(())

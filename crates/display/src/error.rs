@@ -36,7 +36,10 @@ pub enum DisplayError {
     /// A backend failed to scan a frame out.
     #[error("display backend: {0}")]
     Backend(String),
-    /// The vsync thread could not be started or has gone away.
+    /// The vsync thread (or the window's event thread) could not be started.
+    #[error("could not start a display thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// The vsync thread has gone away.
     #[error("vsync thread: {0}")]
     Thread(String),
 }

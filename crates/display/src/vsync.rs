@@ -16,9 +16,10 @@
 
 use std::fmt;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::display::{Display, PresentOutcome, VsyncEvent};
 use crate::error::{DisplayError, Result};
@@ -191,12 +192,6 @@ struct Shared {
     hz: std::sync::atomic::AtomicU32,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing here panics while holding a lock; if a backend did, keep going
-    // with the state as it is rather than propagating the panic.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Runs a [`Display`]'s vsync on a dedicated thread.
 pub struct VsyncThread {
     shared: Arc<Shared>,
@@ -237,7 +232,7 @@ impl VsyncThread {
         let thread = std::thread::Builder::new()
             .name("virtsoc-vsync".into())
             .spawn(move || run(&worker, schedule))
-            .map_err(|e| DisplayError::Thread(e.to_string()))?;
+            .map_err(DisplayError::Spawn)?;
         Ok(VsyncThread {
             shared,
             thread: Some(thread),
@@ -246,22 +241,22 @@ impl VsyncThread {
 
     /// Presents a frame (see [`Display::present`]).
     pub fn present(&self, frame: PresentedFrame) -> Result<PresentOutcome> {
-        lock(&self.shared.display).present(frame)
+        self.shared.display.lock_or_recover().present(frame)
     }
 
     /// Switches the foreground owner (see [`Display::set_foreground`]).
     pub fn set_foreground(&self, owner: OwnerId) {
-        lock(&self.shared.display).set_foreground(owner);
+        self.shared.display.lock_or_recover().set_foreground(owner);
     }
 
     /// Changes the vsync rate at once: the schedule restarts from now at `hz`.
     pub fn set_refresh_hz(&self, hz: u32) -> Result<()> {
-        lock(&self.shared.display).set_refresh_hz(hz)?;
+        self.shared.display.lock_or_recover().set_refresh_hz(hz)?;
         self.shared
             .hz
             .store(hz, std::sync::atomic::Ordering::SeqCst);
         // Taking the stop lock orders the store before the thread's next check.
-        drop(lock(&self.shared.stop));
+        drop(self.shared.stop.lock_or_recover());
         self.shared.wake.notify_all();
         Ok(())
     }
@@ -269,33 +264,33 @@ impl VsyncThread {
     /// Runs `f` with the display locked (stats, snapshots, ...). Keep it
     /// short: vsync waits for it.
     pub fn with_display<R>(&self, f: impl FnOnce(&mut Display) -> R) -> R {
-        f(&mut lock(&self.shared.display))
+        f(&mut self.shared.display.lock_or_recover())
     }
 
     /// Subscribes to vsync events.
     pub fn subscribe(&self) -> (SubscriberId, Receiver<VsyncEvent>) {
-        lock(&self.shared.subscribers).subscribe()
+        self.shared.subscribers.lock_or_recover().subscribe()
     }
 
     /// Unsubscribes; `false` if `id` was not subscribed.
     pub fn unsubscribe(&self, id: SubscriberId) -> bool {
-        lock(&self.shared.subscribers).unsubscribe(id)
+        self.shared.subscribers.lock_or_recover().unsubscribe(id)
     }
 
     /// Number of live subscribers.
     pub fn subscriber_count(&self) -> usize {
-        lock(&self.shared.subscribers).len()
+        self.shared.subscribers.lock_or_recover().len()
     }
 
     /// Events skipped because a subscriber's queue was full.
     pub fn lagged_events(&self) -> u64 {
-        lock(&self.shared.subscribers).lagged()
+        self.shared.subscribers.lock_or_recover().lagged()
     }
 
     /// Stops the thread and waits for it. Subscribers' receivers report
     /// disconnection afterwards.
     pub fn stop(&mut self) -> Result<()> {
-        *lock(&self.shared.stop) = true;
+        *self.shared.stop.lock_or_recover() = true;
         self.shared.wake.notify_all();
         let result = match self.thread.take() {
             Some(t) => t
@@ -303,7 +298,7 @@ impl VsyncThread {
                 .map_err(|_| DisplayError::Thread("vsync thread panicked".into())),
             None => Ok(()),
         };
-        *lock(&self.shared.subscribers) = Subscribers::new();
+        *self.shared.subscribers.lock_or_recover() = Subscribers::new();
         result
     }
 }
@@ -320,7 +315,7 @@ fn run(shared: &Shared, mut schedule: VsyncSchedule) {
     loop {
         let deadline = schedule.next_deadline();
         {
-            let mut stop = lock(&shared.stop);
+            let mut stop = shared.stop.lock_or_recover();
             loop {
                 if *stop {
                     return;
@@ -337,19 +332,15 @@ fn run(shared: &Shared, mut schedule: VsyncSchedule) {
                     break;
                 }
                 let wait = Duration::from_nanos(deadline - now);
-                stop = shared
-                    .wake
-                    .wait_timeout(stop, wait)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                stop = shared.wake.wait_timeout_or_recover(stop, wait).0;
             }
         }
         let now = shared.clock.now_ns();
         if schedule.due(now).is_none() {
             continue;
         }
-        let event = lock(&shared.display).on_vsync(now);
-        lock(&shared.subscribers).publish(&event);
+        let event = shared.display.lock_or_recover().on_vsync(now);
+        shared.subscribers.lock_or_recover().publish(&event);
     }
 }
 

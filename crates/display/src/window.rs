@@ -78,7 +78,7 @@ impl WindowBackend {
                 }
                 closed_ui.store(true, Ordering::Release);
             })
-            .map_err(|e| DisplayError::Thread(e.to_string()))?;
+            .map_err(DisplayError::Spawn)?;
         let ready = ready_rx
             .recv()
             .unwrap_or_else(|_| Err(DisplayError::Backend("window thread died".into())));

@@ -22,7 +22,8 @@ use crate::error::{FenceError, Result};
 use crate::table::{FenceId, VirtualFenceTable};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+use virtsoc_sync::LockExt;
 
 struct Inner {
     /// Next seqno to hand out (seqnos start at 1; 0 is "nothing").
@@ -81,10 +82,6 @@ impl PhysicalFenceTable {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// The timeline's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -92,7 +89,7 @@ impl PhysicalFenceTable {
 
     /// Allocates the seqno of a new submission (1, 2, 3, ...).
     pub fn next_seqno(&self) -> u64 {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         let seqno = inner.next;
         inner.next += 1;
         seqno
@@ -101,7 +98,7 @@ impl PhysicalFenceTable {
     /// Signals `fence` when `seqno` completes; right away if it already has.
     /// Fails for a seqno not issued yet.
     pub fn attach(&self, seqno: u64, fence: FenceId) -> Result<()> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         inner.check_issued(&self.name, seqno)?;
         if inner.is_completed(seqno) {
             drop(inner);
@@ -116,7 +113,7 @@ impl PhysicalFenceTable {
     /// retire out of order) and signals its fences. Returns the number of
     /// virtual fences signaled.
     pub fn complete(&self, seqno: u64) -> Result<usize> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         inner.check_issued(&self.name, seqno)?;
         if inner.is_completed(seqno) {
             return Ok(0);
@@ -132,7 +129,7 @@ impl PhysicalFenceTable {
     /// in seqno order (attach order within a seqno). Returns the number of
     /// virtual fences signaled.
     pub fn complete_up_to(&self, seqno: u64) -> Result<usize> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         inner.check_issued(&self.name, seqno)?;
         if seqno <= inner.last_completed {
             return Ok(0);
@@ -149,17 +146,22 @@ impl PhysicalFenceTable {
     /// Highest seqno such that it and every earlier one have completed
     /// (0 before the first completion).
     pub fn last_completed(&self) -> u64 {
-        self.lock().last_completed
+        self.inner.lock_or_recover().last_completed
     }
 
     /// Whether `seqno` has completed.
     pub fn is_completed(&self, seqno: u64) -> bool {
-        self.lock().is_completed(seqno)
+        self.inner.lock_or_recover().is_completed(seqno)
     }
 
     /// Number of virtual fences attached to seqnos not completed yet.
     pub fn attached_count(&self) -> usize {
-        self.lock().attached.values().map(Vec::len).sum()
+        self.inner
+            .lock_or_recover()
+            .attached
+            .values()
+            .map(Vec::len)
+            .sum()
     }
 
     /// Signals outside our lock; failures (stale fence, cancelled table)
@@ -178,7 +180,7 @@ impl PhysicalFenceTable {
 
 impl fmt::Debug for PhysicalFenceTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let inner = self.lock();
+        let inner = self.inner.lock_or_recover();
         f.debug_struct("PhysicalFenceTable")
             .field("name", &self.name)
             .field("next", &inner.next)

@@ -24,7 +24,8 @@ use crate::error::{FenceError, Result};
 use crate::table::{FenceId, FenceStatus, VirtualFenceTable};
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// One entry of a device queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,11 +49,6 @@ pub enum TryPop<T> {
     Empty,
     /// The queue was closed (or its fence table cancelled).
     Closed,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // No user code runs under these locks; the state stays coherent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn fire(table: &VirtualFenceTable, fences: Vec<FenceId>) {
@@ -96,7 +92,7 @@ impl CompletionState {
 
 impl Completion {
     fn issue(self: &Arc<Self>) -> DoneToken {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let seq = st.next_token;
         st.next_token += 1;
         st.outstanding.insert(seq);
@@ -108,7 +104,7 @@ impl Completion {
 
     /// Queues a `Signal`; returns the fences now ready to fire.
     fn push_signal(&self, id: FenceId) -> Vec<FenceId> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let barrier = st.next_token;
         st.pending_signals.push_back((barrier, id));
         st.drain_ready()
@@ -116,7 +112,7 @@ impl Completion {
 
     fn complete(&self, seq: u64) {
         let ready = {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock_or_recover();
             st.outstanding.remove(&seq);
             st.drain_ready()
         };
@@ -224,7 +220,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
 
     /// Appends an item; never blocks. Fails once the queue is closed.
     pub fn push(&self, item: QueueItem<T>) -> Result<()> {
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.state.lock_or_recover();
         if st.closed {
             return Err(FenceError::QueueClosed);
         }
@@ -237,7 +233,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
     /// Appends an item unless `max` items are already queued
     /// ([`FenceError::QueueFull`]); never blocks. Fails once the queue is closed.
     pub fn push_bounded(&self, item: QueueItem<T>, max: usize) -> Result<()> {
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.state.lock_or_recover();
         if st.closed {
             return Err(FenceError::QueueClosed);
         }
@@ -254,7 +250,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
     /// `None`, queued items are dropped unexecuted. Outstanding tokens still
     /// fire the `Signal`s already popped when they complete.
     pub fn close(&self) {
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.state.lock_or_recover();
         st.closed = true;
         st.items.clear();
         drop(st);
@@ -263,13 +259,13 @@ impl<T: Send + 'static> OrderedQueue<T> {
 
     /// Whether the queue is closed.
     pub fn is_closed(&self) -> bool {
-        lock(&self.shared.state).closed
+        self.shared.state.lock_or_recover().closed
     }
 
     /// Items queued and not yet popped (commands and fence items), for flow
     /// control feedback.
     pub fn len(&self) -> usize {
-        lock(&self.shared.state).items.len()
+        self.shared.state.lock_or_recover().items.len()
     }
 
     /// Whether nothing is queued.
@@ -279,7 +275,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
 
     /// Commands popped whose tokens have not completed yet.
     pub fn in_flight(&self) -> usize {
-        lock(&self.completion.state).outstanding.len()
+        self.completion.state.lock_or_recover().outstanding.len()
     }
 
     /// Blocks until the next command can run and returns it with its
@@ -305,7 +301,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
 
     fn pop(&self, block: bool) -> TryPop<T> {
         let table = &self.completion.table;
-        let mut st = lock(&self.shared.state);
+        let mut st = self.shared.state.lock_or_recover();
         loop {
             if st.closed {
                 return TryPop::Closed;
@@ -330,7 +326,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
                         // queue: never signal under our lock.
                         drop(st);
                         fire(table, ready);
-                        st = lock(&self.shared.state);
+                        st = self.shared.state.lock_or_recover();
                     }
                     continue;
                 }
@@ -357,7 +353,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
                     let weak = Arc::downgrade(&self.shared);
                     let wake = Box::new(move || {
                         if let Some(shared) = weak.upgrade() {
-                            let _st = lock(&shared.state);
+                            let _st = shared.state.lock_or_recover();
                             shared.cv.notify_all();
                         }
                     });
@@ -368,7 +364,7 @@ impl<T: Send + 'static> OrderedQueue<T> {
                     if let Err(e) = table.on_signal(wait_on, wake) {
                         log::debug!("on_signal({wait_on:?}): {e}");
                     }
-                    st = lock(&self.shared.state);
+                    st = self.shared.state.lock_or_recover();
                 }
                 Ok(FenceStatus::Pending) if block => st = self.wait(st),
                 Ok(FenceStatus::Pending) => return TryPop::Blocked(wait_on),
@@ -377,16 +373,13 @@ impl<T: Send + 'static> OrderedQueue<T> {
     }
 
     fn wait<'a>(&'a self, st: MutexGuard<'a, State<T>>) -> MutexGuard<'a, State<T>> {
-        self.shared
-            .cv
-            .wait(st)
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.cv.wait_or_recover(st)
     }
 }
 
 impl<T> fmt::Debug for OrderedQueue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let st = lock(&self.shared.state);
+        let st = self.shared.state.lock_or_recover();
         f.debug_struct("OrderedQueue")
             .field("len", &st.items.len())
             .field("closed", &st.closed)

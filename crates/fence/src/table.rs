@@ -39,8 +39,9 @@ use crate::error::{FenceError, Result};
 use crate::page::{pack_word, FencePageSink, GENERATION_MASK, PAGE_HEADER, PAGE_SLOTS};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+use virtsoc_sync::{CondvarExt, LockExt};
 
 mod snapshot;
 pub use snapshot::{FenceTableImage, SlotImage};
@@ -350,12 +351,6 @@ impl VirtualFenceTable {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Callbacks never run under the lock, so a poisoned lock can only
-        // come from a panic inside this module; its state is still coherent.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Creates a pending fence. Takes a free page slot (recycling the oldest
     /// signaled slot first when free slots are below [`LOW_WATER_SLOTS`]);
     /// if every slot holds a pending fence, returns an overflow fence.
@@ -363,7 +358,7 @@ impl VirtualFenceTable {
     /// Fails after [`cancel_all`](Self::cancel_all), and with [`FenceError::TooMany`] when
     /// the table holds its most live fences.
     pub fn create(&self) -> Result<FenceId> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         if inner.cancelled {
             return Err(FenceError::Cancelled);
         }
@@ -412,7 +407,7 @@ impl VirtualFenceTable {
     /// on a reclaimed id ([`FenceError::StaleFence`]) and on a pending fence
     /// of a cancelled table ([`FenceError::Cancelled`]).
     pub fn signal(&self, id: FenceId) -> Result<()> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         match inner.lookup(id) {
             Lookup::Unknown => return Err(FenceError::UnknownFence(id)),
             Lookup::Reclaimed => return Err(FenceError::StaleFence(id)),
@@ -432,7 +427,7 @@ impl VirtualFenceTable {
     /// Status of a fence. A reclaimed (stale) id reads `Signaled`. A pending
     /// fence of a cancelled table is `Err(Cancelled)`.
     pub fn status(&self, id: FenceId) -> Result<FenceStatus> {
-        self.lock().status(id)
+        self.inner.lock_or_recover().status(id)
     }
 
     /// Whether the guest can read `id`'s status from the page (otherwise it
@@ -446,7 +441,7 @@ impl VirtualFenceTable {
     /// `Err(Cancelled)` if the table is cancelled while the fence is pending.
     pub fn wait(&self, id: FenceId, timeout: Option<Duration>) -> Result<FenceStatus> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         loop {
             if inner.status(id)? == FenceStatus::Signaled {
                 return Ok(FenceStatus::Signaled);
@@ -458,15 +453,11 @@ impl VirtualFenceTable {
                         return Ok(FenceStatus::Pending);
                     }
                     self.signaled_cv
-                        .wait_timeout(inner, deadline - now)
-                        .unwrap_or_else(PoisonError::into_inner)
+                        .wait_timeout_or_recover(inner, deadline - now)
                         .0
                 }
                 // No timeout, or one too large to represent: wait forever.
-                _ => self
-                    .signaled_cv
-                    .wait(inner)
-                    .unwrap_or_else(PoisonError::into_inner),
+                _ => self.signaled_cv.wait_or_recover(inner),
             };
         }
     }
@@ -477,7 +468,7 @@ impl VirtualFenceTable {
     /// run too, so callbacks should check [`status`](Self::status) if they
     /// care. Errors (and drops `f`) on an unknown id or a cancelled table.
     pub fn on_signal(&self, id: FenceId, f: SignalCallback) -> Result<()> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         match inner.status(id)? {
             FenceStatus::Signaled => {
                 drop(inner);
@@ -504,7 +495,7 @@ impl VirtualFenceTable {
     /// at once rather than waiting for recycling). Releasing twice, or
     /// releasing a stale id, is a no-op; an unknown id is an error.
     pub fn release(&self, id: FenceId) -> Result<()> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         match inner.lookup(id) {
             Lookup::Unknown => Err(FenceError::UnknownFence(id)),
             Lookup::Reclaimed | Lookup::Overflow => Ok(()),
@@ -526,7 +517,7 @@ impl VirtualFenceTable {
     /// Signals every pending fence (graceful teardown). Returns how many
     /// were signaled; does nothing on a cancelled table.
     pub fn signal_all(&self) -> usize {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         if inner.cancelled {
             return 0;
         }
@@ -547,7 +538,7 @@ impl VirtualFenceTable {
     /// pending fences fail with [`FenceError::Cancelled`]. The page is left
     /// as it was. Idempotent.
     pub fn cancel_all(&self) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         if inner.cancelled {
             return;
         }
@@ -568,12 +559,12 @@ impl VirtualFenceTable {
 
     /// Whether [`cancel_all`](Self::cancel_all) was called.
     pub fn is_cancelled(&self) -> bool {
-        self.lock().cancelled
+        self.inner.lock_or_recover().cancelled
     }
 
     /// A snapshot of occupancy and counters.
     pub fn stats(&self) -> FenceStats {
-        let inner = self.lock();
+        let inner = self.inner.lock_or_recover();
         let (mut pending, mut signaled) = (0, 0);
         for slot in &inner.slots {
             match slot.state {

@@ -22,6 +22,7 @@ use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::WindowLayout;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::link::{GuestLink, StreamLink};
 use virtsoc_devapi::DeviceCommand;
@@ -33,6 +34,8 @@ use crate::{GuestError, Result};
 mod calls;
 mod handshake;
 mod reconnect;
+#[cfg(test)]
+mod tests;
 
 /// Longest compensation the library honours (the host caps it lower).
 const MAX_COMPENSATION: Duration = Duration::from_millis(100);
@@ -105,6 +108,9 @@ pub struct Access {
 
 struct Reaped {
     done: HashMap<u64, Completion>,
+    /// Requests submitted and not completed yet: a completion for anything else (a sequence
+    /// number never used, or completed already) is the host's mistake and is dropped.
+    outstanding: HashSet<u64>,
     reaping: bool,
     /// Requests whose completion nobody waits for (fire and forget).
     detached: HashSet<u64>,
@@ -116,61 +122,12 @@ struct Reaped {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fence(pub u64);
 
-/// The guest's SVM counters as kept by the host (monotonic; subtract two snapshots).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub copies: u64,
-    pub copy_ns: u64,
-    pub sync_fetches: u64,
-    pub inflight_waits: u64,
-    pub prefetches: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub compensation_ns: u64,
-    pub bookkeeping_ns: u64,
-    /// Bytes of the host's SVM bookkeeping for this guest (its predictor, its regions).
-    pub metadata_bytes: u64,
-    /// Bytes the coherence copies moved.
-    pub copy_bytes: u64,
-    /// Copies of frame bytes that devices made in their own memory (outside coherence).
-    pub device_copies: u64,
-    pub device_copy_bytes: u64,
-    pub device_copy_ns: u64,
-}
-
-/// One link of the host's copy ledger for this guest.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LedgerLink {
-    /// Source and destination memory domain (equal for a device's own copies); names in
-    /// [`Connection::domain_name`].
-    pub src: u32,
-    pub dst: u32,
-    pub copies: u64,
-    pub bytes: u64,
-    pub ns: u64,
-}
-
-impl Counters {
-    /// `self - earlier`, for the monotonic fields.
-    pub fn since(&self, earlier: &Counters) -> Counters {
-        Counters {
-            copies: self.copies - earlier.copies,
-            copy_ns: self.copy_ns - earlier.copy_ns,
-            sync_fetches: self.sync_fetches - earlier.sync_fetches,
-            inflight_waits: self.inflight_waits - earlier.inflight_waits,
-            prefetches: self.prefetches - earlier.prefetches,
-            hits: self.hits - earlier.hits,
-            misses: self.misses - earlier.misses,
-            compensation_ns: self.compensation_ns - earlier.compensation_ns,
-            bookkeeping_ns: self.bookkeeping_ns - earlier.bookkeeping_ns,
-            metadata_bytes: self.metadata_bytes,
-            copy_bytes: self.copy_bytes - earlier.copy_bytes,
-            device_copies: self.device_copies - earlier.device_copies,
-            device_copy_bytes: self.device_copy_bytes - earlier.device_copy_bytes,
-            device_copy_ns: self.device_copy_ns - earlier.device_copy_ns,
-        }
-    }
-}
+/// The guest's SVM counters as kept by the host: one record declared once in the protocol
+/// crate (its counts are monotonic: subtract two snapshots with `since`).
+pub use virtsoc_proto::counters::Counters;
+/// One link of the host's copy ledger for this guest (domain names in
+/// [`Connection::domain_name`]).
+pub use virtsoc_proto::counters::LedgerEntry as LedgerLink;
 
 /// A connection to the daemon. Cheap to share between threads (`&Connection` is `Sync`).
 pub struct Connection {
@@ -317,6 +274,7 @@ impl Connection {
             next_seq: AtomicU64::new(1),
             reaped: Mutex::new(Reaped {
                 done: HashMap::new(),
+                outstanding: HashSet::new(),
                 reaping: false,
                 detached: HashSet::new(),
                 async_errors: Vec::new(),
@@ -333,7 +291,7 @@ impl Connection {
                     PACER_MAX_WINDOW.min(cq_entries).max(4),
                     PACER_TARGET_DEPTH,
                 )
-                .map_err(|e| GuestError::BadArgument(e.to_string()))?,
+                .map_err(GuestError::Pacing)?,
             ),
             max_depth: AtomicU32::new(0),
         })
@@ -390,13 +348,7 @@ impl Connection {
 
     /// Failures of detached requests since the last call.
     pub fn take_async_errors(&self) -> Vec<(u64, Status)> {
-        std::mem::take(
-            &mut self
-                .reaped
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .async_errors,
-        )
+        std::mem::take(&mut self.reaped.lock_or_recover().async_errors)
     }
 
     /// Requests submitted and not yet completed.
@@ -422,10 +374,7 @@ impl Connection {
 
     /// The MIMD window right now.
     pub fn pacing_window(&self) -> u32 {
-        self.pacer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .allowed_in_flight()
+        self.pacer.lock_or_recover().allowed_in_flight()
     }
 
     fn submit_inner(
@@ -455,12 +404,12 @@ impl Connection {
                 continue;
             }
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
-            if detached {
-                self.reaped
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .detached
-                    .insert(seq);
+            {
+                let mut r = self.reaped.lock_or_recover();
+                r.outstanding.insert(seq);
+                if detached {
+                    r.detached.insert(seq);
+                }
             }
             self.submitted.fetch_add(1, Ordering::SeqCst);
             let req = Request::new(seq, opcode, device, args);
@@ -471,12 +420,10 @@ impl Connection {
                 return Ok(seq);
             }
             self.submitted.fetch_sub(1, Ordering::SeqCst);
-            if detached {
-                self.reaped
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .detached
-                    .remove(&seq);
+            {
+                let mut r = self.reaped.lock_or_recover();
+                r.outstanding.remove(&seq);
+                r.detached.remove(&seq);
             }
             if let Err(e) = pushed {
                 if matches!(e, GuestError::Closed) {
@@ -494,18 +441,17 @@ impl Connection {
     /// Waits for one reaping round: takes every available completion off the ring.
     fn reap_once(&self, timeout: Option<Duration>) -> Result<()> {
         {
-            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.reaped.lock_or_recover();
             if r.reaping {
                 let _ = self
                     .reaped_cv
-                    .wait_timeout(r, timeout.unwrap_or(LIVENESS_CHECK))
-                    .unwrap_or_else(|p| p.into_inner());
+                    .wait_timeout_or_recover(r, timeout.unwrap_or(LIVENESS_CHECK));
                 return Ok(());
             }
             r.reaping = true;
         }
         let result = self.reap_as_reaper(timeout);
-        let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.reaped.lock_or_recover();
         r.reaping = false;
         if let Ok(batch) = &result {
             self.absorb(&mut r, batch);
@@ -516,15 +462,24 @@ impl Connection {
 
     /// Books a batch of completions: counters, pacing, detached failures, waiters' results.
     fn absorb(&self, r: &mut Reaped, batch: &[Completion]) {
+        let known: Vec<Completion> = batch
+            .iter()
+            .filter(|c| {
+                let ours = r.outstanding.remove(&c.seq);
+                if !ours {
+                    log::warn!("dropped a completion for unknown request {}", c.seq);
+                }
+                ours
+            })
+            .copied()
+            .collect();
+        let batch = &known[..];
         self.forget_replayed(batch);
         self.completed
             .fetch_add(batch.len() as u64, Ordering::SeqCst);
         // One MIMD step per reaping round, driven by the deepest queue it reported.
         if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
-            self.pacer
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .on_feedback(depth);
+            self.pacer.lock_or_recover().on_feedback(depth);
             self.max_depth.fetch_max(depth, Ordering::Relaxed);
         }
         for c in batch {
@@ -560,7 +515,7 @@ impl Connection {
     pub fn wait(&self, seq: u64) -> Result<Completion> {
         loop {
             {
-                let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = self.reaped.lock_or_recover();
                 if let Some(c) = r.done.remove(&seq) {
                     return Ok(c);
                 }
@@ -611,8 +566,12 @@ impl Connection {
     /// Submits a raw request without waiting (for protocol tests).
     pub fn submit_raw(&self, req: Request) -> Result<()> {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        if !self.link().push(&req, &[])? {
+        self.reaped.lock_or_recover().outstanding.insert(req.seq);
+        let pushed = self.link().push(&req, &[]);
+        if !matches!(pushed, Ok(true)) {
             self.submitted.fetch_sub(1, Ordering::SeqCst);
+            self.reaped.lock_or_recover().outstanding.remove(&req.seq);
+            pushed?;
             return Err(GuestError::Status {
                 op: Opcode::Nop,
                 status: Status::Busy,

@@ -38,6 +38,9 @@ pub enum GuestError {
     },
     #[error("protocol error: {0}")]
     Proto(#[from] virtsoc_proto::ProtoError),
+    /// The flow-control pacer refused its parameters (the ring sizes from the welcome).
+    #[error("flow control: {0}")]
+    Pacing(#[source] virtsoc_fence::FenceError),
     #[error("the daemon refused the connection: {0}")]
     Refused(String),
     #[error("the session moved to the daemon on {0}")]
@@ -60,7 +63,7 @@ impl GuestError {
             | GuestError::Connect { .. }
             | GuestError::Refused(_)
             | GuestError::Moved(_) => Status::Closed,
-            GuestError::Proto(_) | GuestError::Io(_) => Status::Internal,
+            GuestError::Proto(_) | GuestError::Io(_) | GuestError::Pacing(_) => Status::Internal,
             GuestError::Status { status, .. } => *status,
         }
     }

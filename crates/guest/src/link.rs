@@ -15,6 +15,7 @@ use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{guest_rings, Doorbell, RingConsumer, RingProducer};
 use virtsoc_proto::stream::{read_frame, write_frame, StreamFrame};
 use virtsoc_proto::{Completion, Request, SharedWindow};
+use virtsoc_sync::LockExt;
 
 use crate::{GuestError, Result};
 
@@ -84,11 +85,7 @@ impl GuestLink for ShmLink {
         if self.host_closed() {
             return Err(GuestError::Closed);
         }
-        let pushed = self
-            .sq
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(*req)?;
+        let pushed = self.sq.lock_or_recover().push(*req)?;
         if pushed {
             self.host_bell.notify();
         }
@@ -96,7 +93,7 @@ impl GuestLink for ShmLink {
     }
 
     fn reap(&self, timeout: Duration) -> Result<Vec<Arrived>> {
-        let mut cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cq = self.cq.lock_or_recover();
         let woke = self.guest_bell.wait(
             &mut || self.host_closed() || cq.available().map(|n| n > 0).unwrap_or(true),
             Some(timeout),
@@ -151,13 +148,13 @@ impl GuestLink for StreamLink {
         if self.closed.load(Ordering::SeqCst) {
             return Err(GuestError::Closed);
         }
-        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.writer.lock_or_recover();
         write_frame(&mut *w, req, payload).map_err(|_| GuestError::Closed)?;
         Ok(true)
     }
 
     fn reap(&self, timeout: Duration) -> Result<Vec<Arrived>> {
-        let mut r = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.reader.lock_or_recover();
         let mut batch = Vec::new();
         r.get_ref()
             .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
@@ -181,7 +178,7 @@ impl GuestLink for StreamLink {
 
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let w = self.writer.lock_or_recover();
         let _ = w.shutdown(std::net::Shutdown::Both);
     }
 

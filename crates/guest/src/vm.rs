@@ -80,7 +80,7 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
             source,
         })?;
     let hello = serde_json::to_vec(&Connection::hello_for(opts))
-        .map_err(|e| GuestError::BadArgument(e.to_string()))?;
+        .map_err(virtsoc_proto::ProtoError::from)?;
     let mut msg = vec![MSG_HELLO];
     msg.extend_from_slice(&(hello.len() as u32).to_le_bytes());
     msg.extend_from_slice(&hello);
@@ -101,8 +101,7 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
     }
     let mut body = vec![0u8; len];
     read_exact_port(&mut port, &mut body)?;
-    let reply: Reply =
-        serde_json::from_slice(&body).map_err(|e| GuestError::Refused(e.to_string()))?;
+    let reply: Reply = serde_json::from_slice(&body).map_err(virtsoc_proto::ProtoError::from)?;
     let (guest_id, layout, coherence, devices) = Connection::welcome_of(reply)?;
     let bar = find_ivshmem()?;
     let file = OpenOptions::new()

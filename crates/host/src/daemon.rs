@@ -19,6 +19,7 @@ use virtsoc_proto::layout::PAGE;
 use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
 use virtsoc_svm::{DomainId, ProtocolKind, SvmManager, Topology};
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::device::{Device, DeviceSet};
 use crate::link::{ShmLink, StreamLink};
@@ -238,18 +239,18 @@ impl Daemon {
 
     /// The live sessions.
     pub fn sessions(&self) -> Vec<Arc<Session>> {
-        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.sessions.lock_or_recover();
         s.values().cloned().collect()
     }
 
     /// The transport (`unix`, `tcp`, `vm`) and coherence protocol of guest `id`.
     pub fn guest_meta(&self, id: u64) -> Option<(&'static str, ProtocolKind)> {
-        let m = self.guest_meta.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.guest_meta.lock_or_recover();
         m.get(&id).copied()
     }
 
     fn note_transport(&self, id: u64, transport: &'static str) {
-        let mut m = self.guest_meta.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.guest_meta.lock_or_recover();
         if let Some(e) = m.get_mut(&id) {
             e.0 = transport;
         }
@@ -258,7 +259,7 @@ impl Daemon {
     /// Closes guest `id`'s session (its connection then cleans up as on a hang-up); `false`
     /// if there is no such guest.
     pub fn kill(&self, id: u64) -> bool {
-        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.sessions.lock_or_recover();
         let session = s.get(&id).cloned();
         drop(s);
         match session {
@@ -281,8 +282,7 @@ impl Daemon {
     pub fn lingering_sessions(&self) -> Vec<LingeringSession> {
         let departed: Vec<(Arc<Session>, Instant)> = self
             .departed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .iter()
             .filter_map(|(w, t)| Some((w.upgrade()?, *t)))
             .collect();
@@ -304,7 +304,7 @@ impl Daemon {
             let n = self.restart.save_all(self, dir);
             log::info!("{n} sessions saved to {}", dir.display());
         }
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sessions = self.sessions.lock_or_recover();
         for s in sessions.values() {
             s.close();
         }
@@ -315,11 +315,7 @@ impl Daemon {
                 log::warn!("{} sessions did not finish cleanup", sessions.len());
                 break;
             }
-            sessions = self
-                .sessions_gone
-                .wait_timeout(sessions, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            sessions = self.sessions_gone.wait_timeout_or_recover(sessions, left).0;
         }
         drop(sessions);
         let old = Duration::from_secs(1);
@@ -385,8 +381,7 @@ impl Daemon {
             )
             .map_err(|e| e.to_string())?;
         self.guest_meta
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .insert(guest_id, ("vm", kind));
         Ok(Admitted {
             guest_id,
@@ -442,23 +437,19 @@ impl Daemon {
 
     pub(crate) fn register(&self, session: &Arc<Session>) {
         self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .insert(session.guest_id(), session.clone());
     }
 
     pub(crate) fn unregister(&self, guest_id: u64) {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sessions = self.sessions.lock_or_recover();
         if let Some(s) = sessions.remove(&guest_id) {
-            let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+            let mut departed = self.departed.lock_or_recover();
             departed.retain(|(w, _)| w.strong_count() > 0);
             departed.push((Arc::downgrade(&s), Instant::now()));
         }
         self.restart.forget(guest_id);
-        self.guest_meta
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&guest_id);
+        self.guest_meta.lock_or_recover().remove(&guest_id);
         self.sessions_gone.notify_all();
     }
 }

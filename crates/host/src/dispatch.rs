@@ -4,7 +4,10 @@
 //! lengths are all checked here or in the SVM manager, and anything wrong becomes a status in
 //! the completion.
 
-use virtsoc_proto::wire::Format;
+use virtsoc_proto::counters::{Counters, LedgerEntry, LEDGER_PAGE};
+use virtsoc_proto::ops::{
+    AllocReply, BeginAccessReply, CoreRequest, FreeReply, NopReply, StatsReply,
+};
 use virtsoc_proto::{Opcode, Request, Status};
 use virtsoc_svm::{AccessReport, AllocDesc, DomainId, SvmError, SvmManager};
 
@@ -32,17 +35,17 @@ fn svm<T>(guest: u64, r: Result<T, SvmError>) -> Result<T, Status> {
     })
 }
 
-/// Values of an access completion: window offset, coherence ns, copies, compensation ns,
-/// host ns, bytes copied.
+/// Values of an access completion (either end: the same [`BeginAccessReply`]).
 pub fn access_values(r: &AccessReport) -> [u64; 6] {
-    [
-        r.window_offset.unwrap_or(u64::MAX),
-        r.coherence.as_nanos() as u64,
-        r.copies as u64,
-        r.compensation.as_nanos() as u64,
-        r.elapsed.as_nanos() as u64,
-        r.bytes,
-    ]
+    BeginAccessReply {
+        window_offset: r.window_offset.unwrap_or(u64::MAX),
+        coherence_ns: r.coherence.as_nanos() as u64,
+        copies: r.copies as u64,
+        compensation_ns: r.compensation.as_nanos() as u64,
+        host_ns: r.elapsed.as_nanos() as u64,
+        bytes: r.bytes,
+    }
+    .to_values()
 }
 
 /// A CPU access (the guest window's domain), run on the session's thread: a begin_access
@@ -57,85 +60,88 @@ fn access(svm_mgr: &SvmManager, guest: u64, req: &Request, begin: bool) -> Outco
     Ok(access_values(&svm(guest, r)?))
 }
 
-/// Ledger entries per page of the `Counters` request, from page [`LEDGER_PAGE`] on.
-pub const LEDGER_PAGE: u64 = 3;
-
-/// Runs a request that needs no device: allocation, CPU accesses, queries.
+/// Runs a request that needs no device: allocation, CPU accesses, queries. Its words are
+/// decoded by the core requests' declaration ([`virtsoc_proto::ops`]).
 pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
-    match Opcode::from_u32(req.opcode) {
-        Some(Opcode::Nop) => Ok([0; 6]),
-        Some(Opcode::Alloc) => {
-            let [size, width, height, format, usage, _] = req.args;
-            let format = u32::try_from(format)
-                .ok()
-                .and_then(Format::from_u32)
-                .ok_or(Status::BadArgument)?;
-            let dim = |v: u64| u32::try_from(v).map_err(|_| Status::BadArgument);
+    if req.opcode == Opcode::DeviceCmd as u32 {
+        return Err(Status::UnknownDevice); // a device command on the CPU
+    }
+    match CoreRequest::decode(req.opcode, &req.args)? {
+        CoreRequest::Nop(_) => Ok(NopReply {}.to_values()),
+        CoreRequest::Alloc(a) => {
             let desc = AllocDesc {
-                size,
-                width: dim(width)?,
-                height: dim(height)?,
-                format,
-                usage: dim(usage)?,
+                size: a.size,
+                width: a.width,
+                height: a.height,
+                format: a.format,
+                usage: a.usage,
             };
             let (id, meta) = svm(guest, svm_mgr.alloc(guest, desc))?;
-            Ok([id, meta.size, meta.stride as u64, 0, 0, 0])
+            let reply = AllocReply {
+                id,
+                size: meta.size,
+                stride: meta.stride as u64,
+            };
+            Ok(reply.to_values())
         }
-        Some(Opcode::Free) => {
-            svm(guest, svm_mgr.free(guest, req.args[0]))?;
-            Ok([0; 6])
+        CoreRequest::Free(f) => {
+            svm(guest, svm_mgr.free(guest, f.id))?;
+            Ok(FreeReply {}.to_values())
         }
-        Some(Opcode::BeginAccess) => access(svm_mgr, guest, req, true),
-        Some(Opcode::EndAccess) => access(svm_mgr, guest, req, false),
-        Some(Opcode::Stats) => {
+        CoreRequest::BeginAccess(_) => access(svm_mgr, guest, req, true),
+        CoreRequest::EndAccess(_) => access(svm_mgr, guest, req, false),
+        CoreRequest::Stats(_) => {
             let (regions, bytes) = svm(guest, svm_mgr.guest_usage(guest))?;
-            Ok([guest, regions, bytes, 0, 0, 0])
-        }
-        Some(Opcode::Counters) => {
-            let c = svm(guest, svm_mgr.guest_counters(guest))?;
-            match req.args[0] {
-                0 => Ok([
-                    c.copies,
-                    c.copy_ns,
-                    c.sync_fetches,
-                    c.inflight_waits,
-                    c.prefetches,
-                    c.hits,
-                ]),
-                1 => Ok([
-                    c.misses,
-                    c.compensation_ns,
-                    c.bookkeeping_ns,
-                    svm_mgr.metadata_bytes(guest),
-                    0,
-                    0,
-                ]),
-                2 => Ok([
-                    c.copy_bytes,
-                    c.device_copies,
-                    c.device_copy_bytes,
-                    c.device_copy_ns,
-                    svm(guest, svm_mgr.guest_ledger(guest))?.len() as u64,
-                    0,
-                ]),
-                // The ledger, one link per page: source and destination domain, copies,
-                // bytes, ns.
-                n => {
-                    let ledger = svm(guest, svm_mgr.guest_ledger(guest))?;
-                    let i = usize::try_from(n - LEDGER_PAGE).map_err(|_| Status::BadArgument)?;
-                    let ((src, dst), l) = ledger.get(i).ok_or(Status::BadArgument)?;
-                    Ok([*src as u64, *dst as u64, l.copies, l.bytes, l.ns, 0])
-                }
+            Ok(StatsReply {
+                guest,
+                regions,
+                bytes,
             }
+            .to_values())
         }
-        Some(Opcode::DeviceCmd) => Err(Status::UnknownDevice),
-        Some(
-            Opcode::FenceCreate
-            | Opcode::FenceSignal
-            | Opcode::FenceWait
-            | Opcode::FenceRelease
-            | Opcode::FenceStatus,
-        ) => Err(Status::Internal), // handled by the session, which owns the fence table
-        None => Err(Status::UnknownOpcode),
+        CoreRequest::Counters(c) => counters_page(svm_mgr, guest, c.page),
+        // Handled by the session, which owns the fence table.
+        CoreRequest::FenceCreate(_)
+        | CoreRequest::FenceSignal(_)
+        | CoreRequest::FenceWait(_)
+        | CoreRequest::FenceRelease(_)
+        | CoreRequest::FenceStatus(_) => Err(Status::Internal),
     }
+}
+
+/// The guest's own counters (its metadata, its ledger): page `n` of the `Counters` request,
+/// the record's pages first, then one ledger link per page.
+fn counters_page(svm_mgr: &SvmManager, guest: u64, n: u64) -> Outcome {
+    let ledger = svm(guest, svm_mgr.guest_ledger(guest))?;
+    if n >= LEDGER_PAGE {
+        let i = usize::try_from(n - LEDGER_PAGE).map_err(|_| Status::BadArgument)?;
+        let ((src, dst), l) = ledger.get(i).ok_or(Status::BadArgument)?;
+        let entry = LedgerEntry {
+            src: *src,
+            dst: *dst,
+            copies: l.copies,
+            bytes: l.bytes,
+            ns: l.ns,
+        };
+        return Ok(entry.to_values());
+    }
+    let c = svm(guest, svm_mgr.guest_counters(guest))?;
+    let record = Counters {
+        copies: c.copies,
+        copy_ns: c.copy_ns,
+        sync_fetches: c.sync_fetches,
+        inflight_waits: c.inflight_waits,
+        prefetches: c.prefetches,
+        hits: c.hits,
+        misses: c.misses,
+        compensation_ns: c.compensation_ns,
+        bookkeeping_ns: c.bookkeeping_ns,
+        metadata_bytes: svm_mgr.metadata_bytes(guest),
+        copy_bytes: c.copy_bytes,
+        device_copies: c.device_copies,
+        device_copy_bytes: c.device_copy_bytes,
+        device_copy_ns: c.device_copy_ns,
+        ledger_links: ledger.len() as u64,
+    };
+    record.page(n).ok_or(Status::BadArgument)
 }

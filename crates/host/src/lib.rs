@@ -21,6 +21,8 @@ pub mod policy;
 pub mod session;
 pub mod snapshot;
 pub mod sync;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod view;
 pub mod vm;
 

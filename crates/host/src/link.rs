@@ -18,6 +18,7 @@ use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
 use virtsoc_proto::stream::{read_frame, write_frame};
 use virtsoc_proto::{Completion, Request, SharedWindow};
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// Requests a remote guest may have in flight.
 pub const STREAM_MAX_IN_FLIGHT: u64 = 256;
@@ -34,6 +35,9 @@ pub struct Incoming {
 pub enum LinkError {
     #[error("the guest violated the transport protocol: {0}")]
     Violation(String),
+    /// The guest's ring indices (or the window under them) are out of range.
+    #[error("the guest violated the transport protocol: {0}")]
+    Ring(#[from] virtsoc_proto::ProtoError),
 }
 
 /// The host end of a guest transport.
@@ -84,24 +88,22 @@ impl ShmLink {
     }
 
     fn in_flight(&self) -> u64 {
-        self.popped.load(Ordering::SeqCst) - self.posted.load(Ordering::SeqCst)
+        // Saturating: a post the host never took a request for must not wrap the count.
+        self.popped
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.posted.load(Ordering::SeqCst))
     }
 
     /// Whether one more request may be taken (a completion slot is free for it).
     fn can_take(&self) -> Result<bool, LinkError> {
-        let space = self
-            .cq
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .space()
-            .map_err(|e| LinkError::Violation(e.to_string()))?;
+        let space = self.cq.lock_or_recover().space()?;
         Ok(self.in_flight() < space as u64)
     }
 }
 
 impl HostLink for ShmLink {
     fn next(&self) -> Result<Option<Incoming>, LinkError> {
-        let mut sq = self.sq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sq = self.sq.lock_or_recover();
         loop {
             let mut ready = || {
                 self.closed.load(Ordering::SeqCst)
@@ -115,15 +117,12 @@ impl HostLink for ShmLink {
                 return Ok(None);
             }
             let take = self.can_take()?;
-            let avail = sq
-                .available()
-                .map_err(|e| LinkError::Violation(e.to_string()))?;
+            let avail = sq.available()?;
             if !take || avail == 0 {
                 continue;
             }
             let req = sq
-                .pop()
-                .map_err(|e| LinkError::Violation(e.to_string()))?
+                .pop()?
                 .ok_or_else(|| LinkError::Violation("ring emptied under the host".into()))?;
             self.popped.fetch_add(1, Ordering::SeqCst);
             return Ok(Some(Incoming {
@@ -134,7 +133,7 @@ impl HostLink for ShmLink {
     }
 
     fn post(&self, mut c: Completion, _payload: Vec<u8>) -> Result<(), LinkError> {
-        let mut cq = self.cq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cq = self.cq.lock_or_recover();
         c.queue_depth = self.in_flight().saturating_sub(1).min(u32::MAX as u64) as u32;
         match cq.push(c) {
             Ok(true) => {
@@ -144,7 +143,7 @@ impl HostLink for ShmLink {
                 Ok(())
             }
             Ok(false) => Err(LinkError::Violation("completion ring full".into())),
-            Err(e) => Err(LinkError::Violation(e.to_string())),
+            Err(e) => Err(LinkError::Ring(e)),
         }
     }
 
@@ -216,7 +215,7 @@ fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
     let (m, cv) = &*outbox;
     loop {
         let (c, payload) = {
-            let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ob = m.lock_or_recover();
             loop {
                 if let Some(f) = ob.frames.pop_front() {
                     break f;
@@ -224,13 +223,13 @@ fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
                 if ob.closed {
                     return;
                 }
-                ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
+                ob = cv.wait_or_recover(ob);
             }
         };
         let ok = write_frame(&mut w, &c, &payload).is_ok();
         let sent = payload.len() as u64;
         drop(payload);
-        let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ob = m.lock_or_recover();
         ob.in_flight = ob.in_flight.saturating_sub(1);
         ob.bytes = ob.bytes.saturating_sub(sent);
         if !ok {
@@ -248,20 +247,20 @@ impl HostLink for StreamLink {
     fn next(&self) -> Result<Option<Incoming>, LinkError> {
         {
             let (m, cv) = &*self.outbox;
-            let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ob = m.lock_or_recover();
             while !ob.closed && (ob.in_flight >= STREAM_MAX_IN_FLIGHT || ob.bytes >= self.max_bytes)
             {
-                ob = cv.wait(ob).unwrap_or_else(|p| p.into_inner());
+                ob = cv.wait_or_recover(ob);
             }
             if ob.closed {
                 return Ok(None);
             }
         }
-        let mut r = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.reader.lock_or_recover();
         match read_frame::<Request>(&mut *r, self.max_payload) {
             Ok(f) => {
                 let (m, _) = &*self.outbox;
-                m.lock().unwrap_or_else(|p| p.into_inner()).in_flight += 1;
+                m.lock_or_recover().in_flight += 1;
                 Ok(Some(Incoming {
                     req: f.entry,
                     payload: f.payload,
@@ -276,7 +275,7 @@ impl HostLink for StreamLink {
 
     fn post(&self, c: Completion, payload: Vec<u8>) -> Result<(), LinkError> {
         let (m, cv) = &*self.outbox;
-        let mut ob = m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ob = m.lock_or_recover();
         if !ob.closed {
             let mut c = c;
             c.queue_depth = ob.in_flight.saturating_sub(1).min(u32::MAX as u64) as u32;
@@ -289,7 +288,7 @@ impl HostLink for StreamLink {
 
     fn close(&self) {
         let (m, cv) = &*self.outbox;
-        m.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        m.lock_or_recover().closed = true;
         cv.notify_all();
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         let _ = (&self.stream).flush();
@@ -303,10 +302,180 @@ impl HostLink for StreamLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{self, FakeBell};
     use std::net::TcpListener;
+    use std::sync::atomic::AtomicU32;
     use std::sync::mpsc;
     use std::time::Duration;
-    use virtsoc_proto::{DeviceId, Opcode};
+    use virtsoc_proto::ring::guest_rings;
+    use virtsoc_proto::{DeviceId, Opcode, ProtoError};
+
+    struct Shm {
+        window: Arc<SharedWindow>,
+        link: ShmLink,
+        host_bell: FakeBell,
+        guest_bell: FakeBell,
+        hung_up: Arc<AtomicU32>,
+    }
+
+    /// A ShmLink over a memfd window (8-entry rings) with fake doorbells.
+    fn shm() -> Shm {
+        let window = testkit::window();
+        let (host_bell, guest_bell) = (FakeBell::default(), FakeBell::default());
+        let hung_up = Arc::new(AtomicU32::new(0));
+        let h = hung_up.clone();
+        let link = ShmLink::new(
+            window.clone(),
+            Box::new(host_bell.clone()),
+            Box::new(guest_bell.clone()),
+            Box::new(move || {
+                h.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        Shm {
+            window,
+            link,
+            host_bell,
+            guest_bell,
+            hung_up,
+        }
+    }
+
+    fn nop(seq: u64) -> Request {
+        Request::new(seq, Opcode::Nop, DeviceId::CPU, [seq; 6])
+    }
+
+    fn word(w: &SharedWindow, at: u64) -> &std::sync::atomic::AtomicU32 {
+        w.atomic_u32(CONTROL_OFFSET + at).unwrap()
+    }
+
+    #[test]
+    fn shm_requests_come_in_order_and_completions_reach_the_guest() {
+        let s = shm();
+        let (mut sq, mut cq) = guest_rings(&s.window);
+        for seq in 1..=3 {
+            assert!(sq.push(nop(seq)).unwrap());
+        }
+        for seq in 1..=3 {
+            let inc = s.link.next().unwrap().unwrap();
+            assert_eq!(inc.req, nop(seq), "copied out whole, in order");
+            assert!(inc.payload.is_empty());
+        }
+        s.link.post(Completion::ok(2, [5; 6]), Vec::new()).unwrap();
+        assert_eq!(s.guest_bell.notified(), 1, "the guest is rung");
+        let c = cq.pop().unwrap().unwrap();
+        assert_eq!((c.seq, c.values), (2, [5; 6]));
+        assert_eq!(
+            c.queue_depth, 2,
+            "two more requests taken and not completed"
+        );
+        assert!(cq.pop().unwrap().is_none());
+    }
+
+    /// The host takes a request only when a completion slot is free for it.
+    #[test]
+    fn shm_takes_no_more_than_the_completion_ring_holds() {
+        let s = shm();
+        let (mut sq, mut cq) = guest_rings(&s.window);
+        let n = s.window.layout().cq_entries as u64;
+        for seq in 0..n {
+            assert!(sq.push(nop(seq)).unwrap());
+            s.link.next().unwrap().unwrap();
+        }
+        assert!(sq.push(nop(n)).unwrap());
+        assert!(
+            !s.link.can_take().unwrap(),
+            "every completion slot is promised"
+        );
+        // `next` would sleep (FakeBell panics rather than sleep) instead of taking it.
+        let took = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.link.next()));
+        assert!(
+            took.is_err(),
+            "a request was taken without a completion slot"
+        );
+        for seq in 0..n {
+            s.link
+                .post(Completion::ok(seq, [0; 6]), Vec::new())
+                .unwrap();
+        }
+        assert!(!s.link.can_take().unwrap(), "the guest has not read them");
+        cq.pop().unwrap().unwrap();
+        assert!(s.link.can_take().unwrap());
+        assert_eq!(s.link.next().unwrap().unwrap().req.seq, n);
+    }
+
+    #[test]
+    fn shm_hostile_submission_tail_is_a_violation() {
+        let s = shm();
+        let (mut sq, _) = guest_rings(&s.window);
+        assert!(sq.push(nop(1)).unwrap());
+        s.link.next().unwrap().unwrap();
+        // A tail more than a ring ahead of the host's head.
+        word(&s.window, ctl::SQ_TAIL).store(1 + 9, Ordering::SeqCst);
+        assert!(matches!(
+            s.link.next(),
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
+        ));
+        // A tail behind the host's head is as far out of range.
+        word(&s.window, ctl::SQ_TAIL).store(0, Ordering::SeqCst);
+        assert!(matches!(
+            s.link.next(),
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
+        ));
+    }
+
+    #[test]
+    fn shm_hostile_completion_head_is_a_violation() {
+        let s = shm();
+        word(&s.window, ctl::CQ_HEAD).store(3, Ordering::SeqCst);
+        assert!(matches!(
+            s.link.post(Completion::ok(1, [0; 6]), Vec::new()),
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
+        ));
+        assert!(matches!(
+            s.link.can_take(),
+            Err(LinkError::Ring(ProtoError::RingViolation(_)))
+        ));
+        assert_eq!(s.guest_bell.notified(), 0);
+    }
+
+    /// Posting past the completion ring's room is a violation (the host never promised it).
+    #[test]
+    fn shm_post_with_full_completion_ring_is_a_violation() {
+        let s = shm();
+        let n = s.window.layout().cq_entries as u64;
+        for seq in 0..n {
+            s.link
+                .post(Completion::ok(seq, [0; 6]), Vec::new())
+                .unwrap();
+        }
+        assert!(matches!(
+            s.link.post(Completion::ok(n, [0; 6]), Vec::new()),
+            Err(LinkError::Violation(_))
+        ));
+    }
+
+    #[test]
+    fn shm_close_tells_the_guest_and_wakes_everyone_once() {
+        let s = shm();
+        let (mut sq, _) = guest_rings(&s.window);
+        assert!(sq.push(nop(1)).unwrap());
+        s.link.close();
+        s.link.close();
+        assert_eq!(word(&s.window, ctl::HOST_STATE).load(Ordering::SeqCst), 1);
+        assert_eq!(s.host_bell.forced(), 1);
+        assert_eq!(s.guest_bell.forced(), 1);
+        assert_eq!(
+            s.hung_up.load(Ordering::SeqCst),
+            1,
+            "the side channel hung up once"
+        );
+        assert!(
+            s.link.next().unwrap().is_none(),
+            "a closed link takes nothing"
+        );
+        assert!(!s.link.carries_bulk());
+    }
 
     /// A remote guest that does not read its completions holds back its own requests once
     /// the bytes waiting for it reach the limit: the daemon's outbox is bounded in bytes.

@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
 use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
-use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
+use virtsoc_proto::ops::{self, CoreRequest};
+use virtsoc_proto::{Completion, DeviceId, Opcode, Request, SharedWindow, Status};
 use virtsoc_svm::SvmManager;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::device::{DeviceSet, DeviceSlot, GuestQueue};
 use crate::dispatch;
@@ -71,16 +73,16 @@ impl Session {
     /// Stops taking requests (quiesce): returns once no request is being dispatched; a
     /// request taken off the link meanwhile waits until [`resume`](Self::resume).
     pub fn pause(&self) {
-        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.gate.lock_or_recover();
         g.0 = true;
         while g.1 && !self.is_closed() {
-            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = self.gate_cv.wait_or_recover(g);
         }
     }
 
     /// Takes requests again after [`pause`](Self::pause).
     pub fn resume(&self) {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner()).0 = false;
+        self.gate.lock_or_recover().0 = false;
         self.gate_cv.notify_all();
     }
 
@@ -90,8 +92,7 @@ impl Session {
     pub fn drain_queues(&self, timeout: Duration) -> Result<(), String> {
         let queues: Vec<(u32, GuestQueue, Arc<DeviceSlot>)> = self
             .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .iter()
             .map(|(d, (q, s))| (*d, q.clone(), s.clone()))
             .collect();
@@ -142,10 +143,7 @@ impl Session {
 
     /// Requests the guest queued on each device so far (by device id).
     pub fn commands(&self) -> HashMap<u32, u64> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.commands.lock_or_recover().clone()
     }
 
     /// Whether the session has ended.
@@ -162,12 +160,11 @@ impl Session {
         self.link.close();
         self.fences.cancel_all();
         // Under the gate's lock, so a thread about to wait at the gate sees the close.
-        drop(self.gate.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(self.gate.lock_or_recover());
         self.gate_cv.notify_all();
         let queues: Vec<_> = self
             .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .drain()
             .map(|(_, v)| v)
             .collect();
@@ -229,16 +226,16 @@ impl Session {
 
     /// Waits while the session is paused, then marks a dispatch under way; false once closed.
     fn enter(&self) -> bool {
-        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.gate.lock_or_recover();
         while g.0 && !self.is_closed() {
-            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = self.gate_cv.wait_or_recover(g);
         }
         g.1 = true;
         !self.is_closed()
     }
 
     fn leave(&self) {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner()).1 = false;
+        self.gate.lock_or_recover().1 = false;
         self.gate_cv.notify_all();
     }
 
@@ -250,11 +247,15 @@ impl Session {
         inc: &Incoming,
         svm: &SvmManager,
     ) -> Result<(Completion, Vec<u8>), Status> {
-        let [id, offset, len, mode, ..] = inc.req.args;
-        let mode = u32::try_from(mode)
-            .ok()
-            .and_then(AccessMode::from_u32)
-            .ok_or(Status::BadArgument)?;
+        let ops::BeginAccess {
+            id,
+            offset,
+            len,
+            mode,
+            ..
+        } = CoreRequest::decode(inc.req.opcode, &inc.req.args)?
+            .access()
+            .ok_or(Status::UnknownOpcode)?;
         let meta = svm
             .meta(self.guest_id, id)
             .map_err(|e| dispatch::status_of(&e))?;
@@ -300,7 +301,7 @@ impl Session {
         }
         let slot = devices.get(DeviceId(dev)).ok_or(Status::UnknownDevice)?;
         let q = {
-            let mut qs = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+            let mut qs = self.queues.lock_or_recover();
             qs.entry(dev)
                 .or_insert_with(|| {
                     let q = Arc::new(OrderedQueue::new(self.fences.clone()));
@@ -318,7 +319,7 @@ impl Session {
         })?;
         slot.kick();
         if is_cmd {
-            let mut c = self.commands.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = self.commands.lock_or_recover();
             *c.entry(dev).or_insert(0) += 1;
         }
         Ok(())
@@ -333,58 +334,62 @@ impl Session {
             .map_err(|_| Status::BadArgument)
     }
 
+    /// A fence request (the session owns the guest's fence table); `device` is the
+    /// request's.
     fn fence_op(
         self: &Arc<Self>,
-        op: Opcode,
-        req: &Request,
+        req: CoreRequest,
+        device: u32,
         devices: &DeviceSet,
     ) -> dispatch::Outcome {
-        let cpu = req.device == DeviceId::CPU.0;
-        match op {
-            Opcode::FenceCreate => {
+        let cpu = device == DeviceId::CPU.0;
+        match req {
+            CoreRequest::FenceCreate(_) => {
                 let f = self.fences.create().map_err(|e| match e {
                     virtsoc_fence::FenceError::TooMany(_) => Status::OutOfMemory,
                     _ => Status::Closed,
                 })?;
-                Ok([f.to_u64(), 0, 0, 0, 0, 0])
+                Ok(ops::FenceCreateReply { fence: f.to_u64() }.to_values())
             }
-            Opcode::FenceSignal => {
-                let f = self.fence_arg(req.args[0])?;
+            CoreRequest::FenceSignal(ops::FenceSignal { fence }) => {
+                let f = self.fence_arg(fence)?;
                 if cpu {
                     // CPU requests run in order on this thread: everything before is done.
                     self.fences.signal(f).map_err(|_| Status::BadArgument)?;
                 } else {
-                    self.queue_on(devices, req.device, QueueItem::Signal(f))?;
+                    self.queue_on(devices, device, QueueItem::Signal(f))?;
                 }
-                Ok([0; 6])
+                Ok(ops::FenceSignalReply {}.to_values())
             }
-            Opcode::FenceWait => {
-                let f = self.fence_arg(req.args[0])?;
+            CoreRequest::FenceWait(ops::FenceWait { fence }) => {
+                let f = self.fence_arg(fence)?;
                 if cpu {
                     // Waiting is for device queues; the guest reads the fence page instead.
                     return Err(Status::BadArgument);
                 }
-                self.queue_on(devices, req.device, QueueItem::Wait(f))?;
-                Ok([0; 6])
+                self.queue_on(devices, device, QueueItem::Wait(f))?;
+                Ok(ops::FenceWaitReply {}.to_values())
             }
-            Opcode::FenceRelease => {
-                let f = self.fence_arg(req.args[0])?;
+            CoreRequest::FenceRelease(ops::FenceRelease { fence }) => {
+                let f = self.fence_arg(fence)?;
                 self.fences.release(f).map_err(|_| Status::BadArgument)?;
-                Ok([0; 6])
+                Ok(ops::FenceReleaseReply {}.to_values())
             }
-            Opcode::FenceStatus => {
-                let f = FenceId::from_u64(req.args[0]);
-                match self.fences.status(f) {
-                    Ok(FenceStatus::Signaled) => Ok([1, 0, 0, 0, 0, 0]),
-                    Ok(FenceStatus::Pending) => Ok([0; 6]),
-                    Err(_) => Err(Status::BadArgument),
-                }
+            CoreRequest::FenceStatus(ops::FenceStatus { fence }) => {
+                let signaled = match self.fences.status(FenceId::from_u64(fence)) {
+                    Ok(FenceStatus::Signaled) => 1,
+                    Ok(FenceStatus::Pending) => 0,
+                    Err(_) => return Err(Status::BadArgument),
+                };
+                Ok(ops::FenceStatusReply { signaled }.to_values())
             }
             _ => Err(Status::Internal),
         }
     }
 
-    fn dispatch(self: &Arc<Self>, inc: Incoming, svm: &SvmManager, devices: &DeviceSet) {
+    /// Runs or queues one request taken off the link; everything that completes here is
+    /// posted before this returns.
+    pub(crate) fn dispatch(self: &Arc<Self>, inc: Incoming, svm: &SvmManager, devices: &DeviceSet) {
         let req = inc.req;
         let op = Opcode::from_u32(req.opcode);
         let outcome = match op {
@@ -407,12 +412,13 @@ impl Session {
                 return;
             }
             Some(
-                op @ (Opcode::FenceCreate
+                Opcode::FenceCreate
                 | Opcode::FenceSignal
                 | Opcode::FenceWait
                 | Opcode::FenceRelease
-                | Opcode::FenceStatus),
-            ) => self.fence_op(op, &req, devices),
+                | Opcode::FenceStatus,
+            ) => CoreRequest::decode(req.opcode, &req.args)
+                .and_then(|r| self.fence_op(r, req.device, devices)),
             _ => dispatch::inline(svm, self.guest_id, &req),
         };
         self.complete(match outcome {
@@ -421,3 +427,6 @@ impl Session {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -32,8 +32,9 @@
 
 use std::collections::HashMap;
 use std::mem::size_of;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
+use virtsoc_sync::LockExt;
 
 use log::debug;
 
@@ -194,13 +195,7 @@ impl PrefetchEngine {
 
     /// The configuration in use (after sanitising).
     pub fn config(&self) -> Config {
-        self.lock().cfg
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is never left half-updated by a panic (no code path
-        // panics while holding it), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_or_recover().cfg
     }
 
     /// A device begins accessing `region` (for a reader: after the writer's
@@ -227,7 +222,7 @@ impl PrefetchEngine {
         if !kind.is_read() {
             return ReadOutcome::NotRead;
         }
-        let mut guard = self.lock();
+        let mut guard = self.state.lock_or_recover();
         let State {
             cfg,
             graphs,
@@ -297,7 +292,7 @@ impl PrefetchEngine {
         if !kind.is_write() {
             return None;
         }
-        let mut guard = self.lock();
+        let mut guard = self.state.lock_or_recover();
         let State {
             cfg,
             graphs,
@@ -384,7 +379,7 @@ impl PrefetchEngine {
             return;
         }
         let sample = bytes as f64 / elapsed.as_secs_f64();
-        let mut guard = self.lock();
+        let mut guard = self.state.lock_or_recover();
         let State {
             cfg,
             graphs,
@@ -410,12 +405,12 @@ impl PrefetchEngine {
     /// Smoothed bandwidth of a pair in bytes per second, `None` if never
     /// measured.
     pub fn predicted_bandwidth(&self, src: PDev, dst: PDev) -> Option<f64> {
-        self.lock().graphs.predicted_bw((src, dst))
+        self.state.lock_or_recover().graphs.predicted_bw((src, dst))
     }
 
     /// The region was freed: drops its hashtable entry (flows stay).
     pub fn forget_region(&self, region: RegionKey) {
-        let mut st = self.lock();
+        let mut st = self.state.lock_or_recover();
         st.regions.remove(&region);
         shrink(&mut st.regions);
     }
@@ -423,14 +418,15 @@ impl PrefetchEngine {
     /// Drops every region for which `f` returns true (e.g. all regions of a
     /// disconnected guest). Flows stay.
     pub fn forget_regions_where(&self, f: impl Fn(RegionKey) -> bool) {
-        let mut st = self.lock();
+        let mut st = self.state.lock_or_recover();
         st.regions.retain(|k, _| !f(*k));
         shrink(&mut st.regions);
     }
 
     /// The flow a region is currently linked to for `writer`.
     pub fn region_flow(&self, region: RegionKey, writer: VDev) -> Option<FlowId> {
-        self.lock()
+        self.state
+            .lock_or_recover()
             .regions
             .get(&region)
             .and_then(|r| r.edge_for(writer))
@@ -439,7 +435,7 @@ impl PrefetchEngine {
 
     /// Snapshot of a virtual hyperedge.
     pub fn flow_info(&self, flow: FlowId) -> Option<FlowInfo> {
-        let st = self.lock();
+        let st = self.state.lock_or_recover();
         let e = st.graphs.vedge(flow)?;
         Some(FlowInfo {
             writer: e.writer,
@@ -457,7 +453,7 @@ impl PrefetchEngine {
 
     /// Counters and sizes.
     pub fn stats(&self) -> PrefetchStats {
-        let st = self.lock();
+        let st = self.state.lock_or_recover();
         let mut s = st.counters;
         s.suspended_flows = st.graphs.vedges.iter().filter(|e| e.suspended()).count() as u64;
         s.virtual_flows = st.graphs.vedges.len() as u64;
@@ -477,7 +473,7 @@ impl PrefetchEngine {
     /// `hits / (hits + misses)` over real plans; `None` before any scored
     /// read.
     pub fn accuracy(&self) -> Option<f64> {
-        let st = self.lock();
+        let st = self.state.lock_or_recover();
         let scored = st.counters.hits + st.counters.misses;
         (scored > 0).then(|| st.counters.hits as f64 / scored as f64)
     }

@@ -225,14 +225,14 @@ pub fn send_json<T: Serialize>(
     msg: &T,
     fd: Option<BorrowedFd<'_>>,
 ) -> Result<()> {
-    let body = serde_json::to_vec(msg).map_err(|e| ProtoError::Handshake(e.to_string()))?;
+    let body = serde_json::to_vec(msg)?;
     send_frame(sock.as_fd(), &body, fd)
 }
 
 /// Receives a JSON message.
 pub fn recv_json<T: DeserializeOwned>(sock: &impl AsFd) -> Result<(T, Option<OwnedFd>)> {
     let (body, fd) = recv_frame(sock.as_fd())?;
-    let msg = serde_json::from_slice(&body).map_err(|e| ProtoError::Handshake(e.to_string()))?;
+    let msg = serde_json::from_slice(&body)?;
     Ok((msg, fd))
 }
 
@@ -242,7 +242,7 @@ pub fn recv_json_until<T: DeserializeOwned>(
     deadline: Instant,
 ) -> Result<(T, Option<OwnedFd>)> {
     let (body, fd) = recv_frame_until(sock.as_fd(), deadline)?;
-    let msg = serde_json::from_slice(&body).map_err(|e| ProtoError::Handshake(e.to_string()))?;
+    let msg = serde_json::from_slice(&body)?;
     Ok((msg, fd))
 }
 

@@ -3,6 +3,8 @@
 //! This crate owns everything both sides must agree on byte for byte:
 //! - [`layout`]: where the rings, the fence page and the data area sit in the shared window;
 //! - [`wire`]: the fixed-size ring entries, opcodes, access modes and status codes;
+//! - [`ops`]: the core requests (regions, accesses, fences, counters) declared once;
+//! - [`counters`]: the guest's SVM counters, one record both sides decode the same way;
 //! - [`window`]: bounds-checked access to a mapped window (vm-memory over a memfd or a PCI BAR);
 //! - [`ring`]: the lock-free single-producer/single-consumer rings and their doorbells;
 //! - [`handshake`]: the connection handshake and file-descriptor passing on the Unix socket;
@@ -11,8 +13,10 @@
 //! Nothing here trusts the peer: every index, offset and length read from the window is checked
 //! and a violation is a [`ProtoError`], never a panic.
 
+pub mod counters;
 pub mod handshake;
 pub mod layout;
+pub mod ops;
 pub mod ring;
 pub mod stream;
 pub mod window;
@@ -27,6 +31,8 @@ pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
 pub enum ProtoError {
     #[error("bad handshake: {0}")]
     Handshake(String),
+    #[error("bad handshake message: {0}")]
+    HandshakeJson(#[from] serde_json::Error),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
     #[error("peer violated the ring protocol: {0}")]
@@ -36,7 +42,7 @@ pub enum ProtoError {
     #[error("invalid window layout: {0}")]
     Layout(String),
     #[error("memory mapping failed: {0}")]
-    Mmap(String),
+    Mmap(#[source] vm_memory::mmap::MmapRegionError),
     #[error("peer closed the connection")]
     Closed,
 }

@@ -63,7 +63,7 @@ impl SharedWindow {
         let size = usize::try_from(layout.size)
             .map_err(|_| ProtoError::Layout("window too large".into()))?;
         let map = MmapRegion::from_file(FileOffset::from_arc(file.clone(), 0), size)
-            .map_err(|e| ProtoError::Mmap(e.to_string()))?;
+            .map_err(ProtoError::Mmap)?;
         Ok(SharedWindow { map, file, layout })
     }
 

@@ -169,7 +169,8 @@ u32_enum!(
         DeviceCmd = 5,
         /// -> values: guest id, regions, bytes held.
         Stats = 6,
-        /// args: page (0 or 1) -> values: the guest's SVM counters (see the guest library).
+        /// args: page -> values: that page of the guest's [`Counters`](crate::counters::Counters)
+        /// record, then of its copy ledger (see [`crate::counters`]).
         Counters = 7,
         /// -> values: fence id (packed index and generation).
         FenceCreate = 8,

@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtsoc_proto::SharedWindow;
+use virtsoc_sync::LockExt;
 
 use crate::{Result, SvmError};
 
@@ -93,7 +94,7 @@ impl HostBuf {
 
     /// Locks the bytes.
     pub fn lock(&self) -> MutexGuard<'_, PageBytes> {
-        self.bytes.lock().unwrap_or_else(|p| p.into_inner())
+        self.bytes.lock_or_recover()
     }
 }
 

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use virtsoc_prefetch::{AccessKind, PDev, PrefetchEngine, VDev};
 use virtsoc_proto::AccessMode;
+use virtsoc_sync::LockExt;
 
 use crate::dma::{CopyTicket, Dma, DmaJob};
 use crate::domain::DomainId;
@@ -220,7 +221,7 @@ impl Prefetch {
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<RegionKey, Duration>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        self.held.lock_or_recover()
     }
 
     /// This guest's predictor.

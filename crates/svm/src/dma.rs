@@ -14,6 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::domain::DomainId;
 use crate::engine::CopyEngine;
@@ -49,14 +50,10 @@ impl CopyTicket {
         Arc::new(CopyTicket::default())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, TicketState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Marks the copy finished, wakes waiters and runs the callbacks.
     pub fn complete(&self) {
         let callbacks = {
-            let mut st = self.lock();
+            let mut st = self.state.lock_or_recover();
             st.done = true;
             std::mem::take(&mut st.callbacks)
         };
@@ -68,20 +65,20 @@ impl CopyTicket {
 
     /// Whether the copy finished.
     pub fn is_done(&self) -> bool {
-        self.lock().done
+        self.state.lock_or_recover().done
     }
 
     /// Blocks until the copy finished.
     pub fn wait(&self) {
-        let mut st = self.lock();
+        let mut st = self.state.lock_or_recover();
         while !st.done {
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.cv.wait_or_recover(st);
         }
     }
 
     /// Runs `f` when the copy finishes (at once, on this thread, if it has).
     pub fn on_done(&self, f: OnDone) {
-        let mut st = self.lock();
+        let mut st = self.state.lock_or_recover();
         if st.done {
             drop(st);
             f();
@@ -181,7 +178,7 @@ impl Dma {
     /// copy is not made: its ticket completes at once and the reader fetches synchronously.
     pub(crate) fn push(&self, job: DmaJob) -> bool {
         let (m, cv) = &*self.queue;
-        let mut q = m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = m.lock_or_recover();
         let no_channel = self.workers.lock().map(|w| w.is_empty()).unwrap_or(true);
         if q.stop || no_channel {
             drop(q);
@@ -203,15 +200,10 @@ impl Drop for Dma {
     fn drop(&mut self) {
         {
             let (m, cv) = &*self.queue;
-            m.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+            m.lock_or_recover().stop = true;
             cv.notify_all();
         }
-        for h in self
-            .workers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
+        for h in self.workers.lock_or_recover().drain(..) {
             let _ = h.join();
         }
     }
@@ -225,7 +217,7 @@ fn run(
     let (m, cv) = &*queue;
     loop {
         let job = {
-            let mut q = m.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = m.lock_or_recover();
             loop {
                 if let Some(j) = q.pop() {
                     break j;
@@ -233,7 +225,7 @@ fn run(
                 if q.stop {
                     return;
                 }
-                q = cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                q = cv.wait_or_recover(q);
             }
         };
         let delay = delay_ns.load(std::sync::atomic::Ordering::Relaxed);

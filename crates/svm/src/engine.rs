@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
+use virtsoc_sync::{LockExt, RwLockExt};
 
 use crate::backing::{copy_range, Backing, DeviceAllocator};
 use crate::domain::{DomainId, Topology};
@@ -73,26 +74,19 @@ impl CopyEngine {
 
     /// Tells `engine` about every measured copy from now on (until it is dropped).
     pub fn observe(&self, engine: &Arc<virtsoc_prefetch::PrefetchEngine>) {
-        let mut o = self.observers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.observers.lock_or_recover();
         o.retain(|w| w.strong_count() > 0);
         o.push(Arc::downgrade(engine));
     }
 
     /// Places `domain`'s replicas in device memory from `alloc`.
     pub fn set_allocator(&self, domain: DomainId, alloc: Arc<dyn DeviceAllocator>) {
-        self.allocators
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(domain, alloc);
+        self.allocators.write_or_recover().insert(domain, alloc);
     }
 
     /// The allocator of `domain`, if its replicas live in device memory.
     pub fn allocator(&self, domain: DomainId) -> Option<Arc<dyn DeviceAllocator>> {
-        self.allocators
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&domain)
-            .cloned()
+        self.allocators.read_or_recover().get(&domain).cloned()
     }
 
     /// The topology.
@@ -102,7 +96,7 @@ impl CopyEngine {
 
     /// Smoothed bandwidth of a pair, if measured.
     pub fn bandwidth(&self, src: DomainId, dst: DomainId) -> Option<f64> {
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let links = self.links.lock_or_recover();
         links
             .get(&(src, dst))
             .map(|s| s.bandwidth)
@@ -148,7 +142,7 @@ impl CopyEngine {
         if sources.contains(&dst) {
             return Some(vec![dst]);
         }
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let links = self.links.lock_or_recover().clone();
         // A direct link from a source is always taken when there is one: every path into
         // `dst` ends with a copy into it, so a relay only adds a copy (and an unmeasured
         // relay would look cheap only because it was never measured).
@@ -237,7 +231,7 @@ impl CopyEngine {
     }
 
     fn count(&self, src: DomainId, dst: DomainId, len: u64, dt: Duration) {
-        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let mut links = self.links.lock_or_recover();
         let s = links.entry((src, dst)).or_default();
         s.copies += 1;
         s.bytes += len;
@@ -248,8 +242,7 @@ impl CopyEngine {
     pub fn record(&self, src: DomainId, dst: DomainId, len: u64, dt: Duration) {
         let observers: Vec<_> = self
             .observers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
@@ -262,7 +255,7 @@ impl CopyEngine {
             );
         }
         let bw = len as f64 / dt.as_secs_f64().max(1e-9);
-        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let mut links = self.links.lock_or_recover();
         let s = links.entry((src, dst)).or_default();
         s.bandwidth = if s.bandwidth == 0.0 {
             bw
@@ -277,7 +270,7 @@ impl CopyEngine {
 
     /// All measured links, sorted.
     pub fn report(&self) -> Vec<LinkReport> {
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let links = self.links.lock_or_recover();
         let sorted: BTreeMap<_, _> = links.iter().map(|(k, v)| (*k, *v)).collect();
         let name = |d: DomainId| {
             self.topo

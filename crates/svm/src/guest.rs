@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use virtsoc_proto::SharedWindow;
+use virtsoc_sync::{LockExt, RwLockExt};
 
 use crate::alloc::RangeAllocator;
 use crate::coherence::Coherence;
@@ -107,7 +108,7 @@ impl GuestCounters {
         n.fetch_add(1, Ordering::Relaxed);
         b.fetch_add(bytes, Ordering::Relaxed);
         t.fetch_add(ns, Ordering::Relaxed);
-        let mut l = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.ledger.lock_or_recover();
         let e = l.entry((src, dst)).or_default();
         e.copies += 1;
         e.bytes += bytes;
@@ -116,7 +117,7 @@ impl GuestCounters {
 
     /// The ledger: copies per (source, destination) domain.
     pub fn ledger(&self) -> Vec<((u32, u32), LinkCount)> {
-        let l = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let l = self.ledger.lock_or_recover();
         l.iter().map(|(k, v)| (*k, *v)).collect()
     }
 
@@ -222,21 +223,17 @@ impl GuestSvm {
 
     /// Number of regions the guest holds.
     pub fn region_count(&self) -> usize {
-        self.regions.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.regions.read_or_recover().len()
     }
 
     /// Region `id` of this guest.
     pub(crate) fn region(&self, id: u64) -> Option<Arc<Region>> {
-        self.regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
+        self.regions.read_or_recover().get(&id).cloned()
     }
 
     /// Adds a region, unless the guest already holds its most (`OutOfMemory`).
     pub(crate) fn insert_region(&self, id: u64, region: Arc<Region>) -> Result<()> {
-        let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.regions.write_or_recover();
         if t.len() as u64 >= self.max_regions {
             return Err(SvmError::OutOfMemory);
         }
@@ -246,7 +243,7 @@ impl GuestSvm {
 
     /// Removes region `id` from the table.
     pub(crate) fn remove_region(&self, id: u64) -> Option<Arc<Region>> {
-        let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.regions.write_or_recover();
         let r = t.remove(&id);
         if t.is_empty() {
             // A guest that freed everything gives its table's memory back too.
@@ -259,23 +256,18 @@ impl GuestSvm {
     /// also breaks the cycle between the guest and its regions (each region refers to its
     /// guest).
     pub(crate) fn take_regions(&self) -> Vec<Arc<Region>> {
-        let t = std::mem::take(&mut *self.regions.write().unwrap_or_else(|p| p.into_inner()));
+        let t = std::mem::take(&mut *self.regions.write_or_recover());
         t.into_values().collect()
     }
 
     /// The ids of the guest's regions (in no order).
     pub(crate) fn region_ids(&self) -> Vec<u64> {
-        self.regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .copied()
-            .collect()
+        self.regions.read_or_recover().keys().copied().collect()
     }
 
     /// Adds a region under an id that must be free (imports), within the guest's limits.
     pub(crate) fn insert_region_new(&self, id: u64, region: Arc<Region>) -> Result<()> {
-        let mut t = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.regions.write_or_recover();
         if t.contains_key(&id) {
             return Err(SvmError::BadArgument(format!("region {id} exists")));
         }
@@ -324,14 +316,14 @@ impl GuestSvm {
     }
 
     pub(crate) fn alloc_window(&self, size: u64) -> Result<u64> {
-        let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        let mut a = self.alloc.lock_or_recover();
         a.alloc(size).ok_or(SvmError::OutOfMemory)
     }
 
     /// Gives a window range back, zeroing it (by punching a hole in the file, so the memory
     /// goes back to the host too) so the next region starts from zeroes.
     pub(crate) fn release_window(&self, offset: u64, size: u64) {
-        let mut a = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
+        let mut a = self.alloc.lock_or_recover();
         let len = a.round(size).unwrap_or(size);
         let punched = rustix::fs::fallocate(
             self.window.fd(),

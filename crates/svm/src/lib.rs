@@ -25,6 +25,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use virtsoc_prefetch::PrefetchEngine;
+use virtsoc_sync::RwLockExt;
 
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, ProtoError, SharedWindow};
@@ -286,7 +287,7 @@ impl SvmManager {
         limit: u64,
         max_regions: u64,
     ) -> Result<Arc<GuestSvm>> {
-        let mut guests = self.guests.write().unwrap_or_else(|p| p.into_inner());
+        let mut guests = self.guests.write_or_recover();
         if guests.contains_key(&guest) {
             return Err(SvmError::BadArgument(format!(
                 "guest {guest} already attached"
@@ -300,11 +301,7 @@ impl SvmManager {
     /// Removes a guest and frees every region it owns. Returns how many regions were freed.
     /// Only the guest's own table is touched: other guests' lookups never wait for it.
     pub fn detach_guest(&self, guest: u64) -> usize {
-        let g = self
-            .guests
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&guest);
+        let g = self.guests.write_or_recover().remove(&guest);
         let Some(g) = g else {
             return 0;
         };
@@ -317,8 +314,7 @@ impl SvmManager {
 
     fn guest(&self, guest: u64) -> Result<Arc<GuestSvm>> {
         self.guests
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .read_or_recover()
             .get(&guest)
             .cloned()
             .ok_or(SvmError::GuestNotAttached(guest))

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use virtsoc_proto::wire::Format;
+use virtsoc_sync::LockExt;
 
 use crate::backing::{Backing, HostBuf};
 use crate::dma::CopyTicket;
@@ -95,7 +96,7 @@ impl Region {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, RegionState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_or_recover()
     }
 }
 

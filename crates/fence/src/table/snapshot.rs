@@ -12,6 +12,7 @@ use super::{overflow_seq, FenceId, Inner, SlotState, VirtualFenceTable};
 use crate::error::{FenceError, Result};
 use crate::page::{pack_word, GENERATION_MASK, PAGE_SLOTS};
 use std::collections::HashSet;
+use virtsoc_sync::LockExt;
 
 /// State of one page slot in an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -111,7 +112,7 @@ impl VirtualFenceTable {
     /// The table's state: every id handed out keeps its meaning in a table it is imported
     /// into.
     pub fn export(&self) -> FenceTableImage {
-        let inner = self.lock();
+        let inner = self.inner.lock_or_recover();
         let slots = inner
             .slots
             .iter()
@@ -142,7 +143,7 @@ impl VirtualFenceTable {
     /// then changes nothing.
     pub fn import(&self, img: &FenceTableImage) -> Result<()> {
         img.validate()?;
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock_or_recover();
         if inner.cancelled {
             return Err(FenceError::Cancelled);
         }

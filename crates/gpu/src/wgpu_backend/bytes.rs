@@ -6,11 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use virtsoc_sync::LockExt;
 
 use super::image::GpuImage;
 use super::ops::{covers_opaque, ImageLayer};
 use super::pool::BufKey;
-use super::{align_up, lock, State, SubmissionId, Submitted, WgpuBackend};
+use super::{align_up, State, SubmissionId, Submitted, WgpuBackend};
 use crate::{
     check_layers, check_markers, check_rgb_dst, check_view, Clear, FrameLayout, FrameMut, FrameRef,
     GpuBackend, GpuError, GpuStats, Layer, Marker, Result, View,
@@ -56,7 +57,7 @@ impl std::fmt::Debug for PendingFrame {
 impl WgpuBackend {
     /// Temporary images for `layouts`, from the pool.
     fn temp_images(&self, layouts: &[FrameLayout]) -> Result<Vec<GpuImage>> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         layouts
             .iter()
             .map(|l| self.temp_image(&mut st, *l))
@@ -170,7 +171,7 @@ impl WgpuBackend {
             self.upload_frame(&dst_img, dst)?;
         }
         let upload = t0.elapsed();
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let work = self.composite_locked(&mut st, &ilayers, &dst_img, clear.color());
         drop(ilayers);
         self.finish_submit(&mut st, work, dst_img, imgs, upload)
@@ -193,7 +194,7 @@ impl WgpuBackend {
         let dst_img = imgs.remove(0);
         self.upload_frame(&imgs[0], src)?;
         let upload = t0.elapsed();
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let work = self.project_locked(&mut st, &imgs[0], &view, &dst_img);
         self.finish_submit(&mut st, work, dst_img, imgs, upload)
     }
@@ -211,7 +212,7 @@ impl WgpuBackend {
         let dst_img = self.temp_images(&[dst.layout])?.remove(0);
         self.upload_frame(&dst_img, dst)?;
         let upload = t0.elapsed();
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let work = self.markers_locked(&mut st, markers, &dst_img);
         self.finish_submit(&mut st, work, dst_img, vec![], upload)
     }
@@ -228,7 +229,7 @@ impl WgpuBackend {
         let dst_img = imgs.remove(0);
         self.upload_frame(&imgs[0], src)?;
         let upload = t0.elapsed();
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let work = self.convert_locked(&mut st, &imgs[0], &dst_img);
         self.finish_submit(&mut st, work, dst_img, imgs, upload)
     }
@@ -250,8 +251,8 @@ impl WgpuBackend {
         self.wait_index(&pending.work)?;
         self.map_read(&[&pending.buffer], &pending.copy)?;
         let mapped_at = Instant::now();
-        let work_done = lock(&pending.work_done).unwrap_or(mapped_at);
-        let copy_done = lock(&pending.copy_done).unwrap_or(mapped_at);
+        let work_done = pending.work_done.lock_or_recover().unwrap_or(mapped_at);
+        let copy_done = pending.copy_done.lock_or_recover().unwrap_or(mapped_at);
         {
             let view = pending
                 .buffer
@@ -269,7 +270,8 @@ impl WgpuBackend {
         // GPU copy into the readback buffer, then mapping it and copying rows out.
         let readback = copy_done.saturating_duration_since(work_done) + mapped_at.elapsed();
         let execute = work_done.saturating_duration_since(pending.submitted);
-        lock(&self.state)
+        self.state
+            .lock_or_recover()
             .pool
             .give_buffer(pending.buf_key, pending.buffer);
         self.check_errors()?;

@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use virtsoc_sync::{CondvarExt, LockExt};
 
-use super::{lock, SubmissionId};
+use super::SubmissionId;
 use crate::{GpuError, Result};
 
 /// A completion callback.
@@ -53,7 +54,7 @@ impl Completion {
 
     /// Submission `id` was handed to the queue: the poller has work.
     pub(super) fn submitted(&self, id: SubmissionId) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock_or_recover();
         g.submitted = g.submitted.max(id);
         self.cv.notify_all();
     }
@@ -61,13 +62,13 @@ impl Completion {
     /// The device finished submission `id` (called from inside a device poll).
     pub(super) fn work_done(&self, id: SubmissionId) {
         self.completed.fetch_max(id, Ordering::AcqRel);
-        let _g = lock(&self.inner);
+        let _g = self.inner.lock_or_recover();
         self.cv.notify_all();
     }
 
     /// The device was lost: fail every pending and future callback.
     pub(super) fn fail(&self, e: GpuError) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock_or_recover();
         if g.failed.is_none() {
             g.failed = Some(e);
         }
@@ -75,7 +76,7 @@ impl Completion {
     }
 
     pub(super) fn add_callback(&self, id: SubmissionId, known: bool, f: Callback) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock_or_recover();
         if known {
             g.waiting.entry(id).or_default().push(f);
         } else {
@@ -85,7 +86,7 @@ impl Completion {
     }
 
     pub(super) fn shutdown(&self) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock_or_recover();
         g.shutdown = true;
         self.cv.notify_all();
     }
@@ -108,7 +109,7 @@ pub(super) fn spawn_poller(device: wgpu::Device, c: Arc<Completion>) -> Result<J
 }
 
 fn poller(device: wgpu::Device, c: Arc<Completion>) {
-    let mut g = lock(&c.inner);
+    let mut g = c.inner.lock_or_recover();
     loop {
         let done = c.completed();
         let mut ready: Vec<(Callback, Result<()>)> = std::mem::take(&mut g.immediate)
@@ -129,7 +130,7 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
         if !ready.is_empty() {
             drop(g);
             run(ready);
-            g = lock(&c.inner);
+            g = c.inner.lock_or_recover();
             continue;
         }
         if g.shutdown {
@@ -141,7 +142,7 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
                 submission_index: None,
                 timeout: Some(Duration::from_secs(1)),
             });
-            g = lock(&c.inner);
+            g = c.inner.lock_or_recover();
             match r {
                 Ok(_) | Err(wgpu::PollError::Timeout) => {}
                 Err(e) => {
@@ -152,6 +153,6 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
             }
             continue;
         }
-        g = c.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        g = c.cv.wait_or_recover(g);
     }
 }

@@ -4,10 +4,11 @@
 //! submission to completion with no upload or readback.
 
 use std::time::{Duration, Instant};
+use virtsoc_sync::LockExt;
 
 use super::image::GpuImage;
 use super::ops::ImageLayer;
-use super::{lock, WgpuBackend};
+use super::WgpuBackend;
 use crate::{pattern, FrameLayout, GpuError, PixelFormat, Rect, Result};
 
 const FLOOR_WGSL: &str = include_str!("../shaders/floor.wgsl");
@@ -40,7 +41,7 @@ impl WgpuBackend {
     fn time_submission(&self, cmd: wgpu::CommandBuffer) -> Result<Duration> {
         let t = Instant::now();
         let id = {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock_or_recover();
             self.submit(&mut st, cmd).id
         };
         self.wait_submission(id)?;

@@ -6,9 +6,10 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use virtsoc_sync::LockExt;
 
 use super::pool::{BufKey, TexKey};
-use super::{align_up, lock, State, WgpuBackend};
+use super::{align_up, State, WgpuBackend};
 use crate::{FrameLayout, GpuError, PixelFormat, Result};
 
 /// One plane of an image: its texture and where it lives in the linear layout.
@@ -306,7 +307,7 @@ impl WgpuBackend {
                 label: Some("virtsoc-upload"),
             });
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock_or_recover();
             self.submit(&mut st, encoder.finish());
         }
         self.check_errors()
@@ -399,7 +400,7 @@ impl WgpuBackend {
         reqs: &[RowReq],
         mut sink: impl FnMut(usize, &[u8], usize),
     ) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let mut enc = self.device.create_command_encoder(&Default::default());
         let mut bufs = Vec::with_capacity(reqs.len());
         for r in reqs {
@@ -451,7 +452,7 @@ impl WgpuBackend {
             }
             buf.unmap();
         }
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         for (key, buf, _) in bufs {
             st.pool.give_buffer(key, buf);
         }

@@ -70,9 +70,10 @@ mod sample;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use virtsoc_sync::LockExt;
 
 use crate::{FrameLayout, GpuError, Result};
 
@@ -165,10 +166,6 @@ pub struct WgpuBackend {
     sample_pipe: sample::SamplePipeCell,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
@@ -211,7 +208,7 @@ impl WgpuBackend {
         let e2 = error.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             log::error!("wgpu error: {e}");
-            let mut g = lock(&e2);
+            let mut g = e2.lock_or_recover();
             if g.is_none() {
                 *g = Some(e.to_string());
             }
@@ -220,7 +217,7 @@ impl WgpuBackend {
         let (l2, c2) = (lost.clone(), completion.clone());
         device.set_device_lost_callback(move |reason, msg| {
             let m = format!("{reason:?}: {msg}");
-            *lock(&l2) = Some(m.clone());
+            *l2.lock_or_recover() = Some(m.clone());
             c2.fail(GpuError::DeviceLost(m));
         });
 
@@ -269,7 +266,7 @@ impl WgpuBackend {
 
     /// Number of the most recent submission (0 if none yet).
     pub fn last_submission(&self) -> SubmissionId {
-        lock(&self.state).last_submission
+        self.state.lock_or_recover().last_submission
     }
 
     /// Highest submission known to be complete; polls the device without blocking.
@@ -318,11 +315,11 @@ impl WgpuBackend {
 
     /// Number of idle pooled textures and buffers (for tests of bounded reuse).
     pub fn pooled_resources(&self) -> (usize, usize) {
-        lock(&self.state).pool.counts()
+        self.state.lock_or_recover().pool.counts()
     }
 
     fn check_lost(&self) -> Result<()> {
-        match lock(&self.lost).clone() {
+        match self.lost.lock_or_recover().clone() {
             Some(m) => Err(GpuError::DeviceLost(m)),
             None => Ok(()),
         }
@@ -330,7 +327,7 @@ impl WgpuBackend {
 
     fn check_errors(&self) -> Result<()> {
         self.check_lost()?;
-        match lock(&self.error).take() {
+        match self.error.lock_or_recover().take() {
             Some(m) => Err(GpuError::Backend(m)),
             None => Ok(()),
         }
@@ -365,7 +362,7 @@ impl WgpuBackend {
         let done = Arc::new(Mutex::new(None));
         let (d2, c2) = (done.clone(), self.completion.clone());
         self.queue.on_submitted_work_done(move || {
-            *lock(&d2) = Some(Instant::now());
+            *d2.lock_or_recover() = Some(Instant::now());
             c2.work_done(id);
         });
         self.completion.submitted(id);

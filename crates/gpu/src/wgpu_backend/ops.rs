@@ -3,12 +3,13 @@
 //! The `submit_*_images` methods are the asynchronous public API; the
 //! `*_locked` encoders are shared with the byte API.
 
+use virtsoc_sync::LockExt;
 use wgpu::util::DeviceExt;
 
 use super::image::GpuImage;
 use super::pipelines::{MarkerInstance, Params, PipeKey, Target};
 use super::pool::BufKey;
-use super::{align_up, lock, State, SubmissionId, Submitted, WgpuBackend};
+use super::{align_up, State, SubmissionId, Submitted, WgpuBackend};
 use crate::cpu::{LayerMap, ViewParams};
 use crate::{
     check_crop, check_dst_rect, check_markers, check_view, FrameLayout, GpuError, Marker,
@@ -170,7 +171,7 @@ impl WgpuBackend {
         dst: &GpuImage,
     ) -> Result<SubmissionId> {
         self.check_image_layers(layers, dst)?;
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let sub = self.composite_locked(&mut st, layers, dst, None);
         drop(st);
         self.check_errors()?;
@@ -190,7 +191,7 @@ impl WgpuBackend {
         rgb_dst("project_equirect", dst)?;
         not_dst(src, dst)?;
         check_view(view)?;
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let sub = self.project_locked(&mut st, src, view, dst);
         drop(st);
         self.check_errors()?;
@@ -203,7 +204,7 @@ impl WgpuBackend {
         self.check_owner(dst)?;
         rgb_dst("draw_markers", dst)?;
         check_markers(markers)?;
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let sub = self.markers_locked(&mut st, markers, dst);
         drop(st);
         self.check_errors()?;
@@ -218,7 +219,7 @@ impl WgpuBackend {
         self.check_owner(dst)?;
         rgb_dst("convert", dst)?;
         not_dst(src, dst)?;
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let sub = self.convert_locked(&mut st, src, dst);
         drop(st);
         self.check_errors()?;

@@ -2,11 +2,28 @@
 //! commands (typed and raw), counters and the copy ledger, and fences.
 
 use super::*;
+use virtsoc_proto::counters::LEDGER_PAGE;
+use virtsoc_proto::ops::{self, CoreOp};
+use virtsoc_sync::LockExt;
 
 impl Connection {
+    /// Runs core request `op` (see [`virtsoc_proto::ops`]) on `device`, waits for it and
+    /// decodes its reply.
+    pub fn core<O: CoreOp>(&self, device: DeviceId, op: O) -> Result<O::Reply> {
+        let v = self.call(O::OPCODE, device, op.encode())?;
+        Ok(O::reply(&v))
+    }
+
+    /// Submits core request `op` on `device` without waiting for it (a failure is kept for
+    /// [`take_async_errors`](Self::take_async_errors)).
+    fn core_detached<O: CoreOp>(&self, device: DeviceId, op: O) -> Result<()> {
+        self.submit_detached(O::OPCODE, device, op.encode())
+            .map(|_| ())
+    }
+
     /// A round trip that does nothing.
     pub fn nop(&self) -> Result<()> {
-        self.call(Opcode::Nop, DeviceId::CPU, [0; 6]).map(|_| ())
+        self.core(DeviceId::CPU, ops::Nop {}).map(|_| ())
     }
 
     /// Allocates a region: `size` bytes of [`Format::Blob`], or a `width` x `height` image.
@@ -18,30 +35,25 @@ impl Connection {
         format: Format,
         usage: u32,
     ) -> Result<RegionInfo> {
-        let v = self.call(
-            Opcode::Alloc,
+        let r = self.core(
             DeviceId::CPU,
-            [
+            ops::Alloc {
                 size,
-                width as u64,
-                height as u64,
-                format as u64,
-                usage as u64,
-                0,
-            ],
+                width,
+                height,
+                format,
+                usage,
+            },
         )?;
         let info = RegionInfo {
-            id: v[0],
-            size: v[1],
-            stride: v[2] as u32,
+            id: r.id,
+            size: r.size,
+            stride: r.stride as u32,
             width,
             height,
             format,
         };
-        self.regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(info.id, info);
+        self.regions.lock_or_recover().insert(info.id, info);
         Ok(info)
     }
 
@@ -52,20 +64,13 @@ impl Connection {
 
     /// Cached metadata of one of this guest's regions.
     pub fn region(&self, id: u64) -> Option<RegionInfo> {
-        self.regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .copied()
+        self.regions.lock_or_recover().get(&id).copied()
     }
 
     /// Frees a region.
     pub fn free(&self, id: u64) -> Result<()> {
-        self.call(Opcode::Free, DeviceId::CPU, [id, 0, 0, 0, 0, 0])?;
-        self.regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        self.core(DeviceId::CPU, ops::Free { id })?;
+        self.regions.lock_or_recover().remove(&id);
         Ok(())
     }
 
@@ -87,33 +92,37 @@ impl Connection {
                 )));
             }
         }
-        let v = self.call(
-            Opcode::BeginAccess,
+        let r = self.core(
             device,
-            [id, offset, len, mode as u64, 0, 0],
+            ops::BeginAccess {
+                id,
+                offset,
+                len,
+                mode,
+                flags: 0,
+            },
         )?;
         let ptr = if device == DeviceId::CPU {
             self.cpu_offsets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, v[0].wrapping_sub(offset));
+                .lock_or_recover()
+                .insert(id, r.window_offset.wrapping_sub(offset));
             let window = self.window();
-            window.check(v[0], len).map_err(|_| {
+            window.check(r.window_offset, len).map_err(|_| {
                 GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
                     "host returned a window offset outside the window",
                 ))
             })?;
             // SAFETY: offset and length were checked against the mapping above.
-            NonNull::new(unsafe { window.base_ptr().add(v[0] as usize) })
+            NonNull::new(unsafe { window.base_ptr().add(r.window_offset as usize) })
         } else {
             None
         };
         Ok(Access {
             ptr,
-            coherence: Duration::from_nanos(v[1]),
-            copies: v[2] as u32,
+            coherence: Duration::from_nanos(r.coherence_ns),
+            copies: r.copies as u32,
             compensation: Duration::ZERO,
-            host_elapsed: Duration::from_nanos(v[4]),
+            host_elapsed: Duration::from_nanos(r.host_ns),
         })
     }
 
@@ -130,8 +139,7 @@ impl Connection {
         let payload = if device == DeviceId::CPU && mode.writes() && !self.link().shares_window() {
             let base = self
                 .cpu_offsets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .lock_or_recover()
                 .get(&id)
                 .copied()
                 .ok_or_else(|| GuestError::BadArgument("end_access without begin_access".into()))?;
@@ -144,31 +152,25 @@ impl Connection {
             Vec::new()
         };
         // This call waits for the completion and blocks for the compensation it carries.
-        let seq = self.submit_with(
-            Opcode::EndAccess,
-            device,
-            [
-                id,
-                offset,
-                len,
-                mode as u64,
-                virtsoc_proto::wire::ACCESS_COMPENSATES,
-                0,
-            ],
-            false,
-            &payload,
-        )?;
-        let v = self.finish(Opcode::EndAccess, seq)?;
-        let compensation = Duration::from_nanos(v[3]).min(MAX_COMPENSATION);
+        let end = ops::EndAccess {
+            id,
+            offset,
+            len,
+            mode,
+            flags: virtsoc_proto::wire::ACCESS_COMPENSATES,
+        };
+        let seq = self.submit_with(Opcode::EndAccess, device, end.encode(), false, &payload)?;
+        let r = ops::EndAccess::reply(&self.finish(Opcode::EndAccess, seq)?);
+        let compensation = Duration::from_nanos(r.compensation_ns).min(MAX_COMPENSATION);
         if !compensation.is_zero() {
             std::thread::sleep(compensation);
         }
         Ok(Access {
             ptr: None,
-            coherence: Duration::from_nanos(v[1]),
-            copies: v[2] as u32,
+            coherence: Duration::from_nanos(r.coherence_ns),
+            copies: r.copies as u32,
             compensation,
-            host_elapsed: Duration::from_nanos(v[4]),
+            host_elapsed: Duration::from_nanos(r.host_ns),
         })
     }
 
@@ -195,21 +197,27 @@ impl Connection {
         }
         let mut seqs = Vec::new();
         for ((id, mode), size) in regions.iter().zip(&sizes) {
-            let s = self.submit(
-                Opcode::BeginAccess,
-                C::DEVICE,
-                [*id, 0, *size, *mode as u64, 0, 0],
-            )?;
+            let begin = ops::BeginAccess {
+                id: *id,
+                offset: 0,
+                len: *size,
+                mode: *mode,
+                flags: 0,
+            };
+            let s = self.submit(Opcode::BeginAccess, C::DEVICE, begin.encode())?;
             seqs.push((Opcode::BeginAccess, s));
         }
         let cmd_seq = self.submit(Opcode::DeviceCmd, C::DEVICE, cmd.encode())?;
         seqs.push((Opcode::DeviceCmd, cmd_seq));
         for ((id, mode), size) in regions.iter().zip(&sizes) {
-            let s = self.submit(
-                Opcode::EndAccess,
-                C::DEVICE,
-                [*id, 0, *size, *mode as u64, 0, 0],
-            )?;
+            let end = ops::EndAccess {
+                id: *id,
+                offset: 0,
+                len: *size,
+                mode: *mode,
+                flags: 0,
+            };
+            let s = self.submit(Opcode::EndAccess, C::DEVICE, end.encode())?;
             seqs.push((Opcode::EndAccess, s));
         }
         let mut first_err = None;
@@ -236,31 +244,18 @@ impl Connection {
 
     /// Number of regions and host bytes the daemon accounts to this guest.
     pub fn usage(&self) -> Result<(u64, u64)> {
-        let v = self.call(Opcode::Stats, DeviceId::CPU, [0; 6])?;
-        Ok((v[1], v[2]))
+        let r = self.core(DeviceId::CPU, ops::Stats {})?;
+        Ok((r.regions, r.bytes))
     }
 
-    /// The guest's SVM counters kept by the host.
+    /// The guest's SVM counters kept by the host (its own: its metadata, its copies).
     pub fn counters(&self) -> Result<Counters> {
-        let a = self.call(Opcode::Counters, DeviceId::CPU, [0; 6])?;
-        let b = self.call(Opcode::Counters, DeviceId::CPU, [1, 0, 0, 0, 0, 0])?;
-        let c = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?;
-        Ok(Counters {
-            copy_bytes: c[0],
-            device_copies: c[1],
-            device_copy_bytes: c[2],
-            device_copy_ns: c[3],
-            copies: a[0],
-            copy_ns: a[1],
-            sync_fetches: a[2],
-            inflight_waits: a[3],
-            prefetches: a[4],
-            hits: a[5],
-            misses: b[0],
-            compensation_ns: b[1],
-            bookkeeping_ns: b[2],
-            metadata_bytes: b[3],
-        })
+        let mut c = Counters::default();
+        for page in 0..Counters::PAGES {
+            let r = self.core(DeviceId::CPU, ops::Counters { page })?;
+            c.set_page(page, &r.to_values());
+        }
+        Ok(c)
     }
 
     /// The name of memory domain `id`, as the ledger names domains.
@@ -279,46 +274,40 @@ impl Connection {
 
     /// The host's copy ledger for this guest: every copy of its bytes by link.
     pub fn ledger(&self) -> Result<Vec<LedgerLink>> {
-        let n = self.call(Opcode::Counters, DeviceId::CPU, [2, 0, 0, 0, 0, 0])?[4];
+        let n = self.counters()?.ledger_links;
         (0..n)
             .map(|i| {
-                let v = self.call(Opcode::Counters, DeviceId::CPU, [3 + i, 0, 0, 0, 0, 0])?;
-                Ok(LedgerLink {
-                    src: v[0] as u32,
-                    dst: v[1] as u32,
-                    copies: v[2],
-                    bytes: v[3],
-                    ns: v[4],
-                })
+                let r = self.core(
+                    DeviceId::CPU,
+                    ops::Counters {
+                        page: LEDGER_PAGE + i,
+                    },
+                )?;
+                Ok(LedgerLink::from_values(&r.to_values()))
             })
             .collect()
     }
 
     /// Creates a virtual command fence.
     pub fn fence_create(&self) -> Result<Fence> {
-        Ok(Fence(
-            self.call(Opcode::FenceCreate, DeviceId::CPU, [0; 6])?[0],
-        ))
+        Ok(Fence(self.core(DeviceId::CPU, ops::FenceCreate {})?.fence))
     }
 
     /// Queues a signal of `f` on `device`: it fires once the device finished everything queued
     /// before it. Does not wait. On the CPU it fires at once (CPU requests run in order).
     pub fn fence_signal(&self, device: DeviceId, f: Fence) -> Result<()> {
-        self.submit_detached(Opcode::FenceSignal, device, [f.0, 0, 0, 0, 0, 0])
-            .map(|_| ())
+        self.core_detached(device, ops::FenceSignal { fence: f.0 })
     }
 
     /// Queues a wait for `f` on `device`: later commands of this guest on that device run only
     /// after `f` is signaled. Does not wait.
     pub fn fence_wait(&self, device: DeviceId, f: Fence) -> Result<()> {
-        self.submit_detached(Opcode::FenceWait, device, [f.0, 0, 0, 0, 0, 0])
-            .map(|_| ())
+        self.core_detached(device, ops::FenceWait { fence: f.0 })
     }
 
     /// Gives a fence back. Does not wait.
     pub fn fence_release(&self, f: Fence) -> Result<()> {
-        self.submit_detached(Opcode::FenceRelease, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])
-            .map(|_| ())
+        self.core_detached(DeviceId::CPU, ops::FenceRelease { fence: f.0 })
     }
 
     /// Whether `f` was signaled, read from the shared fence page without a round trip (a
@@ -332,6 +321,9 @@ impl Connection {
                 .load(Ordering::Acquire);
             return Ok(slot_status(word, id) == FenceStatus::Signaled);
         }
-        Ok(self.call(Opcode::FenceStatus, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])?[0] == 1)
+        Ok(self
+            .core(DeviceId::CPU, ops::FenceStatus { fence: f.0 })?
+            .signaled
+            == 1)
     }
 }

@@ -2,6 +2,7 @@
 //! (and kept open briefly so the peer reads them), accept errors backed off per listener.
 
 use super::*;
+use virtsoc_sync::LockExt;
 
 /// Refused connections kept open at most this long for the peer's hello to arrive, so the
 /// refusal is read instead of the guest's write failing on a closed socket.
@@ -253,7 +254,7 @@ impl Daemon {
         static LAST_LOG: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
         {
             // One log line a second at most: a flood must not flood the log too.
-            let mut last = LAST_LOG.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = LAST_LOG.lock_or_recover();
             let now = Instant::now();
             match &mut *last {
                 Some((at, skipped)) if now.duration_since(*at) < Duration::from_secs(1) => {

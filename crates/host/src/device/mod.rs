@@ -47,6 +47,7 @@ use virtsoc_fence::queue::{DoneToken, OrderedQueue, TryPop};
 use virtsoc_fence::table::FenceId;
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, Status};
 use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, Progress, SvmManager};
+use virtsoc_sync::LockExt;
 
 use crate::dispatch;
 use crate::session::Session;
@@ -211,10 +212,7 @@ impl DeviceSlot {
 
     /// Registers a guest's queue on this device.
     pub fn attach(&self, session: Arc<Session>, queue: GuestQueue) {
-        self.queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((session, queue));
+        self.queues.lock_or_recover().push((session, queue));
         self.events.notify();
     }
 
@@ -271,7 +269,7 @@ impl DeviceSet {
                     .name(format!("dev-{}", device.name()))
                     .spawn(move || worker(svm, s, arbiter))
                     .expect("spawn device worker");
-                *slot.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+                *slot.worker.lock_or_recover() = Some(handle);
                 slot
             })
             .collect::<Vec<_>>();
@@ -285,6 +283,31 @@ impl DeviceSet {
         DeviceSet {
             slots,
             feedback: Mutex::new(feedback),
+        }
+    }
+
+    /// The devices without their workers: a test serves the queues itself, one step at a
+    /// time.
+    #[cfg(test)]
+    pub(crate) fn idle(devices: Vec<(DeviceId, DomainId, Arc<dyn Device>)>) -> Self {
+        let slots = devices
+            .into_iter()
+            .map(|(id, domain, device)| {
+                Arc::new(DeviceSlot {
+                    id,
+                    domain,
+                    device,
+                    queues: Mutex::new(Vec::new()),
+                    events: Arc::new(EventCount::default()),
+                    stop: AtomicBool::new(false),
+                    worker: Mutex::new(None),
+                    acct: Arc::new(Accounting::new(virtsoc_sched::Kind::default())),
+                })
+            })
+            .collect();
+        DeviceSet {
+            slots,
+            feedback: Mutex::new(None),
         }
     }
 
@@ -304,8 +327,7 @@ impl DeviceSet {
             .iter()
             .filter(|s| {
                 s.queues
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .lock_or_recover()
                     .iter()
                     .any(|(x, _)| Arc::ptr_eq(x, session))
             })
@@ -315,12 +337,7 @@ impl DeviceSet {
 
     /// Stops every worker after its current command.
     pub fn stop(&self) {
-        if let Some(mut f) = self
-            .feedback
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(mut f) = self.feedback.lock_or_recover().take() {
             f.stop();
         }
         for s in &self.slots {
@@ -328,7 +345,7 @@ impl DeviceSet {
             s.events.notify();
         }
         for s in &self.slots {
-            if let Some(h) = s.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(h) = s.worker.lock_or_recover().take() {
                 let _ = h.join();
             }
         }
@@ -372,7 +389,7 @@ fn hold_until_copied(
     for t in tickets {
         let hold = hold.clone();
         t.on_done(Box::new(move || {
-            let mut h = hold.lock().unwrap_or_else(|p| p.into_inner());
+            let mut h = hold.lock_or_recover();
             h.left = h.left.saturating_sub(1);
             if h.left == 0 {
                 if let Some(token) = h.token.take() {
@@ -384,16 +401,15 @@ fn hold_until_copied(
     }
 }
 
-/// Parses the access arguments `[id, offset, len, mode, flags, _]` of a request.
+/// The region and access of a begin_access or end_access request (decoded by the core
+/// requests' declaration, [`virtsoc_proto::ops`]); `UnknownOpcode` for any other request.
 pub fn access_spec(req: &Request, domain: DomainId) -> Result<(u64, AccessSpec), Status> {
-    let [id, offset, len, mode, flags, _] = req.args;
-    let mode = u32::try_from(mode)
-        .ok()
-        .and_then(virtsoc_proto::AccessMode::from_u32)
-        .ok_or(Status::BadArgument)?;
-    let spec = AccessSpec::new(req.device, domain, offset, len, mode)
-        .compensating(flags & virtsoc_proto::wire::ACCESS_COMPENSATES != 0);
-    Ok((id, spec))
+    let a = virtsoc_proto::ops::CoreRequest::decode(req.opcode, &req.args)?
+        .access()
+        .ok_or(Status::UnknownOpcode)?;
+    let spec = AccessSpec::new(req.device, domain, a.offset, a.len, a.mode)
+        .compensating(a.flags & virtsoc_proto::wire::ACCESS_COMPENSATES != 0);
+    Ok((a.id, spec))
 }
 
 /// Runs one request on the device. A begin_access that must wait for a copy comes back
@@ -487,11 +503,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
         if slot.stop.load(Ordering::SeqCst) {
             return;
         }
-        let queues: Vec<_> = slot
-            .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let queues: Vec<_> = slot.queues.lock_or_recover().clone();
         let mut progressed = false;
         let mut dead = Vec::new();
         let mut ready: Vec<usize> = Vec::new();
@@ -570,7 +582,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
             }
         }
         if !dead.is_empty() {
-            let mut qs = slot.queues.lock().unwrap_or_else(|p| p.into_inner());
+            let mut qs = slot.queues.lock_or_recover();
             let gone: Vec<u64> = qs
                 .iter()
                 .filter(|(_, q)| dead.contains(&(Arc::as_ptr(q) as usize)))
@@ -607,3 +619,6 @@ fn park(slot: &DeviceSlot, parked: &mut HashMap<usize, Parked>, key: usize, p: P
     p.ticket.on_done(Box::new(wake));
     parked.insert(key, p);
 }
+
+#[cfg(test)]
+mod tests;
