@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use virtsoc_control::{ControlError, ViewFrame};
 use virtsoc_display::{PresentedFrame, ViewPicture};
 use virtsoc_media::{JpegEncoder, Mp4Recorder, YuvJpegEncoder};
+use virtsoc_sync::LockExt;
 
 use crate::device::DeviceSlot;
 use crate::Daemon;
@@ -50,7 +51,7 @@ impl Encoders {
     fn encode(&self, pic: &ViewPicture) -> Result<Vec<u8>, ControlError> {
         let size = (pic.width, pic.height);
         let kept = {
-            let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut v = self.0.lock_or_recover();
             v.iter()
                 .position(|e| e.size() == size)
                 .map(|i| v.swap_remove(i))
@@ -60,7 +61,7 @@ impl Encoders {
             None => YuvJpegEncoder::new(size.0, size.1, VIEW_QUALITY).map_err(internal)?,
         };
         let jpeg = enc.encode(&pic.data).map_err(internal)?;
-        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.0.lock_or_recover();
         if v.len() >= ENCODERS_KEPT {
             v.remove(0);
         }

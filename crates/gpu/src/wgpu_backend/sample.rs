@@ -7,7 +7,9 @@
 use std::sync::OnceLock;
 
 use super::pool::BufKey;
-use super::{lock, WgpuBackend};
+use virtsoc_sync::LockExt;
+
+use super::WgpuBackend;
 use crate::{GpuError, GpuImage, Result};
 
 const SHADER: &str = r#"
@@ -185,7 +187,7 @@ impl WgpuBackend {
             y.count, x.step, y.step, x.shift, y.shift,
         ];
         let bytes = u64::from(x.count) * u64::from(y.count) * 4;
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         let uniform = wgpu::util::DeviceExt::create_buffer_init(
             &self.device,
             &wgpu::util::BufferInitDescriptor {
@@ -238,7 +240,7 @@ impl WgpuBackend {
             sink(&view[..bytes as usize]);
         }
         readback.unmap();
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         st.pool.give_buffer(skey, storage);
         st.pool.give_buffer(rkey, readback);
         drop(st);

@@ -10,6 +10,7 @@
 use virtsoc_display::ViewPicture as Picture;
 use virtsoc_gpu::{PixelFormat, PlaneInfo, Rect, SampleAxis};
 use virtsoc_svm::Backing;
+use virtsoc_sync::LockExt;
 
 use super::planes::{Ledger, Plane};
 use crate::device::gpu::memory::GpuMemory;
@@ -233,7 +234,7 @@ const STATIC_KEPT: usize = 4;
 
 impl StaticPlanes {
     fn state(&self) -> std::sync::MutexGuard<'_, StaticState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_or_recover()
     }
 
     fn get(&self, key: &StaticKey) -> Option<std::sync::Arc<Coverage>> {
