@@ -519,6 +519,23 @@ impl SvmManager {
         }
     }
 
+    /// A replica of the region in host memory that holds its current contents, with the
+    /// region's write generation: a reader outside the devices (the live view) reads that in
+    /// place instead of having a device's memory read back. `None` when only device memory
+    /// or the guest window holds the contents.
+    pub fn host_replica(&self, guest: u64, id: u64) -> Result<Option<(Backing, u64)>> {
+        let region = self.region(guest, id)?;
+        let state = region.lock();
+        Ok(state
+            .replicas
+            .iter()
+            .find(|(_, r)| {
+                matches!(r.backing, Backing::Host(_))
+                    && (!state.written || !r.stale.overlaps((0, region.meta.size)))
+            })
+            .map(|(_, r)| (r.backing.clone(), state.generation)))
+    }
+
     /// The region's write generation (it changes with every write access).
     pub fn generation(&self, guest: u64, id: u64) -> Result<u64> {
         Ok(self.region(guest, id)?.lock().generation)

@@ -898,3 +898,21 @@ fn each_guest_has_its_own_region_table_dropped_whole_when_it_leaves() {
     assert_eq!(svm.guest_usage(2).unwrap().0, 1);
     assert!(matches!(svm.meta(1, 1), Err(SvmError::NoSuchRegion)));
 }
+
+#[test]
+fn a_host_replica_with_the_current_contents_is_found_with_its_generation() {
+    let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
+    let (id, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    write_then_read(&f, id, 3);
+    let (b, g1) = f.svm.host_replica(1, id).unwrap().expect("a host replica");
+    let Backing::Host(buf) = b else {
+        panic!("not host memory")
+    };
+    assert_eq!(buf.lock()[..4096], expected(3, 4096)[..]);
+    assert_eq!(g1, f.svm.generation(1, id).unwrap());
+    write_then_read(&f, id, 4);
+    let (_, g2) = f.svm.host_replica(1, id).unwrap().unwrap();
+    assert!(g2 > g1, "a write moves the generation");
+    assert!(f.svm.host_replica(1, id + 99).is_err());
+    assert!(f.svm.host_replica(2, id).is_err());
+}

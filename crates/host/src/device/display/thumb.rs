@@ -1,9 +1,11 @@
 //! Small pictures of presented frames for viewers (the live view), made the way a display
 //! controller scans planes out: each picture pixel takes the nearest source texel of each
 //! plane that covers it, blended in order, in full-range YUV 4:2:0 (what JPEG encoders take,
-//! so no conversion or scaling pass follows). The texels are taken where the plane lives:
-//! from GPU memory by one compute dispatch that packs the grid's texels into a small buffer
-//! ([`virtsoc_gpu::WgpuBackend::sample_plane`]), from host memory directly. RGB planes whose
+//! so no conversion or scaling pass follows). The texels are taken where the plane's current
+//! contents are cheapest to read: in host memory in place (the display's replica, or the
+//! writer's when a CPU device such as the ISP wrote the frame), else from GPU memory by one
+//! compute dispatch that packs the grid's texels into a small buffer
+//! ([`virtsoc_gpu::WgpuBackend::sample_plane`]). RGB planes whose
 //! content does not change between view frames (a UI layer written once) are sampled once
 //! and blended from memory after that ([`StaticPlanes`]).
 
@@ -327,14 +329,13 @@ fn with_samples(
     let bgra = plane.layout.format == PixelFormat::Bgra8;
     let from_bytes = |bytes: &[u8]| -> Option<Vec<u8>> {
         let bpp = info.bytes_per_texel;
-        let mut out = vec![0u8; x.count as usize * y.count as usize * 4];
-        let mut texels = out.chunks_exact_mut(4);
-        for j in 0..y.count {
-            let row = info.offset + y.texel(j) as usize * info.stride;
-            for i in 0..x.count {
-                let at = row + x.texel(i) as usize * bpp;
-                let t = texels.next()?;
-                t[..bpp].copy_from_slice(bytes.get(at..at + bpp)?);
+        let columns: Vec<usize> = (0..x.count).map(|i| x.texel(i) as usize * bpp).collect();
+        let mut out = vec![0u8; columns.len() * y.count as usize * 4];
+        for (j, line) in out.chunks_exact_mut(columns.len() * 4).enumerate() {
+            let start = info.offset + y.texel(j as u32) as usize * info.stride;
+            let row = bytes.get(start..start + info.width as usize * bpp)?;
+            for (t, &c) in line.chunks_exact_mut(4).zip(&columns) {
+                t[..bpp].copy_from_slice(row.get(c..c + bpp)?);
                 if bgra {
                     t.swap(0, 2);
                 }
@@ -342,7 +343,19 @@ fn with_samples(
         }
         Some(out)
     };
-    match &plane.backing {
+    // Host memory holding the same contents (the writer's replica, when a CPU device such as
+    // the ISP wrote the frame) is read in place rather than the display's GPU replica.
+    let host = match &plane.backing {
+        Backing::Device(_) => ledger
+            .svm
+            .host_replica(ledger.guest, plane.region)
+            .ok()
+            .flatten()
+            .filter(|(_, generation)| *generation == plane.generation)
+            .map(|(b, _)| b),
+        _ => None,
+    };
+    match host.as_ref().unwrap_or(&plane.backing) {
         Backing::Host(buf) => f(&from_bytes(&buf.lock())?),
         Backing::Device(mem) => {
             let t0 = std::time::Instant::now();
