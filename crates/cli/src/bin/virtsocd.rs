@@ -84,6 +84,10 @@ struct Args {
     /// Accept live migrations of guest sessions on this TCP address (needs the token).
     #[arg(long)]
     migrate_listen: Option<std::net::SocketAddr>,
+    /// Tests only: exit at this phase of an incoming migration (`precopy`, `stop`, `ready`,
+    /// `resume`), to check that the source resumes its guest with nothing lost.
+    #[arg(long, hide = true)]
+    migrate_fault: Option<virtsoc_host::snapshot::migrate::Fault>,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -247,7 +251,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
     }
     if let Some(addr) = args.migrate_listen {
-        virtsoc_host::snapshot::migrate::listen(&daemon, addr)?;
+        virtsoc_host::snapshot::migrate::listen(&daemon, addr, args.migrate_fault)?;
     }
     if args.print_ready {
         use std::io::Write;

@@ -149,6 +149,9 @@ impl Connection {
         // The old transport is done with: hang it up so its daemon (if still there) lets go.
         self.link().close();
         let deadline = Instant::now() + within;
+        // Where the session lived: a daemon it was sent to that is gone or refuses (a
+        // migration that did not commit) sends the library back here, where it resumes.
+        let home = path.clone();
         let mut redirects = 0;
         let h = loop {
             let attempt = UnixStream::connect(&path)
@@ -171,11 +174,16 @@ impl Connection {
                     redirects += 1;
                     path = std::path::PathBuf::from(to);
                 }
-                // Refused: the daemon is there and said no (no such saved session).
-                Err(e @ GuestError::Refused(_)) => return Err(e),
-                // Not there yet, or an old daemon hanging up while it stops: try again.
+                // Refused at home: the daemon is there and said no (no such saved session).
+                Err(e @ GuestError::Refused(_)) if path == home => return Err(e),
                 Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(_) => std::thread::sleep(RETRY),
+                // Not there yet, an old daemon hanging up while it stops, or a daemon it was
+                // sent to that is gone or refused: try again from home.
+                Err(_) => {
+                    path = home.clone();
+                    redirects = 0;
+                    std::thread::sleep(RETRY);
+                }
             }
         };
         *self.origin.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, opts));
