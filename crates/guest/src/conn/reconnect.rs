@@ -1,7 +1,11 @@
 //! Reconnecting a process guest to a daemon that restarted (or to the daemon its session
 //! moved to): the library connects again on the same socket, presents the session's resume
 //! secret (from its welcome), follows a `Moved` answer to the socket of the daemon its session
-//! migrated to, maps the new window and carries on. Region ids, fence ids and
+//! migrated to, maps the new window and carries on. A remote (TCP) guest reconnects to the
+//! same address the same way, proving with its secret that it is the same guest (a wrong
+//! secret is refused); it does not follow migrations. If the daemon it was sent to is gone or
+//! refuses (a migration that did not commit), the library goes back to where the session
+//! was, which resumes it. Region ids, fence ids and
 //! region contents stay what they were: the daemon restored the saved session into the new
 //! connection.
 //!
@@ -141,7 +145,7 @@ impl Connection {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let (mut path, opts) = origin.ok_or_else(|| {
-            GuestError::BadArgument("only process guests (Unix socket) reconnect".into())
+            GuestError::BadArgument("only process and remote guests reconnect".into())
         })?;
         let secret = self.resume_secret().ok_or_else(|| {
             GuestError::Refused("the daemon gave this session no resume secret".into())
@@ -154,19 +158,24 @@ impl Connection {
         let home = path.clone();
         let mut redirects = 0;
         let h = loop {
-            let attempt = UnixStream::connect(&path)
-                .map_err(|source| GuestError::Connect {
-                    path: path.display().to_string(),
-                    source,
-                })
-                .and_then(|sock| {
-                    sock.set_read_timeout(Some(HANDSHAKE))
-                        .map_err(GuestError::Io)?;
-                    let dup = sock.try_clone().map_err(GuestError::Io)?;
-                    let h = Self::handshake_unix(dup, &opts, Some(secret.clone()))?;
-                    sock.set_read_timeout(None).map_err(GuestError::Io)?;
-                    Ok(h)
-                });
+            let attempt = match path.to_str().and_then(|p| p.strip_prefix("tcp:")) {
+                Some(addr) => {
+                    Self::handshake_tcp(addr, &opts, Some(secret.clone()), Some(HANDSHAKE))
+                }
+                None => UnixStream::connect(&path)
+                    .map_err(|source| GuestError::Connect {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                    .and_then(|sock| {
+                        sock.set_read_timeout(Some(HANDSHAKE))
+                            .map_err(GuestError::Io)?;
+                        let dup = sock.try_clone().map_err(GuestError::Io)?;
+                        let h = Self::handshake_unix(dup, &opts, Some(secret.clone()))?;
+                        sock.set_read_timeout(None).map_err(GuestError::Io)?;
+                        Ok(h)
+                    }),
+            };
             match attempt {
                 Ok(h) => break h,
                 // The session migrated: resume it at the daemon it went to.

@@ -1,6 +1,7 @@
 //! Sessions that survive a daemon restart (`virtsocd --state-dir DIR`).
 //!
-//! Every admitted guest gets a *resume secret* in its welcome (128 random bits). On SIGTERM
+//! Every admitted process or remote (TCP) guest gets a *resume secret* in its welcome (128
+//! random bits); a remote guest proves with it that it is the same guest. On SIGTERM
 //! the daemon saves every session to `DIR/session-<prefix>.snap` (quiesced, and left paused
 //! so nothing the guest sends afterwards is lost silently: it is refused with the hang-up)
 //! before closing them. On start it reads and validates every such file; a file that fails
@@ -215,7 +216,9 @@ impl Restart {
                         return Err(Refusal::Moved(to.clone()));
                     }
                     return Err(Refusal::Refused(
-                        "no saved session for this resume secret".into(),
+                        "unknown resume secret: no session to resume here (a wrong secret, or a session \
+                         already resumed)"
+                            .into(),
                     ));
                 };
                 match super::restore(daemon, id, &img) {
