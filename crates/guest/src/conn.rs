@@ -150,23 +150,26 @@ pub struct LedgerLink {
 }
 
 impl Counters {
-    /// `self - earlier`, for the monotonic fields.
+    /// `self - earlier`, for the monotonic fields (0 where the daemon counts from less: the
+    /// session moved to another daemon meanwhile, whose counters started again).
     pub fn since(&self, earlier: &Counters) -> Counters {
         Counters {
-            copies: self.copies - earlier.copies,
-            copy_ns: self.copy_ns - earlier.copy_ns,
-            sync_fetches: self.sync_fetches - earlier.sync_fetches,
-            inflight_waits: self.inflight_waits - earlier.inflight_waits,
-            prefetches: self.prefetches - earlier.prefetches,
-            hits: self.hits - earlier.hits,
-            misses: self.misses - earlier.misses,
-            compensation_ns: self.compensation_ns - earlier.compensation_ns,
-            bookkeeping_ns: self.bookkeeping_ns - earlier.bookkeeping_ns,
+            copies: self.copies.saturating_sub(earlier.copies),
+            copy_ns: self.copy_ns.saturating_sub(earlier.copy_ns),
+            sync_fetches: self.sync_fetches.saturating_sub(earlier.sync_fetches),
+            inflight_waits: self.inflight_waits.saturating_sub(earlier.inflight_waits),
+            prefetches: self.prefetches.saturating_sub(earlier.prefetches),
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            compensation_ns: self.compensation_ns.saturating_sub(earlier.compensation_ns),
+            bookkeeping_ns: self.bookkeeping_ns.saturating_sub(earlier.bookkeeping_ns),
             metadata_bytes: self.metadata_bytes,
-            copy_bytes: self.copy_bytes - earlier.copy_bytes,
-            device_copies: self.device_copies - earlier.device_copies,
-            device_copy_bytes: self.device_copy_bytes - earlier.device_copy_bytes,
-            device_copy_ns: self.device_copy_ns - earlier.device_copy_ns,
+            copy_bytes: self.copy_bytes.saturating_sub(earlier.copy_bytes),
+            device_copies: self.device_copies.saturating_sub(earlier.device_copies),
+            device_copy_bytes: self
+                .device_copy_bytes
+                .saturating_sub(earlier.device_copy_bytes),
+            device_copy_ns: self.device_copy_ns.saturating_sub(earlier.device_copy_ns),
         }
     }
 }
