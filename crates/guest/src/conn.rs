@@ -30,7 +30,7 @@ use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWin
 use crate::{GuestError, Result};
 
 mod calls;
-mod handshake;
+pub(crate) mod handshake;
 mod reconnect;
 
 /// Longest compensation the library honours (the host caps it lower).
@@ -185,6 +185,9 @@ pub struct Connection {
     origin: Mutex<Option<(std::path::PathBuf, ConnectOptions)>>,
     /// The secret that resumes this session elsewhere (from the welcome).
     resume: Mutex<Option<String>>,
+    /// A VM guest's virtio-serial port (it stays open across reconnects: one opener at a
+    /// time).
+    pub(crate) vm_port: Mutex<Option<Arc<std::fs::File>>>,
     /// Reconnect by itself for this long when the daemon goes away (`None`: never).
     auto_reconnect: Mutex<Option<Duration>>,
     /// One reconnect at a time.
@@ -289,6 +292,20 @@ impl Connection {
         Ok(c)
     }
 
+    /// Sets how a VM guest reconnects: over `port`, named `origin` (`vm:NAME`), resuming
+    /// with the secret of its welcome.
+    pub(crate) fn set_vm_origin(
+        &mut self,
+        origin: String,
+        opts: &ConnectOptions,
+        port: Arc<std::fs::File>,
+        resume: Option<String>,
+    ) {
+        self.origin = Mutex::new(Some((origin.into(), opts.clone())));
+        self.vm_port = Mutex::new(Some(port));
+        self.resume = Mutex::new(resume);
+    }
+
     pub(crate) fn with_link(
         link: Box<dyn GuestLink>,
         window: Arc<SharedWindow>,
@@ -303,6 +320,7 @@ impl Connection {
             guest_id: AtomicU64::new(guest_id),
             origin: Mutex::new(None),
             resume: Mutex::new(None),
+            vm_port: Mutex::new(None),
             auto_reconnect: Mutex::new(None),
             reconnecting: Mutex::new(()),
             user_closed: AtomicBool::new(false),

@@ -8,12 +8,26 @@
 //! doorbells into wake-ups of the session thread. QEMU exiting (or being killed) closes the
 //! socket, which ends the session and frees everything it held; the endpoint then waits for
 //! the VM's next boot.
+//!
+//! **Live migration of a VM guest.** QEMU and its ivshmem memory file stay where they are;
+//! what moves is the daemon serving them. At the hand-over the source stops reading the
+//! VM's doorbell connection ([`take`]) and passes the connected socket and the memory file's
+//! descriptor to the target over a Unix socket (SCM_RIGHTS); the target maps the same file
+//! and serves the same connection ([`adopt`]), so QEMU never sees a reconnect. The source
+//! then ends the guest's session (the guest sees `HOST_STATE` set, the usual end of a
+//! session) and the guest library says hello again on the same port with its resume secret,
+//! now answered by the target. Until the migration commits the source keeps its own
+//! descriptor of the connection (and the session's image in memory, since the target
+//! writes the same window): if it does not commit, it reads the connection again
+//! ([`serve_again`]) and the guest's next hello resumes the session there.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use virtsoc_proto::handshake::{Hello, Reply, MAX_FRAME};
@@ -104,8 +118,8 @@ pub fn start(daemon: Arc<Daemon>, cfg: VmConfig) -> Result<()> {
         .name(format!("vm-{}", cfg.name))
         .spawn(move || {
             for conn in listener.incoming() {
-                match conn {
-                    Ok(stream) => serve_vm(&daemon, &cfg, &window, stream),
+                match conn.and_then(|stream| PortCtl::new().map(|ctl| (stream, ctl))) {
+                    Ok((stream, ctl)) => serve_vm(&daemon, &cfg, &window, stream, &ctl, None),
                     Err(e) => log::warn!("VM {}: accept: {e}", cfg.name),
                 }
             }
@@ -120,18 +134,198 @@ pub fn cleanup(cfg: &VmConfig) {
     }
 }
 
-struct Current {
+/// The session a VM's port serves now.
+pub struct Current {
     session: Arc<Session>,
     runner: std::thread::JoinHandle<()>,
     bell: Arc<EventCount>,
 }
 
+impl Current {
+    /// Waits for the session thread (after the session was closed) and unregisters it.
+    pub fn finish(self, daemon: &Daemon) {
+        let _ = self.runner.join();
+        daemon.unregister(self.session.guest_id());
+    }
+}
+
 fn end(daemon: &Daemon, cur: &mut Option<Current>) {
     if let Some(c) = cur.take() {
         c.session.close();
-        let _ = c.runner.join();
-        daemon.unregister(c.session.guest_id());
+        c.finish(daemon);
     }
+}
+
+/// A VM's doorbell connection with its window: what moves between daemons.
+pub struct VmPort {
+    cfg: VmConfig,
+    window: Arc<SharedWindow>,
+    stream: UnixStream,
+}
+
+impl VmPort {
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+}
+
+/// What the thread reading a VM's port handed back when asked to stop.
+pub struct Handed {
+    pub port: VmPort,
+    /// The session it was serving.
+    pub current: Option<Current>,
+}
+
+/// Control of the thread reading one VM's port: stop it and take the port back ([`take`]),
+/// or make it let go of the port ([`PortCtl::abandon`]).
+pub struct PortCtl {
+    wake_tx: UnixStream,
+    wake_rx: UnixStream,
+    stop: AtomicBool,
+    abandoned: AtomicBool,
+    handed: Mutex<Option<Handed>>,
+    handed_cv: Condvar,
+}
+
+impl PortCtl {
+    fn new() -> std::io::Result<Arc<Self>> {
+        let (wake_tx, wake_rx) = UnixStream::pair()?;
+        Ok(Arc::new(PortCtl {
+            wake_tx,
+            wake_rx,
+            stop: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            handed: Mutex::new(None),
+            handed_cv: Condvar::new(),
+        }))
+    }
+
+    fn wake(&self) {
+        let _ = (&self.wake_tx).write_all(&[1]);
+    }
+
+    /// The reading thread drops the port without answering or ending anything (an adopted
+    /// port whose migration did not commit: its source serves it again).
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::SeqCst)
+    }
+}
+
+/// The port reading thread of each VM guest being served, by guest id.
+#[derive(Default)]
+pub struct VmPorts(Mutex<HashMap<u64, Arc<PortCtl>>>);
+
+impl VmPorts {
+    fn set(&self, guest: u64, ctl: &Arc<PortCtl>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(guest, ctl.clone());
+    }
+
+    fn unset(&self, guest: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&guest);
+    }
+
+    fn get(&self, guest: u64) -> Option<Arc<PortCtl>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&guest)
+            .cloned()
+    }
+}
+
+/// Stops the thread reading VM guest `guest`'s port (its session stays open, paused by the
+/// caller) and takes the port and the session back.
+pub fn take(daemon: &Daemon, guest: u64) -> Result<Handed> {
+    let ctl = daemon
+        .restart()
+        .vm_ports
+        .get(guest)
+        .ok_or_else(|| HostError::Config(format!("guest {guest} is not a served VM guest")))?;
+    ctl.stop.store(true, Ordering::SeqCst);
+    ctl.wake();
+    let g = ctl.handed.lock().unwrap_or_else(|p| p.into_inner());
+    let (mut g, _) = ctl
+        .handed_cv
+        .wait_timeout_while(g, Duration::from_secs(10), |h| h.is_none())
+        .unwrap_or_else(|p| p.into_inner());
+    g.take()
+        .ok_or_else(|| HostError::Config(format!("VM guest {guest}: its port did not stop")))
+}
+
+/// Serves `port` again from a thread (a migration that did not commit), with the session
+/// it was serving, if any.
+pub fn serve_again(daemon: Arc<Daemon>, port: VmPort, current: Option<Current>) {
+    let name = port.cfg.name.clone();
+    let spawned = PortCtl::new().and_then(|ctl| {
+        std::thread::Builder::new()
+            .name(format!("vm-{name}"))
+            .spawn(move || {
+                serve_vm(&daemon, &port.cfg, &port.window, port.stream, &ctl, current);
+            })
+    });
+    if let Err(e) = spawned {
+        log::error!("VM {name}: cannot serve its port again: {e}");
+    }
+}
+
+/// Sends `port` (its connection and its memory file's descriptor) over `to`, a Unix
+/// socket to the target daemon, with `header` first.
+pub fn send_port(to: &UnixStream, header: &serde_json::Value, port: &VmPort) -> Result<()> {
+    use virtsoc_proto::handshake::send_json;
+    send_json(to, header, Some(port.stream.as_fd()))?;
+    send_json(
+        to,
+        &serde_json::json!({ "size": port.cfg.size }),
+        Some(port.window.fd()),
+    )?;
+    Ok(())
+}
+
+/// Serves a VM port handed over by another daemon: `shm` is the VM's memory file (mapped
+/// as it is, never truncated), `stream` the connection QEMU's chardev holds. Returns the
+/// control of the thread reading it.
+pub fn adopt(
+    daemon: Arc<Daemon>,
+    name: &str,
+    size: u64,
+    shm: std::fs::File,
+    stream: UnixStream,
+) -> Result<Arc<PortCtl>> {
+    if !size.is_power_of_two() || !(2 << 20..=4 << 30).contains(&size) {
+        return Err(HostError::Config(format!("bad VM window size {size}")));
+    }
+    if shm.metadata()?.len() < size {
+        return Err(HostError::Config(
+            "the VM's memory file is smaller than its window".into(),
+        ));
+    }
+    let layout = WindowLayout::new(size, 256, 256)?;
+    let window = Arc::new(SharedWindow::map_file(shm, layout)?);
+    let cfg = VmConfig {
+        name: name.chars().take(64).collect(),
+        shm: PathBuf::new(),
+        doorbell: PathBuf::new(),
+        size,
+    };
+    let ctl = PortCtl::new()?;
+    let c = ctl.clone();
+    std::thread::Builder::new()
+        .name(format!("vm-{}", cfg.name))
+        .spawn(move || serve_vm(&daemon, &cfg, &window, stream, &c, None))?;
+    log::info!("VM {name}: its port moved here");
+    Ok(ctl)
 }
 
 fn read_frame(stream: &mut UnixStream) -> std::io::Result<Vec<u8>> {
@@ -160,33 +354,107 @@ fn send_reply(stream: &Mutex<UnixStream>, reply: &Reply) -> std::io::Result<()> 
         .write_all(&msg)
 }
 
-/// Serves one connected VM until QEMU hangs up.
+/// Why the port reader woke.
+enum Wake {
+    Byte(u8),
+    Gone,
+    Stop,
+}
+
+/// The next byte on the port, or a stop request.
+fn next_byte(stream: &mut UnixStream, ctl: &PortCtl) -> Wake {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        if ctl.stop.load(Ordering::SeqCst) || ctl.is_abandoned() {
+            return Wake::Stop;
+        }
+        let mut fds = [
+            PollFd::new(&*stream, PollFlags::IN),
+            PollFd::new(&ctl.wake_rx, PollFlags::IN),
+        ];
+        if poll(&mut fds, None).is_err() {
+            continue; // EINTR
+        }
+        if !fds[1].revents().is_empty() {
+            let mut b = [0u8; 16];
+            let _ = (&ctl.wake_rx).read(&mut b);
+            continue;
+        }
+        if fds[0].revents().is_empty() {
+            continue;
+        }
+        let mut byte = [0u8; 1];
+        return match stream.read(&mut byte) {
+            Ok(1) => Wake::Byte(byte[0]),
+            _ => Wake::Gone,
+        };
+    }
+}
+
+/// Serves one connected VM until QEMU hangs up, or until asked to stop (its port moves to
+/// another daemon) or to let go of the port.
 fn serve_vm(
     daemon: &Arc<Daemon>,
     cfg: &VmConfig,
     window: &Arc<SharedWindow>,
     mut stream: UnixStream,
+    ctl: &Arc<PortCtl>,
+    current: Option<Current>,
 ) {
     log::info!("VM {} connected", cfg.name);
     let writer = match stream.try_clone() {
         Ok(w) => Arc::new(Mutex::new(w)),
         Err(e) => return log::warn!("VM {}: {e}", cfg.name),
     };
-    let mut cur: Option<Current> = None;
-    let mut byte = [0u8; 1];
+    let mut cur: Option<Current> = current;
+    if let Some(c) = &cur {
+        daemon.restart().vm_ports.set(c.session.guest_id(), ctl);
+    }
     loop {
-        match stream.read(&mut byte) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        match byte[0] {
+        let byte = match next_byte(&mut stream, ctl) {
+            Wake::Byte(b) => b,
+            Wake::Gone => break,
+            Wake::Stop if ctl.is_abandoned() => {
+                if let Some(c) = cur.take() {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                    c.session.close();
+                    c.finish(daemon);
+                }
+                return log::info!("VM {}: port let go (its source serves it)", cfg.name);
+            }
+            Wake::Stop => {
+                if let Some(c) = &cur {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                }
+                let port = VmPort {
+                    cfg: cfg.clone(),
+                    window: window.clone(),
+                    stream,
+                };
+                *ctl.handed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Handed {
+                    port,
+                    current: cur.take(),
+                });
+                ctl.handed_cv.notify_all();
+                return log::info!("VM {}: port handed over", cfg.name);
+            }
+        };
+        match byte {
             MSG_BELL => {
                 if let Some(c) = &cur {
                     c.bell.notify();
                 }
             }
-            MSG_BYE => end(daemon, &mut cur),
+            MSG_BYE => {
+                if let Some(c) = &cur {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                }
+                end(daemon, &mut cur)
+            }
             MSG_HELLO => {
+                if let Some(c) = &cur {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                }
                 end(daemon, &mut cur);
                 let hello: Hello = match read_frame(&mut stream)
                     .ok()
@@ -204,7 +472,12 @@ fn serve_vm(
                     }
                 };
                 match start_session(daemon, cfg, window, &writer, hello) {
-                    Ok(c) => cur = Some(c),
+                    Ok(c) => {
+                        daemon.restart().vm_ports.set(c.session.guest_id(), ctl);
+                        cur = Some(c);
+                    }
+                    // A migration that did not commit: no answer, the source answers.
+                    Err(_) if ctl.is_abandoned() => {}
                     Err(reason) => {
                         log::warn!("VM {}: refusing guest: {reason}", cfg.name);
                         let _ = send_reply(&writer, &Reply::Refused { reason });
@@ -213,6 +486,9 @@ fn serve_vm(
             }
             other => log::debug!("VM {}: ignoring port byte {other:#x}", cfg.name),
         }
+    }
+    if let Some(c) = &cur {
+        daemon.restart().vm_ports.unset(c.session.guest_id());
     }
     end(daemon, &mut cur);
     log::info!("VM {} disconnected", cfg.name);
@@ -232,7 +508,6 @@ fn start_session(
         .map_err(|e| e.to_string())?;
     let guest_id = daemon.next_guest_id();
     let a = daemon.admit_with(guest_id, kind, window.clone(), &hello.name)?;
-    send_reply(writer, &daemon.welcome(&a)).map_err(|e| e.to_string())?;
     let bell = Arc::new(EventCount::default());
     let spins = 2048;
     let link = ShmLink::new(
@@ -257,11 +532,39 @@ fn start_session(
         Arc::new(link),
         &daemon.config().limits,
     );
+    daemon.register(&session);
+    // Like a process guest: a resume secret in the welcome, and a hello presenting one
+    // resumes that saved (or migrated) session.
+    let mut welcome = daemon.welcome(&a);
+    let refused = |reason: String| {
+        daemon.unregister(guest_id);
+        session.close();
+        daemon.svm().detach_guest(guest_id);
+        reason
+    };
+    match daemon
+        .restart()
+        .admit(daemon, &session, hello.resume.as_deref())
+    {
+        Ok(secret) => {
+            if let Reply::Welcome { resume, .. } = &mut welcome {
+                *resume = Some(secret);
+            }
+        }
+        Err(crate::snapshot::restart::Refusal::Refused(reason)) => return Err(refused(reason)),
+        Err(crate::snapshot::restart::Refusal::Moved(_)) => {
+            return Err(refused(
+                "this session moved to another daemon with the VM's port".into(),
+            ))
+        }
+    }
+    if let Err(e) = send_reply(writer, &welcome) {
+        return Err(refused(e.to_string()));
+    }
     log::info!(
         "VM {} guest {guest_id} ({name}) connected, coherence {kind}",
         cfg.name
     );
-    daemon.register(&session);
     let (s, svm, dev) = (
         session.clone(),
         daemon.svm().clone(),

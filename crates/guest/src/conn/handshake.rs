@@ -16,13 +16,13 @@ use crate::link::{GuestLink, ShmLink, StreamLink};
 use crate::{GuestError, Result};
 
 /// What a handshake set up.
-pub(super) struct Handshake {
-    pub(super) link: Box<dyn GuestLink>,
-    pub(super) window: Arc<SharedWindow>,
-    pub(super) guest_id: u64,
-    pub(super) coherence: String,
-    pub(super) devices: Vec<DeviceDesc>,
-    pub(super) resume: Option<String>,
+pub(crate) struct Handshake {
+    pub(crate) link: Box<dyn GuestLink>,
+    pub(crate) window: Arc<SharedWindow>,
+    pub(crate) guest_id: u64,
+    pub(crate) coherence: String,
+    pub(crate) devices: Vec<DeviceDesc>,
+    pub(crate) resume: Option<String>,
 }
 
 impl Connection {

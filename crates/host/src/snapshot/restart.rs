@@ -38,6 +38,8 @@ pub struct Restart {
     parked: Mutex<HashMap<String, Parked>>,
     /// Resume secret -> the Unix socket of the daemon the session migrated to.
     moved: Mutex<HashMap<String, String>>,
+    /// The port of each VM guest served here (a VM guest's migration moves it).
+    pub(crate) vm_ports: crate::vm::VmPorts,
 }
 
 /// Why a guest is not admitted.
@@ -147,8 +149,18 @@ impl Restart {
             .is_some_and(|c| Arc::ptr_eq(c, confirm));
         if ours {
             parked.remove(secret);
+            confirm.abandon();
         }
         ours
+    }
+
+    /// The confirmation of the incoming migration parked under `secret`, if any.
+    pub fn candidate(&self, secret: &str) -> Option<Arc<Confirm>> {
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(secret)
+            .and_then(|p| p.confirm.clone())
     }
 
     /// A migration of this daemon's session did not commit: parks the session it kept, so
@@ -226,6 +238,7 @@ impl Restart {
                         if let Some(c) = &confirm {
                             if let Err(e) = c.confirm() {
                                 // Not committed: the source keeps the session and resumes it.
+                                c.abandon();
                                 for slot in daemon.devices().iter() {
                                     slot.device.guest_gone(id);
                                 }

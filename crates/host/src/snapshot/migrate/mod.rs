@@ -40,10 +40,17 @@
 //! does at its next call. Downtime is the stop phase plus the guest's reconnect and the `RESUMED`/`COMMIT` round
 //! trip; the stop phase's size is the dirty part.
 //!
+//! A VM guest migrates the same way, its QEMU and ivshmem memory file staying where they
+//! are: at the hand-over the source passes the VM's doorbell connection and memory file to
+//! the target over a Unix socket the target names in its `ACK` (see [`crate::vm`]), and
+//! keeps its own descriptor of the connection and the session's image (the target writes
+//! the same window) until the commit.
+//!
 //! Fault injection for tests: `virtsocd --migrate-fault PHASE` makes a *target* exit at
 //! [`Fault`] `PHASE` of its next incoming migration (nothing else reads it).
 
 mod target;
+mod vm;
 
 pub use target::{listen, Confirm, Fault};
 
@@ -117,11 +124,15 @@ fn expect(r: &mut impl std::io::Read, kind: u32) -> Result<Section> {
 pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<MigrationReport> {
     let t0 = Instant::now();
     let s = super::session_of(daemon, id)?;
-    if daemon.guest_meta(id).map(|(t, _)| t) != Some("unix") {
-        return Err(err(format!(
-            "guest {id} is not a process guest: only process guests migrate"
-        )));
-    }
+    let is_vm = match daemon.guest_meta(id).map(|(t, _)| t) {
+        Some("unix") => false,
+        Some("vm") => true,
+        _ => {
+            return Err(err(format!(
+                "guest {id} is a remote guest: only process and VM guests migrate"
+            )))
+        }
+    };
     let secret = daemon.restart().secret_of(id).ok_or_else(|| {
         err(format!(
             "guest {id} has no resume secret (not a process guest)"
@@ -140,7 +151,13 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     send(&mut w, HELLO, &[&hello.0])?;
     w.flush()?;
     let ack = expect(&mut r, ACK)?;
-    let target_socket = Cursor::new(&ack.payload, "ack").string(4096)?;
+    let mut ack = Cursor::new(&ack.payload, "ack");
+    let target_socket = ack.string(4096)?;
+    // Where a VM guest's port goes (an older target names none).
+    let port_socket = ack.string(4096).ok();
+    if is_vm && port_socket.is_none() {
+        return Err(err("the target cannot take a VM guest's port"));
+    }
 
     // Pre-copy while the guest runs.
     let svm = daemon.svm();
@@ -246,9 +263,22 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
 
     // Hand-over: the guest goes to the target; its state stays here until the commit,
     // which comes when the guest arrived there (at its next call, for an idle guest).
-    daemon.restart().moved(&secret, &target_socket);
+    let vm = match (is_vm, &port_socket) {
+        // A failure here serves the port again; dropping `q` resumes the session.
+        (true, Some(to)) => Some(vm::hand_over(daemon, &s, to, token, &secret)?),
+        _ => {
+            daemon.restart().moved(&secret, &target_socket);
+            None
+        }
+    };
     q.kept();
     s.close_keeping_state();
+    let vm = vm.map(|mut v| {
+        if let Some(c) = v.current.take() {
+            c.finish(daemon);
+        }
+        v
+    });
     report.total_ms = t0.elapsed().as_millis() as u64;
     log::info!(
         "guest {id} handed over to {to}: {} regions, pre-copy {} bytes in {} ms, {} dirty \
@@ -273,6 +303,7 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
         r,
         w,
         since: Instant::now(),
+        vm,
     };
     let spawned = std::thread::Builder::new()
         .name(format!("migrate-commit-{id}"))
@@ -296,6 +327,8 @@ struct Pending {
     r: BufReader<TcpStream>,
     w: BufWriter<TcpStream>,
     since: Instant,
+    /// A VM guest's port (this daemon's descriptor of it) and its session's image.
+    vm: Option<vm::Moving>,
 }
 
 impl Pending {
@@ -313,7 +346,11 @@ impl Pending {
             .and_then(|_| self.w.flush().map_err(crate::HostError::from));
         match confirmed {
             Ok(()) => {
-                // Committed: the target holds the session now.
+                // Committed: the target holds the session now (and a VM guest's window:
+                // releasing the regions here must not zero what the target keeps there).
+                if self.vm.is_some() {
+                    let _ = self.daemon.svm().disown_window(id);
+                }
                 self.session
                     .release(self.daemon.svm(), self.daemon.devices());
                 log::info!(
@@ -323,7 +360,10 @@ impl Pending {
             }
             Err(e) => {
                 log::warn!("guest {id}: the target did not confirm the guest's resume: {e}");
-                resume_here(&self.daemon, &self.session, self.kept, &self.ids);
+                match self.vm {
+                    Some(v) => v.resume_here(&self.daemon, &self.session),
+                    None => resume_here(&self.daemon, &self.session, self.kept, &self.ids),
+                }
             }
         }
     }

@@ -57,9 +57,19 @@ fn die_at(fault: Option<Fault>, at: Fault) {
 pub struct Confirm {
     stream: Mutex<Option<TcpStream>>,
     fault: Option<Fault>,
+    /// A VM guest's port adopted for this migration, let go if it does not commit.
+    vm: Mutex<Option<Arc<crate::vm::PortCtl>>>,
 }
 
 impl Confirm {
+    /// The migration did not commit: lets go of the VM port adopted for it, if any (its
+    /// source serves it again).
+    pub fn abandon(&self) {
+        if let Some(ctl) = self.vm.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            ctl.abandon();
+        }
+    }
+
     /// The guest arrived and its session is restored here: tells the source (`RESUMED`) and
     /// waits for its `COMMIT`. `Err`: not committed (the source resumes the guest itself);
     /// the caller undoes the restore and refuses the guest.
@@ -91,6 +101,7 @@ pub fn listen(daemon: &Arc<Daemon>, addr: SocketAddr, fault: Option<Fault>) -> R
         .ok_or_else(|| crate::HostError::Config("--migrate-listen needs a token".into()))?;
     let l = TcpListener::bind(addr)?;
     let local = l.local_addr()?;
+    listen_ports(daemon, &token)?;
     let weak = Arc::downgrade(daemon);
     let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -127,6 +138,85 @@ pub fn listen(daemon: &Arc<Daemon>, addr: SocketAddr, fault: Option<Fault>) -> R
     Ok(local)
 }
 
+/// The Unix socket where a source passes a VM guest's port (next to the daemon's socket).
+fn port_socket(daemon: &Daemon) -> std::path::PathBuf {
+    let mut p = daemon.config().socket.clone().into_os_string();
+    p.push(".migrate");
+    p.into()
+}
+
+/// Accepts VM ports of incoming migrations (each needs the token and the resume secret of
+/// a session parked here as a candidate).
+fn listen_ports(daemon: &Arc<Daemon>, token: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = port_socket(daemon);
+    let _ = std::fs::remove_file(&path);
+    let l = std::os::unix::net::UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let weak = Arc::downgrade(daemon);
+    let token = token.to_string();
+    std::thread::Builder::new()
+        .name("migrate-ports".into())
+        .spawn(move || {
+            for conn in l.incoming() {
+                let Some(daemon) = weak.upgrade() else { break };
+                let Ok(conn) = conn else { continue };
+                let token = token.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("migrate-port".into())
+                    .spawn(move || {
+                        let answer = match take_port(&daemon, &conn, &token) {
+                            Ok(()) => serde_json::json!({ "ok": true }),
+                            Err(e) => {
+                                log::warn!("VM port of an incoming migration refused: {e}");
+                                serde_json::json!({ "ok": false, "error": e.to_string() })
+                            }
+                        };
+                        let _ = virtsoc_proto::handshake::send_json(&conn, &answer, None);
+                    });
+                if spawned.is_err() {
+                    log::warn!("cannot start a thread for a VM port");
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Receives a VM guest's port (its doorbell connection, then its memory file) and serves it.
+fn take_port(
+    daemon: &Arc<Daemon>,
+    conn: &std::os::unix::net::UnixStream,
+    token: &str,
+) -> Result<()> {
+    use virtsoc_proto::handshake::recv_json;
+    conn.set_read_timeout(Some(IO_TIMEOUT))?;
+    conn.set_write_timeout(Some(IO_TIMEOUT))?;
+    let (header, stream): (serde_json::Value, _) = recv_json(conn)?;
+    let (sizes, shm): (serde_json::Value, _) = recv_json(conn)?;
+    let given = header["token"].as_str().unwrap_or("");
+    if !crate::daemon::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        return Err(err("bad token"));
+    }
+    let secret = header["secret"].as_str().unwrap_or("");
+    let confirm = daemon
+        .restart()
+        .candidate(secret)
+        .ok_or_else(|| err("no incoming migration waits for this port"))?;
+    let (Some(stream), Some(shm), Some(size)) = (stream, shm, sizes["size"].as_u64()) else {
+        return Err(err("the port or the memory file is missing"));
+    };
+    let name = header["name"].as_str().unwrap_or("vm");
+    let ctl = crate::vm::adopt(
+        daemon.clone(),
+        name,
+        size,
+        std::fs::File::from(shm),
+        std::os::unix::net::UnixStream::from(stream),
+    )?;
+    *confirm.vm.lock().unwrap_or_else(|p| p.into_inner()) = Some(ctl);
+    Ok(())
+}
+
 fn refuse(w: &mut impl Write, msg: &str) {
     let mut b = Buf::default();
     b.string(msg);
@@ -153,7 +243,8 @@ fn receive(daemon: &Daemon, stream: TcpStream, token: &str, fault: Option<Fault>
         return Err(err("bad hello or token"));
     }
     let mut ack = Buf::default();
-    ack.string(&daemon.config().socket.to_string_lossy());
+    ack.string(&daemon.config().socket.to_string_lossy())
+        .string(&port_socket(daemon).to_string_lossy());
     send(&mut w, ACK, &[&ack.0])?;
     w.flush()?;
     let img = match assemble(daemon, &mut r, fault) {
@@ -168,6 +259,7 @@ fn receive(daemon: &Daemon, stream: TcpStream, token: &str, fault: Option<Fault>
     let confirm = Arc::new(Confirm {
         stream: Mutex::new(Some(stream.try_clone()?)),
         fault,
+        vm: Mutex::new(None),
     });
     daemon
         .restart()
