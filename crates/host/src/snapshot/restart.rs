@@ -228,8 +228,8 @@ impl Restart {
                         return Err(Refusal::Moved(to.clone()));
                     }
                     return Err(Refusal::Refused(
-                        "unknown resume secret: no session to resume here (a wrong secret, or a session \
-                         already resumed)"
+                        "unknown resume secret: no saved session for it here (a wrong secret, or a \
+                         session already resumed)"
                             .into(),
                     ));
                 };
