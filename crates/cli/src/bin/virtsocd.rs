@@ -266,6 +266,12 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     for vm in &vms {
         virtsoc_host::vm::cleanup(vm);
     }
+    if args.migrate_listen.is_some() {
+        // The socket where VM guests' ports of incoming migrations arrive.
+        let mut port_socket = args.socket.clone().into_os_string();
+        port_socket.push(".migrate");
+        let _ = std::fs::remove_file(port_socket);
+    }
     result
 }
 
