@@ -165,8 +165,8 @@ impl Daemon {
         );
         self.register(&session);
         // A remote guest resumes its session (after a restart) with the secret it got in
-        // its welcome, like a process guest; it cannot follow a migration (only process
-        // guests migrate).
+        // its welcome, like a process guest; it cannot follow a migration (only process and
+        // VM guests migrate).
         let mut welcome = self.welcome(&a);
         let refusal = match self.restart.admit(&self, &session, hello.resume.as_deref()) {
             Ok(secret) => {

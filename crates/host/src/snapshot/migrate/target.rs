@@ -62,6 +62,16 @@ pub struct Confirm {
 }
 
 impl Confirm {
+    /// A confirmation with no connection behind it (unit tests of the bookkeeping).
+    #[cfg(test)]
+    pub(crate) fn detached() -> Confirm {
+        Confirm {
+            stream: Mutex::new(None),
+            fault: None,
+            vm: Mutex::new(None),
+        }
+    }
+
     /// The migration did not commit: lets go of the VM port adopted for it, if any (its
     /// source serves it again).
     pub fn abandon(&self) {
