@@ -260,8 +260,11 @@ pub fn take(daemon: &Daemon, guest: u64) -> Result<Handed> {
         .handed_cv
         .wait_timeout_while(g, Duration::from_secs(10), |h| h.is_none())
         .unwrap_or_else(|p| p.into_inner());
-    g.take()
-        .ok_or_else(|| HostError::Config(format!("VM guest {guest}: its port did not stop")))
+    g.take().ok_or_else(|| {
+        // Withdrawn under the same lock the reader hands over under: it goes on serving.
+        ctl.stop.store(false, Ordering::SeqCst);
+        HostError::Config(format!("VM guest {guest}: its port did not stop in time"))
+    })
 }
 
 /// Serves `port` again from a thread (a migration that did not commit), with the session
@@ -423,6 +426,10 @@ fn serve_vm(
                 return log::info!("VM {}: port let go (its source serves it)", cfg.name);
             }
             Wake::Stop => {
+                let mut handed = ctl.handed.lock().unwrap_or_else(|p| p.into_inner());
+                if !ctl.stop.load(Ordering::SeqCst) {
+                    continue; // the request was withdrawn (it waited too long)
+                }
                 if let Some(c) = &cur {
                     daemon.restart().vm_ports.unset(c.session.guest_id());
                 }
@@ -431,10 +438,11 @@ fn serve_vm(
                     window: window.clone(),
                     stream,
                 };
-                *ctl.handed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Handed {
+                *handed = Some(Handed {
                     port,
                     current: cur.take(),
                 });
+                drop(handed);
                 ctl.handed_cv.notify_all();
                 return log::info!("VM {}: port handed over", cfg.name);
             }
