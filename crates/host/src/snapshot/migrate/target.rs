@@ -85,6 +85,9 @@ impl Confirm {
     /// the caller undoes the restore and refuses the guest.
     pub fn confirm(&self) -> Result<()> {
         die_at(self.fault, Fault::Resume);
+        // A target told to die right after `READY` that is still exiting when the guest
+        // arrives must not confirm either.
+        die_at(self.fault, Fault::Ready);
         let s = self
             .stream
             .lock()
