@@ -306,4 +306,18 @@ pub(crate) enum DebugCmd {
         #[arg(long, default_value_t = 1 << 20)]
         size: u64,
     },
+    /// Allocates regions and fills them from the CPU, prints READY, then for SECONDS reads
+    /// them back every 100 ms (following the session by itself through daemon restarts and
+    /// migrations) and prints JSON: checks made, bad checks, the guest ids it had. Fails if
+    /// a check found other bytes.
+    Keep {
+        #[arg(long)]
+        socket: String,
+        #[arg(long, default_value_t = 3)]
+        regions: usize,
+        #[arg(long, default_value_t = 1 << 18)]
+        size: u64,
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+    },
 }

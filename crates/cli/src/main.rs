@@ -11,6 +11,7 @@ mod bench_svm;
 mod bench_transport;
 mod ctl;
 mod daemon_proc;
+mod keep;
 mod report;
 mod scenario;
 mod snapshot;
@@ -485,6 +486,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let mut sink = String::new();
             let _ = std::io::stdin().read_line(&mut sink);
         }
+        Cmd::Debug {
+            which:
+                DebugCmd::Keep {
+                    socket,
+                    regions,
+                    size,
+                    seconds,
+                },
+        } => keep::run(&socket, regions, size, seconds)?,
     }
     Ok(())
 }

@@ -226,6 +226,9 @@ fn requests_in_flight_during_a_migration_run_exactly_once() {
             TOKEN,
         );
         assert_eq!(status, 200, "{v}");
+        // The migration commits once the guest resumed at the target (its next request
+        // takes it there); only then does it have its new id.
+        daemons[1 - at].expect_log("resumed the session");
         at = 1 - at;
     }
     std::thread::sleep(Duration::from_millis(50));

@@ -15,16 +15,15 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
-use std::net::TcpStream;
 use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
 use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
-use virtsoc_proto::handshake::{recv_json, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
+use virtsoc_proto::handshake::{DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::WindowLayout;
 use virtsoc_sync::{CondvarExt, LockExt};
 
-use crate::link::{GuestLink, StreamLink};
+use crate::link::GuestLink;
 use virtsoc_devapi::DeviceCommand;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWindow, Status};
@@ -32,7 +31,7 @@ use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWin
 use crate::{GuestError, Result};
 
 mod calls;
-mod handshake;
+pub(crate) mod handshake;
 mod reconnect;
 #[cfg(test)]
 mod tests;
@@ -140,6 +139,9 @@ pub struct Connection {
     origin: Mutex<Option<(std::path::PathBuf, ConnectOptions)>>,
     /// The secret that resumes this session elsewhere (from the welcome).
     resume: Mutex<Option<String>>,
+    /// A VM guest's virtio-serial port (it stays open across reconnects: one opener at a
+    /// time).
+    pub(crate) vm_port: Mutex<Option<Arc<std::fs::File>>>,
     /// Reconnect by itself for this long when the daemon goes away (`None`: never).
     auto_reconnect: Mutex<Option<Duration>>,
     /// One reconnect at a time.
@@ -236,17 +238,26 @@ impl Connection {
     /// Connects to a daemon listening on TCP (remote guest). Bulk data goes in the stream;
     /// `opts.token` must match the operator's token.
     pub fn connect_tcp(addr: &str, opts: &ConnectOptions) -> Result<Self> {
-        let sock = TcpStream::connect(addr).map_err(|source| GuestError::Connect {
-            path: addr.to_string(),
-            source,
-        })?;
-        send_json(&sock, &Self::hello_for(opts), None)?;
-        let (reply, _): (Reply, _) = recv_json(&sock)?;
-        let (guest_id, layout, coherence, devices) = Self::welcome_of(reply)?;
-        // A private mirror of the window: CPU pointers point here, bytes travel in the stream.
-        let window = Arc::new(SharedWindow::create_memfd("virtsoc-remote-mirror", layout)?);
-        let link = StreamLink::new(sock, layout.size)?;
-        Self::with_link(Box::new(link), window, guest_id, coherence, devices)
+        let h = Self::handshake_tcp(addr, opts, None, None)?;
+        let mut c = Self::with_link(h.link, h.window, h.guest_id, h.coherence, h.devices)?;
+        // Reconnects go to the same address (`tcp:` marks it as one).
+        c.origin = Mutex::new(Some((format!("tcp:{addr}").into(), opts.clone())));
+        *c.resume.lock().unwrap_or_else(|p| p.into_inner()) = h.resume;
+        Ok(c)
+    }
+
+    /// Sets how a VM guest reconnects: over `port`, named `origin` (`vm:NAME`), resuming
+    /// with the secret of its welcome.
+    pub(crate) fn set_vm_origin(
+        &mut self,
+        origin: String,
+        opts: &ConnectOptions,
+        port: Arc<std::fs::File>,
+        resume: Option<String>,
+    ) {
+        self.origin = Mutex::new(Some((origin.into(), opts.clone())));
+        self.vm_port = Mutex::new(Some(port));
+        self.resume = Mutex::new(resume);
     }
 
     pub(crate) fn with_link(
@@ -263,6 +274,7 @@ impl Connection {
             guest_id: AtomicU64::new(guest_id),
             origin: Mutex::new(None),
             resume: Mutex::new(None),
+            vm_port: Mutex::new(None),
             auto_reconnect: Mutex::new(None),
             reconnecting: Mutex::new(()),
             user_closed: AtomicBool::new(false),

@@ -5,6 +5,11 @@
 //! `0x01` to ring the host's doorbell and `0x04` when it leaves; the host answers the hello
 //! with `0x03` + a length-prefixed JSON reply and rings the guest with `0x01`. Doorbells are
 //! spin-then-sleep: a byte is written only when the other side announced that it sleeps.
+//!
+//! Reconnecting (auto-reconnect, or [`Connection::reconnect`]): when the daemon ends the
+//! session (a daemon restart, or a live migration that moved the VM's port to another
+//! daemon) the library says hello again on the same port with its resume secret and maps
+//! the BAR again; the VM and its QEMU never notice.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -18,6 +23,7 @@ use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::Doorbell;
 use virtsoc_proto::SharedWindow;
 
+use crate::conn::handshake::Handshake;
 use crate::conn::{ConnectOptions, Connection};
 use crate::link::ShmLink;
 use crate::{GuestError, Result};
@@ -64,14 +70,41 @@ fn find_ivshmem() -> Result<PathBuf> {
     ))
 }
 
-fn read_exact_port(port: &mut File, buf: &mut [u8]) -> Result<()> {
-    port.read_exact(buf).map_err(|_| GuestError::Closed)
+/// Reads exactly `buf` from the port, by `deadline` if given.
+fn read_exact_port(port: &File, buf: &mut [u8], deadline: Option<Instant>) -> Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(GuestError::Refused(
+                    "no answer on the VM port in time".into(),
+                ));
+            }
+            let ts = rustix::time::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: left.subsec_nanos() as i64,
+            };
+            let mut fds = [rustix::event::PollFd::new(
+                port,
+                rustix::event::PollFlags::IN,
+            )];
+            if !matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(n) if n > 0) {
+                continue;
+            }
+        }
+        match (&*port).read(&mut buf[got..]) {
+            Ok(0) | Err(_) => return Err(GuestError::Closed),
+            Ok(n) => got += n,
+        }
+    }
+    Ok(())
 }
 
 /// Connects from inside a VM.
 pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
     let port_path = find_port(port_name)?;
-    let mut port = OpenOptions::new()
+    let port = OpenOptions::new()
         .read(true)
         .write(true)
         .open(&port_path)
@@ -79,29 +112,50 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
             path: port_path.display().to_string(),
             source,
         })?;
-    let hello = serde_json::to_vec(&Connection::hello_for(opts))
-        .map_err(virtsoc_proto::ProtoError::from)?;
+    let port = Arc::new(port);
+    let h = handshake(&port, opts, None, None)?;
+    let mut c = Connection::with_link(h.link, h.window, h.guest_id, h.coherence, h.devices)?;
+    c.set_vm_origin(format!("vm:{port_name}"), opts, port, h.resume);
+    Ok(c)
+}
+
+/// The handshake of a VM guest on its open `port` (resuming a session with `resume`), the
+/// answer awaited until `timeout` if given: maps the ivshmem BAR and makes the link.
+pub(crate) fn handshake(
+    port: &Arc<File>,
+    opts: &ConnectOptions,
+    resume: Option<String>,
+    timeout: Option<Duration>,
+) -> Result<Handshake> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut h = Connection::hello_for(opts);
+    h.resume = resume;
+    let hello = serde_json::to_vec(&h).map_err(virtsoc_proto::ProtoError::from)?;
     let mut msg = vec![MSG_HELLO];
     msg.extend_from_slice(&(hello.len() as u32).to_le_bytes());
     msg.extend_from_slice(&hello);
-    port.write_all(&msg).map_err(GuestError::Io)?;
+    (&**port).write_all(&msg).map_err(GuestError::Io)?;
     // Skip stray doorbells of an earlier session until the reply.
     let mut b = [0u8; 1];
     loop {
-        read_exact_port(&mut port, &mut b)?;
+        read_exact_port(port, &mut b, deadline)?;
         if b[0] == MSG_REPLY {
             break;
         }
     }
     let mut len = [0u8; 4];
-    read_exact_port(&mut port, &mut len)?;
+    read_exact_port(port, &mut len, deadline)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME {
         return Err(GuestError::Refused("oversized reply".into()));
     }
     let mut body = vec![0u8; len];
-    read_exact_port(&mut port, &mut body)?;
+    read_exact_port(port, &mut body, deadline)?;
     let reply: Reply = serde_json::from_slice(&body).map_err(virtsoc_proto::ProtoError::from)?;
+    let resume = match &reply {
+        Reply::Welcome { resume, .. } => resume.clone(),
+        _ => None,
+    };
     let (guest_id, layout, coherence, devices) = Connection::welcome_of(reply)?;
     let bar = find_ivshmem()?;
     let file = OpenOptions::new()
@@ -113,7 +167,6 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
             source,
         })?;
     let window = Arc::new(SharedWindow::map_file(file, layout)?);
-    let port = Arc::new(port);
     let bye = port.clone();
     let link = ShmLink::new(
         window.clone(),
@@ -125,7 +178,7 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
         )),
         Box::new(PortBell::new(
             &window,
-            port,
+            port.clone(),
             ctl::GUEST_SLEEPING,
             opts.spins,
         )),
@@ -134,7 +187,14 @@ pub fn connect(port_name: &str, opts: &ConnectOptions) -> Result<Connection> {
             let _ = (&*bye).write_all(&[MSG_BYE]);
         }),
     );
-    Connection::with_link(Box::new(link), window, guest_id, coherence, devices)
+    Ok(Handshake {
+        link: Box::new(link),
+        window,
+        guest_id,
+        coherence,
+        devices,
+        resume,
+    })
 }
 
 /// A doorbell over the virtio-serial port. As the host's bell (`sleeping` =

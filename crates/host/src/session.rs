@@ -31,6 +31,9 @@ pub struct Session {
     window: Arc<SharedWindow>,
     link: Arc<dyn HostLink>,
     closed: AtomicBool,
+    /// Closed by a migration that has not committed yet: the guest's regions and device
+    /// objects stay when the session thread ends (see [`close_keeping_state`](Self::close_keeping_state)).
+    keep_state: AtomicBool,
     fences: Arc<VirtualFenceTable>,
     queues: Mutex<HashMap<u32, (GuestQueue, Arc<DeviceSlot>)>>,
     /// Requests queued on each device (by device id), for the control API.
@@ -65,6 +68,7 @@ impl Session {
             window,
             link,
             closed: AtomicBool::new(false),
+            keep_state: AtomicBool::new(false),
             gate: Mutex::new((false, false)),
             gate_cv: Condvar::new(),
         })
@@ -174,6 +178,28 @@ impl Session {
         }
     }
 
+    /// Ends the session like [`close`](Self::close) (the guest is hung up) but keeps what the
+    /// guest holds (regions, device objects) until [`release`](Self::release): a migration
+    /// that has not committed yet may still resume the guest here.
+    pub fn close_keeping_state(&self) {
+        self.keep_state.store(true, Ordering::SeqCst);
+        self.close();
+    }
+
+    /// Releases everything the guest held (its device objects and regions).
+    pub fn release(&self, svm: &SvmManager, devices: &DeviceSet) {
+        for slot in devices.iter() {
+            slot.device.guest_gone(self.guest_id);
+        }
+        let freed = svm.detach_guest(self.guest_id);
+        crate::release_free_memory();
+        log::info!(
+            "guest {} ({}) gone: released {freed} regions",
+            self.guest_id,
+            self.name
+        );
+    }
+
     /// Posts a completion for a request taken earlier.
     pub fn complete(&self, c: Completion) {
         self.complete_with(c, Vec::new());
@@ -212,16 +238,9 @@ impl Session {
             }
         }
         self.close();
-        for slot in devices.iter() {
-            slot.device.guest_gone(self.guest_id);
+        if !self.keep_state.load(Ordering::SeqCst) {
+            self.release(&svm, &devices);
         }
-        let freed = svm.detach_guest(self.guest_id);
-        crate::release_free_memory();
-        log::info!(
-            "guest {} ({}) gone: released {freed} regions",
-            self.guest_id,
-            self.name
-        );
     }
 
     /// Waits while the session is paused, then marks a dispatch under way; false once closed.

@@ -32,6 +32,9 @@ pub struct GuestSvm {
     max_regions: u64,
     protocol: Arc<dyn Coherence>,
     counters: GuestCounters,
+    /// The window now belongs to another daemon (a VM guest migrated with its memory file):
+    /// ranges given back are forgotten, never zeroed.
+    disowned: std::sync::atomic::AtomicBool,
 }
 
 /// Copies on one link of the ledger.
@@ -175,6 +178,7 @@ impl GuestSvm {
             max_regions,
             protocol,
             counters: GuestCounters::default(),
+            disowned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -311,6 +315,11 @@ impl GuestSvm {
         }
     }
 
+    /// From now on ranges given back are not zeroed: the window belongs to someone else.
+    pub(crate) fn disown_window(&self) {
+        self.disowned.store(true, Ordering::SeqCst);
+    }
+
     pub(crate) fn release_bytes(&self, n: u64) {
         self.host_bytes.fetch_sub(n, Ordering::Relaxed);
     }
@@ -324,6 +333,10 @@ impl GuestSvm {
     /// goes back to the host too) so the next region starts from zeroes.
     pub(crate) fn release_window(&self, offset: u64, size: u64) {
         let mut a = self.alloc.lock_or_recover();
+        if self.disowned.load(Ordering::SeqCst) {
+            a.free(offset, size);
+            return;
+        }
         let len = a.round(size).unwrap_or(size);
         let punched = rustix::fs::fallocate(
             self.window.fd(),

@@ -312,6 +312,14 @@ impl SvmManager {
         dropped.len()
     }
 
+    /// Guest `guest`'s window now belongs to another daemon (a VM guest migrated with its
+    /// memory file): freeing its regions later forgets their window ranges without zeroing
+    /// them.
+    pub fn disown_window(&self, guest: u64) -> Result<()> {
+        self.guest(guest)?.disown_window();
+        Ok(())
+    }
+
     fn guest(&self, guest: u64) -> Result<Arc<GuestSvm>> {
         self.guests
             .read_or_recover()

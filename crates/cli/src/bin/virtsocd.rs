@@ -84,6 +84,10 @@ struct Args {
     /// Accept live migrations of guest sessions on this TCP address (needs the token).
     #[arg(long)]
     migrate_listen: Option<std::net::SocketAddr>,
+    /// Tests only: exit at this phase of an incoming migration (`precopy`, `stop`, `ready`,
+    /// `resume`), to check that the source resumes its guest with nothing lost.
+    #[arg(long, hide = true)]
+    migrate_fault: Option<virtsoc_host::snapshot::migrate::Fault>,
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
@@ -247,7 +251,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
     }
     if let Some(addr) = args.migrate_listen {
-        virtsoc_host::snapshot::migrate::listen(&daemon, addr)?;
+        virtsoc_host::snapshot::migrate::listen(&daemon, addr, args.migrate_fault)?;
     }
     if args.print_ready {
         use std::io::Write;
@@ -261,6 +265,12 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     let result = daemon.serve(listener, tcp, OwnedFd::from(stop_rx));
     for vm in &vms {
         virtsoc_host::vm::cleanup(vm);
+    }
+    if args.migrate_listen.is_some() {
+        // The socket where VM guests' ports of incoming migrations arrive.
+        let mut port_socket = args.socket.clone().into_os_string();
+        port_socket.push(".migrate");
+        let _ = std::fs::remove_file(port_socket);
     }
     result
 }

@@ -207,8 +207,7 @@ impl Common {
 
 /// Runs one scenario against the daemon at `target`.
 pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
-    let (w, h) = (o.width, o.height);
-    let frame_bytes = w as u64 * h as u64 * 4;
+    let frame_bytes = o.width as u64 * o.height as u64 * 4;
     let conn = Connection::open(
         target,
         &ConnectOptions {
@@ -218,7 +217,18 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
             ..ConnectOptions::default()
         },
     )?;
-    let mut pipe = Pipe::new(&conn, o.ordering);
+    run_on(&conn, daemon_pid, o)
+}
+
+/// Runs one scenario on an existing connection (e.g. a guest that also does other work, or
+/// migrates meanwhile: `bench migrate`).
+pub fn run_on(
+    conn: &Connection,
+    daemon_pid: Option<u32>,
+    o: &RunOpts,
+) -> Result<ScenarioResult, CliError> {
+    let (w, h) = (o.width, o.height);
+    let mut pipe = Pipe::new(conn, o.ordering);
     let mut show = Show::new(&mut pipe, o.composition)?;
     let period = Duration::from_secs_f64(1.0 / o.fps.max(1) as f64);
     let mut common = Common {
@@ -251,7 +261,7 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
     let d = conn.counters()?.since(&common.before);
     let scored = d.hits + d.misses;
     let frames = common.frames_in.max(1) as f64;
-    let ledger = ledger_rows(&conn, &common.ledger0, frames)?;
+    let ledger = ledger_rows(conn, &common.ledger0, frames)?;
     let access = P50P99::of(&pipe.access_us);
     Ok(ScenarioResult {
         scenario: o.scenario.clone(),
@@ -301,8 +311,8 @@ fn ledger_rows(
         .into_iter()
         .filter_map(|l| {
             let b = before.iter().find(|x| (x.src, x.dst) == (l.src, l.dst));
-            let copies = l.copies - b.map_or(0, |b| b.copies);
-            let bytes = l.bytes - b.map_or(0, |b| b.bytes);
+            let copies = l.copies.saturating_sub(b.map_or(0, |b| b.copies));
+            let bytes = l.bytes.saturating_sub(b.map_or(0, |b| b.bytes));
             (copies > 0).then(|| LedgerRow {
                 link: format!("{}->{}", conn.domain_name(l.src), conn.domain_name(l.dst)),
                 copies_per_frame: copies as f64 / frames,

@@ -1,7 +1,11 @@
 //! Reconnecting a process guest to a daemon that restarted (or to the daemon its session
 //! moved to): the library connects again on the same socket, presents the session's resume
 //! secret (from its welcome), follows a `Moved` answer to the socket of the daemon its session
-//! migrated to, maps the new window and carries on. Region ids, fence ids and
+//! migrated to, maps the new window and carries on. A remote (TCP) guest reconnects to the
+//! same address the same way, proving with its secret that it is the same guest (a wrong
+//! secret is refused); it does not follow migrations. If the daemon it was sent to is gone or
+//! refuses (a migration that did not commit), the library goes back to where the session
+//! was, which resumes it. Region ids, fence ids and
 //! region contents stay what they were: the daemon restored the saved session into the new
 //! connection.
 //!
@@ -140,46 +144,17 @@ impl Connection {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let (mut path, opts) = origin.ok_or_else(|| {
-            GuestError::BadArgument("only process guests (Unix socket) reconnect".into())
+        let (path, opts) = origin.ok_or_else(|| {
+            GuestError::BadArgument("this connection cannot reconnect (no origin)".into())
         })?;
         let secret = self.resume_secret().ok_or_else(|| {
             GuestError::Refused("the daemon gave this session no resume secret".into())
         })?;
         // The old transport is done with: hang it up so its daemon (if still there) lets go.
         self.link().close();
-        let deadline = Instant::now() + within;
-        let mut redirects = 0;
-        let h = loop {
-            let attempt = UnixStream::connect(&path)
-                .map_err(|source| GuestError::Connect {
-                    path: path.display().to_string(),
-                    source,
-                })
-                .and_then(|sock| {
-                    sock.set_read_timeout(Some(HANDSHAKE))
-                        .map_err(GuestError::Io)?;
-                    let dup = sock.try_clone().map_err(GuestError::Io)?;
-                    let h = Self::handshake_unix(dup, &opts, Some(secret.clone()))?;
-                    sock.set_read_timeout(None).map_err(GuestError::Io)?;
-                    Ok(h)
-                });
-            match attempt {
-                Ok(h) => break h,
-                // The session migrated: resume it at the daemon it went to.
-                Err(GuestError::Moved(to)) if redirects < MAX_REDIRECTS => {
-                    redirects += 1;
-                    path = std::path::PathBuf::from(to);
-                }
-                // Refused: the daemon is there and said no (no such saved session).
-                Err(e @ GuestError::Refused(_)) => return Err(e),
-                // Not there yet, or an old daemon hanging up while it stops: try again.
-                Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(_) => std::thread::sleep(RETRY),
-            }
-        };
-        *self.origin.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, opts));
-        // Become the reaper, so nothing takes completions off the old link meanwhile.
+        // Become the reaper, so nothing takes completions off the old link meanwhile, and
+        // take the old ring's last completions before saying hello again: a VM's new
+        // session starts over in the same memory.
         {
             let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
             while r.reaping {
@@ -191,7 +166,13 @@ impl Connection {
             }
             r.reaping = true;
         }
-        let result = self.switch(h);
+        self.take_last_completions();
+        let result = self
+            .handshake_again(path, &opts, &secret, within)
+            .and_then(|(h, path)| {
+                *self.origin.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, opts));
+                self.switch(h)
+            });
         self.reaped
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -200,10 +181,8 @@ impl Connection {
         result
     }
 
-    /// Takes the completions the old daemon posted before it went, swaps in the new link and
-    /// window, and sends every request still in flight again (the old daemon stopped taking
-    /// requests before it handed the session over, so each runs exactly once).
-    fn switch(&self, h: super::handshake::Handshake) -> Result<()> {
+    /// The completions the old daemon posted before it went.
+    fn take_last_completions(&self) {
         let old = self.link();
         let mut posted = Vec::new();
         while let Ok(batch) = old.reap(Duration::ZERO) {
@@ -212,10 +191,80 @@ impl Connection {
             }
             posted.extend(batch.into_iter().map(|(c, _)| c));
         }
-        {
-            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
-            self.absorb(&mut r, &posted);
+        let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+        self.absorb(&mut r, &posted);
+    }
+
+    /// Says hello again, resuming with `secret`: at `path` (a Unix socket, `tcp:ADDR` or
+    /// `vm:PORT`), following `Moved` answers, for at most `within`. Returns the handshake
+    /// and where it succeeded.
+    fn handshake_again(
+        &self,
+        mut path: std::path::PathBuf,
+        opts: &super::ConnectOptions,
+        secret: &str,
+        within: Duration,
+    ) -> Result<(super::handshake::Handshake, std::path::PathBuf)> {
+        let deadline = Instant::now() + within;
+        // Where the session lived: a daemon it was sent to that is gone or refuses (a
+        // migration that did not commit) sends the library back here, where it resumes.
+        let home = path.clone();
+        let vm_port = self
+            .vm_port
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut redirects = 0;
+        loop {
+            let resume = Some(secret.to_string());
+            let target = path.to_str().unwrap_or("");
+            let attempt = if let Some(addr) = target.strip_prefix("tcp:") {
+                Self::handshake_tcp(addr, opts, resume, Some(HANDSHAKE))
+            } else if let (true, Some(port)) = (target.starts_with("vm:"), &vm_port) {
+                crate::vm::handshake(port, opts, resume, Some(HANDSHAKE))
+            } else {
+                UnixStream::connect(&path)
+                    .map_err(|source| GuestError::Connect {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                    .and_then(|sock| {
+                        sock.set_read_timeout(Some(HANDSHAKE))
+                            .map_err(GuestError::Io)?;
+                        let dup = sock.try_clone().map_err(GuestError::Io)?;
+                        let h = Self::handshake_unix(dup, opts, resume)?;
+                        sock.set_read_timeout(None).map_err(GuestError::Io)?;
+                        Ok(h)
+                    })
+            };
+            match attempt {
+                Ok(h) => return Ok((h, path)),
+                // The session migrated: resume it at the daemon it went to.
+                Err(GuestError::Moved(to)) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    path = std::path::PathBuf::from(to);
+                }
+                // Refused at home: the daemon is there and said no (no such saved session).
+                Err(e @ GuestError::Refused(_)) if path == home && !target.starts_with("vm:") => {
+                    return Err(e)
+                }
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                // Not there yet, an old daemon hanging up while it stops, a daemon it was
+                // sent to that is gone or refused, or a VM port whose daemon is changing
+                // hands: try again from home.
+                Err(_) => {
+                    path = home.clone();
+                    redirects = 0;
+                    std::thread::sleep(RETRY);
+                }
+            }
         }
+    }
+
+    /// Swaps in the new link and window (the old ring's completions were taken), and sends
+    /// every request still in flight again (the old daemon stopped taking
+    /// requests before it handed the session over, so each runs exactly once).
+    fn switch(&self, h: super::handshake::Handshake) -> Result<()> {
         let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
         let old_window = {
             let mut w = self.window.write().unwrap_or_else(|p| p.into_inner());

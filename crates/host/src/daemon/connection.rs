@@ -139,30 +139,77 @@ impl Daemon {
         };
         let guest_id = a.guest_id;
         self.note_transport(guest_id, "tcp");
-        let link = match send_json(&stream, &self.welcome(&a), None)
-            .map_err(|e| e.to_string())
-            .and_then(|_| stream.set_write_timeout(None).map_err(|e| e.to_string()))
-            .and_then(|_| {
-                StreamLink::new(
-                    stream,
-                    a.layout.size,
-                    self.cfg.limits.remote_bytes_in_flight,
-                )
-                .map_err(|e| e.to_string())
-            }) {
-            Ok(l) => l,
+        // The welcome goes out on a clone before the link's first frame (the link only
+        // writes completions, which need requests, which need the welcome).
+        let (hello_stream, link) = match stream.try_clone().and_then(|w| {
+            let link = StreamLink::new(
+                stream,
+                a.layout.size,
+                self.cfg.limits.remote_bytes_in_flight,
+            )?;
+            Ok((w, link))
+        }) {
+            Ok(v) => v,
             Err(e) => {
                 log::warn!("guest {guest_id}: handshake failed: {e}");
                 self.svm.detach_guest(guest_id);
                 return;
             }
         };
+        let session = Session::new(
+            guest_id,
+            name.clone(),
+            a.window.clone(),
+            Arc::new(link),
+            &self.cfg.limits,
+        );
+        self.register(&session);
+        // A remote guest resumes its session (after a restart) with the secret it got in
+        // its welcome, like a process guest; it cannot follow a migration (only process and
+        // VM guests migrate).
+        let mut welcome = self.welcome(&a);
+        let refusal = match self.restart.admit(&self, &session, hello.resume.as_deref()) {
+            Ok(secret) => {
+                if let Reply::Welcome { resume, .. } = &mut welcome {
+                    *resume = Some(secret);
+                }
+                None
+            }
+            Err(crate::snapshot::restart::Refusal::Refused(reason)) => Some(reason),
+            Err(crate::snapshot::restart::Refusal::Moved(socket)) => Some(format!(
+                "this session moved to the daemon on {socket}, which a remote guest cannot \
+                 follow"
+            )),
+        };
+        let sent = match refusal {
+            Some(reason) => {
+                Self::refuse(&hello_stream, reason);
+                false
+            }
+            None => match send_json(&hello_stream, &welcome, None)
+                .map_err(|e| e.to_string())
+                .and_then(|_| {
+                    hello_stream
+                        .set_write_timeout(None)
+                        .map_err(|e| e.to_string())
+                }) {
+                Ok(()) => true,
+                Err(e) => {
+                    log::warn!("guest {guest_id}: handshake failed: {e}");
+                    false
+                }
+            },
+        };
+        if !sent {
+            self.unregister(guest_id);
+            session.close();
+            self.svm.detach_guest(guest_id);
+            return;
+        }
         log::info!(
             "remote guest {guest_id} ({name}) connected from {peer}, coherence {}",
             a.kind
         );
-        let session = Session::new(guest_id, name, a.window, Arc::new(link), &self.cfg.limits);
-        self.register(&session);
         session.run(self.svm.clone(), self.devices.clone());
         self.unregister(guest_id);
     }

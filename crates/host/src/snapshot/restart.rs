@@ -1,6 +1,7 @@
 //! Sessions that survive a daemon restart (`virtsocd --state-dir DIR`).
 //!
-//! Every admitted guest gets a *resume secret* in its welcome (128 random bits). On SIGTERM
+//! Every admitted process or remote (TCP) guest gets a *resume secret* in its welcome (128
+//! random bits); a remote guest proves with it that it is the same guest. On SIGTERM
 //! the daemon saves every session to `DIR/session-<prefix>.snap` (quiesced, and left paused
 //! so nothing the guest sends afterwards is lost silently: it is refused with the hang-up)
 //! before closing them. On start it reads and validates every such file; a file that fails
@@ -15,18 +16,30 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::image::SessionImage;
+use super::migrate::Confirm;
 use crate::session::Session;
 use crate::Daemon;
+
+/// A saved session waiting for its guest.
+struct Parked {
+    /// Its file in the state directory (none: only in memory).
+    path: Option<PathBuf>,
+    img: SessionImage,
+    /// An incoming migration's candidate: the source must confirm it before the guest runs.
+    confirm: Option<Arc<Confirm>>,
+}
 
 /// Resume secrets of live sessions and the saved sessions waiting for their guest.
 #[derive(Default)]
 pub struct Restart {
     /// Guest id -> its resume secret.
     tokens: Mutex<HashMap<u64, String>>,
-    /// Resume secret -> the saved session and its file (none for a migrated session).
-    parked: Mutex<HashMap<String, (Option<PathBuf>, SessionImage)>>,
+    /// Resume secret -> the saved session.
+    parked: Mutex<HashMap<String, Parked>>,
     /// Resume secret -> the Unix socket of the daemon the session migrated to.
     moved: Mutex<HashMap<String, String>>,
+    /// The port of each VM guest served here (a VM guest's migration moves it).
+    pub(crate) vm_ports: crate::vm::VmPorts,
 }
 
 /// Why a guest is not admitted.
@@ -75,7 +88,14 @@ impl Restart {
                         path.display(),
                         img.regions.len()
                     );
-                    parked.insert(img.guest.resume.clone(), (Some(path), img));
+                    parked.insert(
+                        img.guest.resume.clone(),
+                        Parked {
+                            path: Some(path),
+                            img,
+                            confirm: None,
+                        },
+                    );
                 }
                 Ok(_) => log::error!("{}: no resume secret; not restored", path.display()),
                 Err(e) => log::error!("{}: {e}; not restored", path.display()),
@@ -99,8 +119,9 @@ impl Restart {
             .cloned()
     }
 
-    /// Parks a session (from a migration) until its guest reconnects with its secret.
-    pub fn park(&self, secret: String, img: SessionImage) {
+    /// Parks an incoming migration's session until its guest arrives with its secret; the
+    /// guest is welcomed only once `confirm` got the source's commit.
+    pub fn park_candidate(&self, secret: String, img: SessionImage, confirm: Arc<Confirm>) {
         self.moved
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -108,7 +129,59 @@ impl Restart {
         self.parked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(secret, (None, img));
+            .insert(
+                secret,
+                Parked {
+                    path: None,
+                    img,
+                    confirm: Some(confirm),
+                },
+            );
+    }
+
+    /// Drops the candidate parked with `confirm` (its source gave up) unless its guest took
+    /// it meanwhile; true if dropped.
+    pub fn drop_candidate(&self, secret: &str, confirm: &Arc<Confirm>) -> bool {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let ours = parked
+            .get(secret)
+            .and_then(|p| p.confirm.as_ref())
+            .is_some_and(|c| Arc::ptr_eq(c, confirm));
+        if ours {
+            parked.remove(secret);
+            confirm.abandon();
+        }
+        ours
+    }
+
+    /// The confirmation of the incoming migration parked under `secret`, if any.
+    pub fn candidate(&self, secret: &str) -> Option<Arc<Confirm>> {
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(secret)
+            .and_then(|p| p.confirm.clone())
+    }
+
+    /// A migration of this daemon's session did not commit: parks the session it kept, so
+    /// the guest resumes it here, and stops sending the guest to the target (in this order,
+    /// so a guest reconnecting meanwhile is either sent away or finds it).
+    pub fn park_returned(&self, secret: String, img: SessionImage) {
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                secret.clone(),
+                Parked {
+                    path: None,
+                    img,
+                    confirm: None,
+                },
+            );
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&secret);
     }
 
     /// Records that the session with `secret` moved to the daemon on `socket`.
@@ -145,7 +218,7 @@ impl Restart {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(want);
-                let Some((path, img)) = found else {
+                let Some(Parked { path, img, confirm }) = found else {
                     if let Some(to) = self
                         .moved
                         .lock()
@@ -155,11 +228,28 @@ impl Restart {
                         return Err(Refusal::Moved(to.clone()));
                     }
                     return Err(Refusal::Refused(
-                        "no saved session for this resume secret".into(),
+                        "unknown resume secret: no saved session for it here (a wrong secret, or a \
+                         session already resumed)"
+                            .into(),
                     ));
                 };
                 match super::restore(daemon, id, &img) {
                     Ok(r) => {
+                        if let Some(c) = &confirm {
+                            if let Err(e) = c.confirm() {
+                                // Not committed: the source keeps the session and resumes it.
+                                c.abandon();
+                                for slot in daemon.devices().iter() {
+                                    slot.device.guest_gone(id);
+                                }
+                                daemon.svm().detach_guest(id);
+                                log::warn!("guest {id}: incoming migration not committed: {e}");
+                                return Err(Refusal::Refused(format!(
+                                    "the migration of this session did not commit ({e}); it \
+                                     resumes on its source"
+                                )));
+                            }
+                        }
                         log::info!(
                             "guest {id} resumed the session of guest {} ({} regions)",
                             img.guest.source_guest,
@@ -175,7 +265,7 @@ impl Restart {
                         self.parked
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .insert(want.to_string(), (path, img));
+                            .insert(want.to_string(), Parked { path, img, confirm });
                         return Err(Refusal::Refused(msg));
                     }
                 }
@@ -192,9 +282,11 @@ impl Restart {
     /// Returns how many were saved; a session that fails is logged and lost alone.
     pub fn save_all(&self, daemon: &Daemon, dir: &Path) -> usize {
         let mut saved = 0;
-        // Sessions that migrated in and whose guest has not arrived yet live only in memory.
-        for (secret, (path, img)) in self.parked.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            if path.is_none() {
+        // Sessions whose guest has not come back yet after a migration that did not commit
+        // live only in memory (a migration's uncommitted candidate belongs to its source).
+        for (secret, p) in self.parked.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let (path, img) = (&p.path, &p.img);
+            if path.is_none() && p.confirm.is_none() {
                 let file = file_for(dir, secret);
                 match super::write_image(&file, img) {
                     Ok(_) => saved += 1,

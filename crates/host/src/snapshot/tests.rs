@@ -225,3 +225,48 @@ fn an_unfinished_write_leaves_the_previous_file() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[test]
+fn migration_faults_parse_by_name() {
+    use migrate::Fault;
+    for (name, f) in [
+        ("precopy", Fault::Precopy),
+        ("stop", Fault::Stop),
+        ("ready", Fault::Ready),
+        ("resume", Fault::Resume),
+    ] {
+        assert_eq!(name.parse::<Fault>(), Ok(f));
+    }
+    assert!("later".parse::<Fault>().unwrap_err().contains("precopy"));
+}
+
+/// The bookkeeping of an incoming migration's candidate: found by its secret, dropped only
+/// by the migration that parked it, and an uncommitted migration's session returned to its
+/// source stops sending the guest away.
+#[test]
+fn candidates_are_dropped_only_by_their_own_migration() {
+    use std::sync::Arc;
+    let r = restart::Restart::default();
+    let secret = "0123456789abcdef0123456789abcdef".to_string();
+    let mine = Arc::new(migrate::Confirm::detached());
+    let other = Arc::new(migrate::Confirm::detached());
+    r.park_candidate(secret.clone(), image(&[(0, 64, true)], 1, 0), mine.clone());
+    assert_eq!(r.parked(), 1);
+    assert!(r.candidate(&secret).is_some_and(|c| Arc::ptr_eq(&c, &mine)));
+    assert!(r.candidate("no such secret").is_none());
+    // An older migration of the same session going away leaves this one alone.
+    assert!(!r.drop_candidate(&secret, &other));
+    assert_eq!(r.parked(), 1);
+    assert!(r.drop_candidate(&secret, &mine));
+    assert_eq!(r.parked(), 0);
+    assert!(!r.drop_candidate(&secret, &mine), "dropped once");
+
+    // The source side: moved away, then returned (not committed): parked, no longer moved.
+    r.moved(&secret, "/tmp/elsewhere.sock");
+    r.park_returned(secret.clone(), image(&[(0, 64, true)], 2, 0));
+    assert_eq!(r.parked(), 1);
+    assert!(
+        r.candidate(&secret).is_none(),
+        "a returned session needs no confirmation"
+    );
+}

@@ -467,9 +467,21 @@ impl Device for Display {
         self.control_op(op, args)
     }
 
-    /// Snapshots keep whether the guest had the screen (its frames it presents again).
+    /// Snapshots keep whether the guest had the screen (its frames it presents again) and
+    /// its frame counters (so `presented` and `dropped` go on across a migration).
     fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
-        (self.screen.foreground() == Some(guest)).then(|| serde_json::json!({ "foreground": true }))
+        let foreground = self.screen.foreground() == Some(guest);
+        let counters = self.screen.counters(guest);
+        if !foreground && counters.is_none() {
+            return None;
+        }
+        let (submitted, presented, dropped) = counters.unwrap_or_default();
+        Some(serde_json::json!({
+            "foreground": foreground,
+            "submitted": submitted,
+            "presented": presented,
+            "dropped": dropped,
+        }))
     }
 
     fn import_guest(
@@ -477,14 +489,25 @@ impl Device for Display {
         guest: u64,
         record: &serde_json::Value,
     ) -> std::result::Result<(), String> {
-        match record.get("foreground").and_then(|v| v.as_bool()) {
-            Some(true) => {
-                self.screen.set_foreground(guest);
-                Ok(())
-            }
-            Some(false) => Ok(()),
-            None => Err("display record without `foreground`".into()),
+        let foreground = record
+            .get("foreground")
+            .and_then(|v| v.as_bool())
+            .ok_or("display record without `foreground`")?;
+        // Counters are optional (older records have none); each is a plain count.
+        let count = |k: &str| record.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        let (submitted, presented, dropped) =
+            (count("submitted"), count("presented"), count("dropped"));
+        if presented > submitted || dropped > submitted {
+            return Err("display record: more frames presented or dropped than submitted".into());
         }
+        if submitted > 0 {
+            self.screen
+                .carry_counters(guest, submitted, presented, dropped);
+        }
+        if foreground {
+            self.screen.set_foreground(guest);
+        }
+        Ok(())
     }
 }
 

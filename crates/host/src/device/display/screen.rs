@@ -348,6 +348,29 @@ impl Screen {
         });
     }
 
+    /// `guest`'s frame counters (submitted, presented, dropped), if it used the display.
+    pub(super) fn counters(&self, guest: u64) -> Option<(u64, u64, u64)> {
+        self.with(|d, st| {
+            st.absorb(d);
+            st.guests
+                .get(&guest)
+                .map(|g| (g.submitted, g.presented, g.dropped))
+        })
+    }
+
+    /// Carries a guest's frame counters over from the daemon it was saved in (its record is
+    /// created if needed): frames it had presented that were still waiting for a vsync there
+    /// never reach a screen, and count as dropped.
+    pub(super) fn carry_counters(&self, guest: u64, submitted: u64, presented: u64, dropped: u64) {
+        self.with(|d, st| {
+            let vsyncs = d.stats().vsyncs;
+            let g = st.guest(guest, vsyncs);
+            g.submitted += submitted;
+            g.presented += presented;
+            g.dropped += submitted.saturating_sub(presented).max(dropped);
+        });
+    }
+
     /// The guest that has the screen.
     pub(super) fn foreground(&self) -> Option<u64> {
         lock(&self.state).foreground

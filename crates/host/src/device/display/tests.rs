@@ -290,3 +290,41 @@ fn display_backends_are_checked() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// A guest's frame counters move with its snapshot: restored into another display, its
+/// `presented` and `dropped` go on from where they were (a frame still waiting for a vsync
+/// when it was saved counts as dropped); a record with more frames shown than presented is
+/// refused.
+#[test]
+fn frame_counters_move_with_a_guest() {
+    let (a, dir_a) = display(200);
+    let t = table();
+    for seed in 0..3 {
+        a.screen
+            .present(10, rgba_frame(8, 4, seed, None).1)
+            .unwrap();
+        next_vsync(&a, 10, &t);
+    }
+    next_vsync(&a, 10, &t);
+    let before = a.screen.stats(10);
+    assert_eq!(before.presented + before.dropped, 3, "{before:?}");
+    let record = a
+        .export_guest(10)
+        .expect("a record for a guest that presented");
+    assert_eq!(record["submitted"], 3, "{record}");
+
+    let (b, dir_b) = display(200);
+    b.import_guest(77, &record).unwrap();
+    let after = b.screen.stats(77);
+    assert_eq!(
+        (after.presented, after.dropped),
+        (before.presented, before.dropped),
+        "{after:?}"
+    );
+    let bad = serde_json::json!({ "foreground": false, "submitted": 1, "presented": 2 });
+    assert!(b.import_guest(78, &bad).is_err());
+    // A guest that never used the display has no record.
+    assert!(b.export_guest(79).is_none());
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}

@@ -8,6 +8,18 @@
 //! doorbells into wake-ups of the session thread. QEMU exiting (or being killed) closes the
 //! socket, which ends the session and frees everything it held; the endpoint then waits for
 //! the VM's next boot.
+//!
+//! **Live migration of a VM guest.** QEMU and its ivshmem memory file stay where they are;
+//! what moves is the daemon serving them. At the hand-over the source stops reading the
+//! VM's doorbell connection ([`take`]) and passes the connected socket and the memory file's
+//! descriptor to the target over a Unix socket (SCM_RIGHTS); the target maps the same file
+//! and serves the same connection ([`adopt`]), so QEMU never sees a reconnect. The source
+//! then ends the guest's session (the guest sees `HOST_STATE` set, the usual end of a
+//! session) and the guest library says hello again on the same port with its resume secret,
+//! now answered by the target. Until the migration commits the source keeps its own
+//! descriptor of the connection (and the session's image in memory, since the target
+//! writes the same window): if it does not commit, it reads the connection again
+//! ([`serve_again`]) and the guest's next hello resumes the session there.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -20,6 +32,11 @@ use virtsoc_proto::handshake::{Hello, Reply, MAX_FRAME};
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET, PAGE};
 use virtsoc_proto::ring::Doorbell;
 use virtsoc_proto::{SharedWindow, WindowLayout};
+
+mod port;
+
+pub use port::{adopt, send_port, serve_again, take, Handed, PortCtl, VmPort, VmPorts};
+use port::{next_byte, Wake};
 
 use crate::daemon::Daemon;
 use crate::link::ShmLink;
@@ -104,8 +121,8 @@ pub fn start(daemon: Arc<Daemon>, cfg: VmConfig) -> Result<()> {
         .name(format!("vm-{}", cfg.name))
         .spawn(move || {
             for conn in listener.incoming() {
-                match conn {
-                    Ok(stream) => serve_vm(&daemon, &cfg, &window, stream),
+                match conn.and_then(|stream| PortCtl::new().map(|ctl| (stream, ctl))) {
+                    Ok((stream, ctl)) => serve_vm(&daemon, &cfg, &window, stream, &ctl, None),
                     Err(e) => log::warn!("VM {}: accept: {e}", cfg.name),
                 }
             }
@@ -120,17 +137,28 @@ pub fn cleanup(cfg: &VmConfig) {
     }
 }
 
-struct Current {
+/// The session a VM's port serves now.
+pub struct Current {
     session: Arc<Session>,
     runner: std::thread::JoinHandle<()>,
     bell: Arc<EventCount>,
+    /// Its welcome and resume secret (a hello repeated with that secret is answered again).
+    welcome: Reply,
+    secret: Option<String>,
+}
+
+impl Current {
+    /// Waits for the session thread (after the session was closed) and unregisters it.
+    pub fn finish(self, daemon: &Daemon) {
+        let _ = self.runner.join();
+        daemon.unregister(self.session.guest_id());
+    }
 }
 
 fn end(daemon: &Daemon, cur: &mut Option<Current>) {
     if let Some(c) = cur.take() {
         c.session.close();
-        let _ = c.runner.join();
-        daemon.unregister(c.session.guest_id());
+        c.finish(daemon);
     }
 }
 
@@ -160,51 +188,103 @@ fn send_reply(stream: &Mutex<UnixStream>, reply: &Reply) -> std::io::Result<()> 
         .write_all(&msg)
 }
 
-/// Serves one connected VM until QEMU hangs up.
-fn serve_vm(
+/// Serves one connected VM until QEMU hangs up, or until asked to stop (its port moves to
+/// another daemon) or to let go of the port.
+pub(super) fn serve_vm(
     daemon: &Arc<Daemon>,
     cfg: &VmConfig,
     window: &Arc<SharedWindow>,
     mut stream: UnixStream,
+    ctl: &Arc<PortCtl>,
+    current: Option<Current>,
 ) {
     log::info!("VM {} connected", cfg.name);
     let writer = match stream.try_clone() {
         Ok(w) => Arc::new(Mutex::new(w)),
         Err(e) => return log::warn!("VM {}: {e}", cfg.name),
     };
-    let mut cur: Option<Current> = None;
-    let mut byte = [0u8; 1];
+    let mut cur: Option<Current> = current;
+    if let Some(c) = &cur {
+        daemon.restart().vm_ports.set(c.session.guest_id(), ctl);
+    }
     loop {
-        match stream.read(&mut byte) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        match byte[0] {
+        let byte = match next_byte(&mut stream, ctl) {
+            Wake::Byte(b) => b,
+            Wake::Gone => break,
+            Wake::Stop if ctl.is_abandoned() => {
+                if let Some(c) = cur.take() {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                    c.session.close();
+                    c.finish(daemon);
+                }
+                return log::info!("VM {}: port let go (its source serves it)", cfg.name);
+            }
+            Wake::Stop => {
+                let mut handed = ctl.handed.lock().unwrap_or_else(|p| p.into_inner());
+                if !ctl.stop.load(Ordering::SeqCst) {
+                    continue; // the request was withdrawn (it waited too long)
+                }
+                if let Some(c) = &cur {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                }
+                let port = VmPort {
+                    cfg: cfg.clone(),
+                    window: window.clone(),
+                    stream,
+                };
+                *handed = Some(Handed {
+                    port,
+                    current: cur.take(),
+                });
+                drop(handed);
+                ctl.handed_cv.notify_all();
+                return log::info!("VM {}: port handed over", cfg.name);
+            }
+        };
+        match byte {
             MSG_BELL => {
                 if let Some(c) = &cur {
                     c.bell.notify();
                 }
             }
-            MSG_BYE => end(daemon, &mut cur),
+            MSG_BYE => {
+                if let Some(c) = &cur {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                }
+                end(daemon, &mut cur)
+            }
             MSG_HELLO => {
-                end(daemon, &mut cur);
-                let hello: Hello = match read_frame(&mut stream)
+                let hello: Option<Hello> = read_frame(&mut stream)
                     .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok())
-                {
-                    Some(h) => h,
-                    None => {
-                        let _ = send_reply(
-                            &writer,
-                            &Reply::Refused {
-                                reason: "bad hello".into(),
-                            },
-                        );
+                    .and_then(|b| serde_json::from_slice(&b).ok());
+                // The same guest saying hello again with its session's secret (its answer
+                // was late, it gave up waiting): answer again, the session stays.
+                if let (Some(c), Some(h)) = (&cur, &hello) {
+                    if h.resume.is_some() && h.resume == c.secret {
+                        let _ = send_reply(&writer, &c.welcome);
                         continue;
                     }
+                }
+                if let Some(c) = &cur {
+                    daemon.restart().vm_ports.unset(c.session.guest_id());
+                }
+                end(daemon, &mut cur);
+                let Some(hello) = hello else {
+                    let _ = send_reply(
+                        &writer,
+                        &Reply::Refused {
+                            reason: "bad hello".into(),
+                        },
+                    );
+                    continue;
                 };
                 match start_session(daemon, cfg, window, &writer, hello) {
-                    Ok(c) => cur = Some(c),
+                    Ok(c) => {
+                        daemon.restart().vm_ports.set(c.session.guest_id(), ctl);
+                        cur = Some(c);
+                    }
+                    // A migration that did not commit: no answer, the source answers.
+                    Err(_) if ctl.is_abandoned() => {}
                     Err(reason) => {
                         log::warn!("VM {}: refusing guest: {reason}", cfg.name);
                         let _ = send_reply(&writer, &Reply::Refused { reason });
@@ -213,6 +293,9 @@ fn serve_vm(
             }
             other => log::debug!("VM {}: ignoring port byte {other:#x}", cfg.name),
         }
+    }
+    if let Some(c) = &cur {
+        daemon.restart().vm_ports.unset(c.session.guest_id());
     }
     end(daemon, &mut cur);
     log::info!("VM {} disconnected", cfg.name);
@@ -232,7 +315,6 @@ fn start_session(
         .map_err(|e| e.to_string())?;
     let guest_id = daemon.next_guest_id();
     let a = daemon.admit_with(guest_id, kind, window.clone(), &hello.name)?;
-    send_reply(writer, &daemon.welcome(&a)).map_err(|e| e.to_string())?;
     let bell = Arc::new(EventCount::default());
     let spins = 2048;
     let link = ShmLink::new(
@@ -257,11 +339,39 @@ fn start_session(
         Arc::new(link),
         &daemon.config().limits,
     );
+    daemon.register(&session);
+    // Like a process guest: a resume secret in the welcome, and a hello presenting one
+    // resumes that saved (or migrated) session.
+    let mut welcome = daemon.welcome(&a);
+    let refused = |reason: String| {
+        daemon.unregister(guest_id);
+        session.close();
+        daemon.svm().detach_guest(guest_id);
+        reason
+    };
+    match daemon
+        .restart()
+        .admit(daemon, &session, hello.resume.as_deref())
+    {
+        Ok(secret) => {
+            if let Reply::Welcome { resume, .. } = &mut welcome {
+                *resume = Some(secret);
+            }
+        }
+        Err(crate::snapshot::restart::Refusal::Refused(reason)) => return Err(refused(reason)),
+        Err(crate::snapshot::restart::Refusal::Moved(_)) => {
+            return Err(refused(
+                "this session moved to another daemon with the VM's port".into(),
+            ))
+        }
+    }
+    if let Err(e) = send_reply(writer, &welcome) {
+        return Err(refused(e.to_string()));
+    }
     log::info!(
         "VM {} guest {guest_id} ({name}) connected, coherence {kind}",
         cfg.name
     );
-    daemon.register(&session);
     let (s, svm, dev) = (
         session.clone(),
         daemon.svm().clone(),
@@ -271,10 +381,16 @@ fn start_session(
         .name(format!("vm-guest-{guest_id}"))
         .spawn(move || s.run(svm, dev))
         .map_err(|e| e.to_string())?;
+    let secret = match &welcome {
+        Reply::Welcome { resume, .. } => resume.clone(),
+        _ => None,
+    };
     Ok(Current {
         session,
         runner,
         bell,
+        welcome,
+        secret,
     })
 }
 
