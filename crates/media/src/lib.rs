@@ -26,7 +26,7 @@ pub use camera::{
 };
 pub use codec::{
     measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, FfmpegDecoder,
-    FfmpegEncoder, JpegEncoder, Mp4Recorder, NullDecoder, PacketError,
+    FfmpegEncoder, JpegEncoder, Mp4Recorder, NullDecoder, PacketError, ProcessDecoder,
 };
 pub use error::{MediaError, Result};
 pub use frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat, PlaneInfo};

@@ -2,7 +2,8 @@
 //! ([`FfmpegDecoder`]) and a [`NullDecoder`] for plumbing tests, a libavformat [`Demuxer`]
 //! that feeds a file packet by packet, the H.264 [`FfmpegEncoder`] used by camera recording
 //! and livestreaming, the [`JpegEncoder`] and [`Mp4Recorder`] of the live view and
-//! recordings, and [`measure_decode_fps`] for the project's bench.
+//! recordings, [`measure_decode_fps`] for the project's bench, and [`ProcessDecoder`], a
+//! decoder whose libavcodec runs in a worker process ([`serve_decoder`]; a prototype).
 //!
 //! Decoded frames always come out as tightly packed NV12 or YUV420P (chosen at
 //! construction), converted with libswscale inside the backend when the codec's native
@@ -21,6 +22,7 @@ mod decoder;
 mod demux;
 mod encoder;
 mod still;
+mod worker;
 
 use std::path::Path;
 use std::time::Instant;
@@ -29,6 +31,7 @@ pub use decoder::FfmpegDecoder;
 pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
 pub use encoder::{EncodedPacket, FfmpegEncoder};
 pub use still::{fit_within, JpegEncoder, Mp4Recorder};
+pub use worker::{serve_decoder, ProcessDecoder, CALL_DEADLINE};
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameRef, PixelFormat};
