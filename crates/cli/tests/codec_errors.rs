@@ -377,3 +377,86 @@ fn odd_sizes_are_reported_with_the_crop() {
     }
     assert_no_libav_lines(&mut d);
 }
+
+/// The daemon's child processes (its decoder workers).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn with_codec_process_a_crashed_decoder_ends_alone() {
+    let dir = TempDir::new("process");
+    let clip = make_clip(
+        &dir.0,
+        "p.h264",
+        "320x240",
+        30,
+        "",
+        &["-pix_fmt", "yuv420p", "-bf", "0"],
+    );
+    let pkts = packets(&clip);
+    let mut d = Daemon::start(&["--codec-process"]);
+    let pid = d.child.id();
+    let (ca, cb) = (connect(&d), connect(&d));
+    let mut a = Decoder::open(&ca, 1);
+    let a_worker = children(pid);
+    assert_eq!(a_worker.len(), 1, "one worker per decoder: {a_worker:?}");
+    let mut b = Decoder::open(&cb, 2);
+    assert_eq!(children(pid).len(), 2);
+    for (i, p) in pkts.iter().enumerate().take(10) {
+        a.feed(i, p, i as u64);
+        b.feed(i, p, i as u64);
+    }
+    // Guest A's libavcodec "crashes": its worker dies without a word.
+    let killed = Command::new("kill")
+        .args(["-KILL", &a_worker[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    for (i, p) in pkts.iter().enumerate().skip(10) {
+        a.feed(i, p, i as u64);
+        b.feed(i, p, i as u64);
+    }
+    b.flush();
+    assert!(b.failed.is_empty(), "{:?}", b.failed);
+    assert_eq!(b.pictures.len(), 30, "the other guest's decoder goes on");
+    assert_eq!(
+        a.failed.len(),
+        20,
+        "every later packet of the dead decoder fails"
+    );
+    assert!(a.failed.iter().all(|(_, s)| *s == Status::DeviceError));
+    cpu_write(&ca, a.bitstream.id, &pkts[10]);
+    let e = ca
+        .command_with_access(&codec::Decode {
+            handle: a.handle,
+            bitstream: a.bitstream.id,
+            len: pkts[10].len() as u64,
+            pts: 10,
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("decoder process"), "{e}");
+    // Guest A reopens and decodes the stream from the start; the daemon never stopped.
+    ca.command(&codec::Close { handle: a.handle }).unwrap();
+    let mut again = Decoder::open(&ca, 1);
+    for (i, p) in pkts.iter().enumerate() {
+        again.feed(i, p, i as u64);
+    }
+    again.flush();
+    assert_eq!(again.pictures.len(), 30);
+    assert!(d.alive());
+    drop((a, b, again));
+    assert_no_libav_lines(&mut d);
+}

@@ -54,8 +54,12 @@ use virtsoc_devapi::{codec_frame_flag, codec_kind};
 use virtsoc_media::frame::MAX_DIMENSION;
 use virtsoc_media::{
     copy_frame, CodecKind, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameLayout, FrameMut,
-    FrameRef, MediaError, PixelFormat,
+    FrameRef, MediaError, PixelFormat, ProcessDecoder,
 };
+
+/// The worker side of `--codec-process`: serves one decoder on stdin (see
+/// [`virtsoc_media::ProcessDecoder`]).
+pub use virtsoc_media::codec::serve_decoder as serve_worker;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
@@ -143,6 +147,8 @@ pub struct Codec {
     state: Mutex<State>,
     backend: String,
     limits: Limits,
+    /// With `--codec-process`: the program decoders run in (see `DeviceConfig::codec_worker`).
+    worker: Option<std::path::PathBuf>,
 }
 
 impl Codec {
@@ -177,8 +183,12 @@ impl Codec {
         Ok(Codec {
             default_threads: cfg.codec_threads.max(1),
             state: Mutex::new(State::default()),
-            backend,
+            backend: match &cfg.codec_worker {
+                Some(_) => format!("{backend} (decoders in worker processes)"),
+                None => backend,
+            },
             limits: Limits::default(),
+            worker: cfg.codec_worker.clone(),
         })
     }
 
@@ -220,7 +230,14 @@ impl Codec {
         let mut st = self.state();
         // Check the quotas before paying for a decoder.
         st.admit(&self.limits, guest, threads)?;
-        let decoder = FfmpegDecoder::new(kind, out, threads).map_err(|e| {
+        let decoder: std::result::Result<Box<dyn DecoderBackend>, MediaError> = match &self.worker {
+            Some(program) => {
+                let args = ["--codec-worker".to_string()];
+                ProcessDecoder::spawn(program, &args, kind, out, threads).map(|d| Box::new(d) as _)
+            }
+            None => FfmpegDecoder::new(kind, out, threads).map(|d| Box::new(d) as _),
+        };
+        let decoder = decoder.map_err(|e| {
             log::info!(
                 "codec: guest {guest}: cannot open {} decoder: {e}",
                 kind.name()
@@ -231,7 +248,7 @@ impl Codec {
             &self.limits,
             guest,
             (
-                Session::Decoder(DecoderSession::new(Box::new(decoder), format)),
+                Session::Decoder(DecoderSession::new(decoder, format)),
                 replay::Opened::Decoder {
                     kind: c.kind,
                     format: c.format,
