@@ -27,10 +27,12 @@
 //! - `misuse` and `crashing`: the soak's hostile role (malformed ring entries, other guests'
 //!   ids, fence misuse; 2 guests) and crashing role (children killed mid-access; 2 guests).
 //!
-//! Each row: the hostile guest starts, runs 1 s, the victim's workloads run, the hostile guest
-//! stops. The victim's numbers are given as a percentage of its numbers alone (measured
-//! first); the check is the issue's: access p50 at most 120% and camera fps at least 80% of
-//! alone. One run, one machine: on a shared machine the numbers move with its load.
+//! Each row: the victim's workloads run alone, then the hostile guest starts, runs 1 s, the
+//! victim's workloads run again, the hostile guest stops. The victim's numbers next to the
+//! hostile guest are given as a percentage of its numbers alone just before (paired, so that
+//! a drift of the machine's load over the run is not blamed on a hostile guest); the check is
+//! the issue's: access p50 at most 120% and camera fps at least 80% of alone. One run, one
+//! machine: on a shared machine the numbers move with its load.
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -82,20 +84,25 @@ pub struct IsolationParams {
 /// The victim's numbers in one row.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// `alone`, or the hostile kind.
+    /// The hostile kind.
     pub hostile: String,
-    /// p50 of the victim's read begin_access (host side), us.
+    /// The victim alone just before: access p50 (us) and camera fps.
+    pub alone_access_p50_us: f64,
+    pub alone_camera_fps: f64,
+    /// p50 of the victim's read begin_access (host side) next to the hostile guest, us.
     pub access_p50_us: f64,
     pub access_pct_of_alone: f64,
     /// Frames the display presented for the victim's camera scenario, per second.
     pub camera_fps: f64,
     pub fps_pct_of_alone: f64,
-    /// Within the tolerance (always true for the alone row).
+    /// Within the tolerance.
     pub ok: bool,
     /// What the hostile guest did: operations (requests, sessions, connections).
     pub hostile_ops: u64,
     /// Of those, refused by the daemon (a status, a cut-off connection).
     pub hostile_refused: u64,
+    /// The first refusal's status and reason.
+    pub hostile_refusal: Option<String>,
     /// Frames of the victim's SVM pipeline whose read checksum differed (must be 0).
     pub victim_corrupt: usize,
 }
@@ -115,6 +122,7 @@ pub struct IsolationReport {
 struct Tally {
     ops: AtomicU64,
     refused: AtomicU64,
+    first: std::sync::Mutex<Option<String>>,
 }
 
 impl Tally {
@@ -122,8 +130,12 @@ impl Tally {
         self.ops.fetch_add(1, Ordering::Relaxed);
         match r {
             Ok(v) => Ok(Some(v)),
-            Err(GuestError::Status { .. }) | Err(GuestError::BadArgument(_)) => {
+            Err(e @ (GuestError::Status { .. } | GuestError::BadArgument(_))) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
+                self.first
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(|| e.to_string());
                 Ok(None)
             }
             Err(e) => Err(e.into()),
@@ -180,20 +192,10 @@ fn rows(
 ) -> Result<Vec<Row>, CliError> {
     // A first camera run warms the devices up (GPU pipelines, ISP scalers); not measured.
     camera(target, pid, 1.0)?;
-    let (alone_us, alone_fps, corrupt) = victim(target, pid, p)?;
-    let mut rows = vec![Row {
-        hostile: "alone".into(),
-        access_p50_us: alone_us,
-        access_pct_of_alone: 100.0,
-        camera_fps: alone_fps,
-        fps_pct_of_alone: 100.0,
-        ok: corrupt == 0,
-        hostile_ops: 0,
-        hostile_refused: 0,
-        victim_corrupt: corrupt,
-    }];
+    let mut rows = Vec::new();
     for kind in kinds {
-        eprintln!("bench isolation: victim next to {kind}");
+        eprintln!("bench isolation: victim alone, then next to {kind}");
+        let (alone_us, alone_fps, alone_corrupt) = victim(target, pid, p)?;
         let tally = Tally::default();
         let stop = AtomicBool::new(false);
         // The soak's roles run as they are; the other kinds are a thread here.
@@ -235,10 +237,13 @@ fn rows(
             }
         }
         let (us, fps, corrupt) = measured?;
+        let corrupt = corrupt + alone_corrupt;
         let access_pct = pct(us, alone_us);
         let fps_pct = pct(fps, alone_fps);
         rows.push(Row {
             hostile: kind.clone(),
+            alone_access_p50_us: alone_us,
+            alone_camera_fps: alone_fps,
             access_p50_us: us,
             access_pct_of_alone: access_pct,
             camera_fps: fps,
@@ -248,6 +253,7 @@ fn rows(
                 && corrupt == 0,
             hostile_ops: ops,
             hostile_refused: refused,
+            hostile_refusal: tally.first.into_inner().unwrap_or_else(|p| p.into_inner()),
             victim_corrupt: corrupt,
         });
     }
@@ -430,6 +436,8 @@ fn composite(
     // SAFETY: the window maps `n` bytes at `ptr` until end_access.
     unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), ptr.as_ptr(), blob.len()) };
     c.end_access(b.id, DeviceId::CPU, 0, n, AccessMode::Write)?;
+    // The layers' source is read by the GPU for as long as the guest composites.
+    c.begin_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;
     while !stop.load(Ordering::Relaxed) {
         t.op(c.command_with_access(&gpu::Composite {
             layers: b.id,
@@ -437,6 +445,7 @@ fn composite(
             dst: dst.id,
         }))?;
     }
+    c.end_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;
     Ok(())
 }
 
@@ -511,25 +520,34 @@ fn trickle(target: &str, stop: &AtomicBool, t: &Tally) -> Result<(), CliError> {
 pub fn print_table(r: &IsolationReport) {
     println!(
         "Isolation: a victim guest (SVM write->read access p50 under prefetch, 1 MiB; camera \
-         scenario 720p30 presented fps, {:.0} s) alone and next to each hostile guest; check: \
+         scenario 720p30 presented fps, {:.0} s) alone, then next to each hostile guest; check: \
          within {:.0}% of alone",
         r.seconds, r.tolerance_pct
     );
     println!(
-        "{:<20} {:>11} {:>8} {:>9} {:>8} {:>11} {:>10} {:>6}",
-        "hostile", "acc p50 us", "% alone", "cam fps", "% alone", "hostile ops", "refused", "check"
+        "{:<18} {:>8} {:>8} {:>6} {:>7} {:>7} {:>6} {:>9} {:>9} {:>6}",
+        "hostile", "alone us", "with us", "%", "alone fps", "with", "%", "ops", "refused", "check"
     );
     for row in &r.rows {
         println!(
-            "{:<20} {:>11.2} {:>8.0} {:>9.1} {:>8.0} {:>11} {:>10} {:>6}",
+            "{:<18} {:>8.2} {:>8.2} {:>6.0} {:>7.1} {:>7.1} {:>6.0} {:>9} {:>9} {:>6}",
             row.hostile,
+            row.alone_access_p50_us,
             row.access_p50_us,
             row.access_pct_of_alone,
+            row.alone_camera_fps,
             row.camera_fps,
             row.fps_pct_of_alone,
             row.hostile_ops,
             row.hostile_refused,
             if row.ok { "ok" } else { "FAIL" }
+        );
+    }
+    for row in r.rows.iter().filter(|r| r.hostile_refusal.is_some()) {
+        println!(
+            "{}: first refusal: {}",
+            row.hostile,
+            row.hostile_refusal.as_deref().unwrap_or("")
         );
     }
     println!(
