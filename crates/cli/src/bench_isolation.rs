@@ -193,7 +193,12 @@ fn rows(
     // A first camera run warms the devices up (GPU pipelines, ISP scalers); not measured.
     camera(target, pid, 1.0)?;
     let mut rows = Vec::new();
+    // A row takes about 3 x seconds plus the SVM frames; a daemon that stops answering (a
+    // device thread gone) would otherwise hang the victim's waits forever.
+    let limit = Duration::from_secs_f64(p.seconds * 6.0 + p.frames as f64 * 0.05 + 120.0);
     for kind in kinds {
+        let (done, watch) = std::sync::mpsc::channel::<()>();
+        let watchdog = watchdog(kind.clone(), pid, limit, watch);
         eprintln!("bench isolation: victim alone, then next to {kind}");
         let (alone_us, alone_fps, alone_corrupt) = victim(target, pid, p)?;
         let tally = Tally::default();
@@ -256,8 +261,32 @@ fn rows(
             hostile_refusal: tally.first.into_inner().unwrap_or_else(|p| p.into_inner()),
             victim_corrupt: corrupt,
         });
+        drop(done);
+        let _ = watchdog.join();
     }
     Ok(rows)
+}
+
+/// Ends the benchmark (and its daemon) if the row of `kind` is not done within `limit`: its
+/// end is signaled by dropping the sender of `done`.
+fn watchdog(
+    kind: String,
+    pid: Option<u32>,
+    limit: Duration,
+    done: std::sync::mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(limit) {
+            eprintln!(
+                "bench isolation: the row of {kind} took over {limit:?}: the daemon stopped \
+                 answering the victim (see its log above); ending"
+            );
+            if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+            std::process::exit(2);
+        }
+    })
 }
 
 fn pct(v: f64, alone: f64) -> f64 {
