@@ -150,16 +150,20 @@ impl FfmpegDecoder {
             count: threads,
             ..Default::default()
         });
-        let mut options = ff::Dictionary::new();
         if codec.name() == "libdav1d" {
             // dav1d's own frame threads hand back a picture (or its error) several packets
-            // later with no way to tell which packet it was; one frame in flight keeps a
-            // packet's result in its own call (tile and row threads still run in parallel).
-            options.set("max_frame_delay", "1");
+            // later with no way to tell which packet it was; FFmpeg's wrapper asks dav1d for
+            // one frame in flight under LOW_DELAY, which keeps a packet's result in its own
+            // call (tile and row threads still run in parallel). Not for the other decoders:
+            // there LOW_DELAY would turn off reordering.
+            // SAFETY: a plain field of the context, not yet opened.
+            unsafe {
+                (*ctx.as_mut_ptr()).flags |= ffi::AV_CODEC_FLAG_LOW_DELAY as c_int;
+            }
         }
         let decoder = ctx
             .decoder()
-            .open_as_with(codec, options)
+            .open_as(codec)
             .and_then(|o| o.video())
             .map_err(|e| MediaError::ffmpeg("avcodec_open2 (decoder)", e))?;
         // SAFETY: plain fields of the opened context, set by avcodec_open2.
