@@ -180,7 +180,7 @@ static int print_frame(struct decoder *d) {
 static int receive_frames(struct decoder *d, uint64_t ready) {
     for (uint64_t i = 0; i < ready; i++) {
         uint64_t w = 0, h = 0, format = 0, changes = 0;
-        int rc = check(virtsoc_codec_stream_info(d->c, d->handle, &w, &h, &format, &changes),
+        int rc = check(virtsoc_codec_stream_info(d->c, d->handle, &w, &h, &format, &changes, NULL, NULL),
                        "stream_info");
         if (rc != 0) return rc;
         if (changes != d->changes) {
@@ -207,7 +207,7 @@ static int receive_frames(struct decoder *d, uint64_t ready) {
                                   NULL);
         if (check(rc, "begin codec write of the frame") != 0) return rc;
         uint64_t got = 0;
-        int recv = virtsoc_codec_receive_frame(d->c, d->handle, f->id, &got, NULL, NULL, NULL);
+        int recv = virtsoc_codec_receive_frame(d->c, d->handle, f->id, &got, NULL, NULL, NULL, NULL);
         check(recv, "receive_frame");
         rc = check(virtsoc_end_access(d->c, f->id, VIRTSOC_DEVICE_CODEC, 0, f->size, VIRTSOC_WRITE),
                    "end codec write of the frame");
@@ -231,10 +231,11 @@ static int decode_access_unit(struct decoder *d, const uint8_t *au, size_t len, 
                "end CPU write of the bitstream");
     if (rc != 0) return rc;
     for (;;) {
-        uint64_t ready = 0;
+        uint64_t ready = 0, failed = 0, failed_pts = 0;
         rc = virtsoc_begin_access(d->c, bs, VIRTSOC_DEVICE_CODEC, 0, len, VIRTSOC_READ, NULL);
         if (check(rc, "begin codec read of the bitstream") != 0) return rc;
-        int dec = virtsoc_codec_decode(d->c, d->handle, bs, len, pts, &ready);
+        int dec = virtsoc_codec_decode(d->c, d->handle, bs, len, pts, &ready, &failed, &failed_pts,
+                                       NULL);
         const char *why = dec != 0 ? virtsoc_last_error() : "";
         char reason[256];
         snprintf(reason, sizeof reason, "%s", why);
@@ -257,6 +258,10 @@ static int decode_access_unit(struct decoder *d, const uint8_t *au, size_t len, 
         if (dec != 0) {
             fprintf(stderr, "decode: decode: %s (%s)\n", virtsoc_strerror(dec), reason);
             return dec;
+        }
+        if (failed != 0) {
+            /* With frame threads an earlier access unit's failure is reported later. */
+            fprintf(stderr, "decode: access unit %" PRIu64 " not decoded\n", failed_pts);
         }
         return receive_frames(d, ready);
     }
@@ -305,7 +310,7 @@ int main(int argc, char **argv) {
         if (rc != 0) goto out;
     }
     uint64_t ready = 0;
-    rc = check(virtsoc_codec_flush(d.c, d.handle, &ready), "flush");
+    rc = check(virtsoc_codec_flush(d.c, d.handle, &ready, NULL, NULL, NULL), "flush");
     if (rc == 0) rc = receive_frames(&d, ready);
     if (rc == 0) rc = check(virtsoc_codec_close(d.c, d.handle), "close");
     fprintf(stderr, "decode: %" PRIu64 " frames\n", d.frames);

@@ -160,10 +160,10 @@ int main(int argc, char **argv) {
     uint64_t dec = 0, w = 1, h = 1, fmt = 0, changes = 1;
     CHECK(virtsoc_codec_open_decoder(c, VIRTSOC_CODEC_KIND_H264, VIRTSOC_FORMAT_YUV420P, 1, &dec) == 0,
           "open an H.264 decoder");
-    CHECK(virtsoc_codec_stream_info(c, dec, &w, &h, &fmt, &changes) == 0 && w == 0 && h == 0 &&
+    CHECK(virtsoc_codec_stream_info(c, dec, &w, &h, &fmt, &changes, NULL, NULL) == 0 && w == 0 && h == 0 &&
               fmt == VIRTSOC_FORMAT_YUV420P && changes == 0,
           "stream_info before the first picture: 0x0");
-    CHECK(virtsoc_codec_stream_info(c, dec + 100, &w, &h, &fmt, &changes) == VIRTSOC_E_BAD_ARGUMENT,
+    CHECK(virtsoc_codec_stream_info(c, dec + 100, &w, &h, &fmt, &changes, NULL, NULL) == VIRTSOC_E_BAD_ARGUMENT,
           "stream_info of an unknown handle");
 
     /* Device errors carry the device's reason to virtsoc_last_error. */
@@ -178,11 +178,11 @@ int main(int argc, char **argv) {
     CHECK(virtsoc_end_access(c, bs, VIRTSOC_DEVICE_CPU, 0, 3000, VIRTSOC_WRITE) == 0, "end CPU write of junk");
     CHECK(virtsoc_begin_access(c, bs, VIRTSOC_DEVICE_CODEC, 0, 3000, VIRTSOC_READ, NULL) == 0,
           "begin codec read");
-    rc = virtsoc_codec_decode(c, dec, bs, 3000, 0, NULL);
+    rc = virtsoc_codec_decode(c, dec, bs, 3000, 0, NULL, NULL, NULL, NULL);
     printf("     last error: %s\n", virtsoc_last_error());
     CHECK(rc == VIRTSOC_E_DEVICE && strstr(virtsoc_last_error(), "device error: h264") != NULL,
           "a corrupt packet: VIRTSOC_E_DEVICE with the decoder's reason");
-    rc = virtsoc_codec_decode(c, dec, bs, 3001, 0, NULL);
+    rc = virtsoc_codec_decode(c, dec, bs, 3001, 0, NULL, NULL, NULL, NULL);
     printf("     last error: %s\n", virtsoc_last_error());
     CHECK(rc == VIRTSOC_E_OUT_OF_RANGE && strstr(virtsoc_last_error(), "len 3001 > bitstream's 3000 bytes") != NULL,
           "a length past the region: VIRTSOC_E_OUT_OF_RANGE with the lengths");

@@ -189,6 +189,21 @@ pub(crate) enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// A victim guest's SVM access p50 and camera fps alone and next to each kind of hostile
+    /// guest (issue 10), in a daemon of its own; check: within 20% of alone.
+    Isolation {
+        /// Seconds of the victim's camera scenario per row.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Frames of the victim's SVM pipeline per row.
+        #[arg(long, default_value_t = 300)]
+        frames: usize,
+        /// Hostile kinds to run (default all).
+        #[arg(long, value_delimiter = ',')]
+        hostile: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Round-trip latency and bandwidth of the ring channel, a Unix socket and TCP loopback.
     Transport {
         /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;

@@ -5,6 +5,7 @@
 
 mod args;
 mod bench_devices;
+mod bench_isolation;
 mod bench_migrate;
 mod bench_sharing;
 mod bench_svm;
@@ -152,6 +153,36 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 bench_migrate::print(&r);
+            }
+        }
+        Cmd::Bench {
+            which:
+                BenchCmd::Isolation {
+                    seconds,
+                    frames,
+                    hostile,
+                    json,
+                },
+        } => {
+            if !(0.5..=3600.0).contains(&seconds) || frames == 0 {
+                return Err(CliError::Usage(
+                    "--seconds must be in 0.5..=3600 and --frames positive".into(),
+                ));
+            }
+            let r = bench_isolation::run(&bench_isolation::IsolationParams {
+                seconds,
+                frames,
+                kinds: hostile,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_isolation::print_table(&r);
+            }
+            if !r.all_ok {
+                return Err(CliError::Usage(
+                    "the victim lost more than 20% next to a hostile guest".into(),
+                ));
             }
         }
         Cmd::Bench {

@@ -71,6 +71,21 @@ pub mod codec_kind {
     pub const ALL: &[(&str, u64)] = &[("H264", H264), ("HEVC", HEVC), ("VP9", VP9), ("AV1", AV1)];
 }
 
+/// Bits of `codec::receive_frame`'s `flags` (`enum virtsoc_codec_frame_flag` in the C
+/// header).
+pub mod codec_frame_flag {
+    /// The picture was decoded with errors: libavcodec concealed damaged or missing data
+    /// (a corrupt packet, a missing reference, a stream joined before its recovery point).
+    /// Its pixels are a best effort; later pictures may recover.
+    pub const CORRUPT: u64 = 1;
+    /// The stream codes an odd width or height; the picture was cropped to even (its last
+    /// column or row dropped, 4:2:0 needs even sizes). `stream_info` tells both sizes.
+    pub const CROPPED: u64 = 2;
+
+    /// Every flag with its name, for the C header.
+    pub const ALL: &[(&str, u64)] = &[("CORRUPT", CORRUPT), ("CROPPED", CROPPED)];
+}
+
 /// Size of one layer record in the blob passed to `gpu::composite`.
 pub const LAYER_RECORD: usize = 64;
 /// Size of one marker record in the blob passed to `gpu::markers`.
@@ -184,16 +199,26 @@ devices! {
         fn open_decoder(kind: u64, format: u64, threads: u64) -> (handle) = 1;
         /// Feeds one packet: the first `len` bytes of `bitstream`, presented at `pts`. A packet
         /// is exactly one access unit (H.264/HEVC: every NAL unit of one picture, with their
-        /// Annex-B start codes), as a demuxer cuts it; not a whole stream. Returns the pictures
+        /// Annex-B start codes), as a demuxer cuts it; not a whole stream. Packets are numbered
+        /// 1, 2, ... per decoder in the order `decode` accepts them. Returns the pictures
         /// waiting for `receive_frame`. `Busy` while too many wait (receive them, then retry);
-        /// `DeviceError` for a corrupt packet (the decoder stays usable).
-        fn decode(handle: handle, bitstream: region_r, len: u64, pts: u64) -> (frames_ready) = 2;
+        /// `DeviceError` when this packet failed (the decoder's reason comes with it; the
+        /// decoder stays usable). With frame threads (`threads` > 1) a packet's result is
+        /// known only `threads - 1` packets later: a later call then succeeds (its own packet
+        /// was taken) and reports the earlier failure: `failed` packets failed since the last
+        /// report, the last of them given with `failed_pts` (its pts) and `failed_seq` (its
+        /// number). A damaged packet whose pictures libavcodec conceals does not fail: they
+        /// come out marked `VIRTSOC_CODEC_FRAME_FLAG_CORRUPT` instead.
+        fn decode(handle: handle, bitstream: region_r, len: u64, pts: u64) -> (frames_ready, failed, failed_pts, failed_seq) = 2;
         /// Moves the next decoded picture into `frame` (`got` 1) or answers `got` 0 when none
         /// waits. `frame` is an image region of the decoder's format and exactly the size
-        /// `stream_info` reports (else `BadArgument`); its rows may be padded.
-        fn receive_frame(handle: handle, frame: region_w) -> (got, pts, width, height) = 3;
-        /// Drains the decoder at the end of the stream.
-        fn flush(handle: handle) -> (frames_ready) = 4;
+        /// `stream_info` reports (else `BadArgument`); its rows may be padded. `flags`
+        /// (`codec_frame_flag`): `CORRUPT` for a picture decoded with errors concealed,
+        /// `CROPPED` for an odd-sized picture delivered cropped to even.
+        fn receive_frame(handle: handle, frame: region_w) -> (got, pts, width, height, flags) = 3;
+        /// Drains the decoder at the end of the stream; failures of the packets still in the
+        /// decoder are reported as by `decode`.
+        fn flush(handle: handle) -> (frames_ready, failed, failed_pts, failed_seq) = 4;
         /// Opens an H.264 encoder.
         fn open_encoder(width: u64, height: u64, fps: u64, bitrate: u64) -> (handle) = 5;
         /// Encodes `frame` (NV12 or YUV420P) presented at `pts`; the packet(s) go to `out`.
@@ -205,7 +230,10 @@ devices! {
         /// the first), its `format` (the decoder's output format) and `changes`, how many times
         /// the size changed between consecutive decoded pictures. Call it before
         /// `receive_frame` and reallocate the frame region when the size differs.
-        fn stream_info(handle: handle) -> (width, height, format, changes) = 8;
+        /// `picture_width` x `picture_height` is that picture's size as the stream codes it:
+        /// an odd width or height is delivered cropped to even (`width` x `height`), so the
+        /// two differ exactly when `receive_frame` reports `CROPPED`.
+        fn stream_info(handle: handle) -> (width, height, format, changes, picture_width, picture_height) = 8;
     }
 
     /// Image signal processor: colour conversion and scaling between the regions' formats.
@@ -344,6 +372,19 @@ pub fn c_header(all: &[DeviceInfo]) -> String {
         "codec_kind",
         "CODEC_KIND",
         &kinds,
+    );
+    let flags: Vec<(String, u64)> = codec_frame_flag::ALL
+        .iter()
+        .map(|(n, v)| (n.to_string(), *v))
+        .collect();
+    c_enum(
+        &mut h,
+        "Bits of virtsoc_codec_receive_frame's `flags`: CORRUPT, the picture was decoded with \
+         errors concealed (its pixels are a best effort); CROPPED, the stream codes an odd \
+         size and the picture was cropped to even (virtsoc_codec_stream_info gives both).",
+        "codec_frame_flag",
+        "CODEC_FRAME_FLAG",
+        &flags,
     );
     for d in all {
         let up = d.name.to_uppercase();
@@ -508,7 +549,7 @@ mod tests {
             "/* Bracket `bitstream` (VIRTSOC_READ) with virtsoc_begin_access / virtsoc_end_access \
              on\n * VIRTSOC_DEVICE_CODEC. */\nstatic inline int virtsoc_codec_decode("
         ));
-        assert!(h.contains("static inline int virtsoc_codec_decode(virtsoc_conn *c, uint64_t handle, uint64_t bitstream, uint64_t len, uint64_t pts, uint64_t *frames_ready_out)"));
+        assert!(h.contains("static inline int virtsoc_codec_decode(virtsoc_conn *c, uint64_t handle, uint64_t bitstream, uint64_t len, uint64_t pts, uint64_t *frames_ready_out, uint64_t *failed_out, uint64_t *failed_pts_out, uint64_t *failed_seq_out)"));
         assert!(
             h.contains("static inline int virtsoc_modem_read(virtsoc_conn *c, uint64_t *len_out")
         );
@@ -556,10 +597,18 @@ mod tests {
         assert_eq!(value("VIRTSOC_CODEC_KIND_HEVC"), codec_kind::HEVC);
         assert_eq!(value("VIRTSOC_CODEC_KIND_VP9"), codec_kind::VP9);
         assert_eq!(value("VIRTSOC_CODEC_KIND_AV1"), codec_kind::AV1);
+        assert_eq!(
+            value("VIRTSOC_CODEC_FRAME_FLAG_CORRUPT"),
+            codec_frame_flag::CORRUPT
+        );
+        assert_eq!(
+            value("VIRTSOC_CODEC_FRAME_FLAG_CROPPED"),
+            codec_frame_flag::CROPPED
+        );
         let entries = h.lines().filter(|l| l.starts_with("    VIRTSOC_")).count();
         assert_eq!(
             entries,
-            1 + ALL.len() + Format::ALL.len() + codec_kind::ALL.len()
+            1 + ALL.len() + Format::ALL.len() + codec_kind::ALL.len() + codec_frame_flag::ALL.len()
         );
     }
 }

@@ -7,8 +7,10 @@
  *
  * Device commands: include the generated "virtsoc_devices.h" (`virtsoc devices --c-header`):
  * the device ids (enum virtsoc_device), region formats (enum virtsoc_format, the same values
- * as VIRTSOC_FMT_* below), codec kinds (enum virtsoc_codec_kind) and one inline stub per
- * command, e.g. virtsoc_codec_decode(c, handle, bitstream, len, pts, &frames_ready).
+ * as VIRTSOC_FMT_* below), codec kinds (enum virtsoc_codec_kind), the bits of a decoded
+ * picture's flags (enum virtsoc_codec_frame_flag: CORRUPT, CROPPED) and one inline stub per
+ * command, e.g. virtsoc_codec_decode(c, handle, bitstream, len, pts, &frames_ready, &failed,
+ * &failed_pts, &failed_seq) (pass NULL for results you do not need).
  * examples/c-decoder/decode.c is a complete decoder to copy from.
  *
  * Contract of every call:
@@ -40,7 +42,11 @@
  *                            (e.g. receive frames before decoding more)
  *   VIRTSOC_E_OUT_OF_MEMORY  this guest's quota is exhausted
  *   VIRTSOC_E_DEVICE         the device failed on the data (a corrupt packet); the session
- *                            stays usable
+ *                            stays usable. A decoder with frame threads learns a packet's
+ *                            failure only some packets later: that later call succeeds and
+ *                            reports it in `failed` / `failed_pts` / `failed_seq`; pictures
+ *                            decoded with damage concealed come with
+ *                            VIRTSOC_CODEC_FRAME_FLAG_CORRUPT
  *   VIRTSOC_E_CLOSED         the daemon is gone
  * When the device says why (a decoder's message, the sizes that do not match), the reason
  * (at most 48 bytes) ends virtsoc_last_error()'s message, e.g.

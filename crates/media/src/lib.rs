@@ -26,7 +26,8 @@ pub use camera::{
 };
 pub use codec::{
     measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, FfmpegDecoder,
-    FfmpegEncoder, JpegEncoder, Mp4Recorder, NullDecoder, YuvJpegEncoder,
+    FfmpegEncoder, JpegEncoder, Mp4Recorder, NullDecoder, PacketError, ProcessDecoder,
+    YuvJpegEncoder,
 };
 pub use error::{MediaError, Result};
 pub use frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat, PlaneInfo};

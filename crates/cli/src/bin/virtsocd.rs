@@ -58,6 +58,10 @@ struct Args {
     /// Decoding threads per decoder.
     #[arg(long, default_value_t = 2)]
     codec_threads: usize,
+    /// Prototype: run each decoder's libavcodec in a worker process of its own (this
+    /// program), so a crash in it ends that decoder only.
+    #[arg(long, hide = true)]
+    codec_process: bool,
     /// Display refresh rate in Hz.
     #[arg(long, default_value_t = 60)]
     refresh_hz: u32,
@@ -157,6 +161,16 @@ struct Args {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--codec-worker") {
+        // A decoder worker of a daemon run with --codec-process (stdin: its socket).
+        std::process::exit(match virtsoc_host::device::codec::serve_worker() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("virtsocd codec worker: {e}");
+                1
+            }
+        });
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
     if let Err(e) = run(args) {
@@ -203,6 +217,11 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             gpu: args.gpu_backend.clone(),
             isp: args.isp_backend.clone(),
             codec_threads: args.codec_threads,
+            codec_worker: if args.codec_process {
+                Some(std::env::current_exe()?)
+            } else {
+                None
+            },
             refresh_hz: args.refresh_hz,
             display_size: args.display_size,
             display_verify: args.display_verify,

@@ -204,6 +204,79 @@ struct Ctx {
     raw_bursts: bool,
 }
 
+/// Soak guests of one role running in the background until stopped, for other benchmarks
+/// (`virtsoc bench isolation` runs the hostile and crashing roles next to its victim).
+pub(crate) struct Background {
+    ctx: Arc<Ctx>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// What a [`Background`] role did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BackgroundTally {
+    /// Sessions (hostile), children killed (crashing), rounds (good), sessions (reconnecting).
+    pub rounds: u64,
+    /// Misuses sent (hostile).
+    pub requests: u64,
+    /// Misuses accepted (hostile; must stay 0).
+    pub accepted: u64,
+    /// Failures of the role's guests (errors, wrong data, children that did not start).
+    pub failures: u64,
+}
+
+impl Background {
+    /// Starts `guests` guests of `role` (`good`, `hostile`, `crashing`, `reconnecting`)
+    /// against the daemon at `socket`.
+    pub(crate) fn start(socket: &str, role: &str, guests: usize) -> Result<Self, CliError> {
+        let role = match role {
+            "good" => Role::Good,
+            "hostile" => Role::Hostile,
+            "crashing" => Role::Crashing,
+            "reconnecting" => Role::Reconnecting,
+            _ => return Err(CliError::Usage(format!("unknown role {role}"))),
+        };
+        let ctx = Arc::new(Ctx {
+            socket: socket.into(),
+            tally: Tally::default(),
+            stop: AtomicBool::new(false),
+            others: Mutex::new(Vec::new()),
+            raw_bursts: true,
+        });
+        // Until stopped (a day is longer than any benchmark).
+        let deadline = Instant::now() + Duration::from_secs(86_400);
+        let handles = (0..guests)
+            .map(|i| {
+                let ctx = ctx.clone();
+                std::thread::spawn(move || guest(&ctx, role, i, deadline))
+            })
+            .collect();
+        Ok(Background { ctx, handles })
+    }
+
+    /// Stops the guests (each finishes its current round) and tells what they did.
+    pub(crate) fn stop(self) -> BackgroundTally {
+        self.ctx.stop.store(true, Ordering::Relaxed);
+        let mut failures = 0;
+        for h in self.handles {
+            failures += u64::from(h.join().is_err());
+        }
+        let t = &self.ctx.tally;
+        BackgroundTally {
+            rounds: get(&t.hostile_rounds)
+                + get(&t.crashes)
+                + get(&t.good_rounds)
+                + get(&t.reconnects),
+            requests: get(&t.hostile_requests),
+            accepted: get(&t.hostile_accepted),
+            failures: failures
+                + get(&t.crash_failures)
+                + get(&t.good_errors)
+                + get(&t.good_bad_data)
+                + get(&t.reconnect_errors),
+        }
+    }
+}
+
 /// Runs the soak and prints its report; fails when a check fails.
 pub fn run(args: &SoakArgs) -> Result<(), CliError> {
     let report = soak(args)?;

@@ -32,7 +32,7 @@ pub(super) fn guest(ctx: &Ctx, role: Role, index: usize, deadline: Instant) {
                 }
             };
             let mut n = 0u64;
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !ctx.stop.load(Ordering::Relaxed) {
                 match good_round(ctx, &c, (index as u64) << 32 | n) {
                     Ok(()) => bump(&t.good_rounds),
                     Err(e) => {
@@ -47,7 +47,7 @@ pub(super) fn guest(ctx: &Ctx, role: Role, index: usize, deadline: Instant) {
         }
         Role::Hostile => {
             let mut n = 0u64;
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !ctx.stop.load(Ordering::Relaxed) {
                 if let Err(e) = hostile_round(ctx, &name, n) {
                     // The daemon may drop a guest that corrupts its ring: not a failure.
                     log::debug!("{name}: {e}");
@@ -58,7 +58,7 @@ pub(super) fn guest(ctx: &Ctx, role: Role, index: usize, deadline: Instant) {
         }
         Role::Crashing => {
             let mut n = 0u64;
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !ctx.stop.load(Ordering::Relaxed) {
                 match crash_once(&ctx.socket, n) {
                     Ok(()) => bump(&t.crashes),
                     Err(e) => {
@@ -72,7 +72,7 @@ pub(super) fn guest(ctx: &Ctx, role: Role, index: usize, deadline: Instant) {
         }
         Role::Reconnecting => {
             let mut n = 0u64;
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !ctx.stop.load(Ordering::Relaxed) {
                 match reconnect_once(ctx, &name, n) {
                     Ok(()) => bump(&t.reconnects),
                     Err(e) => {

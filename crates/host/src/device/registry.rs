@@ -31,6 +31,9 @@ pub struct DeviceConfig {
     pub display_backend: String,
     /// Camera source: `synthetic`, or `file:PATH` (a video looped as a camera).
     pub camera_source: String,
+    /// Run each decoder's libavcodec in a worker process: this program, started with
+    /// `--codec-worker` (`virtsoc_media::ProcessDecoder`; a prototype, off by default).
+    pub codec_worker: Option<PathBuf>,
 }
 
 impl Default for DeviceConfig {
@@ -45,6 +48,7 @@ impl Default for DeviceConfig {
             snapshot_dir: std::env::temp_dir(),
             display_backend: "headless".into(),
             camera_source: "synthetic".into(),
+            codec_worker: None,
         }
     }
 }

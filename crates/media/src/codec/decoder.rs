@@ -1,11 +1,12 @@
 //! libavcodec-backed [`FfmpegDecoder`].
 
+use std::collections::VecDeque;
 use std::ffi::c_int;
 
 use ff::ffi;
 use ffmpeg_next as ff;
 
-use super::{CodecKind, DecodedFrame, DecoderBackend, StreamInfo};
+use super::{CodecKind, DecodedFrame, DecoderBackend, PacketError, StreamInfo};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, PixelFormat};
 use crate::sws::{av_format, ScaleFilter, Scaler};
@@ -26,7 +27,26 @@ pub struct FfmpegDecoder {
     pool: Vec<Vec<u8>>,
     errors: u64,
     frames_out: u64,
+    /// Packets accepted so far: the last one's sequence number (also its `dts`, so a frame
+    /// thread's output names the packet it came from).
+    seq: u64,
+    /// How many packets later a packet's result comes out: `threads - 1` with libavcodec's
+    /// frame threads (each packet goes to the next thread; a thread's result is collected
+    /// when the packet `threads - 1` later is submitted), else 0.
+    delay: u64,
+    /// (seq, pts) of the last `delay + 2` packets, oldest first, to name a failed packet.
+    recent: VecDeque<(u64, i64)>,
+    /// Sequence number of the last packet whose result came out.
+    collected: u64,
+    /// Earlier packets' failures, for `take_failures`.
+    failures: Vec<PacketError>,
 }
+
+/// Errors taken from libavcodec in one call at most (each consumes a thread's result, so
+/// more than `delay + 1` cannot happen; this bounds the loop should a library misbehave).
+const MAX_ERRORS_PER_CALL: usize = 64;
+/// Failures kept for `take_failures`; older ones are dropped.
+const MAX_KEPT_FAILURES: usize = 64;
 
 fn is_again(e: &ff::Error) -> bool {
     matches!(e, ff::Error::Other { errno } if *errno == ff::error::EAGAIN)
@@ -130,11 +150,31 @@ impl FfmpegDecoder {
             count: threads,
             ..Default::default()
         });
+        if codec.name() == "libdav1d" {
+            // dav1d's own frame threads hand back a picture (or its error) several packets
+            // later with no way to tell which packet it was; FFmpeg's wrapper asks dav1d for
+            // one frame in flight under LOW_DELAY, which keeps a packet's result in its own
+            // call (tile and row threads still run in parallel). Not for the other decoders:
+            // there LOW_DELAY would turn off reordering.
+            // SAFETY: a plain field of the context, not yet opened.
+            unsafe {
+                (*ctx.as_mut_ptr()).flags |= ffi::AV_CODEC_FLAG_LOW_DELAY as c_int;
+            }
+        }
         let decoder = ctx
             .decoder()
             .open_as(codec)
             .and_then(|o| o.video())
             .map_err(|e| MediaError::ffmpeg("avcodec_open2 (decoder)", e))?;
+        // SAFETY: plain fields of the opened context, set by avcodec_open2.
+        let delay = unsafe {
+            let p = decoder.as_ptr();
+            if (*p).active_thread_type & ffi::FF_THREAD_FRAME != 0 && (*p).thread_count > 1 {
+                (*p).thread_count as u64 - 1
+            } else {
+                0
+            }
+        };
         Ok(FfmpegDecoder {
             decoder,
             kind,
@@ -147,6 +187,11 @@ impl FfmpegDecoder {
             pool: Vec::new(),
             errors: 0,
             frames_out: 0,
+            seq: 0,
+            delay,
+            recent: VecDeque::new(),
+            collected: 0,
+            failures: Vec::new(),
         })
     }
 
@@ -160,35 +205,108 @@ impl FfmpegDecoder {
         self.errors
     }
 
-    /// Receives every picture the decoder has ready.
-    fn drain(&mut self, out: &mut Vec<DecodedFrame>) -> Result<()> {
+    /// How many packets later a packet's result (picture or error) comes out: `threads - 1`
+    /// with frame threads, else 0.
+    pub fn result_delay(&self) -> u64 {
+        self.delay
+    }
+
+    /// Which packet an error that came out now belongs to: while packets are fed, the one
+    /// `delay` packets before the last one fed (frame threads collect results in submission
+    /// order); at the end of a stream (`eof`), the oldest whose result has not come out.
+    fn failed_packet(&mut self, eof: bool) -> (u64, i64) {
+        let oldest = self.collected + 1;
+        let seq = if eof {
+            oldest
+        } else {
+            self.seq
+                .saturating_sub(self.delay)
+                .clamp(oldest, self.seq.max(oldest))
+        };
+        self.collected = self.collected.max(seq);
+        let pts = self
+            .recent
+            .iter()
+            .find(|(s, _)| *s == seq)
+            .map_or(i64::MIN, |(_, p)| *p);
+        (seq, pts)
+    }
+
+    /// Receives every picture the decoder has ready. An error belonging to the packet `own`
+    /// (the one this call fed) is returned; earlier packets' errors go to `failures` and the
+    /// pictures keep coming.
+    fn drain(&mut self, out: &mut Vec<DecodedFrame>, own: Option<u64>, eof: bool) -> Result<()> {
+        let mut mine = None;
+        let mut errors = 0;
         loop {
-            match self.decoder.receive_frame(&mut self.frame) {
-                Ok(()) => match self.convert_current() {
-                    Ok(f) => out.push(f),
-                    Err(e @ MediaError::Decode(_)) => return Err(e),
-                    Err(e) => {
-                        // E.g. a picture size beyond MAX_DIMENSION from a hostile stream.
-                        self.errors += 1;
-                        return Err(MediaError::Decode(format!(
-                            "{}: cannot output picture: {e}",
-                            self.name
-                        )));
+            let reason = match self.decoder.receive_frame(&mut self.frame) {
+                Ok(()) => match self.convert_current(eof) {
+                    Ok(f) => {
+                        out.push(f);
+                        continue;
                     }
+                    Err(MediaError::Decode(e)) => e,
+                    // E.g. a picture size beyond MAX_DIMENSION from a hostile stream.
+                    Err(e) => format!("{}: cannot output picture: {e}", self.name),
                 },
-                Err(ff::Error::Eof) => return Ok(()),
-                Err(e) if is_again(&e) => return Ok(()),
-                Err(e) => {
-                    self.errors += 1;
-                    return Err(MediaError::Decode(format!("{}: {e}", self.name)));
-                }
+                Err(ff::Error::Eof) => break,
+                Err(e) if is_again(&e) => break,
+                Err(e) => format!("{}: {e}", self.name),
+            };
+            self.note_error(reason, own, eof, &mut mine);
+            errors += 1;
+            if errors >= MAX_ERRORS_PER_CALL {
+                break;
             }
+        }
+        mine.map_or(Ok(()), Err)
+    }
+
+    /// Counts an error and attributes it: to the packet `own` (into `mine`, for the call to
+    /// return) or to an earlier one (`failures`).
+    fn note_error(
+        &mut self,
+        reason: String,
+        own: Option<u64>,
+        eof: bool,
+        mine: &mut Option<MediaError>,
+    ) {
+        self.errors += 1;
+        let (seq, pts) = self.failed_packet(eof);
+        if Some(seq) == own && mine.is_none() {
+            *mine = Some(MediaError::Decode(reason));
+        } else {
+            log::debug!("{}: packet {seq} (pts {pts}) failed: {reason}", self.name);
+            if self.failures.len() >= MAX_KEPT_FAILURES {
+                // Nobody is asking (a file camera): keep the newest.
+                self.failures.remove(0);
+            }
+            self.failures.push(PacketError { pts, seq, reason });
         }
     }
 
-    /// Copies or converts `self.frame` into a packed picture.
-    fn convert_current(&mut self) -> Result<DecodedFrame> {
+    /// Copies or converts `self.frame` into a packed picture, and notes which packet's
+    /// result it is.
+    fn convert_current(&mut self, eof: bool) -> Result<DecodedFrame> {
+        // SAFETY: plain fields of the frame the decoder just returned.
+        let (pkt_dts, corrupt) = unsafe {
+            let p = self.frame.as_ptr();
+            (
+                (*p).pkt_dts,
+                (*p).flags & ffi::AV_FRAME_FLAG_CORRUPT != 0 || (*p).decode_error_flags != 0,
+            )
+        };
+        if eof {
+            // Frame threads stamp a picture with the dts (our sequence number) of the
+            // packet whose thread returned it.
+            if let Ok(s) = u64::try_from(pkt_dts) {
+                if s > self.collected && s <= self.seq {
+                    self.collected = s;
+                }
+            }
+        }
         let f = &self.frame;
+        let picture_size = (f.width(), f.height());
         let (w, h) = (f.width() & !1, f.height() & !1);
         let layout = FrameLayout::packed(self.out, w, h)?;
         let pixel = f.format();
@@ -253,7 +371,13 @@ impl FfmpegDecoder {
             .pts()
             .or_else(|| f.timestamp())
             .unwrap_or(self.frames_out as i64 - 1);
-        Ok(DecodedFrame { layout, pts, data })
+        Ok(DecodedFrame {
+            layout,
+            pts,
+            data,
+            corrupt,
+            picture_size,
+        })
     }
 }
 
@@ -268,29 +392,45 @@ impl DecoderBackend for FfmpegDecoder {
             // An empty packet would mean end of stream to libavcodec; use flush() for that.
             return Ok(out);
         }
+        let seq = self.seq + 1;
         let mut pkt = ff::Packet::copy(packet);
         pkt.set_pts(Some(pts));
+        // The sequence number as dts: frame threads stamp each picture with the dts of the
+        // packet whose thread returned it (used at the end of a stream).
+        pkt.set_dts(Some(seq as i64));
         let mut sent = self.decoder.send_packet(&pkt);
         if matches!(&sent, Err(e) if is_again(e)) {
-            if let Err(e) = self.drain(&mut out) {
-                self.pending = out;
-                return Err(e);
-            }
+            // The decoder holds a picture: take it (errors there are earlier packets'),
+            // then the packet goes in.
+            let _ = self.drain(&mut out, None, false);
             sent = self.decoder.send_packet(&pkt);
         }
-        if let Err(e) = sent {
-            self.errors += 1;
-            // Keep what is decodable; the error is this packet's.
-            let _ = self.drain(&mut out);
+        if matches!(&sent, Err(e) if is_again(e)) {
             self.pending = out;
             return Err(MediaError::Decode(format!(
-                "{}: packet rejected: {e}",
+                "{}: the decoder accepts no packet",
                 self.name
             )));
         }
-        match self.drain(&mut out) {
-            Ok(()) => Ok(out),
-            Err(e) => {
+        // Any other answer means libavcodec took the packet; an error is then one of
+        // decoding (with frame threads, an earlier packet's), as from receive_frame.
+        self.seq = seq;
+        self.recent.push_back((seq, pts));
+        while self.recent.len() as u64 > self.delay + 2 {
+            self.recent.pop_front();
+        }
+        let mut mine = None;
+        if let Err(e) = sent {
+            self.note_error(format!("{}: {e}", self.name), Some(seq), false, &mut mine);
+        }
+        if let Err(e) = self.drain(&mut out, Some(seq), false) {
+            mine.get_or_insert(e);
+        }
+        // The packet `delay` before this one has had its result.
+        self.collected = self.collected.max(seq.saturating_sub(self.delay));
+        match mine {
+            None => Ok(out),
+            Some(e) => {
                 self.pending = out;
                 Err(e)
             }
@@ -299,13 +439,23 @@ impl DecoderBackend for FfmpegDecoder {
 
     fn flush(&mut self) -> Result<Vec<DecodedFrame>> {
         let mut out = std::mem::take(&mut self.pending);
-        let r = match self.decoder.send_eof() {
-            Ok(()) | Err(ff::Error::Eof) => self.drain(&mut out),
-            Err(e) => Err(MediaError::ffmpeg("avcodec_send_packet (eof)", e)),
-        };
-        // Reset so that a new stream can follow.
+        match self.decoder.send_eof() {
+            Ok(()) | Err(ff::Error::Eof) => {}
+            // libavcodec took the end of stream and failed decoding a packet still in it.
+            Err(e) if !is_again(&e) => {
+                self.note_error(format!("{}: {e}", self.name), None, true, &mut None)
+            }
+            Err(e) => return Err(MediaError::ffmpeg("avcodec_send_packet (eof)", e)),
+        }
+        let r = self.drain(&mut out, None, true);
+        // Reset so that a new stream can follow; every packet's result is out.
         self.decoder.flush();
+        self.collected = self.seq;
         r.map(|()| out)
+    }
+
+    fn take_failures(&mut self) -> Vec<PacketError> {
+        std::mem::take(&mut self.failures)
     }
 
     fn output_layout(&self) -> Option<FrameLayout> {

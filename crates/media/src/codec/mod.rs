@@ -2,17 +2,27 @@
 //! ([`FfmpegDecoder`]) and a [`NullDecoder`] for plumbing tests, a libavformat [`Demuxer`]
 //! that feeds a file packet by packet, the H.264 [`FfmpegEncoder`] used by camera recording
 //! and livestreaming, the [`JpegEncoder`] and [`Mp4Recorder`] of the live view and
-//! recordings, and [`measure_decode_fps`] for the project's bench.
+//! recordings, [`measure_decode_fps`] for the project's bench, and [`ProcessDecoder`], a
+//! decoder whose libavcodec runs in a worker process ([`serve_decoder`]; a prototype).
 //!
 //! Decoded frames always come out as tightly packed NV12 or YUV420P (chosen at
 //! construction), converted with libswscale inside the backend when the codec's native
 //! format differs (10-bit, full-range "yuvj", 4:2:2, ...). Streams with odd dimensions are
-//! cropped to the next even size below.
+//! cropped to the next even size below (4:2:0 needs even sizes); each [`DecodedFrame`] tells
+//! the picture's own size next to the delivered one, so the crop is never silent.
+//!
+//! Errors are told apart per packet: a picture libavcodec decoded with errors (concealed
+//! slices, missing references, a stream joined before its recovery point) comes out marked
+//! [`DecodedFrame::corrupt`]; a packet that fails outright fails the `decode` call that fed
+//! it when that is known at once, and is otherwise (frame threads return a packet's result
+//! `threads - 1` packets later) reported by [`DecoderBackend::take_failures`] with the
+//! packet's `pts` and sequence number, never blamed on a later, good packet.
 
 mod decoder;
 mod demux;
 mod encoder;
 mod still;
+mod worker;
 
 use std::path::Path;
 use std::time::Instant;
@@ -21,6 +31,7 @@ pub use decoder::FfmpegDecoder;
 pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
 pub use encoder::{EncodedPacket, FfmpegEncoder};
 pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
+pub use worker::{serve_decoder, ProcessDecoder, CALL_DEADLINE};
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameRef, PixelFormat};
@@ -97,9 +108,23 @@ pub struct DecodedFrame {
     pub pts: i64,
     /// `layout.size()` bytes.
     pub data: Vec<u8>,
+    /// Decoded with errors: libavcodec flagged the picture corrupt (`AV_FRAME_FLAG_CORRUPT`:
+    /// e.g. decoded before the stream's recovery point, with references missing) or
+    /// reported damage it concealed (`decode_error_flags`: invalid bitstream, missing
+    /// reference, concealment). Its pixels are a best effort.
+    pub corrupt: bool,
+    /// The picture's size as the stream codes it (its display size); `layout` is this
+    /// cropped to even, so they differ only for odd sizes.
+    pub picture_size: (u32, u32),
 }
 
 impl DecodedFrame {
+    /// Whether the delivered picture is smaller than the coded one (odd width or height
+    /// cropped to even).
+    pub fn cropped(&self) -> bool {
+        self.picture_size != (self.layout.width, self.layout.height)
+    }
+
     /// A read-only frame view of the picture.
     pub fn as_frame(&self) -> FrameRef<'_> {
         FrameRef {
@@ -109,17 +134,41 @@ impl DecodedFrame {
     }
 }
 
+/// A packet the decoder failed, reported after the call that fed it (see
+/// [`DecoderBackend::take_failures`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PacketError {
+    /// The `pts` given with the packet.
+    pub pts: i64,
+    /// The packet's sequence number: 1 for the decoder's first packet, counting every packet
+    /// `decode` accepted.
+    pub seq: u64,
+    /// libavcodec's reason.
+    pub reason: String,
+}
+
 /// A video decoder fed one compressed packet at a time.
 pub trait DecoderBackend: Send {
     /// Short backend name for logs (e.g. `ffmpeg-h264`).
     fn name(&self) -> &str;
     /// Decodes one packet (a complete access unit, Annex-B or as the container gives it with
     /// the matching extradata). Returns the pictures that became ready, in presentation
-    /// order. A corrupt packet gives `Err(MediaError::Decode)` and leaves the decoder usable.
+    /// order. A corrupt packet whose failure is known at once gives
+    /// `Err(MediaError::Decode)` and leaves the decoder usable (the pictures that became
+    /// ready come with the next call); an earlier packet's failure that surfaces during this
+    /// call is not this packet's error: the call succeeds and the failure waits in
+    /// [`take_failures`](Self::take_failures).
     fn decode(&mut self, packet: &[u8], pts: i64) -> Result<Vec<DecodedFrame>>;
     /// Signals end of stream and returns the pictures still buffered; afterwards the decoder
-    /// accepts a new stream (e.g. after a seek or when looping).
+    /// accepts a new stream (e.g. after a seek or when looping). Failures of the packets
+    /// still in the decoder go to [`take_failures`](Self::take_failures).
     fn flush(&mut self) -> Result<Vec<DecodedFrame>>;
+    /// Failures of packets fed by earlier calls that surfaced since the last call of this
+    /// method, oldest first (with frame threads a packet's result comes out `threads - 1`
+    /// packets later, so its error arrives during a later call).
+    fn take_failures(&mut self) -> Vec<PacketError> {
+        Vec::new()
+    }
     /// Layout of the output pictures, once known (after the first picture for real codecs).
     fn output_layout(&self) -> Option<FrameLayout>;
     /// Hands a picture's buffer back for reuse by later pictures (saves allocating and
@@ -177,7 +226,13 @@ impl NullDecoder {
                 *px = (x + y + count as usize) as u8;
             }
         }
-        DecodedFrame { layout, pts, data }
+        DecodedFrame {
+            layout,
+            pts,
+            data,
+            corrupt: false,
+            picture_size: (layout.width, layout.height),
+        }
     }
 }
 

@@ -19,11 +19,25 @@
 //! answers [`Status::Busy`] while the queue is full, so a guest that stops receiving cannot
 //! make the daemon hoard frames. `stream_info` tells the size of the picture `receive_frame`
 //! delivers next (and how many times the size changed), so a guest sizes its frame region
-//! before receiving, and again on a resolution change. A corrupt packet fails that call with
-//! [`Status::DeviceError`] (the decoder's message goes to the guest as the reason); the
-//! decoder stays usable and later packets decode. `flush` drains the pictures the decoder
-//! still holds (reordering, frame threads) at the end of a stream, after which a new stream
-//! may follow.
+//! before receiving, and again on a resolution change. `flush` drains the pictures the
+//! decoder still holds (reordering, frame threads) at the end of a stream, after which a new
+//! stream may follow.
+//!
+//! Damage is reported per packet and per picture, never as success and never on the wrong
+//! packet (`virtsoc_media::codec` tells how libavcodec's results are attributed):
+//! - a packet that fails outright fails the `decode` that fed it with
+//!   [`Status::DeviceError`] and the decoder's message as the reason, when that is known at
+//!   once (one decoding thread); with frame threads a packet's result comes out `threads - 1`
+//!   packets later, so the later `decode` (or the `flush`) succeeds - its own packet was
+//!   taken - and reports `failed` (failures since the last report) with the last failed
+//!   packet's `failed_pts` and `failed_seq` (packets are numbered from 1 per decoder). The
+//!   decoder stays usable and later packets decode;
+//! - a picture libavcodec decoded with errors concealed (a damaged slice, a missing
+//!   reference, a stream joined before its recovery point) is delivered with
+//!   `codec_frame_flag::CORRUPT` in `receive_frame`'s `flags`;
+//! - a stream of odd width or height is delivered cropped to even (4:2:0): `stream_info`
+//!   gives both the delivered size and the coded `picture_width` x `picture_height`, and
+//!   `receive_frame` sets `codec_frame_flag::CROPPED`.
 //!
 //! Encoding: `encode` takes an NV12 or YUV420P region of the encoder's size and writes the
 //! Annex-B packet(s) it produces into the `out` region (SPS and PPS in band on keyframes). If
@@ -33,16 +47,19 @@
 //!
 //! Every failure is a status for the guest; nothing here panics on guest input.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use virtsoc_devapi::codec::{self as api, Command};
-use virtsoc_devapi::codec_kind;
+use virtsoc_devapi::{codec_frame_flag, codec_kind};
 use virtsoc_media::frame::MAX_DIMENSION;
 use virtsoc_media::{
-    copy_frame, CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameLayout,
-    FrameMut, FrameRef, MediaError, PixelFormat,
+    copy_frame, CodecKind, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameLayout, FrameMut,
+    FrameRef, MediaError, PixelFormat, ProcessDecoder,
 };
+
+/// The worker side of `--codec-process`: serves one decoder on stdin (see
+/// [`virtsoc_media::ProcessDecoder`]).
+pub use virtsoc_media::codec::serve_decoder as serve_worker;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
@@ -50,6 +67,7 @@ use virtsoc_svm::RegionMeta;
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
 use crate::{Limits, Result};
+use state::{DecoderSession, EncoderSession, Session, State};
 
 /// Open decoders and encoders one guest may hold.
 pub const MAX_SESSIONS_PER_GUEST: usize = 16;
@@ -122,170 +140,6 @@ fn codec_of(kind: u64) -> Option<CodecKind> {
     }
 }
 
-/// An open decoder and the pictures waiting for `receive_frame`.
-struct DecoderSession {
-    decoder: Box<dyn DecoderBackend>,
-    ready: VecDeque<DecodedFrame>,
-    /// The output format chosen at `open_decoder` (for `stream_info`).
-    format: Format,
-    /// Size of the last decoded picture, `None` before the first.
-    last_size: Option<(u32, u32)>,
-    /// Size changes between consecutive decoded pictures.
-    changes: u64,
-}
-
-impl DecoderSession {
-    /// Queues decoded pictures for `receive_frame`, noting size changes for `stream_info`.
-    fn queue(&mut self, frames: Vec<DecodedFrame>) {
-        for f in frames {
-            let size = (f.layout.width, f.layout.height);
-            if self.last_size.is_some_and(|s| s != size) {
-                self.changes += 1;
-            }
-            self.last_size = Some(size);
-            self.ready.push_back(f);
-        }
-    }
-
-    /// `stream_info`'s answer: the next picture's size (else the last's), format, changes.
-    fn stream_info(&self) -> api::StreamInfoReply {
-        let (width, height) = match self.ready.front() {
-            Some(f) => (f.layout.width, f.layout.height),
-            None => self.last_size.unwrap_or((0, 0)),
-        };
-        api::StreamInfoReply {
-            width: u64::from(width),
-            height: u64::from(height),
-            format: self.format as u64,
-            changes: self.changes,
-        }
-    }
-}
-
-/// An open encoder.
-struct EncoderSession {
-    encoder: FfmpegEncoder,
-    width: u32,
-    height: u32,
-}
-
-enum Session {
-    Decoder(DecoderSession),
-    Encoder(EncoderSession),
-}
-
-/// An open session and the codec threads it counts for.
-struct Open {
-    session: Session,
-    threads: usize,
-    /// The command that opened it (replayed by a restore, see [`replay`]).
-    record: replay::Opened,
-}
-
-#[derive(Default)]
-struct State {
-    /// Sessions by (guest, handle).
-    sessions: HashMap<(u64, u64), Open>,
-    /// Codec threads of all open sessions.
-    threads: usize,
-    /// Last handle given to each guest.
-    last_handle: HashMap<u64, u64>,
-}
-
-impl State {
-    /// Whether `guest` may open one more session of `threads` threads: `OutOfMemory` past its
-    /// own quota, `Busy` past the daemon's (every guest's sessions and threads together).
-    fn admit(
-        &self,
-        limits: &Limits,
-        guest: u64,
-        threads: usize,
-    ) -> std::result::Result<(), Status> {
-        let held = self.sessions.keys().filter(|(g, _)| *g == guest).count();
-        if held >= limits.codec_sessions_per_guest {
-            return Err(Status::OutOfMemory);
-        }
-        if self.sessions.len() >= limits.codec_sessions
-            || self.threads + threads > limits.codec_threads
-        {
-            return Err(Status::Busy);
-        }
-        Ok(())
-    }
-
-    /// Opens a session under the next handle, or under handle `at` (a restore).
-    fn open(
-        &mut self,
-        limits: &Limits,
-        guest: u64,
-        (s, record): (Session, replay::Opened),
-        threads: usize,
-        at: Option<u64>,
-    ) -> std::result::Result<u64, Status> {
-        self.admit(limits, guest, threads)?;
-        let last = self.last_handle.entry(guest).or_insert(0);
-        let handle = match at {
-            Some(h) if h == 0 || self.sessions.contains_key(&(guest, h)) => {
-                return Err(Status::BadArgument)
-            }
-            Some(h) => {
-                *last = (*last).max(h);
-                h
-            }
-            None => {
-                *last += 1;
-                *last
-            }
-        };
-        self.threads += threads;
-        self.sessions.insert(
-            (guest, handle),
-            Open {
-                session: s,
-                threads,
-                record,
-            },
-        );
-        Ok(handle)
-    }
-
-    fn remove(&mut self, key: &(u64, u64)) -> Option<Session> {
-        let o = self.sessions.remove(key)?;
-        self.threads -= o.threads;
-        Some(o.session)
-    }
-
-    fn decoder(
-        &mut self,
-        guest: u64,
-        handle: u64,
-    ) -> std::result::Result<&mut DecoderSession, Status> {
-        match self
-            .sessions
-            .get_mut(&(guest, handle))
-            .map(|o| &mut o.session)
-        {
-            Some(Session::Decoder(d)) => Ok(d),
-            _ => Err(Status::BadArgument),
-        }
-    }
-
-    fn encoder(
-        &mut self,
-        guest: u64,
-        handle: u64,
-    ) -> std::result::Result<&mut EncoderSession, Status> {
-        match self
-            .sessions
-            .get_mut(&(guest, handle))
-            .map(|o| &mut o.session)
-        {
-            Some(Session::Encoder(e)) => Ok(e),
-            _ => Err(Status::BadArgument),
-        }
-    }
-}
-
 /// The codec device.
 pub struct Codec {
     /// Decoding threads when `open_decoder` asks for 0.
@@ -293,6 +147,8 @@ pub struct Codec {
     state: Mutex<State>,
     backend: String,
     limits: Limits,
+    /// With `--codec-process`: the program decoders run in (see `DeviceConfig::codec_worker`).
+    worker: Option<std::path::PathBuf>,
 }
 
 impl Codec {
@@ -327,8 +183,12 @@ impl Codec {
         Ok(Codec {
             default_threads: cfg.codec_threads.max(1),
             state: Mutex::new(State::default()),
-            backend,
+            backend: match &cfg.codec_worker {
+                Some(_) => format!("{backend} (decoders in worker processes)"),
+                None => backend,
+            },
             limits: Limits::default(),
+            worker: cfg.codec_worker.clone(),
         })
     }
 
@@ -370,7 +230,14 @@ impl Codec {
         let mut st = self.state();
         // Check the quotas before paying for a decoder.
         st.admit(&self.limits, guest, threads)?;
-        let decoder = FfmpegDecoder::new(kind, out, threads).map_err(|e| {
+        let decoder: std::result::Result<Box<dyn DecoderBackend>, MediaError> = match &self.worker {
+            Some(program) => {
+                let args = ["--codec-worker".to_string()];
+                ProcessDecoder::spawn(program, &args, kind, out, threads).map(|d| Box::new(d) as _)
+            }
+            None => FfmpegDecoder::new(kind, out, threads).map(|d| Box::new(d) as _),
+        };
+        let decoder = decoder.map_err(|e| {
             log::info!(
                 "codec: guest {guest}: cannot open {} decoder: {e}",
                 kind.name()
@@ -381,13 +248,7 @@ impl Codec {
             &self.limits,
             guest,
             (
-                Session::Decoder(DecoderSession {
-                    decoder: Box::new(decoder),
-                    ready: VecDeque::new(),
-                    format,
-                    last_size: None,
-                    changes: 0,
-                }),
+                Session::Decoder(DecoderSession::new(decoder, format)),
                 replay::Opened::Decoder {
                     kind: c.kind,
                     format: c.format,
@@ -424,11 +285,16 @@ impl Codec {
                 got: bytes.len(),
             }),
         })?;
+        s.note_failures();
         match r {
             Ok(frames) => {
                 s.queue(frames);
+                let (failed, failed_pts, failed_seq) = s.take_unreported();
                 Ok(api::DecodeReply {
                     frames_ready: s.ready.len() as u64,
+                    failed,
+                    failed_pts,
+                    failed_seq,
                 }
                 .to_values())
             }
@@ -483,11 +349,21 @@ impl Codec {
         cx.count_copy(n, t0);
         cx.count_copy(n, std::time::Instant::now());
         let f = s.ready.pop_front().ok_or(Status::Internal)?;
+        let flags = if f.corrupt {
+            codec_frame_flag::CORRUPT
+        } else {
+            0
+        } | if f.cropped() {
+            codec_frame_flag::CROPPED
+        } else {
+            0
+        };
         let reply = api::ReceiveFrameReply {
             got: 1,
             pts: f.pts as u64,
             width: f.layout.width as u64,
             height: f.layout.height as u64,
+            flags,
         };
         s.decoder.recycle(f);
         Ok(reply.to_values())
@@ -496,11 +372,17 @@ impl Codec {
     fn flush(&self, guest: u64, c: api::Flush) -> DeviceResult {
         let mut st = self.state();
         let s = st.decoder(guest, c.handle)?;
-        match s.decoder.flush() {
+        let r = s.decoder.flush();
+        s.note_failures();
+        match r {
             Ok(frames) => {
                 s.queue(frames);
+                let (failed, failed_pts, failed_seq) = s.take_unreported();
                 Ok(api::FlushReply {
                     frames_ready: s.ready.len() as u64,
+                    failed,
+                    failed_pts,
+                    failed_seq,
                 }
                 .to_values())
             }
@@ -693,5 +575,6 @@ impl Device for Codec {
 }
 
 mod replay;
+mod state;
 #[cfg(test)]
 mod tests;

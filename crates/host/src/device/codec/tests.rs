@@ -1,6 +1,7 @@
 //! Unit tests of the codec device: sessions, limits, statuses.
 
 use super::*;
+use virtsoc_media::DecodedFrame;
 
 #[test]
 fn region_formats_map_to_layouts() {
@@ -175,6 +176,8 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
         height,
         format: Format::Yuv420p as u64,
         changes,
+        picture_width: width,
+        picture_height: height,
     };
     assert_eq!(info(3, h), Ok(reply(0, 0, 0)), "nothing decoded yet");
     let pic = |w, h, pts| {
@@ -183,6 +186,8 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
             layout,
             pts,
             data: vec![0; layout.size()],
+            corrupt: false,
+            picture_size: (w, h),
         }
     };
     codec.state().decoder(3, h).unwrap().queue(vec![

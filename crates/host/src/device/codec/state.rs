@@ -1,0 +1,211 @@
+//! The codec device's sessions: open decoders (with the pictures waiting for
+//! `receive_frame` and the failures waiting to be reported) and encoders, by guest and
+//! handle, and the quotas checked when one opens.
+
+use std::collections::{HashMap, VecDeque};
+
+use virtsoc_devapi::codec as api;
+use virtsoc_media::{DecodedFrame, DecoderBackend, FfmpegEncoder, PacketError};
+use virtsoc_proto::wire::Format;
+use virtsoc_proto::Status;
+
+use super::replay;
+use crate::Limits;
+
+/// An open decoder and the pictures waiting for `receive_frame`.
+pub(super) struct DecoderSession {
+    pub(super) decoder: Box<dyn DecoderBackend>,
+    pub(super) ready: VecDeque<DecodedFrame>,
+    /// The output format chosen at `open_decoder` (for `stream_info`).
+    pub(super) format: Format,
+    /// Size of the last decoded picture (delivered, as coded), `None` before the first.
+    pub(super) last_size: Option<((u32, u32), (u32, u32))>,
+    /// Size changes between consecutive decoded pictures.
+    pub(super) changes: u64,
+    /// Packet failures not yet reported to the guest: the count and the last one.
+    pub(super) unreported: Option<(u64, PacketError)>,
+}
+
+impl DecoderSession {
+    /// A session around a freshly opened decoder writing `format`.
+    pub(super) fn new(decoder: Box<dyn DecoderBackend>, format: Format) -> Self {
+        DecoderSession {
+            decoder,
+            ready: VecDeque::new(),
+            format,
+            last_size: None,
+            changes: 0,
+            unreported: None,
+        }
+    }
+
+    /// Queues decoded pictures for `receive_frame`, noting size changes for `stream_info`.
+    pub(super) fn queue(&mut self, frames: Vec<DecodedFrame>) {
+        for f in frames {
+            let size = ((f.layout.width, f.layout.height), f.picture_size);
+            if self.last_size.is_some_and(|s| s != size) {
+                self.changes += 1;
+            }
+            self.last_size = Some(size);
+            self.ready.push_back(f);
+        }
+    }
+
+    /// Collects the failures the decoder reported for earlier packets.
+    pub(super) fn note_failures(&mut self) {
+        for f in self.decoder.take_failures() {
+            let n = self.unreported.as_ref().map_or(0, |(n, _)| *n);
+            self.unreported = Some((n + 1, f));
+        }
+    }
+
+    /// The failures to report with a successful `decode` or `flush`, as (count, pts, seq)
+    /// of the last one; none reported: zeros.
+    pub(super) fn take_unreported(&mut self) -> (u64, u64, u64) {
+        match self.unreported.take() {
+            Some((n, f)) => (n, f.pts as u64, f.seq),
+            None => (0, 0, 0),
+        }
+    }
+
+    /// `stream_info`'s answer: the next picture's size (else the last's), format, changes,
+    /// and its size as the stream codes it.
+    pub(super) fn stream_info(&self) -> api::StreamInfoReply {
+        let ((width, height), (pw, ph)) = match self.ready.front() {
+            Some(f) => ((f.layout.width, f.layout.height), f.picture_size),
+            None => self.last_size.unwrap_or(((0, 0), (0, 0))),
+        };
+        api::StreamInfoReply {
+            width: u64::from(width),
+            height: u64::from(height),
+            format: self.format as u64,
+            changes: self.changes,
+            picture_width: u64::from(pw),
+            picture_height: u64::from(ph),
+        }
+    }
+}
+
+/// An open encoder.
+pub(super) struct EncoderSession {
+    pub(super) encoder: FfmpegEncoder,
+    pub(super) width: u32,
+    pub(super) height: u32,
+}
+
+pub(super) enum Session {
+    Decoder(DecoderSession),
+    Encoder(EncoderSession),
+}
+
+/// An open session and the codec threads it counts for.
+pub(super) struct Open {
+    pub(super) session: Session,
+    pub(super) threads: usize,
+    /// The command that opened it (replayed by a restore, see [`replay`]).
+    pub(super) record: replay::Opened,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    /// Sessions by (guest, handle).
+    pub(super) sessions: HashMap<(u64, u64), Open>,
+    /// Codec threads of all open sessions.
+    pub(super) threads: usize,
+    /// Last handle given to each guest.
+    pub(super) last_handle: HashMap<u64, u64>,
+}
+
+impl State {
+    /// Whether `guest` may open one more session of `threads` threads: `OutOfMemory` past its
+    /// own quota, `Busy` past the daemon's (every guest's sessions and threads together).
+    pub(super) fn admit(
+        &self,
+        limits: &Limits,
+        guest: u64,
+        threads: usize,
+    ) -> std::result::Result<(), Status> {
+        let held = self.sessions.keys().filter(|(g, _)| *g == guest).count();
+        if held >= limits.codec_sessions_per_guest {
+            return Err(Status::OutOfMemory);
+        }
+        if self.sessions.len() >= limits.codec_sessions
+            || self.threads + threads > limits.codec_threads
+        {
+            return Err(Status::Busy);
+        }
+        Ok(())
+    }
+
+    /// Opens a session under the next handle, or under handle `at` (a restore).
+    pub(super) fn open(
+        &mut self,
+        limits: &Limits,
+        guest: u64,
+        (s, record): (Session, replay::Opened),
+        threads: usize,
+        at: Option<u64>,
+    ) -> std::result::Result<u64, Status> {
+        self.admit(limits, guest, threads)?;
+        let last = self.last_handle.entry(guest).or_insert(0);
+        let handle = match at {
+            Some(h) if h == 0 || self.sessions.contains_key(&(guest, h)) => {
+                return Err(Status::BadArgument)
+            }
+            Some(h) => {
+                *last = (*last).max(h);
+                h
+            }
+            None => {
+                *last += 1;
+                *last
+            }
+        };
+        self.threads += threads;
+        self.sessions.insert(
+            (guest, handle),
+            Open {
+                session: s,
+                threads,
+                record,
+            },
+        );
+        Ok(handle)
+    }
+
+    pub(super) fn remove(&mut self, key: &(u64, u64)) -> Option<Session> {
+        let o = self.sessions.remove(key)?;
+        self.threads -= o.threads;
+        Some(o.session)
+    }
+
+    pub(super) fn decoder(
+        &mut self,
+        guest: u64,
+        handle: u64,
+    ) -> std::result::Result<&mut DecoderSession, Status> {
+        match self
+            .sessions
+            .get_mut(&(guest, handle))
+            .map(|o| &mut o.session)
+        {
+            Some(Session::Decoder(d)) => Ok(d),
+            _ => Err(Status::BadArgument),
+        }
+    }
+
+    pub(super) fn encoder(
+        &mut self,
+        guest: u64,
+        handle: u64,
+    ) -> std::result::Result<&mut EncoderSession, Status> {
+        match self
+            .sessions
+            .get_mut(&(guest, handle))
+            .map(|o| &mut o.session)
+        {
+            Some(Session::Encoder(e)) => Ok(e),
+            _ => Err(Status::BadArgument),
+        }
+    }
+}
