@@ -138,10 +138,13 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
         }
         if g.submitted > done && g.failed.is_none() {
             drop(g);
-            let r = device.poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(Duration::from_secs(1)),
-            });
+            let r = super::poll(
+                &device,
+                wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: Some(Duration::from_secs(1)),
+                },
+            );
             g = c.inner.lock_or_recover();
             match r {
                 Ok(_) | Err(wgpu::PollError::Timeout) => {}

@@ -170,6 +170,21 @@ fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
 
+/// Polls `device`. wgpu-core 30 asserts, inside a poll, that a queue it finds empty has
+/// finished the submission waited for; with submissions and polls on several threads the
+/// finished index it read can lag, and the assertion panics (seen under a guest flooding the
+/// GPU with composites, in the poller thread). That panic leaves the device usable, so it
+/// becomes a `Timeout` here: the caller polls again and sees the submission finished.
+fn poll(device: &wgpu::Device, how: wgpu::PollType) -> std::result::Result<(), wgpu::PollError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| device.poll(how))) {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => {
+            log::warn!("virtsoc-gpu: wgpu panicked in a device poll; polling again");
+            Err(wgpu::PollError::Timeout)
+        }
+    }
+}
+
 fn backend_err(e: impl std::fmt::Display) -> GpuError {
     GpuError::Backend(e.to_string())
 }
@@ -271,7 +286,7 @@ impl WgpuBackend {
 
     /// Highest submission known to be complete; polls the device without blocking.
     pub fn completed_submission(&self) -> SubmissionId {
-        let _ = self.device.poll(wgpu::PollType::Poll);
+        let _ = poll(&self.device, wgpu::PollType::Poll);
         self.completion.completed()
     }
 
@@ -293,10 +308,13 @@ impl WgpuBackend {
             }
             // The work-done callbacks run inside some poll (this one or the
             // poller thread's); either way `completed` moves on.
-            match self.device.poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(Duration::from_millis(200)),
-            }) {
+            match poll(
+                &self.device,
+                wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: Some(Duration::from_millis(200)),
+                },
+            ) {
                 Ok(_) | Err(wgpu::PollError::Timeout) => {}
                 Err(e) => return Err(backend_err(e)),
             }
@@ -376,13 +394,19 @@ impl WgpuBackend {
 
     /// Waits until `index` has completed (polling from this thread).
     fn wait_index(&self, index: &wgpu::SubmissionIndex) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait {
+        // A poll that panicked (see [`poll`]) is tried again, a bounded number of times.
+        let mut tries = 0;
+        loop {
+            let how = wgpu::PollType::Wait {
                 submission_index: Some(index.clone()),
-                timeout: None,
-            })
-            .map_err(backend_err)?;
-        self.check_lost()
+                timeout: Some(Duration::from_secs(10)),
+            };
+            match poll(&self.device, how) {
+                Ok(()) => return self.check_lost(),
+                Err(wgpu::PollError::Timeout) if tries < 12 => tries += 1,
+                Err(e) => return Err(backend_err(e)),
+            }
+        }
     }
 
     /// Maps `buffers` for reading after submission `index` and waits.
@@ -409,7 +433,7 @@ impl WgpuBackend {
                         if start.elapsed() > Duration::from_secs(60) {
                             return Err(GpuError::Backend("readback map did not complete".into()));
                         }
-                        let _ = self.device.poll(wgpu::PollType::Poll);
+                        let _ = poll(&self.device, wgpu::PollType::Poll);
                     }
                 }
             }
@@ -421,10 +445,11 @@ impl WgpuBackend {
 impl Drop for WgpuBackend {
     fn drop(&mut self) {
         // Let outstanding work finish so pending callbacks get their result.
-        let _ = self.device.poll(wgpu::PollType::Wait {
+        let how = wgpu::PollType::Wait {
             submission_index: None,
             timeout: Some(Duration::from_secs(10)),
-        });
+        };
+        let _ = poll(&self.device, how);
         self.completion.shutdown();
         if let Some(h) = self.poller.take() {
             let _ = h.join();
