@@ -11,7 +11,9 @@ use vm_memory::ByteValued;
 /// One frame read off a stream.
 #[derive(Debug)]
 pub struct StreamFrame<T> {
+    /// The ring entry that heads the frame.
     pub entry: T,
+    /// The bytes after it (a CPU write's data, a CPU read's answer); empty when there are none.
     pub payload: Vec<u8>,
 }
 
@@ -19,9 +21,16 @@ pub struct StreamFrame<T> {
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     #[error("i/o: {0}")]
+    /// Reading the stream failed (including timeouts and EOF).
     Io(#[from] io::Error),
     #[error("payload of {len} bytes exceeds the limit of {max}")]
-    TooLarge { len: u64, max: u64 },
+    /// A frame announced a payload larger than the reader accepts (nothing was allocated).
+    TooLarge {
+        /// Payload length the frame announced, in bytes.
+        len: u64,
+        /// Largest payload the reader accepts, in bytes.
+        max: u64,
+    },
 }
 
 impl FrameError {
