@@ -33,12 +33,16 @@ use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("guest library: {0}")]
+    /// A call into the guest library failed (connect, request, device command).
     Guest(#[from] virtsoc_guest::GuestError),
     #[error("i/o: {0}")]
+    /// Reading or writing a file, socket or terminal failed.
     Io(#[from] std::io::Error),
     #[error("json: {0}")]
+    /// JSON input or output could not be (de)serialized.
     Json(#[from] serde_json::Error),
     #[error("{0}")]
+    /// Bad command line; the text is the usage hint.
     Usage(String),
 }
 

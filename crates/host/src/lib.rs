@@ -33,14 +33,19 @@ pub use limits::Limits;
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
     #[error("configuration: {0}")]
+    /// Invalid configuration (bad option, missing token, unusable path); the text says what.
     Config(String),
     #[error("i/o: {0}")]
+    /// An I/O error (sockets, files, threads).
     Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
+    /// An error of the wire protocol layer (handshake, ring, window).
     Proto(#[from] virtsoc_proto::ProtoError),
     #[error("svm: {0}")]
+    /// An error of the SVM manager.
     Svm(#[from] virtsoc_svm::SvmError),
     #[error("snapshot: {0}")]
+    /// Writing, reading or restoring a snapshot (or migrating) failed; the text says what.
     Snapshot(String),
 }
 
