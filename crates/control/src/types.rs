@@ -7,13 +7,15 @@ use serde::{Deserialize, Serialize};
 /// A guest's coherence counters (the SVM manager's `guest_counters`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
-    /// Coherence copies between memory domains made for the guest's regions (synchronous and prefetched).
+    /// Coherence copies between memory domains made for the guest's regions (synchronous and
+    /// prefetched).
     pub copies: u64,
     /// Time spent in those copies, in nanoseconds.
     pub copy_ns: u64,
     /// Bytes those copies moved.
     pub copy_bytes: u64,
-    /// Copies of the guest's frame bytes a device made within its own memory, outside the coherence protocol (decoder output, snapshot composition, ...).
+    /// Copies of the guest's frame bytes a device made within its own memory, outside the coherence
+    /// protocol (decoder output, snapshot composition, ...).
     pub device_copies: u64,
     /// Bytes those device copies moved.
     pub device_copy_bytes: u64,
@@ -29,7 +31,8 @@ pub struct Counters {
     pub hits: u64,
     /// Reads the guest's predictor had not predicted (0 without a predicting protocol).
     pub misses: u64,
-    /// Total compensation delay asked of the guest (it blocks this long before handing a region on), in nanoseconds.
+    /// Total compensation delay asked of the guest (it blocks this long before handing a region
+    /// on), in nanoseconds.
     pub compensation_ns: u64,
     /// Time spent in prediction bookkeeping, in nanoseconds.
     pub bookkeeping_ns: u64,
@@ -193,7 +196,8 @@ pub struct RegistrationRequest {
     /// `home`, `searching`, `denied`, `roaming` or `not-registered`.
     pub state: String,
     #[serde(default)]
-    /// Guest whose registration changes; `None` changes every modem already open (and modems opened later).
+    /// Guest whose registration changes; `None` changes every modem already open (and modems opened
+    /// later).
     pub guest: Option<u64>,
 }
 

@@ -293,7 +293,8 @@ impl fmt::Debug for FrameMut<'_> {
 pub struct OwnedFrame {
     /// Shape of the frame in `data`.
     pub layout: FrameLayout,
-    /// The frame's bytes, exactly [`FrameLayout::size_bytes`] long when built by [`OwnedFrame::new`].
+    /// The frame's bytes, exactly [`FrameLayout::size_bytes`] long when built by
+    /// [`OwnedFrame::new`].
     pub data: Vec<u8>,
 }
 

@@ -82,22 +82,22 @@ pub const MAX_COORD: u32 = 1 << 16;
 /// Errors of the GPU device backends. Bad arguments never panic.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum GpuError {
-    #[error("no GPU adapter: {0} (install mesa-vulkan-drivers for a CPU Vulkan device)")]
     /// No wgpu adapter could be found (message from wgpu); use [`CpuBackend`] instead.
+    #[error("no GPU adapter: {0} (install mesa-vulkan-drivers for a CPU Vulkan device)")]
     NoAdapter(String),
-    #[error("GPU device request failed: {0}")]
     /// The adapter was found but opening a device on it failed (message from wgpu).
+    #[error("GPU device request failed: {0}")]
     DeviceRequest(String),
-    #[error("zero-sized frame {width}x{height}")]
     /// A frame with a zero width or height.
+    #[error("zero-sized frame {width}x{height}")]
     ZeroSize {
         /// Requested width in pixels.
         width: u32,
         /// Requested height in pixels.
         height: u32,
     },
-    #[error("frame {width}x{height} exceeds the maximum dimension {max}")]
     /// A frame wider or taller than [`MAX_DIMENSION`].
+    #[error("frame {width}x{height} exceeds the maximum dimension {max}")]
     TooLarge {
         /// Requested width in pixels.
         width: u32,
@@ -106,21 +106,21 @@ pub enum GpuError {
         /// Largest accepted dimension ([`MAX_DIMENSION`]).
         max: u32,
     },
-    #[error("invalid frame layout: {0}")]
     /// An inconsistent layout (stride shorter than one row, odd width or height
     /// for a YUV format, a destination that does not match its submission); the
     /// text says what.
+    #[error("invalid frame layout: {0}")]
     InvalidLayout(String),
-    #[error("buffer too small: need {needed} bytes, got {got}")]
     /// A byte buffer shorter than its layout requires.
+    #[error("buffer too small: need {needed} bytes, got {got}")]
     BufferTooSmall {
         /// Bytes the layout needs.
         needed: usize,
         /// Bytes the buffer has.
         got: usize,
     },
-    #[error("{op}: unsupported {role} format {format:?}")]
     /// The operation does not accept this pixel format in this role.
+    #[error("{op}: unsupported {role} format {format:?}")]
     UnsupportedFormat {
         /// Operation name (`"composite"`, `"convert"`, ...).
         op: &'static str,
@@ -129,16 +129,16 @@ pub enum GpuError {
         /// The rejected format.
         format: PixelFormat,
     },
-    #[error("invalid rectangle {rect:?}: {reason}")]
     /// A zero-sized rectangle or one with coordinates beyond [`MAX_COORD`].
+    #[error("invalid rectangle {rect:?}: {reason}")]
     InvalidRect {
         /// The rejected rectangle.
         rect: Rect,
         /// Why it was rejected.
         reason: &'static str,
     },
-    #[error("rectangle {rect:?} lies outside the {width}x{height} source")]
     /// A crop rectangle not wholly inside its source frame.
+    #[error("rectangle {rect:?} lies outside the {width}x{height} source")]
     RectOutOfBounds {
         /// The rejected crop.
         rect: Rect,
@@ -147,11 +147,12 @@ pub enum GpuError {
         /// Source height in pixels.
         height: u32,
     },
+    /// An out-of-range parameter (layer alpha, view angles, marker position or size, ...); the text
+    /// says which.
     #[error("invalid parameter: {0}")]
-    /// An out-of-range parameter (layer alpha, view angles, marker position or size, ...); the text says which.
     InvalidParameter(String),
-    #[error("too many {what}: {count} > {max}")]
     /// More items than one call accepts ([`MAX_LAYERS`], [`MAX_MARKERS`]).
+    #[error("too many {what}: {count} > {max}")]
     TooMany {
         /// What there were too many of (`"layers"`, `"markers"`).
         what: &'static str,
@@ -160,14 +161,15 @@ pub enum GpuError {
         /// The limit.
         max: usize,
     },
+    /// A submission id the backend never handed out (beyond its last submission).
     #[error("unknown submission {0}")]
-    /// A submission id that was never handed out (or was already collected).
     UnknownSubmission(u64),
+    /// Any other failure inside the backend (readback mapping, poller thread, dropped
+    /// backend, a submission that never completed); the text says what.
     #[error("GPU backend error: {0}")]
-    /// Any other failure inside the backend (readback mapping, poller thread, dropped backend); the text says what.
     Backend(String),
-    #[error("GPU device lost: {0}")]
     /// The GPU device was lost; the backend is unusable and must be recreated.
+    #[error("GPU device lost: {0}")]
     DeviceLost(String),
 }
 

@@ -32,20 +32,20 @@ pub use limits::Limits;
 /// Errors of the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
-    #[error("configuration: {0}")]
     /// Invalid configuration (bad option, missing token, unusable path); the text says what.
+    #[error("configuration: {0}")]
     Config(String),
-    #[error("i/o: {0}")]
     /// An I/O error (sockets, files, threads).
+    #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
-    #[error("protocol: {0}")]
     /// An error of the wire protocol layer (handshake, ring, window).
+    #[error("protocol: {0}")]
     Proto(#[from] virtsoc_proto::ProtoError),
-    #[error("svm: {0}")]
     /// An error of the SVM manager.
+    #[error("svm: {0}")]
     Svm(#[from] virtsoc_svm::SvmError),
-    #[error("snapshot: {0}")]
     /// Writing, reading or restoring a snapshot (or migrating) failed; the text says what.
+    #[error("snapshot: {0}")]
     Snapshot(String),
 }
 

@@ -35,8 +35,9 @@ pub struct Incoming {
 /// Why a link stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
+    /// The guest broke the transport protocol (ring emptied or full, bad frame); the text says
+    /// what.
     #[error("the guest violated the transport protocol: {0}")]
-    /// The guest broke the transport protocol (ring emptied or full, bad frame); the text says what.
     Violation(String),
     /// The guest's ring indices (or the window under them) are out of range.
     #[error("the guest violated the transport protocol: {0}")]

@@ -29,20 +29,20 @@ pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
 /// Errors of the protocol layer.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtoError {
-    #[error("bad handshake: {0}")]
     /// The handshake failed (unexpected message, version or size); the text says what.
+    #[error("bad handshake: {0}")]
     Handshake(String),
-    #[error("bad handshake message: {0}")]
     /// A handshake message was not valid JSON for its type.
+    #[error("bad handshake message: {0}")]
     HandshakeJson(#[from] serde_json::Error),
-    #[error("i/o error: {0}")]
     /// Reading or writing the socket (or the window file) failed.
+    #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
-    #[error("peer violated the ring protocol: {0}")]
     /// The peer broke the ring protocol (bad index, entry or length); the text names the rule.
+    #[error("peer violated the ring protocol: {0}")]
     RingViolation(&'static str),
-    #[error("window access out of bounds: offset {offset} len {len} (window {size} bytes)")]
     /// An access past the end of the shared window.
+    #[error("window access out of bounds: offset {offset} len {len} (window {size} bytes)")]
     OutOfBounds {
         /// Offset of the access in the window, in bytes.
         offset: u64,
@@ -51,14 +51,15 @@ pub enum ProtoError {
         /// Size of the window in bytes.
         size: u64,
     },
+    /// Window layout parameters that do not fit together (ring sizes, page alignment, ...); the
+    /// text says what.
     #[error("invalid window layout: {0}")]
-    /// Window layout parameters that do not fit together (ring sizes, page alignment, ...); the text says what.
     Layout(String),
-    #[error("memory mapping failed: {0}")]
     /// Mapping the shared window failed.
+    #[error("memory mapping failed: {0}")]
     Mmap(#[source] vm_memory::mmap::MmapRegionError),
-    #[error("peer closed the connection")]
     /// The peer closed the connection.
+    #[error("peer closed the connection")]
     Closed,
 }
 

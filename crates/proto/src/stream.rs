@@ -20,11 +20,11 @@ pub struct StreamFrame<T> {
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
-    #[error("i/o: {0}")]
     /// Reading the stream failed (including timeouts and EOF).
+    #[error("i/o: {0}")]
     Io(#[from] io::Error),
-    #[error("payload of {len} bytes exceeds the limit of {max}")]
     /// A frame announced a payload larger than the reader accepts (nothing was allocated).
+    #[error("payload of {len} bytes exceeds the limit of {max}")]
     TooLarge {
         /// Payload length the frame announced, in bytes.
         len: u64,

@@ -89,11 +89,14 @@ pub trait Coherence: Send + Sync {
 /// The protocols that can be selected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ProtocolKind {
-    /// `guest-staging`: the guest window is the only truth; devices copy in before each read and back after each write (today's emulators).
+    /// `guest-staging`: the guest window is the only truth; devices copy in before each read and
+    /// back after each write (today's emulators).
     GuestStaging,
-    /// `write-invalidate`: a write leaves only the writer's replica valid; the next access elsewhere fetches synchronously from a valid replica.
+    /// `write-invalidate`: a write leaves only the writer's replica valid; the next access
+    /// elsewhere fetches synchronously from a valid replica.
     WriteInvalidate,
-    /// `prefetch`: write-invalidate plus predicted asynchronous copies to the next reader, started at end_access.
+    /// `prefetch`: write-invalidate plus predicted asynchronous copies to the next reader, started
+    /// at end_access.
     Prefetch,
 }
 

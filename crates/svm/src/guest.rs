@@ -79,13 +79,15 @@ pub struct GuestCounters {
 /// A copy of the counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CounterSnapshot {
-    /// Coherence copies between memory domains made for the guest's regions (synchronous and prefetched).
+    /// Coherence copies between memory domains made for the guest's regions (synchronous and
+    /// prefetched).
     pub copies: u64,
     /// Time spent in those copies, in nanoseconds.
     pub copy_ns: u64,
     /// Bytes those copies moved.
     pub copy_bytes: u64,
-    /// Copies of the guest's frame bytes a device made within its own memory, outside the coherence protocol (decoder output, snapshot composition, ...).
+    /// Copies of the guest's frame bytes a device made within its own memory, outside the coherence
+    /// protocol (decoder output, snapshot composition, ...).
     pub device_copies: u64,
     /// Bytes those device copies moved.
     pub device_copy_bytes: u64,
@@ -101,7 +103,8 @@ pub struct CounterSnapshot {
     pub hits: u64,
     /// Reads the guest's predictor had not predicted (0 without a predicting protocol).
     pub misses: u64,
-    /// Total compensation delay asked of the guest (it blocks this long before handing a region on), in nanoseconds.
+    /// Total compensation delay asked of the guest (it blocks this long before handing a region
+    /// on), in nanoseconds.
     pub compensation_ns: u64,
     /// Time spent in prediction bookkeeping, in nanoseconds.
     pub bookkeeping_ns: u64,

@@ -44,35 +44,37 @@ use region::RegionCtx;
 /// Errors of the SVM manager.
 #[derive(Debug, thiserror::Error)]
 pub enum SvmError {
+    /// A malformed request or snapshot (unknown protocol name, bad metadata, ...); the text says
+    /// what.
     #[error("bad argument: {0}")]
-    /// A malformed request or snapshot (unknown protocol name, bad metadata, ...); the text says what.
     BadArgument(String),
-    #[error("guest {0} is not attached")]
     /// The guest id has no SVM state (never attached, or already detached).
+    #[error("guest {0} is not attached")]
     GuestNotAttached(u64),
-    #[error("internal error: {0}")]
     /// An inconsistency inside the manager (a bug, not the caller's fault); the text says what.
+    #[error("internal error: {0}")]
     Internal(String),
-    #[error("no such region")]
     /// The region id is not one of the guest's regions.
+    #[error("no such region")]
     NoSuchRegion,
-    #[error("not supported: {0}")]
     /// The operation is not available in this configuration; the text says what.
+    #[error("not supported: {0}")]
     NotSupported(String),
+    /// No room: the guest's window, memory limit or region limit is exhausted, or host memory could
+    /// not be mapped.
     #[error("out of memory")]
-    /// No room: the guest's window, memory limit or region limit is exhausted, or host memory could not be mapped.
     OutOfMemory,
-    #[error("offset or length out of range")]
     /// An access range outside the region (empty, past its end, or overflowing).
+    #[error("offset or length out of range")]
     OutOfRange,
-    #[error("domain {0} cannot be reached from any valid replica")]
     /// No valid replica has a copy path to this domain id.
+    #[error("domain {0} cannot be reached from any valid replica")]
     Unreachable(u32),
-    #[error("unknown memory domain {0}")]
     /// A domain id that was never registered.
+    #[error("unknown memory domain {0}")]
     UnknownDomain(u32),
-    #[error("window: {0}")]
     /// An error of the guest's shared window.
+    #[error("window: {0}")]
     Window(#[from] ProtoError),
 }
 

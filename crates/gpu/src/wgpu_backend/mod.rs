@@ -97,7 +97,8 @@ pub struct AdapterSummary {
     pub name: String,
     /// Graphics API in use (`Vulkan`, `Metal`, `Dx12`, `Gl`, ...; wgpu's `Backend` in Debug form).
     pub backend: String,
-    /// Kind of device (`Cpu`, `IntegratedGpu`, `DiscreteGpu`, `VirtualGpu`, `Other`; wgpu's `DeviceType` in Debug form).
+    /// Kind of device (`Cpu`, `IntegratedGpu`, `DiscreteGpu`, `VirtualGpu`, `Other`; wgpu's
+    /// `DeviceType` in Debug form).
     pub device_type: String,
     /// Driver name (may be empty).
     pub driver: String,
