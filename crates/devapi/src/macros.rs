@@ -84,7 +84,10 @@ macro_rules! devices {
                         #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
                         pub struct [<$cmd:camel>] {
                             $(
-                                #[doc = concat!("Argument `", stringify!($arg), "`: ", $crate::__kind_doc!($kind))]
+                                #[doc = concat!(
+                                    "Argument `", stringify!($arg), "`: ",
+                                    $crate::__kind_doc!($kind)
+                                )]
                                 pub $arg: u64
                             ),*
                         }
@@ -93,7 +96,10 @@ macro_rules! devices {
                         #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
                         pub struct [<$cmd:camel Reply>] {
                             $(
-                                #[doc = concat!("Result `", stringify!($ret), "` of `", stringify!($cmd), "` (a completion value, in declaration order).")]
+                                #[doc = concat!(
+                                    "Result `", stringify!($ret), "` of `", stringify!($cmd),
+                                    "` (a completion value, in declaration order)."
+                                )]
                                 pub $ret: u64
                             ),*
                         }

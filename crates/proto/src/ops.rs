@@ -91,7 +91,10 @@ macro_rules! core_ops {
             #[derive(Debug, Clone, Copy, PartialEq, Eq)]
             pub struct $op {
                 $(
-                    #[doc = concat!("Argument `", stringify!($arg), "` (one request word, in declaration order).")]
+                    #[doc = concat!(
+                        "Argument `", stringify!($arg),
+                        "` (one request word, in declaration order)."
+                    )]
                     pub $arg: $ty
                 ),*
             }
@@ -100,7 +103,10 @@ macro_rules! core_ops {
             #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
             pub struct $reply {
                 $(
-                    #[doc = concat!("Completion value `", stringify!($ret), "` of `", stringify!($op), "`, in declaration order.")]
+                    #[doc = concat!(
+                        "Completion value `", stringify!($ret), "` of `", stringify!($op),
+                        "`, in declaration order."
+                    )]
                     pub $ret: u64
                 ),*
             }
