@@ -34,12 +34,16 @@ use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
 /// Errors of the command line tool.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
+    /// A call into the guest library failed (connect, request, device command).
     #[error("guest library: {0}")]
     Guest(#[from] virtsoc_guest::GuestError),
+    /// Reading or writing a file, socket or terminal failed.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// JSON input or output could not be (de)serialized.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// Bad command line; the text is the usage hint.
     #[error("{0}")]
     Usage(String),
 }

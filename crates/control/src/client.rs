@@ -8,6 +8,7 @@ use std::time::Duration;
 /// Where the control API is.
 #[derive(Debug, Clone)]
 pub enum Target {
+    /// The daemon's control Unix socket, at this path (no token needed).
     Unix(PathBuf),
     /// `host:port` and the token.
     Tcp(String, Option<String>),
@@ -16,6 +17,7 @@ pub enum Target {
 /// An answer: status and body.
 #[derive(Debug, Clone)]
 pub struct Response {
+    /// HTTP status code.
     pub status: u16,
     /// The body as text (lossy).
     pub body: String,

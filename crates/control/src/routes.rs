@@ -12,9 +12,13 @@ use crate::{Backend, ControlError};
 /// An answer: HTTP status, content type, extra headers, body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
+    /// HTTP status code (200, 400, 404, ...).
     pub status: u16,
+    /// Value of the `Content-Type` header.
     pub content_type: &'static str,
+    /// Extra response headers (name, value).
     pub headers: Vec<(&'static str, String)>,
+    /// Response body.
     pub body: Vec<u8>,
 }
 

@@ -7,18 +7,34 @@ use serde::{Deserialize, Serialize};
 /// A guest's coherence counters (the SVM manager's `guest_counters`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
+    /// Coherence copies between memory domains made for the guest's regions (synchronous and
+    /// prefetched).
     pub copies: u64,
+    /// Time spent in those copies, in nanoseconds.
     pub copy_ns: u64,
+    /// Bytes those copies moved.
     pub copy_bytes: u64,
+    /// Copies of the guest's frame bytes a device made within its own memory, outside the coherence
+    /// protocol (decoder output, snapshot composition, ...).
     pub device_copies: u64,
+    /// Bytes those device copies moved.
     pub device_copy_bytes: u64,
+    /// Time spent in those device copies, in nanoseconds.
     pub device_copy_ns: u64,
+    /// Reads that had to fetch synchronously (no valid replica, nothing in flight).
     pub sync_fetches: u64,
+    /// Reads that waited for a prefetch still in flight.
     pub inflight_waits: u64,
+    /// Asynchronous copies started by predictions.
     pub prefetches: u64,
+    /// Reads the guest's predictor had predicted (0 without a predicting protocol).
     pub hits: u64,
+    /// Reads the guest's predictor had not predicted (0 without a predicting protocol).
     pub misses: u64,
+    /// Total compensation delay asked of the guest (it blocks this long before handing a region
+    /// on), in nanoseconds.
     pub compensation_ns: u64,
+    /// Time spent in prediction bookkeeping, in nanoseconds.
     pub bookkeeping_ns: u64,
 }
 
@@ -26,17 +42,24 @@ pub struct Counters {
 /// own copies in its memory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkCopies {
+    /// Source memory domain name.
     pub src: String,
+    /// Destination memory domain name (equal to `src` for a device's own copies).
     pub dst: String,
+    /// Number of copies.
     pub copies: u64,
+    /// Bytes copied.
     pub bytes: u64,
+    /// Time spent copying, in nanoseconds.
     pub ns: u64,
 }
 
 /// A live guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestInfo {
+    /// Guest id, as the daemon assigned it at connection.
     pub id: u64,
+    /// Name the guest gave when it connected.
     pub name: String,
     /// `unix` (process guest), `tcp` (remote guest) or `vm`.
     pub transport: String,
@@ -46,6 +69,7 @@ pub struct GuestInfo {
     pub regions: u64,
     /// Host bytes its regions hold.
     pub bytes: u64,
+    /// Its coherence counters.
     pub counters: Counters,
     /// Copies by link.
     pub links: Vec<LinkCopies>,
@@ -72,8 +96,11 @@ pub struct DeviceUse {
 /// A device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceInfo {
+    /// Device id, as the daemon's registry numbers devices.
     pub id: u32,
+    /// Device name (`gpu`, `display`, `modem`, ...), as the guests open it.
     pub name: String,
+    /// Backend description (e.g. `libavcodec 59 (h264, hevc)` for a decoder).
     pub backend: String,
     /// Its memory domain.
     pub domain: String,
@@ -85,8 +112,11 @@ pub struct DeviceInfo {
 /// `metrics` control operation answers a list of these).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DisplayGuestMetrics {
+    /// Guest id.
     pub guest: u64,
+    /// Frames of the guest the display scanned out.
     pub presented: u64,
+    /// Frames of the guest replaced before they reached scan-out.
     pub dropped: u64,
     /// Motion-to-photon latencies of its last scanned-out frames, in nanoseconds.
     pub latencies_ns: Vec<u64>,
@@ -96,6 +126,7 @@ pub struct DisplayGuestMetrics {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForegroundRequest {
+    /// Id of the guest to bring to the foreground.
     pub guest: u64,
 }
 
@@ -103,6 +134,7 @@ pub struct ForegroundRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RefreshRequest {
+    /// New display refresh rate, in hertz.
     pub hz: u32,
 }
 
@@ -110,9 +142,12 @@ pub struct RefreshRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SmsRequest {
+    /// Sender's number, as shown to the guest.
     pub from: String,
+    /// Message text.
     pub text: String,
     #[serde(default)]
+    /// Guest to deliver to; `None` delivers to every modem already open.
     pub guest: Option<u64>,
 }
 
@@ -120,8 +155,10 @@ pub struct SmsRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallRequest {
+    /// Caller's number, as shown to the guest.
     pub from: String,
     #[serde(default)]
+    /// Guest to ring; `None` rings every modem already open.
     pub guest: Option<u64>,
 }
 
@@ -130,6 +167,7 @@ pub struct CallRequest {
 #[serde(deny_unknown_fields)]
 pub struct HangupRequest {
     #[serde(default)]
+    /// Guest whose call to hang up; `None` hangs up on every modem already open.
     pub guest: Option<u64>,
 }
 
@@ -137,10 +175,13 @@ pub struct HangupRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
+    /// Received signal strength as an AT+CSQ value: 0..=31, 99 = unknown.
     pub rssi: u8,
     #[serde(default = "unknown_ber")]
+    /// Bit error rate as an AT+CSQ value: 0..=7, 99 = unknown (the default).
     pub ber: u8,
     #[serde(default)]
+    /// Guest to report to; `None` applies to every modem already open (and to modems opened later).
     pub guest: Option<u64>,
 }
 
@@ -155,6 +196,8 @@ pub struct RegistrationRequest {
     /// `home`, `searching`, `denied`, `roaming` or `not-registered`.
     pub state: String,
     #[serde(default)]
+    /// Guest whose registration changes; `None` changes every modem already open (and modems opened
+    /// later).
     pub guest: Option<u64>,
 }
 
@@ -171,9 +214,11 @@ pub struct CameraSourceRequest {
 pub struct ViewFrame {
     /// The display's frame id.
     pub id: u64,
-    /// Size of the JPEG.
+    /// Width of the JPEG in pixels.
     pub width: u32,
+    /// Height of the JPEG in pixels.
     pub height: u32,
+    /// The JPEG-encoded frame.
     pub jpeg: Vec<u8>,
     /// Capture (or decode) stamp to JPEG ready, in milliseconds (0 when unstamped).
     pub age_ms: f64,
@@ -183,6 +228,7 @@ pub struct ViewFrame {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ViewReport {
+    /// Guest the report is about.
     pub guest: u64,
     /// Frames the page decoded and drew.
     pub frames: u64,
@@ -190,8 +236,9 @@ pub struct ViewReport {
     pub distinct: u64,
     /// Frames drawn per second over the last second.
     pub fps: f64,
-    /// Capture stamp -> frame decoded in the page, median and 95th percentile (ms).
+    /// Capture stamp -> frame decoded in the page, median (ms).
     pub latency_ms_p50: f64,
+    /// Capture stamp -> frame decoded in the page, 95th percentile (ms).
     pub latency_ms_p95: f64,
     /// The guest's presented frame rate the page read from the daemon.
     pub presented_fps: f64,

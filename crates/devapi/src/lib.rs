@@ -36,6 +36,7 @@ pub trait DeviceCommand: Copy {
 /// One argument in a declaration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArgInfo {
+    /// Argument name, as declared.
     pub name: &'static str,
     /// `u64`, `handle`, `region_r`, `region_w` or `region_rw`.
     pub kind: &'static str,
@@ -44,27 +45,40 @@ pub struct ArgInfo {
 /// One command in a declaration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommandInfo {
+    /// Command name, as declared (also the stub's name in the C header).
     pub name: &'static str,
+    /// Opcode: the first request word.
     pub op: u64,
+    /// The declaration's doc comment, one line per `///` line.
     pub doc: &'static str,
+    /// Arguments in declaration order (at most five).
     pub args: &'static [ArgInfo],
+    /// Result names in declaration order (at most six completion values).
     pub results: &'static [&'static str],
 }
 
 /// One device's declaration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// Device name (the module name, e.g. `gpu`, `codec`).
     pub name: &'static str,
+    /// Device id in requests.
     pub id: DeviceId,
+    /// The declaration's doc comment, one line per `///` line.
     pub doc: &'static str,
+    /// Its commands in declaration order.
     pub commands: &'static [CommandInfo],
 }
 
 /// Codec kinds of `codec::open_decoder` (`enum virtsoc_codec_kind` in the C header).
 pub mod codec_kind {
+    /// H.264 / AVC.
     pub const H264: u64 = 0;
+    /// H.265 / HEVC.
     pub const HEVC: u64 = 1;
+    /// VP9.
     pub const VP9: u64 = 2;
+    /// AV1.
     pub const AV1: u64 = 3;
 
     /// Every kind with its name, for listings and the C header.
@@ -98,11 +112,17 @@ pub const MARKER_RECORD: usize = 16;
 pub struct LayerRecord {
     /// Source region (this guest's; the GPU must have begun reading it).
     pub src: u64,
+    /// Source rectangle `[x, y, width, height]` in source pixels; must lie inside the source.
     pub crop: [u32; 4],
+    /// Destination position `[x, y]` in destination pixels (may be negative; clipped).
     pub dst_pos: [i32; 2],
+    /// Destination size `[width, height]` in pixels; non-zero.
     pub dst_size: [u32; 2],
+    /// Clockwise rotation in degrees: 0, 90, 180 or 270 (anything else is `BadArgument`).
     pub rotation: u32,
+    /// Plane alpha in [0, 1], multiplied with the source alpha.
     pub alpha: f32,
+    /// Blend over the layers below (straight alpha) instead of replacing them.
     pub blend: bool,
 }
 
@@ -144,9 +164,13 @@ impl LayerRecord {
 /// size u32 | rgba u32` (r in the low byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MarkerRecord {
+    /// Centre x in destination pixels (absolute value at most 65536).
     pub x: i32,
+    /// Centre y in destination pixels (absolute value at most 65536).
     pub y: i32,
+    /// Side of the square in pixels, 1..=65536.
     pub size: u32,
+    /// Colour as R, G, B, A bytes (straight alpha).
     pub rgba: [u8; 4],
 }
 

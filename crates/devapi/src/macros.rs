@@ -36,6 +36,27 @@ macro_rules! __region_mode {
     };
 }
 
+/// What an argument kind carries, for the generated field docs.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kind_doc {
+    (u64) => {
+        "a plain value."
+    };
+    (handle) => {
+        "a handle of an object this guest opened on this device."
+    };
+    (region_r) => {
+        "id of an SVM region the command reads."
+    };
+    (region_w) => {
+        "id of an SVM region the command writes."
+    };
+    (region_rw) => {
+        "id of an SVM region the command reads and writes."
+    };
+}
+
 /// Declares devices; see the module docs.
 #[macro_export]
 macro_rules! devices {
@@ -61,11 +82,27 @@ macro_rules! devices {
                     $(
                         $(#[doc = $cdoc])*
                         #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-                        pub struct [<$cmd:camel>] { $(pub $arg: u64),* }
+                        pub struct [<$cmd:camel>] {
+                            $(
+                                #[doc = concat!(
+                                    "Argument `", stringify!($arg), "`: ",
+                                    $crate::__kind_doc!($kind)
+                                )]
+                                pub $arg: u64
+                            ),*
+                        }
 
                         #[doc = concat!("Results of `", stringify!($cmd), "`.")]
                         #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-                        pub struct [<$cmd:camel Reply>] { $(pub $ret: u64),* }
+                        pub struct [<$cmd:camel Reply>] {
+                            $(
+                                #[doc = concat!(
+                                    "Result `", stringify!($ret), "` of `", stringify!($cmd),
+                                    "` (a completion value, in declaration order)."
+                                )]
+                                pub $ret: u64
+                            ),*
+                        }
 
                         impl [<$cmd:camel Reply>] {
                             /// Decodes completion values.
@@ -115,7 +152,10 @@ macro_rules! devices {
                     /// A decoded command of this device (host side).
                     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
                     pub enum Command {
-                        $( [<$cmd:camel>]([<$cmd:camel>]), )*
+                        $(
+                            #[doc = concat!("A `", stringify!($cmd), "` request.")]
+                            [<$cmd:camel>]([<$cmd:camel>]),
+                        )*
                     }
 
                     impl Command {

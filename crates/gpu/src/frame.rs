@@ -50,9 +50,13 @@ impl PixelFormat {
 /// YUV frames must have even width and height.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FrameLayout {
+    /// Pixel format, which decides the planes.
     pub format: PixelFormat,
+    /// Width in pixels, 1..=[`MAX_DIMENSION`]; even for YUV formats.
     pub width: u32,
+    /// Height in pixels, 1..=[`MAX_DIMENSION`]; even for YUV formats.
     pub height: u32,
+    /// Row pitch of the luma (or packed) plane in bytes, at least `width * bytes_per_pixel`.
     pub stride: u32,
 }
 
@@ -222,23 +226,29 @@ impl FrameLayout {
 /// A read-only frame: a layout over borrowed bytes.
 #[derive(Clone, Copy)]
 pub struct FrameRef<'a> {
+    /// Shape of the frame in `data`.
     pub layout: FrameLayout,
+    /// The frame's bytes; at least [`FrameLayout::size_bytes`] long (longer is fine).
     pub data: &'a [u8],
 }
 
 /// A writable frame: a layout over mutably borrowed bytes.
 pub struct FrameMut<'a> {
+    /// Shape of the frame in `data`.
     pub layout: FrameLayout,
+    /// The frame's bytes; at least [`FrameLayout::size_bytes`] long (longer is fine).
     pub data: &'a mut [u8],
 }
 
 impl<'a> FrameRef<'a> {
+    /// Wraps `data` as a frame of `layout` (checked when an operation uses it).
     pub fn new(layout: FrameLayout, data: &'a [u8]) -> Self {
         FrameRef { layout, data }
     }
 }
 
 impl<'a> FrameMut<'a> {
+    /// Wraps `data` as a frame of `layout` (checked when an operation uses it).
     pub fn new(layout: FrameLayout, data: &'a mut [u8]) -> Self {
         FrameMut { layout, data }
     }
@@ -281,7 +291,10 @@ impl fmt::Debug for FrameMut<'_> {
 /// An owned frame, handy for tests, benchmarks and callers without a replica.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnedFrame {
+    /// Shape of the frame in `data`.
     pub layout: FrameLayout,
+    /// The frame's bytes, exactly [`FrameLayout::size_bytes`] long when built by
+    /// [`OwnedFrame::new`].
     pub data: Vec<u8>,
 }
 
@@ -295,6 +308,7 @@ impl OwnedFrame {
         })
     }
 
+    /// Borrows as a read-only frame.
     pub fn as_ref(&self) -> FrameRef<'_> {
         FrameRef {
             layout: self.layout,
@@ -302,6 +316,7 @@ impl OwnedFrame {
         }
     }
 
+    /// Borrows as a writable frame.
     pub fn as_mut(&mut self) -> FrameMut<'_> {
         FrameMut {
             layout: self.layout,

@@ -82,57 +82,116 @@ pub const MAX_COORD: u32 = 1 << 16;
 /// Errors of the GPU device backends. Bad arguments never panic.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum GpuError {
+    /// No wgpu adapter could be found (message from wgpu); use [`CpuBackend`] instead.
     #[error("no GPU adapter: {0} (install mesa-vulkan-drivers for a CPU Vulkan device)")]
     NoAdapter(String),
+    /// The adapter was found but opening a device on it failed (message from wgpu).
     #[error("GPU device request failed: {0}")]
     DeviceRequest(String),
+    /// A frame with a zero width or height.
     #[error("zero-sized frame {width}x{height}")]
-    ZeroSize { width: u32, height: u32 },
+    ZeroSize {
+        /// Requested width in pixels.
+        width: u32,
+        /// Requested height in pixels.
+        height: u32,
+    },
+    /// A frame wider or taller than [`MAX_DIMENSION`].
     #[error("frame {width}x{height} exceeds the maximum dimension {max}")]
-    TooLarge { width: u32, height: u32, max: u32 },
+    TooLarge {
+        /// Requested width in pixels.
+        width: u32,
+        /// Requested height in pixels.
+        height: u32,
+        /// Largest accepted dimension ([`MAX_DIMENSION`]).
+        max: u32,
+    },
+    /// An inconsistent layout (stride shorter than one row, odd width or height
+    /// for a YUV format, a destination that does not match its submission); the
+    /// text says what.
     #[error("invalid frame layout: {0}")]
     InvalidLayout(String),
+    /// A byte buffer shorter than its layout requires.
     #[error("buffer too small: need {needed} bytes, got {got}")]
-    BufferTooSmall { needed: usize, got: usize },
+    BufferTooSmall {
+        /// Bytes the layout needs.
+        needed: usize,
+        /// Bytes the buffer has.
+        got: usize,
+    },
+    /// The operation does not accept this pixel format in this role.
     #[error("{op}: unsupported {role} format {format:?}")]
     UnsupportedFormat {
+        /// Operation name (`"composite"`, `"convert"`, ...).
         op: &'static str,
+        /// Role of the frame (`"source"`, `"destination"`).
         role: &'static str,
+        /// The rejected format.
         format: PixelFormat,
     },
+    /// A zero-sized rectangle or one with coordinates beyond [`MAX_COORD`].
     #[error("invalid rectangle {rect:?}: {reason}")]
-    InvalidRect { rect: Rect, reason: &'static str },
+    InvalidRect {
+        /// The rejected rectangle.
+        rect: Rect,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A crop rectangle not wholly inside its source frame.
     #[error("rectangle {rect:?} lies outside the {width}x{height} source")]
-    RectOutOfBounds { rect: Rect, width: u32, height: u32 },
+    RectOutOfBounds {
+        /// The rejected crop.
+        rect: Rect,
+        /// Source width in pixels.
+        width: u32,
+        /// Source height in pixels.
+        height: u32,
+    },
+    /// An out-of-range parameter (layer alpha, view angles, marker position or size, ...); the text
+    /// says which.
     #[error("invalid parameter: {0}")]
     InvalidParameter(String),
+    /// More items than one call accepts ([`MAX_LAYERS`], [`MAX_MARKERS`]).
     #[error("too many {what}: {count} > {max}")]
     TooMany {
+        /// What there were too many of (`"layers"`, `"markers"`).
         what: &'static str,
+        /// How many were given.
         count: usize,
+        /// The limit.
         max: usize,
     },
+    /// A submission id the backend never handed out (beyond its last submission).
     #[error("unknown submission {0}")]
     UnknownSubmission(u64),
+    /// Any other failure inside the backend (readback mapping, poller thread, dropped
+    /// backend, a submission that never completed); the text says what.
     #[error("GPU backend error: {0}")]
     Backend(String),
+    /// The GPU device was lost; the backend is unusable and must be recreated.
     #[error("GPU device lost: {0}")]
     DeviceLost(String),
 }
 
+/// Result of the GPU backend operations.
 pub type Result<T> = std::result::Result<T, GpuError>;
 
 /// An axis-aligned rectangle in pixels. Crops must lie inside their source;
 /// destination rectangles may extend past the destination and are clipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rect {
+    /// Left edge in pixels (may be negative for destination rectangles).
     pub x: i32,
+    /// Top edge in pixels (may be negative for destination rectangles).
     pub y: i32,
+    /// Width in pixels.
     pub width: u32,
+    /// Height in pixels.
     pub height: u32,
 }
 
 impl Rect {
+    /// A rectangle at (`x`, `y`) of `width` x `height` pixels.
     pub const fn new(x: i32, y: i32, width: u32, height: u32) -> Self {
         Rect {
             x,
@@ -153,9 +212,13 @@ impl Rect {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Rotation {
     #[default]
+    /// No rotation (the default).
     R0,
+    /// 90 degrees clockwise.
     R90,
+    /// 180 degrees.
     R180,
+    /// 270 degrees clockwise (90 counter-clockwise).
     R270,
 }
 
@@ -174,11 +237,13 @@ impl Rotation {
 /// One composition layer.
 #[derive(Clone, Copy, Debug)]
 pub struct Layer<'a> {
+    /// The source frame (layout and bytes); any [`PixelFormat`].
     pub src: FrameRef<'a>,
     /// Source region, in source pixels; must lie inside the source.
     pub crop: Rect,
     /// Destination region, in destination pixels; clipped to the destination.
     pub dst_rect: Rect,
+    /// Clockwise rotation applied to the cropped source.
     pub rotation: Rotation,
     /// Plane alpha in [0, 1], multiplied with the source alpha.
     pub alpha: f32,
@@ -200,21 +265,25 @@ impl<'a> Layer<'a> {
         }
     }
 
+    /// Replaces the crop (source pixels; must lie inside the source).
     pub fn with_crop(mut self, crop: Rect) -> Self {
         self.crop = crop;
         self
     }
 
+    /// Replaces the rotation.
     pub fn with_rotation(mut self, rotation: Rotation) -> Self {
         self.rotation = rotation;
         self
     }
 
+    /// Replaces the plane alpha (must be in [0, 1]).
     pub fn with_alpha(mut self, alpha: f32) -> Self {
         self.alpha = alpha;
         self
     }
 
+    /// Turns blending over the layers below on or off.
     pub fn with_blend(mut self, blend: bool) -> Self {
         self.blend = blend;
         self
@@ -249,7 +318,9 @@ impl Clear {
 /// turns right (towards larger x), positive pitch looks up.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct View {
+    /// Horizontal angle in radians; positive turns right. Any finite value.
     pub yaw: f32,
+    /// Vertical angle in radians; positive looks up. Any finite value.
     pub pitch: f32,
     /// Vertical field of view, in (0, 179 degrees].
     pub fov_y: f32,
@@ -259,6 +330,7 @@ pub struct View {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum MarkerShape {
     #[default]
+    /// A filled square (the default).
     Square,
     /// Two bars of thickness `max(size * 0.2, 2)` through the centre.
     Cross,
@@ -270,14 +342,20 @@ pub enum MarkerShape {
 /// `-size/2 <= c - centre < size/2` on both axes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Marker {
+    /// Centre x in destination pixels (absolute value at most [`MAX_COORD`]).
     pub x: f32,
+    /// Centre y in destination pixels (absolute value at most [`MAX_COORD`]).
     pub y: f32,
+    /// Side length in pixels, in (0, [`MAX_COORD`]].
     pub size: f32,
+    /// Colour, R, G, B, A order, straight alpha.
     pub rgba: [u8; 4],
+    /// Square or cross.
     pub shape: MarkerShape,
 }
 
 impl Marker {
+    /// A filled square centred at (`x`, `y`) with side `size` pixels.
     pub fn square(x: f32, y: f32, size: f32, rgba: [u8; 4]) -> Self {
         Marker {
             x,
@@ -288,6 +366,7 @@ impl Marker {
         }
     }
 
+    /// A cross centred at (`x`, `y`) spanning `size` pixels.
     pub fn cross(x: f32, y: f32, size: f32, rgba: [u8; 4]) -> Self {
         Marker {
             x,
@@ -311,12 +390,16 @@ impl Marker {
 /// The CPU backend reports all its work as `execute`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GpuStats {
+    /// Validation and staging of the source bytes.
     pub upload: Duration,
+    /// Device execution, from submission to completion.
     pub execute: Duration,
+    /// Mapping the result and copying it out.
     pub readback: Duration,
 }
 
 impl GpuStats {
+    /// Sum of the three phases.
     pub fn total(&self) -> Duration {
         self.upload + self.execute + self.readback
     }
@@ -483,15 +566,21 @@ pub(crate) fn check_markers(markers: &[Marker]) -> Result<()> {
 /// Result of [`measure`]: medians over the measured runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuTimings {
+    /// Name of the measured backend ([`GpuBackend::name`]).
     pub backend: String,
+    /// Destination width in pixels.
     pub width: u32,
+    /// Destination height in pixels.
     pub height: u32,
+    /// Number of measured runs (without the warm-up), [`MEASURE_RUNS`].
     pub runs: u32,
     /// Per-phase medians (each phase's median taken independently).
     pub median: GpuStats,
     /// Median wall time of one whole composition call.
     pub median_total: Duration,
+    /// Fastest measured composition call.
     pub min_total: Duration,
+    /// Slowest measured composition call.
     pub max_total: Duration,
 }
 

@@ -27,10 +27,12 @@ impl NullBackend {
         }
     }
 
+    /// Fills with `fill`, an RGBA colour (R, G, B, A order whatever the destination byte order).
     pub fn with_fill(fill: [u8; 4]) -> Self {
         NullBackend { fill }
     }
 
+    /// The RGBA colour this backend fills destinations with.
     pub fn fill_color(&self) -> [u8; 4] {
         self.fill
     }

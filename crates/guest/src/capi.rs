@@ -150,10 +150,15 @@ pub const MAX_PLANES: usize = 4;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VirtsocPlane {
+    /// Byte offset of the plane's first row from the start of the region.
     pub offset: u64,
+    /// Bytes from the start of one row to the next.
     pub stride: u32,
+    /// Meaningful bytes in a row (`<= stride`).
     pub row_bytes: u32,
+    /// Rows in the plane.
     pub rows: u32,
+    /// Always 0.
     pub reserved: u32,
 }
 
@@ -161,14 +166,23 @@ pub struct VirtsocPlane {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VirtsocRegion {
+    /// The region's id, as requests name it.
     pub id: u64,
+    /// Size of the region in bytes.
     pub size: u64,
+    /// Width in pixels (meaningful for image regions only).
     pub width: u32,
+    /// Height in pixels (meaningful for image regions only).
     pub height: u32,
+    /// `enum virtsoc_format` value (`Format` as u32).
     pub format: u32,
+    /// Row pitch of the first plane in bytes (0 for a blob).
     pub stride: u32,
+    /// Number of valid entries in `planes` (0 for a blob, up to [`MAX_PLANES`]).
     pub plane_count: u32,
+    /// Always 0.
     pub reserved: u32,
+    /// The planes in order (Y first for YUV formats); entries past `plane_count` are zero.
     pub planes: [VirtsocPlane; MAX_PLANES],
 }
 

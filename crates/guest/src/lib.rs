@@ -25,31 +25,44 @@ pub use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Status};
 /// Errors the guest library reports.
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
+    /// An argument the library refused before sending anything (bad size, null pointer, ...); the
+    /// text says what.
     #[error("invalid argument: {0}")]
     BadArgument(String),
+    /// Reading or writing the connection failed.
     #[error("i/o: {0}")]
     Io(std::io::Error),
+    /// The daemon closed the connection (it exited, or dropped the session).
     #[error("the daemon closed the connection")]
     Closed,
+    /// Connecting to the daemon's socket failed.
     #[error("cannot connect to {path}: {source}")]
     Connect {
+        /// The socket path (or address) tried.
         path: String,
+        /// Why connecting failed.
         source: std::io::Error,
     },
+    /// The daemon sent something the wire protocol does not allow.
     #[error("protocol error: {0}")]
     Proto(#[from] virtsoc_proto::ProtoError),
     /// The flow-control pacer refused its parameters (the ring sizes from the welcome).
     #[error("flow control: {0}")]
     Pacing(#[source] virtsoc_fence::FenceError),
+    /// The daemon refused the connection at the handshake; the text is its reason.
     #[error("the daemon refused the connection: {0}")]
     Refused(String),
+    /// The session migrated: resume it on the daemon at this Unix socket path.
     #[error("the session moved to the daemon on {0}")]
     Moved(String),
     /// The host answered with an error status, and with the device's reason when it gave one.
     #[error("{op:?} failed: {}{}", status.message(), reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
     Status {
+        /// The request that failed.
         op: Opcode,
+        /// The status the host answered.
         status: Status,
+        /// The device's own explanation, when it gave one.
         reason: Option<String>,
     },
 }

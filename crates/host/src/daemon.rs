@@ -130,6 +130,7 @@ fn spawn_thread(
 /// A session that ended and is still referenced.
 #[derive(Debug, Clone)]
 pub struct LingeringSession {
+    /// The ended session's guest id.
     pub guest: u64,
     /// References to it besides the daemon's list.
     pub references: usize,

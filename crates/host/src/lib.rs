@@ -32,14 +32,19 @@ pub use limits::Limits;
 /// Errors of the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
+    /// Invalid configuration (bad option, missing token, unusable path); the text says what.
     #[error("configuration: {0}")]
     Config(String),
+    /// An I/O error (sockets, files, threads).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// An error of the wire protocol layer (handshake, ring, window).
     #[error("protocol: {0}")]
     Proto(#[from] virtsoc_proto::ProtoError),
+    /// An error of the SVM manager.
     #[error("svm: {0}")]
     Svm(#[from] virtsoc_svm::SvmError),
+    /// Writing, reading or restoring a snapshot (or migrating) failed; the text says what.
     #[error("snapshot: {0}")]
     Snapshot(String),
 }

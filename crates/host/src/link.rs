@@ -26,13 +26,17 @@ pub const STREAM_MAX_IN_FLIGHT: u64 = 256;
 /// A request and the bytes that came with it.
 #[derive(Debug)]
 pub struct Incoming {
+    /// The request as the guest queued it.
     pub req: Request,
+    /// Bytes that came with it (a remote guest's CPU write); empty for ring guests.
     pub payload: Vec<u8>,
 }
 
 /// Why a link stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
+    /// The guest broke the transport protocol (ring emptied or full, bad frame); the text says
+    /// what.
     #[error("the guest violated the transport protocol: {0}")]
     Violation(String),
     /// The guest's ring indices (or the window under them) are out of range.

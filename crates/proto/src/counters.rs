@@ -134,8 +134,11 @@ pub struct LedgerEntry {
     pub src: u32,
     /// Destination memory domain (equal to `src` for a device's own copies).
     pub dst: u32,
+    /// Number of copies on the link.
     pub copies: u64,
+    /// Bytes copied.
     pub bytes: u64,
+    /// Time spent copying, in nanoseconds.
     pub ns: u64,
 }
 

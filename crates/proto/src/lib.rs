@@ -29,20 +29,36 @@ pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
 /// Errors of the protocol layer.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtoError {
+    /// The handshake failed (unexpected message, version or size); the text says what.
     #[error("bad handshake: {0}")]
     Handshake(String),
+    /// A handshake message was not valid JSON for its type.
     #[error("bad handshake message: {0}")]
     HandshakeJson(#[from] serde_json::Error),
+    /// Reading or writing the socket (or the window file) failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// The peer broke the ring protocol (bad index, entry or length); the text names the rule.
     #[error("peer violated the ring protocol: {0}")]
     RingViolation(&'static str),
+    /// An access past the end of the shared window.
     #[error("window access out of bounds: offset {offset} len {len} (window {size} bytes)")]
-    OutOfBounds { offset: u64, len: u64, size: u64 },
+    OutOfBounds {
+        /// Offset of the access in the window, in bytes.
+        offset: u64,
+        /// Length of the access in bytes.
+        len: u64,
+        /// Size of the window in bytes.
+        size: u64,
+    },
+    /// Window layout parameters that do not fit together (ring sizes, page alignment, ...); the
+    /// text says what.
     #[error("invalid window layout: {0}")]
     Layout(String),
+    /// Mapping the shared window failed.
     #[error("memory mapping failed: {0}")]
     Mmap(#[source] vm_memory::mmap::MmapRegionError),
+    /// The peer closed the connection.
     #[error("peer closed the connection")]
     Closed,
 }

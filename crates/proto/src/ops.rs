@@ -71,9 +71,13 @@ pub trait CoreOp: Copy {
 /// One core request's declaration: name, argument names, result names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoreOpInfo {
+    /// The request's opcode.
     pub opcode: Opcode,
+    /// The declaration's doc comment, one line per `///` line.
     pub doc: &'static str,
+    /// Argument names in word order (at most six).
     pub args: &'static [&'static str],
+    /// Completion value names in order (at most six).
     pub results: &'static [&'static str],
 }
 
@@ -85,11 +89,27 @@ macro_rules! core_ops {
         $(
             $(#[doc = $doc])*
             #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-            pub struct $op { $(pub $arg: $ty),* }
+            pub struct $op {
+                $(
+                    #[doc = concat!(
+                        "Argument `", stringify!($arg),
+                        "` (one request word, in declaration order)."
+                    )]
+                    pub $arg: $ty
+                ),*
+            }
 
             #[doc = concat!("Results of [`", stringify!($op), "`].")]
             #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-            pub struct $reply { $(pub $ret: u64),* }
+            pub struct $reply {
+                $(
+                    #[doc = concat!(
+                        "Completion value `", stringify!($ret), "` of `", stringify!($op),
+                        "`, in declaration order."
+                    )]
+                    pub $ret: u64
+                ),*
+            }
 
             const _: () = assert!(<[&str]>::len(&[$(stringify!($arg)),*]) <= 6, "six words");
             const _: () = assert!(<[&str]>::len(&[$(stringify!($ret)),*]) <= 6, "six values");

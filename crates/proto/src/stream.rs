@@ -11,17 +11,26 @@ use vm_memory::ByteValued;
 /// One frame read off a stream.
 #[derive(Debug)]
 pub struct StreamFrame<T> {
+    /// The ring entry that heads the frame.
     pub entry: T,
+    /// The bytes after it (a CPU write's data, a CPU read's answer); empty when there are none.
     pub payload: Vec<u8>,
 }
 
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
+    /// Reading the stream failed (including timeouts and EOF).
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
+    /// A frame announced a payload larger than the reader accepts (nothing was allocated).
     #[error("payload of {len} bytes exceeds the limit of {max}")]
-    TooLarge { len: u64, max: u64 },
+    TooLarge {
+        /// Payload length the frame announced, in bytes.
+        len: u64,
+        /// Largest payload the reader accepts, in bytes.
+        max: u64,
+    },
 }
 
 impl FrameError {

@@ -188,17 +188,29 @@ u32_enum!(
 u32_enum!(
     /// Status of a completion. The C ABI returns these negated.
     Status {
+        /// Success.
         Ok = 0,
+        /// The opcode is neither a core request nor a command of the device.
         UnknownOpcode = 1,
+        /// No device has this id.
         UnknownDevice = 2,
+        /// The region id is not one of the guest's regions.
         NoSuchRegion = 3,
+        /// An offset or length outside the region (or the window).
         OutOfRange = 4,
+        /// An argument the host refused (bad format, size, handle, record, ...).
         BadArgument = 5,
+        /// The guest's window, memory quota or region limit is exhausted.
         OutOfMemory = 6,
+        /// The device cannot take the request now; try again later.
         Busy = 7,
+        /// The device's backend failed while running the command.
         DeviceError = 8,
+        /// The device or daemon does not support this request or format.
         NotSupported = 9,
+        /// The connection is closed (or closing).
         Closed = 10,
+        /// An error inside the daemon (a bug, not the guest's fault).
         Internal = 11,
         /// The daemon's policy does not allow this guest the device or command.
         PermissionDenied = 12,
@@ -229,8 +241,11 @@ impl Status {
 u32_enum!(
     /// How a device accesses a region between begin_access and end_access.
     AccessMode {
+        /// The device reads the region's contents.
         Read = 1,
+        /// The device overwrites the bytes (their old contents need not be fetched).
         Write = 2,
+        /// The device reads and modifies the bytes.
         ReadWrite = 3,
     }
 );
@@ -252,9 +267,13 @@ u32_enum!(
     Format {
         /// Untyped bytes; size given explicitly.
         Blob = 0,
+        /// 8-bit R, G, B, A bytes per pixel (straight alpha); stride `width * 4`.
         Rgba8 = 1,
+        /// 8-bit B, G, R, A bytes per pixel (straight alpha); stride `width * 4`.
         Bgra8 = 2,
+        /// Y plane then interleaved U/V at half resolution; even width and height, stride `width`.
         Nv12 = 3,
+        /// Y, U and V planes, chroma at half resolution; even width and height, stride `width`.
         Yuv420p = 4,
         /// Packed 4:2:2, two bytes per pixel (a 3840x2160 frame is 15.8 MiB).
         Yuyv = 5,
@@ -291,9 +310,13 @@ impl Format {
 
 /// Usage bits given at allocation (informational, kept in the region metadata).
 pub mod usage {
+    /// The CPU reads the region.
     pub const CPU_READ: u32 = 1;
+    /// The CPU writes the region.
     pub const CPU_WRITE: u32 = 2;
+    /// A device reads the region.
     pub const DEVICE_READ: u32 = 4;
+    /// A device writes the region.
     pub const DEVICE_WRITE: u32 = 8;
 }
 

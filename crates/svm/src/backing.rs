@@ -144,7 +144,12 @@ pub enum Backing {
     /// Host RAM, or the local memory of a device that works on host-addressable bytes.
     Host(Arc<HostBuf>),
     /// A range of the owning guest's window.
-    Window { win: Arc<SharedWindow>, offset: u64 },
+    Window {
+        /// The owning guest's window.
+        win: Arc<SharedWindow>,
+        /// Where the replica starts in the window, in bytes.
+        offset: u64,
+    },
     /// A device's own memory (GPU textures): reached only through uploads and readbacks.
     Device(Arc<dyn DeviceMemory>),
 }

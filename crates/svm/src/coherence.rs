@@ -35,6 +35,7 @@ pub struct AccessInfo {
     pub vdev: u32,
     /// The memory domain of the physical device behind it.
     pub domain: DomainId,
+    /// Read, write or both.
     pub mode: AccessMode,
     /// The bytes accessed, `[start, end)`, checked against the region's size.
     pub range: Range,
@@ -88,8 +89,14 @@ pub trait Coherence: Send + Sync {
 /// The protocols that can be selected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ProtocolKind {
+    /// `guest-staging`: the guest window is the only truth; devices copy in before each read and
+    /// back after each write (today's emulators).
     GuestStaging,
+    /// `write-invalidate`: a write leaves only the writer's replica valid; the next access
+    /// elsewhere fetches synchronously from a valid replica.
     WriteInvalidate,
+    /// `prefetch`: write-invalidate plus predicted asynchronous copies to the next reader, started
+    /// at end_access.
     Prefetch,
 }
 

@@ -33,8 +33,11 @@ pub enum DomainKind {
 /// Description of one domain.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DomainInfo {
+    /// The domain's id.
     pub id: DomainId,
+    /// Name for logs and listings (`guest-window`, `host-ram`, a device's name, ...).
     pub name: String,
+    /// What kind of memory it is.
     pub kind: DomainKind,
 }
 

@@ -24,8 +24,11 @@ pub const ALPHA: f64 = 0.5;
 /// Measurements of one directed pair.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct LinkStats {
+    /// Copies made on the link.
     pub copies: u64,
+    /// Bytes those copies moved.
     pub bytes: u64,
+    /// Time the link spent copying, in nanoseconds.
     pub busy_ns: u64,
     /// Smoothed bandwidth, bytes/s.
     pub bandwidth: f64,
@@ -36,9 +39,12 @@ pub struct LinkStats {
 /// One measured link, for reports.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LinkReport {
+    /// Name of the source domain.
     pub src: String,
+    /// Name of the destination domain.
     pub dst: String,
     #[serde(flatten)]
+    /// The link's measurements.
     pub stats: LinkStats,
 }
 

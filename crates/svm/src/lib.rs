@@ -44,24 +44,36 @@ use region::RegionCtx;
 /// Errors of the SVM manager.
 #[derive(Debug, thiserror::Error)]
 pub enum SvmError {
+    /// A malformed request or snapshot (unknown protocol name, bad metadata, ...); the text says
+    /// what.
     #[error("bad argument: {0}")]
     BadArgument(String),
+    /// The guest id has no SVM state (never attached, or already detached).
     #[error("guest {0} is not attached")]
     GuestNotAttached(u64),
+    /// An inconsistency inside the manager (a bug, not the caller's fault); the text says what.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The region id is not one of the guest's regions.
     #[error("no such region")]
     NoSuchRegion,
+    /// The operation is not available in this configuration; the text says what.
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// No room: the guest's window, memory limit or region limit is exhausted, or host memory could
+    /// not be mapped.
     #[error("out of memory")]
     OutOfMemory,
+    /// An access range outside the region (empty, past its end, or overflowing).
     #[error("offset or length out of range")]
     OutOfRange,
+    /// No valid replica has a copy path to this domain id.
     #[error("domain {0} cannot be reached from any valid replica")]
     Unreachable(u32),
+    /// A domain id that was never registered.
     #[error("unknown memory domain {0}")]
     UnknownDomain(u32),
+    /// An error of the guest's shared window.
     #[error("window: {0}")]
     Window(#[from] ProtoError),
 }
@@ -74,19 +86,28 @@ pub type Result<T> = std::result::Result<T, SvmError>;
 pub struct AllocDesc {
     /// Byte size for [`Format::Blob`]; ignored (computed) for image formats.
     pub size: u64,
+    /// Width in pixels for image formats, 1..=32768 (ignored for [`Format::Blob`]).
     pub width: u32,
+    /// Height in pixels for image formats, 1..=32768 (ignored for [`Format::Blob`]).
     pub height: u32,
+    /// Byte layout of the region.
     pub format: Format,
+    /// Usage bits (`virtsoc_proto::wire::usage`): informational, kept in the region metadata.
     pub usage: u32,
 }
 
 /// Counters over the manager's lifetime.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct SvmStats {
+    /// Regions currently held by all attached guests.
     pub regions: u64,
+    /// begin_access calls served.
     pub begin_accesses: u64,
+    /// end_access calls served.
     pub end_accesses: u64,
+    /// Coherence copies made.
     pub copies: u64,
+    /// Time spent copying for coherence, in nanoseconds.
     pub coherence_ns: u64,
 }
 
@@ -109,6 +130,7 @@ pub struct AccessSpec {
     pub offset: u64,
     /// Bytes accessed.
     pub len: u64,
+    /// Read, write or both.
     pub mode: AccessMode,
     /// For an end_access: the guest waits for the completion and blocks for the compensation
     /// it asks for (else the writer's device queue holds its next fence signal instead).
@@ -149,6 +171,7 @@ pub enum Progress {
 /// What an end_access did.
 #[derive(Debug, Default)]
 pub struct EndReport {
+    /// What the access itself did (copies made, compensation asked).
     pub report: AccessReport,
     /// Prefetch copies it started (a writer's device queue may hold its next fence signal
     /// until they finished).

@@ -24,19 +24,27 @@ use crate::{Result, SvmError};
 /// Identifies a region host-wide: the owning guest and the guest-visible id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionKey {
+    /// Id of the owning guest.
     pub guest: u64,
+    /// The region's id as the guest names it (unique per guest).
     pub id: u64,
 }
 
 /// What a region was allocated as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct RegionMeta {
+    /// Bytes the region occupies (computed from the image layout for image formats).
     pub size: u64,
+    /// Width in pixels (as given, meaningless for blobs).
     pub width: u32,
+    /// Height in pixels (as given, meaningless for blobs).
     pub height: u32,
+    /// Row pitch in bytes (0 for blobs).
     pub stride: u32,
     #[serde(skip)]
+    /// Byte layout of the region (not serialized).
     pub format: Format,
+    /// Usage bits the guest gave at allocation (informational).
     pub usage: u32,
 }
 
@@ -71,7 +79,9 @@ pub struct RegionState {
 /// The host's record of a region.
 #[derive(Debug)]
 pub struct Region {
+    /// Which guest's region this is.
     pub key: RegionKey,
+    /// What the region was allocated as.
     pub meta: RegionMeta,
     pub(crate) guest: Arc<GuestSvm>,
     state: Mutex<RegionState>,

@@ -27,6 +27,7 @@ pub const MAX_ID: u64 = 1 << 62;
 pub struct RegionImage {
     /// The guest-visible id.
     pub id: u64,
+    /// What the region was allocated as.
     pub meta: RegionMeta,
     /// The region's bytes (`meta.size` of them), or `None` when it was never written (all
     /// zeroes).

@@ -20,7 +20,10 @@ pub enum SlotImage {
     /// No fence (its last fence, if any, was signaled and reclaimed).
     Free,
     /// A pending fence; `released` when its owner already dropped it.
-    Pending { released: bool },
+    Pending {
+        /// The owner already released the fence (it is reclaimed once signaled).
+        released: bool,
+    },
     /// A signaled fence its owner still holds.
     Signaled,
 }

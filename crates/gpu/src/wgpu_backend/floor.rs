@@ -20,7 +20,9 @@ pub const FLOOR_RUNS: usize = 7;
 /// Result of [`WgpuBackend::measure_floor`]: medians of [`FLOOR_RUNS`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FloorTimings {
+    /// Destination width in pixels.
     pub width: u32,
+    /// Destination height in pixels.
     pub height: u32,
     /// One full-screen textured triangle in a render pass, hardware sampler.
     pub render: Duration,

@@ -93,12 +93,20 @@ pub type SubmissionId = u64;
 /// What the adapter is, in plain strings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdapterSummary {
+    /// Adapter name as the driver reports it (e.g. "llvmpipe (LLVM 15.0.7, 256 bits)").
     pub name: String,
+    /// Graphics API in use (`Vulkan`, `Metal`, `Dx12`, `Gl`, ...; wgpu's `Backend` in Debug form).
     pub backend: String,
+    /// Kind of device (`Cpu`, `IntegratedGpu`, `DiscreteGpu`, `VirtualGpu`, `Other`; wgpu's
+    /// `DeviceType` in Debug form).
     pub device_type: String,
+    /// Driver name (may be empty).
     pub driver: String,
+    /// Driver version and details (may be empty).
     pub driver_info: String,
+    /// PCI vendor id (0 when unknown).
     pub vendor: u32,
+    /// PCI device id (0 when unknown).
     pub device: u32,
 }
 

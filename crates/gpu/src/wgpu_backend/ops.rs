@@ -20,11 +20,13 @@ use crate::{
 /// they mean in [`Layer`](crate::Layer).
 #[derive(Clone, Copy, Debug)]
 pub struct ImageLayer<'a> {
+    /// The resident source image (any [`PixelFormat`]).
     pub image: &'a GpuImage,
     /// Source region, in source pixels; must lie inside the image.
     pub crop: Rect,
     /// Destination region, in destination pixels; clipped to the destination.
     pub dst_rect: Rect,
+    /// Clockwise rotation applied to the cropped source.
     pub rotation: Rotation,
     /// Plane alpha in [0, 1], multiplied with the source alpha.
     pub alpha: f32,
@@ -47,21 +49,25 @@ impl<'a> ImageLayer<'a> {
         }
     }
 
+    /// Replaces the crop (source pixels; must lie inside the image).
     pub fn with_crop(mut self, crop: Rect) -> Self {
         self.crop = crop;
         self
     }
 
+    /// Replaces the rotation.
     pub fn with_rotation(mut self, rotation: Rotation) -> Self {
         self.rotation = rotation;
         self
     }
 
+    /// Replaces the plane alpha (must be in [0, 1]).
     pub fn with_alpha(mut self, alpha: f32) -> Self {
         self.alpha = alpha;
         self
     }
 
+    /// Turns blending over the layers below on or off.
     pub fn with_blend(mut self, blend: bool) -> Self {
         self.blend = blend;
         self

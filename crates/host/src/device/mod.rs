@@ -190,8 +190,11 @@ pub type GuestQueue = Arc<OrderedQueue<Request>>;
 
 /// A registered device with its queues (one per guest) and its worker thread.
 pub struct DeviceSlot {
+    /// The device's id, as guests name it in requests.
     pub id: DeviceId,
+    /// The memory domain the device's replicas live in.
     pub domain: DomainId,
+    /// The device itself.
     pub device: Arc<dyn Device>,
     queues: Mutex<Vec<(Arc<Session>, GuestQueue)>>,
     events: Arc<EventCount>,
