@@ -55,7 +55,9 @@ pub struct ConnectOptions {
     pub name: String,
     /// Requested window size (the daemon may clamp it).
     pub window_size: u64,
+    /// Entries of the submission ring (a power of two; the daemon may clamp it).
     pub sq_entries: u32,
+    /// Entries of the completion ring (a power of two; the daemon may clamp it).
     pub cq_entries: u32,
     /// Coherence protocol for this guest's regions (`None`: the daemon's default).
     pub coherence: Option<String>,
@@ -82,11 +84,17 @@ impl Default for ConnectOptions {
 /// Guest-side cached metadata of a region (the host keeps the full record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegionInfo {
+    /// The region's id (as the host's region table names it).
     pub id: u64,
+    /// Bytes of the region.
     pub size: u64,
+    /// Bytes from one row to the next (0 for blobs).
     pub stride: u32,
+    /// Width in pixels (0 for blobs).
     pub width: u32,
+    /// Height in pixels (0 for blobs).
     pub height: u32,
+    /// Pixel format (`Blob` for untyped bytes).
     pub format: Format,
 }
 

@@ -27,12 +27,15 @@ pub const MAX_FRAME: usize = 64 * 1024;
 /// First message, guest -> host.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Hello {
+    /// The guest's handshake version ([`PROTOCOL_VERSION`]); another version is refused.
     pub protocol: u32,
     /// Free-form guest name for logs.
     pub name: String,
     /// Requested window size in bytes (the host may clamp it).
     pub window_size: u64,
+    /// Entries of the submission ring asked for (a power of two; the host may clamp it).
     pub sq_entries: u32,
+    /// Entries of the completion ring asked for (a power of two; the host may clamp it).
     pub cq_entries: u32,
     /// Credential for transports that need one (remote guests).
     #[serde(default)]
@@ -49,7 +52,9 @@ pub struct Hello {
 /// A device the daemon offers, as listed in the welcome.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeviceDesc {
+    /// The device id device commands name (`virtsoc_proto::DeviceId`).
     pub id: u32,
+    /// The device's name (`gpu`, `display`, `codec`, ...).
     pub name: String,
     /// The backend serving it (library, driver, mode).
     pub backend: String,
@@ -63,8 +68,11 @@ pub struct DeviceDesc {
 /// Answer, host -> guest. A `Welcome` carries the window's file descriptor.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub enum Reply {
+    /// The guest is admitted; the window's file descriptor comes with this frame.
     Welcome {
+        /// The guest's id in this daemon (in logs, the control API and region keys).
         guest_id: u64,
+        /// Where the rings, fence page and data area sit in the window.
         layout: WindowLayout,
         /// Name of the coherence protocol the daemon runs.
         coherence: String,
@@ -76,12 +84,15 @@ pub enum Reply {
         #[serde(default)]
         resume: Option<String>,
     },
+    /// The guest is not admitted (bad version or token, limits, unknown resume secret).
     Refused {
+        /// Why, for the guest's error message.
         reason: String,
     },
     /// The session a guest asked to resume lives in the daemon on this Unix socket now (it
     /// migrated): the guest resumes it there.
     Moved {
+        /// The daemon's Unix socket path.
         socket: String,
     },
 }

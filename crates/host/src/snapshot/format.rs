@@ -41,7 +41,9 @@ pub(crate) fn err(msg: impl Into<String>) -> HostError {
 /// One section read back: its kind and payload (checksum verified).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Section {
+    /// What the section holds (one of the `SECTION_*` kinds; unknown kinds are refused).
     pub kind: u32,
+    /// The section's bytes, its CRC-32 already checked.
     pub payload: Vec<u8>,
 }
 
@@ -287,14 +289,17 @@ impl<'a> Cursor<'a> {
         Ok(s)
     }
 
+    /// The next byte (an error at the end of the payload).
     pub fn u8(&mut self) -> Result<u8> {
         Ok(self.bytes(1)?[0])
     }
 
+    /// The next little-endian u32 (an error past the end of the payload).
     pub fn u32(&mut self) -> Result<u32> {
         Ok(u32_at(self.bytes(4)?, 0))
     }
 
+    /// The next little-endian u64 (an error past the end of the payload).
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64_at(self.bytes(8)?, 0))
     }
@@ -332,18 +337,22 @@ impl<'a> Cursor<'a> {
 pub struct Buf(pub Vec<u8>);
 
 impl Buf {
+    /// Appends a byte.
     pub fn u8(&mut self, v: u8) -> &mut Self {
         self.0.push(v);
         self
     }
+    /// Appends `v` as a little-endian u32.
     pub fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// Appends `v` as a little-endian u64.
     pub fn u64(&mut self, v: u64) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// Appends `s` as a u32 length then its UTF-8 bytes.
     pub fn string(&mut self, s: &str) -> &mut Self {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s.as_bytes());

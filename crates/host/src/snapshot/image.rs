@@ -31,7 +31,9 @@ const MAX_DEVICES_JSON: usize = 1 << 20;
 /// Who the session belonged to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestRecord {
+    /// The guest's name from its hello.
     pub name: String,
+    /// The coherence protocol its regions ran (restored with the same one).
     pub protocol: String,
     /// The guest id it had in the daemon it was saved from.
     pub source_guest: u64,
@@ -44,9 +46,13 @@ pub struct GuestRecord {
 /// Everything a snapshot holds about one guest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionImage {
+    /// Who the session belonged to.
     pub guest: GuestRecord,
+    /// The guest's virtual fences, with their ids and states.
     pub fences: FenceTableImage,
+    /// Every region: its id, description and the bytes of its freshest replica.
     pub regions: Vec<RegionImage>,
+    /// Per device, the record of the commands that made and configured its objects.
     pub devices: DeviceRecords,
 }
 

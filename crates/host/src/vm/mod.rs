@@ -56,6 +56,7 @@ pub const MSG_BYE: u8 = 4;
 /// One VM the daemon serves.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
+    /// The VM's name (logs, the control API; `vm:NAME` in guest options).
     pub name: String,
     /// Memory file shared with QEMU (`memory-backend-file,mem-path=...,share=on`).
     pub shm: PathBuf,

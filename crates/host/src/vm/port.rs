@@ -33,6 +33,7 @@ impl VmPort {
 
 /// What the thread reading a VM's port handed back when asked to stop.
 pub struct Handed {
+    /// The VM's port (its doorbell connection), no longer read by the thread.
     pub port: VmPort,
     /// The session it was serving.
     pub current: Option<Current>,

@@ -90,15 +90,19 @@ pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// What a migration did, as the source saw it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MigrationReport {
+    /// Regions the guest held.
     pub regions: u64,
     /// Bytes sent while the guest ran.
     pub precopy_bytes: u64,
+    /// Time of the pre-copy rounds, in milliseconds.
     pub precopy_ms: u64,
     /// Regions and bytes resent after the stop (written during the pre-copy).
     pub dirty_regions: u64,
+    /// Bytes resent after the stop (of `dirty_regions`).
     pub dirty_bytes: u64,
     /// From the quiesce to the target's `READY` (the guest's requests wait meanwhile).
     pub stop_ms: u64,
+    /// From the request to the hand-over, in milliseconds.
     pub total_ms: u64,
 }
 
