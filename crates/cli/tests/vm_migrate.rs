@@ -198,6 +198,8 @@ fn a_vm_guest_migrates_there_and_back_with_its_regions() {
     let (status, v) = migrate(&s.a, s.first, s.pb);
     assert_eq!(status, 200, "{v}");
     let second = resumed_guest(&s.b);
+    // Welcomed there (its session can move again only once it is a guest of b).
+    s.b.expect_log("connected, coherence");
     s.a.expect_log("migration committed");
     eprintln!(
         "VM guest migrated a -> b: {v}, resumed {} ms after the request",

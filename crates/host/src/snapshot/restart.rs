@@ -250,14 +250,20 @@ impl Restart {
                                 )));
                             }
                         }
+                        if let Some(path) = &path {
+                            let _ = std::fs::remove_file(path);
+                        }
+                        // The secret is the guest's before anyone hears it resumed (a
+                        // migration asked for right after needs it).
+                        self.tokens
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(id, want.to_string());
                         log::info!(
                             "guest {id} resumed the session of guest {} ({} regions)",
                             img.guest.source_guest,
                             r.regions
                         );
-                        if let Some(path) = &path {
-                            let _ = std::fs::remove_file(path);
-                        }
                         want.to_string()
                     }
                     Err(e) => {
