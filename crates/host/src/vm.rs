@@ -130,6 +130,7 @@ fn end(daemon: &Daemon, cur: &mut Option<Current>) {
     if let Some(c) = cur.take() {
         c.session.close();
         let _ = c.runner.join();
+        daemon.config().sharing.detach_cpu(c.session.guest_id());
         daemon.unregister(c.session.guest_id());
     }
 }
@@ -262,6 +263,12 @@ fn start_session(
         cfg.name
     );
     daemon.register(&session);
+    // The VM's process is QEMU, the peer of its virtio-serial socket.
+    let qemu = writer.lock().ok().and_then(|w| crate::cgroup::peer_pid(&w));
+    daemon
+        .config()
+        .sharing
+        .attach_cpu(guest_id, session.name(), qemu);
     let (s, svm, dev) = (
         session.clone(),
         daemon.svm().clone(),
