@@ -15,10 +15,12 @@
 //! - **cgroup v1**: the `cpu` hierarchy's `cpu.shares` (2..262144, default 1024: a share of
 //!   100 is 1024).
 //!
-//! The parent's own weight is the sum of its guests' (at least the default): moving guests
-//! into a group of their own must not shrink what they get all together against the host's
-//! other processes (under cgroup v1 at the root, every process there weighs as much as the
-//! whole group), and a raised guest raises it.
+//! The parent's own weight is the sum of its guests' policy weights (at least the default):
+//! moving guests into groups of their own must not shrink what they get all together against
+//! the host's other processes (under cgroup v1 at the root, every process there weighs as
+//! much as the whole group). The feedback loop's raises do not raise it: they move CPU from
+//! the other guests to the one behind its frame rate, never from the host's processes, the
+//! daemon among them, whose threads do the guests' device work (a CPU-emulated GPU).
 //!
 //! When the guest leaves, its process (if still alive) goes back to the cgroup it came from
 //! and the group is removed; the daemon's exit removes `NAME` too. Anything that cannot be
@@ -118,6 +120,8 @@ struct Member {
     /// The cgroup the process was in before.
     origin: PathBuf,
     weight: u64,
+    /// Its weight from the policy share it connected with.
+    base: u64,
 }
 
 /// The per-guest CPU cgroups under one parent.
@@ -320,15 +324,16 @@ impl CpuCgroups {
                 pid,
                 origin,
                 weight,
+                base: weight,
             },
         );
         self.sync_parent(&members);
         Ok(())
     }
 
-    /// The parent's weight: its guests' together.
+    /// The parent's weight: its guests' policy weights together.
     fn sync_parent(&self, members: &HashMap<u64, Member>) {
-        let sum: u64 = members.values().map(|m| m.weight).sum();
+        let sum: u64 = members.values().map(|m| m.base).sum();
         let default = self.version.weight_of(DEFAULT_CPU_SHARE);
         let max = self.version.weight_of(u32::MAX);
         let w = sum.clamp(default, max);
@@ -357,7 +362,6 @@ impl CpuCgroups {
             .write(&m.dir.join(self.version.file()), &weight.to_string())
             .map_err(|e| config(format!("guest {guest}: cannot set its weight: {e}")))?;
         m.weight = weight;
-        self.sync_parent(&members);
         Ok(())
     }
 

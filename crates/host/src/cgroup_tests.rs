@@ -113,11 +113,10 @@ fn v1_guest_is_placed_steered_and_put_back() {
     );
     cg.set_share(7, 50).unwrap();
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "512");
-    assert_eq!(
-        f.read("sys/cpu/virtsoc/cpu.shares"),
-        "1024",
-        "never under the default"
-    );
+    // The feedback loop moves CPU between guests, not from the host: the parent stays.
+    cg.set_share(7, 1000).unwrap();
+    assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "10240");
+    assert_eq!(f.read("sys/cpu/virtsoc/cpu.shares"), "3072");
     // A guest without a group: nothing to steer, no error.
     cg.set_share(8, 500).unwrap();
     cg.detach(7).unwrap();
@@ -191,11 +190,16 @@ fn the_daemon_and_shared_processes_are_never_moved() {
     let e = cg.attach(1, 100, 100).unwrap_err().to_string();
     assert!(e.contains("daemon's own process"), "{e}");
     assert!(!f.has("sys/cpu/virtsoc/guest-1"));
-    cg.attach(2, 200, 100).unwrap();
+    cg.attach(2, 200, 50).unwrap();
+    assert_eq!(
+        f.read("sys/cpu/virtsoc/cpu.shares"),
+        "1024",
+        "never under the default"
+    );
     let e = cg.attach(3, 200, 400).unwrap_err().to_string();
     assert!(e.contains("shares process 200"), "{e}");
     assert!(!f.has("sys/cpu/virtsoc/guest-3"));
-    assert_eq!(f.read("sys/cpu/virtsoc/guest-2/cpu.shares"), "1024");
+    assert_eq!(f.read("sys/cpu/virtsoc/guest-2/cpu.shares"), "512");
     // A process whose cgroup cannot be read is refused before anything is created.
     assert!(cg.attach(4, 999, 100).is_err());
     assert!(!f.has("sys/cpu/virtsoc/guest-4"));
