@@ -2,22 +2,28 @@
 //!
 //! (a) **Fairness.** For each scheduler (`virtsocd --scheduler`), a daemon of its own serves
 //! 2, 4 and 8 guests with equal shares. Each guest is a thread of this process with its own
-//! connection (its own session, rings and window) looping GPU compositions, one in flight,
-//! of a size that differs from guest to guest (320x180, 960x540, 1280x720 in turn), so the
-//! per-command cost differs several-fold. Every second the bench reads each guest's GPU device
-//! time from the daemon's control API (the worker's accounting, as AvA reads its API
-//! server's): the window's unfairness is `max over guests |share - ideal| / ideal`, reported as
-//! the median and p95 over the windows. Throughput is the work done, each command counted as
-//! `1 / (commands per second of its size alone)`, per second: `overhead_pct` is how much less
-//! than one (the device as busy as with one guest alone) that is. One closed-loop guest leaves
-//! the device idle during its round trips, so several guests can beat it (a negative
-//! overhead); `overhead_vs_round_robin_pct` compares with round robin and as many guests.
+//! connection (its own session, rings and window) keeping three GPU compositions queued
+//! (continuously backlogged), of a size that differs from guest to guest (`--gpu-sizes`,
+//! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. After
+//! a 0.5 s settle, every second the bench reads each guest's GPU device time from the
+//! daemon's control API (the worker's continuous accounting, the command in service counted
+//! up to the reading, as AvA reads its API server's): the window's unfairness is `max over
+//! guests |share - ideal| / ideal`, reported as the median and p95 over the windows (each
+//! window's device times are in the JSON, `window_ms`). Overhead: before each round, each
+//! size runs alone on the same daemon (its commands per second); the round's commands would
+//! have taken `sum(commands / rate alone)` seconds alone, and `overhead_pct` is how much
+//! longer they took together, the median over `--repeats` rounds (the range says how noisy);
+//! `overhead_vs_round_robin_pct` compares with round robin and as many guests.
 //!
 //! (b) **Multimedia.** A video guest composes a 1280x720 frame on the GPU and presents it on
 //! the display 30 times a second, against 1, 2 and 4 hog guests looping 1920x1080
-//! compositions (each guest one in flight); its presented rate (the display's count) as a percentage of its desired 30
-//! fps, with round robin and with the `feedback` scheduler (the video guest's policy class is
-//! `multimedia`: the DFR loop raises its share and boosts it while it is behind).
+//! compositions (each guest one in flight), and against 1, 2 and 4 CPU spinners (processes of
+//! their own; the video guest then also makes each frame on the CPU); its presented rate (the
+//! display's count) as a percentage of its desired 30 fps, with round robin (and alone, 0
+//! hogs, for what the machine gives it at the time) and with the `feedback` scheduler (the
+//! video guest's policy class is `multimedia`: the DFR loop raises its share and boosts it
+//! while it is behind), against the spinners also with the feedback loop steering CPU
+//! weights (`virtsocd --cpu-cgroup`).
 //!
 //! (c) **Together vs alone** (the Android-on-KVM paper's Table 3 analog): app guests that each
 //! compose and present a 1280x720 frame 30 times a second, one alone and two together; the
@@ -336,7 +342,9 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
         (HogKind::Cpu, Kind::Feedback, true),
     ];
     for (hog, kind, cpu_weight) in runs {
-        for &hogs in &p.hogs {
+        // Round robin also runs the video alone (0 hogs): what the machine gives it now.
+        let alone = (kind == Kind::RoundRobin && !p.hogs.is_empty()).then_some(0);
+        for hogs in alone.into_iter().chain(p.hogs.iter().copied()) {
             let r = MultimediaRun {
                 kind,
                 hog,
@@ -469,6 +477,7 @@ fn fairness_of(
     Ok(sizes
         .iter()
         .zip(alone_rates)
+        .filter(|(_, rates)| !rates.is_empty())
         .map(|((w, h), rates)| AloneRow {
             device: work.device().to_string(),
             scheduler: kind.name().to_string(),
