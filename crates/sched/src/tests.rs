@@ -261,10 +261,12 @@ fn feedback_boost_serves_the_boosted_guest_first_and_limits_the_others() {
     assert_eq!(f.pick(&[1, 2, 3], &[], 50 * MS), Pick::Serve(1));
     // While it is boosted, the others have one command running at most.
     assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Wait);
+    // ...and a boosted guest is served whatever runs.
+    assert_eq!(f.pick(&[1, 3], &[2], 51 * MS), Pick::Serve(1));
     f.set_boost(1, false);
-    assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Serve(3));
-    // Two commands on the device (`max_running`): the next choice waits for an answer.
-    assert_eq!(f.pick(&[3], &[1, 2], 51 * MS), Pick::Wait);
+    assert_eq!(f.pick(&[3], &[], 51 * MS), Pick::Serve(3));
+    // A command on the device (`max_running`): the next choice waits for its answer.
+    assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Wait);
     // Plain WFQ ignores boosts.
     let mut w = Kind::Wfq.build();
     w.set_boost(2, true);

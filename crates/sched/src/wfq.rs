@@ -22,9 +22,11 @@
 //!   than `credit` of its own device time behind `V` (5 ms). A guest coming back with a
 //!   bank would take the device from the others in the next accounting window, making that
 //!   window unfair too; AvA's 500 ms window is the other extreme.
-//! - An asynchronous device (the GPU) has at most `max_running` commands (2) at once: the
-//!   next choice waits for an answer, so it is made on the accounts of the commands done,
-//!   not a whole queue ahead of the device.
+//! - An asynchronous device (the GPU) has at most `max_running` commands (1) of the
+//!   scheduled guests at once: the next choice waits for an answer, so it is made on the
+//!   accounts of the commands done, not a whole queue ahead of the device (with 2, each
+//!   choice was a command stale and 8 guests' windows were about twice as unfair on
+//!   lavapipe). A boosted guest is not held by it.
 //! - A device with asynchronous commands (several guests' work queued on it at once) would
 //!   serve whoever is ready while an expensive command runs: a ready guest more than `slack`
 //!   of its own device time ahead of a guest whose command is still running waits for that
@@ -71,7 +73,7 @@ impl Default for WfqConfig {
             slack: 2 * MS,
             cost_weight: 0.5,
             anticipate: 2 * MS,
-            max_running: 2,
+            max_running: 1,
         }
     }
 }
@@ -227,13 +229,6 @@ impl Scheduler for Wfq {
         if ready.is_empty() {
             return Pick::Wait;
         }
-        if busy.len() >= self.cfg.max_running.max(1) {
-            // A command is answered before the device runs dry: choose then.
-            for g in busy {
-                self.seen.insert(*g, now);
-            }
-            return Pick::Wait;
-        }
         let horizon = now.saturating_sub(self.cfg.anticipate);
         // A boosted guest with work again after a pause: a frame starts.
         for g in ready.iter().filter(|g| self.boosted.contains(g)) {
@@ -297,6 +292,10 @@ impl Scheduler for Wfq {
             if busy.iter().any(|g| !self.boosted.contains(g)) {
                 return Pick::Wait;
             }
+        }
+        if busy.len() >= self.cfg.max_running.max(1) {
+            // The next choice waits for an answer, made then on fresh accounts.
+            return Pick::Wait;
         }
         // The guests behind: running, or between two commands.
         let share = self.flows.get(&cand).map_or(1.0, |f| f.share);
