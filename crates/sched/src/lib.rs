@@ -88,6 +88,9 @@ pub trait Scheduler: Send {
     /// Boosts `guest` (a multimedia guest behind its desired frame rate) above the others,
     /// or ends its boost. Schedulers without classes ignore it.
     fn set_boost(&mut self, _guest: GuestId, _on: bool) {}
+    /// How many device commands are on the device now (dispatched, not answered; accesses
+    /// are not counted), told before each [`pick`](Self::pick). Ignored by default.
+    fn commands_running(&mut self, _n: usize) {}
 }
 
 /// The schedulers the daemon offers.

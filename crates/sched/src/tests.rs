@@ -266,7 +266,10 @@ fn feedback_boost_serves_the_boosted_guest_first_and_limits_the_others() {
     f.set_boost(1, false);
     assert_eq!(f.pick(&[3], &[], 51 * MS), Pick::Serve(3));
     // A command on the device (`max_running`): the next choice waits for its answer.
+    f.commands_running(1);
     assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Wait);
+    f.commands_running(0);
+    assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Serve(3));
     // Plain WFQ ignores boosts.
     let mut w = Kind::Wfq.build();
     w.set_boost(2, true);

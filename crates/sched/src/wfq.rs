@@ -19,11 +19,11 @@
 //!   device, and is never behind the smallest `F` of the guests with work (ready or running).
 //!   A new guest starts at `V`, so it neither starves the others nor is starved.
 //! - A guest that had no work (or could not keep up) banks little: its `F` is never more
-//!   than `credit` of its own device time behind `V` (5 ms). A guest coming back with a
+//!   than `credit` of its own device time behind `V` (50 ms). A guest coming back with a
 //!   bank would take the device from the others in the next accounting window, making that
 //!   window unfair too; AvA's 500 ms window is the other extreme.
-//! - An asynchronous device (the GPU) has at most `max_running` commands (1) of the
-//!   scheduled guests at once: the next choice waits for an answer, so it is made on the
+//! - An asynchronous device (the GPU) has at most `max_running` device commands (1; accesses,
+//!   which the worker runs itself, are not counted) at once: the next choice waits for an answer, so it is made on the
 //!   accounts of the commands done, not a whole queue ahead of the device (with 2, each
 //!   choice was a command stale and 8 guests' windows were about twice as unfair on
 //!   lavapipe). A boosted guest is not held by it.
@@ -69,7 +69,7 @@ pub struct WfqConfig {
 impl Default for WfqConfig {
     fn default() -> Self {
         WfqConfig {
-            credit: 10 * MS,
+            credit: 50 * MS,
             slack: 2 * MS,
             cost_weight: 0.5,
             anticipate: 2 * MS,
@@ -103,6 +103,8 @@ pub struct Wfq {
     /// When each boosted guest's last burst of work started, and its average period.
     frames: HashMap<GuestId, (Nanos, f64)>,
     feedback: bool,
+    /// Device commands on the device now ([`Scheduler::commands_running`]).
+    commands: usize,
 }
 
 impl Wfq {
@@ -117,6 +119,7 @@ impl Wfq {
             boosted: HashSet::new(),
             frames: HashMap::new(),
             feedback: false,
+            commands: 0,
         }
     }
 
@@ -209,6 +212,10 @@ impl Scheduler for Wfq {
         }
     }
 
+    fn commands_running(&mut self, n: usize) {
+        self.commands = n;
+    }
+
     fn set_share(&mut self, guest: GuestId, share: u32) {
         let share = share.max(1);
         self.shares.insert(guest, share);
@@ -293,7 +300,7 @@ impl Scheduler for Wfq {
                 return Pick::Wait;
             }
         }
-        if busy.len() >= self.cfg.max_running.max(1) {
+        if self.commands >= self.cfg.max_running.max(1) {
             // The next choice waits for an answer, made then on fresh accounts.
             return Pick::Wait;
         }

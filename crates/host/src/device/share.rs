@@ -224,6 +224,15 @@ impl Accounting {
         b.usage.entry(guest).or_default().denied += 1;
     }
 
+    /// Device commands dispatched and not answered yet.
+    pub fn commands_running(&self) -> usize {
+        self.book
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .running
+            .len()
+    }
+
     /// Every guest's use of the device so far, the command in service counted up to now.
     pub fn usage(&self) -> HashMap<GuestId, Usage> {
         let now = self.now();
@@ -325,7 +334,11 @@ impl Arbiter {
         let pick = if eligible.is_empty() {
             Pick::Wait
         } else {
-            acct.with_sched(|s| s.pick(&eligible, busy, now))
+            let commands = acct.commands_running();
+            acct.with_sched(|s| {
+                s.commands_running(commands);
+                s.pick(&eligible, busy, now)
+            })
         };
         match pick {
             Pick::Serve(g) => {
