@@ -608,3 +608,34 @@ pub(super) fn open_guest(
         },
     )?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unfairness_is_the_worst_guests_relative_gap() {
+        assert_eq!(unfairness(&[0, 0]), None);
+        assert_eq!(unfairness(&[500, 500]), Some(0.0));
+        // Shares 0.6 and 0.4 against 0.5: 20% off.
+        let u = unfairness(&[600, 400]).unwrap();
+        assert!((u - 0.2).abs() < 1e-12, "{u}");
+    }
+
+    #[test]
+    fn gpu_sizes_parse_and_bad_ones_are_refused() {
+        let v: Vec<String> = ["320x180", "640x360", "960x540"].map(String::from).to_vec();
+        assert_eq!(
+            parse_sizes(&v).unwrap(),
+            [(320, 180), (640, 360), (960, 540)]
+        );
+        for bad in [
+            vec!["320x180"],
+            vec!["0x1", "1x1", "1x1"],
+            vec!["a", "b", "c"],
+        ] {
+            let v: Vec<String> = bad.into_iter().map(String::from).collect();
+            assert!(parse_sizes(&v).is_err(), "{v:?}");
+        }
+    }
+}
