@@ -61,6 +61,15 @@ pub(crate) enum Cmd {
         #[arg(long)]
         save: Option<PathBuf>,
     },
+    /// A guest that only burns CPU until killed (`bench sharing`'s CPU hogs, run as processes
+    /// of their own so the daemon can weigh them).
+    #[command(hide = true)]
+    CpuHog {
+        #[arg(long)]
+        socket: String,
+        #[arg(long)]
+        name: String,
+    },
     /// Draws charts (PNG and SVG) from `virtsoc run --json` results.
     Report {
         results: PathBuf,
@@ -186,6 +195,17 @@ pub(crate) enum BenchCmd {
         /// Skip the fairness part on the codec.
         #[arg(long)]
         no_codec: bool,
+        /// Rounds of (each size alone, the guests together) per GPU guest count: the
+        /// overhead is their median.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// The GPU fairness guests' three composition sizes (WxH,WxH,WxH).
+        #[arg(long, value_delimiter = ',', default_value = "320x180,640x360,960x540")]
+        gpu_sizes: Vec<String>,
+        /// Where to write the chart (SVG): unfairness per scheduler and guest count, the
+        /// video guest's % of DFR against the hogs.
+        #[arg(long, default_value = "sharing.svg")]
+        chart: PathBuf,
         #[arg(long)]
         json: bool,
     },

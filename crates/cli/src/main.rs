@@ -125,6 +125,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             std::time::Duration::from_millis(interval_ms),
             count,
         )?,
+        Cmd::CpuHog { socket, name } => bench_sharing::cpu_hog(&socket, &name)?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Watch(args) => watch::run(&args)?,
         Cmd::Bench {
@@ -198,10 +199,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     hogs,
                     no_together,
                     no_codec,
+                    repeats,
+                    gpu_sizes,
+                    chart,
                     json,
                 },
         } => {
             let r = bench_sharing::run(&bench_sharing::SharingParams {
+                gpu_sizes: bench_sharing::parse_sizes(&gpu_sizes)?,
+                repeats: repeats.max(1),
                 codec: !no_codec,
                 together: !no_together,
                 hogs: hogs.into_iter().filter(|n| *n > 0).collect(),
@@ -209,10 +215,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 guests: guests.into_iter().filter(|n| *n > 0).collect(),
                 schedulers: scheduler,
             })?;
+            bench_sharing::write_chart(&r, &chart)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 bench_sharing::print_table(&r);
+                println!("chart: {}", chart.display());
             }
         }
         Cmd::Bench {

@@ -13,7 +13,7 @@ use crate::CliError;
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
-fn register_font() -> Result<(), CliError> {
+pub(crate) fn register_font() -> Result<(), CliError> {
     let bytes = std::fs::read(FONT)
         .map_err(|e| CliError::Usage(format!("cannot read {FONT} (fonts-dejavu-core): {e}")))?;
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -21,7 +21,7 @@ fn register_font() -> Result<(), CliError> {
         .map_err(|_| CliError::Usage("cannot load the chart font".into()))
 }
 
-fn err<E: std::fmt::Display>(e: E) -> CliError {
+pub(crate) fn err<E: std::fmt::Display>(e: E) -> CliError {
     CliError::Usage(format!("chart: {e}"))
 }
 
@@ -52,7 +52,8 @@ fn label(r: &ScenarioResult) -> String {
     format!("{}/{}", r.protocol, r.ordering)
 }
 
-/// A grouped bar chart: one group per scenario, one bar per protocol/ordering.
+/// A grouped bar chart of scenario results: one group per scenario, one bar per
+/// protocol/ordering.
 fn bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     rs: &[ScenarioResult],
@@ -63,53 +64,83 @@ fn bars<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    area.fill(&WHITE).map_err(err)?;
-    let mut scenarios: Vec<&str> = rs.iter().map(|r| r.scenario.as_str()).collect();
+    let mut scenarios: Vec<String> = rs.iter().map(|r| r.scenario.clone()).collect();
     scenarios.dedup();
     let mut combos: Vec<String> = rs.iter().map(label).collect();
     combos.sort();
     combos.dedup();
-    let n = combos.len().max(1) as f64;
-    let ymax = rs.iter().map(&value).fold(0.0f64, f64::max).max(1e-9) * 1.15;
+    let series: Vec<(String, Vec<Option<f64>>)> = combos
+        .into_iter()
+        .map(|combo| {
+            let values = scenarios
+                .iter()
+                .map(|sc| {
+                    rs.iter()
+                        .find(|r| &r.scenario == sc && label(r) == combo)
+                        .map(&value)
+                })
+                .collect();
+            (combo, values)
+        })
+        .collect();
+    grouped_bars(area, title, y_label, &scenarios, &series)
+}
+
+/// A grouped bar chart: one group per entry of `groups`, one bar per series (its name and
+/// its value in each group, `None` for no bar), with a legend.
+pub(crate) fn grouped_bars<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    y_label: &str,
+    groups: &[String],
+    series: &[(String, Vec<Option<f64>>)],
+) -> Result<(), CliError>
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE).map_err(err)?;
+    let n = series.len().max(1) as f64;
+    let ymax = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().copied())
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.15;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 22))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(-0.5f64..scenarios.len() as f64 - 0.5, 0f64..ymax)
+        .build_cartesian_2d(-0.5f64..groups.len() as f64 - 0.5, 0f64..ymax)
         .map_err(err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(scenarios.len() + 1)
+        .x_labels(groups.len() + 1)
         .x_label_formatter(&|x| {
             if (x - x.round()).abs() > 1e-6 || *x < 0.0 {
                 return String::new();
             }
-            scenarios
-                .get(x.round() as usize)
-                .map(|s| s.to_string())
-                .unwrap_or_default()
+            groups.get(x.round() as usize).cloned().unwrap_or_default()
         })
         .y_desc(y_label)
         .draw()
         .map_err(err)?;
-    for (ci, combo) in combos.iter().enumerate() {
+    for (ci, (name, values)) in series.iter().enumerate() {
         let color = Palette99::pick(ci).to_rgba();
-        let rects: Vec<_> = rs
+        let rects: Vec<_> = values
             .iter()
-            .filter(|r| &label(r) == combo)
-            .filter_map(|r| {
-                let si = scenarios.iter().position(|s| *s == r.scenario)? as f64;
-                let x0 = si - 0.4 + 0.8 * ci as f64 / n;
+            .enumerate()
+            .filter_map(|(gi, v)| {
+                let x0 = gi as f64 - 0.4 + 0.8 * ci as f64 / n;
                 let x1 = x0 + 0.8 / n;
-                Some(Rectangle::new([(x0, 0.0), (x1, value(r))], color.filled()))
+                Some(Rectangle::new([(x0, 0.0), (x1, (*v)?)], color.filled()))
             })
             .collect();
         chart
             .draw_series(rects)
             .map_err(err)?
-            .label(combo.clone())
+            .label(name.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
     }
     chart

@@ -7,8 +7,10 @@
 //! - [`dispatch`]: decoding and validating requests;
 //! - [`fences`]: the guest-visible virtual fence page;
 //! - [`device`]: the device trait, device workers, and the devices themselves;
+//! - [`cgroup`]: guests' CPU weight through cgroups;
 //! - [`snapshot`]: saving and restoring guest sessions (snapshots, restarts, migration).
 
+pub mod cgroup;
 pub mod clock;
 pub mod control;
 pub mod daemon;

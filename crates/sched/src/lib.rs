@@ -60,9 +60,9 @@ pub enum Pick {
 }
 
 /// A device's scheduling policy. The device worker calls [`pick`](Self::pick) with the guests
-/// that have a command ready, [`dispatched`](Self::dispatched) when it starts one and
-/// [`completed`](Self::completed) with the command's measured device time when its reply is
-/// sent.
+/// that have a command ready, [`dispatched`](Self::dispatched) when it starts a device command
+/// and [`completed`](Self::completed) with the command's measured device time when its reply
+/// is sent; an access (begin/end_access) is reported once done, by [`access`](Self::access).
 pub trait Scheduler: Send {
     /// The name the daemon's `--scheduler` flag uses.
     fn name(&self) -> &'static str;
@@ -77,9 +77,20 @@ pub trait Scheduler: Send {
     fn dispatched(&mut self, guest: GuestId, now: Nanos);
     /// A command of `guest` finished after `device_ns` of device time.
     fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos);
+    /// An access of `guest` (begin/end_access, not a device command: run by the worker, never
+    /// overlapping the guest's other requests on the device) took `device_ns`. Charged when
+    /// it is done, and kept out of the guest's usual command cost. By default a command
+    /// dispatched and completed at once.
+    fn access(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos) {
+        self.dispatched(guest, now);
+        self.completed(guest, device_ns, now);
+    }
     /// Boosts `guest` (a multimedia guest behind its desired frame rate) above the others,
     /// or ends its boost. Schedulers without classes ignore it.
     fn set_boost(&mut self, _guest: GuestId, _on: bool) {}
+    /// How many device commands are on the device now (dispatched, not answered; accesses
+    /// are not counted), told before each [`pick`](Self::pick). Ignored by default.
+    fn commands_running(&mut self, _n: usize) {}
 }
 
 /// The schedulers the daemon offers.

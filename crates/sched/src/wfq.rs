@@ -5,13 +5,28 @@
 //! `t / share`. The device serves the ready guest with the smallest `F`, so over time each
 //! backlogged guest gets device time in proportion to its share, whatever its commands cost.
 //! A command's cost is known only when it completes (the GPU answers at GPU completion): at
-//! dispatch the guest is charged its recent average cost, corrected at completion.
+//! dispatch the guest is charged its recent average command cost, corrected at completion.
+//! Accesses (begin/end_access, microseconds beside a composition) are charged when done and
+//! kept out of that average, which would otherwise swing between an access's cost and a
+//! command's and misjudge every command in flight.
 //!
-//! - The system virtual time `V` is the smallest `F` among the guests with work (ready or
-//!   running), never going back. A new guest starts at `V`, so it neither starves the others
-//!   nor is starved.
-//! - A guest that was idle cannot bank credit forever: its `F` is never more than one
-//!   window (500 ms of device time shared by all) behind `V`.
+//! - The choice is WF2Q+'s: among the guests whose next command would start no later than
+//!   the system virtual time `V` (eligible: not ahead of their fluid share), the one whose
+//!   next command would finish first; if none is eligible, the earliest start. Plain
+//!   start-time fair queueing lets a guest run ahead of its fluid share by several commands;
+//!   this keeps every guest within about one command of it.
+//! - `V` moves with the device time done, divided by the shares of the guests wanting the
+//!   device, and is never behind the smallest `F` of the guests with work (ready or running).
+//!   A new guest starts at `V`, so it neither starves the others nor is starved.
+//! - A guest that had no work (or could not keep up) banks little: its `F` is never more
+//!   than `credit` of its own device time behind `V` (50 ms). A guest coming back with a
+//!   bank would take the device from the others in the next accounting window, making that
+//!   window unfair too; AvA's 500 ms window is the other extreme.
+//! - An asynchronous device (the GPU) has at most `max_running` device commands (1; accesses,
+//!   which the worker runs itself, are not counted) at once: the next choice waits for an answer, so it is made on the
+//!   accounts of the commands done, not a whole queue ahead of the device (with 2, each
+//!   choice was a command stale and 8 guests' windows were about twice as unfair on
+//!   lavapipe). A boosted guest is not held by it.
 //! - A device with asynchronous commands (several guests' work queued on it at once) would
 //!   serve whoever is ready while an expensive command runs: a ready guest more than `slack`
 //!   of its own device time ahead of a guest whose command is still running waits for that
@@ -36,23 +51,29 @@ use crate::{GuestId, Nanos, Pick, Scheduler, DEFAULT_SHARE, MS};
 /// Parameters of [`Wfq`].
 #[derive(Debug, Clone, Copy)]
 pub struct WfqConfig {
-    /// Device time (all guests together) an idle guest may be behind by when it comes back.
-    pub window: Nanos,
+    /// How far (its own device time) a guest may be behind the system's virtual time when
+    /// it has work again.
+    pub credit: Nanos,
     /// How far (its own device time) a ready guest may be ahead of a running one.
     pub slack: Nanos,
     /// Weight of the newest sample in a guest's average command cost (0..=1).
     pub cost_weight: f64,
     /// How long a guest that had work still counts as wanting the device.
     pub anticipate: Nanos,
+    /// Most commands on the device at once (several guests' queued on an asynchronous
+    /// device): enough to keep it busy, few enough that each choice is made on fresh
+    /// accounts, not a queue's length ahead of the device.
+    pub max_running: usize,
 }
 
 impl Default for WfqConfig {
     fn default() -> Self {
         WfqConfig {
-            window: 500 * MS,
+            credit: 50 * MS,
             slack: 2 * MS,
             cost_weight: 0.5,
             anticipate: 2 * MS,
+            max_running: 1,
         }
     }
 }
@@ -82,6 +103,8 @@ pub struct Wfq {
     /// When each boosted guest's last burst of work started, and its average period.
     frames: HashMap<GuestId, (Nanos, f64)>,
     feedback: bool,
+    /// Device commands on the device now ([`Scheduler::commands_running`]).
+    commands: usize,
 }
 
 impl Wfq {
@@ -96,6 +119,7 @@ impl Wfq {
             boosted: HashSet::new(),
             frames: HashMap::new(),
             feedback: false,
+            commands: 0,
         }
     }
 
@@ -117,10 +141,6 @@ impl Wfq {
         self.flows.get(&guest).map(|f| f.finish)
     }
 
-    fn total_share(&self) -> f64 {
-        self.flows.values().map(|f| f.share).sum::<f64>().max(1.0)
-    }
-
     fn flow(&mut self, guest: GuestId) -> &mut Flow {
         let share = f64::from(*self.shares.get(&guest).unwrap_or(&DEFAULT_SHARE));
         let v = self.vtime;
@@ -134,6 +154,19 @@ impl Wfq {
 }
 
 impl Wfq {
+    /// `t` of device time was done: the system's virtual time moves by it, shared by the
+    /// guests wanting the device (WF2Q+'s `V = max(V + W / sum of shares, min start)`; the
+    /// second term is applied in `pick`).
+    fn advance(&mut self, t: f64) {
+        let active: f64 = self
+            .seen
+            .keys()
+            .filter_map(|g| self.flows.get(g).map(|f| f.share))
+            .sum::<f64>()
+            .max(1.0);
+        self.vtime += t / active;
+    }
+
     /// If `cand` (not boosted) would run into a boosted guest's next frame: until when to
     /// hold it.
     fn next_frame_conflict(&self, cand: GuestId, now: Nanos) -> Option<Nanos> {
@@ -179,6 +212,10 @@ impl Scheduler for Wfq {
         }
     }
 
+    fn commands_running(&mut self, n: usize) {
+        self.commands = n;
+    }
+
     fn set_share(&mut self, guest: GuestId, share: u32) {
         let share = share.max(1);
         self.shares.insert(guest, share);
@@ -221,28 +258,35 @@ impl Scheduler for Wfq {
             self.seen.insert(*g, now);
         }
         self.seen.retain(|_, t| *t >= horizon);
-        // No banking beyond one window: a returning guest is at most that far behind.
-        let floor = self.vtime - self.cfg.window as f64 / self.total_share();
+        // Bounded credit: a returning guest is at most that far behind.
+        let (v, credit) = (self.vtime, self.cfg.credit as f64);
         let mut min_active = f64::INFINITY;
         for g in ready.iter().chain(busy) {
             if let Some(f) = self.flows.get_mut(g) {
-                f.finish = f.finish.max(floor);
+                f.finish = f.finish.max(v - credit / f.share);
                 min_active = min_active.min(f.finish);
             }
         }
         if min_active.is_finite() {
             self.vtime = self.vtime.max(min_active);
         }
-        let (cand, cf) = ready
+        // WF2Q+: among the guests not ahead of the system's virtual time (eligible), the one
+        // whose next command would finish first; none eligible: the earliest start.
+        let tags: Vec<(GuestId, f64, f64)> = ready
             .iter()
-            .filter_map(|g| self.flows.get(g).map(|f| (*g, f.finish)))
-            .fold((ready[0], f64::INFINITY), |best, x| {
-                if x.1 < best.1 {
-                    x
-                } else {
-                    best
-                }
-            });
+            .filter_map(|g| {
+                let f = self.flows.get(g)?;
+                Some((*g, f.finish, f.finish + f.cost / f.share))
+            })
+            .collect();
+        let eligible = tags
+            .iter()
+            .filter(|t| t.1 <= self.vtime + 1e-6)
+            .min_by(|a, b| a.2.total_cmp(&b.2));
+        let earliest = tags.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+        let (cand, cf) = eligible
+            .or(earliest)
+            .map_or((ready[0], f64::INFINITY), |t| (t.0, t.1));
         if !self.boosted.is_empty() {
             let boosted = ready
                 .iter()
@@ -255,6 +299,10 @@ impl Scheduler for Wfq {
             if busy.iter().any(|g| !self.boosted.contains(g)) {
                 return Pick::Wait;
             }
+        }
+        if self.commands >= self.cfg.max_running.max(1) {
+            // The next choice waits for an answer, made then on fresh accounts.
+            return Pick::Wait;
         }
         // The guests behind: running, or between two commands.
         let share = self.flows.get(&cand).map_or(1.0, |f| f.share);
@@ -298,17 +346,28 @@ impl Scheduler for Wfq {
 
     fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos) {
         let w = self.cfg.cost_weight.clamp(0.0, 1.0);
+        let t = device_ns as f64;
+        if !self.flows.contains_key(&guest) {
+            return;
+        }
+        self.seen.insert(guest, now);
+        self.advance(t);
         let Some(f) = self.flows.get_mut(&guest) else {
             return;
         };
-        self.seen.insert(guest, now);
         let est = f.pending.pop_front().unwrap_or(0.0);
-        let t = device_ns as f64;
         f.finish += (t - est) / f.share;
         f.cost = if f.cost == 0.0 {
             t
         } else {
             (1.0 - w) * f.cost + w * t
         };
+    }
+
+    fn access(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos) {
+        self.seen.insert(guest, now);
+        self.advance(device_ns as f64);
+        let f = self.flow(guest);
+        f.finish += device_ns as f64 / f.share;
     }
 }

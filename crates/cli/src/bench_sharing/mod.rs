@@ -2,22 +2,28 @@
 //!
 //! (a) **Fairness.** For each scheduler (`virtsocd --scheduler`), a daemon of its own serves
 //! 2, 4 and 8 guests with equal shares. Each guest is a thread of this process with its own
-//! connection (its own session, rings and window) looping GPU compositions, one in flight,
-//! of a size that differs from guest to guest (320x180, 960x540, 1280x720 in turn), so the
-//! per-command cost differs several-fold. Every second the bench reads each guest's GPU device
-//! time from the daemon's control API (the worker's accounting, as AvA reads its API
-//! server's): the window's unfairness is `max over guests |share - ideal| / ideal`, reported as
-//! the median and p95 over the windows. Throughput is the work done, each command counted as
-//! `1 / (commands per second of its size alone)`, per second: `overhead_pct` is how much less
-//! than one (the device as busy as with one guest alone) that is. One closed-loop guest leaves
-//! the device idle during its round trips, so several guests can beat it (a negative
-//! overhead); `overhead_vs_round_robin_pct` compares with round robin and as many guests.
+//! connection (its own session, rings and window) keeping three GPU compositions queued
+//! (continuously backlogged), of a size that differs from guest to guest (`--gpu-sizes`,
+//! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. After
+//! a 0.5 s settle, every second the bench reads each guest's GPU device time from the
+//! daemon's control API (the worker's continuous accounting, the command in service counted
+//! up to the reading, as AvA reads its API server's): the window's unfairness is `max over
+//! guests |share - ideal| / ideal`, reported as the median and p95 over the windows (each
+//! window's device times are in the JSON, `window_ms`). Overhead: before each round, each
+//! size runs alone on the same daemon (its commands per second); the round's commands would
+//! have taken `sum(commands / rate alone)` seconds alone, and `overhead_pct` is how much
+//! longer they took together, the median over `--repeats` rounds (the range says how noisy);
+//! `overhead_vs_round_robin_pct` compares with round robin and as many guests.
 //!
 //! (b) **Multimedia.** A video guest composes a 1280x720 frame on the GPU and presents it on
 //! the display 30 times a second, against 1, 2 and 4 hog guests looping 1920x1080
-//! compositions (each guest one in flight); its presented rate (the display's count) as a percentage of its desired 30
-//! fps, with round robin and with the `feedback` scheduler (the video guest's policy class is
-//! `multimedia`: the DFR loop raises its share and boosts it while it is behind).
+//! compositions (each guest one in flight), and against 1, 2 and 4 CPU spinners (processes of
+//! their own; the video guest then also makes each frame on the CPU); its presented rate (the
+//! display's count) as a percentage of its desired 30 fps, with round robin (and alone, 0
+//! hogs, for what the machine gives it at the time) and with the `feedback` scheduler (the
+//! video guest's policy class is `multimedia`: the DFR loop raises its share and boosts it
+//! while it is behind), against the spinners also with the feedback loop steering CPU
+//! weights (`virtsocd --cpu-cgroup`).
 //!
 //! (c) **Together vs alone** (the Android-on-KVM paper's Table 3 analog): app guests that each
 //! compose and present a 1280x720 frame 30 times a second, one alone and two together; the
@@ -31,29 +37,32 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use virtsoc_control::client::{control_path, request, Target};
 use virtsoc_control::GuestInfo;
-use virtsoc_guest::devices as api;
-use virtsoc_guest::{ConnectOptions, Connection, Format};
+use virtsoc_guest::{ConnectOptions, Connection};
 use virtsoc_sched::Kind;
 
-use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
-use crate::scenario::full_layer;
-use crate::scenario::pipe::Pipe;
 use crate::stats::percentile;
 use crate::CliError;
 
-/// The composition sizes guests cycle through.
-const SIZES: [(u32, u32); 3] = [(320, 180), (960, 540), (1280, 720)];
-
+mod chart;
 mod codec;
+mod gpu;
 mod multimedia;
-use multimedia::{run_apps, run_multimedia};
+pub use chart::write as write_chart;
+pub use multimedia::{cpu_hog, HogKind};
+use multimedia::{run_apps, run_multimedia, MultimediaRun};
 
 /// The device the fairness part loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Work {
-    /// GPU compositions of [`SIZES`].
-    Gpu,
+    /// GPU compositions of these sizes (`--gpu-sizes`; by default 320x180, 640x360 and
+    /// 960x540, about 1, 2.5 and 5.5 ms each on lavapipe in a release build: one command is
+    /// small against a guest's ideal device time in a 1 s window even with 8 guests, 125 ms.
+    /// A command cannot be preempted, so a guest running one of cost `c` is ahead of its
+    /// fluid share by up to `c` at a window's edge whatever the scheduler: with 1280x720, 10
+    /// ms, no scheduler gets 8 guests under about 3%, see `virtsoc_sched`'s eight-guest
+    /// test).
+    Gpu([(u32, u32); 3]),
     /// H.264 decodes of 360p, 720p and 1080p clips.
     Codec,
 }
@@ -61,14 +70,14 @@ enum Work {
 impl Work {
     fn device(self) -> &'static str {
         match self {
-            Work::Gpu => "gpu",
+            Work::Gpu(_) => "gpu",
             Work::Codec => "codec",
         }
     }
 
     fn sizes(self) -> [(u32, u32); 3] {
         match self {
-            Work::Gpu => SIZES,
+            Work::Gpu(sizes) => sizes,
             Work::Codec => [(640, 360), (1280, 720), (1920, 1080)],
         }
     }
@@ -84,7 +93,7 @@ impl Work {
         done: &AtomicU64,
     ) -> Result<(), CliError> {
         match self {
-            Work::Gpu => guest(target, name, size, warm, stop, done),
+            Work::Gpu(_) => gpu::guest(target, name, size, gpu::BACKLOG, warm, stop, done),
             Work::Codec => codec::guest(target, name, size, warm, stop, done),
         }
     }
@@ -102,6 +111,10 @@ pub struct SharingParams {
     pub together: bool,
     /// Run the fairness part on the codec too.
     pub codec: bool,
+    /// Rounds of (alone, together) per guest count on the GPU (the codec runs one).
+    pub repeats: usize,
+    /// The GPU guests' composition sizes (guest `i` has size `i % 3`).
+    pub gpu_sizes: [(u32, u32); 3],
 }
 
 /// One size alone on the device, measured just before a scheduler's fairness runs (the
@@ -122,9 +135,11 @@ pub struct FairnessRow {
     /// Median over 1 s windows of max |share - ideal| / ideal (a fraction).
     pub unfairness_median: f64,
     pub unfairness_p95: f64,
-    /// Throughput lost against one guest alone, percent (negative: the guests together keep
-    /// the device busier than one closed-loop guest can).
+    /// Throughput lost against one guest alone, percent: the same commands done by each
+    /// size alone would have taken that much less time (median over the rounds).
     pub overhead_pct: f64,
+    /// The lowest and highest overhead of the rounds (how noisy it is).
+    pub overhead_range_pct: (f64, f64),
     /// Throughput lost against round robin with as many guests, percent (when measured).
     pub overhead_vs_round_robin_pct: Option<f64>,
     /// Work per second in units of "one guest alone" (the throughput behind both overheads).
@@ -132,6 +147,11 @@ pub struct FairnessRow {
     /// Each guest's fraction of the GPU time, whole run.
     pub shares: Vec<f64>,
     pub windows: usize,
+    /// Each window's device time per guest, in milliseconds (what the unfairness is computed
+    /// from).
+    pub window_ms: Vec<Vec<f64>>,
+    /// `gpu` or `codec`.
+    pub device: String,
 }
 
 /// One multimedia configuration.
@@ -139,6 +159,12 @@ pub struct FairnessRow {
 pub struct MultimediaRow {
     pub scheduler: String,
     pub hogs: usize,
+    /// `gpu` (composition loops) or `cpu` (spinning processes).
+    pub hog_kind: HogKind,
+    /// Whether the daemon steered CPU weights (`--cpu-cgroup`).
+    pub cpu_weight: bool,
+    /// The video guest's CPU weight at the end of the run (`cpu.weight` or `cpu.shares`).
+    pub video_cpu_weight: Option<u64>,
     /// Presented frames per second as a percentage of the desired 30.
     pub dfr_pct: f64,
     pub presented_fps: f64,
@@ -178,60 +204,6 @@ const HOG_SIZE: (u32, u32) = (1920, 1080);
 /// The video guest's desired frame rate.
 const VIDEO_FPS: f64 = 30.0;
 
-/// What one guest thread does until `stop`: compositions of `size`, one at a time.
-fn guest(
-    target: &str,
-    name: &str,
-    (w, h): (u32, u32),
-    warm: &Barrier,
-    stop: &AtomicBool,
-    done: &AtomicU64,
-) -> Result<(), CliError> {
-    let setup = || -> Result<_, CliError> {
-        let conn = open_guest(target, name, w as u64 * h as u64 * 4 * 3 + (16 << 20))?;
-        let src = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
-        let dst = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
-        let layers = conn.alloc_blob(api::LAYER_RECORD as u64)?.id;
-        Ok((conn, src, dst, layers))
-    };
-    let r = setup();
-    let (conn, src, dst, layers) = match r {
-        Ok(x) => x,
-        Err(e) => {
-            warm.wait();
-            return Err(e);
-        }
-    };
-    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
-    let one = |p: &mut Pipe| -> Result<(), CliError> {
-        let t = p.run_with(
-            &api::gpu::Composite {
-                layers,
-                count: 1,
-                dst,
-            },
-            &[src],
-        )?;
-        p.result(t)?;
-        Ok(())
-    };
-    let warmed = (|| -> Result<(), CliError> {
-        p.cpu_write(src, &vec![0x80u8; (w * h * 4) as usize])?;
-        p.cpu_write(layers, &full_layer(src, w, h, false).to_bytes())?;
-        for _ in 0..3 {
-            one(&mut p)?;
-        }
-        Ok(())
-    })();
-    warm.wait();
-    warmed?;
-    while !stop.load(Ordering::Relaxed) {
-        one(&mut p)?;
-        done.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(())
-}
-
 /// Device time on `device` of each guest named `share-*`, by name.
 fn device_time(control: &Target, device: &str) -> Result<BTreeMap<String, u64>, CliError> {
     let r = request(control, "GET", "/guests", b"")?;
@@ -246,40 +218,49 @@ fn device_time(control: &Target, device: &str) -> Result<BTreeMap<String, u64>, 
         .collect())
 }
 
-/// One run: `n` guests against a fresh daemon with `kind`; per-window GPU time per guest and
-/// each guest's completed commands.
+/// How long the guests run together before the first window: their queues fill and the
+/// scheduler has seen each of them (a start-up transient, not sharing).
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// Seconds each size runs alone in a round.
+const ALONE_SECS: f64 = 1.0;
+
+/// One run: `n` guests named `share-{round}-{i}` on the daemon at `target`; per-window device
+/// time per guest (each window's device time is what the daemon's continuous accounting
+/// counted in it, the command in service included up to the sample), each guest's completed
+/// commands and the seconds they took.
 #[allow(clippy::type_complexity)]
 fn run_guests(
     work: Work,
-    kind: Kind,
+    target: &str,
+    control: &Target,
+    round: usize,
     n: usize,
     seconds: u64,
 ) -> Result<(Vec<Vec<u64>>, Vec<u64>, f64), CliError> {
-    let d = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
-    let target = d.endpoint().target;
-    let control = Target::Unix(control_path(std::path::Path::new(&target)));
     let warm = Barrier::new(n + 1);
     let stop = AtomicBool::new(false);
     let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    let names: Vec<String> = (0..n).map(|i| format!("share-{i}")).collect();
-    let result = std::thread::scope(|s| {
+    let names: Vec<String> = (0..n).map(|i| format!("share-{round}-{i}")).collect();
+    std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
-                let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
+                let (name, warm, stop, done) = (&names[i], &warm, &stop, &done[i]);
                 let size = work.sizes()[i % 3];
-                s.spawn(move || work.guest(t, name, size, warm, stop, done))
+                s.spawn(move || work.guest(target, name, size, warm, stop, done))
             })
             .collect();
         warm.wait();
         let measured = (|| -> Result<_, CliError> {
+            std::thread::sleep(SETTLE);
             let mut windows = Vec::new();
-            let mut last = device_time(&control, work.device())?;
+            let mut last = device_time(control, work.device())?;
             let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
             let t0 = Instant::now();
             for k in 1..=seconds {
                 let next = t0 + Duration::from_secs(k);
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                let now = device_time(&control, work.device())?;
+                let now = device_time(control, work.device())?;
                 windows.push(
                     names
                         .iter()
@@ -306,9 +287,24 @@ fn run_guests(
             }
         }
         measured
-    });
-    d.stop()?;
-    result
+    })
+}
+
+/// Three `WxH` sizes.
+pub fn parse_sizes(v: &[String]) -> Result<[(u32, u32); 3], CliError> {
+    let bad = || CliError::Usage(format!("--gpu-sizes wants three WxH sizes, not {v:?}"));
+    let sizes: Vec<(u32, u32)> = v
+        .iter()
+        .map(|s| {
+            let (w, h) = s.split_once('x').ok_or_else(bad)?;
+            let (w, h) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+            if w == 0 || h == 0 || w > 4096 || h > 4096 {
+                return Err(bad());
+            }
+            Ok((w, h))
+        })
+        .collect::<Result<_, _>>()?;
+    sizes.try_into().map_err(|_| bad())
 }
 
 /// max over guests |share - ideal| / ideal of one window (equal shares).
@@ -329,16 +325,33 @@ fn unfairness(window: &[u64]) -> Option<f64> {
 /// Runs the benchmark.
 pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
     let mut alone = Vec::new();
-    let fairness = fairness_on(Work::Gpu, p, &mut alone)?;
+    let fairness = fairness_on(Work::Gpu(p.gpu_sizes), p, p.repeats, &mut alone)?;
     let fairness_codec = if p.codec {
-        fairness_on(Work::Codec, p, &mut alone)?
+        fairness_on(Work::Codec, p, 1, &mut alone)?
     } else {
         Vec::new()
     };
     let mut multimedia = Vec::new();
-    for kind in [Kind::RoundRobin, Kind::Feedback] {
-        for &h in &p.hogs {
-            multimedia.push(run_multimedia(kind, h, p.seconds)?);
+    // GPU hogs: round robin and feedback; CPU spinners: round robin, feedback on device
+    // shares alone, and feedback steering CPU weights too.
+    let runs = [
+        (HogKind::Gpu, Kind::RoundRobin, false),
+        (HogKind::Gpu, Kind::Feedback, false),
+        (HogKind::Cpu, Kind::RoundRobin, false),
+        (HogKind::Cpu, Kind::Feedback, false),
+        (HogKind::Cpu, Kind::Feedback, true),
+    ];
+    for (hog, kind, cpu_weight) in runs {
+        // Round robin also runs the video alone (0 hogs): what the machine gives it now.
+        let alone = (kind == Kind::RoundRobin && !p.hogs.is_empty()).then_some(0);
+        for hogs in alone.into_iter().chain(p.hogs.iter().copied()) {
+            let r = MultimediaRun {
+                kind,
+                hog,
+                hogs,
+                cpu_weight,
+            };
+            multimedia.push(run_multimedia(r, p.seconds)?);
         }
     }
     let mut together = Vec::new();
@@ -366,78 +379,135 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
     })
 }
 
-/// Part (a) on one device: every scheduler with every guest count.
+/// Part (a) on one device: every scheduler with every guest count. Each scheduler gets one
+/// daemon; each guest count `repeats` rounds of (every size alone, then the guests
+/// together), so the alone rates an overhead is computed against were measured just before
+/// it, on the same daemon, under the same load. The overhead is the median over the rounds;
+/// the windows of all rounds make the unfairness.
 fn fairness_on(
     work: Work,
     p: &SharingParams,
+    repeats: usize,
     alone_all: &mut Vec<AloneRow>,
 ) -> Result<Vec<FairnessRow>, CliError> {
     let mut fairness = Vec::new();
     for kind in &p.schedulers {
-        let mut alone = Vec::new();
-        for (w, h) in work.sizes() {
-            let (counts, secs) = run_alone(work, *kind, w, h, p.seconds.min(3))?;
-            alone.push(AloneRow {
-                device: work.device().to_string(),
-                scheduler: kind.name().to_string(),
-                size: format!("{w}x{h}"),
-                commands_per_s: counts as f64 / secs,
-            });
-        }
-        for &n in &p.guests {
-            let (windows, counts, secs) = run_guests(work, *kind, n, p.seconds)?;
-            let mut us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
-            us.sort_by(f64::total_cmp);
-            let work: f64 = counts
-                .iter()
-                .enumerate()
-                .map(|(i, c)| *c as f64 / alone[i % 3].commands_per_s.max(1e-9))
-                .sum();
-            let total: Vec<u64> = (0..n).map(|g| windows.iter().map(|w| w[g]).sum()).collect();
-            let all: u64 = total.iter().sum::<u64>().max(1);
-            fairness.push(FairnessRow {
-                scheduler: kind.name().to_string(),
-                guests: n,
-                unfairness_median: percentile(&us, 50.0),
-                unfairness_p95: percentile(&us, 95.0),
-                overhead_pct: (1.0 - work / secs) * 100.0,
-                overhead_vs_round_robin_pct: fairness
-                    .iter()
-                    .find(|r: &&FairnessRow| r.scheduler == "round-robin" && r.guests == n)
-                    .map(|r| (1.0 - work / secs / r.throughput.max(1e-9)) * 100.0),
-                throughput: work / secs,
-                shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
-                windows: us.len(),
-            });
-        }
-        alone_all.extend(alone);
+        let d = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
+        let target = d.endpoint().target;
+        let control = Target::Unix(control_path(std::path::Path::new(&target)));
+        let r = fairness_of(work, *kind, &target, &control, p, repeats, &mut fairness);
+        d.stop()?;
+        alone_all.extend(r?);
     }
     Ok(fairness)
 }
 
-/// One guest of size `w` x `h` alone under `kind`: its completed commands and the seconds.
-fn run_alone(work: Work, kind: Kind, w: u32, h: u32, seconds: u64) -> Result<(u64, f64), CliError> {
-    let d = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
-    let target = d.endpoint().target;
+/// [`fairness_on`] for one scheduler whose daemon is at `target`: pushes its rows onto
+/// `fairness`, returns its alone rates (the median per size over the rounds).
+fn fairness_of(
+    work: Work,
+    kind: Kind,
+    target: &str,
+    control: &Target,
+    p: &SharingParams,
+    repeats: usize,
+    fairness: &mut Vec<FairnessRow>,
+) -> Result<Vec<AloneRow>, CliError> {
+    let sizes = work.sizes();
+    let mut alone_rates: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+    let mut round = 0;
+    for &n in &p.guests {
+        let mut windows = Vec::new();
+        let mut overheads = Vec::new();
+        let mut throughputs = Vec::new();
+        let mut total = vec![0u64; n];
+        for _ in 0..repeats.max(1) {
+            round += 1;
+            let mut rates = Vec::new();
+            for (i, size) in sizes.iter().enumerate() {
+                let r = run_alone(work, target, *size)?;
+                alone_rates[i].push(r);
+                rates.push(r);
+            }
+            let (w, counts, secs) = run_guests(work, target, control, round, n, p.seconds)?;
+            // The same work alone: each guest's commands at its size's alone rate.
+            let alone_secs: f64 = counts
+                .iter()
+                .enumerate()
+                .map(|(i, c)| *c as f64 / rates[i % 3].max(1e-9))
+                .sum();
+            throughputs.push(alone_secs / secs);
+            overheads.push((1.0 - alone_secs / secs) * 100.0);
+            for win in &w {
+                for (t, x) in total.iter_mut().zip(win) {
+                    *t += x;
+                }
+            }
+            windows.extend(w);
+        }
+        let us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
+        let all: u64 = total.iter().sum::<u64>().max(1);
+        let throughput = percentile(&throughputs, 50.0);
+        fairness.push(FairnessRow {
+            scheduler: kind.name().to_string(),
+            guests: n,
+            unfairness_median: percentile(&us, 50.0),
+            unfairness_p95: percentile(&us, 95.0),
+            overhead_pct: percentile(&overheads, 50.0),
+            overhead_range_pct: (
+                overheads.iter().copied().fold(f64::INFINITY, f64::min),
+                overheads.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            ),
+            overhead_vs_round_robin_pct: fairness
+                .iter()
+                .find(|r: &&FairnessRow| {
+                    r.scheduler == "round-robin" && r.guests == n && r.device == work.device()
+                })
+                .map(|r| (1.0 - throughput / r.throughput.max(1e-9)) * 100.0),
+            throughput,
+            shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
+            windows: us.len(),
+            window_ms: windows
+                .iter()
+                .map(|w| w.iter().map(|t| *t as f64 / 1e6).collect())
+                .collect(),
+            device: work.device().to_string(),
+        });
+    }
+    Ok(sizes
+        .iter()
+        .zip(alone_rates)
+        .filter(|(_, rates)| !rates.is_empty())
+        .map(|((w, h), rates)| AloneRow {
+            device: work.device().to_string(),
+            scheduler: kind.name().to_string(),
+            size: format!("{w}x{h}"),
+            commands_per_s: percentile(&rates, 50.0),
+        })
+        .collect())
+}
+
+/// One guest of `size` alone on the daemon at `target`: its commands per second over
+/// [`ALONE_SECS`].
+fn run_alone(work: Work, target: &str, size: (u32, u32)) -> Result<f64, CliError> {
     let warm = Barrier::new(2);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
-    let r = std::thread::scope(|s| {
-        let h = s.spawn(|| work.guest(&target, "share-alone", (w, h), &warm, &stop, &done));
+    std::thread::scope(|s| {
+        let h = s.spawn(|| work.guest(target, "alone", size, &warm, &stop, &done));
         warm.wait();
+        std::thread::sleep(SETTLE / 2);
         let c0 = done.load(Ordering::Relaxed);
         let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs(seconds));
+        std::thread::sleep(Duration::from_secs_f64(ALONE_SECS));
         let c = done.load(Ordering::Relaxed) - c0;
         let secs = t0.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
         match h.join() {
-            Ok(r) => r.map(|()| (c, secs)),
+            Ok(r) => r.map(|()| c as f64 / secs),
             Err(_) => Err(CliError::Usage("the guest thread panicked".into())),
         }
-    });
-    d.stop()?;
-    r
+    })
 }
 
 /// Prints the report as tables.
@@ -460,18 +530,22 @@ pub fn print_table(r: &SharingReport) {
 
 fn print_fairness(rows: &[FairnessRow]) {
     println!(
-        "{:<12} {:>6} {:>12} {:>10} {:>10} {:>10}  shares",
-        "scheduler", "guests", "unfair p50%", "p95%", "overhead%", "vs rr %"
+        "{:<12} {:>6} {:>12} {:>10} {:>10} {:>15} {:>10}  shares",
+        "scheduler", "guests", "unfair p50%", "p95%", "overhead%", "(min..max)", "vs rr %"
     );
     for f in rows {
         let shares: Vec<String> = f.shares.iter().map(|s| format!("{:.3}", s)).collect();
         println!(
-            "{:<12} {:>6} {:>12.1} {:>10.1} {:>10.1} {:>10}  {}",
+            "{:<12} {:>6} {:>12.1} {:>10.1} {:>10.1} {:>15} {:>10}  {}",
             f.scheduler,
             f.guests,
             f.unfairness_median * 100.0,
             f.unfairness_p95 * 100.0,
             f.overhead_pct,
+            format!(
+                "{:.1}..{:.1}",
+                f.overhead_range_pct.0, f.overhead_range_pct.1
+            ),
             f.overhead_vs_round_robin_pct
                 .map_or("-".into(), |o| format!("{o:.1}")),
             shares.join(" ")
@@ -483,14 +557,25 @@ fn print_fairness(rows: &[FairnessRow]) {
 fn print_rest(r: &SharingReport) {
     if !r.multimedia.is_empty() {
         println!(
-            "{:<12} {:>5} {:>8} {:>8} {:>12}",
-            "scheduler", "hogs", "% of DFR", "fps", "hog cmds/s"
+            "{:<12} {:>4} {:>5} {:>10} {:>8} {:>8} {:>12}",
+            "scheduler", "hog", "hogs", "cpu weight", "% of DFR", "fps", "hog cmds/s"
         );
     }
     for m in &r.multimedia {
+        let weight = match (m.cpu_weight, m.video_cpu_weight) {
+            (false, _) => "-".to_string(),
+            (true, Some(w)) => w.to_string(),
+            (true, None) => "none".to_string(),
+        };
         println!(
-            "{:<12} {:>5} {:>8.1} {:>8.1} {:>12.1}",
-            m.scheduler, m.hogs, m.dfr_pct, m.presented_fps, m.hog_commands_per_s
+            "{:<12} {:>4} {:>5} {:>10} {:>8.1} {:>8.1} {:>12.1}",
+            m.scheduler,
+            m.hog_kind.name(),
+            m.hogs,
+            weight,
+            m.dfr_pct,
+            m.presented_fps,
+            m.hog_commands_per_s
         );
     }
     if !r.together.is_empty() {
@@ -522,4 +607,35 @@ pub(super) fn open_guest(
             ..ConnectOptions::default()
         },
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unfairness_is_the_worst_guests_relative_gap() {
+        assert_eq!(unfairness(&[0, 0]), None);
+        assert_eq!(unfairness(&[500, 500]), Some(0.0));
+        // Shares 0.6 and 0.4 against 0.5: 20% off.
+        let u = unfairness(&[600, 400]).unwrap();
+        assert!((u - 0.2).abs() < 1e-12, "{u}");
+    }
+
+    #[test]
+    fn gpu_sizes_parse_and_bad_ones_are_refused() {
+        let v: Vec<String> = ["320x180", "640x360", "960x540"].map(String::from).to_vec();
+        assert_eq!(
+            parse_sizes(&v).unwrap(),
+            [(320, 180), (640, 360), (960, 540)]
+        );
+        for bad in [
+            vec!["320x180"],
+            vec!["0x1", "1x1", "1x1"],
+            vec!["a", "b", "c"],
+        ] {
+            let v: Vec<String> = bad.into_iter().map(String::from).collect();
+            assert!(parse_sizes(&v).is_err(), "{v:?}");
+        }
+    }
 }

@@ -1,16 +1,26 @@
-//! Parts (b) and (c) of `virtsoc bench sharing`: a 30 fps video guest against GPU hogs, and
-//! app guests alone and two together.
+//! Parts (b) and (c) of `virtsoc bench sharing`: a 30 fps video guest against GPU hogs or
+//! CPU spinners, and app guests alone and two together.
+//!
+//! The CPU hogs are processes of their own (`virtsoc cpu-hog`): each connects as a guest, so
+//! the daemon can give it a cgroup and a weight, and then spins on the CPU until killed.
+//! Against them the video guest makes each frame on the CPU before composing it (a software
+//! decoder's work: a gradient rendered into a buffer and written into its source region),
+//! so its rate depends on the CPU it gets, which the feedback scheduler steers through the
+//! guests' CPU weights when the daemon runs with `--cpu-cgroup`.
 
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
+
+use serde::Serialize;
 
 use virtsoc_control::client::{control_path, Target};
 use virtsoc_guest::devices as api;
 use virtsoc_guest::Format;
 use virtsoc_sched::Kind;
 
-use super::{guest, MultimediaRow, HOG_SIZE, VIDEO_FPS};
+use super::{gpu, MultimediaRow, HOG_SIZE, VIDEO_FPS};
 use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
 use crate::scenario::full_layer;
@@ -32,7 +42,7 @@ pub(super) fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Vec<f64>, C
         let handles: Vec<_> = (0..n)
             .map(|i| {
                 let (t, name, warm, stop, f) = (&target, &names[i], &warm, &stop, &frames[i]);
-                s.spawn(move || video(t, name, warm, stop, f))
+                s.spawn(move || video(t, name, false, warm, stop, f))
             })
             .collect();
         warm.wait();
@@ -59,10 +69,32 @@ pub(super) fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Vec<f64>, C
     r
 }
 
-/// The video guest: a 1280x720 GPU composition presented on the display every 1/30 s.
+/// What the multimedia guest competes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HogKind {
+    /// Guests looping 1920x1080 GPU compositions (threads of the bench).
+    Gpu,
+    /// Processes spinning on the CPU (each a guest of its own).
+    Cpu,
+}
+
+impl HogKind {
+    /// The JSON spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            HogKind::Gpu => "gpu",
+            HogKind::Cpu => "cpu",
+        }
+    }
+}
+
+/// The video guest: a 1280x720 GPU composition presented on the display every 1/30 s; with
+/// `cpu_frame`, each frame first made on the CPU ([`render`]).
 fn video(
     target: &str,
     name: &str,
+    cpu_frame: bool,
     warm: &Barrier,
     stop: &AtomicBool,
     frames: &AtomicU64,
@@ -95,9 +127,14 @@ fn video(
     let period = Duration::from_secs_f64(1.0 / VIDEO_FPS);
     let mut next = Instant::now();
     let mut i = 0;
+    let mut pixels = vec![0u8; (w * h * 4) as usize];
     while !stop.load(Ordering::Relaxed) {
         let dst = outs[i % outs.len()];
         i += 1;
+        if cpu_frame {
+            render(&mut pixels, w, i as u32);
+            p.cpu_write(src, &pixels)?;
+        }
         let t = p.run_with(
             &api::gpu::Composite {
                 layers,
@@ -124,6 +161,68 @@ fn video(
     Ok(())
 }
 
+/// Frame `n` of the video: a moving gradient, a few milliseconds of CPU.
+fn render(pixels: &mut [u8], w: u32, n: u32) {
+    for (i, px) in pixels.chunks_exact_mut(4).enumerate() {
+        let (x, y) = (i as u32 % w, i as u32 / w);
+        let v = x.wrapping_mul(7) ^ y.wrapping_mul(13) ^ n.wrapping_mul(31);
+        px.copy_from_slice(&[v as u8, (v >> 3) as u8, (x + n) as u8, 0xff]);
+    }
+}
+
+/// `virtsoc cpu-hog`: connects to `socket` as guest `name`, then spins until killed.
+pub fn cpu_hog(socket: &str, name: &str) -> Result<(), CliError> {
+    let _conn = super::open_guest(socket, name, 4 << 20)?;
+    let mut x = 1u64;
+    loop {
+        for _ in 0..1_000_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+    }
+}
+
+/// The CPU hogs of a run, killed when dropped.
+struct CpuHogs(Vec<Child>);
+
+impl CpuHogs {
+    fn spawn(target: &str, n: usize) -> Result<Self, CliError> {
+        let exe = std::env::current_exe()?;
+        let mut hogs = CpuHogs(Vec::new());
+        for i in 0..n {
+            hogs.0.push(
+                Command::new(&exe)
+                    .args(["cpu-hog", "--socket", target, "--name", &format!("hog-{i}")])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .spawn()?,
+            );
+        }
+        Ok(hogs)
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The CPU weight of guest `id`'s group under the daemon's `--cpu-cgroup NAME` (the bench
+/// and its daemon at the root of the hierarchy), if it has one.
+fn cpu_weight(name: &str, id: u64) -> Option<u64> {
+    [
+        format!("/sys/fs/cgroup/{name}/guest-{id}/cpu.weight"),
+        format!("/sys/fs/cgroup/unified/{name}/guest-{id}/cpu.weight"),
+        format!("/sys/fs/cgroup/cpu/{name}/guest-{id}/cpu.shares"),
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
+}
+
 /// The display's presented count of the guest named `video`.
 fn presented(control: &Target) -> Result<u64, CliError> {
     Ok(crate::top::sample(control, None)?
@@ -132,45 +231,56 @@ fn presented(control: &Target) -> Result<u64, CliError> {
         .map_or(0, |g| g.presented))
 }
 
-/// One multimedia run: the video guest against `hogs` GPU hogs under `kind`.
-pub(super) fn run_multimedia(
-    kind: Kind,
-    hogs: usize,
-    seconds: u64,
-) -> Result<MultimediaRow, CliError> {
-    let policy =
-        std::env::temp_dir().join(format!("virtsoc-bench-policy-{}.toml", std::process::id()));
+/// How one multimedia run is set up.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MultimediaRun {
+    pub kind: Kind,
+    pub hog: HogKind,
+    pub hogs: usize,
+    /// The daemon steers CPU weights (`--cpu-cgroup`).
+    pub cpu_weight: bool,
+}
+
+/// One multimedia run: the video guest against `hogs` hogs under `kind`.
+pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<MultimediaRow, CliError> {
+    let pid = std::process::id();
+    let policy = std::env::temp_dir().join(format!("virtsoc-bench-policy-{pid}.toml"));
     std::fs::write(&policy, "[guest.video]\nclass = \"multimedia\"\n")?;
     let policy_arg = policy.display().to_string();
-    let d = DaemonProcess::spawn(
-        &[
-            "--scheduler",
-            kind.name(),
-            "--policy",
-            &policy_arg,
-            "--display-size",
-            "1280x720",
-        ],
-        false,
-    )?;
+    let cgroup = format!("virtsoc-bench-{pid}");
+    let mut args = vec![
+        "--scheduler",
+        r.kind.name(),
+        "--policy",
+        &policy_arg,
+        "--display-size",
+        "1280x720",
+    ];
+    if r.cpu_weight {
+        args.extend(["--cpu-cgroup", &cgroup]);
+    }
+    let d = DaemonProcess::spawn(&args, false)?;
     let target = d.endpoint().target;
     let control = Target::Unix(control_path(std::path::Path::new(&target)));
-    let warm = Barrier::new(hogs + 2);
+    let gpu_hogs = if r.hog == HogKind::Gpu { r.hogs } else { 0 };
+    let warm = Barrier::new(gpu_hogs + 2);
     let stop = AtomicBool::new(false);
-    let done: Vec<AtomicU64> = (0..hogs).map(|_| AtomicU64::new(0)).collect();
-    let names: Vec<String> = (0..hogs).map(|i| format!("hog-{i}")).collect();
+    let done: Vec<AtomicU64> = (0..gpu_hogs).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..gpu_hogs).map(|i| format!("hog-{i}")).collect();
     let video_frames = AtomicU64::new(0);
+    let cpu_frame = r.hog == HogKind::Cpu;
     let result = std::thread::scope(|s| {
-        let mut handles: Vec<_> = (0..hogs)
+        let mut handles: Vec<_> = (0..gpu_hogs)
             .map(|i| {
                 let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
-                s.spawn(move || guest(t, name, HOG_SIZE, warm, stop, done))
+                s.spawn(move || gpu::guest(t, name, HOG_SIZE, 1, warm, stop, done))
             })
             .collect();
         let (t, warm_v, stop_v, frames) = (&target, &warm, &stop, &video_frames);
-        handles.push(s.spawn(move || video(t, "video", warm_v, stop_v, frames)));
+        handles.push(s.spawn(move || video(t, "video", cpu_frame, warm_v, stop_v, frames)));
         warm.wait();
         let measured = (|| -> Result<_, CliError> {
+            let _spinners = CpuHogs::spawn(&target, if cpu_frame { r.hogs } else { 0 })?;
             // Let the feedback loop see the guest (its fast start is one second).
             std::thread::sleep(Duration::from_secs(2));
             let f0 = presented(&control)?;
@@ -180,7 +290,15 @@ pub(super) fn run_multimedia(
             let f1 = presented(&control)?;
             let c1: u64 = done.iter().map(|c| c.load(Ordering::Relaxed)).sum();
             let secs = t0.elapsed().as_secs_f64();
-            Ok(((f1 - f0) as f64 / secs, (c1 - c0) as f64 / secs))
+            let weight = if r.cpu_weight {
+                crate::top::sample(&control, None)?
+                    .into_iter()
+                    .find(|g| g.name == "video")
+                    .and_then(|g| cpu_weight(&cgroup, g.id))
+            } else {
+                None
+            };
+            Ok(((f1 - f0) as f64 / secs, (c1 - c0) as f64 / secs, weight))
         })();
         stop.store(true, Ordering::Relaxed);
         for h in handles {
@@ -193,10 +311,13 @@ pub(super) fn run_multimedia(
     });
     d.stop()?;
     let _ = std::fs::remove_file(&policy);
-    let (fps, hog_rate) = result?;
+    let (fps, hog_rate, weight) = result?;
     Ok(MultimediaRow {
-        scheduler: kind.name().to_string(),
-        hogs,
+        scheduler: r.kind.name().to_string(),
+        hogs: r.hogs,
+        hog_kind: r.hog,
+        cpu_weight: r.cpu_weight,
+        video_cpu_weight: weight,
         dfr_pct: fps / VIDEO_FPS * 100.0,
         presented_fps: fps,
         hog_commands_per_s: hog_rate,

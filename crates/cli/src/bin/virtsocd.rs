@@ -158,6 +158,12 @@ struct Args {
     /// commands, class. Reloaded on SIGHUP (a bad file then keeps the old policy).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// Steer guests' CPU weight: each guest's process goes into a cgroup NAME/guest-ID under
+    /// the daemon's own (cgroup v2 cpu.weight, or v1 cpu.shares), weighted by its share (the
+    /// policy's, the feedback loop's). Without the permission or the controller the daemon
+    /// says so and goes on without.
+    #[arg(long, value_name = "NAME")]
+    cpu_cgroup: Option<String>,
 }
 
 fn main() {
@@ -185,10 +191,26 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         Some(p) => PolicyStore::load(p)?,
         None => PolicyStore::default(),
     });
+    let cgroups =
+        args.cpu_cgroup
+            .as_deref()
+            .and_then(
+                |name| match virtsoc_host::cgroup::CpuCgroups::detect(name) {
+                    Ok(cg) => {
+                        log::info!("cpu weight: {} in {}", cg.version(), cg.parent().display());
+                        Some(Arc::new(cg))
+                    }
+                    Err(e) => {
+                        log::warn!("cpu weight: not steered: {e}");
+                        None
+                    }
+                },
+            );
     let daemon = Daemon::new(DaemonConfig {
         sharing: Sharing {
             scheduler: args.scheduler,
             policy: policy.clone(),
+            cgroups: cgroups.clone(),
         },
         socket: args.socket.clone(),
         protocol: args.protocol,
@@ -290,6 +312,9 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         let mut port_socket = args.socket.clone().into_os_string();
         port_socket.push(".migrate");
         let _ = std::fs::remove_file(port_socket);
+    }
+    if let Some(cg) = &cgroups {
+        cg.release_all();
     }
     result
 }

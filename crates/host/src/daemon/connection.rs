@@ -56,6 +56,9 @@ impl Daemon {
         // Registered before the guest hears it was admitted, so that anything it does next
         // (or a control request about it) finds its session.
         self.register(&session);
+        self.cfg
+            .sharing
+            .attach_cpu(guest_id, session.name(), crate::cgroup::peer_pid(&stream));
         let mut welcome = self.welcome(&a);
         match self.restart.admit(&self, &session, hello.resume.as_deref()) {
             Ok(secret) => {
@@ -64,6 +67,7 @@ impl Daemon {
                 }
             }
             Err(refusal) => {
+                self.cfg.sharing.detach_cpu(guest_id);
                 // Answered before the session's close hangs the socket up.
                 match refusal {
                     crate::snapshot::restart::Refusal::Refused(reason) => {
@@ -81,6 +85,7 @@ impl Daemon {
         }
         if let Err(e) = send_json(&stream, &welcome, Some(a.window.fd())) {
             log::warn!("guest {guest_id}: handshake failed: {e}");
+            self.cfg.sharing.detach_cpu(guest_id);
             self.unregister(guest_id);
             session.close();
             self.svm.detach_guest(guest_id);
@@ -105,6 +110,7 @@ impl Daemon {
                 self.svm.detach_guest(guest_id);
             }
         }
+        self.cfg.sharing.detach_cpu(guest_id);
         self.unregister(guest_id);
     }
 

@@ -4,6 +4,9 @@
 //! guest whose policy class is `multimedia`. The share it computes becomes the guest's share
 //! on every device's scheduler, and a guest behind its desired frame rate is boosted ahead of
 //! batch guests until it catches up. Shares go back to the policy's when the guest idles.
+//! Where the daemon steers CPU weights (`--cpu-cgroup`, [`crate::cgroup`]), the same share is
+//! the guest's CPU weight: a video guest that needs the CPU to make its frames gets it ahead
+//! of processes spinning beside it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +19,7 @@ use virtsoc_sched::dfr::{DfrConfig, DfrController};
 use virtsoc_sched::policy::Class;
 
 use super::DeviceSlot;
+use crate::cgroup::CpuCgroups;
 use crate::policy::PolicyStore;
 use crate::sync::EventCount;
 
@@ -30,14 +34,19 @@ pub struct FeedbackLoop {
 }
 
 impl FeedbackLoop {
-    /// Starts the loop over `slots` (it does nothing without a display device).
-    pub fn start(slots: Vec<Arc<DeviceSlot>>, policy: Arc<PolicyStore>) -> std::io::Result<Self> {
+    /// Starts the loop over `slots` (it does nothing without a display device); it steers
+    /// CPU weights through `cgroups` if given.
+    pub fn start(
+        slots: Vec<Arc<DeviceSlot>>,
+        policy: Arc<PolicyStore>,
+        cgroups: Option<Arc<CpuCgroups>>,
+    ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(EventCount::default());
         let (s, w) = (stop.clone(), wake.clone());
         let handle = std::thread::Builder::new()
             .name("dfr-feedback".into())
-            .spawn(move || run(&slots, &policy, &s, &w))?;
+            .spawn(move || run(&slots, &policy, cgroups.as_deref(), &s, &w))?;
         Ok(FeedbackLoop {
             stop,
             wake,
@@ -59,7 +68,22 @@ struct Tracked {
     ctl: DfrController,
 }
 
-fn run(slots: &[Arc<DeviceSlot>], policy: &PolicyStore, stop: &AtomicBool, wake: &EventCount) {
+/// Sets `guest`'s CPU weight from `share`, if the daemon steers CPU weights.
+fn cpu_share(cgroups: Option<&CpuCgroups>, guest: u64, share: u32) {
+    if let Some(cg) = cgroups {
+        if let Err(e) = cg.set_share(guest, share) {
+            log::warn!("feedback: {e}");
+        }
+    }
+}
+
+fn run(
+    slots: &[Arc<DeviceSlot>],
+    policy: &PolicyStore,
+    cgroups: Option<&CpuCgroups>,
+    stop: &AtomicBool,
+    wake: &EventCount,
+) {
     let Some(display) = slots.iter().find(|s| s.device.name() == "display").cloned() else {
         return;
     };
@@ -92,6 +116,7 @@ fn run(slots: &[Arc<DeviceSlot>], policy: &PolicyStore, stop: &AtomicBool, wake:
             if p.class != Class::Multimedia {
                 // No longer multimedia (a reload): back to the policy's share, no boost.
                 if tracked.remove(&m.guest).is_some() {
+                    cpu_share(cgroups, m.guest, p.shares);
                     for (s, guests) in &on {
                         if guests.contains_key(&m.guest) {
                             s.acct.set_share(m.guest, p.shares);
@@ -114,6 +139,7 @@ fn run(slots: &[Arc<DeviceSlot>], policy: &PolicyStore, stop: &AtomicBool, wake:
             }
             // Applied every period, so a device the guest starts using later hears of it too.
             let (share, behind) = (t.ctl.share(), t.ctl.behind());
+            cpu_share(cgroups, m.guest, share);
             for (s, guests) in &on {
                 if guests.contains_key(&m.guest) {
                     s.acct.set_share(m.guest, share);

@@ -277,9 +277,13 @@ impl DeviceSet {
             })
             .collect::<Vec<_>>();
         let feedback = if sharing.scheduler == virtsoc_sched::Kind::Feedback {
-            feedback::FeedbackLoop::start(slots.clone(), sharing.policy.clone())
-                .map_err(|e| log::error!("feedback loop not started: {e}"))
-                .ok()
+            feedback::FeedbackLoop::start(
+                slots.clone(),
+                sharing.policy.clone(),
+                sharing.cgroups.clone(),
+            )
+            .map_err(|e| log::error!("feedback loop not started: {e}"))
+            .ok()
         } else {
             None
         };

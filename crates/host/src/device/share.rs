@@ -9,6 +9,13 @@
 //! queued, it does not count the time a submission waited behind another guest's. Accesses
 //! (begin/end_access, run by the worker itself, not queued on the device) count from dispatch
 //! to answer and stay out of the commands' chain.
+//!
+//! **Continuous accounting.** [`Accounting::usage`] counts the command in service too: the
+//! oldest command not yet answered has been on the device since the later of its dispatch and
+//! the previous answer, and that time so far is its guest's already (AvA's continuous
+//! accounting, against counting a command's whole time at its completion). A reader sampling
+//! every second so sees each guest's device time up to that instant, not up to its last
+//! completion: a long command no longer lands whole in the window it ends in.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,11 +33,48 @@ use super::{DeviceSlot, Reply};
 use crate::policy::PolicyStore;
 use crate::session::Session;
 
-/// How the devices are shared: the scheduler kind and the policy.
+/// How the devices are shared: the scheduler kind and the policy; and the guests' CPU
+/// weights, where the daemon may set them (`--cpu-cgroup`).
 #[derive(Debug, Clone, Default)]
 pub struct Sharing {
     pub scheduler: Kind,
     pub policy: Arc<PolicyStore>,
+    pub cgroups: Option<Arc<crate::cgroup::CpuCgroups>>,
+}
+
+impl Sharing {
+    /// Gives guest `guest_id` (named `name`, its process `pid`) a CPU cgroup with the
+    /// policy's share as its weight, if the daemon steers CPU weights; says why not in the
+    /// log.
+    pub fn attach_cpu(&self, guest_id: u64, name: &str, pid: Option<u32>) {
+        let Some(cg) = &self.cgroups else { return };
+        let Some(pid) = pid else {
+            return log::warn!("cpu weight: guest {guest_id} ({name}): its process is unknown");
+        };
+        let share = self.policy.current().for_guest(name).shares;
+        match cg.attach(guest_id, pid, share) {
+            Ok(()) => log::info!(
+                "cpu weight: guest {guest_id} ({name}), process {pid}: {} {} in {}",
+                cg.version().file(),
+                cg.version().weight_of(share),
+                cg.dir_of(guest_id).display()
+            ),
+            Err(e) => log::warn!("cpu weight: guest {guest_id} ({name}) not steered: {e}"),
+        }
+    }
+
+    /// The guest left: its CPU cgroup goes.
+    pub fn detach_cpu(&self, guest_id: u64) {
+        if let Some(cg) = &self.cgroups {
+            if cg.weight(guest_id).is_none() {
+                return;
+            }
+            match cg.detach(guest_id) {
+                Ok(()) => log::info!("cpu weight: guest {guest_id} released its cgroup"),
+                Err(e) => log::warn!("cpu weight: {e}"),
+            }
+        }
+    }
 }
 
 /// Per-guest views of a device, for the control API and the feedback loop.
@@ -86,6 +130,24 @@ pub struct Usage {
 struct Book {
     usage: HashMap<GuestId, Usage>,
     last_done: Nanos,
+    /// Device commands dispatched and not answered yet, in dispatch order: (ticket, guest,
+    /// dispatch time).
+    running: Vec<(u64, GuestId, Nanos)>,
+    next_ticket: u64,
+}
+
+impl Book {
+    /// Each guest's use, the command in service counted up to `now`.
+    fn usage_at(&self, now: Nanos) -> HashMap<GuestId, Usage> {
+        let mut usage = self.usage.clone();
+        if let Some((_, guest, t0)) = self.running.first() {
+            let start = (*t0).max(self.last_done);
+            if now > start {
+                usage.entry(*guest).or_default().device_ns += now - start;
+            }
+        }
+        usage
+    }
 }
 
 /// A device's accounting and scheduler, shared by its worker and the answers of its
@@ -116,13 +178,27 @@ impl Accounting {
         self.sched.lock().unwrap_or_else(|p| p.into_inner()).name()
     }
 
-    /// A request of `guest` dispatched at `t0` has been answered; `command`: a device command
-    /// (in the device's order of execution), else an access.
-    pub fn finish(&self, guest: GuestId, t0: Nanos, command: bool) {
+    /// A device command of `guest` was dispatched at `t0`: it is running until
+    /// [`finish`](Self::finish) with the ticket this returns.
+    pub fn begin(&self, guest: GuestId, t0: Nanos) -> u64 {
+        let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+        let ticket = b.next_ticket;
+        b.next_ticket += 1;
+        b.running.push((ticket, guest, t0));
+        ticket
+    }
+
+    /// A request of `guest` dispatched at `t0` has been answered; `command`: the ticket of a
+    /// device command ([`begin`](Self::begin), in the device's order of execution), else an
+    /// access.
+    pub fn finish(&self, guest: GuestId, t0: Nanos, command: Option<u64>) {
         let now = self.now();
         let ns = {
             let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
-            let start = if command {
+            if let Some(ticket) = command {
+                b.running.retain(|(t, _, _)| *t != ticket);
+            }
+            let start = if command.is_some() {
                 let s = t0.max(b.last_done).min(now);
                 b.last_done = now;
                 s
@@ -134,10 +210,12 @@ impl Accounting {
             u.device_ns += now - start;
             now - start
         };
-        self.sched
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .completed(guest, ns, now);
+        let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
+        if command.is_some() {
+            sched.completed(guest, ns, now);
+        } else {
+            sched.access(guest, ns, now);
+        }
     }
 
     /// A request of `guest` was refused by the policy.
@@ -146,13 +224,22 @@ impl Accounting {
         b.usage.entry(guest).or_default().denied += 1;
     }
 
-    /// Every guest's use of the device so far.
-    pub fn usage(&self) -> HashMap<GuestId, Usage> {
+    /// Device commands dispatched and not answered yet.
+    pub fn commands_running(&self) -> usize {
         self.book
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .usage
-            .clone()
+            .running
+            .len()
+    }
+
+    /// Every guest's use of the device so far, the command in service counted up to now.
+    pub fn usage(&self) -> HashMap<GuestId, Usage> {
+        let now = self.now();
+        self.book
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .usage_at(now)
     }
 
     /// Sets `guest`'s share on this device (the feedback loop).
@@ -174,11 +261,10 @@ impl Accounting {
     }
 
     fn forget(&self, guest: GuestId) {
-        self.book
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .usage
-            .remove(&guest);
+        let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+        b.usage.remove(&guest);
+        b.running.retain(|(_, g, _)| *g != guest);
+        drop(b);
         self.with_sched(|s| s.forget(guest));
     }
 }
@@ -248,14 +334,17 @@ impl Arbiter {
         let pick = if eligible.is_empty() {
             Pick::Wait
         } else {
-            acct.with_sched(|s| s.pick(&eligible, busy, now))
+            let commands = acct.commands_running();
+            acct.with_sched(|s| {
+                s.commands_running(commands);
+                s.pick(&eligible, busy, now)
+            })
         };
         match pick {
             Pick::Serve(g) => {
                 if let Some(Some(b)) = self.known.get_mut(&g) {
                     let _ = b.take(now);
                 }
-                acct.with_sched(|s| s.dispatched(g, now));
                 Pick::Serve(g)
             }
             Pick::Until(t) => Pick::Until(t.min(wake)),
@@ -300,7 +389,10 @@ pub(super) fn start(
     let wake = slot.waker();
     let acct = slot.acct.clone();
     let (guest, t0) = (session.guest_id(), slot.acct.now());
-    let command = Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd);
+    let command = (Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd)).then(|| {
+        slot.acct.with_sched(|s| s.dispatched(guest, t0));
+        slot.acct.begin(guest, t0)
+    });
     Reply {
         session: session.clone(),
         seq: req.seq,
@@ -310,5 +402,30 @@ pub(super) fn start(
             flag.store(false, Ordering::Release);
             wake();
         })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_in_service_counts_up_to_now() {
+        let mut b = Book::default();
+        b.running.push((0, 1, 10));
+        b.running.push((1, 2, 12));
+        // Guest 1's command is on the device since 10; guest 2's waits behind it.
+        let u = b.usage_at(25);
+        assert_eq!(u[&1].device_ns, 15);
+        assert!(!u.contains_key(&2));
+        // Guest 1's answered at 30 (20 ns counted); guest 2's started then.
+        b.running.remove(0);
+        b.last_done = 30;
+        b.usage.entry(1).or_default().device_ns = 20;
+        let u = b.usage_at(34);
+        assert_eq!(u[&1].device_ns, 20);
+        assert_eq!(u[&2].device_ns, 4);
+        // A reader before the answer's time sees nothing negative.
+        assert_eq!(b.usage_at(29).get(&2).map_or(0, |u| u.device_ns), 0);
     }
 }

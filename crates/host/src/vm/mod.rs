@@ -152,6 +152,7 @@ impl Current {
     /// Waits for the session thread (after the session was closed) and unregisters it.
     pub fn finish(self, daemon: &Daemon) {
         let _ = self.runner.join();
+        daemon.config().sharing.detach_cpu(self.session.guest_id());
         daemon.unregister(self.session.guest_id());
     }
 }
@@ -373,6 +374,12 @@ fn start_session(
         "VM {} guest {guest_id} ({name}) connected, coherence {kind}",
         cfg.name
     );
+    // The VM's process is QEMU, the peer of its virtio-serial socket.
+    let qemu = writer.lock().ok().and_then(|w| crate::cgroup::peer_pid(&w));
+    daemon
+        .config()
+        .sharing
+        .attach_cpu(guest_id, session.name(), qemu);
     let (s, svm, dev) = (
         session.clone(),
         daemon.svm().clone(),

@@ -1,0 +1,456 @@
+//! Guests' CPU weight through cgroups (`virtsocd --cpu-cgroup NAME`).
+//!
+//! A guest's device share says how much of a device it gets; a multimedia guest also needs
+//! the CPU to prepare its frames. Where the daemon may, each guest's process (a process
+//! guest's peer from `SO_PEERCRED`, a VM's QEMU process, the peer of its virtio-serial
+//! socket) goes into a cgroup of its own, `NAME/guest-<id>` under the daemon's own cgroup,
+//! whose CPU weight follows the guest's share: the policy's when it connects, the DFR
+//! feedback loop's while it runs (`crate::device::feedback`).
+//!
+//! - **cgroup v2** (production hosts): `cpu.weight` (1..10000, default 100, so a share of
+//!   100 is the default weight), the `cpu` controller enabled in the `cgroup.subtree_control`
+//!   of the daemon's group and of `NAME`. The daemon's group must be delegated to it
+//!   (`Delegate=yes` under systemd) and, by cgroup v2's no-internal-process rule, hold no
+//!   process itself once a controller is enabled below it.
+//! - **cgroup v1**: the `cpu` hierarchy's `cpu.shares` (2..262144, default 1024: a share of
+//!   100 is 1024).
+//!
+//! The parent's own weight is the sum of its guests' policy weights (at least the default):
+//! moving guests into groups of their own must not shrink what they get all together against
+//! the host's other processes (under cgroup v1 at the root, every process there weighs as
+//! much as the whole group). The feedback loop's raises do not raise it: they move CPU from
+//! the other guests to the one behind its frame rate, never from the host's processes, the
+//! daemon among them, whose threads do the guests' device work (a CPU-emulated GPU).
+//!
+//! When the guest leaves, its process (if still alive) goes back to the cgroup it came from
+//! and the group is removed; the daemon's exit removes `NAME` too. Anything that cannot be
+//! done (no cpu controller, no permission, a guest sharing the daemon's process or another
+//! guest's) is logged and leaves that guest's CPU weight alone: device sharing goes on.
+//!
+//! A guest cannot choose what is moved: the pid comes from the kernel, not from the guest.
+//! It could, though, exit right after connecting and its pid be reused by another process
+//! before the move (the window is the handshake); the weight is then another process's
+//! until the guest's session ends. Every file access goes through [`CgroupFs`], so the
+//! tests run against a fake tree in a temporary directory.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::{HostError, Result};
+
+/// The share whose weight is the interface's default.
+const DEFAULT_CPU_SHARE: u32 = 100;
+
+/// The file operations the cgroup code needs (the real file system, or a fake tree).
+pub trait CgroupFs: Send + Sync {
+    fn read(&self, path: &Path) -> io::Result<String>;
+    fn write(&self, path: &Path, text: &str) -> io::Result<()>;
+    fn mkdir(&self, path: &Path) -> io::Result<()>;
+    /// Removes a cgroup directory (on cgroupfs its control files go with it).
+    fn rmdir(&self, path: &Path) -> io::Result<()>;
+    fn exists(&self, path: &Path) -> bool;
+}
+
+/// The host's file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealFs;
+
+impl CgroupFs for RealFs {
+    fn read(&self, path: &Path) -> io::Result<String> {
+        std::fs::read_to_string(path)
+    }
+    fn write(&self, path: &Path, text: &str) -> io::Result<()> {
+        std::fs::write(path, text)
+    }
+    fn mkdir(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir(path)
+    }
+    fn rmdir(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+}
+
+/// Which cgroup interface carries the CPU weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// cgroup v2, `cpu.weight`.
+    V2,
+    /// cgroup v1, `cpu.shares`.
+    V1,
+}
+
+impl Version {
+    /// The weight file.
+    pub fn file(self) -> &'static str {
+        match self {
+            Version::V2 => "cpu.weight",
+            Version::V1 => "cpu.shares",
+        }
+    }
+
+    /// The weight for a share (100, the default share, is the interface's default weight).
+    pub fn weight_of(self, share: u32) -> u64 {
+        match self {
+            Version::V2 => u64::from(share).clamp(1, 10_000),
+            Version::V1 => (u64::from(share) * 1024 / 100).clamp(2, 262_144),
+        }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Version::V2 => "cgroup v2 cpu.weight",
+            Version::V1 => "cgroup v1 cpu.shares",
+        })
+    }
+}
+
+/// One guest in its group.
+#[derive(Debug)]
+struct Member {
+    dir: PathBuf,
+    pid: u32,
+    /// The cgroup the process was in before.
+    origin: PathBuf,
+    weight: u64,
+    /// Its weight from the policy share it connected with.
+    base: u64,
+}
+
+/// The per-guest CPU cgroups under one parent.
+pub struct CpuCgroups {
+    fs: Box<dyn CgroupFs>,
+    version: Version,
+    proc_root: PathBuf,
+    /// Where the hierarchy is mounted.
+    mount: PathBuf,
+    parent: PathBuf,
+    /// The daemon's own pid (never moved).
+    own_pid: u32,
+    members: Mutex<HashMap<u64, Member>>,
+}
+
+impl fmt::Debug for CpuCgroups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuCgroups")
+            .field("version", &self.version)
+            .field("parent", &self.parent)
+            .finish_non_exhaustive()
+    }
+}
+
+fn config(msg: String) -> HostError {
+    HostError::Config(msg)
+}
+
+/// The path of the hierarchy `version` in a `/proc/PID/cgroup` text (relative, no leading
+/// `/`).
+fn group_in(text: &str, version: Version) -> Option<String> {
+    text.lines().find_map(|l| {
+        let mut it = l.splitn(3, ':');
+        let (id, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+        let ours = match version {
+            Version::V2 => id == "0" && ctrls.is_empty(),
+            Version::V1 => ctrls.split(',').any(|c| c == "cpu"),
+        };
+        ours.then(|| path.trim_start_matches('/').to_string())
+    })
+}
+
+impl CpuCgroups {
+    /// Finds the cpu controller on this host and makes `parent` (a plain name) under the
+    /// daemon's own cgroup.
+    pub fn detect(parent: &str) -> Result<Self> {
+        Self::detect_in(
+            Box::new(RealFs),
+            Path::new("/sys/fs/cgroup"),
+            Path::new("/proc"),
+            std::process::id(),
+            parent,
+        )
+    }
+
+    /// [`detect`](Self::detect) with cgroupfs at `root`, procfs at `proc_root` and the daemon
+    /// as `own_pid`.
+    pub fn detect_in(
+        fs: Box<dyn CgroupFs>,
+        root: &Path,
+        proc_root: &Path,
+        own_pid: u32,
+        parent: &str,
+    ) -> Result<Self> {
+        if parent.is_empty() || parent.contains('/') || parent.starts_with('.') || parent.len() > 64
+        {
+            return Err(config(format!(
+                "cpu cgroup name {parent:?}: want a plain directory name"
+            )));
+        }
+        let v2 = [root.to_path_buf(), root.join("unified")]
+            .into_iter()
+            .find(|m| {
+                fs.read(&m.join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu"))
+            });
+        let v1 = [root.join("cpu"), root.join("cpu,cpuacct")]
+            .into_iter()
+            .find(|m| fs.exists(&m.join("cpu.shares")));
+        let (version, mount) = match (v2, v1) {
+            (Some(m), _) => (Version::V2, m),
+            (None, Some(m)) => (Version::V1, m),
+            (None, None) => {
+                return Err(config(format!(
+                    "no cpu controller under {}: neither cgroup v2 with cpu in \
+                     cgroup.controllers nor cgroup v1 cpu.shares",
+                    root.display()
+                )))
+            }
+        };
+        let own = fs
+            .read(&proc_root.join(own_pid.to_string()).join("cgroup"))
+            .map_err(|e| config(format!("cannot read the daemon's cgroup: {e}")))?;
+        let group = group_in(&own, version).ok_or_else(|| {
+            config(format!(
+                "the daemon's {version} group is not in /proc/self/cgroup"
+            ))
+        })?;
+        let base = mount.join(&group);
+        let dir = base.join(parent);
+        let why = |what: &str, e: io::Error| {
+            config(format!(
+                "{version}: cannot {what}: {e} (no permission or no delegation?)"
+            ))
+        };
+        if version == Version::V2 {
+            enable_cpu(fs.as_ref(), &base)
+                .map_err(|e| why("enable cpu below the daemon's group", e))?;
+        }
+        match fs.mkdir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(why(&format!("create {}", dir.display()), e)),
+        }
+        if version == Version::V2 {
+            enable_cpu(fs.as_ref(), &dir).map_err(|e| why("enable cpu in its group", e))?;
+        }
+        Ok(CpuCgroups {
+            fs,
+            version,
+            proc_root: proc_root.to_path_buf(),
+            mount,
+            parent: dir,
+            own_pid,
+            members: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The interface in use.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The parent group's directory.
+    pub fn parent(&self) -> &Path {
+        &self.parent
+    }
+
+    /// The directory `guest`'s group has (or would have).
+    pub fn dir_of(&self, guest: u64) -> PathBuf {
+        self.parent.join(format!("guest-{guest}"))
+    }
+
+    /// The weight `guest`'s group has, if it has one.
+    pub fn weight(&self, guest: u64) -> Option<u64> {
+        self.lock().get(&guest).map(|m| m.weight)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Member>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts process `pid` of `guest` into a group of its own with the weight of `share`.
+    pub fn attach(&self, guest: u64, pid: u32, share: u32) -> Result<()> {
+        if pid == 0 || pid == self.own_pid {
+            return Err(config(format!(
+                "guest {guest} runs in the daemon's own process: its CPU weight is the daemon's"
+            )));
+        }
+        let mut members = self.lock();
+        if let Some((g, _)) = members.iter().find(|(_, m)| m.pid == pid) {
+            return Err(config(format!(
+                "guest {guest} shares process {pid} with guest {g}: its CPU weight is that group's"
+            )));
+        }
+        let proc_cgroup = self.proc_root.join(pid.to_string()).join("cgroup");
+        let text = self
+            .fs
+            .read(&proc_cgroup)
+            .map_err(|e| config(format!("guest {guest}: process {pid}: {e}")))?;
+        let origin_rel = group_in(&text, self.version).ok_or_else(|| {
+            config(format!(
+                "guest {guest}: process {pid} has no {} group",
+                self.version
+            ))
+        })?;
+        let origin = self.mount.join(origin_rel);
+        let dir = self.dir_of(guest);
+        match self.fs.mkdir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(config(format!("cannot create {}: {e}", dir.display()))),
+        }
+        let weight = self.version.weight_of(share);
+        let placed = self
+            .fs
+            .write(&dir.join(self.version.file()), &weight.to_string())
+            .and_then(|()| self.fs.write(&dir.join("cgroup.procs"), &pid.to_string()));
+        if let Err(e) = placed {
+            let _ = self.fs.rmdir(&dir);
+            return Err(config(format!(
+                "guest {guest}: cannot place process {pid} in {}: {e}",
+                dir.display()
+            )));
+        }
+        members.insert(
+            guest,
+            Member {
+                dir,
+                pid,
+                origin,
+                weight,
+                base: weight,
+            },
+        );
+        self.sync_parent(&members);
+        Ok(())
+    }
+
+    /// The parent's weight: its guests' policy weights together.
+    fn sync_parent(&self, members: &HashMap<u64, Member>) {
+        let sum: u64 = members.values().map(|m| m.base).sum();
+        let default = self.version.weight_of(DEFAULT_CPU_SHARE);
+        let max = self.version.weight_of(u32::MAX);
+        let w = sum.clamp(default, max);
+        if let Err(e) = self
+            .fs
+            .write(&self.parent.join(self.version.file()), &w.to_string())
+        {
+            log::warn!(
+                "cpu weight: cannot set {}'s weight: {e}",
+                self.parent.display()
+            );
+        }
+    }
+
+    /// Sets `guest`'s weight from `share` (nothing if it has no group).
+    pub fn set_share(&self, guest: u64, share: u32) -> Result<()> {
+        let mut members = self.lock();
+        let Some(m) = members.get_mut(&guest) else {
+            return Ok(());
+        };
+        let weight = self.version.weight_of(share);
+        if weight == m.weight {
+            return Ok(());
+        }
+        self.fs
+            .write(&m.dir.join(self.version.file()), &weight.to_string())
+            .map_err(|e| config(format!("guest {guest}: cannot set its weight: {e}")))?;
+        m.weight = weight;
+        Ok(())
+    }
+
+    /// `guest` left: its process (if alive) back where it came from, its group removed.
+    pub fn detach(&self, guest: u64) -> Result<()> {
+        let mut members = self.lock();
+        let Some(m) = members.remove(&guest) else {
+            return Ok(());
+        };
+        self.sync_parent(&members);
+        drop(members);
+        self.release(guest, &m)
+    }
+
+    fn release(&self, guest: u64, m: &Member) -> Result<()> {
+        if self.fs.exists(&self.proc_root.join(m.pid.to_string())) {
+            // The process may have exited meanwhile (ESRCH): nothing to move then.
+            let _ = self
+                .fs
+                .write(&m.origin.join("cgroup.procs"), &m.pid.to_string());
+        }
+        self.fs.rmdir(&m.dir).map_err(|e| {
+            config(format!(
+                "guest {guest}: cannot remove {}: {e}",
+                m.dir.display()
+            ))
+        })
+    }
+}
+
+impl CpuCgroups {
+    /// Every guest's process back where it came from, every group and the parent removed
+    /// (the daemon's exit; also on drop).
+    pub fn release_all(&self) {
+        let members: Vec<(u64, Member)> = self.lock().drain().collect();
+        for (g, m) in members {
+            if let Err(e) = self.release(g, &m) {
+                log::warn!("cpu weight: {e}");
+            }
+        }
+        if self.fs.exists(&self.parent) {
+            if let Err(e) = self.fs.rmdir(&self.parent) {
+                log::warn!("cpu weight: cannot remove {}: {e}", self.parent.display());
+            }
+        }
+    }
+}
+
+impl Drop for CpuCgroups {
+    fn drop(&mut self) {
+        self.release_all();
+    }
+}
+
+/// Enables the cpu controller for the children of the v2 group `dir`.
+fn enable_cpu(fs: &dyn CgroupFs, dir: &Path) -> io::Result<()> {
+    let path = dir.join("cgroup.subtree_control");
+    if fs
+        .read(&path)
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu"))
+    {
+        return Ok(());
+    }
+    fs.write(&path, "+cpu")
+}
+
+/// The pid of the process at the other end of a Unix socket (`SO_PEERCRED`).
+pub fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and the descriptor is
+    // the stream's own, open while `stream` is borrowed.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid as u32)
+}
+
+#[cfg(test)]
+#[path = "cgroup_tests.rs"]
+mod tests;
