@@ -10,8 +10,11 @@ use std::time::Duration;
 
 /// A daemon child process whose stderr lines arrive on a channel.
 pub struct Daemon {
+    /// The `virtsocd` process.
     pub child: Child,
+    /// Its guest socket.
     pub socket: PathBuf,
+    /// Its stderr, line by line.
     pub log: Receiver<String>,
     /// TCP address, when started with `--listen`.
     pub tcp: Option<String>,
@@ -20,6 +23,7 @@ pub struct Daemon {
 static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Daemon {
+    /// Starts a daemon with the test defaults plus `extra` arguments, once it is ready.
     pub fn start(extra: &[&str]) -> Daemon {
         Self::start_with(&[], None, extra)
     }
@@ -88,6 +92,7 @@ impl Daemon {
         lines
     }
 
+    /// Its guest socket.
     pub fn socket(&self) -> &Path {
         &self.socket
     }
@@ -103,10 +108,12 @@ impl Daemon {
         }
     }
 
+    /// Whether it is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends SIGTERM and waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();

@@ -46,11 +46,15 @@ const DEFAULT_CPU_SHARE: u32 = 100;
 
 /// The file operations the cgroup code needs (the real file system, or a fake tree).
 pub trait CgroupFs: Send + Sync {
+    /// The contents of a control file.
     fn read(&self, path: &Path) -> io::Result<String>;
+    /// Writes `text` to a control file.
     fn write(&self, path: &Path, text: &str) -> io::Result<()>;
+    /// Creates a cgroup directory.
     fn mkdir(&self, path: &Path) -> io::Result<()>;
     /// Removes a cgroup directory (on cgroupfs its control files go with it).
     fn rmdir(&self, path: &Path) -> io::Result<()>;
+    /// Whether the file or directory exists.
     fn exists(&self, path: &Path) -> bool;
 }
 

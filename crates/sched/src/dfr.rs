@@ -32,6 +32,7 @@ pub struct DfrConfig {
     pub chances: u32,
     /// Length of the fast-start phase and its sampling interval.
     pub fast_start: Nanos,
+    /// Sampling interval during the fast start.
     pub fast_interval: Nanos,
     /// Normal sampling interval.
     pub interval: Nanos,

@@ -31,7 +31,12 @@ pub enum SchedError {
     UnknownScheduler(String),
     /// A policy file that does not parse or does not validate.
     #[error("policy line {line}: {msg}")]
-    Policy { line: usize, msg: String },
+    Policy {
+        /// The line of the file at fault (1-based; 0 when the file as a whole is).
+        line: usize,
+        /// What is wrong there.
+        msg: String,
+    },
 }
 
 /// Result of this crate.
@@ -96,10 +101,16 @@ pub trait Scheduler: Send {
 /// The schedulers the daemon offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kind {
+    /// Each guest with work in turn, one command at a time (the baseline).
     #[default]
     RoundRobin,
+    /// Weighted fair queueing on measured device time (WF2Q+), shares from the policy.
     Wfq,
+    /// AvA's fixed-rate control: a guest over its share of the window's device time is
+    /// checked again after a fixed delay.
     FixedRate,
+    /// AvA's AIMD control: a guest over its share is checked again after a delay that halves
+    /// (`b`) each window it exhausts its share and grows by `a` otherwise.
     Aimd,
     /// WFQ with multimedia boost, steered by the DFR feedback loop ([`dfr`]) the daemon runs
     /// for multimedia guests.

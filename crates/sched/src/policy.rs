@@ -30,8 +30,11 @@ use crate::{Nanos, Result, SchedError, DEFAULT_SHARE};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Class {
+    /// Presents frames at a rate it needs (video, camera, games): steered by the feedback loop
+    /// and boosted when behind its desired frame rate.
     Multimedia,
     #[default]
+    /// Throughput work without a frame rate; served after multimedia guests that are behind.
     Batch,
 }
 
@@ -40,8 +43,10 @@ pub enum Class {
 #[serde(deny_unknown_fields)]
 pub struct GuestPolicy {
     #[serde(default = "default_shares")]
+    /// Weight of the guest's device time (and CPU weight) against other guests' (default 100).
     pub shares: u32,
     #[serde(default)]
+    /// Multimedia or batch.
     pub class: Class,
     /// Devices it may use; `None`: every device.
     #[serde(default)]
@@ -120,8 +125,10 @@ impl GuestPolicy {
 #[serde(deny_unknown_fields)]
 pub struct Policy {
     #[serde(default)]
+    /// What guests not named in `guest` get.
     pub default: GuestPolicy,
     #[serde(default)]
+    /// Policies by guest name, VM name or token identity.
     pub guest: BTreeMap<String, GuestPolicy>,
 }
 

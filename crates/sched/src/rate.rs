@@ -30,8 +30,9 @@ pub struct RateConfig {
     pub a: Nanos,
     /// AIMD multiplicative decrease.
     pub b: f64,
-    /// AIMD bounds on the delay.
+    /// Smallest delay AIMD shrinks to.
     pub min_delay: Nanos,
+    /// Largest delay AIMD grows to.
     pub max_delay: Nanos,
     /// Proportion above its share a guest may use before it is postponed (0.01 = 1 point).
     pub tolerance: f64,

@@ -27,6 +27,7 @@ pub fn gpu() -> Option<&'static WgpuBackend> {
     .as_ref()
 }
 
+/// The shared GPU, or returns from the test saying why it is skipped (no adapter).
 #[macro_export]
 macro_rules! gpu_or_skip {
     () => {

@@ -37,8 +37,11 @@ use crate::session::Session;
 /// weights, where the daemon may set them (`--cpu-cgroup`).
 #[derive(Debug, Clone, Default)]
 pub struct Sharing {
+    /// The scheduler each device runs (`--scheduler`).
     pub scheduler: Kind,
+    /// The per-guest policy (`--policy`), reloadable.
     pub policy: Arc<PolicyStore>,
+    /// The guests' CPU cgroups, when the daemon may set CPU weights (`--cpu-cgroup`).
     pub cgroups: Option<Arc<crate::cgroup::CpuCgroups>>,
 }
 
