@@ -53,6 +53,7 @@ pub mod routes;
 pub mod server;
 pub mod types;
 pub mod view;
+pub mod workers;
 
 pub use error::ControlError;
 pub use types::*;

@@ -1,5 +1,5 @@
 //! The HTTP side: `tiny_http` servers on a Unix socket and (optionally) TCP, each accepting on
-//! a thread of its own and answering each request on a short-lived thread.
+//! a thread of its own and answering each request on a worker thread ([`Workers`]).
 //!
 //! On TCP every request must carry `Authorization: Bearer <token>` (the remote-guest token),
 //! compared in constant time; a request without it gets 401 before its body is read. Bodies
@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::routes::{handle, Answer};
+use crate::workers::Workers;
 use crate::{Backend, ControlError, MAX_BODY};
 
 /// Requests answered at once; more get 503 until one finishes.
@@ -124,6 +125,7 @@ fn accept_loop(
     token: Option<Arc<String>>,
     in_flight: Arc<AtomicUsize>,
 ) -> std::io::Result<JoinHandle<()>> {
+    let workers = Arc::new(Workers::default());
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -139,13 +141,12 @@ fn accept_loop(
                     continue;
                 }
                 let (b, t, n) = (backend.clone(), token.clone(), in_flight.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("control-req".into())
-                    .spawn(move || {
-                        serve_one(rq, &*b, t.as_deref().map(String::as_str), received);
-                        n.fetch_sub(1, Ordering::SeqCst);
-                    });
-                if let Err(e) = spawned {
+                let job = Box::new(move || {
+                    serve_one(rq, &*b, t.as_deref().map(String::as_str), received);
+                    n.fetch_sub(1, Ordering::SeqCst);
+                });
+                if let Err((job, e)) = workers.run(job) {
+                    drop(job);
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     log::warn!("control: cannot start a request thread: {e}");
                 }

@@ -164,19 +164,19 @@ impl Coverage {
         }
     }
 
-    /// The covered pixels of an RGB plane placed `at`, from its samples (4 bytes each, R, G,
-    /// B, A), with the plane's alpha when it blends.
-    fn of_samples(at: &Placement, samples: &[u8], alpha: Option<u32>) -> Self {
+    /// The covered pixels of an RGB plane placed `at`, from its samples, with the plane's
+    /// alpha when it blends.
+    fn of_samples(at: &Placement, samples: &Samples<'_>, alpha: Option<u32>) -> Self {
         let mut cov = Coverage::default();
         let n = at.x.count as usize;
-        for (j, row) in samples.chunks_exact(n * 4).enumerate() {
+        for j in 0..at.y.count as usize {
             let y = at.y0 + j;
             let mut open = false;
-            for (i, px) in row.chunks_exact(4).enumerate() {
+            samples.for_row(j, |i, px| {
                 let a = alpha.map_or(255, |alpha| u32::from(px[3]) * alpha / 255);
                 if a == 0 {
                     open = false;
-                    continue;
+                    return;
                 }
                 let x = at.x0 + i;
                 // Chroma is only taken from pixels at even positions (4:2:0).
@@ -196,7 +196,7 @@ impl Coverage {
                 if let Some(run) = cov.runs.last_mut() {
                     run.px.push([yy, u, v, a as u8]);
                 }
-            }
+            });
         }
         cov
     }
@@ -315,34 +315,97 @@ pub(super) fn compose(
     done
 }
 
-/// The samples of plane `k` of `plane`'s frame on `grid`, 4 bytes each in R, G, B, A order
-/// (luma in byte 0, NV12 chroma in bytes 0 and 1), handed to `f`: sampled on the GPU when the
-/// plane is GPU memory, read directly from host memory otherwise.
+/// The samples of one plane on a grid, where they are.
+enum Samples<'a> {
+    /// Packed by the GPU: 4 bytes per sample, row by row.
+    Packed { data: &'a [u8], width: usize },
+    /// In host memory, read in place: sample (i, j) is the texel at `rows[j] + columns[i]`.
+    Host {
+        bytes: &'a [u8],
+        rows: Vec<usize>,
+        columns: Vec<usize>,
+        bpp: usize,
+        bgra: bool,
+    },
+}
+
+impl Samples<'_> {
+    /// Host samples of `info` on the grid `x` by `y` in `bytes` (`None` if the frame is short).
+    fn host<'b>(
+        bytes: &'b [u8],
+        info: &PlaneInfo,
+        (x, y): (SampleAxis, SampleAxis),
+        bgra: bool,
+    ) -> Option<Samples<'b>> {
+        let bpp = info.bytes_per_texel;
+        let columns: Vec<usize> = (0..x.count).map(|i| x.texel(i) as usize * bpp).collect();
+        let rows: Vec<usize> = (0..y.count)
+            .map(|j| info.offset + y.texel(j) as usize * info.stride)
+            .collect();
+        // Every texel the grid names is inside `bytes`.
+        let last = rows.iter().max()? + columns.iter().max()? + bpp;
+        (last <= bytes.len()).then_some(Samples::Host {
+            bytes,
+            rows,
+            columns,
+            bpp,
+            bgra,
+        })
+    }
+
+    /// Hands `f` sample `i` of row `j` for every `i`, 4 bytes in R, G, B, A order (luma in
+    /// byte 0, NV12 chroma in bytes 0 and 1).
+    fn for_row(&self, j: usize, mut f: impl FnMut(usize, [u8; 4])) {
+        match self {
+            Samples::Packed { data, width } => {
+                let row = data
+                    .get(j * width * 4..(j + 1) * width * 4)
+                    .unwrap_or_default();
+                for (i, px) in row.chunks_exact(4).enumerate() {
+                    f(i, [px[0], px[1], px[2], px[3]]);
+                }
+            }
+            Samples::Host {
+                bytes,
+                rows,
+                columns,
+                bpp,
+                bgra,
+            } => {
+                let Some(&base) = rows.get(j) else { return };
+                // One loop per texel size, so each texel is one fixed-size load.
+                let at = |i: usize| base + columns[i];
+                match (*bpp, *bgra) {
+                    (4, false) => (0..columns.len()).for_each(|i| {
+                        let p = &bytes[at(i)..at(i) + 4];
+                        f(i, [p[0], p[1], p[2], p[3]])
+                    }),
+                    (4, true) => (0..columns.len()).for_each(|i| {
+                        let p = &bytes[at(i)..at(i) + 4];
+                        f(i, [p[2], p[1], p[0], p[3]])
+                    }),
+                    (2, _) => (0..columns.len()).for_each(|i| {
+                        let p = &bytes[at(i)..at(i) + 2];
+                        f(i, [p[0], p[1], 0, 0])
+                    }),
+                    _ => (0..columns.len()).for_each(|i| f(i, [bytes[at(i)], 0, 0, 0])),
+                }
+            }
+        }
+    }
+}
+
+/// The samples of plane `k` of `plane`'s frame on `grid`, handed to `f`: read in place from
+/// host memory holding the current contents, sampled on the GPU when only GPU memory does.
 fn with_samples(
     plane: &Plane,
     k: usize,
     (x, y): (SampleAxis, SampleAxis),
     ledger: &Ledger,
-    f: impl FnOnce(&[u8]),
+    f: impl FnOnce(&Samples<'_>),
 ) -> Option<()> {
     let info: PlaneInfo = *plane.layout.plane_infos().ok()?.get(k)?;
     let bgra = plane.layout.format == PixelFormat::Bgra8;
-    let from_bytes = |bytes: &[u8]| -> Option<Vec<u8>> {
-        let bpp = info.bytes_per_texel;
-        let columns: Vec<usize> = (0..x.count).map(|i| x.texel(i) as usize * bpp).collect();
-        let mut out = vec![0u8; columns.len() * y.count as usize * 4];
-        for (j, line) in out.chunks_exact_mut(columns.len() * 4).enumerate() {
-            let start = info.offset + y.texel(j as u32) as usize * info.stride;
-            let row = bytes.get(start..start + info.width as usize * bpp)?;
-            for (t, &c) in line.chunks_exact_mut(4).zip(&columns) {
-                t[..bpp].copy_from_slice(row.get(c..c + bpp)?);
-                if bgra {
-                    t.swap(0, 2);
-                }
-            }
-        }
-        Some(out)
-    };
     // Host memory holding the same contents (the writer's replica, when a CPU device such as
     // the ISP wrote the frame) is read in place rather than the display's GPU replica.
     let host = match &plane.backing {
@@ -356,17 +419,19 @@ fn with_samples(
         _ => None,
     };
     match host.as_ref().unwrap_or(&plane.backing) {
-        Backing::Host(buf) => f(&from_bytes(&buf.lock())?),
+        Backing::Host(buf) => f(&Samples::host(&buf.lock(), &info, (x, y), bgra)?),
         Backing::Device(mem) => {
             let t0 = std::time::Instant::now();
             let bytes = x.count as usize * y.count as usize * 4;
             if let Some(g) = mem.as_any().downcast_ref::<GpuMemory>() {
-                g.sample_plane(k, (x, y), f).ok()?;
+                let width = x.count as usize;
+                g.sample_plane(k, (x, y), |data| f(&Samples::Packed { data, width }))
+                    .ok()?;
             } else {
                 // Other device memory is read whole, once.
                 let mut all = vec![0u8; plane.layout.size_bytes().ok()?];
                 mem.read(0, &mut all).ok()?;
-                f(&from_bytes(&all)?);
+                f(&Samples::host(&all, &info, (x, y), bgra)?);
             }
             ledger.count(bytes, t0);
         }
@@ -396,18 +461,18 @@ fn draw_rgb(pic: &mut Picture, plane: &Plane, at: &Placement, ledger: &Ledger) -
     let alpha = blend_alpha(plane);
     let width = pic.width as usize;
     let (py, pu, pv) = pic.planes_mut();
-    let n = at.x.count as usize;
     with_samples(plane, 0, (at.x, at.y), ledger, |samples| {
-        for (j, row) in samples.chunks_exact(n * 4).enumerate() {
+        for j in 0..at.y.count as usize {
             let y = at.y0 + j;
             let (line, crow) = (y * width, y / 2 * (width / 2));
-            for (i, px) in row.chunks_exact(4).enumerate() {
+            let even_row = y.is_multiple_of(2);
+            samples.for_row(j, |i, px| {
                 let a = alpha.map_or(255, |alpha| u32::from(px[3]) * alpha / 255);
                 if a == 0 {
-                    continue;
+                    return;
                 }
                 let x = at.x0 + i;
-                if y.is_multiple_of(2) && x.is_multiple_of(2) {
+                if even_row && x.is_multiple_of(2) {
                     let (yy, u, v) = rgb_to_yuv(px[0], px[1], px[2]);
                     mix(&mut py[line + x], yy, a);
                     mix(&mut pu[crow + x / 2], u, a);
@@ -415,7 +480,7 @@ fn draw_rgb(pic: &mut Picture, plane: &Plane, at: &Placement, ledger: &Ledger) -
                 } else {
                     mix(&mut py[line + x], rgb_to_luma(px[0], px[1], px[2]), a);
                 }
-            }
+            });
         }
     })
 }
@@ -431,13 +496,12 @@ fn draw_yuv(
     let a = blend_alpha(plane).unwrap_or(255);
     let width = pic.width as usize;
     let (py, pu, pv) = pic.planes_mut();
-    let n = at.x.count as usize;
     with_samples(plane, 0, (at.x, at.y), ledger, |samples| {
-        for (j, row) in samples.chunks_exact(n * 4).enumerate() {
+        for j in 0..at.y.count as usize {
             let line = (at.y0 + j) * width + at.x0;
-            for (i, px) in row.chunks_exact(4).enumerate() {
-                mix(&mut py[line + i], lut.luma[usize::from(px[0])], a);
-            }
+            samples.for_row(j, |i, px| {
+                mix(&mut py[line + i], lut.luma[usize::from(px[0])], a)
+            });
         }
     })?;
     let (Some((cx, c0)), Some((cy, r0))) = (chroma_axis(at.x, at.x0), chroma_axis(at.y, at.y0))
@@ -445,7 +509,6 @@ fn draw_yuv(
         return Some(());
     };
     let cw = width / 2;
-    let m = cx.count as usize;
     // NV12: one plane of U, V pairs; YUV 4:2:0: a plane of U, then one of V.
     let planes: &[(usize, usize)] = if plane.layout.format == PixelFormat::Nv12 {
         &[(1, 0), (1, 1)]
@@ -455,13 +518,13 @@ fn draw_yuv(
     for (n, &(k, byte)) in planes.iter().enumerate() {
         let dst = if n == 0 { &mut *pu } else { &mut *pv };
         with_samples(plane, k, (cx, cy), ledger, |samples| {
-            for (j, row) in samples.chunks_exact(m * 4).enumerate() {
+            for j in 0..cy.count as usize {
                 let line = (r0 + j) * cw + c0;
-                for (i, px) in row.chunks_exact(4).enumerate() {
+                samples.for_row(j, |i, px| {
                     if let Some(d) = dst.get_mut(line + i) {
                         mix(d, lut.chroma[usize::from(px[byte])], a);
                     }
-                }
+                });
             }
         })?;
     }
