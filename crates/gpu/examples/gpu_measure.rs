@@ -3,7 +3,8 @@
 //! on resident images plus the device floor (fastest NV12 -> RGBA pass,
 //! render and compute).
 //!
-//! `cargo run --release -p virtsoc-gpu --example gpu_measure [WxH ...] [--cpu]`
+//! `cargo run --release -p virtsoc-gpu --example gpu_measure [WxH ...] [--cpu] [--render]`
+//! (`--render`: the fused composition as a render pass instead of a compute pass).
 
 use virtsoc_gpu::{measure, CpuBackend, GpuBackend, GpuTimings, WgpuBackend};
 
@@ -26,6 +27,7 @@ fn print(t: &GpuTimings) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let with_cpu = args.iter().any(|a| a == "--cpu");
+    let render = args.iter().any(|a| a == "--render");
     let mut sizes: Vec<(u32, u32)> = args
         .iter()
         .filter_map(|a| {
@@ -39,7 +41,8 @@ fn main() {
     let mut backends: Vec<Box<dyn GpuBackend>> = Vec::new();
     let t = std::time::Instant::now();
     match WgpuBackend::new() {
-        Ok(b) => {
+        Ok(mut b) => {
+            b.set_fused_compute(!render);
             println!(
                 "adapter: {} (setup {:.1} ms)",
                 b.adapter_info(),

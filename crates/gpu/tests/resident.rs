@@ -350,25 +350,33 @@ fn floor_and_resident_measurements_run() {
     assert!(g.measure_floor(127, 96).is_err(), "odd NV12 width");
 }
 
-/// A video under a full-screen UI, Android's usual GPU fallback, is drawn in one fused pass:
-/// it must give what the two separate draws give, and the CPU reference, for every source
-/// format of the video, with and without the UI blending, and with a third layer on top.
+/// A video under a full-screen UI, Android's usual GPU fallback, is drawn in one fused pass
+/// (a compute pass on RGBA targets, or a render pass): both must give what the two separate
+/// draws give, and the CPU reference, for every source format of the video, at the target's
+/// size (the shaders' identity fetch) and scaled up, with and without the UI blending, and
+/// with a third layer on top.
 #[test]
 fn fused_full_screen_layers_match_separate_draws_and_the_cpu() {
     let mut separate = WgpuBackend::new().unwrap();
     separate.set_fused_layers(false);
     let fused = WgpuBackend::new().unwrap();
+    let mut fused_render = WgpuBackend::new().unwrap();
+    fused_render.set_fused_compute(false);
     let (w, h) = (160, 96);
-    let videos = [
-        pattern::nv12_gradient(w, h, 3).unwrap(),
-        pattern::yuv420p_gradient(w, h, 5).unwrap(),
-        pattern::rgb_gradient(PixelFormat::Bgra8, w, h, |_, _| 255).unwrap(),
-    ];
+    let videos = |w, h| {
+        [
+            pattern::nv12_gradient(w, h, 3).unwrap(),
+            pattern::yuv420p_gradient(w, h, 5).unwrap(),
+            pattern::rgb_gradient(PixelFormat::Bgra8, w, h, |_, _| 255).unwrap(),
+        ]
+    };
+    let mut all = videos(w, h).to_vec();
+    all.extend(videos(w / 2 + 6, h / 2 + 4));
     // A translucent gradient over the whole screen (alpha varies across it).
     let ui = pattern::rgb_gradient(PixelFormat::Rgba8, w, h, |x, _| (40 + x) as u8).unwrap();
     let small = pattern::rgba_ui(w / 2, h / 2).unwrap();
     let full = Rect::new(0, 0, w, h);
-    for video in &videos {
+    for video in &all {
         for blend in [true, false] {
             for third in [false, true] {
                 let mut layers = vec![
@@ -410,12 +418,19 @@ fn fused_full_screen_layers_match_separate_draws_and_the_cpu() {
                     g.wait_submission(id).unwrap();
                     download(g, &dst)
                 };
-                let (a, b) = (run(&fused), run(&separate));
-                let what = format!("{:?} blend={blend} third={third}", video.layout.format);
-                assert_close(&format!("fused vs cpu, {what}"), &a, &want, MAX, MEAN);
-                // Separate draws round the video to 8 bits before blending the UI over it;
-                // the fused pass does not: a code value apart at most, rarely.
-                assert_close(&format!("fused vs separate, {what}"), &a, &b, 2, 0.3);
+                let b = run(&separate);
+                let l = video.layout;
+                let what = format!(
+                    "{:?} {}x{} blend={blend} third={third}",
+                    l.format, l.width, l.height
+                );
+                for (name, g) in [("fused compute", &fused), ("fused render", &fused_render)] {
+                    let a = run(g);
+                    assert_close(&format!("{name} vs cpu, {what}"), &a, &want, MAX, MEAN);
+                    // Separate draws round the video to 8 bits before blending the UI over
+                    // it; the fused pass does not: a code value apart at most, rarely.
+                    assert_close(&format!("{name} vs separate, {what}"), &a, &b, 2, 0.3);
+                }
             }
         }
     }

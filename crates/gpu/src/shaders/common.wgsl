@@ -7,6 +7,10 @@ override SRC_MODE: u32 = 0u;
 // Luma samples land exactly on texel centres (unscaled layer): one fetch
 // instead of four. Only set when that holds for every pixel.
 override LUMA_EXACT: bool = false;
+// The layer maps the target 1:1 onto its whole source (same size, no offset, no
+// rotation, the crop is the whole source): one fetch of luma at the pixel, chroma
+// sampled without crop clamping (the clamp-to-edge sampler gives the same values).
+override IDENT: bool = false;
 
 struct Params {
     // Destination rectangle: x, y, width, height (target pixels).
@@ -124,6 +128,30 @@ fn layer_coord(px: f32, py: f32) -> vec2<f32> {
         P.map_b.x + P.map_m.x * rx + P.map_m.y * ry,
         P.map_b.y + P.map_m.z * rx + P.map_m.w * ry,
     );
+}
+
+// An identity layer (IDENT) at target pixel centre (px, py).
+fn sample_ident(px: f32, py: f32) -> vec4<f32> {
+    let l = textureLoad(t_luma, vec2<i32>(vec2<f32>(px, py)), 0);
+    if (SRC_MODE == 0u) {
+        return l;
+    }
+    let c = vec2<f32>(px, py) / P.misc.xy;
+    let c0 = textureSampleLevel(t_c0, s_lin, c, 0.0);
+    if (SRC_MODE == 1u) {
+        return vec4<f32>(yuv_to_rgb(l.r, c0.r, c0.g), 1.0);
+    }
+    let v = textureSampleLevel(t_c1, s_lin, c, 0.0).r;
+    return vec4<f32>(yuv_to_rgb(l.r, c0.r, v), 1.0);
+}
+
+// The layer's colour at target pixel centre (px, py), before plane alpha.
+fn layer_color(px: f32, py: f32) -> vec4<f32> {
+    if (IDENT) {
+        return sample_ident(px, py);
+    }
+    let sc = layer_coord(px, py);
+    return sample_src(sc.x, sc.y, true);
 }
 
 // Source coordinate of target pixel centre (px, py) in the equirect projection.

@@ -7,11 +7,9 @@ override BLEND2: bool = true;
 
 @fragment
 fn fs_fused(in: VsOut) -> @location(0) vec4<f32> {
-    let s0 = layer_coord(in.pos.x, in.pos.y);
-    let c0 = sample_src(s0.x, s0.y, true);
+    let c0 = layer_color(in.pos.x, in.pos.y);
     let a0 = c0.a * P.misc.z;
-    let s1 = layer_coord2(in.pos.x, in.pos.y);
-    let c1 = sample_src2(s1.x, s1.y, true);
+    let c1 = layer_color2(in.pos.x, in.pos.y);
     let a1 = c1.a * P2.misc.z;
     if (!BLEND2) {
         return vec4<f32>(c1.rgb, a1);

@@ -22,8 +22,7 @@ fn vs_rect(@builtin(vertex_index) vi: u32) -> VsOut {
 
 @fragment
 fn fs_layer(in: VsOut) -> @location(0) vec4<f32> {
-    let sc = layer_coord(in.pos.x, in.pos.y);
-    let c = sample_src(sc.x, sc.y, true);
+    let c = layer_color(in.pos.x, in.pos.y);
     return vec4<f32>(c.rgb, c.a * P.misc.z);
 }
 

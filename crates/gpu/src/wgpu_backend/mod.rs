@@ -140,6 +140,8 @@ impl std::fmt::Display for AdapterSummary {
 struct State {
     render: HashMap<PipeKey, wgpu::RenderPipeline>,
     convert: HashMap<(u32, bool), wgpu::ComputePipeline>,
+    /// Fused compositions as compute passes, by their [`PipeKey::Fused`] key.
+    compute: HashMap<PipeKey, wgpu::ComputePipeline>,
     pool: Pool,
     last_submission: SubmissionId,
 }
@@ -170,6 +172,9 @@ pub struct WgpuBackend {
     lost: Arc<Mutex<Option<String>>>,
     /// Draw two full-screen bottom layers in one pass (on by default).
     fuse: bool,
+    /// Run the fused bottom pair as a compute pass when the target is RGBA
+    /// (on by default).
+    fuse_compute: bool,
     /// Nearest-neighbour plane sampling, made on first use.
     sample_pipe: sample::SamplePipeCell,
 }
@@ -265,6 +270,7 @@ impl WgpuBackend {
             error,
             lost,
             fuse: true,
+            fuse_compute: true,
             sample_pipe: Default::default(),
         };
         backend.check_errors()?;
@@ -275,6 +281,12 @@ impl WgpuBackend {
     /// layer is its own draw (for measuring the difference and testing both paths).
     pub fn set_fused_layers(&mut self, on: bool) {
         self.fuse = on;
+    }
+
+    /// Whether a fused bottom pair with an RGBA target runs as a compute pass (the default)
+    /// or as a render pass (for measuring the difference and testing both paths).
+    pub fn set_fused_compute(&mut self, on: bool) {
+        self.fuse_compute = on;
     }
 
     /// The adapter in use (e.g. "llvmpipe (LLVM 15.0.6)" on lavapipe).

@@ -82,6 +82,19 @@ pub(super) fn covers_opaque(l: &ImageLayer<'_>, dst: &FrameLayout) -> bool {
     covers(l, dst) && (!l.blend || (l.alpha == 1.0 && l.image.layout().format.is_yuv()))
 }
 
+/// Whether `l` maps a `dst`-sized destination 1:1 onto the whole of its source: same
+/// size, placed at the origin, not rotated, the crop the whole source (the shaders'
+/// `IDENT`: one fetch per pixel, no coordinate mapping or crop clamping).
+fn is_identity(l: &ImageLayer<'_>, dst: &FrameLayout) -> bool {
+    let sl = l.image.layout();
+    let full = Rect::full(dst.width, dst.height);
+    l.rotation == Rotation::R0
+        && l.dst_rect == full
+        && l.crop == full
+        && sl.width == dst.width
+        && sl.height == dst.height
+}
+
 /// Whether `l`'s destination rectangle covers the whole destination.
 fn covers(l: &ImageLayer<'_>, dst: &FrameLayout) -> bool {
     let r = l.dst_rect;
@@ -262,6 +275,7 @@ impl WgpuBackend {
             })
             .collect();
         let exact = |l: &ImageLayer<'_>| LayerMap::new(l.dst_rect, l.crop, l.rotation).is_exact();
+        let ident = |l: &ImageLayer<'_>| is_identity(l, &dl);
         // Two full-screen layers at the bottom (a video under a UI, Android's usual GPU
         // fallback) are drawn in one pass: the target is written once, not twice.
         let fused = layers.len() >= 2
@@ -269,19 +283,48 @@ impl WgpuBackend {
             && covers(&layers[1], &dl)
             && self.fuse;
         let mut draws: Vec<(wgpu::RenderPipeline, Vec<&wgpu::BindGroup>)> = Vec::new();
+        let mut encoder = self.device.create_command_encoder(&Default::default());
         let mut rest = 0;
+        // The bottom pair already wrote the whole target: later layers load it.
+        let mut loaded = false;
         if fused {
             let (a, b) = (&layers[0], &layers[1]);
             let key = PipeKey::Fused {
                 target,
                 mode: a.image.inner.mode,
                 exact: exact(a),
+                ident: ident(a),
                 mode2: b.image.inner.mode,
                 exact2: exact(b),
+                ident2: ident(b),
                 blend2: b.blend,
             };
-            draws.push((self.render_pipeline(st, key), vec![&groups[0], &groups[1]]));
             rest = 2;
+            if target == Target::Rgba && self.fuse_compute {
+                // A compute pass writes every pixel of the target once: no rasterizer,
+                // no colour attachment to clear or blend into.
+                let pipe = self.fused_compute_pipeline(st, key);
+                let out = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("virtsoc-out"),
+                    layout: &self.pipes.out_bgl,
+                    entries: &[wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::TextureView(&dst.inner.views[0]),
+                    }],
+                });
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("virtsoc-composite-cs"),
+                    timestamp_writes: None,
+                });
+                pass.set_pipeline(&pipe);
+                pass.set_bind_group(0, &groups[0], &[]);
+                pass.set_bind_group(1, &groups[1], &[]);
+                pass.set_bind_group(2, &out, &[]);
+                pass.dispatch_workgroups(dl.width.div_ceil(32), dl.height.div_ceil(8), 1);
+                loaded = true;
+            } else {
+                draws.push((self.render_pipeline(st, key), vec![&groups[0], &groups[1]]));
+            }
         }
         for (l, group) in layers.iter().zip(&groups).skip(rest) {
             let key = PipeKey::Layer {
@@ -289,10 +332,13 @@ impl WgpuBackend {
                 blend: l.blend,
                 mode: l.image.inner.mode,
                 exact: exact(l),
+                ident: ident(l),
             };
             draws.push((self.render_pipeline(st, key), vec![group]));
         }
-        let load = if layers.first().is_some_and(|l| covers_opaque(l, &dl)) {
+        let load = if loaded {
+            wgpu::LoadOp::Load
+        } else if layers.first().is_some_and(|l| covers_opaque(l, &dl)) {
             wgpu::LoadOp::Clear(wgpu::Color::TRANSPARENT)
         } else {
             match init {
@@ -300,8 +346,7 @@ impl WgpuBackend {
                 None => wgpu::LoadOp::Load,
             }
         };
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        {
+        if !(loaded && draws.is_empty()) {
             let mut pass = begin_pass(&mut encoder, &dst.inner.views[0], load, "virtsoc-composite");
             for (pipe, groups) in &draws {
                 pass.set_pipeline(pipe);

@@ -82,6 +82,7 @@ pub(super) enum PipeKey {
         blend: bool,
         mode: u32,
         exact: bool,
+        ident: bool,
     },
     Equirect {
         target: Target,
@@ -93,8 +94,10 @@ pub(super) enum PipeKey {
         target: Target,
         mode: u32,
         exact: bool,
+        ident: bool,
         mode2: u32,
         exact2: bool,
+        ident2: bool,
         blend2: bool,
     },
 }
@@ -105,6 +108,31 @@ fn src_constants(mode: u32, exact: bool) -> Vec<(&'static str, f64)> {
         ("SRC_MODE", mode as f64),
         ("LUMA_EXACT", if exact { 1.0 } else { 0.0 }),
     ]
+}
+
+/// Override constants of a [`PipeKey::Fused`] pipeline (render or compute).
+fn fused_constants(key: PipeKey) -> Vec<(&'static str, f64)> {
+    let PipeKey::Fused {
+        mode,
+        exact,
+        ident,
+        mode2,
+        exact2,
+        ident2,
+        blend2,
+        ..
+    } = key
+    else {
+        return Vec::new();
+    };
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    let mut c = src_constants(mode, exact);
+    c.push(("IDENT", flag(ident)));
+    c.push(("SRC_MODE2", mode2 as f64));
+    c.push(("LUMA_EXACT2", flag(exact2)));
+    c.push(("IDENT2", flag(ident2)));
+    c.push(("BLEND2", flag(blend2)));
+    c
 }
 
 fn src_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
@@ -139,6 +167,7 @@ const RENDER_WGSL: &str = include_str!("../shaders/render.wgsl");
 const CONVERT_WGSL: &str = include_str!("../shaders/convert.wgsl");
 const MARKERS_WGSL: &str = include_str!("../shaders/markers.wgsl");
 const FUSED_WGSL: &str = include_str!("../shaders/fused.wgsl");
+const FUSED_CS_WGSL: &str = include_str!("../shaders/fused_cs.wgsl");
 
 /// common.wgsl's sampling code for a second layer: every global and function name suffixed
 /// by 2, its bindings in group 1 (the `Params` struct is shared).
@@ -160,6 +189,9 @@ fn second_layer_wgsl() -> String {
         "sample_src",
         "layer_coord",
         "equirect_coord",
+        "sample_ident",
+        "layer_color",
+        "IDENT",
     ];
     let mut out = String::with_capacity(body.len() + 256);
     let mut word = String::new();
@@ -179,7 +211,7 @@ fn second_layer_wgsl() -> String {
         }
     }
     flush(&mut word, &mut out);
-    let overrides = "override SRC_MODE2: u32 = 0u;\noverride LUMA_EXACT2: bool = false;\n";
+    let overrides = "override SRC_MODE2: u32 = 0u;\noverride LUMA_EXACT2: bool = false;\noverride IDENT2: bool = false;\n";
     format!(
         "{overrides}{}",
         out.replace("@group(0)", "@group(1)")
@@ -199,6 +231,11 @@ pub(super) struct Pipelines {
     pub src_bgl: wgpu::BindGroupLayout,
     src_layout: wgpu::PipelineLayout,
     fused_layout: wgpu::PipelineLayout,
+    /// The fused composition as a compute pass: both layers' groups and the
+    /// storage output (group 2).
+    fused_cs_layout: wgpu::PipelineLayout,
+    /// The storage output of the compute composition (one RGBA8 view).
+    pub out_bgl: wgpu::BindGroupLayout,
     pub convert_bgl: wgpu::BindGroupLayout,
     convert_layout: wgpu::PipelineLayout,
     pub marker_bgl: wgpu::BindGroupLayout,
@@ -228,7 +265,10 @@ impl Pipelines {
         let render_module = module("virtsoc-render", RENDER_WGSL);
         let fused_module = module(
             "virtsoc-fused",
-            &format!("{RENDER_WGSL}\n{}\n{FUSED_WGSL}", second_layer_wgsl()),
+            &format!(
+                "{RENDER_WGSL}\n{}\n{FUSED_WGSL}\n{FUSED_CS_WGSL}",
+                second_layer_wgsl()
+            ),
         );
         let convert_module = module("virtsoc-convert", CONVERT_WGSL);
         let marker_module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -281,6 +321,24 @@ impl Pipelines {
             bind_group_layouts: &[Some(&src_bgl), Some(&src_bgl)],
             immediate_size: 0,
         });
+        let out_bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("virtsoc-out"),
+            entries: &[wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::StorageTexture {
+                    access: wgpu::StorageTextureAccess::WriteOnly,
+                    format: wgpu::TextureFormat::Rgba8Unorm,
+                    view_dimension: wgpu::TextureViewDimension::D2,
+                },
+                count: None,
+            }],
+        });
+        let fused_cs_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("virtsoc-fused-cs"),
+            bind_group_layouts: &[Some(&src_bgl), Some(&src_bgl), Some(&out_bgl)],
+            immediate_size: 0,
+        });
         let convert_layout = playout("virtsoc-convert", &convert_bgl);
         let marker_layout = playout("virtsoc-markers", &marker_bgl);
         let sampler = |label: &str, u: wgpu::AddressMode| {
@@ -315,6 +373,8 @@ impl Pipelines {
             src_bgl,
             src_layout,
             fused_layout,
+            fused_cs_layout,
+            out_bgl,
             convert_bgl,
             convert_layout,
             marker_bgl,
@@ -339,16 +399,21 @@ impl WgpuBackend {
                 blend,
                 mode,
                 exact,
-            } => (
-                target,
-                blend,
-                &pp.render_module,
-                "vs_rect",
-                "fs_layer",
-                &pp.src_layout,
-                no_buffers,
-                src_constants(mode, exact),
-            ),
+                ident,
+            } => {
+                let mut c = src_constants(mode, exact);
+                c.push(("IDENT", if ident { 1.0 } else { 0.0 }));
+                (
+                    target,
+                    blend,
+                    &pp.render_module,
+                    "vs_rect",
+                    "fs_layer",
+                    &pp.src_layout,
+                    no_buffers,
+                    c,
+                )
+            }
             PipeKey::Equirect { target, mode } => (
                 target,
                 false,
@@ -359,29 +424,16 @@ impl WgpuBackend {
                 no_buffers,
                 src_constants(mode, false),
             ),
-            PipeKey::Fused {
+            PipeKey::Fused { target, .. } => (
                 target,
-                mode,
-                exact,
-                mode2,
-                exact2,
-                blend2,
-            } => {
-                let mut c = src_constants(mode, exact);
-                c.push(("SRC_MODE2", mode2 as f64));
-                c.push(("LUMA_EXACT2", if exact2 { 1.0 } else { 0.0 }));
-                c.push(("BLEND2", if blend2 { 1.0 } else { 0.0 }));
-                (
-                    target,
-                    false,
-                    &pp.fused_module,
-                    "vs_rect",
-                    "fs_fused",
-                    &pp.fused_layout,
-                    no_buffers,
-                    c,
-                )
-            }
+                false,
+                &pp.fused_module,
+                "vs_rect",
+                "fs_fused",
+                &pp.fused_layout,
+                no_buffers,
+                fused_constants(key),
+            ),
             PipeKey::Markers(target) => (
                 target,
                 true,
@@ -434,6 +486,34 @@ impl WgpuBackend {
             });
         st.render.insert(key, pipeline.clone());
         pipeline
+    }
+
+    /// The fused two-layer composition of `key` (a [`PipeKey::Fused`] with an
+    /// RGBA target) as a compute pipeline (`cs_fused`).
+    pub(super) fn fused_compute_pipeline(
+        &self,
+        st: &mut State,
+        key: PipeKey,
+    ) -> wgpu::ComputePipeline {
+        if let Some(p) = st.compute.get(&key) {
+            return p.clone();
+        }
+        let constants = fused_constants(key);
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("virtsoc-fused-cs"),
+                layout: Some(&self.pipes.fused_cs_layout),
+                module: &self.pipes.fused_module,
+                entry_point: Some("cs_fused"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    ..Default::default()
+                },
+                cache: None,
+            });
+        st.compute.insert(key, p.clone());
+        p
     }
 
     pub(super) fn convert_pipeline(
