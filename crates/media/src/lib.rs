@@ -22,7 +22,8 @@ pub mod isp;
 mod sws;
 
 pub use camera::{
-    read_timestamp, stamp_timestamp, CameraSource, CaptureInfo, FileCamera, SyntheticCamera,
+    read_timestamp, read_timestamp_grid, read_timestamp_top, stamp_timestamp, CameraSource,
+    CaptureInfo, FileCamera, SyntheticCamera,
 };
 pub use codec::{
     measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, FfmpegDecoder,

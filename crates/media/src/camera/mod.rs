@@ -14,7 +14,7 @@ pub mod v4l2;
 use std::time::Duration;
 
 pub use file::FileCamera;
-pub use timestamp::{read_timestamp, stamp_timestamp};
+pub use timestamp::{read_timestamp, read_timestamp_grid, read_timestamp_top, stamp_timestamp};
 #[cfg(feature = "v4l2")]
 pub use v4l2::V4l2Camera;
 

@@ -15,12 +15,12 @@
 //!
 //! The check byte is the low byte of CRC-32 over the timestamp's big-endian bytes. White is
 //! Y = 235 (RGB 255), black Y = 16 (RGB 0), chroma neutral. Blocks are at least 8x8 pixels
-//! for frames of 160x128 and up, i.e. still 4x4 after a 2x downscale; the reader averages the
-//! central half of each block, so bilinear or bicubic filtering at block edges does not
+//! for frames of 160x128 and up, i.e. still 4x4 after a 2x downscale; the reader averages 4x4
+//! samples in the central half of each block, so bilinear or bicubic filtering at block edges does not
 //! matter.
 
 use crate::error::Result;
-use crate::frame::{FrameMut, FrameRef, PixelFormat};
+use crate::frame::{FrameMut, FrameRef};
 
 /// Grid columns across the frame width.
 pub const COLUMNS: u32 = 20;
@@ -113,64 +113,188 @@ pub fn stamp_timestamp(dst: FrameMut<'_>, ts: u64) -> Result<()> {
     Ok(())
 }
 
-/// Mean brightness (luma for YUV, (R + 2G + B) / 4 for RGB) of the centre half of block
-/// (col, row) of `frame`.
-fn block_level(frame: &FrameRef<'_>, col: u32, row: u32) -> f32 {
-    let l = frame.layout;
-    let (w, h) = (l.width as f32, l.height as f32);
-    let bw = w / COLUMNS as f32;
-    let bh = h / ROW_DIVISIONS as f32;
-    let x0 = (col as f32 * bw + bw / 4.0).floor() as usize;
-    let x1 = ((col as f32 * bw + 3.0 * bw / 4.0).ceil() as usize)
-        .max(x0 + 1)
-        .min(l.width as usize);
-    let y0 = (row as f32 * bh + bh / 4.0).floor() as usize;
-    let y1 = ((row as f32 * bh + 3.0 * bh / 4.0).ceil() as usize)
-        .max(y0 + 1)
-        .min(l.height as usize);
-    let stride = l.stride as usize;
-    let mut sum = 0u64;
-    let mut n = 0u64;
-    for y in y0..y1 {
-        for x in x0..x1 {
-            let v = match l.format {
-                PixelFormat::Nv12 | PixelFormat::Yuv420p => frame.data[y * stride + x] as u64,
-                PixelFormat::Rgba8 | PixelFormat::Bgra8 => {
-                    let p = &frame.data[y * stride + 4 * x..y * stride + 4 * x + 3];
-                    (p[0] as u64 + 2 * p[1] as u64 + p[2] as u64) / 4
-                }
-            };
-            sum += v;
-            n += 1;
-        }
-    }
-    sum as f32 / n.max(1) as f32
+/// Cells per block along each axis of the grid the reader samples (see [`read_timestamp`]).
+pub const CELLS_PER_BLOCK: u32 = 8;
+/// Grid cells across the frame width.
+pub const GRID_COLUMNS: u32 = COLUMNS * CELLS_PER_BLOCK;
+/// Grid cells down the frame height; the first [`GRID_ROWS`] of them cover the strip.
+pub const GRID_ROW_DIVISIONS: u32 = ROW_DIVISIONS * CELLS_PER_BLOCK;
+/// Grid rows over the strip: a reader needs `GRID_ROWS` x [`GRID_COLUMNS`] samples.
+pub const GRID_ROWS: u32 = ROWS * CELLS_PER_BLOCK;
+/// The cells of a block whose centres lie in its central half (cell centres at 5/16, 7/16,
+/// 9/16 and 11/16 of the block): the samples averaged for the block's level.
+const CENTRE_CELLS: std::ops::Range<u32> = 2..6;
+
+/// Pixel at the centre of cell `i` of `cells` over `size` pixels:
+/// `min((2i + 1) * size / (2 * cells), size - 1)`. The same rule as a nearest-neighbour grid
+/// of the GPU (`virtsoc_gpu::SampleAxis`), so a reader on the GPU samples the same pixels.
+pub fn grid_pixel(size: u32, cells: u32, i: u32) -> u32 {
+    let (size, cells, i) = (
+        u64::from(size.max(1)),
+        u64::from(cells.max(1)),
+        u64::from(i),
+    );
+    ((2 * i + 1) * size / (2 * cells)).min(size - 1) as u32
 }
 
-/// Reads a timestamp drawn by [`stamp_timestamp`] (or a [`super::SyntheticCamera`]) from a
-/// frame of any supported format, at the stamped size or rescaled. `None` if the frame
-/// carries no valid timestamp (missing start markers, too little contrast, or a check-byte
-/// mismatch).
-pub fn read_timestamp(frame: FrameRef<'_>) -> Option<u64> {
-    frame.validate().ok()?;
-    let l = frame.layout;
-    if l.width < COLUMNS || l.height < ROW_DIVISIONS {
+/// Reads a timestamp from the strip's grid of brightness levels (luma for YUV,
+/// (R + 2G + B) / 4 for RGB): [`GRID_ROWS`] rows of [`GRID_COLUMNS`] samples, row-major,
+/// sample (gx, gy) taken at pixel ([`grid_pixel`]`(width, GRID_COLUMNS, gx)`,
+/// [`grid_pixel`]`(height, GRID_ROW_DIVISIONS, gy)`). `None` if it carries no valid
+/// timestamp, or `levels` has fewer samples than that.
+pub fn read_timestamp_grid(levels: &[u8]) -> Option<u64> {
+    let cols = GRID_COLUMNS as usize;
+    if levels.len() < cols * GRID_ROWS as usize {
         return None;
     }
+    let block_level = |col: u32, row: u32| {
+        let mut sum = 0u32;
+        for gy in CENTRE_CELLS.map(|j| row * CELLS_PER_BLOCK + j) {
+            for gx in CENTRE_CELLS.map(|j| col * CELLS_PER_BLOCK + j) {
+                sum += u32::from(levels[gy as usize * cols + gx as usize]);
+            }
+        }
+        sum as f32 / CENTRE_CELLS.len().pow(2) as f32
+    };
     let mut ts = 0u64;
     let mut check = 0u8;
     for row in 0..ROWS {
-        let white = block_level(&frame, 0, row);
-        let black = block_level(&frame, 1, row);
+        let white = block_level(0, row);
+        let black = block_level(1, row);
         if white - black < 64.0 {
             return None;
         }
         let threshold = (white + black) / 2.0;
-        let bit = |col: u32| block_level(&frame, col, row) > threshold;
+        let bit = |col: u32| block_level(col, row) > threshold;
         for col in 2..18 {
             ts = (ts << 1) | bit(col) as u64;
         }
         check = (check << 2) | ((bit(18) as u8) << 1) | bit(19) as u8;
     }
     (check == check_byte(ts)).then_some(ts)
+}
+
+/// The strip's grid of brightness levels (see [`read_timestamp_grid`]) from pixel bytes:
+/// `bytes` holds at least the frame's first rows (through the strip) at `layout`'s stride;
+/// a sample past the end gives `None`.
+fn grid_levels(layout: &crate::frame::FrameLayout, bytes: &[u8]) -> Option<Vec<u8>> {
+    let (w, h, stride) = (layout.width, layout.height, layout.stride as usize);
+    let rgb = !layout.format.is_yuv();
+    let xs: Vec<usize> = (0..GRID_COLUMNS)
+        .map(|gx| grid_pixel(w, GRID_COLUMNS, gx) as usize)
+        .collect();
+    let mut levels = Vec::with_capacity(xs.len() * GRID_ROWS as usize);
+    for gy in 0..GRID_ROWS {
+        let row = grid_pixel(h, GRID_ROW_DIVISIONS, gy) as usize * stride;
+        for &x in &xs {
+            let v = if rgb {
+                let p = bytes.get(row + 4 * x..row + 4 * x + 3)?;
+                ((u16::from(p[0]) + 2 * u16::from(p[1]) + u16::from(p[2])) / 4) as u8
+            } else {
+                *bytes.get(row + x)?
+            };
+            levels.push(v);
+        }
+    }
+    Some(levels)
+}
+
+/// Bytes of a frame of `layout` through the last pixel a reader samples (of the luma or
+/// packed RGB plane): what a reader holding only the top of a frame needs.
+pub fn strip_bytes(layout: &crate::frame::FrameLayout) -> usize {
+    let row = grid_pixel(layout.height, GRID_ROW_DIVISIONS, GRID_ROWS - 1) as usize;
+    let x = grid_pixel(layout.width, GRID_COLUMNS, GRID_COLUMNS - 1) as usize;
+    let end = if layout.format.is_yuv() {
+        x + 1
+    } else {
+        4 * x + 3
+    };
+    row * layout.stride as usize + end
+}
+
+/// Reads a timestamp from the top of a frame of `layout`: `top` holds at least its first
+/// [`strip_bytes`] bytes. See [`read_timestamp`].
+pub fn read_timestamp_top(layout: &crate::frame::FrameLayout, top: &[u8]) -> Option<u64> {
+    if layout.width < COLUMNS || layout.height < ROW_DIVISIONS {
+        return None;
+    }
+    read_timestamp_grid(&grid_levels(layout, top)?)
+}
+
+/// Reads a timestamp drawn by [`stamp_timestamp`] (or a [`super::SyntheticCamera`]) from a
+/// frame of any supported format, at the stamped size or rescaled. `None` if the frame
+/// carries no valid timestamp (missing start markers, too little contrast, or a check-byte
+/// mismatch).
+///
+/// Each block's level is the mean of 4 x 4 samples in its central half (a grid of
+/// [`CELLS_PER_BLOCK`] cells per block along each axis), so filtering at block edges does
+/// not matter and a reader touches [`GRID_ROWS`] rows of [`GRID_COLUMNS`] pixels, not the
+/// whole strip.
+pub fn read_timestamp(frame: FrameRef<'_>) -> Option<u64> {
+    frame.validate().ok()?;
+    read_timestamp_top(&frame.layout, frame.data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{FrameLayout, PixelFormat};
+
+    /// A reader holding only the top of a frame reads the stamp from [`strip_bytes`] of it,
+    /// and from one byte less it reads nothing (the last sampled pixel is missing).
+    #[test]
+    fn the_top_of_a_frame_is_enough_and_needed() {
+        for format in [PixelFormat::Nv12, PixelFormat::Rgba8] {
+            let layout = FrameLayout::packed(format, 1920, 1080).unwrap();
+            let mut data = vec![0u8; layout.size()];
+            let ts = 0x0123_4567_89ab_cdef;
+            stamp_timestamp(FrameMut::new(layout, &mut data).unwrap(), ts).unwrap();
+            let n = strip_bytes(&layout);
+            assert!(n < layout.size() / 3, "{format:?}: {n} bytes");
+            assert_eq!(
+                read_timestamp_top(&layout, &data[..n]),
+                Some(ts),
+                "{format:?}"
+            );
+            assert_eq!(
+                read_timestamp_top(&layout, &data[..n - 1]),
+                None,
+                "{format:?}"
+            );
+            assert_eq!(
+                read_timestamp(FrameRef::new(layout, &data).unwrap()),
+                Some(ts)
+            );
+        }
+    }
+
+    /// The grid reader takes levels sampled elsewhere (a GPU): the same pixels give the
+    /// same timestamp, and a flipped data bit fails the check byte.
+    #[test]
+    fn grid_levels_sampled_elsewhere_read_the_same() {
+        let layout = FrameLayout::packed(PixelFormat::Nv12, 1280, 720).unwrap();
+        let mut data = vec![0u8; layout.size()];
+        let ts = 1_700_000_000_123_456_789;
+        stamp_timestamp(FrameMut::new(layout, &mut data).unwrap(), ts).unwrap();
+        let mut levels = Vec::new();
+        for gy in 0..GRID_ROWS {
+            for gx in 0..GRID_COLUMNS {
+                let (x, y) = (
+                    grid_pixel(1280, GRID_COLUMNS, gx) as usize,
+                    grid_pixel(720, GRID_ROW_DIVISIONS, gy) as usize,
+                );
+                levels.push(data[y * layout.stride as usize + x]);
+            }
+        }
+        assert_eq!(read_timestamp_grid(&levels), Some(ts));
+        assert_eq!(read_timestamp_grid(&levels[..levels.len() - 1]), None);
+        // Block (5, 0) holds one data bit: its centre samples inverted.
+        for gy in CENTRE_CELLS {
+            for gx in CENTRE_CELLS.map(|j| 5 * CELLS_PER_BLOCK + j) {
+                let v = &mut levels[(gy * GRID_COLUMNS + gx) as usize];
+                *v = 251 - *v;
+            }
+        }
+        assert_eq!(read_timestamp_grid(&levels), None);
+    }
 }

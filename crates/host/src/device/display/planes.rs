@@ -7,7 +7,7 @@
 //! the guest's composition policy sends those layers to the GPU instead.
 //!
 //! A headless display, like a display controller, reads only what it needs: the capture-time
-//! stamp for motion-to-photon latency (a few rows of one plane). The full screen is composed
+//! stamp for motion-to-photon latency (a grid of 32 x 160 samples of one plane). The full screen is composed
 //! (on the CPU, from the planes) only when something needs pixels: a window, a snapshot.
 //! Those copies of frame bytes go on the guest's ledger.
 
@@ -17,8 +17,9 @@ use std::time::Instant;
 use virtsoc_display as vd;
 use virtsoc_gpu::{
     CpuBackend, FrameLayout, FrameRef, GpuBackend, GpuImage, ImageLayer, Layer, OwnedFrame,
-    PixelFormat, Rect, Rotation, WgpuBackend,
+    PixelFormat, Rect, Rotation, SampleAxis, WgpuBackend,
 };
+use virtsoc_media::camera::timestamp as ts;
 use virtsoc_proto::Status;
 use virtsoc_svm::{Backing, DomainId, SvmManager};
 
@@ -98,8 +99,11 @@ impl Plane {
         }
     }
 
-    /// The capture time the camera stamped into the plane's pixels, reading only the rows
-    /// that carry the stamp (the top quarter of the luma or RGB plane).
+    /// The capture time the camera stamped into the plane's pixels, reading only the samples
+    /// the stamp reader takes ([`ts::GRID_ROWS`] x [`ts::GRID_COLUMNS`] of the luma or RGB
+    /// plane): in place in host memory; on the GPU by one sampling dispatch and a 20 KB
+    /// readback; from other device memory by reading back the top rows through the last
+    /// sample.
     pub(super) fn stamped_time(&self, ledger: &Ledger) -> Option<u64> {
         let l = self.layout;
         let format = match l.format {
@@ -110,24 +114,54 @@ impl Plane {
         };
         let layout =
             virtsoc_media::FrameLayout::with_stride(format, l.width, l.height, l.stride).ok()?;
-        let size = layout.size();
-        let rows = (l.height as usize / 4 + 2).min(l.height as usize);
-        let stamp_bytes = (rows * l.stride as usize).min(size);
-        let read = |top: &[u8]| {
-            // The reader needs a frame of the full geometry; rows below the stamp are unread.
-            let mut frame = vec![0u8; size];
-            frame[..top.len()].copy_from_slice(top);
-            virtsoc_media::FrameRef::new(layout, &frame)
-                .ok()
-                .and_then(virtsoc_media::read_timestamp)
-        };
         match &self.backing {
             Backing::Host(buf) => {
                 let b = buf.lock();
-                let frame = virtsoc_media::FrameRef::new(layout, b.get(..size)?).ok()?;
-                virtsoc_media::read_timestamp(frame)
+                virtsoc_media::read_timestamp_top(&layout, b.get(..layout.size())?)
             }
-            _ => self.with_bytes(stamp_bytes, ledger, read).flatten(),
+            Backing::Device(mem) => match mem.as_any().downcast_ref::<GpuMemory>() {
+                Some(g) => {
+                    let axis = |size, samples, count| SampleAxis {
+                        origin: 0,
+                        size,
+                        samples,
+                        first: 0,
+                        count,
+                        step: 1,
+                        shift: 0,
+                    };
+                    let grid = (
+                        axis(l.width, ts::GRID_COLUMNS, ts::GRID_COLUMNS),
+                        axis(l.height, ts::GRID_ROW_DIVISIONS, ts::GRID_ROWS),
+                    );
+                    let yuv = layout.format.is_yuv();
+                    let t0 = Instant::now();
+                    let mut stamp = None;
+                    g.sample_plane(0, grid, |packed| {
+                        ledger.count(packed.len(), t0);
+                        let levels: Vec<u8> = packed
+                            .chunks_exact(4)
+                            .map(|p| match yuv {
+                                true => p[0],
+                                false => {
+                                    let sum =
+                                        u16::from(p[0]) + 2 * u16::from(p[1]) + u16::from(p[2]);
+                                    (sum / 4) as u8
+                                }
+                            })
+                            .collect();
+                        stamp = ts::read_timestamp_grid(&levels);
+                    })
+                    .ok()?;
+                    stamp
+                }
+                None => self
+                    .with_bytes(ts::strip_bytes(&layout), ledger, |top| {
+                        ts::read_timestamp_top(&layout, top)
+                    })
+                    .flatten(),
+            },
+            Backing::Window { .. } => None,
         }
     }
 }
