@@ -612,3 +612,75 @@ fn regions_freed_under_a_gpu_submission_are_released_after_it() {
     s.composite_atomic(&other);
     assert_eq!(s.read(&other).len(), (W * H * 4) as usize);
 }
+
+/// A display plane whose source is a CPU device's output (the swscale ISP's, in host memory)
+/// is scanned out where it is, as a display controller reads system RAM: nothing moves into
+/// GPU memory but the layer records, the display's checksum (verify mode) is that of the
+/// ISP's output, and the guest-staging baseline still uploads every frame.
+#[test]
+fn display_planes_of_host_memory_are_scanned_out_in_place() {
+    for (protocol, in_place) in [
+        ("write-invalidate", true),
+        ("prefetch", true),
+        ("guest-staging", false),
+    ] {
+        let d = Daemon::start(&["--display-size", "320x176", "--display-verify"]);
+        let c = open(&d, protocol);
+        let cam = c.alloc(0, W, H, Format::Nv12, 0).unwrap();
+        let rgb = c.alloc(0, W, H, Format::Rgba8, 0).unwrap();
+        let layers = c.alloc_blob(64).unwrap().id;
+        cpu_write(&c, layers, &layer(rgb.id, false).to_bytes());
+        let frames = 4u64;
+        for _ in 0..frames {
+            c.command_with_access(&camera::Capture { frame: cam.id })
+                .unwrap();
+            c.command_with_access(&isp::Convert {
+                src: cam.id,
+                dst: rgb.id,
+            })
+            .unwrap();
+            c.begin_access(rgb.id, display::ID, 0, rgb.size, AccessMode::Read)
+                .unwrap();
+            let shown = c
+                .command_with_access(&display::PresentLayers {
+                    layers,
+                    count: 1,
+                    capture_ns: 0,
+                })
+                .unwrap();
+            c.end_access(rgb.id, display::ID, 0, rgb.size, AccessMode::Read)
+                .unwrap();
+            let v = c.command(&display::Checksum::default()).unwrap();
+            assert_eq!(v.frame_id, shown.frame_id);
+            let want = crc32fast::hash(&cpu_read(&c, rgb.id, rgb.size as usize)) as u64;
+            assert_eq!(v.crc, want, "{protocol}: the screen is the ISP's output");
+        }
+        let gpu_domain = c
+            .devices()
+            .iter()
+            .find(|x| x.name == "display")
+            .unwrap()
+            .domain_id;
+        let into_gpu: u64 = links(&c)
+            .into_iter()
+            // Copies into GPU memory; the display's own (verify mode composing each
+            // frame) are src == dst.
+            .filter(|(_, l)| l.dst == gpu_domain && l.src != gpu_domain)
+            .map(|(_, l)| l.bytes)
+            .sum();
+        if in_place {
+            assert_eq!(
+                into_gpu,
+                64,
+                "{protocol}: only the layer records: {:?}",
+                links(&c)
+            );
+        } else {
+            assert!(
+                into_gpu >= frames * rgb.size,
+                "{protocol}: the baseline uploads each frame: {:?}",
+                links(&c)
+            );
+        }
+    }
+}

@@ -68,7 +68,7 @@ pub use frame::{
 pub use null::NullBackend;
 pub use wgpu_backend::{
     AdapterSummary, FloorTimings, GpuImage, ImageLayer, PendingFrame, SampleAxis, SubmissionId,
-    WgpuBackend, FLOOR_RUNS,
+    WgpuBackend, CPU_DRIVER_THREADS, FLOOR_RUNS,
 };
 
 /// Most layers one composition accepts.

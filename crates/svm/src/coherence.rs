@@ -84,6 +84,13 @@ pub trait Coherence: Send + Sync {
     /// The writer of `key` was held back `held` for its prefetch copies outside the guest (a
     /// fence signal on its device queue waited for them).
     fn note_hold(&self, _key: RegionKey, _held: Duration) {}
+    /// Whether a device that reads host memory directly ([`crate::AccessSpec::reads_host`])
+    /// may read a valid host replica in place. True for the protocols that know where every
+    /// replica is; the guest-staging baseline answers false, its devices pulling every read
+    /// from the guest.
+    fn reads_host_in_place(&self) -> bool {
+        true
+    }
 }
 
 /// The protocols that can be selected.
@@ -162,6 +169,10 @@ impl Coherence for GuestStaging {
             cx.copy(a.domain, DomainId::GUEST_WINDOW, a.range)?;
         }
         Ok(())
+    }
+
+    fn reads_host_in_place(&self) -> bool {
+        false
     }
 }
 

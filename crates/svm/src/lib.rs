@@ -135,6 +135,12 @@ pub struct AccessSpec {
     /// For an end_access: the guest waits for the completion and blocks for the compensation
     /// it asks for (else the writer's device queue holds its next fence signal instead).
     pub compensates: bool,
+    /// The device reads host memory directly, as a display controller scans out of system
+    /// RAM: a read-only access is served in place from a host-memory replica holding the
+    /// range's current contents when there is one (no copy), and from `domain` otherwise.
+    /// Protocols whose devices sync through the guest ignore it (see
+    /// [`Coherence::reads_host_in_place`]).
+    pub reads_host: bool,
 }
 
 impl AccessSpec {
@@ -147,6 +153,16 @@ impl AccessSpec {
             len,
             mode,
             compensates: false,
+            reads_host: false,
+        }
+    }
+
+    /// The same access, by a device that reads host memory in place (see
+    /// [`AccessSpec::reads_host`]).
+    pub fn reading_host(self, yes: bool) -> Self {
+        AccessSpec {
+            reads_host: yes,
+            ..self
         }
     }
 
@@ -433,7 +449,7 @@ impl SvmManager {
     fn step(
         &self,
         region: &Arc<Region>,
-        a: &AccessInfo,
+        (a, reads_host): (&AccessInfo, bool),
         begin: bool,
         report: &mut AccessReport,
         started: &mut Vec<Arc<CopyTicket>>,
@@ -441,6 +457,16 @@ impl SvmManager {
         let protocol = region.guest.protocol().clone();
         let mut state = region.lock();
         let mut cx = RegionCtx::new(region, &mut state, &self.engine);
+        // A device reading host memory in place reads a valid host replica where it is.
+        let in_place = reads_host && a.mode == AccessMode::Read && protocol.reads_host_in_place();
+        let moved;
+        let a = match in_place.then(|| cx.valid_host_domain(a.range)).flatten() {
+            Some(domain) => {
+                moved = AccessInfo { domain, ..*a };
+                &moved
+            }
+            None => a,
+        };
         let step = if begin {
             protocol.begin_access(&mut cx, a)?
         } else {
@@ -483,7 +509,13 @@ impl SvmManager {
         let mut retry = false;
         loop {
             let a = self.info(&region, spec, retry)?;
-            match self.step(&region, &a, true, &mut report, &mut Vec::new())? {
+            match self.step(
+                &region,
+                (&a, spec.reads_host),
+                true,
+                &mut report,
+                &mut Vec::new(),
+            )? {
                 Step::Done => return Ok(self.finish(report, t0)),
                 Step::WaitFor(t) => {
                     t.wait();
@@ -511,7 +543,13 @@ impl SvmManager {
         let mut report = AccessReport::default();
         let a = self.info(&region, spec, retry)?;
         Ok(
-            match self.step(&region, &a, true, &mut report, &mut Vec::new())? {
+            match self.step(
+                &region,
+                (&a, spec.reads_host),
+                true,
+                &mut report,
+                &mut Vec::new(),
+            )? {
                 Step::Done => Progress::Done(self.finish(report, t0)),
                 Step::WaitFor(t) => Progress::Wait(t),
             },
@@ -526,7 +564,13 @@ impl SvmManager {
         let mut report = AccessReport::default();
         let mut started = Vec::new();
         let a = self.info(&region, spec, false)?;
-        self.step(&region, &a, false, &mut report, &mut started)?;
+        self.step(
+            &region,
+            (&a, spec.reads_host),
+            false,
+            &mut report,
+            &mut started,
+        )?;
         Ok(EndReport {
             report: self.finish(report, t0),
             started,
@@ -548,6 +592,24 @@ impl SvmManager {
             )),
             b => Ok(b.clone()),
         }
+    }
+
+    /// The replica a device that reads host memory in place ([`AccessSpec::reads_host`])
+    /// reads the whole region from, after its read access began: a host-memory replica
+    /// holding the current contents when there is one and the guest's protocol allows it,
+    /// else the device's own replica in `domain`. No lock is held on return.
+    pub fn read_replica(&self, guest: u64, id: u64, domain: DomainId) -> Result<Backing> {
+        let region = self.region(guest, id)?;
+        if region.guest.protocol().reads_host_in_place() {
+            let mut state = region.lock();
+            let cx = RegionCtx::new(&region, &mut state, &self.engine);
+            if let Some(d) = cx.valid_host_domain((0, region.meta.size)) {
+                if let Some(r) = state.replicas.get(&d) {
+                    return Ok(r.backing.clone());
+                }
+            }
+        }
+        self.replica(guest, id, domain)
     }
 
     /// A replica of the region in host memory that holds its current contents, with the

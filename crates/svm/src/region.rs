@@ -183,6 +183,21 @@ impl<'a> RegionCtx<'a> {
             .is_some_and(|r| !self.state.written || !r.stale.overlaps(range))
     }
 
+    /// The first host-memory domain (not the guest window) whose replica holds the current
+    /// contents of `range`, if any.
+    pub fn valid_host_domain(&self, range: Range) -> Option<DomainId> {
+        let mut host: Vec<DomainId> = self
+            .state
+            .replicas
+            .iter()
+            .filter(|(_, r)| matches!(r.backing, Backing::Host(_)))
+            .map(|(d, _)| *d)
+            .filter(|d| *d != DomainId::GUEST_WINDOW && self.is_valid_in(*d, range))
+            .collect();
+        host.sort();
+        host.first().copied()
+    }
+
     /// Domains holding the current contents of `range`.
     pub fn valid_domains_in(&self, range: Range) -> Vec<DomainId> {
         self.state

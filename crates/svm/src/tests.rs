@@ -916,3 +916,91 @@ fn a_host_replica_with_the_current_contents_is_found_with_its_generation() {
     assert!(f.svm.host_replica(1, id + 99).is_err());
     assert!(f.svm.host_replica(2, id).is_err());
 }
+
+/// A device that reads host memory directly (a display controller) reads a host replica
+/// holding the current contents where it is: no copy, not even into its own device memory,
+/// and `read_replica` hands it that replica. When only device memory holds the contents, or
+/// under the guest-staging baseline (devices pull from the guest), it fetches into its own
+/// domain as any reader does; a write is never redirected.
+#[test]
+fn a_host_memory_reader_reads_a_current_host_replica_in_place() {
+    for kind in ProtocolKind::ALL {
+        let f = fixture(kind, |_, _, _| {});
+        let alloc = Arc::new(FakeAllocator::default());
+        f.svm.set_allocator(f.cons, alloc.clone());
+        let (id, _) = f.svm.alloc(1, blob(64 << 10)).unwrap();
+        let size = 64 << 10;
+        let reader = |mode| spec(f.cons, 0, size, mode).reading_host(true);
+        let uploaded = || -> u64 {
+            let made = alloc.made.lock().unwrap();
+            made.iter()
+                .map(|m| m.uploaded.load(Ordering::Relaxed))
+                .sum()
+        };
+        // The producer (host memory) writes; the host-memory reader reads.
+        for seed in 1..4u8 {
+            f.svm
+                .begin_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+                .unwrap();
+            f.svm.with_replica(1, id, f.prod, |b| b.fill(seed)).unwrap();
+            f.svm
+                .end_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+                .unwrap();
+            let r = f
+                .svm
+                .begin_access(1, id, &reader(AccessMode::Read))
+                .unwrap();
+            let backing = f.svm.read_replica(1, id, f.cons).unwrap();
+            f.svm.end_access(1, id, &reader(AccessMode::Read)).unwrap();
+            if kind == ProtocolKind::GuestStaging {
+                assert!(r.copies > 0, "{kind}: the baseline pulls from the guest");
+                assert!(matches!(backing, Backing::Device(_)), "{kind}");
+            } else {
+                assert_eq!(
+                    (r.copies, r.bytes),
+                    (0, 0),
+                    "{kind} seed {seed}: read in place"
+                );
+                match backing {
+                    Backing::Host(b) => assert!(b.lock().iter().all(|&x| x == seed), "{kind}"),
+                    other => panic!("{kind}: {other:?}"),
+                }
+            }
+        }
+        if kind != ProtocolKind::GuestStaging {
+            assert_eq!(uploaded(), 0, "{kind}: nothing went to device memory");
+        }
+        // Without the flag, the same reader fetches into its device memory.
+        let r = f
+            .svm
+            .begin_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+            .unwrap();
+        f.svm
+            .end_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+            .unwrap();
+        if kind != ProtocolKind::GuestStaging {
+            assert_eq!(r.bytes, size, "{kind}: an ordinary read copies");
+        }
+        // A write with the flag stays in the device's domain, leaving only device memory
+        // current: the next in-place read has no host replica and reads its own domain.
+        f.svm
+            .begin_access(1, id, &reader(AccessMode::Write))
+            .unwrap();
+        f.svm.end_access(1, id, &reader(AccessMode::Write)).unwrap();
+        let r = f
+            .svm
+            .begin_access(1, id, &reader(AccessMode::Read))
+            .unwrap();
+        if kind != ProtocolKind::GuestStaging {
+            assert_eq!(r.copies, 0, "{kind}: its own domain is current");
+        }
+        assert!(
+            matches!(
+                f.svm.read_replica(1, id, f.cons).unwrap(),
+                Backing::Device(_)
+            ),
+            "{kind}: device memory holds the last write"
+        );
+        f.svm.end_access(1, id, &reader(AccessMode::Read)).unwrap();
+    }
+}

@@ -55,6 +55,11 @@ struct Args {
     /// ISP backend: swscale, gpu, cpu, null.
     #[arg(long, default_value = "swscale")]
     isp_backend: String,
+    /// Nice value (0-19) of a CPU Vulkan driver's worker threads (lavapipe), so the emulated
+    /// GPU leaves the cores to the CPU-side devices first; 0 leaves them alone. No effect on
+    /// a real GPU.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
+    gpu_driver_nice: i32,
     /// Decoding threads per decoder.
     #[arg(long, default_value_t = 2)]
     codec_threads: usize,
@@ -238,6 +243,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         devices: virtsoc_host::device::registry::DeviceConfig {
             gpu: args.gpu_backend.clone(),
             isp: args.isp_backend.clone(),
+            gpu_driver_nice: args.gpu_driver_nice,
             codec_threads: args.codec_threads,
             codec_worker: if args.codec_process {
                 Some(std::env::current_exe()?)

@@ -61,6 +61,7 @@
 
 mod bytes;
 mod completion;
+mod driver_threads;
 mod floor;
 mod image;
 mod ops;
@@ -78,6 +79,7 @@ use virtsoc_sync::LockExt;
 use crate::{FrameLayout, GpuError, Result};
 
 pub use bytes::PendingFrame;
+pub use driver_threads::CPU_DRIVER_THREADS;
 pub use floor::{FloorTimings, FLOOR_RUNS};
 pub use image::GpuImage;
 pub use ops::ImageLayer;

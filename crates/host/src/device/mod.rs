@@ -114,6 +114,13 @@ pub trait Device: Send + Sync {
     fn memory_domain(&self) -> &str {
         self.name()
     }
+    /// Whether the device reads host memory directly (a display controller scans out of
+    /// system RAM): its read accesses are then served in place from a host-memory replica
+    /// holding the current contents, with no copy into its own domain
+    /// ([`AccessSpec::reads_host`]). By default no.
+    fn reads_host_memory(&self) -> bool {
+        false
+    }
     /// Memory of the device's own kind for the replicas of its domain (a GPU's textures),
     /// if its replicas do not live in host memory.
     fn allocator(&self) -> Option<Arc<dyn virtsoc_svm::DeviceAllocator>> {
@@ -439,7 +446,7 @@ fn execute(
     match Opcode::from_u32(req.opcode) {
         Some(Opcode::BeginAccess) => {
             let (id, spec) = match access_spec(&req, slot.domain) {
-                Ok(x) => x,
+                Ok((id, spec)) => (id, spec.reading_host(slot.device.reads_host_memory())),
                 Err(st) => {
                     reply.send(Err(st));
                     return None;
@@ -453,7 +460,7 @@ fn execute(
         }
         Some(Opcode::EndAccess) => {
             let (id, spec) = match access_spec(&req, slot.domain) {
-                Ok(x) => x,
+                Ok((id, spec)) => (id, spec.reading_host(slot.device.reads_host_memory())),
                 Err(st) => {
                     reply.send(Err(st));
                     return None;

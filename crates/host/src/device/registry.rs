@@ -16,6 +16,11 @@ pub struct DeviceConfig {
     pub gpu: String,
     /// ISP backend: `swscale`, `gpu` (compute shader), `cpu`, `null`.
     pub isp: String,
+    /// Nice value of a CPU Vulkan driver's worker threads (lavapipe's `llvmpipe-N`), so the
+    /// emulated GPU does not take the cores from the CPU-side devices (see
+    /// [`virtsoc_gpu::WgpuBackend::renice_cpu_driver_threads`]); 0 leaves them alone. No
+    /// effect on a real GPU.
+    pub gpu_driver_nice: i32,
     /// Decoding threads per decoder.
     pub codec_threads: usize,
     /// Display refresh rate.
@@ -41,6 +46,7 @@ impl Default for DeviceConfig {
         DeviceConfig {
             gpu: "wgpu".into(),
             isp: "swscale".into(),
+            gpu_driver_nice: 10,
             codec_threads: 2,
             refresh_hz: 60,
             display_size: (display::WIDTH, display::HEIGHT),

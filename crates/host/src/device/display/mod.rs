@@ -198,13 +198,15 @@ impl Display {
             .clone()
     }
 
-    /// A plane scanning out region `src` of the calling guest from its replica in the
-    /// display's memory (the guest must have begun a read access to it from the display).
+    /// A plane scanning out region `src` of the calling guest where the display's read
+    /// access found it: a host-memory replica holding the current contents, else the
+    /// replica in the display's (the GPU's) memory. The guest must have begun a read access
+    /// to it from the display.
     fn plane(&self, cx: &DeviceCtx<'_>, spec: &LayerSpec) -> Answer<Plane> {
         let layout = layout_of(cx, spec.src)?;
         let backing = cx
             .svm
-            .replica(cx.guest, spec.src, cx.domain)
+            .read_replica(cx.guest, spec.src, cx.domain)
             .map_err(|e| crate::dispatch::status_of(&e))?;
         let generation = cx
             .svm
@@ -392,8 +394,14 @@ impl Device for Display {
     }
 
     fn memory_domain(&self) -> &str {
-        // A display controller scans out of the GPU's memory.
+        // A display controller scans out of the GPU's memory...
         "gpu"
+    }
+
+    fn reads_host_memory(&self) -> bool {
+        // ... and out of system RAM: a plane whose source is current in host memory (a CPU
+        // device's output) is scanned out where it is, not uploaded first.
+        true
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {

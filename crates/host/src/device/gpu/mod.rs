@@ -176,6 +176,18 @@ impl Gpu {
         let (backend, wgpu, desc) = match cfg.gpu.as_str() {
             "wgpu" => match WgpuBackend::new() {
                 Ok(b) => {
+                    if cfg.gpu_driver_nice != 0 {
+                        match b.renice_cpu_driver_threads(cfg.gpu_driver_nice) {
+                            Ok(0) => {}
+                            Ok(n) => log::info!(
+                                "gpu: {n} CPU driver threads at nice {}",
+                                cfg.gpu_driver_nice
+                            ),
+                            Err(e) => {
+                                log::warn!("gpu: cannot renice the CPU driver's threads: {e}")
+                            }
+                        }
+                    }
                     let desc = format!("wgpu on {} (resident images)", b.adapter_info());
                     let b = Arc::new(b);
                     (b.clone() as Arc<dyn GpuBackend>, Some(b), desc)
