@@ -6,10 +6,10 @@
 //! goes back to the system when the replica is dropped. Window ranges are accessed only through the window's checked
 //! volatile accessors: the guest can change them at any time.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use virtsoc_proto::SharedWindow;
-use virtsoc_sync::LockExt;
+use virtsoc_sync::RwLockExt;
 
 use crate::{Result, SvmError};
 
@@ -73,17 +73,18 @@ impl std::ops::DerefMut for PageBytes {
     }
 }
 
-/// A replica held in host memory.
+/// A replica held in host memory. Readers share it (a device reading a replica in place
+/// while the copy engine copies it out); a writer has it alone.
 #[derive(Debug)]
 pub struct HostBuf {
-    bytes: Mutex<PageBytes>,
+    bytes: RwLock<PageBytes>,
 }
 
 impl HostBuf {
     /// A zeroed, page-aligned buffer of `len` bytes; `OutOfMemory` when it cannot be mapped.
     pub fn try_zeroed(len: usize) -> Result<Arc<Self>> {
         Ok(Arc::new(HostBuf {
-            bytes: Mutex::new(PageBytes::map(len)?),
+            bytes: RwLock::new(PageBytes::map(len)?),
         }))
     }
 
@@ -92,27 +93,36 @@ impl HostBuf {
         Self::try_zeroed(len).expect("map a host buffer")
     }
 
-    /// Locks the bytes.
-    pub fn lock(&self) -> MutexGuard<'_, PageBytes> {
-        self.bytes.lock_or_recover()
+    /// Locks the bytes for writing (alone).
+    pub fn lock(&self) -> RwLockWriteGuard<'_, PageBytes> {
+        self.bytes.write_or_recover()
+    }
+
+    /// Locks the bytes for reading (shared with other readers).
+    pub fn read(&self) -> RwLockReadGuard<'_, PageBytes> {
+        self.bytes.read_or_recover()
     }
 }
 
-/// Locks two distinct host buffers, in address order so that two threads locking the same
-/// pair the other way round cannot deadlock; `None` when they are the same buffer.
+/// Locks two distinct host buffers, `a` to read and `b` to write, in address order so that
+/// two threads locking the same pair the other way round cannot deadlock; `None` when they
+/// are the same buffer.
 pub fn lock_two<'a>(
     a: &'a Arc<HostBuf>,
     b: &'a Arc<HostBuf>,
-) -> Option<(MutexGuard<'a, PageBytes>, MutexGuard<'a, PageBytes>)> {
+) -> Option<(
+    RwLockReadGuard<'a, PageBytes>,
+    RwLockWriteGuard<'a, PageBytes>,
+)> {
     if Arc::ptr_eq(a, b) {
         return None;
     }
     Some(if Arc::as_ptr(a) < Arc::as_ptr(b) {
-        let ga = a.lock();
+        let ga = a.read();
         (ga, b.lock())
     } else {
         let gb = b.lock();
-        (a.lock(), gb)
+        (a.read(), gb)
     })
 }
 
@@ -174,7 +184,7 @@ pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64) -> Result<()
             }
         }
         (Backing::Host(a), Backing::Window { win, offset }) => {
-            let g = a.lock();
+            let g = a.read();
             win.copy_in(offset + off, g.get(o..end).ok_or(SvmError::OutOfRange)?)?;
         }
         (Backing::Window { win, offset }, Backing::Host(b)) => {
@@ -182,7 +192,7 @@ pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64) -> Result<()
             win.copy_out(offset + off, g.get_mut(o..end).ok_or(SvmError::OutOfRange)?)?;
         }
         (Backing::Host(a), Backing::Device(d)) => {
-            let g = a.lock();
+            let g = a.read();
             d.write(off, g.get(o..end).ok_or(SvmError::OutOfRange)?)?;
         }
         (Backing::Device(d), Backing::Host(b)) => {

@@ -662,10 +662,24 @@ impl SvmManager {
         domain: DomainId,
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
     ) -> Result<T> {
-        match (
-            self.replica(guest, src, domain)?,
-            self.replica(guest, dst, domain)?,
-        ) {
+        self.with_source_and_replica(guest, (src, dst), domain, false, f)
+    }
+
+    /// [`with_replicas`](Self::with_replicas) for a device that may read host memory in
+    /// place (`reads_host`): `src` is then read from [`read_replica`](Self::read_replica).
+    pub fn with_source_and_replica<T>(
+        &self,
+        guest: u64,
+        (src, dst): (u64, u64),
+        domain: DomainId,
+        reads_host: bool,
+        f: impl FnOnce(&[u8], &mut [u8]) -> T,
+    ) -> Result<T> {
+        let source = match reads_host {
+            true => self.read_replica(guest, src, domain)?,
+            false => self.replica(guest, src, domain)?,
+        };
+        match (source, self.replica(guest, dst, domain)?) {
             (Backing::Host(a), Backing::Host(b)) => {
                 let (ga, mut gb) = backing::lock_two(&a, &b).ok_or_else(|| {
                     SvmError::BadArgument("source and destination are one region".into())

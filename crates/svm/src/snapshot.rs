@@ -38,7 +38,7 @@ pub struct RegionImage {
 fn read_backing(b: &Backing, off: u64, dst: &mut [u8]) -> Result<()> {
     match b {
         Backing::Host(buf) => {
-            let g = buf.lock();
+            let g = buf.read();
             let o = usize::try_from(off).map_err(|_| SvmError::OutOfRange)?;
             let end = o.checked_add(dst.len()).ok_or(SvmError::OutOfRange)?;
             dst.copy_from_slice(g.get(o..end).ok_or(SvmError::OutOfRange)?);

@@ -22,6 +22,9 @@ pub struct DeviceCtx<'a> {
     pub domain: DomainId,
     /// The guest's virtual fence table (e.g. to signal a fence at the next vsync).
     pub fences: &'a Arc<VirtualFenceTable>,
+    /// The device reads host memory in place ([`super::Device::reads_host_memory`]): its
+    /// sources come from [`SvmManager::read_replica`].
+    pub reads_host: bool,
     /// Why the command failed, for the guest ([`DeviceCtx::fail`]).
     reason: std::sync::Mutex<Option<String>>,
 }
@@ -39,7 +42,34 @@ impl<'a> DeviceCtx<'a> {
             svm,
             domain,
             fences,
+            reads_host: false,
             reason: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The same context for a device that reads host memory in place.
+    pub fn reading_host(mut self, yes: bool) -> Self {
+        self.reads_host = yes;
+        self
+    }
+
+    /// The replica the device reads region `id` from: a current host-memory replica where
+    /// it is, for a device that reads host memory in place; else its own.
+    fn source(&self, id: u64) -> Result<virtsoc_svm::Backing, Status> {
+        match self.reads_host {
+            true => self.svm.read_replica(self.guest, id, self.domain),
+            false => self.svm.replica(self.guest, id, self.domain),
+        }
+        .map_err(|e| dispatch::status_of(&e))
+    }
+
+    /// Runs `f` on the bytes of region `id` as the device reads them (see
+    /// [`source`](Self::source)). The guest must have begun a read access to it from this
+    /// device.
+    pub fn with_source<T>(&self, id: u64, f: impl FnOnce(&[u8]) -> T) -> Result<T, Status> {
+        match self.source(id)? {
+            virtsoc_svm::Backing::Host(b) => Ok(f(&b.read())),
+            _ => Err(Status::BadArgument),
         }
     }
 
@@ -65,8 +95,9 @@ impl<'a> DeviceCtx<'a> {
             .map_err(|e| dispatch::status_of(&e))
     }
 
-    /// Runs `f` on the bytes of `src` (read) and `dst` (written) in this device's memory,
-    /// both locked at once (the same region twice is `BadArgument`).
+    /// Runs `f` on the bytes of `src` (read, from [`source`](Self::source)) and `dst`
+    /// (written, in this device's memory), both locked at once (the same region twice is
+    /// `BadArgument`).
     pub fn with_regions<T>(
         &self,
         src: u64,
@@ -74,24 +105,25 @@ impl<'a> DeviceCtx<'a> {
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
     ) -> Result<T, Status> {
         self.svm
-            .with_replicas(self.guest, (src, dst), self.domain, f)
+            .with_source_and_replica(self.guest, (src, dst), self.domain, self.reads_host, f)
             .map_err(|e| dispatch::status_of(&e))
     }
 
-    /// A copy of the first `n` bytes of region `id` in this device's memory, wherever that
-    /// memory is (read back from device memory); counted on the guest's ledger.
+    /// A copy of the first `n` bytes of region `id` as the device reads it (see
+    /// [`source`](Self::source)), wherever that memory is (read back from device memory);
+    /// counted on the guest's ledger.
     pub fn read_bytes(&self, id: u64, n: usize) -> Result<Vec<u8>, Status> {
         let t0 = std::time::Instant::now();
         let mut out = vec![0u8; n];
-        match self.svm.replica(self.guest, id, self.domain) {
+        match self.source(id) {
             Ok(virtsoc_svm::Backing::Host(b)) => {
-                out.copy_from_slice(b.lock().get(..n).ok_or(Status::OutOfRange)?)
+                out.copy_from_slice(b.read().get(..n).ok_or(Status::OutOfRange)?)
             }
             Ok(virtsoc_svm::Backing::Device(m)) => {
                 m.read(0, &mut out).map_err(|e| dispatch::status_of(&e))?
             }
             Ok(_) => return Err(Status::BadArgument),
-            Err(e) => return Err(dispatch::status_of(&e)),
+            Err(st) => return Err(st),
         }
         self.count_copy(n, t0);
         Ok(out)
@@ -115,6 +147,12 @@ impl<'a> DeviceCtx<'a> {
         }
         self.count_copy(bytes.len(), t0);
         Ok(())
+    }
+
+    /// Whether the device reads region `id` (see [`source`](Self::source)) from device
+    /// memory.
+    pub fn source_in_device_memory(&self, id: u64) -> bool {
+        matches!(self.source(id), Ok(virtsoc_svm::Backing::Device(_)))
     }
 
     /// Whether region `id`'s replica in this device's domain is in device memory.

@@ -87,7 +87,7 @@ impl Isp {
             return Ok([0; 6]);
         }
         let (n, dn) = (src_layout.size(), dst_layout.size());
-        if cx.in_device_memory(src) || cx.in_device_memory(dst) {
+        if cx.source_in_device_memory(src) || cx.in_device_memory(dst) {
             // GPU memory (the `gpu` backend's YUV destinations, which swscale writes): read
             // back, convert on the CPU, upload; every copy on the ledger.
             let s = cx.read_bytes(src, n)?;
@@ -161,6 +161,12 @@ impl Device for Isp {
             Engine::Gpu { .. } => "gpu",
             Engine::Media(_) => "isp",
         }
+    }
+
+    fn reads_host_memory(&self) -> bool {
+        // The CPU backends read a source where it is current in host memory (a camera
+        // frame); the GPU backend reads its own memory.
+        matches!(self.engine, Engine::Media(_))
     }
 
     fn backend(&self) -> String {

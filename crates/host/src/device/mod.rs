@@ -485,7 +485,8 @@ fn execute(
             }
         }
         Some(Opcode::DeviceCmd) => {
-            let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences());
+            let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences())
+                .reading_host(slot.device.reads_host_memory());
             if let Err(st) = validate(slot.id, &cx, &req.args) {
                 reply.send(Err(st));
                 return None;

@@ -278,7 +278,7 @@ impl Codec {
             return Err(Status::Busy);
         }
         let decoder = &mut s.decoder;
-        let r = cx.with_region(c.bitstream, |bytes| match bytes.get(..len) {
+        let r = cx.with_source(c.bitstream, |bytes| match bytes.get(..len) {
             Some(packet) => decoder.decode(packet, c.pts as i64),
             None => Err(MediaError::BufferTooSmall {
                 needed: len,
@@ -470,7 +470,7 @@ impl Codec {
         }
         let encoder = &mut s.encoder;
         let packets = cx
-            .with_region(c.frame, |bytes| {
+            .with_source(c.frame, |bytes| {
                 FrameRef::new(layout, bytes).and_then(|f| encoder.encode(f, c.pts as i64))
             })?
             .map_err(|e| {
@@ -529,6 +529,12 @@ impl Device for Codec {
 
     fn backend(&self) -> String {
         self.backend.clone()
+    }
+
+    fn reads_host_memory(&self) -> bool {
+        // libavcodec runs on the CPU: bitstreams and frames to encode are read where they
+        // are current in host memory.
+        true
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {

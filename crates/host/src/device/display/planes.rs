@@ -85,7 +85,7 @@ impl Plane {
     fn with_bytes<T>(&self, n: usize, ledger: &Ledger, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
         match &self.backing {
             Backing::Host(buf) => {
-                let b = buf.lock();
+                let b = buf.read();
                 Some(f(b.get(..n)?))
             }
             Backing::Device(mem) => {
@@ -116,7 +116,7 @@ impl Plane {
             virtsoc_media::FrameLayout::with_stride(format, l.width, l.height, l.stride).ok()?;
         match &self.backing {
             Backing::Host(buf) => {
-                let b = buf.lock();
+                let b = buf.read();
                 virtsoc_media::read_timestamp_top(&layout, b.get(..layout.size())?)
             }
             Backing::Device(mem) => match mem.as_any().downcast_ref::<GpuMemory>() {

@@ -419,7 +419,7 @@ fn with_samples(
         _ => None,
     };
     match host.as_ref().unwrap_or(&plane.backing) {
-        Backing::Host(buf) => f(&Samples::host(&buf.lock(), &info, (x, y), bgra)?),
+        Backing::Host(buf) => f(&Samples::host(&buf.read(), &info, (x, y), bgra)?),
         Backing::Device(mem) => {
             let t0 = std::time::Instant::now();
             let bytes = x.count as usize * y.count as usize * 4;
