@@ -684,3 +684,88 @@ fn display_planes_of_host_memory_are_scanned_out_in_place() {
         }
     }
 }
+
+/// `gpu::composite_damage` through the daemon: after a whole composition, the guest changes
+/// the UI and recomposes only a damaged rectangle. Inside it the result is the new
+/// composition (the CPU reference's, within the backends' tolerance), outside it the pixels
+/// of the first one, unchanged; on GPU memory and on the CPU backend, in every protocol. A
+/// rectangle outside the target is `BadArgument`.
+#[test]
+fn a_damaged_rectangle_is_recomposed_and_the_rest_kept() {
+    use virtsoc_guest::devices::pack_damage;
+    let (x0, y0, dw, dh) = (40u32, 24u32, 96u32, 64u32);
+    let inside = |i: usize| {
+        let (x, y) = ((i % W as usize) as u32, (i / W as usize) as u32);
+        (x0..x0 + dw).contains(&x) && (y0..y0 + dh).contains(&y)
+    };
+    let cpu = Daemon::start(&["--gpu-backend", "cpu"]);
+    for backend in ["cpu", "wgpu"] {
+        let d = Daemon::start(&["--gpu-backend", backend]);
+        for protocol in ["write-invalidate", "prefetch", "guest-staging"] {
+            let c = open(&d, protocol);
+            let s = Scene::new(&c, 3);
+            s.composite_atomic(&c);
+            let before = s.read(&c);
+            // The UI changes; the reference is the whole composition of the new UI.
+            let ui: Vec<u8> = overlay().iter().map(|b| b.wrapping_add(77)).collect();
+            cpu_write(&c, s.ui, &ui);
+            let want = {
+                let rc = open(&cpu, protocol);
+                let r = Scene::new(&rc, 3);
+                cpu_write(&rc, r.ui, &ui);
+                r.composite_atomic(&rc);
+                r.read(&rc)
+            };
+            for src in [s.video, s.ui] {
+                let size = c.region(src).unwrap().size;
+                c.begin_access(src, gpu::ID, 0, size, AccessMode::Read)
+                    .unwrap();
+            }
+            let damage = pack_damage(x0 as u16, y0 as u16, dw as u16, dh as u16);
+            c.command_with_access(&gpu::CompositeDamage {
+                layers: s.layers,
+                count: 2,
+                dst: s.out,
+                damage,
+            })
+            .unwrap();
+            let bad = c.command_with_access(&gpu::CompositeDamage {
+                layers: s.layers,
+                count: 2,
+                dst: s.out,
+                damage: pack_damage(W as u16 - 8, 0, 16, 16),
+            });
+            assert_eq!(
+                common::status_of(bad),
+                Status::BadArgument,
+                "{backend} {protocol}"
+            );
+            for src in [s.video, s.ui] {
+                let size = c.region(src).unwrap().size;
+                c.end_access(src, gpu::ID, 0, size, AccessMode::Read)
+                    .unwrap();
+            }
+            let after = s.read(&c);
+            let (mut changed, mut kept) = (0, 0);
+            for (i, ((a, b), w)) in after
+                .chunks_exact(4)
+                .zip(before.chunks_exact(4))
+                .zip(want.chunks_exact(4))
+                .enumerate()
+            {
+                if inside(i) {
+                    assert!(
+                        max_diff(a, w) <= MAX_BACKEND_DIFF,
+                        "{backend} {protocol}: pixel {i} inside: {a:?} vs {w:?}"
+                    );
+                    changed += usize::from(a != b);
+                } else {
+                    assert_eq!(a, b, "{backend} {protocol}: pixel {i} outside changed");
+                    kept += 1;
+                }
+            }
+            assert!(changed > 0, "{backend} {protocol}: the new UI shows inside");
+            assert_eq!(kept, (W * H - dw * dh) as usize);
+        }
+    }
+}

@@ -283,6 +283,12 @@ devices! {
         fn markers(markers: region_r, count: u64, dst: region_rw) -> (gpu_us) = 3;
         /// Converts `src` into `dst` with a compute shader.
         fn convert(src: region_r, dst: region_w) -> (gpu_us) = 4;
+        /// `composite` limited to the damaged rectangle of `dst` packed in `damage` as
+        /// `x | y << 16 | width << 32 | height << 48` (see `pack_damage`): the layers are
+        /// placed as for the whole of `dst` and drawn only inside the rectangle, over what
+        /// `dst` holds there; the pixels outside are left alone (so `dst` is read and
+        /// written). `BadArgument` for an empty rectangle or one reaching outside `dst`.
+        fn composite_damage(layers: region_r, count: u64, dst: region_rw, damage: u64) -> (gpu_us) = 5;
     }
 
     /// Display: scan-out paced by a vsync clock; headless unless a window is configured.
@@ -317,6 +323,21 @@ devices! {
         /// Reads up to 40 bytes of modem output, packed little-endian in `b0`..`b4`.
         fn read() -> (len, b0, b1, b2, b3, b4) = 2;
     }
+}
+
+/// The `damage` argument of `gpu::composite` for the rectangle at (`x`, `y`) of `width` x
+/// `height` pixels (each at most 65535).
+pub fn pack_damage(x: u16, y: u16, width: u16, height: u16) -> u64 {
+    u64::from(x) | u64::from(y) << 16 | u64::from(width) << 32 | u64::from(height) << 48
+}
+
+/// The rectangle (x, y, width, height) packed by [`pack_damage`]; `None` for 0 (the whole
+/// destination).
+pub fn unpack_damage(damage: u64) -> Option<[u32; 4]> {
+    (damage != 0).then(|| {
+        let f = |shift: u32| ((damage >> shift) & 0xffff) as u32;
+        [f(0), f(16), f(32), f(48)]
+    })
 }
 
 /// The declaration of the device with id `id`.

@@ -424,6 +424,51 @@ pub trait GpuBackend: Send + Sync {
         self.composite_with(layers, dst, Clear::Black)
     }
 
+    /// Draws `layers` in order onto the `damage` rectangle of `dst` (RGBA8 or BGRA8) over
+    /// its current contents; pixels outside `damage` are left alone. The layers are placed
+    /// as for the whole target. By default through a scratch frame of the damaged area (its
+    /// pixels copied in, composed with the layers moved by the rectangle's origin, copied
+    /// back): exact for every backend, and cheap when the damage is small.
+    fn composite_damage(
+        &self,
+        layers: &[Layer<'_>],
+        dst: FrameMut<'_>,
+        damage: Rect,
+    ) -> Result<GpuStats> {
+        let l = dst.layout;
+        check_rgb_dst("composite", &l, dst.data.len())?;
+        check_damage(damage, l.width, l.height)?;
+        let (x, y, w, h) = (
+            damage.x as usize,
+            damage.y as usize,
+            damage.width as usize,
+            damage.height as usize,
+        );
+        let stride = l.stride as usize;
+        let mut scratch = OwnedFrame::new(FrameLayout::new(l.format, damage.width, damage.height))?;
+        let rows = |data_row: usize| data_row * stride + x * 4..data_row * stride + (x + w) * 4;
+        for (r, out) in scratch.data.chunks_exact_mut(w * 4).enumerate().take(h) {
+            out.copy_from_slice(&dst.data[rows(y + r)]);
+        }
+        let moved: Vec<Layer<'_>> = layers
+            .iter()
+            .map(|layer| Layer {
+                dst_rect: Rect::new(
+                    layer.dst_rect.x - damage.x,
+                    layer.dst_rect.y - damage.y,
+                    layer.dst_rect.width,
+                    layer.dst_rect.height,
+                ),
+                ..*layer
+            })
+            .collect();
+        let stats = self.composite_with(&moved, scratch.as_mut(), Clear::Keep)?;
+        for (r, src) in scratch.data.chunks_exact(w * 4).enumerate().take(h) {
+            dst.data[rows(y + r)].copy_from_slice(src);
+        }
+        Ok(stats)
+    }
+
     /// Renders a rectilinear view of the equirectangular 360-degree `src` into
     /// `dst` (RGBA8 or BGRA8).
     fn project_equirect(
@@ -443,6 +488,22 @@ pub trait GpuBackend: Send + Sync {
 
 // ---------------------------------------------------------------------------
 // Validation shared by all backends.
+
+/// Checks that `damage` is a non-empty rectangle inside a `width` x `height` target.
+pub fn check_damage(damage: Rect, width: u32, height: u32) -> Result<()> {
+    let inside = damage.x >= 0
+        && damage.y >= 0
+        && damage.width > 0
+        && damage.height > 0
+        && damage.x as u64 + damage.width as u64 <= width as u64
+        && damage.y as u64 + damage.height as u64 <= height as u64;
+    if !inside {
+        return Err(GpuError::InvalidParameter(format!(
+            "damage {damage:?} is not a non-empty rectangle inside the {width}x{height} target"
+        )));
+    }
+    Ok(())
+}
 
 pub(crate) fn check_rgb_dst(op: &'static str, layout: &FrameLayout, len: usize) -> Result<()> {
     if !layout.format.is_rgb() {

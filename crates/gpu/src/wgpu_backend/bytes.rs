@@ -172,7 +172,7 @@ impl WgpuBackend {
         }
         let upload = t0.elapsed();
         let mut st = self.state.lock_or_recover();
-        let work = self.composite_locked(&mut st, &ilayers, &dst_img, clear.color());
+        let work = self.composite_locked(&mut st, &ilayers, &dst_img, clear.color(), None);
         drop(ilayers);
         self.finish_submit(&mut st, work, dst_img, imgs, upload)
     }

@@ -191,7 +191,26 @@ impl WgpuBackend {
     ) -> Result<SubmissionId> {
         self.check_image_layers(layers, dst)?;
         let mut st = self.state.lock_or_recover();
-        let sub = self.composite_locked(&mut st, layers, dst, None);
+        let sub = self.composite_locked(&mut st, layers, dst, None, None);
+        drop(st);
+        self.check_errors()?;
+        Ok(sub.id)
+    }
+
+    /// [`submit_composite_images`](Self::submit_composite_images) limited to the `damage`
+    /// rectangle of `dst`, over its current contents (a render pass scissored to it; pixels
+    /// outside are neither loaded into the shaders nor written).
+    pub fn submit_composite_images_damage(
+        &self,
+        layers: &[ImageLayer<'_>],
+        dst: &GpuImage,
+        damage: Rect,
+    ) -> Result<SubmissionId> {
+        self.check_image_layers(layers, dst)?;
+        let l = dst.layout();
+        crate::check_damage(damage, l.width, l.height)?;
+        let mut st = self.state.lock_or_recover();
+        let sub = self.composite_locked(&mut st, layers, dst, None, Some(damage));
         drop(st);
         self.check_errors()?;
         Ok(sub.id)
@@ -248,13 +267,15 @@ impl WgpuBackend {
     /// Encodes and submits a composition (validated). `init`: the colour the
     /// destination starts with, or `None` to keep its contents. When the first
     /// layer overwrites everything, the destination is neither loaded nor
-    /// cleared to `init` (a cheap clear instead).
+    /// cleared to `init` (a cheap clear instead). `damage`: only that rectangle
+    /// (validated) is drawn, over the destination's contents.
     pub(super) fn composite_locked(
         &self,
         st: &mut State,
         layers: &[ImageLayer<'_>],
         dst: &GpuImage,
         init: Option<[u8; 4]>,
+        damage: Option<Rect>,
     ) -> Submitted {
         let dl = dst.layout();
         let target = Target::of(dl.format);
@@ -300,7 +321,7 @@ impl WgpuBackend {
                 blend2: b.blend,
             };
             rest = 2;
-            if target == Target::Rgba && self.fuse_compute {
+            if target == Target::Rgba && self.fuse_compute && damage.is_none() {
                 // A compute pass writes every pixel of the target once: no rasterizer,
                 // no colour attachment to clear or blend into.
                 let pipe = self.fused_compute_pipeline(st, key);
@@ -336,7 +357,7 @@ impl WgpuBackend {
             };
             draws.push((self.render_pipeline(st, key), vec![group]));
         }
-        let load = if loaded {
+        let load = if loaded || damage.is_some() {
             wgpu::LoadOp::Load
         } else if layers.first().is_some_and(|l| covers_opaque(l, &dl)) {
             wgpu::LoadOp::Clear(wgpu::Color::TRANSPARENT)
@@ -348,6 +369,9 @@ impl WgpuBackend {
         };
         if !(loaded && draws.is_empty()) {
             let mut pass = begin_pass(&mut encoder, &dst.inner.views[0], load, "virtsoc-composite");
+            if let Some(d) = damage {
+                pass.set_scissor_rect(d.x as u32, d.y as u32, d.width, d.height);
+            }
             for (pipe, groups) in &draws {
                 pass.set_pipeline(pipe);
                 for (i, group) in groups.iter().enumerate() {

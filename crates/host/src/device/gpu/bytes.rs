@@ -21,10 +21,13 @@ impl Gpu {
         layers: u64,
         count: u64,
         dst: u64,
+        damage: u64,
     ) -> DeviceResult {
         let specs = read_layers(cx, layers, count, MAX_LAYERS)?;
         let dst_layout = rgb_layout(cx, dst)?;
-        self.check_cost(&specs, dst_layout.width, dst_layout.height)?;
+        let damage = super::damage_rect(damage, dst_layout.width, dst_layout.height)?;
+        let full = virtsoc_gpu::Rect::full(dst_layout.width, dst_layout.height);
+        self.check_cost_in(&specs, damage.unwrap_or(full))?;
         // Copy each distinct source out of its replica, one region lock at a time.
         let mut sources: BTreeMap<u64, (FrameLayout, Vec<u8>)> = BTreeMap::new();
         for s in &specs {
@@ -51,7 +54,10 @@ impl Gpu {
             });
         }
         let stats = with_dst(cx, dst, &dst_layout, |d| {
-            self.run("composite", |b| b.composite(&layers, d))
+            self.run("composite", |b| match damage {
+                Some(r) => b.composite_damage(&layers, d, r),
+                None => b.composite(&layers, d),
+            })
         })?;
         Ok(CompositeReply {
             gpu_us: micros(&stats),

@@ -140,27 +140,39 @@ impl InFlight {
     }
 }
 
-/// Destination pixels `r` covers inside a `width` x `height` target.
-fn clipped_area(r: virtsoc_gpu::Rect, width: u32, height: u32) -> u64 {
-    let span = |start: i32, len: u32, size: u32| {
-        let a = i64::from(start).max(0);
-        let b = (i64::from(start) + i64::from(len)).min(i64::from(size));
+/// Destination pixels `r` covers inside `clip`.
+fn clipped_area(r: virtsoc_gpu::Rect, clip: virtsoc_gpu::Rect) -> u64 {
+    let span = |start: i32, len: u32, cstart: i32, clen: u32| {
+        let a = i64::from(start).max(i64::from(cstart));
+        let b = (i64::from(start) + i64::from(len)).min(i64::from(cstart) + i64::from(clen));
         (b - a).max(0) as u64
     };
-    span(r.x, r.width, width) * span(r.y, r.height, height)
+    span(r.x, r.width, clip.x, clip.width) * span(r.y, r.height, clip.y, clip.height)
 }
 
-/// The cost of composing `layers` onto a `width` x `height` target: the destination pixels
-/// each layer covers, summed.
-pub(crate) fn composite_cost(
+/// The cost of composing `layers` within `clip` of the target (its damaged rectangle, or
+/// all of it): the pixels of `clip` each layer covers, summed.
+pub(crate) fn composite_cost_in(
     layers: &[crate::device::layers::LayerSpec],
+    clip: virtsoc_gpu::Rect,
+) -> u64 {
+    layers.iter().map(|l| clipped_area(l.dst, clip)).sum()
+}
+
+/// The rectangle of a `width` x `height` target a composite's `damage` argument names:
+/// `None` for the whole target (0, or a rectangle covering it), `BadArgument` for an empty
+/// rectangle or one reaching outside.
+pub(crate) fn damage_rect(
+    damage: u64,
     width: u32,
     height: u32,
-) -> u64 {
-    layers
-        .iter()
-        .map(|l| clipped_area(l.dst, width, height))
-        .sum()
+) -> std::result::Result<Option<virtsoc_gpu::Rect>, Status> {
+    let Some([x, y, w, h]) = virtsoc_devapi::unpack_damage(damage) else {
+        return Ok(None);
+    };
+    let r = virtsoc_gpu::Rect::new(x as i32, y as i32, w, h);
+    virtsoc_gpu::check_damage(r, width, height).map_err(|_| Status::BadArgument)?;
+    Ok((r != virtsoc_gpu::Rect::full(width, height)).then_some(r))
 }
 
 impl Gpu {
@@ -237,14 +249,13 @@ impl Gpu {
         self
     }
 
-    /// `Busy` for a composite of `layers` onto a `width` x `height` target over the budget.
-    pub(crate) fn check_cost(
+    /// `Busy` for a composite of `layers` within `clip` of its target over the budget.
+    pub(crate) fn check_cost_in(
         &self,
         layers: &[crate::device::layers::LayerSpec],
-        width: u32,
-        height: u32,
+        clip: virtsoc_gpu::Rect,
     ) -> std::result::Result<(), Status> {
-        let cost = composite_cost(layers, width, height);
+        let cost = composite_cost_in(layers, clip);
         if cost > self.max_cost {
             log::debug!(
                 "gpu: composite of cost {cost} over the budget {}",
@@ -396,11 +407,18 @@ impl Gpu {
             };
         }
         Ok(Some(match *cmd {
-            Command::Composite(c) => {
-                let specs = read_layers(cx, c.layers, c.count, MAX_LAYERS)?;
-                let target = rgb_layout(cx, c.dst)?;
-                self.check_cost(&specs, target.width, target.height)?;
-                let dst = resident!(c.dst);
+            Command::Composite(_) | Command::CompositeDamage(_) => {
+                let (layers, count, dst, damage) = match *cmd {
+                    Command::CompositeDamage(c) => (c.layers, c.count, c.dst, c.damage),
+                    Command::Composite(c) => (c.layers, c.count, c.dst, 0),
+                    _ => unreachable!("matched above"),
+                };
+                let specs = read_layers(cx, layers, count, MAX_LAYERS)?;
+                let target = rgb_layout(cx, dst)?;
+                let damage = damage_rect(damage, target.width, target.height)?;
+                let full = virtsoc_gpu::Rect::full(target.width, target.height);
+                self.check_cost_in(&specs, damage.unwrap_or(full))?;
+                let dst = resident!(dst);
                 let mut layers = Vec::with_capacity(specs.len());
                 for s in specs {
                     let img = resident!(s.src);
@@ -409,7 +427,11 @@ impl Gpu {
                     }
                     layers.push((img, s));
                 }
-                Prepared::Composite { layers, dst }
+                Prepared::Composite {
+                    layers,
+                    dst,
+                    damage,
+                }
             }
             Command::Project(c) => {
                 rgb_dst(cx, c.dst)?;
@@ -440,7 +462,11 @@ impl Gpu {
     /// Submits prepared work; `reply` is answered when the GPU has finished it.
     fn launch(&self, p: Prepared, guest: u64, reply: Reply) {
         match p {
-            Prepared::Composite { layers, dst } => {
+            Prepared::Composite {
+                layers,
+                dst,
+                damage,
+            } => {
                 let layers: Vec<ImageLayer<'_>> = layers
                     .iter()
                     .map(|(image, s)| ImageLayer {
@@ -452,8 +478,9 @@ impl Gpu {
                         blend: s.blend,
                     })
                     .collect();
-                self.submit("composite", guest, reply, |w| {
-                    w.submit_composite_images(&layers, &dst)
+                self.submit("composite", guest, reply, |w| match damage {
+                    Some(d) => w.submit_composite_images_damage(&layers, &dst, d),
+                    None => w.submit_composite_images(&layers, &dst),
                 });
             }
             Prepared::Project { src, dst, view } => {
@@ -513,7 +540,8 @@ impl Device for Gpu {
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
         match Command::decode(args)? {
-            Command::Composite(c) => self.composite(cx, c.layers, c.count, c.dst),
+            Command::Composite(c) => self.composite(cx, c.layers, c.count, c.dst, 0),
+            Command::CompositeDamage(c) => self.composite(cx, c.layers, c.count, c.dst, c.damage),
             Command::Project(c) => self.project(cx, c.src, c.dst, [c.yaw, c.pitch, c.fov]),
             Command::Markers(c) => self.markers(cx, c.markers, c.count, c.dst),
             Command::Convert(c) => self.convert(cx, c.src, c.dst),
@@ -535,6 +563,8 @@ enum Prepared {
     Composite {
         layers: Vec<(GpuImage, crate::device::layers::LayerSpec)>,
         dst: GpuImage,
+        /// Only this rectangle of `dst` (`None`: all of it).
+        damage: Option<virtsoc_gpu::Rect>,
     },
     Project {
         src: GpuImage,

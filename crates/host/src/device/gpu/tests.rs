@@ -16,13 +16,33 @@ fn cost_counts_each_layer_clipped_to_the_target() {
         blend: true,
     };
     // Inside, half off the right edge, wholly off screen, larger than the target.
-    assert_eq!(composite_cost(&[l(0, 0, 10, 10)], 100, 100), 100);
-    assert_eq!(composite_cost(&[l(95, 0, 10, 10)], 100, 100), 50);
-    assert_eq!(composite_cost(&[l(-50, -50, 10, 10)], 100, 100), 0);
-    assert_eq!(composite_cost(&[l(-8, -8, 4096, 4096)], 100, 100), 10_000);
+    assert_eq!(
+        composite_cost_in(&[l(0, 0, 10, 10)], Rect::full(100, 100)),
+        100
+    );
+    assert_eq!(
+        composite_cost_in(&[l(95, 0, 10, 10)], Rect::full(100, 100)),
+        50
+    );
+    assert_eq!(
+        composite_cost_in(&[l(-50, -50, 10, 10)], Rect::full(100, 100)),
+        0
+    );
+    assert_eq!(
+        composite_cost_in(&[l(-8, -8, 4096, 4096)], Rect::full(100, 100)),
+        10_000
+    );
+    // Within a damaged rectangle, only the part of each layer inside it counts.
+    assert_eq!(
+        composite_cost_in(
+            &[l(0, 0, 100, 100), l(90, 90, 50, 50)],
+            Rect::new(80, 80, 20, 20)
+        ),
+        400 + 100
+    );
     // 64 full-target layers cost 64 targets.
     assert_eq!(
-        composite_cost(&vec![l(0, 0, 4096, 4096); 64], 4096, 4096),
+        composite_cost_in(&vec![l(0, 0, 4096, 4096); 64], Rect::full(4096, 4096)),
         64 << 24
     );
     let gpu = Gpu::with_backend(Arc::new(NullBackend::new()), "null".into()).with_limits(
@@ -32,11 +52,11 @@ fn cost_counts_each_layer_clipped_to_the_target() {
         },
     );
     assert_eq!(
-        gpu.check_cost(&vec![l(0, 0, 100, 100); 8], 100, 100),
+        gpu.check_cost_in(&vec![l(0, 0, 100, 100); 8], Rect::full(100, 100)),
         Ok(())
     );
     assert_eq!(
-        gpu.check_cost(&vec![l(0, 0, 100, 100); 9], 100, 100),
+        gpu.check_cost_in(&vec![l(0, 0, 100, 100); 9], Rect::full(100, 100)),
         Err(Status::Busy)
     );
 }
@@ -139,4 +159,20 @@ fn backends_are_chosen_by_name_and_the_timeline_advances() {
         "{}",
         g.backend()
     );
+}
+
+/// A composite's damage argument: 0 and a rectangle covering the target are the whole
+/// target; a rectangle inside it is kept; empty or reaching outside is `BadArgument`.
+#[test]
+fn damage_rectangles_are_checked() {
+    let pack = virtsoc_devapi::pack_damage;
+    assert_eq!(damage_rect(0, 100, 50), Ok(None));
+    assert_eq!(damage_rect(pack(0, 0, 100, 50), 100, 50), Ok(None));
+    assert_eq!(
+        damage_rect(pack(10, 20, 30, 5), 100, 50),
+        Ok(Some(virtsoc_gpu::Rect::new(10, 20, 30, 5)))
+    );
+    for bad in [pack(0, 0, 0, 5), pack(90, 0, 11, 5), pack(0, 46, 10, 5)] {
+        assert_eq!(damage_rect(bad, 100, 50), Err(Status::BadArgument));
+    }
 }
