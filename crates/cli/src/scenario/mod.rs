@@ -435,7 +435,12 @@ fn video(
             }
             let video_layer = if is360 { projected[k] } else { frames[k] };
             let (blob, records) = &lists[k];
-            show.show(p, (*blob, records), &[video_layer, ui], decoded_at)?;
+            show.show(
+                p,
+                (*blob, records),
+                (&[video_layer, ui], &[video_layer]),
+                decoded_at,
+            )?;
         }
         if let pipe::Ticket::Ready(r) = got {
             if r.got == 0 {
@@ -520,7 +525,7 @@ fn camera(
         }
         // capture_ns 0: the display reads the capture time stamped into the pixels.
         let (blob, records) = &lists[k];
-        show.show(p, (*blob, records), &[rgbs[k], ui], 0)?;
+        show.show(p, (*blob, records), (&[rgbs[k], ui], &[rgbs[k]]), 0)?;
         p.end_frame(if o.ordering == OrderingMode::Fence {
             2
         } else {

@@ -50,6 +50,9 @@ pub(crate) fn layer_blob(p: &Pipe<'_>, layers: &[LayerRecord]) -> Result<u64, Cl
     Ok(id)
 }
 
+/// GPU composition targets, used in turn.
+const TARGETS: usize = 3;
+
 /// The screen and the way frames get onto it.
 pub(crate) struct Show {
     pub(crate) composition: Composition,
@@ -62,6 +65,14 @@ pub(crate) struct Show {
     planes: u64,
     /// Frames the display could not show as planes (composed on the GPU instead).
     pub(crate) fallbacks: u64,
+    /// Damage of recent frames, so a target holding an earlier frame is redrawn only where
+    /// something changed since (buffer age).
+    damage: virtsoc_guest::compose::DamageTracker,
+    /// The previous frame's layers.
+    prev: Vec<LayerRecord>,
+    /// Frames shown, and the frame each target last received.
+    frames: u64,
+    drawn: Vec<Option<u64>>,
 }
 
 impl Show {
@@ -76,6 +87,10 @@ impl Show {
             next: 0,
             planes: mode.planes,
             fallbacks: 0,
+            damage: virtsoc_guest::compose::DamageTracker::new(screen, TARGETS),
+            prev: Vec::new(),
+            frames: 0,
+            drawn: Vec::new(),
         };
         if composition == Composition::Gpu {
             show.outs = Self::targets(p.conn, screen)?;
@@ -84,7 +99,7 @@ impl Show {
     }
 
     fn targets(conn: &Connection, screen: (u32, u32)) -> Result<Vec<u64>, CliError> {
-        super::images(conn, 3, screen, Format::Rgba8)
+        super::images(conn, TARGETS, screen, Format::Rgba8)
     }
 
     /// The composition policy (the guest library's, Android's "validate" step): whether the
@@ -93,16 +108,22 @@ impl Show {
         virtsoc_guest::compose::planes_can_show(self.planes, layers)
     }
 
-    /// Shows `records` (already written into blob `layers`), whose sources are `sources`, as
-    /// captured or decoded at `capture_ns` (0: the display reads the stamp in the pixels).
+    /// Shows `records` (already written into blob `layers`), whose sources are `sources`
+    /// (those in `changed` rewritten since the last frame), as captured or decoded at
+    /// `capture_ns` (0: the display reads the stamp in the pixels).
     pub(crate) fn show(
         &mut self,
         p: &mut Pipe<'_>,
         (layers, records): (u64, &[LayerRecord]),
-        sources: &[u64],
+        (sources, changed): (&[u64], &[u64]),
         capture_ns: u64,
     ) -> Result<(), CliError> {
         let count = records.len() as u64;
+        let damage =
+            virtsoc_guest::compose::frame_damage(&self.prev, records, changed, self.screen);
+        self.damage.push(damage);
+        self.prev = records.to_vec();
+        self.frames += 1;
         if self.composition == Composition::Planes {
             if self.planes_can_show(records) {
                 p.run_with(
@@ -121,8 +142,27 @@ impl Show {
             }
         }
         let dst = self.outs[self.next];
+        self.drawn.resize(self.outs.len(), None);
+        // The target holds the frame it last received: only what changed since is drawn.
+        let age = self.drawn[self.next].map_or(0, |f| (self.frames - f) as usize);
+        self.drawn[self.next] = Some(self.frames);
         self.next = (self.next + 1) % self.outs.len();
-        p.run_with(&api::gpu::Composite { layers, count, dst }, sources)?;
+        match self.damage.for_age(age) {
+            Some([x, y, w, h]) => p
+                .run_with(
+                    &api::gpu::CompositeDamage {
+                        layers,
+                        count,
+                        dst,
+                        damage: api::pack_damage(x as u16, y as u16, w as u16, h as u16),
+                    },
+                    sources,
+                )
+                .map(drop)?,
+            None => p
+                .run_with(&api::gpu::Composite { layers, count, dst }, sources)
+                .map(drop)?,
+        };
         p.run(&api::display::Present {
             frame: dst,
             capture_ns,

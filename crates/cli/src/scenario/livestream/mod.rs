@@ -420,7 +420,12 @@ impl Player {
             if present {
                 // capture_ns 0: the display reads the capture time stamped into the pixels.
                 let (blob, records) = &self.lists[f];
-                show.show(p, (*blob, records), &[self.frames[f], self.ui], 0)?;
+                show.show(
+                    p,
+                    (*blob, records),
+                    (&[self.frames[f], self.ui], &[self.frames[f]]),
+                    0,
+                )?;
                 self.why.shown += 1;
             } else {
                 c.late_drops += 1;
