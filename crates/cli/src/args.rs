@@ -52,6 +52,10 @@ pub(crate) enum Cmd {
         /// GPU composes the rest), or always the GPU.
         #[arg(long, value_enum, default_value = "planes")]
         composition: scenario::show::Composition,
+        /// When frames start: aligned to land just before a vsync (vsync), or on the
+        /// scenario's own clock (free).
+        #[arg(long, value_enum, default_value = "vsync")]
+        pacing: scenario::Pacing,
         /// Run every protocol x ordering combination and print a table.
         #[arg(long)]
         compare: bool,

@@ -341,6 +341,7 @@ fn camera(target: &str, pid: Option<u32>, seconds: f64) -> Result<f64, CliError>
             height: 720,
             fps: 30,
             composition: Composition::Planes,
+            pacing: crate::scenario::Pacing::default(),
         },
     )?;
     Ok(r.presented_fps)

@@ -266,6 +266,7 @@ pub fn run() -> Result<MigrateResult, CliError> {
             height: 360,
             fps: 30,
             composition: crate::scenario::show::Composition::Planes,
+            pacing: crate::scenario::Pacing::default(),
         };
         std::thread::spawn(move || crate::scenario::run_on(&g, None, &opts))
     };

@@ -359,6 +359,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             fps,
             compare,
             composition,
+            pacing,
             json,
             save,
         } => {
@@ -415,6 +416,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                                 height,
                                 fps,
                                 composition,
+                                pacing,
                             },
                         )
                     })

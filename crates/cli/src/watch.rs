@@ -139,6 +139,7 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
         height,
         fps,
         composition: Composition::Planes,
+        pacing: crate::scenario::Pacing::default(),
     };
     let Some(seconds) = args.measure else {
         println!(

@@ -242,3 +242,34 @@ fn guests_share_the_screen() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The display's `timing`: the vsync clock (a last vsync between two readings of the clock
+/// around a vsync fence, the period of the refresh rate) and the guest's capture -> present
+/// time over its frames that had a capture time (frames without one are not counted).
+#[test]
+fn timing_gives_the_vsync_clock_and_the_guests_ready_time() {
+    use virtsoc_guest::devices::display::Timing;
+    let dir = snapshot_dir("timing");
+    let d = start(&dir);
+    let c = connect(&d);
+    let t = c.command(&Timing::default()).unwrap();
+    assert_eq!((t.samples, t.ready_p90_ns), (0, 0));
+    assert_eq!(t.period_ns, 1_000_000_000 / 60);
+    let f = frame(&c, 64, 48, Format::Rgba8, |i| i as u8);
+    let before = now_ns();
+    wait_vsync(&c);
+    let t = c.command(&Timing::default()).unwrap();
+    assert!(
+        t.last_vsync_ns >= before && t.last_vsync_ns <= now_ns(),
+        "{t:?}"
+    );
+    // Frames presented 5 ms after their capture time: ready times of at least 5 ms.
+    for _ in 0..10 {
+        present(&c, f, now_ns() - 5_000_000);
+        wait_vsync(&c);
+    }
+    present(&c, f, 0);
+    let t = c.command(&Timing::default()).unwrap();
+    assert_eq!(t.samples, 10, "{t:?}");
+    assert!(t.ready_p90_ns >= 5_000_000, "{t:?}");
+}

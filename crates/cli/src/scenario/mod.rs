@@ -42,7 +42,47 @@ pub struct RunOpts {
     pub height: u32,
     pub fps: u32,
     pub composition: Composition,
+    /// When each frame starts.
+    pub pacing: Pacing,
 }
+
+/// When a scenario's frames start.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pacing {
+    /// Each frame starts where the display's vsync lets it land on time: its start is
+    /// shifted (once, after a warm-up, and every 2 s) to `lead` before a vsync, `lead` being
+    /// the 90th percentile of this guest's capture -> present time (the display's `timing`)
+    /// plus a margin, as Android's Choreographer phase offsets do. A faster pipeline gets a
+    /// shorter lead, so its frames wait less for the vsync.
+    #[default]
+    Vsync,
+    /// Frames start on the scenario's own clock, whatever the vsync phase.
+    Free,
+}
+
+/// How far to move a frame starting at `start_ns` (later, by less than `period_ns`) so that
+/// it starts `lead_ns` before a vsync of a clock that ticked at `vsync_ns` every `period_ns`.
+fn phase_shift(start_ns: i128, vsync_ns: i128, lead_ns: i128, period_ns: i128) -> u64 {
+    let want = (vsync_ns - lead_ns).rem_euclid(period_ns);
+    (want - start_ns.rem_euclid(period_ns)).rem_euclid(period_ns) as u64
+}
+
+/// Frames before the first alignment to the vsync, and between two.
+const ALIGN_FIRST: u64 = 15;
+const ALIGN_EVERY: u64 = 60;
+/// Slack added to the measured capture -> present time.
+const ALIGN_MARGIN: Duration = Duration::from_micros(1500);
 
 /// The resolution and frame rate a scenario runs at unless told: `uhd-video` is the paper's
 /// UHD case (3840x2160 at 60 fps), the others 1080p at 30 fps.
@@ -102,6 +142,9 @@ pub struct ScenarioResult {
     pub composition: String,
     #[serde(default)]
     pub composition_fallbacks: u64,
+    /// When frames started (`vsync` or `free`, see [`Pacing`]).
+    #[serde(default)]
+    pub pacing: String,
     pub coherence_ms_per_frame: f64,
     pub prediction_accuracy: Option<f64>,
     /// CPU time over wall time, percent of one core.
@@ -191,9 +234,39 @@ pub struct Common {
     cpu_guest0: f64,
     cpu_daemon0: Option<f64>,
     daemon_pid: Option<u32>,
+    pacing: Pacing,
 }
 
 impl Common {
+    /// With vsync pacing, shifts the schedule (forward, by less than a refresh period) so
+    /// that frame `i` starts `lead` before a vsync (see [`Pacing::Vsync`]). Before the
+    /// display has a few samples of this guest's timing, nothing changes.
+    fn align(&mut self, conn: &Connection, i: u64, period: Duration) -> Result<(), CliError> {
+        if self.pacing != Pacing::Vsync
+            || i < ALIGN_FIRST
+            || !(i - ALIGN_FIRST).is_multiple_of(ALIGN_EVERY)
+        {
+            return Ok(());
+        }
+        let t = conn.command(&api::display::Timing::default())?;
+        if t.samples < ALIGN_FIRST / 2 || t.period_ns == 0 || t.last_vsync_ns == 0 {
+            return Ok(());
+        }
+        let lead = t.ready_p90_ns as i128 + ALIGN_MARGIN.as_nanos() as i128;
+        let vp = t.period_ns as i128;
+        // Frame i's start on CLOCK_MONOTONIC.
+        let start = self.t0 + period * i as u32;
+        let now = Instant::now();
+        let start_ns = now_ns() as i128
+            + if start >= now {
+                (start - now).as_nanos() as i128
+            } else {
+                -((now - start).as_nanos() as i128)
+            };
+        self.t0 += Duration::from_nanos(phase_shift(start_ns, t.last_vsync_ns as i128, lead, vp));
+        Ok(())
+    }
+
     /// Setup (media generation, allocation) is done: the measured run starts now.
     pub(super) fn start(&mut self, conn: &Connection) -> Result<(), CliError> {
         self.before = conn.counters()?;
@@ -240,6 +313,7 @@ pub fn run_on(
         cpu_guest0: 0.0,
         cpu_daemon0: None,
         daemon_pid,
+        pacing: o.pacing,
     };
     match o.scenario.as_str() {
         "uhd-video" | "video-360" => video(&mut pipe, &mut show, o, period, &mut common)?,
@@ -289,6 +363,10 @@ pub fn run_on(
             Composition::Gpu => "gpu".into(),
         },
         composition_fallbacks: show.fallbacks,
+        pacing: match o.pacing {
+            Pacing::Vsync => "vsync".into(),
+            Pacing::Free => "free".into(),
+        },
         coherence_ms_per_frame: d.copy_ns as f64 / 1e6 / frames,
         prediction_accuracy: (scored > 0).then(|| d.hits as f64 / scored as f64),
         cpu_daemon_pct: common
@@ -334,15 +412,16 @@ fn thin_sorted(v: &[f64], n: usize) -> Vec<f64> {
 
 /// Sleeps until frame `i`'s start; returns whether the guest is already more than a frame
 /// behind (the frame will miss its deadline: drop it, as Android's renderer does).
-fn pace(c: &Common, i: u64, period: Duration) -> bool {
+fn pace(c: &mut Common, conn: &Connection, i: u64, period: Duration) -> Result<bool, CliError> {
+    c.align(conn, i, period)?;
     let start = c.t0 + period * i as u32;
     let now = Instant::now();
-    if start > now {
+    Ok(if start > now {
         std::thread::sleep(start - now);
         false
     } else {
         now - start > period
-    }
+    })
 }
 
 fn video(
@@ -400,7 +479,7 @@ fn video(
     c.start(p.conn)?; // setup (clip generation, allocation) is not part of the run
     let mut i = 0u64;
     while c.t0.elapsed().as_secs_f64() < o.seconds {
-        let late = pace(c, i, period);
+        let late = pace(c, p.conn, i, period)?;
         let unit = &units[(i as usize) % units.len()];
         let k = (i % 3) as usize;
         let slot = (i % 2) as usize;
@@ -489,7 +568,7 @@ fn camera(
     c.start(p.conn)?; // setup is not part of the run
     let mut i = 0u64;
     while c.t0.elapsed().as_secs_f64() < o.seconds {
-        let late = pace(c, i, period);
+        let late = pace(c, p.conn, i, period)?;
         let k = (i % 3) as usize;
         let cap = p.run(&api::camera::Capture { frame: cams[k] })?;
         c.frames_in += 1;
@@ -596,5 +675,28 @@ pub fn print_table(rs: &[ScenarioResult]) {
                 links.join(", ")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod pacing_tests {
+    use super::phase_shift;
+
+    #[test]
+    fn a_frame_is_moved_to_start_lead_before_a_vsync() {
+        let vp = 16_666_667;
+        // Vsyncs at 1000 + k * vp; a 4 ms lead: starts at 1000 - 4 ms + k * vp.
+        let lead = 4_000_000;
+        assert_eq!(phase_shift(1000, 1000, lead, vp), (vp - lead) as u64);
+        let start = 1000 + 3 * vp + 5;
+        let s = phase_shift(start, 1000, lead, vp) as i128;
+        assert!(s < vp);
+        assert_eq!(
+            (start + s - 1000 + lead).rem_euclid(vp),
+            0,
+            "lands on the phase"
+        );
+        // Already on the phase: no move.
+        assert_eq!(phase_shift(1000 - lead + 7 * vp, 1000, lead, vp), 0);
     }
 }

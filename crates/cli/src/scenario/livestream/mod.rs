@@ -210,7 +210,7 @@ pub fn livestream(
                 break;
             }
         }
-        let late = pace(c, i, period);
+        let late = pace(c, p.conn, i, period)?;
         c.frames_in += 1;
         // Too late to be worth sending: the stream skips the frame.
         if sender.frame(p, &mut relay, !late)? {

@@ -435,6 +435,10 @@ impl Device for Display {
                 }
                 .to_values())
             }
+            Command::Timing(_) => {
+                let period_ns = 1_000_000_000 / u64::from(self.refresh_hz().max(1));
+                Ok(self.screen.timing(cx.guest, period_ns).to_values())
+            }
             Command::Mode(_) => Ok(ModeReply {
                 width: self.width as u64,
                 height: self.height as u64,

@@ -6,12 +6,15 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use virtsoc_devapi::display::StatsReply;
+use virtsoc_devapi::display::{StatsReply, TimingReply};
 use virtsoc_display as vd;
 use virtsoc_fence::table::{FenceId, VirtualFenceTable};
 use virtsoc_proto::Status;
 
 use super::{Answer, LATENCY_WINDOW, MAX_PENDING_FENCES};
+
+/// Frames whose ready latency (capture -> present) the `timing` command summarises.
+const READY_WINDOW: usize = 120;
 
 /// Nearest-rank percentile `p` of sorted samples (0 when there are none).
 pub(super) fn percentile(sorted: &[u64], p: u64) -> u64 {
@@ -37,6 +40,9 @@ pub(super) struct GuestScreen {
     pub(super) first_vsync: u64,
     /// Latency samples of its last scanned-out frames.
     pub(super) latencies: VecDeque<u64>,
+    /// Capture time -> present (the frame queued at the display) of its last frames that had
+    /// a capture time.
+    pub(super) ready: VecDeque<u64>,
     /// Order of its latest `present` among all guests' (0: never presented).
     pub(super) last_present: u64,
 }
@@ -97,6 +103,7 @@ impl State {
                     dropped: 0,
                     first_vsync: vsyncs,
                     latencies: VecDeque::new(),
+                    ready: VecDeque::new(),
                     last_present: 0,
                 },
             );
@@ -181,6 +188,7 @@ impl Screen {
             Status::BadArgument
         })?;
         frame.submitted_ns = crate::clock::now_ns();
+        let (capture_ns, submitted_ns) = (frame.capture_ns, frame.submitted_ns);
         self.with(|d, st| {
             let vsyncs = d.stats().vsyncs;
             let owner = st.guest(guest, vsyncs).owner;
@@ -207,6 +215,12 @@ impl Screen {
             g.submitted += 1;
             g.dropped += u64::from(dropped);
             g.last_present = seq;
+            if let Some(ready) = capture_ns.and_then(|c| submitted_ns.checked_sub(c)) {
+                if g.ready.len() == READY_WINDOW {
+                    g.ready.pop_front();
+                }
+                g.ready.push_back(ready);
+            }
             st.latest.insert(guest, keep);
             Ok(id)
         })
@@ -258,6 +272,25 @@ impl Screen {
         reply.latency_p50_ns = percentile(&samples, 50);
         reply.latency_p99_ns = percentile(&samples, 99);
         reply
+    }
+
+    /// The vsync clock and `guest`'s ready latency (the display's `timing` command).
+    pub(super) fn timing(&self, guest: u64, period_ns: u64) -> TimingReply {
+        let (last, mut ready) = self.with(|d, st| {
+            let vsyncs = d.stats().vsyncs;
+            let g = st.guest(guest, vsyncs);
+            (
+                d.last_vsync_ns().unwrap_or(0),
+                g.ready.iter().copied().collect::<Vec<_>>(),
+            )
+        });
+        ready.sort_unstable();
+        TimingReply {
+            last_vsync_ns: last,
+            period_ns,
+            ready_p90_ns: percentile(&ready, 90),
+            samples: ready.len() as u64,
+        }
     }
 
     /// Arranges for `guest`'s fence `raw` to be signaled at the next vsync.
