@@ -55,7 +55,7 @@ impl<'a> DeviceCtx<'a> {
 
     /// The replica the device reads region `id` from: a current host-memory replica where
     /// it is, for a device that reads host memory in place; else its own.
-    fn source(&self, id: u64) -> Result<virtsoc_svm::Backing, Status> {
+    pub fn source(&self, id: u64) -> Result<virtsoc_svm::Backing, Status> {
         match self.reads_host {
             true => self.svm.read_replica(self.guest, id, self.domain),
             false => self.svm.replica(self.guest, id, self.domain),
