@@ -124,7 +124,7 @@ pub struct Display {
 impl Display {
     /// Builds the device from the daemon's configuration and starts its vsync thread.
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
-        let output = Output::parse(&cfg.display_backend)?;
+        let output = Output::new(cfg.display_backend)?;
         let (width, height) = cfg.display_size;
         if !(16..=virtsoc_gpu::MAX_DIMENSION).contains(&width)
             || !(16..=virtsoc_gpu::MAX_DIMENSION).contains(&height)
