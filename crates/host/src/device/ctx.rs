@@ -2,6 +2,7 @@
 //! in the device's memory, its fences, the reason a command failed) and [`DeviceResult`].
 
 use std::sync::Arc;
+use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_fence::table::VirtualFenceTable;
 use virtsoc_proto::Status;
@@ -61,7 +62,7 @@ impl<'a> DeviceCtx<'a> {
     /// begun an access to it from this device.
     pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
         self.svm
-            .with_replica(self.guest, id, self.domain, f)
+            .with_replica(GuestId(self.guest), RegionId(id), self.domain, f)
             .map_err(|e| dispatch::status_of(&e))
     }
 
@@ -74,7 +75,12 @@ impl<'a> DeviceCtx<'a> {
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
     ) -> Result<T, Status> {
         self.svm
-            .with_replicas(self.guest, (src, dst), self.domain, f)
+            .with_replicas(
+                GuestId(self.guest),
+                (RegionId(src), RegionId(dst)),
+                self.domain,
+                f,
+            )
             .map_err(|e| dispatch::status_of(&e))
     }
 
@@ -83,7 +89,10 @@ impl<'a> DeviceCtx<'a> {
     pub fn read_bytes(&self, id: u64, n: usize) -> Result<Vec<u8>, Status> {
         let t0 = std::time::Instant::now();
         let mut out = vec![0u8; n];
-        match self.svm.replica(self.guest, id, self.domain) {
+        match self
+            .svm
+            .replica(GuestId(self.guest), RegionId(id), self.domain)
+        {
             Ok(virtsoc_svm::Backing::Host(b)) => {
                 out.copy_from_slice(b.lock().get(..n).ok_or(Status::OutOfRange)?)
             }
@@ -101,7 +110,10 @@ impl<'a> DeviceCtx<'a> {
     /// device memory); counted on the guest's ledger.
     pub fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<(), Status> {
         let t0 = std::time::Instant::now();
-        match self.svm.replica(self.guest, id, self.domain) {
+        match self
+            .svm
+            .replica(GuestId(self.guest), RegionId(id), self.domain)
+        {
             Ok(virtsoc_svm::Backing::Host(b)) => b
                 .lock()
                 .get_mut(..bytes.len())
@@ -120,7 +132,8 @@ impl<'a> DeviceCtx<'a> {
     /// Whether region `id`'s replica in this device's domain is in device memory.
     pub fn in_device_memory(&self, id: u64) -> bool {
         matches!(
-            self.svm.replica(self.guest, id, self.domain),
+            self.svm
+                .replica(GuestId(self.guest), RegionId(id), self.domain),
             Ok(virtsoc_svm::Backing::Device(_))
         )
     }
@@ -128,13 +141,13 @@ impl<'a> DeviceCtx<'a> {
     /// Counts a copy of `n` bytes of frame data this device made in its own memory.
     pub fn count_copy(&self, n: usize, since: std::time::Instant) {
         self.svm
-            .count_device_copy(self.guest, self.domain, n as u64, since.elapsed());
+            .count_device_copy(GuestId(self.guest), self.domain, n as u64, since.elapsed());
     }
 
     /// Metadata (size, format, dimensions) of region `id` of this guest.
     pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
         self.svm
-            .meta(self.guest, id)
+            .meta(GuestId(self.guest), RegionId(id))
             .map_err(|e| dispatch::status_of(&e))
     }
 }

@@ -64,6 +64,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_devapi::gpu::{Command, CompositeReply};
 use virtsoc_devapi::MarkerRecord;
@@ -316,7 +317,7 @@ impl Gpu {
         if self.wgpu.is_none() {
             return Ok(None);
         }
-        match cx.svm.replica(cx.guest, id, cx.domain) {
+        match cx.svm.replica(GuestId(cx.guest), RegionId(id), cx.domain) {
             Ok(Backing::Device(m)) => Ok(m
                 .as_any()
                 .downcast_ref::<GpuMemory>()
