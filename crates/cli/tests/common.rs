@@ -244,3 +244,105 @@ pub fn nv12_pattern(w: u32, h: u32) -> Vec<u8> {
     }
     f
 }
+
+/// A fresh directory of its own (tests run in parallel), removed with everything in it when
+/// dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `virtsoc-it-<tag>-<pid>-<n>` under the system's temporary directory.
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("virtsoc-it-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs an FFmpeg CLI tool (`ffmpeg`, `ffprobe`) and returns its stdout; fails the test,
+/// with the tool's stderr, if it cannot run or fails.
+pub fn run_tool(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd} (these tests need the FFmpeg CLI): {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The access units of an H.264 clip as FFmpeg's demuxer cuts them (`ffprobe -show_entries
+/// packet=pos,size`): each packet's byte offset in the file and its size.
+pub fn clip_packets(clip: &Path) -> Vec<(usize, usize)> {
+    let list = run_tool(
+        "ffprobe",
+        &[
+            "-v",
+            "error",
+            "-show_entries",
+            "packet=pos,size",
+            "-of",
+            "compact=p=0",
+            clip.to_str().unwrap(),
+        ],
+    );
+    list.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let field = |k: &str| -> usize {
+                line.split('|')
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no {k} in ffprobe line {line:?}"))
+            };
+            (field("pos"), field("size"))
+        })
+        .collect()
+}
+
+/// Makes `dir/name`, an H.264 Annex-B clip of `frames` `testsrc2` frames: `size` is the source size, `vf` an
+/// optional filter chain, then the x264 options.
+pub fn h264_clip(
+    dir: &Path,
+    name: &str,
+    size: &str,
+    frames: u32,
+    vf: &str,
+    x264: &[&str],
+) -> PathBuf {
+    let path = dir.join(name);
+    let src = format!("testsrc2=size={size}:rate=30");
+    let n = frames.to_string();
+    let mut args = vec![
+        "-hide_banner",
+        "-loglevel",
+        "error",
+        "-y",
+        "-f",
+        "lavfi",
+        "-i",
+        &src,
+        "-frames:v",
+        &n,
+    ];
+    if !vf.is_empty() {
+        args.extend(["-vf", vf]);
+    }
+    args.extend(["-c:v", "libx264"]);
+    args.extend(x264);
+    let p = path.to_str().unwrap().to_string();
+    args.extend(["-f", "h264", &p]);
+    run_tool("ffmpeg", &args);
+    path
+}
