@@ -346,3 +346,86 @@ pub fn h264_clip(
     run_tool("ffmpeg", &args);
     path
 }
+
+/// Whether QEMU is installed, for the VM tests; without it they are skipped, loudly, unless
+/// `VIRTSOC_REQUIRE_ALL` is set (`make test` sets it), which makes a missing QEMU a failure.
+pub fn qemu_present() -> bool {
+    let ok = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+            "qemu-system-x86_64 is not installed and VIRTSOC_REQUIRE_ALL is set"
+        );
+        eprintln!(
+            "SKIPPED: qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)"
+        );
+    }
+    ok
+}
+
+/// Builds the guest image holding this build's `virtsoc` in `target/<name>` (a test binary
+/// builds it once, in a directory of its own) and returns that directory.
+pub fn build_guest_image(name: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = root.join("target").join(name);
+    let st = Command::new(root.join("scripts/build-guest-image.sh"))
+        .arg(&out)
+        .arg(env!("CARGO_BIN_EXE_virtsoc"))
+        .status()
+        .expect("run build-guest-image.sh");
+    assert!(st.success(), "building the guest image failed");
+    out
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; tests bind it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A daemon accepting live migrations on 127.0.0.1:`port` with the token in `token_file`
+/// (null GPU and ISP backends); `fault`: the `--migrate-fault` phase it dies at, if any.
+pub fn migration_daemon(token_file: &Path, port: u16, fault: Option<&str>) -> Daemon {
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--gpu-backend",
+        "null",
+        "--isp-backend",
+        "null",
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--migrate-listen",
+        &addr,
+    ];
+    if let Some(f) = fault {
+        args.extend(["--migrate-fault", f]);
+    }
+    Daemon::start(&args)
+}
+
+/// Asks `from`'s control API to migrate `guest` to the daemon at `to` (`HOST:PORT`) with
+/// `token`; returns the HTTP status and the JSON answer.
+pub fn request_migration(
+    from: &Daemon,
+    guest: u64,
+    to: &str,
+    token: &str,
+) -> (u16, serde_json::Value) {
+    use virtsoc_control::client::{control_path, request, Target};
+    let body = serde_json::json!({ "to": to, "token": token }).to_string();
+    let r = request(
+        &Target::Unix(control_path(from.socket())),
+        "POST",
+        &format!("/guests/{guest}/migrate"),
+        body.as_bytes(),
+    )
+    .expect("control request");
+    (r.status, r.json())
+}

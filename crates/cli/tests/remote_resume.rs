@@ -6,23 +6,15 @@
 
 mod common;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{cpu_read, cpu_write, Daemon};
+use common::{cpu_read, cpu_write, free_port, Daemon};
 use virtsoc_guest::{ConnectOptions, Connection, DeviceId};
 use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
 
 const TOKEN: &str = "remote-resume-token-0123456789ab";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
