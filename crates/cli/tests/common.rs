@@ -429,3 +429,31 @@ pub fn request_migration(
     .expect("control request");
     (r.status, r.json())
 }
+
+/// `n` bytes derived from `seed` (a region's contents a test writes and checks later).
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+/// What a guest's session carries across a migration or restart: blobs of `sizes` written
+/// by the CPU with `pattern(size, seed)`, a signaled fence and a pending one (a nop makes
+/// sure the signal was taken). Returns the region ids and the two fences.
+pub fn guest_state(
+    g: &virtsoc_guest::Connection,
+    sizes: &[usize],
+    seeds: &[u8],
+) -> (Vec<u64>, virtsoc_guest::Fence, virtsoc_guest::Fence) {
+    let ids: Vec<u64> = sizes
+        .iter()
+        .map(|&n| g.alloc_blob(n as u64).unwrap().id)
+        .collect();
+    for ((&id, &n), &s) in ids.iter().zip(sizes).zip(seeds) {
+        cpu_write(g, id, &pattern(n, s));
+    }
+    let signaled = g.fence_create().unwrap();
+    g.fence_signal(virtsoc_guest::DeviceId::CPU, signaled)
+        .unwrap();
+    let pending = g.fence_create().unwrap();
+    g.nop().unwrap();
+    (ids, signaled, pending)
+}

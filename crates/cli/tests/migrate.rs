@@ -11,14 +11,13 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use common::{connect_to, cpu_read, cpu_write, free_port, migration_daemon, request_migration};
+use common::{
+    connect_to, cpu_read, cpu_write, free_port, guest_state, migration_daemon, pattern,
+    request_migration,
+};
 use virtsoc_guest::DeviceId;
 
 const TOKEN: &str = "migration-test-token-0123456789";
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(29) ^ seed).collect()
-}
 
 #[test]
 fn a_guest_migrates_back_and_forth_with_its_regions_and_fences() {
@@ -33,18 +32,8 @@ fn a_guest_migrates_back_and_forth_with_its_regions_and_fences() {
     let g = connect_to(daemons[0].socket());
     g.set_auto_reconnect(Some(Duration::from_secs(30)));
     let sizes = [1usize << 20, 300_000, 4096];
-    let ids: Vec<u64> = sizes
-        .iter()
-        .map(|&n| g.alloc_blob(n as u64).unwrap().id)
-        .collect();
     let mut seeds = [1u8, 2, 3];
-    for ((&id, &n), &s) in ids.iter().zip(&sizes).zip(&seeds) {
-        cpu_write(&g, id, &pattern(n, s));
-    }
-    let signaled = g.fence_create().unwrap();
-    g.fence_signal(DeviceId::CPU, signaled).unwrap();
-    let pending = g.fence_create().unwrap();
-    g.nop().unwrap();
+    let (ids, signaled, pending) = guest_state(&g, &sizes, &seeds);
 
     // The first move through the CLI.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))

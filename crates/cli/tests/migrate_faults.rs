@@ -9,14 +9,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{connect_to, cpu_read, cpu_write, free_port, migration_daemon, request_migration};
+use common::{
+    connect_to, cpu_read, cpu_write, free_port, guest_state, migration_daemon, pattern,
+    request_migration,
+};
 use virtsoc_guest::DeviceId;
 
 const TOKEN: &str = "migration-fault-token-0123456789";
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
-}
 
 /// Whether the target accepted the session before dying (the source handed the guest over).
 fn handed_over(phase: &str) -> bool {
@@ -34,17 +33,7 @@ fn target_dies_at(phase: &str) {
     g.set_auto_reconnect(Some(Duration::from_secs(30)));
     let sizes = [2usize << 20, 300_000, 4096];
     let seeds = [11u8, 12, 13];
-    let ids: Vec<u64> = sizes
-        .iter()
-        .map(|&n| g.alloc_blob(n as u64).unwrap().id)
-        .collect();
-    for ((&id, &n), &s) in ids.iter().zip(&sizes).zip(&seeds) {
-        cpu_write(&g, id, &pattern(n, s));
-    }
-    let signaled = g.fence_create().unwrap();
-    g.fence_signal(DeviceId::CPU, signaled).unwrap();
-    let pending = g.fence_create().unwrap();
-    g.nop().unwrap();
+    let (ids, signaled, pending) = guest_state(&g, &sizes, &seeds);
     let id = g.guest_id();
 
     let (status, v) = request_migration(&a, id, &format!("127.0.0.1:{pb}"), TOKEN);

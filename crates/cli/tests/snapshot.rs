@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{connect, cpu_read, cpu_write, Daemon};
+use common::{connect, cpu_read, cpu_write, pattern, Daemon};
 use virtsoc_guest::{testdev, AccessMode, Connection, DeviceId, Fence, Format};
 
 fn snapshot_cli(args: &[&str]) -> (bool, String) {
@@ -29,10 +29,6 @@ fn snapshot_cli(args: &[&str]) -> (bool, String) {
 
 fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("virtsoc-snap-it-{}-{name}", std::process::id()))
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
 }
 
 /// A region written by the producer device (its only valid copy is then the device's).
