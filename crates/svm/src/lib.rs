@@ -52,7 +52,7 @@ pub enum SvmError {
     BadArgument(String),
     /// The guest id has no SVM state (never attached, or already detached).
     #[error("guest {0} is not attached")]
-    GuestNotAttached(u64),
+    GuestNotAttached(GuestId),
     /// An inconsistency inside the manager (a bug, not the caller's fault); the text says what.
     #[error("internal error: {0}")]
     Internal(String),
@@ -375,7 +375,7 @@ impl SvmManager {
             .read_or_recover()
             .get(&guest)
             .cloned()
-            .ok_or(SvmError::GuestNotAttached(guest))
+            .ok_or(SvmError::GuestNotAttached(GuestId(guest)))
     }
 
     fn region(&self, guest: u64, id: u64) -> Result<Arc<Region>> {

@@ -79,14 +79,13 @@ impl SvmManager {
     }
 
     /// The next id `guest`'s allocations would get.
-    pub fn next_region_id(&self, guest: GuestId) -> Result<u64> {
-        let guest = guest.0;
-        Ok(self.guest(guest)?.peek_next_id())
+    pub fn next_region_id(&self, guest: GuestId) -> Result<RegionId> {
+        Ok(RegionId(self.guest(guest.0)?.peek_next_id()))
     }
 
     /// Makes `guest`'s later allocations take ids from `next` on (never lowers the counter).
-    pub fn reserve_ids(&self, guest: GuestId, next: u64) -> Result<()> {
-        let guest = guest.0;
+    pub fn reserve_ids(&self, guest: GuestId, next: RegionId) -> Result<()> {
+        let (guest, next) = (guest.0, next.0);
         if next > MAX_ID {
             return Err(SvmError::BadArgument(format!("next region id {next}")));
         }

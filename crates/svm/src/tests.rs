@@ -360,7 +360,7 @@ fn memory_limits_fail_cleanly_and_detach_frees_everything() {
     assert_eq!(g.host_bytes(), 0, "replicas released with their regions");
     assert!(matches!(
         svm.alloc(GuestId(5), blob(1)),
-        Err(SvmError::GuestNotAttached(5))
+        Err(SvmError::GuestNotAttached(GuestId(5)))
     ));
 }
 

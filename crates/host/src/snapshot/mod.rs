@@ -97,7 +97,7 @@ fn record_of(daemon: &Daemon, s: &Session, resume: &str) -> Result<GuestRecord> 
         name: s.name().chars().take(256).collect(),
         protocol: protocol.name().to_string(),
         source_guest: id,
-        next_region_id: daemon.svm().next_region_id(GuestId(id))?,
+        next_region_id: daemon.svm().next_region_id(GuestId(id))?.0,
         resume: resume.to_string(),
     })
 }
@@ -231,7 +231,7 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
         undo(&done);
         return Err(format::err(format!("fence table: {e}")));
     }
-    svm.reserve_ids(GuestId(id), img.guest.next_region_id)?;
+    svm.reserve_ids(GuestId(id), RegionId(img.guest.next_region_id))?;
     let refused = devices::restore(daemon.devices(), id, &img.devices);
     if !refused.is_empty() {
         log::warn!("guest {id}: device objects of {refused:?} not restored");

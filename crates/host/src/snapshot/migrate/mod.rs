@@ -248,7 +248,7 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
             .name()
             .to_string(),
         source_guest: id,
-        next_region_id: svm.next_region_id(GuestId(id))?,
+        next_region_id: svm.next_region_id(GuestId(id))?.0,
         resume: secret.clone(),
     };
     send(
