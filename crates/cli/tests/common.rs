@@ -457,3 +457,61 @@ pub fn guest_state(
     g.nop().unwrap();
     (ids, signaled, pending)
 }
+
+/// Makes `dir/clip.mp4`: 30 frames of FFmpeg's `testsrc2` (a moving pattern) at 320x240,
+/// H.264 in MP4 (what `--camera-source file:PATH` plays).
+pub fn mp4_clip(dir: &Path) -> PathBuf {
+    let clip = dir.join("clip.mp4");
+    let out = Command::new("ffmpeg")
+        .args(["-y", "-hide_banner", "-loglevel", "error", "-f", "lavfi"])
+        .args(["-i", "testsrc2=size=320x240:rate=30"])
+        .args(["-frames:v", "30", "-c:v", "libx264", "-pix_fmt", "yuv420p"])
+        .arg(&clip)
+        .output()
+        .expect("run the ffmpeg CLI (package ffmpeg)");
+    assert!(
+        out.status.success(),
+        "ffmpeg failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    clip
+}
+
+/// Bytes packed little-endian into words (the modem's write and read replies).
+pub fn pack<const N: usize>(bytes: &[u8]) -> [u64; N] {
+    let mut w = [0u64; N];
+    for (i, &b) in bytes.iter().enumerate() {
+        w[i / 8] |= u64::from(b) << (8 * (i % 8));
+    }
+    w
+}
+
+/// Sends `bytes` to the modem in writes of at most 32 bytes.
+pub fn modem_send(c: &virtsoc_guest::Connection, bytes: &[u8]) {
+    use virtsoc_guest::devices::modem::Write;
+    for chunk in bytes.chunks(32) {
+        let [b0, b1, b2, b3] = pack::<4>(chunk);
+        let r = c
+            .command(&Write {
+                len: chunk.len() as u64,
+                b0,
+                b1,
+                b2,
+                b3,
+            })
+            .expect("modem write");
+        assert_eq!(r.accepted, chunk.len() as u64);
+    }
+}
+
+/// One modem read: at most 40 bytes.
+pub fn modem_read_once(c: &virtsoc_guest::Connection) -> Vec<u8> {
+    let r = c
+        .command(&virtsoc_guest::devices::modem::Read {})
+        .expect("modem read");
+    assert!(r.len <= 40, "{r:?}");
+    let words = [r.b0, r.b1, r.b2, r.b3, r.b4];
+    (0..r.len as usize)
+        .map(|i| (words[i / 8] >> (8 * (i % 8))) as u8)
+        .collect()
+}
