@@ -515,3 +515,34 @@ pub fn modem_read_once(c: &virtsoc_guest::Connection) -> Vec<u8> {
         .map(|i| (words[i / 8] >> (8 * (i % 8))) as u8)
         .collect()
 }
+
+/// The producer test device fills the first `size` bytes of region `id` with the pattern of
+/// `seed` (one write access); returns the CRC-32 of what it wrote.
+pub fn producer_write(c: &virtsoc_guest::Connection, id: u64, size: u64, seed: u64) -> u64 {
+    use virtsoc_guest::{testdev, AccessMode, DeviceId};
+    c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+        .unwrap();
+    let crc = c
+        .device_cmd(
+            DeviceId::PRODUCER,
+            [testdev::WRITE_PATTERN, id, seed, 0, 0, 0],
+        )
+        .unwrap()[0];
+    c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+        .unwrap();
+    crc
+}
+
+/// The CRC-32 of region `id` as the consumer test device reads it (one read access of its
+/// first `size` bytes).
+pub fn consumer_checksum(c: &virtsoc_guest::Connection, id: u64, size: u64) -> u64 {
+    use virtsoc_guest::{testdev, AccessMode, DeviceId};
+    c.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
+        .unwrap();
+    let crc = c
+        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+        .unwrap()[0];
+    c.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
+        .unwrap();
+    crc
+}
