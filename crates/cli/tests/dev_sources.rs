@@ -220,6 +220,7 @@ fn bad_display_backends_stop_the_daemon() {
 mod window {
     use super::*;
     use std::io::{BufRead, BufReader};
+    use std::path::Path;
     use std::process::Child;
     use virtsoc_guest::devices::display::{Present, SignalAtVsync};
     use virtsoc_guest::{AccessMode, Connection, DeviceId, RegionInfo};
