@@ -11,103 +11,20 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{connect, cpu_write, status_of, Daemon};
+use common::{clip_packets, connect, cpu_write, h264_clip, status_of, Daemon, TempDir};
 use virtsoc_guest::devices::{codec, codec_frame_flag, codec_kind};
 use virtsoc_guest::{Connection, Format, RegionInfo, Status};
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!(
-            "virtsoc-codecerr-{tag}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd} (these tests need the FFmpeg CLI): {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// An H.264 Annex-B clip of `frames` `testsrc2` frames: `size` is the source size, `vf` an
-/// optional filter chain, then the x264 options.
-fn make_clip(dir: &Path, name: &str, size: &str, frames: u32, vf: &str, x264: &[&str]) -> PathBuf {
-    let path = dir.join(name);
-    let src = format!("testsrc2=size={size}:rate=30");
-    let n = frames.to_string();
-    let mut args = vec![
-        "-hide_banner",
-        "-loglevel",
-        "error",
-        "-y",
-        "-f",
-        "lavfi",
-        "-i",
-        &src,
-        "-frames:v",
-        &n,
-    ];
-    if !vf.is_empty() {
-        args.extend(["-vf", vf]);
-    }
-    args.extend(["-c:v", "libx264"]);
-    args.extend(x264);
-    let p = path.to_str().unwrap().to_string();
-    args.extend(["-f", "h264", &p]);
-    run("ffmpeg", &args);
-    path
-}
 
 /// The clip's access units, as FFmpeg's demuxer cuts them.
 fn packets(clip: &Path) -> Vec<Vec<u8>> {
     let bytes = std::fs::read(clip).unwrap();
-    let list = run(
-        "ffprobe",
-        &[
-            "-v",
-            "error",
-            "-show_entries",
-            "packet=pos,size",
-            "-of",
-            "compact=p=0",
-            clip.to_str().unwrap(),
-        ],
-    );
-    list.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let field = |k: &str| -> usize {
-                line.split('|')
-                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or_else(|| panic!("no {k} in ffprobe line {line:?}"))
-            };
-            let (pos, size) = (field("pos"), field("size"));
-            bytes[pos..pos + size].to_vec()
-        })
+    clip_packets(clip)
+        .into_iter()
+        .map(|(pos, size)| bytes[pos..pos + size].to_vec())
         .collect()
 }
 
@@ -248,9 +165,9 @@ fn assert_no_libav_lines(d: &mut Daemon) {
 
 #[test]
 fn damage_is_reported_per_picture_and_per_packet() {
-    let dir = TempDir::new("damage");
+    let dir = TempDir::new("codecerr-damage");
     // No B-frames and one key frame: one picture per packet, in order.
-    let clip = make_clip(
+    let clip = h264_clip(
         &dir.0,
         "ipp.h264",
         "320x240",
@@ -334,9 +251,9 @@ fn damage_is_reported_per_picture_and_per_packet() {
 
 #[test]
 fn odd_sizes_are_reported_with_the_crop() {
-    let dir = TempDir::new("odd");
+    let dir = TempDir::new("codecerr-odd");
     // 4:4:4, since x264 codes odd sizes only without chroma subsampling.
-    let odd = make_clip(
+    let odd = h264_clip(
         &dir.0,
         "odd.h264",
         "322x242",
@@ -344,7 +261,7 @@ fn odd_sizes_are_reported_with_the_crop() {
         "format=yuv444p,crop=321:241:0:0",
         &[],
     );
-    let even = make_clip(
+    let even = h264_clip(
         &dir.0,
         "even.h264",
         "320x240",
@@ -397,8 +314,8 @@ fn children(pid: u32) -> Vec<u32> {
 
 #[test]
 fn with_codec_process_a_crashed_decoder_ends_alone() {
-    let dir = TempDir::new("process");
-    let clip = make_clip(
+    let dir = TempDir::new("codecerr-process");
+    let clip = h264_clip(
         &dir.0,
         "p.h264",
         "320x240",

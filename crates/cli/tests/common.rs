@@ -244,3 +244,305 @@ pub fn nv12_pattern(w: u32, h: u32) -> Vec<u8> {
     }
     f
 }
+
+/// A fresh directory of its own (tests run in parallel), removed with everything in it when
+/// dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `virtsoc-it-<tag>-<pid>-<n>` under the system's temporary directory.
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("virtsoc-it-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs an FFmpeg CLI tool (`ffmpeg`, `ffprobe`) and returns its stdout; fails the test,
+/// with the tool's stderr, if it cannot run or fails.
+pub fn run_tool(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd} (these tests need the FFmpeg CLI): {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The access units of an H.264 clip as FFmpeg's demuxer cuts them (`ffprobe -show_entries
+/// packet=pos,size`): each packet's byte offset in the file and its size.
+pub fn clip_packets(clip: &Path) -> Vec<(usize, usize)> {
+    let list = run_tool(
+        "ffprobe",
+        &[
+            "-v",
+            "error",
+            "-show_entries",
+            "packet=pos,size",
+            "-of",
+            "compact=p=0",
+            clip.to_str().unwrap(),
+        ],
+    );
+    list.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let field = |k: &str| -> usize {
+                line.split('|')
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no {k} in ffprobe line {line:?}"))
+            };
+            (field("pos"), field("size"))
+        })
+        .collect()
+}
+
+/// Makes `dir/name`, an H.264 Annex-B clip of `frames` `testsrc2` frames: `size` is the source size, `vf` an
+/// optional filter chain, then the x264 options.
+pub fn h264_clip(
+    dir: &Path,
+    name: &str,
+    size: &str,
+    frames: u32,
+    vf: &str,
+    x264: &[&str],
+) -> PathBuf {
+    let path = dir.join(name);
+    let src = format!("testsrc2=size={size}:rate=30");
+    let n = frames.to_string();
+    let mut args = vec![
+        "-hide_banner",
+        "-loglevel",
+        "error",
+        "-y",
+        "-f",
+        "lavfi",
+        "-i",
+        &src,
+        "-frames:v",
+        &n,
+    ];
+    if !vf.is_empty() {
+        args.extend(["-vf", vf]);
+    }
+    args.extend(["-c:v", "libx264"]);
+    args.extend(x264);
+    let p = path.to_str().unwrap().to_string();
+    args.extend(["-f", "h264", &p]);
+    run_tool("ffmpeg", &args);
+    path
+}
+
+/// Whether QEMU is installed, for the VM tests; without it they are skipped, loudly, unless
+/// `VIRTSOC_REQUIRE_ALL` is set (`make test` sets it), which makes a missing QEMU a failure.
+pub fn qemu_present() -> bool {
+    let ok = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+            "qemu-system-x86_64 is not installed and VIRTSOC_REQUIRE_ALL is set"
+        );
+        eprintln!(
+            "SKIPPED: qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)"
+        );
+    }
+    ok
+}
+
+/// Builds the guest image holding this build's `virtsoc` in `target/<name>` (a test binary
+/// builds it once, in a directory of its own) and returns that directory.
+pub fn build_guest_image(name: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = root.join("target").join(name);
+    let st = Command::new(root.join("scripts/build-guest-image.sh"))
+        .arg(&out)
+        .arg(env!("CARGO_BIN_EXE_virtsoc"))
+        .status()
+        .expect("run build-guest-image.sh");
+    assert!(st.success(), "building the guest image failed");
+    out
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; tests bind it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A daemon accepting live migrations on 127.0.0.1:`port` with the token in `token_file`
+/// (null GPU and ISP backends); `fault`: the `--migrate-fault` phase it dies at, if any.
+pub fn migration_daemon(token_file: &Path, port: u16, fault: Option<&str>) -> Daemon {
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--gpu-backend",
+        "null",
+        "--isp-backend",
+        "null",
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--migrate-listen",
+        &addr,
+    ];
+    if let Some(f) = fault {
+        args.extend(["--migrate-fault", f]);
+    }
+    Daemon::start(&args)
+}
+
+/// Asks `from`'s control API to migrate `guest` to the daemon at `to` (`HOST:PORT`) with
+/// `token`; returns the HTTP status and the JSON answer.
+pub fn request_migration(
+    from: &Daemon,
+    guest: u64,
+    to: &str,
+    token: &str,
+) -> (u16, serde_json::Value) {
+    use virtsoc_control::client::{control_path, request, Target};
+    let body = serde_json::json!({ "to": to, "token": token }).to_string();
+    let r = request(
+        &Target::Unix(control_path(from.socket())),
+        "POST",
+        &format!("/guests/{guest}/migrate"),
+        body.as_bytes(),
+    )
+    .expect("control request");
+    (r.status, r.json())
+}
+
+/// `n` bytes derived from `seed` (a region's contents a test writes and checks later).
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+/// What a guest's session carries across a migration or restart: blobs of `sizes` written
+/// by the CPU with `pattern(size, seed)`, a signaled fence and a pending one (a nop makes
+/// sure the signal was taken). Returns the region ids and the two fences.
+pub fn guest_state(
+    g: &virtsoc_guest::Connection,
+    sizes: &[usize],
+    seeds: &[u8],
+) -> (Vec<u64>, virtsoc_guest::Fence, virtsoc_guest::Fence) {
+    let ids: Vec<u64> = sizes
+        .iter()
+        .map(|&n| g.alloc_blob(n as u64).unwrap().id)
+        .collect();
+    for ((&id, &n), &s) in ids.iter().zip(sizes).zip(seeds) {
+        cpu_write(g, id, &pattern(n, s));
+    }
+    let signaled = g.fence_create().unwrap();
+    g.fence_signal(virtsoc_guest::DeviceId::CPU, signaled)
+        .unwrap();
+    let pending = g.fence_create().unwrap();
+    g.nop().unwrap();
+    (ids, signaled, pending)
+}
+
+/// Makes `dir/clip.mp4`: 30 frames of FFmpeg's `testsrc2` (a moving pattern) at 320x240,
+/// H.264 in MP4 (what `--camera-source file:PATH` plays).
+pub fn mp4_clip(dir: &Path) -> PathBuf {
+    let clip = dir.join("clip.mp4");
+    let out = Command::new("ffmpeg")
+        .args(["-y", "-hide_banner", "-loglevel", "error", "-f", "lavfi"])
+        .args(["-i", "testsrc2=size=320x240:rate=30"])
+        .args(["-frames:v", "30", "-c:v", "libx264", "-pix_fmt", "yuv420p"])
+        .arg(&clip)
+        .output()
+        .expect("run the ffmpeg CLI (package ffmpeg)");
+    assert!(
+        out.status.success(),
+        "ffmpeg failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    clip
+}
+
+/// Bytes packed little-endian into words (the modem's write and read replies).
+pub fn pack<const N: usize>(bytes: &[u8]) -> [u64; N] {
+    let mut w = [0u64; N];
+    for (i, &b) in bytes.iter().enumerate() {
+        w[i / 8] |= u64::from(b) << (8 * (i % 8));
+    }
+    w
+}
+
+/// Sends `bytes` to the modem in writes of at most 32 bytes.
+pub fn modem_send(c: &virtsoc_guest::Connection, bytes: &[u8]) {
+    use virtsoc_guest::devices::modem::Write;
+    for chunk in bytes.chunks(32) {
+        let [b0, b1, b2, b3] = pack::<4>(chunk);
+        let r = c
+            .command(&Write {
+                len: chunk.len() as u64,
+                b0,
+                b1,
+                b2,
+                b3,
+            })
+            .expect("modem write");
+        assert_eq!(r.accepted, chunk.len() as u64);
+    }
+}
+
+/// One modem read: at most 40 bytes.
+pub fn modem_read_once(c: &virtsoc_guest::Connection) -> Vec<u8> {
+    let r = c
+        .command(&virtsoc_guest::devices::modem::Read {})
+        .expect("modem read");
+    assert!(r.len <= 40, "{r:?}");
+    let words = [r.b0, r.b1, r.b2, r.b3, r.b4];
+    (0..r.len as usize)
+        .map(|i| (words[i / 8] >> (8 * (i % 8))) as u8)
+        .collect()
+}
+
+/// The producer test device fills the first `size` bytes of region `id` with the pattern of
+/// `seed` (one write access); returns the CRC-32 of what it wrote.
+pub fn producer_write(c: &virtsoc_guest::Connection, id: u64, size: u64, seed: u64) -> u64 {
+    use virtsoc_guest::{testdev, AccessMode, DeviceId};
+    c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+        .unwrap();
+    let crc = c
+        .device_cmd(
+            DeviceId::PRODUCER,
+            [testdev::WRITE_PATTERN, id, seed, 0, 0, 0],
+        )
+        .unwrap()[0];
+    c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+        .unwrap();
+    crc
+}
+
+/// The CRC-32 of region `id` as the consumer test device reads it (one read access of its
+/// first `size` bytes).
+pub fn consumer_checksum(c: &virtsoc_guest::Connection, id: u64, size: u64) -> u64 {
+    use virtsoc_guest::{testdev, AccessMode, DeviceId};
+    c.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
+        .unwrap();
+    let crc = c
+        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+        .unwrap()[0];
+    c.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
+        .unwrap();
+    crc
+}

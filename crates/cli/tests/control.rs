@@ -10,12 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{modem_read_once, modem_send, Daemon};
 use serde_json::{json, Value};
 use virtsoc_control::client::{control_path, request, Response, Target};
 use virtsoc_guest::devices::camera::Capture;
 use virtsoc_guest::devices::display::{Mode, Present, Stats, StatsReply};
-use virtsoc_guest::devices::modem::{Read, Write};
 use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Format};
 
 const TOKEN: &str = "0123456789abcdef-control-test";
@@ -72,44 +71,12 @@ fn ctl(d: &Daemon, args: &[&str]) -> String {
 
 // ---- modem over AT commands (as in dev_modem.rs) ----
 
-fn pack<const N: usize>(bytes: &[u8]) -> [u64; N] {
-    let mut w = [0u64; N];
-    for (i, &b) in bytes.iter().enumerate() {
-        w[i / 8] |= u64::from(b) << (8 * (i % 8));
-    }
-    w
-}
-
-fn send(c: &Connection, bytes: &[u8]) {
-    for chunk in bytes.chunks(32) {
-        let [b0, b1, b2, b3] = pack::<4>(chunk);
-        let r = c
-            .command(&Write {
-                len: chunk.len() as u64,
-                b0,
-                b1,
-                b2,
-                b3,
-            })
-            .expect("modem write");
-        assert_eq!(r.accepted, chunk.len() as u64);
-    }
-}
-
-fn read_once(c: &Connection) -> Vec<u8> {
-    let r = c.command(&Read {}).expect("modem read");
-    let words = [r.b0, r.b1, r.b2, r.b3, r.b4];
-    (0..r.len as usize)
-        .map(|i| (words[i / 8] >> (8 * (i % 8))) as u8)
-        .collect()
-}
-
 /// Reads until the output contains `needle` (bounded).
 fn read_until(c: &Connection, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut out = Vec::new();
     loop {
-        out.extend(read_once(c));
+        out.extend(modem_read_once(c));
         let s = String::from_utf8_lossy(&out).into_owned();
         if s.contains(needle) {
             return s;
@@ -120,7 +87,7 @@ fn read_until(c: &Connection, needle: &str) -> String {
 }
 
 fn at(c: &Connection, line: &str) -> String {
-    send(c, line.as_bytes());
+    modem_send(c, line.as_bytes());
     read_until(c, "OK\r\n")
 }
 
@@ -429,20 +396,7 @@ fn make_clip(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("virtsoc-control-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let clip = dir.join("clip.mp4");
-    let out = Command::new("ffmpeg")
-        .args(["-y", "-hide_banner", "-loglevel", "error", "-f", "lavfi"])
-        .args(["-i", "testsrc2=size=320x240:rate=30"])
-        .args(["-frames:v", "30", "-c:v", "libx264", "-pix_fmt", "yuv420p"])
-        .arg(&clip)
-        .output()
-        .expect("run the ffmpeg CLI (package ffmpeg)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    clip
+    common::mp4_clip(&dir)
 }
 
 fn camera_backend(d: &Daemon) -> String {

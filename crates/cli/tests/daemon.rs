@@ -36,24 +36,8 @@ fn status_of(e: GuestError) -> Status {
 
 /// One producer -> consumer frame; returns (producer crc, consumer crc).
 fn frame(c: &Connection, id: u64, size: u64, seed: u64) -> (u64, u64) {
-    c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
-        .unwrap();
-    let w = c
-        .device_cmd(
-            DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, id, seed, 0, 0, 0],
-        )
-        .unwrap()[0];
-    c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
-        .unwrap();
-    c.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
-        .unwrap();
-    let r = c
-        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
-        .unwrap()[0];
-    c.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
-        .unwrap();
-    (w, r)
+    let w = common::producer_write(c, id, size, seed);
+    (w, common::consumer_checksum(c, id, size))
 }
 
 #[test]

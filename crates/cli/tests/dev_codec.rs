@@ -12,104 +12,35 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{connect, status_of, Daemon};
+use common::{
+    clip_packets, connect, cpu_read, cpu_write, h264_clip, run_tool, status_of, Daemon, TempDir,
+};
 use virtsoc_guest::devices::{codec, codec_kind};
-use virtsoc_guest::{AccessMode, Connection, DeviceId, Format, GuestError, RegionInfo, Status};
+use virtsoc_guest::{Connection, Format, GuestError, RegionInfo, Status};
 
 const W: u32 = 320;
 const H: u32 = 240;
 const FRAMES: usize = 30;
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!(
-            "virtsoc-devcodec-{tag}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd} (these tests need the FFmpeg CLI): {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// A 320x240, 30-frame H.264 Annex-B clip (x264 defaults: B-frames, so output is reordered).
 fn make_clip(dir: &Path) -> PathBuf {
-    let path = dir.join("clip.h264");
-    run(
-        "ffmpeg",
-        &[
-            "-hide_banner",
-            "-loglevel",
-            "error",
-            "-y",
-            "-f",
-            "lavfi",
-            "-i",
-            &format!("testsrc2=size={W}x{H}:rate=30"),
-            "-frames:v",
-            &FRAMES.to_string(),
-            "-c:v",
-            "libx264",
-            "-pix_fmt",
-            "yuv420p",
-            "-bsf:v",
-            "h264_mp4toannexb",
-            "-f",
-            "h264",
-            path.to_str().unwrap(),
-        ],
-    );
-    path
+    h264_clip(
+        dir,
+        "clip.h264",
+        &format!("{W}x{H}"),
+        FRAMES as u32,
+        "",
+        &["-pix_fmt", "yuv420p", "-bsf:v", "h264_mp4toannexb"],
+    )
 }
 
 /// The clip's access units, as FFmpeg's demuxer cuts them.
 fn packets(clip: &Path) -> Vec<Vec<u8>> {
     let bytes = std::fs::read(clip).unwrap();
-    let list = run(
-        "ffprobe",
-        &[
-            "-v",
-            "error",
-            "-show_entries",
-            "packet=pos,size",
-            "-of",
-            "compact=p=0",
-            clip.to_str().unwrap(),
-        ],
-    );
     let mut out = Vec::new();
     let mut next = 0usize;
-    for line in list.lines().filter(|l| !l.trim().is_empty()) {
-        let field = |k: &str| -> usize {
-            line.split('|')
-                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| panic!("no {k} in ffprobe line {line:?}"))
-        };
-        let (pos, size) = (field("pos"), field("size"));
+    for (pos, size) in clip_packets(clip) {
         assert_eq!(pos, next, "packets tile the file");
         out.push(bytes[pos..pos + size].to_vec());
         next = pos + size;
@@ -121,7 +52,7 @@ fn packets(clip: &Path) -> Vec<Vec<u8>> {
 
 /// FFmpeg's per-frame checksums of its own YUV420P decode, in presentation order.
 fn golden(clip: &Path) -> Vec<u32> {
-    let out = run(
+    let out = run_tool(
         "ffmpeg",
         &[
             "-hide_banner",
@@ -158,32 +89,6 @@ fn adler32(data: &[u8]) -> u32 {
         b %= MOD;
     }
     (b << 16) | a
-}
-
-/// Writes `bytes` at the start of region `id` from the CPU.
-fn write_region(c: &Connection, id: u64, bytes: &[u8]) {
-    let n = bytes.len() as u64;
-    let a = c
-        .begin_access(id, DeviceId::CPU, 0, n, AccessMode::Write)
-        .unwrap();
-    let p = a.ptr.expect("CPU pointer");
-    // SAFETY: the library checked that the `n` bytes lie in our window.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.as_ptr(), bytes.len()) };
-    c.end_access(id, DeviceId::CPU, 0, n, AccessMode::Write)
-        .unwrap();
-}
-
-/// Reads the first `n` bytes of region `id` on the CPU.
-fn read_region(c: &Connection, id: u64, n: u64) -> Vec<u8> {
-    let a = c
-        .begin_access(id, DeviceId::CPU, 0, n, AccessMode::Read)
-        .unwrap();
-    let p = a.ptr.expect("CPU pointer");
-    // SAFETY: as above, for reading.
-    let v = unsafe { std::slice::from_raw_parts(p.as_ptr(), n as usize) }.to_vec();
-    c.end_access(id, DeviceId::CPU, 0, n, AccessMode::Read)
-        .unwrap();
-    v
 }
 
 /// A frame read back from a region, as packed YUV420P.
@@ -246,7 +151,7 @@ impl<'a> Session<'a> {
     }
 
     fn decode(&self, packet: &[u8], pts: u64) -> Result<u64, GuestError> {
-        write_region(self.c, self.bitstream.id, packet);
+        cpu_write(self.c, self.bitstream.id, packet);
         self.c
             .command_with_access(&codec::Decode {
                 handle: self.handle,
@@ -271,7 +176,7 @@ impl<'a> Session<'a> {
                 return;
             }
             assert_eq!((r.width, r.height), (W as u64, H as u64));
-            let bytes = read_region(self.c, self.frame.id, self.frame.size);
+            let bytes = cpu_read(self.c, self.frame.id, self.frame.size as usize);
             out.push((r.pts, adler32(&as_yuv420p(&self.frame, &bytes))));
         }
     }
@@ -305,7 +210,7 @@ fn check_against_golden(got: &[(u64, u32)], golden: &[u32]) {
 
 #[test]
 fn decodes_h264_bit_exact_in_both_formats() {
-    let dir = TempDir::new("exact");
+    let dir = TempDir::new("devcodec-exact");
     let clip = make_clip(&dir.0);
     let (pkts, golden) = (packets(&clip), golden(&clip));
     assert_eq!(golden.len(), FRAMES);
@@ -327,7 +232,7 @@ fn decodes_h264_bit_exact_in_both_formats() {
 
 #[test]
 fn a_corrupt_packet_fails_alone() {
-    let dir = TempDir::new("corrupt");
+    let dir = TempDir::new("devcodec-corrupt");
     let clip = make_clip(&dir.0);
     let (pkts, golden) = (packets(&clip), golden(&clip));
     let d = Daemon::start(&[]);
@@ -353,7 +258,7 @@ fn a_corrupt_packet_fails_alone() {
 
 #[test]
 fn handles_regions_and_bounds_are_checked() {
-    let dir = TempDir::new("bounds");
+    let dir = TempDir::new("devcodec-bounds");
     let clip = make_clip(&dir.0);
     let pkts = packets(&clip);
     let d = Daemon::start(&[]);
@@ -403,7 +308,7 @@ fn handles_regions_and_bounds_are_checked() {
     );
 
     // len beyond the region.
-    write_region(&c, s.bitstream.id, &pkts[0]);
+    cpu_write(&c, s.bitstream.id, &pkts[0]);
     assert_eq!(
         status_of(c.command_with_access(&codec::Decode {
             handle: s.handle,
@@ -525,7 +430,7 @@ fn encodes_and_decodes_back() {
         for (j, b) in img[w * h..].iter_mut().enumerate() {
             *b = 128u8.wrapping_add(((j + i as usize) % 32) as u8);
         }
-        write_region(&c, frame.id, &img);
+        cpu_write(&c, frame.id, &img);
         let r = c
             .command_with_access(&codec::Encode {
                 handle: enc,
@@ -539,7 +444,7 @@ fn encodes_and_decodes_back() {
         if i == 0 {
             assert_eq!(r.keyframe, 1, "the stream starts with a keyframe");
         }
-        let pkt = read_region(&c, out.id, r.bytes);
+        let pkt = cpu_read(&c, out.id, r.bytes as usize);
         assert!(
             pkt.starts_with(&[0, 0, 1]) || pkt.starts_with(&[0, 0, 0, 1]),
             "Annex-B start code"

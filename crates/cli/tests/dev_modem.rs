@@ -5,8 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Daemon;
-use virtsoc_guest::devices::modem::{Read, Write};
+use common::{modem_read_once, modem_send, Daemon};
+use virtsoc_guest::devices::modem::Write;
 use virtsoc_guest::{ConnectOptions, Connection, Status};
 
 fn connect(d: &Daemon) -> Connection {
@@ -20,48 +20,12 @@ fn connect(d: &Daemon) -> Connection {
     .expect("connect")
 }
 
-/// Bytes packed little-endian into words.
-fn pack<const N: usize>(bytes: &[u8]) -> [u64; N] {
-    let mut w = [0u64; N];
-    for (i, &b) in bytes.iter().enumerate() {
-        w[i / 8] |= u64::from(b) << (8 * (i % 8));
-    }
-    w
-}
-
-/// Sends `bytes` in writes of at most 32 bytes.
-fn send(c: &Connection, bytes: &[u8]) {
-    for chunk in bytes.chunks(32) {
-        let [b0, b1, b2, b3] = pack::<4>(chunk);
-        let r = c
-            .command(&Write {
-                len: chunk.len() as u64,
-                b0,
-                b1,
-                b2,
-                b3,
-            })
-            .expect("modem write");
-        assert_eq!(r.accepted, chunk.len() as u64);
-    }
-}
-
-/// One read: at most 40 bytes.
-fn read_once(c: &Connection) -> Vec<u8> {
-    let r = c.command(&Read {}).expect("modem read");
-    assert!(r.len <= 40, "{r:?}");
-    let words = [r.b0, r.b1, r.b2, r.b3, r.b4];
-    (0..r.len as usize)
-        .map(|i| (words[i / 8] >> (8 * (i % 8))) as u8)
-        .collect()
-}
-
 /// Reads until the output ends with a final result code or the SMS prompt (bounded).
 fn response(c: &Connection) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut out = Vec::new();
     loop {
-        let b = read_once(c);
+        let b = modem_read_once(c);
         if b.is_empty() {
             let s = String::from_utf8_lossy(&out);
             if ["OK\r\n", "ERROR\r\n", "\r\n> "]
@@ -79,7 +43,7 @@ fn response(c: &Connection) -> String {
 }
 
 fn at(c: &Connection, line: &str) -> String {
-    send(c, line.as_bytes());
+    modem_send(c, line.as_bytes());
     response(c)
 }
 
@@ -119,7 +83,7 @@ fn an_at_session_registers_texts_and_calls() {
     // Unknown commands are errors, and the modem goes on.
     assert_eq!(at(&c, "AT+NOPE\r"), "\r\nERROR\r\n");
     assert_eq!(at(&c, "AT\r"), "\r\nOK\r\n");
-    assert!(read_once(&c).is_empty(), "nothing left over");
+    assert!(modem_read_once(&c).is_empty(), "nothing left over");
 }
 
 #[test]
@@ -129,7 +93,7 @@ fn guests_have_independent_modems() {
     let b = connect(&d);
     assert_eq!(at(&a, "ATE0\r"), "ATE0\r\r\nOK\r\n");
     // b's modem still echoes, and holds no output of a's.
-    assert!(read_once(&b).is_empty());
+    assert!(modem_read_once(&b).is_empty());
     assert_eq!(at(&b, "AT\r"), "AT\r\r\nOK\r\n");
     assert_eq!(at(&a, "AT\r"), "\r\nOK\r\n");
     // A call on a's modem is not on b's.
@@ -138,7 +102,7 @@ fn guests_have_independent_modems() {
     assert_eq!(at(&b, "AT+CLCC\r"), "\r\nOK\r\n");
     assert!(at(&a, "AT+CLCC\r").contains("\"5551234\""));
     // Unread output stays with its guest across the other's commands.
-    send(&a, b"AT+CSQ\r");
+    modem_send(&a, b"AT+CSQ\r");
     assert_eq!(at(&b, "AT+CSQ\r"), "\r\n+CSQ: 20,99\r\n\r\nOK\r\n");
     assert_eq!(response(&a), "\r\n+CSQ: 20,99\r\n\r\nOK\r\n");
 }
@@ -164,7 +128,7 @@ fn oversized_writes_are_refused() {
         })
         .expect_err("absurd length");
     assert_eq!(err.status(), Status::BadArgument);
-    assert!(read_once(&c).is_empty(), "nothing was fed");
+    assert!(modem_read_once(&c).is_empty(), "nothing was fed");
     // An empty write and a full 32-byte one are fine.
     assert_eq!(
         c.command(&Write::default()).unwrap().accepted,

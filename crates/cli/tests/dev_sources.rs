@@ -7,12 +7,12 @@
 mod common;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    camera_capture as capture, connect_to as connect, region_bytes as read_region,
+    camera_capture as capture, connect_to as connect, mp4_clip, region_bytes as read_region,
     region_meta as meta, Daemon,
 };
 use virtsoc_guest::Format;
@@ -29,24 +29,6 @@ fn temp_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Makes a 320x240, 30-frame H.264 clip of FFmpeg's `testsrc2` (a moving pattern).
-fn make_clip(dir: &Path) -> PathBuf {
-    let clip = dir.join("clip.mp4");
-    let out = Command::new("ffmpeg")
-        .args(["-y", "-hide_banner", "-loglevel", "error", "-f", "lavfi"])
-        .args(["-i", "testsrc2=size=320x240:rate=30"])
-        .args(["-frames:v", "30", "-c:v", "libx264", "-pix_fmt", "yuv420p"])
-        .arg(&clip)
-        .output()
-        .expect("run the ffmpeg CLI (package ffmpeg)");
-    assert!(
-        out.status.success(),
-        "ffmpeg failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    clip
 }
 
 /// Rows `from..to` of an image plane whose rows are `stride` bytes apart, `row` bytes each.
@@ -68,7 +50,7 @@ fn distinct(bytes: &[u8]) -> usize {
 #[test]
 fn a_video_file_is_looped_as_the_camera() {
     let dir = temp_dir("clip");
-    let clip = make_clip(&dir);
+    let clip = mp4_clip(&dir);
     let source = format!("file:{}", clip.display());
     let d = Daemon::start(&["--camera-source", &source]);
     d.expect_log("camera: playing");
@@ -215,9 +197,10 @@ fn bad_camera_sources_stop_the_daemon() {
 
 #[test]
 fn bad_display_backends_stop_the_daemon() {
+    // An unknown backend is refused by the argument parser, which lists the choices.
     let err = refused(&["--display-backend", "wayland"], &[]);
     assert!(
-        err.contains("unknown display backend") && err.contains("wayland"),
+        err.contains("wayland") && err.contains("[possible values: headless, window]"),
         "{err}"
     );
     // Without the `window` feature the window backend is not there; with it, it needs an X
@@ -237,6 +220,7 @@ fn bad_display_backends_stop_the_daemon() {
 mod window {
     use super::*;
     use std::io::{BufRead, BufReader};
+    use std::path::Path;
     use std::process::Child;
     use virtsoc_guest::devices::display::{Present, SignalAtVsync};
     use virtsoc_guest::{AccessMode, Connection, DeviceId, RegionInfo};

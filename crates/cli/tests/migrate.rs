@@ -9,76 +9,31 @@ mod common;
 
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::Path;
 use std::time::Duration;
 
-use common::{connect_to, cpu_read, cpu_write, Daemon};
-use serde_json::{json, Value};
-use virtsoc_control::client::{control_path, request, Target};
+use common::{
+    connect_to, cpu_read, cpu_write, free_port, guest_state, migration_daemon, pattern,
+    request_migration,
+};
 use virtsoc_guest::DeviceId;
 
 const TOKEN: &str = "migration-test-token-0123456789";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(token_file: &Path, port: u16) -> Daemon {
-    let addr = format!("127.0.0.1:{port}");
-    Daemon::start(&[
-        "--gpu-backend",
-        "null",
-        "--isp-backend",
-        "null",
-        "--token-file",
-        token_file.to_str().unwrap(),
-        "--migrate-listen",
-        &addr,
-    ])
-}
-
-fn migrate(from: &Daemon, guest: u64, to: &str, token: &str) -> (u16, Value) {
-    let body = json!({ "to": to, "token": token }).to_string();
-    let r = request(
-        &Target::Unix(control_path(from.socket())),
-        "POST",
-        &format!("/guests/{guest}/migrate"),
-        body.as_bytes(),
-    )
-    .expect("control request");
-    (r.status, r.json())
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(29) ^ seed).collect()
-}
 
 #[test]
 fn a_guest_migrates_back_and_forth_with_its_regions_and_fences() {
     let token_file = std::env::temp_dir().join(format!("virtsoc-mig-{}.token", std::process::id()));
     std::fs::write(&token_file, TOKEN).unwrap();
     let (pa, pb) = (free_port(), free_port());
-    let daemons = [start(&token_file, pa), start(&token_file, pb)];
+    let daemons = [
+        migration_daemon(&token_file, pa, None),
+        migration_daemon(&token_file, pb, None),
+    ];
     let ports = [pa, pb];
     let g = connect_to(daemons[0].socket());
     g.set_auto_reconnect(Some(Duration::from_secs(30)));
     let sizes = [1usize << 20, 300_000, 4096];
-    let ids: Vec<u64> = sizes
-        .iter()
-        .map(|&n| g.alloc_blob(n as u64).unwrap().id)
-        .collect();
     let mut seeds = [1u8, 2, 3];
-    for ((&id, &n), &s) in ids.iter().zip(&sizes).zip(&seeds) {
-        cpu_write(&g, id, &pattern(n, s));
-    }
-    let signaled = g.fence_create().unwrap();
-    g.fence_signal(DeviceId::CPU, signaled).unwrap();
-    let pending = g.fence_create().unwrap();
-    g.nop().unwrap();
+    let (ids, signaled, pending) = guest_state(&g, &sizes, &seeds);
 
     // The first move through the CLI.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
@@ -101,7 +56,7 @@ fn a_guest_migrates_back_and_forth_with_its_regions_and_fences() {
     let mut at = 1;
     for round in 0..10 {
         if round > 0 {
-            let (status, v) = migrate(
+            let (status, v) = request_migration(
                 &daemons[at],
                 g.guest_id(),
                 &format!("127.0.0.1:{}", ports[1 - at]),
@@ -139,15 +94,15 @@ fn a_failed_migration_leaves_the_guest_running_on_its_source() {
         std::env::temp_dir().join(format!("virtsoc-mig-f-{}.token", std::process::id()));
     std::fs::write(&token_file, TOKEN).unwrap();
     let (pa, pb) = (free_port(), free_port());
-    let a = start(&token_file, pa);
-    let _b = start(&token_file, pb);
+    let a = migration_daemon(&token_file, pa, None);
+    let _b = migration_daemon(&token_file, pb, None);
     let g = connect_to(a.socket());
     let r = g.alloc_blob(1 << 20).unwrap();
     cpu_write(&g, r.id, &pattern(1 << 20, 5));
     let id = g.guest_id();
 
     // A wrong token is refused by the target.
-    let (status, v) = migrate(&a, id, &format!("127.0.0.1:{pb}"), "wrong-token");
+    let (status, v) = request_migration(&a, id, &format!("127.0.0.1:{pb}"), "wrong-token");
     assert_eq!(status, 409, "{v}");
     assert!(v["error"].as_str().unwrap().contains("token"), "{v}");
 
@@ -177,7 +132,7 @@ fn a_failed_migration_leaves_the_guest_running_on_its_source() {
         let _ = s.read(&mut buf);
         drop(s);
     });
-    let (status, v) = migrate(&a, id, &fake_addr, TOKEN);
+    let (status, v) = request_migration(&a, id, &fake_addr, TOKEN);
     dying.join().unwrap();
     assert_eq!(status, 409, "{v}");
     // The guest never noticed: same session, same bytes, still taking requests.
@@ -198,7 +153,10 @@ fn requests_in_flight_during_a_migration_run_exactly_once() {
         std::env::temp_dir().join(format!("virtsoc-mig-x-{}.token", std::process::id()));
     std::fs::write(&token_file, TOKEN).unwrap();
     let (pa, pb) = (free_port(), free_port());
-    let daemons = [start(&token_file, pa), start(&token_file, pb)];
+    let daemons = [
+        migration_daemon(&token_file, pa, None),
+        migration_daemon(&token_file, pb, None),
+    ];
     let g = std::sync::Arc::new(connect_to(daemons[0].socket()));
     g.set_auto_reconnect(Some(Duration::from_secs(30)));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -219,7 +177,7 @@ fn requests_in_flight_during_a_migration_run_exactly_once() {
     let mut at = 0;
     for _ in 0..4 {
         std::thread::sleep(Duration::from_millis(50));
-        let (status, v) = migrate(
+        let (status, v) = request_migration(
             &daemons[at],
             g.guest_id(),
             &format!("127.0.0.1:{}", [pa, pb][1 - at]),

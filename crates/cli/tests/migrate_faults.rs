@@ -7,58 +7,15 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::Path;
 use std::time::Duration;
 
-use common::{connect_to, cpu_read, cpu_write, Daemon};
-use serde_json::{json, Value};
-use virtsoc_control::client::{control_path, request, Target};
+use common::{
+    connect_to, cpu_read, cpu_write, free_port, guest_state, migration_daemon, pattern,
+    request_migration,
+};
 use virtsoc_guest::DeviceId;
 
 const TOKEN: &str = "migration-fault-token-0123456789";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(token_file: &Path, port: u16, fault: Option<&str>) -> Daemon {
-    let addr = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "--gpu-backend",
-        "null",
-        "--isp-backend",
-        "null",
-        "--token-file",
-        token_file.to_str().unwrap(),
-        "--migrate-listen",
-        &addr,
-    ];
-    if let Some(f) = fault {
-        args.extend(["--migrate-fault", f]);
-    }
-    Daemon::start(&args)
-}
-
-fn migrate(from: &Daemon, guest: u64, to: &str) -> (u16, Value) {
-    let body = json!({ "to": to, "token": TOKEN }).to_string();
-    let r = request(
-        &Target::Unix(control_path(from.socket())),
-        "POST",
-        &format!("/guests/{guest}/migrate"),
-        body.as_bytes(),
-    )
-    .expect("control request");
-    (r.status, r.json())
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
-}
 
 /// Whether the target accepted the session before dying (the source handed the guest over).
 fn handed_over(phase: &str) -> bool {
@@ -70,26 +27,16 @@ fn target_dies_at(phase: &str) {
         std::env::temp_dir().join(format!("virtsoc-migf-{phase}-{}.token", std::process::id()));
     std::fs::write(&token_file, TOKEN).unwrap();
     let (pa, pb) = (free_port(), free_port());
-    let a = start(&token_file, pa, None);
-    let mut b = start(&token_file, pb, Some(phase));
+    let a = migration_daemon(&token_file, pa, None);
+    let mut b = migration_daemon(&token_file, pb, Some(phase));
     let g = connect_to(a.socket());
     g.set_auto_reconnect(Some(Duration::from_secs(30)));
     let sizes = [2usize << 20, 300_000, 4096];
     let seeds = [11u8, 12, 13];
-    let ids: Vec<u64> = sizes
-        .iter()
-        .map(|&n| g.alloc_blob(n as u64).unwrap().id)
-        .collect();
-    for ((&id, &n), &s) in ids.iter().zip(&sizes).zip(&seeds) {
-        cpu_write(&g, id, &pattern(n, s));
-    }
-    let signaled = g.fence_create().unwrap();
-    g.fence_signal(DeviceId::CPU, signaled).unwrap();
-    let pending = g.fence_create().unwrap();
-    g.nop().unwrap();
+    let (ids, signaled, pending) = guest_state(&g, &sizes, &seeds);
     let id = g.guest_id();
 
-    let (status, v) = migrate(&a, id, &format!("127.0.0.1:{pb}"));
+    let (status, v) = request_migration(&a, id, &format!("127.0.0.1:{pb}"), TOKEN);
     if handed_over(phase) {
         // Accepted (handed over); the commit never comes.
         assert_eq!(status, 200, "{phase}: {v}");

@@ -3,7 +3,7 @@
 mod common;
 
 use common::Daemon;
-use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId, GuestError};
+use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, GuestError};
 
 const TOKEN: &str = "0123456789abcdef-remote-test";
 
@@ -55,22 +55,10 @@ fn a_remote_guest_uses_the_same_api() {
         let want = crc32fast::hash(bytes) as u64;
         c.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)
             .unwrap();
-        c.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
-            .unwrap();
-        let got = c
-            .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
-            .unwrap()[0];
+        let got = common::consumer_checksum(&c, id, size);
         assert_eq!(got, want, "{proto}: the device saw the remote CPU's bytes");
-        c.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
-            .unwrap();
         // Device write, CPU read: the bytes come back in the stream.
-        c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
-            .unwrap();
-        let crc = c
-            .device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, id, 9, 0, 0, 0])
-            .unwrap()[0];
-        c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
-            .unwrap();
+        let crc = common::producer_write(&c, id, size, 9);
         let a = c
             .begin_access(id, DeviceId::CPU, 0, size, AccessMode::Read)
             .unwrap();

@@ -6,27 +6,15 @@
 
 mod common;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{cpu_read, cpu_write, Daemon};
+use common::{cpu_read, cpu_write, free_port, guest_state, pattern, Daemon};
 use virtsoc_guest::{ConnectOptions, Connection, DeviceId};
 use virtsoc_proto::handshake::{recv_json, send_json, Hello, Reply, PROTOCOL_VERSION};
 
 const TOKEN: &str = "remote-resume-token-0123456789ab";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
-}
 
 fn opts() -> ConnectOptions {
     ConnectOptions {
@@ -120,17 +108,7 @@ fn a_remote_guest_goes_on_across_a_daemon_restart_with_its_secret() {
     assert!(secret.len() >= 32, "{secret}");
     g.set_auto_reconnect(Some(Duration::from_secs(60)));
     let sizes = [1usize << 20, 5000];
-    let ids: Vec<u64> = sizes
-        .iter()
-        .map(|&n| g.alloc_blob(n as u64).unwrap().id)
-        .collect();
-    for (i, (&id, &n)) in ids.iter().zip(&sizes).enumerate() {
-        cpu_write(&g, id, &pattern(n, i as u8));
-    }
-    let done = g.fence_create().unwrap();
-    g.fence_signal(DeviceId::CPU, done).unwrap();
-    let pending = g.fence_create().unwrap();
-    g.nop().unwrap();
+    let (ids, done, pending) = guest_state(&g, &sizes, &[0, 1]);
 
     // A second remote guest's secret is another one.
     let other = Connection::open(&format!("tcp:{}", s.addr), &opts()).unwrap();

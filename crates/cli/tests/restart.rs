@@ -9,17 +9,13 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{connect_to, cpu_read, cpu_write, Daemon};
+use common::{connect_to, cpu_read, cpu_write, pattern, Daemon};
 use virtsoc_guest::DeviceId;
 
 fn state_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("virtsoc-state-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()
 }
 
 fn saved_files(dir: &PathBuf) -> Vec<PathBuf> {

@@ -10,8 +10,8 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{connect, cpu_read, cpu_write, Daemon};
-use virtsoc_guest::{testdev, AccessMode, Connection, DeviceId, Fence, Format};
+use common::{connect, cpu_read, cpu_write, pattern, Daemon};
+use virtsoc_guest::{Connection, DeviceId, Fence, Format};
 
 fn snapshot_cli(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
@@ -31,23 +31,9 @@ fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("virtsoc-snap-it-{}-{name}", std::process::id()))
 }
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
-}
-
 /// A region written by the producer device (its only valid copy is then the device's).
 fn device_write(c: &Connection, id: u64, size: u64, seed: u64) -> u64 {
-    c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
-        .unwrap();
-    let crc = c
-        .device_cmd(
-            DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, id, seed, 0, 0, 0],
-        )
-        .unwrap()[0];
-    c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
-        .unwrap();
-    crc
+    common::producer_write(c, id, size, seed)
 }
 
 struct Saved {

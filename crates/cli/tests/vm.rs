@@ -8,43 +8,13 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use common::Daemon;
+use common::{build_guest_image, qemu_present, Daemon};
 use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
-
-fn qemu_present() -> bool {
-    let ok = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        // `make test` sets VIRTSOC_REQUIRE_ALL=1: there a missing QEMU fails the test instead
-        // of passing it silently.
-        assert!(
-            std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
-            "qemu-system-x86_64 is not installed and VIRTSOC_REQUIRE_ALL is set"
-        );
-        eprintln!(
-            "SKIPPED: qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)"
-        );
-    }
-    ok
-}
 
 /// Builds (once per test binary) the guest image holding this build's `virtsoc`.
 fn image() -> &'static PathBuf {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
-    IMAGE.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let out = root.join("target/vm-image-test");
-        let st = Command::new(root.join("scripts/build-guest-image.sh"))
-            .arg(&out)
-            .arg(env!("CARGO_BIN_EXE_virtsoc"))
-            .status()
-            .expect("run build-guest-image.sh");
-        assert!(st.success(), "building the guest image failed");
-        out
-    })
+    IMAGE.get_or_init(|| build_guest_image("vm-image-test"))
 }
 
 fn vm_daemon(tag: &str) -> (Daemon, PathBuf, PathBuf) {

@@ -7,71 +7,21 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use common::Daemon;
-use serde_json::{json, Value};
-use virtsoc_control::client::{control_path, request, Target};
+use common::{build_guest_image, free_port, qemu_present, request_migration, Daemon};
+use serde_json::Value;
 
 const TOKEN: &str = "vm-migration-token-0123456789abcd";
-
-fn qemu_present() -> bool {
-    let ok = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
-            "qemu-system-x86_64 is not installed and VIRTSOC_REQUIRE_ALL is set"
-        );
-        eprintln!(
-            "SKIPPED: qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)"
-        );
-    }
-    ok
-}
 
 /// Builds (once per test binary) the guest image holding this build's `virtsoc` (as
 /// tests/vm.rs does, in a directory of its own).
 fn image() -> &'static PathBuf {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
-    IMAGE.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let out = root.join("target/vm-image-test-migrate");
-        let st = Command::new(root.join("scripts/build-guest-image.sh"))
-            .arg(&out)
-            .arg(env!("CARGO_BIN_EXE_virtsoc"))
-            .status()
-            .expect("run build-guest-image.sh");
-        assert!(st.success(), "building the guest image failed");
-        out
-    })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn migrate(from: &Daemon, guest: u64, to: u16) -> (u16, Value) {
-    let body = json!({ "to": format!("127.0.0.1:{to}"), "token": TOKEN }).to_string();
-    let r = request(
-        &Target::Unix(control_path(from.socket())),
-        "POST",
-        &format!("/guests/{guest}/migrate"),
-        body.as_bytes(),
-    )
-    .expect("control request");
-    (r.status, r.json())
+    IMAGE.get_or_init(|| build_guest_image("vm-image-test-migrate"))
 }
 
 /// The id of the guest that resumed a session in `d` (from its log).
@@ -195,7 +145,7 @@ fn a_vm_guest_migrates_there_and_back_with_its_regions() {
     let s = setup("both", None);
     // There: the VM's port moves to b, the guest resumes its session there.
     let t = Instant::now();
-    let (status, v) = migrate(&s.a, s.first, s.pb);
+    let (status, v) = request_migration(&s.a, s.first, &format!("127.0.0.1:{}", s.pb), TOKEN);
     assert_eq!(status, 200, "{v}");
     let second = resumed_guest(&s.b);
     // Welcomed there (its session can move again only once it is a guest of b).
@@ -207,7 +157,7 @@ fn a_vm_guest_migrates_there_and_back_with_its_regions() {
     );
     // And back: a takes the port again.
     let t = Instant::now();
-    let (status, v) = migrate(&s.b, second, s.pa);
+    let (status, v) = request_migration(&s.b, second, &format!("127.0.0.1:{}", s.pa), TOKEN);
     assert_eq!(status, 200, "{v}");
     resumed_guest(&s.a);
     s.b.expect_log("migration committed");
@@ -227,7 +177,7 @@ fn a_vm_guest_goes_on_at_its_source_when_the_target_dies_before_confirming() {
         return;
     }
     let mut s = setup("fault", Some("resume"));
-    let (status, v) = migrate(&s.a, s.first, s.pb);
+    let (status, v) = request_migration(&s.a, s.first, &format!("127.0.0.1:{}", s.pb), TOKEN);
     assert_eq!(status, 200, "handed over: {v}");
     let st = s.b.child.wait().unwrap();
     assert_eq!(st.code(), Some(86), "the target exited at the fault");

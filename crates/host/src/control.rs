@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use virtsoc_svm::GuestId;
 
 use serde_json::Value;
 use virtsoc_control::{
@@ -50,11 +51,11 @@ impl ControlBackend {
         let d = &self.0;
         let id = s.guest_id();
         let svm = d.svm();
-        let c = svm.guest_counters(id).ok()?;
-        let (regions, bytes) = svm.guest_usage(id).unwrap_or((0, 0));
+        let c = svm.guest_counters(GuestId(id)).ok()?;
+        let (regions, bytes) = svm.guest_usage(GuestId(id)).unwrap_or((0, 0));
         let (transport, protocol) = d.guest_meta(id).unwrap_or(("unknown", d.config().protocol));
         let links = svm
-            .guest_ledger(id)
+            .guest_ledger(GuestId(id))
             .unwrap_or_default()
             .into_iter()
             .map(|((src, dst), l)| LinkCopies {

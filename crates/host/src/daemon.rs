@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
+use virtsoc_svm::GuestId;
 
 use rustix::event::{poll, PollFd, PollFlags};
 use virtsoc_proto::handshake::{
@@ -374,7 +375,7 @@ impl Daemon {
             });
         self.svm
             .attach_guest_limited(
-                guest_id,
+                GuestId(guest_id),
                 window.clone(),
                 self.svm.protocol(kind),
                 limit,

@@ -9,7 +9,7 @@ use virtsoc_proto::ops::{
     AllocReply, BeginAccessReply, CoreRequest, FreeReply, NopReply, StatsReply,
 };
 use virtsoc_proto::{Opcode, Request, Status};
-use virtsoc_svm::{AccessReport, AllocDesc, DomainId, SvmError, SvmManager};
+use virtsoc_svm::{AccessReport, AllocDesc, DomainId, GuestId, RegionId, SvmError, SvmManager};
 
 /// Result values or an error status.
 pub type Outcome = std::result::Result<[u64; 6], Status>;
@@ -28,7 +28,7 @@ pub fn status_of(e: &SvmError) -> Status {
     }
 }
 
-fn svm<T>(guest: u64, r: Result<T, SvmError>) -> Result<T, Status> {
+fn svm<T>(guest: GuestId, r: Result<T, SvmError>) -> Result<T, Status> {
     r.map_err(|e| {
         log::debug!("guest {guest}: {e}");
         status_of(&e)
@@ -50,7 +50,7 @@ pub fn access_values(r: &AccessReport) -> [u64; 6] {
 
 /// A CPU access (the guest window's domain), run on the session's thread: a begin_access
 /// waits there for copies in flight, holding up only this guest.
-fn access(svm_mgr: &SvmManager, guest: u64, req: &Request, begin: bool) -> Outcome {
+fn access(svm_mgr: &SvmManager, guest: GuestId, req: &Request, begin: bool) -> Outcome {
     let (id, spec) = crate::device::access_spec(req, DomainId::GUEST_WINDOW)?;
     let r = if begin {
         svm_mgr.begin_access(guest, id, &spec)
@@ -62,7 +62,7 @@ fn access(svm_mgr: &SvmManager, guest: u64, req: &Request, begin: bool) -> Outco
 
 /// Runs a request that needs no device: allocation, CPU accesses, queries. Its words are
 /// decoded by the core requests' declaration ([`virtsoc_proto::ops`]).
-pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
+pub fn inline(svm_mgr: &SvmManager, guest: GuestId, req: &Request) -> Outcome {
     if req.opcode == Opcode::DeviceCmd as u32 {
         return Err(Status::UnknownDevice); // a device command on the CPU
     }
@@ -78,14 +78,14 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
             };
             let (id, meta) = svm(guest, svm_mgr.alloc(guest, desc))?;
             let reply = AllocReply {
-                id,
+                id: id.0,
                 size: meta.size,
                 stride: meta.stride as u64,
             };
             Ok(reply.to_values())
         }
         CoreRequest::Free(f) => {
-            svm(guest, svm_mgr.free(guest, f.id))?;
+            svm(guest, svm_mgr.free(guest, RegionId(f.id)))?;
             Ok(FreeReply {}.to_values())
         }
         CoreRequest::BeginAccess(_) => access(svm_mgr, guest, req, true),
@@ -93,7 +93,7 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
         CoreRequest::Stats(_) => {
             let (regions, bytes) = svm(guest, svm_mgr.guest_usage(guest))?;
             Ok(StatsReply {
-                guest,
+                guest: guest.0,
                 regions,
                 bytes,
             }
@@ -111,7 +111,7 @@ pub fn inline(svm_mgr: &SvmManager, guest: u64, req: &Request) -> Outcome {
 
 /// The guest's own counters (its metadata, its ledger): page `n` of the `Counters` request,
 /// the record's pages first, then one ledger link per page.
-fn counters_page(svm_mgr: &SvmManager, guest: u64, n: u64) -> Outcome {
+fn counters_page(svm_mgr: &SvmManager, guest: GuestId, n: u64) -> Outcome {
     let ledger = svm(guest, svm_mgr.guest_ledger(guest))?;
     if n >= LEDGER_PAGE {
         let i = usize::try_from(n - LEDGER_PAGE).map_err(|_| Status::BadArgument)?;

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
 use virtsoc_fence::table::{FenceId, FenceStatus, VirtualFenceTable};
@@ -191,7 +192,7 @@ impl Session {
         for slot in devices.iter() {
             slot.device.guest_gone(self.guest_id);
         }
-        let freed = svm.detach_guest(self.guest_id);
+        let freed = svm.detach_guest(GuestId(self.guest_id));
         crate::release_free_memory();
         log::info!(
             "guest {} ({}) gone: released {freed} regions",
@@ -276,7 +277,7 @@ impl Session {
             .access()
             .ok_or(Status::UnknownOpcode)?;
         let meta = svm
-            .meta(self.guest_id, id)
+            .meta(GuestId(self.guest_id), RegionId(id))
             .map_err(|e| dispatch::status_of(&e))?;
         let end = offset
             .checked_add(len)
@@ -287,14 +288,14 @@ impl Session {
                 return Err(Status::BadArgument);
             }
             let base = svm
-                .window_offset(self.guest_id, id)
+                .window_offset(GuestId(self.guest_id), RegionId(id))
                 .map_err(|e| dispatch::status_of(&e))?
                 .ok_or(Status::BadArgument)?;
             self.window
                 .copy_in(base + offset, &inc.payload)
                 .map_err(|_| Status::OutOfRange)?;
         }
-        let v = dispatch::inline(svm, self.guest_id, &inc.req)?;
+        let v = dispatch::inline(svm, GuestId(self.guest_id), &inc.req)?;
         let whole = offset == 0 && len == meta.size;
         let payload = if op == Opcode::BeginAccess && (mode.reads() || !whole) {
             let mut bytes = vec![0u8; len as usize];
@@ -438,7 +439,7 @@ impl Session {
                 | Opcode::FenceStatus,
             ) => CoreRequest::decode(req.opcode, &req.args)
                 .and_then(|r| self.fence_op(r, req.device, devices)),
-            _ => dispatch::inline(svm, self.guest_id, &req),
+            _ => dispatch::inline(svm, GuestId(self.guest_id), &req),
         };
         self.complete(match outcome {
             Ok(v) => Completion::ok(req.seq, v),

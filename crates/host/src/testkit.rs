@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use virtsoc_svm::GuestId;
 
 use virtsoc_proto::ring::Doorbell;
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, SharedWindow, Status, WindowLayout};
@@ -150,7 +151,7 @@ impl Core {
         let svm = Arc::new(SvmManager::new(topo));
         let window = window();
         svm.attach_guest(
-            GUEST,
+            GuestId(GUEST),
             window.clone(),
             svm.protocol(ProtocolKind::WriteInvalidate),
             64 << 20,

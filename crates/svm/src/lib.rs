@@ -13,6 +13,7 @@ pub mod dma;
 pub mod domain;
 pub mod engine;
 pub mod guest;
+pub mod id;
 pub mod ranges;
 pub mod region;
 pub mod snapshot;
@@ -36,6 +37,7 @@ pub use dma::CopyTicket;
 pub use domain::{DomainId, DomainKind, Topology};
 pub use engine::CopyEngine;
 pub use guest::{CounterSnapshot, GuestSvm, LinkCount};
+pub use id::{GuestId, RegionId};
 pub use region::{AccessReport, Region, RegionKey, RegionMeta};
 pub use snapshot::RegionImage;
 
@@ -50,7 +52,7 @@ pub enum SvmError {
     BadArgument(String),
     /// The guest id has no SVM state (never attached, or already detached).
     #[error("guest {0} is not attached")]
-    GuestNotAttached(u64),
+    GuestNotAttached(GuestId),
     /// An inconsistency inside the manager (a bug, not the caller's fault); the text says what.
     #[error("internal error: {0}")]
     Internal(String),
@@ -260,7 +262,8 @@ impl SvmManager {
 
     /// Bytes of `guest`'s share of the manager's bookkeeping: its predictor (twin
     /// hypergraphs) and its entries of the region table.
-    pub fn metadata_bytes(&self, guest: u64) -> u64 {
+    pub fn metadata_bytes(&self, guest: GuestId) -> u64 {
+        let guest = guest.0;
         let Ok(g) = self.guest(guest) else {
             return 0;
         };
@@ -273,23 +276,27 @@ impl SvmManager {
     }
 
     /// The predictor of `guest` (prefetch protocol only).
-    pub fn predictor(&self, guest: u64) -> Option<Arc<PrefetchEngine>> {
+    pub fn predictor(&self, guest: GuestId) -> Option<Arc<PrefetchEngine>> {
+        let guest = guest.0;
         self.guest(guest).ok()?.protocol().predictor()
     }
 
     /// Counters of one guest.
-    pub fn guest_counters(&self, guest: u64) -> Result<CounterSnapshot> {
+    pub fn guest_counters(&self, guest: GuestId) -> Result<CounterSnapshot> {
+        let guest = guest.0;
         Ok(self.guest(guest)?.snapshot())
     }
 
     /// The copy ledger of one guest: copies per (source, destination) domain; a device's own
     /// copies are on the link from its domain to itself.
-    pub fn guest_ledger(&self, guest: u64) -> Result<Vec<((u32, u32), LinkCount)>> {
+    pub fn guest_ledger(&self, guest: GuestId) -> Result<Vec<((u32, u32), LinkCount)>> {
+        let guest = guest.0;
         Ok(self.guest(guest)?.counters().ledger())
     }
 
     /// Counts a copy of `guest`'s frame bytes that a device made inside its own memory.
-    pub fn count_device_copy(&self, guest: u64, domain: DomainId, bytes: u64, dt: Duration) {
+    pub fn count_device_copy(&self, guest: GuestId, domain: DomainId, bytes: u64, dt: Duration) {
+        let guest = guest.0;
         if let Ok(g) = self.guest(guest) {
             g.counters().count_copy(domain.0, domain.0, bytes, dt);
         }
@@ -298,7 +305,8 @@ impl SvmManager {
     /// The writer of region `id` was held back `held` outside its guest (its device queue's
     /// fence signal waited for the prefetch copies): the prefetch protocol takes the hold out
     /// of the slack it measures.
-    pub fn note_hold(&self, guest: u64, id: u64, held: Duration) {
+    pub fn note_hold(&self, guest: GuestId, id: RegionId, held: Duration) {
+        let (guest, id) = (guest.0, id.0);
         if let Ok(g) = self.guest(guest) {
             g.protocol().note_hold(RegionKey { guest, id }, held);
         }
@@ -308,7 +316,7 @@ impl SvmManager {
     /// `limit` bytes of host and device memory.
     pub fn attach_guest(
         &self,
-        guest: u64,
+        guest: GuestId,
         window: Arc<SharedWindow>,
         protocol: Arc<dyn Coherence>,
         limit: u64,
@@ -320,12 +328,13 @@ impl SvmManager {
     /// regions at once (`OutOfMemory` beyond).
     pub fn attach_guest_limited(
         &self,
-        guest: u64,
+        guest: GuestId,
         window: Arc<SharedWindow>,
         protocol: Arc<dyn Coherence>,
         limit: u64,
         max_regions: u64,
     ) -> Result<Arc<GuestSvm>> {
+        let guest = guest.0;
         let mut guests = self.guests.write_or_recover();
         if guests.contains_key(&guest) {
             return Err(SvmError::BadArgument(format!(
@@ -339,7 +348,8 @@ impl SvmManager {
 
     /// Removes a guest and frees every region it owns. Returns how many regions were freed.
     /// Only the guest's own table is touched: other guests' lookups never wait for it.
-    pub fn detach_guest(&self, guest: u64) -> usize {
+    pub fn detach_guest(&self, guest: GuestId) -> usize {
+        let guest = guest.0;
         let g = self.guests.write_or_recover().remove(&guest);
         let Some(g) = g else {
             return 0;
@@ -354,7 +364,8 @@ impl SvmManager {
     /// Guest `guest`'s window now belongs to another daemon (a VM guest migrated with its
     /// memory file): freeing its regions later forgets their window ranges without zeroing
     /// them.
-    pub fn disown_window(&self, guest: u64) -> Result<()> {
+    pub fn disown_window(&self, guest: GuestId) -> Result<()> {
+        let guest = guest.0;
         self.guest(guest)?.disown_window();
         Ok(())
     }
@@ -364,7 +375,7 @@ impl SvmManager {
             .read_or_recover()
             .get(&guest)
             .cloned()
-            .ok_or(SvmError::GuestNotAttached(guest))
+            .ok_or(SvmError::GuestNotAttached(GuestId(guest)))
     }
 
     fn region(&self, guest: u64, id: u64) -> Result<Arc<Region>> {
@@ -375,7 +386,8 @@ impl SvmManager {
     }
 
     /// Allocates a region (no memory is committed until the first access); returns its id.
-    pub fn alloc(&self, guest: u64, desc: AllocDesc) -> Result<(u64, RegionMeta)> {
+    pub fn alloc(&self, guest: GuestId, desc: AllocDesc) -> Result<(RegionId, RegionMeta)> {
+        let guest = guest.0;
         let g = self.guest(guest)?;
         let (size, stride) = snapshot::layout_of(&desc)?;
         // Nothing the guest could ever back is promised: a region larger than its memory
@@ -397,11 +409,12 @@ impl SvmManager {
         };
         let region = Arc::new(Region::new(key, meta, g.clone()));
         g.insert_region(key.id, region)?;
-        Ok((key.id, meta))
+        Ok((RegionId(key.id), meta))
     }
 
     /// Frees a region of `guest`.
-    pub fn free(&self, guest: u64, id: u64) -> Result<()> {
+    pub fn free(&self, guest: GuestId, id: RegionId) -> Result<()> {
+        let (guest, id) = (guest.0, id.0);
         let r = self
             .guest(guest)
             .map_err(|_| SvmError::NoSuchRegion)?
@@ -412,12 +425,14 @@ impl SvmManager {
     }
 
     /// Offset of a region's replica in its owner's window (CPU accesses), if it has one.
-    pub fn window_offset(&self, guest: u64, id: u64) -> Result<Option<u64>> {
+    pub fn window_offset(&self, guest: GuestId, id: RegionId) -> Result<Option<u64>> {
+        let (guest, id) = (guest.0, id.0);
         Ok(self.region(guest, id)?.window_offset())
     }
 
     /// Metadata of a region of `guest`.
-    pub fn meta(&self, guest: u64, id: u64) -> Result<RegionMeta> {
+    pub fn meta(&self, guest: GuestId, id: RegionId) -> Result<RegionMeta> {
+        let (guest, id) = (guest.0, id.0);
         Ok(self.region(guest, id)?.meta)
     }
 
@@ -501,7 +516,13 @@ impl SvmManager {
     /// Begins an access, waiting (on this thread) for copies in flight to the domain. For
     /// the guest window domain the report carries the window offset of the byte at
     /// `spec.offset`.
-    pub fn begin_access(&self, guest: u64, id: u64, spec: &AccessSpec) -> Result<AccessReport> {
+    pub fn begin_access(
+        &self,
+        guest: GuestId,
+        id: RegionId,
+        spec: &AccessSpec,
+    ) -> Result<AccessReport> {
+        let (guest, id) = (guest.0, id.0);
         self.counters.begin.fetch_add(1, Ordering::Relaxed);
         let region = self.region(guest, id)?;
         let t0 = Instant::now();
@@ -530,11 +551,12 @@ impl SvmManager {
     /// workers, which park the command instead of stalling other guests' work.
     pub fn begin_access_step(
         &self,
-        guest: u64,
-        id: u64,
+        guest: GuestId,
+        id: RegionId,
         spec: &AccessSpec,
         retry: bool,
     ) -> Result<Progress> {
+        let (guest, id) = (guest.0, id.0);
         if !retry {
             self.counters.begin.fetch_add(1, Ordering::Relaxed);
         }
@@ -557,7 +579,8 @@ impl SvmManager {
     }
 
     /// Ends an access begun with [`begin_access`](Self::begin_access).
-    pub fn end_access(&self, guest: u64, id: u64, spec: &AccessSpec) -> Result<EndReport> {
+    pub fn end_access(&self, guest: GuestId, id: RegionId, spec: &AccessSpec) -> Result<EndReport> {
+        let (guest, id) = (guest.0, id.0);
         self.counters.end.fetch_add(1, Ordering::Relaxed);
         let region = self.region(guest, id)?;
         let t0 = Instant::now();
@@ -579,7 +602,8 @@ impl SvmManager {
 
     /// The backing of the region's replica in `domain` (a device's own memory). The replica
     /// must exist, i.e. the device must have begun an access. No lock is held on return.
-    pub fn replica(&self, guest: u64, id: u64, domain: DomainId) -> Result<Backing> {
+    pub fn replica(&self, guest: GuestId, id: RegionId, domain: DomainId) -> Result<Backing> {
+        let (guest, id) = (guest.0, id.0);
         let region = self.region(guest, id)?;
         let mut state = region.lock();
         let replica = state.replicas.get_mut(&domain).ok_or_else(|| {
@@ -598,8 +622,8 @@ impl SvmManager {
     /// reads the whole region from, after its read access began: a host-memory replica
     /// holding the current contents when there is one and the guest's protocol allows it,
     /// else the device's own replica in `domain`. No lock is held on return.
-    pub fn read_replica(&self, guest: u64, id: u64, domain: DomainId) -> Result<Backing> {
-        let region = self.region(guest, id)?;
+    pub fn read_replica(&self, guest: GuestId, id: RegionId, domain: DomainId) -> Result<Backing> {
+        let region = self.region(guest.0, id.0)?;
         if region.guest.protocol().reads_host_in_place() {
             let mut state = region.lock();
             let cx = RegionCtx::new(&region, &mut state, &self.engine);
@@ -616,7 +640,8 @@ impl SvmManager {
     /// region's write generation: a reader outside the devices (the live view) reads that in
     /// place instead of having a device's memory read back. `None` when only device memory
     /// or the guest window holds the contents.
-    pub fn host_replica(&self, guest: u64, id: u64) -> Result<Option<(Backing, u64)>> {
+    pub fn host_replica(&self, guest: GuestId, id: RegionId) -> Result<Option<(Backing, u64)>> {
+        let (guest, id) = (guest.0, id.0);
         let region = self.region(guest, id)?;
         let state = region.lock();
         Ok(state
@@ -630,7 +655,8 @@ impl SvmManager {
     }
 
     /// The region's write generation (it changes with every write access).
-    pub fn generation(&self, guest: u64, id: u64) -> Result<u64> {
+    pub fn generation(&self, guest: GuestId, id: RegionId) -> Result<u64> {
+        let (guest, id) = (guest.0, id.0);
         Ok(self.region(guest, id)?.lock().generation)
     }
 
@@ -639,8 +665,8 @@ impl SvmManager {
     /// the replica's buffer is locked while `f` runs, never the region.
     pub fn with_replica<T>(
         &self,
-        guest: u64,
-        id: u64,
+        guest: GuestId,
+        id: RegionId,
         domain: DomainId,
         f: impl FnOnce(&mut [u8]) -> T,
     ) -> Result<T> {
@@ -657,8 +683,8 @@ impl SvmManager {
     /// twice is `BadArgument`.
     pub fn with_replicas<T>(
         &self,
-        guest: u64,
-        (src, dst): (u64, u64),
+        guest: GuestId,
+        (src, dst): (RegionId, RegionId),
         domain: DomainId,
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
     ) -> Result<T> {
@@ -669,8 +695,8 @@ impl SvmManager {
     /// place (`reads_host`): `src` is then read from [`read_replica`](Self::read_replica).
     pub fn with_source_and_replica<T>(
         &self,
-        guest: u64,
-        (src, dst): (u64, u64),
+        guest: GuestId,
+        (src, dst): (RegionId, RegionId),
         domain: DomainId,
         reads_host: bool,
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
@@ -693,7 +719,8 @@ impl SvmManager {
     }
 
     /// Number of regions and host bytes held by `guest`.
-    pub fn guest_usage(&self, guest: u64) -> Result<(u64, u64)> {
+    pub fn guest_usage(&self, guest: GuestId) -> Result<(u64, u64)> {
+        let guest = guest.0;
         let g = self.guest(guest)?;
         Ok((g.region_count() as u64, g.host_bytes()))
     }

@@ -16,7 +16,7 @@
 use crate::backing::Backing;
 use crate::domain::DomainId;
 use crate::region::{Region, RegionCtx, RegionKey, RegionMeta};
-use crate::{AllocDesc, ProtocolKind, Result, SvmError, SvmManager};
+use crate::{AllocDesc, GuestId, ProtocolKind, RegionId, Result, SvmError, SvmManager};
 use std::sync::Arc;
 
 /// Largest region id an import accepts (so the id counter never wraps).
@@ -72,19 +72,20 @@ pub(crate) fn layout_of(desc: &AllocDesc) -> Result<(u64, u32)> {
 
 impl SvmManager {
     /// The ids of `guest`'s regions, in increasing order.
-    pub fn region_ids(&self, guest: u64) -> Result<Vec<u64>> {
-        let mut ids = self.guest(guest)?.region_ids();
+    pub fn region_ids(&self, guest: GuestId) -> Result<Vec<RegionId>> {
+        let mut ids = self.guest(guest.0)?.region_ids();
         ids.sort_unstable();
-        Ok(ids)
+        Ok(ids.into_iter().map(RegionId).collect())
     }
 
     /// The next id `guest`'s allocations would get.
-    pub fn next_region_id(&self, guest: u64) -> Result<u64> {
-        Ok(self.guest(guest)?.peek_next_id())
+    pub fn next_region_id(&self, guest: GuestId) -> Result<RegionId> {
+        Ok(RegionId(self.guest(guest.0)?.peek_next_id()))
     }
 
     /// Makes `guest`'s later allocations take ids from `next` on (never lowers the counter).
-    pub fn reserve_ids(&self, guest: u64, next: u64) -> Result<()> {
+    pub fn reserve_ids(&self, guest: GuestId, next: RegionId) -> Result<()> {
+        let (guest, next) = (guest.0, next.0);
         if next > MAX_ID {
             return Err(SvmError::BadArgument(format!("next region id {next}")));
         }
@@ -95,19 +96,25 @@ impl SvmManager {
     /// Exports region `id` of `guest`: its metadata and its current bytes, read from the
     /// replicas that hold them (device memory through readbacks where that is the only
     /// valid copy). The region's lock is held while its bytes are read.
-    pub fn export_region(&self, guest: u64, id: u64) -> Result<RegionImage> {
+    pub fn export_region(&self, guest: GuestId, id: RegionId) -> Result<RegionImage> {
         Ok(self.export_region_versioned(guest, id)?.0)
     }
 
     /// The write version of region `id`: it moves at the begin and the end of every writing
     /// access (a migration's pre-copy resends the regions whose version moved).
-    pub fn region_version(&self, guest: u64, id: u64) -> Result<u64> {
+    pub fn region_version(&self, guest: GuestId, id: RegionId) -> Result<u64> {
+        let (guest, id) = (guest.0, id.0);
         Ok(self.region(guest, id)?.lock().version)
     }
 
     /// Like [`export_region`](Self::export_region), with the write version the bytes are of
     /// (read under the same lock).
-    pub fn export_region_versioned(&self, guest: u64, id: u64) -> Result<(RegionImage, u64)> {
+    pub fn export_region_versioned(
+        &self,
+        guest: GuestId,
+        id: RegionId,
+    ) -> Result<(RegionImage, u64)> {
+        let (guest, id) = (guest.0, id.0);
         let region = self.region(guest, id)?;
         let size = usize::try_from(region.meta.size).map_err(|_| SvmError::OutOfMemory)?;
         let state = region.lock();
@@ -207,7 +214,8 @@ impl SvmManager {
     /// Recreates a region under its own id in `guest`'s table, its bytes in a host-RAM
     /// replica. Fails (having added nothing) on an invalid image, an id the guest already
     /// holds, or the guest's limits.
-    pub fn import_region(&self, guest: u64, img: &RegionImage) -> Result<()> {
+    pub fn import_region(&self, guest: GuestId, img: &RegionImage) -> Result<()> {
+        let guest = guest.0;
         Self::validate_image(img)?;
         let g = self.guest(guest)?;
         if img.meta.size > g.limit() {

@@ -21,7 +21,7 @@ fn fixture(kind: ProtocolKind, topo_fn: impl FnOnce(&mut Topology, DomainId, Dom
     let win = Arc::new(
         SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
     );
-    svm.attach_guest(1, win.clone(), svm.protocol(kind), 1 << 30)
+    svm.attach_guest(GuestId(1), win.clone(), svm.protocol(kind), 1 << 30)
         .unwrap();
     Fixture {
         svm,
@@ -52,17 +52,17 @@ fn blob(size: u64) -> AllocDesc {
 
 /// Producer writes `seed` bytes; consumer reads; returns (copies at producer end, copies at
 /// consumer begin, what the consumer saw).
-fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
-    let size = f.svm.meta(1, id).unwrap().size;
+fn write_then_read(f: &Fixture, id: RegionId, seed: u8) -> (u32, u32, Vec<u8>) {
+    let size = f.svm.meta(GuestId(1), id).unwrap().size;
     f.svm
         .begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(f.prod.0, f.prod, 0, size, AccessMode::Write),
         )
         .unwrap();
     f.svm
-        .with_replica(1, id, f.prod, |b| {
+        .with_replica(GuestId(1), id, f.prod, |b| {
             b.iter_mut()
                 .enumerate()
                 .for_each(|(i, x)| *x = seed ^ i as u8)
@@ -71,7 +71,7 @@ fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
     let e = f
         .svm
         .end_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(f.prod.0, f.prod, 0, size, AccessMode::Write),
         )
@@ -79,15 +79,18 @@ fn write_then_read(f: &Fixture, id: u64, seed: u8) -> (u32, u32, Vec<u8>) {
     let b = f
         .svm
         .begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(f.cons.0, f.cons, 0, size, AccessMode::Read),
         )
         .unwrap();
-    let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
+    let seen = f
+        .svm
+        .with_replica(GuestId(1), id, f.cons, |b| b.to_vec())
+        .unwrap();
     f.svm
         .end_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(f.cons.0, f.cons, 0, size, AccessMode::Read),
         )
@@ -102,7 +105,7 @@ fn expected(seed: u8, n: usize) -> Vec<u8> {
 #[test]
 fn guest_staging_copies_twice_and_reader_sees_last_write() {
     let f = fixture(ProtocolKind::GuestStaging, |_, _, _| {});
-    let (id, _) = f.svm.alloc(1, blob(10_000)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(10_000)).unwrap();
     for seed in 1..5 {
         let (e, b, seen) = write_then_read(&f, id, seed);
         assert_eq!((e, b), (1, 1), "one copy to the window, one back");
@@ -113,7 +116,7 @@ fn guest_staging_copies_twice_and_reader_sees_last_write() {
     let off = f
         .svm
         .begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(
                 DomainId::GUEST_WINDOW.0,
@@ -133,7 +136,7 @@ fn guest_staging_copies_twice_and_reader_sees_last_write() {
 #[test]
 fn write_invalidate_copies_once_and_reader_sees_last_write() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
-    let (id, _) = f.svm.alloc(1, blob(10_000)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(10_000)).unwrap();
     for seed in 1..5 {
         let (e, b, seen) = write_then_read(&f, id, seed);
         assert_eq!(
@@ -147,7 +150,7 @@ fn write_invalidate_copies_once_and_reader_sees_last_write() {
     let r = f
         .svm
         .begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(f.cons.0, f.cons, 0, 10_000, AccessMode::Read),
         )
@@ -162,7 +165,7 @@ fn restricted_topology_routes_through_host_ram() {
         t.add_link(DomainId::HOST_RAM, c);
         t.add_link(DomainId::HOST_RAM, DomainId::GUEST_WINDOW);
     });
-    let (id, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(4096)).unwrap();
     let (_, b, seen) = write_then_read(&f, id, 7);
     assert_eq!(b, 2, "producer -> host ram -> consumer");
     assert_eq!(seen, expected(7, 4096));
@@ -170,7 +173,7 @@ fn restricted_topology_routes_through_host_ram() {
     let r = f
         .svm
         .begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(
                 DomainId::GUEST_WINDOW.0,
@@ -188,11 +191,11 @@ fn restricted_topology_routes_through_host_ram() {
 fn cpu_writes_reach_devices() {
     for kind in [ProtocolKind::GuestStaging, ProtocolKind::WriteInvalidate] {
         let f = fixture(kind, |_, _, _| {});
-        let (id, _) = f.svm.alloc(1, blob(8192)).unwrap();
+        let (id, _) = f.svm.alloc(GuestId(1), blob(8192)).unwrap();
         let r = f
             .svm
             .begin_access(
-                1,
+                GuestId(1),
                 id,
                 &AccessSpec::new(
                     DomainId::GUEST_WINDOW.0,
@@ -212,7 +215,7 @@ fn cpu_writes_reach_devices() {
         f.win.copy_in(off, &[1, 2, 3, 4]).unwrap();
         f.svm
             .end_access(
-                1,
+                GuestId(1),
                 id,
                 &AccessSpec::new(
                     DomainId::GUEST_WINDOW.0,
@@ -225,14 +228,14 @@ fn cpu_writes_reach_devices() {
             .unwrap();
         f.svm
             .begin_access(
-                1,
+                GuestId(1),
                 id,
                 &AccessSpec::new(f.cons.0, f.cons, 0, 8192, AccessMode::Read),
             )
             .unwrap();
         let seen = f
             .svm
-            .with_replica(1, id, f.cons, |b| b[4096..4100].to_vec())
+            .with_replica(GuestId(1), id, f.cons, |b| b[4096..4100].to_vec())
             .unwrap();
         assert_eq!(seen, vec![1, 2, 3, 4], "{kind}");
     }
@@ -246,34 +249,43 @@ fn guests_cannot_name_each_others_regions() {
     );
     f.svm
         .attach_guest(
-            2,
+            GuestId(2),
             win2,
             f.svm.protocol(ProtocolKind::WriteInvalidate),
             1 << 30,
         )
         .unwrap();
-    let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(100)).unwrap();
     assert!(matches!(
         f.svm.begin_access(
-            2,
+            GuestId(2),
             id,
             &AccessSpec::new(f.prod.0, f.prod, 0, 100, AccessMode::Read)
         ),
         Err(SvmError::NoSuchRegion)
     ));
-    assert!(matches!(f.svm.free(2, id), Err(SvmError::NoSuchRegion)));
-    assert!(matches!(f.svm.meta(2, id), Err(SvmError::NoSuchRegion)));
-    f.svm.free(1, id).unwrap();
-    assert!(matches!(f.svm.free(1, id), Err(SvmError::NoSuchRegion)));
+    assert!(matches!(
+        f.svm.free(GuestId(2), id),
+        Err(SvmError::NoSuchRegion)
+    ));
+    assert!(matches!(
+        f.svm.meta(GuestId(2), id),
+        Err(SvmError::NoSuchRegion)
+    ));
+    f.svm.free(GuestId(1), id).unwrap();
+    assert!(matches!(
+        f.svm.free(GuestId(1), id),
+        Err(SvmError::NoSuchRegion)
+    ));
 }
 
 #[test]
 fn bad_ranges_domains_and_sizes_are_errors() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
-    let (id, _) = f.svm.alloc(1, blob(100)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(100)).unwrap();
     let r = |o, l| {
         f.svm.begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(f.prod.0, f.prod, o, l, AccessMode::Read),
         )
@@ -283,13 +295,13 @@ fn bad_ranges_domains_and_sizes_are_errors() {
     assert!(matches!(r(u64::MAX, 2), Err(SvmError::OutOfRange)));
     assert!(matches!(
         f.svm.begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(DomainId(99).0, DomainId(99), 0, 100, AccessMode::Read)
         ),
         Err(SvmError::UnknownDomain(99))
     ));
-    assert!(f.svm.alloc(1, blob(0)).is_err());
+    assert!(f.svm.alloc(GuestId(1), blob(0)).is_err());
     let bad_image = AllocDesc {
         format: Format::Nv12,
         width: 3,
@@ -297,11 +309,11 @@ fn bad_ranges_domains_and_sizes_are_errors() {
         ..blob(0)
     };
     assert!(matches!(
-        f.svm.alloc(1, bad_image),
+        f.svm.alloc(GuestId(1), bad_image),
         Err(SvmError::BadArgument(_))
     ));
     assert!(
-        f.svm.with_replica(1, id, f.cons, |_| ()).is_err(),
+        f.svm.with_replica(GuestId(1), id, f.cons, |_| ()).is_err(),
         "no access begun"
     );
 }
@@ -316,23 +328,23 @@ fn memory_limits_fail_cleanly_and_detach_frees_everything() {
     );
     let g = svm
         .attach_guest(
-            5,
+            GuestId(5),
             win,
             svm.protocol(ProtocolKind::WriteInvalidate),
             64 << 10,
         )
         .unwrap();
-    let (a, _) = svm.alloc(5, blob(48 << 10)).unwrap();
-    let (b, _) = svm.alloc(5, blob(48 << 10)).unwrap();
+    let (a, _) = svm.alloc(GuestId(5), blob(48 << 10)).unwrap();
+    let (b, _) = svm.alloc(GuestId(5), blob(48 << 10)).unwrap();
     svm.begin_access(
-        5,
+        GuestId(5),
         a,
         &AccessSpec::new(dev.0, dev, 0, 48 << 10, AccessMode::Write),
     )
     .unwrap();
     assert!(matches!(
         svm.begin_access(
-            5,
+            GuestId(5),
             b,
             &AccessSpec::new(dev.0, dev, 0, 48 << 10, AccessMode::Write)
         ),
@@ -340,26 +352,26 @@ fn memory_limits_fail_cleanly_and_detach_frees_everything() {
     ));
     // A region larger than the guest's memory limit is refused up front.
     assert!(matches!(
-        svm.alloc(5, blob(2 << 20)),
+        svm.alloc(GuestId(5), blob(2 << 20)),
         Err(SvmError::OutOfMemory)
     ));
     assert_eq!(g.host_bytes(), 48 << 10);
-    assert_eq!(svm.detach_guest(5), 2);
+    assert_eq!(svm.detach_guest(GuestId(5)), 2);
     assert_eq!(g.host_bytes(), 0, "replicas released with their regions");
     assert!(matches!(
-        svm.alloc(5, blob(1)),
-        Err(SvmError::GuestNotAttached(5))
+        svm.alloc(GuestId(5), blob(1)),
+        Err(SvmError::GuestNotAttached(GuestId(5)))
     ));
 }
 
 #[test]
 fn freed_window_ranges_come_back_zeroed() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
-    let (a, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    let (a, _) = f.svm.alloc(GuestId(1), blob(4096)).unwrap();
     let off = f
         .svm
         .begin_access(
-            1,
+            GuestId(1),
             a,
             &AccessSpec::new(
                 DomainId::GUEST_WINDOW.0,
@@ -373,12 +385,12 @@ fn freed_window_ranges_come_back_zeroed() {
         .window_offset
         .unwrap();
     f.win.copy_in(off, &[0xAA; 4096]).unwrap();
-    f.svm.free(1, a).unwrap();
-    let (b, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    f.svm.free(GuestId(1), a).unwrap();
+    let (b, _) = f.svm.alloc(GuestId(1), blob(4096)).unwrap();
     let off2 = f
         .svm
         .begin_access(
-            1,
+            GuestId(1),
             b,
             &AccessSpec::new(
                 DomainId::GUEST_WINDOW.0,
@@ -400,8 +412,8 @@ fn freed_window_ranges_come_back_zeroed() {
 #[test]
 fn prefetch_moves_the_bytes_before_the_reader_asks() {
     let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
-    let ids: Vec<u64> = (0..4)
-        .map(|_| f.svm.alloc(1, blob(100_000)).unwrap().0)
+    let ids: Vec<RegionId> = (0..4)
+        .map(|_| f.svm.alloc(GuestId(1), blob(100_000)).unwrap().0)
         .collect();
     let mut reader_copies = Vec::new();
     for frame in 0..40u8 {
@@ -415,12 +427,12 @@ fn prefetch_moves_the_bytes_before_the_reader_asks() {
     assert!(
         reader_copies[4..].iter().all(|&c| c == 0),
         "{reader_copies:?} {:?}",
-        f.svm.predictor(1).unwrap().stats()
+        f.svm.predictor(GuestId(1)).unwrap().stats()
     );
-    let c = f.svm.guest_counters(1).unwrap();
+    let c = f.svm.guest_counters(GuestId(1)).unwrap();
     assert!(c.prefetches >= 36, "{c:?}");
     assert!(c.hits >= 36 && c.misses == 0, "{c:?}");
-    assert!(f.svm.metadata_bytes(1) > 0);
+    assert!(f.svm.metadata_bytes(GuestId(1)) > 0);
 }
 
 #[test]
@@ -433,29 +445,43 @@ fn prefetch_mispredictions_fall_back_to_a_synchronous_fetch() {
     let win = Arc::new(
         SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
     );
-    svm.attach_guest(1, win, svm.protocol(ProtocolKind::Prefetch), 1 << 30)
-        .unwrap();
-    let (id, _) = svm.alloc(1, blob(50_000)).unwrap();
+    svm.attach_guest(
+        GuestId(1),
+        win,
+        svm.protocol(ProtocolKind::Prefetch),
+        1 << 30,
+    )
+    .unwrap();
+    let (id, _) = svm.alloc(GuestId(1), blob(50_000)).unwrap();
     let w = AccessMode::Write;
     let r = AccessMode::Read;
     for frame in 0..12u8 {
         // Frames 0-7 go to the consumer; then the flow switches to `other`.
         let reader = if frame < 8 { cons } else { other };
-        svm.begin_access(1, id, &AccessSpec::new(prod.0, prod, 0, 50_000, w))
+        svm.begin_access(GuestId(1), id, &AccessSpec::new(prod.0, prod, 0, 50_000, w))
             .unwrap();
-        svm.with_replica(1, id, prod, |b| b.fill(frame)).unwrap();
-        svm.end_access(1, id, &AccessSpec::new(prod.0, prod, 0, 50_000, w))
+        svm.with_replica(GuestId(1), id, prod, |b| b.fill(frame))
             .unwrap();
-        svm.begin_access(1, id, &AccessSpec::new(reader.0, reader, 0, 50_000, r))
+        svm.end_access(GuestId(1), id, &AccessSpec::new(prod.0, prod, 0, 50_000, w))
             .unwrap();
+        svm.begin_access(
+            GuestId(1),
+            id,
+            &AccessSpec::new(reader.0, reader, 0, 50_000, r),
+        )
+        .unwrap();
         let ok = svm
-            .with_replica(1, id, reader, |b| b.iter().all(|&x| x == frame))
+            .with_replica(GuestId(1), id, reader, |b| b.iter().all(|&x| x == frame))
             .unwrap();
         assert!(ok, "frame {frame}: reader saw stale bytes");
-        svm.end_access(1, id, &AccessSpec::new(reader.0, reader, 0, 50_000, r))
-            .unwrap();
+        svm.end_access(
+            GuestId(1),
+            id,
+            &AccessSpec::new(reader.0, reader, 0, 50_000, r),
+        )
+        .unwrap();
     }
-    let c = svm.guest_counters(1).unwrap();
+    let c = svm.guest_counters(GuestId(1)).unwrap();
     assert!(c.misses >= 1, "{c:?}");
     assert!(
         c.sync_fetches >= 2,
@@ -473,20 +499,26 @@ fn prefetch_reaches_every_reader_of_a_multi_reader_flow() {
     let win = Arc::new(
         SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
     );
-    svm.attach_guest(1, win, svm.protocol(ProtocolKind::Prefetch), 1 << 30)
-        .unwrap();
-    let (id, _) = svm.alloc(1, blob(10_000)).unwrap();
+    svm.attach_guest(
+        GuestId(1),
+        win,
+        svm.protocol(ProtocolKind::Prefetch),
+        1 << 30,
+    )
+    .unwrap();
+    let (id, _) = svm.alloc(GuestId(1), blob(10_000)).unwrap();
     let mut last = (0, 0);
     for frame in 0..10u8 {
         svm.begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(cam.0, cam, 0, 10_000, AccessMode::Write),
         )
         .unwrap();
-        svm.with_replica(1, id, cam, |b| b.fill(frame)).unwrap();
+        svm.with_replica(GuestId(1), id, cam, |b| b.fill(frame))
+            .unwrap();
         svm.end_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(cam.0, cam, 0, 10_000, AccessMode::Write),
         )
@@ -494,13 +526,21 @@ fn prefetch_reaches_every_reader_of_a_multi_reader_flow() {
         let mut copies = Vec::new();
         for d in [isp, gpu] {
             let rep = svm
-                .begin_access(1, id, &AccessSpec::new(d.0, d, 0, 10_000, AccessMode::Read))
+                .begin_access(
+                    GuestId(1),
+                    id,
+                    &AccessSpec::new(d.0, d, 0, 10_000, AccessMode::Read),
+                )
                 .unwrap();
             assert!(svm
-                .with_replica(1, id, d, |b| b.iter().all(|&x| x == frame))
+                .with_replica(GuestId(1), id, d, |b| b.iter().all(|&x| x == frame))
                 .unwrap());
-            svm.end_access(1, id, &AccessSpec::new(d.0, d, 0, 10_000, AccessMode::Read))
-                .unwrap();
+            svm.end_access(
+                GuestId(1),
+                id,
+                &AccessSpec::new(d.0, d, 0, 10_000, AccessMode::Read),
+            )
+            .unwrap();
             copies.push(rep.copies);
         }
         last = (copies[0], copies[1]);
@@ -511,7 +551,7 @@ fn prefetch_reaches_every_reader_of_a_multi_reader_flow() {
 #[test]
 fn a_write_during_a_prefetch_out_of_its_domain_leaves_readers_the_last_write() {
     let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
-    let (id, _) = f.svm.alloc(1, blob(4 << 20)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(4 << 20)).unwrap();
     for frame in 0..3u8 {
         write_then_read(&f, id, frame);
     }
@@ -519,15 +559,17 @@ fn a_write_during_a_prefetch_out_of_its_domain_leaves_readers_the_last_write() {
     for seed in [50u8, 51] {
         f.svm
             .begin_access(
-                1,
+                GuestId(1),
                 id,
                 &AccessSpec::new(f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write),
             )
             .unwrap();
-        f.svm.with_replica(1, id, f.prod, |b| b.fill(seed)).unwrap();
+        f.svm
+            .with_replica(GuestId(1), id, f.prod, |b| b.fill(seed))
+            .unwrap();
         f.svm
             .end_access(
-                1,
+                GuestId(1),
                 id,
                 &AccessSpec::new(f.prod.0, f.prod, 0, 4 << 20, AccessMode::Write),
             )
@@ -535,14 +577,14 @@ fn a_write_during_a_prefetch_out_of_its_domain_leaves_readers_the_last_write() {
     }
     f.svm
         .begin_access(
-            1,
+            GuestId(1),
             id,
             &AccessSpec::new(f.cons.0, f.cons, 0, 4 << 20, AccessMode::Read),
         )
         .unwrap();
     assert!(f
         .svm
-        .with_replica(1, id, f.cons, |b| b.iter().all(|&x| x == 51))
+        .with_replica(GuestId(1), id, f.cons, |b| b.iter().all(|&x| x == 51))
         .unwrap());
 }
 
@@ -554,38 +596,41 @@ fn spec(d: DomainId, offset: u64, len: u64, mode: AccessMode) -> AccessSpec {
 fn a_sub_range_write_moves_only_the_sub_range() {
     for kind in [ProtocolKind::WriteInvalidate, ProtocolKind::Prefetch] {
         let f = fixture(kind, |_, _, _| {});
-        let (id, _) = f.svm.alloc(1, blob(1 << 20)).unwrap();
+        let (id, _) = f.svm.alloc(GuestId(1), blob(1 << 20)).unwrap();
         write_then_read(&f, id, 7);
         // The CPU rewrites 100 bytes in the middle.
         let w = DomainId::GUEST_WINDOW;
         let r = f
             .svm
-            .begin_access(1, id, &spec(w, 5000, 100, AccessMode::Write))
+            .begin_access(GuestId(1), id, &spec(w, 5000, 100, AccessMode::Write))
             .unwrap();
         assert_eq!(r.bytes, 0, "{kind}: a write-only access fetches nothing");
         f.win
             .copy_in(r.window_offset.unwrap(), &[0xAB; 100])
             .unwrap();
         f.svm
-            .end_access(1, id, &spec(w, 5000, 100, AccessMode::Write))
+            .end_access(GuestId(1), id, &spec(w, 5000, 100, AccessMode::Write))
             .unwrap();
         let r = f
             .svm
-            .begin_access(1, id, &spec(f.cons, 0, 1 << 20, AccessMode::Read))
+            .begin_access(GuestId(1), id, &spec(f.cons, 0, 1 << 20, AccessMode::Read))
             .unwrap();
         assert_eq!(
             (r.copies, r.bytes),
             (1, 100),
             "{kind}: the reader copies only the rewritten bytes"
         );
-        let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
+        let seen = f
+            .svm
+            .with_replica(GuestId(1), id, f.cons, |b| b.to_vec())
+            .unwrap();
         let mut want = expected(7, 1 << 20);
         want[5000..5100].fill(0xAB);
         assert_eq!(seen, want, "{kind}");
         // A read of a range that holds nothing new copies nothing.
         let r = f
             .svm
-            .begin_access(1, id, &spec(f.prod, 0, 4096, AccessMode::Read))
+            .begin_access(GuestId(1), id, &spec(f.prod, 0, 4096, AccessMode::Read))
             .unwrap();
         assert_eq!(
             r.bytes, 0,
@@ -593,7 +638,7 @@ fn a_sub_range_write_moves_only_the_sub_range() {
         );
         let r = f
             .svm
-            .begin_access(1, id, &spec(f.prod, 4096, 4096, AccessMode::Read))
+            .begin_access(GuestId(1), id, &spec(f.prod, 4096, 4096, AccessMode::Read))
             .unwrap();
         assert_eq!(r.bytes, 100, "{kind}");
     }
@@ -602,26 +647,29 @@ fn a_sub_range_write_moves_only_the_sub_range() {
 #[test]
 fn two_domains_writing_different_halves_are_merged_by_a_reader() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
-    let (id, _) = f.svm.alloc(1, blob(8192)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(8192)).unwrap();
     for (d, off, byte) in [(f.prod, 0u64, 1u8), (DomainId::HOST_RAM, 4096, 2)] {
         f.svm
-            .begin_access(1, id, &spec(d, off, 4096, AccessMode::Write))
+            .begin_access(GuestId(1), id, &spec(d, off, 4096, AccessMode::Write))
             .unwrap();
         f.svm
-            .with_replica(1, id, d, |b| {
+            .with_replica(GuestId(1), id, d, |b| {
                 b[off as usize..off as usize + 4096].fill(byte)
             })
             .unwrap();
         f.svm
-            .end_access(1, id, &spec(d, off, 4096, AccessMode::Write))
+            .end_access(GuestId(1), id, &spec(d, off, 4096, AccessMode::Write))
             .unwrap();
     }
     let r = f
         .svm
-        .begin_access(1, id, &spec(f.cons, 0, 8192, AccessMode::Read))
+        .begin_access(GuestId(1), id, &spec(f.cons, 0, 8192, AccessMode::Read))
         .unwrap();
     assert_eq!((r.copies, r.bytes), (2, 8192), "one piece from each writer");
-    let seen = f.svm.with_replica(1, id, f.cons, |b| b.to_vec()).unwrap();
+    let seen = f
+        .svm
+        .with_replica(GuestId(1), id, f.cons, |b| b.to_vec())
+        .unwrap();
     assert!(seen[..4096].iter().all(|&x| x == 1) && seen[4096..].iter().all(|&x| x == 2));
 }
 
@@ -674,7 +722,7 @@ fn device_memory_replicas_are_filled_by_uploads_and_read_back_by_readbacks() {
         let f = fixture(kind, |_, _, _| {});
         let alloc = Arc::new(FakeAllocator::default());
         f.svm.set_allocator(f.cons, alloc.clone());
-        let (id, _) = f.svm.alloc(1, blob(64 << 10)).unwrap();
+        let (id, _) = f.svm.alloc(GuestId(1), blob(64 << 10)).unwrap();
         for seed in 1..4 {
             write_then_read_device(&f, id, seed);
         }
@@ -690,23 +738,23 @@ fn device_memory_replicas_are_filled_by_uploads_and_read_back_by_readbacks() {
         drop(made);
         let d = f.cons;
         f.svm
-            .begin_access(1, id, &spec(d, 0, 64 << 10, AccessMode::Write))
+            .begin_access(GuestId(1), id, &spec(d, 0, 64 << 10, AccessMode::Write))
             .unwrap();
-        match f.svm.replica(1, id, d).unwrap() {
+        match f.svm.replica(GuestId(1), id, d).unwrap() {
             Backing::Device(m) => m.write(100, &[9, 9, 9]).unwrap(),
             other => panic!("{kind}: {other:?}"),
         }
         assert!(
-            f.svm.with_replica(1, id, d, |_| ()).is_err(),
+            f.svm.with_replica(GuestId(1), id, d, |_| ()).is_err(),
             "device memory is not host-addressable"
         );
         f.svm
-            .end_access(1, id, &spec(d, 0, 64 << 10, AccessMode::Write))
+            .end_access(GuestId(1), id, &spec(d, 0, 64 << 10, AccessMode::Write))
             .unwrap();
         let w = DomainId::GUEST_WINDOW;
         let r = f
             .svm
-            .begin_access(1, id, &spec(w, 96, 8, AccessMode::Read))
+            .begin_access(GuestId(1), id, &spec(w, 96, 8, AccessMode::Read))
             .unwrap();
         let mut got = [0u8; 8];
         f.win.copy_out(r.window_offset.unwrap(), &mut got).unwrap();
@@ -714,44 +762,44 @@ fn device_memory_replicas_are_filled_by_uploads_and_read_back_by_readbacks() {
     }
 }
 
-fn write_then_read_device(f: &Fixture, id: u64, seed: u8) {
-    let size = f.svm.meta(1, id).unwrap().size;
+fn write_then_read_device(f: &Fixture, id: RegionId, seed: u8) {
+    let size = f.svm.meta(GuestId(1), id).unwrap().size;
     f.svm
-        .begin_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .begin_access(GuestId(1), id, &spec(f.prod, 0, size, AccessMode::Write))
         .unwrap();
     f.svm
-        .with_replica(1, id, f.prod, |b| {
+        .with_replica(GuestId(1), id, f.prod, |b| {
             b.iter_mut()
                 .enumerate()
                 .for_each(|(i, x)| *x = seed ^ i as u8)
         })
         .unwrap();
     f.svm
-        .end_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .end_access(GuestId(1), id, &spec(f.prod, 0, size, AccessMode::Write))
         .unwrap();
     f.svm
-        .begin_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+        .begin_access(GuestId(1), id, &spec(f.cons, 0, size, AccessMode::Read))
         .unwrap();
     f.svm
-        .end_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+        .end_access(GuestId(1), id, &spec(f.cons, 0, size, AccessMode::Read))
         .unwrap();
 }
 
 #[test]
 fn a_reader_whose_copy_is_in_flight_is_told_to_wait_not_blocked() {
     let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
-    let (id, _) = f.svm.alloc(1, blob(64 << 20)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(64 << 20)).unwrap();
     for seed in 0..3 {
         write_then_read(&f, id, seed);
     }
     let size = 64 << 20;
-    let before = f.svm.guest_counters(1).unwrap().sync_fetches;
+    let before = f.svm.guest_counters(GuestId(1)).unwrap().sync_fetches;
     f.svm
-        .begin_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .begin_access(GuestId(1), id, &spec(f.prod, 0, size, AccessMode::Write))
         .unwrap();
     let end = f
         .svm
-        .end_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+        .end_access(GuestId(1), id, &spec(f.prod, 0, size, AccessMode::Write))
         .unwrap();
     assert_eq!(end.started.len(), 1, "the predicted reader's copy started");
     // Either the copy is still in flight (the step says wait, without blocking), or it
@@ -760,7 +808,12 @@ fn a_reader_whose_copy_is_in_flight_is_told_to_wait_not_blocked() {
     loop {
         match f
             .svm
-            .begin_access_step(1, id, &spec(f.cons, 0, size, AccessMode::Read), retry)
+            .begin_access_step(
+                GuestId(1),
+                id,
+                &spec(f.cons, 0, size, AccessMode::Read),
+                retry,
+            )
             .unwrap()
         {
             Progress::Done(r) => {
@@ -773,7 +826,7 @@ fn a_reader_whose_copy_is_in_flight_is_told_to_wait_not_blocked() {
             }
         }
     }
-    let s = f.svm.guest_counters(1).unwrap();
+    let s = f.svm.guest_counters(GuestId(1)).unwrap();
     assert_eq!(
         s.sync_fetches, before,
         "the reader never fetched synchronously"
@@ -791,46 +844,51 @@ fn each_guest_has_its_own_predictor() {
         let win = Arc::new(
             SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
         );
-        svm.attach_guest(g, win, svm.protocol(ProtocolKind::Prefetch), 1 << 30)
-            .unwrap();
+        svm.attach_guest(
+            GuestId(g),
+            win,
+            svm.protocol(ProtocolKind::Prefetch),
+            1 << 30,
+        )
+        .unwrap();
     }
-    let round = |g: u64, id: u64, reader: DomainId| {
-        svm.begin_access(g, id, &spec(prod, 0, 4096, AccessMode::Write))
+    let round = |g: u64, id: RegionId, reader: DomainId| {
+        svm.begin_access(GuestId(g), id, &spec(prod, 0, 4096, AccessMode::Write))
             .unwrap();
-        svm.end_access(g, id, &spec(prod, 0, 4096, AccessMode::Write))
+        svm.end_access(GuestId(g), id, &spec(prod, 0, 4096, AccessMode::Write))
             .unwrap();
-        svm.begin_access(g, id, &spec(reader, 0, 4096, AccessMode::Read))
+        svm.begin_access(GuestId(g), id, &spec(reader, 0, 4096, AccessMode::Read))
             .unwrap();
-        svm.end_access(g, id, &spec(reader, 0, 4096, AccessMode::Read))
+        svm.end_access(GuestId(g), id, &spec(reader, 0, 4096, AccessMode::Read))
             .unwrap();
     };
     // Guest 1 learns producer -> consumer; guest 2 producer -> other.
-    let (a, _) = svm.alloc(1, blob(4096)).unwrap();
-    let (b, _) = svm.alloc(2, blob(4096)).unwrap();
+    let (a, _) = svm.alloc(GuestId(1), blob(4096)).unwrap();
+    let (b, _) = svm.alloc(GuestId(2), blob(4096)).unwrap();
     for _ in 0..5 {
         round(1, a, cons);
         round(2, b, other);
     }
     // A new region of guest 2 is predicted from guest 2's flow (zero-shot), never guest 1's.
-    let (c, _) = svm.alloc(2, blob(4096)).unwrap();
+    let (c, _) = svm.alloc(GuestId(2), blob(4096)).unwrap();
     for _ in 0..3 {
         round(2, c, other);
     }
     let (h1, m1) = {
-        let s = svm.guest_counters(1).unwrap();
+        let s = svm.guest_counters(GuestId(1)).unwrap();
         (s.hits, s.misses)
     };
     let (h2, m2) = {
-        let s = svm.guest_counters(2).unwrap();
+        let s = svm.guest_counters(GuestId(2)).unwrap();
         (s.hits, s.misses)
     };
     assert_eq!(m1, 0, "guest 1 never mispredicted");
     assert_eq!(m2, 0, "guest 2 never mispredicted");
     assert!(h1 >= 4 && h2 >= 6, "hits {h1} {h2}");
-    assert!(svm.predictor(1).unwrap().stats().virtual_flows >= 1);
+    assert!(svm.predictor(GuestId(1)).unwrap().stats().virtual_flows >= 1);
     assert_ne!(
-        Arc::as_ptr(&svm.predictor(1).unwrap()),
-        Arc::as_ptr(&svm.predictor(2).unwrap())
+        Arc::as_ptr(&svm.predictor(GuestId(1)).unwrap()),
+        Arc::as_ptr(&svm.predictor(GuestId(2)).unwrap())
     );
 }
 
@@ -842,26 +900,34 @@ fn window() -> Arc<SharedWindow> {
 fn a_guest_holds_at_most_its_region_limit_and_no_blob_over_its_memory_limit() {
     let svm = SvmManager::new(Topology::new());
     let p = svm.protocol(ProtocolKind::WriteInvalidate);
-    svm.attach_guest_limited(1, window(), p, 1 << 20, 3)
+    svm.attach_guest_limited(GuestId(1), window(), p, 1 << 20, 3)
         .unwrap();
-    let ids: Vec<u64> = (0..3).map(|_| svm.alloc(1, blob(16)).unwrap().0).collect();
-    assert!(matches!(svm.alloc(1, blob(16)), Err(SvmError::OutOfMemory)));
-    assert_eq!(svm.guest_usage(1).unwrap().0, 3);
+    let ids: Vec<RegionId> = (0..3)
+        .map(|_| svm.alloc(GuestId(1), blob(16)).unwrap().0)
+        .collect();
+    assert!(matches!(
+        svm.alloc(GuestId(1), blob(16)),
+        Err(SvmError::OutOfMemory)
+    ));
+    assert_eq!(svm.guest_usage(GuestId(1)).unwrap().0, 3);
     // Freeing one makes room for one.
-    svm.free(1, ids[0]).unwrap();
-    svm.alloc(1, blob(16)).unwrap();
-    assert!(matches!(svm.alloc(1, blob(16)), Err(SvmError::OutOfMemory)));
+    svm.free(GuestId(1), ids[0]).unwrap();
+    svm.alloc(GuestId(1), blob(16)).unwrap();
+    assert!(matches!(
+        svm.alloc(GuestId(1), blob(16)),
+        Err(SvmError::OutOfMemory)
+    ));
     // Up to the memory limit is accepted (lazily backed), one byte more is not; a 1 TiB blob
     // is refused at once, not at its first access.
-    svm.free(1, ids[1]).unwrap();
-    svm.alloc(1, blob(1 << 20)).unwrap();
-    svm.free(1, ids[2]).unwrap();
+    svm.free(GuestId(1), ids[1]).unwrap();
+    svm.alloc(GuestId(1), blob(1 << 20)).unwrap();
+    svm.free(GuestId(1), ids[2]).unwrap();
     assert!(matches!(
-        svm.alloc(1, blob((1 << 20) + 1)),
+        svm.alloc(GuestId(1), blob((1 << 20) + 1)),
         Err(SvmError::OutOfMemory)
     ));
     assert!(matches!(
-        svm.alloc(1, blob(1 << 40)),
+        svm.alloc(GuestId(1), blob(1 << 40)),
         Err(SvmError::OutOfMemory)
     ));
 }
@@ -871,11 +937,11 @@ fn each_guest_has_its_own_region_table_dropped_whole_when_it_leaves() {
     let svm = Arc::new(SvmManager::new(Topology::new()));
     for g in [1, 2] {
         let p = svm.protocol(ProtocolKind::WriteInvalidate);
-        svm.attach_guest(g, window(), p, 1 << 30).unwrap();
+        svm.attach_guest(GuestId(g), window(), p, 1 << 30).unwrap();
     }
-    let (mine, _) = svm.alloc(2, blob(64)).unwrap();
+    let (mine, _) = svm.alloc(GuestId(2), blob(64)).unwrap();
     for _ in 0..20_000 {
-        svm.alloc(1, blob(64)).unwrap();
+        svm.alloc(GuestId(1), blob(64)).unwrap();
     }
     assert_eq!(svm.stats().regions, 20_001);
     // Guest 1 leaving holds no lock guest 2's lookups need: they go on while it runs.
@@ -885,36 +951,43 @@ fn each_guest_has_its_own_region_table_dropped_whole_when_it_leaves() {
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                svm.meta(2, mine).unwrap();
+                svm.meta(GuestId(2), mine).unwrap();
                 n += 1;
             }
             n
         })
     };
-    assert_eq!(svm.detach_guest(1), 20_000);
+    assert_eq!(svm.detach_guest(GuestId(1)), 20_000);
     stop.store(true, Ordering::Relaxed);
     assert!(looker.join().unwrap() > 0);
     assert_eq!(svm.stats().regions, 1);
-    assert_eq!(svm.guest_usage(2).unwrap().0, 1);
-    assert!(matches!(svm.meta(1, 1), Err(SvmError::NoSuchRegion)));
+    assert_eq!(svm.guest_usage(GuestId(2)).unwrap().0, 1);
+    assert!(matches!(
+        svm.meta(GuestId(1), RegionId(1)),
+        Err(SvmError::NoSuchRegion)
+    ));
 }
 
 #[test]
 fn a_host_replica_with_the_current_contents_is_found_with_its_generation() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
-    let (id, _) = f.svm.alloc(1, blob(4096)).unwrap();
+    let (id, _) = f.svm.alloc(GuestId(1), blob(4096)).unwrap();
     write_then_read(&f, id, 3);
-    let (b, g1) = f.svm.host_replica(1, id).unwrap().expect("a host replica");
+    let (b, g1) = f
+        .svm
+        .host_replica(GuestId(1), id)
+        .unwrap()
+        .expect("a host replica");
     let Backing::Host(buf) = b else {
         panic!("not host memory")
     };
     assert_eq!(buf.lock()[..4096], expected(3, 4096)[..]);
-    assert_eq!(g1, f.svm.generation(1, id).unwrap());
+    assert_eq!(g1, f.svm.generation(GuestId(1), id).unwrap());
     write_then_read(&f, id, 4);
-    let (_, g2) = f.svm.host_replica(1, id).unwrap().unwrap();
+    let (_, g2) = f.svm.host_replica(GuestId(1), id).unwrap().unwrap();
     assert!(g2 > g1, "a write moves the generation");
-    assert!(f.svm.host_replica(1, id + 99).is_err());
-    assert!(f.svm.host_replica(2, id).is_err());
+    assert!(f.svm.host_replica(GuestId(1), RegionId(id.0 + 99)).is_err());
+    assert!(f.svm.host_replica(GuestId(2), id).is_err());
 }
 
 /// A device that reads host memory directly (a display controller) reads a host replica
@@ -928,7 +1001,7 @@ fn a_host_memory_reader_reads_a_current_host_replica_in_place() {
         let f = fixture(kind, |_, _, _| {});
         let alloc = Arc::new(FakeAllocator::default());
         f.svm.set_allocator(f.cons, alloc.clone());
-        let (id, _) = f.svm.alloc(1, blob(64 << 10)).unwrap();
+        let (id, _) = f.svm.alloc(GuestId(1), blob(64 << 10)).unwrap();
         let size = 64 << 10;
         let reader = |mode| spec(f.cons, 0, size, mode).reading_host(true);
         let uploaded = || -> u64 {
@@ -940,18 +1013,22 @@ fn a_host_memory_reader_reads_a_current_host_replica_in_place() {
         // The producer (host memory) writes; the host-memory reader reads.
         for seed in 1..4u8 {
             f.svm
-                .begin_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+                .begin_access(GuestId(1), id, &spec(f.prod, 0, size, AccessMode::Write))
                 .unwrap();
-            f.svm.with_replica(1, id, f.prod, |b| b.fill(seed)).unwrap();
             f.svm
-                .end_access(1, id, &spec(f.prod, 0, size, AccessMode::Write))
+                .with_replica(GuestId(1), id, f.prod, |b| b.fill(seed))
+                .unwrap();
+            f.svm
+                .end_access(GuestId(1), id, &spec(f.prod, 0, size, AccessMode::Write))
                 .unwrap();
             let r = f
                 .svm
-                .begin_access(1, id, &reader(AccessMode::Read))
+                .begin_access(GuestId(1), id, &reader(AccessMode::Read))
                 .unwrap();
-            let backing = f.svm.read_replica(1, id, f.cons).unwrap();
-            f.svm.end_access(1, id, &reader(AccessMode::Read)).unwrap();
+            let backing = f.svm.read_replica(GuestId(1), id, f.cons).unwrap();
+            f.svm
+                .end_access(GuestId(1), id, &reader(AccessMode::Read))
+                .unwrap();
             if kind == ProtocolKind::GuestStaging {
                 assert!(r.copies > 0, "{kind}: the baseline pulls from the guest");
                 assert!(matches!(backing, Backing::Device(_)), "{kind}");
@@ -973,10 +1050,10 @@ fn a_host_memory_reader_reads_a_current_host_replica_in_place() {
         // Without the flag, the same reader fetches into its device memory.
         let r = f
             .svm
-            .begin_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+            .begin_access(GuestId(1), id, &spec(f.cons, 0, size, AccessMode::Read))
             .unwrap();
         f.svm
-            .end_access(1, id, &spec(f.cons, 0, size, AccessMode::Read))
+            .end_access(GuestId(1), id, &spec(f.cons, 0, size, AccessMode::Read))
             .unwrap();
         if kind != ProtocolKind::GuestStaging {
             assert_eq!(r.bytes, size, "{kind}: an ordinary read copies");
@@ -984,23 +1061,27 @@ fn a_host_memory_reader_reads_a_current_host_replica_in_place() {
         // A write with the flag stays in the device's domain, leaving only device memory
         // current: the next in-place read has no host replica and reads its own domain.
         f.svm
-            .begin_access(1, id, &reader(AccessMode::Write))
+            .begin_access(GuestId(1), id, &reader(AccessMode::Write))
             .unwrap();
-        f.svm.end_access(1, id, &reader(AccessMode::Write)).unwrap();
+        f.svm
+            .end_access(GuestId(1), id, &reader(AccessMode::Write))
+            .unwrap();
         let r = f
             .svm
-            .begin_access(1, id, &reader(AccessMode::Read))
+            .begin_access(GuestId(1), id, &reader(AccessMode::Read))
             .unwrap();
         if kind != ProtocolKind::GuestStaging {
             assert_eq!(r.copies, 0, "{kind}: its own domain is current");
         }
         assert!(
             matches!(
-                f.svm.read_replica(1, id, f.cons).unwrap(),
+                f.svm.read_replica(GuestId(1), id, f.cons).unwrap(),
                 Backing::Device(_)
             ),
             "{kind}: device memory holds the last write"
         );
-        f.svm.end_access(1, id, &reader(AccessMode::Read)).unwrap();
+        f.svm
+            .end_access(GuestId(1), id, &reader(AccessMode::Read))
+            .unwrap();
     }
 }

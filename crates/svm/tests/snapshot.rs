@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, SharedWindow, WindowLayout};
 use virtsoc_svm::{
-    AccessSpec, AllocDesc, Backing, DeviceAllocator, DeviceMemory, DomainId, ProtocolKind,
-    RegionImage, RegionMeta, SvmError, SvmManager, Topology,
+    AccessSpec, AllocDesc, Backing, DeviceAllocator, DeviceMemory, DomainId, GuestId, ProtocolKind,
+    RegionId, RegionImage, RegionMeta, SvmError, SvmManager, Topology,
 };
 
 #[derive(Debug)]
@@ -54,7 +54,7 @@ fn setup(kind: ProtocolKind) -> Setup {
     let win = Arc::new(
         SharedWindow::create_memfd("t", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
     );
-    svm.attach_guest(1, win.clone(), svm.protocol(kind), 1 << 30)
+    svm.attach_guest(GuestId(1), win.clone(), svm.protocol(kind), 1 << 30)
         .unwrap();
     Setup {
         svm,
@@ -66,8 +66,8 @@ fn setup(kind: ProtocolKind) -> Setup {
 
 /// Writes a pattern into `[offset, offset + len)` (reduced into the region) from one of the
 /// three kinds of memory.
-fn write(s: &Setup, id: u64, (who, offset, len, seed): (u8, u64, u64, u8)) {
-    let size = s.svm.meta(1, id).unwrap().size;
+fn write(s: &Setup, id: RegionId, (who, offset, len, seed): (u8, u64, u64, u8)) {
+    let size = s.svm.meta(GuestId(1), id).unwrap().size;
     let offset = offset % size;
     let len = (len % (size - offset)).max(1);
     let pattern: Vec<u8> = (0..len).map(|i| seed ^ (i as u8).wrapping_mul(7)).collect();
@@ -77,11 +77,11 @@ fn write(s: &Setup, id: u64, (who, offset, len, seed): (u8, u64, u64, u8)) {
         _ => (3, s.gpu),
     };
     let spec = AccessSpec::new(vdev, d, offset, len, AccessMode::Write);
-    let r = s.svm.begin_access(1, id, &spec).unwrap();
+    let r = s.svm.begin_access(GuestId(1), id, &spec).unwrap();
     if d == DomainId::GUEST_WINDOW {
         s.win.copy_in(r.window_offset.unwrap(), &pattern).unwrap();
     } else {
-        match s.svm.replica(1, id, d).unwrap() {
+        match s.svm.replica(GuestId(1), id, d).unwrap() {
             Backing::Host(b) => {
                 b.lock()[offset as usize..(offset + len) as usize].copy_from_slice(&pattern)
             }
@@ -89,16 +89,16 @@ fn write(s: &Setup, id: u64, (who, offset, len, seed): (u8, u64, u64, u8)) {
             other => panic!("{other:?}"),
         }
     }
-    s.svm.end_access(1, id, &spec).unwrap();
+    s.svm.end_access(GuestId(1), id, &spec).unwrap();
 }
 
 fn read_all(s: &Setup, id: u64) -> Vec<u8> {
-    let size = s.svm.meta(1, id).unwrap().size;
+    let size = s.svm.meta(GuestId(1), RegionId(id)).unwrap().size;
     let spec = AccessSpec::new(0, DomainId::GUEST_WINDOW, 0, size, AccessMode::Read);
-    let r = s.svm.begin_access(1, id, &spec).unwrap();
+    let r = s.svm.begin_access(GuestId(1), RegionId(id), &spec).unwrap();
     let mut out = vec![0; size as usize];
     s.win.copy_out(r.window_offset.unwrap(), &mut out).unwrap();
-    s.svm.end_access(1, id, &spec).unwrap();
+    s.svm.end_access(GuestId(1), RegionId(id), &spec).unwrap();
     out
 }
 
@@ -130,14 +130,14 @@ proptest! {
     ) {
         let kind = ProtocolKind::ALL[kind];
         let a = setup(kind);
-        let mut ids: Vec<u64> = regions
+        let mut ids: Vec<RegionId> = regions
             .iter()
-            .map(|&(k, n)| a.svm.alloc(1, desc(k, n)).unwrap().0)
+            .map(|&(k, n)| a.svm.alloc(GuestId(1), desc(k, n)).unwrap().0)
             .collect();
         for f in frees {
             if ids.len() > 1 {
                 let id = ids.remove(f % ids.len());
-                a.svm.free(1, id).unwrap();
+                a.svm.free(GuestId(1), id).unwrap();
             }
         }
         for (i, w) in writes {
@@ -145,26 +145,26 @@ proptest! {
         }
         let images: Vec<RegionImage> = a
             .svm
-            .region_ids(1)
+            .region_ids(GuestId(1))
             .unwrap()
             .into_iter()
-            .map(|id| a.svm.export_region(1, id).unwrap())
+            .map(|id| a.svm.export_region(GuestId(1), id).unwrap())
             .collect();
-        let next = a.svm.next_region_id(1).unwrap();
+        let next = a.svm.next_region_id(GuestId(1)).unwrap();
         let b = setup(kind);
         for img in &images {
-            b.svm.import_region(1, img).unwrap();
+            b.svm.import_region(GuestId(1), img).unwrap();
         }
-        b.svm.reserve_ids(1, next).unwrap();
-        prop_assert_eq!(b.svm.region_ids(1).unwrap(), ids.clone());
+        b.svm.reserve_ids(GuestId(1), next).unwrap();
+        prop_assert_eq!(b.svm.region_ids(GuestId(1)).unwrap(), ids.clone());
         for img in &images {
-            prop_assert_eq!(b.svm.meta(1, img.id).unwrap(), img.meta);
+            prop_assert_eq!(b.svm.meta(GuestId(1), RegionId(img.id)).unwrap(), img.meta);
             let want = img.bytes.clone().unwrap_or_else(|| vec![0; img.meta.size as usize]);
             prop_assert_eq!(read_all(&b, img.id), want.clone());
             prop_assert_eq!(read_all(&a, img.id), want);
-            prop_assert_eq!(&b.svm.export_region(1, img.id).unwrap(), img);
+            prop_assert_eq!(&b.svm.export_region(GuestId(1), RegionId(img.id)).unwrap(), img);
         }
-        let (fresh, _) = b.svm.alloc(1, desc(0, 1)).unwrap();
+        let (fresh, _) = b.svm.alloc(GuestId(1), desc(0, 1)).unwrap();
         prop_assert!(fresh >= next);
     }
 }
@@ -172,19 +172,22 @@ proptest! {
 #[test]
 fn invalid_images_are_refused() {
     let s = setup(ProtocolKind::WriteInvalidate);
-    let (id, meta) = s.svm.alloc(1, desc(1, 5)).unwrap();
+    let (id, meta) = s.svm.alloc(GuestId(1), desc(1, 5)).unwrap();
     let good = RegionImage {
-        id: id + 1,
+        id: id.0 + 1,
         meta,
         bytes: Some(vec![1; meta.size as usize]),
     };
-    s.svm.import_region(1, &good).unwrap();
+    s.svm.import_region(GuestId(1), &good).unwrap();
     let bad = [
         RegionImage {
             id: 0,
             ..good.clone()
         },
-        RegionImage { id, ..good.clone() },
+        RegionImage {
+            id: id.0,
+            ..good.clone()
+        },
         RegionImage {
             id: 99,
             bytes: Some(vec![0; 3]),
@@ -218,11 +221,14 @@ fn invalid_images_are_refused() {
         },
     ];
     for img in bad {
-        let e = s.svm.import_region(1, &img).unwrap_err();
+        let e = s.svm.import_region(GuestId(1), &img).unwrap_err();
         assert!(
             matches!(e, SvmError::BadArgument(_) | SvmError::OutOfMemory),
             "{img:?}: {e}"
         );
     }
-    assert_eq!(s.svm.region_ids(1).unwrap(), vec![id, id + 1]);
+    assert_eq!(
+        s.svm.region_ids(GuestId(1)).unwrap(),
+        vec![id, RegionId(id.0 + 1)]
+    );
 }

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Parser;
+use virtsoc_host::device::registry::{
+    CameraSourceKind, DisplayBackendKind, GpuBackendKind, IspBackendKind,
+};
 use virtsoc_host::device::share::Sharing;
 use virtsoc_host::policy::PolicyStore;
 use virtsoc_host::{Daemon, DaemonConfig, Limits};
@@ -50,11 +53,11 @@ struct Args {
     #[arg(long = "vm")]
     vms: Vec<String>,
     /// GPU backend: wgpu (Vulkan; Mesa's CPU driver where there is no GPU), cpu, null.
-    #[arg(long, default_value = "wgpu")]
-    gpu_backend: String,
-    /// ISP backend: swscale, gpu, cpu, null.
-    #[arg(long, default_value = "swscale")]
-    isp_backend: String,
+    #[arg(long, value_enum, default_value_t = GpuBackendKind::Wgpu)]
+    gpu_backend: GpuBackendKind,
+    /// ISP backend: swscale, gpu (compute shader), cpu, null.
+    #[arg(long, value_enum, default_value_t = IspBackendKind::Swscale)]
+    isp_backend: IspBackendKind,
     /// Nice value (0-19) of a CPU Vulkan driver's worker threads (lavapipe), so the emulated
     /// GPU leaves the cores to the CPU-side devices first; 0 leaves them alone. No effect on
     /// a real GPU.
@@ -78,11 +81,12 @@ struct Args {
     #[arg(long)]
     display_verify: bool,
     /// Display backend: headless, or window (an X11 window; built with the `window` feature).
-    #[arg(long, default_value = "headless")]
-    display_backend: String,
-    /// Camera source: synthetic, or file:PATH (a video looped as a camera).
+    #[arg(long, value_enum, default_value_t = DisplayBackendKind::Headless)]
+    display_backend: DisplayBackendKind,
+    /// Camera source: synthetic, file:PATH (a video looped as a camera), or v4l2:DEVICE
+    /// (built with the `v4l2` feature).
     #[arg(long, default_value = "synthetic")]
-    camera_source: String,
+    camera_source: CameraSourceKind,
     /// Directory for display snapshots (PNG).
     #[arg(long, default_value = "/tmp")]
     snapshot_dir: PathBuf,
@@ -241,8 +245,8 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             gpu_in_flight: args.limit_gpu_in_flight,
         },
         devices: virtsoc_host::device::registry::DeviceConfig {
-            gpu: args.gpu_backend.clone(),
-            isp: args.isp_backend.clone(),
+            gpu: args.gpu_backend,
+            isp: args.isp_backend,
             gpu_driver_nice: args.gpu_driver_nice,
             codec_threads: args.codec_threads,
             codec_worker: if args.codec_process {
@@ -254,7 +258,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             display_size: args.display_size,
             display_verify: args.display_verify,
             snapshot_dir: args.snapshot_dir.clone(),
-            display_backend: args.display_backend.clone(),
+            display_backend: args.display_backend,
             camera_source: args.camera_source.clone(),
         },
         prefetch: {

@@ -45,8 +45,8 @@ fn a_failed_thread_start_refuses_only_that_connection() {
     let daemon = Daemon::new(DaemonConfig {
         socket: socket.clone(),
         devices: crate::device::registry::DeviceConfig {
-            gpu: "null".into(),
-            isp: "null".into(),
+            gpu: crate::device::registry::GpuBackendKind::Null,
+            isp: crate::device::registry::IspBackendKind::Null,
             ..Default::default()
         },
         ..DaemonConfig::default()

@@ -29,7 +29,7 @@
 //! (under 40x32, the timestamp strip's minimum) get [`Status::BadArgument`].
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtsoc_devapi::camera::{self as api, Command};
@@ -42,7 +42,7 @@ use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
 
 use super::codec::{frame_layout, media_status, pixel_format};
-use super::registry::DeviceConfig;
+use super::registry::{CameraSourceKind, DeviceConfig};
 use super::{Device, DeviceCtx, DeviceResult};
 use crate::{clock, HostError, Result};
 
@@ -84,27 +84,14 @@ struct FileSource {
 }
 
 impl Source {
-    /// Parses and checks a `--camera-source` value: `synthetic` or `file:PATH` (the file is
-    /// opened and its first frame decoded).
-    fn parse(spec: &str) -> Result<Self> {
-        if spec == "synthetic" {
-            return Ok(Source::Synthetic);
-        }
-        if let Some(dev) = spec.strip_prefix("v4l2:") {
-            return Self::v4l2(dev);
-        }
-        let Some(path) = spec.strip_prefix("file:") else {
-            return Err(HostError::Config(format!(
-                "camera: unknown camera source {spec:?} (expected synthetic, file:PATH or \
-                 v4l2:DEVICE)"
-            )));
+    /// Checks a `--camera-source` choice: a file is opened and its first frame decoded, a
+    /// V4L2 device opened once.
+    fn open(kind: &CameraSourceKind) -> Result<Self> {
+        let path = match kind {
+            CameraSourceKind::Synthetic => return Ok(Source::Synthetic),
+            CameraSourceKind::V4l2(dev) => return Self::v4l2(dev),
+            CameraSourceKind::File(path) => path.clone(),
         };
-        if path.is_empty() {
-            return Err(HostError::Config(
-                "camera: camera source file: needs a path (file:PATH)".into(),
-            ));
-        }
-        let path = PathBuf::from(path);
         let cam = FileCamera::open(&path, PixelFormat::Yuv420p).map_err(|e| {
             HostError::Config(format!(
                 "camera: cannot use {} as the camera source: {e}",
@@ -134,18 +121,23 @@ impl Source {
 impl Source {
     /// A V4L2 device, checked by opening it once at startup.
     #[cfg(feature = "v4l2")]
-    fn v4l2(dev: &str) -> Result<Self> {
-        let path = PathBuf::from(dev);
-        virtsoc_media::camera::V4l2Camera::open(&path, 640, 480, CAMERA_FPS, PixelFormat::Nv12)
-            .map_err(|e| HostError::Config(format!("camera: cannot capture from {dev}: {e}")))?;
-        Ok(Source::V4l2(path))
+    fn v4l2(dev: &Path) -> Result<Self> {
+        virtsoc_media::camera::V4l2Camera::open(dev, 640, 480, CAMERA_FPS, PixelFormat::Nv12)
+            .map_err(|e| {
+                HostError::Config(format!(
+                    "camera: cannot capture from {}: {e}",
+                    dev.display()
+                ))
+            })?;
+        Ok(Source::V4l2(dev.to_path_buf()))
     }
 
     #[cfg(not(feature = "v4l2"))]
-    fn v4l2(dev: &str) -> Result<Self> {
+    fn v4l2(dev: &Path) -> Result<Self> {
         Err(HostError::Config(format!(
-            "camera: v4l2:{dev} needs a daemon built with the `v4l2` cargo feature \
-             (cargo build --features v4l2)"
+            "camera: v4l2:{} needs a daemon built with the `v4l2` cargo feature \
+             (cargo build --features v4l2)",
+            dev.display()
         )))
     }
 }
@@ -265,7 +257,7 @@ impl Camera {
     /// Builds the device from the daemon's configuration: checks the camera source (an
     /// unknown one, or a file that cannot be opened and decoded, is a configuration error).
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
-        let source = Source::parse(&cfg.camera_source)?;
+        let source = Source::open(&cfg.camera_source)?;
         if let Source::File(f) = &source {
             log::info!(
                 "camera: playing {} ({}x{}, {:.2} fps) in a loop",
@@ -500,7 +492,8 @@ impl Camera {
     /// so the next capture of every guest and mode opens the new source (frame indices start
     /// again at 0); a capture running now finishes on the old one.
     pub fn set_source(&self, spec: &str) -> Result<()> {
-        let source = Source::parse(spec)?;
+        let kind: CameraSourceKind = spec.parse().map_err(HostError::Config)?;
+        let source = Source::open(&kind)?;
         *self.source.lock().unwrap_or_else(|p| p.into_inner()) = source;
         self.state().cameras.clear();
         log::info!("camera: source now {spec}");
@@ -545,8 +538,12 @@ mod tests {
         );
     }
 
+    fn parse(spec: &str) -> Result<Source> {
+        Source::open(&spec.parse().map_err(HostError::Config)?)
+    }
+
     fn source_error(spec: &str) -> String {
-        match Source::parse(spec) {
+        match parse(spec) {
             Err(HostError::Config(m)) => m,
             other => panic!("{spec}: expected a configuration error, got {other:?}"),
         }
@@ -554,7 +551,7 @@ mod tests {
 
     #[test]
     fn camera_sources_are_checked_at_startup() {
-        assert_eq!(Source::parse("synthetic").unwrap(), Source::Synthetic);
+        assert_eq!(parse("synthetic").unwrap(), Source::Synthetic);
         let m = source_error("rtsp://cam/1");
         assert!(
             m.contains("unknown camera source") && m.contains("rtsp"),
@@ -573,7 +570,7 @@ mod tests {
         assert!(m.contains(&junk.display().to_string()), "{m}");
         let _ = std::fs::remove_file(junk);
         let cfg = DeviceConfig {
-            camera_source: "bogus".into(),
+            camera_source: CameraSourceKind::File(missing.into()),
             ..DeviceConfig::default()
         };
         assert!(matches!(Camera::new(&cfg), Err(HostError::Config(_))));

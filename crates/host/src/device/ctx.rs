@@ -2,6 +2,7 @@
 //! in the device's memory, its fences, the reason a command failed) and [`DeviceResult`].
 
 use std::sync::Arc;
+use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_fence::table::VirtualFenceTable;
 use virtsoc_proto::Status;
@@ -57,8 +58,12 @@ impl<'a> DeviceCtx<'a> {
     /// it is, for a device that reads host memory in place; else its own.
     pub fn source(&self, id: u64) -> Result<virtsoc_svm::Backing, Status> {
         match self.reads_host {
-            true => self.svm.read_replica(self.guest, id, self.domain),
-            false => self.svm.replica(self.guest, id, self.domain),
+            true => self
+                .svm
+                .read_replica(GuestId(self.guest), RegionId(id), self.domain),
+            false => self
+                .svm
+                .replica(GuestId(self.guest), RegionId(id), self.domain),
         }
         .map_err(|e| dispatch::status_of(&e))
     }
@@ -91,7 +96,7 @@ impl<'a> DeviceCtx<'a> {
     /// begun an access to it from this device.
     pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
         self.svm
-            .with_replica(self.guest, id, self.domain, f)
+            .with_replica(GuestId(self.guest), RegionId(id), self.domain, f)
             .map_err(|e| dispatch::status_of(&e))
     }
 
@@ -105,7 +110,13 @@ impl<'a> DeviceCtx<'a> {
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
     ) -> Result<T, Status> {
         self.svm
-            .with_source_and_replica(self.guest, (src, dst), self.domain, self.reads_host, f)
+            .with_source_and_replica(
+                GuestId(self.guest),
+                (RegionId(src), RegionId(dst)),
+                self.domain,
+                self.reads_host,
+                f,
+            )
             .map_err(|e| dispatch::status_of(&e))
     }
 
@@ -133,7 +144,10 @@ impl<'a> DeviceCtx<'a> {
     /// device memory); counted on the guest's ledger.
     pub fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<(), Status> {
         let t0 = std::time::Instant::now();
-        match self.svm.replica(self.guest, id, self.domain) {
+        match self
+            .svm
+            .replica(GuestId(self.guest), RegionId(id), self.domain)
+        {
             Ok(virtsoc_svm::Backing::Host(b)) => b
                 .lock()
                 .get_mut(..bytes.len())
@@ -158,7 +172,8 @@ impl<'a> DeviceCtx<'a> {
     /// Whether region `id`'s replica in this device's domain is in device memory.
     pub fn in_device_memory(&self, id: u64) -> bool {
         matches!(
-            self.svm.replica(self.guest, id, self.domain),
+            self.svm
+                .replica(GuestId(self.guest), RegionId(id), self.domain),
             Ok(virtsoc_svm::Backing::Device(_))
         )
     }
@@ -166,13 +181,13 @@ impl<'a> DeviceCtx<'a> {
     /// Counts a copy of `n` bytes of frame data this device made in its own memory.
     pub fn count_copy(&self, n: usize, since: std::time::Instant) {
         self.svm
-            .count_device_copy(self.guest, self.domain, n as u64, since.elapsed());
+            .count_device_copy(GuestId(self.guest), self.domain, n as u64, since.elapsed());
     }
 
     /// Metadata (size, format, dimensions) of region `id` of this guest.
     pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
         self.svm
-            .meta(self.guest, id)
+            .meta(GuestId(self.guest), RegionId(id))
             .map_err(|e| dispatch::status_of(&e))
     }
 }

@@ -46,7 +46,7 @@ use std::time::Instant;
 use virtsoc_fence::queue::{DoneToken, OrderedQueue, TryPop};
 use virtsoc_fence::table::FenceId;
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, Status};
-use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, Progress, SvmManager};
+use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, GuestId, Progress, RegionId, SvmManager};
 use virtsoc_sync::LockExt;
 
 use crate::dispatch;
@@ -381,14 +381,14 @@ struct Hold {
     left: usize,
     since: Instant,
     svm: Arc<SvmManager>,
-    guest: u64,
-    region: u64,
+    guest: GuestId,
+    region: RegionId,
 }
 
 fn hold_until_copied(
     svm: &Arc<SvmManager>,
-    guest: u64,
-    region: u64,
+    guest: GuestId,
+    region: RegionId,
     tickets: Vec<Arc<CopyTicket>>,
     token: DoneToken,
 ) {
@@ -417,13 +417,13 @@ fn hold_until_copied(
 
 /// The region and access of a begin_access or end_access request (decoded by the core
 /// requests' declaration, [`virtsoc_proto::ops`]); `UnknownOpcode` for any other request.
-pub fn access_spec(req: &Request, domain: DomainId) -> Result<(u64, AccessSpec), Status> {
+pub fn access_spec(req: &Request, domain: DomainId) -> Result<(RegionId, AccessSpec), Status> {
     let a = virtsoc_proto::ops::CoreRequest::decode(req.opcode, &req.args)?
         .access()
         .ok_or(Status::UnknownOpcode)?;
     let spec = AccessSpec::new(req.device, domain, a.offset, a.len, a.mode)
         .compensating(a.flags & virtsoc_proto::wire::ACCESS_COMPENSATES != 0);
-    Ok((a.id, spec))
+    Ok((RegionId(a.id), spec))
 }
 
 /// Runs one request on the device. A begin_access that must wait for a copy comes back
@@ -452,7 +452,7 @@ fn execute(
                     return None;
                 }
             };
-            match svm.begin_access_step(guest, id, &spec, retry) {
+            match svm.begin_access_step(GuestId(guest), id, &spec, retry) {
                 Ok(Progress::Done(r)) => reply.send(Ok(dispatch::access_values(&r))),
                 Ok(Progress::Wait(ticket)) => return Some(Parked { req, reply, ticket }),
                 Err(e) => reply.send(Err(dispatch::status_of(&e))),
@@ -466,7 +466,7 @@ fn execute(
                     return None;
                 }
             };
-            match svm.end_access(guest, id, &spec) {
+            match svm.end_access(GuestId(guest), id, &spec) {
                 Ok(end) => {
                     let mut reply = reply;
                     let values = dispatch::access_values(&end.report);
@@ -475,7 +475,7 @@ fn execute(
                         // holds its next signal until the copies are done.
                         if let Some(token) = reply.token.take() {
                             session.complete(Completion::ok(req.seq, values));
-                            hold_until_copied(svm, guest, id, end.started, token);
+                            hold_until_copied(svm, GuestId(guest), id, end.started, token);
                             return None;
                         }
                     }

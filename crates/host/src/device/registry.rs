@@ -9,13 +9,95 @@ use super::testdev::{Consumer, Producer};
 use super::{camera, codec, display, gpu, isp, modem, Device};
 use crate::{Limits, Result};
 
+/// The GPU device's backend (`--gpu-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum GpuBackendKind {
+    /// Vulkan through wgpu (Mesa's CPU driver where there is no GPU); falls back to `cpu`
+    /// when no adapter can be had.
+    #[default]
+    Wgpu,
+    /// The CPU reference backend.
+    Cpu,
+    /// Fills every output grey (for tests that do not look at pixels).
+    Null,
+}
+
+/// The ISP device's backend (`--isp-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum IspBackendKind {
+    /// libswscale (bilinear).
+    #[default]
+    Swscale,
+    /// A compute shader on the GPU device's backend (YUV destinations: libswscale).
+    Gpu,
+    /// The CPU reference converter.
+    Cpu,
+    /// Copies equal formats only.
+    Null,
+}
+
+/// Where the display's scanned-out frames go (`--display-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum DisplayBackendKind {
+    /// Nowhere but snapshots and the control API's view.
+    #[default]
+    Headless,
+    /// An X11 window on `$DISPLAY` (needs the `window` feature).
+    Window,
+}
+
+/// Where the camera's frames come from (`--camera-source`): `synthetic`, `file:PATH` or
+/// `v4l2:DEVICE`. Parsed with [`str::parse`]; the file or device is checked when the camera
+/// is built.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum CameraSourceKind {
+    /// A generated test pattern stamped with its capture time.
+    #[default]
+    Synthetic,
+    /// A video file looped as a camera.
+    File(PathBuf),
+    /// A V4L2 capture device (needs the `v4l2` feature).
+    V4l2(PathBuf),
+}
+
+impl std::str::FromStr for CameraSourceKind {
+    type Err = String;
+
+    fn from_str(spec: &str) -> std::result::Result<Self, String> {
+        if spec == "synthetic" {
+            return Ok(CameraSourceKind::Synthetic);
+        }
+        if let Some(dev) = spec.strip_prefix("v4l2:") {
+            return Ok(CameraSourceKind::V4l2(PathBuf::from(dev)));
+        }
+        match spec.strip_prefix("file:") {
+            Some("") => Err("camera: camera source file: needs a path (file:PATH)".into()),
+            Some(path) => Ok(CameraSourceKind::File(PathBuf::from(path))),
+            None => Err(format!(
+                "camera: unknown camera source {spec:?} (expected synthetic, file:PATH or \
+                 v4l2:DEVICE)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CameraSourceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CameraSourceKind::Synthetic => f.write_str("synthetic"),
+            CameraSourceKind::File(p) => write!(f, "file:{}", p.display()),
+            CameraSourceKind::V4l2(p) => write!(f, "v4l2:{}", p.display()),
+        }
+    }
+}
+
 /// Backend choices and device settings (from the daemon's command line).
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
-    /// GPU backend: `wgpu` (Vulkan; Mesa's CPU driver where there is no GPU), `cpu`, `null`.
-    pub gpu: String,
-    /// ISP backend: `swscale`, `gpu` (compute shader), `cpu`, `null`.
-    pub isp: String,
+    /// GPU backend.
+    pub gpu: GpuBackendKind,
+    /// ISP backend.
+    pub isp: IspBackendKind,
     /// Nice value of a CPU Vulkan driver's worker threads (lavapipe's `llvmpipe-N`), so the
     /// emulated GPU does not take the cores from the CPU-side devices (see
     /// [`virtsoc_gpu::WgpuBackend::renice_cpu_driver_threads`]); 0 leaves them alone. No
@@ -31,11 +113,10 @@ pub struct DeviceConfig {
     pub display_verify: bool,
     /// Where display snapshots go.
     pub snapshot_dir: PathBuf,
-    /// Display backend: `headless`, or `window` (an X11 window; needs the `window` feature
-    /// and a display).
-    pub display_backend: String,
-    /// Camera source: `synthetic`, or `file:PATH` (a video looped as a camera).
-    pub camera_source: String,
+    /// Display backend (a window needs the `window` feature and a display).
+    pub display_backend: DisplayBackendKind,
+    /// Camera source.
+    pub camera_source: CameraSourceKind,
     /// Run each decoder's libavcodec in a worker process: this program, started with
     /// `--codec-worker` (`virtsoc_media::ProcessDecoder`; a prototype, off by default).
     pub codec_worker: Option<PathBuf>,
@@ -44,16 +125,16 @@ pub struct DeviceConfig {
 impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
-            gpu: "wgpu".into(),
-            isp: "swscale".into(),
+            gpu: GpuBackendKind::default(),
+            isp: IspBackendKind::default(),
             gpu_driver_nice: 10,
             codec_threads: 2,
             refresh_hz: 60,
             display_size: (display::WIDTH, display::HEIGHT),
             display_verify: false,
             snapshot_dir: std::env::temp_dir(),
-            display_backend: "headless".into(),
-            camera_source: "synthetic".into(),
+            display_backend: DisplayBackendKind::default(),
+            camera_source: CameraSourceKind::default(),
             codec_worker: None,
         }
     }
@@ -83,4 +164,51 @@ pub fn build(cfg: &DeviceConfig, limits: &Limits) -> Result<Vec<(DeviceId, Arc<d
             Arc::new(modem::Modem::new(cfg)?.with_limits(limits)),
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn backend_names_parse_and_bad_ones_list_the_choices() {
+        let names = |v: &[GpuBackendKind]| -> Vec<String> {
+            v.iter()
+                .map(|k| k.to_possible_value().unwrap().get_name().to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(GpuBackendKind::value_variants()),
+            ["wgpu", "cpu", "null"]
+        );
+        assert_eq!(
+            IspBackendKind::from_str("gpu", false),
+            Ok(IspBackendKind::Gpu)
+        );
+        assert_eq!(
+            DisplayBackendKind::from_str("window", false),
+            Ok(DisplayBackendKind::Window)
+        );
+        assert!(GpuBackendKind::from_str("vulkan9", false).is_err());
+        assert!(IspBackendKind::from_str("magic", false).is_err());
+
+        assert_eq!("synthetic".parse(), Ok(CameraSourceKind::Synthetic));
+        let file: CameraSourceKind = "file:/a/b.mp4".parse().unwrap();
+        assert_eq!(file, CameraSourceKind::File("/a/b.mp4".into()));
+        assert_eq!(file.to_string(), "file:/a/b.mp4");
+        assert_eq!(
+            "v4l2:/dev/video0".parse(),
+            Ok(CameraSourceKind::V4l2("/dev/video0".into()))
+        );
+        let e = "rtsp://cam/1".parse::<CameraSourceKind>().unwrap_err();
+        assert!(
+            e.contains("unknown camera source") && e.contains("file:PATH"),
+            "{e}"
+        );
+        assert!("file:"
+            .parse::<CameraSourceKind>()
+            .unwrap_err()
+            .contains("needs a path"));
+    }
 }

@@ -45,7 +45,11 @@ fn queue(core: &mut Core, op: Opcode, dev: DeviceId, args: [u64; 6]) -> u64 {
 /// Queues a command on `dev` bracketed by a whole-region access of region `id` in `mode`;
 /// the three sequence numbers.
 fn bracketed(core: &mut Core, dev: DeviceId, id: u64, mode: u64, cmd: [u64; 6]) -> [u64; 3] {
-    let len = core.svm.meta(crate::testkit::GUEST, id).unwrap().size;
+    let len = core
+        .svm
+        .meta(GuestId(crate::testkit::GUEST), RegionId(id))
+        .unwrap()
+        .size;
     [
         queue(core, Opcode::BeginAccess, dev, [id, 0, len, mode, 0, 0]),
         queue(core, Opcode::DeviceCmd, dev, cmd),

@@ -5,6 +5,7 @@ use super::*;
 use crate::testkit::{Core, GUEST};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::AccessMode;
+use virtsoc_svm::{GuestId, RegionId};
 
 const CPU: DeviceId = DeviceId::CPU;
 const MISSING_DEVICE: u32 = 99;
@@ -279,7 +280,10 @@ fn each_malformed_field_gets_its_status() {
     }
     // Nothing reached a device queue, and the region and fence are untouched.
     assert!(core.devices.iter().all(|s| s.depth() == 0));
-    assert_eq!(core.svm.meta(GUEST, id).unwrap().size, 4096);
+    assert_eq!(
+        core.svm.meta(GuestId(GUEST), RegionId(id)).unwrap().size,
+        4096
+    );
     assert_eq!(
         core.call(Opcode::FenceStatus, CPU, args(&[fence])),
         Ok([0; 6])
@@ -581,7 +585,7 @@ fn the_loop_serves_until_the_link_ends_then_releases_the_guest() {
     );
     assert!(core.session.is_closed() && core.link.is_closed());
     assert!(
-        core.svm.guest_usage(GUEST).is_err(),
+        core.svm.guest_usage(GuestId(GUEST)).is_err(),
         "the guest's regions were released"
     );
 }
@@ -595,7 +599,7 @@ fn counters_are_each_guests_own() {
     let other = GUEST + 1;
     core.svm
         .attach_guest(
-            other,
+            GuestId(other),
             crate::testkit::window(),
             core.svm
                 .protocol(virtsoc_svm::ProtocolKind::WriteInvalidate),
@@ -606,7 +610,7 @@ fn counters_are_each_guests_own() {
         let mut c = Counters::default();
         for n in 0..Counters::PAGES {
             let req = Request::new(1, Opcode::Counters, CPU, args(&[n]));
-            assert!(c.set_page(n, &dispatch::inline(svm, guest, &req).unwrap()));
+            assert!(c.set_page(n, &dispatch::inline(svm, GuestId(guest), &req).unwrap()));
         }
         c
     };
@@ -632,7 +636,7 @@ fn the_ledger_follows_the_record() {
     let mut core = Core::new();
     let dom = core.devices.get(DeviceId::PRODUCER).unwrap().domain;
     core.svm
-        .count_device_copy(GUEST, dom, 1000, Duration::from_nanos(5));
+        .count_device_copy(GuestId(GUEST), dom, 1000, Duration::from_nanos(5));
     let mut c = Counters::default();
     for n in 0..Counters::PAGES {
         c.set_page(n, &core.call(Opcode::Counters, CPU, args(&[n])).unwrap());

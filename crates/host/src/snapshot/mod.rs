@@ -26,6 +26,7 @@ pub mod restart;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use virtsoc_svm::{GuestId, RegionId};
 
 use crate::session::Session;
 use crate::{Daemon, Result};
@@ -96,7 +97,7 @@ fn record_of(daemon: &Daemon, s: &Session, resume: &str) -> Result<GuestRecord> 
         name: s.name().chars().take(256).collect(),
         protocol: protocol.name().to_string(),
         source_guest: id,
-        next_region_id: daemon.svm().next_region_id(id)?,
+        next_region_id: daemon.svm().next_region_id(GuestId(id))?.0,
         resume: resume.to_string(),
     })
 }
@@ -106,9 +107,9 @@ pub fn capture(daemon: &Daemon, s: &Session) -> Result<SessionImage> {
     let id = s.guest_id();
     let svm = daemon.svm();
     let regions = svm
-        .region_ids(id)?
+        .region_ids(GuestId(id))?
         .into_iter()
-        .map(|r| svm.export_region(id, r))
+        .map(|r| svm.export_region(GuestId(id), r))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok(SessionImage {
         guest: record_of(daemon, s, "")?,
@@ -158,7 +159,7 @@ pub fn save_session(
     let id = s.guest_id();
     let q = quiesce(s)?;
     let svm = daemon.svm();
-    let ids = svm.region_ids(id)?;
+    let ids = svm.region_ids(GuestId(id))?;
     let count = u32::try_from(ids.len() + 3).map_err(|_| format::err("too many regions"))?;
     let mut w = SnapshotWriter::create(path, count)?;
     w.section(
@@ -174,7 +175,7 @@ pub fn save_session(
     )?;
     let mut report = Report::default();
     for r in ids {
-        let img = svm.export_region(id, r)?;
+        let img = svm.export_region(GuestId(id), r)?;
         let h = image::encode_region_header(&img);
         let bytes = img.bytes.as_deref().unwrap_or(&[]);
         w.section(image::REGION, &[&h, bytes])?;
@@ -207,7 +208,7 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
         .map_err(|e| format::err(e.to_string()))?;
     let _q = quiesce(&s)?;
     let svm = daemon.svm();
-    if !svm.region_ids(id)?.is_empty() || !s.is_fresh() {
+    if !svm.region_ids(GuestId(id))?.is_empty() || !s.is_fresh() {
         return Err(format::err(format!(
             "guest {id} already holds regions or fences: a snapshot is restored only into a \
              fresh session"
@@ -215,12 +216,12 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
     }
     let undo = |done: &[u64]| {
         for r in done {
-            let _ = svm.free(id, *r);
+            let _ = svm.free(GuestId(id), RegionId(*r));
         }
     };
     let mut done = Vec::with_capacity(img.regions.len());
     for r in &img.regions {
-        if let Err(e) = svm.import_region(id, r) {
+        if let Err(e) = svm.import_region(GuestId(id), r) {
             undo(&done);
             return Err(format::err(format!("region {}: {e}", r.id)));
         }
@@ -230,7 +231,7 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
         undo(&done);
         return Err(format::err(format!("fence table: {e}")));
     }
-    svm.reserve_ids(id, img.guest.next_region_id)?;
+    svm.reserve_ids(GuestId(id), RegionId(img.guest.next_region_id))?;
     let refused = devices::restore(daemon.devices(), id, &img.devices);
     if !refused.is_empty() {
         log::warn!("guest {id}: device objects of {refused:?} not restored");

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use virtsoc_svm::GuestId;
 
 use super::image::SessionImage;
 use super::migrate::Confirm;
@@ -242,7 +243,7 @@ impl Restart {
                                 for slot in daemon.devices().iter() {
                                     slot.device.guest_gone(id);
                                 }
-                                daemon.svm().detach_guest(id);
+                                daemon.svm().detach_guest(GuestId(id));
                                 log::warn!("guest {id}: incoming migration not committed: {e}");
                                 return Err(Refusal::Refused(format!(
                                     "the migration of this session did not commit ({e}); it \

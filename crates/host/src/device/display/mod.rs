@@ -60,6 +60,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_devapi::display::{ChecksumReply, Command, ModeReply, PresentReply, SnapshotReply};
 use virtsoc_display as vd;
@@ -124,7 +125,7 @@ pub struct Display {
 impl Display {
     /// Builds the device from the daemon's configuration and starts its vsync thread.
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
-        let output = Output::parse(&cfg.display_backend)?;
+        let output = Output::new(cfg.display_backend)?;
         let (width, height) = cfg.display_size;
         if !(16..=virtsoc_gpu::MAX_DIMENSION).contains(&width)
             || !(16..=virtsoc_gpu::MAX_DIMENSION).contains(&height)
@@ -206,11 +207,11 @@ impl Display {
         let layout = layout_of(cx, spec.src)?;
         let backing = cx
             .svm
-            .read_replica(cx.guest, spec.src, cx.domain)
+            .read_replica(GuestId(cx.guest), RegionId(spec.src), cx.domain)
             .map_err(|e| crate::dispatch::status_of(&e))?;
         let generation = cx
             .svm
-            .generation(cx.guest, spec.src)
+            .generation(GuestId(cx.guest), RegionId(spec.src))
             .map_err(|e| crate::dispatch::status_of(&e))?;
         Plane::new(spec, layout, backing).map(|p| p.at_generation(generation))
     }

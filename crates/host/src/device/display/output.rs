@@ -2,6 +2,7 @@
 
 use virtsoc_display as vd;
 
+use crate::device::registry::DisplayBackendKind;
 use crate::{HostError, Result};
 
 /// Where scanned-out frames go (`--display-backend`).
@@ -13,12 +14,12 @@ pub(super) enum Output {
 }
 
 impl Output {
-    /// Parses a `--display-backend` value; checks that a window can be had (built in, and a
-    /// `$DISPLAY` is set).
-    pub(super) fn parse(spec: &str) -> Result<Self> {
-        match spec {
-            "headless" => Ok(Output::Headless),
-            "window" => {
+    /// The output for a `--display-backend` choice; checks that a window can be had (built
+    /// in, and a `$DISPLAY` is set).
+    pub(super) fn new(kind: DisplayBackendKind) -> Result<Self> {
+        match kind {
+            DisplayBackendKind::Headless => Ok(Output::Headless),
+            DisplayBackendKind::Window => {
                 if !cfg!(feature = "window") {
                     return Err(HostError::Config(
                         "display: --display-backend window is not built into this virtsocd: \
@@ -36,9 +37,6 @@ impl Output {
                     )),
                 }
             }
-            other => Err(HostError::Config(format!(
-                "display: unknown display backend {other:?} (expected headless or window)"
-            ))),
         }
     }
 

@@ -13,6 +13,7 @@
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+use virtsoc_svm::GuestId;
 
 use virtsoc_display as vd;
 use virtsoc_gpu::{
@@ -176,8 +177,12 @@ pub(super) struct Ledger {
 
 impl Ledger {
     pub(super) fn count(&self, bytes: usize, since: Instant) {
-        self.svm
-            .count_device_copy(self.guest, self.domain, bytes as u64, since.elapsed());
+        self.svm.count_device_copy(
+            GuestId(self.guest),
+            self.domain,
+            bytes as u64,
+            since.elapsed(),
+        );
     }
 }
 

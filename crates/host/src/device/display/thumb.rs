@@ -12,6 +12,7 @@
 use virtsoc_display::ViewPicture as Picture;
 use virtsoc_gpu::{PixelFormat, PlaneInfo, Rect, SampleAxis};
 use virtsoc_svm::Backing;
+use virtsoc_svm::{GuestId, RegionId};
 use virtsoc_sync::LockExt;
 
 use super::planes::{Ledger, Plane};
@@ -411,7 +412,7 @@ fn with_samples(
     let host = match &plane.backing {
         Backing::Device(_) => ledger
             .svm
-            .host_replica(ledger.guest, plane.region)
+            .host_replica(GuestId(ledger.guest), RegionId(plane.region))
             .ok()
             .flatten()
             .filter(|(_, generation)| *generation == plane.generation)

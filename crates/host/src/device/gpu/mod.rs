@@ -64,6 +64,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_devapi::gpu::{Command, CompositeReply};
 use virtsoc_devapi::MarkerRecord;
@@ -77,9 +78,9 @@ use virtsoc_proto::Status;
 use virtsoc_svm::Backing;
 
 use super::layers::{crop_inside, layout_of, read_layers, read_records};
-use super::registry::DeviceConfig;
+use super::registry::{DeviceConfig, GpuBackendKind};
 use super::{Device, DeviceCtx, DeviceResult, Reply};
-use crate::{HostError, Result};
+use crate::Result;
 
 mod bytes;
 pub(crate) mod memory;
@@ -185,8 +186,8 @@ impl Gpu {
     /// Builds the device from the daemon's configuration (`cfg.gpu`: wgpu, cpu or null).
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
         let cpu = || -> Arc<dyn GpuBackend> { Arc::new(CpuBackend::new()) };
-        let (backend, wgpu, desc) = match cfg.gpu.as_str() {
-            "wgpu" => match WgpuBackend::new() {
+        let (backend, wgpu, desc) = match cfg.gpu {
+            GpuBackendKind::Wgpu => match WgpuBackend::new() {
                 Ok(b) => {
                     if cfg.gpu_driver_nice != 0 {
                         match b.renice_cpu_driver_threads(cfg.gpu_driver_nice) {
@@ -210,17 +211,12 @@ impl Gpu {
                     (cpu(), None, desc)
                 }
             },
-            "cpu" => (cpu(), None, "cpu reference".into()),
-            "null" => (
+            GpuBackendKind::Cpu => (cpu(), None, "cpu reference".into()),
+            GpuBackendKind::Null => (
                 Arc::new(NullBackend::new()) as Arc<dyn GpuBackend>,
                 None,
                 "null (fills grey)".into(),
             ),
-            other => {
-                return Err(HostError::Config(format!(
-                    "unknown gpu backend {other:?} (wgpu, cpu, null)"
-                )))
-            }
         };
         log::info!("gpu: {desc}");
         let mut gpu = Self::with_backend(backend, desc);
@@ -332,7 +328,7 @@ impl Gpu {
         if self.wgpu.is_none() {
             return Ok(None);
         }
-        match cx.svm.replica(cx.guest, id, cx.domain) {
+        match cx.svm.replica(GuestId(cx.guest), RegionId(id), cx.domain) {
             Ok(Backing::Device(m)) => Ok(m
                 .as_any()
                 .downcast_ref::<GpuMemory>()

@@ -59,6 +59,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use virtsoc_svm::{GuestId, RegionId};
 
 use super::format::{err, read_section_from, write_section_to, Buf, Cursor, Section};
 use super::image::{self, GuestRecord, SessionImage};
@@ -166,9 +167,9 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     // Pre-copy while the guest runs.
     let svm = daemon.svm();
     let mut report = MigrationReport::default();
-    let mut sent: BTreeMap<u64, u64> = BTreeMap::new();
-    for rid in svm.region_ids(id)? {
-        let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
+    let mut sent: BTreeMap<RegionId, u64> = BTreeMap::new();
+    for rid in svm.region_ids(GuestId(id))? {
+        let Ok((img, version)) = svm.export_region_versioned(GuestId(id), rid) else {
             continue; // freed meanwhile
         };
         let bytes = img.bytes.as_deref().unwrap_or(&[]);
@@ -186,14 +187,14 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     let mut last = u64::MAX;
     for _ in 0..PRECOPY_ROUNDS {
         let mut resent = 0u64;
-        for rid in svm.region_ids(id)? {
-            let Ok(v) = svm.region_version(id, rid) else {
+        for rid in svm.region_ids(GuestId(id))? {
+            let Ok(v) = svm.region_version(GuestId(id), rid) else {
                 continue;
             };
             if sent.get(&rid) == Some(&v) {
                 continue;
             }
-            let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
+            let Ok((img, version)) = svm.export_region_versioned(GuestId(id), rid) else {
                 continue;
             };
             let bytes = img.bytes.as_deref().unwrap_or(&[]);
@@ -217,18 +218,18 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     // Stop and copy the dirty part. Dropping `q` on an error resumes the guest here.
     let t_stop = Instant::now();
     let q = super::quiesce(&s)?;
-    let ids = svm.region_ids(id)?;
+    let ids = svm.region_ids(GuestId(id))?;
     let mut stop = Buf::default();
     stop.u64(ids.len() as u64);
     for rid in &ids {
-        stop.u64(*rid);
+        stop.u64(rid.0);
     }
     send(&mut w, STOP, &[&stop.0])?;
     for rid in &ids {
-        if sent.get(rid) == Some(&svm.region_version(id, *rid)?) {
+        if sent.get(rid) == Some(&svm.region_version(GuestId(id), *rid)?) {
             continue;
         }
-        let (img, _) = svm.export_region_versioned(id, *rid)?;
+        let (img, _) = svm.export_region_versioned(GuestId(id), *rid)?;
         let bytes = img.bytes.as_deref().unwrap_or(&[]);
         send(
             &mut w,
@@ -247,7 +248,7 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
             .name()
             .to_string(),
         source_guest: id,
-        next_region_id: svm.next_region_id(id)?,
+        next_region_id: svm.next_region_id(GuestId(id))?.0,
         resume: secret.clone(),
     };
     send(
@@ -327,7 +328,7 @@ struct Pending {
     session: Arc<Session>,
     /// The records taken before the session closed (its regions are read only if needed).
     kept: SessionImage,
-    ids: Vec<u64>,
+    ids: Vec<RegionId>,
     r: BufReader<TcpStream>,
     w: BufWriter<TcpStream>,
     since: Instant,
@@ -353,7 +354,7 @@ impl Pending {
                 // Committed: the target holds the session now (and a VM guest's window:
                 // releasing the regions here must not zero what the target keeps there).
                 if self.vm.is_some() {
-                    let _ = self.daemon.svm().disown_window(id);
+                    let _ = self.daemon.svm().disown_window(GuestId(id));
                 }
                 self.session
                     .release(self.daemon.svm(), self.daemon.devices());
@@ -376,12 +377,15 @@ impl Pending {
 /// The migration did not commit after the hand-over: parks the session `s` kept (its
 /// regions `ids` read now, the records in `kept` taken before it closed) under its resume
 /// secret here, so the guest, coming back, resumes it; then releases the old session.
-fn resume_here(daemon: &Daemon, s: &Session, mut kept: SessionImage, ids: &[u64]) {
+fn resume_here(daemon: &Daemon, s: &Session, mut kept: SessionImage, ids: &[RegionId]) {
     let id = s.guest_id();
     let svm = daemon.svm();
     let regions: Result<Vec<_>> = ids
         .iter()
-        .map(|r| svm.export_region(id, *r).map_err(crate::HostError::from))
+        .map(|r| {
+            svm.export_region(GuestId(id), *r)
+                .map_err(crate::HostError::from)
+        })
         .collect();
     match regions {
         Ok(regions) => {
