@@ -1,5 +1,6 @@
 //! The worker threads of a CPU Vulkan driver. On Mesa's lavapipe the "GPU" is the CPU: its
-//! rasterizer threads (`llvmpipe-N`) run every submission, and they compete for the cores
+//! rasterizer threads (`llvmpipe-N`) and its compute pool (unnamed threads made with the
+//! device) run every submission, and they compete for the cores
 //! with the devices that are CPU-side anyway (codec, ISP, camera, display). One guest's large
 //! composition would then take every core from another guest's camera pipeline, which a GPU,
 //! being separate hardware, never does. [`WgpuBackend::renice_cpu_driver_threads`] lowers
@@ -14,27 +15,50 @@ use super::WgpuBackend;
 /// Name prefixes of CPU drivers' worker threads (Mesa's llvmpipe/lavapipe).
 pub const CPU_DRIVER_THREADS: &[&str] = &["llvmpipe-"];
 
+/// The ids of this process's threads.
+pub(super) fn thread_ids() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Thread `tid`'s name, if it still runs.
+fn thread_name(tid: i32) -> Option<String> {
+    let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+    Some(comm.trim_end().to_string())
+}
+
+/// The threads in `after` but not in `before` that are not ours (named `virtsoc-`): those
+/// the driver made while the device was created.
+pub(super) fn made_by_driver(before: &[i32], after: &[i32]) -> Vec<i32> {
+    after
+        .iter()
+        .copied()
+        .filter(|t| !before.contains(t))
+        .filter(|t| thread_name(*t).is_some_and(|n| !n.starts_with("virtsoc-")))
+        .collect()
+}
+
 /// Sets the nice value of every thread of this process whose name starts with one of
-/// `prefixes`; returns how many threads were changed.
-fn renice_threads(prefixes: &[&str], nice: i32) -> io::Result<usize> {
+/// `prefixes`, and of the threads `tids` still running, where it is lower; returns how
+/// many were changed.
+fn renice_threads(prefixes: &[&str], tids: &[i32], nice: i32) -> io::Result<usize> {
     let mut changed = 0;
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let entry = entry?;
-        let Some(tid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
+    for tid in thread_ids() {
+        // A thread that ended since the listing has no name: skip it.
+        let Some(name) = thread_name(tid) else {
             continue;
         };
-        // A thread that ended since the listing has no comm: skip it.
-        let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
-            continue;
-        };
-        if !prefixes.iter().any(|p| comm.trim_end().starts_with(p)) {
+        if !tids.contains(&tid) && !prefixes.iter().any(|p| name.starts_with(p)) {
             continue;
         }
         let pid = rustix::process::Pid::from_raw(tid).ok_or(io::ErrorKind::InvalidData)?;
+        // Never raise a thread's priority (Mesa's disk-cache writer runs at nice 19).
+        if rustix::process::getpriority_process(Some(pid)).is_ok_and(|p| p >= nice) {
+            continue;
+        }
         rustix::process::setpriority_process(Some(pid), nice)?;
         changed += 1;
     }
@@ -47,7 +71,8 @@ impl WgpuBackend {
         self.info.device_type == "Cpu"
     }
 
-    /// On a CPU driver, sets the nice value of its worker threads ([`CPU_DRIVER_THREADS`];
+    /// On a CPU driver, sets the nice value of its worker threads (named
+    /// [`CPU_DRIVER_THREADS`], or made by the driver while this backend's device was created;
     /// see the module docs) to `nice` and returns how many there were; on a GPU, does
     /// nothing and returns 0. Raising nice needs no privilege; lowering it below the
     /// process's own does.
@@ -55,7 +80,7 @@ impl WgpuBackend {
         if !self.is_cpu_driver() {
             return Ok(0);
         }
-        renice_threads(CPU_DRIVER_THREADS, nice)
+        renice_threads(CPU_DRIVER_THREADS, &self.driver_threads, nice)
     }
 }
 
@@ -76,9 +101,15 @@ mod tests {
             })
             .unwrap();
         let tid = rx.recv().unwrap();
-        assert_eq!(renice_threads(&["vs-nicetest"], 7).unwrap(), 1);
+        assert_eq!(renice_threads(&["vs-nicetest"], &[], 7).unwrap(), 1);
         assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 7);
-        assert_eq!(renice_threads(&["no-such-thread-"], 7).unwrap(), 0);
+        assert_eq!(renice_threads(&["no-such-thread-"], &[], 7).unwrap(), 0);
+        // By id, whatever its name; never to a lower nice value.
+        let raw = tid.as_raw_nonzero().get();
+        assert_eq!(renice_threads(&[], &[raw], 9).unwrap(), 1);
+        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 9);
+        assert_eq!(renice_threads(&[], &[raw], 3).unwrap(), 0);
+        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 9);
         let me = rustix::thread::gettid();
         assert_eq!(rustix::process::getpriority_process(Some(me)).unwrap(), 0);
         done_tx.send(()).unwrap();

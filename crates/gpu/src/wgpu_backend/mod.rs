@@ -177,6 +177,8 @@ pub struct WgpuBackend {
     /// Run the fused bottom pair as a compute pass when the target is RGBA
     /// (on by default).
     fuse_compute: bool,
+    /// Threads the driver made with the device (a CPU driver's workers).
+    driver_threads: Vec<i32>,
     /// Nearest-neighbour plane sampling, made on first use.
     sample_pipe: sample::SamplePipeCell,
 }
@@ -208,6 +210,7 @@ impl WgpuBackend {
     /// Creates a headless device on any adapter (honours `WGPU_BACKEND` and
     /// friends). Fails with [`GpuError::NoAdapter`] when none exists.
     pub fn new() -> Result<Self> {
+        let before = driver_threads::thread_ids();
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
@@ -217,10 +220,12 @@ impl WgpuBackend {
             apply_limit_buckets: false,
         }))
         .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
-        Self::from_adapter(&adapter)
+        Self::from_adapter(&adapter, &before)
     }
 
-    fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+    /// The backend on `adapter`; `threads_before`: this process's threads before the
+    /// adapter was opened (the driver's are told apart by being new).
+    fn from_adapter(adapter: &wgpu::Adapter, threads_before: &[i32]) -> Result<Self> {
         static INSTANCES: AtomicU64 = AtomicU64::new(1);
         let info = AdapterSummary::from_info(&adapter.get_info());
         let limits = adapter.limits();
@@ -257,6 +262,8 @@ impl WgpuBackend {
             .min(limits.max_storage_buffer_binding_size);
         let pipes = Pipelines::new(&device, &limits);
         let poller = completion::spawn_poller(device.clone(), completion.clone())?;
+        let driver_threads =
+            driver_threads::made_by_driver(threads_before, &driver_threads::thread_ids());
 
         let backend = WgpuBackend {
             device,
@@ -273,6 +280,7 @@ impl WgpuBackend {
             lost,
             fuse: true,
             fuse_compute: true,
+            driver_threads,
             sample_pipe: Default::default(),
         };
         backend.check_errors()?;
