@@ -103,6 +103,11 @@ impl DfrController {
         self.share
     }
 
+    /// Whether the controller has raised the share above the guest's configured one.
+    pub fn raised(&self) -> bool {
+        self.share > self.original
+    }
+
     /// The current desired frame rate.
     pub fn dfr(&self) -> f64 {
         self.dfr

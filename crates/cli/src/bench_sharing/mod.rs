@@ -107,6 +107,8 @@ pub struct SharingParams {
     pub schedulers: Vec<Kind>,
     /// Hog counts of the multimedia part (empty: skip it).
     pub hogs: Vec<usize>,
+    /// The kinds of hog the multimedia part runs against.
+    pub hog_kinds: Vec<HogKind>,
     /// Run the two-guests-together part.
     pub together: bool,
     /// Run the fairness part on the codec too.
@@ -307,6 +309,19 @@ pub fn parse_sizes(v: &[String]) -> Result<[(u32, u32); 3], CliError> {
     sizes.try_into().map_err(|_| bad())
 }
 
+/// `gpu` and/or `cpu`.
+pub fn parse_hog_kinds(v: &[String]) -> Result<Vec<HogKind>, CliError> {
+    v.iter()
+        .map(|s| match s.as_str() {
+            "gpu" => Ok(HogKind::Gpu),
+            "cpu" => Ok(HogKind::Cpu),
+            _ => Err(CliError::Usage(format!(
+                "--hog-kind wants gpu and/or cpu, not {s:?}"
+            ))),
+        })
+        .collect()
+}
+
 /// max over guests |share - ideal| / ideal of one window (equal shares).
 fn unfairness(window: &[u64]) -> Option<f64> {
     let total: u64 = window.iter().sum();
@@ -342,6 +357,9 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
         (HogKind::Cpu, Kind::Feedback, true),
     ];
     for (hog, kind, cpu_weight) in runs {
+        if !p.hog_kinds.contains(&hog) {
+            continue;
+        }
         // Round robin also runs the video alone (0 hogs): what the machine gives it now.
         let alone = (kind == Kind::RoundRobin && !p.hogs.is_empty()).then_some(0);
         for hogs in alone.into_iter().chain(p.hogs.iter().copied()) {
