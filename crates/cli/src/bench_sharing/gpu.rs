@@ -33,12 +33,14 @@ use crate::CliError;
 pub(super) const BACKLOG: usize = 4;
 
 /// Runs until `stop`: compositions of `(w, h)`, `depth` queued, each answered one counted in
-/// `done`.
+/// `done`; while `gate` (if any) is false, it lets its queue drain and waits.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn guest(
     target: &str,
     name: &str,
     (w, h): (u32, u32),
     depth: usize,
+    gate: Option<&AtomicBool>,
     warm: &Barrier,
     stop: &AtomicBool,
     done: &AtomicU64,
@@ -124,6 +126,14 @@ pub(super) fn guest(
     warmed?;
     let mut queued = VecDeque::with_capacity(depth);
     while !stop.load(Ordering::Relaxed) {
+        if gate.is_some_and(|g| !g.load(Ordering::Relaxed)) {
+            while let Some(seq) = queued.pop_front() {
+                answered(seq)?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            continue;
+        }
         while queued.len() < depth.max(1) {
             queued.push_back(submit(hold)?);
         }
