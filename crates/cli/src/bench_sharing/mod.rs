@@ -30,7 +30,9 @@
 //! hogs, for what the machine gives it at the time) and with the `feedback` scheduler (the
 //! video guest's policy class is `multimedia`: the DFR loop raises its share and boosts it
 //! while it is behind), against the spinners also with the feedback loop steering CPU
-//! weights (`virtsocd --cpu-cgroup`).
+//! weights (`virtsocd --cpu-cgroup`: the video guest's process, and on a CPU Vulkan driver
+//! the daemon's rasterizer threads that compose its frames, whose group's weight follows the
+//! video guest's raised share).
 //!
 //! (c) **Together vs alone** (the Android-on-KVM paper's Table 3 analog): app guests that each
 //! compose and present a 1280x720 frame 30 times a second, one alone and two together; the
