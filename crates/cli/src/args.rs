@@ -193,6 +193,10 @@ pub(crate) enum BenchCmd {
         /// Hog counts of the multimedia part (0 to skip it).
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         hogs: Vec<usize>,
+        /// What the multimedia guest competes with: `gpu` (composition loops), `cpu`
+        /// (spinning processes) or both.
+        #[arg(long, value_delimiter = ',', default_value = "gpu,cpu")]
+        hog_kind: Vec<String>,
         /// Skip the two-guests-together part.
         #[arg(long)]
         no_together: bool,

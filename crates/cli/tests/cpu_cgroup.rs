@@ -92,6 +92,28 @@ fn guest_process_is_weighted_in_its_own_cgroup_and_put_back() {
     ))
     .unwrap();
     assert_eq!(weight.trim(), if v2 { "300" } else { "3072" });
+    // `virtsoc top --json` shows it.
+    let socket = d.socket().to_str().unwrap().to_string();
+    let top = common::virtsoc(&["top", "--json", "--interval-ms", "10", "--socket", &socket]);
+    let rows: serde_json::Value = serde_json::from_str(&top).unwrap();
+    let heavy = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "heavy")
+        .unwrap_or_else(|| panic!("{top}"));
+    assert_eq!(heavy["cpu_weight"], if v2 { 300 } else { 3072 }, "{top}");
+    // A reload (SIGHUP) with another share re-weights it.
+    std::fs::write(&policy, "[guest.heavy]\nshares = 50\n").unwrap();
+    let pid = rustix::process::Pid::from_raw(d.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    d.expect_log("re-weighted");
+    let weight = std::fs::read_to_string(format!(
+        "{dir}/{}",
+        if v2 { "cpu.weight" } else { "cpu.shares" }
+    ))
+    .unwrap();
+    assert_eq!(weight.trim(), if v2 { "50" } else { "512" });
     // A second guest of the same process cannot be weighed apart: said so, not moved.
     let other = guest(&d, "other");
     let shared = d.expect_log("not steered");

@@ -78,6 +78,10 @@ pub struct GuestInfo {
     /// Its use of each device it has a queue on, by device name.
     #[serde(default)]
     pub device_use: BTreeMap<String, DeviceUse>,
+    /// Its CPU weight (cgroup v2 `cpu.weight` or v1 `cpu.shares`) where the daemon steers
+    /// CPU weights (`virtsocd --cpu-cgroup`) and its process has a group; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_weight: Option<u64>,
 }
 
 /// One guest's use of one device (the device worker's accounting).

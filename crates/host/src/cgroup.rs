@@ -56,6 +56,12 @@ pub trait CgroupFs: Send + Sync {
     fn rmdir(&self, path: &Path) -> io::Result<()>;
     /// Whether the file or directory exists.
     fn exists(&self, path: &Path) -> bool;
+    /// The names of a directory's entries.
+    fn list(&self, path: &Path) -> io::Result<Vec<String>> {
+        std::fs::read_dir(path)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect()
+    }
 }
 
 /// The host's file system.
@@ -119,6 +125,8 @@ impl fmt::Display for Version {
 /// One guest in its group.
 #[derive(Debug)]
 struct Member {
+    /// The guest's name (its policy entry).
+    name: String,
     dir: PathBuf,
     pid: u32,
     /// The cgroup the process was in before.
@@ -139,6 +147,21 @@ pub struct CpuCgroups {
     /// The daemon's own pid (never moved).
     own_pid: u32,
     members: Mutex<HashMap<u64, Member>>,
+    /// The daemon's device threads' group, once made ([`CpuCgroups::attach_device_threads`]).
+    device: Mutex<Option<DeviceThreads>>,
+}
+
+/// The daemon's threads doing a CPU-emulated device's work (a CPU Vulkan driver's
+/// rasterizer threads), in a group of their own beside the guests'.
+#[derive(Debug)]
+struct DeviceThreads {
+    dir: PathBuf,
+    /// Where the threads were (the daemon's group).
+    origin: PathBuf,
+    tids: Vec<u32>,
+    /// The weight of the threads' own nice value: what they weighed before the move.
+    base: u64,
+    weight: u64,
 }
 
 impl fmt::Debug for CpuCgroups {
@@ -251,6 +274,7 @@ impl CpuCgroups {
             parent: dir,
             own_pid,
             members: Mutex::new(HashMap::new()),
+            device: Mutex::new(None),
         })
     }
 
@@ -278,8 +302,9 @@ impl CpuCgroups {
         self.members.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Puts process `pid` of `guest` into a group of its own with the weight of `share`.
-    pub fn attach(&self, guest: u64, pid: u32, share: u32) -> Result<()> {
+    /// Puts process `pid` of `guest` (named `name`, as the policy knows it) into a group of
+    /// its own with the weight of `share`.
+    pub fn attach(&self, guest: u64, name: &str, pid: u32, share: u32) -> Result<()> {
         if pid == 0 || pid == self.own_pid {
             return Err(config(format!(
                 "guest {guest} runs in the daemon's own process: its CPU weight is the daemon's"
@@ -324,6 +349,7 @@ impl CpuCgroups {
         members.insert(
             guest,
             Member {
+                name: name.to_string(),
                 dir,
                 pid,
                 origin,
@@ -337,7 +363,13 @@ impl CpuCgroups {
 
     /// The parent's weight: its guests' policy weights together.
     fn sync_parent(&self, members: &HashMap<u64, Member>) {
-        let sum: u64 = members.values().map(|m| m.base).sum();
+        let device = self
+            .device
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(0, |d| d.base);
+        let sum: u64 = members.values().map(|m| m.base).sum::<u64>() + device;
         let default = self.version.weight_of(DEFAULT_CPU_SHARE);
         let max = self.version.weight_of(u32::MAX);
         let w = sum.clamp(default, max);
@@ -367,6 +399,140 @@ impl CpuCgroups {
             .map_err(|e| config(format!("guest {guest}: cannot set its weight: {e}")))?;
         m.weight = weight;
         Ok(())
+    }
+
+    /// The policy changed (a reload, SIGHUP or the control API): every guest's policy weight
+    /// becomes that of `share_of(its name)`, and so does its weight unless the feedback loop
+    /// has moved it from the old policy weight (the loop re-applies its own share every
+    /// period, and restores the policy's when the guest idles); the parent's weight follows.
+    pub fn reweight(&self, share_of: &dyn Fn(&str) -> u32) {
+        let mut members = self.lock();
+        for (guest, m) in members.iter_mut() {
+            let base = self.version.weight_of(share_of(&m.name));
+            if base == m.base {
+                continue;
+            }
+            if m.weight == m.base {
+                match self
+                    .fs
+                    .write(&m.dir.join(self.version.file()), &base.to_string())
+                {
+                    Ok(()) => m.weight = base,
+                    Err(e) => log::warn!("cpu weight: guest {guest}: cannot set its weight: {e}"),
+                }
+            }
+            m.base = base;
+        }
+        self.sync_parent(&members);
+    }
+
+    /// Moves the daemon's threads whose names start with one of `prefixes` (a CPU Vulkan
+    /// driver's rasterizer threads, which run every guest's GPU work) into a group of their
+    /// own, `NAME/device`, beside the guests'. Its weight is at first what the threads
+    /// weighed by their nice value (`virtsocd --gpu-driver-nice`: 10 weighs about a tenth of
+    /// a default process), so nothing changes until the feedback loop raises it
+    /// ([`set_device_share`](Self::set_device_share)) for a multimedia guest behind its frame
+    /// rate, whose frames that work makes. Returns how many threads were moved (none: no
+    /// group). cgroup v1 only: under v2, threads can only be placed in a threaded subtree,
+    /// which the daemon's group is not.
+    pub fn attach_device_threads(&self, prefixes: &[&str]) -> Result<usize> {
+        if self.version != Version::V1 {
+            return Err(config(
+                "device threads: cgroup v2 places threads only in a threaded subtree; \
+                 their weight stays their nice value's"
+                    .into(),
+            ));
+        }
+        let mut slot = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Ok(0);
+        }
+        let own = self.proc_root.join(self.own_pid.to_string());
+        let text = self
+            .fs
+            .read(&own.join("cgroup"))
+            .map_err(|e| config(format!("device threads: {e}")))?;
+        let origin = self
+            .mount
+            .join(group_in(&text, self.version).unwrap_or_default());
+        let mut found = Vec::new();
+        let tasks = own.join("task");
+        for tid in self.fs.list(&tasks).unwrap_or_default() {
+            let Ok(t) = tid.parse::<u32>() else { continue };
+            let Ok(comm) = self.fs.read(&tasks.join(&tid).join("comm")) else {
+                continue;
+            };
+            if !prefixes.iter().any(|p| comm.trim_end().starts_with(p)) {
+                continue;
+            }
+            let nice = self
+                .fs
+                .read(&tasks.join(&tid).join("stat"))
+                .ok()
+                .and_then(|s| nice_in_stat(&s))
+                .unwrap_or(0);
+            found.push((t, nice));
+        }
+        if found.is_empty() {
+            return Ok(0);
+        }
+        // What the threads weighed together against a default process, by their nice.
+        let nice_weight: u64 = found.iter().map(|(_, n)| nice_to_weight(*n)).sum();
+        let share = (nice_weight * u64::from(DEFAULT_CPU_SHARE) / 1024).max(1) as u32;
+        let base = self.version.weight_of(share);
+        let dir = self.parent.join("device");
+        match self.fs.mkdir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(config(format!("cannot create {}: {e}", dir.display()))),
+        }
+        self.fs
+            .write(&dir.join(self.version.file()), &base.to_string())
+            .map_err(|e| config(format!("device threads: cannot set the weight: {e}")))?;
+        let mut tids = Vec::new();
+        for (t, _) in &found {
+            match self.fs.write(&dir.join("tasks"), &t.to_string()) {
+                Ok(()) => tids.push(*t),
+                Err(e) => log::warn!("device threads: cannot move thread {t}: {e}"),
+            }
+        }
+        *slot = Some(DeviceThreads {
+            dir,
+            origin,
+            tids,
+            base,
+            weight: base,
+        });
+        let n = slot.as_ref().map_or(0, |d| d.tids.len());
+        drop(slot);
+        self.sync_parent(&self.lock());
+        Ok(n)
+    }
+
+    /// Sets the device threads' weight from `share`, or back to their own (`None`).
+    pub fn set_device_share(&self, share: Option<u32>) -> Result<()> {
+        let mut slot = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(d) = slot.as_mut() else {
+            return Ok(());
+        };
+        let weight = share.map_or(d.base, |s| self.version.weight_of(s).max(d.base));
+        if weight == d.weight {
+            return Ok(());
+        }
+        self.fs
+            .write(&d.dir.join(self.version.file()), &weight.to_string())
+            .map_err(|e| config(format!("device threads: cannot set the weight: {e}")))?;
+        d.weight = weight;
+        Ok(())
+    }
+
+    /// The device threads' group's weight, if they have one.
+    pub fn device_weight(&self) -> Option<u64> {
+        self.device
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|d| d.weight)
     }
 
     /// `guest` left: its process (if alive) back where it came from, its group removed.
@@ -406,6 +572,16 @@ impl CpuCgroups {
                 log::warn!("cpu weight: {e}");
             }
         }
+        let device = self.device.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(d) = device {
+            for t in &d.tids {
+                // A thread that ended meanwhile (ESRCH) has nothing to move.
+                let _ = self.fs.write(&d.origin.join("tasks"), &t.to_string());
+            }
+            if let Err(e) = self.fs.rmdir(&d.dir) {
+                log::warn!("cpu weight: cannot remove {}: {e}", d.dir.display());
+            }
+        }
         if self.fs.exists(&self.parent) {
             if let Err(e) = self.fs.rmdir(&self.parent) {
                 log::warn!("cpu weight: cannot remove {}: {e}", self.parent.display());
@@ -418,6 +594,24 @@ impl Drop for CpuCgroups {
     fn drop(&mut self) {
         self.release_all();
     }
+}
+
+/// The nice value in a `/proc/PID/task/TID/stat` text (its 19th field; the command name,
+/// the second, is in parentheses and may hold spaces).
+fn nice_in_stat(stat: &str) -> Option<i32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(16)?.parse().ok()
+}
+
+/// The scheduler's weight of a nice value (the kernel's `sched_prio_to_weight`; nice 0 is
+/// 1024, each step about 1.25 times).
+fn nice_to_weight(nice: i32) -> u64 {
+    const W: [u64; 40] = [
+        88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916, 9548, 7620, 6100,
+        4904, 3906, 3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172,
+        137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15,
+    ];
+    W[(nice.clamp(-20, 19) + 20) as usize]
 }
 
 /// Enables the cpu controller for the children of the v2 group `dir`.

@@ -102,7 +102,7 @@ fn v1_guest_is_placed_steered_and_put_back() {
     let cg = f.detect(100).unwrap();
     assert_eq!(cg.version(), Version::V1);
     assert!(f.has("sys/cpu/virtsoc"));
-    cg.attach(7, 200, 300).unwrap();
+    cg.attach(7, "g", 200, 300).unwrap();
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "3072");
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cgroup.procs"), "200");
     assert_eq!(cg.weight(7), Some(3072));
@@ -146,7 +146,7 @@ fn v2_enables_the_controller_and_writes_cpu_weight() {
         f.read(&format!("{daemon}/virtsoc/cgroup.subtree_control")),
         "+cpu"
     );
-    cg.attach(3, 300, 250).unwrap();
+    cg.attach(3, "g", 300, 250).unwrap();
     assert_eq!(
         f.read(&format!("{daemon}/virtsoc/guest-3/cpu.weight")),
         "250"
@@ -187,23 +187,23 @@ fn the_daemon_and_shared_processes_are_never_moved() {
     let f = v1("v1-2");
     f.process(201, "1:cpu:/\n");
     let cg = f.detect(100).unwrap();
-    let e = cg.attach(1, 100, 100).unwrap_err().to_string();
+    let e = cg.attach(1, "g", 100, 100).unwrap_err().to_string();
     assert!(e.contains("daemon's own process"), "{e}");
     assert!(!f.has("sys/cpu/virtsoc/guest-1"));
-    cg.attach(2, 200, 50).unwrap();
+    cg.attach(2, "g", 200, 50).unwrap();
     assert_eq!(
         f.read("sys/cpu/virtsoc/cpu.shares"),
         "1024",
         "never under the default"
     );
-    let e = cg.attach(3, 200, 400).unwrap_err().to_string();
+    let e = cg.attach(3, "g", 200, 400).unwrap_err().to_string();
     assert!(e.contains("shares process 200"), "{e}");
     assert!(!f.has("sys/cpu/virtsoc/guest-3"));
     assert_eq!(f.read("sys/cpu/virtsoc/guest-2/cpu.shares"), "512");
     // A process whose cgroup cannot be read is refused before anything is created.
-    assert!(cg.attach(4, 999, 100).is_err());
+    assert!(cg.attach(4, "g", 999, 100).is_err());
     assert!(!f.has("sys/cpu/virtsoc/guest-4"));
-    cg.attach(5, 201, 100).unwrap();
+    cg.attach(5, "g", 201, 100).unwrap();
 }
 
 #[test]
@@ -213,4 +213,116 @@ fn bad_parent_names_are_refused() {
         let r = CpuCgroups::detect_in(Box::new(Tree), &f.sys(), &f.root.join("proc"), 100, bad);
         assert!(r.is_err(), "{bad:?}");
     }
+}
+
+#[test]
+fn a_policy_change_reweights_guests_and_the_parent() {
+    let f = v1("reweight");
+    f.process(201, "1:cpu:/user/x\n");
+    let cg = f.detect(100).unwrap();
+    cg.attach(7, "video", 200, 100).unwrap();
+    cg.attach(8, "batch", 201, 100).unwrap();
+    assert_eq!(f.read("sys/cpu/virtsoc/cpu.shares"), "2048");
+    // The feedback loop has raised the batch guest (say): that weight is the loop's.
+    cg.set_share(8, 400).unwrap();
+    let share_of = |name: &str| if name == "video" { 300 } else { 50 };
+    cg.reweight(&share_of);
+    assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "3072");
+    assert_eq!(cg.weight(7), Some(3072));
+    assert_eq!(
+        f.read("sys/cpu/virtsoc/guest-8/cpu.shares"),
+        "4096",
+        "a weight the feedback loop set stays the loop's"
+    );
+    assert_eq!(
+        f.read("sys/cpu/virtsoc/cpu.shares"),
+        "3584",
+        "the parent weighs the new policy weights: 3072 + 512"
+    );
+    // The same policy again writes nothing new.
+    cg.reweight(&share_of);
+    assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "3072");
+}
+
+/// A `/proc/PID/task/TID/stat` line with nice `nice` (the 19th field).
+fn stat(tid: u32, comm: &str, nice: i32) -> String {
+    format!(
+        "{tid} ({comm}) S 1 1 1 0 -1 4194560 10 0 0 0 5 3 0 0 {} {nice} 4 0 1000 0 0\n",
+        20 + nice
+    )
+}
+
+#[test]
+fn nice_values_and_their_weights() {
+    assert_eq!(nice_in_stat(&stat(5, "a (b) c", 10)), Some(10));
+    assert_eq!(nice_in_stat(&stat(5, "x", -3)), Some(-3));
+    assert_eq!(nice_in_stat("garbage"), None);
+    assert_eq!(nice_to_weight(0), 1024);
+    assert_eq!(nice_to_weight(10), 110);
+    assert_eq!(nice_to_weight(-20), 88761);
+    assert_eq!(nice_to_weight(99), 15);
+}
+
+#[test]
+fn device_threads_get_a_group_the_feedback_loop_can_raise() {
+    let f = v1("device");
+    for (tid, comm, nice) in [
+        (101, "llvmpipe-0", 10),
+        (102, "llvmpipe-1", 10),
+        (103, "gpu", 0),
+    ] {
+        f.file(&format!("proc/100/task/{tid}/comm"), &format!("{comm}\n"));
+        f.file(&format!("proc/100/task/{tid}/stat"), &stat(tid, comm, nice));
+    }
+    let cg = f.detect(100).unwrap();
+    assert_eq!(cg.device_weight(), None);
+    assert_eq!(
+        cg.set_device_share(Some(500)).ok(),
+        Some(()),
+        "no group: nothing"
+    );
+    assert_eq!(cg.attach_device_threads(&["llvmpipe-"]).unwrap(), 2);
+    // Two threads at nice 10 weigh 220 of a default process's 1024: share 21.
+    assert_eq!(f.read("sys/cpu/virtsoc/device/cpu.shares"), "215");
+    assert_eq!(cg.device_weight(), Some(215));
+    assert_eq!(
+        f.read("sys/cpu/virtsoc/cpu.shares"),
+        "1024",
+        "at least the default"
+    );
+    cg.attach(7, "video", 200, 100).unwrap();
+    assert_eq!(
+        f.read("sys/cpu/virtsoc/cpu.shares"),
+        "1239",
+        "the parent weighs the device threads as they weighed before: 1024 + 215"
+    );
+    // Once made, not again.
+    assert_eq!(cg.attach_device_threads(&["llvmpipe-"]).unwrap(), 0);
+    cg.set_device_share(Some(1000)).unwrap();
+    assert_eq!(f.read("sys/cpu/virtsoc/device/cpu.shares"), "10240");
+    // Never below their own weight; back to it with None.
+    cg.set_device_share(Some(1)).unwrap();
+    assert_eq!(cg.device_weight(), Some(215));
+    cg.set_device_share(Some(1000)).unwrap();
+    cg.set_device_share(None).unwrap();
+    assert_eq!(f.read("sys/cpu/virtsoc/device/cpu.shares"), "215");
+    cg.release_all();
+    assert!(!f.has("sys/cpu/virtsoc"));
+    let back = f.read("sys/cpu/tasks");
+    assert!(
+        back == "101" || back == "102",
+        "the threads went back: {back}"
+    );
+}
+
+#[test]
+fn device_threads_are_not_moved_under_v2() {
+    let f = Fixture::new("device-v2");
+    f.file("sys/cgroup.controllers", "cpu io memory\n");
+    f.file("sys/daemon.service/cgroup.subtree_control", "\n");
+    f.process(100, "0::/daemon.service\n");
+    let cg = f.detect(100).unwrap();
+    assert_eq!(cg.version(), Version::V2);
+    assert!(cg.attach_device_threads(&["llvmpipe-"]).is_err());
+    assert_eq!(cg.device_weight(), None);
 }

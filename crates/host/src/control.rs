@@ -94,8 +94,15 @@ impl ControlBackend {
                 ))
             })
             .collect();
+        let cpu_weight = d
+            .config()
+            .sharing
+            .cgroups
+            .as_ref()
+            .and_then(|cg| cg.weight(id));
         Some(GuestInfo {
             device_use,
+            cpu_weight,
             id,
             name: s.name().to_string(),
             transport: transport.to_string(),

@@ -5,23 +5,36 @@
 //! The store holds the current policy behind a lock; device workers read it per command
 //! (an `Arc` clone) and re-apply shares when its generation moves. [`PolicyStore::reload`]
 //! (on SIGHUP) parses the file again and swaps it in only if it is valid: a bad file keeps the
-//! old policy and says why.
+//! old policy and says why. What is not read per command (the guests' CPU weights) follows
+//! through [`PolicyStore::on_change`].
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use virtsoc_proto::DeviceId;
 use virtsoc_sched::policy::{GuestPolicy, Policy};
 
 use crate::{HostError, Result};
 
+/// Called with the new policy after every change.
+type Watcher = Box<dyn Fn(&Policy) + Send + Sync>;
+
 /// The current policy and where it came from.
-#[derive(Debug)]
 pub struct PolicyStore {
     path: Option<PathBuf>,
     current: RwLock<Arc<Policy>>,
     generation: AtomicU64,
+    watchers: Mutex<Vec<Watcher>>,
+}
+
+impl std::fmt::Debug for PolicyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyStore")
+            .field("path", &self.path)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for PolicyStore {
@@ -30,6 +43,7 @@ impl Default for PolicyStore {
             path: None,
             current: RwLock::new(Arc::new(Policy::default())),
             generation: AtomicU64::new(0),
+            watchers: Mutex::new(Vec::new()),
         }
     }
 }
@@ -76,7 +90,28 @@ impl PolicyStore {
             path: Some(path.to_path_buf()),
             current: RwLock::new(Arc::new(read(path)?)),
             generation: AtomicU64::new(0),
+            watchers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Calls `f` with the new policy after every successful change (a reload, on SIGHUP or
+    /// from the control API, or a guest's entry set through the control API).
+    pub fn on_change(&self, f: impl Fn(&Policy) + Send + Sync + 'static) {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(f));
+    }
+
+    fn changed(&self, p: &Policy) {
+        for w in self
+            .watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            w(p);
+        }
     }
 
     /// Reads the file again; on error the old policy stays and the error says why.
@@ -84,9 +119,10 @@ impl PolicyStore {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let p = read(path)?;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+        let p = Arc::new(read(path)?);
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = p.clone();
         self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed(&p);
         Ok(())
     }
 
@@ -101,8 +137,11 @@ impl PolicyStore {
         let mut next = (**current).clone();
         next.guest.insert(name.to_string(), guest);
         check_commands(&next, "")?;
-        *current = Arc::new(next);
+        let next = Arc::new(next);
+        *current = next.clone();
+        drop(current);
         self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed(&next);
         Ok(())
     }
 
@@ -162,6 +201,29 @@ mod tests {
         store.reload().unwrap();
         assert_eq!(store.generation(), 1);
         assert!(store.current().guest.contains_key("b"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn watchers_hear_of_good_changes_only() {
+        let dir = std::env::temp_dir().join(format!("virtsoc-policy-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("p.toml");
+        std::fs::write(&f, "[guest.a]\nshares = 100\n").unwrap();
+        let store = PolicyStore::load(&f).unwrap();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        store.on_change(move |p| h.lock().unwrap().push(p.for_guest("a").shares));
+        std::fs::write(&f, "[guest.a]\nshares = 300\n").unwrap();
+        store.reload().unwrap();
+        std::fs::write(&f, "[guest.a]\nshares = -1\n").unwrap();
+        assert!(store.reload().is_err());
+        let g = GuestPolicy {
+            shares: 50,
+            ..GuestPolicy::default()
+        };
+        store.set_guest("a", g).unwrap();
+        assert_eq!(*heard.lock().unwrap(), vec![300, 50]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

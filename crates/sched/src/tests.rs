@@ -436,6 +436,29 @@ fn dfr_raises_with_a_faster_rate_and_stops_raising_share() {
 }
 
 #[test]
+fn dfr_boost_is_held_after_the_last_sample_behind() {
+    let cfg = DfrConfig {
+        initial_dfr: 30.0,
+        ..normal_phase()
+    };
+    let mut c = DfrController::new(cfg, 100);
+    let mut n = 0.0;
+    feed(&mut c, &mut n, 0, 3100 * MS, |_| 20.0);
+    assert!(c.behind());
+    // Boosted, it presents at its DFR: still behind for the hold after the last sample under
+    // it (the EWMA's at 4.2 s, 28 fps), not dropped behind the batch guests at its first
+    // good second.
+    feed(&mut c, &mut n, 3100 * MS, 7100 * MS, |_| 30.0);
+    assert!(c.fps().unwrap() > 29.0, "{:?}", c.fps());
+    assert!(c.behind());
+    feed(&mut c, &mut n, 7100 * MS, 9500 * MS, |_| 30.0);
+    assert!(!c.behind(), "{:?} {}", c.fps(), c.dfr());
+    // Slow again: behind at the next sample.
+    feed(&mut c, &mut n, 9500 * MS, 11_500 * MS, |_| 15.0);
+    assert!(c.behind());
+}
+
+#[test]
 fn dfr_restores_the_share_after_a_second_idle() {
     let mut c = DfrController::new(DfrConfig::default(), 100);
     let mut n = 0.0;

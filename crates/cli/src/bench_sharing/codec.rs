@@ -12,11 +12,13 @@ use crate::scenario::media;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
 
-/// Decodes until `stop`, counting decode + receive pairs in `done`.
+/// Decodes until `stop`, counting decode + receive pairs in `done`; while `gate` (if any) is
+/// false, it waits instead.
 pub(super) fn guest(
     target: &str,
     name: &str,
     (w, h): (u32, u32),
+    gate: Option<&AtomicBool>,
     warm: &Barrier,
     stop: &AtomicBool,
     done: &AtomicU64,
@@ -80,6 +82,10 @@ pub(super) fn guest(
     warm.wait();
     let handle = opened?;
     while !stop.load(Ordering::Relaxed) {
+        if gate.is_some_and(|g| !g.load(Ordering::Relaxed)) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            continue;
+        }
         one(&mut p, handle)?;
         done.fetch_add(1, Ordering::Relaxed);
     }

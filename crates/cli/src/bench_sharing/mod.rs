@@ -2,18 +2,25 @@
 //!
 //! (a) **Fairness.** For each scheduler (`virtsocd --scheduler`), a daemon of its own serves
 //! 2, 4 and 8 guests with equal shares. Each guest is a thread of this process with its own
-//! connection (its own session, rings and window) keeping three GPU compositions queued
+//! connection (its own session, rings and window) keeping four GPU compositions queued
 //! (continuously backlogged), of a size that differs from guest to guest (`--gpu-sizes`,
 //! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. After
 //! a 0.5 s settle, every second the bench reads each guest's GPU device time from the
 //! daemon's control API (the worker's continuous accounting, the command in service counted
 //! up to the reading, as AvA reads its API server's): the window's unfairness is `max over
 //! guests |share - ideal| / ideal`, reported as the median and p95 over the windows (each
-//! window's device times are in the JSON, `window_ms`). Overhead: before each round, each
-//! size runs alone on the same daemon (its commands per second); the round's commands would
-//! have taken `sum(commands / rate alone)` seconds alone, and `overhead_pct` is how much
-//! longer they took together, the median over `--repeats` rounds (the range says how noisy);
-//! `overhead_vs_round_robin_pct` compares with round robin and as many guests.
+//! window's device times are in the JSON, `window_ms`). Overhead, in interleaved slices
+//! before each round's windows (the same guests stay connected and are switched on and off):
+//! each size alone for 0.3 s (its commands per second), then all the guests together for
+//! 0.6 s, whose commands would have taken `sum(commands / rate alone)` seconds alone;
+//! `overhead_pct` is how much longer they took together, the median over the slice pairs of
+//! all `--repeats` rounds (their quartiles say how noisy). A machine whose load drifts
+//! changes little within a pair, a second long, where alone runs seconds before the guests
+//! together compared two different machines. `overhead_vs_round_robin_pct` is the
+//! scheduler's own cost: a round-robin daemon and the scheduler's run at once with as many
+//! guests each, and 0.6 s slices alternate between their guests; the median over the pairs
+//! of how much less work the scheduler's guests did (weighed by the round-robin daemon's
+//! alone rates).
 //!
 //! (b) **Multimedia.** A video guest composes a 1280x720 frame on the GPU and presents it on
 //! the display 30 times a second, against 1, 2 and 4 hog guests looping 1920x1080
@@ -23,7 +30,9 @@
 //! hogs, for what the machine gives it at the time) and with the `feedback` scheduler (the
 //! video guest's policy class is `multimedia`: the DFR loop raises its share and boosts it
 //! while it is behind), against the spinners also with the feedback loop steering CPU
-//! weights (`virtsocd --cpu-cgroup`).
+//! weights (`virtsocd --cpu-cgroup`: the video guest's process, and on a CPU Vulkan driver
+//! the daemon's rasterizer threads that compose its frames, whose group's weight follows the
+//! video guest's raised share).
 //!
 //! (c) **Together vs alone** (the Android-on-KVM paper's Table 3 analog): app guests that each
 //! compose and present a 1280x720 frame 30 times a second, one alone and two together; the
@@ -82,19 +91,21 @@ impl Work {
         }
     }
 
-    /// Runs one guest of this work until `stop`.
+    /// Runs one guest of this work until `stop` (waiting while `gate` is false).
+    #[allow(clippy::too_many_arguments)]
     fn guest(
         self,
         target: &str,
         name: &str,
         size: (u32, u32),
+        gate: Option<&AtomicBool>,
         warm: &Barrier,
         stop: &AtomicBool,
         done: &AtomicU64,
     ) -> Result<(), CliError> {
         match self {
-            Work::Gpu(_) => gpu::guest(target, name, size, gpu::BACKLOG, warm, stop, done),
-            Work::Codec => codec::guest(target, name, size, warm, stop, done),
+            Work::Gpu(_) => gpu::guest(target, name, size, gpu::BACKLOG, gate, warm, stop, done),
+            Work::Codec => codec::guest(target, name, size, gate, warm, stop, done),
         }
     }
 }
@@ -107,6 +118,8 @@ pub struct SharingParams {
     pub schedulers: Vec<Kind>,
     /// Hog counts of the multimedia part (empty: skip it).
     pub hogs: Vec<usize>,
+    /// The kinds of hog the multimedia part runs against.
+    pub hog_kinds: Vec<HogKind>,
     /// Run the two-guests-together part.
     pub together: bool,
     /// Run the fairness part on the codec too.
@@ -136,12 +149,20 @@ pub struct FairnessRow {
     pub unfairness_median: f64,
     pub unfairness_p95: f64,
     /// Throughput lost against one guest alone, percent: the same commands done by each
-    /// size alone would have taken that much less time (median over the rounds).
+    /// size alone would have taken that much less time. The median over interleaved slice
+    /// pairs (each size alone, then the guests together, a second apart).
     pub overhead_pct: f64,
-    /// The lowest and highest overhead of the rounds (how noisy it is).
+    /// The quartiles (25th, 75th percentile) of the slice pairs' overheads (how noisy it
+    /// is).
     pub overhead_range_pct: (f64, f64),
-    /// Throughput lost against round robin with as many guests, percent (when measured).
+    /// How many slice pairs the overhead is the median of.
+    pub overhead_pairs: usize,
+    /// Throughput lost against round robin with as many guests, percent (when measured):
+    /// a round-robin daemon and this scheduler's running at once, their guests' slices
+    /// alternating, the median over the slice pairs.
     pub overhead_vs_round_robin_pct: Option<f64>,
+    /// The quartiles of those pairs' losses.
+    pub overhead_vs_round_robin_range_pct: Option<(f64, f64)>,
     /// Work per second in units of "one guest alone" (the throughput behind both overheads).
     pub throughput: f64,
     /// Each guest's fraction of the GPU time, whole run.
@@ -222,8 +243,8 @@ fn device_time(control: &Target, device: &str) -> Result<BTreeMap<String, u64>, 
 /// scheduler has seen each of them (a start-up transient, not sharing).
 const SETTLE: Duration = Duration::from_millis(500);
 
-/// Seconds each size runs alone in a round.
-const ALONE_SECS: f64 = 1.0;
+/// Slice pairs of the overhead measure per round ([`interleaved`]).
+const SLICE_PAIRS: usize = 4;
 
 /// One run: `n` guests named `share-{round}-{i}` on the daemon at `target`; per-window device
 /// time per guest (each window's device time is what the daemon's continuous accounting
@@ -247,7 +268,7 @@ fn run_guests(
             .map(|i| {
                 let (name, warm, stop, done) = (&names[i], &warm, &stop, &done[i]);
                 let size = work.sizes()[i % 3];
-                s.spawn(move || work.guest(target, name, size, warm, stop, done))
+                s.spawn(move || work.guest(target, name, size, None, warm, stop, done))
             })
             .collect();
         warm.wait();
@@ -307,6 +328,19 @@ pub fn parse_sizes(v: &[String]) -> Result<[(u32, u32); 3], CliError> {
     sizes.try_into().map_err(|_| bad())
 }
 
+/// `gpu` and/or `cpu`.
+pub fn parse_hog_kinds(v: &[String]) -> Result<Vec<HogKind>, CliError> {
+    v.iter()
+        .map(|s| match s.as_str() {
+            "gpu" => Ok(HogKind::Gpu),
+            "cpu" => Ok(HogKind::Cpu),
+            _ => Err(CliError::Usage(format!(
+                "--hog-kind wants gpu and/or cpu, not {s:?}"
+            ))),
+        })
+        .collect()
+}
+
 /// max over guests |share - ideal| / ideal of one window (equal shares).
 fn unfairness(window: &[u64]) -> Option<f64> {
     let total: u64 = window.iter().sum();
@@ -342,6 +376,9 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
         (HogKind::Cpu, Kind::Feedback, true),
     ];
     for (hog, kind, cpu_weight) in runs {
+        if !p.hog_kinds.contains(&hog) {
+            continue;
+        }
         // Round robin also runs the video alone (0 hogs): what the machine gives it now.
         let alone = (kind == Kind::RoundRobin && !p.hogs.is_empty()).then_some(0);
         for hogs in alone.into_iter().chain(p.hogs.iter().copied()) {
@@ -380,10 +417,11 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
 }
 
 /// Part (a) on one device: every scheduler with every guest count. Each scheduler gets one
-/// daemon; each guest count `repeats` rounds of (every size alone, then the guests
-/// together), so the alone rates an overhead is computed against were measured just before
-/// it, on the same daemon, under the same load. The overhead is the median over the rounds;
-/// the windows of all rounds make the unfairness.
+/// daemon; each guest count `repeats` rounds of (interleaved slice pairs of every size alone
+/// and the guests together, then the guests together for the windows), so the alone rates
+/// an overhead is computed against were measured within a second of it, on the same
+/// daemon, under the same load. The overhead is the median over the slice pairs; the
+/// windows of all rounds make the unfairness.
 fn fairness_on(
     work: Work,
     p: &SharingParams,
@@ -399,7 +437,110 @@ fn fairness_on(
         d.stop()?;
         alone_all.extend(r?);
     }
+    // Against round robin: both daemons at once, slices alternating between them.
+    let rr_rates: Vec<f64> = alone_all
+        .iter()
+        .filter(|a| a.device == work.device() && a.scheduler == Kind::RoundRobin.name())
+        .map(|a| a.commands_per_s)
+        .collect();
+    if rr_rates.len() == 3 {
+        for kind in p.schedulers.iter().filter(|k| **k != Kind::RoundRobin) {
+            let rr = DaemonProcess::spawn(&["--scheduler", Kind::RoundRobin.name()], false)?;
+            let other = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
+            let targets = [rr.endpoint().target, other.endpoint().target];
+            let mut r = Ok(());
+            for &n in &p.guests {
+                let pairs = SLICE_PAIRS * repeats.max(1);
+                let ratios = match ab_slices(work, [&targets[0], &targets[1]], n, pairs, &rr_rates)
+                {
+                    Ok(x) => x,
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                };
+                let losses: Vec<f64> = ratios.iter().map(|x| (1.0 - x) * 100.0).collect();
+                if let Some(row) = fairness.iter_mut().find(|f| {
+                    f.scheduler == kind.name() && f.guests == n && f.device == work.device()
+                }) {
+                    row.overhead_vs_round_robin_pct = Some(percentile(&losses, 50.0));
+                    row.overhead_vs_round_robin_range_pct =
+                        Some((percentile(&losses, 25.0), percentile(&losses, 75.0)));
+                }
+            }
+            rr.stop()?;
+            other.stop()?;
+            r?;
+        }
+    }
     Ok(fairness)
+}
+
+/// `n` guests on each of two daemons (`targets[0]` round robin, `targets[1]` the scheduler
+/// compared), all connected at once; `pairs` pairs of slices, the guests of one daemon on
+/// and the other's off, then the other way round. Each pair's throughput of the second
+/// daemon over the first's (the work weighed by `rates`, each size's commands per second
+/// alone), a second apart under the same load.
+fn ab_slices(
+    work: Work,
+    targets: [&str; 2],
+    n: usize,
+    pairs: usize,
+    rates: &[f64],
+) -> Result<Vec<f64>, CliError> {
+    let warm = Barrier::new(2 * n + 1);
+    let stop = AtomicBool::new(false);
+    let gates: Vec<AtomicBool> = (0..2 * n).map(|_| AtomicBool::new(false)).collect();
+    let done: Vec<AtomicU64> = (0..2 * n).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..2 * n)
+        .map(|j| format!("share-ab{}-{}", j / n, j % n))
+        .collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2 * n)
+            .map(|j| {
+                let (name, gate, warm, stop, done) = (&names[j], &gates[j], &warm, &stop, &done[j]);
+                let (target, size) = (targets[j / n], work.sizes()[(j % n) % 3]);
+                s.spawn(move || work.guest(target, name, size, Some(gate), warm, stop, done))
+            })
+            .collect();
+        warm.wait();
+        let slice = |side: usize| -> f64 {
+            for (j, g) in gates.iter().enumerate() {
+                g.store(j / n == side, Ordering::Relaxed);
+            }
+            std::thread::sleep(SLICE_SETTLE);
+            let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let t0 = Instant::now();
+            std::thread::sleep(SLICE_TOGETHER);
+            let counts: Vec<u64> = (side * n..side * n + n)
+                .map(|j| done[j].load(Ordering::Relaxed) - c0[j])
+                .collect();
+            together_throughput(&counts, rates, t0.elapsed().as_secs_f64())
+        };
+        let mut out = Vec::new();
+        for k in 0..pairs {
+            // Alternate which side goes first, so a trend in the load does not favour one.
+            let (a, b) = if k % 2 == 0 {
+                let a = slice(0);
+                (a, slice(1))
+            } else {
+                let b = slice(1);
+                (slice(0), b)
+            };
+            out.push(b / a.max(1e-9));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for g in &gates {
+            g.store(true, Ordering::Relaxed);
+        }
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+            }
+        }
+        Ok(out)
+    })
 }
 
 /// [`fairness_on`] for one scheduler whose daemon is at `target`: pushes its rows onto
@@ -423,21 +564,14 @@ fn fairness_of(
         let mut total = vec![0u64; n];
         for _ in 0..repeats.max(1) {
             round += 1;
-            let mut rates = Vec::new();
-            for (i, size) in sizes.iter().enumerate() {
-                let r = run_alone(work, target, *size)?;
-                alone_rates[i].push(r);
-                rates.push(r);
+            for pair in interleaved(work, target, round, n, SLICE_PAIRS)? {
+                for (i, r) in pair.rates.iter().enumerate() {
+                    alone_rates[i].push(*r);
+                }
+                throughputs.push(pair.throughput);
+                overheads.push((1.0 - pair.throughput) * 100.0);
             }
-            let (w, counts, secs) = run_guests(work, target, control, round, n, p.seconds)?;
-            // The same work alone: each guest's commands at its size's alone rate.
-            let alone_secs: f64 = counts
-                .iter()
-                .enumerate()
-                .map(|(i, c)| *c as f64 / rates[i % 3].max(1e-9))
-                .sum();
-            throughputs.push(alone_secs / secs);
-            overheads.push((1.0 - alone_secs / secs) * 100.0);
+            let (w, _, _) = run_guests(work, target, control, round, n, p.seconds)?;
             for win in &w {
                 for (t, x) in total.iter_mut().zip(win) {
                     *t += x;
@@ -454,16 +588,10 @@ fn fairness_of(
             unfairness_median: percentile(&us, 50.0),
             unfairness_p95: percentile(&us, 95.0),
             overhead_pct: percentile(&overheads, 50.0),
-            overhead_range_pct: (
-                overheads.iter().copied().fold(f64::INFINITY, f64::min),
-                overheads.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            ),
-            overhead_vs_round_robin_pct: fairness
-                .iter()
-                .find(|r: &&FairnessRow| {
-                    r.scheduler == "round-robin" && r.guests == n && r.device == work.device()
-                })
-                .map(|r| (1.0 - throughput / r.throughput.max(1e-9)) * 100.0),
+            overhead_range_pct: (percentile(&overheads, 25.0), percentile(&overheads, 75.0)),
+            overhead_pairs: overheads.len(),
+            overhead_vs_round_robin_pct: None,
+            overhead_vs_round_robin_range_pct: None,
             throughput,
             shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
             windows: us.len(),
@@ -487,27 +615,105 @@ fn fairness_of(
         .collect())
 }
 
-/// One guest of `size` alone on the daemon at `target`: its commands per second over
-/// [`ALONE_SECS`].
-fn run_alone(work: Work, target: &str, size: (u32, u32)) -> Result<f64, CliError> {
-    let warm = Barrier::new(2);
+/// How long a slice of the overhead measure waits after switching guests on or off before
+/// counting (the guests switched off finish their queued commands meanwhile).
+const SLICE_SETTLE: Duration = Duration::from_millis(80);
+/// How long each size alone is counted in a slice pair.
+const SLICE_ALONE: Duration = Duration::from_millis(300);
+/// How long the guests together are counted in a slice pair.
+const SLICE_TOGETHER: Duration = Duration::from_millis(600);
+
+/// One slice pair's result: each size's commands per second alone, and the guests'
+/// throughput together in units of one guest alone (the same commands at the alone rates
+/// would have taken this fraction of the time).
+#[derive(Debug, Clone)]
+struct SlicePair {
+    rates: Vec<f64>,
+    throughput: f64,
+}
+
+/// The throughput overhead measured in interleaved slices: `n` guests (`share-o{round}-{i}`,
+/// guest `i` of size `i % 3`) stay connected; each pair of slices runs each size alone (the
+/// first guest of that size, the others switched off) and then all of them together. Each
+/// pair compares rates a second apart, so the machine's load (other work on its cores is
+/// the GPU's too on a CPU driver) drifts little between the two halves of a comparison,
+/// unlike alone runs seconds before the guests together; the overhead is then the median
+/// over many pairs.
+fn interleaved(
+    work: Work,
+    target: &str,
+    round: usize,
+    n: usize,
+    pairs: usize,
+) -> Result<Vec<SlicePair>, CliError> {
+    let warm = Barrier::new(n + 1);
     let stop = AtomicBool::new(false);
-    let done = AtomicU64::new(0);
+    let gates: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("share-o{round}-{i}")).collect();
+    let sizes = n.min(3);
     std::thread::scope(|s| {
-        let h = s.spawn(|| work.guest(target, "alone", size, &warm, &stop, &done));
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (name, gate, warm, stop, done) = (&names[i], &gates[i], &warm, &stop, &done[i]);
+                let size = work.sizes()[i % 3];
+                s.spawn(move || work.guest(target, name, size, Some(gate), warm, stop, done))
+            })
+            .collect();
         warm.wait();
-        std::thread::sleep(SETTLE / 2);
-        let c0 = done.load(Ordering::Relaxed);
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(ALONE_SECS));
-        let c = done.load(Ordering::Relaxed) - c0;
-        let secs = t0.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
-        match h.join() {
-            Ok(r) => r.map(|()| c as f64 / secs),
-            Err(_) => Err(CliError::Usage("the guest thread panicked".into())),
+        let count = |on: &dyn Fn(usize) -> bool, d: Duration| -> (Vec<u64>, f64) {
+            for (i, g) in gates.iter().enumerate() {
+                g.store(on(i), Ordering::Relaxed);
+            }
+            std::thread::sleep(SLICE_SETTLE);
+            let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let t0 = Instant::now();
+            std::thread::sleep(d);
+            let counts = done
+                .iter()
+                .zip(&c0)
+                .map(|(c, z)| c.load(Ordering::Relaxed) - z)
+                .collect();
+            (counts, t0.elapsed().as_secs_f64())
+        };
+        let mut out = Vec::new();
+        for _ in 0..pairs {
+            let rates: Vec<f64> = (0..sizes)
+                .map(|k| {
+                    let (c, secs) = count(&|i| i == k, SLICE_ALONE);
+                    c[k] as f64 / secs
+                })
+                .collect();
+            let (c, secs) = count(&|_| true, SLICE_TOGETHER);
+            out.push(SlicePair {
+                throughput: together_throughput(&c, &rates, secs),
+                rates,
+            });
         }
+        stop.store(true, Ordering::Relaxed);
+        for g in &gates {
+            g.store(true, Ordering::Relaxed);
+        }
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+            }
+        }
+        Ok(out)
     })
+}
+
+/// The guests' work together in `secs` (`counts[i]` commands of guest `i`, of size `i % 3`)
+/// in units of one guest alone: the seconds it would have taken at the alone `rates`, over
+/// `secs`. 1 is no overhead.
+fn together_throughput(counts: &[u64], rates: &[f64], secs: f64) -> f64 {
+    let alone_secs: f64 = counts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| *c as f64 / rates[i % rates.len()].max(1e-9))
+        .sum();
+    alone_secs / secs.max(1e-9)
 }
 
 /// Prints the report as tables.
@@ -531,7 +737,7 @@ pub fn print_table(r: &SharingReport) {
 fn print_fairness(rows: &[FairnessRow]) {
     println!(
         "{:<12} {:>6} {:>12} {:>10} {:>10} {:>15} {:>10}  shares",
-        "scheduler", "guests", "unfair p50%", "p95%", "overhead%", "(min..max)", "vs rr %"
+        "scheduler", "guests", "unfair p50%", "p95%", "overhead%", "(p25..p75)", "vs rr %"
     );
     for f in rows {
         let shares: Vec<String> = f.shares.iter().map(|s| format!("{:.3}", s)).collect();
@@ -620,6 +826,20 @@ mod tests {
         // Shares 0.6 and 0.4 against 0.5: 20% off.
         let u = unfairness(&[600, 400]).unwrap();
         assert!((u - 0.2).abs() < 1e-12, "{u}");
+    }
+
+    #[test]
+    fn together_throughput_is_in_units_of_one_guest_alone() {
+        // Sizes at 100, 50 and 25 commands/s alone; 4 guests (guest 3 is size 0 again).
+        let rates = [100.0, 50.0, 25.0];
+        // Each guest a quarter of a second's worth of its size alone, in one second: no
+        // overhead.
+        let t = together_throughput(&[25, 12, 6, 25], &rates, 1.0);
+        assert!((t - (0.25 + 0.24 + 0.24 + 0.25)).abs() < 1e-9, "{t}");
+        // The same commands in two seconds: half the throughput.
+        assert!((together_throughput(&[25, 12, 6, 25], &rates, 2.0) - t / 2.0).abs() < 1e-9);
+        // Two guests measure two sizes.
+        assert!((together_throughput(&[50, 25], &rates[..2], 1.0) - 1.0).abs() < 1e-9);
     }
 
     #[test]

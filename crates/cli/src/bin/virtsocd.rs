@@ -215,12 +215,14 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
                     }
                 },
             );
+    let sharing = Sharing {
+        scheduler: args.scheduler,
+        policy: policy.clone(),
+        cgroups: cgroups.clone(),
+    };
+    sharing.follow_policy_with_cpu_weights();
     let daemon = Daemon::new(DaemonConfig {
-        sharing: Sharing {
-            scheduler: args.scheduler,
-            policy: policy.clone(),
-            cgroups: cgroups.clone(),
-        },
+        sharing,
         socket: args.socket.clone(),
         protocol: args.protocol,
         max_window: args.max_window,

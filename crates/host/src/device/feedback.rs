@@ -6,7 +6,11 @@
 //! batch guests until it catches up. Shares go back to the policy's when the guest idles.
 //! Where the daemon steers CPU weights (`--cpu-cgroup`, [`crate::cgroup`]), the same share is
 //! the guest's CPU weight: a video guest that needs the CPU to make its frames gets it ahead
-//! of processes spinning beside it.
+//! of processes spinning beside it. The daemon's own threads that make its frames on a
+//! CPU-emulated GPU (a CPU Vulkan driver's rasterizer threads, at a low priority by default,
+//! `--gpu-driver-nice`) get a group of their own too (cgroup v1), whose weight follows the
+//! highest raised share of an active multimedia guest: otherwise the frames' GPU work would
+//! wait behind the spinners whatever the guest's own weight.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +26,10 @@ use super::DeviceSlot;
 use crate::cgroup::CpuCgroups;
 use crate::policy::PolicyStore;
 use crate::sync::EventCount;
+
+/// Name prefixes of a CPU Vulkan driver's worker threads (Mesa's llvmpipe/lavapipe), as
+/// the GPU backend renices them.
+const DEVICE_THREADS: &[&str] = &["llvmpipe-"];
 
 /// How often the loop samples the display.
 const PERIOD: Duration = Duration::from_millis(100);
@@ -77,6 +85,15 @@ fn cpu_share(cgroups: Option<&CpuCgroups>, guest: u64, share: u32) {
     }
 }
 
+/// The share the daemon's device threads should have: the highest of the active multimedia
+/// guests' shares the controller has raised (their frames need more of the CPU, the device
+/// threads' work included), none when no controller has.
+fn device_threads_share<'a>(ctls: impl Iterator<Item = &'a DfrController>) -> Option<u32> {
+    ctls.filter(|c| c.fps().is_some() && c.raised())
+        .map(DfrController::share)
+        .max()
+}
+
 fn run(
     slots: &[Arc<DeviceSlot>],
     policy: &PolicyStore,
@@ -92,7 +109,20 @@ fn run(
         initial_dfr: 30.0,
         ..DfrConfig::default()
     };
+    if let Some(cg) = cgroups {
+        match cg.attach_device_threads(DEVICE_THREADS) {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "feedback: {n} CPU driver threads in {} ({} {})",
+                cg.parent().join("device").display(),
+                cg.version().file(),
+                cg.device_weight().unwrap_or(0)
+            ),
+            Err(e) => log::info!("feedback: {e}"),
+        }
+    }
     let mut tracked: HashMap<u64, Tracked> = HashMap::new();
+    let mut device_share = None;
     while !stop.load(Ordering::SeqCst) {
         let seen = wake.current();
         let metrics: Vec<DisplayGuestMetrics> = display
@@ -147,6 +177,59 @@ fn run(
                 }
             }
         }
+        if let Some(cg) = cgroups {
+            let want = device_threads_share(tracked.values().map(|t| &t.ctl));
+            if want != device_share {
+                match cg.set_device_share(want) {
+                    Ok(()) => {
+                        log::info!("feedback: CPU driver threads' share {want:?}");
+                        device_share = want;
+                    }
+                    Err(e) => log::warn!("feedback: {e}"),
+                }
+            }
+        }
         wake.wait_past_for(seen, Some(PERIOD));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtsoc_sched::MS;
+
+    #[test]
+    fn device_threads_follow_the_highest_raised_active_guest() {
+        let cfg = DfrConfig {
+            initial_dfr: 30.0,
+            ..DfrConfig::default()
+        };
+        let mut slow = DfrController::new(cfg, 100);
+        let mut fine = DfrController::new(cfg, 100);
+        assert_eq!(device_threads_share([&slow, &fine].into_iter()), None);
+        // 10 fps against a DFR of 30: the fast start doubles the share every 200 ms.
+        let (mut n_slow, mut n_fine) = (0, 0);
+        for i in 0..=10u64 {
+            n_slow += 1;
+            n_fine += 3;
+            slow.observe(i * 100 * MS, n_slow);
+            fine.observe(i * 100 * MS, n_fine);
+        }
+        assert!(
+            slow.raised() && !fine.raised(),
+            "{} {}",
+            slow.share(),
+            fine.share()
+        );
+        assert_eq!(
+            device_threads_share([&slow, &fine].into_iter()),
+            Some(slow.share())
+        );
+        // Idle for a second: its share is restored, the threads' goes back.
+        for i in 11..=25u64 {
+            slow.observe(i * 100 * MS, n_slow);
+        }
+        assert!(!slow.raised());
+        assert_eq!(device_threads_share([&slow, &fine].into_iter()), None);
     }
 }

@@ -55,7 +55,7 @@ impl Sharing {
             return log::warn!("cpu weight: guest {guest_id} ({name}): its process is unknown");
         };
         let share = self.policy.current().for_guest(name).shares;
-        match cg.attach(guest_id, pid, share) {
+        match cg.attach(guest_id, name, pid, share) {
             Ok(()) => log::info!(
                 "cpu weight: guest {guest_id} ({name}), process {pid}: {} {} in {}",
                 cg.version().file(),
@@ -64,6 +64,18 @@ impl Sharing {
             ),
             Err(e) => log::warn!("cpu weight: guest {guest_id} ({name}) not steered: {e}"),
         }
+    }
+
+    /// Makes the guests' CPU weights follow the policy's shares when it changes (on SIGHUP,
+    /// a control API reload or a guest's entry set): see [`crate::cgroup::CpuCgroups::reweight`].
+    pub fn follow_policy_with_cpu_weights(&self) {
+        let Some(cg) = self.cgroups.clone() else {
+            return;
+        };
+        self.policy.on_change(move |p| {
+            cg.reweight(&|name| p.for_guest(name).shares);
+            log::info!("cpu weight: guests re-weighted from the new policy");
+        });
     }
 
     /// The guest left: its CPU cgroup goes.
