@@ -426,8 +426,8 @@ impl CpuCgroups {
         self.sync_parent(&members);
     }
 
-    /// Moves the daemon's threads whose names start with one of `prefixes` (a CPU Vulkan
-    /// driver's rasterizer threads, which run every guest's GPU work) into a group of their
+    /// Moves the daemon's threads `tids` (a CPU Vulkan driver's worker threads, which run
+    /// every guest's GPU work: [`crate::device::Device::cpu_threads`]) into a group of their
     /// own, `NAME/device`, beside the guests'. Its weight is at first what the threads
     /// weighed by their nice value (`virtsocd --gpu-driver-nice`: 10 weighs about a tenth of
     /// a default process), so nothing changes until the feedback loop raises it
@@ -435,7 +435,7 @@ impl CpuCgroups {
     /// rate, whose frames that work makes. Returns how many threads were moved (none: no
     /// group). cgroup v1 only: under v2, threads can only be placed in a threaded subtree,
     /// which the daemon's group is not.
-    pub fn attach_device_threads(&self, prefixes: &[&str]) -> Result<usize> {
+    pub fn attach_device_threads(&self, tids: &[u32]) -> Result<usize> {
         if self.version != Version::V1 {
             return Err(config(
                 "device threads: cgroup v2 places threads only in a threaded subtree; \
@@ -459,10 +459,7 @@ impl CpuCgroups {
         let tasks = own.join("task");
         for tid in self.fs.list(&tasks).unwrap_or_default() {
             let Ok(t) = tid.parse::<u32>() else { continue };
-            let Ok(comm) = self.fs.read(&tasks.join(&tid).join("comm")) else {
-                continue;
-            };
-            if !prefixes.iter().any(|p| comm.trim_end().starts_with(p)) {
+            if !tids.contains(&t) {
                 continue;
             }
             let nice = self

@@ -281,7 +281,7 @@ fn device_threads_get_a_group_the_feedback_loop_can_raise() {
         Some(()),
         "no group: nothing"
     );
-    assert_eq!(cg.attach_device_threads(&["llvmpipe-"]).unwrap(), 2);
+    assert_eq!(cg.attach_device_threads(&[101, 102]).unwrap(), 2);
     // Two threads at nice 10 weigh 220 of a default process's 1024: share 21.
     assert_eq!(f.read("sys/cpu/virtsoc/device/cpu.shares"), "215");
     assert_eq!(cg.device_weight(), Some(215));
@@ -297,7 +297,7 @@ fn device_threads_get_a_group_the_feedback_loop_can_raise() {
         "the parent weighs the device threads as they weighed before: 1024 + 215"
     );
     // Once made, not again.
-    assert_eq!(cg.attach_device_threads(&["llvmpipe-"]).unwrap(), 0);
+    assert_eq!(cg.attach_device_threads(&[101, 102]).unwrap(), 0);
     cg.set_device_share(Some(1000)).unwrap();
     assert_eq!(f.read("sys/cpu/virtsoc/device/cpu.shares"), "10240");
     // Never below their own weight; back to it with None.
@@ -323,6 +323,6 @@ fn device_threads_are_not_moved_under_v2() {
     f.process(100, "0::/daemon.service\n");
     let cg = f.detect(100).unwrap();
     assert_eq!(cg.version(), Version::V2);
-    assert!(cg.attach_device_threads(&["llvmpipe-"]).is_err());
+    assert!(cg.attach_device_threads(&[101, 102]).is_err());
     assert_eq!(cg.device_weight(), None);
 }

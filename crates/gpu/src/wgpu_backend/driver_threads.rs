@@ -71,6 +71,23 @@ impl WgpuBackend {
         self.info.device_type == "Cpu"
     }
 
+    /// On a CPU driver, its worker threads that still run (named [`CPU_DRIVER_THREADS`], or
+    /// made by the driver while this backend's device was created); none on a GPU.
+    pub fn cpu_driver_threads(&self) -> Vec<u32> {
+        if !self.is_cpu_driver() {
+            return Vec::new();
+        }
+        thread_ids()
+            .into_iter()
+            .filter(|t| {
+                self.driver_threads.contains(t)
+                    || thread_name(*t)
+                        .is_some_and(|n| CPU_DRIVER_THREADS.iter().any(|p| n.starts_with(p)))
+            })
+            .filter_map(|t| u32::try_from(t).ok())
+            .collect()
+    }
+
     /// On a CPU driver, sets the nice value of its worker threads (named
     /// [`CPU_DRIVER_THREADS`], or made by the driver while this backend's device was created;
     /// see the module docs) to `nice` and returns how many there were; on a GPU, does

@@ -27,10 +27,6 @@ use crate::cgroup::CpuCgroups;
 use crate::policy::PolicyStore;
 use crate::sync::EventCount;
 
-/// Name prefixes of a CPU Vulkan driver's worker threads (Mesa's llvmpipe/lavapipe), as
-/// the GPU backend renices them.
-const DEVICE_THREADS: &[&str] = &["llvmpipe-"];
-
 /// How often the loop samples the display.
 const PERIOD: Duration = Duration::from_millis(100);
 
@@ -110,7 +106,8 @@ fn run(
         ..DfrConfig::default()
     };
     if let Some(cg) = cgroups {
-        match cg.attach_device_threads(DEVICE_THREADS) {
+        let threads: Vec<u32> = slots.iter().flat_map(|s| s.device.cpu_threads()).collect();
+        match cg.attach_device_threads(&threads) {
             Ok(0) => {}
             Ok(n) => log::info!(
                 "feedback: {n} CPU driver threads in {} ({} {})",

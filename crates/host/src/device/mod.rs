@@ -121,6 +121,11 @@ pub trait Device: Send + Sync {
     fn reads_host_memory(&self) -> bool {
         false
     }
+    /// Threads outside the device workers that run the device's work on the CPU (an
+    /// emulated GPU's driver threads), for CPU weighting. By default none.
+    fn cpu_threads(&self) -> Vec<u32> {
+        Vec::new()
+    }
     /// Memory of the device's own kind for the replicas of its domain (a GPU's textures),
     /// if its replicas do not live in host memory.
     fn allocator(&self) -> Option<Arc<dyn virtsoc_svm::DeviceAllocator>> {

@@ -528,6 +528,13 @@ impl Device for Gpu {
         )
     }
 
+    fn cpu_threads(&self) -> Vec<u32> {
+        self.wgpu
+            .as_ref()
+            .map(|w| w.cpu_driver_threads())
+            .unwrap_or_default()
+    }
+
     fn allocator(&self) -> Option<Arc<dyn virtsoc_svm::DeviceAllocator>> {
         self.wgpu.as_ref().map(|b| {
             Arc::new(GpuAllocator { backend: b.clone() }) as Arc<dyn virtsoc_svm::DeviceAllocator>
