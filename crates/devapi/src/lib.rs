@@ -318,7 +318,7 @@ devices! {
         /// the display just before a vsync (as Android's Choreographer phase offsets do):
         /// the last vsync on CLOCK_MONOTONIC (ns, 0 before the first), the refresh period
         /// (ns), and the 90th percentile of capture (or decode) time -> present over this
-        /// guest's last frames that had one (`samples` of them, at most 120).
+        /// guest's last frames that had one (`samples` of them, at most 30).
         fn timing() -> (last_vsync_ns, period_ns, ready_p90_ns, samples) = 8;
     }
 

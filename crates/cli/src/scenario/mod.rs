@@ -61,7 +61,7 @@ pub struct RunOpts {
 #[serde(rename_all = "kebab-case")]
 pub enum Pacing {
     /// Each frame starts where the display's vsync lets it land on time: its start is
-    /// shifted (once, after a warm-up, and every 2 s) to `lead` before a vsync, `lead` being
+    /// shifted (after a warm-up of 20 frames, then every 30) to `lead` before a vsync, `lead` being
     /// the 90th percentile of this guest's capture -> present time (the display's `timing`)
     /// plus a margin, as Android's Choreographer phase offsets do. A faster pipeline gets a
     /// shorter lead, so its frames wait less for the vsync.
@@ -79,8 +79,8 @@ fn phase_shift(start_ns: i128, vsync_ns: i128, lead_ns: i128, period_ns: i128) -
 }
 
 /// Frames before the first alignment to the vsync, and between two.
-const ALIGN_FIRST: u64 = 15;
-const ALIGN_EVERY: u64 = 60;
+const ALIGN_FIRST: u64 = 20;
+const ALIGN_EVERY: u64 = 30;
 /// Slack added to the measured capture -> present time.
 const ALIGN_MARGIN: Duration = Duration::from_micros(1500);
 

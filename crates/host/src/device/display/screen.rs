@@ -14,7 +14,7 @@ use virtsoc_proto::Status;
 use super::{Answer, LATENCY_WINDOW, MAX_PENDING_FENCES};
 
 /// Frames whose ready latency (capture -> present) the `timing` command summarises.
-const READY_WINDOW: usize = 120;
+const READY_WINDOW: usize = 30;
 
 /// Nearest-rank percentile `p` of sorted samples (0 when there are none).
 pub(super) fn percentile(sorted: &[u64], p: u64) -> u64 {
