@@ -10,7 +10,7 @@ use common::{gen_clip, golden_md5, has_encoder, md5_hex, Rng, TempDir};
 use virtsoc_media::codec::StreamInfo;
 use virtsoc_media::{
     measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, FfmpegDecoder,
-    FfmpegEncoder, FrameLayout, FrameRef, MediaError, NullDecoder, PixelFormat,
+    FfmpegEncoder, FrameLayout, FrameMut, FrameRef, MediaError, NullDecoder, PixelFormat,
 };
 
 struct Clip {
@@ -131,22 +131,37 @@ type Factory = Box<dyn Fn(&StreamInfo) -> virtsoc_media::Result<Box<dyn DecoderB
 /// Every decoder backend under test, with its output format.
 fn backends() -> Vec<(String, PixelFormat, Factory)> {
     let mut v: Vec<(String, PixelFormat, Factory)> = Vec::new();
-    for threads in [1usize, 2] {
+    // Pictures copied out at once, and (with frame threads) held in libavcodec's buffers
+    // until copied out by `copy_into`.
+    for (threads, hold) in [(1usize, false), (2, false), (2, true)] {
         for out in [PixelFormat::Yuv420p, PixelFormat::Nv12] {
             v.push((
-                format!("ffmpeg threads={threads} out={out:?}"),
+                format!("ffmpeg threads={threads} out={out:?} hold={hold}"),
                 out,
                 Box::new(move |info: &StreamInfo| {
-                    let d = if info.extradata.is_empty() {
+                    let mut d = if info.extradata.is_empty() {
                         FfmpegDecoder::new(info.codec.unwrap(), out, threads)?
                     } else {
                         FfmpegDecoder::for_stream(info, out, threads)?
                     };
+                    d.hold_pictures(hold);
                     Ok(Box::new(d) as Box<dyn DecoderBackend>)
                 }),
             ));
         }
     }
+    v
+}
+
+/// The picture's packed bytes (copied out of the decoder's buffers when it holds them).
+fn packed(f: &DecodedFrame) -> Vec<u8> {
+    if !f.is_held() {
+        return f.data.clone();
+    }
+    assert!(f.data.is_empty(), "a held picture has no bytes of its own");
+    let mut v = vec![0u8; f.layout.size()];
+    f.copy_into(FrameMut::new(f.layout, &mut v).unwrap())
+        .unwrap();
     v
 }
 
@@ -168,12 +183,13 @@ fn decode_file(dec: &mut dyn DecoderBackend, path: &Path) -> (Vec<DecodedFrame>,
 
 /// The frame as packed YUV420P bytes (what `-f framemd5 -pix_fmt yuv420p` hashes).
 fn as_yuv420p(f: &DecodedFrame) -> Vec<u8> {
+    let data = packed(f);
     match f.layout.format {
-        PixelFormat::Yuv420p => f.data.clone(),
+        PixelFormat::Yuv420p => data,
         PixelFormat::Nv12 => {
             let luma = (f.layout.width * f.layout.height) as usize;
-            let mut out = f.data[..luma].to_vec();
-            let uv = &f.data[luma..];
+            let mut out = data[..luma].to_vec();
+            let uv = &data[luma..];
             out.extend(uv.iter().step_by(2));
             out.extend(uv.iter().skip(1).step_by(2));
             out
@@ -222,9 +238,11 @@ fn decoder_suite_matches_ffmpeg_cli_hashes() {
                 );
             }
             let want = FrameLayout::packed(out, clip.width, clip.height).unwrap();
-            assert!(frames
-                .iter()
-                .all(|f| f.layout == want && f.data.len() == want.size()));
+            // Held when asked, converted (NV12 here) when copied out.
+            let held = name.ends_with("hold=true");
+            assert!(frames.iter().all(|f| f.layout == want
+                && f.is_held() == held
+                && (held || f.data.len() == want.size())));
             assert_eq!(dec.output_layout(), Some(want));
             // Raw elementary streams carry no timestamps (the demuxer numbers packets in
             // decode order), so only container clips must come out in increasing pts.

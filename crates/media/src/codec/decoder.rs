@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
+use std::sync::{Arc, Mutex};
 
 use ff::ffi;
 use ffmpeg_next as ff;
@@ -11,6 +12,9 @@ use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, PixelFormat};
 use crate::sws::{av_format, ScaleFilter, Scaler};
 
+/// What a conversion scaler was made for: the picture's format, width and height.
+type ScalerKey = (ffi::AVPixelFormat, u32, u32);
+
 /// A libavcodec video decoder with frame threading and packed NV12/YUV420P output.
 pub struct FfmpegDecoder {
     decoder: ff::decoder::Video,
@@ -19,12 +23,14 @@ pub struct FfmpegDecoder {
     out: PixelFormat,
     layout: Option<FrameLayout>,
     /// Conversion from the codec's native format, keyed by (native format, width, height).
-    scaler: Option<((ffi::AVPixelFormat, u32, u32), Scaler)>,
+    scaler: Option<(ScalerKey, Arc<Mutex<Scaler>>)>,
     frame: ff::frame::Video,
     /// Pictures decoded before an error, handed out by the next call.
     pending: Vec<DecodedFrame>,
     /// Buffers handed back through `recycle`, reused for pictures of the same size.
     pool: Vec<Vec<u8>>,
+    /// Hand pictures out still in libavcodec's buffers ([`DecoderBackend::hold_pictures`]).
+    hold: bool,
     errors: u64,
     frames_out: u64,
     /// Packets accepted so far: the last one's sequence number (also its `dts`, so a frame
@@ -185,6 +191,7 @@ impl FfmpegDecoder {
             frame: ff::frame::Video::empty(),
             pending: Vec::new(),
             pool: Vec::new(),
+            hold: false,
             errors: 0,
             frames_out: 0,
             seq: 0,
@@ -285,6 +292,37 @@ impl FfmpegDecoder {
         }
     }
 
+    /// The scaler from `native` at `w` x `h` into `layout`, made on first use (and again when
+    /// the picture's format or size changes).
+    fn scaler_for(
+        &mut self,
+        native: ffi::AVPixelFormat,
+        w: u32,
+        h: u32,
+        layout: FrameLayout,
+    ) -> Result<Arc<Mutex<Scaler>>> {
+        let key = (native, w, h);
+        if let Some((k, s)) = &self.scaler {
+            if *k == key {
+                return Ok(s.clone());
+            }
+        }
+        log::debug!(
+            "{}: converting {native:?} {w}x{h} to {:?}",
+            self.name,
+            self.out
+        );
+        let s = Arc::new(Mutex::new(Scaler::new(
+            native,
+            w,
+            h,
+            layout,
+            ScaleFilter::Bilinear,
+        )?));
+        self.scaler = Some((key, s.clone()));
+        Ok(s)
+    }
+
     /// Copies or converts `self.frame` into a packed picture, and notes which packet's
     /// result it is.
     fn convert_current(&mut self, eof: bool) -> Result<DecodedFrame> {
@@ -307,6 +345,7 @@ impl FfmpegDecoder {
         }
         let f = &self.frame;
         let picture_size = (f.width(), f.height());
+        let frame_pts = f.pts().or_else(|| f.timestamp());
         let (w, h) = (f.width() & !1, f.height() & !1);
         let layout = FrameLayout::packed(self.out, w, h)?;
         let pixel = f.format();
@@ -327,15 +366,38 @@ impl FfmpegDecoder {
             let strides: [c_int; 4] = std::array::from_fn(|i| (*p).linesize[i]);
             (ptrs, strides)
         };
+        let same_format = native == av_format(self.out)
+            && strides.iter().take(layout.planes().len()).all(|&s| s > 0);
+        // A picture in another format than asked is converted by this decoder's scaler.
+        let scaler = match same_format {
+            true => None,
+            false => Some(self.scaler_for(native, w, h, layout)?),
+        };
+        if self.hold {
+            // Kept as it is (a counted reference to libavcodec's buffers), copied (or
+            // converted) once later, straight into its destination.
+            let mut held = ff::frame::Video::empty();
+            // SAFETY: both frames are valid; the reference moves, leaving `self.frame` empty
+            // for the next picture.
+            unsafe { ffi::av_frame_move_ref(held.as_mut_ptr(), self.frame.as_mut_ptr()) };
+            self.layout = Some(layout);
+            self.frames_out += 1;
+            return Ok(DecodedFrame {
+                layout,
+                pts: frame_pts.unwrap_or(self.frames_out as i64 - 1),
+                data: Vec::new(),
+                corrupt,
+                picture_size,
+                held: Some(super::HeldPicture::new(held, scaler)),
+            });
+        }
         // Every byte of a packed layout is overwritten below, so a recycled buffer needs
         // no clearing.
         let mut data = match self.pool.iter().position(|b| b.len() == layout.size()) {
             Some(i) => self.pool.swap_remove(i),
             None => vec![0u8; layout.size()],
         };
-        if native == av_format(self.out)
-            && strides.iter().take(layout.planes().len()).all(|&s| s > 0)
-        {
+        if same_format {
             // Same format: copy the planes, dropping FFmpeg's row padding.
             for (i, p) in layout.planes().iter().enumerate() {
                 let src_stride = strides[i] as usize;
@@ -349,34 +411,26 @@ impl FfmpegDecoder {
                     data[o..o + p.row_bytes].copy_from_slice(src);
                 }
             }
-        } else {
-            let key = (native, w, h);
-            if self.scaler.as_ref().map(|(k, _)| *k) != Some(key) {
-                log::debug!(
-                    "{}: converting {native:?} {w}x{h} to {:?}",
-                    self.name,
-                    self.out
-                );
-                let s = Scaler::new(native, w, h, layout, ScaleFilter::Bilinear)?;
-                self.scaler = Some((key, s));
-            }
-            let (_, scaler) = self.scaler.as_mut().expect("scaler just set");
+        } else if let Some(scaler) = scaler {
             // SAFETY: the pointers and strides are the decoder's own padded frame of format
             // `native`, at least w x h.
-            unsafe { scaler.scale_raw_into(&ptrs, &strides, FrameMut::new(layout, &mut data)?)? };
+            unsafe {
+                scaler
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .scale_raw_into(&ptrs, &strides, FrameMut::new(layout, &mut data)?)?
+            };
         }
         self.layout = Some(layout);
         self.frames_out += 1;
-        let pts = f
-            .pts()
-            .or_else(|| f.timestamp())
-            .unwrap_or(self.frames_out as i64 - 1);
+        let pts = frame_pts.unwrap_or(self.frames_out as i64 - 1);
         Ok(DecodedFrame {
             layout,
             pts,
             data,
             corrupt,
             picture_size,
+            held: None,
         })
     }
 }
@@ -460,6 +514,10 @@ impl DecoderBackend for FfmpegDecoder {
 
     fn output_layout(&self) -> Option<FrameLayout> {
         self.layout
+    }
+
+    fn hold_pictures(&mut self, yes: bool) {
+        self.hold = yes;
     }
 
     fn recycle(&mut self, frame: DecodedFrame) {

@@ -34,7 +34,7 @@ pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
 pub use worker::{serve_decoder, ProcessDecoder, CALL_DEADLINE};
 
 use crate::error::{MediaError, Result};
-use crate::frame::{FrameLayout, FrameRef, PixelFormat};
+use crate::frame::{FrameLayout, FrameMut, FrameRef, PixelFormat};
 
 /// The FFmpeg log level the crate runs at: only messages about to abort the process.
 pub const FFMPEG_LOG_LEVEL: ffmpeg_next::util::log::Level = ffmpeg_next::util::log::Level::Fatal;
@@ -116,6 +116,109 @@ pub struct DecodedFrame {
     /// The picture's size as the stream codes it (its display size); `layout` is this
     /// cropped to even, so they differ only for odd sizes.
     pub picture_size: (u32, u32),
+    /// Set when the decoder was asked to hold pictures
+    /// ([`DecoderBackend::hold_pictures`]): the pixels are still in libavcodec's buffers and
+    /// `data` is empty; [`copy_into`](Self::copy_into) copies them out once.
+    pub(crate) held: Option<HeldPicture>,
+}
+
+/// A decoded picture still in libavcodec's buffers: a counted reference to its frame, and
+/// the decoder's scaler when the picture must be converted to the format asked for.
+pub struct HeldPicture {
+    frame: ffmpeg_next::frame::Video,
+    scaler: Option<std::sync::Arc<std::sync::Mutex<crate::sws::Scaler>>>,
+}
+
+impl HeldPicture {
+    pub(crate) fn new(
+        frame: ffmpeg_next::frame::Video,
+        scaler: Option<std::sync::Arc<std::sync::Mutex<crate::sws::Scaler>>>,
+    ) -> Self {
+        HeldPicture { frame, scaler }
+    }
+
+    /// Copies the planes of `layout` (the picture's packed layout, the frame's own format)
+    /// into `dst`, dropping FFmpeg's row padding.
+    fn copy_into(&self, layout: FrameLayout, dst: FrameMut<'_>) -> Result<()> {
+        dst.validate()?;
+        if (dst.layout.format, dst.layout.width, dst.layout.height)
+            != (layout.format, layout.width, layout.height)
+        {
+            return Err(crate::MediaError::InvalidLayout(format!(
+                "a {:?} {}x{} picture into a {:?} {}x{} frame",
+                layout.format,
+                layout.width,
+                layout.height,
+                dst.layout.format,
+                dst.layout.width,
+                dst.layout.height
+            )));
+        }
+        if let Some(scaler) = &self.scaler {
+            // SAFETY: plain fields of a frame we hold a reference to: its planes, in the
+            // format and size the scaler was made for.
+            let (ptrs, strides) = unsafe {
+                let f = self.frame.as_ptr();
+                (
+                    std::array::from_fn(|i| (*f).data[i] as *const u8),
+                    std::array::from_fn(|i| (*f).linesize[i]),
+                )
+            };
+            let mut s = scaler.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: as above; `dst` was checked to be the picture's layout.
+            return unsafe { s.scale_raw_into(&ptrs, &strides, dst) };
+        }
+        let dl = dst.layout;
+        let data = dst.data;
+        for (i, p) in dl.planes().iter().enumerate() {
+            // SAFETY: plain fields of a frame we hold a reference to.
+            let (ptr, stride) = unsafe {
+                let f = self.frame.as_ptr();
+                ((*f).data[i] as *const u8, (*f).linesize[i])
+            };
+            let stride = usize::try_from(stride)
+                .ok()
+                .filter(|s| *s >= p.row_bytes && !ptr.is_null())
+                .ok_or_else(|| crate::MediaError::Decode("a held picture lost a plane".into()))?;
+            for row in 0..p.rows {
+                // SAFETY: the decoder's plane `i` holds `rows` rows of `stride` bytes, each at
+                // least `row_bytes` long (checked above; the layout is the frame's, cropped to
+                // even).
+                let src = unsafe { std::slice::from_raw_parts(ptr.add(row * stride), p.row_bytes) };
+                let o = p.offset + row * p.stride;
+                data[o..o + p.row_bytes].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Clone for HeldPicture {
+    fn clone(&self) -> Self {
+        let mut frame = ffmpeg_next::frame::Video::empty();
+        // SAFETY: both frames are valid; this adds a reference to the same buffers.
+        unsafe { ffmpeg_next::ffi::av_frame_ref(frame.as_mut_ptr(), self.frame.as_ptr()) };
+        HeldPicture {
+            frame,
+            scaler: self.scaler.clone(),
+        }
+    }
+}
+
+impl PartialEq for HeldPicture {
+    fn eq(&self, other: &Self) -> bool {
+        // The same buffers.
+        // SAFETY: plain fields of frames we hold references to.
+        unsafe { (*self.frame.as_ptr()).data[0] == (*other.frame.as_ptr()).data[0] }
+    }
+}
+
+impl Eq for HeldPicture {}
+
+impl std::fmt::Debug for HeldPicture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldPicture")
+    }
 }
 
 impl DecodedFrame {
@@ -125,7 +228,36 @@ impl DecodedFrame {
         self.picture_size != (self.layout.width, self.layout.height)
     }
 
-    /// A read-only frame view of the picture.
+    /// A picture of `layout` whose packed pixels are `data` (its coded size the layout's,
+    /// not corrupt).
+    pub fn packed(layout: FrameLayout, pts: i64, data: Vec<u8>) -> Self {
+        DecodedFrame {
+            layout,
+            pts,
+            data,
+            corrupt: false,
+            picture_size: (layout.width, layout.height),
+            held: None,
+        }
+    }
+
+    /// Whether the pixels are still in the decoder's buffers (see
+    /// [`copy_into`](Self::copy_into)).
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Copies the picture into `dst` (its format and size): out of the decoder's buffers for
+    /// a held picture, else from `data`.
+    pub fn copy_into(&self, dst: FrameMut<'_>) -> Result<()> {
+        match &self.held {
+            Some(h) => h.copy_into(self.layout, dst),
+            None => crate::frame::copy_frame(self.as_frame(), dst),
+        }
+    }
+
+    /// A read-only frame view of the picture's `data` (empty for a held picture: use
+    /// [`copy_into`](Self::copy_into)).
     pub fn as_frame(&self) -> FrameRef<'_> {
         FrameRef {
             layout: self.layout,
@@ -171,6 +303,10 @@ pub trait DecoderBackend: Send {
     }
     /// Layout of the output pictures, once known (after the first picture for real codecs).
     fn output_layout(&self) -> Option<FrameLayout>;
+    /// Asks for pictures left in the decoder's own buffers until copied out with
+    /// [`DecodedFrame::copy_into`] (one copy instead of two, for a caller that copies each
+    /// picture into a buffer of its own anyway). Decoders that cannot ignore it.
+    fn hold_pictures(&mut self, _yes: bool) {}
     /// Hands a picture's buffer back for reuse by later pictures (saves allocating and
     /// faulting in a fresh buffer per frame, ~12 MiB at 3840x2160). Optional.
     fn recycle(&mut self, frame: DecodedFrame) {
@@ -232,6 +368,7 @@ impl NullDecoder {
             data,
             corrupt: false,
             picture_size: (layout.width, layout.height),
+            held: None,
         }
     }
 }

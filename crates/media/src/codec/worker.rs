@@ -286,6 +286,7 @@ impl ProcessDecoder {
                 data,
                 corrupt,
                 picture_size: (pw, ph),
+                held: None,
             });
         }
         let n = a.u32()?;

@@ -53,8 +53,8 @@ use virtsoc_devapi::codec::{self as api, Command};
 use virtsoc_devapi::{codec_frame_flag, codec_kind};
 use virtsoc_media::frame::MAX_DIMENSION;
 use virtsoc_media::{
-    copy_frame, CodecKind, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameLayout, FrameMut,
-    FrameRef, MediaError, PixelFormat, ProcessDecoder,
+    CodecKind, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameLayout, FrameMut, FrameRef,
+    MediaError, PixelFormat, ProcessDecoder,
 };
 
 /// The worker side of `--codec-process`: serves one decoder on stdin (see
@@ -340,14 +340,17 @@ impl Codec {
         }
         let t0 = std::time::Instant::now();
         cx.with_region(c.frame, |bytes| {
-            FrameMut::new(layout, bytes).and_then(|dst| copy_frame(front.as_frame(), dst))
+            FrameMut::new(layout, bytes).and_then(|dst| front.copy_into(dst))
         })?
         .map_err(|e| media_status(&e))?;
-        // On the ledger: this copy into the region, and the decoder's own copy of the picture
-        // out of libavcodec's frame pool when it decoded it (both in the codec's memory).
+        // On the ledger: this copy into the region (out of libavcodec's buffers for a held
+        // picture), and for a picture the decoder had already copied out of its frame pool,
+        // that copy too (both in the codec's memory).
         let n = layout.size();
         cx.count_copy(n, t0);
-        cx.count_copy(n, std::time::Instant::now());
+        if !front.is_held() {
+            cx.count_copy(n, std::time::Instant::now());
+        }
         let f = s.ready.pop_front().ok_or(Status::Internal)?;
         let flags = if f.corrupt {
             codec_frame_flag::CORRUPT

@@ -28,7 +28,10 @@ pub(super) struct DecoderSession {
 
 impl DecoderSession {
     /// A session around a freshly opened decoder writing `format`.
-    pub(super) fn new(decoder: Box<dyn DecoderBackend>, format: Format) -> Self {
+    pub(super) fn new(mut decoder: Box<dyn DecoderBackend>, format: Format) -> Self {
+        // `receive_frame` copies each picture into a region: straight out of libavcodec's
+        // buffers, once.
+        decoder.hold_pictures(true);
         DecoderSession {
             decoder,
             ready: VecDeque::new(),

@@ -182,13 +182,7 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
     assert_eq!(info(3, h), Ok(reply(0, 0, 0)), "nothing decoded yet");
     let pic = |w, h, pts| {
         let layout = FrameLayout::packed(PixelFormat::Yuv420p, w, h).unwrap();
-        DecodedFrame {
-            layout,
-            pts,
-            data: vec![0; layout.size()],
-            corrupt: false,
-            picture_size: (w, h),
-        }
+        DecodedFrame::packed(layout, pts, vec![0; layout.size()])
     };
     codec.state().decoder(3, h).unwrap().queue(vec![
         pic(64, 48, 0),
