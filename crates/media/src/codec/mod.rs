@@ -362,14 +362,7 @@ impl NullDecoder {
                 *px = (x + y + count as usize) as u8;
             }
         }
-        DecodedFrame {
-            layout,
-            pts,
-            data,
-            corrupt: false,
-            picture_size: (layout.width, layout.height),
-            held: None,
-        }
+        DecodedFrame::packed(layout, pts, data)
     }
 }
 
