@@ -95,17 +95,9 @@ impl Scene {
 
     /// Composites, atomic ordering: each request waits for the previous one.
     fn composite_atomic(&self, c: &Connection) {
-        for src in [self.video, self.ui] {
-            let size = c.region(src).unwrap().size;
-            c.begin_access(src, gpu::ID, 0, size, AccessMode::Read)
-                .unwrap();
-        }
+        reading(c, gpu::ID, &[self.video, self.ui], true);
         c.command_with_access(&self.cmd()).unwrap();
-        for src in [self.video, self.ui] {
-            let size = c.region(src).unwrap().size;
-            c.end_access(src, gpu::ID, 0, size, AccessMode::Read)
-                .unwrap();
-        }
+        reading(c, gpu::ID, &[self.video, self.ui], false);
     }
 
     /// Composites, fence ordering: everything queued at once, then a fence the CPU reads.
@@ -150,6 +142,22 @@ impl Scene {
 
     fn read(&self, c: &Connection) -> Vec<u8> {
         cpu_read(c, self.out, (W * H * 4) as usize)
+    }
+}
+
+/// Begins (`begin`) or ends read accesses of whole regions `ids` from `device`.
+fn reading(c: &Connection, device: DeviceId, ids: &[u64], begin: bool) {
+    for &id in ids {
+        let size = c.region(id).unwrap().size;
+        let r = match begin {
+            true => c
+                .begin_access(id, device, 0, size, AccessMode::Read)
+                .map(drop),
+            false => c
+                .end_access(id, device, 0, size, AccessMode::Read)
+                .map(drop),
+        };
+        r.unwrap();
     }
 }
 
@@ -350,22 +358,14 @@ fn display_planes_scan_out_of_gpu_memory_and_every_copy_is_on_the_ledger() {
         let mut f = nv12_pattern(W, H);
         f[0] = i as u8;
         cpu_write(&c, s.video, &f);
-        for src in [s.video, s.ui] {
-            let size = c.region(src).unwrap().size;
-            c.begin_access(src, display::ID, 0, size, AccessMode::Read)
-                .unwrap();
-        }
+        reading(&c, display::ID, &[s.video, s.ui], true);
         c.command_with_access(&display::PresentLayers {
             layers: s.layers,
             count: 2,
             capture_ns: 1,
         })
         .unwrap();
-        for src in [s.video, s.ui] {
-            let size = c.region(src).unwrap().size;
-            c.end_access(src, display::ID, 0, size, AccessMode::Read)
-                .unwrap();
-        }
+        reading(&c, display::ID, &[s.video, s.ui], false);
     }
     let gpu_domain = c
         .devices()
@@ -517,11 +517,7 @@ fn verify_mode_checksums_match_the_cpu_reference() {
         .unwrap();
     let want_crc = crc32fast::hash(&want.data) as u64;
     for _ in 0..3 {
-        for src in [s.video, s.ui] {
-            let size = c.region(src).unwrap().size;
-            c.begin_access(src, display::ID, 0, size, AccessMode::Read)
-                .unwrap();
-        }
+        reading(&c, display::ID, &[s.video, s.ui], true);
         let shown = c
             .command_with_access(&display::PresentLayers {
                 layers: s.layers,
@@ -529,11 +525,7 @@ fn verify_mode_checksums_match_the_cpu_reference() {
                 capture_ns: 1,
             })
             .unwrap();
-        for src in [s.video, s.ui] {
-            let size = c.region(src).unwrap().size;
-            c.end_access(src, display::ID, 0, size, AccessMode::Read)
-                .unwrap();
-        }
+        reading(&c, display::ID, &[s.video, s.ui], false);
         let v = c.command(&display::Checksum::default()).unwrap();
         assert_eq!(v.frame_id, shown.frame_id);
         assert_eq!(
@@ -716,11 +708,7 @@ fn a_damaged_rectangle_is_recomposed_and_the_rest_kept() {
                 r.composite_atomic(&rc);
                 r.read(&rc)
             };
-            for src in [s.video, s.ui] {
-                let size = c.region(src).unwrap().size;
-                c.begin_access(src, gpu::ID, 0, size, AccessMode::Read)
-                    .unwrap();
-            }
+            reading(&c, gpu::ID, &[s.video, s.ui], true);
             let damage = pack_damage(x0 as u16, y0 as u16, dw as u16, dh as u16);
             c.command_with_access(&gpu::CompositeDamage {
                 layers: s.layers,
@@ -740,11 +728,7 @@ fn a_damaged_rectangle_is_recomposed_and_the_rest_kept() {
                 Status::BadArgument,
                 "{backend} {protocol}"
             );
-            for src in [s.video, s.ui] {
-                let size = c.region(src).unwrap().size;
-                c.end_access(src, gpu::ID, 0, size, AccessMode::Read)
-                    .unwrap();
-            }
+            reading(&c, gpu::ID, &[s.video, s.ui], false);
             let after = s.read(&c);
             let (mut changed, mut kept) = (0, 0);
             for (i, ((a, b), w)) in after

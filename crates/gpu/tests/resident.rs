@@ -85,14 +85,7 @@ fn resident_composite_matches_cpu_for_all_source_formats() {
         let ilayers: Vec<ImageLayer<'_>> = scene(srcs)
             .iter()
             .zip(&imgs)
-            .map(|(l, img)| ImageLayer {
-                image: img,
-                crop: l.crop,
-                dst_rect: l.dst_rect,
-                rotation: l.rotation,
-                alpha: l.alpha,
-                blend: l.blend,
-            })
+            .map(|(l, img)| ImageLayer::of(l, img))
             .collect();
         let id = g.submit_composite_images(&ilayers, &dst).unwrap();
         assert!(id <= g.last_submission());
@@ -167,14 +160,7 @@ fn composite_damage_draws_only_the_damaged_rectangle() {
     let ilayers: Vec<ImageLayer<'_>> = scene(srcs)
         .iter()
         .zip(&imgs)
-        .map(|(l, img)| ImageLayer {
-            image: img,
-            crop: l.crop,
-            dst_rect: l.dst_rect,
-            rotation: l.rotation,
-            alpha: l.alpha,
-            blend: l.blend,
-        })
+        .map(|(l, img)| ImageLayer::of(l, img))
         .collect();
     let id = g
         .submit_composite_images_damage(&ilayers, &dst, damage)
@@ -492,14 +478,7 @@ fn fused_full_screen_layers_match_separate_draws_and_the_cpu() {
                     let il: Vec<ImageLayer<'_>> = layers
                         .iter()
                         .zip(&imgs)
-                        .map(|(l, img)| ImageLayer {
-                            image: img,
-                            crop: l.crop,
-                            dst_rect: l.dst_rect,
-                            rotation: l.rotation,
-                            alpha: l.alpha,
-                            blend: l.blend,
-                        })
+                        .map(|(l, img)| ImageLayer::of(l, img))
                         .collect();
                     let dst = g
                         .create_image(FrameLayout::new(PixelFormat::Rgba8, w, h))

@@ -13,8 +13,10 @@
 
 mod livestream;
 pub mod media;
+mod pacing;
 pub mod pipe;
 pub mod show;
+pub use pacing::Pacing;
 
 use std::time::{Duration, Instant};
 
@@ -45,44 +47,6 @@ pub struct RunOpts {
     /// When each frame starts.
     pub pacing: Pacing,
 }
-
-/// When a scenario's frames start.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Pacing {
-    /// Each frame starts where the display's vsync lets it land on time: its start is
-    /// shifted (after a warm-up of 20 frames, then every 30) to `lead` before a vsync, `lead` being
-    /// the 90th percentile of this guest's capture -> present time (the display's `timing`)
-    /// plus a margin, as Android's Choreographer phase offsets do. A faster pipeline gets a
-    /// shorter lead, so its frames wait less for the vsync.
-    #[default]
-    Vsync,
-    /// Frames start on the scenario's own clock, whatever the vsync phase.
-    Free,
-}
-
-/// How far to move a frame starting at `start_ns` (later, by less than `period_ns`) so that
-/// it starts `lead_ns` before a vsync of a clock that ticked at `vsync_ns` every `period_ns`.
-fn phase_shift(start_ns: i128, vsync_ns: i128, lead_ns: i128, period_ns: i128) -> u64 {
-    let want = (vsync_ns - lead_ns).rem_euclid(period_ns);
-    (want - start_ns.rem_euclid(period_ns)).rem_euclid(period_ns) as u64
-}
-
-/// Frames before the first alignment to the vsync, and between two.
-const ALIGN_FIRST: u64 = 20;
-const ALIGN_EVERY: u64 = 30;
-/// Slack added to the measured capture -> present time.
-const ALIGN_MARGIN: Duration = Duration::from_micros(1500);
 
 /// The resolution and frame rate a scenario runs at unless told: `uhd-video` is the paper's
 /// UHD case (3840x2160 at 60 fps), the others 1080p at 30 fps.
@@ -238,32 +202,10 @@ pub struct Common {
 }
 
 impl Common {
-    /// With vsync pacing, shifts the schedule (forward, by less than a refresh period) so
-    /// that frame `i` starts `lead` before a vsync (see [`Pacing::Vsync`]). Before the
-    /// display has a few samples of this guest's timing, nothing changes.
+    /// With vsync pacing, moves the schedule so frame `i` starts its lead before a vsync
+    /// (see [`Pacing::Vsync`]).
     fn align(&mut self, conn: &Connection, i: u64, period: Duration) -> Result<(), CliError> {
-        if self.pacing != Pacing::Vsync
-            || i < ALIGN_FIRST
-            || !(i - ALIGN_FIRST).is_multiple_of(ALIGN_EVERY)
-        {
-            return Ok(());
-        }
-        let t = conn.command(&api::display::Timing::default())?;
-        if t.samples < ALIGN_FIRST / 2 || t.period_ns == 0 || t.last_vsync_ns == 0 {
-            return Ok(());
-        }
-        let lead = t.ready_p90_ns as i128 + ALIGN_MARGIN.as_nanos() as i128;
-        let vp = t.period_ns as i128;
-        // Frame i's start on CLOCK_MONOTONIC.
-        let start = self.t0 + period * i as u32;
-        let now = Instant::now();
-        let start_ns = now_ns() as i128
-            + if start >= now {
-                (start - now).as_nanos() as i128
-            } else {
-                -((now - start).as_nanos() as i128)
-            };
-        self.t0 += Duration::from_nanos(phase_shift(start_ns, t.last_vsync_ns as i128, lead, vp));
+        self.t0 += pacing::shift(conn, self.pacing, self.t0, i, period)?;
         Ok(())
     }
 
@@ -675,28 +617,5 @@ pub fn print_table(rs: &[ScenarioResult]) {
                 links.join(", ")
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod pacing_tests {
-    use super::phase_shift;
-
-    #[test]
-    fn a_frame_is_moved_to_start_lead_before_a_vsync() {
-        let vp = 16_666_667;
-        // Vsyncs at 1000 + k * vp; a 4 ms lead: starts at 1000 - 4 ms + k * vp.
-        let lead = 4_000_000;
-        assert_eq!(phase_shift(1000, 1000, lead, vp), (vp - lead) as u64);
-        let start = 1000 + 3 * vp + 5;
-        let s = phase_shift(start, 1000, lead, vp) as i128;
-        assert!(s < vp);
-        assert_eq!(
-            (start + s - 1000 + lead).rem_euclid(vp),
-            0,
-            "lands on the phase"
-        );
-        // Already on the phase: no move.
-        assert_eq!(phase_shift(1000 - lead + 7 * vp, 1000, lead, vp), 0);
     }
 }

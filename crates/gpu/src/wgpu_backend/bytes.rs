@@ -155,14 +155,7 @@ impl WgpuBackend {
         let ilayers: Vec<ImageLayer<'_>> = layers
             .iter()
             .zip(&imgs)
-            .map(|(l, img)| ImageLayer {
-                image: img,
-                crop: l.crop,
-                dst_rect: l.dst_rect,
-                rotation: l.rotation,
-                alpha: l.alpha,
-                blend: l.blend,
-            })
+            .map(|(l, img)| ImageLayer::of(l, img))
             .collect();
         let covered = ilayers
             .first()

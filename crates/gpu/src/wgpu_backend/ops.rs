@@ -35,6 +35,19 @@ pub struct ImageLayer<'a> {
 }
 
 impl<'a> ImageLayer<'a> {
+    /// Byte layer `l` (crop, placement, rotation, alpha, blending) drawn from `image`, the
+    /// resident copy of its source.
+    pub fn of(l: &crate::Layer<'_>, image: &'a GpuImage) -> Self {
+        ImageLayer {
+            image,
+            crop: l.crop,
+            dst_rect: l.dst_rect,
+            rotation: l.rotation,
+            alpha: l.alpha,
+            blend: l.blend,
+        }
+    }
+
     /// The whole image drawn into `dst_rect`, unrotated, opaque plane alpha,
     /// blending on.
     pub fn new(image: &'a GpuImage, dst_rect: Rect) -> Self {
