@@ -28,7 +28,7 @@ impl SvmManager {
         }
     }
 
-    /// The replica a device that reads host memory in place ([`AccessSpec::reads_host`])
+    /// The replica a device that reads host memory in place ([`crate::AccessSpec::reads_host`])
     /// reads the whole region from, after its read access began: a host-memory replica
     /// holding the current contents when there is one and the guest's protocol allows it,
     /// else the device's own replica in `domain`. No lock is held on return.
