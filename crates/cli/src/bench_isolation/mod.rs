@@ -52,22 +52,20 @@
 //! issue's: access p50 at most 120% and camera fps at least 80% of alone. One run, one
 //! machine: on a shared machine the numbers move with its load.
 
-use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
-use virtsoc_guest::devices::{display, gpu, LayerRecord};
-use virtsoc_guest::{
-    testdev, AccessMode, ConnectOptions, Connection, DeviceId, Format, GuestError, Opcode,
-};
+use virtsoc_guest::{testdev, AccessMode, Connection, DeviceId, GuestError};
 
 use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
-use crate::scenario::{self, full_layer, show::Composition, RunOpts};
+use crate::scenario::{self, show::Composition, RunOpts};
 use crate::soak::Background;
 use crate::CliError;
+
+mod hostile;
+use hostile::{hostile, open};
 
 /// Every hostile kind, in the order of the table.
 pub const KINDS: [&str; 10] = [
@@ -650,205 +648,6 @@ fn camera(target: &str, pid: Option<u32>, seconds: f64) -> Result<f64, CliError>
     Ok(r.presented_fps)
 }
 
-/// A hostile guest's connection.
-fn open(target: &str, name: &str, window: u64, coherence: &str) -> Result<Connection, CliError> {
-    Ok(Connection::open(
-        target,
-        &ConnectOptions {
-            name: name.into(),
-            window_size: window,
-            coherence: Some(coherence.into()),
-            ..ConnectOptions::default()
-        },
-    )?)
-}
-
-/// Runs hostile guest `kind` until `stop`.
-fn hostile(kind: &str, target: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
-    let name = format!("hostile-{kind}");
-    match kind {
-        "prefetch-abuser" => prefetch_abuser(target, &name, ctl, t),
-        "composite-64x4096" => composite(target, &name, 64, ctl, t),
-        "composite-3x4096" => composite(target, &name, 3, ctl, t),
-        "region-flood" => {
-            let c = open(target, &name, 64 << 20, "write-invalidate")?;
-            while ctl.go() {
-                let mut held = Vec::new();
-                while held.len() < 1 << 17 && ctl.go() {
-                    match t.op(c.alloc_blob(4096))? {
-                        Some(r) => held.push(r.id),
-                        None => break,
-                    }
-                }
-                for id in held {
-                    t.op(c.free(id))?;
-                }
-            }
-            Ok(())
-        }
-        "fence-flood" => {
-            let c = open(target, &name, 16 << 20, "write-invalidate")?;
-            while ctl.go() {
-                let mut held = Vec::new();
-                while held.len() < 1 << 17 && ctl.go() {
-                    match t.op(c.fence_create())? {
-                        Some(f) => held.push(f),
-                        None => break,
-                    }
-                }
-                for f in held {
-                    t.op(c.fence_release(f))?;
-                }
-            }
-            Ok(())
-        }
-        "queue-flood" => queue_flood(target, &name, ctl, t),
-        "snapshot-spam" => {
-            let c = open(target, &name, 16 << 20, "write-invalidate")?;
-            while ctl.go() {
-                t.op(c.command(&display::Snapshot::default()))?;
-            }
-            Ok(())
-        }
-        "handshake-trickle" => trickle(target, ctl, t),
-        other => Err(CliError::Usage(format!("unknown hostile kind {other}"))),
-    }
-}
-
-/// Writes with the producer, reads with the consumer, the second consumer and the CPU in
-/// turn, on 4 buffers of 1 MiB, without pause.
-fn prefetch_abuser(target: &str, name: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
-    let c = open(target, name, 64 << 20, "prefetch")?;
-    let ring: Vec<u64> = (0..4)
-        .map(|_| c.alloc_blob(SVM_SIZE).map(|r| r.id))
-        .collect::<Result<_, _>>()?;
-    let readers = [DeviceId::CONSUMER, DeviceId::CONSUMER2, DeviceId::CPU];
-    let (w, r) = (AccessMode::Write, AccessMode::Read);
-    let mut i = 0u64;
-    while ctl.go() {
-        let id = ring[i as usize % ring.len()];
-        t.op(c.begin_access(id, DeviceId::PRODUCER, 0, SVM_SIZE, w))?;
-        t.op(c.device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, id, i, 0, 0, 0]))?;
-        t.op(c.end_access(id, DeviceId::PRODUCER, 0, SVM_SIZE, w))?;
-        // A different reader each time: no flow the predictor learns holds for long.
-        let dev = readers[(i as usize / ring.len() + i as usize) % readers.len()];
-        t.op(c.begin_access(id, dev, 0, SVM_SIZE, r))?;
-        if dev != DeviceId::CPU {
-            t.op(c.device_cmd(dev, [testdev::CHECKSUM, id, 0, 0, 0, 0]))?;
-        }
-        t.op(c.end_access(id, dev, 0, SVM_SIZE, r))?;
-        i += 1;
-    }
-    Ok(())
-}
-
-/// `layers` full layers of a 4096x4096 source composited into a 4096x4096 target, back to
-/// back.
-fn composite(
-    target: &str,
-    name: &str,
-    layers: usize,
-    ctl: &Ctl,
-    t: &Tally,
-) -> Result<(), CliError> {
-    const SIDE: u32 = 4096;
-    let bytes = SIDE as u64 * SIDE as u64 * 4;
-    let c = open(target, name, 2 * bytes + (64 << 20), "write-invalidate")?;
-    let src = c.alloc(0, SIDE, SIDE, Format::Rgba8, 0)?;
-    let dst = c.alloc(0, SIDE, SIDE, Format::Rgba8, 0)?;
-    let records: Vec<LayerRecord> = (0..layers)
-        .map(|_| full_layer(src.id, SIDE, SIDE, true))
-        .collect();
-    let blob: Vec<u8> = records.iter().flat_map(|l| l.to_bytes()).collect();
-    let b = c.alloc_blob(blob.len() as u64)?;
-    let n = blob.len() as u64;
-    let a = c.begin_access(b.id, DeviceId::CPU, 0, n, AccessMode::Write)?;
-    let ptr = a
-        .ptr
-        .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
-    // SAFETY: the window maps `n` bytes at `ptr` until end_access.
-    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), ptr.as_ptr(), blob.len()) };
-    c.end_access(b.id, DeviceId::CPU, 0, n, AccessMode::Write)?;
-    // The layers' source is read by the GPU for as long as the guest composites.
-    c.begin_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;
-    while ctl.go() {
-        t.op(c.command_with_access(&gpu::Composite {
-            layers: b.id,
-            count: layers as u64,
-            dst: dst.id,
-        }))?;
-    }
-    c.end_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;
-    Ok(())
-}
-
-/// 200 checksums queued on the consumer behind a fence wait whose fence the producer
-/// signals after writing 16 MiB; again. (The fence is signaled by queued work: the guest
-/// library's flow control may hold a submission until earlier ones complete, so a fence
-/// only the guest would signal later could block the guest itself.)
-fn queue_flood(target: &str, name: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
-    const BIG: u64 = 16 << 20;
-    let c = open(target, name, 64 << 20, "write-invalidate")?;
-    let r = c.alloc_blob(4096)?;
-    let big = c.alloc_blob(BIG)?;
-    c.begin_access(r.id, DeviceId::CONSUMER, 0, 4096, AccessMode::Read)?;
-    c.begin_access(big.id, DeviceId::PRODUCER, 0, BIG, AccessMode::Write)?;
-    let mut i = 0;
-    while ctl.go() {
-        let f = c.fence_create()?;
-        c.submit_detached(
-            Opcode::DeviceCmd,
-            DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, big.id, i, 0, 0, 0],
-        )?;
-        c.fence_signal(DeviceId::PRODUCER, f)?;
-        c.fence_wait(DeviceId::CONSUMER, f)?;
-        for _ in 0..200 {
-            t.op(c.submit_detached(
-                Opcode::DeviceCmd,
-                DeviceId::CONSUMER,
-                [testdev::CHECKSUM, r.id, 0, 0, 0, 0],
-            ))?;
-        }
-        c.drain()?;
-        let refused = c.take_async_errors().len() as u64;
-        t.refused.fetch_add(refused, Ordering::Relaxed);
-        c.fence_release(f)?;
-        i += 1;
-    }
-    c.end_access(big.id, DeviceId::PRODUCER, 0, BIG, AccessMode::Write)?;
-    c.end_access(r.id, DeviceId::CONSUMER, 0, 4096, AccessMode::Read)?;
-    Ok(())
-}
-
-/// 300 connections announcing a 1000-byte hello and sending a byte of it every 200 ms; one
-/// the daemon cut off is opened again.
-fn trickle(target: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
-    let connect = || -> Option<UnixStream> {
-        t.ops.fetch_add(1, Ordering::Relaxed);
-        let mut s = UnixStream::connect(target).ok()?;
-        s.write_all(&1000u32.to_le_bytes()).ok()?;
-        s.write_all(b"{").ok()?;
-        Some(s)
-    };
-    let mut socks: Vec<Option<UnixStream>> = (0..300).map(|_| connect()).collect();
-    while ctl.go() {
-        for slot in socks.iter_mut() {
-            use rustix::net::SendFlags;
-            let sent = slot
-                .as_ref()
-                .map(|s| rustix::net::send(s, b" ", SendFlags::DONTWAIT | SendFlags::NOSIGNAL));
-            if !matches!(sent, Some(Ok(_))) {
-                // Cut off (or never connected): the daemon refused it; try again.
-                t.refused.fetch_add(1, Ordering::Relaxed);
-                *slot = connect();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    Ok(())
-}
-
 /// Prints the report as a table.
 pub fn print_table(r: &IsolationReport) {
     println!(
@@ -895,60 +694,4 @@ pub fn print_table(r: &IsolationReport) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_of_odd_even_and_empty() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(Vec::new()), 0.0);
-    }
-
-    #[test]
-    fn a_round_per_second_of_camera() {
-        let p = |seconds, frames| {
-            Plan::of(&IsolationParams {
-                seconds,
-                frames,
-                kinds: Vec::new(),
-            })
-        };
-        let d = p(5.0, 300);
-        assert_eq!((d.rounds, d.frames, d.seconds), (5, 60, 1.0));
-        let one = p(1.0, 20);
-        assert_eq!((one.rounds, one.frames, one.seconds), (1, 20, 1.0));
-        let long = p(60.0, 100);
-        assert_eq!((long.rounds, long.frames, long.seconds), (5, 60, 12.0));
-    }
-
-    #[test]
-    fn a_paused_hostile_thread_is_idle_until_resumed() {
-        let ctl = Ctl::default();
-        let ops = AtomicU64::new(0);
-        std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                while ctl.go() {
-                    ops.fetch_add(1, Ordering::SeqCst);
-                    std::thread::yield_now();
-                }
-                ctl.ended.store(true, Ordering::Release);
-            });
-            for _ in 0..3 {
-                ctl.pause();
-                // Idle: its operation under way finished, none starts while paused.
-                let n = ops.load(Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(20));
-                assert_eq!(ops.load(Ordering::SeqCst), n);
-                ctl.resume();
-                while ops.load(Ordering::SeqCst) == n {
-                    std::thread::yield_now();
-                }
-            }
-            ctl.stop.store(true, Ordering::Release);
-            h.join().unwrap();
-        });
-        // A stopped thread does not hold up a pause.
-        ctl.pause();
-    }
-}
+mod tests;
