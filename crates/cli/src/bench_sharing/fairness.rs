@@ -1,0 +1,304 @@
+//! Part (a) of `bench sharing`: fairness and overhead per scheduler and guest count, in
+//! interleaved slices against one guest alone and against round robin.
+
+use super::*;
+
+/// Part (a) on one device: every scheduler with every guest count. Each scheduler gets one
+/// daemon; each guest count `repeats` rounds of (interleaved slice pairs of every size alone
+/// and the guests together, then the guests together for the windows), so the alone rates
+/// an overhead is computed against were measured within a second of it, on the same
+/// daemon, under the same load. The overhead is the median over the slice pairs; the
+/// windows of all rounds make the unfairness.
+pub(super) fn fairness_on(
+    work: Work,
+    p: &SharingParams,
+    repeats: usize,
+    alone_all: &mut Vec<AloneRow>,
+) -> Result<Vec<FairnessRow>, CliError> {
+    let mut fairness = Vec::new();
+    for kind in &p.schedulers {
+        let d = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
+        let target = d.endpoint().target;
+        let control = Target::Unix(control_path(std::path::Path::new(&target)));
+        let r = fairness_of(work, *kind, &target, &control, p, repeats, &mut fairness);
+        d.stop()?;
+        alone_all.extend(r?);
+    }
+    // Against round robin: both daemons at once, slices alternating between them.
+    let rr_rates: Vec<f64> = alone_all
+        .iter()
+        .filter(|a| a.device == work.device() && a.scheduler == Kind::RoundRobin.name())
+        .map(|a| a.commands_per_s)
+        .collect();
+    if rr_rates.len() == 3 {
+        for kind in p.schedulers.iter().filter(|k| **k != Kind::RoundRobin) {
+            let rr = DaemonProcess::spawn(&["--scheduler", Kind::RoundRobin.name()], false)?;
+            let other = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
+            let targets = [rr.endpoint().target, other.endpoint().target];
+            let mut r = Ok(());
+            for &n in &p.guests {
+                let pairs = SLICE_PAIRS * repeats.max(1);
+                let ratios = match ab_slices(work, [&targets[0], &targets[1]], n, pairs, &rr_rates)
+                {
+                    Ok(x) => x,
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                };
+                let losses: Vec<f64> = ratios.iter().map(|x| (1.0 - x) * 100.0).collect();
+                if let Some(row) = fairness.iter_mut().find(|f| {
+                    f.scheduler == kind.name() && f.guests == n && f.device == work.device()
+                }) {
+                    row.overhead_vs_round_robin_pct = Some(percentile(&losses, 50.0));
+                    row.overhead_vs_round_robin_range_pct =
+                        Some((percentile(&losses, 25.0), percentile(&losses, 75.0)));
+                }
+            }
+            rr.stop()?;
+            other.stop()?;
+            r?;
+        }
+    }
+    Ok(fairness)
+}
+
+/// `n` guests on each of two daemons (`targets[0]` round robin, `targets[1]` the scheduler
+/// compared), all connected at once; `pairs` pairs of slices, the guests of one daemon on
+/// and the other's off, then the other way round. Each pair's throughput of the second
+/// daemon over the first's (the work weighed by `rates`, each size's commands per second
+/// alone), a second apart under the same load.
+fn ab_slices(
+    work: Work,
+    targets: [&str; 2],
+    n: usize,
+    pairs: usize,
+    rates: &[f64],
+) -> Result<Vec<f64>, CliError> {
+    let warm = Barrier::new(2 * n + 1);
+    let stop = AtomicBool::new(false);
+    let gates: Vec<AtomicBool> = (0..2 * n).map(|_| AtomicBool::new(false)).collect();
+    let done: Vec<AtomicU64> = (0..2 * n).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..2 * n)
+        .map(|j| format!("share-ab{}-{}", j / n, j % n))
+        .collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2 * n)
+            .map(|j| {
+                let (name, gate, warm, stop, done) = (&names[j], &gates[j], &warm, &stop, &done[j]);
+                let (target, size) = (targets[j / n], work.sizes()[(j % n) % 3]);
+                s.spawn(move || work.guest(target, name, size, Some(gate), warm, stop, done))
+            })
+            .collect();
+        warm.wait();
+        let slice = |side: usize| -> f64 {
+            for (j, g) in gates.iter().enumerate() {
+                g.store(j / n == side, Ordering::Relaxed);
+            }
+            std::thread::sleep(SLICE_SETTLE);
+            let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let t0 = Instant::now();
+            std::thread::sleep(SLICE_TOGETHER);
+            let counts: Vec<u64> = (side * n..side * n + n)
+                .map(|j| done[j].load(Ordering::Relaxed) - c0[j])
+                .collect();
+            together_throughput(&counts, rates, t0.elapsed().as_secs_f64())
+        };
+        let mut out = Vec::new();
+        for k in 0..pairs {
+            // Alternate which side goes first, so a trend in the load does not favour one.
+            let (a, b) = if k % 2 == 0 {
+                let a = slice(0);
+                (a, slice(1))
+            } else {
+                let b = slice(1);
+                (slice(0), b)
+            };
+            out.push(b / a.max(1e-9));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for g in &gates {
+            g.store(true, Ordering::Relaxed);
+        }
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// [`fairness_on`] for one scheduler whose daemon is at `target`: pushes its rows onto
+/// `fairness`, returns its alone rates (the median per size over the rounds).
+fn fairness_of(
+    work: Work,
+    kind: Kind,
+    target: &str,
+    control: &Target,
+    p: &SharingParams,
+    repeats: usize,
+    fairness: &mut Vec<FairnessRow>,
+) -> Result<Vec<AloneRow>, CliError> {
+    let sizes = work.sizes();
+    let mut alone_rates: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+    let mut round = 0;
+    for &n in &p.guests {
+        let mut windows = Vec::new();
+        let mut overheads = Vec::new();
+        let mut throughputs = Vec::new();
+        let mut total = vec![0u64; n];
+        for _ in 0..repeats.max(1) {
+            round += 1;
+            for pair in interleaved(work, target, round, n, SLICE_PAIRS)? {
+                for (i, r) in pair.rates.iter().enumerate() {
+                    alone_rates[i].push(*r);
+                }
+                throughputs.push(pair.throughput);
+                overheads.push((1.0 - pair.throughput) * 100.0);
+            }
+            let (w, _, _) = run_guests(work, target, control, round, n, p.seconds)?;
+            for win in &w {
+                for (t, x) in total.iter_mut().zip(win) {
+                    *t += x;
+                }
+            }
+            windows.extend(w);
+        }
+        let us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
+        let all: u64 = total.iter().sum::<u64>().max(1);
+        let throughput = percentile(&throughputs, 50.0);
+        fairness.push(FairnessRow {
+            scheduler: kind.name().to_string(),
+            guests: n,
+            unfairness_median: percentile(&us, 50.0),
+            unfairness_p95: percentile(&us, 95.0),
+            overhead_pct: percentile(&overheads, 50.0),
+            overhead_range_pct: (percentile(&overheads, 25.0), percentile(&overheads, 75.0)),
+            overhead_pairs: overheads.len(),
+            overhead_vs_round_robin_pct: None,
+            overhead_vs_round_robin_range_pct: None,
+            throughput,
+            shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
+            windows: us.len(),
+            window_ms: windows
+                .iter()
+                .map(|w| w.iter().map(|t| *t as f64 / 1e6).collect())
+                .collect(),
+            device: work.device().to_string(),
+        });
+    }
+    Ok(sizes
+        .iter()
+        .zip(alone_rates)
+        .filter(|(_, rates)| !rates.is_empty())
+        .map(|((w, h), rates)| AloneRow {
+            device: work.device().to_string(),
+            scheduler: kind.name().to_string(),
+            size: format!("{w}x{h}"),
+            commands_per_s: percentile(&rates, 50.0),
+        })
+        .collect())
+}
+
+/// How long a slice of the overhead measure waits after switching guests on or off before
+/// counting (the guests switched off finish their queued commands meanwhile).
+const SLICE_SETTLE: Duration = Duration::from_millis(80);
+/// How long each size alone is counted in a slice pair.
+const SLICE_ALONE: Duration = Duration::from_millis(300);
+/// How long the guests together are counted in a slice pair.
+const SLICE_TOGETHER: Duration = Duration::from_millis(600);
+
+/// One slice pair's result: each size's commands per second alone, and the guests'
+/// throughput together in units of one guest alone (the same commands at the alone rates
+/// would have taken this fraction of the time).
+#[derive(Debug, Clone)]
+struct SlicePair {
+    rates: Vec<f64>,
+    throughput: f64,
+}
+
+/// The throughput overhead measured in interleaved slices: `n` guests (`share-o{round}-{i}`,
+/// guest `i` of size `i % 3`) stay connected; each pair of slices runs each size alone (the
+/// first guest of that size, the others switched off) and then all of them together. Each
+/// pair compares rates a second apart, so the machine's load (other work on its cores is
+/// the GPU's too on a CPU driver) drifts little between the two halves of a comparison,
+/// unlike alone runs seconds before the guests together; the overhead is then the median
+/// over many pairs.
+fn interleaved(
+    work: Work,
+    target: &str,
+    round: usize,
+    n: usize,
+    pairs: usize,
+) -> Result<Vec<SlicePair>, CliError> {
+    let warm = Barrier::new(n + 1);
+    let stop = AtomicBool::new(false);
+    let gates: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("share-o{round}-{i}")).collect();
+    let sizes = n.min(3);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (name, gate, warm, stop, done) = (&names[i], &gates[i], &warm, &stop, &done[i]);
+                let size = work.sizes()[i % 3];
+                s.spawn(move || work.guest(target, name, size, Some(gate), warm, stop, done))
+            })
+            .collect();
+        warm.wait();
+        let count = |on: &dyn Fn(usize) -> bool, d: Duration| -> (Vec<u64>, f64) {
+            for (i, g) in gates.iter().enumerate() {
+                g.store(on(i), Ordering::Relaxed);
+            }
+            std::thread::sleep(SLICE_SETTLE);
+            let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let t0 = Instant::now();
+            std::thread::sleep(d);
+            let counts = done
+                .iter()
+                .zip(&c0)
+                .map(|(c, z)| c.load(Ordering::Relaxed) - z)
+                .collect();
+            (counts, t0.elapsed().as_secs_f64())
+        };
+        let mut out = Vec::new();
+        for _ in 0..pairs {
+            let rates: Vec<f64> = (0..sizes)
+                .map(|k| {
+                    let (c, secs) = count(&|i| i == k, SLICE_ALONE);
+                    c[k] as f64 / secs
+                })
+                .collect();
+            let (c, secs) = count(&|_| true, SLICE_TOGETHER);
+            out.push(SlicePair {
+                throughput: together_throughput(&c, &rates, secs),
+                rates,
+            });
+        }
+        stop.store(true, Ordering::Relaxed);
+        for g in &gates {
+            g.store(true, Ordering::Relaxed);
+        }
+        for h in handles {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// The guests' work together in `secs` (`counts[i]` commands of guest `i`, of size `i % 3`)
+/// in units of one guest alone: the seconds it would have taken at the alone `rates`, over
+/// `secs`. 1 is no overhead.
+pub(super) fn together_throughput(counts: &[u64], rates: &[f64], secs: f64) -> f64 {
+    let alone_secs: f64 = counts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| *c as f64 / rates[i % rates.len()].max(1e-9))
+        .sum();
+    alone_secs / secs.max(1e-9)
+}

@@ -1,0 +1,86 @@
+//! `bench sharing`'s tables.
+
+use super::*;
+
+/// Prints the report as tables.
+pub fn print_table(r: &SharingReport) {
+    println!("one guest alone:");
+    for a in &r.alone {
+        println!(
+            "  {:<6} {:<12} {:<10} {:>8.1} commands/s",
+            a.device, a.scheduler, a.size, a.commands_per_s
+        );
+    }
+    for (device, rows) in [("gpu", &r.fairness), ("codec", &r.fairness_codec)] {
+        if !rows.is_empty() {
+            println!("fairness on the {device}:");
+            print_fairness(rows);
+        }
+    }
+    print_rest(r);
+}
+
+fn print_fairness(rows: &[FairnessRow]) {
+    println!(
+        "{:<12} {:>6} {:>12} {:>10} {:>10} {:>15} {:>10}  shares",
+        "scheduler", "guests", "unfair p50%", "p95%", "overhead%", "(p25..p75)", "vs rr %"
+    );
+    for f in rows {
+        let shares: Vec<String> = f.shares.iter().map(|s| format!("{:.3}", s)).collect();
+        println!(
+            "{:<12} {:>6} {:>12.1} {:>10.1} {:>10.1} {:>15} {:>10}  {}",
+            f.scheduler,
+            f.guests,
+            f.unfairness_median * 100.0,
+            f.unfairness_p95 * 100.0,
+            f.overhead_pct,
+            format!(
+                "{:.1}..{:.1}",
+                f.overhead_range_pct.0, f.overhead_range_pct.1
+            ),
+            f.overhead_vs_round_robin_pct
+                .map_or("-".into(), |o| format!("{o:.1}")),
+            shares.join(" ")
+        );
+    }
+}
+
+/// Prints the rest of the report.
+fn print_rest(r: &SharingReport) {
+    if !r.multimedia.is_empty() {
+        println!(
+            "{:<12} {:>4} {:>5} {:>10} {:>8} {:>8} {:>12}",
+            "scheduler", "hog", "hogs", "cpu weight", "% of DFR", "fps", "hog cmds/s"
+        );
+    }
+    for m in &r.multimedia {
+        let weight = match (m.cpu_weight, m.video_cpu_weight) {
+            (false, _) => "-".to_string(),
+            (true, Some(w)) => w.to_string(),
+            (true, None) => "none".to_string(),
+        };
+        println!(
+            "{:<12} {:>4} {:>5} {:>10} {:>8.1} {:>8.1} {:>12.1}",
+            m.scheduler,
+            m.hog_kind.name(),
+            m.hogs,
+            weight,
+            m.dfr_pct,
+            m.presented_fps,
+            m.hog_commands_per_s
+        );
+    }
+    if !r.together.is_empty() {
+        println!("{:<12} {:>6} {:>10}  fps", "scheduler", "guests", "% alone");
+    }
+    for t in &r.together {
+        let fps: Vec<String> = t.fps.iter().map(|f| format!("{f:.1}")).collect();
+        println!(
+            "{:<12} {:>6} {:>10.1}  {}",
+            t.scheduler,
+            t.guests,
+            t.vs_alone_pct,
+            fps.join(" ")
+        );
+    }
+}
