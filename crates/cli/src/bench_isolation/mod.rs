@@ -412,7 +412,7 @@ fn measure_row(
     Ok((rounds, corrupt))
 }
 
-/// Stops, pauses and resumes a hostile thread of this process (see [`hostile`]).
+/// Stops, pauses and resumes a hostile thread of this process (see [`hostile()`]).
 #[derive(Default)]
 struct Ctl {
     stop: AtomicBool,

@@ -249,7 +249,7 @@ fn device_time(control: &Target, device: &str) -> Result<BTreeMap<String, u64>, 
 /// scheduler has seen each of them (a start-up transient, not sharing).
 const SETTLE: Duration = Duration::from_millis(500);
 
-/// Slice pairs of the overhead measure per round ([`interleaved`]).
+/// Slice pairs of the overhead measure per round (`fairness::interleaved`).
 const SLICE_PAIRS: usize = 4;
 
 /// One run: `n` guests named `share-{round}-{i}` on the daemon at `target`; per-window device
