@@ -458,7 +458,7 @@ struct SoakTally {
 
 /// A hostile guest of a row.
 enum Hostile<'s, 'c> {
-    /// A thread of this process running [`hostile`] under a [`Ctl`]; it runs from the start.
+    /// A thread of this process running [`hostile()`] under a [`Ctl`]; it runs from the start.
     Thread(
         &'c Ctl,
         Option<std::thread::ScopedJoinHandle<'s, Result<(), CliError>>>,
