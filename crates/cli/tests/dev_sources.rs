@@ -222,6 +222,7 @@ mod window {
     use std::io::{BufRead, BufReader};
     use std::path::Path;
     use std::process::Child;
+    use std::sync::{Arc, Mutex};
     use virtsoc_guest::devices::display::{Present, SignalAtVsync};
     use virtsoc_guest::{AccessMode, Connection, DeviceId, RegionInfo};
 
@@ -278,14 +279,14 @@ mod window {
         (Kill(child), format!(":{n}"))
     }
 
-    /// Starts virtsocd on X display `display` with the window backend; returns it with its
-    /// socket.
-    fn daemon(display: &str, dir: &Path) -> (Kill, PathBuf) {
+    /// Starts virtsocd on X display `display` with `--display-backend backend`; returns it
+    /// with its socket and its log so far.
+    fn daemon(display: &str, dir: &Path, backend: &str) -> (Kill, PathBuf, Arc<Mutex<String>>) {
         let socket = dir.join("d.sock");
         let mut child = Command::new(env!("CARGO_BIN_EXE_virtsocd"))
             .arg("--socket")
             .arg(&socket)
-            .args(["--print-ready", "--display-backend", "window"])
+            .args(["--print-ready", "--display-backend", backend])
             .args(["--refresh-hz", "60"])
             .env("DISPLAY", display)
             .env("RUST_LOG", "info")
@@ -295,14 +296,15 @@ mod window {
             .spawn()
             .expect("start virtsocd");
         let err = child.stderr.take().unwrap();
-        let log = std::thread::spawn(move || {
-            let mut all = String::new();
+        let log = Arc::new(Mutex::new(String::new()));
+        let all = Arc::clone(&log);
+        std::thread::spawn(move || {
             for l in BufReader::new(err).lines().map_while(Result::ok) {
                 eprintln!("[virtsocd] {l}");
+                let mut all = all.lock().unwrap();
                 all.push_str(&l);
                 all.push('\n');
             }
-            all
         });
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
@@ -311,12 +313,13 @@ mod window {
         if !line.starts_with("READY") {
             let _ = child.kill();
             let _ = child.wait();
+            std::thread::sleep(Duration::from_millis(200));
             panic!(
                 "virtsocd did not start with the window backend: {}",
-                log.join().unwrap_or_default()
+                log.lock().unwrap()
             );
         }
-        (Kill(child), socket)
+        (Kill(child), socket, log)
     }
 
     /// Waits (bounded) for the next vsync.
@@ -441,12 +444,13 @@ mod window {
         parse_xwd(&std::fs::read(&file).unwrap())
     }
 
-    #[test]
-    fn presented_frames_show_in_an_x11_window() {
+    /// Presents solid frames from guest memory and checks each covers the screen, with the
+    /// window painted as `backend` paints it; returns the daemon's log.
+    fn frames_show(backend: &str) -> String {
         let xwd = require("xwd", "x11-apps");
         let (_x, display) = xvfb();
         let dir = temp_dir("window");
-        let (_d, socket) = daemon(&display, &dir);
+        let (_d, socket, log) = daemon(&display, &dir, backend);
         let c = connect(&socket);
         let frame = c.alloc(0, 320, 240, Format::Rgba8, 0).unwrap();
         let colours = [[0xe0, 0x30, 0x20], [0x20, 0xc0, 0x60]];
@@ -478,5 +482,33 @@ mod window {
         }
         drop(c);
         let _ = std::fs::remove_dir_all(dir);
+        let log = log.lock().unwrap().clone();
+        log
+    }
+
+    /// The default window: on a CPU adapter (lavapipe) frames painted from their CPU pixels
+    /// (composed on the GPU at the window's size when they live there), on a GPU through a
+    /// surface.
+    #[test]
+    fn presented_frames_show_in_an_x11_window() {
+        let log = frames_show("window");
+        let painter = match log.contains(", Cpu,") {
+            true => "painted by the cpu painter",
+            false => "painted by the gpu painter",
+        };
+        assert!(log.contains(painter), "{log}");
+    }
+
+    /// `window-surface`: frames composed on the GPU and presented through a wgpu surface on
+    /// the window (lavapipe's X11 window-system integration puts them on the screen).
+    #[test]
+    fn presented_frames_show_through_a_gpu_surface() {
+        let log = frames_show("window-surface");
+        assert!(log.contains("painted by the gpu painter"), "{log}");
+        assert!(
+            log.contains("virtsoc-gpu: presenting"),
+            "no surface was made: {log}"
+        );
+        assert!(!log.contains("painted on the CPU"), "{log}");
     }
 }

@@ -70,6 +70,12 @@ pub trait FrameHandle: Send + Sync + fmt::Debug {
     fn view_picture(&self, _width: u32, _height: u32) -> Option<ViewPicture> {
         None
     }
+
+    /// The handle as `Any`, for a backend that knows its concrete type (the daemon's window
+    /// painter presents display planes on the GPU); `None` by default.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// A picture in full-range ("JPEG") YUV 4:2:0 with tightly packed planes, for viewers.

@@ -13,7 +13,8 @@
 //!   and delivers [`VsyncEvent`]s to subscribers over channels.
 //! * Backends ([`DisplayBackend`]): [`HeadlessBackend`] (keeps the last
 //!   frame), [`NullBackend`] (discards), and with the `window` feature a
-//!   desktop window (`WindowBackend`). [`Display::snapshot_png`] writes the
+//!   desktop window (`WindowBackend`, painted on the CPU or, through a
+//!   `WindowPainter` the daemon gives it, by a GPU). [`Display::snapshot_png`] writes the
 //!   frame on screen as a PNG whatever the backend.
 //!
 //! Because time is injected, everything but `VsyncThread` is tested with
@@ -42,4 +43,4 @@ pub use vsync::{
     SUBSCRIBER_QUEUE,
 };
 #[cfg(feature = "window")]
-pub use window::WindowBackend;
+pub use window::{CpuPainter, WindowBackend, WindowPainter, WindowTarget};

@@ -66,9 +66,11 @@ pub use frame::{
     FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo, MAX_DIMENSION,
 };
 pub use null::NullBackend;
+/// The raw window and display handles a [`SurfacePresenter`] is made from (wgpu's own).
+pub use wgpu::rwh;
 pub use wgpu_backend::{
     AdapterSummary, FloorTimings, GpuImage, ImageLayer, PendingFrame, SampleAxis, SubmissionId,
-    WgpuBackend, CPU_DRIVER_THREADS, FLOOR_RUNS,
+    SurfaceOutcome, SurfacePresenter, WgpuBackend, CPU_DRIVER_THREADS, FLOOR_RUNS,
 };
 
 /// Most layers one composition accepts.

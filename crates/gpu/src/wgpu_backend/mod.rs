@@ -1,4 +1,4 @@
-//! The wgpu backend: headless (no surface), any adapter (lavapipe on a
+//! The wgpu backend: any adapter (lavapipe on a
 //! CPU-only host, a real GPU elsewhere). This module owns device setup, the
 //! backend struct, submission numbering and the small public accessors; the
 //! rest lives in submodules:
@@ -10,7 +10,8 @@
 //! * [`completion`]: completion tracking, the poller thread and callbacks;
 //! * [`pipelines`]: shader modules, layouts, samplers and cached pipelines;
 //! * [`pool`]: pooled textures and buffers;
-//! * [`floor`]: floor and resident-composition measurements.
+//! * [`floor`]: floor and resident-composition measurements;
+//! * [`present`]: presenting composed images in a window's surface.
 //!
 //! # Resident images
 //!
@@ -67,6 +68,7 @@ mod image;
 mod ops;
 mod pipelines;
 mod pool;
+mod present;
 mod sample;
 
 use std::collections::HashMap;
@@ -83,6 +85,7 @@ pub use driver_threads::CPU_DRIVER_THREADS;
 pub use floor::{FloorTimings, FLOOR_RUNS};
 pub use image::GpuImage;
 pub use ops::ImageLayer;
+pub use present::{SurfaceOutcome, SurfacePresenter};
 pub use sample::SampleAxis;
 
 use completion::Completion;
@@ -113,6 +116,11 @@ pub struct AdapterSummary {
 }
 
 impl AdapterSummary {
+    /// Whether the adapter is a CPU driver (lavapipe, SwiftShader, WARP).
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == "Cpu"
+    }
+
     fn from_info(info: &wgpu::AdapterInfo) -> Self {
         AdapterSummary {
             name: info.name.clone(),
@@ -159,6 +167,9 @@ struct Submitted {
 
 /// GPU device operations on wgpu. See the module docs.
 pub struct WgpuBackend {
+    /// The instance and adapter the device came from (windows' surfaces are made on them).
+    wgpu_instance: wgpu::Instance,
+    adapter: wgpu::Adapter,
     device: wgpu::Device,
     queue: wgpu::Queue,
     info: AdapterSummary,
@@ -220,12 +231,16 @@ impl WgpuBackend {
             apply_limit_buckets: false,
         }))
         .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
-        Self::from_adapter(&adapter, &before)
+        Self::from_adapter(instance, adapter, &before)
     }
 
     /// The backend on `adapter`; `threads_before`: this process's threads before the
     /// adapter was opened (the driver's are told apart by being new).
-    fn from_adapter(adapter: &wgpu::Adapter, threads_before: &[i32]) -> Result<Self> {
+    fn from_adapter(
+        wgpu_instance: wgpu::Instance,
+        adapter: wgpu::Adapter,
+        threads_before: &[i32],
+    ) -> Result<Self> {
         static INSTANCES: AtomicU64 = AtomicU64::new(1);
         let info = AdapterSummary::from_info(&adapter.get_info());
         let limits = adapter.limits();
@@ -266,6 +281,8 @@ impl WgpuBackend {
             driver_threads::made_by_driver(threads_before, &driver_threads::thread_ids());
 
         let backend = WgpuBackend {
+            wgpu_instance,
+            adapter,
             device,
             queue,
             info,

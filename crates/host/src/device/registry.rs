@@ -42,8 +42,13 @@ pub enum DisplayBackendKind {
     /// Nowhere but snapshots and the control API's view.
     #[default]
     Headless,
-    /// An X11 window on `$DISPLAY` (needs the `window` feature).
+    /// An X11 window on `$DISPLAY` (needs the `window` feature). On a GPU, frames are
+    /// composed and presented there through a surface on the window; on a CPU adapter
+    /// (lavapipe), whose present copies the image to the X server while the whole device
+    /// waits, they are composed on the GPU at the window's size and read back instead.
     Window,
+    /// An X11 window presented through a GPU surface also on a CPU adapter.
+    WindowSurface,
 }
 
 /// Where the camera's frames come from (`--camera-source`): `synthetic`, `file:PATH` or
@@ -144,9 +149,7 @@ impl Default for DeviceConfig {
 pub fn build(cfg: &DeviceConfig, limits: &Limits) -> Result<Vec<(DeviceId, Arc<dyn Device>)>> {
     use virtsoc_devapi as api;
     let gpu_dev = Arc::new(gpu::Gpu::new(cfg)?.with_limits(limits));
-    let display = display::Display::new(cfg)?
-        .with_limits(limits)
-        .with_gpu(gpu_dev.wgpu().cloned());
+    let display = display::Display::new(cfg, gpu_dev.wgpu().cloned())?.with_limits(limits);
     Ok(vec![
         (DeviceId::PRODUCER, Arc::new(Producer) as Arc<dyn Device>),
         (DeviceId::CONSUMER, Arc::new(Consumer::new("consumer"))),

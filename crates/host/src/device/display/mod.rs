@@ -54,6 +54,8 @@ mod screen;
 #[cfg(test)]
 mod tests;
 mod thumb;
+#[cfg(feature = "window")]
+mod window;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -123,8 +125,10 @@ pub struct Display {
 }
 
 impl Display {
-    /// Builds the device from the daemon's configuration and starts its vsync thread.
-    pub fn new(cfg: &DeviceConfig) -> Result<Self> {
+    /// Builds the device from the daemon's configuration and starts its vsync thread. `gpu`:
+    /// the wgpu device whose memory the display scans out of, when the GPU is one (a window
+    /// then presents on it, and recorded frames of its resident planes are composed there).
+    pub fn new(cfg: &DeviceConfig, gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>) -> Result<Self> {
         let output = Output::new(cfg.display_backend)?;
         let (width, height) = cfg.display_size;
         if !(16..=virtsoc_gpu::MAX_DIMENSION).contains(&width)
@@ -138,7 +142,7 @@ impl Display {
         let mut config = vd::DisplayConfig::new(width, height)
             .with_refresh_hz(cfg.refresh_hz)
             .with_queue_depth(2);
-        config.backend = output.backend(width, height, cfg.refresh_hz)?;
+        config.backend = output.backend(width, height, cfg.refresh_hz, gpu.clone())?;
         let display = vd::Display::new(config).map_err(config_error)?;
         let vsync = vd::VsyncThread::spawn_with_clock(display, Arc::new(HostClock))
             .map_err(config_error)?;
@@ -173,14 +177,8 @@ impl Display {
             last_snapshot: Mutex::new(HashMap::new()),
             view_statics: Mutex::new(HashMap::new()),
             snapshots,
-            gpu: None,
+            gpu,
         })
-    }
-
-    /// Composes recorded frames of GPU-resident planes on `gpu`.
-    pub fn with_gpu(mut self, gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>) -> Self {
-        self.gpu = gpu;
-        self
     }
 
     /// The same device within `limits` (the snapshot rate).
@@ -383,7 +381,7 @@ impl Device for Display {
     fn backend(&self) -> String {
         let output = match &self.output {
             Output::Headless => "headless".to_string(),
-            Output::Window(d) => format!("window on X11 display {d},"),
+            Output::Window { display, .. } => format!("window on X11 display {display},"),
         };
         format!(
             "{output} {}x{}@{}Hz (vsync thread), {MAX_PLANES} planes, PNG snapshots to {}",

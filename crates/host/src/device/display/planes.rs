@@ -8,8 +8,10 @@
 //!
 //! A headless display, like a display controller, reads only what it needs: the capture-time
 //! stamp for motion-to-photon latency (a grid of 32 x 160 samples of one plane). The full screen is composed
-//! (on the CPU, from the planes) only when something needs pixels: a window, a snapshot.
-//! Those copies of frame bytes go on the guest's ledger.
+//! (on the CPU, from the planes) only when something needs pixels: a snapshot, `--verify`,
+//! a window without a GPU. A window on the wgpu device composes the planes on the GPU where
+//! they are ([`PlaneSet::present_in_window`]); host-memory planes are uploaded for it once
+//! per write. Those copies of frame bytes go on the guest's ledger.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -20,6 +22,8 @@ use virtsoc_gpu::{
     CpuBackend, FrameLayout, FrameRef, GpuBackend, GpuImage, ImageLayer, Layer, OwnedFrame,
     PixelFormat, Rect, Rotation, SampleAxis, WgpuBackend,
 };
+#[cfg(feature = "window")]
+use virtsoc_gpu::{SurfaceOutcome, SurfacePresenter};
 use virtsoc_media::camera::timestamp as ts;
 use virtsoc_proto::Status;
 use virtsoc_svm::{Backing, DomainId, SvmManager};
@@ -333,6 +337,90 @@ impl PlaneSet {
     }
 }
 
+/// Images a window keeps on the GPU for planes in host memory, per plane index: the upload of
+/// a plane whose source has not been written since is reused (a UI layer is uploaded once).
+#[cfg(feature = "window")]
+#[derive(Default)]
+pub(super) struct WindowUploads {
+    images: Vec<Option<(u64, u64, GpuImage)>>,
+}
+
+#[cfg(feature = "window")]
+impl PlaneSet {
+    /// Presents the screen in `presenter`'s window, composed on `gpu`: the planes that are
+    /// its resident images are drawn from where they are; planes in host memory are uploaded
+    /// first (counted as copies), once per write of their source. The screen keeps its
+    /// aspect ratio in the window (black bars). `None` when a plane is neither (the caller
+    /// paints the CPU pixels instead).
+    pub(super) fn present_in_window(
+        &self,
+        gpu: &WgpuBackend,
+        presenter: &mut SurfacePresenter,
+        uploads: &mut WindowUploads,
+    ) -> Option<virtsoc_gpu::Result<SurfaceOutcome>> {
+        uploads.images.resize_with(self.planes.len(), || None);
+        let mut images = Vec::with_capacity(self.planes.len());
+        for (plane, slot) in self.planes.iter().zip(uploads.images.iter_mut()) {
+            match &plane.backing {
+                Backing::Device(m) => {
+                    images.push(m.as_any().downcast_ref::<GpuMemory>()?.image.clone());
+                }
+                Backing::Host(buf) => {
+                    let key = (plane.region, plane.generation);
+                    let fresh = match slot {
+                        Some((r, g, img)) => (*r, *g) == key && img.layout() == plane.layout,
+                        None => false,
+                    };
+                    if !fresh {
+                        let img = match slot.take() {
+                            Some((_, _, img)) if img.layout() == plane.layout => img,
+                            _ => gpu.create_image(plane.layout).ok()?,
+                        };
+                        let n = plane.layout.size_bytes().ok()?;
+                        let t0 = Instant::now();
+                        gpu.write_image(&img, 0, buf.read().get(..n)?).ok()?;
+                        self.ledger.count(n, t0);
+                        *slot = Some((key.0, key.1, img));
+                    }
+                    images.push(slot.as_ref()?.2.clone());
+                }
+                Backing::Window { .. } => return None,
+            }
+        }
+        let place = self.fit(presenter.size());
+        let layers: Vec<ImageLayer<'_>> = self
+            .planes
+            .iter()
+            .zip(&images)
+            .map(|(p, image)| ImageLayer {
+                image,
+                crop: p.crop,
+                dst_rect: place(p.dst),
+                rotation: Rotation::R0,
+                alpha: p.alpha,
+                blend: p.blend,
+            })
+            .collect();
+        Some(gpu.present_layers(presenter, &layers))
+    }
+
+    /// Maps a destination rectangle of the screen into a `width` x `height` window that
+    /// shows the whole screen at its aspect ratio, centred.
+    fn fit(&self, (width, height): (u32, u32)) -> impl Fn(Rect) -> Rect {
+        let scale = (width as f64 / self.width as f64).min(height as f64 / self.height as f64);
+        let x0 = (width as f64 - self.width as f64 * scale) / 2.0;
+        let y0 = (height as f64 - self.height as f64 * scale) / 2.0;
+        move |r: Rect| {
+            Rect::new(
+                (x0 + r.x as f64 * scale).round() as i32,
+                (y0 + r.y as f64 * scale).round() as i32,
+                ((r.width as f64 * scale).round() as u32).max(1),
+                ((r.height as f64 * scale).round() as u32).max(1),
+            )
+        }
+    }
+}
+
 impl std::fmt::Debug for PlaneSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlaneSet")
@@ -354,6 +442,10 @@ impl vd::FrameHandle for PlaneSet {
 
     fn pixels(&self) -> Option<&[u8]> {
         self.composed.get_or_init(|| self.compose()).as_deref()
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn byte_len(&self) -> Option<usize> {

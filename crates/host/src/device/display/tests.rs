@@ -17,7 +17,7 @@ fn display(hz: u32) -> (Display, PathBuf) {
         snapshot_dir: dir.clone(),
         ..DeviceConfig::default()
     };
-    (Display::new(&cfg).unwrap(), dir)
+    (Display::new(&cfg, None).unwrap(), dir)
 }
 
 fn table() -> Arc<VirtualFenceTable> {
@@ -250,7 +250,10 @@ fn bad_refresh_rates_are_configuration_errors() {
         refresh_hz: 0,
         ..DeviceConfig::default()
     };
-    assert!(matches!(Display::new(&cfg), Err(HostError::Config(_))));
+    assert!(matches!(
+        Display::new(&cfg, None),
+        Err(HostError::Config(_))
+    ));
 }
 
 #[test]
@@ -269,8 +272,9 @@ fn display_backends_are_checked() {
         Output::Headless
     );
     match Output::new(DisplayBackendKind::Window) {
-        Ok(Output::Window(d)) if cfg!(feature = "window") => {
-            assert_eq!(std::env::var("DISPLAY").unwrap(), d);
+        Ok(Output::Window { display, surface }) if cfg!(feature = "window") => {
+            assert_eq!(std::env::var("DISPLAY").unwrap(), display);
+            assert!(!surface);
         }
         Ok(o) => panic!("{o:?}"),
         Err(HostError::Config(m)) if cfg!(feature = "window") => {
