@@ -29,6 +29,9 @@ use crate::backend::DisplayBackend;
 use crate::error::{DisplayError, Result};
 use crate::frame::{FrameData, PresentedFrame};
 
+/// The nice value of the window's UI thread (the lowest priority).
+pub const WINDOW_NICE: i32 = 19;
+
 /// The window a [`WindowPainter`] shows a frame in.
 pub struct WindowTarget<'w> {
     window: &'w mut Window,
@@ -156,6 +159,13 @@ impl WindowBackend {
                     scale_mode: ScaleMode::AspectRatioStretch,
                     ..WindowOptions::default()
                 };
+                // The window is a view of what the devices make: on a machine whose CPU
+                // also runs the devices (and, on a CPU adapter, the GPU), it gets the cores
+                // they leave (Linux nice values are per thread). It shows fewer frames then,
+                // rather than slowing the guests down.
+                if let Err(e) = rustix::process::setpriority_process(None, WINDOW_NICE) {
+                    log::warn!("window: cannot lower the UI thread's priority: {e}");
+                }
                 let mut window = match Window::new(&title, width as usize, height as usize, opts) {
                     Ok(w) => w,
                     Err(e) => {
