@@ -41,7 +41,7 @@ use virtsoc_media::{
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
 
-use super::codec::{frame_layout, media_status, pixel_format};
+use super::codec::{frame_layout, media_status};
 use super::registry::{CameraSourceKind, DeviceConfig};
 use super::{Device, DeviceCtx, DeviceResult};
 use crate::{clock, HostError, Result};
@@ -280,9 +280,6 @@ impl Camera {
 
     /// The layout a capture into a region of `meta` uses.
     fn capture_layout(meta: &RegionMeta) -> std::result::Result<FrameLayout, Status> {
-        if pixel_format(meta.format).is_none() {
-            return Err(Status::NotSupported);
-        }
         let layout = frame_layout(meta)?;
         // RGB frames are drawn in YUV 4:2:0 and converted, so every format needs even sizes.
         if layout.width % 2 != 0
@@ -360,7 +357,9 @@ impl Camera {
         let mut camera = camera.lock().unwrap_or_else(|p| p.into_inner());
         let info = cx
             .with_region(c.frame, |bytes| {
-                FrameMut::new(layout, bytes).and_then(|dst| camera.capture(&self.isp, dst))
+                FrameMut::new(layout, bytes)
+                    .map_err(MediaError::from)
+                    .and_then(|dst| camera.capture(&self.isp, dst))
             })?
             .map_err(|e: MediaError| {
                 log::debug!("camera: guest {}: {e}", cx.guest);

@@ -70,7 +70,7 @@ use super::layers::{layout_of, read_layers, LayerSpec};
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult, Reply};
 use crate::{HostError, Limits, Result};
-use format::FrameFormat;
+use format::ScanoutFormat;
 use output::Output;
 use planes::{Ledger, Plane, PlaneSet, MAX_PLANES};
 use screen::{listen, Screen, State};
@@ -267,7 +267,7 @@ impl Display {
     /// of its own size, scanned out of the display's memory without a copy.
     fn present(&self, cx: &DeviceCtx<'_>, region: u64, capture_ns: u64) -> Answer<u64> {
         let meta = cx.meta(region)?;
-        let format = FrameFormat::of(meta.format)?;
+        let format = ScanoutFormat::of(meta.format)?;
         format.required_len(meta.width, meta.height, meta.stride, meta.size)?;
         let full = virtsoc_gpu::Rect::full(meta.width, meta.height);
         let spec = LayerSpec {

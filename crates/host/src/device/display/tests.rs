@@ -39,17 +39,17 @@ fn rgba_frame(w: u32, h: u32, seed: u8, capture_ns: Option<u64>) -> (Vec<u8>, vd
     let bytes: Vec<u8> = (0..w * h * 4)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect();
-    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let f = ScanoutFormat::of(Format::Rgba8).unwrap();
     let frame = f.frame(bytes.clone().into(), w, h, w * 4, capture_ns);
     (bytes, frame)
 }
 
 #[test]
 fn formats_and_geometry_are_checked() {
-    assert_eq!(FrameFormat::of(Format::Nv12), Err(Status::NotSupported));
-    assert_eq!(FrameFormat::of(Format::Blob), Err(Status::NotSupported));
-    assert_eq!(FrameFormat::of(Format::Yuyv), Err(Status::NotSupported));
-    let f = FrameFormat::of(Format::Bgra8).unwrap();
+    assert_eq!(ScanoutFormat::of(Format::Nv12), Err(Status::NotSupported));
+    assert_eq!(ScanoutFormat::of(Format::Blob), Err(Status::NotSupported));
+    assert_eq!(ScanoutFormat::of(Format::Yuyv), Err(Status::NotSupported));
+    let f = ScanoutFormat::of(Format::Bgra8).unwrap();
     assert_eq!(f.required_len(4, 2, 16, 32), Ok(32));
     assert_eq!(
         f.required_len(4, 2, 20, 36),
@@ -123,7 +123,7 @@ fn a_stamped_capture_time_is_read_from_the_pixels() {
         stamped,
     )
     .unwrap();
-    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let f = ScanoutFormat::of(Format::Rgba8).unwrap();
     let frame = f.frame(bytes.clone().into(), w, h, w * 4, None);
     assert_eq!(frame.capture_ns, Some(stamped));
     // An explicit capture time wins over the stamp.
@@ -150,7 +150,7 @@ fn snapshot_writes_the_presented_pixels() {
     // A BGRA frame with padded rows: the PNG holds its pixels as RGBA.
     let (w, h, stride) = (5u32, 3u32, 24u32);
     let bgra: Vec<u8> = (0..stride * h).map(|i| (i * 7 + 1) as u8).collect();
-    let f = FrameFormat::of(Format::Bgra8).unwrap();
+    let f = ScanoutFormat::of(Format::Bgra8).unwrap();
     let id = d
         .screen
         .present(3, f.frame(bgra.clone().into(), w, h, stride, None))
@@ -237,7 +237,7 @@ fn the_first_presenter_owns_the_screen_until_it_goes() {
 #[test]
 fn refused_frames_change_nothing() {
     let (d, _) = display(200);
-    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let f = ScanoutFormat::of(Format::Rgba8).unwrap();
     let huge = f.frame(vec![0u8; 4 * 20_000].into(), 20_000, 1, 80_000, None);
     assert_eq!(d.screen.present(4, huge), Err(Status::BadArgument));
     let st = lock(&d.screen.state);

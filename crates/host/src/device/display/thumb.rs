@@ -405,7 +405,8 @@ fn with_samples(
     ledger: &Ledger,
     f: impl FnOnce(&Samples<'_>),
 ) -> Option<()> {
-    let info: PlaneInfo = *plane.layout.plane_infos().ok()?.get(k)?;
+    plane.layout.validate().ok()?;
+    let info: PlaneInfo = plane.layout.plane(k)?;
     let bgra = plane.layout.format == PixelFormat::Bgra8;
     // Host memory holding the same contents (the writer's replica, when a CPU device such as
     // the ISP wrote the frame) is read in place rather than the display's GPU replica.
@@ -599,12 +600,17 @@ mod tests {
         }
         let full = Rect::new(0, 0, w, h);
         let video = host_plane(
-            FrameLayout::new(PixelFormat::Nv12, w, h),
+            FrameLayout::packed(PixelFormat::Nv12, w, h).unwrap(),
             &nv12,
             full,
             false,
         );
-        let bar = host_plane(FrameLayout::new(PixelFormat::Rgba8, w, h), &ui, full, true);
+        let bar = host_plane(
+            FrameLayout::packed(PixelFormat::Rgba8, w, h).unwrap(),
+            &ui,
+            full,
+            true,
+        );
         let ledger = Ledger {
             svm: std::sync::Arc::new(virtsoc_svm::SvmManager::new(virtsoc_svm::Topology::new())),
             guest: 1,

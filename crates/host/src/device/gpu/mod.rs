@@ -77,7 +77,7 @@ use virtsoc_gpu::{
 use virtsoc_proto::Status;
 use virtsoc_svm::Backing;
 
-use super::layers::{crop_inside, layout_of, read_layers, read_records};
+use super::layers::{crop_inside, frame_status, layout_of, read_layers, read_records};
 use super::registry::{DeviceConfig, GpuBackendKind};
 use super::{Device, DeviceCtx, DeviceResult, Reply};
 use crate::Result;
@@ -643,14 +643,12 @@ fn rgb_layout(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, S
 /// The status a guest sees for a backend error.
 pub(crate) fn status_of(e: &GpuError) -> Status {
     match e {
-        GpuError::ZeroSize { .. }
-        | GpuError::TooLarge { .. }
-        | GpuError::InvalidLayout(_)
+        GpuError::Frame(e) => frame_status(e),
+        GpuError::InvalidLayout(_)
         | GpuError::InvalidRect { .. }
         | GpuError::RectOutOfBounds { .. }
         | GpuError::InvalidParameter(_)
         | GpuError::TooMany { .. } => Status::BadArgument,
-        GpuError::BufferTooSmall { .. } => Status::OutOfRange,
         GpuError::UnsupportedFormat { .. } => Status::NotSupported,
         GpuError::UnknownSubmission(_) => Status::Internal,
         GpuError::NoAdapter(_)

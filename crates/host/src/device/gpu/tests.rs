@@ -112,7 +112,10 @@ fn backend_errors_map_to_statuses() {
         Status::BadArgument
     );
     assert_eq!(
-        status_of(&GpuError::BufferTooSmall { needed: 2, got: 1 }),
+        status_of(&GpuError::Frame(virtsoc_gpu::FrameError::BufferTooSmall {
+            needed: 2,
+            got: 1
+        })),
         Status::OutOfRange
     );
     assert_eq!(
@@ -141,10 +144,15 @@ fn backends_are_chosen_by_name_and_the_timeline_advances() {
     assert_eq!(n.backend_name(), "null");
     assert!(n.backend().starts_with("null"));
     // One good and one failing call: both retire their sequence numbers.
-    let src = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
-    let mut dst = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 8, 4)).unwrap();
+    let src = virtsoc_gpu::OwnedFrame::new(FrameLayout::packed(PixelFormat::Nv12, 8, 4).unwrap())
+        .unwrap();
+    let mut dst =
+        virtsoc_gpu::OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 8, 4).unwrap())
+            .unwrap();
     g.convert_frame(src.as_ref(), dst.as_mut()).unwrap();
-    let mut yuv = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
+    let mut yuv =
+        virtsoc_gpu::OwnedFrame::new(FrameLayout::packed(PixelFormat::Nv12, 8, 4).unwrap())
+            .unwrap();
     assert_eq!(
         g.convert_frame(src.as_ref(), yuv.as_mut()),
         Err(Status::NotSupported)
