@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::camera::{self as api, Command};
 use virtsoc_media::camera::timestamp::MIN_SIZE;
@@ -241,7 +242,7 @@ struct GuestCamera {
 
 #[derive(Default)]
 struct State {
-    cameras: HashMap<(u64, Mode), GuestCamera>,
+    cameras: HashMap<(GuestId, Mode), GuestCamera>,
     uses: u64,
 }
 
@@ -296,7 +297,7 @@ impl Camera {
     /// file decodes a frame).
     fn camera_for(
         &self,
-        guest: u64,
+        guest: GuestId,
         mode: Mode,
     ) -> std::result::Result<Arc<Mutex<ModeCamera>>, Status> {
         let key = (guest, mode);
@@ -409,13 +410,13 @@ impl Device for Camera {
         }
     }
 
-    fn guest_gone(&self, guest: u64) {
+    fn guest_gone(&self, guest: GuestId) {
         self.state().cameras.retain(|(g, _), _| *g != guest);
     }
 
     /// Snapshots keep the guest's camera modes (format and size), reopened by a restore;
     /// their frame counters start again at 0 (a file source from its start).
-    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+    fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {
         let modes: Vec<[u32; 3]> = self
             .state()
             .cameras
@@ -431,7 +432,7 @@ impl Device for Camera {
 
     fn import_guest(
         &self,
-        guest: u64,
+        guest: GuestId,
         record: &serde_json::Value,
     ) -> std::result::Result<(), String> {
         #[derive(serde::Deserialize)]

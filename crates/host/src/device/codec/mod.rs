@@ -48,6 +48,7 @@
 //! Every failure is a status for the guest; nothing here panics on guest input.
 
 use std::sync::{Mutex, MutexGuard};
+use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec::{self as api, Command};
 use virtsoc_devapi::{codec_frame_flag, codec_kind};
@@ -190,14 +191,14 @@ impl Codec {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn open_decoder(&self, guest: u64, c: api::OpenDecoder) -> DeviceResult {
+    fn open_decoder(&self, guest: GuestId, c: api::OpenDecoder) -> DeviceResult {
         let handle = self.open_decoder_at(guest, c, None)?;
         Ok(api::OpenDecoderReply { handle }.to_values())
     }
 
     fn open_decoder_at(
         &self,
-        guest: u64,
+        guest: GuestId,
         c: api::OpenDecoder,
         at: Option<u64>,
     ) -> std::result::Result<u64, Status> {
@@ -362,7 +363,7 @@ impl Codec {
         Ok(reply.to_values())
     }
 
-    fn flush(&self, guest: u64, c: api::Flush) -> DeviceResult {
+    fn flush(&self, guest: GuestId, c: api::Flush) -> DeviceResult {
         let mut st = self.state();
         let s = st.decoder(guest, c.handle)?;
         let r = s.decoder.flush();
@@ -386,19 +387,19 @@ impl Codec {
         }
     }
 
-    fn stream_info(&self, guest: u64, c: api::StreamInfo) -> DeviceResult {
+    fn stream_info(&self, guest: GuestId, c: api::StreamInfo) -> DeviceResult {
         let mut st = self.state();
         Ok(st.decoder(guest, c.handle)?.stream_info().to_values())
     }
 
-    fn open_encoder(&self, guest: u64, c: api::OpenEncoder) -> DeviceResult {
+    fn open_encoder(&self, guest: GuestId, c: api::OpenEncoder) -> DeviceResult {
         let handle = self.open_encoder_at(guest, c, None)?;
         Ok(api::OpenEncoderReply { handle }.to_values())
     }
 
     fn open_encoder_at(
         &self,
-        guest: u64,
+        guest: GuestId,
         c: api::OpenEncoder,
         at: Option<u64>,
     ) -> std::result::Result<u64, Status> {
@@ -503,7 +504,7 @@ impl Codec {
         .to_values())
     }
 
-    fn close(&self, guest: u64, c: api::Close) -> DeviceResult {
+    fn close(&self, guest: GuestId, c: api::Close) -> DeviceResult {
         let removed = self.state().remove(&(guest, c.handle));
         match removed {
             Some(s) => {
@@ -545,19 +546,19 @@ impl Device for Codec {
         }
     }
 
-    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+    fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {
         self.export(guest)
     }
 
     fn import_guest(
         &self,
-        guest: u64,
+        guest: GuestId,
         record: &serde_json::Value,
     ) -> std::result::Result<(), String> {
         self.import(guest, record)
     }
 
-    fn guest_gone(&self, guest: u64) {
+    fn guest_gone(&self, guest: GuestId) {
         let gone: Vec<Session> = {
             let mut st = self.state();
             st.last_handle.remove(&guest);

@@ -164,18 +164,14 @@ impl Plane {
 #[derive(Clone)]
 pub(super) struct Ledger {
     pub(super) svm: Arc<SvmManager>,
-    pub(super) guest: u64,
+    pub(super) guest: GuestId,
     pub(super) domain: DomainId,
 }
 
 impl Ledger {
     pub(super) fn count(&self, bytes: usize, since: Instant) {
-        self.svm.count_device_copy(
-            GuestId(self.guest),
-            self.domain,
-            bytes as u64,
-            since.elapsed(),
-        );
+        self.svm
+            .count_device_copy(self.guest, self.domain, bytes as u64, since.elapsed());
     }
 }
 

@@ -12,7 +12,7 @@
 use virtsoc_display::ViewPicture as Picture;
 use virtsoc_gpu::{PixelFormat, PlaneInfo, Rect, SampleAxis};
 use virtsoc_svm::Backing;
-use virtsoc_svm::{GuestId, RegionId};
+use virtsoc_svm::RegionId;
 use virtsoc_sync::LockExt;
 
 use super::planes::{Ledger, Plane};
@@ -413,7 +413,7 @@ fn with_samples(
     let host = match &plane.backing {
         Backing::Device(_) => ledger
             .svm
-            .host_replica(GuestId(ledger.guest), RegionId(plane.region))
+            .host_replica(ledger.guest, RegionId(plane.region))
             .ok()
             .flatten()
             .filter(|(_, generation)| *generation == plane.generation)
@@ -613,7 +613,7 @@ mod tests {
         );
         let ledger = Ledger {
             svm: std::sync::Arc::new(virtsoc_svm::SvmManager::new(virtsoc_svm::Topology::new())),
-            guest: 1,
+            guest: virtsoc_svm::GuestId(1),
             domain: virtsoc_svm::DomainId(0),
         };
         let statics = StaticPlanes::default();

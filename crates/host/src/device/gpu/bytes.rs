@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::time::Instant;
-use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::gpu::{CompositeReply, ConvertReply, MarkersReply, ProjectReply};
 use virtsoc_devapi::{MarkerRecord, MARKER_RECORD};
@@ -157,7 +156,7 @@ fn copy_out(
         .ok_or(Status::OutOfRange)?;
     // A copy of frame bytes inside the device's memory: on the ledger.
     cx.svm
-        .count_device_copy(GuestId(cx.guest), cx.domain, n as u64, t0.elapsed());
+        .count_device_copy(cx.guest, cx.domain, n as u64, t0.elapsed());
     Ok(bytes)
 }
 

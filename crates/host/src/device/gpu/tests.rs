@@ -64,14 +64,14 @@ fn cost_counts_each_layer_clipped_to_the_target() {
 #[test]
 fn submissions_in_flight_are_capped_per_guest() {
     let f = InFlight::new(2);
-    assert!(f.take(1) && f.take(1));
-    assert!(!f.take(1), "a third submission of guest 1 waits");
-    assert!(f.take(2), "guest 2 is not held back by guest 1");
-    f.release(1);
-    assert!(f.take(1));
-    f.release(1);
-    f.release(1);
-    f.release(2);
+    assert!(f.take(GuestId(1)) && f.take(GuestId(1)));
+    assert!(!f.take(GuestId(1)), "a third submission of guest 1 waits");
+    assert!(f.take(GuestId(2)), "guest 2 is not held back by guest 1");
+    f.release(GuestId(1));
+    assert!(f.take(GuestId(1)));
+    f.release(GuestId(1));
+    f.release(GuestId(1));
+    f.release(GuestId(2));
     assert!(f.by_guest.lock().unwrap().is_empty());
 }
 
