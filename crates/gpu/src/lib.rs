@@ -92,9 +92,9 @@ pub enum GpuError {
     /// ([`FrameError::TooLarge`] with the device's limit).
     #[error("invalid frame: {0}")]
     Frame(#[from] FrameError),
-    /// An inconsistent layout (stride shorter than one row, odd width or height
-    /// for a YUV format, a destination that does not match its submission); the
-    /// text says what.
+    /// Valid layouts that do not fit together (a destination that does not match
+    /// its submission); the text says what. A layout breaking the rules on its own
+    /// is a [`GpuError::Frame`].
     #[error("invalid frame layout: {0}")]
     InvalidLayout(String),
     /// The operation does not accept this pixel format in this role.
