@@ -197,6 +197,7 @@ fn status_of(e: &MediaError) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtsoc_media::{FrameLayout, PixelFormat};
 
     fn cfg(isp: &str, gpu: &str) -> DeviceConfig {
         use clap::ValueEnum;
@@ -218,8 +219,6 @@ mod tests {
             Status::BadArgument
         );
     }
-
-    use virtsoc_media::{FrameLayout, PixelFormat};
 
     fn nv12_grey(w: u32, h: u32) -> (FrameLayout, Vec<u8>) {
         let l = FrameLayout::packed(PixelFormat::Nv12, w, h).unwrap();
