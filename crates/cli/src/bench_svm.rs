@@ -201,11 +201,12 @@ fn gpu_upload_ms(size: u64, buffers: usize, reps: usize) -> Option<f64> {
     let b = WgpuBackend::new()
         .map_err(|e| log::warn!("bench svm: no GPU to measure an upload on: {e}"))
         .ok()?;
-    let layout = FrameLayout::new(
+    let layout = FrameLayout::packed(
         PixelFormat::Rgba8,
         GPU_FRAME_WIDTH as u32,
         (size / (GPU_FRAME_WIDTH * 4)) as u32,
-    );
+    )
+    .ok()?;
     let imgs = (0..buffers.max(1))
         .map(|_| b.create_image(layout).ok())
         .collect::<Option<Vec<_>>>()?;

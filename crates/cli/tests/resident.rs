@@ -499,18 +499,19 @@ fn verify_mode_checksums_match_the_cpu_reference() {
     }
     let ui = overlay();
     let mut want =
-        OwnedFrame::new(FrameLayout::new(virtsoc_gpu::PixelFormat::Rgba8, W, H)).unwrap();
+        OwnedFrame::new(FrameLayout::packed(virtsoc_gpu::PixelFormat::Rgba8, W, H).unwrap())
+            .unwrap();
     for px in want.data.chunks_exact_mut(4) {
         px[3] = 255;
     }
     let full = Rect::new(0, 0, W, H);
-    let nv12 = FrameLayout::new(virtsoc_gpu::PixelFormat::Nv12, W, H);
-    let rgba = FrameLayout::new(virtsoc_gpu::PixelFormat::Rgba8, W, H);
+    let nv12 = FrameLayout::packed(virtsoc_gpu::PixelFormat::Nv12, W, H).unwrap();
+    let rgba = FrameLayout::packed(virtsoc_gpu::PixelFormat::Rgba8, W, H).unwrap();
     CpuBackend::new()
         .composite(
             &[
-                Layer::new(FrameRef::new(nv12, &video), full).with_blend(false),
-                Layer::new(FrameRef::new(rgba, &ui), full),
+                Layer::new(FrameRef::new(nv12, &video).unwrap(), full).with_blend(false),
+                Layer::new(FrameRef::new(rgba, &ui).unwrap(), full),
             ],
             want.as_mut(),
         )

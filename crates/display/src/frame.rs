@@ -1,5 +1,6 @@
-//! Frames handed to the display: [`PresentedFrame`], its pixel storage
-//! ([`FrameData`], [`FrameHandle`]) and pixel [`PixelFormat`]s.
+//! Frames handed to the display: [`PresentedFrame`] and its pixel storage ([`FrameData`],
+//! [`FrameHandle`]). The [`PixelFormat`] is `virtsoc-frame`'s; the display shows the packed
+//! RGB ones (`Rgba8`, `Bgra8`).
 //!
 //! A frame is cheap to clone (its pixels sit behind an `Arc`), so the
 //! display can keep the last frame of every guest and backends can keep the
@@ -14,31 +15,14 @@ use crate::error::{DisplayError, Result};
 /// foreground/background display sharing.
 pub type OwnerId = u32;
 
-/// Largest width or height accepted, in pixels.
-pub const MAX_DIMENSION: u32 = 16_384;
+pub use virtsoc_frame::{PixelFormat, MAX_DIMENSION};
 
-/// Pixel layout of a frame: 4 bytes per pixel, 8 bits per channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PixelFormat {
-    /// Bytes in memory order R, G, B, A.
-    #[default]
-    Rgba8,
-    /// Bytes in memory order B, G, R, A (the common scan-out format).
-    Bgra8,
-}
-
-impl PixelFormat {
-    /// Bytes per pixel.
-    pub const fn bytes_per_pixel(self) -> u32 {
-        4
-    }
-
-    /// Converts one pixel of this format to R, G, B, A.
-    pub fn to_rgba(self, px: [u8; 4]) -> [u8; 4] {
-        match self {
-            PixelFormat::Rgba8 => px,
-            PixelFormat::Bgra8 => [px[2], px[1], px[0], px[3]],
-        }
+/// Converts one pixel of a packed RGB format to R, G, B, A (the display shows only those;
+/// [`PresentedFrame::validate`] refuses the others).
+pub(crate) fn to_rgba(format: PixelFormat, px: [u8; 4]) -> [u8; 4] {
+    match format {
+        PixelFormat::Bgra8 => [px[2], px[1], px[0], px[3]],
+        _ => px,
     }
 }
 
@@ -166,7 +150,7 @@ pub struct PresentedFrame {
     pub owner: OwnerId,
     /// The pixels.
     pub data: FrameData,
-    /// Pixel layout.
+    /// Pixel layout: a packed RGB format (4 bytes per pixel).
     pub format: PixelFormat,
     /// Width in pixels.
     pub width: u32,
@@ -249,6 +233,9 @@ impl PresentedFrame {
     /// Checks dimensions, stride and (when the pixels are CPU-visible) the
     /// buffer length.
     pub fn validate(&self) -> Result<()> {
+        if !self.format.is_rgb() {
+            return Err(self.invalid(format!("{:?} is not a scan-out format", self.format)));
+        }
         if self.width == 0 || self.height == 0 {
             return Err(self.invalid("zero width or height"));
         }
@@ -310,7 +297,7 @@ impl PresentedFrame {
         let mut out = Vec::with_capacity(self.width as usize * self.height as usize * 4);
         for row in self.rows()? {
             for px in row.chunks_exact(4) {
-                out.extend_from_slice(&self.format.to_rgba([px[0], px[1], px[2], px[3]]));
+                out.extend_from_slice(&to_rgba(self.format, [px[0], px[1], px[2], px[3]]));
             }
         }
         Ok(out)
@@ -336,6 +323,8 @@ mod tests {
         assert!(huge.validate().is_err());
         let narrow = ok.clone().with_stride(7);
         assert!(narrow.validate().is_err());
+        let yuv = PresentedFrame::new(6, 2, 2, PixelFormat::Nv12, vec![0u8; 16]);
+        assert!(yuv.validate().is_err());
         // A padded stride needs no padding after the last row.
         let padded =
             PresentedFrame::new(5, 2, 2, PixelFormat::Rgba8, vec![0u8; 20]).with_stride(12);

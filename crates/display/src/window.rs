@@ -239,7 +239,7 @@ fn to_0rgb(frame: &PresentedFrame, buf: &mut Vec<u32>) -> Result<()> {
     buf.clear();
     for row in frame.rows()? {
         for px in row.chunks_exact(4) {
-            let [r, g, b, _] = frame.format.to_rgba([px[0], px[1], px[2], px[3]]);
+            let [r, g, b, _] = crate::frame::to_rgba(frame.format, [px[0], px[1], px[2], px[3]]);
             buf.push(u32::from(r) << 16 | u32::from(g) << 8 | u32::from(b));
         }
     }

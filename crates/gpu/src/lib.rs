@@ -30,7 +30,7 @@
 //! use virtsoc_gpu::{pattern, CpuBackend, FrameLayout, GpuBackend, Layer, OwnedFrame, PixelFormat, Rect};
 //!
 //! let video = pattern::nv12_gradient(64, 48, 0)?;
-//! let mut screen = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 128, 96))?;
+//! let mut screen = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 128, 96)?)?;
 //! let layer = Layer::new(video.as_ref(), Rect::new(0, 0, 128, 96)).with_blend(false);
 //! let backend = CpuBackend::new(); // or WgpuBackend::new()?
 //! let stats = backend.composite(&[layer], screen.as_mut())?;
@@ -54,7 +54,6 @@
 //! * Results are rounded to the nearest 8-bit value.
 
 mod cpu;
-mod frame;
 mod null;
 pub mod pattern;
 mod wgpu_backend;
@@ -62,10 +61,10 @@ mod wgpu_backend;
 use std::time::{Duration, Instant};
 
 pub use cpu::CpuBackend;
-pub use frame::{
-    FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo, MAX_DIMENSION,
-};
 pub use null::NullBackend;
+pub use virtsoc_frame::{
+    FrameError, FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo, MAX_DIMENSION,
+};
 /// The raw window and display handles a [`SurfacePresenter`] is made from (wgpu's own).
 pub use wgpu::rwh;
 pub use wgpu_backend::{
@@ -90,37 +89,16 @@ pub enum GpuError {
     /// The adapter was found but opening a device on it failed (message from wgpu).
     #[error("GPU device request failed: {0}")]
     DeviceRequest(String),
-    /// A frame with a zero width or height.
-    #[error("zero-sized frame {width}x{height}")]
-    ZeroSize {
-        /// Requested width in pixels.
-        width: u32,
-        /// Requested height in pixels.
-        height: u32,
-    },
-    /// A frame wider or taller than [`MAX_DIMENSION`].
-    #[error("frame {width}x{height} exceeds the maximum dimension {max}")]
-    TooLarge {
-        /// Requested width in pixels.
-        width: u32,
-        /// Requested height in pixels.
-        height: u32,
-        /// Largest accepted dimension ([`MAX_DIMENSION`]).
-        max: u32,
-    },
-    /// An inconsistent layout (stride shorter than one row, odd width or height
-    /// for a YUV format, a destination that does not match its submission); the
-    /// text says what.
+    /// A frame layout or buffer that breaks a rule of `virtsoc-frame` (zero or odd size,
+    /// stride too small, buffer too short), or a frame larger than the device takes
+    /// ([`FrameError::TooLarge`] with the device's limit).
+    #[error("invalid frame: {0}")]
+    Frame(#[from] FrameError),
+    /// Valid layouts that do not fit together (a destination that does not match
+    /// its submission); the text says what. A layout breaking the rules on its own
+    /// is a [`GpuError::Frame`].
     #[error("invalid frame layout: {0}")]
     InvalidLayout(String),
-    /// A byte buffer shorter than its layout requires.
-    #[error("buffer too small: need {needed} bytes, got {got}")]
-    BufferTooSmall {
-        /// Bytes the layout needs.
-        needed: usize,
-        /// Bytes the buffer has.
-        got: usize,
-    },
     /// The operation does not accept this pixel format in this role.
     #[error("{op}: unsupported {role} format {format:?}")]
     UnsupportedFormat {
@@ -447,7 +425,8 @@ pub trait GpuBackend: Send + Sync {
             damage.height as usize,
         );
         let stride = l.stride as usize;
-        let mut scratch = OwnedFrame::new(FrameLayout::new(l.format, damage.width, damage.height))?;
+        let mut scratch =
+            OwnedFrame::new(FrameLayout::packed(l.format, damage.width, damage.height)?)?;
         let rows = |data_row: usize| data_row * stride + x * 4..data_row * stride + (x + w) * 4;
         for (r, out) in scratch.data.chunks_exact_mut(w * 4).enumerate().take(h) {
             out.copy_from_slice(&dst.data[rows(y + r)]);
@@ -657,7 +636,7 @@ pub const MEASURE_RUNS: u32 = 5;
 pub fn measure(backend: &dyn GpuBackend, width: u32, height: u32) -> Result<GpuTimings> {
     let video = pattern::nv12_gradient(width, height, 0)?;
     let ui = pattern::rgba_ui(width, height)?;
-    let dst_layout = FrameLayout::new(PixelFormat::Rgba8, width, height);
+    let dst_layout = FrameLayout::packed(PixelFormat::Rgba8, width, height)?;
     let mut dsts = [OwnedFrame::new(dst_layout)?, OwnedFrame::new(dst_layout)?];
     let layers = [
         Layer::new(video.as_ref(), Rect::full(width, height)).with_blend(false),

@@ -33,7 +33,7 @@ pub fn nv12_gradient_strided(
     stride: u32,
     phase: u32,
 ) -> Result<OwnedFrame> {
-    let layout = FrameLayout::with_stride(PixelFormat::Nv12, width, height, stride);
+    let layout = FrameLayout::with_stride(PixelFormat::Nv12, width, height, stride)?;
     let mut f = OwnedFrame::new(layout)?;
     f.data.fill(0xEE);
     let (w, h, s) = (width as usize, height as usize, stride as usize);
@@ -62,7 +62,7 @@ pub fn nv12_gradient_strided(
 
 /// A YUV420P frame with tight stride.
 pub fn yuv420p_gradient(width: u32, height: u32, phase: u32) -> Result<OwnedFrame> {
-    let layout = FrameLayout::new(PixelFormat::Yuv420p, width, height);
+    let layout = FrameLayout::packed(PixelFormat::Yuv420p, width, height)?;
     let mut f = OwnedFrame::new(layout)?;
     let (w, h) = (width as usize, height as usize);
     let (cw, ch) = (w / 2, h / 2);
@@ -96,7 +96,7 @@ pub fn rgb_gradient(
     height: u32,
     alpha: impl Fn(u32, u32) -> u8,
 ) -> Result<OwnedFrame> {
-    let layout = FrameLayout::new(format, width, height);
+    let layout = FrameLayout::packed(format, width, height)?;
     let mut f = OwnedFrame::new(layout)?;
     let (w, h) = (width as f32, height as f32);
     for y in 0..height {
@@ -121,7 +121,7 @@ pub fn rgb_gradient(
 /// A phone-UI-like RGBA overlay: translucent status and navigation bars,
 /// a few opaque "buttons", transparent elsewhere.
 pub fn rgba_ui(width: u32, height: u32) -> Result<OwnedFrame> {
-    let layout = FrameLayout::new(PixelFormat::Rgba8, width, height);
+    let layout = FrameLayout::packed(PixelFormat::Rgba8, width, height)?;
     let mut f = OwnedFrame::new(layout)?;
     let bar = (height / 20).max(1);
     for y in 0..height {
@@ -146,7 +146,7 @@ pub fn rgba_ui(width: u32, height: u32) -> Result<OwnedFrame> {
 /// An equirectangular RGBA panorama: smooth in longitude and latitude and
 /// continuous across the horizontal seam.
 pub fn equirect_rgba(width: u32, height: u32) -> Result<OwnedFrame> {
-    let layout = FrameLayout::new(PixelFormat::Rgba8, width, height);
+    let layout = FrameLayout::packed(PixelFormat::Rgba8, width, height)?;
     let mut f = OwnedFrame::new(layout)?;
     let tau = std::f32::consts::TAU;
     for y in 0..height {
@@ -165,7 +165,7 @@ pub fn equirect_rgba(width: u32, height: u32) -> Result<OwnedFrame> {
 
 /// An equirectangular NV12 panorama (same idea as [`equirect_rgba`]).
 pub fn equirect_nv12(width: u32, height: u32) -> Result<OwnedFrame> {
-    let layout = FrameLayout::new(PixelFormat::Nv12, width, height);
+    let layout = FrameLayout::packed(PixelFormat::Nv12, width, height)?;
     let mut f = OwnedFrame::new(layout)?;
     let tau = std::f32::consts::TAU;
     let (w, h) = (width as usize, height as usize);

@@ -63,7 +63,7 @@ fn nv12_layer_scaled_2x() {
     let g = gpu_or_skip!();
     // Padded stride to exercise row pitch handling.
     let src = pattern::nv12_gradient_strided(64, 48, 80, 1).unwrap();
-    let dl = FrameLayout::new(PixelFormat::Rgba8, 128, 96);
+    let dl = FrameLayout::packed(PixelFormat::Rgba8, 128, 96).unwrap();
     let layer = Layer::new(src.as_ref(), Rect::full(128, 96)).with_blend(false);
     let (mut a, mut b) = (frame(dl), frame(dl));
     g.composite(&[layer], a.as_mut()).unwrap();
@@ -76,7 +76,7 @@ fn yuv420p_layer_cropped_into_bgra() {
     let g = gpu_or_skip!();
     let src = pattern::yuv420p_gradient(128, 96, 2).unwrap();
     // Destination with a padded stride and BGRA byte order; odd crop offsets.
-    let dl = FrameLayout::with_stride(PixelFormat::Bgra8, 128, 96, 128 * 4 + 48);
+    let dl = FrameLayout::with_stride(PixelFormat::Bgra8, 128, 96, 128 * 4 + 48).unwrap();
     let layer =
         Layer::new(src.as_ref(), Rect::new(10, 8, 100, 70)).with_crop(Rect::new(17, 9, 71, 51));
     let clear = Clear::Color([30, 60, 90, 255]);
@@ -114,7 +114,7 @@ fn rgba_layer_rotated_90_blended_over_another() {
     })
     .unwrap();
     let layers = rotated_layers(&bottom, &top, Rotation::R90);
-    let dl = FrameLayout::new(PixelFormat::Rgba8, 128, 96);
+    let dl = FrameLayout::packed(PixelFormat::Rgba8, 128, 96).unwrap();
     let (mut a, mut b) = (frame(dl), frame(dl));
     g.composite(&layers, a.as_mut()).unwrap();
     cpu().composite(&layers, b.as_mut()).unwrap();
@@ -128,7 +128,7 @@ fn comparison_detects_a_wrong_rotation() {
     let g = gpu_or_skip!();
     let bottom = pattern::rgb_gradient(PixelFormat::Rgba8, 128, 96, |_, _| 255).unwrap();
     let top = pattern::rgb_gradient(PixelFormat::Rgba8, 80, 60, |_, _| 255).unwrap();
-    let dl = FrameLayout::new(PixelFormat::Rgba8, 128, 96);
+    let dl = FrameLayout::packed(PixelFormat::Rgba8, 128, 96).unwrap();
     let (mut a, mut b) = (frame(dl), frame(dl));
     g.composite(&rotated_layers(&bottom, &top, Rotation::R90), a.as_mut())
         .unwrap();
@@ -163,7 +163,7 @@ fn equirect_projection_two_views() {
     let g = gpu_or_skip!();
     let rgba = pattern::equirect_rgba(256, 128).unwrap();
     let nv12 = pattern::equirect_nv12(256, 128).unwrap();
-    let dl = FrameLayout::new(PixelFormat::Rgba8, 128, 96);
+    let dl = FrameLayout::packed(PixelFormat::Rgba8, 128, 96).unwrap();
     let views = [
         View {
             yaw: 0.0,
@@ -236,22 +236,22 @@ fn convert_compute_matches_cpu() {
         (
             "nv12 -> rgba downscale",
             nv12.as_ref(),
-            FrameLayout::new(PixelFormat::Rgba8, 96, 72),
+            FrameLayout::packed(PixelFormat::Rgba8, 96, 72).unwrap(),
         ),
         (
             "yuv420p -> bgra upscale",
             i420.as_ref(),
-            FrameLayout::new(PixelFormat::Bgra8, 160, 120),
+            FrameLayout::packed(PixelFormat::Bgra8, 160, 120).unwrap(),
         ),
         (
             "nv12 -> rgba same size, padded",
             nv12.as_ref(),
-            FrameLayout::with_stride(PixelFormat::Rgba8, 128, 96, 600),
+            FrameLayout::with_stride(PixelFormat::Rgba8, 128, 96, 600).unwrap(),
         ),
         (
             "bgra -> rgba",
             bgra.as_ref(),
-            FrameLayout::new(PixelFormat::Rgba8, 128, 96),
+            FrameLayout::packed(PixelFormat::Rgba8, 128, 96).unwrap(),
         ),
     ];
     for (name, src, dl) in cases {
@@ -266,7 +266,7 @@ fn convert_compute_matches_cpu() {
 fn submissions_are_numbered_and_waitable() {
     let g = gpu_or_skip!();
     let src = pattern::nv12_gradient(64, 48, 0).unwrap();
-    let dl = FrameLayout::new(PixelFormat::Rgba8, 64, 48);
+    let dl = FrameLayout::packed(PixelFormat::Rgba8, 64, 48).unwrap();
     let mut out = frame(dl);
     let p1 = g.submit_convert(src.as_ref(), dl).unwrap();
     let p2 = g.submit_convert(src.as_ref(), dl).unwrap();
@@ -279,7 +279,7 @@ fn submissions_are_numbered_and_waitable() {
     cpu().convert(src.as_ref(), expect.as_mut()).unwrap();
     assert_close("pending convert", &out, &expect, MAX, MEAN);
     // A finish into the wrong size fails cleanly.
-    let mut small = frame(FrameLayout::new(PixelFormat::Rgba8, 32, 24));
+    let mut small = frame(FrameLayout::packed(PixelFormat::Rgba8, 32, 24).unwrap());
     assert!(g.finish(p2, small.as_mut()).is_err());
     assert!(g.wait_submission(u64::MAX).is_err());
 }
@@ -290,7 +290,7 @@ fn pools_stay_bounded() {
     for i in 0..40u32 {
         let w = 16 + 2 * i;
         let src = pattern::nv12_gradient(w, 16, i).unwrap();
-        let mut dst = frame(FrameLayout::new(PixelFormat::Rgba8, w, 16));
+        let mut dst = frame(FrameLayout::packed(PixelFormat::Rgba8, w, 16).unwrap());
         g.composite(&[Layer::new(src.as_ref(), Rect::full(w, 16))], dst.as_mut())
             .unwrap();
     }
@@ -314,7 +314,7 @@ fn measure_reports_timings() {
 fn concurrent_callers_share_one_device() {
     let g = gpu_or_skip!();
     let src = pattern::yuv420p_gradient(64, 48, 6).unwrap();
-    let dl = FrameLayout::new(PixelFormat::Rgba8, 96, 72);
+    let dl = FrameLayout::packed(PixelFormat::Rgba8, 96, 72).unwrap();
     let mut expect = frame(dl);
     let layer = Layer::new(src.as_ref(), Rect::full(96, 72)).with_blend(false);
     cpu().composite(&[layer], expect.as_mut()).unwrap();

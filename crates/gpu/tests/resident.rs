@@ -74,7 +74,7 @@ fn resident_composite_matches_cpu_for_all_source_formats() {
     let base = pattern::rgb_gradient(PixelFormat::Rgba8, 128, 96, |_, _| 255).unwrap();
     for dst_format in [PixelFormat::Rgba8, PixelFormat::Bgra8] {
         let mut base = base.clone();
-        base.layout = FrameLayout::with_stride(dst_format, 128, 96, 128 * 4);
+        base.layout = FrameLayout::with_stride(dst_format, 128, 96, 128 * 4).unwrap();
         let srcs = [&nv12, &i420, &rgba, &bgra];
         let mut expect = base.clone();
         CpuBackend::new()
@@ -193,7 +193,7 @@ fn resident_composite_is_asynchronous_and_ordered() {
     let vi = upload(g, &video);
     let ui_img = upload(g, &ui);
     let dst = g
-        .create_image(FrameLayout::new(PixelFormat::Rgba8, w, h))
+        .create_image(FrameLayout::packed(PixelFormat::Rgba8, w, h).unwrap())
         .unwrap();
     let layers = [
         ImageLayer::new(&vi, Rect::full(w, h)).with_blend(false),
@@ -236,7 +236,7 @@ fn resident_project_markers_convert_match_cpu() {
     let cpu = CpuBackend::new();
     let eq = pattern::equirect_nv12(256, 128).unwrap();
     let eq_img = upload(g, &eq);
-    let dl = FrameLayout::new(PixelFormat::Bgra8, 128, 96);
+    let dl = FrameLayout::packed(PixelFormat::Bgra8, 128, 96).unwrap();
     let view = View {
         yaw: 3.0,
         pitch: -0.6,
@@ -260,7 +260,7 @@ fn resident_project_markers_convert_match_cpu() {
     let src = pattern::yuv420p_gradient(128, 96, 5).unwrap();
     let src_img = upload(g, &src);
     let out = g
-        .create_image(FrameLayout::new(PixelFormat::Rgba8, 96, 72))
+        .create_image(FrameLayout::packed(PixelFormat::Rgba8, 96, 72).unwrap())
         .unwrap();
     let id = g.submit_convert_images(&src_img, &out).unwrap();
     g.wait_submission(id).unwrap();
@@ -274,7 +274,7 @@ fn bad_image_arguments_are_errors() {
     let g = gpu_or_skip!();
     let src = upload(g, &pattern::nv12_gradient(32, 24, 0).unwrap());
     let dst = g
-        .create_image(FrameLayout::new(PixelFormat::Rgba8, 32, 24))
+        .create_image(FrameLayout::packed(PixelFormat::Rgba8, 32, 24).unwrap())
         .unwrap();
     let good = ImageLayer::new(&src, Rect::full(32, 24));
     assert!(g.submit_composite_images(&[good], &dst).is_ok());
@@ -306,12 +306,21 @@ fn bad_image_arguments_are_errors() {
     assert!(g
         .submit_markers_image(&[Marker::square(1.0, 1.0, -1.0, [0; 4])], &dst)
         .is_err());
-    assert!(g
-        .create_image(FrameLayout::new(PixelFormat::Nv12, 31, 24))
-        .is_err());
-    assert!(g
-        .create_image(FrameLayout::new(PixelFormat::Rgba8, 100_000, 1))
-        .is_err());
+    // Layouts with their fields set by hand, past the constructors' checks.
+    let odd = FrameLayout {
+        format: PixelFormat::Nv12,
+        width: 31,
+        height: 24,
+        stride: 31,
+    };
+    assert!(g.create_image(odd).is_err());
+    let huge = FrameLayout {
+        format: PixelFormat::Rgba8,
+        width: 100_000,
+        height: 1,
+        stride: 400_000,
+    };
+    assert!(g.create_image(huge).is_err());
     let n = dst.bytes();
     assert_eq!(n, 32 * 24 * 4);
     assert!(g.write_image(&dst, n - 3, &[0; 4]).is_err());
@@ -366,11 +375,11 @@ fn partial_ranges_round_trip() {
     let g = gpu_or_skip!();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let layouts = [
-        FrameLayout::with_stride(PixelFormat::Nv12, 38, 20, 48),
-        FrameLayout::with_stride(PixelFormat::Yuv420p, 34, 14, 44),
-        FrameLayout::with_stride(PixelFormat::Rgba8, 21, 13, 21 * 4 + 12),
-        FrameLayout::with_stride(PixelFormat::Bgra8, 17, 9, 17 * 4 + 6),
-        FrameLayout::new(PixelFormat::Rgba8, 16, 8),
+        FrameLayout::with_stride(PixelFormat::Nv12, 38, 20, 48).unwrap(),
+        FrameLayout::with_stride(PixelFormat::Yuv420p, 34, 14, 44).unwrap(),
+        FrameLayout::with_stride(PixelFormat::Rgba8, 21, 13, 21 * 4 + 12).unwrap(),
+        FrameLayout::with_stride(PixelFormat::Bgra8, 17, 9, 17 * 4 + 6).unwrap(),
+        FrameLayout::packed(PixelFormat::Rgba8, 16, 8).unwrap(),
     ];
     for l in layouts {
         let img = g.create_image(l).unwrap();
@@ -464,7 +473,7 @@ fn fused_full_screen_layers_match_separate_draws_and_the_cpu() {
                 if third {
                     layers.push(Layer::new(small.as_ref(), Rect::new(20, 10, 60, 40)));
                 }
-                let mut want = frame(FrameLayout::new(PixelFormat::Rgba8, w, h));
+                let mut want = frame(FrameLayout::packed(PixelFormat::Rgba8, w, h).unwrap());
                 CpuBackend::new().composite(&layers, want.as_mut()).unwrap();
                 let run = |g: &WgpuBackend| {
                     let imgs: Vec<GpuImage> = layers
@@ -481,7 +490,7 @@ fn fused_full_screen_layers_match_separate_draws_and_the_cpu() {
                         .map(|(l, img)| ImageLayer::of(l, img))
                         .collect();
                     let dst = g
-                        .create_image(FrameLayout::new(PixelFormat::Rgba8, w, h))
+                        .create_image(FrameLayout::packed(PixelFormat::Rgba8, w, h).unwrap())
                         .unwrap();
                     let id = g.submit_composite_images(&il, &dst).unwrap();
                     g.wait_submission(id).unwrap();

@@ -5,8 +5,8 @@ mod common;
 
 use common::frame;
 use virtsoc_gpu::{
-    pattern, Clear, CpuBackend, FrameLayout, FrameMut, FrameRef, GpuBackend, GpuError, Layer,
-    Marker, NullBackend, OwnedFrame, PixelFormat, Rect, View,
+    pattern, Clear, CpuBackend, FrameError, FrameLayout, FrameMut, FrameRef, GpuBackend, GpuError,
+    Layer, Marker, NullBackend, OwnedFrame, PixelFormat, Rect, View,
 };
 
 fn backends() -> Vec<&'static dyn GpuBackend> {
@@ -23,8 +23,28 @@ fn backends() -> Vec<&'static dyn GpuBackend> {
     v
 }
 
+/// A layout with its fields set by hand, unchecked: the backends must refuse a bad one.
+fn raw(format: PixelFormat, width: u32, height: u32, stride: u32) -> FrameLayout {
+    FrameLayout {
+        format,
+        width,
+        height,
+        stride,
+    }
+}
+
+/// A view with its fields set by hand, unchecked.
+fn view(layout: FrameLayout, data: &[u8]) -> FrameRef<'_> {
+    FrameRef { layout, data }
+}
+
+/// A writable view with its fields set by hand, unchecked.
+fn view_mut(layout: FrameLayout, data: &mut [u8]) -> FrameMut<'_> {
+    FrameMut { layout, data }
+}
+
 fn rgba(w: u32, h: u32) -> OwnedFrame {
-    frame(FrameLayout::new(PixelFormat::Rgba8, w, h))
+    frame(FrameLayout::packed(PixelFormat::Rgba8, w, h).unwrap())
 }
 
 /// Which error a bad case must produce.
@@ -80,38 +100,32 @@ fn bad_composite_arguments_are_errors() {
             }),
             (
                 "source buffer too small",
-                Layer::new(
-                    FrameRef::new(src.layout, &src.data[..100]),
-                    Rect::full(32, 24),
-                ),
-                |e| matches!(e, GpuError::BufferTooSmall { .. }),
+                Layer::new(view(src.layout, &src.data[..100]), Rect::full(32, 24)),
+                |e| matches!(e, GpuError::Frame(FrameError::BufferTooSmall { .. })),
             ),
             (
                 "odd NV12 size",
                 Layer::new(
-                    FrameRef::new(FrameLayout::new(PixelFormat::Nv12, 31, 24), &src.data),
+                    view(raw(PixelFormat::Nv12, 31, 24, 31), &src.data),
                     Rect::full(32, 24),
                 ),
-                |e| matches!(e, GpuError::InvalidLayout(_)),
+                |e| matches!(e, GpuError::Frame(FrameError::OddSize { .. })),
             ),
             (
                 "source stride too small",
                 Layer::new(
-                    FrameRef::new(
-                        FrameLayout::with_stride(PixelFormat::Rgba8, 8, 8, 16),
-                        &src.data,
-                    ),
+                    view(raw(PixelFormat::Rgba8, 8, 8, 16), &src.data),
                     Rect::full(32, 24),
                 ),
-                |e| matches!(e, GpuError::InvalidLayout(_)),
+                |e| matches!(e, GpuError::Frame(FrameError::StrideTooSmall { .. })),
             ),
             (
                 "zero-sized source",
                 Layer::new(
-                    FrameRef::new(FrameLayout::new(PixelFormat::Rgba8, 0, 8), &src.data),
+                    view(raw(PixelFormat::Rgba8, 0, 8, 0), &src.data),
                     Rect::full(8, 8),
                 ),
-                |e| matches!(e, GpuError::ZeroSize { .. }),
+                |e| matches!(e, GpuError::Frame(FrameError::ZeroSize { .. })),
             ),
         ];
         for (what, layer, ok) in cases {
@@ -123,7 +137,7 @@ fn bad_composite_arguments_are_errors() {
         }
 
         // Destination problems.
-        let mut yuv_dst = frame(FrameLayout::new(PixelFormat::Nv12, 32, 24));
+        let mut yuv_dst = frame(FrameLayout::packed(PixelFormat::Nv12, 32, 24).unwrap());
         assert!(matches!(
             be.composite(&[good], yuv_dst.as_mut()),
             Err(GpuError::UnsupportedFormat { .. })
@@ -131,23 +145,29 @@ fn bad_composite_arguments_are_errors() {
         let mut short = vec![0u8; 32 * 24 * 4 - 1];
         let r = be.composite(
             &[good],
-            FrameMut::new(FrameLayout::new(PixelFormat::Rgba8, 32, 24), &mut short),
+            view_mut(raw(PixelFormat::Rgba8, 32, 24, 32 * 4), &mut short),
         );
         assert!(
-            matches!(r, Err(GpuError::BufferTooSmall { .. })),
+            matches!(r, Err(GpuError::Frame(FrameError::BufferTooSmall { .. }))),
             "{name}: {r:?}"
         );
         let mut none: Vec<u8> = vec![];
         let r = be.composite(
             &[good],
-            FrameMut::new(FrameLayout::new(PixelFormat::Rgba8, 0, 0), &mut none),
+            view_mut(raw(PixelFormat::Rgba8, 0, 0, 0), &mut none),
         );
-        assert!(matches!(r, Err(GpuError::ZeroSize { .. })), "{name}: {r:?}");
+        assert!(
+            matches!(r, Err(GpuError::Frame(FrameError::ZeroSize { .. }))),
+            "{name}: {r:?}"
+        );
         let r = be.composite(
             &[good],
-            FrameMut::new(FrameLayout::new(PixelFormat::Rgba8, 100_000, 1), &mut none),
+            view_mut(raw(PixelFormat::Rgba8, 100_000, 1, 100_000 * 4), &mut none),
         );
-        assert!(matches!(r, Err(GpuError::TooLarge { .. })), "{name}: {r:?}");
+        assert!(
+            matches!(r, Err(GpuError::Frame(FrameError::TooLarge { .. }))),
+            "{name}: {r:?}"
+        );
         let many = vec![good; virtsoc_gpu::MAX_LAYERS + 1];
         assert!(matches!(
             be.composite(&many, dst.as_mut()),
@@ -185,13 +205,9 @@ fn bad_equirect_marker_convert_arguments_are_errors() {
                 "{name}: {view:?}: {r:?}"
             );
         }
-        let r = be.project_equirect(
-            FrameRef::new(src.layout, &src.data[..10]),
-            VIEW,
-            dst.as_mut(),
-        );
+        let r = be.project_equirect(view(src.layout, &src.data[..10]), VIEW, dst.as_mut());
         assert!(
-            matches!(r, Err(GpuError::BufferTooSmall { .. })),
+            matches!(r, Err(GpuError::Frame(FrameError::BufferTooSmall { .. }))),
             "{name}: {r:?}"
         );
 
@@ -212,18 +228,18 @@ fn bad_equirect_marker_convert_arguments_are_errors() {
             );
         }
 
-        let mut yuv_dst = frame(FrameLayout::new(PixelFormat::Yuv420p, 16, 16));
+        let mut yuv_dst = frame(FrameLayout::packed(PixelFormat::Yuv420p, 16, 16).unwrap());
         let r = be.convert(src.as_ref(), yuv_dst.as_mut());
         assert!(
             matches!(r, Err(GpuError::UnsupportedFormat { .. })),
             "{name}: {r:?}"
         );
         let r = be.convert(
-            FrameRef::new(FrameLayout::new(PixelFormat::Yuv420p, 16, 15), &src.data),
+            view(raw(PixelFormat::Yuv420p, 16, 15, 16), &src.data),
             dst.as_mut(),
         );
         assert!(
-            matches!(r, Err(GpuError::InvalidLayout(_))),
+            matches!(r, Err(GpuError::Frame(FrameError::OddSize { .. }))),
             "{name}: {r:?}"
         );
     }
@@ -232,7 +248,7 @@ fn bad_equirect_marker_convert_arguments_are_errors() {
 #[test]
 fn null_backend_fills_pixels_only() {
     let be = NullBackend::with_fill([1, 2, 3, 4]);
-    let layout = FrameLayout::with_stride(PixelFormat::Bgra8, 3, 2, 16);
+    let layout = FrameLayout::with_stride(PixelFormat::Bgra8, 3, 2, 16).unwrap();
     let mut f = frame(layout);
     f.data.fill(0xAA);
     be.composite_with(&[], f.as_mut(), Clear::Keep).unwrap();

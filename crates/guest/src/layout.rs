@@ -1,6 +1,6 @@
 //! Where the planes of an image region are.
 //!
-//! The host stacks a region's planes as `virtsoc-media`'s `FrameLayout` does, from the row
+//! The host stacks a region's planes as `virtsoc-frame`'s `FrameLayout` does, from the row
 //! stride the host chose at allocation (kept in [`RegionInfo`]):
 //!
 //! | format  | planes (offset, stride)                                              |

@@ -38,6 +38,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use virtsoc_svm::GuestId;
 
 use crate::{HostError, Result};
 
@@ -146,7 +147,7 @@ pub struct CpuCgroups {
     parent: PathBuf,
     /// The daemon's own pid (never moved).
     own_pid: u32,
-    members: Mutex<HashMap<u64, Member>>,
+    members: Mutex<HashMap<GuestId, Member>>,
     /// The daemon's device threads' group, once made ([`CpuCgroups::attach_device_threads`]).
     device: Mutex<Option<DeviceThreads>>,
 }
@@ -289,22 +290,22 @@ impl CpuCgroups {
     }
 
     /// The directory `guest`'s group has (or would have).
-    pub fn dir_of(&self, guest: u64) -> PathBuf {
+    pub fn dir_of(&self, guest: GuestId) -> PathBuf {
         self.parent.join(format!("guest-{guest}"))
     }
 
     /// The weight `guest`'s group has, if it has one.
-    pub fn weight(&self, guest: u64) -> Option<u64> {
+    pub fn weight(&self, guest: GuestId) -> Option<u64> {
         self.lock().get(&guest).map(|m| m.weight)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Member>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GuestId, Member>> {
         self.members.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Puts process `pid` of `guest` (named `name`, as the policy knows it) into a group of
     /// its own with the weight of `share`.
-    pub fn attach(&self, guest: u64, name: &str, pid: u32, share: u32) -> Result<()> {
+    pub fn attach(&self, guest: GuestId, name: &str, pid: u32, share: u32) -> Result<()> {
         if pid == 0 || pid == self.own_pid {
             return Err(config(format!(
                 "guest {guest} runs in the daemon's own process: its CPU weight is the daemon's"
@@ -362,7 +363,7 @@ impl CpuCgroups {
     }
 
     /// The parent's weight: its guests' policy weights together.
-    fn sync_parent(&self, members: &HashMap<u64, Member>) {
+    fn sync_parent(&self, members: &HashMap<GuestId, Member>) {
         let device = self
             .device
             .lock()
@@ -385,7 +386,7 @@ impl CpuCgroups {
     }
 
     /// Sets `guest`'s weight from `share` (nothing if it has no group).
-    pub fn set_share(&self, guest: u64, share: u32) -> Result<()> {
+    pub fn set_share(&self, guest: GuestId, share: u32) -> Result<()> {
         let mut members = self.lock();
         let Some(m) = members.get_mut(&guest) else {
             return Ok(());
@@ -533,7 +534,7 @@ impl CpuCgroups {
     }
 
     /// `guest` left: its process (if alive) back where it came from, its group removed.
-    pub fn detach(&self, guest: u64) -> Result<()> {
+    pub fn detach(&self, guest: GuestId) -> Result<()> {
         let mut members = self.lock();
         let Some(m) = members.remove(&guest) else {
             return Ok(());
@@ -543,7 +544,7 @@ impl CpuCgroups {
         self.release(guest, &m)
     }
 
-    fn release(&self, guest: u64, m: &Member) -> Result<()> {
+    fn release(&self, guest: GuestId, m: &Member) -> Result<()> {
         if self.fs.exists(&self.proc_root.join(m.pid.to_string())) {
             // The process may have exited meanwhile (ESRCH): nothing to move then.
             let _ = self
@@ -563,7 +564,7 @@ impl CpuCgroups {
     /// Every guest's process back where it came from, every group and the parent removed
     /// (the daemon's exit; also on drop).
     pub fn release_all(&self) {
-        let members: Vec<(u64, Member)> = self.lock().drain().collect();
+        let members: Vec<(GuestId, Member)> = self.lock().drain().collect();
         for (g, m) in members {
             if let Err(e) = self.release(g, &m) {
                 log::warn!("cpu weight: {e}");

@@ -102,27 +102,27 @@ fn v1_guest_is_placed_steered_and_put_back() {
     let cg = f.detect(100).unwrap();
     assert_eq!(cg.version(), Version::V1);
     assert!(f.has("sys/cpu/virtsoc"));
-    cg.attach(7, "g", 200, 300).unwrap();
+    cg.attach(GuestId(7), "g", 200, 300).unwrap();
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "3072");
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cgroup.procs"), "200");
-    assert_eq!(cg.weight(7), Some(3072));
+    assert_eq!(cg.weight(GuestId(7)), Some(3072));
     assert_eq!(
         f.read("sys/cpu/virtsoc/cpu.shares"),
         "3072",
         "the parent weighs its guests"
     );
-    cg.set_share(7, 50).unwrap();
+    cg.set_share(GuestId(7), 50).unwrap();
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "512");
     // The feedback loop moves CPU between guests, not from the host: the parent stays.
-    cg.set_share(7, 1000).unwrap();
+    cg.set_share(GuestId(7), 1000).unwrap();
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "10240");
     assert_eq!(f.read("sys/cpu/virtsoc/cpu.shares"), "3072");
     // A guest without a group: nothing to steer, no error.
-    cg.set_share(8, 500).unwrap();
-    cg.detach(7).unwrap();
+    cg.set_share(GuestId(8), 500).unwrap();
+    cg.detach(GuestId(7)).unwrap();
     assert_eq!(f.read("sys/cpu/user/x/cgroup.procs"), "200");
     assert!(!f.has("sys/cpu/virtsoc/guest-7"));
-    assert_eq!(cg.weight(7), None);
+    assert_eq!(cg.weight(GuestId(7)), None);
     drop(cg);
     assert!(!f.has("sys/cpu/virtsoc"), "the parent goes with the daemon");
 }
@@ -146,7 +146,7 @@ fn v2_enables_the_controller_and_writes_cpu_weight() {
         f.read(&format!("{daemon}/virtsoc/cgroup.subtree_control")),
         "+cpu"
     );
-    cg.attach(3, "g", 300, 250).unwrap();
+    cg.attach(GuestId(3), "g", 300, 250).unwrap();
     assert_eq!(
         f.read(&format!("{daemon}/virtsoc/guest-3/cpu.weight")),
         "250"
@@ -157,7 +157,7 @@ fn v2_enables_the_controller_and_writes_cpu_weight() {
     );
     // The process exited before its guest's session ended: only the group goes.
     std::fs::remove_dir_all(f.root.join("proc/300")).unwrap();
-    cg.detach(3).unwrap();
+    cg.detach(GuestId(3)).unwrap();
     assert_eq!(f.read("sys/user.slice/app/cgroup.procs"), "");
     assert!(!f.has(&format!("{daemon}/virtsoc/guest-3")));
 }
@@ -187,23 +187,29 @@ fn the_daemon_and_shared_processes_are_never_moved() {
     let f = v1("v1-2");
     f.process(201, "1:cpu:/\n");
     let cg = f.detect(100).unwrap();
-    let e = cg.attach(1, "g", 100, 100).unwrap_err().to_string();
+    let e = cg
+        .attach(GuestId(1), "g", 100, 100)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("daemon's own process"), "{e}");
     assert!(!f.has("sys/cpu/virtsoc/guest-1"));
-    cg.attach(2, "g", 200, 50).unwrap();
+    cg.attach(GuestId(2), "g", 200, 50).unwrap();
     assert_eq!(
         f.read("sys/cpu/virtsoc/cpu.shares"),
         "1024",
         "never under the default"
     );
-    let e = cg.attach(3, "g", 200, 400).unwrap_err().to_string();
+    let e = cg
+        .attach(GuestId(3), "g", 200, 400)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("shares process 200"), "{e}");
     assert!(!f.has("sys/cpu/virtsoc/guest-3"));
     assert_eq!(f.read("sys/cpu/virtsoc/guest-2/cpu.shares"), "512");
     // A process whose cgroup cannot be read is refused before anything is created.
-    assert!(cg.attach(4, "g", 999, 100).is_err());
+    assert!(cg.attach(GuestId(4), "g", 999, 100).is_err());
     assert!(!f.has("sys/cpu/virtsoc/guest-4"));
-    cg.attach(5, "g", 201, 100).unwrap();
+    cg.attach(GuestId(5), "g", 201, 100).unwrap();
 }
 
 #[test]
@@ -220,15 +226,15 @@ fn a_policy_change_reweights_guests_and_the_parent() {
     let f = v1("reweight");
     f.process(201, "1:cpu:/user/x\n");
     let cg = f.detect(100).unwrap();
-    cg.attach(7, "video", 200, 100).unwrap();
-    cg.attach(8, "batch", 201, 100).unwrap();
+    cg.attach(GuestId(7), "video", 200, 100).unwrap();
+    cg.attach(GuestId(8), "batch", 201, 100).unwrap();
     assert_eq!(f.read("sys/cpu/virtsoc/cpu.shares"), "2048");
     // The feedback loop has raised the batch guest (say): that weight is the loop's.
-    cg.set_share(8, 400).unwrap();
+    cg.set_share(GuestId(8), 400).unwrap();
     let share_of = |name: &str| if name == "video" { 300 } else { 50 };
     cg.reweight(&share_of);
     assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cpu.shares"), "3072");
-    assert_eq!(cg.weight(7), Some(3072));
+    assert_eq!(cg.weight(GuestId(7)), Some(3072));
     assert_eq!(
         f.read("sys/cpu/virtsoc/guest-8/cpu.shares"),
         "4096",
@@ -290,7 +296,7 @@ fn device_threads_get_a_group_the_feedback_loop_can_raise() {
         "1024",
         "at least the default"
     );
-    cg.attach(7, "video", 200, 100).unwrap();
+    cg.attach(GuestId(7), "video", 200, 100).unwrap();
     assert_eq!(
         f.read("sys/cpu/virtsoc/cpu.shares"),
         "1239",

@@ -51,11 +51,11 @@ impl ControlBackend {
         let d = &self.0;
         let id = s.guest_id();
         let svm = d.svm();
-        let c = svm.guest_counters(GuestId(id)).ok()?;
-        let (regions, bytes) = svm.guest_usage(GuestId(id)).unwrap_or((0, 0));
+        let c = svm.guest_counters(id).ok()?;
+        let (regions, bytes) = svm.guest_usage(id).unwrap_or((0, 0));
         let (transport, protocol) = d.guest_meta(id).unwrap_or(("unknown", d.config().protocol));
         let links = svm
-            .guest_ledger(GuestId(id))
+            .guest_ledger(id)
             .unwrap_or_default()
             .into_iter()
             .map(|((src, dst), l)| LinkCopies {
@@ -82,7 +82,7 @@ impl ControlBackend {
             .devices()
             .iter()
             .filter_map(|slot| {
-                let u = slot.usage().get(&id).copied()?;
+                let u = slot.usage().get(&id.0).copied()?;
                 Some((
                     slot.device.name().to_string(),
                     DeviceUse {
@@ -103,7 +103,7 @@ impl ControlBackend {
         Some(GuestInfo {
             device_use,
             cpu_weight,
-            id,
+            id: id.0,
             name: s.name().to_string(),
             transport: transport.to_string(),
             protocol: protocol.name().to_string(),
@@ -144,7 +144,11 @@ impl Backend for ControlBackend {
     }
 
     fn guest(&self, id: u64) -> Option<GuestInfo> {
-        let s = self.0.sessions().into_iter().find(|s| s.guest_id() == id)?;
+        let s = self
+            .0
+            .sessions()
+            .into_iter()
+            .find(|s| s.guest_id() == GuestId(id))?;
         if s.is_closed() {
             return None;
         }
@@ -177,25 +181,25 @@ impl Backend for ControlBackend {
     }
 
     fn snapshot_save(&self, id: u64, path: &str) -> Result<Value, ControlError> {
-        let r = crate::snapshot::save(&self.0, id, std::path::Path::new(path))
+        let r = crate::snapshot::save(&self.0, GuestId(id), std::path::Path::new(path))
             .map_err(|e| ControlError::Conflict(e.to_string()))?;
         Ok(serde_json::to_value(r).unwrap_or(Value::Null))
     }
 
     fn migrate(&self, id: u64, to: &str, token: &str) -> Result<Value, ControlError> {
-        let r = crate::snapshot::migrate::migrate(&self.0, id, to, token)
+        let r = crate::snapshot::migrate::migrate(&self.0, GuestId(id), to, token)
             .map_err(|e| ControlError::Conflict(e.to_string()))?;
         Ok(serde_json::to_value(r).unwrap_or(Value::Null))
     }
 
     fn snapshot_load(&self, id: u64, path: &str) -> Result<Value, ControlError> {
-        let r = crate::snapshot::load(&self.0, std::path::Path::new(path), id)
+        let r = crate::snapshot::load(&self.0, std::path::Path::new(path), GuestId(id))
             .map_err(|e| ControlError::Conflict(e.to_string()))?;
         Ok(serde_json::to_value(r).unwrap_or(Value::Null))
     }
 
     fn kill(&self, id: u64) -> Result<(), ControlError> {
-        if self.0.kill(id) {
+        if self.0.kill(GuestId(id)) {
             Ok(())
         } else {
             Err(ControlError::NotFound(format!("no guest {id}")))
@@ -209,7 +213,7 @@ impl Backend for ControlBackend {
         max: (u32, u32),
         wait: std::time::Duration,
     ) -> Result<Option<ViewFrame>, ControlError> {
-        crate::view::frame(&self.0, &self.2, guest, after, max, wait)
+        crate::view::frame(&self.0, &self.2, GuestId(guest), after, max, wait)
     }
 
     fn record(
@@ -219,13 +223,13 @@ impl Backend for ControlBackend {
         fps: u32,
         max: (u32, u32),
     ) -> Result<(Vec<u8>, u64), ControlError> {
-        crate::view::record(&self.0, guest, seconds, fps, max)
+        crate::view::record(&self.0, GuestId(guest), seconds, fps, max)
     }
 
     fn note_view(&self, report: ViewReport) {
         let mut views = self.1.lock().unwrap_or_else(|p| p.into_inner());
         // Only live guests' reports are kept.
-        let live: Vec<u64> = self.0.sessions().iter().map(|s| s.guest_id()).collect();
+        let live: Vec<u64> = self.0.sessions().iter().map(|s| s.guest_id().0).collect();
         views.retain(|g, _| live.contains(g));
         views.insert(report.guest, report);
     }
@@ -244,7 +248,7 @@ impl Backend for ControlBackend {
             .0
             .sessions()
             .iter()
-            .find(|s| s.guest_id() == guest)
+            .find(|s| s.guest_id() == GuestId(guest))
             .map(|s| s.name().to_string())
             .ok_or_else(|| ControlError::NotFound(format!("no guest {guest}")))?;
         let de = policy.clone();

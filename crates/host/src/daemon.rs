@@ -132,7 +132,7 @@ fn spawn_thread(
 #[derive(Debug, Clone)]
 pub struct LingeringSession {
     /// The ended session's guest id.
-    pub guest: u64,
+    pub guest: GuestId,
     /// References to it besides the daemon's list.
     pub references: usize,
     /// Devices whose worker still lists one of its queues.
@@ -146,7 +146,7 @@ pub struct Daemon {
     cfg: DaemonConfig,
     svm: Arc<SvmManager>,
     devices: Arc<DeviceSet>,
-    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    sessions: Mutex<HashMap<GuestId, Arc<Session>>>,
     /// Sessions that left, weakly: one still alive here is a leak (something kept it).
     departed: Mutex<Vec<(Weak<Session>, Instant)>>,
     sessions_gone: Condvar,
@@ -154,7 +154,7 @@ pub struct Daemon {
     /// Connections being served (handshaking or admitted).
     connections: AtomicUsize,
     /// Each admitted guest's transport and coherence protocol (for the control API).
-    guest_meta: Mutex<HashMap<u64, (&'static str, ProtocolKind)>>,
+    guest_meta: Mutex<HashMap<GuestId, (&'static str, ProtocolKind)>>,
     /// Resume secrets and sessions saved by a previous run (`--state-dir`).
     restart: crate::snapshot::restart::Restart,
 }
@@ -246,12 +246,12 @@ impl Daemon {
     }
 
     /// The transport (`unix`, `tcp`, `vm`) and coherence protocol of guest `id`.
-    pub fn guest_meta(&self, id: u64) -> Option<(&'static str, ProtocolKind)> {
+    pub fn guest_meta(&self, id: GuestId) -> Option<(&'static str, ProtocolKind)> {
         let m = self.guest_meta.lock_or_recover();
         m.get(&id).copied()
     }
 
-    fn note_transport(&self, id: u64, transport: &'static str) {
+    fn note_transport(&self, id: GuestId, transport: &'static str) {
         let mut m = self.guest_meta.lock_or_recover();
         if let Some(e) = m.get_mut(&id) {
             e.0 = transport;
@@ -260,7 +260,7 @@ impl Daemon {
 
     /// Closes guest `id`'s session (its connection then cleans up as on a hang-up); `false`
     /// if there is no such guest.
-    pub fn kill(&self, id: u64) -> bool {
+    pub fn kill(&self, id: GuestId) -> bool {
         let s = self.sessions.lock_or_recover();
         let session = s.get(&id).cloned();
         drop(s);
@@ -350,7 +350,7 @@ impl Daemon {
             * PAGE;
         let layout = WindowLayout::new(size, entries(hello.sq_entries), entries(hello.cq_entries))
             .map_err(|e| e.to_string())?;
-        let guest_id = self.next_guest.fetch_add(1, Ordering::Relaxed);
+        let guest_id = GuestId(self.next_guest.fetch_add(1, Ordering::Relaxed));
         let window = SharedWindow::create_memfd(&format!("virtsoc-guest-{guest_id}"), layout)
             .map_err(|e| format!("cannot create window: {e}"))?;
         self.admit_with(guest_id, kind, Arc::new(window), &hello.name)
@@ -361,7 +361,7 @@ impl Daemon {
     /// daemon's.
     pub(crate) fn admit_with(
         &self,
-        guest_id: u64,
+        guest_id: GuestId,
         kind: ProtocolKind,
         window: Arc<SharedWindow>,
         name: &str,
@@ -375,7 +375,7 @@ impl Daemon {
             });
         self.svm
             .attach_guest_limited(
-                GuestId(guest_id),
+                guest_id,
                 window.clone(),
                 self.svm.protocol(kind),
                 limit,
@@ -394,8 +394,8 @@ impl Daemon {
     }
 
     /// A fresh guest id.
-    pub(crate) fn next_guest_id(&self) -> u64 {
-        self.next_guest.fetch_add(1, Ordering::Relaxed)
+    pub(crate) fn next_guest_id(&self) -> GuestId {
+        GuestId(self.next_guest.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Checks the protocol version and the coherence protocol a guest asks for.
@@ -416,7 +416,7 @@ impl Daemon {
     pub(crate) fn welcome(&self, a: &Admitted) -> Reply {
         let topo = self.svm.engine().topology();
         Reply::Welcome {
-            guest_id: a.guest_id,
+            guest_id: a.guest_id.0,
             layout: a.layout,
             coherence: a.kind.name().to_string(),
             devices: self
@@ -443,7 +443,7 @@ impl Daemon {
             .insert(session.guest_id(), session.clone());
     }
 
-    pub(crate) fn unregister(&self, guest_id: u64) {
+    pub(crate) fn unregister(&self, guest_id: GuestId) {
         let mut sessions = self.sessions.lock_or_recover();
         if let Some(s) = sessions.remove(&guest_id) {
             let mut departed = self.departed.lock_or_recover();
@@ -458,7 +458,7 @@ impl Daemon {
 
 /// What `admit` set up for a guest.
 pub(crate) struct Admitted {
-    pub(crate) guest_id: u64,
+    pub(crate) guest_id: GuestId,
     pub(crate) layout: WindowLayout,
     pub(crate) window: Arc<SharedWindow>,
     pub(crate) kind: ProtocolKind,

@@ -27,7 +27,7 @@ use crate::Limits;
 
 /// A connected guest.
 pub struct Session {
-    guest_id: u64,
+    guest_id: GuestId,
     name: String,
     window: Arc<SharedWindow>,
     link: Arc<dyn HostLink>,
@@ -50,7 +50,7 @@ impl Session {
     /// A session over `link`; `window` is the guest's window (shared with the guest, or the
     /// host's copy for remote guests), within `limits` (live fences, items queued per device).
     pub fn new(
-        guest_id: u64,
+        guest_id: GuestId,
         name: String,
         window: Arc<SharedWindow>,
         link: Arc<dyn HostLink>,
@@ -132,7 +132,7 @@ impl Session {
     }
 
     /// The guest's id.
-    pub fn guest_id(&self) -> u64 {
+    pub fn guest_id(&self) -> GuestId {
         self.guest_id
     }
 
@@ -192,7 +192,7 @@ impl Session {
         for slot in devices.iter() {
             slot.device.guest_gone(self.guest_id);
         }
-        let freed = svm.detach_guest(GuestId(self.guest_id));
+        let freed = svm.detach_guest(self.guest_id);
         crate::release_free_memory();
         log::info!(
             "guest {} ({}) gone: released {freed} regions",
@@ -277,7 +277,7 @@ impl Session {
             .access()
             .ok_or(Status::UnknownOpcode)?;
         let meta = svm
-            .meta(GuestId(self.guest_id), RegionId(id))
+            .meta(self.guest_id, RegionId(id))
             .map_err(|e| dispatch::status_of(&e))?;
         let end = offset
             .checked_add(len)
@@ -288,14 +288,14 @@ impl Session {
                 return Err(Status::BadArgument);
             }
             let base = svm
-                .window_offset(GuestId(self.guest_id), RegionId(id))
+                .window_offset(self.guest_id, RegionId(id))
                 .map_err(|e| dispatch::status_of(&e))?
                 .ok_or(Status::BadArgument)?;
             self.window
                 .copy_in(base + offset, &inc.payload)
                 .map_err(|_| Status::OutOfRange)?;
         }
-        let v = dispatch::inline(svm, GuestId(self.guest_id), &inc.req)?;
+        let v = dispatch::inline(svm, self.guest_id, &inc.req)?;
         let whole = offset == 0 && len == meta.size;
         let payload = if op == Opcode::BeginAccess && (mode.reads() || !whole) {
             let mut bytes = vec![0u8; len as usize];
@@ -439,7 +439,7 @@ impl Session {
                 | Opcode::FenceStatus,
             ) => CoreRequest::decode(req.opcode, &req.args)
                 .and_then(|r| self.fence_op(r, req.device, devices)),
-            _ => dispatch::inline(svm, GuestId(self.guest_id), &req),
+            _ => dispatch::inline(svm, self.guest_id, &req),
         };
         self.complete(match outcome {
             Ok(v) => Completion::ok(req.seq, v),

@@ -125,7 +125,7 @@ impl HostLink for MemLink {
 }
 
 /// The guest id every [`Core`] attaches.
-pub const GUEST: u64 = 7;
+pub const GUEST: GuestId = GuestId(7);
 
 /// One guest's session over a [`MemLink`], an SVM manager and idle devices.
 pub struct Core {
@@ -151,7 +151,7 @@ impl Core {
         let svm = Arc::new(SvmManager::new(topo));
         let window = window();
         svm.attach_guest(
-            GuestId(GUEST),
+            GUEST,
             window.clone(),
             svm.protocol(ProtocolKind::WriteInvalidate),
             64 << 20,

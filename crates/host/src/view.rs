@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use virtsoc_svm::GuestId;
 
 use virtsoc_control::{ControlError, ViewFrame};
 use virtsoc_display::{PresentedFrame, ViewPicture};
@@ -81,7 +82,7 @@ fn thread_cpu() -> Duration {
 pub fn frame(
     daemon: &Daemon,
     encoders: &Encoders,
-    guest: u64,
+    guest: GuestId,
     after: u64,
     max: (u32, u32),
     wait: Duration,
@@ -142,7 +143,7 @@ pub fn frame(
 /// time) into an MP4 fitting `max`; returns its bytes and the distinct frames in it.
 pub fn record(
     daemon: &Daemon,
-    guest: u64,
+    guest: GuestId,
     seconds: f64,
     fps: u32,
     max: (u32, u32),

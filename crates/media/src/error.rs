@@ -9,18 +9,14 @@ use std::path::PathBuf;
 /// Errors of the media backends.
 #[derive(Debug, thiserror::Error)]
 pub enum MediaError {
-    /// A frame layout is malformed (zero or odd size where even is required, stride too
-    /// small, size overflow).
+    /// A frame layout or buffer breaks a rule of `virtsoc-frame` (zero, odd or too large a
+    /// size, stride too small, size overflow, buffer shorter than its layout).
+    #[error("invalid frame: {0}")]
+    Frame(#[from] virtsoc_frame::FrameError),
+    /// A frame the operation cannot take although its layout is valid (a size outside what
+    /// the codec, camera or scaler handles, a format other than the one it needs).
     #[error("invalid frame layout: {0}")]
     InvalidLayout(String),
-    /// A buffer is smaller than the layout it is supposed to hold.
-    #[error("buffer too small: layout needs {needed} bytes, buffer has {got}")]
-    BufferTooSmall {
-        /// Bytes the layout requires.
-        needed: usize,
-        /// Bytes the buffer has.
-        got: usize,
-    },
     /// The request is valid but this backend or this FFmpeg build cannot serve it
     /// (missing codec or encoder, conversion pair not handled by a backend, ...).
     #[error("unsupported: {0}")]

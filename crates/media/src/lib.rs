@@ -31,7 +31,9 @@ pub use codec::{
     YuvJpegEncoder,
 };
 pub use error::{MediaError, Result};
-pub use frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat, PlaneInfo};
+pub use frame::{
+    copy_frame, FrameError, FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo,
+};
 pub use isp::{CpuIsp, IspBackend, NullIsp, SwscaleIsp};
 
 /// Initializes FFmpeg for this process (its error strings, which are empty until then) and

@@ -73,14 +73,14 @@ fn direct_ok(layout: &FrameLayout, base: *const u8) -> bool {
     layout.planes().iter().all(|p| {
         (base as usize).wrapping_add(p.offset) % SIMD_ALIGN == 0
             && p.stride % SIMD_ALIGN == 0
-            && p.row_bytes % SIMD_ALIGN == 0
+            && p.row_bytes() % SIMD_ALIGN == 0
     })
 }
 
 /// A padded copy of a layout for staging: the luma stride rounded up so that every plane's
 /// stride (chroma planes of YUV420P have half of it) is a multiple of [`SIMD_ALIGN`].
 fn staging_layout(layout: &FrameLayout) -> FrameLayout {
-    let row = layout.width * layout.format.luma_bytes_per_pixel();
+    let row = layout.width * layout.format.bytes_per_pixel();
     let unit = 2 * SIMD_ALIGN as u32;
     let stride = row.div_ceil(unit) * unit;
     FrameLayout { stride, ..*layout }
@@ -335,7 +335,7 @@ impl Scaler {
         let cstride = cw.div_ceil(SIMD_ALIGN) * SIMD_ALIGN;
         let y_in_place = (src.data.as_ptr() as usize + yp.offset) % SIMD_ALIGN == 0
             && yp.stride % SIMD_ALIGN == 0
-            && yp.row_bytes % SIMD_ALIGN == 0;
+            && yp.row_bytes() % SIMD_ALIGN == 0;
         let ystride = if y_in_place {
             0
         } else {

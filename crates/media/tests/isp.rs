@@ -2,8 +2,8 @@
 
 use virtsoc_media::isp::measure_convert_ms;
 use virtsoc_media::{
-    CpuIsp, FrameLayout, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, PixelFormat,
-    SwscaleIsp,
+    CpuIsp, FrameError, FrameLayout, FrameMut, FrameRef, IspBackend, MediaError, NullIsp,
+    PixelFormat, SwscaleIsp,
 };
 
 /// A smooth, in-gamut test image in `layout`'s format (low spatial frequencies, so that
@@ -282,7 +282,7 @@ fn bad_sizes_and_unsupported_pairs_are_errors() {
         };
         let r = isp.convert(src, FrameMut::new(good, &mut out).unwrap());
         assert!(
-            matches!(r, Err(MediaError::BufferTooSmall { .. })),
+            matches!(r, Err(MediaError::Frame(FrameError::BufferTooSmall { .. }))),
             "{}: {r:?}",
             isp.name()
         );
@@ -310,7 +310,7 @@ fn bad_sizes_and_unsupported_pairs_are_errors() {
         };
         assert!(matches!(
             isp.convert(FrameRef::new(good, &input).unwrap(), dst),
-            Err(MediaError::InvalidLayout(_))
+            Err(MediaError::Frame(FrameError::OddSize { .. }))
         ));
         // Zero-sized layout.
         let zero = FrameLayout {
@@ -448,7 +448,7 @@ fn odd_yuv_sizes_are_refused() {
         for f in [PixelFormat::Nv12, PixelFormat::Yuv420p] {
             assert!(matches!(
                 FrameLayout::packed(f, w, h),
-                Err(MediaError::InvalidLayout(_))
+                Err(FrameError::OddSize { .. })
             ));
         }
     }

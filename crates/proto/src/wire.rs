@@ -308,6 +308,24 @@ impl Format {
     }
 }
 
+/// The one mapping from the wire's allocation formats to frame formats: the image formats a
+/// device reads convert, [`Format::Blob`] (no frame) and [`Format::Yuyv`] (allocated, read by
+/// no device) are [`Status::NotSupported`].
+impl TryFrom<Format> for virtsoc_frame::PixelFormat {
+    type Error = Status;
+
+    fn try_from(f: Format) -> Result<Self, Status> {
+        use virtsoc_frame::PixelFormat as P;
+        match f {
+            Format::Nv12 => Ok(P::Nv12),
+            Format::Yuv420p => Ok(P::Yuv420p),
+            Format::Rgba8 => Ok(P::Rgba8),
+            Format::Bgra8 => Ok(P::Bgra8),
+            Format::Blob | Format::Yuyv => Err(Status::NotSupported),
+        }
+    }
+}
+
 /// Usage bits given at allocation (informational, kept in the region metadata).
 pub mod usage {
     /// The CPU reads the region.
@@ -392,5 +410,25 @@ mod tests {
         assert_eq!(Format::Nv12.image_size(1921, 1080), None);
         assert_eq!(Format::Rgba8.image_size(0, 10), None);
         assert_eq!(Format::Blob.image_size(1, 1), None);
+    }
+
+    #[test]
+    fn frame_formats_convert_by_name() {
+        use virtsoc_frame::PixelFormat;
+        for f in PixelFormat::ALL {
+            let wire = Format::ALL
+                .iter()
+                .find(|w| w.name() == format!("{f:?}"))
+                .unwrap();
+            assert_eq!(PixelFormat::try_from(*wire), Ok(f));
+        }
+        assert_eq!(
+            PixelFormat::try_from(Format::Blob),
+            Err(Status::NotSupported)
+        );
+        assert_eq!(
+            PixelFormat::try_from(Format::Yuyv),
+            Err(Status::NotSupported)
+        );
     }
 }

@@ -6,7 +6,6 @@ use std::f32::consts::{PI, TAU};
 use std::ops::Range;
 use std::time::Instant;
 
-use crate::frame::Planes;
 use crate::{
     check_layers, check_markers, check_rgb_dst, check_view, Clear, FrameMut, FrameRef, GpuBackend,
     GpuStats, Layer, Marker, MarkerShape, PixelFormat, Rect, Result, Rotation, View,
@@ -108,36 +107,37 @@ pub(crate) enum Src<'a> {
 impl<'a> Src<'a> {
     /// `frame` must already be validated (its buffer is large enough).
     pub(crate) fn new(frame: FrameRef<'a>) -> Result<Self> {
-        let planes: Planes = frame.layout.check_buffer(frame.data.len())?;
+        frame.layout.check_buffer(frame.data.len())?;
         let l = frame.layout;
-        let d = frame.data;
+        let d = &frame.data[..l.size()];
+        let stride = l.stride as usize;
+        let offset = |i| l.plane(i).map_or(d.len(), |p| p.offset);
         Ok(match l.format {
             PixelFormat::Rgba8 | PixelFormat::Bgra8 => Src::Rgb {
-                data: &d[..planes.size],
-                stride: planes.p0.1,
+                data: d,
+                stride,
                 w: l.width,
                 h: l.height,
                 bgra: l.format == PixelFormat::Bgra8,
             },
             PixelFormat::Nv12 => {
-                let (o1, _) = planes.p1.expect("nv12 has two planes");
+                let o1 = offset(1);
                 Src::Nv12 {
                     y: &d[..o1],
-                    uv: &d[o1..planes.size],
-                    stride: planes.p0.1,
+                    uv: &d[o1..],
+                    stride,
                     w: l.width,
                     h: l.height,
                 }
             }
             PixelFormat::Yuv420p => {
-                let (o1, cs) = planes.p1.expect("yuv420p has three planes");
-                let (o2, _) = planes.p2.expect("yuv420p has three planes");
+                let (o1, o2) = (offset(1), offset(2));
                 Src::I420 {
                     y: &d[..o1],
                     u: &d[o1..o2],
-                    v: &d[o2..planes.size],
-                    stride: planes.p0.1,
-                    cstride: cs,
+                    v: &d[o2..],
+                    stride,
+                    cstride: stride / 2,
                     w: l.width,
                     h: l.height,
                 }

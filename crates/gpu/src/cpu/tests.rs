@@ -23,7 +23,8 @@ fn bt601_reference_points() {
 fn identity_copy_is_exact() {
     let src =
         crate::pattern::rgb_gradient(PixelFormat::Rgba8, 32, 16, |x, _| (x * 8) as u8).unwrap();
-    let mut dst = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 32, 16)).unwrap();
+    let mut dst =
+        OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 32, 16).unwrap()).unwrap();
     let be = CpuBackend::with_threads(2);
     be.convert(src.as_ref(), dst.as_mut()).unwrap();
     assert_eq!(src.data, dst.data);
@@ -32,7 +33,7 @@ fn identity_copy_is_exact() {
 #[test]
 fn bgra_destination_swaps_bytes() {
     let src = crate::pattern::rgb_gradient(PixelFormat::Rgba8, 8, 8, |_, _| 255).unwrap();
-    let mut dst = OwnedFrame::new(FrameLayout::new(PixelFormat::Bgra8, 8, 8)).unwrap();
+    let mut dst = OwnedFrame::new(FrameLayout::packed(PixelFormat::Bgra8, 8, 8).unwrap()).unwrap();
     CpuBackend::new()
         .convert(src.as_ref(), dst.as_mut())
         .unwrap();
@@ -45,9 +46,9 @@ fn bgra_destination_swaps_bytes() {
 fn rotation_90_moves_top_left_to_top_right() {
     // 2x1 source: left pixel red, right pixel green; rotated 90 cw into 1x2,
     // red must end on top.
-    let mut src = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 2, 1)).unwrap();
+    let mut src = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 2, 1).unwrap()).unwrap();
     src.data.copy_from_slice(&[255, 0, 0, 255, 0, 255, 0, 255]);
-    let mut dst = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 1, 2)).unwrap();
+    let mut dst = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 1, 2).unwrap()).unwrap();
     let layer = Layer::new(src.as_ref(), Rect::full(1, 2)).with_rotation(Rotation::R90);
     CpuBackend::new().composite(&[layer], dst.as_mut()).unwrap();
     assert_eq!(&dst.data[..4], &[255, 0, 0, 255]);
@@ -56,9 +57,9 @@ fn rotation_90_moves_top_left_to_top_right() {
 
 #[test]
 fn blend_half_alpha_over_black() {
-    let mut src = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 1, 1)).unwrap();
+    let mut src = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 1, 1).unwrap()).unwrap();
     src.data.copy_from_slice(&[200, 100, 50, 255]);
-    let mut dst = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 1, 1)).unwrap();
+    let mut dst = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 1, 1).unwrap()).unwrap();
     let layer = Layer::new(src.as_ref(), Rect::full(1, 1)).with_alpha(0.5);
     CpuBackend::new().composite(&[layer], dst.as_mut()).unwrap();
     assert_eq!(dst.data, vec![100, 50, 25, 255]);
@@ -68,12 +69,12 @@ fn blend_half_alpha_over_black() {
 fn crop_clamp_does_not_bleed() {
     // Left half white, right half black; crop the left half and scale up:
     // nothing of the black half may appear.
-    let mut src = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 4, 2)).unwrap();
+    let mut src = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 4, 2).unwrap()).unwrap();
     for (i, p) in src.data.chunks_mut(4).enumerate() {
         let v = if i % 4 < 2 { 255 } else { 0 };
         p.copy_from_slice(&[v, v, v, 255]);
     }
-    let mut dst = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 16, 8)).unwrap();
+    let mut dst = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 16, 8).unwrap()).unwrap();
     let layer = Layer::new(src.as_ref(), Rect::full(16, 8)).with_crop(Rect::new(0, 0, 2, 2));
     CpuBackend::new().composite(&[layer], dst.as_mut()).unwrap();
     assert!(dst.data.iter().all(|&b| b == 255));
@@ -82,7 +83,7 @@ fn crop_clamp_does_not_bleed() {
 #[test]
 fn equirect_forward_view_looks_at_centre() {
     let src = crate::pattern::equirect_rgba(256, 128).unwrap();
-    let mut dst = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 9, 9)).unwrap();
+    let mut dst = OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 9, 9).unwrap()).unwrap();
     let view = View {
         yaw: 0.0,
         pitch: 0.0,
@@ -102,7 +103,8 @@ fn equirect_forward_view_looks_at_centre() {
 
 #[test]
 fn marker_cross_leaves_corners() {
-    let mut dst = OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 20, 20)).unwrap();
+    let mut dst =
+        OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 20, 20).unwrap()).unwrap();
     let m = Marker::cross(10.0, 10.0, 10.0, [255, 0, 0, 255]);
     CpuBackend::new().draw_markers(&[m], dst.as_mut()).unwrap();
     let at = |x: usize, y: usize| dst.data[(y * 20 + x) * 4];

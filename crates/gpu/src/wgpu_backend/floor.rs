@@ -63,7 +63,7 @@ impl WgpuBackend {
         let video = pattern::nv12_gradient(width, height, 0)?;
         let src = self.create_image(video.layout)?;
         self.write_image(&src, 0, &video.data)?;
-        let dst = self.create_image(FrameLayout::new(PixelFormat::Rgba8, width, height))?;
+        let dst = self.create_image(FrameLayout::packed(PixelFormat::Rgba8, width, height)?)?;
         Ok((src, dst))
     }
 

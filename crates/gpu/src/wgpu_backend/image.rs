@@ -138,22 +138,28 @@ impl WgpuBackend {
 
     fn new_image(&self, layout: FrameLayout, mut pool: Option<&mut State>) -> Result<GpuImage> {
         static IDS: AtomicU64 = AtomicU64::new(1);
-        let planes = layout.planes()?;
+        layout.validate()?;
         self.check_size(&layout)?;
+        let at = |i| {
+            layout
+                .plane(i)
+                .map(|p| (p.offset, p.stride))
+                .unwrap_or_default()
+        };
         let (w, h) = (layout.width, layout.height);
         let (cw, ch) = layout.chroma_size();
         use wgpu::TextureFormat as F;
         let specs: Vec<PlaneSpec> = match layout.format {
-            PixelFormat::Rgba8 => vec![(F::Rgba8Unorm, w, h, 4, planes.p0)],
-            PixelFormat::Bgra8 => vec![(F::Bgra8Unorm, w, h, 4, planes.p0)],
+            PixelFormat::Rgba8 => vec![(F::Rgba8Unorm, w, h, 4, at(0))],
+            PixelFormat::Bgra8 => vec![(F::Bgra8Unorm, w, h, 4, at(0))],
             PixelFormat::Nv12 => vec![
-                (F::R8Unorm, w, h, 1, planes.p0),
-                (F::Rg8Unorm, cw, ch, 2, planes.p1.expect("nv12 planes")),
+                (F::R8Unorm, w, h, 1, at(0)),
+                (F::Rg8Unorm, cw, ch, 2, at(1)),
             ],
             PixelFormat::Yuv420p => vec![
-                (F::R8Unorm, w, h, 1, planes.p0),
-                (F::R8Unorm, cw, ch, 1, planes.p1.expect("yuv420p planes")),
-                (F::R8Unorm, cw, ch, 1, planes.p2.expect("yuv420p planes")),
+                (F::R8Unorm, w, h, 1, at(0)),
+                (F::R8Unorm, cw, ch, 1, at(1)),
+                (F::R8Unorm, cw, ch, 1, at(2)),
             ],
         };
         let usage = usage(layout.format);
@@ -196,7 +202,7 @@ impl WgpuBackend {
                 id: IDS.fetch_add(1, Ordering::Relaxed),
                 owner: self.instance,
                 layout,
-                size: planes.size,
+                size: layout.size(),
                 planes: planes_v,
                 views,
                 mode,

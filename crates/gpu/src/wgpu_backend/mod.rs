@@ -78,7 +78,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use virtsoc_sync::LockExt;
 
-use crate::{FrameLayout, GpuError, Result};
+use crate::{FrameError, FrameLayout, GpuError, Result};
 
 pub use bytes::PendingFrame;
 pub use driver_threads::CPU_DRIVER_THREADS;
@@ -400,11 +400,11 @@ impl WgpuBackend {
 
     /// Checks a (validated) layout against the device limits.
     fn check_size(&self, layout: &FrameLayout) -> Result<()> {
-        let too_large = GpuError::TooLarge {
+        let too_large = GpuError::Frame(FrameError::TooLarge {
             width: layout.width,
             height: layout.height,
             max: self.max_dim,
-        };
+        });
         if layout.width > self.max_dim || layout.height > self.max_dim {
             return Err(too_large);
         }

@@ -199,7 +199,7 @@ impl WgpuBackend {
                 let (_, pixel) = pick_format(&[p.config.format]).ok_or_else(|| {
                     GpuError::Backend(format!("surface format {:?}", p.config.format))
                 })?;
-                let s = self.create_image(FrameLayout::new(pixel, w, h))?;
+                let s = self.create_image(FrameLayout::packed(pixel, w, h)?)?;
                 p.screen = Some(s.clone());
                 s
             }

@@ -3,7 +3,6 @@
 //! hang-up), and a remote guest on TCP (token first, then frames on the stream).
 
 use super::*;
-use virtsoc_svm::GuestId;
 
 impl Daemon {
     /// A process guest: handshake, the window passed as a memfd, futex doorbells; then the
@@ -30,7 +29,7 @@ impl Daemon {
             Ok(s) => s,
             Err(e) => {
                 log::warn!("guest {guest_id}: {e}");
-                self.svm.detach_guest(GuestId(guest_id));
+                self.svm.detach_guest(guest_id);
                 return;
             }
         };
@@ -80,7 +79,7 @@ impl Daemon {
                 }
                 self.unregister(guest_id);
                 session.close();
-                self.svm.detach_guest(GuestId(guest_id));
+                self.svm.detach_guest(guest_id);
                 return;
             }
         }
@@ -89,7 +88,7 @@ impl Daemon {
             self.cfg.sharing.detach_cpu(guest_id);
             self.unregister(guest_id);
             session.close();
-            self.svm.detach_guest(GuestId(guest_id));
+            self.svm.detach_guest(guest_id);
             return;
         }
         let _ = stream.set_write_timeout(None);
@@ -108,7 +107,7 @@ impl Daemon {
             Err(e) => {
                 log::warn!("guest {guest_id}: cannot start session: {e}");
                 session.close();
-                self.svm.detach_guest(GuestId(guest_id));
+                self.svm.detach_guest(guest_id);
             }
         }
         self.cfg.sharing.detach_cpu(guest_id);
@@ -159,7 +158,7 @@ impl Daemon {
             Ok(v) => v,
             Err(e) => {
                 log::warn!("guest {guest_id}: handshake failed: {e}");
-                self.svm.detach_guest(GuestId(guest_id));
+                self.svm.detach_guest(guest_id);
                 return;
             }
         };
@@ -210,7 +209,7 @@ impl Daemon {
         if !sent {
             self.unregister(guest_id);
             session.close();
-            self.svm.detach_guest(GuestId(guest_id));
+            self.svm.detach_guest(guest_id);
             return;
         }
         log::info!(

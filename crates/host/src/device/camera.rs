@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::camera::{self as api, Command};
 use virtsoc_media::camera::timestamp::MIN_SIZE;
@@ -41,7 +42,7 @@ use virtsoc_media::{
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
 
-use super::codec::{frame_layout, media_status, pixel_format};
+use super::codec::{frame_layout, media_status};
 use super::registry::{CameraSourceKind, DeviceConfig};
 use super::{Device, DeviceCtx, DeviceResult};
 use crate::{clock, HostError, Result};
@@ -241,7 +242,7 @@ struct GuestCamera {
 
 #[derive(Default)]
 struct State {
-    cameras: HashMap<(u64, Mode), GuestCamera>,
+    cameras: HashMap<(GuestId, Mode), GuestCamera>,
     uses: u64,
 }
 
@@ -280,9 +281,6 @@ impl Camera {
 
     /// The layout a capture into a region of `meta` uses.
     fn capture_layout(meta: &RegionMeta) -> std::result::Result<FrameLayout, Status> {
-        if pixel_format(meta.format).is_none() {
-            return Err(Status::NotSupported);
-        }
         let layout = frame_layout(meta)?;
         // RGB frames are drawn in YUV 4:2:0 and converted, so every format needs even sizes.
         if layout.width % 2 != 0
@@ -299,7 +297,7 @@ impl Camera {
     /// file decodes a frame).
     fn camera_for(
         &self,
-        guest: u64,
+        guest: GuestId,
         mode: Mode,
     ) -> std::result::Result<Arc<Mutex<ModeCamera>>, Status> {
         let key = (guest, mode);
@@ -360,7 +358,9 @@ impl Camera {
         let mut camera = camera.lock().unwrap_or_else(|p| p.into_inner());
         let info = cx
             .with_region(c.frame, |bytes| {
-                FrameMut::new(layout, bytes).and_then(|dst| camera.capture(&self.isp, dst))
+                FrameMut::new(layout, bytes)
+                    .map_err(MediaError::from)
+                    .and_then(|dst| camera.capture(&self.isp, dst))
             })?
             .map_err(|e: MediaError| {
                 log::debug!("camera: guest {}: {e}", cx.guest);
@@ -410,13 +410,13 @@ impl Device for Camera {
         }
     }
 
-    fn guest_gone(&self, guest: u64) {
+    fn guest_gone(&self, guest: GuestId) {
         self.state().cameras.retain(|(g, _), _| *g != guest);
     }
 
     /// Snapshots keep the guest's camera modes (format and size), reopened by a restore;
     /// their frame counters start again at 0 (a file source from its start).
-    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+    fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {
         let modes: Vec<[u32; 3]> = self
             .state()
             .cameras
@@ -432,7 +432,7 @@ impl Device for Camera {
 
     fn import_guest(
         &self,
-        guest: u64,
+        guest: GuestId,
         record: &serde_json::Value,
     ) -> std::result::Result<(), String> {
         #[derive(serde::Deserialize)]

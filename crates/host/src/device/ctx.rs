@@ -16,7 +16,7 @@ pub type DeviceResult = std::result::Result<[u64; 6], Status>;
 /// Context of one device command.
 pub struct DeviceCtx<'a> {
     /// The guest that sent the command.
-    pub guest: u64,
+    pub guest: GuestId,
     /// The SVM manager, to reach region replicas.
     pub svm: &'a Arc<SvmManager>,
     /// The device's own memory domain.
@@ -33,7 +33,7 @@ pub struct DeviceCtx<'a> {
 impl<'a> DeviceCtx<'a> {
     /// The context of one command of `guest` on the device whose memory is `domain`.
     pub fn new(
-        guest: u64,
+        guest: GuestId,
         svm: &'a Arc<SvmManager>,
         domain: DomainId,
         fences: &'a Arc<VirtualFenceTable>,
@@ -58,12 +58,8 @@ impl<'a> DeviceCtx<'a> {
     /// it is, for a device that reads host memory in place; else its own.
     pub fn source(&self, id: u64) -> Result<virtsoc_svm::Backing, Status> {
         match self.reads_host {
-            true => self
-                .svm
-                .read_replica(GuestId(self.guest), RegionId(id), self.domain),
-            false => self
-                .svm
-                .replica(GuestId(self.guest), RegionId(id), self.domain),
+            true => self.svm.read_replica(self.guest, RegionId(id), self.domain),
+            false => self.svm.replica(self.guest, RegionId(id), self.domain),
         }
         .map_err(|e| dispatch::status_of(&e))
     }
@@ -96,7 +92,7 @@ impl<'a> DeviceCtx<'a> {
     /// begun an access to it from this device.
     pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
         self.svm
-            .with_replica(GuestId(self.guest), RegionId(id), self.domain, f)
+            .with_replica(self.guest, RegionId(id), self.domain, f)
             .map_err(|e| dispatch::status_of(&e))
     }
 
@@ -111,7 +107,7 @@ impl<'a> DeviceCtx<'a> {
     ) -> Result<T, Status> {
         self.svm
             .with_source_and_replica(
-                GuestId(self.guest),
+                self.guest,
                 (RegionId(src), RegionId(dst)),
                 self.domain,
                 self.reads_host,
@@ -144,10 +140,7 @@ impl<'a> DeviceCtx<'a> {
     /// device memory); counted on the guest's ledger.
     pub fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<(), Status> {
         let t0 = std::time::Instant::now();
-        match self
-            .svm
-            .replica(GuestId(self.guest), RegionId(id), self.domain)
-        {
+        match self.svm.replica(self.guest, RegionId(id), self.domain) {
             Ok(virtsoc_svm::Backing::Host(b)) => b
                 .lock()
                 .get_mut(..bytes.len())
@@ -172,8 +165,7 @@ impl<'a> DeviceCtx<'a> {
     /// Whether region `id`'s replica in this device's domain is in device memory.
     pub fn in_device_memory(&self, id: u64) -> bool {
         matches!(
-            self.svm
-                .replica(GuestId(self.guest), RegionId(id), self.domain),
+            self.svm.replica(self.guest, RegionId(id), self.domain),
             Ok(virtsoc_svm::Backing::Device(_))
         )
     }
@@ -181,13 +173,13 @@ impl<'a> DeviceCtx<'a> {
     /// Counts a copy of `n` bytes of frame data this device made in its own memory.
     pub fn count_copy(&self, n: usize, since: std::time::Instant) {
         self.svm
-            .count_device_copy(GuestId(self.guest), self.domain, n as u64, since.elapsed());
+            .count_device_copy(self.guest, self.domain, n as u64, since.elapsed());
     }
 
     /// Metadata (size, format, dimensions) of region `id` of this guest.
     pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
         self.svm
-            .meta(GuestId(self.guest), RegionId(id))
+            .meta(self.guest, RegionId(id))
             .map_err(|e| dispatch::status_of(&e))
     }
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use virtsoc_svm::GuestId;
 
 use virtsoc_control::DisplayGuestMetrics;
 use virtsoc_sched::dfr::{DfrConfig, DfrController};
@@ -73,7 +74,7 @@ struct Tracked {
 }
 
 /// Sets `guest`'s CPU weight from `share`, if the daemon steers CPU weights.
-fn cpu_share(cgroups: Option<&CpuCgroups>, guest: u64, share: u32) {
+fn cpu_share(cgroups: Option<&CpuCgroups>, guest: GuestId, share: u32) {
     if let Some(cg) = cgroups {
         if let Err(e) = cg.set_share(guest, share) {
             log::warn!("feedback: {e}");
@@ -143,7 +144,7 @@ fn run(
             if p.class != Class::Multimedia {
                 // No longer multimedia (a reload): back to the policy's share, no boost.
                 if tracked.remove(&m.guest).is_some() {
-                    cpu_share(cgroups, m.guest, p.shares);
+                    cpu_share(cgroups, GuestId(m.guest), p.shares);
                     for (s, guests) in &on {
                         if guests.contains_key(&m.guest) {
                             s.acct.set_share(m.guest, p.shares);
@@ -166,7 +167,7 @@ fn run(
             }
             // Applied every period, so a device the guest starts using later hears of it too.
             let (share, behind) = (t.ctl.share(), t.ctl.behind());
-            cpu_share(cgroups, m.guest, share);
+            cpu_share(cgroups, GuestId(m.guest), share);
             for (s, guests) in &on {
                 if guests.contains_key(&m.guest) {
                     s.acct.set_share(m.guest, share);

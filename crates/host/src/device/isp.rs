@@ -24,14 +24,11 @@
 use std::sync::Arc;
 
 use virtsoc_devapi::isp::Command;
-use virtsoc_media::{
-    CpuIsp, FrameLayout, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, PixelFormat,
-    SwscaleIsp,
-};
-use virtsoc_proto::wire::Format;
+use virtsoc_media::{CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, SwscaleIsp};
 use virtsoc_proto::Status;
 
 use super::gpu::Gpu;
+use super::layers::{frame_status, layout_of};
 use super::registry::{DeviceConfig, IspBackendKind};
 use super::{Device, DeviceCtx, DeviceResult, Reply};
 use crate::Result;
@@ -134,15 +131,7 @@ impl Isp {
         match &self.engine {
             Engine::Media(b) => media(b.as_ref(), src, dst),
             Engine::Gpu { yuv, .. } if dst.layout.format.is_yuv() => media(yuv, src, dst),
-            Engine::Gpu { gpu, .. } => {
-                let s = gpu_frame_layout(&src.layout);
-                let d = gpu_frame_layout(&dst.layout);
-                gpu.convert_frame(
-                    virtsoc_gpu::FrameRef::new(s, src.data),
-                    virtsoc_gpu::FrameMut::new(d, dst.data),
-                )
-                .map(|_| ())
-            }
+            Engine::Gpu { gpu, .. } => gpu.convert_frame(src, dst).map(|_| ()),
         }
     }
 }
@@ -195,49 +184,11 @@ impl Device for Isp {
     }
 }
 
-/// The media pixel format of a region format.
-fn media_format(f: Format) -> std::result::Result<PixelFormat, Status> {
-    match f {
-        Format::Nv12 => Ok(PixelFormat::Nv12),
-        Format::Yuv420p => Ok(PixelFormat::Yuv420p),
-        Format::Rgba8 => Ok(PixelFormat::Rgba8),
-        Format::Bgra8 => Ok(PixelFormat::Bgra8),
-        Format::Blob | Format::Yuyv => Err(Status::NotSupported),
-    }
-}
-
-/// The frame layout of region `id`, validated and checked against the region size.
-fn layout_of(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, Status> {
-    let meta = cx.meta(id)?;
-    let layout = FrameLayout::with_stride(
-        media_format(meta.format)?,
-        meta.width,
-        meta.height,
-        meta.stride,
-    )
-    .map_err(|e| status_of(&e))?;
-    if layout.size() as u64 > meta.size {
-        return Err(Status::OutOfRange);
-    }
-    Ok(layout)
-}
-
-/// The same layout in `virtsoc-gpu`'s types.
-fn gpu_frame_layout(l: &FrameLayout) -> virtsoc_gpu::FrameLayout {
-    let format = match l.format {
-        PixelFormat::Nv12 => virtsoc_gpu::PixelFormat::Nv12,
-        PixelFormat::Yuv420p => virtsoc_gpu::PixelFormat::Yuv420p,
-        PixelFormat::Rgba8 => virtsoc_gpu::PixelFormat::Rgba8,
-        PixelFormat::Bgra8 => virtsoc_gpu::PixelFormat::Bgra8,
-    };
-    virtsoc_gpu::FrameLayout::with_stride(format, l.width, l.height, l.stride)
-}
-
 /// The status a guest sees for a backend error.
 fn status_of(e: &MediaError) -> Status {
     match e {
+        MediaError::Frame(e) => frame_status(e),
         MediaError::InvalidLayout(_) => Status::BadArgument,
-        MediaError::BufferTooSmall { .. } => Status::OutOfRange,
         MediaError::Unsupported(_) => Status::NotSupported,
         _ => Status::DeviceError,
     }
@@ -246,6 +197,7 @@ fn status_of(e: &MediaError) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtsoc_media::{FrameLayout, PixelFormat};
 
     fn cfg(isp: &str, gpu: &str) -> DeviceConfig {
         use clap::ValueEnum;
@@ -257,16 +209,7 @@ mod tests {
     }
 
     #[test]
-    fn formats_map_like_the_gpu_device() {
-        for f in [Format::Nv12, Format::Yuv420p, Format::Rgba8, Format::Bgra8] {
-            let m = media_format(f).unwrap();
-            let l = FrameLayout::packed(m, 16, 8).unwrap();
-            let g = gpu_frame_layout(&l);
-            assert_eq!(Ok(g.format), crate::device::layers::pixel_format(f));
-            assert_eq!(g.size_bytes().unwrap(), l.size(), "{f:?}");
-        }
-        assert_eq!(media_format(Format::Blob), Err(Status::NotSupported));
-        assert_eq!(media_format(Format::Yuyv), Err(Status::NotSupported));
+    fn errors_map_to_statuses() {
         assert_eq!(
             status_of(&MediaError::Unsupported("x".into())),
             Status::NotSupported

@@ -2,11 +2,9 @@
 //! frame layout of a region, checked from guest-provided metadata and records.
 
 use virtsoc_devapi::{LayerRecord, LAYER_RECORD};
-use virtsoc_gpu::{FrameLayout, PixelFormat, Rect, Rotation, MAX_COORD};
-use virtsoc_proto::wire::Format;
+use virtsoc_gpu::{FrameError, FrameLayout, PixelFormat, Rect, Rotation, MAX_COORD};
 use virtsoc_proto::Status;
 
-use super::gpu::status_of;
 use super::DeviceCtx;
 
 /// A layer record checked on its own (the crop is checked against its source later).
@@ -89,14 +87,12 @@ pub(crate) fn read_layers(
         .collect()
 }
 
-/// The backend's pixel format of a region format.
-pub(crate) fn pixel_format(f: Format) -> std::result::Result<PixelFormat, Status> {
-    match f {
-        Format::Nv12 => Ok(PixelFormat::Nv12),
-        Format::Yuv420p => Ok(PixelFormat::Yuv420p),
-        Format::Rgba8 => Ok(PixelFormat::Rgba8),
-        Format::Bgra8 => Ok(PixelFormat::Bgra8),
-        Format::Blob | Format::Yuyv => Err(Status::NotSupported),
+/// The status a guest sees for a frame that breaks the layout rules: `OutOfRange` for a
+/// buffer (region) too short for its layout, `BadArgument` for the rest.
+pub(crate) fn frame_status(e: &FrameError) -> Status {
+    match e {
+        FrameError::BufferTooSmall { .. } => Status::OutOfRange,
+        _ => Status::BadArgument,
     }
 }
 
@@ -104,13 +100,13 @@ pub(crate) fn pixel_format(f: Format) -> std::result::Result<PixelFormat, Status
 pub(crate) fn layout_of(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, Status> {
     let meta = cx.meta(id)?;
     let layout = FrameLayout::with_stride(
-        pixel_format(meta.format)?,
+        PixelFormat::try_from(meta.format)?,
         meta.width,
         meta.height,
         meta.stride,
-    );
-    let size = layout.size_bytes().map_err(|e| status_of(&e))?;
-    if size as u64 > meta.size {
+    )
+    .map_err(|e| frame_status(&e))?;
+    if layout.size() as u64 > meta.size {
         return Err(Status::OutOfRange);
     }
     Ok(layout)
@@ -181,7 +177,7 @@ mod tests {
 
     #[test]
     fn crops_must_lie_inside_the_source() {
-        let l = FrameLayout::new(PixelFormat::Nv12, 64, 32);
+        let l = FrameLayout::packed(PixelFormat::Nv12, 64, 32).unwrap();
         assert!(crop_inside(Rect::new(0, 0, 64, 32), &l));
         assert!(crop_inside(Rect::new(10, 4, 54, 28), &l));
         assert!(!crop_inside(Rect::new(11, 4, 54, 28), &l));
@@ -190,12 +186,10 @@ mod tests {
     }
 
     #[test]
-    fn formats_map() {
-        assert_eq!(pixel_format(Format::Nv12), Ok(PixelFormat::Nv12));
-        assert_eq!(pixel_format(Format::Yuv420p), Ok(PixelFormat::Yuv420p));
-        assert_eq!(pixel_format(Format::Rgba8), Ok(PixelFormat::Rgba8));
-        assert_eq!(pixel_format(Format::Bgra8), Ok(PixelFormat::Bgra8));
-        assert_eq!(pixel_format(Format::Blob), Err(Status::NotSupported));
-        assert_eq!(pixel_format(Format::Yuyv), Err(Status::NotSupported));
+    fn frame_errors_map_to_statuses() {
+        let short = FrameError::BufferTooSmall { needed: 2, got: 1 };
+        assert_eq!(frame_status(&short), Status::OutOfRange);
+        let zero = FrameLayout::packed(PixelFormat::Rgba8, 0, 1).unwrap_err();
+        assert_eq!(frame_status(&zero), Status::BadArgument);
     }
 }

@@ -141,13 +141,13 @@ pub trait Device: Send + Sync {
         reply.send_because(result, cx.take_reason());
     }
     /// A guest went away: drop every object it held on this device.
-    fn guest_gone(&self, _guest: u64) {}
+    fn guest_gone(&self, _guest: GuestId) {}
     /// A display's latest frame presented by `guest` newer than frame `after`, waiting up to
     /// `wait` for one on the caller's thread (the live view's and recordings' source). Only
     /// a display has frames.
     fn latest_frame(
         &self,
-        _guest: u64,
+        _guest: GuestId,
         _after: u64,
         _wait: std::time::Duration,
     ) -> Option<virtsoc_display::PresentedFrame> {
@@ -155,12 +155,12 @@ pub trait Device: Send + Sync {
     }
     /// Snapshots: a record of the commands that created and configured `guest`'s objects on
     /// this device (JSON), or `None` when it holds none worth keeping.
-    fn export_guest(&self, _guest: u64) -> Option<serde_json::Value> {
+    fn export_guest(&self, _guest: GuestId) -> Option<serde_json::Value> {
         None
     }
     /// Snapshots: recreates `guest`'s objects from a record of
     /// [`export_guest`](Self::export_guest) (untrusted input: validate it).
-    fn import_guest(&self, _guest: u64, _record: &serde_json::Value) -> Result<(), String> {
+    fn import_guest(&self, _guest: GuestId, _record: &serde_json::Value) -> Result<(), String> {
         Ok(())
     }
     /// Runs host control operation `op` (from the control API) with JSON `args`. Called from
@@ -444,7 +444,7 @@ fn execute(
 ) -> Option<Parked> {
     let guest = session.guest_id();
     if !retry && !permitted(slot, policy, session.name(), &req) {
-        slot.acct.denied(guest);
+        slot.acct.denied(guest.0);
         reply.send(Err(Status::PermissionDenied));
         return None;
     }
@@ -457,7 +457,7 @@ fn execute(
                     return None;
                 }
             };
-            match svm.begin_access_step(GuestId(guest), id, &spec, retry) {
+            match svm.begin_access_step(guest, id, &spec, retry) {
                 Ok(Progress::Done(r)) => reply.send(Ok(dispatch::access_values(&r))),
                 Ok(Progress::Wait(ticket)) => return Some(Parked { req, reply, ticket }),
                 Err(e) => reply.send(Err(dispatch::status_of(&e))),
@@ -471,7 +471,7 @@ fn execute(
                     return None;
                 }
             };
-            match svm.end_access(GuestId(guest), id, &spec) {
+            match svm.end_access(guest, id, &spec) {
                 Ok(end) => {
                     let mut reply = reply;
                     let values = dispatch::access_values(&end.report);
@@ -480,7 +480,7 @@ fn execute(
                         // holds its next signal until the copies are done.
                         if let Some(token) = reply.token.take() {
                             session.complete(Completion::ok(req.seq, values));
-                            hold_until_copied(svm, GuestId(guest), id, end.started, token);
+                            hold_until_copied(svm, guest, id, end.started, token);
                             return None;
                         }
                     }
@@ -538,7 +538,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
             if let Some(p) = parked.remove(&key) {
                 if !p.ticket.is_done() {
                     parked.insert(key, p);
-                    running.push(session.guest_id());
+                    running.push(session.guest_id().0);
                     continue;
                 }
                 if let Some(again) = execute(&svm, &slot, session, p.req, p.reply, true, &policy) {
@@ -550,7 +550,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
             // A command still running on the device (an asynchronous GPU submission) holds
             // its queue: the guest's next request sees its result, and nobody waits for it.
             if busy.get(&key).is_some_and(|b| b.load(Ordering::Acquire)) {
-                running.push(session.guest_id());
+                running.push(session.guest_id().0);
                 continue;
             }
             if staged.contains_key(&key) {
@@ -579,11 +579,11 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
         if !ready.is_empty() {
             let guests: Vec<(u64, &str)> = ready
                 .iter()
-                .map(|i| (queues[*i].0.guest_id(), queues[*i].0.name()))
+                .map(|i| (queues[*i].0.guest_id().0, queues[*i].0.name()))
                 .collect();
             match arbiter.pick(&slot.acct, &guests, &running) {
                 Pick::Serve(g) => {
-                    if let Some(&i) = ready.iter().find(|i| queues[**i].0.guest_id() == g) {
+                    if let Some(&i) = ready.iter().find(|i| queues[**i].0.guest_id().0 == g) {
                         let (session, q) = &queues[i];
                         let key = Arc::as_ptr(q) as usize;
                         if let Some((req, token)) = staged.remove(&key) {
@@ -606,7 +606,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
             let gone: Vec<u64> = qs
                 .iter()
                 .filter(|(_, q)| dead.contains(&(Arc::as_ptr(q) as usize)))
-                .map(|(s, _)| s.guest_id())
+                .map(|(s, _)| s.guest_id().0)
                 .collect();
             qs.retain(|(_, q)| !dead.contains(&(Arc::as_ptr(q) as usize)));
             drop(qs);

@@ -19,6 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
+use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::modem::{Command, ReadReply, WriteReply};
 use virtsoc_modem::{Modem as AtModem, ModemConfig};
@@ -92,7 +93,7 @@ fn unpack(words: &[u64], len: usize) -> Vec<u8> {
 
 /// The modem device.
 pub struct Modem {
-    guests: Mutex<HashMap<u64, GuestModem>>,
+    guests: Mutex<HashMap<GuestId, GuestModem>>,
     /// The network as the host control set it (registration, signal), for modems opened
     /// later; taken inside the `guests` lock.
     network: Mutex<ModemConfig>,
@@ -117,12 +118,12 @@ impl Modem {
         self
     }
 
-    fn guests(&self) -> MutexGuard<'_, HashMap<u64, GuestModem>> {
+    fn guests(&self) -> MutexGuard<'_, HashMap<GuestId, GuestModem>> {
         self.guests.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Feeds `bytes` to `guest`'s modem; returns how many were accepted.
-    fn write(&self, guest: u64, bytes: &[u8]) -> usize {
+    fn write(&self, guest: GuestId, bytes: &[u8]) -> usize {
         let now = crate::clock::now_ns();
         self.guests()
             .entry(guest)
@@ -131,7 +132,7 @@ impl Modem {
     }
 
     /// Takes up to [`MAX_READ`] bytes of `guest`'s modem output.
-    fn read(&self, guest: u64) -> Vec<u8> {
+    fn read(&self, guest: GuestId) -> Vec<u8> {
         let now = crate::clock::now_ns();
         self.guests()
             .entry(guest)
@@ -176,11 +177,11 @@ impl Device for Modem {
         }
     }
 
-    fn guest_gone(&self, guest: u64) {
+    fn guest_gone(&self, guest: GuestId) {
         self.guests().remove(&guest);
     }
 
-    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+    fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {
         let guests = self.guests();
         let m = &guests.get(&guest)?.modem;
         let sms: Vec<serde_json::Value> = m
@@ -198,7 +199,7 @@ impl Device for Modem {
 
     fn import_guest(
         &self,
-        guest: u64,
+        guest: GuestId,
         record: &serde_json::Value,
     ) -> std::result::Result<(), String> {
         snapshot::import(self, guest, record)
@@ -220,7 +221,7 @@ mod snapshot {
     use serde::Deserialize;
     use virtsoc_modem::{RegState, Signal};
 
-    use super::{GuestModem, Modem};
+    use super::{GuestId, GuestModem, Modem};
 
     /// Longest SMS text or address kept.
     const MAX_FIELD: usize = 1024;
@@ -255,7 +256,7 @@ mod snapshot {
         })
     }
 
-    pub(super) fn import(m: &Modem, guest: u64, v: &serde_json::Value) -> Result<(), String> {
+    pub(super) fn import(m: &Modem, guest: GuestId, v: &serde_json::Value) -> Result<(), String> {
         let r: Record = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
         let registration = reg_state(r.registration)?;
         let signal = Signal {
@@ -302,7 +303,7 @@ mod control {
     };
     use virtsoc_modem::{ModemConfig, RegState, Signal};
 
-    use super::{GuestModem, Modem};
+    use super::{GuestId, GuestModem, Modem};
 
     fn args<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ControlError> {
         serde_json::from_value(v.clone()).map_err(|e| ControlError::BadRequest(e.to_string()))
@@ -337,12 +338,12 @@ mod control {
         /// which guests it was done for (a refusal for the one guest named is a conflict).
         fn each(
             &self,
-            guest: Option<u64>,
+            guest: Option<GuestId>,
             f: impl Fn(&mut virtsoc_modem::Modem) -> virtsoc_modem::Result<()>,
         ) -> Result<Value, ControlError> {
             let now = crate::clock::now_ns();
             let mut guests = self.guests();
-            let ids: Vec<u64> = match guest {
+            let ids: Vec<GuestId> = match guest {
                 Some(g) => {
                     guests.entry(g).or_insert_with(|| self.new_guest_modem());
                     vec![g]
@@ -374,15 +375,17 @@ mod control {
             match op {
                 "sms" => {
                     let r: SmsRequest = args(v)?;
-                    self.each(r.guest, |m| m.deliver_sms(&r.from, &r.text).map(|_| ()))
+                    self.each(r.guest.map(GuestId), |m| {
+                        m.deliver_sms(&r.from, &r.text).map(|_| ())
+                    })
                 }
                 "call" => {
                     let r: CallRequest = args(v)?;
-                    self.each(r.guest, |m| m.incoming_call(&r.from))
+                    self.each(r.guest.map(GuestId), |m| m.incoming_call(&r.from))
                 }
                 "hangup" => {
                     let r: HangupRequest = args(v)?;
-                    self.each(r.guest, |m| m.remote_hangup())
+                    self.each(r.guest.map(GuestId), |m| m.remote_hangup())
                 }
                 "signal" => {
                     let r: SignalRequest = args(v)?;
@@ -396,7 +399,7 @@ mod control {
                             r.rssi, r.ber
                         )));
                     }
-                    let out = self.each(r.guest, |m| m.set_signal(r.rssi, r.ber))?;
+                    let out = self.each(r.guest.map(GuestId), |m| m.set_signal(r.rssi, r.ber))?;
                     if r.guest.is_none() {
                         self.network
                             .lock()
@@ -408,7 +411,7 @@ mod control {
                 "registration" => {
                     let r: RegistrationRequest = args(v)?;
                     let state = reg_state(&r.state)?;
-                    let out = self.each(r.guest, |m| {
+                    let out = self.each(r.guest.map(GuestId), |m| {
                         m.set_registered(state);
                         Ok(())
                     })?;
@@ -430,13 +433,13 @@ mod control {
 mod tests {
     use super::*;
 
-    fn send(m: &Modem, guest: u64, text: &str) {
+    fn send(m: &Modem, guest: GuestId, text: &str) {
         for chunk in text.as_bytes().chunks(MAX_WRITE) {
             assert_eq!(m.write(guest, chunk), chunk.len());
         }
     }
 
-    fn recv(m: &Modem, guest: u64) -> String {
+    fn recv(m: &Modem, guest: GuestId) -> String {
         let mut out = Vec::new();
         loop {
             let b = m.read(guest);
@@ -466,24 +469,24 @@ mod tests {
     #[test]
     fn each_guest_has_its_own_modem() {
         let m = Modem::new(&DeviceConfig::default()).unwrap();
-        send(&m, 1, "ATE0\r");
-        assert!(recv(&m, 1).ends_with("\r\nOK\r\n"));
-        send(&m, 1, "AT+CSQ\r");
-        assert_eq!(recv(&m, 1), "\r\n+CSQ: 20,99\r\n\r\nOK\r\n");
+        send(&m, GuestId(1), "ATE0\r");
+        assert!(recv(&m, GuestId(1)).ends_with("\r\nOK\r\n"));
+        send(&m, GuestId(1), "AT+CSQ\r");
+        assert_eq!(recv(&m, GuestId(1)), "\r\n+CSQ: 20,99\r\n\r\nOK\r\n");
         // Guest 2's modem still echoes: ATE0 went to guest 1's.
-        send(&m, 2, "AT\r");
-        assert_eq!(recv(&m, 2), "AT\r\r\nOK\r\n");
+        send(&m, GuestId(2), "AT\r");
+        assert_eq!(recv(&m, GuestId(2)), "AT\r\r\nOK\r\n");
         // Long output comes out 40 bytes at a time, in order.
-        send(&m, 1, "AT+CGMI;+CGMM;+CGMR;+CGSN;+COPS?\r");
-        let long = recv(&m, 1);
+        send(&m, GuestId(1), "AT+CGMI;+CGMM;+CGMR;+CGSN;+COPS?\r");
+        let long = recv(&m, GuestId(1));
         assert!(
             long.len() > MAX_READ && long.ends_with("OK\r\n"),
             "{long:?}"
         );
-        m.guest_gone(1);
-        send(&m, 1, "AT\r");
+        m.guest_gone(GuestId(1));
+        send(&m, GuestId(1), "AT\r");
         assert_eq!(
-            recv(&m, 1),
+            recv(&m, GuestId(1)),
             "AT\r\r\nOK\r\n",
             "a fresh modem after the guest left"
         );
@@ -495,15 +498,15 @@ mod tests {
         let line = "AT+CSQ;+CSQ;+CSQ;+CSQ;+CSQ\r";
         let mut refused = false;
         for _ in 0..100_000 {
-            if m.write(5, line.as_bytes()) == 0 {
+            if m.write(GuestId(5), line.as_bytes()) == 0 {
                 refused = true;
                 break;
             }
         }
         assert!(refused, "a guest that never reads is stopped");
-        let pending = m.guests().get(&5).unwrap().out.len();
+        let pending = m.guests().get(&GuestId(5)).unwrap().out.len();
         assert!((OUTPUT_LIMIT..OUTPUT_LIMIT + 4096).contains(&pending));
-        while !m.read(5).is_empty() {}
-        assert_eq!(m.write(5, b"AT\r"), 3, "accepted again once read");
+        while !m.read(GuestId(5)).is_empty() {}
+        assert_eq!(m.write(GuestId(5), b"AT\r"), 3, "accepted again once read");
     }
 }

@@ -49,7 +49,7 @@ impl Sharing {
     /// Gives guest `guest_id` (named `name`, its process `pid`) a CPU cgroup with the
     /// policy's share as its weight, if the daemon steers CPU weights; says why not in the
     /// log.
-    pub fn attach_cpu(&self, guest_id: u64, name: &str, pid: Option<u32>) {
+    pub fn attach_cpu(&self, guest_id: virtsoc_svm::GuestId, name: &str, pid: Option<u32>) {
         let Some(cg) = &self.cgroups else { return };
         let Some(pid) = pid else {
             return log::warn!("cpu weight: guest {guest_id} ({name}): its process is unknown");
@@ -79,7 +79,7 @@ impl Sharing {
     }
 
     /// The guest left: its CPU cgroup goes.
-    pub fn detach_cpu(&self, guest_id: u64) {
+    pub fn detach_cpu(&self, guest_id: virtsoc_svm::GuestId) {
         if let Some(cg) = &self.cgroups {
             if cg.weight(guest_id).is_none() {
                 return;
@@ -100,7 +100,7 @@ impl DeviceSlot {
     }
 
     /// Commands queued on this device by `guest`.
-    pub fn depth_of(&self, guest: u64) -> usize {
+    pub fn depth_of(&self, guest: virtsoc_svm::GuestId) -> usize {
         self.queues
             .lock()
             .map(|q| {
@@ -118,7 +118,7 @@ impl DeviceSlot {
             .lock()
             .map(|q| {
                 q.iter()
-                    .map(|(s, _)| (s.guest_id(), s.name().to_string()))
+                    .map(|(s, _)| (s.guest_id().0, s.name().to_string()))
                     .collect()
             })
             .unwrap_or_default()
@@ -403,7 +403,7 @@ pub(super) fn start(
     flag.store(true, Ordering::Release);
     let wake = slot.waker();
     let acct = slot.acct.clone();
-    let (guest, t0) = (session.guest_id(), slot.acct.now());
+    let (guest, t0) = (session.guest_id().0, slot.acct.now());
     let command = (Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd)).then(|| {
         slot.acct.with_sched(|s| s.dispatched(guest, t0));
         slot.acct.begin(guest, t0)

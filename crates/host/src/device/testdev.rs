@@ -4,7 +4,7 @@
 
 use virtsoc_proto::wire::testdev::{CHECKSUM, WRITE_PATTERN};
 use virtsoc_proto::Status;
-use virtsoc_svm::{GuestId, RegionId};
+use virtsoc_svm::RegionId;
 
 use super::{Device, DeviceCtx, DeviceResult};
 
@@ -42,7 +42,7 @@ impl Device for Producer {
             WRITE_PATTERN => {
                 let crc = cx
                     .svm
-                    .with_replica(GuestId(cx.guest), RegionId(args[1]), cx.domain, |b| {
+                    .with_replica(cx.guest, RegionId(args[1]), cx.domain, |b| {
                         fill_pattern(b, args[2])
                     })
                     .map_err(|e| crate::dispatch::status_of(&e))?;
@@ -80,7 +80,7 @@ impl Device for Consumer {
             CHECKSUM => {
                 let crc = cx
                     .svm
-                    .with_replica(GuestId(cx.guest), RegionId(args[1]), cx.domain, |b| {
+                    .with_replica(cx.guest, RegionId(args[1]), cx.domain, |b| {
                         crc32fast::hash(b)
                     })
                     .map_err(|e| crate::dispatch::status_of(&e))?;

@@ -47,7 +47,7 @@ fn queue(core: &mut Core, op: Opcode, dev: DeviceId, args: [u64; 6]) -> u64 {
 fn bracketed(core: &mut Core, dev: DeviceId, id: u64, mode: u64, cmd: [u64; 6]) -> [u64; 3] {
     let len = core
         .svm
-        .meta(GuestId(crate::testkit::GUEST), RegionId(id))
+        .meta(crate::testkit::GUEST, RegionId(id))
         .unwrap()
         .size;
     [

@@ -280,10 +280,7 @@ fn each_malformed_field_gets_its_status() {
     }
     // Nothing reached a device queue, and the region and fence are untouched.
     assert!(core.devices.iter().all(|s| s.depth() == 0));
-    assert_eq!(
-        core.svm.meta(GuestId(GUEST), RegionId(id)).unwrap().size,
-        4096
-    );
+    assert_eq!(core.svm.meta(GUEST, RegionId(id)).unwrap().size, 4096);
     assert_eq!(
         core.call(Opcode::FenceStatus, CPU, args(&[fence])),
         Ok([0; 6])
@@ -306,7 +303,7 @@ fn regions_are_allocated_accessed_and_freed() {
     assert_ne!(id, img[0], "ids are distinct");
     assert_eq!(
         core.call(Opcode::Stats, CPU, [0; 6]).unwrap()[..2],
-        [GUEST, 2],
+        [GUEST.0, 2],
         "guest id and regions"
     );
 
@@ -585,7 +582,7 @@ fn the_loop_serves_until_the_link_ends_then_releases_the_guest() {
     );
     assert!(core.session.is_closed() && core.link.is_closed());
     assert!(
-        core.svm.guest_usage(GuestId(GUEST)).is_err(),
+        core.svm.guest_usage(GUEST).is_err(),
         "the guest's regions were released"
     );
 }
@@ -596,21 +593,21 @@ fn the_loop_serves_until_the_link_ends_then_releases_the_guest() {
 fn counters_are_each_guests_own() {
     use virtsoc_proto::counters::{Counters, LEDGER_PAGE};
     let mut core = Core::new();
-    let other = GUEST + 1;
+    let other = GuestId(GUEST.0 + 1);
     core.svm
         .attach_guest(
-            GuestId(other),
+            other,
             crate::testkit::window(),
             core.svm
                 .protocol(virtsoc_svm::ProtocolKind::WriteInvalidate),
             1 << 20,
         )
         .unwrap();
-    let read = |svm: &SvmManager, guest: u64| {
+    let read = |svm: &SvmManager, guest: GuestId| {
         let mut c = Counters::default();
         for n in 0..Counters::PAGES {
             let req = Request::new(1, Opcode::Counters, CPU, args(&[n]));
-            assert!(c.set_page(n, &dispatch::inline(svm, GuestId(guest), &req).unwrap()));
+            assert!(c.set_page(n, &dispatch::inline(svm, guest, &req).unwrap()));
         }
         c
     };
@@ -636,7 +633,7 @@ fn the_ledger_follows_the_record() {
     let mut core = Core::new();
     let dom = core.devices.get(DeviceId::PRODUCER).unwrap().domain;
     core.svm
-        .count_device_copy(GuestId(GUEST), dom, 1000, Duration::from_nanos(5));
+        .count_device_copy(GUEST, dom, 1000, Duration::from_nanos(5));
     let mut c = Counters::default();
     for n in 0..Counters::PAGES {
         c.set_page(n, &core.call(Opcode::Counters, CPU, args(&[n])).unwrap());

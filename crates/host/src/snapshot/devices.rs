@@ -4,6 +4,7 @@
 //! as AvA replays its recorded calls.
 
 use std::collections::BTreeMap;
+use virtsoc_svm::GuestId;
 
 use crate::device::DeviceSet;
 
@@ -11,7 +12,7 @@ use crate::device::DeviceSet;
 pub type DeviceRecords = BTreeMap<String, serde_json::Value>;
 
 /// The records of `guest`'s objects on every device that keeps some.
-pub fn capture(devices: &DeviceSet, guest: u64) -> DeviceRecords {
+pub fn capture(devices: &DeviceSet, guest: GuestId) -> DeviceRecords {
     devices
         .iter()
         .filter_map(|slot| {
@@ -36,7 +37,7 @@ pub fn check(devices: &DeviceSet, records: &DeviceRecords) -> crate::Result<()> 
 /// Replays the records into `guest`'s objects; returns the devices that refused theirs
 /// (the rest of the session is restored all the same: a device object is recreated by the
 /// guest at its next command, as after a device reset).
-pub fn restore(devices: &DeviceSet, guest: u64, records: &DeviceRecords) -> Vec<String> {
+pub fn restore(devices: &DeviceSet, guest: GuestId, records: &DeviceRecords) -> Vec<String> {
     let mut refused = Vec::new();
     for (name, v) in records {
         if let Some(slot) = devices.iter().find(|s| s.device.name() == name) {

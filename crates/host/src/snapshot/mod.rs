@@ -50,7 +50,7 @@ pub struct Report {
 }
 
 /// The live session of guest `id`.
-pub fn session_of(daemon: &Daemon, id: u64) -> Result<Arc<Session>> {
+pub fn session_of(daemon: &Daemon, id: GuestId) -> Result<Arc<Session>> {
     daemon
         .sessions()
         .into_iter()
@@ -96,8 +96,8 @@ fn record_of(daemon: &Daemon, s: &Session, resume: &str) -> Result<GuestRecord> 
     Ok(GuestRecord {
         name: s.name().chars().take(256).collect(),
         protocol: protocol.name().to_string(),
-        source_guest: id,
-        next_region_id: daemon.svm().next_region_id(GuestId(id))?.0,
+        source_guest: id.0,
+        next_region_id: daemon.svm().next_region_id(id)?.0,
         resume: resume.to_string(),
     })
 }
@@ -107,9 +107,9 @@ pub fn capture(daemon: &Daemon, s: &Session) -> Result<SessionImage> {
     let id = s.guest_id();
     let svm = daemon.svm();
     let regions = svm
-        .region_ids(GuestId(id))?
+        .region_ids(id)?
         .into_iter()
-        .map(|r| svm.export_region(GuestId(id), r))
+        .map(|r| svm.export_region(id, r))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok(SessionImage {
         guest: record_of(daemon, s, "")?,
@@ -142,7 +142,7 @@ pub fn read_image(path: &Path) -> Result<SessionImage> {
 
 /// Saves guest `id`'s session to `path`: quiesces it, streams its regions to the file one at
 /// a time, resumes it.
-pub fn save(daemon: &Daemon, id: u64, path: &Path) -> Result<Report> {
+pub fn save(daemon: &Daemon, id: GuestId, path: &Path) -> Result<Report> {
     save_session(daemon, &session_of(daemon, id)?, path, "", true)
 }
 
@@ -159,7 +159,7 @@ pub fn save_session(
     let id = s.guest_id();
     let q = quiesce(s)?;
     let svm = daemon.svm();
-    let ids = svm.region_ids(GuestId(id))?;
+    let ids = svm.region_ids(id)?;
     let count = u32::try_from(ids.len() + 3).map_err(|_| format::err("too many regions"))?;
     let mut w = SnapshotWriter::create(path, count)?;
     w.section(
@@ -175,7 +175,7 @@ pub fn save_session(
     )?;
     let mut report = Report::default();
     for r in ids {
-        let img = svm.export_region(GuestId(id), r)?;
+        let img = svm.export_region(id, r)?;
         let h = image::encode_region_header(&img);
         let bytes = img.bytes.as_deref().unwrap_or(&[]);
         w.section(image::REGION, &[&h, bytes])?;
@@ -200,7 +200,7 @@ pub fn save_session(
 
 /// Restores `img` into guest `id`'s session, which must not have allocated a region or
 /// created a fence yet. All or nothing: on any failure what was imported is freed again.
-pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
+pub fn restore(daemon: &Daemon, id: GuestId, img: &SessionImage) -> Result<Report> {
     let s = session_of(daemon, id)?;
     devices::check(daemon.devices(), &img.devices)?;
     img.fences
@@ -208,7 +208,7 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
         .map_err(|e| format::err(e.to_string()))?;
     let _q = quiesce(&s)?;
     let svm = daemon.svm();
-    if !svm.region_ids(GuestId(id))?.is_empty() || !s.is_fresh() {
+    if !svm.region_ids(id)?.is_empty() || !s.is_fresh() {
         return Err(format::err(format!(
             "guest {id} already holds regions or fences: a snapshot is restored only into a \
              fresh session"
@@ -216,12 +216,12 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
     }
     let undo = |done: &[u64]| {
         for r in done {
-            let _ = svm.free(GuestId(id), RegionId(*r));
+            let _ = svm.free(id, RegionId(*r));
         }
     };
     let mut done = Vec::with_capacity(img.regions.len());
     for r in &img.regions {
-        if let Err(e) = svm.import_region(GuestId(id), r) {
+        if let Err(e) = svm.import_region(id, r) {
             undo(&done);
             return Err(format::err(format!("region {}: {e}", r.id)));
         }
@@ -231,7 +231,7 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
         undo(&done);
         return Err(format::err(format!("fence table: {e}")));
     }
-    svm.reserve_ids(GuestId(id), RegionId(img.guest.next_region_id))?;
+    svm.reserve_ids(id, RegionId(img.guest.next_region_id))?;
     let refused = devices::restore(daemon.devices(), id, &img.devices);
     if !refused.is_empty() {
         log::warn!("guest {id}: device objects of {refused:?} not restored");
@@ -244,7 +244,7 @@ pub fn restore(daemon: &Daemon, id: u64, img: &SessionImage) -> Result<Report> {
 }
 
 /// Loads the snapshot at `path` into guest `id`'s (fresh) session.
-pub fn load(daemon: &Daemon, path: &Path, id: u64) -> Result<Report> {
+pub fn load(daemon: &Daemon, path: &Path, id: GuestId) -> Result<Report> {
     let t0 = Instant::now();
     let img = read_image(path)?;
     let mut report = restore(daemon, id, &img)?;

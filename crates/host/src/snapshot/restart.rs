@@ -34,7 +34,7 @@ struct Parked {
 #[derive(Default)]
 pub struct Restart {
     /// Guest id -> its resume secret.
-    tokens: Mutex<HashMap<u64, String>>,
+    tokens: Mutex<HashMap<GuestId, String>>,
     /// Resume secret -> the saved session.
     parked: Mutex<HashMap<String, Parked>>,
     /// Resume secret -> the Unix socket of the daemon the session migrated to.
@@ -112,7 +112,7 @@ impl Restart {
     }
 
     /// The resume secret of guest `id`.
-    pub fn secret_of(&self, id: u64) -> Option<String> {
+    pub fn secret_of(&self, id: GuestId) -> Option<String> {
         self.tokens
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -194,7 +194,7 @@ impl Restart {
     }
 
     /// Forgets guest `id`'s secret (its session ended).
-    pub fn forget(&self, id: u64) {
+    pub fn forget(&self, id: GuestId) {
         self.tokens
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -243,7 +243,7 @@ impl Restart {
                                 for slot in daemon.devices().iter() {
                                     slot.device.guest_gone(id);
                                 }
-                                daemon.svm().detach_guest(GuestId(id));
+                                daemon.svm().detach_guest(id);
                                 log::warn!("guest {id}: incoming migration not committed: {e}");
                                 return Err(Refusal::Refused(format!(
                                     "the migration of this session did not commit ({e}); it \

@@ -27,7 +27,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use virtsoc_svm::GuestId;
 
 use virtsoc_proto::handshake::{Hello, Reply, MAX_FRAME};
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET, PAGE};
@@ -349,7 +348,7 @@ fn start_session(
     let refused = |reason: String| {
         daemon.unregister(guest_id);
         session.close();
-        daemon.svm().detach_guest(GuestId(guest_id));
+        daemon.svm().detach_guest(guest_id);
         reason
     };
     match daemon

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use virtsoc_svm::GuestId;
 
 use virtsoc_proto::{SharedWindow, WindowLayout};
 
@@ -81,24 +82,24 @@ impl PortCtl {
 
 /// The port reading thread of each VM guest being served, by guest id.
 #[derive(Default)]
-pub struct VmPorts(Mutex<HashMap<u64, Arc<PortCtl>>>);
+pub struct VmPorts(Mutex<HashMap<GuestId, Arc<PortCtl>>>);
 
 impl VmPorts {
-    pub(super) fn set(&self, guest: u64, ctl: &Arc<PortCtl>) {
+    pub(super) fn set(&self, guest: GuestId, ctl: &Arc<PortCtl>) {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(guest, ctl.clone());
     }
 
-    pub(super) fn unset(&self, guest: u64) {
+    pub(super) fn unset(&self, guest: GuestId) {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&guest);
     }
 
-    fn get(&self, guest: u64) -> Option<Arc<PortCtl>> {
+    fn get(&self, guest: GuestId) -> Option<Arc<PortCtl>> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -109,7 +110,7 @@ impl VmPorts {
 
 /// Stops the thread reading VM guest `guest`'s port (its session stays open, paused by the
 /// caller) and takes the port and the session back.
-pub fn take(daemon: &Daemon, guest: u64) -> Result<Handed> {
+pub fn take(daemon: &Daemon, guest: GuestId) -> Result<Handed> {
     let ctl = daemon
         .restart()
         .vm_ports

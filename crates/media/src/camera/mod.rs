@@ -263,7 +263,9 @@ impl SyntheticCamera {
                         i,
                     );
                 }
-                let r = FrameRef::new(yl, &buf).and_then(|src| scaler.scale(src, dst.reborrow()));
+                let r = FrameRef::new(yl, &buf)
+                    .map_err(MediaError::from)
+                    .and_then(|src| scaler.scale(src, dst.reborrow()));
                 self.rgb = Some((buf, scaler));
                 r?;
             }

@@ -76,7 +76,7 @@ pub fn stamp_timestamp(dst: FrameMut<'_>, ts: u64) -> Result<()> {
     let data = dst.data;
     let stride = l.stride as usize;
     let strip = strip_height(l.height) as usize;
-    let bpp = l.format.luma_bytes_per_pixel() as usize;
+    let bpp = l.format.bytes_per_pixel() as usize;
     // Render each grid row's pixel row once, then copy it down its band.
     let mut line = vec![0u8; w * bpp];
     let mut current_band = usize::MAX;
@@ -104,9 +104,9 @@ pub fn stamp_timestamp(dst: FrameMut<'_>, ts: u64) -> Result<()> {
     if l.format.is_yuv() {
         let crow_end = strip.div_ceil(2);
         for p in l.planes().iter().skip(1) {
-            for cy in 0..crow_end.min(p.rows) {
+            for cy in 0..crow_end.min(p.rows()) {
                 let o = p.offset + cy * p.stride;
-                data[o..o + p.row_bytes].fill(128);
+                data[o..o + p.row_bytes()].fill(128);
             }
         }
     }

@@ -98,7 +98,8 @@ impl V4l2Camera {
     /// Errors: [`MediaError::File`] if the device cannot be opened or queried (missing,
     /// permissions) or streaming buffers cannot be set up; [`MediaError::Unsupported`] if it
     /// is not a streaming video capture device or offers neither YUYV nor NV12;
-    /// [`MediaError::InvalidLayout`] for a bad size or `fps` outside 1..=240.
+    /// [`MediaError::Frame`] for a bad size, [`MediaError::InvalidLayout`] for `fps` outside
+    /// 1..=240.
     pub fn open(
         device: &Path,
         width: u32,
@@ -260,10 +261,11 @@ pub fn yuyv_to_nv12(src: &[u8], src_stride: usize, mut dst: FrameMut<'_>) -> Res
     }
     let needed = src_stride * (h - 1) + 2 * w;
     if src.len() < needed {
-        return Err(MediaError::BufferTooSmall {
+        return Err(crate::frame::FrameError::BufferTooSmall {
             needed,
             got: src.len(),
-        });
+        }
+        .into());
     }
     let planes = l.planes();
     let (ys, uvs) = (planes[0].stride, planes[1].stride);
@@ -373,7 +375,7 @@ mod tests {
         ));
         assert!(matches!(
             V4l2Camera::open(path, 63, 48, 30, PixelFormat::Nv12),
-            Err(MediaError::InvalidLayout(_))
+            Err(MediaError::Frame(_))
         ));
     }
 
@@ -405,10 +407,12 @@ mod tests {
         let short = [0u8; 15];
         assert!(matches!(
             yuyv_to_nv12(&short, 8, FrameMut::new(layout, &mut out).unwrap()),
-            Err(MediaError::BufferTooSmall {
-                needed: 16,
-                got: 15
-            })
+            Err(MediaError::Frame(
+                crate::frame::FrameError::BufferTooSmall {
+                    needed: 16,
+                    got: 15
+                }
+            ))
         ));
         assert!(matches!(
             yuyv_to_nv12(&[0u8; 16], 6, FrameMut::new(layout, &mut out).unwrap()),

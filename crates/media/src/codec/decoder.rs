@@ -401,14 +401,14 @@ impl FfmpegDecoder {
             // Same format: copy the planes, dropping FFmpeg's row padding.
             for (i, p) in layout.planes().iter().enumerate() {
                 let src_stride = strides[i] as usize;
-                for row in 0..p.rows {
+                for row in 0..p.rows() {
                     // SAFETY: FFmpeg planes hold `rows` rows of `linesize` bytes, and
                     // `row_bytes` never exceeds the (cropped) visible width.
                     let src = unsafe {
-                        std::slice::from_raw_parts(ptrs[i].add(row * src_stride), p.row_bytes)
+                        std::slice::from_raw_parts(ptrs[i].add(row * src_stride), p.row_bytes())
                     };
                     let o = p.offset + row * p.stride;
-                    data[o..o + p.row_bytes].copy_from_slice(src);
+                    data[o..o + p.row_bytes()].copy_from_slice(src);
                 }
             }
         } else if let Some(scaler) = scaler {

@@ -178,15 +178,16 @@ impl HeldPicture {
             };
             let stride = usize::try_from(stride)
                 .ok()
-                .filter(|s| *s >= p.row_bytes && !ptr.is_null())
+                .filter(|s| *s >= p.row_bytes() && !ptr.is_null())
                 .ok_or_else(|| crate::MediaError::Decode("a held picture lost a plane".into()))?;
-            for row in 0..p.rows {
+            for row in 0..p.rows() {
                 // SAFETY: the decoder's plane `i` holds `rows` rows of `stride` bytes, each at
                 // least `row_bytes` long (checked above; the layout is the frame's, cropped to
                 // even).
-                let src = unsafe { std::slice::from_raw_parts(ptr.add(row * stride), p.row_bytes) };
+                let src =
+                    unsafe { std::slice::from_raw_parts(ptr.add(row * stride), p.row_bytes()) };
                 let o = p.offset + row * p.stride;
-                data[o..o + p.row_bytes].copy_from_slice(src);
+                data[o..o + p.row_bytes()].copy_from_slice(src);
             }
         }
         Ok(())

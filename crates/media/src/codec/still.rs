@@ -42,10 +42,11 @@ fn check_source(w: u32, h: u32, rgba: Option<&[u8]>) -> Result<()> {
     if let Some(px) = rgba {
         let needed = w as usize * h as usize * 4;
         if px.len() != needed {
-            return Err(MediaError::BufferTooSmall {
+            return Err(crate::frame::FrameError::BufferTooSmall {
                 needed,
                 got: px.len(),
-            });
+            }
+            .into());
         }
     }
     Ok(())
@@ -159,10 +160,11 @@ impl YuvJpegEncoder {
         let (w, h) = (self.size.0 as usize, self.size.1 as usize);
         let needed = w * h * 3 / 2;
         if yuv.len() != needed {
-            return Err(MediaError::BufferTooSmall {
+            return Err(crate::frame::FrameError::BufferTooSmall {
                 needed,
                 got: yuv.len(),
-            });
+            }
+            .into());
         }
         let (luma, chroma) = yuv.split_at(w * h);
         let (u, v) = chroma.split_at(w * h / 4);

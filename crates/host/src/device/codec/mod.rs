@@ -48,13 +48,14 @@
 //! Every failure is a status for the guest; nothing here panics on guest input.
 
 use std::sync::{Mutex, MutexGuard};
+use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec::{self as api, Command};
 use virtsoc_devapi::{codec_frame_flag, codec_kind};
 use virtsoc_media::frame::MAX_DIMENSION;
 use virtsoc_media::{
-    CodecKind, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameLayout, FrameMut, FrameRef,
-    MediaError, PixelFormat, ProcessDecoder,
+    CodecKind, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameError, FrameLayout, FrameMut,
+    FrameRef, MediaError, PixelFormat, ProcessDecoder,
 };
 
 /// The worker side of `--codec-process`: serves one decoder on stdin (see
@@ -82,23 +83,11 @@ pub const MAX_ENCODE_FPS: u64 = 240;
 /// Largest bit rate accepted by `open_encoder` (bits per second).
 pub const MAX_ENCODE_BITRATE: u64 = 1 << 32;
 
-/// The media pixel format of a region format, `None` for formats no media backend handles
-/// (blobs, YUYV).
-pub fn pixel_format(f: Format) -> Option<PixelFormat> {
-    match f {
-        Format::Nv12 => Some(PixelFormat::Nv12),
-        Format::Yuv420p => Some(PixelFormat::Yuv420p),
-        Format::Rgba8 => Some(PixelFormat::Rgba8),
-        Format::Bgra8 => Some(PixelFormat::Bgra8),
-        Format::Blob | Format::Yuyv => None,
-    }
-}
-
 /// The frame layout of an image region: [`Status::NotSupported`] for formats the media
 /// backends do not handle, [`Status::BadArgument`] when the metadata does not describe a
 /// valid frame that fits the region.
 pub fn frame_layout(meta: &RegionMeta) -> std::result::Result<FrameLayout, Status> {
-    let format = pixel_format(meta.format).ok_or(Status::NotSupported)?;
+    let format = PixelFormat::try_from(meta.format)?;
     let layout = FrameLayout::with_stride(format, meta.width, meta.height, meta.stride)
         .map_err(|_| Status::BadArgument)?;
     if layout.size() as u64 > meta.size {
@@ -110,7 +99,7 @@ pub fn frame_layout(meta: &RegionMeta) -> std::result::Result<FrameLayout, Statu
 /// The status a guest sees for a media backend error.
 pub fn media_status(e: &MediaError) -> Status {
     match e {
-        MediaError::InvalidLayout(_) | MediaError::BufferTooSmall { .. } => Status::BadArgument,
+        MediaError::InvalidLayout(_) | MediaError::Frame(_) => Status::BadArgument,
         MediaError::Unsupported(_) => Status::NotSupported,
         MediaError::Decode(_)
         | MediaError::Encode(_)
@@ -202,14 +191,14 @@ impl Codec {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn open_decoder(&self, guest: u64, c: api::OpenDecoder) -> DeviceResult {
+    fn open_decoder(&self, guest: GuestId, c: api::OpenDecoder) -> DeviceResult {
         let handle = self.open_decoder_at(guest, c, None)?;
         Ok(api::OpenDecoderReply { handle }.to_values())
     }
 
     fn open_decoder_at(
         &self,
-        guest: u64,
+        guest: GuestId,
         c: api::OpenDecoder,
         at: Option<u64>,
     ) -> std::result::Result<u64, Status> {
@@ -280,10 +269,10 @@ impl Codec {
         let decoder = &mut s.decoder;
         let r = cx.with_source(c.bitstream, |bytes| match bytes.get(..len) {
             Some(packet) => decoder.decode(packet, c.pts as i64),
-            None => Err(MediaError::BufferTooSmall {
+            None => Err(MediaError::Frame(FrameError::BufferTooSmall {
                 needed: len,
                 got: bytes.len(),
-            }),
+            })),
         })?;
         s.note_failures();
         match r {
@@ -298,7 +287,7 @@ impl Codec {
                 }
                 .to_values())
             }
-            Err(MediaError::BufferTooSmall { .. }) => Err(Status::OutOfRange),
+            Err(MediaError::Frame(FrameError::BufferTooSmall { .. })) => Err(Status::OutOfRange),
             Err(e) => {
                 log::debug!("codec: guest {}: decoder {}: {e}", cx.guest, c.handle);
                 Err(cx.fail(media_status(&e), media_reason(&e)))
@@ -340,7 +329,9 @@ impl Codec {
         }
         let t0 = std::time::Instant::now();
         cx.with_region(c.frame, |bytes| {
-            FrameMut::new(layout, bytes).and_then(|dst| front.copy_into(dst))
+            FrameMut::new(layout, bytes)
+                .map_err(MediaError::from)
+                .and_then(|dst| front.copy_into(dst))
         })?
         .map_err(|e| media_status(&e))?;
         // On the ledger: this copy into the region (out of libavcodec's buffers for a held
@@ -372,7 +363,7 @@ impl Codec {
         Ok(reply.to_values())
     }
 
-    fn flush(&self, guest: u64, c: api::Flush) -> DeviceResult {
+    fn flush(&self, guest: GuestId, c: api::Flush) -> DeviceResult {
         let mut st = self.state();
         let s = st.decoder(guest, c.handle)?;
         let r = s.decoder.flush();
@@ -396,19 +387,19 @@ impl Codec {
         }
     }
 
-    fn stream_info(&self, guest: u64, c: api::StreamInfo) -> DeviceResult {
+    fn stream_info(&self, guest: GuestId, c: api::StreamInfo) -> DeviceResult {
         let mut st = self.state();
         Ok(st.decoder(guest, c.handle)?.stream_info().to_values())
     }
 
-    fn open_encoder(&self, guest: u64, c: api::OpenEncoder) -> DeviceResult {
+    fn open_encoder(&self, guest: GuestId, c: api::OpenEncoder) -> DeviceResult {
         let handle = self.open_encoder_at(guest, c, None)?;
         Ok(api::OpenEncoderReply { handle }.to_values())
     }
 
     fn open_encoder_at(
         &self,
-        guest: u64,
+        guest: GuestId,
         c: api::OpenEncoder,
         at: Option<u64>,
     ) -> std::result::Result<u64, Status> {
@@ -474,7 +465,9 @@ impl Codec {
         let encoder = &mut s.encoder;
         let packets = cx
             .with_source(c.frame, |bytes| {
-                FrameRef::new(layout, bytes).and_then(|f| encoder.encode(f, c.pts as i64))
+                FrameRef::new(layout, bytes)
+                    .map_err(MediaError::from)
+                    .and_then(|f| encoder.encode(f, c.pts as i64))
             })?
             .map_err(|e| {
                 log::debug!("codec: guest {}: encoder {}: {e}", cx.guest, c.handle);
@@ -511,7 +504,7 @@ impl Codec {
         .to_values())
     }
 
-    fn close(&self, guest: u64, c: api::Close) -> DeviceResult {
+    fn close(&self, guest: GuestId, c: api::Close) -> DeviceResult {
         let removed = self.state().remove(&(guest, c.handle));
         match removed {
             Some(s) => {
@@ -553,19 +546,19 @@ impl Device for Codec {
         }
     }
 
-    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+    fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {
         self.export(guest)
     }
 
     fn import_guest(
         &self,
-        guest: u64,
+        guest: GuestId,
         record: &serde_json::Value,
     ) -> std::result::Result<(), String> {
         self.import(guest, record)
     }
 
-    fn guest_gone(&self, guest: u64) {
+    fn guest_gone(&self, guest: GuestId) {
         let gone: Vec<Session> = {
             let mut st = self.state();
             st.last_handle.remove(&guest);

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use virtsoc_devapi::codec as api;
+use virtsoc_svm::GuestId;
 
 use super::Codec;
 
@@ -42,7 +43,7 @@ const MAX_HANDLE: u64 = 1 << 32;
 const MAX_SESSIONS: usize = 1024;
 
 impl Codec {
-    pub(super) fn export(&self, guest: u64) -> Option<Value> {
+    pub(super) fn export(&self, guest: GuestId) -> Option<Value> {
         let st = self.state();
         let mut recs: Vec<Record> = st
             .sessions
@@ -62,7 +63,7 @@ impl Codec {
 
     /// Replays every record (untrusted: each goes through the same checks and quotas as the
     /// guest's own command). All or nothing: on a refusal the sessions opened are closed.
-    pub(super) fn import(&self, guest: u64, v: &Value) -> Result<(), String> {
+    pub(super) fn import(&self, guest: GuestId, v: &Value) -> Result<(), String> {
         let recs: Vec<Record> = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
         if recs.len() > MAX_SESSIONS {
             return Err(format!("{} codec sessions", recs.len()));

@@ -3,6 +3,7 @@
 //! handle, and the quotas checked when one opens.
 
 use std::collections::{HashMap, VecDeque};
+use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec as api;
 use virtsoc_media::{DecodedFrame, DecoderBackend, FfmpegEncoder, PacketError};
@@ -112,11 +113,11 @@ pub(super) struct Open {
 #[derive(Default)]
 pub(super) struct State {
     /// Sessions by (guest, handle).
-    pub(super) sessions: HashMap<(u64, u64), Open>,
+    pub(super) sessions: HashMap<(GuestId, u64), Open>,
     /// Codec threads of all open sessions.
     pub(super) threads: usize,
     /// Last handle given to each guest.
-    pub(super) last_handle: HashMap<u64, u64>,
+    pub(super) last_handle: HashMap<GuestId, u64>,
 }
 
 impl State {
@@ -125,7 +126,7 @@ impl State {
     pub(super) fn admit(
         &self,
         limits: &Limits,
-        guest: u64,
+        guest: GuestId,
         threads: usize,
     ) -> std::result::Result<(), Status> {
         let held = self.sessions.keys().filter(|(g, _)| *g == guest).count();
@@ -144,7 +145,7 @@ impl State {
     pub(super) fn open(
         &mut self,
         limits: &Limits,
-        guest: u64,
+        guest: GuestId,
         (s, record): (Session, replay::Opened),
         threads: usize,
         at: Option<u64>,
@@ -176,7 +177,7 @@ impl State {
         Ok(handle)
     }
 
-    pub(super) fn remove(&mut self, key: &(u64, u64)) -> Option<Session> {
+    pub(super) fn remove(&mut self, key: &(GuestId, u64)) -> Option<Session> {
         let o = self.sessions.remove(key)?;
         self.threads -= o.threads;
         Some(o.session)
@@ -184,7 +185,7 @@ impl State {
 
     pub(super) fn decoder(
         &mut self,
-        guest: u64,
+        guest: GuestId,
         handle: u64,
     ) -> std::result::Result<&mut DecoderSession, Status> {
         match self
@@ -199,7 +200,7 @@ impl State {
 
     pub(super) fn encoder(
         &mut self,
-        guest: u64,
+        guest: GuestId,
         handle: u64,
     ) -> std::result::Result<&mut EncoderSession, Status> {
         match self

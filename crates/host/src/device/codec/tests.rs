@@ -48,28 +48,37 @@ fn handles_are_per_guest_and_bounded() {
             },
         )
     };
-    let h1 = open(1).unwrap()[0];
-    let h2 = open(2).unwrap()[0];
+    let h1 = open(GuestId(1)).unwrap()[0];
+    let h2 = open(GuestId(2)).unwrap()[0];
     assert_eq!((h1, h2), (1, 1), "each guest counts its own handles");
     // Guest 2 cannot flush or close guest 1's second decoder.
-    let h = open(1).unwrap()[0];
+    let h = open(GuestId(1)).unwrap()[0];
     assert_eq!(
-        codec.close(2, api::Close { handle: h }),
+        codec.close(GuestId(2), api::Close { handle: h }),
         Err(Status::BadArgument)
     );
-    assert_eq!(codec.flush(1, api::Flush { handle: h }), Ok([0; 6]));
-    assert_eq!(codec.close(1, api::Close { handle: h }), Ok([0; 6]));
     assert_eq!(
-        codec.close(1, api::Close { handle: h }),
+        codec.flush(GuestId(1), api::Flush { handle: h }),
+        Ok([0; 6])
+    );
+    assert_eq!(
+        codec.close(GuestId(1), api::Close { handle: h }),
+        Ok([0; 6])
+    );
+    assert_eq!(
+        codec.close(GuestId(1), api::Close { handle: h }),
         Err(Status::BadArgument)
     );
     for _ in 1..MAX_SESSIONS_PER_GUEST {
-        open(1).unwrap();
+        open(GuestId(1)).unwrap();
     }
-    assert_eq!(open(1), Err(Status::OutOfMemory));
-    codec.guest_gone(1);
-    assert_eq!(open(1).unwrap()[0], 1);
-    assert_eq!(codec.flush(2, api::Flush { handle: 1 }), Ok([0; 6]));
+    assert_eq!(open(GuestId(1)), Err(Status::OutOfMemory));
+    codec.guest_gone(GuestId(1));
+    assert_eq!(open(GuestId(1)).unwrap()[0], 1);
+    assert_eq!(
+        codec.flush(GuestId(2), api::Flush { handle: 1 }),
+        Ok([0; 6])
+    );
 }
 
 #[test]
@@ -93,17 +102,17 @@ fn sessions_and_threads_are_capped_across_guests() {
         )
     };
     // Threads: 4 + 4 fill the daemon's 8; a third decoder of any guest is Busy.
-    let a = open(1, 4).unwrap()[0];
-    open(2, 4).unwrap();
-    assert_eq!(open(3, 1), Err(Status::Busy));
+    let a = open(GuestId(1), 4).unwrap()[0];
+    open(GuestId(2), 4).unwrap();
+    assert_eq!(open(GuestId(3), 1), Err(Status::Busy));
     // Closing gives the threads back.
-    codec.close(1, api::Close { handle: a }).unwrap();
-    open(3, 2).unwrap();
-    open(3, 2).unwrap();
+    codec.close(GuestId(1), api::Close { handle: a }).unwrap();
+    open(GuestId(3), 2).unwrap();
+    open(GuestId(3), 2).unwrap();
     // Sessions: three open, a fourth (even of one thread) is Busy.
-    assert_eq!(open(4, 0), Err(Status::Busy));
-    codec.guest_gone(3);
-    open(4, 1).unwrap();
+    assert_eq!(open(GuestId(4), 0), Err(Status::Busy));
+    codec.guest_gone(GuestId(3));
+    open(GuestId(4), 1).unwrap();
 }
 
 #[test]
@@ -111,7 +120,7 @@ fn bad_open_arguments() {
     let codec = Codec::new(&DeviceConfig::default()).unwrap();
     let dec = |kind, format, threads| {
         codec.open_decoder(
-            7,
+            GuestId(7),
             api::OpenDecoder {
                 kind,
                 format,
@@ -131,7 +140,7 @@ fn bad_open_arguments() {
     );
     let enc = |width, height, fps, bitrate| {
         codec.open_encoder(
-            7,
+            GuestId(7),
             api::OpenEncoder {
                 width,
                 height,
@@ -147,7 +156,7 @@ fn bad_open_arguments() {
     assert_eq!(enc(320, 240, 30, 0), Err(Status::BadArgument));
     assert!(enc(320, 240, 30, 1_000_000).is_ok());
     assert_eq!(
-        codec.flush(7, api::Flush { handle: 1 }),
+        codec.flush(GuestId(7), api::Flush { handle: 1 }),
         Err(Status::BadArgument),
         "an encoder handle is not a decoder"
     );
@@ -158,7 +167,7 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
     let codec = Codec::new(&DeviceConfig::default()).unwrap();
     let h = codec
         .open_decoder(
-            3,
+            GuestId(3),
             api::OpenDecoder {
                 kind: codec_kind::H264,
                 format: Format::Yuv420p as u64,
@@ -179,53 +188,66 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
         picture_width: width,
         picture_height: height,
     };
-    assert_eq!(info(3, h), Ok(reply(0, 0, 0)), "nothing decoded yet");
+    assert_eq!(
+        info(GuestId(3), h),
+        Ok(reply(0, 0, 0)),
+        "nothing decoded yet"
+    );
     let pic = |w, h, pts| {
         let layout = FrameLayout::packed(PixelFormat::Yuv420p, w, h).unwrap();
         DecodedFrame::packed(layout, pts, vec![0; layout.size()])
     };
-    codec.state().decoder(3, h).unwrap().queue(vec![
+    codec.state().decoder(GuestId(3), h).unwrap().queue(vec![
         pic(64, 48, 0),
         pic(64, 48, 1),
         pic(32, 16, 2),
     ]);
     assert_eq!(
-        info(3, h),
+        info(GuestId(3), h),
         Ok(reply(64, 48, 1)),
         "the oldest waiting picture"
     );
     let pop = || {
-        codec.state().decoder(3, h).unwrap().ready.pop_front();
+        codec
+            .state()
+            .decoder(GuestId(3), h)
+            .unwrap()
+            .ready
+            .pop_front();
     };
     pop();
-    assert_eq!(info(3, h), Ok(reply(64, 48, 1)));
+    assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 1)));
     pop();
     assert_eq!(
-        info(3, h),
+        info(GuestId(3), h),
         Ok(reply(32, 16, 1)),
         "the new size before its picture"
     );
     pop();
     assert_eq!(
-        info(3, h),
+        info(GuestId(3), h),
         Ok(reply(32, 16, 1)),
         "none waiting: the last size"
     );
     codec
         .state()
-        .decoder(3, h)
+        .decoder(GuestId(3), h)
         .unwrap()
         .queue(vec![pic(64, 48, 3)]);
-    assert_eq!(info(3, h), Ok(reply(64, 48, 2)));
+    assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 2)));
     assert_eq!(
-        info(4, h),
+        info(GuestId(4), h),
         Err(Status::BadArgument),
         "another guest's handle"
     );
-    assert_eq!(info(3, h + 1), Err(Status::BadArgument), "unknown handle");
+    assert_eq!(
+        info(GuestId(3), h + 1),
+        Err(Status::BadArgument),
+        "unknown handle"
+    );
     let e = codec
         .open_encoder(
-            3,
+            GuestId(3),
             api::OpenEncoder {
                 width: 64,
                 height: 48,
@@ -234,5 +256,5 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
             },
         )
         .unwrap()[0];
-    assert_eq!(info(3, e), Err(Status::BadArgument), "an encoder");
+    assert_eq!(info(GuestId(3), e), Err(Status::BadArgument), "an encoder");
 }

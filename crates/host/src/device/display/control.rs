@@ -7,6 +7,7 @@
 
 use serde_json::{json, Value};
 use virtsoc_control::{ControlError, ForegroundRequest, RefreshRequest};
+use virtsoc_svm::GuestId;
 
 use super::Display;
 
@@ -25,7 +26,7 @@ impl Display {
         match op {
             "foreground" => {
                 let r: ForegroundRequest = args(v)?;
-                self.screen.set_foreground(r.guest);
+                self.screen.set_foreground(GuestId(r.guest));
                 Ok(json!({ "guest": r.guest, "foreground": self.screen.foreground() }))
             }
             "refresh" => {

@@ -1,33 +1,25 @@
-//! Pixel formats the display scans out, in the display's and the media crate's terms.
+//! The pixel formats the display scans out a region in as it is, and the bytes that takes.
 
 #[cfg(test)]
 use std::sync::Arc;
 
+#[cfg(test)]
 use virtsoc_display as vd;
+use virtsoc_frame::PixelFormat;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 
 use super::Answer;
 
-/// A pixel format the display scans out, in the display's and the media crate's terms.
+/// A pixel format the display scans out as it is: a packed RGB one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FrameFormat {
-    pub(super) display: vd::PixelFormat,
-    pub(super) media: virtsoc_media::PixelFormat,
-}
+pub(super) struct ScanoutFormat(pub(super) PixelFormat);
 
-impl FrameFormat {
+impl ScanoutFormat {
     /// The format of a region of format `f`: Rgba8 and Bgra8 only.
     pub(super) fn of(f: Format) -> Answer<Self> {
-        match f {
-            Format::Rgba8 => Ok(FrameFormat {
-                display: vd::PixelFormat::Rgba8,
-                media: virtsoc_media::PixelFormat::Rgba8,
-            }),
-            Format::Bgra8 => Ok(FrameFormat {
-                display: vd::PixelFormat::Bgra8,
-                media: virtsoc_media::PixelFormat::Bgra8,
-            }),
+        match PixelFormat::try_from(f)? {
+            p if p.is_rgb() => Ok(ScanoutFormat(p)),
             _ => Err(Status::NotSupported),
         }
     }
@@ -68,7 +60,7 @@ impl FrameFormat {
             id: 0,
             owner: 0,
             data: vd::FrameData::Bytes(bytes),
-            format: self.display,
+            format: self.0,
             width,
             height,
             stride,
@@ -86,8 +78,7 @@ impl FrameFormat {
         height: u32,
         stride: u32,
     ) -> Option<u64> {
-        let layout =
-            virtsoc_media::FrameLayout::with_stride(self.media, width, height, stride).ok()?;
+        let layout = virtsoc_media::FrameLayout::with_stride(self.0, width, height, stride).ok()?;
         let frame = virtsoc_media::FrameRef::new(layout, bytes).ok()?;
         virtsoc_media::read_timestamp(frame)
     }

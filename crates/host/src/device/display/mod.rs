@@ -72,7 +72,7 @@ use super::layers::{layout_of, read_layers, LayerSpec};
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult, Reply};
 use crate::{HostError, Limits, Result};
-use format::FrameFormat;
+use format::ScanoutFormat;
 use output::Output;
 use planes::{Ledger, Plane, PlaneSet, MAX_PLANES};
 use screen::{listen, Screen, State};
@@ -110,18 +110,18 @@ pub struct Display {
     height: u32,
     /// `--display-verify`: every presented frame is composed and checksummed, per guest the
     /// last one (frame id, CRC-32 of its RGBA pixels).
-    verify: Option<Mutex<std::collections::HashMap<u64, (u64, u32)>>>,
+    verify: Option<Mutex<std::collections::HashMap<GuestId, (u64, u32)>>>,
     /// Shortest time between two snapshots of one guest.
     snapshot_interval: Duration,
     /// When each guest's last snapshot was accepted.
-    last_snapshot: Mutex<HashMap<u64, Instant>>,
+    last_snapshot: Mutex<HashMap<GuestId, Instant>>,
     /// The snapshot thread's queue.
     snapshots: SyncSender<SnapshotJob>,
     /// The GPU whose memory the display scans out of, when it is a wgpu device: frames of
     /// resident planes are recorded at a small size composed there, and only that is read back.
     gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>,
     /// Per guest, view pictures of its planes that do not change (see [`thumb`]).
-    view_statics: Mutex<HashMap<u64, Arc<thumb::StaticPlanes>>>,
+    view_statics: Mutex<HashMap<GuestId, Arc<thumb::StaticPlanes>>>,
 }
 
 impl Display {
@@ -188,7 +188,7 @@ impl Display {
     }
 
     /// Guest `guest`'s view pictures of planes that do not change.
-    fn view_statics(&self, guest: u64) -> Arc<thumb::StaticPlanes> {
+    fn view_statics(&self, guest: GuestId) -> Arc<thumb::StaticPlanes> {
         self.view_statics
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -205,11 +205,11 @@ impl Display {
         let layout = layout_of(cx, spec.src)?;
         let backing = cx
             .svm
-            .read_replica(GuestId(cx.guest), RegionId(spec.src), cx.domain)
+            .read_replica(cx.guest, RegionId(spec.src), cx.domain)
             .map_err(|e| crate::dispatch::status_of(&e))?;
         let generation = cx
             .svm
-            .generation(GuestId(cx.guest), RegionId(spec.src))
+            .generation(cx.guest, RegionId(spec.src))
             .map_err(|e| crate::dispatch::status_of(&e))?;
         Plane::new(spec, layout, backing).map(|p| p.at_generation(generation))
     }
@@ -265,7 +265,7 @@ impl Display {
     /// of its own size, scanned out of the display's memory without a copy.
     fn present(&self, cx: &DeviceCtx<'_>, region: u64, capture_ns: u64) -> Answer<u64> {
         let meta = cx.meta(region)?;
-        let format = FrameFormat::of(meta.format)?;
+        let format = ScanoutFormat::of(meta.format)?;
         format.required_len(meta.width, meta.height, meta.stride, meta.size)?;
         let full = virtsoc_gpu::Rect::full(meta.width, meta.height);
         let spec = LayerSpec {
@@ -323,7 +323,7 @@ impl Display {
 
     /// A guest's snapshot: at most one per interval per guest, written on the snapshot
     /// thread, which answers `reply` once the file is written.
-    fn snapshot_async(&self, guest: u64, reply: Reply) {
+    fn snapshot_async(&self, guest: GuestId, reply: Reply) {
         let now = Instant::now();
         {
             let mut last = self.last_snapshot.lock().unwrap_or_else(|p| p.into_inner());
@@ -455,11 +455,16 @@ impl Device for Display {
         }
     }
 
-    fn latest_frame(&self, guest: u64, after: u64, wait: Duration) -> Option<vd::PresentedFrame> {
+    fn latest_frame(
+        &self,
+        guest: GuestId,
+        after: u64,
+        wait: Duration,
+    ) -> Option<vd::PresentedFrame> {
         self.screen.latest_after(guest, after, wait)
     }
 
-    fn guest_gone(&self, guest: u64) {
+    fn guest_gone(&self, guest: GuestId) {
         self.last_snapshot
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -480,7 +485,7 @@ impl Device for Display {
 
     /// Snapshots keep whether the guest had the screen (its frames it presents again) and
     /// its frame counters (so `presented` and `dropped` go on across a migration).
-    fn export_guest(&self, guest: u64) -> Option<serde_json::Value> {
+    fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {
         let foreground = self.screen.foreground() == Some(guest);
         let counters = self.screen.counters(guest);
         if !foreground && counters.is_none() {
@@ -497,7 +502,7 @@ impl Device for Display {
 
     fn import_guest(
         &self,
-        guest: u64,
+        guest: GuestId,
         record: &serde_json::Value,
     ) -> std::result::Result<(), String> {
         let foreground = record

@@ -110,15 +110,8 @@ impl Plane {
     /// readback; from other device memory by reading back the top rows through the last
     /// sample.
     pub(super) fn stamped_time(&self, ledger: &Ledger) -> Option<u64> {
-        let l = self.layout;
-        let format = match l.format {
-            PixelFormat::Nv12 => virtsoc_media::PixelFormat::Nv12,
-            PixelFormat::Yuv420p => virtsoc_media::PixelFormat::Yuv420p,
-            PixelFormat::Rgba8 => virtsoc_media::PixelFormat::Rgba8,
-            PixelFormat::Bgra8 => virtsoc_media::PixelFormat::Bgra8,
-        };
-        let layout =
-            virtsoc_media::FrameLayout::with_stride(format, l.width, l.height, l.stride).ok()?;
+        let layout = self.layout;
+        layout.validate().ok()?;
         match &self.backing {
             Backing::Host(buf) => {
                 let b = buf.read();
@@ -136,8 +129,8 @@ impl Plane {
                         shift: 0,
                     };
                     let grid = (
-                        axis(l.width, ts::GRID_COLUMNS, ts::GRID_COLUMNS),
-                        axis(l.height, ts::GRID_ROW_DIVISIONS, ts::GRID_ROWS),
+                        axis(layout.width, ts::GRID_COLUMNS, ts::GRID_COLUMNS),
+                        axis(layout.height, ts::GRID_ROW_DIVISIONS, ts::GRID_ROWS),
                     );
                     let yuv = layout.format.is_yuv();
                     let t0 = Instant::now();
@@ -175,18 +168,14 @@ impl Plane {
 #[derive(Clone)]
 pub(super) struct Ledger {
     pub(super) svm: Arc<SvmManager>,
-    pub(super) guest: u64,
+    pub(super) guest: GuestId,
     pub(super) domain: DomainId,
 }
 
 impl Ledger {
     pub(super) fn count(&self, bytes: usize, since: Instant) {
-        self.svm.count_device_copy(
-            GuestId(self.guest),
-            self.domain,
-            bytes as u64,
-            since.elapsed(),
-        );
+        self.svm
+            .count_device_copy(self.guest, self.domain, bytes as u64, since.elapsed());
     }
 }
 
@@ -258,7 +247,7 @@ impl PlaneSet {
             })
             .collect();
         let t0 = Instant::now();
-        let layout = FrameLayout::new(PixelFormat::Rgba8, width, height);
+        let layout = FrameLayout::packed(PixelFormat::Rgba8, width, height).ok()?;
         let dst = gpu.create_image(layout).ok()?;
         gpu.submit_composite_images(&layers, &dst).ok()?;
         let mut out = vec![0u8; width as usize * height as usize * 4];
@@ -299,7 +288,7 @@ impl PlaneSet {
     /// whole screen when that is its size, a small one for a viewer.
     fn compose_at(&self, width: u32, height: u32) -> Option<Vec<u8>> {
         let mut screen =
-            OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, width, height)).ok()?;
+            OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, width, height).ok()?).ok()?;
         for px in screen.data.chunks_exact_mut(4) {
             px[3] = 255;
         }
@@ -323,7 +312,10 @@ impl PlaneSet {
             .iter()
             .zip(&sources)
             .map(|(p, bytes)| Layer {
-                src: FrameRef::new(p.layout, bytes),
+                src: FrameRef {
+                    layout: p.layout,
+                    data: bytes,
+                },
                 crop: p.crop,
                 dst_rect: scale(p.dst),
                 rotation: Rotation::R0,

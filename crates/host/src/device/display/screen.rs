@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::display::{StatsReply, TimingReply};
 use virtsoc_display as vd;
@@ -49,7 +50,7 @@ pub(super) struct GuestScreen {
 
 /// A fence to signal at the first vsync after `after_vsync`.
 pub(super) struct PendingFence {
-    pub(super) guest: u64,
+    pub(super) guest: GuestId,
     pub(super) table: Arc<VirtualFenceTable>,
     pub(super) fence: FenceId,
     pub(super) after_vsync: u64,
@@ -71,21 +72,21 @@ impl PendingFence {
 /// Per-guest bookkeeping, behind the screen's lock (always taken inside the display's lock).
 #[derive(Default)]
 pub(super) struct State {
-    pub(super) guests: HashMap<u64, GuestScreen>,
-    pub(super) owners: HashMap<vd::OwnerId, u64>,
+    pub(super) guests: HashMap<GuestId, GuestScreen>,
+    pub(super) owners: HashMap<vd::OwnerId, GuestId>,
     pub(super) next_owner: vd::OwnerId,
     pub(super) next_frame_id: u64,
     pub(super) present_seq: u64,
-    pub(super) foreground: Option<u64>,
+    pub(super) foreground: Option<GuestId>,
     pub(super) fences: Vec<PendingFence>,
     /// Each guest's latest presented frame, shown or not (for the live view and recordings).
-    pub(super) latest: HashMap<u64, vd::PresentedFrame>,
+    pub(super) latest: HashMap<GuestId, vd::PresentedFrame>,
 }
 
 impl State {
     /// The guest's record, created at its first use of the display (`vsyncs`: the display's
     /// vsync count now).
-    pub(super) fn guest(&mut self, guest: u64, vsyncs: u64) -> &mut GuestScreen {
+    pub(super) fn guest(&mut self, guest: GuestId, vsyncs: u64) -> &mut GuestScreen {
         if !self.guests.contains_key(&guest) {
             let owner = loop {
                 self.next_owner = self.next_owner.wrapping_add(1);
@@ -146,7 +147,7 @@ impl State {
     pub(super) fn switch_foreground(
         &mut self,
         d: &mut vd::Display,
-        guest: u64,
+        guest: GuestId,
         owner: vd::OwnerId,
     ) {
         let previous = d.foreground();
@@ -181,7 +182,7 @@ impl Screen {
     }
 
     /// Presents `frame` as `guest`'s; returns its id.
-    pub(super) fn present(&self, guest: u64, mut frame: vd::PresentedFrame) -> Answer<u64> {
+    pub(super) fn present(&self, guest: GuestId, mut frame: vd::PresentedFrame) -> Answer<u64> {
         // Checked before touching any state, so a refused frame changes nothing.
         frame.validate().map_err(|e| {
             log::debug!("display: guest {guest}: {e}");
@@ -231,7 +232,7 @@ impl Screen {
     /// `wait` for one (on the caller's thread; presents only notify).
     pub(super) fn latest_after(
         &self,
-        guest: u64,
+        guest: GuestId,
         after: u64,
         wait: Duration,
     ) -> Option<vd::PresentedFrame> {
@@ -254,7 +255,7 @@ impl Screen {
     }
 
     /// `guest`'s counters.
-    pub(super) fn stats(&self, guest: u64) -> StatsReply {
+    pub(super) fn stats(&self, guest: GuestId) -> StatsReply {
         let (mut samples, mut reply) = self.with(|d, st| {
             st.absorb(d);
             let vsyncs = d.stats().vsyncs;
@@ -275,7 +276,7 @@ impl Screen {
     }
 
     /// The vsync clock and `guest`'s ready latency (the display's `timing` command).
-    pub(super) fn timing(&self, guest: u64, period_ns: u64) -> TimingReply {
+    pub(super) fn timing(&self, guest: GuestId, period_ns: u64) -> TimingReply {
         let (last, mut ready) = self.with(|d, st| {
             let vsyncs = d.stats().vsyncs;
             let g = st.guest(guest, vsyncs);
@@ -296,7 +297,7 @@ impl Screen {
     /// Arranges for `guest`'s fence `raw` to be signaled at the next vsync.
     pub(super) fn signal_at_vsync(
         &self,
-        guest: u64,
+        guest: GuestId,
         fences: &Arc<VirtualFenceTable>,
         raw: u64,
     ) -> Answer<()> {
@@ -332,7 +333,7 @@ impl Screen {
     }
 
     /// Forgets `guest`: its frames, counters, pending fences, and the screen if it had it.
-    pub(super) fn guest_gone(&self, guest: u64) {
+    pub(super) fn guest_gone(&self, guest: GuestId) {
         self.with(|d, st| {
             st.fences.retain(|f| f.guest != guest);
             st.latest.remove(&guest);
@@ -373,7 +374,7 @@ pub(super) fn listen(screen: Weak<Screen>, events: Receiver<vd::VsyncEvent>) {
 impl Screen {
     /// Gives the screen to `guest` now (the control API's foreground switch); its record is
     /// created if it never presented, and its latest frame is shown from the next vsync.
-    pub(super) fn set_foreground(&self, guest: u64) {
+    pub(super) fn set_foreground(&self, guest: GuestId) {
         self.with(|d, st| {
             let vsyncs = d.stats().vsyncs;
             let owner = st.guest(guest, vsyncs).owner;
@@ -382,7 +383,7 @@ impl Screen {
     }
 
     /// `guest`'s frame counters (submitted, presented, dropped), if it used the display.
-    pub(super) fn counters(&self, guest: u64) -> Option<(u64, u64, u64)> {
+    pub(super) fn counters(&self, guest: GuestId) -> Option<(u64, u64, u64)> {
         self.with(|d, st| {
             st.absorb(d);
             st.guests
@@ -394,7 +395,13 @@ impl Screen {
     /// Carries a guest's frame counters over from the daemon it was saved in (its record is
     /// created if needed): frames it had presented that were still waiting for a vsync there
     /// never reach a screen, and count as dropped.
-    pub(super) fn carry_counters(&self, guest: u64, submitted: u64, presented: u64, dropped: u64) {
+    pub(super) fn carry_counters(
+        &self,
+        guest: GuestId,
+        submitted: u64,
+        presented: u64,
+        dropped: u64,
+    ) {
         self.with(|d, st| {
             let vsyncs = d.stats().vsyncs;
             let g = st.guest(guest, vsyncs);
@@ -405,7 +412,7 @@ impl Screen {
     }
 
     /// The guest that has the screen.
-    pub(super) fn foreground(&self) -> Option<u64> {
+    pub(super) fn foreground(&self) -> Option<GuestId> {
         lock(&self.state).foreground
     }
 
@@ -416,7 +423,7 @@ impl Screen {
             st.guests
                 .iter()
                 .map(|(id, g)| virtsoc_control::DisplayGuestMetrics {
-                    guest: *id,
+                    guest: id.0,
                     presented: g.presented,
                     dropped: g.dropped,
                     latencies_ns: g.latencies.iter().copied().collect(),

@@ -25,7 +25,7 @@ fn table() -> Arc<VirtualFenceTable> {
 }
 
 /// Waits (bounded) for the next vsync after now, through a vsync fence.
-fn next_vsync(d: &Display, guest: u64, t: &Arc<VirtualFenceTable>) {
+fn next_vsync(d: &Display, guest: GuestId, t: &Arc<VirtualFenceTable>) {
     let f = t.create().unwrap();
     d.screen.signal_at_vsync(guest, t, f.to_u64()).unwrap();
     assert_eq!(
@@ -39,17 +39,17 @@ fn rgba_frame(w: u32, h: u32, seed: u8, capture_ns: Option<u64>) -> (Vec<u8>, vd
     let bytes: Vec<u8> = (0..w * h * 4)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect();
-    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let f = ScanoutFormat::of(Format::Rgba8).unwrap();
     let frame = f.frame(bytes.clone().into(), w, h, w * 4, capture_ns);
     (bytes, frame)
 }
 
 #[test]
 fn formats_and_geometry_are_checked() {
-    assert_eq!(FrameFormat::of(Format::Nv12), Err(Status::NotSupported));
-    assert_eq!(FrameFormat::of(Format::Blob), Err(Status::NotSupported));
-    assert_eq!(FrameFormat::of(Format::Yuyv), Err(Status::NotSupported));
-    let f = FrameFormat::of(Format::Bgra8).unwrap();
+    assert_eq!(ScanoutFormat::of(Format::Nv12), Err(Status::NotSupported));
+    assert_eq!(ScanoutFormat::of(Format::Blob), Err(Status::NotSupported));
+    assert_eq!(ScanoutFormat::of(Format::Yuyv), Err(Status::NotSupported));
+    let f = ScanoutFormat::of(Format::Bgra8).unwrap();
     assert_eq!(f.required_len(4, 2, 16, 32), Ok(32));
     assert_eq!(
         f.required_len(4, 2, 20, 36),
@@ -83,7 +83,7 @@ fn percentiles_use_nearest_rank() {
 fn stats_count_every_frame_once_and_measure_latency() {
     let (d, _) = display(200);
     let t = table();
-    let g = 1;
+    let g = GuestId(1);
     assert_eq!(d.screen.stats(g), StatsReply::default());
     let now = crate::clock::now_ns();
     for i in 0..5u8 {
@@ -123,7 +123,7 @@ fn a_stamped_capture_time_is_read_from_the_pixels() {
         stamped,
     )
     .unwrap();
-    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let f = ScanoutFormat::of(Format::Rgba8).unwrap();
     let frame = f.frame(bytes.clone().into(), w, h, w * 4, None);
     assert_eq!(frame.capture_ns, Some(stamped));
     // An explicit capture time wins over the stamp.
@@ -134,9 +134,9 @@ fn a_stamped_capture_time_is_read_from_the_pixels() {
     // Unstamped pixels carry none.
     assert_eq!(rgba_frame(64, 64, 3, None).1.capture_ns, None);
 
-    d.screen.present(7, frame).unwrap();
-    next_vsync(&d, 7, &t);
-    let s = d.screen.stats(7);
+    d.screen.present(GuestId(7), frame).unwrap();
+    next_vsync(&d, GuestId(7), &t);
+    let s = d.screen.stats(GuestId(7));
     assert_eq!((s.presented, s.samples), (1, 1), "{s:?}");
     let elapsed = crate::clock::now_ns() - stamped;
     assert!(s.latency_p50_ns > 0 && s.latency_p50_ns <= elapsed, "{s:?}");
@@ -150,12 +150,12 @@ fn snapshot_writes_the_presented_pixels() {
     // A BGRA frame with padded rows: the PNG holds its pixels as RGBA.
     let (w, h, stride) = (5u32, 3u32, 24u32);
     let bgra: Vec<u8> = (0..stride * h).map(|i| (i * 7 + 1) as u8).collect();
-    let f = FrameFormat::of(Format::Bgra8).unwrap();
+    let f = ScanoutFormat::of(Format::Bgra8).unwrap();
     let id = d
         .screen
-        .present(3, f.frame(bgra.clone().into(), w, h, stride, None))
+        .present(GuestId(3), f.frame(bgra.clone().into(), w, h, stride, None))
         .unwrap();
-    next_vsync(&d, 3, &t);
+    next_vsync(&d, GuestId(3), &t);
     assert_eq!(d.snapshot(), Ok(id));
     let png = std::fs::read(dir.join(format!("virtsoc-display-{id}.png"))).unwrap();
 
@@ -179,16 +179,18 @@ fn unknown_fences_are_refused_and_gone_guests_forgotten() {
     let t = table();
     assert_eq!(
         d.screen
-            .signal_at_vsync(1, &t, FenceId::from_u64(0x5_0000_0003).to_u64()),
+            .signal_at_vsync(GuestId(1), &t, FenceId::from_u64(0x5_0000_0003).to_u64()),
         Err(Status::BadArgument)
     );
     // A gone guest's pending fence is never signaled.
     let other = table();
     let f = other.create().unwrap();
-    d.screen.signal_at_vsync(2, &other, f.to_u64()).unwrap();
-    d.guest_gone(2);
-    next_vsync(&d, 1, &t);
-    next_vsync(&d, 1, &t);
+    d.screen
+        .signal_at_vsync(GuestId(2), &other, f.to_u64())
+        .unwrap();
+    d.guest_gone(GuestId(2));
+    next_vsync(&d, GuestId(1), &t);
+    next_vsync(&d, GuestId(1), &t);
     assert_eq!(other.status(f).unwrap(), FenceStatus::Pending);
 }
 
@@ -196,7 +198,7 @@ fn unknown_fences_are_refused_and_gone_guests_forgotten() {
 fn the_first_presenter_owns_the_screen_until_it_goes() {
     let (d, dir) = display(200);
     let t = table();
-    let (a, b) = (10, 20);
+    let (a, b) = (GuestId(10), GuestId(20));
     d.screen.present(a, rgba_frame(8, 4, 1, None).1).unwrap();
     let hidden = d.screen.present(b, rgba_frame(8, 4, 2, None).1).unwrap();
     next_vsync(&d, a, &t);
@@ -219,7 +221,7 @@ fn the_first_presenter_owns_the_screen_until_it_goes() {
 
     // B goes too: the next guest to present takes the screen.
     d.guest_gone(b);
-    let c = 30;
+    let c = GuestId(30);
     let shown = d.screen.present(c, rgba_frame(8, 4, 4, None).1).unwrap();
     next_vsync(&d, c, &t);
     next_vsync(&d, c, &t);
@@ -237,9 +239,9 @@ fn the_first_presenter_owns_the_screen_until_it_goes() {
 #[test]
 fn refused_frames_change_nothing() {
     let (d, _) = display(200);
-    let f = FrameFormat::of(Format::Rgba8).unwrap();
+    let f = ScanoutFormat::of(Format::Rgba8).unwrap();
     let huge = f.frame(vec![0u8; 4 * 20_000].into(), 20_000, 1, 80_000, None);
-    assert_eq!(d.screen.present(4, huge), Err(Status::BadArgument));
+    assert_eq!(d.screen.present(GuestId(4), huge), Err(Status::BadArgument));
     let st = lock(&d.screen.state);
     assert!(st.guests.is_empty() && st.foreground.is_none());
 }
@@ -297,30 +299,30 @@ fn frame_counters_move_with_a_guest() {
     let t = table();
     for seed in 0..3 {
         a.screen
-            .present(10, rgba_frame(8, 4, seed, None).1)
+            .present(GuestId(10), rgba_frame(8, 4, seed, None).1)
             .unwrap();
-        next_vsync(&a, 10, &t);
+        next_vsync(&a, GuestId(10), &t);
     }
-    next_vsync(&a, 10, &t);
-    let before = a.screen.stats(10);
+    next_vsync(&a, GuestId(10), &t);
+    let before = a.screen.stats(GuestId(10));
     assert_eq!(before.presented + before.dropped, 3, "{before:?}");
     let record = a
-        .export_guest(10)
+        .export_guest(GuestId(10))
         .expect("a record for a guest that presented");
     assert_eq!(record["submitted"], 3, "{record}");
 
     let (b, dir_b) = display(200);
-    b.import_guest(77, &record).unwrap();
-    let after = b.screen.stats(77);
+    b.import_guest(GuestId(77), &record).unwrap();
+    let after = b.screen.stats(GuestId(77));
     assert_eq!(
         (after.presented, after.dropped),
         (before.presented, before.dropped),
         "{after:?}"
     );
     let bad = serde_json::json!({ "foreground": false, "submitted": 1, "presented": 2 });
-    assert!(b.import_guest(78, &bad).is_err());
+    assert!(b.import_guest(GuestId(78), &bad).is_err());
     // A guest that never used the display has no record.
-    assert!(b.export_guest(79).is_none());
+    assert!(b.export_guest(GuestId(79)).is_none());
     let _ = std::fs::remove_dir_all(dir_a);
     let _ = std::fs::remove_dir_all(dir_b);
 }

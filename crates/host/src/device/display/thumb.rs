@@ -12,7 +12,7 @@
 use virtsoc_display::ViewPicture as Picture;
 use virtsoc_gpu::{PixelFormat, PlaneInfo, Rect, SampleAxis};
 use virtsoc_svm::Backing;
-use virtsoc_svm::{GuestId, RegionId};
+use virtsoc_svm::RegionId;
 use virtsoc_sync::LockExt;
 
 use super::planes::{Ledger, Plane};
@@ -405,14 +405,15 @@ fn with_samples(
     ledger: &Ledger,
     f: impl FnOnce(&Samples<'_>),
 ) -> Option<()> {
-    let info: PlaneInfo = *plane.layout.plane_infos().ok()?.get(k)?;
+    plane.layout.validate().ok()?;
+    let info: PlaneInfo = plane.layout.plane(k)?;
     let bgra = plane.layout.format == PixelFormat::Bgra8;
     // Host memory holding the same contents (the writer's replica, when a CPU device such as
     // the ISP wrote the frame) is read in place rather than the display's GPU replica.
     let host = match &plane.backing {
         Backing::Device(_) => ledger
             .svm
-            .host_replica(GuestId(ledger.guest), RegionId(plane.region))
+            .host_replica(ledger.guest, RegionId(plane.region))
             .ok()
             .flatten()
             .filter(|(_, generation)| *generation == plane.generation)
@@ -599,15 +600,20 @@ mod tests {
         }
         let full = Rect::new(0, 0, w, h);
         let video = host_plane(
-            FrameLayout::new(PixelFormat::Nv12, w, h),
+            FrameLayout::packed(PixelFormat::Nv12, w, h).unwrap(),
             &nv12,
             full,
             false,
         );
-        let bar = host_plane(FrameLayout::new(PixelFormat::Rgba8, w, h), &ui, full, true);
+        let bar = host_plane(
+            FrameLayout::packed(PixelFormat::Rgba8, w, h).unwrap(),
+            &ui,
+            full,
+            true,
+        );
         let ledger = Ledger {
             svm: std::sync::Arc::new(virtsoc_svm::SvmManager::new(virtsoc_svm::Topology::new())),
-            guest: 1,
+            guest: virtsoc_svm::GuestId(1),
             domain: virtsoc_svm::DomainId(0),
         };
         let statics = StaticPlanes::default();

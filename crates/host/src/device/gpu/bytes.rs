@@ -4,15 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::time::Instant;
-use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::gpu::{CompositeReply, ConvertReply, MarkersReply, ProjectReply};
 use virtsoc_devapi::{MarkerRecord, MARKER_RECORD};
 use virtsoc_gpu::{FrameLayout, FrameMut, FrameRef, GpuStats, Layer, MAX_LAYERS, MAX_MARKERS};
 use virtsoc_proto::Status;
 
-use super::{marker_of, rgb_layout, status_of, view_of, Gpu};
-use crate::device::layers::{crop_inside, layout_of, read_layers, read_records};
+use super::{marker_of, rgb_layout, view_of, Gpu};
+use crate::device::layers::{crop_inside, frame_status, layout_of, read_layers, read_records};
 use crate::device::{DeviceCtx, DeviceResult};
 
 impl Gpu {
@@ -46,7 +45,10 @@ impl Gpu {
                 return Err(Status::BadArgument);
             }
             layers.push(Layer {
-                src: FrameRef::new(*layout, bytes),
+                src: FrameRef {
+                    layout: *layout,
+                    data: bytes,
+                },
                 crop: s.crop,
                 dst_rect: s.dst,
                 rotation: s.rotation,
@@ -79,7 +81,14 @@ impl Gpu {
         let bytes = copy_out(cx, src, &src_layout)?;
         let stats = with_dst(cx, dst, &dst_layout, |d| {
             self.run("project", |b| {
-                b.project_equirect(FrameRef::new(src_layout, &bytes), view, d)
+                b.project_equirect(
+                    FrameRef {
+                        layout: src_layout,
+                        data: &bytes,
+                    },
+                    view,
+                    d,
+                )
             })
         })?;
         Ok(ProjectReply {
@@ -119,7 +128,13 @@ impl Gpu {
         let src_layout = layout_of(cx, src)?;
         let bytes = copy_out(cx, src, &src_layout)?;
         let stats = with_dst(cx, dst, &dst_layout, |d| {
-            self.convert_frame(FrameRef::new(src_layout, &bytes), d)
+            self.convert_frame(
+                FrameRef {
+                    layout: src_layout,
+                    data: &bytes,
+                },
+                d,
+            )
         })?;
         Ok(ConvertReply {
             gpu_us: micros(&stats),
@@ -134,14 +149,14 @@ fn copy_out(
     id: u64,
     layout: &FrameLayout,
 ) -> std::result::Result<Vec<u8>, Status> {
-    let n = layout.size_bytes().map_err(|e| status_of(&e))?;
+    let n = layout.size_bytes().map_err(|e| frame_status(&e))?;
     let t0 = Instant::now();
     let bytes = cx
         .with_region(id, |b| b.get(..n).map(<[u8]>::to_vec))?
         .ok_or(Status::OutOfRange)?;
     // A copy of frame bytes inside the device's memory: on the ledger.
     cx.svm
-        .count_device_copy(GuestId(cx.guest), cx.domain, n as u64, t0.elapsed());
+        .count_device_copy(cx.guest, cx.domain, n as u64, t0.elapsed());
     Ok(bytes)
 }
 
@@ -152,9 +167,12 @@ fn with_dst(
     layout: &FrameLayout,
     f: impl FnOnce(FrameMut<'_>) -> std::result::Result<GpuStats, Status>,
 ) -> std::result::Result<GpuStats, Status> {
-    let n = layout.size_bytes().map_err(|e| status_of(&e))?;
+    let n = layout.size_bytes().map_err(|e| frame_status(&e))?;
     cx.with_region(id, |b| match b.get_mut(..n) {
-        Some(d) => f(FrameMut::new(*layout, d)),
+        Some(d) => f(FrameMut {
+            layout: *layout,
+            data: d,
+        }),
         None => Err(Status::OutOfRange),
     })?
 }

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use virtsoc_gpu::{FrameLayout, GpuImage, SampleAxis, WgpuBackend};
+use virtsoc_gpu::{
+    FrameError, FrameLayout, GpuError, GpuImage, PixelFormat, SampleAxis, WgpuBackend,
+};
 use virtsoc_svm::{DeviceAllocator, DeviceMemory, RegionMeta, SvmError};
-
-use crate::device::layers::pixel_format;
 
 /// One replica in GPU memory.
 pub(crate) struct GpuMemory {
@@ -75,16 +75,15 @@ pub(crate) struct GpuAllocator {
 
 impl DeviceAllocator for GpuAllocator {
     fn alloc(&self, meta: &RegionMeta) -> virtsoc_svm::Result<Option<Arc<dyn DeviceMemory>>> {
-        let Ok(format) = pixel_format(meta.format) else {
+        let Ok(format) = PixelFormat::try_from(meta.format) else {
             return Ok(None);
         };
-        let layout = FrameLayout::with_stride(format, meta.width, meta.height, meta.stride);
-        match layout.size_bytes() {
-            Ok(n) if n as u64 <= meta.size => {}
+        let layout = match FrameLayout::with_stride(format, meta.width, meta.height, meta.stride) {
+            Ok(l) if l.size() as u64 <= meta.size => l,
             _ => return Ok(None),
-        }
+        };
         let image = self.backend.create_image(layout).map_err(|e| match e {
-            virtsoc_gpu::GpuError::TooLarge { .. } => SvmError::OutOfMemory,
+            GpuError::Frame(FrameError::TooLarge { .. }) => SvmError::OutOfMemory,
             e => gpu_error(e),
         })?;
         Ok(Some(Arc::new(GpuMemory {

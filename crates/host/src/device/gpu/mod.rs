@@ -77,7 +77,7 @@ use virtsoc_gpu::{
 use virtsoc_proto::Status;
 use virtsoc_svm::Backing;
 
-use super::layers::{crop_inside, layout_of, read_layers, read_records};
+use super::layers::{crop_inside, frame_status, layout_of, read_layers, read_records};
 use super::registry::{DeviceConfig, GpuBackendKind};
 use super::{Device, DeviceCtx, DeviceResult, Reply};
 use crate::Result;
@@ -107,7 +107,7 @@ pub struct Gpu {
 #[derive(Debug)]
 pub(crate) struct InFlight {
     max: usize,
-    by_guest: Mutex<HashMap<u64, usize>>,
+    by_guest: Mutex<HashMap<GuestId, usize>>,
 }
 
 impl InFlight {
@@ -119,7 +119,7 @@ impl InFlight {
     }
 
     /// Counts one more submission of `guest`: `false` (nothing counted) at its maximum.
-    pub(crate) fn take(&self, guest: u64) -> bool {
+    pub(crate) fn take(&self, guest: GuestId) -> bool {
         let mut m = self.by_guest.lock().unwrap_or_else(|p| p.into_inner());
         let n = m.entry(guest).or_insert(0);
         if *n >= self.max {
@@ -130,7 +130,7 @@ impl InFlight {
     }
 
     /// One submission of `guest` finished.
-    pub(crate) fn release(&self, guest: u64) {
+    pub(crate) fn release(&self, guest: GuestId) {
         let mut m = self.by_guest.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = m.get_mut(&guest) {
             *n = n.saturating_sub(1);
@@ -328,7 +328,7 @@ impl Gpu {
         if self.wgpu.is_none() {
             return Ok(None);
         }
-        match cx.svm.replica(GuestId(cx.guest), RegionId(id), cx.domain) {
+        match cx.svm.replica(cx.guest, RegionId(id), cx.domain) {
             Ok(Backing::Device(m)) => Ok(m
                 .as_any()
                 .downcast_ref::<GpuMemory>()
@@ -343,7 +343,7 @@ impl Gpu {
     fn submit(
         &self,
         op: &'static str,
-        guest: u64,
+        guest: GuestId,
         reply: Reply,
         f: impl FnOnce(&WgpuBackend) -> virtsoc_gpu::Result<SubmissionId>,
     ) {
@@ -456,7 +456,7 @@ impl Gpu {
     }
 
     /// Submits prepared work; `reply` is answered when the GPU has finished it.
-    fn launch(&self, p: Prepared, guest: u64, reply: Reply) {
+    fn launch(&self, p: Prepared, guest: GuestId, reply: Reply) {
         match p {
             Prepared::Composite {
                 layers,
@@ -495,7 +495,13 @@ impl Gpu {
 
     /// Converts resident `src` into resident `dst` (RGBA8 or BGRA8), answering `reply` when
     /// done: the gpu device's `convert` and the ISP's `gpu` backend.
-    pub(crate) fn convert_images(&self, guest: u64, src: &GpuImage, dst: &GpuImage, reply: Reply) {
+    pub(crate) fn convert_images(
+        &self,
+        guest: GuestId,
+        src: &GpuImage,
+        dst: &GpuImage,
+        reply: Reply,
+    ) {
         self.submit("convert", guest, reply, |w| {
             w.submit_convert_images(src, dst)
         });
@@ -643,14 +649,12 @@ fn rgb_layout(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, S
 /// The status a guest sees for a backend error.
 pub(crate) fn status_of(e: &GpuError) -> Status {
     match e {
-        GpuError::ZeroSize { .. }
-        | GpuError::TooLarge { .. }
-        | GpuError::InvalidLayout(_)
+        GpuError::Frame(e) => frame_status(e),
+        GpuError::InvalidLayout(_)
         | GpuError::InvalidRect { .. }
         | GpuError::RectOutOfBounds { .. }
         | GpuError::InvalidParameter(_)
         | GpuError::TooMany { .. } => Status::BadArgument,
-        GpuError::BufferTooSmall { .. } => Status::OutOfRange,
         GpuError::UnsupportedFormat { .. } => Status::NotSupported,
         GpuError::UnknownSubmission(_) => Status::Internal,
         GpuError::NoAdapter(_)

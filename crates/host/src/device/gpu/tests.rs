@@ -64,14 +64,14 @@ fn cost_counts_each_layer_clipped_to_the_target() {
 #[test]
 fn submissions_in_flight_are_capped_per_guest() {
     let f = InFlight::new(2);
-    assert!(f.take(1) && f.take(1));
-    assert!(!f.take(1), "a third submission of guest 1 waits");
-    assert!(f.take(2), "guest 2 is not held back by guest 1");
-    f.release(1);
-    assert!(f.take(1));
-    f.release(1);
-    f.release(1);
-    f.release(2);
+    assert!(f.take(GuestId(1)) && f.take(GuestId(1)));
+    assert!(!f.take(GuestId(1)), "a third submission of guest 1 waits");
+    assert!(f.take(GuestId(2)), "guest 2 is not held back by guest 1");
+    f.release(GuestId(1));
+    assert!(f.take(GuestId(1)));
+    f.release(GuestId(1));
+    f.release(GuestId(1));
+    f.release(GuestId(2));
     assert!(f.by_guest.lock().unwrap().is_empty());
 }
 
@@ -112,7 +112,10 @@ fn backend_errors_map_to_statuses() {
         Status::BadArgument
     );
     assert_eq!(
-        status_of(&GpuError::BufferTooSmall { needed: 2, got: 1 }),
+        status_of(&GpuError::Frame(virtsoc_gpu::FrameError::BufferTooSmall {
+            needed: 2,
+            got: 1
+        })),
         Status::OutOfRange
     );
     assert_eq!(
@@ -141,10 +144,15 @@ fn backends_are_chosen_by_name_and_the_timeline_advances() {
     assert_eq!(n.backend_name(), "null");
     assert!(n.backend().starts_with("null"));
     // One good and one failing call: both retire their sequence numbers.
-    let src = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
-    let mut dst = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Rgba8, 8, 4)).unwrap();
+    let src = virtsoc_gpu::OwnedFrame::new(FrameLayout::packed(PixelFormat::Nv12, 8, 4).unwrap())
+        .unwrap();
+    let mut dst =
+        virtsoc_gpu::OwnedFrame::new(FrameLayout::packed(PixelFormat::Rgba8, 8, 4).unwrap())
+            .unwrap();
     g.convert_frame(src.as_ref(), dst.as_mut()).unwrap();
-    let mut yuv = virtsoc_gpu::OwnedFrame::new(FrameLayout::new(PixelFormat::Nv12, 8, 4)).unwrap();
+    let mut yuv =
+        virtsoc_gpu::OwnedFrame::new(FrameLayout::packed(PixelFormat::Nv12, 8, 4).unwrap())
+            .unwrap();
     assert_eq!(
         g.convert_frame(src.as_ref(), yuv.as_mut()),
         Err(Status::NotSupported)

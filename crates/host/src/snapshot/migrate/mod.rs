@@ -126,7 +126,12 @@ fn expect(r: &mut impl std::io::Read, kind: u32) -> Result<Section> {
 /// Migrates guest `id` to the daemon whose migration listener is `to`, presenting `token`.
 /// Returns once the guest is handed over (step 5); the commit follows on a thread of its
 /// own when the guest arrived at the target, and if it does not, the guest resumes here.
-pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<MigrationReport> {
+pub fn migrate(
+    daemon: &Arc<Daemon>,
+    id: GuestId,
+    to: &str,
+    token: &str,
+) -> Result<MigrationReport> {
     let t0 = Instant::now();
     let s = super::session_of(daemon, id)?;
     let is_vm = match daemon.guest_meta(id).map(|(t, _)| t) {
@@ -168,8 +173,8 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     let svm = daemon.svm();
     let mut report = MigrationReport::default();
     let mut sent: BTreeMap<RegionId, u64> = BTreeMap::new();
-    for rid in svm.region_ids(GuestId(id))? {
-        let Ok((img, version)) = svm.export_region_versioned(GuestId(id), rid) else {
+    for rid in svm.region_ids(id)? {
+        let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
             continue; // freed meanwhile
         };
         let bytes = img.bytes.as_deref().unwrap_or(&[]);
@@ -187,14 +192,14 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     let mut last = u64::MAX;
     for _ in 0..PRECOPY_ROUNDS {
         let mut resent = 0u64;
-        for rid in svm.region_ids(GuestId(id))? {
-            let Ok(v) = svm.region_version(GuestId(id), rid) else {
+        for rid in svm.region_ids(id)? {
+            let Ok(v) = svm.region_version(id, rid) else {
                 continue;
             };
             if sent.get(&rid) == Some(&v) {
                 continue;
             }
-            let Ok((img, version)) = svm.export_region_versioned(GuestId(id), rid) else {
+            let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
                 continue;
             };
             let bytes = img.bytes.as_deref().unwrap_or(&[]);
@@ -218,7 +223,7 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     // Stop and copy the dirty part. Dropping `q` on an error resumes the guest here.
     let t_stop = Instant::now();
     let q = super::quiesce(&s)?;
-    let ids = svm.region_ids(GuestId(id))?;
+    let ids = svm.region_ids(id)?;
     let mut stop = Buf::default();
     stop.u64(ids.len() as u64);
     for rid in &ids {
@@ -226,10 +231,10 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
     }
     send(&mut w, STOP, &[&stop.0])?;
     for rid in &ids {
-        if sent.get(rid) == Some(&svm.region_version(GuestId(id), *rid)?) {
+        if sent.get(rid) == Some(&svm.region_version(id, *rid)?) {
             continue;
         }
-        let (img, _) = svm.export_region_versioned(GuestId(id), *rid)?;
+        let (img, _) = svm.export_region_versioned(id, *rid)?;
         let bytes = img.bytes.as_deref().unwrap_or(&[]);
         send(
             &mut w,
@@ -247,8 +252,8 @@ pub fn migrate(daemon: &Arc<Daemon>, id: u64, to: &str, token: &str) -> Result<M
             .unwrap_or(daemon.config().protocol)
             .name()
             .to_string(),
-        source_guest: id,
-        next_region_id: svm.next_region_id(GuestId(id))?.0,
+        source_guest: id.0,
+        next_region_id: svm.next_region_id(id)?.0,
         resume: secret.clone(),
     };
     send(
@@ -354,7 +359,7 @@ impl Pending {
                 // Committed: the target holds the session now (and a VM guest's window:
                 // releasing the regions here must not zero what the target keeps there).
                 if self.vm.is_some() {
-                    let _ = self.daemon.svm().disown_window(GuestId(id));
+                    let _ = self.daemon.svm().disown_window(id);
                 }
                 self.session
                     .release(self.daemon.svm(), self.daemon.devices());
@@ -382,10 +387,7 @@ fn resume_here(daemon: &Daemon, s: &Session, mut kept: SessionImage, ids: &[Regi
     let svm = daemon.svm();
     let regions: Result<Vec<_>> = ids
         .iter()
-        .map(|r| {
-            svm.export_region(GuestId(id), *r)
-                .map_err(crate::HostError::from)
-        })
+        .map(|r| svm.export_region(id, *r).map_err(crate::HostError::from))
         .collect();
     match regions {
         Ok(regions) => {
