@@ -200,7 +200,8 @@ fn bad_display_backends_stop_the_daemon() {
     // An unknown backend is refused by the argument parser, which lists the choices.
     let err = refused(&["--display-backend", "wayland"], &[]);
     assert!(
-        err.contains("wayland") && err.contains("[possible values: headless, window]"),
+        err.contains("wayland")
+            && err.contains("[possible values: headless, window, window-surface]"),
         "{err}"
     );
     // Without the `window` feature the window backend is not there; with it, it needs an X
