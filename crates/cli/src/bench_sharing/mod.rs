@@ -30,8 +30,7 @@
 //! together, which do not. `cargo run --release -p virtsoc-gpu --example cache_probe -- 8
 //! 320x180 640x360 960x540` measures the same overhead with no daemon, guest, ring or
 //! scheduler, only wgpu compositions waited for one at a time: about 0% with 2 guests, 40%
-//! with 4, 50-75% with 8 (quiet machine), and 0% with 8 guests of 160x90 (whose images
-//! all fit). The scheduler's own cost is `overhead_vs_round_robin_pct` (AvA's measure: the
+//! with 4, 75% with 8, and 0% with 8 guests of 160x90 (whose images all fit). The scheduler's own cost is `overhead_vs_round_robin_pct` (AvA's measure: the
 //! same guests with and without the scheduling).
 //!
 //! (b) **Multimedia.** A video guest composes a 1280x720 frame on the GPU and presents it on
@@ -338,7 +337,7 @@ const WINDOW: Duration = Duration::from_secs(1);
 /// a window after it. Not on a fixed schedule from the first reading: a reading that came
 /// late (the control API's answer held up on a loaded machine) would then leave the next
 /// window short, a few commands long, and one command's worth of device time would make
-/// it look unfair (a guest with nothing in 174 ms was such a window, not a starved guest).
+/// it look unfair (a window of 174 ms after one of 1.8 s was seen with 8 guests).
 fn next_reading(read: Instant) -> Instant {
     read + WINDOW
 }
