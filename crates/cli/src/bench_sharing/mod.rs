@@ -5,7 +5,8 @@
 //! connection (its own session, rings and window) keeping four GPU compositions queued
 //! (continuously backlogged), of a size that differs from guest to guest (`--gpu-sizes`,
 //! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. After
-//! a 0.5 s settle, every second the bench reads each guest's GPU device time from the
+//! a 0.5 s settle, a second after its last reading (so a late reading never leaves a short
+//! window behind it) the bench reads each guest's GPU device time from the
 //! daemon's control API (the worker's continuous accounting, the command in service counted
 //! up to the reading, as AvA reads its API server's): the window's unfairness is `max over
 //! guests |share - ideal| / ideal`, reported as the median and p95 over the windows (each
@@ -21,6 +22,16 @@
 //! guests each, and 0.6 s slices alternate between their guests; the median over the pairs
 //! of how much less work the scheduler's guests did (weighed by the round-robin daemon's
 //! alone rates).
+//!
+//! Where the overhead against one guest alone goes, on a CPU driver (lavapipe, 2 cores):
+//! the CPU's caches. One guest alone composes the same source into the same destination
+//! over and over, and its images (0.2 to 2 MB each) stay in the cores' L2 caches from one
+//! composition to the next; guests in turn each bring their own images, several MB
+//! together, which do not. `cargo run --release -p virtsoc-gpu --example cache_probe -- 8
+//! 320x180 640x360 960x540` measures the same overhead with no daemon, guest, ring or
+//! scheduler, only wgpu compositions waited for one at a time: about 0% with 2 guests, 40%
+//! with 4, 75% with 8, and 0% with 8 guests of 160x90 (whose images all fit). The scheduler's own cost is `overhead_vs_round_robin_pct` (AvA's measure: the
+//! same guests with and without the scheduling).
 //!
 //! (b) **Multimedia.** A video guest composes a 1280x720 frame on the GPU and presents it on
 //! the display 30 times a second, against 1, 2 and 4 hog guests looping 1920x1080
@@ -284,10 +295,12 @@ fn run_guests(
             let mut last = device_time(control, work.device())?;
             let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
             let t0 = Instant::now();
-            for k in 1..=seconds {
-                let next = t0 + Duration::from_secs(k);
+            let mut read = t0;
+            for _ in 1..=seconds {
+                let next = next_reading(read);
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
                 let now = device_time(control, work.device())?;
+                read = Instant::now();
                 windows.push(
                     names
                         .iter()
@@ -315,6 +328,18 @@ fn run_guests(
         }
         measured
     })
+}
+
+/// How long a fairness window lasts.
+const WINDOW: Duration = Duration::from_secs(1);
+
+/// When to take the reading that closes the window opened by the reading done at `read`:
+/// a window after it. Not on a fixed schedule from the first reading: a reading that came
+/// late (the control API's answer held up on a loaded machine) would then leave the next
+/// window short, a few commands long, and one command's worth of device time would make
+/// it look unfair (a window of 174 ms after one of 1.8 s was seen with 8 guests).
+fn next_reading(read: Instant) -> Instant {
+    read + WINDOW
 }
 
 /// Three `WxH` sizes.
@@ -463,6 +488,15 @@ mod tests {
         assert!((together_throughput(&[25, 12, 6, 25], &rates, 2.0) - t / 2.0).abs() < 1e-9);
         // Two guests measure two sizes.
         assert!((together_throughput(&[50, 25], &rates[..2], 1.0) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_late_reading_does_not_shorten_the_next_window() {
+        let t0 = Instant::now();
+        // The first reading came 0.8 s late: the next window still lasts a whole window.
+        let late = t0 + WINDOW + Duration::from_millis(800);
+        assert_eq!(next_reading(late) - late, WINDOW);
+        assert!(next_reading(late) > t0 + 2 * WINDOW);
     }
 
     #[test]
