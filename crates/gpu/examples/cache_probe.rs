@@ -45,7 +45,7 @@ fn main() {
     let guests: Vec<(usize, GpuImage, GpuImage)> = (0..n)
         .map(|i| {
             let (w, h) = sizes[i % sizes.len()];
-            let l = FrameLayout::new(PixelFormat::Rgba8, w, h);
+            let l = FrameLayout::packed(PixelFormat::Rgba8, w, h).expect("layout");
             let src = b.create_image(l).expect("image");
             let dst = b.create_image(l).expect("image");
             let bytes = vec![(i * 37) as u8; l.size_bytes().expect("layout")];
