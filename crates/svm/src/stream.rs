@@ -5,25 +5,33 @@
 //! a replica, a test device filling a buffer. A real engine writes memory without going
 //! through the CPU caches; a `memcpy` of 16 MiB goes through them and evicts everything the
 //! other guests' µs-scale paths keep there (region tables, locks, the prefetch predictor's
-//! state, the code itself). That is measurable: next to a guest whose producer filled 16 MiB
-//! per iteration, another guest's SVM access p50 was 133–173% of its number alone, and
-//! 87% with 1 MiB fills (`virtsoc bench isolation`, `docs/results.md`, stop 18).
+//! state, the code itself). That is measurable: next to a guest whose producer filled (and
+//! checksummed) 16 MiB per iteration, another guest's SVM access p50 was 124–190% of its
+//! number alone; with the same loop on 1 MiB fills (more operations, less memory) 87%, on
+//! 4 MiB 111%, on 32 MiB 163% (`virtsoc bench isolation --hostile queue-flood`,
+//! `docs/results.md`, stop 18).
 //!
 //! So moves of at least [`STREAM_MIN`] bytes use non-temporal stores (x86_64: `vmovntdq` with
-//! AVX, `movntdq` otherwise, then `sfence`); the destination's head and tail up to 64-byte
-//! alignment are copied normally. Other architectures copy normally.
+//! AVX, detected at run time, `movntdq` otherwise, then `sfence`); the destination's head
+//! and tail up to 64-byte alignment are copied normally. Other architectures copy normally.
 //!
 //! Where it is used, and where not: the destination of a streaming move is cold for its next
 //! reader, which then reads it from memory. That is right for a device fill (the test
-//! producer writes for another device, [`fill_with`]) and for a prefetch copy the copy engine
-//! makes ahead of a read that comes later (`dma`); both are at least [`STREAM_MIN`] bytes, past
-//! what a core's L2 cache holds, so a normal copy would have pushed most of its own head out
-//! of L2 before the reader came anyway. A synchronous fetch in a begin_access is followed by
-//! its reader at once: it copies normally (see [`crate::backing::copy_range`]'s `stream`).
+//! producer writes for another device, [`fill_with`]: the pattern is made and checksummed in
+//! an L1-sized scratch chunk, so neither the stores nor the checksum's loads go through the
+//! destination in the caches) and for a prefetch copy the copy engine makes ahead of a read
+//! that comes later (`dma`, through [`crate::CopyEngine::copy_ahead`]). Both are at least
+//! [`STREAM_MIN`] bytes, past what a core's L2 cache holds: a normal copy of that size has
+//! pushed most of its own head out of L2 before the reader comes anyway (`virtsoc bench svm`,
+//! 16 MiB frames read 17 ms later: the same access p50 and coherence time with streaming
+//! prefetch copies as without, stop 18). A synchronous fetch in a begin_access is followed by
+//! its reader at once: it copies normally ([`crate::CopyEngine::copy`]), as do copies through
+//! a guest window or device memory (their own accessors).
 
-/// Moves of at least this many bytes stream past the caches. Twice a core's L2 cache (1 MiB
-/// on the machines measured) so the common 1 MiB buffers (a 720p RGBA frame is 3.5 MiB, a
-/// 1080p NV12 frame 3 MiB) keep normal copies: measured with `virtsoc bench svm` in stop 18.
+/// Moves of at least this many bytes stream past the caches: twice a core's L2 cache (1 MiB
+/// on the machine measured), so buffers a core's cache could still hand to their reader
+/// (the 1 MiB buffers of `virtsoc bench svm --size 1048576`, command records, small planes)
+/// keep normal copies, and UHD frames (12–33 MiB) stream.
 pub const STREAM_MIN: usize = 2 << 20;
 
 /// Bytes a [`fill_with`] generator writes per call (in a scratch buffer that stays in the L1
@@ -127,7 +135,7 @@ mod x86 {
     /// of 64.
     #[target_feature(enable = "avx")]
     unsafe fn lines_avx(dst: &mut [u8], src: &[u8]) {
-        debug_assert!(src.len() == dst.len() && dst.len() % LINE == 0);
+        debug_assert!(src.len() == dst.len() && dst.len().is_multiple_of(LINE));
         let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
         let mut i = 0;
         while i < dst.len() {
@@ -149,7 +157,7 @@ mod x86 {
     ///
     /// `dst` starts 16-byte aligned; `src.len() == dst.len()`, a multiple of 64.
     unsafe fn lines_sse2(dst: &mut [u8], src: &[u8]) {
-        debug_assert!(src.len() == dst.len() && dst.len() % LINE == 0);
+        debug_assert!(src.len() == dst.len() && dst.len().is_multiple_of(LINE));
         let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
         let mut i = 0;
         while i < dst.len() {
