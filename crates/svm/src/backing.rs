@@ -13,6 +13,13 @@ use virtsoc_sync::RwLockExt;
 
 use crate::{Result, SvmError};
 
+/// Mappings of at least this many bytes ask for transparent huge pages: a 16 MiB replica is
+/// 8 TLB entries instead of 4096, so a device walking it (a fill, a copy) does not evict
+/// the other guests' translations from the TLB either (and page walks under a hypervisor's
+/// nested paging are the costliest). Only where a replica is touched are pages committed, 2 MiB
+/// at a time.
+const HUGE_MIN: usize = 2 << 20;
+
 /// Page-aligned, lazily zeroed bytes of an anonymous private mapping.
 #[derive(Debug)]
 pub struct PageBytes {
@@ -45,6 +52,11 @@ impl PageBytes {
         }
         .map_err(|_| SvmError::OutOfMemory)?;
         let ptr = std::ptr::NonNull::new(p.cast::<u8>()).ok_or(SvmError::OutOfMemory)?;
+        if len >= HUGE_MIN {
+            // SAFETY: the range is the mapping just made; the advice changes only how the
+            // kernel backs it (transparent huge pages where it can), not its contents.
+            let _ = unsafe { rustix::mm::madvise(p, len, rustix::mm::Advice::LinuxHugepage) };
+        }
         Ok(PageBytes { ptr, len })
     }
 }
@@ -168,8 +180,11 @@ pub enum Backing {
 /// memory on both ends): small enough to stay in cache, so the bytes cross memory once.
 const BOUNCE: usize = 1 << 20;
 
-/// Copies bytes `[off, off + len)` of the region from `src` to `dst`.
-pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64) -> Result<()> {
+/// Copies bytes `[off, off + len)` of the region from `src` to `dst`. With `stream` (a copy
+/// made ahead of its reader, e.g. a prefetch) a host-to-host copy of at least
+/// [`crate::stream::STREAM_MIN`] bytes bypasses the CPU caches (see [`crate::stream`]); else,
+/// and for copies through a window or device memory, the bytes go through the caches.
+pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64, stream: bool) -> Result<()> {
     let n = usize::try_from(len).map_err(|_| SvmError::OutOfRange)?;
     let o = usize::try_from(off).map_err(|_| SvmError::OutOfRange)?;
     let end = o.checked_add(n).ok_or(SvmError::OutOfRange)?;
@@ -179,6 +194,7 @@ pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64) -> Result<()
                 return Ok(());
             };
             match (ga.get(o..end), gb.get_mut(o..end)) {
+                (Some(s), Some(d)) if stream => crate::stream::copy(d, s),
                 (Some(s), Some(d)) => d.copy_from_slice(s),
                 _ => return Err(SvmError::OutOfRange),
             }

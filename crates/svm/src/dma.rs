@@ -260,7 +260,7 @@ fn execute(engine: &CopyEngine, job: DmaJob) {
     let mut copied = Vec::new();
     if let Some((sb, db, measure, pieces)) = prepared {
         for p in pieces {
-            match engine.copy(job.src, &sb, job.dst, &db, p, measure) {
+            match engine.copy_ahead(job.src, &sb, job.dst, &db, p, measure) {
                 Ok(dt) => {
                     region
                         .guest

@@ -214,7 +214,8 @@ impl CopyEngine {
     }
 
     /// Copies bytes `range` between two replicas; records the bandwidth when `measure`
-    /// (copies into never-touched memory measure page faults, not the link).
+    /// (copies into never-touched memory measure page faults, not the link). For a copy
+    /// whose reader comes at once (a fetch in a begin_access): through the caches.
     pub fn copy(
         &self,
         src_dom: DomainId,
@@ -224,9 +225,36 @@ impl CopyEngine {
         range: (u64, u64),
         measure: bool,
     ) -> Result<Duration> {
+        self.copy_as(src_dom, src, dst_dom, dst, range, (measure, false))
+    }
+
+    /// [`copy`](Self::copy) for a copy made ahead of its reader (a prefetch): from
+    /// [`crate::stream::STREAM_MIN`] bytes between host replicas it bypasses the CPU caches,
+    /// as a device's DMA engine does (see [`crate::stream`]).
+    pub fn copy_ahead(
+        &self,
+        src_dom: DomainId,
+        src: &Backing,
+        dst_dom: DomainId,
+        dst: &Backing,
+        range: (u64, u64),
+        measure: bool,
+    ) -> Result<Duration> {
+        self.copy_as(src_dom, src, dst_dom, dst, range, (measure, true))
+    }
+
+    fn copy_as(
+        &self,
+        src_dom: DomainId,
+        src: &Backing,
+        dst_dom: DomainId,
+        dst: &Backing,
+        range: (u64, u64),
+        (measure, stream): (bool, bool),
+    ) -> Result<Duration> {
         let len = range.1.saturating_sub(range.0);
         let t0 = Instant::now();
-        copy_range(src, dst, range.0, len)?;
+        copy_range(src, dst, range.0, len, stream)?;
         let dt = t0.elapsed();
         if measure {
             self.record(src_dom, dst_dom, len, dt);

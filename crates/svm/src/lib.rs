@@ -18,6 +18,7 @@ pub mod ranges;
 pub mod region;
 mod replicas;
 pub mod snapshot;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 
