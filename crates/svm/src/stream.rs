@@ -100,6 +100,23 @@ mod x86 {
     /// Copies `src` to `dst` (same length): the head up to 64-byte alignment of `dst` and the
     /// tail normally, the lines between with non-temporal stores, then a store fence.
     pub(super) fn copy(dst: &mut [u8], src: &[u8]) {
+        by_lines(dst, src, |db, sb| {
+            if std::arch::is_x86_feature_detected!("avx") {
+                // SAFETY: the CPU has AVX (detected above); `db` starts 64-byte aligned and
+                // both slices hold the same multiple of 64 bytes (`by_lines`).
+                unsafe { lines_avx(db, sb) };
+            } else {
+                // SAFETY: SSE2 is part of x86_64; `db` starts 64-byte aligned and both
+                // slices hold the same multiple of 64 bytes (`by_lines`).
+                unsafe { lines_sse2(db, sb) };
+            }
+        });
+    }
+
+    /// Splits `dst`/`src` into an unaligned head, whole 64-byte lines of `dst` from an
+    /// aligned start, and a tail; copies head and tail normally, hands the lines to `lines`,
+    /// then fences.
+    fn by_lines(dst: &mut [u8], src: &[u8], lines: impl FnOnce(&mut [u8], &[u8])) {
         let head = dst.as_ptr().align_offset(LINE).min(dst.len());
         let (dh, dr) = dst.split_at_mut(head);
         let (sh, sr) = src.split_at(head);
@@ -107,15 +124,7 @@ mod x86 {
         let body = dr.len() / LINE * LINE;
         let (db, dt) = dr.split_at_mut(body);
         let (sb, st) = sr.split_at(body);
-        if std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU has AVX (detected above); `db` starts 64-byte aligned and both
-            // slices hold `body` bytes, a multiple of 64.
-            unsafe { lines_avx(db, sb) };
-        } else {
-            // SAFETY: SSE2 is part of x86_64; `db` starts 64-byte aligned and both slices
-            // hold `body` bytes, a multiple of 64.
-            unsafe { lines_sse2(db, sb) };
-        }
+        lines(db, sb);
         dt.copy_from_slice(st);
         sfence();
     }
@@ -176,17 +185,8 @@ mod x86 {
     #[cfg(test)]
     /// The SSE2 path, for tests on machines with AVX.
     pub(super) fn copy_sse2(dst: &mut [u8], src: &[u8]) {
-        let head = dst.as_ptr().align_offset(LINE).min(dst.len());
-        let (dh, dr) = dst.split_at_mut(head);
-        let (sh, sr) = src.split_at(head);
-        dh.copy_from_slice(sh);
-        let body = dr.len() / LINE * LINE;
-        let (db, dt) = dr.split_at_mut(body);
-        let (sb, st) = sr.split_at(body);
         // SAFETY: as in `copy`.
-        unsafe { lines_sse2(db, sb) };
-        dt.copy_from_slice(st);
-        sfence();
+        by_lines(dst, src, |db, sb| unsafe { lines_sse2(db, sb) });
     }
 }
 
