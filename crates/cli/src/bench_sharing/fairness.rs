@@ -116,16 +116,7 @@ fn ab_slices(
             };
             out.push(b / a.max(1e-9));
         }
-        stop.store(true, Ordering::Relaxed);
-        for g in &gates {
-            g.store(true, Ordering::Relaxed);
-        }
-        for h in handles {
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
-            }
-        }
+        stop_guests(&stop, &gates, handles)?;
         Ok(out)
     })
 }
@@ -277,16 +268,7 @@ fn interleaved(
                 rates,
             });
         }
-        stop.store(true, Ordering::Relaxed);
-        for g in &gates {
-            g.store(true, Ordering::Relaxed);
-        }
-        for h in handles {
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
-            }
-        }
+        stop_guests(&stop, &gates, handles)?;
         Ok(out)
     })
 }

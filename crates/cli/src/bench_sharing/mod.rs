@@ -319,15 +319,29 @@ fn run_guests(
                 .collect();
             Ok((windows, counts, t0.elapsed().as_secs_f64()))
         })();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
-            }
-        }
+        stop_guests(&stop, &[], handles)?;
         measured
     })
+}
+
+/// Ends a run of guest threads: sets `stop`, opens every gate (a guest paused at its gate
+/// sees `stop`), and joins `handles`, returning the first guest's error.
+fn stop_guests<'s>(
+    stop: &AtomicBool,
+    gates: &[AtomicBool],
+    handles: Vec<std::thread::ScopedJoinHandle<'s, Result<(), CliError>>>,
+) -> Result<(), CliError> {
+    stop.store(true, Ordering::Relaxed);
+    for g in gates {
+        g.store(true, Ordering::Relaxed);
+    }
+    for h in handles {
+        match h.join() {
+            Ok(r) => r?,
+            Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
+        }
+    }
+    Ok(())
 }
 
 /// How long a fairness window lasts.

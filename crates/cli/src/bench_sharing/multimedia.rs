@@ -20,7 +20,7 @@ use virtsoc_guest::devices as api;
 use virtsoc_guest::Format;
 use virtsoc_sched::Kind;
 
-use super::{gpu, MultimediaRow, HOG_SIZE, VIDEO_FPS};
+use super::{gpu, stop_guests, MultimediaRow, HOG_SIZE, VIDEO_FPS};
 use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
 use crate::scenario::full_layer;
@@ -56,13 +56,7 @@ pub(super) fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Vec<f64>, C
             .zip(&f0)
             .map(|(f, z)| (f.load(Ordering::Relaxed) - z) as f64 / secs)
             .collect();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
-            }
-        }
+        stop_guests(&stop, &[], handles)?;
         Ok(fps)
     });
     d.stop()?;
@@ -300,13 +294,7 @@ pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<Multimedi
             };
             Ok(((f1 - f0) as f64 / secs, (c1 - c0) as f64 / secs, weight))
         })();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => return Err(CliError::Usage("a guest thread panicked".into())),
-            }
-        }
+        stop_guests(&stop, &[], handles)?;
         measured
     });
     d.stop()?;
