@@ -96,11 +96,8 @@ impl WindowPainter for CpuPainter {
             if let FrameData::Handle(handle) = &frame.data {
                 if let Some(rgba) = handle.rgba_scaled(w, h) {
                     self.buf.clear();
-                    self.buf.extend(
-                        rgba.chunks_exact(4).map(|p| {
-                            u32::from(p[0]) << 16 | u32::from(p[1]) << 8 | u32::from(p[2])
-                        }),
-                    );
+                    self.buf
+                        .extend(rgba.chunks_exact(4).map(|p| xrgb([p[0], p[1], p[2]])));
                     return target.show_0rgb(&self.buf, w, h);
                 }
             }
@@ -234,13 +231,18 @@ fn shown_size(frame: (u32, u32), window: (u32, u32)) -> (u32, u32) {
     (even(frame.0 as f64 * scale), even(frame.1 as f64 * scale))
 }
 
+/// One pixel in minifb's 0RGB `u32`.
+fn xrgb([r, g, b]: [u8; 3]) -> u32 {
+    u32::from(r) << 16 | u32::from(g) << 8 | u32::from(b)
+}
+
 /// Converts a frame to minifb's 0RGB `u32` pixels.
 fn to_0rgb(frame: &PresentedFrame, buf: &mut Vec<u32>) -> Result<()> {
     buf.clear();
     for row in frame.rows()? {
         for px in row.chunks_exact(4) {
             let [r, g, b, _] = crate::frame::to_rgba(frame.format, [px[0], px[1], px[2], px[3]]);
-            buf.push(u32::from(r) << 16 | u32::from(g) << 8 | u32::from(b));
+            buf.push(xrgb([r, g, b]));
         }
     }
     Ok(())

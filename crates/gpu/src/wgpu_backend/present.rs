@@ -32,6 +32,8 @@ pub struct SurfacePresenter {
     config: wgpu::SurfaceConfiguration,
     /// The composed screen, the window's size, in a format copyable into the surface.
     screen: Option<GpuImage>,
+    /// The screen's pixel format (the surface's, without sRGB).
+    screen_format: PixelFormat,
     owner: u64,
     presented: u64,
 }
@@ -115,7 +117,7 @@ impl WgpuBackend {
         let surface = unsafe { self.wgpu_instance.create_surface_unsafe(target) }
             .map_err(|e| GpuError::Backend(format!("cannot make a surface on the window: {e}")))?;
         let caps = surface.get_capabilities(&self.adapter);
-        let (format, _) = pick_format(&caps.formats).ok_or_else(|| {
+        let (format, screen_format) = pick_format(&caps.formats).ok_or_else(|| {
             GpuError::Backend(format!(
                 "the window's surface offers no RGBA/BGRA format ({:?})",
                 caps.formats
@@ -161,6 +163,7 @@ impl WgpuBackend {
             surface,
             config,
             screen: None,
+            screen_format,
             owner: self.instance,
             presented: 0,
         })
@@ -196,10 +199,7 @@ impl WgpuBackend {
         let screen = match &p.screen {
             Some(s) => s.clone(),
             None => {
-                let (_, pixel) = pick_format(&[p.config.format]).ok_or_else(|| {
-                    GpuError::Backend(format!("surface format {:?}", p.config.format))
-                })?;
-                let s = self.create_image(FrameLayout::packed(pixel, w, h)?)?;
+                let s = self.create_image(FrameLayout::packed(p.screen_format, w, h)?)?;
                 p.screen = Some(s.clone());
                 s
             }

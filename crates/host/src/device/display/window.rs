@@ -36,8 +36,9 @@ impl GpuPainter {
         }
     }
 
-    /// The presenter on `target`'s window, made on first use.
-    fn presenter(&mut self, target: &vd::WindowTarget<'_>) -> Option<&mut SurfacePresenter> {
+    /// Makes the presenter on `target`'s window on first use, and keeps it at the window's
+    /// size.
+    fn ensure_presenter(&mut self, target: &vd::WindowTarget<'_>) {
         if self.presenter.is_none() && !self.unavailable {
             let (w, h) = target.size();
             let made = target
@@ -58,10 +59,10 @@ impl GpuPainter {
                 }
             }
         }
-        let p = self.presenter.as_mut()?;
-        let (w, h) = target.size();
-        self.gpu.resize_presenter(p, w, h);
-        Some(p)
+        if let Some(p) = &mut self.presenter {
+            let (w, h) = target.size();
+            self.gpu.resize_presenter(p, w, h);
+        }
     }
 }
 
@@ -76,12 +77,11 @@ impl vd::WindowPainter for GpuPainter {
             vd::FrameData::Bytes(_) => None,
         };
         if let Some(set) = set {
-            let gpu = Arc::clone(&self.gpu);
-            let mut uploads = std::mem::take(&mut self.uploads);
+            self.ensure_presenter(target);
             let shown = self
-                .presenter(target)
-                .and_then(|p| set.present_in_window(&gpu, p, &mut uploads));
-            self.uploads = uploads;
+                .presenter
+                .as_mut()
+                .and_then(|p| set.present_in_window(&self.gpu, p, &mut self.uploads));
             match shown {
                 Some(Ok(_)) => return Ok(()),
                 Some(Err(e)) => return Err(vd::DisplayError::Backend(e.to_string())),
