@@ -56,10 +56,10 @@ pub struct DisplayConfig {
     /// Frames waiting for vsyncs, 1 or 2 (default 1): with 1 a frame presented before the
     /// next vsync replaces the waiting one ("mailbox"); with 2 it waits behind it and is shown
     /// at the vsync after (a FIFO of two, as Android's BufferQueue: frames that arrive in a
-    /// burst are all shown, one vsync later), only a third replaces the newest waiting, and a
-    /// frame that has already waited half a period behind another at a vsync is shown then
-    /// and the older dropped (the queue catches up instead of adding a vsync of latency for
-    /// good).
+    /// burst are all shown, one vsync later), only a third replaces the newest waiting, and
+    /// at a vsync the newer of two waiting frames is shown and the older dropped when the
+    /// newer has waited half a period, or the older was already waiting at the vsync before
+    /// (the queue catches up instead of adding a vsync of latency for good).
     pub queue_depth: usize,
 }
 
@@ -434,7 +434,8 @@ impl Display {
     /// the previous vsync, if any. Times earlier than the previous vsync are
     /// treated as equal to it.
     pub fn on_vsync(&mut self, now_ns: u64) -> VsyncEvent {
-        let now = self.last_vsync_ns.map_or(now_ns, |last| now_ns.max(last));
+        let previous = self.last_vsync_ns;
+        let now = previous.map_or(now_ns, |last| now_ns.max(last));
         let missed = self.last_vsync_ns.map_or(0, |last| {
             // Number of whole periods elapsed, rounded, minus this vsync.
             let period = self.period_ns();
@@ -445,14 +446,17 @@ impl Display {
         self.stats.vsyncs += 1;
         self.stats.missed_vsyncs += missed;
 
-        // Catching up: a frame that has waited behind another for half a period already is
-        // shown now and the older one dropped, so a burst is absorbed without every later
-        // frame waiting an extra vsync.
-        if self
-            .queued
-            .as_ref()
-            .is_some_and(|q| q.frame.submitted_ns + self.period_ns() / 2 <= now)
-        {
+        // Catching up: the newer of two waiting frames is shown now and the older dropped
+        // when the newer has waited half a period already, or when the older was waiting at
+        // the previous vsync too (it was passed over once: the queue is standing, not a
+        // burst). A burst is absorbed once; a queue that stays two deep would otherwise put
+        // every later frame a vsync behind for good - frames paced to arrive just before
+        // each vsync never wait half a period.
+        let period = self.period_ns();
+        let standing = |p: &Pending| previous.is_some_and(|v| p.frame.submitted_ns <= v);
+        if self.queued.as_ref().is_some_and(|q| {
+            q.frame.submitted_ns + period / 2 <= now || self.pending.as_ref().is_some_and(standing)
+        }) {
             if let Some(p) = self.pending.take() {
                 self.drop_waiting(p);
             }

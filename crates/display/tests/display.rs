@@ -471,3 +471,43 @@ fn a_queue_of_two_shows_a_burst_and_replaces_only_the_newest() {
     assert_eq!(d.drain_late_drops(), vec![0]);
     balanced(&d);
 }
+
+/// Depth 2 with frames paced to arrive just before each vsync (as the scenarios' vsync pacing
+/// does): after a burst the queue must not stay two deep, which would show every later frame
+/// a vsync late. One frame is dropped and the latency goes back to the lead.
+#[test]
+fn a_queue_of_two_does_not_stay_a_vsync_behind_after_a_burst() {
+    let headless = HeadlessBackend::new();
+    let mut d = Display::new(
+        DisplayConfig::new(4, 2)
+            .with_backend(headless.clone())
+            .with_queue_depth(2),
+    )
+    .unwrap();
+    let lead = 3 * MS;
+    let at =
+        |id: u64, capture: u64, t: u64| frame(id).with_capture_ns(capture).with_submitted_ns(t);
+    d.on_vsync(0);
+    // A burst: frames 1 and 2 both before the first vsync.
+    d.present(at(1, PERIOD - 2 * lead, PERIOD - 2 * lead))
+        .unwrap();
+    d.present(at(2, PERIOD - lead, PERIOD - lead)).unwrap();
+    let mut latencies = Vec::new();
+    let mut shown = Vec::new();
+    for k in 1..=10u64 {
+        let r = d.on_vsync(k * PERIOD).scanout;
+        shown.push(r.map(|r| r.frame_id));
+        latencies.push(r.and_then(|r| r.latency_ns));
+        // Then one frame a period, `lead` before the next vsync.
+        let t = (k + 1) * PERIOD - lead;
+        d.present(at(k + 2, t, t)).unwrap();
+    }
+    // The burst's first frame, then the queue catches up: the burst's second frame, passed
+    // over once, is dropped for the frame behind it, and every later frame is shown at the
+    // vsync it was paced for.
+    assert_eq!(shown[..3], [Some(1), Some(3), Some(4)]);
+    assert_eq!(d.stats().dropped, 1, "{shown:?}");
+    for (k, l) in latencies.iter().enumerate().skip(1) {
+        assert_eq!(*l, Some(lead), "vsync {}: {shown:?} {latencies:?}", k + 1);
+    }
+}
