@@ -204,7 +204,9 @@ pub fn livestream(
             }
             // More than a frame behind the schedule: decode only (a newer frame is coming).
             let behind = Instant::now() > due + period;
+            let pulled = Instant::now();
             player.show(p, show, c, batch, !behind)?;
+            player.why.show_ms.push(ms_since(pulled));
             p.end_frame(keep)?;
             if Instant::now() >= due {
                 break;
@@ -212,8 +214,11 @@ pub fn livestream(
         }
         let late = pace(c, p.conn, i, period)?;
         c.frames_in += 1;
+        let captured = Instant::now();
         // Too late to be worth sending: the stream skips the frame.
-        if sender.frame(p, &mut relay, !late)? {
+        let sent = sender.frame(p, &mut relay, !late)?;
+        player.why.send_ms.push(ms_since(captured));
+        if sent {
             player.why.pushed += 1;
         } else if late {
             c.late_drops += 1;
@@ -226,7 +231,8 @@ pub fn livestream(
     let w = &player.why;
     log::info!(
         "livestream: {} captured, {} pushed, {} shown; not shown: {} late captures, {} before a \
-         keyframe, {} replaced, {} pulled while behind, {} held by the decoder",
+         keyframe, {} replaced, {} pulled while behind, {} held by the decoder; guest time p50: \
+         capture + encode + push {:.1} ms, decode + show {:.1} ms",
         c.frames_in,
         w.pushed,
         w.shown,
@@ -234,7 +240,9 @@ pub fn livestream(
         w.unsynced,
         w.replaced,
         w.behind,
-        w.held
+        w.held,
+        p50(&w.send_ms),
+        p50(&w.show_ms)
     );
     p.run(&api::codec::Close { handle: encoder })?;
     drop(relay);
@@ -334,7 +342,8 @@ impl Broadcaster {
     }
 }
 
-/// Why captured frames were not shown (for the log; their sum is in `late_drops`).
+/// Why captured frames were not shown (for the log; their sum is in `late_drops`), and where
+/// the guest's time went.
 #[derive(Debug, Default)]
 struct Why {
     pushed: u64,
@@ -344,6 +353,20 @@ struct Why {
     replaced: u64,
     behind: u64,
     held: u64,
+    /// Per frame, ms: capture, encode (waited for in both orderings) and the push.
+    send_ms: Vec<f64>,
+    /// Per batch of pulled units, ms: decode and show as the guest saw them (submission only
+    /// in fence ordering, completion in atomic).
+    show_ms: Vec<f64>,
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// The median of `v` (0 when empty).
+fn p50(v: &[f64]) -> f64 {
+    crate::stats::percentile(v, 50.0)
 }
 
 /// The receiving side: decodes pulled access units and shows pictures.
