@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use common::{gen_clip, golden_md5, has_encoder, md5_hex, Rng, TempDir};
 use virtsoc_media::codec::StreamInfo;
 use virtsoc_media::{
-    measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, FfmpegDecoder,
-    FfmpegEncoder, FrameLayout, FrameMut, FrameRef, MediaError, NullDecoder, PixelFormat,
+    measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, EncoderPreset,
+    FfmpegDecoder, FfmpegEncoder, FrameLayout, FrameMut, FrameRef, MediaError, NullDecoder,
+    PixelFormat,
 };
 
 struct Clip {
@@ -479,12 +480,25 @@ fn psnr_y(a: &[u8], b: &[u8]) -> f64 {
 
 #[test]
 fn h264_encoder_round_trips_through_decoder() {
+    for preset in EncoderPreset::ALL {
+        assert_eq!(EncoderPreset::from_name(preset.name()), Some(preset));
+        h264_round_trip(preset);
+    }
+    assert_eq!(EncoderPreset::from_name("placebo"), None);
+}
+
+fn h264_round_trip(preset: EncoderPreset) {
     let (w, h) = (320u32, 240u32);
-    let mut enc = match FfmpegEncoder::new_h264(w, h, 30, 2_000_000) {
+    let mut enc = match FfmpegEncoder::new_h264_with(w, h, 30, 2_000_000, preset) {
         Ok(e) => e,
         Err(e) => panic!("no H.264 encoder: {e}"),
     };
-    println!("encoder: {} ({})", enc.name(), enc.bitstream_format());
+    println!(
+        "encoder: {} {} ({})",
+        enc.name(),
+        preset.name(),
+        enc.bitstream_format()
+    );
     let mut inputs = Vec::new();
     let mut packets = Vec::new();
     for i in 0..30i64 {
@@ -525,6 +539,6 @@ fn h264_encoder_round_trips_through_decoder() {
     for (i, f) in frames.iter().enumerate() {
         assert_eq!(f.pts, i as i64);
         let p = psnr_y(&f.data[..(w * h) as usize], &inputs[i]);
-        assert!(p > 30.0, "frame {i}: PSNR {p:.1} dB");
+        assert!(p > 30.0, "{}: frame {i}: PSNR {p:.1} dB", preset.name());
     }
 }

@@ -66,6 +66,10 @@ struct Args {
     /// Decoding threads per decoder.
     #[arg(long, default_value_t = 2)]
     codec_threads: usize,
+    /// libx264's preset for the codec device's H.264 encoders (ultrafast, superfast,
+    /// veryfast, faster, medium): a faster one costs less CPU time and latency per frame.
+    #[arg(long, default_value = "veryfast", value_parser = parse_preset)]
+    encoder_preset: virtsoc_media::EncoderPreset,
     /// Prototype: run each decoder's libavcodec in a worker process of its own (this
     /// program), so a crash in it ends that decoder only.
     #[arg(long, hide = true)]
@@ -251,6 +255,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             isp: args.isp_backend,
             gpu_driver_nice: args.gpu_driver_nice,
             codec_threads: args.codec_threads,
+            encoder_preset: args.encoder_preset,
             codec_worker: if args.codec_process {
                 Some(std::env::current_exe()?)
             } else {
@@ -424,4 +429,14 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
         .ok_or_else(|| format!("{s:?} is not WIDTHxHEIGHT"))?;
     let n = |v: &str| v.parse::<u32>().map_err(|e| format!("{s:?}: {e}"));
     Ok((n(w)?, n(h)?))
+}
+
+fn parse_preset(s: &str) -> Result<virtsoc_media::EncoderPreset, String> {
+    virtsoc_media::EncoderPreset::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = virtsoc_media::EncoderPreset::ALL
+            .iter()
+            .map(|p| p.name())
+            .collect();
+        format!("{s:?} is not one of {}", names.join(", "))
+    })
 }

@@ -110,6 +110,8 @@ pub struct DeviceConfig {
     pub gpu_driver_nice: i32,
     /// Decoding threads per decoder.
     pub codec_threads: usize,
+    /// How hard the software H.264 encoder works per frame (`--encoder-preset`).
+    pub encoder_preset: virtsoc_media::EncoderPreset,
     /// Display refresh rate.
     pub refresh_hz: u32,
     /// Display size in pixels.
@@ -134,6 +136,7 @@ impl Default for DeviceConfig {
             isp: IspBackendKind::default(),
             gpu_driver_nice: 10,
             codec_threads: 2,
+            encoder_preset: virtsoc_media::EncoderPreset::default(),
             refresh_hz: 60,
             display_size: (display::WIDTH, display::HEIGHT),
             display_verify: false,

@@ -30,9 +30,54 @@ const H264_ENCODERS: [&str; 7] = [
     "h264_omx",
 ];
 
+/// How hard libx264 works on each frame (its `preset`): a faster preset spends less CPU time
+/// and latency per frame for more bits at the same quality. Hardware encoders ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EncoderPreset {
+    /// x264 `ultrafast`.
+    Ultrafast,
+    /// x264 `superfast`.
+    Superfast,
+    /// x264 `veryfast`.
+    #[default]
+    Veryfast,
+    /// x264 `faster`.
+    Faster,
+    /// x264 `medium`.
+    Medium,
+}
+
+impl EncoderPreset {
+    /// Every preset, fastest first.
+    pub const ALL: [EncoderPreset; 5] = [
+        EncoderPreset::Ultrafast,
+        EncoderPreset::Superfast,
+        EncoderPreset::Veryfast,
+        EncoderPreset::Faster,
+        EncoderPreset::Medium,
+    ];
+
+    /// The preset named `name` (an x264 preset name of [`ALL`](Self::ALL)).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The x264 preset's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            EncoderPreset::Ultrafast => "ultrafast",
+            EncoderPreset::Superfast => "superfast",
+            EncoderPreset::Veryfast => "veryfast",
+            EncoderPreset::Faster => "faster",
+            EncoderPreset::Medium => "medium",
+        }
+    }
+}
+
 /// An H.264 encoder taking NV12 or YUV420P frames of a fixed size and producing Annex-B
-/// packets. With libx264 it runs preset `veryfast`, tune `zerolatency` (no B-frames, no
-/// lookahead: one packet out per frame in, pts == dts), a keyframe every 2 seconds.
+/// packets. With libx264 it runs an [`EncoderPreset`] (`veryfast` unless told) with tune
+/// `zerolatency` (no B-frames, no lookahead: one packet out per frame in, pts == dts), a
+/// keyframe every 2 seconds.
 pub struct FfmpegEncoder {
     encoder: ff::encoder::video::Encoder,
     frame: ff::frame::Video,
@@ -49,6 +94,17 @@ impl FfmpegEncoder {
     /// An H.264 encoder for `width x height` (even, at least 16x16) frames at `fps` frames
     /// per second and `bitrate` bits per second.
     pub fn new_h264(width: u32, height: u32, fps: u32, bitrate: u64) -> Result<Self> {
+        Self::new_h264_with(width, height, fps, bitrate, EncoderPreset::default())
+    }
+
+    /// [`new_h264`](Self::new_h264) with libx264 running `preset`.
+    pub fn new_h264_with(
+        width: u32,
+        height: u32,
+        fps: u32,
+        bitrate: u64,
+        preset: EncoderPreset,
+    ) -> Result<Self> {
         crate::frame::FrameLayout::packed(PixelFormat::Yuv420p, width, height)?;
         if width < 16 || height < 16 {
             return Err(MediaError::InvalidLayout(format!(
@@ -66,7 +122,7 @@ impl FfmpegEncoder {
             let Some(codec) = ff::encoder::find_by_name(name) else {
                 continue;
             };
-            match Self::open(codec, width, height, fps, bitrate) {
+            match Self::open(codec, width, height, fps, bitrate, preset) {
                 Ok(enc) => return Ok(enc),
                 Err(e) => {
                     log::debug!("H.264 encoder {name} failed to open: {e}");
@@ -81,7 +137,14 @@ impl FfmpegEncoder {
         }))
     }
 
-    fn open(codec: ff::Codec, width: u32, height: u32, fps: u32, bitrate: u64) -> Result<Self> {
+    fn open(
+        codec: ff::Codec,
+        width: u32,
+        height: u32,
+        fps: u32,
+        bitrate: u64,
+        preset: EncoderPreset,
+    ) -> Result<Self> {
         let ctx = ff::codec::Context::new_with_codec(codec);
         let mut enc = ctx
             .encoder()
@@ -97,7 +160,7 @@ impl FfmpegEncoder {
         enc.set_max_b_frames(0);
         let mut opts = ff::Dictionary::new();
         if codec.name() == "libx264" {
-            opts.set("preset", "veryfast");
+            opts.set("preset", preset.name());
             opts.set("tune", "zerolatency");
         }
         let encoder = enc

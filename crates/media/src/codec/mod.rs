@@ -29,7 +29,7 @@ use std::time::Instant;
 
 pub use decoder::FfmpegDecoder;
 pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
-pub use encoder::{EncodedPacket, FfmpegEncoder};
+pub use encoder::{EncodedPacket, EncoderPreset, FfmpegEncoder};
 pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
 pub use worker::{serve_decoder, ProcessDecoder, CALL_DEADLINE};
 

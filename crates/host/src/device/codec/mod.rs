@@ -133,6 +133,8 @@ fn codec_of(kind: u64) -> Option<CodecKind> {
 pub struct Codec {
     /// Decoding threads when `open_decoder` asks for 0.
     default_threads: usize,
+    /// libx264's preset for every encoder.
+    preset: virtsoc_media::EncoderPreset,
     state: Mutex<State>,
     backend: String,
     limits: Limits,
@@ -158,7 +160,10 @@ impl Codec {
             })
             .collect();
         let encoder = FfmpegEncoder::new_h264(64, 64, 30, 500_000)
-            .map(|e| format!("h264 ({})", e.name()))
+            .map(|e| match e.name() {
+                "libx264" => format!("h264 (libx264 {})", cfg.encoder_preset.name()),
+                name => format!("h264 ({name})"),
+            })
             .unwrap_or_else(|_| "none".into());
         let backend = format!(
             "libavcodec: decode {} / encode {encoder}",
@@ -171,6 +176,7 @@ impl Codec {
         log::info!("codec: {backend}");
         Ok(Codec {
             default_threads: cfg.codec_threads.max(1),
+            preset: cfg.encoder_preset,
             state: Mutex::new(State::default()),
             backend: match &cfg.codec_worker {
                 Some(_) => format!("{backend} (decoders in worker processes)"),
@@ -418,10 +424,11 @@ impl Codec {
         let mut st = self.state();
         st.admit(&self.limits, guest, ENCODER_THREADS)?;
         let encoder =
-            FfmpegEncoder::new_h264(width, height, c.fps as u32, c.bitrate).map_err(|e| {
-                log::info!("codec: guest {guest}: cannot open H.264 encoder: {e}");
-                media_status(&e)
-            })?;
+            FfmpegEncoder::new_h264_with(width, height, c.fps as u32, c.bitrate, self.preset)
+                .map_err(|e| {
+                    log::info!("codec: guest {guest}: cannot open H.264 encoder: {e}");
+                    media_status(&e)
+                })?;
         let name = encoder.name().to_string();
         let handle = st.open(
             &self.limits,
