@@ -112,7 +112,15 @@ int main(int argc, char **argv) {
           "fenced consumer sees the producer's write (generated stub)");
     CHECK(virtsoc_end_access(c, id, VIRTSOC_DEV_CONSUMER, 0, size, VIRTSOC_READ) == 0, "end consumer read (fenced)");
     CHECK(virtsoc_fence_signaled(c, fence, &sig) == 0 && sig == 1, "signaled fence reads signaled");
+    sig = -1;
+    CHECK(virtsoc_fence_wait_cpu(c, fence, 1000, &sig) == 0 && sig == 1, "a CPU wait on a signaled fence returns signaled");
     CHECK(virtsoc_fence_release(c, fence) == 0, "fence release");
+    uint64_t never = 0;
+    CHECK(virtsoc_fence_create(c, &never) == 0, "fence create (never signaled)");
+    sig = -1;
+    CHECK(virtsoc_fence_wait_cpu(c, never, 20, &sig) == 0 && sig == 0, "a CPU wait on a pending fence times out unsignaled");
+    CHECK(virtsoc_fence_wait_cpu(c, never, 20, NULL) != 0, "fence_wait_cpu refuses a null output");
+    CHECK(virtsoc_fence_release(c, never) == 0, "fence release (never signaled)");
 
     /* Frame regions report their layout. */
     struct virtsoc_region r, q;

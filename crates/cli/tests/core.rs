@@ -154,6 +154,43 @@ fn a_queued_wait_never_passes_its_signal() {
     assert!(c.take_async_errors().is_empty());
 }
 
+/// A guest thread blocks on the CPU until a device signals a fence (a HAL's `sync_wait`): it
+/// returns signaled once the device's queued work before the signal is done, and unsignaled
+/// when its timeout passes first.
+#[test]
+fn a_cpu_wait_returns_when_the_device_signals() {
+    let d = Daemon::start(&[]);
+    let c = connect(&d, "write-invalidate");
+    let size = 16 << 20;
+    let id = c.alloc_blob(size).unwrap().id;
+    let never = c.fence_create().unwrap();
+    assert!(!c
+        .fence_wait_cpu(never, std::time::Duration::from_millis(20))
+        .unwrap());
+    let f = c.fence_create().unwrap();
+    c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+        .unwrap();
+    let s_write = c
+        .submit(
+            Opcode::DeviceCmd,
+            DeviceId::PRODUCER,
+            [testdev::WRITE_PATTERN, id, 5, 0, 0, 0],
+        )
+        .unwrap();
+    c.fence_signal(DeviceId::PRODUCER, f).unwrap();
+    assert!(c
+        .fence_wait_cpu(f, std::time::Duration::from_secs(30))
+        .unwrap());
+    // The signal came after the write: its completion is there (or arriving) already.
+    assert!(c.fence_signaled(f).unwrap());
+    assert_eq!(c.wait(s_write).unwrap().status, 0);
+    c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
+        .unwrap();
+    c.fence_release(f).unwrap();
+    c.fence_release(never).unwrap();
+    assert!(c.take_async_errors().is_empty());
+}
+
 #[test]
 fn fence_misuse_gets_errors() {
     let d = Daemon::start(&[]);

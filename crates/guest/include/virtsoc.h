@@ -213,6 +213,10 @@ int virtsoc_fence_signal(virtsoc_conn *c, uint32_t device, uint64_t fence);
 int virtsoc_fence_wait(virtsoc_conn *c, uint32_t device, uint64_t fence);
 int virtsoc_fence_release(virtsoc_conn *c, uint64_t fence);
 int virtsoc_fence_signaled(virtsoc_conn *c, uint64_t fence, int *signaled);
+/* Blocks until the fence is signaled or timeout_ms passed (a HAL's sync_wait); *signaled
+ * tells which. A process guest sleeps on the shared page (a futex the host wakes); VM and
+ * remote guests re-check at growing intervals up to 1 ms. */
+int virtsoc_fence_wait_cpu(virtsoc_conn *c, uint64_t fence, uint32_t timeout_ms, int *signaled);
 
 /* Message of the last failing call on this thread (owned by the library; valid until this
  * thread's next failing call). "" before any failure. */

@@ -444,6 +444,33 @@ pub unsafe extern "C" fn virtsoc_fence_signaled(
     })
 }
 
+/// Blocks until `fence` is signaled or `timeout_ms` milliseconds have passed (a HAL's
+/// `sync_wait`); `*signaled` tells which. A process guest sleeps on the fence page (no round
+/// trips); see `Connection::fence_wait_cpu`.
+///
+/// # Safety
+/// `c` must be a live handle; `signaled` a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn virtsoc_fence_wait_cpu(
+    c: *mut VirtsocConn,
+    fence: u64,
+    timeout_ms: u32,
+    signaled: *mut c_int,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        if signaled.is_null() {
+            return Err(bad("null output pointer"));
+        }
+        let timeout = std::time::Duration::from_millis(u64::from(timeout_ms));
+        let v = c.fence_wait_cpu(crate::Fence(fence), timeout)?;
+        // SAFETY: checked non-null.
+        unsafe { *signaled = c_int::from(v) };
+        Ok(())
+    })
+}
+
 /// The message of the last error on this thread (valid until the next call on this thread).
 #[no_mangle]
 pub extern "C" fn virtsoc_last_error() -> *const c_char {

@@ -31,6 +31,7 @@ use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Request, SharedWin
 use crate::{GuestError, Result};
 
 mod calls;
+mod fence_wait;
 pub(crate) mod handshake;
 mod reconnect;
 #[cfg(test)]

@@ -34,6 +34,11 @@ pub(crate) trait GuestLink: Send + Sync {
     fn close(&self);
     /// Whether the window is shared with the host (false: CPU bytes travel in the stream).
     fn shares_window(&self) -> bool;
+    /// Whether the host's futex wakes on the window reach this guest's futex waits (the
+    /// same kernel: a process guest; not a VM guest, whose window is a PCI BAR).
+    fn host_futex(&self) -> bool {
+        false
+    }
 }
 
 /// Rings in a shared window.
@@ -47,9 +52,18 @@ pub(crate) struct ShmLink {
     hung_up: Box<dyn Fn() -> bool + Send + Sync>,
     on_close: Box<dyn Fn() + Send + Sync>,
     closed: AtomicBool,
+    /// See [`GuestLink::host_futex`].
+    host_futex: bool,
 }
 
 impl ShmLink {
+    /// This link's host runs on the guest's kernel: its futex wakes on the window reach the
+    /// guest (see [`GuestLink::host_futex`]).
+    pub(crate) fn with_host_futex(mut self) -> Self {
+        self.host_futex = true;
+        self
+    }
+
     pub(crate) fn new(
         window: Arc<SharedWindow>,
         host_bell: Box<dyn Doorbell>,
@@ -67,6 +81,7 @@ impl ShmLink {
             hung_up,
             on_close,
             closed: AtomicBool::new(false),
+            host_futex: false,
         }
     }
 
@@ -119,6 +134,10 @@ impl GuestLink for ShmLink {
 
     fn shares_window(&self) -> bool {
         true
+    }
+
+    fn host_futex(&self) -> bool {
+        self.host_futex
     }
 }
 

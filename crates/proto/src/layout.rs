@@ -39,6 +39,11 @@ pub mod ctl {
     pub const GUEST_SLEEPING: u64 = 324;
     /// Host state: 0 running, 1 the session was closed by the host.
     pub const HOST_STATE: u64 = 384;
+    /// Guest threads (about to be) asleep on a fence page slot (a futex wait on the slot's
+    /// word): while non-zero, the host wakes a slot's waiters when it writes the slot. Written
+    /// by the guest; to the host only a hint (a wrong value costs a futex call or a wait's
+    /// timeout, never correctness for anyone else).
+    pub const FENCE_WAITERS: u64 = 448;
 }
 
 /// Magic value at the start of the header page ("VIRTSOC1").

@@ -54,7 +54,8 @@ impl Connection {
             Box::new(move || {
                 let _ = s2.shutdown(std::net::Shutdown::Both);
             }),
-        );
+        )
+        .with_host_futex();
         Ok(Handshake {
             link: Box::new(link),
             window,

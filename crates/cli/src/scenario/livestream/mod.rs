@@ -485,29 +485,14 @@ impl Player {
     }
 }
 
-/// Waits (bounded, reading the shared fence page) until `device` has finished everything this
-/// guest queued on it so far.
+/// Waits (bounded, asleep on the shared fence page) until `device` has finished everything
+/// this guest queued on it so far.
 fn wait_for_device(conn: &Connection, device: DeviceId) -> Result<(), CliError> {
     let f = conn.fence_create()?;
     conn.fence_signal(device, f)?;
-    let deadline = Instant::now() + FENCE_TIMEOUT;
-    let mut polls = 0u32;
-    let done = loop {
-        if conn.fence_signaled(f)? {
-            break true;
-        }
-        if Instant::now() > deadline {
-            break false;
-        }
-        polls += 1;
-        if polls < 100 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    };
+    let done = conn.fence_wait_cpu(f, FENCE_TIMEOUT);
     conn.fence_release(f)?;
-    if done {
+    if done? {
         Ok(())
     } else {
         Err(CliError::Usage(format!(
