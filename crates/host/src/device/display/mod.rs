@@ -38,8 +38,10 @@
 //! Per-guest statistics, from the display's scan-out records:
 //! - `presented`: this guest's frames that reached the screen;
 //! - `dropped`: its frames that never will: replaced by a newer frame while two already
-//!   waited for vsyncs (the display queues two frames, as Android's BufferQueue does), or
-//!   hidden because another guest has the screen. Once a vsync has passed after a guest's last
+//!   waited for vsyncs (the display queues two frames, as Android's BufferQueue does), passed
+//!   over when the queue catches up (the older of two waiting frames that already waited at
+//!   the vsync before: a queue that stays two deep would show every later frame a vsync
+//!   late), or hidden because another guest has the screen. Once a vsync has passed after a guest's last
 //!   `present`, `presented + dropped` equals the number of frames it presented;
 //! - `vsyncs`: vsyncs since the guest first used the display;
 //! - `latency_p50_ns`, `latency_p99_ns`, `samples`: motion-to-photon latency percentiles
@@ -138,7 +140,8 @@ impl Display {
                 "display: size {width}x{height} out of range"
             )));
         }
-        // Two frames may wait for vsyncs, as in a BufferQueue: a burst is shown, not replaced.
+        // Two frames may wait for vsyncs, as in a BufferQueue: a burst is shown, not replaced,
+        // and a standing queue catches up (see `DisplayConfig::queue_depth`).
         let mut config = vd::DisplayConfig::new(width, height)
             .with_refresh_hz(cfg.refresh_hz)
             .with_queue_depth(2);
