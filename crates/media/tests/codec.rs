@@ -515,7 +515,16 @@ fn h264_round_trip(preset: EncoderPreset) {
                     (16 + ((x + 2 * i as usize) * 200 / w as usize) + y / 8) as u8;
             }
         }
-        inputs.push(buf[..(w * h) as usize].to_vec());
+        // Chroma: U 90 and V 170 (interleaved in NV12), so a swap or a smear shows.
+        let luma = (w * h) as usize;
+        for (k, b) in buf[luma..].iter_mut().enumerate() {
+            let u = match format {
+                PixelFormat::Nv12 => k % 2 == 0,
+                _ => k < luma / 4,
+            };
+            *b = if u { CHROMA_U } else { CHROMA_V };
+        }
+        inputs.push(buf[..luma].to_vec());
         packets.extend(enc.encode(FrameRef::new(l, &buf).unwrap(), i).unwrap());
     }
     packets.extend(enc.flush().unwrap());
@@ -540,5 +549,21 @@ fn h264_round_trip(preset: EncoderPreset) {
         assert_eq!(f.pts, i as i64);
         let p = psnr_y(&f.data[..(w * h) as usize], &inputs[i]);
         assert!(p > 30.0, "{}: frame {i}: PSNR {p:.1} dB", preset.name());
+        // The decoder gives YUV420P: U then V, each a quarter of the luma.
+        let luma = (w * h) as usize;
+        let mean = |b: &[u8]| b.iter().map(|&x| x as f64).sum::<f64>() / b.len() as f64;
+        let (u, v) = (
+            mean(&f.data[luma..luma * 5 / 4]),
+            mean(&f.data[luma * 5 / 4..luma * 3 / 2]),
+        );
+        assert!(
+            (u - CHROMA_U as f64).abs() < 4.0 && (v - CHROMA_V as f64).abs() < 4.0,
+            "{}: frame {i}: chroma U {u:.1} V {v:.1}",
+            preset.name()
+        );
     }
 }
+
+/// The chroma values of the encoder round trip's input.
+const CHROMA_U: u8 = 90;
+const CHROMA_V: u8 = 170;

@@ -222,10 +222,15 @@ impl FfmpegEncoder {
                 PixelFormat::Nv12 => {
                     let p = planes[1];
                     let src = &frame.data[p.offset + row * p.stride..][..w];
-                    let (u, v): (Vec<u8>, Vec<u8>) =
-                        src.chunks_exact(2).map(|c| (c[0], c[1])).unzip();
-                    self.frame.data_mut(1)[row * us..row * us + w / 2].copy_from_slice(&u);
-                    self.frame.data_mut(2)[row * vs..row * vs + w / 2].copy_from_slice(&v);
+                    // De-interleave straight into the two chroma rows.
+                    let u = &mut self.frame.data_mut(1)[row * us..][..w / 2];
+                    for (d, s) in u.iter_mut().zip(src.chunks_exact(2)) {
+                        *d = s[0];
+                    }
+                    let v = &mut self.frame.data_mut(2)[row * vs..][..w / 2];
+                    for (d, s) in v.iter_mut().zip(src.chunks_exact(2)) {
+                        *d = s[1];
+                    }
                 }
                 _ => {
                     let (pu, pv) = (planes[1], planes[2]);
