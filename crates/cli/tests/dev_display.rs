@@ -253,7 +253,7 @@ fn timing_gives_the_vsync_clock_and_the_guests_ready_time() {
     let d = start(&dir);
     let c = connect(&d);
     let t = c.command(&Timing::default()).unwrap();
-    assert_eq!((t.samples, t.ready_p90_ns), (0, 0));
+    assert_eq!((t.samples, t.ready_p90_ns, t.ready_max_ns), (0, 0, 0));
     assert_eq!(t.period_ns, 1_000_000_000 / 60);
     let f = frame(&c, 64, 48, Format::Rgba8, |i| i as u8);
     let before = now_ns();
@@ -263,13 +263,19 @@ fn timing_gives_the_vsync_clock_and_the_guests_ready_time() {
         t.last_vsync_ns >= before && t.last_vsync_ns <= now_ns(),
         "{t:?}"
     );
-    // Frames presented 5 ms after their capture time: ready times of at least 5 ms.
-    for _ in 0..10 {
-        present(&c, f, now_ns() - 5_000_000);
+    // Frames presented 5 ms after their capture time, and one 40 ms after: ready times of at
+    // least 5 ms, the largest at least 40 ms.
+    for k in 0..10 {
+        let late = if k == 4 { 40_000_000 } else { 5_000_000 };
+        present(&c, f, now_ns() - late);
         wait_vsync(&c);
     }
     present(&c, f, 0);
     let t = c.command(&Timing::default()).unwrap();
     assert_eq!(t.samples, 10, "{t:?}");
     assert!(t.ready_p90_ns >= 5_000_000, "{t:?}");
+    assert!(
+        t.ready_max_ns >= 40_000_000 && t.ready_max_ns >= t.ready_p90_ns,
+        "{t:?}"
+    );
 }

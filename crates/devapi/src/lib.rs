@@ -317,9 +317,9 @@ devices! {
         /// The vsync clock and this guest's pipeline timing, for pacing frames so they reach
         /// the display just before a vsync (as Android's Choreographer phase offsets do):
         /// the last vsync on CLOCK_MONOTONIC (ns, 0 before the first), the refresh period
-        /// (ns), and the 90th percentile of capture (or decode) time -> present over this
-        /// guest's last frames that had one (`samples` of them, at most 30).
-        fn timing() -> (last_vsync_ns, period_ns, ready_p90_ns, samples) = 8;
+        /// (ns), and the 90th percentile and the largest capture (or decode) time -> present
+        /// over this guest's last frames that had one (`samples` of them, at most 30).
+        fn timing() -> (last_vsync_ns, period_ns, ready_p90_ns, samples, ready_max_ns) = 8;
     }
 
     /// Cellular modem: an AT-command channel (registration, signal, SMS, calls).

@@ -291,6 +291,7 @@ impl Screen {
             period_ns,
             ready_p90_ns: percentile(&ready, 90),
             samples: ready.len() as u64,
+            ready_max_ns: ready.last().copied().unwrap_or(0),
         }
     }
 
