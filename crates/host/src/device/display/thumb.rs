@@ -105,17 +105,36 @@ impl Placement {
 }
 
 /// What an RGB plane puts on the picture: runs of covered pixels, each pixel's full-range
-/// Y, U, V and coverage (0..=255, the pixel's alpha times the plane's).
+/// Y and coverage (0..=255, the pixel's alpha times the plane's), and the U and V of the
+/// pixels at even positions of even rows. A run is opaque (every coverage 255: copied) or not
+/// (blended).
 #[derive(Debug, Default)]
 pub(super) struct Coverage {
     runs: Vec<Run>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Run {
     y: usize,
     x0: usize,
-    px: Vec<[u8; 4]>,
+    luma: Vec<u8>,
+    /// Empty when the run is opaque.
+    cover: Vec<u8>,
+    /// The pixels at even positions (even rows only): U, V, coverage (empty when opaque).
+    u: Vec<u8>,
+    v: Vec<u8>,
+    chroma_cover: Vec<u8>,
+}
+
+/// `src` over `dst`, one each: copied when `cover` is empty (opaque), else mixed by it.
+fn put(dst: &mut [u8], src: &[u8], cover: &[u8]) {
+    if cover.is_empty() {
+        dst.copy_from_slice(src);
+    } else {
+        for ((d, &s), &a) in dst.iter_mut().zip(src).zip(cover) {
+            mix(d, s, u32::from(a));
+        }
+    }
 }
 
 impl Coverage {
@@ -124,19 +143,16 @@ impl Coverage {
         let width = pic.width as usize;
         let (py, pu, pv) = pic.planes_mut();
         for run in &self.runs {
-            let line = &mut py[run.y * width + run.x0..][..run.px.len()];
-            for (d, &[y, _, _, a]) in line.iter_mut().zip(&run.px) {
-                mix(d, y, u32::from(a));
-            }
-            if run.y.is_multiple_of(2) {
-                let (first, c0) = (run.x0 % 2, run.x0.div_ceil(2));
-                let crow = run.y / 2 * (width / 2) + c0;
-                let px = run.px.get(first..).unwrap_or_default().iter().step_by(2);
-                for ((du, dv), &[_, u, v, a]) in pu[crow..].iter_mut().zip(&mut pv[crow..]).zip(px)
-                {
-                    mix(du, u, u32::from(a));
-                    mix(dv, v, u32::from(a));
-                }
+            put(
+                &mut py[run.y * width + run.x0..][..run.luma.len()],
+                &run.luma,
+                &run.cover,
+            );
+            if !run.u.is_empty() {
+                let crow = run.y / 2 * (width / 2) + run.x0.div_ceil(2);
+                let n = run.u.len();
+                put(&mut pu[crow..][..n], &run.u, &run.chroma_cover);
+                put(&mut pv[crow..][..n], &run.v, &run.chroma_cover);
             }
         }
     }
@@ -149,31 +165,39 @@ impl Coverage {
         for j in 0..at.y.count as usize {
             let y = at.y0 + j;
             samples.gather(j, &mut row);
-            let mut open = false;
+            // Opacity of the open run, if any.
+            let mut open: Option<bool> = None;
             for (i, &p) in row.iter().enumerate() {
                 let a = alpha.map_or(255, |alpha| rows::cover(p, alpha));
                 if a == 0 {
-                    open = false;
+                    open = None;
                     continue;
                 }
                 let x = at.x0 + i;
-                let [r, g, b, _] = p.to_le_bytes();
-                // Chroma is only taken from pixels at even positions (4:2:0).
-                let (yy, u, v) = if y.is_multiple_of(2) && x.is_multiple_of(2) {
-                    rgb_to_yuv(r, g, b)
-                } else {
-                    (rgb_to_luma(r, g, b), 128, 128)
-                };
-                if !open {
+                if open != Some(a == 255) {
                     cov.runs.push(Run {
                         y,
                         x0: x,
-                        px: Vec::with_capacity(row.len() - i),
+                        ..Run::default()
                     });
-                    open = true;
+                    open = Some(a == 255);
                 }
-                if let Some(run) = cov.runs.last_mut() {
-                    run.px.push([yy, u, v, a as u8]);
+                let Some(run) = cov.runs.last_mut() else {
+                    continue;
+                };
+                let [r, g, b, _] = p.to_le_bytes();
+                run.luma.push(rgb_to_luma(r, g, b));
+                if a < 255 {
+                    run.cover.push(a as u8);
+                }
+                // Chroma is only taken from pixels at even positions (4:2:0).
+                if y.is_multiple_of(2) && x.is_multiple_of(2) {
+                    let (_, u, v) = rgb_to_yuv(r, g, b);
+                    run.u.push(u);
+                    run.v.push(v);
+                    if a < 255 {
+                        run.chroma_cover.push(a as u8);
+                    }
                 }
             }
         }
@@ -550,55 +574,51 @@ mod tests {
     fn rows_draw_what_sampling_each_pixel_gives() {
         use virtsoc_gpu::FrameLayout;
         let (w, h) = (50u32, 30u32);
+        // Opaque, transparent, then varied alpha, across each row.
         let texel = |x: u32, y: u32| {
-            [
-                (x * 5) as u8,
-                (y * 8) as u8,
-                (x * y) as u8,
-                (x * 3 + y * 7) as u8,
-            ]
+            let a = match x {
+                0..10 => 255,
+                10..15 => 0,
+                _ => (x * 3 + y * 7) as u8,
+            };
+            [(x * 5) as u8, (y * 8) as u8, (x * y) as u8, a]
         };
         let bytes: Vec<u8> = (0..w * h).flat_map(|k| texel(k % w, k / w)).collect();
         let dst = Rect::new(3, 1, 37, 21);
-        let mut plane = host_plane(
-            FrameLayout::packed(PixelFormat::Bgra8, w, h).unwrap(),
-            &bytes,
-            dst,
-            true,
-        );
-        plane.alpha = 0.7;
+        let layout = FrameLayout::packed(PixelFormat::Bgra8, w, h).unwrap();
         let (pw, ph) = (44u32, 24u32);
-        let statics = StaticPlanes::default();
-        let mut pictures = Vec::new();
-        for _ in 0..3 {
-            let mut pic = Picture::black(pw, ph);
-            compose(&mut pic, &[(&plane, dst)], &statics, &ledger()).unwrap();
-            pictures.push(pic);
-        }
-        let mut want = Picture::black(pw, ph);
-        let at = Placement::new(plane.crop, dst, (pw, ph)).unwrap();
-        let alpha = blend_alpha(&plane).unwrap();
-        let (py, pu, pv) = want.planes_mut();
-        for j in 0..at.y.count {
-            for i in 0..at.x.count {
-                let [b, g, r, a] = texel(at.x.texel(i), at.y.texel(j));
-                let a = u32::from(a) * alpha / 255;
-                let (x, y) = (at.x0 + i as usize, at.y0 + j as usize);
-                let (yy, u, v) = rgb_to_yuv(r, g, b);
-                mix(&mut py[y * pw as usize + x], yy, a);
-                if x % 2 == 0 && y % 2 == 0 {
-                    let c = y / 2 * (pw as usize / 2) + x / 2;
-                    mix(&mut pu[c], u, a);
-                    mix(&mut pv[c], v, a);
+        for plane_alpha in [0.7, 1.0] {
+            let mut plane = host_plane(layout, &bytes, dst, true);
+            plane.alpha = plane_alpha;
+            let statics = StaticPlanes::default();
+            let mut pictures = Vec::new();
+            for _ in 0..3 {
+                let mut pic = Picture::black(pw, ph);
+                compose(&mut pic, &[(&plane, dst)], &statics, &ledger()).unwrap();
+                pictures.push(pic);
+            }
+            let mut want = Picture::black(pw, ph);
+            let at = Placement::new(plane.crop, dst, (pw, ph)).unwrap();
+            let alpha = blend_alpha(&plane).unwrap();
+            let (py, pu, pv) = want.planes_mut();
+            for j in 0..at.y.count {
+                for i in 0..at.x.count {
+                    let [b, g, r, a] = texel(at.x.texel(i), at.y.texel(j));
+                    let a = u32::from(a) * alpha / 255;
+                    let (x, y) = (at.x0 + i as usize, at.y0 + j as usize);
+                    let (yy, u, v) = rgb_to_yuv(r, g, b);
+                    mix(&mut py[y * pw as usize + x], yy, a);
+                    if x % 2 == 0 && y % 2 == 0 {
+                        let c = y / 2 * (pw as usize / 2) + x / 2;
+                        mix(&mut pu[c], u, a);
+                        mix(&mut pv[c], v, a);
+                    }
                 }
             }
-        }
-        assert_eq!(statics.state().kept.len(), 1, "the unchanged plane is kept");
-        for (k, pic) in pictures.iter().enumerate() {
-            assert!(
-                pic == &want,
-                "composition {k} differs from sampling each pixel"
-            );
+            assert_eq!(statics.state().kept.len(), 1, "the unchanged plane is kept");
+            for (k, pic) in pictures.iter().enumerate() {
+                assert!(pic == &want, "alpha {plane_alpha}: composition {k} differs");
+            }
         }
     }
 
