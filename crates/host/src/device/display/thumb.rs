@@ -7,7 +7,12 @@
 //! compute dispatch that packs the grid's texels into a small buffer
 //! ([`virtsoc_gpu::WgpuBackend::sample_plane`]). RGB planes whose
 //! content does not change between view frames (a UI layer written once) are sampled once
-//! and blended from memory after that ([`StaticPlanes`]).
+//! and blended from memory after that ([`StaticPlanes`]), opaque runs copied.
+//!
+//! Planes are drawn a picture row at a time ([`rows`]): the row's texels gathered first, then
+//! converted in loops the compiler vectorizes. For a 1080p RGBA camera frame shown at
+//! 480x270, reading the 270 source rows (2 MB that another core just wrote, every cache line
+//! of them) is most of what a picture costs.
 
 use virtsoc_display::ViewPicture as Picture;
 use virtsoc_gpu::{PixelFormat, PlaneInfo, Rect, SampleAxis};
