@@ -4,8 +4,11 @@
 //! (Debian's chromium, headless, on the live view page) is paused and resumed in turn
 //! (SIGSTOP/SIGCONT), `--rounds` times, the daemon's CPU taken over each `SECONDS` window; it
 //! prints what the view costs the daemon (median of the windows with the viewer against the
-//! median without) and the latency the page measured (capture stamp -> frame drawn).
+//! median without), the same per thread name (each thread's run time from
+//! `/proc/PID/task/*/schedstat`, nanoseconds: the view's own request threads stand out of the
+//! noise of the others), and the latency the page measured (capture stamp -> frame drawn).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +73,9 @@ pub struct ViewCost {
     pub cpu_windows_with: Vec<f64>,
     /// (with - without) / without, percent.
     pub extra_cpu_pct: f64,
+    /// The daemon's CPU per thread name (percent of one core): medians of the windows
+    /// without and with the viewer.
+    pub threads: Vec<ThreadCost>,
     /// Frames the display presented per second over the whole run.
     pub presented_fps: f64,
     /// What the page reported: frames drawn per second, capture -> drawn latency.
@@ -79,6 +85,57 @@ pub struct ViewCost {
     pub view_max: String,
     pub view_latency_ms_p50: f64,
     pub view_latency_ms_p95: f64,
+}
+
+/// One thread name's CPU (percent of one core), medians of the windows.
+#[derive(Debug, Serialize)]
+pub struct ThreadCost {
+    pub name: String,
+    pub without_pct: f64,
+    pub with_pct: f64,
+}
+
+/// Each thread of `pid`: its name and the CPU time it has run, in seconds (its schedstat).
+fn thread_times(pid: u32) -> BTreeMap<u32, (String, f64)> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+        let (Some(comm), Some(sched)) = (read("comm"), read("schedstat")) else {
+            continue;
+        };
+        let ns = sched
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<f64>().ok());
+        if let Some(ns) = ns {
+            out.insert(tid, (comm.trim().to_string(), ns / 1e9));
+        }
+    }
+    out
+}
+
+/// CPU per thread name (percent of one core) from `before` to `after` over `seconds`:
+/// threads that started in between count from zero, threads that ended are missing.
+fn thread_cpu_pct(
+    before: &BTreeMap<u32, (String, f64)>,
+    after: &BTreeMap<u32, (String, f64)>,
+    seconds: f64,
+) -> BTreeMap<String, f64> {
+    let mut by_name = BTreeMap::new();
+    for (tid, (name, t)) in after {
+        let t0 = before
+            .get(tid)
+            .filter(|(n, _)| n == name)
+            .map_or(0.0, |b| b.1);
+        *by_name.entry(name.clone()).or_insert(0.0) += (t - t0).max(0.0) / seconds * 100.0;
+    }
+    by_name
 }
 
 /// The chromium binary, if installed.
@@ -224,22 +281,33 @@ fn signal_viewer(viewer: &Child, sig: rustix::process::Signal) -> Result<(), Cli
         .map_err(|e| CliError::Usage(format!("signalling the viewer: {e}")))
 }
 
-/// The daemon's CPU (percent of a core) over `rounds` pairs of `seconds` windows, the viewer
-/// paused in the first of each pair and running in the second.
+/// The daemon's CPU (percent of a core) in one window.
+#[derive(Debug, Default)]
+struct Window {
+    total: f64,
+    threads: BTreeMap<String, f64>,
+}
+
+/// The daemon's CPU over `rounds` pairs of `seconds` windows, the viewer paused in the first
+/// of each pair and running in the second.
 fn measure_windows(
     viewer: &Child,
     pid: u32,
     seconds: f64,
     rounds: u32,
-) -> Result<(Vec<f64>, Vec<f64>), CliError> {
-    let window = |pid: u32| -> Result<f64, CliError> {
+) -> Result<(Vec<Window>, Vec<Window>), CliError> {
+    let window = |pid: u32| -> Result<Window, CliError> {
         let cpu = || {
             scenario::cpu_seconds(pid)
                 .ok_or_else(|| CliError::Usage("the daemon's CPU time is unreadable".into()))
         };
-        let (c0, t0) = (cpu()?, std::time::Instant::now());
+        let (c0, threads0, t0) = (cpu()?, thread_times(pid), std::time::Instant::now());
         std::thread::sleep(Duration::from_secs_f64(seconds));
-        Ok((cpu()? - c0) / t0.elapsed().as_secs_f64() * 100.0)
+        let (c1, threads1, dt) = (cpu()?, thread_times(pid), t0.elapsed().as_secs_f64());
+        Ok(Window {
+            total: (c1 - c0) / dt * 100.0,
+            threads: thread_cpu_pct(&threads0, &threads1, dt),
+        })
     };
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
@@ -252,6 +320,37 @@ fn measure_windows(
         with.push(window(pid)?);
     }
     Ok((without, with))
+}
+
+/// Medians per thread name of the windows without and with the viewer (a name missing from
+/// a window counts 0 there), largest difference first.
+fn thread_costs(without: &[Window], with: &[Window]) -> Vec<ThreadCost> {
+    let names: std::collections::BTreeSet<&String> = without
+        .iter()
+        .chain(with)
+        .flat_map(|w| w.threads.keys())
+        .collect();
+    let med = |ws: &[Window], name: &str| {
+        let v: Vec<f64> = ws
+            .iter()
+            .map(|w| w.threads.get(name).copied().unwrap_or(0.0))
+            .collect();
+        median(&v)
+    };
+    let mut out: Vec<ThreadCost> = names
+        .into_iter()
+        .map(|n| ThreadCost {
+            name: n.clone(),
+            without_pct: med(without, n),
+            with_pct: med(with, n),
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (b.with_pct - b.without_pct)
+            .abs()
+            .total_cmp(&(a.with_pct - a.without_pct).abs())
+    });
+    out
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -268,9 +367,12 @@ fn view_cost(
     args: &WatchArgs,
     seconds: f64,
     run: &ScenarioResult,
-    (without, with): (Vec<f64>, Vec<f64>),
+    (without, with): (Vec<Window>, Vec<Window>),
     report: &serde_json::Value,
 ) -> ViewCost {
+    let threads = thread_costs(&without, &with);
+    let without: Vec<f64> = without.iter().map(|w| w.total).collect();
+    let with: Vec<f64> = with.iter().map(|w| w.total).collect();
     let cpu0 = median(&without);
     let cpu1 = median(&with);
     let num = |k: &str| report[k].as_f64().unwrap_or(0.0);
@@ -289,6 +391,7 @@ fn view_cost(
         } else {
             0.0
         },
+        threads,
         presented_fps: run.presented_fps,
         view_fps: num("fps"),
         view_fps_cap: args.view_fps,
@@ -315,11 +418,91 @@ fn print_cost(c: &ViewCost) {
     );
     println!("  windows without: {}", list(&c.cpu_windows_without));
     println!("  windows with:    {}", list(&c.cpu_windows_with));
-    println!("view's extra daemon CPU: {:+.1}%", c.extra_cpu_pct);
+    println!(
+        "view's extra daemon CPU: {:+.1}% ({:+.2} points of a core)",
+        c.extra_cpu_pct,
+        c.cpu_daemon_pct_with - c.cpu_daemon_pct_without
+    );
+    println!("per thread (% of a core, median without -> with), largest change first:");
+    for t in c
+        .threads
+        .iter()
+        .filter(|t| t.with_pct.max(t.without_pct) >= 0.05)
+    {
+        println!(
+            "  {:<18} {:6.2} -> {:6.2}  ({:+.2})",
+            t.name,
+            t.without_pct,
+            t.with_pct,
+            t.with_pct - t.without_pct
+        );
+    }
     println!("presented fps over the run: {:.1}", c.presented_fps);
     println!(
         "view (at most {} fps, within {}): {:.1} fps drawn, capture -> drawn p50 {:.1} ms, \
          p95 {:.1} ms",
         c.view_fps_cap, c.view_max, c.view_fps, c.view_latency_ms_p50, c.view_latency_ms_p95
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn times(v: &[(u32, &str, f64)]) -> BTreeMap<u32, (String, f64)> {
+        v.iter().map(|&(t, n, s)| (t, (n.to_string(), s))).collect()
+    }
+
+    /// Threads of one name add up; a thread that started (or took a new name) in the window
+    /// counts from zero; one that ended is missing.
+    #[test]
+    fn thread_cpu_is_summed_by_name() {
+        let before = times(&[
+            (1, "dev-isp", 1.0),
+            (2, "control-req", 0.5),
+            (3, "gone", 9.0),
+        ]);
+        let after = times(&[
+            (1, "dev-isp", 1.5),
+            (2, "control-req", 0.6),
+            (4, "control-req", 0.2),
+            (5, "new", 0.1),
+        ]);
+        let pct = thread_cpu_pct(&before, &after, 10.0);
+        assert!((pct["dev-isp"] - 5.0).abs() < 1e-9);
+        assert!((pct["control-req"] - 3.0).abs() < 1e-9);
+        assert!((pct["new"] - 1.0).abs() < 1e-9);
+        assert!(!pct.contains_key("gone"));
+    }
+
+    /// Per-name medians over the windows, a name missing from a window counting 0 there,
+    /// the largest change first.
+    #[test]
+    fn thread_costs_are_medians_largest_change_first() {
+        let w = |v: &[(&str, f64)]| Window {
+            total: 0.0,
+            threads: v.iter().map(|&(n, p)| (n.to_string(), p)).collect(),
+        };
+        let without = [w(&[("isp", 2.0)]), w(&[("isp", 3.0)]), w(&[("isp", 9.0)])];
+        let with = [
+            w(&[("isp", 2.5), ("control-req", 1.0)]),
+            w(&[("isp", 3.0), ("control-req", 0.8)]),
+            w(&[("isp", 2.0)]),
+        ];
+        let costs = thread_costs(&without, &with);
+        assert_eq!(costs[0].name, "control-req");
+        assert_eq!((costs[0].without_pct, costs[0].with_pct), (0.0, 0.8));
+        assert_eq!(costs[1].name, "isp");
+        assert_eq!((costs[1].without_pct, costs[1].with_pct), (3.0, 2.5));
+    }
+
+    /// This process's threads are listed with their names.
+    #[test]
+    fn thread_times_lists_this_thread() {
+        let me = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        let threads = thread_times(std::process::id());
+        let (name, secs) = threads.get(&me).expect("this thread is listed");
+        assert!(!name.is_empty());
+        assert!(*secs >= 0.0);
+    }
 }

@@ -135,7 +135,7 @@ fn accept_loop(
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     respond(
                         rq,
-                        &Answer::error(&ControlError::Internal("busy".into())),
+                        Answer::error(&ControlError::Internal("busy".into())),
                         503,
                     );
                     continue;
@@ -188,12 +188,12 @@ fn serve_one(
 ) {
     if let Some(token) = token {
         if !authorized(&rq, token) {
-            return respond(rq, &Answer::error(&ControlError::Unauthorized), 401);
+            return respond(rq, Answer::error(&ControlError::Unauthorized), 401);
         }
     }
-    let too_large = Answer::error(&ControlError::TooLarge(MAX_BODY));
+    let too_large = || Answer::error(&ControlError::TooLarge(MAX_BODY));
     if rq.body_length().is_some_and(|n| n > MAX_BODY) {
-        return respond(rq, &too_large, 413);
+        return respond(rq, too_large(), 413);
     }
     let mut body = Vec::new();
     if let Err(e) = rq
@@ -202,21 +202,22 @@ fn serve_one(
         .read_to_end(&mut body)
     {
         let a = Answer::error(&ControlError::BadRequest(format!("reading the body: {e}")));
-        return respond(rq, &a, 400);
+        return respond(rq, a, 400);
     }
     if body.len() > MAX_BODY {
-        return respond(rq, &too_large, 413);
+        return respond(rq, too_large(), 413);
     }
     let method = rq.method().as_str().to_string();
     let url = rq.url().to_string();
     let answer = handle(backend, &method, &url, &body, received);
     log::debug!("control: {method} {url} -> {}", answer.status);
     let status = answer.status;
-    respond(rq, &answer, status);
+    respond(rq, answer, status);
 }
 
-fn respond(rq: tiny_http::Request, a: &Answer, status: u16) {
-    let mut r = tiny_http::Response::from_data(a.body.clone()).with_status_code(status);
+/// Answers `rq` with `a` (its body moves into the response: a view frame is not copied).
+fn respond(rq: tiny_http::Request, a: Answer, status: u16) {
+    let mut r = tiny_http::Response::from_data(a.body).with_status_code(status);
     if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", a.content_type) {
         r = r.with_header(h);
     }

@@ -100,10 +100,16 @@ impl RgbaScaler {
 }
 
 /// One full-range YUV 4:2:0 picture in, one JPEG of the same size out (libavcodec's MJPEG
-/// encoder): what the live view encodes its pictures with, no conversion or scaling.
+/// encoder): what the live view encodes its pictures with, no conversion or scaling. A
+/// picture equal to the last one given gets the last JPEG again, not encoded anew (a guest
+/// that presents the same screen over and over).
 pub struct YuvJpegEncoder {
-    /// The encoder's input frame (FFmpeg-allocated, aligned).
+    /// The encoder's input frame (FFmpeg-allocated, aligned): the last picture given.
     picture: ff::frame::Video,
+    /// The JPEG of `picture`, when it came through [`YuvJpegEncoder::encode`].
+    last: Option<Vec<u8>>,
+    /// Pictures encoded (not answered with the last JPEG).
+    encoded: u64,
     encoder: ff::encoder::video::Encoder,
     /// MJPEG quantizer scale (2 best .. 31 worst), as FFmpeg's lambda.
     lambda: i32,
@@ -147,12 +153,19 @@ impl YuvJpegEncoder {
             lambda,
             size: (width, height),
             pts: 0,
+            last: None,
+            encoded: 0,
         })
     }
 
     /// The size of the pictures and JPEGs.
     pub fn size(&self) -> (u32, u32) {
         self.size
+    }
+
+    /// Pictures encoded so far (pictures answered with the last JPEG not counted).
+    pub fn encoded(&self) -> u64 {
+        self.encoded
     }
 
     /// Encodes a picture of the encoder's size: Y, then U, then V, each tightly packed.
@@ -168,23 +181,42 @@ impl YuvJpegEncoder {
         }
         let (luma, chroma) = yuv.split_at(w * h);
         let (u, v) = chroma.split_at(w * h / 4);
-        for (k, (src, width)) in [(luma, w), (u, w / 2), (v, w / 2)].into_iter().enumerate() {
+        let planes = [(luma, w), (u, w / 2), (v, w / 2)];
+        // The same picture as last time (compared where it was copied to; the first row
+        // that differs ends the comparison): the same JPEG.
+        if let Some(last) = &self.last {
+            let same = planes.iter().enumerate().all(|(k, &(src, width))| {
+                let (stride, dst) = (self.picture.stride(k), self.picture.data(k));
+                src.chunks_exact(width)
+                    .enumerate()
+                    .all(|(y, line)| dst.get(y * stride..y * stride + width) == Some(line))
+            });
+            if same {
+                return Ok(last.clone());
+            }
+        }
+        self.last = None;
+        for (k, (src, width)) in planes.into_iter().enumerate() {
             let stride = self.picture.stride(k);
             let dst = self.picture.data_mut(k);
             for (y, line) in src.chunks_exact(width).enumerate() {
                 dst[y * stride..y * stride + width].copy_from_slice(line);
             }
         }
-        Self::encode_frame(
+        let jpeg = Self::encode_frame(
             &mut self.encoder,
             &mut self.picture,
             self.lambda,
             &mut self.pts,
-        )
+        )?;
+        self.encoded += 1;
+        self.last = Some(jpeg.clone());
+        Ok(jpeg)
     }
 
     /// Encodes `frame` (YUVJ420P of the encoder's size).
     fn encode_frame_of(&mut self, frame: &mut ff::frame::Video) -> Result<Vec<u8>> {
+        self.encoded += 1;
         Self::encode_frame(&mut self.encoder, frame, self.lambda, &mut self.pts)
     }
 
@@ -416,8 +448,19 @@ mod tests {
         yuv[..64 * 48].fill(200);
         let jpeg = enc.encode(&yuv).unwrap();
         assert_eq!(&jpeg[..2], &[0xff, 0xd8]);
+        assert_eq!(enc.encoded(), 1);
+        // The same picture again: the same JPEG, not encoded again.
+        assert_eq!(enc.encode(&yuv).unwrap(), jpeg);
+        assert_eq!(enc.encoded(), 1);
         yuv[..64 * 48].fill(20);
-        assert_ne!(enc.encode(&yuv).unwrap(), jpeg);
+        let other = enc.encode(&yuv).unwrap();
+        assert_ne!(other, jpeg);
+        assert_eq!(enc.encoded(), 2);
+        // One byte different in the last row of V: encoded anew.
+        let last = yuv.len() - 1;
+        yuv[last] = 90;
+        enc.encode(&yuv).unwrap();
+        assert_eq!(enc.encoded(), 3);
         // Wrong sizes are refused.
         assert!(enc.encode(&yuv[1..]).is_err());
         assert!(YuvJpegEncoder::new(63, 48, 5).is_err());
