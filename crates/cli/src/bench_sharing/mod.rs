@@ -121,7 +121,15 @@ impl Work {
         done: &AtomicU64,
     ) -> Result<(), CliError> {
         match self {
-            Work::Gpu(_) => gpu::guest(target, name, size, gpu::BACKLOG, gate, warm, stop, done),
+            Work::Gpu(_) => gpu::guest(
+                target,
+                name,
+                gpu::Load::backlogged(size),
+                gate,
+                warm,
+                stop,
+                done,
+            ),
             Work::Codec => codec::guest(target, name, size, gate, warm, stop, done),
         }
     }
