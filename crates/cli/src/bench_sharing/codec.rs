@@ -1,10 +1,9 @@
 //! The codec guest of `virtsoc bench sharing`: H.264 decode into NV12 regions, one packet
 //! and one frame at a time, looping over a generated clip of its size.
 //!
-//! Each frame is received into the next of [`ROTATION`](super::gpu::ROTATION) frame regions,
-//! a pool of video buffers as a player has, not into one region that one guest alone would
-//! find in the CPU's caches from its previous frame (the GPU guests' reason, see
-//! `super::gpu`). Its input is fresh already: the clip's access units in turn; the decoder's
+//! Each frame is received into the next of [`ROTATION`] frame regions, a pool of video
+//! buffers as a player has, not into one region that one guest alone would find in the
+//! CPU's caches from its previous frame (the GPU guests' reason, see `super::gpu`). Its input is fresh already: the clip's access units in turn; the decoder's
 //! own reference frames are per session, one guest's alone and each guest's together, as a
 //! real guest's are.
 
