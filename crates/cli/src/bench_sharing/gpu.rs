@@ -50,9 +50,9 @@ pub(super) const BACKLOG: usize = 4;
 /// share a 32 MiB L3. The smallest guest, 320x180 (450 KiB a pair), then works on 3.5 MiB,
 /// past both L2s; 640x360 on 14 MiB; 960x540 on 32 MiB, the whole L3. The 8 guests together
 /// work on 116 MiB (2, 4 and 8 guests: 18, 53 and 116 MiB), against 15 MiB with one pair
-/// each, which fitted the L3. `cache_probe --rotate R` measured, without the daemon, 8 pairs
-/// as the depth from which the overhead of guests in turn is within the noise at 2, 4 and 8
-/// guests (4 pairs still lost 8-10% at 2 and 8 guests; docs/results.md, stop 19).
+/// each, which fitted the L3. `cache_probe --rotate R` (no daemon) measured 8 guests in
+/// turn losing about 20% against each size alone with one pair each, about 3% with 8 pairs
+/// and the same with 32 (so the L3 is not what remains; docs/results.md, stop 19).
 pub(super) const ROTATION: usize = 8;
 
 /// What a GPU guest runs: compositions of `size`, `depth` queued, rotating through

@@ -32,9 +32,11 @@
 //! images, several MB together, which did not stay there; the alone rate, the floor of the
 //! overhead, was then measured under other conditions than the guests together. With the
 //! rotation, one guest alone streams too (the smallest, 320x180, works on 3.5 MiB), so the
-//! comparison measures the scheduling and the interleaving. What remains of the caches: 8
-//! guests together work on 116 MiB of images, past the L3, where one guest of 320x180 or
-//! 640x360 alone (3.5 and 14 MiB) still fits in it. `cargo run --release -p virtsoc-gpu
+//! comparison measures the scheduling and the interleaving (stop 19: round robin about 0%
+//! with 8 guests, WFQ 4-11% at 4 and 8 guests, not settled on a loaded machine). What
+//! remains of the caches (about 3% with 8 guests): 8 guests together work on 116 MiB of
+//! images, past the L3, where one guest of 320x180 or 640x360 alone (3.5 and 14 MiB) still
+//! fits in it. `cargo run --release -p virtsoc-gpu
 //! --example cache_probe -- 8 320x180 640x360 960x540 --rotate 8` measures the caches' part
 //! with no daemon, guest, ring or scheduler (`--rotate 1`: the old, one-pair workload). The
 //! scheduler's own cost is `overhead_vs_round_robin_pct` (AvA's measure: the same guests
