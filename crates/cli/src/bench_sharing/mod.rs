@@ -33,7 +33,7 @@
 //! overhead, was then measured under other conditions than the guests together. With the
 //! rotation, one guest alone streams too (the smallest, 320x180, works on 3.5 MiB), so the
 //! comparison measures the scheduling and the interleaving (stop 19: round robin about 0%
-//! with 8 guests, WFQ 4-11% at 4 and 8 guests, not settled on a loaded machine). What
+//! with 4 and 8 guests, WFQ 4-15%: most likely its own dispatch, see docs/results.md). What
 //! remains of the caches (about 3% with 8 guests): 8 guests together work on 116 MiB of
 //! images, past the L3, where one guest of 320x180 or 640x360 alone (3.5 and 14 MiB) still
 //! fits in it. `cargo run --release -p virtsoc-gpu
