@@ -1,5 +1,11 @@
-//! The codec guest of `virtsoc bench sharing`: H.264 decode into an NV12 region, one packet
+//! The codec guest of `virtsoc bench sharing`: H.264 decode into NV12 regions, one packet
 //! and one frame at a time, looping over a generated clip of its size.
+//!
+//! Each frame is received into the next of [`ROTATION`] frame regions, a pool of video
+//! buffers as a player has, not into one region that one guest alone would find in the
+//! CPU's caches from its previous frame (the GPU guests' reason, see `super::gpu`). Its input is fresh already: the clip's access units in turn; the decoder's
+//! own reference frames are per session, one guest's alone and each guest's together, as a
+//! real guest's are.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -7,6 +13,7 @@ use std::sync::Barrier;
 use virtsoc_guest::devices as api;
 use virtsoc_guest::{ConnectOptions, Connection, Format};
 
+use super::gpu::ROTATION;
 use crate::bench_svm::OrderingMode;
 use crate::scenario::media;
 use crate::scenario::pipe::Pipe;
@@ -34,17 +41,19 @@ pub(super) fn guest(
             target,
             &ConnectOptions {
                 name: name.to_string(),
-                window_size: w as u64 * h as u64 * 4 + (32 << 20),
+                window_size: w as u64 * h as u64 * 2 * ROTATION as u64 + (32 << 20),
                 ..ConnectOptions::default()
             },
         )?;
         let bits = conn
             .alloc_blob(units.iter().map(Vec::len).max().unwrap_or(1) as u64)?
             .id;
-        let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
-        Ok((units, conn, bits, frame))
+        let frames = (0..ROTATION)
+            .map(|_| Ok(conn.alloc(0, w, h, Format::Nv12, 0)?.id))
+            .collect::<Result<Vec<u64>, CliError>>()?;
+        Ok((units, conn, bits, frames))
     };
-    let (units, conn, bits, frame) = match setup() {
+    let (units, conn, bits, frames) = match setup() {
         Ok(x) => x,
         Err(e) => {
             warm.wait();
@@ -55,6 +64,7 @@ pub(super) fn guest(
     let mut next = 0usize;
     let mut one = |p: &mut Pipe, handle: u64| -> Result<(), CliError> {
         let unit = &units[next % units.len()];
+        let frame = frames[next % frames.len()];
         next += 1;
         p.cpu_write(bits, unit)?;
         p.run(&api::codec::Decode {
@@ -74,7 +84,7 @@ pub(super) fn guest(
             threads: 1,
         })?;
         let handle = p.result(t)?.handle;
-        for _ in 0..3 {
+        for _ in 0..ROTATION.max(3) {
             one(&mut p, handle)?;
         }
         Ok(handle)

@@ -178,6 +178,7 @@ fn fairness_of(
                 .map(|w| w.iter().map(|t| *t as f64 / 1e6).collect())
                 .collect(),
             device: work.device().to_string(),
+            rotation: gpu::ROTATION,
         });
     }
     Ok(sizes

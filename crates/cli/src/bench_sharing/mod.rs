@@ -23,15 +23,25 @@
 //! of how much less work the scheduler's guests did (weighed by the round-robin daemon's
 //! alone rates).
 //!
-//! Where the overhead against one guest alone goes, on a CPU driver (lavapipe, 2 cores):
-//! the CPU's caches. One guest alone composes the same source into the same destination
-//! over and over, and its images (0.2 to 2 MB each) stay in the cores' L2 caches from one
-//! composition to the next; guests in turn each bring their own images, several MB
-//! together, which do not. `cargo run --release -p virtsoc-gpu --example cache_probe -- 8
-//! 320x180 640x360 960x540` measures the same overhead with no daemon, guest, ring or
-//! scheduler, only wgpu compositions waited for one at a time: about 0% with 2 guests, 40%
-//! with 4, 75% with 8, and 0% with 8 guests of 160x90 (whose images all fit). The scheduler's own cost is `overhead_vs_round_robin_pct` (AvA's measure: the
-//! same guests with and without the scheduling).
+//! Every fairness guest composes fresh content each command, as a real guest does: it
+//! rotates through 8 (source, destination) image pairs of its size (`gpu::ROTATION`, the
+//! codec guests through 8 frame regions), alone as together. With one pair reused (until
+//! stop 18) the overhead measured the CPU's caches more than the sharing: on a CPU driver
+//! (lavapipe, 2 cores of 1 MiB L2 each, 32 MiB L3) one guest alone recomposed images still
+//! in its L2 from its previous composition, while guests in turn each brought their own
+//! images, several MB together, which did not stay there; the alone rate, the floor of the
+//! overhead, was then measured under other conditions than the guests together. With the
+//! rotation, one guest alone streams too (the smallest, 320x180, works on 3.5 MiB), so the
+//! comparison measures the scheduling and the interleaving (stop 19: round robin about 0%
+//! with 4 and 8 guests, WFQ 4-15%: most likely its own dispatch, see docs/results.md). What
+//! remains of the caches (about 3% with 8 guests): 8 guests together work on 116 MiB of
+//! images, past the L3, where one guest of 320x180 or 640x360 alone (3.5 and 14 MiB) still
+//! fits in it. `cargo run --release -p virtsoc-gpu
+//! --example cache_probe -- 8 320x180 640x360 960x540 --rotate 8` measures the caches' part
+//! with no daemon, guest, ring or scheduler (`--rotate 1`: the old, one-pair workload). The
+//! scheduler's own cost is `overhead_vs_round_robin_pct` (AvA's measure: the same guests
+//! with and without the scheduling). `rotation` in the JSON says how many buffers each
+//! guest rotated through.
 //!
 //! (b) **Multimedia.** A video guest composes a 1280x720 frame on the GPU and presents it on
 //! the display 30 times a second, against 1, 2 and 4 hog guests looping 1920x1080
@@ -121,7 +131,15 @@ impl Work {
         done: &AtomicU64,
     ) -> Result<(), CliError> {
         match self {
-            Work::Gpu(_) => gpu::guest(target, name, size, gpu::BACKLOG, gate, warm, stop, done),
+            Work::Gpu(_) => gpu::guest(
+                target,
+                name,
+                gpu::Load::backlogged(size),
+                gate,
+                warm,
+                stop,
+                done,
+            ),
             Work::Codec => codec::guest(target, name, size, gate, warm, stop, done),
         }
     }
@@ -190,6 +208,9 @@ pub struct FairnessRow {
     pub window_ms: Vec<Vec<f64>>,
     /// `gpu` or `codec`.
     pub device: String,
+    /// Buffers each guest rotates through (GPU: source and destination image pairs; codec:
+    /// frame regions), alone and together alike.
+    pub rotation: usize,
 }
 
 /// One multimedia configuration.

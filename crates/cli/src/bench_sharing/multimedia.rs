@@ -267,7 +267,17 @@ pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<Multimedi
         let mut handles: Vec<_> = (0..gpu_hogs)
             .map(|i| {
                 let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
-                s.spawn(move || gpu::guest(t, name, HOG_SIZE, 1, None, warm, stop, done))
+                s.spawn(move || {
+                    gpu::guest(
+                        t,
+                        name,
+                        gpu::Load::closed_loop(HOG_SIZE),
+                        None,
+                        warm,
+                        stop,
+                        done,
+                    )
+                })
             })
             .collect();
         let (t, warm_v, stop_v, frames) = (&target, &warm, &stop, &video_frames);

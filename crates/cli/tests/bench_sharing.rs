@@ -1,0 +1,86 @@
+//! `virtsoc bench sharing` runs end to end on small compositions: part (a)'s fairness guests
+//! rotate through their buffers (each guest checks, before it is measured, that every
+//! destination holds its own source's fill: a bench whose guests did not rotate exits with
+//! an error) and the report keeps its fields. The numbers themselves are measurements
+//! (reported, not asserted: no timed assertions here).
+
+use std::process::Command;
+
+#[test]
+fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
+    let chart = std::env::temp_dir().join(format!("sharing-test-{}.svg", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+        .args([
+            "bench",
+            "sharing",
+            "--json",
+            "--seconds",
+            "1",
+            "--repeats",
+            "1",
+        ])
+        .args([
+            "--guests",
+            "2",
+            "--scheduler",
+            "wfq",
+            "--no-codec",
+            "--no-together",
+        ])
+        .args([
+            "--gpu-sizes",
+            "64x36,96x54,128x72",
+            "--hogs",
+            "1",
+            "--hog-kind",
+            "gpu",
+        ])
+        .arg("--chart")
+        .arg(&chart)
+        .output()
+        .expect("run virtsoc bench sharing");
+    let _ = std::fs::remove_file(&chart);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench sharing failed: {}\nstdout: {stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}): {stdout}"));
+    let fairness = r["fairness"].as_array().expect("fairness");
+    assert_eq!(fairness.len(), 1, "{fairness:?}");
+    let f = &fairness[0];
+    assert_eq!(f["scheduler"], "wfq");
+    assert_eq!(f["guests"], 2);
+    assert_eq!(f["device"], "gpu");
+    for field in ["unfairness_median", "overhead_pct"] {
+        assert!(f[field].is_f64(), "{field}: {f}");
+    }
+    let rotation = f["rotation"].as_u64().expect("rotation");
+    assert!(rotation > 1, "the guests reuse one buffer: {f}");
+    // Both sizes alone were measured (the floor of the overhead).
+    let sizes: Vec<&str> = r["alone"]
+        .as_array()
+        .expect("alone")
+        .iter()
+        .map(|a| a["size"].as_str().unwrap())
+        .collect();
+    assert_eq!(sizes, ["64x36", "96x54"]);
+    // Part (b): round robin with 0 and 1 hog, feedback with 1.
+    let multimedia = r["multimedia"].as_array().expect("multimedia");
+    let runs: Vec<(&str, u64)> = multimedia
+        .iter()
+        .map(|m| {
+            assert!(m["dfr_pct"].is_f64(), "{m}");
+            (
+                m["scheduler"].as_str().unwrap(),
+                m["hogs"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [("round-robin", 0), ("round-robin", 1), ("feedback", 1)]
+    );
+}
