@@ -24,9 +24,11 @@ use crate::CliError;
 pub enum Pacing {
     /// Each frame starts where the display's vsync lets it land on time: its start is
     /// shifted (after a warm-up of 20 frames, then every 30) to `lead` before a vsync, `lead` being
-    /// the 90th percentile of this guest's capture -> present time (the display's `timing`)
+    /// the largest of this guest's last 30 capture -> present times (the display's `timing`)
     /// plus a margin, as Android's Choreographer phase offsets do. A faster pipeline gets a
-    /// shorter lead, so its frames wait less for the vsync.
+    /// shorter lead, so its frames wait less for the vsync. The largest, not a percentile: a
+    /// frame that misses its vsync costs a frame (the display's queue catches up by dropping
+    /// one), and with the 90th percentile about one frame in ten missed.
     #[default]
     Vsync,
     /// Frames start on the scenario's own clock, whatever the vsync phase.
@@ -64,7 +66,7 @@ pub(super) fn shift(
     if t.samples < ALIGN_FIRST / 2 || t.period_ns == 0 || t.last_vsync_ns == 0 {
         return Ok(Duration::ZERO);
     }
-    let lead = t.ready_p90_ns as i128 + ALIGN_MARGIN.as_nanos() as i128;
+    let lead = t.ready_max_ns as i128 + ALIGN_MARGIN.as_nanos() as i128;
     // Frame i's start on CLOCK_MONOTONIC.
     let start = t0 + period * i as u32;
     let now = Instant::now();
