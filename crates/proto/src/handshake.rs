@@ -19,8 +19,11 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::layout::WindowLayout;
 use crate::{ProtoError, Result};
 
-/// Version of the protocol spoken after the handshake.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of the protocol spoken after the handshake. 2: the control page's
+/// `FENCE_WAITERS` word (guests sleep on fence slots, the host wakes them) and the display's
+/// `timing` reply with `ready_max_ns`; a version-1 guest or daemon is refused by name instead
+/// of waiting on fences nobody wakes.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest handshake frame accepted.
 pub const MAX_FRAME: usize = 64 * 1024;
 
