@@ -415,17 +415,23 @@ fn vsync_thread_unsubscribe_drop_and_stop() {
     vt.stop().unwrap();
 }
 
-/// Depth 2 (a BufferQueue-like FIFO): two frames presented between vsyncs are both shown, on
-/// consecutive vsyncs; a third replaces the newest waiting one.
-#[test]
-fn a_queue_of_two_shows_a_burst_and_replaces_only_the_newest() {
+/// A headless display holding two frames for vsyncs.
+fn queue_of_two() -> (Display, HeadlessBackend) {
     let headless = HeadlessBackend::new();
-    let mut d = Display::new(
+    let d = Display::new(
         DisplayConfig::new(4, 2)
             .with_backend(headless.clone())
             .with_queue_depth(2),
     )
     .unwrap();
+    (d, headless)
+}
+
+/// Depth 2 (a BufferQueue-like FIFO): two frames presented between vsyncs are both shown, on
+/// consecutive vsyncs; a third replaces the newest waiting one.
+#[test]
+fn a_queue_of_two_shows_a_burst_and_replaces_only_the_newest() {
+    let (mut d, headless) = queue_of_two();
     let balanced = |d: &Display| {
         let s = d.stats();
         assert_eq!(
@@ -477,13 +483,7 @@ fn a_queue_of_two_shows_a_burst_and_replaces_only_the_newest() {
 /// a vsync late. One frame is dropped and the latency goes back to the lead.
 #[test]
 fn a_queue_of_two_does_not_stay_a_vsync_behind_after_a_burst() {
-    let headless = HeadlessBackend::new();
-    let mut d = Display::new(
-        DisplayConfig::new(4, 2)
-            .with_backend(headless.clone())
-            .with_queue_depth(2),
-    )
-    .unwrap();
+    let (mut d, _) = queue_of_two();
     let lead = 3 * MS;
     let at =
         |id: u64, capture: u64, t: u64| frame(id).with_capture_ns(capture).with_submitted_ns(t);
