@@ -421,6 +421,29 @@ pub unsafe extern "C" fn virtsoc_fence_release(c: *mut VirtsocConn, fence: u64) 
     run(|| unsafe { conn(c) }?.fence_release(crate::Fence(fence)))
 }
 
+/// Runs `status` on the connection and stores its answer in `*signaled` (1 or 0): the body of
+/// the fence status calls.
+///
+/// # Safety
+/// `c` must be a live handle; `signaled` a valid pointer.
+unsafe fn fence_flag(
+    c: *mut VirtsocConn,
+    signaled: *mut c_int,
+    status: impl FnOnce(&Connection) -> Result<bool>,
+) -> c_int {
+    run(|| {
+        // SAFETY: forwarded caller guarantees.
+        let c = unsafe { conn(c) }?;
+        if signaled.is_null() {
+            return Err(bad("null output pointer"));
+        }
+        let v = status(c)?;
+        // SAFETY: checked non-null.
+        unsafe { *signaled = c_int::from(v) };
+        Ok(())
+    })
+}
+
 /// Stores 1 in `*signaled` if `fence` was signaled, else 0 (read from the shared fence page).
 ///
 /// # Safety
@@ -431,17 +454,8 @@ pub unsafe extern "C" fn virtsoc_fence_signaled(
     fence: u64,
     signaled: *mut c_int,
 ) -> c_int {
-    run(|| {
-        // SAFETY: forwarded caller guarantees.
-        let c = unsafe { conn(c) }?;
-        if signaled.is_null() {
-            return Err(bad("null output pointer"));
-        }
-        let v = c.fence_signaled(crate::Fence(fence))?;
-        // SAFETY: checked non-null.
-        unsafe { *signaled = c_int::from(v) };
-        Ok(())
-    })
+    // SAFETY: forwarded caller guarantees.
+    unsafe { fence_flag(c, signaled, |c| c.fence_signaled(crate::Fence(fence))) }
 }
 
 /// Blocks until `fence` is signaled or `timeout_ms` milliseconds have passed (a HAL's
@@ -457,18 +471,13 @@ pub unsafe extern "C" fn virtsoc_fence_wait_cpu(
     timeout_ms: u32,
     signaled: *mut c_int,
 ) -> c_int {
-    run(|| {
-        // SAFETY: forwarded caller guarantees.
-        let c = unsafe { conn(c) }?;
-        if signaled.is_null() {
-            return Err(bad("null output pointer"));
-        }
-        let timeout = std::time::Duration::from_millis(u64::from(timeout_ms));
-        let v = c.fence_wait_cpu(crate::Fence(fence), timeout)?;
-        // SAFETY: checked non-null.
-        unsafe { *signaled = c_int::from(v) };
-        Ok(())
-    })
+    let timeout = std::time::Duration::from_millis(u64::from(timeout_ms));
+    // SAFETY: forwarded caller guarantees.
+    unsafe {
+        fence_flag(c, signaled, |c| {
+            c.fence_wait_cpu(crate::Fence(fence), timeout)
+        })
+    }
 }
 
 /// The message of the last error on this thread (valid until the next call on this thread).
