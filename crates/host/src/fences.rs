@@ -68,8 +68,7 @@ mod tests {
     use virtsoc_fence::page::pack_word;
 
     /// A guest thread asleep on a slot (counted in `FENCE_WAITERS`) is woken by the host's
-    /// store, not by its own timeout; with nobody counted the store makes no futex call that
-    /// anyone could need.
+    /// store, not by its own timeout.
     #[test]
     fn storing_a_slot_wakes_a_counted_waiter() {
         let window = crate::testkit::window();
