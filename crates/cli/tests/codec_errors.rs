@@ -313,7 +313,7 @@ fn children(pid: u32) -> Vec<u32> {
 }
 
 #[test]
-fn with_codec_process_a_crashed_decoder_ends_alone() {
+fn a_crashed_decoder_process_ends_that_decoder_alone() {
     let dir = TempDir::new("codecerr-process");
     let clip = h264_clip(
         &dir.0,
@@ -324,7 +324,8 @@ fn with_codec_process_a_crashed_decoder_ends_alone() {
         &["-pix_fmt", "yuv420p", "-bf", "0"],
     );
     let pkts = packets(&clip);
-    let mut d = Daemon::start(&["--codec-process"]);
+    // No workers started ahead, so each decoder's worker is the daemon's only new child.
+    let mut d = Daemon::start(&["--decoder-spares", "0"]);
     let pid = d.child.id();
     let (ca, cb) = (connect(&d), connect(&d));
     let mut a = Decoder::open(&ca, 1);

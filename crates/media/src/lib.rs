@@ -26,9 +26,9 @@ pub use camera::{
     CaptureInfo, FileCamera, SyntheticCamera,
 };
 pub use codec::{
-    measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, Demuxer, EncoderPreset,
-    FfmpegDecoder, FfmpegEncoder, JpegEncoder, Mp4Recorder, NullDecoder, PacketError,
-    ProcessDecoder, YuvJpegEncoder,
+    measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, DecoderPool, Demuxer,
+    EncoderPreset, FfmpegDecoder, FfmpegEncoder, JpegEncoder, Mp4Recorder, NullDecoder,
+    PacketError, ProcessDecoder, YuvJpegEncoder,
 };
 pub use error::{MediaError, Result};
 pub use frame::{

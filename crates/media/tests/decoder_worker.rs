@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use common::{gen_clip, TempDir};
 use virtsoc_media::codec::serve_decoder;
 use virtsoc_media::{
-    CodecKind, DecoderBackend, Demuxer, FfmpegDecoder, MediaError, PixelFormat, ProcessDecoder,
+    CodecKind, DecodedFrame, DecoderBackend, DecoderPool, Demuxer, FfmpegDecoder, FrameLayout,
+    MediaError, PixelFormat, ProcessDecoder,
 };
 
 #[test]
@@ -33,7 +34,58 @@ fn worker_main() {
     }
 }
 
+/// Run again with `VIRTSOC_SANDBOX_PROBE` set: enters the sandbox, then tries what it
+/// forbids.
+#[test]
+fn sandbox_probe() {
+    if std::env::var_os("VIRTSOC_SANDBOX_PROBE").is_none() {
+        return;
+    }
+    virtsoc_media::codec::sandbox::enter().unwrap();
+    match std::fs::File::open("/etc/hostname") {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => eprintln!("open refused"),
+        other => eprintln!("open answered {other:?}"),
+    }
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("not root");
+    }
+    // A socket: the filter kills the process here.
+    let _ = std::net::UdpSocket::bind("127.0.0.1:0");
+    eprintln!("socket allowed");
+    std::process::exit(0);
+}
+
+#[test]
+fn the_sandbox_refuses_files_and_kills_on_sockets() {
+    use std::os::unix::process::ExitStatusExt;
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "sandbox_probe",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("VIRTSOC_SANDBOX_PROBE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("open refused"), "{err}");
+    assert!(err.contains("not root"), "{err}");
+    assert!(!err.contains("socket allowed"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSYS),
+        "{:?}: {err}",
+        out.status
+    );
+}
+
 fn worker(threads: usize) -> ProcessDecoder {
+    worker_for(CodecKind::H264, threads)
+}
+
+fn worker_for(kind: CodecKind, threads: usize) -> ProcessDecoder {
     let exe: PathBuf = std::env::current_exe().unwrap();
     let args: Vec<String> = [
         "--exact",
@@ -45,7 +97,19 @@ fn worker(threads: usize) -> ProcessDecoder {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    ProcessDecoder::spawn(&exe, &args, CodecKind::H264, PixelFormat::Nv12, threads).unwrap()
+    let pool = DecoderPool::new(&exe, &args, 0);
+    ProcessDecoder::open(&pool, kind, PixelFormat::Nv12, threads).unwrap()
+}
+
+/// What a picture is, pixels included, wherever its bytes are.
+fn seen(f: &DecodedFrame) -> (FrameLayout, i64, bool, (u32, u32), Vec<u8>) {
+    (
+        f.layout,
+        f.pts,
+        f.corrupt,
+        f.picture_size,
+        f.as_frame().data.to_vec(),
+    )
 }
 
 fn packets(dir: &TempDir) -> Vec<(Vec<u8>, i64)> {
@@ -84,7 +148,13 @@ fn a_worker_decodes_what_the_process_decodes() {
     a.extend(local.flush().unwrap());
     b.extend(remote.flush().unwrap());
     assert_eq!(a.len(), 20);
-    assert_eq!(a, b, "the same pictures, flags and sizes");
+    assert!(
+        b.iter().all(|f| !f.is_held() && f.data.is_empty()),
+        "pictures come in shared buffers"
+    );
+    let a: Vec<_> = a.iter().map(seen).collect();
+    let b: Vec<_> = b.iter().map(seen).collect();
+    assert!(a == b, "the same pictures, flags and sizes");
 }
 
 #[test]
@@ -118,4 +188,55 @@ fn a_killed_worker_is_an_error_for_its_decoder_only() {
     }
     n += again.flush().unwrap().len();
     assert_eq!(n, 20);
+}
+
+/// Every codec decodes in the sandbox (its seccomp filter kills a worker on any system call
+/// it does not allow) with frame threads, and gives the pixels decoding in process gives,
+/// converted ones (4:2:2 and 10-bit to NV12) included.
+#[test]
+fn every_codec_decodes_in_the_sandboxed_worker() {
+    let dir = TempDir::new("worker-codecs");
+    let mut clips = vec![
+        (
+            CodecKind::H264,
+            "a.h264",
+            vec!["-c:v", "libx264", "-pix_fmt", "yuv422p"],
+        ),
+        (
+            CodecKind::Hevc,
+            "b.hevc",
+            vec!["-c:v", "libx265", "-pix_fmt", "yuv420p10le", "-f", "hevc"],
+        ),
+    ];
+    if common::has_encoder("libvpx-vp9") {
+        clips.push((
+            CodecKind::Vp9,
+            "c.webm",
+            vec!["-c:v", "libvpx-vp9", "-deadline", "realtime"],
+        ));
+    }
+    if common::has_encoder("libsvtav1") {
+        clips.push((
+            CodecKind::Av1,
+            "d.ivf",
+            vec!["-c:v", "libsvtav1", "-preset", "12", "-pix_fmt", "yuv420p"],
+        ));
+    }
+    for (kind, file, args) in clips {
+        let clip = gen_clip(dir.path(), file, 320, 240, 12, &args);
+        let mut demux = Demuxer::open(&clip).unwrap();
+        let mut local = FfmpegDecoder::new(kind, PixelFormat::Nv12, 2).unwrap();
+        let mut remote = worker_for(kind, 2);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        while let Some(p) = demux.read_packet().unwrap() {
+            a.extend(local.decode(&p.data, p.pts).unwrap());
+            b.extend(remote.decode(&p.data, p.pts).unwrap());
+        }
+        a.extend(local.flush().unwrap());
+        b.extend(remote.flush().unwrap());
+        assert_eq!(a.len(), 12, "{kind:?}");
+        let a: Vec<_> = a.iter().map(seen).collect();
+        let b: Vec<_> = b.iter().map(seen).collect();
+        assert!(a == b, "{kind:?}: the same pictures");
+    }
 }

@@ -70,10 +70,16 @@ struct Args {
     /// veryfast, faster, medium): a faster one costs less CPU time and latency per frame.
     #[arg(long, default_value = "veryfast", value_parser = parse_preset)]
     encoder_preset: virtsoc_media::EncoderPreset,
-    /// Prototype: run each decoder's libavcodec in a worker process of its own (this
-    /// program), so a crash in it ends that decoder only.
-    #[arg(long, hide = true)]
-    codec_process: bool,
+    /// Where the codec device's decoders run: `process` (each decoder's libavcodec in a
+    /// sandboxed worker process of its own, this program, so a crash or hang in it ends that
+    /// decoder only) or `in-process` (in the daemon: one copy of each picture less, but a
+    /// crash in libavcodec ends the daemon and every guest's session).
+    #[arg(long, value_enum, default_value_t = Decoders::Process)]
+    decoders: Decoders,
+    /// With `--decoders process`: decoder workers kept started ahead, so opening a decoder
+    /// does not wait for a process start.
+    #[arg(long, default_value_t = virtsoc_media::codec::DEFAULT_SPARE)]
+    decoder_spares: usize,
     /// Display refresh rate in Hz.
     #[arg(long, default_value_t = 60)]
     refresh_hz: u32,
@@ -179,9 +185,18 @@ struct Args {
     cpu_cgroup: Option<String>,
 }
 
+/// Where decoders run (`--decoders`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Decoders {
+    /// In sandboxed worker processes, one per decoder.
+    Process,
+    /// In the daemon's process.
+    InProcess,
+}
+
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("--codec-worker") {
-        // A decoder worker of a daemon run with --codec-process (stdin: its socket).
+        // A decoder worker (stdin: its socket to the daemon).
         std::process::exit(match virtsoc_host::device::codec::serve_worker() {
             Ok(()) => 0,
             Err(e) => {
@@ -256,11 +271,11 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             gpu_driver_nice: args.gpu_driver_nice,
             codec_threads: args.codec_threads,
             encoder_preset: args.encoder_preset,
-            codec_worker: if args.codec_process {
-                Some(std::env::current_exe()?)
-            } else {
-                None
+            codec_worker: match args.decoders {
+                Decoders::Process => Some(std::env::current_exe()?),
+                Decoders::InProcess => None,
             },
+            codec_worker_spares: args.decoder_spares,
             refresh_hz: args.refresh_hz,
             display_size: args.display_size,
             display_verify: args.display_verify,

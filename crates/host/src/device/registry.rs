@@ -124,9 +124,12 @@ pub struct DeviceConfig {
     pub display_backend: DisplayBackendKind,
     /// Camera source.
     pub camera_source: CameraSourceKind,
-    /// Run each decoder's libavcodec in a worker process: this program, started with
-    /// `--codec-worker` (`virtsoc_media::ProcessDecoder`; a prototype, off by default).
+    /// Run each decoder's libavcodec in a sandboxed worker process: this program, started
+    /// with `--codec-worker` (`virtsoc_media::ProcessDecoder`; `virtsocd`'s default). `None`:
+    /// decoders run in this process.
     pub codec_worker: Option<PathBuf>,
+    /// Decoder workers kept started ahead.
+    pub codec_worker_spares: usize,
 }
 
 impl Default for DeviceConfig {
@@ -144,6 +147,7 @@ impl Default for DeviceConfig {
             display_backend: DisplayBackendKind::default(),
             camera_source: CameraSourceKind::default(),
             codec_worker: None,
+            codec_worker_spares: virtsoc_media::codec::DEFAULT_SPARE,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! that feeds a file packet by packet, the H.264 [`FfmpegEncoder`] used by camera recording
 //! and livestreaming, the [`JpegEncoder`] and [`Mp4Recorder`] of the live view and
 //! recordings, [`measure_decode_fps`] for the project's bench, and [`ProcessDecoder`], a
-//! decoder whose libavcodec runs in a worker process ([`serve_decoder`]; a prototype).
+//! decoder whose libavcodec runs in a sandboxed worker process ([`serve_decoder`]).
 //!
 //! Decoded frames always come out as tightly packed NV12 or YUV420P (chosen at
 //! construction), converted with libswscale inside the backend when the codec's native
@@ -31,7 +31,10 @@ pub use decoder::FfmpegDecoder;
 pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
 pub use encoder::{EncodedPacket, EncoderPreset, FfmpegEncoder};
 pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
-pub use worker::{serve_decoder, ProcessDecoder, CALL_DEADLINE};
+pub use worker::{
+    sandbox, serve_decoder, DecoderPool, ProcessDecoder, SharedPicture, CALL_DEADLINE,
+    DEFAULT_SPARE,
+};
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, FrameRef, PixelFormat};
@@ -122,11 +125,17 @@ pub struct DecodedFrame {
     pub(crate) held: Option<HeldPicture>,
 }
 
-/// A decoded picture still in libavcodec's buffers: a counted reference to its frame, and
-/// the decoder's scaler when the picture must be converted to the format asked for.
-pub struct HeldPicture {
-    frame: ffmpeg_next::frame::Video,
-    scaler: Option<std::sync::Arc<std::sync::Mutex<crate::sws::Scaler>>>,
+/// A decoded picture's pixels outside `data`: still in libavcodec's buffers (a counted
+/// reference to its frame, and the decoder's scaler when the picture must be converted to the
+/// format asked for), or in a picture buffer a decoder worker process shares with this one.
+pub(crate) enum HeldPicture {
+    /// In libavcodec's buffers (not copied yet).
+    Frame {
+        frame: ffmpeg_next::frame::Video,
+        scaler: Option<std::sync::Arc<std::sync::Mutex<crate::sws::Scaler>>>,
+    },
+    /// In a worker's shared picture buffer (copied there once by the worker).
+    Shared(worker::SharedPicture),
 }
 
 impl HeldPicture {
@@ -134,7 +143,7 @@ impl HeldPicture {
         frame: ffmpeg_next::frame::Video,
         scaler: Option<std::sync::Arc<std::sync::Mutex<crate::sws::Scaler>>>,
     ) -> Self {
-        HeldPicture { frame, scaler }
+        HeldPicture::Frame { frame, scaler }
     }
 
     /// Copies the planes of `layout` (the picture's packed layout, the frame's own format)
@@ -154,11 +163,15 @@ impl HeldPicture {
                 dst.layout.height
             )));
         }
-        if let Some(scaler) = &self.scaler {
+        let (frame, scaler) = match self {
+            HeldPicture::Frame { frame, scaler } => (frame, scaler),
+            HeldPicture::Shared(p) => return crate::frame::copy_frame(p.frame(layout)?, dst),
+        };
+        if let Some(scaler) = scaler {
             // SAFETY: plain fields of a frame we hold a reference to: its planes, in the
             // format and size the scaler was made for.
             let (ptrs, strides) = unsafe {
-                let f = self.frame.as_ptr();
+                let f = frame.as_ptr();
                 (
                     std::array::from_fn(|i| (*f).data[i] as *const u8),
                     std::array::from_fn(|i| (*f).linesize[i]),
@@ -173,7 +186,7 @@ impl HeldPicture {
         for (i, p) in dl.planes().iter().enumerate() {
             // SAFETY: plain fields of a frame we hold a reference to.
             let (ptr, stride) = unsafe {
-                let f = self.frame.as_ptr();
+                let f = frame.as_ptr();
                 ((*f).data[i] as *const u8, (*f).linesize[i])
             };
             let stride = usize::try_from(stride)
@@ -196,12 +209,17 @@ impl HeldPicture {
 
 impl Clone for HeldPicture {
     fn clone(&self) -> Self {
-        let mut frame = ffmpeg_next::frame::Video::empty();
-        // SAFETY: both frames are valid; this adds a reference to the same buffers.
-        unsafe { ffmpeg_next::ffi::av_frame_ref(frame.as_mut_ptr(), self.frame.as_ptr()) };
-        HeldPicture {
-            frame,
-            scaler: self.scaler.clone(),
+        match self {
+            HeldPicture::Frame { frame, scaler } => {
+                let mut copy = ffmpeg_next::frame::Video::empty();
+                // SAFETY: both frames are valid; this adds a reference to the same buffers.
+                unsafe { ffmpeg_next::ffi::av_frame_ref(copy.as_mut_ptr(), frame.as_ptr()) };
+                HeldPicture::Frame {
+                    frame: copy,
+                    scaler: scaler.clone(),
+                }
+            }
+            HeldPicture::Shared(p) => HeldPicture::Shared(p.clone()),
         }
     }
 }
@@ -209,8 +227,14 @@ impl Clone for HeldPicture {
 impl PartialEq for HeldPicture {
     fn eq(&self, other: &Self) -> bool {
         // The same buffers.
-        // SAFETY: plain fields of frames we hold references to.
-        unsafe { (*self.frame.as_ptr()).data[0] == (*other.frame.as_ptr()).data[0] }
+        match (self, other) {
+            (HeldPicture::Frame { frame: a, .. }, HeldPicture::Frame { frame: b, .. }) => {
+                // SAFETY: plain fields of frames we hold references to.
+                unsafe { (*a.as_ptr()).data[0] == (*b.as_ptr()).data[0] }
+            }
+            (HeldPicture::Shared(a), HeldPicture::Shared(b)) => a.same_buffer(b),
+            _ => false,
+        }
     }
 }
 
@@ -218,7 +242,10 @@ impl Eq for HeldPicture {}
 
 impl std::fmt::Debug for HeldPicture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HeldPicture")
+        f.write_str(match self {
+            HeldPicture::Frame { .. } => "HeldPicture::Frame",
+            HeldPicture::Shared(_) => "HeldPicture::Shared",
+        })
     }
 }
 
@@ -242,10 +269,11 @@ impl DecodedFrame {
         }
     }
 
-    /// Whether the pixels are still in the decoder's buffers (see
-    /// [`copy_into`](Self::copy_into)).
+    /// Whether the pixels are still in the decoder's buffers, not copied yet (see
+    /// [`copy_into`](Self::copy_into)); a picture a worker process copied into a shared
+    /// buffer is not.
     pub fn is_held(&self) -> bool {
-        self.held.is_some()
+        matches!(self.held, Some(HeldPicture::Frame { .. }))
     }
 
     /// Copies the picture into `dst` (its format and size): out of the decoder's buffers for
@@ -257,9 +285,14 @@ impl DecodedFrame {
         }
     }
 
-    /// A read-only frame view of the picture's `data` (empty for a held picture: use
-    /// [`copy_into`](Self::copy_into)).
+    /// A read-only frame view of the picture's `data`, or of a worker's shared buffer
+    /// (empty for a picture in libavcodec's buffers: use [`copy_into`](Self::copy_into)).
     pub fn as_frame(&self) -> FrameRef<'_> {
+        if let Some(HeldPicture::Shared(p)) = &self.held {
+            if let Ok(f) = p.frame(self.layout) {
+                return f;
+            }
+        }
         FrameRef {
             layout: self.layout,
             data: &self.data,

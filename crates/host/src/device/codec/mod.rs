@@ -54,12 +54,12 @@ use virtsoc_devapi::codec::{self as api, Command};
 use virtsoc_devapi::{codec_frame_flag, codec_kind};
 use virtsoc_media::frame::MAX_DIMENSION;
 use virtsoc_media::{
-    CodecKind, DecoderBackend, FfmpegDecoder, FfmpegEncoder, FrameError, FrameLayout, FrameMut,
-    FrameRef, MediaError, PixelFormat, ProcessDecoder,
+    CodecKind, DecoderBackend, DecoderPool, FfmpegDecoder, FfmpegEncoder, FrameError, FrameLayout,
+    FrameMut, FrameRef, MediaError, PixelFormat, ProcessDecoder,
 };
 
-/// The worker side of `--codec-process`: serves one decoder on stdin (see
-/// [`virtsoc_media::ProcessDecoder`]).
+/// The worker side of decoders in worker processes: enters the sandbox and serves one
+/// decoder on stdin (see [`virtsoc_media::ProcessDecoder`]).
 pub use virtsoc_media::codec::serve_decoder as serve_worker;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
@@ -138,8 +138,9 @@ pub struct Codec {
     state: Mutex<State>,
     backend: String,
     limits: Limits,
-    /// With `--codec-process`: the program decoders run in (see `DeviceConfig::codec_worker`).
-    worker: Option<std::path::PathBuf>,
+    /// Decoders run in worker processes of this pool (see `DeviceConfig::codec_worker`);
+    /// `None`: in the daemon's process.
+    workers: Option<std::sync::Arc<DecoderPool>>,
 }
 
 impl Codec {
@@ -179,11 +180,17 @@ impl Codec {
             preset: cfg.encoder_preset,
             state: Mutex::new(State::default()),
             backend: match &cfg.codec_worker {
-                Some(_) => format!("{backend} (decoders in worker processes)"),
+                Some(_) => format!("{backend} (decoders in sandboxed worker processes)"),
                 None => backend,
             },
             limits: Limits::default(),
-            worker: cfg.codec_worker.clone(),
+            workers: cfg.codec_worker.as_ref().map(|program| {
+                DecoderPool::new(
+                    program,
+                    &["--codec-worker".to_string()],
+                    cfg.codec_worker_spares,
+                )
+            }),
         })
     }
 
@@ -225,11 +232,9 @@ impl Codec {
         let mut st = self.state();
         // Check the quotas before paying for a decoder.
         st.admit(&self.limits, guest, threads)?;
-        let decoder: std::result::Result<Box<dyn DecoderBackend>, MediaError> = match &self.worker {
-            Some(program) => {
-                let args = ["--codec-worker".to_string()];
-                ProcessDecoder::spawn(program, &args, kind, out, threads).map(|d| Box::new(d) as _)
-            }
+        let decoder: std::result::Result<Box<dyn DecoderBackend>, MediaError> = match &self.workers
+        {
+            Some(pool) => ProcessDecoder::open(pool, kind, out, threads).map(|d| Box::new(d) as _),
             None => FfmpegDecoder::new(kind, out, threads).map(|d| Box::new(d) as _),
         };
         let decoder = decoder.map_err(|e| {

@@ -1,42 +1,58 @@
-//! A decoder in a child process (prototype of the containment in `docs/ARCHITECTURE.md`,
-//! "Containing native libraries"): [`ProcessDecoder`] implements [`DecoderBackend`] by
+//! Decoders in worker processes, the containment `docs/ARCHITECTURE.md` ("Containing native
+//! libraries") decides for libavcodec: [`ProcessDecoder`] implements [`DecoderBackend`] by
 //! sending each call to a worker process that runs an [`FfmpegDecoder`]
 //! ([`serve_decoder`]), so a crash or a hang of libavcodec ends that worker only: the
 //! decoder reports it as a decode error on that call and every later one (the guest reopens),
 //! and the process that owns it goes on.
 //!
-//! The worker's stdin is one end of a socket pair; calls and answers are length-prefixed
-//! little-endian messages on it. The parent trusts nothing the worker sends: sizes and counts
-//! are bounded, every picture must be a valid packed layout of exactly its bytes, and
-//! anything else ends the worker as if it had crashed. An answer that does not arrive within
-//! [`CALL_DEADLINE`] ends it too (a hang).
-//!
-//! Not built yet: a seccomp filter and dropped privileges in the worker, sharing the
-//! pictures through memfds instead of copying them through the socket, a pool of workers.
+//! - **Messages** ([`wire`]): the worker's stdin is one end of a socket pair; calls and
+//!   answers are length-prefixed little-endian messages on it. The parent trusts nothing the
+//!   worker sends: sizes and counts are bounded, every picture must be a valid packed layout
+//!   of its bytes, and anything else ends the worker as if it had crashed. An answer that
+//!   does not arrive within [`CALL_DEADLINE`] ends it too (a hang).
+//! - **Pictures** ([`shared`]): the worker copies (or converts) each decoded picture once,
+//!   into a sealed memfd it shares with the parent, which maps it read-only and copies it
+//!   into the guest's region: two copies of a picture's bytes, against one in process and
+//!   four through the socket.
+//! - **The sandbox** ([`sandbox`]): the worker drops root and enters a seccomp filter before
+//!   it reads its first message.
+//! - **Start-up** ([`DecoderPool`]): workers are started ahead (a process start costs
+//!   milliseconds), so opening a decoder takes a waiting worker.
 
-use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+mod pool;
+pub mod sandbox;
+mod shared;
+mod wire;
+
+use std::os::fd::{AsFd, FromRawFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, PacketError};
+pub use pool::{DecoderPool, DEFAULT_SPARE};
+pub use shared::SharedPicture;
+
+use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, HeldPicture, PacketError};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, PixelFormat};
+use shared::{Mapped, Placed, Slots};
+use wire::{bad, In, Out, MAX_TEXT};
 
 /// Longest a worker may take to answer one call before it is ended as hung.
-pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+pub const CALL_DEADLINE: Duration = Duration::from_secs(3);
 /// Most pictures or failures one answer may carry.
 const MAX_ITEMS: u32 = 64;
-/// Longest message text (reasons, names).
-const MAX_TEXT: u32 = 4096;
 /// Largest packet sent to a worker.
 const MAX_PACKET: usize = 64 << 20;
 
 const OPEN: u8 = b'O';
 const DECODE: u8 = b'D';
 const FLUSH: u8 = b'F';
+
+/// How a picture travels in an answer.
+const INLINE: u8 = 0;
+const SHARED: u8 = 1;
 
 fn codec_code(k: CodecKind) -> u8 {
     CodecKind::ALL.iter().position(|c| *c == k).unwrap_or(0) as u8
@@ -57,100 +73,14 @@ fn format_of(code: u8) -> Option<PixelFormat> {
     }
 }
 
-/// Little-endian writer into a message buffer.
-#[derive(Default)]
-struct Out(Vec<u8>);
-
-impl Out {
-    fn u8(&mut self, v: u8) -> &mut Self {
-        self.0.push(v);
-        self
-    }
-    fn u32(&mut self, v: u32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn bytes(&mut self, b: &[u8]) -> &mut Self {
-        self.u32(b.len() as u32);
-        self.0.extend_from_slice(b);
-        self
-    }
-    fn text(&mut self, s: &str) -> &mut Self {
-        let s = &s.as_bytes()[..s.len().min(MAX_TEXT as usize)];
-        self.bytes(s)
-    }
-    /// Sends the message: its length, then its bytes.
-    fn send(&self, w: &mut impl Write) -> std::io::Result<()> {
-        w.write_all(&(self.0.len() as u64).to_le_bytes())?;
-        w.write_all(&self.0)?;
-        w.flush()
-    }
-}
-
-/// Reader of one received message; every read is bounds-checked.
-struct In {
-    buf: Vec<u8>,
-    at: usize,
-}
-
-fn bad(what: &str) -> MediaError {
-    MediaError::Decode(format!("decoder worker: malformed message ({what})"))
-}
-
-impl In {
-    fn recv(r: &mut impl Read, max: usize) -> std::io::Result<In> {
-        let mut len = [0u8; 8];
-        r.read_exact(&mut len)?;
-        let len = u64::from_le_bytes(len);
-        if len > max as u64 {
-            return Err(std::io::Error::other(format!("message of {len} bytes")));
-        }
-        let mut buf = vec![0u8; len as usize];
-        r.read_exact(&mut buf)?;
-        Ok(In { buf, at: 0 })
-    }
-    fn take(&mut self, n: usize) -> Result<&[u8]> {
-        let s = self
-            .buf
-            .get(self.at..self.at.saturating_add(n))
-            .ok_or_else(|| bad("short"))?;
-        self.at += n;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().map_err(|_| bad("u32"))?,
-        ))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().map_err(|_| bad("u64"))?,
-        ))
-    }
-    fn bytes(&mut self) -> Result<Vec<u8>> {
-        let n = self.u32()? as usize;
-        Ok(self.take(n)?.to_vec())
-    }
-    fn text(&mut self) -> Result<String> {
-        let n = self.u32()?;
-        if n > MAX_TEXT {
-            return Err(bad("text too long"));
-        }
-        Ok(String::from_utf8_lossy(self.take(n as usize)?).into_owned())
-    }
+/// Bytes of the largest picture a decoder delivers (4:2:0).
+fn max_picture_bytes() -> usize {
+    super::decoder::MAX_DECODE_PIXELS as usize * 3 / 2
 }
 
 /// Largest answer: `MAX_ITEMS` pictures of the largest size, with room for the rest.
 fn max_answer() -> usize {
-    let picture = super::decoder::MAX_DECODE_PIXELS as usize * 3 / 2;
-    (picture + 64) * 4 + (MAX_TEXT as usize + 32) * (2 * MAX_ITEMS as usize + 2)
+    (max_picture_bytes() + 64) * 4 + (MAX_TEXT as usize + 32) * (2 * MAX_ITEMS as usize + 2)
 }
 
 /// A decoder whose libavcodec runs in a worker process.
@@ -160,44 +90,46 @@ pub struct ProcessDecoder {
     name: String,
     layout: Option<FrameLayout>,
     failures: Vec<PacketError>,
+    /// The worker's picture buffers this side has mapped.
+    mapped: Mapped,
     /// Why the worker is gone, once it is.
     dead: Option<String>,
 }
 
 impl ProcessDecoder {
-    /// Starts `program args...` as the worker (it must call [`serve_decoder`] on its stdin)
-    /// and opens a decoder of `codec` writing `out` with `threads` threads in it.
-    pub fn spawn(
-        program: &Path,
-        args: &[String],
+    /// Takes a worker from `pool` and opens a decoder of `codec` writing `out` with
+    /// `threads` threads in it (in a worker started now when the waiting one had died).
+    pub fn open(
+        pool: &Arc<DecoderPool>,
         codec: CodecKind,
         out: PixelFormat,
         threads: usize,
     ) -> Result<Self> {
-        let (ours, theirs) = UnixStream::pair().map_err(|e| {
-            MediaError::Unsupported(format!("socketpair for a decoder worker: {e}"))
-        })?;
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| {
-                MediaError::Unsupported(format!(
-                    "cannot start decoder worker {}: {e}",
-                    program.display()
-                ))
-            })?;
-        ours.set_read_timeout(Some(CALL_DEADLINE))
-            .and_then(|()| ours.set_write_timeout(Some(CALL_DEADLINE)))
+        match Self::open_on(pool.take()?, codec, out, threads) {
+            Err(MediaError::Decode(why)) => {
+                log::info!("{why}; starting another worker");
+                Self::open_on(pool.start()?, codec, out, threads)
+            }
+            r => r,
+        }
+    }
+
+    fn open_on(
+        (child, sock): (Child, UnixStream),
+        codec: CodecKind,
+        out: PixelFormat,
+        threads: usize,
+    ) -> Result<Self> {
+        sock.set_read_timeout(Some(CALL_DEADLINE))
+            .and_then(|()| sock.set_write_timeout(Some(CALL_DEADLINE)))
             .map_err(|e| MediaError::Unsupported(format!("decoder worker socket: {e}")))?;
         let mut d = ProcessDecoder {
             child,
-            sock: ours,
+            sock,
             name: format!("worker-{}", codec.name()),
             layout: None,
             failures: Vec::new(),
+            mapped: Mapped::default(),
             dead: None,
         };
         let mut m = Out::default();
@@ -227,7 +159,7 @@ impl ProcessDecoder {
             return Err(MediaError::Decode(why.clone()));
         }
         let r = m
-            .send(&mut self.sock)
+            .send(&mut self.sock, &[])
             .and_then(|()| In::recv(&mut self.sock, max_answer()));
         r.map_err(|e| self.end(&e.to_string()))
     }
@@ -252,14 +184,37 @@ impl ProcessDecoder {
         MediaError::Decode(why)
     }
 
-    /// Reads a decode or flush answer, checking every picture.
-    fn frames(&mut self, m: &Out) -> Result<Vec<DecodedFrame>> {
-        let mut a = self.call(m)?;
+    /// Sends a decode or flush call (with the picture buffers this side is done with) and
+    /// reads its answer, checking every picture.
+    fn frames(&mut self, call: u8, fill: impl FnOnce(&mut Out)) -> Result<Vec<DecodedFrame>> {
+        let released = self.mapped.take_released();
+        let mut m = Out::default();
+        m.u8(call).u32(released.len() as u32);
+        for id in released {
+            m.u32(id);
+        }
+        fill(&mut m);
+        let mut a = self.call(&m)?;
         self.parse(&mut a).map_err(|e| self.end(&e.to_string()))?
     }
 
     /// The answer's pictures (or this call's own error) and failures.
     fn parse(&mut self, a: &mut In) -> Result<Result<Vec<DecodedFrame>>> {
+        // Buffers the worker dropped, then those it introduces with this answer (their
+        // descriptors came with it, in order).
+        for _ in 0..a.u32()?.min(shared::MAX_SLOTS as u32 + 1) {
+            let id = a.u32()?;
+            self.mapped.remove(id);
+        }
+        let new = a.u32()? as usize;
+        if new != a.fds.len() {
+            return Err(bad("descriptors"));
+        }
+        let fds = std::mem::take(&mut a.fds);
+        for fd in fds {
+            let id = a.u32()?;
+            self.mapped.add(id, fd)?;
+        }
         let own = match a.u8()? {
             0 => None,
             _ => Some(a.text()?),
@@ -275,10 +230,25 @@ impl ProcessDecoder {
             let corrupt = a.u8()? != 0;
             let pts = a.u64()? as i64;
             let layout = FrameLayout::packed(format, w, h).map_err(|_| bad("layout"))?;
-            let data = a.bytes()?;
-            if data.len() != layout.size() || pw < w || ph < h || pw > w + 1 || ph > h + 1 {
+            if pw < w || ph < h || pw > w + 1 || ph > h + 1 {
                 return Err(bad("picture size"));
             }
+            let (data, held) = match a.u8()? {
+                INLINE => {
+                    let data = a.bytes()?;
+                    if data.len() != layout.size() {
+                        return Err(bad("picture size"));
+                    }
+                    (data.to_vec(), None)
+                }
+                SHARED => {
+                    let p = self.mapped.picture(a.u32()?)?;
+                    // Checks the picture fits its buffer.
+                    p.frame(layout)?;
+                    (Vec::new(), Some(HeldPicture::Shared(p)))
+                }
+                _ => return Err(bad("picture kind")),
+            };
             self.layout = Some(layout);
             frames.push(DecodedFrame {
                 layout,
@@ -286,7 +256,7 @@ impl ProcessDecoder {
                 data,
                 corrupt,
                 picture_size: (pw, ph),
-                held: None,
+                held,
             });
         }
         let n = a.u32()?;
@@ -326,15 +296,13 @@ impl DecoderBackend for ProcessDecoder {
                 packet.len()
             )));
         }
-        let mut m = Out::default();
-        m.u8(DECODE).u64(pts as u64).bytes(packet);
-        self.frames(&m)
+        self.frames(DECODE, |m| {
+            m.u64(pts as u64).bytes(packet);
+        })
     }
 
     fn flush(&mut self) -> Result<Vec<DecodedFrame>> {
-        let mut m = Out::default();
-        m.u8(FLUSH);
-        self.frames(&m)
+        self.frames(FLUSH, |_| {})
     }
 
     fn output_layout(&self) -> Option<FrameLayout> {
@@ -346,23 +314,33 @@ impl DecoderBackend for ProcessDecoder {
     }
 }
 
-/// The worker's side: serves one decoder on stdin (a socket the parent passed) until the
-/// parent hangs up. Call it from the worker program's `main` and exit.
+/// The worker's side: enters the [`sandbox`], then serves one decoder on stdin (a socket
+/// the parent passed) until the parent hangs up. Call it from the worker program's `main`
+/// and exit.
 pub fn serve_decoder() -> Result<()> {
     // SAFETY: the parent made this process's stdin one end of a socket pair; nothing else in
     // the worker uses fd 0 (no `std::io::stdin()`), so this is its only owner.
     let mut sock = unsafe { UnixStream::from_raw_fd(0) };
+    super::init_ffmpeg();
+    sandbox::enter()?;
     let io = |e: std::io::Error| MediaError::Decode(format!("decoder worker: {e}"));
     let mut dec: Option<FfmpegDecoder> = None;
+    let mut slots = Slots::default();
     loop {
-        let mut m = match In::recv(&mut sock, MAX_PACKET + 64) {
+        let mut m = match In::recv(&mut sock, MAX_PACKET + 64 + 4 * (shared::MAX_SLOTS + 2)) {
             Ok(m) => m,
             // The parent hung up: done.
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(io(e)),
         };
         let mut a = Out::default();
-        match (m.u8()?, dec.as_mut()) {
+        let call = m.u8()?;
+        if call != OPEN {
+            let n = m.u32()?.min(shared::MAX_SLOTS as u32 + 1);
+            let released: Vec<u32> = (0..n).map(|_| m.u32()).collect::<Result<_>>()?;
+            slots.release(&released);
+        }
+        let pictures = match (call, dec.as_mut()) {
             (OPEN, None) => {
                 let kind = *CodecKind::ALL
                     .get(m.u8()? as usize)
@@ -370,7 +348,8 @@ pub fn serve_decoder() -> Result<()> {
                 let out = format_of(m.u8()?).ok_or_else(|| bad("format"))?;
                 let threads = m.u32()? as usize;
                 match FfmpegDecoder::new(kind, out, threads) {
-                    Ok(d) => {
+                    Ok(mut d) => {
+                        d.hold_pictures(true);
                         a.u8(0).text(d.name());
                         dec = Some(d);
                     }
@@ -378,24 +357,51 @@ pub fn serve_decoder() -> Result<()> {
                         a.u8(1).text(&e.to_string());
                     }
                 }
+                a.send(&mut sock, &[]).map_err(io)?;
+                continue;
             }
             (DECODE, Some(d)) => {
                 let pts = m.u64()? as i64;
                 let packet = m.bytes()?;
-                let r = d.decode(&packet, pts);
-                answer(&mut a, d, r);
+                let r = d.decode(packet, pts);
+                placed(&mut slots, r)
             }
             (FLUSH, Some(d)) => {
                 let r = d.flush();
-                answer(&mut a, d, r);
+                placed(&mut slots, r)
             }
             _ => return Err(bad("unexpected call")),
+        };
+        let failures = dec.as_mut().map(|d| d.take_failures()).unwrap_or_default();
+        let (dropped, new) = slots.take_news();
+        a.u32(dropped.len() as u32);
+        for id in dropped {
+            a.u32(id);
         }
-        a.send(&mut sock).map_err(io)?;
+        a.u32(new.len() as u32);
+        for (id, _) in &new {
+            a.u32(*id);
+        }
+        answer(&mut a, pictures, failures);
+        let fds: Vec<_> = new.iter().map(|(_, fd)| fd.as_fd()).collect();
+        a.send(&mut sock, &fds).map_err(io)?;
     }
 }
 
-fn answer(a: &mut Out, d: &mut FfmpegDecoder, r: Result<Vec<DecodedFrame>>) {
+/// A decoded picture with where the worker put it.
+type Placement = (DecodedFrame, Placed);
+
+/// Copies each picture of `r` into a shared buffer (inline when none is free).
+fn placed(slots: &mut Slots, r: Result<Vec<DecodedFrame>>) -> Result<Vec<Placement>> {
+    let mut out = Vec::new();
+    for f in r? {
+        let at = slots.place(f.layout, |dst| f.copy_into(dst))?;
+        out.push((f, at));
+    }
+    Ok(out)
+}
+
+fn answer(a: &mut Out, r: Result<Vec<Placement>>, failures: Vec<PacketError>) {
     let frames = match r {
         Ok(f) => {
             a.u8(0);
@@ -407,18 +413,30 @@ fn answer(a: &mut Out, d: &mut FfmpegDecoder, r: Result<Vec<DecodedFrame>>) {
         }
     };
     a.u32(frames.len() as u32);
-    for f in frames {
+    for (f, at) in frames {
         a.u8(format_code(f.layout.format))
             .u32(f.layout.width)
             .u32(f.layout.height)
             .u32(f.picture_size.0)
             .u32(f.picture_size.1)
             .u8(u8::from(f.corrupt))
-            .u64(f.pts as u64)
-            .bytes(&f.data);
-        d.recycle(f);
+            .u64(f.pts as u64);
+        match at {
+            Placed::Slot(id) => {
+                a.u8(SHARED).u32(id);
+            }
+            Placed::Inline => {
+                let mut data = vec![0u8; f.layout.size()];
+                let copied = crate::frame::FrameMut::new(f.layout, &mut data)
+                    .map_err(MediaError::from)
+                    .and_then(|dst| f.copy_into(dst));
+                if copied.is_err() {
+                    data.fill(0);
+                }
+                a.u8(INLINE).bytes(&data);
+            }
+        }
     }
-    let failures = d.take_failures();
     a.u32(failures.len() as u32);
     for f in failures {
         a.u64(f.pts as u64).u64(f.seq).text(&f.reason);

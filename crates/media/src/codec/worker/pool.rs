@@ -1,0 +1,120 @@
+//! Decoder workers started ahead: opening a decoder takes a worker that is already running
+//! (sandboxed, waiting for its first message), and a thread of its own starts the next one,
+//! so a guest's `open_decoder` does not wait for a process start on the codec device's
+//! worker.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{MediaError, Result};
+
+/// Workers kept waiting by default.
+pub const DEFAULT_SPARE: usize = 2;
+
+/// The program decoders run in, and the workers waiting for a decoder.
+pub struct DecoderPool {
+    program: PathBuf,
+    args: Vec<String>,
+    spare: usize,
+    idle: Mutex<Vec<(Child, UnixStream)>>,
+    /// Workers being started for `idle`.
+    starting: AtomicUsize,
+}
+
+impl DecoderPool {
+    /// A pool of `program args...` workers (the program must call
+    /// [`serve_decoder`](super::serve_decoder) on its stdin), keeping `spare` of them
+    /// waiting (started now).
+    pub fn new(program: &Path, args: &[String], spare: usize) -> Arc<DecoderPool> {
+        let pool = Arc::new(DecoderPool {
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            spare,
+            idle: Mutex::new(Vec::new()),
+            starting: AtomicUsize::new(0),
+        });
+        for _ in 0..spare {
+            match pool.start() {
+                Ok(w) => pool.idle().push(w),
+                Err(e) => log::warn!("{e}"),
+            }
+        }
+        pool
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Child, UnixStream)>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts one worker.
+    pub(super) fn start(&self) -> Result<(Child, UnixStream)> {
+        let (ours, theirs) = UnixStream::pair().map_err(|e| {
+            MediaError::Unsupported(format!("socketpair for a decoder worker: {e}"))
+        })?;
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| {
+                MediaError::Unsupported(format!(
+                    "cannot start decoder worker {}: {e}",
+                    self.program.display()
+                ))
+            })?;
+        Ok((child, ours))
+    }
+
+    /// A worker for a new decoder: a waiting one, else one started now. Starts its
+    /// replacement in the background.
+    pub(super) fn take(self: &Arc<Self>) -> Result<(Child, UnixStream)> {
+        let waiting = self.idle().pop();
+        self.refill();
+        match waiting {
+            Some(w) => Ok(w),
+            None => self.start(),
+        }
+    }
+
+    /// Starts workers in the background until `spare` are waiting or starting.
+    fn refill(self: &Arc<Self>) {
+        while self.idle().len() + self.starting.load(Ordering::SeqCst) < self.spare {
+            self.starting.fetch_add(1, Ordering::SeqCst);
+            let pool = self.clone();
+            let started = std::thread::Builder::new()
+                .name("decoder-pool".into())
+                .spawn(move || {
+                    match pool.start() {
+                        Ok(w) => pool.idle().push(w),
+                        Err(e) => log::warn!("{e}"),
+                    }
+                    pool.starting.fetch_sub(1, Ordering::SeqCst);
+                });
+            if started.is_err() {
+                // No thread now: the next decoder starts its worker itself.
+                self.starting.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+        }
+    }
+
+    /// Workers waiting now.
+    pub fn waiting(&self) -> usize {
+        self.idle().len()
+    }
+}
+
+impl Drop for DecoderPool {
+    fn drop(&mut self) {
+        for (mut child, sock) in self.idle().drain(..) {
+            drop(sock);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

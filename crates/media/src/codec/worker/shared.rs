@@ -1,0 +1,357 @@
+//! Picture buffers a decoder worker shares with its parent, so a decoded picture crosses
+//! the process boundary without being copied through the socket.
+//!
+//! The worker owns the buffers ([`Slots`]): each is a memfd of one picture's size, sealed
+//! against shrinking and growing, mapped read-write in the worker. It copies (or converts)
+//! each decoded picture into a free buffer and names the buffer in its answer; a buffer's
+//! descriptor travels once, with the first answer that uses it. The parent ([`Mapped`])
+//! maps each buffer read-only, after checking that it is a sealed memfd at least as large as
+//! the picture it carries (a worker that shrank a buffer could otherwise make the parent
+//! fault on reading it). A picture holds its buffer ([`SharedPicture`]) until the parent is
+//! done with it; the buffer's number is then handed back with the parent's next call and
+//! the worker may write into it again. What the parent reads is only pixels: a worker that
+//! writes into a buffer the parent is reading garbles that picture, nothing else.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use super::wire::bad;
+use crate::error::{MediaError, Result};
+use crate::frame::{FrameLayout, FrameMut, FrameRef};
+
+/// Most picture buffers one worker may share (its decoder's queue, frame threads and
+/// reordering need far fewer).
+pub(super) const MAX_SLOTS: usize = 48;
+
+/// A memory mapping of a whole file, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; who writes it is governed by its owners.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only gives out shared reads of the parent's read-only map.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(fd: BorrowedFd<'_>, len: usize, writable: bool) -> std::io::Result<Mapping> {
+        let prot = match writable {
+            true => ProtFlags::READ | ProtFlags::WRITE,
+            false => ProtFlags::READ,
+        };
+        // SAFETY: a fresh mapping of `len` bytes of `fd` at an address the kernel chooses;
+        // nothing else refers to that range.
+        let ptr =
+            unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0)? };
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the range this value mapped, referenced by nothing after it is dropped.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A decoded picture in a buffer shared with the worker: readable until dropped, after
+/// which the worker may reuse the buffer.
+#[derive(Clone)]
+pub struct SharedPicture {
+    map: Arc<Mapping>,
+    /// Held for its drop, which hands the buffer back.
+    _lease: Arc<Lease>,
+}
+
+/// The parent's hold on a buffer: hands its number back when the last picture using it is
+/// dropped.
+struct Lease {
+    id: u32,
+    released: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.id);
+    }
+}
+
+impl SharedPicture {
+    /// The picture's pixels as `layout` (which must fit the buffer).
+    pub(crate) fn frame(&self, layout: FrameLayout) -> Result<FrameRef<'_>> {
+        // SAFETY: the buffer is a sealed memfd at least `map.len` bytes long (checked when
+        // it was mapped), mapped for as long as `self` lives; the worker may write it
+        // concurrently, which changes pixel values but never the mapping.
+        let bytes = unsafe { std::slice::from_raw_parts(self.map.ptr, self.map.len) };
+        let bytes = bytes
+            .get(..layout.size())
+            .ok_or_else(|| bad("picture larger than its buffer"))?;
+        Ok(FrameRef::new(layout, bytes)?)
+    }
+
+    /// Whether both are the same buffer.
+    pub(crate) fn same_buffer(&self, other: &SharedPicture) -> bool {
+        Arc::ptr_eq(&self.map, &other.map)
+    }
+}
+
+/// The parent's side: the worker's buffers it has mapped, and the numbers of those it is
+/// done with.
+#[derive(Default)]
+pub(super) struct Mapped {
+    slots: HashMap<u32, Arc<Mapping>>,
+    released: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Mapped {
+    /// Maps a buffer the worker introduced as `id`, after checking it.
+    pub(super) fn add(&mut self, id: u32, fd: OwnedFd) -> Result<()> {
+        if self.slots.len() >= MAX_SLOTS || self.slots.contains_key(&id) {
+            return Err(bad("picture buffer"));
+        }
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| bad("not a memfd"))?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(bad("an unsealed picture buffer"));
+        }
+        let len = rustix::fs::fstat(&fd)
+            .map_err(|_| bad("buffer size"))?
+            .st_size;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|l| *l > 0 && *l <= super::max_picture_bytes())
+            .ok_or_else(|| bad("buffer size"))?;
+        let map = Mapping::new(fd.as_fd(), len, false)
+            .map_err(|e| MediaError::Decode(format!("decoder worker: mapping a picture: {e}")))?;
+        self.slots.insert(id, Arc::new(map));
+        Ok(())
+    }
+
+    /// Forgets a buffer the worker dropped (pictures still using it keep it mapped).
+    pub(super) fn remove(&mut self, id: u32) {
+        self.slots.remove(&id);
+    }
+
+    /// A picture in buffer `id`.
+    pub(super) fn picture(&self, id: u32) -> Result<SharedPicture> {
+        let map = self
+            .slots
+            .get(&id)
+            .ok_or_else(|| bad("unknown picture buffer"))?;
+        Ok(SharedPicture {
+            map: map.clone(),
+            _lease: Arc::new(Lease {
+                id,
+                released: self.released.clone(),
+            }),
+        })
+    }
+
+    /// The buffers the parent is done with since the last call.
+    pub(super) fn take_released(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.released.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// One buffer on the worker's side.
+struct Slot {
+    id: u32,
+    fd: OwnedFd,
+    map: Mapping,
+    free: bool,
+    /// Its descriptor has been sent to the parent.
+    sent: bool,
+}
+
+/// The worker's side: its buffers and which of them the parent holds.
+#[derive(Default)]
+pub(super) struct Slots {
+    slots: Vec<Slot>,
+    next_id: u32,
+    /// Buffers dropped since the last answer (the parent forgets them).
+    dropped: Vec<u32>,
+}
+
+/// Where the worker put a picture.
+pub(super) enum Placed {
+    /// In buffer `id`.
+    Slot(u32),
+    /// Nowhere shared (every buffer is held): the picture goes inline in the answer.
+    Inline,
+}
+
+impl Slots {
+    /// The parent is done with these buffers (unknown numbers are ignored).
+    pub(super) fn release(&mut self, ids: &[u32]) {
+        for s in self.slots.iter_mut().filter(|s| ids.contains(&s.id)) {
+            s.free = true;
+        }
+    }
+
+    /// Writes a picture of `layout` with `fill` into a free buffer of its size (made when
+    /// there is none, dropping free buffers of other sizes first).
+    pub(super) fn place(
+        &mut self,
+        layout: FrameLayout,
+        fill: impl FnOnce(FrameMut<'_>) -> Result<()>,
+    ) -> Result<Placed> {
+        let size = layout.size();
+        let i = match self.slots.iter().position(|s| s.free && s.map.len == size) {
+            Some(i) => i,
+            None => {
+                let stale: Vec<u32> = self
+                    .slots
+                    .iter()
+                    .filter(|s| s.free && s.map.len != size)
+                    .map(|s| s.id)
+                    .collect();
+                self.slots.retain(|s| !stale.contains(&s.id));
+                self.dropped.extend(stale);
+                if self.slots.len() >= MAX_SLOTS {
+                    return Ok(Placed::Inline);
+                }
+                self.slots.push(new_slot(self.next_id, size)?);
+                self.next_id += 1;
+                self.slots.len() - 1
+            }
+        };
+        let s = &mut self.slots[i];
+        // SAFETY: the worker's own read-write mapping of the whole buffer, which the parent
+        // does not read while the buffer is free.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(s.map.ptr, s.map.len) };
+        fill(FrameMut::new(layout, bytes)?)?;
+        s.free = false;
+        Ok(Placed::Slot(s.id))
+    }
+
+    /// Buffers dropped since the last call, and those not yet sent with the descriptors to
+    /// send now (marked sent).
+    pub(super) fn take_news(&mut self) -> (Vec<u32>, Vec<(u32, BorrowedFd<'_>)>) {
+        let dropped = std::mem::take(&mut self.dropped);
+        let new = self
+            .slots
+            .iter_mut()
+            .filter(|s| !s.sent)
+            .map(|s| {
+                s.sent = true;
+                (s.id, s.fd.as_fd())
+            })
+            .collect();
+        (dropped, new)
+    }
+}
+
+fn new_slot(id: u32, size: usize) -> Result<Slot> {
+    let io =
+        |e: rustix::io::Errno| MediaError::Decode(format!("decoder worker: picture buffer: {e}"));
+    let fd = rustix::fs::memfd_create(
+        "virtsoc-picture",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(io)?;
+    rustix::fs::ftruncate(&fd, size as u64).map_err(io)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(io)?;
+    let map = Mapping::new(fd.as_fd(), size, true)
+        .map_err(|e| MediaError::Decode(format!("decoder worker: mapping a picture: {e}")))?;
+    Ok(Slot {
+        id,
+        fd,
+        map,
+        free: true,
+        sent: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::PixelFormat;
+
+    fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
+        fd.try_clone_to_owned().unwrap()
+    }
+
+    #[test]
+    fn a_picture_crosses_and_its_buffer_comes_back() {
+        let layout = FrameLayout::packed(PixelFormat::Nv12, 16, 8).unwrap();
+        let mut worker = Slots::default();
+        let Placed::Slot(id) = worker
+            .place(layout, |f| {
+                f.data.fill(9);
+                Ok(())
+            })
+            .unwrap()
+        else {
+            panic!("placed inline")
+        };
+        let (dropped, new) = worker.take_news();
+        assert!(dropped.is_empty());
+        assert_eq!(new.len(), 1);
+        let mut parent = Mapped::default();
+        parent.add(new[0].0, dup(new[0].1)).unwrap();
+        let p = parent.picture(id).unwrap();
+        assert!(p.frame(layout).unwrap().data.iter().all(|b| *b == 9));
+        // Held by the parent: the worker makes a second buffer for the next picture.
+        let Placed::Slot(id2) = worker.place(layout, |_| Ok(())).unwrap() else {
+            panic!("placed inline")
+        };
+        assert_ne!(id, id2);
+        assert!(parent.take_released().is_empty());
+        drop(p);
+        let released = parent.take_released();
+        assert_eq!(released, vec![id]);
+        worker.release(&released);
+        let Placed::Slot(id3) = worker.place(layout, |_| Ok(())).unwrap() else {
+            panic!("placed inline")
+        };
+        assert_eq!(id3, id, "the released buffer is reused");
+    }
+
+    #[test]
+    fn the_parent_refuses_unsealed_short_and_repeated_buffers() {
+        let mut parent = Mapped::default();
+        let plain = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&plain, 4096).unwrap();
+        assert!(parent.add(1, plain).is_err(), "unsealed");
+        let mut worker = Slots::default();
+        let layout = FrameLayout::packed(PixelFormat::Nv12, 16, 8).unwrap();
+        worker.place(layout, |_| Ok(())).unwrap();
+        let (_, new) = worker.take_news();
+        let (id, fd) = (new[0].0, new[0].1);
+        parent.add(id, dup(fd)).unwrap();
+        assert!(parent.add(id, dup(fd)).is_err(), "the same number twice");
+        let big = FrameLayout::packed(PixelFormat::Nv12, 32, 8).unwrap();
+        assert!(
+            parent.picture(id).unwrap().frame(big).is_err(),
+            "larger than its buffer"
+        );
+        assert!(parent.picture(id + 1).is_err(), "unknown");
+    }
+
+    #[test]
+    fn when_every_buffer_is_held_pictures_go_inline() {
+        let layout = FrameLayout::packed(PixelFormat::Nv12, 16, 8).unwrap();
+        let mut worker = Slots::default();
+        for _ in 0..MAX_SLOTS {
+            assert!(matches!(
+                worker.place(layout, |_| Ok(())).unwrap(),
+                Placed::Slot(_)
+            ));
+        }
+        assert!(matches!(
+            worker.place(layout, |_| Ok(())).unwrap(),
+            Placed::Inline
+        ));
+    }
+}

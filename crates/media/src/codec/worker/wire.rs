@@ -1,0 +1,195 @@
+//! The messages between a decoder and its worker process: length-prefixed little-endian
+//! records on a Unix stream socket, file descriptors (shared picture buffers) riding with a
+//! message's length prefix as `SCM_RIGHTS`. Every read is bounds-checked: the parent parses
+//! what a possibly compromised worker sent.
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+use crate::error::{MediaError, Result};
+
+/// Longest message text (reasons, names).
+pub(super) const MAX_TEXT: u32 = 4096;
+/// Most file descriptors one message may carry.
+pub(super) const MAX_FDS: usize = 64;
+
+/// Little-endian writer into a message buffer.
+#[derive(Default)]
+pub(super) struct Out(pub(super) Vec<u8>);
+
+impl Out {
+    pub(super) fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub(super) fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(super) fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(super) fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+        self
+    }
+    pub(super) fn text(&mut self, s: &str) -> &mut Self {
+        let s = &s.as_bytes()[..s.len().min(MAX_TEXT as usize)];
+        self.bytes(s)
+    }
+    /// Sends the message: its length (with `fds` attached, when there are any), then its
+    /// bytes.
+    pub(super) fn send(
+        &self,
+        sock: &mut UnixStream,
+        fds: &[BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
+        let len = (self.0.len() as u64).to_le_bytes();
+        if fds.is_empty() {
+            sock.write_all(&len)?;
+        } else {
+            let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                return Err(std::io::Error::other(
+                    "too many descriptors for one message",
+                ));
+            }
+            let sent = rustix::net::sendmsg(
+                &*sock,
+                &[IoSlice::new(&len)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )?;
+            // The descriptors went with the first byte; the rest of the prefix follows plainly.
+            sock.write_all(&len[sent..])?;
+        }
+        sock.write_all(&self.0)?;
+        sock.flush()
+    }
+}
+
+pub(super) fn bad(what: &str) -> MediaError {
+    MediaError::Decode(format!("decoder worker: malformed message ({what})"))
+}
+
+/// Reader of one received message; every read is bounds-checked.
+pub(super) struct In {
+    buf: Vec<u8>,
+    at: usize,
+    /// Descriptors that came with the message, in order.
+    pub(super) fds: Vec<OwnedFd>,
+}
+
+impl In {
+    /// Receives one message of at most `max` bytes, with the descriptors that came with its
+    /// length prefix (at most [`MAX_FDS`]; a message that brought more is refused).
+    pub(super) fn recv(sock: &mut UnixStream, max: usize) -> std::io::Result<In> {
+        let mut len = [0u8; 8];
+        let mut got = 0;
+        let mut fds = Vec::new();
+        let mut truncated = false;
+        while got < len.len() {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let r = rustix::net::recvmsg(
+                &*sock,
+                &mut [IoSliceMut::new(&mut len[got..])],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )?;
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(received) = m {
+                    fds.extend(received);
+                }
+            }
+            truncated |= r.flags.contains(rustix::net::ReturnFlags::CTRUNC);
+            if r.bytes == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            got += r.bytes;
+        }
+        if truncated || fds.len() > MAX_FDS {
+            return Err(std::io::Error::other("a message with too many descriptors"));
+        }
+        let len = u64::from_le_bytes(len);
+        if len > max as u64 {
+            return Err(std::io::Error::other(format!("message of {len} bytes")));
+        }
+        let mut buf = vec![0u8; len as usize];
+        sock.read_exact(&mut buf)?;
+        Ok(In { buf, at: 0, fds })
+    }
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        let s = self
+            .buf
+            .get(self.at..self.at.saturating_add(n))
+            .ok_or_else(|| bad("short"))?;
+        self.at += n;
+        Ok(s)
+    }
+    pub(super) fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub(super) fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().map_err(|_| bad("u32"))?,
+        ))
+    }
+    pub(super) fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().map_err(|_| bad("u64"))?,
+        ))
+    }
+    pub(super) fn bytes(&mut self) -> Result<&[u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    pub(super) fn text(&mut self) -> Result<String> {
+        let n = self.u32()?;
+        if n > MAX_TEXT {
+            return Err(bad("text too long"));
+        }
+        Ok(String::from_utf8_lossy(self.take(n as usize)?).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn descriptors_travel_with_their_message() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let f = tempfile::tempfile().unwrap();
+        let mut m = Out::default();
+        m.u32(7).text("hello");
+        m.send(&mut a, &[f.as_fd(), f.as_fd()]).unwrap();
+        Out::default().u8(1).send(&mut a, &[]).unwrap();
+        let mut got = In::recv(&mut b, 1024).unwrap();
+        assert_eq!(got.fds.len(), 2);
+        assert_eq!(got.u32().unwrap(), 7);
+        assert_eq!(got.text().unwrap(), "hello");
+        assert!(got.u8().is_err(), "read past the message");
+        let mut next = In::recv(&mut b, 1024).unwrap();
+        assert!(next.fds.is_empty());
+        assert_eq!(next.u8().unwrap(), 1);
+    }
+
+    #[test]
+    fn an_oversized_message_is_refused() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        Out(vec![0; 100]).send(&mut a, &[]).unwrap();
+        assert!(In::recv(&mut b, 99).is_err());
+    }
+}
