@@ -21,6 +21,10 @@ pub enum MediaError {
     /// (missing codec or encoder, conversion pair not handled by a backend, ...).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The system is out of a resource the backend needs now (a process or a thread could
+    /// not be started, a socket pair or a shared buffer could not be made); later may work.
+    #[error("out of resources: {0}")]
+    Resources(String),
     /// The input bitstream is corrupt or truncated; the decoder stays usable.
     #[error("decode error: {0}")]
     Decode(String),

@@ -240,3 +240,16 @@ fn every_codec_decodes_in_the_sandboxed_worker() {
         assert!(a == b, "{kind:?}: the same pictures");
     }
 }
+
+/// A worker that cannot be started is a resource error for that decoder (the codec device
+/// answers `Busy`), not a failure of the process.
+#[test]
+fn a_worker_that_cannot_start_is_a_resource_error() {
+    let pool = DecoderPool::new(std::path::Path::new("/nonexistent/virtsocd"), &[], 1);
+    assert_eq!(pool.waiting(), 0);
+    match ProcessDecoder::open(&pool, CodecKind::H264, PixelFormat::Nv12, 1) {
+        Err(MediaError::Resources(why)) => assert!(why.contains("cannot start"), "{why}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a decoder without a worker"),
+    }
+}

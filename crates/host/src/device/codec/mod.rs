@@ -101,6 +101,7 @@ pub fn media_status(e: &MediaError) -> Status {
     match e {
         MediaError::InvalidLayout(_) | MediaError::Frame(_) => Status::BadArgument,
         MediaError::Unsupported(_) => Status::NotSupported,
+        MediaError::Resources(_) => Status::Busy,
         MediaError::Decode(_)
         | MediaError::Encode(_)
         | MediaError::NoFrames(_)

@@ -408,7 +408,12 @@ fn answer(a: &mut Out, r: Result<Vec<Placement>>, failures: Vec<PacketError>) {
             f
         }
         Err(e) => {
-            a.u8(1).text(&e.to_string());
+            // The decoder's own words, as an in-process decoder's error carries them.
+            let why = match e {
+                MediaError::Decode(m) => m,
+                e => e.to_string(),
+            };
+            a.u8(1).text(&why);
             Vec::new()
         }
     };

@@ -53,7 +53,7 @@ impl DecoderPool {
     /// Starts one worker.
     pub(super) fn start(&self) -> Result<(Child, UnixStream)> {
         let (ours, theirs) = UnixStream::pair().map_err(|e| {
-            MediaError::Unsupported(format!("socketpair for a decoder worker: {e}"))
+            MediaError::Resources(format!("socketpair for a decoder worker: {e}"))
         })?;
         let child = Command::new(&self.program)
             .args(&self.args)
@@ -62,7 +62,7 @@ impl DecoderPool {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| {
-                MediaError::Unsupported(format!(
+                MediaError::Resources(format!(
                     "cannot start decoder worker {}: {e}",
                     self.program.display()
                 ))
