@@ -200,78 +200,99 @@ impl ProcessDecoder {
 
     /// The answer's pictures (or this call's own error) and failures.
     fn parse(&mut self, a: &mut In) -> Result<Result<Vec<DecodedFrame>>> {
-        // Buffers the worker dropped, then those it introduces with this answer (their
-        // descriptors came with it, in order).
-        for _ in 0..a.u32()?.min(shared::MAX_SLOTS as u32 + 1) {
-            let id = a.u32()?;
-            self.mapped.remove(id);
-        }
-        let new = a.u32()? as usize;
-        if new != a.fds.len() {
-            return Err(bad("descriptors"));
-        }
-        let fds = std::mem::take(&mut a.fds);
-        for fd in fds {
-            let id = a.u32()?;
-            self.mapped.add(id, fd)?;
-        }
-        let own = match a.u8()? {
-            0 => None,
-            _ => Some(a.text()?),
-        };
-        let n = a.u32()?;
-        if n > MAX_ITEMS {
-            return Err(bad("too many pictures"));
-        }
-        let mut frames = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            let format = format_of(a.u8()?).ok_or_else(|| bad("format"))?;
-            let (w, h, pw, ph) = (a.u32()?, a.u32()?, a.u32()?, a.u32()?);
-            let corrupt = a.u8()? != 0;
-            let pts = a.u64()? as i64;
-            let layout = FrameLayout::packed(format, w, h).map_err(|_| bad("layout"))?;
-            if pw < w || ph < h || pw > w + 1 || ph > h + 1 {
-                return Err(bad("picture size"));
-            }
-            let (data, held) = match a.u8()? {
-                INLINE => {
-                    let data = a.bytes()?;
-                    if data.len() != layout.size() {
-                        return Err(bad("picture size"));
-                    }
-                    (data.to_vec(), None)
-                }
-                SHARED => {
-                    let p = self.mapped.picture(a.u32()?)?;
-                    // Checks the picture fits its buffer.
-                    p.frame(layout)?;
-                    (Vec::new(), Some(HeldPicture::Shared(p)))
-                }
-                _ => return Err(bad("picture kind")),
-            };
-            self.layout = Some(layout);
-            frames.push(DecodedFrame {
-                layout,
-                pts,
-                data,
-                corrupt,
-                picture_size: (pw, ph),
-                held,
-            });
-        }
-        let n = a.u32()?;
-        if n > MAX_ITEMS {
-            return Err(bad("too many failures"));
-        }
-        for _ in 0..n {
-            let (pts, seq, reason) = (a.u64()? as i64, a.u64()?, a.text()?);
-            self.failures.push(PacketError { pts, seq, reason });
-        }
-        Ok(match own {
-            None => Ok(frames),
-            Some(e) => Err(MediaError::Decode(e)),
-        })
+        parse_answer(a, &mut self.mapped, &mut self.layout, &mut self.failures)
     }
+}
+
+/// Reads a decode or flush answer: the buffers the worker dropped and introduced, then the
+/// pictures (or the call's own error) and earlier packets' failures. `Err` for anything
+/// malformed (the caller ends the worker).
+fn parse_answer(
+    a: &mut In,
+    mapped: &mut Mapped,
+    layout_seen: &mut Option<FrameLayout>,
+    failures: &mut Vec<PacketError>,
+) -> Result<Result<Vec<DecodedFrame>>> {
+    // Buffers the worker dropped, then those it introduces with this answer (their
+    // descriptors came with it, in order).
+    for _ in 0..a.u32()?.min(shared::MAX_SLOTS as u32 + 1) {
+        let id = a.u32()?;
+        mapped.remove(id);
+    }
+    let new = a.u32()? as usize;
+    if new != a.fds.len() {
+        return Err(bad("descriptors"));
+    }
+    let fds = std::mem::take(&mut a.fds);
+    for fd in fds {
+        let id = a.u32()?;
+        mapped.add(id, fd)?;
+    }
+    let own = match a.u8()? {
+        0 => None,
+        _ => Some(a.text()?),
+    };
+    let n = a.u32()?;
+    if n > MAX_ITEMS {
+        return Err(bad("too many pictures"));
+    }
+    let mut frames = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let format = format_of(a.u8()?).ok_or_else(|| bad("format"))?;
+        let (w, h, pw, ph) = (a.u32()?, a.u32()?, a.u32()?, a.u32()?);
+        let corrupt = a.u8()? != 0;
+        let pts = a.u64()? as i64;
+        let layout = FrameLayout::packed(format, w, h).map_err(|_| bad("layout"))?;
+        if pw < w || ph < h || pw > w + 1 || ph > h + 1 {
+            return Err(bad("picture size"));
+        }
+        let (data, held) = match a.u8()? {
+            INLINE => {
+                let data = a.bytes()?;
+                if data.len() != layout.size() {
+                    return Err(bad("picture size"));
+                }
+                (data.to_vec(), None)
+            }
+            SHARED => {
+                let p = mapped.picture(a.u32()?)?;
+                // Checks the picture fits its buffer.
+                p.frame(layout)?;
+                (Vec::new(), Some(HeldPicture::Shared(p)))
+            }
+            _ => return Err(bad("picture kind")),
+        };
+        *layout_seen = Some(layout);
+        frames.push(DecodedFrame {
+            layout,
+            pts,
+            data,
+            corrupt,
+            picture_size: (pw, ph),
+            held,
+        });
+    }
+    let n = a.u32()?;
+    if n > MAX_ITEMS {
+        return Err(bad("too many failures"));
+    }
+    for _ in 0..n {
+        let (pts, seq, reason) = (a.u64()? as i64, a.u64()?, a.text()?);
+        failures.push(PacketError { pts, seq, reason });
+    }
+    Ok(match own {
+        None => Ok(frames),
+        Some(e) => Err(MediaError::Decode(e)),
+    })
+}
+
+/// Parses `bytes` as a worker's decode answer (no descriptors), as the daemon does: for the
+/// fuzzer and the tests. Returns whether it was accepted.
+#[doc(hidden)]
+pub fn check_worker_answer(bytes: &[u8]) -> bool {
+    let mut a = In::from_bytes(bytes.to_vec());
+    let mut mapped = Mapped::default();
+    parse_answer(&mut a, &mut mapped, &mut None, &mut Vec::new()).is_ok()
 }
 
 impl Drop for ProcessDecoder {
@@ -445,5 +466,72 @@ fn answer(a: &mut Out, r: Result<Vec<Placement>>, failures: Vec<PacketError>) {
     a.u32(failures.len() as u32);
     for f in failures {
         a.u64(f.pts as u64).u64(f.seq).text(&f.reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decode answer with one inline 16x8 NV12 picture of `bytes` bytes.
+    fn inline_answer(bytes: usize) -> Vec<u8> {
+        let mut a = Out::default();
+        a.u32(0).u32(0).u8(0).u32(1);
+        a.u8(0).u32(16).u32(8).u32(16).u32(8).u8(0).u64(7);
+        a.u8(INLINE).bytes(&vec![1u8; bytes]);
+        a.u32(1).u64(3).u64(2).text("bad packet");
+        a.0
+    }
+
+    #[test]
+    fn a_well_formed_answer_is_read() {
+        let mut a = In::from_bytes(inline_answer(16 * 8 * 3 / 2));
+        let (mut mapped, mut seen, mut failures) = (Mapped::default(), None, Vec::new());
+        let frames = parse_answer(&mut a, &mut mapped, &mut seen, &mut failures)
+            .unwrap()
+            .unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].pts, 7);
+        assert_eq!(frames[0].as_frame().data.len(), 192);
+        assert_eq!(failures[0].reason, "bad packet");
+    }
+
+    #[test]
+    fn malformed_answers_are_refused_without_panicking() {
+        assert!(!check_worker_answer(&inline_answer(191)), "short picture");
+        let good = inline_answer(192);
+        assert!(check_worker_answer(&good));
+        // Every truncation, and a deterministic stream of corruptions, of a good answer.
+        for n in 0..good.len() {
+            assert!(!check_worker_answer(&good[..n]), "truncated to {n}");
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut bad = good.clone();
+            let i = (x as usize) % bad.len();
+            bad[i] = (x >> 32) as u8;
+            check_worker_answer(&bad);
+        }
+        // A picture in a buffer the worker never introduced.
+        let mut a = Out::default();
+        a.u32(0).u32(0).u8(0).u32(1);
+        a.u8(0)
+            .u32(16)
+            .u32(8)
+            .u32(16)
+            .u32(8)
+            .u8(0)
+            .u64(7)
+            .u8(SHARED)
+            .u32(5);
+        a.u32(0);
+        assert!(!check_worker_answer(&a.0));
+        // A buffer announced without its descriptor.
+        let mut a = Out::default();
+        a.u32(0).u32(1).u32(5).u8(0).u32(0).u32(0);
+        assert!(!check_worker_answer(&a.0));
     }
 }

@@ -52,9 +52,8 @@ impl DecoderPool {
 
     /// Starts one worker.
     pub(super) fn start(&self) -> Result<(Child, UnixStream)> {
-        let (ours, theirs) = UnixStream::pair().map_err(|e| {
-            MediaError::Resources(format!("socketpair for a decoder worker: {e}"))
-        })?;
+        let (ours, theirs) = UnixStream::pair()
+            .map_err(|e| MediaError::Resources(format!("socketpair for a decoder worker: {e}")))?;
         let child = Command::new(&self.program)
             .args(&self.args)
             .stdin(Stdio::from(OwnedFd::from(theirs)))

@@ -129,6 +129,14 @@ impl In {
         sock.read_exact(&mut buf)?;
         Ok(In { buf, at: 0, fds })
     }
+    /// A message already received, without descriptors.
+    pub(super) fn from_bytes(buf: Vec<u8>) -> In {
+        In {
+            buf,
+            at: 0,
+            fds: Vec::new(),
+        }
+    }
     fn take(&mut self, n: usize) -> Result<&[u8]> {
         let s = self
             .buf
