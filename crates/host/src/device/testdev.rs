@@ -201,6 +201,49 @@ mod tests {
         crc32fast::hash(buf)
     }
 
+    /// A paced fill, step by step, writes the bytes and answers the CRC of the fill in one
+    /// piece; each step moves at most one pace chunk.
+    #[test]
+    fn a_paced_fill_in_steps_writes_the_bytes_and_crc_of_one_piece() {
+        use super::super::PacedOp;
+        let core = crate::testkit::Core::new();
+        let cx = DeviceCtx::new(
+            crate::testkit::GUEST,
+            &core.svm,
+            virtsoc_svm::DomainId(0),
+            core.session.fences(),
+        );
+        for len in [
+            STREAM_MIN,
+            STREAM_MIN + 5,
+            STREAM_MIN + 3 * PACE_CHUNK + 4096 + 64,
+        ] {
+            let buf = HostBuf::zeroed(len);
+            let mut op = PacedFill {
+                buf: buf.clone(),
+                len,
+                pattern: Pattern::new(42),
+                done: 0,
+            };
+            let (mut steps, mut moved) = (0, 0);
+            let answer = loop {
+                let n = op.next_bytes();
+                assert!(n > 0 && n <= PACE_CHUNK as u64, "len {len}: step of {n}");
+                moved += n;
+                steps += 1;
+                if let Some(r) = op.step(&cx) {
+                    break r;
+                }
+            };
+            assert_eq!(moved, len as u64);
+            assert_eq!(steps, len.div_ceil(PACE_CHUNK));
+            let mut want = vec![0u8; len];
+            let crc = fill_reference(&mut want, 42);
+            assert_eq!(answer, Ok([crc as u64, 0, 0, 0, 0, 0]), "len {len}");
+            assert!(buf.read()[..] == want[..], "len {len}");
+        }
+    }
+
     #[test]
     fn streamed_fills_write_the_bytes_and_crc_of_one_piece() {
         let big = virtsoc_svm::stream::STREAM_MIN;
