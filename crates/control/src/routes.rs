@@ -314,6 +314,7 @@ mod tests {
                 commands: [("display".to_string(), 5)].into_iter().collect(),
                 device_use: Default::default(),
                 cpu_weight: None,
+                paced: Default::default(),
             }]
         }
         fn devices(&self) -> Vec<DeviceInfo> {

@@ -82,6 +82,18 @@ pub struct GuestInfo {
     /// CPU weights (`virtsocd --cpu-cgroup`) and its process has a group; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_weight: Option<u64>,
+    /// What pacing to its bandwidth share did to it (`virtsocd --limit-bandwidth`).
+    #[serde(default)]
+    pub paced: Paced,
+}
+
+/// A guest's large fills and copies paced to its bandwidth share so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Paced {
+    /// Bytes its devices moved in paced steps.
+    pub bytes: u64,
+    /// Time those steps waited for their bytes of the share, in nanoseconds.
+    pub wait_ns: u64,
 }
 
 /// One guest's use of one device (the device worker's accounting).

@@ -126,6 +126,13 @@ impl ControlBackend {
             },
             links,
             commands,
+            paced: {
+                let p = s.paced();
+                virtsoc_control::Paced {
+                    bytes: p.bytes,
+                    wait_ns: p.wait_ns,
+                }
+            },
         })
     }
 }

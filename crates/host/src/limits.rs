@@ -7,6 +7,8 @@
 //!
 //! What a guest gets when it hits a limit:
 //! - memory and objects it holds (regions, fences, codec sessions of its own): `OutOfMemory`;
+//! - bandwidth: nothing is refused; a large fill or copy a device makes for the guest waits
+//!   for its bytes of the guest's share, chunk by chunk ([`virtsoc_svm::pace`]);
 //! - queues, rates and shared capacity (queued items, global codec sessions and threads,
 //!   snapshots, GPU work per command and in flight): `Busy` (try again later).
 //!
@@ -23,11 +25,14 @@
 //! | [`snapshot_interval`](Limits::snapshot_interval) | 1 s | `--limit-snapshot-interval-ms` |
 //! | [`gpu_cost`](Limits::gpu_cost) | 8 x 3840 x 2160 | `--limit-gpu-cost` |
 //! | [`gpu_in_flight`](Limits::gpu_in_flight) | 2 | `--limit-gpu-in-flight` |
+//! | [`bandwidth`](Limits::bandwidth) | 1 GiB/s, burst 64 MiB | `--limit-bandwidth`, `--limit-bandwidth-burst` |
 //!
 //! The memory a guest's replicas hold is limited separately (`--guest-mem-limit`), and so
 //! are its window (`--max-window`) and the number of guests (`--max-guests`).
 
 use std::time::Duration;
+
+use virtsoc_svm::pace::Share;
 
 /// The daemon's per-guest (and per-device) limits. See the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +66,15 @@ pub struct Limits {
     pub gpu_cost: u64,
     /// GPU submissions of one guest in flight at once (`Busy` beyond).
     pub gpu_in_flight: usize,
+    /// One guest's memory-bandwidth share for the large moves its devices make for it
+    /// (fills and copies of at least [`virtsoc_svm::stream::STREAM_MIN`] bytes): bytes per
+    /// second and burst ([`virtsoc_svm::pace`]; rate 0: not paced). The default, 1 GiB/s
+    /// with 64 MiB of burst: above the most a benchmark pipeline moves through one guest's
+    /// paced device (`virtsoc bench svm`: a 16.6 MB UHD frame filled every ~20 ms, 0.8
+    /// GB/s; a UHD NV12 stream at 60 fps is 0.75 GB/s), a burst of four such frames, and
+    /// below what the `queue-flood` hostile moved unpaced on the 2-core machine measured
+    /// (1.2-1.5 GB/s, `docs/results.md` stop 20).
+    pub bandwidth: Share,
 }
 
 impl Default for Limits {
@@ -77,6 +91,10 @@ impl Default for Limits {
             snapshot_interval: Duration::from_secs(1),
             gpu_cost: 8 * 3840 * 2160,
             gpu_in_flight: 2,
+            bandwidth: Share {
+                rate: 1 << 30,
+                burst: 64 << 20,
+            },
         }
     }
 }

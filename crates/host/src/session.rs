@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use virtsoc_svm::pace::Bucket;
 use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_fence::queue::{OrderedQueue, QueueItem};
@@ -44,6 +45,25 @@ pub struct Session {
     /// Quiesce gate (snapshots, migration): (paused, a request is being dispatched).
     gate: Mutex<(bool, bool)>,
     gate_cv: Condvar,
+    /// The guest's bandwidth share for large moves its devices make
+    /// ([`virtsoc_svm::pace`]), and what pacing held back.
+    bandwidth: Mutex<Bandwidth>,
+}
+
+/// A guest's bandwidth bucket on the session's clock, and its pacing so far.
+struct Bandwidth {
+    bucket: Bucket,
+    epoch: Instant,
+    paced: Paced,
+}
+
+/// What pacing to a guest's bandwidth share did to it so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Paced {
+    /// Bytes its devices moved in paced chunks.
+    pub bytes: u64,
+    /// Time its paced moves waited for their bytes of the share, in nanoseconds.
+    pub wait_ns: u64,
 }
 
 impl Session {
@@ -72,6 +92,11 @@ impl Session {
             keep_state: AtomicBool::new(false),
             gate: Mutex::new((false, false)),
             gate_cv: Condvar::new(),
+            bandwidth: Mutex::new(Bandwidth {
+                bucket: Bucket::new(limits.bandwidth),
+                epoch: Instant::now(),
+                paced: Paced::default(),
+            }),
         })
     }
 
@@ -139,6 +164,30 @@ impl Session {
     /// The guest's name from the handshake.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Takes `bytes` of the guest's bandwidth share at `now` for one paced chunk: `Err(t)`
+    /// when they will be there at `t` (nothing taken). See [`virtsoc_svm::pace`].
+    pub fn take_bandwidth(&self, now: Instant, bytes: u64) -> Result<(), Instant> {
+        let mut b = self.bandwidth.lock_or_recover();
+        let t = now.saturating_duration_since(b.epoch).as_nanos() as u64;
+        match b.bucket.take(t, bytes) {
+            Ok(()) => {
+                b.paced.bytes += bytes;
+                Ok(())
+            }
+            Err(at) => Err(b.epoch + Duration::from_nanos(at)),
+        }
+    }
+
+    /// Counts `waited` of pacing: a paced chunk waited this long for its bytes of the share.
+    pub fn note_paced_wait(&self, waited: Duration) {
+        self.bandwidth.lock_or_recover().paced.wait_ns += waited.as_nanos() as u64;
+    }
+
+    /// What pacing did to the guest so far.
+    pub fn paced(&self) -> Paced {
+        self.bandwidth.lock_or_recover().paced
     }
 
     /// The guest's virtual fence table.

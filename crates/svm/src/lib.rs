@@ -14,6 +14,7 @@ pub mod domain;
 pub mod engine;
 pub mod guest;
 pub mod id;
+pub mod pace;
 pub mod ranges;
 pub mod region;
 mod replicas;

@@ -74,11 +74,18 @@ pub fn copy_nt(dst: &mut [u8], src: &[u8]) {
 /// stays in the L1 cache and each chunk is streamed to `dst` past the caches (a generator
 /// that also reads its chunk, e.g. to checksum it, then reads it from the cache, not from
 /// memory); below it `gen` writes `dst` itself.
-pub fn fill_with(dst: &mut [u8], mut gen: impl FnMut(&mut [u8])) {
+pub fn fill_with(dst: &mut [u8], gen: impl FnMut(&mut [u8])) {
     if dst.len() < STREAM_MIN {
         dst.chunks_mut(FILL_CHUNK).for_each(gen);
         return;
     }
+    fill_streaming(dst, gen);
+}
+
+/// [`fill_with`] streaming whatever the size: for one piece of a large fill made a piece at
+/// a time (a paced fill, [`crate::pace`]). Pieces other than the last should be multiples of
+/// [`FILL_CHUNK`] for the generator to see the chunks of one [`fill_with`].
+pub fn fill_streaming(dst: &mut [u8], mut gen: impl FnMut(&mut [u8])) {
     let mut scratch = vec![0u8; FILL_CHUNK];
     for d in dst.chunks_mut(FILL_CHUNK) {
         let s = &mut scratch[..d.len()];

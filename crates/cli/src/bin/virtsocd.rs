@@ -165,6 +165,14 @@ struct Args {
     /// Limit: GPU submissions of one guest in flight at once (Busy beyond).
     #[arg(long, default_value_t = Limits::default().gpu_in_flight, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     limit_gpu_in_flight: usize,
+    /// Limit: one guest's memory-bandwidth share, bytes per second, for the large fills and
+    /// copies its devices make (at least 2 MiB each: they run in 256 KiB steps, each waiting
+    /// for its bytes of the share; 0: not paced).
+    #[arg(long, default_value_t = Limits::default().bandwidth.rate)]
+    limit_bandwidth: u64,
+    /// Limit: bytes of that share a guest may bank while it moves less (its burst).
+    #[arg(long, default_value_t = Limits::default().bandwidth.burst)]
+    limit_bandwidth_burst: u64,
     /// Milliseconds a new connection has to send its complete hello.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout_ms: u64,
@@ -264,6 +272,10 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             snapshot_interval: std::time::Duration::from_millis(args.limit_snapshot_interval_ms),
             gpu_cost: args.limit_gpu_cost,
             gpu_in_flight: args.limit_gpu_in_flight,
+            bandwidth: virtsoc_svm::pace::Share {
+                rate: args.limit_bandwidth,
+                burst: args.limit_bandwidth_burst,
+            },
         },
         devices: virtsoc_host::device::registry::DeviceConfig {
             gpu: args.gpu_backend,

@@ -18,6 +18,13 @@
 //!   it to retry;
 //! - a device command may finish *later* (an asynchronous GPU submission): it hands back a
 //!   [`Reply`] that posts the completion when the work is done;
+//! - a command that moves many bytes (a fill or copy of at least
+//!   [`STREAM_MIN`](virtsoc_svm::stream::STREAM_MIN) bytes, [`Device::paced`]) runs in
+//!   [`PACE_CHUNK`](virtsoc_svm::pace::PACE_CHUNK) steps, each taking its bytes from the
+//!   guest's bandwidth share first ([`virtsoc_svm::pace`], `Limits::bandwidth`): between two
+//!   steps the worker serves the other guests, and when the share is spent that guest's
+//!   queue waits (a timed wait of the worker, woken early by any other event) while the
+//!   others go on;
 //! - a fence `Signal` queued after a command fires only once that command is really done: the
 //!   queue's [`DoneToken`] travels with the [`Reply`], and with the prefetch copies a writer's
 //!   end_access started when its guest does not block for them (fence ordering), so a reader
@@ -140,6 +147,14 @@ pub trait Device: Send + Sync {
         let result = self.execute(cx, args);
         reply.send_because(result, cx.take_reason());
     }
+    /// A command that moves many bytes for the guest (a fill or copy of at least
+    /// [`virtsoc_svm::stream::STREAM_MIN`] bytes), to be run a chunk at a time paced to the
+    /// guest's bandwidth share ([`virtsoc_svm::pace`]): the worker runs its steps as the
+    /// share allows and serves other guests between them. `None` (the default, and for a
+    /// command whose arguments are wrong: `execute` answers those) runs the command whole.
+    fn paced(&self, _cx: &DeviceCtx<'_>, _args: &[u64; 6]) -> Option<Box<dyn PacedOp>> {
+        None
+    }
     /// A guest went away: drop every object it held on this device.
     fn guest_gone(&self, _guest: GuestId) {}
     /// A display's latest frame presented by `guest` newer than frame `after`, waiting up to
@@ -176,6 +191,15 @@ pub trait Device: Send + Sync {
             self.name()
         )))
     }
+}
+
+/// A device command run in steps, each moving at most
+/// [`PACE_CHUNK`](virtsoc_svm::pace::PACE_CHUNK) bytes ([`Device::paced`]).
+pub trait PacedOp: Send {
+    /// Bytes the next step moves.
+    fn next_bytes(&self) -> u64;
+    /// Runs the next step: the command's answer once it is done.
+    fn step(&mut self, cx: &DeviceCtx<'_>) -> Option<DeviceResult>;
 }
 
 /// Checks a device command against the device's declaration: the opcode exists and every
@@ -378,6 +402,49 @@ struct Parked {
     ticket: Arc<CopyTicket>,
 }
 
+/// A paced command between its steps ([`Device::paced`]), and since when its next step has
+/// been waiting for its bytes of the guest's share.
+struct PacedRun {
+    op: Box<dyn PacedOp>,
+    reply: Reply,
+    waiting: Option<Instant>,
+}
+
+/// What `execute` left for later.
+enum Later {
+    /// A begin_access waiting for a copy.
+    Parked(Parked),
+    /// A command run in paced steps.
+    Paced(PacedRun),
+}
+
+/// Runs paced command `p` of `session` one step if the guest's share has its bytes now;
+/// else returns it with the time they will be there. `None`: the command is done (answered).
+fn step_paced(
+    svm: &Arc<SvmManager>,
+    slot: &DeviceSlot,
+    session: &Arc<Session>,
+    mut p: PacedRun,
+) -> Option<(PacedRun, Option<Instant>)> {
+    let now = Instant::now();
+    if let Err(at) = session.take_bandwidth(now, p.op.next_bytes()) {
+        p.waiting.get_or_insert(now);
+        return Some((p, Some(at)));
+    }
+    if let Some(since) = p.waiting.take() {
+        session.note_paced_wait(now.saturating_duration_since(since));
+    }
+    let cx = DeviceCtx::new(session.guest_id(), svm, slot.domain, session.fences())
+        .reading_host(slot.device.reads_host_memory());
+    match p.op.step(&cx) {
+        Some(result) => {
+            p.reply.send_because(result, cx.take_reason());
+            None
+        }
+        None => Some((p, None)),
+    }
+}
+
 /// Keeps a writer's request open until the prefetch copies its end_access started are done,
 /// so a fence signal queued after it fires only then; tells the SVM how long that held the
 /// writer back.
@@ -432,7 +499,7 @@ pub fn access_spec(req: &Request, domain: DomainId) -> Result<(RegionId, AccessS
 }
 
 /// Runs one request on the device. A begin_access that must wait for a copy comes back
-/// parked.
+/// parked; a command the device paces ([`Device::paced`]) comes back to be run in steps.
 fn execute(
     svm: &Arc<SvmManager>,
     slot: &DeviceSlot,
@@ -441,7 +508,7 @@ fn execute(
     reply: Reply,
     retry: bool,
     policy: &Policy,
-) -> Option<Parked> {
+) -> Option<Later> {
     let guest = session.guest_id();
     if !retry && !permitted(slot, policy, session.name(), &req) {
         slot.acct.denied(guest.0);
@@ -459,7 +526,9 @@ fn execute(
             };
             match svm.begin_access_step(guest, id, &spec, retry) {
                 Ok(Progress::Done(r)) => reply.send(Ok(dispatch::access_values(&r))),
-                Ok(Progress::Wait(ticket)) => return Some(Parked { req, reply, ticket }),
+                Ok(Progress::Wait(ticket)) => {
+                    return Some(Later::Parked(Parked { req, reply, ticket }))
+                }
                 Err(e) => reply.send(Err(dispatch::status_of(&e))),
             }
         }
@@ -496,6 +565,13 @@ fn execute(
                 reply.send(Err(st));
                 return None;
             }
+            if let Some(op) = slot.device.paced(&cx, &req.args) {
+                return Some(Later::Paced(PacedRun {
+                    op,
+                    reply,
+                    waiting: None,
+                }));
+            }
             slot.device.execute_async(&cx, &req.args, reply);
         }
         _ => reply.send(Err(Status::UnknownOpcode)),
@@ -508,12 +584,16 @@ fn execute(
 /// each queue in order. A queue held by a fence wait, by a begin_access parked on a copy, or by
 /// a command still running on the device has nothing ready; the fence's signal, the copy's
 /// completion or the command's reply wakes the worker, and so does the time a rate control
-/// postponed every ready guest to.
+/// postponed every ready guest to. A paced command ([`Device::paced`]) holds its queue too:
+/// each pass runs its next step if its guest's bandwidth share has the bytes, and otherwise
+/// the worker serves the others and wakes (at the latest) when the share will have them.
 fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
     // Fence each blocked queue has a wake-up registered for (keyed by queue address).
     let mut armed: HashMap<usize, FenceId> = HashMap::new();
     // The parked begin_access of each queue that has one.
     let mut parked: HashMap<usize, Parked> = HashMap::new();
+    // The paced command of each queue that has one, between its steps.
+    let mut paced: HashMap<usize, PacedRun> = HashMap::new();
     // Queues whose last request is still being answered (set until its reply is sent).
     let mut busy: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
     // The next request of each queue, taken off it and waiting for the scheduler's turn.
@@ -529,10 +609,29 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
         let mut ready: Vec<usize> = Vec::new();
         let mut running: Vec<u64> = Vec::new();
         let policy = arbiter.policy().current();
+        // The earliest time a paced command's next step has its bytes of its guest's share.
+        let mut pace_wake: Option<Instant> = None;
         for (i, (session, q)) in queues.iter().enumerate() {
             let key = Arc::as_ptr(q) as usize;
             if session.is_closed() {
                 dead.push(key);
+                continue;
+            }
+            // A paced command runs a step when its guest's share has the bytes, else waits
+            // without holding the worker: the other queues are served meanwhile.
+            if let Some(p) = paced.remove(&key) {
+                running.push(session.guest_id().0);
+                match step_paced(&svm, &slot, session, p) {
+                    None => progressed = true,
+                    Some((p, None)) => {
+                        paced.insert(key, p);
+                        progressed = true;
+                    }
+                    Some((p, Some(at))) => {
+                        pace_wake = Some(pace_wake.map_or(at, |w| w.min(at)));
+                        paced.insert(key, p);
+                    }
+                }
                 continue;
             }
             if let Some(p) = parked.remove(&key) {
@@ -542,7 +641,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
                     continue;
                 }
                 if let Some(again) = execute(&svm, &slot, session, p.req, p.reply, true, &policy) {
-                    park(&slot, &mut parked, key, again);
+                    hold(&slot, (&mut parked, &mut paced), key, again);
                 }
                 progressed = true;
                 continue;
@@ -591,7 +690,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
                             if let Some(p) =
                                 execute(&svm, &slot, session, req, reply, false, &policy)
                             {
-                                park(&slot, &mut parked, key, p);
+                                hold(&slot, (&mut parked, &mut paced), key, p);
                             }
                             progressed = true;
                         }
@@ -616,6 +715,7 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
             for k in dead {
                 armed.remove(&k);
                 parked.remove(&k);
+                paced.remove(&k);
                 busy.remove(&k);
                 staged.remove(&k);
             }
@@ -628,7 +728,31 @@ fn worker(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
         if !progressed {
             let limit = deadline
                 .map(|t| std::time::Duration::from_nanos(t.saturating_sub(slot.acct.now()).max(1)));
+            let pace_limit = pace_wake.map(|t| {
+                t.saturating_duration_since(Instant::now())
+                    .max(std::time::Duration::from_nanos(1))
+            });
+            let limit = match (limit, pace_limit) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             slot.events.wait_past_for(seen, limit);
+        }
+    }
+}
+
+/// Keeps what `execute` left for later for queue `key`: parks a begin_access, or keeps a
+/// paced command for its steps.
+fn hold(
+    slot: &DeviceSlot,
+    (parked, paced): (&mut HashMap<usize, Parked>, &mut HashMap<usize, PacedRun>),
+    key: usize,
+    later: Later,
+) {
+    match later {
+        Later::Parked(p) => park(slot, parked, key, p),
+        Later::Paced(p) => {
+            paced.insert(key, p);
         }
     }
 }

@@ -6,6 +6,13 @@ use virtsoc_proto::wire::testdev::{CHECKSUM, WRITE_PATTERN};
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionId;
 
+use std::sync::Arc;
+
+use virtsoc_svm::backing::HostBuf;
+use virtsoc_svm::pace::PACE_CHUNK;
+use virtsoc_svm::stream::STREAM_MIN;
+use virtsoc_svm::Backing;
+
 use super::{Device, DeviceCtx, DeviceResult};
 
 /// Fills `buf` with the pattern of `seed` (xorshift64 words) and returns its CRC-32.
@@ -15,23 +22,63 @@ use super::{Device, DeviceCtx, DeviceResult};
 /// ([`virtsoc_svm::stream::fill_with`]), so a guest filling 16 MiB buffers does not evict
 /// what the other guests' paths keep in the caches.
 pub fn fill_pattern(buf: &mut [u8], seed: u64) -> u32 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut crc = crc32fast::Hasher::new();
-    // Every chunk but the last is a whole number of words: the words run on across chunks.
-    virtsoc_svm::stream::fill_with(buf, |chunk| {
+    let mut p = Pattern::new(seed);
+    virtsoc_svm::stream::fill_with(buf, |chunk| p.chunk(chunk));
+    p.crc.finalize()
+}
+
+/// The pattern of one seed and the CRC-32 of what it wrote so far, chunk by chunk: every
+/// chunk but the last a whole number of words (the words run on across chunks).
+struct Pattern {
+    x: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl Pattern {
+    fn new(seed: u64) -> Self {
+        Pattern {
+            x: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+
+    fn chunk(&mut self, chunk: &mut [u8]) {
         let mut words = chunk.chunks_exact_mut(8);
         for c in &mut words {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.copy_from_slice(&x.to_le_bytes());
+            self.x ^= self.x << 13;
+            self.x ^= self.x >> 7;
+            self.x ^= self.x << 17;
+            c.copy_from_slice(&self.x.to_le_bytes());
         }
         let rest = words.into_remainder();
-        let tail = x.to_le_bytes();
+        let tail = self.x.to_le_bytes();
         rest.copy_from_slice(&tail[..rest.len()]);
-        crc.update(chunk);
-    });
-    crc.finalize()
+        self.crc.update(chunk);
+    }
+}
+
+/// A large pattern fill made [`PACE_CHUNK`] bytes at a time, each piece streamed past the
+/// caches, paced to the guest's bandwidth share by the device worker ([`super::PacedOp`]).
+/// The replica is looked up once and locked for one piece at a time.
+struct PacedFill {
+    buf: Arc<HostBuf>,
+    len: usize,
+    pattern: Pattern,
+    done: usize,
+}
+
+impl super::PacedOp for PacedFill {
+    fn next_bytes(&self) -> u64 {
+        self.len.saturating_sub(self.done).min(PACE_CHUNK) as u64
+    }
+
+    fn step(&mut self, _cx: &DeviceCtx<'_>) -> Option<DeviceResult> {
+        let end = self.len.min(self.done + PACE_CHUNK);
+        let p = &mut self.pattern;
+        virtsoc_svm::stream::fill_streaming(&mut self.buf.lock()[self.done..end], |c| p.chunk(c));
+        self.done = end;
+        (end == self.len).then(|| Ok([self.pattern.crc.clone().finalize() as u64, 0, 0, 0, 0, 0]))
+    }
 }
 
 /// Writes patterns.
@@ -60,6 +107,27 @@ impl Device for Producer {
             }
             _ => Err(Status::UnknownOpcode),
         }
+    }
+
+    /// A fill of at least [`STREAM_MIN`] bytes (one that streams past the caches) is paced.
+    fn paced(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> Option<Box<dyn super::PacedOp>> {
+        if args[0] != WRITE_PATTERN {
+            return None;
+        }
+        // Anything wrong with the region: `execute` answers it.
+        let Ok(Backing::Host(buf)) = cx.svm.replica(cx.guest, RegionId(args[1]), cx.domain) else {
+            return None;
+        };
+        let len = buf.read().len();
+        if len < STREAM_MIN {
+            return None;
+        }
+        Some(Box::new(PacedFill {
+            buf,
+            len,
+            pattern: Pattern::new(args[2]),
+            done: 0,
+        }))
     }
 }
 
@@ -131,6 +199,49 @@ mod tests {
         let rest = chunks.into_remainder();
         rest.copy_from_slice(&x.to_le_bytes()[..rest.len()]);
         crc32fast::hash(buf)
+    }
+
+    /// A paced fill, step by step, writes the bytes and answers the CRC of the fill in one
+    /// piece; each step moves at most one pace chunk.
+    #[test]
+    fn a_paced_fill_in_steps_writes_the_bytes_and_crc_of_one_piece() {
+        use super::super::PacedOp;
+        let core = crate::testkit::Core::new();
+        let cx = DeviceCtx::new(
+            crate::testkit::GUEST,
+            &core.svm,
+            virtsoc_svm::DomainId(0),
+            core.session.fences(),
+        );
+        for len in [
+            STREAM_MIN,
+            STREAM_MIN + 5,
+            STREAM_MIN + 3 * PACE_CHUNK + 4096 + 64,
+        ] {
+            let buf = HostBuf::zeroed(len);
+            let mut op = PacedFill {
+                buf: buf.clone(),
+                len,
+                pattern: Pattern::new(42),
+                done: 0,
+            };
+            let (mut steps, mut moved) = (0, 0);
+            let answer = loop {
+                let n = op.next_bytes();
+                assert!(n > 0 && n <= PACE_CHUNK as u64, "len {len}: step of {n}");
+                moved += n;
+                steps += 1;
+                if let Some(r) = op.step(&cx) {
+                    break r;
+                }
+            };
+            assert_eq!(moved, len as u64);
+            assert_eq!(steps, len.div_ceil(PACE_CHUNK));
+            let mut want = vec![0u8; len];
+            let crc = fill_reference(&mut want, 42);
+            assert_eq!(answer, Ok([crc as u64, 0, 0, 0, 0, 0]), "len {len}");
+            assert!(buf.read()[..] == want[..], "len {len}");
+        }
     }
 
     #[test]

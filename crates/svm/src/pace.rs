@@ -1,0 +1,204 @@
+//! Bandwidth shares: a per-guest token bucket of bytes per second that paces the large moves
+//! of bytes the daemon makes on a guest's behalf, as a memory controller caps a tenant's
+//! bandwidth (Intel MBA, ARM MPAM) or a DMA engine its channels.
+//!
+//! Why: the daemon plays the devices' DMA engines with the host CPU, and one guest moving
+//! bytes as fast as it can (a test producer filling 16 MiB per iteration) loads the memory
+//! bandwidth every other guest's microsecond-scale paths depend on; the harm follows the
+//! bytes moved per second (`virtsoc bench isolation --hostile queue-flood`, `docs/results.md`
+//! stops 18 and 20). Streaming past the caches ([`crate::stream`]) took away the cache
+//! pollution, not the bandwidth.
+//!
+//! The rule: a move of at least [`crate::stream::STREAM_MIN`] bytes is made in chunks of
+//! [`PACE_CHUNK`] bytes, and each chunk takes its bytes from the guest's [`Bucket`] first: a
+//! bucket refills at `rate` bytes per second up to `burst` bytes, so a guest moves at most
+//! `burst + rate * t` bytes in any `t` seconds, and a guest that was idle has no more than
+//! `burst` banked. A chunk whose bytes are not there waits until they are: the device worker
+//! defers that guest's command (it serves the other guests meanwhile and wakes at the time
+//! the bucket names), so waiting for tokens never holds back another guest.
+
+/// Bytes of one paced step: between two steps of one guest's large move the worker serves
+/// other guests. A multiple of [`crate::stream::FILL_CHUNK`] (the fills' generators keep their
+/// word stream across steps); about 50 us of a streaming fill.
+pub const PACE_CHUNK: usize = 256 << 10;
+
+/// A guest's bandwidth share: bytes per second and the most it may bank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// Bytes per second; 0: not paced.
+    pub rate: u64,
+    /// Most bytes the bucket holds (taken as at least [`PACE_CHUNK`], so a chunk always
+    /// fits).
+    pub burst: u64,
+}
+
+impl Share {
+    /// Not paced.
+    pub const UNLIMITED: Share = Share { rate: 0, burst: 0 };
+
+    /// Whether moves are paced at all.
+    pub fn paced(&self) -> bool {
+        self.rate > 0
+    }
+}
+
+/// A token bucket of bytes on a caller's clock (nanoseconds, any epoch; a clock going back
+/// counts as standing still): full at first, refilled at the share's rate up to its burst.
+/// Integer arithmetic throughout (tokens are kept in byte-nanoseconds), so the times it names
+/// are exact.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    share: Share,
+    /// Bytes available at `last`, times 10^9.
+    tokens: u128,
+    last: Option<u64>,
+}
+
+const NS: u128 = 1_000_000_000;
+
+impl Bucket {
+    /// A full bucket of `share`.
+    pub fn new(share: Share) -> Self {
+        let mut b = Bucket {
+            share,
+            tokens: 0,
+            last: None,
+        };
+        b.tokens = b.capacity() * NS;
+        b
+    }
+
+    /// The share.
+    pub fn share(&self) -> Share {
+        self.share
+    }
+
+    fn capacity(&self) -> u128 {
+        u128::from(self.share.burst.max(PACE_CHUNK as u64))
+    }
+
+    fn refill(&mut self, now: u64) {
+        let last = *self.last.get_or_insert(now);
+        let dt = u128::from(now.saturating_sub(last));
+        self.tokens = (self.tokens + dt * u128::from(self.share.rate)).min(self.capacity() * NS);
+        self.last = Some(now.max(last));
+    }
+
+    /// Takes `bytes` at `now`: `Ok` if they were there (or the share is not paced), else
+    /// `Err` with the time they will be (nothing taken). A request over the capacity is
+    /// taken as the capacity (it would never fit).
+    pub fn take(&mut self, now: u64, bytes: u64) -> Result<(), u64> {
+        if !self.share.paced() {
+            return Ok(());
+        }
+        self.refill(now);
+        let want = u128::from(bytes).min(self.capacity()) * NS;
+        if self.tokens >= want {
+            self.tokens -= want;
+            Ok(())
+        } else {
+            let rate = u128::from(self.share.rate);
+            let wait = (want - self.tokens).div_ceil(rate);
+            Err(now.max(self.last.unwrap_or(now)) + u64::try_from(wait).unwrap_or(u64::MAX / 2))
+        }
+    }
+
+    /// Bytes available at `now`.
+    pub fn available(&mut self, now: u64) -> u64 {
+        if !self.share.paced() {
+            return u64::MAX;
+        }
+        self.refill(now);
+        u64::try_from(self.tokens / NS).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000_000_000;
+
+    /// Takes chunks as fast as the bucket gives them, on a fake clock that jumps to each
+    /// time the bucket names: the bytes moved in `span` are the burst plus the rate's.
+    #[test]
+    fn the_rate_is_held_after_the_burst() {
+        let share = Share {
+            rate: 100 << 20,
+            burst: 4 << 20,
+        };
+        let mut b = Bucket::new(share);
+        let (mut now, mut moved) = (0u64, 0u64);
+        let chunk = PACE_CHUNK as u64;
+        while now < 10 * S {
+            match b.take(now, chunk) {
+                Ok(()) => moved += chunk,
+                Err(at) => {
+                    assert!(at > now, "the bucket names a later time");
+                    now = at;
+                }
+            }
+        }
+        let want = share.burst + share.rate * 10;
+        // Within one chunk of burst + rate x 10 s (the last chunk may straddle the end).
+        assert!(
+            moved <= want + chunk && moved + chunk >= want,
+            "moved {moved}, want {want}"
+        );
+    }
+
+    #[test]
+    fn a_burst_is_bounded_by_the_bucket() {
+        let share = Share {
+            rate: 10 << 20,
+            burst: 2 << 20,
+        };
+        let mut b = Bucket::new(share);
+        let chunk = PACE_CHUNK as u64;
+        // At one instant: exactly the burst, then a refusal naming when the next chunk fits.
+        let n = (0..100)
+            .take_while(|_| b.take(5 * S, chunk).is_ok())
+            .count() as u64;
+        assert_eq!(n * chunk, share.burst);
+        let at = b.take(5 * S, chunk).unwrap_err();
+        assert_eq!(at, 5 * S + chunk * S / share.rate);
+        // Not before that time, then yes.
+        assert!(b.take(at - 1, chunk).is_err());
+        assert!(b.take(at, chunk).is_ok());
+    }
+
+    /// A guest idle for a minute has the burst banked, not a minute's worth.
+    #[test]
+    fn an_idle_guest_banks_no_more_than_the_burst() {
+        let share = Share {
+            rate: 50 << 20,
+            burst: 1 << 20,
+        };
+        let mut b = Bucket::new(share);
+        b.take(0, share.burst).unwrap();
+        assert_eq!(b.available(0), 0);
+        assert_eq!(b.available(60 * S), share.burst);
+        let chunk = PACE_CHUNK as u64;
+        let n = (0..1000)
+            .take_while(|_| b.take(60 * S, chunk).is_ok())
+            .count() as u64;
+        assert_eq!(n * chunk, share.burst);
+        // Half the time for one chunk later: still nothing.
+        assert!(b.take(60 * S + chunk * S / share.rate / 2, chunk).is_err());
+        // A clock that goes back is ignored (nothing refilled, nothing lost).
+        assert!(b.take(60 * S - MS, chunk).is_err());
+    }
+
+    #[test]
+    fn a_chunk_always_fits_and_an_unpaced_share_never_waits() {
+        // A burst below one chunk is taken as one chunk.
+        let mut b = Bucket::new(Share { rate: 1, burst: 10 });
+        assert!(b.take(0, PACE_CHUNK as u64).is_ok());
+        assert!(b.take(0, 1).is_err());
+        let mut u = Bucket::new(Share::UNLIMITED);
+        for _ in 0..1000 {
+            assert!(u.take(0, 1 << 30).is_ok());
+        }
+    }
+}
