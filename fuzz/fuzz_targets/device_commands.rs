@@ -116,7 +116,7 @@ fn layout(b: &mut Bytes) -> (FrameLayout, usize, usize) {
         (w, h)
     };
     let pad = u32::from(b.u8() % 80);
-    let stride = (w * format.luma_bytes_per_pixel()).saturating_add(pad);
+    let stride = (w * format.bytes_per_pixel()).saturating_add(pad);
     let l = FrameLayout {
         format,
         width: w,
