@@ -55,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let w = world();
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let guest = NEXT.fetch_add(1, Ordering::Relaxed);
+    let guest = virtsoc_svm::GuestId(NEXT.fetch_add(1, Ordering::Relaxed));
     let which = pick as usize % ProtocolKind::ALL.len();
     let kind = ProtocolKind::ALL[which];
     w.svm
