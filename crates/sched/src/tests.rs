@@ -265,7 +265,8 @@ fn feedback_boost_serves_the_boosted_guest_first_and_limits_the_others() {
     assert_eq!(f.pick(&[1, 3], &[2], 51 * MS), Pick::Serve(1));
     f.set_boost(1, false);
     assert_eq!(f.pick(&[3], &[], 51 * MS), Pick::Serve(3));
-    // A command on the device (`max_running`): the next choice waits for its answer.
+    // A command on the device (`max_running`) whose dispatch it was not told of, so no
+    // expected answer to release the next a lead before: the next choice waits for it.
     f.commands_running(1);
     assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Wait);
     f.commands_running(0);
