@@ -22,6 +22,9 @@ pub(super) type Callback = Box<dyn FnOnce(Result<()>) + Send>;
 struct Inner {
     /// Highest submission number handed to the queue.
     submitted: SubmissionId,
+    /// wgpu's index of each submission not known complete, by number: the poller waits for
+    /// the oldest, so each answers when it is done, not when the newest is.
+    indices: BTreeMap<SubmissionId, wgpu::SubmissionIndex>,
     /// Callbacks waiting for their submission, by number.
     waiting: BTreeMap<SubmissionId, Vec<Callback>>,
     /// Callbacks to run at once with a fixed result (unknown ids).
@@ -52,10 +55,11 @@ impl Completion {
         self.completed.load(Ordering::Acquire)
     }
 
-    /// Submission `id` was handed to the queue: the poller has work.
-    pub(super) fn submitted(&self, id: SubmissionId) {
+    /// Submission `id` (wgpu's `index`) was handed to the queue: the poller has work.
+    pub(super) fn submitted(&self, id: SubmissionId, index: wgpu::SubmissionIndex) {
         let mut g = self.inner.lock_or_recover();
         g.submitted = g.submitted.max(id);
+        g.indices.insert(id, index);
         self.cv.notify_all();
     }
 
@@ -137,11 +141,17 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
             return;
         }
         if g.submitted > done && g.failed.is_none() {
+            // The oldest submission not known complete: waiting for the newest (wgpu's
+            // default) would answer every earlier one only when the newest is done, so
+            // with several on the queue their answers would come together, each but the
+            // last late, and device time would be charged to the wrong commands.
+            g.indices = g.indices.split_off(&(done + 1));
+            let oldest = g.indices.values().next().cloned();
             drop(g);
             let r = super::poll(
                 &device,
                 wgpu::PollType::Wait {
-                    submission_index: None,
+                    submission_index: oldest,
                     timeout: Some(Duration::from_secs(1)),
                 },
             );

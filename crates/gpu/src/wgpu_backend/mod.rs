@@ -430,7 +430,7 @@ impl WgpuBackend {
             *d2.lock_or_recover() = Some(Instant::now());
             c2.work_done(id);
         });
-        self.completion.submitted(id);
+        self.completion.submitted(id, index.clone());
         Submitted {
             id,
             at,
