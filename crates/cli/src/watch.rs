@@ -298,7 +298,7 @@ fn measure_windows(
 ) -> Result<(Vec<Window>, Vec<Window>), CliError> {
     let window = |pid: u32| -> Result<Window, CliError> {
         let cpu = || {
-            scenario::cpu_seconds(pid)
+            scenario::daemon_cpu_seconds(pid)
                 .ok_or_else(|| CliError::Usage("the daemon's CPU time is unreadable".into()))
         };
         let (c0, threads0, t0) = (cpu()?, thread_times(pid), std::time::Instant::now());

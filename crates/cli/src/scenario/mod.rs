@@ -131,6 +131,35 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / rustix::param::clock_ticks_per_second() as f64)
 }
 
+/// CPU seconds of the daemon `pid` with its decoder workers: its own, its running
+/// children's, and those of the children it has reaped (`cutime`, `cstime`).
+pub fn daemon_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let reaped = f.get(13)?.parse::<f64>().ok()? + f.get(14)?.parse::<f64>().ok()?;
+    let reaped = reaped / rustix::param::clock_ticks_per_second() as f64;
+    let live: f64 = live_children(pid).into_iter().filter_map(cpu_seconds).sum();
+    Some(cpu_seconds(pid)? + reaped + live)
+}
+
+/// The running children of process `pid` (from each of its threads' `children` list).
+fn live_children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}
+
 /// Parses `1080p`, `720p`, `uhd`/`2160p`.
 pub fn resolution(s: &str) -> Result<(u32, u32), CliError> {
     match s {
@@ -214,7 +243,7 @@ impl Common {
         self.before = conn.counters()?;
         self.ledger0 = conn.ledger()?;
         self.cpu_guest0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
-        self.cpu_daemon0 = self.daemon_pid.and_then(cpu_seconds);
+        self.cpu_daemon0 = self.daemon_pid.and_then(daemon_cpu_seconds);
         self.t0 = Instant::now();
         Ok(())
     }
@@ -313,7 +342,7 @@ pub fn run_on(
         prediction_accuracy: (scored > 0).then(|| d.hits as f64 / scored as f64),
         cpu_daemon_pct: common
             .cpu_daemon0
-            .zip(daemon_pid.and_then(cpu_seconds))
+            .zip(daemon_pid.and_then(daemon_cpu_seconds))
             .map(|(a, b)| (b - a) / wall * 100.0),
         cpu_guest_pct: (cpu_seconds(std::process::id()).unwrap_or(0.0) - common.cpu_guest0) / wall
             * 100.0,
