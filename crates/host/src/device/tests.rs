@@ -1,6 +1,7 @@
 //! The device side of the core path on fakes: the test plays the worker, one step at a time
 //! on its own thread, over idle devices (see `testkit`).
 
+use super::worker::execute;
 use super::*;
 use crate::testkit::{result_of, Core};
 use virtsoc_fence::queue::QueueItem;
