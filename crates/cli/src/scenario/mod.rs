@@ -122,25 +122,35 @@ fn now_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// CPU seconds (user + system) of process `pid` from /proc.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+/// CPU seconds of process `pid` from /proc: (its own user + system, its reaped children's).
+fn proc_cpu(pid: u32) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / rustix::param::clock_ticks_per_second() as f64)
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let tick = rustix::param::clock_ticks_per_second() as f64;
+    // utime, stime, cutime, cstime.
+    Some((
+        (f.first()? + f.get(1)?) / tick,
+        (f.get(2)? + f.get(3)?) / tick,
+    ))
+}
+
+/// CPU seconds (user + system) of process `pid`.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    proc_cpu(pid).map(|(own, _)| own)
 }
 
 /// CPU seconds of the daemon `pid` with its decoder workers: its own, its running
-/// children's, and those of the children it has reaped (`cutime`, `cstime`).
+/// children's, and those of the children it has reaped.
 pub fn daemon_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let reaped = f.get(13)?.parse::<f64>().ok()? + f.get(14)?.parse::<f64>().ok()?;
-    let reaped = reaped / rustix::param::clock_ticks_per_second() as f64;
+    let (own, reaped) = proc_cpu(pid)?;
     let live: f64 = live_children(pid).into_iter().filter_map(cpu_seconds).sum();
-    Some(cpu_seconds(pid)? + reaped + live)
+    Some(own + reaped + live)
 }
 
 /// The running children of process `pid` (from each of its threads' `children` list).

@@ -32,8 +32,8 @@ pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
 pub use encoder::{EncodedPacket, EncoderPreset, FfmpegEncoder};
 pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
 pub use worker::{
-    check_worker_answer, sandbox, serve_decoder, DecoderPool, ProcessDecoder, SharedPicture,
-    CALL_DEADLINE, DEFAULT_SPARE,
+    check_worker_answer, sandbox, serve_decoder, DecoderPool, ProcessDecoder, CALL_DEADLINE,
+    DEFAULT_SPARE,
 };
 
 use crate::error::{MediaError, Result};

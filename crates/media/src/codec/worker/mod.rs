@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use pool::{DecoderPool, DEFAULT_SPARE};
-pub use shared::SharedPicture;
+pub(crate) use shared::SharedPicture;
 
 use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, HeldPicture, PacketError};
 use crate::error::{MediaError, Result};
