@@ -541,6 +541,10 @@ fn score(
 ) {
     if hit {
         edge.consecutive_misses = 0;
+        edge.consecutive_hits = edge.consecutive_hits.saturating_add(1);
+        if edge.confident() {
+            set_bw_suspended(edge, id, false, counters);
+        }
         if shadow {
             counters.shadow_hits += 1;
         } else {
@@ -553,6 +557,7 @@ fn score(
             debug!("prefetch: flow {id:?} resumed after a hit");
         }
     } else {
+        edge.consecutive_hits = 0;
         edge.consecutive_misses = edge.consecutive_misses.saturating_add(1);
         if shadow {
             counters.shadow_misses += 1;
@@ -575,7 +580,11 @@ fn score(
 }
 
 /// Applies a bandwidth-floor verdict to a flow, counting transitions.
+/// Suspends `edge` for a low bandwidth (`low`, and the flow not [confident]), or resumes it.
+///
+/// [confident]: VirtualEdge::confident
 fn set_bw_suspended(edge: &mut VirtualEdge, id: FlowId, low: bool, counters: &mut PrefetchStats) {
+    let low = low && !edge.confident();
     if low && !edge.bw_suspended {
         edge.bw_suspended = true;
         counters.suspensions += 1;

@@ -44,6 +44,8 @@ pub(crate) struct VirtualEdge {
     /// Physical hyperedge most recently observed together with this flow.
     pub(crate) last_phys: Option<PhysEdgeId>,
     pub(crate) consecutive_misses: u32,
+    /// Current run of consecutive hits (real or shadow plans).
+    pub(crate) consecutive_hits: u32,
     pub(crate) miss_suspended: bool,
     pub(crate) bw_suspended: bool,
     /// `(source, target)` pairs of the flow's most recent plan.
@@ -56,7 +58,30 @@ impl VirtualEdge {
     pub(crate) fn suspended(&self) -> bool {
         self.miss_suspended || self.bw_suspended
     }
+
+    /// Its last [`CONFIDENT_HITS`] scored reads (of real or shadow plans) were hits: a
+    /// prefetch of this flow moves bytes that are read anyway, so a low bandwidth does not
+    /// make it waste (see [`crate::Config::bandwidth_floor`]).
+    pub(crate) fn confident(&self) -> bool {
+        self.consecutive_hits >= CONFIDENT_HITS
+    }
 }
+
+/// Hits in a row after which a flow's prefetches are no longer suspended for a low
+/// bandwidth.
+pub(crate) const CONFIDENT_HITS: u32 = 8;
+
+/// Weight of the newest copy in a pair's steady bandwidth, the one the bandwidth floor is
+/// checked on (about the last ten copies). One 1 MiB copy's rate moves by 2-3x with where
+/// the copying thread runs and what is in the caches (5-25 GB/s measured for the same pair
+/// on the 2-core machine, nothing else running): with the prediction's `alpha` (0.5), two
+/// slow copies in a row fell under half of the largest value ever smoothed and suspended a
+/// flow whose prefetches all hit, round after round.
+pub(crate) const STEADY_ALPHA: f64 = 0.1;
+
+/// Copies before a pair's steady bandwidth counts as its maximum (while it still leans on
+/// its first samples).
+pub(crate) const STEADY_WARMUP: u64 = 8;
 
 /// A hyperedge of the physical layer.
 #[derive(Debug)]
@@ -73,14 +98,16 @@ pub(crate) struct PhysicalEdge {
 /// Bandwidth statistics of one `(src, dst)` pair.
 #[derive(Debug, Default)]
 pub(crate) struct PairBandwidth {
-    /// Smoothed bytes per second.
+    /// Smoothed bytes per second (the configured `alpha`): predicts a copy's time.
     pub(crate) smoothed: Ewma,
-    /// Maximum smoothed value ever reached.
+    /// Bytes per second smoothed over more copies ([`STEADY_ALPHA`]): the bandwidth floor's.
+    pub(crate) steady: Ewma,
+    /// Largest steady value reached after [`STEADY_WARMUP`] copies.
     pub(crate) max: f64,
 }
 
-/// True when the pair has been measured and its smoothed bandwidth is below
-/// `floor * max`.
+/// True when the pair has been measured (its steady bandwidth past its warm-up) and its
+/// steady bandwidth is below `floor * max`.
 pub(crate) fn pair_low(
     bandwidth: &HashMap<(PDev, PDev), PairBandwidth>,
     pair: (PDev, PDev),
@@ -88,7 +115,8 @@ pub(crate) fn pair_low(
 ) -> bool {
     match bandwidth
         .get(&pair)
-        .and_then(|b| b.smoothed.get().map(|s| (s, b.max)))
+        .filter(|b| b.steady.samples() >= STEADY_WARMUP)
+        .and_then(|b| b.steady.get().map(|s| (s, b.max)))
     {
         Some((s, max)) => s < floor * max,
         None => false,
@@ -124,6 +152,7 @@ impl TwinHypergraphs {
             slack: Ewma::new(),
             last_phys: None,
             consecutive_misses: 0,
+            consecutive_hits: 0,
             miss_suspended: false,
             bw_suspended: false,
             plan_pairs: Vec::new(),
@@ -180,8 +209,9 @@ impl TwinHypergraphs {
     /// Feeds one bandwidth sample (bytes per second) into a pair.
     pub(crate) fn record_bandwidth(&mut self, alpha: f64, pair: (PDev, PDev), sample: f64) {
         let b = self.bandwidth.entry(pair).or_default();
-        let s = b.smoothed.update(alpha, sample);
-        if s > b.max {
+        b.smoothed.update(alpha, sample);
+        let s = b.steady.update(STEADY_ALPHA, sample);
+        if b.steady.samples() >= STEADY_WARMUP && s > b.max {
             b.max = s;
         }
     }

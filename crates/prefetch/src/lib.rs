@@ -95,9 +95,19 @@ pub struct Config {
     /// Suspend a flow's prefetching after this many consecutive
     /// mispredictions; default `3`. `0` disables miss-based suspension.
     pub max_consecutive_misses: u32,
-    /// Suspend a flow while the smoothed bandwidth of one of its
-    /// `(source, target)` pairs is below `floor * max smoothed bandwidth ever
-    /// seen on that pair`; in `[0, 1]`, default `0.5`. `0` disables it.
+    /// Suspend a flow while the steady bandwidth of one of its `(source,
+    /// target)` pairs (smoothed over about ten copies) is below `floor * the
+    /// largest steady bandwidth seen on that pair`; in `[0, 1]`, default
+    /// `0.5`. `0` disables it.
+    ///
+    /// The paper suspends "to avoid bandwidth waste". A flow whose last eight
+    /// scored reads were hits wastes none (the bytes it moves are read anyway, then on
+    /// the reader's critical path), so it keeps prefetching whatever the
+    /// bandwidth, and a suspended flow resumes after eight shadow hits in a
+    /// row. Without that, another guest loading the memory system (or the
+    /// copying thread landing on a busy core) turned a well-predicted flow's
+    /// prefetches into copies inside `begin_access`: 1-2 us became 70-110 us
+    /// for a 1 MiB read (`virtsoc bench isolation`, docs/results.md, stop 21).
     pub bandwidth_floor: f64,
 }
 

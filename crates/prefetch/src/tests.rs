@@ -307,33 +307,113 @@ fn shadow_miss_keeps_flow_suspended() {
     assert!(e.flow_info(flow).unwrap().miss_suspended);
 }
 
+/// A flow with `hits` plans in a row that hit, then (`miss`) one read on a device its plan
+/// did not cover before the planned one; copies at 1 GB/s throughout. Returns the flow.
+fn flow_after(e: &PrefetchEngine, hits: u64, miss: bool, size: u64) -> FlowId {
+    pipeline(e, &[0], 0, hits + 1, size, ms(1.0), ms(10.0));
+    let t = Duration::from_secs(1);
+    let flow = write(e, 0, PRODUCER, HOST, size, t).unwrap().flow;
+    if miss {
+        assert_eq!(
+            read(e, 0, CONSUMER, PDev(3), t + ms(10.0)),
+            ReadOutcome::Miss
+        );
+    }
+    assert_eq!(read(e, 0, CONSUMER, DEV, t + ms(10.0)), ReadOutcome::Hit);
+    flow
+}
+
 #[test]
-fn bandwidth_drop_suspends_and_recovery_resumes() {
+fn bandwidth_drop_suspends_a_flow_that_missed_and_recovery_resumes() {
     let e = PrefetchEngine::default();
     let size = 1_000_000;
-    pipeline(&e, &[0], 0, 10, size, ms(1.0), ms(10.0)); // 1 GB/s
-    let t = Duration::from_secs(1);
-    let flow = write(&e, 0, PRODUCER, HOST, size, t).unwrap().flow;
-    read(&e, 0, CONSUMER, DEV, t + ms(10.0));
-    // Two slow copies: 0.55 GB/s, then 0.325 GB/s < 0.5 * 1 GB/s.
-    e.on_copy_complete(HOST, DEV, size, ms(10.0));
-    assert!(!e.flow_info(flow).unwrap().bandwidth_suspended);
-    e.on_copy_complete(HOST, DEV, size, ms(10.0));
+    let flow = flow_after(&e, 10, true, size);
+    // The steady bandwidth (a tenth per copy) from 1 GB/s towards 0.1 GB/s: 0.1 + 0.9 *
+    // 0.9^k, under half of 1 GB/s at the 8th slow copy, not before.
+    for k in 1..=8 {
+        assert!(!e.flow_info(flow).unwrap().bandwidth_suspended, "copy {k}");
+        e.on_copy_complete(HOST, DEV, size, ms(10.0));
+    }
     assert!(e.flow_info(flow).unwrap().bandwidth_suspended);
     assert_eq!(e.stats().suspensions, 1);
     let t = Duration::from_secs(2);
     assert_eq!(write(&e, 0, PRODUCER, HOST, size, t), None);
-    // Shadow hit does not lift a bandwidth suspension.
+    // One shadow hit does not lift a bandwidth suspension.
     assert_eq!(read(&e, 0, CONSUMER, DEV, t + ms(10.0)), ReadOutcome::Hit);
     assert!(e.flow_info(flow).unwrap().bandwidth_suspended);
-    // On-demand copies at full speed: 0.6625 GB/s >= 0.5 GB/s.
+    // An on-demand copy at full speed: 0.1 + 0.9 * 0.9^8 = 0.487 -> 0.538 GB/s >= 0.5.
     e.on_copy_complete(HOST, DEV, size, ms(1.0));
     assert!(!e.flow_info(flow).unwrap().bandwidth_suspended);
     assert_eq!(e.stats().resumptions, 1);
     let p = write(&e, 0, PRODUCER, HOST, size, Duration::from_secs(3)).unwrap();
     assert_eq!(p.flow, flow);
+    // The copy time is predicted from the faster average (alpha 0.5): the last copy counts
+    // half.
     let bw = e.predicted_bandwidth(HOST, DEV).unwrap();
-    assert!((bw - 0.6625e9).abs() < 1.0, "{bw}");
+    assert!(bw > 0.5e9 && bw < 0.6e9, "{bw}");
+}
+
+#[test]
+fn a_flow_whose_plans_all_hit_keeps_prefetching_at_a_low_bandwidth() {
+    let e = PrefetchEngine::default();
+    let size = 1_000_000;
+    let flow = flow_after(&e, 10, false, size);
+    for _ in 0..40 {
+        e.on_copy_complete(HOST, DEV, size, ms(10.0));
+    }
+    assert!(!e.flow_info(flow).unwrap().bandwidth_suspended);
+    let t = Duration::from_secs(2);
+    assert!(write(&e, 0, PRODUCER, HOST, size, t).is_some());
+    // A miss ends its run of hits: the next copy's low bandwidth suspends it.
+    assert_eq!(
+        read(&e, 0, CONSUMER, PDev(3), t + ms(10.0)),
+        ReadOutcome::Miss
+    );
+    assert_eq!(read(&e, 0, CONSUMER, DEV, t + ms(10.0)), ReadOutcome::Hit);
+    e.on_copy_complete(HOST, DEV, size, ms(10.0));
+    assert!(e.flow_info(flow).unwrap().bandwidth_suspended);
+    // Eight shadow hits in a row, two reads a cycle (still slow copies): it prefetches again.
+    for i in 0..4u32 {
+        let t = Duration::from_secs(3 + u64::from(i));
+        assert!(e.flow_info(flow).unwrap().bandwidth_suspended, "cycle {i}");
+        assert_eq!(write(&e, 0, PRODUCER, HOST, size, t), None);
+        e.on_copy_complete(HOST, DEV, size, ms(10.0));
+        assert_eq!(read(&e, 0, CONSUMER, DEV, t + ms(10.0)), ReadOutcome::Hit);
+        assert_eq!(
+            read(&e, 0, CONSUMER, PDev(3), t + ms(10.0)),
+            ReadOutcome::Hit
+        );
+    }
+    assert!(!e.flow_info(flow).unwrap().bandwidth_suspended);
+    assert!(write(&e, 0, PRODUCER, HOST, size, Duration::from_secs(20)).is_some());
+}
+
+#[test]
+fn copies_of_a_noisy_but_steady_bandwidth_do_not_suspend() {
+    // 1 MiB copies between 6 and 18 GB/s in a pseudo-random order, as measured for one
+    // pair on a quiet 2-core machine (the copying thread's core and the caches): the
+    // smoothed-over-two-copies rule suspended such a flow every few dozen copies.
+    let e = PrefetchEngine::default();
+    let size = 1 << 20;
+    let flow = flow_after(&e, 2, true, size);
+    let mut x: u64 = 12345;
+    for i in 0..5000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let gbs = 6.0 + 12.0 * ((x >> 33) as f64 / (1u64 << 31) as f64);
+        e.on_copy_complete(
+            HOST,
+            DEV,
+            size,
+            Duration::from_secs_f64(size as f64 / (gbs * 1e9)),
+        );
+        assert!(
+            !e.flow_info(flow).unwrap().bandwidth_suspended,
+            "copy {i} at {gbs:.1} GB/s"
+        );
+    }
+    assert_eq!(e.stats().suspensions, 0);
 }
 
 #[test]
