@@ -44,6 +44,9 @@ pub struct SoakArgs {
     /// How long the guests run after the warm-up.
     #[arg(long, default_value_t = 60.0)]
     pub seconds: f64,
+    /// The same in minutes (instead of `--seconds`).
+    #[arg(long, conflicts_with = "seconds")]
+    pub minutes: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -53,6 +56,13 @@ pub struct SoakArgs {
     /// Roles to run (default all): good, hostile, crashing, reconnecting.
     #[arg(long, value_delimiter = ',')]
     pub roles: Vec<String>,
+}
+
+impl SoakArgs {
+    /// How long the guests run after the warm-up, in seconds.
+    pub fn run_seconds(&self) -> f64 {
+        self.minutes.map_or(self.seconds, |m| m * 60.0)
+    }
 }
 
 /// The screen size of the soak's daemon (small: every present is composed and checksummed).
@@ -344,7 +354,7 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
     });
     // Warm-up: every role at once for a short while, so the daemon's lazily grown state
     // (allocator arenas, device state, thread stacks) is there before the start measurement.
-    let warm = Duration::from_secs_f64((args.seconds / 10.0).clamp(1.0, 5.0));
+    let warm = Duration::from_secs_f64((args.run_seconds() / 10.0).clamp(1.0, 5.0));
     round(&ctx, &roles, guests, warm);
     let start = settle(pid, None);
     let start_fds = fd_targets(pid);
@@ -372,7 +382,7 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
         &ctx,
         &roles,
         guests,
-        Duration::from_secs_f64(args.seconds.max(0.0)),
+        Duration::from_secs_f64(args.run_seconds().max(0.0)),
     );
     ctx.stop.store(true, Ordering::Relaxed);
     let _ = watcher.join();
@@ -469,7 +479,7 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
     check("daemon alive", daemon_alive, format!("pid {pid}"));
     let report = SoakReport {
         guests,
-        seconds: args.seconds,
+        seconds: args.run_seconds(),
         daemon_pid: pid,
         start,
         end,
