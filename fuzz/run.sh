@@ -3,6 +3,7 @@
 # counts libFuzzer reports. Usage: fuzz/run.sh [TARGET...] (default: every target).
 #
 #   FUZZ_SECONDS    seconds per target (default 60)
+#   FUZZ_RUNS       stop a target earlier, after this many executions (default: no limit)
 #   FUZZ_SANITIZER  cargo fuzz --sanitizer (default none: the Rust code is memory safe and
 #                   the native libraries are not instrumented, so ASan mostly costs speed;
 #                   FUZZ_SANITIZER=address works with a nightly toolchain)
@@ -37,7 +38,7 @@ for t in "${TARGETS[@]}"; do
     echo "== $t: ${SECONDS_PER} s"
     set +e
     "${CARGO[@]}" fuzz run "${FLAGS[@]}" "$t" "work/$t" "corpus/$t" -- \
-        -max_total_time="$SECONDS_PER" -print_final_stats=1 -timeout=30 \
+        -max_total_time="$SECONDS_PER" ${FUZZ_RUNS:+-runs="$FUZZ_RUNS"} -print_final_stats=1 -timeout=30 \
         -rss_limit_mb=2048 \
         -artifact_prefix="artifacts/$t/" >"$log" 2>&1
     rc=$?
