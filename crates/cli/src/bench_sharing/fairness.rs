@@ -140,14 +140,16 @@ fn fairness_of(
         let mut overheads = Vec::new();
         let mut throughputs = Vec::new();
         let mut total = vec![0u64; n];
+        let mut pairs = Vec::new();
         for _ in 0..repeats.max(1) {
             round += 1;
-            for pair in interleaved(work, target, round, n, SLICE_PAIRS)? {
+            for pair in interleaved(work, (target, control), round, n, SLICE_PAIRS)? {
                 for (i, r) in pair.rates.iter().enumerate() {
                     alone_rates[i].push(*r);
                 }
                 throughputs.push(pair.throughput);
                 overheads.push((1.0 - pair.throughput) * 100.0);
+                pairs.push(pair);
             }
             let (w, _, _) = run_guests(work, target, control, round, n, p.seconds)?;
             for win in &w {
@@ -160,7 +162,20 @@ fn fairness_of(
         let us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
         let all: u64 = total.iter().sum::<u64>().max(1);
         let throughput = percentile(&throughputs, 50.0);
+        let per_size = |f: &dyn Fn(&SlicePair) -> &Vec<f64>| -> Vec<f64> {
+            (0..sizes.len().min(n))
+                .map(|k| {
+                    let v: Vec<f64> = pairs.iter().filter_map(|p| f(p).get(k).copied()).collect();
+                    percentile(&v, 50.0)
+                })
+                .collect()
+        };
+        let busy_together: Vec<f64> = pairs.iter().map(|p| p.busy_together).collect();
         fairness.push(FairnessRow {
+            busy_alone_pct: per_size(&|p| &p.busy_alone),
+            busy_together_pct: percentile(&busy_together, 50.0),
+            command_ms_alone: per_size(&|p| &p.command_ms_alone),
+            command_ms_together: per_size(&|p| &p.command_ms_together),
             scheduler: kind.name().to_string(),
             guests: n,
             unfairness_median: percentile(&us, 50.0),
@@ -204,11 +219,55 @@ const SLICE_TOGETHER: Duration = Duration::from_millis(600);
 
 /// One slice pair's result: each size's commands per second alone, and the guests'
 /// throughput together in units of one guest alone (the same commands at the alone rates
-/// would have taken this fraction of the time).
+/// would have taken this fraction of the time); and from the daemon's accounting, where the
+/// difference goes: the device's busy time (% of the slice) and its time per command of
+/// each size, alone and together.
 #[derive(Debug, Clone)]
 struct SlicePair {
     rates: Vec<f64>,
     throughput: f64,
+    busy_alone: Vec<f64>,
+    busy_together: f64,
+    command_ms_alone: Vec<f64>,
+    command_ms_together: Vec<f64>,
+}
+
+/// Device time (ns) per guest name.
+type DeviceTimes = std::collections::BTreeMap<String, u64>;
+
+/// Over a slice: the device's busy time as % of `secs`, and per size (guest `i` of size
+/// `i % 3`) its device time per command in ms (0 without commands).
+fn device_use(
+    names: &[String],
+    (before, after): (&DeviceTimes, &DeviceTimes),
+    counts: &[u64],
+    secs: f64,
+    sizes: usize,
+) -> (f64, Vec<f64>) {
+    let ns: Vec<u64> = names
+        .iter()
+        .map(|g| {
+            let a = after.get(g).copied().unwrap_or(0);
+            a.saturating_sub(before.get(g).copied().unwrap_or(0))
+        })
+        .collect();
+    let busy = ns.iter().sum::<u64>() as f64 / 1e9 / secs.max(1e-9) * 100.0;
+    let per_cmd = (0..sizes)
+        .map(|k| {
+            let (t, c) = ns
+                .iter()
+                .zip(counts)
+                .enumerate()
+                .filter(|(i, _)| i % 3 == k)
+                .fold((0u64, 0u64), |(t, c), (_, (x, y))| (t + x, c + y));
+            if c == 0 {
+                0.0
+            } else {
+                t as f64 / 1e6 / c as f64
+            }
+        })
+        .collect();
+    (busy, per_cmd)
 }
 
 /// The throughput overhead measured in interleaved slices: `n` guests (`share-o{round}-{i}`,
@@ -220,7 +279,7 @@ struct SlicePair {
 /// over many pairs.
 fn interleaved(
     work: Work,
-    target: &str,
+    (target, control): (&str, &Target),
     round: usize,
     n: usize,
     pairs: usize,
@@ -240,33 +299,43 @@ fn interleaved(
             })
             .collect();
         warm.wait();
-        let count = |on: &dyn Fn(usize) -> bool, d: Duration| -> (Vec<u64>, f64) {
+        type Counted = (Vec<u64>, f64, (f64, Vec<f64>));
+        let count = |on: &dyn Fn(usize) -> bool, d: Duration| -> Result<Counted, CliError> {
             for (i, g) in gates.iter().enumerate() {
                 g.store(on(i), Ordering::Relaxed);
             }
             std::thread::sleep(SLICE_SETTLE);
+            let d0 = device_time(control, work.device())?;
             let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
             let t0 = Instant::now();
             std::thread::sleep(d);
-            let counts = done
+            let counts: Vec<u64> = done
                 .iter()
                 .zip(&c0)
                 .map(|(c, z)| c.load(Ordering::Relaxed) - z)
                 .collect();
-            (counts, t0.elapsed().as_secs_f64())
+            let secs = t0.elapsed().as_secs_f64();
+            let d1 = device_time(control, work.device())?;
+            let used = device_use(&names, (&d0, &d1), &counts, secs, sizes);
+            Ok((counts, secs, used))
         };
         let mut out = Vec::new();
         for _ in 0..pairs {
-            let rates: Vec<f64> = (0..sizes)
-                .map(|k| {
-                    let (c, secs) = count(&|i| i == k, SLICE_ALONE);
-                    c[k] as f64 / secs
-                })
-                .collect();
-            let (c, secs) = count(&|_| true, SLICE_TOGETHER);
+            let (mut rates, mut busy_alone, mut command_ms_alone) = (vec![], vec![], vec![]);
+            for k in 0..sizes {
+                let (c, secs, (busy, per_cmd)) = count(&|i| i == k, SLICE_ALONE)?;
+                rates.push(c[k] as f64 / secs);
+                busy_alone.push(busy);
+                command_ms_alone.push(per_cmd[k]);
+            }
+            let (c, secs, (busy_together, command_ms_together)) = count(&|_| true, SLICE_TOGETHER)?;
             out.push(SlicePair {
                 throughput: together_throughput(&c, &rates, secs),
                 rates,
+                busy_alone,
+                busy_together,
+                command_ms_alone,
+                command_ms_together,
             });
         }
         stop_guests(&stop, &gates, handles)?;

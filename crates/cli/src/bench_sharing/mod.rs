@@ -200,6 +200,17 @@ pub struct FairnessRow {
     pub overhead_vs_round_robin_range_pct: Option<(f64, f64)>,
     /// Work per second in units of "one guest alone" (the throughput behind both overheads).
     pub throughput: f64,
+    /// Where the overhead goes, from the daemon's accounting in the same slice pairs
+    /// (medians): the device's busy time, % of a slice, with each size alone ...
+    pub busy_alone_pct: Vec<f64>,
+    /// ... and with the guests together (below the alone values: the scheduler left the
+    /// device idle);
+    pub busy_together_pct: f64,
+    /// the device time per command of each size alone, ms ...
+    pub command_ms_alone: Vec<f64>,
+    /// ... and together (above the alone values: the commands themselves ran slower, e.g.
+    /// caches or CPU shared with more guests on a CPU driver).
+    pub command_ms_together: Vec<f64>,
     /// Each guest's fraction of the GPU time, whole run.
     pub shares: Vec<f64>,
     pub windows: usize,

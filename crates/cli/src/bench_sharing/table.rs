@@ -43,6 +43,26 @@ fn print_fairness(rows: &[FairnessRow]) {
             shares.join(" ")
         );
     }
+    println!("where the overhead goes (medians of the slice pairs; sizes in order):");
+    println!(
+        "{:<12} {:>6}  {:<20} {:>9}  {:<22} {:<22}",
+        "scheduler", "guests", "busy% alone", "together", "ms/command alone", "together"
+    );
+    let list = |v: &[f64], digits: usize| -> String {
+        let s: Vec<String> = v.iter().map(|x| format!("{x:.digits$}")).collect();
+        s.join(" ")
+    };
+    for f in rows {
+        println!(
+            "{:<12} {:>6}  {:<20} {:>9.1}  {:<22} {:<22}",
+            f.scheduler,
+            f.guests,
+            list(&f.busy_alone_pct, 1),
+            f.busy_together_pct,
+            list(&f.command_ms_alone, 2),
+            list(&f.command_ms_together, 2)
+        );
+    }
 }
 
 /// Prints the rest of the report.
