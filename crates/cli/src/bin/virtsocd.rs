@@ -30,8 +30,9 @@ struct Args {
     /// Host and device memory one guest's regions may hold, in bytes.
     #[arg(long, default_value_t = 4 << 30)]
     guest_mem_limit: u64,
-    /// Prefetch: suspend a flow while its link's bandwidth is under this fraction of the
-    /// best seen (0 disables the rule).
+    /// Prefetch: suspend a flow while its link's bandwidth (over about ten copies) is under
+    /// this fraction of the best seen, unless its last 8 reads were hits (0 disables the
+    /// rule).
     #[arg(long, default_value_t = 0.5)]
     prefetch_bandwidth_floor: f64,
     /// Prefetch: suspend a flow after this many consecutive mispredictions (0 disables).
