@@ -120,7 +120,7 @@ pub(super) fn execute(
         return None;
     }
     match Opcode::from_u32(req.opcode) {
-        Some(Opcode::BeginAccess) => {
+        Some(op @ (Opcode::BeginAccess | Opcode::EndAccess)) => {
             let (id, spec) = match access_spec(&req, slot.domain) {
                 Ok((id, spec)) => (id, spec.reading_host(slot.device.reads_host_memory())),
                 Err(st) => {
@@ -128,38 +128,32 @@ pub(super) fn execute(
                     return None;
                 }
             };
-            match svm.begin_access_step(guest, id, &spec, retry) {
-                Ok(Progress::Done(r)) => reply.send(Ok(dispatch::access_values(&r))),
-                Ok(Progress::Wait(ticket)) => {
-                    return Some(Later::Parked(Parked { req, reply, ticket }))
-                }
-                Err(e) => reply.send(Err(dispatch::status_of(&e))),
-            }
-        }
-        Some(Opcode::EndAccess) => {
-            let (id, spec) = match access_spec(&req, slot.domain) {
-                Ok((id, spec)) => (id, spec.reading_host(slot.device.reads_host_memory())),
-                Err(st) => {
-                    reply.send(Err(st));
-                    return None;
-                }
-            };
-            match svm.end_access(guest, id, &spec) {
-                Ok(end) => {
-                    let mut reply = reply;
-                    let values = dispatch::access_values(&end.report);
-                    if !spec.compensates && !end.started.is_empty() {
-                        // Fence ordering: nobody blocks for the compensation, so the queue
-                        // holds its next signal until the copies are done.
-                        if let Some(token) = reply.token.take() {
-                            session.complete(Completion::ok(req.seq, values));
-                            hold_until_copied(svm, guest, id, end.started, token);
-                            return None;
-                        }
+            if op == Opcode::BeginAccess {
+                match svm.begin_access_step(guest, id, &spec, retry) {
+                    Ok(Progress::Done(r)) => reply.send(Ok(dispatch::access_values(&r))),
+                    Ok(Progress::Wait(ticket)) => {
+                        return Some(Later::Parked(Parked { req, reply, ticket }))
                     }
-                    reply.send(Ok(values));
+                    Err(e) => reply.send(Err(dispatch::status_of(&e))),
                 }
-                Err(e) => reply.send(Err(dispatch::status_of(&e))),
+            } else {
+                match svm.end_access(guest, id, &spec) {
+                    Ok(end) => {
+                        let mut reply = reply;
+                        let values = dispatch::access_values(&end.report);
+                        if !spec.compensates && !end.started.is_empty() {
+                            // Fence ordering: nobody blocks for the compensation, so the queue
+                            // holds its next signal until the copies are done.
+                            if let Some(token) = reply.token.take() {
+                                session.complete(Completion::ok(req.seq, values));
+                                hold_until_copied(svm, guest, id, end.started, token);
+                                return None;
+                            }
+                        }
+                        reply.send(Ok(values));
+                    }
+                    Err(e) => reply.send(Err(dispatch::status_of(&e))),
+                }
             }
         }
         Some(Opcode::DeviceCmd) => {
