@@ -54,6 +54,10 @@ pub struct WatchArgs {
     /// The box the page's frames fit (WIDTHxHEIGHT).
     #[arg(long, default_value = "480x480")]
     pub view_max: String,
+    /// The daemon's view CPU budget (`virtsocd --view-budget`: percent of its other CPU; 0
+    /// unpaced). Default: the daemon's.
+    #[arg(long)]
+    pub view_budget: Option<f64>,
 }
 
 /// The view's cost, from `--measure`.
@@ -85,6 +89,11 @@ pub struct ViewCost {
     pub view_max: String,
     pub view_latency_ms_p50: f64,
     pub view_latency_ms_p95: f64,
+    /// Frames the page drew over the time it ran (the first seconds and the windows with
+    /// it, each with the second before it): about its mean rate.
+    pub view_fps_mean: f64,
+    /// The daemon's view budget at the end (`GET /view/budget`; null when unpaced).
+    pub view_budget: serde_json::Value,
 }
 
 /// One thread name's CPU (percent of one core), medians of the windows.
@@ -177,10 +186,12 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
     let (width, height) = scenario::resolution(args.resolution.as_deref().unwrap_or(default_res))?;
     let fps = args.fps.unwrap_or(default_fps);
     let size = format!("{width}x{height}");
-    let daemon = DaemonProcess::spawn(
-        &["--display-size", &size, "--control-listen", &args.listen],
-        true,
-    )?;
+    let budget = args.view_budget.map(|b| b.to_string());
+    let mut daemon_args = vec!["--display-size", &size, "--control-listen", &args.listen];
+    if let Some(b) = &budget {
+        daemon_args.extend(["--view-budget", b]);
+    }
+    let daemon = DaemonProcess::spawn(&daemon_args, true)?;
     let e = daemon.endpoint();
     let token = e.remote.as_ref().map(|r| r.1.clone()).unwrap_or_default();
     let url = format!(
@@ -248,13 +259,13 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
         let windows = measure_windows(&viewer, pid, seconds, args.rounds);
         (run.join(), windows)
     });
-    let reports = request(
-        &Target::Unix(control_path(std::path::Path::new(&e.target))),
-        "GET",
-        "/view/report",
-        b"",
-    )
-    .map(|r| r.json());
+    let control = Target::Unix(control_path(std::path::Path::new(&e.target)));
+    let reports = request(&control, "GET", "/view/report", b"").map(|r| r.json());
+    let budget = request(&control, "GET", "/view/budget", b"")
+        .ok()
+        .filter(|r| r.status == 200)
+        .map(|r| r.json())
+        .unwrap_or_default();
     let _ = viewer.kill();
     let _ = viewer.wait();
     let _ = daemon.stop();
@@ -264,7 +275,10 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
         .ok()
         .and_then(|v| v.as_array().and_then(|a| a.last().cloned()))
         .unwrap_or_default();
-    let cost = view_cost(args, seconds, &run, (without, with), &report);
+    let mut cost = view_cost(args, seconds, &run, (without, with), &report);
+    let ran = 3.0 + f64::from(args.rounds) * (seconds + SETTLE.as_secs_f64());
+    cost.view_fps_mean = report["frames"].as_f64().unwrap_or(0.0) / ran;
+    cost.view_budget = budget;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&cost)?);
     } else {
@@ -398,6 +412,8 @@ fn view_cost(
         view_max: args.view_max.clone(),
         view_latency_ms_p50: num("latency_ms_p50"),
         view_latency_ms_p95: num("latency_ms_p95"),
+        view_fps_mean: 0.0,
+        view_budget: serde_json::Value::Null,
     }
 }
 
@@ -439,10 +455,22 @@ fn print_cost(c: &ViewCost) {
     }
     println!("presented fps over the run: {:.1}", c.presented_fps);
     println!(
-        "view (at most {} fps, within {}): {:.1} fps drawn, capture -> drawn p50 {:.1} ms, \
-         p95 {:.1} ms",
-        c.view_fps_cap, c.view_max, c.view_fps, c.view_latency_ms_p50, c.view_latency_ms_p95
+        "view (at most {} fps, within {}): {:.1} fps drawn in the last second ({:.1} on \
+         average), capture -> drawn p50 {:.1} ms, p95 {:.1} ms",
+        c.view_fps_cap,
+        c.view_max,
+        c.view_fps,
+        c.view_fps_mean,
+        c.view_latency_ms_p50,
+        c.view_latency_ms_p95
     );
+    match c.view_budget.get("pct").and_then(|p| p.as_f64()) {
+        Some(pct) => println!(
+            "view budget: {pct}% of the daemon's other CPU; {} of {} frame requests waited for it",
+            c.view_budget["delayed"], c.view_budget["frames"]
+        ),
+        None => println!("view budget: off (viewers unpaced)"),
+    }
 }
 
 #[cfg(test)]

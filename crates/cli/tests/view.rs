@@ -159,6 +159,41 @@ fn view_frames_are_newer_jpegs_and_bad_requests_are_refused() {
     h.join().unwrap();
 }
 
+/// A viewer asking for frames back to back is paced by the view's CPU budget (the daemon's
+/// default, 4% of its other CPU: with null backends, a few frames a second at most), and
+/// the budget shows what it charged; `--view-budget 0` turns the pacing off.
+#[test]
+fn a_fast_viewer_is_paced_by_the_view_budget() {
+    let d = Daemon::start(&["--gpu-backend", "null", "--isp-backend", "null"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (guest, h) = presenter(&d, stop.clone());
+    frame_ids(&d, guest, 4);
+    let b: Value = get(&d, "/view/budget").json();
+    assert_eq!(b["pct"], 4.0, "{b}");
+    assert!(b["frames"].as_u64().unwrap_or(0) >= 4, "{b}");
+    assert!(b["delayed"].as_u64().unwrap_or(0) >= 2, "{b}");
+    assert!(b["view_cpu_ms"].as_f64().unwrap_or(0.0) > 0.0, "{b}");
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    drop(d);
+
+    let d = Daemon::start(&[
+        "--gpu-backend",
+        "null",
+        "--isp-backend",
+        "null",
+        "--view-budget",
+        "0",
+    ]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (guest, h) = presenter(&d, stop.clone());
+    assert_eq!(frame_ids(&d, guest, 4).len(), 4);
+    let r = get(&d, "/view/budget");
+    assert_eq!(r.status, 404, "{}", r.body);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
 /// The pixels of a view frame decoded by the ffmpeg CLI (RGB24).
 fn decode_jpeg(jpeg: &[u8]) -> Vec<u8> {
     let f = std::env::temp_dir().join(format!("virtsoc-view-{}.jpg", std::process::id()));

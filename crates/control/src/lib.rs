@@ -37,15 +37,17 @@
 //! | POST | `/guests/{id}/policy` | a policy file's guest table (`shares`, `class`, `devices`, `commands`, `rate_cap`, `memory_limit`) | `{"guest", "name", "generation"}` |
 //! | POST | `/policy/reload` | | `{"generation"}` (the file read again, as on SIGHUP) |
 //! | GET | `/view` | | the live view page (HTML) |
-//! | GET | `/guests/{id}/frame.jpg?after=N&max=WxH` | | the guest's latest frame (JPEG) newer than frame N, waiting up to a second (204 if none) |
+//! | GET | `/guests/{id}/frame.jpg?after=N&max=WxH` | | the guest's latest frame (JPEG) newer than frame N, after waiting up to a second for the view's CPU budget ([`budget`]) and up to a second for a frame (204 if none) |
 //! | POST | `/view/report` | `ViewReport` | `{"ok": true}` (what a view page measured) |
 //! | GET | `/view/report` | | `[ViewReport]` |
+//! | GET | `/view/budget` | | `BudgetStats` (the view's CPU budget and what it has seen; 404 without one) |
 //! | POST | `/guests/{id}/record` | `{"seconds", "fps"?, "max"?}` | the presented frames as an H.264 MP4 |
 //!
 //! Errors are `{"error": "..."}` with 400 (malformed JSON, a missing or bad field, named),
 //! 401 (TCP without the token), 404 (unknown guest or route), 409 (refused by the device,
 //! e.g. no call to hang up), 413 (body over [`MAX_BODY`]) or 500.
 
+pub mod budget;
 pub mod client;
 pub mod error;
 pub mod metrics;
@@ -108,6 +110,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The latest live-view reports.
     fn view_reports(&self) -> Vec<ViewReport> {
         Vec::new()
+    }
+    /// The live view's CPU budget, if frames are paced ([`budget`]).
+    fn view_budget(&self) -> Option<&budget::ViewBudget> {
+        None
     }
     /// Sets the sharing policy of guest `guest` (by its name: every guest of that name) to
     /// `policy` (a policy file's per-guest table, as JSON).

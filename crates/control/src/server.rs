@@ -102,7 +102,12 @@ pub fn serve(
                 "the control API on TCP needs the remote-guest token (--token-file)",
             ));
         };
-        let server = Arc::new(tiny_http::Server::http(addr).map_err(io_error)?);
+        // Answers go out at once: with Nagle's algorithm the last segment of a view frame
+        // waited for the browser's delayed ACK (40 ms) once requests were paced. Linux
+        // copies TCP_NODELAY from the listening socket to the accepted ones.
+        let listener = std::net::TcpListener::bind(addr)?;
+        rustix::net::sockopt::set_tcp_nodelay(&listener, true)?;
+        let server = Arc::new(tiny_http::Server::from_listener(listener, None).map_err(io_error)?);
         cs.tcp = server.server_addr().to_ip();
         cs.threads.push(accept_loop(
             server.clone(),
@@ -209,10 +214,21 @@ fn serve_one(
     }
     let method = rq.method().as_str().to_string();
     let url = rq.url().to_string();
+    // A view frame waits for the view's CPU budget, and its whole answer is charged to it.
+    let budget = backend
+        .view_budget()
+        .filter(|_| crate::view::is_frame_request(&method, &url));
+    if let Some(b) = budget {
+        std::thread::sleep(b.delay());
+    }
+    let cpu0 = crate::budget::thread_cpu();
     let answer = handle(backend, &method, &url, &body, received);
     log::debug!("control: {method} {url} -> {}", answer.status);
     let status = answer.status;
     respond(rq, answer, status);
+    if let Some(b) = budget {
+        b.charge(crate::budget::thread_cpu().saturating_sub(cpu0));
+    }
 }
 
 /// Answers `rq` with `a` (its body moves into the response: a view frame is not copied).

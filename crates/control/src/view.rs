@@ -12,14 +12,17 @@
 //! would hide the per-frame metadata; WebSocket or WebRTC would bring an async stack or a
 //! media server for the same frames.
 //!
-//! What a viewer costs the daemon: the page pulls at most 10 frames a second within a
-//! 480x480 box (480x270 for a 16:9 screen), and each frame is a picture sampled straight from
-//! the display's planes plus one JPEG, made on the request's thread. For the 1080p camera
-//! scenario that is about 0.9 ms of CPU a frame (the picture about 0.35 ms, most of it
-//! reading the 270 source rows another core just wrote; libavcodec's JPEG about 0.4 ms; the
-//! request itself about 0.1 ms), so about 1% of a core against the daemon's 8%: see
-//! docs/results.md, stop 19, and `virtsoc watch camera --measure`. A picture equal to the
-//! last one encoded (an unchanged screen, a second viewer) reuses its JPEG.
+//! What a viewer costs the daemon: each frame is a picture sampled straight from the
+//! display's planes plus one JPEG, made on the request's thread. For the 1080p camera
+//! scenario that is about 1 ms of CPU a frame (the picture about 0.43 ms, most of it reading
+//! the 270 source rows another core just wrote; libavcodec's JPEG about 0.39 ms; the request
+//! the rest), so the page's 10 frames a second within a 480x480 box would be a point of a
+//! core against the daemon's 8%. The daemon therefore holds all viewers together to a CPU
+//! budget ([`crate::budget`], `virtsocd --view-budget`, 4% of its other CPU by default): a
+//! frame request waits until the frames served so far fit it, which for that scenario is
+//! about 3.3 frames a second (docs/results.md, stop 22; `virtsoc watch camera --measure`).
+//! A picture equal to the last one encoded (an unchanged screen, a second viewer) reuses its
+//! JPEG.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -69,6 +72,13 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether a request is for a view frame (`GET /guests/{id}/frame.jpg`): the requests the
+/// view's CPU budget paces and is charged for.
+pub fn is_frame_request(method: &str, url: &str) -> bool {
+    let path = url.split_once('?').map_or(url, |(p, _)| p);
+    method == "GET" && path.starts_with("/guests/") && path.ends_with("/frame.jpg")
 }
 
 /// Parses `WxH` (each 16..=limit).
@@ -143,6 +153,10 @@ pub fn route(
             &serde_json::Value::Null,
         )?)),
         (["view", "report"], true, _) => Ok(Answer::json(&backend.view_reports())),
+        (["view", "budget"], true, _) => match backend.view_budget() {
+            Some(b) => Ok(Answer::json(&b.stats())),
+            None => Err(ControlError::NotFound("this daemon paces no view".into())),
+        },
         (["view", "report"], _, true) => {
             let r: ViewReport = parse(body)?;
             backend

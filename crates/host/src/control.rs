@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use virtsoc_svm::GuestId;
 
 use serde_json::Value;
+use virtsoc_control::budget::ViewBudget;
 use virtsoc_control::{
     Backend, ControlError, Counters, DeviceInfo, DeviceUse, GuestInfo, LinkCopies, ViewFrame,
     ViewReport,
@@ -17,21 +18,24 @@ use virtsoc_svm::DomainId;
 use crate::session::Session;
 use crate::Daemon;
 
-/// The control API's view of a daemon, the latest report of each live-view page, and the
-/// live view's encoders.
+/// The control API's view of a daemon, the latest report of each live-view page, the
+/// live view's encoders and its CPU budget.
 pub struct ControlBackend(
     pub Arc<Daemon>,
     Mutex<BTreeMap<u64, ViewReport>>,
     crate::view::Encoders,
+    ViewBudget,
 );
 
 impl ControlBackend {
     /// The control API of `daemon`.
     pub fn new(daemon: Arc<Daemon>) -> Self {
+        let budget = ViewBudget::new(daemon.config().view_budget_pct);
         ControlBackend(
             daemon,
             Mutex::new(BTreeMap::new()),
             crate::view::Encoders::default(),
+            budget,
         )
     }
 }
@@ -231,6 +235,10 @@ impl Backend for ControlBackend {
         max: (u32, u32),
     ) -> Result<(Vec<u8>, u64), ControlError> {
         crate::view::record(&self.0, GuestId(guest), seconds, fps, max)
+    }
+
+    fn view_budget(&self) -> Option<&ViewBudget> {
+        (self.3.pct() > 0.0).then_some(&self.3)
     }
 
     fn note_view(&self, report: ViewReport) {

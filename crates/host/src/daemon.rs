@@ -60,6 +60,9 @@ pub struct DaemonConfig {
     /// How devices are shared between guests: scheduler and policy (`--scheduler`,
     /// `--policy`).
     pub sharing: crate::device::share::Sharing,
+    /// The live view's CPU budget: percent of the daemon's other CPU its viewers may use
+    /// (`--view-budget`; 0: unpaced). See [`virtsoc_control::budget`].
+    pub view_budget_pct: f64,
 }
 
 impl Default for DaemonConfig {
@@ -79,6 +82,7 @@ impl Default for DaemonConfig {
             limits: crate::Limits::default(),
             state_dir: None,
             sharing: Default::default(),
+            view_budget_pct: virtsoc_control::budget::DEFAULT_PCT,
         }
     }
 }

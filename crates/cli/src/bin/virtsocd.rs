@@ -130,6 +130,12 @@ struct Args {
     /// `Authorization: Bearer <token>` with the remote-guest token (--token-file).
     #[arg(long)]
     control_listen: Option<std::net::SocketAddr>,
+    /// The live view's CPU budget: its viewers together may use at most this percent of
+    /// the CPU the daemon's other work uses (measured every half second); a frame request
+    /// waits, up to a second, until the frames served so far fit. 0: viewers are not paced
+    /// (the page's own rate, about 1 ms of CPU a frame on a small machine).
+    #[arg(long, default_value_t = virtsoc_control::budget::DEFAULT_PCT, value_parser = view_budget)]
+    view_budget: f64,
     /// Limit: regions one guest may hold at once (OutOfMemory beyond).
     #[arg(long, default_value_t = Limits::default().regions)]
     limit_regions: u64,
@@ -261,6 +267,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         test_dma_delay: std::time::Duration::from_millis(args.test_dma_delay_ms),
         token: token(&args)?,
         state_dir: args.state_dir.clone(),
+        view_budget_pct: args.view_budget,
         limits: Limits {
             regions: args.limit_regions,
             fences: args.limit_fences,
@@ -467,4 +474,14 @@ fn parse_preset(s: &str) -> Result<virtsoc_media::EncoderPreset, String> {
             .collect();
         format!("{s:?} is not one of {}", names.join(", "))
     })
+}
+
+/// Parses `--view-budget`: a percentage, 0 to 100.
+fn view_budget(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=100.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a percentage in 0..=100"))
+    }
 }
