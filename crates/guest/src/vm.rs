@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use virtsoc_proto::handshake::{Reply, MAX_FRAME};
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::Doorbell;
+use virtsoc_proto::spin::AdaptiveSpin;
 use virtsoc_proto::SharedWindow;
 
 use crate::conn::handshake::Handshake;
@@ -204,7 +205,7 @@ struct PortBell {
     window: Arc<SharedWindow>,
     port: Arc<File>,
     sleeping: u64,
-    spins: u32,
+    spin: AdaptiveSpin,
 }
 
 impl PortBell {
@@ -213,7 +214,7 @@ impl PortBell {
             window: window.clone(),
             port,
             sleeping: CONTROL_OFFSET + sleeping,
-            spins,
+            spin: AdaptiveSpin::new(spins),
         }
     }
 
@@ -235,12 +236,19 @@ impl Doorbell for PortBell {
     }
 
     fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
-        for _ in 0..self.spins {
-            if ready() {
-                return true;
-            }
-            std::hint::spin_loop();
+        if self.spin.spin(ready) {
+            return true;
         }
+        let since = Instant::now();
+        let woke = self.sleep(ready, timeout);
+        self.spin.slept(since.elapsed());
+        woke
+    }
+}
+
+impl PortBell {
+    /// The sleeping half of [`Doorbell::wait`].
+    fn sleep(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
         let Some(flag) = self.flag() else {
             return ready();
         };

@@ -18,6 +18,7 @@ pub mod handshake;
 pub mod layout;
 pub mod ops;
 pub mod ring;
+pub mod spin;
 pub mod stream;
 pub mod window;
 pub mod wire;

@@ -5,8 +5,9 @@
 //! the index the peer published beyond a range check: a peer that publishes a tail more than
 //! `entries` ahead is a [`ProtoError::RingViolation`].
 //!
-//! Doorbells follow spin-then-sleep: the waiter spins briefly on the ring, then announces that
-//! it sleeps and sleeps on a futex word; the notifier bumps that word and wakes only when the
+//! Doorbells follow spin-then-sleep: the waiter spins briefly on the ring (as long as its
+//! waits have lately been short: [`crate::spin`]), then announces that it sleeps and sleeps
+//! on a futex word; the notifier bumps that word and wakes only when the
 //! waiter announced sleep. The [`Doorbell`] trait is the seam for other transports (a
 //! virtio-serial port for VM guests).
 
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use vm_memory::ByteValued;
 
 use crate::layout::{ctl, WindowLayout, CONTROL_OFFSET, SQ_OFFSET};
+use crate::spin::AdaptiveSpin;
 use crate::window::SharedWindow;
 use crate::wire::{Completion, Request};
 use crate::{ProtoError, Result};
@@ -182,7 +184,7 @@ pub struct FutexDoorbell {
     win: Arc<SharedWindow>,
     word: u64,
     sleeping: u64,
-    spins: u32,
+    spin: AdaptiveSpin,
 }
 
 impl FutexDoorbell {
@@ -192,7 +194,7 @@ impl FutexDoorbell {
             win: win.clone(),
             word: CONTROL_OFFSET + ctl::HOST_BELL,
             sleeping: CONTROL_OFFSET + ctl::HOST_SLEEPING,
-            spins,
+            spin: AdaptiveSpin::new(spins),
         }
     }
 
@@ -202,7 +204,7 @@ impl FutexDoorbell {
             win: win.clone(),
             word: CONTROL_OFFSET + ctl::GUEST_BELL,
             sleeping: CONTROL_OFFSET + ctl::GUEST_SLEEPING,
-            spins,
+            spin: AdaptiveSpin::new(spins),
         }
     }
 
@@ -237,12 +239,19 @@ impl Doorbell for FutexDoorbell {
     }
 
     fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
-        for _ in 0..self.spins {
-            if ready() {
-                return true;
-            }
-            std::hint::spin_loop();
+        if self.spin.spin(ready) {
+            return true;
         }
+        let since = Instant::now();
+        let woke = self.sleep(ready, timeout);
+        self.spin.slept(since.elapsed());
+        woke
+    }
+}
+
+impl FutexDoorbell {
+    /// The sleeping half of [`Doorbell::wait`].
+    fn sleep(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
         let (word, sleeping) = self.words();
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
