@@ -466,8 +466,9 @@ fn print_cost(c: &ViewCost) {
     );
     match c.view_budget.get("pct").and_then(|p| p.as_f64()) {
         Some(pct) => println!(
-            "view budget: {pct}% of the daemon's other CPU; {} of {} frame requests waited for it",
-            c.view_budget["delayed"], c.view_budget["frames"]
+            "view budget: {pct}% of the daemon's other CPU; {} frame requests waited for it \
+             ({} requests of the view charged)",
+            c.view_budget["delayed"], c.view_budget["requests"]
         ),
         None => println!("view budget: off (viewers unpaced)"),
     }

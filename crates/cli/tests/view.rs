@@ -170,7 +170,7 @@ fn a_fast_viewer_is_paced_by_the_view_budget() {
     frame_ids(&d, guest, 4);
     let b: Value = get(&d, "/view/budget").json();
     assert_eq!(b["pct"], 4.0, "{b}");
-    assert!(b["frames"].as_u64().unwrap_or(0) >= 4, "{b}");
+    assert!(b["requests"].as_u64().unwrap_or(0) >= 4, "{b}");
     assert!(b["delayed"].as_u64().unwrap_or(0) >= 2, "{b}");
     assert!(b["view_cpu_ms"].as_f64().unwrap_or(0.0) > 0.0, "{b}");
     stop.store(true, Ordering::Relaxed);

@@ -5,9 +5,9 @@
 //! planes, one JPEG, the request), which at 10 frames a second is a point of a core: more
 //! than 10% of a daemon serving one 1080p camera guest. A page asks for frames at its own
 //! rate, and any number of pages may be open, so the cost is bounded here rather than
-//! trusted to the pages: every frame request's CPU (its thread's, from the request to the
-//! answer written) is charged to the budget, and the next frame request (any viewer's)
-//! waits until the frames served so far fit it. The allowance is `pct` percent of the
+//! trusted to the pages: the CPU of every request of the view (its thread's, from the
+//! request to the answer written: frames, the page, its reports) is charged to the budget,
+//! and the next frame request (any viewer's) waits until what was served so far fits it. The allowance is `pct` percent of the
 //! daemon's other CPU (the process's CPU time minus the view's), measured over windows of
 //! [`WINDOW`]; a request never waits more than [`MAX_WAIT`], so every viewer still gets a
 //! frame a second from an idle daemon. A budget of 0 turns the pacing off.
@@ -40,8 +40,8 @@ struct State {
     view_ns: u64,
     /// The earliest instant the next frame may start.
     next: u64,
-    /// Frame requests charged, and those that waited.
-    frames: u64,
+    /// Requests charged, and frame requests that waited.
+    requests: u64,
     delayed: u64,
 }
 
@@ -54,8 +54,8 @@ pub struct BudgetStats {
     pub view_cpu_ms: f64,
     /// The daemon's other CPU over the last window, percent of a core.
     pub other_cpu_pct: Option<f64>,
-    /// Frame requests charged, and those that waited for the budget.
-    pub frames: u64,
+    /// The view's requests charged (frames, the page, its reports).
+    pub requests: u64,
     /// Frame requests that waited for the budget.
     pub delayed: u64,
 }
@@ -109,7 +109,7 @@ impl ViewBudget {
         self.delay_at(self.now(), ns(process_cpu()))
     }
 
-    /// A frame request used `cpu` of its thread's CPU, finishing now.
+    /// A request of the view used `cpu` of its thread's CPU, finishing now.
     pub fn charge(&self, cpu: Duration) {
         self.charge_at(self.now(), ns(cpu));
     }
@@ -140,7 +140,7 @@ impl ViewBudget {
     pub fn charge_at(&self, now: u64, cpu_ns: u64) {
         let mut s = self.state.lock_or_recover();
         s.view_ns = s.view_ns.saturating_add(cpu_ns);
-        s.frames += 1;
+        s.requests += 1;
         if self.pct == 0.0 {
             return;
         }
@@ -165,7 +165,7 @@ impl ViewBudget {
             pct: self.pct,
             view_cpu_ms: s.view_ns as f64 / 1e6,
             other_cpu_pct: s.rate.map(|r| r * 100.0),
-            frames: s.frames,
+            requests: s.requests,
             delayed: s.delayed,
         }
     }

@@ -214,11 +214,12 @@ fn serve_one(
     }
     let method = rq.method().as_str().to_string();
     let url = rq.url().to_string();
-    // A view frame waits for the view's CPU budget, and its whole answer is charged to it.
+    // A view frame waits for the view's CPU budget; every request of the view (its frames,
+    // the page, its reports) is charged to it, whole.
     let budget = backend
         .view_budget()
-        .filter(|_| crate::view::is_frame_request(&method, &url));
-    if let Some(b) = budget {
+        .filter(|_| crate::view::is_view_request(&method, &url));
+    if let Some(b) = budget.filter(|_| crate::view::is_frame_request(&method, &url)) {
         std::thread::sleep(b.delay());
     }
     let cpu0 = crate::budget::thread_cpu();

@@ -81,6 +81,13 @@ pub fn is_frame_request(method: &str, url: &str) -> bool {
     method == "GET" && path.starts_with("/guests/") && path.ends_with("/frame.jpg")
 }
 
+/// Whether a request belongs to the live view (a frame, the page, `/view/...`): the requests
+/// charged to the view's CPU budget.
+pub fn is_view_request(method: &str, url: &str) -> bool {
+    let path = url.split_once('?').map_or(url, |(p, _)| p);
+    is_frame_request(method, url) || path == "/view" || path.starts_with("/view/")
+}
+
 /// Parses `WxH` (each 16..=limit).
 fn size_arg(v: &str, field: &str, limit: (u32, u32)) -> Result<(u32, u32), ControlError> {
     let bad = || {
@@ -237,6 +244,21 @@ mod tests {
         assert_eq!(query_param("/v?t=%zz", "t").unwrap(), "%zz");
         assert_eq!(query_param("/v?t=%4", "t").unwrap(), "%4");
         assert_eq!(query_param("/v?t=%éé", "t").unwrap(), "%éé");
+    }
+
+    #[test]
+    fn the_views_requests_are_told_apart() {
+        assert!(is_frame_request(
+            "GET",
+            "/guests/3/frame.jpg?after=2&max=480x480"
+        ));
+        assert!(!is_frame_request("POST", "/guests/3/frame.jpg"));
+        assert!(!is_frame_request("GET", "/guests/3/stats"));
+        assert!(is_view_request("GET", "/guests/3/frame.jpg"));
+        assert!(is_view_request("GET", "/view?token=x"));
+        assert!(is_view_request("POST", "/view/report"));
+        assert!(!is_view_request("GET", "/viewer"));
+        assert!(!is_view_request("GET", "/guests"));
     }
 
     #[test]

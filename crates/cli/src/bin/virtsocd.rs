@@ -115,7 +115,8 @@ struct Args {
     /// Print `READY <socket>` on stdout once listening (for supervisors and tests).
     #[arg(long)]
     print_ready: bool,
-    /// Spin iterations on a ring before sleeping on its doorbell.
+    /// Most spin iterations on a ring before sleeping on its doorbell; each doorbell spins
+    /// less (down to 16) while its waits are long and more while they are short.
     #[arg(long, default_value_t = 4096)]
     spins: u32,
     /// Most guest connections (handshaking or connected, local and remote) served at once;
