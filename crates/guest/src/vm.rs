@@ -236,13 +236,7 @@ impl Doorbell for PortBell {
     }
 
     fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
-        if self.spin.spin(ready) {
-            return true;
-        }
-        let since = Instant::now();
-        let woke = self.sleep(ready, timeout);
-        self.spin.slept(since.elapsed());
-        woke
+        self.spin.wait(ready, |ready| self.sleep(ready, timeout))
     }
 }
 

@@ -54,6 +54,22 @@ impl AdaptiveSpin {
         false
     }
 
+    /// A doorbell's wait: spins until `ready()`, else runs `sleep` (which sleeps until
+    /// `ready()` or its timeout: whether it became ready) and learns from how long it slept.
+    pub fn wait(
+        &self,
+        ready: &mut dyn FnMut() -> bool,
+        sleep: impl FnOnce(&mut dyn FnMut() -> bool) -> bool,
+    ) -> bool {
+        if self.spin(ready) {
+            return true;
+        }
+        let since = std::time::Instant::now();
+        let woke = sleep(ready);
+        self.slept(since.elapsed());
+        woke
+    }
+
     /// After a spin that did not find the answer: the sleep that followed lasted `slept`.
     pub fn slept(&self, slept: Duration) {
         let cur = self.limit();
@@ -112,5 +128,19 @@ mod tests {
         s.slept(Duration::from_secs(1));
         assert_eq!(s.limit(), 0);
         assert!(!s.spin(&mut || true));
+    }
+
+    #[test]
+    fn a_wait_spins_first_and_learns_from_its_sleep() {
+        let s = AdaptiveSpin::new(64);
+        // Ready while spinning: no sleep.
+        assert!(s.wait(&mut || true, |_| panic!("slept")));
+        // Not ready: sleeps, and a long sleep halves the spin.
+        let woke = s.wait(&mut || false, |_| {
+            std::thread::sleep(Duration::from_millis(2));
+            true
+        });
+        assert!(woke);
+        assert_eq!(s.limit(), 32);
     }
 }
