@@ -275,10 +275,15 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
         .ok()
         .and_then(|v| v.as_array().and_then(|a| a.last().cloned()))
         .unwrap_or_default();
-    let mut cost = view_cost(args, seconds, &run, (without, with), &report);
+    // The page ran the first seconds and each window with it, with the second before it.
     let ran = 3.0 + f64::from(args.rounds) * (seconds + SETTLE.as_secs_f64());
-    cost.view_fps_mean = report["frames"].as_f64().unwrap_or(0.0) / ran;
-    cost.view_budget = budget;
+    let cost = view_cost(
+        args,
+        (seconds, ran),
+        &run,
+        (without, with),
+        (&report, budget),
+    );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&cost)?);
     } else {
@@ -379,10 +384,10 @@ fn median(v: &[f64]) -> f64 {
 
 fn view_cost(
     args: &WatchArgs,
-    seconds: f64,
+    (seconds, ran): (f64, f64),
     run: &ScenarioResult,
     (without, with): (Vec<Window>, Vec<Window>),
-    report: &serde_json::Value,
+    (report, budget): (&serde_json::Value, serde_json::Value),
 ) -> ViewCost {
     let threads = thread_costs(&without, &with);
     let without: Vec<f64> = without.iter().map(|w| w.total).collect();
@@ -412,8 +417,8 @@ fn view_cost(
         view_max: args.view_max.clone(),
         view_latency_ms_p50: num("latency_ms_p50"),
         view_latency_ms_p95: num("latency_ms_p95"),
-        view_fps_mean: 0.0,
-        view_budget: serde_json::Value::Null,
+        view_fps_mean: num("frames") / ran,
+        view_budget: budget,
     }
 }
 

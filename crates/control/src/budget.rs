@@ -50,7 +50,7 @@ struct State {
 pub struct BudgetStats {
     /// The budget, percent of the daemon's other CPU (0: off).
     pub pct: f64,
-    /// CPU the view's frame requests used, ms.
+    /// CPU the view's requests used, ms.
     pub view_cpu_ms: f64,
     /// The daemon's other CPU over the last window, percent of a core.
     pub other_cpu_pct: Option<f64>,

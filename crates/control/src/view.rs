@@ -19,8 +19,8 @@
 //! the rest), so the page's 10 frames a second within a 480x480 box would be a point of a
 //! core against the daemon's 8%. The daemon therefore holds all viewers together to a CPU
 //! budget ([`crate::budget`], `virtsocd --view-budget`, 4% of its other CPU by default): a
-//! frame request waits until the frames served so far fit it, which for that scenario is
-//! about 3.3 frames a second (docs/results.md, stop 22; `virtsoc watch camera --measure`).
+//! frame request waits until what the view used so far fits it, which for that scenario is
+//! about 3 frames a second (docs/results.md, stop 22; `virtsoc watch camera --measure`).
 //! A picture equal to the last one encoded (an unchanged screen, a second viewer) reuses its
 //! JPEG.
 

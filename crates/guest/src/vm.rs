@@ -221,26 +221,7 @@ impl PortBell {
     fn flag(&self) -> Option<&std::sync::atomic::AtomicU32> {
         self.window.atomic_u32(self.sleeping).ok()
     }
-}
 
-impl Doorbell for PortBell {
-    fn notify(&self) {
-        fence(Ordering::SeqCst);
-        if self.flag().is_some_and(|f| f.load(Ordering::SeqCst) != 0) {
-            let _ = (&*self.port).write_all(&[MSG_BELL]);
-        }
-    }
-
-    fn force_wake(&self) {
-        let _ = (&*self.port).write_all(&[MSG_BELL]);
-    }
-
-    fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
-        self.spin.wait(ready, |ready| self.sleep(ready, timeout))
-    }
-}
-
-impl PortBell {
     /// The sleeping half of [`Doorbell::wait`].
     fn sleep(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
         let Some(flag) = self.flag() else {
@@ -278,5 +259,22 @@ impl PortBell {
                 return true;
             }
         }
+    }
+}
+
+impl Doorbell for PortBell {
+    fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.flag().is_some_and(|f| f.load(Ordering::SeqCst) != 0) {
+            let _ = (&*self.port).write_all(&[MSG_BELL]);
+        }
+    }
+
+    fn force_wake(&self) {
+        let _ = (&*self.port).write_all(&[MSG_BELL]);
+    }
+
+    fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
+        self.spin.wait(ready, |ready| self.sleep(ready, timeout))
     }
 }

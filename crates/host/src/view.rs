@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use virtsoc_svm::GuestId;
 
+use virtsoc_control::budget::thread_cpu;
 use virtsoc_control::{ControlError, ViewFrame};
 use virtsoc_display::{PresentedFrame, ViewPicture};
 use virtsoc_media::{JpegEncoder, Mp4Recorder, YuvJpegEncoder};
@@ -69,12 +70,6 @@ impl Encoders {
         v.push(enc);
         Ok(jpeg)
     }
-}
-
-/// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// Guest `guest`'s latest frame newer than `after` as a JPEG fitting `max`, waiting up to

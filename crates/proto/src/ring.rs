@@ -219,31 +219,7 @@ impl FutexDoorbell {
                 .expect("control page in window"),
         )
     }
-}
 
-impl Doorbell for FutexDoorbell {
-    fn notify(&self) {
-        let (word, sleeping) = self.words();
-        fence(Ordering::SeqCst);
-        if sleeping.load(Ordering::SeqCst) != 0 {
-            word.fetch_add(1, Ordering::SeqCst);
-            let _ =
-                rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
-        }
-    }
-
-    fn force_wake(&self) {
-        let (word, _) = self.words();
-        word.fetch_add(1, Ordering::SeqCst);
-        let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
-    }
-
-    fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
-        self.spin.wait(ready, |ready| self.sleep(ready, timeout))
-    }
-}
-
-impl FutexDoorbell {
     /// The sleeping half of [`Doorbell::wait`].
     fn sleep(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
         let (word, sleeping) = self.words();
@@ -282,6 +258,28 @@ impl FutexDoorbell {
                 return true;
             }
         }
+    }
+}
+
+impl Doorbell for FutexDoorbell {
+    fn notify(&self) {
+        let (word, sleeping) = self.words();
+        fence(Ordering::SeqCst);
+        if sleeping.load(Ordering::SeqCst) != 0 {
+            word.fetch_add(1, Ordering::SeqCst);
+            let _ =
+                rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
+        }
+    }
+
+    fn force_wake(&self) {
+        let (word, _) = self.words();
+        word.fetch_add(1, Ordering::SeqCst);
+        let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX);
+    }
+
+    fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
+        self.spin.wait(ready, |ready| self.sleep(ready, timeout))
     }
 }
 
