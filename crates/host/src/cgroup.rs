@@ -430,8 +430,8 @@ impl CpuCgroups {
     /// Moves the daemon's threads `tids` (a CPU Vulkan driver's worker threads, which run
     /// every guest's GPU work: [`crate::device::Device::cpu_threads`]) into a group of their
     /// own, `NAME/device`, beside the guests'. Its weight is at first what the threads
-    /// weighed by their nice value (`virtsocd --gpu-driver-nice`: 10 weighs about a tenth of
-    /// a default process), so nothing changes until the feedback loop raises it
+    /// weighed by their nice value (`virtsocd --gpu-driver-nice`: 3, the default, weighs about
+    /// half a default process, 10 about a tenth), so nothing changes until the feedback loop raises it
     /// ([`set_device_share`](Self::set_device_share)) for a multimedia guest behind its frame
     /// rate, whose frames that work makes. Returns how many threads were moved (none: no
     /// group). cgroup v1 only: under v2, threads can only be placed in a threaded subtree,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use virtsoc_host::device::registry::{
-    CameraSourceKind, DisplayBackendKind, GpuBackendKind, IspBackendKind,
+    CameraSourceKind, DisplayBackendKind, GpuBackendKind, IspBackendKind, DEFAULT_GPU_DRIVER_NICE,
 };
 use virtsoc_host::device::share::Sharing;
 use virtsoc_host::policy::PolicyStore;
@@ -62,7 +62,7 @@ struct Args {
     /// Nice value (0-19) of a CPU Vulkan driver's worker threads (lavapipe), so the emulated
     /// GPU leaves the cores to the CPU-side devices first; 0 leaves them alone. No effect on
     /// a real GPU.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
+    #[arg(long, default_value_t = DEFAULT_GPU_DRIVER_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
     gpu_driver_nice: i32,
     /// Decoding threads per decoder.
     #[arg(long, default_value_t = 2)]

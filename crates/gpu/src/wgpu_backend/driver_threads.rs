@@ -5,8 +5,25 @@
 //! composition would then take every core from another guest's camera pipeline, which a GPU,
 //! being separate hardware, never does. [`WgpuBackend::renice_cpu_driver_threads`] lowers
 //! those threads' CPU priority (nice), so CPU-side devices are served first and the emulated
-//! GPU gets the rest - all of it when nothing else runs. Shares of the GPU between guests are
-//! the GPU scheduler's business, not this one's.
+//! GPU gets the rest. Shares of the GPU between guests are the GPU scheduler's business, not
+//! this one's.
+//!
+//! How low is a trade. The rasterizers split each submission between them and meet at its
+//! end, and the threads that feed them (the device's worker, the completion poller, the
+//! connection threads, the guests) run at the default priority. The lower their weight, the
+//! longer a rasterizer woken for the next submission waits behind such a thread while the
+//! other core, its half done, idles. Measured with two guests composing (daemon's default
+//! is nice 3, `perf sched` over 2 s; docs/results.md, stop 23):
+//!
+//! | nice | rasterizers' wait for a core per wake-up | their run time | cores idle |
+//! |---|---|---|---|
+//! | 0 | 0.03 ms | 2.56 s | 11% |
+//! | 3 | 0.04 ms | 2.50 s | 14% |
+//! | 5 | 0.06 ms | 2.38 s | 16% |
+//! | 10 | 0.13-0.15 ms | 1.98 s | 31% |
+//!
+//! So "all of it when nothing else runs" held only near the default priority: at nice 10 a
+//! third of the machine sat idle under GPU work alone.
 
 use std::io;
 

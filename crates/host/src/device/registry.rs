@@ -96,6 +96,14 @@ impl std::fmt::Display for CameraSourceKind {
     }
 }
 
+/// The default nice value of a CPU Vulkan driver's worker threads: they weigh about half
+/// a default thread, so CPU-side devices still go first (2:1), while the rasterizers wait
+/// for a core no longer than the daemon's own threads do. At nice 10 (a tenth) they waited
+/// 3-4 times longer after each wake-up, and with one core idle while the other rasterizer
+/// waited behind a thread feeding the GPU, a third of the machine sat idle under GPU work
+/// alone (`virtsoc_gpu`'s `driver_threads` module, docs/results.md, stop 23).
+pub const DEFAULT_GPU_DRIVER_NICE: i32 = 3;
+
 /// Backend choices and device settings (from the daemon's command line).
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
@@ -106,7 +114,7 @@ pub struct DeviceConfig {
     /// Nice value of a CPU Vulkan driver's worker threads (lavapipe's `llvmpipe-N`), so the
     /// emulated GPU does not take the cores from the CPU-side devices (see
     /// [`virtsoc_gpu::WgpuBackend::renice_cpu_driver_threads`]); 0 leaves them alone. No
-    /// effect on a real GPU.
+    /// effect on a real GPU. Default [`DEFAULT_GPU_DRIVER_NICE`].
     pub gpu_driver_nice: i32,
     /// Decoding threads per decoder.
     pub codec_threads: usize,
@@ -137,7 +145,7 @@ impl Default for DeviceConfig {
         DeviceConfig {
             gpu: GpuBackendKind::default(),
             isp: IspBackendKind::default(),
-            gpu_driver_nice: 10,
+            gpu_driver_nice: DEFAULT_GPU_DRIVER_NICE,
             codec_threads: 2,
             encoder_preset: virtsoc_media::EncoderPreset::default(),
             refresh_hz: 60,
