@@ -1,7 +1,8 @@
 //! `virtsoc bench sharing` runs end to end on small compositions: part (a)'s fairness guests
 //! rotate through their buffers (each guest checks, before it is measured, that every
 //! destination holds its own source's fill: a bench whose guests did not rotate exits with
-//! an error) and the report keeps its fields. The numbers themselves are measurements
+//! an error), its backlogged codec guests decode (every decode and receive answered without
+//! an error, or the bench fails) and the report keeps its fields. The numbers themselves are measurements
 //! (reported, not asserted: no timed assertions here).
 
 use std::process::Command;
@@ -24,7 +25,6 @@ fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
             "2",
             "--scheduler",
             "wfq",
-            "--no-codec",
             "--no-together",
         ])
         .args([
@@ -59,14 +59,20 @@ fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
     }
     let rotation = f["rotation"].as_u64().expect("rotation");
     assert!(rotation > 1, "the guests reuse one buffer: {f}");
-    // Both sizes alone were measured (the floor of the overhead).
+    // Both sizes alone were measured (the floor of the overhead), on each device.
     let sizes: Vec<&str> = r["alone"]
         .as_array()
         .expect("alone")
         .iter()
         .map(|a| a["size"].as_str().unwrap())
         .collect();
-    assert_eq!(sizes, ["64x36", "96x54"]);
+    assert_eq!(sizes, ["64x36", "96x54", "640x360", "1280x720"]);
+    // The same on the codec.
+    let codec = r["fairness_codec"].as_array().expect("fairness_codec");
+    assert_eq!(codec.len(), 1, "{codec:?}");
+    assert_eq!(codec[0]["device"], "codec");
+    assert_eq!(codec[0]["guests"], 2);
+    assert!(codec[0]["overhead_pct"].is_f64(), "{}", codec[0]);
     // Part (b): round robin with 0 and 1 hog, feedback with 1.
     let multimedia = r["multimedia"].as_array().expect("multimedia");
     let runs: Vec<(&str, u64)> = multimedia

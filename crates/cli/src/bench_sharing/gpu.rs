@@ -29,13 +29,12 @@
 //! floor of that overhead, are measured under the same cache conditions as the guests
 //! together: streaming. Before the run each guest checks that every destination holds its
 //! own source's fill, so a rotation that did not rotate fails the bench.
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 
 use virtsoc_guest::devices as api;
 use virtsoc_guest::{AccessMode, DeviceCommand, DeviceId, Format, Opcode};
 
+use super::backlog::{self, Control};
 use crate::scenario::full_layer;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
@@ -89,16 +88,14 @@ fn fill(r: usize) -> u8 {
     0x20 + (r as u8).wrapping_mul(0x1d)
 }
 
-/// Runs until `stop`: compositions of `load`, each answered one counted in `done`; while
-/// `gate` (if any) is false, it lets its queue drain and waits.
+/// Runs until `ctl.stop`: compositions of `load`, each answered one counted in `ctl.done`;
+/// while `ctl.gate` (if any) is false, it lets its queue drain and waits.
 pub(super) fn guest(
     target: &str,
     name: &str,
     load: Load,
-    gate: Option<&AtomicBool>,
     warm: &Barrier,
-    stop: &AtomicBool,
-    done: &AtomicU64,
+    ctl: Control<'_>,
 ) -> Result<(), CliError> {
     let Load {
         size: (w, h),
@@ -141,19 +138,6 @@ pub(super) fn guest(
         v.push((*src, AccessMode::Read));
         v
     };
-    let args = |id: u64, mode: AccessMode| -> Result<[u64; 6], CliError> {
-        let size = conn
-            .region(id)
-            .map(|r| r.size)
-            .ok_or_else(|| CliError::Usage(format!("region {id} not allocated here")))?;
-        Ok([id, 0, size, mode as u64, 0, 0])
-    };
-    let access = |op: Opcode, regions: &[(u64, AccessMode)]| -> Result<(), CliError> {
-        for (id, mode) in regions {
-            conn.submit_detached(op, dev, args(*id, *mode)?)?;
-        }
-        Ok(())
-    };
     let all: Vec<(u64, AccessMode)> = (0..rotation).flat_map(regions).collect();
     // Held for the whole run by a backlogged guest, per composition by a closed loop.
     let hold = depth > 1;
@@ -161,32 +145,15 @@ pub(super) fn guest(
     let submit = |k: u64, held: bool| -> Result<u64, CliError> {
         let r = (k % rotation as u64) as usize;
         if !held {
-            access(Opcode::BeginAccess, &regions(r))?;
+            backlog::access(&conn, dev, Opcode::BeginAccess, &regions(r))?;
         }
         let seq = conn.submit(Opcode::DeviceCmd, dev, ring[r].1.encode())?;
         if !held {
-            access(Opcode::EndAccess, &regions(r))?;
+            backlog::access(&conn, dev, Opcode::EndAccess, &regions(r))?;
         }
         Ok(seq)
     };
-    let answered = |seq: u64| -> Result<(), CliError> {
-        let c = conn.wait(seq)?;
-        if c.status != 0 {
-            let st = virtsoc_guest::Status::from_u32(c.status)
-                .unwrap_or(virtsoc_guest::Status::Internal);
-            return Err(CliError::Usage(format!(
-                "composition failed: {}",
-                st.message()
-            )));
-        }
-        if let Some((seq, st)) = conn.take_async_errors().first() {
-            return Err(CliError::Usage(format!(
-                "request {seq} failed: {}",
-                st.message()
-            )));
-        }
-        Ok(())
-    };
+    let answered = |seq: u64| backlog::answered(&conn, seq, "composition").map(|_| ());
     let mut k = 0u64;
     let warmed = (|| -> Result<(), CliError> {
         let p = Pipe::new(&conn, crate::bench_svm::OrderingMode::Atomic);
@@ -207,44 +174,16 @@ pub(super) fn guest(
             // Taken before the run starts: with 8 pairs a guest holds 24 regions, whose
             // accesses queued behind the other guests' compositions would otherwise start
             // it late, in the measured windows.
-            access(Opcode::BeginAccess, &all)?;
+            backlog::access(&conn, dev, Opcode::BeginAccess, &all)?;
             conn.drain()?;
         }
         Ok(())
     })();
     warm.wait();
     warmed?;
-    let mut queued = VecDeque::with_capacity(depth);
-    while !stop.load(Ordering::Relaxed) {
-        if gate.is_some_and(|g| !g.load(Ordering::Relaxed)) {
-            while let Some(seq) = queued.pop_front() {
-                answered(seq)?;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            continue;
-        }
-        while queued.len() < depth.max(1) {
-            queued.push_back(submit(k, hold)?);
-            k += 1;
-        }
-        if let Some(seq) = queued.pop_front() {
-            answered(seq)?;
-            done.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    for seq in queued {
-        answered(seq)?;
-    }
+    backlog::run(ctl, depth, k, |k| submit(k, hold), answered)?;
     if hold {
-        access(Opcode::EndAccess, &all)?;
-        conn.drain()?;
-        if let Some((seq, st)) = conn.take_async_errors().first() {
-            return Err(CliError::Usage(format!(
-                "request {seq} failed: {}",
-                st.message()
-            )));
-        }
+        backlog::release(&conn, dev, &all)?;
     }
     Ok(())
 }

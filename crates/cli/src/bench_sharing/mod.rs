@@ -74,12 +74,14 @@ use crate::daemon_proc::DaemonProcess;
 use crate::stats::percentile;
 use crate::CliError;
 
+mod backlog;
 mod chart;
 mod codec;
 mod fairness;
 mod gpu;
 mod multimedia;
 mod table;
+use backlog::Control;
 pub use chart::write as write_chart;
 use fairness::fairness_on;
 #[cfg(test)]
@@ -130,17 +132,10 @@ impl Work {
         stop: &AtomicBool,
         done: &AtomicU64,
     ) -> Result<(), CliError> {
+        let ctl = Control { gate, stop, done };
         match self {
-            Work::Gpu(_) => gpu::guest(
-                target,
-                name,
-                gpu::Load::backlogged(size),
-                gate,
-                warm,
-                stop,
-                done,
-            ),
-            Work::Codec => codec::guest(target, name, size, gate, warm, stop, done),
+            Work::Gpu(_) => gpu::guest(target, name, gpu::Load::backlogged(size), warm, ctl),
+            Work::Codec => codec::guest(target, name, size, warm, ctl),
         }
     }
 }

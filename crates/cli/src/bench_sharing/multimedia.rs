@@ -20,7 +20,7 @@ use virtsoc_guest::devices as api;
 use virtsoc_guest::Format;
 use virtsoc_sched::Kind;
 
-use super::{gpu, stop_guests, MultimediaRow, HOG_SIZE, VIDEO_FPS};
+use super::{gpu, stop_guests, Control, MultimediaRow, HOG_SIZE, VIDEO_FPS};
 use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
 use crate::scenario::full_layer;
@@ -268,15 +268,12 @@ pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<Multimedi
             .map(|i| {
                 let (t, name, warm, stop, done) = (&target, &names[i], &warm, &stop, &done[i]);
                 s.spawn(move || {
-                    gpu::guest(
-                        t,
-                        name,
-                        gpu::Load::closed_loop(HOG_SIZE),
-                        None,
-                        warm,
+                    let ctl = Control {
+                        gate: None,
                         stop,
                         done,
-                    )
+                    };
+                    gpu::guest(t, name, gpu::Load::closed_loop(HOG_SIZE), warm, ctl)
                 })
             })
             .collect();

@@ -1,0 +1,117 @@
+//! What the fairness guests of `virtsoc bench sharing` (GPU and codec) share: the loop that
+//! keeps a guest's work queued on the daemon, the accesses a backlogged guest holds for its
+//! whole run, and the check of each answer.
+//!
+//! WFQ's fairness is defined over backlogged flows, and the overhead against one guest
+//! alone assumes the guest alone keeps the device busy. A closed loop (one command, wait for
+//! its answer, the next) leaves the device idle for every round trip, and a scheduler that
+//! keeps a guest's turn through those gaps (WFQ's anticipation) idles it further: with
+//! closed-loop codec guests, one alone kept the codec busy 55-65% of the time and WFQ's two
+//! guests together 53% (docs/results.md, stop 23).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use virtsoc_guest::Completion;
+use virtsoc_guest::{AccessMode, Connection, DeviceId, Opcode};
+
+use crate::CliError;
+
+/// Where a guest's loop is told to pause and stop, and counts its work.
+#[derive(Clone, Copy)]
+pub(super) struct Control<'a> {
+    /// While false, the guest lets its queue drain and waits.
+    pub gate: Option<&'a AtomicBool>,
+    pub stop: &'a AtomicBool,
+    /// Units of work answered.
+    pub done: &'a AtomicU64,
+}
+
+/// Runs until `stop`: keeps `depth` units of work queued, unit `k` queued by `submit(k)`
+/// (from `first` on) and waited for by `answered` in the order queued, each answered counted
+/// in `done`. While `gate` is false it lets its queue drain and waits.
+pub(super) fn run<T>(
+    ctl: Control<'_>,
+    depth: usize,
+    first: u64,
+    mut submit: impl FnMut(u64) -> Result<T, CliError>,
+    mut answered: impl FnMut(T) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let mut queued = VecDeque::with_capacity(depth);
+    let mut k = first;
+    while !ctl.stop.load(Ordering::Relaxed) {
+        if ctl.gate.is_some_and(|g| !g.load(Ordering::Relaxed)) {
+            while let Some(t) = queued.pop_front() {
+                answered(t)?;
+                ctl.done.fetch_add(1, Ordering::Relaxed);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            continue;
+        }
+        while queued.len() < depth.max(1) {
+            queued.push_back(submit(k)?);
+            k += 1;
+        }
+        if let Some(t) = queued.pop_front() {
+            answered(t)?;
+            ctl.done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    for t in queued {
+        answered(t)?;
+    }
+    Ok(())
+}
+
+/// Queues `op` (begin_access or end_access) of device `dev` on each of `regions`, whole,
+/// without waiting for the answers (a failure shows in [`answered`]).
+pub(super) fn access(
+    conn: &Connection,
+    dev: DeviceId,
+    op: Opcode,
+    regions: &[(u64, AccessMode)],
+) -> Result<(), CliError> {
+    for (id, mode) in regions {
+        let size = conn
+            .region(*id)
+            .map(|r| r.size)
+            .ok_or_else(|| CliError::Usage(format!("region {id} not allocated here")))?;
+        conn.submit_detached(op, dev, [*id, 0, size, *mode as u64, 0, 0])?;
+    }
+    Ok(())
+}
+
+/// Waits for request `seq` (`what` names it in an error): its completion, or an error if it
+/// or an earlier request queued without waiting failed.
+pub(super) fn answered(conn: &Connection, seq: u64, what: &str) -> Result<Completion, CliError> {
+    let c = conn.wait(seq)?;
+    if c.status != 0 {
+        let st =
+            virtsoc_guest::Status::from_u32(c.status).unwrap_or(virtsoc_guest::Status::Internal);
+        return Err(CliError::Usage(format!("{what} failed: {}", st.message())));
+    }
+    if let Some((seq, st)) = conn.take_async_errors().first() {
+        return Err(CliError::Usage(format!(
+            "request {seq} failed: {}",
+            st.message()
+        )));
+    }
+    Ok(c)
+}
+
+/// Ends the accesses a backlogged guest held for its run, and checks they ended.
+pub(super) fn release(
+    conn: &Connection,
+    dev: DeviceId,
+    regions: &[(u64, AccessMode)],
+) -> Result<(), CliError> {
+    access(conn, dev, Opcode::EndAccess, regions)?;
+    conn.drain()?;
+    if let Some((seq, st)) = conn.take_async_errors().first() {
+        return Err(CliError::Usage(format!(
+            "request {seq} failed: {}",
+            st.message()
+        )));
+    }
+    Ok(())
+}
