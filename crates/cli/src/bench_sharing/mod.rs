@@ -4,7 +4,9 @@
 //! 2, 4 and 8 guests with equal shares. Each guest is a thread of this process with its own
 //! connection (its own session, rings and window) keeping four GPU compositions queued
 //! (continuously backlogged), of a size that differs from guest to guest (`--gpu-sizes`,
-//! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. After
+//! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. The
+//! same on the codec (`fairness_codec` in the JSON): each guest keeps two frames' H.264
+//! decode and receive queued, at 640x360, 1280x720 and 1920x1080 in turn (`backlog`). After
 //! a 0.5 s settle, a second after its last reading (so a late reading never leaves a short
 //! window behind it) the bench reads each guest's GPU device time from the
 //! daemon's control API (the worker's continuous accounting, the command in service counted
