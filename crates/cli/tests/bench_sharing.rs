@@ -20,13 +20,7 @@ fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
             "--repeats",
             "1",
         ])
-        .args([
-            "--guests",
-            "2",
-            "--scheduler",
-            "wfq",
-            "--no-together",
-        ])
+        .args(["--guests", "2", "--scheduler", "wfq", "--no-together"])
         .args([
             "--gpu-sizes",
             "64x36,96x54,128x72",
