@@ -170,7 +170,9 @@ fn a_fast_viewer_is_paced_by_the_view_budget() {
     frame_ids(&d, guest, 4);
     let b: Value = get(&d, "/view/budget").json();
     assert_eq!(b["pct"], 4.0, "{b}");
-    assert!(b["requests"].as_u64().unwrap_or(0) >= 4, "{b}");
+    // A request is charged once its answer is written, so the last frame's charge may land
+    // after the viewer has it and asks for the budget.
+    assert!(b["requests"].as_u64().unwrap_or(0) >= 3, "{b}");
     assert!(b["delayed"].as_u64().unwrap_or(0) >= 2, "{b}");
     assert!(b["view_cpu_ms"].as_f64().unwrap_or(0.0) > 0.0, "{b}");
     stop.store(true, Ordering::Relaxed);
