@@ -12,9 +12,9 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use virtsoc_guest::Completion;
 use virtsoc_guest::{AccessMode, Connection, DeviceId, Opcode};
 
+use crate::scenario::pipe::{access_args, check_async_errors, check_completion};
 use crate::CliError;
 
 /// Where a guest's loop is told to pause and stop, and counts its work.
@@ -72,31 +72,16 @@ pub(super) fn access(
     regions: &[(u64, AccessMode)],
 ) -> Result<(), CliError> {
     for (id, mode) in regions {
-        let size = conn
-            .region(*id)
-            .map(|r| r.size)
-            .ok_or_else(|| CliError::Usage(format!("region {id} not allocated here")))?;
-        conn.submit_detached(op, dev, [*id, 0, size, *mode as u64, 0, 0])?;
+        conn.submit_detached(op, dev, access_args(conn, *id, *mode)?)?;
     }
     Ok(())
 }
 
-/// Waits for request `seq` (`what` names it in an error): its completion, or an error if it
-/// or an earlier request queued without waiting failed.
-pub(super) fn answered(conn: &Connection, seq: u64, what: &str) -> Result<Completion, CliError> {
-    let c = conn.wait(seq)?;
-    if c.status != 0 {
-        let st =
-            virtsoc_guest::Status::from_u32(c.status).unwrap_or(virtsoc_guest::Status::Internal);
-        return Err(CliError::Usage(format!("{what} failed: {}", st.message())));
-    }
-    if let Some((seq, st)) = conn.take_async_errors().first() {
-        return Err(CliError::Usage(format!(
-            "request {seq} failed: {}",
-            st.message()
-        )));
-    }
-    Ok(c)
+/// Waits for request `seq` (`what` names it in an error): an error if it or an earlier
+/// request queued without waiting failed.
+pub(super) fn answered(conn: &Connection, seq: u64, what: &str) -> Result<(), CliError> {
+    check_completion(&conn.wait(seq)?, what)?;
+    check_async_errors(conn)
 }
 
 /// Ends the accesses a backlogged guest held for its run, and checks they ended.
@@ -107,11 +92,5 @@ pub(super) fn release(
 ) -> Result<(), CliError> {
     access(conn, dev, Opcode::EndAccess, regions)?;
     conn.drain()?;
-    if let Some((seq, st)) = conn.take_async_errors().first() {
-        return Err(CliError::Usage(format!(
-            "request {seq} failed: {}",
-            st.message()
-        )));
-    }
-    Ok(())
+    check_async_errors(conn)
 }

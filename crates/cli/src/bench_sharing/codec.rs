@@ -127,7 +127,7 @@ pub(super) fn guest(
     };
     let answered = |(d, r): (u64, u64)| -> Result<(), CliError> {
         backlog::answered(&conn, d, "decode")?;
-        backlog::answered(&conn, r, "receive").map(|_| ())
+        backlog::answered(&conn, r, "receive")
     };
     backlog::run(ctl, DEPTH, first, submit, answered)?;
     backlog::release(&conn, dev, &held)?;

@@ -153,7 +153,7 @@ pub(super) fn guest(
         }
         Ok(seq)
     };
-    let answered = |seq: u64| backlog::answered(&conn, seq, "composition").map(|_| ());
+    let answered = |seq: u64| backlog::answered(&conn, seq, "composition");
     let mut k = 0u64;
     let warmed = (|| -> Result<(), CliError> {
         let p = Pipe::new(&conn, crate::bench_svm::OrderingMode::Atomic);

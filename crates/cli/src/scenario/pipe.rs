@@ -8,10 +8,42 @@
 
 use std::time::Duration;
 
-use virtsoc_guest::{AccessMode, Connection, DeviceCommand, DeviceId, Opcode};
+use virtsoc_guest::{AccessMode, Completion, Connection, DeviceCommand, DeviceId, Opcode};
 
 use crate::bench_svm::OrderingMode;
 use crate::CliError;
+
+/// The size of region `id` of `conn`'s guest.
+pub fn region_size(conn: &Connection, id: u64) -> Result<u64, CliError> {
+    conn.region(id)
+        .map(|r| r.size)
+        .ok_or_else(|| CliError::Usage(format!("region {id} not allocated here")))
+}
+
+/// The arguments of a begin_access or end_access of all of region `id` in `mode`.
+pub fn access_args(conn: &Connection, id: u64, mode: AccessMode) -> Result<[u64; 6], CliError> {
+    Ok([id, 0, region_size(conn, id)?, mode as u64, 0, 0])
+}
+
+/// An error naming `what` if completion `c` failed.
+pub fn check_completion(c: &Completion, what: &str) -> Result<(), CliError> {
+    if c.status == 0 {
+        return Ok(());
+    }
+    let st = virtsoc_guest::Status::from_u32(c.status).unwrap_or(virtsoc_guest::Status::Internal);
+    Err(CliError::Usage(format!("{what} failed: {}", st.message())))
+}
+
+/// An error if a request `conn` queued without waiting for its answer failed.
+pub fn check_async_errors(conn: &Connection) -> Result<(), CliError> {
+    match conn.take_async_errors().first() {
+        Some((seq, st)) => Err(CliError::Usage(format!(
+            "request {seq} failed: {}",
+            st.message()
+        ))),
+        None => Ok(()),
+    }
+}
 
 /// A command whose results come later (fence mode) or are already here (atomic mode).
 pub enum Ticket<R> {
@@ -42,13 +74,6 @@ impl<'a> Pipe<'a> {
         }
     }
 
-    fn size(&self, id: u64) -> Result<u64, CliError> {
-        self.conn
-            .region(id)
-            .map(|r| r.size)
-            .ok_or_else(|| CliError::Usage(format!("region {id} not allocated here")))
-    }
-
     /// Runs `cmd` with its declared regions bracketed by begin/end_access on its device.
     /// In fence mode, the command first waits (on its device's queue) for the device of the
     /// previous command, and then signals a fence for the next one.
@@ -72,16 +97,17 @@ impl<'a> Pipe<'a> {
         match self.ordering {
             OrderingMode::Atomic => {
                 for (id, mode) in &regions {
-                    let a = self
-                        .conn
-                        .begin_access(*id, dev, 0, self.size(*id)?, *mode)?;
+                    let a =
+                        self.conn
+                            .begin_access(*id, dev, 0, region_size(self.conn, *id)?, *mode)?;
                     if mode.reads() {
                         self.access_us.push(a.host_elapsed.as_secs_f64() * 1e6);
                     }
                 }
                 let reply = self.conn.command(cmd)?;
                 for (id, mode) in &regions {
-                    self.conn.end_access(*id, dev, 0, self.size(*id)?, *mode)?;
+                    self.conn
+                        .end_access(*id, dev, 0, region_size(self.conn, *id)?, *mode)?;
                 }
                 Ok(Ticket::Ready(reply))
             }
@@ -93,7 +119,7 @@ impl<'a> Pipe<'a> {
                     self.conn.fence_release(f)?;
                 }
                 for (id, mode) in &regions {
-                    let args = [*id, 0, self.size(*id)?, *mode as u64, 0, 0];
+                    let args = access_args(self.conn, *id, *mode)?;
                     if mode.reads() {
                         let seq = self.conn.submit(Opcode::BeginAccess, dev, args)?;
                         if let Some(cur) = self.pending_reads.back_mut() {
@@ -105,7 +131,7 @@ impl<'a> Pipe<'a> {
                 }
                 let seq = self.conn.submit(Opcode::DeviceCmd, dev, cmd.encode())?;
                 for (id, mode) in &regions {
-                    let args = [*id, 0, self.size(*id)?, *mode as u64, 0, 0];
+                    let args = access_args(self.conn, *id, *mode)?;
                     self.conn.submit_detached(Opcode::EndAccess, dev, args)?;
                 }
                 let f = self.conn.fence_create()?;
@@ -122,14 +148,7 @@ impl<'a> Pipe<'a> {
             Ticket::Ready(r) => Ok(r),
             Ticket::Pending(seq, decode) => {
                 let c = self.conn.wait(seq)?;
-                if c.status != 0 {
-                    let st = virtsoc_guest::Status::from_u32(c.status)
-                        .unwrap_or(virtsoc_guest::Status::Internal);
-                    return Err(CliError::Usage(format!(
-                        "device command failed: {}",
-                        st.message()
-                    )));
-                }
+                check_completion(&c, "device command")?;
                 Ok(decode(&c.values))
             }
         }
@@ -154,14 +173,7 @@ impl<'a> Pipe<'a> {
             }
         }
         self.pending_reads.push_back(Vec::new());
-        let errs = self.conn.take_async_errors();
-        if let Some((seq, st)) = errs.first() {
-            return Err(CliError::Usage(format!(
-                "request {seq} failed: {}",
-                st.message()
-            )));
-        }
-        Ok(())
+        check_async_errors(self.conn)
     }
 
     /// Writes `bytes` into region `id` from the CPU.
