@@ -19,6 +19,11 @@ packages=(
   nginx-light libnginx-mod-rtmp           # the livestream scenario's local RTMP server
   xvfb x11-apps                           # the display's window backend, tested under Xvfb
   chromium                                # the live view, tested in a headless browser
+  khronos-api                             # gl.xml: the GLES encoder/decoder are generated from it
+  libglvnd-dev libegl-dev libgles-dev     # glvnd's vendor ABI (libeglabi.h), EGL/GLES headers
+  libegl-mesa0 libgl1-mesa-dri libgles2   # the host renderer: Mesa's EGL/GLES (llvmpipe here)
+  glmark2-es2-x11 mesa-utils-bin          # unmodified GLES programs: glmark2-es2, es2gears, es2_info
+  virgl-server                            # virgl_test_server: the virgl comparison in bench gles
 )
 
 missing=()

@@ -1,0 +1,141 @@
+//! The runtime the EGL and GL halves of the vendor library share: the connection's command
+//! stream ([`Stream`]) and each thread's current context ([`Context`], [`current`]).
+//!
+//! GL entry points encode into the stream of the calling thread's current context
+//! ([`Stream::encoder`] inserts `SET_CONTEXT` when the stream last spoke for another
+//! context); the stream is flushed as one batch ([`Channel::exec`]) at `glFlush`,
+//! `glFinish`, swap, a call with a result ([`Stream::round_trip`]) and when it grows past
+//! [`FLUSH_AT`] bytes.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use virtsoc_gles_stream::{egl, Encoder};
+
+/// A batch is flushed once it holds this many bytes.
+pub const FLUSH_AT: usize = 256 << 10;
+
+/// Why a batch did not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelError {
+    /// The host context is gone (the render worker died, the daemon went away): every
+    /// later call of the context fails; EGL answers `EGL_CONTEXT_LOST`.
+    #[error("context lost: {0}")]
+    Lost(String),
+    /// The batch was refused (too large, malformed); the stream goes on.
+    #[error("batch refused: {0}")]
+    Refused(String),
+}
+
+/// Where batches go: the transport to the daemon's `gles` device (or, in tests, straight
+/// into a host decoder).
+pub trait Channel: Send + Sync {
+    /// Runs one batch of whole packets on the host. With `wait`, blocks until the host ran
+    /// it and returns its reply bytes (the answers of the calls with results, in order);
+    /// without, returns an empty reply at once (a failure then surfaces at the next waited
+    /// batch).
+    fn exec(&self, batch: &[u8], wait: bool) -> Result<Vec<u8>, ChannelError>;
+}
+
+/// One connection's command stream.
+pub struct Stream {
+    enc: Encoder,
+    /// The context the stream's packets currently run on (the last `SET_CONTEXT`).
+    on_ctx: u32,
+    channel: Arc<dyn Channel>,
+    lost: Option<String>,
+}
+
+impl Stream {
+    /// An empty stream sending its batches to `channel`.
+    pub fn new(channel: Arc<dyn Channel>) -> Self {
+        Stream {
+            enc: Encoder::with_capacity(FLUSH_AT + (64 << 10)),
+            on_ctx: 0,
+            channel,
+            lost: None,
+        }
+    }
+
+    /// The encoder to append packets of context `ctx` to: flushes first when the batch is
+    /// full, and switches the stream to `ctx` when it spoke for another context.
+    pub fn encoder(&mut self, ctx: u32) -> &mut Encoder {
+        if self.enc.len() >= FLUSH_AT {
+            // A failure is kept in `lost` / surfaces at the next waited batch.
+            let _ = self.flush();
+        }
+        if self.on_ctx != ctx {
+            self.enc.packet(egl::SET_CONTEXT).u32(ctx);
+            self.on_ctx = ctx;
+        }
+        &mut self.enc
+    }
+
+    /// Sends what is encoded without waiting for it.
+    pub fn flush(&mut self) -> Result<(), ChannelError> {
+        self.send(false).map(|_| ())
+    }
+
+    /// Sends what is encoded and waits for it to run: the reply bytes of its calls with
+    /// results.
+    pub fn round_trip(&mut self) -> Result<Vec<u8>, ChannelError> {
+        self.send(true)
+    }
+
+    /// Why the stream's host side is gone, once it is.
+    pub fn lost(&self) -> Option<&str> {
+        self.lost.as_deref()
+    }
+
+    fn send(&mut self, wait: bool) -> Result<Vec<u8>, ChannelError> {
+        if let Some(why) = &self.lost {
+            self.enc.clear();
+            return Err(ChannelError::Lost(why.clone()));
+        }
+        if self.enc.is_empty() && !wait {
+            return Ok(Vec::new());
+        }
+        let r = self.channel.exec(self.enc.as_bytes(), wait);
+        self.enc.clear();
+        if let Err(ChannelError::Lost(why)) = &r {
+            self.lost = Some(why.clone());
+        }
+        r
+    }
+}
+
+/// A guest GL context as the GL entry points see it.
+pub struct Context {
+    /// The context's id in the stream (`SET_CONTEXT`), never 0.
+    pub id: u32,
+    /// The stream of the connection the context belongs to.
+    pub stream: Arc<Mutex<Stream>>,
+    /// The guest-side GL state (see [`crate::gl`]).
+    pub gl: Mutex<crate::gl::GlState>,
+}
+
+impl Context {
+    /// The stream, locked (a poisoned lock is taken over: the stream holds whole packets).
+    pub fn stream(&self) -> MutexGuard<'_, Stream> {
+        self.stream.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The GL state, locked.
+    pub fn gl(&self) -> MutexGuard<'_, crate::gl::GlState> {
+        self.gl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Arc<Context>>> = const { RefCell::new(None) };
+}
+
+/// Makes `ctx` the calling thread's current context (`None`: no context).
+pub fn make_current(ctx: Option<Arc<Context>>) {
+    CURRENT.with(|c| *c.borrow_mut() = ctx);
+}
+
+/// The calling thread's current context.
+pub fn current() -> Option<Arc<Context>> {
+    CURRENT.with(|c| c.borrow().clone())
+}

@@ -1,0 +1,2 @@
+//! `virtsoc-render`: the render worker process the daemon starts per guest.
+fn main() {}
