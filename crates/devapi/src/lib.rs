@@ -329,6 +329,20 @@ devices! {
         /// Reads up to 40 bytes of modem output, packed little-endian in `b0`..`b4`.
         fn read() -> (len, b0, b1, b2, b3, b4) = 2;
     }
+
+    /// OpenGL ES: runs a guest's GLES command stream (`docs/gles.md`) in the guest's render
+    /// worker process on the host's EGL/GLES.
+    device gles = 16 {
+        /// Runs the first `len` bytes of `stream` (whole packets) and writes the answers of
+        /// its calls with results at the start of region `reply` (write access begun from
+        /// this device; 0: none expected). `reply_len` is the answers' size; when it exceeds
+        /// the reply region (or `reply` is 0), `held` is 1 and `read_reply` delivers them.
+        /// `DeviceError` with a reason starting "context lost" once the worker is gone (every
+        /// later exec too); `BadArgument` for a malformed stream (the batch stops there).
+        fn exec(stream: region_r, len: u64, reply: u64) -> (reply_len, held) = 1;
+        /// Writes the answers `exec` held back into `reply` (which must hold them all).
+        fn read_reply(reply: region_w) -> (reply_len) = 2;
+    }
 }
 
 /// The `damage` argument of `gpu::composite` for the rectangle at (`x`, `y`) of `width` x

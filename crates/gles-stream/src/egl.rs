@@ -1,7 +1,72 @@
 //! Opcodes of the EGL and virtsoc commands that travel in the stream beside the GL calls
 //! (GL opcodes are generated and stay below [`BASE`]). Payloads are documented per opcode.
+//!
+//! Guest context and surface ids are chosen by the guest (non-zero, unique per connection);
+//! the render worker maps them to host objects and refuses ids it does not know. A command
+//! that answers appends `u32 op | u32 len | payload` to the batch's reply (see
+//! `docs/gles.md`); the answers below give that payload.
 
 /// First opcode of this range.
 pub const BASE: u32 = 0x1_0000;
 /// `ctx u32`: the following packets run on guest context `ctx` (0: none).
 pub const SET_CONTEXT: u32 = BASE;
+/// `ctx u32 | share u32 | major u32`: creates guest context `ctx` for OpenGL ES `major`
+/// (2 only for now), sharing objects with context `share` (0: none). Answers `u32 error`,
+/// an EGL error code ([`SUCCESS`] when it was made).
+pub const CREATE_CONTEXT: u32 = BASE + 1;
+/// `ctx u32`: destroys guest context `ctx` (once no longer current on the host).
+pub const DESTROY_CONTEXT: u32 = BASE + 2;
+/// `surf u32 | width u32 | height u32 | config u32`: creates guest surface `surf` (a
+/// window or pbuffer of the guest), a host off-screen surface of `width` x `height`
+/// (each 1..=[`MAX_SURFACE`]) in guest config `config`. Answers `u32 error`.
+pub const CREATE_SURFACE: u32 = BASE + 3;
+/// `surf u32`: destroys guest surface `surf`.
+pub const DESTROY_SURFACE: u32 = BASE + 4;
+/// `ctx u32 | draw u32 | read u32`: binds guest context `ctx` to surfaces `draw` and
+/// `read` (0: none, surfaceless) and makes it the context the following packets run on.
+/// `ctx` 0 releases the current context. Answers `u32 error`.
+pub const MAKE_CURRENT: u32 = BASE + 5;
+/// `surf u32`: the guest swapped surface `surf`: the host flushes its rendering.
+pub const SWAP: u32 = BASE + 6;
+/// `surf u32 | width u32 | height u32`: surface `surf`'s window changed size: the host
+/// surface is remade at the new size (its contents are undefined until the next frame).
+pub const RESIZE_SURFACE: u32 = BASE + 7;
+/// No payload: waits until the host ran everything sent before (`glFinish` on the current
+/// context). Answers an empty payload (used by fence syncs and `eglWaitClient`).
+pub const FINISH: u32 = BASE + 8;
+
+/// EGL's success code, as the answers carry it.
+pub const SUCCESS: u32 = 0x3000;
+/// EGL_BAD_ALLOC.
+pub const BAD_ALLOC: u32 = 0x3003;
+/// EGL_BAD_CONFIG.
+pub const BAD_CONFIG: u32 = 0x3005;
+/// EGL_BAD_CONTEXT.
+pub const BAD_CONTEXT: u32 = 0x3006;
+/// EGL_BAD_MATCH.
+pub const BAD_MATCH: u32 = 0x3009;
+/// EGL_BAD_SURFACE.
+pub const BAD_SURFACE: u32 = 0x300D;
+/// EGL_BAD_PARAMETER.
+pub const BAD_PARAMETER: u32 = 0x300C;
+
+/// Largest width or height of a surface.
+pub const MAX_SURFACE: u32 = 16384;
+
+/// Guest configs the host knows: `(id, red, green, blue, alpha, depth, stencil)`. The guest
+/// offers these and names them by id in [`CREATE_SURFACE`].
+pub const CONFIGS: &[(u32, u32, u32, u32, u32, u32, u32)] = &[
+    (1, 8, 8, 8, 8, 24, 8),
+    (2, 8, 8, 8, 0, 24, 8),
+    (3, 5, 6, 5, 0, 24, 8),
+    (4, 8, 8, 8, 8, 0, 0),
+    (5, 8, 8, 8, 0, 0, 0),
+    (6, 5, 6, 5, 0, 0, 0),
+    (7, 8, 8, 8, 8, 16, 0),
+    (8, 5, 6, 5, 0, 16, 0),
+];
+
+/// The config of id `id`.
+pub fn config(id: u32) -> Option<(u32, u32, u32, u32, u32, u32, u32)> {
+    CONFIGS.iter().copied().find(|c| c.0 == id)
+}

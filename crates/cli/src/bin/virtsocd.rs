@@ -81,6 +81,10 @@ struct Args {
     /// does not wait for a process start.
     #[arg(long, default_value_t = virtsoc_media::codec::DEFAULT_SPARE)]
     decoder_spares: usize,
+    /// The GLES device's render worker program, started once per guest using OpenGL ES
+    /// (default: `virtsoc-render` beside this executable, or `$VIRTSOC_RENDER_WORKER`).
+    #[arg(long, value_name = "PATH")]
+    render_worker: Option<std::path::PathBuf>,
     /// Display refresh rate in Hz.
     #[arg(long, default_value_t = 60)]
     refresh_hz: u32,
@@ -297,6 +301,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
                 Decoders::InProcess => None,
             },
             codec_worker_spares: args.decoder_spares,
+            render_worker: args.render_worker.clone(),
             refresh_hz: args.refresh_hz,
             display_size: args.display_size,
             display_verify: args.display_verify,

@@ -35,6 +35,7 @@ pub mod codec;
 mod ctx;
 pub mod display;
 pub mod feedback;
+pub mod gles;
 pub mod gpu;
 pub mod isp;
 pub(crate) mod layers;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use virtsoc_proto::DeviceId;
 
 use super::testdev::{Consumer, Producer};
-use super::{camera, codec, display, gpu, isp, modem, Device};
+use super::{camera, codec, display, gles, gpu, isp, modem, Device};
 use crate::{Limits, Result};
 
 /// The GPU device's backend (`--gpu-backend`).
@@ -138,6 +138,9 @@ pub struct DeviceConfig {
     pub codec_worker: Option<PathBuf>,
     /// Decoder workers kept started ahead.
     pub codec_worker_spares: usize,
+    /// The GLES render worker program (`virtsoc-render`); `None`: the default of
+    /// [`gles::default_worker`] (beside the daemon's executable).
+    pub render_worker: Option<PathBuf>,
 }
 
 impl Default for DeviceConfig {
@@ -156,6 +159,7 @@ impl Default for DeviceConfig {
             camera_source: CameraSourceKind::default(),
             codec_worker: None,
             codec_worker_spares: virtsoc_media::codec::DEFAULT_SPARE,
+            render_worker: None,
         }
     }
 }
@@ -181,6 +185,7 @@ pub fn build(cfg: &DeviceConfig, limits: &Limits) -> Result<Vec<(DeviceId, Arc<d
             api::modem::ID,
             Arc::new(modem::Modem::new(cfg)?.with_limits(limits)),
         ),
+        (api::gles::ID, Arc::new(gles::Gles::new(cfg))),
     ])
 }
 

@@ -1,0 +1,432 @@
+//! The `gles` device: OpenGL ES for guests (`docs/gles.md`). Each guest's GLES command
+//! streams run in a render worker process of its own (`virtsoc-render`, crates/gles-render),
+//! started at the guest's first `exec`, so a crash or a hang of the host's GL driver ends
+//! that guest's GLES contexts only.
+//!
+//! - **Worker messages**: the worker's stdin is one end of a socket pair. The daemon sends a
+//!   batch as `u32 len | len bytes`; the worker answers `u32 status | u32 reply_len |
+//!   u32 msg_len | reply bytes | msg bytes` (status: [`ANSWER_OK`], [`ANSWER_BAD_STREAM`],
+//!   [`ANSWER_LOST`]). Nothing the worker sends is trusted: the reply is at most
+//!   [`MAX_REPLY`] bytes, the message [`MAX_MSG`], and an answer later than
+//!   [`WORKER_DEADLINE`] (a hang) or a malformed one ends the worker as if it had crashed.
+//! - **Never blocking the device thread**: `exec` copies the stream out of the guest's
+//!   region and hands it, with the [`Reply`], to the guest's own forwarding thread, which
+//!   talks to the worker, writes the answers into the guest's reply region and answers the
+//!   guest. The guest's queue on this device waits for that answer (so its reply region
+//!   stays accessed), the other guests' queues go on.
+//! - **Loss**: a worker that dies, hangs or talks nonsense is killed; that guest's exec
+//!   fails with `DeviceError` and a reason starting "context lost", and so does every later
+//!   one (its contexts are gone; the guest's EGL reports `EGL_CONTEXT_LOST`).
+//! - **Departure**: when the guest goes away its worker is killed.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Process, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use virtsoc_devapi::gles::{Command, ExecReply, ReadReplyReply};
+use virtsoc_fence::VirtualFenceTable;
+use virtsoc_proto::Status;
+use virtsoc_svm::{DomainId, GuestId, SvmManager};
+
+use super::registry::DeviceConfig;
+use super::{Device, DeviceCtx, DeviceResult, Reply};
+
+/// Largest batch one `exec` runs.
+pub const MAX_BATCH: u64 = 64 << 20;
+/// Largest reply a worker may send for one batch.
+pub const MAX_REPLY: usize = 64 << 20;
+/// Largest message (a reason) a worker may send with an answer.
+pub const MAX_MSG: usize = 4096;
+/// Longest a worker may take to answer one batch (it is ended as hung after that).
+pub const WORKER_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Worker answer: the batch ran.
+pub const ANSWER_OK: u32 = 0;
+/// Worker answer: the batch was malformed and stopped at the bad packet (the message says
+/// why); the contexts go on.
+pub const ANSWER_BAD_STREAM: u32 = 1;
+/// Worker answer: the worker cannot go on (its host EGL failed); it exits.
+pub const ANSWER_LOST: u32 = 2;
+
+/// The program name of the render worker, looked for beside the daemon's executable.
+pub const WORKER_PROGRAM: &str = "virtsoc-render";
+
+/// One batch handed to a guest's forwarding thread.
+struct Job {
+    batch: Vec<u8>,
+    reply_region: u64,
+    reply: Reply,
+    svm: Arc<SvmManager>,
+    fences: Arc<VirtualFenceTable>,
+    domain: DomainId,
+    guest: GuestId,
+}
+
+/// What a guest's forwarding thread shares with the device.
+#[derive(Default)]
+struct Shared {
+    /// Why the guest's contexts are gone, once they are.
+    lost: Option<String>,
+    /// Answers too large for the reply region, for `read_reply`.
+    held: Vec<u8>,
+    /// The daemon's end of the worker's socket (shut down when the guest goes away).
+    sock: Option<UnixStream>,
+}
+
+/// One guest's render worker, as the device holds it.
+struct GuestGles {
+    jobs: mpsc::Sender<Job>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+fn lock(s: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The `gles` device.
+pub struct Gles {
+    program: PathBuf,
+    guests: Mutex<HashMap<GuestId, GuestGles>>,
+}
+
+impl Gles {
+    /// The device, running guests' streams in `cfg.render_worker` (default: the
+    /// [`WORKER_PROGRAM`] beside the daemon's executable; `$VIRTSOC_RENDER_WORKER`
+    /// overrides that default).
+    pub fn new(cfg: &DeviceConfig) -> Self {
+        let program = cfg.render_worker.clone().unwrap_or_else(default_worker);
+        Gles {
+            program,
+            guests: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn guests(&self) -> MutexGuard<'_, HashMap<GuestId, GuestGles>> {
+        self.guests.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The guest's forwarding thread (started now at its first command).
+    fn guest(&self, guest: GuestId) -> Result<(mpsc::Sender<Job>, Arc<Mutex<Shared>>), Status> {
+        let mut guests = self.guests();
+        if let Some(g) = guests.get(&guest) {
+            return Ok((g.jobs.clone(), g.shared.clone()));
+        }
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let (program, sh) = (self.program.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name(format!("gles-{guest}"))
+            .spawn(move || forward(&program, rx, &sh))
+            .map_err(|_| Status::Busy)?;
+        guests.insert(
+            guest,
+            GuestGles {
+                jobs: tx.clone(),
+                shared: shared.clone(),
+            },
+        );
+        Ok((tx, shared))
+    }
+
+    fn exec(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+        let c = match Command::decode(args) {
+            Ok(Command::Exec(c)) => c,
+            Ok(Command::ReadReply(r)) => {
+                let result = self.read_reply(cx, r.reply);
+                return reply.send_because(result, cx.take_reason());
+            }
+            Err(st) => return reply.send(Err(st)),
+        };
+        let (jobs, shared) = match self.guest(cx.guest) {
+            Ok(g) => g,
+            Err(st) => return reply.send(Err(st)),
+        };
+        if let Some(why) = &lock(&shared).lost {
+            let why = why.clone();
+            return reply.send_because(Err(Status::DeviceError), Some(why));
+        }
+        let batch = match read_stream(cx, c.stream, c.len) {
+            Ok(b) => b,
+            Err(st) => return reply.send_because(Err(st), cx.take_reason()),
+        };
+        if c.reply != 0 {
+            if let Err(st) = cx.meta(c.reply) {
+                return reply
+                    .send_because(Err(st), Some("reply: not a region of this guest".into()));
+            }
+        }
+        let job = Job {
+            batch,
+            reply_region: c.reply,
+            reply,
+            svm: cx.svm.clone(),
+            fences: cx.fences.clone(),
+            domain: cx.domain,
+            guest: cx.guest,
+        };
+        if let Err(mpsc::SendError(job)) = jobs.send(job) {
+            job.reply.send_because(
+                Err(Status::DeviceError),
+                Some("context lost: worker gone".into()),
+            );
+        }
+    }
+
+    fn read_reply(&self, cx: &DeviceCtx<'_>, region: u64) -> DeviceResult {
+        let shared = match self.guests().get(&cx.guest) {
+            Some(g) => g.shared.clone(),
+            None => return Err(Status::BadArgument),
+        };
+        let held = std::mem::take(&mut lock(&shared).held);
+        let size = cx.meta(region)?.size;
+        if held.len() as u64 > size {
+            let n = held.len();
+            lock(&shared).held = held;
+            return Err(cx.fail(
+                Status::OutOfRange,
+                format!("the answers take {n} bytes, the region {size}"),
+            ));
+        }
+        cx.write_bytes(region, &held)?;
+        Ok(ReadReplyReply {
+            reply_len: held.len() as u64,
+        }
+        .to_values())
+    }
+}
+
+/// The default render worker: `$VIRTSOC_RENDER_WORKER`, else [`WORKER_PROGRAM`] beside the
+/// running executable.
+pub fn default_worker() -> PathBuf {
+    if let Some(p) = std::env::var_os("VIRTSOC_RENDER_WORKER") {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join(WORKER_PROGRAM)))
+        .unwrap_or_else(|| PathBuf::from(WORKER_PROGRAM))
+}
+
+/// The first `len` bytes of the stream region, checked against its size and [`MAX_BATCH`].
+fn read_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<Vec<u8>, Status> {
+    let size = cx.meta(region)?.size;
+    if len > size || len > MAX_BATCH || len % 4 != 0 {
+        return Err(cx.fail(
+            Status::BadArgument,
+            format!(
+                "stream length {len} (region of {size} bytes, at most {MAX_BATCH}, whole words)"
+            ),
+        ));
+    }
+    cx.read_bytes(region, len as usize)
+}
+
+/// A started worker.
+struct Worker {
+    child: Child,
+    sock: UnixStream,
+}
+
+impl Worker {
+    fn start(program: &Path) -> Result<Worker, String> {
+        let (ours, theirs) =
+            UnixStream::pair().map_err(|e| format!("socketpair for the render worker: {e}"))?;
+        let child = Process::new(program)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start render worker {}: {e}", program.display()))?;
+        ours.set_read_timeout(Some(WORKER_DEADLINE))
+            .and_then(|()| ours.set_write_timeout(Some(WORKER_DEADLINE)))
+            .map_err(|e| format!("render worker socket: {e}"))?;
+        Ok(Worker { child, sock: ours })
+    }
+
+    /// Sends one batch and reads the answer: `(status, reply, message)`.
+    fn call(&mut self, batch: &[u8]) -> Result<(u32, Vec<u8>, String), String> {
+        let n = u32::try_from(batch.len()).map_err(|_| "batch too large".to_string())?;
+        self.sock
+            .write_all(&n.to_le_bytes())
+            .and_then(|()| self.sock.write_all(batch))
+            .map_err(|e| format!("sending to the render worker: {e}"))?;
+        let mut head = [0u8; 12];
+        self.sock
+            .read_exact(&mut head)
+            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
+        let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let (status, reply_len, msg_len) = (word(0), word(4) as usize, word(8) as usize);
+        if status > ANSWER_LOST || reply_len > MAX_REPLY || msg_len > MAX_MSG {
+            return Err(format!(
+                "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes)"
+            ));
+        }
+        let mut reply = vec![0u8; reply_len];
+        let mut msg = vec![0u8; msg_len];
+        self.sock
+            .read_exact(&mut reply)
+            .and_then(|()| self.sock.read_exact(&mut msg))
+            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
+        Ok((status, reply, String::from_utf8_lossy(&msg).into_owned()))
+    }
+
+    /// Ends the worker: killed if still running, reaped; describes how it ended.
+    fn end(mut self) -> String {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        match self.child.try_wait() {
+            Ok(Some(s)) => format!("render worker exited ({s})"),
+            _ => {
+                let _ = self.child.kill();
+                let s = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                format!("render worker killed ({s})")
+            }
+        }
+    }
+}
+
+/// A guest's forwarding thread: runs its batches on its worker (started at the first one)
+/// until the device drops the guest.
+fn forward(program: &Path, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
+    let mut worker: Option<Worker> = None;
+    while let Ok(job) = jobs.recv() {
+        let lost = lock(shared).lost.clone();
+        if let Some(why) = lost {
+            job.reply.send_because(Err(Status::DeviceError), Some(why));
+            continue;
+        }
+        if worker.is_none() {
+            match Worker::start(program) {
+                Ok(w) => {
+                    lock(shared).sock = w.sock.try_clone().ok();
+                    worker = Some(w);
+                }
+                Err(e) => {
+                    log::warn!("gles: guest {}: {e}", job.guest);
+                    let why = format!("context lost: {e}");
+                    lock(shared).lost = Some(why.clone());
+                    job.reply.send_because(Err(Status::DeviceError), Some(why));
+                    continue;
+                }
+            }
+        }
+        let Some(w) = worker.as_mut() else { continue };
+        let answer = w.call(&job.batch);
+        let (status, reply, msg) = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                let ended = worker.take().map(Worker::end).unwrap_or_default();
+                let why = format!("context lost: {e}; {ended}");
+                log::warn!("gles: guest {}: {why}", job.guest);
+                let mut sh = lock(shared);
+                sh.lost = Some(why.clone());
+                sh.sock = None;
+                drop(sh);
+                job.reply.send_because(Err(Status::DeviceError), Some(why));
+                continue;
+            }
+        };
+        match status {
+            ANSWER_OK => {}
+            ANSWER_BAD_STREAM => {
+                job.reply.send_because(Err(Status::BadArgument), Some(msg));
+                continue;
+            }
+            _ => {
+                let ended = worker.take().map(Worker::end).unwrap_or_default();
+                let why = format!("context lost: {msg}; {ended}");
+                log::warn!("gles: guest {}: {why}", job.guest);
+                lock(shared).lost = Some(why.clone());
+                job.reply.send_because(Err(Status::DeviceError), Some(why));
+                continue;
+            }
+        }
+        let cx = DeviceCtx::new(job.guest, &job.svm, job.domain, &job.fences);
+        let fits = job.reply_region != 0
+            && cx
+                .meta(job.reply_region)
+                .is_ok_and(|m| m.size >= reply.len() as u64);
+        let result = if reply.is_empty() {
+            Ok(ExecReply {
+                reply_len: 0,
+                held: 0,
+            }
+            .to_values())
+        } else if fits {
+            cx.write_bytes(job.reply_region, &reply).map(|()| {
+                ExecReply {
+                    reply_len: reply.len() as u64,
+                    held: 0,
+                }
+                .to_values()
+            })
+        } else {
+            let n = reply.len() as u64;
+            lock(shared).held = reply;
+            Ok(ExecReply {
+                reply_len: n,
+                held: 1,
+            }
+            .to_values())
+        };
+        job.reply.send_because(result, cx.take_reason());
+    }
+    if let Some(w) = worker {
+        w.end();
+    }
+}
+
+impl Device for Gles {
+    fn name(&self) -> &str {
+        "gles"
+    }
+
+    fn backend(&self) -> String {
+        format!(
+            "OpenGL ES 2.0 in a render worker per guest ({}, host EGL surfaceless)",
+            self.program.display()
+        )
+    }
+
+    fn execute(&self, _cx: &DeviceCtx<'_>, _args: &[u64; 6]) -> DeviceResult {
+        // Every command goes through execute_async.
+        Err(Status::Internal)
+    }
+
+    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+        self.exec(cx, args, reply);
+    }
+
+    fn guest_gone(&self, guest: GuestId) {
+        if let Some(g) = self.guests().remove(&guest) {
+            let mut sh = lock(&g.shared);
+            if let Some(s) = sh.sock.take() {
+                // The forwarding thread's call fails at once and it ends the worker; dropping
+                // `g.jobs` then ends the thread.
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_worker_is_beside_the_executable() {
+        let p = default_worker();
+        assert!(p.ends_with(WORKER_PROGRAM) || std::env::var_os("VIRTSOC_RENDER_WORKER").is_some());
+    }
+
+    #[test]
+    fn a_missing_worker_program_is_an_error() {
+        let e = Worker::start(Path::new("/nonexistent/virtsoc-render")).err();
+        assert!(e.is_some_and(|e| e.contains("cannot start render worker")));
+    }
+}
