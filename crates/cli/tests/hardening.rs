@@ -99,13 +99,15 @@ fn trickled_handshakes_are_cut_off_at_the_deadline_and_guests_still_connect() {
     // A well-behaved guest is served while they trickle.
     let good = connect(&d);
     exercise(&good);
-    // Each trickler is refused because its hello did not arrive in time, then closed.
+    // Each trickler is refused because its hello did not arrive in time, or cut off
+    // earlier to keep the pending connections within their budget, then closed.
     for (i, s) in tricklers.iter().enumerate() {
         s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
         match recv_json::<Reply>(s) {
-            Ok((Reply::Refused { reason }, _)) => {
-                assert!(reason.contains("timed out"), "trickler {i}: {reason}")
-            }
+            Ok((Reply::Refused { reason }, _)) => assert!(
+                reason.contains("timed out") || reason.contains("cut off"),
+                "trickler {i}: {reason}"
+            ),
             other => panic!("trickler {i} was not cut off: {other:?}"),
         }
         let mut rest = [0u8; 16];
@@ -177,42 +179,134 @@ fn remote_handshakes_are_cut_off_at_the_deadline_too() {
 }
 
 #[test]
-fn connections_over_the_cap_are_refused_with_the_reason() {
+fn guests_over_the_cap_are_refused_with_the_reason_and_idle_connections_hold_no_place() {
     let d = Daemon::start(&args(&[
         "--max-guests",
         "3",
         "--handshake-timeout-ms",
         "60000",
     ]));
-    let first = connect(&d);
-    // Two connections that never say hello hold the other two places.
-    let idle: Vec<UnixStream> = (0..2)
+    // Connections that never say hello hold no guest's place.
+    let idle: Vec<UnixStream> = (0..4)
         .map(|_| UnixStream::connect(d.socket()).unwrap())
         .collect();
-    // The daemon accepts in order, so the idle ones are counted before this guest.
+    let guests: Vec<Connection> = (0..3).map(|_| connect(&d)).collect();
     match Connection::connect(d.socket(), &ConnectOptions::default()) {
         Err(GuestError::Refused(reason)) => assert!(
             reason.contains("too many connections") && reason.contains('3'),
             "unclear refusal: {reason}"
         ),
         Err(e) => panic!("expected a refusal with a reason, got {e}"),
-        Ok(_) => panic!("a fourth connection was admitted with --max-guests 3"),
+        Ok(_) => panic!("a fourth guest was admitted with --max-guests 3"),
     }
-    // A raw over-the-cap connection reads the refusal too.
-    let raw = UnixStream::connect(d.socket()).unwrap();
-    raw.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    assert!(matches!(
-        recv_json::<Reply>(&raw),
-        Ok((Reply::Refused { .. }, _))
-    ));
-    // The guest already connected is unaffected.
-    exercise(&first);
-    // Places are given back when connections end.
+    // The guests already connected are unaffected.
+    for g in &guests {
+        exercise(g);
+    }
+    // Places are given back when guests leave.
+    let mut guests = guests;
+    drop(guests.pop());
+    let third = connect_eventually(&d, Duration::from_secs(15));
+    exercise(&third);
+    exercise(&guests[0]);
     drop(idle);
-    drop(raw);
-    let second = connect_eventually(&d, Duration::from_secs(15));
-    exercise(&second);
-    exercise(&first);
+}
+
+/// Hostile peers keep every pre-handshake budget full: `n` idle connections each, reopened
+/// as soon as the daemon closes one, until `stop`.
+fn flood(
+    open: impl Fn() -> Option<Box<dyn std::io::Read + Send>> + Send + 'static,
+    n: usize,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let mut conns: Vec<Option<Box<dyn std::io::Read + Send>>> =
+            (0..n).map(|_| open()).collect();
+        let mut reopened = 0;
+        let until = Instant::now() + Duration::from_secs(120);
+        while !stop.load(Ordering::SeqCst) && Instant::now() < until {
+            for c in conns.iter_mut() {
+                let closed = match c {
+                    // A read that returns (a refusal, EOF) means the daemon let go of it.
+                    Some(r) => {
+                        let mut buf = [0u8; 256];
+                        !matches!(r.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                    }
+                    None => true,
+                };
+                if closed {
+                    *c = open();
+                    reopened += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        reopened
+    })
+}
+
+#[test]
+fn floods_of_idle_connections_never_lock_local_guests_out() {
+    let token_file =
+        std::env::temp_dir().join(format!("virtsoc-hardening-flood-{}", std::process::id()));
+    std::fs::write(&token_file, "0123456789abcdef-flood-token").unwrap();
+    let d = Daemon::start(&args(&[
+        "--max-guests",
+        "8",
+        "--handshake-timeout-ms",
+        "5000",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ]));
+    let addr = d.tcp.clone().expect("tcp address");
+    let stop = Arc::new(AtomicBool::new(false));
+    let socket = d.socket().to_path_buf();
+    let local = flood(
+        move || {
+            let s = UnixStream::connect(&socket).ok()?;
+            s.set_nonblocking(true).ok()?;
+            Some(Box::new(s))
+        },
+        64,
+        stop.clone(),
+    );
+    let remote = flood(
+        move || {
+            let s = std::net::TcpStream::connect(&addr).ok()?;
+            s.set_nonblocking(true).ok()?;
+            Some(Box::new(s))
+        },
+        64,
+        stop.clone(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // Good local guests, one after another, each admitted on its first try.
+    let mut took = Vec::new();
+    for i in 0..20 {
+        let t0 = Instant::now();
+        let g = Connection::connect(
+            d.socket(),
+            &ConnectOptions {
+                window_size: 4 << 20,
+                ..ConnectOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("guest {i} locked out by the flood: {e}"));
+        took.push(t0.elapsed());
+        exercise(&g);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (l, r) = (local.join().unwrap(), remote.join().unwrap());
+    took.sort();
+    eprintln!(
+        "20 guests admitted next to 64 + 64 flooding connections (reopened {l} + {r} times): \
+         p50 {:?}, max {:?}",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    let _ = std::fs::remove_file(&token_file);
 }
 
 /// Runs virtsocd to completion (killed after `limit`, which fails the test).
@@ -360,10 +454,25 @@ fn running_out_of_file_descriptors_neither_spins_nor_stops_the_daemon() {
         &args(&["--max-guests", "1000", "--handshake-timeout-ms", "60000"]),
     );
     let pid = d.child.id();
-    // Connections that never say hello: the daemon holds one descriptor for each until it
-    // has none left; the rest wait in the listen backlog.
+    // Guests that say hello and never read the welcome: the daemon holds descriptors for
+    // each (socket, window) until it has none left; the rest wait in the listen backlog.
+    // (Connections that never say hello cannot do it: they are held to the pending budgets.)
     let held: Vec<UnixStream> = (0..100)
-        .map(|_| UnixStream::connect(d.socket()).unwrap())
+        .map(|i| {
+            let s = UnixStream::connect(d.socket()).unwrap();
+            let hello = virtsoc_proto::handshake::Hello {
+                protocol: virtsoc_proto::handshake::PROTOCOL_VERSION,
+                name: format!("fd-eater-{i}"),
+                window_size: 1 << 20,
+                sq_entries: 64,
+                cq_entries: 64,
+                token: None,
+                coherence: None,
+                resume: None,
+            };
+            let _ = virtsoc_proto::handshake::send_json(&s, &hello, None);
+            s
+        })
         .collect();
     d.expect_log("cannot accept guest connections");
     // With the listener still readable and accept failing, the daemon must not busy-loop.

@@ -48,8 +48,9 @@ pub struct DaemonConfig {
     pub devices: crate::device::registry::DeviceConfig,
     /// Time a new connection has to deliver its complete hello (and, on TCP, its token).
     pub handshake_timeout: Duration,
-    /// Most connections (handshaking and admitted, Unix and TCP) served at once; more are
-    /// refused.
+    /// Most guests (Unix and TCP) served at once; more are refused. Connections still in
+    /// their handshake do not count: they are held to budgets of their own
+    /// ([`admission`](self::admission)).
     pub max_connections: usize,
     /// Fault injection for tests: every asynchronous SVM copy waits this long first.
     pub test_dma_delay: Duration,
@@ -155,8 +156,10 @@ pub struct Daemon {
     departed: Mutex<Vec<(Weak<Session>, Instant)>>,
     sessions_gone: Condvar,
     next_guest: AtomicU64,
-    /// Connections being served (handshaking or admitted).
+    /// Guests admitted (their handshake read) and being served.
     connections: AtomicUsize,
+    /// Connections waiting for their handshake, with their budgets.
+    pending: Arc<admission::Pending>,
     /// Each admitted guest's transport and coherence protocol (for the control API).
     guest_meta: Mutex<HashMap<GuestId, (&'static str, ProtocolKind)>>,
     /// Resume secrets and sessions saved by a previous run (`--state-dir`).
@@ -214,6 +217,7 @@ impl Daemon {
             sessions_gone: Condvar::new(),
             next_guest: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
+            pending: Arc::new(admission::Pending::default()),
             guest_meta: Mutex::new(HashMap::new()),
         }))
     }
@@ -228,9 +232,15 @@ impl Daemon {
         &self.devices
     }
 
-    /// Number of connections being served (handshaking or admitted).
+    /// Number of guests admitted and being served (connections still in their handshake
+    /// are not counted: see [`pending_count`](Self::pending_count)).
     pub fn connection_count(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Number of connections waiting for their handshake.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
     }
 
     /// Resume secrets and saved sessions.
@@ -478,6 +488,7 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 mod accept;
+pub mod admission;
 mod connection;
 #[cfg(test)]
 mod tests;

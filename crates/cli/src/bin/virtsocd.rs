@@ -123,8 +123,9 @@ struct Args {
     /// less (down to 16) while its waits are long and more while they are short.
     #[arg(long, default_value_t = 4096)]
     spins: u32,
-    /// Most guest connections (handshaking or connected, local and remote) served at once;
-    /// more are refused.
+    /// Most guests (local and remote) served at once; more are refused. Connections still
+    /// in their handshake do not count: at most 8 per peer and 32 per listener wait at once,
+    /// the oldest idle one cut off for a newcomer.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     max_guests: u64,
     /// Unix socket of the control API (HTTP + JSON; `virtsoc ctl`); default

@@ -1,6 +1,8 @@
-//! The accept loop: both listeners polled together, connections capped, refusals answered
-//! (and kept open briefly so the peer reads them), accept errors backed off per listener.
+//! The accept loop: both listeners polled together, connections held to the pending budgets
+//! of [`admission`](super::admission) until their handshake is read, refusals answered (and
+//! kept open briefly so the peer reads them), accept errors backed off per listener.
 
+use super::admission::{unix_peer, Listener, Peer, PendingGuard};
 use super::*;
 use virtsoc_sync::LockExt;
 
@@ -29,8 +31,8 @@ struct ListenerState {
     failing: bool,
 }
 
-/// One connection counted against `max_connections`; released when dropped.
-struct ConnSlot(Arc<Daemon>);
+/// One admitted guest counted against `max_connections`; released when dropped.
+pub(super) struct ConnSlot(Arc<Daemon>);
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
@@ -173,9 +175,14 @@ impl Daemon {
                     "guest",
                     || listener.accept().map(|(s, _)| s),
                     |stream| {
-                        self.start_connection(stream, "guest-conn", &mut lingering, |me, s| {
-                            me.unix_connection(s)
-                        })
+                        let peer = unix_peer(&stream);
+                        self.start_connection(
+                            stream,
+                            (Listener::Unix, peer),
+                            "guest-conn",
+                            &mut lingering,
+                            |me, s, pending| me.unix_connection(s, pending),
+                        )
                     },
                 );
             }
@@ -186,9 +193,10 @@ impl Daemon {
                     |(stream, peer)| {
                         self.start_connection(
                             stream,
+                            (Listener::Tcp, Peer::Addr(peer.ip())),
                             "remote-conn",
                             &mut lingering,
-                            move |me, s| me.tcp_connection(s, peer),
+                            move |me, s, pending| me.tcp_connection(s, peer, pending),
                         )
                     },
                 );
@@ -203,35 +211,52 @@ impl Daemon {
         let _ = send_json(stream, &Reply::Refused { reason }, None);
     }
 
-    /// Serves a new connection on its own thread, unless the daemon is at its connection
-    /// limit or cannot start a thread: then the connection alone is refused.
-    fn start_connection<S>(
-        self: &Arc<Self>,
-        stream: S,
-        thread: &str,
-        lingering: &mut Vec<Lingering>,
-        serve: impl FnOnce(Arc<Self>, S) + Send + 'static,
-    ) where
-        S: Into<OwnedFd> + Send + 'static,
-    {
+    /// Takes a guest's place for a connection whose handshake was read (see
+    /// [`admission`](super::admission)): the place is given back when the slot drops; the
+    /// refusal's reason when the daemon serves `max_connections` guests already.
+    pub(super) fn take_place(self: &Arc<Self>) -> std::result::Result<ConnSlot, String> {
         let max = self.cfg.max_connections;
         if self.connections.fetch_add(1, Ordering::SeqCst) >= max {
             self.connections.fetch_sub(1, Ordering::SeqCst);
+            return Err(format!(
+                "too many connections: the daemon serves at most {max} guests at once"
+            ));
+        }
+        Ok(ConnSlot(self.clone()))
+    }
+
+    /// Serves a new connection on its own thread, once it has a place among the connections
+    /// pending their handshake ([`admission`](super::admission)); refused at once when it
+    /// has none or no thread can be started.
+    fn start_connection<S>(
+        self: &Arc<Self>,
+        stream: S,
+        (listener, peer): (Listener, Peer),
+        thread: &str,
+        lingering: &mut Vec<Lingering>,
+        serve: impl FnOnce(Arc<Self>, S, PendingGuard) + Send + 'static,
+    ) where
+        S: Into<OwnedFd> + AsFd + Send + 'static,
+    {
+        let Some(pending) = self.pending.enter(&stream, listener, peer) else {
             return Self::refuse_at_once(
                 stream.into(),
-                format!("too many connections: the daemon serves at most {max} at once"),
+                format!(
+                    "too many connections waiting for their handshake from this peer or \
+                     listener (at most {} per peer, {} per listener): retry",
+                    admission::PENDING_PER_PEER,
+                    admission::PENDING_PER_LISTENER
+                ),
                 lingering,
             );
-        }
-        let slot = ConnSlot(self.clone());
+        };
+        let me = self.clone();
         // The stream goes to the thread once it runs, so a failed start leaves it here.
         let (tx, rx) = std::sync::mpsc::sync_channel::<S>(1);
         let started = spawn_thread(thread, move || {
             if let Ok(stream) = rx.recv() {
-                let me = slot.0.clone();
-                serve(me, stream);
+                serve(me, stream, pending);
             }
-            drop(slot);
         });
         match started {
             Ok(_) => {

@@ -2,21 +2,33 @@
 //! window passed as a memfd, futex doorbells, the connection thread watching for the
 //! hang-up), and a remote guest on TCP (token first, then frames on the stream).
 
+use super::admission::{Awaited, PendingGuard};
 use super::*;
 
 impl Daemon {
     /// A process guest: handshake, the window passed as a memfd, futex doorbells; then the
     /// connection thread watches the socket for the hang-up.
-    pub(super) fn unix_connection(self: Arc<Self>, mut stream: UnixStream) {
+    /// Its hello read, it leaves the `pending` connections and takes a guest's place.
+    pub(super) fn unix_connection(self: Arc<Self>, mut stream: UnixStream, pending: PendingGuard) {
         let _ = stream.set_nonblocking(false);
         let _ = stream.set_write_timeout(Some(self.cfg.handshake_timeout));
         let deadline = Instant::now() + self.cfg.handshake_timeout;
+        if let Err(refusal) = self.await_hello(&stream, pending, deadline) {
+            return match refusal {
+                Some(reason) => Self::refuse(&stream, reason),
+                None => log::debug!("connection closed before its hello"),
+            };
+        }
         let hello: Hello = match recv_json_until(&stream, deadline) {
             Ok((h, _)) => h,
             Err(virtsoc_proto::ProtoError::Closed) => {
                 return log::debug!("connection closed before its hello")
             }
             Err(e) => return Self::refuse(&stream, format!("bad hello: {e}")),
+        };
+        let _place = match self.take_place() {
+            Ok(p) => p,
+            Err(reason) => return Self::refuse(&stream, reason),
         };
         let name = sanitize_name(&hello.name);
         let a = match self.admit(&hello) {
@@ -116,11 +128,24 @@ impl Daemon {
 
     /// A remote guest: the token is checked before anything is allocated; then requests,
     /// completions and CPU-access bytes travel as frames on the stream.
-    pub(super) fn tcp_connection(self: Arc<Self>, stream: TcpStream, peer: std::net::SocketAddr) {
+    /// Its hello and token read, it leaves the `pending` connections and takes a guest's
+    /// place.
+    pub(super) fn tcp_connection(
+        self: Arc<Self>,
+        stream: TcpStream,
+        peer: std::net::SocketAddr,
+        pending: PendingGuard,
+    ) {
         let _ = stream.set_nonblocking(false);
         let _ = stream.set_write_timeout(Some(self.cfg.handshake_timeout));
         // The hello, token included, must be complete by the deadline.
         let deadline = Instant::now() + self.cfg.handshake_timeout;
+        if let Err(refusal) = self.await_hello(&stream, pending, deadline) {
+            return match refusal {
+                Some(reason) => Self::refuse(&stream, format!("remote guest {peer}: {reason}")),
+                None => log::debug!("remote connection from {peer} closed before its hello"),
+            };
+        }
         let hello: Hello = match recv_json_until(&stream, deadline) {
             Ok((h, _)) => h,
             Err(virtsoc_proto::ProtoError::Closed) => {
@@ -138,6 +163,10 @@ impl Daemon {
                 format!("remote guest {peer}: bad or missing token"),
             );
         }
+        let _place = match self.take_place() {
+            Ok(p) => p,
+            Err(reason) => return Self::refuse(&stream, reason),
+        };
         let name = sanitize_name(&hello.name);
         let a = match self.admit(&hello) {
             Ok(a) => a,
@@ -218,5 +247,23 @@ impl Daemon {
         );
         session.run(self.svm.clone(), self.devices.clone());
         self.unregister(guest_id);
+    }
+
+    /// Waits for a pending connection's complete hello (nothing read yet) and takes it out
+    /// of the pending ones; `Err(Some(reason))` to refuse it, `Err(None)` when the peer hung
+    /// up.
+    fn await_hello(
+        &self,
+        stream: &impl AsFd,
+        pending: PendingGuard,
+        deadline: Instant,
+    ) -> std::result::Result<(), Option<String>> {
+        let reason = self.pending.cut_reason();
+        match pending.await_hello(stream, deadline) {
+            Awaited::Ready => Ok(()),
+            Awaited::Cut => Err(Some(reason)),
+            Awaited::Closed => Err(None),
+            Awaited::TimedOut => Err(Some("bad hello: handshake timed out".into())),
+        }
     }
 }
