@@ -145,6 +145,12 @@ pub(crate) enum Cmd {
     /// Runs a scenario against a daemon of its own with the live view on (prints its URL),
     /// until Ctrl-C; `--measure SECONDS` measures the view's cost with a headless viewer.
     Watch(watch::WatchArgs),
+    /// OpenGL ES through virtsoc: `vendor-json` (the glvnd vendor JSON of
+    /// libEGL_virtsoc.so), `validate` (glmark2's checks natively and through virtsoc).
+    Gles {
+        #[command(subcommand)]
+        which: bench_gles::GlesCmd,
+    },
     /// Tools for tests.
     #[command(hide = true)]
     Debug {
@@ -155,6 +161,9 @@ pub(crate) enum Cmd {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCmd {
+    /// Unmodified glmark2-es2 natively, through virtsoc and through virgl, round by round:
+    /// FPS per scene, scores, CPU, the virtsoc path's round trips and copies per frame.
+    Gles(bench_gles::BenchGlesArgs),
     /// Per-frame cost of the real devices through the daemon: decode, ISP, GPU composition.
     Devices {
         #[arg(long)]

@@ -5,6 +5,7 @@
 
 mod args;
 mod bench_devices;
+mod bench_gles;
 mod bench_isolation;
 mod bench_migrate;
 mod bench_sharing;
@@ -128,6 +129,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::CpuHog { socket, name } => bench_sharing::cpu_hog(&socket, &name)?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Watch(args) => watch::run(&args)?,
+        Cmd::Gles { which } => bench_gles::run_cmd(&which)?,
+        Cmd::Bench {
+            which: BenchCmd::Gles(args),
+        } => bench_gles::run_bench(&args)?,
         Cmd::Bench {
             which:
                 BenchCmd::Devices {

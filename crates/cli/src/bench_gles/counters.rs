@@ -1,0 +1,263 @@
+//! The virtsoc guest's costs per glmark2 scene, read from the daemon's control API
+//! (`GET /guests`) each time glmark2 prints a scene's result: `gles` device commands (one per
+//! stream batch), SVM copies, and the guest's `gles` counters when the daemon reports them
+//! (`round_trips`, `bytes`/`stream_bytes`, `frames`/`swaps`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use serde_json::Value;
+use virtsoc_control::client::{request, Target};
+
+/// Cumulative counters of the guests of one program (summed when it opened several).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Snapshot {
+    /// `gles` device commands.
+    commands: u64,
+    /// SVM copies (CPU and device).
+    copies: u64,
+    /// The daemon's `gles.round_trips`, if reported.
+    round_trips: Option<u64>,
+    /// The daemon's `gles.bytes` (or `stream_bytes`), if reported.
+    bytes: Option<u64>,
+    /// The daemon's `gles.frames` (or `swaps`), if reported.
+    frames: Option<u64>,
+}
+
+fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
+}
+
+fn sub(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    Some(a?.saturating_sub(b.unwrap_or(0)))
+}
+
+impl Snapshot {
+    /// The counters of one guest's stats object.
+    fn of_guest(g: &Value) -> Snapshot {
+        let n = |v: &Value| v.as_u64();
+        let gles = &g["gles"];
+        let first = |keys: &[&str]| keys.iter().find_map(|k| n(&gles[*k]));
+        Snapshot {
+            commands: n(&g["commands"]["gles"]).unwrap_or(0),
+            copies: n(&g["counters"]["copies"]).unwrap_or(0)
+                + n(&g["counters"]["device_copies"]).unwrap_or(0),
+            round_trips: first(&["round_trips"]),
+            bytes: first(&["bytes", "stream_bytes"]),
+            frames: first(&["frames", "swaps", "presents"]),
+        }
+    }
+
+    fn plus(self, o: Snapshot) -> Snapshot {
+        Snapshot {
+            commands: self.commands + o.commands,
+            copies: self.copies + o.copies,
+            round_trips: add(self.round_trips, o.round_trips),
+            bytes: add(self.bytes, o.bytes),
+            frames: add(self.frames, o.frames),
+        }
+    }
+
+    fn minus(self, o: Snapshot) -> SceneCost {
+        SceneCost {
+            commands: self.commands.saturating_sub(o.commands),
+            copies: self.copies.saturating_sub(o.copies),
+            round_trips: sub(self.round_trips, o.round_trips),
+            bytes: sub(self.bytes, o.bytes),
+            frames: sub(self.frames, o.frames),
+        }
+    }
+}
+
+/// What one scene cost the virtsoc guest (differences of its counters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SceneCost {
+    /// `gles` device commands (stream batches).
+    pub commands: u64,
+    /// SVM copies.
+    pub copies: u64,
+    /// Round trips, when the daemon counts them.
+    pub round_trips: Option<u64>,
+    /// Stream bytes, when the daemon counts them.
+    pub bytes: Option<u64>,
+    /// Frames, when the daemon counts them.
+    pub frames: Option<u64>,
+}
+
+/// Reads the counters of the guests a program opens, scene by scene.
+pub struct GuestCounters {
+    target: Target,
+    /// Guests that existed before the program started (not its own).
+    before: BTreeSet<u64>,
+    last: Snapshot,
+    scenes: BTreeMap<String, SceneCost>,
+    /// Whether the control API answered at all.
+    reachable: bool,
+}
+
+impl GuestCounters {
+    /// Counters of the daemon whose guest socket is `socket`.
+    pub fn new(socket: &str) -> GuestCounters {
+        GuestCounters {
+            target: crate::ctl::target(Some(socket.to_string())),
+            before: BTreeSet::new(),
+            last: Snapshot::default(),
+            scenes: BTreeMap::new(),
+            reachable: false,
+        }
+    }
+
+    fn guests(&self) -> Option<Vec<Value>> {
+        let r = request(&self.target, "GET", "/guests", b"").ok()?;
+        if r.status != 200 {
+            return None;
+        }
+        match r.json() {
+            Value::Array(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Before the program starts: remembers the guests that are not its own.
+    pub fn begin(&mut self) {
+        let gs = self.guests();
+        self.reachable = gs.is_some();
+        self.before = gs
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|g| g["id"].as_u64())
+            .collect();
+        self.last = Snapshot::default();
+        self.scenes.clear();
+    }
+
+    /// A scene ended: what it cost is the difference to the previous scene's end.
+    pub fn scene_ended(&mut self, name: &str) {
+        let Some(gs) = self.guests() else {
+            return;
+        };
+        let now = gs
+            .iter()
+            .filter(|g| {
+                g["id"]
+                    .as_u64()
+                    .is_some_and(|id| !self.before.contains(&id))
+            })
+            .map(Snapshot::of_guest)
+            .fold(Snapshot::default(), Snapshot::plus);
+        self.scenes.insert(name.to_string(), now.minus(self.last));
+        self.last = now;
+    }
+
+    /// The program's per-scene costs (empty when the control API did not answer).
+    pub fn take(&mut self) -> BTreeMap<String, SceneCost> {
+        if !self.reachable {
+            return BTreeMap::new();
+        }
+        std::mem::take(&mut self.scenes)
+    }
+}
+
+/// A scene's per-frame costs on the virtsoc path: medians over rounds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PerFrame {
+    /// Round trips (or `gles` commands) per frame.
+    pub round_trips: Option<f64>,
+    /// `round_trips` or `gles commands`.
+    pub round_trips_source: Option<String>,
+    /// Stream bytes per frame.
+    pub bytes: Option<f64>,
+    /// SVM copies per frame.
+    pub copies: Option<f64>,
+    /// `daemon` (counted frames) or `fps x duration`.
+    pub frames_source: Option<String>,
+}
+
+/// Per-frame costs of a scene from each round's costs and FPS (`duration` seconds a scene).
+pub fn per_frame<'a>(
+    rounds: impl Iterator<Item = (Option<&'a SceneCost>, Option<&'a (String, Option<f64>)>)>,
+    duration: f64,
+) -> PerFrame {
+    let mut rt = Vec::new();
+    let mut bytes = Vec::new();
+    let mut copies = Vec::new();
+    let mut out = PerFrame::default();
+    for (cost, scene) in rounds {
+        let Some(c) = cost else { continue };
+        let frames = match (c.frames, scene.and_then(|s| s.1)) {
+            (Some(f), _) if f > 0 => {
+                out.frames_source = Some("daemon".into());
+                f as f64
+            }
+            (_, Some(fps)) if fps > 0.0 => {
+                out.frames_source = Some("fps x duration".into());
+                (fps * duration).max(1.0)
+            }
+            _ => continue,
+        };
+        match c.round_trips {
+            Some(r) => {
+                out.round_trips_source = Some("round_trips".into());
+                rt.push(Some(r as f64 / frames));
+            }
+            None => {
+                out.round_trips_source = Some("gles commands".into());
+                rt.push(Some(c.commands as f64 / frames));
+            }
+        }
+        bytes.push(c.bytes.map(|b| b as f64 / frames));
+        copies.push(Some(c.copies as f64 / frames));
+    }
+    out.round_trips = super::median(rt);
+    out.bytes = super::median(bytes);
+    out.copies = super::median(copies);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_stats_become_scene_costs() {
+        let g = serde_json::json!({
+            "id": 3,
+            "commands": {"gles": 120, "display": 4},
+            "counters": {"copies": 2, "device_copies": 1},
+            "gles": {"round_trips": 60, "stream_bytes": 4096}
+        });
+        let s = Snapshot::of_guest(&g);
+        assert_eq!(s.commands, 120);
+        assert_eq!(s.copies, 3);
+        assert_eq!(s.round_trips, Some(60));
+        assert_eq!(s.bytes, Some(4096));
+        assert_eq!(s.frames, None);
+        let later = Snapshot {
+            commands: 200,
+            copies: 5,
+            round_trips: Some(100),
+            bytes: Some(8192),
+            frames: None,
+        };
+        let c = later.minus(s);
+        assert_eq!(c.commands, 80);
+        assert_eq!(c.round_trips, Some(40));
+        let name = ("build".to_string(), Some(20.0));
+        let pf = per_frame([(Some(&c), Some(&name))].into_iter(), 2.0);
+        assert_eq!(pf.round_trips, Some(1.0));
+        assert_eq!(pf.bytes, Some(4096.0 / 40.0));
+        assert_eq!(pf.frames_source.as_deref(), Some("fps x duration"));
+        // Without the daemon's gles counters: commands per frame.
+        let bare = Snapshot::of_guest(&serde_json::json!({"commands": {"gles": 40}}));
+        let pf = per_frame(
+            [(Some(&bare.minus(Snapshot::default())), Some(&name))].into_iter(),
+            2.0,
+        );
+        assert_eq!(pf.round_trips, Some(1.0));
+        assert_eq!(pf.round_trips_source.as_deref(), Some("gles commands"));
+        assert_eq!(pf.bytes, None);
+    }
+}

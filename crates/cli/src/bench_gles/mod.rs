@@ -1,0 +1,728 @@
+//! `virtsoc bench gles`, `virtsoc gles vendor-json` and `virtsoc gles validate`: unmodified
+//! GLES 2.0 programs through virtsoc's EGL vendor library (`libEGL_virtsoc.so`, see
+//! docs/gles.md), next to the same programs on the host's Mesa (llvmpipe through glvnd) and
+//! on Mesa's virgl driver over `virgl_test_server`.
+//!
+//! The benchmark runs `glmark2-es2 --off-screen` (800x600, glmark2's default size) over
+//! glmark2's default scenes, or the `--scenes` given, three ways per round, the paths taking
+//! turns round by round:
+//!
+//! - **native**: the program as it is (glvnd picks Mesa);
+//! - **virtsoc**: `__EGL_VENDOR_LIBRARY_FILENAMES` names the vendor JSON of
+//!   `libEGL_virtsoc.so` and `VIRTSOC_SOCKET` the daemon (a `virtsocd` child of this process,
+//!   unless `--socket` names a running one);
+//! - **virgl**: `GALLIUM_DRIVER=virpipe` against a `virgl_test_server` of this process on
+//!   `/tmp/.virgl_test` (the one path Mesa 22.3's vtest winsys knows).
+//!
+//! Without `$DISPLAY` the programs get an Xvfb of their own on a free display. Per path it
+//! records each scene's FPS, glmark2's score, the program's CPU seconds (this process's
+//! reaped-children times around it) and its server's (the daemon with its render workers,
+//! or the virgl server with its per-client children: /proc times of the process tree). On the
+//! virtsoc path it reads the guest's counters from the daemon's control API each time a
+//! scene ends: device commands of the `gles` device (stream batches), SVM copies, and the
+//! `gles` counters of the guest's stats when the daemon has them (round trips, stream bytes,
+//! frames); frames are FPS x duration when the daemon does not count them.
+//!
+//! `virtsoc gles validate` is the correctness check of `make test`'s GLES test: each scene
+//! with `--validate` natively and through virtsoc, and `es2_info` through virtsoc; it fails
+//! when a scene validates natively but not through virtsoc.
+
+mod chart;
+mod counters;
+mod env;
+mod glmark;
+mod table;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::daemon_proc::DaemonProcess;
+use crate::CliError;
+use counters::GuestCounters;
+use env::{Display, VirglServer};
+use glmark::{SceneLine, GLMARK2};
+
+pub use validate::ValidateArgs;
+
+/// Errors of the GLES commands.
+#[derive(Debug, thiserror::Error)]
+pub enum GlesError {
+    /// The vendor library is not where it should be.
+    #[error(
+        "{} is not built: run `cargo build -p virtsoc-gles -p virtsoc-render` (add --release \
+         for target/release)",
+        .0.display()
+    )]
+    NotBuilt(PathBuf),
+    /// A program the command needs is not installed.
+    #[error("{program} is not installed (Debian package {package}; scripts/install-deps.sh installs it)")]
+    Missing {
+        /// The program.
+        program: String,
+        /// The Debian package that has it.
+        package: String,
+    },
+    /// Starting the daemon, Xvfb or the virgl server failed.
+    #[error("set-up: {0}")]
+    Setup(String),
+    /// Bad options.
+    #[error("{0}")]
+    Usage(String),
+    /// The validation check failed.
+    #[error("check failed: {0}")]
+    Check(String),
+    /// Reading or writing a file, pipe or process failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// JSON could not be written.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl From<GlesError> for CliError {
+    fn from(e: GlesError) -> Self {
+        match e {
+            GlesError::Io(e) => CliError::Io(e),
+            GlesError::Json(e) => CliError::Json(e),
+            other => CliError::Usage(other.to_string()),
+        }
+    }
+}
+
+/// `virtsoc gles ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum GlesCmd {
+    /// Writes the glvnd vendor JSON of libEGL_virtsoc.so next to the library (beside this
+    /// `virtsoc` executable) and prints its path; use it as `__EGL_VENDOR_LIBRARY_FILENAMES`.
+    VendorJson,
+    /// glmark2-es2 --validate on a few scenes natively and through virtsoc, and es2_info
+    /// through virtsoc; fails when a scene validates natively but not through virtsoc.
+    Validate(ValidateArgs),
+}
+
+/// Options of `virtsoc bench gles`.
+#[derive(Debug, clap::Args)]
+pub struct BenchGlesArgs {
+    /// Daemon to use (a Unix socket path); default: start one (then its CPU is measured).
+    #[arg(long)]
+    pub socket: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write an SVG bar chart here (FPS as % of native per scene, the scores).
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+    /// Rounds (each runs every path once, in turn); the report has the medians.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Scenes to run (`scene` or `scene:opt=val:...`, comma-separated or repeated; default:
+    /// glmark2's default list).
+    #[arg(long, value_delimiter = ',')]
+    pub scenes: Vec<String>,
+    /// Seconds per scene (glmark2's own default is 10).
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Paths to run: native, virtsoc, virgl.
+    #[arg(long, value_delimiter = ',', default_value = "native,virtsoc,virgl")]
+    pub paths: Vec<GlPath>,
+}
+
+/// How a program reaches a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GlPath {
+    /// Mesa on the host, through glvnd.
+    Native,
+    /// virtsoc's vendor library, the daemon and its render worker.
+    Virtsoc,
+    /// Mesa's virgl driver over virgl_test_server.
+    Virgl,
+}
+
+impl GlPath {
+    /// Its name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            GlPath::Native => "native",
+            GlPath::Virtsoc => "virtsoc",
+            GlPath::Virgl => "virgl",
+        }
+    }
+
+    const ALL: [GlPath; 3] = [GlPath::Native, GlPath::Virtsoc, GlPath::Virgl];
+}
+
+/// How a path reaches its GPU: the environment of its programs.
+pub(crate) struct PathEnv {
+    display: String,
+    /// The vendor JSON and the daemon socket, for the virtsoc path.
+    virtsoc: Option<(PathBuf, String)>,
+}
+
+impl PathEnv {
+    /// `program` with the environment of `path`: glvnd's and Mesa's selection variables
+    /// cleared, then set for the path.
+    pub(crate) fn command(&self, program: &str, path: GlPath) -> Command {
+        let mut c = Command::new(program);
+        c.env("DISPLAY", &self.display);
+        for v in [
+            "__EGL_VENDOR_LIBRARY_FILENAMES",
+            "__EGL_VENDOR_LIBRARY_DIRS",
+            "GALLIUM_DRIVER",
+            "VIRTSOC_SOCKET",
+            "LIBGL_ALWAYS_SOFTWARE",
+        ] {
+            c.env_remove(v);
+        }
+        match path {
+            GlPath::Native => {}
+            GlPath::Virtsoc => {
+                if let Some((json, socket)) = &self.virtsoc {
+                    c.env("__EGL_VENDOR_LIBRARY_FILENAMES", json);
+                    c.env("VIRTSOC_SOCKET", socket);
+                }
+            }
+            GlPath::Virgl => {
+                c.env("GALLIUM_DRIVER", "virpipe");
+            }
+        }
+        c
+    }
+}
+
+/// The daemon of the virtsoc path: one this process started, or the `--socket` given.
+struct Daemon {
+    socket: String,
+    pid: Option<u32>,
+    _child: Option<DaemonProcess>,
+}
+
+impl Daemon {
+    fn open(socket: Option<String>) -> Result<Daemon, GlesError> {
+        match socket {
+            Some(s) => Ok(Daemon {
+                socket: s,
+                pid: None,
+                _child: None,
+            }),
+            None => {
+                let d = DaemonProcess::spawn(&[], false)
+                    .map_err(|e| GlesError::Setup(format!("starting virtsocd: {e}")))?;
+                let e = d.endpoint();
+                Ok(Daemon {
+                    socket: e.target,
+                    pid: e.pid,
+                    _child: Some(d),
+                })
+            }
+        }
+    }
+}
+
+/// One glmark2 run of one path.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PathRun {
+    /// FPS per scene, in glmark2's order (None: the scene printed no FPS).
+    pub scenes: Vec<(String, Option<f64>)>,
+    /// glmark2's score.
+    pub score: Option<f64>,
+    /// GL_RENDERER from glmark2's header.
+    pub renderer: Option<String>,
+    /// CPU seconds of the program.
+    pub program_cpu_s: Option<f64>,
+    /// CPU seconds of its server (daemon and render workers, or virgl server), if any.
+    pub server_cpu_s: Option<f64>,
+    /// Wall seconds of the run.
+    pub wall_s: f64,
+    /// Why the run failed, if it did.
+    pub error: Option<String>,
+    /// The virtsoc guest's counters per scene (virtsoc path).
+    #[serde(skip)]
+    pub counters: BTreeMap<String, counters::SceneCost>,
+}
+
+/// A scene's row of the report: medians over rounds, and the rounds' values.
+#[derive(Debug, Clone, Serialize)]
+pub struct SceneRow {
+    /// `scene` or `scene:options` as glmark2 printed them.
+    pub name: String,
+    /// Median FPS natively.
+    pub native_fps: Option<f64>,
+    /// Median FPS through virtsoc.
+    pub virtsoc_fps: Option<f64>,
+    /// Median FPS through virgl.
+    pub virgl_fps: Option<f64>,
+    /// virtsoc's FPS in % of native.
+    pub virtsoc_pct: Option<f64>,
+    /// virgl's FPS in % of native.
+    pub virgl_pct: Option<f64>,
+    /// Round trips per frame on the virtsoc path: the daemon's `gles.round_trips` counter
+    /// when it has one, else the `gles` device commands (stream batches).
+    pub round_trips_per_frame: Option<f64>,
+    /// Which counter `round_trips_per_frame` came from (`round_trips` or `gles commands`).
+    pub round_trips_source: Option<String>,
+    /// Stream bytes per frame on the virtsoc path (the daemon's `gles` counters).
+    pub bytes_per_frame: Option<f64>,
+    /// SVM copies per presented frame on the virtsoc path.
+    pub copies_per_frame: Option<f64>,
+    /// Frames counted by the daemon (or FPS x duration) per round, virtsoc path.
+    pub frames_source: Option<String>,
+    /// Native FPS of each round.
+    pub native_fps_rounds: Vec<Option<f64>>,
+    /// virtsoc FPS of each round.
+    pub virtsoc_fps_rounds: Vec<Option<f64>>,
+    /// virgl FPS of each round.
+    pub virgl_fps_rounds: Vec<Option<f64>>,
+}
+
+/// A path's summary over the rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathSummary {
+    /// Whether the path was asked for.
+    pub selected: bool,
+    /// Median score.
+    pub score: Option<f64>,
+    /// Score in % of native.
+    pub score_pct: Option<f64>,
+    /// Median CPU seconds of the program per run.
+    pub program_cpu_s: Option<f64>,
+    /// Median CPU seconds of the server per run (None: no server, or not ours).
+    pub server_cpu_s: Option<f64>,
+    /// GL_RENDERER the program saw.
+    pub renderer: Option<String>,
+    /// Each round's run.
+    pub rounds: Vec<PathRun>,
+    /// Why the path did not run at all, if so.
+    pub not_run: Option<String>,
+}
+
+/// The report of `virtsoc bench gles`.
+#[derive(Debug, Clone, Serialize)]
+pub struct GlesReport {
+    /// Median glmark2 score natively.
+    pub score_native: Option<f64>,
+    /// Median glmark2 score through virtsoc.
+    pub score_virtsoc: Option<f64>,
+    /// Median glmark2 score through virgl.
+    pub score_virgl: Option<f64>,
+    /// Per scene, in glmark2's order.
+    pub scenes: Vec<SceneRow>,
+    /// Per path: scores, CPU, renderer, each round.
+    pub paths: BTreeMap<&'static str, PathSummary>,
+    /// Rounds run.
+    pub rounds: usize,
+    /// Seconds per scene.
+    pub duration_s: f64,
+    /// The glmark2 command line (before the path's environment).
+    pub command: String,
+}
+
+/// Median of the values present (None when none is).
+pub fn median(v: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
+    let mut xs: Vec<f64> = v.into_iter().flatten().filter(|x| x.is_finite()).collect();
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    Some(if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    })
+}
+
+/// `a` in % of `b`.
+fn pct(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b * 100.0),
+        _ => None,
+    }
+}
+
+/// glmark2's arguments: off-screen, the per-scene duration, the scenes.
+fn glmark2_args(scenes: &[String], duration: f64, validate: bool) -> Vec<String> {
+    let mut a = vec!["--off-screen".to_string()];
+    if validate {
+        a.push("--validate".into());
+    } else {
+        a.push("-b".into());
+        a.push(format!(":duration={duration}"));
+    }
+    for s in scenes {
+        a.push("-b".into());
+        a.push(s.clone());
+    }
+    a
+}
+
+/// Runs glmark2 once on `path`; `cost` snapshots the virtsoc guest's counters as each scene
+/// ends.
+fn run_once(
+    env: &PathEnv,
+    path: GlPath,
+    args: &[String],
+    limit: Duration,
+    server_pid: Option<u32>,
+    mut cost: Option<&mut GuestCounters>,
+) -> Result<PathRun, GlesError> {
+    let mut cmd = env.command(GLMARK2, path);
+    cmd.args(args);
+    let server_cpu = server_pid.map(env::CpuWatch::start);
+    if let Some(c) = cost.as_deref_mut() {
+        c.begin();
+    }
+    let mut run = PathRun::default();
+    let out = glmark::run_program(cmd, limit, |line| {
+        if let Some(SceneLine::Fps { name, .. } | SceneLine::Other { name, .. }) =
+            glmark::parse_scene_line(line)
+        {
+            if let Some(c) = cost.as_deref_mut() {
+                c.scene_ended(&name);
+            }
+        }
+    })?;
+    // Let the render worker or the virgl child finish with the program before the sample.
+    std::thread::sleep(Duration::from_millis(300));
+    run.server_cpu_s = server_cpu.and_then(env::CpuWatch::finish);
+    for l in &out.lines {
+        match glmark::parse_scene_line(l) {
+            Some(SceneLine::Fps { name, fps, .. }) => run.scenes.push((name, Some(fps))),
+            Some(SceneLine::Other { name, .. }) => run.scenes.push((name, None)),
+            Some(SceneLine::Validation { .. }) | None => {}
+        }
+        if let Some(s) = glmark::parse_score(l) {
+            run.score = Some(s);
+        }
+        if run.renderer.is_none() {
+            run.renderer = glmark::header_value(l, "GL_RENDERER");
+        }
+    }
+    run.program_cpu_s = out.cpu_s;
+    run.wall_s = out.wall_s;
+    if !out.ok() {
+        run.error = Some(out.failure());
+    } else if path == GlPath::Virgl && !run.renderer.as_deref().is_some_and(|r| r.contains("virgl"))
+    {
+        run.error = Some(format!(
+            "GL_RENDERER is {:?}, not virgl: the run is not counted",
+            run.renderer
+        ));
+        run.scenes.iter_mut().for_each(|s| s.1 = None);
+        run.score = None;
+    }
+    if let Some(c) = cost {
+        run.counters = c.take();
+    }
+    Ok(run)
+}
+
+/// Runs the benchmark.
+pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
+    if a.rounds == 0 || !(0.1..=600.0).contains(&a.duration) {
+        return Err(GlesError::Usage(
+            "--rounds must be positive and --duration in 0.1..=600".into(),
+        ));
+    }
+    env::require(GLMARK2, "glmark2-es2-x11")?;
+    let display = Display::open()?;
+    let want = |p: GlPath| a.paths.contains(&p);
+    let mut not_run: BTreeMap<GlPath, String> = BTreeMap::new();
+    // The virtsoc path's set-up: the vendor JSON, a daemon, its control API.
+    let mut daemon = None;
+    let mut vendor = None;
+    if want(GlPath::Virtsoc) {
+        match env::write_vendor_json() {
+            Ok(j) => match Daemon::open(a.socket.clone()) {
+                Ok(d) => {
+                    vendor = Some((j, d.socket.clone()));
+                    daemon = Some(d);
+                }
+                Err(e) => {
+                    not_run.insert(GlPath::Virtsoc, e.to_string());
+                }
+            },
+            Err(e) => {
+                not_run.insert(GlPath::Virtsoc, e.to_string());
+            }
+        }
+    }
+    let virgl = if want(GlPath::Virgl) {
+        match VirglServer::start() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                not_run.insert(GlPath::Virgl, e.to_string());
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let env = PathEnv {
+        display: display.name.clone(),
+        virtsoc: vendor,
+    };
+    let args = glmark2_args(&a.scenes, a.duration, false);
+    let n_scenes = if a.scenes.is_empty() {
+        33
+    } else {
+        a.scenes.len()
+    };
+    let limit = Duration::from_secs_f64(60.0 + n_scenes as f64 * (2.0 * a.duration + 30.0));
+    let mut counters = daemon.as_ref().map(|d| GuestCounters::new(&d.socket));
+    let mut runs: BTreeMap<GlPath, Vec<PathRun>> = BTreeMap::new();
+    for round in 0..a.rounds {
+        for path in GlPath::ALL {
+            if !want(path) || not_run.contains_key(&path) {
+                continue;
+            }
+            if !a.json {
+                eprintln!(
+                    "bench gles: round {}/{}: {}",
+                    round + 1,
+                    a.rounds,
+                    path.name()
+                );
+            }
+            let server = match path {
+                GlPath::Native => None,
+                GlPath::Virtsoc => daemon.as_ref().and_then(|d| d.pid),
+                GlPath::Virgl => virgl.as_ref().map(VirglServer::pid),
+            };
+            let cost = if path == GlPath::Virtsoc {
+                counters.as_mut()
+            } else {
+                None
+            };
+            let r = run_once(&env, path, &args, limit, server, cost)?;
+            if let Some(e) = &r.error {
+                eprintln!("bench gles: {} round {}: {e}", path.name(), round + 1);
+            }
+            runs.entry(path).or_default().push(r);
+        }
+    }
+    drop(virgl);
+    drop(daemon);
+    drop(display);
+    Ok(report(a, &args, runs, not_run))
+}
+
+/// Folds the runs into the report: scene rows in first-seen order, medians, percentages.
+fn report(
+    a: &BenchGlesArgs,
+    args: &[String],
+    runs: BTreeMap<GlPath, Vec<PathRun>>,
+    not_run: BTreeMap<GlPath, String>,
+) -> GlesReport {
+    let empty = Vec::new();
+    let of = |p: GlPath| runs.get(&p).unwrap_or(&empty);
+    let mut names: Vec<String> = Vec::new();
+    for p in GlPath::ALL {
+        for r in of(p) {
+            for (n, _) in &r.scenes {
+                if !names.contains(n) {
+                    names.push(n.clone());
+                }
+            }
+        }
+    }
+    let fps_rounds = |p: GlPath, name: &str| -> Vec<Option<f64>> {
+        of(p)
+            .iter()
+            .map(|r| r.scenes.iter().find(|(n, _)| n == name).and_then(|s| s.1))
+            .collect()
+    };
+    let scenes = names
+        .iter()
+        .map(|name| {
+            let native = fps_rounds(GlPath::Native, name);
+            let virtsoc = fps_rounds(GlPath::Virtsoc, name);
+            let virgl = fps_rounds(GlPath::Virgl, name);
+            let (nm, vm, gm) = (
+                median(native.iter().copied()),
+                median(virtsoc.iter().copied()),
+                median(virgl.iter().copied()),
+            );
+            let per_frame = counters::per_frame(
+                of(GlPath::Virtsoc)
+                    .iter()
+                    .map(|r| (r.counters.get(name), r.scenes.iter().find(|s| &s.0 == name))),
+                a.duration,
+            );
+            SceneRow {
+                name: name.clone(),
+                native_fps: nm,
+                virtsoc_fps: vm,
+                virgl_fps: gm,
+                virtsoc_pct: pct(vm, nm),
+                virgl_pct: pct(gm, nm),
+                round_trips_per_frame: per_frame.round_trips,
+                round_trips_source: per_frame.round_trips_source,
+                bytes_per_frame: per_frame.bytes,
+                copies_per_frame: per_frame.copies,
+                frames_source: per_frame.frames_source,
+                native_fps_rounds: native,
+                virtsoc_fps_rounds: virtsoc,
+                virgl_fps_rounds: virgl,
+            }
+        })
+        .collect();
+    let score = |p: GlPath| median(of(p).iter().map(|r| r.score));
+    let mut paths = BTreeMap::new();
+    for p in GlPath::ALL {
+        let rs = of(p);
+        paths.insert(
+            p.name(),
+            PathSummary {
+                selected: a.paths.contains(&p),
+                score: score(p),
+                score_pct: pct(score(p), score(GlPath::Native)),
+                program_cpu_s: median(rs.iter().map(|r| r.program_cpu_s)),
+                server_cpu_s: median(rs.iter().map(|r| r.server_cpu_s)),
+                renderer: rs.iter().find_map(|r| r.renderer.clone()),
+                rounds: rs.clone(),
+                not_run: not_run.get(&p).cloned(),
+            },
+        );
+    }
+    GlesReport {
+        score_native: score(GlPath::Native),
+        score_virtsoc: score(GlPath::Virtsoc),
+        score_virgl: score(GlPath::Virgl),
+        scenes,
+        paths,
+        rounds: a.rounds,
+        duration_s: a.duration,
+        command: format!("{GLMARK2} {}", args.join(" ")),
+    }
+}
+
+/// Runs `virtsoc bench gles` and prints its report.
+pub fn run_bench(a: &BenchGlesArgs) -> Result<(), CliError> {
+    let r = bench(a)?;
+    if let Some(path) = &a.chart {
+        chart::write(&r, path)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        table::print(&r);
+        if let Some(path) = &a.chart {
+            println!("chart: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `virtsoc gles ...`.
+pub fn run_cmd(which: &GlesCmd) -> Result<(), CliError> {
+    match which {
+        GlesCmd::VendorJson => {
+            println!("{}", env::write_vendor_json()?.display());
+            Ok(())
+        }
+        GlesCmd::Validate(a) => Ok(validate::run(a)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_skip_missing_values() {
+        assert_eq!(median([Some(3.0), None, Some(1.0), Some(2.0)]), Some(2.0));
+        assert_eq!(median([Some(1.0), Some(4.0)]), Some(2.5));
+        assert_eq!(median([None, None]), None);
+        assert_eq!(pct(Some(50.0), Some(200.0)), Some(25.0));
+        assert_eq!(pct(Some(50.0), None), None);
+    }
+
+    #[test]
+    fn glmark2_arguments() {
+        let a = glmark2_args(&["build:use-vbo=true".into()], 1.5, false);
+        assert_eq!(
+            a,
+            [
+                "--off-screen",
+                "-b",
+                ":duration=1.5",
+                "-b",
+                "build:use-vbo=true"
+            ]
+        );
+        assert_eq!(glmark2_args(&[], 2.0, true), ["--off-screen", "--validate"]);
+    }
+
+    #[test]
+    fn the_report_lines_up_scenes_and_paths() {
+        let a = BenchGlesArgs {
+            socket: None,
+            json: true,
+            chart: None,
+            rounds: 2,
+            scenes: vec![],
+            duration: 1.0,
+            paths: GlPath::ALL.to_vec(),
+        };
+        let run = |fps: &[(&str, Option<f64>)], score: Option<f64>| PathRun {
+            scenes: fps.iter().map(|(n, f)| (n.to_string(), *f)).collect(),
+            score,
+            ..PathRun::default()
+        };
+        let mut runs = BTreeMap::new();
+        runs.insert(
+            GlPath::Native,
+            vec![
+                run(
+                    &[("build", Some(100.0)), ("texture", Some(200.0))],
+                    Some(150.0),
+                ),
+                run(
+                    &[("build", Some(120.0)), ("texture", Some(220.0))],
+                    Some(170.0),
+                ),
+            ],
+        );
+        runs.insert(
+            GlPath::Virtsoc,
+            vec![
+                run(&[("build", Some(55.0))], None),
+                run(&[("build", Some(45.0)), ("texture", None)], Some(80.0)),
+            ],
+        );
+        let mut not_run = BTreeMap::new();
+        not_run.insert(GlPath::Virgl, "no server".to_string());
+        let r = report(&a, &[], runs, not_run);
+        assert_eq!(r.score_native, Some(160.0));
+        assert_eq!(r.score_virtsoc, Some(80.0));
+        assert_eq!(r.score_virgl, None);
+        assert_eq!(r.scenes.len(), 2);
+        assert_eq!(r.scenes[0].native_fps, Some(110.0));
+        assert_eq!(r.scenes[0].virtsoc_fps, Some(50.0));
+        assert_eq!(r.scenes[1].virtsoc_fps, None);
+        assert_eq!(r.scenes[1].virtsoc_fps_rounds, vec![None, None]);
+        assert_eq!(r.paths["virtsoc"].score_pct, Some(50.0));
+        assert_eq!(r.paths["virgl"].not_run.as_deref(), Some("no server"));
+        let v = serde_json::to_value(&r).expect("json");
+        for k in ["score_native", "score_virtsoc", "score_virgl", "scenes"] {
+            assert!(v.get(k).is_some(), "{k}");
+        }
+        for k in [
+            "name",
+            "native_fps",
+            "virtsoc_fps",
+            "virgl_fps",
+            "round_trips_per_frame",
+            "copies_per_frame",
+        ] {
+            assert!(v["scenes"][0].get(k).is_some(), "{k}");
+        }
+        assert!(v["score_virgl"].is_null());
+    }
+}

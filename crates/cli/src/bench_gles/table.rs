@@ -1,0 +1,127 @@
+//! `bench gles`'s table: FPS per scene and path, scores, CPU, the virtsoc path's costs.
+
+use super::{GlPath, GlesReport};
+
+/// `v` with `digits` decimals, or `-`.
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.digits$}"))
+}
+
+/// `name` cut to `width` characters (the end replaced by `~`).
+fn cut(name: &str, width: usize) -> String {
+    if name.chars().count() <= width {
+        name.to_string()
+    } else {
+        let mut s: String = name.chars().take(width.saturating_sub(1)).collect();
+        s.push('~');
+        s
+    }
+}
+
+/// Prints the report.
+pub fn print(r: &GlesReport) {
+    println!(
+        "{} ({} s a scene, {} round{}; medians)",
+        r.command,
+        r.duration_s,
+        r.rounds,
+        if r.rounds == 1 { "" } else { "s" }
+    );
+    for p in GlPath::ALL {
+        let s = &r.paths[p.name()];
+        if !s.selected {
+            continue;
+        }
+        let state = match (&s.not_run, &s.renderer) {
+            (Some(why), _) => format!("not run: {why}"),
+            (None, Some(renderer)) => format!("GL_RENDERER {renderer}"),
+            (None, None) => "no GL_RENDERER seen".into(),
+        };
+        println!("  {:<8} {state}", p.name());
+        for (i, run) in s.rounds.iter().enumerate() {
+            if let Some(e) = &run.error {
+                println!("  {:<8} round {}: {e}", "", i + 1);
+            }
+        }
+    }
+    println!();
+    println!(
+        "{:<44} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>10}",
+        "scene",
+        "native",
+        "virtsoc",
+        "virgl",
+        "virtsoc%",
+        "virgl%",
+        "rt/frame",
+        "B/frame",
+        "copies/fr"
+    );
+    for s in &r.scenes {
+        println!(
+            "{:<44} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>10}",
+            cut(&s.name, 44),
+            opt(s.native_fps, 0),
+            opt(s.virtsoc_fps, 0),
+            opt(s.virgl_fps, 0),
+            opt(s.virtsoc_pct, 1),
+            opt(s.virgl_pct, 1),
+            opt(s.round_trips_per_frame, 1),
+            opt(s.bytes_per_frame, 0),
+            opt(s.copies_per_frame, 2),
+        );
+    }
+    let n = &r.paths["native"];
+    let v = &r.paths["virtsoc"];
+    let g = &r.paths["virgl"];
+    println!(
+        "{:<44} {:>8} {:>8} {:>8} {:>9} {:>9}",
+        "glmark2 Score",
+        opt(n.score, 0),
+        opt(v.score, 0),
+        opt(g.score, 0),
+        opt(v.score_pct, 1),
+        opt(g.score_pct, 1),
+    );
+    println!(
+        "{:<44} {:>8} {:>8} {:>8}",
+        "CPU s of the program",
+        opt(n.program_cpu_s, 2),
+        opt(v.program_cpu_s, 2),
+        opt(g.program_cpu_s, 2),
+    );
+    println!(
+        "{:<44} {:>8} {:>8} {:>8}",
+        "CPU s of its server (daemon + worker, virgl)",
+        opt(n.server_cpu_s, 2),
+        opt(v.server_cpu_s, 2),
+        opt(g.server_cpu_s, 2),
+    );
+    if let Some(src) = r
+        .scenes
+        .iter()
+        .find_map(|s| s.round_trips_source.as_deref())
+    {
+        let frames = r
+            .scenes
+            .iter()
+            .find_map(|s| s.frames_source.as_deref())
+            .unwrap_or("-");
+        println!(
+            "virtsoc path: rt/frame counts {src}; frames from {frames}; copies are SVM copies"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_cut_and_numbers_dashed() {
+        assert_eq!(cut("build", 8), "build");
+        assert_eq!(cut("buffer:columns=200", 8), "buffer:~");
+        assert_eq!(opt(None, 1), "-");
+        assert_eq!(opt(Some(2.345), 1), "2.3");
+    }
+}
