@@ -9,6 +9,13 @@
 
 pub mod egl;
 
+/// The GL opcodes (1..=`COUNT`), one constant per command named as the command, generated
+/// by `virtsoc-gles-gen` from the registry and `crates/gles-gen/gles.annot`.
+#[allow(non_upper_case_globals)]
+pub mod gl_ops {
+    include!(concat!(env!("OUT_DIR"), "/gl_ops.rs"));
+}
+
 /// Marker of a null pointer in place of an array's byte length.
 pub const NULL_ARRAY: u32 = u32::MAX;
 /// Bytes of a packet header (`u32 op | u32 len`).

@@ -1,0 +1,612 @@
+//! Hand-written entry points (the annotation file's `custom=guest`/`both`): frame
+//! boundaries, errors, strings and cached limits, vertex attribute pointers and the draws
+//! that send client arrays, shader sources, and `GL_OES_mapbuffer` (mapped in guest memory,
+//! sent as `glBufferSubData` at unmap). Payloads: see the host's `gl::custom`.
+
+#![allow(non_snake_case)]
+
+use std::ffi::{c_char, c_void, CString};
+
+use virtsoc_gles_stream::{gl_ops as op, Packet};
+
+use super::state::{Attrib, MAX_ATTRIBS};
+use super::{rtx, sz, GlState, GL_INVALID_ENUM, GL_INVALID_OPERATION, GL_INVALID_VALUE};
+use crate::rt::{self, Context};
+
+/// Most vertices a client-array draw sends.
+const MAX_CLIENT_VERTICES: usize = 16 << 20;
+
+/// Extensions exposed when the host has them: those that add no entry point, or whose
+/// entry points we provide, and whose formats and types our size functions know.
+const EXTENSIONS: &[&str] = &[
+    "GL_OES_depth24",
+    "GL_OES_depth32",
+    "GL_OES_packed_depth_stencil",
+    "GL_OES_rgb8_rgba8",
+    "GL_OES_element_index_uint",
+    "GL_OES_texture_npot",
+    "GL_OES_standard_derivatives",
+    "GL_OES_depth_texture",
+    "GL_OES_stencil8",
+    "GL_OES_fragment_precision_high",
+    "GL_OES_texture_float",
+    "GL_OES_texture_half_float",
+    "GL_OES_texture_float_linear",
+    "GL_OES_texture_half_float_linear",
+    "GL_OES_vertex_half_float",
+    "GL_OES_compressed_ETC1_RGB8_texture",
+    "GL_OES_required_internalformat",
+    "GL_OES_surfaceless_context",
+    "GL_EXT_texture_format_BGRA8888",
+    "GL_EXT_read_format_bgra",
+    "GL_EXT_texture_filter_anisotropic",
+    "GL_EXT_blend_minmax",
+    "GL_EXT_texture_rg",
+    "GL_EXT_texture_compression_dxt1",
+    "GL_EXT_texture_compression_s3tc",
+    "GL_KHR_texture_compression_astc_ldr",
+];
+
+/// Constant queries answered once per context.
+const CONSTANTS: &[u32] = &[
+    0x0D33, // MAX_TEXTURE_SIZE
+    0x851C, // MAX_CUBE_MAP_TEXTURE_SIZE
+    0x84E8, // MAX_RENDERBUFFER_SIZE
+    0x8869, // MAX_VERTEX_ATTRIBS
+    0x8DFB, // MAX_VERTEX_UNIFORM_VECTORS
+    0x8DFC, // MAX_VARYING_VECTORS
+    0x8DFD, // MAX_FRAGMENT_UNIFORM_VECTORS
+    0x8B4D, // MAX_COMBINED_TEXTURE_IMAGE_UNITS
+    0x8B4C, // MAX_VERTEX_TEXTURE_IMAGE_UNITS
+    0x8872, // MAX_TEXTURE_IMAGE_UNITS
+    0x0D3A, // MAX_VIEWPORT_DIMS
+    0x846D, // ALIASED_POINT_SIZE_RANGE
+    0x846E, // ALIASED_LINE_WIDTH_RANGE
+    0x86A2, // NUM_COMPRESSED_TEXTURE_FORMATS
+    0x86A3, // COMPRESSED_TEXTURE_FORMATS
+    0x0D50, // SUBPIXEL_BITS
+    0x8DFA, // SHADER_COMPILER
+    0x84FF, // MAX_TEXTURE_MAX_ANISOTROPY_EXT
+];
+
+/// Sends the encoded packets and waits; the answer of `opc`, as its payload bytes.
+fn round_trip(ctx: &Context, opc: u32) -> Option<Vec<u8>> {
+    let reply = ctx.stream().round_trip().ok()?;
+    let mut a = rtx::answer(&reply, opc)?;
+    let n = a.remaining();
+    let mut out = Vec::with_capacity(n);
+    while a.remaining() >= 4 {
+        out.extend(a.u32().ok()?.to_le_bytes());
+    }
+    Some(out)
+}
+
+/// Encodes one packet of `opc` for the current context.
+fn encode(ctx: &Context, opc: u32, f: impl FnOnce(&mut Packet<'_>)) {
+    let mut s = ctx.stream();
+    let enc = s.encoder(ctx.id);
+    let mut p = enc.packet(opc);
+    f(&mut p);
+}
+
+/// `glFlush`: the batch goes to the host.
+pub(crate) unsafe extern "C" fn glFlush() {
+    if let Some(ctx) = rt::current() {
+        encode(&ctx, op::glFlush, |_| {});
+        let _ = ctx.stream().flush();
+    }
+}
+
+/// `glFinish`: the batch runs on the host, which finishes its GL work, before it returns.
+pub(crate) unsafe extern "C" fn glFinish() {
+    if let Some(ctx) = rt::current() {
+        encode(&ctx, op::glFinish, |_| {});
+        let _ = ctx.stream().round_trip();
+    }
+}
+
+/// `glGetError`: the guest's own errors first, then the host's (a round trip).
+pub(crate) unsafe extern "C" fn glGetError() -> u32 {
+    let Some(ctx) = rt::current() else { return 0 };
+    let mut st = ctx.gl();
+    if let Some(e) = st.take_error() {
+        return e;
+    }
+    encode(&ctx, op::glGetError, |_| {});
+    let a = round_trip(&ctx, op::glGetError);
+    a.and_then(|b| {
+        b.get(..4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+    })
+    .unwrap_or(0)
+}
+
+/// The host's string `name` (a round trip).
+fn host_string(ctx: &Context, name: u32) -> Option<Vec<u8>> {
+    encode(ctx, op::glGetString, |p| {
+        p.u32(name);
+    });
+    let reply = ctx.stream().round_trip().ok()?;
+    let mut a = rtx::answer(&reply, op::glGetString)?;
+    a.bytes().ok()?.map(|b| b.to_vec())
+}
+
+/// The string the guest shows for `name`, from the host's.
+fn make_string(ctx: &Context, name: u32) -> Option<String> {
+    let host = |n| host_string(ctx, n).map(|b| String::from_utf8_lossy(&b).into_owned());
+    Some(match name {
+        0x1F00 => "virtsoc".to_owned(),
+        0x1F01 => format!("virtsoc ({})", host(0x1F01).unwrap_or_default()),
+        0x1F02 => "OpenGL ES 2.0 virtsoc".to_owned(),
+        0x8B8C => "OpenGL ES GLSL ES 1.00".to_owned(),
+        0x1F03 => {
+            let h = host(0x1F03).unwrap_or_default();
+            let mut v: Vec<&str> = h
+                .split_whitespace()
+                .filter(|e| EXTENSIONS.contains(e))
+                .collect();
+            v.push("GL_OES_mapbuffer");
+            v.join(" ")
+        }
+        _ => return None,
+    })
+}
+
+/// `glGetString`: fetched once per context; `GL_VERSION` says ES 2.0 and the extension
+/// list holds only what we support.
+pub(crate) unsafe extern "C" fn glGetString(name: u32) -> *const u8 {
+    let Some(ctx) = rt::current() else {
+        return std::ptr::null();
+    };
+    let mut st = ctx.gl();
+    if let Some(s) = st.strings.get(&name) {
+        return s.as_ptr().cast();
+    }
+    let Some(s) = make_string(&ctx, name) else {
+        st.error(GL_INVALID_ENUM);
+        return std::ptr::null();
+    };
+    let s = CString::new(s.replace('\0', "")).unwrap_or_default();
+    let p = s.as_ptr().cast();
+    // The CString's bytes do not move when the map does.
+    st.strings.insert(name, s);
+    p
+}
+
+/// The host's answer to `glGetIntegerv(pname)` (a round trip).
+fn host_ints(ctx: &Context, pname: u32) -> Vec<i32> {
+    encode(ctx, op::glGetIntegerv, |p| {
+        p.u32(pname);
+    });
+    let reply = ctx.stream().round_trip();
+    let Ok(reply) = reply else { return Vec::new() };
+    let Some(mut a) = rtx::answer(&reply, op::glGetIntegerv) else {
+        return Vec::new();
+    };
+    match a.bytes() {
+        Ok(Some(b)) => b
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The values of `glGetIntegerv(pname)`, from guest state, the cache or the host.
+fn get_ints(ctx: &Context, st: &mut GlState, pname: u32) -> Vec<i32> {
+    match pname {
+        0x8894 => return vec![st.array_buffer as i32],
+        0x8895 => return vec![st.element_buffer as i32],
+        0x0CF5 => return vec![st.unpack_alignment as i32],
+        0x0D05 => return vec![st.pack_alignment as i32],
+        0x8DF9 => return vec![0], // NUM_SHADER_BINARY_FORMATS: none exposed
+        0x8DF8 => return Vec::new(),
+        _ => {}
+    }
+    if let Some(v) = st.ints.get(&pname) {
+        return v.clone();
+    }
+    if pname == 0x86A3 && !st.ints.contains_key(&0x86A2) {
+        let n = host_ints(ctx, 0x86A2);
+        st.ints.insert(0x86A2, n);
+    }
+    let v = host_ints(ctx, pname);
+    if CONSTANTS.contains(&pname) && !v.is_empty() {
+        st.ints.insert(pname, v.clone());
+    }
+    v
+}
+
+/// `glGetIntegerv`.
+///
+/// # Safety
+/// `data` has room for the values `pname` answers.
+pub(crate) unsafe extern "C" fn glGetIntegerv(pname: u32, data: *mut i32) {
+    let Some(ctx) = rt::current() else { return };
+    let mut st = ctx.gl();
+    let v = get_ints(&ctx, &mut st, pname);
+    let Some(n) = sz::getv(&st, pname as i64) else {
+        st.error(GL_INVALID_VALUE);
+        return;
+    };
+    if data.is_null() {
+        return;
+    }
+    let k = n.min(v.len());
+    // SAFETY: `data` has room for `n` values (the GL contract), `k <= n`.
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), data, k) };
+}
+
+/// `glVertexAttribPointer`: recorded; sent only with a buffer bound (client arrays travel
+/// with the draws).
+///
+/// # Safety
+/// GL's contract.
+pub(crate) unsafe extern "C" fn glVertexAttribPointer(
+    index: u32,
+    size: i32,
+    ty: u32,
+    normalized: u8,
+    stride: i32,
+    pointer: *const c_void,
+) {
+    let Some(ctx) = rt::current() else { return };
+    let mut st = ctx.gl();
+    if index as usize >= MAX_ATTRIBS || !(1..=4).contains(&size) || stride < 0 {
+        st.error(GL_INVALID_VALUE);
+        return;
+    }
+    if sz::attrib_type_bytes(ty).is_none() {
+        st.error(GL_INVALID_ENUM);
+        return;
+    }
+    let buffer = st.array_buffer;
+    let a = &mut st.attribs[index as usize];
+    *a = Attrib {
+        enabled: a.enabled,
+        size,
+        ty,
+        normalized: normalized != 0,
+        stride,
+        ptr: pointer as usize,
+        buffer,
+    };
+    if buffer != 0 {
+        encode(&ctx, op::glVertexAttribPointer, |p| {
+            p.u32(index)
+                .i32(size)
+                .u32(ty)
+                .u32(normalized as u32)
+                .i32(stride)
+                .u64(pointer as u64);
+        });
+    }
+}
+
+/// `glGetVertexAttribPointerv`, from guest state.
+///
+/// # Safety
+/// `pointer` is null or has room for one pointer.
+pub(crate) unsafe extern "C" fn glGetVertexAttribPointerv(
+    index: u32,
+    pname: u32,
+    pointer: *mut *mut c_void,
+) {
+    let Some(ctx) = rt::current() else { return };
+    let mut st = ctx.gl();
+    if pname != 0x8645 {
+        st.error(GL_INVALID_ENUM);
+        return;
+    }
+    let Some(a) = st.attribs.get(index as usize) else {
+        st.error(GL_INVALID_VALUE);
+        return;
+    };
+    if !pointer.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { *pointer = a.ptr as *mut c_void };
+    }
+}
+
+/// The client attributes of a draw of vertices `base..base+nverts`, packed.
+///
+/// # Safety
+/// Every enabled client attribute's pointer holds the vertices the draw uses.
+unsafe fn client_block(p: &mut Packet<'_>, attrs: &[(u32, Attrib)], base: usize, nverts: usize) {
+    p.u32(base as u32)
+        .u32(nverts as u32)
+        .u32(attrs.len() as u32);
+    for (i, a) in attrs {
+        let elem = sz::attrib_type_bytes(a.ty).unwrap_or(4) * a.size as usize;
+        let stride = if a.stride == 0 {
+            elem
+        } else {
+            a.stride as usize
+        };
+        let mut data = Vec::with_capacity(elem * nverts);
+        for v in base..base + nverts {
+            let src = (a.ptr + v * stride) as *const u8;
+            // SAFETY: the caller's contract: vertex `v` of the attribute is readable.
+            data.extend_from_slice(unsafe { std::slice::from_raw_parts(src, elem) });
+        }
+        p.u32(*i)
+            .i32(a.size)
+            .u32(a.ty)
+            .u32(a.normalized as u32)
+            .bytes(&data);
+    }
+}
+
+/// The enabled attributes in client memory, and whether any enabled one is in a buffer;
+/// `None` when one has no pointer.
+fn client_attribs(st: &GlState) -> Option<(Vec<(u32, Attrib)>, bool)> {
+    let mut v = Vec::new();
+    let mut any_buffer = false;
+    for (i, a) in st.attribs.iter().enumerate().filter(|(_, a)| a.enabled) {
+        if a.buffer != 0 {
+            any_buffer = true;
+        } else if a.ptr == 0 {
+            return None;
+        } else {
+            v.push((i as u32, *a));
+        }
+    }
+    Some((v, any_buffer))
+}
+
+/// `glDrawArrays`: client arrays' vertices `first..first+count` go with it.
+///
+/// # Safety
+/// GL's contract: client arrays hold the vertices drawn.
+pub(crate) unsafe extern "C" fn glDrawArrays(mode: u32, first: i32, count: i32) {
+    let Some(ctx) = rt::current() else { return };
+    let mut st = ctx.gl();
+    if first < 0 || count < 0 {
+        st.error(GL_INVALID_VALUE);
+        return;
+    }
+    let Some((attrs, any_buffer)) = client_attribs(&st) else {
+        st.error(GL_INVALID_OPERATION);
+        return;
+    };
+    let (first_u, end) = (first as usize, first as usize + count as usize);
+    let base = if attrs.is_empty() || any_buffer {
+        0
+    } else {
+        first_u
+    };
+    let nverts = if attrs.is_empty() { 0 } else { end - base };
+    if nverts > MAX_CLIENT_VERTICES {
+        st.error(GL_INVALID_VALUE);
+        return;
+    }
+    encode(&ctx, op::glDrawArrays, |p| {
+        p.u32(mode).i32(first).i32(count);
+        // SAFETY: the caller's contract.
+        unsafe { client_block(p, &attrs, base, nverts) };
+    });
+}
+
+/// `glDrawElements`: indices in the element buffer are sent as its offset unless client
+/// arrays need their range; client arrays' vertices between the smallest and the largest
+/// index go with it.
+///
+/// # Safety
+/// GL's contract: `indices` (without an element buffer) holds `count` indices, client
+/// arrays hold every vertex they name.
+pub(crate) unsafe extern "C" fn glDrawElements(
+    mode: u32,
+    count: i32,
+    ty: u32,
+    indices: *const c_void,
+) {
+    let Some(ctx) = rt::current() else { return };
+    let mut st = ctx.gl();
+    let Ok(n) = usize::try_from(count) else {
+        st.error(GL_INVALID_VALUE);
+        return;
+    };
+    let Some(ib) = sz::index_bytes(ty) else {
+        st.error(GL_INVALID_ENUM);
+        return;
+    };
+    let Some((attrs, any_buffer)) = client_attribs(&st) else {
+        st.error(GL_INVALID_OPERATION);
+        return;
+    };
+    if n == 0 {
+        return;
+    }
+    let eb = st.element_buffer;
+    if attrs.is_empty() && eb != 0 {
+        encode(&ctx, op::glDrawElements, |p| {
+            p.u32(mode).i32(count).u32(ty).u32(0).u64(indices as u64);
+            p.u32(0).u32(0).u32(0);
+        });
+        return;
+    }
+    // The index bytes: client memory, or the guest's copy of the element buffer.
+    let bytes: Vec<u8> = if eb != 0 {
+        let s = st.shared();
+        let off = indices as usize;
+        let Some(b) = s
+            .buffers
+            .get(&eb)
+            .and_then(|i| i.shadow.as_ref())
+            .and_then(|sh| sh.get(off..off.checked_add(n * ib)?))
+        else {
+            drop(s);
+            st.error(GL_INVALID_OPERATION);
+            return;
+        };
+        b.to_vec()
+    } else {
+        if indices.is_null() {
+            st.error(GL_INVALID_OPERATION);
+            return;
+        }
+        // SAFETY: the caller's contract: `count` indices of `ty`.
+        unsafe { std::slice::from_raw_parts(indices.cast::<u8>(), n * ib) }.to_vec()
+    };
+    let (base, nverts) = if attrs.is_empty() {
+        (0, 0)
+    } else {
+        let Some((lo, hi)) = sz::index_range(&bytes, ty, n) else {
+            st.error(GL_INVALID_VALUE);
+            return;
+        };
+        let base = if any_buffer { 0 } else { lo as usize };
+        (base, hi as usize + 1 - base)
+    };
+    if nverts > MAX_CLIENT_VERTICES {
+        st.error(GL_INVALID_VALUE);
+        return;
+    }
+    encode(&ctx, op::glDrawElements, |p| {
+        p.u32(mode).i32(count).u32(ty).u32(1).bytes(&bytes);
+        // SAFETY: the caller's contract.
+        unsafe { client_block(p, &attrs, base, nverts) };
+    });
+}
+
+/// `glShaderSource`: the strings joined into one.
+///
+/// # Safety
+/// GL's contract: `count` strings, `length` null or `count` lengths.
+pub(crate) unsafe extern "C" fn glShaderSource(
+    shader: u32,
+    count: i32,
+    string: *const *const c_char,
+    length: *const i32,
+) {
+    let Some(ctx) = rt::current() else { return };
+    let mut st = ctx.gl();
+    let Ok(n) = usize::try_from(count) else {
+        st.error(GL_INVALID_VALUE);
+        return;
+    };
+    let mut src = Vec::new();
+    for i in 0..n {
+        if string.is_null() {
+            break;
+        }
+        // SAFETY: `string` holds `count` pointers (the caller's contract).
+        let s = unsafe { *string.add(i) };
+        if s.is_null() {
+            continue;
+        }
+        // SAFETY: `length` is null or holds `count` lengths.
+        let len = if length.is_null() {
+            -1
+        } else {
+            unsafe { *length.add(i) }
+        };
+        if len < 0 {
+            // SAFETY: without a length the string is NUL-terminated.
+            src.extend_from_slice(unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes());
+        } else {
+            // SAFETY: the string holds `len` bytes.
+            src.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(s.cast::<u8>(), len as usize)
+            });
+        }
+    }
+    drop(st);
+    encode(&ctx, op::glShaderSource, |p| {
+        p.u32(shader).bytes(&src);
+    });
+}
+
+/// `glShaderBinary`: no binary formats exist here.
+pub(crate) unsafe extern "C" fn glShaderBinary(
+    _c: i32,
+    _s: *const u32,
+    _f: u32,
+    _b: *const c_void,
+    _l: i32,
+) {
+    if let Some(ctx) = rt::current() {
+        ctx.gl().error(GL_INVALID_ENUM);
+    }
+}
+
+/// `glMapBufferOES`: guest memory holding the buffer (write-only), sent at unmap.
+pub(crate) unsafe extern "C" fn glMapBufferOES(target: u32, access: u32) -> *mut c_void {
+    let Some(ctx) = rt::current() else {
+        return std::ptr::null_mut();
+    };
+    let mut st = ctx.gl();
+    if access != 0x88B9 {
+        st.error(GL_INVALID_ENUM);
+        return std::ptr::null_mut();
+    }
+    let Some(b) = st.bound_buffer(target) else {
+        st.error(GL_INVALID_ENUM);
+        return std::ptr::null_mut();
+    };
+    let mut s = st.shared();
+    let info = s
+        .buffers
+        .get_mut(&b)
+        .filter(|i| b != 0 && i.mapped.is_none() && i.size > 0);
+    let Some(info) = info else {
+        drop(s);
+        st.error(GL_INVALID_OPERATION);
+        return std::ptr::null_mut();
+    };
+    let mut m = info.shadow.clone().unwrap_or_default();
+    m.resize(info.size, 0);
+    let p = m.as_mut_ptr();
+    info.mapped = Some(m);
+    p.cast()
+}
+
+/// `glUnmapBufferOES`: the mapped memory goes to the host as `glBufferSubData`.
+pub(crate) unsafe extern "C" fn glUnmapBufferOES(target: u32) -> u8 {
+    let Some(ctx) = rt::current() else { return 0 };
+    let m = {
+        let mut st = ctx.gl();
+        let b = st.bound_buffer(target).unwrap_or(0);
+        let m = st
+            .shared()
+            .buffers
+            .get_mut(&b)
+            .and_then(|i| i.mapped.take());
+        if m.is_none() {
+            st.error(GL_INVALID_OPERATION);
+        }
+        m
+    };
+    let Some(m) = m else { return 0 };
+    // SAFETY: `m` holds `m.len()` bytes; the generated entry point takes the locks anew.
+    unsafe { super::gen::glBufferSubData(target, 0, m.len() as isize, m.as_ptr().cast()) };
+    1
+}
+
+/// `glGetBufferPointervOES(target, GL_BUFFER_MAP_POINTER_OES)`.
+///
+/// # Safety
+/// `params` is null or has room for one pointer.
+pub(crate) unsafe extern "C" fn glGetBufferPointervOES(
+    target: u32,
+    pname: u32,
+    params: *mut *mut c_void,
+) {
+    let Some(ctx) = rt::current() else { return };
+    let mut st = ctx.gl();
+    if pname != 0x88BD {
+        st.error(GL_INVALID_ENUM);
+        return;
+    }
+    let b = st.bound_buffer(target).unwrap_or(0);
+    let p = st
+        .shared()
+        .buffers
+        .get_mut(&b)
+        .and_then(|i| i.mapped.as_mut().map(|m| m.as_mut_ptr().cast::<c_void>()))
+        .unwrap_or(std::ptr::null_mut());
+    if !params.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { *params = p };
+    }
+}

@@ -1,0 +1,211 @@
+//! The guest-side GL state of a context ([`GlState`]) and of its share group: names made
+//! in the guest, bindings, pixel store, vertex attributes, cached limits and strings, the
+//! guest's own recorded errors, and the element buffers' contents (client-array draws with
+//! an element buffer need the indices).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Kinds of objects whose names the guest makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Buffer objects.
+    Buffer,
+    /// Textures.
+    Texture,
+    /// Framebuffer objects.
+    Framebuffer,
+    /// Renderbuffers.
+    Renderbuffer,
+    /// Programs (one namespace with shaders).
+    Program,
+    /// Shaders.
+    Shader,
+}
+
+impl Kind {
+    fn counter(self) -> usize {
+        match self {
+            Kind::Buffer => 0,
+            Kind::Texture => 1,
+            Kind::Framebuffer => 2,
+            Kind::Renderbuffer => 3,
+            Kind::Program | Kind::Shader => 4,
+        }
+    }
+}
+
+/// Most element-buffer bytes the guest keeps a copy of, per buffer.
+const MAX_SHADOW: usize = 64 << 20;
+
+/// What the guest knows of a buffer object.
+#[derive(Debug, Default)]
+pub(crate) struct BufferInfo {
+    /// Its size (`glBufferData`).
+    pub size: usize,
+    /// Its contents, kept for buffers filled through `GL_ELEMENT_ARRAY_BUFFER`.
+    pub shadow: Option<Vec<u8>>,
+    /// Guest memory standing for it while mapped (`glMapBufferOES`).
+    pub mapped: Option<Vec<u8>>,
+}
+
+/// The state contexts sharing objects share.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    next: [u32; 5],
+    pub buffers: HashMap<u32, BufferInfo>,
+}
+
+/// One vertex attribute as `glVertexAttribPointer` left it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Attrib {
+    pub enabled: bool,
+    pub size: i32,
+    pub ty: u32,
+    pub normalized: bool,
+    pub stride: i32,
+    /// The pointer (client memory) or the offset (with `buffer`).
+    pub ptr: usize,
+    /// The buffer bound when the pointer was set (0: client memory).
+    pub buffer: u32,
+}
+
+/// Vertex attributes the guest tracks (GLES 2.0 drivers have 16 to 32).
+pub(crate) const MAX_ATTRIBS: usize = 32;
+
+/// Guest-side GL state of one context.
+#[derive(Debug)]
+pub struct GlState {
+    client_version: u32,
+    share: Arc<Mutex<Shared>>,
+    errors: Vec<u32>,
+    pub(crate) unpack_alignment: i64,
+    pub(crate) pack_alignment: i64,
+    pub(crate) array_buffer: u32,
+    pub(crate) element_buffer: u32,
+    pub(crate) attribs: [Attrib; MAX_ATTRIBS],
+    /// `glGetIntegerv` answers of constant queries, fetched once.
+    pub(crate) ints: HashMap<u32, Vec<i32>>,
+    /// `glGetString` answers, fetched once (the pointers handed out stay valid).
+    pub(crate) strings: HashMap<u32, CString>,
+}
+
+impl Default for GlState {
+    fn default() -> Self {
+        GlState::new(2, None)
+    }
+}
+
+impl GlState {
+    /// The state of a new context of GLES `client_version` (2), sharing objects with
+    /// `share`'s context when given.
+    pub fn new(client_version: u32, share: Option<&GlState>) -> GlState {
+        GlState {
+            client_version,
+            share: share.map(|s| s.share.clone()).unwrap_or_default(),
+            errors: Vec::new(),
+            unpack_alignment: 4,
+            pack_alignment: 4,
+            array_buffer: 0,
+            element_buffer: 0,
+            attribs: [Attrib::default(); MAX_ATTRIBS],
+            ints: HashMap::new(),
+            strings: HashMap::new(),
+        }
+    }
+
+    /// The GLES version the context was made for.
+    pub fn client_version(&self) -> u32 {
+        self.client_version
+    }
+
+    /// The share group's state, locked.
+    pub(crate) fn shared(&self) -> MutexGuard<'_, Shared> {
+        self.share.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an error found by the guest's own checks (`glGetError` returns it first).
+    pub fn error(&mut self, e: u32) {
+        if !self.errors.contains(&e) && self.errors.len() < 8 {
+            self.errors.push(e);
+        }
+    }
+
+    /// The oldest error the guest recorded, cleared.
+    pub(crate) fn take_error(&mut self) -> Option<u32> {
+        (!self.errors.is_empty()).then(|| self.errors.remove(0))
+    }
+
+    /// `n` new names of `kind` from the share group's counter.
+    pub(crate) fn new_names(&mut self, kind: Kind, n: usize) -> Vec<u32> {
+        let mut s = self.shared();
+        let c = &mut s.next[kind.counter()];
+        (0..n)
+            .map(|_| {
+                *c = c.wrapping_add(1).max(1);
+                *c
+            })
+            .collect()
+    }
+
+    /// Names of `kind` deleted: bindings to them are undone as GL does.
+    pub(crate) fn deleted(&mut self, kind: Kind, names: &[u32]) {
+        if kind != Kind::Buffer {
+            return;
+        }
+        for &n in names.iter().filter(|n| **n != 0) {
+            self.shared().buffers.remove(&n);
+            if self.array_buffer == n {
+                self.array_buffer = 0;
+            }
+            if self.element_buffer == n {
+                self.element_buffer = 0;
+            }
+            for a in self.attribs.iter_mut().filter(|a| a.buffer == n) {
+                a.buffer = 0;
+                a.ptr = 0;
+            }
+        }
+    }
+
+    /// The buffer bound to `target` (`GL_ARRAY_BUFFER`/`GL_ELEMENT_ARRAY_BUFFER`).
+    pub(crate) fn bound_buffer(&self, target: u32) -> Option<u32> {
+        match target {
+            super::GL_ARRAY_BUFFER => Some(self.array_buffer),
+            super::GL_ELEMENT_ARRAY_BUFFER => Some(self.element_buffer),
+            _ => None,
+        }
+    }
+
+    /// A buffer's new contents (`glBufferData`).
+    pub(crate) fn buffer_data(&mut self, target: u32, size: usize, data: Option<&[u8]>) {
+        let Some(b) = self.bound_buffer(target).filter(|b| *b != 0) else {
+            return;
+        };
+        let keep = target == super::GL_ELEMENT_ARRAY_BUFFER && size <= MAX_SHADOW;
+        let mut s = self.shared();
+        let info = s.buffers.entry(b).or_default();
+        info.size = size;
+        info.shadow = keep.then(|| match data {
+            Some(d) => d[..size.min(d.len())].to_vec(),
+            None => vec![0; size],
+        });
+    }
+
+    /// Part of a buffer's contents (`glBufferSubData`).
+    pub(crate) fn buffer_sub_data(&mut self, target: u32, offset: usize, data: &[u8]) {
+        let Some(b) = self.bound_buffer(target).filter(|b| *b != 0) else {
+            return;
+        };
+        let mut s = self.shared();
+        if let Some(sh) = s.buffers.get_mut(&b).and_then(|i| i.shadow.as_mut()) {
+            if let Some(dst) = offset
+                .checked_add(data.len())
+                .and_then(|end| sh.get_mut(offset..end))
+            {
+                dst.copy_from_slice(data);
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! State the host tracks after some calls (the annotation file's `hhook`): pixel store
+//! alignment (array sizes depend on it) and the bytes objects hold.
+
+#![allow(non_snake_case, clippy::too_many_arguments)]
+
+use std::ffi::c_void;
+
+use super::{ContextState, Gl};
+
+/// A binding's current host name, asked of the driver.
+pub(crate) fn binding(gl: &Gl, pname: u32) -> u32 {
+    let mut v = 0i32;
+    // SAFETY: a current context; one value written for a binding query.
+    unsafe { (gl.glGetIntegerv)(pname, &mut v) };
+    v as u32
+}
+
+/// `GL_ARRAY_BUFFER_BINDING`.
+pub(crate) const ARRAY_BUFFER_BINDING: u32 = 0x8894;
+/// `GL_ELEMENT_ARRAY_BUFFER_BINDING`.
+pub(crate) const ELEMENT_ARRAY_BUFFER_BINDING: u32 = 0x8895;
+
+fn texture_binding(gl: &Gl, target: u32) -> u32 {
+    match target {
+        0x0DE1 => binding(gl, 0x8069), // TEXTURE_2D -> TEXTURE_BINDING_2D
+        0x8515..=0x851A => binding(gl, 0x8514), // cube faces -> TEXTURE_BINDING_CUBE_MAP
+        _ => 0,
+    }
+}
+
+pub(crate) fn glPixelStorei(_gl: &Gl, cx: &mut ContextState, pname: u32, param: i32) {
+    if !matches!(param, 1 | 2 | 4 | 8) {
+        return;
+    }
+    match pname {
+        0x0CF5 => cx.unpack_alignment = param as i64,
+        0x0D05 => cx.pack_alignment = param as i64,
+        _ => {}
+    }
+}
+
+pub(crate) fn glBufferData(
+    gl: &Gl,
+    cx: &mut ContextState,
+    target: u32,
+    size: isize,
+    _d: *const c_void,
+    _u: u32,
+) {
+    let b = match target {
+        0x8892 => binding(gl, ARRAY_BUFFER_BINDING),
+        0x8893 => binding(gl, ELEMENT_ARRAY_BUFFER_BINDING),
+        _ => 0,
+    };
+    cx.share().set_buffer_bytes(b, size.max(0) as u64);
+}
+
+pub(crate) fn glTexImage2D(
+    gl: &Gl,
+    cx: &mut ContextState,
+    target: u32,
+    level: i32,
+    _internalformat: i32,
+    width: i32,
+    height: i32,
+    _border: i32,
+    format: u32,
+    ty: u32,
+    _pixels: *const c_void,
+) {
+    let t = texture_binding(gl, target);
+    let n = super::sz::image_bytes(width as i64, height as i64, format, ty, 1).unwrap_or(0);
+    cx.share().set_texture_bytes(t, target, level, n as u64);
+}
+
+pub(crate) fn glCompressedTexImage2D(
+    gl: &Gl,
+    cx: &mut ContextState,
+    target: u32,
+    level: i32,
+    _internalformat: u32,
+    _width: i32,
+    _height: i32,
+    _border: i32,
+    image_size: i32,
+    _data: *const c_void,
+) {
+    let t = texture_binding(gl, target);
+    cx.share()
+        .set_texture_bytes(t, target, level, image_size.max(0) as u64);
+}
+
+pub(crate) fn glRenderbufferStorage(
+    gl: &Gl,
+    cx: &mut ContextState,
+    _target: u32,
+    _f: u32,
+    width: i32,
+    height: i32,
+) {
+    let r = binding(gl, 0x8CA7); // RENDERBUFFER_BINDING
+    let n = (width.max(0) as u64) * (height.max(0) as u64) * 4;
+    cx.share().set_renderbuffer_bytes(r, n);
+}

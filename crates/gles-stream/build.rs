@@ -1,0 +1,7 @@
+//! Generates the GL opcodes (`gl_ops.rs`) from the registry and our annotations.
+fn main() {
+    if let Err(e) = virtsoc_gles_gen::build(virtsoc_gles_gen::Output::Opcodes) {
+        println!("cargo:warning=virtsoc-gles-gen: {e}");
+        std::process::exit(1);
+    }
+}
