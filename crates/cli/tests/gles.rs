@@ -109,3 +109,56 @@ fn glmark2_validates_through_virtsoc_as_natively() {
     );
     assert!(stdout.contains("gles validate: OK"), "{stdout}");
 }
+
+#[test]
+fn bench_gles_reports_native_and_virgl_as_json() {
+    if !programs_present() {
+        return;
+    }
+    if !on_path("virgl_test_server") {
+        assert!(
+            std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+            "virgl_test_server (virgl-server) is not installed and VIRTSOC_REQUIRE_ALL is set"
+        );
+        eprintln!("SKIPPED: virgl_test_server is not installed (package virgl-server)");
+        return;
+    }
+    let out = virtsoc(&[
+        "bench",
+        "gles",
+        "--paths",
+        "native,virgl",
+        "--scenes",
+        "build,texture",
+        "--duration",
+        "0.3",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "virtsoc bench gles failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert!(v["score_native"].as_f64().is_some_and(|s| s > 0.0), "{v}");
+    assert!(v["score_virgl"].as_f64().is_some_and(|s| s > 0.0), "{v}");
+    assert!(
+        v["score_virtsoc"].is_null(),
+        "virtsoc was not asked for: {v}"
+    );
+    let scenes = v["scenes"].as_array().expect("scenes");
+    let names: Vec<&str> = scenes.iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["build", "texture"]);
+    for s in scenes {
+        assert!(s["native_fps"].as_f64().is_some_and(|f| f > 0.0), "{s}");
+        assert!(s["virgl_fps"].as_f64().is_some_and(|f| f > 0.0), "{s}");
+        assert!(s["virtsoc_fps"].is_null(), "{s}");
+        assert!(s["round_trips_per_frame"].is_null(), "{s}");
+        assert!(s["copies_per_frame"].is_null(), "{s}");
+    }
+    let virgl = &v["paths"]["virgl"];
+    assert!(
+        virgl["renderer"]
+            .as_str()
+            .is_some_and(|r| r.contains("virgl")),
+        "{virgl}"
+    );
+    assert!(virgl["server_cpu_s"].as_f64().is_some(), "{virgl}");
+}

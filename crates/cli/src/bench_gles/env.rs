@@ -36,12 +36,19 @@ pub fn write_vendor_json() -> Result<PathBuf, GlesError> {
         return Err(GlesError::NotBuilt(lib));
     }
     let lib = lib.canonicalize()?;
-    let json = serde_json::json!({
-        "file_format_version": "1.0.0",
-        "ICD": { "library_path": lib.display().to_string() },
-    });
     let path = lib.with_file_name(VENDOR_JSON);
-    std::fs::write(&path, format!("{}\n", serde_json::to_string_pretty(&json)?))?;
+    // glvnd's layout, in its order: the version first.
+    let text = format!(
+        "{{\"file_format_version\":\"1.0.0\",\"ICD\":{{\"library_path\":{}}}}}\n",
+        serde_json::to_string(&lib.display().to_string())?
+    );
+    // Programs may be reading it (glvnd at their start): never truncate it under them.
+    if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+        return Ok(path);
+    }
+    let tmp = path.with_extension(format!("json.{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
 
