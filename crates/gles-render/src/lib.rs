@@ -1,7 +1,9 @@
 //! virtsoc's GLES render worker: runs a guest's GLES command stream on the host's EGL/GLES
 //! (see `docs/gles.md`). [`gl`] decodes and executes GL packets; [`egl`] owns the host
-//! display, contexts and surfaces; [`worker`] is the loop serving the daemon.
+//! display, contexts and surfaces; [`worker`] is the loop serving the daemon; [`glue`] is
+//! the worker's seam to the GL decoder.
 
 pub mod egl;
 pub mod gl;
+pub mod glue;
 pub mod worker;

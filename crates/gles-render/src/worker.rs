@@ -1,1 +1,403 @@
-//! (being written)
+//! The render worker's loop: batches from the daemon on stdin (a socket), each run on the
+//! host's EGL/GLES, each answered with its reply bytes and a status.
+//!
+//! Messages (the daemon's side is `virtsoc_host::device::gles`): a batch is `u32 len | len
+//! bytes` of whole packets; the answer is `u32 status | u32 reply_len | u32 msg_len | reply
+//! | msg`, status [`OK`], [`BAD_STREAM`] (the batch stopped at a malformed packet; `msg`
+//! says why) or [`LOST`] (the worker cannot go on and exits).
+//!
+//! Packets with opcodes from [`egl::BASE`] are the worker's own (contexts, surfaces, making
+//! current, swaps); the rest go to the GL decoder with the state of the context the stream
+//! runs on. Guest ids of contexts and surfaces are checked against the worker's tables; an
+//! unknown one is an EGL error in the answer, never a host call.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+
+use virtsoc_gles_stream::{egl, Encoder, Reader, StreamError};
+
+use crate::egl::{EglError, Handle, HostEgl};
+use crate::glue::{CtxState, GlApi, Share};
+
+/// Answer status: the batch ran.
+pub const OK: u32 = 0;
+/// Answer status: the batch stopped at a malformed packet.
+pub const BAD_STREAM: u32 = 1;
+/// Answer status: the worker cannot go on.
+pub const LOST: u32 = 2;
+
+/// Largest batch the worker reads.
+pub const MAX_BATCH: usize = 64 << 20;
+/// Largest reply of one batch (the daemon refuses more).
+pub const MAX_REPLY: usize = 64 << 20;
+/// Most contexts, and most surfaces, of one guest.
+pub const MAX_OBJECTS: usize = 1024;
+
+/// What ends the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The socket to the daemon failed or closed.
+    #[error("daemon socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// The daemon sent a batch larger than [`MAX_BATCH`].
+    #[error("batch of {0} bytes is too large")]
+    TooLarge(usize),
+}
+
+struct HostContext {
+    handle: Handle,
+    share: Share,
+    state: CtxState,
+    draw: u32,
+    read: u32,
+}
+
+struct HostSurface {
+    handle: Handle,
+    config: Handle,
+}
+
+/// The host side of one guest: its contexts and surfaces on the host's EGL.
+pub struct Renderer {
+    egl: HostEgl,
+    gl: GlApi,
+    contexts: HashMap<u32, HostContext>,
+    surfaces: HashMap<u32, HostSurface>,
+    /// Host configs of the guest's config ids.
+    configs: HashMap<u32, Handle>,
+    /// The context the stream's packets run on.
+    on: u32,
+    /// What is current on the host: `(ctx, draw, read)`.
+    host_current: (u32, u32, u32),
+}
+
+impl Renderer {
+    /// Opens the host's EGL and loads its GL.
+    pub fn new() -> Result<Renderer, EglError> {
+        let egl = HostEgl::open()?;
+        let gl = GlApi::load(|n| egl.proc_address(n)).map_err(EglError::Load)?;
+        log::info!("render worker: {}", egl.description);
+        Ok(Renderer {
+            egl,
+            gl,
+            contexts: HashMap::new(),
+            surfaces: HashMap::new(),
+            configs: HashMap::new(),
+            on: 0,
+            host_current: (0, 0, 0),
+        })
+    }
+
+    fn config(&mut self, id: u32) -> Result<Handle, u32> {
+        if let Some(c) = self.configs.get(&id) {
+            return Ok(*c);
+        }
+        let (_, r, g, b, a, d, s) = egl::config(id).ok_or(egl::BAD_CONFIG)?;
+        let c = self
+            .egl
+            .config([r, g, b, a], d, s)
+            .map_err(|e| log_err(e, egl::BAD_CONFIG))?;
+        self.configs.insert(id, c);
+        Ok(c)
+    }
+
+    /// Makes context `ctx` current on the host with its surfaces, if it is not already.
+    fn bind(&mut self, ctx: u32) -> Result<(), u32> {
+        let want = match self.contexts.get(&ctx) {
+            Some(c) => (ctx, c.draw, c.read),
+            None if ctx == 0 => (0, 0, 0),
+            None => return Err(egl::BAD_CONTEXT),
+        };
+        if want == self.host_current {
+            return Ok(());
+        }
+        let null = std::ptr::null_mut();
+        let surf = |id: u32| self.surfaces.get(&id).map_or(null, |s| s.handle);
+        let handle = self.contexts.get(&ctx).map_or(null, |c| c.handle);
+        self.egl
+            .make_current(surf(want.1), surf(want.2), handle)
+            .map_err(|e| log_err(e, egl::BAD_MATCH))?;
+        self.host_current = want;
+        Ok(())
+    }
+
+    /// Runs one batch; appends the answers to `reply`.
+    pub fn run(&mut self, batch: &[u8], reply: &mut Encoder) -> Result<(), StreamError> {
+        let mut r = Reader::new(batch);
+        while let Some(p) = r.next_packet() {
+            let (op, mut p) = p?;
+            if op >= egl::BASE {
+                self.egl_packet(op, &mut p, reply)?;
+            } else {
+                self.gl_packet(op, p, reply)?;
+            }
+            if reply.len() > MAX_REPLY {
+                return Err(StreamError::Bad {
+                    op,
+                    what: format!("answers exceed {MAX_REPLY} bytes"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn gl_packet(
+        &mut self,
+        op: u32,
+        p: Reader<'_>,
+        reply: &mut Encoder,
+    ) -> Result<(), StreamError> {
+        if self.on == 0 || self.bind(self.on).is_err() {
+            // GL calls without a current context do nothing.
+            return Ok(());
+        }
+        let Some(c) = self.contexts.get_mut(&self.on) else {
+            return Ok(());
+        };
+        self.gl.dispatch(&mut c.state, op, p, reply)
+    }
+
+    fn egl_packet(
+        &mut self,
+        op: u32,
+        p: &mut Reader<'_>,
+        reply: &mut Encoder,
+    ) -> Result<(), StreamError> {
+        match op {
+            egl::SET_CONTEXT => {
+                // An unknown (destroyed) context runs nothing: GL calls without a context
+                // do nothing.
+                let ctx = p.u32()?;
+                self.on = if self.contexts.contains_key(&ctx) {
+                    ctx
+                } else {
+                    0
+                };
+            }
+            egl::CREATE_CONTEXT => {
+                let (ctx, share, major) = (p.u32()?, p.u32()?, p.u32()?);
+                let err = self.create_context(ctx, share, major);
+                answer(reply, op, &[err]);
+            }
+            egl::DESTROY_CONTEXT => {
+                let ctx = p.u32()?;
+                if self.host_current.0 == ctx {
+                    let _ = self.bind(0);
+                }
+                if self.contexts.contains_key(&ctx) && self.bind(ctx).is_ok() {
+                    if let Some(c) = self.contexts.get_mut(&ctx) {
+                        self.gl.release(&mut c.state);
+                    }
+                    let _ = self.bind(0);
+                }
+                if let Some(c) = self.contexts.remove(&ctx) {
+                    self.egl.destroy_context(c.handle);
+                }
+                if self.on == ctx {
+                    self.on = 0;
+                }
+            }
+            egl::CREATE_SURFACE => {
+                let (surf, w, h, config) = (p.u32()?, p.u32()?, p.u32()?, p.u32()?);
+                let err = self.create_surface(surf, w, h, config);
+                answer(reply, op, &[err]);
+            }
+            egl::DESTROY_SURFACE => {
+                let surf = p.u32()?;
+                let (_, d, r) = self.host_current;
+                if d == surf || r == surf {
+                    let _ = self.bind(0);
+                }
+                if let Some(s) = self.surfaces.remove(&surf) {
+                    self.egl.destroy_surface(s.handle);
+                }
+            }
+            egl::RESIZE_SURFACE => {
+                let (surf, w, h) = (p.u32()?, p.u32()?, p.u32()?);
+                self.resize_surface(surf, w, h);
+            }
+            egl::MAKE_CURRENT => {
+                let (ctx, draw, read) = (p.u32()?, p.u32()?, p.u32()?);
+                let err = self.make_current(ctx, draw, read);
+                answer(reply, op, &[err]);
+            }
+            egl::SWAP => {
+                let _surf = p.u32()?;
+                if self.on != 0 && self.bind(self.on).is_ok() {
+                    self.gl.flush();
+                }
+            }
+            egl::FINISH => {
+                if self.on != 0 && self.bind(self.on).is_ok() {
+                    self.gl.finish();
+                }
+                answer(reply, op, &[]);
+            }
+            _ => return Err(StreamError::UnknownOp(op)),
+        }
+        Ok(())
+    }
+
+    fn create_context(&mut self, ctx: u32, share: u32, major: u32) -> u32 {
+        if ctx == 0 || self.contexts.contains_key(&ctx) || self.contexts.len() >= MAX_OBJECTS {
+            return egl::BAD_PARAMETER;
+        }
+        if major != 2 {
+            return egl::BAD_MATCH;
+        }
+        let (share_handle, group) = match share {
+            0 => (std::ptr::null_mut(), self.gl.new_share()),
+            s => match self.contexts.get(&s) {
+                Some(c) => (c.handle, c.share.clone()),
+                None => return egl::BAD_CONTEXT,
+            },
+        };
+        // EGL_KHR_no_config_context: one context renders to surfaces of every config.
+        let handle = match self
+            .egl
+            .create_context(std::ptr::null_mut(), share_handle, major)
+        {
+            Ok(h) => h,
+            Err(e) => return log_err(e, egl::BAD_ALLOC),
+        };
+        let state = self.gl.new_context(&group);
+        self.contexts.insert(
+            ctx,
+            HostContext {
+                handle,
+                share: group,
+                state,
+                draw: 0,
+                read: 0,
+            },
+        );
+        egl::SUCCESS
+    }
+
+    fn create_surface(&mut self, surf: u32, w: u32, h: u32, config: u32) -> u32 {
+        if surf == 0 || self.surfaces.contains_key(&surf) || self.surfaces.len() >= MAX_OBJECTS {
+            return egl::BAD_PARAMETER;
+        }
+        if !(1..=egl::MAX_SURFACE).contains(&w) || !(1..=egl::MAX_SURFACE).contains(&h) {
+            return egl::BAD_PARAMETER;
+        }
+        let config = match self.config(config) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        match self.egl.create_pbuffer(config, w, h) {
+            Ok(handle) => {
+                self.surfaces.insert(surf, HostSurface { handle, config });
+                egl::SUCCESS
+            }
+            Err(e) => log_err(e, egl::BAD_ALLOC),
+        }
+    }
+
+    fn resize_surface(&mut self, surf: u32, w: u32, h: u32) {
+        if !(1..=egl::MAX_SURFACE).contains(&w) || !(1..=egl::MAX_SURFACE).contains(&h) {
+            return;
+        }
+        let Some(config) = self.surfaces.get(&surf).map(|s| s.config) else {
+            return;
+        };
+        let Ok(handle) = self.egl.create_pbuffer(config, w, h) else {
+            return;
+        };
+        let (_, d, r) = self.host_current;
+        let was = self.host_current.0;
+        if d == surf || r == surf {
+            let _ = self.bind(0);
+        }
+        if let Some(old) = self.surfaces.insert(surf, HostSurface { handle, config }) {
+            self.egl.destroy_surface(old.handle);
+        }
+        if was != 0 {
+            let _ = self.bind(was);
+        }
+    }
+
+    fn make_current(&mut self, ctx: u32, draw: u32, read: u32) -> u32 {
+        if ctx == 0 {
+            self.on = 0;
+            return self.bind(0).err().unwrap_or(egl::SUCCESS);
+        }
+        for s in [draw, read] {
+            if s != 0 && !self.surfaces.contains_key(&s) {
+                return egl::BAD_SURFACE;
+            }
+        }
+        let Some(c) = self.contexts.get_mut(&ctx) else {
+            return egl::BAD_CONTEXT;
+        };
+        c.draw = draw;
+        c.read = read;
+        self.on = ctx;
+        match self.bind(ctx) {
+            Ok(()) => egl::SUCCESS,
+            Err(e) => e,
+        }
+    }
+}
+
+fn log_err(e: EglError, code: u32) -> u32 {
+    log::warn!("render worker: {e}");
+    code
+}
+
+/// Appends the answer `op` with payload `words` to `reply`.
+fn answer(reply: &mut Encoder, op: u32, words: &[u32]) {
+    let mut p = reply.packet(op);
+    for w in words {
+        p.u32(*w);
+    }
+}
+
+/// Serves the daemon on `sock` until it hangs up.
+pub fn serve(mut sock: impl Read + Write) -> Result<(), WorkerError> {
+    let mut renderer: Result<Renderer, String> = Renderer::new().map_err(|e| e.to_string());
+    if let Err(e) = &renderer {
+        log::warn!("render worker: {e}");
+    }
+    let mut batch = Vec::new();
+    loop {
+        let mut len = [0u8; 4];
+        match sock.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let n = u32::from_le_bytes(len) as usize;
+        if n > MAX_BATCH {
+            return Err(WorkerError::TooLarge(n));
+        }
+        batch.resize(n, 0);
+        sock.read_exact(&mut batch)?;
+        let (status, reply, msg) = match &mut renderer {
+            Err(e) => (LOST, Vec::new(), e.clone()),
+            Ok(r) => {
+                let mut reply = Encoder::new();
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    r.run(&batch, &mut reply)
+                }));
+                match ran {
+                    Ok(Ok(())) => (OK, reply.as_bytes().to_vec(), String::new()),
+                    Ok(Err(e)) => (BAD_STREAM, Vec::new(), e.to_string()),
+                    Err(_) => (LOST, Vec::new(), "the render worker panicked".into()),
+                }
+            }
+        };
+        let mut head = Vec::with_capacity(12);
+        head.extend_from_slice(&status.to_le_bytes());
+        head.extend_from_slice(&(reply.len() as u32).to_le_bytes());
+        let msg = &msg.as_bytes()[..msg.len().min(4096)];
+        head.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        sock.write_all(&head)?;
+        sock.write_all(&reply)?;
+        sock.write_all(msg)?;
+        sock.flush()?;
+        if status == LOST {
+            return Ok(());
+        }
+    }
+}

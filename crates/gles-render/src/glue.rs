@@ -1,0 +1,72 @@
+//! The worker's seam to the GL decoder ([`crate::gl`]): loading the host's GL functions,
+//! share groups and per-context state, and running one GL packet. Everything the worker
+//! knows about the decoder's API is here.
+
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex};
+
+use virtsoc_gles_stream::{Encoder, Reader, StreamError};
+
+use crate::gl::{ContextState, Gl, ShareGroup};
+
+/// The host's GL functions.
+pub struct GlApi {
+    gl: Gl,
+}
+
+/// The objects a group of sharing contexts has in common.
+pub type Share = Arc<Mutex<ShareGroup>>;
+
+/// The decoder's state of one guest context.
+pub type CtxState = ContextState;
+
+impl GlApi {
+    /// Loads the host's GL functions through `get` (eglGetProcAddress).
+    pub fn load(get: impl Fn(&CStr) -> *const c_void) -> Result<GlApi, String> {
+        // SAFETY: `get` answers the address of the named function of the host's GL (or
+        // null), the loader's contract.
+        let gl = unsafe { Gl::load(get) }.map_err(|missing| format!("host GL has no {missing}"))?;
+        Ok(GlApi { gl })
+    }
+
+    /// `glFlush` on the current context.
+    pub fn flush(&self) {
+        // SAFETY: a context is current when the worker calls this.
+        unsafe { (self.gl.glFlush)() }
+    }
+
+    /// `glFinish` on the current context.
+    pub fn finish(&self) {
+        // SAFETY: a context is current when the worker calls this.
+        unsafe { (self.gl.glFinish)() }
+    }
+
+    /// A new share group.
+    pub fn new_share(&self) -> Share {
+        ShareGroup::new_shared()
+    }
+
+    /// The state of a new context in `share`.
+    pub fn new_context(&self, share: &Share) -> CtxState {
+        ContextState::new(share.clone())
+    }
+
+    /// Drops what the decoder made for context `cx` alone; its host context must be
+    /// current.
+    pub fn release(&self, cx: &mut CtxState) {
+        // SAFETY: the worker calls this with the context's host context current, and
+        // `gl` was loaded from the host's library.
+        unsafe { cx.release(&self.gl) }
+    }
+
+    /// Runs GL packet `op` on the current context (`cx`), appending any answer to `reply`.
+    pub fn dispatch(
+        &self,
+        cx: &mut CtxState,
+        op: u32,
+        payload: Reader<'_>,
+        reply: &mut Encoder,
+    ) -> Result<(), StreamError> {
+        crate::gl::dispatch(&self.gl, cx, op, payload, reply)
+    }
+}
