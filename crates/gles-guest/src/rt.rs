@@ -71,6 +71,22 @@ impl Stream {
         &mut self.enc
     }
 
+    /// The encoder for EGL packets that name their objects themselves (they need no
+    /// `SET_CONTEXT`): flushes first when the batch is full.
+    pub fn egl_encoder(&mut self) -> &mut Encoder {
+        if self.enc.len() >= FLUSH_AT {
+            // A failure is kept in `lost` / surfaces at the next waited batch.
+            let _ = self.flush();
+        }
+        &mut self.enc
+    }
+
+    /// Records that the host's packets now run on `ctx` (a `MAKE_CURRENT` just encoded
+    /// switched it).
+    pub fn switched_to(&mut self, ctx: u32) {
+        self.on_ctx = ctx;
+    }
+
     /// Sends what is encoded without waiting for it.
     pub fn flush(&mut self) -> Result<(), ChannelError> {
         self.send(false).map(|_| ())

@@ -1,1 +1,400 @@
-//! (being written)
+//! The vendor library's [`Channel`] to the daemon: batches travel in SVM regions as
+//! `gles::exec` device commands on a virtsoc connection (`$VIRTSOC_SOCKET`, default
+//! `/tmp/virtsoc.sock`).
+//!
+//! - **Double-buffered streams**: two stream regions take turns. A flush writes its batch
+//!   into the next one (a CPU write access), then queues the device's read access, the
+//!   `exec` and the access's end without waiting; only when that region comes round again
+//!   does the library wait for its batch (long done by then in a steady state). A failure
+//!   of a batch nobody waited for surfaces at the next waited batch.
+//! - **Waited batches** (calls with results) also give `exec` the reply region (a device
+//!   write access around it), wait, and read the answers out. Answers larger than the reply
+//!   region are held by the daemon: the region grows and `read_reply` fetches them.
+//! - **Size**: a stream region grows (to [`MAX_REGION`]) to hold a large batch; a batch
+//!   larger than that is split at packet boundaries.
+//! - **Loss**: a closed connection and a gone render worker (`DeviceError` with a reason
+//!   starting "context lost") are [`ChannelError::Lost`] for good.
+
+use std::sync::{Mutex, MutexGuard};
+
+use virtsoc_devapi::gles as api;
+use virtsoc_devapi::DeviceCommand;
+use virtsoc_gles_stream::Reader;
+use virtsoc_guest::conn::{ConnectOptions, Connection, RegionInfo};
+use virtsoc_guest::GuestError;
+use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
+
+use crate::rt::{Channel, ChannelError};
+
+/// First size of each stream region.
+pub const STREAM_REGION: u64 = 1 << 20;
+/// First size of the reply region.
+pub const REPLY_REGION: u64 = 1 << 20;
+/// Largest stream or reply region (the daemon runs batches of at most this many bytes).
+pub const MAX_REGION: u64 = 64 << 20;
+/// The daemon's socket when `$VIRTSOC_SOCKET` is not set.
+pub const DEFAULT_SOCKET: &str = "/tmp/virtsoc.sock";
+
+const CPU: DeviceId = DeviceId::CPU;
+
+/// One stream region and the batch last sent in it.
+struct Slot {
+    region: RegionInfo,
+    /// `(exec, end_access)` sequence numbers of the batch in flight in it.
+    pending: Option<(u64, u64)>,
+}
+
+struct Inner {
+    slots: Vec<Slot>,
+    next: usize,
+    reply: RegionInfo,
+    /// A failure of a batch nobody waited for, for the next waited batch.
+    deferred: Option<ChannelError>,
+    lost: Option<String>,
+}
+
+/// The channel to the daemon's `gles` device.
+pub struct Transport {
+    conn: Connection,
+    inner: Mutex<Inner>,
+}
+
+fn gles_id() -> DeviceId {
+    api::ID
+}
+
+/// The channel error of a failed guest call.
+fn channel_error(e: GuestError) -> ChannelError {
+    match e {
+        GuestError::Status {
+            status: Status::DeviceError,
+            reason,
+            ..
+        } => {
+            let why = reason.unwrap_or_else(|| "render worker failed".into());
+            if why.starts_with("context lost") {
+                ChannelError::Lost(why)
+            } else {
+                ChannelError::Refused(why)
+            }
+        }
+        GuestError::Status {
+            status: Status::Closed,
+            ..
+        }
+        | GuestError::Closed
+        | GuestError::Connect { .. }
+        | GuestError::Refused(_)
+        | GuestError::Moved(_) => ChannelError::Lost(format!("daemon connection: {e}")),
+        e => ChannelError::Refused(e.to_string()),
+    }
+}
+
+impl Transport {
+    /// Connects to the daemon at `$VIRTSOC_SOCKET` and allocates the regions.
+    pub fn connect() -> Result<Transport, ChannelError> {
+        let target = std::env::var("VIRTSOC_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.into());
+        Self::open(&target)
+    }
+
+    /// Connects to the daemon at `target` (see `Connection::open`) and allocates the
+    /// regions.
+    pub fn open(target: &str) -> Result<Transport, ChannelError> {
+        let opts = ConnectOptions {
+            name: format!("gles-{}", std::process::id()),
+            ..ConnectOptions::default()
+        };
+        let conn = Connection::open(target, &opts)
+            .map_err(|e| ChannelError::Lost(format!("cannot reach virtsocd at {target}: {e}")))?;
+        if !conn.devices().iter().any(|d| d.name == "gles") {
+            log::warn!("virtsoc gles: the daemon lists no gles device");
+        }
+        let alloc = |n| conn.alloc_blob(n).map_err(channel_error);
+        let slots = vec![
+            Slot {
+                region: alloc(STREAM_REGION)?,
+                pending: None,
+            },
+            Slot {
+                region: alloc(STREAM_REGION)?,
+                pending: None,
+            },
+        ];
+        let reply = alloc(REPLY_REGION)?;
+        Ok(Transport {
+            conn,
+            inner: Mutex::new(Inner {
+                slots,
+                next: 0,
+                reply,
+                deferred: None,
+                lost: None,
+            }),
+        })
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a completion and turns a failure into a channel error.
+    fn finish(&self, seq: u64) -> Result<[u64; 6], ChannelError> {
+        let c = self.conn.wait(seq).map_err(channel_error)?;
+        match Status::from_u32(c.status) {
+            Some(Status::Ok) => Ok(c.values),
+            st => Err(channel_error(GuestError::Status {
+                op: Opcode::DeviceCmd,
+                status: st.unwrap_or(Status::Internal),
+                reason: c.reason(),
+            })),
+        }
+    }
+
+    /// Waits for the batch in flight in `slot`, keeping its failure for later.
+    fn settle(&self, inner: &mut Inner, i: usize) {
+        if let Some((exec, end)) = inner.slots[i].pending.take() {
+            let r = self.finish(exec).and_then(|_| self.finish(end));
+            if let Err(e) = r {
+                inner.deferred.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Grows `region` to hold `n` bytes (a fresh region: the old one is freed).
+    fn grow(&self, region: &mut RegionInfo, n: u64) -> Result<(), ChannelError> {
+        if region.size >= n {
+            return Ok(());
+        }
+        if n > MAX_REGION {
+            return Err(ChannelError::Refused(format!(
+                "{n} bytes exceed the largest region ({MAX_REGION})"
+            )));
+        }
+        let fresh = self
+            .conn
+            .alloc_blob(n.next_power_of_two())
+            .map_err(channel_error)?;
+        let _ = self.conn.free(region.id);
+        *region = fresh;
+        Ok(())
+    }
+
+    /// Copies `bytes` into the start of region `id` (a CPU write access).
+    fn write_region(&self, id: u64, bytes: &[u8]) -> Result<(), ChannelError> {
+        let len = bytes.len() as u64;
+        let a = self
+            .conn
+            .begin_access(id, CPU, 0, len, AccessMode::Write)
+            .map_err(channel_error)?;
+        let Some(ptr) = a.ptr else {
+            return Err(ChannelError::Refused("no CPU pointer for a region".into()));
+        };
+        // SAFETY: begin_access checked that `len` bytes from `ptr` lie in the window and
+        // gave this access to us until end_access.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
+        self.conn
+            .submit_detached(
+                Opcode::EndAccess,
+                CPU,
+                [id, 0, len, AccessMode::Write as u64, 0, 0],
+            )
+            .map_err(channel_error)?;
+        Ok(())
+    }
+
+    /// The first `n` bytes of region `id` (a CPU read access).
+    fn read_region(&self, id: u64, n: u64) -> Result<Vec<u8>, ChannelError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let a = self
+            .conn
+            .begin_access(id, CPU, 0, n, AccessMode::Read)
+            .map_err(channel_error)?;
+        let Some(ptr) = a.ptr else {
+            return Err(ChannelError::Refused("no CPU pointer for a region".into()));
+        };
+        let mut out = vec![0u8; n as usize];
+        // SAFETY: begin_access checked that `n` bytes from `ptr` lie in the window; the
+        // read access holds them until end_access.
+        unsafe { std::ptr::copy_nonoverlapping(ptr.as_ptr(), out.as_mut_ptr(), out.len()) };
+        self.conn
+            .submit_detached(
+                Opcode::EndAccess,
+                CPU,
+                [id, 0, n, AccessMode::Read as u64, 0, 0],
+            )
+            .map_err(channel_error)?;
+        Ok(out)
+    }
+
+    /// Sends one batch of at most [`MAX_REGION`] bytes.
+    fn send(&self, inner: &mut Inner, batch: &[u8], wait: bool) -> Result<Vec<u8>, ChannelError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let i = inner.next;
+        inner.next = (i + 1) % inner.slots.len();
+        self.settle(inner, i);
+        if let Some(ChannelError::Lost(why)) = &inner.deferred {
+            return Err(ChannelError::Lost(why.clone()));
+        }
+        let len = batch.len() as u64;
+        self.grow(&mut inner.slots[i].region, len)?;
+        let stream = inner.slots[i].region.id;
+        self.write_region(stream, batch)?;
+        let gles = gles_id();
+        let read = [stream, 0, len, AccessMode::Read as u64, 0, 0];
+        let submit = |op, args, detached: bool| {
+            if detached {
+                self.conn.submit_detached(op, gles, args)
+            } else {
+                self.conn.submit(op, gles, args)
+            }
+            .map_err(channel_error)
+        };
+        submit(Opcode::BeginAccess, read, true)?;
+        if !wait {
+            let exec = api::Exec {
+                stream,
+                len,
+                reply: 0,
+            };
+            let e = submit(Opcode::DeviceCmd, exec.encode(), false)?;
+            let end = submit(Opcode::EndAccess, read, false)?;
+            inner.slots[i].pending = Some((e, end));
+            return Ok(Vec::new());
+        }
+        let reply = inner.reply;
+        let write = [reply.id, 0, reply.size, AccessMode::Write as u64, 0, 0];
+        submit(Opcode::BeginAccess, write, true)?;
+        let exec = api::Exec {
+            stream,
+            len,
+            reply: reply.id,
+        };
+        let e = submit(Opcode::DeviceCmd, exec.encode(), false)?;
+        let end_w = submit(Opcode::EndAccess, write, false)?;
+        let end_r = submit(Opcode::EndAccess, read, false)?;
+        let r = self.finish(e);
+        let ends = self.finish(end_w).and_then(|_| self.finish(end_r));
+        let values = r?;
+        ends?;
+        if let Some(d) = inner.deferred.take() {
+            return Err(d);
+        }
+        if let Some((seq, st)) = self.conn.take_async_errors().first() {
+            return Err(ChannelError::Refused(format!(
+                "request {seq} failed: {}",
+                st.message()
+            )));
+        }
+        let (reply_len, held) = (values[0], values[1]);
+        if held == 0 {
+            return self.read_region(reply.id, reply_len);
+        }
+        // The answers did not fit: a larger reply region, and the held answers into it.
+        let mut reply = inner.reply;
+        self.grow(&mut reply, reply_len)?;
+        inner.reply = reply;
+        let write = [reply.id, 0, reply.size, AccessMode::Write as u64, 0, 0];
+        submit(Opcode::BeginAccess, write, true)?;
+        let rr = api::ReadReply { reply: reply.id };
+        let s = submit(Opcode::DeviceCmd, rr.encode(), false)?;
+        let end_w = submit(Opcode::EndAccess, write, false)?;
+        let n = self.finish(s)?[0];
+        self.finish(end_w)?;
+        self.read_region(reply.id, n)
+    }
+}
+
+/// `batch` cut at packet boundaries into pieces of at most `max` bytes (a packet larger
+/// than `max` is a piece of its own).
+fn split(batch: &[u8], max: usize) -> Vec<&[u8]> {
+    let mut pieces = Vec::new();
+    let (mut start, mut end) = (0, 0);
+    let mut r = Reader::new(batch);
+    while let Some(Ok((_, p))) = r.next_packet() {
+        let next = batch.len() - r.remaining();
+        let _ = p;
+        if next - start > max && end > start {
+            pieces.push(&batch[start..end]);
+            start = end;
+        }
+        end = next;
+    }
+    if batch.len() > start {
+        pieces.push(&batch[start..]);
+    }
+    pieces
+}
+
+impl Channel for Transport {
+    fn exec(&self, batch: &[u8], wait: bool) -> Result<Vec<u8>, ChannelError> {
+        let mut inner = self.inner();
+        if let Some(why) = &inner.lost {
+            return Err(ChannelError::Lost(why.clone()));
+        }
+        let pieces = if batch.len() as u64 > MAX_REGION {
+            split(batch, MAX_REGION as usize)
+        } else {
+            vec![batch]
+        };
+        let n = pieces.len();
+        let mut out = Ok(Vec::new());
+        for (k, piece) in pieces.into_iter().enumerate() {
+            out = self.send(&mut inner, piece, wait && k + 1 == n);
+            if out.is_err() {
+                break;
+            }
+        }
+        if let Err(ChannelError::Lost(why)) = &out {
+            inner.lost = Some(why.clone());
+        }
+        out
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.conn.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtsoc_gles_stream::Encoder;
+
+    #[test]
+    fn splits_at_packet_boundaries() {
+        let mut e = Encoder::new();
+        for i in 0..10u32 {
+            e.packet(i).bytes(&[0u8; 100]);
+        }
+        let b = e.as_bytes();
+        let pieces = split(b, 250);
+        assert!(pieces.len() >= 5);
+        assert_eq!(pieces.iter().map(|p| p.len()).sum::<usize>(), b.len());
+        for p in &pieces {
+            let mut r = Reader::new(p);
+            while let Some(x) = r.next_packet() {
+                assert!(x.is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn lost_worker_reasons_are_lost() {
+        let e = GuestError::Status {
+            op: Opcode::DeviceCmd,
+            status: Status::DeviceError,
+            reason: Some("context lost: render worker killed".into()),
+        };
+        assert!(matches!(channel_error(e), ChannelError::Lost(_)));
+        assert!(matches!(
+            channel_error(GuestError::Closed),
+            ChannelError::Lost(_)
+        ));
+    }
+}

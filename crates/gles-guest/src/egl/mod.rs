@@ -1,1 +1,204 @@
-//! (being written)
+//! EGL for glvnd: [`__egl_Main`] hands libEGL the vendor's imports (display creation,
+//! API support, `getProcAddress` for every EGL and GL entry point); the entry points
+//! themselves are in [`api`], the objects in [`state`], the bit of Xlib needed for windows
+//! in [`x11`].
+//!
+//! With only this vendor loaded (`__EGL_VENDOR_LIBRARY_FILENAMES` naming virtsoc's JSON),
+//! the extension functions glvnd asks dispatch stubs for (`getDispatchAddress`) are the
+//! implementations themselves.
+
+pub mod api;
+pub mod consts;
+pub mod state;
+pub mod x11;
+
+use std::ffi::{c_char, c_void};
+
+use api::*;
+
+/// `__EGLapiImports` of `glvnd/libeglabi.h` (ABI 0.x): what the vendor gives libEGL.
+#[repr(C)]
+pub struct EglApiImports {
+    /// `getPlatformDisplay`.
+    pub get_platform_display: Option<extern "C" fn(u32, *mut c_void, *const EglAttrib) -> Handle>,
+    /// `getSupportsAPI`.
+    pub get_supports_api: Option<extern "C" fn(u32) -> EglBool>,
+    /// `getVendorString`.
+    pub get_vendor_string: Option<extern "C" fn(i32) -> *const c_char>,
+    /// `getProcAddress`.
+    pub get_proc_address: Option<extern "C" fn(*const c_char) -> *mut c_void>,
+    /// `getDispatchAddress`.
+    pub get_dispatch_address: Option<extern "C" fn(*const c_char) -> *mut c_void>,
+    /// `setDispatchIndex`.
+    pub set_dispatch_index: Option<extern "C" fn(*const c_char, i32)>,
+    /// `isPatchSupported` (not used: left null).
+    pub is_patch_supported: *mut c_void,
+    /// `initiatePatch` (null).
+    pub initiate_patch: *mut c_void,
+    /// `releasePatch` (null).
+    pub release_patch: *mut c_void,
+    /// `patchThreadAttach` (null).
+    pub patch_thread_attach: *mut c_void,
+    /// `findNativeDisplayPlatform` (null: libEGL guesses).
+    pub find_native_display_platform: *mut c_void,
+}
+
+/// The vendor ABI major version this library implements.
+pub const ABI_MAJOR: u32 = 0;
+
+/// glvnd's entry into the vendor library: fills `imports`.
+///
+/// # Safety
+/// `imports` is null or points to libEGL's writable imports table.
+#[no_mangle]
+pub unsafe extern "C" fn __egl_Main(
+    version: u32,
+    _exports: *const c_void,
+    _vendor: *mut c_void,
+    imports: *mut EglApiImports,
+) -> EglBool {
+    if version >> 16 != ABI_MAJOR || imports.is_null() {
+        return 0;
+    }
+    // SAFETY: libEGL's imports table (the caller's contract); only the fields of ABI 0.0
+    // are written, the rest stays as libEGL zeroed it.
+    unsafe {
+        (*imports).get_platform_display = Some(get_platform_display);
+        (*imports).get_supports_api = Some(get_supports_api);
+        (*imports).get_vendor_string = Some(get_vendor_string);
+        (*imports).get_proc_address = Some(get_proc_address);
+        (*imports).get_dispatch_address = Some(get_dispatch_address);
+        (*imports).set_dispatch_index = Some(set_dispatch_index);
+    }
+    1
+}
+
+/// Every EGL function the library implements, by name.
+fn egl_functions() -> &'static [(&'static str, usize)] {
+    static T: std::sync::OnceLock<Vec<(&'static str, usize)>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        vec![
+            ("eglGetDisplay", eglGetDisplay as *const () as usize),
+            (
+                "eglGetPlatformDisplay",
+                eglGetPlatformDisplay as *const () as usize,
+            ),
+            ("eglInitialize", eglInitialize as *const () as usize),
+            ("eglTerminate", eglTerminate as *const () as usize),
+            ("eglQueryString", eglQueryString as *const () as usize),
+            ("eglGetConfigs", eglGetConfigs as *const () as usize),
+            ("eglChooseConfig", eglChooseConfig as *const () as usize),
+            (
+                "eglGetConfigAttrib",
+                eglGetConfigAttrib as *const () as usize,
+            ),
+            ("eglCreateContext", eglCreateContext as *const () as usize),
+            ("eglDestroyContext", eglDestroyContext as *const () as usize),
+            (
+                "eglCreateWindowSurface",
+                eglCreateWindowSurface as *const () as usize,
+            ),
+            (
+                "eglCreatePlatformWindowSurface",
+                eglCreatePlatformWindowSurface as *const () as usize,
+            ),
+            (
+                "eglCreatePlatformWindowSurfaceEXT",
+                eglCreatePlatformWindowSurface as *const () as usize,
+            ),
+            (
+                "eglCreatePbufferSurface",
+                eglCreatePbufferSurface as *const () as usize,
+            ),
+            (
+                "eglCreatePixmapSurface",
+                eglCreatePixmapSurface as *const () as usize,
+            ),
+            (
+                "eglCreatePlatformPixmapSurface",
+                eglCreatePlatformPixmapSurface as *const () as usize,
+            ),
+            (
+                "eglCreatePbufferFromClientBuffer",
+                eglCreatePbufferFromClientBuffer as *const () as usize,
+            ),
+            ("eglDestroySurface", eglDestroySurface as *const () as usize),
+            ("eglQuerySurface", eglQuerySurface as *const () as usize),
+            ("eglSurfaceAttrib", eglSurfaceAttrib as *const () as usize),
+            ("eglMakeCurrent", eglMakeCurrent as *const () as usize),
+            ("eglSwapBuffers", eglSwapBuffers as *const () as usize),
+            ("eglSwapInterval", eglSwapInterval as *const () as usize),
+            ("eglQueryContext", eglQueryContext as *const () as usize),
+            ("eglGetError", eglGetError as *const () as usize),
+            ("eglBindAPI", eglBindAPI as *const () as usize),
+            ("eglQueryAPI", eglQueryAPI as *const () as usize),
+            ("eglWaitClient", eglWaitClient as *const () as usize),
+            ("eglWaitGL", eglWaitGL as *const () as usize),
+            ("eglWaitNative", eglWaitNative as *const () as usize),
+            ("eglReleaseThread", eglReleaseThread as *const () as usize),
+            ("eglCopyBuffers", eglCopyBuffers as *const () as usize),
+            ("eglBindTexImage", eglBindTexImage as *const () as usize),
+            (
+                "eglReleaseTexImage",
+                eglReleaseTexImage as *const () as usize,
+            ),
+            (
+                "eglGetCurrentContext",
+                eglGetCurrentContext as *const () as usize,
+            ),
+            ("eglGetProcAddress", eglGetProcAddress as *const () as usize),
+            ("eglCreateSync", eglCreateSync as *const () as usize),
+            ("eglCreateSyncKHR", eglCreateSyncKHR as *const () as usize),
+            ("eglDestroySync", eglDestroySync as *const () as usize),
+            ("eglDestroySyncKHR", eglDestroySync as *const () as usize),
+            ("eglClientWaitSync", eglClientWaitSync as *const () as usize),
+            (
+                "eglClientWaitSyncKHR",
+                eglClientWaitSync as *const () as usize,
+            ),
+            ("eglWaitSync", eglWaitSync as *const () as usize),
+            ("eglWaitSyncKHR", eglWaitSync as *const () as usize),
+            ("eglGetSyncAttrib", eglGetSyncAttrib as *const () as usize),
+            (
+                "eglGetSyncAttribKHR",
+                eglGetSyncAttribKHR as *const () as usize,
+            ),
+        ]
+    })
+}
+
+fn egl_function(name: &str) -> *mut c_void {
+    egl_functions()
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(std::ptr::null_mut(), |(_, f)| *f as *mut c_void)
+}
+
+/// glvnd's `getProcAddress`: an EGL function of this library, or a GL entry point.
+pub extern "C" fn get_proc_address(name: *const c_char) -> *mut c_void {
+    let found = std::panic::catch_unwind(|| match name_of(name) {
+        Some(n) if n.starts_with("egl") => egl_function(n),
+        Some(n) if n.starts_with("gl") => gl_proc_address(name),
+        _ => std::ptr::null_mut(),
+    });
+    found.unwrap_or(std::ptr::null_mut())
+}
+
+/// The GL entry point `name` (from the GL half of the library).
+fn gl_proc_address(name: *const c_char) -> *mut c_void {
+    // SAFETY: a non-null (checked by `name_of`) NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) };
+    crate::gl::proc_address(name).map_or(std::ptr::null_mut(), |p| p as *mut c_void)
+}
+
+/// glvnd's `getDispatchAddress`: the extension functions of this library themselves.
+pub extern "C" fn get_dispatch_address(name: *const c_char) -> *mut c_void {
+    std::panic::catch_unwind(|| match name_of(name) {
+        Some(n) if n.starts_with("egl") => egl_function(n),
+        _ => std::ptr::null_mut(),
+    })
+    .unwrap_or(std::ptr::null_mut())
+}
+
+/// glvnd's `setDispatchIndex`: nothing to record (see the module doc).
+pub extern "C" fn set_dispatch_index(_name: *const c_char, _index: i32) {}

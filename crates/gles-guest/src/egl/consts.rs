@@ -1,0 +1,121 @@
+//! EGL's enums as the vendor library uses them (values from `EGL/egl.h` and
+//! `EGL/eglext.h`).
+#![allow(missing_docs)]
+
+pub const EGL_FALSE: u32 = 0;
+pub const EGL_TRUE: u32 = 1;
+pub const EGL_DONT_CARE: i32 = -1;
+pub const EGL_UNKNOWN: i32 = -1;
+
+pub const EGL_SUCCESS: i32 = 0x3000;
+pub const EGL_NOT_INITIALIZED: i32 = 0x3001;
+pub const EGL_BAD_ACCESS: i32 = 0x3002;
+pub const EGL_BAD_ALLOC: i32 = 0x3003;
+pub const EGL_BAD_ATTRIBUTE: i32 = 0x3004;
+pub const EGL_BAD_CONFIG: i32 = 0x3005;
+pub const EGL_BAD_CONTEXT: i32 = 0x3006;
+pub const EGL_BAD_CURRENT_SURFACE: i32 = 0x3007;
+pub const EGL_BAD_DISPLAY: i32 = 0x3008;
+pub const EGL_BAD_MATCH: i32 = 0x3009;
+pub const EGL_BAD_NATIVE_PIXMAP: i32 = 0x300A;
+pub const EGL_BAD_NATIVE_WINDOW: i32 = 0x300B;
+pub const EGL_BAD_PARAMETER: i32 = 0x300C;
+pub const EGL_BAD_SURFACE: i32 = 0x300D;
+pub const EGL_CONTEXT_LOST: i32 = 0x300E;
+
+pub const EGL_BUFFER_SIZE: i32 = 0x3020;
+pub const EGL_ALPHA_SIZE: i32 = 0x3021;
+pub const EGL_BLUE_SIZE: i32 = 0x3022;
+pub const EGL_GREEN_SIZE: i32 = 0x3023;
+pub const EGL_RED_SIZE: i32 = 0x3024;
+pub const EGL_DEPTH_SIZE: i32 = 0x3025;
+pub const EGL_STENCIL_SIZE: i32 = 0x3026;
+pub const EGL_CONFIG_CAVEAT: i32 = 0x3027;
+pub const EGL_CONFIG_ID: i32 = 0x3028;
+pub const EGL_LEVEL: i32 = 0x3029;
+pub const EGL_MAX_PBUFFER_HEIGHT: i32 = 0x302A;
+pub const EGL_MAX_PBUFFER_PIXELS: i32 = 0x302B;
+pub const EGL_MAX_PBUFFER_WIDTH: i32 = 0x302C;
+pub const EGL_NATIVE_RENDERABLE: i32 = 0x302D;
+pub const EGL_NATIVE_VISUAL_ID: i32 = 0x302E;
+pub const EGL_NATIVE_VISUAL_TYPE: i32 = 0x302F;
+pub const EGL_SAMPLES: i32 = 0x3031;
+pub const EGL_SAMPLE_BUFFERS: i32 = 0x3032;
+pub const EGL_SURFACE_TYPE: i32 = 0x3033;
+pub const EGL_TRANSPARENT_TYPE: i32 = 0x3034;
+pub const EGL_TRANSPARENT_BLUE_VALUE: i32 = 0x3035;
+pub const EGL_TRANSPARENT_GREEN_VALUE: i32 = 0x3036;
+pub const EGL_TRANSPARENT_RED_VALUE: i32 = 0x3037;
+pub const EGL_NONE: i32 = 0x3038;
+pub const EGL_BIND_TO_TEXTURE_RGB: i32 = 0x3039;
+pub const EGL_BIND_TO_TEXTURE_RGBA: i32 = 0x303A;
+pub const EGL_MIN_SWAP_INTERVAL: i32 = 0x303B;
+pub const EGL_MAX_SWAP_INTERVAL: i32 = 0x303C;
+pub const EGL_LUMINANCE_SIZE: i32 = 0x303D;
+pub const EGL_ALPHA_MASK_SIZE: i32 = 0x303E;
+pub const EGL_COLOR_BUFFER_TYPE: i32 = 0x303F;
+pub const EGL_RENDERABLE_TYPE: i32 = 0x3040;
+pub const EGL_MATCH_NATIVE_PIXMAP: i32 = 0x3041;
+pub const EGL_CONFORMANT: i32 = 0x3042;
+pub const EGL_RGB_BUFFER: i32 = 0x308E;
+
+pub const EGL_PBUFFER_BIT: i32 = 0x0001;
+pub const EGL_WINDOW_BIT: i32 = 0x0004;
+pub const EGL_OPENGL_ES2_BIT: i32 = 0x0004;
+
+pub const EGL_VENDOR: i32 = 0x3053;
+pub const EGL_VERSION: i32 = 0x3054;
+pub const EGL_EXTENSIONS: i32 = 0x3055;
+pub const EGL_CLIENT_APIS: i32 = 0x308D;
+
+pub const EGL_HEIGHT: i32 = 0x3056;
+pub const EGL_WIDTH: i32 = 0x3057;
+pub const EGL_LARGEST_PBUFFER: i32 = 0x3058;
+pub const EGL_TEXTURE_FORMAT: i32 = 0x3080;
+pub const EGL_TEXTURE_TARGET: i32 = 0x3081;
+pub const EGL_MIPMAP_TEXTURE: i32 = 0x3082;
+pub const EGL_NO_TEXTURE: i32 = 0x305C;
+pub const EGL_RENDER_BUFFER: i32 = 0x3086;
+pub const EGL_BACK_BUFFER: i32 = 0x3084;
+pub const EGL_SINGLE_BUFFER: i32 = 0x3085;
+pub const EGL_SWAP_BEHAVIOR: i32 = 0x3093;
+pub const EGL_BUFFER_DESTROYED: i32 = 0x3095;
+pub const EGL_HORIZONTAL_RESOLUTION: i32 = 0x3090;
+pub const EGL_VERTICAL_RESOLUTION: i32 = 0x3091;
+pub const EGL_PIXEL_ASPECT_RATIO: i32 = 0x3092;
+pub const EGL_MULTISAMPLE_RESOLVE: i32 = 0x3099;
+pub const EGL_MULTISAMPLE_RESOLVE_DEFAULT: i32 = 0x309A;
+pub const EGL_GL_COLORSPACE: i32 = 0x309D;
+pub const EGL_GL_COLORSPACE_LINEAR: i32 = 0x308A;
+pub const EGL_VG_ALPHA_FORMAT: i32 = 0x3088;
+pub const EGL_VG_COLORSPACE: i32 = 0x3087;
+
+pub const EGL_OPENGL_ES_API: u32 = 0x30A0;
+pub const EGL_CONTEXT_CLIENT_TYPE: i32 = 0x3097;
+pub const EGL_CONTEXT_CLIENT_VERSION: i32 = 0x3098;
+pub const EGL_CONTEXT_MINOR_VERSION: i32 = 0x30FB;
+pub const EGL_CONTEXT_FLAGS_KHR: i32 = 0x30FC;
+pub const EGL_CONTEXT_OPENGL_PROFILE_MASK: i32 = 0x30FD;
+pub const EGL_CONTEXT_OPENGL_DEBUG: i32 = 0x31B0;
+pub const EGL_CONTEXT_OPENGL_ROBUST_ACCESS: i32 = 0x31B2;
+pub const EGL_CONTEXT_OPENGL_RESET_NOTIFICATION_STRATEGY: i32 = 0x31BD;
+pub const EGL_CONTEXT_PRIORITY_LEVEL_IMG: i32 = 0x3100;
+pub const EGL_CONTEXT_OPENGL_NO_ERROR_KHR: i32 = 0x31B3;
+
+pub const EGL_DRAW: i32 = 0x3059;
+pub const EGL_READ: i32 = 0x305A;
+
+pub const EGL_PLATFORM_X11_KHR: u32 = 0x31D5;
+pub const EGL_PLATFORM_SURFACELESS_MESA: u32 = 0x31DD;
+pub const EGL_NONE_PLATFORM: u32 = 0x3038;
+
+pub const EGL_SYNC_FENCE_KHR: u32 = 0x30F9;
+pub const EGL_SYNC_TYPE_KHR: i32 = 0x30F7;
+pub const EGL_SYNC_STATUS_KHR: i32 = 0x30F1;
+pub const EGL_SYNC_CONDITION_KHR: i32 = 0x30F8;
+pub const EGL_SIGNALED_KHR: i32 = 0x30F2;
+pub const EGL_SYNC_PRIOR_COMMANDS_COMPLETE_KHR: i32 = 0x30F0;
+pub const EGL_CONDITION_SATISFIED_KHR: i32 = 0x30F6;
+
+/// X11's TrueColor visual class.
+pub const X_TRUE_COLOR: i32 = 4;

@@ -1,0 +1,242 @@
+//! End to end: a real daemon (`virtsocd`, its render worker `virtsoc-render`), glvnd's
+//! `libEGL.so.1` / `libGLESv2.so.2` pointed at `libEGL_virtsoc.so`, and a program (this
+//! test) that clears a pbuffer, draws a triangle and reads the pixels back.
+//!
+//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
+//! `VIRTSOC_REQUIRE_ALL` is set.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// target/debug (or release): this test runs from target/<profile>/deps.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .to_path_buf()
+}
+
+fn skip(why: &str) {
+    assert!(
+        std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+        "{why} and VIRTSOC_REQUIRE_ALL is set"
+    );
+    eprintln!("SKIPPED: {why}");
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn dlopen(name: &CStr) -> *mut c_void {
+    // SAFETY: loading a system library by name.
+    unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
+}
+
+/// A function of `lib` as `T` (its C type).
+fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> T {
+    // SAFETY: a handle from dlopen and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+    assert!(!p.is_null(), "{name:?} missing");
+    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: every caller names a function whose C signature is `T`.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+type H = *mut c_void;
+
+#[test]
+fn draws_and_reads_pixels_through_the_daemon() {
+    let dir = bin_dir();
+    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
+    for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
+        if !p.is_file() {
+            return skip(&format!(
+                "{} not built (cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p virtsoc-gles)",
+                p.display()
+            ));
+        }
+    }
+    let tmp = std::env::temp_dir().join(format!("virtsoc-gles-test-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    let sock = tmp.join("v.sock");
+    let json = tmp.join("virtsoc.json");
+    std::fs::write(
+        &json,
+        format!(
+            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
+            vendor.display()
+        ),
+    )
+    .expect("vendor json");
+    let _d = Daemon(
+        Command::new(&daemon)
+            .arg("--socket")
+            .arg(&sock)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start virtsocd"),
+    );
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "daemon never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // glvnd reads these when libEGL loads its vendors (at the first display).
+    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
+    std::env::set_var("VIRTSOC_SOCKET", &sock);
+    let egl = dlopen(c"libEGL.so.1");
+    let gles = dlopen(c"libGLESv2.so.2");
+    if egl.is_null() || gles.is_null() {
+        return skip("glvnd's libEGL.so.1 / libGLESv2.so.2 not installed");
+    }
+    let get_platform_display: extern "C" fn(u32, H, *const isize) -> H =
+        sym(egl, c"eglGetPlatformDisplay");
+    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
+    let choose: extern "C" fn(H, *const i32, *mut H, i32, *mut i32) -> u32 =
+        sym(egl, c"eglChooseConfig");
+    let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
+    let create_pbuffer: extern "C" fn(H, H, *const i32) -> H = sym(egl, c"eglCreatePbufferSurface");
+    let make_current: extern "C" fn(H, H, H, H) -> u32 = sym(egl, c"eglMakeCurrent");
+    let query_string: extern "C" fn(H, i32) -> *const c_char = sym(egl, c"eglQueryString");
+    let get_error: extern "C" fn() -> i32 = sym(egl, c"eglGetError");
+
+    let dpy = get_platform_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
+    assert!(!dpy.is_null(), "no surfaceless display: {:#x}", get_error());
+    let (mut major, mut minor) = (0, 0);
+    assert_eq!(
+        initialize(dpy, &mut major, &mut minor),
+        1,
+        "eglInitialize: {:#x}",
+        get_error()
+    );
+    // SAFETY: a static NUL-terminated string of the vendor.
+    let vendor_name = unsafe { CStr::from_ptr(query_string(dpy, 0x3053)) };
+    assert_eq!(vendor_name.to_str().ok(), Some("virtsoc"));
+    let attrs = [
+        0x3024, 8, 0x3023, 8, 0x3022, 8, 0x3033, 1, 0x3040, 4, 0x3038,
+    ];
+    let (mut config, mut n): (H, i32) = (std::ptr::null_mut(), 0);
+    assert_eq!(choose(dpy, attrs.as_ptr(), &mut config, 1, &mut n), 1);
+    assert_eq!(n, 1);
+    let ctx_attrs = [0x3098, 2, 0x3038];
+    let ctx = create_context(dpy, config, std::ptr::null_mut(), ctx_attrs.as_ptr());
+    assert!(!ctx.is_null(), "eglCreateContext: {:#x}", get_error());
+    // ES 3 is refused cleanly.
+    let es3 = [0x3098, 3, 0x3038];
+    assert!(create_context(dpy, config, std::ptr::null_mut(), es3.as_ptr()).is_null());
+    assert_eq!(get_error(), 0x3009);
+    let (w, h) = (64i32, 48i32);
+    let pb_attrs = [0x3057, w, 0x3056, h, 0x3038];
+    let surf = create_pbuffer(dpy, config, pb_attrs.as_ptr());
+    assert!(
+        !surf.is_null(),
+        "eglCreatePbufferSurface: {:#x}",
+        get_error()
+    );
+    assert_eq!(
+        make_current(dpy, surf, surf, ctx),
+        1,
+        "eglMakeCurrent: {:#x}",
+        get_error()
+    );
+
+    let clear_color: extern "C" fn(f32, f32, f32, f32) = sym(gles, c"glClearColor");
+    let clear: extern "C" fn(u32) = sym(gles, c"glClear");
+    let read_pixels: extern "C" fn(i32, i32, i32, i32, u32, u32, *mut c_void) =
+        sym(gles, c"glReadPixels");
+    let gl_get_error: extern "C" fn() -> u32 = sym(gles, c"glGetError");
+    let create_shader: extern "C" fn(u32) -> u32 = sym(gles, c"glCreateShader");
+    let shader_source: extern "C" fn(u32, i32, *const *const c_char, *const i32) =
+        sym(gles, c"glShaderSource");
+    let compile_shader: extern "C" fn(u32) = sym(gles, c"glCompileShader");
+    let get_shaderiv: extern "C" fn(u32, u32, *mut i32) = sym(gles, c"glGetShaderiv");
+    let create_program: extern "C" fn() -> u32 = sym(gles, c"glCreateProgram");
+    let attach_shader: extern "C" fn(u32, u32) = sym(gles, c"glAttachShader");
+    let bind_attrib: extern "C" fn(u32, u32, *const c_char) = sym(gles, c"glBindAttribLocation");
+    let link_program: extern "C" fn(u32) = sym(gles, c"glLinkProgram");
+    let get_programiv: extern "C" fn(u32, u32, *mut i32) = sym(gles, c"glGetProgramiv");
+    let use_program: extern "C" fn(u32) = sym(gles, c"glUseProgram");
+    let attrib_pointer: extern "C" fn(u32, i32, u32, u8, i32, *const c_void) =
+        sym(gles, c"glVertexAttribPointer");
+    let enable_attrib: extern "C" fn(u32) = sym(gles, c"glEnableVertexAttribArray");
+    let draw_arrays: extern "C" fn(u32, i32, i32) = sym(gles, c"glDrawArrays");
+    let viewport: extern "C" fn(i32, i32, i32, i32) = sym(gles, c"glViewport");
+
+    let pixel = |x: i32, y: i32| {
+        let mut px = [0u8; 4];
+        read_pixels(x, y, 1, 1, 0x1908, 0x1401, px.as_mut_ptr().cast());
+        px
+    };
+    clear_color(1.0, 0.0, 0.0, 1.0);
+    clear(0x4000);
+    assert_eq!(pixel(3, 3), [255, 0, 0, 255], "cleared red");
+    assert_eq!(gl_get_error(), 0);
+
+    let shader = |kind: u32, src: &CStr| {
+        let s = create_shader(kind);
+        let p = src.as_ptr();
+        shader_source(s, 1, &p, std::ptr::null());
+        compile_shader(s);
+        let mut ok = 0;
+        get_shaderiv(s, 0x8B81, &mut ok);
+        assert_eq!(ok, 1, "shader compiles");
+        s
+    };
+    let vs = shader(
+        0x8B31,
+        c"attribute vec2 pos; void main() { gl_Position = vec4(pos, 0.0, 1.0); }",
+    );
+    let fs = shader(
+        0x8B30,
+        c"precision mediump float; void main() { gl_FragColor = vec4(0.0, 1.0, 0.0, 1.0); }",
+    );
+    let prog = create_program();
+    attach_shader(prog, vs);
+    attach_shader(prog, fs);
+    bind_attrib(prog, 0, c"pos".as_ptr());
+    link_program(prog);
+    let mut linked = 0;
+    get_programiv(prog, 0x8B82, &mut linked);
+    assert_eq!(linked, 1, "program links");
+    use_program(prog);
+    viewport(0, 0, w, h);
+    let tri: [f32; 6] = [-0.9, -0.9, 0.9, -0.9, 0.0, 0.9];
+    attrib_pointer(0, 2, 0x1406, 0, 0, tri.as_ptr().cast());
+    enable_attrib(0);
+    draw_arrays(0x0004, 0, 3);
+    assert_eq!(
+        pixel(w / 2, h / 2),
+        [0, 255, 0, 255],
+        "triangle centre is green"
+    );
+    assert_eq!(
+        pixel(1, h - 2),
+        [255, 0, 0, 255],
+        "a corner keeps the clear colour"
+    );
+    assert_eq!(gl_get_error(), 0);
+    assert_eq!(
+        make_current(
+            dpy,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut()
+        ),
+        1
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
