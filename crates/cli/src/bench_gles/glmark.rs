@@ -151,11 +151,13 @@ impl Output {
 }
 
 /// Runs `cmd` (whose environment the caller has set) for at most `limit`, calling
-/// `on_line` with each line of its standard output as it arrives; kills it at the limit.
+/// `on_line` with each line of its standard output as it arrives; kills it at the limit, or
+/// once it has printed nothing for `quiet` (a program stuck in one scene).
 /// Only one program may run at a time in this process for its CPU time to be its own.
 pub fn run_program(
     mut cmd: Command,
     limit: Duration,
+    quiet: Duration,
     mut on_line: impl FnMut(&str),
 ) -> Result<Output, GlesError> {
     let cpu_before = reaped_children_cpu();
@@ -188,7 +190,8 @@ pub fn run_program(
                 .collect::<Vec<_>>()
         })
     });
-    let deadline = start + limit;
+    let end = start + limit;
+    let mut deadline = end.min(start + quiet);
     let mut output = Output::default();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -196,6 +199,7 @@ pub fn run_program(
             Ok(l) => {
                 on_line(&l);
                 output.lines.push(l);
+                deadline = end.min(Instant::now() + quiet);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -300,15 +304,36 @@ mod tests {
         let mut seen = Vec::new();
         let mut c = Command::new("sh");
         c.args(["-c", "echo one; echo two; echo oops >&2; exit 3"]);
-        let o =
-            run_program(c, Duration::from_secs(10), |l| seen.push(l.to_string())).expect("run sh");
+        let o = run_program(c, Duration::from_secs(10), Duration::from_secs(10), |l| {
+            seen.push(l.to_string())
+        })
+        .expect("run sh");
         assert_eq!(seen, ["one", "two"]);
         assert_eq!(o.code, Some(3));
         assert!(!o.ok());
         assert!(o.failure().contains("oops"), "{}", o.failure());
         let mut c = Command::new("sleep");
         c.arg("10");
-        let o = run_program(c, Duration::from_millis(200), |_| {}).expect("run sleep");
+        let o = run_program(
+            c,
+            Duration::from_millis(200),
+            Duration::from_secs(5),
+            |_| {},
+        )
+        .expect("run sleep");
         assert!(o.timed_out);
+        // Quiet for too long: killed before the limit.
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo start; sleep 10"]);
+        let t = Instant::now();
+        let o = run_program(
+            c,
+            Duration::from_secs(20),
+            Duration::from_millis(300),
+            |_| {},
+        )
+        .expect("run sh");
+        assert!(o.timed_out && t.elapsed() < Duration::from_secs(5));
+        assert_eq!(o.lines, ["start"]);
     }
 }

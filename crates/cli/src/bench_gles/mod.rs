@@ -367,7 +367,7 @@ fn run_once(
     env: &PathEnv,
     path: GlPath,
     args: &[String],
-    limit: Duration,
+    (limit, quiet): (Duration, Duration),
     server_pid: Option<u32>,
     mut cost: Option<&mut GuestCounters>,
 ) -> Result<PathRun, GlesError> {
@@ -378,7 +378,7 @@ fn run_once(
         c.begin();
     }
     let mut run = PathRun::default();
-    let out = glmark::run_program(cmd, limit, |line| {
+    let out = glmark::run_program(cmd, limit, quiet, |line| {
         if let Some(SceneLine::Fps { name, .. } | SceneLine::Other { name, .. }) =
             glmark::parse_scene_line(line)
         {
@@ -474,6 +474,9 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
         a.scenes.len()
     };
     let limit = Duration::from_secs_f64(60.0 + n_scenes as f64 * (2.0 * a.duration + 30.0));
+    // A scene prints its line after `duration` (and its last frame): silence far beyond that
+    // is a program stuck in a scene.
+    let quiet = Duration::from_secs_f64(60.0 + 2.0 * a.duration);
     let mut counters = daemon.as_ref().map(|d| GuestCounters::new(&d.socket));
     let mut runs: BTreeMap<GlPath, Vec<PathRun>> = BTreeMap::new();
     for round in 0..a.rounds {
@@ -499,7 +502,7 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
             } else {
                 None
             };
-            let r = run_once(&env, path, &args, limit, server, cost)?;
+            let r = run_once(&env, path, &args, (limit, quiet), server, cost)?;
             if let Some(e) = &r.error {
                 eprintln!("bench gles: {} round {}: {e}", path.name(), round + 1);
             }

@@ -144,7 +144,7 @@ pub fn run(a: &ValidateArgs) -> Result<(), GlesError> {
     for path in [GlPath::Native, GlPath::Virtsoc] {
         let mut cmd = penv.command(GLMARK2, path);
         cmd.args(&args);
-        let out = glmark::run_program(cmd, limit, |_| {})?;
+        let out = glmark::run_program(cmd, limit, limit, |_| {})?;
         let renderer = out
             .lines
             .iter()
@@ -170,7 +170,12 @@ pub fn run(a: &ValidateArgs) -> Result<(), GlesError> {
         );
     }
     problems_seen.extend(problems(&rows));
-    let info = glmark::run_program(penv.command(ES2_INFO, GlPath::Virtsoc), limit, |_| {})?;
+    let info = glmark::run_program(
+        penv.command(ES2_INFO, GlPath::Virtsoc),
+        limit,
+        limit,
+        |_| {},
+    )?;
     for key in [
         "EGL_VERSION",
         "EGL_VENDOR",
