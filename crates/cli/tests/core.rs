@@ -258,6 +258,56 @@ fn flow_control_keeps_host_queues_bounded() {
     );
 }
 
+/// Commands parked behind a fence wait hold no credit the guest needs to send the signal
+/// that releases them: far more of them than the rings hold, then the signal, all complete.
+/// (With the completion ring's slots as credits this hung forever at the ring's size.)
+#[test]
+fn commands_parked_behind_a_wait_never_deadlock_the_session() {
+    let d = Daemon::start(&[]);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let socket = d.socket().to_path_buf();
+    std::thread::spawn(move || {
+        let c = Connection::connect(
+            &socket,
+            &ConnectOptions {
+                window_size: 16 << 20,
+                sq_entries: 64,
+                cq_entries: 64,
+                ..ConnectOptions::default()
+            },
+        )
+        .expect("connect");
+        let id = c.alloc_blob(4096).unwrap().id;
+        c.begin_access(id, DeviceId::CONSUMER, 0, 4096, AccessMode::Read)
+            .unwrap();
+        let f = c.fence_create().unwrap();
+        c.fence_wait(DeviceId::CONSUMER, f).unwrap();
+        let parked = 300;
+        let seqs: Vec<u64> = (0..parked)
+            .map(|_| {
+                c.submit(
+                    Opcode::DeviceCmd,
+                    DeviceId::CONSUMER,
+                    [testdev::CHECKSUM, id, 0, 0, 0, 0],
+                )
+                .unwrap()
+            })
+            .collect();
+        c.fence_signal(DeviceId::CPU, f).unwrap();
+        let ok = seqs
+            .iter()
+            .filter(|s| c.wait(**s).map(|r| r.status == 0).unwrap_or(false))
+            .count();
+        c.end_access(id, DeviceId::CONSUMER, 0, 4096, AccessMode::Read)
+            .unwrap();
+        let _ = done_tx.send((ok, parked));
+    });
+    let (ok, parked) = done_rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the session deadlocked: commands parked behind a wait never completed");
+    assert_eq!(ok, parked, "every parked command completed");
+}
+
 #[test]
 fn a_trace_replays_against_every_protocol() {
     let d = Daemon::start(&[]);

@@ -176,6 +176,9 @@ pub struct Connection {
     closed: AtomicBool,
     submitted: AtomicU64,
     completed: AtomicU64,
+    /// One more than the completion count at which a full liveness period waiting at the
+    /// pacing window brought no completion (0: none): pacing yields until the next one.
+    window_stalled_at: AtomicU64,
     pacer: Mutex<MimdPacer>,
     max_depth: AtomicU32,
 }
@@ -306,6 +309,7 @@ impl Connection {
             closed: AtomicBool::new(false),
             submitted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            window_stalled_at: AtomicU64::new(0),
             pacer: Mutex::new(
                 MimdPacer::new(
                     4,
@@ -398,6 +402,18 @@ impl Connection {
         self.pacer.lock_or_recover().allowed_in_flight()
     }
 
+    /// Whether a request goes out past the pacing window: a fence signal always does (it
+    /// may be what releases the requests in flight: commands parked behind a wait on the
+    /// fence), and so does everything while the requests in flight brought no completion for
+    /// a whole liveness period (they may be waiting for what this guest sends next), until
+    /// the next completion. The daemon takes requests beyond its completion ring (they hold
+    /// no slot), so flow control yields instead of deadlocking the session.
+    fn window_yields(&self, opcode: Opcode) -> bool {
+        opcode == Opcode::FenceSignal
+            || self.window_stalled_at.load(Ordering::SeqCst)
+                == self.completed.load(Ordering::SeqCst) + 1
+    }
+
     fn submit_inner(
         &self,
         opcode: Opcode,
@@ -420,8 +436,12 @@ impl Connection {
             if self.closed.load(Ordering::SeqCst) && !self.reconnect_if_allowed()? {
                 return Err(GuestError::Closed);
             }
-            if self.in_flight() >= self.pacing_window() as u64 {
+            if self.in_flight() >= self.pacing_window() as u64 && !self.window_yields(opcode) {
+                let before = self.completed.load(Ordering::SeqCst);
                 self.reap_or_reconnect(Some(LIVENESS_CHECK))?;
+                if self.completed.load(Ordering::SeqCst) == before {
+                    self.window_stalled_at.store(before + 1, Ordering::SeqCst);
+                }
                 continue;
             }
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);

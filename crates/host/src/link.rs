@@ -1,12 +1,16 @@
 //! How a session talks to its guest: one trait, three transports.
 //!
 //! - [`ShmLink`]: request/completion rings in the shared window, with doorbells — futexes for
-//!   process guests, the virtio-serial port for VM guests. A request is taken off the ring
-//!   only when a completion slot is free for it, so a guest that stops reading completions
-//!   stalls only itself.
+//!   process guests, the virtio-serial port for VM guests. Requests being served or parked
+//!   in a device queue (behind a fence wait) hold no completion slot: a completion that
+//!   finds the ring full waits in the link's overflow, moved into the ring as the guest frees
+//!   slots, and the host stops taking requests only while a ring's worth of completions waits
+//!   there. So a guest that stops reading completions stalls only itself, and requests parked
+//!   behind a fence wait never keep the host from taking the signal that releases them.
 //! - [`StreamLink`]: frames on a TCP stream for remote guests; CPU-access bytes travel in the
 //!   frames. A writer thread sends completions, so a slow reader never blocks a device worker,
-//!   and at most [`STREAM_MAX_IN_FLIGHT`] requests are taken before their completions are sent.
+//!   and no request is taken while [`STREAM_MAX_UNSENT`] completions wait to be sent (requests
+//!   being served or parked behind a fence wait do not count, as on the rings).
 
 use std::collections::VecDeque;
 use std::io::{BufReader, Write};
@@ -20,8 +24,9 @@ use virtsoc_proto::stream::{read_frame, write_frame};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::{CondvarExt, LockExt};
 
-/// Requests a remote guest may have in flight.
-pub const STREAM_MAX_IN_FLIGHT: u64 = 256;
+/// Completions waiting to be sent to a remote guest (its reading slow) before no more of its
+/// requests are taken.
+pub const STREAM_MAX_UNSENT: usize = 256;
 
 /// A request and the bytes that came with it.
 #[derive(Debug)]
@@ -56,11 +61,37 @@ pub trait HostLink: Send + Sync {
     fn carries_bulk(&self) -> bool;
 }
 
+/// Completions held by the host beyond the ring before the guest is in violation: far more
+/// than any guest's queues allow in flight (the host stops taking requests at one ring's
+/// worth, and what it took before is bounded by the per-device queue limits).
+const OVERFLOW_HARD_MAX: usize = 1 << 20;
+
+/// The completion ring and the completions waiting for room in it, in order.
+struct Completions {
+    ring: RingProducer<Completion>,
+    overflow: VecDeque<Completion>,
+}
+
+impl Completions {
+    /// Moves waiting completions into the ring while it has room; whether any moved.
+    fn flush(&mut self) -> Result<bool, LinkError> {
+        let mut moved = false;
+        while let Some(c) = self.overflow.front() {
+            if !self.ring.push(*c)? {
+                break;
+            }
+            self.overflow.pop_front();
+            moved = true;
+        }
+        Ok(moved)
+    }
+}
+
 /// Rings in a shared window.
 pub struct ShmLink {
     window: Arc<SharedWindow>,
     sq: Mutex<RingConsumer<Request>>,
-    cq: Mutex<RingProducer<Completion>>,
+    cq: Mutex<Completions>,
     popped: AtomicU64,
     posted: AtomicU64,
     host_bell: Box<dyn Doorbell>,
@@ -81,7 +112,10 @@ impl ShmLink {
         ShmLink {
             window,
             sq: Mutex::new(sq),
-            cq: Mutex::new(cq),
+            cq: Mutex::new(Completions {
+                ring: cq,
+                overflow: VecDeque::new(),
+            }),
             popped: AtomicU64::new(0),
             posted: AtomicU64::new(0),
             host_bell,
@@ -98,10 +132,15 @@ impl ShmLink {
             .saturating_sub(self.posted.load(Ordering::SeqCst))
     }
 
-    /// Whether one more request may be taken (a completion slot is free for it).
+    /// Whether one more request may be taken: fewer completions than the ring holds wait in
+    /// the overflow (those the guest has made room for are moved into the ring first).
     fn can_take(&self) -> Result<bool, LinkError> {
-        let space = self.cq.lock_or_recover().space()?;
-        Ok(self.in_flight() < space as u64)
+        let mut cq = self.cq.lock_or_recover();
+        if cq.flush()? {
+            self.guest_bell.notify();
+        }
+        let capacity = self.window.layout().cq_entries as usize;
+        Ok(cq.overflow.len() < capacity)
     }
 }
 
@@ -139,16 +178,18 @@ impl HostLink for ShmLink {
     fn post(&self, mut c: Completion, _payload: Vec<u8>) -> Result<(), LinkError> {
         let mut cq = self.cq.lock_or_recover();
         c.queue_depth = self.in_flight().saturating_sub(1).min(u32::MAX as u64) as u32;
-        match cq.push(c) {
-            Ok(true) => {
-                self.posted.fetch_add(1, Ordering::SeqCst);
-                drop(cq);
-                self.guest_bell.notify();
-                Ok(())
-            }
-            Ok(false) => Err(LinkError::Violation("completion ring full".into())),
-            Err(e) => Err(LinkError::Ring(e)),
+        if cq.overflow.len() >= OVERFLOW_HARD_MAX {
+            return Err(LinkError::Violation(
+                "the guest left over a million completions unread".into(),
+            ));
         }
+        cq.overflow.push_back(c);
+        self.posted.fetch_add(1, Ordering::SeqCst);
+        if cq.flush()? {
+            drop(cq);
+            self.guest_bell.notify();
+        }
+        Ok(())
     }
 
     fn close(&self) {
@@ -252,7 +293,7 @@ impl HostLink for StreamLink {
         {
             let (m, cv) = &*self.outbox;
             let mut ob = m.lock_or_recover();
-            while !ob.closed && (ob.in_flight >= STREAM_MAX_IN_FLIGHT || ob.bytes >= self.max_bytes)
+            while !ob.closed && (ob.frames.len() >= STREAM_MAX_UNSENT || ob.bytes >= self.max_bytes)
             {
                 ob = cv.wait_or_recover(ob);
             }
@@ -376,36 +417,51 @@ mod tests {
         assert!(cq.pop().unwrap().is_none());
     }
 
-    /// The host takes a request only when a completion slot is free for it.
+    /// Requests in flight hold no completion slot: the host takes more than the completion
+    /// ring holds, parks their completions until the guest makes room, and stops taking only
+    /// while a ring's worth of completions waits unread.
     #[test]
-    fn shm_takes_no_more_than_the_completion_ring_holds() {
+    fn shm_completions_beyond_the_ring_wait_in_order_and_bound_what_is_taken() {
         let s = shm();
         let (mut sq, mut cq) = guest_rings(&s.window);
         let n = s.window.layout().cq_entries as u64;
-        for seq in 0..n {
-            assert!(sq.push(nop(seq)).unwrap());
-            s.link.next().unwrap().unwrap();
+        let sq_n = s.window.layout().sq_entries as u64;
+        // Twice the completion ring's requests in flight (parked behind a fence wait, say):
+        // every one is taken.
+        let mut next = 0;
+        for _ in 0..2 {
+            for _ in 0..n {
+                while !sq.push(nop(next)).unwrap() {}
+                assert!(s.link.can_take().unwrap(), "request {next} not taken");
+                assert_eq!(s.link.next().unwrap().unwrap().req.seq, next);
+                next += 1;
+            }
         }
-        assert!(sq.push(nop(n)).unwrap());
-        assert!(
-            !s.link.can_take().unwrap(),
-            "every completion slot is promised"
-        );
-        // `next` would sleep (FakeBell panics rather than sleep) instead of taking it.
-        let took = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.link.next()));
-        assert!(
-            took.is_err(),
-            "a request was taken without a completion slot"
-        );
-        for seq in 0..n {
+        assert!(sq_n >= 1);
+        // They complete: the ring fills, the rest waits in order.
+        for seq in 0..2 * n {
             s.link
                 .post(Completion::ok(seq, [0; 6]), Vec::new())
                 .unwrap();
         }
-        assert!(!s.link.can_take().unwrap(), "the guest has not read them");
-        cq.pop().unwrap().unwrap();
+        assert!(sq.push(nop(next)).unwrap());
+        assert!(
+            !s.link.can_take().unwrap(),
+            "a ring's worth of completions waits unread"
+        );
+        // `next` would sleep (FakeBell panics rather than sleep) instead of taking it.
+        let took = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.link.next()));
+        assert!(took.is_err(), "a request was taken past the bound");
+        // The guest reads one: the first waiting completion moves in, the host takes again.
+        assert_eq!(cq.pop().unwrap().unwrap().seq, 0);
         assert!(s.link.can_take().unwrap());
-        assert_eq!(s.link.next().unwrap().unwrap().req.seq, n);
+        assert_eq!(s.link.next().unwrap().unwrap().req.seq, next);
+        let mut seen = vec![];
+        while let Some(c) = cq.pop().unwrap() {
+            seen.push(c.seq);
+            s.link.can_take().unwrap();
+        }
+        assert_eq!(seen, (1..2 * n).collect::<Vec<_>>(), "in order, none lost");
     }
 
     #[test]
@@ -443,20 +499,28 @@ mod tests {
         assert_eq!(s.guest_bell.notified(), 0);
     }
 
-    /// Posting past the completion ring's room is a violation (the host never promised it).
+    /// Posting past the completion ring's room is no violation: the completion waits for the
+    /// guest to make room, and the guest hears of it once it is in the ring.
     #[test]
-    fn shm_post_with_full_completion_ring_is_a_violation() {
+    fn shm_post_with_full_completion_ring_waits_for_room() {
         let s = shm();
+        let (_, mut cq) = guest_rings(&s.window);
         let n = s.window.layout().cq_entries as u64;
-        for seq in 0..n {
+        for seq in 0..=n {
             s.link
                 .post(Completion::ok(seq, [0; 6]), Vec::new())
                 .unwrap();
         }
-        assert!(matches!(
-            s.link.post(Completion::ok(n, [0; 6]), Vec::new()),
-            Err(LinkError::Violation(_))
-        ));
+        assert_eq!(
+            s.guest_bell.notified() as u64,
+            n,
+            "only what reached the ring"
+        );
+        assert_eq!(cq.pop().unwrap().unwrap().seq, 0);
+        s.link.can_take().unwrap();
+        assert_eq!(s.guest_bell.notified() as u64, n + 1);
+        let rest: Vec<u64> = std::iter::from_fn(|| cq.pop().unwrap().map(|c| c.seq)).collect();
+        assert_eq!(rest, (1..=n).collect::<Vec<_>>());
     }
 
     #[test]
