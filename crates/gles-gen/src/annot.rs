@@ -8,6 +8,9 @@
 //!   host's `gl::custom`), generated on the other;
 //! - `ghook` / `hhook`: the generated guest entry point calls `gl::hooks::<cmd>` before it
 //!   encodes / the generated host decoder calls `gl::hooks::<cmd>` after the driver call;
+//! - `hcheck`: the host decoder asks `gl::hooks::check_<cmd>` before the driver call (with
+//!   the decoded, translated arguments); `false` skips the call (the check recorded the
+//!   error): what GLES 2.0 refuses but a newer host context would take;
 //! - `gen(KIND)` (`n, names*`: names made in the guest), `delete(KIND)` (`n, names*`),
 //!   `delete1(KIND)` (one name), `create(KIND)` (returns a name made in the guest);
 //! - `PARAM=in(EXPR)`, `PARAM=in?(EXPR)` (may be null), `PARAM=out(EXPR)`: a pointer
@@ -136,6 +139,8 @@ pub struct CmdAnnot {
     pub ghook: bool,
     /// Host hook after the driver call.
     pub hhook: bool,
+    /// Host check before the driver call.
+    pub hcheck: bool,
     /// Gen/delete/create shape.
     pub shape: Option<Shape>,
     /// Parameter annotations by name.
@@ -193,6 +198,7 @@ pub fn parse(text: &str) -> Result<Vec<CmdAnnot>, GenError> {
                 "ext" => a.ext = true,
                 "ghook" => a.ghook = true,
                 "hhook" => a.hhook = true,
+                "hcheck" => a.hcheck = true,
                 "custom=guest" => a.custom_guest = true,
                 "custom=host" => a.custom_host = true,
                 "custom=both" => (a.custom_guest, a.custom_host) = (true, true),

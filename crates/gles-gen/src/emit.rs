@@ -555,6 +555,13 @@ fn host_fn(s: &mut String, c: &Cmd) {
             None => {}
         }
     }
+    if c.annot.hcheck {
+        let _ = writeln!(
+            s,
+            "        if !super::hooks::check_{name}(gl, cx, {}) {{ {skip} }}",
+            arg_list(c)
+        );
+    }
     let call = if c.annot.ext {
         format!(
             "let Some(f) = gl.{name} else {{ cx.error(super::GL_INVALID_OPERATION); {skip} }};\n        \

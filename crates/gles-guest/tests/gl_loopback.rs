@@ -171,6 +171,20 @@ fn triangles_drawn_through_the_stream_read_back() {
     let gen_textures: unsafe extern "C" fn(i32, *mut u32) = f(c"glGenTextures");
     let bind_texture: unsafe extern "C" fn(u32, u32) = f(c"glBindTexture");
     let finish: V = f(c"glFinish");
+    let map_buffer: unsafe extern "C" fn(u32, u32) -> *mut c_void = f(c"glMapBufferOES");
+    let unmap_buffer: unsafe extern "C" fn(u32) -> u8 = f(c"glUnmapBufferOES");
+    let get_active_uniform: unsafe extern "C" fn(
+        u32,
+        u32,
+        i32,
+        *mut i32,
+        *mut i32,
+        *mut u32,
+        *mut u8,
+    ) = f(c"glGetActiveUniform");
+    let get_uniformfv: unsafe extern "C" fn(u32, i32, *mut f32) = f(c"glGetUniformfv");
+    let is_buffer: unsafe extern "C" fn(u32) -> u8 = f(c"glIsBuffer");
+    let delete_buffers: unsafe extern "C" fn(i32, *const u32) = f(c"glDeleteBuffers");
     assert!(proc_address(c"glNoSuchThing").is_none());
 
     const W: i32 = 64;
@@ -289,6 +303,48 @@ fn triangles_drawn_through_the_stream_read_back() {
         draw_elements(0x0004, 6, 0x1403, std::ptr::null());
         assert_eq!(pixel(W / 2, W / 2), [255, 255, 0, 255]);
 
+        // Mapped: the right half of the square moves left of the middle (one vertex
+        // changed), magenta; only the changed bytes travel.
+        let p = map_buffer(0x8892, 0x88B9).cast::<f32>();
+        assert!(!p.is_null());
+        assert_eq!(
+            *p.add(2),
+            1.0,
+            "the mapping starts from the buffer's contents"
+        );
+        *p.add(2) = -0.5;
+        *p.add(4) = -0.5;
+        assert_eq!(unmap_buffer(0x8892), 1);
+        clear(0x4000);
+        uniform4f(color, 1.0, 0.0, 1.0, 1.0);
+        draw_elements(0x0004, 6, 0x1403, std::ptr::null());
+        assert_eq!(pixel(2, W / 2), [255, 0, 255, 255]);
+        assert_eq!(pixel(W - 3, W / 2), [0, 0, 255, 255]);
+
+        // Queries with output arrays.
+        let (mut len, mut size, mut ty) = (0, 0, 0);
+        let mut name = [0u8; 16];
+        get_active_uniform(prog, 0, 16, &mut len, &mut size, &mut ty, name.as_mut_ptr());
+        assert_eq!(
+            (&name[..len as usize], size, ty),
+            (&b"color"[..], 1, 0x8B52)
+        );
+        let mut cv = [0f32; 5];
+        get_uniformfv(prog, color, cv.as_mut_ptr());
+        assert_eq!(cv, [1.0, 0.0, 1.0, 1.0, 0.0], "four values, no more");
+        assert_eq!(is_buffer(vbo), 1);
+        assert_eq!(is_buffer(12345), 0);
+        delete_buffers(1, &vbo);
+        assert_eq!(is_buffer(vbo), 0);
+        assert_eq!(get_error(), 0);
+        bind_framebuffer(0x8D40, fb);
+        framebuffer_renderbuffer(0x8D40, 0x8CE0, 0x8D41, 777);
+        assert_eq!(
+            get_error(),
+            0x0502,
+            "an unknown renderbuffer never reaches the driver"
+        );
+
         // A texture upload of 3x3 RGB (rows padded to 4 bytes), then one too short: refused.
         let mut tex = 0;
         gen_textures(1, &mut tex);
@@ -324,6 +380,19 @@ fn triangles_drawn_through_the_stream_read_back() {
         let (op, payload) = Reader::new(e.as_bytes()).next_packet().unwrap().unwrap();
         dispatch(&host.gl, &mut cx, op, payload, &mut Encoder::new()).unwrap();
         assert_eq!(cx.take_error(), 0x0501);
+        // GLES 3 pixel store and buffer targets are refused.
+        let mut e = Encoder::new();
+        e.packet(virtsoc_gles_stream::gl_ops::glPixelStorei)
+            .u32(0x0D02)
+            .i32(100);
+        e.packet(virtsoc_gles_stream::gl_ops::glBindBuffer)
+            .u32(0x88EB)
+            .u32(1);
+        let mut r = Reader::new(e.as_bytes());
+        while let Some(Ok((op, payload))) = r.next_packet() {
+            dispatch(&host.gl, &mut cx, op, payload, &mut Encoder::new()).unwrap();
+        }
+        assert_eq!(cx.take_error(), 0x0500);
         drop(cx);
         assert_eq!(get_error(), 0);
     }

@@ -36,7 +36,7 @@ impl Kind {
     }
 }
 
-/// Most element-buffer bytes the guest keeps a copy of, per buffer.
+/// Most bytes of a buffer the guest keeps a copy of.
 const MAX_SHADOW: usize = 64 << 20;
 
 /// What the guest knows of a buffer object.
@@ -44,7 +44,8 @@ const MAX_SHADOW: usize = 64 << 20;
 pub(crate) struct BufferInfo {
     /// Its size (`glBufferData`).
     pub size: usize,
-    /// Its contents, kept for buffers filled through `GL_ELEMENT_ARRAY_BUFFER`.
+    /// Its contents (up to [`MAX_SHADOW`] bytes): the indices of client-array draws with
+    /// an element buffer, what a mapping starts from.
     pub shadow: Option<Vec<u8>>,
     /// Guest memory standing for it while mapped (`glMapBufferOES`).
     pub mapped: Option<Vec<u8>>,
@@ -183,7 +184,7 @@ impl GlState {
         let Some(b) = self.bound_buffer(target).filter(|b| *b != 0) else {
             return;
         };
-        let keep = target == super::GL_ELEMENT_ARRAY_BUFFER && size <= MAX_SHADOW;
+        let keep = size <= MAX_SHADOW;
         let mut s = self.shared();
         let info = s.buffers.entry(b).or_default();
         info.size = size;

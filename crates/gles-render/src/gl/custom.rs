@@ -76,23 +76,88 @@ fn binding_kind(pname: u32) -> Option<Kind> {
     })
 }
 
+/// The count query of a list-valued query (their lengths depend on the driver).
+fn list_count(pname: u32) -> Option<u32> {
+    match pname {
+        0x86A3 => Some(0x86A2), // COMPRESSED_TEXTURE_FORMATS
+        0x8DF8 => Some(0x8DF9), // SHADER_BINARY_FORMATS
+        0x87FF => Some(0x87FE), // PROGRAM_BINARY_FORMATS
+        _ => None,
+    }
+}
+
+/// `glGet{Integer,Float,Boolean}v(pname)`: answers the values' bytes (`glGetIntegerv` of a
+/// binding answers the guest's name). The driver writes into a buffer sized from its own
+/// count for list queries, with room to spare for the others.
+fn get_values(
+    gl: &Gl,
+    cx: &mut ContextState,
+    r: &mut Reader<'_>,
+    reply: &mut Encoder,
+    opc: u32,
+) -> DecodeResult {
+    let pname = r.u32()?;
+    let n = match list_count(pname) {
+        Some(c) => {
+            let mut k = 0i32;
+            // SAFETY: a current context; a count query writes one value.
+            unsafe { (gl.glGetIntegerv)(c, &mut k) };
+            k.clamp(0, 4096) as usize
+        }
+        None => sz::get_count(pname),
+    };
+    let mut v = vec![0u32; n + 16];
+    // SAFETY: a current context; `v` has room for what `pname` answers (the list queries'
+    // counts asked first) and 16 values more.
+    unsafe {
+        if opc == op::glGetIntegerv {
+            (gl.glGetIntegerv)(pname, v.as_mut_ptr().cast());
+        } else if opc == op::glGetFloatv {
+            (gl.glGetFloatv)(pname, v.as_mut_ptr().cast());
+        } else {
+            (gl.glGetBooleanv)(pname, v.as_mut_ptr().cast());
+        }
+    }
+    let b: Vec<u8> = if opc == op::glGetBooleanv {
+        // Booleans are one byte each.
+        v.iter().flat_map(|x| x.to_ne_bytes()).take(n).collect()
+    } else {
+        if opc == op::glGetIntegerv {
+            if let Some(k) = binding_kind(pname) {
+                v[0] = cx.share().guest_of(k, v[0]);
+            }
+        }
+        v[..n].iter().flat_map(|x| x.to_ne_bytes()).collect()
+    };
+    reply.packet(opc).bytes(&b);
+    Ok(())
+}
+
 pub(crate) fn glGetIntegerv(
     gl: &Gl,
     cx: &mut ContextState,
     r: &mut Reader<'_>,
     reply: &mut Encoder,
 ) -> DecodeResult {
-    let pname = r.u32()?;
-    let n = sz::get_count(pname);
-    let mut v = vec![0i32; n];
-    // SAFETY: a current context; `v` has room for every value `pname` answers.
-    unsafe { (gl.glGetIntegerv)(pname, v.as_mut_ptr()) };
-    if let Some(k) = binding_kind(pname) {
-        v[0] = cx.share().guest_of(k, v[0] as u32) as i32;
-    }
-    let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    reply.packet(op::glGetIntegerv).bytes(&b);
-    Ok(())
+    get_values(gl, cx, r, reply, op::glGetIntegerv)
+}
+
+pub(crate) fn glGetFloatv(
+    gl: &Gl,
+    cx: &mut ContextState,
+    r: &mut Reader<'_>,
+    reply: &mut Encoder,
+) -> DecodeResult {
+    get_values(gl, cx, r, reply, op::glGetFloatv)
+}
+
+pub(crate) fn glGetBooleanv(
+    gl: &Gl,
+    cx: &mut ContextState,
+    r: &mut Reader<'_>,
+    reply: &mut Encoder,
+) -> DecodeResult {
+    get_values(gl, cx, r, reply, op::glGetBooleanv)
 }
 
 pub(crate) fn glVertexAttribPointer(

@@ -102,3 +102,32 @@ pub(crate) fn glRenderbufferStorage(
     let n = (width.max(0) as u64) * (height.max(0) as u64) * 4;
     cx.share().set_renderbuffer_bytes(r, n);
 }
+
+/// Buffer targets of GLES 2.0 only: a newer host context would take the pixel buffer
+/// targets, which turn the pointers of pixel calls into offsets.
+pub(crate) fn check_glBindBuffer(
+    _gl: &Gl,
+    cx: &mut ContextState,
+    target: u32,
+    _buffer: u32,
+) -> bool {
+    let ok = matches!(target, 0x8892 | 0x8893);
+    if !ok {
+        cx.error(super::GL_INVALID_ENUM);
+    }
+    ok
+}
+
+/// The alignments only (GLES 2.0's pixel store): row lengths and skips of a newer host
+/// context would make the driver read or write past the arrays sized here.
+pub(crate) fn check_glPixelStorei(_gl: &Gl, cx: &mut ContextState, pname: u32, param: i32) -> bool {
+    if !matches!(pname, 0x0CF5 | 0x0D05) {
+        cx.error(super::GL_INVALID_ENUM);
+        return false;
+    }
+    if !matches!(param, 1 | 2 | 4 | 8) {
+        cx.error(super::GL_INVALID_VALUE);
+        return false;
+    }
+    true
+}

@@ -23,10 +23,14 @@ pub fn cstr_ptr(b: Option<&[u8]>) -> Option<*const c_char> {
     b.contains(&0).then_some(b.as_ptr().cast())
 }
 
-/// A zeroed, 4-aligned buffer of at least `n` bytes for the driver to write; `None` past
-/// [`MAX_OUT`].
+/// Spare bytes after every output buffer: a newer host context answers some names of
+/// GLES 2.0 queries with more values than GLES 2.0 does.
+pub const OUT_SLACK: usize = 64;
+
+/// A zeroed, 4-aligned buffer of at least `n` bytes (and [`OUT_SLACK`] more) for the
+/// driver to write; `None` past [`MAX_OUT`].
 pub fn out_buf(n: usize) -> Option<Vec<u32>> {
-    (n <= MAX_OUT).then(|| vec![0u32; n.div_ceil(4).max(1)])
+    (n <= MAX_OUT).then(|| vec![0u32; (n + OUT_SLACK).div_ceil(4)])
 }
 
 /// The first `n` bytes of an output buffer.
