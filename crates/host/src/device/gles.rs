@@ -216,7 +216,7 @@ pub fn default_worker() -> PathBuf {
 /// The first `len` bytes of the stream region, checked against its size and [`MAX_BATCH`].
 fn read_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<Vec<u8>, Status> {
     let size = cx.meta(region)?.size;
-    if len > size || len > MAX_BATCH || len % 4 != 0 {
+    if len > size || len > MAX_BATCH || len & 3 != 0 {
         return Err(cx.fail(
             Status::BadArgument,
             format!(
