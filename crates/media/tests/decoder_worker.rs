@@ -35,29 +35,90 @@ fn worker_main() {
 }
 
 /// Run again with `VIRTSOC_SANDBOX_PROBE` set: enters the sandbox, then tries what it
-/// forbids.
+/// forbids (`1`: files and a socket; else one thing a compromised worker would try).
 #[test]
 fn sandbox_probe() {
-    if std::env::var_os("VIRTSOC_SANDBOX_PROBE").is_none() {
+    let Some(what) = std::env::var("VIRTSOC_SANDBOX_PROBE").ok() else {
         return;
-    }
+    };
+    // The daemon is the parent (asked before the sandbox, which does not allow asking).
+    let parent = rustix::process::getppid().map_or(1, |p| p.as_raw_nonzero().get());
     virtsoc_media::codec::sandbox::enter().unwrap();
-    match std::fs::File::open("/etc/hostname") {
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => eprintln!("open refused"),
-        other => eprintln!("open answered {other:?}"),
+    // Threads, as libavcodec starts them, still work.
+    std::thread::spawn(|| eprintln!("thread ran"))
+        .join()
+        .unwrap();
+    eprintln!("uid {}", rustix::process::geteuid().as_raw());
+    let me = std::process::id() as i32;
+    // SAFETY (every block below): raw system calls with plain integer arguments and null
+    // pointers where the call takes one; none touches memory of this process.
+    match what.as_str() {
+        "fork" => {
+            let r = unsafe { libc::fork() };
+            eprintln!("fork answered {r}");
+        }
+        "clone-process" => {
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_clone,
+                    libc::SIGCHLD as u64,
+                    0u64,
+                    0u64,
+                    0u64,
+                    0u64,
+                )
+            };
+            eprintln!("clone of a process answered {r}");
+        }
+        "prctl" => {
+            let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1u64, 0u64, 0u64, 0u64) };
+            let e = std::io::Error::last_os_error();
+            eprintln!("prctl answered {r} ({e})");
+        }
+        "kill" => {
+            // Signal 0 checks permission only: nothing is delivered if it were allowed.
+            let r = unsafe { libc::kill(parent, 0) };
+            eprintln!("kill answered {r}");
+        }
+        "tgkill-own" => {
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, me, me, 0) };
+            eprintln!("tgkill of its own thread answered {r}");
+        }
+        "tgkill" => {
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, parent, parent, 0) };
+            eprintln!("tgkill answered {r}");
+        }
+        "ptrace" => {
+            let r = unsafe {
+                libc::ptrace(
+                    libc::PTRACE_PEEKDATA,
+                    parent,
+                    std::ptr::null_mut::<libc::c_void>(),
+                    std::ptr::null_mut::<libc::c_void>(),
+                )
+            };
+            eprintln!("ptrace answered {r}");
+        }
+        _ => {
+            match std::fs::File::open("/etc/hostname") {
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    eprintln!("open refused")
+                }
+                other => eprintln!("open answered {other:?}"),
+            }
+            if !rustix::process::geteuid().is_root() {
+                eprintln!("not root");
+            }
+            // A socket: the filter kills the process here.
+            let _ = std::net::UdpSocket::bind("127.0.0.1:0");
+            eprintln!("socket allowed");
+        }
     }
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("not root");
-    }
-    // A socket: the filter kills the process here.
-    let _ = std::net::UdpSocket::bind("127.0.0.1:0");
-    eprintln!("socket allowed");
     std::process::exit(0);
 }
 
-#[test]
-fn the_sandbox_refuses_files_and_kills_on_sockets() {
-    use std::os::unix::process::ExitStatusExt;
+/// Runs `sandbox_probe` with `what`: its exit status and what it printed.
+fn probe(what: &str) -> (std::process::ExitStatus, String) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -66,19 +127,56 @@ fn the_sandbox_refuses_files_and_kills_on_sockets() {
             "--test-threads",
             "1",
         ])
-        .env("VIRTSOC_SANDBOX_PROBE", "1")
+        .env("VIRTSOC_SANDBOX_PROBE", what)
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_sandbox_refuses_files_and_kills_on_sockets() {
+    use std::os::unix::process::ExitStatusExt;
+    let (status, err) = probe("1");
     assert!(err.contains("open refused"), "{err}");
     assert!(err.contains("not root"), "{err}");
     assert!(!err.contains("socket allowed"), "{err}");
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGSYS),
-        "{:?}: {err}",
-        out.status
+    assert_eq!(status.signal(), Some(libc::SIGSYS), "{status:?}: {err}");
+}
+
+/// What a compromised worker would try next - a new process, a changed process attribute,
+/// a signal to or a trace of its daemon - is stopped: the worker is killed, or refused.
+/// Threads keep working, and a root daemon's workers run as a user of their own.
+#[test]
+fn a_compromised_worker_cannot_fork_signal_trace_or_reconfigure() {
+    use std::os::unix::process::ExitStatusExt;
+    for what in ["fork", "clone-process", "kill", "tgkill", "ptrace"] {
+        let (status, err) = probe(what);
+        assert!(
+            err.contains("thread ran"),
+            "{what}: threads must work: {err}"
+        );
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGSYS),
+            "{what} was not stopped: {status:?}: {err}"
+        );
+    }
+    let (status, err) = probe("prctl");
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(
+        err.contains("prctl answered -1"),
+        "prctl(PR_SET_DUMPABLE) allowed: {err}"
     );
+    let (status, err) = probe("tgkill-own");
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(err.contains("answered 0"), "{err}");
+    if rustix::process::geteuid().is_root() {
+        let want = virtsoc_media::codec::sandbox::worker_uid(std::process::id());
+        assert!(err.contains(&format!("uid {want}")), "{err}");
+    }
 }
 
 fn worker(threads: usize) -> ProcessDecoder {
