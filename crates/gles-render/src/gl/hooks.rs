@@ -131,3 +131,51 @@ pub(crate) fn check_glPixelStorei(_gl: &Gl, cx: &mut ContextState, pname: u32, p
     }
     true
 }
+
+/// Writes the guest's name of the host name in `*out` of `kind` over it.
+///
+/// # Safety
+/// `out` points to one writable value (the generated decoders pass their output buffers).
+unsafe fn to_guest_name(cx: &mut ContextState, kind: super::names::Kind, out: *mut i32) {
+    // SAFETY: the caller's contract.
+    unsafe { *out = cx.share().guest_of(kind, *out as u32) as i32 };
+}
+
+/// `GL_VERTEX_ATTRIB_ARRAY_BUFFER_BINDING` answers the guest's name.
+pub(crate) fn glGetVertexAttribiv(
+    _gl: &Gl,
+    cx: &mut ContextState,
+    _index: u32,
+    pname: u32,
+    params: *mut i32,
+) {
+    if pname == 0x889F {
+        // SAFETY: `params` is the decoder's output buffer (one value at least).
+        unsafe { to_guest_name(cx, super::names::Kind::Buffer, params) };
+    }
+}
+
+/// `GL_FRAMEBUFFER_ATTACHMENT_OBJECT_NAME` answers the guest's name of the texture or
+/// renderbuffer.
+pub(crate) fn glGetFramebufferAttachmentParameteriv(
+    gl: &Gl,
+    cx: &mut ContextState,
+    target: u32,
+    attachment: u32,
+    pname: u32,
+    params: *mut i32,
+) {
+    if pname != 0x8CD1 {
+        return;
+    }
+    let mut ty = 0i32;
+    // SAFETY: a current context; one value (the attachment's object type).
+    unsafe { (gl.glGetFramebufferAttachmentParameteriv)(target, attachment, 0x8CD0, &mut ty) };
+    let kind = match ty as u32 {
+        0x1702 => super::names::Kind::Texture,
+        0x8D41 => super::names::Kind::Renderbuffer,
+        _ => return,
+    };
+    // SAFETY: `params` is the decoder's output buffer (one value at least).
+    unsafe { to_guest_name(cx, kind, params) };
+}
