@@ -4,6 +4,9 @@
 //! (`round_trips`, `bytes`/`stream_bytes`, `frames`/`swaps`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -87,15 +90,45 @@ pub struct SceneCost {
     pub frames: Option<u64>,
 }
 
-/// Reads the counters of the guests a program opens, scene by scene.
+/// The guests' list of the control API (None: it did not answer).
+fn guests(target: &Target) -> Option<Vec<Value>> {
+    let r = request(target, "GET", "/guests", b"").ok()?;
+    if r.status != 200 {
+        return None;
+    }
+    match r.json() {
+        Value::Array(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// The summed counters of the guests not in `before` (None: no such guest, or no answer).
+fn snapshot(target: &Target, before: &BTreeSet<u64>) -> Option<Snapshot> {
+    let ours: Vec<Snapshot> = guests(target)?
+        .iter()
+        .filter(|g| g["id"].as_u64().is_some_and(|id| !before.contains(&id)))
+        .map(Snapshot::of_guest)
+        .collect();
+    if ours.is_empty() {
+        return None;
+    }
+    Some(ours.into_iter().fold(Snapshot::default(), Snapshot::plus))
+}
+
+/// Reads the counters of the guests a program opens, scene by scene. A program may have
+/// closed its connection by the time its last scene's line is read, so a thread also
+/// samples them every 100 ms: a scene whose end finds no guest takes the latest sample.
 pub struct GuestCounters {
     target: Target,
     /// Guests that existed before the program started (not its own).
-    before: BTreeSet<u64>,
+    before: Arc<BTreeSet<u64>>,
     last: Snapshot,
     scenes: BTreeMap<String, SceneCost>,
     /// Whether the control API answered at all.
     reachable: bool,
+    latest: Arc<Mutex<Option<Snapshot>>>,
+    stop: Arc<AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<()>>,
 }
 
 impl GuestCounters {
@@ -103,61 +136,85 @@ impl GuestCounters {
     pub fn new(socket: &str) -> GuestCounters {
         GuestCounters {
             target: crate::ctl::target(Some(socket.to_string())),
-            before: BTreeSet::new(),
+            before: Arc::new(BTreeSet::new()),
             last: Snapshot::default(),
             scenes: BTreeMap::new(),
             reachable: false,
+            latest: Arc::new(Mutex::new(None)),
+            stop: Arc::new(AtomicBool::new(false)),
+            sampler: None,
         }
     }
 
-    fn guests(&self) -> Option<Vec<Value>> {
-        let r = request(&self.target, "GET", "/guests", b"").ok()?;
-        if r.status != 200 {
-            return None;
-        }
-        match r.json() {
-            Value::Array(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// Before the program starts: remembers the guests that are not its own.
+    /// Before the program starts: remembers the guests that are not its own and starts
+    /// sampling.
     pub fn begin(&mut self) {
-        let gs = self.guests();
+        self.end_sampling();
+        let gs = guests(&self.target);
         self.reachable = gs.is_some();
-        self.before = gs
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|g| g["id"].as_u64())
-            .collect();
+        self.before = Arc::new(
+            gs.unwrap_or_default()
+                .iter()
+                .filter_map(|g| g["id"].as_u64())
+                .collect(),
+        );
         self.last = Snapshot::default();
         self.scenes.clear();
+        if let Ok(mut l) = self.latest.lock() {
+            *l = None;
+        }
+        if !self.reachable {
+            return;
+        }
+        self.stop = Arc::new(AtomicBool::new(false));
+        let (target, before, latest, stop) = (
+            self.target.clone(),
+            self.before.clone(),
+            self.latest.clone(),
+            self.stop.clone(),
+        );
+        self.sampler = Some(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(s) = snapshot(&target, &before) {
+                    if let Ok(mut l) = latest.lock() {
+                        *l = Some(s);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }));
+    }
+
+    fn end_sampling(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.sampler.take() {
+            let _ = t.join();
+        }
     }
 
     /// A scene ended: what it cost is the difference to the previous scene's end.
     pub fn scene_ended(&mut self, name: &str) {
-        let Some(gs) = self.guests() else {
+        if !self.reachable {
             return;
-        };
-        let now = gs
-            .iter()
-            .filter(|g| {
-                g["id"]
-                    .as_u64()
-                    .is_some_and(|id| !self.before.contains(&id))
-            })
-            .map(Snapshot::of_guest)
-            .fold(Snapshot::default(), Snapshot::plus);
-        self.scenes.insert(name.to_string(), now.minus(self.last));
-        self.last = now;
+        }
+        let now = snapshot(&self.target, &self.before)
+            .or_else(|| self.latest.lock().ok().and_then(|l| *l));
+        if let Some(now) = now {
+            self.scenes.insert(name.to_string(), now.minus(self.last));
+            self.last = now;
+        }
     }
 
     /// The program's per-scene costs (empty when the control API did not answer).
     pub fn take(&mut self) -> BTreeMap<String, SceneCost> {
-        if !self.reachable {
-            return BTreeMap::new();
-        }
+        self.end_sampling();
         std::mem::take(&mut self.scenes)
+    }
+}
+
+impl Drop for GuestCounters {
+    fn drop(&mut self) {
+        self.end_sampling();
     }
 }
 
