@@ -50,14 +50,16 @@ fn sandbox_probe() {
         .unwrap();
     eprintln!("uid {}", rustix::process::geteuid().as_raw());
     let me = std::process::id() as i32;
-    // SAFETY (every block below): raw system calls with plain integer arguments and null
-    // pointers where the call takes one; none touches memory of this process.
     match what.as_str() {
         "fork" => {
+            // SAFETY: a raw system call with integer arguments (null pointers where it takes
+            // any); it touches no memory of this process.
             let r = unsafe { libc::fork() };
             eprintln!("fork answered {r}");
         }
         "clone-process" => {
+            // SAFETY: a raw system call with integer arguments (null pointers where it takes
+            // any); it touches no memory of this process.
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_clone,
@@ -71,24 +73,34 @@ fn sandbox_probe() {
             eprintln!("clone of a process answered {r}");
         }
         "prctl" => {
+            // SAFETY: a raw system call with integer arguments (null pointers where it takes
+            // any); it touches no memory of this process.
             let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1u64, 0u64, 0u64, 0u64) };
             let e = std::io::Error::last_os_error();
             eprintln!("prctl answered {r} ({e})");
         }
         "kill" => {
             // Signal 0 checks permission only: nothing is delivered if it were allowed.
+            // SAFETY: a raw system call with integer arguments (null pointers where it takes
+            // any); it touches no memory of this process.
             let r = unsafe { libc::kill(parent, 0) };
             eprintln!("kill answered {r}");
         }
         "tgkill-own" => {
+            // SAFETY: a raw system call with integer arguments (null pointers where it takes
+            // any); it touches no memory of this process.
             let r = unsafe { libc::syscall(libc::SYS_tgkill, me, me, 0) };
             eprintln!("tgkill of its own thread answered {r}");
         }
         "tgkill" => {
+            // SAFETY: a raw system call with integer arguments (null pointers where it takes
+            // any); it touches no memory of this process.
             let r = unsafe { libc::syscall(libc::SYS_tgkill, parent, parent, 0) };
             eprintln!("tgkill answered {r}");
         }
         "ptrace" => {
+            // SAFETY: a raw system call with integer arguments (null pointers where it takes
+            // any); it touches no memory of this process.
             let r = unsafe {
                 libc::ptrace(
                     libc::PTRACE_PEEKDATA,
