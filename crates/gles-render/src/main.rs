@@ -5,6 +5,12 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 fn main() {
+    // SAFETY: prctl with integer arguments only: die with the daemon (no orphaned
+    // workers holding GPU memory), and never gain privileges through exec.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     // A guest's vendor-library settings must not make the worker load virtsoc's own EGL.
     if std::env::var("__EGL_VENDOR_LIBRARY_FILENAMES").is_ok_and(|v| v.contains("virtsoc")) {
