@@ -61,9 +61,14 @@ pub fn get_count(pname: u32) -> usize {
     }
 }
 
-/// Values `glTexParameter{i,f}v`/`glGetTexParameter{i,f}v` read or write for `pname`.
-pub fn tex_param_count(_pname: u32) -> usize {
-    1
+/// Values `glTexParameter{i,f}v`/`glGetTexParameter{i,f}v` read or write for `pname`
+/// (`GL_TEXTURE_BORDER_COLOR`, which a newer host context takes, has 4).
+pub fn tex_param_count(pname: u32) -> usize {
+    if pname == 0x1004 {
+        4
+    } else {
+        1
+    }
 }
 
 /// Values `glGetVertexAttrib{i,f}v` writes for `pname`.

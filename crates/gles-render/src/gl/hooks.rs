@@ -179,3 +179,59 @@ pub(crate) fn glGetFramebufferAttachmentParameteriv(
     // SAFETY: `params` is the decoder's output buffer (one value at least).
     unsafe { to_guest_name(cx, kind, params) };
 }
+
+/// Puts the alignment the sizes were computed with in force (whatever else set it on this
+/// context).
+fn assert_alignment(gl: &Gl, pname: u32, alignment: i64) {
+    // SAFETY: a current context; scalar arguments.
+    unsafe { (gl.glPixelStorei)(pname, alignment as i32) };
+}
+
+pub(crate) fn check_glTexImage2D(
+    gl: &Gl,
+    cx: &mut ContextState,
+    _target: u32,
+    _level: i32,
+    _internalformat: i32,
+    _width: i32,
+    _height: i32,
+    _border: i32,
+    _format: u32,
+    _ty: u32,
+    _pixels: *const c_void,
+) -> bool {
+    assert_alignment(gl, 0x0CF5, cx.unpack_alignment);
+    true
+}
+
+pub(crate) fn check_glTexSubImage2D(
+    gl: &Gl,
+    cx: &mut ContextState,
+    _target: u32,
+    _level: i32,
+    _xoffset: i32,
+    _yoffset: i32,
+    _width: i32,
+    _height: i32,
+    _format: u32,
+    _ty: u32,
+    _pixels: *const c_void,
+) -> bool {
+    assert_alignment(gl, 0x0CF5, cx.unpack_alignment);
+    true
+}
+
+pub(crate) fn check_glReadPixels(
+    gl: &Gl,
+    cx: &mut ContextState,
+    _x: i32,
+    _y: i32,
+    _width: i32,
+    _height: i32,
+    _format: u32,
+    _ty: u32,
+    _pixels: *mut c_void,
+) -> bool {
+    assert_alignment(gl, 0x0D05, cx.pack_alignment);
+    true
+}
