@@ -1,7 +1,9 @@
 //! The virtsoc guest's costs per glmark2 scene, read from the daemon's control API
 //! (`GET /guests`) each time glmark2 prints a scene's result: `gles` device commands (one per
 //! stream batch), SVM copies, and the guest's `gles` counters when the daemon reports them
-//! (`round_trips`, `bytes`/`stream_bytes`, `frames`/`swaps`).
+//! (`round_trips`, `bytes`/`stream_bytes`, `frames`/`swaps`). Without the daemon's byte
+//! count, the bytes SVM copied into the `gles` domain from elsewhere (the stream regions the
+//! guest wrote, as the device reads them) stand for the stream's bytes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +25,8 @@ struct Snapshot {
     round_trips: Option<u64>,
     /// The daemon's `gles.bytes` (or `stream_bytes`), if reported.
     bytes: Option<u64>,
+    /// Bytes SVM copied into the `gles` domain from another.
+    upload_bytes: u64,
     /// The daemon's `gles.frames` (or `swaps`), if reported.
     frames: Option<u64>,
 }
@@ -50,6 +54,15 @@ impl Snapshot {
                 + n(&g["counters"]["device_copies"]).unwrap_or(0),
             round_trips: first(&["round_trips"]),
             bytes: first(&["bytes", "stream_bytes"]),
+            upload_bytes: g["links"]
+                .as_array()
+                .map(|ls| {
+                    ls.iter()
+                        .filter(|l| l["dst"] == "gles" && l["src"] != "gles")
+                        .filter_map(|l| n(&l["bytes"]))
+                        .sum()
+                })
+                .unwrap_or(0),
             frames: first(&["frames", "swaps", "presents"]),
         }
     }
@@ -60,6 +73,7 @@ impl Snapshot {
             copies: self.copies + o.copies,
             round_trips: add(self.round_trips, o.round_trips),
             bytes: add(self.bytes, o.bytes),
+            upload_bytes: self.upload_bytes + o.upload_bytes,
             frames: add(self.frames, o.frames),
         }
     }
@@ -70,6 +84,7 @@ impl Snapshot {
             copies: self.copies.saturating_sub(o.copies),
             round_trips: sub(self.round_trips, o.round_trips),
             bytes: sub(self.bytes, o.bytes),
+            upload_bytes: self.upload_bytes.saturating_sub(o.upload_bytes),
             frames: sub(self.frames, o.frames),
         }
     }
@@ -86,6 +101,8 @@ pub struct SceneCost {
     pub round_trips: Option<u64>,
     /// Stream bytes, when the daemon counts them.
     pub bytes: Option<u64>,
+    /// Bytes SVM copied into the `gles` domain.
+    pub upload_bytes: u64,
     /// Frames, when the daemon counts them.
     pub frames: Option<u64>,
 }
@@ -227,6 +244,8 @@ pub struct PerFrame {
     pub round_trips_source: Option<String>,
     /// Stream bytes per frame.
     pub bytes: Option<f64>,
+    /// `gles bytes` (the daemon's count) or `SVM bytes into gles`.
+    pub bytes_source: Option<String>,
     /// SVM copies per frame.
     pub copies: Option<f64>,
     /// `daemon` (counted frames) or `fps x duration`.
@@ -265,7 +284,17 @@ pub fn per_frame<'a>(
                 rt.push(Some(c.commands as f64 / frames));
             }
         }
-        bytes.push(c.bytes.map(|b| b as f64 / frames));
+        let b = match c.bytes {
+            Some(b) => {
+                out.bytes_source = Some("gles bytes".into());
+                b
+            }
+            None => {
+                out.bytes_source = Some("SVM bytes into gles".into());
+                c.upload_bytes
+            }
+        };
+        bytes.push(Some(b as f64 / frames));
         copies.push(Some(c.copies as f64 / frames));
     }
     out.round_trips = super::median(rt);
@@ -297,6 +326,7 @@ mod tests {
             copies: 5,
             round_trips: Some(100),
             bytes: Some(8192),
+            upload_bytes: 0,
             frames: None,
         };
         let c = later.minus(s);
@@ -308,13 +338,22 @@ mod tests {
         assert_eq!(pf.bytes, Some(4096.0 / 40.0));
         assert_eq!(pf.frames_source.as_deref(), Some("fps x duration"));
         // Without the daemon's gles counters: commands per frame.
-        let bare = Snapshot::of_guest(&serde_json::json!({"commands": {"gles": 40}}));
+        let bare = Snapshot::of_guest(&serde_json::json!({
+            "commands": {"gles": 40},
+            "links": [
+                {"src": "guest-window", "dst": "gles", "copies": 3, "bytes": 800, "ns": 1},
+                {"src": "gles", "dst": "gles", "copies": 3, "bytes": 8000, "ns": 1},
+                {"src": "gles", "dst": "guest-window", "copies": 1, "bytes": 99, "ns": 1}
+            ]
+        }));
+        assert_eq!(bare.upload_bytes, 800);
         let pf = per_frame(
             [(Some(&bare.minus(Snapshot::default())), Some(&name))].into_iter(),
             2.0,
         );
         assert_eq!(pf.round_trips, Some(1.0));
         assert_eq!(pf.round_trips_source.as_deref(), Some("gles commands"));
-        assert_eq!(pf.bytes, None);
+        assert_eq!(pf.bytes, Some(20.0));
+        assert_eq!(pf.bytes_source.as_deref(), Some("SVM bytes into gles"));
     }
 }

@@ -266,8 +266,11 @@ pub struct SceneRow {
     pub round_trips_per_frame: Option<f64>,
     /// Which counter `round_trips_per_frame` came from (`round_trips` or `gles commands`).
     pub round_trips_source: Option<String>,
-    /// Stream bytes per frame on the virtsoc path (the daemon's `gles` counters).
+    /// Stream bytes per frame on the virtsoc path (the daemon's `gles` counters, else the
+    /// bytes SVM copied into the `gles` domain).
     pub bytes_per_frame: Option<f64>,
+    /// Which counter `bytes_per_frame` came from.
+    pub bytes_source: Option<String>,
     /// SVM copies per presented frame on the virtsoc path.
     pub copies_per_frame: Option<f64>,
     /// Frames counted by the daemon (or FPS x duration) per round, virtsoc path.
@@ -567,6 +570,7 @@ fn report(
                 round_trips_per_frame: per_frame.round_trips,
                 round_trips_source: per_frame.round_trips_source,
                 bytes_per_frame: per_frame.bytes,
+                bytes_source: per_frame.bytes_source,
                 copies_per_frame: per_frame.copies,
                 frames_source: per_frame.frames_source,
                 native_fps_rounds: native,

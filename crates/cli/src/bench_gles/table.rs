@@ -107,8 +107,14 @@ pub fn print(r: &GlesReport) {
             .iter()
             .find_map(|s| s.frames_source.as_deref())
             .unwrap_or("-");
+        let bytes = r
+            .scenes
+            .iter()
+            .find_map(|s| s.bytes_source.as_deref())
+            .unwrap_or("-");
         println!(
-            "virtsoc path: rt/frame counts {src}; frames from {frames}; copies are SVM copies"
+            "virtsoc path: rt/frame counts {src}; B/frame counts {bytes}; frames from {frames}; \
+             copies are SVM copies (stream regions included)"
         );
     }
 }
