@@ -323,6 +323,18 @@ unsafe fn client_block(p: &mut Packet<'_>, attrs: &[(u32, Attrib)], base: usize,
         } else {
             a.stride as usize
         };
+        if stride == elem {
+            // Tightly packed: one copy.
+            let src = (a.ptr + base * stride) as *const u8;
+            // SAFETY: the caller's contract: vertices `base..base+nverts` are readable.
+            let data = unsafe { std::slice::from_raw_parts(src, elem * nverts) };
+            p.u32(*i)
+                .i32(a.size)
+                .u32(a.ty)
+                .u32(a.normalized as u32)
+                .bytes(data);
+            continue;
+        }
         let mut data = Vec::with_capacity(elem * nverts);
         for v in base..base + nverts {
             let src = (a.ptr + v * stride) as *const u8;
