@@ -268,8 +268,11 @@ fn triangles_drawn_through_the_stream_read_back() {
 
         // Right half from client memory, vertices 2..5 of a larger array: green.
         bind_buffer(0x8892, 0);
-        let right: [f32; 10] = [9.0, 9.0, 9.0, 9.0, 1.0, 1.0, 0.0, 1.0, 1.0, -1.0];
-        vertex_attrib_pointer(0, 2, 0x1406, 0, 8, right.as_ptr().cast());
+        // Interleaved with a third float the draw does not use (stride 12).
+        let right: [f32; 15] = [
+            9.0, 9.0, 0.0, 9.0, 9.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 0.0,
+        ];
+        vertex_attrib_pointer(0, 2, 0x1406, 0, 12, right.as_ptr().cast());
         uniform4f(color, 0.0, 1.0, 0.0, 1.0);
         draw_arrays(0x0004, 2, 3);
         assert_eq!(pixel(W - 3, W - 3), [0, 255, 0, 255]);
