@@ -33,6 +33,7 @@ test: export CARGO_INCREMENTAL = 0
 test: deps lint
 	$(CARGO) build --workspace $(TEST_FEATURES)
 	$(CARGO) test --workspace $(TEST_FEATURES)
+	./target/debug/virtsoc gles validate --scenes all
 	tests/c/run.sh debug
 
 ## Quick checks that need no root and no system packages beyond the build's: formatting,
