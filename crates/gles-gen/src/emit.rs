@@ -45,11 +45,18 @@ pub(crate) fn rust_type(t: &CType) -> String {
     }
 }
 
-/// A parameter name that is a Rust keyword gets a `_`.
+/// A parameter name that is a Rust keyword or a name the generated code uses itself gets
+/// a `_`.
 fn ident(n: &str) -> String {
-    match n {
-        "type" | "ref" | "in" | "fn" | "match" | "box" | "mod" | "use" => format!("{n}_"),
-        _ => n.to_owned(),
+    const TAKEN: &[&str] = &[
+        "type", "ref", "in", "fn", "match", "box", "mod", "use", "loop", "move", "self", "impl",
+        "p", "r", "a", "b", "f", "gl", "cx", "st", "ctx", "reply", "stream", "enc", "res", "ret",
+        "outs", "names", "cnt", "new_name", "guest", "host", "op", "sz",
+    ];
+    if TAKEN.contains(&n) {
+        format!("{n}_")
+    } else {
+        n.to_owned()
     }
 }
 
