@@ -189,6 +189,49 @@ fn codec_sessions_and_threads_are_capped_across_guests() {
     }
 }
 
+/// A decoder's worker process counts against its guest's memory limit (32 MiB each), and
+/// no guest holds more than its share of the codec threads: idle 1-thread decoders cannot
+/// pile up worker processes uncounted, nor can one guest take every thread.
+#[test]
+fn decoder_workers_count_against_the_guests_memory_and_threads_are_shared() {
+    let d = Daemon::start(&[
+        "--gpu-backend",
+        "null",
+        "--guest-mem-limit",
+        &(100u64 << 20).to_string(),
+        "--limit-codec-threads-per-guest",
+        "4",
+    ]);
+    let open = |c: &Connection, threads| {
+        c.command(&codec::OpenDecoder {
+            kind: codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads,
+        })
+        .map(|r| r.handle)
+    };
+    let a = connect(&d);
+    let held: Vec<u64> = (0..3).map(|_| open(&a, 1).unwrap()).collect();
+    // Three workers are 96 MiB of the guest's 100: a fourth is refused, with the reason.
+    match open(&a, 1) {
+        Err(e) => {
+            assert_eq!(e.status(), Status::OutOfMemory);
+            assert!(format!("{e}").contains("memory"), "{e}");
+        }
+        Ok(_) => panic!("a fourth worker fit in 100 MiB"),
+    }
+    a.command(&codec::Close { handle: held[0] }).unwrap();
+    let h = open(&a, 1).unwrap();
+    // Its threads: 3 held of its 4, so a 2-thread decoder is Busy even with memory free.
+    a.command(&codec::Close { handle: h }).unwrap();
+    a.command(&codec::Close { handle: held[1] }).unwrap();
+    open(&a, 2).unwrap();
+    assert_eq!(status(open(&a, 2)), Status::Busy);
+    // Another guest gets its own share.
+    let b = connect(&d);
+    open(&b, 4).unwrap();
+}
+
 #[test]
 fn snapshots_are_rate_limited_per_guest() {
     let dir = std::env::temp_dir().join(format!("virtsoc-limits-snap-{}", std::process::id()));

@@ -21,6 +21,7 @@
 //! | [`codec_sessions_per_guest`](Limits::codec_sessions_per_guest) | 16 | `--limit-codec-sessions` |
 //! | [`codec_sessions`](Limits::codec_sessions) | 64 | `--limit-codec-sessions-total` |
 //! | [`codec_threads`](Limits::codec_threads) | 64 | `--limit-codec-threads` |
+//! | [`codec_threads_per_guest`](Limits::codec_threads_per_guest) | 16 | `--limit-codec-threads-per-guest` |
 //! | [`sms_sent`](Limits::sms_sent) | 256 | `--limit-sms-sent` |
 //! | [`snapshot_interval`](Limits::snapshot_interval) | 1 s | `--limit-snapshot-interval-ms` |
 //! | [`gpu_cost`](Limits::gpu_cost) | 8 x 3840 x 2160 | `--limit-gpu-cost` |
@@ -55,6 +56,11 @@ pub struct Limits {
     pub codec_sessions: usize,
     /// Codec threads of all open sessions together (`Busy` for a session that would go past).
     pub codec_threads: usize,
+    /// Codec threads of one guest's open sessions: its share of [`codec_threads`]
+    /// (`Busy` for a session that would go past), so no guest holds every guest's.
+    ///
+    /// [`codec_threads`]: Limits::codec_threads
+    pub codec_threads_per_guest: usize,
     /// Sent messages the modem keeps per guest; the oldest delivered ones are dropped beyond.
     /// (Its received-message store is the modem's own, 30 slots: a full store answers
     /// `+CMS ERROR: 322`.)
@@ -87,6 +93,7 @@ impl Default for Limits {
             codec_sessions_per_guest: 16,
             codec_sessions: 64,
             codec_threads: 64,
+            codec_threads_per_guest: 16,
             sms_sent: 256,
             snapshot_interval: Duration::from_secs(1),
             gpu_cost: 8 * 3840 * 2160,

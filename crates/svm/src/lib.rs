@@ -373,6 +373,18 @@ impl SvmManager {
         Ok(())
     }
 
+    /// Charges `bytes` of memory a device holds for `guest` outside its regions (a worker
+    /// process, GL objects) against the guest's memory limit, as region memory is:
+    /// `OutOfMemory` past it. The charge is given back when the returned guard drops.
+    pub fn charge(&self, guest: GuestId, bytes: u64) -> Result<MemoryCharge> {
+        let g = self.guest(guest.0)?;
+        g.charge_bytes(bytes)?;
+        Ok(MemoryCharge {
+            guest: Arc::downgrade(&g),
+            bytes,
+        })
+    }
+
     fn guest(&self, guest: u64) -> Result<Arc<GuestSvm>> {
         self.guests
             .read_or_recover()
@@ -622,6 +634,29 @@ impl SvmManager {
             end_accesses: self.counters.end.load(Ordering::Relaxed),
             copies: self.counters.copies.load(Ordering::Relaxed),
             coherence_ns: self.counters.coherence_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Memory a device holds for a guest outside its regions, charged against the guest's limit
+/// ([`SvmManager::charge`]) until this drops.
+#[derive(Debug)]
+pub struct MemoryCharge {
+    guest: std::sync::Weak<GuestSvm>,
+    bytes: u64,
+}
+
+impl MemoryCharge {
+    /// Bytes charged.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for MemoryCharge {
+    fn drop(&mut self) {
+        if let Some(g) = self.guest.upgrade() {
+            g.release_bytes(self.bytes);
         }
     }
 }

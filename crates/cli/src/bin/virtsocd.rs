@@ -165,6 +165,10 @@ struct Args {
     /// Limit: codec threads of all sessions together (Busy beyond).
     #[arg(long, default_value_t = Limits::default().codec_threads)]
     limit_codec_threads: usize,
+    /// Limit: codec threads one guest's open sessions may hold together, its share of
+    /// --limit-codec-threads (Busy beyond).
+    #[arg(long, default_value_t = Limits::default().codec_threads_per_guest)]
+    limit_codec_threads_per_guest: usize,
     /// Limit: sent SMS the modem keeps per guest (the oldest are dropped beyond).
     #[arg(long, default_value_t = Limits::default().sms_sent)]
     limit_sms_sent: usize,
@@ -282,6 +286,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             codec_sessions_per_guest: args.limit_codec_sessions,
             codec_sessions: args.limit_codec_sessions_total,
             codec_threads: args.limit_codec_threads,
+            codec_threads_per_guest: args.limit_codec_threads_per_guest,
             sms_sent: args.limit_sms_sent,
             snapshot_interval: std::time::Duration::from_millis(args.limit_snapshot_interval_ms),
             gpu_cost: args.limit_gpu_cost,

@@ -106,6 +106,8 @@ pub(super) enum Session {
 pub(super) struct Open {
     pub(super) session: Session,
     pub(super) threads: usize,
+    /// The memory of its worker process, charged to the guest (none in process).
+    pub(super) charge: Option<virtsoc_svm::MemoryCharge>,
     /// The command that opened it (replayed by a restore, see [`replay`]).
     pub(super) record: replay::Opened,
 }
@@ -121,24 +123,71 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Codec threads of `guest`'s open sessions.
+    pub(super) fn guest_threads(&self, guest: GuestId) -> usize {
+        self.sessions
+            .iter()
+            .filter(|((g, _), _)| *g == guest)
+            .map(|(_, o)| o.threads)
+            .sum()
+    }
+
     /// Whether `guest` may open one more session of `threads` threads: `OutOfMemory` past its
-    /// own quota, `Busy` past the daemon's (every guest's sessions and threads together).
+    /// own session quota, `Busy` past its share of the codec threads (so no guest takes
+    /// every guest's) or past the daemon's capacity (every guest's sessions and threads
+    /// together).
     pub(super) fn admit(
         &self,
         limits: &Limits,
         guest: GuestId,
         threads: usize,
     ) -> std::result::Result<(), Status> {
+        self.refusal(limits, guest, threads)
+            .map_or(Ok(()), |(status, _)| Err(status))
+    }
+
+    /// Why [`admit`](Self::admit) refuses, if it does.
+    pub(super) fn refusal(
+        &self,
+        limits: &Limits,
+        guest: GuestId,
+        threads: usize,
+    ) -> Option<(Status, String)> {
         let held = self.sessions.keys().filter(|(g, _)| *g == guest).count();
         if held >= limits.codec_sessions_per_guest {
-            return Err(Status::OutOfMemory);
+            return Some((
+                Status::OutOfMemory,
+                format!(
+                    "the guest holds {held} codec sessions, its most ({})",
+                    limits.codec_sessions_per_guest
+                ),
+            ));
+        }
+        let mine = self.guest_threads(guest);
+        if mine + threads > limits.codec_threads_per_guest {
+            return Some((
+                Status::Busy,
+                format!(
+                    "{threads} more codec threads would pass the guest's share of {} (it \
+                     holds {mine}): close a session or ask for fewer threads",
+                    limits.codec_threads_per_guest
+                ),
+            ));
         }
         if self.sessions.len() >= limits.codec_sessions
             || self.threads + threads > limits.codec_threads
         {
-            return Err(Status::Busy);
+            return Some((
+                Status::Busy,
+                format!(
+                    "the codec is at capacity ({} sessions, {} of {} threads): retry later",
+                    self.sessions.len(),
+                    self.threads,
+                    limits.codec_threads
+                ),
+            ));
         }
-        Ok(())
+        None
     }
 
     /// Opens a session under the next handle, or under handle `at` (a restore).
@@ -171,10 +220,22 @@ impl State {
             Open {
                 session: s,
                 threads,
+                charge: None,
                 record,
             },
         );
         Ok(handle)
+    }
+
+    /// Charges session `key`'s worker memory to its guest for as long as it is open.
+    pub(super) fn attach_charge(
+        &mut self,
+        key: &(GuestId, u64),
+        charge: virtsoc_svm::MemoryCharge,
+    ) {
+        if let Some(o) = self.sessions.get_mut(key) {
+            o.charge = Some(charge);
+        }
     }
 
     pub(super) fn remove(&mut self, key: &(GuestId, u64)) -> Option<Session> {

@@ -258,3 +258,40 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
         .unwrap()[0];
     assert_eq!(info(GuestId(3), e), Err(Status::BadArgument), "an encoder");
 }
+
+#[test]
+fn no_guest_holds_more_than_its_share_of_codec_threads() {
+    let limits = Limits {
+        codec_threads: 64,
+        codec_threads_per_guest: 16,
+        ..Limits::default()
+    };
+    let codec = Codec::new(&DeviceConfig::default())
+        .unwrap()
+        .with_limits(&limits);
+    let open = |guest, threads| {
+        codec.open_decoder(
+            guest,
+            api::OpenDecoder {
+                kind: codec_kind::H264,
+                format: Format::Nv12 as u64,
+                threads,
+            },
+        )
+    };
+    // One guest asking for four 16-thread decoders (the whole daemon's threads) gets one.
+    assert!(open(GuestId(1), 16).is_ok());
+    for _ in 0..3 {
+        assert_eq!(open(GuestId(1), 16), Err(Status::Busy));
+    }
+    let why = codec
+        .state()
+        .refusal(&limits, GuestId(1), 16)
+        .map(|(_, why)| why)
+        .unwrap_or_default();
+    assert!(why.contains("share of 16"), "{why}");
+    // The others still get theirs.
+    for g in 2..=4 {
+        assert!(open(GuestId(g), 16).is_ok(), "guest {g} was locked out");
+    }
+}
