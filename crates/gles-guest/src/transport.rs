@@ -42,6 +42,10 @@ struct Slot {
     region: RegionInfo,
     /// `(exec, end_access)` sequence numbers of the batch in flight in it.
     pending: Option<(u64, u64)>,
+    /// Address of the region's window replica, once a waited CPU access gave it (the
+    /// replica stays where it is for the region's life, so later writes queue their
+    /// accesses without waiting).
+    base: Option<usize>,
 }
 
 struct Inner {
@@ -114,10 +118,12 @@ impl Transport {
             Slot {
                 region: alloc(STREAM_REGION)?,
                 pending: None,
+                base: None,
             },
             Slot {
                 region: alloc(STREAM_REGION)?,
                 pending: None,
+                base: None,
             },
         ];
         let reply = alloc(REPLY_REGION)?;
@@ -179,19 +185,43 @@ impl Transport {
         Ok(())
     }
 
-    /// Copies `bytes` into the start of region `id` (a CPU write access).
-    fn write_region(&self, id: u64, bytes: &[u8]) -> Result<(), ChannelError> {
-        let len = bytes.len() as u64;
-        let a = self
-            .conn
-            .begin_access(id, CPU, 0, len, AccessMode::Write)
-            .map_err(channel_error)?;
-        let Some(ptr) = a.ptr else {
-            return Err(ChannelError::Refused("no CPU pointer for a region".into()));
+    /// Copies `bytes` into the start of the slot's region (a CPU write access): the first
+    /// time with a waited begin_access that gives the replica's address, later with the
+    /// access queued (the session runs CPU accesses in ring order, before the device's
+    /// read access queued after them).
+    fn write_region(&self, slot: &mut Slot, bytes: &[u8]) -> Result<(), ChannelError> {
+        let (id, len) = (slot.region.id, bytes.len() as u64);
+        if len > slot.region.size {
+            return Err(ChannelError::Refused("batch larger than its region".into()));
+        }
+        let ptr = match slot.base {
+            Some(base) => {
+                self.conn
+                    .submit_detached(
+                        Opcode::BeginAccess,
+                        CPU,
+                        [id, 0, len, AccessMode::Write as u64, 0, 0],
+                    )
+                    .map_err(channel_error)?;
+                base as *mut u8
+            }
+            None => {
+                let a = self
+                    .conn
+                    .begin_access(id, CPU, 0, len, AccessMode::Write)
+                    .map_err(channel_error)?;
+                let Some(ptr) = a.ptr else {
+                    return Err(ChannelError::Refused("no CPU pointer for a region".into()));
+                };
+                slot.base = Some(ptr.as_ptr() as usize);
+                ptr.as_ptr()
+            }
         };
-        // SAFETY: begin_access checked that `len` bytes from `ptr` lie in the window and
-        // gave this access to us until end_access.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
+        // SAFETY: the first begin_access checked that the region's bytes from `ptr` lie in
+        // the window (len <= the region's size, checked above); the replica stays there for
+        // the region's life and the window stays mapped for the connection's. The batch
+        // that last used the region has ended its accesses (`settle`).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
         self.conn
             .submit_detached(
                 Opcode::EndAccess,
@@ -240,9 +270,13 @@ impl Transport {
             return Err(ChannelError::Lost(why.clone()));
         }
         let len = batch.len() as u64;
+        let before = inner.slots[i].region.id;
         self.grow(&mut inner.slots[i].region, len)?;
+        if inner.slots[i].region.id != before {
+            inner.slots[i].base = None;
+        }
         let stream = inner.slots[i].region.id;
-        self.write_region(stream, batch)?;
+        self.write_region(&mut inner.slots[i], batch)?;
         let gles = gles_id();
         let read = [stream, 0, len, AccessMode::Read as u64, 0, 0];
         let submit = |op, args, detached: bool| {

@@ -139,7 +139,7 @@ fn draws_and_reads_pixels_through_the_daemon() {
     let es3 = [0x3098, 3, 0x3038];
     assert!(create_context(dpy, config, std::ptr::null_mut(), es3.as_ptr()).is_null());
     assert_eq!(get_error(), 0x3009);
-    let (w, h) = (64i32, 48i32);
+    let (w, h) = (1024i32, 768i32);
     let pb_attrs = [0x3057, w, 0x3056, h, 0x3038];
     let surf = create_pbuffer(dpy, config, pb_attrs.as_ptr());
     assert!(
@@ -227,6 +227,41 @@ fn draws_and_reads_pixels_through_the_daemon() {
         pixel(1, h - 2),
         [255, 0, 0, 255],
         "a corner keeps the clear colour"
+    );
+    assert_eq!(gl_get_error(), 0);
+    // The whole frame at once: 3 MiB of answers, more than the first reply region holds.
+    let mut frame = vec![0u8; (w * h * 4) as usize];
+    read_pixels(0, 0, w, h, 0x1908, 0x1401, frame.as_mut_ptr().cast());
+    let at = |x: i32, y: i32| {
+        let o = ((y * w + x) * 4) as usize;
+        [frame[o], frame[o + 1], frame[o + 2], frame[o + 3]]
+    };
+    assert_eq!(at(w / 2, h / 2), [0, 255, 0, 255]);
+    assert_eq!(at(w - 2, h - 2), [255, 0, 0, 255]);
+    let green = frame.chunks(4).filter(|p| p == &[0, 255, 0, 255]).count();
+    assert!(
+        green > (w * h / 4) as usize,
+        "the triangle covers a good part: {green}"
+    );
+    // A texture larger than the first stream region (4 MiB in one packet).
+    let gen_textures: extern "C" fn(i32, *mut u32) = sym(gles, c"glGenTextures");
+    let bind_texture: extern "C" fn(u32, u32) = sym(gles, c"glBindTexture");
+    let tex_image: extern "C" fn(u32, i32, i32, i32, i32, i32, u32, u32, *const c_void) =
+        sym(gles, c"glTexImage2D");
+    let mut tex = 0;
+    gen_textures(1, &mut tex);
+    bind_texture(0x0DE1, tex);
+    let texels = vec![0x7Fu8; 1024 * 1024 * 4];
+    tex_image(
+        0x0DE1,
+        0,
+        0x1908,
+        1024,
+        1024,
+        0,
+        0x1908,
+        0x1401,
+        texels.as_ptr().cast(),
     );
     assert_eq!(gl_get_error(), 0);
     assert_eq!(
