@@ -210,3 +210,48 @@ impl GlState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_contexts_share_names_and_buffers() {
+        let mut a = GlState::new(2, None);
+        let mut b = GlState::new(2, Some(&a));
+        let mut c = GlState::new(2, None);
+        assert_eq!(a.new_names(Kind::Buffer, 2), [1, 2]);
+        assert_eq!(b.new_names(Kind::Buffer, 1), [3]);
+        assert_eq!(c.new_names(Kind::Buffer, 1), [1]);
+        // Programs and shaders share one namespace.
+        assert_eq!(a.new_names(Kind::Program, 1), [1]);
+        assert_eq!(b.new_names(Kind::Shader, 1), [2]);
+        a.element_buffer = 3;
+        a.buffer_data(
+            super::super::GL_ELEMENT_ARRAY_BUFFER,
+            4,
+            Some(&[1, 2, 3, 4]),
+        );
+        a.buffer_sub_data(super::super::GL_ELEMENT_ARRAY_BUFFER, 2, &[9, 9]);
+        a.buffer_sub_data(super::super::GL_ELEMENT_ARRAY_BUFFER, 3, &[7, 7]); // past the end
+        assert_eq!(
+            b.shared().buffers[&3].shadow.as_deref(),
+            Some(&[1, 2, 9, 9][..])
+        );
+        a.attribs[0].buffer = 3;
+        a.deleted(Kind::Buffer, &[3]);
+        assert_eq!((a.element_buffer, a.attribs[0].buffer), (0, 0));
+        assert!(b.shared().buffers.is_empty());
+    }
+
+    #[test]
+    fn errors_are_kept_once_each_oldest_first() {
+        let mut s = GlState::default();
+        s.error(0x501);
+        s.error(0x500);
+        s.error(0x501);
+        assert_eq!(s.take_error(), Some(0x501));
+        assert_eq!(s.take_error(), Some(0x500));
+        assert_eq!(s.take_error(), None);
+    }
+}

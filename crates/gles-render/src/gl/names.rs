@@ -238,3 +238,29 @@ pub(crate) fn delete1(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_both_ways_and_deletion_frees_their_bytes() {
+        let mut s = ShareGroup::default();
+        assert_eq!(s.insert(Kind::Buffer, 1, 10), None);
+        assert_eq!(s.insert(Kind::Texture, 1, 20), None);
+        assert_eq!(s.get(Kind::Buffer, 1), Some(10));
+        assert_eq!(s.get(Kind::Renderbuffer, 1), None);
+        assert_eq!(s.guest_of(Kind::Texture, 20), 1);
+        assert_eq!(s.guest_of(Kind::Texture, 0), 0);
+        s.set_buffer_bytes(10, 100);
+        s.set_texture_bytes(20, 0x0DE1, 0, 64);
+        s.set_texture_bytes(20, 0x0DE1, 1, 16);
+        s.set_texture_bytes(20, 0x0DE1, 1, 8); // respecified
+        assert_eq!(s.bytes(), 172);
+        assert_eq!(s.counts(), [1, 1, 0, 0, 0, 0]);
+        assert_eq!(s.remove(Kind::Texture, 1), Some(20));
+        assert_eq!(s.bytes(), 100);
+        assert_eq!(s.remove(Kind::Buffer, 1), Some(10));
+        assert_eq!((s.bytes(), s.remove(Kind::Buffer, 1)), (0, None));
+    }
+}
