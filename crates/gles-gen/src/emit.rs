@@ -412,7 +412,7 @@ pub fn emit_host(cmds: &[Cmd]) -> String {
     s.push_str(
         "/// Runs GL packet `op` (its payload in `r`) on the current host context; answers of\n\
          /// calls with results go to `reply`.\n\
-         pub fn dispatch(gl: &Gl, cx: &mut ContextState, op: u32, mut r: Reader<'_>, reply: &mut Encoder) -> Result<(), StreamError> {\n    \
+         pub(crate) fn dispatch(gl: &Gl, cx: &mut ContextState, op: u32, mut r: Reader<'_>, reply: &mut Encoder) -> Result<(), StreamError> {\n    \
          let r = &mut r;\n    match op {\n",
     );
     for c in cmds {

@@ -55,7 +55,30 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/gl_host.rs"));
 }
 
-pub use generated::{dispatch, Gl};
+pub use generated::Gl;
+
+/// Runs GL packet `op` (its payload in `payload`) on the current host context, which must be
+/// `cx`'s; the answers of calls with results go to `reply` (`reply.packet(op)`, in packet
+/// order). A malformed packet (a scalar missing, an unknown opcode) is an error; a refused
+/// call is a GL error recorded in `cx` (logged at debug level), not a stream error.
+pub fn dispatch(
+    gl: &Gl,
+    cx: &mut ContextState,
+    op: u32,
+    payload: virtsoc_gles_stream::Reader<'_>,
+    reply: &mut virtsoc_gles_stream::Encoder,
+) -> Result<(), StreamError> {
+    let before = cx.refused;
+    let r = generated::dispatch(gl, cx, op, payload, reply);
+    if cx.refused != before {
+        log::debug!(
+            "gles decoder: {} refused: GL error {:#x}",
+            virtsoc_gles_stream::gl_ops::name(op).unwrap_or("?"),
+            cx.last_error
+        );
+    }
+    r
+}
 
 /// `GL_NO_ERROR`.
 pub const GL_NO_ERROR: u32 = 0;
@@ -83,6 +106,10 @@ pub struct ContextState {
     pub(crate) scratch_vbo: u32,
     /// `GL_MAX_VERTEX_ATTRIBS` of the driver (0 until first asked).
     pub(crate) max_attribs: u32,
+    /// Calls refused by the decoder's checks so far.
+    refused: u64,
+    /// The error of the last refusal.
+    last_error: u32,
 }
 
 impl ContextState {
@@ -97,6 +124,8 @@ impl ContextState {
             pack_alignment: 4,
             scratch_vbo: 0,
             max_attribs: 0,
+            refused: 0,
+            last_error: GL_NO_ERROR,
         }
     }
 
@@ -112,9 +141,16 @@ impl ContextState {
 
     /// Records a GL error found by the decoder (GL keeps one of each kind until read).
     pub fn error(&mut self, e: u32) {
+        self.refused += 1;
+        self.last_error = e;
         if !self.errors.contains(&e) && self.errors.len() < 8 {
             self.errors.push(e);
         }
+    }
+
+    /// How many calls of this context the decoder's checks refused (a guest bug or attack).
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 
     /// The oldest error recorded by the decoder, cleared ([`GL_NO_ERROR`] when none).
