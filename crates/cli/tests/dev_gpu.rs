@@ -376,7 +376,7 @@ fn check_projection(front: &[u8], right: &[u8], left: &[u8]) {
 
 #[test]
 fn wgpu_and_cpu_backends_agree_end_to_end() {
-    let wgpu = Daemon::start(&["--gpu-backend", "wgpu"]);
+    let wgpu = Daemon::start(&["--gpu-backend", "auto"]);
     let got = render(&wgpu);
     let on = gpu_backend(&connect(&wgpu));
     if !on.starts_with("wgpu") {
@@ -404,7 +404,7 @@ fn wgpu_and_cpu_backends_agree_end_to_end() {
 
 #[test]
 fn bad_records_answer_errors_and_the_daemon_keeps_serving() {
-    let mut d = Daemon::start(&["--gpu-backend", "wgpu"]);
+    let mut d = Daemon::start(&["--gpu-backend", "auto"]);
     let s = Scene::new(&d);
     let good = s.layers();
     let one = |l: LayerRecord| s.composite(&[l], 1, s.dst);

@@ -389,6 +389,26 @@ fn a_stale_socket_file_is_replaced() {
 }
 
 #[test]
+fn an_unusable_state_dir_is_named_in_the_error() {
+    let path = temp_socket("state-dir");
+    let dir = "/proc/virtsoc-no-such-state-dir";
+    let (status, err) = run_virtsocd(
+        &[
+            "--socket",
+            path.to_str().unwrap(),
+            "--gpu-backend",
+            "null",
+            "--state-dir",
+            dir,
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(!status.success());
+    assert!(err.contains(dir), "the path is not named: {err}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
 fn control_characters_in_a_guest_name_cannot_forge_log_lines() {
     let mut d = Daemon::start(&LIGHT);
     let c = Connection::connect(

@@ -187,7 +187,7 @@ fn gpu_memory_replicas_give_the_cpu_reference_in_every_protocol_and_ordering() {
         s.composite_atomic(&c);
         s.read(&c)
     };
-    let wgpu = Daemon::start(&["--gpu-backend", "wgpu"]);
+    let wgpu = Daemon::start(&["--gpu-backend", "auto"]);
     for protocol in ["guest-staging", "write-invalidate", "prefetch"] {
         let c = open(&wgpu, protocol);
         if !gpu_backend(&c).contains("resident") {
@@ -220,7 +220,7 @@ fn gpu_memory_replicas_give_the_cpu_reference_in_every_protocol_and_ordering() {
 
 #[test]
 fn a_cpu_write_after_a_gpu_read_is_uploaded_again() {
-    let d = Daemon::start(&["--gpu-backend", "wgpu"]);
+    let d = Daemon::start(&["--gpu-backend", "auto"]);
     for protocol in ["write-invalidate", "prefetch"] {
         let c = open(&d, protocol);
         let s = Scene::new(&c, 0);
@@ -290,7 +290,7 @@ fn links(c: &Connection) -> Vec<(String, LedgerLink)> {
 
 #[test]
 fn the_isp_gpu_backend_and_the_gpu_share_memory_and_move_zero_bytes_between_them() {
-    let d = Daemon::start(&["--gpu-backend", "wgpu", "--isp-backend", "gpu"]);
+    let d = Daemon::start(&["--gpu-backend", "auto", "--isp-backend", "gpu"]);
     let c = open(&d, "write-invalidate");
     let domain = |name: &str| {
         c.devices()
@@ -348,7 +348,7 @@ fn the_isp_gpu_backend_and_the_gpu_share_memory_and_move_zero_bytes_between_them
 
 #[test]
 fn display_planes_scan_out_of_gpu_memory_and_every_copy_is_on_the_ledger() {
-    let d = Daemon::start(&["--gpu-backend", "wgpu", "--display-size", "320x176"]);
+    let d = Daemon::start(&["--gpu-backend", "auto", "--display-size", "320x176"]);
     let c = open(&d, "write-invalidate");
     let s = Scene::new(&c, 0);
     let frames = 4u64;
@@ -548,7 +548,7 @@ fn verify_mode_checksums_match_the_cpu_reference() {
 /// if the regions were gone first), and the memory goes back once it is done.
 #[test]
 fn regions_freed_under_a_gpu_submission_are_released_after_it() {
-    let d = Daemon::start(&["--gpu-backend", "wgpu"]);
+    let d = Daemon::start(&["--gpu-backend", "auto"]);
     let c = open(&d, "write-invalidate");
     let (w, h) = (1920u32, 1088u32);
     let video = c.alloc(0, w, h, Format::Nv12, 0).unwrap();

@@ -114,6 +114,9 @@ pub fn sanitize_name(name: &str) -> String {
 
 #[cfg(test)]
 static FAIL_SPAWNS: AtomicUsize = AtomicUsize::new(0);
+/// The same for the next few session threads (`guest-N`) only.
+#[cfg(test)]
+static FAIL_SESSION_SPAWNS: AtomicUsize = AtomicUsize::new(0);
 
 /// Starts a named thread (tests can make the next few starts fail).
 fn spawn_thread(
@@ -124,6 +127,12 @@ fn spawn_thread(
     if FAIL_SPAWNS
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
         .is_ok()
+        || (name
+            .strip_prefix("guest-")
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            && FAIL_SESSION_SPAWNS
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok())
     {
         drop(f);
         return Err(std::io::Error::from_raw_os_error(

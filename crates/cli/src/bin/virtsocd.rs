@@ -53,8 +53,10 @@ struct Args {
     /// virtio-serial chardev connects to.
     #[arg(long = "vm")]
     vms: Vec<String>,
-    /// GPU backend: wgpu (Vulkan; Mesa's CPU driver where there is no GPU), cpu, null.
-    #[arg(long, value_enum, default_value_t = GpuBackendKind::Wgpu)]
+    /// GPU backend: auto (wgpu when an adapter can be had, else cpu with a warning), wgpu
+    /// (Vulkan; Mesa's CPU driver where there is no GPU; no start without an adapter), cpu,
+    /// null.
+    #[arg(long, value_enum, default_value_t = GpuBackendKind::Auto)]
     gpu_backend: GpuBackendKind,
     /// ISP backend: swscale, gpu (compute shader), cpu, null.
     #[arg(long, value_enum, default_value_t = IspBackendKind::Swscale)]

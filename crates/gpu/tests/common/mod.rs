@@ -34,6 +34,11 @@ macro_rules! gpu_or_skip {
         match common::gpu() {
             Some(g) => g,
             None => {
+                assert!(
+                    std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+                    "{} and VIRTSOC_REQUIRE_ALL is set",
+                    common::SKIP
+                );
                 println!("{}", common::SKIP);
                 return;
             }

@@ -8,6 +8,7 @@ use super::*;
 impl Daemon {
     /// A process guest: handshake, the window passed as a memfd, futex doorbells; then the
     /// connection thread watches the socket for the hang-up.
+    ///
     /// Its hello read, it leaves the `pending` connections and takes a guest's place.
     pub(super) fn unix_connection(self: Arc<Self>, mut stream: UnixStream, pending: PendingGuard) {
         let _ = stream.set_nonblocking(false);
@@ -95,39 +96,50 @@ impl Daemon {
                 return;
             }
         }
+        // The session's thread starts before the guest hears it was admitted: a daemon that
+        // cannot start one (a process limit) refuses with the reason instead of welcoming a
+        // guest it then drops.
+        let runner = {
+            let (s, svm, dev) = (session.clone(), self.svm.clone(), self.devices.clone());
+            spawn_thread(&format!("guest-{guest_id}"), move || s.run(svm, dev))
+        };
+        let runner = match runner {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("guest {guest_id}: cannot start session: {e}");
+                Self::refuse(
+                    &stream,
+                    format!("daemon overloaded: cannot start the guest's session thread ({e})"),
+                );
+                self.cfg.sharing.detach_cpu(guest_id);
+                self.unregister(guest_id);
+                session.close();
+                self.svm.detach_guest(guest_id);
+                return;
+            }
+        };
         if let Err(e) = send_json(&stream, &welcome, Some(a.window.fd())) {
             log::warn!("guest {guest_id}: handshake failed: {e}");
             self.cfg.sharing.detach_cpu(guest_id);
             self.unregister(guest_id);
             session.close();
+            let _ = runner.join();
             self.svm.detach_guest(guest_id);
             return;
         }
         let _ = stream.set_write_timeout(None);
-        let runner = {
-            let (s, svm, dev) = (session.clone(), self.svm.clone(), self.devices.clone());
-            spawn_thread(&format!("guest-{guest_id}"), move || s.run(svm, dev))
-        };
-        match runner {
-            Ok(runner) => {
-                // Watch for the hang-up: a crashed guest's socket reads EOF.
-                let mut buf = [0u8; 64];
-                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
-                session.close();
-                let _ = runner.join();
-            }
-            Err(e) => {
-                log::warn!("guest {guest_id}: cannot start session: {e}");
-                session.close();
-                self.svm.detach_guest(guest_id);
-            }
-        }
+        // Watch for the hang-up: a crashed guest's socket reads EOF.
+        let mut buf = [0u8; 64];
+        while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+        session.close();
+        let _ = runner.join();
         self.cfg.sharing.detach_cpu(guest_id);
         self.unregister(guest_id);
     }
 
     /// A remote guest: the token is checked before anything is allocated; then requests,
     /// completions and CPU-access bytes travel as frames on the stream.
+    ///
     /// Its hello and token read, it leaves the `pending` connections and takes a guest's
     /// place.
     pub(super) fn tcp_connection(

@@ -66,6 +66,16 @@ fn a_failed_thread_start_refuses_only_that_connection() {
         matches!(&reply, Reply::Refused { reason } if reason.contains("thread")),
         "{reply:?}"
     );
+    // A guest whose session thread cannot start hears why, instead of a welcome followed by
+    // a hang-up.
+    FAIL_SESSION_SPAWNS.store(1, Ordering::SeqCst);
+    let s = UnixStream::connect(&socket).unwrap();
+    send_json(&s, &hello("no-session"), None).unwrap();
+    let (reply, _): (Reply, _) = virtsoc_proto::handshake::recv_json(&s).unwrap();
+    assert!(
+        matches!(&reply, Reply::Refused { reason } if reason.contains("session thread")),
+        "{reply:?}"
+    );
     let s = UnixStream::connect(&socket).unwrap();
     send_json(&s, &hello("second"), None).unwrap();
     let (reply, fd): (Reply, _) = virtsoc_proto::handshake::recv_json(&s).unwrap();

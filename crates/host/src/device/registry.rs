@@ -12,9 +12,12 @@ use crate::{Limits, Result};
 /// The GPU device's backend (`--gpu-backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
 pub enum GpuBackendKind {
-    /// Vulkan through wgpu (Mesa's CPU driver where there is no GPU); falls back to `cpu`
-    /// when no adapter can be had.
+    /// `wgpu` when an adapter can be had, else `cpu` (with a warning and the reason in the
+    /// device's listing).
     #[default]
+    Auto,
+    /// Vulkan through wgpu (Mesa's CPU driver where there is no GPU); the daemon does not
+    /// start without an adapter.
     Wgpu,
     /// The CPU reference backend.
     Cpu,
@@ -203,7 +206,7 @@ mod tests {
         };
         assert_eq!(
             names(GpuBackendKind::value_variants()),
-            ["wgpu", "cpu", "null"]
+            ["auto", "wgpu", "cpu", "null"]
         );
         assert_eq!(
             IspBackendKind::from_str("gpu", false),

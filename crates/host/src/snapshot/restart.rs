@@ -68,13 +68,21 @@ impl Restart {
     /// Reads every saved session in `dir` (creating it, mode 0700, if missing).
     pub fn load(dir: &Path) -> crate::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
+        let named = |what: &str, e: std::io::Error| {
+            crate::HostError::Config(format!(
+                "--state-dir {}: cannot {what} it: {e}",
+                dir.display()
+            ))
+        };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(dir)?;
+            .create(dir)
+            .map_err(|e| named("create", e))?;
         let r = Restart::default();
         let mut parked = r.parked.lock().unwrap_or_else(|p| p.into_inner());
-        for e in std::fs::read_dir(dir)?.filter_map(|e| e.ok()) {
+        let entries = std::fs::read_dir(dir).map_err(|e| named("read", e))?;
+        for e in entries.filter_map(|e| e.ok()) {
             let path = e.path();
             let name = e.file_name().to_string_lossy().into_owned();
             if !(name.starts_with("session-") && name.ends_with(".snap")) {

@@ -231,7 +231,7 @@ impl Codec {
         if let Some((status, why)) = self.state().refusal(&self.limits, cx.guest, threads) {
             return Err(cx.fail(status, why));
         }
-        let handle = self.open_decoder_at(cx.guest, c, None)?;
+        let handle = self.open_decoder_at(cx.guest, c, None, Some(cx))?;
         if let Some(charge) = charge {
             self.state().attach_charge(&(cx.guest, handle), charge);
         }
@@ -240,15 +240,18 @@ impl Codec {
 
     #[cfg(test)]
     fn open_decoder(&self, guest: GuestId, c: api::OpenDecoder) -> DeviceResult {
-        let handle = self.open_decoder_at(guest, c, None)?;
+        let handle = self.open_decoder_at(guest, c, None, None)?;
         Ok(api::OpenDecoderReply { handle }.to_values())
     }
 
+    /// Opens a decoder for `guest` (under handle `at`: a restore); a failure to open one
+    /// gives its reason to `cx`'s guest when there is one.
     fn open_decoder_at(
         &self,
         guest: GuestId,
         c: api::OpenDecoder,
         at: Option<u64>,
+        cx: Option<&DeviceCtx<'_>>,
     ) -> std::result::Result<u64, Status> {
         let kind = codec_of(c.kind).ok_or(Status::BadArgument)?;
         let (out, format) = match u32::try_from(c.format).ok().and_then(Format::from_u32) {
@@ -277,7 +280,11 @@ impl Codec {
                 "codec: guest {guest}: cannot open {} decoder: {e}",
                 kind.name()
             );
-            media_status(&e)
+            let st = media_status(&e);
+            match cx {
+                Some(cx) => cx.fail(st, format!("cannot open the {} decoder: {e}", kind.name())),
+                None => st,
+            }
         })?;
         let handle = st.open(
             &self.limits,

@@ -88,6 +88,7 @@ impl Codec {
                         threads,
                     },
                     Some(r.handle),
+                    None,
                 ),
                 Opened::Encoder {
                     width,

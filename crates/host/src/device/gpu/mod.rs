@@ -187,7 +187,7 @@ impl Gpu {
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
         let cpu = || -> Arc<dyn GpuBackend> { Arc::new(CpuBackend::new()) };
         let (backend, wgpu, desc) = match cfg.gpu {
-            GpuBackendKind::Wgpu => match WgpuBackend::new() {
+            GpuBackendKind::Auto | GpuBackendKind::Wgpu => match WgpuBackend::new() {
                 Ok(b) => {
                     if cfg.gpu_driver_nice != 0 {
                         match b.renice_cpu_driver_threads(cfg.gpu_driver_nice) {
@@ -204,6 +204,12 @@ impl Gpu {
                     let desc = format!("wgpu on {} (resident images)", b.adapter_info());
                     let b = Arc::new(b);
                     (b.clone() as Arc<dyn GpuBackend>, Some(b), desc)
+                }
+                Err(e) if cfg.gpu == GpuBackendKind::Wgpu => {
+                    return Err(crate::HostError::Config(format!(
+                        "--gpu-backend wgpu: no usable wgpu adapter ({e}); install a Vulkan \
+                         driver (mesa-vulkan-drivers) or choose auto or cpu"
+                    )))
                 }
                 Err(e) => {
                     log::warn!("gpu: wgpu unavailable ({e}); falling back to the CPU backend");
