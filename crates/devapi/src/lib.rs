@@ -342,6 +342,10 @@ devices! {
         fn exec(stream: region_r, len: u64, reply: u64) -> (reply_len, held) = 1;
         /// Writes the answers `exec` held back into `reply` (which must hold them all).
         fn read_reply(reply: region_w) -> (reply_len) = 2;
+        /// Reads guest surface `surface` (the draw surface of the context the stream last
+        /// ran on) back into `frame`, an RGBA8 image region of exactly the surface's size
+        /// (`BadArgument` with the size in the reason otherwise), for the display.
+        fn readback(surface: u64, frame: region_w) -> (width, height) = 3;
     }
 }
 

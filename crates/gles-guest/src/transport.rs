@@ -22,6 +22,7 @@ use virtsoc_devapi::DeviceCommand;
 use virtsoc_gles_stream::Reader;
 use virtsoc_guest::conn::{ConnectOptions, Connection, RegionInfo};
 use virtsoc_guest::GuestError;
+use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 
 use crate::rt::{Channel, ChannelError};
@@ -48,10 +49,24 @@ struct Slot {
     base: Option<usize>,
 }
 
+/// The display frames of one window surface: a few RGBA8 image regions taking turns.
+struct Frames {
+    size: (u32, u32),
+    regions: Vec<RegionInfo>,
+    /// The display's end_access of each region's last frame.
+    pending: Vec<Option<u64>>,
+    next: usize,
+}
+
+/// Frames of one surface in flight to the display at most.
+const FRAMES: usize = 3;
+
 struct Inner {
     slots: Vec<Slot>,
     next: usize,
     reply: RegionInfo,
+    /// Display frames by guest surface.
+    frames: std::collections::HashMap<u32, Frames>,
     /// A failure of a batch nobody waited for, for the next waited batch.
     deferred: Option<ChannelError>,
     lost: Option<String>,
@@ -133,6 +148,7 @@ impl Transport {
                 slots,
                 next: 0,
                 reply,
+                frames: std::collections::HashMap::new(),
                 deferred: None,
                 lost: None,
             }),
@@ -339,6 +355,113 @@ impl Transport {
         let n = self.finish(s)?[0];
         self.finish(end_w)?;
         self.read_region(reply.id, n)
+    }
+}
+
+impl Transport {
+    /// Shows surface `surf` (of `size`, just swapped) on the daemon's display: the gles
+    /// device reads it back into one of the surface's frame regions, and the display
+    /// presents that region once the readback is done (a fence between the two devices).
+    /// Nothing waits but the creation of the fence and, when all frames of the surface are
+    /// still in flight, the oldest one's end on the display (the frames go at the
+    /// display's pace).
+    pub fn present(&self, surf: u32, size: (u32, u32)) -> Result<(), ChannelError> {
+        let mut inner = self.inner();
+        if let Some(why) = &inner.lost {
+            return Err(ChannelError::Lost(why.clone()));
+        }
+        if inner.frames.get(&surf).is_some_and(|f| f.size != size) {
+            if let Some(old) = inner.frames.remove(&surf) {
+                self.drop_frames(old);
+            }
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = inner.frames.entry(surf) {
+            let mut regions = Vec::new();
+            for _ in 0..FRAMES {
+                let r = self
+                    .conn
+                    .alloc(0, size.0, size.1, Format::Rgba8, 0)
+                    .map_err(channel_error)?;
+                regions.push(r);
+            }
+            slot.insert(Frames {
+                size,
+                regions,
+                pending: vec![None; FRAMES],
+                next: 0,
+            });
+        }
+        let Some(f) = inner.frames.get_mut(&surf) else {
+            return Ok(());
+        };
+        let k = f.next;
+        f.next = (k + 1) % f.regions.len();
+        if let Some(seq) = f.pending[k].take() {
+            if let Err(e) = self.finish(seq) {
+                log::info!("virtsoc gles: a frame on the display: {e}");
+            }
+        }
+        let frame = f.regions[k];
+        let (gles, display) = (gles_id(), virtsoc_devapi::display::ID);
+        let write = [frame.id, 0, frame.size, AccessMode::Write as u64, 0, 0];
+        let read = [frame.id, 0, frame.size, AccessMode::Read as u64, 0, 0];
+        let detached = |dev, op, args| {
+            self.conn
+                .submit_detached(op, dev, args)
+                .map(|_| ())
+                .map_err(channel_error)
+        };
+        let fence = self.conn.fence_create().map_err(channel_error)?;
+        detached(gles, Opcode::BeginAccess, write)?;
+        let rb = api::Readback {
+            surface: u64::from(surf),
+            frame: frame.id,
+        };
+        detached(gles, Opcode::DeviceCmd, rb.encode())?;
+        detached(gles, Opcode::EndAccess, write)?;
+        self.conn.fence_signal(gles, fence).map_err(channel_error)?;
+        self.conn
+            .fence_wait(display, fence)
+            .map_err(channel_error)?;
+        self.conn.fence_release(fence).map_err(channel_error)?;
+        detached(display, Opcode::BeginAccess, read)?;
+        let present = virtsoc_devapi::display::Present {
+            frame: frame.id,
+            capture_ns: 0,
+        };
+        detached(display, Opcode::DeviceCmd, present.encode())?;
+        let end = self
+            .conn
+            .submit(Opcode::EndAccess, display, read)
+            .map_err(channel_error)?;
+        if let Some(f) = inner.frames.get_mut(&surf) {
+            f.pending[k] = Some(end);
+        }
+        for (seq, st) in self.conn.take_async_errors() {
+            log::info!(
+                "virtsoc gles: request {seq} for the display: {}",
+                st.message()
+            );
+        }
+        Ok(())
+    }
+
+    /// Frees a surface's frame regions once the display is done with them.
+    fn drop_frames(&self, f: Frames) {
+        for seq in f.pending.into_iter().flatten() {
+            let _ = self.finish(seq);
+        }
+        for r in f.regions {
+            let _ = self.conn.free(r.id);
+        }
+    }
+
+    /// Forgets surface `surf`'s display frames (the surface was destroyed).
+    pub fn forget_surface(&self, surf: u32) {
+        let old = self.inner().frames.remove(&surf);
+        if let Some(f) = old {
+            self.drop_frames(f);
+        }
     }
 }
 

@@ -41,6 +41,44 @@ impl GlApi {
         unsafe { (self.gl.glFinish)() }
     }
 
+    /// The current context's window-system framebuffer (FBO 0: its draw surface), `width`
+    /// x `height` RGBA8 pixels with rows from the top; the context's framebuffer binding
+    /// and pack alignment are left as they were.
+    pub fn read_back(&self, width: u32, height: u32) -> Vec<u8> {
+        const FRAMEBUFFER: u32 = 0x8D40;
+        const FRAMEBUFFER_BINDING: u32 = 0x8CA6;
+        const PACK_ALIGNMENT: u32 = 0x0D05;
+        let (w, h) = (width as usize, height as usize);
+        let mut px = vec![0u8; w * h * 4];
+        let (mut fbo, mut align) = (0, 4);
+        // SAFETY: a context is current; the buffer holds `width` x `height` RGBA8 pixels
+        // at alignment 4 (rows of `4 * width` bytes, no padding).
+        unsafe {
+            (self.gl.glGetIntegerv)(FRAMEBUFFER_BINDING, &mut fbo);
+            (self.gl.glGetIntegerv)(PACK_ALIGNMENT, &mut align);
+            (self.gl.glBindFramebuffer)(FRAMEBUFFER, 0);
+            (self.gl.glPixelStorei)(PACK_ALIGNMENT, 4);
+            (self.gl.glReadPixels)(
+                0,
+                0,
+                width as i32,
+                height as i32,
+                0x1908,
+                0x1401,
+                px.as_mut_ptr().cast(),
+            );
+            (self.gl.glPixelStorei)(PACK_ALIGNMENT, align);
+            (self.gl.glBindFramebuffer)(FRAMEBUFFER, fbo as u32);
+        }
+        // GL's rows run from the bottom; the display's from the top.
+        let row = w * 4;
+        for y in 0..h / 2 {
+            let (top, bottom) = px.split_at_mut((h - 1 - y) * row);
+            top[y * row..(y + 1) * row].swap_with_slice(&mut bottom[..row]);
+        }
+        px
+    }
+
     /// A new share group.
     pub fn new_share(&self) -> Share {
         ShareGroup::new_shared()

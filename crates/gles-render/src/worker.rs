@@ -1,9 +1,9 @@
 //! The render worker's loop: batches from the daemon on stdin (a socket), each run on the
 //! host's EGL/GLES, each answered with its reply bytes and a status.
 //!
-//! Messages (the daemon's side is `virtsoc_host::device::gles`): a batch is `u32 len | len
-//! bytes` of whole packets; the answer is `u32 status | u32 reply_len | u32 msg_len | reply
-//! | msg`, status [`OK`], [`BAD_STREAM`] (the batch stopped at a malformed packet; `msg`
+//! Messages (the daemon's side is `virtsoc_host::device::gles`): a batch is `u32 len | u32
+//! flags | len bytes` of whole packets ([`FROM_DAEMON`]: the daemon's own, a readback); the
+//! answer is `u32 status | u32 reply_len | u32 msg_len | reply | msg`, status [`OK`], [`BAD_STREAM`] (the batch stopped at a malformed packet; `msg`
 //! says why) or [`LOST`] (the worker cannot go on and exits).
 //!
 //! Packets with opcodes from [`egl::BASE`] are the worker's own (contexts, surfaces, making
@@ -25,6 +25,9 @@ pub const OK: u32 = 0;
 pub const BAD_STREAM: u32 = 1;
 /// Answer status: the worker cannot go on.
 pub const LOST: u32 = 2;
+
+/// Batch flag: the daemon's own batch (a readback), not a guest's stream.
+pub const FROM_DAEMON: u32 = 1;
 
 /// Largest batch the worker reads.
 pub const MAX_BATCH: usize = 64 << 20;
@@ -55,6 +58,7 @@ struct HostContext {
 struct HostSurface {
     handle: Handle,
     config: Handle,
+    size: (u32, u32),
 }
 
 /// The host side of one guest: its contexts and surfaces on the host's EGL.
@@ -121,12 +125,24 @@ impl Renderer {
         Ok(())
     }
 
-    /// Runs one batch; appends the answers to `reply`.
-    pub fn run(&mut self, batch: &[u8], reply: &mut Encoder) -> Result<(), StreamError> {
+    /// Runs one batch; appends the answers to `reply`. `trusted`: the daemon's own batch
+    /// (a readback), which may hold commands a guest's may not.
+    pub fn run(
+        &mut self,
+        batch: &[u8],
+        reply: &mut Encoder,
+        trusted: bool,
+    ) -> Result<(), StreamError> {
         let mut r = Reader::new(batch);
         while let Some(p) = r.next_packet() {
             let (op, mut p) = p?;
-            if op >= egl::BASE {
+            if op == egl::READBACK {
+                if !trusted {
+                    return Err(p.bad("READBACK is the daemon's"));
+                }
+                let surf = p.u32()?;
+                self.read_back(surf, reply);
+            } else if op >= egl::BASE {
                 self.egl_packet(op, &mut p, reply)?;
             } else {
                 self.gl_packet(op, p, reply)?;
@@ -238,6 +254,28 @@ impl Renderer {
         Ok(())
     }
 
+    /// Answers READBACK: the pixels of `surf` when it is the draw surface of the context
+    /// the stream runs on, else a 0 x 0 image.
+    fn read_back(&mut self, surf: u32, reply: &mut Encoder) {
+        let size = match (self.contexts.get(&self.on), self.surfaces.get(&surf)) {
+            (Some(c), Some(s)) if c.draw == surf => Some(s.size),
+            _ => None,
+        };
+        let pixels = match size {
+            Some((w, h)) if self.bind(self.on).is_ok() => Some((w, h, self.gl.read_back(w, h))),
+            _ => None,
+        };
+        let mut p = reply.packet(egl::READBACK);
+        match pixels {
+            Some((w, h, px)) => {
+                p.u32(w).u32(h).bytes(&px);
+            }
+            None => {
+                p.u32(0).u32(0).bytes(&[]);
+            }
+        }
+    }
+
     fn create_context(&mut self, ctx: u32, share: u32, major: u32) -> u32 {
         if ctx == 0 || self.contexts.contains_key(&ctx) || self.contexts.len() >= MAX_OBJECTS {
             return egl::BAD_PARAMETER;
@@ -287,7 +325,14 @@ impl Renderer {
         };
         match self.egl.create_pbuffer(config, w, h) {
             Ok(handle) => {
-                self.surfaces.insert(surf, HostSurface { handle, config });
+                self.surfaces.insert(
+                    surf,
+                    HostSurface {
+                        handle,
+                        config,
+                        size: (w, h),
+                    },
+                );
                 egl::SUCCESS
             }
             Err(e) => log_err(e, egl::BAD_ALLOC),
@@ -309,7 +354,15 @@ impl Renderer {
         if d == surf || r == surf {
             let _ = self.bind(0);
         }
-        if let Some(old) = self.surfaces.insert(surf, HostSurface { handle, config }) {
+        let size = (w, h);
+        if let Some(old) = self.surfaces.insert(
+            surf,
+            HostSurface {
+                handle,
+                config,
+                size,
+            },
+        ) {
             self.egl.destroy_surface(old.handle);
         }
         if was != 0 {
@@ -367,18 +420,22 @@ pub fn serve(mut sock: impl Read + Write) -> Result<(), WorkerError> {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.into()),
         }
+        let mut flags = [0u8; 4];
+        sock.read_exact(&mut flags)?;
+        let trusted = u32::from_le_bytes(flags) & FROM_DAEMON != 0;
         let n = u32::from_le_bytes(len) as usize;
         if n > MAX_BATCH {
             return Err(WorkerError::TooLarge(n));
         }
         batch.resize(n, 0);
         sock.read_exact(&mut batch)?;
+        let body = &batch[..];
         let (status, reply, msg) = match &mut renderer {
             Err(e) => (LOST, Vec::new(), e.clone()),
             Ok(r) => {
                 let mut reply = Encoder::new();
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    r.run(&batch, &mut reply)
+                    r.run(body, &mut reply, trusted)
                 }));
                 match ran {
                     Ok(Ok(())) => (OK, reply.as_bytes().to_vec(), String::new()),

@@ -34,6 +34,12 @@ pub const RESIZE_SURFACE: u32 = BASE + 7;
 /// No payload: waits until the host ran everything sent before (`glFinish` on the current
 /// context). Answers an empty payload (used by fence syncs and `eglWaitClient`).
 pub const FINISH: u32 = BASE + 8;
+/// `surf u32`: reads surface `surf` back for the display: the host finishes the current
+/// context's rendering and answers `u32 width | u32 height | u32 byte_len | width * height
+/// * 4 bytes` of RGBA8 pixels, rows from the top (0 x 0 when `surf` is not the draw surface
+/// of the context the stream runs on). The daemon sends it itself (`gles::readback`); in a
+/// guest's stream it is refused.
+pub const READBACK: u32 = BASE + 9;
 
 /// EGL's success code, as the answers carry it.
 pub const SUCCESS: u32 = 0x3000;

@@ -267,8 +267,10 @@ pub extern "C" fn eglInitialize(dpy: Handle, major: *mut EglInt, minor: *mut Egl
         if t.stream.is_none() {
             match crate::transport::Transport::connect() {
                 Ok(tr) => {
-                    let s = Stream::new(Arc::new(tr));
+                    let tr = Arc::new(tr);
+                    let s = Stream::new(tr.clone());
                     t.stream = Some(Arc::new(Mutex::new(s)));
+                    t.transport = Some(tr);
                 }
                 Err(e) => {
                     log::warn!("virtsoc EGL: {e}");
@@ -635,6 +637,9 @@ pub extern "C" fn eglDestroySurface(dpy: Handle, surf: Handle) -> EglBool {
         display(&t, dpy)?;
         let id = from_handle(surf);
         t.surfaces.remove(&id).ok_or(EGL_BAD_SURFACE)?;
+        if let Some(tr) = &t.transport {
+            tr.forget_surface(id);
+        }
         let s = stream(&t)?;
         post(&s, wire::DESTROY_SURFACE, &[id]);
         Ok(EGL_TRUE)
@@ -757,13 +762,23 @@ pub extern "C" fn eglSwapBuffers(dpy: Handle, surf: Handle) -> EglBool {
         let mut t = table();
         display(&t, dpy)?;
         let id = from_handle(surf);
-        let now = {
+        let (now, size, window) = {
             let s = t.surfaces.get(&id).ok_or(EGL_BAD_SURFACE)?;
-            window_size(&t, s).filter(|&n| n != s.size)
+            let window = matches!(s.kind, SurfaceKind::Window(_));
+            (window_size(&t, s).filter(|&n| n != s.size), s.size, window)
         };
         let cur = rt::current().ok_or(EGL_BAD_SURFACE)?;
         let mut s = lock(&cur.stream);
         s.encoder(cur.id).packet(wire::SWAP).u32(id);
+        if window && present_on_display() {
+            // The frame as it is now, before a resize remakes the host surface.
+            s.flush().map_err(|e| batch_error(&e, EGL_CONTEXT_LOST))?;
+            if let Some(tr) = &t.transport {
+                if let Err(e) = tr.present(id, size) {
+                    log::info!("virtsoc EGL: presenting: {e}");
+                }
+            }
+        }
         if let Some((w, h)) = now {
             let (w, h) = (w.min(wire::MAX_SURFACE), h.min(wire::MAX_SURFACE));
             s.egl_encoder()
@@ -778,6 +793,12 @@ pub extern "C" fn eglSwapBuffers(dpy: Handle, surf: Handle) -> EglBool {
         s.flush().map_err(|e| batch_error(&e, EGL_CONTEXT_LOST))?;
         Ok(EGL_TRUE)
     })
+}
+
+/// Whether window surfaces are shown on the daemon's display (`VIRTSOC_GLES_PRESENT=1`).
+fn present_on_display() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("VIRTSOC_GLES_PRESENT").is_ok_and(|v| v == "1"))
 }
 
 /// `eglSwapInterval`: recorded (frames are not paced).

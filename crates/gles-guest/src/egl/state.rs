@@ -80,6 +80,8 @@ pub struct Table {
     pub syncs: HashMap<u32, u32>,
     /// The connection's stream, once connected.
     pub stream: Option<Arc<Mutex<Stream>>>,
+    /// The stream's transport (for showing window surfaces on the daemon's display).
+    pub transport: Option<Arc<crate::transport::Transport>>,
     /// Why connecting failed, if it did.
     pub connect_error: Option<String>,
     next: u32,

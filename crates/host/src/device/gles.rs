@@ -29,8 +29,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use virtsoc_devapi::gles::{Command, ExecReply, ReadReplyReply};
+use virtsoc_devapi::gles::{Command, ExecReply, ReadReplyReply, ReadbackReply};
 use virtsoc_fence::VirtualFenceTable;
+use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 use virtsoc_svm::{DomainId, GuestId, SvmManager};
 
@@ -57,10 +58,26 @@ pub const ANSWER_LOST: u32 = 2;
 /// The program name of the render worker, looked for beside the daemon's executable.
 pub const WORKER_PROGRAM: &str = "virtsoc-render";
 
+/// What a job's answer is for.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A guest's batch: the answers go to this reply region (0: none).
+    Exec { reply: u64 },
+    /// The daemon's readback of a surface: the pixels go to this RGBA8 image region.
+    Readback { frame: u64 },
+}
+
+/// The READBACK opcode of the GLES stream (`virtsoc_gles_stream::egl::READBACK`; the
+/// daemon does not link the stream crate).
+const READBACK: u32 = 0x1_0009;
+
+/// Batch flag for the worker: the daemon's own batch (`virtsoc_render::worker::FROM_DAEMON`).
+const FROM_DAEMON: u32 = 1;
+
 /// One batch handed to a guest's forwarding thread.
 struct Job {
     batch: Vec<u8>,
-    reply_region: u64,
+    kind: Kind,
     reply: Reply,
     svm: Arc<SvmManager>,
     fences: Arc<VirtualFenceTable>,
@@ -135,11 +152,34 @@ impl Gles {
     }
 
     fn exec(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
-        let c = match Command::decode(args) {
-            Ok(Command::Exec(c)) => c,
+        let (batch, kind) = match Command::decode(args) {
+            Ok(Command::Exec(c)) => {
+                if c.reply != 0 {
+                    if let Err(st) = cx.meta(c.reply) {
+                        return reply.send_because(
+                            Err(st),
+                            Some("reply: not a region of this guest".into()),
+                        );
+                    }
+                }
+                match read_stream(cx, c.stream, c.len) {
+                    Ok(b) => (b, Kind::Exec { reply: c.reply }),
+                    Err(st) => return reply.send_because(Err(st), cx.take_reason()),
+                }
+            }
             Ok(Command::ReadReply(r)) => {
                 let result = self.read_reply(cx, r.reply);
                 return reply.send_because(result, cx.take_reason());
+            }
+            Ok(Command::Readback(r)) => {
+                let Ok(surf) = u32::try_from(r.surface) else {
+                    return reply.send(Err(Status::BadArgument));
+                };
+                let mut b = Vec::with_capacity(12);
+                b.extend_from_slice(&READBACK.to_le_bytes());
+                b.extend_from_slice(&4u32.to_le_bytes());
+                b.extend_from_slice(&surf.to_le_bytes());
+                (b, Kind::Readback { frame: r.frame })
             }
             Err(st) => return reply.send(Err(st)),
         };
@@ -151,19 +191,9 @@ impl Gles {
             let why = why.clone();
             return reply.send_because(Err(Status::DeviceError), Some(why));
         }
-        let batch = match read_stream(cx, c.stream, c.len) {
-            Ok(b) => b,
-            Err(st) => return reply.send_because(Err(st), cx.take_reason()),
-        };
-        if c.reply != 0 {
-            if let Err(st) = cx.meta(c.reply) {
-                return reply
-                    .send_because(Err(st), Some("reply: not a region of this guest".into()));
-            }
-        }
         let job = Job {
             batch,
-            reply_region: c.reply,
+            kind,
             reply,
             svm: cx.svm.clone(),
             fences: cx.fences.clone(),
@@ -227,6 +257,60 @@ fn read_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<Vec<u8>, Sta
     cx.read_bytes(region, len as usize)
 }
 
+/// Writes a READBACK answer (`op | len | width | height | byte_len | pixels`) into the
+/// RGBA8 image region `frame`, which must be of the surface's size.
+fn write_frame(cx: &DeviceCtx<'_>, frame: u64, answer: &[u8]) -> DeviceResult {
+    let word = |i: usize| {
+        answer
+            .get(4 * i..4 * i + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let (Some(op), Some(len), Some(w), Some(h), Some(n)) =
+        (word(0), word(1), word(2), word(3), word(4))
+    else {
+        return Err(cx.fail(Status::DeviceError, "render worker: no readback answer"));
+    };
+    let px = answer.get(20..).unwrap_or_default();
+    let need = u64::from(w) * u64::from(h) * 4;
+    if op != READBACK
+        || u64::from(n) != need
+        || (px.len() as u64) < need
+        || u64::from(len) < need + 12
+    {
+        return Err(cx.fail(
+            Status::DeviceError,
+            "render worker: malformed readback answer",
+        ));
+    }
+    let px = &px[..need as usize];
+    if w == 0 {
+        return Err(cx.fail(
+            Status::BadArgument,
+            "the surface is not the draw surface of the current context",
+        ));
+    }
+    let meta = cx.meta(frame)?;
+    if meta.format != Format::Rgba8 || meta.width != w || meta.height != h {
+        return Err(cx.fail(
+            Status::BadArgument,
+            format!("frame: an RGBA8 image of {w}x{h} is needed"),
+        ));
+    }
+    let (row, stride) = (w as usize * 4, meta.stride as usize);
+    cx.with_region(frame, |dst| {
+        for (y, src) in px.chunks_exact(row).enumerate() {
+            if let Some(d) = dst.get_mut(y * stride..y * stride + row) {
+                d.copy_from_slice(src);
+            }
+        }
+    })?;
+    Ok(ReadbackReply {
+        width: u64::from(w),
+        height: u64::from(h),
+    }
+    .to_values())
+}
+
 /// A started worker.
 struct Worker {
     child: Child,
@@ -250,10 +334,13 @@ impl Worker {
     }
 
     /// Sends one batch and reads the answer: `(status, reply, message)`.
-    fn call(&mut self, batch: &[u8]) -> Result<(u32, Vec<u8>, String), String> {
+    fn call(&mut self, batch: &[u8], flags: u32) -> Result<(u32, Vec<u8>, String), String> {
         let n = u32::try_from(batch.len()).map_err(|_| "batch too large".to_string())?;
+        let mut head = [0u8; 8];
+        head[..4].copy_from_slice(&n.to_le_bytes());
+        head[4..].copy_from_slice(&flags.to_le_bytes());
         self.sock
-            .write_all(&n.to_le_bytes())
+            .write_all(&head)
             .and_then(|()| self.sock.write_all(batch))
             .map_err(|e| format!("sending to the render worker: {e}"))?;
         let mut head = [0u8; 12];
@@ -316,7 +403,11 @@ fn forward(program: &Path, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
             }
         }
         let Some(w) = worker.as_mut() else { continue };
-        let answer = w.call(&job.batch);
+        let flags = match job.kind {
+            Kind::Exec { .. } => 0,
+            Kind::Readback { .. } => FROM_DAEMON,
+        };
+        let answer = w.call(&job.batch, flags);
         let (status, reply, msg) = match answer {
             Ok(a) => a,
             Err(e) => {
@@ -347,9 +438,17 @@ fn forward(program: &Path, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
             }
         }
         let cx = DeviceCtx::new(job.guest, &job.svm, job.domain, &job.fences);
-        let fits = job.reply_region != 0
+        let reply_region = match job.kind {
+            Kind::Exec { reply } => reply,
+            Kind::Readback { frame } => {
+                let result = write_frame(&cx, frame, &reply);
+                job.reply.send_because(result, cx.take_reason());
+                continue;
+            }
+        };
+        let fits = reply_region != 0
             && cx
-                .meta(job.reply_region)
+                .meta(reply_region)
                 .is_ok_and(|m| m.size >= reply.len() as u64);
         let result = if reply.is_empty() {
             Ok(ExecReply {
@@ -358,7 +457,7 @@ fn forward(program: &Path, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
             }
             .to_values())
         } else if fits {
-            cx.write_bytes(job.reply_region, &reply).map(|()| {
+            cx.write_bytes(reply_region, &reply).map(|()| {
                 ExecReply {
                     reply_len: reply.len() as u64,
                     held: 0,
