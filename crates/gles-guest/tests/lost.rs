@@ -2,144 +2,15 @@
 //! program's EGL calls that need the host fail cleanly (`EGL_BAD_ALLOC` for a context),
 //! every later one too, and the daemon goes on serving other guests.
 //!
-//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
-//! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
-//! `VIRTSOC_REQUIRE_ALL` is set.
+//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-gles`;
+//! without them (or without glvnd) the test is skipped loudly, unless `VIRTSOC_REQUIRE_ALL`
+//! is set.
 
-use std::ffi::{c_void, CStr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// target/debug (or release): this test runs from target/<profile>/deps.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target directory")
-        .to_path_buf()
-}
-
-fn skip(why: &str) {
-    assert!(
-        std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
-        "{why} and VIRTSOC_REQUIRE_ALL is set"
-    );
-    eprintln!("SKIPPED: {why}");
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn dlopen(name: &CStr) -> *mut c_void {
-    // SAFETY: loading a system library by name.
-    unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
-}
-
-/// A function of `lib` as `T` (its C type).
-fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> T {
-    // SAFETY: a handle from dlopen and a NUL-terminated name.
-    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    assert!(!p.is_null(), "{name:?} missing");
-    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-    // SAFETY: every caller names a function whose C signature is `T`.
-    unsafe { std::mem::transmute_copy(&p) }
-}
-
-type H = *mut c_void;
+use std::time::Duration;
 
 #[test]
 fn a_dead_render_worker_fails_the_guest_cleanly() {
-    let dir = bin_dir();
-    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
-    for p in [&daemon, &vendor] {
-        if !p.is_file() {
-            return skip(&format!(
-                "{} not built (cargo build -p virtsoc --bin virtsocd -p virtsoc-gles)",
-                p.display()
-            ));
-        }
-    }
-    let tmp = std::env::temp_dir().join(format!("virtsoc-gles-lost-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
-    let (sock, json, worker) = (
-        tmp.join("v.sock"),
-        tmp.join("virtsoc.json"),
-        tmp.join("worker"),
-    );
-    std::fs::write(&worker, "#!/bin/sh\nexit 3\n").expect("worker script");
-    std::fs::set_permissions(&worker, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    std::fs::write(
-        &json,
-        format!(
-            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
-            vendor.display()
-        ),
-    )
-    .expect("vendor json");
-    let _d = Daemon(
-        Command::new(&daemon)
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--render-worker")
-            .arg(&worker)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start virtsocd"),
-    );
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
-    std::env::set_var("VIRTSOC_SOCKET", &sock);
-    let egl = dlopen(c"libEGL.so.1");
-    if egl.is_null() {
-        return skip("glvnd's libEGL.so.1 not installed");
-    }
-    let get_platform_display: extern "C" fn(u32, H, *const isize) -> H =
-        sym(egl, c"eglGetPlatformDisplay");
-    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
-    let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
-    let get_error: extern "C" fn() -> i32 = sym(egl, c"eglGetError");
-    let dpy = get_platform_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
-    assert!(!dpy.is_null());
-    let (mut major, mut minor) = (0, 0);
-    assert_eq!(initialize(dpy, &mut major, &mut minor), 1);
-    let attrs = [0x3098, 2, 0x3038];
-    for _ in 0..2 {
-        let t = Instant::now();
-        let ctx = create_context(
-            dpy,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            attrs.as_ptr(),
-        );
-        assert!(ctx.is_null());
-        assert_eq!(get_error(), 0x3003, "EGL_BAD_ALLOC");
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the failure is prompt"
-        );
-    }
-    // The daemon goes on: another guest connects and runs a request.
-    let other = virtsoc_guest::Connection::open(
-        sock.to_str().expect("utf-8 path"),
-        &virtsoc_guest::ConnectOptions::default(),
-    )
-    .expect("another guest connects");
-    other.nop().expect("and is served");
-    let _ = std::fs::remove_dir_all(&tmp);
+    common::worker_fails("lost", "#!/bin/sh\nexit 3\n", &[], Duration::from_secs(10));
 }

@@ -6,53 +6,13 @@
 //! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 
+mod common;
+
 use std::ffi::{c_char, c_void, CStr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// target/debug (or release): this test runs from target/<profile>/deps.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target directory")
-        .to_path_buf()
-}
-
-fn skip(why: &str) {
-    assert!(
-        std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
-        "{why} and VIRTSOC_REQUIRE_ALL is set"
-    );
-    eprintln!("SKIPPED: {why}");
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn dlopen(name: &CStr) -> *mut c_void {
-    // SAFETY: loading a system library by name.
-    unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
-}
-
-/// A function of `lib` as `T` (its C type).
-fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> T {
-    // SAFETY: a handle from dlopen and a NUL-terminated name.
-    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    assert!(!p.is_null(), "{name:?} missing");
-    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-    // SAFETY: every caller names a function whose C signature is `T`.
-    unsafe { std::mem::transmute_copy(&p) }
-}
-
-type H = *mut c_void;
+use common::{bin_dir, dlopen, skip, sym, Daemon, H};
 
 #[test]
 fn draws_and_reads_pixels_through_the_daemon() {

@@ -87,6 +87,10 @@ struct Args {
     /// (default: `virtsoc-render` beside this executable, or `$VIRTSOC_RENDER_WORKER`).
     #[arg(long, value_name = "PATH")]
     render_worker: Option<std::path::PathBuf>,
+    /// Longest a render worker may take to answer one batch of GLES commands, in
+    /// milliseconds; a worker past it is ended as hung (that guest's contexts are lost).
+    #[arg(long, default_value_t = 30_000)]
+    render_deadline_ms: u64,
     /// Display refresh rate in Hz.
     #[arg(long, default_value_t = 60)]
     refresh_hz: u32,
@@ -310,6 +314,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             },
             codec_worker_spares: args.decoder_spares,
             render_worker: args.render_worker.clone(),
+            render_deadline: std::time::Duration::from_millis(args.render_deadline_ms.max(1)),
             refresh_hz: args.refresh_hz,
             display_size: args.display_size,
             display_verify: args.display_verify,

@@ -7,8 +7,9 @@
 //!   batch as `u32 len | len bytes`; the worker answers `u32 status | u32 reply_len |
 //!   u32 msg_len | reply bytes | msg bytes` (status: [`ANSWER_OK`], [`ANSWER_BAD_STREAM`],
 //!   [`ANSWER_LOST`]). Nothing the worker sends is trusted: the reply is at most
-//!   [`MAX_REPLY`] bytes, the message [`MAX_MSG`], and an answer later than
-//!   [`WORKER_DEADLINE`] (a hang) or a malformed one ends the worker as if it had crashed.
+//!   [`MAX_REPLY`] bytes, the message [`MAX_MSG`], and an answer later than the deadline
+//!   (`--render-deadline-ms`, default [`WORKER_DEADLINE`]: a hang) or a malformed one ends
+//!   the worker as if it had crashed.
 //! - **Never blocking the device thread**: `exec` copies the stream out of the guest's
 //!   region and hands it, with the [`Reply`], to the guest's own forwarding thread, which
 //!   talks to the worker, writes the answers into the guest's reply region and answers the
@@ -109,6 +110,7 @@ fn lock(s: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 /// The `gles` device.
 pub struct Gles {
     program: PathBuf,
+    deadline: Duration,
     guests: Mutex<HashMap<GuestId, GuestGles>>,
 }
 
@@ -120,6 +122,7 @@ impl Gles {
         let program = cfg.render_worker.clone().unwrap_or_else(default_worker);
         Gles {
             program,
+            deadline: cfg.render_deadline,
             guests: Mutex::new(HashMap::new()),
         }
     }
@@ -136,10 +139,10 @@ impl Gles {
         }
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let (program, sh) = (self.program.clone(), shared.clone());
+        let (program, sh, deadline) = (self.program.clone(), shared.clone(), self.deadline);
         std::thread::Builder::new()
             .name(format!("gles-{guest}"))
-            .spawn(move || forward(&program, rx, &sh))
+            .spawn(move || forward(&program, deadline, rx, &sh))
             .map_err(|_| Status::Busy)?;
         guests.insert(
             guest,
@@ -318,7 +321,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(program: &Path) -> Result<Worker, String> {
+    fn start(program: &Path, deadline: Duration) -> Result<Worker, String> {
         let (ours, theirs) =
             UnixStream::pair().map_err(|e| format!("socketpair for the render worker: {e}"))?;
         let child = Process::new(program)
@@ -327,8 +330,8 @@ impl Worker {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| format!("cannot start render worker {}: {e}", program.display()))?;
-        ours.set_read_timeout(Some(WORKER_DEADLINE))
-            .and_then(|()| ours.set_write_timeout(Some(WORKER_DEADLINE)))
+        ours.set_read_timeout(Some(deadline))
+            .and_then(|()| ours.set_write_timeout(Some(deadline)))
             .map_err(|e| format!("render worker socket: {e}"))?;
         Ok(Worker { child, sock: ours })
     }
@@ -379,7 +382,7 @@ impl Worker {
 
 /// A guest's forwarding thread: runs its batches on its worker (started at the first one)
 /// until the device drops the guest.
-fn forward(program: &Path, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
+fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
     let mut worker: Option<Worker> = None;
     while let Ok(job) = jobs.recv() {
         let lost = lock(shared).lost.clone();
@@ -388,7 +391,7 @@ fn forward(program: &Path, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
             continue;
         }
         if worker.is_none() {
-            match Worker::start(program) {
+            match Worker::start(program, deadline) {
                 Ok(w) => {
                     lock(shared).sock = w.sock.try_clone().ok();
                     worker = Some(w);
@@ -525,7 +528,7 @@ mod tests {
 
     #[test]
     fn a_missing_worker_program_is_an_error() {
-        let e = Worker::start(Path::new("/nonexistent/virtsoc-render")).err();
+        let e = Worker::start(Path::new("/nonexistent/virtsoc-render"), WORKER_DEADLINE).err();
         assert!(e.is_some_and(|e| e.contains("cannot start render worker")));
     }
 }

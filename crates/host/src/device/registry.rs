@@ -144,6 +144,9 @@ pub struct DeviceConfig {
     /// The GLES render worker program (`virtsoc-render`); `None`: the default of
     /// [`gles::default_worker`] (beside the daemon's executable).
     pub render_worker: Option<PathBuf>,
+    /// Longest a render worker may take to answer one batch before it is ended as hung
+    /// (default [`gles::WORKER_DEADLINE`]).
+    pub render_deadline: std::time::Duration,
 }
 
 impl Default for DeviceConfig {
@@ -163,6 +166,7 @@ impl Default for DeviceConfig {
             codec_worker: None,
             codec_worker_spares: virtsoc_media::codec::DEFAULT_SPARE,
             render_worker: None,
+            render_deadline: gles::WORKER_DEADLINE,
         }
     }
 }
