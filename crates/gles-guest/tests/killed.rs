@@ -1,0 +1,140 @@
+//! A render worker killed while its guest renders: the guest's next swaps find the
+//! context lost (`EGL_CONTEXT_LOST`), new contexts fail (`EGL_BAD_ALLOC`), and the daemon
+//! goes on serving other guests.
+//!
+//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
+//! `VIRTSOC_REQUIRE_ALL` is set.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{bin_dir, dlopen, skip, sym, Daemon, H};
+
+/// The processes whose parent is `parent` and whose name is `name`.
+fn children(parent: u32, name: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid ...
+            let Some((comm, rest)) = stat.split_once(") ") else {
+                return false;
+            };
+            let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+            comm.ends_with(&format!("({name}")) && ppid == Some(parent)
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_render_worker_loses_the_guests_contexts_only() {
+    let dir = bin_dir();
+    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
+    for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
+        if !p.is_file() {
+            return skip(&format!("{} not built", p.display()));
+        }
+    }
+    let tmp = std::env::temp_dir().join(format!("virtsoc-gles-killed-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    let (sock, json) = (tmp.join("v.sock"), tmp.join("virtsoc.json"));
+    std::fs::write(
+        &json,
+        format!(
+            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
+            vendor.display()
+        ),
+    )
+    .expect("vendor json");
+    let d = Daemon(
+        Command::new(&daemon)
+            .arg("--socket")
+            .arg(&sock)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start virtsocd"),
+    );
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "daemon never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
+    std::env::set_var("VIRTSOC_SOCKET", &sock);
+    let (egl, gles) = (dlopen(c"libEGL.so.1"), dlopen(c"libGLESv2.so.2"));
+    if egl.is_null() || gles.is_null() {
+        return skip("glvnd's libEGL.so.1 / libGLESv2.so.2 not installed");
+    }
+    let get_platform_display: extern "C" fn(u32, H, *const isize) -> H =
+        sym(egl, c"eglGetPlatformDisplay");
+    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
+    let choose: extern "C" fn(H, *const i32, *mut H, i32, *mut i32) -> u32 =
+        sym(egl, c"eglChooseConfig");
+    let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
+    let create_pbuffer: extern "C" fn(H, H, *const i32) -> H = sym(egl, c"eglCreatePbufferSurface");
+    let make_current: extern "C" fn(H, H, H, H) -> u32 = sym(egl, c"eglMakeCurrent");
+    let swap: extern "C" fn(H, H) -> u32 = sym(egl, c"eglSwapBuffers");
+    let get_error: extern "C" fn() -> i32 = sym(egl, c"eglGetError");
+    let clear: extern "C" fn(u32) = sym(gles, c"glClear");
+
+    let dpy = get_platform_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
+    let (mut major, mut minor) = (0, 0);
+    assert_eq!(initialize(dpy, &mut major, &mut minor), 1);
+    let attrs = [0x3033, 1, 0x3040, 4, 0x3038];
+    let (mut config, mut n): (H, i32) = (std::ptr::null_mut(), 0);
+    assert_eq!(choose(dpy, attrs.as_ptr(), &mut config, 1, &mut n), 1);
+    let ctx_attrs = [0x3098, 2, 0x3038];
+    let ctx = create_context(dpy, config, std::ptr::null_mut(), ctx_attrs.as_ptr());
+    assert!(!ctx.is_null());
+    let surf = create_pbuffer(dpy, config, [0x3057, 32, 0x3056, 32, 0x3038].as_ptr());
+    assert!(!surf.is_null());
+    assert_eq!(make_current(dpy, surf, surf, ctx), 1);
+    clear(0x4000);
+    assert_eq!(
+        swap(dpy, surf),
+        1,
+        "a swap before the kill: {:#x}",
+        get_error()
+    );
+
+    let workers = children(d.0.id(), "virtsoc-render");
+    assert_eq!(
+        workers.len(),
+        1,
+        "one render worker for the guest: {workers:?}"
+    );
+    // SAFETY: SIGKILL to the daemon's child found above.
+    assert_eq!(unsafe { libc::kill(workers[0], libc::SIGKILL) }, 0);
+
+    let mut lost = false;
+    for _ in 0..6 {
+        clear(0x4000);
+        if swap(dpy, surf) == 0 {
+            assert_eq!(get_error(), 0x300E, "EGL_CONTEXT_LOST");
+            lost = true;
+            break;
+        }
+    }
+    assert!(lost, "the swaps after the kill find the context lost");
+    assert!(create_context(dpy, config, std::ptr::null_mut(), ctx_attrs.as_ptr()).is_null());
+    assert_eq!(get_error(), 0x3003, "EGL_BAD_ALLOC");
+
+    let other = virtsoc_guest::Connection::open(
+        sock.to_str().expect("utf-8 path"),
+        &virtsoc_guest::ConnectOptions::default(),
+    )
+    .expect("another guest connects");
+    other.nop().expect("and is served");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
