@@ -224,6 +224,30 @@ fn draws_and_reads_pixels_through_the_daemon() {
         texels.as_ptr().cast(),
     );
     assert_eq!(gl_get_error(), 0);
+    // A fence sync through glvnd's dispatch of an extension function.
+    let get_proc: extern "C" fn(*const c_char) -> *mut c_void = sym(egl, c"eglGetProcAddress");
+    let p = get_proc(c"eglCreateSyncKHR".as_ptr());
+    assert!(!p.is_null(), "eglCreateSyncKHR");
+    // SAFETY: eglCreateSyncKHR's C type.
+    let create_sync: extern "C" fn(H, u32, *const i32) -> H = unsafe { std::mem::transmute(p) };
+    // SAFETY: eglClientWaitSyncKHR's C type.
+    let client_wait: extern "C" fn(H, H, i32, u64) -> i32 =
+        unsafe { std::mem::transmute(get_proc(c"eglClientWaitSyncKHR".as_ptr())) };
+    // SAFETY: eglDestroySyncKHR's C type.
+    let destroy_sync: extern "C" fn(H, H) -> u32 =
+        unsafe { std::mem::transmute(get_proc(c"eglDestroySyncKHR".as_ptr())) };
+    let sync = create_sync(dpy, 0x30F9, [0x3038].as_ptr());
+    assert!(!sync.is_null(), "fence sync: {:#x}", get_error());
+    assert_eq!(
+        client_wait(dpy, sync, 1, u64::MAX),
+        0x30F6,
+        "condition satisfied"
+    );
+    assert_eq!(destroy_sync(dpy, sync), 1);
+    let query_surface: extern "C" fn(H, H, i32, *mut i32) -> u32 = sym(egl, c"eglQuerySurface");
+    let mut qw = 0;
+    assert_eq!(query_surface(dpy, surf, 0x3057, &mut qw), 1);
+    assert_eq!(qw, w);
     assert_eq!(
         make_current(
             dpy,
