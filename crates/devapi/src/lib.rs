@@ -333,13 +333,14 @@ devices! {
     /// OpenGL ES: runs a guest's GLES command stream (`docs/gles.md`) in the guest's render
     /// worker process on the host's EGL/GLES.
     device gles = 16 {
-        /// Runs the first `len` bytes of `stream` (whole packets) and writes the answers of
-        /// its calls with results at the start of region `reply` (write access begun from
-        /// this device; 0: none expected). `reply_len` is the answers' size; when it exceeds
-        /// the reply region (or `reply` is 0), `held` is 1 and `read_reply` delivers them.
-        /// `DeviceError` with a reason starting "context lost" once the worker is gone (every
-        /// later exec too); `BadArgument` for a malformed stream (the batch stops there).
-        fn exec(stream: region_r, len: u64, reply: u64) -> (reply_len, held) = 1;
+        /// Runs the first `len` bytes of `stream` (whole packets) and answers the results of
+        /// its calls (`reply_len` bytes): at most 32 bytes come in the result words `inline0`
+        /// to `inline3` (little-endian, `held` 2); more are written at the start of region
+        /// `reply` (write access begun from this device; 0: none expected; `held` 0), or,
+        /// when they exceed it, held for `read_reply` (`held` 1). `DeviceError` with a reason
+        /// starting "context lost" once the worker is gone (every later exec too);
+        /// `BadArgument` for a malformed stream (the batch stops there).
+        fn exec(stream: region_r, len: u64, reply: u64) -> (reply_len, held, inline0, inline1, inline2, inline3) = 1;
         /// Writes the answers `exec` held back into `reply` (which must hold them all).
         fn read_reply(reply: region_w) -> (reply_len) = 2;
         /// Reads guest surface `surface` (the draw surface of the context the stream last

@@ -339,8 +339,15 @@ impl Transport {
             log::info!("virtsoc gles: request {seq} failed: {}", st.message());
         }
         let (reply_len, held) = (values[0], values[1]);
-        if held == 0 {
-            return self.read_region(reply.id, reply_len);
+        match held {
+            0 => return self.read_region(reply.id, reply_len),
+            2 => {
+                // Small answers came in the result words.
+                let n = (reply_len as usize).min(32);
+                let bytes: Vec<u8> = values[2..6].iter().flat_map(|w| w.to_le_bytes()).collect();
+                return Ok(bytes[..n].to_vec());
+            }
+            _ => {}
         }
         // The answers did not fit: a larger reply region, and the held answers into it.
         let mut reply = inner.reply;

@@ -96,7 +96,7 @@ fn a_killed_render_worker_loses_the_guests_contexts_only() {
     assert_eq!(choose(dpy, attrs.as_ptr(), &mut config, 1, &mut n), 1);
     let ctx_attrs = [0x3098, 2, 0x3038];
     let ctx = create_context(dpy, config, std::ptr::null_mut(), ctx_attrs.as_ptr());
-    assert!(!ctx.is_null());
+    assert!(!ctx.is_null(), "eglCreateContext: {:#x}", get_error());
     let surf = create_pbuffer(dpy, config, [0x3057, 32, 0x3056, 32, 0x3038].as_ptr());
     assert!(!surf.is_null());
     assert_eq!(make_current(dpy, surf, surf, ctx), 1);

@@ -56,6 +56,26 @@ pub const ANSWER_BAD_STREAM: u32 = 1;
 /// Worker answer: the worker cannot go on (its host EGL failed); it exits.
 pub const ANSWER_LOST: u32 = 2;
 
+/// Answers of at most this many bytes travel in the exec's result words.
+pub const INLINE_REPLY: usize = 32;
+
+/// The exec result carrying `reply` (at most [`INLINE_REPLY`] bytes) in its words.
+fn inline_reply(reply: &[u8]) -> [u64; 6] {
+    let mut w = [0u64; 4];
+    for (i, b) in reply.iter().take(INLINE_REPLY).enumerate() {
+        w[i / 8] |= u64::from(*b) << (8 * (i % 8));
+    }
+    ExecReply {
+        reply_len: reply.len() as u64,
+        held: if reply.is_empty() { 0 } else { 2 },
+        inline0: w[0],
+        inline1: w[1],
+        inline2: w[2],
+        inline3: w[3],
+    }
+    .to_values()
+}
+
 /// The program name of the render worker, looked for beside the daemon's executable.
 pub const WORKER_PROGRAM: &str = "virtsoc-render";
 
@@ -453,17 +473,17 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
             && cx
                 .meta(reply_region)
                 .is_ok_and(|m| m.size >= reply.len() as u64);
-        let result = if reply.is_empty() {
-            Ok(ExecReply {
-                reply_len: 0,
-                held: 0,
-            }
-            .to_values())
+        let result = if reply.len() <= INLINE_REPLY {
+            Ok(inline_reply(&reply))
         } else if fits {
             cx.write_bytes(reply_region, &reply).map(|()| {
                 ExecReply {
                     reply_len: reply.len() as u64,
                     held: 0,
+                    inline0: 0,
+                    inline1: 0,
+                    inline2: 0,
+                    inline3: 0,
                 }
                 .to_values()
             })
@@ -473,6 +493,10 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
             Ok(ExecReply {
                 reply_len: n,
                 held: 1,
+                inline0: 0,
+                inline1: 0,
+                inline2: 0,
+                inline3: 0,
             }
             .to_values())
         };
@@ -524,6 +548,19 @@ mod tests {
     fn default_worker_is_beside_the_executable() {
         let p = default_worker();
         assert!(p.ends_with(WORKER_PROGRAM) || std::env::var_os("VIRTSOC_RENDER_WORKER").is_some());
+    }
+
+    #[test]
+    fn small_answers_travel_in_the_result_words() {
+        let reply: Vec<u8> = (1..=20).collect();
+        let v = inline_reply(&reply);
+        assert_eq!((v[0], v[1]), (20, 2));
+        assert_eq!(v[2], u64::from_le_bytes([1, 2, 3, 4, 5, 6, 7, 8]));
+        assert_eq!(
+            v[4] & 0xFFFF_FFFF,
+            u64::from_le_bytes([17, 18, 19, 20, 0, 0, 0, 0])
+        );
+        assert_eq!(inline_reply(&[])[..2], [0, 0]);
     }
 
     #[test]
