@@ -21,7 +21,8 @@
 //! virtsoc path it reads the guest's counters from the daemon's control API each time a
 //! scene ends: device commands of the `gles` device (stream batches), SVM copies, and the
 //! `gles` counters of the guest's stats when the daemon has them (round trips, stream bytes,
-//! frames); frames are FPS x duration when the daemon does not count them.
+//! frames); until it counts them, the stream's bytes are the bytes SVM copies into the `gles`
+//! domain and frames are FPS x duration.
 //!
 //! `virtsoc gles validate` is the correctness check of `make test`'s GLES test: each scene
 //! with `--validate` natively and through virtsoc, and `es2_info` through virtsoc; it fails
