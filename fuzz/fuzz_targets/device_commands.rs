@@ -3,14 +3,26 @@
 //!   `virtsoc_devapi` (and the layer and marker records the GPU and display read);
 //! - selector 1: the ISP conversion with the real libswscale backend (and the CPU reference)
 //!   on small frames with fuzzed formats, sizes, strides and buffer placement;
-//! - selector 2: an FFmpeg decoder of a fuzzed codec fed fuzzed packets, then flushed.
+//! - selector 2: an FFmpeg decoder of a fuzzed codec fed fuzzed packets, then flushed;
+//! - selector 3: the daemon's own devices (codec in process, swscale ISP, the GPU's CPU
+//!   backend, camera, headless display, modem, test devices) running fuzzed commands through
+//!   the daemon's checks (`device::validate`, then `Device::execute`) for a guest with
+//!   regions of every format, region arguments mostly naming its regions.
 //!
 //! Errors are fine; a panic or a crash inside FFmpeg is not.
 
 #![no_main]
 
+use std::sync::{Arc, OnceLock};
+
 use libfuzzer_sys::fuzz_target;
 use virtsoc_devapi as api;
+use virtsoc_fence::{MemPage, VirtualFenceTable};
+use virtsoc_host::device::registry::{self, DeviceConfig, GpuBackendKind};
+use virtsoc_host::device::{validate, Device, DeviceCtx};
+use virtsoc_proto::wire::Format;
+use virtsoc_proto::{AccessMode, DeviceId, SharedWindow, WindowLayout};
+use virtsoc_svm::{AccessSpec, AllocDesc, DomainId, GuestId, ProtocolKind, SvmManager, Topology};
 use virtsoc_media::{
     CodecKind, CpuIsp, DecoderBackend, FfmpegDecoder, FrameLayout, FrameMut, FrameRef, IspBackend,
     PixelFormat, SwscaleIsp,
@@ -210,12 +222,130 @@ fn decoder(b: &mut Bytes) {
     }
 }
 
+/// The daemon's devices, an SVM manager and one guest with regions, made once.
+struct World {
+    svm: Arc<SvmManager>,
+    devices: Vec<(DeviceId, DomainId, Arc<dyn Device>)>,
+    fences: Arc<VirtualFenceTable>,
+    regions: Vec<u64>,
+}
+
+const GUEST: GuestId = GuestId(1);
+
+fn world() -> &'static World {
+    static WORLD: OnceLock<World> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        let cfg = DeviceConfig {
+            gpu: GpuBackendKind::Cpu,
+            codec_worker: None,
+            ..DeviceConfig::default()
+        };
+        let built = registry::build(&cfg, &virtsoc_host::Limits::default()).expect("devices");
+        let mut topo = Topology::new();
+        let mut domains: Vec<(String, DomainId)> = Vec::new();
+        let devices: Vec<_> = built
+            .into_iter()
+            .map(|(id, d)| {
+                let name = d.memory_domain().to_string();
+                let dom = match domains.iter().find(|(n, _)| *n == name) {
+                    Some((_, dom)) => *dom,
+                    None => {
+                        let dom = topo.add_device_domain(&name);
+                        domains.push((name, dom));
+                        dom
+                    }
+                };
+                (id, dom, d)
+            })
+            .collect();
+        let svm = Arc::new(SvmManager::new(topo));
+        let layout = WindowLayout::new(64 << 20, 8, 8).expect("layout");
+        let window = Arc::new(SharedWindow::create_memfd("fuzz", layout).expect("window"));
+        let protocol = svm.protocol(ProtocolKind::WriteInvalidate);
+        svm.attach_guest(GUEST, window, protocol, 1 << 30)
+            .expect("guest");
+        let shapes = [
+            (Format::Blob, 64 << 10, 0, 0),
+            (Format::Blob, 4 << 20, 0, 0),
+            (Format::Rgba8, 0, 64, 48),
+            (Format::Nv12, 0, 64, 48),
+            (Format::Yuv420p, 0, 64, 48),
+            (Format::Rgba8, 0, 320, 240),
+            (Format::Nv12, 0, 320, 240),
+        ];
+        let regions: Vec<u64> = shapes
+            .iter()
+            .map(|&(format, size, width, height)| {
+                let desc = AllocDesc {
+                    size,
+                    width,
+                    height,
+                    format,
+                    usage: 0,
+                };
+                svm.alloc(GUEST, desc).expect("region").0 .0
+            })
+            .collect();
+        // Every device reads and writes every region (an access refused is fine: the
+        // commands then meet that refusal).
+        for &id in &regions {
+            for (dev, dom, _) in &devices {
+                let len = svm
+                    .meta(GUEST, virtsoc_svm::RegionId(id))
+                    .map(|m| m.size)
+                    .unwrap_or(0);
+                let spec = AccessSpec::new(dev.0, *dom, 0, len, AccessMode::ReadWrite);
+                let _ = svm.begin_access(GUEST, virtsoc_svm::RegionId(id), &spec);
+            }
+        }
+        World {
+            svm,
+            devices,
+            fences: Arc::new(VirtualFenceTable::new(Arc::new(MemPage::new()))),
+            regions,
+        }
+    })
+}
+
+fn execute(b: &mut Bytes) {
+    let w = world();
+    let (id, dom, dev) = &w.devices[b.u8() as usize % w.devices.len()];
+    let Some(info) = virtsoc_devapi::device(*id) else {
+        return;
+    };
+    let mut words = [0u64; 6];
+    // Mostly a declared command; sometimes any opcode.
+    words[0] = match info.commands.get(b.u8() as usize % (info.commands.len() + 1)) {
+        Some(c) => c.op,
+        None => b.u64(),
+    };
+    let decl = info.commands.iter().find(|c| c.op == words[0]);
+    for (i, w_i) in words.iter_mut().enumerate().skip(1) {
+        let is_region = decl
+            .and_then(|c| c.args.get(i - 1))
+            .is_some_and(|a| a.kind.starts_with("region"));
+        let pick = b.u8();
+        *w_i = if is_region && pick < 224 {
+            w.regions[pick as usize % w.regions.len()]
+        } else if pick < 160 {
+            u64::from(b.u16())
+        } else {
+            b.u64()
+        };
+    }
+    let cx = DeviceCtx::new(GUEST, &w.svm, *dom, &w.fences).reading_host(dev.reads_host_memory());
+    if validate(*id, &cx, &words).is_ok() {
+        let _ = dev.execute(&cx, &words);
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     virtsoc_media::quiet_ffmpeg_logs();
     let mut b = Bytes(data);
-    match b.u8() % 3 {
+    match b.u8() % 4 {
         0 => commands(&mut b),
         1 => isp(&mut b),
-        _ => decoder(&mut b),
+        2 => decoder(&mut b),
+        _ => execute(&mut b),
     }
 });

@@ -347,6 +347,16 @@ devices! {
         /// ran on) back into `frame`, an RGBA8 image region of exactly the surface's size
         /// (`BadArgument` with the size in the reason otherwise), for the display.
         fn readback(surface: u64, frame: region_w) -> (width, height) = 3;
+        /// Imports region `region` (read access begun from this device, so the SVM's
+        /// coherence brought it into the `gles` domain) into guest image `image` (an
+        /// EGLImage the guest made in its stream), laid out as `size` (`width | height <<
+        /// 32`), `layout` (`stride | format << 32`, format 1 RGBA8, 3 NV12, 4 YUV 4:2:0) and
+        /// `planes` (`offset1 | offset2 << 32`): the daemon hands the bytes to the render
+        /// worker, which uploads them into the image's texture. Skipped (`imported` 0)
+        /// when the region's write generation is the one of this image's last import,
+        /// unless bit 63 of `image` (force) is set. `BadArgument` with the reason for a
+        /// layout that does not fit the region or an unknown image.
+        fn import(image: u64, region: region_r, size: u64, layout: u64, planes: u64) -> (imported, bytes) = 4;
     }
 }
 

@@ -110,6 +110,11 @@ fn channel_error(e: GuestError) -> ChannelError {
 }
 
 impl Transport {
+    /// The connection (its regions: EGLImages of SVM regions, `crate::egl::image`).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
     /// Connects to the daemon at `$VIRTSOC_SOCKET` and allocates the regions.
     pub fn connect() -> Result<Transport, ChannelError> {
         let target = std::env::var("VIRTSOC_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.into());

@@ -278,6 +278,11 @@ impl HostEgl {
     }
 
     /// Destroys a context (EGL keeps it until it is no longer current).
+    /// The display (for the functions callers load themselves, e.g. EGLImages).
+    pub(crate) fn display(&self) -> Handle {
+        self.display
+    }
+
     pub(crate) fn destroy_context(&self, ctx: Handle) {
         // SAFETY: a context of this display.
         unsafe { (self.destroy_context)(self.display, ctx) };

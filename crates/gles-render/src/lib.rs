@@ -6,4 +6,5 @@
 pub mod egl;
 pub mod gl;
 pub mod glue;
+pub mod image;
 pub mod worker;

@@ -73,6 +73,8 @@ pub struct Renderer {
     on: u32,
     /// What is current on the host: `(ctx, draw, read)`.
     host_current: (u32, u32, u32),
+    /// The guest's EGLImages of SVM regions (`crate::image`).
+    images: crate::image::Images,
 }
 
 impl Renderer {
@@ -89,6 +91,7 @@ impl Renderer {
             configs: HashMap::new(),
             on: 0,
             host_current: (0, 0, 0),
+            images: crate::image::Images::default(),
         })
     }
 
@@ -136,7 +139,15 @@ impl Renderer {
         let mut r = Reader::new(batch);
         while let Some(p) = r.next_packet() {
             let (op, mut p) = p?;
-            if op == egl::READBACK {
+            if op == egl::IMPORT {
+                if !trusted {
+                    return Err(p.bad("IMPORT is the daemon's"));
+                }
+                let err = self.images.import(&self.egl, &mut p)?;
+                // The image context is current now.
+                self.host_current = (u32::MAX, 0, 0);
+                answer(reply, op, &[err]);
+            } else if op == egl::READBACK {
                 if !trusted {
                     return Err(p.bad("READBACK is the daemon's"));
                 }
@@ -248,6 +259,26 @@ impl Renderer {
                     self.gl.finish();
                 }
                 answer(reply, op, &[]);
+            }
+            egl::CREATE_IMAGE => {
+                let (image, w, h) = (p.u32()?, p.u32()?, p.u32()?);
+                let err = self.images.create(&self.egl, image, w, h);
+                self.host_current = (u32::MAX, 0, 0);
+                answer(reply, op, &[err]);
+            }
+            egl::DESTROY_IMAGE => {
+                let image = p.u32()?;
+                self.images.destroy(&self.egl, image);
+                self.host_current = (u32::MAX, 0, 0);
+            }
+            egl::IMAGE_TARGET_TEXTURE => {
+                let (target, image) = (p.u32()?, p.u32()?);
+                if self.on != 0 && self.bind(self.on).is_ok() {
+                    let done = self.images.target_texture(target, image);
+                    if let (false, Some(c)) = (done, self.contexts.get_mut(&self.on)) {
+                        c.state.error(0x0502); // GL_INVALID_OPERATION
+                    }
+                }
             }
             _ => return Err(StreamError::UnknownOp(op)),
         }

@@ -35,11 +35,39 @@ pub const RESIZE_SURFACE: u32 = BASE + 7;
 /// context). Answers an empty payload (used by fence syncs and `eglWaitClient`).
 pub const FINISH: u32 = BASE + 8;
 /// `surf u32`: reads surface `surf` back for the display: the host finishes the current
-/// context's rendering and answers `u32 width | u32 height | u32 byte_len | width * height
-/// * 4 bytes` of RGBA8 pixels, rows from the top (0 x 0 when `surf` is not the draw surface
+/// context's rendering and answers `u32 width | u32 height | u32 byte_len |
+/// width * height * 4 bytes` of RGBA8 pixels, rows from the top (0 x 0 when `surf` is not the draw surface
 /// of the context the stream runs on). The daemon sends it itself (`gles::readback`); in a
 /// guest's stream it is refused.
 pub const READBACK: u32 = BASE + 9;
+
+/// `image u32 | width u32 | height u32`: creates guest image `image` (an EGLImage of an SVM
+/// region, `eglCreateImageKHR` with `EGL_VIRTSOC_REGION`): a host RGBA8 texture of `width`
+/// x `height` (each 1..=[`MAX_SURFACE`]) wrapped in a host EGLImage. Its pixels arrive by
+/// [`IMPORT`]. Answers `u32 error`.
+pub const CREATE_IMAGE: u32 = BASE + 0x20;
+/// `image u32`: destroys guest image `image` (textures bound to it keep its last pixels).
+pub const DESTROY_IMAGE: u32 = BASE + 0x21;
+/// `target u32 | image u32`: `glEGLImageTargetTexture2DOES` on the context the stream runs
+/// on: the texture bound to `target` (`GL_TEXTURE_2D` or `GL_TEXTURE_EXTERNAL_OES`) becomes
+/// a sibling of guest image `image`. No answer; an unknown image or a refused target is
+/// `GL_INVALID_OPERATION` for the context.
+pub const IMAGE_TARGET_TEXTURE: u32 = BASE + 0x22;
+/// `image u32 | format u32 | width u32 | height u32 | stride u32 | offset1 u32 | offset2
+/// u32 | byte_len u32 | bytes`: the pixels of guest image `image`, read by the daemon out
+/// of the region's replica in the `gles` domain (`gles::import`), laid out as `format`
+/// ([`IMAGE_RGBA8`], [`IMAGE_NV12`], [`IMAGE_YUV420`]) with luma (or RGBA) rows of
+/// `stride` bytes from offset 0 and chroma planes at `offset1` (and `offset2`). The worker
+/// converts YUV to RGBA (BT.601, limited range) and uploads it into the image's texture.
+/// The daemon sends it itself; in a guest's stream it is refused. Answers `u32 error`.
+pub const IMPORT: u32 = BASE + 0x23;
+
+/// Image layout of [`IMPORT`]: RGBA8, 4 bytes a pixel.
+pub const IMAGE_RGBA8: u32 = 1;
+/// Image layout of [`IMPORT`]: NV12 (Y plane, then interleaved U/V at half resolution).
+pub const IMAGE_NV12: u32 = 3;
+/// Image layout of [`IMPORT`]: YUV 4:2:0 planar (Y, U, V; chroma rows of `stride / 2`).
+pub const IMAGE_YUV420: u32 = 4;
 
 /// EGL's success code, as the answers carry it.
 pub const SUCCESS: u32 = 0x3000;

@@ -36,7 +36,7 @@ fn set_error(e: i32) {
 }
 
 /// Runs an entry point's body: sets the thread's error and never unwinds.
-fn guard<T: Copy>(fail: T, f: impl FnOnce() -> Result<T, i32>) -> T {
+pub(crate) fn guard<T: Copy>(fail: T, f: impl FnOnce() -> Result<T, i32>) -> T {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(v)) => {
             set_error(EGL_SUCCESS);
@@ -54,7 +54,7 @@ fn guard<T: Copy>(fail: T, f: impl FnOnce() -> Result<T, i32>) -> T {
 }
 
 /// An attribute list's element (`EGLint` or `EGLAttrib`).
-trait Wide {
+pub(crate) trait Wide {
     fn wide(self) -> i64;
 }
 
@@ -71,7 +71,7 @@ impl Wide for isize {
 }
 
 /// The attribute pairs of a list ending at `EGL_NONE` (at most 128 pairs).
-fn pairs<T: Copy + Wide>(list: *const T) -> Vec<(i32, i32)> {
+pub(crate) fn pairs<T: Copy + Wide>(list: *const T) -> Vec<(i32, i32)> {
     let mut out = Vec::new();
     if list.is_null() {
         return out;
@@ -90,7 +90,7 @@ fn pairs<T: Copy + Wide>(list: *const T) -> Vec<(i32, i32)> {
 }
 
 /// Writes `v` through an out-pointer that may be null.
-fn put<T>(p: *mut T, v: T) {
+pub(crate) fn put<T>(p: *mut T, v: T) {
     if !p.is_null() {
         // SAFETY: a non-null out-parameter of the program.
         unsafe { p.write(v) };
@@ -98,7 +98,7 @@ fn put<T>(p: *mut T, v: T) {
 }
 
 /// The display of handle `dpy`, initialised.
-fn display(t: &Table, dpy: Handle) -> Result<&Display, i32> {
+pub(crate) fn display(t: &Table, dpy: Handle) -> Result<&Display, i32> {
     let d = t.displays.get(&from_handle(dpy)).ok_or(EGL_BAD_DISPLAY)?;
     if !d.initialized {
         return Err(EGL_NOT_INITIALIZED);
@@ -106,7 +106,7 @@ fn display(t: &Table, dpy: Handle) -> Result<&Display, i32> {
     Ok(d)
 }
 
-fn stream(t: &Table) -> Result<Arc<Mutex<Stream>>, i32> {
+pub(crate) fn stream(t: &Table) -> Result<Arc<Mutex<Stream>>, i32> {
     t.stream.clone().ok_or(EGL_NOT_INITIALIZED)
 }
 
@@ -141,7 +141,7 @@ fn answer(reply: &[u8], op: u32) -> Option<u32> {
 }
 
 /// Encodes an EGL packet with `words`, runs the batch and returns the packet's answer.
-fn round_trip(s: &Mutex<Stream>, op: u32, words: &[u32], lost: i32) -> Result<u32, i32> {
+pub(crate) fn round_trip(s: &Mutex<Stream>, op: u32, words: &[u32], lost: i32) -> Result<u32, i32> {
     let mut s = lock(s);
     {
         let enc = s.egl_encoder();
@@ -155,7 +155,7 @@ fn round_trip(s: &Mutex<Stream>, op: u32, words: &[u32], lost: i32) -> Result<u3
 }
 
 /// Encodes an EGL packet that answers nothing and sends it without waiting.
-fn post(s: &Mutex<Stream>, op: u32, words: &[u32]) {
+pub(crate) fn post(s: &Mutex<Stream>, op: u32, words: &[u32]) {
     let mut s = lock(s);
     {
         let enc = s.egl_encoder();
@@ -331,7 +331,7 @@ pub extern "C" fn eglQueryString(dpy: Handle, name: EglInt) -> *const c_char {
             EGL_CLIENT_APIS => c"OpenGL_ES".as_ptr(),
             EGL_EXTENSIONS => c"EGL_KHR_fence_sync EGL_KHR_surfaceless_context \
                 EGL_KHR_create_context EGL_KHR_get_all_proc_addresses \
-                EGL_KHR_no_config_context"
+                EGL_KHR_no_config_context EGL_KHR_image_base EGL_VIRTSOC_region_image"
                 .as_ptr(),
             _ => return Err(EGL_BAD_PARAMETER),
         })

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod consts;
+pub mod image;
 pub mod state;
 pub mod x11;
 
@@ -53,13 +54,15 @@ pub const ABI_MAJOR: u32 = 0;
 #[no_mangle]
 pub unsafe extern "C" fn __egl_Main(
     version: u32,
-    _exports: *const c_void,
-    _vendor: *mut c_void,
+    exports: *const c_void,
+    vendor: *mut c_void,
     imports: *mut EglApiImports,
 ) -> EglBool {
     if version >> 16 != ABI_MAJOR || imports.is_null() {
         return 0;
     }
+    EXPORTS.store(exports as usize, std::sync::atomic::Ordering::Release);
+    VENDOR.store(vendor as usize, std::sync::atomic::Ordering::Release);
     // SAFETY: libEGL's imports table (the caller's contract); only the fields of ABI 0.0
     // are written, the rest stays as libEGL zeroed it.
     unsafe {
@@ -71,6 +74,33 @@ pub unsafe extern "C" fn __egl_Main(
         (*imports).set_dispatch_index = Some(set_dispatch_index);
     }
     1
+}
+
+/// libEGL's `__EGLapiExports` and our `__EGLvendorInfo`, as `__egl_Main` gave them.
+static EXPORTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static VENDOR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The head of `__EGLapiExports` (glvnd/libeglabi.h, ABI 0.x) up to `setLastVendor`.
+#[repr(C)]
+struct EglApiExportsHead {
+    _calls: [*const c_void; 8],
+    set_last_vendor: Option<extern "C" fn(*mut c_void) -> EglBool>,
+}
+
+/// Tells libEGL that this vendor ran the calling thread's last EGL call, so its
+/// `eglGetError` asks us: an extension function handed out as itself (no glvnd stub)
+/// calls this first.
+pub(crate) fn set_last_vendor() {
+    let exports = EXPORTS.load(std::sync::atomic::Ordering::Acquire) as *const EglApiExportsHead;
+    let vendor = VENDOR.load(std::sync::atomic::Ordering::Acquire) as *mut c_void;
+    if exports.is_null() || vendor.is_null() {
+        return;
+    }
+    // SAFETY: libEGL's exports table, valid while the library is loaded (glvnd's
+    // contract), whose ninth entry is `setLastVendor`.
+    if let Some(f) = unsafe { (*exports).set_last_vendor } {
+        f(vendor);
+    }
 }
 
 /// Every EGL function the library implements, by name.
@@ -162,6 +192,42 @@ fn egl_functions() -> &'static [(&'static str, usize)] {
             (
                 "eglGetSyncAttribKHR",
                 eglGetSyncAttribKHR as *const () as usize,
+            ),
+            (
+                "eglCreateImageKHR",
+                image::eglCreateImageKHR as *const () as usize,
+            ),
+            (
+                "eglCreateImage",
+                image::eglCreateImage as *const () as usize,
+            ),
+            (
+                "eglDestroyImageKHR",
+                image::eglDestroyImageKHR as *const () as usize,
+            ),
+            (
+                "eglDestroyImage",
+                image::eglDestroyImageKHR as *const () as usize,
+            ),
+            (
+                "eglCreateRegionVIRTSOC",
+                image::eglCreateRegionVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglMapRegionVIRTSOC",
+                image::eglMapRegionVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglUnmapRegionVIRTSOC",
+                image::eglUnmapRegionVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglDestroyRegionVIRTSOC",
+                image::eglDestroyRegionVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglQueryLedgerVIRTSOC",
+                image::eglQueryLedgerVIRTSOC as *const () as usize,
             ),
         ]
     })

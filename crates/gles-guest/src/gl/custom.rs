@@ -45,6 +45,8 @@ const EXTENSIONS: &[&str] = &[
     "GL_EXT_texture_compression_dxt1",
     "GL_EXT_texture_compression_s3tc",
     "GL_KHR_texture_compression_astc_ldr",
+    "GL_OES_EGL_image",
+    "GL_OES_EGL_image_external",
 ];
 
 /// Constant queries answered once per context.
@@ -540,6 +542,11 @@ pub(crate) unsafe extern "C" fn glShaderBinary(
     if let Some(ctx) = rt::current() {
         ctx.gl().error(GL_INVALID_ENUM);
     }
+}
+
+/// `glEGLImageTargetTexture2DOES`: an EGLImage of an SVM region (`crate::egl::image`).
+pub(crate) unsafe extern "C" fn glEGLImageTargetTexture2DOES(target: u32, image: *mut c_void) {
+    crate::egl::image::target_texture(target, image);
 }
 
 /// `glMapBufferOES`: guest memory holding the buffer (write-only), sent at unmap.

@@ -380,6 +380,18 @@ pub(crate) fn glGetBufferPointervOES(
     glMapBufferOES(gl, cx, r, reply)
 }
 
+/// `glEGLImageTargetTexture2DOES`: the guest names its image in an EGL packet
+/// (`IMAGE_TARGET_TEXTURE`, the worker's `crate::image`); this opcode is never sent.
+pub(crate) fn glEGLImageTargetTexture2DOES(
+    _gl: &Gl,
+    cx: &mut ContextState,
+    _r: &mut Reader<'_>,
+    _reply: &mut Encoder,
+) -> DecodeResult {
+    cx.error(GL_INVALID_OPERATION);
+    Ok(())
+}
+
 /// A client attribute sent with a draw.
 struct ClientAttrib<'a> {
     index: u32,

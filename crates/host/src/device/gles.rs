@@ -30,7 +30,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use virtsoc_devapi::gles::{Command, ExecReply, ReadReplyReply, ReadbackReply};
+use virtsoc_devapi::gles::{Command, ExecReply, ImportReply, ReadReplyReply, ReadbackReply};
 use virtsoc_fence::VirtualFenceTable;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
@@ -86,7 +86,18 @@ enum Kind {
     Exec { reply: u64 },
     /// The daemon's readback of a surface: the pixels go to this RGBA8 image region.
     Readback { frame: u64 },
+    /// An import of `bytes` of `region` at write generation `gen` into guest image `image`
+    /// (`gles_image`).
+    Import {
+        image: u32,
+        region: u64,
+        gen: u64,
+        bytes: u64,
+    },
 }
+
+#[path = "gles_image.rs"]
+mod image;
 
 /// The READBACK opcode of the GLES stream (`virtsoc_gles_stream::egl::READBACK`; the
 /// daemon does not link the stream crate).
@@ -115,6 +126,8 @@ struct Shared {
     held: Vec<u8>,
     /// The daemon's end of the worker's socket (shut down when the guest goes away).
     sock: Option<UnixStream>,
+    /// `(region, write generation)` of each guest image's last successful import.
+    imported: HashMap<u32, (u64, u64)>,
 }
 
 /// One guest's render worker, as the device holds it.
@@ -193,6 +206,25 @@ impl Gles {
             Ok(Command::ReadReply(r)) => {
                 let result = self.read_reply(cx, r.reply);
                 return reply.send_because(result, cx.take_reason());
+            }
+            Ok(Command::Import(c)) => {
+                let last = self.guests().get(&cx.guest).and_then(|g| {
+                    lock(&g.shared)
+                        .imported
+                        .get(&((c.image & 0xFFFF_FFFF) as u32))
+                        .copied()
+                });
+                match image::prepare(cx, &c, last) {
+                    Ok(image::Prepared::Batch(b, kind)) => (b, kind),
+                    Ok(image::Prepared::Current) => {
+                        let current = ImportReply {
+                            imported: 0,
+                            bytes: 0,
+                        };
+                        return reply.send(Ok(current.to_values()));
+                    }
+                    Err(st) => return reply.send_because(Err(st), cx.take_reason()),
+                }
             }
             Ok(Command::Readback(r)) => {
                 let Ok(surf) = u32::try_from(r.surface) else {
@@ -428,7 +460,7 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
         let Some(w) = worker.as_mut() else { continue };
         let flags = match job.kind {
             Kind::Exec { .. } => 0,
-            Kind::Readback { .. } => FROM_DAEMON,
+            Kind::Readback { .. } | Kind::Import { .. } => FROM_DAEMON,
         };
         let answer = w.call(&job.batch, flags);
         let (status, reply, msg) = match answer {
@@ -465,6 +497,22 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
             Kind::Exec { reply } => reply,
             Kind::Readback { frame } => {
                 let result = write_frame(&cx, frame, &reply);
+                job.reply.send_because(result, cx.take_reason());
+                continue;
+            }
+            Kind::Import {
+                image,
+                region,
+                gen,
+                bytes,
+            } => {
+                let result = image::answer(&cx, &reply, image, bytes);
+                let mut sh = lock(shared);
+                match result {
+                    Ok(_) => sh.imported.insert(image, (region, gen)),
+                    Err(_) => sh.imported.remove(&image),
+                };
+                drop(sh);
                 job.reply.send_because(result, cx.take_reason());
                 continue;
             }

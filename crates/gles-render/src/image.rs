@@ -1,0 +1,391 @@
+//! Guest EGLImages of SVM regions (`EGL_VIRTSOC_REGION`) on the host: each is an RGBA8
+//! texture of a context of the worker's own (the *image context*, sharing nothing), wrapped
+//! in a host EGLImage (`EGL_KHR_gl_texture_2D_image`), so any guest context's texture can
+//! become its sibling (`glEGLImageTargetTexture2DOES`, [`egl::IMAGE_TARGET_TEXTURE`]).
+//!
+//! Pixels arrive from the daemon ([`egl::IMPORT`]: the region's bytes as the SVM brought
+//! them into the `gles` domain, on the worker's socket: nothing is opened or mapped here).
+//! YUV layouts (NV12, YUV 4:2:0) are converted to RGBA on the CPU (BT.601, limited range,
+//! as the ISP's CPU reference does), so a guest's `samplerExternalOES` samples RGB, and the
+//! host's `GL_OES_EGL_image_external` takes the shader as it is. The upload runs on the
+//! image context and is finished there, so every sibling sees the new pixels in the next
+//! draw.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+
+use virtsoc_gles_stream::{egl, Reader, StreamError};
+
+use crate::egl::{Handle, HostEgl};
+
+/// Most images of one guest.
+pub const MAX_IMAGES: usize = 1024;
+
+const GL_TEXTURE_2D: u32 = 0x0DE1;
+const GL_TEXTURE_EXTERNAL_OES: u32 = 0x8D65;
+const GL_RGBA: u32 = 0x1908;
+const GL_UNSIGNED_BYTE: u32 = 0x1401;
+const GL_TEXTURE_MIN_FILTER: u32 = 0x2801;
+const GL_TEXTURE_MAG_FILTER: u32 = 0x2800;
+const GL_TEXTURE_WRAP_S: u32 = 0x2802;
+const GL_TEXTURE_WRAP_T: u32 = 0x2803;
+const GL_LINEAR: i32 = 0x2601;
+const GL_CLAMP_TO_EDGE: i32 = 0x812F;
+const GL_UNPACK_ALIGNMENT: u32 = 0x0CF5;
+const GL_UNPACK_ROW_LENGTH: u32 = 0x0CF2;
+const EGL_GL_TEXTURE_2D_KHR: u32 = 0x30B1;
+const EGL_GL_TEXTURE_LEVEL_KHR: i32 = 0x30BC;
+const EGL_NONE: i32 = 0x3038;
+
+type CreateImage = unsafe extern "C" fn(Handle, Handle, u32, *mut c_void, *const i32) -> Handle;
+type DestroyImage = unsafe extern "C" fn(Handle, Handle) -> u32;
+type TargetTexture = unsafe extern "C" fn(u32, *mut c_void);
+type GenTextures = unsafe extern "C" fn(i32, *mut u32);
+type BindTexture = unsafe extern "C" fn(u32, u32);
+type TexImage2D = unsafe extern "C" fn(u32, i32, i32, i32, i32, i32, u32, u32, *const c_void);
+type TexSubImage2D = unsafe extern "C" fn(u32, i32, i32, i32, i32, i32, u32, u32, *const c_void);
+type TexParameteri = unsafe extern "C" fn(u32, u32, i32);
+type PixelStorei = unsafe extern "C" fn(u32, i32);
+type Finish = unsafe extern "C" fn();
+
+/// The host functions images need (`eglGetProcAddress`).
+struct Fns {
+    create_image: CreateImage,
+    destroy_image: DestroyImage,
+    target_texture: TargetTexture,
+    gen_textures: GenTextures,
+    delete_textures: unsafe extern "C" fn(i32, *const u32),
+    bind_texture: BindTexture,
+    tex_image: TexImage2D,
+    tex_sub_image: TexSubImage2D,
+    tex_parameteri: TexParameteri,
+    pixel_storei: PixelStorei,
+    finish: Finish,
+}
+
+impl Fns {
+    fn load(egl: &HostEgl) -> Result<Fns, String> {
+        fn get<T: Copy>(egl: &HostEgl, name: &CStr) -> Result<T, String> {
+            let p = egl.proc_address(name);
+            if p.is_null() {
+                return Err(format!("host EGL/GL has no {name:?}"));
+            }
+            // SAFETY: every caller names a function whose C signature is `T`, and `p` is
+            // its non-null address.
+            Ok(unsafe { std::mem::transmute_copy::<*const c_void, T>(&p) })
+        }
+        Ok(Fns {
+            create_image: get(egl, c"eglCreateImageKHR")?,
+            destroy_image: get(egl, c"eglDestroyImageKHR")?,
+            target_texture: get(egl, c"glEGLImageTargetTexture2DOES")?,
+            gen_textures: get(egl, c"glGenTextures")?,
+            delete_textures: get(egl, c"glDeleteTextures")?,
+            bind_texture: get(egl, c"glBindTexture")?,
+            tex_image: get(egl, c"glTexImage2D")?,
+            tex_sub_image: get(egl, c"glTexSubImage2D")?,
+            tex_parameteri: get(egl, c"glTexParameteri")?,
+            pixel_storei: get(egl, c"glPixelStorei")?,
+            finish: get(egl, c"glFinish")?,
+        })
+    }
+}
+
+/// One guest image on the host.
+struct HostImage {
+    /// Its texture in the image context.
+    tex: u32,
+    /// The host EGLImage of that texture.
+    image: Handle,
+    size: (u32, u32),
+}
+
+/// A guest's images.
+#[derive(Default)]
+pub struct Images {
+    fns: Option<Fns>,
+    /// The image context (null until the first image).
+    ctx: Option<Handle>,
+    images: HashMap<u32, HostImage>,
+}
+
+// SAFETY: the worker uses its images from one thread only; the handles are plain pointers.
+unsafe impl Send for Images {}
+
+impl Images {
+    /// The host functions and the image context, made current (the caller's context is
+    /// no longer current afterwards).
+    fn enter(&mut self, egl: &HostEgl) -> Result<(&Fns, Handle), u32> {
+        if self.fns.is_none() {
+            let f = Fns::load(egl).map_err(|e| {
+                log::warn!("render worker: images: {e}");
+                egl::BAD_ALLOC
+            })?;
+            self.fns = Some(f);
+        }
+        let ctx = match self.ctx {
+            Some(c) => c,
+            None => {
+                let c = egl
+                    .create_context(std::ptr::null_mut(), std::ptr::null_mut(), 2)
+                    .map_err(|e| {
+                        log::warn!("render worker: image context: {e}");
+                        egl::BAD_ALLOC
+                    })?;
+                self.ctx = Some(c);
+                c
+            }
+        };
+        let null = std::ptr::null_mut();
+        egl.make_current(null, null, ctx).map_err(|e| {
+            log::warn!("render worker: image context: {e}");
+            egl::BAD_ALLOC
+        })?;
+        match &self.fns {
+            Some(f) => Ok((f, ctx)),
+            None => Err(egl::BAD_ALLOC),
+        }
+    }
+
+    /// CREATE_IMAGE: an RGBA8 texture of `w` x `h` wrapped in a host EGLImage. Answers an
+    /// EGL error code. Leaves the image context current.
+    pub fn create(&mut self, egl: &HostEgl, id: u32, w: u32, h: u32) -> u32 {
+        if id == 0 || self.images.contains_key(&id) || self.images.len() >= MAX_IMAGES {
+            return egl::BAD_PARAMETER;
+        }
+        if !(1..=egl::MAX_SURFACE).contains(&w) || !(1..=egl::MAX_SURFACE).contains(&h) {
+            return egl::BAD_PARAMETER;
+        }
+        let (f, ctx) = match self.enter(egl) {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+        let mut tex = 0u32;
+        // SAFETY: the image context is current; `tex` receives one name; the texture is
+        // given storage (no pixels: null) before it is wrapped, as EGL_KHR_gl_image needs
+        // a complete texture (linear filtering: no mipmaps needed).
+        let image = unsafe {
+            (f.gen_textures)(1, &mut tex);
+            (f.bind_texture)(GL_TEXTURE_2D, tex);
+            (f.tex_parameteri)(GL_TEXTURE_2D, GL_TEXTURE_MIN_FILTER, GL_LINEAR);
+            (f.tex_parameteri)(GL_TEXTURE_2D, GL_TEXTURE_MAG_FILTER, GL_LINEAR);
+            (f.tex_parameteri)(GL_TEXTURE_2D, GL_TEXTURE_WRAP_S, GL_CLAMP_TO_EDGE);
+            (f.tex_parameteri)(GL_TEXTURE_2D, GL_TEXTURE_WRAP_T, GL_CLAMP_TO_EDGE);
+            (f.tex_image)(
+                GL_TEXTURE_2D,
+                0,
+                GL_RGBA as i32,
+                w as i32,
+                h as i32,
+                0,
+                GL_RGBA,
+                GL_UNSIGNED_BYTE,
+                std::ptr::null(),
+            );
+            let attrs = [EGL_GL_TEXTURE_LEVEL_KHR, 0, EGL_NONE];
+            (f.create_image)(
+                egl.display(),
+                ctx,
+                EGL_GL_TEXTURE_2D_KHR,
+                tex as usize as *mut c_void,
+                attrs.as_ptr(),
+            )
+        };
+        if image.is_null() {
+            // SAFETY: the image context is current and `tex` is its texture.
+            unsafe { (f.delete_textures)(1, &tex) };
+            log::warn!("render worker: eglCreateImageKHR of a {w}x{h} texture failed");
+            return egl::BAD_ALLOC;
+        }
+        self.images.insert(
+            id,
+            HostImage {
+                tex,
+                image,
+                size: (w, h),
+            },
+        );
+        egl::SUCCESS
+    }
+
+    /// DESTROY_IMAGE: textures bound to it keep its storage. Leaves the image context
+    /// current when there was such an image.
+    pub fn destroy(&mut self, egl: &HostEgl, id: u32) {
+        let Some(img) = self.images.remove(&id) else {
+            return;
+        };
+        let Ok((f, _)) = self.enter(egl) else {
+            return;
+        };
+        // SAFETY: an image of this display and a texture of the (current) image context.
+        unsafe {
+            (f.destroy_image)(egl.display(), img.image);
+            (f.delete_textures)(1, &img.tex);
+        }
+    }
+
+    /// IMAGE_TARGET_TEXTURE on the caller's current context: `false` (GL_INVALID_OPERATION
+    /// for the guest) for an unknown image or a target other than `GL_TEXTURE_2D` and
+    /// `GL_TEXTURE_EXTERNAL_OES`.
+    pub fn target_texture(&self, target: u32, id: u32) -> bool {
+        let (Some(f), Some(img)) = (&self.fns, self.images.get(&id)) else {
+            return false;
+        };
+        if target != GL_TEXTURE_2D && target != GL_TEXTURE_EXTERNAL_OES {
+            return false;
+        }
+        // SAFETY: a context is current (the caller's); `img.image` is a live EGLImage of
+        // the worker's display.
+        unsafe { (f.target_texture)(target, img.image) };
+        true
+    }
+
+    /// IMPORT (the daemon's): converts and uploads the pixels; answers an EGL error code.
+    /// Leaves the image context current.
+    pub fn import(&mut self, egl: &HostEgl, p: &mut Reader<'_>) -> Result<u32, StreamError> {
+        let (id, format, w, h) = (p.u32()?, p.u32()?, p.u32()?, p.u32()?);
+        let (stride, off1, off2) = (p.u32()?, p.u32()?, p.u32()?);
+        let bytes = p.bytes()?.unwrap_or_default();
+        let Some((size, tex)) = self.images.get(&id).map(|i| (i.size, i.tex)) else {
+            return Ok(egl::BAD_PARAMETER);
+        };
+        if size != (w, h) {
+            return Ok(egl::BAD_MATCH);
+        }
+        let Some(rgba) = to_rgba(format, w, h, stride, [off1, off2], bytes) else {
+            return Ok(egl::BAD_PARAMETER);
+        };
+        let (f, _) = match self.enter(egl) {
+            Ok(x) => x,
+            Err(e) => return Ok(e),
+        };
+        // SAFETY: the image context is current; `rgba` holds w x h tightly packed RGBA8
+        // pixels at unpack alignment 4 and row length 0 (set here; the image context is
+        // the worker's own).
+        unsafe {
+            (f.pixel_storei)(GL_UNPACK_ALIGNMENT, 4);
+            (f.pixel_storei)(GL_UNPACK_ROW_LENGTH, 0);
+            (f.bind_texture)(GL_TEXTURE_2D, tex);
+            (f.tex_sub_image)(
+                GL_TEXTURE_2D,
+                0,
+                0,
+                0,
+                w as i32,
+                h as i32,
+                GL_RGBA,
+                GL_UNSIGNED_BYTE,
+                rgba.as_ptr().cast(),
+            );
+            // Every sibling (other contexts) sees the pixels in its next draw.
+            (f.finish)();
+        }
+        Ok(egl::SUCCESS)
+    }
+
+    /// Bytes of texture memory the images hold.
+    pub fn bytes(&self) -> u64 {
+        self.images
+            .values()
+            .map(|i| u64::from(i.size.0) * u64::from(i.size.1) * 4)
+            .sum()
+    }
+}
+
+/// The RGBA8 pixels (rows from the top, tightly packed) of a `w` x `h` image laid out as
+/// `format` in `src`; `None` when the layout reads outside `src` or is unknown. YUV is
+/// BT.601 limited range.
+pub fn to_rgba(
+    format: u32,
+    w: u32,
+    h: u32,
+    stride: u32,
+    off: [u32; 2],
+    src: &[u8],
+) -> Option<Vec<u8>> {
+    let (w, h, s) = (w as usize, h as usize, stride as usize);
+    if w == 0 || h == 0 {
+        return None;
+    }
+    let row = |o: usize, stride: usize, y: usize, len: usize| {
+        let start = o.checked_add(stride.checked_mul(y)?)?;
+        src.get(start..start.checked_add(len)?)
+    };
+    let mut out = Vec::with_capacity(w * h * 4);
+    match format {
+        egl::IMAGE_RGBA8 => {
+            for y in 0..h {
+                out.extend_from_slice(row(0, s, y, w * 4)?);
+            }
+        }
+        egl::IMAGE_NV12 | egl::IMAGE_YUV420 => {
+            if w % 2 != 0 || h % 2 != 0 {
+                return None;
+            }
+            let (o1, o2) = (off[0] as usize, off[1] as usize);
+            for y in 0..h {
+                let luma = row(0, s, y, w)?;
+                let (u, v): (Vec<u8>, Vec<u8>) = if format == egl::IMAGE_NV12 {
+                    let uv = row(o1, s, y / 2, w)?;
+                    uv.chunks_exact(2).map(|c| (c[0], c[1])).unzip()
+                } else {
+                    let cs = s / 2;
+                    (
+                        row(o1, cs, y / 2, w / 2)?.to_vec(),
+                        row(o2, cs, y / 2, w / 2)?.to_vec(),
+                    )
+                };
+                for (x, &l) in luma.iter().enumerate() {
+                    let (cu, cv) = (*u.get(x / 2)?, *v.get(x / 2)?);
+                    out.extend_from_slice(&yuv_to_rgba(l, cu, cv));
+                }
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
+}
+
+/// One BT.601 limited-range pixel as RGBA8 (opaque).
+pub fn yuv_to_rgba(y: u8, u: u8, v: u8) -> [u8; 4] {
+    let c = 298 * (i32::from(y) - 16);
+    let (d, e) = (i32::from(u) - 128, i32::from(v) - 128);
+    let clamp = |x: i32| ((x + 128) >> 8).clamp(0, 255) as u8;
+    [
+        clamp(c + 409 * e),
+        clamp(c - 100 * d - 208 * e),
+        clamp(c + 516 * d),
+        255,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_convert_to_rgba() {
+        // RGBA with padded rows.
+        let src: Vec<u8> = (0..2 * 12).map(|i| i as u8).collect();
+        let px = to_rgba(egl::IMAGE_RGBA8, 2, 2, 12, [0, 0], &src).unwrap();
+        assert_eq!(&px[..8], &src[..8]);
+        assert_eq!(&px[8..], &src[12..20]);
+        // NV12 and YUV 4:2:0 of one colour give the same pixels.
+        let (y, u, v) = (81u8, 90u8, 240u8); // red in BT.601 limited range
+        let mut nv12 = vec![y; 16];
+        nv12.extend([u, v, u, v, u, v, u, v]);
+        let a = to_rgba(egl::IMAGE_NV12, 4, 4, 4, [16, 0], &nv12).unwrap();
+        let mut i420 = vec![y; 16];
+        i420.extend([u; 4]);
+        i420.extend([v; 4]);
+        let b = to_rgba(egl::IMAGE_YUV420, 4, 4, 4, [16, 20], &i420).unwrap();
+        assert_eq!(a, b);
+        let red = yuv_to_rgba(y, u, v);
+        assert!(red[0] > 250 && red[1] < 5 && red[2] < 5, "{red:?}");
+        assert_eq!(&a[..4], &red);
+        // Reading outside the bytes, odd sizes and unknown layouts are refused.
+        assert!(to_rgba(egl::IMAGE_NV12, 4, 4, 4, [16, 0], &nv12[..20]).is_none());
+        assert!(to_rgba(egl::IMAGE_NV12, 3, 4, 4, [16, 0], &nv12).is_none());
+        assert!(to_rgba(9, 4, 4, 4, [0, 0], &nv12).is_none());
+        assert!(to_rgba(egl::IMAGE_RGBA8, 4, 4, u32::MAX, [0, 0], &nv12).is_none());
+    }
+}

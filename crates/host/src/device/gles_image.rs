@@ -1,0 +1,186 @@
+//! `gles::import`: an SVM region's bytes into a guest EGLImage (`EGL_VIRTSOC_REGION`,
+//! `crates/gles-guest/include/EGL/eglext_virtsoc.h`).
+//!
+//! The guest brackets the command with a read access of the region *from the gles device*,
+//! so the SVM's coherence has brought the region into the `gles` memory domain (a copy on
+//! the guest's ledger when the gles replica was stale, none when it was current). The
+//! device checks the layout against the region, reads its replica in the gles domain
+//! ([`DeviceCtx::with_source`]) straight into the worker's message (one more copy, counted
+//! on the gles domain's own link) and sends it as the daemon's own `IMPORT` packet; the
+//! worker converts and uploads it into the image's host texture. An image whose region's
+//! write generation is the one of its last successful import is not sent again.
+
+use virtsoc_devapi::gles::{Import, ImportReply};
+use virtsoc_proto::Status;
+use virtsoc_svm::RegionId;
+
+use super::{Kind, MAX_BATCH};
+use crate::device::DeviceCtx;
+
+/// The IMPORT opcode of the GLES stream (`virtsoc_gles_stream::egl::IMPORT`).
+const IMPORT: u32 = 0x1_0023;
+/// EGL_SUCCESS, as the worker's answer carries it.
+const SUCCESS: u32 = 0x3000;
+/// Largest width or height of an image (`virtsoc_gles_stream::egl::MAX_SURFACE`).
+const MAX_SIZE: u32 = 16384;
+/// Layouts (`virtsoc_gles_stream::egl::IMAGE_*`).
+const RGBA8: u32 = 1;
+const NV12: u32 = 3;
+const YUV420: u32 = 4;
+/// Words of the IMPORT payload before the bytes.
+const HEAD_WORDS: usize = 8;
+
+/// What an import needs.
+pub(super) enum Prepared {
+    /// The image already holds the region's current contents: nothing to send.
+    Current,
+    /// The worker's batch and what its answer is for.
+    Batch(Vec<u8>, Kind),
+}
+
+/// The bytes of the region a layout reads (the end of its last row), or why it does not fit.
+fn layout_end(format: u32, w: u32, h: u32, stride: u32, off: [u32; 2]) -> Result<u64, String> {
+    if !(1..=MAX_SIZE).contains(&w) || !(1..=MAX_SIZE).contains(&h) {
+        return Err(format!("image size {w}x{h} (1 to {MAX_SIZE} each)"));
+    }
+    let (w, h, s) = (u64::from(w), u64::from(h), u64::from(stride));
+    let plane = |off: u64, stride: u64, rows: u64, row: u64| off + stride * (rows - 1) + row;
+    match format {
+        RGBA8 => {
+            if s < w * 4 {
+                return Err(format!("stride {s} under {} bytes", w * 4));
+            }
+            Ok(plane(0, s, h, w * 4))
+        }
+        NV12 | YUV420 => {
+            if w % 2 != 0 || h % 2 != 0 || s < w || (format == YUV420 && s % 2 != 0) {
+                return Err(format!(
+                    "{w}x{h} YUV with stride {s} (even sizes, stride at least the width)"
+                ));
+            }
+            let luma = plane(0, s, h, w);
+            let (o1, o2) = (u64::from(off[0]), u64::from(off[1]));
+            Ok(if format == NV12 {
+                luma.max(plane(o1, s, h / 2, w))
+            } else {
+                let cs = s / 2;
+                luma.max(plane(o1, cs, h / 2, w / 2))
+                    .max(plane(o2, cs, h / 2, w / 2))
+            })
+        }
+        f => Err(format!("image format {f} (1 RGBA8, 3 NV12, 4 YUV 4:2:0)")),
+    }
+}
+
+/// Checks `c` against the region and reads the bytes into the worker's batch; `last` is
+/// `(region, generation)` of the image's last successful import.
+pub(super) fn prepare(
+    cx: &DeviceCtx<'_>,
+    c: &Import,
+    last: Option<(u64, u64)>,
+) -> Result<Prepared, Status> {
+    let image = (c.image & 0xFFFF_FFFF) as u32;
+    let force = c.image >> 63 != 0;
+    if image == 0 {
+        return Err(cx.fail(Status::BadArgument, "image 0"));
+    }
+    let (w, h) = (c.size as u32, (c.size >> 32) as u32);
+    let (stride, format) = (c.layout as u32, (c.layout >> 32) as u32);
+    let off = [c.planes as u32, (c.planes >> 32) as u32];
+    let end = layout_end(format, w, h, stride, off).map_err(|e| cx.fail(Status::BadArgument, e))?;
+    let size = cx.meta(c.region)?.size;
+    if end > size {
+        return Err(cx.fail(
+            Status::BadArgument,
+            format!("the image reads {end} bytes, the region has {size}"),
+        ));
+    }
+    let head = 8 + 4 * HEAD_WORDS;
+    if end + head as u64 + 4 > MAX_BATCH {
+        return Err(cx.fail(Status::BadArgument, "image too large for one import"));
+    }
+    let gen = cx
+        .svm
+        .generation(cx.guest, RegionId(c.region))
+        .map_err(|e| crate::dispatch::status_of(&e))?;
+    if !force && last == Some((c.region, gen)) {
+        return Ok(Prepared::Current);
+    }
+    let n = end as usize;
+    let padded = n.next_multiple_of(4);
+    let mut b = Vec::with_capacity(head + padded);
+    let words = [
+        IMPORT,
+        (4 * HEAD_WORDS + padded) as u32,
+        image,
+        format,
+        w,
+        h,
+        stride,
+        off[0],
+        off[1],
+        n as u32,
+    ];
+    for word in words {
+        b.extend_from_slice(&word.to_le_bytes());
+    }
+    let t0 = std::time::Instant::now();
+    cx.with_source(c.region, |src| {
+        src.get(..n)
+            .map(|bytes| b.extend_from_slice(bytes))
+            .is_some()
+    })?
+    .then_some(())
+    .ok_or(Status::OutOfRange)?;
+    cx.count_copy(n, t0);
+    b.resize(head + padded, 0);
+    Ok(Prepared::Batch(
+        b,
+        Kind::Import {
+            image,
+            region: c.region,
+            gen,
+            bytes: end,
+        },
+    ))
+}
+
+/// The result of an import from the worker's answer (`op | len | error`).
+pub(super) fn answer(
+    cx: &DeviceCtx<'_>,
+    reply: &[u8],
+    image: u32,
+    bytes: u64,
+) -> super::DeviceResult {
+    let word = |i: usize| {
+        reply
+            .get(4 * i..4 * i + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    match (word(0), word(2)) {
+        (Some(IMPORT), Some(SUCCESS)) => Ok(ImportReply { imported: 1, bytes }.to_values()),
+        (Some(IMPORT), Some(code)) => Err(cx.fail(
+            Status::BadArgument,
+            format!("image {image}: the render worker refused it (EGL error {code:#x})"),
+        )),
+        _ => Err(cx.fail(Status::DeviceError, "render worker: no import answer")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_are_checked_and_measured() {
+        assert_eq!(layout_end(RGBA8, 4, 2, 16, [0, 0]), Ok(32));
+        assert_eq!(layout_end(RGBA8, 4, 2, 20, [0, 0]), Ok(36));
+        assert!(layout_end(RGBA8, 4, 2, 12, [0, 0]).is_err());
+        assert_eq!(layout_end(NV12, 4, 4, 4, [16, 0]), Ok(24));
+        assert!(layout_end(NV12, 3, 4, 4, [16, 0]).is_err());
+        assert_eq!(layout_end(YUV420, 4, 4, 4, [16, 20]), Ok(24));
+        assert!(layout_end(7, 4, 4, 16, [0, 0]).is_err());
+        assert!(layout_end(RGBA8, 0, 4, 16, [0, 0]).is_err());
+        assert!(layout_end(RGBA8, MAX_SIZE + 1, 4, u32::MAX, [0, 0]).is_err());
+    }
+}
