@@ -80,7 +80,7 @@ pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
     if words[0] == "view" {
         println!(
             "The live view is served by the daemon's control API on TCP: start virtsocd with \
-             --control-listen ADDR (and --token-file), then open http://ADDR/view?token=TOKEN \
+             --control-listen ADDR (and --token-file), then open http://ADDR/view#token=TOKEN \
              (virtsocd logs that URL when it starts)."
         );
         return Ok(());

@@ -195,7 +195,7 @@ pub fn run(args: &WatchArgs) -> Result<(), CliError> {
     let e = daemon.endpoint();
     let token = e.remote.as_ref().map(|r| r.1.clone()).unwrap_or_default();
     let url = format!(
-        "http://{}/view?token={token}&fps={}&max={}",
+        "http://{}/view?fps={}&max={}#token={token}",
         args.listen, args.view_fps, args.view_max
     );
     let opts = |seconds: f64| RunOpts {

@@ -670,6 +670,19 @@ fn tcp_control_needs_the_token() {
     )
     .unwrap();
     assert_eq!(guests.status, 200);
+    // A token in the query string (logs, histories) is refused; the live view's page itself
+    // (static HTML) needs none, and takes the token from its URL's fragment.
+    let query = request(
+        &Target::Tcp(addr.clone(), None),
+        "GET",
+        &format!("/guests?token={TOKEN}"),
+        b"",
+    )
+    .unwrap();
+    assert_eq!(query.status, 401);
+    let page = request(&Target::Tcp(addr.clone(), None), "GET", "/view", b"").unwrap();
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("location.hash"));
     // The console over TCP takes the token from $VIRTSOC_TOKEN.
     let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
         .args(["ctl", "--socket", &format!("tcp:{addr}"), "devices"])

@@ -320,7 +320,7 @@ fn the_view_page_shows_live_frames_in_a_headless_browser() {
     ]);
     let line = d.expect_log("live view at ");
     let url = line.rsplit(' ').next().unwrap().to_string();
-    assert!(url.contains("/view?token="), "{url}");
+    assert!(url.contains("/view#token="), "{url}");
     let stop = Arc::new(AtomicBool::new(false));
     let (guest, h) = presenter(&d, stop.clone());
     let profile = tempfile::tempdir().unwrap();

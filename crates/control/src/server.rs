@@ -168,21 +168,25 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Whether `rq` carries the token: `Authorization: Bearer <token>`, or (for GET, so that a
-/// browser can open the live view) `token=<token>` in the query.
+/// Whether `rq` carries the token, in an `Authorization: Bearer <token>` header: never in
+/// the URL (a query string ends up in logs and histories; the live view's page reads the
+/// token from its URL's fragment, which browsers never send, and puts it in headers).
 fn authorized(rq: &tiny_http::Request, token: &str) -> bool {
-    let header = rq
-        .headers()
+    rq.headers()
         .iter()
         .find(|h| h.field.equiv("Authorization"))
         .and_then(|h| h.value.as_str().strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
-    let query = (rq.method() == &tiny_http::Method::Get)
-        .then(|| crate::view::query_param(rq.url(), "token"))
-        .flatten();
-    header
-        .or(query)
+        .map(|t| t.trim().to_string())
         .is_some_and(|got| constant_time_eq(got.as_bytes(), token.as_bytes()))
+}
+
+/// Whether `rq` asks for the live view's page itself: static HTML with nothing of the
+/// daemon's in it, served without the token (a browser cannot add a header to the address it
+/// opens); everything the page then asks for needs the token.
+fn is_view_page(rq: &tiny_http::Request) -> bool {
+    let url = rq.url();
+    let path = url.split_once('?').map_or(url, |(p, _)| p);
+    rq.method() == &tiny_http::Method::Get && path == "/view"
 }
 
 fn serve_one(
@@ -192,7 +196,7 @@ fn serve_one(
     received: Instant,
 ) {
     if let Some(token) = token {
-        if !authorized(&rq, token) {
+        if !authorized(&rq, token) && !is_view_page(&rq) {
             return respond(rq, Answer::error(&ControlError::Unauthorized), 401);
         }
     }

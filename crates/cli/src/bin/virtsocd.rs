@@ -357,7 +357,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
     let _control = virtsoc_host::control::start(&daemon, Some(&control_path), args.control_listen)?;
     if let (Some(addr), Some(token)) = (_control.tcp_addr(), &daemon.config().token) {
         // The page needs the token like every TCP request; it rides in the URL.
-        eprintln!("virtsocd: live view at http://{addr}/view?token={token}");
+        eprintln!("virtsocd: live view at http://{addr}/view#token={token}");
     }
     for vm in &vms {
         virtsoc_host::vm::start(daemon.clone(), vm.clone())?;
