@@ -23,6 +23,7 @@ const ID_HI: i32 = 0x7A02;
 const FORMAT: i32 = 0x7A03;
 const RGBA8: i32 = 0x7A10;
 const NV12: i32 = 0x7A11;
+const YUV420: i32 = 0x7A12;
 const EGL_WIDTH: i32 = 0x3057;
 const EGL_NONE: i32 = 0x3038;
 const EGL_BAD_PARAMETER: i32 = 0x300C;
@@ -360,14 +361,28 @@ fn regions_as_egl_images() {
     });
     let nv_image = image_of(nv12, &[]);
     assert!(!nv_image.is_null(), "NV12 image: {:#x}", get_error());
-    if gl_ext.contains("GL_OES_EGL_image_external") {
-        let prog_ext = program(
-            c"#extension GL_OES_EGL_image_external : require\nprecision mediump float; varying vec2 tc; uniform samplerExternalOES t; void main() { gl_FragColor = texture2D(t, tc); }",
-        );
-        use_program(prog_ext);
-        texture(TEXTURE_EXTERNAL);
-        target_texture(TEXTURE_EXTERNAL, nv_image);
-        assert_eq!(gl_get_error(), 0);
+    // The same picture as YUV 4:2:0 planes.
+    let mut i420 = 0u64;
+    assert_eq!(create_region(dpy, YUV420, SIZE, SIZE, &mut i420), 1);
+    fill(i420, &|b: &mut [u8], stride: usize| {
+        for y in 0..s {
+            for x in 0..s {
+                b[y * stride + x] = luma(x, y);
+            }
+        }
+        let (cs, u0) = (stride / 2, stride * s);
+        let v0 = u0 + cs * s / 2;
+        for y in 0..s / 2 {
+            for x in 0..s / 2 {
+                let (u, v) = chroma(x, y);
+                b[u0 + y * cs + x] = u;
+                b[v0 + y * cs + x] = v;
+            }
+        }
+    });
+    let i420_image = image_of(i420, &[]);
+    assert!(!i420_image.is_null(), "YUV420 image: {:#x}", get_error());
+    let check_yuv = |what: &str| {
         let got = frame();
         let mut worst = 0;
         for y in 0..s {
@@ -382,8 +397,27 @@ fn regions_as_egl_images() {
         }
         assert!(
             worst <= 2,
-            "NV12 drawn within 2 of the BT.601 reference: {worst}"
+            "{what} drawn within 2 of the BT.601 reference: {worst}"
         );
+    };
+    // YUV 4:2:0 through a GL_TEXTURE_2D (the host converted it to RGBA).
+    use_program(prog2d);
+    texture(TEXTURE_2D);
+    target_texture(TEXTURE_2D, i420_image);
+    assert_eq!(gl_get_error(), 0);
+    check_yuv("YUV 4:2:0 as a 2D texture");
+    if gl_ext.contains("GL_OES_EGL_image_external") {
+        let prog_ext = program(
+            c"#extension GL_OES_EGL_image_external : require\nprecision mediump float; varying vec2 tc; uniform samplerExternalOES t; void main() { gl_FragColor = texture2D(t, tc); }",
+        );
+        use_program(prog_ext);
+        texture(TEXTURE_EXTERNAL);
+        target_texture(TEXTURE_EXTERNAL, nv_image);
+        assert_eq!(gl_get_error(), 0);
+        check_yuv("NV12 through samplerExternalOES");
+        texture(TEXTURE_EXTERNAL);
+        target_texture(TEXTURE_EXTERNAL, i420_image);
+        check_yuv("YUV 4:2:0 through samplerExternalOES");
     } else {
         skip("the host GL has no GL_OES_EGL_image_external");
     }
@@ -447,6 +481,7 @@ fn regions_as_egl_images() {
     assert_eq!(destroy_image(dpy, image), 0);
     assert_eq!(get_error(), EGL_BAD_PARAMETER);
     assert_eq!(destroy_image(dpy, nv_image), 1);
+    assert_eq!(destroy_image(dpy, i420_image), 1);
     assert_eq!(
         make_current(
             dpy,

@@ -20,6 +20,8 @@ use crate::egl::{Handle, HostEgl};
 
 /// Most images of one guest.
 pub const MAX_IMAGES: usize = 1024;
+/// Most texture memory the images of one guest hold (more: `EGL_BAD_ALLOC`).
+pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
 
 const GL_TEXTURE_2D: u32 = 0x0DE1;
 const GL_TEXTURE_EXTERNAL_OES: u32 = 0x8D65;
@@ -154,6 +156,9 @@ impl Images {
         }
         if !(1..=egl::MAX_SURFACE).contains(&w) || !(1..=egl::MAX_SURFACE).contains(&h) {
             return egl::BAD_PARAMETER;
+        }
+        if self.bytes() + u64::from(w) * u64::from(h) * 4 > MAX_IMAGE_BYTES {
+            return egl::BAD_ALLOC;
         }
         let (f, ctx) = match self.enter(egl) {
             Ok(x) => x,
@@ -361,6 +366,54 @@ pub fn yuv_to_rgba(y: u8, u: u8, v: u8) -> [u8; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn import(images: &mut Images, egl: &HostEgl, words: [u32; 7], px: &[u8]) -> u32 {
+        let mut e = virtsoc_gles_stream::Encoder::new();
+        {
+            let mut p = e.packet(egl::IMPORT);
+            for w in words {
+                p.u32(w);
+            }
+            p.bytes(px);
+        }
+        let mut r = Reader::new(e.as_bytes());
+        let (_, mut p) = r.next_packet().unwrap().unwrap();
+        images.import(egl, &mut p).unwrap()
+    }
+
+    #[test]
+    fn images_on_the_host_egl() {
+        let Ok(egl) = HostEgl::open() else {
+            eprintln!("SKIPPED: no host EGL");
+            return;
+        };
+        let mut im = Images::default();
+        assert_eq!(im.create(&egl, 1, 4, 4), egl::SUCCESS);
+        assert_eq!(im.create(&egl, 1, 4, 4), egl::BAD_PARAMETER, "id taken");
+        assert_eq!(im.create(&egl, 0, 4, 4), egl::BAD_PARAMETER);
+        assert_eq!(im.create(&egl, 2, 0, 4), egl::BAD_PARAMETER);
+        assert_eq!(
+            im.create(&egl, 3, egl::MAX_SURFACE, egl::MAX_SURFACE),
+            egl::BAD_ALLOC,
+            "over the guest's image memory"
+        );
+        assert_eq!(im.bytes(), 64);
+        let px = [7u8; 64];
+        let rgba = |w, h, stride| [1, egl::IMAGE_RGBA8, w, h, stride, 0, 0];
+        assert_eq!(import(&mut im, &egl, rgba(4, 4, 16), &px), egl::SUCCESS);
+        assert_eq!(import(&mut im, &egl, rgba(2, 4, 8), &px), egl::BAD_MATCH);
+        assert_eq!(
+            import(&mut im, &egl, rgba(4, 4, 32), &px),
+            egl::BAD_PARAMETER
+        );
+        let unknown = [9, egl::IMAGE_RGBA8, 4, 4, 16, 0, 0];
+        assert_eq!(import(&mut im, &egl, unknown, &px), egl::BAD_PARAMETER);
+        assert!(!im.target_texture(GL_TEXTURE_2D, 9), "unknown image");
+        assert!(!im.target_texture(0x8513, 1), "a cube map");
+        im.destroy(&egl, 1);
+        im.destroy(&egl, 1);
+        assert_eq!(im.bytes(), 0);
+    }
 
     #[test]
     fn layouts_convert_to_rgba() {
