@@ -24,6 +24,7 @@ const FORMAT: i32 = 0x7A03;
 const RGBA8: i32 = 0x7A10;
 const NV12: i32 = 0x7A11;
 const YUV420: i32 = 0x7A12;
+const BLOB: i32 = 0x7A13;
 const EGL_WIDTH: i32 = 0x3057;
 const EGL_NONE: i32 = 0x3038;
 const EGL_BAD_PARAMETER: i32 = 0x300C;
@@ -169,6 +170,13 @@ fn regions_as_egl_images() {
         as_fn(proc(c"eglCreateImageKHR"));
     let destroy_image: extern "C" fn(H, H) -> u32 = as_fn(proc(c"eglDestroyImageKHR"));
     let target_texture: extern "C" fn(u32, H) = as_fn(proc(c"glEGLImageTargetTexture2DOES"));
+    let device_command: extern "C" fn(
+        H,
+        *const c_char,
+        *const c_char,
+        *const u64,
+        *mut u64,
+    ) -> u32 = as_fn(proc(c"eglDeviceCommandVIRTSOC"));
 
     let dpy = get_platform_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
     let (mut major, mut minor) = (0, 0);
@@ -313,8 +321,9 @@ fn regions_as_egl_images() {
             }
         }
     };
-    fill(rgba, &pattern(0));
+    // Before the write: the prefetch protocol may move the bytes at the write's end.
     let before = window_to_gles();
+    fill(rgba, &pattern(0));
     let image = image_of(rgba, &[]);
     assert!(!image.is_null(), "eglCreateImageKHR: {:#x}", get_error());
     let after_create = window_to_gles();
@@ -458,6 +467,119 @@ fn regions_as_egl_images() {
         check_yuv("YUV 4:2:0 through samplerExternalOES");
     } else {
         skip("the host GL has no GL_OES_EGL_image_external");
+    }
+
+    // --- A picture the codec device decoded (a one-frame H.264 clip made by ffmpeg now)
+    // into an NV12 region, imported from the codec's memory, not the guest's.
+    let clip = tmp.join("clip.h264");
+    let made = Command::new("ffmpeg")
+        .args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg(format!("testsrc2=size={SIZE}x{SIZE}:rate=25"))
+        .args([
+            "-frames:v",
+            "1",
+            "-c:v",
+            "libx264",
+            "-pix_fmt",
+            "yuv420p",
+            "-f",
+            "h264",
+        ])
+        .arg(&clip)
+        .status()
+        .is_ok_and(|s| s.success());
+    let cmd = |device: &CStr, command: &CStr, args: &[u64]| {
+        let mut out = [0u64; 6];
+        let ok = device_command(
+            dpy,
+            device.as_ptr(),
+            command.as_ptr(),
+            args.as_ptr(),
+            out.as_mut_ptr(),
+        );
+        assert_eq!(ok, 1, "{device:?}::{command:?}: {:#x}", get_error());
+        out
+    };
+    if !made {
+        skip("ffmpeg with libx264 cannot make the H.264 clip");
+    } else {
+        let bits = std::fs::read(&clip).expect("the clip");
+        let mut bitstream = 0u64;
+        assert_eq!(
+            create_region(dpy, BLOB, bits.len() as i32, 1, &mut bitstream),
+            1
+        );
+        let p = map_region(dpy, bitstream, std::ptr::null_mut());
+        assert!(!p.is_null());
+        // SAFETY: the mapping holds the region's `bits.len()` bytes until the unmap.
+        unsafe { std::ptr::copy_nonoverlapping(bits.as_ptr(), p, bits.len()) };
+        assert_eq!(unmap_region(dpy, bitstream), 1);
+        let handle = cmd(c"codec", c"open_decoder", &[0, 3, 1])[0]; // H.264 to NV12
+        cmd(
+            c"codec",
+            c"decode",
+            &[handle, bitstream, bits.len() as u64, 0],
+        );
+        cmd(c"codec", c"flush", &[handle]);
+        let info = cmd(c"codec", c"stream_info", &[handle]);
+        assert_eq!((info[0], info[1]), (SIZE as u64, SIZE as u64));
+        let mut picture = 0u64;
+        assert_eq!(create_region(dpy, NV12, SIZE, SIZE, &mut picture), 1);
+        let into_gles = || {
+            let (mut c, mut b) = (0u64, 0u64);
+            assert_eq!(
+                ledger(dpy, std::ptr::null(), c"gles".as_ptr(), &mut c, &mut b),
+                1
+            );
+            b
+        };
+        let (all0, window0) = (into_gles(), window_to_gles().1);
+        assert_eq!(
+            cmd(c"codec", c"receive_frame", &[handle, picture])[0],
+            1,
+            "a picture"
+        );
+        cmd(c"codec", c"close", &[handle]);
+        let decoded = image_of(picture, &[]);
+        assert!(
+            !decoded.is_null(),
+            "image of the decoded picture: {:#x}",
+            get_error()
+        );
+        let (all1, window1) = (into_gles(), window_to_gles().1);
+        let nv12_bytes = (SIZE * SIZE * 3 / 2) as u64;
+        assert!(
+            (all1 - all0) - (window1 - window0) >= nv12_bytes,
+            "the picture came into the gles domain from the codec's side: {all0}/{window0} -> {all1}/{window1}"
+        );
+        use_program(prog2d);
+        texture(TEXTURE_2D);
+        target_texture(TEXTURE_2D, decoded);
+        assert_eq!(gl_get_error(), 0);
+        let got = frame();
+        // The reference: the picture's bytes as the CPU reads them, through BT.601.
+        let mut stride = 0;
+        let p = map_region(dpy, picture, &mut stride);
+        assert!(!p.is_null());
+        let stride = stride as usize;
+        // SAFETY: the mapping holds the NV12 region (stride * SIZE * 3 / 2 bytes).
+        let b = unsafe { std::slice::from_raw_parts(p, stride * s * 3 / 2) };
+        let mut worst = 0;
+        for y in 0..s {
+            for x in 0..s {
+                let c = stride * s + (y / 2) * stride + (x / 2) * 2;
+                let want = yuv(b[y * stride + x], b[c], b[c + 1]);
+                for k in 0..4 {
+                    worst = worst.max(want[k].abs_diff(got[(y * s + x) * 4 + k]));
+                }
+            }
+        }
+        assert_eq!(unmap_region(dpy, picture), 1);
+        assert!(
+            worst <= 2,
+            "the decoded picture drawn within 2 of its BT.601 reference: {worst}"
+        );
+        assert_eq!(destroy_image(dpy, decoded), 1);
     }
 
     // --- Bad input: EGL errors, never hangs.

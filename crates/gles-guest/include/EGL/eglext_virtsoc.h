@@ -60,6 +60,9 @@ extern "C" {
 #define EGL_VIRTSOC_FORMAT_RGBA8        0x7A10
 #define EGL_VIRTSOC_FORMAT_NV12         0x7A11
 #define EGL_VIRTSOC_FORMAT_YUV420       0x7A12
+/* eglCreateRegionVIRTSOC only: width * height untyped bytes (an image of it names its
+ * layout with EGL_VIRTSOC_FORMAT). */
+#define EGL_VIRTSOC_FORMAT_BLOB         0x7A13
 
 /*
  * Regions of the library's own connection, for programs that fill them themselves (get
@@ -82,6 +85,15 @@ typedef EGLBoolean (*PFNEGLDESTROYREGIONVIRTSOCPROC)(EGLDisplay dpy, uint64_t re
 typedef EGLBoolean (*PFNEGLQUERYLEDGERVIRTSOCPROC)(EGLDisplay dpy, const char *src,
                                                    const char *dst, uint64_t *copies,
                                                    uint64_t *bytes);
+/* Runs command `command` of virtsoc device `device` (names as `virtsoc devices` lists them,
+ * e.g. "codec", "receive_frame") on the connection with its declared arguments `args` (at
+ * most five), each region argument bracketed by an access of the whole region from that
+ * device in its declared mode; the six result words through `results` (may be NULL).
+ * EGL_BAD_PARAMETER for an unknown device, command or region, EGL_BAD_ACCESS when the
+ * command or an access fails. For filling regions with devices (a decoder's pictures). */
+typedef EGLBoolean (*PFNEGLDEVICECOMMANDVIRTSOCPROC)(EGLDisplay dpy, const char *device,
+                                                     const char *command,
+                                                     const uint64_t *args, uint64_t *results);
 
 #ifdef __cplusplus
 }

@@ -60,6 +60,9 @@ pub const EGL_VIRTSOC_FORMAT_RGBA8: i32 = 0x7A10;
 pub const EGL_VIRTSOC_FORMAT_NV12: i32 = 0x7A11;
 /// Layout: YUV 4:2:0 planar.
 pub const EGL_VIRTSOC_FORMAT_YUV420: i32 = 0x7A12;
+/// `eglCreateRegionVIRTSOC` only: untyped bytes (`width * height` of them; no image
+/// layout until an image names one).
+pub const EGL_VIRTSOC_FORMAT_BLOB: i32 = 0x7A13;
 
 /// One guest image.
 #[derive(Clone, Copy)]
@@ -350,10 +353,16 @@ pub extern "C" fn eglCreateRegionVIRTSOC(
     super::set_last_vendor();
     guard(EGL_FALSE, || {
         let (_, tr) = channel(dpy)?;
-        let f = format_of(format).ok_or(EGL_BAD_PARAMETER)?;
         let w = u32::try_from(width).map_err(|_| EGL_BAD_PARAMETER)?;
         let h = u32::try_from(height).map_err(|_| EGL_BAD_PARAMETER)?;
-        let info = tr.connection().alloc(0, w, h, f, 0).map_err(|e| {
+        let conn = tr.connection();
+        let made = if format == EGL_VIRTSOC_FORMAT_BLOB {
+            conn.alloc_blob(u64::from(w) * u64::from(h))
+        } else {
+            let f = format_of(format).ok_or(EGL_BAD_PARAMETER)?;
+            conn.alloc(0, w, h, f, 0)
+        };
+        let info = made.map_err(|e| {
             log::warn!("virtsoc EGL: region: {e}");
             EGL_BAD_ALLOC
         })?;
@@ -445,6 +454,94 @@ pub extern "C" fn eglQueryLedgerVIRTSOC(
         }
         put(copies, c);
         put(bytes, b);
+        Ok(EGL_TRUE)
+    })
+}
+
+/// Word `i` of the program's non-null argument array `args`.
+fn arg(args: *const u64, i: usize) -> u64 {
+    // SAFETY: the program's array of the command's arguments (eglDeviceCommandVIRTSOC's
+    // contract: its declared count, at most five; `i` is below it).
+    unsafe { *args.add(i) }
+}
+
+/// `eglDeviceCommandVIRTSOC`: runs command `command` of virtsoc device `device` (names as
+/// `virtsoc devices` lists them, e.g. `codec` / `decode`) on the library's connection with
+/// `args` (its declared arguments, at most five), every region argument bracketed by an
+/// access of the whole region from that device in the declared mode (as
+/// `Connection::command_with_access`); its six result words through `results`. Lets a
+/// program fill regions with the devices (a decoder's pictures) before making them images.
+pub extern "C" fn eglDeviceCommandVIRTSOC(
+    dpy: Handle,
+    device: *const c_char,
+    command: *const c_char,
+    args: *const u64,
+    results: *mut u64,
+) -> EglBool {
+    super::set_last_vendor();
+    guard(EGL_FALSE, || {
+        let (_, tr) = channel(dpy)?;
+        let conn = tr.connection();
+        let (dev, cmd) = (super::api::name_of(device), super::api::name_of(command));
+        let info = virtsoc_devapi::ALL
+            .iter()
+            .find(|d| Some(d.name) == dev)
+            .ok_or(EGL_BAD_PARAMETER)?;
+        let c = info
+            .commands
+            .iter()
+            .find(|c| Some(c.name) == cmd)
+            .ok_or(EGL_BAD_PARAMETER)?;
+        let mut words = [0u64; 6];
+        words[0] = c.op;
+        for i in 0..c.args.len().min(5) {
+            if args.is_null() {
+                return Err(EGL_BAD_PARAMETER);
+            }
+            words[i + 1] = arg(args, i);
+        }
+        let mut regions = Vec::new();
+        for (a, w) in c.args.iter().zip(&words[1..]) {
+            let mode = match a.kind {
+                "region_r" => AccessMode::Read,
+                "region_w" => AccessMode::Write,
+                "region_rw" => AccessMode::ReadWrite,
+                _ => continue,
+            };
+            let size = conn.region(*w).ok_or(EGL_BAD_PARAMETER)?.size;
+            regions.push((*w, mode, size));
+        }
+        let fail = |what: &str, e: GuestError| {
+            log::warn!("virtsoc EGL: {}::{}: {what}: {e}", info.name, c.name);
+            EGL_BAD_ACCESS
+        };
+        let mut begun = Vec::new();
+        let mut result = Ok([0u64; 6]);
+        for &(id, mode, size) in &regions {
+            match conn.begin_access(id, info.id, 0, size, mode) {
+                Ok(_) => begun.push((id, mode, size)),
+                Err(e) => {
+                    result = Err(fail("access", e));
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = conn
+                .device_cmd(info.id, words)
+                .map_err(|e| fail("command", e));
+        }
+        for (id, mode, size) in begun {
+            if let Err(e) = conn.end_access(id, info.id, 0, size, mode) {
+                log::warn!("virtsoc EGL: end of access: {e}");
+            }
+        }
+        let v = result?;
+        if !results.is_null() {
+            for (i, x) in v.iter().enumerate() {
+                put(results.wrapping_add(i), *x);
+            }
+        }
         Ok(EGL_TRUE)
     })
 }

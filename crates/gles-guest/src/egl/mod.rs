@@ -229,6 +229,10 @@ fn egl_functions() -> &'static [(&'static str, usize)] {
                 "eglQueryLedgerVIRTSOC",
                 image::eglQueryLedgerVIRTSOC as *const () as usize,
             ),
+            (
+                "eglDeviceCommandVIRTSOC",
+                image::eglDeviceCommandVIRTSOC as *const () as usize,
+            ),
         ]
     })
 }
