@@ -28,6 +28,10 @@ pub enum MediaError {
     /// The input bitstream is corrupt or truncated; the decoder stays usable.
     #[error("decode error: {0}")]
     Decode(String),
+    /// A worker process (the ISP's swscale) crashed, hung or answered something malformed:
+    /// the call failed, the process that asked goes on (the next call gets a fresh worker).
+    #[error("worker failed: {0}")]
+    Worker(String),
     /// The encoder rejected a frame or failed.
     #[error("encode error: {0}")]
     Encode(String),

@@ -9,10 +9,16 @@
 //!   are sampled with centred siting (chroma sample between its 2x2 luma pixels), and YUV
 //!   output chroma is sampled at the centre of each 2x2 output block. Same-format,
 //!   same-size conversions are exact copies.
+//! * [`ProcessIsp`] — [`SwscaleIsp`] in sandboxed worker processes ([`serve_isp`]), so a
+//!   crash or hang of libswscale fails one conversion, never the process that asked.
 //! * [`NullIsp`] — copies when source and destination have the same format and size, errors
 //!   otherwise.
 //!
 //! [`measure_convert_ms`] times a backend for the project's bench.
+
+mod worker;
+
+pub use worker::{check_isp_answer, serve_isp, serve_isp_with, ProcessIsp, ISP_WORKER_ARG};
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -28,6 +34,15 @@ pub trait IspBackend: Send + Sync {
     fn name(&self) -> &str;
     /// Converts `src` into `dst`; the formats and sizes may differ.
     fn convert(&self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()>;
+}
+
+/// Validates both frames; true when they have the same format and size, which a plain copy
+/// (exact) converts.
+fn same_picture(src: &FrameRef<'_>, dst: &FrameMut<'_>) -> Result<bool> {
+    src.validate()?;
+    dst.validate()?;
+    let (s, d) = (&src.layout, &dst.layout);
+    Ok((s.format, s.width, s.height) == (d.format, d.width, d.height))
 }
 
 /// Scaling configuration: source and destination format and size (strides are per call).
@@ -140,10 +155,7 @@ impl IspBackend for SwscaleIsp {
     }
 
     fn convert(&self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
-        src.validate()?;
-        dst.validate()?;
-        let (s, d) = (&src.layout, &dst.layout);
-        if (s.format, s.width, s.height) == (d.format, d.width, d.height) {
+        if same_picture(&src, &dst)? {
             // A plain copy is exact and faster; swscale's unscaled NV12 -> NV12 path also
             // leaves the UV plane unwritten when handed only two plane pointers.
             return copy_frame(src, dst);
@@ -298,12 +310,10 @@ impl IspBackend for CpuIsp {
     }
 
     fn convert(&self, src: FrameRef<'_>, mut dst: FrameMut<'_>) -> Result<()> {
-        src.validate()?;
-        dst.validate()?;
-        let (s, d) = (src.layout, dst.layout);
-        if s.format == d.format && s.width == d.width && s.height == d.height {
+        if same_picture(&src, &dst)? {
             return copy_frame(src, dst);
         }
+        let (s, d) = (src.layout, dst.layout);
         let sampler = Sampler { frame: src };
         let sx = s.width as f32 / d.width as f32;
         let sy = s.height as f32 / d.height as f32;

@@ -7,7 +7,8 @@
 //! FFmpeg's one-time initialization (see [`quiet_ffmpeg_logs`]).
 //!
 //! * [`frame`] — pixel formats, layouts and frame views.
-//! * [`isp`] — colour conversion and scaling backends.
+//! * [`isp`] — colour conversion and scaling backends, swscale also in a sandboxed worker
+//!   process ([`ProcessIsp`]).
 //! * [`codec`] — decoders, demuxer, H.264 encoder.
 //! * [`camera`] — synthetic and file camera sources, pixel-embedded capture timestamps.
 
@@ -20,6 +21,7 @@ pub mod error;
 pub mod frame;
 pub mod isp;
 mod sws;
+mod worker;
 
 pub use camera::{
     read_timestamp, read_timestamp_grid, read_timestamp_top, stamp_timestamp, CameraSource,
@@ -34,7 +36,8 @@ pub use error::{MediaError, Result};
 pub use frame::{
     copy_frame, FrameError, FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo,
 };
-pub use isp::{CpuIsp, IspBackend, NullIsp, SwscaleIsp};
+pub use isp::{CpuIsp, IspBackend, NullIsp, ProcessIsp, SwscaleIsp};
+pub use worker::{WorkerPool, CALL_DEADLINE};
 
 /// Initializes FFmpeg for this process (its error strings, which are empty until then) and
 /// silences its own console messages (libavcodec prints a line per corrupt packet even at
@@ -64,6 +67,7 @@ mod tests {
         send_sync::<SwscaleIsp>();
         send_sync::<CpuIsp>();
         send_sync::<NullIsp>();
+        send_sync::<ProcessIsp>();
         send_sync::<Box<dyn IspBackend>>();
     }
 }

@@ -61,6 +61,12 @@ struct Args {
     /// ISP backend: swscale, gpu (compute shader), cpu, null.
     #[arg(long, value_enum, default_value_t = IspBackendKind::Swscale)]
     isp_backend: IspBackendKind,
+    /// Where the ISP's libswscale runs (the swscale backend, the gpu backend's YUV
+    /// destinations): `process` (sandboxed worker processes of this program, so a crash or
+    /// hang in it fails that command only) or `in-process` (in the daemon: two copies of
+    /// each frame less, but a crash in libswscale ends the daemon and every guest's session).
+    #[arg(long, value_enum, default_value_t = Decoders::Process)]
+    isp_swscale: Decoders,
     /// Nice value (0-19) of a CPU Vulkan driver's worker threads (lavapipe), so the emulated
     /// GPU leaves the cores to the CPU-side devices first; 0 leaves them alone. No effect on
     /// a real GPU.
@@ -216,10 +222,10 @@ struct Args {
     cpu_cgroup: Option<String>,
 }
 
-/// Where decoders run (`--decoders`).
+/// Where a native library runs (`--decoders`, `--isp-swscale`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Decoders {
-    /// In sandboxed worker processes, one per decoder.
+    /// In sandboxed worker processes (one per decoder; the ISP's as many as convert at once).
     Process,
     /// In the daemon's process.
     InProcess,
@@ -232,6 +238,16 @@ fn main() {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("virtsocd codec worker: {e}");
+                1
+            }
+        });
+    }
+    if std::env::args().nth(1).as_deref() == Some(virtsoc_media::isp::ISP_WORKER_ARG) {
+        // An ISP worker (stdin: its socket to the daemon).
+        std::process::exit(match virtsoc_media::isp::serve_isp() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("virtsocd isp worker: {e}");
                 1
             }
         });
@@ -313,6 +329,10 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
                 Decoders::InProcess => None,
             },
             codec_worker_spares: args.decoder_spares,
+            isp_worker: match args.isp_swscale {
+                Decoders::Process => Some(std::env::current_exe()?),
+                Decoders::InProcess => None,
+            },
             render_worker: args.render_worker.clone(),
             render_deadline: std::time::Duration::from_millis(args.render_deadline_ms.max(1)),
             refresh_hz: args.refresh_hz,

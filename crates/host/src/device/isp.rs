@@ -3,11 +3,15 @@
 //!
 //! # Backends (`--isp-backend`)
 //!
-//! * `swscale`: libswscale, bilinear (the default).
+//! * `swscale`: libswscale, bilinear (the default); `virtsocd` runs it in sandboxed worker
+//!   processes (`DeviceConfig::isp_worker`, `--isp-swscale process`): a crash or hang of
+//!   libswscale then fails that command alone (`DeviceError` with the reason) and the next
+//!   command takes a fresh worker, at the cost of two more copies per frame (the source
+//!   into memory shared with the worker, the result out of it).
 //! * `cpu`: the plain-Rust reference of `virtsoc-media` (BT.601 limited range, bilinear).
 //! * `gpu`: the GPU device's backend (a compute shader on wgpu), shared with the gpu device
 //!   and numbered on its timeline. It writes RGBA8/BGRA8 only, so conversions into NV12 or
-//!   YUV420P go to swscale.
+//!   YUV420P go to swscale (in a worker, as above, when the daemon runs it there).
 //! * `null`: copies between equal formats and sizes, answers `NotSupported` otherwise.
 //!
 //! # Regions and locking
@@ -24,7 +28,10 @@
 use std::sync::Arc;
 
 use virtsoc_devapi::isp::Command;
-use virtsoc_media::{CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, SwscaleIsp};
+use virtsoc_media::isp::ISP_WORKER_ARG;
+use virtsoc_media::{
+    CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, ProcessIsp, SwscaleIsp, WorkerPool,
+};
 use virtsoc_proto::Status;
 
 use super::gpu::Gpu;
@@ -38,7 +45,28 @@ enum Engine {
     /// A `virtsoc-media` backend (swscale, CPU reference, null).
     Media(Box<dyn IspBackend>),
     /// The GPU device's backend for RGB destinations, swscale for YUV ones.
-    Gpu { gpu: Arc<Gpu>, yuv: SwscaleIsp },
+    Gpu {
+        gpu: Arc<Gpu>,
+        yuv: Box<dyn IspBackend>,
+    },
+}
+
+/// ISP workers kept started ahead (one converts every command until it fails).
+const ISP_WORKER_SPARES: usize = 1;
+
+/// libswscale where `cfg` says: in worker processes of `cfg.isp_worker`, else here; and its
+/// description.
+fn swscale(cfg: &DeviceConfig) -> (Box<dyn IspBackend>, &'static str) {
+    match &cfg.isp_worker {
+        Some(program) => {
+            let pool = WorkerPool::new(program, &[ISP_WORKER_ARG.to_string()], ISP_WORKER_SPARES);
+            (
+                Box::new(ProcessIsp::new(pool)),
+                "libswscale (bilinear) in sandboxed worker processes",
+            )
+        }
+        None => (Box::new(SwscaleIsp::new()), "libswscale (bilinear)"),
+    }
 }
 
 /// The isp device.
@@ -53,21 +81,27 @@ impl Isp {
     pub fn new(cfg: &DeviceConfig, gpu: &Arc<Gpu>) -> Result<Self> {
         let media = |b: Box<dyn IspBackend>, desc: &str| (Engine::Media(b), desc.to_string());
         let (engine, desc) = match cfg.isp {
-            IspBackendKind::Swscale => media(Box::new(SwscaleIsp::new()), "libswscale (bilinear)"),
+            IspBackendKind::Swscale => {
+                let (b, desc) = swscale(cfg);
+                media(b, desc)
+            }
             IspBackendKind::Cpu => {
                 media(Box::new(CpuIsp::new()), "cpu reference (bilinear, BT.601)")
             }
             IspBackendKind::Null => media(Box::new(NullIsp::new()), "null (copies equal formats)"),
-            IspBackendKind::Gpu => (
-                Engine::Gpu {
-                    gpu: gpu.clone(),
-                    yuv: SwscaleIsp::new(),
-                },
-                format!(
-                    "gpu compute on the gpu device's {} backend (YUV destinations: libswscale)",
-                    gpu.backend_name()
-                ),
-            ),
+            IspBackendKind::Gpu => {
+                let (yuv, yuv_desc) = swscale(cfg);
+                (
+                    Engine::Gpu {
+                        gpu: gpu.clone(),
+                        yuv,
+                    },
+                    format!(
+                        "gpu compute on the gpu device's {} backend (YUV destinations: {yuv_desc})",
+                        gpu.backend_name()
+                    ),
+                )
+            }
         };
         log::info!("isp: {desc}");
         Ok(Isp { engine, desc })
@@ -87,6 +121,7 @@ impl Isp {
             let s = cx.read_bytes(src, n)?;
             let mut d = vec![0u8; dn];
             self.convert_frame(
+                Some(cx),
                 FrameRef {
                     layout: src_layout,
                     data: &s,
@@ -104,6 +139,7 @@ impl Isp {
             let s = s.get(..n).ok_or(Status::OutOfRange)?;
             let d = d.get_mut(..dn).ok_or(Status::OutOfRange)?;
             self.convert_frame(
+                Some(cx),
                 FrameRef {
                     layout: src_layout,
                     data: s,
@@ -117,20 +153,27 @@ impl Isp {
         Ok([0; 6])
     }
 
+    /// Converts `src` into `dst`; a backend's error is a status, its reason recorded on
+    /// `cx` (when there is one) for the guest.
     fn convert_frame(
         &self,
+        cx: Option<&DeviceCtx<'_>>,
         src: FrameRef<'_>,
         dst: FrameMut<'_>,
     ) -> std::result::Result<(), Status> {
         let media = |b: &dyn IspBackend, src, dst| {
             b.convert(src, dst).map_err(|e| {
                 log::debug!("isp: {}: {e}", b.name());
-                status_of(&e)
+                let status = status_of(&e);
+                match cx {
+                    Some(cx) => cx.fail(status, e.to_string()),
+                    None => status,
+                }
             })
         };
         match &self.engine {
             Engine::Media(b) => media(b.as_ref(), src, dst),
-            Engine::Gpu { yuv, .. } if dst.layout.format.is_yuv() => media(yuv, src, dst),
+            Engine::Gpu { yuv, .. } if dst.layout.format.is_yuv() => media(yuv.as_ref(), src, dst),
             Engine::Gpu { gpu, .. } => gpu.convert_frame(src, dst).map(|_| ()),
         }
     }
@@ -241,6 +284,7 @@ mod tests {
                 let dl = FrameLayout::packed(fmt, w, h).unwrap();
                 let mut dst = vec![0u8; dl.size()];
                 let r = isp.convert_frame(
+                    None,
                     FrameRef {
                         layout: sl,
                         data: &src,
@@ -267,6 +311,7 @@ mod tests {
         let mut dst = vec![0u8; 10];
         assert_eq!(
             isp.convert_frame(
+                None,
                 FrameRef {
                     layout: sl,
                     data: &src

@@ -141,6 +141,11 @@ pub struct DeviceConfig {
     pub codec_worker: Option<PathBuf>,
     /// Decoder workers kept started ahead.
     pub codec_worker_spares: usize,
+    /// Run the ISP's libswscale (the `swscale` backend, the `gpu` backend's YUV
+    /// destinations) in sandboxed worker processes: this program, started with
+    /// `--isp-worker` (`virtsoc_media::ProcessIsp`; `virtsocd`'s default). `None`: in this
+    /// process.
+    pub isp_worker: Option<PathBuf>,
     /// The GLES render worker program (`virtsoc-render`); `None`: the default of
     /// [`gles::default_worker`] (beside the daemon's executable).
     pub render_worker: Option<PathBuf>,
@@ -165,6 +170,7 @@ impl Default for DeviceConfig {
             camera_source: CameraSourceKind::default(),
             codec_worker: None,
             codec_worker_spares: virtsoc_media::codec::DEFAULT_SPARE,
+            isp_worker: None,
             render_worker: None,
             render_deadline: gles::WORKER_DEADLINE,
         }

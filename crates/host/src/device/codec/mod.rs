@@ -106,6 +106,7 @@ pub fn media_status(e: &MediaError) -> Status {
         MediaError::Unsupported(_) => Status::NotSupported,
         MediaError::Resources(_) => Status::Busy,
         MediaError::Decode(_)
+        | MediaError::Worker(_)
         | MediaError::Encode(_)
         | MediaError::NoFrames(_)
         | MediaError::File { .. }

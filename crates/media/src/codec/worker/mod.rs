@@ -1,46 +1,32 @@
-//! Decoders in worker processes, the containment `docs/ARCHITECTURE.md` ("Containing native
-//! libraries") decides for libavcodec: [`ProcessDecoder`] implements [`DecoderBackend`] by
-//! sending each call to a worker process that runs an [`FfmpegDecoder`]
-//! ([`serve_decoder`]), so a crash or a hang of libavcodec ends that worker only: the
-//! decoder reports it as a decode error on that call and every later one (the guest reopens),
-//! and the process that owns it goes on.
+//! Decoders in worker processes ([`crate::worker`]): [`ProcessDecoder`] implements
+//! [`DecoderBackend`] by sending each call to a worker process that runs an
+//! [`FfmpegDecoder`] ([`serve_decoder`]), so a crash or a hang of libavcodec ends that
+//! worker only: the decoder reports it as a decode error on that call and every later one
+//! (the guest reopens), and the process that owns it goes on.
 //!
-//! - **Messages** ([`wire`]): the worker's stdin is one end of a socket pair; calls and
-//!   answers are length-prefixed little-endian messages on it. The parent trusts nothing the
-//!   worker sends: sizes and counts are bounded, every picture must be a valid packed layout
-//!   of its bytes, and anything else ends the worker as if it had crashed. An answer that
-//!   does not arrive within [`CALL_DEADLINE`] ends it too (a hang).
-//! - **Pictures** ([`shared`]): the worker copies (or converts) each decoded picture once,
-//!   into a sealed memfd it shares with the parent, which maps it read-only and copies it
-//!   into the guest's region: two copies of a picture's bytes, against one in process and
-//!   four through the socket.
-//! - **The sandbox** ([`sandbox`]): the worker drops root and enters a seccomp filter before
-//!   it reads its first message.
-//! - **Start-up** ([`DecoderPool`]): workers are started ahead (a process start costs
-//!   milliseconds), so opening a decoder takes a waiting worker.
+//! The worker copies (or converts) each decoded picture once, into a sealed memfd it shares
+//! with the parent ([`Slots`] / [`Mapped`]), which maps it read-only and copies it into the
+//! guest's region: two copies of a picture's bytes, against one in process and four through
+//! the socket. Every picture in an answer must be a valid packed layout of its bytes.
 
-mod pool;
-pub mod sandbox;
-mod shared;
-mod wire;
-
-use std::os::fd::{AsFd, FromRawFd};
-use std::os::unix::net::UnixStream;
-use std::process::Child;
+use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::Duration;
 
-pub use pool::{DecoderPool, DEFAULT_SPARE};
-pub(crate) use shared::SharedPicture;
+pub use crate::worker::sandbox;
+pub(crate) use crate::worker::shared::SharedPicture;
+pub use crate::worker::{WorkerPool, CALL_DEADLINE, DEFAULT_SPARE};
+
+/// The pool decoder workers come from (any [`WorkerPool`] of a program that runs
+/// [`serve_decoder`]).
+pub type DecoderPool = WorkerPool;
 
 use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, HeldPicture, PacketError};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, PixelFormat};
-use shared::{Mapped, Placed, Slots};
-use wire::{bad, In, Out, MAX_TEXT};
+use crate::worker::shared::{self, Mapped, Placed, Slots};
+use crate::worker::wire::{bad, In, Out, MAX_TEXT};
+use crate::worker::{io_error, serve, WorkerProcess};
 
-/// Longest a worker may take to answer one call before it is ended as hung.
-pub const CALL_DEADLINE: Duration = Duration::from_secs(3);
 /// Most pictures or failures one answer may carry.
 const MAX_ITEMS: u32 = 64;
 /// Largest packet sent to a worker.
@@ -85,15 +71,11 @@ fn max_answer() -> usize {
 
 /// A decoder whose libavcodec runs in a worker process.
 pub struct ProcessDecoder {
-    child: Child,
-    sock: UnixStream,
-    name: String,
+    worker: WorkerProcess,
     layout: Option<FrameLayout>,
     failures: Vec<PacketError>,
     /// The worker's picture buffers this side has mapped.
     mapped: Mapped,
-    /// Why the worker is gone, once it is.
-    dead: Option<String>,
 }
 
 impl ProcessDecoder {
@@ -115,22 +97,23 @@ impl ProcessDecoder {
     }
 
     fn open_on(
-        (child, sock): (Child, UnixStream),
+        started: (std::process::Child, std::os::unix::net::UnixStream),
         codec: CodecKind,
         out: PixelFormat,
         threads: usize,
     ) -> Result<Self> {
-        sock.set_read_timeout(Some(CALL_DEADLINE))
-            .and_then(|()| sock.set_write_timeout(Some(CALL_DEADLINE)))
-            .map_err(|e| MediaError::Unsupported(format!("decoder worker socket: {e}")))?;
+        let worker = WorkerProcess::new(
+            started,
+            format!("worker-{}", codec.name()),
+            "decoder process",
+            "reopen the decoder",
+            MediaError::Decode,
+        )?;
         let mut d = ProcessDecoder {
-            child,
-            sock,
-            name: format!("worker-{}", codec.name()),
+            worker,
             layout: None,
             failures: Vec::new(),
-            mapped: Mapped::default(),
-            dead: None,
+            mapped: Mapped::new(max_picture_bytes()),
         };
         let mut m = Out::default();
         m.u8(OPEN)
@@ -140,7 +123,7 @@ impl ProcessDecoder {
         let mut answer = d.call(&m)?;
         match answer.u8()? {
             0 => {
-                d.name = format!("worker-{}", answer.text()?.trim_start_matches("ffmpeg-"));
+                d.worker.name = format!("worker-{}", answer.text()?.trim_start_matches("ffmpeg-"));
                 Ok(d)
             }
             _ => Err(MediaError::Unsupported(answer.text()?)),
@@ -149,39 +132,17 @@ impl ProcessDecoder {
 
     /// The worker's process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.worker.pid()
     }
 
     /// Sends `m` and returns the answer; on any failure the worker is ended and the decoder
     /// is dead from then on.
     fn call(&mut self, m: &Out) -> Result<In> {
-        if let Some(why) = &self.dead {
-            return Err(MediaError::Decode(why.clone()));
-        }
-        let r = m
-            .send(&mut self.sock, &[])
-            .and_then(|()| In::recv(&mut self.sock, max_answer()));
-        r.map_err(|e| self.end(&e.to_string()))
+        self.worker.call(m, &[], max_answer())
     }
 
-    /// Ends the worker after a failure: killed if still running, reaped, and the reason
-    /// kept for every later call.
     fn end(&mut self, what: &str) -> MediaError {
-        let status = match self.child.try_wait() {
-            Ok(Some(s)) => format!("exited ({s})"),
-            _ => {
-                let _ = self.child.kill();
-                let s = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
-                format!("ended after {what} ({s})")
-            }
-        };
-        let why = format!(
-            "{}: decoder process {status}; reopen the decoder",
-            self.name
-        );
-        log::warn!("{why}");
-        self.dead = Some(why.clone());
-        MediaError::Decode(why)
+        self.worker.end(what)
     }
 
     /// Sends a decode or flush call (with the picture buffers this side is done with) and
@@ -291,29 +252,20 @@ fn parse_answer(
 #[doc(hidden)]
 pub fn check_worker_answer(bytes: &[u8]) -> bool {
     let mut a = In::from_bytes(bytes.to_vec());
-    let mut mapped = Mapped::default();
+    let mut mapped = Mapped::new(max_picture_bytes());
     parse_answer(&mut a, &mut mapped, &mut None, &mut Vec::new()).is_ok()
-}
-
-impl Drop for ProcessDecoder {
-    fn drop(&mut self) {
-        // Closing the socket ends the worker's loop; make sure it is gone and reaped.
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl DecoderBackend for ProcessDecoder {
     fn name(&self) -> &str {
-        &self.name
+        &self.worker.name
     }
 
     fn decode(&mut self, packet: &[u8], pts: i64) -> Result<Vec<DecodedFrame>> {
         if packet.len() > MAX_PACKET {
             return Err(MediaError::Decode(format!(
                 "{}: packet of {} bytes",
-                self.name,
+                self.worker.name,
                 packet.len()
             )));
         }
@@ -339,21 +291,11 @@ impl DecoderBackend for ProcessDecoder {
 /// the parent passed) until the parent hangs up. Call it from the worker program's `main`
 /// and exit.
 pub fn serve_decoder() -> Result<()> {
-    // SAFETY: the parent made this process's stdin one end of a socket pair; nothing else in
-    // the worker uses fd 0 (no `std::io::stdin()`), so this is its only owner.
-    let mut sock = unsafe { UnixStream::from_raw_fd(0) };
-    super::init_ffmpeg();
-    sandbox::enter()?;
-    let io = |e: std::io::Error| MediaError::Decode(format!("decoder worker: {e}"));
+    let io = io_error("decoder worker");
     let mut dec: Option<FfmpegDecoder> = None;
     let mut slots = Slots::default();
-    loop {
-        let mut m = match In::recv(&mut sock, MAX_PACKET + 64 + 4 * (shared::MAX_SLOTS + 2)) {
-            Ok(m) => m,
-            // The parent hung up: done.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(io(e)),
-        };
+    let max_call = MAX_PACKET + 64 + 4 * (shared::MAX_SLOTS + 2);
+    serve("decoder worker", max_call, |mut m, sock| {
         let mut a = Out::default();
         let call = m.u8()?;
         if call != OPEN {
@@ -378,8 +320,7 @@ pub fn serve_decoder() -> Result<()> {
                         a.u8(1).text(&e.to_string());
                     }
                 }
-                a.send(&mut sock, &[]).map_err(io)?;
-                continue;
+                return a.send(sock, &[]).map_err(&io);
             }
             (DECODE, Some(d)) => {
                 let pts = m.u64()? as i64;
@@ -405,8 +346,8 @@ pub fn serve_decoder() -> Result<()> {
         }
         answer(&mut a, pictures, failures);
         let fds: Vec<_> = new.iter().map(|(_, fd)| fd.as_fd()).collect();
-        a.send(&mut sock, &fds).map_err(io)?;
-    }
+        a.send(sock, &fds).map_err(&io)
+    })
 }
 
 /// A decoded picture with where the worker put it.
@@ -486,7 +427,8 @@ mod tests {
     #[test]
     fn a_well_formed_answer_is_read() {
         let mut a = In::from_bytes(inline_answer(16 * 8 * 3 / 2));
-        let (mut mapped, mut seen, mut failures) = (Mapped::default(), None, Vec::new());
+        let (mut mapped, mut seen, mut failures) =
+            (Mapped::new(max_picture_bytes()), None, Vec::new());
         let frames = parse_answer(&mut a, &mut mapped, &mut seen, &mut failures)
             .unwrap()
             .unwrap();
@@ -505,14 +447,7 @@ mod tests {
         for n in 0..good.len() {
             assert!(!check_worker_answer(&good[..n]), "truncated to {n}");
         }
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let mut bad = good.clone();
-            let i = (x as usize) % bad.len();
-            bad[i] = (x >> 32) as u8;
+        for (_, bad) in crate::worker::wire::corruptions(&good, 20_000) {
             check_worker_answer(&bad);
         }
         // A picture in a buffer the worker never introduced.

@@ -1,7 +1,7 @@
-//! Decoder workers started ahead: opening a decoder takes a worker that is already running
-//! (sandboxed, waiting for its first message), and a thread of its own starts the next one,
-//! so a guest's `open_decoder` does not wait for a process start on the codec device's
-//! worker.
+//! Workers started ahead: opening a decoder (or the ISP's first conversion, or the one after
+//! a worker died) takes a worker that is already running (sandboxed, waiting for its first
+//! message), and a thread of its own starts the next one, so a guest's command does not
+//! wait for a process start on the device's thread.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -15,8 +15,8 @@ use crate::error::{MediaError, Result};
 /// Workers kept waiting by default.
 pub const DEFAULT_SPARE: usize = 2;
 
-/// The program decoders run in, and the workers waiting for a decoder.
-pub struct DecoderPool {
+/// The program workers run, and the workers waiting for their first call.
+pub struct WorkerPool {
     program: PathBuf,
     args: Vec<String>,
     spare: usize,
@@ -25,12 +25,13 @@ pub struct DecoderPool {
     starting: AtomicUsize,
 }
 
-impl DecoderPool {
-    /// A pool of `program args...` workers (the program must call
-    /// [`serve_decoder`](super::serve_decoder) on its stdin), keeping `spare` of them
-    /// waiting (started now).
-    pub fn new(program: &Path, args: &[String], spare: usize) -> Arc<DecoderPool> {
-        let pool = Arc::new(DecoderPool {
+impl WorkerPool {
+    /// A pool of `program args...` workers (the program must serve its stdin, as
+    /// [`serve_decoder`](crate::codec::serve_decoder) and
+    /// [`serve_isp`](crate::isp::serve_isp) do), keeping `spare` of them waiting (started
+    /// now).
+    pub fn new(program: &Path, args: &[String], spare: usize) -> Arc<WorkerPool> {
+        let pool = Arc::new(WorkerPool {
             program: program.to_path_buf(),
             args: args.to_vec(),
             spare,
@@ -51,9 +52,9 @@ impl DecoderPool {
     }
 
     /// Starts one worker.
-    pub(super) fn start(&self) -> Result<(Child, UnixStream)> {
+    pub(crate) fn start(&self) -> Result<(Child, UnixStream)> {
         let (ours, theirs) = UnixStream::pair()
-            .map_err(|e| MediaError::Resources(format!("socketpair for a decoder worker: {e}")))?;
+            .map_err(|e| MediaError::Resources(format!("socketpair for a worker: {e}")))?;
         let child = Command::new(&self.program)
             .args(&self.args)
             .stdin(Stdio::from(OwnedFd::from(theirs)))
@@ -62,16 +63,16 @@ impl DecoderPool {
             .spawn()
             .map_err(|e| {
                 MediaError::Resources(format!(
-                    "cannot start decoder worker {}: {e}",
+                    "cannot start worker {}: {e}",
                     self.program.display()
                 ))
             })?;
         Ok((child, ours))
     }
 
-    /// A worker for a new decoder: a waiting one, else one started now. Starts its
+    /// A worker for a new decoder (or ISP worker): a waiting one, else one started now. Starts its
     /// replacement in the background.
-    pub(super) fn take(self: &Arc<Self>) -> Result<(Child, UnixStream)> {
+    pub(crate) fn take(self: &Arc<Self>) -> Result<(Child, UnixStream)> {
         let waiting = self.idle().pop();
         self.refill();
         match waiting {
@@ -86,7 +87,7 @@ impl DecoderPool {
             self.starting.fetch_add(1, Ordering::SeqCst);
             let pool = self.clone();
             let started = std::thread::Builder::new()
-                .name("decoder-pool".into())
+                .name("worker-pool".into())
                 .spawn(move || {
                     match pool.start() {
                         Ok(w) => pool.idle().push(w),
@@ -95,7 +96,7 @@ impl DecoderPool {
                     pool.starting.fetch_sub(1, Ordering::SeqCst);
                 });
             if started.is_err() {
-                // No thread now: the next decoder starts its worker itself.
+                // No thread now: the next taker starts its worker itself.
                 self.starting.fetch_sub(1, Ordering::SeqCst);
                 return;
             }
@@ -108,7 +109,7 @@ impl DecoderPool {
     }
 }
 
-impl Drop for DecoderPool {
+impl Drop for WorkerPool {
     fn drop(&mut self) {
         for (mut child, sock) in self.idle().drain(..) {
             drop(sock);

@@ -1,7 +1,13 @@
-//! Picture buffers a decoder worker shares with its parent, so a decoded picture crosses
-//! the process boundary without being copied through the socket.
+//! Picture buffers a worker shares with its parent, so a picture crosses the process
+//! boundary without being copied through the socket.
 //!
-//! The worker owns the buffers ([`Slots`]): each is a memfd of one picture's size, sealed
+//! Every buffer is a [`Buffer`]: a memfd sealed against shrinking and growing, so the side
+//! that did not make it can map it without fearing that the other truncates it under the
+//! mapping (a read past a file's end faults). The ISP's parent makes its own buffers (a
+//! source it fills, a destination the worker writes) and hands them over; a decoder worker
+//! makes its buffers and introduces them to its parent, as follows.
+//!
+//! The decoder worker owns the buffers ([`Slots`]): each is a memfd of one picture's size, sealed
 //! against shrinking and growing, mapped read-write in the worker. It copies (or converts)
 //! each decoded picture into a free buffer and names the buffer in its answer; a buffer's
 //! descriptor travels once, with the first answer that uses it. The parent ([`Mapped`])
@@ -25,7 +31,7 @@ use crate::frame::{FrameLayout, FrameMut, FrameRef};
 
 /// Most picture buffers one worker may share (its decoder's queue, frame threads and
 /// reordering need far fewer).
-pub(super) const MAX_SLOTS: usize = 48;
+pub(crate) const MAX_SLOTS: usize = 48;
 
 /// A memory mapping of a whole file, unmapped on drop.
 struct Mapping {
@@ -60,6 +66,80 @@ impl Drop for Mapping {
         // SAFETY: the range this value mapped, referenced by nothing after it is dropped.
         let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
     }
+}
+
+/// A sealed memfd and this process's mapping of all of it.
+pub(crate) struct Buffer {
+    fd: OwnedFd,
+    map: Mapping,
+}
+
+impl Buffer {
+    /// A new buffer of `size` bytes (zeroed), sealed against shrinking, growing and further
+    /// seals, mapped read-write.
+    pub(crate) fn new(size: usize) -> Result<Buffer> {
+        let io = |e: rustix::io::Errno| MediaError::Resources(format!("shared buffer: {e}"));
+        let fd = rustix::fs::memfd_create(
+            "virtsoc-picture",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(io)?;
+        rustix::fs::ftruncate(&fd, size as u64).map_err(io)?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(io)?;
+        let map = Mapping::new(fd.as_fd(), size, true)
+            .map_err(|e| MediaError::Resources(format!("mapping a shared buffer: {e}")))?;
+        Ok(Buffer { fd, map })
+    }
+
+    /// Maps a buffer the other side made, after checking that it is sealed against
+    /// shrinking and holds 1..=`max` bytes.
+    pub(crate) fn open(fd: OwnedFd, max: usize, writable: bool) -> Result<Buffer> {
+        let map = map_sealed(fd.as_fd(), max, writable)?;
+        Ok(Buffer { fd, map })
+    }
+
+    /// Its descriptor, to send.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len
+    }
+
+    /// Its bytes. The other side may write them at any time: what is read is pixels only.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping covers `len` bytes of a sealed memfd (it cannot shrink under
+        // it) for as long as `self` lives; a write by the other side changes values only.
+        unsafe { std::slice::from_raw_parts(self.map.ptr, self.map.len) }
+    }
+
+    /// Its bytes, to write (the buffer must have been mapped writable).
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only reference this process has
+        // to the mapping, which was made writable (`new`, or `open` with `writable`).
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr, self.map.len) }
+    }
+}
+
+/// Maps `fd` whole, after checking that it is sealed against shrinking and holds 1..=`max`
+/// bytes.
+fn map_sealed(fd: BorrowedFd<'_>, max: usize, writable: bool) -> Result<Mapping> {
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|_| bad("not a memfd"))?;
+    if !seals.contains(SealFlags::SHRINK) {
+        return Err(bad("an unsealed picture buffer"));
+    }
+    let len = rustix::fs::fstat(fd)
+        .map_err(|_| bad("buffer size"))?
+        .st_size;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|l| *l > 0 && *l <= max)
+        .ok_or_else(|| bad("buffer size"))?;
+    Mapping::new(fd, len, writable)
+        .map_err(|e| MediaError::Resources(format!("mapping a shared buffer: {e}")))
 }
 
 /// A decoded picture in a buffer shared with the worker: readable until dropped, after
@@ -108,42 +188,40 @@ impl SharedPicture {
 
 /// The parent's side: the worker's buffers it has mapped, and the numbers of those it is
 /// done with.
-#[derive(Default)]
-pub(super) struct Mapped {
+pub(crate) struct Mapped {
     slots: HashMap<u32, Arc<Mapping>>,
     released: Arc<Mutex<Vec<u32>>>,
+    /// Largest buffer accepted.
+    max_len: usize,
 }
 
 impl Mapped {
+    /// No buffers yet; the worker's may hold at most `max_len` bytes each.
+    pub(crate) fn new(max_len: usize) -> Mapped {
+        Mapped {
+            slots: HashMap::new(),
+            released: Arc::default(),
+            max_len,
+        }
+    }
+
     /// Maps a buffer the worker introduced as `id`, after checking it.
-    pub(super) fn add(&mut self, id: u32, fd: OwnedFd) -> Result<()> {
+    pub(crate) fn add(&mut self, id: u32, fd: OwnedFd) -> Result<()> {
         if self.slots.len() >= MAX_SLOTS || self.slots.contains_key(&id) {
             return Err(bad("picture buffer"));
         }
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| bad("not a memfd"))?;
-        if !seals.contains(SealFlags::SHRINK) {
-            return Err(bad("an unsealed picture buffer"));
-        }
-        let len = rustix::fs::fstat(&fd)
-            .map_err(|_| bad("buffer size"))?
-            .st_size;
-        let len = usize::try_from(len)
-            .ok()
-            .filter(|l| *l > 0 && *l <= super::max_picture_bytes())
-            .ok_or_else(|| bad("buffer size"))?;
-        let map = Mapping::new(fd.as_fd(), len, false)
-            .map_err(|e| MediaError::Decode(format!("decoder worker: mapping a picture: {e}")))?;
+        let map = map_sealed(fd.as_fd(), self.max_len, false)?;
         self.slots.insert(id, Arc::new(map));
         Ok(())
     }
 
     /// Forgets a buffer the worker dropped (pictures still using it keep it mapped).
-    pub(super) fn remove(&mut self, id: u32) {
+    pub(crate) fn remove(&mut self, id: u32) {
         self.slots.remove(&id);
     }
 
     /// A picture in buffer `id`.
-    pub(super) fn picture(&self, id: u32) -> Result<SharedPicture> {
+    pub(crate) fn picture(&self, id: u32) -> Result<SharedPicture> {
         let map = self
             .slots
             .get(&id)
@@ -158,7 +236,7 @@ impl Mapped {
     }
 
     /// The buffers the parent is done with since the last call.
-    pub(super) fn take_released(&self) -> Vec<u32> {
+    pub(crate) fn take_released(&self) -> Vec<u32> {
         std::mem::take(&mut *self.released.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -166,8 +244,7 @@ impl Mapped {
 /// One buffer on the worker's side.
 struct Slot {
     id: u32,
-    fd: OwnedFd,
-    map: Mapping,
+    buf: Buffer,
     free: bool,
     /// Its descriptor has been sent to the parent.
     sent: bool,
@@ -175,7 +252,7 @@ struct Slot {
 
 /// The worker's side: its buffers and which of them the parent holds.
 #[derive(Default)]
-pub(super) struct Slots {
+pub(crate) struct Slots {
     slots: Vec<Slot>,
     next_id: u32,
     /// Buffers dropped since the last answer (the parent forgets them).
@@ -183,7 +260,7 @@ pub(super) struct Slots {
 }
 
 /// Where the worker put a picture.
-pub(super) enum Placed {
+pub(crate) enum Placed {
     /// In buffer `id`.
     Slot(u32),
     /// Nowhere shared (every buffer is held): the picture goes inline in the answer.
@@ -192,7 +269,7 @@ pub(super) enum Placed {
 
 impl Slots {
     /// The parent is done with these buffers (unknown numbers are ignored).
-    pub(super) fn release(&mut self, ids: &[u32]) {
+    pub(crate) fn release(&mut self, ids: &[u32]) {
         for s in self.slots.iter_mut().filter(|s| ids.contains(&s.id)) {
             s.free = true;
         }
@@ -200,19 +277,23 @@ impl Slots {
 
     /// Writes a picture of `layout` with `fill` into a free buffer of its size (made when
     /// there is none, dropping free buffers of other sizes first).
-    pub(super) fn place(
+    pub(crate) fn place(
         &mut self,
         layout: FrameLayout,
         fill: impl FnOnce(FrameMut<'_>) -> Result<()>,
     ) -> Result<Placed> {
         let size = layout.size();
-        let i = match self.slots.iter().position(|s| s.free && s.map.len == size) {
+        let i = match self
+            .slots
+            .iter()
+            .position(|s| s.free && s.buf.len() == size)
+        {
             Some(i) => i,
             None => {
                 let stale: Vec<u32> = self
                     .slots
                     .iter()
-                    .filter(|s| s.free && s.map.len != size)
+                    .filter(|s| s.free && s.buf.len() != size)
                     .map(|s| s.id)
                     .collect();
                 self.slots.retain(|s| !stale.contains(&s.id));
@@ -220,23 +301,26 @@ impl Slots {
                 if self.slots.len() >= MAX_SLOTS {
                     return Ok(Placed::Inline);
                 }
-                self.slots.push(new_slot(self.next_id, size)?);
+                self.slots.push(Slot {
+                    id: self.next_id,
+                    buf: Buffer::new(size)?,
+                    free: true,
+                    sent: false,
+                });
                 self.next_id += 1;
                 self.slots.len() - 1
             }
         };
         let s = &mut self.slots[i];
-        // SAFETY: the worker's own read-write mapping of the whole buffer, which the parent
-        // does not read while the buffer is free.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(s.map.ptr, s.map.len) };
-        fill(FrameMut::new(layout, bytes)?)?;
+        // The parent does not read a buffer while it is free.
+        fill(FrameMut::new(layout, s.buf.bytes_mut())?)?;
         s.free = false;
         Ok(Placed::Slot(s.id))
     }
 
     /// Buffers dropped since the last call, and those not yet sent with the descriptors to
     /// send now (marked sent).
-    pub(super) fn take_news(&mut self) -> (Vec<u32>, Vec<(u32, BorrowedFd<'_>)>) {
+    pub(crate) fn take_news(&mut self) -> (Vec<u32>, Vec<(u32, BorrowedFd<'_>)>) {
         let dropped = std::mem::take(&mut self.dropped);
         let new = self
             .slots
@@ -244,33 +328,11 @@ impl Slots {
             .filter(|s| !s.sent)
             .map(|s| {
                 s.sent = true;
-                (s.id, s.fd.as_fd())
+                (s.id, s.buf.fd())
             })
             .collect();
         (dropped, new)
     }
-}
-
-fn new_slot(id: u32, size: usize) -> Result<Slot> {
-    let io =
-        |e: rustix::io::Errno| MediaError::Decode(format!("decoder worker: picture buffer: {e}"));
-    let fd = rustix::fs::memfd_create(
-        "virtsoc-picture",
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )
-    .map_err(io)?;
-    rustix::fs::ftruncate(&fd, size as u64).map_err(io)?;
-    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
-        .map_err(io)?;
-    let map = Mapping::new(fd.as_fd(), size, true)
-        .map_err(|e| MediaError::Decode(format!("decoder worker: mapping a picture: {e}")))?;
-    Ok(Slot {
-        id,
-        fd,
-        map,
-        free: true,
-        sent: false,
-    })
 }
 
 #[cfg(test)]
@@ -298,7 +360,7 @@ mod tests {
         let (dropped, new) = worker.take_news();
         assert!(dropped.is_empty());
         assert_eq!(new.len(), 1);
-        let mut parent = Mapped::default();
+        let mut parent = Mapped::new(1 << 20);
         parent.add(new[0].0, dup(new[0].1)).unwrap();
         let p = parent.picture(id).unwrap();
         assert!(p.frame(layout).unwrap().data.iter().all(|b| *b == 9));
@@ -320,7 +382,7 @@ mod tests {
 
     #[test]
     fn the_parent_refuses_unsealed_short_and_repeated_buffers() {
-        let mut parent = Mapped::default();
+        let mut parent = Mapped::new(1 << 20);
         let plain = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&plain, 4096).unwrap();
         assert!(parent.add(1, plain).is_err(), "unsealed");

@@ -1,4 +1,4 @@
-//! The messages between a decoder and its worker process: length-prefixed little-endian
+//! The messages between a parent (a decoder, the ISP) and its worker process: length-prefixed little-endian
 //! records on a Unix stream socket, file descriptors (shared picture buffers) riding with a
 //! message's length prefix as `SCM_RIGHTS`. Every read is bounds-checked: the parent parses
 //! what a possibly compromised worker sent.
@@ -16,39 +16,39 @@ use rustix::net::{
 use crate::error::{MediaError, Result};
 
 /// Longest message text (reasons, names).
-pub(super) const MAX_TEXT: u32 = 4096;
+pub(crate) const MAX_TEXT: u32 = 4096;
 /// Most file descriptors one message may carry.
-pub(super) const MAX_FDS: usize = 64;
+pub(crate) const MAX_FDS: usize = 64;
 
 /// Little-endian writer into a message buffer.
 #[derive(Default)]
-pub(super) struct Out(pub(super) Vec<u8>);
+pub(crate) struct Out(pub(crate) Vec<u8>);
 
 impl Out {
-    pub(super) fn u8(&mut self, v: u8) -> &mut Self {
+    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
         self.0.push(v);
         self
     }
-    pub(super) fn u32(&mut self, v: u32) -> &mut Self {
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    pub(super) fn u64(&mut self, v: u64) -> &mut Self {
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    pub(super) fn bytes(&mut self, b: &[u8]) -> &mut Self {
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> &mut Self {
         self.u32(b.len() as u32);
         self.0.extend_from_slice(b);
         self
     }
-    pub(super) fn text(&mut self, s: &str) -> &mut Self {
+    pub(crate) fn text(&mut self, s: &str) -> &mut Self {
         let s = &s.as_bytes()[..s.len().min(MAX_TEXT as usize)];
         self.bytes(s)
     }
     /// Sends the message: its length (with `fds` attached, when there are any), then its
     /// bytes.
-    pub(super) fn send(
+    pub(crate) fn send(
         &self,
         sock: &mut UnixStream,
         fds: &[BorrowedFd<'_>],
@@ -64,12 +64,18 @@ impl Out {
                     "too many descriptors for one message",
                 ));
             }
-            let sent = rustix::net::sendmsg(
-                &*sock,
-                &[IoSlice::new(&len)],
-                &mut control,
-                SendFlags::NOSIGNAL,
-            )?;
+            // A signal caught before anything was sent: send again.
+            let sent = loop {
+                match rustix::net::sendmsg(
+                    &*sock,
+                    &[IoSlice::new(&len)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                ) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    r => break r?,
+                }
+            };
             // The descriptors went with the first byte; the rest of the prefix follows plainly.
             sock.write_all(&len[sent..])?;
         }
@@ -78,22 +84,22 @@ impl Out {
     }
 }
 
-pub(super) fn bad(what: &str) -> MediaError {
-    MediaError::Decode(format!("decoder worker: malformed message ({what})"))
+pub(crate) fn bad(what: &str) -> MediaError {
+    MediaError::Decode(format!("worker: malformed message ({what})"))
 }
 
 /// Reader of one received message; every read is bounds-checked.
-pub(super) struct In {
+pub(crate) struct In {
     buf: Vec<u8>,
     at: usize,
     /// Descriptors that came with the message, in order.
-    pub(super) fds: Vec<OwnedFd>,
+    pub(crate) fds: Vec<OwnedFd>,
 }
 
 impl In {
     /// Receives one message of at most `max` bytes, with the descriptors that came with its
     /// length prefix (at most [`MAX_FDS`]; a message that brought more is refused).
-    pub(super) fn recv(sock: &mut UnixStream, max: usize) -> std::io::Result<In> {
+    pub(crate) fn recv(sock: &mut UnixStream, max: usize) -> std::io::Result<In> {
         let mut len = [0u8; 8];
         let mut got = 0;
         let mut fds = Vec::new();
@@ -101,12 +107,16 @@ impl In {
         while got < len.len() {
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
-            let r = rustix::net::recvmsg(
+            let r = match rustix::net::recvmsg(
                 &*sock,
                 &mut [IoSliceMut::new(&mut len[got..])],
                 &mut control,
                 RecvFlags::CMSG_CLOEXEC,
-            )?;
+            ) {
+                // A signal caught before anything arrived: nothing was received, wait again.
+                Err(rustix::io::Errno::INTR) => continue,
+                r => r?,
+            };
             for m in control.drain() {
                 if let RecvAncillaryMessage::ScmRights(received) = m {
                     fds.extend(received);
@@ -130,12 +140,16 @@ impl In {
         Ok(In { buf, at: 0, fds })
     }
     /// A message already received, without descriptors.
-    pub(super) fn from_bytes(buf: Vec<u8>) -> In {
+    pub(crate) fn from_bytes(buf: Vec<u8>) -> In {
         In {
             buf,
             at: 0,
             fds: Vec::new(),
         }
+    }
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len().saturating_sub(self.at)
     }
     fn take(&mut self, n: usize) -> Result<&[u8]> {
         let s = self
@@ -145,30 +159,48 @@ impl In {
         self.at += n;
         Ok(s)
     }
-    pub(super) fn u8(&mut self) -> Result<u8> {
+    pub(crate) fn u8(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
     }
-    pub(super) fn u32(&mut self) -> Result<u32> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().map_err(|_| bad("u32"))?,
         ))
     }
-    pub(super) fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().map_err(|_| bad("u64"))?,
         ))
     }
-    pub(super) fn bytes(&mut self) -> Result<&[u8]> {
+    pub(crate) fn bytes(&mut self) -> Result<&[u8]> {
         let n = self.u32()? as usize;
         self.take(n)
     }
-    pub(super) fn text(&mut self) -> Result<String> {
+    pub(crate) fn text(&mut self) -> Result<String> {
         let n = self.u32()?;
         if n > MAX_TEXT {
             return Err(bad("text too long"));
         }
         Ok(String::from_utf8_lossy(self.take(n as usize)?).into_owned())
     }
+}
+
+/// `n` deterministic corruptions of `good` (one byte changed each), with the changed
+/// byte's place: for the tests of a parent's parsing.
+#[cfg(test)]
+pub(crate) fn corruptions(good: &[u8], n: usize) -> impl Iterator<Item = (usize, Vec<u8>)> + '_ {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..n).map(move |_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut bad = good.to_vec();
+        let i = (x as usize) % bad.len().max(1);
+        if let Some(b) = bad.get_mut(i) {
+            *b = (x >> 32) as u8;
+        }
+        (i, bad)
+    })
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
-//! The decoder worker's sandbox, entered before it reads anything from its parent: no new
+//! The workers' sandbox (decoders, the ISP's swscale), entered before it reads anything from its parent: no new
 //! privileges, root's user and groups dropped when it runs as root (to a user of its own per
 //! daemon, [`WORKER_UID_BASE`] + the daemon's pid, so the workers of two daemons never
 //! share a process limit), and a seccomp filter (built with rust-vmm's `seccompiler`, as
 //! crosvm and Firecracker confine their device processes).
 //!
-//! The filter allows what decoding needs and nothing more: reading and writing the
+//! The filter allows what decoding and converting need and nothing more: reading and writing the
 //! descriptors the worker has (its socket), memory (mapping, protecting, advising), threads
 //! (libavcodec's frame and slice threads: futexes, scheduling, signal masks), time, and
 //! memfds for the shared picture buffers. Some calls are allowed only with the arguments
@@ -19,7 +19,7 @@
 //!
 //! Opening files answers `EACCES` (libraries that probe `/proc` or `/sys` then fall back),
 //! and every other system call - `fork`, sockets, exec, `ptrace`, mounting, namespaces, files
-//! by name - kills the worker, which its parent sees as a crashed decoder. The filter covers
+//! by name - kills the worker, which its parent sees as a crashed worker. The filter covers
 //! every thread the worker starts later.
 //!
 //! A worker of a daemon that is not root keeps the daemon's user: the filter, not the user,
@@ -34,7 +34,7 @@ use seccompiler::{
 
 use crate::error::{MediaError, Result};
 
-/// System calls a decoder worker may make.
+/// System calls a worker may make.
 const ALLOWED: &[i64] = &[
     // Its descriptors: the socket to the parent, memfds, stderr.
     libc::SYS_read,
@@ -110,7 +110,7 @@ fn arch() -> Result<seccompiler::TargetArch> {
         .map_err(|e| MediaError::Unsupported(format!("seccomp on {}: {e}", std::env::consts::ARCH)))
 }
 
-/// The first user id of decoder workers of a root daemon: a worker runs as this plus its
+/// The first user id of workers of a root daemon: a worker runs as this plus its
 /// daemon's pid.
 pub const WORKER_UID_BASE: u32 = 0x4000_0000;
 
@@ -229,7 +229,7 @@ fn drop_root() -> Result<()> {
     }
     let id = worker_uid(rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32));
     let err = |what: &str, e: rustix::io::Errno| {
-        MediaError::Unsupported(format!("decoder worker: dropping root ({what}): {e}"))
+        MediaError::Unsupported(format!("worker: dropping root ({what}): {e}"))
     };
     rustix::thread::set_thread_groups(&[]).map_err(|e| err("groups", e))?;
     // The process has one thread here, so the thread's ids are the process's.

@@ -1,0 +1,392 @@
+//! libswscale in a worker process ([`crate::worker`]): [`ProcessIsp`] implements
+//! [`IspBackend`] by sending each conversion to a sandboxed worker that runs a
+//! [`SwscaleIsp`] ([`serve_isp`]), so a crash or a hang of libswscale fails that conversion
+//! only: the worker is ended, the caller gets [`MediaError::Worker`] with the reason, and the
+//! next conversion takes a fresh worker.
+//!
+//! **Buffers.** The parent makes both buffers of a conversion: a source it fills and a
+//! destination the worker writes, each a sealed memfd ([`Buffer`]) kept for the next
+//! conversion while it is large enough; a buffer's descriptor travels with the first call
+//! that uses it. The worker never hands the parent a descriptor, so the parent maps nothing
+//! the worker made and no worker can make it fault. A conversion therefore costs two copies
+//! more than in process: the source's bytes into the shared source, the converted frame out
+//! of the shared destination into the caller's.
+//!
+//! **Answers.** The worker answers with the destination layout it wrote and its byte count
+//! (which must be exactly those of the call) or with an error (its kind and reason); anything
+//! else, trailing bytes or descriptors included, ends the worker as if it had crashed.
+//! Same-format, same-size conversions are plain copies in the parent (as [`SwscaleIsp`]
+//! makes them) and reach no worker.
+
+use std::os::unix::net::UnixStream;
+use std::process::Child;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{IspBackend, SwscaleIsp};
+use crate::error::{MediaError, Result};
+use crate::frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat};
+use crate::worker::shared::Buffer;
+use crate::worker::wire::{bad, In, Out, MAX_TEXT};
+use crate::worker::{io_error, serve, WorkerPool, WorkerProcess, CALL_DEADLINE};
+
+/// The argument a program's `main` takes to run [`serve_isp`] (`virtsocd --isp-worker`).
+pub const ISP_WORKER_ARG: &str = "--isp-worker";
+
+const CONVERT: u8 = b'C';
+/// Flags of a call: the source, the destination buffer come with it.
+const NEW_SRC: u8 = 1;
+const NEW_DST: u8 = 2;
+
+/// Kinds of errors an answer carries.
+const ERR_UNSUPPORTED: u8 = 0;
+const ERR_LAYOUT: u8 = 1;
+const ERR_OTHER: u8 = 2;
+
+/// Largest call (it carries two layouts and flags; frames travel in buffers).
+const MAX_CALL: usize = 64;
+/// Largest answer: an error's reason and a little more.
+const MAX_ANSWER: usize = MAX_TEXT as usize + 64;
+/// Idle workers a [`ProcessIsp`] keeps for the next conversions (one per converting thread).
+const MAX_IDLE: usize = 4;
+/// Pixels a worker converts per millisecond at least, beyond [`CALL_DEADLINE`], before it
+/// is ended as hung (a 1080p frame adds 0.2 s; the largest frames, tens of seconds).
+const PIXELS_PER_MS: u64 = 10_000;
+
+fn format_code(f: PixelFormat) -> u8 {
+    PixelFormat::ALL.iter().position(|p| *p == f).unwrap_or(0) as u8
+}
+
+fn write_layout(m: &mut Out, l: &FrameLayout) {
+    m.u8(format_code(l.format))
+        .u32(l.width)
+        .u32(l.height)
+        .u32(l.stride);
+}
+
+/// A layout's fields as sent (not validated: the caller does).
+fn read_layout(m: &mut In) -> Result<FrameLayout> {
+    let format = *PixelFormat::ALL
+        .get(m.u8()? as usize)
+        .ok_or_else(|| bad("format"))?;
+    Ok(FrameLayout {
+        format,
+        width: m.u32()?,
+        height: m.u32()?,
+        stride: m.u32()?,
+    })
+}
+
+/// Kind and words of a conversion's error, as an answer carries them.
+fn error_kind(e: &MediaError) -> (u8, String) {
+    match e {
+        MediaError::Unsupported(m) => (ERR_UNSUPPORTED, m.clone()),
+        MediaError::InvalidLayout(m) => (ERR_LAYOUT, m.clone()),
+        MediaError::Frame(f) => (ERR_LAYOUT, f.to_string()),
+        e => (ERR_OTHER, e.to_string()),
+    }
+}
+
+/// Reads an answer to a conversion into `dst`: `Err` when it is malformed (the caller ends
+/// the worker), else the conversion's own result.
+fn parse_answer(a: &mut In, dst: &FrameLayout) -> Result<Result<()>> {
+    if !a.fds.is_empty() {
+        return Err(bad("descriptors in an answer"));
+    }
+    let r = match a.u8()? {
+        0 => {
+            let wrote = read_layout(a)?;
+            let bytes = a.u64()?;
+            if wrote != *dst || bytes != dst.size() as u64 {
+                return Err(bad("a frame of another layout or size"));
+            }
+            Ok(())
+        }
+        1 => {
+            let kind = a.u8()?;
+            let why = a.text()?;
+            Err(match kind {
+                ERR_UNSUPPORTED => MediaError::Unsupported(why),
+                ERR_LAYOUT => MediaError::InvalidLayout(why),
+                ERR_OTHER => MediaError::Worker(format!("isp worker: {why}")),
+                _ => return Err(bad("error kind")),
+            })
+        }
+        _ => return Err(bad("answer kind")),
+    };
+    if a.remaining() != 0 {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(r)
+}
+
+/// Parses `bytes` as a worker's answer to a conversion into `dst` (no descriptors), as
+/// [`ProcessIsp`] does: for the fuzzer and the tests. Returns whether it was accepted
+/// (a well-formed error answer is accepted).
+#[doc(hidden)]
+pub fn check_isp_answer(bytes: &[u8], dst: &FrameLayout) -> bool {
+    parse_answer(&mut In::from_bytes(bytes.to_vec()), dst).is_ok()
+}
+
+/// One worker and the buffers it has mapped.
+struct IspWorker {
+    process: WorkerProcess,
+    src: Option<Buffer>,
+    dst: Option<Buffer>,
+}
+
+/// Makes `buf` a buffer for `n` bytes (a new one when it is smaller, or over four times
+/// larger); true when it is new (its descriptor must go with the call).
+fn fit(buf: &mut Option<Buffer>, n: usize) -> Result<bool> {
+    match buf {
+        Some(b) if b.len() >= n && b.len() / 4 <= n => Ok(false),
+        _ => {
+            *buf = Some(Buffer::new(n.max(1))?);
+            Ok(true)
+        }
+    }
+}
+
+impl IspWorker {
+    fn start(started: (Child, UnixStream)) -> Result<IspWorker> {
+        let process = WorkerProcess::new(
+            started,
+            "isp-worker".into(),
+            "swscale process",
+            "the next conversion starts another",
+            MediaError::Worker,
+        )?;
+        Ok(IspWorker {
+            process,
+            src: None,
+            dst: None,
+        })
+    }
+
+    fn convert(&mut self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
+        let (sn, dn) = (src.layout.size(), dst.layout.size());
+        let mut flags = 0;
+        if fit(&mut self.src, sn)? {
+            flags |= NEW_SRC;
+        }
+        if fit(&mut self.dst, dn)? {
+            flags |= NEW_DST;
+        }
+        let (Some(sbuf), Some(dbuf)) = (self.src.as_mut(), self.dst.as_ref()) else {
+            return Err(MediaError::Resources("isp worker: no buffers".into()));
+        };
+        let from = src.data.get(..sn).ok_or_else(|| bad("source"))?;
+        // Copy 1 of 2: the source into the buffer the worker reads.
+        sbuf.bytes_mut()
+            .get_mut(..sn)
+            .ok_or_else(|| bad("source buffer"))?
+            .copy_from_slice(from);
+        let mut m = Out::default();
+        m.u8(CONVERT);
+        write_layout(&mut m, &src.layout);
+        write_layout(&mut m, &dst.layout);
+        m.u8(flags);
+        let mut fds = Vec::new();
+        if flags & NEW_SRC != 0 {
+            fds.push(sbuf.fd());
+        }
+        if flags & NEW_DST != 0 {
+            fds.push(dbuf.fd());
+        }
+        let pixels = u64::from(src.layout.width) * u64::from(src.layout.height)
+            + u64::from(dst.layout.width) * u64::from(dst.layout.height);
+        self.process
+            .set_deadline(CALL_DEADLINE + Duration::from_millis(pixels / PIXELS_PER_MS));
+        let mut a = self.process.call(&m, &fds, MAX_ANSWER)?;
+        match parse_answer(&mut a, &dst.layout) {
+            Err(e) => Err(self.process.end(&e.to_string())),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(())) => {
+                // Copy 2 of 2: the converted frame out of the buffer the worker wrote (a
+                // worker writing it still garbles pixels, nothing else).
+                let out = dbuf.bytes().get(..dn).ok_or_else(|| bad("frame buffer"))?;
+                dst.data
+                    .get_mut(..dn)
+                    .ok_or_else(|| bad("destination"))?
+                    .copy_from_slice(out);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The swscale ISP in sandboxed worker processes: each conversion runs in a worker that a
+/// crash or a hang ends alone (see the module docs).
+pub struct ProcessIsp {
+    pool: Arc<WorkerPool>,
+    /// Workers between conversions.
+    idle: Mutex<Vec<IspWorker>>,
+}
+
+impl ProcessIsp {
+    /// Converts in workers of `pool` (a program that runs [`serve_isp`]).
+    pub fn new(pool: Arc<WorkerPool>) -> ProcessIsp {
+        ProcessIsp {
+            pool,
+            idle: Mutex::default(),
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<IspWorker>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The process ids of the workers waiting between conversions.
+    pub fn idle_pids(&self) -> Vec<u32> {
+        self.idle().iter().map(|w| w.process.pid()).collect()
+    }
+
+    /// A worker that is still running: an idle one, else one from the pool.
+    fn worker(&self) -> Result<IspWorker> {
+        loop {
+            let Some(mut w) = self.idle().pop() else {
+                break;
+            };
+            if w.process.running() {
+                return Ok(w);
+            }
+            log::warn!("{}", w.process.end("waiting"));
+        }
+        IspWorker::start(self.pool.take()?)
+    }
+}
+
+impl IspBackend for ProcessIsp {
+    fn name(&self) -> &str {
+        "swscale-worker"
+    }
+
+    fn convert(&self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
+        if super::same_picture(&src, &dst)? {
+            // A copy needs no native code (as `SwscaleIsp` does it).
+            return copy_frame(src, dst);
+        }
+        let mut w = self.worker()?;
+        let r = w.convert(src, dst);
+        if w.process.running() {
+            let mut idle = self.idle();
+            if idle.len() < MAX_IDLE {
+                idle.push(w);
+            }
+        }
+        r
+    }
+}
+
+/// The worker's side: enters the sandbox, then converts with a [`SwscaleIsp`] on stdin (a
+/// socket the parent passed) until the parent hangs up. Call it from the worker program's
+/// `main` and exit.
+pub fn serve_isp() -> Result<()> {
+    serve_isp_with(&SwscaleIsp::new())
+}
+
+/// [`serve_isp`] with another backend (tests serve one that crashes or hangs on demand).
+pub fn serve_isp_with(isp: &dyn IspBackend) -> Result<()> {
+    let io = io_error("isp worker");
+    let (mut src, mut dst): (Option<Buffer>, Option<Buffer>) = (None, None);
+    serve("isp worker", MAX_CALL, |mut m, sock| {
+        if m.u8()? != CONVERT {
+            return Err(bad("unexpected call"));
+        }
+        let (sl, dl, flags) = (read_layout(&mut m)?, read_layout(&mut m)?, m.u8()?);
+        let mut fds = std::mem::take(&mut m.fds).into_iter();
+        let mut next = || fds.next().ok_or_else(|| bad("descriptor"));
+        if flags & NEW_SRC != 0 {
+            src = Some(Buffer::open(next()?, isize::MAX as usize, false)?);
+        }
+        if flags & NEW_DST != 0 {
+            dst = Some(Buffer::open(next()?, isize::MAX as usize, true)?);
+        }
+        let r = match (src.as_ref(), dst.as_mut()) {
+            (Some(s), Some(d)) => FrameRef::new(sl, s.bytes())
+                .and_then(|s| Ok((s, FrameMut::new(dl, d.bytes_mut())?)))
+                .map_err(MediaError::from)
+                .and_then(|(s, d)| isp.convert(s, d)),
+            _ => Err(MediaError::Unsupported("no buffers".into())),
+        };
+        let mut a = Out::default();
+        match r {
+            Ok(()) => {
+                a.u8(0);
+                write_layout(&mut a, &dl);
+                a.u64(dl.size() as u64);
+            }
+            Err(e) => {
+                let (kind, why) = error_kind(&e);
+                a.u8(1).u8(kind).text(&why);
+            }
+        }
+        a.send(sock, &[]).map_err(&io)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> FrameLayout {
+        FrameLayout::packed(PixelFormat::Rgba8, 16, 8).unwrap()
+    }
+
+    fn ok_answer(l: &FrameLayout, bytes: u64) -> Vec<u8> {
+        let mut a = Out::default();
+        a.u8(0);
+        write_layout(&mut a, l);
+        a.u64(bytes);
+        a.0
+    }
+
+    #[test]
+    fn a_well_formed_answer_is_read() {
+        let l = layout();
+        let r = parse_answer(&mut In::from_bytes(ok_answer(&l, l.size() as u64)), &l);
+        assert!(matches!(r, Ok(Ok(()))));
+        let mut a = Out::default();
+        a.u8(1).u8(ERR_UNSUPPORTED).text("no such conversion");
+        let r = parse_answer(&mut In::from_bytes(a.0), &l);
+        assert!(matches!(r, Ok(Err(MediaError::Unsupported(m))) if m == "no such conversion"));
+    }
+
+    #[test]
+    fn hostile_answers_are_refused_without_panicking() {
+        let l = layout();
+        let good = ok_answer(&l, l.size() as u64);
+        assert!(check_isp_answer(&good, &l));
+        // Another size, another layout, another byte count, trailing bytes.
+        let other = FrameLayout::packed(PixelFormat::Rgba8, 16, 10).unwrap();
+        assert!(!check_isp_answer(
+            &ok_answer(&other, other.size() as u64),
+            &l
+        ));
+        assert!(!check_isp_answer(&ok_answer(&l, other.size() as u64), &l));
+        assert!(!check_isp_answer(&ok_answer(&l, l.size() as u64 - 1), &l));
+        let strided = FrameLayout::with_stride(PixelFormat::Rgba8, 16, 8, 128).unwrap();
+        assert!(!check_isp_answer(&ok_answer(&strided, l.size() as u64), &l));
+        let mut long = good.clone();
+        long.push(0);
+        assert!(!check_isp_answer(&long, &l));
+        // Every truncation, and a stream of corruptions.
+        for n in 0..good.len() {
+            assert!(!check_isp_answer(&good[..n], &l), "truncated to {n}");
+        }
+        for (i, bad) in crate::worker::wire::corruptions(&good, 20_000) {
+            // (A first byte of 1 can make a well-formed error answer of the rest.)
+            if bad != good && i != 0 {
+                assert!(!check_isp_answer(&bad, &l), "corrupted at {i}");
+            }
+        }
+        // An unknown error kind, an overlong reason.
+        let mut a = Out::default();
+        a.u8(1).u8(9).text("x");
+        assert!(!check_isp_answer(&a.0, &l));
+        let mut a = Out::default();
+        a.u8(1).u8(ERR_OTHER).u32(MAX_TEXT + 1);
+        a.0.extend(std::iter::repeat(b'a').take(MAX_TEXT as usize + 1));
+        assert!(!check_isp_answer(&a.0, &l));
+    }
+}

@@ -1,0 +1,169 @@
+//! Native libraries in worker processes, the containment `docs/ARCHITECTURE.md` ("Containing
+//! native libraries") decides for libavcodec and libswscale: a parent object in the daemon
+//! (a [`ProcessDecoder`](crate::ProcessDecoder), a [`ProcessIsp`](crate::isp::ProcessIsp))
+//! sends each call to a worker process that runs the library, so a crash or a hang in it
+//! ends that worker only, and the daemon goes on.
+//!
+//! What every kind of worker shares lives here:
+//! - **Messages** ([`wire`]): the worker's stdin is one end of a socket pair; calls and
+//!   answers are length-prefixed little-endian messages on it, descriptors riding along. The
+//!   parent trusts nothing the worker sends: every read is bounds-checked and anything
+//!   malformed ends the worker as if it had crashed. An answer that does not arrive within
+//!   [`CALL_DEADLINE`] ends it too (a hang). [`WorkerProcess`] is the parent's end.
+//! - **Pictures** ([`shared`]): sealed memfds mapped by both sides, so pictures do not
+//!   travel through the socket.
+//! - **The sandbox** ([`sandbox`]): the worker drops root and enters a seccomp filter before
+//!   it reads its first message ([`serve`]).
+//! - **Start-up** ([`WorkerPool`]): workers are started ahead (a process start costs
+//!   milliseconds).
+
+mod pool;
+pub mod sandbox;
+pub(crate) mod shared;
+pub(crate) mod wire;
+
+use std::os::fd::{BorrowedFd, FromRawFd};
+use std::os::unix::net::UnixStream;
+use std::process::Child;
+use std::time::Duration;
+
+pub use pool::{WorkerPool, DEFAULT_SPARE};
+
+use crate::error::{MediaError, Result};
+use wire::{In, Out};
+
+/// Longest a worker may take to answer one call before it is ended as hung.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(3);
+
+/// The parent's end of one worker: its process and socket. The first failure (a crash, a
+/// hang, a malformed answer) ends the worker; every later call fails with the same reason.
+pub(crate) struct WorkerProcess {
+    child: Child,
+    sock: UnixStream,
+    /// Who the worker serves, first in every reason ("worker-h264").
+    pub(crate) name: String,
+    /// What the worker is, in reasons ("decoder process").
+    what: &'static str,
+    /// What the caller should do once it is gone ("reopen the decoder").
+    then: &'static str,
+    /// The error its failures are.
+    error: fn(String) -> MediaError,
+    /// Why the worker is gone, once it is.
+    dead: Option<String>,
+}
+
+impl WorkerProcess {
+    /// Takes over a started worker (from [`WorkerPool::take`]), its socket bounded by
+    /// [`CALL_DEADLINE`] each way.
+    pub(crate) fn new(
+        (child, sock): (Child, UnixStream),
+        name: String,
+        what: &'static str,
+        then: &'static str,
+        error: fn(String) -> MediaError,
+    ) -> Result<Self> {
+        sock.set_read_timeout(Some(CALL_DEADLINE))
+            .and_then(|()| sock.set_write_timeout(Some(CALL_DEADLINE)))
+            .map_err(|e| MediaError::Unsupported(format!("worker socket: {e}")))?;
+        Ok(WorkerProcess {
+            child,
+            sock,
+            name,
+            what,
+            then,
+            error,
+            dead: None,
+        })
+    }
+
+    /// The worker's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the worker has neither failed nor exited.
+    pub(crate) fn running(&mut self) -> bool {
+        self.dead.is_none() && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Bounds the next calls' sending and answer by `deadline` each (instead of
+    /// [`CALL_DEADLINE`]).
+    pub(crate) fn set_deadline(&self, deadline: Duration) {
+        let _ = self
+            .sock
+            .set_read_timeout(Some(deadline))
+            .and_then(|()| self.sock.set_write_timeout(Some(deadline)));
+    }
+
+    /// Sends `m` with `fds` and returns the answer (at most `max_answer` bytes); on any
+    /// failure the worker is ended.
+    pub(crate) fn call(
+        &mut self,
+        m: &Out,
+        fds: &[BorrowedFd<'_>],
+        max_answer: usize,
+    ) -> Result<In> {
+        if let Some(why) = &self.dead {
+            return Err((self.error)(why.clone()));
+        }
+        let r = m
+            .send(&mut self.sock, fds)
+            .and_then(|()| In::recv(&mut self.sock, max_answer));
+        r.map_err(|e| self.end(&e.to_string()))
+    }
+
+    /// Ends the worker after a failure: killed if still running, reaped, and the reason
+    /// kept for every later call.
+    pub(crate) fn end(&mut self, what: &str) -> MediaError {
+        let status = match self.child.try_wait() {
+            Ok(Some(s)) => format!("exited ({s})"),
+            _ => {
+                let _ = self.child.kill();
+                let s = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                format!("ended after {what} ({s})")
+            }
+        };
+        let why = format!("{}: {} {status}; {}", self.name, self.what, self.then);
+        log::warn!("{why}");
+        self.dead = Some(why.clone());
+        (self.error)(why)
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // Closing the socket ends the worker's loop; make sure it is gone and reaped.
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The worker's side: takes stdin as its socket to the parent, enters the [`sandbox`], then
+/// hands every call (of at most `max_call` bytes) to `handle`, which answers on the socket,
+/// until the parent hangs up. `what` names the worker in errors.
+pub(crate) fn serve(
+    what: &str,
+    max_call: usize,
+    mut handle: impl FnMut(In, &mut UnixStream) -> Result<()>,
+) -> Result<()> {
+    // SAFETY: the parent made this process's stdin one end of a socket pair; nothing else in
+    // the worker uses fd 0 (no `std::io::stdin()`), so this is its only owner.
+    let mut sock = unsafe { UnixStream::from_raw_fd(0) };
+    crate::codec::init_ffmpeg();
+    sandbox::enter()?;
+    loop {
+        let m = match In::recv(&mut sock, max_call) {
+            Ok(m) => m,
+            // The parent hung up: done.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(MediaError::Resources(format!("{what}: {e}"))),
+        };
+        handle(m, &mut sock)?;
+    }
+}
+
+/// An I/O error of a worker's socket, as `what`'s error.
+pub(crate) fn io_error(what: &'static str) -> impl Fn(std::io::Error) -> MediaError {
+    move |e| MediaError::Resources(format!("{what}: {e}"))
+}
