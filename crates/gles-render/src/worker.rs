@@ -3,8 +3,13 @@
 //!
 //! Messages (the daemon's side is `virtsoc_host::device::gles`): a batch is `u32 len | u32
 //! flags | len bytes` of whole packets ([`FROM_DAEMON`]: the daemon's own, a readback); the
-//! answer is `u32 status | u32 reply_len | u32 msg_len | reply | msg`, status [`OK`], [`BAD_STREAM`] (the batch stopped at a malformed packet; `msg`
-//! says why) or [`LOST`] (the worker cannot go on and exits).
+//! answer is `u32 status | u32 reply_len | u32 msg_len | u64 gl_bytes | u64 cpu_ns | reply |
+//! msg`, status [`OK`], [`BAD_STREAM`] (the batch stopped at a malformed packet; `msg`
+//! says why) or [`LOST`] (the worker cannot go on and exits). `gl_bytes`: the guest's GL
+//! memory after the batch ([`Renderer::gl_bytes`]: its share groups' objects and its
+//! surfaces), which the daemon charges against the guest's memory limit; `cpu_ns`: the
+//! worker's CPU time so far, all its threads (the driver's too), from which the daemon takes
+//! the batch's device time. The daemon bounds both.
 //!
 //! Packets with opcodes from [`egl::BASE`] are the worker's own (contexts, surfaces, making
 //! current, swaps); the rest go to the GL decoder with the state of the context the stream
@@ -59,6 +64,8 @@ struct HostSurface {
     handle: Handle,
     config: Handle,
     size: (u32, u32),
+    /// Bytes per pixel: color, depth and stencil.
+    px: u64,
 }
 
 /// The host side of one guest: its contexts and surfaces on the host's EGL.
@@ -93,6 +100,26 @@ impl Renderer {
             host_current: (0, 0, 0),
             images: crate::image::Images::default(),
         })
+    }
+
+    /// The guest's GL memory: the objects of its share groups (each counted once) and its
+    /// surfaces (width x height x bytes per pixel of color, depth and stencil).
+    pub fn gl_bytes(&self) -> u64 {
+        let mut groups: Vec<*const ()> = Vec::new();
+        let mut total = 0u64;
+        for c in self.contexts.values() {
+            let id = std::sync::Arc::as_ptr(&c.share).cast::<()>();
+            if !groups.contains(&id) {
+                groups.push(id);
+                let g = c.share.lock().unwrap_or_else(|p| p.into_inner());
+                total = total.saturating_add(g.bytes());
+            }
+        }
+        for s in self.surfaces.values() {
+            let (w, h) = s.size;
+            total = total.saturating_add(u64::from(w) * u64::from(h) * s.px);
+        }
+        total
     }
 
     fn config(&mut self, id: u32) -> Result<Handle, u32> {
@@ -352,6 +379,9 @@ impl Renderer {
         if !(1..=egl::MAX_SURFACE).contains(&w) || !(1..=egl::MAX_SURFACE).contains(&h) {
             return egl::BAD_PARAMETER;
         }
+        let px = egl::config(config).map_or(0, |(_, r, g, b, a, d, s)| {
+            u64::from((r + g + b + a).div_ceil(8) + (d + s).div_ceil(8))
+        });
         let config = match self.config(config) {
             Ok(c) => c,
             Err(e) => return e,
@@ -364,6 +394,7 @@ impl Renderer {
                         handle,
                         config,
                         size: (w, h),
+                        px,
                     },
                 );
                 egl::SUCCESS
@@ -376,7 +407,7 @@ impl Renderer {
         if !(1..=egl::MAX_SURFACE).contains(&w) || !(1..=egl::MAX_SURFACE).contains(&h) {
             return;
         }
-        let Some(config) = self.surfaces.get(&surf).map(|s| s.config) else {
+        let Some((config, px)) = self.surfaces.get(&surf).map(|s| (s.config, s.px)) else {
             return;
         };
         let Ok(handle) = self.egl.create_pbuffer(config, w, h) else {
@@ -394,6 +425,7 @@ impl Renderer {
                 handle,
                 config,
                 size,
+                px,
             },
         ) {
             self.egl.destroy_surface(old.handle);
@@ -439,9 +471,37 @@ fn answer(reply: &mut Encoder, op: u32, words: &[u32]) {
     }
 }
 
+/// The worker's CPU time so far, all its threads, in nanoseconds.
+fn cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `t` is.
+    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
+        return 0;
+    }
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}
+
 /// Serves the daemon on `sock` until it hangs up.
-pub fn serve(mut sock: impl Read + Write) -> Result<(), WorkerError> {
+pub fn serve(sock: impl Read + Write) -> Result<(), WorkerError> {
+    serve_confined(sock, || Ok(()))
+}
+
+/// Serves the daemon on `sock` until it hangs up, calling `confine` once the host's EGL is
+/// open (its driver loaded) and before the first batch is read: the sandbox
+/// ([`crate::sandbox::enter`]). A sandbox that cannot be entered leaves the worker lost.
+pub fn serve_confined(
+    mut sock: impl Read + Write,
+    confine: impl FnOnce() -> Result<(), String>,
+) -> Result<(), WorkerError> {
     let mut renderer: Result<Renderer, String> = Renderer::new().map_err(|e| e.to_string());
+    if let Err(e) = confine() {
+        renderer = Err(format!("render worker sandbox: {e}"));
+    }
     if let Err(e) = &renderer {
         log::warn!("render worker: {e}");
     }
@@ -477,11 +537,14 @@ pub fn serve(mut sock: impl Read + Write) -> Result<(), WorkerError> {
                 }
             }
         };
-        let mut head = Vec::with_capacity(12);
+        let mut head = Vec::with_capacity(28);
         head.extend_from_slice(&status.to_le_bytes());
         head.extend_from_slice(&(reply.len() as u32).to_le_bytes());
         let msg = &msg.as_bytes()[..msg.len().min(4096)];
         head.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        let gl_bytes = renderer.as_ref().map_or(0, Renderer::gl_bytes);
+        head.extend_from_slice(&gl_bytes.to_le_bytes());
+        head.extend_from_slice(&cpu_ns().to_le_bytes());
         sock.write_all(&head)?;
         sock.write_all(&reply)?;
         sock.write_all(msg)?;

@@ -71,11 +71,22 @@ pub struct Reply {
     session: Arc<Session>,
     seq: u64,
     token: Option<DoneToken>,
-    /// Run once the answer is given (the worker's queue becomes ready again).
-    on_sent: Option<Box<dyn FnOnce() + Send>>,
+    /// Run once the answer is given (the worker's queue becomes ready again), with the
+    /// device time the device measured itself ([`Reply::busy_for`]), if it did.
+    on_sent: Option<Box<dyn FnOnce(Option<u64>) + Send>>,
+    /// The request's device time as the device measured it.
+    busy_ns: Option<u64>,
 }
 
 impl Reply {
+    /// Says how long the device was busy with the request, in nanoseconds, as the device
+    /// itself measured it (a device running several guests' commands at once, as the
+    /// `gles` device's render workers do): the accounting charges this to the guest instead
+    /// of the time from dispatch to answer.
+    pub fn busy_for(&mut self, ns: u64) {
+        self.busy_ns = Some(ns);
+    }
+
     /// Answers with `result`.
     pub fn send(mut self, result: DeviceResult) {
         self.post(result, None);
@@ -96,7 +107,7 @@ impl Reply {
             token.done();
         }
         if let Some(f) = self.on_sent.take() {
-            f();
+            f(self.busy_ns);
         }
     }
 }

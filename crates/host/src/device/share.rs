@@ -205,15 +205,18 @@ impl Accounting {
 
     /// A request of `guest` dispatched at `t0` has been answered; `command`: the ticket of a
     /// device command ([`begin`](Self::begin), in the device's order of execution), else an
-    /// access.
-    pub fn finish(&self, guest: GuestId, t0: Nanos, command: Option<u64>) {
+    /// access; `measured`: the device time the device measured itself
+    /// ([`Reply::busy_for`]), counted as it is, outside the commands' chain.
+    pub fn finish(&self, guest: GuestId, t0: Nanos, command: Option<u64>, measured: Option<u64>) {
         let now = self.now();
         let ns = {
             let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(ticket) = command {
                 b.running.retain(|(t, _, _)| *t != ticket);
             }
-            let start = if command.is_some() {
+            let start = if let Some(ns) = measured {
+                now.saturating_sub(ns)
+            } else if command.is_some() {
                 let s = t0.max(b.last_done).min(now);
                 b.last_done = now;
                 s
@@ -412,8 +415,9 @@ pub(super) fn start(
         session: session.clone(),
         seq: req.seq,
         token: Some(token),
-        on_sent: Some(Box::new(move || {
-            acct.finish(guest, t0, command);
+        busy_ns: None,
+        on_sent: Some(Box::new(move |measured| {
+            acct.finish(guest, t0, command, measured);
             flag.store(false, Ordering::Release);
             wake();
         })),

@@ -25,6 +25,7 @@ fn serve(core: &Core, dev: DeviceId) -> usize {
                 seq: req.seq,
                 token: Some(token),
                 on_sent: None,
+                busy_ns: None,
             };
             let parked = execute(&core.svm, slot, &session, req, reply, false, &policy);
             assert!(parked.is_none(), "nothing parks here");
@@ -198,6 +199,7 @@ fn reply_for(core: &Core, seq: u64) -> Reply {
         seq: req.seq,
         token: Some(token),
         on_sent: None,
+        busy_ns: None,
     }
 }
 
@@ -208,7 +210,7 @@ fn an_unanswered_reply_answers_internal() {
     let sent = Arc::new(AtomicBool::new(false));
     let s2 = sent.clone();
     let mut reply = reply_for(&core, 5);
-    reply.on_sent = Some(Box::new(move || s2.store(true, Ordering::SeqCst)));
+    reply.on_sent = Some(Box::new(move |_| s2.store(true, Ordering::SeqCst)));
     drop(reply);
     assert_eq!(results(&core), vec![(5, Err(Status::Internal))]);
     assert!(sent.load(Ordering::SeqCst), "the worker is told");
