@@ -145,6 +145,23 @@ pub(super) fn prepare(
     ))
 }
 
+/// Most images whose last import a guest's map keeps (more: it starts over, which costs
+/// only imports that could have been skipped).
+pub(super) const MAX_RECORDED: usize = 4096;
+
+/// Records `image`'s last successful import in `map`, bounded by [`MAX_RECORDED`] (a guest
+/// making images without end cannot grow it without end).
+pub(super) fn record(
+    map: &mut std::collections::HashMap<u32, (u64, u64)>,
+    image: u32,
+    at: (u64, u64),
+) -> Option<(u64, u64)> {
+    if map.len() >= MAX_RECORDED && !map.contains_key(&image) {
+        map.clear();
+    }
+    map.insert(image, at)
+}
+
 /// The result of an import from the worker's answer (`op | len | error`).
 pub(super) fn answer(
     cx: &DeviceCtx<'_>,
@@ -182,5 +199,15 @@ mod tests {
         assert!(layout_end(7, 4, 4, 16, [0, 0]).is_err());
         assert!(layout_end(RGBA8, 0, 4, 16, [0, 0]).is_err());
         assert!(layout_end(RGBA8, MAX_SIZE + 1, 4, u32::MAX, [0, 0]).is_err());
+    }
+
+    #[test]
+    fn the_record_of_imports_is_bounded() {
+        let mut m = std::collections::HashMap::new();
+        for i in 0..3 * MAX_RECORDED as u32 {
+            record(&mut m, i, (1, 2));
+            assert!(m.len() <= MAX_RECORDED);
+        }
+        assert_eq!(m.get(&(3 * MAX_RECORDED as u32 - 1)), Some(&(1, 2)));
     }
 }
