@@ -19,6 +19,22 @@
 //!   fails with `DeviceError` and a reason starting "context lost", and so does every later
 //!   one (its contexts are gone; the guest's EGL reports `EGL_CONTEXT_LOST`).
 //! - **Departure**: when the guest goes away its worker is killed.
+//! - **GL memory**: each answer carries the guest's GL memory after the batch (its share
+//!   groups' buffers, textures and renderbuffers, and its surfaces), at most
+//!   [`MAX_GL_BYTES`]. The forwarding thread holds a [`MemoryCharge`] of that many bytes
+//!   against the guest's memory limit (`--guest-mem-limit`, shared with its regions),
+//!   adjusted after every batch. When the limit refuses the new total the worker is ended
+//!   and the guest's contexts are lost (the exec fails with "context lost: GL objects of N
+//!   bytes exceed the guest's memory limit"; the guest's EGL reports `EGL_CONTEXT_LOST`):
+//!   the objects are already made on the host by then, and ending the worker is what gives
+//!   their memory back. The charge goes with the worker, and with the guest.
+//! - **Device time**: the render workers of several guests run at once, so the time from a
+//!   batch's dispatch to its answer, chained behind the previous answer on this device, says
+//!   little. Each answer carries the worker's CPU time so far (all its threads: the driver's
+//!   rasterizer threads too, and what they ran between batches); the batch's device time
+//!   ([`Reply::busy_for`]) is the CPU time since the worker's previous answer, at most the
+//!   wall time since then times the host's CPUs, and at least the batch's own round trip to
+//!   the worker (a worker that claims less is charged its wall time).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -34,7 +50,7 @@ use virtsoc_devapi::gles::{Command, ExecReply, ImportReply, ReadReplyReply, Read
 use virtsoc_fence::VirtualFenceTable;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
-use virtsoc_svm::{DomainId, GuestId, SvmManager};
+use virtsoc_svm::{DomainId, GuestId, MemoryCharge, SvmManager};
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult, Reply};
@@ -55,6 +71,9 @@ pub const ANSWER_OK: u32 = 0;
 pub const ANSWER_BAD_STREAM: u32 = 1;
 /// Worker answer: the worker cannot go on (its host EGL failed); it exits.
 pub const ANSWER_LOST: u32 = 2;
+
+/// Most GL memory a worker may claim for its guest (more is a malformed answer).
+pub const MAX_GL_BYTES: u64 = 1 << 48;
 
 /// Answers of at most this many bytes travel in the exec's result words.
 pub const INLINE_REPLY: usize = 32;
@@ -366,6 +385,87 @@ fn write_frame(cx: &DeviceCtx<'_>, frame: u64, answer: &[u8]) -> DeviceResult {
     .to_values())
 }
 
+/// What a worker's answer says of its guest's use of the host.
+#[derive(Clone, Copy)]
+struct WorkerUse {
+    /// The guest's GL memory after the batch (at most [`MAX_GL_BYTES`]).
+    gl_bytes: u64,
+    /// The worker's CPU time so far, all its threads (not trusted beyond bounds).
+    cpu_ns: u64,
+}
+
+/// The guest's GL memory as charged against its memory limit: a charge per growth, merged
+/// into one when the total shrinks or the pieces pile up.
+#[derive(Default)]
+struct GlCharge {
+    parts: Vec<MemoryCharge>,
+    bytes: u64,
+}
+
+impl GlCharge {
+    /// Most pieces held before they are merged into one charge.
+    const MAX_PARTS: usize = 16;
+
+    /// Charges `bytes` in all; `Err` (nothing charged then) when the limit refuses it.
+    fn set(&mut self, svm: &SvmManager, guest: GuestId, bytes: u64) -> Result<(), String> {
+        if bytes == self.bytes {
+            return Ok(());
+        }
+        let refused =
+            |e| format!("GL objects of {bytes} bytes exceed the guest's memory limit ({e})");
+        if bytes > self.bytes && self.parts.len() < Self::MAX_PARTS {
+            let part = svm.charge(guest, bytes - self.bytes).map_err(|e| {
+                self.clear();
+                refused(e)
+            })?;
+            self.parts.push(part);
+        } else {
+            self.clear();
+            if bytes > 0 {
+                self.parts.push(svm.charge(guest, bytes).map_err(refused)?);
+            }
+        }
+        self.bytes = bytes;
+        Ok(())
+    }
+
+    /// Gives everything back.
+    fn clear(&mut self) {
+        self.parts.clear();
+        self.bytes = 0;
+    }
+}
+
+/// The device time of a worker's batches ([`Reply::busy_for`]), from the CPU time each
+/// answer reports.
+struct DeviceClock {
+    cpus: u64,
+    cpu_ns: u64,
+    at: std::time::Instant,
+}
+
+impl DeviceClock {
+    fn new() -> Self {
+        DeviceClock {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            cpu_ns: 0,
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// The device time of a batch whose round trip took `wall`, answered with the worker's
+    /// CPU time `cpu_ns`: the CPU time since the previous answer, at most the wall time
+    /// since then times the host's CPUs, at least `wall`.
+    fn batch(&mut self, wall: Duration, cpu_ns: u64) -> u64 {
+        let since = self.at.elapsed();
+        self.at = std::time::Instant::now();
+        let ceiling = (since.as_nanos() as u64).saturating_mul(self.cpus);
+        let spent = cpu_ns.saturating_sub(self.cpu_ns).min(ceiling);
+        self.cpu_ns = self.cpu_ns.max(cpu_ns);
+        spent.max(wall.as_nanos() as u64)
+    }
+}
+
 /// A started worker.
 struct Worker {
     child: Child,
@@ -388,8 +488,12 @@ impl Worker {
         Ok(Worker { child, sock: ours })
     }
 
-    /// Sends one batch and reads the answer: `(status, reply, message)`.
-    fn call(&mut self, batch: &[u8], flags: u32) -> Result<(u32, Vec<u8>, String), String> {
+    /// Sends one batch and reads the answer: `(status, reply, message, use)`.
+    fn call(
+        &mut self,
+        batch: &[u8],
+        flags: u32,
+    ) -> Result<(u32, Vec<u8>, String, WorkerUse), String> {
         let n = u32::try_from(batch.len()).map_err(|_| "batch too large".to_string())?;
         let mut head = [0u8; 8];
         head[..4].copy_from_slice(&n.to_le_bytes());
@@ -398,12 +502,23 @@ impl Worker {
             .write_all(&head)
             .and_then(|()| self.sock.write_all(batch))
             .map_err(|e| format!("sending to the render worker: {e}"))?;
-        let mut head = [0u8; 12];
+        let mut head = [0u8; 28];
         self.sock
             .read_exact(&mut head)
             .map_err(|e| format!("reading the render worker's answer: {e}"))?;
         let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let (status, reply_len, msg_len) = (word(0), word(4) as usize, word(8) as usize);
+        let long = |i: usize| u64::from(word(i)) | u64::from(word(i + 4)) << 32;
+        let used = WorkerUse {
+            gl_bytes: long(12),
+            cpu_ns: long(20),
+        };
+        if used.gl_bytes > MAX_GL_BYTES {
+            return Err(format!(
+                "render worker claims {} bytes of GL objects",
+                used.gl_bytes
+            ));
+        }
         if status > ANSWER_LOST || reply_len > MAX_REPLY || msg_len > MAX_MSG {
             return Err(format!(
                 "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes)"
@@ -415,7 +530,12 @@ impl Worker {
             .read_exact(&mut reply)
             .and_then(|()| self.sock.read_exact(&mut msg))
             .map_err(|e| format!("reading the render worker's answer: {e}"))?;
-        Ok((status, reply, String::from_utf8_lossy(&msg).into_owned()))
+        Ok((
+            status,
+            reply,
+            String::from_utf8_lossy(&msg).into_owned(),
+            used,
+        ))
     }
 
     /// Ends the worker: killed if still running, reaped; describes how it ended.
@@ -436,7 +556,9 @@ impl Worker {
 /// until the device drops the guest.
 fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
     let mut worker: Option<Worker> = None;
-    while let Ok(job) = jobs.recv() {
+    let mut charge = GlCharge::default();
+    let mut clock = DeviceClock::new();
+    while let Ok(mut job) = jobs.recv() {
         let lost = lock(shared).lost.clone();
         if let Some(why) = lost {
             job.reply.send_because(Err(Status::DeviceError), Some(why));
@@ -447,6 +569,7 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
                 Ok(w) => {
                     lock(shared).sock = w.sock.try_clone().ok();
                     worker = Some(w);
+                    clock = DeviceClock::new();
                 }
                 Err(e) => {
                     log::warn!("gles: guest {}: {e}", job.guest);
@@ -462,10 +585,17 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
             Kind::Exec { .. } => 0,
             Kind::Readback { .. } | Kind::Import { .. } => FROM_DAEMON,
         };
+        let sent = std::time::Instant::now();
         let answer = w.call(&job.batch, flags);
+        let answer = answer.and_then(|(status, reply, msg, used)| {
+            job.reply.busy_for(clock.batch(sent.elapsed(), used.cpu_ns));
+            charge.set(&job.svm, job.guest, used.gl_bytes)?;
+            Ok((status, reply, msg))
+        });
         let (status, reply, msg) = match answer {
             Ok(a) => a,
             Err(e) => {
+                charge.clear();
                 let ended = worker.take().map(Worker::end).unwrap_or_default();
                 let why = format!("context lost: {e}; {ended}");
                 log::warn!("gles: guest {}: {why}", job.guest);
@@ -484,6 +614,7 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
                 continue;
             }
             _ => {
+                charge.clear();
                 let ended = worker.take().map(Worker::end).unwrap_or_default();
                 let why = format!("context lost: {msg}; {ended}");
                 log::warn!("gles: guest {}: {why}", job.guest);
