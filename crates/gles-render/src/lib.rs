@@ -1,10 +1,11 @@
 //! virtsoc's GLES render worker: runs a guest's GLES command stream on the host's EGL/GLES
 //! (see `docs/gles.md`). [`gl`] decodes and executes GL packets; [`egl`] owns the host
 //! display, contexts and surfaces; [`worker`] is the loop serving the daemon; [`glue`] is
-//! the worker's seam to the GL decoder.
+//! the worker's seam to the GL decoder; [`sandbox`] confines the worker process.
 
 pub mod egl;
 pub mod gl;
 pub mod glue;
 pub mod image;
+pub mod sandbox;
 pub mod worker;

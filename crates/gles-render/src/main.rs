@@ -1,5 +1,6 @@
 //! `virtsoc-render`: the render worker process the daemon's `gles` device starts per guest.
-//! Its stdin is its socket to the daemon (see [`virtsoc_render::worker`]).
+//! Its stdin is its socket to the daemon (see [`virtsoc_render::worker`]); it enters its
+//! sandbox ([`virtsoc_render::sandbox`]) once the host's EGL is open.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -16,10 +17,25 @@ fn main() {
     if std::env::var("__EGL_VENDOR_LIBRARY_FILENAMES").is_ok_and(|v| v.contains("virtsoc")) {
         std::env::remove_var("__EGL_VENDOR_LIBRARY_FILENAMES");
     }
+    if virtsoc_render::sandbox::wanted() {
+        // The sandbox refuses files, so Mesa's shader disk cache could neither read nor
+        // write an entry: it is not set up at all (no name-service lookup of the user's
+        // home, no descriptor of the cache's index kept).
+        std::env::set_var("MESA_SHADER_CACHE_DISABLE", "true");
+    }
     // SAFETY: fd 0 is the socket the daemon passed as stdin; nothing else in this process
     // owns it.
     let sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(0) });
-    if let Err(e) = virtsoc_render::worker::serve(sock) {
+    // The sandbox: entered once the host's EGL is open, before the first batch is read
+    // (`VIRTSOC_RENDER_SANDBOX=off` leaves the worker unconfined, for debugging).
+    let confine = || {
+        if !virtsoc_render::sandbox::wanted() {
+            log::warn!("render worker: VIRTSOC_RENDER_SANDBOX=off, not sandboxed");
+            return Ok(());
+        }
+        virtsoc_render::sandbox::enter().map_err(|e| e.to_string())
+    };
+    if let Err(e) = virtsoc_render::worker::serve_confined(sock, confine) {
         eprintln!("virtsoc-render: {e}");
         std::process::exit(1);
     }

@@ -122,6 +122,25 @@ impl Renderer {
         total
     }
 
+    /// Makes a context current once and destroys it, so the driver's one-time set-up (a
+    /// context's first creation opens Mesa's shader disk cache, which looks the user up
+    /// through the C library's name service) happens before the sandbox, which allows
+    /// neither sockets nor files.
+    pub fn warm_up(&mut self) {
+        let null = std::ptr::null_mut();
+        match self.egl.create_context(null, null, 2) {
+            Ok(ctx) => {
+                if let Err(e) = self.egl.make_current(null, null, ctx) {
+                    log::warn!("render worker: warming up: {e}");
+                }
+                let _ = self.egl.make_current(null, null, null);
+                self.egl.destroy_context(ctx);
+            }
+            Err(e) => log::warn!("render worker: warming up: {e}"),
+        }
+        self.host_current = (0, 0, 0);
+    }
+
     fn config(&mut self, id: u32) -> Result<Handle, u32> {
         if let Some(c) = self.configs.get(&id) {
             return Ok(*c);
@@ -499,6 +518,9 @@ pub fn serve_confined(
     confine: impl FnOnce() -> Result<(), String>,
 ) -> Result<(), WorkerError> {
     let mut renderer: Result<Renderer, String> = Renderer::new().map_err(|e| e.to_string());
+    if let Ok(r) = &mut renderer {
+        r.warm_up();
+    }
     if let Err(e) = confine() {
         renderer = Err(format!("render worker sandbox: {e}"));
     }
