@@ -295,7 +295,8 @@ fn odd_sizes_are_reported_with_the_crop() {
     assert_no_libav_lines(&mut d);
 }
 
-/// The daemon's child processes (its decoder workers).
+/// The daemon's codec workers (its child processes started with `--codec-worker`, not the
+/// ISP's).
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -305,7 +306,12 @@ fn children(pid: u32) -> Vec<u32> {
         let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
         out.extend(
             list.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
+                .filter_map(|p| p.parse::<u32>().ok())
+                .filter(|p| {
+                    std::fs::read(format!("/proc/{p}/cmdline"))
+                        .map(|c| c.split(|b| *b == 0).any(|a| a == b"--codec-worker"))
+                        .unwrap_or(false)
+                }),
         );
     }
     out.sort();
