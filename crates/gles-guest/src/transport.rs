@@ -8,8 +8,13 @@
 //!   does the library wait for its batch (long done by then in a steady state). A failure
 //!   of a batch nobody waited for surfaces at the next waited batch.
 //! - **Waited batches** (calls with results) also give `exec` the reply region (a device
-//!   write access around it), wait, and read the answers out. Answers larger than the reply
-//!   region are held by the daemon: the region grows and `read_reply` fetches them.
+//!   write access around it), wait for the `exec` only, and read the answers out (answers
+//!   of at most 32 bytes come in its result words; the accesses' ends are waited for when
+//!   the regions are next read or used). Answers larger than the reply region are held by
+//!   the daemon: the region grows and `read_reply` fetches them.
+//! - **Spinning**: the connection's waits spin [`SPINS`] iterations before they sleep, and
+//!   the library asks the daemon's waits for its requests to do the same
+//!   (`ctl::HOST_SPINS`).
 //! - **Size**: a stream region grows (to [`MAX_REGION`]) to hold a large batch; a batch
 //!   larger than that is split at packet boundaries.
 //! - **Loss**: a closed connection and a gone render worker (`DeviceError` with a reason
@@ -22,6 +27,7 @@ use virtsoc_devapi::DeviceCommand;
 use virtsoc_gles_stream::Reader;
 use virtsoc_guest::conn::{ConnectOptions, Connection, RegionInfo};
 use virtsoc_guest::GuestError;
+use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 
@@ -35,14 +41,22 @@ pub const REPLY_REGION: u64 = 1 << 20;
 pub const MAX_REGION: u64 = 64 << 20;
 /// The daemon's socket when `$VIRTSOC_SOCKET` is not set.
 pub const DEFAULT_SOCKET: &str = "/tmp/virtsoc.sock";
+/// Spin iterations of this connection's doorbell waits before they sleep (the guest
+/// library's default is 4096, some 200 us here). Most of what the library waits for is a
+/// waited batch, which runs the host's GL for as long as the frame takes (milliseconds):
+/// a spin then only takes a core from the host's driver (llvmpipe's threads on a CPU
+/// host). The short waits after it (the batch's access ends) are answered within a few
+/// microseconds, which this many iterations still catch.
+pub const SPINS: u32 = 256;
 
 const CPU: DeviceId = DeviceId::CPU;
 
 /// One stream region and the batch last sent in it.
 struct Slot {
     region: RegionInfo,
-    /// `(exec, end_access)` sequence numbers of the batch in flight in it.
-    pending: Option<(u64, u64)>,
+    /// Requests of the batch last sent in it that nobody waited for yet (its `exec` and
+    /// access ends; a waited batch leaves only its ends).
+    pending: Vec<u64>,
     /// Address of the region's window replica, once a waited CPU access gave it (the
     /// replica stays where it is for the region's life, so later writes queue their
     /// accesses without waiting).
@@ -65,6 +79,10 @@ struct Inner {
     slots: Vec<Slot>,
     next: usize,
     reply: RegionInfo,
+    /// The reply region's device write access end of the last waited batch, when nobody
+    /// waited for it (its answers came in the result words): waited for before the region
+    /// is read or used again.
+    reply_pending: Option<u64>,
     /// Display frames by guest surface.
     frames: std::collections::HashMap<u32, Frames>,
     /// A failure of a batch nobody waited for, for the next waited batch.
@@ -126,10 +144,16 @@ impl Transport {
     pub fn open(target: &str) -> Result<Transport, ChannelError> {
         let opts = ConnectOptions {
             name: format!("gles-{}", std::process::id()),
+            spins: SPINS,
             ..ConnectOptions::default()
         };
         let conn = Connection::open(target, &opts)
             .map_err(|e| ChannelError::Lost(format!("cannot reach virtsocd at {target}: {e}")))?;
+        // The daemon's waits for this connection's requests spin as briefly: its batches
+        // come a frame's work apart, which no spin catches.
+        if let Ok(w) = conn.window().atomic_u32(CONTROL_OFFSET + ctl::HOST_SPINS) {
+            w.store(SPINS, std::sync::atomic::Ordering::Relaxed);
+        }
         if !conn.devices().iter().any(|d| d.name == "gles") {
             log::warn!("virtsoc gles: the daemon lists no gles device");
         }
@@ -137,12 +161,12 @@ impl Transport {
         let slots = vec![
             Slot {
                 region: alloc(STREAM_REGION)?,
-                pending: None,
+                pending: Vec::new(),
                 base: None,
             },
             Slot {
                 region: alloc(STREAM_REGION)?,
-                pending: None,
+                pending: Vec::new(),
                 base: None,
             },
         ];
@@ -153,6 +177,7 @@ impl Transport {
                 slots,
                 next: 0,
                 reply,
+                reply_pending: None,
                 frames: std::collections::HashMap::new(),
                 deferred: None,
                 lost: None,
@@ -179,9 +204,18 @@ impl Transport {
 
     /// Waits for the batch in flight in `slot`, keeping its failure for later.
     fn settle(&self, inner: &mut Inner, i: usize) {
-        if let Some((exec, end)) = inner.slots[i].pending.take() {
-            let r = self.finish(exec).and_then(|_| self.finish(end));
-            if let Err(e) = r {
+        for seq in std::mem::take(&mut inner.slots[i].pending) {
+            if let Err(e) = self.finish(seq) {
+                inner.deferred.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Waits for the reply region's last write access to end, keeping its failure for
+    /// later.
+    fn settle_reply(&self, inner: &mut Inner) {
+        if let Some(seq) = inner.reply_pending.take() {
+            if let Err(e) = self.finish(seq) {
                 inner.deferred.get_or_insert(e);
             }
         }
@@ -317,9 +351,10 @@ impl Transport {
             };
             let e = submit(Opcode::DeviceCmd, exec.encode(), false)?;
             let end = submit(Opcode::EndAccess, read, false)?;
-            inner.slots[i].pending = Some((e, end));
+            inner.slots[i].pending = vec![e, end];
             return Ok(Vec::new());
         }
+        self.settle_reply(inner);
         let reply = inner.reply;
         let write = [reply.id, 0, reply.size, AccessMode::Write as u64, 0, 0];
         submit(Opcode::BeginAccess, write, true)?;
@@ -331,10 +366,13 @@ impl Transport {
         let e = submit(Opcode::DeviceCmd, exec.encode(), false)?;
         let end_w = submit(Opcode::EndAccess, write, false)?;
         let end_r = submit(Opcode::EndAccess, read, false)?;
-        let r = self.finish(e);
-        let ends = self.finish(end_w).and_then(|_| self.finish(end_r));
-        let values = r?;
-        ends?;
+        // The stream region's end is waited for when the slot comes round again; the reply
+        // region's only when its bytes are read (below) or it is used again: the program
+        // goes on as soon as its batch ran (the ends follow within microseconds, but waiting
+        // for them put another wake-up on every glFinish's path).
+        inner.slots[i].pending = vec![end_r];
+        inner.reply_pending = Some(end_w);
+        let values = self.finish(e)?;
         if let Some(d) = inner.deferred.take() {
             return Err(d);
         }
@@ -344,6 +382,14 @@ impl Transport {
             log::info!("virtsoc gles: request {seq} failed: {}", st.message());
         }
         let (reply_len, held) = (values[0], values[1]);
+        if held != 2 && reply_len > 0 {
+            // The answers are in the reply region (or held for it): its write access ends
+            // first.
+            self.settle_reply(inner);
+            if let Some(d) = inner.deferred.take() {
+                return Err(d);
+            }
+        }
         match held {
             0 => return self.read_region(reply.id, reply_len),
             2 => {

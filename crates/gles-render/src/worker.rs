@@ -17,7 +17,7 @@
 //! unknown one is an EGL error in the answer, never a host call.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 
 use virtsoc_gles_stream::{egl, Encoder, Reader, StreamError};
 
@@ -505,6 +505,32 @@ fn cpu_ns() -> u64 {
         .saturating_add(t.tv_nsec as u64)
 }
 
+/// Writes all of `parts` with as few `sendmsg` calls as the socket takes (one, mostly:
+/// the peer wakes once for the whole message).
+fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> std::io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0;
+    while done < total {
+        let mut skip = done;
+        let mut slices = Vec::with_capacity(parts.len());
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&p[skip..]));
+            skip = 0;
+        }
+        match w.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Serves the daemon on `sock` until it hangs up.
 pub fn serve(sock: impl Read + Write) -> Result<(), WorkerError> {
     serve_confined(sock, || Ok(()))
@@ -529,22 +555,26 @@ pub fn serve_confined(
     }
     let mut batch = Vec::new();
     loop {
-        let mut len = [0u8; 4];
-        match sock.read_exact(&mut len) {
+        let mut hdr = [0u8; 8];
+        match sock.read_exact(&mut hdr) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.into()),
         }
-        let mut flags = [0u8; 4];
-        sock.read_exact(&mut flags)?;
-        let trusted = u32::from_le_bytes(flags) & FROM_DAEMON != 0;
-        let n = u32::from_le_bytes(len) as usize;
+        let [l0, l1, l2, l3, f0, f1, f2, f3] = hdr;
+        let trusted = u32::from_le_bytes([f0, f1, f2, f3]) & FROM_DAEMON != 0;
+        let n = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
         if n > MAX_BATCH {
             return Err(WorkerError::TooLarge(n));
         }
-        batch.resize(n, 0);
-        sock.read_exact(&mut batch)?;
-        let body = &batch[..];
+        // The buffer only grows (zero-filled once): batches of different sizes take turns
+        // (a 256 KiB flush, then a small glFinish batch), and filling each one's bytes
+        // before reading over them cost more than the copy.
+        if batch.len() < n {
+            batch.resize(n, 0);
+        }
+        sock.read_exact(&mut batch[..n])?;
+        let body = &batch[..n];
         let (status, reply, msg) = match &mut renderer {
             Err(e) => (LOST, Vec::new(), e.clone()),
             Ok(r) => {
@@ -567,9 +597,8 @@ pub fn serve_confined(
         let gl_bytes = renderer.as_ref().map_or(0, Renderer::gl_bytes);
         head.extend_from_slice(&gl_bytes.to_le_bytes());
         head.extend_from_slice(&cpu_ns().to_le_bytes());
-        sock.write_all(&head)?;
-        sock.write_all(&reply)?;
-        sock.write_all(msg)?;
+        // One sendmsg: the daemon's thread wakes once for the whole answer.
+        write_all_vectored(&mut sock, &[&head, &reply, msg])?;
         sock.flush()?;
         if status == LOST {
             return Ok(());

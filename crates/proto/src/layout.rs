@@ -44,6 +44,12 @@ pub mod ctl {
     /// by the guest; to the host only a hint (a wrong value costs a futex call or a wait's
     /// timeout, never correctness for anyone else).
     pub const FENCE_WAITERS: u64 = 448;
+    /// Most spin iterations the guest asks the host's waits for its requests to make before
+    /// they sleep (0: no wish, the daemon's own `--spins`): a guest whose requests come in
+    /// bursts far apart (a GL stream's batches, a frame apart) spares the host's cores the
+    /// spin that could never catch the next burst. Written by the guest; to the host only
+    /// a hint, never more than its own count.
+    pub const HOST_SPINS: u64 = 512;
 }
 
 /// Magic value at the start of the header page ("VIRTSOC1").

@@ -8,8 +8,10 @@
 //! Doorbells follow spin-then-sleep: the waiter spins briefly on the ring (as long as its
 //! waits have lately been short: [`crate::spin`]), then announces that it sleeps and sleeps
 //! on a futex word; the notifier bumps that word and wakes only when the
-//! waiter announced sleep. The [`Doorbell`] trait is the seam for other transports (a
-//! virtio-serial port for VM guests).
+//! waiter announced sleep. The guest may cap the host bell's spin (`ctl::HOST_SPINS`: a
+//! guest whose requests come far apart, like a GL stream's batches, spares the host's cores
+//! the spin). The [`Doorbell`] trait is the seam for other transports (a virtio-serial port
+//! for VM guests).
 
 use std::marker::PhantomData;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -185,6 +187,9 @@ pub struct FutexDoorbell {
     word: u64,
     sleeping: u64,
     spin: AdaptiveSpin,
+    /// The control word where the peer may cap this bell's spins (`ctl::HOST_SPINS` for
+    /// the host's bell).
+    spin_cap: Option<u64>,
 }
 
 impl FutexDoorbell {
@@ -195,6 +200,7 @@ impl FutexDoorbell {
             word: CONTROL_OFFSET + ctl::HOST_BELL,
             sleeping: CONTROL_OFFSET + ctl::HOST_SLEEPING,
             spin: AdaptiveSpin::new(spins),
+            spin_cap: Some(CONTROL_OFFSET + ctl::HOST_SPINS),
         }
     }
 
@@ -205,6 +211,7 @@ impl FutexDoorbell {
             word: CONTROL_OFFSET + ctl::GUEST_BELL,
             sleeping: CONTROL_OFFSET + ctl::GUEST_SLEEPING,
             spin: AdaptiveSpin::new(spins),
+            spin_cap: None,
         }
     }
 
@@ -279,7 +286,22 @@ impl Doorbell for FutexDoorbell {
     }
 
     fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
-        self.spin.wait(ready, |ready| self.sleep(ready, timeout))
+        let cap = self
+            .spin_cap
+            .and_then(|at| self.win.atomic_u32(at).ok())
+            .map_or(0, |w| w.load(Ordering::Relaxed));
+        if cap == 0 {
+            return self.spin.wait(ready, |ready| self.sleep(ready, timeout));
+        }
+        // The peer asked for shorter spins: at most that many (and never more than this
+        // bell's own count), with no learning from the waits meanwhile.
+        for _ in 0..cap.min(self.spin.limit()) {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        self.sleep(ready, timeout)
     }
 }
 
@@ -291,6 +313,33 @@ mod tests {
     fn window() -> Arc<SharedWindow> {
         let l = WindowLayout::new(1 << 16, 4, 4).unwrap();
         Arc::new(SharedWindow::create_memfd("ring", l).unwrap())
+    }
+
+    #[test]
+    fn the_guest_caps_the_host_bells_spin() {
+        let w = window();
+        let host = FutexDoorbell::host_bell(&w, 4096);
+        let checks = |bell: &FutexDoorbell| {
+            let mut n = 0u32;
+            let woke = bell.wait(
+                &mut || {
+                    n += 1;
+                    false
+                },
+                Some(Duration::from_millis(1)),
+            );
+            assert!(!woke);
+            n
+        };
+        assert!(checks(&host) > 4096);
+        w.atomic_u32(CONTROL_OFFSET + ctl::HOST_SPINS)
+            .unwrap()
+            .store(8, Ordering::Relaxed);
+        // 8 spins, then the sleep's own checks (a few, around its futex waits).
+        assert!(checks(&host) < 100);
+        // The guest's bell takes no cap from that word.
+        let guest = FutexDoorbell::guest_bell(&w, 64);
+        assert!(checks(&guest) > 64);
     }
 
     #[test]

@@ -37,7 +37,7 @@
 //!   the worker (a worker that claims less is charged its wall time).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -127,7 +127,7 @@ const FROM_DAEMON: u32 = 1;
 
 /// One batch handed to a guest's forwarding thread.
 struct Job {
-    batch: Vec<u8>,
+    batch: Batch,
     kind: Kind,
     reply: Reply,
     svm: Arc<SvmManager>,
@@ -161,6 +161,8 @@ fn lock(s: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 
 /// The `gles` device.
 pub struct Gles {
+    /// Stream buffers given back by the forwarding threads, for the next batches.
+    spare: Arc<Spare>,
     program: PathBuf,
     deadline: Duration,
     guests: Mutex<HashMap<GuestId, GuestGles>>,
@@ -176,6 +178,7 @@ impl Gles {
             program,
             deadline: cfg.render_deadline,
             guests: Mutex::new(HashMap::new()),
+            spare: Arc::default(),
         }
     }
 
@@ -217,7 +220,7 @@ impl Gles {
                         );
                     }
                 }
-                match read_stream(cx, c.stream, c.len) {
+                match read_stream(cx, c.stream, c.len, self.spare.take()) {
                     Ok(b) => (b, Kind::Exec { reply: c.reply }),
                     Err(st) => return reply.send_because(Err(st), cx.take_reason()),
                 }
@@ -266,7 +269,7 @@ impl Gles {
             return reply.send_because(Err(Status::DeviceError), Some(why));
         }
         let job = Job {
-            batch,
+            batch: Batch::new(batch, &self.spare),
             kind,
             reply,
             svm: cx.svm.clone(),
@@ -317,8 +320,100 @@ pub fn default_worker() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(WORKER_PROGRAM))
 }
 
-/// The first `len` bytes of the stream region, checked against its size and [`MAX_BATCH`].
-fn read_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<Vec<u8>, Status> {
+/// Stream buffers of earlier batches: a batch's bytes go into one of these rather than a
+/// fresh allocation (which, at a few hundred KiB, the C library maps and unmaps each time:
+/// page faults on every byte of every batch).
+#[derive(Default)]
+struct Spare(Mutex<Vec<Vec<u8>>>);
+
+impl Spare {
+    /// Buffers kept at most.
+    const KEEP: usize = 4;
+    /// Largest buffer kept (a rare huge batch's memory is given back).
+    const KEEP_BYTES: usize = 4 << 20;
+
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    fn give(&self, mut buf: Vec<u8>) {
+        if buf.capacity() > Self::KEEP_BYTES {
+            return;
+        }
+        buf.clear();
+        let mut spare = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.len() < Self::KEEP {
+            spare.push(buf);
+        }
+    }
+}
+
+/// A batch's bytes, in a buffer that goes back to the device's [`Spare`] when dropped.
+struct Batch {
+    bytes: Vec<u8>,
+    spare: Arc<Spare>,
+}
+
+impl Batch {
+    fn new(bytes: Vec<u8>, spare: &Arc<Spare>) -> Self {
+        Batch {
+            bytes,
+            spare: spare.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for Batch {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.spare.give(std::mem::take(&mut self.bytes));
+    }
+}
+
+/// Writes all of `parts` with as few `sendmsg` calls as the socket takes (one, mostly:
+/// the peer wakes once for the whole message).
+fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> std::io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0;
+    while done < total {
+        let mut skip = done;
+        let mut slices = Vec::with_capacity(parts.len());
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&p[skip..]));
+            skip = 0;
+        }
+        match w.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The first `len` bytes of the stream region (into `buf`), checked against its size and
+/// [`MAX_BATCH`].
+fn read_stream(
+    cx: &DeviceCtx<'_>,
+    region: u64,
+    len: u64,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, Status> {
     let size = cx.meta(region)?.size;
     if len > size || len > MAX_BATCH || len & 3 != 0 {
         return Err(cx.fail(
@@ -328,7 +423,21 @@ fn read_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<Vec<u8>, Sta
             ),
         ));
     }
-    cx.read_bytes(region, len as usize)
+    let t0 = std::time::Instant::now();
+    let n = len as usize;
+    buf.clear();
+    let copied = cx.with_source(region, |b| {
+        b.get(..n).map(|s| buf.extend_from_slice(s)).is_some()
+    });
+    match copied {
+        Ok(true) => {
+            cx.count_copy(n, t0);
+            Ok(buf)
+        }
+        Ok(false) => Err(Status::OutOfRange),
+        // Not in host memory: read back.
+        Err(_) => cx.read_bytes(region, n),
+    }
 }
 
 /// Writes a READBACK answer (`op | len | width | height | byte_len | pixels`) into the
@@ -498,9 +607,7 @@ impl Worker {
         let mut head = [0u8; 8];
         head[..4].copy_from_slice(&n.to_le_bytes());
         head[4..].copy_from_slice(&flags.to_le_bytes());
-        self.sock
-            .write_all(&head)
-            .and_then(|()| self.sock.write_all(batch))
+        write_all_vectored(&mut self.sock, &[&head, batch])
             .map_err(|e| format!("sending to the render worker: {e}"))?;
         let mut head = [0u8; 28];
         self.sock
