@@ -29,8 +29,8 @@ pub use camera::{
 };
 pub use codec::{
     measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, DecoderPool, Demuxer,
-    EncoderPreset, FfmpegDecoder, FfmpegEncoder, JpegEncoder, Mp4Recorder, NullDecoder,
-    PacketError, ProcessDecoder, YuvJpegEncoder,
+    EncoderBackend, EncoderPreset, FfmpegDecoder, FfmpegEncoder, JpegEncoder, Mp4Recorder,
+    NullDecoder, PacketError, ProcessDecoder, ProcessEncoder, YuvJpegEncoder,
 };
 pub use error::{MediaError, Result};
 pub use frame::{
@@ -59,6 +59,7 @@ mod tests {
         send::<FfmpegDecoder>();
         send::<NullDecoder>();
         send::<FfmpegEncoder>();
+        send::<ProcessEncoder>();
         send::<Demuxer>();
         send::<FileCamera>();
         send::<SyntheticCamera>();

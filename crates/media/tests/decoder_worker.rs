@@ -11,10 +11,11 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
 
 use common::{gen_clip, TempDir};
-use virtsoc_media::codec::serve_decoder;
+use virtsoc_media::codec::{serve_decoder, EncodedPacket};
 use virtsoc_media::{
-    CodecKind, DecodedFrame, DecoderBackend, DecoderPool, Demuxer, FfmpegDecoder, FrameLayout,
-    MediaError, PixelFormat, ProcessDecoder,
+    CodecKind, DecodedFrame, DecoderBackend, DecoderPool, Demuxer, EncoderBackend, EncoderPreset,
+    FfmpegDecoder, FfmpegEncoder, FrameLayout, FrameRef, MediaError, PixelFormat, ProcessDecoder,
+    ProcessEncoder,
 };
 
 #[test]
@@ -195,7 +196,7 @@ fn worker(threads: usize) -> ProcessDecoder {
     worker_for(CodecKind::H264, threads)
 }
 
-fn worker_for(kind: CodecKind, threads: usize) -> ProcessDecoder {
+fn worker_pool() -> std::sync::Arc<DecoderPool> {
     let exe: PathBuf = std::env::current_exe().unwrap();
     let args: Vec<String> = [
         "--exact",
@@ -207,8 +208,11 @@ fn worker_for(kind: CodecKind, threads: usize) -> ProcessDecoder {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let pool = DecoderPool::new(&exe, &args, 0);
-    ProcessDecoder::open(&pool, kind, PixelFormat::Nv12, threads).unwrap()
+    DecoderPool::new(&exe, &args, 0)
+}
+
+fn worker_for(kind: CodecKind, threads: usize) -> ProcessDecoder {
+    ProcessDecoder::open(&worker_pool(), kind, PixelFormat::Nv12, threads).unwrap()
 }
 
 /// What a picture is, pixels included, wherever its bytes are.
@@ -362,4 +366,74 @@ fn a_worker_that_cannot_start_is_a_resource_error() {
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a decoder without a worker"),
     }
+}
+
+/// A moving NV12 test frame `i` of 320x240.
+fn nv12_frame(i: usize) -> (FrameLayout, Vec<u8>) {
+    let l = FrameLayout::packed(PixelFormat::Nv12, 320, 240).unwrap();
+    let data = (0..l.size())
+        .map(|k| ((k % 320 + k / 320 + 3 * i) & 0xff) as u8)
+        .collect();
+    (l, data)
+}
+
+/// Every packet of `n` frames and the flush.
+fn encode_all(e: &mut dyn EncoderBackend, n: usize) -> Vec<EncodedPacket> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let (l, data) = nv12_frame(i);
+        out.extend(
+            e.encode(FrameRef::new(l, &data).unwrap(), i as i64)
+                .unwrap(),
+        );
+    }
+    out.extend(e.flush().unwrap());
+    out
+}
+
+fn encoder(pool: &std::sync::Arc<DecoderPool>) -> ProcessEncoder {
+    ProcessEncoder::open(pool, (320, 240), (30, 400_000), EncoderPreset::Veryfast).unwrap()
+}
+
+/// libx264 in the sandboxed worker gives the packets it gives in process, byte for byte.
+#[test]
+fn a_worker_encodes_what_the_process_encodes() {
+    let mut here =
+        FfmpegEncoder::new_h264_with(320, 240, 30, 400_000, EncoderPreset::Veryfast).unwrap();
+    let mut there = encoder(&worker_pool());
+    assert_eq!(
+        EncoderBackend::name(&there),
+        format!("worker-{}", here.name())
+    );
+    let (a, b) = (encode_all(&mut here, 12), encode_all(&mut there, 12));
+    assert_eq!(a.len(), 12);
+    assert!(a[0].keyframe);
+    assert!(a == b, "the same packets in process and in the worker");
+}
+
+#[test]
+fn a_killed_encoder_worker_is_an_error_for_its_encoder_only() {
+    let pool = worker_pool();
+    let mut e = encoder(&pool);
+    let (l, data) = nv12_frame(0);
+    e.encode(FrameRef::new(l, &data).unwrap(), 0).unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &e.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    for pts in 1..3 {
+        match e.encode(FrameRef::new(l, &data).unwrap(), pts) {
+            Err(MediaError::Encode(why)) => assert!(why.contains("encoder process"), "{why}"),
+            other => panic!("a dead worker answered {other:?}"),
+        }
+    }
+    // A frame of another size is refused in the parent, a new encoder works.
+    let small = FrameLayout::packed(PixelFormat::Nv12, 16, 16).unwrap();
+    let mut fresh = encoder(&pool);
+    assert!(matches!(
+        fresh.encode(FrameRef::new(small, &vec![0; small.size()]).unwrap(), 0),
+        Err(MediaError::InvalidLayout(_))
+    ));
+    assert_eq!(encode_all(&mut fresh, 3).len(), 3);
 }

@@ -1,4 +1,6 @@
-//! libavcodec-backed H.264 [`FfmpegEncoder`].
+//! libavcodec-backed H.264 [`FfmpegEncoder`], and [`EncoderBackend`], what an encoder in
+//! this process and one in a worker process ([`ProcessEncoder`](super::ProcessEncoder))
+//! both are.
 
 use ff::ffi;
 use ffmpeg_next as ff;
@@ -17,6 +19,42 @@ pub struct EncodedPacket {
     pub dts: i64,
     /// True for IDR pictures.
     pub keyframe: bool,
+}
+
+/// An H.264 encoder: [`FfmpegEncoder`] in this process, or
+/// [`ProcessEncoder`](super::ProcessEncoder) in a sandboxed worker.
+pub trait EncoderBackend: Send {
+    /// The FFmpeg encoder in use (e.g. `libx264`).
+    fn name(&self) -> &str;
+    /// Encodes one frame (NV12 or YUV420P of the configured size) with presentation time
+    /// `pts` in units of 1/fps; returns the packets that became ready.
+    fn encode(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<Vec<EncodedPacket>>;
+    /// Ends the stream and returns the remaining packets; the encoder cannot be used after.
+    fn flush(&mut self) -> Result<Vec<EncodedPacket>>;
+}
+
+impl EncoderBackend for FfmpegEncoder {
+    fn name(&self) -> &str {
+        FfmpegEncoder::name(self)
+    }
+    fn encode(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<Vec<EncodedPacket>> {
+        FfmpegEncoder::encode(self, frame, pts)
+    }
+    fn flush(&mut self) -> Result<Vec<EncodedPacket>> {
+        FfmpegEncoder::flush(self)
+    }
+}
+
+/// Checks that `frame` is a valid NV12 or YUV420P frame of `width x height`.
+pub(crate) fn check_frame(frame: &FrameRef<'_>, width: u32, height: u32) -> Result<()> {
+    frame.validate()?;
+    let l = frame.layout;
+    if !l.format.is_yuv() || l.width != width || l.height != height {
+        return Err(MediaError::InvalidLayout(format!(
+            "encoder takes NV12/YUV420P {width}x{height}, got {l:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// H.264 encoders tried in order: software x264 first, then hardware wrappers.
@@ -188,14 +226,8 @@ impl FfmpegEncoder {
     /// Encodes one frame (NV12 or YUV420P of the configured size) with presentation time
     /// `pts` in units of 1/fps; returns the packets that became ready.
     pub fn encode(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<Vec<EncodedPacket>> {
-        frame.validate()?;
+        check_frame(&frame, self.width, self.height)?;
         let l = frame.layout;
-        if !l.format.is_yuv() || l.width != self.width || l.height != self.height {
-            return Err(MediaError::InvalidLayout(format!(
-                "encoder takes NV12/YUV420P {}x{}, got {l:?}",
-                self.width, self.height
-            )));
-        }
         // SAFETY: the encoder may still hold a reference to the previous frame's buffers;
         // make them ours before writing.
         let r = unsafe { ffi::av_frame_make_writable(self.frame.as_mut_ptr()) };

@@ -29,11 +29,11 @@ use std::time::Instant;
 
 pub use decoder::FfmpegDecoder;
 pub use demux::{DemuxedPacket, Demuxer, StreamInfo};
-pub use encoder::{EncodedPacket, EncoderPreset, FfmpegEncoder};
+pub use encoder::{EncodedPacket, EncoderBackend, EncoderPreset, FfmpegEncoder};
 pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
 pub use worker::{
-    check_worker_answer, sandbox, serve_decoder, DecoderPool, ProcessDecoder, CALL_DEADLINE,
-    DEFAULT_SPARE,
+    check_encoder_answer, check_worker_answer, sandbox, serve_decoder, DecoderPool, ProcessDecoder,
+    ProcessEncoder, CALL_DEADLINE, DEFAULT_SPARE,
 };
 
 use crate::error::{MediaError, Result};

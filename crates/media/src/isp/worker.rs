@@ -21,14 +21,15 @@
 use std::os::unix::net::UnixStream;
 use std::process::Child;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use super::{IspBackend, SwscaleIsp};
 use crate::error::{MediaError, Result};
-use crate::frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat};
+use crate::frame::{copy_frame, FrameLayout, FrameMut, FrameRef};
 use crate::worker::shared::Buffer;
 use crate::worker::wire::{bad, In, Out, MAX_TEXT};
-use crate::worker::{io_error, serve, WorkerPool, WorkerProcess, CALL_DEADLINE};
+use crate::worker::{
+    deadline_for, io_error, read_answer, serve, write_error, WorkerPool, WorkerProcess,
+};
 
 /// The argument a program's `main` takes to run [`serve_isp`] (`virtsocd --isp-worker`).
 pub const ISP_WORKER_ARG: &str = "--isp-worker";
@@ -38,86 +39,26 @@ const CONVERT: u8 = b'C';
 const NEW_SRC: u8 = 1;
 const NEW_DST: u8 = 2;
 
-/// Kinds of errors an answer carries.
-const ERR_UNSUPPORTED: u8 = 0;
-const ERR_LAYOUT: u8 = 1;
-const ERR_OTHER: u8 = 2;
-
 /// Largest call (it carries two layouts and flags; frames travel in buffers).
 const MAX_CALL: usize = 64;
 /// Largest answer: an error's reason and a little more.
 const MAX_ANSWER: usize = MAX_TEXT as usize + 64;
 /// Idle workers a [`ProcessIsp`] keeps for the next conversions (one per converting thread).
 const MAX_IDLE: usize = 4;
-/// Pixels a worker converts per millisecond at least, beyond [`CALL_DEADLINE`], before it
-/// is ended as hung (a 1080p frame adds 0.2 s; the largest frames, tens of seconds).
-const PIXELS_PER_MS: u64 = 10_000;
-
-fn format_code(f: PixelFormat) -> u8 {
-    PixelFormat::ALL.iter().position(|p| *p == f).unwrap_or(0) as u8
-}
-
-fn write_layout(m: &mut Out, l: &FrameLayout) {
-    m.u8(format_code(l.format))
-        .u32(l.width)
-        .u32(l.height)
-        .u32(l.stride);
-}
-
-/// A layout's fields as sent (not validated: the caller does).
-fn read_layout(m: &mut In) -> Result<FrameLayout> {
-    let format = *PixelFormat::ALL
-        .get(m.u8()? as usize)
-        .ok_or_else(|| bad("format"))?;
-    Ok(FrameLayout {
-        format,
-        width: m.u32()?,
-        height: m.u32()?,
-        stride: m.u32()?,
-    })
-}
-
-/// Kind and words of a conversion's error, as an answer carries them.
-fn error_kind(e: &MediaError) -> (u8, String) {
-    match e {
-        MediaError::Unsupported(m) => (ERR_UNSUPPORTED, m.clone()),
-        MediaError::InvalidLayout(m) => (ERR_LAYOUT, m.clone()),
-        MediaError::Frame(f) => (ERR_LAYOUT, f.to_string()),
-        e => (ERR_OTHER, e.to_string()),
-    }
-}
 
 /// Reads an answer to a conversion into `dst`: `Err` when it is malformed (the caller ends
 /// the worker), else the conversion's own result.
 fn parse_answer(a: &mut In, dst: &FrameLayout) -> Result<Result<()>> {
-    if !a.fds.is_empty() {
-        return Err(bad("descriptors in an answer"));
-    }
-    let r = match a.u8()? {
-        0 => {
-            let wrote = read_layout(a)?;
-            let bytes = a.u64()?;
-            if wrote != *dst || bytes != dst.size() as u64 {
-                return Err(bad("a frame of another layout or size"));
-            }
-            Ok(())
+    let wrote = |a: &mut In| {
+        let (layout, bytes) = (a.layout()?, a.u64()?);
+        if layout != *dst || bytes != dst.size() as u64 {
+            return Err(bad("a frame of another layout or size"));
         }
-        1 => {
-            let kind = a.u8()?;
-            let why = a.text()?;
-            Err(match kind {
-                ERR_UNSUPPORTED => MediaError::Unsupported(why),
-                ERR_LAYOUT => MediaError::InvalidLayout(why),
-                ERR_OTHER => MediaError::Worker(format!("isp worker: {why}")),
-                _ => return Err(bad("error kind")),
-            })
-        }
-        _ => return Err(bad("answer kind")),
+        Ok(())
     };
-    if a.remaining() != 0 {
-        return Err(bad("trailing bytes"));
-    }
-    Ok(r)
+    read_answer(a, wrote, |why| {
+        MediaError::Worker(format!("isp worker: {why}"))
+    })
 }
 
 /// Parses `bytes` as a worker's answer to a conversion into `dst` (no descriptors), as
@@ -133,18 +74,6 @@ struct IspWorker {
     process: WorkerProcess,
     src: Option<Buffer>,
     dst: Option<Buffer>,
-}
-
-/// Makes `buf` a buffer for `n` bytes (a new one when it is smaller, or over four times
-/// larger); true when it is new (its descriptor must go with the call).
-fn fit(buf: &mut Option<Buffer>, n: usize) -> Result<bool> {
-    match buf {
-        Some(b) if b.len() >= n && b.len() / 4 <= n => Ok(false),
-        _ => {
-            *buf = Some(Buffer::new(n.max(1))?);
-            Ok(true)
-        }
-    }
 }
 
 impl IspWorker {
@@ -166,10 +95,10 @@ impl IspWorker {
     fn convert(&mut self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
         let (sn, dn) = (src.layout.size(), dst.layout.size());
         let mut flags = 0;
-        if fit(&mut self.src, sn)? {
+        if Buffer::fit(&mut self.src, sn)? {
             flags |= NEW_SRC;
         }
-        if fit(&mut self.dst, dn)? {
+        if Buffer::fit(&mut self.dst, dn)? {
             flags |= NEW_DST;
         }
         let (Some(sbuf), Some(dbuf)) = (self.src.as_mut(), self.dst.as_ref()) else {
@@ -182,10 +111,10 @@ impl IspWorker {
             .ok_or_else(|| bad("source buffer"))?
             .copy_from_slice(from);
         let mut m = Out::default();
-        m.u8(CONVERT);
-        write_layout(&mut m, &src.layout);
-        write_layout(&mut m, &dst.layout);
-        m.u8(flags);
+        m.u8(CONVERT)
+            .layout(&src.layout)
+            .layout(&dst.layout)
+            .u8(flags);
         let mut fds = Vec::new();
         if flags & NEW_SRC != 0 {
             fds.push(sbuf.fd());
@@ -195,8 +124,7 @@ impl IspWorker {
         }
         let pixels = u64::from(src.layout.width) * u64::from(src.layout.height)
             + u64::from(dst.layout.width) * u64::from(dst.layout.height);
-        self.process
-            .set_deadline(CALL_DEADLINE + Duration::from_millis(pixels / PIXELS_PER_MS));
+        self.process.set_deadline(deadline_for(pixels));
         let mut a = self.process.call(&m, &fds, MAX_ANSWER)?;
         match parse_answer(&mut a, &dst.layout) {
             Err(e) => Err(self.process.end(&e.to_string())),
@@ -293,7 +221,7 @@ pub fn serve_isp_with(isp: &dyn IspBackend) -> Result<()> {
         if m.u8()? != CONVERT {
             return Err(bad("unexpected call"));
         }
-        let (sl, dl, flags) = (read_layout(&mut m)?, read_layout(&mut m)?, m.u8()?);
+        let (sl, dl, flags) = (m.layout()?, m.layout()?, m.u8()?);
         let mut fds = std::mem::take(&mut m.fds).into_iter();
         let mut next = || fds.next().ok_or_else(|| bad("descriptor"));
         if flags & NEW_SRC != 0 {
@@ -312,14 +240,9 @@ pub fn serve_isp_with(isp: &dyn IspBackend) -> Result<()> {
         let mut a = Out::default();
         match r {
             Ok(()) => {
-                a.u8(0);
-                write_layout(&mut a, &dl);
-                a.u64(dl.size() as u64);
+                a.u8(0).layout(&dl).u64(dl.size() as u64);
             }
-            Err(e) => {
-                let (kind, why) = error_kind(&e);
-                a.u8(1).u8(kind).text(&why);
-            }
+            Err(e) => write_error(a.u8(1), &e),
         }
         a.send(sock, &[]).map_err(&io)
     })
@@ -328,6 +251,7 @@ pub fn serve_isp_with(isp: &dyn IspBackend) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::PixelFormat;
 
     fn layout() -> FrameLayout {
         FrameLayout::packed(PixelFormat::Rgba8, 16, 8).unwrap()
@@ -335,9 +259,7 @@ mod tests {
 
     fn ok_answer(l: &FrameLayout, bytes: u64) -> Vec<u8> {
         let mut a = Out::default();
-        a.u8(0);
-        write_layout(&mut a, l);
-        a.u64(bytes);
+        a.u8(0).layout(l).u64(bytes);
         a.0
     }
 
@@ -347,7 +269,10 @@ mod tests {
         let r = parse_answer(&mut In::from_bytes(ok_answer(&l, l.size() as u64)), &l);
         assert!(matches!(r, Ok(Ok(()))));
         let mut a = Out::default();
-        a.u8(1).u8(ERR_UNSUPPORTED).text("no such conversion");
+        write_error(
+            a.u8(1),
+            &MediaError::Unsupported("no such conversion".into()),
+        );
         let r = parse_answer(&mut In::from_bytes(a.0), &l);
         assert!(matches!(r, Ok(Err(MediaError::Unsupported(m))) if m == "no such conversion"));
     }
@@ -385,7 +310,7 @@ mod tests {
         a.u8(1).u8(9).text("x");
         assert!(!check_isp_answer(&a.0, &l));
         let mut a = Out::default();
-        a.u8(1).u8(ERR_OTHER).u32(MAX_TEXT + 1);
+        a.u8(1).u8(2).u32(MAX_TEXT + 1);
         a.0.extend(std::iter::repeat(b'a').take(MAX_TEXT as usize + 1));
         assert!(!check_isp_answer(&a.0, &l));
     }

@@ -163,6 +163,65 @@ pub(crate) fn serve(
     }
 }
 
+/// Kinds of errors an answer carries (see [`write_error`]).
+const ERR_UNSUPPORTED: u8 = 0;
+const ERR_LAYOUT: u8 = 1;
+const ERR_OTHER: u8 = 2;
+
+/// Writes a call's error as a worker answers it: its kind (unsupported, a bad layout, any
+/// other) and its words.
+pub(crate) fn write_error(a: &mut Out, e: &MediaError) {
+    let (kind, why) = match e {
+        MediaError::Unsupported(m) => (ERR_UNSUPPORTED, m.clone()),
+        MediaError::InvalidLayout(m) => (ERR_LAYOUT, m.clone()),
+        MediaError::Frame(f) => (ERR_LAYOUT, f.to_string()),
+        // The library's own words, as an in-process error carries them.
+        MediaError::Decode(m) | MediaError::Encode(m) => (ERR_OTHER, m.clone()),
+        e => (ERR_OTHER, e.to_string()),
+    };
+    a.u8(kind).text(&why);
+}
+
+/// Reads an error [`write_error`] wrote; `other` makes the error of any other kind.
+fn read_error(a: &mut In, other: fn(String) -> MediaError) -> Result<MediaError> {
+    let kind = a.u8()?;
+    let why = a.text()?;
+    Ok(match kind {
+        ERR_UNSUPPORTED => MediaError::Unsupported(why),
+        ERR_LAYOUT => MediaError::InvalidLayout(why),
+        ERR_OTHER => other(why),
+        _ => return Err(wire::bad("error kind")),
+    })
+}
+
+/// Reads an answer that is a result: `0` and what `ok` reads, or `1` and an error
+/// ([`read_error`], `other` for any other kind); no descriptors and nothing after it.
+/// `Err` when it is malformed (the caller ends the worker), else the call's own result.
+pub(crate) fn read_answer<T>(
+    a: &mut In,
+    ok: impl FnOnce(&mut In) -> Result<T>,
+    other: fn(String) -> MediaError,
+) -> Result<Result<T>> {
+    if !a.fds.is_empty() {
+        return Err(wire::bad("descriptors in an answer"));
+    }
+    let r = match a.u8()? {
+        0 => Ok(ok(a)?),
+        1 => Err(read_error(a, other)?),
+        _ => return Err(wire::bad("answer kind")),
+    };
+    if a.remaining() != 0 {
+        return Err(wire::bad("trailing bytes"));
+    }
+    Ok(r)
+}
+
+/// How long a worker may take for a call on `pixels` pixels: [`CALL_DEADLINE`] and 1 ms
+/// more per 10,000 pixels (a 1080p frame adds 0.2 s; the largest frames, tens of seconds).
+pub(crate) fn deadline_for(pixels: u64) -> Duration {
+    CALL_DEADLINE + Duration::from_millis(pixels / 10_000)
+}
+
 /// An I/O error of a worker's socket, as `what`'s error.
 pub(crate) fn io_error(what: &'static str) -> impl Fn(std::io::Error) -> MediaError {
     move |e| MediaError::Resources(format!("{what}: {e}"))

@@ -92,6 +92,18 @@ impl Buffer {
         Ok(Buffer { fd, map })
     }
 
+    /// Makes `buf` a buffer for `n` bytes: a new one when it is none, smaller, or over four
+    /// times larger. True when it is new (its descriptor must go to the other side).
+    pub(crate) fn fit(buf: &mut Option<Buffer>, n: usize) -> Result<bool> {
+        match buf {
+            Some(b) if b.len() >= n && b.len() / 4 <= n => Ok(false),
+            _ => {
+                *buf = Some(Buffer::new(n.max(1))?);
+                Ok(true)
+            }
+        }
+    }
+
     /// Maps a buffer the other side made, after checking that it is sealed against
     /// shrinking and holds 1..=`max` bytes.
     pub(crate) fn open(fd: OwnedFd, max: usize, writable: bool) -> Result<Buffer> {

@@ -14,6 +14,7 @@ use rustix::net::{
 };
 
 use crate::error::{MediaError, Result};
+use crate::frame::{FrameLayout, PixelFormat};
 
 /// Longest message text (reasons, names).
 pub(crate) const MAX_TEXT: u32 = 4096;
@@ -45,6 +46,14 @@ impl Out {
     pub(crate) fn text(&mut self, s: &str) -> &mut Self {
         let s = &s.as_bytes()[..s.len().min(MAX_TEXT as usize)];
         self.bytes(s)
+    }
+    /// A frame layout: format (its place in [`PixelFormat::ALL`]), width, height, stride.
+    pub(crate) fn layout(&mut self, l: &FrameLayout) -> &mut Self {
+        let format = PixelFormat::ALL.iter().position(|p| *p == l.format);
+        self.u8(format.unwrap_or(0) as u8)
+            .u32(l.width)
+            .u32(l.height)
+            .u32(l.stride)
     }
     /// Sends the message: its length (with `fds` attached, when there are any), then its
     /// bytes.
@@ -175,6 +184,18 @@ impl In {
     pub(crate) fn bytes(&mut self) -> Result<&[u8]> {
         let n = self.u32()? as usize;
         self.take(n)
+    }
+    /// A frame layout as [`Out::layout`] writes it (not validated: the caller does).
+    pub(crate) fn layout(&mut self) -> Result<FrameLayout> {
+        let format = *PixelFormat::ALL
+            .get(self.u8()? as usize)
+            .ok_or_else(|| bad("format"))?;
+        Ok(FrameLayout {
+            format,
+            width: self.u32()?,
+            height: self.u32()?,
+            stride: self.u32()?,
+        })
     }
     pub(crate) fn text(&mut self) -> Result<String> {
         let n = self.u32()?;

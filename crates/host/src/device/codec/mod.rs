@@ -43,7 +43,10 @@
 //! Annex-B packet(s) it produces into the `out` region (SPS and PPS in band on keyframes). If
 //! they do not fit, the call fails with [`Status::OutOfRange`] and those packets are dropped
 //! (the next keyframe resynchronises a decoder); size `out` generously (a raw frame's size is
-//! always enough).
+//! always enough). With decoders in worker processes (`DeviceConfig::codec_worker`), each
+//! encoder's libx264 runs in a worker of the same pool too (`virtsoc_media::ProcessEncoder`):
+//! a crash or hang fails that encoder's calls with `DeviceError` and a reason (the guest
+//! reopens), at one more copy of each frame (into memory shared with the worker).
 //!
 //! Every failure is a status for the guest; nothing here panics on guest input.
 
@@ -54,8 +57,9 @@ use virtsoc_devapi::codec::{self as api, Command};
 use virtsoc_devapi::{codec_frame_flag, codec_kind};
 use virtsoc_media::frame::MAX_DIMENSION;
 use virtsoc_media::{
-    CodecKind, DecoderBackend, DecoderPool, FfmpegDecoder, FfmpegEncoder, FrameError, FrameLayout,
-    FrameMut, FrameRef, MediaError, PixelFormat, ProcessDecoder,
+    CodecKind, DecoderBackend, DecoderPool, EncoderBackend, FfmpegDecoder, FfmpegEncoder,
+    FrameError, FrameLayout, FrameMut, FrameRef, MediaError, PixelFormat, ProcessDecoder,
+    ProcessEncoder,
 };
 
 /// The worker side of decoders in worker processes: enters the sandbox and serves one
@@ -185,7 +189,9 @@ impl Codec {
             preset: cfg.encoder_preset,
             state: Mutex::new(State::default()),
             backend: match &cfg.codec_worker {
-                Some(_) => format!("{backend} (decoders in sandboxed worker processes)"),
+                Some(_) => {
+                    format!("{backend} (decoders and encoders in sandboxed worker processes)")
+                }
                 None => backend,
             },
             limits: Limits::default(),
@@ -471,12 +477,19 @@ impl Codec {
         }
         let mut st = self.state();
         st.admit(&self.limits, guest, ENCODER_THREADS)?;
-        let encoder =
-            FfmpegEncoder::new_h264_with(width, height, c.fps as u32, c.bitrate, self.preset)
-                .map_err(|e| {
-                    log::info!("codec: guest {guest}: cannot open H.264 encoder: {e}");
-                    media_status(&e)
-                })?;
+        let (fps, preset) = (c.fps as u32, self.preset);
+        let encoder: std::result::Result<Box<dyn EncoderBackend>, MediaError> = match &self.workers
+        {
+            // libx264 in a worker of the decoders' pool, like the decoders.
+            Some(pool) => ProcessEncoder::open(pool, (width, height), (fps, c.bitrate), preset)
+                .map(|e| Box::new(e) as _),
+            None => FfmpegEncoder::new_h264_with(width, height, fps, c.bitrate, preset)
+                .map(|e| Box::new(e) as _),
+        };
+        let encoder = encoder.map_err(|e| {
+            log::info!("codec: guest {guest}: cannot open H.264 encoder: {e}");
+            media_status(&e)
+        })?;
         let name = encoder.name().to_string();
         let handle = st.open(
             &self.limits,

@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec as api;
-use virtsoc_media::{DecodedFrame, DecoderBackend, FfmpegEncoder, PacketError};
+use virtsoc_media::{DecodedFrame, DecoderBackend, EncoderBackend, PacketError};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 
@@ -92,7 +92,7 @@ impl DecoderSession {
 
 /// An open encoder.
 pub(super) struct EncoderSession {
-    pub(super) encoder: FfmpegEncoder,
+    pub(super) encoder: Box<dyn EncoderBackend>,
     pub(super) width: u32,
     pub(super) height: u32,
 }

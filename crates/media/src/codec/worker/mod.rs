@@ -9,12 +9,15 @@
 //! guest's region: two copies of a picture's bytes, against one in process and four through
 //! the socket. Every picture in an answer must be a valid packed layout of its bytes.
 
+mod encode;
+
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
 pub use crate::worker::sandbox;
 pub(crate) use crate::worker::shared::SharedPicture;
 pub use crate::worker::{WorkerPool, CALL_DEADLINE, DEFAULT_SPARE};
+pub use encode::{check_encoder_answer, ProcessEncoder};
 
 /// The pool decoder workers come from (any [`WorkerPool`] of a program that runs
 /// [`serve_decoder`]).
@@ -287,17 +290,22 @@ impl DecoderBackend for ProcessDecoder {
     }
 }
 
-/// The worker's side: enters the [`sandbox`], then serves one decoder on stdin (a socket
-/// the parent passed) until the parent hangs up. Call it from the worker program's `main`
+/// The worker's side: enters the [`sandbox`], then serves one decoder (or one encoder, a
+/// [`ProcessEncoder`]'s) on stdin (a socket the parent passed) until the parent hangs up. Call it from the worker program's `main`
 /// and exit.
 pub fn serve_decoder() -> Result<()> {
     let io = io_error("decoder worker");
     let mut dec: Option<FfmpegDecoder> = None;
     let mut slots = Slots::default();
+    let mut encoder = encode::Served::default();
     let max_call = MAX_PACKET + 64 + 4 * (shared::MAX_SLOTS + 2);
     serve("decoder worker", max_call, |mut m, sock| {
         let mut a = Out::default();
         let call = m.u8()?;
+        if encode::is_encoder_call(call) {
+            encoder.answer(call, &mut m, &mut a)?;
+            return a.send(sock, &[]).map_err(&io);
+        }
         if call != OPEN {
             let n = m.u32()?.min(shared::MAX_SLOTS as u32 + 1);
             let released: Vec<u32> = (0..n).map(|_| m.u32()).collect::<Result<_>>()?;
