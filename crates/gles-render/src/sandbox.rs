@@ -7,27 +7,22 @@
 //! synchronised to all of them) and will have.
 //!
 //! The filter allows what rendering with Mesa's llvmpipe needs, found by running
-//! glmark2-es2 and es2gears through the sandboxed worker under `strace -f`:
-//! - its descriptors: the socket to the daemon (`read`, `write`, `recvmsg`, `sendmsg`, ...),
-//!   stderr, memfds (`memfd_create`, `ftruncate`: the driver's shared memory), `fstat`,
-//!   `fcntl`, `lseek`, `close`, `dup`, `ppoll`/`poll`;
-//! - memory: `mmap`, `mprotect` (with `PROT_EXEC`: LLVM's JIT writes the shaders' machine
-//!   code and makes it executable), `munmap`, `mremap`, `madvise`, `brk`, `membarrier`
-//!   (LLVM publishing new code to other threads);
-//! - threads (the rasterizer and shader-compile threads): `futex`, `set_robust_list`,
-//!   `rseq`, `sched_yield`, `sched_getaffinity`, `sched_setaffinity`, `getcpu`, signal
-//!   masks and handlers, `exit`; with their arguments checked:
-//!   - `clone` only with `CLONE_THREAD | CLONE_VM` (a thread, never a new process);
-//!     `clone3`, whose flags sit behind a pointer the filter cannot read, answers `ENOSYS`
-//!     (the C library then uses `clone`);
-//!   - `tgkill` only to a thread of the worker's own thread group (`kill` and `tkill` are
-//!     not allowed at all);
-//!   - `prctl` only `PR_SET_NAME`, `PR_GET_NAME` and `PR_SET_NO_NEW_PRIVS`; every other
-//!     option answers `EPERM`;
-//! - time and randomness: `clock_gettime` (the worker's CPU time for the daemon's device
-//!   time), `clock_getres`, `clock_nanosleep`, `nanosleep`, `gettimeofday`, `getrandom`;
-//! - its own identity: `getpid`, `gettid`, `getuid`, ..., `uname`, `sysinfo`,
-//!   `prlimit64` (reading limits), `sched_getparam`/`sched_getscheduler`.
+//! glmark2-es2 --off-screen (every default scene), es2gears_x11 and es2_info through the
+//! sandboxed worker under `strace -f` (the list `ALLOWED` says what each call is for):
+//! its socket to the daemon (`recvfrom`, `writev`; `read`, `write`, `recvmsg`, `sendmsg`),
+//! the descriptors it has, memfds, memory (`mmap`, `mprotect` with `PROT_EXEC`: LLVM's JIT
+//! writes the shaders' machine code and makes it executable; `munmap`, `mremap`, `madvise`,
+//! `brk`), threads (the rasterizer threads: `futex`, `set_robust_list`, `rseq`, signal
+//! masks, `sched_yield` and affinity, `exit`), time (`clock_gettime`: the worker's CPU time
+//! for the daemon's device time) and `getrandom`. Some calls are allowed only with the
+//! arguments threads need:
+//! - `clone` only with `CLONE_THREAD | CLONE_VM` (a thread, never a new process);
+//!   `clone3`, whose flags sit behind a pointer the filter cannot read, answers `ENOSYS`
+//!   (the C library then uses `clone`);
+//! - `tgkill` only to a thread of the worker's own thread group (`kill` and `tkill` are
+//!   not allowed at all);
+//! - `prctl` only `PR_SET_NAME`, `PR_GET_NAME` and `PR_SET_NO_NEW_PRIVS`; every other
+//!   option answers `EPERM`.
 //!
 //! Opening files and making directories answer `EACCES` (Mesa's shader disk cache and
 //! drirc, LLVM's look at `/proc/cpuinfo`, then fail or fall back; the worker also turns the
@@ -66,65 +61,68 @@ pub enum SandboxError {
     },
 }
 
-/// System calls a render worker may make.
+/// System calls a render worker may make. Those marked "seen" are what the worker made in
+/// the sandbox under `strace -f` running glmark2-es2 --off-screen (every default scene, the
+/// validation run), es2gears_x11 and es2_info, and the end-to-end tests; the others are what
+/// a thread of the driver's (a context made later, on a driver that starts threads per
+/// context) or an error path needs.
 const ALLOWED: &[i64] = &[
-    // Its descriptors: the socket to the daemon, memfds, stderr.
+    // The socket to the daemon: batches in (seen: recvfrom), answers out in one writev (seen);
+    // read/write/recvmsg/sendmsg for the same socket by other paths, write for stderr.
     libc::SYS_read,
     libc::SYS_write,
     libc::SYS_readv,
     libc::SYS_writev,
-    libc::SYS_pread64,
     libc::SYS_recvfrom,
     libc::SYS_recvmsg,
     libc::SYS_sendto,
     libc::SYS_sendmsg,
+    // Descriptors it has: close and fcntl (seen, the C library), fstat/newfstatat and lseek
+    // (seen: stderr's type when logging), memfds for a driver's shared memory.
     libc::SYS_close,
-    libc::SYS_dup,
+    libc::SYS_fcntl,
     libc::SYS_fstat,
     libc::SYS_newfstatat,
-    libc::SYS_statx,
     libc::SYS_lseek,
-    libc::SYS_fcntl,
     libc::SYS_ftruncate,
     libc::SYS_memfd_create,
     libc::SYS_ppoll,
-    // Memory (PROT_EXEC too: LLVM's JIT).
+    // Memory (seen: mmap, munmap, mprotect with PROT_EXEC for LLVM's JIT'd shaders, brk,
+    // madvise when a thread's stack is freed; mremap by the allocator for large buffers).
     libc::SYS_mmap,
     libc::SYS_munmap,
     libc::SYS_mremap,
     libc::SYS_mprotect,
     libc::SYS_madvise,
     libc::SYS_brk,
-    libc::SYS_membarrier,
-    // Threads (clone and tgkill with their arguments checked: `checked_rules`).
+    // Threads (clone and tgkill with their arguments checked: `checked_rules`): futex (seen:
+    // llvmpipe's rasterizer threads), the per-thread set-up of a new thread (robust list,
+    // rseq, signal masks, alternate signal stack: seen at a thread's start and end),
+    // scheduling and affinity (Mesa pins and yields its queue threads), naming them (prctl).
     libc::SYS_futex,
     libc::SYS_set_robust_list,
     libc::SYS_rseq,
     libc::SYS_sched_yield,
     libc::SYS_sched_getaffinity,
     libc::SYS_sched_setaffinity,
-    libc::SYS_sched_getparam,
-    libc::SYS_sched_getscheduler,
-    libc::SYS_getcpu,
     libc::SYS_prctl,
-    // More filters (they can only narrow what is allowed): the later filters below.
-    libc::SYS_seccomp,
-    libc::SYS_gettid,
-    libc::SYS_getpid,
-    libc::SYS_getppid,
-    libc::SYS_getuid,
-    libc::SYS_geteuid,
-    libc::SYS_getgid,
-    libc::SYS_getegid,
-    libc::SYS_uname,
-    libc::SYS_prlimit64,
     libc::SYS_rt_sigaction,
     libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
     libc::SYS_sigaltstack,
     libc::SYS_exit,
     libc::SYS_exit_group,
-    // Time and randomness.
+    // More filters (they can only narrow what is allowed): the later filters below.
+    libc::SYS_seccomp,
+    // Its own identity (seen: getpid, Mesa's and the C library's checks).
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    // Time and randomness (seen: clock_gettime, the worker's CPU time for the daemon's
+    // device time on every answer; sysinfo, the memory Mesa sizes its caches by).
     libc::SYS_clock_gettime,
     libc::SYS_clock_getres,
     libc::SYS_clock_nanosleep,
