@@ -447,4 +447,19 @@ mod tests {
         // A reader before the answer's time sees nothing negative.
         assert_eq!(b.usage_at(29).get(&2).map_or(0, |u| u.device_ns), 0);
     }
+
+    #[test]
+    fn a_measured_device_time_is_counted_as_it_is() {
+        let acct = Accounting::new(Kind::default());
+        let t0 = acct.now();
+        let (a, b) = (acct.begin(1, t0), acct.begin(2, t0));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        // Two commands that ran side by side (two render workers): each is charged what
+        // the device measured, together more than the wall time since their dispatch.
+        acct.finish(1, t0, Some(a), Some(4_000_000));
+        acct.finish(2, t0, Some(b), Some(4_000_000));
+        let u = acct.usage();
+        assert_eq!((u[&1].device_ns, u[&2].device_ns), (4_000_000, 4_000_000));
+        assert_eq!((u[&1].requests, u[&2].requests), (1, 1));
+    }
 }
