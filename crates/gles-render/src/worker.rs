@@ -102,8 +102,9 @@ impl Renderer {
         })
     }
 
-    /// The guest's GL memory: the objects of its share groups (each counted once) and its
-    /// surfaces (width x height x bytes per pixel of color, depth and stencil).
+    /// The guest's GL memory: the objects of its share groups (each counted once), its
+    /// surfaces (width x height x bytes per pixel of color, depth and stencil) and its
+    /// EGLImages' textures.
     pub fn gl_bytes(&self) -> u64 {
         let mut groups: Vec<*const ()> = Vec::new();
         let mut total = 0u64;
@@ -119,7 +120,7 @@ impl Renderer {
             let (w, h) = s.size;
             total = total.saturating_add(u64::from(w) * u64::from(h) * s.px);
         }
-        total
+        total.saturating_add(self.images.bytes())
     }
 
     /// Makes a context current once and destroys it, so the driver's one-time set-up (a
