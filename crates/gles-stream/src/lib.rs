@@ -112,7 +112,10 @@ impl Encoder {
         let start = self.buf.len();
         self.buf.extend_from_slice(&op.to_le_bytes());
         self.buf.extend_from_slice(&0u32.to_le_bytes());
-        Packet { buf: &mut self.buf, start }
+        Packet {
+            buf: &mut self.buf,
+            start,
+        }
     }
 }
 
@@ -193,7 +196,11 @@ pub struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// A reader of the packets in `data`.
     pub fn new(data: &'a [u8]) -> Self {
-        Reader { data, pos: 0, op: 0 }
+        Reader {
+            data,
+            pos: 0,
+            op: 0,
+        }
     }
 
     /// The opcode of the packet this reader reads the payload of (0 for a stream reader).
@@ -311,7 +318,13 @@ mod tests {
     #[test]
     fn packets_round_trip_with_padding_and_nulls() {
         let mut e = Encoder::new();
-        e.packet(7).u32(1).i32(-2).f32(0.5).u64(1 << 40).bytes(b"abc").null();
+        e.packet(7)
+            .u32(1)
+            .i32(-2)
+            .f32(0.5)
+            .u64(1 << 40)
+            .bytes(b"abc")
+            .null();
         e.packet(9);
         let mut r = Reader::new(e.as_bytes());
         let (op, mut p) = r.next_packet().unwrap().unwrap();
