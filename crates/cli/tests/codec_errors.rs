@@ -298,24 +298,7 @@ fn odd_sizes_are_reported_with_the_crop() {
 /// The daemon's codec workers (its child processes started with `--codec-worker`, not the
 /// ISP's).
 fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-    {
-        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        out.extend(
-            list.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok())
-                .filter(|p| {
-                    std::fs::read(format!("/proc/{p}/cmdline"))
-                        .map(|c| c.split(|b| *b == 0).any(|a| a == b"--codec-worker"))
-                        .unwrap_or(false)
-                }),
-        );
-    }
-    out.sort();
-    out
+    virtsoc_media::worker_processes(pid, "--codec-worker")
 }
 
 #[test]

@@ -9,6 +9,7 @@ use common::{connect, cpu_read as read, cpu_write as write, nv12_pattern};
 use common::Daemon;
 use virtsoc_guest::devices::isp;
 use virtsoc_guest::{Connection, Format, Status};
+use virtsoc_media::worker_processes;
 
 const W: u32 = 256;
 const H: u32 = 144;
@@ -228,4 +229,69 @@ fn isp_same_size_yuv_conversions_at_widths_16_mod_32_do_not_kill_the_daemon() {
         let other = connect(&d);
         assert!(other.alloc(0, 64, 64, Format::Rgba8, 0).is_ok());
     }
+}
+
+/// swscale runs in sandboxed workers by default: a worker killed while the daemon converts
+/// fails that command alone (`DeviceError` with the reason), workers killed between
+/// commands go unnoticed, and the daemon and the guest go on.
+#[test]
+fn a_killed_isp_worker_fails_one_command_at_most() {
+    let mut d = Daemon::start(&["--isp-backend", "swscale"]);
+    let c = connect(&d);
+    let desc = c.devices().iter().find(|x| x.name == "isp").unwrap();
+    assert!(desc.backend.contains("worker"), "{}", desc.backend);
+    let frame = nv12_pattern(W, H);
+    let src = c.alloc(0, W, H, Format::Nv12, 0).unwrap();
+    write(&c, src.id, &frame);
+    let dst = c.alloc(0, W, H, Format::Rgba8, 0).unwrap();
+    convert(&c, src.id, dst.id).unwrap();
+    let want = read(&c, dst.id, dst.size as usize);
+    let pid = d.child.id();
+    // Kills and waits until each is dead (a zombie or gone), as the daemon would see it.
+    let kill = |pids: Vec<u32>| {
+        for p in pids {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &p.to_string()])
+                .status();
+            for _ in 0..500 {
+                match std::fs::read_to_string(format!("/proc/{p}/stat")) {
+                    Ok(st) if !st.contains(") Z ") => {
+                        std::thread::sleep(std::time::Duration::from_millis(2))
+                    }
+                    _ => break,
+                }
+            }
+        }
+    };
+    // Between commands: the idle worker and the one waiting, both gone.
+    kill(worker_processes(pid, "--isp-worker"));
+    convert(&c, src.id, dst.id).unwrap();
+    assert_eq!(read(&c, dst.id, dst.size as usize), want);
+    // While converting a large frame: that command fails with the reason, or (when the kill
+    // comes before or after the worker's part) succeeds; the next one succeeds.
+    let (bw, bh) = (3840, 2160);
+    let big = c.alloc(0, bw, bh, Format::Nv12, 0).unwrap();
+    write(&c, big.id, &nv12_pattern(bw, bh));
+    let out = c.alloc(0, 2 * bw, 2 * bh, Format::Rgba8, 0).unwrap();
+    let mut failed = 0;
+    for delay_ms in [5u64, 20, 60, 120] {
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            kill(worker_processes(pid, "--isp-worker"));
+        });
+        let r = c.command_with_access(&isp::Convert {
+            src: big.id,
+            dst: out.id,
+        });
+        killer.join().unwrap();
+        if let Err(e) = r {
+            assert_eq!(e.status(), Status::DeviceError, "{e}");
+            assert!(e.to_string().contains("swscale process"), "{e}");
+            failed += 1;
+        }
+        convert(&c, src.id, dst.id).unwrap();
+        assert_eq!(read(&c, dst.id, dst.size as usize), want);
+    }
+    eprintln!("{failed} of 4 large conversions met the kill");
+    assert!(d.alive());
 }

@@ -37,7 +37,7 @@ pub use frame::{
     copy_frame, FrameError, FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo,
 };
 pub use isp::{CpuIsp, IspBackend, NullIsp, ProcessIsp, SwscaleIsp};
-pub use worker::{WorkerPool, CALL_DEADLINE};
+pub use worker::{worker_processes, WorkerPool, CALL_DEADLINE};
 
 /// Initializes FFmpeg for this process (its error strings, which are empty until then) and
 /// silences its own console messages (libavcodec prints a line per corrupt packet even at

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtsoc_media::isp::{serve_isp, serve_isp_with};
+use virtsoc_media::worker_processes;
 use virtsoc_media::{
     FrameLayout, FrameMut, FrameRef, IspBackend, MediaError, PixelFormat, ProcessIsp, SwscaleIsp,
     WorkerPool, CALL_DEADLINE,
@@ -283,15 +284,32 @@ fn a_worker_crashing_or_hanging_mid_conversion_fails_that_conversion_only() {
         "{took:?}"
     );
     assert!(nv12_to_rgba(&isp, 64).unwrap() == want);
-    // A worker killed between conversions: the next one does not even notice.
-    for pid in isp.idle_pids() {
+    // Workers killed between conversions (the idle one, the one waiting in the pool): the
+    // next conversion does not even notice.
+    let mut waiting = worker_processes(std::process::id(), "faulty_worker_main");
+    for _ in 0..200 {
+        if waiting.len() == 2 {
+            break;
+        }
+        // The pool's thread is still starting its next worker.
+        std::thread::sleep(Duration::from_millis(10));
+        waiting = worker_processes(std::process::id(), "faulty_worker_main");
+    }
+    assert_eq!(
+        waiting.len(),
+        2,
+        "the idle worker and the one waiting in the pool"
+    );
+    for pid in waiting {
         let killed = std::process::Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status()
             .unwrap();
         assert!(killed.success());
     }
-    std::thread::sleep(Duration::from_millis(50));
+    // Until they have exited, as their parent sees it (a dying worker the next conversion
+    // caught would fail it: it died during that conversion, as far as anyone can tell).
+    std::thread::sleep(Duration::from_millis(200));
     assert!(nv12_to_rgba(&isp, 64).unwrap() == want);
 }
 

@@ -166,7 +166,7 @@ impl Isp {
                 log::debug!("isp: {}: {e}", b.name());
                 let status = status_of(&e);
                 match cx {
-                    Some(cx) => cx.fail(status, e.to_string()),
+                    Some(cx) => cx.fail(status, reason_of(&e)),
                     None => status,
                 }
             })
@@ -223,7 +223,20 @@ impl Device for Isp {
                 _ => {}
             }
         }
-        reply.send(self.execute(cx, args));
+        let result = self.execute(cx, args);
+        reply.send_because(result, cx.take_reason());
+    }
+}
+
+/// The reason a guest sees for a backend error, as short as the completion's room allows: a
+/// worker's failure without its name and advice ("swscale process exited (signal: 9 ...)").
+fn reason_of(e: &MediaError) -> String {
+    match e {
+        MediaError::Worker(m) => {
+            let m = m.trim_start_matches("isp-worker: ");
+            m.split_once(';').map_or(m, |(what, _)| what).to_string()
+        }
+        e => e.to_string(),
     }
 }
 
@@ -249,6 +262,20 @@ mod tests {
             gpu: ValueEnum::from_str(gpu, false).unwrap(),
             ..DeviceConfig::default()
         }
+    }
+
+    #[test]
+    fn a_worker_failure_is_a_short_reason() {
+        let e = MediaError::Worker(
+            "isp-worker: swscale process exited (signal: 9 (SIGKILL)); the next conversion \
+             starts another"
+                .into(),
+        );
+        assert_eq!(status_of(&e), Status::DeviceError);
+        assert_eq!(
+            reason_of(&e),
+            "swscale process exited (signal: 9 (SIGKILL))"
+        );
     }
 
     #[test]

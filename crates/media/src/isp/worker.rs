@@ -169,7 +169,8 @@ impl ProcessIsp {
         self.idle().iter().map(|w| w.process.pid()).collect()
     }
 
-    /// A worker that is still running: an idle one, else one from the pool.
+    /// A worker that is still running: an idle one, else one from the pool (started now
+    /// when the one waiting there has died).
     fn worker(&self) -> Result<IspWorker> {
         loop {
             let Some(mut w) = self.idle().pop() else {
@@ -180,7 +181,12 @@ impl ProcessIsp {
             }
             log::warn!("{}", w.process.end("waiting"));
         }
-        IspWorker::start(self.pool.take()?)
+        let mut w = IspWorker::start(self.pool.take()?)?;
+        if !w.process.running() {
+            log::warn!("{}", w.process.end("waiting"));
+            w = IspWorker::start(self.pool.start()?)?;
+        }
+        Ok(w)
     }
 }
 

@@ -222,6 +222,32 @@ pub(crate) fn deadline_for(pixels: u64) -> Duration {
     CALL_DEADLINE + Duration::from_millis(pixels / 10_000)
 }
 
+/// The children of process `parent` (started by any of its threads) with `arg` among their
+/// arguments: its workers of one kind (`--codec-worker`, `--isp-worker`), for tests and
+/// diagnostics. Read from `/proc`; empty where that cannot be read.
+pub fn worker_processes(parent: u32, arg: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+        return Vec::new();
+    };
+    let has_arg = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+            .unwrap_or(false)
+    };
+    let mut out: Vec<u32> = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .filter(has_arg)
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// An I/O error of a worker's socket, as `what`'s error.
 pub(crate) fn io_error(what: &'static str) -> impl Fn(std::io::Error) -> MediaError {
     move |e| MediaError::Resources(format!("{what}: {e}"))
