@@ -132,6 +132,21 @@ impl Display {
             });
         }
         require("Xvfb", "xvfb")?;
+        Self::start_xvfb()
+    }
+
+    /// Starts a fresh Xvfb when the one this process started has gone (killed from outside:
+    /// every later program would fail); true when it did.
+    pub fn ensure(&mut self) -> Result<bool, GlesError> {
+        let gone = self._xvfb.as_mut().is_some_and(|x| !x.running());
+        if gone {
+            log::warn!("Xvfb on {} has gone: starting another", self.name);
+            *self = Self::start_xvfb()?;
+        }
+        Ok(gone)
+    }
+
+    fn start_xvfb() -> Result<Display, GlesError> {
         for n in 90..160u32 {
             let sock = PathBuf::from(format!("/tmp/.X11-unix/X{n}"));
             let lock = PathBuf::from(format!("/tmp/.X{n}-lock"));

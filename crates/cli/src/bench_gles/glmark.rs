@@ -79,11 +79,19 @@ pub fn parse_scene_line(line: &str) -> Option<SceneLine> {
             verdict: verdict.trim().to_string(),
         });
     }
-    // Options never hold ": " (kernels use ',' and ';'), so the last one ends them.
-    let (opts, text) = rest.rsplit_once(": ").unwrap_or((rest, ""));
+    // Options never hold ": " (kernels use ',' and ';'), so the last one ends them; a
+    // program killed mid-scene leaves the scene's title alone (`[shading] shading=phong:`).
+    let (opts, text) = match rest.rsplit_once(": ") {
+        Some((opts, text)) => (opts, text.trim()),
+        None => (rest.trim_end().strip_suffix(':').unwrap_or(rest), ""),
+    };
     Some(SceneLine::Other {
         name: scene_name(scene, opts),
-        text: text.trim().to_string(),
+        text: if text.is_empty() {
+            "interrupted".to_string()
+        } else {
+            text.to_string()
+        },
     })
 }
 
@@ -272,6 +280,13 @@ mod tests {
             Some(SceneLine::Other {
                 name: "shading:shading=phong".into(),
                 text: "Unsupported".into()
+            })
+        );
+        assert_eq!(
+            parse_scene_line("[shading] shading=phong: "),
+            Some(SceneLine::Other {
+                name: "shading:shading=phong".into(),
+                text: "interrupted".into()
             })
         );
         assert_eq!(parse_scene_line("    GL_VENDOR:      Mesa/X.org"), None);

@@ -434,7 +434,7 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
         ));
     }
     env::require(GLMARK2, "glmark2-es2-x11")?;
-    let display = Display::open()?;
+    let mut display = Display::open()?;
     let want = |p: GlPath| a.paths.contains(&p);
     let mut not_run: BTreeMap<GlPath, String> = BTreeMap::new();
     // The virtsoc path's set-up: the vendor JSON, a daemon, its control API.
@@ -467,7 +467,7 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
     } else {
         None
     };
-    let env = PathEnv {
+    let mut env = PathEnv {
         display: display.name.clone(),
         virtsoc: vendor,
     };
@@ -495,6 +495,10 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
                     a.rounds,
                     path.name()
                 );
+            }
+            if display.ensure()? {
+                eprintln!("bench gles: the X server had gone: {} now", display.name);
+                env.display = display.name.clone();
             }
             let server = match path {
                 GlPath::Native => None,

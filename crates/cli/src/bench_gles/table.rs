@@ -46,12 +46,13 @@ pub fn print(r: &GlesReport) {
     }
     println!();
     println!(
-        "{:<44} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>10}",
+        "{:<44} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10}",
         "scene",
         "native",
         "virtsoc",
         "virgl",
         "virtsoc%",
+        "range%",
         "virgl%",
         "rt/frame",
         "B/frame",
@@ -59,12 +60,13 @@ pub fn print(r: &GlesReport) {
     );
     for s in &r.scenes {
         println!(
-            "{:<44} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>10}",
+            "{:<44} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10}",
             cut(&s.name, 44),
             opt(s.native_fps, 0),
             opt(s.virtsoc_fps, 0),
             opt(s.virgl_fps, 0),
             opt(s.virtsoc_pct, 1),
+            spread(&s.native_fps_rounds, &s.virtsoc_fps_rounds),
             opt(s.virgl_pct, 1),
             opt(s.round_trips_per_frame, 1),
             opt(s.bytes_per_frame, 0),
@@ -97,6 +99,12 @@ pub fn print(r: &GlesReport) {
         opt(v.server_cpu_s, 2),
         opt(g.server_cpu_s, 2),
     );
+    if r.rounds > 1 {
+        println!(
+            "range%: the lowest and highest of the rounds' virtsoc FPS as % of the same round's \
+             native (the paths take turns round by round)"
+        );
+    }
     if let Some(src) = r
         .scenes
         .iter()
@@ -119,9 +127,34 @@ pub fn print(r: &GlesReport) {
     }
 }
 
+/// The lowest and highest of the rounds' `virtsoc` FPS as a percentage of the same round's
+/// `native` ("lo-hi"; "-" without a round that ran both).
+fn spread(native: &[Option<f64>], virtsoc: &[Option<f64>]) -> String {
+    let pct: Vec<f64> = native
+        .iter()
+        .zip(virtsoc)
+        .filter_map(|(n, v)| Some(100.0 * (*v)? / n.filter(|n| *n > 0.0)?))
+        .collect();
+    let lo = pct.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = pct.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if pct.is_empty() {
+        "-".into()
+    } else {
+        format!("{lo:.0}-{hi:.0}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spread_is_the_rounds_lowest_and_highest_percentage() {
+        let n = [Some(200.0), Some(100.0), None, Some(0.0)];
+        let v = [Some(150.0), Some(90.0), Some(5.0), Some(3.0)];
+        assert_eq!(spread(&n, &v), "75-90");
+        assert_eq!(spread(&[None], &[Some(1.0)]), "-");
+    }
 
     #[test]
     fn names_are_cut_and_numbers_dashed() {
