@@ -189,9 +189,9 @@ fn codec_sessions_and_threads_are_capped_across_guests() {
     }
 }
 
-/// A decoder's worker process counts against its guest's memory limit (32 MiB each), and
-/// no guest holds more than its share of the codec threads: idle 1-thread decoders cannot
-/// pile up worker processes uncounted, nor can one guest take every thread.
+/// A decoder's (or an encoder's) worker process counts against its guest's memory limit
+/// (32 MiB each), and no guest holds more than its share of the codec threads: idle 1-thread
+/// decoders cannot pile up worker processes uncounted, nor can one guest take every thread.
 #[test]
 fn decoder_workers_count_against_the_guests_memory_and_threads_are_shared() {
     let d = Daemon::start(&[
@@ -219,6 +219,17 @@ fn decoder_workers_count_against_the_guests_memory_and_threads_are_shared() {
             assert!(format!("{e}").contains("memory"), "{e}");
         }
         Ok(_) => panic!("a fourth worker fit in 100 MiB"),
+    }
+    // An encoder's worker counts the same.
+    let encoder = a.command(&codec::OpenEncoder {
+        width: 64,
+        height: 64,
+        fps: 30,
+        bitrate: 500_000,
+    });
+    match encoder {
+        Err(e) => assert!(format!("{e}").contains("an encoder's worker"), "{e}"),
+        Ok(_) => panic!("an encoder's worker fit in 4 MiB"),
     }
     a.command(&codec::Close { handle: held[0] }).unwrap();
     let h = open(&a, 1).unwrap();

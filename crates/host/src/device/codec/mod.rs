@@ -80,8 +80,8 @@ pub const MAX_SESSIONS_PER_GUEST: usize = 16;
 pub const ENCODER_THREADS: usize = 1;
 /// Decoded pictures a decoder keeps waiting for `receive_frame`; `decode` is Busy beyond.
 pub const MAX_QUEUED_FRAMES: usize = 16;
-/// Memory a decoder worker process is charged against its guest's memory limit: what one
-/// idle worker holds resident (64 of them measured 2.1 GiB of RSS, issue 30).
+/// Memory a decoder's or an encoder's worker process is charged against its guest's memory
+/// limit: what one idle worker holds resident (64 of them measured 2.1 GiB of RSS, issue 30).
 pub const WORKER_MEMORY: u64 = 32 << 20;
 /// Largest `threads` accepted by `open_decoder`.
 pub const MAX_DECODE_THREADS: u64 = 16;
@@ -218,19 +218,7 @@ impl Codec {
     /// `open_decoder` for a guest's command: refusals carry their reason, and a decoder in
     /// a worker process charges [`WORKER_MEMORY`] to the guest's memory limit while open.
     fn open_decoder_for(&self, cx: &DeviceCtx<'_>, c: api::OpenDecoder) -> DeviceResult {
-        let charge = match &self.workers {
-            Some(_) => Some(cx.svm.charge(cx.guest, WORKER_MEMORY).map_err(|_| {
-                cx.fail(
-                    Status::OutOfMemory,
-                    format!(
-                        "a decoder's worker process counts {} MiB against the guest's memory \
-                         limit, which it would pass",
-                        WORKER_MEMORY >> 20
-                    ),
-                )
-            })?),
-            None => None,
-        };
+        let charge = self.worker_charge(cx, "a decoder")?;
         let threads = match c.threads {
             0 => self.default_threads,
             n => n as usize,
@@ -243,6 +231,41 @@ impl Codec {
             self.state().attach_charge(&(cx.guest, handle), charge);
         }
         Ok(api::OpenDecoderReply { handle }.to_values())
+    }
+
+    /// What a new session's worker process (`what`'s) charges to `cx`'s guest's memory limit
+    /// while open: [`WORKER_MEMORY`] with workers, nothing in process; `OutOfMemory` with the
+    /// reason when the guest would pass its limit.
+    fn worker_charge(
+        &self,
+        cx: &DeviceCtx<'_>,
+        what: &str,
+    ) -> std::result::Result<Option<virtsoc_svm::MemoryCharge>, Status> {
+        if self.workers.is_none() {
+            return Ok(None);
+        }
+        let charge = cx.svm.charge(cx.guest, WORKER_MEMORY).map_err(|_| {
+            cx.fail(
+                Status::OutOfMemory,
+                format!(
+                    "{what}'s worker process counts {} MiB against the guest's memory limit, \
+                     which it would pass",
+                    WORKER_MEMORY >> 20
+                ),
+            )
+        })?;
+        Ok(Some(charge))
+    }
+
+    /// `open_encoder` for a guest's command: an encoder in a worker process charges
+    /// [`WORKER_MEMORY`] to the guest's memory limit while open, as a decoder does.
+    fn open_encoder_for(&self, cx: &DeviceCtx<'_>, c: api::OpenEncoder) -> DeviceResult {
+        let charge = self.worker_charge(cx, "an encoder")?;
+        let handle = self.open_encoder_at(cx.guest, c, None)?;
+        if let Some(charge) = charge {
+            self.state().attach_charge(&(cx.guest, handle), charge);
+        }
+        Ok(api::OpenEncoderReply { handle }.to_values())
     }
 
     #[cfg(test)]
@@ -452,6 +475,7 @@ impl Codec {
         Ok(st.decoder(guest, c.handle)?.stream_info().to_values())
     }
 
+    #[cfg(test)]
     fn open_encoder(&self, guest: GuestId, c: api::OpenEncoder) -> DeviceResult {
         let handle = self.open_encoder_at(guest, c, None)?;
         Ok(api::OpenEncoderReply { handle }.to_values())
@@ -607,7 +631,7 @@ impl Device for Codec {
             Command::Decode(c) => self.decode(cx, c),
             Command::ReceiveFrame(c) => self.receive_frame(cx, c),
             Command::Flush(c) => self.flush(cx.guest, c),
-            Command::OpenEncoder(c) => self.open_encoder(cx.guest, c),
+            Command::OpenEncoder(c) => self.open_encoder_for(cx, c),
             Command::Encode(c) => self.encode(cx, c),
             Command::Close(c) => self.close(cx.guest, c),
             Command::StreamInfo(c) => self.stream_info(cx.guest, c),
