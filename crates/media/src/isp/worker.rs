@@ -94,13 +94,25 @@ impl IspWorker {
 
     fn convert(&mut self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
         let (sn, dn) = (src.layout.size(), dst.layout.size());
-        let mut flags = 0;
-        if Buffer::fit(&mut self.src, sn)? {
-            flags |= NEW_SRC;
-        }
-        if Buffer::fit(&mut self.dst, dn)? {
-            flags |= NEW_DST;
-        }
+        let mut fit = || -> Result<u8> {
+            let mut flags = 0;
+            if Buffer::fit(&mut self.src, sn)? {
+                flags |= NEW_SRC;
+            }
+            if Buffer::fit(&mut self.dst, dn)? {
+                flags |= NEW_DST;
+            }
+            Ok(flags)
+        };
+        let flags = match fit() {
+            Ok(flags) => flags,
+            Err(e) => {
+                // A buffer made now but never sent must not pass for one the worker has:
+                // the next call makes and sends both anew.
+                (self.src, self.dst) = (None, None);
+                return Err(e);
+            }
+        };
         let (Some(sbuf), Some(dbuf)) = (self.src.as_mut(), self.dst.as_ref()) else {
             return Err(MediaError::Resources("isp worker: no buffers".into()));
         };
