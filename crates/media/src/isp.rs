@@ -34,6 +34,16 @@ pub trait IspBackend: Send + Sync {
     fn name(&self) -> &str;
     /// Converts `src` into `dst`; the formats and sizes may differ.
     fn convert(&self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()>;
+    /// [`convert`](Self::convert) on behalf of `tenant` (a guest): a backend that keeps
+    /// state between conversions ([`ProcessIsp`]'s workers) keeps each tenant's apart.
+    fn convert_for(&self, tenant: u64, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
+        let _ = tenant;
+        self.convert(src, dst)
+    }
+    /// `tenant` is gone: drop what was kept for it.
+    fn forget(&self, tenant: u64) {
+        let _ = tenant;
+    }
 }
 
 /// Validates both frames; true when they have the same format and size, which a plain copy

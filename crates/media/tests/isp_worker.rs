@@ -342,3 +342,43 @@ fn a_worker_that_cannot_start_is_a_resource_error() {
         other => panic!("answered {:?}", other.map(|v| v.len())),
     }
 }
+
+/// A worker serves one tenant: another's conversions take a worker of their own, a tenant
+/// keeps its worker between conversions, and a tenant that is gone takes its workers along.
+#[test]
+fn tenants_never_share_a_worker() {
+    let isp = ProcessIsp::new(pool("worker_main", 1));
+    let (sl, dl) = (
+        packed(PixelFormat::Nv12, 64, 32),
+        packed(PixelFormat::Rgba8, 32, 16),
+    );
+    let src = frame(sl, 1);
+    let want = convert(&SwscaleIsp::new(), sl, &src, dl);
+    let convert_for = |tenant| {
+        let mut out = vec![0u8; dl.size()];
+        isp.convert_for(
+            tenant,
+            FrameRef::new(sl, &src).unwrap(),
+            FrameMut::new(dl, &mut out).unwrap(),
+        )
+        .unwrap();
+        assert!(out == want, "tenant {tenant}");
+    };
+    convert_for(1);
+    let first = isp.idle_pids();
+    convert_for(2);
+    let both = isp.idle_pids();
+    assert_eq!(both.len(), 2, "a worker each");
+    assert!(both.contains(&first[0]));
+    for tenant in [1, 2, 1, 2] {
+        convert_for(tenant);
+    }
+    let mut again = isp.idle_pids();
+    let mut both = both;
+    again.sort_unstable();
+    both.sort_unstable();
+    assert_eq!(again, both, "each kept its own");
+    isp.forget(1);
+    assert_eq!(isp.idle_pids().len(), 1);
+    assert!(!isp.idle_pids().contains(&first[0]));
+}

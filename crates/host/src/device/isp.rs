@@ -33,6 +33,7 @@ use virtsoc_media::{
     CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, ProcessIsp, SwscaleIsp, WorkerPool,
 };
 use virtsoc_proto::Status;
+use virtsoc_svm::GuestId;
 
 use super::gpu::Gpu;
 use super::layers::{frame_status, layout_of};
@@ -161,8 +162,10 @@ impl Isp {
         src: FrameRef<'_>,
         dst: FrameMut<'_>,
     ) -> std::result::Result<(), Status> {
+        // Each guest's conversions in workers of its own (`ProcessIsp`).
+        let tenant = cx.map_or(0, |cx| cx.guest.0);
         let media = |b: &dyn IspBackend, src, dst| {
-            b.convert(src, dst).map_err(|e| {
+            b.convert_for(tenant, src, dst).map_err(|e| {
                 log::debug!("isp: {}: {e}", b.name());
                 let status = status_of(&e);
                 match cx {
@@ -200,6 +203,14 @@ impl Device for Isp {
 
     fn backend(&self) -> String {
         self.desc.clone()
+    }
+
+    fn guest_gone(&self, guest: GuestId) {
+        // Its swscale workers end (another guest never gets them).
+        match &self.engine {
+            Engine::Media(b) => b.forget(guest.0),
+            Engine::Gpu { yuv, .. } => yuv.forget(guest.0),
+        }
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {

@@ -18,6 +18,7 @@
 //! Same-format, same-size conversions are plain copies in the parent (as [`SwscaleIsp`]
 //! makes them) and reach no worker.
 
+use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
 use std::process::Child;
 use std::sync::{Arc, Mutex};
@@ -43,8 +44,9 @@ const NEW_DST: u8 = 2;
 const MAX_CALL: usize = 64;
 /// Largest answer: an error's reason and a little more.
 const MAX_ANSWER: usize = MAX_TEXT as usize + 64;
-/// Idle workers a [`ProcessIsp`] keeps for the next conversions (one per converting thread).
-const MAX_IDLE: usize = 4;
+/// Idle workers a [`ProcessIsp`] keeps for the next conversions (of all tenants together;
+/// the least recently used goes beyond).
+const MAX_IDLE: usize = 8;
 
 /// Reads an answer to a conversion into `dst`: `Err` when it is malformed (the caller ends
 /// the worker), else the conversion's own result.
@@ -156,11 +158,14 @@ impl IspWorker {
 }
 
 /// The swscale ISP in sandboxed worker processes: each conversion runs in a worker that a
-/// crash or a hang ends alone (see the module docs).
+/// crash or a hang ends alone (see the module docs). A worker serves one tenant (guest,
+/// [`IspBackend::convert_for`]) only: it is kept between that tenant's conversions, never
+/// handed to another, so a guest whose frames took over a worker sees no other guest's
+/// frames through it.
 pub struct ProcessIsp {
     pool: Arc<WorkerPool>,
-    /// Workers between conversions.
-    idle: Mutex<Vec<IspWorker>>,
+    /// Workers between conversions and whose they are, least recently used first.
+    idle: Mutex<VecDeque<(u64, IspWorker)>>,
 }
 
 impl ProcessIsp {
@@ -172,22 +177,27 @@ impl ProcessIsp {
         }
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<IspWorker>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, IspWorker)>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The process ids of the workers waiting between conversions.
     pub fn idle_pids(&self) -> Vec<u32> {
-        self.idle().iter().map(|w| w.process.pid()).collect()
+        self.idle().iter().map(|(_, w)| w.process.pid()).collect()
     }
 
-    /// A worker that is still running: an idle one, else one from the pool (started now
-    /// when the one waiting there has died).
-    fn worker(&self) -> Result<IspWorker> {
+    /// A worker of `tenant`'s that is still running: an idle one, else a fresh one from the
+    /// pool (started now when the one waiting there has died).
+    fn worker(&self, tenant: u64) -> Result<IspWorker> {
         loop {
-            let Some(mut w) = self.idle().pop() else {
+            let mut idle = self.idle();
+            let Some(i) = idle.iter().rposition(|(t, _)| *t == tenant) else {
                 break;
             };
+            let Some((_, mut w)) = idle.remove(i) else {
+                break;
+            };
+            drop(idle);
             if w.process.running() {
                 return Ok(w);
             }
@@ -208,19 +218,36 @@ impl IspBackend for ProcessIsp {
     }
 
     fn convert(&self, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
+        self.convert_for(0, src, dst)
+    }
+
+    fn convert_for(&self, tenant: u64, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
         if super::same_picture(&src, &dst)? {
             // A copy needs no native code (as `SwscaleIsp` does it).
             return copy_frame(src, dst);
         }
-        let mut w = self.worker()?;
+        let mut w = self.worker(tenant)?;
         let r = w.convert(src, dst);
         if w.process.running() {
             let mut idle = self.idle();
-            if idle.len() < MAX_IDLE {
-                idle.push(w);
+            idle.push_back((tenant, w));
+            // Beyond the bound, the least recently used goes (its worker ends on drop).
+            while idle.len() > MAX_IDLE {
+                idle.pop_front();
             }
         }
         r
+    }
+
+    fn forget(&self, tenant: u64) {
+        let gone: VecDeque<_> = {
+            let mut idle = self.idle();
+            let (gone, kept) = idle.drain(..).partition(|(t, _)| *t == tenant);
+            *idle = kept;
+            gone
+        };
+        // Their workers end here, outside the lock.
+        drop(gone);
     }
 }
 
