@@ -1,10 +1,8 @@
-//! The render worker's sandbox, entered once the host's EGL is open (its driver loaded,
-//! its device opened) and before the first batch is read: no new privileges, root's user
-//! and groups dropped when it runs as root (to a user of its own per daemon,
-//! [`WORKER_UID_BASE`] + the daemon's pid), and a seccomp filter (rust-vmm's
-//! `seccompiler`, as the decoder worker's sandbox in `virtsoc-media`) on every thread the
-//! worker has (the driver's threads started at initialisation too: the filter is
-//! synchronised to all of them) and will have.
+//! The render worker's sandbox ([`virtsoc_sandbox`], the one every virtsoc worker enters),
+//! entered once the host's EGL is open (its driver loaded, its device opened) and before
+//! the first batch is read: no new privileges, root dropped to a user of its own per daemon
+//! ([`WORKER_UID_BASE`] + the daemon's pid), seccomp filters on every thread the worker has
+//! (the driver's threads started at initialisation too) and will have.
 //!
 //! The filter allows what rendering with Mesa's llvmpipe needs, found by running
 //! glmark2-es2 --off-screen (every default scene), es2gears_x11 and es2_info through the
@@ -35,31 +33,7 @@
 //! `VIRTSOC_RENDER_SANDBOX=off` in the daemon's environment (the worker inherits it) leaves
 //! the worker unconfined, for debugging a driver under `strace` or `gdb`.
 
-use std::collections::BTreeMap;
-
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule,
-};
-
-/// Why the sandbox could not be entered.
-#[derive(Debug, thiserror::Error)]
-pub enum SandboxError {
-    /// The filter could not be built for this machine.
-    #[error("seccomp filter: {0}")]
-    Filter(String),
-    /// The kernel refused the filter.
-    #[error("seccomp: {0}")]
-    Apply(String),
-    /// Root's user or groups could not be dropped.
-    #[error("dropping root ({what}): {err}")]
-    Root {
-        /// Which step failed.
-        what: &'static str,
-        /// The system's error.
-        err: std::io::Error,
-    },
-}
+pub use virtsoc_sandbox::SandboxError;
 
 /// System calls a render worker may make. Those marked "seen" are what the worker made in
 /// the sandbox under `strace -f` running glmark2-es2 --off-screen (every default scene, the
@@ -132,82 +106,12 @@ const ALLOWED: &[i64] = &[
     libc::SYS_sysinfo,
 ];
 
-/// System calls that answer `EACCES` instead of killing the worker.
+/// System calls that answer `EACCES` instead of killing the worker (with their older forms).
 const REFUSED: &[i64] = &[libc::SYS_openat, libc::SYS_readlinkat, libc::SYS_mkdirat];
-
-/// The same for the older calls only some architectures have.
-#[cfg(target_arch = "x86_64")]
-const LEGACY_ALLOWED: &[i64] = &[libc::SYS_poll];
-#[cfg(target_arch = "x86_64")]
-const LEGACY_REFUSED: &[i64] = &[libc::SYS_open, libc::SYS_readlink, libc::SYS_mkdir];
-#[cfg(not(target_arch = "x86_64"))]
-const LEGACY_ALLOWED: &[i64] = &[];
-#[cfg(not(target_arch = "x86_64"))]
-const LEGACY_REFUSED: &[i64] = &[];
 
 /// The first user id of render workers of a root daemon: a worker runs as this plus its
 /// daemon's pid (decoder workers use a range of their own below it).
 pub const WORKER_UID_BASE: u32 = 0x5000_0000;
-
-/// `prctl` options a worker may use: naming threads, and the filter's own set-up.
-const PRCTL_ALLOWED: &[u64] = &[
-    libc::PR_SET_NAME as u64,
-    libc::PR_GET_NAME as u64,
-    libc::PR_SET_NO_NEW_PRIVS as u64,
-];
-
-fn filter_err<E: std::fmt::Display>(e: E) -> SandboxError {
-    SandboxError::Filter(e.to_string())
-}
-
-fn arch() -> Result<seccompiler::TargetArch, SandboxError> {
-    std::env::consts::ARCH
-        .try_into()
-        .map_err(|e| filter_err(format!("on {}: {e}", std::env::consts::ARCH)))
-}
-
-fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SandboxError> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value).map_err(filter_err)
-}
-
-/// The calls allowed only with some arguments: `clone` for threads, `tgkill` within the
-/// worker's own thread group `tgid`.
-fn checked_rules(tgid: u32) -> Result<Vec<(i64, Vec<SeccompRule>)>, SandboxError> {
-    let thread = (libc::CLONE_THREAD | libc::CLONE_VM) as u64;
-    Ok(vec![
-        (
-            libc::SYS_clone,
-            vec![
-                SeccompRule::new(vec![condition(0, SeccompCmpOp::MaskedEq(thread), thread)?])
-                    .map_err(filter_err)?,
-            ],
-        ),
-        (
-            libc::SYS_tgkill,
-            vec![
-                SeccompRule::new(vec![condition(0, SeccompCmpOp::Eq, u64::from(tgid))?])
-                    .map_err(filter_err)?,
-            ],
-        ),
-    ])
-}
-
-fn program(
-    rules: Vec<(i64, Vec<SeccompRule>)>,
-    mismatch: SeccompAction,
-    matched: SeccompAction,
-) -> Result<BpfProgram, SandboxError> {
-    let rules: BTreeMap<i64, Vec<SeccompRule>> = rules.into_iter().collect();
-    let filter = SeccompFilter::new(rules, mismatch, matched, arch()?).map_err(filter_err)?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| filter_err(e))
-}
-
-/// Every call of `calls`, whatever its arguments.
-fn any_args(calls: &[i64]) -> Vec<(i64, Vec<SeccompRule>)> {
-    calls.iter().map(|c| (*c, Vec::new())).collect()
-}
 
 /// Whether the sandbox is on: unless `VIRTSOC_RENDER_SANDBOX` is `off` (or `0`).
 pub fn wanted() -> bool {
@@ -219,83 +123,14 @@ pub fn wanted() -> bool {
 
 /// Enters the sandbox, for every thread of the process.
 pub fn enter() -> Result<(), SandboxError> {
-    drop_root()?;
-    let refused: Vec<i64> = REFUSED.iter().chain(LEGACY_REFUSED).copied().collect();
-    let mut allowed = any_args(
-        &ALLOWED
-            .iter()
-            .chain(LEGACY_ALLOWED)
-            .chain(&refused)
-            .chain(&[libc::SYS_clone3])
-            .copied()
-            .collect::<Vec<_>>(),
-    );
-    allowed.extend(checked_rules(std::process::id())?);
-    // The filters all apply; the strictest answer wins: a refused call gets its errno from
-    // one of the later filters, anything outside the first's lists kills the worker.
-    let kill = program(allowed, SeccompAction::KillProcess, SeccompAction::Allow)?;
-    let refuse = program(
-        any_args(&refused),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EACCES as u32),
-    )?;
-    let no_clone3 = program(
-        any_args(&[libc::SYS_clone3]),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-    )?;
-    // prctl with any option but the allowed ones: one rule, every condition must hold.
-    let other_prctl = PRCTL_ALLOWED
-        .iter()
-        .map(|o| condition(0, SeccompCmpOp::Ne, *o))
-        .collect::<Result<Vec<_>, _>>()?;
-    let prctl = program(
-        vec![(
-            libc::SYS_prctl,
-            vec![SeccompRule::new(other_prctl).map_err(filter_err)?],
-        )],
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-    )?;
-    for p in [&kill, &refuse, &no_clone3, &prctl] {
-        // Sets no_new_privs first, so no exec can regain privileges either; TSYNC: the
-        // driver's threads started before this are confined too.
-        seccompiler::apply_filter_all_threads(p).map_err(|e| SandboxError::Apply(e.to_string()))?;
-    }
-    Ok(())
+    virtsoc_sandbox::enter(&virtsoc_sandbox::Policy {
+        allowed: ALLOWED,
+        refused: REFUSED,
+        uid_base: WORKER_UID_BASE,
+    })
 }
 
 /// The user a render worker of the daemon with pid `daemon` runs as when started by root.
 pub fn worker_uid(daemon: u32) -> u32 {
-    WORKER_UID_BASE.saturating_add(daemon)
-}
-
-/// Gives up root: no supplementary groups, the user and group of its daemon's render
-/// workers ([`worker_uid`] of its parent). The C library's calls change every thread's ids
-/// (the driver may have started threads already).
-fn drop_root() -> Result<(), SandboxError> {
-    // SAFETY: system calls with integer arguments only.
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
-    }
-    // SAFETY: as above.
-    let parent = unsafe { libc::getppid() };
-    let id = worker_uid(u32::try_from(parent).unwrap_or(0));
-    let check = |what: &'static str, r: i32| {
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(SandboxError::Root {
-                what,
-                err: std::io::Error::last_os_error(),
-            })
-        }
-    };
-    // SAFETY: an empty group list (a null pointer with a count of 0).
-    check("groups", unsafe { libc::setgroups(0, std::ptr::null()) })?;
-    // SAFETY: system calls with integer arguments only.
-    check("group", unsafe { libc::setresgid(id, id, id) })?;
-    // SAFETY: as above.
-    check("user", unsafe { libc::setresuid(id, id, id) })?;
-    Ok(())
+    virtsoc_sandbox::worker_uid(WORKER_UID_BASE, daemon)
 }
