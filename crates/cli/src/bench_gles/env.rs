@@ -73,6 +73,20 @@ pub fn require(program: &str, package: &str) -> Result<(), GlesError> {
     }
 }
 
+/// Makes the child get SIGTERM when the thread that started it dies without running the
+/// drops that stop it (a signal, a crash): no Xvfb or virgl server outlives the run.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure only makes one async-signal-safe system call (prctl) between fork
+    // and exec, touching no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
 /// A child process stopped with SIGTERM (then waited for) when dropped.
 pub struct Stoppable {
     child: Child,
@@ -153,7 +167,9 @@ impl Display {
             if sock.exists() || lock.exists() {
                 continue;
             }
-            let child = Command::new("Xvfb")
+            let mut cmd = Command::new("Xvfb");
+            die_with_parent(&mut cmd);
+            let child = cmd
                 .arg(format!(":{n}"))
                 .args(["-screen", "0", "1024x768x24", "-nolisten", "tcp"])
                 .stdin(Stdio::null())
@@ -199,7 +215,9 @@ impl VirglServer {
                 "another virgl_test_server listens on {VTEST_SOCKET}"
             )));
         }
-        let child = Command::new("virgl_test_server")
+        let mut cmd = Command::new("virgl_test_server");
+        die_with_parent(&mut cmd);
+        let child = cmd
             .arg("--use-egl-surfaceless")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
