@@ -140,3 +140,60 @@ fn a_remote_guest_that_vanishes_is_cleaned_up() {
     assert!(l.contains("released 1 regions"), "{l}");
     std::fs::remove_file(f).unwrap();
 }
+
+/// The bytes of a remote guest's CPU write are buffered by the daemon before they reach the
+/// region: they count against the guest's memory limit while buffered, so a guest cannot
+/// make the daemon hold more than its limit (it is cut off instead), and other guests go on.
+#[test]
+fn a_remote_guests_buffered_bytes_count_against_its_memory_limit() {
+    let f = std::env::temp_dir().join(format!("virtsoc-token-{}-charge", std::process::id()));
+    std::fs::write(&f, format!("{TOKEN}\n")).unwrap();
+    let d = Daemon::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        f.to_str().unwrap(),
+        "--guest-mem-limit",
+        &(48u64 << 20).to_string(),
+    ]);
+    let addr = d.tcp.clone().expect("tcp address");
+    let remote = Connection::connect_tcp(
+        &addr,
+        &ConnectOptions {
+            window_size: 64 << 20,
+            ..opts(Some(TOKEN))
+        },
+    )
+    .expect("remote guest");
+    // 24 MiB written in one access: 24 MiB buffered, within 48.
+    let len = 24u64 << 20;
+    let r = remote.alloc_blob(len).unwrap().id;
+    common::cpu_write(&remote, r, &vec![7u8; len as usize]);
+    assert_eq!(common::cpu_read(&remote, r, 16), vec![7u8; 16]);
+    // A decoder's worker process is charged 32 MiB: the same write would now make the
+    // daemon hold 56 MiB for a guest limited to 48.
+    remote
+        .command(&virtsoc_guest::devices::codec::OpenDecoder {
+            kind: virtsoc_guest::devices::codec_kind::H264,
+            format: virtsoc_guest::Format::Nv12 as u64,
+            threads: 1,
+        })
+        .expect("a decoder within the limit");
+    let a = remote
+        .begin_access(r, DeviceId::CPU, 0, len, AccessMode::Write)
+        .unwrap();
+    // SAFETY: the pointer covers `len` bytes of the guest's copy until end_access.
+    unsafe { std::ptr::write_bytes(a.ptr.unwrap().as_ptr(), 9, len as usize) };
+    assert!(
+        remote
+            .end_access(r, DeviceId::CPU, 0, len, AccessMode::Write)
+            .is_err(),
+        "the daemon buffered 24 MiB past the guest's limit"
+    );
+    // A local guest is unaffected.
+    let local = common::connect(&d);
+    let r = local.alloc_blob(4096).unwrap().id;
+    common::cpu_write(&local, r, b"fine");
+    assert_eq!(common::cpu_read(&local, r, 4), b"fine");
+    let _ = std::fs::remove_file(f);
+}

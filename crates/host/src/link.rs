@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
-use virtsoc_proto::stream::{read_frame, write_frame};
+use virtsoc_proto::stream::{read_frame_admitted, write_frame};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::{CondvarExt, LockExt};
 
@@ -35,7 +35,15 @@ pub struct Incoming {
     pub req: Request,
     /// Bytes that came with it (a remote guest's CPU write); empty for ring guests.
     pub payload: Vec<u8>,
+    /// The payload's memory, charged to the guest while the request holds it (remote guests
+    /// whose link charges: [`StreamLink::charging`]).
+    pub charge: Option<virtsoc_svm::MemoryCharge>,
 }
+
+/// Charges a remote guest's frame payload against its memory limit before it is read
+/// ([`StreamLink::charging`]).
+pub type PayloadCharger =
+    Box<dyn Fn(u64) -> Result<virtsoc_svm::MemoryCharge, String> + Send + Sync>;
 
 /// Why a link stopped.
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +179,7 @@ impl HostLink for ShmLink {
             return Ok(Some(Incoming {
                 req,
                 payload: Vec::new(),
+                charge: None,
             }));
         }
     }
@@ -225,6 +234,8 @@ pub struct StreamLink {
     max_payload: u64,
     /// No request is taken while this many payload bytes wait to be sent.
     max_bytes: u64,
+    /// Charges each incoming payload to the guest before it is allocated.
+    charger: Option<PayloadCharger>,
 }
 
 impl StreamLink {
@@ -252,7 +263,18 @@ impl StreamLink {
             outbox,
             max_payload,
             max_bytes,
+            charger: None,
         })
+    }
+
+    /// The same link, charging each request's payload (a remote CPU write's bytes, up to
+    /// the window's size) against the guest's memory limit with `charger` before the
+    /// payload is allocated, for as long as the request holds it: a guest whose payload
+    /// would pass its limit is cut off, and the daemon never buffers bytes no guest is
+    /// charged for.
+    pub fn charging(mut self, charger: PayloadCharger) -> Self {
+        self.charger = Some(charger);
+        self
     }
 }
 
@@ -302,17 +324,25 @@ impl HostLink for StreamLink {
             }
         }
         let mut r = self.reader.lock_or_recover();
-        match read_frame::<Request>(&mut *r, self.max_payload) {
-            Ok(f) => {
+        let admit = |len: u64| match (&self.charger, len) {
+            (Some(charge), 1..) => charge(len).map(Some),
+            _ => Ok(None),
+        };
+        match read_frame_admitted::<Request, _>(&mut *r, self.max_payload, admit) {
+            Ok((f, charge)) => {
                 let (m, _) = &*self.outbox;
                 m.lock_or_recover().in_flight += 1;
                 Ok(Some(Incoming {
                     req: f.entry,
                     payload: f.payload,
+                    charge,
                 }))
             }
             Err(virtsoc_proto::stream::FrameError::TooLarge { len, max }) => Err(
                 LinkError::Violation(format!("frame payload of {len} bytes over {max}")),
+            ),
+            Err(virtsoc_proto::stream::FrameError::Refused { len, why }) => Err(
+                LinkError::Violation(format!("frame payload of {len} bytes: {why}")),
             ),
             Err(_) => Ok(None),
         }

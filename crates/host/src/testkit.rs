@@ -82,10 +82,11 @@ pub struct MemLink {
 impl MemLink {
     /// Queues a request for `next`.
     pub fn feed(&self, req: Request, payload: Vec<u8>) {
-        self.incoming
-            .lock()
-            .unwrap()
-            .push_back(Incoming { req, payload });
+        self.incoming.lock().unwrap().push_back(Incoming {
+            req,
+            payload,
+            charge: None,
+        });
     }
 
     /// The completions posted so far, taken.
@@ -204,8 +205,15 @@ impl Core {
             device,
             args,
         };
-        self.session
-            .dispatch(Incoming { req, payload }, &self.svm, &self.devices);
+        self.session.dispatch(
+            Incoming {
+                req,
+                payload,
+                charge: None,
+            },
+            &self.svm,
+            &self.devices,
+        );
         let mut posted = self.link.take_posted();
         assert!(posted.len() <= 1, "one request, one completion: {posted:?}");
         let got = posted.pop();

@@ -31,6 +31,15 @@ pub enum FrameError {
         /// Largest payload the reader accepts, in bytes.
         max: u64,
     },
+    /// The reader would not hold a payload of this size now (it would pass the sender's
+    /// memory limit); nothing was allocated.
+    #[error("payload of {len} bytes refused: {why}")]
+    Refused {
+        /// Payload length the frame announced, in bytes.
+        len: u64,
+        /// Why.
+        why: String,
+    },
 }
 
 impl FrameError {
@@ -57,6 +66,17 @@ pub fn read_frame<T: ByteValued + Default>(
     r: &mut impl Read,
     max: u64,
 ) -> Result<StreamFrame<T>, FrameError> {
+    read_frame_admitted(r, max, |_| Ok(())).map(|(f, ())| f)
+}
+
+/// [`read_frame`], asking `admit` about the payload's length before its buffer is allocated
+/// (a charge against the sender's memory limit, say, held as long as the returned guard):
+/// its error ends the read with nothing allocated.
+pub fn read_frame_admitted<T: ByteValued + Default, G>(
+    r: &mut impl Read,
+    max: u64,
+    admit: impl FnOnce(u64) -> Result<G, String>,
+) -> Result<(StreamFrame<T>, G), FrameError> {
     let mut entry = T::default();
     let size = std::mem::size_of::<T>();
     let buf = entry.as_mut_slice();
@@ -72,9 +92,10 @@ pub fn read_frame<T: ByteValued + Default>(
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
+    let guard = admit(len).map_err(|why| FrameError::Refused { len, why })?;
     let mut payload = vec![0u8; len as usize];
     read_rest(r, &mut payload)?;
-    Ok(StreamFrame { entry, payload })
+    Ok((StreamFrame { entry, payload }, guard))
 }
 
 /// `read_exact` that keeps going through read timeouts once a frame has started.

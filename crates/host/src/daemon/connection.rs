@@ -189,11 +189,16 @@ impl Daemon {
         // The welcome goes out on a clone before the link's first frame (the link only
         // writes completions, which need requests, which need the welcome).
         let (hello_stream, link) = match stream.try_clone().and_then(|w| {
+            let svm = self.svm.clone();
             let link = StreamLink::new(
                 stream,
                 a.layout.size,
                 self.cfg.limits.remote_bytes_in_flight,
-            )?;
+            )?
+            .charging(Box::new(move |len| {
+                svm.charge(guest_id, len)
+                    .map_err(|e| format!("buffering it would pass the guest's memory limit ({e})"))
+            }));
             Ok((w, link))
         }) {
             Ok(v) => v,
