@@ -384,6 +384,7 @@ mod tests {
     use std::time::Duration;
     use virtsoc_proto::ring::guest_rings;
     use virtsoc_proto::{DeviceId, Opcode, ProtoError};
+    use virtsoc_proto::stream::read_frame;
 
     struct Shm {
         window: Arc<SharedWindow>,
