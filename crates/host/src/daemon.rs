@@ -50,7 +50,7 @@ pub struct DaemonConfig {
     pub handshake_timeout: Duration,
     /// Most guests (Unix and TCP) served at once; more are refused. Connections still in
     /// their handshake do not count: they are held to budgets of their own
-    /// ([`admission`](self::admission)).
+    /// ([`admission`]).
     pub max_connections: usize,
     /// Fault injection for tests: every asynchronous SVM copy waits this long first.
     pub test_dma_delay: Duration,

@@ -1,5 +1,5 @@
 //! The EGL entry points the vendor library hands to glvnd. Each one runs its body inside
-//! [`guard`]: a failure sets the calling thread's EGL error and returns the call's failure
+//! `guard`: a failure sets the calling thread's EGL error and returns the call's failure
 //! value, success sets `EGL_SUCCESS`, and a panic never unwinds into C.
 
 use std::cell::Cell;

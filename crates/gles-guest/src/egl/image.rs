@@ -11,7 +11,7 @@
 //!   into the gles domain (a copy on the ledger only when the gles replica is stale) and
 //!   the daemon hands the bytes to the render worker. The daemon skips an import when the
 //!   region's write generation has not moved since the image's last one.
-//! - `glEGLImageTargetTexture2DOES` ([`target_texture`]) imports again (the latch point,
+//! - `glEGLImageTargetTexture2DOES` (`target_texture`) imports again (the latch point,
 //!   as Android's `SurfaceTexture.updateTexImage`), then binds the bound texture to the
 //!   image on the host (`IMAGE_TARGET_TEXTURE`). A region rewritten since is thus seen by
 //!   the next draw after the next `glEGLImageTargetTexture2DOES`.

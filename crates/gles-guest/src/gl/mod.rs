@@ -1,6 +1,6 @@
 //! The GLES 2.0 entry points of the vendor library: encoded into the current context's
 //! stream (generated from the registry by `virtsoc-gles-gen`, `gl_guest.rs` in `OUT_DIR`),
-//! the calls the generator cannot do written by hand ([`custom`]), and the guest-side state
+//! the calls the generator cannot do written by hand (`custom`), and the guest-side state
 //! that spares round trips ([`GlState`]).
 //!
 //! # For the EGL half

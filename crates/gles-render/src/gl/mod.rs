@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The decoders are generated (`gl_host.rs` in `OUT_DIR`, from `crates/gles-gen`); the
-//! calls the generator cannot do are in [`custom`], the state tracking after some calls in
+//! calls the generator cannot do are in `custom`, the state tracking after some calls in
 //! `hooks`. The guest is never trusted: names go through the share group's tables
 //! ([`ShareGroup`]), an unknown name never reaches the driver; every array's length is
 //! recomputed from the call's arguments and this context's state ([`sz`]), and a call whose
