@@ -383,8 +383,8 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
     use virtsoc_proto::ring::guest_rings;
-    use virtsoc_proto::{DeviceId, Opcode, ProtoError};
     use virtsoc_proto::stream::read_frame;
+    use virtsoc_proto::{DeviceId, Opcode, ProtoError};
 
     struct Shm {
         window: Arc<SharedWindow>,
