@@ -217,6 +217,8 @@ impl VirglServer {
         }
         let mut cmd = Command::new("virgl_test_server");
         die_with_parent(&mut cmd);
+        // The same shader-compile conditions as the other paths (see the module doc).
+        cmd.env("MESA_SHADER_CACHE_DISABLE", "true");
         let child = cmd
             .arg("--use-egl-surfaceless")
             .stdin(Stdio::null())

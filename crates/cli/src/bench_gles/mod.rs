@@ -14,6 +14,10 @@
 //! - **virgl**: `GALLIUM_DRIVER=virpipe` against a `virgl_test_server` of this process on
 //!   `/tmp/.virgl_test` (the one path Mesa 22.3's vtest winsys knows).
 //!
+//! Every path runs with Mesa's on-disk shader cache off (`MESA_SHADER_CACHE_DISABLE`), as the
+//! sandboxed render worker must: a cache warmed by earlier runs would let the native path
+//! skip shader compiles the others pay for.
+//!
 //! Without `$DISPLAY` the programs get an Xvfb of their own on a free display. Per path it
 //! records each scene's FPS, glmark2's score, the program's CPU seconds (this process's
 //! reaped-children times around it) and its server's (the daemon with its render workers,
@@ -180,6 +184,11 @@ impl PathEnv {
         ] {
             c.env_remove(v);
         }
+        // Every path compiles its shaders under the same conditions: virtsoc's sandboxed
+        // render worker cannot open Mesa's on-disk shader cache, so neither does the native
+        // program (a warm disk cache made native terrain 5 fps against 2 without it) nor the
+        // virgl server (`VirglServer::start`).
+        c.env("MESA_SHADER_CACHE_DISABLE", "true");
         match path {
             GlPath::Native => {}
             GlPath::Virtsoc => {
