@@ -148,7 +148,10 @@ mod tests {
         assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 9);
         assert_eq!(renice_threads(&[], &[raw], 3).unwrap(), 0);
         assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 9);
-        assert_eq!(rustix::process::getpriority_process(Some(me)).unwrap(), mine);
+        assert_eq!(
+            rustix::process::getpriority_process(Some(me)).unwrap(),
+            mine
+        );
         done_tx.send(()).unwrap();
         t.join().unwrap();
     }
