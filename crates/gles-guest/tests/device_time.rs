@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin_dir, dlopen, skip, sym, Daemon, H};
+use common::{dlopen, skip, sym, H};
 use virtsoc_control::client::{request, Target};
 
 /// How long each guest renders.
@@ -157,52 +157,13 @@ fn two_guests_are_charged_their_render_workers_time() {
     if std::env::var_os("VIRTSOC_GLES_TIME_GUEST").is_some() {
         return;
     }
-    let dir = bin_dir();
-    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
-    for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
-        if !p.is_file() {
-            return skip(&format!("{} not built", p.display()));
-        }
-    }
     if dlopen(c"libEGL.so.1").is_null() {
         return skip("glvnd's libEGL.so.1 not installed");
     }
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-time-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
-    let (sock, json, ctl) = (
-        tmp.join("v.sock"),
-        tmp.join("virtsoc.json"),
-        tmp.join("v.ctl"),
-    );
-    std::fs::write(
-        &json,
-        format!(
-            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
-            vendor.display()
-        ),
-    )
-    .expect("vendor json");
-    let d = Daemon(
-        Command::new(&daemon)
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--control")
-            .arg(&ctl)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start virtsocd"),
-    );
-    let t0 = Instant::now();
-    while !sock.exists() || !ctl.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
-    std::env::set_var("VIRTSOC_SOCKET", &sock);
+    let Some((d, _, ctl)) = common::start_daemon(&tmp, &[]) else {
+        return;
+    };
 
     let mut guests = [Guest::start(), Guest::start()];
     // Both are set up (their first glFinish answered) before either renders.

@@ -12,10 +12,10 @@
 mod common;
 
 use std::ffi::{c_char, c_void, CStr};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{bin_dir, dlopen, skip, sym, Daemon, H};
+use common::{dlopen, skip, sym, H};
 
 const EGL_VIRTSOC_REGION: u32 = 0x7A00;
 const ID_LO: i32 = 0x7A01;
@@ -95,48 +95,11 @@ fn regions_as_egl_images_under_every_protocol() {
 
 #[test]
 fn regions_as_egl_images() {
-    let dir = bin_dir();
-    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
-    for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
-        if !p.is_file() {
-            return skip(&format!(
-                "{} not built (cargo build -p virtsoc --bin virtsocd; cargo build -p virtsoc-render -p virtsoc-gles)",
-                p.display()
-            ));
-        }
-    }
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-image-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
-    let (sock, json) = (tmp.join("v.sock"), tmp.join("virtsoc.json"));
-    std::fs::write(
-        &json,
-        format!(
-            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
-            vendor.display()
-        ),
-    )
-    .expect("vendor json");
-    let _d = Daemon(
-        Command::new(&daemon)
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--protocol")
-            .arg(protocol())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start virtsocd"),
-    );
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
-    std::env::set_var("VIRTSOC_SOCKET", &sock);
+    let coherence = protocol();
+    let Some((_d, sock, _)) = common::start_daemon(&tmp, &["--protocol", &coherence]) else {
+        return;
+    };
     let egl = dlopen(c"libEGL.so.1");
     let gles = dlopen(c"libGLESv2.so.2");
     if egl.is_null() || gles.is_null() {

@@ -8,10 +8,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use common::{bin_dir, dlopen, skip, sym, Daemon, H};
+use common::{dlopen, skip, sym, H};
 
 /// The processes whose parent is `parent` and whose name is `name`.
 fn children(parent: u32, name: &str) -> Vec<i32> {
@@ -35,43 +32,10 @@ fn children(parent: u32, name: &str) -> Vec<i32> {
 
 #[test]
 fn a_killed_render_worker_loses_the_guests_contexts_only() {
-    let dir = bin_dir();
-    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
-    for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
-        if !p.is_file() {
-            return skip(&format!("{} not built", p.display()));
-        }
-    }
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-killed-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
-    let (sock, json) = (tmp.join("v.sock"), tmp.join("virtsoc.json"));
-    std::fs::write(
-        &json,
-        format!(
-            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
-            vendor.display()
-        ),
-    )
-    .expect("vendor json");
-    let d = Daemon(
-        Command::new(&daemon)
-            .arg("--socket")
-            .arg(&sock)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start virtsocd"),
-    );
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
-    std::env::set_var("VIRTSOC_SOCKET", &sock);
+    let Some((d, sock, _)) = common::start_daemon(&tmp, &[]) else {
+        return;
+    };
     let (egl, gles) = (dlopen(c"libEGL.so.1"), dlopen(c"libGLESv2.so.2"));
     if egl.is_null() || gles.is_null() {
         return skip("glvnd's libEGL.so.1 / libGLESv2.so.2 not installed");

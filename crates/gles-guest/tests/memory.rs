@@ -12,11 +12,11 @@ mod common;
 
 use std::ffi::c_void;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin_dir, dlopen, skip, sym, Daemon, H};
+use common::{dlopen, skip, sym, H};
 use virtsoc_control::client::{request, Target};
 
 /// The guest's memory limit in the test: the vendor library's regions and one 4 MiB
@@ -208,54 +208,6 @@ fn bytes_of(ctl: &Path, pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("guest gles-{pid} listed with its bytes"))
 }
 
-fn start_daemon(tmp: &Path, args: &[&str]) -> Option<(Daemon, PathBuf)> {
-    let dir = bin_dir();
-    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
-    for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
-        if !p.is_file() {
-            skip(&format!("{} not built", p.display()));
-            return None;
-        }
-    }
-    std::fs::create_dir_all(tmp).expect("temp dir");
-    let (sock, json, ctl) = (
-        tmp.join("v.sock"),
-        tmp.join("virtsoc.json"),
-        tmp.join("v.ctl"),
-    );
-    std::fs::write(
-        &json,
-        format!(
-            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
-            vendor.display()
-        ),
-    )
-    .expect("vendor json");
-    let d = Daemon(
-        Command::new(&daemon)
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--control")
-            .arg(&ctl)
-            .args(args)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start virtsocd"),
-    );
-    let t0 = Instant::now();
-    while !sock.exists() || !ctl.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
-    std::env::set_var("VIRTSOC_SOCKET", &sock);
-    Some((d, ctl))
-}
-
 #[test]
 fn gl_memory_is_charged_against_the_guests_limit() {
     if std::env::var_os("VIRTSOC_GLES_MEMORY_GUEST").is_some() {
@@ -263,7 +215,7 @@ fn gl_memory_is_charged_against_the_guests_limit() {
     }
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-memory-{}", std::process::id()));
     let limit = LIMIT.to_string();
-    let Some((_d, ctl)) = start_daemon(&tmp, &["--guest-mem-limit", &limit]) else {
+    let Some((_d, _, ctl)) = common::start_daemon(&tmp, &["--guest-mem-limit", &limit]) else {
         return;
     };
     let mut other = Other::start();

@@ -54,56 +54,20 @@ pub type H = *mut c_void;
 /// `args` more daemon arguments: its EGL context creation must fail with `EGL_BAD_ALLOC`
 /// within `within`, twice, and the daemon must go on serving another guest.
 pub fn worker_fails(name: &str, script: &str, args: &[&str], within: Duration) {
-    let dir = bin_dir();
-    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
-    for p in [&daemon, &vendor] {
-        if !p.is_file() {
-            return skip(&format!(
-                "{} not built (cargo build -p virtsoc --bin virtsocd -p virtsoc-gles)",
-                p.display()
-            ));
-        }
-    }
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
-    let (sock, json, worker) = (
-        tmp.join("v.sock"),
-        tmp.join("virtsoc.json"),
-        tmp.join("worker"),
-    );
+    let worker = tmp.join("worker");
     std::fs::write(&worker, script).expect("worker script");
     std::fs::set_permissions(&worker, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
-    std::fs::write(
-        &json,
-        format!(
-            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
-            vendor.display()
-        ),
-    )
-    .expect("vendor json");
-    let _d = Daemon(
-        Command::new(&daemon)
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--render-worker")
-            .arg(&worker)
-            .args(args)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start virtsocd"),
-    );
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "daemon never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
-    std::env::set_var("VIRTSOC_SOCKET", &sock);
+    let worker = worker.to_str().expect("utf-8 path");
+    let all: Vec<&str> = ["--render-worker", worker]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let Some((_d, sock, _)) = start_daemon(&tmp, &all) else {
+        return;
+    };
     let egl = dlopen(c"libEGL.so.1");
     if egl.is_null() {
         return skip("glvnd's libEGL.so.1 not installed");
@@ -142,4 +106,62 @@ pub fn worker_fails(name: &str, script: &str, args: &[&str], within: Duration) {
     .expect("another guest connects");
     other.nop().expect("and is served");
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Starts `virtsocd` for one test in directory `tmp` (created), with `args` more
+/// arguments, its control API on `tmp/v.ctl`, and points glvnd at `libEGL_virtsoc.so` and
+/// the daemon (`__EGL_VENDOR_LIBRARY_FILENAMES`, `VIRTSOC_SOCKET`): the daemon, its socket
+/// and its control socket, once both listen. `None` (skipped loudly) when a binary is not
+/// built.
+pub fn start_daemon(tmp: &Path, args: &[&str]) -> Option<(Daemon, PathBuf, PathBuf)> {
+    let dir = bin_dir();
+    let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
+    for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
+        if !p.is_file() {
+            skip(&format!(
+                "{} not built (cargo build -p virtsoc --bin virtsocd; cargo build -p \
+                 virtsoc-render -p virtsoc-gles)",
+                p.display()
+            ));
+            return None;
+        }
+    }
+    std::fs::create_dir_all(tmp).expect("temp dir");
+    let (sock, json, ctl) = (
+        tmp.join("v.sock"),
+        tmp.join("virtsoc.json"),
+        tmp.join("v.ctl"),
+    );
+    std::fs::write(
+        &json,
+        format!(
+            r#"{{"file_format_version":"1.0.0","ICD":{{"library_path":"{}"}}}}"#,
+            vendor.display()
+        ),
+    )
+    .expect("vendor json");
+    let d = Daemon(
+        Command::new(&daemon)
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--control")
+            .arg(&ctl)
+            .args(args)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start virtsocd"),
+    );
+    let t0 = Instant::now();
+    while !sock.exists() || !ctl.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "daemon never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // glvnd reads these when libEGL loads its vendors (at the first display).
+    std::env::set_var("__EGL_VENDOR_LIBRARY_FILENAMES", &json);
+    std::env::set_var("VIRTSOC_SOCKET", &sock);
+    Some((d, sock, ctl))
 }
