@@ -37,11 +37,8 @@
 //!   the worker (a worker that claims less is charged its wall time).
 
 use std::collections::HashMap;
-use std::io::{IoSlice, Read, Write};
-use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command as Process, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -117,6 +114,10 @@ enum Kind {
 
 #[path = "gles_image.rs"]
 mod image;
+#[path = "gles_worker.rs"]
+mod worker;
+
+use worker::{DeviceClock, Worker};
 
 /// The READBACK opcode of the GLES stream (`virtsoc_gles_stream::egl::READBACK`; the
 /// daemon does not link the stream crate).
@@ -380,32 +381,6 @@ impl Drop for Batch {
     }
 }
 
-/// Writes all of `parts` with as few `sendmsg` calls as the socket takes (one, mostly:
-/// the peer wakes once for the whole message).
-fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> std::io::Result<()> {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut done = 0;
-    while done < total {
-        let mut skip = done;
-        let mut slices = Vec::with_capacity(parts.len());
-        for p in parts {
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            slices.push(IoSlice::new(&p[skip..]));
-            skip = 0;
-        }
-        match w.write_vectored(&slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// The first `len` bytes of the stream region (into `buf`), checked against its size and
 /// [`MAX_BATCH`].
 fn read_stream(
@@ -494,15 +469,6 @@ fn write_frame(cx: &DeviceCtx<'_>, frame: u64, answer: &[u8]) -> DeviceResult {
     .to_values())
 }
 
-/// What a worker's answer says of its guest's use of the host.
-#[derive(Clone, Copy)]
-struct WorkerUse {
-    /// The guest's GL memory after the batch (at most [`MAX_GL_BYTES`]).
-    gl_bytes: u64,
-    /// The worker's CPU time so far, all its threads (not trusted beyond bounds).
-    cpu_ns: u64,
-}
-
 /// The guest's GL memory as charged against its memory limit: a charge per growth, merged
 /// into one when the total shrinks or the pieces pile up.
 #[derive(Default)]
@@ -542,120 +508,6 @@ impl GlCharge {
     fn clear(&mut self) {
         self.parts.clear();
         self.bytes = 0;
-    }
-}
-
-/// The device time of a worker's batches ([`Reply::busy_for`]), from the CPU time each
-/// answer reports.
-struct DeviceClock {
-    cpus: u64,
-    cpu_ns: u64,
-    at: std::time::Instant,
-}
-
-impl DeviceClock {
-    fn new() -> Self {
-        DeviceClock {
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
-            cpu_ns: 0,
-            at: std::time::Instant::now(),
-        }
-    }
-
-    /// The device time of a batch whose round trip took `wall`, answered with the worker's
-    /// CPU time `cpu_ns`: the CPU time since the previous answer, at most the wall time
-    /// since then times the host's CPUs, at least `wall`.
-    fn batch(&mut self, wall: Duration, cpu_ns: u64) -> u64 {
-        let since = self.at.elapsed();
-        self.at = std::time::Instant::now();
-        let ceiling = (since.as_nanos() as u64).saturating_mul(self.cpus);
-        let spent = cpu_ns.saturating_sub(self.cpu_ns).min(ceiling);
-        self.cpu_ns = self.cpu_ns.max(cpu_ns);
-        spent.max(wall.as_nanos() as u64)
-    }
-}
-
-/// A started worker.
-struct Worker {
-    child: Child,
-    sock: UnixStream,
-}
-
-impl Worker {
-    fn start(program: &Path, deadline: Duration) -> Result<Worker, String> {
-        let (ours, theirs) =
-            UnixStream::pair().map_err(|e| format!("socketpair for the render worker: {e}"))?;
-        let child = Process::new(program)
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot start render worker {}: {e}", program.display()))?;
-        ours.set_read_timeout(Some(deadline))
-            .and_then(|()| ours.set_write_timeout(Some(deadline)))
-            .map_err(|e| format!("render worker socket: {e}"))?;
-        Ok(Worker { child, sock: ours })
-    }
-
-    /// Sends one batch and reads the answer: `(status, reply, message, use)`.
-    fn call(
-        &mut self,
-        batch: &[u8],
-        flags: u32,
-    ) -> Result<(u32, Vec<u8>, String, WorkerUse), String> {
-        let n = u32::try_from(batch.len()).map_err(|_| "batch too large".to_string())?;
-        let mut head = [0u8; 8];
-        head[..4].copy_from_slice(&n.to_le_bytes());
-        head[4..].copy_from_slice(&flags.to_le_bytes());
-        write_all_vectored(&mut self.sock, &[&head, batch])
-            .map_err(|e| format!("sending to the render worker: {e}"))?;
-        let mut head = [0u8; 28];
-        self.sock
-            .read_exact(&mut head)
-            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
-        let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
-        let (status, reply_len, msg_len) = (word(0), word(4) as usize, word(8) as usize);
-        let long = |i: usize| u64::from(word(i)) | u64::from(word(i + 4)) << 32;
-        let used = WorkerUse {
-            gl_bytes: long(12),
-            cpu_ns: long(20),
-        };
-        if used.gl_bytes > MAX_GL_BYTES {
-            return Err(format!(
-                "render worker claims {} bytes of GL objects",
-                used.gl_bytes
-            ));
-        }
-        if status > ANSWER_LOST || reply_len > MAX_REPLY || msg_len > MAX_MSG {
-            return Err(format!(
-                "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes)"
-            ));
-        }
-        let mut reply = vec![0u8; reply_len];
-        let mut msg = vec![0u8; msg_len];
-        self.sock
-            .read_exact(&mut reply)
-            .and_then(|()| self.sock.read_exact(&mut msg))
-            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
-        Ok((
-            status,
-            reply,
-            String::from_utf8_lossy(&msg).into_owned(),
-            used,
-        ))
-    }
-
-    /// Ends the worker: killed if still running, reaped; describes how it ended.
-    fn end(mut self) -> String {
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
-        match self.child.try_wait() {
-            Ok(Some(s)) => format!("render worker exited ({s})"),
-            _ => {
-                let _ = self.child.kill();
-                let s = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
-                format!("render worker killed ({s})")
-            }
-        }
     }
 }
 
@@ -827,69 +679,5 @@ impl Device for Gles {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_worker_is_beside_the_executable() {
-        let p = default_worker();
-        assert!(p.ends_with(WORKER_PROGRAM) || std::env::var_os("VIRTSOC_RENDER_WORKER").is_some());
-    }
-
-    #[test]
-    fn small_answers_travel_in_the_result_words() {
-        let reply: Vec<u8> = (1..=20).collect();
-        let v = inline_reply(&reply);
-        assert_eq!((v[0], v[1]), (20, 2));
-        assert_eq!(v[2], u64::from_le_bytes([1, 2, 3, 4, 5, 6, 7, 8]));
-        assert_eq!(
-            v[4] & 0xFFFF_FFFF,
-            u64::from_le_bytes([17, 18, 19, 20, 0, 0, 0, 0])
-        );
-        assert_eq!(inline_reply(&[])[..2], [0, 0]);
-    }
-
-    #[test]
-    fn a_missing_worker_program_is_an_error() {
-        let e = Worker::start(Path::new("/nonexistent/virtsoc-render"), WORKER_DEADLINE).err();
-        assert!(e.is_some_and(|e| e.contains("cannot start render worker")));
-    }
-
-    #[test]
-    fn gl_memory_is_charged_grown_shrunk_refused_and_given_back() {
-        let core = crate::testkit::Core::new();
-        let (svm, g) = (&*core.svm, crate::testkit::GUEST);
-        let used = || svm.guest_usage(g).map_or(0, |u| u.1);
-        let base = used();
-        let mut c = GlCharge::default();
-        for mib in [8u64, 24, 30, 4] {
-            c.set(svm, g, mib << 20).expect("within the limit");
-            assert_eq!(used(), base + (mib << 20), "{mib} MiB");
-        }
-        // Past the guest's limit (64 MiB): refused, and nothing stays charged.
-        let e = c.set(svm, g, 100 << 20).expect_err("over the limit");
-        assert!(e.contains("exceed the guest's memory limit"), "{e}");
-        assert_eq!(used(), base);
-        c.set(svm, g, 1 << 20).expect("within the limit");
-        drop(c);
-        assert_eq!(used(), base, "given back with the charge");
-    }
-
-    #[test]
-    fn device_time_is_the_workers_cpu_time_within_bounds() {
-        let mut clock = DeviceClock::new();
-        clock.cpus = 2;
-        std::thread::sleep(Duration::from_millis(20));
-        // The CPU time since the previous answer, at least the round trip.
-        assert_eq!(
-            clock.batch(Duration::from_millis(1), 15_000_000),
-            15_000_000
-        );
-        // Less than the round trip (or a clock going back) is charged the round trip.
-        assert_eq!(clock.batch(Duration::from_millis(3), 1_000), 3_000_000);
-        // More than the wall time since the previous answer x the CPUs is cut there.
-        std::thread::sleep(Duration::from_millis(10));
-        let ns = clock.batch(Duration::from_millis(1), u64::MAX / 2);
-        assert!((20_000_000..200_000_000).contains(&ns), "{ns}");
-    }
-}
+#[path = "gles_tests.rs"]
+mod tests;

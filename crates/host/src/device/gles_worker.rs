@@ -1,0 +1,162 @@
+//! The render worker process of one guest's GLES contexts, as the `gles` device sees it:
+//! starting it (its socket as stdin), one batch and its answer at a time (bounded and
+//! validated: the daemon trusts nothing the worker says beyond its bounds), ending it, and
+//! the device time its answers report.
+
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command as Process, Stdio};
+use std::time::Duration;
+
+use super::{ANSWER_LOST, MAX_GL_BYTES, MAX_MSG, MAX_REPLY};
+
+/// Writes all of `parts` with as few `sendmsg` calls as the socket takes (one, mostly:
+/// the peer wakes once for the whole message).
+pub(super) fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> std::io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0;
+    while done < total {
+        let mut skip = done;
+        let mut slices = Vec::with_capacity(parts.len());
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&p[skip..]));
+            skip = 0;
+        }
+        match w.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// What a worker's answer says of its guest's use of the host.
+#[derive(Clone, Copy)]
+pub(super) struct WorkerUse {
+    /// The guest's GL memory after the batch (at most [`MAX_GL_BYTES`]).
+    pub(super) gl_bytes: u64,
+    /// The worker's CPU time so far, all its threads (not trusted beyond bounds).
+    pub(super) cpu_ns: u64,
+}
+
+/// The device time of a worker's batches ([`Reply::busy_for`]), from the CPU time each
+/// answer reports.
+pub(super) struct DeviceClock {
+    pub(super) cpus: u64,
+    pub(super) cpu_ns: u64,
+    pub(super) at: std::time::Instant,
+}
+
+impl DeviceClock {
+    pub(super) fn new() -> Self {
+        DeviceClock {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            cpu_ns: 0,
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// The device time of a batch whose round trip took `wall`, answered with the worker's
+    /// CPU time `cpu_ns`: the CPU time since the previous answer, at most the wall time
+    /// since then times the host's CPUs, at least `wall`.
+    pub(super) fn batch(&mut self, wall: Duration, cpu_ns: u64) -> u64 {
+        let since = self.at.elapsed();
+        self.at = std::time::Instant::now();
+        let ceiling = (since.as_nanos() as u64).saturating_mul(self.cpus);
+        let spent = cpu_ns.saturating_sub(self.cpu_ns).min(ceiling);
+        self.cpu_ns = self.cpu_ns.max(cpu_ns);
+        spent.max(wall.as_nanos() as u64)
+    }
+}
+
+/// A started worker.
+pub(super) struct Worker {
+    pub(super) child: Child,
+    pub(super) sock: UnixStream,
+}
+
+impl Worker {
+    pub(super) fn start(program: &Path, deadline: Duration) -> Result<Worker, String> {
+        let (ours, theirs) =
+            UnixStream::pair().map_err(|e| format!("socketpair for the render worker: {e}"))?;
+        let child = Process::new(program)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start render worker {}: {e}", program.display()))?;
+        ours.set_read_timeout(Some(deadline))
+            .and_then(|()| ours.set_write_timeout(Some(deadline)))
+            .map_err(|e| format!("render worker socket: {e}"))?;
+        Ok(Worker { child, sock: ours })
+    }
+
+    /// Sends one batch and reads the answer: `(status, reply, message, use)`.
+    pub(super) fn call(
+        &mut self,
+        batch: &[u8],
+        flags: u32,
+    ) -> Result<(u32, Vec<u8>, String, WorkerUse), String> {
+        let n = u32::try_from(batch.len()).map_err(|_| "batch too large".to_string())?;
+        let mut head = [0u8; 8];
+        head[..4].copy_from_slice(&n.to_le_bytes());
+        head[4..].copy_from_slice(&flags.to_le_bytes());
+        write_all_vectored(&mut self.sock, &[&head, batch])
+            .map_err(|e| format!("sending to the render worker: {e}"))?;
+        let mut head = [0u8; 28];
+        self.sock
+            .read_exact(&mut head)
+            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
+        let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let (status, reply_len, msg_len) = (word(0), word(4) as usize, word(8) as usize);
+        let long = |i: usize| u64::from(word(i)) | u64::from(word(i + 4)) << 32;
+        let used = WorkerUse {
+            gl_bytes: long(12),
+            cpu_ns: long(20),
+        };
+        if used.gl_bytes > MAX_GL_BYTES {
+            return Err(format!(
+                "render worker claims {} bytes of GL objects",
+                used.gl_bytes
+            ));
+        }
+        if status > ANSWER_LOST || reply_len > MAX_REPLY || msg_len > MAX_MSG {
+            return Err(format!(
+                "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes)"
+            ));
+        }
+        let mut reply = vec![0u8; reply_len];
+        let mut msg = vec![0u8; msg_len];
+        self.sock
+            .read_exact(&mut reply)
+            .and_then(|()| self.sock.read_exact(&mut msg))
+            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
+        Ok((
+            status,
+            reply,
+            String::from_utf8_lossy(&msg).into_owned(),
+            used,
+        ))
+    }
+
+    /// Ends the worker: killed if still running, reaped; describes how it ended.
+    pub(super) fn end(mut self) -> String {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        match self.child.try_wait() {
+            Ok(Some(s)) => format!("render worker exited ({s})"),
+            _ => {
+                let _ = self.child.kill();
+                let s = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                format!("render worker killed ({s})")
+            }
+        }
+    }
+}
