@@ -305,3 +305,8 @@ impl Drop for HostEgl {
         }
     }
 }
+
+/// Tests that open the host's EGL take this first: the platform display is one per process,
+/// so one test's `eglTerminate` (a [`HostEgl`] dropped) would end another's contexts.
+#[cfg(test)]
+pub(crate) static HOST_EGL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());

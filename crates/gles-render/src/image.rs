@@ -383,6 +383,9 @@ mod tests {
 
     #[test]
     fn images_on_the_host_egl() {
+        let _one = crate::egl::HOST_EGL_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let Ok(egl) = HostEgl::open() else {
             eprintln!("SKIPPED: no host EGL");
             return;

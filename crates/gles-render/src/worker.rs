@@ -623,6 +623,9 @@ mod tests {
 
     #[test]
     fn contexts_surfaces_and_bad_ids_on_the_host() {
+        let _one = crate::egl::HOST_EGL_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let Ok(mut r) = Renderer::new() else {
             eprintln!("SKIPPED: no host EGL");
             return;
