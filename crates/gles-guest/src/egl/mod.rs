@@ -1,6 +1,7 @@
 //! EGL for glvnd: [`__egl_Main`] hands libEGL the vendor's imports (display creation,
 //! API support, `getProcAddress` for every EGL and GL entry point); the entry points
-//! themselves are in [`api`], the objects in [`state`], the bit of Xlib needed for windows
+//! themselves are in [`api`] (displays, configs, contexts), [`surface`] (surfaces, make
+//! current, swap) and [`fence`] (fence syncs), the objects in [`state`], the bit of Xlib needed for windows
 //! in [`x11`].
 //!
 //! With only this vendor loaded (`__EGL_VENDOR_LIBRARY_FILENAMES` naming virtsoc's JSON),
@@ -9,13 +10,17 @@
 
 pub mod api;
 pub mod consts;
+pub mod fence;
 pub mod image;
 pub mod state;
+pub mod surface;
 pub mod x11;
 
 use std::ffi::{c_char, c_void};
 
 use api::*;
+use fence::*;
+use surface::*;
 
 /// `__EGLapiImports` of `glvnd/libeglabi.h` (ABI 0.x): what the vendor gives libEGL.
 #[repr(C)]
