@@ -5,28 +5,16 @@
 //! the completion.
 
 use virtsoc_proto::counters::{Counters, LedgerEntry, LEDGER_PAGE};
-use virtsoc_proto::ops::{
-    AllocReply, BeginAccessReply, CoreRequest, FreeReply, NopReply, StatsReply,
-};
+use virtsoc_proto::ops::{AllocReply, CoreRequest, FreeReply, NopReply, StatsReply};
 use virtsoc_proto::{Opcode, Request, Status};
-use virtsoc_svm::{AccessReport, AllocDesc, DomainId, GuestId, RegionId, SvmError, SvmManager};
+use virtsoc_svm::{AllocDesc, DomainId, GuestId, RegionId, SvmError, SvmManager};
+
+/// The one status mapping ([`crate::status`]), under the name some devices still call.
+pub use crate::status::status_of;
+use crate::status::{access_spec, access_values};
 
 /// Result values or an error status.
 pub type Outcome = std::result::Result<[u64; 6], Status>;
-
-/// Maps an SVM error to the status a guest sees.
-pub fn status_of(e: &SvmError) -> Status {
-    match e {
-        SvmError::BadArgument(_) => Status::BadArgument,
-        SvmError::GuestNotAttached(_) => Status::Closed,
-        SvmError::NoSuchRegion => Status::NoSuchRegion,
-        SvmError::NotSupported(_) => Status::NotSupported,
-        SvmError::OutOfMemory => Status::OutOfMemory,
-        SvmError::OutOfRange => Status::OutOfRange,
-        SvmError::UnknownDomain(_) => Status::UnknownDevice,
-        SvmError::Internal(_) | SvmError::Unreachable(_) | SvmError::Window(_) => Status::Internal,
-    }
-}
 
 fn svm<T>(guest: GuestId, r: Result<T, SvmError>) -> Result<T, Status> {
     r.map_err(|e| {
@@ -35,23 +23,10 @@ fn svm<T>(guest: GuestId, r: Result<T, SvmError>) -> Result<T, Status> {
     })
 }
 
-/// Values of an access completion (either end: the same [`BeginAccessReply`]).
-pub fn access_values(r: &AccessReport) -> [u64; 6] {
-    BeginAccessReply {
-        window_offset: r.window_offset.unwrap_or(u64::MAX),
-        coherence_ns: r.coherence.as_nanos() as u64,
-        copies: r.copies as u64,
-        compensation_ns: r.compensation.as_nanos() as u64,
-        host_ns: r.elapsed.as_nanos() as u64,
-        bytes: r.bytes,
-    }
-    .to_values()
-}
-
 /// A CPU access (the guest window's domain), run on the session's thread: a begin_access
 /// waits there for copies in flight, holding up only this guest.
 fn access(svm_mgr: &SvmManager, guest: GuestId, req: &Request, begin: bool) -> Outcome {
-    let (id, spec) = crate::device::access_spec(req, DomainId::GUEST_WINDOW)?;
+    let (id, spec) = access_spec(req, DomainId::GUEST_WINDOW)?;
     let r = if begin {
         svm_mgr.begin_access(guest, id, &spec)
     } else {

@@ -5,6 +5,7 @@
 //! - [`link`]: the transports (shared rings, TCP frames) behind one trait;
 //! - [`vm`]: VM guests (ivshmem window, virtio-serial doorbells);
 //! - [`dispatch`]: decoding and validating requests;
+//! - [`status`]: the one mapping from errors to the status a guest sees;
 //! - [`fences`]: the guest-visible virtual fence page;
 //! - [`device`]: the device trait, device workers, and the devices themselves;
 //! - [`cgroup`]: guests' CPU weight through cgroups;
@@ -22,6 +23,7 @@ pub mod link;
 pub mod policy;
 pub mod session;
 pub mod snapshot;
+pub mod status;
 pub mod sync;
 #[cfg(test)]
 pub(crate) mod testkit;

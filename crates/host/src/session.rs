@@ -327,7 +327,7 @@ impl Session {
             .ok_or(Status::UnknownOpcode)?;
         let meta = svm
             .meta(self.guest_id, RegionId(id))
-            .map_err(|e| dispatch::status_of(&e))?;
+            .map_err(|e| crate::status::status_of(&e))?;
         let end = offset
             .checked_add(len)
             .filter(|e| *e <= meta.size && len > 0);
@@ -338,7 +338,7 @@ impl Session {
             }
             let base = svm
                 .window_offset(self.guest_id, RegionId(id))
-                .map_err(|e| dispatch::status_of(&e))?
+                .map_err(|e| crate::status::status_of(&e))?
                 .ok_or(Status::BadArgument)?;
             self.window
                 .copy_in(base + offset, &inc.payload)

@@ -8,7 +8,7 @@ use virtsoc_fence::table::VirtualFenceTable;
 use virtsoc_proto::Status;
 use virtsoc_svm::{DomainId, SvmManager};
 
-use crate::dispatch;
+use crate::status::status_of;
 
 /// What a device command returns: result values, or a status for the guest.
 pub type DeviceResult = std::result::Result<[u64; 6], Status>;
@@ -61,7 +61,7 @@ impl<'a> DeviceCtx<'a> {
             true => self.svm.read_replica(self.guest, RegionId(id), self.domain),
             false => self.svm.replica(self.guest, RegionId(id), self.domain),
         }
-        .map_err(|e| dispatch::status_of(&e))
+        .map_err(|e| status_of(&e))
     }
 
     /// Runs `f` on the bytes of region `id` as the device reads them (see
@@ -93,7 +93,7 @@ impl<'a> DeviceCtx<'a> {
     pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
         self.svm
             .with_replica(self.guest, RegionId(id), self.domain, f)
-            .map_err(|e| dispatch::status_of(&e))
+            .map_err(|e| status_of(&e))
     }
 
     /// Runs `f` on the bytes of `src` (read, from [`source`](Self::source)) and `dst`
@@ -113,7 +113,7 @@ impl<'a> DeviceCtx<'a> {
                 self.reads_host,
                 f,
             )
-            .map_err(|e| dispatch::status_of(&e))
+            .map_err(|e| status_of(&e))
     }
 
     /// A copy of the first `n` bytes of region `id` as the device reads it (see
@@ -127,7 +127,7 @@ impl<'a> DeviceCtx<'a> {
                 out.copy_from_slice(b.read().get(..n).ok_or(Status::OutOfRange)?)
             }
             Ok(virtsoc_svm::Backing::Device(m)) => {
-                m.read(0, &mut out).map_err(|e| dispatch::status_of(&e))?
+                m.read(0, &mut out).map_err(|e| status_of(&e))?
             }
             Ok(_) => return Err(Status::BadArgument),
             Err(st) => return Err(st),
@@ -147,10 +147,10 @@ impl<'a> DeviceCtx<'a> {
                 .ok_or(Status::OutOfRange)?
                 .copy_from_slice(bytes),
             Ok(virtsoc_svm::Backing::Device(m)) => {
-                m.write(0, bytes).map_err(|e| dispatch::status_of(&e))?
+                m.write(0, bytes).map_err(|e| status_of(&e))?
             }
             Ok(_) => return Err(Status::BadArgument),
-            Err(e) => return Err(dispatch::status_of(&e)),
+            Err(e) => return Err(status_of(&e)),
         }
         self.count_copy(bytes.len(), t0);
         Ok(())
@@ -180,6 +180,6 @@ impl<'a> DeviceCtx<'a> {
     pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
         self.svm
             .meta(self.guest, RegionId(id))
-            .map_err(|e| dispatch::status_of(&e))
+            .map_err(|e| status_of(&e))
     }
 }

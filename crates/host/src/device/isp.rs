@@ -36,9 +36,10 @@ use virtsoc_proto::Status;
 use virtsoc_svm::GuestId;
 
 use super::gpu::Gpu;
-use super::layers::{frame_status, layout_of};
+use super::layers::layout_of;
 use super::registry::{DeviceConfig, IspBackendKind};
 use super::{Device, DeviceCtx, DeviceResult, Reply};
+use crate::status::status_of;
 use crate::Result;
 
 /// What converts.
@@ -248,16 +249,6 @@ fn reason_of(e: &MediaError) -> String {
             m.split_once(';').map_or(m, |(what, _)| what).to_string()
         }
         e => e.to_string(),
-    }
-}
-
-/// The status a guest sees for a backend error.
-fn status_of(e: &MediaError) -> Status {
-    match e {
-        MediaError::Frame(e) => frame_status(e),
-        MediaError::InvalidLayout(_) => Status::BadArgument,
-        MediaError::Unsupported(_) => Status::NotSupported,
-        _ => Status::DeviceError,
     }
 }
 

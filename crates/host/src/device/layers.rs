@@ -2,10 +2,11 @@
 //! frame layout of a region, checked from guest-provided metadata and records.
 
 use virtsoc_devapi::{LayerRecord, LAYER_RECORD};
-use virtsoc_gpu::{FrameError, FrameLayout, PixelFormat, Rect, Rotation, MAX_COORD};
+use virtsoc_gpu::{FrameLayout, PixelFormat, Rect, Rotation, MAX_COORD};
 use virtsoc_proto::Status;
 
 use super::DeviceCtx;
+use crate::status::status_of;
 
 /// A layer record checked on its own (the crop is checked against its source later).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,15 +88,6 @@ pub(crate) fn read_layers(
         .collect()
 }
 
-/// The status a guest sees for a frame that breaks the layout rules: `OutOfRange` for a
-/// buffer (region) too short for its layout, `BadArgument` for the rest.
-pub(crate) fn frame_status(e: &FrameError) -> Status {
-    match e {
-        FrameError::BufferTooSmall { .. } => Status::OutOfRange,
-        _ => Status::BadArgument,
-    }
-}
-
 /// The frame layout of region `id` from its metadata, checked against the region size.
 pub(crate) fn layout_of(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, Status> {
     let meta = cx.meta(id)?;
@@ -105,7 +97,7 @@ pub(crate) fn layout_of(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<Fram
         meta.height,
         meta.stride,
     )
-    .map_err(|e| frame_status(&e))?;
+    .map_err(|e| status_of(&e))?;
     if layout.size() as u64 > meta.size {
         return Err(Status::OutOfRange);
     }
@@ -187,9 +179,9 @@ mod tests {
 
     #[test]
     fn frame_errors_map_to_statuses() {
-        let short = FrameError::BufferTooSmall { needed: 2, got: 1 };
-        assert_eq!(frame_status(&short), Status::OutOfRange);
+        let short = virtsoc_gpu::FrameError::BufferTooSmall { needed: 2, got: 1 };
+        assert_eq!(status_of(&short), Status::OutOfRange);
         let zero = FrameLayout::packed(PixelFormat::Rgba8, 0, 1).unwrap_err();
-        assert_eq!(frame_status(&zero), Status::BadArgument);
+        assert_eq!(status_of(&zero), Status::BadArgument);
     }
 }

@@ -52,10 +52,9 @@ use std::thread::JoinHandle;
 use virtsoc_fence::queue::{DoneToken, OrderedQueue, TryPop};
 use virtsoc_fence::table::FenceId;
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, Status};
-use virtsoc_svm::{AccessSpec, CopyTicket, DomainId, GuestId, Progress, RegionId, SvmManager};
+use virtsoc_svm::{CopyTicket, DomainId, GuestId, Progress, RegionId, SvmManager};
 use virtsoc_sync::LockExt;
 
-use crate::dispatch;
 use crate::session::Session;
 use crate::sync::EventCount;
 use share::{permitted, start, Accounting, Arbiter, Sharing};
@@ -134,7 +133,7 @@ pub trait Device: Send + Sync {
     /// Whether the device reads host memory directly (a display controller scans out of
     /// system RAM): its read accesses are then served in place from a host-memory replica
     /// holding the current contents, with no copy into its own domain
-    /// ([`AccessSpec::reads_host`]). By default no.
+    /// ([`virtsoc_svm::AccessSpec::reads_host`]). By default no.
     fn reads_host_memory(&self) -> bool {
         false
     }
@@ -403,17 +402,6 @@ impl DeviceSet {
             }
         }
     }
-}
-
-/// The region and access of a begin_access or end_access request (decoded by the core
-/// requests' declaration, [`virtsoc_proto::ops`]); `UnknownOpcode` for any other request.
-pub fn access_spec(req: &Request, domain: DomainId) -> Result<(RegionId, AccessSpec), Status> {
-    let a = virtsoc_proto::ops::CoreRequest::decode(req.opcode, &req.args)?
-        .access()
-        .ok_or(Status::UnknownOpcode)?;
-    let spec = AccessSpec::new(req.device, domain, a.offset, a.len, a.mode)
-        .compensating(a.flags & virtsoc_proto::wire::ACCESS_COMPENSATES != 0);
-    Ok((RegionId(a.id), spec))
 }
 
 #[cfg(test)]

@@ -102,7 +102,7 @@ impl Device for Producer {
                     .with_replica(cx.guest, RegionId(args[1]), cx.domain, |b| {
                         fill_pattern(b, args[2])
                     })
-                    .map_err(|e| crate::dispatch::status_of(&e))?;
+                    .map_err(|e| crate::status::status_of(&e))?;
                 Ok([crc as u64, 0, 0, 0, 0, 0])
             }
             _ => Err(Status::UnknownOpcode),
@@ -161,7 +161,7 @@ impl Device for Consumer {
                     .with_replica(cx.guest, RegionId(args[1]), cx.domain, |b| {
                         crc32fast::hash(b)
                     })
-                    .map_err(|e| crate::dispatch::status_of(&e))?;
+                    .map_err(|e| crate::status::status_of(&e))?;
                 Ok([crc as u64, 0, 0, 0, 0, 0])
             }
             _ => Err(Status::UnknownOpcode),

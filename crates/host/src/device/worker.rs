@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::*;
+use crate::status::{access_spec, access_values, status_of};
 
 /// A begin_access waiting for a copy into the device's memory.
 pub(super) struct Parked {
@@ -130,17 +131,17 @@ pub(super) fn execute(
             };
             if op == Opcode::BeginAccess {
                 match svm.begin_access_step(guest, id, &spec, retry) {
-                    Ok(Progress::Done(r)) => reply.send(Ok(dispatch::access_values(&r))),
+                    Ok(Progress::Done(r)) => reply.send(Ok(access_values(&r))),
                     Ok(Progress::Wait(ticket)) => {
                         return Some(Later::Parked(Parked { req, reply, ticket }))
                     }
-                    Err(e) => reply.send(Err(dispatch::status_of(&e))),
+                    Err(e) => reply.send(Err(status_of(&e))),
                 }
             } else {
                 match svm.end_access(guest, id, &spec) {
                     Ok(end) => {
                         let mut reply = reply;
-                        let values = dispatch::access_values(&end.report);
+                        let values = access_values(&end.report);
                         if !spec.compensates && !end.started.is_empty() {
                             // Fence ordering: nobody blocks for the compensation, so the queue
                             // holds its next signal until the copies are done.
@@ -152,7 +153,7 @@ pub(super) fn execute(
                         }
                         reply.send(Ok(values));
                     }
-                    Err(e) => reply.send(Err(dispatch::status_of(&e))),
+                    Err(e) => reply.send(Err(status_of(&e))),
                 }
             }
         }

@@ -103,19 +103,9 @@ pub fn frame_layout(meta: &RegionMeta) -> std::result::Result<FrameLayout, Statu
     Ok(layout)
 }
 
-/// The status a guest sees for a media backend error.
+/// The status a guest sees for a media backend error (the one mapping, [`crate::status`]).
 pub fn media_status(e: &MediaError) -> Status {
-    match e {
-        MediaError::InvalidLayout(_) | MediaError::Frame(_) => Status::BadArgument,
-        MediaError::Unsupported(_) => Status::NotSupported,
-        MediaError::Resources(_) => Status::Busy,
-        MediaError::Decode(_)
-        | MediaError::Worker(_)
-        | MediaError::Encode(_)
-        | MediaError::NoFrames(_)
-        | MediaError::File { .. }
-        | MediaError::Ffmpeg { .. } => Status::DeviceError,
-    }
+    crate::status::status_of(e)
 }
 
 /// The reason a guest sees for a media backend error (as short as the completion's room

@@ -11,8 +11,9 @@ use virtsoc_gpu::{FrameLayout, FrameMut, FrameRef, GpuStats, Layer, MAX_LAYERS, 
 use virtsoc_proto::Status;
 
 use super::{marker_of, rgb_layout, view_of, Gpu};
-use crate::device::layers::{crop_inside, frame_status, layout_of, read_layers, read_records};
+use crate::device::layers::{crop_inside, layout_of, read_layers, read_records};
 use crate::device::{DeviceCtx, DeviceResult};
+use crate::status::status_of;
 
 impl Gpu {
     pub(super) fn composite(
@@ -149,7 +150,7 @@ fn copy_out(
     id: u64,
     layout: &FrameLayout,
 ) -> std::result::Result<Vec<u8>, Status> {
-    let n = layout.size_bytes().map_err(|e| frame_status(&e))?;
+    let n = layout.size_bytes().map_err(|e| status_of(&e))?;
     let t0 = Instant::now();
     let bytes = cx
         .with_region(id, |b| b.get(..n).map(<[u8]>::to_vec))?
@@ -167,7 +168,7 @@ fn with_dst(
     layout: &FrameLayout,
     f: impl FnOnce(FrameMut<'_>) -> std::result::Result<GpuStats, Status>,
 ) -> std::result::Result<GpuStats, Status> {
-    let n = layout.size_bytes().map_err(|e| frame_status(&e))?;
+    let n = layout.size_bytes().map_err(|e| status_of(&e))?;
     cx.with_region(id, |b| match b.get_mut(..n) {
         Some(d) => f(FrameMut {
             layout: *layout,

@@ -70,16 +70,16 @@ use virtsoc_devapi::gpu::{Command, CompositeReply};
 use virtsoc_devapi::MarkerRecord;
 use virtsoc_fence::{MemPage, PhysicalFenceTable, VirtualFenceTable};
 use virtsoc_gpu::{
-    CpuBackend, FrameLayout, FrameMut, FrameRef, GpuBackend, GpuError, GpuImage, GpuStats,
-    ImageLayer, Marker, NullBackend, SubmissionId, View, WgpuBackend, MAX_COORD, MAX_LAYERS,
-    MAX_MARKERS,
+    CpuBackend, FrameLayout, FrameMut, FrameRef, GpuBackend, GpuImage, GpuStats, ImageLayer,
+    Marker, NullBackend, SubmissionId, View, WgpuBackend, MAX_COORD, MAX_LAYERS, MAX_MARKERS,
 };
 use virtsoc_proto::Status;
 use virtsoc_svm::Backing;
 
-use super::layers::{crop_inside, frame_status, layout_of, read_layers, read_records};
+use super::layers::{crop_inside, layout_of, read_layers, read_records};
 use super::registry::{DeviceConfig, GpuBackendKind};
 use super::{Device, DeviceCtx, DeviceResult, Reply};
+use crate::status::status_of;
 use crate::Result;
 
 mod bytes;
@@ -340,7 +340,7 @@ impl Gpu {
                 .downcast_ref::<GpuMemory>()
                 .map(|g| g.image.clone())),
             Ok(_) => Ok(None),
-            Err(e) => Err(crate::dispatch::status_of(&e)),
+            Err(e) => Err(status_of(&e)),
         }
     }
 
@@ -650,24 +650,6 @@ fn rgb_layout(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, S
         return Err(Status::NotSupported);
     }
     Ok(l)
-}
-
-/// The status a guest sees for a backend error.
-pub(crate) fn status_of(e: &GpuError) -> Status {
-    match e {
-        GpuError::Frame(e) => frame_status(e),
-        GpuError::InvalidLayout(_)
-        | GpuError::InvalidRect { .. }
-        | GpuError::RectOutOfBounds { .. }
-        | GpuError::InvalidParameter(_)
-        | GpuError::TooMany { .. } => Status::BadArgument,
-        GpuError::UnsupportedFormat { .. } => Status::NotSupported,
-        GpuError::UnknownSubmission(_) => Status::Internal,
-        GpuError::NoAdapter(_)
-        | GpuError::DeviceRequest(_)
-        | GpuError::Backend(_)
-        | GpuError::DeviceLost(_) => Status::DeviceError,
-    }
 }
 
 #[cfg(test)]

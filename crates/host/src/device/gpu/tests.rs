@@ -1,7 +1,7 @@
 //! Unit tests of the gpu device: records, markers, views, statuses, backends, budgets.
 
 use super::*;
-use virtsoc_gpu::PixelFormat;
+use virtsoc_gpu::{GpuError, PixelFormat};
 
 #[test]
 fn cost_counts_each_layer_clipped_to_the_target() {
