@@ -46,6 +46,10 @@ pub struct FfmpegDecoder {
     collected: u64,
     /// Earlier packets' failures, for `take_failures`.
     failures: Vec<PacketError>,
+    /// The shared buffers libavcodec decodes 4:2:0 pictures into (a decoder worker's, see
+    /// `worker::direct`); declared after `decoder`, so it outlives the codec context that
+    /// points at it.
+    _slots: Option<crate::worker::shared::SharedSlots>,
 }
 
 /// Errors taken from libavcodec in one call at most (each consumes a thread's result, so
@@ -67,7 +71,18 @@ impl FfmpegDecoder {
     /// `out` (NV12 or YUV420P). `threads > 1` enables frame threading with that many threads;
     /// 0 or 1 decodes on the calling thread.
     pub fn new(codec: CodecKind, out: PixelFormat, threads: usize) -> Result<Self> {
-        Self::build(codec, out, threads, None)
+        Self::build(codec, out, threads, None, None)
+    }
+
+    /// As [`new`](Self::new), decoding 4:2:0 pictures straight into `slots` (a decoder
+    /// worker's buffers shared with its parent): see `worker::direct`.
+    pub(crate) fn new_into(
+        codec: CodecKind,
+        out: PixelFormat,
+        threads: usize,
+        slots: crate::worker::shared::SharedSlots,
+    ) -> Result<Self> {
+        Self::build(codec, out, threads, None, Some(slots))
     }
 
     /// A decoder for a demuxed stream: takes the codec, size and extradata (e.g. the avcC
@@ -79,7 +94,7 @@ impl FfmpegDecoder {
                 info.codec_name
             ))
         })?;
-        Self::build(codec, out, threads, Some(info))
+        Self::build(codec, out, threads, Some(info), None)
     }
 
     fn find_codec(kind: CodecKind) -> Result<ff::Codec> {
@@ -104,6 +119,7 @@ impl FfmpegDecoder {
         out: PixelFormat,
         threads: usize,
         info: Option<&StreamInfo>,
+        slots: Option<crate::worker::shared::SharedSlots>,
     ) -> Result<Self> {
         if !out.is_yuv() {
             return Err(MediaError::Unsupported(format!(
@@ -167,6 +183,11 @@ impl FfmpegDecoder {
                 (*ctx.as_mut_ptr()).flags |= ffi::AV_CODEC_FLAG_LOW_DELAY as c_int;
             }
         }
+        if let Some(slots) = &slots {
+            // SAFETY: the context is not opened yet; `slots` is kept in the decoder's last
+            // field, dropped after the context.
+            unsafe { super::worker::direct::install(ctx.as_mut_ptr(), slots) };
+        }
         let decoder = ctx
             .decoder()
             .open_as(codec)
@@ -199,6 +220,7 @@ impl FfmpegDecoder {
             recent: VecDeque::new(),
             collected: 0,
             failures: Vec::new(),
+            _slots: slots,
         })
     }
 

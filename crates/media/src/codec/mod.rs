@@ -136,6 +136,14 @@ pub(crate) enum HeldPicture {
     },
     /// In a worker's shared picture buffer (copied there once by the worker).
     Shared(worker::SharedPicture),
+    /// Where a worker's libavcodec decoded it, in a shared buffer: the 4:2:0 planes'
+    /// (offset, stride), checked to lie in the buffer for the picture's size; `packed` is
+    /// a packed copy made on first [`DecodedFrame::as_frame`].
+    Planes {
+        pic: worker::SharedPicture,
+        planes: [(usize, usize); 3],
+        packed: std::sync::OnceLock<Vec<u8>>,
+    },
 }
 
 impl HeldPicture {
@@ -166,6 +174,9 @@ impl HeldPicture {
         let (frame, scaler) = match self {
             HeldPicture::Frame { frame, scaler } => (frame, scaler),
             HeldPicture::Shared(p) => return crate::frame::copy_frame(p.frame(layout)?, dst),
+            HeldPicture::Planes { pic, planes, .. } => {
+                return worker::copy_planes(pic.bytes(), planes, dst)
+            }
         };
         if let Some(scaler) = scaler {
             // SAFETY: plain fields of a frame we hold a reference to: its planes, in the
@@ -220,6 +231,11 @@ impl Clone for HeldPicture {
                 }
             }
             HeldPicture::Shared(p) => HeldPicture::Shared(p.clone()),
+            HeldPicture::Planes { pic, planes, .. } => HeldPicture::Planes {
+                pic: pic.clone(),
+                planes: *planes,
+                packed: std::sync::OnceLock::new(),
+            },
         }
     }
 }
@@ -233,6 +249,14 @@ impl PartialEq for HeldPicture {
                 unsafe { (*a.as_ptr()).data[0] == (*b.as_ptr()).data[0] }
             }
             (HeldPicture::Shared(a), HeldPicture::Shared(b)) => a.same_buffer(b),
+            (
+                HeldPicture::Planes {
+                    pic: a, planes: pa, ..
+                },
+                HeldPicture::Planes {
+                    pic: b, planes: pb, ..
+                },
+            ) => a.same_buffer(b) && pa == pb,
             _ => false,
         }
     }
@@ -245,6 +269,7 @@ impl std::fmt::Debug for HeldPicture {
         f.write_str(match self {
             HeldPicture::Frame { .. } => "HeldPicture::Frame",
             HeldPicture::Shared(_) => "HeldPicture::Shared",
+            HeldPicture::Planes { .. } => "HeldPicture::Planes",
         })
     }
 }
@@ -276,6 +301,35 @@ impl DecodedFrame {
         matches!(self.held, Some(HeldPicture::Frame { .. }))
     }
 
+    /// Whether nobody has copied the picture's pixels since the decoder wrote them: still in
+    /// libavcodec's buffers, or in the worker's shared buffer libavcodec decoded it into.
+    /// [`copy_into`](Self::copy_into) is then its first and only copy.
+    pub fn uncopied(&self) -> bool {
+        matches!(
+            self.held,
+            Some(HeldPicture::Frame { .. } | HeldPicture::Planes { .. })
+        )
+    }
+
+    /// The planes of a picture held in libavcodec's buffers, when they are 4:2:0 (a worker
+    /// finds them in its shared buffers).
+    pub(crate) fn held_yuv420(&self) -> Option<([*const u8; 3], [std::ffi::c_int; 3])> {
+        let Some(HeldPicture::Frame { frame, .. }) = &self.held else {
+            return None;
+        };
+        if frame.format() != ffmpeg_next::format::Pixel::YUV420P {
+            return None;
+        }
+        // SAFETY: plain fields of a frame we hold a reference to.
+        unsafe {
+            let f = frame.as_ptr();
+            Some((
+                std::array::from_fn(|i| (*f).data[i] as *const u8),
+                std::array::from_fn(|i| (*f).linesize[i]),
+            ))
+        }
+    }
+
     /// Copies the picture into `dst` (its format and size): out of the decoder's buffers for
     /// a held picture, else from `data`.
     pub fn copy_into(&self, dst: FrameMut<'_>) -> Result<()> {
@@ -288,10 +342,33 @@ impl DecodedFrame {
     /// A read-only frame view of the picture's `data`, or of a worker's shared buffer
     /// (empty for a picture in libavcodec's buffers: use [`copy_into`](Self::copy_into)).
     pub fn as_frame(&self) -> FrameRef<'_> {
-        if let Some(HeldPicture::Shared(p)) = &self.held {
-            if let Ok(f) = p.frame(self.layout) {
-                return f;
+        match &self.held {
+            Some(HeldPicture::Shared(p)) => {
+                if let Ok(f) = p.frame(self.layout) {
+                    return f;
+                }
             }
+            Some(HeldPicture::Planes {
+                pic,
+                planes,
+                packed,
+            }) => {
+                let data = packed.get_or_init(|| {
+                    let mut data = vec![0u8; self.layout.size()];
+                    let copied = FrameMut::new(self.layout, &mut data)
+                        .map_err(MediaError::from)
+                        .and_then(|dst| worker::copy_planes(pic.bytes(), planes, dst));
+                    if copied.is_err() {
+                        data.fill(0);
+                    }
+                    data
+                });
+                return FrameRef {
+                    layout: self.layout,
+                    data,
+                };
+            }
+            _ => {}
         }
         FrameRef {
             layout: self.layout,

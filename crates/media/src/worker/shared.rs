@@ -37,6 +37,8 @@ pub(crate) const MAX_SLOTS: usize = 48;
 struct Mapping {
     ptr: *mut u8,
     len: usize,
+    /// The mapped file's inode (to find the mapping in `/proc/self/maps`).
+    inode: u64,
 }
 
 // SAFETY: the mapping is plain shared memory; who writes it is governed by its owners.
@@ -54,9 +56,11 @@ impl Mapping {
         // nothing else refers to that range.
         let ptr =
             unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0)? };
+        let inode = rustix::fs::fstat(fd).map_or(0, |st| st.st_ino);
         Ok(Mapping {
             ptr: ptr.cast(),
             len,
+            inode,
         })
     }
 }
@@ -192,6 +196,12 @@ impl SharedPicture {
         Ok(FrameRef::new(layout, bytes)?)
     }
 
+    /// The whole buffer's bytes (the worker may write them concurrently: pixels only).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `frame`.
+        unsafe { std::slice::from_raw_parts(self.map.ptr, self.map.len) }
+    }
+
     /// Whether both are the same buffer.
     pub(crate) fn same_buffer(&self, other: &SharedPicture) -> bool {
         Arc::ptr_eq(&self.map, &other.map)
@@ -232,6 +242,17 @@ impl Mapped {
         self.slots.remove(&id);
     }
 
+    /// Forgets every buffer (the worker is gone): each stays mapped only while a picture in
+    /// it is held, and is unmapped with the last one.
+    pub(crate) fn clear(&mut self) {
+        self.slots.clear();
+    }
+
+    /// The inodes of the buffers this side has mapped, for tests.
+    pub(crate) fn inodes(&self) -> Vec<u64> {
+        self.slots.values().map(|m| m.inode).collect()
+    }
+
     /// A picture in buffer `id`.
     pub(crate) fn picture(&self, id: u32) -> Result<SharedPicture> {
         let map = self
@@ -257,9 +278,29 @@ impl Mapped {
 struct Slot {
     id: u32,
     buf: Buffer,
-    free: bool,
+    /// libavcodec holds it (a picture being decoded into it, or a reference picture).
+    codec: bool,
+    /// Pictures in it the parent holds (one per answer that named it, until handed back).
+    held: u32,
     /// Its descriptor has been sent to the parent.
     sent: bool,
+}
+
+impl Slot {
+    /// Nobody reads or writes it: the worker may write a new picture into it.
+    fn free(&self) -> bool {
+        !self.codec && self.held == 0
+    }
+}
+
+/// The worker's buffers as its decoder's frame threads share them (libavcodec takes and
+/// gives back buffers on its own threads).
+pub(crate) type SharedSlots = Arc<Mutex<Slots>>;
+
+/// Locks the worker's buffers (a panic elsewhere leaves them consistent: every change is
+/// one field).
+pub(crate) fn lock(slots: &SharedSlots) -> std::sync::MutexGuard<'_, Slots> {
+    slots.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The worker's side: its buffers and which of them the parent holds.
@@ -275,16 +316,84 @@ pub(crate) struct Slots {
 pub(crate) enum Placed {
     /// In buffer `id`.
     Slot(u32),
+    /// Where libavcodec decoded it, in buffer `id`: each 4:2:0 plane's offset and stride
+    /// (no copy at all in the worker).
+    Planes { id: u32, planes: [(u32, u32); 3] },
     /// Nowhere shared (every buffer is held): the picture goes inline in the answer.
     Inline,
 }
 
 impl Slots {
-    /// The parent is done with these buffers (unknown numbers are ignored).
+    /// The parent is done with one picture in each of these buffers (a number twice: two
+    /// pictures; unknown numbers are ignored).
     pub(crate) fn release(&mut self, ids: &[u32]) {
-        for s in self.slots.iter_mut().filter(|s| ids.contains(&s.id)) {
-            s.free = true;
+        for id in ids {
+            if let Some(s) = self.slots.iter_mut().find(|s| s.id == *id) {
+                s.held = s.held.saturating_sub(1);
+            }
         }
+    }
+
+    /// A free buffer of exactly `size` bytes: one there is, else a new one (free buffers of
+    /// other sizes are dropped first); `None` when [`MAX_SLOTS`] are in use.
+    fn free_slot(&mut self, size: usize) -> Result<Option<usize>> {
+        if let Some(i) = self
+            .slots
+            .iter()
+            .position(|s| s.free() && s.buf.len() == size)
+        {
+            return Ok(Some(i));
+        }
+        let stale: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|s| s.free() && s.buf.len() != size)
+            .map(|s| s.id)
+            .collect();
+        self.slots.retain(|s| !stale.contains(&s.id));
+        self.dropped.extend(stale);
+        if self.slots.len() >= MAX_SLOTS {
+            return Ok(None);
+        }
+        self.slots.push(Slot {
+            id: self.next_id,
+            buf: Buffer::new(size)?,
+            codec: false,
+            held: 0,
+            sent: false,
+        });
+        self.next_id += 1;
+        Ok(Some(self.slots.len() - 1))
+    }
+
+    /// A free buffer of `size` bytes for libavcodec to decode into (its `get_buffer2`): its
+    /// number and mapping, held by libavcodec until [`codec_done`](Self::codec_done).
+    /// `None` when every buffer is in use.
+    pub(crate) fn acquire(&mut self, size: usize) -> Result<Option<(u32, *mut u8)>> {
+        let Some(i) = self.free_slot(size)? else {
+            return Ok(None);
+        };
+        let s = &mut self.slots[i];
+        s.codec = true;
+        Ok(Some((s.id, s.buf.map.ptr)))
+    }
+
+    /// libavcodec dropped its last reference to buffer `id`.
+    pub(crate) fn codec_done(&mut self, id: u32) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.id == id) {
+            s.codec = false;
+        }
+    }
+
+    /// The buffer that holds address `at` (a decoded picture's first plane), now held by the
+    /// parent for one more picture: its number, first address and size.
+    pub(crate) fn hold_at(&mut self, at: *const u8) -> Option<(u32, *const u8, usize)> {
+        let s = self.slots.iter_mut().find(|s| {
+            let base = s.buf.map.ptr as usize;
+            (base..base + s.buf.len()).contains(&(at as usize))
+        })?;
+        s.held += 1;
+        Some((s.id, s.buf.map.ptr.cast_const(), s.buf.len()))
     }
 
     /// Writes a picture of `layout` with `fill` into a free buffer of its size (made when
@@ -294,39 +403,13 @@ impl Slots {
         layout: FrameLayout,
         fill: impl FnOnce(FrameMut<'_>) -> Result<()>,
     ) -> Result<Placed> {
-        let size = layout.size();
-        let i = match self
-            .slots
-            .iter()
-            .position(|s| s.free && s.buf.len() == size)
-        {
-            Some(i) => i,
-            None => {
-                let stale: Vec<u32> = self
-                    .slots
-                    .iter()
-                    .filter(|s| s.free && s.buf.len() != size)
-                    .map(|s| s.id)
-                    .collect();
-                self.slots.retain(|s| !stale.contains(&s.id));
-                self.dropped.extend(stale);
-                if self.slots.len() >= MAX_SLOTS {
-                    return Ok(Placed::Inline);
-                }
-                self.slots.push(Slot {
-                    id: self.next_id,
-                    buf: Buffer::new(size)?,
-                    free: true,
-                    sent: false,
-                });
-                self.next_id += 1;
-                self.slots.len() - 1
-            }
+        let Some(i) = self.free_slot(layout.size())? else {
+            return Ok(Placed::Inline);
         };
         let s = &mut self.slots[i];
         // The parent does not read a buffer while it is free.
         fill(FrameMut::new(layout, s.buf.bytes_mut())?)?;
-        s.free = false;
+        s.held += 1;
         Ok(Placed::Slot(s.id))
     }
 
@@ -411,6 +494,57 @@ mod tests {
             "larger than its buffer"
         );
         assert!(parent.picture(id + 1).is_err(), "unknown");
+    }
+
+    /// A buffer libavcodec decoded into is written again only once libavcodec dropped it
+    /// and the parent handed back every picture it was named for.
+    #[test]
+    fn a_buffer_is_never_reused_before_the_parent_released_it() {
+        let mut w = Slots::default();
+        let (a, pa) = w.acquire(4096).unwrap().unwrap();
+        // libavcodec still decodes into it: another picture gets another buffer.
+        let (b, _) = w.acquire(4096).unwrap().unwrap();
+        assert_ne!(a, b);
+        // Output twice (a picture shown again), then dropped by libavcodec.
+        assert_eq!(w.hold_at(pa.wrapping_add(100)).map(|h| h.0), Some(a));
+        assert_eq!(w.hold_at(pa).map(|h| h.0), Some(a));
+        w.codec_done(a);
+        w.codec_done(b);
+        // b is free again; a is still the parent's.
+        assert_eq!(w.acquire(4096).unwrap().unwrap().0, b);
+        let (c, _) = w.acquire(4096).unwrap().unwrap();
+        assert!(c != a && c != b, "a held buffer was handed to the decoder");
+        w.codec_done(b);
+        w.codec_done(c);
+        w.release(&[a]);
+        // One of its two pictures is still held.
+        for _ in 0..3 {
+            let (id, _) = w.acquire(4096).unwrap().unwrap();
+            assert_ne!(id, a, "reused with a picture still held");
+        }
+        let mut w2 = Slots::default();
+        let (x, _) = w2.acquire(64).unwrap().unwrap();
+        w2.codec_done(x);
+        assert_eq!(
+            w2.acquire(64).unwrap().unwrap().0,
+            x,
+            "a free buffer is reused"
+        );
+        // Nor by the copying path.
+        let layout = FrameLayout::packed(PixelFormat::Nv12, 16, 8).unwrap();
+        let mut w3 = Slots::default();
+        let (y, py) = w3.acquire(layout.size()).unwrap().unwrap();
+        w3.hold_at(py);
+        w3.codec_done(y);
+        let Placed::Slot(z) = w3.place(layout, |_| Ok(())).unwrap() else {
+            panic!("placed inline")
+        };
+        assert_ne!(y, z, "the copying path wrote into a held buffer");
+        w3.release(&[y]);
+        let Placed::Slot(z2) = w3.place(layout, |_| Ok(())).unwrap() else {
+            panic!("placed inline")
+        };
+        assert_eq!(z2, y);
     }
 
     #[test]

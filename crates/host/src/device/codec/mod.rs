@@ -408,11 +408,12 @@ impl Codec {
         })?
         .map_err(|e| media_status(&e))?;
         // On the ledger: this copy into the region (out of libavcodec's buffers for a held
-        // picture), and for a picture the decoder had already copied out of its frame pool,
-        // that copy too (both in the codec's memory).
+        // picture, or out of the worker's buffer libavcodec decoded it into), and for a
+        // picture the decoder had already copied out of its frame pool, that copy too (both
+        // in the codec's memory).
         let n = layout.size();
         cx.count_copy(n, t0);
-        if !front.is_held() {
+        if !front.uncopied() {
             cx.count_copy(n, std::time::Instant::now());
         }
         let f = s.ready.pop_front().ok_or(Status::Internal)?;

@@ -9,7 +9,9 @@
 //! guest's region: two copies of a picture's bytes, against one in process and four through
 //! the socket. Every picture in an answer must be a valid packed layout of its bytes.
 
+pub(crate) mod direct;
 mod encode;
+mod planes;
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ pub use crate::worker::sandbox;
 pub(crate) use crate::worker::shared::SharedPicture;
 pub use crate::worker::{WorkerPool, CALL_DEADLINE, DEFAULT_SPARE};
 pub use encode::{check_encoder_answer, ProcessEncoder};
+pub(crate) use planes::copy_planes;
 
 /// The pool decoder workers come from (any [`WorkerPool`] of a program that runs
 /// [`serve_decoder`]).
@@ -26,7 +29,7 @@ pub type DecoderPool = WorkerPool;
 use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, HeldPicture, PacketError};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, PixelFormat};
-use crate::worker::shared::{self, Mapped, Placed, Slots};
+use crate::worker::shared::{self, Mapped, Placed, SharedSlots};
 use crate::worker::wire::{bad, In, Out, MAX_TEXT};
 use crate::worker::{io_error, serve, WorkerProcess};
 
@@ -42,6 +45,8 @@ const FLUSH: u8 = b'F';
 /// How a picture travels in an answer.
 const INLINE: u8 = 0;
 const SHARED: u8 = 1;
+/// Where libavcodec decoded it: a shared buffer and its 4:2:0 planes.
+const PLANES: u8 = 2;
 
 fn codec_code(k: CodecKind) -> u8 {
     CodecKind::ALL.iter().position(|c| *c == k).unwrap_or(0) as u8
@@ -65,6 +70,12 @@ fn format_of(code: u8) -> Option<PixelFormat> {
 /// Bytes of the largest picture a decoder delivers (4:2:0).
 fn max_picture_bytes() -> usize {
     super::decoder::MAX_DECODE_PIXELS as usize * 3 / 2
+}
+
+/// Largest shared buffer the parent maps: the largest picture as libavcodec decodes it
+/// (rows and lines padded to its alignment), with room.
+fn max_buffer_bytes() -> usize {
+    max_picture_bytes() * 2
 }
 
 /// Largest answer: `MAX_ITEMS` pictures of the largest size, with room for the rest.
@@ -116,7 +127,7 @@ impl ProcessDecoder {
             worker,
             layout: None,
             failures: Vec::new(),
-            mapped: Mapped::new(max_picture_bytes()),
+            mapped: Mapped::new(max_buffer_bytes()),
         };
         let mut m = Out::default();
         m.u8(OPEN)
@@ -141,11 +152,24 @@ impl ProcessDecoder {
     /// Sends `m` and returns the answer; on any failure the worker is ended and the decoder
     /// is dead from then on.
     fn call(&mut self, m: &Out) -> Result<In> {
-        self.worker.call(m, &[], max_answer())
+        let r = self.worker.call(m, &[], max_answer());
+        if r.is_err() {
+            // The worker is gone: nothing of it stays mapped but the pictures still held.
+            self.mapped.clear();
+        }
+        r
     }
 
     fn end(&mut self, what: &str) -> MediaError {
+        self.mapped.clear();
         self.worker.end(what)
+    }
+
+    /// The inodes of the worker's buffers this side has mapped (for tests: after the worker
+    /// is gone, none).
+    #[doc(hidden)]
+    pub fn mapped_inodes(&self) -> Vec<u64> {
+        self.mapped.inodes()
     }
 
     /// Sends a decode or flush call (with the picture buffers this side is done with) and
@@ -224,6 +248,21 @@ fn parse_answer(
                 p.frame(layout)?;
                 (Vec::new(), Some(HeldPicture::Shared(p)))
             }
+            PLANES => {
+                let pic = mapped.picture(a.u32()?)?;
+                let mut planes = [(0usize, 0usize); 3];
+                for p in &mut planes {
+                    *p = (a.u32()? as usize, a.u32()? as usize);
+                }
+                planes::check_planes(pic.bytes().len(), &planes, w, h)?;
+                let packed = std::sync::OnceLock::new();
+                let held = HeldPicture::Planes {
+                    pic,
+                    planes,
+                    packed,
+                };
+                (Vec::new(), Some(held))
+            }
             _ => return Err(bad("picture kind")),
         };
         *layout_seen = Some(layout);
@@ -255,7 +294,7 @@ fn parse_answer(
 #[doc(hidden)]
 pub fn check_worker_answer(bytes: &[u8]) -> bool {
     let mut a = In::from_bytes(bytes.to_vec());
-    let mut mapped = Mapped::new(max_picture_bytes());
+    let mut mapped = Mapped::new(max_buffer_bytes());
     parse_answer(&mut a, &mut mapped, &mut None, &mut Vec::new()).is_ok()
 }
 
@@ -296,7 +335,7 @@ impl DecoderBackend for ProcessDecoder {
 pub fn serve_decoder() -> Result<()> {
     let io = io_error("decoder worker");
     let mut dec: Option<FfmpegDecoder> = None;
-    let mut slots = Slots::default();
+    let slots = SharedSlots::default();
     let mut encoder = encode::Served::default();
     let max_call = MAX_PACKET + 64 + 4 * (shared::MAX_SLOTS + 2);
     serve("decoder worker", max_call, |mut m, sock| {
@@ -309,7 +348,7 @@ pub fn serve_decoder() -> Result<()> {
         if call != OPEN {
             let n = m.u32()?.min(shared::MAX_SLOTS as u32 + 1);
             let released: Vec<u32> = (0..n).map(|_| m.u32()).collect::<Result<_>>()?;
-            slots.release(&released);
+            shared::lock(&slots).release(&released);
         }
         let pictures = match (call, dec.as_mut()) {
             (OPEN, None) => {
@@ -318,7 +357,7 @@ pub fn serve_decoder() -> Result<()> {
                     .ok_or_else(|| bad("codec"))?;
                 let out = format_of(m.u8()?).ok_or_else(|| bad("format"))?;
                 let threads = m.u32()? as usize;
-                match FfmpegDecoder::new(kind, out, threads) {
+                match FfmpegDecoder::new_into(kind, out, threads, slots.clone()) {
                     Ok(mut d) => {
                         d.hold_pictures(true);
                         a.u8(0).text(d.name());
@@ -334,45 +373,62 @@ pub fn serve_decoder() -> Result<()> {
                 let pts = m.u64()? as i64;
                 let packet = m.bytes()?;
                 let r = d.decode(packet, pts);
-                placed(&mut slots, r)
+                placed(&slots, r)
             }
             (FLUSH, Some(d)) => {
                 let r = d.flush();
-                placed(&mut slots, r)
+                placed(&slots, r)
             }
             _ => return Err(bad("unexpected call")),
         };
         let failures = dec.as_mut().map(|d| d.take_failures()).unwrap_or_default();
-        let (dropped, new) = slots.take_news();
-        a.u32(dropped.len() as u32);
-        for id in dropped {
-            a.u32(id);
-        }
-        a.u32(new.len() as u32);
-        for (id, _) in &new {
-            a.u32(*id);
-        }
-        answer(&mut a, pictures, failures);
-        let fds: Vec<_> = new.iter().map(|(_, fd)| fd.as_fd()).collect();
-        a.send(sock, &fds).map_err(&io)
+        let mut body = Out::default();
+        answer(&mut body, &pictures, failures);
+        // The buffers' news after the pictures were placed (libavcodec made them while
+        // decoding); the pictures' references to libavcodec's buffers go after the lock (a
+        // last reference going locks the buffers too).
+        let sent = {
+            let mut held = shared::lock(&slots);
+            let (dropped, new) = held.take_news();
+            a.u32(dropped.len() as u32);
+            for id in dropped {
+                a.u32(id);
+            }
+            a.u32(new.len() as u32);
+            for (id, _) in &new {
+                a.u32(*id);
+            }
+            a.0.extend_from_slice(&body.0);
+            let fds: Vec<_> = new.iter().map(|(_, fd)| fd.as_fd()).collect();
+            a.send(sock, &fds).map_err(&io)
+        };
+        drop(pictures);
+        sent
     })
 }
 
 /// A decoded picture with where the worker put it.
 type Placement = (DecodedFrame, Placed);
 
-/// Copies each picture of `r` into a shared buffer (inline when none is free).
-fn placed(slots: &mut Slots, r: Result<Vec<DecodedFrame>>) -> Result<Vec<Placement>> {
+/// Where each picture of `r` is: in the shared buffer libavcodec decoded it into, else
+/// copied into one (inline when none is free).
+fn placed(slots: &SharedSlots, r: Result<Vec<DecodedFrame>>) -> Result<Vec<Placement>> {
     let mut out = Vec::new();
     for f in r? {
-        let at = slots.place(f.layout, |dst| f.copy_into(dst))?;
+        let direct = f
+            .held_yuv420()
+            .and_then(|(ptrs, strides)| direct::planes_of(slots, ptrs, strides));
+        let at = match direct {
+            Some((id, planes)) => Placed::Planes { id, planes },
+            None => shared::lock(slots).place(f.layout, |dst| f.copy_into(dst))?,
+        };
         out.push((f, at));
     }
     Ok(out)
 }
 
-fn answer(a: &mut Out, r: Result<Vec<Placement>>, failures: Vec<PacketError>) {
-    let frames = match r {
+fn answer(a: &mut Out, r: &Result<Vec<Placement>>, failures: Vec<PacketError>) {
+    let frames: &[Placement] = match r {
         Ok(f) => {
             a.u8(0);
             f
@@ -380,11 +436,11 @@ fn answer(a: &mut Out, r: Result<Vec<Placement>>, failures: Vec<PacketError>) {
         Err(e) => {
             // The decoder's own words, as an in-process decoder's error carries them.
             let why = match e {
-                MediaError::Decode(m) => m,
+                MediaError::Decode(m) => m.clone(),
                 e => e.to_string(),
             };
             a.u8(1).text(&why);
-            Vec::new()
+            &[]
         }
     };
     a.u32(frames.len() as u32);
@@ -398,7 +454,13 @@ fn answer(a: &mut Out, r: Result<Vec<Placement>>, failures: Vec<PacketError>) {
             .u64(f.pts as u64);
         match at {
             Placed::Slot(id) => {
-                a.u8(SHARED).u32(id);
+                a.u8(SHARED).u32(*id);
+            }
+            Placed::Planes { id, planes } => {
+                a.u8(PLANES).u32(*id);
+                for &(offset, stride) in planes {
+                    a.u32(offset).u32(stride);
+                }
             }
             Placed::Inline => {
                 let mut data = vec![0u8; f.layout.size()];
