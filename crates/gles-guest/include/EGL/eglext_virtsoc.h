@@ -1,6 +1,7 @@
 /*
- * eglext_virtsoc.h: virtsoc's EGL extension EGL_VIRTSOC_region_image (libEGL_virtsoc.so,
- * crates/gles-guest/src/egl/image.rs). Include after <EGL/egl.h> and <EGL/eglext.h>.
+ * eglext_virtsoc.h: virtsoc's EGL extensions EGL_VIRTSOC_region_image and
+ * EGL_VIRTSOC_fence_sync (libEGL_virtsoc.so, crates/gles-guest/src/egl/image.rs, device.rs,
+ * sync.rs). Include after <EGL/egl.h> and <EGL/eglext.h>.
  *
  * An SVM region (a 64-bit region id of the calling process's virtsoc connection, the one
  * the vendor library opened at eglInitialize) becomes an EGLImage:
@@ -94,6 +95,61 @@ typedef EGLBoolean (*PFNEGLQUERYLEDGERVIRTSOCPROC)(EGLDisplay dpy, const char *s
 typedef EGLBoolean (*PFNEGLDEVICECOMMANDVIRTSOCPROC)(EGLDisplay dpy, const char *device,
                                                      const char *command,
                                                      const uint64_t *args, uint64_t *results);
+
+/* Queues the same command without waiting: the region accesses and the command go to the
+ * device's queue and the call returns at once (no results; a failure on the host is logged
+ * by the library). Order it against the GL queue with virtual fences (below). */
+typedef EGLBoolean (*PFNEGLQUEUEDEVICECOMMANDVIRTSOCPROC)(EGLDisplay dpy, const char *device,
+                                                          const char *command,
+                                                          const uint64_t *args);
+
+/*
+ * EGL_VIRTSOC_fence_sync: EGL syncs are virtsoc virtual fences (as a sync file is the
+ * native fence of EGL_ANDROID_native_fence_sync, a fence id of the library's connection is
+ * virtsoc's). Every sync of this library is one:
+ *
+ * - EGL_SYNC_FENCE_KHR (EGL_KHR_fence_sync, eglCreateSync): the stream is flushed (not
+ *   waited for) and the gles device's queue signals the fence once the GL work before it
+ *   has run on the host. Creating one costs no round trip.
+ * - eglClientWaitSyncKHR waits on the fence's word in the shared fence page (no round trip
+ *   per check); a finite timeout answers EGL_TIMEOUT_EXPIRED_KHR, a fence that never
+ *   signals never hangs a finite wait. EGL_SYNC_FLUSH_COMMANDS_BIT_KHR flushes the stream.
+ * - eglWaitSyncKHR (EGL_KHR_wait_sync): the guest's GL queue on the host holds its later
+ *   work (draws, image latches) until the fence signals; the calling thread does not wait.
+ *   The daemon's queues are per guest: another guest's GL queue is never held.
+ * - EGL_SYNC_VIRTSOC_FENCE syncs:
+ *     EGLint a[] = { EGL_VIRTSOC_SYNC_DEVICE, 10, EGL_NONE };   (10: the codec)
+ *     EGLSyncKHR decoded = eglCreateSyncKHR(dpy, EGL_SYNC_VIRTSOC_FENCE, a);
+ *     eglWaitSyncKHR(dpy, decoded, 0);   (the GL queue waits for the decode queued before)
+ *   EGL_VIRTSOC_SYNC_DEVICE: the virtsoc device id (`virtsoc devices`: codec 10, isp 11,
+ *   camera 12, gpu 13, display 14, gles 16, the default) whose queue signals the fence once
+ *   the guest's commands queued on it before have completed; 0: nobody but the program,
+ *   with eglSignalSyncKHR(dpy, sync, EGL_SIGNALED_KHR) (a virtual fence signals once:
+ *   EGL_UNSIGNALED_KHR is EGL_BAD_MATCH). EGL_VIRTSOC_FENCE_ID_LO / _HI instead import an
+ *   existing fence id of this connection (checked with the daemon: another guest's fence
+ *   id, or a released one, is EGL_BAD_PARAMETER); an imported fence stays its creator's.
+ * - Export: eglGetSyncFenceVIRTSOC, or eglGetSyncAttribKHR with EGL_VIRTSOC_FENCE_ID_LO /
+ *   _HI. EGL_VIRTSOC_SYNC_SIGNALER answers the signaling device (EGL_NONE when imported).
+ * - eglDeviceWaitSyncVIRTSOC makes the queue of any device (e.g. "display") wait on a sync.
+ * - eglDestroySyncKHR releases a fence the sync made; the daemon keeps a pending one until
+ *   it signals, so waits already queued on it still hold.
+ * - Presents carry acquire fences: with the daemon's display (VIRTSOC_GLES_PRESENT=1),
+ *   eglSwapBuffers queues the surface's readback on the gles queue, a fence signaled after
+ *   it, and the display's present behind a wait on that fence.
+ */
+#define EGL_VIRTSOC_fence_sync 1
+#define EGL_SYNC_VIRTSOC_FENCE          0x7A20
+#define EGL_VIRTSOC_SYNC_DEVICE         0x7A21
+#define EGL_VIRTSOC_FENCE_ID_LO         0x7A22
+#define EGL_VIRTSOC_FENCE_ID_HI         0x7A23
+#define EGL_VIRTSOC_SYNC_SIGNALER       0x7A24
+/* The virtsoc fence id of `sync`. */
+typedef EGLBoolean (*PFNEGLGETSYNCFENCEVIRTSOCPROC)(EGLDisplay dpy, EGLSyncKHR sync,
+                                                    uint64_t *fence);
+/* The queue of virtsoc device `device` (a name as `virtsoc devices` lists it) holds the
+ * guest's later commands on that device until `sync` signals. */
+typedef EGLBoolean (*PFNEGLDEVICEWAITSYNCVIRTSOCPROC)(EGLDisplay dpy, EGLSyncKHR sync,
+                                                      const char *device);
 
 #ifdef __cplusplus
 }

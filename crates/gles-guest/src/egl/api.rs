@@ -331,7 +331,8 @@ pub extern "C" fn eglQueryString(dpy: Handle, name: EglInt) -> *const c_char {
             EGL_CLIENT_APIS => c"OpenGL_ES".as_ptr(),
             EGL_EXTENSIONS => c"EGL_KHR_fence_sync EGL_KHR_surfaceless_context \
                 EGL_KHR_create_context EGL_KHR_get_all_proc_addresses \
-                EGL_KHR_no_config_context EGL_KHR_image_base EGL_VIRTSOC_region_image"
+                EGL_KHR_no_config_context EGL_KHR_image_base EGL_VIRTSOC_region_image \
+                EGL_KHR_wait_sync EGL_VIRTSOC_fence_sync"
                 .as_ptr(),
             _ => return Err(EGL_BAD_PARAMETER),
         })

@@ -14,7 +14,10 @@
 //! - `glEGLImageTargetTexture2DOES` (`target_texture`) imports again (the latch point,
 //!   as Android's `SurfaceTexture.updateTexImage`), then binds the bound texture to the
 //!   image on the host (`IMAGE_TARGET_TEXTURE`). A region rewritten since is thus seen by
-//!   the next draw after the next `glEGLImageTargetTexture2DOES`.
+//!   the next draw after the next `glEGLImageTargetTexture2DOES`. The latch's import is
+//!   queued on the gles device without waiting (`import_queued`): behind an
+//!   `eglWaitSyncKHR` on a decode's fence it runs once the decode is done, and the program
+//!   does not wait for either.
 //!
 //! Region ids are per guest (per connection): the id of another guest's region names
 //! nothing here (or one of this connection's own regions).
@@ -24,10 +27,11 @@ use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 
 use virtsoc_devapi::gles as gapi;
+use virtsoc_devapi::DeviceCommand;
 use virtsoc_gles_stream::egl as wire;
 use virtsoc_guest::GuestError;
 use virtsoc_proto::wire::Format;
-use virtsoc_proto::{AccessMode, DeviceId, Status};
+use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 
 use super::api::{
     display, guard, pairs, post, put, round_trip, EglAttrib, EglBool, EglInt, Handle,
@@ -193,6 +197,41 @@ fn import(
         .map_err(|e| import_error(&e))
 }
 
+/// The latch's import: as [`import`], but queued on the gles device without waiting, so a
+/// GL queue held by `eglWaitSyncKHR` (a decode not done yet) holds the import too and the
+/// program goes on. A region this connection no longer has is refused here; a failure on
+/// the host is logged with the connection's other queued errors (the texture keeps its
+/// last pixels).
+fn import_queued(stream: &Mutex<Stream>, tr: &Transport, id: u32, img: &Image) -> Result<(), i32> {
+    {
+        let mut s = stream.lock().unwrap_or_else(|p| p.into_inner());
+        s.flush().map_err(|e| {
+            log::warn!("virtsoc EGL: {e}");
+            EGL_CONTEXT_LOST
+        })?;
+    }
+    let conn = tr.connection();
+    let size = conn.region(img.region).ok_or(EGL_BAD_PARAMETER)?.size;
+    let cmd = gapi::Import {
+        image: u64::from(id),
+        region: img.region,
+        size: u64::from(img.size.0) | u64::from(img.size.1) << 32,
+        layout: u64::from(img.stride) | u64::from(img.format) << 32,
+        planes: u64::from(img.off[0]) | u64::from(img.off[1]) << 32,
+    };
+    let access = |op| {
+        conn.submit_detached(
+            op,
+            gapi::ID,
+            [img.region, 0, size, AccessMode::Read as u64, 0, 0],
+        )
+    };
+    let queued = access(Opcode::BeginAccess)
+        .and_then(|_| conn.submit_detached(Opcode::DeviceCmd, gapi::ID, cmd.encode()))
+        .and_then(|_| access(Opcode::EndAccess));
+    queued.map(|_| ()).map_err(|e| import_error(&e))
+}
+
 fn create_image(dpy: Handle, ctx: Handle, target: u32, attrs: Vec<(i32, i32)>) -> Handle {
     super::set_last_vendor();
     guard(std::ptr::null_mut(), || {
@@ -331,7 +370,7 @@ pub(crate) fn target_texture(target: u32, image: *mut c_void) {
     let Some(tr) = tr else {
         return error(crate::gl::GL_INVALID_OPERATION);
     };
-    if import(&ctx.stream, &tr, id, &img, false).is_err() {
+    if import_queued(&ctx.stream, &tr, id, &img).is_err() {
         return error(crate::gl::GL_INVALID_OPERATION);
     }
     let mut s = ctx.stream();
@@ -454,94 +493,6 @@ pub extern "C" fn eglQueryLedgerVIRTSOC(
         }
         put(copies, c);
         put(bytes, b);
-        Ok(EGL_TRUE)
-    })
-}
-
-/// Word `i` of the program's non-null argument array `args`.
-fn arg(args: *const u64, i: usize) -> u64 {
-    // SAFETY: the program's array of the command's arguments (eglDeviceCommandVIRTSOC's
-    // contract: its declared count, at most five; `i` is below it).
-    unsafe { *args.add(i) }
-}
-
-/// `eglDeviceCommandVIRTSOC`: runs command `command` of virtsoc device `device` (names as
-/// `virtsoc devices` lists them, e.g. `codec` / `decode`) on the library's connection with
-/// `args` (its declared arguments, at most five), every region argument bracketed by an
-/// access of the whole region from that device in the declared mode (as
-/// `Connection::command_with_access`); its six result words through `results`. Lets a
-/// program fill regions with the devices (a decoder's pictures) before making them images.
-pub extern "C" fn eglDeviceCommandVIRTSOC(
-    dpy: Handle,
-    device: *const c_char,
-    command: *const c_char,
-    args: *const u64,
-    results: *mut u64,
-) -> EglBool {
-    super::set_last_vendor();
-    guard(EGL_FALSE, || {
-        let (_, tr) = channel(dpy)?;
-        let conn = tr.connection();
-        let (dev, cmd) = (super::api::name_of(device), super::api::name_of(command));
-        let info = virtsoc_devapi::ALL
-            .iter()
-            .find(|d| Some(d.name) == dev)
-            .ok_or(EGL_BAD_PARAMETER)?;
-        let c = info
-            .commands
-            .iter()
-            .find(|c| Some(c.name) == cmd)
-            .ok_or(EGL_BAD_PARAMETER)?;
-        let mut words = [0u64; 6];
-        words[0] = c.op;
-        for i in 0..c.args.len().min(5) {
-            if args.is_null() {
-                return Err(EGL_BAD_PARAMETER);
-            }
-            words[i + 1] = arg(args, i);
-        }
-        let mut regions = Vec::new();
-        for (a, w) in c.args.iter().zip(&words[1..]) {
-            let mode = match a.kind {
-                "region_r" => AccessMode::Read,
-                "region_w" => AccessMode::Write,
-                "region_rw" => AccessMode::ReadWrite,
-                _ => continue,
-            };
-            let size = conn.region(*w).ok_or(EGL_BAD_PARAMETER)?.size;
-            regions.push((*w, mode, size));
-        }
-        let fail = |what: &str, e: GuestError| {
-            log::warn!("virtsoc EGL: {}::{}: {what}: {e}", info.name, c.name);
-            EGL_BAD_ACCESS
-        };
-        let mut begun = Vec::new();
-        let mut result = Ok([0u64; 6]);
-        for &(id, mode, size) in &regions {
-            match conn.begin_access(id, info.id, 0, size, mode) {
-                Ok(_) => begun.push((id, mode, size)),
-                Err(e) => {
-                    result = Err(fail("access", e));
-                    break;
-                }
-            }
-        }
-        if result.is_ok() {
-            result = conn
-                .device_cmd(info.id, words)
-                .map_err(|e| fail("command", e));
-        }
-        for (id, mode, size) in begun {
-            if let Err(e) = conn.end_access(id, info.id, 0, size, mode) {
-                log::warn!("virtsoc EGL: end of access: {e}");
-            }
-        }
-        let v = result?;
-        if !results.is_null() {
-            for (i, x) in v.iter().enumerate() {
-                put(results.wrapping_add(i), *x);
-            }
-        }
         Ok(EGL_TRUE)
     })
 }

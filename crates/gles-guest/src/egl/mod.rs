@@ -10,16 +10,17 @@
 
 pub mod api;
 pub mod consts;
-pub mod fence;
+pub mod device;
 pub mod image;
 pub mod state;
 pub mod surface;
+pub mod sync;
 pub mod x11;
 
 use std::ffi::{c_char, c_void};
 
 use api::*;
-use fence::*;
+use sync::*;
 use surface::*;
 
 /// `__EGLapiImports` of `glvnd/libeglabi.h` (ABI 0.x): what the vendor gives libEGL.
@@ -236,8 +237,12 @@ fn egl_functions() -> &'static [(&'static str, usize)] {
             ),
             (
                 "eglDeviceCommandVIRTSOC",
-                image::eglDeviceCommandVIRTSOC as *const () as usize,
+                device::eglDeviceCommandVIRTSOC as *const () as usize,
             ),
+            ("eglQueueDeviceCommandVIRTSOC", device::eglQueueDeviceCommandVIRTSOC as *const () as usize),
+            ("eglSignalSyncKHR", eglSignalSyncKHR as *const () as usize),
+            ("eglGetSyncFenceVIRTSOC", eglGetSyncFenceVIRTSOC as *const () as usize),
+            ("eglDeviceWaitSyncVIRTSOC", eglDeviceWaitSyncVIRTSOC as *const () as usize),
         ]
     })
 }
