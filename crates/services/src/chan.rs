@@ -1,0 +1,667 @@
+//! A channel's memory: a control block, a request ring, a response ring and payload slots,
+//! laid out at `base` in a guest's window (inside an SVM region the guest allocated), and
+//! the two ends that use it.
+//!
+//! ```text
+//! base + 0      control block (256 bytes): magic, version, entries, slot size, the four
+//!               ring indices, two doorbells (word + sleeping flag), the closed word
+//! base + 256    request ring: `entries` x 64-byte entries (guest produces)
+//!               response ring: `entries` x 64-byte entries (host produces)
+//! base + data   `entries` payload slots of `slot_size` bytes (4 KiB aligned)
+//! ```
+//!
+//! Request `seq` uses slot `slot` (the guest's choice, checked < entries): an inline call's
+//! input is there, and the response's output is written there in place. Each end keeps its
+//! own ring index and checks the peer's against the ring size (a peer publishing an index
+//! out of range is a protocol violation that closes the channel). Doorbells spin briefly,
+//! then sleep on a futex word in the control block.
+
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use virtsoc_proto::spin::AdaptiveSpin;
+use virtsoc_proto::SharedWindow;
+
+use crate::packet::PACKET_SIZE;
+use crate::payload::WindowBytes;
+use crate::{Result, ServiceError};
+
+/// The control block's first word ("VCHN").
+pub const MAGIC: u32 = 0x4e48_4356;
+/// Layout version.
+pub const VERSION: u32 = 1;
+/// Bytes of one ring entry.
+pub const ENTRY: u64 = 64;
+/// Bytes of the control block.
+pub const CONTROL: u64 = 256;
+/// Most ring entries (and slots) a channel may have.
+pub const MAX_ENTRIES: u32 = 64;
+/// Bytes of one payload slot: one packet.
+pub const SLOT_SIZE: u32 = PACKET_SIZE;
+
+mod ctl {
+    pub const MAGIC: u64 = 0;
+    pub const VERSION: u64 = 4;
+    pub const ENTRIES: u64 = 8;
+    pub const SLOT_SIZE: u64 = 12;
+    pub const REQ_TAIL: u64 = 16;
+    pub const REQ_HEAD: u64 = 20;
+    pub const RESP_TAIL: u64 = 24;
+    pub const RESP_HEAD: u64 = 28;
+    pub const HOST_BELL: u64 = 32;
+    pub const HOST_SLEEPING: u64 = 36;
+    pub const GUEST_BELL: u64 = 40;
+    pub const GUEST_SLEEPING: u64 = 44;
+    pub const CLOSED: u64 = 48;
+}
+
+/// Request kinds (the low half of an entry's second word).
+pub mod kind {
+    /// A call with its input inline in the slot (`len` bytes); output back in the slot.
+    pub const CALL: u32 = 1;
+    /// A call on SVM regions read and written in place: `args` = input region, input
+    /// offset, input length, output region (0: none), output offset.
+    pub const CALL_REGION: u32 = 2;
+    /// One packet of a large transfer: its bytes in the slot, `args[0..3]` the header words
+    /// ([`crate::packet::PacketHeader::to_words`]).
+    pub const PACKET: u32 = 3;
+    /// Ends a transfer: `args` = transfer, packets sent, CRC-32; then runs the call on the
+    /// reassembled input, output in the slot.
+    pub const COMMIT: u32 = 4;
+    /// Drops a transfer: `args[0]` = transfer.
+    pub const REVOKE: u32 = 5;
+}
+
+/// Where a channel lives and how big it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelLayout {
+    /// Ring entries (a power of two, at most [`MAX_ENTRIES`]); also the number of slots.
+    pub entries: u32,
+    /// Bytes of each slot.
+    pub slot_size: u32,
+}
+
+impl ChannelLayout {
+    /// A layout with `entries` entries of [`SLOT_SIZE`] slots.
+    pub fn new(entries: u32) -> Result<Self> {
+        let l = ChannelLayout {
+            entries,
+            slot_size: SLOT_SIZE,
+        };
+        l.validate()?;
+        Ok(l)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.entries == 0 || !self.entries.is_power_of_two() || self.entries > MAX_ENTRIES {
+            return Err(ServiceError::BadArgument(format!(
+                "channel entries must be a power of two in 1..={MAX_ENTRIES}, got {}",
+                self.entries
+            )));
+        }
+        if self.slot_size != SLOT_SIZE {
+            return Err(ServiceError::BadArgument(format!(
+                "slot size must be {SLOT_SIZE}, got {}",
+                self.slot_size
+            )));
+        }
+        Ok(())
+    }
+
+    fn req_ring(&self) -> u64 {
+        CONTROL
+    }
+
+    fn resp_ring(&self) -> u64 {
+        CONTROL + u64::from(self.entries) * ENTRY
+    }
+
+    /// Offset of the slots from the channel's base.
+    pub fn data(&self) -> u64 {
+        (CONTROL + 2 * u64::from(self.entries) * ENTRY).next_multiple_of(4096)
+    }
+
+    /// Offset of slot `i` from the channel's base.
+    pub fn slot(&self, i: u32) -> u64 {
+        self.data() + u64::from(i) * u64::from(self.slot_size)
+    }
+
+    /// Bytes the channel needs.
+    pub fn size(&self) -> u64 {
+        self.slot(self.entries)
+    }
+}
+
+/// One ring entry (eight words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// Sequence number (the guest's; echoed in the response).
+    pub seq: u64,
+    /// Request: the kind ([`kind`]). Response: the status (0 ok).
+    pub code: u32,
+    /// Request: the service's call number. Response: unused.
+    pub call: u32,
+    /// The slot the payload is in.
+    pub slot: u32,
+    /// Bytes of payload in the slot (request input, response output or error text).
+    pub len: u32,
+    /// Request arguments or response values.
+    pub args: [u64; 5],
+}
+
+impl Entry {
+    fn to_bytes(self) -> [u8; ENTRY as usize] {
+        let w = [
+            self.seq,
+            u64::from(self.code) | u64::from(self.call) << 32,
+            u64::from(self.slot) | u64::from(self.len) << 32,
+            self.args[0],
+            self.args[1],
+            self.args[2],
+            self.args[3],
+            self.args[4],
+        ];
+        let mut b = [0u8; ENTRY as usize];
+        for (i, v) in w.iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    fn from_bytes(b: &[u8; ENTRY as usize]) -> Self {
+        let w = |i: usize| {
+            let mut t = [0u8; 8];
+            t.copy_from_slice(&b[8 * i..8 * i + 8]);
+            u64::from_le_bytes(t)
+        };
+        Entry {
+            seq: w(0),
+            code: w(1) as u32,
+            call: (w(1) >> 32) as u32,
+            slot: w(2) as u32,
+            len: (w(2) >> 32) as u32,
+            args: [w(3), w(4), w(5), w(6), w(7)],
+        }
+    }
+}
+
+/// The memory shared by both ends.
+struct Shared {
+    win: Arc<SharedWindow>,
+    base: u64,
+    layout: ChannelLayout,
+}
+
+impl Shared {
+    fn word(&self, off: u64) -> Result<&AtomicU32> {
+        Ok(self.win.atomic_u32(self.base + off)?)
+    }
+
+    fn slot_bytes(&self, slot: u32) -> Result<WindowBytes> {
+        if slot >= self.layout.entries {
+            return Err(ServiceError::BadPacket(format!(
+                "slot {slot} outside a channel of {} slots",
+                self.layout.entries
+            )));
+        }
+        WindowBytes::new(
+            self.win.clone(),
+            self.base + self.layout.slot(slot),
+            self.layout.slot_size as usize,
+        )
+    }
+
+    fn push(
+        &self,
+        ring: u64,
+        tail_off: u64,
+        head_off: u64,
+        tail: &mut u32,
+        e: Entry,
+    ) -> Result<bool> {
+        let head = self.word(head_off)?.load(Ordering::Acquire);
+        let used = tail.wrapping_sub(head);
+        if used > self.layout.entries {
+            return Err(ServiceError::Memory("peer's ring head out of range".into()));
+        }
+        if used == self.layout.entries {
+            return Ok(false);
+        }
+        let at = self.base + ring + u64::from(*tail & (self.layout.entries - 1)) * ENTRY;
+        self.win.copy_in(at, &e.to_bytes())?;
+        *tail = tail.wrapping_add(1);
+        self.word(tail_off)?.store(*tail, Ordering::Release);
+        Ok(true)
+    }
+
+    fn pop(
+        &self,
+        ring: u64,
+        tail_off: u64,
+        head_off: u64,
+        head: &mut u32,
+    ) -> Result<Option<Entry>> {
+        let tail = self.word(tail_off)?.load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(*head);
+        if avail > self.layout.entries {
+            return Err(ServiceError::Memory("peer's ring tail out of range".into()));
+        }
+        if avail == 0 {
+            return Ok(None);
+        }
+        let at = self.base + ring + u64::from(*head & (self.layout.entries - 1)) * ENTRY;
+        let mut b = [0u8; ENTRY as usize];
+        self.win.copy_out(at, &mut b)?;
+        *head = head.wrapping_add(1);
+        self.word(head_off)?.store(*head, Ordering::Release);
+        Ok(Some(Entry::from_bytes(&b)))
+    }
+
+    fn ready(&self, tail_off: u64, head: u32) -> bool {
+        self.word(tail_off)
+            .map(|t| t.load(Ordering::Acquire) != head)
+            .unwrap_or(true)
+    }
+
+    fn closed(&self) -> bool {
+        self.word(ctl::CLOSED)
+            .map(|c| c.load(Ordering::Acquire) != 0)
+            .unwrap_or(true)
+    }
+
+    fn notify(&self, bell: u64, sleeping: u64) {
+        fence(Ordering::SeqCst);
+        if let (Ok(w), Ok(s)) = (self.word(bell), self.word(sleeping)) {
+            if s.load(Ordering::SeqCst) != 0 {
+                w.fetch_add(1, Ordering::SeqCst);
+                let _ = rustix::thread::futex::wake(w, rustix::thread::futex::Flags::empty(), 1);
+            }
+        }
+    }
+
+    fn force_wake(&self, bell: u64) {
+        if let Ok(w) = self.word(bell) {
+            w.fetch_add(1, Ordering::SeqCst);
+            let _ = rustix::thread::futex::wake(w, rustix::thread::futex::Flags::empty(), u32::MAX);
+        }
+    }
+
+    /// Waits until the ring at `tail_off` has an entry past `head` or the channel closes
+    /// (`true`), or `timeout` passes (`false`).
+    fn wait(
+        &self,
+        spin: &AdaptiveSpin,
+        tail_off: u64,
+        head: u32,
+        bell: u64,
+        sleeping: u64,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let mut ready = || self.ready(tail_off, head) || self.closed();
+        let (word, flag) = (self.word(bell)?, self.word(sleeping)?);
+        let deadline = Instant::now() + timeout;
+        Ok(spin.wait(&mut ready, |ready| loop {
+            let seen = word.load(Ordering::SeqCst);
+            flag.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if ready() {
+                flag.store(0, Ordering::SeqCst);
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                flag.store(0, Ordering::SeqCst);
+                return false;
+            }
+            let ts = rustix::thread::futex::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: left.subsec_nanos() as i64,
+            };
+            // EAGAIN, EINTR and ETIMEDOUT all lead back to the checks.
+            let _ = rustix::thread::futex::wait(
+                word,
+                rustix::thread::futex::Flags::empty(),
+                seen,
+                Some(&ts),
+            );
+            flag.store(0, Ordering::SeqCst);
+        }))
+    }
+}
+
+/// The host's end: takes requests, posts responses.
+pub struct HostEnd {
+    sh: Shared,
+    req_head: u32,
+    resp_tail: u32,
+    spin: AdaptiveSpin,
+}
+
+impl HostEnd {
+    /// The host's end of the channel the guest laid out at window offset `base` in a range
+    /// of `len` bytes: the control block is checked (magic, version, layout within `len`).
+    pub fn attach(win: Arc<SharedWindow>, base: u64, len: u64, spins: u32) -> Result<Self> {
+        let probe = Shared {
+            win: win.clone(),
+            base,
+            layout: ChannelLayout {
+                entries: 1,
+                slot_size: SLOT_SIZE,
+            },
+        };
+        win.check(base, CONTROL)?;
+        let magic = probe.word(ctl::MAGIC)?.load(Ordering::Acquire);
+        let version = probe.word(ctl::VERSION)?.load(Ordering::Acquire);
+        if magic != MAGIC || version != VERSION {
+            return Err(ServiceError::BadArgument(format!(
+                "no channel at the region's start (magic {magic:#x}, version {version})"
+            )));
+        }
+        let layout = ChannelLayout {
+            entries: probe.word(ctl::ENTRIES)?.load(Ordering::Acquire),
+            slot_size: probe.word(ctl::SLOT_SIZE)?.load(Ordering::Acquire),
+        };
+        layout.validate()?;
+        if layout.size() > len {
+            return Err(ServiceError::BadArgument(format!(
+                "a channel of {} entries needs {} bytes, the region has {len}",
+                layout.entries,
+                layout.size()
+            )));
+        }
+        win.check(base, layout.size())?;
+        let sh = Shared { win, base, layout };
+        // The host starts from the indices as they are (a fresh channel has them at 0);
+        // the guest must not have published anything yet.
+        let req_head = sh.word(ctl::REQ_HEAD)?.load(Ordering::Acquire);
+        let resp_tail = sh.word(ctl::RESP_TAIL)?.load(Ordering::Acquire);
+        sh.word(ctl::CLOSED)?.store(0, Ordering::Release);
+        Ok(HostEnd {
+            sh,
+            req_head,
+            resp_tail,
+            spin: AdaptiveSpin::new(spins),
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> ChannelLayout {
+        self.sh.layout
+    }
+
+    /// The next request, waiting up to `timeout`; `Ok(None)` when none came, `Closed` once
+    /// the channel is closed.
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<Entry>> {
+        loop {
+            if let Some(e) = self.sh.pop(
+                self.sh.layout.req_ring(),
+                ctl::REQ_TAIL,
+                ctl::REQ_HEAD,
+                &mut self.req_head,
+            )? {
+                return Ok(Some(e));
+            }
+            if self.sh.closed() {
+                return Err(ServiceError::Closed);
+            }
+            let came = self.sh.wait(
+                &self.spin,
+                ctl::REQ_TAIL,
+                self.req_head,
+                ctl::HOST_BELL,
+                ctl::HOST_SLEEPING,
+                timeout,
+            )?;
+            if !came {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Slot `slot`'s bytes (checked).
+    pub fn slot(&self, slot: u32) -> Result<WindowBytes> {
+        self.sh.slot_bytes(slot)
+    }
+
+    /// Posts a response and rings the guest. A full response ring (a guest that does not
+    /// read its responses while its requests keep coming) is a violation.
+    pub fn respond(&mut self, e: Entry) -> Result<()> {
+        let lay = self.sh.layout;
+        if !self.sh.push(
+            lay.resp_ring(),
+            ctl::RESP_TAIL,
+            ctl::RESP_HEAD,
+            &mut self.resp_tail,
+            e,
+        )? {
+            return Err(ServiceError::Memory("response ring full".into()));
+        }
+        self.sh.notify(ctl::GUEST_BELL, ctl::GUEST_SLEEPING);
+        Ok(())
+    }
+
+    /// Marks the channel closed with `code` and wakes the guest.
+    pub fn close(&self, code: u32) {
+        if let Ok(w) = self.sh.word(ctl::CLOSED) {
+            w.store(code.max(1), Ordering::Release);
+        }
+        self.sh.force_wake(ctl::GUEST_BELL);
+    }
+}
+
+/// A handle that wakes a host end's thread (to close it from another thread).
+pub struct Closer {
+    sh: Shared,
+}
+
+impl Closer {
+    /// The closer of the channel at `base` in `win`.
+    pub fn new(win: Arc<SharedWindow>, base: u64) -> Self {
+        Closer {
+            sh: Shared {
+                win,
+                base,
+                layout: ChannelLayout {
+                    entries: 1,
+                    slot_size: SLOT_SIZE,
+                },
+            },
+        }
+    }
+
+    /// Marks the channel closed and wakes both ends.
+    pub fn close(&self, code: u32) {
+        if let Ok(w) = self.sh.word(ctl::CLOSED) {
+            w.store(code.max(1), Ordering::Release);
+        }
+        self.sh.force_wake(ctl::HOST_BELL);
+        self.sh.force_wake(ctl::GUEST_BELL);
+    }
+}
+
+/// The guest's end: posts requests, takes responses.
+pub struct GuestEnd {
+    sh: Shared,
+    req_tail: u32,
+    resp_head: u32,
+    spin: AdaptiveSpin,
+}
+
+impl GuestEnd {
+    /// Lays out a fresh channel at window offset `base` (zeroing its control block and
+    /// rings) and returns the guest's end.
+    pub fn create(
+        win: Arc<SharedWindow>,
+        base: u64,
+        layout: ChannelLayout,
+        spins: u32,
+    ) -> Result<Self> {
+        layout.validate()?;
+        win.check(base, layout.size())?;
+        win.zero(base, layout.data())?;
+        let sh = Shared { win, base, layout };
+        sh.word(ctl::ENTRIES)?
+            .store(layout.entries, Ordering::Relaxed);
+        sh.word(ctl::SLOT_SIZE)?
+            .store(layout.slot_size, Ordering::Relaxed);
+        sh.word(ctl::VERSION)?.store(VERSION, Ordering::Relaxed);
+        sh.word(ctl::MAGIC)?.store(MAGIC, Ordering::Release);
+        Ok(GuestEnd {
+            sh,
+            req_tail: 0,
+            resp_head: 0,
+            spin: AdaptiveSpin::new(spins),
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> ChannelLayout {
+        self.sh.layout
+    }
+
+    /// Slot `slot`'s bytes.
+    pub fn slot(&self, slot: u32) -> Result<WindowBytes> {
+        self.sh.slot_bytes(slot)
+    }
+
+    /// Posts a request and rings the host; `Ok(false)` when the ring is full.
+    pub fn post(&mut self, e: Entry) -> Result<bool> {
+        if self.sh.closed() {
+            return Err(ServiceError::Closed);
+        }
+        let lay = self.sh.layout;
+        let ok = self.sh.push(
+            lay.req_ring(),
+            ctl::REQ_TAIL,
+            ctl::REQ_HEAD,
+            &mut self.req_tail,
+            e,
+        )?;
+        if ok {
+            self.sh.notify(ctl::HOST_BELL, ctl::HOST_SLEEPING);
+        }
+        Ok(ok)
+    }
+
+    /// The next response, waiting up to `timeout` (`Ok(None)`: none came); `Closed` once the
+    /// host closed the channel and nothing is left to read.
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<Entry>> {
+        loop {
+            let lay = self.sh.layout;
+            if let Some(e) = self.sh.pop(
+                lay.resp_ring(),
+                ctl::RESP_TAIL,
+                ctl::RESP_HEAD,
+                &mut self.resp_head,
+            )? {
+                return Ok(Some(e));
+            }
+            if self.sh.closed() {
+                return Err(ServiceError::Closed);
+            }
+            if !self.sh.wait(
+                &self.spin,
+                ctl::RESP_TAIL,
+                self.resp_head,
+                ctl::GUEST_BELL,
+                ctl::GUEST_SLEEPING,
+                timeout,
+            )? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Marks the channel closed and wakes the host.
+    pub fn close(&self) {
+        if let Ok(w) = self.sh.word(ctl::CLOSED) {
+            w.store(1, Ordering::Release);
+        }
+        self.sh.force_wake(ctl::HOST_BELL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::{Input, Output};
+    use virtsoc_proto::WindowLayout;
+
+    fn window() -> Arc<SharedWindow> {
+        let l = WindowLayout::new(8 << 20, 4, 4).unwrap();
+        Arc::new(SharedWindow::create_memfd("chan", l).unwrap())
+    }
+
+    #[test]
+    fn requests_and_responses_flow_through_the_rings() {
+        let w = window();
+        let lay = ChannelLayout::new(4).unwrap();
+        let base = 1 << 20;
+        let mut g = GuestEnd::create(w.clone(), base, lay, 0).unwrap();
+        let mut h = HostEnd::attach(w.clone(), base, lay.size(), 0).unwrap();
+        g.slot(1).unwrap().write_at(0, b"hello").unwrap();
+        for s in 0..4u64 {
+            let e = Entry {
+                seq: s,
+                code: kind::CALL,
+                slot: 1,
+                len: 5,
+                ..Entry::default()
+            };
+            assert!(g.post(e).unwrap());
+        }
+        assert!(!g.post(Entry::default()).unwrap(), "ring full");
+        let e = h.next(Duration::ZERO).unwrap().unwrap();
+        assert_eq!((e.seq, e.code, e.len), (0, kind::CALL, 5));
+        let mut b = [0u8; 5];
+        h.slot(e.slot).unwrap().read_at(0, &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        h.respond(Entry {
+            seq: 0,
+            args: [42, 0, 0, 0, 0],
+            ..Entry::default()
+        })
+        .unwrap();
+        assert_eq!(g.next(Duration::ZERO).unwrap().unwrap().args[0], 42);
+        assert!(h.slot(4).is_err(), "slot outside the channel");
+        g.close();
+        for _ in 0..3 {
+            h.next(Duration::ZERO).unwrap();
+        }
+        assert_eq!(h.next(Duration::ZERO), Err(ServiceError::Closed));
+    }
+
+    #[test]
+    fn hostile_control_blocks_are_refused() {
+        let w = window();
+        let lay = ChannelLayout::new(2).unwrap();
+        assert!(
+            HostEnd::attach(w.clone(), 0, 1 << 20, 0).is_err(),
+            "no magic"
+        );
+        let _g = GuestEnd::create(w.clone(), 0, lay, 0).unwrap();
+        assert!(
+            HostEnd::attach(w.clone(), 0, lay.size() - 1, 0).is_err(),
+            "too small"
+        );
+        w.atomic_u32(ctl::ENTRIES)
+            .unwrap()
+            .store(3, Ordering::SeqCst);
+        assert!(
+            HostEnd::attach(w.clone(), 0, 1 << 20, 0).is_err(),
+            "entries"
+        );
+        w.atomic_u32(ctl::ENTRIES)
+            .unwrap()
+            .store(2, Ordering::SeqCst);
+        let mut h = HostEnd::attach(w.clone(), 0, lay.size(), 0).unwrap();
+        w.atomic_u32(ctl::REQ_TAIL)
+            .unwrap()
+            .store(99, Ordering::SeqCst);
+        assert!(matches!(
+            h.next(Duration::ZERO),
+            Err(ServiceError::Memory(_))
+        ));
+    }
+}

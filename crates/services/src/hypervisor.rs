@@ -1,0 +1,457 @@
+//! The service hypervisor: the registered services, the policy, the channel table and the
+//! service instances.
+//!
+//! A service declares its calls ([`CallInfo`], as devices declare their commands) and runs
+//! them on an [`Input`] and an [`Output`]. A guest opens a channel to a service by name (the
+//! policy decides); every call names the channel, which must be one of that guest's, and a
+//! call the service declares. A call that panics kills its instance: the hypervisor drops
+//! it, counts a restart, answers [`ServiceError::ServiceDied`], and the next call gets a
+//! fresh instance; the other instances and channels go on.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde_json::{json, Value};
+
+use crate::payload::{Input, Output};
+use crate::policy::{Instances, ServicePolicy};
+use crate::{Result, ServiceError};
+
+/// One call a service declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallInfo {
+    /// Its number on the channel.
+    pub call: u32,
+    /// Its name.
+    pub name: &'static str,
+    /// What it does, its input, output and values.
+    pub doc: &'static str,
+}
+
+/// Who is calling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallCtx {
+    /// The calling guest.
+    pub guest: u64,
+    /// The channel the call came on.
+    pub channel: u64,
+}
+
+/// What a call answers: `len` bytes written to the output, and four values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reply {
+    /// Bytes written to the output.
+    pub len: usize,
+    /// Result values.
+    pub values: [u64; 4],
+}
+
+/// A host service.
+pub trait Service: Send + Sync {
+    /// Its name (what guests open).
+    fn name(&self) -> &'static str;
+    /// The calls it declares.
+    fn calls(&self) -> &'static [CallInfo];
+    /// Runs call `call` (one it declares) on `input`, writing to `out`.
+    fn call(
+        &self,
+        cx: &CallCtx,
+        call: u32,
+        input: &dyn Input,
+        out: &mut dyn Output,
+    ) -> Result<Reply>;
+    /// Runs host control operation `op` (from the control API).
+    fn control(&self, op: &str, _args: &Value) -> Result<Value> {
+        Err(ServiceError::BadArgument(format!(
+            "service {} has no control operation {op:?}",
+            self.name()
+        )))
+    }
+    /// A guest went away: forget what it set.
+    fn guest_gone(&self, _guest: u64) {}
+}
+
+/// Makes a fresh instance of a service.
+pub type Factory = Arc<dyn Fn() -> Arc<dyn Service> + Send + Sync>;
+
+struct Registered {
+    default_instances: Instances,
+    make: Factory,
+    calls: &'static [CallInfo],
+    shared: Mutex<Option<Arc<dyn Service>>>,
+    per_guest: Mutex<HashMap<u64, Arc<dyn Service>>>,
+    restarts: AtomicU64,
+    calls_served: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+struct ChannelRec {
+    guest: u64,
+    guest_name: String,
+    service: String,
+}
+
+/// The service hypervisor.
+pub struct Hypervisor {
+    services: RwLock<HashMap<String, Arc<Registered>>>,
+    policy: RwLock<ServicePolicy>,
+    channels: Mutex<HashMap<u64, ChannelRec>>,
+    next_channel: AtomicU64,
+    denied: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Default for Hypervisor {
+    fn default() -> Self {
+        Self::new(ServicePolicy::default())
+    }
+}
+
+impl Hypervisor {
+    /// A hypervisor with no services, under `policy`.
+    pub fn new(policy: ServicePolicy) -> Self {
+        Hypervisor {
+            services: RwLock::new(HashMap::new()),
+            policy: RwLock::new(policy),
+            channels: Mutex::new(HashMap::new()),
+            next_channel: AtomicU64::new(1),
+            denied: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers a service made by `make` (replacing one of the same name).
+    pub fn register(&self, default_instances: Instances, make: Factory) {
+        let probe = make();
+        let name = probe.name().to_string();
+        let r = Registered {
+            default_instances,
+            calls: probe.calls(),
+            make,
+            shared: Mutex::new(Some(probe)),
+            per_guest: Mutex::new(HashMap::new()),
+            restarts: AtomicU64::new(0),
+            calls_served: AtomicU64::new(0),
+        };
+        self.services
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, Arc::new(r));
+    }
+
+    fn service(&self, name: &str) -> Result<Arc<Registered>> {
+        self.services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ServiceError::NoSuchService(name.to_string()))
+    }
+
+    /// Replaces the policy (channels already open are checked again at their next call).
+    pub fn set_policy(&self, p: ServicePolicy) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = p;
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> ServicePolicy {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn check(&self, guest_name: &str, service: &str) -> Result<()> {
+        if self
+            .policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .allows(guest_name, service)
+        {
+            return Ok(());
+        }
+        self.denied.fetch_add(1, Ordering::Relaxed);
+        Err(ServiceError::Denied {
+            guest: guest_name.to_string(),
+            service: service.to_string(),
+        })
+    }
+
+    /// Opens a channel of `guest` (named `guest_name`) to `service`.
+    pub fn open(&self, guest: u64, guest_name: &str, service: &str) -> Result<u64> {
+        self.service(service)?;
+        self.check(guest_name, service)?;
+        let id = self.next_channel.fetch_add(1, Ordering::Relaxed);
+        lock(&self.channels).insert(
+            id,
+            ChannelRec {
+                guest,
+                guest_name: guest_name.to_string(),
+                service: service.to_string(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Closes channel `channel` of `guest`.
+    pub fn close(&self, guest: u64, channel: u64) -> Result<()> {
+        let mut ch = lock(&self.channels);
+        match ch.get(&channel) {
+            Some(c) if c.guest == guest => {
+                ch.remove(&channel);
+                Ok(())
+            }
+            _ => Err(ServiceError::NoSuchChannel(channel)),
+        }
+    }
+
+    /// The service a channel of `guest` is open to.
+    pub fn channel_service(&self, guest: u64, channel: u64) -> Result<String> {
+        match lock(&self.channels).get(&channel) {
+            Some(c) if c.guest == guest => Ok(c.service.clone()),
+            _ => Err(ServiceError::NoSuchChannel(channel)),
+        }
+    }
+
+    fn instance(&self, r: &Registered, name: &str, guest: u64) -> Arc<dyn Service> {
+        let mode = self
+            .policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .instances(name, r.default_instances);
+        match mode {
+            Instances::Shared => lock(&r.shared).get_or_insert_with(|| (r.make)()).clone(),
+            Instances::PerGuest => lock(&r.per_guest)
+                .entry(guest)
+                .or_insert_with(|| (r.make)())
+                .clone(),
+        }
+    }
+
+    /// Runs call `call` of channel `channel` of `guest`.
+    pub fn invoke(
+        &self,
+        guest: u64,
+        channel: u64,
+        call: u32,
+        input: &dyn Input,
+        out: &mut dyn Output,
+    ) -> Result<Reply> {
+        let rec = match lock(&self.channels).get(&channel) {
+            Some(c) if c.guest == guest => c.clone(),
+            _ => return Err(ServiceError::NoSuchChannel(channel)),
+        };
+        self.check(&rec.guest_name, &rec.service)?;
+        let r = self.service(&rec.service)?;
+        if !r.calls.iter().any(|c| c.call == call) {
+            return Err(ServiceError::NoSuchCall {
+                service: rec.service,
+                call,
+            });
+        }
+        let inst = self.instance(&r, &rec.service, guest);
+        let cx = CallCtx { guest, channel };
+        match catch_unwind(AssertUnwindSafe(|| inst.call(&cx, call, input, out))) {
+            Ok(res) => {
+                r.calls_served.fetch_add(1, Ordering::Relaxed);
+                res
+            }
+            Err(_) => {
+                log::error!("service {} died in call {call}; restarting it", rec.service);
+                self.restart(&r, &inst);
+                Err(ServiceError::ServiceDied(rec.service))
+            }
+        }
+    }
+
+    /// Drops a dead instance so that the next call makes a fresh one.
+    fn restart(&self, r: &Registered, dead: &Arc<dyn Service>) {
+        r.restarts.fetch_add(1, Ordering::Relaxed);
+        let mut shared = lock(&r.shared);
+        if shared.as_ref().is_some_and(|s| Arc::ptr_eq(s, dead)) {
+            *shared = None;
+        }
+        drop(shared);
+        lock(&r.per_guest).retain(|_, s| !Arc::ptr_eq(s, dead));
+    }
+
+    /// Runs control operation `op` on `service`'s shared instance.
+    pub fn control(&self, service: &str, op: &str, args: &Value) -> Result<Value> {
+        let r = self.service(service)?;
+        let inst = lock(&r.shared).get_or_insert_with(|| (r.make)()).clone();
+        match catch_unwind(AssertUnwindSafe(|| inst.control(op, args))) {
+            Ok(v) => v,
+            Err(_) => {
+                self.restart(&r, &inst);
+                Err(ServiceError::ServiceDied(service.to_string()))
+            }
+        }
+    }
+
+    /// A guest went away: its channels and per-guest instances go.
+    pub fn guest_gone(&self, guest: u64) {
+        lock(&self.channels).retain(|_, c| c.guest != guest);
+        let all: Vec<Arc<Registered>> = self
+            .services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for r in all {
+            lock(&r.per_guest).remove(&guest);
+            if let Some(s) = lock(&r.shared).clone() {
+                s.guest_gone(guest);
+            }
+        }
+    }
+
+    /// Channels open, all guests.
+    pub fn channel_count(&self) -> usize {
+        lock(&self.channels).len()
+    }
+
+    /// The services, their calls and counters, the policy (the control API's listing).
+    pub fn describe(&self) -> Value {
+        let services = self.services.read().unwrap_or_else(|p| p.into_inner());
+        let chans = lock(&self.channels);
+        let mut names: Vec<&String> = services.keys().collect();
+        names.sort();
+        let list: Vec<Value> = names
+            .into_iter()
+            .map(|n| {
+                let r = &services[n];
+                json!({
+                    "name": n,
+                    "instances": self.policy().instances(n, r.default_instances),
+                    "calls": r.calls.iter().map(|c| json!({"call": c.call, "name": c.name, "doc": c.doc})).collect::<Vec<_>>(),
+                    "channels": chans.values().filter(|c| &c.service == n).count(),
+                    "calls_served": r.calls_served.load(Ordering::Relaxed),
+                    "restarts": r.restarts.load(Ordering::Relaxed),
+                    "per_guest_instances": lock(&r.per_guest).len(),
+                })
+            })
+            .collect();
+        json!({
+            "services": list,
+            "policy": self.policy(),
+            "denied": self.denied.load(Ordering::Relaxed),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Counter {
+        n: AtomicU64,
+    }
+
+    const CALLS: &[CallInfo] = &[
+        CallInfo {
+            call: 1,
+            name: "next",
+            doc: "counts",
+        },
+        CallInfo {
+            call: 2,
+            name: "die",
+            doc: "panics",
+        },
+    ];
+
+    impl Service for Counter {
+        fn name(&self) -> &'static str {
+            "counter"
+        }
+        fn calls(&self) -> &'static [CallInfo] {
+            CALLS
+        }
+        fn call(&self, _: &CallCtx, call: u32, _: &dyn Input, _: &mut dyn Output) -> Result<Reply> {
+            if call == 2 {
+                panic!("service bug");
+            }
+            Ok(Reply {
+                len: 0,
+                values: [self.n.fetch_add(1, Ordering::Relaxed) + 1, 0, 0, 0],
+            })
+        }
+    }
+
+    fn hv(policy: &str) -> Hypervisor {
+        let h = Hypervisor::new(ServicePolicy::parse(policy).unwrap());
+        h.register(
+            Instances::Shared,
+            Arc::new(|| {
+                Arc::new(Counter {
+                    n: AtomicU64::new(0),
+                }) as Arc<dyn Service>
+            }),
+        );
+        h
+    }
+
+    fn call(h: &Hypervisor, g: u64, ch: u64, c: u32) -> Result<u64> {
+        let mut out = Vec::new();
+        h.invoke(g, ch, c, &Vec::new(), &mut out)
+            .map(|r| r.values[0])
+    }
+
+    #[test]
+    fn policy_channels_and_forged_ids() {
+        let h = hv(r#"{"allow": {"*": ["counter"], "jail": []}}"#);
+        assert!(matches!(
+            h.open(1, "jail", "counter"),
+            Err(ServiceError::Denied { .. })
+        ));
+        assert!(matches!(
+            h.open(1, "a", "nope"),
+            Err(ServiceError::NoSuchService(_))
+        ));
+        let a = h.open(1, "a", "counter").unwrap();
+        let b = h.open(2, "b", "counter").unwrap();
+        assert_eq!(call(&h, 1, a, 1), Ok(1));
+        assert_eq!(call(&h, 2, b, 1), Ok(2), "one shared instance");
+        assert_eq!(
+            call(&h, 1, b, 1),
+            Err(ServiceError::NoSuchChannel(b)),
+            "forged"
+        );
+        assert!(matches!(
+            call(&h, 1, a, 9),
+            Err(ServiceError::NoSuchCall { .. })
+        ));
+        assert_eq!(h.close(1, b), Err(ServiceError::NoSuchChannel(b)));
+        // The policy changes at run time: open channels are refused at their next call.
+        h.set_policy(ServicePolicy::parse(r#"{"allow": {"b": ["counter"]}}"#).unwrap());
+        assert!(matches!(
+            call(&h, 1, a, 1),
+            Err(ServiceError::Denied { .. })
+        ));
+        assert_eq!(call(&h, 2, b, 1), Ok(3));
+        h.guest_gone(2);
+        assert_eq!(call(&h, 2, b, 1), Err(ServiceError::NoSuchChannel(b)));
+    }
+
+    #[test]
+    fn per_guest_instances_and_restart_after_a_panic() {
+        let h = hv(r#"{"instances": {"counter": "per-guest"}}"#);
+        let a = h.open(1, "a", "counter").unwrap();
+        let b = h.open(2, "b", "counter").unwrap();
+        assert_eq!(call(&h, 1, a, 1), Ok(1));
+        assert_eq!(call(&h, 1, a, 1), Ok(2));
+        assert_eq!(call(&h, 2, b, 1), Ok(1), "its own instance");
+        assert_eq!(
+            call(&h, 1, a, 2),
+            Err(ServiceError::ServiceDied("counter".into()))
+        );
+        assert_eq!(call(&h, 1, a, 1), Ok(1), "a fresh instance");
+        assert_eq!(call(&h, 2, b, 1), Ok(2), "the other guest's goes on");
+        assert_eq!(h.describe()["services"][0]["restarts"], 1);
+    }
+}
