@@ -4,39 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// A guest's coherence counters (the SVM manager's `guest_counters`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
-    /// Coherence copies between memory domains made for the guest's regions (synchronous and
-    /// prefetched).
-    pub copies: u64,
-    /// Time spent in those copies, in nanoseconds.
-    pub copy_ns: u64,
-    /// Bytes those copies moved.
-    pub copy_bytes: u64,
-    /// Copies of the guest's frame bytes a device made within its own memory, outside the coherence
-    /// protocol (decoder output, snapshot composition, ...).
-    pub device_copies: u64,
-    /// Bytes those device copies moved.
-    pub device_copy_bytes: u64,
-    /// Time spent in those device copies, in nanoseconds.
-    pub device_copy_ns: u64,
-    /// Reads that had to fetch synchronously (no valid replica, nothing in flight).
-    pub sync_fetches: u64,
-    /// Reads that waited for a prefetch still in flight.
-    pub inflight_waits: u64,
-    /// Asynchronous copies started by predictions.
-    pub prefetches: u64,
-    /// Reads the guest's predictor had predicted (0 without a predicting protocol).
-    pub hits: u64,
-    /// Reads the guest's predictor had not predicted (0 without a predicting protocol).
-    pub misses: u64,
-    /// Total compensation delay asked of the guest (it blocks this long before handing a region
-    /// on), in nanoseconds.
-    pub compensation_ns: u64,
-    /// Time spent in prediction bookkeeping, in nanoseconds.
-    pub bookkeeping_ns: u64,
-}
+/// A guest's coherence counters (the SVM manager's `guest_counters`): the record declared
+/// once in [`virtsoc_proto::counters`], serialised as its thirteen SVM counters.
+pub use virtsoc_proto::counters::Counters;
 
 /// Copies of one guest's bytes on one link between memory domains (`src == dst`: a device's
 /// own copies in its memory).

@@ -10,8 +10,7 @@ use virtsoc_svm::GuestId;
 use serde_json::Value;
 use virtsoc_control::budget::ViewBudget;
 use virtsoc_control::{
-    Backend, ControlError, Counters, DeviceInfo, DeviceUse, GuestInfo, LinkCopies, ViewFrame,
-    ViewReport,
+    Backend, ControlError, DeviceInfo, DeviceUse, GuestInfo, LinkCopies, ViewFrame, ViewReport,
 };
 use virtsoc_svm::DomainId;
 
@@ -113,21 +112,7 @@ impl ControlBackend {
             protocol: protocol.name().to_string(),
             regions,
             bytes,
-            counters: Counters {
-                copies: c.copies,
-                copy_ns: c.copy_ns,
-                copy_bytes: c.copy_bytes,
-                device_copies: c.device_copies,
-                device_copy_bytes: c.device_copy_bytes,
-                device_copy_ns: c.device_copy_ns,
-                sync_fetches: c.sync_fetches,
-                inflight_waits: c.inflight_waits,
-                prefetches: c.prefetches,
-                hits: c.hits,
-                misses: c.misses,
-                compensation_ns: c.compensation_ns,
-                bookkeeping_ns: c.bookkeeping_ns,
-            },
+            counters: c,
             links,
             commands,
             paced: {

@@ -100,23 +100,10 @@ fn counters_page(svm_mgr: &SvmManager, guest: GuestId, n: u64) -> Outcome {
         };
         return Ok(entry.to_values());
     }
-    let c = svm(guest, svm_mgr.guest_counters(guest))?;
     let record = Counters {
-        copies: c.copies,
-        copy_ns: c.copy_ns,
-        sync_fetches: c.sync_fetches,
-        inflight_waits: c.inflight_waits,
-        prefetches: c.prefetches,
-        hits: c.hits,
-        misses: c.misses,
-        compensation_ns: c.compensation_ns,
-        bookkeeping_ns: c.bookkeeping_ns,
         metadata_bytes: svm_mgr.metadata_bytes(guest),
-        copy_bytes: c.copy_bytes,
-        device_copies: c.device_copies,
-        device_copy_bytes: c.device_copy_bytes,
-        device_copy_ns: c.device_copy_ns,
         ledger_links: ledger.len() as u64,
+        ..svm(guest, svm_mgr.guest_counters(guest))?
     };
     record.page(n).ok_or(Status::BadArgument)
 }

@@ -5,7 +5,8 @@
 //! answers with that page's values. The host fills a [`Counters`] and sends
 //! [`Counters::page`]; the guest decodes each page with [`Counters::set_page`]. The fields,
 //! their pages and their order are written only in the `paged_record!` declaration below.
-//! The copy ledger follows the record: page [`LEDGER_PAGE`]` + i` is link `i` (see
+//! The same declaration gives the host's atomic twin ([`AtomicCounters`]) and the record's
+//! serde form (the control API's `counters`). The copy ledger follows the record: page [`LEDGER_PAGE`]` + i` is link `i` (see
 //! [`LedgerEntry`]), [`Counters::ledger_links`] of them.
 
 /// Declares a record sent as pages of six `u64`s. Each field is a `count` (monotonic: a
@@ -13,7 +14,7 @@
 macro_rules! paged_record {
     (
         $(#[$m:meta])*
-        $name:ident {
+        $name:ident / $atomic:ident {
             $(
                 page $p:literal {
                     $( $(#[$fm:meta])* $f:ident : $kind:ident ),* $(,)?
@@ -22,9 +23,28 @@ macro_rules! paged_record {
         }
     ) => {
         $(#[$m])*
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         pub struct $name {
             $( $( $(#[$fm])* pub $f: u64, )* )*
+        }
+
+        #[doc = concat!("The same fields as [`", stringify!($name), "`], as atomics a host adds \
+            to from many threads; [`load`](Self::load) reads them into one record.")]
+        #[derive(Debug, Default)]
+        pub struct $atomic {
+            $( $(
+                #[doc = concat!("[`", stringify!($name), "::", stringify!($f), "`], counted.")]
+                pub $f: std::sync::atomic::AtomicU64,
+            )* )*
+        }
+
+        impl $atomic {
+            /// Every field as it is now (each read on its own, `Relaxed`).
+            pub fn load(&self) -> $name {
+                $name {
+                    $( $( $f: self.$f.load(std::sync::atomic::Ordering::Relaxed), )* )*
+                }
+            }
         }
 
         $( const _: () = assert!(<[&str]>::len(&[$(stringify!($f)),*]) <= 6, "six values a page"); )*
@@ -80,8 +100,10 @@ macro_rules! paged_record {
 
 paged_record!(
     /// One guest's SVM counters as kept by the host (the counts are monotonic: subtract two
-    /// snapshots with [`Counters::since`]).
-    Counters {
+    /// snapshots with [`Counters::since`]). The one declaration of them: the SVM manager
+    /// counts into [`AtomicCounters`], the `Counters` request pages this record, and the
+    /// control API serialises it (without the two gauges the request adds).
+    Counters / AtomicCounters {
         page 0 {
             /// Coherence copies made for the guest.
             copies: count,
@@ -105,6 +127,7 @@ paged_record!(
             bookkeeping_ns: count,
             /// Bytes of the host's SVM bookkeeping for this guest (its predictor, its
             /// regions).
+            #[serde(skip)]
             metadata_bytes: gauge,
         }
         page 2 {
@@ -118,6 +141,7 @@ paged_record!(
             /// Time of those device copies.
             device_copy_ns: count,
             /// Links of the copy ledger (pages [`LEDGER_PAGE`] on).
+            #[serde(skip)]
             ledger_links: gauge,
         }
     }
@@ -241,6 +265,34 @@ mod tests {
         let d = now.since(&then);
         assert_eq!((d.copies, d.metadata_bytes, d.ledger_links), (3, 40, 3));
         assert_eq!(then.since(&now).copies, 0, "saturates");
+    }
+
+    /// The control API's `counters` object: the thirteen SVM counters, not the request's gauges.
+    #[test]
+    fn the_json_form_leaves_out_the_gauges() {
+        let c = Counters {
+            copies: 2,
+            metadata_bytes: 9,
+            ledger_links: 1,
+            ..Counters::default()
+        };
+        let v = serde_json::to_value(c).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        assert_eq!(keys.len(), 13, "{keys:?}");
+        assert_eq!(v["copies"], 2);
+        assert!(v.get("metadata_bytes").is_none() && v.get("ledger_links").is_none());
+        let back: Counters = serde_json::from_value(v).unwrap();
+        assert_eq!((back.copies, back.metadata_bytes), (2, 0));
+    }
+
+    #[test]
+    fn the_atomic_twin_loads_every_field() {
+        let a = AtomicCounters::default();
+        a.copies.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        a.device_copy_ns
+            .fetch_add(4, std::sync::atomic::Ordering::Relaxed);
+        let c = a.load();
+        assert_eq!((c.copies, c.device_copy_ns, c.hits), (3, 4, 0));
     }
 
     #[test]

@@ -7,8 +7,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+use virtsoc_proto::counters::{AtomicCounters, Counters};
 
 use virtsoc_proto::SharedWindow;
 use virtsoc_sync::{LockExt, RwLockExt};
@@ -48,69 +50,26 @@ pub struct LinkCount {
     pub ns: u64,
 }
 
-/// Per-guest counters, for the benchmarks and the stats request.
+/// Per-guest counters, for the benchmarks and the stats request: the record declared once in
+/// [`virtsoc_proto::counters`], counted as atomics (reached through `Deref`, so
+/// `counters.copies.fetch_add(..)` counts), and the copy ledger.
+///
+/// The prediction scores (`hits`, `misses`) are the protocol's own ([`GuestSvm::snapshot`]);
+/// the request's gauges (`metadata_bytes`, `ledger_links`) are added by whoever sends them.
 #[derive(Debug, Default)]
 pub struct GuestCounters {
-    /// Coherence copies made for this guest's regions (synchronous and asynchronous).
-    pub copies: AtomicU64,
-    /// Time spent in those copies.
-    pub copy_ns: AtomicU64,
-    /// Bytes those copies moved.
-    pub copy_bytes: AtomicU64,
-    /// Copies of this guest's frame bytes made by devices outside the coherence protocol
-    /// (a decoder's picture into its output region, a composition for a snapshot...).
-    pub device_copies: AtomicU64,
-    /// Bytes of those.
-    pub device_copy_bytes: AtomicU64,
-    /// Time spent in those.
-    pub device_copy_ns: AtomicU64,
-    /// Every copy above by link (source domain, destination domain); a device's own copies
-    /// are on the link from its domain to itself.
+    counts: AtomicCounters,
+    /// Every copy by link (source domain, destination domain); a device's own copies are on
+    /// the link from its domain to itself.
     ledger: Mutex<BTreeMap<(u32, u32), LinkCount>>,
-    /// Reads that had to fetch synchronously (no valid replica, nothing in flight).
-    pub sync_fetches: AtomicU64,
-    /// Reads that waited for a prefetch still in flight.
-    pub inflight_waits: AtomicU64,
-    /// Asynchronous copies started by predictions.
-    pub prefetches: AtomicU64,
-    /// Compensation asked of the guest.
-    pub compensation_ns: AtomicU64,
-    /// Time spent in prediction bookkeeping.
-    pub bookkeeping_ns: AtomicU64,
 }
 
-/// A copy of the counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CounterSnapshot {
-    /// Coherence copies between memory domains made for the guest's regions (synchronous and
-    /// prefetched).
-    pub copies: u64,
-    /// Time spent in those copies, in nanoseconds.
-    pub copy_ns: u64,
-    /// Bytes those copies moved.
-    pub copy_bytes: u64,
-    /// Copies of the guest's frame bytes a device made within its own memory, outside the coherence
-    /// protocol (decoder output, snapshot composition, ...).
-    pub device_copies: u64,
-    /// Bytes those device copies moved.
-    pub device_copy_bytes: u64,
-    /// Time spent in those device copies, in nanoseconds.
-    pub device_copy_ns: u64,
-    /// Reads that had to fetch synchronously (no valid replica, nothing in flight).
-    pub sync_fetches: u64,
-    /// Reads that waited for a prefetch still in flight.
-    pub inflight_waits: u64,
-    /// Asynchronous copies started by predictions.
-    pub prefetches: u64,
-    /// Reads the guest's predictor had predicted (0 without a predicting protocol).
-    pub hits: u64,
-    /// Reads the guest's predictor had not predicted (0 without a predicting protocol).
-    pub misses: u64,
-    /// Total compensation delay asked of the guest (it blocks this long before handing a region
-    /// on), in nanoseconds.
-    pub compensation_ns: u64,
-    /// Time spent in prediction bookkeeping, in nanoseconds.
-    pub bookkeeping_ns: u64,
+impl std::ops::Deref for GuestCounters {
+    type Target = AtomicCounters;
+
+    fn deref(&self) -> &AtomicCounters {
+        &self.counts
+    }
 }
 
 impl GuestCounters {
@@ -118,14 +77,11 @@ impl GuestCounters {
     /// copy, or (`src == dst`) a device's own copy.
     pub fn count_copy(&self, src: u32, dst: u32, bytes: u64, dt: Duration) {
         let ns = dt.as_nanos() as u64;
+        let c = &self.counts;
         let (n, b, t) = if src == dst {
-            (
-                &self.device_copies,
-                &self.device_copy_bytes,
-                &self.device_copy_ns,
-            )
+            (&c.device_copies, &c.device_copy_bytes, &c.device_copy_ns)
         } else {
-            (&self.copies, &self.copy_bytes, &self.copy_ns)
+            (&c.copies, &c.copy_bytes, &c.copy_ns)
         };
         n.fetch_add(1, Ordering::Relaxed);
         b.fetch_add(bytes, Ordering::Relaxed);
@@ -144,23 +100,8 @@ impl GuestCounters {
     }
 
     /// Reads all counters.
-    pub fn snapshot(&self) -> CounterSnapshot {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        CounterSnapshot {
-            copies: l(&self.copies),
-            copy_ns: l(&self.copy_ns),
-            copy_bytes: l(&self.copy_bytes),
-            device_copies: l(&self.device_copies),
-            device_copy_bytes: l(&self.device_copy_bytes),
-            device_copy_ns: l(&self.device_copy_ns),
-            sync_fetches: l(&self.sync_fetches),
-            inflight_waits: l(&self.inflight_waits),
-            prefetches: l(&self.prefetches),
-            hits: 0,
-            misses: 0,
-            compensation_ns: l(&self.compensation_ns),
-            bookkeeping_ns: l(&self.bookkeeping_ns),
-        }
+    pub fn snapshot(&self) -> Counters {
+        self.counts.load()
     }
 }
 
@@ -208,7 +149,7 @@ impl GuestSvm {
 
     /// The counters, with the prediction scores as the guest's own predictor counted them
     /// (each read scored once per write; shadow predictions of suspended flows excluded).
-    pub fn snapshot(&self) -> CounterSnapshot {
+    pub fn snapshot(&self) -> Counters {
         let mut s = self.counters.snapshot();
         (s.hits, s.misses) = self.protocol.scores();
         s

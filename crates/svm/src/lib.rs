@@ -39,7 +39,7 @@ pub use coherence::{AccessInfo, Coherence, ProtocolKind, Step};
 pub use dma::CopyTicket;
 pub use domain::{DomainId, DomainKind, Topology};
 pub use engine::CopyEngine;
-pub use guest::{CounterSnapshot, GuestSvm, LinkCount};
+pub use guest::{GuestSvm, LinkCount};
 pub use id::{GuestId, RegionId};
 pub use region::{AccessReport, Region, RegionKey, RegionMeta};
 pub use snapshot::RegionImage;
@@ -285,7 +285,7 @@ impl SvmManager {
     }
 
     /// Counters of one guest.
-    pub fn guest_counters(&self, guest: GuestId) -> Result<CounterSnapshot> {
+    pub fn guest_counters(&self, guest: GuestId) -> Result<virtsoc_proto::counters::Counters> {
         let guest = guest.0;
         Ok(self.guest(guest)?.snapshot())
     }
@@ -443,6 +443,12 @@ impl SvmManager {
     pub fn window_offset(&self, guest: GuestId, id: RegionId) -> Result<Option<u64>> {
         let (guest, id) = (guest.0, id.0);
         Ok(self.region(guest, id)?.window_offset())
+    }
+
+    /// The window of `guest` (host services read and write a guest's channel rings and
+    /// payloads in it, bounds-checked).
+    pub fn guest_window(&self, guest: GuestId) -> Result<Arc<SharedWindow>> {
+        Ok(self.guest(guest.0)?.window().clone())
     }
 
     /// Metadata of a region of `guest`.
