@@ -389,20 +389,16 @@ pub(super) fn permitted(slot: &DeviceSlot, policy: &Policy, name: &str, req: &Re
     }
 }
 
-/// Marks queue `key` busy and makes the reply of its request `req`, which clears the mark,
-/// accounts the request's device time and wakes the worker once sent.
+/// Marks a queue busy (its flag `busy`) and makes the reply of its request `req`, which
+/// clears the mark, accounts the request's device time and wakes the worker once sent.
 pub(super) fn start(
     slot: &DeviceSlot,
-    busy: &mut HashMap<usize, Arc<AtomicBool>>,
-    key: usize,
+    busy: &Arc<AtomicBool>,
     session: &Arc<Session>,
     req: Request,
     token: DoneToken,
 ) -> Reply {
-    let flag = busy
-        .entry(key)
-        .or_insert_with(|| Arc::new(AtomicBool::new(false)))
-        .clone();
+    let flag = busy.clone();
     flag.store(true, Ordering::Release);
     let wake = slot.waker();
     let acct = slot.acct.clone();

@@ -178,6 +178,125 @@ pub(super) fn execute(
     None
 }
 
+/// One guest queue's state between the worker's passes.
+#[derive(Default)]
+struct QueueState {
+    /// The fence this queue, blocked, has a wake-up registered for.
+    armed: Option<FenceId>,
+    /// What `execute` left for later: a begin_access parked on a copy, or a paced command
+    /// between its steps. Either holds the queue.
+    later: Option<Later>,
+    /// Set while the queue's last request is being answered (until its reply is sent).
+    busy: Arc<AtomicBool>,
+    /// The queue's next request, taken off it and waiting for the scheduler's turn.
+    staged: Option<(Request, DoneToken)>,
+}
+
+impl QueueState {
+    /// Keeps what `execute` left for later; a parked begin_access wakes the worker when its
+    /// copy is done.
+    fn hold(&mut self, slot: &DeviceSlot, later: Later) {
+        if let Later::Parked(p) = &later {
+            let wake = slot.waker();
+            p.ticket.on_done(Box::new(wake));
+        }
+        self.later = Some(later);
+    }
+}
+
+/// What one queue had this pass.
+enum Turn {
+    /// Something ran (a paced step, a parked access retried) or needs another look.
+    Progressed,
+    /// Its guest has work on the device (a paced command, a parked access, a command still
+    /// running): it has nothing ready, and the scheduler counts it as running; `progressed`:
+    /// a paced step ran.
+    Running {
+        /// A paced step ran this pass.
+        progressed: bool,
+    },
+    /// A request is staged for the scheduler.
+    Ready,
+    /// Nothing to do (empty, or blocked on a fence with a wake-up registered).
+    Idle,
+    /// The queue is closed.
+    Dead,
+}
+
+/// One queue's part of a pass: steps its paced command, retries its parked access, or stages
+/// its next ready request. `pace_wake` gets the time a paced step's bytes will be there.
+fn visit(
+    svm: &Arc<SvmManager>,
+    slot: &DeviceSlot,
+    session: &Arc<Session>,
+    q: &GuestQueue,
+    st: &mut QueueState,
+    policy: &Policy,
+    pace_wake: &mut Option<Instant>,
+) -> Turn {
+    match st.later.take() {
+        // A paced command runs a step when its guest's share has the bytes, else waits
+        // without holding the worker: the other queues are served meanwhile.
+        Some(Later::Paced(p)) => {
+            let progressed = match step_paced(svm, slot, session, p) {
+                None => true,
+                Some((p, None)) => {
+                    st.later = Some(Later::Paced(p));
+                    true
+                }
+                Some((p, Some(at))) => {
+                    *pace_wake = Some(pace_wake.map_or(at, |w| w.min(at)));
+                    st.later = Some(Later::Paced(p));
+                    false
+                }
+            };
+            return Turn::Running { progressed };
+        }
+        Some(Later::Parked(p)) => {
+            if !p.ticket.is_done() {
+                st.later = Some(Later::Parked(p));
+                return Turn::Running { progressed: false };
+            }
+            if let Some(again) = execute(svm, slot, session, p.req, p.reply, true, policy) {
+                st.hold(slot, again);
+            }
+            return Turn::Progressed;
+        }
+        None => {}
+    }
+    // A command still running on the device (an asynchronous GPU submission) holds its
+    // queue: the guest's next request sees its result, and nobody waits for it.
+    if st.busy.load(Ordering::Acquire) {
+        return Turn::Running { progressed: false };
+    }
+    if st.staged.is_some() {
+        return Turn::Ready;
+    }
+    match q.try_pop_ready() {
+        TryPop::Ready(req, token) => {
+            st.staged = Some((req, token));
+            Turn::Ready
+        }
+        TryPop::Blocked(f) => {
+            if st.armed != Some(f) {
+                st.armed = Some(f);
+                let wake = slot.waker();
+                if session.fences().on_signal(f, Box::new(wake)).is_err() {
+                    return Turn::Progressed; // stale or cancelled: look again
+                }
+            }
+            Turn::Idle
+        }
+        TryPop::Empty => Turn::Idle,
+        TryPop::Closed => Turn::Dead,
+    }
+}
+
+/// The key of a queue in the worker's state: its address, stable while the queue lives.
+fn key_of(q: &GuestQueue) -> usize {
+    Arc::as_ptr(q) as usize
+}
+
 /// The device worker: each pass takes the next ready request of every queue (at most one
 /// staged per queue), asks the scheduler which guest goes next, and runs that one request,
 /// each queue in order. A queue held by a fence wait, by a begin_access parked on a copy, or by
@@ -187,16 +306,7 @@ pub(super) fn execute(
 /// each pass runs its next step if its guest's bandwidth share has the bytes, and otherwise
 /// the worker serves the others and wakes (at the latest) when the share will have them.
 pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Arbiter) {
-    // Fence each blocked queue has a wake-up registered for (keyed by queue address).
-    let mut armed: HashMap<usize, FenceId> = HashMap::new();
-    // The parked begin_access of each queue that has one.
-    let mut parked: HashMap<usize, Parked> = HashMap::new();
-    // The paced command of each queue that has one, between its steps.
-    let mut paced: HashMap<usize, PacedRun> = HashMap::new();
-    // Queues whose last request is still being answered (set until its reply is sent).
-    let mut busy: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
-    // The next request of each queue, taken off it and waiting for the scheduler's turn.
-    let mut staged: HashMap<usize, (Request, DoneToken)> = HashMap::new();
+    let mut states: HashMap<usize, QueueState> = HashMap::new();
     loop {
         let seen = slot.events.current();
         if slot.stop.load(Ordering::SeqCst) {
@@ -211,66 +321,21 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
         // The earliest time a paced command's next step has its bytes of its guest's share.
         let mut pace_wake: Option<Instant> = None;
         for (i, (session, q)) in queues.iter().enumerate() {
-            let key = Arc::as_ptr(q) as usize;
+            let key = key_of(q);
             if session.is_closed() {
                 dead.push(key);
                 continue;
             }
-            // A paced command runs a step when its guest's share has the bytes, else waits
-            // without holding the worker: the other queues are served meanwhile.
-            if let Some(p) = paced.remove(&key) {
-                running.push(session.guest_id().0);
-                match step_paced(&svm, &slot, session, p) {
-                    None => progressed = true,
-                    Some((p, None)) => {
-                        paced.insert(key, p);
-                        progressed = true;
-                    }
-                    Some((p, Some(at))) => {
-                        pace_wake = Some(pace_wake.map_or(at, |w| w.min(at)));
-                        paced.insert(key, p);
-                    }
-                }
-                continue;
-            }
-            if let Some(p) = parked.remove(&key) {
-                if !p.ticket.is_done() {
-                    parked.insert(key, p);
+            let st = states.entry(key).or_default();
+            match visit(&svm, &slot, session, q, st, &policy, &mut pace_wake) {
+                Turn::Progressed => progressed = true,
+                Turn::Running { progressed: p } => {
                     running.push(session.guest_id().0);
-                    continue;
+                    progressed |= p;
                 }
-                if let Some(again) = execute(&svm, &slot, session, p.req, p.reply, true, &policy) {
-                    hold(&slot, (&mut parked, &mut paced), key, again);
-                }
-                progressed = true;
-                continue;
-            }
-            // A command still running on the device (an asynchronous GPU submission) holds
-            // its queue: the guest's next request sees its result, and nobody waits for it.
-            if busy.get(&key).is_some_and(|b| b.load(Ordering::Acquire)) {
-                running.push(session.guest_id().0);
-                continue;
-            }
-            if staged.contains_key(&key) {
-                ready.push(i);
-                continue;
-            }
-            match q.try_pop_ready() {
-                TryPop::Ready(req, token) => {
-                    staged.insert(key, (req, token));
-                    ready.push(i);
-                }
-                TryPop::Blocked(f) => {
-                    if armed.get(&key) != Some(&f) {
-                        armed.insert(key, f);
-                        let wake = slot.waker();
-                        if session.fences().on_signal(f, Box::new(wake)).is_err() {
-                            progressed = true; // stale or cancelled: look again
-                        }
-                    }
-                }
-                TryPop::Empty => {}
-                TryPop::Closed => dead.push(key),
+                Turn::Ready => ready.push(i),
+                Turn::Idle => {}
+                Turn::Dead => dead.push(key),
             }
         }
         let mut deadline = None;
@@ -283,13 +348,13 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
                 Pick::Serve(g) => {
                     if let Some(&i) = ready.iter().find(|i| queues[**i].0.guest_id().0 == g) {
                         let (session, q) = &queues[i];
-                        let key = Arc::as_ptr(q) as usize;
-                        if let Some((req, token)) = staged.remove(&key) {
-                            let reply = start(&slot, &mut busy, key, session, req, token);
+                        let st = states.entry(key_of(q)).or_default();
+                        if let Some((req, token)) = st.staged.take() {
+                            let reply = start(&slot, &st.busy, session, req, token);
                             if let Some(p) =
                                 execute(&svm, &slot, session, req, reply, false, &policy)
                             {
-                                hold(&slot, (&mut parked, &mut paced), key, p);
+                                st.hold(&slot, p);
                             }
                             progressed = true;
                         }
@@ -303,20 +368,16 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
             let mut qs = slot.queues.lock_or_recover();
             let gone: Vec<u64> = qs
                 .iter()
-                .filter(|(_, q)| dead.contains(&(Arc::as_ptr(q) as usize)))
+                .filter(|(_, q)| dead.contains(&key_of(q)))
                 .map(|(s, _)| s.guest_id().0)
                 .collect();
-            qs.retain(|(_, q)| !dead.contains(&(Arc::as_ptr(q) as usize)));
+            qs.retain(|(_, q)| !dead.contains(&key_of(q)));
             drop(qs);
             for g in gone {
                 arbiter.forget(&slot.acct, g);
             }
             for k in dead {
-                armed.remove(&k);
-                parked.remove(&k);
-                paced.remove(&k);
-                busy.remove(&k);
-                staged.remove(&k);
+                states.remove(&k);
             }
         }
         // Nothing of a guest may outlive its session here: the worker sleeps holding no
@@ -338,27 +399,4 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
             slot.events.wait_past_for(seen, limit);
         }
     }
-}
-
-/// Keeps what `execute` left for later for queue `key`: parks a begin_access, or keeps a
-/// paced command for its steps.
-fn hold(
-    slot: &DeviceSlot,
-    (parked, paced): (&mut HashMap<usize, Parked>, &mut HashMap<usize, PacedRun>),
-    key: usize,
-    later: Later,
-) {
-    match later {
-        Later::Parked(p) => park(slot, parked, key, p),
-        Later::Paced(p) => {
-            paced.insert(key, p);
-        }
-    }
-}
-
-/// Parks `p` for queue `key` and arranges for the copy's completion to wake the worker.
-fn park(slot: &DeviceSlot, parked: &mut HashMap<usize, Parked>, key: usize, p: Parked) {
-    let wake = slot.waker();
-    p.ticket.on_done(Box::new(wake));
-    parked.insert(key, p);
 }
