@@ -176,9 +176,28 @@ pub enum Backing {
     Device(Arc<dyn DeviceMemory>),
 }
 
-/// Bytes moved per step when a copy has to pass through a bounce buffer (window or device
-/// memory on both ends): small enough to stay in cache, so the bytes cross memory once.
+/// Bytes moved per step when a copy has to pass through a bounce buffer (two devices'
+/// memories): small enough to stay in cache, so the bytes cross memory once.
 const BOUNCE: usize = 1 << 20;
+
+/// Runs `f` on bytes `[offset, offset + len)` of `win` in place (bounds checked).
+fn with_window_bytes(
+    win: &SharedWindow,
+    offset: u64,
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<()> {
+    let s = win.slice(offset, len as u64)?;
+    let guard = s.ptr_guard_mut();
+    // SAFETY: `slice` checked that `len` bytes at the pointer lie inside the window's
+    // mapping, which `win` keeps mapped for the whole call. The guest may write these bytes
+    // concurrently (it shares the mapping): they are only copied as opaque data by the
+    // device's upload or readback (a memcpy), never interpreted or validated by the host, so
+    // a racing guest write changes only which pixel values land in its own replica, as it
+    // would through the window's volatile accessors.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(guard.as_ptr(), len) };
+    f(bytes)
+}
 
 /// Copies bytes `[off, off + len)` of the region from `src` to `dst`. With `stream` (a copy
 /// made ahead of its reader, e.g. a prefetch) a host-to-host copy of at least
@@ -219,23 +238,24 @@ pub fn copy_range(src: &Backing, dst: &Backing, off: u64, len: u64, stream: bool
         (Backing::Window { .. }, Backing::Window { .. }) => {
             return Err(SvmError::Internal("window to window copy".into()))
         }
-        // Window <-> device and device <-> device: through a cache-sized bounce buffer.
-        _ => {
+        // Window <-> device: the device's upload or readback reads or writes the window's
+        // bytes where they are (no bounce buffer, no extra memcpy).
+        (Backing::Window { win, offset }, Backing::Device(d)) => {
+            with_window_bytes(win, offset + off, n, |b| d.write(off, b))?
+        }
+        (Backing::Device(d), Backing::Window { win, offset }) => {
+            with_window_bytes(win, offset + off, n, |b| d.read(off, b))?
+        }
+        // Device <-> device (two devices' memories): a readback, then an upload, through a
+        // cache-sized buffer.
+        (Backing::Device(a), Backing::Device(b)) => {
             let mut bounce = vec![0u8; n.min(BOUNCE)];
             let mut at = off;
             while at < off + len {
                 let step = ((off + len - at) as usize).min(BOUNCE);
                 let chunk = &mut bounce[..step];
-                match src {
-                    Backing::Window { win, offset } => win.copy_out(offset + at, chunk)?,
-                    Backing::Device(d) => d.read(at, chunk)?,
-                    Backing::Host(_) => return Err(SvmError::Internal("bounce from host".into())),
-                }
-                match dst {
-                    Backing::Window { win, offset } => win.copy_in(offset + at, chunk)?,
-                    Backing::Device(d) => d.write(at, chunk)?,
-                    Backing::Host(_) => return Err(SvmError::Internal("bounce to host".into())),
-                }
+                a.read(at, chunk)?;
+                b.write(at, chunk)?;
                 at += step as u64;
             }
         }

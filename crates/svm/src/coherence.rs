@@ -1,9 +1,11 @@
 //! Coherence protocols: what happens to replicas at begin_access and end_access.
 //!
 //! - `guest-staging` is the baseline of today's emulators (vSoC section 2.2): the guest window
-//!   is the only truth; a device copies the window into its memory before every read and
-//!   copies its memory back to the window after every write, so a write by one device and a
-//!   read by another cost two copies.
+//!   is the only truth; a device copies the window into its memory before a read of bytes
+//!   written since its last pull (a fair baseline: goldfish's GAE uploads a gralloc buffer
+//!   only when the guest changed it) and copies its memory back to the window after every
+//!   write, so a write by one device and a read by another cost two copies, and an unchanged
+//!   region (a static UI layer) none.
 //! - `write-invalidate` (vSoC 5.4): a write makes the writer's replica the only valid one; the
 //!   next access elsewhere fetches synchronously, on the cheapest path, from a valid replica.
 //! - `prefetch` (vSoC 3.3) plugs in through the same trait.
@@ -96,8 +98,8 @@ pub trait Coherence: Send + Sync {
 /// The protocols that can be selected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ProtocolKind {
-    /// `guest-staging`: the guest window is the only truth; devices copy in before each read and
-    /// back after each write (today's emulators).
+    /// `guest-staging`: the guest window is the only truth; devices copy in before a read of
+    /// what changed since their last pull, and back after each write (today's emulators).
     GuestStaging,
     /// `write-invalidate`: a write leaves only the writer's replica valid; the next access
     /// elsewhere fetches synchronously from a valid replica.
@@ -153,8 +155,11 @@ impl Coherence for GuestStaging {
     fn begin_access(&self, cx: &mut RegionCtx<'_>, a: &AccessInfo) -> Result<Step> {
         let d = a.domain;
         cx.ensure_replica(DomainId::GUEST_WINDOW)?;
-        if d != DomainId::GUEST_WINDOW && a.mode.reads() {
-            // The device knows nothing of other devices: it always pulls from guest memory.
+        if d != DomainId::GUEST_WINDOW && a.mode.reads() && !cx.is_valid_in(d, a.range) {
+            // The device knows nothing of other devices: it pulls from guest memory, but
+            // only what changed since its last pull (as a driver re-uploads a buffer only
+            // when the guest wrote it): every write, the guest's or a device's (copied back
+            // to the window), leaves the other replicas stale where it wrote.
             cx.copy(DomainId::GUEST_WINDOW, d, a.range)?;
         }
         cx.ensure_replica(d)?;

@@ -133,6 +133,46 @@ fn guest_staging_copies_twice_and_reader_sees_last_write() {
     assert_eq!(w, expected(4, 10_000));
 }
 
+/// The fair baseline: a region nobody wrote since a device's last pull is not copied to it
+/// again; a write (by the guest or another device) makes the next read pull again.
+#[test]
+fn guest_staging_does_not_copy_an_unchanged_region_again() {
+    let f = fixture(ProtocolKind::GuestStaging, |_, _, _| {});
+    let (id, _) = f.svm.alloc(GuestId(1), blob(10_000)).unwrap();
+    let read = |d: DomainId| {
+        let spec = AccessSpec::new(d.0, d, 0, 10_000, AccessMode::Read);
+        let b = f.svm.begin_access(GuestId(1), id, &spec).unwrap();
+        let seen = f
+            .svm
+            .with_replica(GuestId(1), id, d, |b| b.to_vec())
+            .unwrap();
+        f.svm.end_access(GuestId(1), id, &spec).unwrap();
+        (b.copies, seen)
+    };
+    let (_, _, seen) = write_then_read(&f, id, 7);
+    assert_eq!(seen, expected(7, 10_000));
+    // Unchanged since the consumer's pull: no copy, same bytes.
+    for _ in 0..3 {
+        assert_eq!(read(f.cons), (0, expected(7, 10_000)));
+    }
+    // The guest writes it from the CPU: the next read pulls again and sees the new bytes.
+    let w = DomainId::GUEST_WINDOW;
+    let spec = AccessSpec::new(w.0, w, 0, 10_000, AccessMode::Write);
+    let off = f
+        .svm
+        .begin_access(GuestId(1), id, &spec)
+        .unwrap()
+        .window_offset
+        .unwrap();
+    f.win.copy_in(off, &expected(9, 10_000)).unwrap();
+    f.svm.end_access(GuestId(1), id, &spec).unwrap();
+    assert_eq!(read(f.cons), (1, expected(9, 10_000)));
+    assert_eq!(read(f.cons).0, 0);
+    // Another device's write (copied back to the window) also makes it pull again.
+    let (_, b, seen) = write_then_read(&f, id, 3);
+    assert_eq!((b, seen), (1, expected(3, 10_000)));
+}
+
 #[test]
 fn write_invalidate_copies_once_and_reader_sees_last_write() {
     let f = fixture(ProtocolKind::WriteInvalidate, |_, _, _| {});
@@ -679,6 +719,8 @@ struct FakeDeviceMemory {
     bytes: Mutex<Vec<u8>>,
     uploaded: AtomicU64,
     read_back: AtomicU64,
+    /// Uploads and readbacks made (calls, not bytes).
+    calls: AtomicU64,
 }
 
 impl DeviceMemory for FakeDeviceMemory {
@@ -686,6 +728,7 @@ impl DeviceMemory for FakeDeviceMemory {
         let mut b = self.bytes.lock().unwrap();
         b[offset as usize..offset as usize + src.len()].copy_from_slice(src);
         self.uploaded.fetch_add(src.len() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
@@ -693,6 +736,7 @@ impl DeviceMemory for FakeDeviceMemory {
         dst.copy_from_slice(&b[offset as usize..offset as usize + dst.len()]);
         self.read_back
             .fetch_add(dst.len() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
     fn as_any(&self) -> &dyn std::any::Any {
@@ -1084,4 +1128,48 @@ fn a_host_memory_reader_reads_a_current_host_replica_in_place() {
             .end_access(GuestId(1), id, &reader(AccessMode::Read))
             .unwrap();
     }
+}
+
+/// Window <-> device memory copies move the bytes in one upload or readback straight from or
+/// into the window (no bounce buffer: the device sees one call for the whole range), at the
+/// right offsets.
+#[test]
+fn window_device_copies_go_straight_through() {
+    use crate::backing::{copy_range, Backing};
+    let win = Arc::new(
+        SharedWindow::create_memfd("w", WindowLayout::new(8 << 20, 16, 16).unwrap()).unwrap(),
+    );
+    let n = 3 << 20; // three times the old bounce buffer
+    let pattern: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    win.copy_in(4096, &pattern).unwrap();
+    let mem = Arc::new(FakeDeviceMemory {
+        bytes: Mutex::new(vec![0u8; n + 100]),
+        ..FakeDeviceMemory::default()
+    });
+    let w = Backing::Window {
+        win: win.clone(),
+        offset: 4096 - 100,
+    };
+    let d = Backing::Device(mem.clone());
+    copy_range(&w, &d, 100, n as u64, false).unwrap();
+    assert_eq!(mem.calls.load(Ordering::Relaxed), 1, "one upload");
+    assert_eq!(&mem.bytes.lock().unwrap()[100..], &pattern[..]);
+    win.zero(4096, n as u64).unwrap();
+    copy_range(&d, &w, 100, n as u64, false).unwrap();
+    let mut back = vec![0u8; n];
+    win.copy_out(4096, &mut back).unwrap();
+    assert_eq!(back, pattern);
+    assert_eq!(mem.calls.load(Ordering::Relaxed), 2, "one readback");
+    // Out of the window's bounds: refused.
+    assert!(copy_range(
+        &d,
+        &Backing::Window {
+            win,
+            offset: 8 << 20
+        },
+        100,
+        16,
+        false
+    )
+    .is_err());
 }
