@@ -263,6 +263,14 @@ fn route(
             };
             Ok(Answer::json(&backend.device_control("modem", op, &args)?))
         }
+        ["gles", "stats"] => {
+            want(get)?;
+            Ok(Answer::json(&backend.device_control(
+                "gles",
+                "stats",
+                &Value::Null,
+            )?))
+        }
         ["camera", "source"] => {
             want(post)?;
             let r: CameraSourceRequest = parse(body)?;

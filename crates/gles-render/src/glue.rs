@@ -42,7 +42,7 @@ impl GlApi {
     }
 
     /// The current context's window-system framebuffer (FBO 0: its draw surface), `width`
-    /// x `height` RGBA8 pixels with rows from the top; the context's framebuffer binding
+    /// x `height` RGBA8 pixels with rows from the bottom (GL's order); the context's framebuffer binding
     /// and pack alignment are left as they were.
     pub fn read_back(&self, width: u32, height: u32) -> Vec<u8> {
         const FRAMEBUFFER: u32 = 0x8D40;
@@ -70,12 +70,8 @@ impl GlApi {
             (self.gl.glPixelStorei)(PACK_ALIGNMENT, align);
             (self.gl.glBindFramebuffer)(FRAMEBUFFER, fbo as u32);
         }
-        // GL's rows run from the bottom; the display's from the top.
-        let row = w * 4;
-        for y in 0..h / 2 {
-            let (top, bottom) = px.split_at_mut((h - 1 - y) * row);
-            top[y * row..(y + 1) * row].swap_with_slice(&mut bottom[..row]);
-        }
+        // GL's rows run from the bottom; the daemon flips them as it copies them into the
+        // display's frame region (a copy it makes anyway): no pass over the pixels here.
         px
     }
 

@@ -36,7 +36,7 @@ pub const RESIZE_SURFACE: u32 = BASE + 7;
 pub const FINISH: u32 = BASE + 8;
 /// `surf u32`: reads surface `surf` back for the display: the host finishes the current
 /// context's rendering and answers `u32 width | u32 height | u32 byte_len |
-/// width * height * 4 bytes` of RGBA8 pixels, rows from the top (0 x 0 when `surf` is not the draw surface
+/// width * height * 4 bytes` of RGBA8 pixels, rows from the bottom, GL's order (0 x 0 when `surf` is not the draw surface
 /// of the context the stream runs on). The daemon sends it itself (`gles::readback`); in a
 /// guest's stream it is refused.
 pub const READBACK: u32 = BASE + 9;

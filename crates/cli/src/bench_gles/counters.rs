@@ -1,9 +1,11 @@
 //! The virtsoc guest's costs per glmark2 scene, read from the daemon's control API
-//! (`GET /guests`) each time glmark2 prints a scene's result: `gles` device commands (one per
-//! stream batch), SVM copies, and the guest's `gles` counters when the daemon reports them
-//! (`round_trips`, `bytes`/`stream_bytes`, `frames`/`swaps`). Without the daemon's byte
-//! count, the bytes SVM copied into the `gles` domain from elsewhere (the stream regions the
-//! guest wrote, as the device reads them) stand for the stream's bytes.
+//! (`GET /guests`, and the `gles` device's own counters per guest, `GET /gles/stats`) each
+//! time glmark2 prints a scene's result: `gles` device commands (one per stream batch), SVM
+//! copies, and the guest's `gles` counters (`round_trips`: batches the guest waited on;
+//! `stream_bytes`; `swaps`; `frame_copies`: copies of frame bytes, e.g. a window frame's
+//! readback for the display). Against a daemon without `/gles/stats`, the bytes SVM copied
+//! into the `gles` domain from elsewhere stand for the stream's bytes, device commands for
+//! round trips and every SVM copy for the frame copies (each source is reported).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +31,8 @@ struct Snapshot {
     upload_bytes: u64,
     /// The daemon's `gles.frames` (or `swaps`), if reported.
     frames: Option<u64>,
+    /// The daemon's `gles.frame_copies`, if reported.
+    frame_copies: Option<u64>,
 }
 
 fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -64,6 +68,23 @@ impl Snapshot {
                 })
                 .unwrap_or(0),
             frames: first(&["frames", "swaps", "presents"]),
+            frame_copies: first(&["frame_copies"]),
+        }
+    }
+
+    /// Field by field the larger of two snapshots of the same guests: every counter only
+    /// grows, and a snapshot taken as the program leaves may lack some (the `gles` device
+    /// forgets a guest before the control API stops listing it).
+    fn latest(self, o: Snapshot) -> Snapshot {
+        let max = |a: Option<u64>, b: Option<u64>| a.max(b);
+        Snapshot {
+            commands: self.commands.max(o.commands),
+            copies: self.copies.max(o.copies),
+            round_trips: max(self.round_trips, o.round_trips),
+            bytes: max(self.bytes, o.bytes),
+            upload_bytes: self.upload_bytes.max(o.upload_bytes),
+            frames: max(self.frames, o.frames),
+            frame_copies: max(self.frame_copies, o.frame_copies),
         }
     }
 
@@ -75,6 +96,7 @@ impl Snapshot {
             bytes: add(self.bytes, o.bytes),
             upload_bytes: self.upload_bytes + o.upload_bytes,
             frames: add(self.frames, o.frames),
+            frame_copies: add(self.frame_copies, o.frame_copies),
         }
     }
 
@@ -86,6 +108,7 @@ impl Snapshot {
             bytes: sub(self.bytes, o.bytes),
             upload_bytes: self.upload_bytes.saturating_sub(o.upload_bytes),
             frames: sub(self.frames, o.frames),
+            frame_copies: sub(self.frame_copies, o.frame_copies),
         }
     }
 }
@@ -105,6 +128,8 @@ pub struct SceneCost {
     pub upload_bytes: u64,
     /// Frames, when the daemon counts them.
     pub frames: Option<u64>,
+    /// Copies of frame bytes, when the daemon counts them.
+    pub frame_copies: Option<u64>,
 }
 
 /// The guests' list of the control API (None: it did not answer).
@@ -119,9 +144,32 @@ fn guests(target: &Target) -> Option<Vec<Value>> {
     }
 }
 
+/// The `gles` device's counters by guest id (`GET /gles/stats`; empty when the daemon has
+/// no such route).
+fn gles_stats(target: &Target) -> serde_json::Map<String, Value> {
+    match request(target, "GET", "/gles/stats", b"") {
+        Ok(r) if r.status == 200 => match r.json() {
+            Value::Object(mut m) => match m.remove("guests") {
+                Some(Value::Object(g)) => g,
+                _ => serde_json::Map::new(),
+            },
+            _ => serde_json::Map::new(),
+        },
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// The summed counters of the guests not in `before` (None: no such guest, or no answer).
 fn snapshot(target: &Target, before: &BTreeSet<u64>) -> Option<Snapshot> {
-    let ours: Vec<Snapshot> = guests(target)?
+    let mut gs = guests(target)?;
+    let mut stats = gles_stats(target);
+    for g in &mut gs {
+        let id = g["id"].as_u64().map(|i| i.to_string()).unwrap_or_default();
+        if let (Some(s), Value::Object(m)) = (stats.remove(&id), &mut *g) {
+            m.entry("gles").or_insert(s);
+        }
+    }
+    let ours: Vec<Snapshot> = gs
         .iter()
         .filter(|g| g["id"].as_u64().is_some_and(|id| !before.contains(&id)))
         .map(Snapshot::of_guest)
@@ -194,7 +242,7 @@ impl GuestCounters {
             while !stop.load(Ordering::Relaxed) {
                 if let Some(s) = snapshot(&target, &before) {
                     if let Ok(mut l) = latest.lock() {
-                        *l = Some(s);
+                        *l = Some(l.map_or(s, |old| old.latest(s)));
                     }
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -214,8 +262,11 @@ impl GuestCounters {
         if !self.reachable {
             return;
         }
-        let now = snapshot(&self.target, &self.before)
-            .or_else(|| self.latest.lock().ok().and_then(|l| *l));
+        let sampled = self.latest.lock().ok().and_then(|l| *l);
+        let now = match (snapshot(&self.target, &self.before), sampled) {
+            (Some(now), Some(s)) => Some(now.latest(s)),
+            (now, s) => now.or(s),
+        };
         if let Some(now) = now {
             self.scenes.insert(name.to_string(), now.minus(self.last));
             self.last = now;
@@ -246,8 +297,10 @@ pub struct PerFrame {
     pub bytes: Option<f64>,
     /// `gles bytes` (the daemon's count) or `SVM bytes into gles`.
     pub bytes_source: Option<String>,
-    /// SVM copies per frame.
+    /// Copies of frame bytes per frame (or SVM copies per frame, see `copies_source`).
     pub copies: Option<f64>,
+    /// `frame copies` (the daemon's count) or `SVM copies`.
+    pub copies_source: Option<String>,
     /// `daemon` (counted frames) or `fps x duration`.
     pub frames_source: Option<String>,
 }
@@ -295,7 +348,17 @@ pub fn per_frame<'a>(
             }
         };
         bytes.push(Some(b as f64 / frames));
-        copies.push(Some(c.copies as f64 / frames));
+        let n = match c.frame_copies {
+            Some(n) => {
+                out.copies_source = Some("frame copies".into());
+                n
+            }
+            None => {
+                out.copies_source = Some("SVM copies".into());
+                c.copies
+            }
+        };
+        copies.push(Some(n as f64 / frames));
     }
     out.round_trips = super::median(rt);
     out.bytes = super::median(bytes);
@@ -328,6 +391,7 @@ mod tests {
             bytes: Some(8192),
             upload_bytes: 0,
             frames: None,
+            frame_copies: Some(0),
         };
         let c = later.minus(s);
         assert_eq!(c.commands, 80);
@@ -355,5 +419,26 @@ mod tests {
         assert_eq!(pf.round_trips_source.as_deref(), Some("gles commands"));
         assert_eq!(pf.bytes, Some(20.0));
         assert_eq!(pf.bytes_source.as_deref(), Some("SVM bytes into gles"));
+        assert_eq!(pf.copies_source.as_deref(), Some("SVM copies"));
+    }
+
+    #[test]
+    fn a_snapshot_without_the_gles_counters_does_not_undo_them() {
+        let full = Snapshot {
+            commands: 10,
+            round_trips: Some(5),
+            frame_copies: Some(3),
+            ..Snapshot::default()
+        };
+        let leaving = Snapshot {
+            commands: 12,
+            ..Snapshot::default()
+        };
+        let m = full.latest(leaving);
+        assert_eq!(m.commands, 12);
+        assert_eq!(m.round_trips, Some(5));
+        assert_eq!(m.frame_copies, Some(3));
+        let c = m.minus(full);
+        assert_eq!((c.commands, c.round_trips), (2, Some(0)));
     }
 }

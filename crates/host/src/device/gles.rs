@@ -114,6 +114,8 @@ enum Kind {
 
 #[path = "gles_image.rs"]
 mod image;
+#[path = "gles_stats.rs"]
+mod stats;
 #[path = "gles_worker.rs"]
 mod worker;
 
@@ -122,6 +124,10 @@ use worker::{DeviceClock, Worker};
 /// The READBACK opcode of the GLES stream (`virtsoc_gles_stream::egl::READBACK`; the
 /// daemon does not link the stream crate).
 const READBACK: u32 = 0x1_0009;
+
+/// Copies of frame bytes per readback: the worker's `glReadPixels`, the socket from the
+/// worker, the write into the frame region.
+const READBACK_COPIES: u64 = 3;
 
 /// Batch flag for the worker: the daemon's own batch (`virtsoc_render::worker::FROM_DAEMON`).
 const FROM_DAEMON: u32 = 1;
@@ -148,6 +154,8 @@ struct Shared {
     sock: Option<UnixStream>,
     /// `(region, write generation)` of each guest image's last successful import.
     imported: HashMap<u32, (u64, u64)>,
+    /// The guest's counters (`gles_stats.rs`).
+    stats: stats::GlesStats,
 }
 
 /// One guest's render worker, as the device holds it.
@@ -268,6 +276,9 @@ impl Gles {
         if let Some(why) = &lock(&shared).lost {
             let why = why.clone();
             return reply.send_because(Err(Status::DeviceError), Some(why));
+        }
+        if let Kind::Exec { reply: r } = kind {
+            lock(&shared).stats.batch(&batch, r != 0);
         }
         let job = Job {
             batch: Batch::new(batch, &self.spare),
@@ -455,13 +466,16 @@ fn write_frame(cx: &DeviceCtx<'_>, frame: u64, answer: &[u8]) -> DeviceResult {
         ));
     }
     let (row, stride) = (w as usize * 4, meta.stride as usize);
+    let t0 = std::time::Instant::now();
+    // GL's rows run from the bottom, the display's from the top: flipped as copied.
     cx.with_region(frame, |dst| {
-        for (y, src) in px.chunks_exact(row).enumerate() {
+        for (y, src) in px.chunks_exact(row).rev().enumerate() {
             if let Some(d) = dst.get_mut(y * stride..y * stride + row) {
                 d.copy_from_slice(src);
             }
         }
     })?;
+    cx.count_copy(need as usize, t0);
     Ok(ReadbackReply {
         width: u64::from(w),
         height: u64::from(h),
@@ -587,6 +601,15 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
             Kind::Exec { reply } => reply,
             Kind::Readback { frame } => {
                 let result = write_frame(&cx, frame, &reply);
+                if let Ok(v) = &result {
+                    // The worker's glReadPixels and the socket to the daemon (on the ledger
+                    // here: the worker has none), then write_frame's copy (counted there).
+                    let bytes = v[0] * v[1] * 4;
+                    let t0 = std::time::Instant::now();
+                    cx.count_copy(bytes as usize, t0);
+                    cx.count_copy(bytes as usize, t0);
+                    lock(shared).stats.present(READBACK_COPIES, bytes);
+                }
                 job.reply.send_because(result, cx.take_reason());
                 continue;
             }
@@ -664,6 +687,27 @@ impl Device for Gles {
 
     fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
         self.exec(cx, args, reply);
+    }
+
+    fn control(
+        &self,
+        op: &str,
+        _args: &serde_json::Value,
+    ) -> Result<serde_json::Value, virtsoc_control::ControlError> {
+        if op != "stats" {
+            return Err(virtsoc_control::ControlError::Unsupported(format!(
+                "gles control operation {op:?}"
+            )));
+        }
+        let guests: serde_json::Map<String, serde_json::Value> = self
+            .guests()
+            .iter()
+            .map(|(id, g)| {
+                let s = lock(&g.shared).stats.clone();
+                (id.0.to_string(), serde_json::to_value(s).unwrap_or_default())
+            })
+            .collect();
+        Ok(serde_json::json!({ "guests": guests }))
     }
 
     fn guest_gone(&self, guest: GuestId) {
