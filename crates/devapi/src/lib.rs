@@ -358,6 +358,20 @@ devices! {
         /// layout that does not fit the region or an unknown image.
         fn import(image: u64, region: region_r, size: u64, layout: u64, planes: u64) -> (imported, bytes) = 4;
     }
+
+    /// Host services (virtio-vapp): channels to the services the daemon hosts (`geo`,
+    /// `sensor`, `clipboard`, `bulk`). A channel's rings and slots live at the start of a blob
+    /// region the guest keeps a CPU access open on (laid out as `virtsoc_services::chan`
+    /// says); after `open` the guest and the channel's host thread talk through them.
+    device service = 17 {
+        /// Opens a channel to the service named by `name0`, `name1` (1 to 16 ASCII bytes,
+        /// packed little-endian, NUL padded) on the channel laid out in region `ring`.
+        /// `PermissionDenied` when the services policy does not let this guest use it,
+        /// `NotSupported` for an unknown service, `BadArgument` for a bad layout.
+        fn open(name0: u64, name1: u64, ring: u64) -> (channel, entries) = 1;
+        /// Closes channel `channel` of this guest (waits for its call in progress).
+        fn close(channel: u64) -> () = 2;
+    }
 }
 
 /// The `damage` argument of `gpu::composite` for the rectangle at (`x`, `y`) of `width` x

@@ -58,6 +58,7 @@
 #ifndef VIRTSOC_H
 #define VIRTSOC_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -217,6 +218,30 @@ int virtsoc_fence_signaled(virtsoc_conn *c, uint64_t fence, int *signaled);
  * tells which. A process guest sleeps on the shared page (a futex the host wakes); VM and
  * remote guests re-check at growing intervals up to 1 ms. */
 int virtsoc_fence_wait_cpu(virtsoc_conn *c, uint64_t fence, uint32_t timeout_ms, int *signaled);
+
+/* Host services (issue 29): a channel to a service the daemon hosts ("geo", "sensor",
+ * "clipboard", "bulk"), with its own rings in a region of the connection's window. Calls go
+ * through the channel, not the connection's ring. Errors: PERMISSION_DENIED (the services
+ * policy), NOT_SUPPORTED (no such service), the service's status otherwise (the reason in
+ * virtsoc_last_error). */
+typedef struct virtsoc_service virtsoc_service;
+int virtsoc_service_open(virtsoc_conn *c, const char *name, virtsoc_service **out);
+/* Calls `call` with in_len bytes of input (more than 64 KiB go as a packet transfer); its
+ * output (at most out_cap bytes, else BAD_ARGUMENT) goes to output and its length to
+ * *out_len; values (may be NULL) receives the call's 4 result words. */
+int virtsoc_service_call(virtsoc_service *s, uint32_t call, const void *input, size_t in_len,
+                         void *output, size_t out_cap, size_t *out_len, uint64_t *values);
+int virtsoc_service_close(virtsoc_conn *c, virtsoc_service *s);
+/* Location (a channel to "geo"): *time_ms is 0 before the host set a fix. */
+int virtsoc_geo_fix(virtsoc_service *s, double *lon, double *lat, double *alt, uint64_t *time_ms);
+/* Sensors (a channel to "sensor"): accelerometer, gyroscope, magnetometer, light, proximity. */
+int virtsoc_sensor_read(virtsoc_service *s, const char *name, double xyz[3], uint64_t *time_ns);
+/* Clipboard calls on a channel to "clipboard" (virtsoc_service_call): 1 get (output: the
+ * text), 2 set (input: the text). Bulk: 1 echo, 2 sink (values: CRC-32, bytes). */
+#define VIRTSOC_CLIPBOARD_GET 1
+#define VIRTSOC_CLIPBOARD_SET 2
+#define VIRTSOC_BULK_ECHO 1
+#define VIRTSOC_BULK_SINK 2
 
 /* Message of the last failing call on this thread (owned by the library; valid until this
  * thread's next failing call). "" before any failure. */

@@ -13,6 +13,9 @@ use virtsoc_proto::{AccessMode, DeviceId, Status};
 
 use crate::{ConnectOptions, Connection, GuestError, RegionInfo, Result};
 
+mod svc;
+pub use svc::VirtsocService;
+
 /// Opaque connection handle for C.
 pub struct VirtsocConn(Connection);
 

@@ -14,6 +14,7 @@ pub mod compose;
 pub mod conn;
 pub mod layout;
 mod link;
+pub mod services;
 pub mod vm;
 
 pub use conn::{Access, ConnectOptions, Connection, Counters, Fence, LedgerLink, RegionInfo};
