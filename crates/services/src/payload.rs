@@ -18,6 +18,20 @@ pub trait Input {
     }
     /// Copies `buf.len()` bytes from `offset` into `buf`.
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()>;
+    /// Runs `f` on the input's bytes, in order, a chunk at a time (in place where the input
+    /// is memory the service can read directly).
+    fn for_each_chunk(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        let n = self.len();
+        let mut buf = vec![0u8; n.min(1 << 20)];
+        let mut at = 0;
+        while at < n {
+            let k = (n - at).min(buf.len());
+            self.read_at(at, &mut buf[..k])?;
+            f(&buf[..k]);
+            at += k;
+        }
+        Ok(())
+    }
     /// The whole input, copied.
     fn to_vec(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.len()];
@@ -100,13 +114,37 @@ impl WindowBytes {
     }
 }
 
+impl WindowBytes {
+    /// Runs `f` on `len` bytes at `offset` of this range, in place.
+    fn with_ptr<T>(&self, offset: usize, len: usize, f: impl FnOnce(*mut u8) -> T) -> Result<T> {
+        let off = range(offset, len, self.len)?;
+        let s = self.win.slice(self.at + off, len as u64)?;
+        let guard = s.ptr_guard_mut();
+        Ok(f(guard.as_ptr()))
+    }
+}
+
 impl Input for WindowBytes {
     fn len(&self) -> usize {
         self.len
     }
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-        let off = range(offset, buf.len(), self.len)?;
-        Ok(self.win.copy_out(self.at + off, buf)?)
+        self.with_ptr(offset, buf.len(), |p| {
+            // SAFETY: `with_ptr` checked that `buf.len()` bytes at `p` lie inside the
+            // window's mapping, which `self.win` keeps mapped. The guest may write them
+            // concurrently: they are copied as opaque bytes (the copy's result is the
+            // guest's own data either way), and `buf` is the host's, so the two never
+            // overlap.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+        })
+    }
+    fn for_each_chunk(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        self.with_ptr(0, self.len, |p| {
+            // SAFETY: as in `read_at`: bounds checked, mapping kept; the bytes are only
+            // read as opaque data (copied, checksummed), so a racing guest write changes
+            // only the result the guest gets for its own data.
+            f(unsafe { std::slice::from_raw_parts(p, self.len) })
+        })
     }
 }
 
@@ -115,12 +153,16 @@ impl Output for WindowBytes {
         self.len
     }
     fn write_at(&mut self, offset: usize, bytes: &[u8]) -> Result<()> {
-        let off = range(offset, bytes.len(), self.len)?;
-        Ok(self.win.copy_in(self.at + off, bytes)?)
+        self.with_ptr(offset, bytes.len(), |p| {
+            // SAFETY: bounds checked by `with_ptr`, mapping kept by `self.win`. `bytes` may
+            // be window memory too (an echo between two ranges of one window), so the copy
+            // allows overlap.
+            unsafe { std::ptr::copy(bytes.as_ptr(), p, bytes.len()) }
+        })
     }
 }
 
-/// Copies `input` into `out` in chunks of at most 1 MiB (no whole-payload buffer).
+/// Copies `input` into `out` (in place where both are window memory).
 pub fn copy(input: &dyn Input, out: &mut dyn Output) -> Result<usize> {
     let n = input.len();
     if n > out.capacity() {
@@ -129,28 +171,58 @@ pub fn copy(input: &dyn Input, out: &mut dyn Output) -> Result<usize> {
             out.capacity()
         )));
     }
-    let mut buf = vec![0u8; n.min(1 << 20)];
     let mut at = 0;
-    while at < n {
-        let k = (n - at).min(buf.len());
-        input.read_at(at, &mut buf[..k])?;
-        out.write_at(at, &buf[..k])?;
-        at += k;
-    }
+    let mut err = None;
+    input.for_each_chunk(&mut |chunk| {
+        if err.is_none() {
+            err = out.write_at(at, chunk).err();
+            at += chunk.len();
+        }
+    })?;
+    err.map_or(Ok(n), Err)
+}
+
+/// CRC-32 of `input` (read in place where it is window memory).
+pub fn crc(input: &dyn Input) -> Result<u32> {
+    let mut h = crc32fast::Hasher::new();
+    input.for_each_chunk(&mut |chunk| h.update(chunk))?;
+    Ok(h.finalize())
+}
+
+/// Reads every byte of `input` once into a host buffer of at most 1 MiB (as a device
+/// pulls bytes into its memory); returns the bytes read.
+pub fn drain(input: &dyn Input) -> Result<usize> {
+    let mut buf = vec![0u8; input.len().min(1 << 20)];
+    let mut n = 0;
+    input.for_each_chunk(&mut |chunk| {
+        for c in chunk.chunks(buf.len().max(1)) {
+            buf[..c.len()].copy_from_slice(c);
+            n += c.len();
+        }
+    })?;
     Ok(n)
 }
 
-/// CRC-32 of `input`, read in chunks of at most 1 MiB.
-pub fn crc(input: &dyn Input) -> Result<u32> {
-    let n = input.len();
-    let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; n.min(1 << 20)];
-    let mut at = 0;
-    while at < n {
-        let k = (n - at).min(buf.len());
-        input.read_at(at, &mut buf[..k])?;
-        h.update(&buf[..k]);
-        at += k;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtsoc_proto::WindowLayout;
+
+    #[test]
+    fn window_bytes_copy_and_checksum_in_place() {
+        let l = WindowLayout::new(1 << 20, 4, 4).unwrap();
+        let w = Arc::new(SharedWindow::create_memfd("payload", l).unwrap());
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        let mut a = WindowBytes::new(w.clone(), 4096, data.len()).unwrap();
+        a.write_at(0, &data).unwrap();
+        let mut b = WindowBytes::new(w.clone(), 200_000, data.len()).unwrap();
+        assert_eq!(copy(&a, &mut b).unwrap(), data.len());
+        assert_eq!(b.to_vec().unwrap(), data);
+        assert_eq!(crc(&b).unwrap(), crc32fast::hash(&data));
+        assert_eq!(drain(&b).unwrap(), data.len());
+        assert!(b.write_at(data.len() - 1, &[1, 2]).is_err());
+        assert!(WindowBytes::new(w, (1 << 20) - 10, 11).is_err());
+        let mut small = vec![0u8; 10];
+        assert!(copy(&a, &mut small).is_err());
     }
-    Ok(h.finalize())
 }

@@ -11,6 +11,9 @@ pub mod call {
     pub const ECHO: u32 = 1;
     /// Reads the input; values: CRC-32, bytes.
     pub const SINK: u32 = 2;
+    /// Reads every byte of the input once into the service's buffer (no checksum: what
+    /// the benchmark times); values: bytes.
+    pub const DRAIN: u32 = 3;
 }
 
 const CALLS: &[CallInfo] = &[
@@ -23,6 +26,11 @@ const CALLS: &[CallInfo] = &[
         call: call::SINK,
         name: "sink",
         doc: "reads the input once; values: CRC-32, bytes",
+    },
+    CallInfo {
+        call: call::DRAIN,
+        name: "drain",
+        doc: "reads every byte of the input once into the service's buffer; values: bytes",
     },
 ];
 
@@ -43,6 +51,13 @@ impl Service for Bulk {
             let n = payload::copy(input, out)?;
             return Ok(Reply {
                 len: n,
+                values: [n as u64, 0, 0, 0],
+            });
+        }
+        if c == call::DRAIN {
+            let n = payload::drain(input)?;
+            return Ok(Reply {
+                len: 0,
                 values: [n as u64, 0, 0, 0],
             });
         }
