@@ -145,6 +145,7 @@ impl Transport {
         let opts = ConnectOptions {
             name: format!("gles-{}", std::process::id()),
             spins: SPINS,
+            coherence: std::env::var("VIRTSOC_COHERENCE").ok(),
             ..ConnectOptions::default()
         };
         let conn = Connection::open(target, &opts)

@@ -105,6 +105,7 @@ struct Api {
     target_texture: extern "C" fn(u32, H),
     command: extern "C" fn(H, *const c_char, *const c_char, *const u64, *mut u64) -> u32,
     queue: extern "C" fn(H, *const c_char, *const c_char, *const u64) -> u32,
+    ledger: extern "C" fn(H, *const c_char, *const c_char, *mut u64, *mut u64) -> u32,
     clear_color: extern "C" fn(f32, f32, f32, f32),
     clear: extern "C" fn(u32),
     read_pixels: extern "C" fn(i32, i32, i32, i32, u32, u32, *mut c_void),
@@ -171,6 +172,7 @@ impl Api {
             target_texture: as_fn(p(c"glEGLImageTargetTexture2DOES")),
             command: as_fn(p(c"eglDeviceCommandVIRTSOC")),
             queue: as_fn(p(c"eglQueueDeviceCommandVIRTSOC")),
+            ledger: as_fn(p(c"eglQueryLedgerVIRTSOC")),
             clear_color: sym(gl, c"glClearColor"),
             clear: sym(gl, c"glClear"),
             read_pixels: sym(gl, c"glReadPixels"),
@@ -567,6 +569,29 @@ fn decode_to_texture() {
     assert_eq!(api.wait(drawn, FOREVER), SATISFIED);
     assert_eq!(api.status(decoded), SIGNALED);
     let got2 = api.pixels();
+    // Latched again without a new write (before the CPU maps the region for the
+    // reference below: a map is a write): nothing is imported again. Every byte into the
+    // gles domain (the stream's batches, the daemon's own copies) of a draw with a latch
+    // is compared with the same draw without one: an import would add the picture's bytes
+    // (its copy into the worker's message, and a coherence copy when stale).
+    let into_gles = || {
+        let (mut c, mut b) = (0u64, 0u64);
+        let ok = (api.ledger)(api.dpy, std::ptr::null(), c"gles".as_ptr(), &mut c, &mut b);
+        assert_eq!(ok, 1);
+        b
+    };
+    let b0 = into_gles();
+    draw_quad(api.gl);
+    assert!(api.pixels() == got2);
+    let b1 = into_gles();
+    latch_and_draw();
+    assert!(api.pixels() == got2);
+    let b2 = into_gles();
+    let picture_bytes = (SIZE * SIZE * 3 / 2) as u64;
+    assert!(
+        (b2 - b1).saturating_sub(b1 - b0) < picture_bytes / 2,
+        "an unchanged picture is not imported again: {b0} -> {b1} (draw) -> {b2} (latch, draw)"
+    );
     let want2 = api.reference(picture);
     assert!(worst(&want1, &want2) > 40, "the two pictures differ");
     assert!(

@@ -11,6 +11,8 @@
 //! - `livestream`: camera -> encoder -> RTMP push to a local nginx, pulled back, decoded,
 //!   composited and displayed (see `livestream.rs`).
 
+mod gles_egl;
+pub mod gles_video;
 mod livestream;
 pub mod media;
 mod pacing;
@@ -31,7 +33,14 @@ use pipe::Pipe;
 use show::{layer_blob, screen_layer, Composition, Show};
 
 /// The scenarios.
-pub const SCENARIOS: [&str; 5] = ["uhd-video", "video-360", "camera", "ar", "livestream"];
+pub const SCENARIOS: [&str; 6] = [
+    "uhd-video",
+    "video-360",
+    "camera",
+    "ar",
+    "livestream",
+    "gles-video",
+];
 
 /// How to run a scenario.
 #[derive(Debug, Clone)]
@@ -261,6 +270,9 @@ impl Common {
 
 /// Runs one scenario against the daemon at `target`.
 pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
+    if o.scenario == "gles-video" {
+        return gles_video::run(target, daemon_pid, o);
+    }
     let frame_bytes = o.width as u64 * o.height as u64 * 4;
     let conn = Connection::open(
         target,

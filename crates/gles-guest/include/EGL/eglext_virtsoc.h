@@ -151,6 +151,35 @@ typedef EGLBoolean (*PFNEGLGETSYNCFENCEVIRTSOCPROC)(EGLDisplay dpy, EGLSyncKHR s
 typedef EGLBoolean (*PFNEGLDEVICEWAITSYNCVIRTSOCPROC)(EGLDisplay dpy, EGLSyncKHR sync,
                                                       const char *device);
 
+/*
+ * Presenting and measuring (EGL_VIRTSOC_fence_sync):
+ *
+ * eglPresentVIRTSOC shows the current context's draw surface `surface` (width x height; a
+ * pbuffer too, for programs without an X server) on the daemon's display: on the gles queue
+ * the surface is read back into one of three frame regions after the GL work before it, a
+ * fence signaled after that (the acquire fence) holds the display's present, which carries
+ * `capture_ns` (CLOCK_MONOTONIC of the frame's decode or capture, 0: none) for the
+ * display's decode-to-photon latency; a fence the display signals after its read (the
+ * release fence) holds the next readback into that frame region. Nothing waits unless
+ * `flags` has EGL_VIRTSOC_PRESENT_WAIT (the program waits for the display's read). Call it
+ * after eglSwapBuffers. EGL_BAD_PARAMETER for a zero size or unknown flags, EGL_BAD_SURFACE
+ * without a current context, EGL_BAD_ACCESS when a request fails.
+ */
+#define EGL_VIRTSOC_PRESENT_WAIT        0x0001
+typedef EGLBoolean (*PFNEGLPRESENTVIRTSOCPROC)(EGLDisplay dpy, EGLSurface surface,
+                                               EGLint width, EGLint height,
+                                               uint64_t capture_ns, EGLint flags);
+/* One of the connection's SVM counters (monotonic) by name: "hits" and "misses" (the
+ * prefetch engine's predictions), "copies", "copy_ns", "device_copies", "device_copy_ns". */
+typedef EGLBoolean (*PFNEGLQUERYCOUNTERVIRTSOCPROC)(EGLDisplay dpy, const char *name,
+                                                    uint64_t *value);
+/* The host-side durations (ns) of the region accesses of the image latches
+ * (glEGLImageTargetTexture2DOES) since the last call, at most `max` into `ns`, their count
+ * through `count`: the SVM's access latency into the gles domain (a region prefetched there
+ * during the slack is ready at once). Waits for latches still in flight. */
+typedef EGLBoolean (*PFNEGLQUERYIMPORTLATENCYVIRTSOCPROC)(EGLDisplay dpy, uint64_t *ns,
+                                                          EGLint max, EGLint *count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -226,10 +226,94 @@ fn import_queued(stream: &Mutex<Stream>, tr: &Transport, id: u32, img: &Image) -
             [img.region, 0, size, AccessMode::Read as u64, 0, 0],
         )
     };
-    let queued = access(Opcode::BeginAccess)
-        .and_then(|_| conn.submit_detached(Opcode::DeviceCmd, gapi::ID, cmd.encode()))
+    // The begin is waited for later (its completion says how long the access took on the
+    // host); the rest is detached.
+    let begin = conn.submit(
+        Opcode::BeginAccess,
+        gapi::ID,
+        [img.region, 0, size, AccessMode::Read as u64, 0, 0],
+    );
+    let queued = begin
+        .and_then(|seq| {
+            note_latch(conn, seq);
+            conn.submit_detached(Opcode::DeviceCmd, gapi::ID, cmd.encode())
+        })
         .and_then(|_| access(Opcode::EndAccess));
     queued.map(|_| ()).map_err(|e| import_error(&e))
+}
+
+/// The latches' region accesses: those in flight (by request) and the host-side durations
+/// of those collected (ns), for `eglQueryImportLatencyVIRTSOC`.
+#[derive(Default)]
+struct Latches {
+    pending: std::collections::VecDeque<u64>,
+    done: Vec<u64>,
+}
+
+/// Latch accesses kept in flight before the oldest is collected.
+const LATCHES_IN_FLIGHT: usize = 32;
+/// Durations kept at most (older ones are dropped).
+const LATCHES_KEPT: usize = 1 << 16;
+
+static LATCHES: std::sync::LazyLock<Mutex<Latches>> =
+    std::sync::LazyLock::new(|| Mutex::new(Latches::default()));
+
+fn latches() -> std::sync::MutexGuard<'static, Latches> {
+    LATCHES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Collects the completion of latch access `seq`.
+fn collect(conn: &virtsoc_guest::Connection, l: &mut Latches, seq: u64) {
+    match conn.wait(seq) {
+        Ok(c) if Status::from_u32(c.status) == Some(Status::Ok) => {
+            if l.done.len() < LATCHES_KEPT {
+                l.done.push(c.values[4]);
+            }
+        }
+        Ok(c) => log::info!("virtsoc EGL: latch access failed: {:?}", c.reason()),
+        Err(e) => log::info!("virtsoc EGL: latch access: {e}"),
+    }
+}
+
+/// Keeps latch access `seq` for later (collecting the oldest beyond a few in flight).
+fn note_latch(conn: &virtsoc_guest::Connection, seq: u64) {
+    let mut l = latches();
+    l.pending.push_back(seq);
+    while l.pending.len() > LATCHES_IN_FLIGHT {
+        if let Some(old) = l.pending.pop_front() {
+            collect(conn, &mut l, old);
+        }
+    }
+}
+
+/// `eglQueryImportLatencyVIRTSOC`: the host-side durations (ns) of the region accesses of
+/// the latches (`glEGLImageTargetTexture2DOES`) since the last call, at most `max` of them
+/// into `ns` (their count through `count`), the SVM's access latency of the link into the
+/// gles domain (a prefetched region is already there). Waits for latches still in flight.
+pub extern "C" fn eglQueryImportLatencyVIRTSOC(
+    dpy: Handle,
+    ns: *mut u64,
+    max: EglInt,
+    count: *mut EglInt,
+) -> EglBool {
+    super::set_last_vendor();
+    guard(EGL_FALSE, || {
+        let (_, tr) = channel(dpy)?;
+        let conn = tr.connection();
+        let mut l = latches();
+        while let Some(seq) = l.pending.pop_front() {
+            collect(conn, &mut l, seq);
+        }
+        let all = std::mem::take(&mut l.done);
+        let n = all.len().min(usize::try_from(max).unwrap_or(0));
+        if !ns.is_null() {
+            for (i, v) in all.iter().take(n).enumerate() {
+                put(ns.wrapping_add(i), *v);
+            }
+        }
+        put(count, n as EglInt);
+        Ok(EGL_TRUE)
+    })
 }
 
 fn create_image(dpy: Handle, ctx: Handle, target: u32, attrs: Vec<(i32, i32)>) -> Handle {

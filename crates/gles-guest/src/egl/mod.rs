@@ -12,6 +12,7 @@ pub mod api;
 pub mod consts;
 pub mod device;
 pub mod image;
+pub mod present;
 pub mod state;
 pub mod surface;
 pub mod sync;
@@ -243,6 +244,9 @@ fn egl_functions() -> &'static [(&'static str, usize)] {
             ("eglSignalSyncKHR", eglSignalSyncKHR as *const () as usize),
             ("eglGetSyncFenceVIRTSOC", eglGetSyncFenceVIRTSOC as *const () as usize),
             ("eglDeviceWaitSyncVIRTSOC", eglDeviceWaitSyncVIRTSOC as *const () as usize),
+            ("eglPresentVIRTSOC", present::eglPresentVIRTSOC as *const () as usize),
+            ("eglQueryCounterVIRTSOC", present::eglQueryCounterVIRTSOC as *const () as usize),
+            ("eglQueryImportLatencyVIRTSOC", image::eglQueryImportLatencyVIRTSOC as *const () as usize),
         ]
     })
 }

@@ -114,7 +114,7 @@ fn fence_error(what: &str, e: &virtsoc_guest::GuestError) -> i32 {
 
 /// A fresh fence: the oldest `FenceCreate` of the pool (long answered in a steady state),
 /// another submitted in its place.
-fn new_fence(conn: &Connection) -> Result<Fence, i32> {
+pub(crate) fn new_fence(conn: &Connection) -> Result<Fence, i32> {
     let mut s = syncs();
     let owner = conn as *const Connection as usize;
     if s.pool_of != owner {
