@@ -106,6 +106,8 @@ struct Api {
     command: extern "C" fn(H, *const c_char, *const c_char, *const u64, *mut u64) -> u32,
     queue: extern "C" fn(H, *const c_char, *const c_char, *const u64) -> u32,
     ledger: extern "C" fn(H, *const c_char, *const c_char, *mut u64, *mut u64) -> u32,
+    present: extern "C" fn(H, H, i32, i32, u64, i32) -> u32,
+    surface: H,
     clear_color: extern "C" fn(f32, f32, f32, f32),
     clear: extern "C" fn(u32),
     read_pixels: extern "C" fn(i32, i32, i32, i32, u32, u32, *mut c_void),
@@ -173,6 +175,8 @@ impl Api {
             command: as_fn(p(c"eglDeviceCommandVIRTSOC")),
             queue: as_fn(p(c"eglQueueDeviceCommandVIRTSOC")),
             ledger: as_fn(p(c"eglQueryLedgerVIRTSOC")),
+            present: as_fn(p(c"eglPresentVIRTSOC")),
+            surface: surf,
             clear_color: sym(gl, c"glClearColor"),
             clear: sym(gl, c"glClear"),
             read_pixels: sym(gl, c"glReadPixels"),
@@ -601,5 +605,85 @@ fn decode_to_texture() {
     );
     api.cmd(c"close", &[dec1]);
     api.cmd(c"close", &[dec2]);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// CRC-32 (IEEE), as the display's `checksum` computes it.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for b in bytes {
+        c ^= u32::from(*b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+/// A present carries an acquire fence: the display shows a frame only once the GL work
+/// before it ran (held here by a program fence), and then shows that work's pixels.
+#[test]
+fn present_waits_for_draw() {
+    if role() != "present" {
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("virtsoc-gles-present-{}", std::process::id()));
+    let size = format!("{SIZE}x{SIZE}");
+    let args = ["--display-verify", "--display-size", &size];
+    let Some((_d, _, _)) = common::start_daemon(&tmp, &args) else {
+        return;
+    };
+    let Some(api) = Api::open() else { return };
+    let gate = api.manual();
+    assert_eq!((api.wait_sync)(api.dpy, gate, 0), 1);
+    (api.clear_color)(0.0, 0.0, 1.0, 1.0);
+    (api.clear)(0x4000);
+    assert_eq!(
+        (api.present)(api.dpy, api.surface, SIZE, SIZE, 0, 0),
+        1,
+        "{:#x}",
+        (api.get_error)()
+    );
+    // Signaled by the display's queue after the present.
+    let shown = api.sync(EGL_SYNC_VIRTSOC_FENCE, &[SYNC_DEVICE, 14]);
+    assert!(!shown.is_null(), "{:#x}", (api.get_error)());
+    assert_eq!(
+        api.wait(shown, HELD_NS),
+        TIMEOUT_EXPIRED,
+        "the present waits for the draw"
+    );
+    assert_eq!((api.signal_sync)(api.dpy, gate, SIGNALED), 1);
+    assert_eq!(api.wait(shown, FOREVER), SATISFIED);
+    // The next vsync has scanned the frame out.
+    let vsync = api.manual();
+    let mut id = 0u64;
+    assert_eq!((api.sync_fence)(api.dpy, vsync, &mut id), 1);
+    let ok = (api.queue)(
+        api.dpy,
+        c"display".as_ptr(),
+        c"signal_at_vsync".as_ptr(),
+        [id].as_ptr(),
+    );
+    assert_eq!(ok, 1);
+    assert_eq!(api.wait(vsync, FOREVER), SATISFIED);
+    let mut out = [0u64; 6];
+    let ok = (api.command)(
+        api.dpy,
+        c"display".as_ptr(),
+        c"checksum".as_ptr(),
+        std::ptr::null(),
+        out.as_mut_ptr(),
+    );
+    assert_eq!(ok, 1, "checksum: {:#x}", (api.get_error)());
+    let blue: Vec<u8> = (0..SIZE * SIZE).flat_map(|_| [0u8, 0, 255, 255]).collect();
+    assert_eq!(
+        out[1] as u32,
+        crc32(&blue),
+        "the display shows the drawn frame"
+    );
     let _ = std::fs::remove_dir_all(&tmp);
 }
