@@ -17,11 +17,15 @@
 //!   parameter read or written by GL, `EXPR` elements of its pointee (bytes for `void`);
 //!   `EXPR` is a product (`*`) of integers, parameter names and size functions
 //!   `f(a,b,...)` (`gl::sz::f(state, a, b, ...)` on both sides);
+//! - `PARAM=unpack(EXPR)`, `PARAM=unpack?(EXPR)`: a pixel array GL reads, or, while a
+//!   `GL_PIXEL_UNPACK_BUFFER` is bound, an offset into that buffer (the host checks the
+//!   offset plus `EXPR` bytes against the buffer's size);
 //! - `PARAM=cstr`: a NUL-terminated input string;
 //! - `PARAM=name(KIND)`, `name(KIND,bind)` (an unknown name is created, as `glBind*`
 //!   allows), `name(KIND,soft)` (an unknown name answers 0 without an error: `glIs*`).
 //!
-//! `KIND` is one of `buffer texture framebuffer renderbuffer program shader`.
+//! `KIND` is one of `buffer texture framebuffer renderbuffer program shader query sampler
+//! vertexarray transformfeedback`.
 
 use crate::GenError;
 
@@ -40,6 +44,14 @@ pub enum Kind {
     Program,
     /// Shaders.
     Shader,
+    /// Query objects (GLES 3).
+    Query,
+    /// Sampler objects (GLES 3).
+    Sampler,
+    /// Vertex array objects (GLES 3).
+    VertexArray,
+    /// Transform feedback objects (GLES 3).
+    TransformFeedback,
 }
 
 impl Kind {
@@ -51,6 +63,10 @@ impl Kind {
             "renderbuffer" => Kind::Renderbuffer,
             "program" => Kind::Program,
             "shader" => Kind::Shader,
+            "query" => Kind::Query,
+            "sampler" => Kind::Sampler,
+            "vertexarray" => Kind::VertexArray,
+            "transformfeedback" => Kind::TransformFeedback,
             _ => return Err(GenError::Annot(format!("unknown object kind {s:?}"))),
         })
     }
@@ -64,6 +80,10 @@ impl Kind {
             Kind::Renderbuffer => "Kind::Renderbuffer",
             Kind::Program => "Kind::Program",
             Kind::Shader => "Kind::Shader",
+            Kind::Query => "Kind::Query",
+            Kind::Sampler => "Kind::Sampler",
+            Kind::VertexArray => "Kind::VertexArray",
+            Kind::TransformFeedback => "Kind::TransformFeedback",
         }
     }
 }
@@ -105,6 +125,14 @@ pub enum Spec {
     },
     /// Output array of `expr` elements.
     Out(Expr),
+    /// Pixels GL reads: `expr` bytes from the caller, or an offset into the bound
+    /// `GL_PIXEL_UNPACK_BUFFER`.
+    Unpack {
+        /// Its length in elements.
+        expr: Expr,
+        /// Whether null is allowed (without a buffer bound).
+        nullable: bool,
+    },
     /// NUL-terminated input string.
     Cstr,
     /// An object name.
@@ -213,6 +241,16 @@ pub fn parse(text: &str) -> Result<Vec<CmdAnnot>, GenError> {
                             }
                         } else if let Some(e) = inner(spec, "in?") {
                             Spec::In {
+                                expr: parse_expr(e).map_err(|e| err(e.to_string()))?,
+                                nullable: true,
+                            }
+                        } else if let Some(e) = inner(spec, "unpack") {
+                            Spec::Unpack {
+                                expr: parse_expr(e).map_err(|e| err(e.to_string()))?,
+                                nullable: false,
+                            }
+                        } else if let Some(e) = inner(spec, "unpack?") {
+                            Spec::Unpack {
                                 expr: parse_expr(e).map_err(|e| err(e.to_string()))?,
                                 nullable: true,
                             }

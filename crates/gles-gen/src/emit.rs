@@ -17,6 +17,10 @@ fn rust_base(base: &str) -> &'static str {
         "GLint" | "GLsizei" | "GLfixed" | "GLclampx" => "i32",
         "GLfloat" | "GLclampf" => "f32",
         "GLintptr" | "GLsizeiptr" => "isize",
+        "GLint64" => "i64",
+        "GLuint64" => "u64",
+        // An opaque handle: a pointer passed by value.
+        "GLsync" => "*mut std::ffi::c_void",
         "GLchar" => "std::ffi::c_char",
         _ => "std::ffi::c_void",
     }
@@ -27,7 +31,7 @@ fn elem_bytes(base: &str) -> usize {
     match rust_base(base) {
         "i16" | "u16" => 2,
         "u32" | "i32" | "f32" => 4,
-        "isize" => 8,
+        "isize" | "i64" | "u64" => 8,
         _ => 1,
     }
 }
@@ -68,6 +72,8 @@ fn encode_scalar(t: &CType, v: &str) -> String {
         "u8" | "u16" => format!("p.u32({v} as u32);"),
         "i8" | "i16" => format!("p.i32({v} as i32);"),
         "isize" => format!("p.u64({v} as i64 as u64);"),
+        "i64" => format!("p.u64({v} as u64);"),
+        "u64" => format!("p.u64({v});"),
         other => format!("compile_error!(\"cannot encode {other}\");"),
     }
 }
@@ -80,6 +86,8 @@ fn decode_scalar(t: &CType) -> String {
         b @ ("u8" | "u16") => format!("r.u32()? as {b}"),
         b @ ("i8" | "i16") => format!("r.i32()? as {b}"),
         "isize" => "r.u64()? as i64 as isize".into(),
+        "i64" => "r.u64()? as i64".into(),
+        "u64" => "r.u64()?".into(),
         other => format!("compile_error!(\"cannot decode {other}\")"),
     }
 }
@@ -221,7 +229,9 @@ fn guest_fn(s: &mut String, c: &Cmd) {
     for (p, spec) in c.proto.params.iter().zip(&c.specs) {
         let id = ident(&p.name);
         match spec {
-            Some(Spec::In { expr, .. }) | Some(Spec::Out(expr)) => {
+            Some(Spec::In { expr, .. })
+            | Some(Spec::Out(expr))
+            | Some(Spec::Unpack { expr, .. }) => {
                 let e = expr_code(expr, elem_bytes(&p.ty.base), "&st");
                 let _ = writeln!(s, "    let Some(n_{id}) = {e} else {fail};");
             }
@@ -300,6 +310,14 @@ fn guest_fn(s: &mut String, c: &Cmd) {
                         "// SAFETY: `{id}` is null or points to `n_{id}` readable bytes (the GL contract).\n        \
                          p.opt_bytes(unsafe {{ super::rtx::slice({id} as *const u8, n_{id}) }});"
                     ),
+                    Some(Spec::Unpack { .. }) => format!(
+                        "if sz::unpack_buffer_bound(&st) {{\n            \
+                         p.u32(1).u64({id} as usize as u64);\n        \
+                         }} else {{\n            \
+                         // SAFETY: `{id}` is null or points to `n_{id}` readable bytes (the GL contract).\n            \
+                         p.u32(0).opt_bytes(unsafe {{ super::rtx::slice({id} as *const u8, n_{id}) }});\n        \
+                         }}"
+                    ),
                     Some(Spec::Cstr) => format!("p.opt_bytes(s_{id});"),
                     Some(Spec::Out(_)) => continue,
                 };
@@ -357,13 +375,13 @@ pub fn emit_host(cmds: &[Cmd]) -> String {
          use virtsoc_gles_stream::{gl_ops as op, Encoder, Reader, StreamError};\n\
          use super::{sz, ContextState};\n\
          use super::names::Kind;\n\n\
-         /// The host driver's GL entry points (core GLES 2.0 required, extensions optional).\n\
+         /// The host driver's GL entry points (GLES 2.0 required; GLES 3.0 and extensions optional).\n\
          pub struct Gl {\n",
     );
     for c in cmds {
         let (params, ret) = fn_type_parts(c);
         let ty = format!("unsafe extern \"C\" fn({params}){ret}");
-        let ty = if c.annot.ext {
+        let ty = if c.optional {
             format!("Option<{ty}>")
         } else {
             ty
@@ -388,7 +406,7 @@ pub fn emit_host(cmds: &[Cmd]) -> String {
         let (params, ret) = fn_type_parts(c);
         let ty = format!("unsafe extern \"C\" fn({params}){ret}");
         let n = &c.proto.name;
-        if c.annot.ext {
+        if c.optional {
             let _ = writeln!(
                 s,
                 "            {n}: {{\n                let p = get_proc(c\"{n}\");\n                \
@@ -502,6 +520,12 @@ fn host_fn(s: &mut String, c: &Cmd) {
             Some(Spec::In { .. }) | Some(Spec::Cstr) => {
                 let _ = writeln!(s, "    let b_{id} = r.bytes()?;");
             }
+            Some(Spec::Unpack { .. }) => {
+                let _ = writeln!(
+                    s,
+                    "    let (b_{id}, off_{id}) = if r.u32()? == 0 {{ (Some(r.bytes()?), 0) }} else {{ (None, r.u64()?) }};"
+                );
+            }
             Some(Spec::Out(_)) => {}
         }
     }
@@ -542,6 +566,15 @@ fn host_fn(s: &mut String, c: &Cmd) {
                      let {id} = {id} as {ty};"
                 );
             }
+            Some(Spec::Unpack { expr, nullable }) => {
+                let e = expr_code(expr, elem_bytes(&p.ty.base), "cx");
+                let _ = writeln!(
+                    s,
+                    "        let Some(n_{id}) = {e} else {{ cx.error(super::GL_INVALID_VALUE); {skip} }};\n        \
+                     let Some({id}) = super::es3::unpack_ptr(gl, cx, b_{id}, off_{id}, n_{id}, {nullable}) else {{ {skip} }};\n        \
+                     let {id} = {id} as {ty};"
+                );
+            }
             Some(Spec::Cstr) => {
                 let _ = writeln!(
                     s,
@@ -569,7 +602,7 @@ fn host_fn(s: &mut String, c: &Cmd) {
             arg_list(c)
         );
     }
-    let call = if c.annot.ext {
+    let call = if c.optional {
         format!(
             "let Some(f) = gl.{name} else {{ cx.error(super::GL_INVALID_OPERATION); {skip} }};\n        \
              // SAFETY: a current context (the caller's contract); every pointer points into the\n        \

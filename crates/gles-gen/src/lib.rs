@@ -30,8 +30,11 @@ pub enum GenError {
     Io(String, std::io::Error),
 }
 
-/// The registry feature we generate.
+/// The registry's base feature: its commands are required of the host's driver.
 pub const FEATURE: &str = "GL_ES_VERSION_2_0";
+/// Every registry feature we generate, in order: the commands of those after the first are
+/// optional on the host (a driver without OpenGL ES 3 still serves ES 2 contexts).
+pub const FEATURES: &[&str] = &[FEATURE, "GL_ES_VERSION_3_0"];
 /// Where Debian's `khronos-api` puts the registry (`$VIRTSOC_GL_XML` overrides).
 pub const DEFAULT_GL_XML: &str = "/usr/share/khronos-api/gl.xml";
 /// Our annotation file.
@@ -48,6 +51,9 @@ pub struct Cmd {
     pub annot: CmdAnnot,
     /// Each parameter's spec (`None`: a scalar sent as is).
     pub specs: Vec<Option<Spec>>,
+    /// Optional on the host: an extension command or one of a feature after [`FEATURE`]
+    /// (the host's table holds an `Option`; a call the driver lacks is `GL_INVALID_OPERATION`).
+    pub optional: bool,
 }
 
 impl Cmd {
@@ -60,8 +66,8 @@ impl Cmd {
 }
 
 /// Merges a registry and annotations into the list of commands with opcodes: the annotated
-/// commands first (in the annotation file's order), then the feature's others (in the
-/// registry's order). Fails on a pointer parameter without annotation (unless the command is
+/// commands first (in the annotation file's order), then the features' others (in the
+/// registry's order, [`FEATURES`] in turn). Fails on a pointer parameter without annotation (unless the command is
 /// custom on both sides) and on annotations naming unknown parameters.
 pub fn model(xml: &str, annot_text: &str) -> Result<Vec<Cmd>, GenError> {
     let annots = annot::parse(annot_text)?;
@@ -70,11 +76,12 @@ pub fn model(xml: &str, annot_text: &str) -> Result<Vec<Cmd>, GenError> {
         .filter(|a| a.ext)
         .map(|a| a.name.clone())
         .collect();
-    let protos = registry::commands(xml, FEATURE, &extra)?;
+    let protos = registry::commands(xml, FEATURES, &extra)?;
+    let base = registry::commands(xml, &[FEATURE], &[])?;
     for a in &annots {
         if !protos.iter().any(|p| p.name == a.name) {
             return Err(GenError::Annot(format!(
-                "{} is neither in {FEATURE} nor marked ext",
+                "{} is neither in {FEATURES:?} nor marked ext",
                 a.name
             )));
         }
@@ -103,7 +110,7 @@ pub fn model(xml: &str, annot_text: &str) -> Result<Vec<Cmd>, GenError> {
                 return Err(GenError::Annot(format!("{}: no parameter {pn}", p.name)));
             }
             let exprs: &[annot::Factor] = match spec {
-                Spec::In { expr, .. } | Spec::Out(expr) => expr,
+                Spec::In { expr, .. } | Spec::Out(expr) | Spec::Unpack { expr, .. } => expr,
                 _ => &[],
             };
             for f in exprs {
@@ -157,11 +164,13 @@ pub fn model(xml: &str, annot_text: &str) -> Result<Vec<Cmd>, GenError> {
                 )));
             }
         }
+        let optional = a.ext || !base.iter().any(|b| b.name == p.name);
         out.push(Cmd {
             op: i as u32 + 1,
             proto: p.clone(),
             annot: a,
             specs,
+            optional,
         });
     }
     Ok(out)

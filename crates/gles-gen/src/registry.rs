@@ -1,5 +1,5 @@
-//! Reading the Khronos registry (`gl.xml`): the commands of a feature (`GL_ES_VERSION_2_0`)
-//! and of the extension commands we name, with their C prototypes.
+//! Reading the Khronos registry (`gl.xml`): the commands of features (`GL_ES_VERSION_2_0`,
+//! `GL_ES_VERSION_3_0`) and of the extension commands we name, with their C prototypes.
 
 use crate::GenError;
 
@@ -85,9 +85,9 @@ fn child_name(node: roxmltree::Node<'_, '_>) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The commands of `feature` (its `<require>`s, in registry order) followed by the `extra`
-/// commands (in the given order), each once.
-pub fn commands(xml: &str, feature: &str, extra: &[String]) -> Result<Vec<Command>, GenError> {
+/// The commands of `features` (each one's `<require>`s, in registry order, the features in
+/// the given order) followed by the `extra` commands (in the given order), each once.
+pub fn commands(xml: &str, features: &[&str], extra: &[String]) -> Result<Vec<Command>, GenError> {
     let doc = roxmltree::Document::parse(xml).map_err(|e| GenError::Registry(e.to_string()))?;
     let mut all = std::collections::HashMap::new();
     for cmd in doc.descendants().filter(|n| n.has_tag_name("command")) {
@@ -108,16 +108,18 @@ pub fn commands(xml: &str, feature: &str, extra: &[String]) -> Result<Vec<Comman
         }
         all.insert(name.clone(), Command { name, ret, params });
     }
-    let feat = doc
-        .descendants()
-        .find(|n| n.has_tag_name("feature") && n.attribute("name") == Some(feature))
-        .ok_or_else(|| GenError::Registry(format!("no feature {feature}")))?;
     let mut names: Vec<String> = Vec::new();
-    for req in feat.children().filter(|c| c.has_tag_name("require")) {
-        for c in req.children().filter(|c| c.has_tag_name("command")) {
-            if let Some(n) = c.attribute("name") {
-                if !names.iter().any(|x| x == n) {
-                    names.push(n.to_owned());
+    for feature in features {
+        let feat = doc
+            .descendants()
+            .find(|n| n.has_tag_name("feature") && n.attribute("name") == Some(feature))
+            .ok_or_else(|| GenError::Registry(format!("no feature {feature}")))?;
+        for req in feat.children().filter(|c| c.has_tag_name("require")) {
+            for c in req.children().filter(|c| c.has_tag_name("command")) {
+                if let Some(n) = c.attribute("name") {
+                    if !names.iter().any(|x| x == n) {
+                        names.push(n.to_owned());
+                    }
                 }
             }
         }

@@ -9,11 +9,11 @@
 pub fn pixel_bytes(format: u32, ty: u32) -> Option<usize> {
     let comps = match format {
         0x1906 /* ALPHA */ | 0x1909 /* LUMINANCE */ | 0x1902 /* DEPTH_COMPONENT */ => 1,
-        0x1903 /* RED_EXT */ => 1,
-        0x190A /* LUMINANCE_ALPHA */ | 0x8227 /* RG_EXT */ => 2,
+        0x1903 /* RED_EXT */ | 0x8D94 /* RED_INTEGER */ | 0x1901 /* STENCIL_INDEX */ => 1,
+        0x190A /* LUMINANCE_ALPHA */ | 0x8227 /* RG_EXT */ | 0x8228 /* RG_INTEGER */ => 2,
         0x84F9 /* DEPTH_STENCIL_OES */ => 1,
-        0x1907 /* RGB */ => 3,
-        0x1908 /* RGBA */ | 0x80E1 /* BGRA_EXT */ => 4,
+        0x1907 /* RGB */ | 0x8D98 /* RGB_INTEGER */ => 3,
+        0x1908 /* RGBA */ | 0x80E1 /* BGRA_EXT */ | 0x8D99 /* RGBA_INTEGER */ => 4,
         _ => return None,
     };
     match ty {
@@ -25,7 +25,11 @@ pub fn pixel_bytes(format: u32, ty: u32) -> Option<usize> {
         0x8363 /* UNSIGNED_SHORT_5_6_5 */
         | 0x8033 /* UNSIGNED_SHORT_4_4_4_4 */
         | 0x8034 /* UNSIGNED_SHORT_5_5_5_1 */ => Some(2),
-        0x84FA /* UNSIGNED_INT_24_8_OES */ => Some(4),
+        0x84FA /* UNSIGNED_INT_24_8_OES */
+        | 0x8368 /* UNSIGNED_INT_2_10_10_10_REV */
+        | 0x8C3B /* UNSIGNED_INT_10F_11F_11F_REV */
+        | 0x8C3E /* UNSIGNED_INT_5_9_9_9_REV */ => Some(4),
+        0x8DAD /* FLOAT_32_UNSIGNED_INT_24_8_REV */ => Some(8),
         _ => None,
     }
 }
@@ -45,6 +49,123 @@ pub fn image_bytes(width: i64, height: i64, format: u32, ty: u32, alignment: i64
     let row = w.checked_mul(px)?;
     let stride = row.checked_add(a - 1)? / a * a;
     stride.checked_mul(h - 1)?.checked_add(row)
+}
+
+/// The pixel store parameters of one direction (`GL_UNPACK_*` or `GL_PACK_*`): GLES 2.0 has
+/// the alignment only, GLES 3.0 adds row length, image height and skips.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PixelStore {
+    /// `*_ALIGNMENT` (1, 2, 4 or 8).
+    pub alignment: i64,
+    /// `*_ROW_LENGTH` (0: the width).
+    pub row_length: i64,
+    /// `UNPACK_IMAGE_HEIGHT` (0: the height).
+    pub image_height: i64,
+    /// `*_SKIP_PIXELS`.
+    pub skip_pixels: i64,
+    /// `*_SKIP_ROWS`.
+    pub skip_rows: i64,
+    /// `UNPACK_SKIP_IMAGES`.
+    pub skip_images: i64,
+}
+
+impl Default for PixelStore {
+    fn default() -> Self {
+        PixelStore {
+            alignment: 4,
+            row_length: 0,
+            image_height: 0,
+            skip_pixels: 0,
+            skip_rows: 0,
+            skip_images: 0,
+        }
+    }
+}
+
+impl PixelStore {
+    /// Sets `pname` (`GL_UNPACK_*`/`GL_PACK_*` of either direction) to `v`; `false` when
+    /// `pname` is not a parameter of this direction or `v` is out of range.
+    pub fn set(&mut self, pname: u32, v: i64) -> bool {
+        if pname == 0x0CF5 || pname == 0x0D05 {
+            if !matches!(v, 1 | 2 | 4 | 8) {
+                return false;
+            }
+            self.alignment = v;
+            return true;
+        }
+        if !(0..=(1 << 20)).contains(&v) {
+            return false;
+        }
+        let field = match pname {
+            0x0CF2 | 0x0D02 => &mut self.row_length, // UNPACK_/PACK_ROW_LENGTH
+            0x806E => &mut self.image_height,        // UNPACK_IMAGE_HEIGHT
+            0x0CF4 | 0x0D04 => &mut self.skip_pixels, // UNPACK_/PACK_SKIP_PIXELS
+            0x0CF3 | 0x0D03 => &mut self.skip_rows,  // UNPACK_/PACK_SKIP_ROWS
+            0x806D => &mut self.skip_images,         // UNPACK_SKIP_IMAGES
+            _ => return false,
+        };
+        *field = v;
+        true
+    }
+}
+
+/// Whether `pname` is an unpack parameter (else a pack one, or neither).
+pub fn is_unpack_param(pname: u32) -> bool {
+    matches!(pname, 0x0CF5 | 0x0CF2 | 0x806E | 0x0CF4 | 0x0CF3 | 0x806D)
+}
+
+/// Whether `pname` is a pack parameter.
+pub fn is_pack_param(pname: u32) -> bool {
+    matches!(pname, 0x0D02..=0x0D05) // ROW_LENGTH, SKIP_ROWS, SKIP_PIXELS, ALIGNMENT
+}
+
+/// Bytes from the start of a pixel array to the end of the last pixel GL reads or writes
+/// for a `width` x `height` x `depth` image of `format`/`type` with pixel store `ps`
+/// (row length, image height and skips as GLES 3.0 defines them; the last row is not
+/// padded).
+pub fn image_bytes_3d(
+    width: i64,
+    height: i64,
+    depth: i64,
+    format: u32,
+    ty: u32,
+    ps: &PixelStore,
+) -> Option<usize> {
+    if width < 0 || height < 0 || depth < 0 || !matches!(ps.alignment, 1 | 2 | 4 | 8) {
+        return None;
+    }
+    if width == 0 || height == 0 || depth == 0 {
+        return Some(0);
+    }
+    let px = pixel_bytes(format, ty)? as u128;
+    let (w, h, d) = (width as u128, height as u128, depth as u128);
+    let row_px = if ps.row_length > 0 {
+        ps.row_length as u128
+    } else {
+        w
+    };
+    let rows = if ps.image_height > 0 {
+        ps.image_height as u128
+    } else {
+        h
+    };
+    let a = ps.alignment as u128;
+    let stride = row_px.checked_mul(px)?.div_ceil(a) * a;
+    let image = stride.checked_mul(rows)?;
+    let end = (ps.skip_images as u128 + d - 1)
+        .checked_mul(image)?
+        .checked_add((ps.skip_rows as u128 + h - 1).checked_mul(stride)?)?
+        .checked_add((ps.skip_pixels as u128 + w).checked_mul(px)?)?;
+    usize::try_from(end).ok()
+}
+
+/// Values `glClearBuffer{i,ui,f}v(buffer)` reads: 4 for `GL_COLOR`, 1 for depth or stencil.
+pub fn clear_buffer_count(buffer: u32) -> Option<usize> {
+    match buffer {
+        0x1800 => Some(4),          // COLOR
+        0x1801 | 0x1802 => Some(1), // DEPTH, STENCIL
+        _ => None,
+    }
 }
 
 /// Values `glGet{Integer,Float,Boolean}v` writes for `pname` (GLES 2.0 and the extensions
@@ -147,6 +268,41 @@ mod tests {
         assert_eq!(image_bytes(1, 1, 0x1908, 0x1401, 3), None);
         assert_eq!(image_bytes(0, 100, 0x1908, 0x1401, 4), Some(0));
         assert_eq!(image_bytes(1 << 40, 1 << 40, 0x1908, 0x1406, 4), None);
+    }
+
+    #[test]
+    fn pixel_store_rows_skips_and_images() {
+        let mut ps = PixelStore::default();
+        // Defaults: the GLES 2.0 size.
+        assert_eq!(
+            image_bytes_3d(3, 2, 1, 0x1907, 0x1401, &ps),
+            image_bytes(3, 2, 0x1907, 0x1401, 4)
+        );
+        assert!(ps.set(0x0CF2, 10)); // row length 10 RGBA8 = 40 bytes a row
+        assert!(ps.set(0x0CF4, 2)); // skip 2 pixels
+        assert!(ps.set(0x0CF3, 1)); // skip 1 row
+        assert_eq!(
+            image_bytes_3d(4, 3, 1, 0x1908, 0x1401, &ps),
+            Some(3 * 40 + 6 * 4)
+        );
+        assert!(ps.set(0x806E, 5)); // image height 5 rows
+        assert!(ps.set(0x806D, 1)); // skip one image
+        assert_eq!(
+            image_bytes_3d(4, 3, 2, 0x1908, 0x1401, &ps),
+            Some(2 * 200 + 3 * 40 + 6 * 4)
+        );
+        assert!(!ps.set(0x0CF2, -1));
+        assert!(!ps.set(0x0CF5, 3));
+        assert!(!ps.set(0x1234, 0));
+        let big = 1 << 30;
+        let dflt = PixelStore::default();
+        assert_eq!(image_bytes_3d(big, big, big, 0x1908, 0x1406, &dflt), None);
+        assert_eq!(
+            image_bytes_3d(i64::MAX, i64::MAX, i64::MAX, 0x1908, 0x1406, &dflt),
+            None
+        );
+        assert_eq!(clear_buffer_count(0x1800), Some(4));
+        assert_eq!(clear_buffer_count(0x1234), None);
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub struct Renderer {
     host_current: (u32, u32, u32),
     /// The guest's EGLImages of SVM regions (`crate::image`).
     images: crate::image::Images,
+    /// The last readback's pixels (the buffer is reused, see `GlApi::read_back_into`).
+    readback: Vec<u8>,
 }
 
 impl Renderer {
@@ -99,6 +101,7 @@ impl Renderer {
             on: 0,
             host_current: (0, 0, 0),
             images: crate::image::Images::default(),
+            readback: Vec::new(),
         })
     }
 
@@ -342,13 +345,16 @@ impl Renderer {
         // The daemon takes answers of at most MAX_REPLY bytes.
         .filter(|&(w, h)| u64::from(w) * u64::from(h) * 4 + 64 <= MAX_REPLY as u64);
         let pixels = match size {
-            Some((w, h)) if self.bind(self.on).is_ok() => Some((w, h, self.gl.read_back(w, h))),
+            Some((w, h)) if self.bind(self.on).is_ok() => {
+                self.gl.read_back_into(w, h, &mut self.readback);
+                Some((w, h))
+            }
             _ => None,
         };
         let mut p = reply.packet(egl::READBACK);
         match pixels {
-            Some((w, h, px)) => {
-                p.u32(w).u32(h).bytes(&px);
+            Some((w, h)) => {
+                p.u32(w).u32(h).bytes(&self.readback);
             }
             None => {
                 p.u32(0).u32(0).bytes(&[]);
@@ -360,7 +366,7 @@ impl Renderer {
         if ctx == 0 || self.contexts.contains_key(&ctx) || self.contexts.len() >= MAX_OBJECTS {
             return egl::BAD_PARAMETER;
         }
-        if major != 2 {
+        if major != 2 && major != 3 {
             return egl::BAD_MATCH;
         }
         let (share_handle, group) = match share {
@@ -555,6 +561,9 @@ pub fn serve_confined(
         log::warn!("render worker: {e}");
     }
     let mut batch = Vec::new();
+    // One reply buffer for every batch (a readback's answer is a frame's size: a fresh one
+    // per batch cost page faults each time).
+    let mut reply = Encoder::new();
     loop {
         let mut hdr = [0u8; 8];
         match sock.read_exact(&mut hdr) {
@@ -576,20 +585,21 @@ pub fn serve_confined(
         }
         sock.read_exact(&mut batch[..n])?;
         let body = &batch[..n];
-        let (status, reply, msg) = match &mut renderer {
-            Err(e) => (LOST, Vec::new(), e.clone()),
+        reply.clear();
+        let (status, msg) = match &mut renderer {
+            Err(e) => (LOST, e.clone()),
             Ok(r) => {
-                let mut reply = Encoder::new();
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     r.run(body, &mut reply, trusted)
                 }));
                 match ran {
-                    Ok(Ok(())) => (OK, reply.as_bytes().to_vec(), String::new()),
-                    Ok(Err(e)) => (BAD_STREAM, Vec::new(), e.to_string()),
-                    Err(_) => (LOST, Vec::new(), "the render worker panicked".into()),
+                    Ok(Ok(())) => (OK, String::new()),
+                    Ok(Err(e)) => (BAD_STREAM, e.to_string()),
+                    Err(_) => (LOST, "the render worker panicked".into()),
                 }
             }
         };
+        let reply: &[u8] = if status == OK { reply.as_bytes() } else { &[] };
         let mut head = Vec::with_capacity(28);
         head.extend_from_slice(&status.to_le_bytes());
         head.extend_from_slice(&(reply.len() as u32).to_le_bytes());
@@ -599,7 +609,7 @@ pub fn serve_confined(
         head.extend_from_slice(&gl_bytes.to_le_bytes());
         head.extend_from_slice(&cpu_ns().to_le_bytes());
         // One sendmsg: the daemon's thread wakes once for the whole answer.
-        write_all_vectored(&mut sock, &[&head, &reply, msg])?;
+        write_all_vectored(&mut sock, &[&head, reply, msg])?;
         sock.flush()?;
         if status == LOST {
             return Ok(());

@@ -442,21 +442,27 @@ pub extern "C" fn eglCreateContext(
                 _ => return Err(EGL_BAD_ATTRIBUTE),
             }
         }
-        if major != 2 {
-            // OpenGL ES 1 and 3 are not offered (yet).
+        if major != 2 && major != 3 {
+            // OpenGL ES 1 is not offered; ES 3 is 3.0 (the host refuses it without ES 3).
             return Err(EGL_BAD_MATCH);
         }
+        let major = major as u32;
         let share_id = from_handle(share);
         if share_id != 0 && !t.contexts.contains_key(&share_id) {
             return Err(EGL_BAD_CONTEXT);
         }
         let s = stream(&t)?;
         let id = t.next_id();
-        let code = round_trip(&s, wire::CREATE_CONTEXT, &[id, share_id, 2], EGL_BAD_ALLOC)?;
+        let code = round_trip(
+            &s,
+            wire::CREATE_CONTEXT,
+            &[id, share_id, major],
+            EGL_BAD_ALLOC,
+        )?;
         to_egl_error(code)?;
         let gl = match t.contexts.get(&share_id) {
-            Some(other) => crate::gl::GlState::new(2, Some(&other.rt.gl())),
-            None => crate::gl::GlState::new(2, None),
+            Some(other) => crate::gl::GlState::new(major, Some(&other.rt.gl())),
+            None => crate::gl::GlState::new(major, None),
         };
         let rt = Arc::new(Context {
             id,
@@ -500,7 +506,7 @@ pub extern "C" fn eglQueryContext(
         let v = match attr {
             EGL_CONFIG_ID => c.config as i32,
             EGL_CONTEXT_CLIENT_TYPE => EGL_OPENGL_ES_API as i32,
-            EGL_CONTEXT_CLIENT_VERSION => 2,
+            EGL_CONTEXT_CLIENT_VERSION => c.rt.gl().client_version() as i32,
             EGL_RENDER_BUFFER => EGL_BACK_BUFFER,
             _ => return Err(EGL_BAD_ATTRIBUTE),
         };

@@ -144,7 +144,8 @@ pub fn config_attrib(id: u32, attr: i32, visual: i32) -> Option<i32> {
         EGL_MAX_SWAP_INTERVAL => 1,
         EGL_LUMINANCE_SIZE | EGL_ALPHA_MASK_SIZE => 0,
         EGL_COLOR_BUFFER_TYPE => EGL_RGB_BUFFER,
-        EGL_RENDERABLE_TYPE | EGL_CONFORMANT => EGL_OPENGL_ES2_BIT,
+        // ES 2 and (EGL_OPENGL_ES3_BIT_KHR) ES 3: a host without ES 3 refuses the context.
+        EGL_RENDERABLE_TYPE | EGL_CONFORMANT => EGL_OPENGL_ES2_BIT | 0x0040,
         _ => return None,
     })
 }

@@ -1,7 +1,9 @@
 //! Hand-written entry points (the annotation file's `custom=guest`/`both`): frame
-//! boundaries, errors, strings and cached limits, vertex attribute pointers and the draws
-//! that send client arrays, shader sources, and `GL_OES_mapbuffer` (mapped in guest memory,
-//! sent as `glBufferSubData` at unmap). Payloads: see the host's `gl::custom`.
+//! boundaries, errors, strings and cached limits, shader sources, and `GL_OES_mapbuffer`
+//! (mapped in guest memory, sent as `glBufferSubData` at unmap). Vertex attribute pointers
+//! and draws are in `gl::draw`, the GLES 3.0 calls in `gl::es3` and `gl::es3obj`; they are
+//! re-exported here, where the generated entry-point table looks for them. Payloads: see
+//! the host's `gl::custom`.
 
 #![allow(non_snake_case)]
 
@@ -9,12 +11,12 @@ use std::ffi::{c_char, c_void, CString};
 
 use virtsoc_gles_stream::{gl_ops as op, Packet};
 
-use super::state::{Attrib, MAX_ATTRIBS};
 use super::{rtx, sz, GlState, GL_INVALID_ENUM, GL_INVALID_OPERATION, GL_INVALID_VALUE};
 use crate::rt::{self, Context};
 
-/// Most vertices a client-array draw sends.
-const MAX_CLIENT_VERTICES: usize = 16 << 20;
+pub(crate) use super::draw::*;
+pub(crate) use super::es3::*;
+pub(crate) use super::es3obj::*;
 
 /// Extensions exposed when the host has them: those that add no entry point, or whose
 /// entry points we provide, and whose formats and types our size functions know.
@@ -72,7 +74,7 @@ const CONSTANTS: &[u32] = &[
 ];
 
 /// Sends the encoded packets and waits; the answer of `opc`, as its payload bytes.
-fn round_trip(ctx: &Context, opc: u32) -> Option<Vec<u8>> {
+pub(super) fn round_trip(ctx: &Context, opc: u32) -> Option<Vec<u8>> {
     let reply = ctx.stream().round_trip().ok()?;
     let mut a = rtx::answer(&reply, opc)?;
     let n = a.remaining();
@@ -84,7 +86,7 @@ fn round_trip(ctx: &Context, opc: u32) -> Option<Vec<u8>> {
 }
 
 /// Encodes one packet of `opc` for the current context.
-fn encode(ctx: &Context, opc: u32, f: impl FnOnce(&mut Packet<'_>)) {
+pub(super) fn encode(ctx: &Context, opc: u32, f: impl FnOnce(&mut Packet<'_>)) {
     let mut s = ctx.stream();
     let enc = s.encoder(ctx.id);
     let mut p = enc.packet(opc);
@@ -124,7 +126,7 @@ pub(crate) unsafe extern "C" fn glGetError() -> u32 {
 }
 
 /// The host's string `name` (a round trip).
-fn host_string(ctx: &Context, name: u32) -> Option<Vec<u8>> {
+pub(super) fn host_string(ctx: &Context, name: u32) -> Option<Vec<u8>> {
     encode(ctx, op::glGetString, |p| {
         p.u32(name);
     });
@@ -134,12 +136,14 @@ fn host_string(ctx: &Context, name: u32) -> Option<Vec<u8>> {
 }
 
 /// The string the guest shows for `name`, from the host's.
-fn make_string(ctx: &Context, name: u32) -> Option<String> {
+fn make_string(ctx: &Context, name: u32, es3: bool) -> Option<String> {
     let host = |n| host_string(ctx, n).map(|b| String::from_utf8_lossy(&b).into_owned());
     Some(match name {
         0x1F00 => "virtsoc".to_owned(),
         0x1F01 => format!("virtsoc ({})", host(0x1F01).unwrap_or_default()),
+        0x1F02 if es3 => "OpenGL ES 3.0 virtsoc".to_owned(),
         0x1F02 => "OpenGL ES 2.0 virtsoc".to_owned(),
+        0x8B8C if es3 => "OpenGL ES GLSL ES 3.00".to_owned(),
         0x8B8C => "OpenGL ES GLSL ES 1.00".to_owned(),
         0x1F03 => {
             let h = host(0x1F03).unwrap_or_default();
@@ -154,7 +158,8 @@ fn make_string(ctx: &Context, name: u32) -> Option<String> {
     })
 }
 
-/// `glGetString`: fetched once per context; `GL_VERSION` says ES 2.0 and the extension
+/// `glGetString`: fetched once per context; `GL_VERSION` says ES 2.0 (3.0 for a GLES 3
+/// context) and the extension
 /// list holds only what we support.
 pub(crate) unsafe extern "C" fn glGetString(name: u32) -> *const u8 {
     let Some(ctx) = rt::current() else {
@@ -164,7 +169,8 @@ pub(crate) unsafe extern "C" fn glGetString(name: u32) -> *const u8 {
     if let Some(s) = st.strings.get(&name) {
         return s.as_ptr().cast();
     }
-    let Some(s) = make_string(&ctx, name) else {
+    let es3 = super::es3obj::is_es3(&ctx, &mut st);
+    let Some(s) = make_string(&ctx, name, es3) else {
         st.error(GL_INVALID_ENUM);
         return std::ptr::null();
     };
@@ -196,6 +202,9 @@ fn host_ints(ctx: &Context, pname: u32) -> Vec<i32> {
 
 /// The values of `glGetIntegerv(pname)`, from guest state, the cache or the host.
 fn get_ints(ctx: &Context, st: &mut GlState, pname: u32) -> Vec<i32> {
+    if let Some(v) = super::es3obj::local_ints(ctx, st, pname) {
+        return v;
+    }
     match pname {
         0x8894 => return vec![st.array_buffer as i32],
         0x8895 => return vec![st.element_buffer as i32],
@@ -225,8 +234,13 @@ fn get_ints(ctx: &Context, st: &mut GlState, pname: u32) -> Vec<i32> {
 /// `data` has room for the values `pname` answers.
 pub(crate) unsafe extern "C" fn glGetIntegerv(pname: u32, data: *mut i32) {
     let Some(ctx) = rt::current() else { return };
+    // GL_NUM_EXTENSIONS (GLES 3): the list is made from glGetString, which takes the lock.
+    let num_ext = (pname == 0x821D).then(|| super::es3obj::num_extensions(&ctx) as i32);
     let mut st = ctx.gl();
-    let v = get_ints(&ctx, &mut st, pname);
+    let v = match num_ext {
+        Some(n) => vec![n],
+        None => get_ints(&ctx, &mut st, pname),
+    };
     let Some(n) = sz::getv(&st, pname as i64) else {
         st.error(GL_INVALID_VALUE);
         return;
@@ -237,250 +251,6 @@ pub(crate) unsafe extern "C" fn glGetIntegerv(pname: u32, data: *mut i32) {
     let k = n.min(v.len());
     // SAFETY: `data` has room for `n` values (the GL contract), `k <= n`.
     unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), data, k) };
-}
-
-/// `glVertexAttribPointer`: recorded; sent only with a buffer bound (client arrays travel
-/// with the draws).
-///
-/// # Safety
-/// GL's contract.
-pub(crate) unsafe extern "C" fn glVertexAttribPointer(
-    index: u32,
-    size: i32,
-    ty: u32,
-    normalized: u8,
-    stride: i32,
-    pointer: *const c_void,
-) {
-    let Some(ctx) = rt::current() else { return };
-    let mut st = ctx.gl();
-    if index as usize >= MAX_ATTRIBS || !(1..=4).contains(&size) || stride < 0 {
-        st.error(GL_INVALID_VALUE);
-        return;
-    }
-    if sz::attrib_type_bytes(ty).is_none() {
-        st.error(GL_INVALID_ENUM);
-        return;
-    }
-    let buffer = st.array_buffer;
-    let a = &mut st.attribs[index as usize];
-    *a = Attrib {
-        enabled: a.enabled,
-        size,
-        ty,
-        normalized: normalized != 0,
-        stride,
-        ptr: pointer as usize,
-        buffer,
-    };
-    if buffer != 0 {
-        encode(&ctx, op::glVertexAttribPointer, |p| {
-            p.u32(index)
-                .i32(size)
-                .u32(ty)
-                .u32(normalized as u32)
-                .i32(stride)
-                .u64(pointer as u64);
-        });
-    }
-}
-
-/// `glGetVertexAttribPointerv`, from guest state.
-///
-/// # Safety
-/// `pointer` is null or has room for one pointer.
-pub(crate) unsafe extern "C" fn glGetVertexAttribPointerv(
-    index: u32,
-    pname: u32,
-    pointer: *mut *mut c_void,
-) {
-    let Some(ctx) = rt::current() else { return };
-    let mut st = ctx.gl();
-    if pname != 0x8645 {
-        st.error(GL_INVALID_ENUM);
-        return;
-    }
-    let Some(a) = st.attribs.get(index as usize) else {
-        st.error(GL_INVALID_VALUE);
-        return;
-    };
-    if !pointer.is_null() {
-        // SAFETY: the caller's contract.
-        unsafe { *pointer = a.ptr as *mut c_void };
-    }
-}
-
-/// The client attributes of a draw of vertices `base..base+nverts`, packed.
-///
-/// # Safety
-/// Every enabled client attribute's pointer holds the vertices the draw uses.
-unsafe fn client_block(p: &mut Packet<'_>, attrs: &[(u32, Attrib)], base: usize, nverts: usize) {
-    p.u32(base as u32)
-        .u32(nverts as u32)
-        .u32(attrs.len() as u32);
-    for (i, a) in attrs {
-        let elem = sz::attrib_type_bytes(a.ty).unwrap_or(4) * a.size as usize;
-        let stride = if a.stride == 0 {
-            elem
-        } else {
-            a.stride as usize
-        };
-        if stride == elem {
-            // Tightly packed: one copy.
-            let src = (a.ptr + base * stride) as *const u8;
-            // SAFETY: the caller's contract: vertices `base..base+nverts` are readable.
-            let data = unsafe { std::slice::from_raw_parts(src, elem * nverts) };
-            p.u32(*i)
-                .i32(a.size)
-                .u32(a.ty)
-                .u32(a.normalized as u32)
-                .bytes(data);
-            continue;
-        }
-        let mut data = Vec::with_capacity(elem * nverts);
-        for v in base..base + nverts {
-            let src = (a.ptr + v * stride) as *const u8;
-            // SAFETY: the caller's contract: vertex `v` of the attribute is readable.
-            data.extend_from_slice(unsafe { std::slice::from_raw_parts(src, elem) });
-        }
-        p.u32(*i)
-            .i32(a.size)
-            .u32(a.ty)
-            .u32(a.normalized as u32)
-            .bytes(&data);
-    }
-}
-
-/// The enabled attributes in client memory, and whether any enabled one is in a buffer;
-/// `None` when one has no pointer.
-fn client_attribs(st: &GlState) -> Option<(Vec<(u32, Attrib)>, bool)> {
-    let mut v = Vec::new();
-    let mut any_buffer = false;
-    for (i, a) in st.attribs.iter().enumerate().filter(|(_, a)| a.enabled) {
-        if a.buffer != 0 {
-            any_buffer = true;
-        } else if a.ptr == 0 {
-            return None;
-        } else {
-            v.push((i as u32, *a));
-        }
-    }
-    Some((v, any_buffer))
-}
-
-/// `glDrawArrays`: client arrays' vertices `first..first+count` go with it.
-///
-/// # Safety
-/// GL's contract: client arrays hold the vertices drawn.
-pub(crate) unsafe extern "C" fn glDrawArrays(mode: u32, first: i32, count: i32) {
-    let Some(ctx) = rt::current() else { return };
-    let mut st = ctx.gl();
-    if first < 0 || count < 0 {
-        st.error(GL_INVALID_VALUE);
-        return;
-    }
-    let Some((attrs, any_buffer)) = client_attribs(&st) else {
-        st.error(GL_INVALID_OPERATION);
-        return;
-    };
-    let (first_u, end) = (first as usize, first as usize + count as usize);
-    let base = if attrs.is_empty() || any_buffer {
-        0
-    } else {
-        first_u
-    };
-    let nverts = if attrs.is_empty() { 0 } else { end - base };
-    if nverts > MAX_CLIENT_VERTICES {
-        st.error(GL_INVALID_VALUE);
-        return;
-    }
-    encode(&ctx, op::glDrawArrays, |p| {
-        p.u32(mode).i32(first).i32(count);
-        // SAFETY: the caller's contract.
-        unsafe { client_block(p, &attrs, base, nverts) };
-    });
-}
-
-/// `glDrawElements`: indices in the element buffer are sent as its offset unless client
-/// arrays need their range; client arrays' vertices between the smallest and the largest
-/// index go with it.
-///
-/// # Safety
-/// GL's contract: `indices` (without an element buffer) holds `count` indices, client
-/// arrays hold every vertex they name.
-pub(crate) unsafe extern "C" fn glDrawElements(
-    mode: u32,
-    count: i32,
-    ty: u32,
-    indices: *const c_void,
-) {
-    let Some(ctx) = rt::current() else { return };
-    let mut st = ctx.gl();
-    let Ok(n) = usize::try_from(count) else {
-        st.error(GL_INVALID_VALUE);
-        return;
-    };
-    let Some(ib) = sz::index_bytes(ty) else {
-        st.error(GL_INVALID_ENUM);
-        return;
-    };
-    let Some((attrs, any_buffer)) = client_attribs(&st) else {
-        st.error(GL_INVALID_OPERATION);
-        return;
-    };
-    if n == 0 {
-        return;
-    }
-    let eb = st.element_buffer;
-    if attrs.is_empty() && eb != 0 {
-        encode(&ctx, op::glDrawElements, |p| {
-            p.u32(mode).i32(count).u32(ty).u32(0).u64(indices as u64);
-            p.u32(0).u32(0).u32(0);
-        });
-        return;
-    }
-    // The index bytes: client memory, or the guest's copy of the element buffer.
-    let bytes: Vec<u8> = if eb != 0 {
-        let s = st.shared();
-        let off = indices as usize;
-        let Some(b) = s
-            .buffers
-            .get(&eb)
-            .and_then(|i| i.shadow.as_ref())
-            .and_then(|sh| sh.get(off..off.checked_add(n * ib)?))
-        else {
-            drop(s);
-            st.error(GL_INVALID_OPERATION);
-            return;
-        };
-        b.to_vec()
-    } else {
-        if indices.is_null() {
-            st.error(GL_INVALID_OPERATION);
-            return;
-        }
-        // SAFETY: the caller's contract: `count` indices of `ty`.
-        unsafe { std::slice::from_raw_parts(indices.cast::<u8>(), n * ib) }.to_vec()
-    };
-    let (base, nverts) = if attrs.is_empty() {
-        (0, 0)
-    } else {
-        let Some((lo, hi)) = sz::index_range(&bytes, ty, n) else {
-            st.error(GL_INVALID_VALUE);
-            return;
-        };
-        let base = if any_buffer { 0 } else { lo as usize };
-        (base, hi as usize + 1 - base)
-    };
-    if nverts > MAX_CLIENT_VERTICES {
-        st.error(GL_INVALID_VALUE);
-        return;
-    }
-    encode(&ctx, op::glDrawElements, |p| {
-        p.u32(mode).i32(count).u32(ty).u32(1).bytes(&bytes);
-        // SAFETY: the caller's contract.
-        unsafe { client_block(p, &attrs, base, nverts) };
-    });
 }
 
 /// `glShaderSource`: the strings joined into one.

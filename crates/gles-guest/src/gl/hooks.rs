@@ -8,13 +8,15 @@ use std::ffi::c_void;
 use super::state::MAX_ATTRIBS;
 use super::GlState;
 
+pub(crate) use super::es3::hooks::*;
+
 /// # Safety
 /// GL's arguments (none is a pointer).
 pub(crate) unsafe fn glBindBuffer(st: &mut GlState, target: u32, buffer: u32) {
     match target {
         super::GL_ARRAY_BUFFER => st.array_buffer = buffer,
         super::GL_ELEMENT_ARRAY_BUFFER => st.element_buffer = buffer,
-        _ => {}
+        _ => super::es3::bind_buffer(st, target, buffer),
     }
 }
 
@@ -54,6 +56,7 @@ pub(crate) unsafe fn glBufferSubData(
 /// # Safety
 /// GL's arguments (none is a pointer).
 pub(crate) unsafe fn glPixelStorei(st: &mut GlState, pname: u32, param: i32) {
+    super::es3::pixel_store(st, pname, param);
     if !matches!(param, 1 | 2 | 4 | 8) {
         return;
     }

@@ -29,6 +29,9 @@
 use std::ffi::{c_void, CStr};
 
 mod custom;
+mod draw;
+mod es3;
+mod es3obj;
 mod hooks;
 mod rtx;
 mod state;

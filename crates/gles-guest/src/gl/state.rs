@@ -22,6 +22,14 @@ pub enum Kind {
     Program,
     /// Shaders.
     Shader,
+    /// Query objects (GLES 3).
+    Query,
+    /// Sampler objects (GLES 3).
+    Sampler,
+    /// Vertex array objects (GLES 3).
+    VertexArray,
+    /// Transform feedback objects (GLES 3).
+    TransformFeedback,
 }
 
 impl Kind {
@@ -32,6 +40,10 @@ impl Kind {
             Kind::Framebuffer => 2,
             Kind::Renderbuffer => 3,
             Kind::Program | Kind::Shader => 4,
+            Kind::Query => 5,
+            Kind::Sampler => 6,
+            Kind::VertexArray => 7,
+            Kind::TransformFeedback => 8,
         }
     }
 }
@@ -54,8 +66,10 @@ pub(crate) struct BufferInfo {
 /// The state contexts sharing objects share.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
-    next: [u32; 5],
+    next: [u32; 9],
     pub buffers: HashMap<u32, BufferInfo>,
+    /// GLES 3 objects of the share group: syncs, buffer range mappings (`gl::es3`).
+    pub es3: super::es3::SharedEs3,
 }
 
 /// One vertex attribute as `glVertexAttribPointer` left it.
@@ -70,6 +84,10 @@ pub(crate) struct Attrib {
     pub ptr: usize,
     /// The buffer bound when the pointer was set (0: client memory).
     pub buffer: u32,
+    /// Set by `glVertexAttribIPointer` (GLES 3).
+    pub integer: bool,
+    /// `glVertexAttribDivisor` (GLES 3): 0 per vertex, else per `divisor` instances.
+    pub divisor: u32,
 }
 
 /// Vertex attributes the guest tracks (GLES 2.0 drivers have 16 to 32).
@@ -90,6 +108,8 @@ pub struct GlState {
     pub(crate) ints: HashMap<u32, Vec<i32>>,
     /// `glGetString` answers, fetched once (the pointers handed out stay valid).
     pub(crate) strings: HashMap<u32, CString>,
+    /// GLES 3 state: pixel store, buffer targets, vertex array objects (`gl::es3`).
+    pub(crate) es3: super::es3::Es3State,
 }
 
 impl Default for GlState {
@@ -113,6 +133,7 @@ impl GlState {
             attribs: [Attrib::default(); MAX_ATTRIBS],
             ints: HashMap::new(),
             strings: HashMap::new(),
+            es3: Default::default(),
         }
     }
 
@@ -152,6 +173,7 @@ impl GlState {
 
     /// Names of `kind` deleted: bindings to them are undone as GL does.
     pub(crate) fn deleted(&mut self, kind: Kind, names: &[u32]) {
+        super::es3::deleted(self, kind, names);
         if kind != Kind::Buffer {
             return;
         }
@@ -175,7 +197,7 @@ impl GlState {
         match target {
             super::GL_ARRAY_BUFFER => Some(self.array_buffer),
             super::GL_ELEMENT_ARRAY_BUFFER => Some(self.element_buffer),
-            _ => None,
+            _ => self.es3.bound_buffer(target),
         }
     }
 

@@ -13,14 +13,47 @@ use super::GlState;
 /// `GL_NUM_COMPRESSED_TEXTURE_FORMATS`.
 const NUM_COMPRESSED_TEXTURE_FORMATS: u32 = 0x86A2;
 
-/// Bytes `glTexImage2D`/`glTexSubImage2D` read (unpack alignment in force).
-pub fn teximage(st: &GlState, w: i64, h: i64, format: i64, ty: i64) -> Option<usize> {
-    image_bytes(w, h, format as u32, ty as u32, st.unpack_alignment)
+/// The unpack parameters in force (GLES 2.0's alignment, GLES 3.0's rows and skips).
+pub fn unpack_store(st: &GlState) -> PixelStore {
+    PixelStore {
+        alignment: st.unpack_alignment,
+        ..st.es3.unpack
+    }
 }
 
-/// Bytes `glReadPixels` writes (pack alignment in force).
+/// The pack parameters in force (no image height or image skips: `glReadPixels` is 2D).
+pub fn pack_store(st: &GlState) -> PixelStore {
+    PixelStore {
+        alignment: st.pack_alignment,
+        image_height: 0,
+        skip_images: 0,
+        ..st.es3.pack
+    }
+}
+
+/// Bytes `glTexImage2D`/`glTexSubImage2D` read (unpack parameters in force).
+pub fn teximage(st: &GlState, w: i64, h: i64, format: i64, ty: i64) -> Option<usize> {
+    image_bytes_3d(w, h, 1, format as u32, ty as u32, &unpack_store(st))
+}
+
+/// Bytes `glTexImage3D`/`glTexSubImage3D` read (unpack parameters in force).
+pub fn teximage3d(st: &GlState, w: i64, h: i64, d: i64, format: i64, ty: i64) -> Option<usize> {
+    image_bytes_3d(w, h, d, format as u32, ty as u32, &unpack_store(st))
+}
+
+/// Bytes `glReadPixels` writes (pack parameters in force).
 pub fn readpixels(st: &GlState, w: i64, h: i64, format: i64, ty: i64) -> Option<usize> {
-    image_bytes(w, h, format as u32, ty as u32, st.pack_alignment)
+    image_bytes_3d(w, h, 1, format as u32, ty as u32, &pack_store(st))
+}
+
+/// Whether a `GL_PIXEL_UNPACK_BUFFER` is bound: pixel pointers are offsets into it.
+pub fn unpack_buffer_bound(st: &GlState) -> bool {
+    st.es3.unpack_buffer() != 0
+}
+
+/// Values `glClearBuffer*v(buffer)` reads.
+pub fn clearbuffer(_st: &GlState, buffer: i64) -> Option<usize> {
+    clear_buffer_count(buffer as u32)
 }
 
 /// Values `glGet*v(pname)` writes into the caller's memory: the list queries write as many

@@ -7,6 +7,8 @@ use std::ffi::c_void;
 
 use super::{ContextState, Gl};
 
+pub(crate) use super::es3::hooks::*;
+
 /// A binding's current host name, asked of the driver.
 pub(crate) fn binding(gl: &Gl, pname: u32) -> u32 {
     let mut v = 0i32;
@@ -29,6 +31,7 @@ fn texture_binding(gl: &Gl, target: u32) -> u32 {
 }
 
 pub(crate) fn glPixelStorei(_gl: &Gl, cx: &mut ContextState, pname: u32, param: i32) {
+    super::es3::pixel_store(cx, pname, param);
     if !matches!(param, 1 | 2 | 4 | 8) {
         return;
     }
@@ -103,29 +106,29 @@ pub(crate) fn glRenderbufferStorage(
     cx.share().set_renderbuffer_bytes(r, n);
 }
 
-/// Buffer targets of GLES 2.0 only: a newer host context would take the pixel buffer
-/// targets, which turn the pointers of pixel calls into offsets.
+/// Buffer targets of GLES 2.0 and 3.0: with a pixel buffer bound the pointers of pixel calls
+/// are offsets, which the decoder checks against the buffer (`gl::es3::unpack_ptr`).
 pub(crate) fn check_glBindBuffer(
     _gl: &Gl,
     cx: &mut ContextState,
     target: u32,
     _buffer: u32,
 ) -> bool {
-    let ok = matches!(target, 0x8892 | 0x8893);
+    let ok = matches!(target, 0x8892 | 0x8893) || super::es3::bind_target_ok(target);
     if !ok {
         cx.error(super::GL_INVALID_ENUM);
     }
     ok
 }
 
-/// The alignments only (GLES 2.0's pixel store): row lengths and skips of a newer host
-/// context would make the driver read or write past the arrays sized here.
+/// GLES 2.0's alignments and GLES 3.0's row lengths, image height and skips, each in range:
+/// the array sizes are computed with them (`sz::image_bytes_3d`).
 pub(crate) fn check_glPixelStorei(_gl: &Gl, cx: &mut ContextState, pname: u32, param: i32) -> bool {
-    if !matches!(pname, 0x0CF5 | 0x0D05) {
+    if !super::sz::is_unpack_param(pname) && !super::sz::is_pack_param(pname) {
         cx.error(super::GL_INVALID_ENUM);
         return false;
     }
-    if !matches!(param, 1 | 2 | 4 | 8) {
+    if !super::sz::PixelStore::default().set(pname, param as i64) {
         cx.error(super::GL_INVALID_VALUE);
         return false;
     }

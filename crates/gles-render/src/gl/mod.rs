@@ -24,6 +24,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use virtsoc_gles_stream::StreamError;
 
 mod custom;
+mod draw;
+mod es3;
+mod es3obj;
 mod hooks;
 pub mod names;
 mod rtx;
@@ -110,6 +113,8 @@ pub struct ContextState {
     refused: u64,
     /// The error of the last refusal.
     last_error: u32,
+    /// GLES 3 state: pixel store rows and skips, divisors in use (`gl::es3`).
+    pub(crate) es3: es3::HostEs3,
 }
 
 impl ContextState {
@@ -126,6 +131,7 @@ impl ContextState {
             max_attribs: 0,
             refused: 0,
             last_error: GL_NO_ERROR,
+            es3: Default::default(),
         }
     }
 

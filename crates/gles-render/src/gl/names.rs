@@ -22,6 +22,14 @@ pub enum Kind {
     Program = 4,
     /// Shaders.
     Shader = 5,
+    /// Query objects (GLES 3).
+    Query = 6,
+    /// Sampler objects (GLES 3).
+    Sampler = 7,
+    /// Vertex array objects (GLES 3).
+    VertexArray = 8,
+    /// Transform feedback objects (GLES 3).
+    TransformFeedback = 9,
 }
 
 /// How a decoder treats a name the share group does not know.
@@ -39,7 +47,9 @@ pub enum Mode {
 /// buffers, textures and renderbuffers hold (what the daemon may charge the guest).
 #[derive(Debug, Default)]
 pub struct ShareGroup {
-    maps: [HashMap<u32, u32>; 6],
+    maps: [HashMap<u32, u32>; 10],
+    /// GLES 3 sync objects of the group (`gl::es3obj`).
+    pub(crate) syncs: super::es3obj::Syncs,
     buffer_bytes: HashMap<u32, u64>,
     texture_bytes: HashMap<(u32, u32, i32), u64>,
     renderbuffer_bytes: HashMap<u32, u64>,
@@ -90,8 +100,8 @@ impl ShareGroup {
     }
 
     /// Objects of each kind the group holds, in [`Kind`] order.
-    pub fn counts(&self) -> [usize; 6] {
-        let mut c = [0; 6];
+    pub fn counts(&self) -> [usize; 10] {
+        let mut c = [0; 10];
         for (i, m) in self.maps.iter().enumerate() {
             c[i] = m.len();
         }
@@ -137,6 +147,9 @@ pub(crate) fn host_gen(gl: &Gl, kind: Kind) -> u32 {
             Kind::Framebuffer => (gl.glGenFramebuffers)(1, &mut h),
             Kind::Renderbuffer => (gl.glGenRenderbuffers)(1, &mut h),
             Kind::Program | Kind::Shader => {}
+            Kind::Query | Kind::Sampler | Kind::VertexArray | Kind::TransformFeedback => {
+                super::es3::host_gen(gl, kind, &mut h)
+            }
         }
     }
     h
@@ -156,6 +169,9 @@ fn host_delete(gl: &Gl, kind: Kind, names: &[u32]) {
             Kind::Renderbuffer => (gl.glDeleteRenderbuffers)(n, names.as_ptr()),
             Kind::Program => names.iter().for_each(|h| (gl.glDeleteProgram)(*h)),
             Kind::Shader => names.iter().for_each(|h| (gl.glDeleteShader)(*h)),
+            Kind::Query | Kind::Sampler | Kind::VertexArray | Kind::TransformFeedback => {
+                super::es3::host_delete(gl, kind, names)
+            }
         }
     }
 }
@@ -257,7 +273,7 @@ mod tests {
         s.set_texture_bytes(20, 0x0DE1, 1, 16);
         s.set_texture_bytes(20, 0x0DE1, 1, 8); // respecified
         assert_eq!(s.bytes(), 172);
-        assert_eq!(s.counts(), [1, 1, 0, 0, 0, 0]);
+        assert_eq!(s.counts(), [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(s.remove(Kind::Texture, 1), Some(20));
         assert_eq!(s.bytes(), 100);
         assert_eq!(s.remove(Kind::Buffer, 1), Some(10));

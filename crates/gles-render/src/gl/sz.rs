@@ -10,14 +10,50 @@ pub use shared::*;
 
 use super::ContextState;
 
-/// Bytes `glTexImage2D`/`glTexSubImage2D` read (unpack alignment in force).
-pub fn teximage(cx: &ContextState, w: i64, h: i64, format: i64, ty: i64) -> Option<usize> {
-    image_bytes(w, h, format as u32, ty as u32, cx.unpack_alignment)
+/// The unpack parameters the decoder computes sizes with (and puts in force before a call
+/// reads pixels: `gl::es3::unpack_ptr`).
+pub fn unpack_store(cx: &ContextState) -> PixelStore {
+    PixelStore {
+        alignment: cx.unpack_alignment,
+        ..cx.es3.unpack
+    }
 }
 
-/// Bytes `glReadPixels` writes (pack alignment in force).
+/// The pack parameters (2D: no image height or image skips).
+pub fn pack_store(cx: &ContextState) -> PixelStore {
+    PixelStore {
+        alignment: cx.pack_alignment,
+        image_height: 0,
+        skip_images: 0,
+        ..cx.es3.pack
+    }
+}
+
+/// Bytes `glTexImage2D`/`glTexSubImage2D` read (unpack parameters in force).
+pub fn teximage(cx: &ContextState, w: i64, h: i64, format: i64, ty: i64) -> Option<usize> {
+    image_bytes_3d(w, h, 1, format as u32, ty as u32, &unpack_store(cx))
+}
+
+/// Bytes `glTexImage3D`/`glTexSubImage3D` read (unpack parameters in force).
+pub fn teximage3d(
+    cx: &ContextState,
+    w: i64,
+    h: i64,
+    d: i64,
+    format: i64,
+    ty: i64,
+) -> Option<usize> {
+    image_bytes_3d(w, h, d, format as u32, ty as u32, &unpack_store(cx))
+}
+
+/// Bytes `glReadPixels` writes (pack parameters in force).
 pub fn readpixels(cx: &ContextState, w: i64, h: i64, format: i64, ty: i64) -> Option<usize> {
-    image_bytes(w, h, format as u32, ty as u32, cx.pack_alignment)
+    image_bytes_3d(w, h, 1, format as u32, ty as u32, &pack_store(cx))
+}
+
+/// Values `glClearBuffer*v(buffer)` reads.
+pub fn clearbuffer(_cx: &ContextState, buffer: i64) -> Option<usize> {
+    clear_buffer_count(buffer as u32)
 }
 
 /// Values `glGet*v(pname)` writes.
