@@ -28,6 +28,7 @@ use virtsoc_gles_stream::Reader;
 use virtsoc_guest::conn::{ConnectOptions, Connection, RegionInfo};
 use virtsoc_guest::GuestError;
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::ops::{self, CoreOp};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 
@@ -70,7 +71,14 @@ struct Frames {
     /// The display's end_access of each region's last frame.
     pending: Vec<Option<u64>>,
     next: usize,
+    /// With a swap interval of 1: the fence the display signals at the vsync after the
+    /// previous frame was queued (the next swap waits for it).
+    vsync: Option<virtsoc_guest::Fence>,
 }
+
+/// Longest a paced swap waits for the display's vsync (a display that stopped ticking does
+/// not hang the program).
+const VSYNC_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Frames of one surface in flight to the display at most.
 const FRAMES: usize = 3;
@@ -85,6 +93,8 @@ struct Inner {
     reply_pending: Option<u64>,
     /// Display frames by guest surface.
     frames: std::collections::HashMap<u32, Frames>,
+    /// `FenceCreate` requests submitted ahead for the presents (see `Transport::fence`).
+    fences_ahead: Vec<u64>,
     /// A failure of a batch nobody waited for, for the next waited batch.
     deferred: Option<ChannelError>,
     lost: Option<String>,
@@ -180,6 +190,7 @@ impl Transport {
                 reply,
                 reply_pending: None,
                 frames: std::collections::HashMap::new(),
+                fences_ahead: Vec::new(),
                 deferred: None,
                 lost: None,
             }),
@@ -420,10 +431,15 @@ impl Transport {
     /// Shows surface `surf` (of `size`, just swapped) on the daemon's display: the gles
     /// device reads it back into one of the surface's frame regions, and the display
     /// presents that region once the readback is done (a fence between the two devices).
-    /// Nothing waits but the creation of the fence and, when all frames of the surface are
-    /// still in flight, the oldest one's end on the display (the frames go at the
-    /// display's pace).
-    pub fn present(&self, surf: u32, size: (u32, u32)) -> Result<(), ChannelError> {
+    /// Nothing waits but, when all frames of the surface are still in flight, the oldest
+    /// one's end on the display (the frames go at the display's pace); the fences come from
+    /// a pool of requests answered ahead.
+    ///
+    /// With `interval >= 1` (`eglSwapInterval`, 1 by default) the swaps are paced to the
+    /// display's vsync: each queues a display fence signalled at the next vsync and the next
+    /// swap waits for the previous one's (one frame in flight behind the scan-out, as a
+    /// FIFO swap chain of two); with 0 nothing waits for the vsync.
+    pub fn present(&self, surf: u32, size: (u32, u32), interval: i32) -> Result<(), ChannelError> {
         let mut inner = self.inner();
         if let Some(why) = &inner.lost {
             return Err(ChannelError::Lost(why.clone()));
@@ -447,7 +463,16 @@ impl Transport {
                 regions,
                 pending: vec![None; FRAMES],
                 next: 0,
+                vsync: None,
             });
+        }
+        if let Some(f) = inner.frames.get_mut(&surf) {
+            if let Some(v) = f.vsync.take() {
+                if let Err(e) = self.conn.fence_wait_cpu(v, VSYNC_WAIT) {
+                    log::info!("virtsoc gles: waiting for the display's vsync: {e}");
+                }
+                let _ = self.conn.fence_release(v);
+            }
         }
         let Some(f) = inner.frames.get_mut(&surf) else {
             return Ok(());
@@ -469,7 +494,7 @@ impl Transport {
                 .map(|_| ())
                 .map_err(channel_error)
         };
-        let fence = self.conn.fence_create().map_err(channel_error)?;
+        let fence = self.fence(&mut inner.fences_ahead)?;
         detached(gles, Opcode::BeginAccess, write)?;
         let rb = api::Readback {
             surface: u64::from(surf),
@@ -492,8 +517,17 @@ impl Transport {
             .conn
             .submit(Opcode::EndAccess, display, read)
             .map_err(channel_error)?;
+        let vsync = if interval >= 1 {
+            let v = self.fence(&mut inner.fences_ahead)?;
+            let at = virtsoc_devapi::display::SignalAtVsync { fence: v.0 };
+            detached(display, Opcode::DeviceCmd, at.encode())?;
+            Some(v)
+        } else {
+            None
+        };
         if let Some(f) = inner.frames.get_mut(&surf) {
             f.pending[k] = Some(end);
+            f.vsync = vsync;
         }
         for (seq, st) in self.conn.take_async_errors() {
             log::info!(
@@ -504,8 +538,29 @@ impl Transport {
         Ok(())
     }
 
+    /// A fresh fence: the answer of a `FenceCreate` submitted at the previous call (in a
+    /// steady state long answered, so a present waits for no round trip to the daemon),
+    /// another submitted in its place.
+    fn fence(&self, ahead: &mut Vec<u64>) -> Result<virtsoc_guest::Fence, ChannelError> {
+        let submit = || {
+            self.conn
+                .submit(Opcode::FenceCreate, CPU, ops::FenceCreate {}.encode())
+                .map_err(channel_error)
+        };
+        let seq = match ahead.pop() {
+            Some(seq) => seq,
+            None => submit()?,
+        };
+        let values = self.finish(seq)?;
+        ahead.push(submit()?);
+        Ok(virtsoc_guest::Fence(ops::FenceCreate::reply(&values).fence))
+    }
+
     /// Frees a surface's frame regions once the display is done with them.
     fn drop_frames(&self, f: Frames) {
+        if let Some(v) = f.vsync {
+            let _ = self.conn.fence_release(v);
+        }
         for seq in f.pending.into_iter().flatten() {
             let _ = self.finish(seq);
         }

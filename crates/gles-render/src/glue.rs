@@ -42,14 +42,16 @@ impl GlApi {
     }
 
     /// The current context's window-system framebuffer (FBO 0: its draw surface), `width`
-    /// x `height` RGBA8 pixels with rows from the bottom (GL's order); the context's framebuffer binding
-    /// and pack alignment are left as they were.
-    pub fn read_back(&self, width: u32, height: u32) -> Vec<u8> {
+    /// x `height` RGBA8 pixels with rows from the bottom (GL's order), into `px` (reused
+    /// from frame to frame: a fresh buffer of a frame's size cost page faults on every
+    /// readback); the context's framebuffer binding and pack alignment are left as they
+    /// were.
+    pub fn read_back_into(&self, width: u32, height: u32, px: &mut Vec<u8>) {
         const FRAMEBUFFER: u32 = 0x8D40;
         const FRAMEBUFFER_BINDING: u32 = 0x8CA6;
         const PACK_ALIGNMENT: u32 = 0x0D05;
         let (w, h) = (width as usize, height as usize);
-        let mut px = vec![0u8; w * h * 4];
+        px.resize(w * h * 4, 0);
         let (mut fbo, mut align) = (0, 4);
         // SAFETY: a context is current; the buffer holds `width` x `height` RGBA8 pixels
         // at alignment 4 (rows of `4 * width` bytes, no padding).
@@ -72,7 +74,6 @@ impl GlApi {
         }
         // GL's rows run from the bottom; the daemon flips them as it copies them into the
         // display's frame region (a copy it makes anyway): no pass over the pixels here.
-        px
     }
 
     /// A new share group.

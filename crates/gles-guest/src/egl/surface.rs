@@ -292,10 +292,11 @@ pub extern "C" fn eglSwapBuffers(dpy: Handle, surf: Handle) -> EglBool {
         let mut t = table();
         display(&t, dpy)?;
         let id = from_handle(surf);
-        let (now, size, window) = {
+        let (now, size, window, interval) = {
             let s = t.surfaces.get(&id).ok_or(EGL_BAD_SURFACE)?;
             let window = matches!(s.kind, SurfaceKind::Window(_));
-            (window_size(&t, s).filter(|&n| n != s.size), s.size, window)
+            let now = window_size(&t, s).filter(|&n| n != s.size);
+            (now, s.size, window, s.interval)
         };
         let cur = rt::current().ok_or(EGL_BAD_SURFACE)?;
         let mut s = lock(&cur.stream);
@@ -304,7 +305,7 @@ pub extern "C" fn eglSwapBuffers(dpy: Handle, surf: Handle) -> EglBool {
             // The frame as it is now, before a resize remakes the host surface.
             s.flush().map_err(|e| batch_error(&e, EGL_CONTEXT_LOST))?;
             if let Some(tr) = &t.transport {
-                if let Err(e) = tr.present(id, size) {
+                if let Err(e) = tr.present(id, size, interval) {
                     log::info!("virtsoc EGL: presenting: {e}");
                 }
             }

@@ -610,6 +610,9 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
                     cx.count_copy(bytes as usize, t0);
                     lock(shared).stats.present(READBACK_COPIES, bytes);
                 }
+                if let Some(w) = worker.as_mut() {
+                    w.recycle(reply);
+                }
                 job.reply.send_because(result, cx.take_reason());
                 continue;
             }

@@ -81,6 +81,9 @@ impl DeviceClock {
 pub(super) struct Worker {
     pub(super) child: Child,
     pub(super) sock: UnixStream,
+    /// A reply buffer given back ([`Worker::recycle`]) for the next answer: a fresh one of a
+    /// frame's size (a readback) cost page faults on every answer.
+    spare: Vec<u8>,
 }
 
 impl Worker {
@@ -96,7 +99,11 @@ impl Worker {
         ours.set_read_timeout(Some(deadline))
             .and_then(|()| ours.set_write_timeout(Some(deadline)))
             .map_err(|e| format!("render worker socket: {e}"))?;
-        Ok(Worker { child, sock: ours })
+        Ok(Worker {
+            child,
+            sock: ours,
+            spare: Vec::new(),
+        })
     }
 
     /// Sends one batch and reads the answer: `(status, reply, message, use)`.
@@ -133,7 +140,9 @@ impl Worker {
                 "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes)"
             ));
         }
-        let mut reply = vec![0u8; reply_len];
+        let mut reply = std::mem::take(&mut self.spare);
+        reply.clear();
+        reply.resize(reply_len, 0);
         let mut msg = vec![0u8; msg_len];
         self.sock
             .read_exact(&mut reply)
@@ -145,6 +154,13 @@ impl Worker {
             String::from_utf8_lossy(&msg).into_owned(),
             used,
         ))
+    }
+
+    /// Gives a reply buffer back for the next answer (the larger one is kept).
+    pub(super) fn recycle(&mut self, buf: Vec<u8>) {
+        if buf.capacity() > self.spare.capacity() {
+            self.spare = buf;
+        }
     }
 
     /// Ends the worker: killed if still running, reaped; describes how it ended.
