@@ -7,8 +7,18 @@
 //! (captured minus scanned out), and whether every region's bytes are identical after the
 //! restore and after the migration.
 //!
-//! Both daemons are started by the benchmark (null GPU and ISP backends: the regions live in
-//! host RAM and the guest window), with a migration listener and a token each.
+//! Both daemons are started by the benchmark with the devices' default backends (the GPU's
+//! wgpu, or its CPU backend where no adapter opens, and the ISP's), with a migration
+//! listener and a token each. Before the snapshot and before the migration the guest has
+//! the GPU compose [`GPU_PAIRS`] random images into destination regions it never reads: their
+//! only valid replica is then resident in the GPU's memory (the ledger's copies out of the
+//! GPU's domain, `gpu_readback_bytes_before`, say none was read back), so the snapshot and
+//! the migration must read them back from the device and move them.
+//!
+//! Integrity: every region holds a seeded random fill (no two blocks alike) and is checked
+//! per [`BLOCK`]-byte block against a CRC-32 of the block's offset and bytes, so a block
+//! that arrives at another offset, in the same region or another, fails (a fill that repeats
+//! every 256 bytes, as until issue 27, passed a displaced block); `bad_blocks` counts them.
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,9 +28,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{json, Value};
 use virtsoc_control::client::{control_path, request, Target};
-use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
+use virtsoc_guest::devices as api;
+use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Format};
 
+use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
+use crate::scenario::full_layer;
+use crate::scenario::pipe::Pipe;
 use crate::CliError;
 
 const MIB: u64 = 1 << 20;
@@ -35,6 +49,22 @@ pub struct SnapshotResult {
     pub file_bytes: u64,
     pub save_ms: u64,
     pub restore_ms: u64,
+    pub identical: bool,
+    /// The GPU-written regions saved (their only valid replica in the GPU's memory).
+    pub gpu: GpuRegions,
+}
+
+/// Regions the GPU wrote and the guest never read, before a save or a migration.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GpuRegions {
+    /// The GPU's backend as the daemon lists it.
+    pub backend: String,
+    pub regions: u64,
+    pub bytes: u64,
+    /// Bytes the guest's ledger counted copied out of the GPU's memory domain before the
+    /// save or migration: 0 means the compositions' results were resident there only.
+    pub readback_bytes_before: u64,
+    /// Every block of them equal to the composed source after the restore or migration.
     pub identical: bool,
 }
 
@@ -65,27 +95,37 @@ pub struct MigrateResult {
     pub writer_frames: u64,
     pub writer_frames_dropped: u64,
     /// Every region's bytes equal to what was written: after the restore and after the
-    /// migration.
+    /// migration, GPU-written regions included.
     pub regions_identical: bool,
+    /// The GPU-written regions migrated.
+    pub migrated_gpu: GpuRegions,
+    /// Integrity blocks checked (snapshot and migration) and those that failed.
+    pub blocks_checked: u64,
+    pub bad_blocks: u64,
+    /// The ISP's backend on the source daemon, as listed.
+    pub isp_backend: String,
 }
 
 fn free_port() -> Result<u16, CliError> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A daemon with the devices' default backends and a migration listener on `port`.
 fn spawn(port: u16) -> Result<DaemonProcess, CliError> {
     let addr = format!("127.0.0.1:{port}");
-    DaemonProcess::spawn(
-        &[
-            "--gpu-backend",
-            "null",
-            "--isp-backend",
-            "null",
-            "--migrate-listen",
-            &addr,
-        ],
-        true,
-    )
+    DaemonProcess::spawn(&["--migrate-listen", &addr], true)
+}
+
+/// The backend and memory domain daemon `d` lists for device `name`.
+fn device_info(d: &DaemonProcess, name: &str) -> Result<(String, String), CliError> {
+    let socket = std::path::PathBuf::from(d.endpoint().target);
+    let r = request(&Target::Unix(control_path(&socket)), "GET", "/devices", b"")?;
+    let devices: Vec<virtsoc_control::DeviceInfo> = serde_json::from_str(&r.body)?;
+    devices
+        .into_iter()
+        .find(|x| x.name == name)
+        .map(|x| (x.backend, x.domain))
+        .ok_or_else(|| CliError::Usage(format!("the daemon lists no {name} device")))
 }
 
 fn control(d: &DaemonProcess, path: &str, body: Value) -> Result<Value, CliError> {
@@ -113,21 +153,136 @@ fn connect(d: &DaemonProcess, window: u64) -> Result<Connection, CliError> {
     )?)
 }
 
-/// Bytes that differ per seed (their first 8 bytes are the seed; the rest repeats a
-/// 256-byte block derived from it).
-fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let block: Vec<u8> = (0..256u64)
-        .map(|i| i.wrapping_mul(0x9e37_79b9).wrapping_add(seed * 131) as u8)
-        .collect();
-    let mut v: Vec<u8> = Vec::with_capacity(n);
+/// `n` bytes of a seeded random fill (splitmix64): no two blocks alike, within a region or
+/// across seeds.
+fn fill(n: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed ^ 0x6a09_e667_f3bc_c908;
+    let mut v: Vec<u8> = Vec::with_capacity(n + 8);
     while v.len() < n {
-        let k = (n - v.len()).min(block.len());
-        v.extend_from_slice(&block[..k]);
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        v.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
     }
-    let s = seed.to_le_bytes();
-    let k = n.min(8);
-    v[..k].copy_from_slice(&s[..k]);
+    v.truncate(n);
     v
+}
+
+/// The integrity check's block: a page, the unit a misplaced copy would move.
+const BLOCK: usize = 4096;
+
+/// Each [`BLOCK`]'s CRC-32 over its offset (little-endian u64) and its bytes.
+fn block_sums(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks(BLOCK)
+        .enumerate()
+        .map(|(i, b)| {
+            let mut h = crc32fast::Hasher::new();
+            h.update(&((i * BLOCK) as u64).to_le_bytes());
+            h.update(b);
+            h.finalize()
+        })
+        .collect()
+}
+
+/// How many blocks of `got` fail `want` (the sums of what was written): a block whose
+/// sum differs, and every block missing or extra.
+fn bad_blocks(want: &[u32], got: &[u8]) -> u64 {
+    let sums = block_sums(got);
+    let differ = want.iter().zip(&sums).filter(|(a, b)| a != b).count();
+    (differ + want.len().abs_diff(sums.len())) as u64
+}
+
+/// Checks tallied over regions: blocks checked and failed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    checked: u64,
+    bad: u64,
+}
+
+impl Tally {
+    /// Checks region `id` of `c` (`len` bytes) against `want`; true if every block passed.
+    fn check(
+        &mut self,
+        c: &Connection,
+        id: u64,
+        len: usize,
+        want: &[u32],
+    ) -> Result<bool, CliError> {
+        let bad = bad_blocks(want, &read(c, id, len)?);
+        self.checked += want.len() as u64;
+        self.bad += bad;
+        Ok(bad == 0)
+    }
+}
+
+/// Images the GPU composes before a save or a migration, and their size.
+const GPU_PAIRS: usize = 2;
+const GPU_SIZE: (u32, u32) = (1280, 720);
+
+/// The GPU-written regions of a guest: (destination, the sums of its source's fill).
+struct GpuWritten {
+    dsts: Vec<(u64, Vec<u32>)>,
+    len: usize,
+}
+
+/// Has the GPU of `c` compose [`GPU_PAIRS`] random images (seeds from `seed`) into
+/// destinations the guest does not read, so their valid replica is the GPU's only.
+fn gpu_write(c: &Connection, seed: u64) -> Result<GpuWritten, CliError> {
+    let (w, h) = GPU_SIZE;
+    let len = w as usize * h as usize * 4;
+    let mut p = Pipe::new(c, OrderingMode::Atomic);
+    let mut dsts = Vec::new();
+    for k in 0..GPU_PAIRS {
+        let src = c.alloc(0, w, h, Format::Rgba8, 0)?.id;
+        let dst = c.alloc(0, w, h, Format::Rgba8, 0)?.id;
+        let layers = c.alloc_blob(api::LAYER_RECORD as u64)?.id;
+        let bytes = fill(len, seed + k as u64);
+        p.cpu_write(src, &bytes)?;
+        p.cpu_write(layers, &full_layer(src, w, h, false).to_bytes())?;
+        let t = p.run_with(
+            &api::gpu::Composite {
+                layers,
+                count: 1,
+                dst,
+            },
+            &[src],
+        )?;
+        p.result(t)?;
+        dsts.push((dst, block_sums(&bytes)));
+    }
+    Ok(GpuWritten { dsts, len })
+}
+
+/// Bytes the ledger of `c` counts copied out of memory domain `domain` (readbacks).
+fn readback_bytes(c: &Connection, domain: &str) -> Result<u64, CliError> {
+    Ok(c.ledger()?
+        .iter()
+        .filter(|l| l.src != l.dst && c.domain_name(l.src) == domain)
+        .map(|l| l.bytes)
+        .sum())
+}
+
+/// What `gpu` looks like on `c` (where the regions now are) after the move.
+fn gpu_check(
+    c: &Connection,
+    gpu: &GpuWritten,
+    backend: String,
+    readback_bytes_before: u64,
+    tally: &mut Tally,
+) -> Result<GpuRegions, CliError> {
+    let mut identical = true;
+    for (id, sums) in &gpu.dsts {
+        identical &= tally.check(c, *id, gpu.len, sums)?;
+    }
+    Ok(GpuRegions {
+        backend,
+        regions: gpu.dsts.len() as u64,
+        bytes: (gpu.dsts.len() * gpu.len) as u64,
+        readback_bytes_before,
+        identical,
+    })
 }
 
 fn write(c: &Connection, id: u64, bytes: &[u8]) -> Result<(), CliError> {
@@ -154,17 +309,25 @@ fn read(c: &Connection, id: u64, len: usize) -> Result<Vec<u8>, CliError> {
     Ok(out)
 }
 
-/// Snapshot of 256 MiB of regions on `a`, restored into a fresh guest of `b`.
-fn snapshot(a: &DaemonProcess, b: &DaemonProcess) -> Result<SnapshotResult, CliError> {
+/// Snapshot of 256 MiB of regions on `a` (and the GPU-written ones), restored into a fresh
+/// guest of `b`.
+fn snapshot(
+    a: &DaemonProcess,
+    b: &DaemonProcess,
+    tally: &mut Tally,
+) -> Result<SnapshotResult, CliError> {
     let (n, size) = (16usize, 16 * MIB);
     let g = connect(a, (n as u64 + 8) * size)?;
     let mut regions = Vec::new();
     for i in 0..n {
         let r = g.alloc_blob(size)?;
-        let bytes = pattern(size as usize, i as u64 + 1);
+        let bytes = fill(size as usize, i as u64 + 1);
         write(&g, r.id, &bytes)?;
-        regions.push((r.id, crc32fast::hash(&bytes)));
+        regions.push((r.id, block_sums(&bytes)));
     }
+    let gpu = gpu_write(&g, 500)?;
+    let (gpu_backend, gpu_domain) = device_info(a, "gpu")?;
+    let readback_before = readback_bytes(&g, &gpu_domain)?;
     let file = std::env::temp_dir().join(format!("virtsoc-bench-{}.snap", std::process::id()));
     let path = file.display().to_string();
     let saved = control(
@@ -179,16 +342,18 @@ fn snapshot(a: &DaemonProcess, b: &DaemonProcess) -> Result<SnapshotResult, CliE
         json!({ "path": path }),
     )?;
     let mut identical = true;
-    for (id, crc) in &regions {
-        identical &= crc32fast::hash(&read(&h, *id, size as usize)?) == *crc;
+    for (id, sums) in &regions {
+        identical &= tally.check(&h, *id, size as usize, sums)?;
     }
+    let gpu = gpu_check(&h, &gpu, gpu_backend, readback_before, tally)?;
     let _ = std::fs::remove_file(&file);
     Ok(SnapshotResult {
-        region_bytes: n as u64 * size,
+        region_bytes: n as u64 * size + gpu.bytes,
         file_bytes: saved["file_bytes"].as_u64().unwrap_or(0),
         save_ms: saved["ms"].as_u64().unwrap_or(0),
         restore_ms: loaded["ms"].as_u64().unwrap_or(0),
-        identical,
+        identical: identical && gpu.identical,
+        gpu,
     })
 }
 
@@ -197,8 +362,10 @@ pub fn run() -> Result<MigrateResult, CliError> {
     let (pa, pb) = (free_port()?, free_port()?);
     let a = spawn(pa)?;
     let b = spawn(pb)?;
+    let mut tally = Tally::default();
     let mut out = MigrateResult {
-        snapshot: snapshot(&a, &b)?,
+        snapshot: snapshot(&a, &b, &mut tally)?,
+        isp_backend: device_info(&a, "isp")?.0,
         ..MigrateResult::default()
     };
 
@@ -209,10 +376,13 @@ pub fn run() -> Result<MigrateResult, CliError> {
     let mut ids = Vec::new();
     for i in 0..n {
         let r = g.alloc_blob(size)?;
-        write(&g, r.id, &pattern(size as usize, i as u64))?;
+        write(&g, r.id, &fill(size as usize, i as u64))?;
         ids.push(r.id);
     }
-    out.migrated_region_bytes = n as u64 * size;
+    let gpu = gpu_write(&g, 600)?;
+    let (gpu_backend, gpu_domain) = device_info(&a, "gpu")?;
+    let gpu_readback_before = readback_bytes(&g, &gpu_domain)?;
+    out.migrated_region_bytes = n as u64 * size + (GPU_PAIRS * gpu.len) as u64;
     let seeds: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new((0..n as u64).collect()));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -230,7 +400,7 @@ pub fn run() -> Result<MigrateResult, CliError> {
                 }
                 let k = frame as usize % ids.len();
                 let seed = 1000 + frame;
-                let bytes = pattern(size as usize, seed);
+                let bytes = fill(size as usize, seed);
                 // A frame whose request was in flight when the daemon handed the guest over
                 // fails; it is written again on the new daemon.
                 let mut tries = 0;
@@ -306,9 +476,13 @@ pub fn run() -> Result<MigrateResult, CliError> {
     let seeds = seeds.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let mut identical = out.snapshot.identical;
     for (k, id) in ids.iter().enumerate() {
-        identical &= read(&g, *id, size as usize)? == pattern(size as usize, seeds[k]);
+        let want = block_sums(&fill(size as usize, seeds[k]));
+        identical &= tally.check(&g, *id, size as usize, &want)?;
     }
-    out.regions_identical = identical;
+    out.migrated_gpu = gpu_check(&g, &gpu, gpu_backend, gpu_readback_before, &mut tally)?;
+    out.regions_identical = identical && out.migrated_gpu.identical;
+    out.blocks_checked = tally.checked;
+    out.bad_blocks = tally.bad;
     drop(g);
     drop(b);
     drop(a);
@@ -338,4 +512,65 @@ pub fn print(r: &MigrateResult) {
         r.frames,
         r.regions_identical
     );
+    for (what, g) in [
+        ("snapshot", &r.snapshot.gpu),
+        ("migration", &r.migrated_gpu),
+    ] {
+        println!(
+            "{what}: {} GPU-written regions ({} MiB, GPU backend {}; {} bytes read back from the GPU before it), identical: {}",
+            g.regions,
+            g.bytes >> 20,
+            g.backend,
+            g.readback_bytes_before,
+            g.identical
+        );
+    }
+    println!(
+        "integrity: {} of {} blocks of {} bytes (random fill, CRC-32 with the offset) failed; ISP backend {}",
+        r.bad_blocks, r.blocks_checked, BLOCK, r.isp_backend
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_displaced_block_fails_the_integrity_check() {
+        let bytes = fill(8 * BLOCK, 7);
+        let want = block_sums(&bytes);
+        assert_eq!(bad_blocks(&want, &bytes), 0);
+        // Blocks 2 and 5 swapped: both fail.
+        let mut got = bytes.clone();
+        let (a, b) = got.split_at_mut(5 * BLOCK);
+        a[2 * BLOCK..3 * BLOCK].swap_with_slice(&mut b[..BLOCK]);
+        assert_eq!(bad_blocks(&want, &got), 2);
+        // Block 3 a copy of block 1 (a stale page mapped twice): it fails.
+        let mut got = bytes.clone();
+        got.copy_within(BLOCK..2 * BLOCK, 3 * BLOCK);
+        assert_eq!(bad_blocks(&want, &got), 1);
+        // The whole region shifted by 256 bytes (the period of the old pattern).
+        let mut got = bytes.clone();
+        got.rotate_right(256);
+        assert_eq!(bad_blocks(&want, &got), 8);
+        // One block short.
+        assert_eq!(bad_blocks(&want, &bytes[..7 * BLOCK]), 1);
+    }
+
+    #[test]
+    fn a_block_is_bound_to_its_offset_even_with_equal_bytes() {
+        // The same bytes at two offsets have different sums.
+        let zeros = vec![0u8; 2 * BLOCK];
+        let sums = block_sums(&zeros);
+        assert_ne!(sums[0], sums[1]);
+    }
+
+    #[test]
+    fn the_fill_depends_on_the_seed_and_does_not_repeat() {
+        let a = fill(1 << 16, 1);
+        assert_ne!(a, fill(1 << 16, 2));
+        assert_eq!(a, fill(1 << 16, 1));
+        assert_ne!(&a[..256], &a[256..512]);
+        assert_eq!(fill(13, 3).len(), 13);
+    }
 }

@@ -87,7 +87,10 @@ where
 }
 
 /// A grouped bar chart: one group per entry of `groups`, one bar per series (its name and
-/// its value in each group, `None` for no bar), with a legend.
+/// its value in each group, `None` for no bar), with a legend. It does not present `area`:
+/// the caller presents the whole drawing once every panel is drawn (an SVG backend's
+/// `present` ends its document, so a panel that presented its own part of a split area
+/// left only the first panel in the file).
 pub(crate) fn grouped_bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     title: &str,
@@ -149,7 +152,6 @@ where
         .background_style(WHITE.mix(0.8))
         .draw()
         .map_err(err)?;
-    area.present().map_err(err)?;
     Ok(())
 }
 
@@ -214,7 +216,6 @@ where
         .background_style(WHITE.mix(0.8))
         .draw()
         .map_err(err)?;
-    area.present().map_err(err)?;
     Ok(())
 }
 
@@ -230,10 +231,12 @@ pub fn write(rs: &[ScenarioResult], out: &Path) -> Result<Vec<std::path::PathBuf
         {
             let a = BitMapBackend::new(&png, size).into_drawing_area();
             draw(kind, &a, rs)?;
+            a.present().map_err(err)?;
         }
         {
             let a = SVGBackend::new(&svg, size).into_drawing_area();
             draw(kind, &a, rs)?;
+            a.present().map_err(err)?;
         }
         files.push(png);
         files.push(svg);

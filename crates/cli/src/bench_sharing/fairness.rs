@@ -87,7 +87,9 @@ fn ab_slices(
             .map(|j| {
                 let (name, gate, warm, stop, done) = (&names[j], &gates[j], &warm, &stop, &done[j]);
                 let (target, size) = (targets[j / n], work.sizes()[(j % n) % 3]);
-                s.spawn(move || work.guest(target, name, size, Some(gate), warm, stop, done))
+                s.spawn(move || {
+                    work.guest(target, name, size, (Some(gate), None), warm, stop, done)
+                })
             })
             .collect();
         warm.wait();
@@ -136,65 +138,33 @@ fn fairness_of(
     let mut alone_rates: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
     let mut round = 0;
     for &n in &p.guests {
-        let mut windows = Vec::new();
-        let mut overheads = Vec::new();
-        let mut throughputs = Vec::new();
-        let mut total = vec![0u64; n];
+        let mut runs: Vec<(Windows, Vec<f64>)> = Vec::new();
         let mut pairs = Vec::new();
         for _ in 0..repeats.max(1) {
             round += 1;
-            for pair in interleaved(work, (target, control), round, n, SLICE_PAIRS)? {
+            let round_pairs = interleaved(work, (target, control), round, n, SLICE_PAIRS)?;
+            // This round's alone rates weigh its windows' counts.
+            let rates: Vec<f64> = (0..n.min(sizes.len()))
+                .map(|k| {
+                    let v: Vec<f64> = round_pairs
+                        .iter()
+                        .filter_map(|p| p.rates.get(k).copied())
+                        .collect();
+                    percentile(&v, 50.0)
+                })
+                .collect();
+            for pair in &round_pairs {
                 for (i, r) in pair.rates.iter().enumerate() {
                     alone_rates[i].push(*r);
                 }
-                throughputs.push(pair.throughput);
-                overheads.push((1.0 - pair.throughput) * 100.0);
-                pairs.push(pair);
             }
-            let (w, _, _) = run_guests(work, target, control, round, n, p.seconds)?;
-            for win in &w {
-                for (t, x) in total.iter_mut().zip(win) {
-                    *t += x;
-                }
-            }
-            windows.extend(w);
+            pairs.extend(round_pairs);
+            runs.push((
+                run_guests(work, target, control, round, n, p.seconds)?,
+                rates,
+            ));
         }
-        let us: Vec<f64> = windows.iter().filter_map(|w| unfairness(w)).collect();
-        let all: u64 = total.iter().sum::<u64>().max(1);
-        let throughput = percentile(&throughputs, 50.0);
-        let per_size = |f: &dyn Fn(&SlicePair) -> &Vec<f64>| -> Vec<f64> {
-            (0..sizes.len().min(n))
-                .map(|k| {
-                    let v: Vec<f64> = pairs.iter().filter_map(|p| f(p).get(k).copied()).collect();
-                    percentile(&v, 50.0)
-                })
-                .collect()
-        };
-        let busy_together: Vec<f64> = pairs.iter().map(|p| p.busy_together).collect();
-        fairness.push(FairnessRow {
-            busy_alone_pct: per_size(&|p| &p.busy_alone),
-            busy_together_pct: percentile(&busy_together, 50.0),
-            command_ms_alone: per_size(&|p| &p.command_ms_alone),
-            command_ms_together: per_size(&|p| &p.command_ms_together),
-            scheduler: kind.name().to_string(),
-            guests: n,
-            unfairness_median: percentile(&us, 50.0),
-            unfairness_p95: percentile(&us, 95.0),
-            overhead_pct: percentile(&overheads, 50.0),
-            overhead_range_pct: (percentile(&overheads, 25.0), percentile(&overheads, 75.0)),
-            overhead_pairs: overheads.len(),
-            overhead_vs_round_robin_pct: None,
-            overhead_vs_round_robin_range_pct: None,
-            throughput,
-            shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
-            windows: us.len(),
-            window_ms: windows
-                .iter()
-                .map(|w| w.iter().map(|t| *t as f64 / 1e6).collect())
-                .collect(),
-            device: work.device().to_string(),
-            rotation: gpu::ROTATION,
-        });
+        fairness.push(row(work, kind, n, &runs, &pairs));
     }
     Ok(sizes
         .iter()
@@ -207,6 +177,81 @@ fn fairness_of(
             commands_per_s: percentile(&rates, 50.0),
         })
         .collect())
+}
+
+/// Per-guest sums over `windows`.
+fn sums(windows: &[&Vec<u64>], n: usize) -> Vec<u64> {
+    let mut total = vec![0u64; n];
+    for win in windows {
+        for (t, x) in total.iter_mut().zip(win.iter()) {
+            *t += x;
+        }
+    }
+    total
+}
+
+/// The row of `n` guests under `kind`: the grade of the windows of `runs` (each with its
+/// round's alone rates) and the overhead of the slice `pairs`.
+fn row(
+    work: Work,
+    kind: Kind,
+    n: usize,
+    runs: &[(Windows, Vec<f64>)],
+    pairs: &[SlicePair],
+) -> FairnessRow {
+    let sizes = work.sizes();
+    let grade = Grade::of(runs);
+    let windows: Vec<&Vec<u64>> = runs.iter().flat_map(|(w, _)| &w.meter_ns).collect();
+    let window_units: Vec<&Vec<u64>> = runs.iter().flat_map(|(w, _)| &w.guest_units).collect();
+    let total = sums(&windows, n);
+    let guest_units = sums(&window_units, n);
+    let all: u64 = total.iter().sum::<u64>().max(1);
+    let throughputs: Vec<f64> = pairs.iter().map(|p| p.throughput).collect();
+    let overheads: Vec<f64> = throughputs.iter().map(|t| (1.0 - t) * 100.0).collect();
+    let per_size = |f: &dyn Fn(&SlicePair) -> &Vec<f64>| -> Vec<f64> {
+        (0..sizes.len().min(n))
+            .map(|k| {
+                let v: Vec<f64> = pairs.iter().filter_map(|p| f(p).get(k).copied()).collect();
+                percentile(&v, 50.0)
+            })
+            .collect()
+    };
+    let busy_together: Vec<f64> = pairs.iter().map(|p| p.busy_together).collect();
+    FairnessRow {
+        busy_alone_pct: per_size(&|p| &p.busy_alone),
+        busy_together_pct: percentile(&busy_together, 50.0),
+        command_ms_alone: per_size(&|p| &p.command_ms_alone),
+        command_ms_together: per_size(&|p| &p.command_ms_together),
+        scheduler: kind.name().to_string(),
+        guests: n,
+        unfairness_median: grade.meter.0,
+        unfairness_p95: grade.meter.1,
+        unfairness_guest_median: grade.guest.0,
+        unfairness_guest_p95: grade.guest.1,
+        unfairness_target_met: grade.passes(UNFAIRNESS_TARGET),
+        guest_bytes: guest_units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| u * work.bytes_per_unit(sizes[i % 3]))
+            .collect(),
+        guest_units,
+        window_units: window_units.into_iter().cloned().collect(),
+        alone_queue_factor: backlog::DEEP,
+        overhead_pct: percentile(&overheads, 50.0),
+        overhead_range_pct: (percentile(&overheads, 25.0), percentile(&overheads, 75.0)),
+        overhead_pairs: overheads.len(),
+        overhead_vs_round_robin_pct: None,
+        overhead_vs_round_robin_range_pct: None,
+        throughput: percentile(&throughputs, 50.0),
+        shares: total.iter().map(|t| *t as f64 / all as f64).collect(),
+        windows: windows.len(),
+        window_ms: windows
+            .iter()
+            .map(|w| w.iter().map(|t| *t as f64 / 1e6).collect())
+            .collect(),
+        device: work.device().to_string(),
+        rotation: gpu::ROTATION,
+    }
 }
 
 /// How long a slice of the overhead measure waits after switching guests on or off before
@@ -287,21 +332,26 @@ fn interleaved(
     let warm = Barrier::new(n + 1);
     let stop = AtomicBool::new(false);
     let gates: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let deeps: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
     let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let names: Vec<String> = (0..n).map(|i| format!("share-o{round}-{i}")).collect();
     let sizes = n.min(3);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
-                let (name, gate, warm, stop, done) = (&names[i], &gates[i], &warm, &stop, &done[i]);
+                let (name, warm, stop, done) = (&names[i], &warm, &stop, &done[i]);
+                let flags = (Some(&gates[i]), Some(&deeps[i]));
                 let size = work.sizes()[i % 3];
-                s.spawn(move || work.guest(target, name, size, Some(gate), warm, stop, done))
+                s.spawn(move || work.guest(target, name, size, flags, warm, stop, done))
             })
             .collect();
         warm.wait();
         type Counted = (Vec<u64>, f64, (f64, Vec<f64>));
+        // Guests `on` run; alone (one guest on), it queues deeper to saturate the device.
         let count = |on: &dyn Fn(usize) -> bool, d: Duration| -> Result<Counted, CliError> {
-            for (i, g) in gates.iter().enumerate() {
+            let alone = (0..n).filter(|i| on(*i)).count() == 1;
+            for (i, (g, deep)) in gates.iter().zip(&deeps).enumerate() {
+                deep.store(alone && on(i), Ordering::Relaxed);
                 g.store(on(i), Ordering::Relaxed);
             }
             std::thread::sleep(SLICE_SETTLE);

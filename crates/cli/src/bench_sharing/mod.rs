@@ -59,7 +59,11 @@
 //!
 //! (c) **Together vs alone** (the Android-on-KVM paper's Table 3 analog): app guests that each
 //! compose and present a 1280x720 frame 30 times a second, one alone and two together; the
-//! slower guest's frame rate together as a percentage of one alone.
+//! slower guest's shown frame rate together as a percentage of one alone. The display shows
+//! its foreground's frames only (the first guest to present, until switched), so frames are
+//! counted where they were shown: the run is cut in parts, each guest the foreground for
+//! one, and its rate is the display's count of its scanned-out frames in its part
+//! (`presented_fps` keeps what each guest presented, shown or hidden).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -81,6 +85,7 @@ mod chart;
 mod codec;
 mod fairness;
 mod gpu;
+mod grade;
 mod multimedia;
 mod table;
 use backlog::Control;
@@ -88,6 +93,7 @@ pub use chart::write as write_chart;
 use fairness::fairness_on;
 #[cfg(test)]
 use fairness::together_throughput;
+use grade::{Grade, Windows, UNFAIRNESS_TARGET};
 pub use multimedia::{cpu_hog, HogKind};
 use multimedia::{run_apps, run_multimedia, MultimediaRun};
 pub use table::print_table;
@@ -122,19 +128,36 @@ impl Work {
         }
     }
 
-    /// Runs one guest of this work until `stop` (waiting while `gate` is false).
+    /// The bytes one unit of work of `size` moves, as the guest counts them: a composition
+    /// reads its source image and writes its destination (RGBA), a decode delivers one NV12
+    /// picture.
+    fn bytes_per_unit(self, (w, h): (u32, u32)) -> u64 {
+        let pixels = u64::from(w) * u64::from(h);
+        match self {
+            Work::Gpu(_) => pixels * 4 * 2,
+            Work::Codec => pixels * 3 / 2,
+        }
+    }
+
+    /// Runs one guest of this work until `stop` (waiting while `gate` is false, queueing
+    /// deeper while `deep` is true).
     #[allow(clippy::too_many_arguments)]
     fn guest(
         self,
         target: &str,
         name: &str,
         size: (u32, u32),
-        gate: Option<&AtomicBool>,
+        (gate, deep): (Option<&AtomicBool>, Option<&AtomicBool>),
         warm: &Barrier,
         stop: &AtomicBool,
         done: &AtomicU64,
     ) -> Result<(), CliError> {
-        let ctl = Control { gate, stop, done };
+        let ctl = Control {
+            gate,
+            stop,
+            done,
+            deep,
+        };
         match self {
             Work::Gpu(_) => gpu::guest(target, name, gpu::Load::backlogged(size), warm, ctl),
             Work::Codec => codec::guest(target, name, size, warm, ctl),
@@ -177,9 +200,27 @@ pub struct AloneRow {
 pub struct FairnessRow {
     pub scheduler: String,
     pub guests: usize,
-    /// Median over 1 s windows of max |share - ideal| / ideal (a fraction).
+    /// Median over 1 s windows of max |share - ideal| / ideal (a fraction), the shares from
+    /// the daemon's device-time meter (the scheduler's own view of what it gave).
     pub unfairness_median: f64,
     pub unfairness_p95: f64,
+    /// The same from what the guests got: each guest's units of work answered in the
+    /// window, as it counted them itself, each weighed by its size's time alone (`alone`'s
+    /// rate, device saturated). This is the grade.
+    pub unfairness_guest_median: f64,
+    pub unfairness_guest_p95: f64,
+    /// Whether `unfairness_guest_median` is within the target (2%).
+    pub unfairness_target_met: bool,
+    /// Units of work (compositions, or decoded pictures) each guest counted in the
+    /// windows, the whole run, and the bytes they moved (a composition reads and writes
+    /// an RGBA image of its size, a decode delivers an NV12 picture).
+    pub guest_units: Vec<u64>,
+    pub guest_bytes: Vec<u64>,
+    /// Each window's units per guest (what `unfairness_guest_*` is computed from).
+    pub window_units: Vec<Vec<u64>>,
+    /// How many times its usual queue depth one guest alone keeps queued in the slices
+    /// the overhead is measured against (so that it saturates the device).
+    pub alone_queue_factor: usize,
     /// Throughput lost against one guest alone, percent: the same commands done by each
     /// size alone would have taken that much less time. The median over interleaved slice
     /// pairs (each size alone, then the guests together, a second apart).
@@ -245,9 +286,13 @@ pub struct MultimediaRow {
 pub struct TogetherRow {
     pub scheduler: String,
     pub guests: usize,
-    /// Frames per second of each guest.
+    /// Frames per second of each guest the display showed (scanned out), each measured
+    /// while that guest had the screen (the display shows its foreground's frames only;
+    /// every guest runs all along).
     pub fps: Vec<f64>,
-    /// The slowest guest's rate as a percentage of one guest alone.
+    /// Frames per second each guest presented in the same part (shown or not).
+    pub presented_fps: Vec<f64>,
+    /// The slowest guest's shown rate as a percentage of one guest alone's.
     pub vs_alone_pct: f64,
 }
 
@@ -292,11 +337,10 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// Slice pairs of the overhead measure per round (`fairness::interleaved`).
 const SLICE_PAIRS: usize = 4;
 
-/// One run: `n` guests named `share-{round}-{i}` on the daemon at `target`; per-window device
-/// time per guest (each window's device time is what the daemon's continuous accounting
-/// counted in it, the command in service included up to the sample), each guest's completed
-/// commands and the seconds they took.
-#[allow(clippy::type_complexity)]
+/// One run: `n` guests named `share-{round}-{i}` on the daemon at `target`, `seconds`
+/// windows: per window the device time per guest (what the daemon's continuous accounting
+/// counted in it, the command in service included up to the sample) and the units of work
+/// each guest counted as answered in it (its own count, read at the same instant).
 fn run_guests(
     work: Work,
     target: &str,
@@ -304,7 +348,7 @@ fn run_guests(
     round: usize,
     n: usize,
     seconds: u64,
-) -> Result<(Vec<Vec<u64>>, Vec<u64>, f64), CliError> {
+) -> Result<Windows, CliError> {
     let warm = Barrier::new(n + 1);
     let stop = AtomicBool::new(false);
     let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
@@ -314,23 +358,25 @@ fn run_guests(
             .map(|i| {
                 let (name, warm, stop, done) = (&names[i], &warm, &stop, &done[i]);
                 let size = work.sizes()[i % 3];
-                s.spawn(move || work.guest(target, name, size, None, warm, stop, done))
+                s.spawn(move || work.guest(target, name, size, (None, None), warm, stop, done))
             })
             .collect();
         warm.wait();
-        let measured = (|| -> Result<_, CliError> {
+        let measured = (|| -> Result<Windows, CliError> {
             std::thread::sleep(SETTLE);
-            let mut windows = Vec::new();
+            let mut out = Windows::default();
+            let counts =
+                || -> Vec<u64> { done.iter().map(|c| c.load(Ordering::Relaxed)).collect() };
             let mut last = device_time(control, work.device())?;
-            let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-            let t0 = Instant::now();
-            let mut read = t0;
+            let mut last_units = counts();
+            let mut read = Instant::now();
             for _ in 1..=seconds {
                 let next = next_reading(read);
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                let units = counts();
                 let now = device_time(control, work.device())?;
                 read = Instant::now();
-                windows.push(
+                out.meter_ns.push(
                     names
                         .iter()
                         .map(|g| {
@@ -339,14 +385,12 @@ fn run_guests(
                         })
                         .collect(),
                 );
+                out.guest_units
+                    .push(units.iter().zip(&last_units).map(|(a, b)| a - b).collect());
                 last = now;
+                last_units = units;
             }
-            let counts: Vec<u64> = done
-                .iter()
-                .zip(&c0)
-                .map(|(c, z)| c.load(Ordering::Relaxed) - z)
-                .collect();
-            Ok((windows, counts, t0.elapsed().as_secs_f64()))
+            Ok(out)
         })();
         stop_guests(&stop, &[], handles)?;
         measured
@@ -415,21 +459,6 @@ pub fn parse_hog_kinds(v: &[String]) -> Result<Vec<HogKind>, CliError> {
         .collect()
 }
 
-/// max over guests |share - ideal| / ideal of one window (equal shares).
-fn unfairness(window: &[u64]) -> Option<f64> {
-    let total: u64 = window.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let ideal = 1.0 / window.len() as f64;
-    Some(
-        window
-            .iter()
-            .map(|t| (*t as f64 / total as f64 - ideal).abs() / ideal)
-            .fold(0.0, f64::max),
-    )
-}
-
 /// Runs the benchmark.
 pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
     let mut alone = Vec::new();
@@ -470,13 +499,16 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
         for kind in [Kind::RoundRobin, Kind::Wfq] {
             let alone = run_apps(kind, 1, p.seconds)?;
             let two = run_apps(kind, 2, p.seconds)?;
-            let base = alone[0].max(1e-9);
-            for fps in [alone, two] {
+            let base = alone.shown_fps.first().copied().unwrap_or(0.0).max(1e-9);
+            for apps in [alone, two] {
                 together.push(TogetherRow {
                     scheduler: kind.name().to_string(),
-                    guests: fps.len(),
-                    vs_alone_pct: fps.iter().copied().fold(f64::INFINITY, f64::min) / base * 100.0,
-                    fps,
+                    guests: apps.shown_fps.len(),
+                    vs_alone_pct: apps.shown_fps.iter().copied().fold(f64::INFINITY, f64::min)
+                        / base
+                        * 100.0,
+                    fps: apps.shown_fps,
+                    presented_fps: apps.presented_fps,
                 });
             }
         }
@@ -509,15 +541,6 @@ pub(super) fn open_guest(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unfairness_is_the_worst_guests_relative_gap() {
-        assert_eq!(unfairness(&[0, 0]), None);
-        assert_eq!(unfairness(&[500, 500]), Some(0.0));
-        // Shares 0.6 and 0.4 against 0.5: 20% off.
-        let u = unfairness(&[600, 400]).unwrap();
-        assert!((u - 0.2).abs() < 1e-12, "{u}");
-    }
 
     #[test]
     fn together_throughput_is_in_units_of_one_guest_alone() {

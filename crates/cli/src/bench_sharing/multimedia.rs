@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use virtsoc_control::client::{control_path, Target};
+use virtsoc_control::client::{control_path, request, Target};
 use virtsoc_guest::devices as api;
 use virtsoc_guest::Format;
 use virtsoc_sched::Kind;
@@ -27,13 +27,27 @@ use crate::scenario::full_layer;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
 
-/// `n` app guests together under `kind`: each guest's frames per second.
-pub(super) fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Vec<f64>, CliError> {
+/// What `n` app guests together under `kind` got: per guest, the frames per second the
+/// display showed of it while it had the screen, and the frames per second it presented.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Apps {
+    pub shown_fps: Vec<f64>,
+    pub presented_fps: Vec<f64>,
+}
+
+/// `n` app guests together under `kind`. The display shows one guest's frames, its
+/// foreground's (the first to present, until switched): the others' are hidden, and a
+/// frame the guest presented is not a frame anyone saw. So the measure is cut into `n`
+/// equal parts, guest `i` made the foreground for the `i`th; its shown rate is the
+/// display's count of its scanned-out frames in its part (after [`SWITCH_SETTLE`]), and
+/// every guest runs all along, so the foreground shares the machine with all of them.
+pub(super) fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Apps, CliError> {
     let d = DaemonProcess::spawn(
         &["--scheduler", kind.name(), "--display-size", "1280x720"],
         false,
     )?;
     let target = d.endpoint().target;
+    let control = Target::Unix(control_path(std::path::Path::new(&target)));
     let warm = Barrier::new(n + 1);
     let stop = AtomicBool::new(false);
     let frames: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
@@ -46,21 +60,60 @@ pub(super) fn run_apps(kind: Kind, n: usize, seconds: u64) -> Result<Vec<f64>, C
             })
             .collect();
         warm.wait();
-        std::thread::sleep(Duration::from_secs(1));
-        let f0: Vec<u64> = frames.iter().map(|f| f.load(Ordering::Relaxed)).collect();
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs(seconds));
-        let secs = t0.elapsed().as_secs_f64();
-        let fps: Vec<f64> = frames
-            .iter()
-            .zip(&f0)
-            .map(|(f, z)| (f.load(Ordering::Relaxed) - z) as f64 / secs)
-            .collect();
+        let measured = (|| -> Result<Apps, CliError> {
+            std::thread::sleep(Duration::from_secs(1));
+            let part = Duration::from_secs_f64(seconds as f64 / n.max(1) as f64);
+            let mut out = Apps::default();
+            for name in &names {
+                let id = guest(&control, name)?.id;
+                let body = serde_json::json!({ "guest": id }).to_string();
+                let r = request(&control, "POST", "/display/foreground", body.as_bytes())?;
+                if r.status != 200 {
+                    return Err(CliError::Usage(format!("foreground: {}", r.body)));
+                }
+                std::thread::sleep(SWITCH_SETTLE);
+                let (s0, f0) = (
+                    guest(&control, name)?.presented,
+                    count(&frames, name, &names),
+                );
+                let t0 = Instant::now();
+                std::thread::sleep(part);
+                let (s1, f1) = (
+                    guest(&control, name)?.presented,
+                    count(&frames, name, &names),
+                );
+                let secs = t0.elapsed().as_secs_f64();
+                out.shown_fps.push(s1.saturating_sub(s0) as f64 / secs);
+                out.presented_fps.push(f1.saturating_sub(f0) as f64 / secs);
+            }
+            Ok(out)
+        })();
         stop_guests(&stop, &[], handles)?;
-        Ok(fps)
+        measured
     });
     d.stop()?;
     r
+}
+
+/// How long after a foreground switch the display's count of the new foreground is read
+/// from (the switch reveals its latest hidden frame, counted apart, and its next frame
+/// comes within a period).
+const SWITCH_SETTLE: Duration = Duration::from_millis(200);
+
+/// The frames guest `name` (one of `names`) counted as presented.
+fn count(frames: &[AtomicU64], name: &str, names: &[String]) -> u64 {
+    names
+        .iter()
+        .position(|n| n == name)
+        .map_or(0, |i| frames[i].load(Ordering::Relaxed))
+}
+
+/// The `top` row of the guest named `name`.
+fn guest(control: &Target, name: &str) -> Result<crate::top::TopGuest, CliError> {
+    crate::top::sample(control, None)?
+        .into_iter()
+        .find(|g| g.name == name)
+        .ok_or_else(|| CliError::Usage(format!("no guest {name} on the display's daemon")))
 }
 
 /// What the multimedia guest competes with.
@@ -272,6 +325,7 @@ pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<Multimedi
                         gate: None,
                         stop,
                         done,
+                        deep: None,
                     };
                     gpu::guest(t, name, gpu::Load::closed_loop(HOG_SIZE), warm, ctl)
                 })

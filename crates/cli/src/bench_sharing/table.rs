@@ -22,17 +22,30 @@ pub fn print_table(r: &SharingReport) {
 
 fn print_fairness(rows: &[FairnessRow]) {
     println!(
-        "{:<12} {:>6} {:>12} {:>10} {:>10} {:>15} {:>10}  shares",
-        "scheduler", "guests", "unfair p50%", "p95%", "overhead%", "(p25..p75)", "vs rr %"
+        "unfairness from the guests' completed work (p50, p95; the meter's p50 beside it), \
+         overhead against one guest alone queueing {}x deeper (saturating)",
+        rows.first().map_or(backlog::DEEP, |f| f.alone_queue_factor)
+    );
+    println!(
+        "{:<12} {:>6} {:>10} {:>8} {:>9} {:>10} {:>15} {:>10}  shares (meter)",
+        "scheduler",
+        "guests",
+        "guest p50%",
+        "p95%",
+        "meter p50",
+        "overhead%",
+        "(p25..p75)",
+        "vs rr %"
     );
     for f in rows {
         let shares: Vec<String> = f.shares.iter().map(|s| format!("{:.3}", s)).collect();
         println!(
-            "{:<12} {:>6} {:>12.1} {:>10.1} {:>10.1} {:>15} {:>10}  {}",
+            "{:<12} {:>6} {:>10.2} {:>8.2} {:>9.2} {:>10.1} {:>15} {:>10}  {}",
             f.scheduler,
             f.guests,
+            f.unfairness_guest_median * 100.0,
+            f.unfairness_guest_p95 * 100.0,
             f.unfairness_median * 100.0,
-            f.unfairness_p95 * 100.0,
             f.overhead_pct,
             format!(
                 "{:.1}..{:.1}",
@@ -91,16 +104,23 @@ fn print_rest(r: &SharingReport) {
         );
     }
     if !r.together.is_empty() {
-        println!("{:<12} {:>6} {:>10}  fps", "scheduler", "guests", "% alone");
-    }
-    for t in &r.together {
-        let fps: Vec<String> = t.fps.iter().map(|f| format!("{f:.1}")).collect();
         println!(
-            "{:<12} {:>6} {:>10.1}  {}",
+            "{:<12} {:>6} {:>10}  shown fps (each while the foreground) / presented fps",
+            "scheduler", "guests", "% alone"
+        );
+    }
+    let list = |v: &[f64]| -> String {
+        let s: Vec<String> = v.iter().map(|f| format!("{f:.1}")).collect();
+        s.join(" ")
+    };
+    for t in &r.together {
+        println!(
+            "{:<12} {:>6} {:>10.1}  {} / {}",
             t.scheduler,
             t.guests,
             t.vs_alone_pct,
-            fps.join(" ")
+            list(&t.fps),
+            list(&t.presented_fps)
         );
     }
 }
