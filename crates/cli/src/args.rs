@@ -59,6 +59,18 @@ pub(crate) enum Cmd {
         /// Run every protocol x ordering combination and print a table.
         #[arg(long)]
         compare: bool,
+        /// Run every mode this many times, interleaved (round 1: every mode, round 2: every
+        /// mode, ...), each run on a fresh daemon; rows hold the medians.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        /// The video scenarios' clip: cheap (ultrafast, no CABAC/deblocking/B-frames) or
+        /// realistic (preset medium, high bitrate, noise). Default: realistic for uhd-video.
+        #[arg(long, value_enum)]
+        clip: Option<scenario::media::Clip>,
+        /// What consumes presented frames in the daemon started for the run: crc (every byte
+        /// of every plane read once per scanned-out frame) or none.
+        #[arg(long, default_value = "crc", value_parser = ["crc", "none"])]
+        display_sink: String,
         #[arg(long)]
         json: bool,
         /// Also write the results as JSON to this file (for `virtsoc report`).

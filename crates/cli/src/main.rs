@@ -78,14 +78,6 @@ fn with_daemon<T>(
 }
 
 /// Like [`with_daemon`], giving a daemon started for the purpose `extra` arguments.
-fn with_daemon_args<T>(
-    socket: Option<String>,
-    extra: &[&str],
-    f: impl FnOnce(&Endpoint) -> Result<T, CliError>,
-) -> Result<T, CliError> {
-    with_daemon_spawned(socket, extra, false, f)
-}
-
 fn with_daemon_spawned<T>(
     socket: Option<String>,
     extra: &[&str],
@@ -365,6 +357,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
             resolution,
             fps,
             compare,
+            rounds,
+            clip,
+            display_sink,
             composition,
             pacing,
             json,
@@ -379,65 +374,26 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     "--seconds must be 0.5..3600 and --fps 1..240".into(),
                 ));
             }
-            let combos: Vec<(String, bench_svm::OrderingMode)> = if compare {
-                ["guest-staging", "write-invalidate", "prefetch"]
-                    .iter()
-                    .flat_map(|p| {
-                        [
-                            bench_svm::OrderingMode::Atomic,
-                            bench_svm::OrderingMode::Fence,
-                        ]
-                        .map(|o| (p.to_string(), o))
-                    })
-                    .collect()
-            } else {
-                vec![(protocol, ordering)]
-            };
-            // Progress only for people: not with --json (a VM's console mixes the streams).
-            let bar = if json || combos.len() == 1 {
-                indicatif::ProgressBar::hidden()
-            } else {
-                indicatif::ProgressBar::new(combos.len() as u64)
-            };
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            // A daemon started for the run has a screen of the scenario's size.
-            let size = format!("{width}x{height}");
-            let results = with_daemon_args(socket, &["--display-size", &size], |e| {
-                combos
-                    .iter()
-                    .map(|(p, o)| {
-                        bar.set_message(format!("{scenario} {p}/{o:?}"));
-                        bar.inc(1);
-                        scenario::run(
-                            &e.target,
-                            e.pid,
-                            &scenario::RunOpts {
-                                scenario: scenario.clone(),
-                                protocol: p.clone(),
-                                ordering: *o,
-                                seconds,
-                                width,
-                                height,
-                                fps,
-                                composition,
-                                pacing,
-                            },
-                        )
-                    })
-                    .collect::<Result<Vec<_>, _>>()
+            scenario::rounds::run_cmd(scenario::rounds::RunCmd {
+                opts: scenario::RunOpts {
+                    scenario,
+                    protocol,
+                    ordering,
+                    seconds,
+                    width,
+                    height,
+                    fps,
+                    composition,
+                    pacing,
+                },
+                socket,
+                compare,
+                rounds,
+                clip,
+                display_sink,
+                json,
+                save,
             })?;
-            bar.finish_and_clear();
-            if let Some(path) = save {
-                std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
-            }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&results)?);
-            } else {
-                scenario::print_table(&results);
-            }
         }
         Cmd::Report { results, out } => {
             let rs = report::load(&results)?;

@@ -4,7 +4,7 @@
 //!
 //! Why JPEG frames pulled over plain HTTP: the daemon's control server is blocking
 //! (`tiny_http`, a thread per request), the page needs per-frame metadata to measure latency
-//! (the frame id and its capture stamp travel as headers beside each JPEG), and a viewer that
+//! (the frame id and its age travel as headers beside each JPEG), and a viewer that
 //! asks for the next frame only once it has drawn the last one gets exactly the frames it can
 //! take: a slow viewer drops frames for itself only, and nothing ever queues for it in the
 //! daemon. Each request waits (up to a second, on its own request thread) for a frame newer
@@ -23,8 +23,16 @@
 //! about 3 frames a second (docs/results.md, stop 22; `virtsoc watch camera --measure`).
 //! A picture equal to the last one encoded (an unchanged screen, a second viewer) reuses its
 //! JPEG.
+//!
+//! Capture -> view latency is summed from two spans, each on one clock, never a difference
+//! of two machines' (or two programs') wall clocks: `X-Frame-Age-Ms`, capture -> the JPEG
+//! made, on the daemon's media clock (both ends there), plus response received -> drawn on
+//! the page's `performance.now()`. The headers' transit is left out (loopback: well under a
+//! millisecond). A browser whose wall clock differs from the daemon's (another machine, a
+//! VM, reduced timer precision) made the old sum of the daemon's send time and the page's
+//! `Date.now()` negative.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -123,13 +131,6 @@ fn default_fps() -> u32 {
     30
 }
 
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .unwrap_or(0.0)
-}
-
 fn guest_of(backend: &dyn Backend, s: &str) -> Result<u64, ControlError> {
     let id = s
         .parse()
@@ -190,7 +191,6 @@ pub fn route(
                         ("Cache-Control", "no-store".into()),
                         ("X-Frame-Id", f.id.to_string()),
                         ("X-Frame-Age-Ms", format!("{:.3}", f.age_ms)),
-                        ("X-Sent-Ms", format!("{:.3}", now_ms())),
                         ("X-Frame-Size", format!("{}x{}", f.width, f.height)),
                     ],
                     ..Answer::bytes("image/jpeg", f.jpeg)

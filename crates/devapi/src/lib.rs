@@ -320,6 +320,11 @@ devices! {
         /// (ns), and the 90th percentile and the largest capture (or decode) time -> present
         /// over this guest's last frames that had one (`samples` of them, at most 30).
         fn timing() -> (last_vsync_ns, period_ns, ready_p90_ns, samples, ready_max_ns) = 8;
+        /// The daemon's consuming display sink (`--display-sink crc`), which reads every byte
+        /// of every plane of each scanned-out frame once: whether it is on (`enabled` 1), and
+        /// for this guest's frames the frames and bytes it read, the frames it missed (still
+        /// busy with earlier ones) and the CRC-32 of the last frame it read.
+        fn sink() -> (enabled, frames, bytes, missed, crc) = 9;
     }
 
     /// Cellular modem: an AT-command channel (registration, signal, SMS, calls).

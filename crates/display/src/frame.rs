@@ -55,6 +55,21 @@ pub trait FrameHandle: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Reads every byte of every visible plane of the frame once, handing them to `visit`
+    /// in order (a consuming sink: an encoder, a remote view, a display controller's
+    /// scan-out); false when the pixels cannot be read. By default the CPU-visible pixels;
+    /// a handle whose pixels live in planes reads the planes where they are instead of
+    /// composing the screen.
+    fn consume(&self, visit: &mut dyn FnMut(&[u8])) -> bool {
+        match self.pixels() {
+            Some(p) => {
+                visit(p);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The handle as `Any`, for a backend that knows its concrete type (the daemon's window
     /// painter presents display planes on the GPU); `None` by default.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -111,6 +126,17 @@ impl FrameData {
         match self {
             FrameData::Bytes(b) => Some(b),
             FrameData::Handle(h) => h.pixels(),
+        }
+    }
+
+    /// Reads every byte of every visible plane once (see [`FrameHandle::consume`]).
+    pub fn consume(&self, visit: &mut dyn FnMut(&[u8])) -> bool {
+        match self {
+            FrameData::Bytes(b) => {
+                visit(b);
+                true
+            }
+            FrameData::Handle(h) => h.consume(visit),
         }
     }
 

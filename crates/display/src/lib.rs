@@ -14,7 +14,9 @@
 //! * Backends ([`DisplayBackend`]): [`HeadlessBackend`] (keeps the last
 //!   frame), [`NullBackend`] (discards), and with the `window` feature a
 //!   desktop window (`WindowBackend`, painted on the CPU or, through a
-//!   `WindowPainter` the daemon gives it, by a GPU). [`Display::snapshot_png`] writes the
+//!   `WindowPainter` the daemon gives it, by a GPU); [`ConsumingSink`] wraps any of them
+//!   and reads every byte of every scanned-out frame once (a CRC), as a real consumer of
+//!   the screen would. [`Display::snapshot_png`] writes the
 //!   frame on screen as a PNG whatever the backend.
 //!
 //! Because time is injected, everything but `VsyncThread` is tested with
@@ -24,6 +26,7 @@ pub mod backend;
 pub mod display;
 pub mod error;
 pub mod frame;
+pub mod sink;
 pub mod snapshot;
 pub mod vsync;
 #[cfg(feature = "window")]
@@ -37,6 +40,7 @@ pub use error::{DisplayError, Result};
 pub use frame::{
     FrameData, FrameHandle, OwnerId, PixelFormat, PresentedFrame, ViewPicture, MAX_DIMENSION,
 };
+pub use sink::{ConsumingSink, SinkCounts, SinkStats};
 pub use snapshot::{encode_png, write_png};
 pub use vsync::{
     Clock, MonotonicClock, SubscriberId, Subscribers, Tick, VsyncSchedule, VsyncThread,

@@ -107,6 +107,11 @@ struct Args {
     /// command), to verify what the planes scan out; costs a composition per frame.
     #[arg(long)]
     display_verify: bool,
+    /// What consumes scanned-out frames besides the backend: `crc` reads every byte of every
+    /// plane of each frame once on a sink thread (as an encoder or remote view would; the
+    /// display's `sink` command reports it), `none` reads only what the backend needs.
+    #[arg(long, default_value = "none", value_parser = ["none", "crc"])]
+    display_sink: String,
     /// Display backend: headless, or window (an X11 window; built with the `window` feature).
     #[arg(long, value_enum, default_value_t = DisplayBackendKind::Headless)]
     display_backend: DisplayBackendKind,
@@ -231,6 +236,32 @@ enum Decoders {
     InProcess,
 }
 
+/// Gives the daemon a private `XDG_RUNTIME_DIR` (`$TMPDIR/virtsoc-runtime-<uid>`, mode 0700,
+/// as a login session has) when it has none: the GPU stack's start-up probe for a Wayland
+/// compositor (libwayland's `wl_display_connect`, called by wgpu's EGL backend) prints
+/// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice per daemon
+/// otherwise, though nothing failed (without the variable there is no compositor to reach).
+/// Called first, before any thread exists. A directory that is not ours or not private is
+/// left alone (and so is the environment).
+fn ensure_runtime_dir() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let set = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .is_some_and(|d| d.is_absolute() && d.is_dir());
+    if set {
+        return;
+    }
+    let uid = rustix::process::getuid().as_raw();
+    let dir = std::env::temp_dir().join(format!("virtsoc-runtime-{uid}"));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0 => {
+            std::env::set_var("XDG_RUNTIME_DIR", &dir)
+        }
+        _ => {}
+    }
+}
+
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("--codec-worker") {
         // A decoder worker (stdin: its socket to the daemon).
@@ -252,6 +283,7 @@ fn main() {
             }
         });
     }
+    ensure_runtime_dir();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
     if let Err(e) = run(args) {
@@ -338,6 +370,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             refresh_hz: args.refresh_hz,
             display_size: args.display_size,
             display_verify: args.display_verify,
+            display_sink: args.display_sink == "crc",
             snapshot_dir: args.snapshot_dir.clone(),
             display_backend: args.display_backend,
             camera_source: args.camera_source.clone(),

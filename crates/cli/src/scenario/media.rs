@@ -1,6 +1,7 @@
 //! Test media for the scenarios, generated at run time with the `ffmpeg` CLI and cached in a
 //! data directory (`$VIRTSOC_DATA`, else `~/.cache/virtsoc/media`): H.264 elementary streams
-//! with access-unit delimiters and no B-frames, so every packet decodes to one frame.
+//! with access-unit delimiters, so every packet is one picture ([`Clip`]: the cheapest
+//! H.264 there is, or a realistic one with CABAC, deblocking and B-frames).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,8 +19,59 @@ pub fn data_dir() -> PathBuf {
     home.join(".cache/virtsoc/media")
 }
 
-/// A test clip: `kind` is `flat` (a moving test pattern) or `equirect` (a 2:1 panorama).
-pub fn clip(
+/// How a clip is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Clip {
+    /// `-preset ultrafast -tune zerolatency`, no B-frames: no CABAC, no deblocking (the
+    /// cheapest H.264 to decode).
+    Cheap,
+    /// `-preset medium` (CABAC, deblocking, three B-frames) at a high bitrate
+    /// ([`REALISTIC_BITS_PER_PIXEL`]) of a moving test pattern with temporal noise (texture
+    /// that costs bits in every frame).
+    Realistic,
+}
+
+/// The realistic clip's bitrate per pixel per frame: about 150 Mbit/s at UHD and 60 fps,
+/// 37 at 1080p60 (the paper plays UHD at 300).
+pub const REALISTIC_BITS_PER_PIXEL: f64 = 0.3;
+
+impl Clip {
+    /// The default clip of a scenario: realistic for `uhd-video`, cheap elsewhere.
+    pub fn default_for(scenario: &str) -> Clip {
+        match scenario {
+            "uhd-video" => Clip::Realistic,
+            _ => Clip::Cheap,
+        }
+    }
+}
+
+/// A clip of `kind` (see [`clip`]) encoded as `c` says: the cheap one 4 s long, the
+/// realistic one 2 s (its encode at UHD takes a minute on a busy machine).
+pub fn clip_of(
+    c: Clip,
+    kind: &str,
+    width: u32,
+    height: u32,
+    fps: u32,
+) -> Result<PathBuf, CliError> {
+    match c {
+        Clip::Cheap => clip(kind, width, height, fps, 4),
+        Clip::Realistic => realistic_clip(kind, width, height, fps, 2),
+    }
+}
+
+/// The ffmpeg source filter of clip kind `kind`.
+fn source(kind: &str, width: u32, height: u32, fps: u32) -> Result<String, CliError> {
+    match kind {
+        "flat" => Ok(format!("testsrc2=size={width}x{height}:rate={fps}")),
+        "equirect" => Ok(format!("mandelbrot=size={width}x{height}:rate={fps}")),
+        other => Err(CliError::Usage(format!("unknown clip kind {other}"))),
+    }
+}
+
+/// A realistic clip (see [`Clip::Realistic`]), cached like [`clip`].
+pub fn realistic_clip(
     kind: &str,
     width: u32,
     height: u32,
@@ -28,15 +80,45 @@ pub fn clip(
 ) -> Result<PathBuf, CliError> {
     let dir = data_dir();
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("{kind}-{width}x{height}-{fps}fps-{seconds}s.h264"));
+    let path = dir.join(format!(
+        "{kind}-{width}x{height}-{fps}fps-{seconds}s-medium.h264"
+    ));
     if path.exists() {
         return Ok(path);
     }
-    let src = match kind {
-        "flat" => format!("testsrc2=size={width}x{height}:rate={fps}"),
-        "equirect" => format!("mandelbrot=size={width}x{height}:rate={fps}"),
-        other => return Err(CliError::Usage(format!("unknown clip kind {other}"))),
-    };
+    let src = format!("{},noise=alls=12:allf=t", source(kind, width, height, fps)?);
+    let bits = width as f64 * height as f64 * fps as f64 * REALISTIC_BITS_PER_PIXEL;
+    let kbit = format!("{}k", (bits / 1000.0).round() as u64);
+    let buf = format!("{}k", (bits / 500.0).round() as u64);
+    let gop = fps.to_string();
+    let secs = seconds.to_string();
+    let args: Vec<&str> = vec![
+        "-t",
+        &secs,
+        "-c:v",
+        "libx264",
+        "-preset",
+        "medium",
+        "-b:v",
+        &kbit,
+        "-maxrate",
+        &kbit,
+        "-bufsize",
+        &buf,
+        "-x264-params",
+        "aud=1:bframes=3:cabac=1",
+        "-pix_fmt",
+        "yuv420p",
+        "-g",
+        &gop,
+    ];
+    encode(&src, &args, &path)?;
+    Ok(path)
+}
+
+/// Runs ffmpeg on lavfi source `src` with encoder `args` into `path` (written under a
+/// temporary name first, so an interrupted encode leaves no clip behind).
+fn encode(src: &str, args: &[&str], path: &Path) -> Result<(), CliError> {
     let tmp = path.with_extension("tmp.h264");
     let out = Command::new("ffmpeg")
         .args([
@@ -47,18 +129,9 @@ pub fn clip(
             "-f",
             "lavfi",
             "-i",
-            &src,
+            src,
         ])
-        .args([
-            "-t",
-            &seconds.to_string(),
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-        ])
-        .args(["-tune", "zerolatency", "-x264-params", "aud=1:bframes=0"])
-        .args(["-pix_fmt", "yuv420p", "-g", &fps.to_string()])
+        .args(args)
         .args(["-bsf:v", "h264_mp4toannexb", "-f", "h264"])
         .arg(&tmp)
         .output()
@@ -73,7 +146,44 @@ pub fn clip(
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    std::fs::rename(&tmp, &path)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// A test clip: `kind` is `flat` (a moving test pattern) or `equirect` (a 2:1 panorama).
+pub fn clip(
+    kind: &str,
+    width: u32,
+    height: u32,
+    fps: u32,
+    seconds: u32,
+) -> Result<PathBuf, CliError> {
+    let dir = data_dir();
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{kind}-{width}x{height}-{fps}fps-{seconds}s.h264"));
+    if path.exists() {
+        return Ok(path);
+    }
+    let src = source(kind, width, height, fps)?;
+    let gop = fps.to_string();
+    let secs = seconds.to_string();
+    let args = [
+        "-t",
+        &secs,
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-tune",
+        "zerolatency",
+        "-x264-params",
+        "aud=1:bframes=0",
+        "-pix_fmt",
+        "yuv420p",
+        "-g",
+        &gop,
+    ];
+    encode(&src, &args, &path)?;
     Ok(path)
 }
 

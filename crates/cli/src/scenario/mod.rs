@@ -17,7 +17,9 @@ mod livestream;
 pub mod media;
 mod pacing;
 pub mod pipe;
+pub mod rounds;
 pub mod show;
+mod video;
 pub use pacing::Pacing;
 
 use std::time::{Duration, Instant};
@@ -55,6 +57,22 @@ pub struct RunOpts {
     pub composition: Composition,
     /// When each frame starts.
     pub pacing: Pacing,
+}
+
+/// How to run a scenario beyond [`RunOpts`] (kept apart so that its other users need no
+/// change): the clip of the video scenarios.
+#[derive(Debug, Clone, Copy)]
+pub struct RunExtra {
+    pub clip: media::Clip,
+}
+
+impl Default for RunExtra {
+    /// The cheap clip (what [`run`] and [`run_on`] always used).
+    fn default() -> Self {
+        RunExtra {
+            clip: media::Clip::Cheap,
+        }
+    }
 }
 
 /// The resolution and frame rate a scenario runs at unless told: `uhd-video` is the paper's
@@ -123,6 +141,21 @@ pub struct ScenarioResult {
     /// CPU time over wall time, percent of one core.
     pub cpu_daemon_pct: Option<f64>,
     pub cpu_guest_pct: f64,
+    /// The clip of a video scenario (`cheap` or `realistic`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip: Option<String>,
+    /// What consumed the presented frames in the daemon (`crc`: every byte of every plane
+    /// read once per scanned-out frame; `none`), and the bytes it read per presented frame.
+    #[serde(default)]
+    pub display_sink: String,
+    #[serde(default)]
+    pub sink_bytes_per_frame: f64,
+    /// Frames the sink could not read because it was still busy with earlier ones.
+    #[serde(default)]
+    pub sink_missed: u64,
+    /// With `--rounds`: the rows of every round (this row holds their medians).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<ScenarioResult>,
 }
 
 /// CLOCK_MONOTONIC in ns (the daemon's media clock: process guests share it).
@@ -270,6 +303,16 @@ impl Common {
 
 /// Runs one scenario against the daemon at `target`.
 pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
+    run_ext(target, daemon_pid, o, &RunExtra::default())
+}
+
+/// [`run`] with the options of [`RunExtra`].
+pub fn run_ext(
+    target: &str,
+    daemon_pid: Option<u32>,
+    o: &RunOpts,
+    x: &RunExtra,
+) -> Result<ScenarioResult, CliError> {
     if o.scenario == "gles-video" {
         return gles_video::run(target, daemon_pid, o);
     }
@@ -283,7 +326,7 @@ pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<Scenari
             ..ConnectOptions::default()
         },
     )?;
-    run_on(&conn, daemon_pid, o)
+    run_on_ext(&conn, daemon_pid, o, x)
 }
 
 /// Runs one scenario on an existing connection (e.g. a guest that also does other work, or
@@ -292,6 +335,16 @@ pub fn run_on(
     conn: &Connection,
     daemon_pid: Option<u32>,
     o: &RunOpts,
+) -> Result<ScenarioResult, CliError> {
+    run_on_ext(conn, daemon_pid, o, &RunExtra::default())
+}
+
+/// [`run_on`] with the options of [`RunExtra`].
+pub fn run_on_ext(
+    conn: &Connection,
+    daemon_pid: Option<u32>,
+    o: &RunOpts,
+    x: &RunExtra,
 ) -> Result<ScenarioResult, CliError> {
     let (w, h) = (o.width, o.height);
     let mut pipe = Pipe::new(conn, o.ordering);
@@ -309,7 +362,9 @@ pub fn run_on(
         pacing: o.pacing,
     };
     match o.scenario.as_str() {
-        "uhd-video" | "video-360" => video(&mut pipe, &mut show, o, period, &mut common)?,
+        "uhd-video" | "video-360" => {
+            video::video(&mut pipe, &mut show, (o, x.clip), period, &mut common)?
+        }
         "camera" | "ar" => camera(&mut pipe, &mut show, o, period, &mut common)?,
         "livestream" => livestream::livestream(&mut pipe, &mut show, o, period, &mut common)?,
         other => {
@@ -325,6 +380,7 @@ pub fn run_on(
     // Let the last presented frame reach a vsync before reading the display's counters.
     std::thread::sleep(period * 2);
     let st = pipe.conn.command(&api::display::Stats::default())?;
+    let sink = pipe.conn.command(&api::display::Sink::default())?;
     let d = conn.counters()?.since(&common.before);
     let scored = d.hits + d.misses;
     let frames = common.frames_in.max(1) as f64;
@@ -368,6 +424,14 @@ pub fn run_on(
             .map(|(a, b)| (b - a) / wall * 100.0),
         cpu_guest_pct: (cpu_seconds(std::process::id()).unwrap_or(0.0) - common.cpu_guest0) / wall
             * 100.0,
+        clip: matches!(o.scenario.as_str(), "uhd-video" | "video-360").then(|| match x.clip {
+            media::Clip::Cheap => "cheap".into(),
+            media::Clip::Realistic => "realistic".into(),
+        }),
+        display_sink: if sink.enabled != 0 { "crc" } else { "none" }.into(),
+        sink_bytes_per_frame: sink.bytes as f64 / sink.frames.max(1) as f64,
+        sink_missed: sink.missed,
+        rounds: Vec::new(),
     })
 }
 
@@ -415,122 +479,6 @@ fn pace(c: &mut Common, conn: &Connection, i: u64, period: Duration) -> Result<b
     } else {
         now - start > period
     })
-}
-
-fn video(
-    p: &mut Pipe<'_>,
-    show: &mut Show,
-    o: &RunOpts,
-    period: Duration,
-    c: &mut Common,
-) -> Result<(), CliError> {
-    let (w, h) = (o.width, o.height);
-    let screen = show.screen;
-    let is360 = o.scenario == "video-360";
-    let (cw, ch) = if is360 { (w, w / 2) } else { (w, h) };
-    let clip = media::clip(if is360 { "equirect" } else { "flat" }, cw, ch, o.fps, 4)?;
-    let units = media::load_units(&clip)?;
-    if units.is_empty() {
-        return Err(CliError::Usage("the clip has no frames".into()));
-    }
-    let max_unit = units.iter().map(Vec::len).max().unwrap_or(1) as u64;
-    let conn = p.conn;
-    let bits: Vec<u64> = (0..2)
-        .map(|_| conn.alloc_blob(max_unit).map(|r| r.id))
-        .collect::<Result<_, _>>()?;
-    let frames = images(conn, 3, (cw, ch), Format::Nv12)?;
-    // The projection renders the view at the screen's size.
-    let projected: Vec<u64> = if is360 {
-        images(conn, 3, screen, Format::Rgba8)?
-    } else {
-        Vec::new()
-    };
-    let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
-    p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
-    // One layer list per slot, written once: [video or projection, UI].
-    let lists: Vec<(u64, Vec<LayerRecord>)> = (0..3)
-        .map(|k| -> Result<_, CliError> {
-            let base = if is360 {
-                screen_layer(projected[k], screen, screen, false)
-            } else {
-                screen_layer(frames[k], (cw, ch), screen, false)
-            };
-            let records = vec![base, screen_layer(ui, screen, screen, true)];
-            Ok((layer_blob(p, &records)?, records))
-        })
-        .collect::<Result<_, _>>()?;
-    let dec = p.run(&api::codec::OpenDecoder {
-        kind: api::codec_kind::H264,
-        format: Format::Nv12 as u64,
-        threads: 0,
-    })?;
-    let handle = p.result(dec)?.handle;
-    p.end_frame(0)?;
-    // The decode still reading each bitstream slot: a slot is rewritten only after the codec
-    // read it (fence ordering keeps decodes in flight).
-    let mut decodes: Vec<Option<pipe::Ticket<api::codec::DecodeReply>>> = vec![None, None];
-    c.start(p.conn)?; // setup (clip generation, allocation) is not part of the run
-    let mut i = 0u64;
-    while c.t0.elapsed().as_secs_f64() < o.seconds {
-        let late = pace(c, p.conn, i, period)?;
-        let unit = &units[(i as usize) % units.len()];
-        let k = (i % 3) as usize;
-        let slot = (i % 2) as usize;
-        if let Some(t) = decodes[slot].take() {
-            p.result(t)?;
-        }
-        let decoded_at = now_ns();
-        p.cpu_write(bits[slot], unit)?;
-        decodes[slot] = Some(p.run(&api::codec::Decode {
-            handle,
-            bitstream: bits[slot],
-            len: unit.len() as u64,
-            pts: i,
-        })?);
-        let got = p.run(&api::codec::ReceiveFrame {
-            handle,
-            frame: frames[k],
-        })?;
-        c.frames_in += 1;
-        if late {
-            c.late_drops += 1;
-        } else {
-            if is360 {
-                let yaw = ((i as f64 * 0.02).sin() * 1e6) as i64;
-                p.run(&api::gpu::Project {
-                    src: frames[k],
-                    dst: projected[k],
-                    yaw: yaw as u64,
-                    pitch: 0,
-                    fov: 1_200_000,
-                })?;
-            }
-            let video_layer = if is360 { projected[k] } else { frames[k] };
-            let (blob, records) = &lists[k];
-            show.show(
-                p,
-                (*blob, records),
-                (&[video_layer, ui], &[video_layer]),
-                decoded_at,
-            )?;
-        }
-        if let pipe::Ticket::Ready(r) = got {
-            if r.got == 0 {
-                c.late_drops += 1; // the decoder held the frame back
-            }
-        }
-        p.end_frame(if o.ordering == OrderingMode::Fence {
-            2
-        } else {
-            0
-        })?;
-        i += 1;
-    }
-    for t in decodes.into_iter().flatten() {
-        p.result(t)?;
-    }
-    let _ = p.run(&api::codec::Close { handle });
-    Ok(())
 }
 
 fn camera(

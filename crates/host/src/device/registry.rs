@@ -129,6 +129,8 @@ pub struct DeviceConfig {
     pub display_size: (u32, u32),
     /// Compose and checksum every presented frame (`--display-verify`).
     pub display_verify: bool,
+    /// Read every byte of every scanned-out frame's planes once (`--display-sink crc`).
+    pub display_sink: bool,
     /// Where display snapshots go.
     pub snapshot_dir: PathBuf,
     /// Display backend (a window needs the `window` feature and a display).
@@ -165,6 +167,7 @@ impl Default for DeviceConfig {
             refresh_hz: 60,
             display_size: (display::WIDTH, display::HEIGHT),
             display_verify: false,
+            display_sink: false,
             snapshot_dir: std::env::temp_dir(),
             display_backend: DisplayBackendKind::default(),
             camera_source: CameraSourceKind::default(),

@@ -20,6 +20,9 @@
 //!   by the camera ([`virtsoc_media::read_timestamp`]), which is how a camera pipeline measures
 //!   motion-to-photon latency from the frame it finally shows. Returns the frame's id.
 //! - `stats()`: this guest's counters (see below).
+//! - `sink()`: with `--display-sink crc`, what the consuming sink (`virtsoc_display::
+//!   ConsumingSink`, on its own thread) read of this guest's scanned-out frames: every byte
+//!   of every plane once per frame, host-memory planes in place, GPU planes read back.
 //! - `signal_at_vsync(fence)`: signals the guest's virtual fence at the first vsync after the
 //!   call (an unknown fence is `BadArgument`). A vsync listener thread keeps the pending fences.
 //! - `snapshot()`: writes the frame on screen as `<snapshot_dir>/virtsoc-display-<id>.png` and
@@ -66,7 +69,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use virtsoc_svm::{GuestId, RegionId};
 
-use virtsoc_devapi::display::{ChecksumReply, Command, ModeReply, PresentReply, SnapshotReply};
+use virtsoc_devapi::display::{
+    ChecksumReply, Command, ModeReply, PresentReply, SinkReply, SnapshotReply,
+};
 use virtsoc_display as vd;
 use virtsoc_proto::Status;
 
@@ -124,6 +129,8 @@ pub struct Display {
     gpu: Option<Arc<virtsoc_gpu::WgpuBackend>>,
     /// Per guest, view pictures of its planes that do not change (see [`thumb`]).
     view_statics: Mutex<HashMap<GuestId, Arc<thumb::StaticPlanes>>>,
+    /// `--display-sink crc`: what the consuming sink read.
+    sink: Option<vd::SinkStats>,
 }
 
 impl Display {
@@ -145,7 +152,15 @@ impl Display {
         let mut config = vd::DisplayConfig::new(width, height)
             .with_refresh_hz(cfg.refresh_hz)
             .with_queue_depth(2);
-        config.backend = output.backend(width, height, cfg.refresh_hz, gpu.clone())?;
+        let backend = output.backend(width, height, cfg.refresh_hz, gpu.clone())?;
+        let mut sink = None;
+        config.backend = if cfg.display_sink {
+            let (b, stats) = vd::ConsumingSink::new(backend).map_err(config_error)?;
+            sink = Some(stats);
+            Box::new(b)
+        } else {
+            backend
+        };
         let display = vd::Display::new(config).map_err(config_error)?;
         let vsync = vd::VsyncThread::spawn_with_clock(display, Arc::new(HostClock))
             .map_err(config_error)?;
@@ -181,6 +196,7 @@ impl Display {
             view_statics: Mutex::new(HashMap::new()),
             snapshots,
             gpu,
+            sink,
         })
     }
 
@@ -357,6 +373,27 @@ impl Display {
     }
 }
 
+impl Display {
+    /// What the consuming sink read of `guest`'s frames (all zero without the sink).
+    fn sink_reply(&self, guest: GuestId) -> SinkReply {
+        let Some(stats) = &self.sink else {
+            return SinkReply::default();
+        };
+        let c = self
+            .screen
+            .owner_of(guest)
+            .map(|o| stats.of(o))
+            .unwrap_or_default();
+        SinkReply {
+            enabled: 1,
+            frames: c.frames,
+            bytes: c.bytes,
+            missed: c.missed,
+            crc: u64::from(c.last_crc),
+        }
+    }
+}
+
 /// Writes `frame` as a PNG file in `dir`; returns its id.
 fn write_snapshot(frame: &vd::PresentedFrame, dir: &Path) -> Answer<u64> {
     std::fs::create_dir_all(dir).map_err(|e| {
@@ -437,6 +474,7 @@ impl Device for Display {
                 }
                 .to_values())
             }
+            Command::Sink(_) => Ok(self.sink_reply(cx.guest).to_values()),
             Command::Timing(_) => {
                 let period_ns = 1_000_000_000 / u64::from(self.refresh_hz().max(1));
                 Ok(self.screen.timing(cx.guest, period_ns).to_values())
@@ -472,6 +510,9 @@ impl Device for Display {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&guest);
+        if let (Some(stats), Some(owner)) = (&self.sink, self.screen.owner_of(guest)) {
+            stats.forget(owner);
+        }
         self.screen.guest_gone(guest);
         self.view_statics
             .lock()

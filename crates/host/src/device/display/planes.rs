@@ -7,7 +7,9 @@
 //! the guest's composition policy sends those layers to the GPU instead.
 //!
 //! A headless display, like a display controller, reads only what it needs: the capture-time
-//! stamp for motion-to-photon latency (a grid of 32 x 160 samples of one plane). The full screen is composed
+//! stamp for motion-to-photon latency (a grid of 32 x 160 samples of one plane); with the
+//! consuming sink (`--display-sink crc`) every byte of every plane is read once per
+//! scanned-out frame ([`vd::FrameHandle::consume`]). The full screen is composed
 //! (on the CPU, from the planes) only when something needs pixels: a snapshot, `--verify`,
 //! a window without a GPU. A window on the wgpu device composes the planes on the GPU where
 //! they are ([`PlaneSet::present_in_window`]); host-memory planes are uploaded for it once
@@ -434,6 +436,17 @@ impl vd::FrameHandle for PlaneSet {
 
     fn pixels(&self) -> Option<&[u8]> {
         self.composed.get_or_init(|| self.compose()).as_deref()
+    }
+
+    /// Every byte of every plane's source, read where it is: host memory in place, device
+    /// memory read back (counted on the guest's ledger as the display's copy).
+    fn consume(&self, visit: &mut dyn FnMut(&[u8])) -> bool {
+        self.planes.iter().all(|p| {
+            let Ok(n) = p.layout.size_bytes() else {
+                return false;
+            };
+            p.with_bytes(n, &self.ledger, |b| visit(b)).is_some()
+        })
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

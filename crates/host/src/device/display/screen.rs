@@ -383,6 +383,11 @@ impl Screen {
         });
     }
 
+    /// `guest`'s owner id on the display, if it used the display.
+    pub(super) fn owner_of(&self, guest: GuestId) -> Option<vd::OwnerId> {
+        self.with(|_, st| st.guests.get(&guest).map(|g| g.owner))
+    }
+
     /// `guest`'s frame counters (submitted, presented, dropped), if it used the display.
     pub(super) fn counters(&self, guest: GuestId) -> Option<(u64, u64, u64)> {
         self.with(|d, st| {
