@@ -644,7 +644,7 @@ mod tests {
         e.packet(egl::CREATE_CONTEXT).u32(1).u32(0).u32(2);
         e.packet(egl::CREATE_CONTEXT).u32(2).u32(1).u32(2); // shares with 1
         e.packet(egl::CREATE_CONTEXT).u32(3).u32(99).u32(2); // unknown share
-        e.packet(egl::CREATE_CONTEXT).u32(4).u32(0).u32(3); // ES 3: refused
+        e.packet(egl::CREATE_CONTEXT).u32(4).u32(0).u32(1); // ES 1: refused
         e.packet(egl::CREATE_SURFACE).u32(7).u32(16).u32(8).u32(1);
         e.packet(egl::CREATE_SURFACE).u32(8).u32(0).u32(8).u32(1); // empty
         e.packet(egl::CREATE_SURFACE).u32(9).u32(16).u32(8).u32(999); // no such config
