@@ -275,6 +275,24 @@ pub(crate) enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Host services (issue 29): bandwidth and round trip of a service channel beside the
+    /// daemon's ring, a Unix socket and TCP loopback, with 1 to N channels at once.
+    Services {
+        /// Daemon to use (a Unix socket path); default: start one.
+        #[arg(long)]
+        socket: Option<String>,
+        /// Most channels at once (rows for 1..=N).
+        #[arg(long, default_value_t = 4)]
+        channels: u32,
+        #[arg(long, default_value_t = 2000)]
+        round_trips: usize,
+        #[arg(long, default_value_t = 16 << 20)]
+        size: u64,
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// The SVM microbenchmark: producer -> consumer over a ring of buffers, per protocol.
     Svm {
         /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;

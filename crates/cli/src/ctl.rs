@@ -22,6 +22,16 @@ virtsoc ctl [--socket PATH|tcp:HOST:PORT] COMMAND
   gsm signal RSSI [BER]          signal strength 0..31, bit error rate 0..7
   gsm registration STATE         home | searching | denied | roaming | not-registered
   camera source SRC              synthetic | file:PATH
+  geo fix LON LAT [ALT]          set the location (degrees, metres)
+  geo nmea SENTENCE              set the location from a $GPGGA or $GPRMC sentence
+  geo track FILE [INTERVAL_MS]   replay a track (NMEA lines or GPX), one point per interval
+  geo                            the current fix (and its NMEA sentences)
+  sensor set NAME x:y:z          accelerometer | gyroscope | magnetometer | light | proximity
+  sensor                         every sensor's value
+  clipboard get                  the clipboard's text
+  clipboard set TEXT...          set the clipboard's text
+  services                       host services, their calls, channels, restarts, policy
+  services policy JSON|reload    replace the services policy, or read its file again
   kill GUEST                     close GUEST's session
   policy GUEST JSON              set GUEST's sharing policy, e.g. '{\"shares\": 200}'
   policy reload                  read the daemon's --policy file again
@@ -148,6 +158,7 @@ pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
             "/camera/source".into(),
             json!({ "source": arg(a(2), "SRC")? }),
         ),
+        [w @ ("geo" | "sensor" | "clipboard" | "services"), ..] => services(w, args)?,
         _ => return Err(usage(&format!("unknown command: {}", args.join(" ")))),
     };
     let body = if body.is_null() {
@@ -169,6 +180,69 @@ pub fn run(socket: Option<String>, args: &[String]) -> Result<(), CliError> {
         _ => println!("{}\nOK", serde_json::to_string_pretty(&r.json())?),
     }
     Ok(())
+}
+
+fn float(s: Option<&String>, what: &str) -> Result<f64, CliError> {
+    s.ok_or_else(|| usage(&format!("missing {what}")))?
+        .parse()
+        .map_err(|_| usage(&format!("{what} is a number")))
+}
+
+/// The host services' commands: `geo`, `sensor`, `clipboard`, `services`.
+fn services(w: &str, args: &[String]) -> Result<(&'static str, String, Value), CliError> {
+    let a = |i: usize| args.get(i);
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    Ok(match (w, words.get(1).copied()) {
+        ("geo", None) => ("GET", "/geo".into(), Value::Null),
+        ("geo", Some("fix")) => {
+            let mut b = json!({ "lon": float(a(2), "LON")?, "lat": float(a(3), "LAT")? });
+            if a(4).is_some() {
+                b["alt"] = json!(float(a(4), "ALT")?);
+            }
+            ("POST", "/geo/fix".into(), b)
+        }
+        ("geo", Some("nmea")) => (
+            "POST",
+            "/geo/nmea".into(),
+            json!({ "sentence": arg(a(2), "SENTENCE")? }),
+        ),
+        ("geo", Some("track")) => {
+            let text = std::fs::read_to_string(arg(a(2), "FILE")?)?;
+            let mut b = json!({ "text": text });
+            if a(3).is_some() {
+                b["interval_ms"] = json!(num(a(3), "INTERVAL_MS")?);
+            }
+            ("POST", "/geo/track".into(), b)
+        }
+        ("sensor", None) => ("GET", "/sensor".into(), Value::Null),
+        ("sensor", Some("set")) => (
+            "POST",
+            "/sensor/set".into(),
+            json!({ "name": arg(a(2), "NAME")?, "value": arg(a(3), "x:y:z")? }),
+        ),
+        ("clipboard", Some("get")) => ("GET", "/clipboard".into(), Value::Null),
+        ("clipboard", Some("set")) => {
+            if args.len() < 3 {
+                return Err(usage("missing TEXT"));
+            }
+            (
+                "POST",
+                "/clipboard".into(),
+                json!({ "text": args[2..].join(" ") }),
+            )
+        }
+        ("services", None) => ("GET", "/services".into(), Value::Null),
+        ("services", Some("policy")) => {
+            let p = arg(a(2), "JSON")?;
+            let body = if p == "reload" {
+                json!({ "reload": true })
+            } else {
+                serde_json::from_str(p).map_err(|e| usage(&format!("JSON: {e}")))?
+            };
+            ("POST", "/services/policy".into(), body)
+        }
+        _ => return Err(usage(&format!("unknown command: {}", args.join(" ")))),
+    })
 }
 
 /// `virtsoc ctl record GUEST OUT.mp4 [--seconds N] [--fps F] [--max WxH]`.

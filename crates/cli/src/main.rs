@@ -8,6 +8,7 @@ mod bench_devices;
 mod bench_gles;
 mod bench_isolation;
 mod bench_migrate;
+mod bench_services;
 mod bench_sharing;
 mod bench_svm;
 mod bench_transport;
@@ -249,6 +250,26 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 bench_transport::print_table(&r);
+            }
+        }
+        Cmd::Bench {
+            which:
+                BenchCmd::Services {
+                    socket,
+                    channels,
+                    round_trips,
+                    size,
+                    reps,
+                    json,
+                },
+        } => {
+            let r = with_daemon(socket, false, |e| {
+                bench_services::run(e, channels, round_trips, size, reps)
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_services::print_table(&r);
             }
         }
         Cmd::Bench {

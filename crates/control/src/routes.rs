@@ -280,6 +280,9 @@ fn route(
                 &to_value(&r),
             )?))
         }
+        ["geo" | "sensor" | "clipboard" | "services", ..] => {
+            services_route(backend, method, &parts, body)
+        }
         ["metrics"] => {
             want(get)?;
             Ok(Answer::bytes(
@@ -289,6 +292,51 @@ fn route(
         }
         _ => Err(ControlError::NotFound(format!("no route {method} {path}"))),
     }
+}
+
+/// The host services' routes (issue 29), all answered by the `service` device:
+/// `GET /services`, `POST /services/policy` (a policy, or `{"reload": true}`),
+/// `GET /geo`, `POST /geo/fix|nmea|track`, `GET /sensor`, `POST /sensor/set`,
+/// `GET /clipboard`, `POST /clipboard` (`{"text": ...}`).
+fn services_route(
+    backend: &dyn Backend,
+    method: &str,
+    parts: &[&str],
+    body: &[u8],
+) -> Result<Answer, ControlError> {
+    let op = match (method, parts) {
+        ("GET", ["services"]) => "services.list",
+        ("POST", ["services", "policy"]) => "services.policy",
+        ("GET", ["geo"]) => "geo.get",
+        ("POST", ["geo", "fix"]) => "geo.fix",
+        ("POST", ["geo", "nmea"]) => "geo.nmea",
+        ("POST", ["geo", "track"]) => "geo.track",
+        ("GET", ["sensor"]) => "sensor.get",
+        ("POST", ["sensor", "set"]) => "sensor.set",
+        ("GET", ["clipboard"]) => "clipboard.get",
+        ("POST", ["clipboard"]) => "clipboard.set",
+        (_, ["services" | "geo" | "sensor" | "clipboard"])
+        | (_, ["services", "policy"])
+        | (_, ["geo", "fix" | "nmea" | "track"])
+        | (_, ["sensor", "set"]) => return Err(ControlError::MethodNotAllowed),
+        _ => {
+            return Err(ControlError::NotFound(format!(
+                "no route {method} /{}",
+                parts.join("/")
+            )))
+        }
+    };
+    let args: Value = if method == "POST" {
+        parse(body)?
+    } else {
+        Value::Null
+    };
+    if method == "POST" && !args.is_object() {
+        return Err(ControlError::BadRequest(
+            "bad request body: a JSON object".into(),
+        ));
+    }
+    Ok(Answer::json(&backend.device_control("service", op, &args)?))
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use virtsoc_services::payload::{Input, Output};
 use virtsoc_services::ServiceError;
 
 pub use virtsoc_services::builtin::{bulk, clipboard, geo, sensors};
+pub use virtsoc_services::{chan, packet};
 
 use crate::{Connection, GuestError, Result};
 
@@ -56,10 +57,21 @@ fn svc_err(e: ServiceError) -> GuestError {
 pub struct ServiceChannel {
     id: u64,
     region: u64,
+    base: u64,
     service: String,
     end: GuestEnd,
     seq: u64,
     next_transfer: u32,
+}
+
+impl std::fmt::Debug for ServiceChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceChannel")
+            .field("id", &self.id)
+            .field("service", &self.service)
+            .field("region", &self.region)
+            .finish()
+    }
 }
 
 impl ServiceChannel {
@@ -92,6 +104,7 @@ impl ServiceChannel {
             Ok(ServiceChannel {
                 id: r.channel,
                 region,
+                base: at,
                 service: service.to_string(),
                 end,
                 seq: 1,
@@ -106,6 +119,11 @@ impl ServiceChannel {
     /// The channel id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Offset of the channel's memory in the connection's window (its control block).
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     /// The service's name.
@@ -336,6 +354,7 @@ pub struct GeoFix {
 }
 
 /// The location service's client.
+#[derive(Debug)]
 pub struct Geo(pub ServiceChannel);
 
 impl Geo {
@@ -376,6 +395,7 @@ pub struct SensorValue {
 }
 
 /// The sensors' client.
+#[derive(Debug)]
 pub struct Sensors(pub ServiceChannel);
 
 impl Sensors {
@@ -418,6 +438,7 @@ impl Sensors {
 }
 
 /// The clipboard's client.
+#[derive(Debug)]
 pub struct Clipboard(pub ServiceChannel);
 
 impl Clipboard {
@@ -441,6 +462,7 @@ impl Clipboard {
 }
 
 /// The bulk service's client.
+#[derive(Debug)]
 pub struct Bulk(pub ServiceChannel);
 
 impl Bulk {

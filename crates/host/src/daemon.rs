@@ -64,6 +64,9 @@ pub struct DaemonConfig {
     /// The live view's CPU budget: percent of the daemon's other CPU its viewers may use
     /// (`--view-budget`; 0: unpaced). See [`virtsoc_control::budget`].
     pub view_budget_pct: f64,
+    /// Which guest may use which host service (`--services-policy`, JSON); every guest may
+    /// use every service without one.
+    pub services_policy: Option<PathBuf>,
 }
 
 impl Default for DaemonConfig {
@@ -84,6 +87,7 @@ impl Default for DaemonConfig {
             state_dir: None,
             sharing: Default::default(),
             view_budget_pct: virtsoc_control::budget::DEFAULT_PCT,
+            services_policy: None,
         }
     }
 }
@@ -182,7 +186,11 @@ impl Daemon {
         // FFmpeg's init and log level, before any device opens a codec or scaler.
         virtsoc_media::quiet_ffmpeg_logs();
         let mut topo = Topology::new();
-        let devices = crate::device::registry::build(&cfg.devices, &cfg.limits)?;
+        let mut devices = crate::device::registry::build(&cfg.devices, &cfg.limits)?;
+        let services = Arc::new(crate::services::ServiceDevice::new(
+            cfg.services_policy.as_deref(),
+        )?);
+        devices.push((virtsoc_devapi::service::ID, services.clone()));
         // One domain per physical device's memory: devices naming the same domain share it.
         let mut domains: Vec<(String, DomainId)> = Vec::new();
         let with_domains: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = devices
@@ -216,7 +224,7 @@ impl Daemon {
             with_domains,
             cfg.sharing.clone(),
         ));
-        Ok(Arc::new(Daemon {
+        let daemon = Arc::new(Daemon {
             restart,
             cfg,
             svm,
@@ -228,7 +236,9 @@ impl Daemon {
             connections: AtomicUsize::new(0),
             pending: Arc::new(admission::Pending::default()),
             guest_meta: Mutex::new(HashMap::new()),
-        }))
+        });
+        services.attach_daemon(&daemon);
+        Ok(daemon)
     }
 
     /// The SVM manager.

@@ -21,6 +21,7 @@ pub mod fences;
 pub mod limits;
 pub mod link;
 pub mod policy;
+pub mod services;
 pub mod session;
 pub mod snapshot;
 pub mod status;

@@ -219,6 +219,11 @@ struct Args {
     /// commands, class. Reloaded on SIGHUP (a bad file then keeps the old policy).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// Host services policy (JSON): which guest may use which service (`geo`, `sensor`,
+    /// `clipboard`, `bulk`), shared or per-guest instances. Changed at run time with `virtsoc
+    /// ctl services policy`. Without it every guest may use every service.
+    #[arg(long)]
+    services_policy: Option<PathBuf>,
     /// Steer guests' CPU weight: each guest's process goes into a cgroup NAME/guest-ID under
     /// the daemon's own (cgroup v2 cpu.weight, or v1 cpu.shares), weighted by its share (the
     /// policy's, the feedback loop's). Without the permission or the controller the daemon
@@ -332,6 +337,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         token: token(&args)?,
         state_dir: args.state_dir.clone(),
         view_budget_pct: args.view_budget,
+        services_policy: args.services_policy.clone(),
         limits: Limits {
             regions: args.limit_regions,
             fences: args.limit_fences,

@@ -1,0 +1,365 @@
+//! `virtsoc bench services`: bandwidth and round trip of a host service channel (issue 29)
+//! beside the daemon's own ring, a Unix socket and TCP loopback, in one run, with 1 to N
+//! channels, from process guests.
+//!
+//! What each channel moves, per transfer, is the same: `size` bytes written by this process
+//! and read once by the peer into its own memory.
+//! - `service`: the guest writes the bytes into a region from the CPU, then calls the `bulk`
+//!   service's `drain` on the region over a channel of its own; the service reads the bytes
+//!   in place in the guest's window into its buffer. The round trip is a 64-byte inline
+//!   `echo`. N channels are N channels of one guest, one thread each.
+//! - `ring`: `bench transport`'s ring: a CPU write of the region, then the consumer device
+//!   pulling it into its memory; round trip a NOP. N channels are N guests.
+//! - `unix-socket`, `tcp-loopback`: a write of the bytes and the peer thread reading them
+//!   into its buffer; round trip 64 bytes each way (as `bench transport`'s). N channels are
+//!   N socket pairs (a socketpair, or a loopback connection).
+//!
+//! Bandwidth with N channels is the sum of each channel's median transfer rate, all running
+//! at once.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::time::Instant;
+
+use serde::Serialize;
+use virtsoc_guest::services::Bulk;
+use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
+
+use crate::bench_transport;
+use crate::daemon_proc::Endpoint;
+use crate::stats::{percentile, P50P99};
+use crate::CliError;
+
+/// One measured channel kind at one channel count.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Row {
+    /// `service`, `ring`, `unix-socket` or `tcp-loopback`.
+    pub channel: String,
+    /// `process`.
+    pub guest: String,
+    /// Channels running at once.
+    pub channels: u32,
+    /// Bytes per second over all channels, in GB/s.
+    pub bandwidth_gbps: f64,
+    /// Round trip of a small message on one channel, in microseconds.
+    pub rtt_us: P50P99,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Report {
+    /// Bytes per transfer.
+    pub bulk_bytes: u64,
+    /// Round trips timed per channel.
+    pub round_trips: usize,
+    /// Transfers timed per channel.
+    pub reps: usize,
+    /// The machine's load average when the run started (`/proc/loadavg`).
+    pub load: String,
+    /// Every measurement.
+    pub rows: Vec<Row>,
+}
+
+/// What one channel of the service measured: (round trips in us, bytes/s).
+fn service_channel(
+    conn: &Connection,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<(Vec<f64>, f64), CliError> {
+    let mut bulk = Bulk::open(conn, 1)?;
+    let msg = [0x42u8; 64];
+    let mut rtt = Vec::with_capacity(round_trips);
+    for i in 0..round_trips + round_trips / 10 {
+        let t0 = Instant::now();
+        let back = bulk.echo(&msg)?;
+        if i >= round_trips / 10 {
+            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        if back.len() != msg.len() {
+            return Err(CliError::Usage(
+                "bulk echo answered the wrong length".into(),
+            ));
+        }
+    }
+    let id = conn.alloc_blob(size)?.id;
+    let src: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..reps + 1 {
+        let t0 = Instant::now();
+        let a = conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+        let ptr = a
+            .ptr
+            .ok_or_else(|| CliError::Usage("no pointer for CPU access".into()))?;
+        // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), size as usize) };
+        conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+        if i == 0 {
+            // The first transfer is checked end to end (and not timed).
+            let (crc, n) = bulk.sink_region(id, size)?;
+            if (crc, n) != (crc32fast::hash(&src), size) {
+                return Err(CliError::Usage(format!(
+                    "the service read {n} bytes with CRC {crc:#x}, expected {size} and {:#x}",
+                    crc32fast::hash(&src)
+                )));
+            }
+            continue;
+        }
+        let r = bulk.0.call_region(
+            virtsoc_guest::services::bulk::call::DRAIN,
+            (id, 0, size),
+            (0, 0),
+        )?;
+        times.push(t0.elapsed().as_secs_f64());
+        if r.values[0] != size {
+            return Err(CliError::Usage(
+                "the service drained the wrong length".into(),
+            ));
+        }
+    }
+    bulk.0.close(conn)?;
+    conn.free(id)?;
+    Ok((rtt, size as f64 / percentile(&times, 50.0)))
+}
+
+fn service_row(
+    endpoint: &Endpoint,
+    n: u32,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<Row, CliError> {
+    let opts = ConnectOptions {
+        name: "bench-services".into(),
+        coherence: Some("write-invalidate".into()),
+        window_size: (size + (2 << 20)) * u64::from(n) + (64 << 20),
+        ..ConnectOptions::default()
+    };
+    let conn = Connection::open(&endpoint.target, &opts)?;
+    let results: Vec<Result<(Vec<f64>, f64), CliError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|_| s.spawn(|| service_channel(&conn, round_trips, size, reps)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(CliError::Usage("channel thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut bw = 0.0;
+    let mut rtt = None;
+    for r in results {
+        let (t, b) = r?;
+        bw += b;
+        rtt.get_or_insert(t);
+    }
+    Ok(Row {
+        channel: "service".into(),
+        guest: "process".into(),
+        channels: n,
+        bandwidth_gbps: bw / 1e9,
+        rtt_us: P50P99::of(&rtt.unwrap_or_default()),
+    })
+}
+
+/// Peer of a stream channel: a header `[kind u8][len u64]`, then `len` bytes read into its
+/// buffer; answers 64 bytes.
+fn serve_stream(mut s: impl Read + Write) {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut head = [0u8; 9];
+    while s.read_exact(&mut head).is_ok() {
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&head[1..9]);
+        let mut left = u64::from_le_bytes(len);
+        while left > 0 {
+            let n = (left as usize).min(buf.len());
+            if s.read_exact(&mut buf[..n]).is_err() {
+                return;
+            }
+            left -= n as u64;
+        }
+        if s.write_all(&[0u8; 64]).is_err() {
+            return;
+        }
+    }
+}
+
+/// A connected stream pair: (this end, the peer's end).
+fn stream_pair(tcp: bool) -> Result<(Box<dyn ReadWrite>, Box<dyn ReadWrite>), CliError> {
+    if !tcp {
+        let (a, b) = UnixStream::pair()?;
+        return Ok((Box::new(a), Box::new(b)));
+    }
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let c = TcpStream::connect(l.local_addr()?)?;
+    let (p, _) = l.accept()?;
+    c.set_nodelay(true)?;
+    p.set_nodelay(true)?;
+    Ok((Box::new(c), Box::new(p)))
+}
+
+/// A bidirectional byte stream.
+trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
+
+/// One socket channel: (round trips in us, bytes/s).
+fn stream_channel(
+    tcp: bool,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<(Vec<f64>, f64), CliError> {
+    let (mut c, peer) = stream_pair(tcp)?;
+    let server = std::thread::spawn(move || serve_stream(peer));
+    let mut reply = [0u8; 64];
+    let mut msg = [0u8; 64];
+    msg[1..9].copy_from_slice(&55u64.to_le_bytes());
+    let mut rtt = Vec::with_capacity(round_trips);
+    for i in 0..round_trips + round_trips / 10 {
+        let t0 = Instant::now();
+        c.write_all(&msg)?;
+        c.read_exact(&mut reply)?;
+        if i >= round_trips / 10 {
+            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let data = vec![0x5au8; size as usize];
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..reps + 1 {
+        let t0 = Instant::now();
+        let mut head = [1u8; 9];
+        head[1..9].copy_from_slice(&size.to_le_bytes());
+        c.write_all(&head)?;
+        c.write_all(&data)?;
+        c.read_exact(&mut reply)?;
+        if i > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    drop(c);
+    let _ = server.join();
+    Ok((rtt, size as f64 / percentile(&times, 50.0)))
+}
+
+/// `n` channels of kind `name` at once.
+fn baseline_row(
+    endpoint: &Endpoint,
+    name: &str,
+    n: u32,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<Row, CliError> {
+    let one = || -> Result<(Vec<f64>, f64), CliError> {
+        match name {
+            "ring" => {
+                let r =
+                    bench_transport::ring("ring", &endpoint.target, None, round_trips, size, reps)?;
+                Ok((vec![r.rtt_us.p50, r.rtt_us.p99], r.bandwidth_gbps * 1e9))
+            }
+            "unix-socket" => stream_channel(false, round_trips, size, reps),
+            _ => stream_channel(true, round_trips, size, reps),
+        }
+    };
+    let results: Vec<Result<(Vec<f64>, f64), CliError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n).map(|_| s.spawn(one)).collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(CliError::Usage("channel thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut bw = 0.0;
+    let mut rtt = None;
+    for r in results {
+        let (t, b) = r?;
+        bw += b;
+        rtt.get_or_insert(t);
+    }
+    let rtt = rtt.unwrap_or_default();
+    // The ring's result comes as its p50 and p99 already.
+    let rtt_us = if name == "ring" && rtt.len() == 2 {
+        P50P99 {
+            p50: rtt[0],
+            p99: rtt[1],
+        }
+    } else {
+        P50P99::of(&rtt)
+    };
+    Ok(Row {
+        channel: name.into(),
+        guest: "process".into(),
+        channels: n,
+        bandwidth_gbps: bw / 1e9,
+        rtt_us,
+    })
+}
+
+/// Runs every channel kind with 1..=`max_channels` channels.
+pub fn run(
+    endpoint: &Endpoint,
+    max_channels: u32,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<Report, CliError> {
+    if !(1..=16).contains(&max_channels) {
+        return Err(CliError::Usage("--channels must be 1..=16".into()));
+    }
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let mut rows = Vec::new();
+    for n in 1..=max_channels {
+        rows.push(service_row(endpoint, n, round_trips, size, reps)?);
+        for name in ["ring", "unix-socket", "tcp-loopback"] {
+            rows.push(baseline_row(endpoint, name, n, round_trips, size, reps)?);
+        }
+    }
+    Ok(Report {
+        bulk_bytes: size,
+        round_trips,
+        reps,
+        load,
+        rows,
+    })
+}
+
+/// Prints the report as a table, with the service's ratios to the ring and TCP.
+pub fn print_table(r: &Report) {
+    println!(
+        "Host services: {} bytes per transfer, {} round trips, {} transfers per channel \
+         (load average {})",
+        r.bulk_bytes, r.round_trips, r.reps, r.load
+    );
+    println!(
+        "{:<14} {:>8} {:>11} {:>11} {:>12} {:>9} {:>9}",
+        "channel", "channels", "rtt p50 us", "rtt p99 us", "bulk GB/s", "x ring", "x tcp"
+    );
+    for row in &r.rows {
+        let of = |c: &str| {
+            r.rows
+                .iter()
+                .find(|x| x.channel == c && x.channels == row.channels)
+                .map_or(0.0, |x| x.bandwidth_gbps)
+        };
+        let ratio = |c: &str| match of(c) {
+            d if d > 0.0 => format!("{:.2}", row.bandwidth_gbps / d),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<14} {:>8} {:>11.2} {:>11.2} {:>12.3} {:>9} {:>9}",
+            row.channel,
+            row.channels,
+            row.rtt_us.p50,
+            row.rtt_us.p99,
+            row.bandwidth_gbps,
+            ratio("ring"),
+            ratio("tcp-loopback")
+        );
+    }
+}

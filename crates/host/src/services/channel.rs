@@ -1,0 +1,225 @@
+//! One channel's host thread: takes the guest's requests off the channel's own ring, runs
+//! them on the service through the hypervisor (payloads read and written in place in the
+//! guest's window), reassembles packet transfers and answers. A channel has its own thread
+//! and ring, so a slow call holds up only its own channel.
+//!
+//! Everything in the ring and the slots is the guest's and is checked: kinds, slots,
+//! lengths, regions and ranges, packet headers. A request that fails answers an error status
+//! with the reason in its slot; a ring violation (an index out of range) closes the channel.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use virtsoc_proto::SharedWindow;
+use virtsoc_services::chan::{kind, Entry, HostEnd};
+use virtsoc_services::hypervisor::{Hypervisor, Reply};
+use virtsoc_services::packet::PacketHeader;
+use virtsoc_services::payload::{Input, Output, WindowBytes};
+use virtsoc_services::reassembly::Reassembler;
+use virtsoc_services::{Result, ServiceError};
+use virtsoc_svm::{GuestId, RegionId, SvmManager};
+
+/// How long a transfer may go without a packet before it is dropped.
+pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of unfinished transfers one channel may hold.
+pub const CHANNEL_BUDGET: u64 = 256 << 20;
+/// Bytes of unfinished transfers all of one guest's channels may hold together.
+pub const GUEST_BUDGET: u64 = 512 << 20;
+/// Longest wait with no transfer open (a close wakes the thread at once).
+const IDLE_WAIT: Duration = Duration::from_secs(3600);
+
+/// What a channel's thread needs.
+pub struct ChannelCtx {
+    /// The channel id.
+    pub id: u64,
+    /// The guest.
+    pub guest: GuestId,
+    /// The guest's window.
+    pub win: Arc<SharedWindow>,
+    /// To resolve the guest's regions.
+    pub svm: Arc<SvmManager>,
+    /// The hypervisor.
+    pub hv: Arc<Hypervisor>,
+    /// Bytes of unfinished transfers this guest's channels hold.
+    pub guest_held: Arc<AtomicU64>,
+}
+
+/// Serves the channel until it closes.
+pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
+    let mut reasm = Reassembler::new(CHANNEL_BUDGET, TRANSFER_TIMEOUT.as_nanos() as u64);
+    let mut timed_out: VecDeque<u32> = VecDeque::new();
+    loop {
+        let now = crate::clock::now_ns();
+        let wait = reasm
+            .next_deadline()
+            .map_or(IDLE_WAIT, |d| Duration::from_nanos(d.saturating_sub(now)));
+        let before = reasm.used();
+        match end.next(wait) {
+            Ok(Some(e)) => {
+                let resp = handle(&cx, &end, &mut reasm, &mut timed_out, e);
+                if let Err(err) = end.respond(resp) {
+                    log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
+                    end.close(2);
+                    break;
+                }
+            }
+            Ok(None) => {
+                for t in reasm.expire(crate::clock::now_ns()) {
+                    log::info!(
+                        "guest {} channel {}: transfer {t} timed out",
+                        cx.guest.0,
+                        cx.id
+                    );
+                    if timed_out.len() == 64 {
+                        timed_out.pop_front();
+                    }
+                    timed_out.push_back(t);
+                }
+            }
+            Err(ServiceError::Closed) => break,
+            Err(err) => {
+                log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
+                end.close(2);
+                break;
+            }
+        }
+        account(&cx, before, reasm.used());
+    }
+    account(&cx, reasm.used(), 0);
+    let _ = cx.hv.close(cx.guest.0, cx.id);
+}
+
+fn account(cx: &ChannelCtx, before: u64, after: u64) {
+    if after > before {
+        cx.guest_held.fetch_add(after - before, Ordering::Relaxed);
+    } else {
+        cx.guest_held.fetch_sub(before - after, Ordering::Relaxed);
+    }
+}
+
+/// Runs one request; the response to post.
+fn handle(
+    cx: &ChannelCtx,
+    end: &HostEnd,
+    reasm: &mut Reassembler,
+    timed_out: &mut VecDeque<u32>,
+    e: Entry,
+) -> Entry {
+    let mut resp = Entry {
+        seq: e.seq,
+        slot: e.slot,
+        ..Entry::default()
+    };
+    match run(cx, end, reasm, timed_out, &e) {
+        Ok(r) => {
+            resp.len = r.len as u32;
+            resp.args[..4].copy_from_slice(&r.values);
+        }
+        Err(err) => {
+            resp.code = err.status() as u32;
+            let text = err.to_string();
+            let text = &text.as_bytes()[..text.len().min(512)];
+            if let Ok(mut s) = end.slot(e.slot) {
+                if s.write_at(0, text).is_ok() {
+                    resp.len = text.len() as u32;
+                }
+            }
+        }
+    }
+    resp
+}
+
+fn run(
+    cx: &ChannelCtx,
+    end: &HostEnd,
+    reasm: &mut Reassembler,
+    timed_out: &mut VecDeque<u32>,
+    e: &Entry,
+) -> Result<Reply> {
+    let slot = end.slot(e.slot)?;
+    let g = cx.guest.0;
+    match e.code {
+        kind::CALL => {
+            let input = slot.prefix(e.len as usize)?;
+            let mut out = slot.clone();
+            cx.hv.invoke(g, cx.id, e.call, &input, &mut out)
+        }
+        kind::CALL_REGION => {
+            let [in_r, in_off, in_len, out_r, out_off] = e.args;
+            let input = region_bytes(cx, in_r, in_off, Some(in_len))?;
+            let mut out = match out_r {
+                0 => slot.clone(),
+                r => region_bytes(cx, r, out_off, None)?,
+            };
+            cx.hv.invoke(g, cx.id, e.call, &input, &mut out)
+        }
+        kind::PACKET => {
+            cx.hv.channel_service(g, cx.id)?;
+            let h = PacketHeader::from_words(e.call, [e.args[0], e.args[1], e.args[2]])?;
+            if e.len != h.len {
+                return Err(ServiceError::BadPacket(format!(
+                    "entry carries {} bytes, header {}",
+                    e.len, h.len
+                )));
+            }
+            let bytes = slot.prefix(h.len as usize)?.to_vec()?;
+            let held = cx.guest_held.load(Ordering::Relaxed);
+            if held.saturating_add(h.total) > GUEST_BUDGET && reasm.open() == 0 {
+                return Err(ServiceError::OverBudget {
+                    want: h.total,
+                    left: GUEST_BUDGET.saturating_sub(held),
+                });
+            }
+            reasm.packet(&h, &bytes, crate::clock::now_ns())?;
+            Ok(Reply::default())
+        }
+        kind::COMMIT => {
+            let t = e.args[0] as u32;
+            let done = match reasm.commit(t, e.args[1] as u32, e.args[2] as u32) {
+                Err(ServiceError::NoSuchTransfer(t)) if timed_out.contains(&t) => {
+                    timed_out.retain(|x| *x != t);
+                    return Err(ServiceError::TimedOut(t));
+                }
+                r => r?,
+            };
+            let mut out = slot.clone();
+            cx.hv.invoke(g, cx.id, done.call, &done.data, &mut out)
+        }
+        kind::REVOKE => {
+            reasm.revoke(e.args[0] as u32)?;
+            Ok(Reply::default())
+        }
+        k => Err(ServiceError::BadPacket(format!("unknown request kind {k}"))),
+    }
+}
+
+/// `len` bytes (or the rest) at `off` of the guest's region `id`, in its window.
+fn region_bytes(cx: &ChannelCtx, id: u64, off: u64, len: Option<u64>) -> Result<WindowBytes> {
+    let bad = |m: String| ServiceError::BadArgument(m);
+    let meta = cx
+        .svm
+        .meta(cx.guest, RegionId(id))
+        .map_err(|_| bad(format!("no region {id} of this guest")))?;
+    let at = cx
+        .svm
+        .window_offset(cx.guest, RegionId(id))
+        .map_err(|_| bad(format!("no region {id} of this guest")))?
+        .ok_or_else(|| {
+            bad(format!(
+                "region {id} has no CPU replica (write it from the CPU first)"
+            ))
+        })?;
+    let len = len.unwrap_or(meta.size.saturating_sub(off));
+    match off.checked_add(len) {
+        Some(e) if e <= meta.size => {}
+        _ => {
+            return Err(bad(format!(
+                "{len} bytes at {off} outside region {id} of {} bytes",
+                meta.size
+            )))
+        }
+    }
+    WindowBytes::new(cx.win.clone(), at + off, len as usize)
+}

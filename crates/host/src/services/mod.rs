@@ -1,0 +1,273 @@
+//! Host services in the daemon (issue 29, after virtio-vapp): the `service` device, through
+//! which a guest opens channels to the services the hypervisor hosts
+//! ([`virtsoc_services`]), and the threads that serve those channels.
+//!
+//! A guest lays a channel out at the start of a blob region it holds a CPU access on
+//! (`virtsoc_services::chan`), then sends `service::open` with the service's name and the
+//! region. The device checks the region (the guest's, with a window replica, large enough
+//! for the layout it finds there), asks the hypervisor (the services policy decides by the
+//! guest's handshake name), and starts the channel's thread ([`channel`]). From then on the
+//! guest and that thread talk through the channel's own rings; the device ring carries only
+//! opens and closes. Control operations (`geo.fix`, `sensor.set`, `clipboard.get`,
+//! `services.policy`, ...) come from the control API through [`Device::control`].
+
+pub mod channel;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+
+use serde_json::Value;
+use virtsoc_control::ControlError;
+use virtsoc_devapi::service::{CloseReply, Command, OpenReply};
+use virtsoc_proto::Status;
+use virtsoc_services::chan::{Closer, HostEnd};
+use virtsoc_services::hypervisor::Hypervisor;
+use virtsoc_services::policy::ServicePolicy;
+use virtsoc_services::ServiceError;
+use virtsoc_svm::{GuestId, RegionId};
+use virtsoc_sync::LockExt;
+
+use crate::device::{Device, DeviceCtx, DeviceResult};
+use crate::Daemon;
+
+/// Channels one guest may have open at once.
+pub const MAX_CHANNELS: usize = 16;
+/// Spins of a channel thread before it sleeps on its doorbell.
+const SPINS: u32 = 4096;
+
+struct Open {
+    guest: GuestId,
+    closer: Closer,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The `service` device.
+pub struct ServiceDevice {
+    hv: Arc<Hypervisor>,
+    channels: Mutex<HashMap<u64, Open>>,
+    held: Mutex<HashMap<GuestId, Arc<AtomicU64>>>,
+    daemon: OnceLock<Weak<Daemon>>,
+    policy_file: Option<std::path::PathBuf>,
+}
+
+impl ServiceDevice {
+    /// The device with the built-in services, under the policy in `policy_file` (every
+    /// guest may use every service without one).
+    pub fn new(policy_file: Option<&Path>) -> crate::Result<Self> {
+        let policy = match policy_file {
+            Some(p) => read_policy(p)?,
+            None => ServicePolicy::default(),
+        };
+        let hv = Arc::new(Hypervisor::new(policy));
+        virtsoc_services::builtin::register_all(&hv);
+        Ok(ServiceDevice {
+            hv,
+            channels: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            daemon: OnceLock::new(),
+            policy_file: policy_file.map(Path::to_path_buf),
+        })
+    }
+
+    /// The hypervisor.
+    pub fn hypervisor(&self) -> &Arc<Hypervisor> {
+        &self.hv
+    }
+
+    /// Lets the device find guests' names (for the policy) in `daemon`'s sessions.
+    pub fn attach_daemon(&self, daemon: &Arc<Daemon>) {
+        let _ = self.daemon.set(Arc::downgrade(daemon));
+    }
+
+    fn guest_name(&self, guest: GuestId) -> String {
+        self.daemon
+            .get()
+            .and_then(Weak::upgrade)
+            .and_then(|d| {
+                d.sessions()
+                    .into_iter()
+                    .find(|s| s.guest_id() == guest)
+                    .map(|s| s.name().to_string())
+            })
+            .unwrap_or_default()
+    }
+
+    fn open(&self, cx: &DeviceCtx<'_>, name: [u64; 2], region: u64) -> DeviceResult {
+        let service = virtsoc_services::unpack_name(name)
+            .ok_or_else(|| cx.fail(Status::BadArgument, "service name: 1-16 ASCII characters"))?;
+        let guest = cx.guest;
+        let n = self
+            .channels
+            .lock_or_recover()
+            .values()
+            .filter(|o| o.guest == guest)
+            .count();
+        if n >= MAX_CHANNELS {
+            return Err(cx.fail(
+                Status::OutOfMemory,
+                format!("at most {MAX_CHANNELS} channels per guest"),
+            ));
+        }
+        let meta = cx.meta(region)?;
+        let at = cx
+            .svm
+            .window_offset(guest, RegionId(region))
+            .ok()
+            .flatten()
+            .ok_or_else(|| {
+                cx.fail(
+                    Status::BadArgument,
+                    "channel region: begin a CPU access first",
+                )
+            })?;
+        let win = cx
+            .svm
+            .guest_window(guest)
+            .map_err(|_| cx.fail(Status::Internal, "no window for this guest"))?;
+        let end = HostEnd::attach(win.clone(), at, meta.size, SPINS).map_err(|e| fail(cx, &e))?;
+        let entries = end.layout().entries;
+        let id = self
+            .hv
+            .open(guest.0, &self.guest_name(guest), &service)
+            .map_err(|e| fail(cx, &e))?;
+        let held = self
+            .held
+            .lock_or_recover()
+            .entry(guest)
+            .or_default()
+            .clone();
+        let ccx = channel::ChannelCtx {
+            id,
+            guest,
+            win: win.clone(),
+            svm: cx.svm.clone(),
+            hv: self.hv.clone(),
+            guest_held: held,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("svc-{service}-{id}"))
+            .spawn(move || channel::serve(ccx, end))
+            .map_err(|_| {
+                let _ = self.hv.close(guest.0, id);
+                cx.fail(Status::OutOfMemory, "cannot start the channel's thread")
+            })?;
+        self.channels.lock_or_recover().insert(
+            id,
+            Open {
+                guest,
+                closer: Closer::new(win, at),
+                thread: Some(thread),
+            },
+        );
+        Ok(OpenReply {
+            channel: id,
+            entries: u64::from(entries),
+        }
+        .to_values())
+    }
+
+    fn close(&self, cx: &DeviceCtx<'_>, id: u64) -> DeviceResult {
+        let mut chans = self.channels.lock_or_recover();
+        match chans.get(&id) {
+            Some(o) if o.guest == cx.guest => {}
+            _ => {
+                return Err(cx.fail(
+                    Status::BadArgument,
+                    format!("no channel {id} of this guest"),
+                ))
+            }
+        }
+        let mut o = chans.remove(&id).ok_or(Status::Internal)?;
+        drop(chans);
+        o.closer.close(1);
+        if let Some(t) = o.thread.take() {
+            let _ = t.join();
+        }
+        Ok(CloseReply {}.to_values())
+    }
+}
+
+fn fail(cx: &DeviceCtx<'_>, e: &ServiceError) -> Status {
+    cx.fail(e.status(), e.to_string())
+}
+
+fn read_policy(p: &Path) -> crate::Result<ServicePolicy> {
+    let text = std::fs::read_to_string(p)
+        .map_err(|e| crate::HostError::Config(format!("services policy {}: {e}", p.display())))?;
+    ServicePolicy::parse(&text)
+        .map_err(|e| crate::HostError::Config(format!("{}: {e}", p.display())))
+}
+
+fn control_err(e: ServiceError) -> ControlError {
+    ControlError::BadRequest(e.to_string())
+}
+
+impl Device for ServiceDevice {
+    fn name(&self) -> &str {
+        "service"
+    }
+
+    fn backend(&self) -> String {
+        "service hypervisor (geo, sensor, clipboard, bulk)".into()
+    }
+
+    fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
+        match Command::decode(args)? {
+            Command::Open(o) => self.open(cx, [o.name0, o.name1], o.ring),
+            Command::Close(c) => self.close(cx, c.channel),
+        }
+    }
+
+    fn guest_gone(&self, guest: GuestId) {
+        let mut chans = self.channels.lock_or_recover();
+        let ids: Vec<u64> = chans
+            .iter()
+            .filter(|(_, o)| o.guest == guest)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(o) = chans.remove(&id) {
+                // The thread ends at its next wake-up; nobody waits for it here.
+                o.closer.close(3);
+            }
+        }
+        drop(chans);
+        self.held.lock_or_recover().remove(&guest);
+        self.hv.guest_gone(guest.0);
+    }
+
+    /// `services.list`, `services.policy` (a new policy, or `{"reload": true}` for the
+    /// file), and `SERVICE.OP` for a service's own operations (`geo.fix`, `sensor.set`,
+    /// `clipboard.get`, ...).
+    fn control(&self, op: &str, args: &Value) -> Result<Value, ControlError> {
+        match op {
+            "services.list" => Ok(self.hv.describe()),
+            "services.policy" => {
+                let p = if args["reload"].as_bool() == Some(true) {
+                    let f = self.policy_file.as_ref().ok_or_else(|| {
+                        ControlError::BadRequest("the daemon has no --services-policy file".into())
+                    })?;
+                    read_policy(f).map_err(|e| ControlError::BadRequest(e.to_string()))?
+                } else {
+                    ServicePolicy::from_value(args).map_err(control_err)?
+                };
+                self.hv.set_policy(p);
+                Ok(self.hv.describe()["policy"].clone())
+            }
+            _ => {
+                let (service, sop) = op.split_once('.').ok_or_else(|| {
+                    ControlError::NotFound(format!("service control operation {op:?}"))
+                })?;
+                self.hv.control(service, sop, args).map_err(|e| match e {
+                    ServiceError::NoSuchService(s) => {
+                        ControlError::NotFound(format!("service {s}"))
+                    }
+                    e => control_err(e),
+                })
+            }
+        }
+    }
+}
