@@ -104,6 +104,9 @@ struct Inner {
 pub struct Transport {
     conn: Connection,
     inner: Mutex<Inner>,
+    /// A remote (TCP) guest: its window is a mirror, a CPU write's bytes travel with its
+    /// end_access (a waited one).
+    remote: bool,
 }
 
 fn gles_id() -> DeviceId {
@@ -184,6 +187,7 @@ impl Transport {
         let reply = alloc(REPLY_REGION)?;
         Ok(Transport {
             conn,
+            remote: target.starts_with("tcp:"),
             inner: Mutex::new(Inner {
                 slots,
                 next: 0,
@@ -289,6 +293,12 @@ impl Transport {
         // the region's life and the window stays mapped for the connection's. The batch
         // that last used the region has ended its accesses (`settle`).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        if self.remote {
+            self.conn
+                .end_access(id, CPU, 0, len, AccessMode::Write)
+                .map_err(channel_error)?;
+            return Ok(());
+        }
         self.conn
             .submit_detached(
                 Opcode::EndAccess,
