@@ -7,5 +7,6 @@ pub mod egl;
 pub mod gl;
 pub mod glue;
 pub mod image;
+pub mod memobj;
 pub mod sandbox;
 pub mod worker;

@@ -77,6 +77,10 @@ impl DeviceClock {
     }
 }
 
+/// Answers of at most this many bytes are read into a buffer of their own (see
+/// [`Worker::call`]).
+const SMALL_REPLY: usize = 64 << 10;
+
 /// A started worker.
 pub(super) struct Worker {
     pub(super) child: Child,
@@ -140,7 +144,13 @@ impl Worker {
                 "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes)"
             ));
         }
-        let mut reply = std::mem::take(&mut self.spare);
+        // Small answers (most batches') in a buffer of their own: the spare one is kept for
+        // the large ones (readbacks), whose buffer comes back through `recycle`.
+        let mut reply = if reply_len <= SMALL_REPLY {
+            Vec::new()
+        } else {
+            std::mem::take(&mut self.spare)
+        };
         reply.clear();
         reply.resize(reply_len, 0);
         let mut msg = vec![0u8; msg_len];
