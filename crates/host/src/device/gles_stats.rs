@@ -29,6 +29,8 @@ const MAKE_CURRENT: u32 = 0x1_0005;
 const SWAP: u32 = 0x1_0006;
 /// Most contexts counted apart per guest (the others are summed under context 0).
 const MAX_CONTEXTS: usize = 256;
+/// Most opcodes whose round trips are counted apart per guest.
+const MAX_OPS: usize = 64;
 
 /// The counters of one guest context (or of a whole guest).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -53,6 +55,10 @@ pub(super) struct GlesStats {
     /// By guest context id (0: packets before any context, and contexts past
     /// [`MAX_CONTEXTS`]).
     pub(super) contexts: BTreeMap<u32, Counts>,
+    /// Round trips by the opcode of the waited batch's last packet (the call the guest
+    /// waited for: a GL opcode of the generated table, or an EGL one from `0x10000`), at
+    /// most [`MAX_OPS`] opcodes (the rest under `u32::MAX`).
+    pub(super) round_trip_ops: BTreeMap<u32, u64>,
     /// The context the guest's stream last ran on.
     #[serde(skip)]
     on_ctx: u32,
@@ -66,6 +72,7 @@ impl GlesStats {
         let mut touched: Vec<u32> = Vec::new();
         let mut at = 0usize;
         let mut start = 0usize;
+        let mut last_op = None;
         let word = |i: usize| {
             batch
                 .get(i..i + 4)
@@ -78,6 +85,7 @@ impl GlesStats {
             else {
                 break;
             };
+            last_op = Some(op);
             match op {
                 SET_CONTEXT | MAKE_CURRENT => {
                     self.bytes_to(start, at, &mut touched);
@@ -96,6 +104,14 @@ impl GlesStats {
         if waited {
             self.total.round_trips += 1;
             self.ctx(self.on_ctx).round_trips += 1;
+            let op = last_op.unwrap_or(u32::MAX);
+            let op = if self.round_trip_ops.contains_key(&op) || self.round_trip_ops.len() < MAX_OPS
+            {
+                op
+            } else {
+                u32::MAX
+            };
+            *self.round_trip_ops.entry(op).or_default() += 1;
         }
     }
 
@@ -165,6 +181,7 @@ mod tests {
         assert_eq!(s.contexts[&9].round_trips, 1);
         assert_eq!(s.contexts[&9].stream_bytes, 12 + 12);
         assert_eq!(s.contexts[&7].round_trips, 0);
+        assert_eq!(s.round_trip_ops.get(&5), Some(&1));
         // A later batch without SET_CONTEXT runs on context 9 still; unwaited.
         let mut c = Vec::new();
         packet(&mut c, SWAP, &[2]);
