@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
@@ -21,7 +21,7 @@ use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::WindowLayout;
-use virtsoc_sync::{CondvarExt, LockExt};
+use virtsoc_sync::{Condvar, Mutex, RwLock};
 
 use crate::link::GuestLink;
 use virtsoc_devapi::DeviceCommand;
@@ -243,7 +243,7 @@ impl Connection {
         let h = Self::handshake_unix(sock, opts, None)?;
         let mut c = Self::with_link(h.link, h.window, h.guest_id, h.coherence, h.devices)?;
         c.origin = Mutex::new(Some((path.to_path_buf(), opts.clone())));
-        *c.resume.lock().unwrap_or_else(|p| p.into_inner()) = h.resume;
+        *c.resume.lock() = h.resume;
         Ok(c)
     }
 
@@ -254,7 +254,7 @@ impl Connection {
         let mut c = Self::with_link(h.link, h.window, h.guest_id, h.coherence, h.devices)?;
         // Reconnects go to the same address (`tcp:` marks it as one).
         c.origin = Mutex::new(Some((format!("tcp:{addr}").into(), opts.clone())));
-        *c.resume.lock().unwrap_or_else(|p| p.into_inner()) = h.resume;
+        *c.resume.lock() = h.resume;
         Ok(c)
     }
 
@@ -340,20 +340,17 @@ impl Connection {
     /// The mapped window (for tests and tools that need raw access). After a reconnect it
     /// is the new daemon's window.
     pub fn window(&self) -> Arc<SharedWindow> {
-        self.window
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.window.read().clone()
     }
 
     fn link(&self) -> Arc<dyn GuestLink> {
-        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.link.read().clone()
     }
 
     /// The daemon behind `link` is gone: the connection is closed, unless `link` was already
     /// replaced by a reconnect (another thread's).
     fn mark_closed(&self, link: &Arc<dyn GuestLink>) {
-        let current = self.link.read().unwrap_or_else(|p| p.into_inner());
+        let current = self.link.read();
         if Arc::ptr_eq(&*current, link) {
             self.closed.store(true, Ordering::SeqCst);
         }
@@ -373,7 +370,7 @@ impl Connection {
 
     /// Failures of detached requests since the last call.
     pub fn take_async_errors(&self) -> Vec<(u64, Status)> {
-        std::mem::take(&mut self.reaped.lock_or_recover().async_errors)
+        std::mem::take(&mut self.reaped.lock().async_errors)
     }
 
     /// Requests submitted and not yet completed.
@@ -399,7 +396,7 @@ impl Connection {
 
     /// The MIMD window right now.
     pub fn pacing_window(&self) -> u32 {
-        self.pacer.lock_or_recover().allowed_in_flight()
+        self.pacer.lock().allowed_in_flight()
     }
 
     /// Whether a request goes out past the pacing window: a fence signal always does (it
@@ -446,7 +443,7 @@ impl Connection {
             }
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
             {
-                let mut r = self.reaped.lock_or_recover();
+                let mut r = self.reaped.lock();
                 r.outstanding.insert(seq);
                 if detached {
                     r.detached.insert(seq);
@@ -462,7 +459,7 @@ impl Connection {
             }
             self.submitted.fetch_sub(1, Ordering::SeqCst);
             {
-                let mut r = self.reaped.lock_or_recover();
+                let mut r = self.reaped.lock();
                 r.outstanding.remove(&seq);
                 r.detached.remove(&seq);
             }
@@ -482,17 +479,17 @@ impl Connection {
     /// Waits for one reaping round: takes every available completion off the ring.
     fn reap_once(&self, timeout: Option<Duration>) -> Result<()> {
         {
-            let mut r = self.reaped.lock_or_recover();
+            let mut r = self.reaped.lock();
             if r.reaping {
                 let _ = self
                     .reaped_cv
-                    .wait_timeout_or_recover(r, timeout.unwrap_or(LIVENESS_CHECK));
+                    .wait_timeout(r, timeout.unwrap_or(LIVENESS_CHECK));
                 return Ok(());
             }
             r.reaping = true;
         }
         let result = self.reap_as_reaper(timeout);
-        let mut r = self.reaped.lock_or_recover();
+        let mut r = self.reaped.lock();
         r.reaping = false;
         if let Ok(batch) = &result {
             self.absorb(&mut r, batch);
@@ -520,7 +517,7 @@ impl Connection {
             .fetch_add(batch.len() as u64, Ordering::SeqCst);
         // One MIMD step per reaping round, driven by the deepest queue it reported.
         if let Some(depth) = batch.iter().map(|c| c.queue_depth).max() {
-            self.pacer.lock_or_recover().on_feedback(depth);
+            self.pacer.lock().on_feedback(depth);
             self.max_depth.fetch_max(depth, Ordering::Relaxed);
         }
         for c in batch {
@@ -556,7 +553,7 @@ impl Connection {
     pub fn wait(&self, seq: u64) -> Result<Completion> {
         loop {
             {
-                let mut r = self.reaped.lock_or_recover();
+                let mut r = self.reaped.lock();
                 if let Some(c) = r.done.remove(&seq) {
                     return Ok(c);
                 }
@@ -607,11 +604,11 @@ impl Connection {
     /// Submits a raw request without waiting (for protocol tests).
     pub fn submit_raw(&self, req: Request) -> Result<()> {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        self.reaped.lock_or_recover().outstanding.insert(req.seq);
+        self.reaped.lock().outstanding.insert(req.seq);
         let pushed = self.link().push(&req, &[]);
         if !matches!(pushed, Ok(true)) {
             self.submitted.fetch_sub(1, Ordering::SeqCst);
-            self.reaped.lock_or_recover().outstanding.remove(&req.seq);
+            self.reaped.lock().outstanding.remove(&req.seq);
             pushed?;
             return Err(GuestError::Status {
                 op: Opcode::Nop,

@@ -39,6 +39,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use virtsoc_svm::GuestId;
+use virtsoc_sync::LockExt;
 
 use crate::{HostError, Result};
 
@@ -300,7 +301,7 @@ impl CpuCgroups {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GuestId, Member>> {
-        self.members.lock().unwrap_or_else(|p| p.into_inner())
+        self.members.lock_or_recover()
     }
 
     /// Puts process `pid` of `guest` (named `name`, as the policy knows it) into a group of
@@ -364,12 +365,7 @@ impl CpuCgroups {
 
     /// The parent's weight: its guests' policy weights together.
     fn sync_parent(&self, members: &HashMap<GuestId, Member>) {
-        let device = self
-            .device
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map_or(0, |d| d.base);
+        let device = self.device.lock_or_recover().as_ref().map_or(0, |d| d.base);
         let sum: u64 = members.values().map(|m| m.base).sum::<u64>() + device;
         let default = self.version.weight_of(DEFAULT_CPU_SHARE);
         let max = self.version.weight_of(u32::MAX);
@@ -444,7 +440,7 @@ impl CpuCgroups {
                     .into(),
             ));
         }
-        let mut slot = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.device.lock_or_recover();
         if slot.is_some() {
             return Ok(0);
         }
@@ -509,7 +505,7 @@ impl CpuCgroups {
 
     /// Sets the device threads' weight from `share`, or back to their own (`None`).
     pub fn set_device_share(&self, share: Option<u32>) -> Result<()> {
-        let mut slot = self.device.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.device.lock_or_recover();
         let Some(d) = slot.as_mut() else {
             return Ok(());
         };
@@ -526,11 +522,7 @@ impl CpuCgroups {
 
     /// The device threads' group's weight, if they have one.
     pub fn device_weight(&self) -> Option<u64> {
-        self.device
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|d| d.weight)
+        self.device.lock_or_recover().as_ref().map(|d| d.weight)
     }
 
     /// `guest` left: its process (if alive) back where it came from, its group removed.
@@ -570,7 +562,7 @@ impl CpuCgroups {
                 log::warn!("cpu weight: {e}");
             }
         }
-        let device = self.device.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let device = self.device.lock_or_recover().take();
         if let Some(d) = device {
             for t in &d.tids {
                 // A thread that ended meanwhile (ESRCH) has nothing to move.

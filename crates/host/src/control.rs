@@ -13,6 +13,7 @@ use virtsoc_control::{
     Backend, ControlError, DeviceInfo, DeviceUse, GuestInfo, LinkCopies, ViewFrame, ViewReport,
 };
 use virtsoc_svm::DomainId;
+use virtsoc_sync::LockExt;
 
 use crate::session::Session;
 use crate::Daemon;
@@ -227,7 +228,7 @@ impl Backend for ControlBackend {
     }
 
     fn note_view(&self, report: ViewReport) {
-        let mut views = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        let mut views = self.1.lock_or_recover();
         // Only live guests' reports are kept.
         let live: Vec<u64> = self.0.sessions().iter().map(|s| s.guest_id().0).collect();
         views.retain(|g, _| live.contains(g));
@@ -235,12 +236,7 @@ impl Backend for ControlBackend {
     }
 
     fn view_reports(&self) -> Vec<ViewReport> {
-        self.1
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.1.lock_or_recover().values().cloned().collect()
     }
 
     fn set_policy(&self, guest: u64, policy: &Value) -> Result<Value, ControlError> {

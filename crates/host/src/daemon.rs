@@ -309,7 +309,7 @@ impl Daemon {
 
     /// Number of live sessions.
     pub fn session_count(&self) -> usize {
-        self.sessions.lock().map(|s| s.len()).unwrap_or(0)
+        self.sessions.lock_or_recover().len()
     }
 
     /// Sessions that left but are still referenced. A session is released once its last

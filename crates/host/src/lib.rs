@@ -25,7 +25,6 @@ pub mod services;
 pub mod session;
 pub mod snapshot;
 pub mod status;
-pub mod sync;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub mod view;

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use virtsoc_proto::DeviceId;
 use virtsoc_sched::policy::{GuestPolicy, Policy};
+use virtsoc_sync::{LockExt, RwLockExt};
 
 use crate::{HostError, Result};
 
@@ -97,19 +98,11 @@ impl PolicyStore {
     /// Calls `f` with the new policy after every successful change (a reload, on SIGHUP or
     /// from the control API, or a guest's entry set through the control API).
     pub fn on_change(&self, f: impl Fn(&Policy) + Send + Sync + 'static) {
-        self.watchers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Box::new(f));
+        self.watchers.lock_or_recover().push(Box::new(f));
     }
 
     fn changed(&self, p: &Policy) {
-        for w in self
-            .watchers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
+        for w in self.watchers.lock_or_recover().iter() {
             w(p);
         }
     }
@@ -120,7 +113,7 @@ impl PolicyStore {
             return Ok(());
         };
         let p = Arc::new(read(path)?);
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = p.clone();
+        *self.current.write_or_recover() = p.clone();
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.changed(&p);
         Ok(())
@@ -133,7 +126,7 @@ impl PolicyStore {
         if name.is_empty() {
             return Err("a guest name is needed".into());
         }
-        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.current.write_or_recover();
         let mut next = (**current).clone();
         next.guest.insert(name.to_string(), guest);
         check_commands(&next, "")?;
@@ -147,10 +140,7 @@ impl PolicyStore {
 
     /// The policy now.
     pub fn current(&self) -> Arc<Policy> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.current.read_or_recover().clone()
     }
 
     /// Bumped at every successful reload.

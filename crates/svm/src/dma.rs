@@ -179,7 +179,7 @@ impl Dma {
     pub(crate) fn push(&self, job: DmaJob) -> bool {
         let (m, cv) = &*self.queue;
         let mut q = m.lock_or_recover();
-        let no_channel = self.workers.lock().map(|w| w.is_empty()).unwrap_or(true);
+        let no_channel = self.workers.lock_or_recover().is_empty();
         if q.stop || no_channel {
             drop(q);
             job.ticket.complete();
@@ -192,7 +192,7 @@ impl Dma {
 
     /// Number of copies waiting.
     pub fn depth(&self) -> usize {
-        self.queue.0.lock().map(|q| q.len()).unwrap_or(0)
+        self.queue.0.lock_or_recover().len()
     }
 }
 

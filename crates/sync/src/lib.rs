@@ -21,26 +21,40 @@
 //! It would be the wrong choice for state whose invariant a panic could break between two
 //! writes under the lock and that later readers trust without checking; such code must not
 //! panic under the lock (and must not use these helpers to hide it if it can).
+//!
+//! # The types
+//!
+//! [`Mutex`], [`RwLock`] and [`Condvar`] are `std`'s with the policy built in (as crosvm's
+//! `sync` crate wraps them): `lock()`, `read()`, `write()` and the waits return the guard,
+//! never a `Result`, so a caller cannot choose another policy by accident (an `unwrap` that
+//! panics, or a default returned on poison). New code uses them. The extension traits
+//! ([`LockExt`], [`RwLockExt`], [`CondvarExt`]) apply the same policy to `std` locks where a
+//! crate still holds those. [`EventCount`] is the wake-up counter device workers and
+//! doorbells sleep on.
 
-use std::sync::{
-    Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    WaitTimeoutResult,
-};
+mod event;
+mod types;
+
+pub use event::EventCount;
+pub use types::{Condvar, Mutex, RwLock};
+
+use std::sync::PoisonError;
+pub use std::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
 use std::time::Duration;
 
-/// Locking a [`Mutex`] under the daemon's poison policy (see the crate docs).
+/// Locking a `std` [`Mutex`](std::sync::Mutex) under the daemon's poison policy (see the crate docs).
 pub trait LockExt<T: ?Sized> {
     /// Locks, recovering the guard of a poisoned lock.
     fn lock_or_recover(&self) -> MutexGuard<'_, T>;
 }
 
-impl<T: ?Sized> LockExt<T> for Mutex<T> {
+impl<T: ?Sized> LockExt<T> for std::sync::Mutex<T> {
     fn lock_or_recover(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// Locking an [`RwLock`] under the daemon's poison policy (see the crate docs).
+/// Locking a `std` [`RwLock`](std::sync::RwLock) under the daemon's poison policy (see the crate docs).
 pub trait RwLockExt<T: ?Sized> {
     /// Locks for reading, recovering the guard of a poisoned lock.
     fn read_or_recover(&self) -> RwLockReadGuard<'_, T>;
@@ -48,7 +62,7 @@ pub trait RwLockExt<T: ?Sized> {
     fn write_or_recover(&self) -> RwLockWriteGuard<'_, T>;
 }
 
-impl<T: ?Sized> RwLockExt<T> for RwLock<T> {
+impl<T: ?Sized> RwLockExt<T> for std::sync::RwLock<T> {
     fn read_or_recover(&self) -> RwLockReadGuard<'_, T> {
         self.read().unwrap_or_else(PoisonError::into_inner)
     }
@@ -58,7 +72,7 @@ impl<T: ?Sized> RwLockExt<T> for RwLock<T> {
     }
 }
 
-/// Waiting on a [`Condvar`] under the daemon's poison policy (see the crate docs).
+/// Waiting on a `std` [`Condvar`](std::sync::Condvar) under the daemon's poison policy (see the crate docs).
 pub trait CondvarExt {
     /// Waits, recovering the guard of a poisoned lock.
     fn wait_or_recover<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T>;
@@ -70,7 +84,7 @@ pub trait CondvarExt {
     ) -> (MutexGuard<'a, T>, WaitTimeoutResult);
 }
 
-impl CondvarExt for Condvar {
+impl CondvarExt for std::sync::Condvar {
     fn wait_or_recover<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         self.wait(guard).unwrap_or_else(PoisonError::into_inner)
     }
@@ -88,7 +102,7 @@ impl CondvarExt for Condvar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use std::sync::{Arc, Condvar, Mutex, RwLock};
 
     fn poisoned<T: Send + 'static>(v: T) -> Arc<Mutex<T>> {
         let m = Arc::new(Mutex::new(v));

@@ -4,7 +4,6 @@
 use super::*;
 use virtsoc_proto::counters::LEDGER_PAGE;
 use virtsoc_proto::ops::{self, CoreOp};
-use virtsoc_sync::LockExt;
 
 impl Connection {
     /// Runs core request `op` (see [`virtsoc_proto::ops`]) on `device`, waits for it and
@@ -53,7 +52,7 @@ impl Connection {
             height,
             format,
         };
-        self.regions.lock_or_recover().insert(info.id, info);
+        self.regions.lock().insert(info.id, info);
         Ok(info)
     }
 
@@ -64,13 +63,13 @@ impl Connection {
 
     /// Cached metadata of one of this guest's regions.
     pub fn region(&self, id: u64) -> Option<RegionInfo> {
-        self.regions.lock_or_recover().get(&id).copied()
+        self.regions.lock().get(&id).copied()
     }
 
     /// Frees a region.
     pub fn free(&self, id: u64) -> Result<()> {
         self.core(DeviceId::CPU, ops::Free { id })?;
-        self.regions.lock_or_recover().remove(&id);
+        self.regions.lock().remove(&id);
         Ok(())
     }
 
@@ -104,7 +103,7 @@ impl Connection {
         )?;
         let ptr = if device == DeviceId::CPU {
             self.cpu_offsets
-                .lock_or_recover()
+                .lock()
                 .insert(id, r.window_offset.wrapping_sub(offset));
             let window = self.window();
             window.check(r.window_offset, len).map_err(|_| {
@@ -137,12 +136,10 @@ impl Connection {
         mode: AccessMode,
     ) -> Result<Access> {
         let payload = if device == DeviceId::CPU && mode.writes() && !self.link().shares_window() {
-            let base = self
-                .cpu_offsets
-                .lock_or_recover()
-                .get(&id)
-                .copied()
-                .ok_or_else(|| GuestError::BadArgument("end_access without begin_access".into()))?;
+            let base =
+                self.cpu_offsets.lock().get(&id).copied().ok_or_else(|| {
+                    GuestError::BadArgument("end_access without begin_access".into())
+                })?;
             let n = usize::try_from(len).map_err(|_| GuestError::BadArgument("length".into()))?;
             let mut bytes = vec![0u8; n];
             self.window()

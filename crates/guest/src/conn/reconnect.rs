@@ -51,19 +51,13 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 impl Connection {
     /// The secret that resumes this session after a daemon restart, if the daemon gave one.
     pub fn resume_secret(&self) -> Option<String> {
-        self.resume
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.resume.lock().clone()
     }
 
     /// Reconnect by itself (for at most `within`) when the daemon goes away; `None`: never
     /// (the default: calls fail with `Closed`).
     pub fn set_auto_reconnect(&self, within: Option<Duration>) {
-        *self
-            .auto_reconnect
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = within;
+        *self.auto_reconnect.lock() = within;
         self.track.store(within.is_some(), Ordering::SeqCst);
     }
 
@@ -78,7 +72,7 @@ impl Connection {
         if !self.track.load(Ordering::SeqCst) {
             return (self.link(), None);
         }
-        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rp = self.replay.lock();
         rp.requests.insert(req.seq, (*req, payload.to_vec()));
         (self.link(), Some(rp.epoch))
     }
@@ -88,7 +82,7 @@ impl Connection {
         let Some(epoch) = epoch else {
             return true;
         };
-        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rp = self.replay.lock();
         if rp.epoch != epoch {
             return false;
         }
@@ -101,7 +95,7 @@ impl Connection {
         if batch.is_empty() || !self.track.load(Ordering::SeqCst) {
             return;
         }
-        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rp = self.replay.lock();
         for c in batch {
             rp.requests.remove(&c.seq);
         }
@@ -112,14 +106,10 @@ impl Connection {
         if self.user_closed.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        let Some(within) = *self
-            .auto_reconnect
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-        else {
+        let Some(within) = *self.auto_reconnect.lock() else {
             return Ok(false);
         };
-        let _one = self.reconnecting.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = self.reconnecting.lock();
         if !self.closed.load(Ordering::SeqCst) {
             // Another thread reconnected meanwhile.
             return Ok(true);
@@ -131,7 +121,7 @@ impl Connection {
     /// Connects again to the daemon's socket (waiting up to `within` for it to come back),
     /// resuming this session there: same region ids, fence ids and bytes, a new window.
     pub fn reconnect(&self, within: Duration) -> Result<()> {
-        let _one = self.reconnecting.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = self.reconnecting.lock();
         self.reconnect_locked(within)
     }
 
@@ -139,11 +129,7 @@ impl Connection {
         if self.user_closed.load(Ordering::SeqCst) {
             return Err(GuestError::Closed);
         }
-        let origin = self
-            .origin
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let origin = self.origin.lock().clone();
         let (path, opts) = origin.ok_or_else(|| {
             GuestError::BadArgument("this connection cannot reconnect (no origin)".into())
         })?;
@@ -156,13 +142,9 @@ impl Connection {
         // take the old ring's last completions before saying hello again: a VM's new
         // session starts over in the same memory.
         {
-            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.reaped.lock();
             while r.reaping {
-                r = self
-                    .reaped_cv
-                    .wait_timeout(r, RETRY)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+                r = self.reaped_cv.wait_timeout(r, RETRY).0;
             }
             r.reaping = true;
         }
@@ -170,13 +152,10 @@ impl Connection {
         let result = self
             .handshake_again(path, &opts, &secret, within)
             .and_then(|(h, path)| {
-                *self.origin.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, opts));
+                *self.origin.lock() = Some((path, opts));
                 self.switch(h)
             });
-        self.reaped
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .reaping = false;
+        self.reaped.lock().reaping = false;
         self.reaped_cv.notify_all();
         result
     }
@@ -191,7 +170,7 @@ impl Connection {
             }
             posted.extend(batch.into_iter().map(|(c, _)| c));
         }
-        let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.reaped.lock();
         self.absorb(&mut r, &posted);
     }
 
@@ -209,11 +188,7 @@ impl Connection {
         // Where the session lived: a daemon it was sent to that is gone or refuses (a
         // migration that did not commit) sends the library back here, where it resumes.
         let home = path.clone();
-        let vm_port = self
-            .vm_port
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let vm_port = self.vm_port.lock().clone();
         let mut redirects = 0;
         loop {
             let resume = Some(secret.to_string());
@@ -265,27 +240,21 @@ impl Connection {
     /// every request still in flight again (the old daemon stopped taking
     /// requests before it handed the session over, so each runs exactly once).
     fn switch(&self, h: super::handshake::Handshake) -> Result<()> {
-        let mut rp = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rp = self.replay.lock();
         let old_window = {
-            let mut w = self.window.write().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.window.write();
             std::mem::replace(&mut *w, h.window)
         };
         // Pointers from begin_access into the old window stay mapped until the connection goes.
-        self.retired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(old_window);
+        self.retired.lock().push(old_window);
         let link: Arc<dyn GuestLink> = Arc::from(h.link);
-        *self.link.write().unwrap_or_else(|p| p.into_inner()) = link.clone();
+        *self.link.write() = link.clone();
         rp.epoch += 1;
         self.guest_id.store(h.guest_id, Ordering::SeqCst);
         if let Some(r) = h.resume {
-            *self.resume.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            *self.resume.lock() = Some(r);
         }
-        self.cpu_offsets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.cpu_offsets.lock().clear();
         if self.track.load(Ordering::SeqCst) {
             for (req, payload) in rp.requests.values() {
                 if !link.push(req, payload)? {
@@ -296,7 +265,7 @@ impl Connection {
             }
         } else {
             // Nothing kept: requests in flight on the old daemon will never complete.
-            let mut r = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.reaped.lock();
             r.detached.clear();
             self.completed
                 .store(self.submitted.load(Ordering::SeqCst), Ordering::SeqCst);

@@ -21,12 +21,11 @@ impl FakeLink {
     fn arrive(&self, batch: Vec<Completion>) {
         self.batches
             .lock()
-            .unwrap()
             .push_back(batch.into_iter().map(|c| (c, Vec::new())).collect());
     }
 
     fn arrive_with(&self, batch: Vec<Arrived>) {
-        self.batches.lock().unwrap().push_back(batch);
+        self.batches.lock().push_back(batch);
     }
 }
 
@@ -38,12 +37,12 @@ impl GuestLink for Arc<FakeLink> {
         if self.full.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        self.pushed.lock().unwrap().push(*req);
+        self.pushed.lock().push(*req);
         Ok(true)
     }
 
     fn reap(&self, _timeout: Duration) -> Result<Vec<Arrived>> {
-        if let Some(b) = self.batches.lock().unwrap().pop_front() {
+        if let Some(b) = self.batches.lock().pop_front() {
             return Ok(b);
         }
         if self.closed.load(Ordering::SeqCst) {
@@ -87,7 +86,7 @@ fn completions_reach_their_waiters_in_any_order() {
     let seqs: Vec<u64> = (0..3)
         .map(|_| c.submit(Opcode::Nop, DeviceId::CPU, [0; 6]).unwrap())
         .collect();
-    assert_eq!(link.pushed.lock().unwrap().len(), 3);
+    assert_eq!(link.pushed.lock().len(), 3);
     assert_eq!(c.in_flight(), 3);
     // One batch, out of order: the first wait reaps all three.
     link.arrive(vec![ok(seqs[2], 30), ok(seqs[0], 10), ok(seqs[1], 20)]);
@@ -108,7 +107,7 @@ fn a_completion_for_no_request_is_dropped() {
     link.arrive(vec![ok(seq, 3)]);
     c.reap_once(None).unwrap();
     assert_eq!(c.in_flight(), 0, "unknown completions are not counted");
-    let r = c.reaped.lock().unwrap();
+    let r = c.reaped.lock();
     assert!(
         r.done.is_empty(),
         "nothing kept for nobody: {:?}",
@@ -141,7 +140,7 @@ fn completions_without_a_waiter() {
     assert_eq!(c.in_flight(), 0);
     assert_eq!(c.take_async_errors(), vec![(failing, Status::BadArgument)]);
     assert!(c.take_async_errors().is_empty(), "taken once");
-    let r = c.reaped.lock().unwrap();
+    let r = c.reaped.lock();
     assert!(!r.done.contains_key(&quiet) && !r.done.contains_key(&failing));
     assert!(r.detached.is_empty());
     // The abandoned request's completion waits for a late waiter.

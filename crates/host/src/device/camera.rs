@@ -41,6 +41,7 @@ use virtsoc_media::{
 };
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
+use virtsoc_sync::LockExt;
 
 use super::codec::{frame_layout, media_status};
 use super::registry::{CameraSourceKind, DeviceConfig};
@@ -276,7 +277,7 @@ impl Camera {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_or_recover()
     }
 
     /// The layout a capture into a region of `meta` uses.
@@ -355,7 +356,7 @@ impl Camera {
         let layout = Self::capture_layout(&meta)?;
         let mode = (layout.format, layout.width, layout.height);
         let camera = self.camera_for(cx.guest, mode)?;
-        let mut camera = camera.lock().unwrap_or_else(|p| p.into_inner());
+        let mut camera = camera.lock_or_recover();
         let info = cx
             .with_region(c.frame, |bytes| {
                 FrameMut::new(layout, bytes)
@@ -481,10 +482,7 @@ impl Device for Camera {
 impl Camera {
     /// The source now.
     fn source(&self) -> Source {
-        self.source
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.source.lock_or_recover().clone()
     }
 
     /// Switches the source (checked as at startup: a file is opened and a frame decoded,
@@ -494,7 +492,7 @@ impl Camera {
     pub fn set_source(&self, spec: &str) -> Result<()> {
         let kind: CameraSourceKind = spec.parse().map_err(HostError::Config)?;
         let source = Source::open(&kind)?;
-        *self.source.lock().unwrap_or_else(|p| p.into_inner()) = source;
+        *self.source.lock_or_recover() = source;
         self.state().cameras.clear();
         log::info!("camera: source now {spec}");
         Ok(())

@@ -7,6 +7,7 @@ use virtsoc_svm::{GuestId, RegionId};
 use virtsoc_fence::table::VirtualFenceTable;
 use virtsoc_proto::Status;
 use virtsoc_svm::{DomainId, SvmManager};
+use virtsoc_sync::LockExt;
 
 use crate::status::status_of;
 
@@ -79,13 +80,13 @@ impl<'a> DeviceCtx<'a> {
     /// bytes, shown by `virtsoc_last_error`). Only for sentences about this guest's own
     /// command and data.
     pub fn fail(&self, status: Status, reason: impl Into<String>) -> Status {
-        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.into());
+        *self.reason.lock_or_recover() = Some(reason.into());
         status
     }
 
     /// The reason recorded by [`fail`](Self::fail), taken.
     pub fn take_reason(&self) -> Option<String> {
-        self.reason.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.reason.lock_or_recover().take()
     }
 
     /// Runs `f` on the bytes of region `id` in this device's memory. The guest must have
@@ -146,9 +147,7 @@ impl<'a> DeviceCtx<'a> {
                 .get_mut(..bytes.len())
                 .ok_or(Status::OutOfRange)?
                 .copy_from_slice(bytes),
-            Ok(virtsoc_svm::Backing::Device(m)) => {
-                m.write(0, bytes).map_err(|e| status_of(&e))?
-            }
+            Ok(virtsoc_svm::Backing::Device(m)) => m.write(0, bytes).map_err(|e| status_of(&e))?,
             Ok(_) => return Err(Status::BadArgument),
             Err(e) => return Err(status_of(&e)),
         }

@@ -22,11 +22,11 @@ use virtsoc_svm::GuestId;
 use virtsoc_control::DisplayGuestMetrics;
 use virtsoc_sched::dfr::{DfrConfig, DfrController};
 use virtsoc_sched::policy::Class;
+use virtsoc_sync::EventCount;
 
 use super::DeviceSlot;
 use crate::cgroup::CpuCgroups;
 use crate::policy::PolicyStore;
-use crate::sync::EventCount;
 
 /// How often the loop samples the display.
 const PERIOD: Duration = Duration::from_millis(100);

@@ -53,10 +53,9 @@ use virtsoc_fence::queue::{DoneToken, OrderedQueue, TryPop};
 use virtsoc_fence::table::FenceId;
 use virtsoc_proto::{Completion, DeviceId, Opcode, Request, Status};
 use virtsoc_svm::{CopyTicket, DomainId, GuestId, Progress, RegionId, SvmManager};
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{EventCount, LockExt};
 
 use crate::session::Session;
-use crate::sync::EventCount;
 use share::{permitted, start, Accounting, Arbiter, Sharing};
 use virtsoc_sched::policy::Policy;
 use virtsoc_sched::Pick;

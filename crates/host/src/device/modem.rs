@@ -24,6 +24,7 @@ use virtsoc_svm::GuestId;
 use virtsoc_devapi::modem::{Command, ReadReply, WriteReply};
 use virtsoc_modem::{Modem as AtModem, ModemConfig};
 use virtsoc_proto::Status;
+use virtsoc_sync::LockExt;
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
@@ -111,15 +112,12 @@ impl Modem {
     /// The same device within `limits`: each guest's modem keeps at most
     /// [`Limits::sms_sent`](crate::Limits::sms_sent) sent messages.
     pub fn with_limits(self, limits: &crate::Limits) -> Self {
-        self.network
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .sent_capacity = limits.sms_sent;
+        self.network.lock_or_recover().sent_capacity = limits.sms_sent;
         self
     }
 
     fn guests(&self) -> MutexGuard<'_, HashMap<GuestId, GuestModem>> {
-        self.guests.lock().unwrap_or_else(|p| p.into_inner())
+        self.guests.lock_or_recover()
     }
 
     /// Feeds `bytes` to `guest`'s modem; returns how many were accepted.
@@ -302,6 +300,7 @@ mod control {
         CallRequest, ControlError, HangupRequest, RegistrationRequest, SignalRequest, SmsRequest,
     };
     use virtsoc_modem::{ModemConfig, RegState, Signal};
+    use virtsoc_sync::LockExt;
 
     use super::{GuestId, GuestModem, Modem};
 
@@ -326,11 +325,7 @@ mod control {
 
     impl Modem {
         pub(super) fn new_guest_modem(&self) -> GuestModem {
-            let cfg: ModemConfig = self
-                .network
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
+            let cfg: ModemConfig = self.network.lock_or_recover().clone();
             GuestModem::new(cfg)
         }
 
@@ -401,10 +396,7 @@ mod control {
                     }
                     let out = self.each(r.guest.map(GuestId), |m| m.set_signal(r.rssi, r.ber))?;
                     if r.guest.is_none() {
-                        self.network
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .signal = s;
+                        self.network.lock_or_recover().signal = s;
                     }
                     Ok(out)
                 }
@@ -416,10 +408,7 @@ mod control {
                         Ok(())
                     })?;
                     if r.guest.is_none() {
-                        self.network
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .registration = state;
+                        self.network.lock_or_recover().registration = state;
                     }
                     Ok(out)
                 }

@@ -28,6 +28,7 @@ use virtsoc_sched::policy::Policy;
 
 use virtsoc_sched::policy::TokenBucket;
 use virtsoc_sched::{GuestId, Kind, Nanos, Pick, Scheduler};
+use virtsoc_sync::LockExt;
 
 use super::{DeviceSlot, Reply};
 use crate::policy::PolicyStore;
@@ -101,27 +102,19 @@ impl DeviceSlot {
 
     /// Commands queued on this device by `guest`.
     pub fn depth_of(&self, guest: virtsoc_svm::GuestId) -> usize {
-        self.queues
-            .lock()
-            .map(|q| {
-                q.iter()
-                    .filter(|(s, _)| s.guest_id() == guest)
-                    .map(|(_, q)| q.len())
-                    .sum()
-            })
-            .unwrap_or(0)
+        let q = self.queues.lock_or_recover();
+        q.iter()
+            .filter(|(s, _)| s.guest_id() == guest)
+            .map(|(_, q)| q.len())
+            .sum()
     }
 
     /// Guests with a queue on this device, by id: their names.
     pub fn guest_names(&self) -> HashMap<u64, String> {
-        self.queues
-            .lock()
-            .map(|q| {
-                q.iter()
-                    .map(|(s, _)| (s.guest_id().0, s.name().to_string()))
-                    .collect()
-            })
-            .unwrap_or_default()
+        let q = self.queues.lock_or_recover();
+        q.iter()
+            .map(|(s, _)| (s.guest_id().0, s.name().to_string()))
+            .collect()
     }
 
     /// The name of this device's scheduler.
@@ -190,13 +183,13 @@ impl Accounting {
 
     /// The scheduler's name.
     pub fn scheduler(&self) -> &'static str {
-        self.sched.lock().unwrap_or_else(|p| p.into_inner()).name()
+        self.sched.lock_or_recover().name()
     }
 
     /// A device command of `guest` was dispatched at `t0`: it is running until
     /// [`finish`](Self::finish) with the ticket this returns.
     pub fn begin(&self, guest: GuestId, t0: Nanos) -> u64 {
-        let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.book.lock_or_recover();
         let ticket = b.next_ticket;
         b.next_ticket += 1;
         b.running.push((ticket, guest, t0));
@@ -210,7 +203,7 @@ impl Accounting {
     pub fn finish(&self, guest: GuestId, t0: Nanos, command: Option<u64>, measured: Option<u64>) {
         let now = self.now();
         let ns = {
-            let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+            let mut b = self.book.lock_or_recover();
             if let Some(ticket) = command {
                 b.running.retain(|(t, _, _)| *t != ticket);
             }
@@ -228,7 +221,7 @@ impl Accounting {
             u.device_ns += now - start;
             now - start
         };
-        let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sched = self.sched.lock_or_recover();
         if command.is_some() {
             sched.completed(guest, ns, now);
         } else {
@@ -238,26 +231,19 @@ impl Accounting {
 
     /// A request of `guest` was refused by the policy.
     pub fn denied(&self, guest: GuestId) {
-        let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.book.lock_or_recover();
         b.usage.entry(guest).or_default().denied += 1;
     }
 
     /// Device commands dispatched and not answered yet.
     pub fn commands_running(&self) -> usize {
-        self.book
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .running
-            .len()
+        self.book.lock_or_recover().running.len()
     }
 
     /// Every guest's use of the device so far, the command in service counted up to now.
     pub fn usage(&self) -> HashMap<GuestId, Usage> {
         let now = self.now();
-        self.book
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .usage_at(now)
+        self.book.lock_or_recover().usage_at(now)
     }
 
     /// Sets `guest`'s share on this device (the feedback loop).
@@ -271,15 +257,11 @@ impl Accounting {
     }
 
     fn with_sched<T>(&self, f: impl FnOnce(&mut dyn Scheduler) -> T) -> T {
-        f(self
-            .sched
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut())
+        f(self.sched.lock_or_recover().as_mut())
     }
 
     fn forget(&self, guest: GuestId) {
-        let mut b = self.book.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.book.lock_or_recover();
         b.usage.remove(&guest);
         b.running.retain(|(_, g, _)| *g != guest);
         drop(b);

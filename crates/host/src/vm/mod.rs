@@ -32,6 +32,7 @@ use virtsoc_proto::handshake::{Hello, Reply, MAX_FRAME};
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET, PAGE};
 use virtsoc_proto::ring::Doorbell;
 use virtsoc_proto::{SharedWindow, WindowLayout};
+use virtsoc_sync::{EventCount, LockExt};
 
 mod port;
 
@@ -41,7 +42,6 @@ use port::{next_byte, Wake};
 use crate::daemon::Daemon;
 use crate::link::ShmLink;
 use crate::session::Session;
-use crate::sync::EventCount;
 use crate::{HostError, Result};
 
 /// Port message: a doorbell.
@@ -185,8 +185,7 @@ fn send_reply(stream: &Mutex<UnixStream>, reply: &Reply) -> std::io::Result<()> 
     msg.extend_from_slice(&(body.len() as u32).to_le_bytes());
     msg.extend_from_slice(&body);
     stream
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .lock_or_recover()
         .write_all(&msg)
 }
 
@@ -222,7 +221,7 @@ pub(super) fn serve_vm(
                 return log::info!("VM {}: port let go (its source serves it)", cfg.name);
             }
             Wake::Stop => {
-                let mut handed = ctl.handed.lock().unwrap_or_else(|p| p.into_inner());
+                let mut handed = ctl.handed.lock_or_recover();
                 if !ctl.stop.load(Ordering::SeqCst) {
                     continue; // the request was withdrawn (it waited too long)
                 }
@@ -375,7 +374,7 @@ fn start_session(
         cfg.name
     );
     // The VM's process is QEMU, the peer of its virtio-serial socket.
-    let qemu = writer.lock().ok().and_then(|w| crate::cgroup::peer_pid(&w));
+    let qemu = crate::cgroup::peer_pid(&writer.lock_or_recover());
     daemon
         .config()
         .sharing
@@ -458,8 +457,7 @@ impl PortRinger {
     fn ring(&self) {
         let _ = self
             .port
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .write_all(&[MSG_BELL]);
     }
 }

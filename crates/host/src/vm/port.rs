@@ -13,6 +13,7 @@ use std::time::Duration;
 use virtsoc_svm::GuestId;
 
 use virtsoc_proto::{SharedWindow, WindowLayout};
+use virtsoc_sync::LockExt;
 
 use super::{serve_vm, Current, VmConfig};
 use crate::daemon::Daemon;
@@ -86,25 +87,15 @@ pub struct VmPorts(Mutex<HashMap<GuestId, Arc<PortCtl>>>);
 
 impl VmPorts {
     pub(super) fn set(&self, guest: GuestId, ctl: &Arc<PortCtl>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(guest, ctl.clone());
+        self.0.lock_or_recover().insert(guest, ctl.clone());
     }
 
     pub(super) fn unset(&self, guest: GuestId) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&guest);
+        self.0.lock_or_recover().remove(&guest);
     }
 
     fn get(&self, guest: GuestId) -> Option<Arc<PortCtl>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&guest)
-            .cloned()
+        self.0.lock_or_recover().get(&guest).cloned()
     }
 }
 
@@ -118,7 +109,7 @@ pub fn take(daemon: &Daemon, guest: GuestId) -> Result<Handed> {
         .ok_or_else(|| HostError::Config(format!("guest {guest} is not a served VM guest")))?;
     ctl.stop.store(true, Ordering::SeqCst);
     ctl.wake();
-    let g = ctl.handed.lock().unwrap_or_else(|p| p.into_inner());
+    let g = ctl.handed.lock_or_recover();
     let (mut g, _) = ctl
         .handed_cv
         .wait_timeout_while(g, Duration::from_secs(10), |h| h.is_none())

@@ -75,6 +75,7 @@ use virtsoc_gpu::{
 };
 use virtsoc_proto::Status;
 use virtsoc_svm::Backing;
+use virtsoc_sync::LockExt;
 
 use super::layers::{crop_inside, layout_of, read_layers, read_records};
 use super::registry::{DeviceConfig, GpuBackendKind};
@@ -120,7 +121,7 @@ impl InFlight {
 
     /// Counts one more submission of `guest`: `false` (nothing counted) at its maximum.
     pub(crate) fn take(&self, guest: GuestId) -> bool {
-        let mut m = self.by_guest.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.by_guest.lock_or_recover();
         let n = m.entry(guest).or_insert(0);
         if *n >= self.max {
             return false;
@@ -131,7 +132,7 @@ impl InFlight {
 
     /// One submission of `guest` finished.
     pub(crate) fn release(&self, guest: GuestId) {
-        let mut m = self.by_guest.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.by_guest.lock_or_recover();
         if let Some(n) = m.get_mut(&guest) {
             *n = n.saturating_sub(1);
             if *n == 0 {

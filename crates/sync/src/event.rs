@@ -1,7 +1,8 @@
-//! A small synchronisation primitive shared by device workers and VM doorbells.
+//! An event counter: the wake-up primitive device workers and VM doorbells sleep on.
 
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::{Condvar, Mutex};
 
 /// An event counter: every event bumps it, and a waiter that saw value `v` sleeps only until
 /// it moves past `v`, so no wake-up is lost between checking for work and going to sleep.
@@ -14,21 +15,19 @@ pub struct EventCount {
 impl EventCount {
     /// The current value.
     pub fn current(&self) -> u64 {
-        *self.seq.lock().unwrap_or_else(|p| p.into_inner())
+        *self.seq.lock()
     }
 
     /// Records an event and wakes every waiter.
     pub fn notify(&self) {
-        *self.seq.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        *self.seq.lock() += 1;
         self.cv.notify_all();
     }
 
     /// Sleeps until the value differs from `seen`.
     pub fn wait_past(&self, seen: u64) {
-        let mut s = self.seq.lock().unwrap_or_else(|p| p.into_inner());
-        while *s == seen {
-            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
-        }
+        let s = self.seq.lock();
+        drop(self.cv.wait_while(s, |s| *s == seen));
     }
 
     /// Like [`wait_past`](Self::wait_past) with a time limit; `false` on time-out.
@@ -38,17 +37,13 @@ impl EventCount {
             return true;
         };
         let deadline = Instant::now() + limit;
-        let mut s = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.seq.lock();
         while *s == seen {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
             }
-            s = self
-                .cv
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            s = self.cv.wait_timeout(s, left).0;
         }
         true
     }
