@@ -41,7 +41,7 @@ use log::debug;
 use crate::hypergraph::{map_bytes, pair_low, FlowId, TwinHypergraphs, VirtualEdge};
 use crate::region::{PlanRecord, ReaderRecord, RegionEdge, RegionState, WriteRecord};
 use crate::smoothing::secs_to_duration;
-use crate::{AccessKind, Config, ConfigError, PDev, RegionKey, VDev};
+use crate::{AccessKind, Config, ConfigError, PDev, RegionId, VDev};
 
 /// What to prefetch after a write, and how long the writer must block.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,7 +149,7 @@ pub struct FlowInfo {
 struct State {
     cfg: Config,
     graphs: TwinHypergraphs,
-    regions: HashMap<RegionKey, RegionState>,
+    regions: HashMap<RegionId, RegionState>,
     counters: PrefetchStats,
 }
 
@@ -213,7 +213,7 @@ impl PrefetchEngine {
     /// of [`PrefetchEngine::accuracy`]. For plain writes returns `NotRead`.
     pub fn on_begin_access(
         &self,
-        region: RegionKey,
+        region: RegionId,
         vdev: VDev,
         pdev: PDev,
         kind: AccessKind,
@@ -282,7 +282,7 @@ impl PrefetchEngine {
     /// is kept and scored so a miss-suspended flow resumes on a shadow hit.
     pub fn on_end_access(
         &self,
-        region: RegionKey,
+        region: RegionId,
         vdev: VDev,
         pdev: PDev,
         kind: AccessKind,
@@ -409,7 +409,7 @@ impl PrefetchEngine {
     }
 
     /// The region was freed: drops its hashtable entry (flows stay).
-    pub fn forget_region(&self, region: RegionKey) {
+    pub fn forget_region(&self, region: RegionId) {
         let mut st = self.state.lock_or_recover();
         st.regions.remove(&region);
         shrink(&mut st.regions);
@@ -417,14 +417,14 @@ impl PrefetchEngine {
 
     /// Drops every region for which `f` returns true (e.g. all regions of a
     /// disconnected guest). Flows stay.
-    pub fn forget_regions_where(&self, f: impl Fn(RegionKey) -> bool) {
+    pub fn forget_regions_where(&self, f: impl Fn(RegionId) -> bool) {
         let mut st = self.state.lock_or_recover();
         st.regions.retain(|k, _| !f(*k));
         shrink(&mut st.regions);
     }
 
     /// The flow a region is currently linked to for `writer`.
-    pub fn region_flow(&self, region: RegionKey, writer: VDev) -> Option<FlowId> {
+    pub fn region_flow(&self, region: RegionId, writer: VDev) -> Option<FlowId> {
         self.state
             .lock_or_recover()
             .regions

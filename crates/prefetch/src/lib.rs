@@ -2,7 +2,7 @@
 //! (vSoC, SOSP'24, §3.2 "twin hypergraphs" and §3.3 "the prefetch engine").
 //!
 //! This crate root owns the small public vocabulary shared by every module:
-//! the identifiers ([`RegionKey`], [`VDev`], [`PDev`]), the access kind
+//! the identifiers ([`RegionId`], from `virtsoc-ids`; [`VDev`], [`PDev`]), the access kind
 //! ([`AccessKind`]) and the tuning knobs ([`Config`]). The logic lives in:
 //!
 //! * [`smoothing`] – single exponential smoothing ([`Ewma`]);
@@ -48,10 +48,12 @@ pub use error::ConfigError;
 pub use hypergraph::FlowId;
 pub use smoothing::Ewma;
 
-/// Host-global key of an SVM region. The caller folds the guest id in, so
-/// keys of different guests never collide.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RegionKey(pub u64);
+/// A region of the predictor's guest (predictors are per guest, so the region's own id
+/// names it): the one region id of `virtsoc-ids`.
+pub use virtsoc_ids::RegionId;
+
+/// The former name of [`RegionId`] here, the same type (`svm::coherence` still calls it so).
+pub use virtsoc_ids::RegionId as RegionKey;
 
 /// A virtual device (codec, GPU, camera, a producer test device, ...): a node
 /// of the virtual hypergraph.

@@ -31,16 +31,16 @@ fn write(
     t: Duration,
 ) -> Option<PrefetchPlan> {
     assert_eq!(
-        e.on_begin_access(RegionKey(r), v, p, AccessKind::Write, t),
+        e.on_begin_access(RegionId(r), v, p, AccessKind::Write, t),
         ReadOutcome::NotRead
     );
-    e.on_end_access(RegionKey(r), v, p, AccessKind::Write, size, t)
+    e.on_end_access(RegionId(r), v, p, AccessKind::Write, size, t)
 }
 
 fn read(e: &PrefetchEngine, r: u64, v: VDev, p: PDev, t: Duration) -> ReadOutcome {
-    let o = e.on_begin_access(RegionKey(r), v, p, AccessKind::Read, t);
+    let o = e.on_begin_access(RegionId(r), v, p, AccessKind::Read, t);
     assert_eq!(
-        e.on_end_access(RegionKey(r), v, p, AccessKind::Read, 0, t),
+        e.on_end_access(RegionId(r), v, p, AccessKind::Read, 0, t),
         None
     );
     o
@@ -181,7 +181,7 @@ fn flow_change_updates_region_edge() {
         read(&e, 0, CONSUMER, DEV, t + ms(5.0));
         t += step;
     }
-    let old = e.region_flow(RegionKey(0), PRODUCER).unwrap();
+    let old = e.region_flow(RegionId(0), PRODUCER).unwrap();
     let p = write(&e, 0, PRODUCER, HOST, 10, t).unwrap();
     assert_eq!(p.targets, vec![DEV]);
     assert_eq!(read(&e, 0, c, cp, t + ms(5.0)), ReadOutcome::Miss);
@@ -190,7 +190,7 @@ fn flow_change_updates_region_edge() {
     assert_eq!(p.targets, vec![cp]);
     assert!(!p.zero_shot);
     assert_ne!(p.flow, old);
-    assert_eq!(e.region_flow(RegionKey(0), PRODUCER), Some(p.flow));
+    assert_eq!(e.region_flow(RegionId(0), PRODUCER), Some(p.flow));
     assert_eq!(e.flow_info(p.flow).unwrap().readers, vec![c]);
     assert_eq!(read(&e, 0, c, cp, t + ms(5.0)), ReadOutcome::Hit);
 }
@@ -254,7 +254,7 @@ fn suspension_after_consecutive_misses_and_shadow_resumption() {
     let e = PrefetchEngine::default();
     let intruder = (VDev(3), PDev(3));
     pipeline(&e, &[0, 1, 2, 3], 0, 8, 100, ms(1.0), ms(5.0));
-    let flow = e.region_flow(RegionKey(0), PRODUCER).unwrap();
+    let flow = e.region_flow(RegionId(0), PRODUCER).unwrap();
     // Frames 8..10: regions 0,1,2 are read by the intruder instead.
     for (k, r) in [0u64, 1, 2].into_iter().enumerate() {
         let t = ms(16.0) * (8 + k as u32);
@@ -289,7 +289,7 @@ fn shadow_miss_keeps_flow_suspended() {
     let e = PrefetchEngine::default();
     pipeline(&e, &[0, 1, 2, 3, 4], 0, 5, 100, ms(1.0), ms(5.0));
     pipeline(&e, &[0, 1, 2, 3, 4], 5, 1, 100, ms(1.0), ms(5.0));
-    let flow = e.region_flow(RegionKey(0), PRODUCER).unwrap();
+    let flow = e.region_flow(RegionId(0), PRODUCER).unwrap();
     for (k, r) in [1u64, 2, 3, 4].into_iter().enumerate() {
         let t = ms(16.0) * (6 + k as u32);
         let plan = write(&e, r, PRODUCER, HOST, 100, t);
@@ -422,8 +422,8 @@ fn forget_region_drops_entries_but_keeps_flows() {
     pipeline(&e, &[0, 1, 2, 3], 0, 12, 10, ms(1.0), ms(5.0));
     let before = e.stats();
     assert_eq!(before.regions_tracked, 4);
-    e.forget_region(RegionKey(0));
-    assert_eq!(e.region_flow(RegionKey(0), PRODUCER), None);
+    e.forget_region(RegionId(0));
+    assert_eq!(e.region_flow(RegionId(0), PRODUCER), None);
     let s = e.stats();
     assert_eq!(s.regions_tracked, 3);
     assert_eq!(s.virtual_flows, before.virtual_flows);
@@ -436,8 +436,8 @@ fn forget_region_drops_entries_but_keeps_flows() {
     assert!(p.zero_shot);
     e.forget_regions_where(|k| k.0 >= 2);
     assert_eq!(e.stats().regions_tracked, 2);
-    assert!(e.region_flow(RegionKey(1), PRODUCER).is_some());
-    assert_eq!(e.region_flow(RegionKey(2), PRODUCER), None);
+    assert!(e.region_flow(RegionId(1), PRODUCER).is_some());
+    assert_eq!(e.region_flow(RegionId(2), PRODUCER), None);
     // Many regions, then forget all: the table gives memory back.
     pipeline(
         &e,
@@ -484,7 +484,7 @@ fn read_write_in_place_pipeline() {
     let e = PrefetchEngine::default();
     let (camera, gpu, display) = (VDev(1), VDev(2), VDev(3));
     let (cam_p, gpu_p) = (PDev(1), PDev(2));
-    let r = RegionKey(42);
+    let r = RegionId(42);
     let mut last = (None, None);
     for i in 0..5u32 {
         let t = ms(33.0) * i;
@@ -569,12 +569,12 @@ proptest! {
             match op {
                 Op::Begin(r, v, p, k, dt) => {
                     now += Duration::from_micros(dt.into());
-                    let o = e.on_begin_access(RegionKey(r.into()), VDev(v.into()), PDev(p.into()), kind(k), now);
+                    let o = e.on_begin_access(RegionId(r.into()), VDev(v.into()), PDev(p.into()), kind(k), now);
                     prop_assert_eq!(o == ReadOutcome::NotRead, !kind(k).is_read());
                 }
                 Op::End(r, v, p, k, size, dt) => {
                     now += Duration::from_micros(dt.into());
-                    let plan = e.on_end_access(RegionKey(r.into()), VDev(v.into()), PDev(p.into()), kind(k), size.into(), now);
+                    let plan = e.on_end_access(RegionId(r.into()), VDev(v.into()), PDev(p.into()), kind(k), size.into(), now);
                     if let Some(plan) = plan {
                         prop_assert!(kind(k).is_write());
                         prop_assert!(!plan.targets.contains(&plan.source));
@@ -582,7 +582,7 @@ proptest! {
                     }
                 }
                 Op::Copy(s, d, b, us) => e.on_copy_complete(PDev(s.into()), PDev(d.into()), b.into(), Duration::from_micros(us.into())),
-                Op::Forget(r) => e.forget_region(RegionKey(r.into())),
+                Op::Forget(r) => e.forget_region(RegionId(r.into())),
                 Op::ForgetWhere(m) => e.forget_regions_where(|k| k.0 % 3 == u64::from(m % 3)),
             }
             if let Some(a) = e.accuracy() {

@@ -1,0 +1,75 @@
+//! Typed ids shared by every virtsoc crate: which guest, and which of its regions.
+//!
+//! Modelled on vm-memory's `GuestAddress`: a newtype per kind of id with the few operations
+//! it needs (display, conversion to and from the wire's `u64`), so a guest id can never be
+//! passed where a region id is meant. The wire carries both as bare `u64`s; the daemon wraps
+//! them once where it decodes a request. This crate is a leaf: it depends on nothing of
+//! virtsoc, so the lowest crates (`prefetch`, `svm`) use it as well as the highest.
+
+use std::fmt;
+
+/// A guest, as the daemon numbers its connections (process, remote and VM guests alike).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct GuestId(pub u64);
+
+/// A region of one guest: ids are the guest's own (two guests may both hold a region 1), so
+/// a region is named host-wide only together with its guest.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct RegionId(pub u64);
+
+impl fmt::Display for GuestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for RegionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<u64> for GuestId {
+    fn from(v: u64) -> Self {
+        GuestId(v)
+    }
+}
+
+impl From<u64> for RegionId {
+    fn from(v: u64) -> Self {
+        RegionId(v)
+    }
+}
+
+impl From<GuestId> for u64 {
+    fn from(v: GuestId) -> Self {
+        v.0
+    }
+}
+
+impl From<RegionId> for u64 {
+    fn from(v: RegionId) -> Self {
+        v.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_their_wire_words() {
+        assert_eq!(u64::from(GuestId::from(7)), 7);
+        assert_eq!(u64::from(RegionId::from(9)), 9);
+        assert_eq!(GuestId(3).to_string(), "3");
+        assert_eq!(serde_json::to_string(&RegionId(5)).unwrap(), "5");
+        let g: GuestId = serde_json::from_str("11").unwrap();
+        assert_eq!(g, GuestId(11));
+    }
+}
