@@ -141,10 +141,13 @@ impl GuestLink for ShmLink {
     }
 }
 
-/// Frames on a TCP stream.
+/// Frames on a TCP stream: a request's head and payload go out in one vectored write
+/// (`write_frame`); completions are read through a buffer, whose read timeout is set only
+/// when it changes (not once per reap).
 pub(crate) struct StreamLink {
     writer: Mutex<TcpStream>,
-    reader: Mutex<BufReader<TcpStream>>,
+    /// The reader and the read timeout its socket has now.
+    reader: Mutex<(BufReader<TcpStream>, Option<Duration>)>,
     max_payload: u64,
     closed: AtomicBool,
 }
@@ -155,7 +158,7 @@ impl StreamLink {
         let r = stream.try_clone().map_err(GuestError::Io)?;
         Ok(StreamLink {
             writer: Mutex::new(stream),
-            reader: Mutex::new(BufReader::with_capacity(1 << 20, r)),
+            reader: Mutex::new((BufReader::with_capacity(1 << 20, r), None)),
             max_payload,
             closed: AtomicBool::new(false),
         })
@@ -173,13 +176,18 @@ impl GuestLink for StreamLink {
     }
 
     fn reap(&self, timeout: Duration) -> Result<Vec<Arrived>> {
-        let mut r = self.reader.lock_or_recover();
+        let mut guard = self.reader.lock_or_recover();
+        let (r, set) = &mut *guard;
         let mut batch = Vec::new();
-        r.get_ref()
-            .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
-            .map_err(GuestError::Io)?;
+        let timeout = Some(timeout.max(Duration::from_millis(1)));
+        if *set != timeout {
+            r.get_ref()
+                .set_read_timeout(timeout)
+                .map_err(GuestError::Io)?;
+            *set = timeout;
+        }
         loop {
-            match read_frame::<Completion>(&mut *r, self.max_payload) {
+            match read_frame::<Completion>(r, self.max_payload) {
                 Ok(StreamFrame { entry, payload }) => batch.push((entry, payload)),
                 Err(e) if e.is_timeout() && batch.is_empty() => return Ok(batch),
                 Err(e) if e.is_timeout() => break,

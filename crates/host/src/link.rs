@@ -8,21 +8,26 @@
 //!   there. So a guest that stops reading completions stalls only itself, and requests parked
 //!   behind a fence wait never keep the host from taking the signal that releases them.
 //! - [`StreamLink`]: frames on a TCP stream for remote guests; CPU-access bytes travel in the
-//!   frames. A writer thread sends completions, so a slow reader never blocks a device worker,
-//!   and no request is taken while [`STREAM_MAX_UNSENT`] completions wait to be sent (requests
-//!   being served or parked behind a fence wait do not count, as on the rings).
+//!   frames. A completion goes out at once from the thread that posts it when nothing waits
+//!   before it and the socket takes it whole without blocking (one vectored send, no thread
+//!   hand-off); otherwise it queues for the writer thread, which sends what is left of it:
+//!   a slow reader never blocks a device worker, and no request is taken while
+//!   [`STREAM_MAX_UNSENT`] completions wait to be sent (requests being served or parked
+//!   behind a fence wait do not count, as on the rings). A CPU write's bytes are read off the
+//!   socket straight into the host's copy of the guest's window when the link knows where
+//!   they go ([`StreamLink::placing`]): no buffer in between.
 
 use std::collections::VecDeque;
-use std::io::{BufReader, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
-use virtsoc_proto::stream::{read_frame_admitted, write_frame};
 use virtsoc_proto::{Completion, Request, SharedWindow};
-use virtsoc_sync::{CondvarExt, LockExt};
+use virtsoc_sync::LockExt;
+
+mod stream;
+pub use stream::StreamLink;
 
 /// Completions waiting to be sent to a remote guest (its reading slow) before no more of its
 /// requests are taken.
@@ -38,7 +43,16 @@ pub struct Incoming {
     /// The payload's memory, charged to the guest while the request holds it (remote guests
     /// whose link charges: [`StreamLink::charging`]).
     pub charge: Option<virtsoc_svm::MemoryCharge>,
+    /// The request's bytes were read straight into the window, where its placer said they
+    /// go ([`StreamLink::placing`]); `payload` is empty.
+    pub placed: bool,
 }
+
+/// Where a remote guest's CPU write goes in the host's copy of its window: for a request
+/// whose frame carries `len` bytes, the window offset of its bytes when it is a valid CPU
+/// write of exactly `len` bytes, else `None` (then the bytes are read into a buffer and the
+/// request is checked as any other).
+pub type PayloadPlacer = Box<dyn Fn(&Request, u64) -> Option<u64> + Send + Sync>;
 
 /// Charges a remote guest's frame payload against its memory limit before it is read
 /// ([`StreamLink::charging`]).
@@ -180,6 +194,7 @@ impl HostLink for ShmLink {
                 req,
                 payload: Vec::new(),
                 charge: None,
+                placed: false,
             }));
         }
     }
@@ -218,172 +233,12 @@ impl HostLink for ShmLink {
     }
 }
 
-struct Outbox {
-    frames: VecDeque<(Completion, Vec<u8>)>,
-    in_flight: u64,
-    /// Payload bytes of the frames queued and not yet written.
-    bytes: u64,
-    closed: bool,
-}
-
-/// Frames on a TCP stream.
-pub struct StreamLink {
-    reader: Mutex<BufReader<TcpStream>>,
-    stream: TcpStream,
-    outbox: Arc<(Mutex<Outbox>, Condvar)>,
-    max_payload: u64,
-    /// No request is taken while this many payload bytes wait to be sent.
-    max_bytes: u64,
-    /// Charges each incoming payload to the guest before it is allocated.
-    charger: Option<PayloadCharger>,
-}
-
-impl StreamLink {
-    /// A link over `stream`; payloads over `max_payload` bytes are a violation; no request
-    /// is taken while `max_bytes` bytes of completions wait to be sent (the guest's reads in
-    /// flight are bounded by bytes, not only by count). Starts the writer thread.
-    pub fn new(stream: TcpStream, max_payload: u64, max_bytes: u64) -> std::io::Result<Self> {
-        stream.set_nodelay(true)?;
-        let outbox = Arc::new((
-            Mutex::new(Outbox {
-                frames: VecDeque::new(),
-                in_flight: 0,
-                bytes: 0,
-                closed: false,
-            }),
-            Condvar::new(),
-        ));
-        let (w, ob) = (stream.try_clone()?, outbox.clone());
-        std::thread::Builder::new()
-            .name("tcp-writer".into())
-            .spawn(move || writer(w, ob))?;
-        Ok(StreamLink {
-            reader: Mutex::new(BufReader::with_capacity(1 << 20, stream.try_clone()?)),
-            stream,
-            outbox,
-            max_payload,
-            max_bytes,
-            charger: None,
-        })
-    }
-
-    /// The same link, charging each request's payload (a remote CPU write's bytes, up to
-    /// the window's size) against the guest's memory limit with `charger` before the
-    /// payload is allocated, for as long as the request holds it: a guest whose payload
-    /// would pass its limit is cut off, and the daemon never buffers bytes no guest is
-    /// charged for.
-    pub fn charging(mut self, charger: PayloadCharger) -> Self {
-        self.charger = Some(charger);
-        self
-    }
-}
-
-fn writer(mut w: TcpStream, outbox: Arc<(Mutex<Outbox>, Condvar)>) {
-    let (m, cv) = &*outbox;
-    loop {
-        let (c, payload) = {
-            let mut ob = m.lock_or_recover();
-            loop {
-                if let Some(f) = ob.frames.pop_front() {
-                    break f;
-                }
-                if ob.closed {
-                    return;
-                }
-                ob = cv.wait_or_recover(ob);
-            }
-        };
-        let ok = write_frame(&mut w, &c, &payload).is_ok();
-        let sent = payload.len() as u64;
-        drop(payload);
-        let mut ob = m.lock_or_recover();
-        ob.in_flight = ob.in_flight.saturating_sub(1);
-        ob.bytes = ob.bytes.saturating_sub(sent);
-        if !ok {
-            ob.closed = true;
-        }
-        cv.notify_all();
-        if !ok {
-            let _ = w.shutdown(std::net::Shutdown::Both);
-            return;
-        }
-    }
-}
-
-impl HostLink for StreamLink {
-    fn next(&self) -> Result<Option<Incoming>, LinkError> {
-        {
-            let (m, cv) = &*self.outbox;
-            let mut ob = m.lock_or_recover();
-            while !ob.closed && (ob.frames.len() >= STREAM_MAX_UNSENT || ob.bytes >= self.max_bytes)
-            {
-                ob = cv.wait_or_recover(ob);
-            }
-            if ob.closed {
-                return Ok(None);
-            }
-        }
-        let mut r = self.reader.lock_or_recover();
-        let admit = |len: u64| match (&self.charger, len) {
-            (Some(charge), 1..) => charge(len).map(Some),
-            _ => Ok(None),
-        };
-        match read_frame_admitted::<Request, _>(&mut *r, self.max_payload, admit) {
-            Ok((f, charge)) => {
-                let (m, _) = &*self.outbox;
-                m.lock_or_recover().in_flight += 1;
-                Ok(Some(Incoming {
-                    req: f.entry,
-                    payload: f.payload,
-                    charge,
-                }))
-            }
-            Err(virtsoc_proto::stream::FrameError::TooLarge { len, max }) => Err(
-                LinkError::Violation(format!("frame payload of {len} bytes over {max}")),
-            ),
-            Err(virtsoc_proto::stream::FrameError::Refused { len, why }) => Err(
-                LinkError::Violation(format!("frame payload of {len} bytes: {why}")),
-            ),
-            Err(_) => Ok(None),
-        }
-    }
-
-    fn post(&self, c: Completion, payload: Vec<u8>) -> Result<(), LinkError> {
-        let (m, cv) = &*self.outbox;
-        let mut ob = m.lock_or_recover();
-        if !ob.closed {
-            let mut c = c;
-            c.queue_depth = ob.in_flight.saturating_sub(1).min(u32::MAX as u64) as u32;
-            ob.bytes += payload.len() as u64;
-            ob.frames.push_back((c, payload));
-            cv.notify_all();
-        }
-        Ok(())
-    }
-
-    fn close(&self) {
-        let (m, cv) = &*self.outbox;
-        m.lock_or_recover().closed = true;
-        cv.notify_all();
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        let _ = (&self.stream).flush();
-    }
-
-    fn carries_bulk(&self) -> bool {
-        true
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testkit::{self, FakeBell};
-    use std::net::TcpListener;
     use std::sync::atomic::AtomicU32;
-    use std::sync::mpsc;
-    use std::time::Duration;
     use virtsoc_proto::ring::guest_rings;
-    use virtsoc_proto::stream::read_frame;
     use virtsoc_proto::{DeviceId, Opcode, ProtoError};
 
     struct Shm {
@@ -574,42 +429,5 @@ mod tests {
             "a closed link takes nothing"
         );
         assert!(!s.link.carries_bulk());
-    }
-
-    /// A remote guest that does not read its completions holds back its own requests once
-    /// the bytes waiting for it reach the limit: the daemon's outbox is bounded in bytes.
-    #[test]
-    fn no_request_is_taken_while_the_guests_bytes_wait() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (host, _) = l.accept().unwrap();
-        let link = Arc::new(StreamLink::new(host, 1 << 20, 1 << 20).unwrap());
-        // 64 MiB of read bytes: far more than the socket buffers take without the peer
-        // reading, so they stay queued.
-        link.post(Completion::ok(1, [0; 6]), vec![7u8; 64 << 20])
-            .unwrap();
-        let req = Request::new(2, Opcode::Nop, DeviceId::CPU, [0; 6]);
-        write_frame(&mut peer, &req, &[]).unwrap();
-        let (tx, rx) = mpsc::channel();
-        let l2 = link.clone();
-        let taker = std::thread::spawn(move || {
-            let got = l2.next().unwrap().map(|i| i.req.seq);
-            tx.send(got).unwrap();
-        });
-        assert!(
-            rx.recv_timeout(Duration::from_millis(300)).is_err(),
-            "a request was taken with 64 MiB waiting for the guest"
-        );
-        // The guest reads its completion: the bytes drain and the request is taken.
-        let mut r = std::io::BufReader::new(peer.try_clone().unwrap());
-        let f = read_frame::<Completion>(&mut r, 128 << 20).unwrap();
-        assert_eq!(f.payload.len(), 64 << 20);
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(20)).unwrap(),
-            Some(2),
-            "the request is taken once the bytes drained"
-        );
-        taker.join().unwrap();
-        link.close();
     }
 }

@@ -333,16 +333,25 @@ impl Session {
             .filter(|e| *e <= meta.size && len > 0);
         end.ok_or(Status::OutOfRange)?;
         if op == Opcode::EndAccess && mode.writes() {
-            if inc.payload.len() as u64 != len {
-                return Err(Status::BadArgument);
-            }
-            let base = svm
+            let at = svm
                 .window_offset(self.guest_id, RegionId(id))
                 .map_err(|e| crate::status::status_of(&e))?
-                .ok_or(Status::BadArgument)?;
-            self.window
-                .copy_in(base + offset, &inc.payload)
-                .map_err(|_| Status::OutOfRange)?;
+                .ok_or(Status::BadArgument)?
+                + offset;
+            if inc.placed {
+                // The link read the bytes straight into the window, where
+                // `remote_write_target` (these same checks) said they go.
+                if remote_write_target(svm, self.guest_id, &inc.req, len) != Some(at) {
+                    return Err(Status::Internal);
+                }
+            } else {
+                if inc.payload.len() as u64 != len {
+                    return Err(Status::BadArgument);
+                }
+                self.window
+                    .copy_in(at, &inc.payload)
+                    .map_err(|_| Status::OutOfRange)?;
+            }
         }
         let v = dispatch::inline(svm, self.guest_id, &inc.req)?;
         let whole = offset == 0 && len == meta.size;
@@ -495,6 +504,29 @@ impl Session {
             Err(s) => Completion::err(req.seq, s),
         });
     }
+}
+
+/// Where the bytes of a remote guest's CPU write go in the host's copy of its window: for
+/// `req` carrying `len` bytes, the window offset when it is an `end_access` of the CPU that
+/// writes exactly `len` (> 0) bytes inside one of the guest's regions, else `None`. The
+/// stream link reads such bytes straight there ([`crate::link::StreamLink::placing`]).
+pub(crate) fn remote_write_target(
+    svm: &SvmManager,
+    guest: GuestId,
+    req: &Request,
+    len: u64,
+) -> Option<u64> {
+    if req.device != DeviceId::CPU.0 || Opcode::from_u32(req.opcode) != Some(Opcode::EndAccess) {
+        return None;
+    }
+    let a = CoreRequest::decode(req.opcode, &req.args).ok()?.access()?;
+    if !a.mode.writes() || a.len != len || len == 0 {
+        return None;
+    }
+    let meta = svm.meta(guest, RegionId(a.id)).ok()?;
+    a.offset.checked_add(len).filter(|e| *e <= meta.size)?;
+    let base = svm.window_offset(guest, RegionId(a.id)).ok()??;
+    base.checked_add(a.offset)
 }
 
 #[cfg(test)]

@@ -86,6 +86,7 @@ impl MemLink {
             req,
             payload,
             charge: None,
+            placed: false,
         });
     }
 
@@ -210,6 +211,7 @@ impl Core {
                 req,
                 payload,
                 charge: None,
+                placed: false,
             },
             &self.svm,
             &self.devices,

@@ -3,8 +3,14 @@
 //! A frame is one 64-byte ring entry, a little-endian u32 payload length, and the payload:
 //! the bytes of a CPU write going to the host, or of a CPU read coming back. Lengths are
 //! checked against a maximum before anything is allocated.
+//!
+//! A frame is written with vectored writes (head and payload in one system call, as many
+//! as partial writes need: [`write_frame`]) and read as its head ([`read_head`]) then its
+//! payload, into a buffer of the reader's ([`read_rest`]): a reader that knows where the
+//! bytes go (the host's copy of a remote guest's window) reads them there, with no
+//! intermediate buffer.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 
 use vm_memory::ByteValued;
 
@@ -49,16 +55,42 @@ impl FrameError {
     }
 }
 
-/// Writes one frame.
+/// Writes one frame: head and payload together (one vectored write when the stream takes
+/// it all, more after partial writes).
 pub fn write_frame<T: ByteValued>(w: &mut impl Write, entry: &T, payload: &[u8]) -> io::Result<()> {
     let len = u32::try_from(payload.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "payload too large"))?;
+    let len = len.to_le_bytes();
+    let mut bufs = [
+        IoSlice::new(entry.as_slice()),
+        IoSlice::new(&len),
+        IoSlice::new(payload),
+    ];
+    write_all_vectored(w, &mut bufs)?;
+    w.flush()
+}
+
+/// A frame's head for `entry` and a payload of `len` bytes (which must fit a u32; larger is
+/// refused by [`write_frame`] and by every reader).
+pub fn frame_head<T: ByteValued>(entry: &T, len: usize) -> Vec<u8> {
     let mut head = Vec::with_capacity(std::mem::size_of::<T>() + 4);
     head.extend_from_slice(entry.as_slice());
-    head.extend_from_slice(&len.to_le_bytes());
-    w.write_all(&head)?;
-    w.write_all(payload)?;
-    w.flush()
+    head.extend_from_slice(&(len.min(u32::MAX as usize) as u32).to_le_bytes());
+    head
+}
+
+/// Writes every byte of `bufs`, in order, through partial writes and interruptions.
+pub fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads one frame; payloads over `max` bytes are refused before allocation.
@@ -77,11 +109,30 @@ pub fn read_frame_admitted<T: ByteValued + Default, G>(
     max: u64,
     admit: impl FnOnce(u64) -> Result<G, String>,
 ) -> Result<(StreamFrame<T>, G), FrameError> {
+    let (entry, len) = read_head::<T>(r, max)?;
+    let guard = admit(len).map_err(|why| FrameError::Refused { len, why })?;
+    let mut payload = vec![0u8; len as usize];
+    read_rest(r, &mut payload)?;
+    Ok((StreamFrame { entry, payload }, guard))
+}
+
+/// Reads a frame's head: its entry and its payload's length (at most `max`; the payload
+/// is the next `len` bytes on the stream, for the caller to read with [`read_rest`]).
+pub fn read_head<T: ByteValued + Default>(
+    r: &mut impl Read,
+    max: u64,
+) -> Result<(T, u64), FrameError> {
     let mut entry = T::default();
     let size = std::mem::size_of::<T>();
     let buf = entry.as_mut_slice();
     // The first byte may time out (nothing consumed); after it, a frame is read to the end.
-    let n = r.read(&mut buf[..size])?;
+    // A signal before anything arrived is no answer: read again.
+    let n = loop {
+        match r.read(&mut buf[..size]) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => break r?,
+        }
+    };
     if n == 0 {
         return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
     }
@@ -92,14 +143,11 @@ pub fn read_frame_admitted<T: ByteValued + Default, G>(
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
-    let guard = admit(len).map_err(|why| FrameError::Refused { len, why })?;
-    let mut payload = vec![0u8; len as usize];
-    read_rest(r, &mut payload)?;
-    Ok((StreamFrame { entry, payload }, guard))
+    Ok((entry, len))
 }
 
 /// `read_exact` that keeps going through read timeouts once a frame has started.
-fn read_rest(r: &mut impl Read, mut buf: &mut [u8]) -> io::Result<()> {
+pub fn read_rest(r: &mut impl Read, mut buf: &mut [u8]) -> io::Result<()> {
     while !buf.is_empty() {
         match r.read(buf) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -144,5 +192,86 @@ mod tests {
             read_frame::<Request>(&mut &big[..70], 1000).is_err(),
             "truncated"
         );
+    }
+
+    /// A stream that takes or gives at most a few bytes per call, with interruptions and
+    /// timeouts in between (a slow, congested peer).
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        calls: usize,
+    }
+
+    impl Trickle {
+        fn hiccup(&mut self) -> Option<io::Error> {
+            self.calls += 1;
+            match self.calls % 5 {
+                1 => Some(io::ErrorKind::Interrupted.into()),
+                3 => Some(io::ErrorKind::WouldBlock.into()),
+                _ => None,
+            }
+        }
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            if let Some(e) = self
+                .hiccup()
+                .filter(|e| e.kind() == io::ErrorKind::Interrupted)
+            {
+                return Err(e);
+            }
+            let n = b.len().min(1 + self.calls % 7);
+            self.data.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+            if let Some(e) = self.hiccup() {
+                return Err(e);
+            }
+            let n = b
+                .len()
+                .min(1 + self.calls % 3)
+                .min(self.data.len() - self.at);
+            b[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    /// Partial writes, interrupted writes and reads, and reads that time out mid-frame keep
+    /// every byte of every frame, in order.
+    #[test]
+    fn partial_and_interrupted_transfers_keep_every_byte_in_order() {
+        let mut t = Trickle {
+            data: Vec::new(),
+            at: 0,
+            calls: 0,
+        };
+        let payloads: Vec<Vec<u8>> = (0..20u32)
+            .map(|i| (0..i * 37).map(|b| (b ^ i) as u8).collect())
+            .collect();
+        for (i, p) in payloads.iter().enumerate() {
+            let req = Request::new(i as u64, Opcode::EndAccess, DeviceId::CPU, [0; 6]);
+            write_frame(&mut t, &req, p).unwrap();
+        }
+        t.calls = 0;
+        for (i, p) in payloads.iter().enumerate() {
+            // A timeout before a frame's first byte is "no frame yet": nothing was consumed.
+            let f: StreamFrame<Request> = loop {
+                match read_frame(&mut t, 1 << 20) {
+                    Err(e) if e.is_timeout() => continue,
+                    r => break r.unwrap(),
+                }
+            };
+            assert_eq!(f.entry.seq, i as u64);
+            assert_eq!(&f.payload, p, "frame {i}");
+        }
     }
 }

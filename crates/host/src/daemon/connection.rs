@@ -198,7 +198,13 @@ impl Daemon {
             .charging(Box::new(move |len| {
                 svm.charge(guest_id, len)
                     .map_err(|e| format!("buffering it would pass the guest's memory limit ({e})"))
-            }));
+            }))
+            .placing(a.window.clone(), {
+                let svm = self.svm.clone();
+                Box::new(move |req, len| {
+                    crate::session::remote_write_target(&svm, guest_id, req, len)
+                })
+            });
             Ok((w, link))
         }) {
             Ok(v) => v,
