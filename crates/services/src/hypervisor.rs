@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::{json, Value};
 
+use crate::gate::Gate;
 use crate::payload::{Input, Output};
 use crate::policy::{Instances, ServicePolicy};
 use crate::{Result, ServiceError};
@@ -100,6 +101,8 @@ pub struct Hypervisor {
     channels: Mutex<HashMap<u64, ChannelRec>>,
     next_channel: AtomicU64,
     denied: AtomicU64,
+    /// The admission gate of each service the policy limits.
+    gates: RwLock<HashMap<String, Arc<Gate>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -115,13 +118,16 @@ impl Default for Hypervisor {
 impl Hypervisor {
     /// A hypervisor with no services, under `policy`.
     pub fn new(policy: ServicePolicy) -> Self {
-        Hypervisor {
+        let h = Hypervisor {
             services: RwLock::new(HashMap::new()),
-            policy: RwLock::new(policy),
+            policy: RwLock::new(ServicePolicy::default()),
             channels: Mutex::new(HashMap::new()),
             next_channel: AtomicU64::new(1),
             denied: AtomicU64::new(0),
-        }
+            gates: RwLock::new(HashMap::new()),
+        };
+        h.set_policy(policy);
+        h
     }
 
     /// Registers a service made by `make` (replacing one of the same name).
@@ -154,7 +160,33 @@ impl Hypervisor {
 
     /// Replaces the policy (channels already open are checked again at their next call).
     pub fn set_policy(&self, p: ServicePolicy) {
+        // A checked policy always names a known scheduler.
+        let kind = p.scheduler_kind().unwrap_or_default();
+        let gates = p
+            .concurrency
+            .iter()
+            .map(|(s, n)| (s.clone(), Arc::new(Gate::new(kind, *n))))
+            .collect();
+        *self.gates.write().unwrap_or_else(|p| p.into_inner()) = gates;
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = p;
+    }
+
+    /// The gate of `service` and the share of `guest_name`, if the policy limits it.
+    fn gate(&self, service: &str, guest_name: &str) -> Option<(Arc<Gate>, Option<u32>)> {
+        let gate = self
+            .gates
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(service)
+            .cloned()?;
+        let share = self
+            .policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .shares
+            .get(guest_name)
+            .copied();
+        Some((gate, share))
     }
 
     /// The policy.
@@ -255,6 +287,13 @@ impl Hypervisor {
         }
         let inst = self.instance(&r, &rec.service, guest);
         let cx = CallCtx { guest, channel };
+        let gate = self.gate(&rec.service, &rec.guest_name);
+        let _pass = gate.as_ref().map(|(g, share)| {
+            if let Some(s) = share {
+                g.set_share(guest, *s);
+            }
+            g.enter(guest)
+        });
         match catch_unwind(AssertUnwindSafe(|| inst.call(&cx, call, input, out))) {
             Ok(res) => {
                 r.calls_served.fetch_add(1, Ordering::Relaxed);

@@ -18,6 +18,7 @@
 
 pub mod builtin;
 pub mod chan;
+pub mod gate;
 pub mod hypervisor;
 pub mod packet;
 pub mod payload;

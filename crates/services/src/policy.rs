@@ -37,6 +37,17 @@ pub struct ServicePolicy {
     /// Instance mode per service (the service's own default otherwise).
     #[serde(default)]
     pub instances: HashMap<String, Instances>,
+    /// Calls a service runs at once, for the services that are limited (unlimited
+    /// otherwise): the calls waiting are admitted in the order `scheduler` picks.
+    #[serde(default)]
+    pub concurrency: HashMap<String, usize>,
+    /// The scheduler ordering a limited service's calls between guests (`round-robin`,
+    /// `wfq`, `fixed-rate`, `aimd`, as `virtsocd --scheduler`).
+    #[serde(default)]
+    pub scheduler: Option<String>,
+    /// Guests' shares (weights) for that scheduler, by guest name (100 otherwise).
+    #[serde(default)]
+    pub shares: HashMap<String, u32>,
 }
 
 fn allow_all() -> HashMap<String, Vec<String>> {
@@ -48,6 +59,9 @@ impl Default for ServicePolicy {
         ServicePolicy {
             allow: allow_all(),
             instances: HashMap::new(),
+            concurrency: HashMap::new(),
+            scheduler: None,
+            shares: HashMap::new(),
         }
     }
 }
@@ -55,12 +69,39 @@ impl Default for ServicePolicy {
 impl ServicePolicy {
     /// Parses a policy (JSON); errors name the field.
     pub fn parse(text: &str) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| ServiceError::Policy(e.to_string()))
+        let p: Self =
+            serde_json::from_str(text).map_err(|e| ServiceError::Policy(e.to_string()))?;
+        p.check()
     }
 
     /// A policy from a JSON value (the control API's body).
     pub fn from_value(v: &serde_json::Value) -> Result<Self> {
-        serde_json::from_value(v.clone()).map_err(|e| ServiceError::Policy(e.to_string()))
+        let p: Self =
+            serde_json::from_value(v.clone()).map_err(|e| ServiceError::Policy(e.to_string()))?;
+        p.check()
+    }
+
+    fn check(self) -> Result<Self> {
+        self.scheduler_kind()?;
+        if let Some((s, _)) = self.concurrency.iter().find(|(_, n)| **n == 0) {
+            return Err(ServiceError::Policy(format!(
+                "concurrency of {s:?}: at least 1"
+            )));
+        }
+        if let Some((g, _)) = self.shares.iter().find(|(_, n)| **n == 0) {
+            return Err(ServiceError::Policy(format!("share of {g:?}: at least 1")));
+        }
+        Ok(self)
+    }
+
+    /// The scheduler of limited services.
+    pub fn scheduler_kind(&self) -> Result<virtsoc_sched::Kind> {
+        match &self.scheduler {
+            None => Ok(virtsoc_sched::Kind::RoundRobin),
+            Some(s) => s
+                .parse()
+                .map_err(|e: virtsoc_sched::SchedError| ServiceError::Policy(e.to_string())),
+        }
     }
 
     /// Whether guest `guest` may use service `service`.
@@ -96,5 +137,12 @@ mod tests {
         assert!(ServicePolicy::default().allows("x", "y"));
         assert!(ServicePolicy::parse(r#"{"alow": {}}"#).is_err());
         assert!(ServicePolicy::parse(r#"{"instances": {"a": "many"}}"#).is_err());
+        let p = ServicePolicy::parse(
+            r#"{"concurrency": {"bulk": 1}, "scheduler": "wfq", "shares": {"a": 300}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.scheduler_kind().unwrap(), virtsoc_sched::Kind::Wfq);
+        assert!(ServicePolicy::parse(r#"{"scheduler": "lottery"}"#).is_err());
+        assert!(ServicePolicy::parse(r#"{"concurrency": {"bulk": 0}}"#).is_err());
     }
 }
