@@ -9,7 +9,16 @@
 //! same wgpu adapter selection; lavapipe on a CPU-only host), so they are what the daemon's
 //! GPU device achieves once its replicas are resident.
 //!
-//! `--json` prints `{"sizes": [{"width", "height", "composite_ms", "floor_ms", ...}]}`.
+//! Decoding is measured on two clips generated at run time: `flat` (x264 ultrafast, CAVLC,
+//! no B-frames: cheap to decode) and `real` (x264 medium: CABAC, B-frames, several
+//! references, testsrc2 with noise). Each is decoded through the daemon and, in the same run
+//! on the same packets, by libavcodec alone in this process (the worker's model: one
+//! decoder with the daemon's default thread count, pictures left in libavcodec's buffers):
+//! the ratio is virtsoc's decode rate over native. A per-stage breakdown tells where the time
+//! per frame goes that is not decoding (see [`Stages`]).
+//!
+//! `--json` prints `{"sizes": [{"width", "height", "decode_fps", "native_decode_fps",
+//! "decode": [{"clip", ...}], "composite_ms", "floor_ms", ...}]}`.
 
 use std::time::Instant;
 
@@ -17,6 +26,8 @@ use serde::Serialize;
 use virtsoc_gpu::WgpuBackend;
 use virtsoc_guest::devices as api;
 use virtsoc_guest::{ConnectOptions, Connection, Format};
+
+use virtsoc_media::{CodecKind, DecoderBackend, FfmpegDecoder, PixelFormat};
 
 use crate::bench_svm::OrderingMode;
 use crate::scenario::pipe::Pipe;
@@ -38,8 +49,13 @@ pub struct DeviceNumbers {
     pub width: u32,
     pub height: u32,
     pub resolution: String,
-    /// Frames decoded per second (decode + receive into an NV12 region, one at a time).
+    /// Frames decoded per second of the `flat` clip (decode + receive into an NV12 region,
+    /// one at a time).
     pub decode_fps: f64,
+    /// libavcodec alone on the same packets, in the same run: frames per second.
+    pub native_decode_fps: f64,
+    /// Every clip's decode numbers (`flat` first).
+    pub decode: Vec<DecodeNumbers>,
     /// Median ISP NV12 -> RGBA conversion, ms per frame (as the guest sees it).
     pub isp_ms: f64,
     /// Median GPU composition (NV12 video + RGBA UI into RGBA), ms per frame as the guest
@@ -56,6 +72,36 @@ pub struct DeviceNumbers {
     pub floor_ms: Option<f64>,
     pub floor_render_ms: Option<f64>,
     pub floor_compute_ms: Option<f64>,
+}
+
+/// Decoding one clip through the daemon and natively.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeNumbers {
+    pub clip: String,
+    pub frames: u64,
+    pub decode_fps: f64,
+    pub native_decode_fps: f64,
+    /// `decode_fps / native_decode_fps`.
+    pub ratio: f64,
+    pub stages: Stages,
+}
+
+/// Where a frame's time goes through the daemon, in microseconds per frame (wall time the
+/// guest sees, one frame at a time). `ring_us` is one empty command's round trip
+/// (`stream_info`); a frame takes eight (two accesses around the packet's write, three
+/// around `decode`, three around `receive_frame`), counted in `ring`. The rest is split by
+/// call: `guest_write` (the packet into the shared window), `decode_call` (the worker call
+/// and the libavcodec work the daemon waits for, less `native_decode`, libavcodec alone),
+/// `copy_out` (`receive_frame`: the picture into the guest's region, and its completion).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stages {
+    pub total: f64,
+    pub ring_us: f64,
+    pub ring: f64,
+    pub guest_write: f64,
+    pub native_decode: f64,
+    pub decode_call: f64,
+    pub copy_out: f64,
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -114,12 +160,14 @@ fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, Cli
         },
     )?;
     let mut p = Pipe::new(&conn, OrderingMode::Atomic);
-    let units = media::load_units(&media::clip("flat", w, h, 30, 4)?)?;
-    let n = frames.min(units.len()).max(1);
-    let bits = conn
-        .alloc_blob(units.iter().map(Vec::len).max().unwrap_or(1) as u64)?
-        .id;
     let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
+    let mut decode = Vec::new();
+    for clip in CLIPS {
+        let units = media::load_units(&clip_path(clip, w, h)?)?;
+        let units = &units[..frames.min(units.len()).max(1)];
+        decode.push(decode_clip(&mut p, clip, units, frame)?);
+    }
+    let n = frames.max(1);
     let rgba = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
     let ui = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
     let out = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
@@ -128,27 +176,6 @@ fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, Cli
     let mut blob = full_layer(frame, w, h, false).to_bytes().to_vec();
     blob.extend_from_slice(&full_layer(ui, w, h, true).to_bytes());
     p.cpu_write(layers, &blob)?;
-    let t = p.run(&api::codec::OpenDecoder {
-        kind: api::codec_kind::H264,
-        format: Format::Nv12 as u64,
-        threads: 0,
-    })?;
-    let handle = p.result(t)?.handle;
-    // Decode: the guest writes each packet and takes each frame.
-    let t0 = Instant::now();
-    let mut decoded = 0;
-    for unit in units.iter().take(n) {
-        p.cpu_write(bits, unit)?;
-        p.run(&api::codec::Decode {
-            handle,
-            bitstream: bits,
-            len: unit.len() as u64,
-            pts: 0,
-        })?;
-        let r = p.run(&api::codec::ReceiveFrame { handle, frame })?;
-        decoded += p.result(r)?.got;
-    }
-    let decode_fps = decoded as f64 / t0.elapsed().as_secs_f64();
     let (mut isp, mut gpu, mut gpu_own) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n.min(20) {
         let t = Instant::now();
@@ -169,12 +196,13 @@ fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, Cli
         gpu.push(t.elapsed().as_secs_f64() * 1e3);
         gpu_own.push(p.result(r)?.gpu_us as f64 / 1e3);
     }
-    p.run(&api::codec::Close { handle })?;
     Ok(DeviceNumbers {
         width: w,
         height: h,
         resolution: format!("{w}x{h}"),
-        decode_fps,
+        decode_fps: decode[0].decode_fps,
+        native_decode_fps: decode[0].native_decode_fps,
+        decode,
         isp_ms: percentile(&isp, 50.0),
         gpu_composite_ms: percentile(&gpu, 50.0),
         gpu_backend_ms: percentile(&gpu_own, 50.0),
@@ -186,15 +214,173 @@ fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, Cli
     })
 }
 
-/// Prints the numbers as a table.
+/// The clips decoding is measured on: cheap, then realistic.
+const CLIPS: [&str; 2] = ["flat", "real"];
+/// Seconds of each generated clip (30 fps).
+const CLIP_SECONDS: u32 = 4;
+/// Threads of the daemon's decoders when `open_decoder` asks for 0 (`virtsocd
+/// --codec-threads`' default), also native decoding's.
+const DEFAULT_THREADS: usize = 2;
+
+/// The clip `kind` at `w` x `h`: `flat` is the scenarios' test clip; `real` is generated
+/// here (and cached beside it) with x264's medium preset: CABAC, B-frames, several
+/// references, testsrc2 with temporal noise; access-unit delimiters split it into packets.
+fn clip_path(kind: &str, w: u32, h: u32) -> Result<std::path::PathBuf, CliError> {
+    if kind != "real" {
+        return media::clip(kind, w, h, 30, CLIP_SECONDS);
+    }
+    // A broadcast-like rate (8 Mbit/s at 1080p, by pixels): the noise is coded at the
+    // quality that rate allows, as a camera's grain is, not losslessly.
+    let kbps = (u64::from(w) * u64::from(h) * 4 / 1000).max(500);
+    let dir = media::data_dir();
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("real-{w}x{h}-30fps-{CLIP_SECONDS}s-{kbps}k.h264"));
+    if path.exists() {
+        return Ok(path);
+    }
+    let tmp = path.with_extension("tmp.h264");
+    let src = format!("testsrc2=size={w}x{h}:rate=30,noise=alls=8:allf=t");
+    let (rate, buf) = (format!("{kbps}k"), format!("{}k", kbps * 2));
+    let out = std::process::Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-f", "lavfi", "-i"])
+        .arg(&src)
+        .args(["-t", &CLIP_SECONDS.to_string(), "-c:v", "libx264"])
+        .args(["-preset", "medium", "-x264-params", "aud=1"])
+        .args(["-b:v", &rate, "-maxrate", &rate, "-bufsize", &buf])
+        .args(["-pix_fmt", "yuv420p", "-g", "60", "-f", "h264"])
+        .arg(&tmp)
+        .output()
+        .map_err(|e| CliError::Usage(format!("cannot run ffmpeg: {e}")))?;
+    if !out.status.success() {
+        return Err(CliError::Usage(format!(
+            "ffmpeg failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// Moves every waiting picture of decoder `handle` into `frame`: how many.
+fn receive_all(
+    p: &mut Pipe<'_>,
+    handle: u64,
+    frame: u64,
+    ready: u64,
+    copy: &mut std::time::Duration,
+) -> Result<u64, CliError> {
+    let mut got = 0;
+    for _ in 0..ready {
+        let t = Instant::now();
+        let r = p.run(&api::codec::ReceiveFrame { handle, frame })?;
+        got += p.result(r)?.got;
+        *copy += t.elapsed();
+    }
+    Ok(got)
+}
+
+/// Decodes `units` of `clip` through the daemon (each packet written, decoded, its pictures
+/// received into `frame`, one at a time; flushed at the end), then natively; with the
+/// stages of a frame.
+fn decode_clip(
+    p: &mut Pipe<'_>,
+    clip: &str,
+    units: &[Vec<u8>],
+    frame: u64,
+) -> Result<DecodeNumbers, CliError> {
+    let bits = p
+        .conn
+        .alloc_blob(units.iter().map(Vec::len).max().unwrap_or(1) as u64)?
+        .id;
+    let t = p.run(&api::codec::OpenDecoder {
+        kind: api::codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads: 0,
+    })?;
+    let handle = p.result(t)?.handle;
+    let zero = std::time::Duration::ZERO;
+    let (mut write, mut call, mut copy) = (zero, zero, zero);
+    let t0 = Instant::now();
+    let mut decoded = 0;
+    for (i, unit) in units.iter().enumerate() {
+        let t = Instant::now();
+        p.cpu_write(bits, unit)?;
+        write += t.elapsed();
+        let t = Instant::now();
+        let r = p.run(&api::codec::Decode {
+            handle,
+            bitstream: bits,
+            len: unit.len() as u64,
+            pts: i as u64,
+        })?;
+        let ready = p.result(r)?.frames_ready;
+        call += t.elapsed();
+        decoded += receive_all(p, handle, frame, ready, &mut copy)?;
+    }
+    let t = Instant::now();
+    let r = p.run(&api::codec::Flush { handle })?;
+    let ready = p.result(r)?.frames_ready;
+    call += t.elapsed();
+    decoded += receive_all(p, handle, frame, ready, &mut copy)?;
+    let elapsed = t0.elapsed();
+    let mut ring = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let r = p.run(&api::codec::StreamInfo { handle })?;
+        p.result(r)?;
+        ring.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    p.run(&api::codec::Close { handle })?;
+    let native_fps = native_decode_fps(units)?;
+    let n = decoded.max(1) as f64;
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n;
+    let ring_us = percentile(&ring, 50.0);
+    let native = 1e6 / native_fps.max(1e-9);
+    let decode_fps = decoded as f64 / elapsed.as_secs_f64();
+    Ok(DecodeNumbers {
+        clip: clip.to_string(),
+        frames: decoded,
+        decode_fps,
+        native_decode_fps: native_fps,
+        ratio: decode_fps / native_fps.max(1e-9),
+        stages: Stages {
+            total: us(elapsed),
+            ring_us,
+            ring: 8.0 * ring_us,
+            guest_write: us(write) - 2.0 * ring_us,
+            native_decode: native,
+            decode_call: us(call) - 3.0 * ring_us - native,
+            copy_out: us(copy) - 3.0 * ring_us,
+        },
+    })
+}
+
+/// libavcodec alone on `units`, as a worker runs it (one H.264 decoder with the daemon's
+/// default threads, pictures left in its buffers): frames per second.
+fn native_decode_fps(units: &[Vec<u8>]) -> Result<f64, CliError> {
+    let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
+    let mut d = FfmpegDecoder::new(CodecKind::H264, PixelFormat::Yuv420p, DEFAULT_THREADS)
+        .map_err(media)?;
+    d.hold_pictures(true);
+    let t0 = Instant::now();
+    let mut n = 0;
+    for (i, u) in units.iter().enumerate() {
+        n += d.decode(u, i as i64).map_err(media)?.len();
+    }
+    n += d.flush().map_err(media)?.len();
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// Prints the numbers as a table, then each clip's decode against native and its stages.
 pub fn print_table(b: &DeviceBench) {
     if let Some(a) = &b.adapter {
         println!("local GPU (resident, floor): {a}");
     }
     println!(
-        "{:<10} {:>11} {:>13} {:>15} {:>15} {:>12} {:>9}",
+        "{:<10} {:>11} {:>11} {:>13} {:>15} {:>15} {:>12} {:>9}",
         "size",
         "decode fps",
+        "native fps",
         "isp ms/frame",
         "gpu ms/frame",
         "gpu own ms",
@@ -204,14 +390,53 @@ pub fn print_table(b: &DeviceBench) {
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in &b.sizes {
         println!(
-            "{:<10} {:>11.1} {:>13.2} {:>15.2} {:>15.2} {:>12} {:>9}",
+            "{:<10} {:>11.1} {:>11.1} {:>13.2} {:>15.2} {:>15.2} {:>12} {:>9}",
             r.resolution,
             r.decode_fps,
+            r.native_decode_fps,
             r.isp_ms,
             r.gpu_composite_ms,
             r.gpu_backend_ms,
             opt(r.gpu_resident_ms),
             opt(r.floor_ms)
         );
+    }
+    println!();
+    println!(
+        "decode, us per frame: total = ring (8 round trips) + guest write + native decode + \
+         decode call beyond native + copy out"
+    );
+    println!(
+        "{:<10} {:<5} {:>7} {:>7} {:>6} {:>8} {:>8} {:>6} {:>7} {:>8} {:>7}",
+        "size",
+        "clip",
+        "fps",
+        "native",
+        "ratio",
+        "total",
+        "ring",
+        "write",
+        "decode",
+        "call+",
+        "copy"
+    );
+    for r in &b.sizes {
+        for d in &r.decode {
+            let s = &d.stages;
+            println!(
+                "{:<10} {:<5} {:>7.1} {:>7.1} {:>6.2} {:>8.0} {:>8.0} {:>6.0} {:>7.0} {:>8.0} {:>7.0}",
+                r.resolution,
+                d.clip,
+                d.decode_fps,
+                d.native_decode_fps,
+                d.ratio,
+                s.total,
+                s.ring,
+                s.guest_write,
+                s.native_decode,
+                s.decode_call,
+                s.copy_out
+            );
+        }
     }
 }
