@@ -409,6 +409,42 @@ fn triangles_drawn_through_the_stream_read_back() {
         }
         assert_eq!(cx.take_error(), 0x0502);
         assert_eq!(cx.take_error(), 0);
+        // The decoder's own checks (not the driver's): an unpack offset into an empty
+        // buffer, bytes sent while an unpack buffer is bound, an unknown sync name.
+        let before = cx.refused();
+        let mut e = Encoder::new();
+        e.packet(o::glBindBuffer).u32(0x88EC).u32(998);
+        let sub = |e: &mut Encoder, kind: u32| {
+            let mut p = e.packet(o::glTexSubImage2D);
+            p.u32(0x0DE1)
+                .i32(0)
+                .i32(0)
+                .i32(0)
+                .i32(1)
+                .i32(1)
+                .u32(0x1908)
+                .u32(0x1401);
+            if kind == 1 {
+                p.u32(1).u64(0);
+            } else {
+                p.u32(0).bytes(&[1, 2, 3, 4]);
+            }
+        };
+        sub(&mut e, 1);
+        sub(&mut e, 0);
+        e.packet(o::glBindBuffer).u32(0x88EC).u32(0);
+        e.packet(o::glClientWaitSync).u32(77).u32(0).u64(0);
+        let mut reply = Encoder::new();
+        let mut r = Reader::new(e.as_bytes());
+        while let Some(Ok((op, payload))) = r.next_packet() {
+            dispatch(&host.gl, &mut cx, op, payload, &mut reply).unwrap();
+        }
+        assert_eq!(cx.refused(), before + 3);
+        assert_eq!(cx.take_error(), 0x0502);
+        assert_eq!(cx.take_error(), 0x0501);
+        let mut a = Reader::new(reply.as_bytes());
+        let (op, mut payload) = a.next_packet().unwrap().unwrap();
+        assert_eq!((op, payload.u32().unwrap()), (o::glClientWaitSync, 0x911D));
         drop(cx);
         assert_eq!(get_error(), 0);
     }
