@@ -82,6 +82,14 @@ pub trait CondvarExt {
         guard: MutexGuard<'a, T>,
         timeout: Duration,
     ) -> (MutexGuard<'a, T>, WaitTimeoutResult);
+    /// Waits while `condition` holds, at most `timeout`, recovering the guard of a poisoned
+    /// lock.
+    fn wait_timeout_while_or_recover<'a, T, F: FnMut(&mut T) -> bool>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        timeout: Duration,
+        condition: F,
+    ) -> (MutexGuard<'a, T>, WaitTimeoutResult);
 }
 
 impl CondvarExt for std::sync::Condvar {
@@ -95,6 +103,16 @@ impl CondvarExt for std::sync::Condvar {
         timeout: Duration,
     ) -> (MutexGuard<'a, T>, WaitTimeoutResult) {
         self.wait_timeout(guard, timeout)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait_timeout_while_or_recover<'a, T, F: FnMut(&mut T) -> bool>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        timeout: Duration,
+        condition: F,
+    ) -> (MutexGuard<'a, T>, WaitTimeoutResult) {
+        self.wait_timeout_while(guard, timeout, condition)
             .unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -129,6 +147,9 @@ mod tests {
         let cv = Condvar::new();
         let (g, r) = cv.wait_timeout_or_recover(m.lock_or_recover(), Duration::ZERO);
         assert!(r.timed_out());
+        assert_eq!(*g, 0);
+        let (g, r) = cv.wait_timeout_while_or_recover(g, Duration::ZERO, |v| *v == 0);
+        assert!(r.timed_out(), "the condition still held at the time-out");
         assert_eq!(*g, 0);
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use virtsoc_svm::GuestId;
 
 use virtsoc_proto::{SharedWindow, WindowLayout};
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use super::{serve_vm, Current, VmConfig};
 use crate::daemon::Daemon;
@@ -112,8 +112,7 @@ pub fn take(daemon: &Daemon, guest: GuestId) -> Result<Handed> {
     let g = ctl.handed.lock_or_recover();
     let (mut g, _) = ctl
         .handed_cv
-        .wait_timeout_while(g, Duration::from_secs(10), |h| h.is_none())
-        .unwrap_or_else(|p| p.into_inner());
+        .wait_timeout_while_or_recover(g, Duration::from_secs(10), |h| h.is_none());
     g.take().ok_or_else(|| {
         // Withdrawn under the same lock the reader hands over under: it goes on serving.
         ctl.stop.store(false, Ordering::SeqCst);
