@@ -290,6 +290,13 @@ pub(crate) enum BenchCmd {
         size: u64,
         #[arg(long, default_value_t = 10)]
         reps: usize,
+        /// Instead of the comparison: a soak of this many seconds, `--guests` guests with
+        /// `--channels` channels each sending transfers of random sizes up to `--size`
+        /// through 64 KiB packets, every one checked, the daemon's RSS before and after.
+        #[arg(long)]
+        soak: Option<f64>,
+        #[arg(long, default_value_t = 16)]
+        guests: u32,
         #[arg(long)]
         json: bool,
     },

@@ -260,9 +260,24 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     round_trips,
                     size,
                     reps,
+                    soak,
+                    guests,
                     json,
                 },
         } => {
+            if let Some(seconds) = soak {
+                let r = with_daemon(socket, false, |e| {
+                    bench_services::soak(e, guests, channels, seconds, size)
+                })?;
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                if r.mismatches > 0 {
+                    return Err(CliError::Usage(format!(
+                        "{} transfers came back wrong",
+                        r.mismatches
+                    )));
+                }
+                return Ok(());
+            }
             let r = with_daemon(socket, false, |e| {
                 bench_services::run(e, channels, round_trips, size, reps)
             })?;
