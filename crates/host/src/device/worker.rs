@@ -365,20 +365,7 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
             }
         }
         if !dead.is_empty() {
-            let mut qs = slot.queues.lock_or_recover();
-            let gone: Vec<u64> = qs
-                .iter()
-                .filter(|(_, q)| dead.contains(&key_of(q)))
-                .map(|(s, _)| s.guest_id().0)
-                .collect();
-            qs.retain(|(_, q)| !dead.contains(&key_of(q)));
-            drop(qs);
-            for g in gone {
-                arbiter.forget(&slot.acct, g);
-            }
-            for k in dead {
-                states.remove(&k);
-            }
+            drop_dead(&slot, &mut arbiter, &mut states, &dead);
         }
         // Nothing of a guest may outlive its session here: the worker sleeps holding no
         // session (and with it no window) of any guest; a departed guest's queue, parked
@@ -386,17 +373,47 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
         drop(queues);
         drop(policy);
         if !progressed {
-            let limit = deadline
-                .map(|t| std::time::Duration::from_nanos(t.saturating_sub(slot.acct.now()).max(1)));
-            let pace_limit = pace_wake.map(|t| {
-                t.saturating_duration_since(Instant::now())
-                    .max(std::time::Duration::from_nanos(1))
-            });
-            let limit = match (limit, pace_limit) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            slot.events.wait_past_for(seen, limit);
+            sleep(&slot, seen, deadline, pace_wake);
         }
     }
+}
+
+/// Removes the closed queues `dead` from the device, their guests from the scheduler and
+/// their state from the worker's.
+fn drop_dead(
+    slot: &DeviceSlot,
+    arbiter: &mut Arbiter,
+    states: &mut HashMap<usize, QueueState>,
+    dead: &[usize],
+) {
+    let mut qs = slot.queues.lock_or_recover();
+    let gone: Vec<u64> = qs
+        .iter()
+        .filter(|(_, q)| dead.contains(&key_of(q)))
+        .map(|(s, _)| s.guest_id().0)
+        .collect();
+    qs.retain(|(_, q)| !dead.contains(&key_of(q)));
+    drop(qs);
+    for g in gone {
+        arbiter.forget(&slot.acct, g);
+    }
+    for k in dead {
+        states.remove(k);
+    }
+}
+
+/// Sleeps until an event past `seen`, or the earlier of the scheduler's `deadline` (device
+/// clock) and the time a paced step's bytes are there (`pace_wake`).
+fn sleep(slot: &DeviceSlot, seen: u64, deadline: Option<u64>, pace_wake: Option<Instant>) {
+    let limit =
+        deadline.map(|t| std::time::Duration::from_nanos(t.saturating_sub(slot.acct.now()).max(1)));
+    let pace_limit = pace_wake.map(|t| {
+        t.saturating_duration_since(Instant::now())
+            .max(std::time::Duration::from_nanos(1))
+    });
+    let limit = match (limit, pace_limit) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    slot.events.wait_past_for(seen, limit);
 }
