@@ -187,7 +187,7 @@ fn serve_stream(mut s: impl Read + Write) {
 }
 
 /// A connected stream pair: (this end, the peer's end).
-fn stream_pair(tcp: bool) -> Result<(Box<dyn ReadWrite>, Box<dyn ReadWrite>), CliError> {
+fn stream_pair(tcp: bool) -> Result<(Stream, Stream), CliError> {
     if !tcp {
         let (a, b) = UnixStream::pair()?;
         return Ok((Box::new(a), Box::new(b)));
@@ -203,6 +203,9 @@ fn stream_pair(tcp: bool) -> Result<(Box<dyn ReadWrite>, Box<dyn ReadWrite>), Cl
 /// A bidirectional byte stream.
 trait ReadWrite: Read + Write + Send {}
 impl<T: Read + Write + Send> ReadWrite for T {}
+
+/// One end of a stream pair.
+type Stream = Box<dyn ReadWrite>;
 
 /// One socket channel: (round trips in us, bytes/s).
 fn stream_channel(
