@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
         assert!(h.len <= PACKET_SIZE && h.len > 0);
     }
     if data.len() >= 28 {
-        let w = |i: usize| u64::from_le_bytes(data[4 + 8 * i..12 + 8 * i].try_into().unwrap_or([0; 8]));
+        let w =
+            |i: usize| u64::from_le_bytes(data[4 + 8 * i..12 + 8 * i].try_into().unwrap_or([0; 8]));
         let call = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
         if let Ok(h) = PacketHeader::from_words(call, [w(0), w(1), w(2)]) {
             assert_eq!(PacketHeader::from_words(call, h.to_words()), Ok(h));

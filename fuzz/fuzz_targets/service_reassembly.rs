@@ -27,7 +27,11 @@ fuzz_target!(|data: &[u8]| {
                 if b(6) % 5 == 0 {
                     h.len = h.len.wrapping_add(1);
                 }
-                let len = if b(7) % 7 == 0 { 3 } else { packet_len(total, index) as usize };
+                let len = if b(7) % 7 == 0 {
+                    3
+                } else {
+                    packet_len(total, index) as usize
+                };
                 let fill = vec![(index as u8).wrapping_mul(31); len];
                 let _ = r.packet(&h, &fill, now);
             }
