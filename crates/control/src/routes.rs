@@ -448,6 +448,24 @@ mod tests {
     }
 
     #[test]
+    fn services_routes_reach_the_service_device() {
+        let (s, v) = go("POST", "/geo/fix", r#"{"lon": 1.5, "lat": 2}"#);
+        assert_eq!((s, v["op"].as_str()), (200, Some("geo.fix")));
+        assert_eq!(v["args"]["lon"], 1.5);
+        assert_eq!(go("GET", "/clipboard", "").1["op"], "clipboard.get");
+        assert_eq!(
+            go("POST", "/clipboard", r#"{"text": "x"}"#).1["op"],
+            "clipboard.set"
+        );
+        assert_eq!(go("GET", "/services", "").1["op"], "services.list");
+        assert_eq!(go("POST", "/sensor/set", "{}").1["op"], "sensor.set");
+        assert_eq!(go("GET", "/geo/fix", "").0, 405);
+        assert_eq!(go("POST", "/geo/teleport", "{}").0, 404);
+        assert_eq!(go("POST", "/clipboard", "[1]").0, 400);
+        assert_eq!(go("POST", "/services/policy", "{").0, 400);
+    }
+
+    #[test]
     fn errors_have_their_status_and_name_the_field() {
         let (s, v) = go("GET", "/guests/8/stats", "");
         assert_eq!(s, 404);
