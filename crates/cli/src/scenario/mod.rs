@@ -274,6 +274,8 @@ pub struct Common {
     pub(super) frames_in: u64,
     pub(super) late_drops: u64,
     pub(super) t0: Instant,
+    /// Whether the last frame was dropped for being late (see [`pace`]).
+    dropped_last: bool,
     before: virtsoc_guest::Counters,
     ledger0: Vec<virtsoc_guest::LedgerLink>,
     cpu_guest0: f64,
@@ -354,6 +356,7 @@ pub fn run_on_ext(
         frames_in: 0,
         late_drops: 0,
         t0: Instant::now(),
+        dropped_last: false,
         before: virtsoc_guest::Counters::default(),
         ledger0: Vec::new(),
         cpu_guest0: 0.0,
@@ -468,17 +471,28 @@ fn thin_sorted(v: &[f64], n: usize) -> Vec<f64> {
 }
 
 /// Sleeps until frame `i`'s start; returns whether the guest is already more than a frame
-/// behind (the frame will miss its deadline: drop it, as Android's renderer does).
+/// behind (the frame will miss its deadline: drop it, as Android's renderer does). A late
+/// frame re-anchors the schedule at now, and the frame after a dropped one is not dropped,
+/// as a player skipping frames does: a pipeline slower than the frame rate (a decoder that
+/// cannot keep up) then shows at least every other frame it makes, instead of being behind
+/// for good and showing none.
 fn pace(c: &mut Common, conn: &Connection, i: u64, period: Duration) -> Result<bool, CliError> {
     c.align(conn, i, period)?;
     let start = c.t0 + period * i as u32;
     let now = Instant::now();
-    Ok(if start > now {
+    if start > now {
         std::thread::sleep(start - now);
-        false
-    } else {
-        now - start > period
-    })
+        c.dropped_last = false;
+        return Ok(false);
+    }
+    let behind = now - start;
+    if behind <= period {
+        c.dropped_last = false;
+        return Ok(false);
+    }
+    c.t0 += behind;
+    c.dropped_last = !c.dropped_last;
+    Ok(c.dropped_last)
 }
 
 fn camera(
