@@ -374,7 +374,8 @@ devices! {
         /// `PermissionDenied` when the services policy does not let this guest use it,
         /// `NotSupported` for an unknown service, `BadArgument` for a bad layout.
         fn open(name0: u64, name1: u64, ring: u64) -> (channel, entries) = 1;
-        /// Closes channel `channel` of this guest (waits for its call in progress).
+        /// Closes channel `channel` of this guest (a call in progress finishes on the host;
+        /// its answer is not delivered).
         fn close(channel: u64) -> () = 2;
     }
 }

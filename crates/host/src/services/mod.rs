@@ -180,12 +180,12 @@ impl ServiceDevice {
                 ))
             }
         }
-        let mut o = chans.remove(&id).ok_or(Status::Internal)?;
+        let o = chans.remove(&id).ok_or(Status::Internal)?;
         drop(chans);
+        // The thread ends once its call in progress returns; the device worker does not
+        // wait for it (a hung service must not hold up other guests' opens and closes).
         o.closer.close(1);
-        if let Some(t) = o.thread.take() {
-            let _ = t.join();
-        }
+        drop(o.thread);
         Ok(CloseReply {}.to_values())
     }
 }
