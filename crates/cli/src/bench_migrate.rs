@@ -61,9 +61,15 @@ pub struct GpuRegions {
     pub backend: String,
     pub regions: u64,
     pub bytes: u64,
+    /// Bytes the guest's ledger counted copied into the GPU's memory domain before the save
+    /// or migration (the sources' uploads: the GPU worked in its own memory).
+    pub upload_bytes_before: u64,
     /// Bytes the guest's ledger counted copied out of the GPU's memory domain before the
     /// save or migration: 0 means the compositions' results were resident there only.
     pub readback_bytes_before: u64,
+    /// The same after the save (the saved guest's ledger; `None` after a migration, whose
+    /// source guest is gone): the save's readback out of the GPU's memory shows here.
+    pub readback_bytes_after: Option<u64>,
     /// Every block of them equal to the composed source after the restore or migration.
     pub identical: bool,
 }
@@ -264,12 +270,21 @@ fn readback_bytes(c: &Connection, domain: &str) -> Result<u64, CliError> {
         .sum())
 }
 
+/// Bytes the ledger of `c` counts copied into memory domain `domain` (uploads).
+fn upload_bytes(c: &Connection, domain: &str) -> Result<u64, CliError> {
+    Ok(c.ledger()?
+        .iter()
+        .filter(|l| l.src != l.dst && c.domain_name(l.dst) == domain)
+        .map(|l| l.bytes)
+        .sum())
+}
+
 /// What `gpu` looks like on `c` (where the regions now are) after the move.
 fn gpu_check(
     c: &Connection,
     gpu: &GpuWritten,
     backend: String,
-    readback_bytes_before: u64,
+    (upload_bytes_before, readback_bytes_before): (u64, u64),
     tally: &mut Tally,
 ) -> Result<GpuRegions, CliError> {
     let mut identical = true;
@@ -280,7 +295,9 @@ fn gpu_check(
         backend,
         regions: gpu.dsts.len() as u64,
         bytes: (gpu.dsts.len() * gpu.len) as u64,
+        upload_bytes_before,
         readback_bytes_before,
+        readback_bytes_after: None,
         identical,
     })
 }
@@ -327,7 +344,10 @@ fn snapshot(
     }
     let gpu = gpu_write(&g, 500)?;
     let (gpu_backend, gpu_domain) = device_info(a, "gpu")?;
-    let readback_before = readback_bytes(&g, &gpu_domain)?;
+    let before = (
+        upload_bytes(&g, &gpu_domain)?,
+        readback_bytes(&g, &gpu_domain)?,
+    );
     let file = std::env::temp_dir().join(format!("virtsoc-bench-{}.snap", std::process::id()));
     let path = file.display().to_string();
     let saved = control(
@@ -335,6 +355,7 @@ fn snapshot(
         &format!("/guests/{}/snapshot", g.guest_id()),
         json!({ "path": path }),
     )?;
+    let readback_after = readback_bytes(&g, &gpu_domain)?;
     let h = connect(b, (n as u64 + 8) * size)?;
     let loaded = control(
         b,
@@ -345,7 +366,8 @@ fn snapshot(
     for (id, sums) in &regions {
         identical &= tally.check(&h, *id, size as usize, sums)?;
     }
-    let gpu = gpu_check(&h, &gpu, gpu_backend, readback_before, tally)?;
+    let mut gpu = gpu_check(&h, &gpu, gpu_backend, before, tally)?;
+    gpu.readback_bytes_after = Some(readback_after);
     let _ = std::fs::remove_file(&file);
     Ok(SnapshotResult {
         region_bytes: n as u64 * size + gpu.bytes,
@@ -381,7 +403,10 @@ pub fn run() -> Result<MigrateResult, CliError> {
     }
     let gpu = gpu_write(&g, 600)?;
     let (gpu_backend, gpu_domain) = device_info(&a, "gpu")?;
-    let gpu_readback_before = readback_bytes(&g, &gpu_domain)?;
+    let gpu_before = (
+        upload_bytes(&g, &gpu_domain)?,
+        readback_bytes(&g, &gpu_domain)?,
+    );
     out.migrated_region_bytes = n as u64 * size + (GPU_PAIRS * gpu.len) as u64;
     let seeds: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new((0..n as u64).collect()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -479,7 +504,7 @@ pub fn run() -> Result<MigrateResult, CliError> {
         let want = block_sums(&fill(size as usize, seeds[k]));
         identical &= tally.check(&g, *id, size as usize, &want)?;
     }
-    out.migrated_gpu = gpu_check(&g, &gpu, gpu_backend, gpu_readback_before, &mut tally)?;
+    out.migrated_gpu = gpu_check(&g, &gpu, gpu_backend, gpu_before, &mut tally)?;
     out.regions_identical = identical && out.migrated_gpu.identical;
     out.blocks_checked = tally.checked;
     out.bad_blocks = tally.bad;
@@ -517,12 +542,15 @@ pub fn print(r: &MigrateResult) {
         ("migration", &r.migrated_gpu),
     ] {
         println!(
-            "{what}: {} GPU-written regions ({} MiB, GPU backend {}; {} bytes read back from the GPU before it), identical: {}",
+            "{what}: {} GPU-written regions ({} MiB; before it {} bytes uploaded into the GPU's memory, {} read back from it{}), identical: {}; GPU backend {}",
             g.regions,
             g.bytes >> 20,
-            g.backend,
+            g.upload_bytes_before,
             g.readback_bytes_before,
-            g.identical
+            g.readback_bytes_after
+                .map_or(String::new(), |b| format!(", {b} after")),
+            g.identical,
+            g.backend
         );
     }
     println!(
