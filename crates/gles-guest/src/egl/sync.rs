@@ -59,7 +59,7 @@ const EGL_FOREVER_KHR: u64 = u64::MAX;
 /// The longest single CPU wait (a longer timeout waits in pieces of this).
 const WAIT_PIECE: Duration = Duration::from_secs(3600);
 /// `FenceCreate` requests kept in flight, so that a sync takes an id without a round trip.
-pub const POOL: usize = 4;
+pub const POOL: usize = 16;
 /// The gles device.
 const GLES: DeviceId = virtsoc_devapi::gles::ID;
 
