@@ -297,3 +297,23 @@ fn policy_and_hostile_input_fail_only_their_own_channel() {
             .contains(&r["channel"].as_str().unwrap()));
     }
 }
+
+#[test]
+fn transfers_count_against_the_guests_memory_limit() {
+    let d = Daemon::start(&["--guest-mem-limit", "8388608"]);
+    let c = guest(&d, "small");
+    let mut b = Bulk::open(&c, 4).unwrap();
+    let big = vec![1u8; 12 << 20];
+    assert_eq!(
+        status_of(b.sink(&big)),
+        Status::OutOfMemory,
+        "a transfer larger than the guest's memory limit"
+    );
+    // Refused and revoked: its memory came back, a transfer within the limit goes through.
+    let ok = vec![2u8; 3 << 20];
+    assert_eq!(
+        b.sink(&ok).unwrap(),
+        (crc32fast::hash(&ok), ok.len() as u64)
+    );
+    assert_eq!(b.sink(&ok).unwrap().1, ok.len() as u64, "and again");
+}

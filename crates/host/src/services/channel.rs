@@ -19,7 +19,7 @@ use virtsoc_services::packet::PacketHeader;
 use virtsoc_services::payload::{Input, Output, WindowBytes};
 use virtsoc_services::reassembly::Reassembler;
 use virtsoc_services::{Result, ServiceError};
-use virtsoc_svm::{GuestId, RegionId, SvmManager};
+use virtsoc_svm::{GuestId, MemoryCharge, RegionId, SvmManager};
 
 /// How long a transfer may go without a packet before it is dropped.
 pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -46,19 +46,39 @@ pub struct ChannelCtx {
     pub guest_held: Arc<AtomicU64>,
 }
 
+/// A channel's transfers: the reassembler, the transfers that timed out lately (a commit
+/// of one answers `TimedOut`), and each open transfer's charge against the guest's memory
+/// limit ([`SvmManager::charge`]).
+struct Transfers {
+    reasm: Reassembler,
+    timed_out: VecDeque<u32>,
+    charges: Vec<(u32, MemoryCharge)>,
+}
+
+impl Transfers {
+    /// Transfer `t` is closed: its memory goes back to the guest.
+    fn release(&mut self, t: u32) {
+        self.charges.retain(|(x, _)| *x != t);
+    }
+}
+
 /// Serves the channel until it closes.
 pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
-    let mut reasm = Reassembler::new(CHANNEL_BUDGET, TRANSFER_TIMEOUT.as_nanos() as u64);
-    let mut timed_out: VecDeque<u32> = VecDeque::new();
+    let mut st = Transfers {
+        reasm: Reassembler::new(CHANNEL_BUDGET, TRANSFER_TIMEOUT.as_nanos() as u64),
+        timed_out: VecDeque::new(),
+        charges: Vec::new(),
+    };
     loop {
         let now = crate::clock::now_ns();
-        let wait = reasm
+        let wait = st
+            .reasm
             .next_deadline()
             .map_or(IDLE_WAIT, |d| Duration::from_nanos(d.saturating_sub(now)));
-        let before = reasm.used();
+        let before = st.reasm.used();
         match end.next(wait) {
             Ok(Some(e)) => {
-                let resp = handle(&cx, &end, &mut reasm, &mut timed_out, e);
+                let resp = handle(&cx, &end, &mut st, e);
                 if let Err(err) = end.respond(resp) {
                     log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
                     end.close(2);
@@ -66,16 +86,17 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
                 }
             }
             Ok(None) => {
-                for t in reasm.expire(crate::clock::now_ns()) {
+                for t in st.reasm.expire(crate::clock::now_ns()) {
+                    st.release(t);
                     log::info!(
                         "guest {} channel {}: transfer {t} timed out",
                         cx.guest.0,
                         cx.id
                     );
-                    if timed_out.len() == 64 {
-                        timed_out.pop_front();
+                    if st.timed_out.len() == 64 {
+                        st.timed_out.pop_front();
                     }
-                    timed_out.push_back(t);
+                    st.timed_out.push_back(t);
                 }
             }
             Err(ServiceError::Closed) => break,
@@ -85,9 +106,9 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
                 break;
             }
         }
-        account(&cx, before, reasm.used());
+        account(&cx, before, st.reasm.used());
     }
-    account(&cx, reasm.used(), 0);
+    account(&cx, st.reasm.used(), 0);
     let _ = cx.hv.close(cx.guest.0, cx.id);
 }
 
@@ -100,19 +121,13 @@ fn account(cx: &ChannelCtx, before: u64, after: u64) {
 }
 
 /// Runs one request; the response to post.
-fn handle(
-    cx: &ChannelCtx,
-    end: &HostEnd,
-    reasm: &mut Reassembler,
-    timed_out: &mut VecDeque<u32>,
-    e: Entry,
-) -> Entry {
+fn handle(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: Entry) -> Entry {
     let mut resp = Entry {
         seq: e.seq,
         slot: e.slot,
         ..Entry::default()
     };
-    match run(cx, end, reasm, timed_out, &e) {
+    match run(cx, end, st, &e) {
         Ok(r) => {
             resp.len = r.len as u32;
             resp.args[..4].copy_from_slice(&r.values);
@@ -131,13 +146,7 @@ fn handle(
     resp
 }
 
-fn run(
-    cx: &ChannelCtx,
-    end: &HostEnd,
-    reasm: &mut Reassembler,
-    timed_out: &mut VecDeque<u32>,
-    e: &Entry,
-) -> Result<Reply> {
+fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<Reply> {
     let slot = end.slot(e.slot)?;
     let g = cx.guest.0;
     match e.code {
@@ -165,21 +174,36 @@ fn run(
                 )));
             }
             let bytes = slot.prefix(h.len as usize)?.to_vec()?;
-            let held = cx.guest_held.load(Ordering::Relaxed);
-            if held.saturating_add(h.total) > GUEST_BUDGET && reasm.open() == 0 {
-                return Err(ServiceError::OverBudget {
-                    want: h.total,
-                    left: GUEST_BUDGET.saturating_sub(held),
-                });
+            let before = st.reasm.used();
+            st.reasm.packet(&h, &bytes, crate::clock::now_ns())?;
+            // The packet opened its transfer: the transfer's memory counts against this
+            // guest's transfers and its memory limit, or the transfer is refused.
+            let grew = st.reasm.used().saturating_sub(before);
+            if grew > 0 {
+                let held = cx.guest_held.load(Ordering::Relaxed);
+                let charge = (held.saturating_add(grew) <= GUEST_BUDGET)
+                    .then(|| cx.svm.charge(cx.guest, grew).ok())
+                    .flatten();
+                match charge {
+                    Some(c) => st.charges.push((h.transfer, c)),
+                    None => {
+                        let _ = st.reasm.revoke(h.transfer);
+                        return Err(ServiceError::OverBudget {
+                            want: h.total,
+                            left: GUEST_BUDGET.saturating_sub(held),
+                        });
+                    }
+                }
             }
-            reasm.packet(&h, &bytes, crate::clock::now_ns())?;
             Ok(Reply::default())
         }
         kind::COMMIT => {
             let t = e.args[0] as u32;
-            let done = match reasm.commit(t, e.args[1] as u32, e.args[2] as u32) {
-                Err(ServiceError::NoSuchTransfer(t)) if timed_out.contains(&t) => {
-                    timed_out.retain(|x| *x != t);
+            let committed = st.reasm.commit(t, e.args[1] as u32, e.args[2] as u32);
+            st.release(t);
+            let done = match committed {
+                Err(ServiceError::NoSuchTransfer(t)) if st.timed_out.contains(&t) => {
+                    st.timed_out.retain(|x| *x != t);
                     return Err(ServiceError::TimedOut(t));
                 }
                 r => r?,
@@ -188,7 +212,9 @@ fn run(
             cx.hv.invoke(g, cx.id, done.call, &done.data, &mut out)
         }
         kind::REVOKE => {
-            reasm.revoke(e.args[0] as u32)?;
+            let t = e.args[0] as u32;
+            st.release(t);
+            st.reasm.revoke(t)?;
             Ok(Reply::default())
         }
         k => Err(ServiceError::BadPacket(format!("unknown request kind {k}"))),
