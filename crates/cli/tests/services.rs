@@ -38,7 +38,8 @@ fn daemon(dir: &TempDir) -> Daemon {
     let policy = dir.0.join("services.json");
     std::fs::write(
         &policy,
-        r#"{"allow": {"*": ["*"], "jail": ["geo"]}, "instances": {"bulk": "per-guest"}}"#,
+        r#"{"allow": {"*": ["*"], "jail": ["geo"]}, "instances": {"bulk": "per-guest"},
+            "transfer_timeout_ms": 300}"#,
     )
     .unwrap();
     Daemon::start(&["--services-policy", policy.to_str().unwrap()])
@@ -218,6 +219,12 @@ fn policy_and_hostile_input_fail_only_their_own_channel() {
     b.0.reap().unwrap();
     let e = b.0.commit(9, 3, crc32fast::hash(&data)).unwrap_err();
     assert!(e.to_string().contains("missing [2]"), "{e}");
+    // A transfer that never finishes: dropped after the policy's 300 ms without a packet.
+    b.0.post_packet(&pk(0), &data[..65536], 0).unwrap();
+    b.0.reap().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let e = b.0.commit(9, 3, crc32fast::hash(&data)).unwrap_err();
+    assert!(e.to_string().contains("timed out"), "{e}");
     // An unknown request kind and a commit of a transfer never opened.
     let r = b.0.raw(Entry {
         code: 99,

@@ -48,6 +48,10 @@ pub struct ServicePolicy {
     /// Guests' shares (weights) for that scheduler, by guest name (100 otherwise).
     #[serde(default)]
     pub shares: HashMap<String, u32>,
+    /// How long a transfer may go without a packet before the host drops it (for channels
+    /// opened from now on; the daemon's default otherwise).
+    #[serde(default)]
+    pub transfer_timeout_ms: Option<u64>,
 }
 
 fn allow_all() -> HashMap<String, Vec<String>> {
@@ -62,6 +66,7 @@ impl Default for ServicePolicy {
             concurrency: HashMap::new(),
             scheduler: None,
             shares: HashMap::new(),
+            transfer_timeout_ms: None,
         }
     }
 }
@@ -87,6 +92,11 @@ impl ServicePolicy {
             return Err(ServiceError::Policy(format!(
                 "concurrency of {s:?}: at least 1"
             )));
+        }
+        if self.transfer_timeout_ms == Some(0) {
+            return Err(ServiceError::Policy(
+                "transfer_timeout_ms: at least 1".into(),
+            ));
         }
         if let Some((g, _)) = self.shares.iter().find(|(_, n)| **n == 0) {
             return Err(ServiceError::Policy(format!("share of {g:?}: at least 1")));

@@ -21,7 +21,8 @@ use virtsoc_services::reassembly::Reassembler;
 use virtsoc_services::{Result, ServiceError};
 use virtsoc_svm::{GuestId, MemoryCharge, RegionId, SvmManager};
 
-/// How long a transfer may go without a packet before it is dropped.
+/// How long a transfer may go without a packet before it is dropped (unless the services
+/// policy sets `transfer_timeout_ms`).
 pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes of unfinished transfers one channel may hold.
 pub const CHANNEL_BUDGET: u64 = 256 << 20;
@@ -60,12 +61,33 @@ impl Transfers {
     fn release(&mut self, t: u32) {
         self.charges.retain(|(x, _)| *x != t);
     }
+
+    /// Drops the transfers past their deadline (remembered, for their commit's answer).
+    fn expire(&mut self, cx: &ChannelCtx) {
+        for t in self.reasm.expire(crate::clock::now_ns()) {
+            self.release(t);
+            log::info!(
+                "guest {} channel {}: transfer {t} timed out",
+                cx.guest.0,
+                cx.id
+            );
+            if self.timed_out.len() == 64 {
+                self.timed_out.pop_front();
+            }
+            self.timed_out.push_back(t);
+        }
+    }
 }
 
 /// Serves the channel until it closes.
 pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
+    let timeout = cx
+        .hv
+        .policy()
+        .transfer_timeout_ms
+        .map_or(TRANSFER_TIMEOUT, |ms| Duration::from_millis(ms));
     let mut st = Transfers {
-        reasm: Reassembler::new(CHANNEL_BUDGET, TRANSFER_TIMEOUT.as_nanos() as u64),
+        reasm: Reassembler::new(CHANNEL_BUDGET, timeout.as_nanos() as u64),
         timed_out: VecDeque::new(),
         charges: Vec::new(),
     };
@@ -78,6 +100,8 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
         let before = st.reasm.used();
         match end.next(wait) {
             Ok(Some(e)) => {
+                // A request that comes after a deadline finds its transfer gone.
+                st.expire(&cx);
                 let resp = handle(&cx, &end, &mut st, e);
                 if let Err(err) = end.respond(resp) {
                     log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
@@ -85,20 +109,7 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
                     break;
                 }
             }
-            Ok(None) => {
-                for t in st.reasm.expire(crate::clock::now_ns()) {
-                    st.release(t);
-                    log::info!(
-                        "guest {} channel {}: transfer {t} timed out",
-                        cx.guest.0,
-                        cx.id
-                    );
-                    if st.timed_out.len() == 64 {
-                        st.timed_out.pop_front();
-                    }
-                    st.timed_out.push_back(t);
-                }
-            }
+            Ok(None) => st.expire(&cx),
             Err(ServiceError::Closed) => break,
             Err(err) => {
                 log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
