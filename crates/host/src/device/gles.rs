@@ -43,9 +43,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use virtsoc_devapi::gles::{Command, ExecReply, ImportReply, ReadReplyReply, ReadbackReply};
+use virtsoc_devapi::gles::{Command, ExecReply, ImportReply, ReadReplyReply};
 use virtsoc_fence::VirtualFenceTable;
-use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 use virtsoc_svm::{DomainId, GuestId, MemoryCharge, SvmManager};
 
@@ -112,6 +111,8 @@ enum Kind {
     },
 }
 
+#[path = "gles_frame.rs"]
+mod frame;
 #[path = "gles_image.rs"]
 mod image;
 #[path = "gles_stats.rs"]
@@ -124,10 +125,6 @@ use worker::{DeviceClock, Worker};
 /// The READBACK opcode of the GLES stream (`virtsoc_gles_stream::egl::READBACK`; the
 /// daemon does not link the stream crate).
 const READBACK: u32 = 0x1_0009;
-
-/// Copies of frame bytes per readback: the worker's `glReadPixels`, the socket from the
-/// worker, the write into the frame region.
-const READBACK_COPIES: u64 = 3;
 
 /// Batch flag for the worker: the daemon's own batch (`virtsoc_render::worker::FROM_DAEMON`).
 const FROM_DAEMON: u32 = 1;
@@ -426,63 +423,6 @@ fn read_stream(
     }
 }
 
-/// Writes a READBACK answer (`op | len | width | height | byte_len | pixels`) into the
-/// RGBA8 image region `frame`, which must be of the surface's size.
-fn write_frame(cx: &DeviceCtx<'_>, frame: u64, answer: &[u8]) -> DeviceResult {
-    let word = |i: usize| {
-        answer
-            .get(4 * i..4 * i + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let (Some(op), Some(len), Some(w), Some(h), Some(n)) =
-        (word(0), word(1), word(2), word(3), word(4))
-    else {
-        return Err(cx.fail(Status::DeviceError, "render worker: no readback answer"));
-    };
-    let px = answer.get(20..).unwrap_or_default();
-    let need = u64::from(w) * u64::from(h) * 4;
-    if op != READBACK
-        || u64::from(n) != need
-        || (px.len() as u64) < need
-        || u64::from(len) < need + 12
-    {
-        return Err(cx.fail(
-            Status::DeviceError,
-            "render worker: malformed readback answer",
-        ));
-    }
-    let px = &px[..need as usize];
-    if w == 0 {
-        return Err(cx.fail(
-            Status::BadArgument,
-            "the surface is not the draw surface of the current context",
-        ));
-    }
-    let meta = cx.meta(frame)?;
-    if meta.format != Format::Rgba8 || meta.width != w || meta.height != h {
-        return Err(cx.fail(
-            Status::BadArgument,
-            format!("frame: an RGBA8 image of {w}x{h} is needed"),
-        ));
-    }
-    let (row, stride) = (w as usize * 4, meta.stride as usize);
-    let t0 = std::time::Instant::now();
-    // GL's rows run from the bottom, the display's from the top: flipped as copied.
-    cx.with_region(frame, |dst| {
-        for (y, src) in px.chunks_exact(row).rev().enumerate() {
-            if let Some(d) = dst.get_mut(y * stride..y * stride + row) {
-                d.copy_from_slice(src);
-            }
-        }
-    })?;
-    cx.count_copy(need as usize, t0);
-    Ok(ReadbackReply {
-        width: u64::from(w),
-        height: u64::from(h),
-    }
-    .to_values())
-}
-
 /// The guest's GL memory as charged against its memory limit: a charge per growth, merged
 /// into one when the total shrinks or the pieces pile up.
 #[derive(Default)]
@@ -600,15 +540,10 @@ fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared
         let reply_region = match job.kind {
             Kind::Exec { reply } => reply,
             Kind::Readback { frame } => {
-                let result = write_frame(&cx, frame, &reply);
+                let result = frame::write_frame(&cx, frame, &reply);
                 if let Ok(v) = &result {
-                    // The worker's glReadPixels and the socket to the daemon (on the ledger
-                    // here: the worker has none), then write_frame's copy (counted there).
-                    let bytes = v[0] * v[1] * 4;
-                    let t0 = std::time::Instant::now();
-                    cx.count_copy(bytes as usize, t0);
-                    cx.count_copy(bytes as usize, t0);
-                    lock(shared).stats.present(READBACK_COPIES, bytes);
+                    let bytes = frame::count_readback(&cx, v);
+                    lock(shared).stats.present(frame::READBACK_COPIES, bytes);
                 }
                 if let Some(w) = worker.as_mut() {
                     w.recycle(reply);
