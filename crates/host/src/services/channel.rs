@@ -85,7 +85,7 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
         .hv
         .policy()
         .transfer_timeout_ms
-        .map_or(TRANSFER_TIMEOUT, |ms| Duration::from_millis(ms));
+        .map_or(TRANSFER_TIMEOUT, Duration::from_millis);
     let mut st = Transfers {
         reasm: Reassembler::new(CHANNEL_BUDGET, timeout.as_nanos() as u64),
         timed_out: VecDeque::new(),
