@@ -642,7 +642,10 @@ impl Device for Gles {
             .iter()
             .map(|(id, g)| {
                 let s = lock(&g.shared).stats.clone();
-                (id.0.to_string(), serde_json::to_value(s).unwrap_or_default())
+                (
+                    id.0.to_string(),
+                    serde_json::to_value(s).unwrap_or_default(),
+                )
             })
             .collect();
         Ok(serde_json::json!({ "guests": guests }))
