@@ -64,6 +64,36 @@ pub(crate) fn picture(
     })
 }
 
+/// Most pictures taken at once to reach the newest.
+const MAX_CATCH_UP: u64 = 8;
+
+/// Receives the pictures still waiting after `got` (`ready` waited before it was taken) into
+/// `frame`, each replacing the one before; returns the newest and how many it replaced
+/// (their stamps forgotten: they are never presented).
+fn newest(
+    p: &mut Pipe<'_>,
+    (handle, frame): (u64, u64),
+    mut got: api::codec::ReceiveFrameReply,
+    ready: u64,
+    stamps: &mut Stamps,
+) -> Result<(api::codec::ReceiveFrameReply, u64), CliError> {
+    let mut skipped = 0;
+    for _ in 1..ready.min(MAX_CATCH_UP) {
+        if got.got == 0 {
+            break;
+        }
+        let t = p.run(&api::codec::ReceiveFrame { handle, frame })?;
+        let next = p.result(t)?;
+        if next.got == 0 {
+            break;
+        }
+        stamps.take(got.pts);
+        skipped += 1;
+        got = next;
+    }
+    Ok((got, skipped))
+}
+
 /// The clip for a video scenario.
 fn load_clip(o: &RunOpts, clip: Clip, (cw, ch): (u32, u32)) -> Result<Vec<Vec<u8>>, CliError> {
     let kind = if o.scenario == "video-360" {
@@ -152,6 +182,17 @@ pub(super) fn video(
         })?;
         // The picture must exist before anything presents it: wait for the decoder's answer.
         let got = p.result(got)?;
+        // Pictures the decoder holds beyond this one (it fell behind, then caught up) are
+        // older than the newest: take them all and show the newest, as a player's renderer
+        // drops late pictures, so that a backlog does not add its length to every later
+        // picture's latency. (The decode ran before the receive on the codec's queue: its
+        // answer is there.)
+        let ready = match decodes[slot].take() {
+            Some(t) => p.result(t)?.frames_ready,
+            None => 0,
+        };
+        let (got, skipped) = newest(p, (handle, frames[k]), got, ready, &mut stamps)?;
+        c.late_drops += skipped;
         c.frames_in += 1;
         match picture(&got, &mut stamps)? {
             // The decoder held the picture back (frame threads, B-frame reordering).
