@@ -485,14 +485,20 @@ fn pace(c: &mut Common, conn: &Connection, i: u64, period: Duration) -> Result<b
         c.dropped_last = false;
         return Ok(false);
     }
-    let behind = now - start;
+    let (drop, shift) = late_rule(&mut c.dropped_last, now - start, period);
+    c.t0 += shift;
+    Ok(drop)
+}
+
+/// The late-frame rule of [`pace`] for a frame `behind` its start: whether to drop it, and how
+/// far to move the schedule (re-anchored at now when late); `dropped_last` is updated.
+fn late_rule(dropped_last: &mut bool, behind: Duration, period: Duration) -> (bool, Duration) {
     if behind <= period {
-        c.dropped_last = false;
-        return Ok(false);
+        *dropped_last = false;
+        return (false, Duration::ZERO);
     }
-    c.t0 += behind;
-    c.dropped_last = !c.dropped_last;
-    Ok(c.dropped_last)
+    *dropped_last = !*dropped_last;
+    (*dropped_last, behind)
 }
 
 fn camera(
@@ -630,5 +636,29 @@ pub fn print_table(rs: &[ScenarioResult]) {
                 links.join(", ")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::late_rule;
+    use std::time::Duration;
+
+    /// A guest three periods slow per frame (a decoder that cannot keep up) still shows
+    /// every other frame; an on-time guest drops nothing.
+    #[test]
+    fn a_slow_pipeline_shows_every_other_frame() {
+        let p = Duration::from_millis(16);
+        let mut last = false;
+        let drops: Vec<bool> = (0..6).map(|_| late_rule(&mut last, 3 * p, p).0).collect();
+        assert_eq!(drops, [true, false, true, false, true, false]);
+        assert_eq!(
+            late_rule(&mut last, 3 * p, p).1,
+            3 * p,
+            "re-anchored at now"
+        );
+        let mut last = false;
+        assert_eq!(late_rule(&mut last, p / 2, p), (false, Duration::ZERO));
+        assert!(!last);
     }
 }
