@@ -135,18 +135,28 @@ impl Connection {
         len: u64,
         mode: AccessMode,
     ) -> Result<Access> {
-        let payload = if device == DeviceId::CPU && mode.writes() && !self.link().shares_window() {
+        // A remote CPU write sends the bytes straight from this process's copy of the window
+        // (one vectored write of the frame; no buffer in between).
+        let remote_write = device == DeviceId::CPU && mode.writes() && !self.link().shares_window();
+        let window = self.window();
+        let payload: &[u8] = if remote_write {
             let base =
                 self.cpu_offsets.lock().get(&id).copied().ok_or_else(|| {
                     GuestError::BadArgument("end_access without begin_access".into())
                 })?;
-            let n = usize::try_from(len).map_err(|_| GuestError::BadArgument("length".into()))?;
-            let mut bytes = vec![0u8; n];
-            self.window()
-                .copy_out(base.wrapping_add(offset), &mut bytes)?;
-            bytes
+            let at = base.wrapping_add(offset);
+            window.check(at, len)?;
+            let (at, n) = usize::try_from(at)
+                .ok()
+                .zip(usize::try_from(len).ok())
+                .ok_or_else(|| GuestError::BadArgument("length".into()))?;
+            // SAFETY: `[at, at + n)` lies in the window's mapping (checked above), which
+            // `window` keeps mapped until this call returns. It is this process's own copy
+            // of a remote guest's window, and the CPU access ends with this call: the
+            // caller does not write the range while it is sent.
+            unsafe { std::slice::from_raw_parts(window.base_ptr().add(at), n) }
         } else {
-            Vec::new()
+            &[]
         };
         // This call waits for the completion and blocks for the compensation it carries.
         let end = ops::EndAccess {
@@ -156,7 +166,7 @@ impl Connection {
             mode,
             flags: virtsoc_proto::wire::ACCESS_COMPENSATES,
         };
-        let seq = self.submit_with(Opcode::EndAccess, device, end.encode(), false, &payload)?;
+        let seq = self.submit_with(Opcode::EndAccess, device, end.encode(), false, payload)?;
         let r = ops::EndAccess::reply(&self.finish(Opcode::EndAccess, seq)?);
         let compensation = Duration::from_nanos(r.compensation_ns).min(MAX_COMPENSATION);
         if !compensation.is_zero() {
