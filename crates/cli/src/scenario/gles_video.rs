@@ -234,6 +234,28 @@ fn snapshot(egl: &Egl, pid: Option<u32>) -> Result<Before, CliError> {
     })
 }
 
+/// Sleeps until frame `i`'s start on the schedule from `anchor`; returns whether to drop
+/// the frame: more than a frame late, the schedule re-anchors at now and every other late
+/// frame is dropped (as the other scenarios do), so a pipeline slower than the frame rate
+/// still shows frames.
+fn pace(anchor: &mut Instant, dropped_last: &mut bool, i: u64, period: Duration) -> bool {
+    let start = *anchor + period * i as u32;
+    let now = Instant::now();
+    if start > now {
+        std::thread::sleep(start - now);
+        *dropped_last = false;
+        return false;
+    }
+    let behind = now - start;
+    if behind <= period {
+        *dropped_last = false;
+        return false;
+    }
+    *anchor += behind;
+    *dropped_last = !*dropped_last;
+    *dropped_last
+}
+
 /// The guest: decode, draw, present for `o.seconds`; its row.
 fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
     let (w, h) = (o.width, o.height);
@@ -264,16 +286,10 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
     let mut latched: Vec<Option<*mut std::ffi::c_void>> = vec![None; SLOTS];
     let (mut frames_in, mut late) = (0u64, 0u64);
     let t0 = Instant::now();
+    let (mut anchor, mut dropped_last) = (t0, false);
     let mut i = 0u64;
     while t0.elapsed().as_secs_f64() < o.seconds {
-        let start = t0 + period * i as u32;
-        let now = Instant::now();
-        let behind = if start > now {
-            std::thread::sleep(start - now);
-            false
-        } else {
-            now - start > period
-        };
+        let behind = pace(&mut anchor, &mut dropped_last, i, period);
         let unit = &units[(i as usize) % units.len()];
         let (slot, k) = ((i % 2) as usize, (i as usize) % SLOTS);
         if let Some(s) = read[slot].take() {
