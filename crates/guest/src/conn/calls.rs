@@ -138,8 +138,8 @@ impl Connection {
         // A remote CPU write sends the bytes straight from this process's copy of the window
         // (one vectored write of the frame; no buffer in between).
         let remote_write = device == DeviceId::CPU && mode.writes() && !self.link().shares_window();
-        let window = self.window();
-        let payload: &[u8] = if remote_write {
+        let window = remote_write.then(|| self.window());
+        let payload: &[u8] = if let Some(window) = &window {
             let base =
                 self.cpu_offsets.lock().get(&id).copied().ok_or_else(|| {
                     GuestError::BadArgument("end_access without begin_access".into())
