@@ -10,7 +10,8 @@
 //!   draw, and the present behind its acquire fence. A picture region is decoded into again
 //!   only after the GL queue latched it (the codec's queue waits on a GL fence sync), and a
 //!   bitstream slot is rewritten after the codec read it (a CPU wait on the fence page,
-//!   long signaled in a steady state).
+//!   long signaled in a steady state). The guest is paced by the GL: at most [`IN_FLIGHT`]
+//!   drawn frames unfinished (a CPU wait on a fence sync, on the fence page).
 //! - **atomic** ordering: the guest waits for each step (the decode, the draw, the present).
 //!
 //! The vendor library makes one connection per process, and `--compare` runs each mode
@@ -34,6 +35,8 @@ pub const GUEST_ENV: &str = "VIRTSOC_GLES_VIDEO_GUEST";
 const PID_ENV: &str = "VIRTSOC_GLES_VIDEO_DAEMON_PID";
 /// Picture regions taking turns.
 const SLOTS: usize = 3;
+/// Frames drawn but not finished by the GL that the fence-ordered guest lets be queued.
+const IN_FLIGHT: usize = 2;
 /// The codec device's id (`virtsoc devices`).
 const CODEC: i32 = 10;
 
@@ -287,6 +290,7 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
     let (mut frames_in, mut late) = (0u64, 0u64);
     let t0 = Instant::now();
     let (mut anchor, mut dropped_last) = (t0, false);
+    let mut drawn = std::collections::VecDeque::new();
     let mut i = 0u64;
     while t0.elapsed().as_secs_f64() < o.seconds {
         let behind = pace(&mut anchor, &mut dropped_last, i, period);
@@ -324,12 +328,23 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
             draw(&egl, &sc, k);
             latched[k] = Some(egl.sync(e::SYNC_FENCE, &[])?);
             egl.swap_and_present(w, h, decoded_at, false)?;
+            // Paced by the GL (as a BufferQueue of `IN_FLIGHT` buffers): at most that many
+            // frames queued ahead of a GL slower than the clip.
+            drawn.push_back(egl.sync(e::SYNC_FENCE, &[])?);
+            if drawn.len() > IN_FLIGHT {
+                if let Some(s) = drawn.pop_front() {
+                    egl.finish_sync(s)?;
+                }
+            }
         } else {
             draw(&egl, &sc, k);
             egl.finish_sync(egl.sync(e::SYNC_FENCE, &[])?)?;
             egl.swap_and_present(w, h, decoded_at, true)?;
         }
         i += 1;
+    }
+    for s in drawn {
+        egl.finish_sync(s)?;
     }
     for s in read.into_iter().chain(latched).flatten() {
         egl.finish_sync(s)?;
