@@ -85,15 +85,15 @@ fuzz_target!(|data: &[u8]| {
             req.device != 0 && matches!(op, Some(Opcode::BeginAccess | Opcode::EndAccess));
         let out = if on_device {
             let domain = w.domains[req.device as usize % w.domains.len()];
-            match virtsoc_host::device::access_spec(&req, domain) {
+            match virtsoc_host::status::access_spec(&req, domain) {
                 Ok((id, spec)) => {
                     let r = if op == Some(Opcode::BeginAccess) {
                         w.svm.begin_access(guest, id, &spec)
                     } else {
                         w.svm.end_access(guest, id, &spec).map(|e| e.report)
                     };
-                    r.map(|r| dispatch::access_values(&r))
-                        .map_err(|e| dispatch::status_of(&e))
+                    r.map(|r| virtsoc_host::status::access_values(&r))
+                        .map_err(|e| virtsoc_host::status::status_of(&e))
                 }
                 Err(st) => Err(st),
             }

@@ -115,7 +115,9 @@ typedef struct VirtsocConn virtsoc_conn;
  * (shown in the daemon's listings) and coherence ("guest-staging", "write-invalidate",
  * "prefetch"; NULL: the daemon's default) may be NULL. The token comes from the VIRTSOC_TOKEN
  * environment variable if set. Errors: CLOSED (no daemon there, or it refused: see
- * virtsoc_last_error). */
+ * virtsoc_last_error). The names are virtsoc_channel_*: virtsoc_service_open and
+ * virtsoc_service_close are the service device's raw commands in the generated
+ * virtsoc_devices.h. */
 int virtsoc_connect(const char *socket_path, const char *name, const char *coherence,
                     virtsoc_conn **out);
 /* Hangs up and frees the handle: the daemon releases all regions, fences and device sessions
@@ -223,20 +225,22 @@ int virtsoc_fence_wait_cpu(virtsoc_conn *c, uint64_t fence, uint32_t timeout_ms,
  * "clipboard", "bulk"), with its own rings in a region of the connection's window. Calls go
  * through the channel, not the connection's ring. Errors: PERMISSION_DENIED (the services
  * policy), NOT_SUPPORTED (no such service), the service's status otherwise (the reason in
- * virtsoc_last_error). */
-typedef struct virtsoc_service virtsoc_service;
-int virtsoc_service_open(virtsoc_conn *c, const char *name, virtsoc_service **out);
+ * virtsoc_last_error). The names are virtsoc_channel_*: virtsoc_service_open and
+ * virtsoc_service_close are the service device's raw commands in the generated
+ * virtsoc_devices.h. */
+typedef struct virtsoc_channel virtsoc_channel;
+int virtsoc_channel_open(virtsoc_conn *c, const char *name, virtsoc_channel **out);
 /* Calls `call` with in_len bytes of input (more than 64 KiB go as a packet transfer); its
  * output (at most out_cap bytes, else BAD_ARGUMENT) goes to output and its length to
  * *out_len; values (may be NULL) receives the call's 4 result words. */
-int virtsoc_service_call(virtsoc_service *s, uint32_t call, const void *input, size_t in_len,
+int virtsoc_channel_call(virtsoc_channel *s, uint32_t call, const void *input, size_t in_len,
                          void *output, size_t out_cap, size_t *out_len, uint64_t *values);
-int virtsoc_service_close(virtsoc_conn *c, virtsoc_service *s);
+int virtsoc_channel_close(virtsoc_conn *c, virtsoc_channel *s);
 /* Location (a channel to "geo"): *time_ms is 0 before the host set a fix. */
-int virtsoc_geo_fix(virtsoc_service *s, double *lon, double *lat, double *alt, uint64_t *time_ms);
+int virtsoc_geo_fix(virtsoc_channel *s, double *lon, double *lat, double *alt, uint64_t *time_ms);
 /* Sensors (a channel to "sensor"): accelerometer, gyroscope, magnetometer, light, proximity. */
-int virtsoc_sensor_read(virtsoc_service *s, const char *name, double xyz[3], uint64_t *time_ns);
-/* Clipboard calls on a channel to "clipboard" (virtsoc_service_call): 1 get (output: the
+int virtsoc_sensor_read(virtsoc_channel *s, const char *name, double xyz[3], uint64_t *time_ns);
+/* Clipboard calls on a channel to "clipboard" (virtsoc_channel_call): 1 get (output: the
  * text), 2 set (input: the text). Bulk: 1 echo, 2 sink (values: CRC-32, bytes). */
 #define VIRTSOC_CLIPBOARD_GET 1
 #define VIRTSOC_CLIPBOARD_SET 2

@@ -14,7 +14,7 @@ use virtsoc_proto::{AccessMode, DeviceId, Status};
 use crate::{ConnectOptions, Connection, GuestError, RegionInfo, Result};
 
 mod svc;
-pub use svc::VirtsocService;
+pub use svc::VirtsocChannel;
 
 /// Opaque connection handle for C.
 pub struct VirtsocConn(Connection);

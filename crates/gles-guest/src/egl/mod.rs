@@ -1,8 +1,9 @@
 //! EGL for glvnd: [`__egl_Main`] hands libEGL the vendor's imports (display creation,
 //! API support, `getProcAddress` for every EGL and GL entry point); the entry points
 //! themselves are in [`api`] (displays, configs, contexts), [`surface`] (surfaces, make
-//! current, swap) and [`fence`] (fence syncs), the objects in [`state`], the bit of Xlib needed for windows
-//! in [`x11`].
+//! current, swap), [`sync`] (EGL syncs as virtual fences), [`image`] (EGLImages of SVM
+//! regions), [`device`] and [`present`] (virtsoc's device-queue and present extensions), the
+//! objects in [`state`], the bit of Xlib needed for windows in [`x11`].
 //!
 //! With only this vendor loaded (`__EGL_VENDOR_LIBRARY_FILENAMES` naming virtsoc's JSON),
 //! the extension functions glvnd asks dispatch stubs for (`getDispatchAddress`) are the
@@ -21,8 +22,8 @@ pub mod x11;
 use std::ffi::{c_char, c_void};
 
 use api::*;
-use sync::*;
 use surface::*;
+use sync::*;
 
 /// `__EGLapiImports` of `glvnd/libeglabi.h` (ABI 0.x): what the vendor gives libEGL.
 #[repr(C)]
@@ -240,13 +241,31 @@ fn egl_functions() -> &'static [(&'static str, usize)] {
                 "eglDeviceCommandVIRTSOC",
                 device::eglDeviceCommandVIRTSOC as *const () as usize,
             ),
-            ("eglQueueDeviceCommandVIRTSOC", device::eglQueueDeviceCommandVIRTSOC as *const () as usize),
+            (
+                "eglQueueDeviceCommandVIRTSOC",
+                device::eglQueueDeviceCommandVIRTSOC as *const () as usize,
+            ),
             ("eglSignalSyncKHR", eglSignalSyncKHR as *const () as usize),
-            ("eglGetSyncFenceVIRTSOC", eglGetSyncFenceVIRTSOC as *const () as usize),
-            ("eglDeviceWaitSyncVIRTSOC", eglDeviceWaitSyncVIRTSOC as *const () as usize),
-            ("eglPresentVIRTSOC", present::eglPresentVIRTSOC as *const () as usize),
-            ("eglQueryCounterVIRTSOC", present::eglQueryCounterVIRTSOC as *const () as usize),
-            ("eglQueryImportLatencyVIRTSOC", image::eglQueryImportLatencyVIRTSOC as *const () as usize),
+            (
+                "eglGetSyncFenceVIRTSOC",
+                eglGetSyncFenceVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglDeviceWaitSyncVIRTSOC",
+                eglDeviceWaitSyncVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglPresentVIRTSOC",
+                present::eglPresentVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglQueryCounterVIRTSOC",
+                present::eglQueryCounterVIRTSOC as *const () as usize,
+            ),
+            (
+                "eglQueryImportLatencyVIRTSOC",
+                image::eglQueryImportLatencyVIRTSOC as *const () as usize,
+            ),
         ]
     })
 }

@@ -1,4 +1,4 @@
-//! The C ABI of host services (`virtsoc_service_*`, `virtsoc_geo_fix`,
+//! The C ABI of host services (`virtsoc_channel_*`, `virtsoc_geo_fix`,
 //! `virtsoc_sensor_read`), declared in `include/virtsoc.h`: a channel handle wrapping
 //! [`ServiceChannel`](crate::services::ServiceChannel).
 
@@ -7,10 +7,10 @@ use std::ffi::{c_char, c_int, c_void};
 use super::{bad, conn, opt_str, run, Result, VirtsocConn};
 
 /// Opaque handle of a channel to a host service for C.
-pub struct VirtsocService(crate::services::ServiceChannel);
+pub struct VirtsocChannel(crate::services::ServiceChannel);
 
-unsafe fn service<'a>(s: *mut VirtsocService) -> Result<&'a mut crate::services::ServiceChannel> {
-    // SAFETY: a non-null handle came from virtsoc_service_open and was not closed.
+unsafe fn service<'a>(s: *mut VirtsocChannel) -> Result<&'a mut crate::services::ServiceChannel> {
+    // SAFETY: a non-null handle came from virtsoc_channel_open and was not closed.
     unsafe { s.as_mut() }
         .map(|s| &mut s.0)
         .ok_or_else(|| bad("null service channel"))
@@ -21,10 +21,10 @@ unsafe fn service<'a>(s: *mut VirtsocService) -> Result<&'a mut crate::services:
 /// # Safety
 /// `c` must be a live handle; `name` a NUL-terminated string; `out` a valid pointer.
 #[no_mangle]
-pub unsafe extern "C" fn virtsoc_service_open(
+pub unsafe extern "C" fn virtsoc_channel_open(
     c: *mut VirtsocConn,
     name: *const c_char,
-    out: *mut *mut VirtsocService,
+    out: *mut *mut VirtsocChannel,
 ) -> c_int {
     run(|| {
         // SAFETY: forwarded caller guarantees.
@@ -36,7 +36,7 @@ pub unsafe extern "C" fn virtsoc_service_open(
         }
         let ch = crate::services::ServiceChannel::open(c, name)?;
         // SAFETY: `out` is a valid pointer (checked non-null above).
-        unsafe { *out = Box::into_raw(Box::new(VirtsocService(ch))) };
+        unsafe { *out = Box::into_raw(Box::new(VirtsocChannel(ch))) };
         Ok(())
     })
 }
@@ -47,8 +47,8 @@ pub unsafe extern "C" fn virtsoc_service_open(
 /// `s` must be a live channel; `input` `in_len` readable bytes (or NULL with 0); `output`
 /// `out_cap` writable bytes (or NULL with 0); `out_len` and `values` (4 words) valid or NULL.
 #[no_mangle]
-pub unsafe extern "C" fn virtsoc_service_call(
-    s: *mut VirtsocService,
+pub unsafe extern "C" fn virtsoc_channel_call(
+    s: *mut VirtsocChannel,
     call: u32,
     input: *const c_void,
     in_len: usize,
@@ -99,9 +99,9 @@ pub unsafe extern "C" fn virtsoc_service_call(
 /// `c` must be the live handle the channel was opened on; `s` a channel of it, not used
 /// afterwards (NULL is ignored).
 #[no_mangle]
-pub unsafe extern "C" fn virtsoc_service_close(
+pub unsafe extern "C" fn virtsoc_channel_close(
     c: *mut VirtsocConn,
-    s: *mut VirtsocService,
+    s: *mut VirtsocChannel,
 ) -> c_int {
     run(|| {
         // SAFETY: forwarded caller guarantees.
@@ -121,7 +121,7 @@ pub unsafe extern "C" fn virtsoc_service_close(
 /// `s` must be a live channel to `geo`; the out pointers valid (4 of them).
 #[no_mangle]
 pub unsafe extern "C" fn virtsoc_geo_fix(
-    s: *mut VirtsocService,
+    s: *mut VirtsocChannel,
     lon: *mut f64,
     lat: *mut f64,
     alt: *mut f64,
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn virtsoc_geo_fix(
 /// `time_ns` valid or NULL.
 #[no_mangle]
 pub unsafe extern "C" fn virtsoc_sensor_read(
-    s: *mut VirtsocService,
+    s: *mut VirtsocChannel,
     name: *const c_char,
     xyz: *mut f64,
     time_ns: *mut u64,

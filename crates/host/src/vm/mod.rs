@@ -184,9 +184,7 @@ fn send_reply(stream: &Mutex<UnixStream>, reply: &Reply) -> std::io::Result<()> 
     let mut msg = vec![MSG_REPLY];
     msg.extend_from_slice(&(body.len() as u32).to_le_bytes());
     msg.extend_from_slice(&body);
-    stream
-        .lock_or_recover()
-        .write_all(&msg)
+    stream.lock_or_recover().write_all(&msg)
 }
 
 /// Serves one connected VM until QEMU hangs up, or until asked to stop (its port moves to
@@ -455,10 +453,7 @@ struct PortRinger {
 
 impl PortRinger {
     fn ring(&self) {
-        let _ = self
-            .port
-            .lock_or_recover()
-            .write_all(&[MSG_BELL]);
+        let _ = self.port.lock_or_recover().write_all(&[MSG_BELL]);
     }
 }
 
