@@ -9,6 +9,7 @@
 //! - [`fences`]: the guest-visible virtual fence page;
 //! - [`device`]: the device trait, device workers, and the devices themselves;
 //! - [`cgroup`]: guests' CPU weight through cgroups;
+//! - [`runtime_dir`]: a private `XDG_RUNTIME_DIR` for the binaries when there is none;
 //! - [`snapshot`]: saving and restoring guest sessions (snapshots, restarts, migration).
 
 pub mod cgroup;
@@ -21,6 +22,7 @@ pub mod fences;
 pub mod limits;
 pub mod link;
 pub mod policy;
+pub mod runtime_dir;
 pub mod services;
 pub mod session;
 pub mod snapshot;

@@ -241,32 +241,6 @@ enum Decoders {
     InProcess,
 }
 
-/// Gives the daemon a private `XDG_RUNTIME_DIR` (`$TMPDIR/virtsoc-runtime-<uid>`, mode 0700,
-/// as a login session has) when it has none: the GPU stack's start-up probe for a Wayland
-/// compositor (libwayland's `wl_display_connect`, called by wgpu's EGL backend) prints
-/// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice per daemon
-/// otherwise, though nothing failed (without the variable there is no compositor to reach).
-/// Called first, before any thread exists. A directory that is not ours or not private is
-/// left alone (and so is the environment).
-fn ensure_runtime_dir() {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let set = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .is_some_and(|d| d.is_absolute() && d.is_dir());
-    if set {
-        return;
-    }
-    let uid = rustix::process::getuid().as_raw();
-    let dir = std::env::temp_dir().join(format!("virtsoc-runtime-{uid}"));
-    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
-    match std::fs::symlink_metadata(&dir) {
-        Ok(m) if m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0 => {
-            std::env::set_var("XDG_RUNTIME_DIR", &dir)
-        }
-        _ => {}
-    }
-}
-
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("--codec-worker") {
         // A decoder worker (stdin: its socket to the daemon).
@@ -288,7 +262,7 @@ fn main() {
             }
         });
     }
-    ensure_runtime_dir();
+    virtsoc_host::runtime_dir::ensure();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
     if let Err(e) = run(args) {
