@@ -12,6 +12,7 @@
 //! commands = ["gpu.composite", "codec.*"] # device commands it may send (absent: all)
 //! rate_cap = 500                        # requests per second on each device (commands and accesses)
 //! memory_limit = 268435456              # bytes its replicas may hold
+//! codec_threads = 8                     # codec threads it may hold (absent: the daemon's share)
 //! ```
 //!
 //! The same in JSON (`{"default": {...}, "guest": {"video": {...}}}`) is accepted too. A file
@@ -61,7 +62,15 @@ pub struct GuestPolicy {
     /// Bytes its replicas may hold.
     #[serde(default)]
     pub memory_limit: Option<u64>,
+    /// Codec threads (decoders' frame threads, encoders' fixed count) it may hold at once;
+    /// `None`: the daemon's `--limit-codec-threads-per-guest`. The daemon's own capacity
+    /// (`--limit-codec-threads`) still bounds every guest together.
+    #[serde(default)]
+    pub codec_threads: Option<u32>,
 }
+
+/// Largest per-guest `codec_threads` a policy may name.
+pub const MAX_CODEC_THREADS: u32 = 1024;
 
 fn default_shares() -> u32 {
     DEFAULT_SHARE
@@ -76,6 +85,7 @@ impl Default for GuestPolicy {
             commands: None,
             rate_cap: None,
             memory_limit: None,
+            codec_threads: None,
         }
     }
 }
@@ -103,6 +113,13 @@ impl GuestPolicy {
     fn check(&self) -> std::result::Result<(), String> {
         if self.shares == 0 || self.shares > 1_000_000 {
             return Err(format!("shares {} out of range 1..=1000000", self.shares));
+        }
+        if let Some(n) = self.codec_threads {
+            if !(1..=MAX_CODEC_THREADS).contains(&n) {
+                return Err(format!(
+                    "codec_threads {n} out of range 1..={MAX_CODEC_THREADS}"
+                ));
+            }
         }
         if let Some(r) = self.rate_cap {
             if !(r.is_finite() && r > 0.0) {

@@ -6,6 +6,7 @@ use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_fence::table::VirtualFenceTable;
 use virtsoc_proto::Status;
+use virtsoc_sched::policy::GuestPolicy;
 use virtsoc_svm::{DomainId, SvmManager};
 use virtsoc_sync::LockExt;
 
@@ -27,6 +28,9 @@ pub struct DeviceCtx<'a> {
     /// The device reads host memory in place ([`super::Device::reads_host_memory`]): its
     /// sources come from [`SvmManager::read_replica`].
     pub reads_host: bool,
+    /// The sending guest's sharing policy, where the caller has it (device workers do);
+    /// devices read their per-guest quotas from it.
+    pub policy: Option<&'a GuestPolicy>,
     /// Why the command failed, for the guest ([`DeviceCtx::fail`]).
     reason: std::sync::Mutex<Option<String>>,
 }
@@ -45,8 +49,15 @@ impl<'a> DeviceCtx<'a> {
             domain,
             fences,
             reads_host: false,
+            policy: None,
             reason: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The same context carrying the guest's sharing policy.
+    pub fn with_policy(mut self, policy: &'a GuestPolicy) -> Self {
+        self.policy = Some(policy);
+        self
     }
 
     /// The same context for a device that reads host memory in place.

@@ -159,7 +159,8 @@ pub(super) fn execute(
         }
         Some(Opcode::DeviceCmd) => {
             let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences())
-                .reading_host(slot.device.reads_host_memory());
+                .reading_host(slot.device.reads_host_memory())
+                .with_policy(policy.for_guest(session.name()));
             if let Err(st) = validate(slot.id, &cx, &req.args) {
                 reply.send(Err(st));
                 return None;

@@ -201,6 +201,17 @@ impl Codec {
         self
     }
 
+    /// The limits for `cx`'s guest: the daemon's, with the guest's policy's `codec_threads`
+    /// in place of `--limit-codec-threads-per-guest` where it names one (a restore, with no
+    /// command context, gets the daemon's).
+    fn limits_for(&self, cx: Option<&DeviceCtx<'_>>) -> Limits {
+        let mut limits = self.limits.clone();
+        if let Some(n) = cx.and_then(|c| c.policy).and_then(|p| p.codec_threads) {
+            limits.codec_threads_per_guest = n as usize;
+        }
+        limits
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -213,7 +224,8 @@ impl Codec {
             0 => self.default_threads,
             n => n as usize,
         };
-        if let Some((status, why)) = self.state().refusal(&self.limits, cx.guest, threads) {
+        let limits = self.limits_for(Some(cx));
+        if let Some((status, why)) = self.state().refusal(&limits, cx.guest, threads) {
             return Err(cx.fail(status, why));
         }
         let handle = self.open_decoder_at(cx.guest, c, None, Some(cx))?;
@@ -251,7 +263,7 @@ impl Codec {
     /// [`WORKER_MEMORY`] to the guest's memory limit while open, as a decoder does.
     fn open_encoder_for(&self, cx: &DeviceCtx<'_>, c: api::OpenEncoder) -> DeviceResult {
         let charge = self.worker_charge(cx, "an encoder")?;
-        let handle = self.open_encoder_at(cx.guest, c, None)?;
+        let handle = self.open_encoder_at(cx.guest, c, None, Some(cx))?;
         if let Some(charge) = charge {
             self.state().attach_charge(&(cx.guest, handle), charge);
         }
@@ -289,7 +301,7 @@ impl Codec {
         };
         let mut st = self.state();
         // Check the quotas before paying for a decoder.
-        st.admit(&self.limits, guest, threads)?;
+        st.admit(&self.limits_for(cx), guest, threads)?;
         let decoder: std::result::Result<Box<dyn DecoderBackend>, MediaError> = match &self.workers
         {
             Some(pool) => ProcessDecoder::open(pool, kind, out, threads).map(|d| Box::new(d) as _),
@@ -307,7 +319,7 @@ impl Codec {
             }
         })?;
         let handle = st.open(
-            &self.limits,
+            &self.limits_for(cx),
             guest,
             (
                 Session::Decoder(DecoderSession::new(decoder, format)),
@@ -468,7 +480,7 @@ impl Codec {
 
     #[cfg(test)]
     fn open_encoder(&self, guest: GuestId, c: api::OpenEncoder) -> DeviceResult {
-        let handle = self.open_encoder_at(guest, c, None)?;
+        let handle = self.open_encoder_at(guest, c, None, None)?;
         Ok(api::OpenEncoderReply { handle }.to_values())
     }
 
@@ -477,6 +489,7 @@ impl Codec {
         guest: GuestId,
         c: api::OpenEncoder,
         at: Option<u64>,
+        cx: Option<&DeviceCtx<'_>>,
     ) -> std::result::Result<u64, Status> {
         let dim = |v: u64| {
             u32::try_from(v)
@@ -491,7 +504,7 @@ impl Codec {
             return Err(Status::BadArgument);
         }
         let mut st = self.state();
-        st.admit(&self.limits, guest, ENCODER_THREADS)?;
+        st.admit(&self.limits_for(cx), guest, ENCODER_THREADS)?;
         let (fps, preset) = (c.fps as u32, self.preset);
         let encoder: std::result::Result<Box<dyn EncoderBackend>, MediaError> = match &self.workers
         {
@@ -507,7 +520,7 @@ impl Codec {
         })?;
         let name = encoder.name().to_string();
         let handle = st.open(
-            &self.limits,
+            &self.limits_for(cx),
             guest,
             (
                 Session::Encoder(EncoderSession {

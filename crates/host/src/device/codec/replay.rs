@@ -104,6 +104,7 @@ impl Codec {
                         bitrate,
                     },
                     Some(r.handle),
+                    None,
                 ),
             };
             match done {

@@ -295,3 +295,55 @@ fn no_guest_holds_more_than_its_share_of_codec_threads() {
         assert!(open(GuestId(g), 16).is_ok(), "guest {g} was locked out");
     }
 }
+
+/// A guest's policy names its own share of codec threads (`codec_threads`), in place of the
+/// daemon's `--limit-codec-threads-per-guest`, smaller or larger; other guests keep the
+/// daemon's.
+#[test]
+fn a_guest_policy_sets_its_share_of_codec_threads() {
+    use virtsoc_sched::policy::GuestPolicy;
+    let limits = Limits {
+        codec_threads: 64,
+        codec_threads_per_guest: 16,
+        ..Limits::default()
+    };
+    let codec = Codec::new(&DeviceConfig::default())
+        .unwrap()
+        .with_limits(&limits);
+    let core = crate::testkit::Core::new();
+    let (small, large) = (
+        GuestPolicy {
+            codec_threads: Some(4),
+            ..GuestPolicy::default()
+        },
+        GuestPolicy {
+            codec_threads: Some(32),
+            ..GuestPolicy::default()
+        },
+    );
+    let open = |guest: u64, threads: u64, policy: Option<&GuestPolicy>| {
+        let mut cx = DeviceCtx::new(
+            GuestId(guest),
+            &core.svm,
+            virtsoc_svm::DomainId(0),
+            core.session.fences(),
+        );
+        cx.policy = policy;
+        let c = api::OpenDecoder {
+            kind: codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads,
+        };
+        codec.open_decoder_for(&cx, c).map(|_| ())
+    };
+    // 4 threads: one 4-thread decoder, not a fifth thread.
+    assert_eq!(open(1, 4, Some(&small)), Ok(()));
+    assert_eq!(open(1, 1, Some(&small)), Err(Status::Busy));
+    // 32: two 16-thread decoders, past the daemon's per-guest 16.
+    assert_eq!(open(2, 16, Some(&large)), Ok(()));
+    assert_eq!(open(2, 16, Some(&large)), Ok(()));
+    assert_eq!(open(2, 1, Some(&large)), Err(Status::Busy));
+    // No policy: the daemon's 16.
+    assert_eq!(open(3, 16, None), Ok(()));
+    assert_eq!(open(3, 1, None), Err(Status::Busy));
+}
