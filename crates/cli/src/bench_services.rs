@@ -17,9 +17,6 @@
 //! Bandwidth with N channels is the sum of each channel's median transfer rate, all running
 //! at once.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -164,88 +161,6 @@ fn service_row(
     })
 }
 
-/// Peer of a stream channel: a header `[kind u8][len u64]`, then `len` bytes read into its
-/// buffer; answers 64 bytes.
-fn serve_stream(mut s: impl Read + Write) {
-    let mut buf = vec![0u8; 1 << 20];
-    let mut head = [0u8; 9];
-    while s.read_exact(&mut head).is_ok() {
-        let mut len = [0u8; 8];
-        len.copy_from_slice(&head[1..9]);
-        let mut left = u64::from_le_bytes(len);
-        while left > 0 {
-            let n = (left as usize).min(buf.len());
-            if s.read_exact(&mut buf[..n]).is_err() {
-                return;
-            }
-            left -= n as u64;
-        }
-        if s.write_all(&[0u8; 64]).is_err() {
-            return;
-        }
-    }
-}
-
-/// A connected stream pair: (this end, the peer's end).
-fn stream_pair(tcp: bool) -> Result<(Stream, Stream), CliError> {
-    if !tcp {
-        let (a, b) = UnixStream::pair()?;
-        return Ok((Box::new(a), Box::new(b)));
-    }
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    let c = TcpStream::connect(l.local_addr()?)?;
-    let (p, _) = l.accept()?;
-    c.set_nodelay(true)?;
-    p.set_nodelay(true)?;
-    Ok((Box::new(c), Box::new(p)))
-}
-
-/// A bidirectional byte stream.
-trait ReadWrite: Read + Write + Send {}
-impl<T: Read + Write + Send> ReadWrite for T {}
-
-/// One end of a stream pair.
-type Stream = Box<dyn ReadWrite>;
-
-/// One socket channel: (round trips in us, bytes/s).
-fn stream_channel(
-    tcp: bool,
-    round_trips: usize,
-    size: u64,
-    reps: usize,
-) -> Result<(Vec<f64>, f64), CliError> {
-    let (mut c, peer) = stream_pair(tcp)?;
-    let server = std::thread::spawn(move || serve_stream(peer));
-    let mut reply = [0u8; 64];
-    let mut msg = [0u8; 64];
-    msg[1..9].copy_from_slice(&55u64.to_le_bytes());
-    let mut rtt = Vec::with_capacity(round_trips);
-    for i in 0..round_trips + round_trips / 10 {
-        let t0 = Instant::now();
-        c.write_all(&msg)?;
-        c.read_exact(&mut reply)?;
-        if i >= round_trips / 10 {
-            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    let data = vec![0x5au8; size as usize];
-    let mut times = Vec::with_capacity(reps);
-    for i in 0..reps + 1 {
-        let t0 = Instant::now();
-        let mut head = [1u8; 9];
-        head[1..9].copy_from_slice(&size.to_le_bytes());
-        c.write_all(&head)?;
-        c.write_all(&data)?;
-        c.read_exact(&mut reply)?;
-        if i > 0 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    drop(c);
-    let _ = server.join();
-    Ok((rtt, size as f64 / percentile(&times, 50.0)))
-}
-
 /// `n` channels of kind `name` at once.
 fn baseline_row(
     endpoint: &Endpoint,
@@ -255,18 +170,22 @@ fn baseline_row(
     size: u64,
     reps: usize,
 ) -> Result<Row, CliError> {
-    let one = || -> Result<(Vec<f64>, f64), CliError> {
+    let one = || -> Result<bench_transport::ChannelResult, CliError> {
         match name {
             "ring" => {
-                let r =
-                    bench_transport::ring("ring", &endpoint.target, None, round_trips, size, reps)?;
-                Ok((vec![r.rtt_us.p50, r.rtt_us.p99], r.bandwidth_gbps * 1e9))
+                bench_transport::ring("ring", &endpoint.target, None, round_trips, size, reps)
             }
-            "unix-socket" => stream_channel(false, round_trips, size, reps),
-            _ => stream_channel(true, round_trips, size, reps),
+            "unix-socket" => {
+                let pair = bench_transport::unix_pair;
+                bench_transport::stream_channel(name, round_trips, size, reps, pair)
+            }
+            _ => {
+                let pair = bench_transport::tcp_pair;
+                bench_transport::stream_channel(name, round_trips, size, reps, pair)
+            }
         }
     };
-    let results: Vec<Result<(Vec<f64>, f64), CliError>> = std::thread::scope(|s| {
+    let results: Vec<Result<bench_transport::ChannelResult, CliError>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n).map(|_| s.spawn(one)).collect();
         hs.into_iter()
             .map(|h| {
@@ -276,27 +195,18 @@ fn baseline_row(
             .collect()
     });
     let mut bw = 0.0;
-    let mut rtt = None;
+    let mut rtt_us = None;
     for r in results {
-        let (t, b) = r?;
-        bw += b;
-        rtt.get_or_insert(t);
+        let r = r?;
+        bw += r.bandwidth_gbps;
+        rtt_us.get_or_insert(r.rtt_us);
     }
-    let rtt = rtt.unwrap_or_default();
-    // The ring's result comes as its p50 and p99 already.
-    let rtt_us = if name == "ring" && rtt.len() == 2 {
-        P50P99 {
-            p50: rtt[0],
-            p99: rtt[1],
-        }
-    } else {
-        P50P99::of(&rtt)
-    };
+    let rtt_us = rtt_us.unwrap_or(P50P99 { p50: 0.0, p99: 0.0 });
     Ok(Row {
         channel: name.into(),
         guest: "process".into(),
         channels: n,
-        bandwidth_gbps: bw / 1e9,
+        bandwidth_gbps: bw,
         rtt_us,
     })
 }

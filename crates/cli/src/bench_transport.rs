@@ -10,7 +10,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -223,21 +223,16 @@ fn serve_stream(mut s: impl Read + Write) {
     }
 }
 
-fn unix_pair() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError> {
-    let path = std::env::temp_dir().join(format!("virtsoc-bench-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path)?;
-    let h = std::thread::spawn(move || {
-        if let Ok((s, _)) = l.accept() {
-            serve_stream(s);
-        }
-    });
-    let c = UnixStream::connect(&path)?;
-    let _ = std::fs::remove_file(&path);
+/// A connected Unix stream pair, its peer served on a thread (no path: several pairs can be
+/// measured at once).
+pub(crate) fn unix_pair() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError> {
+    let (c, s) = UnixStream::pair()?;
+    let h = std::thread::spawn(move || serve_stream(s));
     Ok((Box::new(c), h))
 }
 
-fn tcp_pair() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError> {
+/// A connected TCP loopback pair (no Nagle), its peer served on a thread.
+pub(crate) fn tcp_pair() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     let h = std::thread::spawn(move || {
@@ -257,7 +252,9 @@ impl<T: Read + Write + Send> ReadWrite for T {}
 
 type PairFn = fn() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError>;
 
-fn stream_channel(
+/// One plain-socket channel of `pair`: round trips of 64 bytes, then `reps` bulk transfers
+/// of `size` bytes (the median's rate).
+pub(crate) fn stream_channel(
     name: &str,
     round_trips: usize,
     size: u64,
