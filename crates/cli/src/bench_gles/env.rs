@@ -234,10 +234,13 @@ impl VirglServer {
             if !server.running() {
                 return Err(GlesError::Setup("virgl_test_server exited at start".into()));
             }
-            // The server binds before it listens: the socket file alone is not enough.
-            if Path::new(VTEST_SOCKET).exists() {
-                // A probe connection would be served by a forked child that exits at once.
-                std::thread::sleep(Duration::from_millis(100));
+            // The server binds before it listens: the socket file alone is not enough (a
+            // client that came too early failed "Could not initialize canvas" on a loaded
+            // machine). A probe connection is served by a forked child that sees the hang-up
+            // and exits at once.
+            if Path::new(VTEST_SOCKET).exists()
+                && std::os::unix::net::UnixStream::connect(VTEST_SOCKET).is_ok()
+            {
                 return Ok(VirglServer { server });
             }
             std::thread::sleep(Duration::from_millis(20));
