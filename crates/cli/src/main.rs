@@ -51,8 +51,6 @@ pub enum CliError {
 }
 
 fn main() {
-    // Quiet GPU start-up in the benchmarks' own processes too (see the function).
-    virtsoc_host::runtime_dir::ensure();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     // Inside a VM guest the arguments come hex-encoded from the kernel command line.
     let cli = match std::env::var("VIRTSOC_ARGS_HEX")
