@@ -185,11 +185,21 @@ impl Display {
                 if !x.running() {
                     break; // lost a race for this display: try the next
                 }
-                if sock.exists() {
-                    return Ok(Display {
-                        name: format!(":{n}"),
-                        _xvfb: Some(x),
-                    });
+                // Two processes can pick the same free display at once: the loser exits, but
+                // the winner's socket may appear before it does. The lock file names the server
+                // that owns the display (its pid, as text).
+                let owner = std::fs::read_to_string(&lock)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                match owner {
+                    Some(pid) if pid == x.pid() && sock.exists() => {
+                        return Ok(Display {
+                            name: format!(":{n}"),
+                            _xvfb: Some(x),
+                        });
+                    }
+                    Some(pid) if pid != x.pid() => break, // another's: try the next
+                    _ => {}
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
