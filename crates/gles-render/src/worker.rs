@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
 
 use virtsoc_gles_stream::{egl, Encoder, Reader, StreamError};
+use virtsoc_proto::stream::write_all_vectored;
 
 use crate::egl::{EglError, Handle, HostEgl};
 use crate::glue::{CtxState, GlApi, Share};
@@ -512,32 +513,6 @@ fn cpu_ns() -> u64 {
         .saturating_add(t.tv_nsec as u64)
 }
 
-/// Writes all of `parts` with as few `sendmsg` calls as the socket takes (one, mostly:
-/// the peer wakes once for the whole message).
-fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> std::io::Result<()> {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut done = 0;
-    while done < total {
-        let mut skip = done;
-        let mut slices = Vec::with_capacity(parts.len());
-        for p in parts {
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            slices.push(IoSlice::new(&p[skip..]));
-            skip = 0;
-        }
-        match w.write_vectored(&slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// Serves the daemon on `sock` until it hangs up.
 pub fn serve(sock: impl Read + Write) -> Result<(), WorkerError> {
     serve_confined(sock, || Ok(()))
@@ -609,7 +584,10 @@ pub fn serve_confined(
         head.extend_from_slice(&gl_bytes.to_le_bytes());
         head.extend_from_slice(&cpu_ns().to_le_bytes());
         // One sendmsg: the daemon's thread wakes once for the whole answer.
-        write_all_vectored(&mut sock, &[&head, reply, msg])?;
+        write_all_vectored(
+            &mut sock,
+            &mut [IoSlice::new(&head), IoSlice::new(reply), IoSlice::new(msg)],
+        )?;
         sock.flush()?;
         if status == LOST {
             return Ok(());

@@ -3,40 +3,16 @@
 //! validated: the daemon trusts nothing the worker says beyond its bounds), ending it, and
 //! the device time its answers report.
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{IoSlice, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command as Process, Stdio};
 use std::time::Duration;
 
-use super::{ANSWER_LOST, MAX_GL_BYTES, MAX_MSG, MAX_REPLY};
+use virtsoc_proto::stream::write_all_vectored;
 
-/// Writes all of `parts` with as few `sendmsg` calls as the socket takes (one, mostly:
-/// the peer wakes once for the whole message).
-pub(super) fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> std::io::Result<()> {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut done = 0;
-    while done < total {
-        let mut skip = done;
-        let mut slices = Vec::with_capacity(parts.len());
-        for p in parts {
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            slices.push(IoSlice::new(&p[skip..]));
-            skip = 0;
-        }
-        match w.write_vectored(&slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
+use super::{ANSWER_LOST, MAX_GL_BYTES, MAX_MSG, MAX_REPLY};
 
 /// What a worker's answer says of its guest's use of the host.
 #[derive(Clone, Copy)]
@@ -120,8 +96,11 @@ impl Worker {
         let mut head = [0u8; 8];
         head[..4].copy_from_slice(&n.to_le_bytes());
         head[4..].copy_from_slice(&flags.to_le_bytes());
-        write_all_vectored(&mut self.sock, &[&head, batch])
-            .map_err(|e| format!("sending to the render worker: {e}"))?;
+        write_all_vectored(
+            &mut self.sock,
+            &mut [IoSlice::new(&head), IoSlice::new(batch)],
+        )
+        .map_err(|e| format!("sending to the render worker: {e}"))?;
         let mut head = [0u8; 28];
         self.sock
             .read_exact(&mut head)
