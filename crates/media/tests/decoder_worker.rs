@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
 
 use common::{gen_clip, TempDir};
@@ -20,18 +19,8 @@ use virtsoc_media::{
 
 #[test]
 fn worker_main() {
-    let stdin_is_socket = std::fs::metadata("/proc/self/fd/0")
-        .map(|m| m.file_type().is_socket())
-        .unwrap_or(false);
-    if stdin_is_socket {
-        let code = match serve_decoder() {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("worker: {e}");
-                1
-            }
-        };
-        std::process::exit(code);
+    if common::stdin_is_socket() {
+        common::exit_with(serve_decoder());
     }
 }
 

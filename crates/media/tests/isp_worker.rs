@@ -7,9 +7,10 @@
 //! as stdin: each serves then (a real swscale worker, one that crashes or hangs on demand,
 //! or a hostile one speaking the protocol wrongly) and passes trivially otherwise.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
-use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,26 +27,10 @@ const CRASH_WIDTH: u32 = 66;
 /// Source width at which the faulty worker hangs.
 const HANG_WIDTH: u32 = 70;
 
-fn stdin_is_socket() -> bool {
-    std::fs::metadata("/proc/self/fd/0")
-        .map(|m| m.file_type().is_socket())
-        .unwrap_or(false)
-}
-
-fn exit_with(r: virtsoc_media::Result<()>) -> ! {
-    std::process::exit(match r {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("worker: {e}");
-            1
-        }
-    })
-}
-
 #[test]
 fn worker_main() {
-    if stdin_is_socket() {
-        exit_with(serve_isp());
+    if common::stdin_is_socket() {
+        common::exit_with(serve_isp());
     }
 }
 
@@ -70,8 +55,8 @@ impl IspBackend for Faulty {
 
 #[test]
 fn faulty_worker_main() {
-    if stdin_is_socket() {
-        exit_with(serve_isp_with(&Faulty(SwscaleIsp::new())));
+    if common::stdin_is_socket() {
+        common::exit_with(serve_isp_with(&Faulty(SwscaleIsp::new())));
     }
 }
 
@@ -119,7 +104,7 @@ fn dst_of(call: &[u8]) -> (u8, u32, u32, u32) {
 
 #[test]
 fn hostile_wrong_size_main() {
-    if stdin_is_socket() {
+    if common::stdin_is_socket() {
         hostile(|call| {
             let (f, w, h, s) = dst_of(call);
             // Claims a frame two rows taller than asked.
@@ -130,7 +115,7 @@ fn hostile_wrong_size_main() {
 
 #[test]
 fn hostile_byte_count_main() {
-    if stdin_is_socket() {
+    if common::stdin_is_socket() {
         hostile(|call| {
             let (f, w, h, s) = dst_of(call);
             Some(success(f, w, h, s, 7))
@@ -140,7 +125,7 @@ fn hostile_byte_count_main() {
 
 #[test]
 fn hostile_truncated_main() {
-    if stdin_is_socket() {
+    if common::stdin_is_socket() {
         hostile(|call| {
             let (f, w, h, s) = dst_of(call);
             let a = success(f, w, h, s, 0);
@@ -152,14 +137,14 @@ fn hostile_truncated_main() {
 
 #[test]
 fn hostile_huge_main() {
-    if stdin_is_socket() {
+    if common::stdin_is_socket() {
         hostile(|_| Some((1u64 << 40).to_le_bytes().to_vec()));
     }
 }
 
 #[test]
 fn hostile_silent_main() {
-    if stdin_is_socket() {
+    if common::stdin_is_socket() {
         hostile(|_| None);
     }
 }

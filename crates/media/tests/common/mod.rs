@@ -157,3 +157,24 @@ impl Rng {
         }
     }
 }
+
+/// Whether this test binary was started as a worker (a socket to its parent as stdin): the
+/// worker tests run their own binary again with the `worker_main` filter.
+pub fn stdin_is_socket() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata("/proc/self/fd/0")
+        .map(|m| m.file_type().is_socket())
+        .unwrap_or(false)
+}
+
+/// Ends a worker with its serve loop's result as the exit status (1, with the error on
+/// stderr, when it failed).
+pub fn exit_with(r: virtsoc_media::Result<()>) -> ! {
+    std::process::exit(match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("worker: {e}");
+            1
+        }
+    })
+}
