@@ -295,3 +295,44 @@ fn a_killed_isp_worker_fails_one_command_at_most() {
     eprintln!("{failed} of 4 large conversions met the kill");
     assert!(d.alive());
 }
+
+/// An ISP worker kept for a guest is charged to that guest's memory limit (its process and
+/// its buffers): a guest whose limit holds the frames but not a worker with them gets
+/// `OutOfMemory` with the reason, not a worker; a conversion between equal formats needs no
+/// worker and still works; the daemon goes on.
+#[test]
+fn an_isp_worker_counts_against_its_guests_memory_limit() {
+    let (w, h) = (1280u32, 720u32);
+    // The two frames (1.4 MB + 3.7 MB) fit in 16 MiB; a worker (32 MiB) with them does not.
+    let mut d = Daemon::start(&["--isp-backend", "swscale", "--guest-mem-limit", "16777216"]);
+    let c = connect(&d);
+    let src = c.alloc(0, w, h, Format::Nv12, 0).unwrap();
+    write(&c, src.id, &nv12_pattern(w, h));
+    let dst = c.alloc(0, w, h, Format::Rgba8, 0).unwrap();
+    let e = c
+        .command_with_access(&isp::Convert {
+            src: src.id,
+            dst: dst.id,
+        })
+        .unwrap_err();
+    assert_eq!(e.status(), Status::OutOfMemory, "{e}");
+    assert!(e.to_string().contains("isp worker"), "{e}");
+    let pid = d.child.id();
+    assert!(
+        worker_processes(pid, "--isp-worker").len() <= 1,
+        "only the pool's spare runs: no worker was kept for the guest"
+    );
+    // Equal format and size: a copy in the daemon, no worker, no charge.
+    let same = c.alloc(0, w, h, Format::Nv12, 0).unwrap();
+    convert(&c, src.id, same.id).unwrap();
+    assert_eq!(read(&c, same.id, same.size as usize), nv12_pattern(w, h));
+    drop(c);
+    // A guest without a tight limit converts.
+    let d2 = Daemon::start(&["--isp-backend", "swscale"]);
+    let c2 = connect(&d2);
+    let src = c2.alloc(0, w, h, Format::Nv12, 0).unwrap();
+    write(&c2, src.id, &nv12_pattern(w, h));
+    let dst = c2.alloc(0, w, h, Format::Rgba8, 0).unwrap();
+    convert(&c2, src.id, dst.id).unwrap();
+    assert!(d.alive());
+}

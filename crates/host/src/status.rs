@@ -64,6 +64,7 @@ impl GuestStatus for MediaError {
             MediaError::InvalidLayout(_) => Status::BadArgument,
             MediaError::Unsupported(_) => Status::NotSupported,
             MediaError::Resources(_) => Status::Busy,
+            MediaError::OverLimit(_) => Status::OutOfMemory,
             MediaError::Decode(_)
             | MediaError::Worker(_)
             | MediaError::Encode(_)

@@ -25,6 +25,10 @@ pub enum MediaError {
     /// not be started, a socket pair or a shared buffer could not be made); later may work.
     #[error("out of resources: {0}")]
     Resources(String),
+    /// What the backend would keep for the guest (a worker process and its buffers) is
+    /// more than the guest's memory limit allows; nothing was kept.
+    #[error("over the memory limit: {0}")]
+    OverLimit(String),
     /// The input bitstream is corrupt or truncated; the decoder stays usable.
     #[error("decode error: {0}")]
     Decode(String),

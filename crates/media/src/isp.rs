@@ -18,7 +18,9 @@
 
 mod worker;
 
-pub use worker::{check_isp_answer, serve_isp, serve_isp_with, ProcessIsp, ISP_WORKER_ARG};
+pub use worker::{
+    check_isp_answer, serve_isp, serve_isp_with, ProcessIsp, IDLE_TIMEOUT, ISP_WORKER_ARG,
+};
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -40,11 +42,32 @@ pub trait IspBackend: Send + Sync {
         let _ = tenant;
         self.convert(src, dst)
     }
+    /// [`convert_for`](Self::convert_for), with what the backend keeps for `tenant` between
+    /// its conversions (a worker process and its buffers) charged through `charge` for as
+    /// long as it is kept: a refused charge fails the conversion with
+    /// [`MediaError::OverLimit`] and keeps nothing. Backends that keep nothing ignore it.
+    fn convert_charged(
+        &self,
+        tenant: u64,
+        src: FrameRef<'_>,
+        dst: FrameMut<'_>,
+        charge: Charger<'_>,
+    ) -> Result<()> {
+        let _ = charge;
+        self.convert_for(tenant, src, dst)
+    }
     /// `tenant` is gone: drop what was kept for it.
     fn forget(&self, tenant: u64) {
         let _ = tenant;
     }
 }
+
+/// Memory charged to a tenant (its guest's memory limit), held as long as this lives.
+pub type Charge = Box<dyn std::any::Any + Send>;
+
+/// Charges `bytes` to the tenant a conversion is for: the charge, or why its limit refuses
+/// them.
+pub type Charger<'a> = &'a dyn Fn(u64) -> std::result::Result<Charge, String>;
 
 /// Validates both frames; true when they have the same format and size, which a plain copy
 /// (exact) converts.

@@ -367,3 +367,77 @@ fn tenants_never_share_a_worker() {
     assert_eq!(isp.idle_pids().len(), 1);
     assert!(!isp.idle_pids().contains(&first[0]));
 }
+
+/// What a kept worker holds is charged to its tenant while it is kept: the charge covers
+/// the process and both buffers, a refused charge fails the conversion (over the limit) and
+/// keeps no worker, forgetting the tenant gives the charge back, and a worker left idle past
+/// the idle timeout is ended by the reaper (its process gone, its charge given back).
+#[test]
+fn kept_workers_are_charged_and_reaped_when_idle() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A tenant's charged bytes: each charge adds, its drop takes away.
+    struct Held(Arc<AtomicU64>, u64);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.fetch_sub(self.1, Ordering::SeqCst);
+        }
+    }
+    let held = Arc::new(AtomicU64::new(0));
+    let limit = Arc::new(AtomicU64::new(u64::MAX));
+    let charger = |bytes: u64| -> Result<virtsoc_media::Charge, String> {
+        if held.load(Ordering::SeqCst) + bytes > limit.load(Ordering::SeqCst) {
+            return Err("refused".into());
+        }
+        held.fetch_add(bytes, Ordering::SeqCst);
+        Ok(Box::new(Held(held.clone(), bytes)))
+    };
+    let isp = ProcessIsp::with_idle_timeout(pool("worker_main", 0), Duration::from_millis(300));
+    let (sl, dl) = (
+        packed(PixelFormat::Nv12, 64, 32),
+        packed(PixelFormat::Rgba8, 32, 16),
+    );
+    let src = frame(sl, 3);
+    let run = |tenant| {
+        let mut out = vec![0u8; dl.size()];
+        isp.convert_charged(
+            tenant,
+            FrameRef::new(sl, &src).unwrap(),
+            FrameMut::new(dl, &mut out).unwrap(),
+            &charger,
+        )
+    };
+    run(1).unwrap();
+    let kept = held.load(Ordering::SeqCst);
+    let least = virtsoc_media::WORKER_RESIDENT + (sl.size() + dl.size()) as u64;
+    assert!(kept >= least, "charged {kept}, holds at least {least}");
+    run(1).unwrap();
+    assert_eq!(
+        held.load(Ordering::SeqCst),
+        kept,
+        "one charge per kept worker"
+    );
+    isp.forget(1);
+    assert_eq!(held.load(Ordering::SeqCst), 0, "forgotten: given back");
+
+    // A limit below what a worker holds: refused, and nothing kept.
+    limit.store(kept - 1, Ordering::SeqCst);
+    match run(2) {
+        Err(MediaError::OverLimit(_)) => {}
+        other => panic!("expected OverLimit, got {other:?}"),
+    }
+    assert!(isp.idle_pids().is_empty());
+    assert_eq!(held.load(Ordering::SeqCst), 0);
+
+    // Reaped when idle: the process ends and the charge goes.
+    limit.store(u64::MAX, Ordering::SeqCst);
+    run(3).unwrap();
+    let pid = isp.idle_pids()[0];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !isp.idle_pids().is_empty() || held.load(Ordering::SeqCst) != 0 {
+        assert!(Instant::now() < deadline, "an idle worker was not reaped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let me = std::process::id();
+    assert!(!worker_processes(me, "worker_main").contains(&pid));
+}

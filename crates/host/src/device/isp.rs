@@ -7,7 +7,10 @@
 //!   processes (`DeviceConfig::isp_worker`, `--isp-swscale process`): a crash or hang of
 //!   libswscale then fails that command alone (`DeviceError` with the reason) and the next
 //!   command takes a fresh worker, at the cost of two more copies per frame (the source
-//!   into memory shared with the worker, the result out of it).
+//!   into memory shared with the worker, the result out of it). A guest's worker is kept
+//!   between its conversions and charged to its memory limit (the process and its two
+//!   buffers: `OutOfMemory` when the limit refuses them), and ended after
+//!   [`virtsoc_media::isp::IDLE_TIMEOUT`] without a conversion.
 //! * `cpu`: the plain-Rust reference of `virtsoc-media` (BT.601 limited range, bilinear).
 //! * `gpu`: the GPU device's backend (a compute shader on wgpu), shared with the gpu device
 //!   and numbered on its timeline. It writes RGBA8/BGRA8 only, so conversions into NV12 or
@@ -30,7 +33,8 @@ use std::sync::Arc;
 use virtsoc_devapi::isp::Command;
 use virtsoc_media::isp::ISP_WORKER_ARG;
 use virtsoc_media::{
-    CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, ProcessIsp, SwscaleIsp, WorkerPool,
+    Charge, CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, ProcessIsp, SwscaleIsp,
+    WorkerPool,
 };
 use virtsoc_proto::Status;
 use virtsoc_svm::GuestId;
@@ -163,10 +167,21 @@ impl Isp {
         src: FrameRef<'_>,
         dst: FrameMut<'_>,
     ) -> std::result::Result<(), Status> {
-        // Each guest's conversions in workers of its own (`ProcessIsp`).
+        // Each guest's conversions in workers of its own (`ProcessIsp`), what they keep
+        // charged to the guest's memory limit for as long as they keep it.
         let tenant = cx.map_or(0, |cx| cx.guest.0);
+        let charge = |bytes: u64| -> std::result::Result<Charge, String> {
+            match cx {
+                Some(cx) => cx
+                    .svm
+                    .charge(cx.guest, bytes)
+                    .map(|c| Box::new(c) as Charge)
+                    .map_err(|e| e.to_string()),
+                None => Ok(Box::new(())),
+            }
+        };
         let media = |b: &dyn IspBackend, src, dst| {
-            b.convert_for(tenant, src, dst).map_err(|e| {
+            b.convert_charged(tenant, src, dst, &charge).map_err(|e| {
                 log::debug!("isp: {}: {e}", b.name());
                 let status = status_of(&e);
                 match cx {

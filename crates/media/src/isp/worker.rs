@@ -21,15 +21,17 @@
 use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
 use std::process::Child;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use super::{IspBackend, SwscaleIsp};
+use super::{Charge, Charger, IspBackend, SwscaleIsp};
 use crate::error::{MediaError, Result};
 use crate::frame::{copy_frame, FrameLayout, FrameMut, FrameRef};
 use crate::worker::shared::Buffer;
 use crate::worker::wire::{bad, In, Out, MAX_TEXT};
 use crate::worker::{
     deadline_for, io_error, read_answer, serve, write_error, WorkerPool, WorkerProcess,
+    WORKER_RESIDENT,
 };
 
 /// The argument a program's `main` takes to run [`serve_isp`] (`virtsocd --isp-worker`).
@@ -71,11 +73,15 @@ pub fn check_isp_answer(bytes: &[u8], dst: &FrameLayout) -> bool {
     parse_answer(&mut In::from_bytes(bytes.to_vec()), dst).is_ok()
 }
 
-/// One worker and the buffers it has mapped.
+/// One worker, the buffers it has mapped, and the charge for them while it is kept.
 struct IspWorker {
     process: WorkerProcess,
     src: Option<Buffer>,
     dst: Option<Buffer>,
+    /// What it holds, charged to its tenant ([`IspBackend::convert_charged`]).
+    charge: Option<Charge>,
+    /// The bytes of `charge`.
+    charged: u64,
 }
 
 impl IspWorker {
@@ -91,6 +97,8 @@ impl IspWorker {
             process,
             src: None,
             dst: None,
+            charge: None,
+            charged: 0,
         })
     }
 
@@ -162,42 +170,130 @@ impl IspWorker {
 /// [`IspBackend::convert_for`]) only: it is kept between that tenant's conversions, never
 /// handed to another, so a guest whose frames took over a worker sees no other guest's
 /// frames through it.
+///
+/// **Memory and reaping.** A kept worker holds its process ([`WORKER_RESIDENT`]) and its two
+/// buffers; with [`IspBackend::convert_charged`] that much is charged to its tenant for as
+/// long as the worker is kept (the charge travels with the worker and goes when it ends).
+/// A worker left idle for the idle timeout ([`IDLE_TIMEOUT`] by default) is ended by a
+/// reaper thread that sleeps until the oldest idle worker's time is up (no polling), so
+/// neither processes nor charges outlive a tenant's use of the ISP.
 pub struct ProcessIsp {
     pool: Arc<WorkerPool>,
-    /// Workers between conversions and whose they are, least recently used first.
-    idle: Mutex<VecDeque<(u64, IspWorker)>>,
+    idle: Arc<IdleSet>,
+}
+
+/// How long a worker may wait between its tenant's conversions before it is ended.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A kept worker: whose it is and since when it waits.
+struct Kept {
+    tenant: u64,
+    since: Instant,
+    worker: IspWorker,
+}
+
+/// The workers waiting between conversions, least recently used first, and the reaper's
+/// wake-up.
+struct IdleSet {
+    kept: Mutex<IdleState>,
+    changed: Condvar,
+    timeout: Duration,
+}
+
+#[derive(Default)]
+struct IdleState {
+    workers: VecDeque<Kept>,
+    /// The backend is gone: the reaper ends.
+    closed: bool,
+    /// A reaper thread is running.
+    reaper: bool,
+}
+
+impl IdleSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdleState> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends the workers whose idle time is up; sleeps until the next one's is, or until a
+    /// worker is kept or the backend goes. Runs on the reaper thread.
+    fn reap(&self) {
+        let mut st = self.lock();
+        loop {
+            if st.closed {
+                break;
+            }
+            let now = Instant::now();
+            let mut ended = Vec::new();
+            while st
+                .workers
+                .front()
+                .is_some_and(|k| now.duration_since(k.since) >= self.timeout)
+            {
+                ended.extend(st.workers.pop_front());
+            }
+            if !ended.is_empty() {
+                // Their processes end (and their charges go) outside the lock.
+                drop(st);
+                drop(ended);
+                st = self.lock();
+                continue;
+            }
+            let Some(next) = st.workers.front().map(|k| k.since + self.timeout) else {
+                // Nothing kept: the thread ends; the next kept worker starts another.
+                st.reaper = false;
+                break;
+            };
+            let wait = next.saturating_duration_since(now);
+            st = self
+                .changed
+                .wait_timeout(st, wait)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
 }
 
 impl ProcessIsp {
     /// Converts in workers of `pool` (a program that runs [`serve_isp`]).
     pub fn new(pool: Arc<WorkerPool>) -> ProcessIsp {
-        ProcessIsp {
-            pool,
-            idle: Mutex::default(),
-        }
+        Self::with_idle_timeout(pool, IDLE_TIMEOUT)
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, IspWorker)>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    /// [`new`](Self::new) with workers ended after `timeout` without a conversion.
+    pub fn with_idle_timeout(pool: Arc<WorkerPool>, timeout: Duration) -> ProcessIsp {
+        ProcessIsp {
+            pool,
+            idle: Arc::new(IdleSet {
+                kept: Mutex::default(),
+                changed: Condvar::new(),
+                timeout,
+            }),
+        }
     }
 
     /// The process ids of the workers waiting between conversions.
     pub fn idle_pids(&self) -> Vec<u32> {
-        self.idle().iter().map(|(_, w)| w.process.pid()).collect()
+        self.idle
+            .lock()
+            .workers
+            .iter()
+            .map(|k| k.worker.process.pid())
+            .collect()
     }
 
     /// A worker of `tenant`'s that is still running: an idle one, else a fresh one from the
     /// pool (started now when the one waiting there has died).
     fn worker(&self, tenant: u64) -> Result<IspWorker> {
         loop {
-            let mut idle = self.idle();
-            let Some(i) = idle.iter().rposition(|(t, _)| *t == tenant) else {
+            let mut st = self.idle.lock();
+            let Some(i) = st.workers.iter().rposition(|k| k.tenant == tenant) else {
                 break;
             };
-            let Some((_, mut w)) = idle.remove(i) else {
+            let Some(k) = st.workers.remove(i) else {
                 break;
             };
-            drop(idle);
+            drop(st);
+            let mut w = k.worker;
             if w.process.running() {
                 return Ok(w);
             }
@@ -210,6 +306,55 @@ impl ProcessIsp {
         }
         Ok(w)
     }
+
+    /// Keeps `w` for `tenant`'s next conversion (the least recently used beyond
+    /// [`MAX_IDLE`] ends), with a reaper thread running to end it when idle too long.
+    fn keep(&self, tenant: u64, worker: IspWorker) {
+        let mut st = self.idle.lock();
+        st.workers.push_back(Kept {
+            tenant,
+            since: Instant::now(),
+            worker,
+        });
+        let mut over = Vec::new();
+        while st.workers.len() > MAX_IDLE {
+            over.extend(st.workers.pop_front());
+        }
+        if !st.reaper {
+            let idle = self.idle.clone();
+            let started = std::thread::Builder::new()
+                .name("isp-reaper".into())
+                .spawn(move || idle.reap());
+            // Without a thread now, the next kept worker tries again.
+            st.reaper = started.is_ok();
+        }
+        drop(st);
+        self.idle.changed.notify_all();
+        // Their workers end here, outside the lock.
+        drop(over);
+    }
+}
+
+impl Drop for ProcessIsp {
+    fn drop(&mut self) {
+        let kept = {
+            let mut st = self.idle.lock();
+            st.closed = true;
+            std::mem::take(&mut st.workers)
+        };
+        self.idle.changed.notify_all();
+        drop(kept);
+    }
+}
+
+/// What a worker keeps between conversions of `src` and `dst` bytes: its process and its
+/// two buffers as [`Buffer::fit`] will size them.
+fn kept_bytes(w: &IspWorker, src: usize, dst: usize) -> u64 {
+    let fit = |b: &Option<Buffer>, n: usize| match b {
+        Some(b) if b.len() >= n && b.len() / 4 <= n => b.len(),
+        _ => n.max(1),
+    };
+    WORKER_RESIDENT + fit(&w.src, src) as u64 + fit(&w.dst, dst) as u64
 }
 
 impl IspBackend for ProcessIsp {
@@ -222,28 +367,51 @@ impl IspBackend for ProcessIsp {
     }
 
     fn convert_for(&self, tenant: u64, src: FrameRef<'_>, dst: FrameMut<'_>) -> Result<()> {
+        self.convert_charged(tenant, src, dst, &|_| Ok(Box::new(())))
+    }
+
+    fn convert_charged(
+        &self,
+        tenant: u64,
+        src: FrameRef<'_>,
+        dst: FrameMut<'_>,
+        charge: Charger<'_>,
+    ) -> Result<()> {
         if super::same_picture(&src, &dst)? {
             // A copy needs no native code (as `SwscaleIsp` does it).
             return copy_frame(src, dst);
         }
         let mut w = self.worker(tenant)?;
+        let need = kept_bytes(&w, src.layout.size(), dst.layout.size());
+        if need != w.charged {
+            // The old charge goes first, so the two never count at once.
+            w.charge = None;
+            w.charged = 0;
+            match charge(need) {
+                Ok(c) => (w.charge, w.charged) = (Some(c), need),
+                // Nothing is kept: the worker ends here, and with it its buffers.
+                Err(why) => {
+                    return Err(MediaError::OverLimit(format!(
+                        "an isp worker with its buffers ({} MiB): {why}",
+                        need >> 20
+                    )))
+                }
+            }
+        }
         let r = w.convert(src, dst);
         if w.process.running() {
-            let mut idle = self.idle();
-            idle.push_back((tenant, w));
-            // Beyond the bound, the least recently used goes (its worker ends on drop).
-            while idle.len() > MAX_IDLE {
-                idle.pop_front();
-            }
+            self.keep(tenant, w);
         }
         r
     }
 
     fn forget(&self, tenant: u64) {
         let gone: VecDeque<_> = {
-            let mut idle = self.idle();
-            let (gone, kept) = idle.drain(..).partition(|(t, _)| *t == tenant);
-            *idle = kept;
+            let mut st = self.idle.lock();
+            let (gone, kept) = std::mem::take(&mut st.workers)
+                .into_iter()
+                .partition(|k| k.tenant == tenant);
+            st.workers = kept;
             gone
         };
         // Their workers end here, outside the lock.

@@ -81,8 +81,8 @@ pub const ENCODER_THREADS: usize = 1;
 /// Decoded pictures a decoder keeps waiting for `receive_frame`; `decode` is Busy beyond.
 pub const MAX_QUEUED_FRAMES: usize = 16;
 /// Memory a decoder's or an encoder's worker process is charged against its guest's memory
-/// limit: what one idle worker holds resident (64 of them measured 2.1 GiB of RSS, issue 30).
-pub const WORKER_MEMORY: u64 = 32 << 20;
+/// limit (the media workers' one figure, [`virtsoc_media::WORKER_RESIDENT`]).
+pub const WORKER_MEMORY: u64 = virtsoc_media::WORKER_RESIDENT;
 /// Largest `threads` accepted by `open_decoder`.
 pub const MAX_DECODE_THREADS: u64 = 16;
 /// Largest frame rate accepted by `open_encoder`.
