@@ -13,6 +13,7 @@
 //! rate_cap = 500                        # requests per second on each device (commands and accesses)
 //! memory_limit = 268435456              # bytes its replicas may hold
 //! codec_threads = 8                     # codec threads it may hold (absent: the daemon's share)
+//! codec_sessions = 4                    # decoders + encoders (worker processes) it may hold
 //! ```
 //!
 //! The same in JSON (`{"default": {...}, "guest": {"video": {...}}}`) is accepted too. A file
@@ -67,10 +68,17 @@ pub struct GuestPolicy {
     /// (`--limit-codec-threads`) still bounds every guest together.
     #[serde(default)]
     pub codec_threads: Option<u32>,
+    /// Codec sessions (decoders and encoders, each a worker process of its own) it may hold
+    /// at once; `None`: the daemon's `--limit-codec-sessions`. The daemon's
+    /// `--limit-codec-sessions-total` still bounds every guest together.
+    #[serde(default)]
+    pub codec_sessions: Option<u32>,
 }
 
 /// Largest per-guest `codec_threads` a policy may name.
 pub const MAX_CODEC_THREADS: u32 = 1024;
+/// Largest per-guest `codec_sessions` a policy may name.
+pub const MAX_CODEC_SESSIONS: u32 = 1024;
 
 fn default_shares() -> u32 {
     DEFAULT_SHARE
@@ -86,6 +94,7 @@ impl Default for GuestPolicy {
             rate_cap: None,
             memory_limit: None,
             codec_threads: None,
+            codec_sessions: None,
         }
     }
 }
@@ -118,6 +127,13 @@ impl GuestPolicy {
             if !(1..=MAX_CODEC_THREADS).contains(&n) {
                 return Err(format!(
                     "codec_threads {n} out of range 1..={MAX_CODEC_THREADS}"
+                ));
+            }
+        }
+        if let Some(n) = self.codec_sessions {
+            if !(1..=MAX_CODEC_SESSIONS).contains(&n) {
+                return Err(format!(
+                    "codec_sessions {n} out of range 1..={MAX_CODEC_SESSIONS}"
                 ));
             }
         }

@@ -525,12 +525,16 @@ fn policy_errors_name_the_line() {
 
 #[test]
 fn policy_names_a_guests_codec_threads_in_range() {
-    let p = Policy::parse("[guest.a]\ncodec_threads = 4\n").unwrap();
+    let p = Policy::parse("[guest.a]\ncodec_threads = 4\ncodec_sessions = 2\n").unwrap();
     assert_eq!(p.for_guest("a").codec_threads, Some(4));
+    assert_eq!(p.for_guest("a").codec_sessions, Some(2));
     assert_eq!(p.for_guest("b").codec_threads, None);
-    for bad in ["0", "1025"] {
-        let e = Policy::parse(&format!("[guest.a]\ncodec_threads = {bad}\n")).unwrap_err();
-        assert!(e.to_string().contains("codec_threads"), "{e}");
+    assert_eq!(p.for_guest("b").codec_sessions, None);
+    for key in ["codec_threads", "codec_sessions"] {
+        for bad in ["0", "1025"] {
+            let e = Policy::parse(&format!("[guest.a]\n{key} = {bad}\n")).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
     }
 }
 

@@ -202,12 +202,17 @@ impl Codec {
     }
 
     /// The limits for `cx`'s guest: the daemon's, with the guest's policy's `codec_threads`
-    /// in place of `--limit-codec-threads-per-guest` where it names one (a restore, with no
-    /// command context, gets the daemon's).
+    /// and `codec_sessions` in place of `--limit-codec-threads-per-guest` and
+    /// `--limit-codec-sessions` where it names them (a restore, with no command context,
+    /// gets the daemon's).
     fn limits_for(&self, cx: Option<&DeviceCtx<'_>>) -> Limits {
         let mut limits = self.limits.clone();
-        if let Some(n) = cx.and_then(|c| c.policy).and_then(|p| p.codec_threads) {
+        let policy = cx.and_then(|c| c.policy);
+        if let Some(n) = policy.and_then(|p| p.codec_threads) {
             limits.codec_threads_per_guest = n as usize;
+        }
+        if let Some(n) = policy.and_then(|p| p.codec_sessions) {
+            limits.codec_sessions_per_guest = n as usize;
         }
         limits
     }

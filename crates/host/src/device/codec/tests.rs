@@ -347,3 +347,45 @@ fn a_guest_policy_sets_its_share_of_codec_threads() {
     assert_eq!(open(3, 16, None), Ok(()));
     assert_eq!(open(3, 1, None), Err(Status::Busy));
 }
+
+/// A guest's policy names how many codec sessions (worker processes) it may hold
+/// (`codec_sessions`), in place of the daemon's `--limit-codec-sessions`; past it an open is
+/// `OutOfMemory`; other guests keep the daemon's.
+#[test]
+fn a_guest_policy_sets_its_share_of_codec_sessions() {
+    use virtsoc_sched::policy::GuestPolicy;
+    let limits = Limits {
+        codec_sessions_per_guest: 4,
+        ..Limits::default()
+    };
+    let codec = Codec::new(&DeviceConfig::default())
+        .unwrap()
+        .with_limits(&limits);
+    let core = crate::testkit::Core::new();
+    let two = GuestPolicy {
+        codec_sessions: Some(2),
+        ..GuestPolicy::default()
+    };
+    let open = |guest: u64, policy: Option<&GuestPolicy>| {
+        let mut cx = DeviceCtx::new(
+            GuestId(guest),
+            &core.svm,
+            virtsoc_svm::DomainId(0),
+            core.session.fences(),
+        );
+        cx.policy = policy;
+        let c = api::OpenDecoder {
+            kind: codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads: 1,
+        };
+        codec.open_decoder_for(&cx, c).map(|_| ())
+    };
+    assert_eq!(open(1, Some(&two)), Ok(()));
+    assert_eq!(open(1, Some(&two)), Ok(()));
+    assert_eq!(open(1, Some(&two)), Err(Status::OutOfMemory));
+    for _ in 0..4 {
+        assert_eq!(open(2, None), Ok(()));
+    }
+    assert_eq!(open(2, None), Err(Status::OutOfMemory));
+}
