@@ -82,6 +82,59 @@ fn camera_scenarios_run_and_measure_latency_from_pixels() {
     }
 }
 
+/// The GLES scenarios (the guest in a child process loading the vendor library through
+/// glvnd): frames drawn by GLES reach the display in both orderings, the camera's capture
+/// time is read back from the presented pixels (through the ISP and the GLES effect), the
+/// consuming sink read them, and the frames came into the gles domain over the SVM (the
+/// ledger's `... -> gles` links).
+#[test]
+fn gles_scenarios_draw_and_present() {
+    let d = Daemon::start(&["--display-sink", "crc"]);
+    for (s, ordering) in [
+        ("gles-camera", "fence"),
+        ("gles-camera", "atomic"),
+        ("gles-video", "fence"),
+    ] {
+        for r in run(
+            &d,
+            &[
+                s,
+                "--seconds",
+                "1.5",
+                "--resolution",
+                "360p",
+                "--protocol",
+                "prefetch",
+                "--ordering",
+                ordering,
+            ],
+        ) {
+            assert_eq!(r["scenario"], s, "{r}");
+            assert_eq!(r["composition"], "gles", "{r}");
+            assert!(r["presented"].as_f64().unwrap() > 0.0, "{r}");
+            let p50 = r["latency_ms"]["p50"].as_f64().unwrap();
+            assert!(p50 > 0.0, "latency measured: {r}");
+            assert_eq!(r["display_sink"], "crc", "{r}");
+            assert!(r["sink_bytes_per_frame"].as_f64().unwrap() >= 640.0 * 360.0 * 4.0);
+            let links: Vec<&str> = r["ledger"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|l| l["link"].as_str())
+                .collect();
+            let into_gles = if s == "gles-camera" {
+                "isp->gles"
+            } else {
+                "codec->gles"
+            };
+            assert!(
+                links.iter().any(|l| *l == into_gles),
+                "{s} {ordering}: {links:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn compare_runs_every_protocol_and_ordering_and_the_report_draws_it() {
     let d = Daemon::start(&[]);

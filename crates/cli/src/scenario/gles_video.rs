@@ -14,110 +14,26 @@
 //!   drawn frames unfinished (a CPU wait on a fence sync, on the fence page).
 //! - **atomic** ordering: the guest waits for each step (the decode, the draw, the present).
 //!
-//! The vendor library makes one connection per process, and `--compare` runs each mode
-//! against a daemon of its own: so each run is a child process (`virtsoc run gles-video
-//! --socket ...` with [`GUEST_ENV`] set) whose JSON row the parent reads. The child's
-//! connection takes the mode's coherence protocol from `VIRTSOC_COHERENCE`.
+//! Each mode runs in a child process ([`super::gles_run`]).
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::gles_egl::{self as e, Egl};
-use super::{cpu_seconds, daemon_cpu_seconds, media, now_ns, RunOpts, ScenarioResult};
+use super::gles_run::{pace, row, snapshot};
+use super::{media, now_ns, RunOpts, ScenarioResult};
 use crate::bench_svm::OrderingMode;
-use crate::stats::P50P99;
 use crate::CliError;
 
-/// Set in the child that runs the guest.
-pub const GUEST_ENV: &str = "VIRTSOC_GLES_VIDEO_GUEST";
-/// The daemon's pid, for the child's CPU figures.
-const PID_ENV: &str = "VIRTSOC_GLES_VIDEO_DAEMON_PID";
 /// Picture regions taking turns.
 const SLOTS: usize = 3;
 /// Frames drawn but not finished by the GL that the fence-ordered guest lets be queued.
-const IN_FLIGHT: usize = 2;
+pub(super) const IN_FLIGHT: usize = 2;
 /// The codec device's id (`virtsoc devices`).
 const CODEC: i32 = 10;
 
-/// Runs one mode: in a child process (module docs), or, in that child, the guest itself.
+/// Runs one mode (in a child process, [`super::gles_run`]).
 pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
-    if std::env::var_os(GUEST_ENV).is_some() {
-        let pid = daemon_pid.or_else(|| std::env::var(PID_ENV).ok()?.parse().ok());
-        return guest(pid, o);
-    }
-    let exe = std::env::current_exe()?;
-    let json = vendor_json()?;
-    let res = match (o.width, o.height) {
-        (640, 360) => "360p",
-        (1280, 720) => "720p",
-        (3840, 2160) => "uhd",
-        _ => "1080p",
-    };
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "run",
-        "gles-video",
-        "--socket",
-        target,
-        "--protocol",
-        &o.protocol,
-    ])
-    .args([
-        "--ordering",
-        if o.ordering == OrderingMode::Fence {
-            "fence"
-        } else {
-            "atomic"
-        },
-    ])
-    .args(["--seconds", &o.seconds.to_string(), "--resolution", res])
-    .args(["--fps", &o.fps.to_string(), "--json"])
-    .env(GUEST_ENV, "1")
-    .env("VIRTSOC_SOCKET", target)
-    .env("VIRTSOC_COHERENCE", &o.protocol)
-    .env("__EGL_VENDOR_LIBRARY_FILENAMES", &json)
-    .stderr(Stdio::inherit());
-    if let Some(pid) = daemon_pid {
-        cmd.env(PID_ENV, pid.to_string());
-    }
-    let out = cmd.output()?;
-    if !out.status.success() {
-        return Err(CliError::Usage(format!(
-            "the gles-video guest failed ({})",
-            out.status
-        )));
-    }
-    let rows: Vec<ScenarioResult> = serde_json::from_slice(&out.stdout)?;
-    rows.into_iter()
-        .next()
-        .ok_or_else(|| CliError::Usage("the gles-video guest answered no row".into()))
-}
-
-/// The glvnd vendor JSON naming `libEGL_virtsoc.so` beside this executable (in a
-/// directory of this process's own).
-fn vendor_json() -> Result<PathBuf, CliError> {
-    let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.pop();
-    }
-    let lib = dir.join("libEGL_virtsoc.so");
-    if !lib.is_file() {
-        return Err(CliError::Usage(format!(
-            "{} not built (cargo build -p virtsoc-gles)",
-            lib.display()
-        )));
-    }
-    let tmp = std::env::temp_dir().join(format!("virtsoc-gles-video-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
-    let path = tmp.join("virtsoc.json");
-    let text = format!(
-        "{{\"file_format_version\":\"1.0.0\",\"ICD\":{{\"library_path\":{}}}}}\n",
-        serde_json::to_string(&lib.canonicalize()?.display().to_string())?
-    );
-    std::fs::write(&path, text)?;
-    Ok(path)
+    super::gles_run::run(target, daemon_pid, o, guest)
 }
 
 /// An RGBA UI layer: transparent, an opaque bar at the bottom and a translucent panel above.
@@ -189,74 +105,6 @@ fn draw(egl: &Egl, s: &Scene, k: usize) {
     (g.enable)(0x0BE2);
     (g.bind_texture)(e::TEXTURE_2D, s.ui_tex);
     egl.quad();
-}
-
-/// Counters at the start of the measured run.
-struct Before {
-    hits: u64,
-    misses: u64,
-    copies: u64,
-    copy_ns: u64,
-    ledger: Vec<(String, String, u64, u64)>,
-    cpu_guest: f64,
-    cpu_daemon: Option<f64>,
-}
-
-/// The daemon's memory domains (the guest window, host RAM, the devices'), read on a
-/// connection of its own (the vendor library's is inside the library).
-fn domains() -> Result<Vec<String>, CliError> {
-    let target = std::env::var("VIRTSOC_SOCKET").unwrap_or_else(|_| "/tmp/virtsoc.sock".into());
-    let c = virtsoc_guest::Connection::open(&target, &virtsoc_guest::ConnectOptions::default())?;
-    let mut names = vec!["guest-window".to_string(), "host-ram".to_string()];
-    for d in c.devices() {
-        if !names.contains(&d.domain) {
-            names.push(d.domain.clone());
-        }
-    }
-    c.close();
-    Ok(names)
-}
-
-fn snapshot(egl: &Egl, pid: Option<u32>) -> Result<Before, CliError> {
-    let mut ledger = Vec::new();
-    let all = domains()?;
-    for s in &all {
-        for d in &all {
-            let (c, b) = egl.ledger(s, d)?;
-            ledger.push((s.to_string(), d.to_string(), c, b));
-        }
-    }
-    Ok(Before {
-        hits: egl.counter(c"hits")?,
-        misses: egl.counter(c"misses")?,
-        copies: egl.counter(c"copies")? + egl.counter(c"device_copies")?,
-        copy_ns: egl.counter(c"copy_ns")?,
-        ledger,
-        cpu_guest: cpu_seconds(std::process::id()).unwrap_or(0.0),
-        cpu_daemon: pid.and_then(daemon_cpu_seconds),
-    })
-}
-
-/// Sleeps until frame `i`'s start on the schedule from `anchor`; returns whether to drop
-/// the frame: more than a frame late, the schedule re-anchors at now and every other late
-/// frame is dropped (as the other scenarios do), so a pipeline slower than the frame rate
-/// still shows frames.
-fn pace(anchor: &mut Instant, dropped_last: &mut bool, i: u64, period: Duration) -> bool {
-    let start = *anchor + period * i as u32;
-    let now = Instant::now();
-    if start > now {
-        std::thread::sleep(start - now);
-        *dropped_last = false;
-        return false;
-    }
-    let behind = now - start;
-    if behind <= period {
-        *dropped_last = false;
-        return false;
-    }
-    *anchor += behind;
-    *dropped_last = !*dropped_last;
-    *dropped_last
 }
 
 /// The guest: decode, draw, present for `o.seconds`; its row.
@@ -354,67 +202,4 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
     std::thread::sleep(period * 3);
     egl.command(c"codec", c"close", &[dec])?;
     row(&egl, o, pid, &before, (frames_in, late, wall))
-}
-
-/// The run's row from the counters, the display's statistics and the latches' latencies.
-fn row(
-    egl: &Egl,
-    o: &RunOpts,
-    pid: Option<u32>,
-    b: &Before,
-    (frames_in, late, wall): (u64, u64, f64),
-) -> Result<ScenarioResult, CliError> {
-    let st = egl.command(c"display", c"stats", &[])?;
-    let (presented, dropped, p50, p99) = (st[0], st[1], st[3], st[4]);
-    let frames = frames_in.max(1) as f64;
-    let mut ledger = Vec::new();
-    for (s, d, c0, b0) in &b.ledger {
-        let (c, bytes) = egl.ledger(s, d)?;
-        if c > *c0 {
-            ledger.push(serde_json::json!({
-                "link": format!("{s}->{d}"),
-                "copies_per_frame": (c - c0) as f64 / frames,
-                "mb_per_frame": (bytes - b0) as f64 / 1e6 / frames,
-            }));
-        }
-    }
-    let (hits, misses) = (
-        egl.counter(c"hits")? - b.hits,
-        egl.counter(c"misses")? - b.misses,
-    );
-    let copies = egl.counter(c"copies")? + egl.counter(c"device_copies")? - b.copies;
-    let copy_ns = egl.counter(c"copy_ns")? - b.copy_ns;
-    let mut access = egl.import_latency_us()?;
-    access.sort_by(|a, b| a.total_cmp(b));
-    let acc = P50P99::of(&access);
-    let cpu_daemon = b
-        .cpu_daemon
-        .zip(pid.and_then(daemon_cpu_seconds))
-        .map(|(a, z)| (z - a) / wall * 100.0);
-    let cpu_guest = (cpu_seconds(std::process::id()).unwrap_or(0.0) - b.cpu_guest) / wall * 100.0;
-    let v = serde_json::json!({
-        "scenario": o.scenario,
-        "protocol": o.protocol,
-        "ordering": format!("{:?}", o.ordering).to_lowercase(),
-        "resolution": format!("{}x{}", o.width, o.height),
-        "target_fps": o.fps,
-        "seconds": wall,
-        "presented_fps": presented as f64 / wall,
-        "frames_in": frames_in,
-        "presented": presented,
-        "dropped": late + dropped,
-        "dropped_late": late,
-        "dropped_replaced": dropped,
-        "latency_ms": {"p50": p50 as f64 / 1e6, "p99": p99 as f64 / 1e6},
-        "access_latency_us": {"p50": acc.p50, "p99": acc.p99},
-        "copies_per_frame": copies as f64 / frames,
-        "ledger": ledger,
-        "composition": "gles",
-        "pacing": "free",
-        "coherence_ms_per_frame": copy_ns as f64 / 1e6 / frames,
-        "prediction_accuracy": (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
-        "cpu_daemon_pct": cpu_daemon,
-        "cpu_guest_pct": cpu_guest,
-    });
-    Ok(serde_json::from_value(v)?)
 }

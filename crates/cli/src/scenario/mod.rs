@@ -9,9 +9,15 @@
 //! - `ar`: camera -> ISP -> GPU composite + markers on the tracked point -> display, with a
 //!   second reader of each camera frame (the tracker), a two-reader flow;
 //! - `livestream`: camera -> encoder -> RTMP push to a local nginx, pulled back, decoded,
-//!   composited and displayed (see `livestream.rs`).
+//!   composited and displayed (see `livestream.rs`);
+//! - `gles-video`: codec -> an EGLImage of the decoded region drawn by OpenGL ES with a UI
+//!   layer -> display (`gles_video.rs`);
+//! - `gles-camera`: camera -> ISP -> an EGLImage of the RGBA frame drawn by OpenGL ES through
+//!   an effect -> display (`gles_camera.rs`).
 
+mod gles_camera;
 mod gles_egl;
+mod gles_run;
 pub mod gles_video;
 mod livestream;
 pub mod media;
@@ -35,13 +41,14 @@ use pipe::Pipe;
 use show::{layer_blob, screen_layer, Composition, Show};
 
 /// The scenarios.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 7] = [
     "uhd-video",
     "video-360",
     "camera",
     "ar",
     "livestream",
     "gles-video",
+    "gles-camera",
 ];
 
 /// How to run a scenario.
@@ -315,8 +322,10 @@ pub fn run_ext(
     o: &RunOpts,
     x: &RunExtra,
 ) -> Result<ScenarioResult, CliError> {
-    if o.scenario == "gles-video" {
-        return gles_video::run(target, daemon_pid, o);
+    match o.scenario.as_str() {
+        "gles-video" => return gles_video::run(target, daemon_pid, o),
+        "gles-camera" => return gles_camera::run(target, daemon_pid, o),
+        _ => {}
     }
     let frame_bytes = o.width as u64 * o.height as u64 * 4;
     let conn = Connection::open(
