@@ -128,7 +128,7 @@ fn gles_scenarios_draw_and_present() {
                 "codec->gles"
             };
             assert!(
-                links.iter().any(|l| *l == into_gles),
+                links.contains(&into_gles),
                 "{s} {ordering}: {links:?}"
             );
         }
