@@ -5,7 +5,17 @@
 //! lazily by the kernel, so a replica costs memory only where it is touched, and all of it
 //! goes back to the system when the replica is dropped. Window ranges are accessed only through the window's checked
 //! volatile accessors: the guest can change them at any time.
+//!
+//! A domain whose device works in another process (the `gles` device's render worker) has its
+//! host replicas in memfds instead ([`HostBuf::try_shared`], chosen per domain by
+//! [`crate::SvmManager::set_shared_memory`]): the daemon maps the memfd (`MAP_SHARED`) and
+//! hands the descriptor ([`HostBuf::memfd`]) to the worker, which maps the same pages. The
+//! memfd's size is sealed, so the other process can neither shrink it under the daemon's
+//! mapping (a `SIGBUS` here) nor grow it; its first [`SHARED_DATA_OFFSET`] bytes are a page
+//! for the other side's own use (a driver that imports the memfd reads a header there), the
+//! replica's bytes follow.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use virtsoc_proto::SharedWindow;
@@ -20,7 +30,11 @@ use crate::{Result, SvmError};
 /// at a time.
 const HUGE_MIN: usize = 2 << 20;
 
-/// Page-aligned, lazily zeroed bytes of an anonymous private mapping.
+/// Where a shared replica's bytes start in its memfd (the page before is the importer's).
+pub const SHARED_DATA_OFFSET: u64 = 4096;
+
+/// Page-aligned, lazily zeroed bytes of an anonymous private mapping (or of a memfd's shared
+/// mapping, [`HostBuf::try_shared`]).
 #[derive(Debug)]
 pub struct PageBytes {
     ptr: std::ptr::NonNull<u8>,
@@ -59,6 +73,78 @@ impl PageBytes {
         }
         Ok(PageBytes { ptr, len })
     }
+
+    /// Maps `len` bytes of `fd` from [`SHARED_DATA_OFFSET`], shared (the memfd holds at
+    /// least that many bytes there: [`SharedMemory::new`] sized and sealed it).
+    fn map_shared(fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Self::map(0);
+        }
+        // SAFETY: a fresh shared mapping of a memfd this process made and sealed at a size
+        // covering the range (it cannot shrink under the mapping); it aliases no Rust
+        // object of this process. The other process mapping the memfd writes it only
+        // while it has the replica's access (the device's protocol), like any device.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                SHARED_DATA_OFFSET,
+            )
+        }
+        .map_err(|_| SvmError::OutOfMemory)?;
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>()).ok_or(SvmError::OutOfMemory)?;
+        if len >= HUGE_MIN {
+            // SAFETY: as in `map`: advice on the mapping just made.
+            let _ = unsafe { rustix::mm::madvise(p, len, rustix::mm::Advice::LinuxHugepage) };
+        }
+        Ok(PageBytes { ptr, len })
+    }
+}
+
+/// The memfd of a shared replica ([`HostBuf::try_shared`]): [`SHARED_DATA_OFFSET`] bytes for
+/// the importer, then the replica's bytes, rounded up to a page; sealed at that size.
+#[derive(Debug)]
+pub struct SharedMemory {
+    fd: OwnedFd,
+    len: u64,
+}
+
+impl SharedMemory {
+    /// A sealed memfd for a replica of `len` bytes.
+    fn new(len: usize) -> Result<SharedMemory> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let data = (len as u64).next_multiple_of(SHARED_DATA_OFFSET);
+        let total = SHARED_DATA_OFFSET
+            .checked_add(data)
+            .ok_or(SvmError::OutOfMemory)?;
+        let fd = rustix::fs::memfd_create(
+            "virtsoc-replica",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(|e| SvmError::Internal(format!("memfd_create: {e}")))?;
+        rustix::fs::ftruncate(&fd, total).map_err(|_| SvmError::OutOfMemory)?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(|e| SvmError::Internal(format!("sealing a memfd: {e}")))?;
+        Ok(SharedMemory { fd, len: total })
+    }
+
+    /// The descriptor (to pass to another process; it stays this replica's).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The memfd's size in bytes (sealed).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the memfd holds no replica bytes (only the importer's page).
+    pub fn is_empty(&self) -> bool {
+        self.len <= SHARED_DATA_OFFSET
+    }
 }
 
 impl Drop for PageBytes {
@@ -90,6 +176,8 @@ impl std::ops::DerefMut for PageBytes {
 #[derive(Debug)]
 pub struct HostBuf {
     bytes: RwLock<PageBytes>,
+    /// The memfd the bytes are a shared mapping of, for a shared replica.
+    shared: Option<SharedMemory>,
 }
 
 impl HostBuf {
@@ -97,7 +185,26 @@ impl HostBuf {
     pub fn try_zeroed(len: usize) -> Result<Arc<Self>> {
         Ok(Arc::new(HostBuf {
             bytes: RwLock::new(PageBytes::map(len)?),
+            shared: None,
         }))
+    }
+
+    /// A zeroed buffer of `len` bytes in a sealed memfd of its own, mapped shared, which
+    /// another process may map too ([`memfd`](Self::memfd)). Never pooled: a freed replica's
+    /// memfd is never another region's.
+    pub fn try_shared(len: usize) -> Result<Arc<Self>> {
+        let mem = SharedMemory::new(len)?;
+        let bytes = PageBytes::map_shared(mem.fd(), len)?;
+        Ok(Arc::new(HostBuf {
+            bytes: RwLock::new(bytes),
+            shared: Some(mem),
+        }))
+    }
+
+    /// The memfd of a shared buffer ([`try_shared`](Self::try_shared)); `None` for an
+    /// anonymous one.
+    pub fn memfd(&self) -> Option<&SharedMemory> {
+        self.shared.as_ref()
     }
 
     /// A zeroed buffer of `len` bytes (tests and measurements; panics when out of memory).

@@ -56,6 +56,8 @@ pub struct CopyEngine {
     observers: Mutex<Vec<Weak<virtsoc_prefetch::PrefetchEngine>>>,
     /// Domains whose replicas live in a device's own memory.
     allocators: RwLock<HashMap<DomainId, Arc<dyn DeviceAllocator>>>,
+    /// Domains whose host replicas are shared memfds (`HostBuf::try_shared`).
+    shared: RwLock<std::collections::HashSet<DomainId>>,
     links: Mutex<HashMap<(DomainId, DomainId), LinkStats>>,
 }
 
@@ -74,6 +76,7 @@ impl CopyEngine {
             topo,
             observers: Mutex::new(Vec::new()),
             allocators: RwLock::new(HashMap::new()),
+            shared: RwLock::new(std::collections::HashSet::new()),
             links: Mutex::new(HashMap::new()),
         }
     }
@@ -93,6 +96,16 @@ impl CopyEngine {
     /// The allocator of `domain`, if its replicas live in device memory.
     pub fn allocator(&self, domain: DomainId) -> Option<Arc<dyn DeviceAllocator>> {
         self.allocators.read_or_recover().get(&domain).cloned()
+    }
+
+    /// Makes `domain`'s host replicas shared memfds from now on.
+    pub fn set_shared_memory(&self, domain: DomainId) {
+        self.shared.write_or_recover().insert(domain);
+    }
+
+    /// Whether `domain`'s host replicas are shared memfds.
+    pub fn shares_memory(&self, domain: DomainId) -> bool {
+        self.shared.read_or_recover().contains(&domain)
     }
 
     /// The topology.

@@ -22,6 +22,8 @@ pub mod snapshot;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_shared;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +36,9 @@ use virtsoc_sync::RwLockExt;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, ProtoError, SharedWindow};
 
-pub use backing::{Backing, DeviceAllocator, DeviceMemory, HostBuf};
+pub use backing::{
+    Backing, DeviceAllocator, DeviceMemory, HostBuf, SharedMemory, SHARED_DATA_OFFSET,
+};
 pub use coherence::{AccessInfo, Coherence, ProtocolKind, Step};
 pub use dma::CopyTicket;
 pub use domain::{DomainId, DomainKind, Topology};
@@ -261,6 +265,13 @@ impl SvmManager {
     /// or out becomes an upload or a readback through `alloc`'s memory.
     pub fn set_allocator(&self, domain: DomainId, alloc: Arc<dyn DeviceAllocator>) {
         self.engine.set_allocator(domain, alloc);
+    }
+
+    /// Makes the host replicas of `domain` made from now on shared memfds
+    /// ([`HostBuf::try_shared`]) that the domain's device may hand to a process of its own
+    /// ([`HostBuf::memfd`]); they are charged and copied like any host replica.
+    pub fn set_shared_memory(&self, domain: DomainId) {
+        self.engine.set_shared_memory(domain);
     }
 
     /// Bytes of `guest`'s share of the manager's bookkeeping: its predictor (twin

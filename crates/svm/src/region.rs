@@ -266,7 +266,7 @@ impl<'a> RegionCtx<'a> {
     }
 
     /// Memory for a replica in `d`: the device's own when the domain has an allocator, else
-    /// page-aligned host memory.
+    /// page-aligned host memory (a shared memfd for a domain that shares its replicas).
     fn host_or_device_memory(&self, d: DomainId, size: u64) -> Result<Backing> {
         if let Some(a) = self.engine.allocator(d) {
             if let Some(mem) = a.alloc(&self.region.meta)? {
@@ -274,7 +274,10 @@ impl<'a> RegionCtx<'a> {
             }
         }
         let n = usize::try_from(size).map_err(|_| SvmError::OutOfMemory)?;
-        Ok(Backing::Host(HostBuf::try_zeroed(n)?))
+        Ok(Backing::Host(match self.engine.shares_memory(d) {
+            true => HostBuf::try_shared(n)?,
+            false => HostBuf::try_zeroed(n)?,
+        }))
     }
 
     /// Copies `range` directly from `src` to `dst` (both get replicas), whatever `dst` holds,
