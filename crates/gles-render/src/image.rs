@@ -250,18 +250,48 @@ impl Images {
         let (id, format, w, h) = (p.u32()?, p.u32()?, p.u32()?, p.u32()?);
         let (stride, off1, off2) = (p.u32()?, p.u32()?, p.u32()?);
         let bytes = p.bytes()?.unwrap_or_default();
-        let Some((size, tex)) = self.images.get(&id).map(|i| (i.size, i.tex)) else {
+        Ok(self.import_bytes(egl, (id, format), (w, h, stride), [off1, off2], bytes))
+    }
+
+    /// IMPORT_MAPPED (the daemon's): [`import`](Self::import) of the first `byte_len`
+    /// bytes of a shared replica, read where they are; answers an EGL error code
+    /// (`EGL_BAD_PARAMETER` for an unknown mapping or one shorter than `byte_len`).
+    pub fn import_mapped(
+        &mut self,
+        egl: &HostEgl,
+        p: &mut Reader<'_>,
+        mappings: &crate::mapped::Mappings,
+    ) -> Result<u32, StreamError> {
+        let (id, format, w, h) = (p.u32()?, p.u32()?, p.u32()?, p.u32()?);
+        let (stride, off1, off2) = (p.u32()?, p.u32()?, p.u32()?);
+        let (mapping, n) = (p.u32()?, p.u32()? as usize);
+        let Some(bytes) = mappings.get(mapping).and_then(|m| m.bytes().get(..n)) else {
             return Ok(egl::BAD_PARAMETER);
         };
+        Ok(self.import_bytes(egl, (id, format), (w, h, stride), [off1, off2], bytes))
+    }
+
+    /// Converts and uploads `bytes` laid out as `format` into image `id`.
+    fn import_bytes(
+        &mut self,
+        egl: &HostEgl,
+        (id, format): (u32, u32),
+        (w, h, stride): (u32, u32, u32),
+        [off1, off2]: [u32; 2],
+        bytes: &[u8],
+    ) -> u32 {
+        let Some((size, tex)) = self.images.get(&id).map(|i| (i.size, i.tex)) else {
+            return egl::BAD_PARAMETER;
+        };
         if size != (w, h) {
-            return Ok(egl::BAD_MATCH);
+            return egl::BAD_MATCH;
         }
         let Some(rgba) = to_rgba(format, w, h, stride, [off1, off2], bytes) else {
-            return Ok(egl::BAD_PARAMETER);
+            return egl::BAD_PARAMETER;
         };
         let (f, _) = match self.enter(egl) {
             Ok(x) => x,
-            Err(e) => return Ok(e),
+            Err(e) => return e,
         };
         // SAFETY: the image context is current; `rgba` holds w x h tightly packed RGBA8
         // pixels at unpack alignment 4 and row length 0 (set here; the image context is
@@ -284,7 +314,7 @@ impl Images {
             // Every sibling (other contexts) sees the pixels in its next draw.
             (f.finish)();
         }
-        Ok(egl::SUCCESS)
+        egl::SUCCESS
     }
 
     /// Bytes of texture memory the images hold.

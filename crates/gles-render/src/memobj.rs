@@ -11,12 +11,12 @@
 //! order). Another driver (or a Mesa with another id) refuses the import: the caller keeps
 //! the counted `glReadPixels` readback then.
 //!
-//! This is the building block of a zero-copy present (the daemon would hand the worker the
-//! frame region's memory as such a memfd); `tests` render into one and read the pixels
-//! through the mapping.
+//! The worker's presents ([`crate::present`]) import the frame region's shared replica
+//! (a memfd of the daemon's whose first page takes the header, [`write_header`]) this way;
+//! `tests` render into one and read the pixels through the mapping.
 
 use std::ffi::{c_void, CStr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::egl::HostEgl;
 
@@ -39,6 +39,26 @@ pub enum MemObjError {
     /// The driver refused the memory or the texture.
     #[error("{0} failed (GL error {1:#x}, framebuffer status {2:#x})")]
     Gl(&'static str, u32, u32),
+}
+
+/// Bytes of Mesa's header: `size_t size | size_t offset | u8 uuid[16]`.
+pub const HEADER_LEN: usize = 32;
+
+/// Writes Mesa's header for a memfd of `memfd_len` bytes whose data starts at
+/// [`DATA_OFFSET`] into the start of `page` (at least [`HEADER_LEN`] bytes).
+pub fn write_header(page: &mut [u8], memfd_len: u64, uuid: [u8; 16]) {
+    let mut header = [0u8; HEADER_LEN];
+    header[..8].copy_from_slice(&memfd_len.to_ne_bytes());
+    header[8..16].copy_from_slice(&(DATA_OFFSET as u64).to_ne_bytes());
+    header[16..].copy_from_slice(&uuid);
+    if let Some(dst) = page.get_mut(..HEADER_LEN) {
+        dst.copy_from_slice(&header);
+    }
+}
+
+/// Bytes per row of an RGBA8 texture of `width` in llvmpipe's layout (rounded up to 64).
+pub fn llvmpipe_stride(width: u32) -> usize {
+    (width as usize * 4).div_ceil(64) * 64
 }
 
 /// A memfd holding one `width` x `height` RGBA8 frame after Mesa's header.
@@ -71,10 +91,8 @@ impl FrameMemory {
         let file = std::fs::File::from(fd);
         file.set_len(len as u64)
             .map_err(|e| MemObjError::Os("ftruncate", e))?;
-        let mut header = Vec::with_capacity(32);
-        header.extend_from_slice(&(len as u64).to_ne_bytes());
-        header.extend_from_slice(&(DATA_OFFSET as u64).to_ne_bytes());
-        header.extend_from_slice(&uuid);
+        let mut header = [0u8; HEADER_LEN];
+        write_header(&mut header, len as u64, uuid);
         std::os::unix::fs::FileExt::write_all_at(&file, &header, 0)
             .map_err(|e| MemObjError::Os("writing the header", e))?;
         Ok(FrameMemory {
@@ -148,18 +166,32 @@ pub fn import_texture(
     width: u32,
     height: u32,
 ) -> Result<u32, MemObjError> {
+    import_fd(egl, mem.fd.as_fd(), mem.len as u64, width, height)
+}
+
+/// [`import_texture`] of memfd `fd` of `len` bytes (which starts with Mesa's header,
+/// [`write_header`]).
+pub fn import_fd(
+    egl: &HostEgl,
+    fd: BorrowedFd<'_>,
+    len: u64,
+    width: u32,
+    height: u32,
+) -> Result<u32, MemObjError> {
     const TEXTURE_2D: u32 = 0x0DE1;
     const RGBA8: u32 = 0x8058;
     const HANDLE_TYPE_OPAQUE_FD: u32 = 0x9586;
     let gl = MemGl::load(egl)?;
-    let dup = mem.fd.try_clone().map_err(|e| MemObjError::Os("dup", e))?;
+    let dup = fd
+        .try_clone_to_owned()
+        .map_err(|e| MemObjError::Os("dup", e))?;
     let (mut mo, mut tex) = (0u32, 0u32);
     // SAFETY: a context is current (the caller's contract); the driver takes ownership of
     // the duplicated fd on import (into_raw_fd gives it up here).
     unsafe {
         (gl.get_error)();
         (gl.create_memory_objects)(1, &mut mo);
-        (gl.import_memory_fd)(mo, mem.len as u64, HANDLE_TYPE_OPAQUE_FD, {
+        (gl.import_memory_fd)(mo, len, HANDLE_TYPE_OPAQUE_FD, {
             let raw = dup.as_raw_fd();
             std::mem::forget(dup);
             raw

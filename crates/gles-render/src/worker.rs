@@ -1,15 +1,19 @@
 //! The render worker's loop: batches from the daemon on stdin (a socket), each run on the
 //! host's EGL/GLES, each answered with its reply bytes and a status.
 //!
-//! Messages (the daemon's side is `virtsoc_host::device::gles`): a batch is `u32 len | u32
-//! flags | len bytes` of whole packets ([`FROM_DAEMON`]: the daemon's own, a readback); the
-//! answer is `u32 status | u32 reply_len | u32 msg_len | u64 gl_bytes | u64 cpu_ns | reply |
-//! msg`, status [`OK`], [`BAD_STREAM`] (the batch stopped at a malformed packet; `msg`
-//! says why) or [`LOST`] (the worker cannot go on and exits). `gl_bytes`: the guest's GL
-//! memory after the batch ([`Renderer::gl_bytes`]: its share groups' objects and its
-//! surfaces), which the daemon charges against the guest's memory limit; `cpu_ns`: the
-//! worker's CPU time so far, all its threads (the driver's too), from which the daemon takes
-//! the batch's device time. The daemon bounds both.
+//! Messages (the daemon's side is `virtsoc_host::device::gles`; the loop is
+//! [`crate::serve`]): a batch is `u32 len | u32 flags | len bytes` of whole packets
+//! ([`FROM_DAEMON`]: the daemon's own: a present, an import, mappings, a guest batch run
+//! in place), file descriptors riding with its first byte (`SCM_RIGHTS`, one per MAP
+//! packet); the answer is `u32 status | u32 reply_len | u32 msg_len | u64 gl_bytes | u64
+//! cpu_ns | u32 placed | u32 mappings | reply | msg`, status [`OK`], [`BAD_STREAM`] (the
+//! batch stopped at a malformed packet; `msg` says why) or [`LOST`] (the worker cannot go
+//! on and exits). `gl_bytes`: the guest's GL memory after the batch
+//! ([`Renderer::gl_bytes`]: its share groups' objects and its surfaces), which the daemon
+//! charges against the guest's memory limit; `cpu_ns`: the worker's CPU time so far, all
+//! its threads (the driver's too), from which the daemon takes the batch's device time;
+//! `placed`: bytes of answers written into the reply mapping instead (`reply_len` is 0
+//! then); `mappings`: the shared replicas the worker holds mapped. The daemon bounds all.
 //!
 //! Packets with opcodes from [`egl::BASE`] are the worker's own (contexts, surfaces, making
 //! current, swaps); the rest go to the GL decoder with the state of the context the stream
@@ -17,10 +21,8 @@
 //! unknown one is an EGL error in the answer, never a host call.
 
 use std::collections::HashMap;
-use std::io::{IoSlice, Read, Write};
 
 use virtsoc_gles_stream::{egl, Encoder, Reader, StreamError};
-use virtsoc_proto::stream::write_all_vectored;
 
 use crate::egl::{EglError, Handle, HostEgl};
 use crate::glue::{CtxState, GlApi, Share};
@@ -53,38 +55,46 @@ pub enum WorkerError {
     TooLarge(usize),
 }
 
-struct HostContext {
+pub(crate) struct HostContext {
     handle: Handle,
     share: Share,
-    state: CtxState,
-    draw: u32,
+    pub(crate) state: CtxState,
+    pub(crate) draw: u32,
     read: u32,
 }
 
-struct HostSurface {
-    handle: Handle,
+pub(crate) struct HostSurface {
+    pub(crate) handle: Handle,
     config: Handle,
-    size: (u32, u32),
+    pub(crate) size: (u32, u32),
     /// Bytes per pixel: color, depth and stencil.
     px: u64,
 }
 
 /// The host side of one guest: its contexts and surfaces on the host's EGL.
 pub struct Renderer {
-    egl: HostEgl,
-    gl: GlApi,
-    contexts: HashMap<u32, HostContext>,
-    surfaces: HashMap<u32, HostSurface>,
+    pub(crate) egl: HostEgl,
+    pub(crate) gl: GlApi,
+    pub(crate) contexts: HashMap<u32, HostContext>,
+    pub(crate) surfaces: HashMap<u32, HostSurface>,
     /// Host configs of the guest's config ids.
     configs: HashMap<u32, Handle>,
     /// The context the stream's packets run on.
-    on: u32,
+    pub(crate) on: u32,
     /// What is current on the host: `(ctx, draw, read)`.
-    host_current: (u32, u32, u32),
+    pub(crate) host_current: (u32, u32, u32),
     /// The guest's EGLImages of SVM regions (`crate::image`).
-    images: crate::image::Images,
+    pub(crate) images: crate::image::Images,
     /// The last readback's pixels (the buffer is reused, see `GlApi::read_back_into`).
     readback: Vec<u8>,
+    /// The replicas the daemon shares with the worker (`crate::mapped`).
+    pub(crate) mappings: crate::mapped::Mappings,
+    /// Descriptors that came with the daemon's current message, for its MAP packets.
+    pub(crate) incoming: std::collections::VecDeque<std::os::fd::OwnedFd>,
+    /// The mapping an EXEC_MAPPED batch's answers may go into (0: none).
+    pub(crate) reply_to: u32,
+    /// Presents into shared frames (`crate::present`).
+    pub(crate) presenter: crate::present::Presenter,
 }
 
 impl Renderer {
@@ -103,6 +113,10 @@ impl Renderer {
             host_current: (0, 0, 0),
             images: crate::image::Images::default(),
             readback: Vec::new(),
+            mappings: Default::default(),
+            incoming: Default::default(),
+            reply_to: 0,
+            presenter: Default::default(),
         })
     }
 
@@ -143,6 +157,9 @@ impl Renderer {
             }
             Err(e) => log::warn!("render worker: warming up: {e}"),
         }
+        // The presents' probe writes a memfd, which the sandbox would refuse.
+        self.presenter.probe_host(&self.egl);
+        let _ = self.egl.make_current(null, null, null);
         self.host_current = (0, 0, 0);
     }
 
@@ -160,7 +177,7 @@ impl Renderer {
     }
 
     /// Makes context `ctx` current on the host with its surfaces, if it is not already.
-    fn bind(&mut self, ctx: u32) -> Result<(), u32> {
+    pub(crate) fn bind(&mut self, ctx: u32) -> Result<(), u32> {
         let want = match self.contexts.get(&ctx) {
             Some(c) => (ctx, c.draw, c.read),
             None if ctx == 0 => (0, 0, 0),
@@ -190,7 +207,12 @@ impl Renderer {
         let mut r = Reader::new(batch);
         while let Some(p) = r.next_packet() {
             let (op, mut p) = p?;
-            if op == egl::IMPORT {
+            if crate::daemon_ops::is_daemons(op) {
+                if !trusted {
+                    return Err(p.bad("a command of the daemon's"));
+                }
+                self.daemon_packet(op, &mut p, reply)?;
+            } else if op == egl::IMPORT {
                 if !trusted {
                     return Err(p.bad("IMPORT is the daemon's"));
                 }
@@ -491,7 +513,7 @@ fn log_err(e: EglError, code: u32) -> u32 {
 }
 
 /// Appends the answer `op` with payload `words` to `reply`.
-fn answer(reply: &mut Encoder, op: u32, words: &[u32]) {
+pub(crate) fn answer(reply: &mut Encoder, op: u32, words: &[u32]) {
     let mut p = reply.packet(op);
     for w in words {
         p.u32(*w);
@@ -499,7 +521,7 @@ fn answer(reply: &mut Encoder, op: u32, words: &[u32]) {
 }
 
 /// The worker's CPU time so far, all its threads, in nanoseconds.
-fn cpu_ns() -> u64 {
+pub(crate) fn cpu_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -513,87 +535,7 @@ fn cpu_ns() -> u64 {
         .saturating_add(t.tv_nsec as u64)
 }
 
-/// Serves the daemon on `sock` until it hangs up.
-pub fn serve(sock: impl Read + Write) -> Result<(), WorkerError> {
-    serve_confined(sock, || Ok(()))
-}
-
-/// Serves the daemon on `sock` until it hangs up, calling `confine` once the host's EGL is
-/// open (its driver loaded) and before the first batch is read: the sandbox
-/// ([`crate::sandbox::enter`]). A sandbox that cannot be entered leaves the worker lost.
-pub fn serve_confined(
-    mut sock: impl Read + Write,
-    confine: impl FnOnce() -> Result<(), String>,
-) -> Result<(), WorkerError> {
-    let mut renderer: Result<Renderer, String> = Renderer::new().map_err(|e| e.to_string());
-    if let Ok(r) = &mut renderer {
-        r.warm_up();
-    }
-    if let Err(e) = confine() {
-        renderer = Err(format!("render worker sandbox: {e}"));
-    }
-    if let Err(e) = &renderer {
-        log::warn!("render worker: {e}");
-    }
-    let mut batch = Vec::new();
-    // One reply buffer for every batch (a readback's answer is a frame's size: a fresh one
-    // per batch cost page faults each time).
-    let mut reply = Encoder::new();
-    loop {
-        let mut hdr = [0u8; 8];
-        match sock.read_exact(&mut hdr) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
-        }
-        let [l0, l1, l2, l3, f0, f1, f2, f3] = hdr;
-        let trusted = u32::from_le_bytes([f0, f1, f2, f3]) & FROM_DAEMON != 0;
-        let n = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
-        if n > MAX_BATCH {
-            return Err(WorkerError::TooLarge(n));
-        }
-        // The buffer only grows (zero-filled once): batches of different sizes take turns
-        // (a 256 KiB flush, then a small glFinish batch), and filling each one's bytes
-        // before reading over them cost more than the copy.
-        if batch.len() < n {
-            batch.resize(n, 0);
-        }
-        sock.read_exact(&mut batch[..n])?;
-        let body = &batch[..n];
-        reply.clear();
-        let (status, msg) = match &mut renderer {
-            Err(e) => (LOST, e.clone()),
-            Ok(r) => {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    r.run(body, &mut reply, trusted)
-                }));
-                match ran {
-                    Ok(Ok(())) => (OK, String::new()),
-                    Ok(Err(e)) => (BAD_STREAM, e.to_string()),
-                    Err(_) => (LOST, "the render worker panicked".into()),
-                }
-            }
-        };
-        let reply: &[u8] = if status == OK { reply.as_bytes() } else { &[] };
-        let mut head = Vec::with_capacity(28);
-        head.extend_from_slice(&status.to_le_bytes());
-        head.extend_from_slice(&(reply.len() as u32).to_le_bytes());
-        let msg = &msg.as_bytes()[..msg.len().min(4096)];
-        head.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-        let gl_bytes = renderer.as_ref().map_or(0, Renderer::gl_bytes);
-        head.extend_from_slice(&gl_bytes.to_le_bytes());
-        head.extend_from_slice(&cpu_ns().to_le_bytes());
-        // One sendmsg: the daemon's thread wakes once for the whole answer.
-        write_all_vectored(
-            &mut sock,
-            &mut [IoSlice::new(&head), IoSlice::new(reply), IoSlice::new(msg)],
-        )?;
-        sock.flush()?;
-        if status == LOST {
-            return Ok(());
-        }
-    }
-}
+pub use crate::serve::{serve, serve_confined};
 
 #[cfg(test)]
 #[path = "worker_tests.rs"]

@@ -41,6 +41,29 @@ pub const FINISH: u32 = BASE + 8;
 /// guest's stream it is refused.
 pub const READBACK: u32 = BASE + 9;
 
+/// `handle u32 | bytes u64`: the daemon shares a replica of the guest's regions in the
+/// `gles` memory domain with the worker: the memfd came with the message (`SCM_RIGHTS`,
+/// one per MAP, in order), the replica's `bytes` start at its second page. The worker maps
+/// it under `handle` (the daemon's name for it, non-zero) until [`UNMAP`]. The daemon's;
+/// refused in a guest's stream. No answer.
+pub const MAP: u32 = BASE + 0x10;
+/// `handle u32`: the replica mapped as `handle` is gone (its region freed or reallocated):
+/// the worker unmaps it and forgets what it made of it. The daemon's. No answer.
+pub const UNMAP: u32 = BASE + 0x11;
+/// `stream u32 | reply u32 | len u32`: runs the first `len` bytes of mapping `stream` (the
+/// guest's stream region's replica; the daemon holds the guest's read access for the whole
+/// batch) as a guest batch. Answers larger than the exec's inline answer go into mapping
+/// `reply` (0: none) when they fit (the answer header says how many bytes it placed), else
+/// travel on the socket. The daemon's, the last packet of its message.
+pub const EXEC_MAPPED: u32 = BASE + 0x12;
+/// `surf u32 | frame u32 | width u32 | height u32`: presents surface `surf` (the draw
+/// surface of the context the stream runs on) into mapping `frame`, an RGBA8 image of
+/// `width` x `height` with rows of `width * 4` bytes from the top (the display's order).
+/// Answers `u32 width | u32 height | u32 copies` (0 x 0 when the surface is not the draw
+/// surface or the sizes differ; `copies`: copies of the frame's bytes it took). The
+/// daemon's.
+pub const PRESENT: u32 = BASE + 0x13;
+
 /// `image u32 | width u32 | height u32`: creates guest image `image` (an EGLImage of an SVM
 /// region, `eglCreateImageKHR` with `EGL_VIRTSOC_REGION`): a host RGBA8 texture of `width`
 /// x `height` (each 1..=[`MAX_SURFACE`]) wrapped in a host EGLImage. Its pixels arrive by
@@ -61,6 +84,12 @@ pub const IMAGE_TARGET_TEXTURE: u32 = BASE + 0x22;
 /// converts YUV to RGBA (BT.601, limited range) and uploads it into the image's texture.
 /// The daemon sends it itself; in a guest's stream it is refused. Answers `u32 error`.
 pub const IMPORT: u32 = BASE + 0x23;
+
+/// `image u32 | format u32 | width u32 | height u32 | stride u32 | offset1 u32 | offset2
+/// u32 | mapping u32 | byte_len u32`: [`IMPORT`] of the first `byte_len` bytes of mapping
+/// `mapping` (the region's replica in the `gles` domain, read where it is). The daemon's.
+/// Answers `u32 error`.
+pub const IMPORT_MAPPED: u32 = BASE + 0x24;
 
 /// Image layout of [`IMPORT`]: RGBA8, 4 bytes a pixel.
 pub const IMAGE_RGBA8: u32 = 1;

@@ -214,6 +214,9 @@ impl Daemon {
             if let Some(a) = d.allocator() {
                 svm.set_allocator(*dom, a);
             }
+            if d.shares_memory() {
+                svm.set_shared_memory(*dom);
+            }
         }
         let restart = match &cfg.state_dir {
             Some(dir) => crate::snapshot::restart::Restart::load(dir)?,

@@ -38,7 +38,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -46,7 +46,7 @@ use std::time::Duration;
 use virtsoc_devapi::gles::{Command, ExecReply, ImportReply, ReadReplyReply};
 use virtsoc_fence::VirtualFenceTable;
 use virtsoc_proto::Status;
-use virtsoc_svm::{DomainId, GuestId, MemoryCharge, SvmManager};
+use virtsoc_svm::{DomainId, GuestId, SvmManager};
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult, Reply};
@@ -111,16 +111,18 @@ enum Kind {
     },
 }
 
+#[path = "gles_forward.rs"]
+mod forward;
 #[path = "gles_frame.rs"]
 mod frame;
 #[path = "gles_image.rs"]
 mod image;
+#[path = "gles_maps.rs"]
+mod maps;
 #[path = "gles_stats.rs"]
 mod stats;
 #[path = "gles_worker.rs"]
 mod worker;
-
-use worker::{DeviceClock, Worker};
 
 /// The READBACK opcode of the GLES stream (`virtsoc_gles_stream::egl::READBACK`; the
 /// daemon does not link the stream crate).
@@ -132,6 +134,8 @@ const FROM_DAEMON: u32 = 1;
 /// One batch handed to a guest's forwarding thread.
 struct Job {
     batch: Batch,
+    /// What the worker does in the guest's shared replicas instead of running `batch`.
+    mapped: Option<maps::Mapped>,
     kind: Kind,
     reply: Reply,
     svm: Arc<SvmManager>,
@@ -203,7 +207,7 @@ impl Gles {
         let (program, sh, deadline) = (self.program.clone(), shared.clone(), self.deadline);
         std::thread::Builder::new()
             .name(format!("gles-{guest}"))
-            .spawn(move || forward(&program, deadline, rx, &sh))
+            .spawn(move || forward::forward(&program, deadline, rx, &sh))
             .map_err(|_| Status::Busy)?;
         guests.insert(
             guest,
@@ -216,6 +220,7 @@ impl Gles {
     }
 
     fn exec(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+        let mut mapped = None;
         let (batch, kind) = match Command::decode(args) {
             Ok(Command::Exec(c)) => {
                 if c.reply != 0 {
@@ -226,9 +231,26 @@ impl Gles {
                         );
                     }
                 }
-                match read_stream(cx, c.stream, c.len, self.spare.take()) {
-                    Ok(b) => (b, Kind::Exec { reply: c.reply }),
-                    Err(st) => return reply.send_because(Err(st), cx.take_reason()),
+                if let Err(st) = check_stream(cx, c.stream, c.len) {
+                    return reply.send_because(Err(st), cx.take_reason());
+                }
+                let kind = Kind::Exec { reply: c.reply };
+                match maps::shared_replica(cx, c.stream) {
+                    // Read in place by the worker: nothing copied here.
+                    Some(stream) => {
+                        mapped = Some(maps::Mapped::Exec {
+                            stream,
+                            len: c.len as u32,
+                            reply: (c.reply != 0)
+                                .then(|| maps::shared_replica(cx, c.reply))
+                                .flatten(),
+                        });
+                        (Vec::new(), kind)
+                    }
+                    None => match read_stream(cx, c.stream, c.len, self.spare.take()) {
+                        Ok(b) => (b, kind),
+                        Err(st) => return reply.send_because(Err(st), cx.take_reason()),
+                    },
                 }
             }
             Ok(Command::ReadReply(r)) => {
@@ -244,6 +266,10 @@ impl Gles {
                 });
                 match image::prepare(cx, &c, last) {
                     Ok(image::Prepared::Batch(b, kind)) => (b, kind),
+                    Ok(image::Prepared::Mapped(m, kind)) => {
+                        mapped = Some(m);
+                        (Vec::new(), kind)
+                    }
                     Ok(image::Prepared::Current) => {
                         let current = ImportReply {
                             imported: 0,
@@ -258,11 +284,20 @@ impl Gles {
                 let Ok(surf) = u32::try_from(r.surface) else {
                     return reply.send(Err(Status::BadArgument));
                 };
-                let mut b = Vec::with_capacity(12);
-                b.extend_from_slice(&READBACK.to_le_bytes());
-                b.extend_from_slice(&4u32.to_le_bytes());
-                b.extend_from_slice(&surf.to_le_bytes());
-                (b, Kind::Readback { frame: r.frame })
+                match frame::mapped_present(cx, surf, r.frame) {
+                    Ok(Some(m)) => {
+                        mapped = Some(m);
+                        (Vec::new(), Kind::Readback { frame: r.frame })
+                    }
+                    Ok(None) => {
+                        let mut b = Vec::with_capacity(12);
+                        b.extend_from_slice(&READBACK.to_le_bytes());
+                        b.extend_from_slice(&4u32.to_le_bytes());
+                        b.extend_from_slice(&surf.to_le_bytes());
+                        (b, Kind::Readback { frame: r.frame })
+                    }
+                    Err(st) => return reply.send_because(Err(st), cx.take_reason()),
+                }
             }
             Err(st) => return reply.send(Err(st)),
         };
@@ -275,10 +310,20 @@ impl Gles {
             return reply.send_because(Err(Status::DeviceError), Some(why));
         }
         if let Kind::Exec { reply: r } = kind {
-            lock(&shared).stats.batch(&batch, r != 0);
+            let mut sh = lock(&shared);
+            match &mapped {
+                Some(maps::Mapped::Exec { stream, len, .. }) => {
+                    // The packet headers, where the worker will read them.
+                    let bytes = stream.read();
+                    sh.stats
+                        .batch(bytes.get(..*len as usize).unwrap_or_default(), r != 0);
+                }
+                _ => sh.stats.batch(&batch, r != 0),
+            }
         }
         let job = Job {
             batch: Batch::new(batch, &self.spare),
+            mapped,
             kind,
             reply,
             svm: cx.svm.clone(),
@@ -389,14 +434,8 @@ impl Drop for Batch {
     }
 }
 
-/// The first `len` bytes of the stream region (into `buf`), checked against its size and
-/// [`MAX_BATCH`].
-fn read_stream(
-    cx: &DeviceCtx<'_>,
-    region: u64,
-    len: u64,
-    mut buf: Vec<u8>,
-) -> Result<Vec<u8>, Status> {
+/// Checks a batch of `len` bytes of the stream region against its size and [`MAX_BATCH`].
+fn check_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<(), Status> {
     let size = cx.meta(region)?.size;
     if len > size || len > MAX_BATCH || len & 3 != 0 {
         return Err(cx.fail(
@@ -406,6 +445,16 @@ fn read_stream(
             ),
         ));
     }
+    Ok(())
+}
+
+/// The first `len` bytes of the stream region (into `buf`; checked by [`check_stream`]).
+fn read_stream(
+    cx: &DeviceCtx<'_>,
+    region: u64,
+    len: u64,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, Status> {
     let t0 = std::time::Instant::now();
     let n = len as usize;
     buf.clear();
@@ -423,189 +472,6 @@ fn read_stream(
     }
 }
 
-/// The guest's GL memory as charged against its memory limit: a charge per growth, merged
-/// into one when the total shrinks or the pieces pile up.
-#[derive(Default)]
-struct GlCharge {
-    parts: Vec<MemoryCharge>,
-    bytes: u64,
-}
-
-impl GlCharge {
-    /// Most pieces held before they are merged into one charge.
-    const MAX_PARTS: usize = 16;
-
-    /// Charges `bytes` in all; `Err` (nothing charged then) when the limit refuses it.
-    fn set(&mut self, svm: &SvmManager, guest: GuestId, bytes: u64) -> Result<(), String> {
-        if bytes == self.bytes {
-            return Ok(());
-        }
-        let refused =
-            |e| format!("GL objects of {bytes} bytes exceed the guest's memory limit ({e})");
-        if bytes > self.bytes && self.parts.len() < Self::MAX_PARTS {
-            let part = svm.charge(guest, bytes - self.bytes).map_err(|e| {
-                self.clear();
-                refused(e)
-            })?;
-            self.parts.push(part);
-        } else {
-            self.clear();
-            if bytes > 0 {
-                self.parts.push(svm.charge(guest, bytes).map_err(refused)?);
-            }
-        }
-        self.bytes = bytes;
-        Ok(())
-    }
-
-    /// Gives everything back.
-    fn clear(&mut self) {
-        self.parts.clear();
-        self.bytes = 0;
-    }
-}
-
-/// A guest's forwarding thread: runs its batches on its worker (started at the first one)
-/// until the device drops the guest.
-fn forward(program: &Path, deadline: Duration, jobs: mpsc::Receiver<Job>, shared: &Mutex<Shared>) {
-    let mut worker: Option<Worker> = None;
-    let mut charge = GlCharge::default();
-    let mut clock = DeviceClock::new();
-    while let Ok(mut job) = jobs.recv() {
-        let lost = lock(shared).lost.clone();
-        if let Some(why) = lost {
-            job.reply.send_because(Err(Status::DeviceError), Some(why));
-            continue;
-        }
-        if worker.is_none() {
-            match Worker::start(program, deadline) {
-                Ok(w) => {
-                    lock(shared).sock = w.sock.try_clone().ok();
-                    worker = Some(w);
-                    clock = DeviceClock::new();
-                }
-                Err(e) => {
-                    log::warn!("gles: guest {}: {e}", job.guest);
-                    let why = format!("context lost: {e}");
-                    lock(shared).lost = Some(why.clone());
-                    job.reply.send_because(Err(Status::DeviceError), Some(why));
-                    continue;
-                }
-            }
-        }
-        let Some(w) = worker.as_mut() else { continue };
-        let flags = match job.kind {
-            Kind::Exec { .. } => 0,
-            Kind::Readback { .. } | Kind::Import { .. } => FROM_DAEMON,
-        };
-        let sent = std::time::Instant::now();
-        let answer = w.call(&job.batch, flags);
-        let answer = answer.and_then(|(status, reply, msg, used)| {
-            job.reply.busy_for(clock.batch(sent.elapsed(), used.cpu_ns));
-            charge.set(&job.svm, job.guest, used.gl_bytes)?;
-            Ok((status, reply, msg))
-        });
-        let (status, reply, msg) = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                charge.clear();
-                let ended = worker.take().map(Worker::end).unwrap_or_default();
-                let why = format!("context lost: {e}; {ended}");
-                log::warn!("gles: guest {}: {why}", job.guest);
-                let mut sh = lock(shared);
-                sh.lost = Some(why.clone());
-                sh.sock = None;
-                drop(sh);
-                job.reply.send_because(Err(Status::DeviceError), Some(why));
-                continue;
-            }
-        };
-        match status {
-            ANSWER_OK => {}
-            ANSWER_BAD_STREAM => {
-                job.reply.send_because(Err(Status::BadArgument), Some(msg));
-                continue;
-            }
-            _ => {
-                charge.clear();
-                let ended = worker.take().map(Worker::end).unwrap_or_default();
-                let why = format!("context lost: {msg}; {ended}");
-                log::warn!("gles: guest {}: {why}", job.guest);
-                lock(shared).lost = Some(why.clone());
-                job.reply.send_because(Err(Status::DeviceError), Some(why));
-                continue;
-            }
-        }
-        let cx = DeviceCtx::new(job.guest, &job.svm, job.domain, &job.fences);
-        let reply_region = match job.kind {
-            Kind::Exec { reply } => reply,
-            Kind::Readback { frame } => {
-                let result = frame::write_frame(&cx, frame, &reply);
-                if let Ok(v) = &result {
-                    let bytes = frame::count_readback(&cx, v);
-                    lock(shared).stats.present(frame::READBACK_COPIES, bytes);
-                }
-                if let Some(w) = worker.as_mut() {
-                    w.recycle(reply);
-                }
-                job.reply.send_because(result, cx.take_reason());
-                continue;
-            }
-            Kind::Import {
-                image,
-                region,
-                gen,
-                bytes,
-            } => {
-                let result = image::answer(&cx, &reply, image, bytes);
-                let mut sh = lock(shared);
-                match result {
-                    Ok(_) => image::record(&mut sh.imported, image, (region, gen)),
-                    Err(_) => sh.imported.remove(&image),
-                };
-                drop(sh);
-                job.reply.send_because(result, cx.take_reason());
-                continue;
-            }
-        };
-        let fits = reply_region != 0
-            && cx
-                .meta(reply_region)
-                .is_ok_and(|m| m.size >= reply.len() as u64);
-        let result = if reply.len() <= INLINE_REPLY {
-            Ok(inline_reply(&reply))
-        } else if fits {
-            cx.write_bytes(reply_region, &reply).map(|()| {
-                ExecReply {
-                    reply_len: reply.len() as u64,
-                    held: 0,
-                    inline0: 0,
-                    inline1: 0,
-                    inline2: 0,
-                    inline3: 0,
-                }
-                .to_values()
-            })
-        } else {
-            let n = reply.len() as u64;
-            lock(shared).held = reply;
-            Ok(ExecReply {
-                reply_len: n,
-                held: 1,
-                inline0: 0,
-                inline1: 0,
-                inline2: 0,
-                inline3: 0,
-            }
-            .to_values())
-        };
-        job.reply.send_because(result, cx.take_reason());
-    }
-    if let Some(w) = worker {
-        w.end();
-    }
-}
-
 impl Device for Gles {
     fn name(&self) -> &str {
         "gles"
@@ -616,6 +482,11 @@ impl Device for Gles {
             "OpenGL ES 2.0 in a render worker per guest ({}, host EGL surfaceless)",
             self.program.display()
         )
+    }
+
+    fn shares_memory(&self) -> bool {
+        // The render worker maps the guest's replicas (`gles_maps.rs`).
+        true
     }
 
     fn execute(&self, _cx: &DeviceCtx<'_>, _args: &[u64; 6]) -> DeviceResult {

@@ -4,16 +4,18 @@
 //! The guest brackets the command with a read access of the region *from the gles device*,
 //! so the SVM's coherence has brought the region into the `gles` memory domain (a copy on
 //! the guest's ledger when the gles replica was stale, none when it was current). The
-//! device checks the layout against the region, reads its replica in the gles domain
-//! ([`DeviceCtx::with_source`]) straight into the worker's message (one more copy, counted
-//! on the gles domain's own link) and sends it as the daemon's own `IMPORT` packet; the
-//! worker converts and uploads it into the image's host texture. An image whose region's
+//! device checks the layout against the region; the worker reads the replica where it is
+//! (it is shared with the worker, `gles_maps.rs`: the daemon's `IMPORT_MAPPED` packet),
+//! converts it and uploads it into the image's host texture. A replica that is not shared
+//! is read into the worker's message instead ([`DeviceCtx::with_source`]: one more copy,
+//! counted on the gles domain's own link) and sent as the daemon's `IMPORT` packet. An image whose region's
 //! write generation is the one of its last successful import is not sent again.
 
 use virtsoc_devapi::gles::{Import, ImportReply};
 use virtsoc_proto::Status;
 use virtsoc_svm::RegionId;
 
+use super::maps::{self, Mapped, IMPORT_MAPPED};
 use super::{Kind, MAX_BATCH};
 use crate::device::DeviceCtx;
 
@@ -36,6 +38,9 @@ pub(super) enum Prepared {
     Current,
     /// The worker's batch and what its answer is for.
     Batch(Vec<u8>, Kind),
+    /// The worker reads the region's shared replica where it is, and what its answer is
+    /// for.
+    Mapped(Mapped, Kind),
 }
 
 /// The bytes of the region a layout reads (the end of its last row), or why it does not fit.
@@ -107,6 +112,18 @@ pub(super) fn prepare(
         return Ok(Prepared::Current);
     }
     let n = end as usize;
+    let kind = Kind::Import {
+        image,
+        region: c.region,
+        gen,
+        bytes: end,
+    };
+    if let Some(src) = maps::shared_replica(cx, c.region) {
+        // Read where the SVM put it: no copy here.
+        let head = [image, format, w, h, stride, off[0], off[1]];
+        let len = n as u32;
+        return Ok(Prepared::Mapped(Mapped::Import { head, src, len }, kind));
+    }
     let padded = n.next_multiple_of(4);
     let mut b = Vec::with_capacity(head + padded);
     let words = [
@@ -134,15 +151,7 @@ pub(super) fn prepare(
     .ok_or(Status::OutOfRange)?;
     cx.count_copy(n, t0);
     b.resize(head + padded, 0);
-    Ok(Prepared::Batch(
-        b,
-        Kind::Import {
-            image,
-            region: c.region,
-            gen,
-            bytes: end,
-        },
-    ))
+    Ok(Prepared::Batch(b, kind))
 }
 
 /// Most images whose last import a guest's map keeps (more: it starts over, which costs
@@ -174,9 +183,12 @@ pub(super) fn answer(
             .get(4 * i..4 * i + 4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     };
-    match (word(0), word(2)) {
-        (Some(IMPORT), Some(SUCCESS)) => Ok(ImportReply { imported: 1, bytes }.to_values()),
-        (Some(IMPORT), Some(code)) => Err(cx.fail(
+    match (
+        word(0).filter(|&op| op == IMPORT || op == IMPORT_MAPPED),
+        word(2),
+    ) {
+        (Some(_), Some(SUCCESS)) => Ok(ImportReply { imported: 1, bytes }.to_values()),
+        (Some(_), Some(code)) => Err(cx.fail(
             Status::BadArgument,
             format!("image {image}: the render worker refused it (EGL error {code:#x})"),
         )),

@@ -6,10 +6,13 @@
 //! - **round trips**: batches the guest waits on (it passes a reply region exactly when it
 //!   waits: a call with a result, `glFinish`, `eglMakeCurrent`, a fence);
 //! - **swaps**: `SWAP` packets in the batches;
-//! - **presents**: readbacks of a window surface for the display, and **frame copies**:
-//!   every copy of frame bytes on their way (the worker's `glReadPixels`, the socket from
-//!   the worker, the write into the frame region), with their bytes; each is also counted
-//!   on the guest's SVM ledger (`DeviceCtx::count_copy`).
+//! - **presents**: window surfaces' frames for the display, and **frame copies**: every
+//!   copy of frame bytes on their way (in place: the worker's blit or readback into the
+//!   frame region's replica; through the socket: the worker's `glReadPixels`, the socket
+//!   from the worker, the write into the frame region), with their bytes; each is also
+//!   counted on the guest's SVM ledger (`DeviceCtx::count_copy`);
+//! - **worker mappings**: the guest's replicas its render worker holds mapped
+//!   (`gles_maps.rs`).
 //!
 //! Per context, a batch's packets are attributed to the context they run on (the stream's
 //! `SET_CONTEXT` / `MAKE_CURRENT` packets switch it); a waited batch is the round trip of
@@ -52,6 +55,8 @@ pub(super) struct GlesStats {
     pub(super) frame_copies: u64,
     /// Their bytes.
     pub(super) frame_copy_bytes: u64,
+    /// The guest's replicas its render worker holds mapped (after the last batch).
+    pub(super) worker_mappings: u64,
     /// By guest context id (0: packets before any context, and contexts past
     /// [`MAX_CONTEXTS`]).
     pub(super) contexts: BTreeMap<u32, Counts>,

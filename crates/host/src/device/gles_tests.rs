@@ -1,6 +1,9 @@
 //! Unit tests of the `gles` device: its worker, charges and clock.
 
+use super::forward::GlCharge;
+use super::worker::{DeviceClock, Worker};
 use super::*;
+use std::path::Path;
 
 #[test]
 fn default_worker_is_beside_the_executable() {

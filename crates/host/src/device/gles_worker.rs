@@ -4,7 +4,7 @@
 //! the device time its answers report.
 
 use std::io::{IoSlice, Read};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command as Process, Stdio};
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use virtsoc_proto::stream::write_all_vectored;
 
+use super::maps::MAX_MAPPED;
 use super::{ANSWER_LOST, MAX_GL_BYTES, MAX_MSG, MAX_REPLY};
 
 /// What a worker's answer says of its guest's use of the host.
@@ -53,6 +54,45 @@ impl DeviceClock {
     }
 }
 
+/// A worker's answer to one batch.
+pub(super) struct Answer {
+    pub(super) status: u32,
+    /// The answers that came on the socket.
+    pub(super) reply: Vec<u8>,
+    /// Why the batch failed, if it did.
+    pub(super) msg: String,
+    pub(super) used: WorkerUse,
+    /// Bytes of answers the worker wrote into the reply region's replica instead (at most
+    /// [`MAX_REPLY`]; the reply on the socket is empty then).
+    pub(super) placed: usize,
+    /// The replicas the worker holds mapped (at most [`MAX_MAPPED`]).
+    pub(super) mapped: usize,
+}
+
+/// Sends the first bytes of `head` with `fds` attached (`SCM_RIGHTS`); how many bytes went.
+fn send_fds(sock: &UnixStream, head: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<usize> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space =
+        vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other(
+            "too many descriptors for one message",
+        ));
+    }
+    loop {
+        match rustix::net::sendmsg(
+            sock,
+            &[IoSlice::new(head)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return Ok(r?),
+        }
+    }
+}
+
 /// Answers of at most this many bytes are read into a buffer of their own (see
 /// [`Worker::call`]).
 const SMALL_REPLY: usize = 64 << 10;
@@ -86,22 +126,28 @@ impl Worker {
         })
     }
 
-    /// Sends one batch and reads the answer: `(status, reply, message, use)`.
+    /// Sends one batch (`fds` riding on its first byte) and reads the answer.
     pub(super) fn call(
         &mut self,
         batch: &[u8],
         flags: u32,
-    ) -> Result<(u32, Vec<u8>, String, WorkerUse), String> {
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Answer, String> {
         let n = u32::try_from(batch.len()).map_err(|_| "batch too large".to_string())?;
         let mut head = [0u8; 8];
         head[..4].copy_from_slice(&n.to_le_bytes());
         head[4..].copy_from_slice(&flags.to_le_bytes());
+        let mut sent = 0;
+        if !fds.is_empty() {
+            sent = send_fds(&self.sock, &head, fds)
+                .map_err(|e| format!("sending descriptors to the render worker: {e}"))?;
+        }
         write_all_vectored(
             &mut self.sock,
-            &mut [IoSlice::new(&head), IoSlice::new(batch)],
+            &mut [IoSlice::new(&head[sent..]), IoSlice::new(batch)],
         )
         .map_err(|e| format!("sending to the render worker: {e}"))?;
-        let mut head = [0u8; 28];
+        let mut head = [0u8; 36];
         self.sock
             .read_exact(&mut head)
             .map_err(|e| format!("reading the render worker's answer: {e}"))?;
@@ -112,15 +158,22 @@ impl Worker {
             gl_bytes: long(12),
             cpu_ns: long(20),
         };
+        let (placed, mapped) = (word(28) as usize, word(32) as usize);
         if used.gl_bytes > MAX_GL_BYTES {
             return Err(format!(
                 "render worker claims {} bytes of GL objects",
                 used.gl_bytes
             ));
         }
-        if status > ANSWER_LOST || reply_len > MAX_REPLY || msg_len > MAX_MSG {
+        if status > ANSWER_LOST
+            || reply_len > MAX_REPLY
+            || msg_len > MAX_MSG
+            || placed > MAX_REPLY
+            || (placed > 0 && reply_len > 0)
+            || mapped > MAX_MAPPED
+        {
             return Err(format!(
-                "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes)"
+                "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes, {placed} placed, {mapped} mapped)"
             ));
         }
         // Small answers (most batches') in a buffer of their own: the spare one is kept for
@@ -137,12 +190,14 @@ impl Worker {
             .read_exact(&mut reply)
             .and_then(|()| self.sock.read_exact(&mut msg))
             .map_err(|e| format!("reading the render worker's answer: {e}"))?;
-        Ok((
+        Ok(Answer {
             status,
             reply,
-            String::from_utf8_lossy(&msg).into_owned(),
+            msg: String::from_utf8_lossy(&msg).into_owned(),
             used,
-        ))
+            placed,
+            mapped,
+        })
     }
 
     /// Gives a reply buffer back for the next answer (the larger one is kept).

@@ -141,6 +141,12 @@ pub trait Device: Send + Sync {
     fn cpu_threads(&self) -> Vec<u32> {
         Vec::new()
     }
+    /// Whether the host replicas of the device's domain are shared memfds
+    /// ([`virtsoc_svm::HostBuf::try_shared`]) that it hands to a process of its own (a
+    /// render worker). By default no.
+    fn shares_memory(&self) -> bool {
+        false
+    }
     /// Memory of the device's own kind for the replicas of its domain (a GPU's textures),
     /// if its replicas do not live in host memory.
     fn allocator(&self) -> Option<Arc<dyn virtsoc_svm::DeviceAllocator>> {
