@@ -65,13 +65,7 @@ fn frames_of<'a>(
 ) -> Result<&'a mut Frames, i32> {
     if all.get(&surf).is_some_and(|f| f.size != size) {
         if let Some(old) = all.remove(&surf) {
-            for f in old.released.into_iter().flatten() {
-                let _ = conn.fence_wait_cpu(f, Duration::from_secs(5));
-                let _ = conn.fence_release(f);
-            }
-            for r in old.regions {
-                let _ = conn.free(r.id);
-            }
+            drop_frames(conn, old);
         }
     }
     if let std::collections::hash_map::Entry::Vacant(slot) = all.entry(surf) {
@@ -90,6 +84,25 @@ fn frames_of<'a>(
         });
     }
     all.get_mut(&surf).ok_or(EGL_BAD_ALLOC)
+}
+
+/// Frees a surface's frame regions once the display is done with them.
+fn drop_frames(conn: &Connection, old: Frames) {
+    for f in old.released.into_iter().flatten() {
+        let _ = conn.fence_wait_cpu(f, Duration::from_secs(5));
+        let _ = conn.fence_release(f);
+    }
+    for r in old.regions {
+        let _ = conn.free(r.id);
+    }
+}
+
+/// Forgets surface `surf`'s frames (the surface was destroyed).
+pub fn forget_surface(conn: &Connection, surf: u32) {
+    let old = presents().remove(&surf);
+    if let Some(f) = old {
+        drop_frames(conn, f);
+    }
 }
 
 /// Queues one present of surface `surf` (module docs); the release fence.

@@ -169,6 +169,7 @@ pub extern "C" fn eglDestroySurface(dpy: Handle, surf: Handle) -> EglBool {
         t.surfaces.remove(&id).ok_or(EGL_BAD_SURFACE)?;
         if let Some(tr) = &t.transport {
             tr.forget_surface(id);
+            super::present::forget_surface(tr.connection(), id);
         }
         let s = stream(&t)?;
         post(&s, wire::DESTROY_SURFACE, &[id]);
