@@ -5,8 +5,9 @@
 //!   a scene drawn and read back whole equals what was drawn; the daemon copies no stream
 //!   byte (nothing more on the `gles` domain's own link than the presents' copies).
 //! - **Presents**: the display shows the drawn frame top row on top (its checksum of the
-//!   frame), with one copy of frame bytes per present (`GET /gles/stats`), for a frame the
-//!   driver imports (rows of 64 bytes) and one it reads back.
+//!   frame), with one copy of frame bytes per present (`GET /gles/stats`), read back and
+//!   (`VIRTSOC_RENDER_PRESENT=direct`) blitted into the frame's memory imported as a texture
+//!   (rows of 64 bytes; the other size is read back).
 //! - **Freed replicas leave the worker**: a surface presented at another size frees its
 //!   frame regions; the worker's mappings come back to what they were.
 //! - **Only the guest's own**: two guests' workers map disjoint memfds (`/proc/PID/maps` of
@@ -263,6 +264,16 @@ fn in_place_end_to_end() {
             &[("VIRTSOC_TEST_ROLE", "guest"), ("VIRTSOC_TEST_PROTOCOL", p)],
         );
     }
+    // The presents' other way: frames imported as textures and blitted into (the daemon's
+    // workers inherit the setting).
+    child(
+        "in_place_guest",
+        &[
+            ("VIRTSOC_TEST_ROLE", "guest"),
+            ("VIRTSOC_TEST_PROTOCOL", "write-invalidate"),
+            ("VIRTSOC_RENDER_PRESENT", "direct"),
+        ],
+    );
     child(
         "freed_replicas_leave_the_worker",
         &[("VIRTSOC_TEST_ROLE", "freed")],
@@ -327,8 +338,8 @@ fn in_place_guest() {
         copied <= answers,
         "{p}: no stream byte copied by the daemon: {copied} bytes on the gles link"
     );
-    // Presents: top row on top, one copy each (direct: rows of 64 bytes; the other read
-    // back with the rows reversed).
+    // Presents: top row on top, one copy each (read back with the rows reversed; with
+    // VIRTSOC_RENDER_PRESENT=direct the first size is blitted into its memory).
     for size in [(64, 32), (20, 6)] {
         let s2 = api.surface(size.0, size.1);
         let s0 = gles_stats(&ctl);

@@ -4,16 +4,25 @@
 //! the frame's bytes, with rows from the top (the display's order, GL's are from the
 //! bottom) at no extra cost.
 //!
-//! Two ways behind one call, chosen by a probe at the first present:
-//! - **direct**: the frame's memfd is imported as the texture of a framebuffer
+//! Two ways behind one call; a probe when the worker starts finds what the host can do:
+//! - **readback** (the default where the driver reverses rows): `glReadPixels` straight
+//!   into the mapping (one copy), rows reversed by the driver
+//!   (`GL_ANGLE_pack_reverse_row_order`); without that extension the surface is first
+//!   blitted upside down into a renderbuffer of the worker's (two copies).
+//! - **direct** (`VIRTSOC_RENDER_PRESENT=direct`, or where the rows cannot be reversed):
+//!   the frame's memfd is imported as the texture of a framebuffer
 //!   (`GL_EXT_memory_object_fd`, [`crate::memobj`]: the worker writes the driver's header
 //!   into the memfd's first page) and the surface is blitted into it upside down
-//!   (`glBlitFramebuffer`, the driver's rasterizer threads; one copy). It needs the
-//!   frame's rows to be the driver's (`llvmpipe`: multiples of 64 bytes) and a driver that
-//!   takes the memfd; a frame it refuses (an incomplete framebuffer) goes the other way.
-//! - **readback**: `glReadPixels` straight into the mapping (one copy), rows reversed by
-//!   the driver (`GL_ANGLE_pack_reverse_row_order`); without that extension the surface is
-//!   first blitted upside down into a renderbuffer of the worker's (two copies).
+//!   (`glBlitFramebuffer`; one copy). It needs the frame's rows to be the driver's
+//!   (`llvmpipe`: multiples of 64 bytes) and a driver that takes the memfd; a frame it
+//!   refuses (an incomplete framebuffer) is read back.
+//!
+//! On llvmpipe the blit costs more CPU than the readback (a textured draw through the
+//! rasterizer threads against a row copy): windowed glmark2-es2 `texture` + `build`,
+//! daemon and worker CPU per frame 6.9-7.4 ms direct, 4.3-5.2 ms readback, 5.2-5.4 ms for
+//! the three-copy path before (release, load 9-10 on 2 cores, interleaved runs). A GPU
+//! whose driver takes the frame's memory (an exported image) would blit on its copy engine
+//! instead of stalling on a readback: that is where the direct way pays.
 //!
 //! Everything runs on a context of the worker's own (current with the guest's surface),
 //! so the guest context's bindings and pixel store are never touched.
@@ -124,6 +133,13 @@ struct Caps {
     reverse_rows: bool,
 }
 
+impl Caps {
+    /// Whether frames are imported and blitted into (else read back).
+    fn use_direct(&self, prefer_direct: bool) -> bool {
+        self.direct && (prefer_direct || !self.reverse_rows)
+    }
+}
+
 /// The worker's presents.
 #[derive(Default)]
 pub struct Presenter {
@@ -135,6 +151,8 @@ pub struct Presenter {
     /// A renderbuffer the surface is flipped into for a readback without reversed rows:
     /// `(fbo, renderbuffer, size)`.
     scratch: Option<(u32, u32, (u32, u32))>,
+    /// Frames are blitted into where the host can (`VIRTSOC_RENDER_PRESENT=direct`).
+    pub(crate) prefer_direct: bool,
 }
 
 // SAFETY: the worker presents from one thread only; the handles are plain pointers.
@@ -170,6 +188,10 @@ impl Presenter {
     /// Probes the host once, before the sandbox (the probe writes a memfd with `pwrite`,
     /// which the sandbox does not allow). Leaves the present context current (surfaceless).
     pub fn probe_host(&mut self, egl: &HostEgl) {
+        self.prefer_direct = matches!(
+            std::env::var("VIRTSOC_RENDER_PRESENT").as_deref(),
+            Ok("direct")
+        );
         if self.caps.is_some() {
             return;
         }
@@ -254,7 +276,7 @@ impl Presenter {
         if self.targets.contains_key(&handle) {
             return;
         }
-        let direct = self.caps.is_some_and(|c| c.direct)
+        let direct = self.caps.is_some_and(|c| c.use_direct(self.prefer_direct))
             && memobj::llvmpipe_stride(w) == w as usize * 4
             && h % 4 == 0;
         let mut t = Target::Readback;

@@ -7,8 +7,11 @@
 //! The filter allows what rendering with Mesa's llvmpipe needs, found by running
 //! glmark2-es2 --off-screen (every default scene), es2gears_x11 and es2_info through the
 //! sandboxed worker under `strace -f` (the list `ALLOWED` says what each call is for):
-//! its socket to the daemon (`recvfrom`, `writev`; `read`, `write`, `recvmsg`, `sendmsg`),
-//! the descriptors it has, memfds, memory (`mmap`, `mprotect` with `PROT_EXEC`: LLVM's JIT
+//! its socket to the daemon (`recvmsg`: the daemon's messages, with the memfds of the
+//! guest's shared replicas riding on them; `writev`; `read`, `write`, `recvfrom`,
+//! `sendmsg`), the descriptors it has (`fstat` sizes a received memfd, `mmap` maps it; Mesa's
+//! import of a frame's memfd reads its header with `lseek` and `read`), memfds, memory
+//! (`mmap`, `mprotect` with `PROT_EXEC`: LLVM's JIT
 //! writes the shaders' machine code and makes it executable; `munmap`, `mremap`, `madvise`,
 //! `brk`), threads (the rasterizer threads: `futex`, `set_robust_list`, `rseq`, signal
 //! masks, `sched_yield` and affinity, `exit`), time (`clock_gettime`: the worker's CPU time

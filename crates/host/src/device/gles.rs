@@ -10,10 +10,13 @@
 //!   [`MAX_REPLY`] bytes, the message [`MAX_MSG`], and an answer later than the deadline
 //!   (`--render-deadline-ms`, default [`WORKER_DEADLINE`]: a hang) or a malformed one ends
 //!   the worker as if it had crashed.
-//! - **Never blocking the device thread**: `exec` copies the stream out of the guest's
-//!   region and hands it, with the [`Reply`], to the guest's own forwarding thread, which
-//!   talks to the worker, writes the answers into the guest's reply region and answers the
-//!   guest. The guest's queue on this device waits for that answer (so its reply region
+//! - **Shared replicas** (`gles_maps.rs`): the device's domain keeps its host replicas in
+//!   memfds the guest's worker maps ([`Device::shares_memory`]); a batch, an image's pixels
+//!   and a frame are read and written there by the worker, not copied through the daemon.
+//! - **Never blocking the device thread**: `exec` checks the batch and hands it (its stream
+//!   region's shared replica, or the bytes copied out of the region when the replica is not
+//!   shared), with the [`Reply`], to the guest's own forwarding thread (`gles_forward.rs`),
+//!   which talks to the worker and answers the guest (large answers in its reply region). The guest's queue on this device waits for that answer (so its reply region
 //!   stays accessed), the other guests' queues go on.
 //! - **Loss**: a worker that dies, hangs or talks nonsense is killed; that guest's exec
 //!   fails with `DeviceError` and a reason starting "context lost", and so does every later

@@ -154,6 +154,13 @@ fn call(w: &mut Worker, maps: &mut Maps, job: &Job) -> Result<(Answer, Duration)
             let msg = maps
                 .message(m)
                 .ok_or("a replica could not be mapped in the render worker")?;
+            // The worker writes a frame alone: the display's readers of the replica (its
+            // scan-out, the consuming sink, snapshots) wait for the present, as they waited
+            // for the daemon's own write into it.
+            let _frame = match m {
+                Mapped::Present { frame, .. } => Some(frame.lock()),
+                _ => None,
+            };
             w.call(&msg.bytes, FROM_DAEMON, &msg.borrowed_fds())?
         }
         None => {
