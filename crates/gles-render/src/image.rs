@@ -3,11 +3,15 @@
 //! in a host EGLImage (`EGL_KHR_gl_texture_2D_image`), so any guest context's texture can
 //! become its sibling (`glEGLImageTargetTexture2DOES`, [`egl::IMAGE_TARGET_TEXTURE`]).
 //!
-//! Pixels arrive from the daemon ([`egl::IMPORT`]: the region's bytes as the SVM brought
-//! them into the `gles` domain, on the worker's socket: nothing is opened or mapped here).
-//! YUV layouts (NV12, YUV 4:2:0) are converted to RGBA on the CPU (BT.601, limited range,
-//! as the ISP's CPU reference does), so a guest's `samplerExternalOES` samples RGB, and the
-//! host's `GL_OES_EGL_image_external` takes the shader as it is. The upload runs on the
+//! Pixels are the region's replica in the `gles` domain as the SVM brought it there, read
+//! where it is ([`egl::IMPORT_MAPPED`]: the replica is shared with the worker,
+//! [`crate::mapped`]) or sent by the daemon ([`egl::IMPORT`], a replica that is not
+//! shared).
+//! YUV layouts (NV12, YUV 4:2:0) are converted to RGBA (BT.601, limited range, as the ISP's
+//! CPU reference does) by a shader of the image context drawing from the planes uploaded
+//! as textures ([`crate::yuv`]; on the CPU where the host has no OpenGL ES 3.0), so a
+//! guest's `samplerExternalOES` samples RGB, and the host's `GL_OES_EGL_image_external`
+//! takes the shader as it is. The upload runs on the
 //! image context and is finished there, so every sibling sees the new pixels in the next
 //! draw.
 
@@ -108,6 +112,11 @@ pub struct Images {
     /// The image context (null until the first image).
     ctx: Option<Handle>,
     images: HashMap<u32, HostImage>,
+    /// The GL conversion of YUV images (`None` until the first; `Some(None)`: the host
+    /// cannot, the CPU converts).
+    yuv: Option<Option<crate::yuv::Converter>>,
+    /// YUV images converted by the GL (tests).
+    gl_conversions: u64,
 }
 
 // SAFETY: the worker uses its images from one thread only; the handles are plain pointers.
@@ -127,8 +136,11 @@ impl Images {
         let ctx = match self.ctx {
             Some(c) => c,
             None => {
+                // OpenGL ES 3.0 where the host has it: the YUV conversion's shaders need it.
+                let null = std::ptr::null_mut();
                 let c = egl
-                    .create_context(std::ptr::null_mut(), std::ptr::null_mut(), 2)
+                    .create_context(null, null, 3)
+                    .or_else(|_| egl.create_context(null, null, 2))
                     .map_err(|e| {
                         log::warn!("render worker: image context: {e}");
                         egl::BAD_ALLOC
@@ -285,6 +297,22 @@ impl Images {
         };
         if size != (w, h) {
             return egl::BAD_MATCH;
+        }
+        if format == egl::IMAGE_NV12 || format == egl::IMAGE_YUV420 {
+            if let Err(e) = self.enter(egl) {
+                return e;
+            }
+            let yuv = self
+                .yuv
+                .get_or_insert_with(|| crate::yuv::Converter::new(egl));
+            if let (Some(c), Some(f)) = (yuv, &self.fns) {
+                if c.convert(tex, format, (w, h, stride), [off1, off2], bytes) {
+                    // SAFETY: the image context is current.
+                    unsafe { (f.finish)() };
+                    self.gl_conversions += 1;
+                    return egl::SUCCESS;
+                }
+            }
         }
         let Some(rgba) = to_rgba(format, w, h, stride, [off1, off2], bytes) else {
             return egl::BAD_PARAMETER;
@@ -446,6 +474,81 @@ mod tests {
         im.destroy(&egl, 1);
         im.destroy(&egl, 1);
         assert_eq!(im.bytes(), 0);
+    }
+
+    /// The RGBA pixels of image `id`'s texture (the image context is current).
+    fn read_image(im: &Images, egl: &HostEgl, id: u32) -> Vec<u8> {
+        type GenFn = unsafe extern "C" fn(i32, *mut u32);
+        let f = |n: &CStr| egl.proc_address(n);
+        let img = &im.images[&id];
+        let (w, h) = img.size;
+        let mut px = vec![0u8; (w * h * 4) as usize];
+        // SAFETY: each function gets the GLES 2.0 prototype of its name; the image context
+        // is current and `img.tex` its texture; `px` holds w x h RGBA pixels.
+        unsafe {
+            let gen: GenFn = std::mem::transmute(f(c"glGenFramebuffers"));
+            let bind: unsafe extern "C" fn(u32, u32) = std::mem::transmute(f(c"glBindFramebuffer"));
+            let attach: unsafe extern "C" fn(u32, u32, u32, u32, i32) =
+                std::mem::transmute(f(c"glFramebufferTexture2D"));
+            let read: unsafe extern "C" fn(i32, i32, i32, i32, u32, u32, *mut c_void) =
+                std::mem::transmute(f(c"glReadPixels"));
+            let mut fbo = 0;
+            gen(1, &mut fbo);
+            bind(0x8D40, fbo);
+            attach(0x8D40, 0x8CE0, GL_TEXTURE_2D, img.tex, 0);
+            read(
+                0,
+                0,
+                w as i32,
+                h as i32,
+                GL_RGBA,
+                GL_UNSIGNED_BYTE,
+                px.as_mut_ptr().cast(),
+            );
+            bind(0x8D40, 0);
+        }
+        px
+    }
+
+    #[test]
+    fn yuv_images_are_converted_by_the_gl_as_the_cpu_does() {
+        let _one = crate::egl::HOST_EGL_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Ok(egl) = HostEgl::open() else {
+            eprintln!("SKIPPED: no host EGL");
+            return;
+        };
+        let mut im = Images::default();
+        let (w, h, stride) = (8u32, 6u32, 10u32);
+        // Every luma and chroma extreme, clamped both ways, on padded rows.
+        let luma: Vec<u8> = (0..stride * h).map(|i| (i * 37 % 256) as u8).collect();
+        let chroma: Vec<u8> = (0..stride * h / 2).map(|i| (i * 91 % 256) as u8).collect();
+        let nv12 = [luma.clone(), chroma.clone()].concat();
+        let i420 = [luma.clone(), chroma[..15].to_vec(), chroma[..15].to_vec()].concat();
+        let cases = [
+            (egl::IMAGE_NV12, nv12, [stride * h, 0]),
+            (egl::IMAGE_YUV420, i420, [stride * h, stride * h + 15]),
+        ];
+        for (k, (format, bytes, off)) in cases.into_iter().enumerate() {
+            let id = k as u32 + 1;
+            assert_eq!(im.create(&egl, id, w, h), egl::SUCCESS);
+            let words = [id, format, w, h, stride, off[0], off[1]];
+            assert_eq!(import(&mut im, &egl, words, &bytes), egl::SUCCESS);
+            assert_eq!(
+                im.gl_conversions,
+                k as u64 + 1,
+                "format {format}: by the GL"
+            );
+            let want = to_rgba(format, w, h, stride, off, &bytes).unwrap();
+            assert!(
+                read_image(&im, &egl, id) == want,
+                "format {format}: the CPU's pixels"
+            );
+        }
+        // A layout past the bytes: refused, never read.
+        let words = [1, egl::IMAGE_NV12, w, h, stride, stride * h, 0];
+        assert_eq!(import(&mut im, &egl, words, &luma), egl::BAD_PARAMETER);
     }
 
     #[test]

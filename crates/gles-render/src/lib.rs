@@ -16,3 +16,4 @@ pub mod present;
 pub mod sandbox;
 pub mod serve;
 pub mod worker;
+pub mod yuv;

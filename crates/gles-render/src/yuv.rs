@@ -1,0 +1,329 @@
+//! YUV images (NV12, YUV 4:2:0) converted to RGBA on the host's GL, as gfxstream does for
+//! `samplerExternalOES`: the planes are uploaded as textures straight from the region's
+//! replica (`GL_UNPACK_ROW_LENGTH` takes the rows' stride) and drawn into the image's RGBA
+//! texture by a shader doing the CPU reference's integer BT.601 (limited range) arithmetic
+//! in floats that hold those integers exactly, so the pixels are the CPU's
+//! ([`crate::image::yuv_to_rgba`]) bit for bit. It needs an OpenGL ES 3.0 context (`R8`,
+//! `RG8`, `texelFetch`); without one the caller converts on the CPU.
+
+use std::ffi::{c_char, c_void, CStr};
+
+use crate::egl::HostEgl;
+
+const VERTEX: &CStr = c"#version 300 es
+void main() {
+    vec2 p = vec2(float((gl_VertexID & 1) * 4 - 1), float((gl_VertexID & 2) * 2 - 1));
+    gl_Position = vec4(p, 0.0, 1.0);
+}
+";
+
+const FRAGMENT: &CStr = c"#version 300 es
+precision highp float;
+precision highp int;
+uniform highp sampler2D y_plane;
+uniform highp sampler2D u_plane;
+uniform highp sampler2D v_plane;
+uniform int nv12;
+out vec4 color;
+float byte_of(float x) { return floor(x * 255.0 + 0.5); }
+void main() {
+    ivec2 p = ivec2(gl_FragCoord.xy);
+    ivec2 c = p / 2;
+    float y = byte_of(texelFetch(y_plane, p, 0).r);
+    float u;
+    float v;
+    if (nv12 == 1) {
+        vec2 uv = texelFetch(u_plane, c, 0).rg;
+        u = byte_of(uv.r);
+        v = byte_of(uv.g);
+    } else {
+        u = byte_of(texelFetch(u_plane, c, 0).r);
+        v = byte_of(texelFetch(v_plane, c, 0).r);
+    }
+    float l = 298.0 * (y - 16.0);
+    float d = u - 128.0;
+    float e = v - 128.0;
+    vec3 rgb = floor((vec3(l + 409.0 * e, l - 100.0 * d - 208.0 * e, l + 516.0 * d) + 128.0) / 256.0);
+    color = vec4(clamp(rgb, 0.0, 255.0) / 255.0, 1.0);
+}
+";
+
+const GL_TEXTURE_2D: u32 = 0x0DE1;
+const GL_TEXTURE0: u32 = 0x84C0;
+const GL_FRAMEBUFFER: u32 = 0x8D40;
+const GL_COLOR_ATTACHMENT0: u32 = 0x8CE0;
+const GL_FRAMEBUFFER_COMPLETE: u32 = 0x8CD5;
+const GL_VERTEX_SHADER: u32 = 0x8B31;
+const GL_FRAGMENT_SHADER: u32 = 0x8B30;
+const GL_COMPILE_STATUS: u32 = 0x8B81;
+const GL_LINK_STATUS: u32 = 0x8B82;
+const GL_R8: i32 = 0x8229;
+const GL_RG8: i32 = 0x822B;
+const GL_RED: u32 = 0x1903;
+const GL_RG: u32 = 0x8227;
+const GL_UNSIGNED_BYTE: u32 = 0x1401;
+const GL_TEXTURE_MIN_FILTER: u32 = 0x2801;
+const GL_TEXTURE_MAG_FILTER: u32 = 0x2800;
+const GL_NEAREST: i32 = 0x2600;
+const GL_UNPACK_ALIGNMENT: u32 = 0x0CF5;
+const GL_UNPACK_ROW_LENGTH: u32 = 0x0CF2;
+const GL_TRIANGLES: u32 = 0x0004;
+const NV12: u32 = 3;
+const YUV420: u32 = 4;
+
+/// The functions the conversion calls.
+struct Fns {
+    create_shader: unsafe extern "C" fn(u32) -> u32,
+    shader_source: unsafe extern "C" fn(u32, i32, *const *const c_char, *const i32),
+    compile_shader: unsafe extern "C" fn(u32),
+    get_shaderiv: unsafe extern "C" fn(u32, u32, *mut i32),
+    create_program: unsafe extern "C" fn() -> u32,
+    attach_shader: unsafe extern "C" fn(u32, u32),
+    link_program: unsafe extern "C" fn(u32),
+    get_programiv: unsafe extern "C" fn(u32, u32, *mut i32),
+    use_program: unsafe extern "C" fn(u32),
+    uniform_location: unsafe extern "C" fn(u32, *const c_char) -> i32,
+    uniform1i: unsafe extern "C" fn(i32, i32),
+    active_texture: unsafe extern "C" fn(u32),
+    gen_textures: unsafe extern "C" fn(i32, *mut u32),
+    bind_texture: unsafe extern "C" fn(u32, u32),
+    tex_parameteri: unsafe extern "C" fn(u32, u32, i32),
+    tex_image: unsafe extern "C" fn(u32, i32, i32, i32, i32, i32, u32, u32, *const c_void),
+    tex_sub_image: unsafe extern "C" fn(u32, i32, i32, i32, i32, i32, u32, u32, *const c_void),
+    pixel_storei: unsafe extern "C" fn(u32, i32),
+    gen_framebuffers: unsafe extern "C" fn(i32, *mut u32),
+    bind_framebuffer: unsafe extern "C" fn(u32, u32),
+    framebuffer_texture: unsafe extern "C" fn(u32, u32, u32, u32, i32),
+    check_status: unsafe extern "C" fn(u32) -> u32,
+    viewport: unsafe extern "C" fn(i32, i32, i32, i32),
+    draw_arrays: unsafe extern "C" fn(u32, i32, i32),
+}
+
+fn get<T: Copy>(egl: &HostEgl, name: &CStr) -> Option<T> {
+    let p = egl.proc_address(name);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: every caller names a GLES 3.0 function whose C signature is `T`; `p` is its
+    // non-null address.
+    Some(unsafe { std::mem::transmute_copy::<*const c_void, T>(&p) })
+}
+
+impl Fns {
+    fn load(egl: &HostEgl) -> Option<Fns> {
+        Some(Fns {
+            create_shader: get(egl, c"glCreateShader")?,
+            shader_source: get(egl, c"glShaderSource")?,
+            compile_shader: get(egl, c"glCompileShader")?,
+            get_shaderiv: get(egl, c"glGetShaderiv")?,
+            create_program: get(egl, c"glCreateProgram")?,
+            attach_shader: get(egl, c"glAttachShader")?,
+            link_program: get(egl, c"glLinkProgram")?,
+            get_programiv: get(egl, c"glGetProgramiv")?,
+            use_program: get(egl, c"glUseProgram")?,
+            uniform_location: get(egl, c"glGetUniformLocation")?,
+            uniform1i: get(egl, c"glUniform1i")?,
+            active_texture: get(egl, c"glActiveTexture")?,
+            gen_textures: get(egl, c"glGenTextures")?,
+            bind_texture: get(egl, c"glBindTexture")?,
+            tex_parameteri: get(egl, c"glTexParameteri")?,
+            tex_image: get(egl, c"glTexImage2D")?,
+            tex_sub_image: get(egl, c"glTexSubImage2D")?,
+            pixel_storei: get(egl, c"glPixelStorei")?,
+            gen_framebuffers: get(egl, c"glGenFramebuffers")?,
+            bind_framebuffer: get(egl, c"glBindFramebuffer")?,
+            framebuffer_texture: get(egl, c"glFramebufferTexture2D")?,
+            check_status: get(egl, c"glCheckFramebufferStatus")?,
+            viewport: get(egl, c"glViewport")?,
+            draw_arrays: get(egl, c"glDrawArrays")?,
+        })
+    }
+}
+
+/// One plane texture of the converter, at its size.
+#[derive(Default, Clone, Copy)]
+struct Plane {
+    tex: u32,
+    size: (u32, u32),
+    two: bool,
+}
+
+/// The conversion's program, plane textures and framebuffer, in the image context.
+pub struct Converter {
+    f: Fns,
+    program: u32,
+    nv12: i32,
+    fbo: u32,
+    planes: [Plane; 3],
+}
+
+impl Converter {
+    /// Builds the conversion on the current context (the image context, OpenGL ES 3.0);
+    /// `None` where it cannot (an ES 2 context, a driver refusing the shaders).
+    pub fn new(egl: &HostEgl) -> Option<Converter> {
+        let f = Fns::load(egl)?;
+        let shader = |kind: u32, src: &CStr| {
+            // SAFETY: the image context is current; one NUL-terminated source string.
+            unsafe {
+                let s = (f.create_shader)(kind);
+                let p = src.as_ptr();
+                (f.shader_source)(s, 1, &p, std::ptr::null());
+                (f.compile_shader)(s);
+                let mut ok = 0;
+                (f.get_shaderiv)(s, GL_COMPILE_STATUS, &mut ok);
+                (ok == 1).then_some(s)
+            }
+        };
+        let (vs, fs) = (
+            shader(GL_VERTEX_SHADER, VERTEX)?,
+            shader(GL_FRAGMENT_SHADER, FRAGMENT)?,
+        );
+        // SAFETY: the image context is current; shaders and program names of it; the
+        // uniform names are NUL-terminated.
+        let (program, nv12, fbo) = unsafe {
+            let p = (f.create_program)();
+            (f.attach_shader)(p, vs);
+            (f.attach_shader)(p, fs);
+            (f.link_program)(p);
+            let mut ok = 0;
+            (f.get_programiv)(p, GL_LINK_STATUS, &mut ok);
+            if ok != 1 {
+                return None;
+            }
+            (f.use_program)(p);
+            for (unit, name) in [c"y_plane", c"u_plane", c"v_plane"].iter().enumerate() {
+                (f.uniform1i)((f.uniform_location)(p, name.as_ptr()), unit as i32);
+            }
+            let nv12 = (f.uniform_location)(p, c"nv12".as_ptr());
+            let mut fbo = 0;
+            (f.gen_framebuffers)(1, &mut fbo);
+            (p, nv12, fbo)
+        };
+        Some(Converter {
+            f,
+            program,
+            nv12,
+            fbo,
+            planes: [Plane::default(); 3],
+        })
+    }
+
+    /// Uploads plane `i` (`size` texels of 1 or 2 bytes, rows `stride` bytes apart from
+    /// `src`'s start) into its texture on unit `i`.
+    fn upload(&mut self, i: usize, size: (u32, u32), two: bool, stride: u32, src: &[u8]) {
+        let f = &self.f;
+        let p = &mut self.planes[i];
+        let (format, internal, bpp) = match two {
+            true => (GL_RG, GL_RG8, 2),
+            false => (GL_RED, GL_R8, 1),
+        };
+        // SAFETY: the image context is current; `src` holds the plane's rows (checked by
+        // the caller: the last row ends inside it), read with row length `stride / bpp`
+        // texels and alignment 1.
+        unsafe {
+            (f.active_texture)(GL_TEXTURE0 + i as u32);
+            if p.tex == 0 {
+                (f.gen_textures)(1, &mut p.tex);
+            }
+            (f.bind_texture)(GL_TEXTURE_2D, p.tex);
+            (f.pixel_storei)(GL_UNPACK_ALIGNMENT, 1);
+            (f.pixel_storei)(GL_UNPACK_ROW_LENGTH, (stride / bpp) as i32);
+            let (w, h) = (size.0 as i32, size.1 as i32);
+            if p.size != size || p.two != two {
+                (f.tex_parameteri)(GL_TEXTURE_2D, GL_TEXTURE_MIN_FILTER, GL_NEAREST);
+                (f.tex_parameteri)(GL_TEXTURE_2D, GL_TEXTURE_MAG_FILTER, GL_NEAREST);
+                (f.tex_image)(
+                    GL_TEXTURE_2D,
+                    0,
+                    internal,
+                    w,
+                    h,
+                    0,
+                    format,
+                    GL_UNSIGNED_BYTE,
+                    src.as_ptr().cast(),
+                );
+                p.size = size;
+                p.two = two;
+            } else {
+                (f.tex_sub_image)(
+                    GL_TEXTURE_2D,
+                    0,
+                    0,
+                    0,
+                    w,
+                    h,
+                    format,
+                    GL_UNSIGNED_BYTE,
+                    src.as_ptr().cast(),
+                );
+            }
+            (f.pixel_storei)(GL_UNPACK_ROW_LENGTH, 0);
+        }
+    }
+
+    /// Converts a `w` x `h` image laid out as `format` (NV12 or YUV 4:2:0, luma rows of
+    /// `stride` bytes, chroma planes at `off`) in `src` into RGBA texture `tex` of the
+    /// image context (current); `false` when the layout does not fit `src` or the texture
+    /// cannot be drawn into (the caller converts on the CPU then).
+    pub fn convert(
+        &mut self,
+        tex: u32,
+        format: u32,
+        (w, h, stride): (u32, u32, u32),
+        off: [u32; 2],
+        src: &[u8],
+    ) -> bool {
+        if w == 0 || h == 0 || w % 2 != 0 || h % 2 != 0 || stride < w || stride % 2 != 0 {
+            return false;
+        }
+        let (cw, ch) = (w / 2, h / 2);
+        // The bytes a plane reads: from `at`, `rows` rows of `row` bytes, `stride` apart.
+        let plane = |at: u32, stride: u32, rows: u32, row: u32| {
+            let end = u64::from(at) + u64::from(stride) * u64::from(rows - 1) + u64::from(row);
+            (end <= src.len() as u64).then(|| &src[at as usize..end as usize])
+        };
+        match format {
+            NV12 => {
+                let (Some(y), Some(uv)) = (plane(0, stride, h, w), plane(off[0], stride, ch, w))
+                else {
+                    return false;
+                };
+                self.upload(0, (w, h), false, stride, y);
+                self.upload(1, (cw, ch), true, stride, uv);
+            }
+            YUV420 => {
+                let cs = stride / 2;
+                let (Some(y), Some(u), Some(v)) = (
+                    plane(0, stride, h, w),
+                    plane(off[0], cs, ch, cw),
+                    plane(off[1], cs, ch, cw),
+                ) else {
+                    return false;
+                };
+                self.upload(0, (w, h), false, stride, y);
+                self.upload(1, (cw, ch), false, cs, u);
+                self.upload(2, (cw, ch), false, cs, v);
+            }
+            _ => return false,
+        }
+        let f = &self.f;
+        // SAFETY: the image context is current; `tex` is its `w` x `h` RGBA texture, the
+        // framebuffer and program are its own; the plane textures are bound on units 0-2.
+        unsafe {
+            (f.bind_framebuffer)(GL_FRAMEBUFFER, self.fbo);
+            (f.framebuffer_texture)(GL_FRAMEBUFFER, GL_COLOR_ATTACHMENT0, GL_TEXTURE_2D, tex, 0);
+            if (f.check_status)(GL_FRAMEBUFFER) != GL_FRAMEBUFFER_COMPLETE {
+                (f.bind_framebuffer)(GL_FRAMEBUFFER, 0);
+                return false;
+            }
+            (f.use_program)(self.program);
+            (f.uniform1i)(self.nv12, i32::from(format == NV12));
+            (f.viewport)(0, 0, w as i32, h as i32);
+            (f.draw_arrays)(GL_TRIANGLES, 0, 3);
+            (f.bind_framebuffer)(GL_FRAMEBUFFER, 0);
+            (f.active_texture)(GL_TEXTURE0);
+        }
+        true
+    }
+}
