@@ -60,7 +60,7 @@ impl Mapping {
             st.st_size as u64
         };
         let need = len.checked_add(DATA_OFFSET as u64);
-        if need.is_none_or(|n| n > size) || size > isize::MAX as u64 {
+        if !need.is_some_and(|n| n <= size) || size > isize::MAX as u64 {
             return Err(os(format!("{size}-byte memfd for a {len}-byte replica")));
         }
         let map_len = size as usize;
