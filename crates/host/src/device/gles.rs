@@ -24,8 +24,9 @@
 //! - **Departure**: when the guest goes away its worker is killed.
 //! - **GL memory**: each answer carries the guest's GL memory after the batch (its share
 //!   groups' buffers, textures and renderbuffers, and its surfaces), at most
-//!   [`MAX_GL_BYTES`]. The forwarding thread holds a [`MemoryCharge`](virtsoc_svm::MemoryCharge) of that many bytes
-//!   against the guest's memory limit (`--guest-mem-limit`, shared with its regions),
+//!   [`MAX_GL_BYTES`]. The forwarding thread holds a
+//!   [`MemoryCharge`](virtsoc_svm::MemoryCharge) of that many bytes against the guest's
+//!   memory limit (`--guest-mem-limit`, shared with its regions),
 //!   adjusted after every batch. When the limit refuses the new total the worker is ended
 //!   and the guest's contexts are lost (the exec fails with "context lost: GL objects of N
 //!   bytes exceed the guest's memory limit"; the guest's EGL reports `EGL_CONTEXT_LOST`):
