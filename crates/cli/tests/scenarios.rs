@@ -127,10 +127,7 @@ fn gles_scenarios_draw_and_present() {
             } else {
                 "codec->gles"
             };
-            assert!(
-                links.contains(&into_gles),
-                "{s} {ordering}: {links:?}"
-            );
+            assert!(links.contains(&into_gles), "{s} {ordering}: {links:?}");
         }
     }
 }
