@@ -143,7 +143,7 @@ pub struct BenchGlesArgs {
     /// Paths to run: native, virtsoc, virgl, vm (a QEMU guest; not in the default list).
     #[arg(long, value_delimiter = ',', default_value = "native,virtsoc,virgl")]
     pub paths: Vec<GlPath>,
-    /// The vm path's GLES guest image (default: target/vm-gles-image, built or brought up
+    /// The vm path's GLES guest image (default: target/PROFILE/vm-gles-image, built or brought up
     /// to date by scripts/build-guest-image.sh --gles).
     #[arg(long)]
     pub vm_image: Option<PathBuf>,

@@ -39,7 +39,7 @@ pub struct ValidateArgs {
     /// Also validate inside a VM guest (QEMU) booted from the GLES guest image.
     #[arg(long)]
     pub vm: bool,
-    /// The GLES guest image (default: target/vm-gles-image, built or brought up to date by
+    /// The GLES guest image (default: target/PROFILE/vm-gles-image, built or brought up to date by
     /// scripts/build-guest-image.sh --gles).
     #[arg(long)]
     pub vm_image: Option<PathBuf>,

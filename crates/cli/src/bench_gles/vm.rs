@@ -21,7 +21,8 @@ use super::GlesError;
 /// the vendor library's stream and reply regions (1 MiB each at first, grown to the largest
 /// batch) and three frame regions per window surface (5.5 MiB at 800x600).
 pub const WINDOW_MIB: u64 = 256;
-/// The image directory's name under the build's target directory (`target/vm-gles-image`).
+/// The image directory's name beside this executable (`target/debug/vm-gles-image`: one per
+/// build profile, each holding its own profile's vendor library).
 pub const IMAGE_DIR: &str = "vm-gles-image";
 /// Seconds a boot may add before the program's first line (a loaded machine boots in 15-40 s).
 pub const BOOT_ALLOWANCE: Duration = Duration::from_secs(120);
@@ -39,14 +40,14 @@ pub struct VmGuest {
     limit: Duration,
 }
 
-/// The GLES guest image in `dir` (default: `IMAGE_DIR` in the target directory holding this
-/// executable), brought up to date with the vendor library next to this executable by
+/// The GLES guest image in `dir` (default: [`IMAGE_DIR`] beside this executable), brought up
+/// to date with the vendor library next to this executable by
 /// `scripts/build-guest-image.sh --gles` when the checkout's script is found (it does nothing
 /// when the image is current); an existing image is used as it is otherwise.
 pub fn image(dir: Option<PathBuf>) -> Result<PathBuf, GlesError> {
     let exe = exe_dir()?;
     let target = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let dir = dir.unwrap_or_else(|| target.join(IMAGE_DIR));
+    let dir = dir.unwrap_or_else(|| exe.join(IMAGE_DIR));
     let lib = exe.join(super::env::VENDOR_LIB);
     let script = target.join("../scripts/build-guest-image.sh");
     if script.is_file() && lib.is_file() {
