@@ -15,6 +15,7 @@ packages=(
   ffmpeg                                  # test clips and golden frame hashes
   mesa-vulkan-drivers libvulkan1          # wgpu on lavapipe (CPU Vulkan) where there is no GPU
   qemu-system-x86 busybox-static xz-utils # VM guests (TCG) and their image
+  x11-xkb-utils xkb-data                  # the GLES guest image's own Xvfb (xkbcomp, keymaps)
   fonts-dejavu-core                       # chart labels in `virtsoc report`
   nginx-light libnginx-mod-rtmp           # the livestream scenario's local RTMP server
   xvfb x11-apps                           # the display's window backend, tested under Xvfb

@@ -355,7 +355,8 @@ pub(crate) enum BenchCmd {
 #[derive(Debug, Subcommand)]
 pub(crate) enum VmCmd {
     /// Boots the guest image under QEMU and runs `virtsoc ARGS...` inside it against the
-    /// host daemon (use `--socket vm` in ARGS to reach it).
+    /// host daemon (use `--socket vm` in ARGS to reach it); a GLES image
+    /// (`build-guest-image.sh --gles`) runs ARGS as a command (`glmark2-es2 --validate`).
     Run {
         /// Directory made by scripts/build-guest-image.sh.
         #[arg(long)]

@@ -1,11 +1,13 @@
 //! `virtsoc vm run`: boots a QEMU guest (TCG by default) whose window is an ivshmem BAR and
-//! whose doorbells go over virtio-serial, runs a `virtsoc` command inside it against the
-//! host daemon, and returns what it printed.
+//! whose doorbells go over virtio-serial, runs a command inside it against the host daemon,
+//! and returns what it printed.
 //!
 //! The image comes from `scripts/build-guest-image.sh` (a Debian kernel extracted, never
-//! installed, and a busybox initramfs holding this binary). The command's arguments travel
-//! hex-encoded on the kernel command line (`virtsoc.args=`) and are decoded by this binary
-//! from `$VIRTSOC_ARGS_HEX` inside the guest.
+//! installed, and a busybox initramfs). The core image holds this binary and runs `virtsoc
+//! ARGS...`; the GLES image (`--gles`: glmark2-es2, es2_info, glvnd, libEGL_virtsoc.so and
+//! an Xvfb of its own, docs/gles.md) runs ARGS as a command line (`glmark2-es2 --validate`).
+//! The arguments travel hex-encoded on the kernel command line (`virtsoc.args=`), decoded
+//! inside the guest by this binary (`$VIRTSOC_ARGS_HEX`) or by the GLES image's init.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -69,7 +71,11 @@ pub fn decode_args(hex: &str) -> Option<Vec<String>> {
 }
 
 fn qemu_command(r: &VmRun, shm: &Path, doorbell: &Path) -> Result<Command, CliError> {
-    let kernel = r.image.join("vmlinuz");
+    // The uncompressed kernel boots directly (PVH) where the image has it: the bzImage's
+    // decompressor costs seconds of emulated CPU under TCG.
+    let kernel = Some(r.image.join("vmlinux"))
+        .filter(|k| k.is_file())
+        .unwrap_or_else(|| r.image.join("vmlinuz"));
     let initrd = r.image.join("initramfs.cpio.gz");
     if !kernel.exists() || !initrd.exists() {
         return Err(CliError::Usage(format!(
@@ -121,6 +127,17 @@ fn qemu_command(r: &VmRun, shm: &Path, doorbell: &Path) -> Result<Command, CliEr
     .arg(format!("socket,id=c0,path={}", doorbell.display()))
     .args(["-device", "virtserialport,chardev=c0,name=virtsoc.0"]);
     c.stdin(Stdio::null()).stdout(Stdio::piped());
+    // QEMU ends with this process: a `vm run` killed from outside (a benchmark's time limit)
+    // leaves no VM behind.
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure makes one async-signal-safe system call (prctl) between fork and
+    // exec, touching no memory of the parent.
+    unsafe {
+        c.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
+    }
     Ok(c)
 }
 

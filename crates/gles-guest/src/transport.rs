@@ -1,6 +1,7 @@
 //! The vendor library's [`Channel`] to the daemon: batches travel in SVM regions as
-//! `gles::exec` device commands on a virtsoc connection (`$VIRTSOC_SOCKET`, default
-//! `/tmp/virtsoc.sock`).
+//! `gles::exec` device commands on a virtsoc connection (`$VIRTSOC_SOCKET`; without it, the
+//! VM transport inside a VM guest that has the daemon's virtio-serial port, else
+//! `/tmp/virtsoc.sock`: [`default_target`]).
 //!
 //! - **Double-buffered streams**: two stream regions take turns. A flush writes its batch
 //!   into the next one (a CPU write access), then queues the device's read access, the
@@ -140,16 +141,29 @@ fn channel_error(e: GuestError) -> ChannelError {
     }
 }
 
+/// The daemon the library connects to: `$VIRTSOC_SOCKET` (a socket path, `tcp:HOST:PORT`,
+/// `vm` or `vm:PORT`, as `Connection::open` takes them); without it, inside a VM guest whose
+/// daemon's virtio-serial port ([`virtsoc_guest::vm::DEFAULT_PORT`]) is present, the VM
+/// transport (`vm`: the ivshmem BAR and the port); else [`DEFAULT_SOCKET`].
+pub fn default_target() -> String {
+    if let Ok(t) = std::env::var("VIRTSOC_SOCKET") {
+        return t;
+    }
+    if virtsoc_guest::vm::port_present(virtsoc_guest::vm::DEFAULT_PORT) {
+        return "vm".into();
+    }
+    DEFAULT_SOCKET.into()
+}
+
 impl Transport {
     /// The connection (its regions: EGLImages of SVM regions, `crate::egl::image`).
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
 
-    /// Connects to the daemon at `$VIRTSOC_SOCKET` and allocates the regions.
+    /// Connects to the daemon at [`default_target`] and allocates the regions.
     pub fn connect() -> Result<Transport, ChannelError> {
-        let target = std::env::var("VIRTSOC_SOCKET").unwrap_or_else(|_| DEFAULT_SOCKET.into());
-        Self::open(&target)
+        Self::open(&default_target())
     }
 
     /// Connects to the daemon at `target` (see `Connection::open`) and allocates the

@@ -56,6 +56,12 @@ fn find_port(name: &str) -> Result<PathBuf> {
     )))
 }
 
+/// Whether this machine is a VM guest whose daemon's virtio-serial port `name` is present
+/// (programs told no daemon pick the VM transport then: the GLES vendor library).
+pub fn port_present(name: &str) -> bool {
+    find_port(name).is_ok()
+}
+
 fn find_ivshmem() -> Result<PathBuf> {
     for e in std::fs::read_dir("/sys/bus/pci/devices")
         .map_err(GuestError::Io)?

@@ -43,7 +43,7 @@ pub fn write(r: &GlesReport, path: &Path) -> Result<(), CliError> {
         .enumerate()
         .map(|(i, s)| label(i, &s.name))
         .collect();
-    let series = vec![
+    let mut series = vec![
         (
             "virtsoc".to_string(),
             r.scenes.iter().map(|s| s.virtsoc_pct).collect(),
@@ -53,6 +53,13 @@ pub fn write(r: &GlesReport, path: &Path) -> Result<(), CliError> {
             r.scenes.iter().map(|s| s.virgl_pct).collect(),
         ),
     ];
+    let vm = r.paths.get("vm").is_some_and(|p| p.selected);
+    if vm {
+        series.push((
+            "vm".to_string(),
+            r.scenes.iter().map(|s| s.vm_pct).collect(),
+        ));
+    }
     let top = panel((width, top_h), |a| {
         grouped_bars(
             a,
@@ -62,11 +69,14 @@ pub fn write(r: &GlesReport, path: &Path) -> Result<(), CliError> {
             &series,
         )
     })?;
-    let scores = vec![
+    let mut scores = vec![
         ("native".to_string(), vec![r.score_native]),
         ("virtsoc".to_string(), vec![r.score_virtsoc]),
         ("virgl".to_string(), vec![r.score_virgl]),
     ];
+    if vm {
+        scores.push(("vm".to_string(), vec![r.score_vm]));
+    }
     let bottom = panel((width, bottom_h), |a| {
         grouped_bars(
             a,

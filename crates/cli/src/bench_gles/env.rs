@@ -16,7 +16,7 @@ pub const VENDOR_JSON: &str = "egl_vendor_virtsoc.json";
 pub const VTEST_SOCKET: &str = "/tmp/.virgl_test";
 
 /// The directory of the running executable (one level up for test binaries in `deps/`).
-fn exe_dir() -> Result<PathBuf, GlesError> {
+pub(super) fn exe_dir() -> Result<PathBuf, GlesError> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
     if dir.file_name().is_some_and(|n| n == "deps") {

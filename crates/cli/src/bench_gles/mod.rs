@@ -12,7 +12,10 @@
 //!   `libEGL_virtsoc.so` and `VIRTSOC_SOCKET` the daemon (a `virtsocd` child of this process,
 //!   unless `--socket` names a running one);
 //! - **virgl**: `GALLIUM_DRIVER=virpipe` against a `virgl_test_server` of this process on
-//!   `/tmp/.virgl_test` (the one path Mesa 22.3's vtest winsys knows).
+//!   `/tmp/.virgl_test` (the one path Mesa 22.3's vtest winsys knows);
+//! - **vm** (only when asked for, `--paths ...,vm`): the program inside a QEMU guest (TCG)
+//!   booted from the GLES guest image, its vendor library a VM guest of the same daemon
+//!   ([`vm`]).
 //!
 //! Every path runs with Mesa's on-disk shader cache off (`MESA_SHADER_CACHE_DISABLE`), as the
 //! sandboxed render worker must: a cache warmed by earlier runs would let the native path
@@ -39,6 +42,7 @@ mod glmark;
 mod report;
 mod table;
 mod validate;
+mod vm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,6 +58,7 @@ use env::{Display, VirglServer};
 use glmark::{SceneLine, GLMARK2};
 use report::report;
 pub use report::{median, GlesReport, PathRun};
+use vm::VmGuest;
 
 pub use validate::ValidateArgs;
 
@@ -135,9 +140,16 @@ pub struct BenchGlesArgs {
     /// Seconds per scene (glmark2's own default is 10).
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
-    /// Paths to run: native, virtsoc, virgl.
+    /// Paths to run: native, virtsoc, virgl, vm (a QEMU guest; not in the default list).
     #[arg(long, value_delimiter = ',', default_value = "native,virtsoc,virgl")]
     pub paths: Vec<GlPath>,
+    /// The vm path's GLES guest image (default: target/PROFILE/vm-gles-image, built or brought up
+    /// to date by scripts/build-guest-image.sh --gles).
+    #[arg(long)]
+    pub vm_image: Option<PathBuf>,
+    /// The vm path's accelerator: tcg, or kvm where the host has it.
+    #[arg(long, default_value = "tcg")]
+    pub vm_accel: String,
 }
 
 /// How a program reaches a GPU.
@@ -150,6 +162,8 @@ pub enum GlPath {
     Virtsoc,
     /// Mesa's virgl driver over virgl_test_server.
     Virgl,
+    /// virtsoc's vendor library inside a QEMU guest (the daemon's VM endpoint).
+    Vm,
 }
 
 impl GlPath {
@@ -159,10 +173,11 @@ impl GlPath {
             GlPath::Native => "native",
             GlPath::Virtsoc => "virtsoc",
             GlPath::Virgl => "virgl",
+            GlPath::Vm => "vm",
         }
     }
 
-    const ALL: [GlPath; 3] = [GlPath::Native, GlPath::Virtsoc, GlPath::Virgl];
+    const ALL: [GlPath; 4] = [GlPath::Native, GlPath::Virtsoc, GlPath::Virgl, GlPath::Vm];
 }
 
 /// How a path reaches its GPU: the environment of its programs.
@@ -170,12 +185,21 @@ pub(crate) struct PathEnv {
     display: String,
     /// The vendor JSON and the daemon socket, for the virtsoc path.
     virtsoc: Option<(PathBuf, String)>,
+    /// The VM guest, for the vm path.
+    vm: Option<VmGuest>,
 }
 
 impl PathEnv {
     /// `program` with the environment of `path`: glvnd's and Mesa's selection variables
-    /// cleared, then set for the path.
-    pub(crate) fn command(&self, program: &str, path: GlPath) -> Command {
+    /// cleared, then set for the path; on the vm path, `virtsoc vm run` running it in the
+    /// guest (append the program's arguments either way).
+    pub(crate) fn command(&self, program: &str, path: GlPath) -> Result<Command, GlesError> {
+        if path == GlPath::Vm {
+            return match &self.vm {
+                Some(vm) => Ok(vm.command(program)),
+                None => Err(GlesError::Setup("the vm path is not set up".into())),
+            };
+        }
         let mut c = Command::new(program);
         c.env("DISPLAY", &self.display);
         for v in [
@@ -203,8 +227,9 @@ impl PathEnv {
             GlPath::Virgl => {
                 c.env("GALLIUM_DRIVER", "virpipe");
             }
+            GlPath::Vm => {}
         }
-        c
+        Ok(c)
     }
 }
 
@@ -216,7 +241,8 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn open(socket: Option<String>) -> Result<Daemon, GlesError> {
+    /// The daemon at `socket`, or one started with `extra` arguments (a VM endpoint).
+    fn open(socket: Option<String>, extra: &[String]) -> Result<Daemon, GlesError> {
         match socket {
             Some(s) => Ok(Daemon {
                 socket: s,
@@ -224,7 +250,8 @@ impl Daemon {
                 _child: None,
             }),
             None => {
-                let d = DaemonProcess::spawn(&[], false)
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                let d = DaemonProcess::spawn(&extra, false)
                     .map_err(|e| GlesError::Setup(format!("starting virtsocd: {e}")))?;
                 let e = d.endpoint();
                 Ok(Daemon {
@@ -263,7 +290,7 @@ fn run_once(
     server_pid: Option<u32>,
     mut cost: Option<&mut GuestCounters>,
 ) -> Result<PathRun, GlesError> {
-    let mut cmd = env.command(GLMARK2, path);
+    let mut cmd = env.command(GLMARK2, path)?;
     cmd.args(args);
     let server_cpu = server_pid.map(env::CpuWatch::start);
     if let Some(c) = cost.as_deref_mut() {
@@ -299,10 +326,15 @@ fn run_once(
     run.wall_s = out.wall_s;
     if !out.ok() {
         run.error = Some(out.failure());
-    } else if path == GlPath::Virgl && !run.renderer.as_deref().is_some_and(|r| r.contains("virgl"))
+    } else if let Some(want) = match path {
+        GlPath::Virgl => Some("virgl"),
+        GlPath::Vm => Some("virtsoc"),
+        _ => None,
+    }
+    .filter(|w| !run.renderer.as_deref().is_some_and(|r| r.contains(w)))
     {
         run.error = Some(format!(
-            "GL_RENDERER is {:?}, not virgl: the run is not counted",
+            "GL_RENDERER is {:?}, not {want}: the run is not counted",
             run.renderer
         ));
         run.scenes.iter_mut().for_each(|s| s.1 = None);
@@ -325,22 +357,44 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
     let mut display = Display::open()?;
     let want = |p: GlPath| a.paths.contains(&p);
     let mut not_run: BTreeMap<GlPath, String> = BTreeMap::new();
+    let n_scenes = if a.scenes.is_empty() {
+        33
+    } else {
+        a.scenes.len()
+    };
+    let limit = Duration::from_secs_f64(60.0 + n_scenes as f64 * (2.0 * a.duration + 30.0));
+    // The vm path's set-up: the image and the VM's endpoint (on the daemon started below).
+    let vm = if want(GlPath::Vm) {
+        let g = match &a.socket {
+            Some(_) => Err(GlesError::Usage(
+                "the vm path needs a daemon of this run (no --socket)".into(),
+            )),
+            None => vm::image(a.vm_image.clone())
+                .and_then(|image| VmGuest::new(image, &a.vm_accel, limit)),
+        };
+        g.map_err(|e| not_run.insert(GlPath::Vm, e.to_string()))
+            .ok()
+    } else {
+        None
+    };
     // The virtsoc path's set-up: the vendor JSON, a daemon, its control API.
     let mut daemon = None;
     let mut vendor = None;
-    if want(GlPath::Virtsoc) {
-        match env::write_vendor_json() {
-            Ok(j) => match Daemon::open(a.socket.clone()) {
-                Ok(d) => {
-                    vendor = Some((j, d.socket.clone()));
-                    daemon = Some(d);
+    if want(GlPath::Virtsoc) || vm.is_some() {
+        let extra = vm.as_ref().map(VmGuest::daemon_args).unwrap_or_default();
+        match Daemon::open(a.socket.clone(), &extra) {
+            Ok(d) => {
+                match env::write_vendor_json() {
+                    Ok(j) => vendor = Some((j, d.socket.clone())),
+                    Err(e) => {
+                        not_run.insert(GlPath::Virtsoc, e.to_string());
+                    }
                 }
-                Err(e) => {
-                    not_run.insert(GlPath::Virtsoc, e.to_string());
-                }
-            },
+                daemon = Some(d);
+            }
             Err(e) => {
                 not_run.insert(GlPath::Virtsoc, e.to_string());
+                not_run.insert(GlPath::Vm, e.to_string());
             }
         }
     }
@@ -358,14 +412,9 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
     let mut env = PathEnv {
         display: display.name.clone(),
         virtsoc: vendor,
+        vm,
     };
     let args = glmark2_args(&a.scenes, a.duration, false);
-    let n_scenes = if a.scenes.is_empty() {
-        33
-    } else {
-        a.scenes.len()
-    };
-    let limit = Duration::from_secs_f64(60.0 + n_scenes as f64 * (2.0 * a.duration + 30.0));
     // A scene prints its line after `duration` (and its last frame): silence far beyond that
     // is a program stuck in a scene.
     let quiet = Duration::from_secs_f64(60.0 + 2.0 * a.duration);
@@ -390,8 +439,13 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
             }
             let server = match path {
                 GlPath::Native => None,
-                GlPath::Virtsoc => daemon.as_ref().and_then(|d| d.pid),
+                GlPath::Virtsoc | GlPath::Vm => daemon.as_ref().and_then(|d| d.pid),
                 GlPath::Virgl => virgl.as_ref().map(VirglServer::pid),
+            };
+            // A VM boots before the program's first line.
+            let (limit, quiet) = match path {
+                GlPath::Vm => (limit + vm::BOOT_ALLOWANCE, quiet + vm::BOOT_ALLOWANCE),
+                _ => (limit, quiet),
             };
             let cost = if path == GlPath::Virtsoc {
                 counters.as_mut()

@@ -46,6 +46,10 @@ pub struct SceneRow {
     pub virtsoc_pct: Option<f64>,
     /// virgl's FPS in % of native.
     pub virgl_pct: Option<f64>,
+    /// Median FPS inside the VM guest (vm path).
+    pub vm_fps: Option<f64>,
+    /// The VM guest's FPS in % of native.
+    pub vm_pct: Option<f64>,
     /// Round trips per frame on the virtsoc path: the `gles` device's `round_trips` (batches
     /// the guest waited on), else (an older daemon) the `gles` device commands.
     pub round_trips_per_frame: Option<f64>,
@@ -69,6 +73,8 @@ pub struct SceneRow {
     pub virtsoc_fps_rounds: Vec<Option<f64>>,
     /// virgl FPS of each round.
     pub virgl_fps_rounds: Vec<Option<f64>>,
+    /// The VM guest's FPS of each round.
+    pub vm_fps_rounds: Vec<Option<f64>>,
 }
 
 /// A path's summary over the rounds.
@@ -101,6 +107,8 @@ pub struct GlesReport {
     pub score_virtsoc: Option<f64>,
     /// Median glmark2 score through virgl.
     pub score_virgl: Option<f64>,
+    /// Median glmark2 score inside the VM guest (vm path).
+    pub score_vm: Option<f64>,
     /// Per scene, in glmark2's order.
     pub scenes: Vec<SceneRow>,
     /// Per path: scores, CPU, renderer, each round.
@@ -167,10 +175,12 @@ pub(super) fn report(
             let native = fps_rounds(GlPath::Native, name);
             let virtsoc = fps_rounds(GlPath::Virtsoc, name);
             let virgl = fps_rounds(GlPath::Virgl, name);
-            let (nm, vm, gm) = (
+            let in_vm = fps_rounds(GlPath::Vm, name);
+            let (nm, vm, gm, qm) = (
                 median(native.iter().copied()),
                 median(virtsoc.iter().copied()),
                 median(virgl.iter().copied()),
+                median(in_vm.iter().copied()),
             );
             let per_frame = counters::per_frame(
                 of(GlPath::Virtsoc)
@@ -185,6 +195,8 @@ pub(super) fn report(
                 virgl_fps: gm,
                 virtsoc_pct: pct(vm, nm),
                 virgl_pct: pct(gm, nm),
+                vm_fps: qm,
+                vm_pct: pct(qm, nm),
                 round_trips_per_frame: per_frame.round_trips,
                 round_trips_source: per_frame.round_trips_source,
                 bytes_per_frame: per_frame.bytes,
@@ -195,6 +207,7 @@ pub(super) fn report(
                 native_fps_rounds: native,
                 virtsoc_fps_rounds: virtsoc,
                 virgl_fps_rounds: virgl,
+                vm_fps_rounds: in_vm,
             }
         })
         .collect();
@@ -220,6 +233,7 @@ pub(super) fn report(
         score_native: score(GlPath::Native),
         score_virtsoc: score(GlPath::Virtsoc),
         score_virgl: score(GlPath::Virgl),
+        score_vm: score(GlPath::Vm),
         scenes,
         paths,
         rounds: a.rounds,
@@ -251,6 +265,8 @@ mod tests {
             scenes: vec![],
             duration: 1.0,
             paths: GlPath::ALL.to_vec(),
+            vm_image: None,
+            vm_accel: "tcg".into(),
         };
         let run = |fps: &[(&str, Option<f64>)], score: Option<f64>| PathRun {
             scenes: fps.iter().map(|(n, f)| (n.to_string(), *f)).collect(),
@@ -278,9 +294,20 @@ mod tests {
                 run(&[("build", Some(45.0)), ("texture", None)], Some(80.0)),
             ],
         );
+        runs.insert(
+            GlPath::Vm,
+            vec![
+                run(&[("build", Some(22.0))], Some(20.0)),
+                run(&[("build", Some(33.0))], Some(40.0)),
+            ],
+        );
         let mut not_run = BTreeMap::new();
         not_run.insert(GlPath::Virgl, "no server".to_string());
         let r = report(&a, &[], runs, not_run);
+        assert_eq!(r.score_vm, Some(30.0));
+        assert_eq!(r.scenes[0].vm_fps, Some(27.5));
+        assert_eq!(r.scenes[0].vm_pct, Some(25.0));
+        assert_eq!(r.scenes[1].vm_fps_rounds, vec![None, None]);
         assert_eq!(r.score_native, Some(160.0));
         assert_eq!(r.score_virtsoc, Some(80.0));
         assert_eq!(r.score_virgl, None);

@@ -125,6 +125,69 @@ pub fn print(r: &GlesReport) {
              copies are SVM copies (stream regions included)"
         );
     }
+    if r.paths["vm"].selected {
+        print_vm(r);
+    }
+}
+
+/// The vm path beside native and the process guest: FPS, % of each, scores, CPU.
+fn print_vm(r: &GlesReport) {
+    let (n, v, q) = (&r.paths["native"], &r.paths["virtsoc"], &r.paths["vm"]);
+    println!();
+    println!(
+        "in a VM guest (QEMU; its CPU time is the emulated guest's: glmark2 and the vendor \
+         library; GL runs on the host)"
+    );
+    println!(
+        "{:<44} {:>8} {:>8} {:>8} {:>9} {:>11}",
+        "scene", "native", "virtsoc", "vm", "vm%", "vm/virtsoc%"
+    );
+    for s in &r.scenes {
+        println!(
+            "{:<44} {:>8} {:>8} {:>8} {:>9} {:>11}",
+            cut(&s.name, 44),
+            opt(s.native_fps, 0),
+            opt(s.virtsoc_fps, 0),
+            opt(s.vm_fps, 0),
+            opt(s.vm_pct, 1),
+            opt(super::report::pct(s.vm_fps, s.virtsoc_fps), 1),
+        );
+    }
+    println!(
+        "{:<44} {:>8} {:>8} {:>8} {:>9} {:>11}",
+        "glmark2 Score",
+        opt(n.score, 0),
+        opt(v.score, 0),
+        opt(q.score, 0),
+        opt(q.score_pct, 1),
+        opt(super::report::pct(q.score, v.score), 1),
+    );
+    println!(
+        "{:<44} {:>8} {:>8} {:>8}",
+        "CPU s of the program (vm: QEMU)",
+        opt(n.program_cpu_s, 2),
+        opt(v.program_cpu_s, 2),
+        opt(q.program_cpu_s, 2),
+    );
+    println!(
+        "{:<44} {:>8} {:>8} {:>8}",
+        "CPU s of the daemon + render worker",
+        "-",
+        opt(v.server_cpu_s, 2),
+        opt(q.server_cpu_s, 2),
+    );
+    println!(
+        "{:<44} {:>8} {:>8} {:>8}",
+        "wall s of a run (vm: boot included)",
+        opt(median_wall(n), 1),
+        opt(median_wall(v), 1),
+        opt(median_wall(q), 1),
+    );
+}
+
+/// The median wall time of a path's runs.
+fn median_wall(p: &super::report::PathSummary) -> Option<f64> {
+    super::median(p.rounds.iter().map(|r| Some(r.wall_s)))
 }
 
 /// The lowest and highest of the rounds' `virtsoc` FPS as a percentage of the same round's
