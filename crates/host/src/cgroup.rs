@@ -22,6 +22,10 @@
 //! the other guests to the one behind its frame rate, never from the host's processes, the
 //! daemon among them, whose threads do the guests' device work (a CPU-emulated GPU).
 //!
+//! The daemon's worker processes that serve one guest alone (its GLES render worker) join
+//! that guest's group ([`CpuCgroups::attach_worker`]): on a CPU-emulated GPU their CPU is
+//! the guest's device time, and it weighs the guest's share like the guest's own.
+//!
 //! When the guest leaves, its process (if still alive) goes back to the cgroup it came from
 //! and the group is removed; the daemon's exit removes `NAME` too. Anything that cannot be
 //! done (no cpu controller, no permission, a guest sharing the daemon's process or another
@@ -136,6 +140,9 @@ struct Member {
     weight: u64,
     /// Its weight from the policy share it connected with.
     base: u64,
+    /// The daemon's worker processes serving this guest alone (its render worker, its
+    /// decoders'), in its group too ([`CpuCgroups::attach_worker`]).
+    workers: Vec<u32>,
 }
 
 /// The per-guest CPU cgroups under one parent.
@@ -357,10 +364,44 @@ impl CpuCgroups {
                 origin,
                 weight,
                 base: weight,
+                workers: Vec::new(),
             },
         );
         self.sync_parent(&members);
         Ok(())
+    }
+
+    /// Puts `pid`, a worker process of the daemon that serves `guest` alone (its GLES render
+    /// worker, a decoder's worker), into the guest's group, so the CPU it burns for the
+    /// guest weighs what the guest's share says (and follows the feedback loop's raises):
+    /// on a CPU-emulated GPU or a software decoder, that CPU is the device. `Ok(false)`
+    /// when the guest has no group (its worker stays in the daemon's). When the guest
+    /// leaves, live workers go back to the daemon's group before its group is removed.
+    pub fn attach_worker(&self, guest: GuestId, pid: u32) -> Result<bool> {
+        if pid == 0 || pid == self.own_pid {
+            return Err(config(format!(
+                "guest {guest}: the daemon's own process is not a worker"
+            )));
+        }
+        let mut members = self.lock();
+        let Some(m) = members.get_mut(&guest) else {
+            return Ok(false);
+        };
+        self.fs
+            .write(&m.dir.join("cgroup.procs"), &pid.to_string())
+            .map_err(|e| {
+                config(format!(
+                    "guest {guest}: cannot place worker {pid} in {}: {e}",
+                    m.dir.display()
+                ))
+            })?;
+        // Workers that ended are forgotten as new ones come (pids are not reused while
+        // the daemon has not reaped them, and it reaps its workers when they end).
+        let proc_root = &self.proc_root;
+        m.workers
+            .retain(|w| *w != pid && self.fs.exists(&proc_root.join(w.to_string())));
+        m.workers.push(pid);
+        Ok(true)
     }
 
     /// The parent's weight: its guests' policy weights together.
@@ -542,6 +583,14 @@ impl CpuCgroups {
             let _ = self
                 .fs
                 .write(&m.origin.join("cgroup.procs"), &m.pid.to_string());
+        }
+        // The daemon's workers it still has: back to the daemon's own group (the parent's).
+        if let Some(daemon) = self.parent.parent() {
+            for w in &m.workers {
+                if self.fs.exists(&self.proc_root.join(w.to_string())) {
+                    let _ = self.fs.write(&daemon.join("cgroup.procs"), &w.to_string());
+                }
+            }
         }
         self.fs.rmdir(&m.dir).map_err(|e| {
             config(format!(

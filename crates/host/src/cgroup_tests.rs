@@ -127,6 +127,37 @@ fn v1_guest_is_placed_steered_and_put_back() {
     assert!(!f.has("sys/cpu/virtsoc"), "the parent goes with the daemon");
 }
 
+/// A guest's worker processes (its render worker, its decoders') go into its group, so
+/// their CPU weighs the guest's share; a guest without a group leaves them where they are;
+/// when the guest leaves, a worker still alive goes back to the daemon's group.
+#[test]
+fn a_guests_workers_join_its_group_and_go_back_to_the_daemons() {
+    let f = v1("v1-workers");
+    f.file("sys/cpu/cgroup.procs", "");
+    f.process(300, "1:cpu:/\n");
+    f.process(301, "1:cpu:/\n");
+    let cg = f.detect(100).unwrap();
+    cg.attach(GuestId(7), "g", 200, 300).unwrap();
+    assert!(cg.attach_worker(GuestId(7), 300).unwrap());
+    assert_eq!(f.read("sys/cpu/virtsoc/guest-7/cgroup.procs"), "300");
+    assert!(
+        !cg.attach_worker(GuestId(9), 301).unwrap(),
+        "no group: stays"
+    );
+    assert!(
+        cg.attach_worker(GuestId(7), 100).is_err(),
+        "never the daemon"
+    );
+    cg.detach(GuestId(7)).unwrap();
+    assert_eq!(
+        f.read("sys/cpu/cgroup.procs"),
+        "300",
+        "back to the daemon's"
+    );
+    assert_eq!(f.read("sys/cpu/user/x/cgroup.procs"), "200");
+    assert!(!f.has("sys/cpu/virtsoc/guest-7"));
+}
+
 #[test]
 fn v2_enables_the_controller_and_writes_cpu_weight() {
     let f = Fixture::new("v2");

@@ -54,6 +54,7 @@ use virtsoc_svm::{DomainId, GuestId, SvmManager};
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult, Reply};
+use crate::cgroup::CpuCgroups;
 
 /// Largest batch one `exec` runs.
 pub const MAX_BATCH: u64 = 64 << 20;
@@ -180,6 +181,9 @@ pub struct Gles {
     program: PathBuf,
     deadline: Duration,
     guests: Mutex<HashMap<GuestId, GuestGles>>,
+    /// The guests' CPU groups, when the daemon steers CPU weights: each render worker joins
+    /// its guest's.
+    cgroups: std::sync::OnceLock<Arc<CpuCgroups>>,
 }
 
 impl Gles {
@@ -193,6 +197,7 @@ impl Gles {
             deadline: cfg.render_deadline,
             guests: Mutex::new(HashMap::new()),
             spare: Arc::default(),
+            cgroups: std::sync::OnceLock::new(),
         }
     }
 
@@ -209,9 +214,13 @@ impl Gles {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (program, sh, deadline) = (self.program.clone(), shared.clone(), self.deadline);
+        let place = forward::Placement {
+            guest,
+            cgroups: self.cgroups.get().cloned(),
+        };
         std::thread::Builder::new()
             .name(format!("gles-{guest}"))
-            .spawn(move || forward::forward(&program, deadline, rx, &sh))
+            .spawn(move || forward::forward(&program, deadline, rx, &sh, &place))
             .map_err(|_| Status::Busy)?;
         guests.insert(
             guest,
@@ -524,6 +533,10 @@ impl Device for Gles {
             })
             .collect();
         Ok(serde_json::json!({ "guests": guests }))
+    }
+
+    fn use_cgroups(&self, cgroups: Arc<CpuCgroups>) {
+        let _ = self.cgroups.set(cgroups);
     }
 
     fn guest_gone(&self, guest: GuestId) {

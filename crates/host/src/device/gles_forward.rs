@@ -8,7 +8,7 @@
 
 use std::path::Path;
 use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use virtsoc_devapi::gles::ExecReply;
@@ -21,6 +21,7 @@ use super::{
     frame, image, inline_reply, lock, Job, Kind, Shared, ANSWER_BAD_STREAM, ANSWER_OK, FROM_DAEMON,
     INLINE_REPLY,
 };
+use crate::cgroup::CpuCgroups;
 use crate::device::{DeviceCtx, DeviceResult};
 
 /// The guest's GL memory as charged against its memory limit: a charge per growth, merged
@@ -70,6 +71,23 @@ impl GlCharge {
     }
 }
 
+/// Where a guest's render worker goes: its guest's CPU group, when the daemon steers CPU
+/// weights (so the GL's CPU time, the device on a CPU driver, weighs the guest's share).
+pub(super) struct Placement {
+    pub(super) guest: GuestId,
+    pub(super) cgroups: Option<Arc<CpuCgroups>>,
+}
+
+impl Placement {
+    fn place(&self, pid: u32) {
+        if let Some(cg) = &self.cgroups {
+            if let Err(e) = cg.attach_worker(self.guest, pid) {
+                log::warn!("gles: guest {}: {e}", self.guest);
+            }
+        }
+    }
+}
+
 /// A guest's forwarding thread: runs its batches on its worker (started at the first one)
 /// until the device drops the guest.
 pub(super) fn forward(
@@ -77,6 +95,7 @@ pub(super) fn forward(
     deadline: Duration,
     jobs: mpsc::Receiver<Job>,
     shared: &Mutex<Shared>,
+    place: &Placement,
 ) {
     let mut worker: Option<Worker> = None;
     let mut maps = Maps::default();
@@ -91,6 +110,7 @@ pub(super) fn forward(
         if worker.is_none() {
             match Worker::start(program, deadline) {
                 Ok(w) => {
+                    place.place(w.child.id());
                     lock(shared).sock = w.sock.try_clone().ok();
                     worker = Some(w);
                     maps = Maps::default();

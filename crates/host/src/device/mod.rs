@@ -141,6 +141,10 @@ pub trait Device: Send + Sync {
     fn cpu_threads(&self) -> Vec<u32> {
         Vec::new()
     }
+    /// The daemon steers guests' CPU weights through `cgroups` (`--cpu-cgroup`): a device
+    /// whose work runs in worker processes serving one guest each puts them in that
+    /// guest's group ([`crate::cgroup::CpuCgroups::attach_worker`]). By default nothing.
+    fn use_cgroups(&self, _cgroups: Arc<crate::cgroup::CpuCgroups>) {}
     /// Whether the host replicas of the device's domain are shared memfds
     /// ([`virtsoc_svm::HostBuf::try_shared`]) that it hands to a process of its own (a
     /// render worker). By default no.
@@ -306,6 +310,9 @@ impl DeviceSet {
         let slots = devices
             .into_iter()
             .map(|(id, domain, device)| {
+                if let Some(cg) = &sharing.cgroups {
+                    device.use_cgroups(cg.clone());
+                }
                 let slot = Arc::new(DeviceSlot {
                     id,
                     domain,
