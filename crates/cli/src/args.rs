@@ -215,7 +215,8 @@ pub(crate) enum BenchCmd {
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         hogs: Vec<usize>,
         /// What the multimedia guest competes with: `gpu` (composition loops), `cpu`
-        /// (spinning processes) or both.
+        /// (spinning processes), `gles` (unmodified glmark2-es2 instances through virtsoc,
+        /// against a GLES video guest; needs glmark2-es2 and Xvfb), any of them.
         #[arg(long, value_delimiter = ',', default_value = "gpu,cpu")]
         hog_kind: Vec<String>,
         /// Skip the two-guests-together part.

@@ -170,7 +170,12 @@ impl Transport {
     /// regions.
     pub fn open(target: &str) -> Result<Transport, ChannelError> {
         let opts = ConnectOptions {
-            name: format!("gles-{}", std::process::id()),
+            // `$VIRTSOC_NAME` names the guest for the daemon's policy (its class, share and
+            // allowed devices) and its tools (`virtsoc top`).
+            name: std::env::var("VIRTSOC_NAME")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| format!("gles-{}", std::process::id())),
             spins: SPINS,
             coherence: std::env::var("VIRTSOC_COHERENCE").ok(),
             ..ConnectOptions::default()

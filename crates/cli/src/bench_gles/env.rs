@@ -75,7 +75,7 @@ pub fn require(program: &str, package: &str) -> Result<(), GlesError> {
 
 /// Makes the child get SIGTERM when the thread that started it dies without running the
 /// drops that stop it (a signal, a crash): no Xvfb or virgl server outlives the run.
-fn die_with_parent(cmd: &mut Command) {
+pub(crate) fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure only makes one async-signal-safe system call (prctl) between fork
     // and exec, touching no memory of the parent.

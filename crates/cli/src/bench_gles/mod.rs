@@ -37,7 +37,7 @@
 
 mod chart;
 mod counters;
-mod env;
+pub(crate) mod env;
 mod glmark;
 mod report;
 mod table;

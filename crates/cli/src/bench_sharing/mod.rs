@@ -57,6 +57,10 @@
 //! the daemon's rasterizer threads that compose its frames, whose group's weight follows the
 //! video guest's raised share).
 //!
+//! With `--hog-kind gles` the video guest is a GLES app (`gles-video`'s guest) and the hogs
+//! unmodified glmark2-es2 instances rendering through virtsoc (`gles.rs`): on a CPU driver
+//! their render workers' CPU is the device, weighed per guest only with `--cpu-cgroup`.
+//!
 //! (c) **Together vs alone** (the Android-on-KVM paper's Table 3 analog): app guests that each
 //! compose and present a 1280x720 frame 30 times a second, one alone and two together; the
 //! slower guest's shown frame rate together as a percentage of one alone. The display shows
@@ -84,6 +88,7 @@ mod backlog;
 mod chart;
 mod codec;
 mod fairness;
+mod gles;
 mod gpu;
 mod grade;
 mod multimedia;
@@ -446,14 +451,15 @@ pub fn parse_sizes(v: &[String]) -> Result<[(u32, u32); 3], CliError> {
     sizes.try_into().map_err(|_| bad())
 }
 
-/// `gpu` and/or `cpu`.
+/// `gpu`, `cpu` and/or `gles`.
 pub fn parse_hog_kinds(v: &[String]) -> Result<Vec<HogKind>, CliError> {
     v.iter()
         .map(|s| match s.as_str() {
             "gpu" => Ok(HogKind::Gpu),
             "cpu" => Ok(HogKind::Cpu),
+            "gles" => Ok(HogKind::Gles),
             _ => Err(CliError::Usage(format!(
-                "--hog-kind wants gpu and/or cpu, not {s:?}"
+                "--hog-kind wants gpu, cpu and/or gles, not {s:?}"
             ))),
         })
         .collect()
@@ -469,14 +475,17 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
         Vec::new()
     };
     let mut multimedia = Vec::new();
-    // GPU hogs: round robin and feedback; CPU spinners: round robin, feedback on device
-    // shares alone, and feedback steering CPU weights too.
+    // GPU hogs: round robin and feedback; CPU spinners and GLES hogs: round robin, feedback
+    // on device shares alone, and feedback steering CPU weights too.
     let runs = [
         (HogKind::Gpu, Kind::RoundRobin, false),
         (HogKind::Gpu, Kind::Feedback, false),
         (HogKind::Cpu, Kind::RoundRobin, false),
         (HogKind::Cpu, Kind::Feedback, false),
         (HogKind::Cpu, Kind::Feedback, true),
+        (HogKind::Gles, Kind::RoundRobin, false),
+        (HogKind::Gles, Kind::Feedback, false),
+        (HogKind::Gles, Kind::Feedback, true),
     ];
     for (hog, kind, cpu_weight) in runs {
         if !p.hog_kinds.contains(&hog) {
@@ -491,7 +500,10 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
                 hogs,
                 cpu_weight,
             };
-            multimedia.push(run_multimedia(r, p.seconds)?);
+            multimedia.push(match hog {
+                HogKind::Gles => gles::run_gles(r, p.seconds)?,
+                _ => run_multimedia(r, p.seconds)?,
+            });
         }
     }
     let mut together = Vec::new();

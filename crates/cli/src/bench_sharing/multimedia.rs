@@ -124,6 +124,9 @@ pub enum HogKind {
     Gpu,
     /// Processes spinning on the CPU (each a guest of its own).
     Cpu,
+    /// Unmodified glmark2-es2 instances rendering through virtsoc, against a GLES video
+    /// guest (`gles.rs`).
+    Gles,
 }
 
 impl HogKind {
@@ -132,6 +135,7 @@ impl HogKind {
         match self {
             HogKind::Gpu => "gpu",
             HogKind::Cpu => "cpu",
+            HogKind::Gles => "gles",
         }
     }
 }
@@ -260,7 +264,7 @@ impl Drop for CpuHogs {
 
 /// The CPU weight of guest `id`'s group under the daemon's `--cpu-cgroup NAME` (the bench
 /// and its daemon at the root of the hierarchy), if it has one.
-fn cpu_weight(name: &str, id: u64) -> Option<u64> {
+pub(super) fn cpu_weight(name: &str, id: u64) -> Option<u64> {
     [
         format!("/sys/fs/cgroup/{name}/guest-{id}/cpu.weight"),
         format!("/sys/fs/cgroup/unified/{name}/guest-{id}/cpu.weight"),
@@ -271,7 +275,7 @@ fn cpu_weight(name: &str, id: u64) -> Option<u64> {
 }
 
 /// The display's presented count of the guest named `video`.
-fn presented(control: &Target) -> Result<u64, CliError> {
+pub(super) fn presented(control: &Target) -> Result<u64, CliError> {
     Ok(crate::top::sample(control, None)?
         .into_iter()
         .find(|g| g.name == "video")

@@ -5,7 +5,6 @@
 //! protocol from `VIRTSOC_COHERENCE`. Then the frame pacing, the counters before the run
 //! and the row after it.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,7 +35,7 @@ pub fn run(
         return guest(pid, o);
     }
     let exe = std::env::current_exe()?;
-    let json = vendor_json()?;
+    let json = crate::bench_gles::env::write_vendor_json()?;
     let res = match (o.width, o.height) {
         (640, 360) => "360p",
         (1280, 720) => "720p",
@@ -67,6 +66,8 @@ pub fn run(
     .env("VIRTSOC_COHERENCE", &o.protocol)
     .env("__EGL_VENDOR_LIBRARY_FILENAMES", &json)
     .stderr(Stdio::inherit());
+    // The guest ends with this process (a bench may kill it before its time is up).
+    crate::bench_gles::env::die_with_parent(&mut cmd);
     if let Some(pid) = daemon_pid {
         cmd.env(PID_ENV, pid.to_string());
     }
@@ -81,32 +82,6 @@ pub fn run(
     rows.into_iter()
         .next()
         .ok_or_else(|| CliError::Usage("the guest answered no row".into()))
-}
-
-/// The glvnd vendor JSON naming `libEGL_virtsoc.so` beside this executable (in a
-/// directory of this process's own).
-fn vendor_json() -> Result<PathBuf, CliError> {
-    let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.pop();
-    }
-    let lib = dir.join("libEGL_virtsoc.so");
-    if !lib.is_file() {
-        return Err(CliError::Usage(format!(
-            "{} not built (cargo build -p virtsoc-gles)",
-            lib.display()
-        )));
-    }
-    let tmp = std::env::temp_dir().join(format!("virtsoc-gles-scenario-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
-    let path = tmp.join("virtsoc.json");
-    let text = format!(
-        "{{\"file_format_version\":\"1.0.0\",\"ICD\":{{\"library_path\":{}}}}}\n",
-        serde_json::to_string(&lib.canonicalize()?.display().to_string())?
-    );
-    std::fs::write(&path, text)?;
-    Ok(path)
 }
 
 /// Counters at the start of the measured run.
