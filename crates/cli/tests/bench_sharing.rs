@@ -84,3 +84,75 @@ fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
         [("round-robin", 0), ("round-robin", 1), ("feedback", 1)]
     );
 }
+
+/// `--hog-kind gles`: a GLES video guest (the vendor library in a child process) against an
+/// unmodified glmark2-es2 rendering through the same daemon, under round robin, feedback and
+/// feedback steering CPU weights: the video presented frames in every run and the hog's
+/// batches reached the gles device.
+#[test]
+fn bench_sharing_runs_a_gles_video_guest_against_glmark2_hogs() {
+    let chart = std::env::temp_dir().join(format!("sharing-gles-{}.svg", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+        .args(["bench", "sharing", "--json", "--seconds", "1"])
+        .args([
+            "--repeats",
+            "1",
+            "--guests",
+            "2",
+            "--scheduler",
+            "round-robin",
+        ])
+        .args([
+            "--no-together",
+            "--no-codec",
+            "--gpu-sizes",
+            "64x36,96x54,128x72",
+        ])
+        .args(["--hogs", "1", "--hog-kind", "gles"])
+        .arg("--chart")
+        .arg(&chart)
+        .output()
+        .expect("run virtsoc bench sharing");
+    let _ = std::fs::remove_file(&chart);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench sharing failed: {}\nstdout: {stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    let runs: Vec<(String, u64, bool)> = r["multimedia"]
+        .as_array()
+        .expect("multimedia")
+        .iter()
+        .map(|m| {
+            assert_eq!(m["hog_kind"], "gles", "{m}");
+            assert!(
+                m["presented_fps"].as_f64().unwrap() > 0.0,
+                "the video drew: {m}"
+            );
+            if m["hogs"] == 1 {
+                assert!(
+                    m["hog_commands_per_s"].as_f64().unwrap() > 0.0,
+                    "the hog rendered through virtsoc: {m}"
+                );
+            }
+            (
+                m["scheduler"].as_str().unwrap().to_string(),
+                m["hogs"].as_u64().unwrap(),
+                m["cpu_weight"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let want = [
+        ("round-robin", 0, false),
+        ("round-robin", 1, false),
+        ("feedback", 1, false),
+        ("feedback", 1, true),
+    ];
+    assert_eq!(
+        runs,
+        want.map(|(s, h, c)| (s.to_string(), h, c)).to_vec(),
+        "{stdout}"
+    );
+}
