@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use virtsoc_gles_stream::{Encoder, Reader, StreamError};
 
-use crate::gl::{ContextState, Gl, ShareGroup};
+use crate::gl::{ContextState, Gl, Precision, ShareGroup};
 
 /// The host's GL functions.
 pub struct GlApi {
     gl: Gl,
+    /// The precision new contexts' shaders run at (`crate::gl::precision`).
+    precision: Precision,
 }
 
 /// The objects a group of sharing contexts has in common.
@@ -26,7 +28,34 @@ impl GlApi {
         // SAFETY: `get` answers the address of the named function of the host's GL (or
         // null), the loader's contract.
         let gl = unsafe { Gl::load(get) }.map_err(|missing| format!("host GL has no {missing}"))?;
-        Ok(GlApi { gl })
+        Ok(GlApi {
+            gl,
+            precision: Precision::from_env(),
+        })
+    }
+
+    /// Sets the precision the shaders of contexts made from now on run at (by default
+    /// `$VIRTSOC_GLES_PRECISION`'s).
+    pub fn set_precision(&mut self, p: Precision) {
+        self.precision = p;
+    }
+
+    /// Decides [`Precision::Auto`] by the current context's renderer (contexts made before
+    /// a decision decide at their first shader source): the precision in force, and the
+    /// renderer.
+    pub fn resolve_precision(&mut self) -> (Precision, String) {
+        let renderer = self.renderer();
+        self.precision = self.precision.resolve(&renderer);
+        log::info!(
+            "render worker: {renderer}: guest shaders at {} precision",
+            self.precision.name()
+        );
+        (self.precision, renderer)
+    }
+
+    /// The current context's `GL_RENDERER` (empty when there is none).
+    pub fn renderer(&self) -> String {
+        crate::gl::precision::renderer(&self.gl)
     }
 
     /// `glFlush` on the current context.
@@ -83,7 +112,9 @@ impl GlApi {
 
     /// The state of a new context in `share`.
     pub fn new_context(&self, share: &Share) -> CtxState {
-        ContextState::new(share.clone())
+        let mut cx = ContextState::new(share.clone());
+        cx.set_precision(self.precision);
+        cx
     }
 
     /// Drops what the decoder made for context `cx` alone; its host context must be
@@ -104,4 +135,23 @@ impl GlApi {
     ) -> Result<(), StreamError> {
         crate::gl::dispatch(&self.gl, cx, op, payload, reply)
     }
+}
+
+/// `virtsoc-render --probe`: the shader precision guest shaders run at on this host and
+/// why, as the daemon's `gles` backend line shows it (`highp (auto, host renderer
+/// llvmpipe (...))`).
+pub fn probe() -> Result<String, crate::egl::EglError> {
+    let egl = crate::egl::HostEgl::open()?;
+    let mut gl = GlApi::load(|n| egl.proc_address(n)).map_err(crate::egl::EglError::Load)?;
+    let asked = gl.precision;
+    let null = std::ptr::null_mut();
+    let ctx = egl.create_context(null, null, 2)?;
+    let current = egl.make_current(null, null, ctx);
+    let line = current.map(|()| {
+        let (p, renderer) = gl.resolve_precision();
+        format!("{} ({}, host renderer {renderer})", p.name(), asked.name())
+    });
+    let _ = egl.make_current(null, null, null);
+    egl.destroy_context(ctx);
+    line
 }

@@ -144,13 +144,15 @@ impl Renderer {
     /// Makes a context current once and destroys it, so the driver's one-time set-up (a
     /// context's first creation opens Mesa's shader disk cache, which looks the user up
     /// through the C library's name service) happens before the sandbox, which allows
-    /// neither sockets nor files.
+    /// neither sockets nor files; decides the shader precision by the host's renderer
+    /// (`crate::gl::precision`) meanwhile.
     pub fn warm_up(&mut self) {
         let null = std::ptr::null_mut();
         match self.egl.create_context(null, null, 2) {
             Ok(ctx) => {
-                if let Err(e) = self.egl.make_current(null, null, ctx) {
-                    log::warn!("render worker: warming up: {e}");
+                match self.egl.make_current(null, null, ctx) {
+                    Ok(()) => _ = self.gl.resolve_precision(),
+                    Err(e) => log::warn!("render worker: warming up: {e}"),
                 }
                 let _ = self.egl.make_current(null, null, null);
                 self.egl.destroy_context(ctx);

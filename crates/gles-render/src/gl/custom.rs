@@ -7,7 +7,8 @@
 //! - `glGetError()`: answer `u32`.
 //! - `glGetString(name)`: answer the string's bytes (no NUL), null when GL has none.
 //! - `glGetIntegerv(pname)`: answer the values' bytes; binding queries answer guest names.
-//! - `glShaderSource(shader, bytes)`: the sources joined.
+//! - `glShaderSource(shader, bytes)`: the sources joined (rewritten to `highp` where the
+//!   host computes the guest's precisions so: `gl::precision`).
 
 #![allow(non_snake_case)]
 
@@ -15,7 +16,8 @@ use virtsoc_gles_stream::{gl_ops as op, Encoder, Reader};
 
 use super::names::{Kind, Mode};
 use super::{
-    sz, ContextState, DecodeResult, Gl, GL_INVALID_ENUM, GL_INVALID_OPERATION, GL_INVALID_VALUE,
+    precision, sz, ContextState, DecodeResult, Gl, Precision, GL_INVALID_ENUM,
+    GL_INVALID_OPERATION, GL_INVALID_VALUE,
 };
 
 pub(crate) use super::draw::*;
@@ -180,6 +182,15 @@ pub(crate) fn glShaderSource(
     let src = r.bytes()?.unwrap_or(&[]);
     let Some(shader) = cx.host_name(gl, Kind::Shader, shader, Mode::Use) else {
         return Ok(());
+    };
+    if cx.precision == Precision::Auto {
+        cx.precision = Precision::Auto.resolve(&precision::renderer(gl));
+        log::debug!("gles decoder: shader precision {}", cx.precision.name());
+    }
+    let src = if cx.precision == Precision::Highp {
+        precision::to_highp(src)
+    } else {
+        std::borrow::Cow::Borrowed(src)
     };
     let Ok(len) = i32::try_from(src.len()) else {
         cx.error(GL_INVALID_VALUE);
