@@ -3,7 +3,9 @@
 //! natively in `mediump` and in `highp`, and through virtsoc: with the default setting
 //! (`auto`) on a host whose driver emulates `mediump` (Mesa's llvmpipe) the picture equals
 //! the native `highp` one; with `VIRTSOC_GLES_PRECISION=guest` it equals the native
-//! `mediump` one. Each daemon's `gles` backend line names the precision in force.
+//! `mediump` one. Each daemon's `gles` backend line names the precision in force, and the
+//! program reads its own shader text back (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`)
+//! wherever it ran.
 //!
 //! Every draw runs in a child process of this test (glvnd picks its vendor once per
 //! process). Needs the binaries (`cargo build -p virtsoc --bin virtsocd -p virtsoc-render
@@ -41,6 +43,7 @@ fn draw(g: H, fs: &str) -> Vec<u8> {
         sym(g, c"glShaderSource");
     let compile: extern "C" fn(u32) = sym(g, c"glCompileShader");
     let get_shaderiv: extern "C" fn(u32, u32, *mut i32) = sym(g, c"glGetShaderiv");
+    let get_source: extern "C" fn(u32, i32, *mut i32, *mut c_char) = sym(g, c"glGetShaderSource");
     let create_program: extern "C" fn() -> u32 = sym(g, c"glCreateProgram");
     let attach: extern "C" fn(u32, u32) = sym(g, c"glAttachShader");
     let bind_attrib: extern "C" fn(u32, u32, *const c_char) = sym(g, c"glBindAttribLocation");
@@ -67,6 +70,17 @@ fn draw(g: H, fs: &str) -> Vec<u8> {
         let mut ok = 0;
         get_shaderiv(s, 0x8B81, &mut ok);
         assert_eq!(ok, 1, "shader compiles: {src:?}");
+        // The program reads its own text back, whatever the driver compiled.
+        let text = src.to_bytes();
+        let mut len = 0;
+        get_shaderiv(s, 0x8B88, &mut len); // SHADER_SOURCE_LENGTH
+        assert_eq!(len as usize, text.len() + 1, "source length of {src:?}");
+        let mut back = vec![0u8; text.len() + 1];
+        let mut n = 0;
+        get_source(s, back.len() as i32, &mut n, back.as_mut_ptr().cast());
+        assert_eq!(&back[..n as usize], text, "source read back");
+        get_source(s, 8, &mut n, back.as_mut_ptr().cast());
+        assert_eq!((n, &back[..8]), (7, [&text[..7], &[0]].concat().as_slice()));
         attach(p, s);
     }
     bind_attrib(p, 0, c"pos".as_ptr());

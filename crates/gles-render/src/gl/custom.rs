@@ -180,6 +180,7 @@ pub(crate) fn glShaderSource(
 ) -> DecodeResult {
     let shader = r.u32()?;
     let src = r.bytes()?.unwrap_or(&[]);
+    let r_src = src;
     let Some(shader) = cx.host_name(gl, Kind::Shader, shader, Mode::Use) else {
         return Ok(());
     };
@@ -192,6 +193,13 @@ pub(crate) fn glShaderSource(
     } else {
         std::borrow::Cow::Borrowed(src)
     };
+    // The guest reads its own text back (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`:
+    // glmark2 checks the length), up to a NUL as the driver would keep it.
+    let guest_text = matches!(src, std::borrow::Cow::Owned(_)).then(|| {
+        let raw = r_src;
+        raw[..raw.iter().position(|b| *b == 0).unwrap_or(raw.len())].to_vec()
+    });
+    cx.share().set_guest_source(shader, guest_text);
     let Ok(len) = i32::try_from(src.len()) else {
         cx.error(GL_INVALID_VALUE);
         return Ok(());

@@ -8,6 +8,7 @@ use std::ffi::c_void;
 use super::{ContextState, Gl};
 
 pub(crate) use super::es3::hooks::*;
+pub(crate) use super::precision::hooks::*;
 
 /// A binding's current host name, asked of the driver.
 pub(crate) fn binding(gl: &Gl, pname: u32) -> u32 {

@@ -257,6 +257,62 @@ fn directive_name(src: &[u8], mut at: usize) -> (&[u8], usize) {
     (&src[start..at], at)
 }
 
+/// Host hooks (the annotation file's `hhook`): a shader whose source the driver got
+/// rewritten answers the guest's own text (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`),
+/// as a driver that kept the guest's precisions would.
+pub(crate) mod hooks {
+    #![allow(non_snake_case)]
+
+    use std::ffi::c_char;
+
+    use super::super::{ContextState, Gl};
+
+    /// `GL_SHADER_SOURCE_LENGTH`.
+    const SHADER_SOURCE_LENGTH: u32 = 0x8B88;
+
+    pub(crate) fn glGetShaderiv(
+        _gl: &Gl,
+        cx: &mut ContextState,
+        shader: u32,
+        pname: u32,
+        params: *mut i32,
+    ) {
+        if pname != SHADER_SOURCE_LENGTH {
+            return;
+        }
+        let Some(len) = cx.share().guest_source(shader).map(<[u8]>::len) else {
+            return;
+        };
+        // SAFETY: `params` is the decoder's output buffer (one value).
+        unsafe { *params = i32::try_from(len + 1).unwrap_or(i32::MAX) };
+    }
+
+    pub(crate) fn glGetShaderSource(
+        _gl: &Gl,
+        cx: &mut ContextState,
+        shader: u32,
+        buf_size: i32,
+        length: *mut i32,
+        source: *mut c_char,
+    ) {
+        let share = cx.share();
+        let Some(text) = share.guest_source(shader) else {
+            return;
+        };
+        let room = usize::try_from(buf_size).unwrap_or(0);
+        let n = text.len().min(room.saturating_sub(1));
+        // SAFETY: the decoder's output buffers: `source` has room for `buf_size` bytes (n
+        // and the NUL when `buf_size` > 0), `length` for one value.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), source.cast::<u8>(), n);
+            if room > 0 {
+                *source.add(n) = 0;
+            }
+            *length = n as i32;
+        }
+    }
+}
+
 #[cfg(test)]
 #[path = "precision_tests.rs"]
 mod tests;
