@@ -18,6 +18,13 @@ pub(crate) fn binding(gl: &Gl, pname: u32) -> u32 {
     v as u32
 }
 
+/// A vertex array object bound: client arrays take the scratch buffer from now on.
+pub(crate) fn glBindVertexArray(_gl: &Gl, cx: &mut ContextState, array: u32) {
+    if array != 0 {
+        cx.es3.vertex_arrays_used = true;
+    }
+}
+
 /// `GL_ARRAY_BUFFER_BINDING`.
 pub(crate) const ARRAY_BUFFER_BINDING: u32 = 0x8894;
 /// `GL_ELEMENT_ARRAY_BUFFER_BINDING`.
