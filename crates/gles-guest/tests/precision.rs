@@ -3,9 +3,9 @@
 //! natively in `mediump` and in `highp`, and through virtsoc: with the default setting
 //! (`auto`) on a host whose driver emulates `mediump` (Mesa's llvmpipe) the picture equals
 //! the native `highp` one; with `VIRTSOC_GLES_PRECISION=guest` it equals the native
-//! `mediump` one. Each daemon's `gles` backend line names the precision in force, and the
-//! program reads its own shader text back (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`)
-//! wherever it ran.
+//! `mediump` one. Each daemon's `gles` backend line names the setting until a worker started,
+//! then the precision in force; the program reads its own shader text back
+//! (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`) wherever it ran.
 //!
 //! Every draw runs in a child process of this test (glvnd picks its vendor once per
 //! process). Needs the binaries (`cargo build -p virtsoc --bin virtsocd -p virtsoc-render
@@ -178,28 +178,33 @@ fn child(tmp: &Path, name: &str, draws: &str, env: &[(&str, &Path)]) -> Vec<Vec<
         .collect()
 }
 
-/// The `gles` device's backend line, once the daemon knows the precision in force.
+/// The `gles` device's backend line as it is now.
+fn gles_backend_now(ctl: &Path) -> String {
+    let r = request(&Target::Unix(ctl.to_path_buf()), "GET", "/devices", b"").expect("control");
+    let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["name"] == "gles")
+        .and_then(|d| d["backend"].as_str())
+        .expect("a gles device")
+        .to_string()
+}
+
+/// The `gles` device's backend line once a render worker told the daemon the precision in
+/// force (the worker of a guest that drew: its line may still be on the way).
 fn gles_backend(ctl: &Path) -> String {
     let t0 = Instant::now();
     loop {
-        let r = request(&Target::Unix(ctl.to_path_buf()), "GET", "/devices", b"").expect("control");
-        let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
-        let line = v
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|d| d["name"] == "gles")
-            .and_then(|d| d["backend"].as_str())
-            .expect("a gles device")
-            .to_string();
-        if !line.contains("not known yet") {
+        let line = gles_backend_now(ctl);
+        if !line.contains("none has yet") {
             return line;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "the precision never became known: {line}"
+            "no render worker said the precision: {line}"
         );
-        // The daemon's probe of its worker program has no event to wait on from here.
+        // The daemon's reading of the worker's line has no event to wait on from here.
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -217,16 +222,11 @@ fn mediump_computes_at_highp_where_the_host_emulates_it() {
     let json = tmp.join("auto").join("virtsoc.json");
     let native = child(&tmp, "native", "mediump,highp", &[]);
     let (n_medium, n_high) = (&native[0], &native[1]);
-    let line = gles_backend(&ctl);
-    // On this project's hosts (Mesa's llvmpipe) mediump is fp16 and the two differ; a host
-    // computing mediump at full precision draws them alike, and keeps the guest's text.
-    let emulated = n_medium != n_high;
-    let expect = if emulated {
-        "shader precision: highp (auto"
-    } else {
-        "shader precision: guest (auto"
-    };
-    assert!(line.contains(expect), "{expect} in {line}");
+    let before = gles_backend_now(&ctl);
+    assert!(
+        before.contains("shader precision: auto (as a render worker decides"),
+        "{before}"
+    );
     let ours = child(
         &tmp,
         "auto",
@@ -236,6 +236,16 @@ fn mediump_computes_at_highp_where_the_host_emulates_it() {
             ("VIRTSOC_SOCKET", &sock),
         ],
     );
+    let line = gles_backend(&ctl);
+    // On this project's hosts (Mesa's llvmpipe) mediump is fp16 and the two differ; a host
+    // computing mediump at full precision draws them alike, and keeps the guest's text.
+    let emulated = n_medium != n_high;
+    let expect = if emulated {
+        "shader precision: highp (auto, host renderer"
+    } else {
+        "shader precision: guest (auto, host renderer"
+    };
+    assert!(line.contains(expect), "{expect} in {line}");
     assert!(ours[0] == *n_high, "auto: the native highp picture");
     if !emulated {
         eprintln!("this host computes mediump at full precision: nothing more to compare");
@@ -251,8 +261,6 @@ fn mediump_computes_at_highp_where_the_host_emulates_it() {
     else {
         return;
     };
-    let line = gles_backend(&ctl);
-    assert!(line.contains("shader precision: guest (guest"), "{line}");
     let json = guest_dir.join("virtsoc.json");
     let theirs = child(
         &tmp,
@@ -263,6 +271,8 @@ fn mediump_computes_at_highp_where_the_host_emulates_it() {
             ("VIRTSOC_SOCKET", &sock),
         ],
     );
+    let line = gles_backend(&ctl);
+    assert!(line.contains("shader precision: guest (guest"), "{line}");
     assert!(theirs[0] == *n_medium, "guest: the native mediump picture");
     assert!(theirs[1] == *n_high, "guest: a highp shader as natively");
     let _ = std::fs::remove_dir_all(&tmp);

@@ -41,16 +41,19 @@ impl GlApi {
     }
 
     /// Decides [`Precision::Auto`] by the current context's renderer (contexts made before
-    /// a decision decide at their first shader source): the precision in force, and the
-    /// renderer.
-    pub fn resolve_precision(&mut self) -> (Precision, String) {
-        let renderer = self.renderer();
-        self.precision = self.precision.resolve(&renderer);
-        log::info!(
-            "render worker: {renderer}: guest shaders at {} precision",
-            self.precision.name()
+    /// a decision decide at their first shader source): the line saying which precision is
+    /// in force and why, as the daemon's `gles` backend line shows it (`highp (auto, host
+    /// renderer llvmpipe (...))`).
+    pub fn resolve_precision(&mut self) -> String {
+        let (asked, renderer) = (self.precision, self.renderer());
+        self.precision = asked.resolve(&renderer);
+        let line = format!(
+            "{} ({}, host renderer {renderer})",
+            self.precision.name(),
+            asked.name()
         );
-        (self.precision, renderer)
+        log::info!("render worker: guest shaders at {line}");
+        line
     }
 
     /// The current context's `GL_RENDERER` (empty when there is none).
@@ -135,23 +138,4 @@ impl GlApi {
     ) -> Result<(), StreamError> {
         crate::gl::dispatch(&self.gl, cx, op, payload, reply)
     }
-}
-
-/// `virtsoc-render --probe`: the shader precision guest shaders run at on this host and
-/// why, as the daemon's `gles` backend line shows it (`highp (auto, host renderer
-/// llvmpipe (...))`).
-pub fn probe() -> Result<String, crate::egl::EglError> {
-    let egl = crate::egl::HostEgl::open()?;
-    let mut gl = GlApi::load(|n| egl.proc_address(n)).map_err(crate::egl::EglError::Load)?;
-    let asked = gl.precision;
-    let null = std::ptr::null_mut();
-    let ctx = egl.create_context(null, null, 2)?;
-    let current = egl.make_current(null, null, ctx);
-    let line = current.map(|()| {
-        let (p, renderer) = gl.resolve_precision();
-        format!("{} ({}, host renderer {renderer})", p.name(), asked.name())
-    });
-    let _ = egl.make_current(null, null, null);
-    egl.destroy_context(ctx);
-    line
 }

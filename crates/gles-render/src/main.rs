@@ -1,8 +1,7 @@
 //! `virtsoc-render`: the render worker process the daemon's `gles` device starts per guest.
 //! Its stdin is its socket to the daemon (see [`virtsoc_render::worker`]); it enters its
-//! sandbox ([`virtsoc_render::sandbox`]) once the host's EGL is open. `virtsoc-render
-//! --probe` prints the shader precision guest shaders run at on this host and exits
-//! ([`virtsoc_render::glue::probe`]).
+//! sandbox ([`virtsoc_render::sandbox`]) once the host's EGL is open. Its stdout carries
+//! one line, the shader precision it runs guest shaders at (`Renderer::warm_up`).
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -15,17 +14,6 @@ fn main() {
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    if std::env::args().nth(1).as_deref() == Some("--probe") {
-        // The daemon's question at its start: which precision guest shaders run at here.
-        match virtsoc_render::glue::probe() {
-            Ok(line) => println!("{line}"),
-            Err(e) => {
-                eprintln!("virtsoc-render: {e}");
-                std::process::exit(1);
-            }
-        }
-        return;
-    }
     // A guest's vendor-library settings must not make the worker load virtsoc's own EGL.
     if std::env::var("__EGL_VENDOR_LIBRARY_FILENAMES").is_ok_and(|v| v.contains("virtsoc")) {
         std::env::remove_var("__EGL_VENDOR_LIBRARY_FILENAMES");

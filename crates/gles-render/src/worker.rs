@@ -21,6 +21,7 @@
 //! unknown one is an EGL error in the answer, never a host call.
 
 use std::collections::HashMap;
+use std::io::Write;
 
 use virtsoc_gles_stream::{egl, Encoder, Reader, StreamError};
 
@@ -145,13 +146,19 @@ impl Renderer {
     /// context's first creation opens Mesa's shader disk cache, which looks the user up
     /// through the C library's name service) happens before the sandbox, which allows
     /// neither sockets nor files; decides the shader precision by the host's renderer
-    /// (`crate::gl::precision`) meanwhile.
+    /// meanwhile (`crate::gl::precision`) and says which on stdout, for the daemon.
     pub fn warm_up(&mut self) {
         let null = std::ptr::null_mut();
         match self.egl.create_context(null, null, 2) {
             Ok(ctx) => {
                 match self.egl.make_current(null, null, ctx) {
-                    Ok(()) => _ = self.gl.resolve_precision(),
+                    Ok(()) => {
+                        // The daemon reads this one line (its `gles` backend line); nothing
+                        // else of the worker's goes to stdout, and a closed pipe is no error.
+                        let line = self.gl.resolve_precision();
+                        let mut out = std::io::stdout();
+                        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+                    }
                     Err(e) => log::warn!("render worker: warming up: {e}"),
                 }
                 let _ = self.egl.make_current(null, null, null);

@@ -23,7 +23,7 @@
 //!   one (its contexts are gone; the guest's EGL reports `EGL_CONTEXT_LOST`).
 //! - **Departure**: when the guest goes away its worker is killed.
 //! - **Shader precision**: the backend line says at which precision the workers run guest
-//!   shaders (`gles_precision.rs` asks the worker program once, at the device's creation).
+//!   shaders (the first worker's line on its stdout: `gles_precision.rs`).
 //! - **GL memory**: each answer carries the guest's GL memory after the batch (its share
 //!   groups' buffers, textures and renderbuffers, and its surfaces), at most
 //!   [`MAX_GL_BYTES`]. The forwarding thread holds a
@@ -189,7 +189,7 @@ pub struct Gles {
     /// its guest's.
     cgroups: std::sync::OnceLock<Arc<CpuCgroups>>,
     /// The shader precision the workers run guest shaders at, for the backend line.
-    precision: precision::PrecisionProbe,
+    precision: precision::PrecisionLine,
 }
 
 impl Gles {
@@ -199,7 +199,7 @@ impl Gles {
     pub fn new(cfg: &DeviceConfig) -> Self {
         let program = cfg.render_worker.clone().unwrap_or_else(default_worker);
         Gles {
-            precision: precision::PrecisionProbe::start(&program, cfg.render_deadline),
+            precision: precision::PrecisionLine::default(),
             program,
             deadline: cfg.render_deadline,
             guests: Mutex::new(HashMap::new()),
@@ -224,6 +224,7 @@ impl Gles {
         let place = forward::Placement {
             guest,
             cgroups: self.cgroups.get().cloned(),
+            precision: self.precision.clone(),
         };
         std::thread::Builder::new()
             .name(format!("gles-{guest}"))

@@ -1,129 +1,109 @@
 //! The shader precision the render workers run guest shaders at, for the `gles` device's
-//! backend line (`virtsoc devices`): asked once of the worker program (`virtsoc-render
-//! --probe`, in the daemon's environment, which the workers inherit) in a thread of its own
-//! at the device's creation, so neither the daemon's start nor a guest waits for the host
-//! driver's set-up. The decision is the worker's (`VIRTSOC_GLES_PRECISION=guest|highp|auto`
-//! and the host's `GL_RENDERER`: docs/gles.md, "Shader precision"); the daemon only shows it.
+//! backend line (`virtsoc devices`). The decision is each worker's
+//! (`VIRTSOC_GLES_PRECISION=guest|highp|auto` in the daemon's environment, which the workers
+//! inherit, and the host's `GL_RENDERER`: docs/gles.md, "Shader precision"); a worker says
+//! it in one line on its stdout when it starts, and the daemon keeps the first such line
+//! (every worker of a daemon decides alike). Until a worker has started the line names the
+//! setting asked for.
 
-use std::io::Read;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{mpsc, Arc, OnceLock};
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Read};
+use std::process::ChildStdout;
+use std::sync::{Arc, OnceLock};
 
-/// The most characters of the probe's answer kept.
+/// The most characters of a worker's line kept.
 const MAX_LINE: usize = 256;
 
-/// The probe's answer, once it came.
-pub(super) struct PrecisionProbe {
-    answer: Arc<OnceLock<String>>,
-    /// The asking thread (joined by tests only: it ends on its own).
-    #[cfg_attr(not(test), allow(dead_code))]
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+/// The line a worker reported, once one did.
+#[derive(Clone, Default)]
+pub(super) struct PrecisionLine(Arc<OnceLock<String>>);
 
-impl PrecisionProbe {
-    /// Starts asking `program --probe`, given `deadline` to answer.
-    pub(super) fn start(program: &Path, deadline: Duration) -> PrecisionProbe {
-        let answer = Arc::new(OnceLock::new());
-        let (out, program) = (answer.clone(), program.to_path_buf());
-        let started = std::thread::Builder::new()
+impl PrecisionLine {
+    /// Reads a started worker's line from `out` in a thread of its own (which ends with the
+    /// line, or with the worker); `out` is dropped at once when a line is known already
+    /// (the worker's write then fails, which it ignores).
+    pub(super) fn listen(&self, out: ChildStdout) -> Option<std::thread::JoinHandle<()>> {
+        if self.0.get().is_some() {
+            return None;
+        }
+        let known = self.0.clone();
+        std::thread::Builder::new()
             .name("gles-precision".into())
             .spawn(move || {
-                let _ = out.set(ask(&program, deadline));
-            });
-        let thread = match started {
-            Ok(t) => Some(t),
-            Err(e) => {
-                let _ = answer.set(format!("unknown (no thread to ask the worker: {e})"));
-                None
-            }
-        };
-        PrecisionProbe { answer, thread }
+                let mut line = String::new();
+                let mut r = BufReader::new(out.take(4096));
+                if r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    let line: String = line.trim().chars().take(MAX_LINE).collect();
+                    if !line.is_empty() {
+                        let _ = known.set(line);
+                    }
+                }
+            })
+            .ok()
     }
 
-    /// What the backend line says: the worker's answer, or that it has not come yet.
+    /// What the backend line says: a worker's line, or the setting until one came.
     pub(super) fn line(&self) -> String {
-        self.answer
-            .get()
-            .cloned()
-            .unwrap_or_else(|| "not known yet (asking the render worker)".into())
-    }
-}
-
-/// Runs `program --probe` and reads its one line (ended after `deadline`).
-fn ask(program: &Path, deadline: Duration) -> String {
-    let child = Command::new(program)
-        .arg("--probe")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => return format!("unknown (cannot start {}: {e})", program.display()),
-    };
-    let Some(mut stdout) = child.stdout.take() else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return "unknown (no pipe from the render worker)".into();
-    };
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::Builder::new()
-        .name("gles-precision-read".into())
-        .spawn(move || {
-            let mut s = String::new();
-            let _ = (&mut stdout).take(64 << 10).read_to_string(&mut s);
-            let _ = tx.send(s);
-        });
-    let answer = match reader {
-        Ok(_) => rx.recv_timeout(deadline).ok(),
-        Err(_) => None,
-    };
-    let _ = child.kill();
-    let status = child.wait();
-    match answer {
-        Some(s) if status.as_ref().is_ok_and(|s| s.success()) && !s.trim().is_empty() => {
-            let line = s.lines().next().unwrap_or("").trim();
-            line.chars().take(MAX_LINE).collect()
+        match self.0.get() {
+            Some(l) => l.clone(),
+            None => {
+                let asked = std::env::var("VIRTSOC_GLES_PRECISION").unwrap_or_default();
+                let asked = if asked.trim().is_empty() {
+                    "auto"
+                } else {
+                    asked.trim()
+                };
+                format!("{asked} (as a render worker decides when it starts; none has yet)")
+            }
         }
-        Some(_) => "unknown (the render worker has no host GL)".into(),
-        None => format!("unknown (the render worker did not answer in {deadline:?})"),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::{Command, Stdio};
 
-    /// A script standing in for the worker program.
-    fn script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
-        use std::os::unix::fs::PermissionsExt;
-        let p = dir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write script");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        p
+    fn worker_saying(text: &str) -> std::process::Child {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf '{text}'"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sh")
     }
 
     #[test]
-    fn the_workers_answer_or_why_there_is_none() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let d = dir.path();
-        let long = Duration::from_secs(60);
-        let ok = script(
-            d,
-            "ok",
-            r#"[ "$1" = --probe ] && echo "highp (auto: llvmpipe)""#,
-        );
-        assert_eq!(ask(&ok, long), "highp (auto: llvmpipe)");
-        let fails = script(d, "fails", "exit 1");
-        assert!(ask(&fails, long).contains("has no host GL"));
-        assert!(ask(&d.join("missing"), long).starts_with("unknown (cannot start"));
-        let hangs = script(d, "hangs", "exec sleep 600");
-        assert!(ask(&hangs, Duration::from_millis(200)).contains("did not answer"));
-        // Through the thread: the line is the answer once it came.
-        let mut p = PrecisionProbe::start(&ok, long);
-        p.thread.take().expect("asking").join().expect("asked");
-        assert_eq!(p.line(), "highp (auto: llvmpipe)");
+    fn the_first_workers_line_is_kept() {
+        let p = PrecisionLine::default();
+        assert!(p.line().contains("none has yet"), "{}", p.line());
+        // A worker that says nothing (no host GL, an old binary) leaves it unknown.
+        let mut silent = worker_saying("");
+        let t = p
+            .listen(silent.stdout.take().expect("pipe"))
+            .expect("thread");
+        t.join().expect("joined");
+        let _ = silent.wait();
+        assert!(p.line().contains("none has yet"));
+        let mut first = worker_saying("highp (auto, host renderer llvmpipe)\\nmore\\n");
+        let t = p
+            .listen(first.stdout.take().expect("pipe"))
+            .expect("thread");
+        t.join().expect("joined");
+        let _ = first.wait();
+        assert_eq!(p.line(), "highp (auto, host renderer llvmpipe)");
+        // Later workers are not listened to.
+        let mut second = worker_saying("guest (guest, host renderer x)\\n");
+        assert!(p.listen(second.stdout.take().expect("pipe")).is_none());
+        let _ = second.wait();
+        assert_eq!(p.line(), "highp (auto, host renderer llvmpipe)");
+        // A line is bounded.
+        let q = PrecisionLine::default();
+        let mut long = worker_saying(&"x".repeat(5000));
+        q.listen(long.stdout.take().expect("pipe"))
+            .expect("thread")
+            .join()
+            .expect("joined");
+        let _ = long.wait();
+        assert_eq!(q.line().len(), MAX_LINE);
     }
 }
