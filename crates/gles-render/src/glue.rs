@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use virtsoc_gles_stream::{Encoder, Reader, StreamError};
 
-use crate::gl::{ContextState, Gl, ShareGroup};
+use crate::gl::{ContextState, Gl, Precision, ShareGroup};
 
 /// The host's GL functions.
 pub struct GlApi {
     gl: Gl,
+    /// The precision new contexts' shaders run at (`crate::gl::precision`).
+    precision: Precision,
 }
 
 /// The objects a group of sharing contexts has in common.
@@ -26,7 +28,37 @@ impl GlApi {
         // SAFETY: `get` answers the address of the named function of the host's GL (or
         // null), the loader's contract.
         let gl = unsafe { Gl::load(get) }.map_err(|missing| format!("host GL has no {missing}"))?;
-        Ok(GlApi { gl })
+        Ok(GlApi {
+            gl,
+            precision: Precision::from_env(),
+        })
+    }
+
+    /// Sets the precision the shaders of contexts made from now on run at (by default
+    /// `$VIRTSOC_GLES_PRECISION`'s).
+    pub fn set_precision(&mut self, p: Precision) {
+        self.precision = p;
+    }
+
+    /// Decides [`Precision::Auto`] by the current context's renderer (contexts made before
+    /// a decision decide at their first shader source): the line saying which precision is
+    /// in force and why, as the daemon's `gles` backend line shows it (`highp (auto, host
+    /// renderer llvmpipe (...))`).
+    pub fn resolve_precision(&mut self) -> String {
+        let (asked, renderer) = (self.precision, self.renderer());
+        self.precision = asked.resolve(&renderer);
+        let line = format!(
+            "{} ({}, host renderer {renderer})",
+            self.precision.name(),
+            asked.name()
+        );
+        log::info!("render worker: guest shaders at {line}");
+        line
+    }
+
+    /// The current context's `GL_RENDERER` (empty when there is none).
+    pub fn renderer(&self) -> String {
+        crate::gl::precision::renderer(&self.gl)
     }
 
     /// `glFlush` on the current context.
@@ -83,7 +115,9 @@ impl GlApi {
 
     /// The state of a new context in `share`.
     pub fn new_context(&self, share: &Share) -> CtxState {
-        ContextState::new(share.clone())
+        let mut cx = ContextState::new(share.clone());
+        cx.set_precision(self.precision);
+        cx
     }
 
     /// Drops what the decoder made for context `cx` alone; its host context must be

@@ -1,6 +1,7 @@
 //! `virtsoc-render`: the render worker process the daemon's `gles` device starts per guest.
 //! Its stdin is its socket to the daemon (see [`virtsoc_render::worker`]); it enters its
-//! sandbox ([`virtsoc_render::sandbox`]) once the host's EGL is open.
+//! sandbox ([`virtsoc_render::sandbox`]) once the host's EGL is open. Its stdout carries
+//! one line, the shader precision it runs guest shaders at (`Renderer::warm_up`).
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;

@@ -21,6 +21,7 @@
 //! unknown one is an EGL error in the answer, never a host call.
 
 use std::collections::HashMap;
+use std::io::Write;
 
 use virtsoc_gles_stream::{egl, Encoder, Reader, StreamError};
 
@@ -144,13 +145,21 @@ impl Renderer {
     /// Makes a context current once and destroys it, so the driver's one-time set-up (a
     /// context's first creation opens Mesa's shader disk cache, which looks the user up
     /// through the C library's name service) happens before the sandbox, which allows
-    /// neither sockets nor files.
+    /// neither sockets nor files; decides the shader precision by the host's renderer
+    /// meanwhile (`crate::gl::precision`) and says which on stdout, for the daemon.
     pub fn warm_up(&mut self) {
         let null = std::ptr::null_mut();
         match self.egl.create_context(null, null, 2) {
             Ok(ctx) => {
-                if let Err(e) = self.egl.make_current(null, null, ctx) {
-                    log::warn!("render worker: warming up: {e}");
+                match self.egl.make_current(null, null, ctx) {
+                    Ok(()) => {
+                        // The daemon reads this one line (its `gles` backend line); nothing
+                        // else of the worker's goes to stdout, and a closed pipe is no error.
+                        let line = self.gl.resolve_precision();
+                        let mut out = std::io::stdout();
+                        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+                    }
+                    Err(e) => log::warn!("render worker: warming up: {e}"),
                 }
                 let _ = self.egl.make_current(null, null, null);
                 self.egl.destroy_context(ctx);

@@ -21,6 +21,12 @@
 //! sandboxed render worker must: a cache warmed by earlier runs would let the native path
 //! skip shader compiles the others pay for.
 //!
+//! Precision differs between the paths on Mesa's llvmpipe: natively `mediump` is emulated
+//! fp16, virtsoc's render worker computes it at `highp` (docs/gles.md, "Shader precision")
+//! and virgl's host compiles desktop GLSL without precisions. `VIRTSOC_GLES_PRECISION=guest`
+//! in this command's environment (the daemon it starts inherits it) keeps the guest's
+//! precisions, for comparing the remoting alone with the native path.
+//!
 //! Without `$DISPLAY` the programs get an Xvfb of their own on a free display. Per path it
 //! records each scene's FPS, glmark2's score, the program's CPU seconds (this process's
 //! reaped-children times around it) and its server's (the daemon with its render workers,

@@ -374,61 +374,45 @@ pub(crate) unsafe extern "C" fn glMapBufferOES(target: u32, access: u32) -> *mut
     p.cast()
 }
 
-/// `glUnmapBufferOES`: the bytes that differ from the guest's copy of the buffer go to the
-/// host as one `glBufferSubData` (all of them when there is no copy).
+/// `glUnmapBufferOES`: the runs of bytes that differ from the guest's copy of the buffer go
+/// to the host, a `glBufferSubData` each (all of them when there is no copy: `gl::diff`).
 pub(crate) unsafe extern "C" fn glUnmapBufferOES(target: u32) -> u8 {
     let Some(ctx) = rt::current() else { return 0 };
-    let (m, range) = {
+    let (m, runs) = {
         let mut st = ctx.gl();
         let b = st.bound_buffer(target).unwrap_or(0);
         let mut s = st.shared();
-        let (m, range) = match s.buffers.get_mut(&b) {
+        let (m, runs) = match s.buffers.get_mut(&b) {
             Some(info) => {
                 let m = info.mapped.take();
-                let range = m.as_ref().map(|m| changed(info.shadow.as_deref(), m));
-                (m, range)
+                let runs = m
+                    .as_ref()
+                    .map(|m| super::diff::changed_runs(info.shadow.as_deref(), m));
+                (m, runs.unwrap_or_default())
             }
-            None => (None, None),
+            None => (None, Vec::new()),
         };
         drop(s);
         if m.is_none() {
             st.error(GL_INVALID_OPERATION);
         }
-        (m, range)
+        (m, runs)
     };
     let Some(m) = m else { return 0 };
-    let Some(Some((lo, hi))) = range else {
-        return 1; // nothing written
-    };
-    let part = &m[lo..hi];
-    // SAFETY: `part` holds its bytes; the generated entry point takes the locks anew (and
-    // updates the guest's copy).
-    unsafe {
-        super::gen::glBufferSubData(
-            target,
-            lo as isize,
-            part.len() as isize,
-            part.as_ptr().cast(),
-        )
-    };
+    for (lo, hi) in runs {
+        let part = &m[lo..hi];
+        // SAFETY: `part` holds its bytes; the generated entry point takes the locks anew
+        // (and updates the guest's copy).
+        unsafe {
+            super::gen::glBufferSubData(
+                target,
+                lo as isize,
+                part.len() as isize,
+                part.as_ptr().cast(),
+            )
+        };
+    }
     1
-}
-
-/// The range of `new` that differs from `old` (all of it without `old`); `None` when
-/// nothing changed.
-fn changed(old: Option<&[u8]>, new: &[u8]) -> Option<(usize, usize)> {
-    let Some(old) = old.filter(|o| o.len() == new.len()) else {
-        return Some((0, new.len()));
-    };
-    let lo = old.iter().zip(new).position(|(a, b)| a != b)?;
-    let hi = new.len()
-        - old
-            .iter()
-            .rev()
-            .zip(new.iter().rev())
-            .position(|(a, b)| a != b)
-            .unwrap_or(0);
-    Some((lo, hi))
 }
 
 /// `glGetBufferPointervOES(target, GL_BUFFER_MAP_POINTER_OES)`.

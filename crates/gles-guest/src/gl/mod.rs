@@ -1,6 +1,7 @@
 //! The GLES 2.0 entry points of the vendor library: encoded into the current context's
 //! stream (generated from the registry by `virtsoc-gles-gen`, `gl_guest.rs` in `OUT_DIR`),
-//! the calls the generator cannot do written by hand (`custom`), and the guest-side state
+//! the calls the generator cannot do written by hand (`custom`; what a write mapping changed:
+//! `diff`), and the guest-side state
 //! that spares round trips ([`GlState`]).
 //!
 //! # For the EGL half
@@ -29,6 +30,7 @@
 use std::ffi::{c_void, CStr};
 
 mod custom;
+mod diff;
 mod draw;
 mod es3;
 mod es3obj;

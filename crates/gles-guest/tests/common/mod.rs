@@ -114,6 +114,15 @@ pub fn worker_fails(name: &str, script: &str, args: &[&str], within: Duration) {
 /// and its control socket, once both listen. `None` (skipped loudly) when a binary is not
 /// built.
 pub fn start_daemon(tmp: &Path, args: &[&str]) -> Option<(Daemon, PathBuf, PathBuf)> {
+    start_daemon_env(tmp, args, &[])
+}
+
+/// [`start_daemon`] with `env` in the daemon's environment (its render workers inherit it).
+pub fn start_daemon_env(
+    tmp: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Option<(Daemon, PathBuf, PathBuf)> {
     let dir = bin_dir();
     let (daemon, vendor) = (dir.join("virtsocd"), dir.join("libEGL_virtsoc.so"));
     for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
@@ -147,6 +156,7 @@ pub fn start_daemon(tmp: &Path, args: &[&str]) -> Option<(Daemon, PathBuf, PathB
             .arg("--control")
             .arg(&ctl)
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .spawn()

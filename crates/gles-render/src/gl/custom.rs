@@ -7,7 +7,8 @@
 //! - `glGetError()`: answer `u32`.
 //! - `glGetString(name)`: answer the string's bytes (no NUL), null when GL has none.
 //! - `glGetIntegerv(pname)`: answer the values' bytes; binding queries answer guest names.
-//! - `glShaderSource(shader, bytes)`: the sources joined.
+//! - `glShaderSource(shader, bytes)`: the sources joined (rewritten to `highp` where the
+//!   host computes the guest's precisions so: `gl::precision`).
 
 #![allow(non_snake_case)]
 
@@ -15,7 +16,8 @@ use virtsoc_gles_stream::{gl_ops as op, Encoder, Reader};
 
 use super::names::{Kind, Mode};
 use super::{
-    sz, ContextState, DecodeResult, Gl, GL_INVALID_ENUM, GL_INVALID_OPERATION, GL_INVALID_VALUE,
+    precision, sz, ContextState, DecodeResult, Gl, Precision, GL_INVALID_ENUM,
+    GL_INVALID_OPERATION, GL_INVALID_VALUE,
 };
 
 pub(crate) use super::draw::*;
@@ -178,9 +180,26 @@ pub(crate) fn glShaderSource(
 ) -> DecodeResult {
     let shader = r.u32()?;
     let src = r.bytes()?.unwrap_or(&[]);
+    let r_src = src;
     let Some(shader) = cx.host_name(gl, Kind::Shader, shader, Mode::Use) else {
         return Ok(());
     };
+    if cx.precision == Precision::Auto {
+        cx.precision = Precision::Auto.resolve(&precision::renderer(gl));
+        log::debug!("gles decoder: shader precision {}", cx.precision.name());
+    }
+    let src = if cx.precision == Precision::Highp {
+        precision::to_highp(src)
+    } else {
+        std::borrow::Cow::Borrowed(src)
+    };
+    // The guest reads its own text back (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`:
+    // glmark2 checks the length), up to a NUL as the driver would keep it.
+    let guest_text = matches!(src, std::borrow::Cow::Owned(_)).then(|| {
+        let raw = r_src;
+        raw[..raw.iter().position(|b| *b == 0).unwrap_or(raw.len())].to_vec()
+    });
+    cx.share().set_guest_source(shader, guest_text);
     let Ok(len) = i32::try_from(src.len()) else {
         cx.error(GL_INVALID_VALUE);
         return Ok(());

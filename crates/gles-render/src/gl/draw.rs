@@ -1,8 +1,9 @@
 //! Attribute pointers and draws with client vertex arrays (GLES 2.0's and GLES 3.0's
-//! instanced draws and integer attributes). A client array arrives with its draw; it is
-//! uploaded to the context's scratch buffer and the attribute pointed there, after checking
-//! that it holds every element the draw reads: vertices `base..base+nverts`, or for an
-//! attribute with a divisor (asked of the driver) `ceil(instances / divisor)` elements.
+//! instanced draws and integer attributes). A client array arrives with its draw; after
+//! checking that it holds every element the draw reads (vertices `base..base+nverts`, or
+//! for an attribute with a divisor, asked of the driver, `ceil(instances / divisor)`
+//! elements) the attribute is pointed at its bytes in the batch for the draw, or, once
+//! the context has bound a vertex array object, uploaded to the context's scratch buffer.
 //!
 //! Payloads (the guest's `gl::draw` writes them):
 //! - `glVertexAttribPointer(index, size, type, normalized, stride, offset u64)` and
@@ -203,11 +204,63 @@ fn attribs_are_buffers(gl: &Gl, cx: &mut ContextState, client: &[ClientAttrib<'_
     true
 }
 
-/// Uploads client attributes to the scratch buffer and points them at it.
-fn upload_client(gl: &Gl, cx: &mut ContextState, attrs: &[ClientAttrib<'_>]) {
+/// Points client attributes at their bytes in the batch, which stays where it is for the
+/// draw: the driver reads them during the call as it reads a native program's client
+/// arrays (no buffer to fill: one copy of the vertices less per draw, and no storage
+/// orphaned). With a vertex array object possibly bound (GLES 3.0 refuses client pointers
+/// then) they go to the scratch buffer instead ([`upload_client`]).
+fn point_client(gl: &Gl, cx: &mut ContextState, attrs: &[ClientAttrib<'_>]) {
     if attrs.is_empty() {
         return;
     }
+    if cx.es3.vertex_arrays_used {
+        upload_client(gl, cx, attrs);
+        return;
+    }
+    let prev = binding(gl, ARRAY_BUFFER_BINDING);
+    // SAFETY: a current context with no vertex array object bound (the guest never bound
+    // one on it); each pointer is the start of `data`, which holds every element the draw
+    // reads (`read_client`) and lives in the batch until the draw returns. Only this
+    // draw's client attributes are pointed here; a later draw that does not send an
+    // enabled attribute's bytes again is refused (`attribs_are_buffers`: no buffer).
+    unsafe {
+        if prev != 0 {
+            (gl.glBindBuffer)(GL_ARRAY_BUFFER, 0);
+        }
+        for a in attrs {
+            set_pointer(gl, a, a.data.as_ptr().cast());
+        }
+        if prev != 0 {
+            (gl.glBindBuffer)(GL_ARRAY_BUFFER, prev);
+        }
+    }
+}
+
+/// Points attribute `a` at `ptr` (an offset into the bound array buffer, or client
+/// memory), tightly packed.
+///
+/// # Safety
+/// A current context; `ptr` is what the driver may read for `a`.
+unsafe fn set_pointer(gl: &Gl, a: &ClientAttrib<'_>, ptr: *const c_void) {
+    let elem = sz::attrib_type_bytes(a.ty).unwrap_or(4) * a.size as usize;
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (a.flags & 2 != 0, gl.glVertexAttribIPointer) {
+            (true, Some(f)) => f(a.index, a.size, a.ty, elem as i32, ptr),
+            _ => (gl.glVertexAttribPointer)(
+                a.index,
+                a.size,
+                a.ty,
+                (a.flags & 1) as u8,
+                elem as i32,
+                ptr,
+            ),
+        }
+    }
+}
+
+/// Uploads client attributes to the scratch buffer and points them at it.
+fn upload_client(gl: &Gl, cx: &mut ContextState, attrs: &[ClientAttrib<'_>]) {
     if cx.scratch_vbo == 0 {
         // SAFETY: a current context; room for one name.
         unsafe { (gl.glGenBuffers)(1, &mut cx.scratch_vbo) };
@@ -236,19 +289,7 @@ fn upload_client(gl: &Gl, cx: &mut ContextState, attrs: &[ClientAttrib<'_>]) {
                 a.data.len() as isize,
                 a.data.as_ptr().cast(),
             );
-            let elem = sz::attrib_type_bytes(a.ty).unwrap_or(4) * a.size as usize;
-            let ptr = *off as *const c_void;
-            match (a.flags & 2 != 0, gl.glVertexAttribIPointer) {
-                (true, Some(f)) => f(a.index, a.size, a.ty, elem as i32, ptr),
-                _ => (gl.glVertexAttribPointer)(
-                    a.index,
-                    a.size,
-                    a.ty,
-                    (a.flags & 1) as u8,
-                    elem as i32,
-                    ptr,
-                ),
-            }
+            set_pointer(gl, a, *off as *const c_void);
         }
         (gl.glBindBuffer)(GL_ARRAY_BUFFER, prev);
     }
@@ -282,7 +323,7 @@ fn draw_arrays(gl: &Gl, cx: &mut ContextState, r: &mut Reader<'_>, inst: bool) -
         cx.error(GL_INVALID_OPERATION);
         return Ok(());
     }
-    upload_client(gl, cx, &attrs);
+    point_client(gl, cx, &attrs);
     // SAFETY: a current context; every enabled attribute reads a buffer holding what the
     // draw reads.
     unsafe {
@@ -429,7 +470,7 @@ fn draw_elements(gl: &Gl, cx: &mut ContextState, r: &mut Reader<'_>, inst: bool)
             ptr = rebased.as_ptr();
         }
     }
-    upload_client(gl, cx, &attrs);
+    point_client(gl, cx, &attrs);
     // SAFETY: a current context; `ptr` holds `count` indices of `ty` (checked); with no
     // element buffer bound for the call the driver reads them from here.
     unsafe {
@@ -461,3 +502,7 @@ pub(crate) fn glDrawElementsInstanced(
 ) -> DecodeResult {
     draw_elements(gl, cx, r, true)
 }
+
+#[cfg(test)]
+#[path = "draw_tests.rs"]
+mod tests;

@@ -42,6 +42,9 @@ pub(crate) struct HostEs3 {
     pub pack: PixelStore,
     /// Whether the guest ever set an attribute divisor (draws ask the driver's then).
     pub divisors_used: bool,
+    /// Whether the guest ever bound a vertex array object on this context (client arrays
+    /// go through the scratch buffer then: `gl::draw`).
+    pub vertex_arrays_used: bool,
 }
 
 /// The binding query of buffer `target` (`None`: not a buffer target).

@@ -8,6 +8,7 @@ use std::ffi::c_void;
 use super::{ContextState, Gl};
 
 pub(crate) use super::es3::hooks::*;
+pub(crate) use super::precision::hooks::*;
 
 /// A binding's current host name, asked of the driver.
 pub(crate) fn binding(gl: &Gl, pname: u32) -> u32 {
@@ -15,6 +16,13 @@ pub(crate) fn binding(gl: &Gl, pname: u32) -> u32 {
     // SAFETY: a current context; one value written for a binding query.
     unsafe { (gl.glGetIntegerv)(pname, &mut v) };
     v as u32
+}
+
+/// A vertex array object bound: client arrays take the scratch buffer from now on.
+pub(crate) fn glBindVertexArray(_gl: &Gl, cx: &mut ContextState, array: u32) {
+    if array != 0 {
+        cx.es3.vertex_arrays_used = true;
+    }
 }
 
 /// `GL_ARRAY_BUFFER_BINDING`.

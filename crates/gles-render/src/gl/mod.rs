@@ -29,10 +29,12 @@ mod es3;
 mod es3obj;
 mod hooks;
 pub mod names;
+pub mod precision;
 mod rtx;
 pub mod sz;
 
 pub use names::ShareGroup;
+pub use precision::Precision;
 
 /// The generated decoder: the driver's function table ([`Gl`]) and [`dispatch`].
 #[allow(
@@ -115,6 +117,9 @@ pub struct ContextState {
     last_error: u32,
     /// GLES 3 state: pixel store rows and skips, divisors in use (`gl::es3`).
     pub(crate) es3: es3::HostEs3,
+    /// The precision the guest's shaders run at ([`precision`]); `Auto` until the first
+    /// shader source asks the driver its renderer.
+    pub(crate) precision: Precision,
 }
 
 impl ContextState {
@@ -132,7 +137,20 @@ impl ContextState {
             refused: 0,
             last_error: GL_NO_ERROR,
             es3: Default::default(),
+            precision: Precision::Auto,
         }
+    }
+
+    /// Sets the precision this context's shaders run at ([`Precision::Auto`]: decided by
+    /// the host's renderer at the first shader source).
+    pub fn set_precision(&mut self, p: Precision) {
+        self.precision = p;
+    }
+
+    /// The precision this context's shaders run at ([`Precision::Auto`] until a shader
+    /// source has been decoded).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The share group this context's names live in.

@@ -53,6 +53,9 @@ pub struct ShareGroup {
     buffer_bytes: HashMap<u32, u64>,
     texture_bytes: HashMap<(u32, u32, i32), u64>,
     renderbuffer_bytes: HashMap<u32, u64>,
+    /// The guest's text of each host shader whose source the worker rewrote
+    /// (`gl::precision`): what the guest reads back.
+    guest_sources: HashMap<u32, Vec<u8>>,
 }
 
 impl ShareGroup {
@@ -82,6 +85,9 @@ impl ShareGroup {
             Kind::Renderbuffer => {
                 self.renderbuffer_bytes.remove(&h);
             }
+            Kind::Shader => {
+                self.guest_sources.remove(&h);
+            }
             _ => {}
         }
         Some(h)
@@ -109,11 +115,35 @@ impl ShareGroup {
     }
 
     /// Bytes held by the group's buffers, textures (every level and face) and renderbuffers,
-    /// as specified (an estimate of the driver's memory).
+    /// as specified (an estimate of the driver's memory), and the guest's texts of rewritten
+    /// shaders.
     pub fn bytes(&self) -> u64 {
         self.buffer_bytes.values().sum::<u64>()
             + self.texture_bytes.values().sum::<u64>()
             + self.renderbuffer_bytes.values().sum::<u64>()
+            + self
+                .guest_sources
+                .values()
+                .map(|s| s.len() as u64)
+                .sum::<u64>()
+    }
+
+    /// Keeps the guest's text of host shader `host`, whose source the driver got rewritten
+    /// (`None`: the driver has the guest's text).
+    pub(crate) fn set_guest_source(&mut self, host: u32, text: Option<Vec<u8>>) {
+        match text {
+            Some(t) if host != 0 => {
+                self.guest_sources.insert(host, t);
+            }
+            _ => {
+                self.guest_sources.remove(&host);
+            }
+        }
+    }
+
+    /// The guest's text of host shader `host` when the driver has a rewritten one.
+    pub(crate) fn guest_source(&self, host: u32) -> Option<&[u8]> {
+        self.guest_sources.get(&host).map(Vec::as_slice)
     }
 
     pub(crate) fn set_buffer_bytes(&mut self, host: u32, n: u64) {

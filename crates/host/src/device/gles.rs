@@ -22,6 +22,8 @@
 //!   fails with `DeviceError` and a reason starting "context lost", and so does every later
 //!   one (its contexts are gone; the guest's EGL reports `EGL_CONTEXT_LOST`).
 //! - **Departure**: when the guest goes away its worker is killed.
+//! - **Shader precision**: the backend line says at which precision the workers run guest
+//!   shaders (the first worker's line on its stdout: `gles_precision.rs`).
 //! - **GL memory**: each answer carries the guest's GL memory after the batch (its share
 //!   groups' buffers, textures and renderbuffers, and its surfaces), at most
 //!   [`MAX_GL_BYTES`]. The forwarding thread holds a
@@ -124,6 +126,8 @@ mod frame;
 mod image;
 #[path = "gles_maps.rs"]
 mod maps;
+#[path = "gles_precision.rs"]
+mod precision;
 #[path = "gles_stats.rs"]
 mod stats;
 #[path = "gles_worker.rs"]
@@ -184,6 +188,8 @@ pub struct Gles {
     /// The guests' CPU groups, when the daemon steers CPU weights: each render worker joins
     /// its guest's.
     cgroups: std::sync::OnceLock<Arc<CpuCgroups>>,
+    /// The shader precision the workers run guest shaders at, for the backend line.
+    precision: precision::PrecisionLine,
 }
 
 impl Gles {
@@ -193,6 +199,7 @@ impl Gles {
     pub fn new(cfg: &DeviceConfig) -> Self {
         let program = cfg.render_worker.clone().unwrap_or_else(default_worker);
         Gles {
+            precision: precision::PrecisionLine::default(),
             program,
             deadline: cfg.render_deadline,
             guests: Mutex::new(HashMap::new()),
@@ -217,6 +224,7 @@ impl Gles {
         let place = forward::Placement {
             guest,
             cgroups: self.cgroups.get().cloned(),
+            precision: self.precision.clone(),
         };
         std::thread::Builder::new()
             .name(format!("gles-{guest}"))
@@ -492,8 +500,10 @@ impl Device for Gles {
 
     fn backend(&self) -> String {
         format!(
-            "OpenGL ES 2.0 in a render worker per guest ({}, host EGL surfaceless)",
-            self.program.display()
+            "OpenGL ES 2.0 in a render worker per guest ({}, host EGL surfaceless); shader \
+             precision: {}",
+            self.program.display(),
+            self.precision.line()
         )
     }
 

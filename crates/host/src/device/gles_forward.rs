@@ -72,18 +72,23 @@ impl GlCharge {
 }
 
 /// Where a guest's render worker goes: its guest's CPU group, when the daemon steers CPU
-/// weights (so the GL's CPU time, the device on a CPU driver, weighs the guest's share).
+/// weights (so the GL's CPU time, the device on a CPU driver, weighs the guest's share);
+/// and who hears the line it starts with (the shader precision, for the backend line).
 pub(super) struct Placement {
     pub(super) guest: GuestId,
     pub(super) cgroups: Option<Arc<CpuCgroups>>,
+    pub(super) precision: super::precision::PrecisionLine,
 }
 
 impl Placement {
-    fn place(&self, pid: u32) {
+    fn place(&self, child: &mut std::process::Child) {
         if let Some(cg) = &self.cgroups {
-            if let Err(e) = cg.attach_worker(self.guest, pid) {
+            if let Err(e) = cg.attach_worker(self.guest, child.id()) {
                 log::warn!("gles: guest {}: {e}", self.guest);
             }
+        }
+        if let Some(out) = child.stdout.take() {
+            self.precision.listen(out);
         }
     }
 }
@@ -109,8 +114,8 @@ pub(super) fn forward(
         }
         if worker.is_none() {
             match Worker::start(program, deadline) {
-                Ok(w) => {
-                    place.place(w.child.id());
+                Ok(mut w) => {
+                    place.place(&mut w.child);
                     lock(shared).sock = w.sock.try_clone().ok();
                     worker = Some(w);
                     maps = Maps::default();

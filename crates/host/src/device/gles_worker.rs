@@ -112,7 +112,8 @@ impl Worker {
             UnixStream::pair().map_err(|e| format!("socketpair for the render worker: {e}"))?;
         let child = Process::new(program)
             .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::null())
+            // One line: the shader precision it runs guest shaders at (`gles_precision.rs`).
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| format!("cannot start render worker {}: {e}", program.display()))?;
