@@ -15,13 +15,12 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use virtsoc_control::client::{control_path, request, Target};
+use virtsoc_control::client::{request, Target};
 use virtsoc_control::GuestInfo;
 
-use super::multimedia::{cpu_weight, presented, MultimediaRun};
+use super::multimedia::{presented, MultimediaRun, RunDaemon};
 use super::{MultimediaRow, VIDEO_FPS};
 use crate::bench_gles::env::{die_with_parent, require, write_vendor_json, Display};
-use crate::daemon_proc::DaemonProcess;
 use crate::CliError;
 
 /// The glmark2 scene the hogs loop: fragment-heavy, seconds of work per frame on llvmpipe.
@@ -56,25 +55,8 @@ pub(super) fn run_gles(r: MultimediaRun, seconds: u64) -> Result<MultimediaRow, 
     require("glmark2-es2", "glmark2-es2-x11")?;
     let json = write_vendor_json()?;
     let display = Display::open()?;
-    let pid = std::process::id();
-    let policy = std::env::temp_dir().join(format!("virtsoc-bench-gles-policy-{pid}.toml"));
-    std::fs::write(&policy, "[guest.video]\nclass = \"multimedia\"\n")?;
-    let policy_arg = policy.display().to_string();
-    let cgroup = format!("virtsoc-bench-{pid}");
-    let mut args = vec![
-        "--scheduler",
-        r.kind.name(),
-        "--policy",
-        &policy_arg,
-        "--display-size",
-        "640x360",
-    ];
-    if r.cpu_weight {
-        args.extend(["--cpu-cgroup", &cgroup]);
-    }
-    let d = DaemonProcess::spawn(&args, false)?;
-    let target = d.endpoint().target;
-    let control = Target::Unix(control_path(std::path::Path::new(&target)));
+    let rd = RunDaemon::start(&r, "640x360")?;
+    let (target, control) = (rd.target.clone(), rd.control.clone());
     let gl_env = |c: &mut Command, name: &str| {
         die_with_parent(c);
         c.env("__EGL_VENDOR_LIBRARY_FILENAMES", &json)
@@ -133,14 +115,7 @@ pub(super) fn run_gles(r: MultimediaRun, seconds: u64) -> Result<MultimediaRow, 
         std::thread::sleep(Duration::from_secs(seconds));
         let (f1, h1) = (presented(&control)?, hog_requests(&control)?);
         let secs = t0.elapsed().as_secs_f64();
-        let weight = if r.cpu_weight {
-            crate::top::sample(&control, None)?
-                .into_iter()
-                .find(|g| g.name == "video")
-                .and_then(|g| cpu_weight(&cgroup, g.id))
-        } else {
-            None
-        };
+        let weight = rd.video_weight(&r)?;
         drop(video);
         drop(hogs);
         Ok((
@@ -149,8 +124,7 @@ pub(super) fn run_gles(r: MultimediaRun, seconds: u64) -> Result<MultimediaRow, 
             weight,
         ))
     })();
-    d.stop()?;
-    let _ = std::fs::remove_file(&policy);
+    rd.stop()?;
     let (fps, hog_rate, weight) = result?;
     Ok(MultimediaRow {
         scheduler: r.kind.name().to_string(),

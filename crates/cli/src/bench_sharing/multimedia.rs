@@ -292,27 +292,70 @@ pub(super) struct MultimediaRun {
     pub cpu_weight: bool,
 }
 
+/// The daemon of one multimedia run: `r.kind`'s scheduler, a policy whose guest `video`
+/// is of the multimedia class, a display of `display` size, and with `r.cpu_weight` CPU
+/// weights steered under a cgroup of the bench's own. Its policy file goes when dropped.
+pub(super) struct RunDaemon {
+    pub d: DaemonProcess,
+    pub target: String,
+    pub control: Target,
+    /// The `--cpu-cgroup` name.
+    pub cgroup: String,
+    policy: std::path::PathBuf,
+}
+
+impl RunDaemon {
+    pub(super) fn start(r: &MultimediaRun, display: &str) -> Result<RunDaemon, CliError> {
+        let pid = std::process::id();
+        let policy = std::env::temp_dir().join(format!("virtsoc-bench-policy-{pid}.toml"));
+        std::fs::write(&policy, "[guest.video]\nclass = \"multimedia\"\n")?;
+        let policy_arg = policy.display().to_string();
+        let cgroup = format!("virtsoc-bench-{pid}");
+        let mut args = vec![
+            "--scheduler",
+            r.kind.name(),
+            "--policy",
+            &policy_arg,
+            "--display-size",
+            display,
+        ];
+        if r.cpu_weight {
+            args.extend(["--cpu-cgroup", &cgroup]);
+        }
+        let d = DaemonProcess::spawn(&args, false)?;
+        let target = d.endpoint().target;
+        let control = Target::Unix(control_path(std::path::Path::new(&target)));
+        Ok(RunDaemon {
+            d,
+            target,
+            control,
+            cgroup,
+            policy,
+        })
+    }
+
+    /// The video guest's CPU weight now, when the daemon steers weights.
+    pub(super) fn video_weight(&self, r: &MultimediaRun) -> Result<Option<u64>, CliError> {
+        if !r.cpu_weight {
+            return Ok(None);
+        }
+        Ok(crate::top::sample(&self.control, None)?
+            .into_iter()
+            .find(|g| g.name == "video")
+            .and_then(|g| cpu_weight(&self.cgroup, g.id)))
+    }
+
+    /// Stops the daemon.
+    pub(super) fn stop(self) -> Result<(), CliError> {
+        let _ = std::fs::remove_file(&self.policy);
+        self.d.stop().map(|_| ())
+    }
+}
+
 /// One multimedia run: the video guest against `hogs` hogs under `kind`.
 pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<MultimediaRow, CliError> {
-    let pid = std::process::id();
-    let policy = std::env::temp_dir().join(format!("virtsoc-bench-policy-{pid}.toml"));
-    std::fs::write(&policy, "[guest.video]\nclass = \"multimedia\"\n")?;
-    let policy_arg = policy.display().to_string();
-    let cgroup = format!("virtsoc-bench-{pid}");
-    let mut args = vec![
-        "--scheduler",
-        r.kind.name(),
-        "--policy",
-        &policy_arg,
-        "--display-size",
-        "1280x720",
-    ];
-    if r.cpu_weight {
-        args.extend(["--cpu-cgroup", &cgroup]);
-    }
-    let d = DaemonProcess::spawn(&args, false)?;
-    let target = d.endpoint().target;
-    let control = Target::Unix(control_path(std::path::Path::new(&target)));
+    let rd = RunDaemon::start(&r, "1280x720")?;
+    let (target, control) = (rd.target.clone(), rd.control.clone());
     let gpu_hogs = if r.hog == HogKind::Gpu { r.hogs } else { 0 };
     let warm = Barrier::new(gpu_hogs + 2);
     let stop = AtomicBool::new(false);
@@ -349,21 +392,13 @@ pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<Multimedi
             let f1 = presented(&control)?;
             let c1: u64 = done.iter().map(|c| c.load(Ordering::Relaxed)).sum();
             let secs = t0.elapsed().as_secs_f64();
-            let weight = if r.cpu_weight {
-                crate::top::sample(&control, None)?
-                    .into_iter()
-                    .find(|g| g.name == "video")
-                    .and_then(|g| cpu_weight(&cgroup, g.id))
-            } else {
-                None
-            };
+            let weight = rd.video_weight(&r)?;
             Ok(((f1 - f0) as f64 / secs, (c1 - c0) as f64 / secs, weight))
         })();
         stop_guests(&stop, &[], handles)?;
         measured
     });
-    d.stop()?;
-    let _ = std::fs::remove_file(&policy);
+    rd.stop()?;
     let (fps, hog_rate, weight) = result?;
     Ok(MultimediaRow {
         scheduler: r.kind.name().to_string(),
