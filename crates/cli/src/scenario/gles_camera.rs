@@ -51,12 +51,7 @@ struct Scene {
 
 fn scene(egl: &Egl, w: u32, h: u32, rgbs: &[u64]) -> Result<Scene, CliError> {
     let effect = egl.program(EFFECT)?;
-    let mut textures = Vec::new();
-    let mut images = Vec::new();
-    for &r in rgbs {
-        images.push(egl.image(r)?);
-        textures.push(egl.texture(e::TEXTURE_2D));
-    }
+    let (images, textures) = egl.images(rgbs, e::TEXTURE_2D)?;
     (egl.gl.viewport)(0, 0, w as i32, h as i32);
     Ok(Scene {
         effect,
@@ -67,11 +62,7 @@ fn scene(egl: &Egl, w: u32, h: u32, rgbs: &[u64]) -> Result<Scene, CliError> {
 
 /// Latches RGBA slot `k` and draws it through the effect.
 fn draw(egl: &Egl, s: &Scene, k: usize) {
-    let g = &egl.gl;
-    (g.use_program)(s.effect);
-    (g.bind_texture)(e::TEXTURE_2D, s.textures[k]);
-    (g.target_texture)(e::TEXTURE_2D, s.images[k]);
-    egl.quad();
+    egl.draw_image(s.effect, e::TEXTURE_2D, s.textures[k], s.images[k]);
 }
 
 /// Syncs of one slot the next use of it waits for.

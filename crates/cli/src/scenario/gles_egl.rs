@@ -310,6 +310,28 @@ impl Egl {
         Ok(i)
     }
 
+    /// An EGLImage of each region of `regions` and a texture of `target` for each (the
+    /// images a scene latches in turn).
+    pub fn images(&self, regions: &[u64], target: u32) -> Result<(Vec<H>, Vec<u32>), CliError> {
+        let mut images = Vec::with_capacity(regions.len());
+        let mut textures = Vec::with_capacity(regions.len());
+        for &r in regions {
+            images.push(self.image(r)?);
+            textures.push(self.texture(target));
+        }
+        Ok((images, textures))
+    }
+
+    /// Latches image `image` on texture `texture` of `target` and draws the full-screen
+    /// quad with `program`.
+    pub fn draw_image(&self, program: u32, target: u32, texture: u32, image: H) {
+        let g = &self.gl;
+        (g.use_program)(program);
+        (g.bind_texture)(target, texture);
+        (g.target_texture)(target, image);
+        self.quad();
+    }
+
     /// Runs a device command and waits for it (`eglDeviceCommandVIRTSOC`).
     pub fn command(
         &self,

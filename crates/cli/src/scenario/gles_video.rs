@@ -76,12 +76,7 @@ fn scene(egl: &Egl, w: u32, h: u32, pictures: &[u64]) -> Result<Scene, CliError>
     let ui_image = egl.image(ui_region)?;
     let ui_tex = egl.texture(e::TEXTURE_2D);
     (egl.gl.target_texture)(e::TEXTURE_2D, ui_image);
-    let mut textures = Vec::new();
-    let mut images = Vec::new();
-    for &p in pictures {
-        images.push(egl.image(p)?);
-        textures.push(egl.texture(e::TEXTURE_EXTERNAL));
-    }
+    let (images, textures) = egl.images(pictures, e::TEXTURE_EXTERNAL)?;
     (egl.gl.viewport)(0, 0, w as i32, h as i32);
     (egl.gl.blend_func)(0x0302, 0x0303);
     Ok(Scene {
@@ -96,11 +91,8 @@ fn scene(egl: &Egl, w: u32, h: u32, pictures: &[u64]) -> Result<Scene, CliError>
 /// Latches picture `k` and draws it with the UI over it.
 fn draw(egl: &Egl, s: &Scene, k: usize) {
     let g = &egl.gl;
-    (g.use_program)(s.video);
     (g.disable)(0x0BE2);
-    (g.bind_texture)(e::TEXTURE_EXTERNAL, s.textures[k]);
-    (g.target_texture)(e::TEXTURE_EXTERNAL, s.images[k]);
-    egl.quad();
+    egl.draw_image(s.video, e::TEXTURE_EXTERNAL, s.textures[k], s.images[k]);
     (g.use_program)(s.ui);
     (g.enable)(0x0BE2);
     (g.bind_texture)(e::TEXTURE_2D, s.ui_tex);
