@@ -254,6 +254,20 @@ pub(crate) enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Admission under a flood: good local guests connect one after another while hostile
+    /// peers keep every pre-handshake budget full (idle connections on the Unix socket and
+    /// the TCP listener, reopened as they are let go): admission time p50/p99/max and the
+    /// guests locked out.
+    Admission {
+        /// Idle connections per listener.
+        #[arg(long, default_value_t = 64)]
+        flood: usize,
+        /// Good local guests, one after another.
+        #[arg(long, default_value_t = 200)]
+        guests: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Round-trip latency and bandwidth of the ring channel, a Unix socket and TCP loopback.
     Transport {
         /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;

@@ -4,6 +4,7 @@
 //! starts its own `virtsocd` child process when none is given.
 
 mod args;
+mod bench_admission;
 mod bench_devices;
 mod bench_gles;
 mod bench_isolation;
@@ -156,6 +157,24 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 bench_migrate::print(&r);
+            }
+        }
+        Cmd::Bench {
+            which:
+                BenchCmd::Admission {
+                    flood,
+                    guests,
+                    json,
+                },
+        } => {
+            if guests == 0 {
+                return Err(CliError::Usage("--guests must be positive".into()));
+            }
+            let r = bench_admission::run(flood, guests)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                bench_admission::print(&r);
             }
         }
         Cmd::Bench {
