@@ -264,6 +264,33 @@ fn a_worker_decodes_what_the_process_decodes() {
     assert!(a == b, "the same pictures, flags and sizes");
 }
 
+/// Packets fed without waiting for their pictures (several in the worker at once) give
+/// the same pictures, in the same order, as packets decoded one call at a time; never more
+/// than `MAX_IN_FLIGHT` are in flight.
+#[test]
+fn packets_in_flight_give_the_pictures_of_one_at_a_time() {
+    let dir = TempDir::new("worker-in-flight");
+    let pkts = packets(&dir);
+    let mut one = worker(2);
+    let mut piped = worker(2);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (p, pts) in &pkts {
+        a.extend(one.decode(p, *pts).unwrap());
+        b.extend(piped.submit(p, *pts).unwrap());
+        assert!(piped.in_flight() <= virtsoc_media::MAX_IN_FLIGHT);
+    }
+    while piped.in_flight() > 0 {
+        b.extend(piped.collect(true).unwrap());
+    }
+    a.extend(one.flush().unwrap());
+    b.extend(piped.flush().unwrap());
+    assert_eq!(a.len(), 20);
+    let a: Vec<_> = a.iter().map(seen).collect();
+    let b: Vec<_> = b.iter().map(seen).collect();
+    assert!(a == b, "the same pictures, in the same order");
+    assert!(piped.take_failures().is_empty());
+}
+
 #[test]
 fn a_killed_worker_is_an_error_for_its_decoder_only() {
     let dir = TempDir::new("worker-kill");

@@ -25,6 +25,8 @@ pub(super) struct DecoderSession {
     pub(super) changes: u64,
     /// Packet failures not yet reported to the guest: the count and the last one.
     pub(super) unreported: Option<(u64, PacketError)>,
+    /// The pictures lent as regions' replicas.
+    pub(super) lent: super::lend::Lent,
 }
 
 impl DecoderSession {
@@ -40,7 +42,25 @@ impl DecoderSession {
             last_size: None,
             changes: 0,
             unreported: None,
+            lent: Default::default(),
         }
+    }
+
+    /// Whether `decode` must answer Busy: the pictures waiting for `receive_frame` and
+    /// the packets still in the decoder's worker reach [`MAX_QUEUED_FRAMES`](super::MAX_QUEUED_FRAMES).
+    pub(super) fn full(&self) -> bool {
+        self.ready.len() + self.decoder.in_flight() >= super::MAX_QUEUED_FRAMES
+    }
+
+    /// Waits for the packets in flight while no picture is ready and some are (so the
+    /// next picture's size and the picture itself are known), queueing what comes back.
+    pub(super) fn settle(&mut self) -> virtsoc_media::Result<()> {
+        while self.ready.is_empty() && self.decoder.in_flight() > 0 {
+            let frames = self.decoder.collect(true);
+            self.note_failures();
+            self.queue(frames?);
+        }
+        Ok(())
     }
 
     /// Queues decoded pictures for `receive_frame`, noting size changes for `stream_info`.
