@@ -140,7 +140,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 .map(|r| scenario::resolution(r))
                 .collect::<Result<Vec<_>, _>>()?;
             let rs = with_daemon(socket, false, |e| {
-                bench_devices::run(&e.target, &sizes, frames)
+                bench_devices::run(&e.target, e.pid, &sizes, frames)
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rs)?);
