@@ -330,22 +330,22 @@ impl DecodedFrame {
         }
     }
 
-    /// The picture lent out where it lies when that is a decoder worker's shared buffer (no
-    /// copy), else the picture back.
-    pub fn lend(self) -> std::result::Result<LentPicture, DecodedFrame> {
+    /// The picture lent out where it lies, when that is a decoder worker's shared buffer (no
+    /// copy; the buffer stays held while the lent picture lives).
+    pub fn lend(&self) -> Option<LentPicture> {
         let layout = self.layout;
-        match self.held {
-            Some(HeldPicture::Planes { pic, planes, .. }) => Ok(LentPicture {
+        match &self.held {
+            Some(HeldPicture::Planes { pic, planes, .. }) => Some(LentPicture {
                 layout,
-                pic,
-                planes: Some(planes),
+                pic: pic.clone(),
+                planes: Some(*planes),
             }),
-            Some(HeldPicture::Shared(pic)) if pic.frame(layout).is_ok() => Ok(LentPicture {
+            Some(HeldPicture::Shared(pic)) if pic.frame(layout).is_ok() => Some(LentPicture {
                 layout,
-                pic,
+                pic: pic.clone(),
                 planes: None,
             }),
-            held => Err(DecodedFrame { held, ..self }),
+            _ => None,
         }
     }
 

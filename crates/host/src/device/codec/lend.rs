@@ -71,8 +71,8 @@ impl Lent {
         if packed.ok() != Some(layout) || layout.size() as u64 != meta.size {
             return Ok(false);
         }
-        // A clone holds the same buffer: on failure the picture stays queued.
-        let Ok(pic) = f.clone().lend() else {
+        // It holds the same buffer: on failure the picture stays queued.
+        let Some(pic) = f.lend() else {
             return Ok(false);
         };
         let mem: Arc<dyn DeviceMemory> = Arc::new(LentMemory(pic));
@@ -108,14 +108,5 @@ impl Lent {
                 Err(e) => log::debug!("codec: guest {}: region {id}: {e}", cx.guest),
             }
         }
-    }
-
-    /// Pictures lent now.
-    #[cfg(test)]
-    pub(super) fn count(&self) -> usize {
-        self.lent
-            .iter()
-            .filter(|(_, m)| m.strong_count() > 0)
-            .count()
     }
 }

@@ -4,10 +4,12 @@
 //! worker only: the decoder reports it as a decode error on that call and every later one
 //! (the guest reopens), and the process that owns it goes on.
 //!
-//! The worker copies (or converts) each decoded picture once, into a sealed memfd it shares
-//! with the parent ([`Slots`] / [`Mapped`]), which maps it read-only and copies it into the
-//! guest's region: two copies of a picture's bytes, against one in process and four through
-//! the socket. Every picture in an answer must be a valid packed layout of its bytes.
+//! libavcodec decodes each 4:2:0 picture straight into a sealed memfd the worker shares with
+//! the parent ([`direct`], [`Slots`] / [`Mapped`]; other pictures are copied or converted
+//! into one), which maps it read-only: the parent copies it into the guest's region, or lends
+//! it as the region's contents where it lies ([`DecodedFrame::lend`]). Every picture in an
+//! answer must lie within its buffer. With frame threads several packets are in flight
+//! ([`MAX_IN_FLIGHT`]): see [`ProcessDecoder`].
 
 pub(crate) mod direct;
 mod encode;
