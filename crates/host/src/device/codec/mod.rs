@@ -21,7 +21,7 @@
 //! [`MAX_QUEUED_FRAMES`] pictures wait (counting the packets still in the decoder): `decode`
 //! answers [`Status::Busy`] while the queue is full, so a guest that stops receiving cannot
 //! make the daemon hoard frames. `stream_info` tells the size of the picture `receive_frame`
-//! delivers next (and how many times the size changed), so a guest sizes its frame region
+//! delivers next (and how many times the size changed up to it), so a guest sizes its frame region
 //! before receiving, and again on a resolution change. `flush` drains the pictures the
 //! decoder still holds (reordering, frame threads) at the end of a stream, after which a new
 //! stream may follow.
@@ -450,7 +450,7 @@ impl Codec {
                 cx.count_copy(n, std::time::Instant::now());
             }
         }
-        let f = s.ready.pop_front().ok_or(Status::Internal)?;
+        let f = s.pop_ready().ok_or(Status::Internal)?;
         let flags = if f.corrupt {
             codec_frame_flag::CORRUPT
         } else {
