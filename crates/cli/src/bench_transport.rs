@@ -2,9 +2,11 @@
 //! channel, beside a Unix socket and TCP loopback measured in the same run.
 //!
 //! Every channel moves the same thing: a 64-byte request answered by a 64-byte reply for the
-//! round trip, and `size` bytes from this process into the peer's memory for bandwidth (for
-//! the ring: a CPU write into the window plus the host pulling it into a device's memory; for
-//! sockets: a write and the peer reading it into a buffer). The socket peers are threads of
+//! round trip, and `size` bytes from a buffer of this process into the peer's memory for
+//! bandwidth (for the daemon's channels: a CPU write of the buffer, `Connection::write`,
+//! plus the host pulling it into a device's memory; for sockets: a write of the buffer and
+//! the peer reading it into a buffer). A process guest's write copies the buffer into the
+//! shared window; a remote guest's sends it from the buffer, as a socket write does. The socket peers are threads of
 //! this process on the other core; the daemon's channels (shared rings for process guests,
 //! frames on TCP for remote guests) go to the daemon process.
 
@@ -26,6 +28,20 @@ pub struct ChannelResult {
     pub channel: String,
     pub rtt_us: P50P99,
     pub bandwidth_gbps: f64,
+    /// The daemon's channels: where a bulk transfer's time goes (medians).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bulk_stages: Option<BulkStages>,
+}
+
+/// A bulk transfer through the daemon in its two steps, median milliseconds each: the
+/// guest's CPU write (`write_ms`, `Connection::write`: a copy into the shared window, or for
+/// a remote guest the bytes crossing the stream into the host's copy of its window), and a
+/// device's read access (`device_read_ms`: the host pulls the bytes into the device's
+/// memory).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct BulkStages {
+    pub write_ms: f64,
+    pub device_read_ms: f64,
 }
 
 /// The whole report.
@@ -129,19 +145,19 @@ pub fn ring(
     let id = conn.alloc_blob(size)?.id;
     let src = vec![0x5au8; size as usize];
     let mut times = Vec::new();
+    let (mut write, mut read) = (Vec::new(), Vec::new());
+    let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
     for i in 0..reps + 1 {
         let t0 = Instant::now();
-        let a = conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
-        let ptr = a
-            .ptr
-            .ok_or_else(|| CliError::Usage("no pointer for CPU access".into()))?;
-        // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), size as usize) };
-        conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+        conn.write(id, 0, &src)?;
+        let t1 = Instant::now();
         conn.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)?;
         conn.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)?;
+        let t2 = Instant::now();
         if i > 0 {
-            times.push(t0.elapsed().as_secs_f64());
+            times.push((t2 - t0).as_secs_f64());
+            write.push(ms(t0, t1));
+            read.push(ms(t1, t2));
         }
     }
     conn.free(id)?;
@@ -149,6 +165,10 @@ pub fn ring(
         channel: name.into(),
         rtt_us: P50P99::of(&rtt),
         bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
+        bulk_stages: Some(BulkStages {
+            write_ms: percentile(&write, 50.0),
+            device_read_ms: percentile(&read, 50.0),
+        }),
     })
 }
 
@@ -293,6 +313,7 @@ pub(crate) fn stream_channel(
         channel: name.to_string(),
         rtt_us: P50P99::of(&rtt),
         bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
+        bulk_stages: None,
     })
 }
 
@@ -311,5 +332,13 @@ pub fn print_table(r: &TransportReport) {
             "{:<32} {:>11.2} {:>11.2} {:>12.3}",
             c.channel, c.rtt_us.p50, c.rtt_us.p99, c.bandwidth_gbps
         );
+    }
+    for c in &r.channels {
+        if let Some(s) = &c.bulk_stages {
+            println!(
+                "{}: bulk ms = CPU write {:.2} + device read {:.2}",
+                c.channel, s.write_ms, s.device_read_ms
+            );
+        }
     }
 }

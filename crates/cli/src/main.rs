@@ -140,8 +140,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 .iter()
                 .map(|r| scenario::resolution(r))
                 .collect::<Result<Vec<_>, _>>()?;
-            let rs = with_daemon(socket, false, |e| {
-                bench_devices::run(&e.target, &sizes, frames)
+            // A daemon started for the bench starts no spare decoder workers: a spare's start
+            // (a process's exec and linking) would run beside the decoding it measures.
+            let rs = with_daemon_spawned(socket, &["--decoder-spares", "0"], false, |e| {
+                bench_devices::run(&e.target, e.pid, &sizes, frames)
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rs)?);

@@ -197,3 +197,36 @@ fn a_remote_guests_writes_go_straight_into_its_regions() {
     assert_eq!(common::cpu_read(&local, r, 4), b"fine");
     let _ = std::fs::remove_file(f);
 }
+
+/// `Connection::write` on a remote guest sends the caller's bytes without touching its copy
+/// of the window: a device and a later CPU read see them all the same, a partial write
+/// after it keeps the rest, and a process guest's write (a copy into the shared window)
+/// reads back the same.
+#[test]
+fn a_write_from_a_buffer_reaches_devices_and_later_reads() {
+    let (d, f) = daemon_with_tcp("write");
+    let target = format!("tcp:{}", d.tcp.as_ref().unwrap());
+    let remote = Connection::open(&target, &opts(Some(TOKEN))).unwrap();
+    let local = common::connect(&d);
+    let size = 1_000_003u64;
+    let bytes: Vec<u8> = (0..size).map(|i| (i * 7 % 253) as u8).collect();
+    for c in [&remote, &local] {
+        let id = c.alloc_blob(size).unwrap().id;
+        c.write(id, 0, &bytes).unwrap();
+        assert_eq!(
+            common::consumer_checksum(c, id, size),
+            crc32fast::hash(&bytes) as u64,
+            "the device saw the written bytes"
+        );
+        assert!(common::cpu_read(c, id, size as usize) == bytes);
+        c.write(id, 500, b"middle").unwrap();
+        let mut want = bytes.clone();
+        want[500..506].copy_from_slice(b"middle");
+        assert!(common::cpu_read(c, id, size as usize) == want);
+        assert!(
+            c.write(id, size - 2, b"past").is_err(),
+            "a range past the end"
+        );
+    }
+    std::fs::remove_file(f).unwrap();
+}

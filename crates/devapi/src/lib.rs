@@ -255,7 +255,9 @@ devices! {
         /// A decoder's picture size: `width` x `height` of the picture `receive_frame` delivers
         /// next (the oldest waiting one; with none waiting, the last decoded one; 0 x 0 before
         /// the first), its `format` (the decoder's output format) and `changes`, how many times
-        /// the size changed between consecutive decoded pictures. Call it before
+        /// the size changed between consecutive decoded pictures up to that one (so it
+        /// changes with the picture whose size changed, even when later pictures already
+        /// wait behind it). Call it before
         /// `receive_frame` and reallocate the frame region when the size differs.
         /// `picture_width` x `picture_height` is that picture's size as the stream codes it:
         /// an odd width or height is delivered cropped to even (`width` x `height`), so the

@@ -29,8 +29,9 @@ pub use camera::{
 };
 pub use codec::{
     measure_decode_fps, CodecKind, DecodedFrame, DecoderBackend, DecoderPool, Demuxer,
-    EncoderBackend, EncoderPreset, FfmpegDecoder, FfmpegEncoder, JpegEncoder, Mp4Recorder,
-    NullDecoder, PacketError, ProcessDecoder, ProcessEncoder, YuvJpegEncoder,
+    EncoderBackend, EncoderPreset, FfmpegDecoder, FfmpegEncoder, JpegEncoder, LentPicture,
+    Mp4Recorder, NullDecoder, PacketError, ProcessDecoder, ProcessEncoder, YuvJpegEncoder,
+    MAX_IN_FLIGHT,
 };
 pub use error::{MediaError, Result};
 pub use frame::{

@@ -264,6 +264,68 @@ fn a_worker_decodes_what_the_process_decodes() {
     assert!(a == b, "the same pictures, flags and sizes");
 }
 
+/// Packets fed without waiting for their pictures (several in the worker at once) give
+/// the same pictures, in the same order, as packets decoded one call at a time; never more
+/// than `MAX_IN_FLIGHT` are in flight. The second clip is lossless noise: its packets are
+/// larger than the socket takes at once (about 200 KiB), so a packet's rest is sent after
+/// the answers due are read.
+#[test]
+fn packets_in_flight_give_the_pictures_of_one_at_a_time() {
+    let dir = TempDir::new("worker-in-flight");
+    in_flight_matches_one_at_a_time(&packets(&dir), 20);
+    let big = gen_clip(
+        dir.path(),
+        "lossless.h264",
+        1280,
+        720,
+        8,
+        &[
+            "-vf",
+            "noise=alls=60:allf=t",
+            "-c:v",
+            "libx264",
+            "-qp",
+            "0",
+            "-pix_fmt",
+            "yuv420p",
+            "-f",
+            "h264",
+        ],
+    );
+    let mut d = Demuxer::open(&big).unwrap();
+    let mut pkts = Vec::new();
+    while let Some(p) = d.read_packet().unwrap() {
+        pkts.push((p.data, p.pts));
+    }
+    assert!(
+        pkts.iter().all(|(p, _)| p.len() > 512 << 10),
+        "packets larger than a socket's buffer: {:?}",
+        pkts.iter().map(|(p, _)| p.len()).collect::<Vec<_>>()
+    );
+    in_flight_matches_one_at_a_time(&pkts, 8);
+}
+
+fn in_flight_matches_one_at_a_time(pkts: &[(Vec<u8>, i64)], n: usize) {
+    let mut one = worker(2);
+    let mut piped = worker(2);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (p, pts) in pkts {
+        a.extend(one.decode(p, *pts).unwrap());
+        b.extend(piped.submit(p, *pts).unwrap());
+        assert!(piped.in_flight() <= virtsoc_media::MAX_IN_FLIGHT);
+    }
+    while piped.in_flight() > 0 {
+        b.extend(piped.collect(true).unwrap());
+    }
+    a.extend(one.flush().unwrap());
+    b.extend(piped.flush().unwrap());
+    assert_eq!(a.len(), n);
+    let a: Vec<_> = a.iter().map(seen).collect();
+    let b: Vec<_> = b.iter().map(seen).collect();
+    assert!(a == b, "the same pictures, in the same order");
+    assert!(piped.take_failures().is_empty());
+}
+
 #[test]
 fn a_killed_worker_is_an_error_for_its_decoder_only() {
     let dir = TempDir::new("worker-kill");

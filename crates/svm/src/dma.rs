@@ -241,7 +241,8 @@ fn execute(engine: &CopyEngine, job: DmaJob) {
     let prepared = {
         let st = region.lock();
         match (st.replicas.get(&job.src), st.replicas.get(&job.dst)) {
-            (Some(s), Some(d)) if st.generation == job.generation => {
+            // Memory a device lent is never copied into (see `adopt`).
+            (Some(s), Some(d)) if st.generation == job.generation && !d.adopted => {
                 let pieces = if st.written {
                     d.stale.pieces().to_vec()
                 } else {

@@ -6,6 +6,7 @@
 //! coherence protocols that decide when to move them ([`coherence`]). A guest names only its
 //! own regions: every lookup is keyed by the caller's guest id.
 
+mod adopt;
 pub mod alloc;
 pub mod backing;
 pub mod coherence;

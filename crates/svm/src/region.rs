@@ -59,6 +59,9 @@ pub(crate) struct Replica {
     pub(crate) fresh: bool,
     /// Window range to give back when the replica goes away.
     window_range: Option<u64>,
+    /// Its backing is memory a device lent ([`crate::SvmManager::adopt_replica`]): read
+    /// only, never copied into (anything that would write it moves it out first).
+    pub(crate) adopted: bool,
 }
 
 /// Mutable state of a region, behind the region's lock.
@@ -260,6 +263,7 @@ impl<'a> RegionCtx<'a> {
                 stale,
                 fresh: true,
                 window_range,
+                adopted: false,
             },
         );
         Ok(())
@@ -288,6 +292,8 @@ impl<'a> RegionCtx<'a> {
         if range.0 >= range.1 {
             return Ok(());
         }
+        // Lent memory is never written: its valid bytes move into memory of our own first.
+        self.move_out(dst)?;
         let (s, d) = (
             self.state.replicas[&src].backing.clone(),
             self.state.replicas[&dst].backing.clone(),
@@ -370,6 +376,7 @@ impl<'a> RegionCtx<'a> {
                 r.stale.insert(range);
             }
         }
+        self.drop_stale_adopted();
         Ok(())
     }
 

@@ -11,11 +11,16 @@ use crate::{Result, SvmError, SvmManager};
 
 impl SvmManager {
     /// The backing of the region's replica in `domain` (a device's own memory). The replica
-    /// must exist, i.e. the device must have begun an access. No lock is held on return.
+    /// must exist, i.e. the device must have begun an access. An adopted replica
+    /// ([`SvmManager::adopt_replica`]) is moved out into host memory first. No lock is held
+    /// on return.
     pub fn replica(&self, guest: GuestId, id: RegionId, domain: DomainId) -> Result<Backing> {
         let (guest, id) = (guest.0, id.0);
         let region = self.region(guest, id)?;
         let mut state = region.lock();
+        // The device is given its replica's bytes to read or write: memory it lent is moved
+        // out first (it is never written).
+        RegionCtx::new(&region, &mut state, &self.engine).move_out(domain)?;
         let replica = state.replicas.get_mut(&domain).ok_or_else(|| {
             SvmError::BadArgument("the device has not begun an access to this region".into())
         })?;

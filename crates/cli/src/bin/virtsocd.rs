@@ -81,8 +81,9 @@ struct Args {
     encoder_preset: virtsoc_media::EncoderPreset,
     /// Where the codec device's decoders run: `process` (each decoder's libavcodec in a
     /// sandboxed worker process of its own, this program, so a crash or hang in it ends that
-    /// decoder only) or `in-process` (in the daemon: one copy of each picture less, but a
-    /// crash in libavcodec ends the daemon and every guest's session).
+    /// decoder only; its pictures are lent to the frame regions, not copied) or
+    /// `in-process` (in the daemon: each picture copied once into its region, and a crash
+    /// in libavcodec ends the daemon and every guest's session).
     #[arg(long, value_enum, default_value_t = Decoders::Process)]
     decoders: Decoders,
     /// With `--decoders process`: decoder workers kept started ahead, so opening a decoder

@@ -125,6 +125,29 @@ impl Connection {
         })
     }
 
+    /// Writes `bytes` at `offset` of region `id` from the CPU: a CPU write access of the
+    /// range around a copy into the window. A remote guest sends them straight from `bytes`
+    /// (one vectored write of the frame), without copying them into its own copy of the
+    /// window first: that copy of the range is left as it was, and the next CPU access that
+    /// needs the range's bytes (a read, a partial write) brings the host's.
+    pub fn write(&self, id: u64, offset: u64, bytes: &[u8]) -> Result<()> {
+        let len = bytes.len() as u64;
+        let a = self.begin_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
+        if !self.link().shares_window() {
+            self.end_access_with(id, DeviceId::CPU, (offset, len), AccessMode::Write, bytes)?;
+            return Ok(());
+        }
+        let ptr = a
+            .ptr
+            .ok_or_else(|| GuestError::BadArgument("no CPU pointer".into()))?;
+        // SAFETY: `begin_access` checked that `[ptr, ptr + len)` lies in the window's
+        // mapping, which stays mapped while this connection lives; the CPU access is this
+        // call's until its end_access.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
+        self.end_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
+        Ok(())
+    }
+
     /// Ends an access. When the host asks for compensation (prefetch protocol), blocks for it
     /// before returning, so the next reader never waits for the copy.
     pub fn end_access(
@@ -158,6 +181,18 @@ impl Connection {
         } else {
             &[]
         };
+        self.end_access_with(id, device, (offset, len), mode, payload)
+    }
+
+    /// Ends an access, the bytes of a remote CPU write being `payload`.
+    fn end_access_with(
+        &self,
+        id: u64,
+        device: DeviceId,
+        (offset, len): (u64, u64),
+        mode: AccessMode,
+        payload: &[u8],
+    ) -> Result<Access> {
         // This call waits for the completion and blocks for the compensation it carries.
         let end = ops::EndAccess {
             id,

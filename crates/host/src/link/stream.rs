@@ -14,6 +14,11 @@ use virtsoc_sync::{CondvarExt, LockExt};
 
 use super::{HostLink, Incoming, LinkError, PayloadCharger, PayloadPlacer, STREAM_MAX_UNSENT};
 
+/// The reader's buffer: frame heads and small payloads arrive in few reads; a CPU write's
+/// bytes beyond what it holds are read straight into the window (so at most this many of
+/// them are copied once more, out of it).
+const READ_BUFFER: usize = 64 << 10;
+
 /// A completion frame on its way: its head (entry and payload length), its payload, and
 /// how many of their bytes are sent.
 struct Frame {
@@ -91,7 +96,7 @@ impl StreamLink {
             .name("tcp-writer".into())
             .spawn(move || writer(w, ob))?;
         Ok(StreamLink {
-            reader: Mutex::new(BufReader::with_capacity(1 << 20, stream.try_clone()?)),
+            reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, stream.try_clone()?)),
             stream,
             outbox,
             max_payload,

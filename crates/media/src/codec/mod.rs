@@ -33,7 +33,7 @@ pub use encoder::{EncodedPacket, EncoderBackend, EncoderPreset, FfmpegEncoder};
 pub use still::{fit_within, JpegEncoder, Mp4Recorder, YuvJpegEncoder};
 pub use worker::{
     check_encoder_answer, check_worker_answer, sandbox, serve_decoder, DecoderPool, ProcessDecoder,
-    ProcessEncoder, CALL_DEADLINE, DEFAULT_SPARE,
+    ProcessEncoder, CALL_DEADLINE, DEFAULT_SPARE, MAX_IN_FLIGHT,
 };
 
 use crate::error::{MediaError, Result};
@@ -330,6 +330,25 @@ impl DecodedFrame {
         }
     }
 
+    /// The picture lent out where it lies, when that is a decoder worker's shared buffer (no
+    /// copy; the buffer stays held while the lent picture lives).
+    pub fn lend(&self) -> Option<LentPicture> {
+        let layout = self.layout;
+        match &self.held {
+            Some(HeldPicture::Planes { pic, planes, .. }) => Some(LentPicture {
+                layout,
+                pic: pic.clone(),
+                planes: Some(*planes),
+            }),
+            Some(HeldPicture::Shared(pic)) if pic.frame(layout).is_ok() => Some(LentPicture {
+                layout,
+                pic: pic.clone(),
+                planes: None,
+            }),
+            _ => None,
+        }
+    }
+
     /// Copies the picture into `dst` (its format and size): out of the decoder's buffers for
     /// a held picture, else from `data`.
     pub fn copy_into(&self, dst: FrameMut<'_>) -> Result<()> {
@@ -377,6 +396,47 @@ impl DecodedFrame {
     }
 }
 
+/// A decoded picture lent out where it lies, in a decoder worker's shared buffer
+/// ([`DecodedFrame::lend`]), so that it can serve as a region's contents without being
+/// copied: its bytes read range by range as the packed frame of its format and size holds
+/// them ([`read`](Self::read)). The buffer stays the parent's (the worker decodes nothing
+/// into it) until this is dropped.
+pub struct LentPicture {
+    layout: FrameLayout,
+    pic: worker::SharedPicture,
+    /// The 4:2:0 planes where libavcodec decoded them; `None`: packed as `layout`.
+    planes: Option<[(usize, usize); 3]>,
+}
+
+impl LentPicture {
+    /// The packed layout its bytes read as.
+    pub fn layout(&self) -> FrameLayout {
+        self.layout
+    }
+
+    /// Reads bytes `[offset, offset + dst.len())` of the packed picture into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        match &self.planes {
+            Some(planes) => worker::read_planes(self.pic.bytes(), planes, self.layout, offset, dst),
+            None => {
+                let f = self.pic.frame(self.layout)?;
+                let src = offset
+                    .checked_add(dst.len())
+                    .and_then(|end| f.data.get(offset..end))
+                    .ok_or_else(|| MediaError::InvalidLayout("a range past the picture".into()))?;
+                dst.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LentPicture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LentPicture({:?})", self.layout)
+    }
+}
+
 /// A packet the decoder failed, reported after the call that fed it (see
 /// [`DecoderBackend::take_failures`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -406,6 +466,24 @@ pub trait DecoderBackend: Send {
     /// accepts a new stream (e.g. after a seek or when looping). Failures of the packets
     /// still in the decoder go to [`take_failures`](Self::take_failures).
     fn flush(&mut self) -> Result<Vec<DecodedFrame>>;
+    /// Feeds one packet without waiting for its pictures where the decoder can (one in a
+    /// worker process with frame threads: the worker goes on decoding while the caller goes
+    /// on): returns the pictures ready now, which may be earlier packets'; the others come
+    /// from [`collect`](Self::collect) and [`flush`](Self::flush). The packet's own failure
+    /// is then reported by [`take_failures`](Self::take_failures), as an earlier packet's
+    /// is. By default, and with one decoding thread, the same as [`decode`](Self::decode).
+    fn submit(&mut self, packet: &[u8], pts: i64) -> Result<Vec<DecodedFrame>> {
+        self.decode(packet, pts)
+    }
+    /// Packets fed by [`submit`](Self::submit) whose answers have not come back yet.
+    fn in_flight(&self) -> usize {
+        0
+    }
+    /// The pictures of packets in flight that came back since; with `wait`, waits for the
+    /// oldest packet in flight first when none has.
+    fn collect(&mut self, _wait: bool) -> Result<Vec<DecodedFrame>> {
+        Ok(Vec::new())
+    }
     /// Failures of packets fed by earlier calls that surfaced since the last call of this
     /// method, oldest first (with frame threads a packet's result comes out `threads - 1`
     /// packets later, so its error arrives during a later call).

@@ -117,6 +117,32 @@ impl WorkerProcess {
         r.map_err(|e| self.end(&e.to_string()))
     }
 
+    /// Sends the message made of `parts` without waiting for its answer (the worker reads
+    /// it once it has answered the calls before it), from byte `from` on: all of it, or
+    /// with `now_only` what the socket takes at once (a worker busy writing an answer
+    /// nobody reads yet may leave no room: read the answers due, then send the rest).
+    /// Returns the bytes of it sent; on a failure the worker is ended.
+    pub(crate) fn post(&mut self, parts: &[&[u8]], from: usize, now_only: bool) -> Result<usize> {
+        if let Some(why) = &self.dead {
+            return Err((self.error)(why.clone()));
+        }
+        wire::send_parts(&self.sock, parts, from, now_only).map_err(|e| self.end(&e.to_string()))
+    }
+
+    /// Reads the answer to the oldest call not answered yet (at most `max_answer` bytes,
+    /// waiting within the deadline); on a failure the worker is ended.
+    pub(crate) fn answer(&mut self, max_answer: usize) -> Result<In> {
+        if let Some(why) = &self.dead {
+            return Err((self.error)(why.clone()));
+        }
+        In::recv(&mut self.sock, max_answer).map_err(|e| self.end(&e.to_string()))
+    }
+
+    /// Whether an answer has begun to arrive (or the worker hung up), without waiting.
+    pub(crate) fn answer_waiting(&self) -> bool {
+        self.dead.is_none() && wire::readable(&self.sock)
+    }
+
     /// Ends the worker after a failure: killed if still running, reaped, and the reason
     /// kept for every later call.
     pub(crate) fn end(&mut self, what: &str) -> MediaError {

@@ -8,14 +8,16 @@
 //! makes its buffers and introduces them to its parent, as follows.
 //!
 //! The decoder worker owns the buffers ([`Slots`]): each is a memfd of one picture's size, sealed
-//! against shrinking and growing, mapped read-write in the worker. It copies (or converts)
-//! each decoded picture into a free buffer and names the buffer in its answer; a buffer's
+//! against shrinking and growing, mapped read-write in the worker. libavcodec decodes into a
+//! free buffer (or the worker copies or converts a picture into one) and the worker names the
+//! buffer in its answer; a buffer's
 //! descriptor travels once, with the first answer that uses it. The parent ([`Mapped`])
 //! maps each buffer read-only, after checking that it is a sealed memfd at least as large as
 //! the picture it carries (a worker that shrank a buffer could otherwise make the parent
 //! fault on reading it). A picture holds its buffer ([`SharedPicture`]) until the parent is
-//! done with it; the buffer's number is then handed back with the parent's next call and
-//! the worker may write into it again. What the parent reads is only pixels: a worker that
+//! done with it (a picture lent as a region's replica holds it as long as the region does);
+//! the buffer's number is then handed back with the parent's next call and the worker may
+//! write into it again. What the parent reads is only pixels: a worker that
 //! writes into a buffer the parent is reading garbles that picture, nothing else.
 
 use std::collections::HashMap;

@@ -93,6 +93,59 @@ impl Out {
     }
 }
 
+/// Sends the message made of `parts` (its length prefix first, then the parts, in one
+/// vectored write where the socket takes it), from byte `from` of prefix and parts together:
+/// all of it (waiting within the socket's timeout), or with `now_only` what the socket
+/// takes without waiting. Returns how many bytes of it are sent.
+pub(crate) fn send_parts(
+    sock: &UnixStream,
+    parts: &[&[u8]],
+    from: usize,
+    now_only: bool,
+) -> std::io::Result<usize> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let len = (total as u64).to_le_bytes();
+    let all = len.len() + total;
+    let flags = match now_only {
+        true => SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        false => SendFlags::NOSIGNAL,
+    };
+    let mut at = from;
+    while at < all {
+        let mut skip = at;
+        let mut iov = Vec::with_capacity(parts.len() + 1);
+        for p in std::iter::once(&len[..]).chain(parts.iter().copied()) {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            iov.push(IoSlice::new(&p[skip..]));
+            skip = 0;
+        }
+        let mut control = SendAncillaryBuffer::default();
+        match rustix::net::sendmsg(sock, &iov, &mut control, flags) {
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) if now_only => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(at)
+}
+
+/// Whether bytes wait to be read on `sock` (or it was hung up), without waiting.
+pub(crate) fn readable(sock: &UnixStream) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        sock,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+}
+
 pub(crate) fn bad(what: &str) -> MediaError {
     MediaError::Decode(format!("worker: malformed message ({what})"))
 }
@@ -245,6 +298,29 @@ mod tests {
         let mut next = In::recv(&mut b, 1024).unwrap();
         assert!(next.fds.is_empty());
         assert_eq!(next.u8().unwrap(), 1);
+    }
+
+    /// A message sent in pieces (what the socket took at once, then the rest) arrives
+    /// whole, after the messages sent before it.
+    #[test]
+    fn a_message_sent_in_parts_arrives_whole() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let big = vec![7u8; 4 << 20];
+        let head = [1u8, 2, 3];
+        assert!(!readable(&a), "nothing to read yet");
+        let sent = send_parts(&a, &[&head, &big], 0, true).unwrap();
+        assert!(
+            sent < 8 + head.len() + big.len(),
+            "the socket took it all at once"
+        );
+        let reader = std::thread::spawn(move || In::recv(&mut b, 8 << 20).unwrap());
+        let done = send_parts(&a, &[&head, &big], sent, false).unwrap();
+        assert_eq!(done, 8 + head.len() + big.len());
+        let mut m = reader.join().unwrap();
+        assert_eq!(m.remaining(), head.len() + big.len());
+        assert_eq!([m.u8().unwrap(), m.u8().unwrap(), m.u8().unwrap()], head);
+        assert!(m.take(big.len()).unwrap().iter().all(|b| *b == 7));
+        assert!(readable(&a), "the other end hung up");
     }
 
     #[test]

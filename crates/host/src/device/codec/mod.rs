@@ -15,13 +15,24 @@
 //! stream, as a demuxer produces it) read from a region; the pictures it yields wait in the
 //! session's queue, in presentation order, until `receive_frame` moves them into image regions
 //! (NV12 or YUV420P, the format chosen at `open_decoder`, of exactly the picture's size; the
-//! copy honours the region's stride). At most [`MAX_QUEUED_FRAMES`] pictures wait: `decode`
+//! copy honours the region's stride). A picture a decoder worker decoded into its shared
+//! buffer, received into a region that holds exactly its packed frame, is not copied: the
+//! buffer becomes the region's replica in the codec's domain ([`lend`]). At most
+//! [`MAX_QUEUED_FRAMES`] pictures wait (counting the packets still in the decoder): `decode`
 //! answers [`Status::Busy`] while the queue is full, so a guest that stops receiving cannot
 //! make the daemon hoard frames. `stream_info` tells the size of the picture `receive_frame`
-//! delivers next (and how many times the size changed), so a guest sizes its frame region
+//! delivers next (and how many times the size changed up to it), so a guest sizes its frame region
 //! before receiving, and again on a resolution change. `flush` drains the pictures the
 //! decoder still holds (reordering, frame threads) at the end of a stream, after which a new
 //! stream may follow.
+//!
+//! Several packets in flight: a decoder in a worker process with frame threads takes a
+//! packet without waiting for its pictures (`virtsoc_media::DecoderBackend::submit`, at
+//! most [`virtsoc_media::MAX_IN_FLIGHT`] in the worker), so its threads go on decoding while
+//! the guest writes the next packet and receives earlier pictures. `decode`'s
+//! `frames_ready` counts the pictures back so far; `receive_frame` and `stream_info` wait
+//! for the packets in flight when no picture is ready yet (`got` 0 means the packets fed so
+//! far yield no more until more come, or `flush`).
 //!
 //! Damage is reported per packet and per picture, never as success and never on the wrong
 //! packet (`virtsoc_media::codec` tells how libavcodec's results are attributed):
@@ -353,12 +364,12 @@ impl Codec {
         let len = usize::try_from(c.len).map_err(|_| Status::OutOfRange)?;
         let mut st = self.state();
         let s = st.decoder(cx.guest, c.handle)?;
-        if s.ready.len() >= MAX_QUEUED_FRAMES {
+        if s.full() {
             return Err(Status::Busy);
         }
         let decoder = &mut s.decoder;
         let r = cx.with_source(c.bitstream, |bytes| match bytes.get(..len) {
-            Some(packet) => decoder.decode(packet, c.pts as i64),
+            Some(packet) => decoder.submit(packet, c.pts as i64),
             None => Err(MediaError::Frame(FrameError::BufferTooSmall {
                 needed: len,
                 got: bytes.len(),
@@ -394,6 +405,9 @@ impl Codec {
             // Decoders only produce NV12 and YUV420P (the ISP converts).
             return Err(Status::NotSupported);
         }
+        if let Err(e) = s.settle() {
+            return Err(cx.fail(media_status(&e), media_reason(&e)));
+        }
         let Some(front) = s.ready.front() else {
             return Ok(api::ReceiveFrameReply::default().to_values());
         };
@@ -417,23 +431,26 @@ impl Codec {
             );
             return Err(cx.fail(Status::BadArgument, why));
         }
-        let t0 = std::time::Instant::now();
-        cx.with_region(c.frame, |bytes| {
-            FrameMut::new(layout, bytes)
-                .map_err(MediaError::from)
-                .and_then(|dst| front.copy_into(dst))
-        })?
-        .map_err(|e| media_status(&e))?;
-        // On the ledger: this copy into the region (out of libavcodec's buffers for a held
-        // picture, or out of the worker's buffer libavcodec decoded it into), and for a
-        // picture the decoder had already copied out of its frame pool, that copy too (both
-        // in the codec's memory).
-        let n = layout.size();
-        cx.count_copy(n, t0);
-        if !front.uncopied() {
-            cx.count_copy(n, std::time::Instant::now());
+        // In the worker's buffer: lent as the region's replica, no copy.
+        if !s.lent.lend(cx, c.frame, (layout, &meta), front)? {
+            let t0 = std::time::Instant::now();
+            cx.with_region(c.frame, |bytes| {
+                FrameMut::new(layout, bytes)
+                    .map_err(MediaError::from)
+                    .and_then(|dst| front.copy_into(dst))
+            })?
+            .map_err(|e| media_status(&e))?;
+            // On the ledger: this copy into the region (out of libavcodec's buffers for a
+            // held picture, or out of the worker's buffer libavcodec decoded it into), and
+            // for a picture the decoder had already copied out of its frame pool, that copy
+            // too (both in the codec's memory).
+            let n = layout.size();
+            cx.count_copy(n, t0);
+            if !front.uncopied() {
+                cx.count_copy(n, std::time::Instant::now());
+            }
         }
-        let f = s.ready.pop_front().ok_or(Status::Internal)?;
+        let f = s.pop_ready().ok_or(Status::Internal)?;
         let flags = if f.corrupt {
             codec_frame_flag::CORRUPT
         } else {
@@ -480,7 +497,10 @@ impl Codec {
 
     fn stream_info(&self, guest: GuestId, c: api::StreamInfo) -> DeviceResult {
         let mut st = self.state();
-        Ok(st.decoder(guest, c.handle)?.stream_info().to_values())
+        let s = st.decoder(guest, c.handle)?;
+        // The next picture's size: wait for it when it is still in the decoder.
+        s.settle().map_err(|e| media_status(&e))?;
+        Ok(s.stream_info().to_values())
     }
 
     #[cfg(test)]
@@ -677,6 +697,7 @@ impl Device for Codec {
     }
 }
 
+pub mod lend;
 mod replay;
 mod state;
 #[cfg(test)]

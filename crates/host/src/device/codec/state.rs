@@ -23,8 +23,13 @@ pub(super) struct DecoderSession {
     pub(super) last_size: Option<((u32, u32), (u32, u32))>,
     /// Size changes between consecutive decoded pictures.
     pub(super) changes: u64,
+    /// For each picture in `ready`, the size changes up to and including it (what
+    /// `stream_info` tells while it is the next one).
+    changes_at: VecDeque<u64>,
     /// Packet failures not yet reported to the guest: the count and the last one.
     pub(super) unreported: Option<(u64, PacketError)>,
+    /// The pictures lent as regions' replicas.
+    pub(super) lent: super::lend::Lent,
 }
 
 impl DecoderSession {
@@ -39,8 +44,27 @@ impl DecoderSession {
             format,
             last_size: None,
             changes: 0,
+            changes_at: VecDeque::new(),
             unreported: None,
+            lent: Default::default(),
         }
+    }
+
+    /// Whether `decode` must answer Busy: the pictures waiting for `receive_frame` and
+    /// the packets still in the decoder's worker reach [`MAX_QUEUED_FRAMES`](super::MAX_QUEUED_FRAMES).
+    pub(super) fn full(&self) -> bool {
+        self.ready.len() + self.decoder.in_flight() >= super::MAX_QUEUED_FRAMES
+    }
+
+    /// Waits for the packets in flight while no picture is ready and some are (so the
+    /// next picture's size and the picture itself are known), queueing what comes back.
+    pub(super) fn settle(&mut self) -> virtsoc_media::Result<()> {
+        while self.ready.is_empty() && self.decoder.in_flight() > 0 {
+            let frames = self.decoder.collect(true);
+            self.note_failures();
+            self.queue(frames?);
+        }
+        Ok(())
     }
 
     /// Queues decoded pictures for `receive_frame`, noting size changes for `stream_info`.
@@ -52,7 +76,14 @@ impl DecoderSession {
             }
             self.last_size = Some(size);
             self.ready.push_back(f);
+            self.changes_at.push_back(self.changes);
         }
+    }
+
+    /// Takes the next picture for `receive_frame`.
+    pub(super) fn pop_ready(&mut self) -> Option<DecodedFrame> {
+        self.changes_at.pop_front();
+        self.ready.pop_front()
     }
 
     /// Collects the failures the decoder reported for earlier packets.
@@ -72,8 +103,10 @@ impl DecoderSession {
         }
     }
 
-    /// `stream_info`'s answer: the next picture's size (else the last's), format, changes,
-    /// and its size as the stream codes it.
+    /// `stream_info`'s answer: the next picture's size (else the last's), format, the size
+    /// changes up to it (else all of them), and its size as the stream codes it. (Counted up
+    /// to the next picture, not over every picture decoded: with packets in flight the
+    /// decoder may already have pictures of a new size waiting behind it.)
     pub(super) fn stream_info(&self) -> api::StreamInfoReply {
         let ((width, height), (pw, ph)) = match self.ready.front() {
             Some(f) => ((f.layout.width, f.layout.height), f.picture_size),
@@ -83,7 +116,7 @@ impl DecoderSession {
             width: u64::from(width),
             height: u64::from(height),
             format: self.format as u64,
-            changes: self.changes,
+            changes: self.changes_at.front().copied().unwrap_or(self.changes),
             picture_width: u64::from(pw),
             picture_height: u64::from(ph),
         }

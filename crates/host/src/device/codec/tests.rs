@@ -204,19 +204,14 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
     ]);
     assert_eq!(
         info(GuestId(3), h),
-        Ok(reply(64, 48, 1)),
-        "the oldest waiting picture"
+        Ok(reply(64, 48, 0)),
+        "the oldest waiting picture (the change is behind it)"
     );
     let pop = || {
-        codec
-            .state()
-            .decoder(GuestId(3), h)
-            .unwrap()
-            .ready
-            .pop_front();
+        codec.state().decoder(GuestId(3), h).unwrap().pop_ready();
     };
     pop();
-    assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 1)));
+    assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 0)));
     pop();
     assert_eq!(
         info(GuestId(3), h),

@@ -4,15 +4,18 @@
 //! worker only: the decoder reports it as a decode error on that call and every later one
 //! (the guest reopens), and the process that owns it goes on.
 //!
-//! The worker copies (or converts) each decoded picture once, into a sealed memfd it shares
-//! with the parent ([`Slots`] / [`Mapped`]), which maps it read-only and copies it into the
-//! guest's region: two copies of a picture's bytes, against one in process and four through
-//! the socket. Every picture in an answer must be a valid packed layout of its bytes.
+//! libavcodec decodes each 4:2:0 picture straight into a sealed memfd the worker shares with
+//! the parent ([`direct`], [`Slots`] / [`Mapped`]; other pictures are copied or converted
+//! into one), which maps it read-only: the parent copies it into the guest's region, or lends
+//! it as the region's contents where it lies ([`DecodedFrame::lend`]). Every picture in an
+//! answer must lie within its buffer. With frame threads several packets are in flight
+//! ([`MAX_IN_FLIGHT`]): see [`ProcessDecoder`].
 
 pub(crate) mod direct;
 mod encode;
 mod planes;
 
+use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
@@ -20,7 +23,7 @@ pub use crate::worker::sandbox;
 pub(crate) use crate::worker::shared::SharedPicture;
 pub use crate::worker::{WorkerPool, CALL_DEADLINE, DEFAULT_SPARE};
 pub use encode::{check_encoder_answer, ProcessEncoder};
-pub(crate) use planes::copy_planes;
+pub(crate) use planes::{copy_planes, read_planes};
 
 /// The pool decoder workers come from (any [`WorkerPool`] of a program that runs
 /// [`serve_decoder`]).
@@ -83,13 +86,33 @@ fn max_answer() -> usize {
     (max_picture_bytes() + 64) * 4 + (MAX_TEXT as usize + 32) * (2 * MAX_ITEMS as usize + 2)
 }
 
+/// Packets a decoder with frame threads keeps in flight at most ([`DecoderBackend::submit`]):
+/// sent to its worker, their answers not read yet. The worker reads the next packet as soon
+/// as it has answered one, so its frame threads never wait for the parent's round trip.
+pub const MAX_IN_FLIGHT: usize = 4;
+
 /// A decoder whose libavcodec runs in a worker process.
+///
+/// With frame threads, [`submit`](DecoderBackend::submit) sends a packet without waiting for
+/// its answer (at most [`MAX_IN_FLIGHT`] in flight); answers are read in order, by
+/// [`collect`](DecoderBackend::collect) or when a call needs them. Should the socket have no
+/// room for a packet (a worker writing an answer nobody reads yet), the answers due are read
+/// first, so neither side waits for the other forever.
 pub struct ProcessDecoder {
     worker: WorkerProcess,
     layout: Option<FrameLayout>,
     failures: Vec<PacketError>,
     /// The worker's picture buffers this side has mapped.
     mapped: Mapped,
+    /// Packets sent whose answers are not read yet, oldest first: (sequence number, pts).
+    in_flight: VecDeque<(u64, i64)>,
+    /// Packets sent so far (numbered from 1, as the worker's decoder numbers them).
+    seq: u64,
+    /// Most packets in flight: 0 (one decoding thread) answers each packet within its call,
+    /// so a packet that fails outright fails its own call.
+    max_in_flight: usize,
+    /// Pictures read from answers while making room for a packet, not handed out yet.
+    early: Vec<DecodedFrame>,
 }
 
 impl ProcessDecoder {
@@ -128,6 +151,10 @@ impl ProcessDecoder {
             layout: None,
             failures: Vec::new(),
             mapped: Mapped::new(max_buffer_bytes()),
+            in_flight: VecDeque::new(),
+            seq: 0,
+            max_in_flight: if threads > 1 { MAX_IN_FLIGHT } else { 0 },
+            early: Vec::new(),
         };
         let mut m = Out::default();
         m.u8(OPEN)
@@ -162,6 +189,7 @@ impl ProcessDecoder {
 
     fn end(&mut self, what: &str) -> MediaError {
         self.mapped.clear();
+        self.in_flight.clear();
         self.worker.end(what)
     }
 
@@ -172,18 +200,86 @@ impl ProcessDecoder {
         self.mapped.inodes()
     }
 
-    /// Sends a decode or flush call (with the picture buffers this side is done with) and
-    /// reads its answer, checking every picture.
-    fn frames(&mut self, call: u8, fill: impl FnOnce(&mut Out)) -> Result<Vec<DecodedFrame>> {
+    /// The start of a decode or flush call: the picture buffers this side is done with.
+    fn call_head(&mut self, call: u8) -> Out {
         let released = self.mapped.take_released();
         let mut m = Out::default();
         m.u8(call).u32(released.len() as u32);
         for id in released {
             m.u32(id);
         }
-        fill(&mut m);
+        m
+    }
+
+    /// Sends a flush call and reads its answer, checking every picture.
+    fn flush_call(&mut self) -> Result<Vec<DecodedFrame>> {
+        let m = self.call_head(FLUSH);
         let mut a = self.call(&m)?;
         self.parse(&mut a).map_err(|e| self.end(&e.to_string()))?
+    }
+
+    /// A failure of the worker (the decoder is dead from then on): nothing of it stays
+    /// mapped but the pictures still held.
+    fn dead(&mut self, e: MediaError) -> MediaError {
+        self.mapped.clear();
+        self.in_flight.clear();
+        e
+    }
+
+    /// Sends packet `packet` of `pts` to the worker without waiting for its answer (the
+    /// packet goes from the caller's slice into the socket, no copy in between).
+    fn post(&mut self, packet: &[u8], pts: i64) -> Result<()> {
+        let mut m = self.call_head(DECODE);
+        m.u64(pts as u64).u32(packet.len() as u32);
+        let parts = [&m.0[..], packet];
+        let all = 8 + m.0.len() + packet.len();
+        let sent = self
+            .worker
+            .post(&parts, 0, true)
+            .map_err(|e| self.dead(e))?;
+        if sent < all {
+            // No room: the worker may be writing an answer; read every one due, then send
+            // the rest (the worker reads it once it has answered).
+            while !self.in_flight.is_empty() {
+                let (frames, _) = self.read_one()?;
+                self.early.extend(frames);
+            }
+            self.worker
+                .post(&parts, sent, false)
+                .map_err(|e| self.dead(e))?;
+        }
+        self.seq += 1;
+        self.in_flight.push_back((self.seq, pts));
+        Ok(())
+    }
+
+    /// Reads the answer to the oldest packet in flight: its pictures, and the packet's own
+    /// failure (also kept for `take_failures`, as an earlier packet's is).
+    fn read_one(&mut self) -> Result<(Vec<DecodedFrame>, Option<MediaError>)> {
+        let Some((seq, pts)) = self.in_flight.pop_front() else {
+            return Ok((Vec::new(), None));
+        };
+        let mut a = self.worker.answer(max_answer()).map_err(|e| self.dead(e))?;
+        match self.parse(&mut a).map_err(|e| self.end(&e.to_string()))? {
+            Ok(frames) => Ok((frames, None)),
+            Err(e) => {
+                let reason = match &e {
+                    MediaError::Decode(m) => m.clone(),
+                    e => e.to_string(),
+                };
+                self.failures.push(PacketError { pts, seq, reason });
+                Ok((Vec::new(), Some(e)))
+            }
+        }
+    }
+
+    /// Reads every answer still due: their pictures.
+    fn drain(&mut self) -> Result<Vec<DecodedFrame>> {
+        let mut out = std::mem::take(&mut self.early);
+        while !self.in_flight.is_empty() {
+            out.extend(self.read_one()?.0);
+        }
+        Ok(out)
     }
 
     /// The answer's pictures (or this call's own error) and failures.
@@ -311,13 +407,53 @@ impl DecoderBackend for ProcessDecoder {
                 packet.len()
             )));
         }
-        self.frames(DECODE, |m| {
-            m.u64(pts as u64).bytes(packet);
-        })
+        let mut out = self.drain()?;
+        self.post(packet, pts)?;
+        let (frames, own) = self.read_one()?;
+        out.extend(frames);
+        match own {
+            None => Ok(out),
+            Some(e) => {
+                // Its own failure is this call's, not a later report's.
+                self.failures.pop();
+                self.early = out;
+                Err(e)
+            }
+        }
+    }
+
+    fn submit(&mut self, packet: &[u8], pts: i64) -> Result<Vec<DecodedFrame>> {
+        if self.max_in_flight == 0 || packet.len() > MAX_PACKET {
+            return self.decode(packet, pts);
+        }
+        let mut out = std::mem::take(&mut self.early);
+        while self.in_flight.len() >= self.max_in_flight {
+            out.extend(self.read_one()?.0);
+        }
+        self.post(packet, pts)?;
+        out.append(&mut self.collect(false)?);
+        Ok(out)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn collect(&mut self, wait: bool) -> Result<Vec<DecodedFrame>> {
+        let mut out = std::mem::take(&mut self.early);
+        if wait && out.is_empty() && !self.in_flight.is_empty() {
+            out.extend(self.read_one()?.0);
+        }
+        while !self.in_flight.is_empty() && self.worker.answer_waiting() {
+            out.extend(self.read_one()?.0);
+        }
+        Ok(out)
     }
 
     fn flush(&mut self) -> Result<Vec<DecodedFrame>> {
-        self.frames(FLUSH, |_| {})
+        let mut out = self.drain()?;
+        out.extend(self.flush_call()?);
+        Ok(out)
     }
 
     fn output_layout(&self) -> Option<FrameLayout> {

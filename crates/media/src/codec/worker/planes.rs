@@ -1,10 +1,12 @@
 //! The parent's side of a picture a worker's libavcodec decoded straight into a shared
 //! buffer (`direct`): checking that the 4:2:0 planes the worker names lie in the buffer
-//! ([`check_planes`]), and the one copy of them into a guest's NV12 or YUV420P frame
-//! ([`copy_planes`]: row by row, chroma interleaved for NV12).
+//! ([`check_planes`]), the one copy of them into a guest's NV12 or YUV420P frame
+//! ([`copy_planes`]: row by row, chroma interleaved for NV12), and any byte range of that
+//! frame read straight from the planes ([`read_planes`], for a picture lent out as a
+//! region's replica).
 
 use crate::error::{MediaError, Result};
-use crate::frame::{FrameMut, PixelFormat};
+use crate::frame::{FrameLayout, FrameMut, PixelFormat};
 use crate::worker::wire::bad;
 
 /// The rows and bytes per row of each 4:2:0 plane of a `w` x `h` picture (even sizes).
@@ -92,10 +94,85 @@ pub(crate) fn copy_planes(
     Ok(())
 }
 
+/// Writes bytes `[j0, j1)` of an NV12 chroma row interleaved from the rows `u` and `v`
+/// into `d` (`j1 - j0` bytes).
+fn interleave(u: &[u8], v: &[u8], j0: usize, j1: usize, d: &mut [u8]) {
+    let (mut j, mut o) = (j0, 0);
+    if j % 2 == 1 && j < j1 {
+        d[o] = v[j / 2];
+        (j, o) = (j + 1, o + 1);
+    }
+    let pairs = (j1 - j) / 2;
+    let (us, vs) = (&u[j / 2..j / 2 + pairs], &v[j / 2..j / 2 + pairs]);
+    for ((d, u), v) in d[o..o + 2 * pairs].chunks_exact_mut(2).zip(us).zip(vs) {
+        d[0] = *u;
+        d[1] = *v;
+    }
+    (j, o) = (j + 2 * pairs, o + 2 * pairs);
+    if j < j1 {
+        d[o] = u[j / 2];
+    }
+}
+
+/// Reads bytes `[offset, offset + dst.len())` of the picture whose 4:2:0 planes lie in
+/// `bytes` at `planes`, as a frame of layout `l` (NV12 or YUV420P, its size) holds it, into
+/// `dst`; bytes between rows and planes read as zero.
+pub(crate) fn read_planes(
+    bytes: &[u8],
+    planes: &[(usize, usize); 3],
+    l: FrameLayout,
+    offset: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    l.validate()?;
+    check_planes(bytes.len(), planes, l.width, l.height)?;
+    let end = offset
+        .checked_add(dst.len())
+        .filter(|e| *e <= l.size())
+        .ok_or_else(|| MediaError::InvalidLayout("a range past the picture".into()))?;
+    let nv12 = match l.format {
+        PixelFormat::Nv12 => true,
+        PixelFormat::Yuv420p => false,
+        f => return Err(MediaError::Unsupported(format!("a 4:2:0 picture as {f:?}"))),
+    };
+    let src_row = |p: usize, r: usize, n: usize| -> Result<&[u8]> {
+        let (off, stride) = planes[p];
+        bytes
+            .get(off + r * stride..off + r * stride + n)
+            .ok_or_else(|| bad("plane outside its buffer"))
+    };
+    let mut at = offset;
+    for (p, d) in l.planes().iter().enumerate() {
+        if end <= d.offset || d.stride == 0 {
+            continue;
+        }
+        let first = offset.saturating_sub(d.offset) / d.stride;
+        let last = (end - d.offset).div_ceil(d.stride).min(d.rows());
+        for r in first..last {
+            let row = d.offset + r * d.stride;
+            let (a, b) = (offset.max(row), end.min(row + d.row_bytes()));
+            if a >= b {
+                continue;
+            }
+            dst[at - offset..a - offset].fill(0);
+            let out = &mut dst[a - offset..b - offset];
+            let (j0, j1) = (a - row, b - row);
+            if nv12 && p == 1 {
+                let n = d.row_bytes() / 2;
+                interleave(src_row(1, r, n)?, src_row(2, r, n)?, j0, j1, out);
+            } else {
+                out.copy_from_slice(&src_row(p, r, d.row_bytes())?[j0..j1]);
+            }
+            at = b;
+        }
+    }
+    dst[at - offset..].fill(0);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::FrameLayout;
 
     /// A 4x2 picture in a buffer with padded rows: Y rows of stride 8 at 0, U and V rows of
     /// stride 4 at 16 and 20.
@@ -119,6 +196,30 @@ mod tests {
         let mut out = vec![0u8; l.size()];
         copy_planes(&b, &planes, FrameMut::new(l, &mut out).unwrap()).unwrap();
         assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 20, 21]);
+    }
+
+    /// Every range of the frame reads as the same bytes of a whole copy, in both formats
+    /// and with padded rows.
+    #[test]
+    fn any_range_reads_as_the_copy_holds_it() {
+        let (b, planes) = buffer();
+        for l in [
+            FrameLayout::packed(PixelFormat::Nv12, 4, 2).unwrap(),
+            FrameLayout::packed(PixelFormat::Yuv420p, 4, 2).unwrap(),
+            FrameLayout::with_stride(PixelFormat::Nv12, 4, 2, 6).unwrap(),
+        ] {
+            let mut whole = vec![0u8; l.size()];
+            copy_planes(&b, &planes, FrameMut::new(l, &mut whole).unwrap()).unwrap();
+            for s in 0..=whole.len() {
+                for e in s..=whole.len() {
+                    let mut part = vec![0xaa; e - s];
+                    read_planes(&b, &planes, l, s, &mut part).unwrap();
+                    assert_eq!(part, whole[s..e], "{l:?} [{s}, {e})");
+                }
+            }
+            let mut over = vec![0u8; 2];
+            assert!(read_planes(&b, &planes, l, whole.len() - 1, &mut over).is_err());
+        }
     }
 
     #[test]

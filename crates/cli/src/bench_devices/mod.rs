@@ -11,11 +11,12 @@
 //!
 //! Decoding is measured on two clips generated at run time: `flat` (x264 ultrafast, CAVLC,
 //! no B-frames: cheap to decode) and `real` (x264 medium: CABAC, B-frames, several
-//! references, testsrc2 with noise). Each is decoded through the daemon and, in the same run
-//! on the same packets, by libavcodec alone in this process (the worker's model: one
-//! decoder with the daemon's default thread count, pictures left in libavcodec's buffers):
-//! the ratio is virtsoc's decode rate over native. A per-stage breakdown tells where the time
-//! per frame goes that is not decoding (see [`Stages`]).
+//! references, testsrc2 with noise). Each is decoded through the daemon, several packets in
+//! flight as a player keeps them ([`decode`]), and, in the same run on the same packets, by
+//! libavcodec alone in this process (the worker's model: one decoder with the daemon's
+//! default thread count, pictures left in libavcodec's buffers): the ratio is virtsoc's
+//! decode rate over native. A per-frame breakdown in CPU time of each process tells where
+//! the time goes that is not decoding (see [`decode::Stages`]).
 //!
 //! `--json` prints `{"sizes": [{"width", "height", "decode_fps", "native_decode_fps",
 //! "decode": [{"clip", ...}], "composite_ms", "floor_ms", ...}]}`.
@@ -27,13 +28,15 @@ use virtsoc_gpu::WgpuBackend;
 use virtsoc_guest::devices as api;
 use virtsoc_guest::{ConnectOptions, Connection, Format};
 
-use virtsoc_media::{CodecKind, DecoderBackend, FfmpegDecoder, PixelFormat};
-
 use crate::bench_svm::OrderingMode;
 use crate::scenario::pipe::Pipe;
 use crate::scenario::{full_layer, media};
 use crate::stats::percentile;
 use crate::CliError;
+
+pub mod decode;
+
+use decode::{decode_clip, DecodeNumbers};
 
 /// What `bench devices` reports (`--json` prints it as is).
 #[derive(Debug, Clone, Serialize)]
@@ -50,7 +53,7 @@ pub struct DeviceNumbers {
     pub height: u32,
     pub resolution: String,
     /// Frames decoded per second of the `flat` clip (decode + receive into an NV12 region,
-    /// one at a time).
+    /// several packets in flight).
     pub decode_fps: f64,
     /// libavcodec alone on the same packets, in the same run: frames per second.
     pub native_decode_fps: f64,
@@ -72,36 +75,6 @@ pub struct DeviceNumbers {
     pub floor_ms: Option<f64>,
     pub floor_render_ms: Option<f64>,
     pub floor_compute_ms: Option<f64>,
-}
-
-/// Decoding one clip through the daemon and natively.
-#[derive(Debug, Clone, Serialize)]
-pub struct DecodeNumbers {
-    pub clip: String,
-    pub frames: u64,
-    pub decode_fps: f64,
-    pub native_decode_fps: f64,
-    /// `decode_fps / native_decode_fps`.
-    pub ratio: f64,
-    pub stages: Stages,
-}
-
-/// Where a frame's time goes through the daemon, in microseconds per frame (wall time the
-/// guest sees, one frame at a time). `ring_us` is one empty command's round trip
-/// (`stream_info`); a frame takes eight (two accesses around the packet's write, three
-/// around `decode`, three around `receive_frame`), counted in `ring`. The rest is split by
-/// call: `guest_write` (the packet into the shared window), `decode_call` (the worker call
-/// and the libavcodec work the daemon waits for, less `native_decode`, libavcodec alone),
-/// `copy_out` (`receive_frame`: the picture into the guest's region, and its completion).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Stages {
-    pub total: f64,
-    pub ring_us: f64,
-    pub ring: f64,
-    pub guest_write: f64,
-    pub native_decode: f64,
-    pub decode_call: f64,
-    pub copy_out: f64,
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -128,8 +101,14 @@ fn local_gpu(gpu: Option<&WgpuBackend>, n: &mut DeviceNumbers) {
     }
 }
 
-/// Runs the measurements at each `(width, height)`.
-pub fn run(target: &str, sizes: &[(u32, u32)], frames: usize) -> Result<DeviceBench, CliError> {
+/// Runs the measurements at each `(width, height)` against the daemon at `target` (whose
+/// process id `daemon`, when known, lets the decode breakdown count its CPU time).
+pub fn run(
+    target: &str,
+    daemon: Option<u32>,
+    sizes: &[(u32, u32)],
+    frames: usize,
+) -> Result<DeviceBench, CliError> {
     let gpu = match WgpuBackend::new() {
         Ok(g) => Some(g),
         Err(e) => {
@@ -139,7 +118,7 @@ pub fn run(target: &str, sizes: &[(u32, u32)], frames: usize) -> Result<DeviceBe
     };
     let mut out = Vec::with_capacity(sizes.len());
     for &(w, h) in sizes {
-        let mut n = one(target, w, h, frames)?;
+        let mut n = one(target, daemon, w, h, frames)?;
         local_gpu(gpu.as_ref(), &mut n);
         out.push(n);
     }
@@ -149,7 +128,13 @@ pub fn run(target: &str, sizes: &[(u32, u32)], frames: usize) -> Result<DeviceBe
     })
 }
 
-fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, CliError> {
+fn one(
+    target: &str,
+    daemon: Option<u32>,
+    w: u32,
+    h: u32,
+    frames: usize,
+) -> Result<DeviceNumbers, CliError> {
     let conn = Connection::open(
         target,
         &ConnectOptions {
@@ -159,14 +144,16 @@ fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, Cli
             ..ConnectOptions::default()
         },
     )?;
-    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
-    let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
     let mut decode = Vec::new();
     for clip in CLIPS {
         let units = media::load_units(&clip_path(clip, w, h)?)?;
         let units = &units[..frames.min(units.len()).max(1)];
-        decode.push(decode_clip(&mut p, clip, units, frame)?);
+        decode.push(decode_clip(target, daemon, clip, units, (w, h), ROUNDS)?);
     }
+    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
+    // A frame of mid-grey video (what is in it does not change the ISP's or the GPU's cost).
+    let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
+    p.cpu_write(frame, &vec![128u8; (w * h * 3 / 2) as usize])?;
     let n = frames.max(1);
     let rgba = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
     let ui = conn.alloc(0, w, h, Format::Rgba8, 0)?.id;
@@ -216,11 +203,11 @@ fn one(target: &str, w: u32, h: u32, frames: usize) -> Result<DeviceNumbers, Cli
 
 /// The clips decoding is measured on: cheap, then realistic.
 const CLIPS: [&str; 2] = ["flat", "real"];
+/// Rounds of each decode measurement, through the daemon and natively in turn (the median
+/// of each is reported: on a busy machine one round can meet another process's burst).
+const ROUNDS: usize = 3;
 /// Seconds of each generated clip (30 fps).
 const CLIP_SECONDS: u32 = 4;
-/// Threads of the daemon's decoders when `open_decoder` asks for 0 (`virtsocd
-/// --codec-threads`' default), also native decoding's.
-const DEFAULT_THREADS: usize = 2;
 
 /// The clip `kind` at `w` x `h`: `flat` is the scenarios' test clip; `real` is generated
 /// here (and cached beside it) with x264's medium preset: CABAC, B-frames, several
@@ -261,116 +248,6 @@ fn clip_path(kind: &str, w: u32, h: u32) -> Result<std::path::PathBuf, CliError>
     Ok(path)
 }
 
-/// Moves every waiting picture of decoder `handle` into `frame`: how many.
-fn receive_all(
-    p: &mut Pipe<'_>,
-    handle: u64,
-    frame: u64,
-    ready: u64,
-    copy: &mut std::time::Duration,
-) -> Result<u64, CliError> {
-    let mut got = 0;
-    for _ in 0..ready {
-        let t = Instant::now();
-        let r = p.run(&api::codec::ReceiveFrame { handle, frame })?;
-        got += p.result(r)?.got;
-        *copy += t.elapsed();
-    }
-    Ok(got)
-}
-
-/// Decodes `units` of `clip` through the daemon (each packet written, decoded, its pictures
-/// received into `frame`, one at a time; flushed at the end), then natively; with the
-/// stages of a frame.
-fn decode_clip(
-    p: &mut Pipe<'_>,
-    clip: &str,
-    units: &[Vec<u8>],
-    frame: u64,
-) -> Result<DecodeNumbers, CliError> {
-    let bits = p
-        .conn
-        .alloc_blob(units.iter().map(Vec::len).max().unwrap_or(1) as u64)?
-        .id;
-    let t = p.run(&api::codec::OpenDecoder {
-        kind: api::codec_kind::H264,
-        format: Format::Nv12 as u64,
-        threads: 0,
-    })?;
-    let handle = p.result(t)?.handle;
-    let zero = std::time::Duration::ZERO;
-    let (mut write, mut call, mut copy) = (zero, zero, zero);
-    let t0 = Instant::now();
-    let mut decoded = 0;
-    for (i, unit) in units.iter().enumerate() {
-        let t = Instant::now();
-        p.cpu_write(bits, unit)?;
-        write += t.elapsed();
-        let t = Instant::now();
-        let r = p.run(&api::codec::Decode {
-            handle,
-            bitstream: bits,
-            len: unit.len() as u64,
-            pts: i as u64,
-        })?;
-        let ready = p.result(r)?.frames_ready;
-        call += t.elapsed();
-        decoded += receive_all(p, handle, frame, ready, &mut copy)?;
-    }
-    let t = Instant::now();
-    let r = p.run(&api::codec::Flush { handle })?;
-    let ready = p.result(r)?.frames_ready;
-    call += t.elapsed();
-    decoded += receive_all(p, handle, frame, ready, &mut copy)?;
-    let elapsed = t0.elapsed();
-    let mut ring = Vec::new();
-    for _ in 0..200 {
-        let t = Instant::now();
-        let r = p.run(&api::codec::StreamInfo { handle })?;
-        p.result(r)?;
-        ring.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    p.run(&api::codec::Close { handle })?;
-    let native_fps = native_decode_fps(units)?;
-    let n = decoded.max(1) as f64;
-    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n;
-    let ring_us = percentile(&ring, 50.0);
-    let native = 1e6 / native_fps.max(1e-9);
-    let decode_fps = decoded as f64 / elapsed.as_secs_f64();
-    Ok(DecodeNumbers {
-        clip: clip.to_string(),
-        frames: decoded,
-        decode_fps,
-        native_decode_fps: native_fps,
-        ratio: decode_fps / native_fps.max(1e-9),
-        stages: Stages {
-            total: us(elapsed),
-            ring_us,
-            ring: 8.0 * ring_us,
-            guest_write: us(write) - 2.0 * ring_us,
-            native_decode: native,
-            decode_call: us(call) - 3.0 * ring_us - native,
-            copy_out: us(copy) - 3.0 * ring_us,
-        },
-    })
-}
-
-/// libavcodec alone on `units`, as a worker runs it (one H.264 decoder with the daemon's
-/// default threads, pictures left in its buffers): frames per second.
-fn native_decode_fps(units: &[Vec<u8>]) -> Result<f64, CliError> {
-    let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
-    let mut d = FfmpegDecoder::new(CodecKind::H264, PixelFormat::Yuv420p, DEFAULT_THREADS)
-        .map_err(media)?;
-    d.hold_pictures(true);
-    let t0 = Instant::now();
-    let mut n = 0;
-    for (i, u) in units.iter().enumerate() {
-        n += d.decode(u, i as i64).map_err(media)?.len();
-    }
-    n += d.flush().map_err(media)?.len();
-    Ok(n as f64 / t0.elapsed().as_secs_f64())
-}
-
 /// Prints the numbers as a table, then each clip's decode against native and its stages.
 pub fn print_table(b: &DeviceBench) {
     if let Some(a) = &b.adapter {
@@ -403,39 +280,43 @@ pub fn print_table(b: &DeviceBench) {
     }
     println!();
     println!(
-        "decode, us per frame: total = ring (8 round trips) + guest write + native decode + \
-         decode call beyond native + copy out"
+        "decode, us per frame: wall time (through the daemon, native) and CPU time (the \
+         decoder's worker, the daemon, the guest; native); floor = the CPU time over the cores"
     );
     println!(
-        "{:<10} {:<5} {:>7} {:>7} {:>6} {:>8} {:>8} {:>6} {:>7} {:>8} {:>7}",
+        "{:<10} {:<5} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7}",
         "size",
         "clip",
         "fps",
         "native",
         "ratio",
         "total",
-        "ring",
-        "write",
-        "decode",
-        "call+",
-        "copy"
+        "native",
+        "worker",
+        "daemon",
+        "guest",
+        "nat.cpu",
+        "floor",
+        "copies"
     );
     for r in &b.sizes {
         for d in &r.decode {
             let s = &d.stages;
             println!(
-                "{:<10} {:<5} {:>7.1} {:>7.1} {:>6.2} {:>8.0} {:>8.0} {:>6.0} {:>7.0} {:>8.0} {:>7.0}",
+                "{:<10} {:<5} {:>7.1} {:>7.1} {:>6.2} {:>7.0} {:>7.0} {:>7.0} {:>7.0} {:>6.0} {:>7.0} {:>7.0} {:>7.2}",
                 r.resolution,
                 d.clip,
                 d.decode_fps,
                 d.native_decode_fps,
                 d.ratio,
                 s.total,
-                s.ring,
-                s.guest_write,
                 s.native_decode,
-                s.decode_call,
-                s.copy_out
+                s.worker_cpu,
+                s.daemon_cpu,
+                s.guest_cpu,
+                s.native_cpu,
+                s.cpu_floor,
+                s.frame_copies
             );
         }
     }

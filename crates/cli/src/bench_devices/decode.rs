@@ -1,0 +1,347 @@
+//! Decoding through the daemon against libavcodec alone, as `bench devices` measures it.
+//!
+//! The guest keeps the decoder busy as a player would: it writes each packet into one of
+//! [`BITSTREAMS`] bitstream regions in turn and queues its `decode` without waiting, and
+//! queues a `receive_frame` [`LAG`] packets behind (into one NV12 frame region, as a
+//! player's next frame), so several packets are in the daemon and its decoder worker at once
+//! and there is no round trip per frame in steady state: the guest waits only before
+//! rewriting a bitstream region, for the `decode` that read it [`BITSTREAMS`] packets ago.
+//! At the end it flushes and receives what is left.
+//!
+//! Natively, one libavcodec decoder with the daemon's default threads decodes the same
+//! packets in this process, pictures left in its buffers (the worker's model).
+//!
+//! Since the stages overlap, the breakdown ([`Stages`]) is in CPU time per frame of each
+//! process (the decoder's worker, the daemon, the guest) beside libavcodec's own CPU time,
+//! measured from the kernel's per-thread run time. On a machine with `cores` cores the sum
+//! over the cores is a floor of the wall time per frame: when it is above 0.9x native's
+//! wall time, the target is out of reach on that machine whatever the overlap.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use serde::Serialize;
+use virtsoc_guest::devices as api;
+use virtsoc_guest::{
+    AccessMode, ConnectOptions, Connection, DeviceCommand, DeviceId, Format, Opcode,
+};
+use virtsoc_media::{CodecKind, DecoderBackend, FfmpegDecoder, PixelFormat};
+use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+
+use crate::bench_svm::OrderingMode;
+use crate::scenario::pipe::{access_args, check_async_errors, check_completion, Pipe};
+use crate::stats::percentile;
+use crate::CliError;
+
+/// Bitstream regions the guest writes packets into in turn.
+pub const BITSTREAMS: usize = 6;
+/// Packets a `receive_frame` is queued behind its `decode`.
+pub const LAG: usize = 3;
+/// Threads of the daemon's decoders when `open_decoder` asks for 0 (`virtsocd
+/// --codec-threads`' default), also native decoding's.
+const DEFAULT_THREADS: usize = 2;
+
+/// Decoding one clip through the daemon and natively.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeNumbers {
+    pub clip: String,
+    pub frames: u64,
+    pub decode_fps: f64,
+    pub native_decode_fps: f64,
+    /// `decode_fps / native_decode_fps`.
+    pub ratio: f64,
+    pub stages: Stages,
+}
+
+/// Where a frame's time goes, in microseconds per frame. `total` and `native_decode` are
+/// wall time (through the daemon, and libavcodec alone); the rest is CPU time:
+/// `worker_cpu` (the decoder's worker process: libavcodec's threads and its messages),
+/// `daemon_cpu` (every daemon thread: the codec device, the rings, the SVM and its copies),
+/// `guest_cpu` (this process while it drives the daemon: packets written, requests
+/// queued), `native_cpu` (libavcodec alone). `cpu_floor` is their sum over `cores`: no
+/// overlap can make a frame take less wall time on this machine. `ring_us` is one empty
+/// command's round trip (`stream_info`), and `frame_copies` the copies of a frame's bytes
+/// per frame on the guest's ledger (the decoder's own write not counted).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stages {
+    pub total: f64,
+    pub native_decode: f64,
+    pub worker_cpu: f64,
+    pub daemon_cpu: f64,
+    pub guest_cpu: f64,
+    pub native_cpu: f64,
+    pub cores: usize,
+    pub cpu_floor: f64,
+    pub ring_us: f64,
+    pub frame_copies: f64,
+}
+
+/// Nanoseconds process `pid`'s threads have run (from each thread's `schedstat`; threads
+/// that have ended are not counted, so measure over spans in which they live).
+fn run_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// CPU nanoseconds so far of this process, the daemon and its codec workers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    guest: u64,
+    daemon: u64,
+    workers: u64,
+}
+
+impl Cpu {
+    fn now(daemon: Option<u32>) -> Cpu {
+        let (d, w) = match daemon {
+            Some(pid) => (
+                run_ns(pid),
+                virtsoc_media::worker_processes(pid, "--codec-worker")
+                    .into_iter()
+                    .map(run_ns)
+                    .sum(),
+            ),
+            None => (0, 0),
+        };
+        Cpu {
+            guest: run_ns(std::process::id()),
+            daemon: d,
+            workers: w,
+        }
+    }
+}
+
+/// Bytes the guest's ledger counts copied, all links together.
+fn copied_bytes(conn: &Connection) -> Result<u64, CliError> {
+    Ok(conn.ledger()?.iter().map(|l| l.bytes).sum())
+}
+
+/// Queues `cmd` on its device between a begin_access and an end_access of each region it
+/// names (queued, not waited for); the command's sequence number.
+fn queue<C: DeviceCommand + 'static>(conn: &Connection, cmd: &C) -> Result<u64, CliError> {
+    let dev = C::DEVICE;
+    for (id, mode) in cmd.regions() {
+        conn.submit_detached(Opcode::BeginAccess, dev, access_args(conn, id, mode)?)?;
+    }
+    let seq = conn.submit(Opcode::DeviceCmd, dev, cmd.encode())?;
+    for (id, mode) in cmd.regions() {
+        conn.submit_detached(Opcode::EndAccess, dev, access_args(conn, id, mode)?)?;
+    }
+    Ok(seq)
+}
+
+/// The pictures `receive_frame` `seq` delivered.
+fn got(conn: &Connection, seq: u64) -> Result<u64, CliError> {
+    let c = conn.wait(seq)?;
+    check_completion(&c, "receive_frame")?;
+    Ok(api::codec::ReceiveFrame::reply(&c.values).got)
+}
+
+/// Writes `bytes` at the start of region `id` from the CPU.
+fn cpu_write(conn: &Connection, id: u64, bytes: &[u8]) -> Result<(), CliError> {
+    let len = bytes.len() as u64;
+    let a = conn.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
+    let ptr = a
+        .ptr
+        .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
+    // SAFETY: the library bounds-checked [ptr, ptr + len) inside the window.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
+    conn.end_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
+    Ok(())
+}
+
+/// Spin iterations of the player's doorbell waits (and of the daemon's waits for its
+/// requests) before they sleep: most of its waits are for the decoder (milliseconds), which
+/// no spin catches and which a spin would take a core from; a few hundred iterations still
+/// catch the short ones (an access's answer). As `virtsoc-gles-guest`'s transport.
+const SPINS: u32 = 256;
+
+/// Decodes `units` of `clip` at `w` x `h` through the daemon at `target` (see the module's
+/// notes) and natively, `rounds` times each, in turn; the median round of each, with the
+/// stages of a frame. `daemon` is the daemon's process id, when known (for its CPU time and
+/// its workers').
+pub fn decode_clip(
+    target: &str,
+    daemon: Option<u32>,
+    clip: &str,
+    units: &[Vec<u8>],
+    (w, h): (u32, u32),
+    rounds: usize,
+) -> Result<DecodeNumbers, CliError> {
+    let conn = Connection::open(
+        target,
+        &ConnectOptions {
+            name: format!("bench-decode-{clip}-{w}x{h}"),
+            coherence: Some("prefetch".into()),
+            window_size: (u64::from(w) * u64::from(h) * 2 + (64 << 20)).min(1 << 30),
+            spins: SPINS,
+            ..ConnectOptions::default()
+        },
+    )?;
+    if let Ok(word) = conn.window().atomic_u32(CONTROL_OFFSET + ctl::HOST_SPINS) {
+        word.store(SPINS, std::sync::atomic::Ordering::Relaxed);
+    }
+    let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
+    let (mut runs, mut natives) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        runs.push(through_daemon(&conn, units, frame, daemon)?);
+        natives.push(native_decode(units)?);
+    }
+    runs.sort_by(|a, b| a.fps.total_cmp(&b.fps));
+    natives.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let run = runs.swap_remove(runs.len() / 2);
+    let (native_fps, native_cpu) = natives[natives.len() / 2];
+    let mut stages = run.stages;
+    stages.native_decode = 1e6 / native_fps.max(1e-9);
+    stages.native_cpu = native_cpu;
+    Ok(DecodeNumbers {
+        clip: clip.to_string(),
+        frames: run.frames,
+        decode_fps: run.fps,
+        native_decode_fps: native_fps,
+        ratio: run.fps / native_fps.max(1e-9),
+        stages,
+    })
+}
+
+/// One decode of a clip through the daemon.
+struct Run {
+    frames: u64,
+    fps: f64,
+    stages: Stages,
+}
+
+/// Decodes `units` through the daemon on `conn` (see the module's notes), receiving into
+/// `frame`; the stages of a frame but native's.
+fn through_daemon(
+    conn: &Connection,
+    units: &[Vec<u8>],
+    frame: u64,
+    daemon: Option<u32>,
+) -> Result<Run, CliError> {
+    let mut p = Pipe::new(conn, OrderingMode::Atomic);
+    let p = &mut p;
+    let largest = units.iter().map(Vec::len).max().unwrap_or(1) as u64;
+    let bits = (0..BITSTREAMS)
+        .map(|_| conn.alloc_blob(largest).map(|r| r.id))
+        .collect::<Result<Vec<_>, _>>()?;
+    let t = p.run(&api::codec::OpenDecoder {
+        kind: api::codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads: 0,
+    })?;
+    let handle = p.result(t)?.handle;
+    let receive = api::codec::ReceiveFrame { handle, frame };
+    let (copied0, cpu0) = (copied_bytes(conn)?, Cpu::now(daemon));
+    let t0 = Instant::now();
+    let mut decodes: VecDeque<u64> = VecDeque::new();
+    let mut receives: VecDeque<u64> = VecDeque::new();
+    let mut decoded = 0;
+    for (i, unit) in units.iter().enumerate() {
+        let slot = i % BITSTREAMS;
+        if decodes.len() >= BITSTREAMS {
+            // The decode that read this region: done before it is written again.
+            if let Some(seq) = decodes.pop_front() {
+                check_completion(&conn.wait(seq)?, "decode")?;
+            }
+        }
+        cpu_write(conn, bits[slot], unit)?;
+        decodes.push_back(queue(
+            conn,
+            &api::codec::Decode {
+                handle,
+                bitstream: bits[slot],
+                len: unit.len() as u64,
+                pts: i as u64,
+            },
+        )?);
+        if i >= LAG {
+            receives.push_back(queue(conn, &receive)?);
+        }
+        while receives.len() > 2 * BITSTREAMS {
+            if let Some(seq) = receives.pop_front() {
+                decoded += got(conn, seq)?;
+            }
+        }
+    }
+    for seq in decodes.drain(..) {
+        check_completion(&conn.wait(seq)?, "decode")?;
+    }
+    for seq in receives.drain(..) {
+        decoded += got(conn, seq)?;
+    }
+    let t = p.run(&api::codec::Flush { handle })?;
+    p.result(t)?;
+    loop {
+        let n = got(conn, queue(conn, &receive)?)?;
+        if n == 0 {
+            break;
+        }
+        decoded += n;
+    }
+    let elapsed = t0.elapsed();
+    let (copied1, cpu1) = (copied_bytes(conn)?, Cpu::now(daemon));
+    check_async_errors(conn)?;
+    let mut ring = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let r = p.run(&api::codec::StreamInfo { handle })?;
+        p.result(r)?;
+        ring.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    p.run(&api::codec::Close { handle })?;
+    for id in bits {
+        conn.free(id)?;
+    }
+    let n = decoded.max(1) as f64;
+    let per = |ns: u64| ns as f64 / 1e3 / n;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let frame_bytes = conn.region(frame).map_or(1, |r| r.size).max(1) as f64;
+    let (worker, daemon_ns, guest) = (
+        per(cpu1.workers.saturating_sub(cpu0.workers)),
+        per(cpu1.daemon.saturating_sub(cpu0.daemon)),
+        per(cpu1.guest.saturating_sub(cpu0.guest)),
+    );
+    Ok(Run {
+        frames: decoded,
+        fps: decoded as f64 / elapsed.as_secs_f64(),
+        stages: Stages {
+            total: elapsed.as_secs_f64() * 1e6 / n,
+            worker_cpu: worker,
+            daemon_cpu: daemon_ns,
+            guest_cpu: guest,
+            cores,
+            cpu_floor: (worker + daemon_ns + guest) / cores as f64,
+            ring_us: percentile(&ring, 50.0),
+            frame_copies: copied1.saturating_sub(copied0) as f64 / frame_bytes / n,
+            ..Stages::default()
+        },
+    })
+}
+
+/// libavcodec alone on `units`, as a worker runs it (one H.264 decoder with the daemon's
+/// default threads, pictures left in its buffers): frames per second, and the CPU
+/// microseconds per frame its threads ran.
+fn native_decode(units: &[Vec<u8>]) -> Result<(f64, f64), CliError> {
+    let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
+    let mut d = FfmpegDecoder::new(CodecKind::H264, PixelFormat::Yuv420p, DEFAULT_THREADS)
+        .map_err(media)?;
+    d.hold_pictures(true);
+    let me = std::process::id();
+    let (cpu0, t0) = (run_ns(me), Instant::now());
+    let mut n = 0;
+    for (i, u) in units.iter().enumerate() {
+        n += d.decode(u, i as i64).map_err(media)?.len();
+    }
+    n += d.flush().map_err(media)?.len();
+    let fps = n as f64 / t0.elapsed().as_secs_f64();
+    // Before the decoder (and its threads) goes.
+    let cpu = run_ns(me).saturating_sub(cpu0) as f64 / 1e3 / n.max(1) as f64;
+    Ok((fps, cpu))
+}
