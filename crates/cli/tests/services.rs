@@ -132,13 +132,26 @@ fn bulk_transfers_inline_in_place_and_in_packets() {
         b.sink_region(r, big.len() as u64).unwrap(),
         (crc32fast::hash(&big), big.len() as u64)
     );
+    // A region a device wrote last: its window replica is stale until the service's read
+    // access brings it up to date.
+    let crc = common::producer_write(&c, r, big.len() as u64, 42);
+    assert_eq!(
+        u64::from(b.sink_region(r, big.len() as u64).unwrap().0),
+        crc,
+        "the service read the producer's bytes, not the window's stale ones"
+    );
+    // The service's own access brackets the call: an output region never written from
+    // the CPU gets its window replica, and its write is recorded (the consumer device,
+    // reading from its own memory, sees it).
     let out = c.alloc_blob(big.len() as u64).unwrap().id;
-    // The output region needs its window replica: written once from the CPU.
-    common::cpu_write(&c, out, &vec![0u8; big.len()]);
     let rep =
         b.0.call_region(bulk::call::ECHO, (r, 0, big.len() as u64), (out, 0))
             .unwrap();
     assert_eq!(rep.values[0], big.len() as u64);
+    assert_eq!(
+        common::consumer_checksum(&c, out, big.len() as u64),
+        u64::from(crc32fast::hash(&big))
+    );
     assert_eq!(common::cpu_read(&c, out, big.len()), big);
     // A range outside the region, and a region that is not the guest's.
     assert_eq!(
@@ -296,7 +309,11 @@ fn policy_and_hostile_input_fail_only_their_own_channel() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 8, "4 channel kinds x 1..=2 channels");
+    assert_eq!(
+        rows.len(),
+        10,
+        "service (region, stream) and 3 other kinds x 1..=2 channels"
+    );
     for r in rows {
         assert!(r["bandwidth_gbps"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["rtt_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");

@@ -22,7 +22,7 @@ use virtsoc_services::payload::{Input, Output};
 use virtsoc_services::ServiceError;
 
 pub use virtsoc_services::builtin::{bulk, clipboard, geo, sensors};
-pub use virtsoc_services::{chan, packet};
+pub use virtsoc_services::{chan, packet, payload};
 
 use crate::{Connection, GuestError, Result};
 

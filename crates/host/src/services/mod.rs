@@ -9,9 +9,11 @@
 //! guest's handshake name), and starts the channel's thread ([`channel`]). From then on the
 //! guest and that thread talk through the channel's own rings; the device ring carries only
 //! opens and closes. Control operations (`geo.fix`, `sensor.set`, `clipboard.get`,
-//! `services.policy`, ...) come from the control API through [`Device::control`].
+//! `services.policy`, ...) come from the control API through [`Device::control`]. Host
+//! programs register services of their own on the services socket ([`external`]).
 
 pub mod channel;
+pub mod external;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -211,7 +213,7 @@ impl Device for ServiceDevice {
     }
 
     fn backend(&self) -> String {
-        "service hypervisor (geo, sensor, clipboard, bulk)".into()
+        "service hypervisor (geo, sensor, clipboard, bulk, and host programs' services)".into()
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {

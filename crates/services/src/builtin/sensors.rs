@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::text;
+use std::borrow::Cow;
+
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
@@ -40,18 +42,20 @@ pub mod call {
 const CALLS: &[CallInfo] = &[
     CallInfo {
         call: call::READ,
-        name: "read",
-        doc: "input: sensor name; values: x, y, z (f64 bits), time ns",
+        name: Cow::Borrowed("read"),
+        doc: Cow::Borrowed("input: sensor name; values: x, y, z (f64 bits), time ns"),
     },
     CallInfo {
         call: call::RATE,
-        name: "rate",
-        doc: "input: NAME:HZ; values: the rate granted (1..=200 Hz)",
+        name: Cow::Borrowed("rate"),
+        doc: Cow::Borrowed("input: NAME:HZ; values: the rate granted (1..=200 Hz)"),
     },
     CallInfo {
         call: call::SAMPLE,
-        name: "sample",
-        doc: "input: sensor name; the next sample at the guest's rate; values as read",
+        name: Cow::Borrowed("sample"),
+        doc: Cow::Borrowed(
+            "input: sensor name; the next sample at the guest's rate; values as read",
+        ),
     },
 ];
 
@@ -132,12 +136,12 @@ impl Sensors {
 }
 
 impl Service for Sensors {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "sensor"
     }
 
-    fn calls(&self) -> &'static [CallInfo] {
-        CALLS
+    fn calls(&self) -> Vec<CallInfo> {
+        CALLS.to_vec()
     }
 
     fn call(&self, cx: &CallCtx, c: u32, input: &dyn Input, _: &mut dyn Output) -> Result<Reply> {
@@ -226,10 +230,7 @@ mod tests {
         let s = Sensors::default();
         s.control("set", &json!({"name": "gyroscope", "value": "0.1:0.2:0.3"}))
             .unwrap();
-        let cx = CallCtx {
-            guest: 1,
-            channel: 1,
-        };
+        let cx = CallCtx::new(1, 1);
         let r = s
             .call(&cx, call::READ, &&b"gyroscope"[..], &mut Vec::new())
             .unwrap();
