@@ -153,7 +153,7 @@ fn service_channel(
             )));
         }
     }
-    bulk.0.close(conn)?;
+    bulk.0.close()?;
     conn.free(id)?;
     Ok((rtt, size as f64 / percentile(&times, 50.0)))
 }
@@ -379,7 +379,7 @@ fn soak_channel(
         n += 1;
         bytes += size;
     }
-    bulk.0.close(conn)?;
+    bulk.0.close()?;
     Ok((n, bytes, bad))
 }
 

@@ -328,7 +328,7 @@ fn a_host_program_serves_guests_under_the_same_rules() {
     p.child.wait().unwrap();
     assert_eq!(status_of(up.call(1, b"dead")), Status::DeviceError);
     assert!(geo.fix().is_ok());
-    up.close(&c).unwrap();
+    up.close().unwrap();
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use virtsoc_proto::AccessMode;
 use virtsoc_proto::SharedWindow;
-use virtsoc_services::chan::{kind, Entry, HostEnd};
+use virtsoc_services::chan::{closed, kind, Entry, HostEnd};
 use virtsoc_services::hypervisor::{Hypervisor, Reply};
 use virtsoc_services::packet::PacketHeader;
 use virtsoc_services::payload::{Input, Output, WindowBytes};
@@ -46,6 +46,8 @@ pub struct ChannelCtx {
     pub hv: Arc<Hypervisor>,
     /// Bytes of unfinished transfers this guest's channels hold.
     pub guest_held: Arc<AtomicU64>,
+    /// Pauses the thread between requests.
+    pub ctl: Arc<super::quiesce::Control>,
 }
 
 /// A channel's transfers: the reassembler, the transfers that timed out lately (a commit
@@ -82,6 +84,7 @@ impl Transfers {
 
 /// Serves the channel until it closes.
 pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
+    end.set_interrupt(cx.ctl.interrupt());
     let timeout = cx
         .hv
         .policy()
@@ -92,7 +95,11 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
         timed_out: VecDeque::new(),
         charges: Vec::new(),
     };
-    loop {
+    // The last responses posted (a ring's worth): those the guest has not read when the
+    // channel pauses are kept for a migration's hand-over.
+    let mut log: VecDeque<Entry> = VecDeque::new();
+    let ring = end.layout().entries as usize;
+    while cx.ctl.hold(|| super::quiesce::unread(&end, &log)) {
         let now = crate::clock::now_ns();
         let wait = st
             .reasm
@@ -106,15 +113,19 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
                 let resp = handle(&cx, &end, &mut st, e);
                 if let Err(err) = end.respond(resp) {
                     log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
-                    end.close(2);
+                    end.close(closed::VIOLATION);
                     break;
                 }
+                if log.len() == ring {
+                    log.pop_front();
+                }
+                log.push_back(resp);
             }
             Ok(None) => st.expire(&cx),
             Err(ServiceError::Closed) => break,
             Err(err) => {
                 log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
-                end.close(2);
+                end.close(closed::VIOLATION);
                 break;
             }
         }
@@ -122,6 +133,8 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
     }
     account(&cx, st.reasm.used(), 0);
     let _ = cx.hv.close(cx.guest.0, cx.id);
+    // The last touch of the channel's memory: the guest may free its region now.
+    end.finish();
 }
 
 fn account(cx: &ChannelCtx, before: u64, after: u64) {
@@ -196,9 +209,20 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
                     e.len, h.len
                 )));
             }
-            let bytes = slot.prefix(h.len as usize)?.to_vec()?;
             let before = st.reasm.used();
-            st.reasm.packet(&h, &bytes, crate::clock::now_ns())?;
+            // Copied once, from the slot in place into the transfer's buffer (a guest
+            // writing the slot meanwhile spoils only its own transfer: the commit's CRC).
+            let now = crate::clock::now_ns();
+            let mut put = Err(ServiceError::BadPacket("empty slot".into()));
+            slot.prefix(h.len as usize)?.for_each_chunk(&mut |bytes| {
+                put = match put {
+                    Err(ServiceError::BadPacket(_)) if bytes.len() == h.len as usize => {
+                        st.reasm.packet(&h, bytes, now)
+                    }
+                    _ => Err(ServiceError::BadPacket("a slot read in pieces".into())),
+                };
+            })?;
+            put?;
             // The packet opened its transfer: the transfer's memory counts against this
             // guest's transfers and its memory limit, or the transfer is refused.
             let grew = st.reasm.used().saturating_sub(before);

@@ -14,6 +14,8 @@
 
 pub mod channel;
 pub mod external;
+mod handover;
+mod quiesce;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -25,7 +27,7 @@ use serde_json::Value;
 use virtsoc_control::ControlError;
 use virtsoc_devapi::service::{CloseReply, Command, OpenReply};
 use virtsoc_proto::Status;
-use virtsoc_services::chan::{Closer, HostEnd};
+use virtsoc_services::chan::{closed, Closer, HostEnd};
 use virtsoc_services::hypervisor::Hypervisor;
 use virtsoc_services::policy::ServicePolicy;
 use virtsoc_services::ServiceError;
@@ -40,10 +42,33 @@ pub const MAX_CHANNELS: usize = 16;
 /// Spins of a channel thread before it sleeps on its doorbell.
 const SPINS: u32 = 4096;
 
+/// A channel of a guest.
 struct Open {
     guest: GuestId,
+    service: String,
+    /// The guest's region its rings live in.
+    region: u64,
+    /// Its thread; `None` while the channel waits for its guest to resume it (it came with
+    /// the guest's session from another daemon: [`handover`]).
+    serving: Option<Serving>,
+    /// Answers to post first when the guest resumes it (from the daemon it came from).
+    replay: Vec<virtsoc_services::hypervisor::handover::KeptAnswer>,
+}
+
+/// A served channel's thread and its handles.
+struct Serving {
     closer: Closer,
-    thread: Option<JoinHandle<()>>,
+    ctl: Arc<quiesce::Control>,
+    _thread: JoinHandle<()>,
+}
+
+impl Serving {
+    /// Closes the channel with `code` and ends its thread at its next pass (nobody waits
+    /// for it: a hung service must not hold up other guests' opens and closes).
+    fn end(&self, code: u32) {
+        self.closer.close(code);
+        self.ctl.stop();
+    }
 }
 
 /// The `service` device.
@@ -113,6 +138,38 @@ impl ServiceDevice {
                 format!("at most {MAX_CHANNELS} channels per guest"),
             ));
         }
+        let end = self.attach(cx, region)?;
+        let entries = end.layout().entries;
+        let id = self
+            .hv
+            .open(guest.0, &self.guest_name(guest), &service)
+            .map_err(|e| fail(cx, &e))?;
+        self.channels.lock_or_recover().insert(
+            id,
+            Open {
+                guest,
+                service,
+                region,
+                serving: None,
+                replay: Vec::new(),
+            },
+        );
+        if let Err(st) = self.start(cx, id, region, end) {
+            self.channels.lock_or_recover().remove(&id);
+            let _ = self.hv.close(guest.0, id);
+            return Err(st);
+        }
+        Ok(OpenReply {
+            channel: id,
+            entries: u64::from(entries),
+        }
+        .to_values())
+    }
+
+    /// The host's end of the channel the guest laid out at the start of its region
+    /// `region` (its own, with a window replica, large enough for the layout found there).
+    fn attach(&self, cx: &DeviceCtx<'_>, region: u64) -> Result<HostEnd, Status> {
+        let guest = cx.guest;
         let meta = cx.meta(region)?;
         let at = cx
             .svm
@@ -129,18 +186,29 @@ impl ServiceDevice {
             .svm
             .guest_window(guest)
             .map_err(|_| cx.fail(Status::Internal, "no window for this guest"))?;
-        let end = HostEnd::attach(win.clone(), at, meta.size, SPINS).map_err(|e| fail(cx, &e))?;
-        let entries = end.layout().entries;
-        let id = self
-            .hv
-            .open(guest.0, &self.guest_name(guest), &service)
-            .map_err(|e| fail(cx, &e))?;
+        HostEnd::attach(win, at, meta.size, SPINS).map_err(|e| fail(cx, &e))
+    }
+
+    /// Starts the thread of channel `id` (in the table, not served yet) on `end`.
+    fn start(&self, cx: &DeviceCtx<'_>, id: u64, region: u64, end: HostEnd) -> Result<(), Status> {
+        let guest = cx.guest;
+        let win = cx
+            .svm
+            .guest_window(guest)
+            .map_err(|_| cx.fail(Status::Internal, "no window for this guest"))?;
+        let at = cx
+            .svm
+            .window_offset(guest, RegionId(region))
+            .ok()
+            .flatten()
+            .ok_or(Status::Internal)?;
         let held = self
             .held
             .lock_or_recover()
             .entry(guest)
             .or_default()
             .clone();
+        let ctl = Arc::new(quiesce::Control::default());
         let ccx = channel::ChannelCtx {
             id,
             guest,
@@ -148,27 +216,28 @@ impl ServiceDevice {
             svm: cx.svm.clone(),
             hv: self.hv.clone(),
             guest_held: held,
+            ctl: ctl.clone(),
         };
+        let service = self.hv.channel_service(guest.0, id).unwrap_or_default();
         let thread = std::thread::Builder::new()
             .name(format!("svc-{service}-{id}"))
             .spawn(move || channel::serve(ccx, end))
-            .map_err(|_| {
-                let _ = self.hv.close(guest.0, id);
-                cx.fail(Status::OutOfMemory, "cannot start the channel's thread")
-            })?;
-        self.channels.lock_or_recover().insert(
-            id,
-            Open {
-                guest,
-                closer: Closer::new(win, at),
-                thread: Some(thread),
-            },
-        );
-        Ok(OpenReply {
-            channel: id,
-            entries: u64::from(entries),
+            .map_err(|_| cx.fail(Status::OutOfMemory, "cannot start the channel's thread"))?;
+        match self.channels.lock_or_recover().get_mut(&id) {
+            Some(o) => {
+                o.serving = Some(Serving {
+                    closer: Closer::new(win, at),
+                    ctl,
+                    _thread: thread,
+                })
+            }
+            None => {
+                // Closed meanwhile (its guest went): the thread ends at once.
+                Closer::new(win, at).close(closed::GUEST_GONE);
+                ctl.stop();
+            }
         }
-        .to_values())
+        Ok(())
     }
 
     fn close(&self, cx: &DeviceCtx<'_>, id: u64) -> DeviceResult {
@@ -184,10 +253,13 @@ impl ServiceDevice {
         }
         let o = chans.remove(&id).ok_or(Status::Internal)?;
         drop(chans);
-        // The thread ends once its call in progress returns; the device worker does not
-        // wait for it (a hung service must not hold up other guests' opens and closes).
-        o.closer.close(1);
-        drop(o.thread);
+        match o.serving {
+            Some(sv) => sv.end(closed::BY_GUEST),
+            // A channel that was never resumed has no thread to end.
+            None => {
+                let _ = self.hv.close(cx.guest.0, id);
+            }
+        }
         Ok(CloseReply {}.to_values())
     }
 }
@@ -220,7 +292,18 @@ impl Device for ServiceDevice {
         match Command::decode(args)? {
             Command::Open(o) => self.open(cx, [o.name0, o.name1], o.ring),
             Command::Close(c) => self.close(cx, c.channel),
+            Command::Resume(r) => self.resume_channel(cx, r.channel, r.ring),
         }
+    }
+
+    /// The guest's channels and its services' states, for a snapshot or a migration
+    /// ([`handover`]).
+    fn export_guest(&self, guest: GuestId) -> Option<Value> {
+        self.export_record(guest)
+    }
+
+    fn import_guest(&self, guest: GuestId, record: &Value) -> Result<(), String> {
+        self.import_record(guest, record)
     }
 
     fn guest_gone(&self, guest: GuestId) {
@@ -231,9 +314,9 @@ impl Device for ServiceDevice {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            if let Some(o) = chans.remove(&id) {
+            if let Some(sv) = chans.remove(&id).and_then(|o| o.serving) {
                 // The thread ends at its next wake-up; nobody waits for it here.
-                o.closer.close(3);
+                sv.end(closed::GUEST_GONE);
             }
         }
         drop(chans);

@@ -168,7 +168,7 @@ impl Hypervisor {
             services: RwLock::new(HashMap::new()),
             policy: RwLock::new(ServicePolicy::default()),
             channels: Mutex::new(HashMap::new()),
-            next_channel: AtomicU64::new(1),
+            next_channel: AtomicU64::new(handover::channel_id_base()),
             denied: AtomicU64::new(0),
             gates: RwLock::new(HashMap::new()),
         };
@@ -493,114 +493,6 @@ impl Hypervisor {
     }
 }
 
+pub mod handover;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct Counter {
-        n: AtomicU64,
-    }
-
-    const CALLS: &[CallInfo] = &[
-        CallInfo {
-            call: 1,
-            name: Cow::Borrowed("next"),
-            doc: Cow::Borrowed("counts"),
-        },
-        CallInfo {
-            call: 2,
-            name: Cow::Borrowed("die"),
-            doc: Cow::Borrowed("panics"),
-        },
-    ];
-
-    impl Service for Counter {
-        fn name(&self) -> &str {
-            "counter"
-        }
-        fn calls(&self) -> Vec<CallInfo> {
-            CALLS.to_vec()
-        }
-        fn call(&self, _: &CallCtx, call: u32, _: &dyn Input, _: &mut dyn Output) -> Result<Reply> {
-            if call == 2 {
-                panic!("service bug");
-            }
-            Ok(Reply {
-                len: 0,
-                values: [self.n.fetch_add(1, Ordering::Relaxed) + 1, 0, 0, 0],
-            })
-        }
-    }
-
-    fn hv(policy: &str) -> Hypervisor {
-        let h = Hypervisor::new(ServicePolicy::parse(policy).unwrap());
-        h.register(
-            Instances::Shared,
-            Arc::new(|| {
-                Arc::new(Counter {
-                    n: AtomicU64::new(0),
-                }) as Arc<dyn Service>
-            }),
-        );
-        h
-    }
-
-    fn call(h: &Hypervisor, g: u64, ch: u64, c: u32) -> Result<u64> {
-        let mut out = Vec::new();
-        h.invoke(g, ch, c, &Vec::new(), &mut out)
-            .map(|r| r.values[0])
-    }
-
-    #[test]
-    fn policy_channels_and_forged_ids() {
-        let h = hv(r#"{"allow": {"*": ["counter"], "jail": []}}"#);
-        assert!(matches!(
-            h.open(1, "jail", "counter"),
-            Err(ServiceError::Denied { .. })
-        ));
-        assert!(matches!(
-            h.open(1, "a", "nope"),
-            Err(ServiceError::NoSuchService(_))
-        ));
-        let a = h.open(1, "a", "counter").unwrap();
-        let b = h.open(2, "b", "counter").unwrap();
-        assert_eq!(call(&h, 1, a, 1), Ok(1));
-        assert_eq!(call(&h, 2, b, 1), Ok(2), "one shared instance");
-        assert_eq!(
-            call(&h, 1, b, 1),
-            Err(ServiceError::NoSuchChannel(b)),
-            "forged"
-        );
-        assert!(matches!(
-            call(&h, 1, a, 9),
-            Err(ServiceError::NoSuchCall { .. })
-        ));
-        assert_eq!(h.close(1, b), Err(ServiceError::NoSuchChannel(b)));
-        // The policy changes at run time: open channels are refused at their next call.
-        h.set_policy(ServicePolicy::parse(r#"{"allow": {"b": ["counter"]}}"#).unwrap());
-        assert!(matches!(
-            call(&h, 1, a, 1),
-            Err(ServiceError::Denied { .. })
-        ));
-        assert_eq!(call(&h, 2, b, 1), Ok(3));
-        h.guest_gone(2);
-        assert_eq!(call(&h, 2, b, 1), Err(ServiceError::NoSuchChannel(b)));
-    }
-
-    #[test]
-    fn per_guest_instances_and_restart_after_a_panic() {
-        let h = hv(r#"{"instances": {"counter": "per-guest"}}"#);
-        let a = h.open(1, "a", "counter").unwrap();
-        let b = h.open(2, "b", "counter").unwrap();
-        assert_eq!(call(&h, 1, a, 1), Ok(1));
-        assert_eq!(call(&h, 1, a, 1), Ok(2));
-        assert_eq!(call(&h, 2, b, 1), Ok(1), "its own instance");
-        assert_eq!(
-            call(&h, 1, a, 2),
-            Err(ServiceError::ServiceDied("counter".into()))
-        );
-        assert_eq!(call(&h, 1, a, 1), Ok(1), "a fresh instance");
-        assert_eq!(call(&h, 2, b, 1), Ok(2), "the other guest's goes on");
-        assert_eq!(h.describe()["services"][0]["restarts"], 1);
-    }
-}
+mod tests;
