@@ -345,3 +345,32 @@ fn transfers_count_against_the_guests_memory_limit() {
     );
     assert_eq!(b.sink(&ok).unwrap().1, ok.len() as u64, "and again");
 }
+
+#[test]
+fn a_short_soak_checks_every_transfer_and_count() {
+    let d = Daemon::start(&[]);
+    let sock = d.socket().to_string_lossy().into_owned();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+        .args(["bench", "services", "--socket", &sock, "--soak", "2"])
+        .args(["--guests", "3", "--channels", "2", "--size", "3000000"])
+        .output()
+        .expect("run the soak");
+    assert!(
+        out.status.success(),
+        "soak failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["mismatches"].as_u64(), r["count_errors"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let (n, in_place) = (
+        r["transfers"].as_u64().unwrap(),
+        r["region_transfers"].as_u64().unwrap(),
+    );
+    assert!(
+        n >= 6 && in_place > 0 && in_place < n,
+        "both ways, in turn: {r}"
+    );
+}

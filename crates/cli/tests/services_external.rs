@@ -357,3 +357,28 @@ fn only_trusted_programs_register() {
     let p = program(&d, Some("s3cret-services-token"), Some(nobody));
     assert!(p.said.starts_with("REGISTERED"), "{}", p.said);
 }
+
+#[test]
+fn remote_guests_are_told_channels_need_a_process_guest() {
+    let dir = TempDir::new("services-remote");
+    let token = dir.0.join("token");
+    std::fs::write(&token, "s3cret-services-token\n").unwrap();
+    let d = Daemon::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    let remote = Connection::open(
+        &format!("tcp:{}", d.tcp.as_ref().unwrap()),
+        &ConnectOptions {
+            token: Some("s3cret-services-token".into()),
+            window_size: 32 << 20,
+            ..ConnectOptions::default()
+        },
+    )
+    .unwrap();
+    // Its window is a copy the futex doorbells of a channel cannot ring through.
+    assert_eq!(status_of(Geo::open(&remote)), Status::NotSupported);
+    assert!(remote.nop().is_ok(), "the session goes on");
+}

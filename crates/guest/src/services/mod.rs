@@ -10,7 +10,7 @@
 //! transfer of 64 KiB packets ([`ServiceChannel::send`]: pipelined over the slots, committed
 //! with the packet count and CRC-32, revoked on error).
 //!
-//! A channel follows its session when it migrates ([`moved`]): with the connection's
+//! A channel follows its session when it migrates (`moved.rs`): with the connection's
 //! auto-reconnect on, a call in progress or the next one finds the channel moved, takes the
 //! answers the old daemon left, resumes the channel (same id) on the new daemon and sends
 //! its unanswered requests again; each request runs once.
@@ -161,7 +161,7 @@ impl<'c> ServiceChannel<'c> {
         &self.service
     }
 
-    /// Moves to another daemon the channel followed (see [`moved`]).
+    /// Moves to another daemon the channel followed (see the module docs).
     pub fn moves(&self) -> u64 {
         self.moves
     }

@@ -49,7 +49,7 @@ struct Open {
     /// The guest's region its rings live in.
     region: u64,
     /// Its thread; `None` while the channel waits for its guest to resume it (it came with
-    /// the guest's session from another daemon: [`handover`]).
+    /// the guest's session from another daemon: `handover.rs`).
     serving: Option<Serving>,
     /// Answers to post first when the guest resumes it (from the daemon it came from).
     replay: Vec<virtsoc_services::hypervisor::handover::KeptAnswer>,
@@ -122,10 +122,24 @@ impl ServiceDevice {
             .unwrap_or_default()
     }
 
+    /// The guest's transport (`unix`, `vm`, `tcp`), when the daemon is known.
+    fn transport(&self, guest: GuestId) -> Option<&'static str> {
+        let d = self.daemon.get().and_then(Weak::upgrade)?;
+        d.guest_meta(guest).map(|(t, _)| t)
+    }
+
     fn open(&self, cx: &DeviceCtx<'_>, name: [u64; 2], region: u64) -> DeviceResult {
         let service = virtsoc_services::unpack_name(name)
             .ok_or_else(|| cx.fail(Status::BadArgument, "service name: 1-16 ASCII characters"))?;
         let guest = cx.guest;
+        if let Some(t @ ("vm" | "tcp")) = self.transport(guest) {
+            // A channel's doorbells are futexes in the shared window: a VM's kernel and a
+            // remote guest's copy of the window cannot ring them.
+            return Err(cx.fail(
+                Status::NotSupported,
+                format!("host service channels need a process guest (this one is a {t} guest)"),
+            ));
+        }
         let n = self
             .channels
             .lock_or_recover()
@@ -297,7 +311,7 @@ impl Device for ServiceDevice {
     }
 
     /// The guest's channels and its services' states, for a snapshot or a migration
-    /// ([`handover`]).
+    /// (`handover.rs`).
     fn export_guest(&self, guest: GuestId) -> Option<Value> {
         self.export_record(guest)
     }

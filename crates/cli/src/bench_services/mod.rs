@@ -25,6 +25,9 @@
 //! at once. The first transfer of every service channel is checked end to end (the
 //! service's sum of the payload's words) and not timed.
 
+pub mod chart;
+pub mod soak;
+
 use std::time::Instant;
 
 use serde::Serialize;
@@ -322,119 +325,4 @@ pub fn print_table(r: &Report) {
             ratio("tcp-loopback")
         );
     }
-}
-
-/// What a soak run saw.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct SoakReport {
-    /// Guests (connections) at once.
-    pub guests: u32,
-    /// Channels per guest.
-    pub channels: u32,
-    /// Seconds it ran.
-    pub seconds: f64,
-    /// Transfers sent and checked.
-    pub transfers: u64,
-    /// Bytes sent.
-    pub bytes: u64,
-    /// Transfers whose checksum or length the service answered wrong.
-    pub mismatches: u64,
-    /// The daemon's resident memory before and after, KiB (0 when unknown).
-    pub rss_kib: (u64, u64),
-}
-
-fn rss_kib(pid: Option<u32>) -> u64 {
-    let Some(pid) = pid else { return 0 };
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// One soak channel: transfers of random sizes up to `max` through the packet path until
-/// `end`, each checked; (transfers, bytes, mismatches).
-fn soak_channel(
-    conn: &Connection,
-    seed: u64,
-    max: u64,
-    end: Instant,
-) -> Result<(u64, u64, u64), CliError> {
-    let mut bulk = Bulk::open(conn, 8)?;
-    let mut x = seed | 1;
-    let (mut n, mut bytes, mut bad) = (0u64, 0u64, 0u64);
-    while Instant::now() < end {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let size = 1 + x % max;
-        let data: Vec<u8> = (0..size).map(|i| (i ^ x) as u8).collect();
-        let (crc, len) = bulk.sink(&data)?;
-        if (crc, len) != (crc32fast::hash(&data), size) {
-            bad += 1;
-        }
-        n += 1;
-        bytes += size;
-    }
-    bulk.0.close()?;
-    Ok((n, bytes, bad))
-}
-
-/// `guests` guests with `channels` channels each send transfers of random sizes up to
-/// `max` bytes for `seconds`, every one checked.
-pub fn soak(
-    endpoint: &Endpoint,
-    guests: u32,
-    channels: u32,
-    seconds: f64,
-    max: u64,
-) -> Result<SoakReport, CliError> {
-    let before = rss_kib(endpoint.pid);
-    let t0 = Instant::now();
-    let end = t0 + std::time::Duration::from_secs_f64(seconds);
-    // Connected one after the other: the daemon admits a few handshakes per peer at once.
-    let conns = (0..guests)
-        .map(|g| {
-            let opts = ConnectOptions {
-                name: format!("soak-{g}"),
-                window_size: 64 << 20,
-                ..ConnectOptions::default()
-            };
-            Connection::open(&endpoint.target, &opts)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let results: Vec<Result<(u64, u64, u64), CliError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = conns
-            .iter()
-            .enumerate()
-            .flat_map(|(g, conn)| {
-                (0..channels).map(move |c| {
-                    s.spawn(move || soak_channel(conn, (g as u64) << 8 | u64::from(c), max, end))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(CliError::Usage("soak channel panicked".into())))
-            })
-            .collect()
-    });
-    let mut total = (0, 0, 0);
-    for r in results {
-        let (n, b, m) = r?;
-        total = (total.0 + n, total.1 + b, total.2 + m);
-    }
-    Ok(SoakReport {
-        guests,
-        channels,
-        seconds: t0.elapsed().as_secs_f64(),
-        transfers: total.0,
-        bytes: total.1,
-        mismatches: total.2,
-        rss_kib: (before, rss_kib(endpoint.pid)),
-    })
 }
