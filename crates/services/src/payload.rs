@@ -66,6 +66,10 @@ impl Input for &[u8] {
         buf.copy_from_slice(&self[at..at + buf.len()]);
         Ok(())
     }
+    fn for_each_chunk(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        f(self);
+        Ok(())
+    }
 }
 
 impl Input for Vec<u8> {
@@ -74,6 +78,11 @@ impl Input for Vec<u8> {
     }
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         self.as_slice().read_at(offset, buf)
+    }
+    /// In place (a reassembled transfer is read where it is, not through a buffer).
+    fn for_each_chunk(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        f(self);
+        Ok(())
     }
 }
 
