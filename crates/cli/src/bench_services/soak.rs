@@ -2,12 +2,12 @@
 //! bulk service payloads of random sizes for a while, every one checked, and the daemon's
 //! memory is compared before and after.
 //!
-//! Each channel alternates between the two ways a payload travels: streamed
-//! through the channel in 64 KiB packets (`sink`: the service's CRC-32 and length of the
-//! reassembled bytes), and in a region of the guest's window read in place (`sink` on the
-//! region). Every answer is checked: CRC-32 and length, and the service's count of the
-//! guest's transfers, which must come out as exactly 1..=N over the guest's channels (none
-//! lost, none run twice).
+//! Each channel makes its payloads in a region of its own and alternates between the two
+//! ways a payload travels: streamed through the channel in 64 KiB packets (`sink`: the
+//! service's CRC-32 and length of the reassembled bytes), and read in place in the region
+//! (`sink` on the region). Every answer is checked: CRC-32 and length, and the service's
+//! count of the guest's transfers, which must come out as exactly 1..=N over the guest's
+//! channels (none lost, none run twice).
 
 use std::time::{Duration, Instant};
 
@@ -86,23 +86,34 @@ fn soak_channel(conn: &Connection, seed: u64, max: u64, end: Instant) -> Result<
     let region = conn.alloc_blob(max)?.id;
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut t = Tally::default();
-    let mut data = Vec::new();
     while Instant::now() < end {
         let size = 1 + next(&mut x) % max;
         let salt = next(&mut x);
-        data.clear();
-        data.extend((0..size).map(|i| (i ^ salt) as u8));
-        let r = if t.transfers % 2 == 0 {
-            bulk.sink_counted(&data)?
+        // The payload is made in the channel's region (no copy of it elsewhere): read in
+        // place by the service, or streamed from there in packets.
+        let stream = t.transfers % 2 == 0;
+        let mode = if stream {
+            AccessMode::ReadWrite
         } else {
-            let a = conn.begin_access(region, DeviceId::CPU, 0, size, AccessMode::Write)?;
-            let ptr = a
-                .ptr
-                .ok_or_else(|| CliError::Usage("no pointer for CPU access".into()))?;
-            // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window
-            // while the access lasts.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), data.len()) };
-            conn.end_access(region, DeviceId::CPU, 0, size, AccessMode::Write)?;
+            AccessMode::Write
+        };
+        let a = conn.begin_access(region, DeviceId::CPU, 0, size, mode)?;
+        let ptr = a
+            .ptr
+            .ok_or_else(|| CliError::Usage("no pointer for CPU access".into()))?;
+        // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window; it
+        // stays mapped and this thread's own until the access ends below.
+        let data = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), size as usize) };
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i as u64 ^ salt) as u8;
+        }
+        let crc = crc32fast::hash(data);
+        let r = if stream {
+            let r = bulk.sink_counted(data);
+            conn.end_access(region, DeviceId::CPU, 0, size, mode)?;
+            r?
+        } else {
+            conn.end_access(region, DeviceId::CPU, 0, size, mode)?;
             t.region += 1;
             let v = bulk
                 .0
@@ -119,7 +130,7 @@ fn soak_channel(conn: &Connection, seed: u64, max: u64, end: Instant) -> Result<
                 total_bytes: v[3],
             }
         };
-        if (r.crc, r.len) != (crc32fast::hash(&data), size) {
+        if (r.crc, r.len) != (crc, size) {
             t.mismatches += 1;
         }
         t.counts.push(r.nth);
