@@ -47,6 +47,15 @@ fn both_advance(rx: &mpsc::Receiver<()>, a: &Progress, b: &Progress, n: u64) {
     }
 }
 
+/// Sets the flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn sensor_and_bulk_sessions_follow_a_migrating_guest() {
     let token_file =
@@ -66,6 +75,7 @@ fn sensor_and_bulk_sessions_follow_a_migrating_guest() {
     let (sp, bp) = (Progress::new(tx.clone()), Progress::new(tx));
     std::thread::scope(|s| {
         let sensors = s.spawn(|| {
+            let _stop_on_failure = StopOnDrop(&stop);
             let mut sn = Sensors::open(&g).unwrap();
             let id = sn.0.id();
             assert_eq!(sn.set_rate("accelerometer", 200).unwrap(), 200);
@@ -84,6 +94,7 @@ fn sensor_and_bulk_sessions_follow_a_migrating_guest() {
             seqs
         });
         let bulk = s.spawn(|| {
+            let _stop_on_failure = StopOnDrop(&stop);
             let mut b = Bulk::open(&g, 8).unwrap();
             let id = b.0.id();
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -105,6 +116,8 @@ fn sensor_and_bulk_sessions_follow_a_migrating_guest() {
             counts
         });
 
+        // If this thread fails, the streams stop too (the scope joins them).
+        let _stop_on_failure = StopOnDrop(&stop);
         // Both streams run on the first daemon, move to the second and back, three times.
         both_advance(&rx, &sp, &bp, 3);
         for m in 0..MOVES as usize {

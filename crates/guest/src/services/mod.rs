@@ -209,7 +209,7 @@ impl<'c> ServiceChannel<'c> {
             Ok(true) => self.outstanding.push_back((e, input)),
             // Full: more requests posted than responses read (the caller's pipelining).
             Ok(false) => return Err(GuestError::BadArgument("channel ring full".into())),
-            Err(err) if self.moves == moved && !self.gone() => return Err(svc_err(err)),
+            Err(err) if self.moves == moved && !self.moved_after_all() => return Err(svc_err(err)),
             Err(_) => {
                 if self.moves == moved {
                     self.follow_move()?;
@@ -235,7 +235,7 @@ impl<'c> ServiceChannel<'c> {
                 None => match self.end.next(MOVE_CHECK) {
                     Ok(Some(e)) => Response { e, kept: None },
                     Ok(None) => continue,
-                    Err(_) if self.gone() => {
+                    Err(_) if self.moved_after_all() => {
                         self.follow_move()?;
                         continue;
                     }

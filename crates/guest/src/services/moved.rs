@@ -59,6 +59,18 @@ impl ServiceChannel<'_> {
         self.end.closed_code() == closed::MOVED || self.moved_away()
     }
 
+    /// After an error of the ring: whether the channel's session moved after all. The old
+    /// daemon may release the ring (zeroing it, its `MOVED` mark with it) while the
+    /// connection is still finishing its move: a call on the connection waits for the move
+    /// to be done, then the windows tell.
+    pub(super) fn moved_after_all(&self) -> bool {
+        if self.gone() {
+            return true;
+        }
+        let _ = self.conn.nop();
+        self.moved_away()
+    }
+
     /// Follows the channel to the daemon its session moved to (see the module docs).
     pub(super) fn follow_move(&mut self) -> Result<()> {
         if !self.gone() {
