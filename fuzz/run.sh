@@ -18,7 +18,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 SECONDS_PER=${FUZZ_SECONDS:-60}
 SAN=${FUZZ_SANITIZER:-none}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(handshake ring_entry device_commands at_parser tcp_frame worker_answer gles_stream service_packet service_reassembly)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(handshake ring_entry device_commands at_parser tcp_frame worker_answer gles_stream service_packet service_reassembly service_records)
 
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

@@ -306,14 +306,18 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 10)]
         reps: usize,
         /// Instead of the comparison: a soak of this many seconds, `--guests` guests with
-        /// `--channels` channels each sending transfers of random sizes up to `--size`
-        /// through 64 KiB packets, every one checked, the daemon's RSS before and after.
+        /// `--channels` channels each sending payloads of random sizes up to `--size`
+        /// (streamed in 64 KiB packets or in a region read in place, at random), every one
+        /// checked, the daemon's RSS before and after.
         #[arg(long)]
         soak: Option<f64>,
         #[arg(long, default_value_t = 16)]
         guests: u32,
         #[arg(long)]
         json: bool,
+        /// Also draw the comparison's bandwidths and round trips as an SVG chart here.
+        #[arg(long)]
+        chart: Option<std::path::PathBuf>,
     },
     /// The SVM microbenchmark: producer -> consumer over a ring of buffers, per protocol.
     Svm {

@@ -32,6 +32,8 @@ virtsoc ctl [--socket PATH|tcp:HOST:PORT] COMMAND
   clipboard set TEXT...          set the clipboard's text
   services                       host services, their calls, channels, restarts, policy
   services policy JSON|reload    replace the services policy, or read its file again
+  services call NAME OP [JSON]   run control operation OP of service NAME (a host
+                                 program's too) with JSON arguments
   kill GUEST                     close GUEST's session
   policy GUEST JSON              set GUEST's sharing policy, e.g. '{\"shares\": 200}'
   policy reload                  read the daemon's --policy file again
@@ -232,6 +234,15 @@ fn services(w: &str, args: &[String]) -> Result<(&'static str, String, Value), C
             )
         }
         ("services", None) => ("GET", "/services".into(), Value::Null),
+        ("services", Some("call")) => {
+            let name = arg(a(2), "NAME")?;
+            let op = arg(a(3), "OP")?;
+            let body = match a(4) {
+                Some(j) => serde_json::from_str(j).map_err(|e| usage(&format!("JSON: {e}")))?,
+                None => json!({}),
+            };
+            ("POST", format!("/services/{name}/{op}"), body)
+        }
         ("services", Some("policy")) => {
             let p = arg(a(2), "JSON")?;
             let body = if p == "reload" {

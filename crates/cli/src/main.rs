@@ -284,17 +284,18 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     soak,
                     guests,
                     json,
+                    chart,
                 },
         } => {
             if let Some(seconds) = soak {
                 let r = with_daemon(socket, false, |e| {
-                    bench_services::soak(e, guests, channels, seconds, size)
+                    bench_services::soak::soak(e, guests, channels, seconds, size)
                 })?;
                 println!("{}", serde_json::to_string_pretty(&r)?);
-                if r.mismatches > 0 {
+                if r.mismatches > 0 || r.count_errors > 0 {
                     return Err(CliError::Usage(format!(
-                        "{} transfers came back wrong",
-                        r.mismatches
+                        "{} transfers came back wrong; {} guests' transfer counts do not add up",
+                        r.mismatches, r.count_errors
                     )));
                 }
                 return Ok(());
@@ -302,6 +303,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let r = with_daemon(socket, false, |e| {
                 bench_services::run(e, channels, round_trips, size, reps)
             })?;
+            if let Some(path) = &chart {
+                bench_services::chart::write(&r, path)?;
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {

@@ -132,14 +132,31 @@ fn bulk_transfers_inline_in_place_and_in_packets() {
         b.sink_region(r, big.len() as u64).unwrap(),
         (crc32fast::hash(&big), big.len() as u64)
     );
+    // A region a device wrote last: its window replica is stale until the service's read
+    // access brings it up to date.
+    let crc = common::producer_write(&c, r, big.len() as u64, 42);
+    assert_eq!(
+        u64::from(b.sink_region(r, big.len() as u64).unwrap().0),
+        crc,
+        "the service read the producer's bytes, not the window's stale ones"
+    );
+    // The service's own access brackets the call: an output region never written from
+    // the CPU gets its window replica, and its write is recorded (the consumer device,
+    // reading from its own memory, sees it).
     let out = c.alloc_blob(big.len() as u64).unwrap().id;
-    // The output region needs its window replica: written once from the CPU.
-    common::cpu_write(&c, out, &vec![0u8; big.len()]);
     let rep =
         b.0.call_region(bulk::call::ECHO, (r, 0, big.len() as u64), (out, 0))
             .unwrap();
     assert_eq!(rep.values[0], big.len() as u64);
-    assert_eq!(common::cpu_read(&c, out, big.len()), big);
+    assert_eq!(
+        common::consumer_checksum(&c, out, big.len() as u64),
+        crc,
+        "the producer's bytes, echoed"
+    );
+    assert_eq!(
+        common::cpu_read(&c, out, big.len()),
+        common::cpu_read(&c, r, big.len())
+    );
     // A range outside the region, and a region that is not the guest's.
     assert_eq!(
         status_of(b.0.call_region(bulk::call::SINK, (r, 1, big.len() as u64), (0, 0))),
@@ -296,7 +313,11 @@ fn policy_and_hostile_input_fail_only_their_own_channel() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 8, "4 channel kinds x 1..=2 channels");
+    assert_eq!(
+        rows.len(),
+        10,
+        "service (region, stream) and 3 other kinds x 1..=2 channels"
+    );
     for r in rows {
         assert!(r["bandwidth_gbps"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["rtt_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");
@@ -323,4 +344,33 @@ fn transfers_count_against_the_guests_memory_limit() {
         (crc32fast::hash(&ok), ok.len() as u64)
     );
     assert_eq!(b.sink(&ok).unwrap().1, ok.len() as u64, "and again");
+}
+
+#[test]
+fn a_short_soak_checks_every_transfer_and_count() {
+    let d = Daemon::start(&[]);
+    let sock = d.socket().to_string_lossy().into_owned();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+        .args(["bench", "services", "--socket", &sock, "--soak", "2"])
+        .args(["--guests", "3", "--channels", "2", "--size", "3000000"])
+        .output()
+        .expect("run the soak");
+    assert!(
+        out.status.success(),
+        "soak failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["mismatches"].as_u64(), r["count_errors"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let (n, in_place) = (
+        r["transfers"].as_u64().unwrap(),
+        r["region_transfers"].as_u64().unwrap(),
+    );
+    assert!(
+        n >= 6 && in_place > 0 && in_place < n,
+        "both ways, in turn: {r}"
+    );
 }

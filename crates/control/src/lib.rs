@@ -42,6 +42,10 @@
 //! | GET | `/view/report` | | `[ViewReport]` |
 //! | GET | `/view/budget` | | `BudgetStats` (the view's CPU budget and what it has seen; 404 without one) |
 //! | POST | `/guests/{id}/record` | `{"seconds", "fps"?, "max"?}` | the presented frames as an H.264 MP4 |
+//! | GET | `/services` | | the host services: their calls, counters, programs, the policy |
+//! | POST | `/services/policy` | a services policy, or `{"reload": true}` | the policy |
+//! | POST | `/services/{name}/{op}` | the operation's arguments | its result (any service's, a host program's included) |
+//! | GET, POST | `/geo`, `/geo/fix`, `/geo/nmea`, `/geo/track`, `/sensor`, `/sensor/set`, `/clipboard` | see [`routes`] | the emulator services' state |
 //!
 //! Errors are `{"error": "..."}` with 400 (malformed JSON, a missing or bad field, named),
 //! 401 (TCP without the token), 404 (unknown guest or route), 409 (refused by the device,

@@ -297,7 +297,8 @@ fn route(
 /// The host services' routes (issue 29), all answered by the `service` device:
 /// `GET /services`, `POST /services/policy` (a policy, or `{"reload": true}`),
 /// `GET /geo`, `POST /geo/fix|nmea|track`, `GET /sensor`, `POST /sensor/set`,
-/// `GET /clipboard`, `POST /clipboard` (`{"text": ...}`).
+/// `GET /clipboard`, `POST /clipboard` (`{"text": ...}`), and `POST /services/NAME/OP` for
+/// operation `OP` of any service, a host program's included.
 fn services_route(
     backend: &dyn Backend,
     method: &str,
@@ -305,6 +306,15 @@ fn services_route(
     body: &[u8],
 ) -> Result<Answer, ControlError> {
     let op = match (method, parts) {
+        ("POST", ["services", name, op])
+            if !name.contains('.')
+                && !op.is_empty()
+                && op
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+        {
+            return services_call(backend, &format!("{name}.{op}"), body);
+        }
         ("GET", ["services"]) => "services.list",
         ("POST", ["services", "policy"]) => "services.policy",
         ("GET", ["geo"]) => "geo.get",
@@ -326,12 +336,19 @@ fn services_route(
             )))
         }
     };
-    let args: Value = if method == "POST" {
-        parse(body)?
-    } else {
-        Value::Null
-    };
-    if method == "POST" && !args.is_object() {
+    if method == "POST" {
+        return services_call(backend, op, body);
+    }
+    Ok(Answer::json(&backend.device_control(
+        "service",
+        op,
+        &Value::Null,
+    )?))
+}
+
+fn services_call(backend: &dyn Backend, op: &str, body: &[u8]) -> Result<Answer, ControlError> {
+    let args: Value = parse(body)?;
+    if !args.is_object() {
         return Err(ControlError::BadRequest(
             "bad request body: a JSON object".into(),
         ));
@@ -460,6 +477,11 @@ mod tests {
         assert_eq!(go("GET", "/services", "").1["op"], "services.list");
         assert_eq!(go("POST", "/sensor/set", "{}").1["op"], "sensor.set");
         assert_eq!(go("GET", "/geo/fix", "").0, 405);
+        assert_eq!(
+            go("POST", "/services/upper/stats", "{}").1["op"],
+            "upper.stats"
+        );
+        assert_eq!(go("POST", "/services/upper/bad.op", "{}").0, 404);
         assert_eq!(go("POST", "/geo/teleport", "{}").0, 404);
         assert_eq!(go("POST", "/clipboard", "[1]").0, 400);
         assert_eq!(go("POST", "/services/policy", "{").0, 400);

@@ -382,6 +382,13 @@ devices! {
         /// Closes channel `channel` of this guest (a call in progress finishes on the host;
         /// its answer is not delivered).
         fn close(channel: u64) -> () = 2;
+        /// Resumes channel `channel`, which came with this guest's session from another
+        /// daemon (a migration, a restart), on the channel laid out afresh at the start of
+        /// region `ring` (the region it lived in): same id, new rings. The daemon first posts
+        /// the `answers` the guest may not have read on the old daemon (it takes those it
+        /// waits for), then the guest sends its calls still unanswered again.
+        /// `BadArgument` for a channel that is not waiting to be resumed or another region.
+        fn resume(channel: u64, ring: u64) -> (entries, answers) = 3;
     }
 }
 

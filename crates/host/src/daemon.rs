@@ -177,6 +177,9 @@ pub struct Daemon {
     guest_meta: Mutex<HashMap<GuestId, (&'static str, ProtocolKind)>>,
     /// Resume secrets and sessions saved by a previous run (`--state-dir`).
     restart: crate::snapshot::restart::Restart,
+    /// The host services' device (also in `devices`): its hypervisor takes host programs'
+    /// registrations, and migrations quiesce and hand over its channels.
+    services: Arc<crate::services::ServiceDevice>,
 }
 
 impl Daemon {
@@ -239,9 +242,20 @@ impl Daemon {
             connections: AtomicUsize::new(0),
             pending: Arc::new(admission::Pending::default()),
             guest_meta: Mutex::new(HashMap::new()),
+            services: services.clone(),
         });
         services.attach_daemon(&daemon);
         Ok(daemon)
+    }
+
+    /// The host services' device.
+    pub fn services(&self) -> &Arc<crate::services::ServiceDevice> {
+        &self.services
+    }
+
+    /// The service hypervisor (host programs register their services with it).
+    pub fn service_hypervisor(&self) -> Arc<virtsoc_services::hypervisor::Hypervisor> {
+        self.services.hypervisor().clone()
     }
 
     /// The SVM manager.

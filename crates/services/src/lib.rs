@@ -12,12 +12,15 @@
 //!   channel table, restarting a service instance that died.
 //! - [`builtin`]: the emulator services (location, sensors, clipboard) and the bulk
 //!   echo/sink service.
+//! - [`external`]: services of host programs, which register over the daemon's services
+//!   socket (the protocol, the daemon's proxy, and [`external::client`] for Rust programs).
 //!
 //! Nothing here depends on the daemon: the host crate serves channels with it, the guest
 //! library opens them with it.
 
 pub mod builtin;
 pub mod chan;
+pub mod external;
 pub mod gate;
 pub mod hypervisor;
 pub mod packet;
@@ -99,6 +102,23 @@ pub enum ServiceError {
     /// call; it has been restarted.
     #[error("service {0:?} died; it was restarted, call again")]
     ServiceDied(String),
+    /// The service's host program went away (it exited, hung, or broke the protocol); its
+    /// guests get this until a program registers the service again.
+    #[error("service {service:?} is unavailable: {reason}")]
+    Unavailable {
+        /// The service.
+        service: String,
+        /// What happened to its program.
+        reason: String,
+    },
+    /// A call that did not finish within the policy's `call_timeout_ms`.
+    #[error("service {service:?} did not answer within {ms} ms")]
+    CallTimedOut {
+        /// The service.
+        service: String,
+        /// The deadline it missed.
+        ms: u64,
+    },
     /// The channel is closed.
     #[error("channel closed")]
     Closed,
@@ -128,8 +148,8 @@ impl ServiceError {
             | ServiceError::BadArgument(_)
             | ServiceError::Policy(_) => Status::BadArgument,
             ServiceError::OverBudget { .. } => Status::OutOfMemory,
-            ServiceError::TimedOut(_) => Status::Busy,
-            ServiceError::ServiceDied(_) => Status::DeviceError,
+            ServiceError::TimedOut(_) | ServiceError::CallTimedOut { .. } => Status::Busy,
+            ServiceError::ServiceDied(_) | ServiceError::Unavailable { .. } => Status::DeviceError,
             ServiceError::Closed => Status::Closed,
             ServiceError::Memory(_) => Status::OutOfRange,
         }

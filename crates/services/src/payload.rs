@@ -66,6 +66,10 @@ impl Input for &[u8] {
         buf.copy_from_slice(&self[at..at + buf.len()]);
         Ok(())
     }
+    fn for_each_chunk(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        f(self);
+        Ok(())
+    }
 }
 
 impl Input for Vec<u8> {
@@ -74,6 +78,11 @@ impl Input for Vec<u8> {
     }
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         self.as_slice().read_at(offset, buf)
+    }
+    /// In place (a reassembled transfer is read where it is, not through a buffer).
+    fn for_each_chunk(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        f(self);
+        Ok(())
     }
 }
 
@@ -189,18 +198,48 @@ pub fn crc(input: &dyn Input) -> Result<u32> {
     Ok(h.finalize())
 }
 
-/// Reads every byte of `input` once into a host buffer of at most 1 MiB (as a device
-/// pulls bytes into its memory); returns the bytes read.
-pub fn drain(input: &dyn Input) -> Result<usize> {
-    let mut buf = vec![0u8; input.len().min(1 << 20)];
-    let mut n = 0;
+/// Reads every byte of `input` once, where it is (in place in the guest's window for a
+/// region or a slot), as a consumer that uses the bytes without keeping a copy: answers
+/// the bytes read and the wrapping sum of the input's little-endian 64-bit words (its last
+/// partial word zero-padded), so that the reads cannot be left out.
+pub fn drain(input: &dyn Input) -> Result<(usize, u64)> {
+    let mut n = 0usize;
+    let mut sum = 0u64;
+    let mut tail = [0u8; 8];
+    let mut held = 0usize;
     input.for_each_chunk(&mut |chunk| {
-        for c in chunk.chunks(buf.len().max(1)) {
-            buf[..c.len()].copy_from_slice(c);
-            n += c.len();
+        let mut c = chunk;
+        if held > 0 {
+            let k = (8 - held).min(c.len());
+            tail[held..held + k].copy_from_slice(&c[..k]);
+            held += k;
+            c = &c[k..];
+            if held == 8 {
+                sum = sum.wrapping_add(u64::from_le_bytes(tail));
+                held = 0;
+            }
         }
+        let words = c.chunks_exact(8);
+        let rest = words.remainder();
+        sum = words.fold(sum, |s, w| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            s.wrapping_add(u64::from_le_bytes(b))
+        });
+        tail[..rest.len()].copy_from_slice(rest);
+        held = rest.len();
+        n += chunk.len();
     })?;
-    Ok(n)
+    if held > 0 {
+        tail[held..].fill(0);
+        sum = sum.wrapping_add(u64::from_le_bytes(tail));
+    }
+    Ok((n, sum))
+}
+
+/// [`drain`]'s sum of `bytes` (what the guest checks a drain against).
+pub fn word_sum(bytes: &[u8]) -> u64 {
+    drain(&bytes).map_or(0, |(_, s)| s)
 }
 
 #[cfg(test)]
@@ -219,7 +258,15 @@ mod tests {
         assert_eq!(copy(&a, &mut b).unwrap(), data.len());
         assert_eq!(b.to_vec().unwrap(), data);
         assert_eq!(crc(&b).unwrap(), crc32fast::hash(&data));
-        assert_eq!(drain(&b).unwrap(), data.len());
+        let (n, sum) = drain(&b).unwrap();
+        assert_eq!(n, data.len());
+        let want = data.chunks(8).fold(0u64, |s, w| {
+            let mut t = [0u8; 8];
+            t[..w.len()].copy_from_slice(w);
+            s.wrapping_add(u64::from_le_bytes(t))
+        });
+        assert_eq!(sum, want);
+        assert_eq!(word_sum(&data), want);
         assert!(b.write_at(data.len() - 1, &[1, 2]).is_err());
         assert!(WindowBytes::new(w, (1 << 20) - 10, 11).is_err());
         let mut small = vec![0u8; 10];

@@ -52,6 +52,10 @@ pub struct ServicePolicy {
     /// opened from now on; the daemon's default otherwise).
     #[serde(default)]
     pub transfer_timeout_ms: Option<u64>,
+    /// How long one call may take before its guest gets an error (10 s otherwise). A host
+    /// program that lets a call pass it is taken for hung and disconnected.
+    #[serde(default)]
+    pub call_timeout_ms: Option<u64>,
 }
 
 fn allow_all() -> HashMap<String, Vec<String>> {
@@ -67,6 +71,7 @@ impl Default for ServicePolicy {
             scheduler: None,
             shares: HashMap::new(),
             transfer_timeout_ms: None,
+            call_timeout_ms: None,
         }
     }
 }
@@ -97,6 +102,9 @@ impl ServicePolicy {
             return Err(ServiceError::Policy(
                 "transfer_timeout_ms: at least 1".into(),
             ));
+        }
+        if self.call_timeout_ms == Some(0) {
+            return Err(ServiceError::Policy("call_timeout_ms: at least 1".into()));
         }
         if let Some((g, _)) = self.shares.iter().find(|(_, n)| **n == 0) {
             return Err(ServiceError::Policy(format!("share of {g:?}: at least 1")));

@@ -150,6 +150,10 @@ struct Args {
     /// `<socket>.control`. Removed on exit like the main socket.
     #[arg(long)]
     control: Option<PathBuf>,
+    /// Unix socket where host programs register services (`docs/services.md`); default
+    /// `<socket>.services`. Removed on exit like the main socket.
+    #[arg(long)]
+    services_socket: Option<PathBuf>,
     /// Also serve the control API on this TCP address; every request must carry
     /// `Authorization: Bearer <token>` with the remote-guest token (--token-file).
     #[arg(long)]
@@ -389,6 +393,16 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
         .unwrap_or_else(|| virtsoc_host::control::default_path(&args.socket));
     // Stopped, and its socket removed, when run() returns.
     let _control = virtsoc_host::control::start(&daemon, Some(&control_path), args.control_listen)?;
+    let services_path = args
+        .services_socket
+        .clone()
+        .unwrap_or_else(|| virtsoc_host::services::external::default_path(&args.socket));
+    // Its socket is removed when run() returns.
+    let _services = virtsoc_host::services::external::start(
+        daemon.service_hypervisor(),
+        &services_path,
+        daemon.config().token.clone(),
+    )?;
     if let (Some(addr), Some(token)) = (_control.tcp_addr(), &daemon.config().token) {
         // The page needs the token like every TCP request; it rides in the URL.
         eprintln!("virtsocd: live view at http://{addr}/view#token={token}");

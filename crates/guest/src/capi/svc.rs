@@ -6,10 +6,14 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::{bad, conn, opt_str, run, Result, VirtsocConn};
 
-/// Opaque handle of a channel to a host service for C.
-pub struct VirtsocChannel(crate::services::ServiceChannel);
+/// Opaque handle of a channel to a host service for C. The channel borrows its
+/// connection for as long as C keeps it: the header's contract (a channel is closed before
+/// its connection) is what makes the `'static` borrow sound.
+pub struct VirtsocChannel(crate::services::ServiceChannel<'static>);
 
-unsafe fn service<'a>(s: *mut VirtsocChannel) -> Result<&'a mut crate::services::ServiceChannel> {
+unsafe fn service<'a>(
+    s: *mut VirtsocChannel,
+) -> Result<&'a mut crate::services::ServiceChannel<'static>> {
     // SAFETY: a non-null handle came from virtsoc_channel_open and was not closed.
     unsafe { s.as_mut() }
         .map(|s| &mut s.0)
@@ -27,8 +31,9 @@ pub unsafe extern "C" fn virtsoc_channel_open(
     out: *mut *mut VirtsocChannel,
 ) -> c_int {
     run(|| {
-        // SAFETY: forwarded caller guarantees.
-        let c = unsafe { conn(c) }?;
+        // SAFETY: forwarded caller guarantees; the header requires the channel to be closed
+        // before its connection, so the connection outlives the channel's borrow of it.
+        let c: &'static crate::Connection = unsafe { conn(c) }?;
         // SAFETY: forwarded caller guarantees.
         let name = unsafe { opt_str(name) }?.ok_or_else(|| bad("null service name"))?;
         if out.is_null() {
@@ -104,14 +109,14 @@ pub unsafe extern "C" fn virtsoc_channel_close(
     s: *mut VirtsocChannel,
 ) -> c_int {
     run(|| {
-        // SAFETY: forwarded caller guarantees.
-        let c = unsafe { conn(c) }?;
+        // SAFETY: forwarded caller guarantees (the connection is checked live).
+        let _ = unsafe { conn(c) }?;
         if s.is_null() {
             return Ok(());
         }
         // SAFETY: per the contract the handle is owned by us now.
         let s = unsafe { Box::from_raw(s) };
-        s.0.close(c)
+        s.0.close()
     })
 }
 

@@ -12,14 +12,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use virtsoc_proto::AccessMode;
 use virtsoc_proto::SharedWindow;
-use virtsoc_services::chan::{kind, Entry, HostEnd};
+use virtsoc_services::chan::{closed, kind, Entry, HostEnd};
 use virtsoc_services::hypervisor::{Hypervisor, Reply};
 use virtsoc_services::packet::PacketHeader;
 use virtsoc_services::payload::{Input, Output, WindowBytes};
 use virtsoc_services::reassembly::Reassembler;
 use virtsoc_services::{Result, ServiceError};
-use virtsoc_svm::{GuestId, MemoryCharge, RegionId, SvmManager};
+use virtsoc_svm::{AccessSpec, DomainId, GuestId, MemoryCharge, RegionId, SvmManager};
 
 /// How long a transfer may go without a packet before it is dropped (unless the services
 /// policy sets `transfer_timeout_ms`).
@@ -45,6 +46,8 @@ pub struct ChannelCtx {
     pub hv: Arc<Hypervisor>,
     /// Bytes of unfinished transfers this guest's channels hold.
     pub guest_held: Arc<AtomicU64>,
+    /// Pauses the thread between requests.
+    pub ctl: Arc<super::quiesce::Control>,
 }
 
 /// A channel's transfers: the reassembler, the transfers that timed out lately (a commit
@@ -81,6 +84,7 @@ impl Transfers {
 
 /// Serves the channel until it closes.
 pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
+    end.set_interrupt(cx.ctl.interrupt());
     let timeout = cx
         .hv
         .policy()
@@ -91,7 +95,11 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
         timed_out: VecDeque::new(),
         charges: Vec::new(),
     };
-    loop {
+    // The last responses posted (a ring's worth): those the guest has not read when the
+    // channel pauses are kept for a migration's hand-over.
+    let mut log: VecDeque<Entry> = VecDeque::new();
+    let ring = end.layout().entries as usize;
+    while cx.ctl.hold(|| super::quiesce::unread(&end, &log)) {
         let now = crate::clock::now_ns();
         let wait = st
             .reasm
@@ -105,15 +113,19 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
                 let resp = handle(&cx, &end, &mut st, e);
                 if let Err(err) = end.respond(resp) {
                     log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
-                    end.close(2);
+                    end.close(closed::VIOLATION);
                     break;
                 }
+                if log.len() == ring {
+                    log.pop_front();
+                }
+                log.push_back(resp);
             }
             Ok(None) => st.expire(&cx),
             Err(ServiceError::Closed) => break,
             Err(err) => {
                 log::warn!("guest {} channel {}: {err}; closing", cx.guest.0, cx.id);
-                end.close(2);
+                end.close(closed::VIOLATION);
                 break;
             }
         }
@@ -121,6 +133,8 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
     }
     account(&cx, st.reasm.used(), 0);
     let _ = cx.hv.close(cx.guest.0, cx.id);
+    // The last touch of the channel's memory: the guest may free its region now.
+    end.finish();
 }
 
 fn account(cx: &ChannelCtx, before: u64, after: u64) {
@@ -168,12 +182,23 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
         }
         kind::CALL_REGION => {
             let [in_r, in_off, in_len, out_r, out_off] = e.args;
-            let input = region_bytes(cx, in_r, in_off, Some(in_len))?;
-            let mut out = match out_r {
-                0 => slot.clone(),
-                r => region_bytes(cx, r, out_off, None)?,
+            let input = RegionAccess::begin(cx, in_r, in_off, Some(in_len), AccessMode::Read)?;
+            let mut output = match out_r {
+                0 => None,
+                r => Some(RegionAccess::begin(
+                    cx,
+                    r,
+                    out_off,
+                    None,
+                    AccessMode::ReadWrite,
+                )?),
             };
-            cx.hv.invoke(g, cx.id, e.call, &input, &mut out)
+            let mut slot_out = slot.clone();
+            let out: &mut dyn Output = match output.as_mut() {
+                Some(o) => &mut o.bytes,
+                None => &mut slot_out,
+            };
+            cx.hv.invoke(g, cx.id, e.call, &input.bytes, out)
         }
         kind::PACKET => {
             cx.hv.channel_service(g, cx.id)?;
@@ -184,9 +209,20 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
                     e.len, h.len
                 )));
             }
-            let bytes = slot.prefix(h.len as usize)?.to_vec()?;
             let before = st.reasm.used();
-            st.reasm.packet(&h, &bytes, crate::clock::now_ns())?;
+            // Copied once, from the slot in place into the transfer's buffer (a guest
+            // writing the slot meanwhile spoils only its own transfer: the commit's CRC).
+            let now = crate::clock::now_ns();
+            let mut put = Err(ServiceError::BadPacket("empty slot".into()));
+            slot.prefix(h.len as usize)?.for_each_chunk(&mut |bytes| {
+                put = match put {
+                    Err(ServiceError::BadPacket(_)) if bytes.len() == h.len as usize => {
+                        st.reasm.packet(&h, bytes, now)
+                    }
+                    _ => Err(ServiceError::BadPacket("a slot read in pieces".into())),
+                };
+            })?;
+            put?;
             // The packet opened its transfer: the transfer's memory counts against this
             // guest's transfers and its memory limit, or the transfer is refused.
             let grew = st.reasm.used().saturating_sub(before);
@@ -232,31 +268,93 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
     }
 }
 
-/// `len` bytes (or the rest) at `off` of the guest's region `id`, in its window.
-fn region_bytes(cx: &ChannelCtx, id: u64, off: u64, len: Option<u64>) -> Result<WindowBytes> {
-    let bad = |m: String| ServiceError::BadArgument(m);
-    let meta = cx
-        .svm
-        .meta(cx.guest, RegionId(id))
-        .map_err(|_| bad(format!("no region {id} of this guest")))?;
-    let at = cx
-        .svm
-        .window_offset(cx.guest, RegionId(id))
-        .map_err(|_| bad(format!("no region {id} of this guest")))?
-        .ok_or_else(|| {
-            bad(format!(
-                "region {id} has no CPU replica (write it from the CPU first)"
-            ))
+/// The service's access to `len` bytes (or the rest) at `off` of the guest's region `id`,
+/// in place in the guest's window: an SVM access of the guest window domain, begun before the
+/// call and ended after it (on drop), as a device brackets the regions it works on. The
+/// begin brings the window's replica of the range up to date (fetching what another device
+/// wrote last, and creating the replica if the region has none yet); the end of a writing
+/// access records the service's write, so the other replicas are refreshed from the window.
+/// Every argument is the guest's and is checked: the region must be the guest's, the range
+/// inside it.
+struct RegionAccess<'a> {
+    cx: &'a ChannelCtx,
+    id: RegionId,
+    spec: Option<AccessSpec>,
+    bytes: WindowBytes,
+}
+
+impl<'a> RegionAccess<'a> {
+    fn begin(
+        cx: &'a ChannelCtx,
+        id: u64,
+        off: u64,
+        len: Option<u64>,
+        mode: AccessMode,
+    ) -> Result<Self> {
+        let bad = |m: String| ServiceError::BadArgument(m);
+        let meta = cx
+            .svm
+            .meta(cx.guest, RegionId(id))
+            .map_err(|_| bad(format!("no region {id} of this guest")))?;
+        let len = len.unwrap_or(meta.size.saturating_sub(off));
+        match off.checked_add(len) {
+            Some(e) if e <= meta.size => {}
+            _ => {
+                return Err(bad(format!(
+                    "{len} bytes at {off} outside region {id} of {} bytes",
+                    meta.size
+                )))
+            }
+        }
+        let n = usize::try_from(len).map_err(|_| bad(format!("{len} bytes")))?;
+        if n == 0 {
+            // Nothing to read or write: no access (an empty one is refused by the SVM).
+            return Ok(RegionAccess {
+                cx,
+                id: RegionId(id),
+                spec: None,
+                bytes: WindowBytes::new(cx.win.clone(), 0, 0)?,
+            });
+        }
+        let spec = AccessSpec::new(
+            virtsoc_devapi::service::ID.0,
+            DomainId::GUEST_WINDOW,
+            off,
+            len,
+            mode,
+        );
+        let report = cx
+            .svm
+            .begin_access(cx.guest, RegionId(id), &spec)
+            .map_err(|e| bad(format!("region {id}: {e}")))?;
+        let access = RegionAccess {
+            cx,
+            id: RegionId(id),
+            spec: Some(spec),
+            bytes: WindowBytes::new(cx.win.clone(), 0, 0)?,
+        };
+        let at = report.window_offset.ok_or_else(|| {
+            ServiceError::Memory(format!("region {id} has no place in the guest's window"))
         })?;
-    let len = len.unwrap_or(meta.size.saturating_sub(off));
-    match off.checked_add(len) {
-        Some(e) if e <= meta.size => {}
-        _ => {
-            return Err(bad(format!(
-                "{len} bytes at {off} outside region {id} of {} bytes",
-                meta.size
-            )))
+        Ok(RegionAccess {
+            bytes: WindowBytes::new(cx.win.clone(), at, n)?,
+            ..access
+        })
+    }
+}
+
+impl Drop for RegionAccess<'_> {
+    fn drop(&mut self) {
+        if let Some(spec) = self.spec.take() {
+            if let Err(e) = self.cx.svm.end_access(self.cx.guest, self.id, &spec) {
+                // The guest freed the region during the call: nothing left to record.
+                log::debug!(
+                    "guest {} channel {}: end of the service's access to region {}: {e}",
+                    self.cx.guest.0,
+                    self.cx.id,
+                    self.id.0
+                );
+            }
         }
     }
-    WindowBytes::new(cx.win.clone(), at + off, len as usize)
 }

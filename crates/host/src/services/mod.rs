@@ -9,9 +9,13 @@
 //! guest's handshake name), and starts the channel's thread ([`channel`]). From then on the
 //! guest and that thread talk through the channel's own rings; the device ring carries only
 //! opens and closes. Control operations (`geo.fix`, `sensor.set`, `clipboard.get`,
-//! `services.policy`, ...) come from the control API through [`Device::control`].
+//! `services.policy`, ...) come from the control API through [`Device::control`]. Host
+//! programs register services of their own on the services socket ([`external`]).
 
 pub mod channel;
+pub mod external;
+mod handover;
+mod quiesce;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,7 +27,7 @@ use serde_json::Value;
 use virtsoc_control::ControlError;
 use virtsoc_devapi::service::{CloseReply, Command, OpenReply};
 use virtsoc_proto::Status;
-use virtsoc_services::chan::{Closer, HostEnd};
+use virtsoc_services::chan::{closed, Closer, HostEnd};
 use virtsoc_services::hypervisor::Hypervisor;
 use virtsoc_services::policy::ServicePolicy;
 use virtsoc_services::ServiceError;
@@ -38,10 +42,33 @@ pub const MAX_CHANNELS: usize = 16;
 /// Spins of a channel thread before it sleeps on its doorbell.
 const SPINS: u32 = 4096;
 
+/// A channel of a guest.
 struct Open {
     guest: GuestId,
+    service: String,
+    /// The guest's region its rings live in.
+    region: u64,
+    /// Its thread; `None` while the channel waits for its guest to resume it (it came with
+    /// the guest's session from another daemon: `handover.rs`).
+    serving: Option<Serving>,
+    /// Answers to post first when the guest resumes it (from the daemon it came from).
+    replay: Vec<virtsoc_services::hypervisor::handover::KeptAnswer>,
+}
+
+/// A served channel's thread and its handles.
+struct Serving {
     closer: Closer,
-    thread: Option<JoinHandle<()>>,
+    ctl: Arc<quiesce::Control>,
+    _thread: JoinHandle<()>,
+}
+
+impl Serving {
+    /// Closes the channel with `code` and ends its thread at its next pass (nobody waits
+    /// for it: a hung service must not hold up other guests' opens and closes).
+    fn end(&self, code: u32) {
+        self.closer.close(code);
+        self.ctl.stop();
+    }
 }
 
 /// The `service` device.
@@ -95,10 +122,24 @@ impl ServiceDevice {
             .unwrap_or_default()
     }
 
+    /// The guest's transport (`unix`, `vm`, `tcp`), when the daemon is known.
+    fn transport(&self, guest: GuestId) -> Option<&'static str> {
+        let d = self.daemon.get().and_then(Weak::upgrade)?;
+        d.guest_meta(guest).map(|(t, _)| t)
+    }
+
     fn open(&self, cx: &DeviceCtx<'_>, name: [u64; 2], region: u64) -> DeviceResult {
         let service = virtsoc_services::unpack_name(name)
             .ok_or_else(|| cx.fail(Status::BadArgument, "service name: 1-16 ASCII characters"))?;
         let guest = cx.guest;
+        if let Some(t @ ("vm" | "tcp")) = self.transport(guest) {
+            // A channel's doorbells are futexes in the shared window: a VM's kernel and a
+            // remote guest's copy of the window cannot ring them.
+            return Err(cx.fail(
+                Status::NotSupported,
+                format!("host service channels need a process guest (this one is a {t} guest)"),
+            ));
+        }
         let n = self
             .channels
             .lock_or_recover()
@@ -111,6 +152,38 @@ impl ServiceDevice {
                 format!("at most {MAX_CHANNELS} channels per guest"),
             ));
         }
+        let end = self.attach(cx, region)?;
+        let entries = end.layout().entries;
+        let id = self
+            .hv
+            .open(guest.0, &self.guest_name(guest), &service)
+            .map_err(|e| fail(cx, &e))?;
+        self.channels.lock_or_recover().insert(
+            id,
+            Open {
+                guest,
+                service,
+                region,
+                serving: None,
+                replay: Vec::new(),
+            },
+        );
+        if let Err(st) = self.start(cx, id, region, end) {
+            self.channels.lock_or_recover().remove(&id);
+            let _ = self.hv.close(guest.0, id);
+            return Err(st);
+        }
+        Ok(OpenReply {
+            channel: id,
+            entries: u64::from(entries),
+        }
+        .to_values())
+    }
+
+    /// The host's end of the channel the guest laid out at the start of its region
+    /// `region` (its own, with a window replica, large enough for the layout found there).
+    fn attach(&self, cx: &DeviceCtx<'_>, region: u64) -> Result<HostEnd, Status> {
+        let guest = cx.guest;
         let meta = cx.meta(region)?;
         let at = cx
             .svm
@@ -127,18 +200,29 @@ impl ServiceDevice {
             .svm
             .guest_window(guest)
             .map_err(|_| cx.fail(Status::Internal, "no window for this guest"))?;
-        let end = HostEnd::attach(win.clone(), at, meta.size, SPINS).map_err(|e| fail(cx, &e))?;
-        let entries = end.layout().entries;
-        let id = self
-            .hv
-            .open(guest.0, &self.guest_name(guest), &service)
-            .map_err(|e| fail(cx, &e))?;
+        HostEnd::attach(win, at, meta.size, SPINS).map_err(|e| fail(cx, &e))
+    }
+
+    /// Starts the thread of channel `id` (in the table, not served yet) on `end`.
+    fn start(&self, cx: &DeviceCtx<'_>, id: u64, region: u64, end: HostEnd) -> Result<(), Status> {
+        let guest = cx.guest;
+        let win = cx
+            .svm
+            .guest_window(guest)
+            .map_err(|_| cx.fail(Status::Internal, "no window for this guest"))?;
+        let at = cx
+            .svm
+            .window_offset(guest, RegionId(region))
+            .ok()
+            .flatten()
+            .ok_or(Status::Internal)?;
         let held = self
             .held
             .lock_or_recover()
             .entry(guest)
             .or_default()
             .clone();
+        let ctl = Arc::new(quiesce::Control::default());
         let ccx = channel::ChannelCtx {
             id,
             guest,
@@ -146,27 +230,28 @@ impl ServiceDevice {
             svm: cx.svm.clone(),
             hv: self.hv.clone(),
             guest_held: held,
+            ctl: ctl.clone(),
         };
+        let service = self.hv.channel_service(guest.0, id).unwrap_or_default();
         let thread = std::thread::Builder::new()
             .name(format!("svc-{service}-{id}"))
             .spawn(move || channel::serve(ccx, end))
-            .map_err(|_| {
-                let _ = self.hv.close(guest.0, id);
-                cx.fail(Status::OutOfMemory, "cannot start the channel's thread")
-            })?;
-        self.channels.lock_or_recover().insert(
-            id,
-            Open {
-                guest,
-                closer: Closer::new(win, at),
-                thread: Some(thread),
-            },
-        );
-        Ok(OpenReply {
-            channel: id,
-            entries: u64::from(entries),
+            .map_err(|_| cx.fail(Status::OutOfMemory, "cannot start the channel's thread"))?;
+        match self.channels.lock_or_recover().get_mut(&id) {
+            Some(o) => {
+                o.serving = Some(Serving {
+                    closer: Closer::new(win, at),
+                    ctl,
+                    _thread: thread,
+                })
+            }
+            None => {
+                // Closed meanwhile (its guest went): the thread ends at once.
+                Closer::new(win, at).close(closed::GUEST_GONE);
+                ctl.stop();
+            }
         }
-        .to_values())
+        Ok(())
     }
 
     fn close(&self, cx: &DeviceCtx<'_>, id: u64) -> DeviceResult {
@@ -182,10 +267,13 @@ impl ServiceDevice {
         }
         let o = chans.remove(&id).ok_or(Status::Internal)?;
         drop(chans);
-        // The thread ends once its call in progress returns; the device worker does not
-        // wait for it (a hung service must not hold up other guests' opens and closes).
-        o.closer.close(1);
-        drop(o.thread);
+        match o.serving {
+            Some(sv) => sv.end(closed::BY_GUEST),
+            // A channel that was never resumed has no thread to end.
+            None => {
+                let _ = self.hv.close(cx.guest.0, id);
+            }
+        }
         Ok(CloseReply {}.to_values())
     }
 }
@@ -211,14 +299,25 @@ impl Device for ServiceDevice {
     }
 
     fn backend(&self) -> String {
-        "service hypervisor (geo, sensor, clipboard, bulk)".into()
+        "service hypervisor (geo, sensor, clipboard, bulk, and host programs' services)".into()
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
         match Command::decode(args)? {
             Command::Open(o) => self.open(cx, [o.name0, o.name1], o.ring),
             Command::Close(c) => self.close(cx, c.channel),
+            Command::Resume(r) => self.resume_channel(cx, r.channel, r.ring),
         }
+    }
+
+    /// The guest's channels and its services' states, for a snapshot or a migration
+    /// (`handover.rs`).
+    fn export_guest(&self, guest: GuestId) -> Option<Value> {
+        self.export_record(guest)
+    }
+
+    fn import_guest(&self, guest: GuestId, record: &Value) -> Result<(), String> {
+        self.import_record(guest, record)
     }
 
     fn guest_gone(&self, guest: GuestId) {
@@ -229,9 +328,9 @@ impl Device for ServiceDevice {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            if let Some(o) = chans.remove(&id) {
+            if let Some(sv) = chans.remove(&id).and_then(|o| o.serving) {
                 // The thread ends at its next wake-up; nobody waits for it here.
-                o.closer.close(3);
+                sv.end(closed::GUEST_GONE);
             }
         }
         drop(chans);

@@ -58,8 +58,9 @@ pub fn session_of(daemon: &Daemon, id: GuestId) -> Result<Arc<Session>> {
         .ok_or_else(|| format::err(format!("no guest {id}")))
 }
 
-/// A paused session; resumes when dropped (unless [`kept`](Self::kept)).
-pub struct Quiesced(Option<Arc<Session>>);
+/// A paused session (and its host service channels); resumes when dropped (unless
+/// [`kept`](Self::kept)).
+pub struct Quiesced(Option<(Arc<Session>, Arc<crate::services::ServiceDevice>)>);
 
 impl Quiesced {
     /// Leaves the session paused for good (the daemon is stopping, or it moved away).
@@ -70,20 +71,24 @@ impl Quiesced {
 
 impl Drop for Quiesced {
     fn drop(&mut self) {
-        if let Some(s) = self.0.take() {
+        if let Some((s, services)) = self.0.take() {
+            services.resume_guest(s.guest_id());
             s.resume();
         }
     }
 }
 
-/// Stops `session` taking requests and waits for its device queues to drain. On a queue that
-/// does not drain in time the session resumes and this fails.
-pub fn quiesce(session: &Arc<Session>) -> Result<Quiesced> {
+/// Stops `session` taking requests and waits for its device queues to drain, and for its
+/// host service channels to answer what they are running and take no more. On a queue or
+/// a channel that does not drain in time the session resumes and this fails.
+pub fn quiesce(daemon: &Daemon, session: &Arc<Session>) -> Result<Quiesced> {
     session.pause();
-    let q = Quiesced(Some(session.clone()));
+    let q = Quiesced(Some((session.clone(), daemon.services().clone())));
+    let id = session.guest_id();
     session
         .drain_queues(DRAIN_TIMEOUT)
-        .map_err(|e| format::err(format!("quiesce of guest {}: {e}", session.guest_id())))?;
+        .and_then(|()| daemon.services().pause_guest(id, DRAIN_TIMEOUT))
+        .map_err(|e| format::err(format!("quiesce of guest {id}: {e}")))?;
     Ok(q)
 }
 
@@ -157,7 +162,7 @@ pub fn save_session(
 ) -> Result<Report> {
     let t0 = Instant::now();
     let id = s.guest_id();
-    let q = quiesce(s)?;
+    let q = quiesce(daemon, s)?;
     let svm = daemon.svm();
     let ids = svm.region_ids(id)?;
     let count = u32::try_from(ids.len() + 3).map_err(|_| format::err("too many regions"))?;
@@ -186,6 +191,8 @@ pub fn save_session(
     w.section(image::DEVICES, &[&image::encode_devices(&recs)?])?;
     report.file_bytes = w.finish()?;
     if !resume_after {
+        // The session is saved for the next daemon: its channels resume there.
+        daemon.services().moved(id);
         q.kept();
     }
     report.ms = t0.elapsed().as_millis() as u64;
@@ -206,7 +213,7 @@ pub fn restore(daemon: &Daemon, id: GuestId, img: &SessionImage) -> Result<Repor
     img.fences
         .validate()
         .map_err(|e| format::err(e.to_string()))?;
-    let _q = quiesce(&s)?;
+    let _q = quiesce(daemon, &s)?;
     let svm = daemon.svm();
     if !svm.region_ids(id)?.is_empty() || !s.is_fresh() {
         return Err(format::err(format!(

@@ -1,52 +1,82 @@
 //! `bulk`: the benchmark's service. `echo` copies its input to its output; `sink` reads its
-//! input once and answers its CRC-32 and length.
+//! input once and answers its CRC-32 and length; `drain` reads it once in place.
+//!
+//! `sink` and `drain` also answer how many of them this guest has had (this one included)
+//! and the bytes they read: a transfer lost or run twice shows in the count, which goes
+//! with the guest when it migrates ([`Service::export_guest`]).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::{json, Value};
 
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{self, Input, Output};
-use crate::Result;
+use crate::{Result, ServiceError};
 
 /// Call numbers.
 pub mod call {
     /// Copies the input to the output; values: bytes.
     pub const ECHO: u32 = 1;
-    /// Reads the input; values: CRC-32, bytes.
+    /// Reads the input; values: CRC-32, bytes, this guest's sinks and drains so far, their
+    /// bytes.
     pub const SINK: u32 = 2;
-    /// Reads every byte of the input once into the service's buffer (no checksum: what
-    /// the benchmark times); values: bytes.
+    /// Reads every byte of the input once where it is, keeping no copy (no checksum: what
+    /// the benchmark times); values: bytes, the wrapping sum of its 64-bit words
+    /// ([`crate::payload::word_sum`]), then as `sink`.
     pub const DRAIN: u32 = 3;
 }
 
 const CALLS: &[CallInfo] = &[
     CallInfo {
         call: call::ECHO,
-        name: "echo",
-        doc: "copies the input to the output; values: bytes",
+        name: Cow::Borrowed("echo"),
+        doc: Cow::Borrowed("copies the input to the output; values: bytes"),
     },
     CallInfo {
         call: call::SINK,
-        name: "sink",
-        doc: "reads the input once; values: CRC-32, bytes",
+        name: Cow::Borrowed("sink"),
+        doc: Cow::Borrowed(
+            "reads the input once; values: CRC-32, bytes, sinks and drains so far, their bytes",
+        ),
     },
     CallInfo {
         call: call::DRAIN,
-        name: "drain",
-        doc: "reads every byte of the input once into the service's buffer; values: bytes",
+        name: Cow::Borrowed("drain"),
+        doc: Cow::Borrowed(
+            "reads every byte of the input once in place; values: bytes, sum of its 64-bit \
+             words, sinks and drains so far, their bytes",
+        ),
     },
 ];
 
-/// The bulk service (stateless).
-pub struct Bulk;
+/// The bulk service: per guest, its sinks and drains and their bytes.
+#[derive(Default)]
+pub struct Bulk {
+    counts: Mutex<HashMap<u64, (u64, u64)>>,
+}
+
+impl Bulk {
+    /// Counts one more sink or drain of `bytes` for `guest`; its counters now.
+    fn count(&self, guest: u64, bytes: u64) -> (u64, u64) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let e = c.entry(guest).or_default();
+        *e = (e.0 + 1, e.1.wrapping_add(bytes));
+        *e
+    }
+}
 
 impl Service for Bulk {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "bulk"
     }
 
-    fn calls(&self) -> &'static [CallInfo] {
-        CALLS
+    fn calls(&self) -> Vec<CallInfo> {
+        CALLS.to_vec()
     }
 
-    fn call(&self, _: &CallCtx, c: u32, input: &dyn Input, out: &mut dyn Output) -> Result<Reply> {
+    fn call(&self, cx: &CallCtx, c: u32, input: &dyn Input, out: &mut dyn Output) -> Result<Reply> {
         if c == call::ECHO {
             let n = payload::copy(input, out)?;
             return Ok(Reply {
@@ -54,17 +84,43 @@ impl Service for Bulk {
                 values: [n as u64, 0, 0, 0],
             });
         }
-        if c == call::DRAIN {
-            let n = payload::drain(input)?;
-            return Ok(Reply {
-                len: 0,
-                values: [n as u64, 0, 0, 0],
-            });
-        }
-        let crc = payload::crc(input)?;
+        let (a, b) = if c == call::DRAIN {
+            let (n, sum) = payload::drain(input)?;
+            (n as u64, sum)
+        } else {
+            (u64::from(payload::crc(input)?), input.len() as u64)
+        };
+        let (n, bytes) = self.count(cx.guest, input.len() as u64);
         Ok(Reply {
             len: 0,
-            values: [u64::from(crc), input.len() as u64, 0, 0],
+            values: [a, b, n, bytes],
         })
+    }
+
+    fn guest_gone(&self, guest: u64) {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&guest);
+    }
+
+    /// `{"calls": N, "bytes": N}`: the guest's sinks and drains.
+    fn export_guest(&self, guest: u64) -> Option<Value> {
+        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.get(&guest)
+            .map(|(n, b)| json!({ "calls": n, "bytes": b }))
+    }
+
+    fn import_guest(&self, guest: u64, state: &Value) -> Result<()> {
+        let (Some(n), Some(b)) = (state["calls"].as_u64(), state["bytes"].as_u64()) else {
+            return Err(ServiceError::BadArgument(
+                "bulk state: {\"calls\": N, \"bytes\": N}".into(),
+            ));
+        };
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(guest, (n, b));
+        Ok(())
     }
 }

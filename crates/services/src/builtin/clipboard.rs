@@ -7,6 +7,8 @@ use std::sync::Mutex;
 use serde_json::{json, Value};
 
 use super::{put, text};
+use std::borrow::Cow;
+
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
@@ -25,13 +27,13 @@ pub mod call {
 const CALLS: &[CallInfo] = &[
     CallInfo {
         call: call::GET,
-        name: "get",
-        doc: "output: the text; values: version, length",
+        name: Cow::Borrowed("get"),
+        doc: Cow::Borrowed("output: the text; values: version, length"),
     },
     CallInfo {
         call: call::SET,
-        name: "set",
-        doc: "input: the new text (UTF-8, at most 1 MiB); values: the new version",
+        name: Cow::Borrowed("set"),
+        doc: Cow::Borrowed("input: the new text (UTF-8, at most 1 MiB); values: the new version"),
     },
 ];
 
@@ -55,12 +57,12 @@ impl Clipboard {
 }
 
 impl Service for Clipboard {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "clipboard"
     }
 
-    fn calls(&self) -> &'static [CallInfo] {
-        CALLS
+    fn calls(&self) -> Vec<CallInfo> {
+        CALLS.to_vec()
     }
 
     fn call(&self, _: &CallCtx, c: u32, input: &dyn Input, out: &mut dyn Output) -> Result<Reply> {

@@ -9,6 +9,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use super::put;
+use std::borrow::Cow;
+
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
@@ -24,13 +26,13 @@ pub mod call {
 const CALLS: &[CallInfo] = &[
     CallInfo {
         call: call::FIX,
-        name: "fix",
-        doc: "values: longitude, latitude, altitude (f64 bits), Unix ms (0: no fix)",
+        name: Cow::Borrowed("fix"),
+        doc: Cow::Borrowed("values: longitude, latitude, altitude (f64 bits), Unix ms (0: no fix)"),
     },
     CallInfo {
         call: call::NMEA,
-        name: "nmea",
-        doc: "output: GGA and RMC sentences of the fix; values: bytes",
+        name: Cow::Borrowed("nmea"),
+        doc: Cow::Borrowed("output: GGA and RMC sentences of the fix; values: bytes"),
     },
 ];
 
@@ -239,12 +241,12 @@ fn num(args: &Value, k: &str) -> Result<f64> {
 }
 
 impl Service for Geo {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "geo"
     }
 
-    fn calls(&self) -> &'static [CallInfo] {
-        CALLS
+    fn calls(&self) -> Vec<CallInfo> {
+        CALLS.to_vec()
     }
 
     fn call(&self, _: &CallCtx, c: u32, _: &dyn Input, out: &mut dyn Output) -> Result<Reply> {

@@ -32,7 +32,7 @@ pub fn register_all(h: &Hypervisor) {
     );
     h.register(
         Instances::PerGuest,
-        Arc::new(|| Arc::new(bulk::Bulk) as Arc<dyn Service>),
+        Arc::new(|| Arc::new(bulk::Bulk::default()) as Arc<dyn Service>),
     );
 }
 

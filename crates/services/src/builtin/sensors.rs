@@ -5,7 +5,10 @@
 //! Calls take the sensor's name as their input: `read` answers the current value at once;
 //! `rate` (input `NAME:HZ`) sets this guest's rate for that sensor (1..=200 Hz, clamped);
 //! `sample` waits for the guest's next sample time at that rate, then answers the value (a
-//! channel of its own, so the wait holds up nothing else).
+//! channel of its own, so the wait holds up nothing else) and, as its 8 output bytes, the
+//! sample's number (1, 2, ... per guest and sensor: a lost or repeated sample shows).
+//! Times are Unix time in nanoseconds, so that they run on across a migration; a guest's
+//! rates and sample numbers go with it ([`Service::export_guest`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,6 +17,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::text;
+use std::borrow::Cow;
+
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
@@ -29,48 +34,66 @@ pub const NAMES: [&str; 5] = [
 
 /// Call numbers.
 pub mod call {
-    /// Input: sensor name; values: x, y, z (f64 bits), time (ns since the service started).
+    /// Input: sensor name; values: x, y, z (f64 bits), time (Unix time, ns).
     pub const READ: u32 = 1;
     /// Input: `NAME:HZ`; values: the rate granted (Hz).
     pub const RATE: u32 = 2;
-    /// Input: sensor name; waits for the next sample at the guest's rate; values as `read`.
+    /// Input: sensor name; waits for the next sample at the guest's rate; values as `read`;
+    /// output: the sample's number (u64, little-endian).
     pub const SAMPLE: u32 = 3;
 }
 
 const CALLS: &[CallInfo] = &[
     CallInfo {
         call: call::READ,
-        name: "read",
-        doc: "input: sensor name; values: x, y, z (f64 bits), time ns",
+        name: Cow::Borrowed("read"),
+        doc: Cow::Borrowed("input: sensor name; values: x, y, z (f64 bits), time ns"),
     },
     CallInfo {
         call: call::RATE,
-        name: "rate",
-        doc: "input: NAME:HZ; values: the rate granted (1..=200 Hz)",
+        name: Cow::Borrowed("rate"),
+        doc: Cow::Borrowed("input: NAME:HZ; values: the rate granted (1..=200 Hz)"),
     },
     CallInfo {
         call: call::SAMPLE,
-        name: "sample",
-        doc: "input: sensor name; the next sample at the guest's rate; values as read",
+        name: Cow::Borrowed("sample"),
+        doc: Cow::Borrowed(
+            "input: sensor name; the next sample at the guest's rate; values as read; output: its number (u64)",
+        ),
     },
 ];
 
+/// A guest's sampling of one sensor.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    hz: u32,
+    /// When its next sample is due.
+    next: Instant,
+    /// Samples taken so far.
+    taken: u64,
+}
+
 struct State {
     values: [[f64; 3]; 5],
-    /// (guest, sensor) -> (rate Hz, next sample time).
-    rates: HashMap<(u64, usize), (u32, Instant)>,
+    /// (guest, sensor) -> its sampling.
+    rates: HashMap<(u64, usize), Rate>,
 }
 
 /// The sensors.
 pub struct Sensors {
-    start: Instant,
     state: Mutex<State>,
+}
+
+/// Unix time, ns.
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Default for Sensors {
     fn default() -> Self {
         Sensors {
-            start: Instant::now(),
             state: Mutex::new(State {
                 // A phone lying still, face up, in an office.
                 values: [
@@ -121,26 +144,21 @@ impl Sensors {
         let v = self.lock().values[i];
         Reply {
             len: 0,
-            values: [
-                v[0].to_bits(),
-                v[1].to_bits(),
-                v[2].to_bits(),
-                self.start.elapsed().as_nanos() as u64,
-            ],
+            values: [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), unix_ns()],
         }
     }
 }
 
 impl Service for Sensors {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "sensor"
     }
 
-    fn calls(&self) -> &'static [CallInfo] {
-        CALLS
+    fn calls(&self) -> Vec<CallInfo> {
+        CALLS.to_vec()
     }
 
-    fn call(&self, cx: &CallCtx, c: u32, input: &dyn Input, _: &mut dyn Output) -> Result<Reply> {
+    fn call(&self, cx: &CallCtx, c: u32, input: &dyn Input, out: &mut dyn Output) -> Result<Reply> {
         let arg = text(input, 64)?;
         match c {
             call::RATE => {
@@ -152,9 +170,14 @@ impl Service for Sensors {
                     .map_err(|_| ServiceError::BadArgument(format!("{hz:?} is not a rate")))?;
                 let hz = hz.clamp(1, 200);
                 let i = index(name)?;
-                self.lock()
-                    .rates
-                    .insert((cx.guest, i), (hz, Instant::now()));
+                let mut s = self.lock();
+                let r = s.rates.entry((cx.guest, i)).or_insert(Rate {
+                    hz,
+                    next: Instant::now(),
+                    taken: 0,
+                });
+                r.hz = hz;
+                r.next = Instant::now();
                 Ok(Reply {
                     len: 0,
                     values: [u64::from(hz), 0, 0, 0],
@@ -162,18 +185,25 @@ impl Service for Sensors {
             }
             call::SAMPLE => {
                 let i = index(&arg)?;
-                let wait = {
+                let (wait, n) = {
                     let mut s = self.lock();
                     let now = Instant::now();
-                    let (hz, next) = s.rates.get(&(cx.guest, i)).copied().unwrap_or((10, now));
-                    let period = Duration::from_secs(1) / hz;
+                    let r = s.rates.entry((cx.guest, i)).or_insert(Rate {
+                        hz: 10,
+                        next: now,
+                        taken: 0,
+                    });
+                    let period = Duration::from_secs(1) / r.hz;
                     // A guest late for its sample by more than a period gets it now.
-                    let at = if next + period < now { now } else { next };
-                    s.rates.insert((cx.guest, i), (hz, at + period));
-                    at.saturating_duration_since(now)
+                    let at = if r.next + period < now { now } else { r.next };
+                    r.next = at + period;
+                    r.taken += 1;
+                    (at.saturating_duration_since(now), r.taken)
                 };
                 std::thread::sleep(wait);
-                Ok(self.reply(i))
+                let mut reply = self.reply(i);
+                reply.len = super::put(out, &n.to_le_bytes())?;
+                Ok(reply)
             }
             _ => Ok(self.reply(index(&arg)?)),
         }
@@ -210,6 +240,47 @@ impl Service for Sensors {
     fn guest_gone(&self, guest: u64) {
         self.lock().rates.retain(|(g, _), _| *g != guest);
     }
+
+    /// Per sensor the guest sampled: `{"NAME": {"hz": N, "taken": N}}`.
+    fn export_guest(&self, guest: u64) -> Option<Value> {
+        let s = self.lock();
+        let m: serde_json::Map<String, Value> = s
+            .rates
+            .iter()
+            .filter(|((g, _), _)| *g == guest)
+            .map(|((_, i), r)| (NAMES[*i].to_string(), json!({"hz": r.hz, "taken": r.taken})))
+            .collect();
+        (!m.is_empty()).then_some(Value::Object(m))
+    }
+
+    fn import_guest(&self, guest: u64, state: &Value) -> Result<()> {
+        let bad = |m: String| ServiceError::BadArgument(format!("sensor state: {m}"));
+        let m = state.as_object().ok_or_else(|| bad("an object".into()))?;
+        let mut rates = Vec::new();
+        for (name, v) in m {
+            let i = index(name)?;
+            let hz = v["hz"]
+                .as_u64()
+                .filter(|h| (1..=200).contains(h))
+                .ok_or_else(|| bad(format!("{name}: hz 1..=200")))?;
+            let taken = v["taken"]
+                .as_u64()
+                .ok_or_else(|| bad(format!("{name}: taken")))?;
+            rates.push((
+                i,
+                Rate {
+                    hz: hz as u32,
+                    next: Instant::now(),
+                    taken,
+                },
+            ));
+        }
+        let mut s = self.lock();
+        for (i, r) in rates {
+            s.rates.insert((guest, i), r);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -226,10 +297,7 @@ mod tests {
         let s = Sensors::default();
         s.control("set", &json!({"name": "gyroscope", "value": "0.1:0.2:0.3"}))
             .unwrap();
-        let cx = CallCtx {
-            guest: 1,
-            channel: 1,
-        };
+        let cx = CallCtx::new(1, 1);
         let r = s
             .call(&cx, call::READ, &&b"gyroscope"[..], &mut Vec::new())
             .unwrap();

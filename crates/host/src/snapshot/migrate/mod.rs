@@ -222,7 +222,7 @@ pub fn migrate(
 
     // Stop and copy the dirty part. Dropping `q` on an error resumes the guest here.
     let t_stop = Instant::now();
-    let q = super::quiesce(&s)?;
+    let q = super::quiesce(daemon, &s)?;
     let ids = svm.region_ids(id)?;
     let mut stop = Buf::default();
     stop.u64(ids.len() as u64);
@@ -283,6 +283,9 @@ pub fn migrate(
     };
     q.kept();
     s.close_keeping_state();
+    // The guest's service channels resume where its session lands (after the session's
+    // hang-up, so the guest finds its connection moving when its channels tell it).
+    daemon.services().moved(id);
     let vm = vm.map(|mut v| {
         if let Some(c) = v.current.take() {
             c.finish(daemon);

@@ -7,11 +7,18 @@
 //! call the service declares. A call that panics kills its instance: the hypervisor drops
 //! it, counts a restart, answers [`ServiceError::ServiceDied`], and the next call gets a
 //! fresh instance; the other instances and channels go on.
+//!
+//! Services come from two places: modules linked into the daemon ([`Hypervisor::register`],
+//! the built-in ones), and host programs that register over the daemon's services socket
+//! ([`Hypervisor::register_external`], [`crate::external`]). Both are held to the same
+//! rules: the policy, the admission gate, the call's deadline, the checks of their answers.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -20,15 +27,20 @@ use crate::payload::{Input, Output};
 use crate::policy::{Instances, ServicePolicy};
 use crate::{Result, ServiceError};
 
+/// How long a call may take when the policy sets no `call_timeout_ms` (built-in services
+/// answer in time by construction; the deadline is what an external program is held to).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// One call a service declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CallInfo {
     /// Its number on the channel.
     pub call: u32,
     /// Its name.
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     /// What it does, its input, output and values.
-    pub doc: &'static str,
+    #[serde(default)]
+    pub doc: Cow<'static, str>,
 }
 
 /// Who is calling.
@@ -38,6 +50,19 @@ pub struct CallCtx {
     pub guest: u64,
     /// The channel the call came on.
     pub channel: u64,
+    /// How long the call may take (the policy's `call_timeout_ms`).
+    pub timeout: Duration,
+}
+
+impl CallCtx {
+    /// A call of `guest` on `channel` with the default deadline (tests, direct calls).
+    pub fn new(guest: u64, channel: u64) -> Self {
+        CallCtx {
+            guest,
+            channel,
+            timeout: CALL_TIMEOUT,
+        }
+    }
 }
 
 /// What a call answers: `len` bytes written to the output, and four values.
@@ -52,9 +77,9 @@ pub struct Reply {
 /// A host service.
 pub trait Service: Send + Sync {
     /// Its name (what guests open).
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     /// The calls it declares.
-    fn calls(&self) -> &'static [CallInfo];
+    fn calls(&self) -> Vec<CallInfo>;
     /// Runs call `call` (one it declares) on `input`, writing to `out`.
     fn call(
         &self,
@@ -72,6 +97,25 @@ pub trait Service: Send + Sync {
     }
     /// A guest went away: forget what it set.
     fn guest_gone(&self, _guest: u64) {}
+    /// Migration: what this instance keeps for `guest` (its rates, cursors, counters), to
+    /// be handed to the target daemon's instance; `None` when it keeps nothing.
+    fn export_guest(&self, _guest: u64) -> Option<Value> {
+        None
+    }
+    /// Migration: takes over what [`export_guest`](Self::export_guest) of another daemon's
+    /// instance kept for a guest, now `guest` here (untrusted input: validate it).
+    fn import_guest(&self, _guest: u64, _state: &Value) -> Result<()> {
+        Ok(())
+    }
+    /// Whether the service can take calls now (an external program that went away cannot,
+    /// until it registers again).
+    fn available(&self) -> bool {
+        true
+    }
+    /// What the control API's listing shows of the service besides its calls and counters.
+    fn status(&self) -> Value {
+        Value::Null
+    }
 }
 
 /// Makes a fresh instance of a service.
@@ -80,7 +124,9 @@ pub type Factory = Arc<dyn Fn() -> Arc<dyn Service> + Send + Sync>;
 struct Registered {
     default_instances: Instances,
     make: Factory,
-    calls: &'static [CallInfo],
+    calls: Vec<CallInfo>,
+    /// Registered by a host program (not linked into the daemon).
+    external: bool,
     shared: Mutex<Option<Arc<dyn Service>>>,
     per_guest: Mutex<HashMap<u64, Arc<dyn Service>>>,
     restarts: AtomicU64,
@@ -122,7 +168,7 @@ impl Hypervisor {
             services: RwLock::new(HashMap::new()),
             policy: RwLock::new(ServicePolicy::default()),
             channels: Mutex::new(HashMap::new()),
-            next_channel: AtomicU64::new(1),
+            next_channel: AtomicU64::new(handover::channel_id_base()),
             denied: AtomicU64::new(0),
             gates: RwLock::new(HashMap::new()),
         };
@@ -132,21 +178,70 @@ impl Hypervisor {
 
     /// Registers a service made by `make` (replacing one of the same name).
     pub fn register(&self, default_instances: Instances, make: Factory) {
+        self.insert(default_instances, make, false);
+    }
+
+    /// Registers service `svc` of a host program: one instance serves every guest (the
+    /// program sees the guest of each call). Refused when a built-in service has the name,
+    /// or another program's registration of it is still available; a registration whose
+    /// program went away is replaced (its open channels go on with the new one).
+    pub fn register_external(&self, svc: Arc<dyn Service>) -> Result<()> {
+        let name = svc.name().to_string();
+        if name == "services" {
+            // The control API's own operations (`services.list`, `services.policy`).
+            return Err(ServiceError::BadArgument(
+                "the name \"services\" is reserved".into(),
+            ));
+        }
+        let mut services = self.services.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = services.get(&name) {
+            let live = lock(&old.shared).as_ref().is_some_and(|s| s.available());
+            if !old.external || live {
+                return Err(ServiceError::BadArgument(format!(
+                    "service {name:?} is already registered{}",
+                    if old.external {
+                        " by a live program"
+                    } else {
+                        " (built in)"
+                    }
+                )));
+            }
+        }
+        let make: Factory = {
+            let svc = svc.clone();
+            Arc::new(move || svc.clone())
+        };
+        services.insert(
+            name,
+            Arc::new(Self::registered(Instances::Shared, make, true)),
+        );
+        Ok(())
+    }
+
+    fn insert(&self, default_instances: Instances, make: Factory, external: bool) {
+        let r = Self::registered(default_instances, make, external);
+        let name = lock(&r.shared)
+            .as_ref()
+            .map(|s| s.name().to_string())
+            .unwrap_or_default();
+        self.services
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, Arc::new(r));
+    }
+
+    fn registered(default_instances: Instances, make: Factory, external: bool) -> Registered {
         let probe = make();
-        let name = probe.name().to_string();
-        let r = Registered {
+        Registered {
             default_instances,
             calls: probe.calls(),
+            external,
             make,
             shared: Mutex::new(Some(probe)),
             per_guest: Mutex::new(HashMap::new()),
             restarts: AtomicU64::new(0),
             calls_served: AtomicU64::new(0),
-        };
-        self.services
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name, Arc::new(r));
+        }
     }
 
     fn service(&self, name: &str) -> Result<Arc<Registered>> {
@@ -187,6 +282,15 @@ impl Hypervisor {
             .get(guest_name)
             .copied();
         Some((gate, share))
+    }
+
+    /// How long a call may take (the policy's `call_timeout_ms`, else [`CALL_TIMEOUT`]).
+    pub fn call_timeout(&self) -> Duration {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .call_timeout_ms
+            .map_or(CALL_TIMEOUT, Duration::from_millis)
     }
 
     /// The policy.
@@ -286,7 +390,11 @@ impl Hypervisor {
             });
         }
         let inst = self.instance(&r, &rec.service, guest);
-        let cx = CallCtx { guest, channel };
+        let cx = CallCtx {
+            guest,
+            channel,
+            timeout: self.call_timeout(),
+        };
         let gate = self.gate(&rec.service, &rec.guest_name);
         let _pass = gate.as_ref().map(|(g, share)| {
             if let Some(s) = share {
@@ -372,6 +480,8 @@ impl Hypervisor {
                     "calls_served": r.calls_served.load(Ordering::Relaxed),
                     "restarts": r.restarts.load(Ordering::Relaxed),
                     "per_guest_instances": lock(&r.per_guest).len(),
+                    "external": r.external,
+                    "status": lock(&r.shared).as_ref().map_or(Value::Null, |s| s.status()),
                 })
             })
             .collect();
@@ -383,114 +493,6 @@ impl Hypervisor {
     }
 }
 
+pub mod handover;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct Counter {
-        n: AtomicU64,
-    }
-
-    const CALLS: &[CallInfo] = &[
-        CallInfo {
-            call: 1,
-            name: "next",
-            doc: "counts",
-        },
-        CallInfo {
-            call: 2,
-            name: "die",
-            doc: "panics",
-        },
-    ];
-
-    impl Service for Counter {
-        fn name(&self) -> &'static str {
-            "counter"
-        }
-        fn calls(&self) -> &'static [CallInfo] {
-            CALLS
-        }
-        fn call(&self, _: &CallCtx, call: u32, _: &dyn Input, _: &mut dyn Output) -> Result<Reply> {
-            if call == 2 {
-                panic!("service bug");
-            }
-            Ok(Reply {
-                len: 0,
-                values: [self.n.fetch_add(1, Ordering::Relaxed) + 1, 0, 0, 0],
-            })
-        }
-    }
-
-    fn hv(policy: &str) -> Hypervisor {
-        let h = Hypervisor::new(ServicePolicy::parse(policy).unwrap());
-        h.register(
-            Instances::Shared,
-            Arc::new(|| {
-                Arc::new(Counter {
-                    n: AtomicU64::new(0),
-                }) as Arc<dyn Service>
-            }),
-        );
-        h
-    }
-
-    fn call(h: &Hypervisor, g: u64, ch: u64, c: u32) -> Result<u64> {
-        let mut out = Vec::new();
-        h.invoke(g, ch, c, &Vec::new(), &mut out)
-            .map(|r| r.values[0])
-    }
-
-    #[test]
-    fn policy_channels_and_forged_ids() {
-        let h = hv(r#"{"allow": {"*": ["counter"], "jail": []}}"#);
-        assert!(matches!(
-            h.open(1, "jail", "counter"),
-            Err(ServiceError::Denied { .. })
-        ));
-        assert!(matches!(
-            h.open(1, "a", "nope"),
-            Err(ServiceError::NoSuchService(_))
-        ));
-        let a = h.open(1, "a", "counter").unwrap();
-        let b = h.open(2, "b", "counter").unwrap();
-        assert_eq!(call(&h, 1, a, 1), Ok(1));
-        assert_eq!(call(&h, 2, b, 1), Ok(2), "one shared instance");
-        assert_eq!(
-            call(&h, 1, b, 1),
-            Err(ServiceError::NoSuchChannel(b)),
-            "forged"
-        );
-        assert!(matches!(
-            call(&h, 1, a, 9),
-            Err(ServiceError::NoSuchCall { .. })
-        ));
-        assert_eq!(h.close(1, b), Err(ServiceError::NoSuchChannel(b)));
-        // The policy changes at run time: open channels are refused at their next call.
-        h.set_policy(ServicePolicy::parse(r#"{"allow": {"b": ["counter"]}}"#).unwrap());
-        assert!(matches!(
-            call(&h, 1, a, 1),
-            Err(ServiceError::Denied { .. })
-        ));
-        assert_eq!(call(&h, 2, b, 1), Ok(3));
-        h.guest_gone(2);
-        assert_eq!(call(&h, 2, b, 1), Err(ServiceError::NoSuchChannel(b)));
-    }
-
-    #[test]
-    fn per_guest_instances_and_restart_after_a_panic() {
-        let h = hv(r#"{"instances": {"counter": "per-guest"}}"#);
-        let a = h.open(1, "a", "counter").unwrap();
-        let b = h.open(2, "b", "counter").unwrap();
-        assert_eq!(call(&h, 1, a, 1), Ok(1));
-        assert_eq!(call(&h, 1, a, 1), Ok(2));
-        assert_eq!(call(&h, 2, b, 1), Ok(1), "its own instance");
-        assert_eq!(
-            call(&h, 1, a, 2),
-            Err(ServiceError::ServiceDied("counter".into()))
-        );
-        assert_eq!(call(&h, 1, a, 1), Ok(1), "a fresh instance");
-        assert_eq!(call(&h, 2, b, 1), Ok(2), "the other guest's goes on");
-        assert_eq!(h.describe()["services"][0]["restarts"], 1);
-    }
-}
+mod tests;

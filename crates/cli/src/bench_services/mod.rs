@@ -2,25 +2,37 @@
 //! beside the daemon's own ring, a Unix socket and TCP loopback, in one run, with 1 to N
 //! channels, from process guests.
 //!
-//! What each channel moves, per transfer, is the same: `size` bytes written by this process
-//! and read once by the peer into its own memory.
-//! - `service`: the guest writes the bytes into a region from the CPU, then calls the `bulk`
-//!   service's `drain` on the region over a channel of its own; the service reads the bytes
-//!   in place in the guest's window into its buffer. The round trip is a 64-byte inline
-//!   `echo`. N channels are N channels of one guest, one thread each.
-//! - `ring`: `bench transport`'s ring: a CPU write of the region, then the consumer device
-//!   pulling it into its memory; round trip a NOP. N channels are N guests.
+//! Every kind moves, per transfer, `size` bytes that sit in the sender's memory to the
+//! receiver, which reads each of them once:
+//! - `service`, payload `region` (zero copy): the guest's bytes are in a region of its
+//!   window (where it produced them: it brackets them with a CPU write access, as a
+//!   producer does, but copies nothing), and it calls the `bulk` service's `drain` on the
+//!   region over a channel of its own; the service reads every byte once in place in the
+//!   guest's window (its own SVM access of the window brackets the call). No copy at all.
+//! - `service`, payload `stream`: the same `drain` with the bytes streamed through the
+//!   channel: the guest copies them into the channel's 64 KiB slots as packets, the host
+//!   reassembles them into its memory, and the service reads them there. Two copies.
+//! - `ring`: `bench transport`'s ring: a CPU write of the bytes into the region, then the
+//!   consumer device pulling them into its memory. Two copies.
 //! - `unix-socket`, `tcp-loopback`: a write of the bytes and the peer thread reading them
-//!   into its buffer; round trip 64 bytes each way (as `bench transport`'s). N channels are
-//!   N socket pairs (a socketpair, or a loopback connection).
+//!   into its buffer. Two copies, in the kernel.
+//!
+//! The round trip of each is a 64-byte message and its answer (the service's a 64-byte
+//! inline `echo`, the ring's a NOP). N service channels are N channels of one guest, one
+//! thread each; N rings are N guests; N sockets are N socket pairs.
 //!
 //! Bandwidth with N channels is the sum of each channel's median transfer rate, all running
-//! at once.
+//! at once. The first transfer of every service channel is checked end to end (the
+//! service's sum of the payload's words) and not timed.
+
+pub mod chart;
+pub mod soak;
 
 use std::time::Instant;
 
 use serde::Serialize;
-use virtsoc_guest::services::Bulk;
+use virtsoc_guest::services::payload::word_sum;
+use virtsoc_guest::services::{bulk, Bulk};
 use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 
 use crate::bench_transport;
@@ -33,6 +45,10 @@ use crate::CliError;
 pub struct Row {
     /// `service`, `ring`, `unix-socket` or `tcp-loopback`.
     pub channel: String,
+    /// How a service row's payload travels: `region` (read in place) or `stream` (packets
+    /// through the channel's slots). Absent for the other kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
     /// `process`.
     pub guest: String,
     /// Channels running at once.
@@ -58,14 +74,26 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-/// What one channel of the service measured: (round trips in us, bytes/s).
-fn service_channel(
-    conn: &Connection,
-    round_trips: usize,
-    size: u64,
-    reps: usize,
-) -> Result<(Vec<f64>, f64), CliError> {
-    let mut bulk = Bulk::open(conn, 1)?;
+/// How the service's payload travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Payload {
+    /// In a region of the guest's window, read in place.
+    Region,
+    /// In 64 KiB packets through the channel's slots.
+    Stream,
+}
+
+impl Payload {
+    fn name(self) -> &'static str {
+        match self {
+            Payload::Region => "region",
+            Payload::Stream => "stream",
+        }
+    }
+}
+
+/// Round trips of a 64-byte echo on `bulk`, in microseconds.
+fn echo_round_trips(bulk: &mut Bulk, round_trips: usize) -> Result<Vec<f64>, CliError> {
     let msg = [0x42u8; 64];
     let mut rtt = Vec::with_capacity(round_trips);
     for i in 0..round_trips + round_trips / 10 {
@@ -80,48 +108,62 @@ fn service_channel(
             ));
         }
     }
-    let id = conn.alloc_blob(size)?.id;
+    Ok(rtt)
+}
+
+/// What one channel of the service measured: (round trips in us, bytes/s).
+fn service_channel(
+    conn: &Connection,
+    payload: Payload,
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+) -> Result<(Vec<f64>, f64), CliError> {
+    let mut bulk = Bulk::open(conn, if payload == Payload::Stream { 8 } else { 1 })?;
+    let rtt = echo_round_trips(&mut bulk, round_trips)?;
     let src: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    let want = (size, word_sum(&src));
+    let id = conn.alloc_blob(size)?.id;
+    // The guest produces its payload in the region once (a CPU write); each transfer then
+    // brackets it as a producer does.
+    let a = conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+    let ptr = a
+        .ptr
+        .ok_or_else(|| CliError::Usage("no pointer for CPU access".into()))?;
+    // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), size as usize) };
+    conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
     let mut times = Vec::with_capacity(reps);
     for i in 0..reps + 1 {
         let t0 = Instant::now();
-        let a = conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
-        let ptr = a
-            .ptr
-            .ok_or_else(|| CliError::Usage("no pointer for CPU access".into()))?;
-        // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), size as usize) };
-        conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
-        if i == 0 {
-            // The first transfer is checked end to end (and not timed).
-            let (crc, n) = bulk.sink_region(id, size)?;
-            if (crc, n) != (crc32fast::hash(&src), size) {
-                return Err(CliError::Usage(format!(
-                    "the service read {n} bytes with CRC {crc:#x}, expected {size} and {:#x}",
-                    crc32fast::hash(&src)
-                )));
+        let v = match payload {
+            Payload::Region => {
+                conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+                conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
+                bulk.0
+                    .call_region(bulk::call::DRAIN, (id, 0, size), (0, 0))?
+                    .values
             }
-            continue;
+            Payload::Stream => bulk.0.call(bulk::call::DRAIN, &src)?.values,
+        };
+        if i > 0 {
+            times.push(t0.elapsed().as_secs_f64());
         }
-        let r = bulk.0.call_region(
-            virtsoc_guest::services::bulk::call::DRAIN,
-            (id, 0, size),
-            (0, 0),
-        )?;
-        times.push(t0.elapsed().as_secs_f64());
-        if r.values[0] != size {
-            return Err(CliError::Usage(
-                "the service drained the wrong length".into(),
-            ));
+        if (v[0], v[1]) != want {
+            return Err(CliError::Usage(format!(
+                "the service drained {} bytes summing to {:#x}, expected {} and {:#x}",
+                v[0], v[1], want.0, want.1
+            )));
         }
     }
-    bulk.0.close(conn)?;
+    bulk.0.close()?;
     conn.free(id)?;
     Ok((rtt, size as f64 / percentile(&times, 50.0)))
 }
 
 fn service_row(
     endpoint: &Endpoint,
+    payload: Payload,
     n: u32,
     round_trips: usize,
     size: u64,
@@ -136,7 +178,7 @@ fn service_row(
     let conn = Connection::open(&endpoint.target, &opts)?;
     let results: Vec<Result<(Vec<f64>, f64), CliError>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
-            .map(|_| s.spawn(|| service_channel(&conn, round_trips, size, reps)))
+            .map(|_| s.spawn(|| service_channel(&conn, payload, round_trips, size, reps)))
             .collect();
         hs.into_iter()
             .map(|h| {
@@ -154,6 +196,7 @@ fn service_row(
     }
     Ok(Row {
         channel: "service".into(),
+        payload: Some(payload.name().into()),
         guest: "process".into(),
         channels: n,
         bandwidth_gbps: bw / 1e9,
@@ -204,6 +247,7 @@ fn baseline_row(
     let rtt_us = rtt_us.unwrap_or(P50P99 { p50: 0.0, p99: 0.0 });
     Ok(Row {
         channel: name.into(),
+        payload: None,
         guest: "process".into(),
         channels: n,
         bandwidth_gbps: bw,
@@ -228,7 +272,9 @@ pub fn run(
         .to_string();
     let mut rows = Vec::new();
     for n in 1..=max_channels {
-        rows.push(service_row(endpoint, n, round_trips, size, reps)?);
+        for p in [Payload::Region, Payload::Stream] {
+            rows.push(service_row(endpoint, p, n, round_trips, size, reps)?);
+        }
         for name in ["ring", "unix-socket", "tcp-loopback"] {
             rows.push(baseline_row(endpoint, name, n, round_trips, size, reps)?);
         }
@@ -264,9 +310,13 @@ pub fn print_table(r: &Report) {
             d if d > 0.0 => format!("{:.2}", row.bandwidth_gbps / d),
             _ => "-".into(),
         };
+        let name = match &row.payload {
+            Some(p) => format!("{}/{p}", row.channel),
+            None => row.channel.clone(),
+        };
         println!(
             "{:<14} {:>8} {:>11.2} {:>11.2} {:>12.3} {:>9} {:>9}",
-            row.channel,
+            name,
             row.channels,
             row.rtt_us.p50,
             row.rtt_us.p99,
@@ -275,119 +325,4 @@ pub fn print_table(r: &Report) {
             ratio("tcp-loopback")
         );
     }
-}
-
-/// What a soak run saw.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct SoakReport {
-    /// Guests (connections) at once.
-    pub guests: u32,
-    /// Channels per guest.
-    pub channels: u32,
-    /// Seconds it ran.
-    pub seconds: f64,
-    /// Transfers sent and checked.
-    pub transfers: u64,
-    /// Bytes sent.
-    pub bytes: u64,
-    /// Transfers whose checksum or length the service answered wrong.
-    pub mismatches: u64,
-    /// The daemon's resident memory before and after, KiB (0 when unknown).
-    pub rss_kib: (u64, u64),
-}
-
-fn rss_kib(pid: Option<u32>) -> u64 {
-    let Some(pid) = pid else { return 0 };
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// One soak channel: transfers of random sizes up to `max` through the packet path until
-/// `end`, each checked; (transfers, bytes, mismatches).
-fn soak_channel(
-    conn: &Connection,
-    seed: u64,
-    max: u64,
-    end: Instant,
-) -> Result<(u64, u64, u64), CliError> {
-    let mut bulk = Bulk::open(conn, 8)?;
-    let mut x = seed | 1;
-    let (mut n, mut bytes, mut bad) = (0u64, 0u64, 0u64);
-    while Instant::now() < end {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let size = 1 + x % max;
-        let data: Vec<u8> = (0..size).map(|i| (i ^ x) as u8).collect();
-        let (crc, len) = bulk.sink(&data)?;
-        if (crc, len) != (crc32fast::hash(&data), size) {
-            bad += 1;
-        }
-        n += 1;
-        bytes += size;
-    }
-    bulk.0.close(conn)?;
-    Ok((n, bytes, bad))
-}
-
-/// `guests` guests with `channels` channels each send transfers of random sizes up to
-/// `max` bytes for `seconds`, every one checked.
-pub fn soak(
-    endpoint: &Endpoint,
-    guests: u32,
-    channels: u32,
-    seconds: f64,
-    max: u64,
-) -> Result<SoakReport, CliError> {
-    let before = rss_kib(endpoint.pid);
-    let t0 = Instant::now();
-    let end = t0 + std::time::Duration::from_secs_f64(seconds);
-    // Connected one after the other: the daemon admits a few handshakes per peer at once.
-    let conns = (0..guests)
-        .map(|g| {
-            let opts = ConnectOptions {
-                name: format!("soak-{g}"),
-                window_size: 64 << 20,
-                ..ConnectOptions::default()
-            };
-            Connection::open(&endpoint.target, &opts)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let results: Vec<Result<(u64, u64, u64), CliError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = conns
-            .iter()
-            .enumerate()
-            .flat_map(|(g, conn)| {
-                (0..channels).map(move |c| {
-                    s.spawn(move || soak_channel(conn, (g as u64) << 8 | u64::from(c), max, end))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(CliError::Usage("soak channel panicked".into())))
-            })
-            .collect()
-    });
-    let mut total = (0, 0, 0);
-    for r in results {
-        let (n, b, m) = r?;
-        total = (total.0 + n, total.1 + b, total.2 + m);
-    }
-    Ok(SoakReport {
-        guests,
-        channels,
-        seconds: t0.elapsed().as_secs_f64(),
-        transfers: total.0,
-        bytes: total.1,
-        mismatches: total.2,
-        rss_kib: (before, rss_kib(endpoint.pid)),
-    })
 }

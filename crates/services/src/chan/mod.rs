@@ -16,7 +16,7 @@
 //! out of range is a protocol violation that closes the channel). Doorbells spin briefly,
 //! then sleep on a futex word in the control block.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,21 @@ mod ctl {
     pub const GUEST_BELL: u64 = 40;
     pub const GUEST_SLEEPING: u64 = 44;
     pub const CLOSED: u64 = 48;
+    pub const HOST_DONE: u64 = 52;
+}
+
+/// Why a channel was closed: the control block's closed word. The first close wins (a
+/// later one does not overwrite the reason).
+pub mod closed {
+    /// The guest closed it.
+    pub const BY_GUEST: u32 = 1;
+    /// A ring violation (an index out of range) or a failed answer.
+    pub const VIOLATION: u32 = 2;
+    /// The guest's session ended.
+    pub const GUEST_GONE: u32 = 3;
+    /// The guest's session moved to another daemon (migration, restart): the guest lays
+    /// the channel out again in its new window and resumes it there with the same id.
+    pub const MOVED: u32 = 4;
 }
 
 /// Request kinds (the low half of an entry's second word).
@@ -187,6 +202,7 @@ impl Entry {
 }
 
 /// The memory shared by both ends.
+#[derive(Clone)]
 struct Shared {
     win: Arc<SharedWindow>,
     base: u64,
@@ -264,6 +280,19 @@ impl Shared {
             .unwrap_or(true)
     }
 
+    /// Marks the channel closed with `code` unless it is closed already.
+    fn mark_closed(&self, code: u32) {
+        if let Ok(w) = self.word(ctl::CLOSED) {
+            let _ = w.compare_exchange(0, code.max(1), Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    fn closed_code(&self) -> u32 {
+        self.word(ctl::CLOSED)
+            .map(|c| c.load(Ordering::Acquire))
+            .unwrap_or(closed::VIOLATION)
+    }
+
     fn closed(&self) -> bool {
         self.word(ctl::CLOSED)
             .map(|c| c.load(Ordering::Acquire) != 0)
@@ -289,6 +318,7 @@ impl Shared {
 
     /// Waits until the ring at `tail_off` has an entry past `head` or the channel closes
     /// (`true`), or `timeout` passes (`false`).
+    #[allow(clippy::too_many_arguments)]
     fn wait(
         &self,
         spin: &AdaptiveSpin,
@@ -297,8 +327,10 @@ impl Shared {
         bell: u64,
         sleeping: u64,
         timeout: Duration,
+        interrupt: Option<&AtomicBool>,
     ) -> Result<bool> {
-        let mut ready = || self.ready(tail_off, head) || self.closed();
+        let stop = || interrupt.is_some_and(|i| i.load(Ordering::Acquire));
+        let mut ready = || self.ready(tail_off, head) || self.closed() || stop();
         let (word, flag) = (self.word(bell)?, self.word(sleeping)?);
         let deadline = Instant::now() + timeout;
         Ok(spin.wait(&mut ready, |ready| loop {
@@ -336,6 +368,7 @@ pub struct HostEnd {
     req_head: u32,
     resp_tail: u32,
     spin: AdaptiveSpin,
+    interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl HostEnd {
@@ -382,7 +415,21 @@ impl HostEnd {
             req_head,
             resp_tail,
             spin: AdaptiveSpin::new(spins),
+            interrupt: None,
         })
+    }
+
+    /// While `flag` is set, [`next`](Self::next) takes no request and returns `Ok(None)`
+    /// at once (a wait in progress ends when the flag is set and the host's doorbell rung,
+    /// [`Closer::wake_host`]): how a channel's thread is paused between requests.
+    pub fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
+        self.interrupt = Some(flag);
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|i| i.load(Ordering::Acquire))
     }
 
     /// The layout.
@@ -394,6 +441,9 @@ impl HostEnd {
     /// the channel is closed.
     pub fn next(&mut self, timeout: Duration) -> Result<Option<Entry>> {
         loop {
+            if self.interrupted() {
+                return Ok(None);
+            }
             if let Some(e) = self.sh.pop(
                 self.sh.layout.req_ring(),
                 ctl::REQ_TAIL,
@@ -412,6 +462,7 @@ impl HostEnd {
                 ctl::HOST_BELL,
                 ctl::HOST_SLEEPING,
                 timeout,
+                self.interrupt.as_deref(),
             )?;
             if !came {
                 return Ok(None);
@@ -422,6 +473,18 @@ impl HostEnd {
     /// Slot `slot`'s bytes (checked).
     pub fn slot(&self, slot: u32) -> Result<WindowBytes> {
         self.sh.slot_bytes(slot)
+    }
+
+    /// Responses posted that the guest has not taken yet (by the index it published,
+    /// clamped to the ring).
+    pub fn unread(&self) -> u32 {
+        let head = self
+            .sh
+            .word(ctl::RESP_HEAD)
+            .map_or(self.resp_tail, |w| w.load(Ordering::Acquire));
+        self.resp_tail
+            .wrapping_sub(head)
+            .min(self.sh.layout.entries)
     }
 
     /// Posts a response and rings the guest. A full response ring (a guest that does not
@@ -441,16 +504,25 @@ impl HostEnd {
         Ok(())
     }
 
-    /// Marks the channel closed with `code` and wakes the guest.
+    /// Marks the channel closed with `code` (unless it is closed already) and wakes the
+    /// guest.
     pub fn close(&self, code: u32) {
-        if let Ok(w) = self.sh.word(ctl::CLOSED) {
-            w.store(code.max(1), Ordering::Release);
+        self.sh.mark_closed(code);
+        self.sh.force_wake(ctl::GUEST_BELL);
+    }
+
+    /// The host is done with the channel's memory (its last touch of it): the guest, waiting
+    /// in [`GuestEnd::wait_host_done`], may free the region.
+    pub fn finish(self) {
+        if let Ok(w) = self.sh.word(ctl::HOST_DONE) {
+            w.store(1, Ordering::Release);
         }
         self.sh.force_wake(ctl::GUEST_BELL);
     }
 }
 
 /// A handle that wakes a host end's thread (to close it from another thread).
+#[derive(Clone)]
 pub struct Closer {
     sh: Shared,
 }
@@ -470,13 +542,17 @@ impl Closer {
         }
     }
 
-    /// Marks the channel closed and wakes both ends.
+    /// Marks the channel closed with `code` (unless it is closed already) and wakes both
+    /// ends.
     pub fn close(&self, code: u32) {
-        if let Ok(w) = self.sh.word(ctl::CLOSED) {
-            w.store(code.max(1), Ordering::Release);
-        }
+        self.sh.mark_closed(code);
         self.sh.force_wake(ctl::HOST_BELL);
         self.sh.force_wake(ctl::GUEST_BELL);
+    }
+
+    /// Rings the host's doorbell (its thread re-checks its interrupt flag).
+    pub fn wake_host(&self) {
+        self.sh.force_wake(ctl::HOST_BELL);
     }
 }
 
@@ -567,6 +643,7 @@ impl GuestEnd {
                 ctl::GUEST_BELL,
                 ctl::GUEST_SLEEPING,
                 timeout,
+                None,
             )? {
                 return Ok(None);
             }
@@ -575,93 +652,53 @@ impl GuestEnd {
 
     /// Marks the channel closed and wakes the host.
     pub fn close(&self) {
-        if let Ok(w) = self.sh.word(ctl::CLOSED) {
-            w.store(1, Ordering::Release);
-        }
+        self.sh.mark_closed(closed::BY_GUEST);
         self.sh.force_wake(ctl::HOST_BELL);
+    }
+
+    /// Why the channel was closed ([`closed`]; 0 while open).
+    pub fn closed_code(&self) -> u32 {
+        self.sh.closed_code()
+    }
+
+    /// Waits (up to `timeout`) until the host is done with the channel's memory
+    /// ([`HostEnd::finish`]): after a close, before the region is freed, so that no host
+    /// thread still in the channel touches memory the region's range is reused for.
+    pub fn wait_host_done(&self, timeout: Duration) -> bool {
+        let (Ok(done), Ok(bell)) = (self.sh.word(ctl::HOST_DONE), self.sh.word(ctl::GUEST_BELL))
+        else {
+            return false;
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = bell.load(Ordering::SeqCst);
+            if done.load(Ordering::Acquire) != 0 {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let ts = rustix::thread::futex::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: left.subsec_nanos() as i64,
+            };
+            // The host's finish bumps the bell after setting the word; EAGAIN, EINTR and
+            // ETIMEDOUT all lead back to the checks.
+            let _ = rustix::thread::futex::wait(
+                bell,
+                rustix::thread::futex::Flags::empty(),
+                seen,
+                Some(&ts),
+            );
+        }
+    }
+
+    /// The window the channel lives in.
+    pub fn window(&self) -> &Arc<SharedWindow> {
+        &self.sh.win
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::payload::{Input, Output};
-    use virtsoc_proto::WindowLayout;
-
-    fn window() -> Arc<SharedWindow> {
-        let l = WindowLayout::new(8 << 20, 4, 4).unwrap();
-        Arc::new(SharedWindow::create_memfd("chan", l).unwrap())
-    }
-
-    #[test]
-    fn requests_and_responses_flow_through_the_rings() {
-        let w = window();
-        let lay = ChannelLayout::new(4).unwrap();
-        let base = 1 << 20;
-        let mut g = GuestEnd::create(w.clone(), base, lay, 0).unwrap();
-        let mut h = HostEnd::attach(w.clone(), base, lay.size(), 0).unwrap();
-        g.slot(1).unwrap().write_at(0, b"hello").unwrap();
-        for s in 0..4u64 {
-            let e = Entry {
-                seq: s,
-                code: kind::CALL,
-                slot: 1,
-                len: 5,
-                ..Entry::default()
-            };
-            assert!(g.post(e).unwrap());
-        }
-        assert!(!g.post(Entry::default()).unwrap(), "ring full");
-        let e = h.next(Duration::ZERO).unwrap().unwrap();
-        assert_eq!((e.seq, e.code, e.len), (0, kind::CALL, 5));
-        let mut b = [0u8; 5];
-        h.slot(e.slot).unwrap().read_at(0, &mut b).unwrap();
-        assert_eq!(&b, b"hello");
-        h.respond(Entry {
-            seq: 0,
-            args: [42, 0, 0, 0, 0],
-            ..Entry::default()
-        })
-        .unwrap();
-        assert_eq!(g.next(Duration::ZERO).unwrap().unwrap().args[0], 42);
-        assert!(h.slot(4).is_err(), "slot outside the channel");
-        g.close();
-        for _ in 0..3 {
-            h.next(Duration::ZERO).unwrap();
-        }
-        assert_eq!(h.next(Duration::ZERO), Err(ServiceError::Closed));
-    }
-
-    #[test]
-    fn hostile_control_blocks_are_refused() {
-        let w = window();
-        let lay = ChannelLayout::new(2).unwrap();
-        assert!(
-            HostEnd::attach(w.clone(), 0, 1 << 20, 0).is_err(),
-            "no magic"
-        );
-        let _g = GuestEnd::create(w.clone(), 0, lay, 0).unwrap();
-        assert!(
-            HostEnd::attach(w.clone(), 0, lay.size() - 1, 0).is_err(),
-            "too small"
-        );
-        w.atomic_u32(ctl::ENTRIES)
-            .unwrap()
-            .store(3, Ordering::SeqCst);
-        assert!(
-            HostEnd::attach(w.clone(), 0, 1 << 20, 0).is_err(),
-            "entries"
-        );
-        w.atomic_u32(ctl::ENTRIES)
-            .unwrap()
-            .store(2, Ordering::SeqCst);
-        let mut h = HostEnd::attach(w.clone(), 0, lay.size(), 0).unwrap();
-        w.atomic_u32(ctl::REQ_TAIL)
-            .unwrap()
-            .store(99, Ordering::SeqCst);
-        assert!(matches!(
-            h.next(Duration::ZERO),
-            Err(ServiceError::Memory(_))
-        ));
-    }
-}
+mod tests;

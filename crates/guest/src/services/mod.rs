@@ -10,8 +10,17 @@
 //! transfer of 64 KiB packets ([`ServiceChannel::send`]: pipelined over the slots, committed
 //! with the packet count and CRC-32, revoked on error).
 //!
+//! A channel follows its session when it migrates (`moved.rs`): with the connection's
+//! auto-reconnect on, a call in progress or the next one finds the channel moved, takes the
+//! answers the old daemon left, resumes the channel (same id) on the new daemon and sends
+//! its unanswered requests again; each request runs once.
+//!
 //! Clients: [`Geo`] (location), [`Sensors`], [`Clipboard`], [`Bulk`] (echo / sink).
 
+mod clients;
+mod moved;
+
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use virtsoc_devapi::service as api;
@@ -21,8 +30,9 @@ use virtsoc_services::packet::{PacketHeader, PACKET_SIZE};
 use virtsoc_services::payload::{Input, Output};
 use virtsoc_services::ServiceError;
 
+pub use clients::{Bulk, Clipboard, Geo, GeoFix, SensorValue, Sensors, Sink};
 pub use virtsoc_services::builtin::{bulk, clipboard, geo, sensors};
-pub use virtsoc_services::{chan, packet};
+pub use virtsoc_services::{chan, packet, payload};
 
 use crate::{Connection, GuestError, Result};
 
@@ -30,6 +40,15 @@ use crate::{Connection, GuestError, Result};
 pub const DEFAULT_ENTRIES: u32 = 8;
 /// Spins of the guest's end before it sleeps on its doorbell.
 const SPINS: u32 = 4096;
+/// Longest [`ServiceChannel::close`] waits for a call still running on the host before it
+/// frees the channel's region (a call's deadline is 10 s unless the policy says otherwise).
+pub const CLOSE_WAIT: Duration = Duration::from_secs(12);
+/// How long a wait for an answer goes before it checks that the connection did not move
+/// to another daemon under it (the old daemon's memory, its `MOVED` mark with it, may be
+/// released before the wait looks).
+const MOVE_CHECK: Duration = Duration::from_secs(1);
+/// Most times one transfer starts again because its channel moved.
+const MAX_RESTARTS: u32 = 4;
 
 /// What a call answered.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -53,8 +72,15 @@ fn svc_err(e: ServiceError) -> GuestError {
     }
 }
 
-/// A channel to a host service.
-pub struct ServiceChannel {
+/// A response, and its slot's bytes when it was taken off a ring the channel left.
+struct Response {
+    e: Entry,
+    kept: Option<Vec<u8>>,
+}
+
+/// A channel to a host service, on connection `'c`.
+pub struct ServiceChannel<'c> {
+    conn: &'c Connection,
     id: u64,
     region: u64,
     base: u64,
@@ -62,9 +88,16 @@ pub struct ServiceChannel {
     end: GuestEnd,
     seq: u64,
     next_transfer: u32,
+    /// Requests posted and not answered yet, in order, with an inline call's input: what a
+    /// move sends again.
+    outstanding: VecDeque<(Entry, Vec<u8>)>,
+    /// Answers taken off the ring of the daemon the channel left, not read yet.
+    ready: VecDeque<Response>,
+    /// Moves followed so far.
+    moves: u64,
 }
 
-impl std::fmt::Debug for ServiceChannel {
+impl std::fmt::Debug for ServiceChannel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServiceChannel")
             .field("id", &self.id)
@@ -74,41 +107,38 @@ impl std::fmt::Debug for ServiceChannel {
     }
 }
 
-impl ServiceChannel {
+impl<'c> ServiceChannel<'c> {
     /// Opens a channel to `service` with [`DEFAULT_ENTRIES`] entries.
-    pub fn open(conn: &Connection, service: &str) -> Result<Self> {
+    pub fn open(conn: &'c Connection, service: &str) -> Result<Self> {
         Self::open_with(conn, service, DEFAULT_ENTRIES)
     }
 
     /// Opens a channel to `service` with `entries` ring entries and slots (a power of two,
     /// at most 64).
-    pub fn open_with(conn: &Connection, service: &str, entries: u32) -> Result<Self> {
+    pub fn open_with(conn: &'c Connection, service: &str, entries: u32) -> Result<Self> {
         let name = virtsoc_services::pack_name(service)
             .ok_or_else(|| GuestError::BadArgument(format!("service name {service:?}")))?;
         let layout = ChannelLayout::new(entries).map_err(svc_err)?;
-        let size = layout.size();
-        let region = conn.alloc_blob(size)?.id;
+        let region = conn.alloc_blob(layout.size())?.id;
         let open = || -> Result<Self> {
-            let a = conn.begin_access(region, DeviceId::CPU, 0, size, AccessMode::ReadWrite)?;
-            let win = conn.window();
-            let at = a
-                .ptr
-                .map(|p| (p.as_ptr() as usize).wrapping_sub(win.base_ptr() as usize) as u64)
-                .ok_or_else(|| GuestError::BadArgument("no CPU pointer for the channel".into()))?;
-            let end = GuestEnd::create(win, at, layout, SPINS).map_err(svc_err)?;
+            let (base, end) = lay_out(conn, region, layout)?;
             let r = conn.command(&api::Open {
                 name0: name[0],
                 name1: name[1],
                 ring: region,
             })?;
             Ok(ServiceChannel {
+                conn,
                 id: r.channel,
                 region,
-                base: at,
+                base,
                 service: service.to_string(),
                 end,
                 seq: 1,
                 next_transfer: 1,
+                outstanding: VecDeque::new(),
+                ready: VecDeque::new(),
+                moves: 0,
             })
         };
         open().inspect_err(|_| {
@@ -131,48 +161,109 @@ impl ServiceChannel {
         &self.service
     }
 
+    /// Moves to another daemon the channel followed (see the module docs).
+    pub fn moves(&self) -> u64 {
+        self.moves
+    }
+
     /// Slots (and ring entries) of the channel.
     pub fn entries(&self) -> u32 {
         self.end.layout().entries
     }
 
-    /// Closes the channel and frees its region.
-    pub fn close(self, conn: &Connection) -> Result<()> {
+    /// Closes the channel and frees its region (once the host's thread is done with it,
+    /// waiting at most [`CLOSE_WAIT`] for a call in progress on the host).
+    pub fn close(self) -> Result<()> {
+        let conn = self.conn;
         let r = conn.command(&api::Close { channel: self.id });
         self.end.close();
+        if r.is_ok() {
+            self.end.wait_host_done(CLOSE_WAIT);
+        }
         let size = self.end.layout().size();
         let _ = conn.end_access(self.region, DeviceId::CPU, 0, size, AccessMode::ReadWrite);
         conn.free(self.region)?;
         r.map(|_| ())
     }
 
-    /// Posts `e` (waiting for ring space) and returns its sequence number.
-    fn post(&mut self, mut e: Entry) -> Result<u64> {
+    /// Posts `e` (an inline call's `input` already in its slot) and returns its sequence
+    /// number.
+    fn post(&mut self, mut e: Entry, input: &[u8]) -> Result<u64> {
         e.seq = self.seq;
         self.seq += 1;
-        if !self.end.post(e).map_err(svc_err)? {
+        let input = if e.code == kind::CALL {
+            input.to_vec()
+        } else {
+            Vec::new()
+        };
+        let moved = self.moves;
+        if self.moved_away() {
+            self.follow_move()?;
+        }
+        let posted = if self.moves == moved {
+            self.end.post(e)
+        } else {
+            Err(ServiceError::Closed)
+        };
+        match posted {
+            Ok(true) => self.outstanding.push_back((e, input)),
             // Full: more requests posted than responses read (the caller's pipelining).
-            return Err(GuestError::BadArgument("channel ring full".into()));
+            Ok(false) => return Err(GuestError::BadArgument("channel ring full".into())),
+            Err(err) if self.moves == moved && !self.moved_after_all() => return Err(svc_err(err)),
+            Err(_) => {
+                if self.moves == moved {
+                    self.follow_move()?;
+                }
+                if e.code != kind::CALL && e.code != kind::CALL_REGION {
+                    // A piece of a transfer the move cut: the transfer starts again.
+                    return Err(moved::restart_error());
+                }
+                self.repost(e, input)?;
+            }
         }
         Ok(e.seq)
     }
 
     /// The next response (waits as long as it takes; `Closed` when the channel closes).
-    fn response(&mut self) -> Result<Entry> {
+    fn response(&mut self) -> Result<Response> {
         loop {
-            if let Some(e) = self.end.next(Duration::from_secs(3600)).map_err(svc_err)? {
-                return Ok(e);
+            if self.ready.is_empty() && self.moved_away() {
+                self.follow_move()?;
             }
+            let r = match self.ready.pop_front() {
+                Some(r) => r,
+                None => match self.end.next(MOVE_CHECK) {
+                    Ok(Some(e)) => Response { e, kept: None },
+                    Ok(None) => continue,
+                    Err(_) if self.moved_after_all() => {
+                        self.follow_move()?;
+                        continue;
+                    }
+                    Err(e) => return Err(svc_err(e)),
+                },
+            };
+            self.outstanding.retain(|(o, _)| o.seq != r.e.seq);
+            return Ok(r);
         }
     }
 
-    fn answer(&self, e: &Entry, want_output: bool) -> Result<CallReply> {
-        let slot = self.end.slot(e.slot).map_err(svc_err)?;
-        let len = (e.len as usize).min(slot.capacity());
-        let mut text = vec![0u8; len];
-        if want_output || e.code != 0 {
-            slot.read_at(0, &mut text).map_err(svc_err)?;
+    fn answer(&self, r: Response, want_output: bool) -> Result<CallReply> {
+        let e = &r.e;
+        if e.code == moved::RESTART {
+            return Err(moved::restart_error());
         }
+        let text = match r.kept {
+            Some(bytes) => bytes,
+            None => {
+                let slot = self.end.slot(e.slot).map_err(svc_err)?;
+                let len = (e.len as usize).min(slot.capacity());
+                let mut text = vec![0u8; len];
+                if want_output || e.code != 0 {
+                    slot.read_at(0, &mut text).map_err(svc_err)?;
+                }
+                text
+            }
+        };
         if e.code != 0 {
             return Err(GuestError::Status {
                 op: Opcode::DeviceCmd,
@@ -189,16 +280,16 @@ impl ServiceChannel {
         })
     }
 
-    /// One request, one response.
-    fn round_trip(&mut self, e: Entry, want_output: bool) -> Result<CallReply> {
-        let seq = self.post(e)?;
+    /// One request (an inline call's `input` in its slot), one response.
+    fn round_trip(&mut self, e: Entry, input: &[u8], want_output: bool) -> Result<CallReply> {
+        let seq = self.post(e, input)?;
         let r = self.response()?;
-        if r.seq != seq {
+        if r.e.seq != seq {
             return Err(GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
                 "service response out of order",
             )));
         }
-        self.answer(&r, want_output)
+        self.answer(r, want_output)
     }
 
     /// Calls `call` with `input` (a transfer of packets when it exceeds one slot); the
@@ -207,8 +298,7 @@ impl ServiceChannel {
         if input.len() > PACKET_SIZE as usize {
             return self.send(call, input);
         }
-        let mut slot = self.end.slot(0).map_err(svc_err)?;
-        slot.write_at(0, input).map_err(svc_err)?;
+        self.write_slot(0, input)?;
         self.round_trip(
             Entry {
                 code: kind::CALL,
@@ -217,14 +307,22 @@ impl ServiceChannel {
                 len: input.len() as u32,
                 ..Entry::default()
             },
+            input,
             true,
         )
     }
 
+    /// Writes `bytes` at the start of slot `slot`.
+    fn write_slot(&mut self, slot: u32, bytes: &[u8]) -> Result<()> {
+        let mut s = self.end.slot(slot).map_err(svc_err)?;
+        s.write_at(0, bytes).map_err(svc_err)
+    }
+
     /// Calls `call` on `in_len` bytes at `in_off` of region `input`, read in place by the
     /// service, writing its output in place at `out_off` of region `output` (0: into the
-    /// slot, returned in [`CallReply::output`]). The regions must have been written from the
-    /// CPU (the service reads the guest's window).
+    /// slot, returned in [`CallReply::output`]). The service brackets the ranges with an
+    /// access of its own: whatever wrote the regions last (the CPU, a device), it reads
+    /// their current bytes, and its write is seen by the next reader.
     pub fn call_region(
         &mut self,
         call: u32,
@@ -239,37 +337,63 @@ impl ServiceChannel {
                 args: [input.0, input.1, input.2, output.0, output.1],
                 ..Entry::default()
             },
+            &[],
             output.0 == 0,
         )
     }
 
     /// Sends `data` as a transfer of 64 KiB packets (pipelined over every slot), commits it
     /// and returns the call's answer on the reassembled input. A refused packet revokes the
-    /// transfer and returns the refusal.
+    /// transfer and returns the refusal. A transfer cut by a move of the channel starts
+    /// again on the daemon the channel moved to (its call runs once).
     pub fn send(&mut self, call: u32, data: &[u8]) -> Result<CallReply> {
+        let mut restarts = 0;
+        loop {
+            match self.send_once(call, data) {
+                Err(e) if moved::is_restart(&e) && restarts < MAX_RESTARTS => restarts += 1,
+                r => return r,
+            }
+        }
+    }
+
+    /// One try of [`send`](Self::send): a transfer on the daemon the channel is on; the
+    /// restart error when the channel moved meanwhile (every packet posted answered first).
+    fn send_once(&mut self, call: u32, data: &[u8]) -> Result<CallReply> {
         let t = self.next_transfer;
         self.next_transfer = self.next_transfer.wrapping_add(1).max(1);
         let packets = virtsoc_services::reassembly::split(t, call, data);
         let slots = self.entries() as usize;
+        let moves = self.moves;
         let mut in_flight = 0usize;
         let mut failure: Option<GuestError> = None;
         for (i, (h, bytes)) in packets.iter().enumerate() {
             if in_flight == slots {
                 let r = self.response()?;
                 in_flight -= 1;
-                if let Err(e) = self.answer(&r, false) {
+                if let Err(e) = self.answer(r, false) {
                     failure = Some(e);
                     break;
                 }
             }
-            self.post_packet(h, bytes, (i % slots) as u32)?;
-            in_flight += 1;
+            if self.moves != moves {
+                break;
+            }
+            match self.post_packet(h, bytes, (i % slots) as u32) {
+                Ok(_) => in_flight += 1,
+                Err(e) if moved::is_restart(&e) => break,
+                Err(e) => return Err(e),
+            }
         }
         for _ in 0..in_flight {
             let r = self.response()?;
-            if let (Err(e), None) = (self.answer(&r, false), &failure) {
+            if let (Err(e), None) = (self.answer(r, false), &failure) {
                 failure = Some(e);
             }
+        }
+        if self.moves != moves {
+            // Packets went to two daemons: the transfer starts again on this one.
+            let _ = self.revoke(t);
+            return Err(moved::restart_error());
         }
         if let Some(e) = failure {
             let _ = self.revoke(t);
@@ -280,17 +404,19 @@ impl ServiceChannel {
 
     /// Posts one packet from slot `slot` (no response read: for pipelining and tests).
     pub fn post_packet(&mut self, h: &PacketHeader, bytes: &[u8], slot: u32) -> Result<u64> {
-        let mut s = self.end.slot(slot).map_err(svc_err)?;
-        s.write_at(0, bytes).map_err(svc_err)?;
+        self.write_slot(slot, bytes)?;
         let w = h.to_words();
-        self.post(Entry {
-            code: kind::PACKET,
-            call: h.call,
-            slot,
-            len: bytes.len() as u32,
-            args: [w[0], w[1], w[2], 0, 0],
-            ..Entry::default()
-        })
+        self.post(
+            Entry {
+                code: kind::PACKET,
+                call: h.call,
+                slot,
+                len: bytes.len() as u32,
+                args: [w[0], w[1], w[2], 0, 0],
+                ..Entry::default()
+            },
+            &[],
+        )
     }
 
     /// Commits transfer `transfer` of `sent` packets with the payload's CRC-32; the call's
@@ -303,6 +429,7 @@ impl ServiceChannel {
                 args: [u64::from(transfer), u64::from(sent), u64::from(crc), 0, 0],
                 ..Entry::default()
             },
+            &[],
             true,
         )
     }
@@ -316,6 +443,7 @@ impl ServiceChannel {
                 args: [u64::from(transfer), 0, 0, 0, 0],
                 ..Entry::default()
             },
+            &[],
             false,
         )
         .map(|_| ())
@@ -323,171 +451,33 @@ impl ServiceChannel {
 
     /// Posts a raw entry and returns the raw response (tests of hostile input).
     pub fn raw(&mut self, e: Entry) -> Result<Entry> {
-        let seq = self.post(e)?;
+        let seq = self.post(e, &[])?;
         let r = self.response()?;
-        if r.seq != seq {
+        if r.e.seq != seq {
             return Err(GuestError::Proto(virtsoc_proto::ProtoError::RingViolation(
                 "service response out of order",
             )));
         }
-        Ok(r)
+        Ok(r.e)
     }
 
     /// Reads the next response (after [`post_packet`](Self::post_packet)); its error, if any.
     pub fn reap(&mut self) -> Result<CallReply> {
         let r = self.response()?;
-        self.answer(&r, false)
+        self.answer(r, false)
     }
 }
 
-/// A location fix.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GeoFix {
-    /// Degrees east.
-    pub lon: f64,
-    /// Degrees north.
-    pub lat: f64,
-    /// Metres.
-    pub alt: f64,
-    /// Unix time of the fix, ms.
-    pub time_ms: u64,
-}
-
-/// The location service's client.
-#[derive(Debug)]
-pub struct Geo(pub ServiceChannel);
-
-impl Geo {
-    /// Opens a channel to `geo`.
-    pub fn open(conn: &Connection) -> Result<Self> {
-        ServiceChannel::open_with(conn, "geo", 1).map(Geo)
-    }
-
-    /// The current fix (`None` before the host set one).
-    pub fn fix(&mut self) -> Result<Option<GeoFix>> {
-        let v = self.0.call(geo::call::FIX, &[])?.values;
-        Ok((v[3] != 0).then(|| GeoFix {
-            lon: f64::from_bits(v[0]),
-            lat: f64::from_bits(v[1]),
-            alt: f64::from_bits(v[2]),
-            time_ms: v[3],
-        }))
-    }
-
-    /// The current fix as NMEA sentences (GGA, RMC; empty before a fix).
-    pub fn nmea(&mut self) -> Result<String> {
-        let r = self.0.call(geo::call::NMEA, &[])?;
-        String::from_utf8(r.output).map_err(|_| GuestError::BadArgument("NMEA not UTF-8".into()))
-    }
-}
-
-/// One sensor reading.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SensorValue {
-    /// x (or the only value: lux, cm).
-    pub x: f64,
-    /// y.
-    pub y: f64,
-    /// z.
-    pub z: f64,
-    /// When (ns on the service's clock).
-    pub time_ns: u64,
-}
-
-/// The sensors' client.
-#[derive(Debug)]
-pub struct Sensors(pub ServiceChannel);
-
-impl Sensors {
-    /// Opens a channel to `sensor`.
-    pub fn open(conn: &Connection) -> Result<Self> {
-        ServiceChannel::open_with(conn, "sensor", 1).map(Sensors)
-    }
-
-    fn value(v: [u64; 4]) -> SensorValue {
-        SensorValue {
-            x: f64::from_bits(v[0]),
-            y: f64::from_bits(v[1]),
-            z: f64::from_bits(v[2]),
-            time_ns: v[3],
-        }
-    }
-
-    /// The sensor's current value (`accelerometer`, `gyroscope`, `magnetometer`, `light`,
-    /// `proximity`).
-    pub fn read(&mut self, name: &str) -> Result<SensorValue> {
-        Ok(Self::value(
-            self.0.call(sensors::call::READ, name.as_bytes())?.values,
-        ))
-    }
-
-    /// Asks for samples of `name` at `hz`; the rate granted.
-    pub fn set_rate(&mut self, name: &str, hz: u32) -> Result<u32> {
-        let r = self
-            .0
-            .call(sensors::call::RATE, format!("{name}:{hz}").as_bytes())?;
-        Ok(r.values[0] as u32)
-    }
-
-    /// The next sample of `name` at the rate asked for (waits for it).
-    pub fn sample(&mut self, name: &str) -> Result<SensorValue> {
-        Ok(Self::value(
-            self.0.call(sensors::call::SAMPLE, name.as_bytes())?.values,
-        ))
-    }
-}
-
-/// The clipboard's client.
-#[derive(Debug)]
-pub struct Clipboard(pub ServiceChannel);
-
-impl Clipboard {
-    /// Opens a channel to `clipboard`.
-    pub fn open(conn: &Connection) -> Result<Self> {
-        ServiceChannel::open_with(conn, "clipboard", 1).map(Clipboard)
-    }
-
-    /// The text and its version.
-    pub fn get(&mut self) -> Result<(String, u64)> {
-        let r = self.0.call(clipboard::call::GET, &[])?;
-        let t = String::from_utf8(r.output)
-            .map_err(|_| GuestError::BadArgument("clipboard not UTF-8".into()))?;
-        Ok((t, r.values[0]))
-    }
-
-    /// Sets the text; its new version.
-    pub fn set(&mut self, text: &str) -> Result<u64> {
-        Ok(self.0.call(clipboard::call::SET, text.as_bytes())?.values[0])
-    }
-}
-
-/// The bulk service's client.
-#[derive(Debug)]
-pub struct Bulk(pub ServiceChannel);
-
-impl Bulk {
-    /// Opens a channel to `bulk` with `entries` slots.
-    pub fn open(conn: &Connection, entries: u32) -> Result<Self> {
-        ServiceChannel::open_with(conn, "bulk", entries).map(Bulk)
-    }
-
-    /// Echoes `data` (at most one slot).
-    pub fn echo(&mut self, data: &[u8]) -> Result<Vec<u8>> {
-        Ok(self.0.call(bulk::call::ECHO, data)?.output)
-    }
-
-    /// Sends `data` (inline or in packets); the service's CRC-32 and length of it.
-    pub fn sink(&mut self, data: &[u8]) -> Result<(u32, u64)> {
-        let v = self.0.call(bulk::call::SINK, data)?.values;
-        Ok((v[0] as u32, v[1]))
-    }
-
-    /// The service reads `len` bytes of region `region` in place; its CRC-32 and length.
-    pub fn sink_region(&mut self, region: u64, len: u64) -> Result<(u32, u64)> {
-        let v = self
-            .0
-            .call_region(bulk::call::SINK, (region, 0, len), (0, 0))?
-            .values;
-        Ok((v[0] as u32, v[1]))
-    }
+/// Begins the CPU access of the channel's region `region` (for the channel's life) and lays
+/// a fresh channel out at its start; the window offset and the guest's end.
+fn lay_out(conn: &Connection, region: u64, layout: ChannelLayout) -> Result<(u64, GuestEnd)> {
+    let size = layout.size();
+    let a = conn.begin_access(region, DeviceId::CPU, 0, size, AccessMode::ReadWrite)?;
+    let win = conn.window();
+    let at = a
+        .ptr
+        .map(|p| (p.as_ptr() as usize).wrapping_sub(win.base_ptr() as usize) as u64)
+        .ok_or_else(|| GuestError::BadArgument("no CPU pointer for the channel".into()))?;
+    let end = GuestEnd::create(win, at, layout, SPINS).map_err(svc_err)?;
+    Ok((at, end))
 }
