@@ -77,6 +77,27 @@ impl RegionCtx<'_> {
         Ok(())
     }
 
+    /// A host-memory domain holding the current contents of `range` for a reader that reads
+    /// host memory in place: a valid host replica where there is one, else a valid adopted
+    /// replica moved out into host memory (one copy, the device's own, as a device that
+    /// copies its output into its replica pays; a reader in another domain would instead
+    /// have it copied into its own memory and, for the display, read back again). `None`
+    /// when no domain holds the range in host memory or can be moved out (out of memory).
+    pub(crate) fn host_domain_for_read(&mut self, range: Range) -> Option<DomainId> {
+        if let Some(d) = self.valid_host_domain(range) {
+            return Some(d);
+        }
+        let lent = self
+            .state
+            .replicas
+            .iter()
+            .filter(|(_, r)| r.adopted)
+            .map(|(d, _)| *d)
+            .find(|d| self.is_valid_in(*d, range))?;
+        self.move_out(lent).ok()?;
+        self.valid_host_domain(range)
+    }
+
     /// Drops every adopted replica that holds no valid byte any more (its memory goes back
     /// to the device that lent it).
     pub(crate) fn drop_stale_adopted(&mut self) {

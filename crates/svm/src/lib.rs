@@ -505,10 +505,11 @@ impl SvmManager {
         let protocol = region.guest.protocol().clone();
         let mut state = region.lock();
         let mut cx = RegionCtx::new(region, &mut state, &self.engine);
-        // A device reading host memory in place reads a valid host replica where it is.
+        // A device reading host memory in place reads a valid host replica where it is (a
+        // lent one moved out into host memory first).
         let in_place = reads_host && a.mode == AccessMode::Read && protocol.reads_host_in_place();
         let moved;
-        let a = match in_place.then(|| cx.valid_host_domain(a.range)).flatten() {
+        let a = match in_place.then(|| cx.host_domain_for_read(a.range)).flatten() {
             Some(domain) => {
                 moved = AccessInfo { domain, ..*a };
                 &moved

@@ -1173,3 +1173,62 @@ fn window_device_copies_go_straight_through() {
     )
     .is_err());
 }
+
+/// A device's lent picture (an adopted replica in device memory) read by a device that
+/// reads host memory in place (the display): moved out into host memory once, the device's
+/// own copy, and read there; not uploaded into the reader's memory. Before, the display's
+/// memory (the GPU's) got a copy of every picture and the display read it back.
+#[test]
+fn a_host_memory_reader_moves_a_lent_replica_out_once_and_reads_it_in_place() {
+    for kind in [ProtocolKind::WriteInvalidate, ProtocolKind::Prefetch] {
+        let f = fixture(kind, |_, _, _| {});
+        let alloc = Arc::new(FakeAllocator::default());
+        f.svm.set_allocator(f.cons, alloc.clone());
+        let size = 64u64 << 10;
+        let (id, _) = f.svm.alloc(GuestId(1), blob(size)).unwrap();
+        let reader = |mode| spec(f.cons, 0, size, mode).reading_host(true);
+        for seed in 1..4u8 {
+            let w = spec(f.prod, 0, size, AccessMode::Write);
+            f.svm.begin_access(GuestId(1), id, &w).unwrap();
+            let lent = Arc::new(FakeDeviceMemory {
+                bytes: Mutex::new(vec![seed; size as usize]),
+                ..Default::default()
+            });
+            f.svm
+                .adopt_replica(GuestId(1), id, f.prod, lent.clone())
+                .unwrap();
+            f.svm.end_access(GuestId(1), id, &w).unwrap();
+            let r = f
+                .svm
+                .begin_access(GuestId(1), id, &reader(AccessMode::Read))
+                .unwrap();
+            let backing = f.svm.read_replica(GuestId(1), id, f.cons).unwrap();
+            // A second read of the same picture finds it in host memory already.
+            f.svm
+                .end_access(GuestId(1), id, &reader(AccessMode::Read))
+                .unwrap();
+            let again = f
+                .svm
+                .begin_access(GuestId(1), id, &reader(AccessMode::Read))
+                .unwrap();
+            f.svm
+                .end_access(GuestId(1), id, &reader(AccessMode::Read))
+                .unwrap();
+            assert_eq!((r.copies, r.bytes), (1, size), "{kind} {seed}: moved out");
+            assert_eq!(again.copies, 0, "{kind} {seed}: read in place");
+            assert_eq!(lent.read_back.load(Ordering::Relaxed), size, "{kind}");
+            match backing {
+                Backing::Host(b) => assert!(b.lock().iter().all(|&x| x == seed), "{kind}"),
+                other => panic!("{kind}: {other:?}"),
+            }
+        }
+        let uploaded: u64 = alloc
+            .made
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.uploaded.load(Ordering::Relaxed))
+            .sum();
+        assert_eq!(uploaded, 0, "{kind}: nothing went to the reader's memory");
+    }
+}
