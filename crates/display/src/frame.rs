@@ -59,8 +59,10 @@ pub trait FrameHandle: Send + Sync + fmt::Debug {
     /// in order (a consuming sink: an encoder, a remote view, a display controller's
     /// scan-out); false when the pixels cannot be read. By default the CPU-visible pixels;
     /// a handle whose pixels live in planes reads the planes where they are instead of
-    /// composing the screen.
-    fn consume(&self, visit: &mut dyn FnMut(&[u8])) -> bool {
+    /// composing the screen. Bytes that must be read back first (device memory) go
+    /// through `scratch`, the consumer's own buffer kept from frame to frame (a fresh
+    /// buffer of a 4K plane per frame is tens of megabytes of page faults).
+    fn consume(&self, _scratch: &mut Vec<u8>, visit: &mut dyn FnMut(&[u8])) -> bool {
         match self.pixels() {
             Some(p) => {
                 visit(p);
@@ -130,13 +132,13 @@ impl FrameData {
     }
 
     /// Reads every byte of every visible plane once (see [`FrameHandle::consume`]).
-    pub fn consume(&self, visit: &mut dyn FnMut(&[u8])) -> bool {
+    pub fn consume(&self, scratch: &mut Vec<u8>, visit: &mut dyn FnMut(&[u8])) -> bool {
         match self {
             FrameData::Bytes(b) => {
                 visit(b);
                 true
             }
-            FrameData::Handle(h) => h.consume(visit),
+            FrameData::Handle(h) => h.consume(scratch, visit),
         }
     }
 

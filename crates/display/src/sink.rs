@@ -85,13 +85,14 @@ impl SinkStats {
 }
 
 /// Reads every byte of every visible plane of `frame` once: (CRC-32, bytes), or `None` when
-/// its pixels cannot be read.
-pub fn consume(frame: &PresentedFrame) -> Option<(u32, u64)> {
+/// its pixels cannot be read. Planes read back from device memory land in `scratch` (the
+/// caller's, reused from frame to frame).
+pub fn consume(frame: &PresentedFrame, scratch: &mut Vec<u8>) -> Option<(u32, u64)> {
     let mut h = crc32fast::Hasher::new();
     let mut n = 0u64;
     frame
         .data
-        .consume(&mut |b| {
+        .consume(scratch, &mut |b| {
             h.update(b);
             n += b.len() as u64;
         })
@@ -127,8 +128,9 @@ impl ConsumingSink {
 
 /// The sink's thread: reads every frame it is handed.
 fn read_frames(frames: Receiver<PresentedFrame>, stats: SinkStats) {
+    let mut scratch = Vec::new();
     for frame in frames {
-        let read = consume(&frame);
+        let read = consume(&frame, &mut scratch);
         stats.update(frame.owner, |c| match read {
             Some((crc, bytes)) => {
                 c.frames += 1;
@@ -174,7 +176,7 @@ mod tests {
         fn pixels(&self) -> Option<&[u8]> {
             None // not composed: the sink must read the planes
         }
-        fn consume(&self, visit: &mut dyn FnMut(&[u8])) -> bool {
+        fn consume(&self, _scratch: &mut Vec<u8>, visit: &mut dyn FnMut(&[u8])) -> bool {
             visit(&self.0);
             visit(&self.1);
             true
@@ -207,7 +209,10 @@ mod tests {
     #[test]
     fn plain_bytes_are_read_and_unreadable_frames_counted() {
         let f = PresentedFrame::new(1, 4, 2, PixelFormat::Rgba8, vec![9u8; 32]);
-        assert_eq!(consume(&f), Some((crc32fast::hash(&[9u8; 32]), 32)));
+        assert_eq!(
+            consume(&f, &mut Vec::new()),
+            Some((crc32fast::hash(&[9u8; 32]), 32))
+        );
         #[derive(Debug)]
         struct Gone;
         impl FrameHandle for Gone {
@@ -217,7 +222,7 @@ mod tests {
         }
         let g: Arc<dyn FrameHandle> = Arc::new(Gone);
         let f = PresentedFrame::new(2, 4, 2, PixelFormat::Rgba8, g);
-        assert_eq!(consume(&f), None);
+        assert_eq!(consume(&f, &mut Vec::new()), None);
         let (mut sink, stats) = ConsumingSink::new(Box::new(NullBackend)).expect("sink");
         sink.scanout(&f).expect("scanout");
         stats.wait_idle();

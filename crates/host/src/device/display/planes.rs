@@ -90,6 +90,18 @@ impl Plane {
     /// Bytes `[0, n)` of the plane's frame: host memory is read in place by `f`; device memory
     /// is read back first (counted as a copy in the domain).
     fn with_bytes<T>(&self, n: usize, ledger: &Ledger, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        self.read_bytes(n, ledger, &mut Vec::new(), f)
+    }
+
+    /// [`Self::with_bytes`] reading device memory back into `scratch` (grown as needed,
+    /// kept by the caller from frame to frame).
+    fn read_bytes<T>(
+        &self,
+        n: usize,
+        ledger: &Ledger,
+        scratch: &mut Vec<u8>,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Option<T> {
         match &self.backing {
             Backing::Host(buf) => {
                 let b = buf.read();
@@ -97,10 +109,13 @@ impl Plane {
             }
             Backing::Device(mem) => {
                 let t0 = Instant::now();
-                let mut bytes = vec![0u8; n];
-                mem.read(0, &mut bytes).ok()?;
+                if scratch.len() < n {
+                    scratch.resize(n, 0);
+                }
+                let bytes = &mut scratch[..n];
+                mem.read(0, bytes).ok()?;
                 ledger.count(n, t0);
-                Some(f(&bytes))
+                Some(f(bytes))
             }
             Backing::Window { .. } => None,
         }
@@ -440,12 +455,13 @@ impl vd::FrameHandle for PlaneSet {
 
     /// Every byte of every plane's source, read where it is: host memory in place, device
     /// memory read back (counted on the guest's ledger as the display's copy).
-    fn consume(&self, visit: &mut dyn FnMut(&[u8])) -> bool {
+    fn consume(&self, scratch: &mut Vec<u8>, visit: &mut dyn FnMut(&[u8])) -> bool {
         self.planes.iter().all(|p| {
             let Ok(n) = p.layout.size_bytes() else {
                 return false;
             };
-            p.with_bytes(n, &self.ledger, |b| visit(b)).is_some()
+            p.read_bytes(n, &self.ledger, scratch, |b| visit(b))
+                .is_some()
         })
     }
 

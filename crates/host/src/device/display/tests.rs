@@ -365,7 +365,7 @@ fn the_sink_reads_every_byte_of_every_plane() {
     let mut want = crc32fast::Hasher::new();
     want.update(&vb);
     want.update(&ub);
-    let (crc, bytes) = vd::sink::consume(&frame).expect("readable planes");
+    let (crc, bytes) = vd::sink::consume(&frame, &mut Vec::new()).expect("readable planes");
     assert_eq!(bytes, (w * h * 3 / 2 + w * h * 4) as u64);
     assert_eq!(crc, want.finalize());
 }
