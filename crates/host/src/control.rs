@@ -86,7 +86,7 @@ impl ControlBackend {
             .devices()
             .iter()
             .filter_map(|slot| {
-                let u = slot.usage().get(&id.0).copied()?;
+                let u = slot.usage().get(&id).copied()?;
                 Some((
                     slot.device.name().to_string(),
                     DeviceUse {

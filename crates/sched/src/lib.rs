@@ -42,8 +42,8 @@ pub enum SchedError {
 /// Result of this crate.
 pub type Result<T> = std::result::Result<T, SchedError>;
 
-/// A guest, as the device worker names it.
-pub type GuestId = u64;
+/// A guest: the one typed id every crate uses ([`virtsoc_ids::GuestId`]).
+pub use virtsoc_ids::GuestId;
 
 /// Nanoseconds since an arbitrary origin.
 pub type Nanos = u64;

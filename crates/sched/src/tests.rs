@@ -18,9 +18,14 @@ struct SimGuest {
     active: Box<dyn Fn(Nanos) -> bool>,
 }
 
-fn always(id: GuestId, cost: Nanos) -> SimGuest {
+/// Guest ids of bare numbers (the tests' shorthand).
+fn ids(n: &[u64]) -> Vec<GuestId> {
+    n.iter().copied().map(GuestId).collect()
+}
+
+fn always(id: u64, cost: Nanos) -> SimGuest {
     SimGuest {
-        id,
+        id: GuestId(id),
         cost,
         active: Box::new(|_| true),
     }
@@ -146,7 +151,7 @@ fn sum(windows: &[BTreeMap<GuestId, Nanos>]) -> BTreeMap<GuestId, Nanos> {
 fn unfairness(used: &BTreeMap<GuestId, Nanos>, n: usize) -> f64 {
     let ideal = 1.0 / n as f64;
     (1..=n as u64)
-        .map(|g| (fractions(used).get(&g).copied().unwrap_or(0.0) - ideal).abs() / ideal)
+        .map(|g| (fractions(used).get(&GuestId(g)).copied().unwrap_or(0.0) - ideal).abs() / ideal)
         .fold(0.0, f64::max)
 }
 
@@ -157,10 +162,22 @@ fn mixed_costs() -> Vec<SimGuest> {
 #[test]
 fn round_robin_serves_in_turn_and_is_unfair_on_device_time() {
     let mut rr = RoundRobin::default();
-    assert_eq!(rr.pick(&[1, 2, 3], &[], 0), Pick::Serve(1));
-    assert_eq!(rr.pick(&[1, 2, 3], &[], 0), Pick::Serve(2));
-    assert_eq!(rr.pick(&[1, 3], &[], 0), Pick::Serve(3));
-    assert_eq!(rr.pick(&[1, 2, 3], &[], 0), Pick::Serve(1));
+    assert_eq!(
+        rr.pick(&ids(&[1, 2, 3]), &ids(&[]), 0),
+        Pick::Serve(GuestId(1))
+    );
+    assert_eq!(
+        rr.pick(&ids(&[1, 2, 3]), &ids(&[]), 0),
+        Pick::Serve(GuestId(2))
+    );
+    assert_eq!(
+        rr.pick(&ids(&[1, 3]), &ids(&[]), 0),
+        Pick::Serve(GuestId(3))
+    );
+    assert_eq!(
+        rr.pick(&ids(&[1, 2, 3]), &ids(&[]), 0),
+        Pick::Serve(GuestId(1))
+    );
     let used = sum(&run_sync(&mut rr, &mixed_costs(), 10 * S, S));
     // One command each per turn: device time in proportion to cost (1:5:13).
     assert!(unfairness(&used, 3) > 0.5, "{used:?}");
@@ -179,11 +196,12 @@ fn wfq_holds_equal_shares_with_different_costs() {
 #[test]
 fn wfq_holds_weighted_shares() {
     let mut w = Wfq::new(WfqConfig::default());
-    w.set_share(1, 100);
-    w.set_share(2, 200);
-    w.set_share(3, 300);
+    w.set_share(GuestId(1), 100);
+    w.set_share(GuestId(2), 200);
+    w.set_share(GuestId(3), 300);
     let f = fractions(&sum(&run_sync(&mut w, &mixed_costs(), 10 * S, S)));
     for (g, want) in [(1, 1.0 / 6.0), (2, 2.0 / 6.0), (3, 3.0 / 6.0)] {
+        let g = GuestId(g);
         assert!(
             (f[&g] - want).abs() < 0.02,
             "guest {g}: {} vs {want}",
@@ -197,7 +215,7 @@ fn wfq_idle_guest_does_not_bank_credit() {
     let mut w = Wfq::new(WfqConfig::default());
     let guests = vec![
         SimGuest {
-            id: 1,
+            id: GuestId(1),
             cost: 2 * MS,
             active: Box::new(|t| t >= 10 * S),
         },
@@ -207,7 +225,7 @@ fn wfq_idle_guest_does_not_bank_credit() {
     // The second after guest 1 comes back: guest 2 still gets a good part (without the
     // window, guest 1 would have the device alone for ten seconds).
     let back = &windows[10];
-    let two = back.get(&2).copied().unwrap_or(0);
+    let two = back.get(&GuestId(2)).copied().unwrap_or(0);
     assert!(two > 300 * MS, "guest 2 got {two} ns: {back:?}");
     // ...and it is even again the next second.
     assert!(unfairness(&windows[11], 2) < 0.05, "{:?}", windows[11]);
@@ -218,7 +236,7 @@ fn wfq_new_guest_does_not_starve_others() {
     let mut w = Wfq::new(WfqConfig::default());
     let mut guests = mixed_costs();
     guests.push(SimGuest {
-        id: 4,
+        id: GuestId(4),
         cost: 3 * MS,
         active: Box::new(|t| t >= 5 * S),
     });
@@ -253,28 +271,43 @@ fn closed_loop_guests_between_two_commands_are_not_run_over() {
 fn feedback_boost_serves_the_boosted_guest_first_and_limits_the_others() {
     let mut f = Kind::Feedback.build();
     assert_eq!(f.name(), "feedback");
-    assert_eq!(f.pick(&[1, 2, 3], &[], 0), Pick::Serve(1));
-    f.dispatched(1, 0);
-    f.completed(1, 50 * MS, 50 * MS);
-    f.set_boost(1, true);
+    assert_eq!(
+        f.pick(&ids(&[1, 2, 3]), &ids(&[]), 0),
+        Pick::Serve(GuestId(1))
+    );
+    f.dispatched(GuestId(1), 0);
+    f.completed(GuestId(1), 50 * MS, 50 * MS);
+    f.set_boost(GuestId(1), true);
     // Guest 1 is far ahead in device time, but boosted: served first.
-    assert_eq!(f.pick(&[1, 2, 3], &[], 50 * MS), Pick::Serve(1));
+    assert_eq!(
+        f.pick(&ids(&[1, 2, 3]), &ids(&[]), 50 * MS),
+        Pick::Serve(GuestId(1))
+    );
     // While it is boosted, the others have one command running at most.
-    assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Wait);
+    assert_eq!(f.pick(&ids(&[3]), &ids(&[2]), 51 * MS), Pick::Wait);
     // ...and a boosted guest is served whatever runs.
-    assert_eq!(f.pick(&[1, 3], &[2], 51 * MS), Pick::Serve(1));
-    f.set_boost(1, false);
-    assert_eq!(f.pick(&[3], &[], 51 * MS), Pick::Serve(3));
+    assert_eq!(
+        f.pick(&ids(&[1, 3]), &ids(&[2]), 51 * MS),
+        Pick::Serve(GuestId(1))
+    );
+    f.set_boost(GuestId(1), false);
+    assert_eq!(
+        f.pick(&ids(&[3]), &ids(&[]), 51 * MS),
+        Pick::Serve(GuestId(3))
+    );
     // A command on the device (`max_running`) whose dispatch it was not told of, so no
     // expected answer to release the next a lead before: the next choice waits for it.
     f.commands_running(1);
-    assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Wait);
+    assert_eq!(f.pick(&ids(&[3]), &ids(&[2]), 51 * MS), Pick::Wait);
     f.commands_running(0);
-    assert_eq!(f.pick(&[3], &[2], 51 * MS), Pick::Serve(3));
+    assert_eq!(
+        f.pick(&ids(&[3]), &ids(&[2]), 51 * MS),
+        Pick::Serve(GuestId(3))
+    );
     // Plain WFQ ignores boosts.
     let mut w = Kind::Wfq.build();
-    w.set_boost(2, true);
-    assert_eq!(w.pick(&[1, 2], &[], 0), Pick::Serve(1));
+    w.set_boost(GuestId(2), true);
+    assert_eq!(w.pick(&ids(&[1, 2]), &ids(&[]), 0), Pick::Serve(GuestId(1)));
 }
 
 #[test]
@@ -282,29 +315,36 @@ fn feedback_keeps_long_commands_out_of_a_boosted_guests_next_frame() {
     let mut f = Kind::Feedback.build();
     // Guest 2, a batch guest, costs 20 ms a command; guest 3 costs 2 ms.
     for (g, cost) in [(2, 20 * MS), (3, 2 * MS)] {
+        let g = GuestId(g);
         assert_eq!(f.pick(&[g], &[], 0), Pick::Serve(g));
         f.dispatched(g, 0);
         f.completed(g, cost, cost);
     }
-    f.set_boost(1, true);
+    f.set_boost(GuestId(1), true);
     // Guest 1's frames start every 33 ms, each a 10 ms command.
     for k in 0..4u64 {
         let t = 100 * MS + k * 33 * MS;
-        assert_eq!(f.pick(&[1, 2, 3], &[], t), Pick::Serve(1));
-        f.dispatched(1, t);
-        f.completed(1, 10 * MS, t + 10 * MS);
+        assert_eq!(
+            f.pick(&ids(&[1, 2, 3]), &ids(&[]), t),
+            Pick::Serve(GuestId(1))
+        );
+        f.dispatched(GuestId(1), t);
+        f.completed(GuestId(1), 10 * MS, t + 10 * MS);
     }
     // 15 ms into the last frame (18 ms to the next): the 20 ms command waits until the
     // boosted guest is half a period late, the 2 ms one goes.
     let now = 199 * MS + 15 * MS;
-    match f.pick(&[2], &[], now) {
+    match f.pick(&ids(&[2]), &ids(&[]), now) {
         Pick::Until(t) => assert!(t > 199 * MS + 33 * MS, "{t}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(f.pick(&[3], &[], now), Pick::Serve(3));
+    assert_eq!(f.pick(&ids(&[3]), &ids(&[]), now), Pick::Serve(GuestId(3)));
     // Without the boost (and once guest 3's round trip is over), nothing holds it.
-    f.set_boost(1, false);
-    assert_eq!(f.pick(&[2], &[], now + 5 * MS), Pick::Serve(2));
+    f.set_boost(GuestId(1), false);
+    assert_eq!(
+        f.pick(&ids(&[2]), &ids(&[]), now + 5 * MS),
+        Pick::Serve(GuestId(2))
+    );
 }
 
 #[test]
@@ -328,7 +368,7 @@ fn rate_controls_never_postpone_a_guest_alone() {
         let windows = run_sync(s.as_mut(), &[always(1, 3 * MS)], 2 * S, S);
         // Busy the whole second (the last command may end in the next window).
         assert!(
-            windows[0][&1] >= S - 3 * MS,
+            windows[0][&GuestId(1)] >= S - 3 * MS,
             "{}: {:?}",
             kind.name(),
             windows[0]
@@ -340,29 +380,38 @@ fn rate_controls_never_postpone_a_guest_alone() {
 fn fixed_rate_postpones_by_its_interval_and_aimd_adapts() {
     let cfg = RateConfig::default();
     let mut f = RateControl::fixed(cfg);
-    f.completed(1, 10 * MS, 0);
-    f.completed(2, MS, 0);
+    f.completed(GuestId(1), 10 * MS, 0);
+    f.completed(GuestId(2), MS, 0);
     // Guest 1 used 10/11 of the window: postponed by the fixed interval.
-    assert_eq!(f.pick(&[1], &[2], MS), Pick::Until(MS + cfg.delay));
-    assert_eq!(f.pick(&[1, 2], &[], MS), Pick::Serve(2));
+    assert_eq!(
+        f.pick(&ids(&[1]), &ids(&[2]), MS),
+        Pick::Until(MS + cfg.delay)
+    );
+    assert_eq!(
+        f.pick(&ids(&[1, 2]), &ids(&[]), MS),
+        Pick::Serve(GuestId(2))
+    );
 
     let mut a = RateControl::aimd(cfg);
-    a.completed(1, 10 * MS, 0);
-    a.completed(2, MS, 0);
-    assert_eq!(a.pick(&[1], &[2], MS), Pick::Until(MS + cfg.delay));
+    a.completed(GuestId(1), 10 * MS, 0);
+    a.completed(GuestId(2), MS, 0);
+    assert_eq!(
+        a.pick(&ids(&[1]), &ids(&[2]), MS),
+        Pick::Until(MS + cfg.delay)
+    );
     // End of the window: guest 1 exhausted its share (d * b), guest 2 did not (d + a).
     let w = cfg.window;
-    a.completed(1, 10 * MS, w);
-    assert_eq!(a.delay(1), Some(cfg.delay / 2));
-    assert_eq!(a.delay(2), Some(cfg.delay + cfg.a));
-    a.completed(1, 10 * MS, w + MS);
-    a.completed(2, MS, w + MS);
+    a.completed(GuestId(1), 10 * MS, w);
+    assert_eq!(a.delay(GuestId(1)), Some(cfg.delay / 2));
+    assert_eq!(a.delay(GuestId(2)), Some(cfg.delay + cfg.a));
+    a.completed(GuestId(1), 10 * MS, w + MS);
+    a.completed(GuestId(2), MS, w + MS);
     assert_eq!(
-        a.pick(&[1], &[2], w + 2 * MS),
+        a.pick(&ids(&[1]), &ids(&[2]), w + 2 * MS),
         Pick::Until(w + 2 * MS + cfg.delay / 2)
     );
-    a.completed(1, MS, 2 * w);
-    assert_eq!(a.delay(1), Some(cfg.delay / 4));
+    a.completed(GuestId(1), MS, 2 * w);
+    assert_eq!(a.delay(GuestId(1)), Some(cfg.delay / 4));
 }
 
 #[test]
@@ -557,19 +606,19 @@ fn token_bucket_caps_the_rate() {
 #[test]
 fn wfq_accesses_are_charged_when_done_and_kept_out_of_the_command_cost() {
     let mut w = Wfq::new(WfqConfig::default());
-    assert_eq!(w.pick(&[1], &[], 0), Pick::Serve(1));
-    w.dispatched(1, 0);
-    w.completed(1, 10 * MS, 10 * MS);
-    let f0 = w.finish(1).unwrap();
+    assert_eq!(w.pick(&ids(&[1]), &ids(&[]), 0), Pick::Serve(GuestId(1)));
+    w.dispatched(GuestId(1), 0);
+    w.completed(GuestId(1), 10 * MS, 10 * MS);
+    let f0 = w.finish(GuestId(1)).unwrap();
     // Six accesses of 10 us: charged as they are done (share 100).
     for k in 0..6 {
-        w.access(1, 10_000, 10 * MS + k);
+        w.access(GuestId(1), 10_000, 10 * MS + k);
     }
-    let f1 = w.finish(1).unwrap();
+    let f1 = w.finish(GuestId(1)).unwrap();
     assert!((f1 - f0 - 600.0).abs() < 1e-6, "{}", f1 - f0);
     // The next command is charged a command's usual cost at dispatch, not an access's.
-    w.dispatched(1, 11 * MS);
-    let f2 = w.finish(1).unwrap();
+    w.dispatched(GuestId(1), 11 * MS);
+    let f2 = w.finish(GuestId(1)).unwrap();
     assert!((f2 - f1 - 100_000.0).abs() < 1e-6, "{}", f2 - f1);
 }
 
@@ -619,29 +668,44 @@ fn wfq_releases_the_next_command_a_lead_before_the_running_one_is_expected_done(
     });
     // Guest 1's commands cost 4 ms (learnt from its first).
     w.commands_running(0);
-    assert_eq!(w.pick(&[1], &[], 0), Pick::Serve(1));
-    w.dispatched(1, 0);
-    w.completed(1, 4 * MS, 4 * MS);
+    assert_eq!(w.pick(&ids(&[1]), &ids(&[]), 0), Pick::Serve(GuestId(1)));
+    w.dispatched(GuestId(1), 0);
+    w.completed(GuestId(1), 4 * MS, 4 * MS);
     // Its next command starts at 10 ms: expected done at 14 ms, so guest 2's waits for 13.5.
     w.commands_running(0);
-    assert_eq!(w.pick(&[1], &[], 10 * MS), Pick::Serve(1));
-    w.dispatched(1, 10 * MS);
+    assert_eq!(
+        w.pick(&ids(&[1]), &ids(&[]), 10 * MS),
+        Pick::Serve(GuestId(1))
+    );
+    w.dispatched(GuestId(1), 10 * MS);
     let release = 14 * MS - lead;
     w.commands_running(1);
-    assert_eq!(w.pick(&[2], &[1], 11 * MS), Pick::Until(release));
+    assert_eq!(
+        w.pick(&ids(&[2]), &ids(&[1]), 11 * MS),
+        Pick::Until(release)
+    );
     w.commands_running(1);
-    assert_eq!(w.pick(&[2], &[1], release - 1), Pick::Until(release));
+    assert_eq!(
+        w.pick(&ids(&[2]), &ids(&[1]), release - 1),
+        Pick::Until(release)
+    );
     w.commands_running(1);
-    assert_eq!(w.pick(&[2], &[1], release), Pick::Serve(2));
-    w.dispatched(2, release);
+    assert_eq!(
+        w.pick(&ids(&[2]), &ids(&[1]), release),
+        Pick::Serve(GuestId(2))
+    );
+    w.dispatched(GuestId(2), release);
     // Two on the device: a third waits for an answer.
     w.commands_running(2);
-    assert_eq!(w.pick(&[3], &[1, 2], release + MS), Pick::Wait);
+    assert_eq!(w.pick(&ids(&[3]), &ids(&[1, 2]), release + MS), Pick::Wait);
     // Guest 1 answers late (at 15 ms): guest 2's (cost not known yet) is expected at once,
     // so guest 3's is released now.
-    w.completed(1, 5 * MS, 15 * MS);
+    w.completed(GuestId(1), 5 * MS, 15 * MS);
     w.commands_running(1);
-    assert_eq!(w.pick(&[3], &[2], 15 * MS), Pick::Serve(3));
+    assert_eq!(
+        w.pick(&ids(&[3]), &ids(&[2]), 15 * MS),
+        Pick::Serve(GuestId(3))
+    );
 
     // Without a lead, the next choice waits for the answer.
     let mut w = Wfq::new(WfqConfig {
@@ -649,10 +713,10 @@ fn wfq_releases_the_next_command_a_lead_before_the_running_one_is_expected_done(
         ..WfqConfig::default()
     });
     w.commands_running(0);
-    assert_eq!(w.pick(&[1], &[], 0), Pick::Serve(1));
-    w.dispatched(1, 0);
+    assert_eq!(w.pick(&ids(&[1]), &ids(&[]), 0), Pick::Serve(GuestId(1)));
+    w.dispatched(GuestId(1), 0);
     w.commands_running(1);
-    assert_eq!(w.pick(&[2], &[1], 3 * MS), Pick::Wait);
+    assert_eq!(w.pick(&ids(&[2]), &ids(&[1]), 3 * MS), Pick::Wait);
 }
 
 /// Backlogged guests on an asynchronous device whose commands reach it `delay` after they

@@ -11,7 +11,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use virtsoc_sched::{Kind, Pick, Scheduler};
+use virtsoc_sched::{GuestId, Kind, Pick, Scheduler};
 
 /// A call's place in the gate.
 pub type Ticket = u64;
@@ -20,8 +20,8 @@ pub type Ticket = u64;
 pub struct GateCore {
     sched: Box<dyn Scheduler>,
     limit: usize,
-    waiting: VecDeque<(u64, Ticket)>,
-    running: Vec<(u64, Ticket)>,
+    waiting: VecDeque<(GuestId, Ticket)>,
+    running: Vec<(GuestId, Ticket)>,
     admitted: HashSet<Ticket>,
     next: Ticket,
 }
@@ -43,7 +43,7 @@ impl GateCore {
     pub fn arrive(&mut self, guest: u64) -> Ticket {
         let t = self.next;
         self.next += 1;
-        self.waiting.push_back((guest, t));
+        self.waiting.push_back((GuestId(guest), t));
         t
     }
 
@@ -51,13 +51,13 @@ impl GateCore {
     /// again when it postponed everyone (a rate control).
     pub fn admit(&mut self, now: u64) -> Option<u64> {
         while self.running.len() < self.limit && !self.waiting.is_empty() {
-            let mut ready: Vec<u64> = Vec::new();
+            let mut ready: Vec<GuestId> = Vec::new();
             for (g, _) in &self.waiting {
                 if !ready.contains(g) {
                     ready.push(*g);
                 }
             }
-            let busy: Vec<u64> = self.running.iter().map(|(g, _)| *g).collect();
+            let busy: Vec<GuestId> = self.running.iter().map(|(g, _)| *g).collect();
             match self.sched.pick(&ready, &busy, now) {
                 Pick::Serve(g) => {
                     let i = self.waiting.iter().position(|(w, _)| *w == g)?;
@@ -89,7 +89,7 @@ impl GateCore {
 
     /// A guest's share (weight) for the scheduler.
     pub fn set_share(&mut self, guest: u64, share: u32) {
-        self.sched.set_share(guest, share);
+        self.sched.set_share(GuestId(guest), share);
     }
 
     /// Calls waiting.

@@ -140,15 +140,16 @@ fn run(
             let Some(name) = names.get(&m.guest) else {
                 continue;
             };
+            let g = GuestId(m.guest);
             let p = current.for_guest(name);
             if p.class != Class::Multimedia {
                 // No longer multimedia (a reload): back to the policy's share, no boost.
                 if tracked.remove(&m.guest).is_some() {
-                    cpu_share(cgroups, GuestId(m.guest), p.shares);
+                    cpu_share(cgroups, g, p.shares);
                     for (s, guests) in &on {
                         if guests.contains_key(&m.guest) {
-                            s.acct.set_share(m.guest, p.shares);
-                            s.acct.set_boost(m.guest, false);
+                            s.acct.set_share(g, p.shares);
+                            s.acct.set_boost(g, false);
                         }
                     }
                 }
@@ -167,11 +168,11 @@ fn run(
             }
             // Applied every period, so a device the guest starts using later hears of it too.
             let (share, behind) = (t.ctl.share(), t.ctl.behind());
-            cpu_share(cgroups, GuestId(m.guest), share);
+            cpu_share(cgroups, g, share);
             for (s, guests) in &on {
                 if guests.contains_key(&m.guest) {
-                    s.acct.set_share(m.guest, share);
-                    s.acct.set_boost(m.guest, behind);
+                    s.acct.set_share(g, share);
+                    s.acct.set_boost(g, behind);
                 }
             }
         }

@@ -96,7 +96,7 @@ impl Sharing {
 /// Per-guest views of a device, for the control API and the feedback loop.
 impl DeviceSlot {
     /// Each guest's use of this device (device time, requests, refusals).
-    pub fn usage(&self) -> HashMap<u64, Usage> {
+    pub fn usage(&self) -> HashMap<GuestId, Usage> {
         self.acct.usage()
     }
 
@@ -384,7 +384,7 @@ pub(super) fn start(
     flag.store(true, Ordering::Release);
     let wake = slot.waker();
     let acct = slot.acct.clone();
-    let (guest, t0) = (session.guest_id().0, slot.acct.now());
+    let (guest, t0) = (session.guest_id(), slot.acct.now());
     let command = (Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd)).then(|| {
         slot.acct.with_sched(|s| s.dispatched(guest, t0));
         slot.acct.begin(guest, t0)
@@ -409,35 +409,41 @@ mod tests {
     #[test]
     fn the_command_in_service_counts_up_to_now() {
         let mut b = Book::default();
-        b.running.push((0, 1, 10));
-        b.running.push((1, 2, 12));
+        b.running.push((0, GuestId(1), 10));
+        b.running.push((1, GuestId(2), 12));
         // Guest 1's command is on the device since 10; guest 2's waits behind it.
         let u = b.usage_at(25);
-        assert_eq!(u[&1].device_ns, 15);
-        assert!(!u.contains_key(&2));
+        assert_eq!(u[&GuestId(1)].device_ns, 15);
+        assert!(!u.contains_key(&GuestId(2)));
         // Guest 1's answered at 30 (20 ns counted); guest 2's started then.
         b.running.remove(0);
         b.last_done = 30;
-        b.usage.entry(1).or_default().device_ns = 20;
+        b.usage.entry(GuestId(1)).or_default().device_ns = 20;
         let u = b.usage_at(34);
-        assert_eq!(u[&1].device_ns, 20);
-        assert_eq!(u[&2].device_ns, 4);
+        assert_eq!(u[&GuestId(1)].device_ns, 20);
+        assert_eq!(u[&GuestId(2)].device_ns, 4);
         // A reader before the answer's time sees nothing negative.
-        assert_eq!(b.usage_at(29).get(&2).map_or(0, |u| u.device_ns), 0);
+        assert_eq!(
+            b.usage_at(29).get(&GuestId(2)).map_or(0, |u| u.device_ns),
+            0
+        );
     }
 
     #[test]
     fn a_measured_device_time_is_counted_as_it_is() {
         let acct = Accounting::new(Kind::default());
         let t0 = acct.now();
-        let (a, b) = (acct.begin(1, t0), acct.begin(2, t0));
+        let (a, b) = (acct.begin(GuestId(1), t0), acct.begin(GuestId(2), t0));
         std::thread::sleep(std::time::Duration::from_millis(5));
         // Two commands that ran side by side (two render workers): each is charged what
         // the device measured, together more than the wall time since their dispatch.
-        acct.finish(1, t0, Some(a), Some(4_000_000));
-        acct.finish(2, t0, Some(b), Some(4_000_000));
+        acct.finish(GuestId(1), t0, Some(a), Some(4_000_000));
+        acct.finish(GuestId(2), t0, Some(b), Some(4_000_000));
         let u = acct.usage();
-        assert_eq!((u[&1].device_ns, u[&2].device_ns), (4_000_000, 4_000_000));
-        assert_eq!((u[&1].requests, u[&2].requests), (1, 1));
+        assert_eq!(
+            (u[&GuestId(1)].device_ns, u[&GuestId(2)].device_ns),
+            (4_000_000, 4_000_000)
+        );
+        assert_eq!((u[&GuestId(1)].requests, u[&GuestId(2)].requests), (1, 1));
     }
 }

@@ -116,7 +116,7 @@ pub(super) fn execute(
 ) -> Option<Later> {
     let guest = session.guest_id();
     if !retry && !permitted(slot, policy, session.name(), &req) {
-        slot.acct.denied(guest.0);
+        slot.acct.denied(guest);
         reply.send(Err(Status::PermissionDenied));
         return None;
     }
@@ -317,7 +317,7 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
         let mut progressed = false;
         let mut dead = Vec::new();
         let mut ready: Vec<usize> = Vec::new();
-        let mut running: Vec<u64> = Vec::new();
+        let mut running: Vec<GuestId> = Vec::new();
         let policy = arbiter.policy().current();
         // The earliest time a paced command's next step has its bytes of its guest's share.
         let mut pace_wake: Option<Instant> = None;
@@ -331,7 +331,7 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
             match visit(&svm, &slot, session, q, st, &policy, &mut pace_wake) {
                 Turn::Progressed => progressed = true,
                 Turn::Running { progressed: p } => {
-                    running.push(session.guest_id().0);
+                    running.push(session.guest_id());
                     progressed |= p;
                 }
                 Turn::Ready => ready.push(i),
@@ -341,13 +341,13 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
         }
         let mut deadline = None;
         if !ready.is_empty() {
-            let guests: Vec<(u64, &str)> = ready
+            let guests: Vec<(GuestId, &str)> = ready
                 .iter()
-                .map(|i| (queues[*i].0.guest_id().0, queues[*i].0.name()))
+                .map(|i| (queues[*i].0.guest_id(), queues[*i].0.name()))
                 .collect();
             match arbiter.pick(&slot.acct, &guests, &running) {
                 Pick::Serve(g) => {
-                    if let Some(&i) = ready.iter().find(|i| queues[**i].0.guest_id().0 == g) {
+                    if let Some(&i) = ready.iter().find(|i| queues[**i].0.guest_id() == g) {
                         let (session, q) = &queues[i];
                         let st = states.entry(key_of(q)).or_default();
                         if let Some((req, token)) = st.staged.take() {
@@ -388,10 +388,10 @@ fn drop_dead(
     dead: &[usize],
 ) {
     let mut qs = slot.queues.lock_or_recover();
-    let gone: Vec<u64> = qs
+    let gone: Vec<GuestId> = qs
         .iter()
         .filter(|(_, q)| dead.contains(&key_of(q)))
-        .map(|(s, _)| s.guest_id().0)
+        .map(|(s, _)| s.guest_id())
         .collect();
     qs.retain(|(_, q)| !dead.contains(&key_of(q)));
     drop(qs);
