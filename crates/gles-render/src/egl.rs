@@ -185,6 +185,25 @@ impl HostEgl {
         unsafe { (self.get_proc)(name.as_ptr()) }
     }
 
+    /// The host's function `name` as `T` (`None` when the host has none). The callers in
+    /// this crate name a GL or EGL function whose C signature is `T`, an `extern "C" fn`
+    /// pointer type.
+    pub(crate) fn function<T: Copy>(&self, name: &CStr) -> Option<T> {
+        assert_eq!(
+            std::mem::size_of::<T>(),
+            std::mem::size_of::<*const c_void>(),
+            "{name:?}: not a function pointer type"
+        );
+        let p = self.proc_address(name);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` is the non-null address of the host's function `name`, and `T` is
+        // that function's pointer type (this crate's callers' obligation, above; the size
+        // is checked).
+        Some(unsafe { std::mem::transmute_copy::<*const c_void, T>(&p) })
+    }
+
     /// A host config with these channel sizes that supports pbuffers and ES 2 (the
     /// smallest match EGL sorts first).
     pub fn config(&self, rgba: [u32; 4], depth: u32, stencil: u32) -> Result<Handle, EglError> {

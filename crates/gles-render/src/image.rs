@@ -72,13 +72,8 @@ struct Fns {
 impl Fns {
     fn load(egl: &HostEgl) -> Result<Fns, String> {
         fn get<T: Copy>(egl: &HostEgl, name: &CStr) -> Result<T, String> {
-            let p = egl.proc_address(name);
-            if p.is_null() {
-                return Err(format!("host EGL/GL has no {name:?}"));
-            }
-            // SAFETY: every caller names a function whose C signature is `T`, and `p` is
-            // its non-null address.
-            Ok(unsafe { std::mem::transmute_copy::<*const c_void, T>(&p) })
+            egl.function(name)
+                .ok_or_else(|| format!("host EGL/GL has no {name:?}"))
         }
         Ok(Fns {
             create_image: get(egl, c"eglCreateImageKHR")?,

@@ -74,35 +74,25 @@ struct Fns {
     finish: unsafe extern "C" fn(),
 }
 
-fn get<T: Copy>(egl: &HostEgl, name: &CStr) -> Option<T> {
-    let p = egl.proc_address(name);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: every caller names a GLES function whose C signature is `T`; `p` is its
-    // non-null address.
-    Some(unsafe { std::mem::transmute_copy::<*const c_void, T>(&p) })
-}
-
 impl Fns {
     fn load(egl: &HostEgl) -> Option<Fns> {
         Some(Fns {
-            gen_framebuffers: get(egl, c"glGenFramebuffers")?,
-            delete_framebuffers: get(egl, c"glDeleteFramebuffers")?,
-            bind_framebuffer: get(egl, c"glBindFramebuffer")?,
-            framebuffer_texture: get(egl, c"glFramebufferTexture2D")?,
-            framebuffer_renderbuffer: get(egl, c"glFramebufferRenderbuffer")?,
-            check_status: get(egl, c"glCheckFramebufferStatus")?,
-            gen_renderbuffers: get(egl, c"glGenRenderbuffers")?,
-            delete_renderbuffers: get(egl, c"glDeleteRenderbuffers")?,
-            bind_renderbuffer: get(egl, c"glBindRenderbuffer")?,
-            renderbuffer_storage: get(egl, c"glRenderbufferStorage")?,
-            delete_textures: get(egl, c"glDeleteTextures")?,
-            blit: get(egl, c"glBlitFramebuffer"),
-            read_pixels: get(egl, c"glReadPixels")?,
-            pixel_storei: get(egl, c"glPixelStorei")?,
-            get_string: get(egl, c"glGetString")?,
-            finish: get(egl, c"glFinish")?,
+            gen_framebuffers: egl.function(c"glGenFramebuffers")?,
+            delete_framebuffers: egl.function(c"glDeleteFramebuffers")?,
+            bind_framebuffer: egl.function(c"glBindFramebuffer")?,
+            framebuffer_texture: egl.function(c"glFramebufferTexture2D")?,
+            framebuffer_renderbuffer: egl.function(c"glFramebufferRenderbuffer")?,
+            check_status: egl.function(c"glCheckFramebufferStatus")?,
+            gen_renderbuffers: egl.function(c"glGenRenderbuffers")?,
+            delete_renderbuffers: egl.function(c"glDeleteRenderbuffers")?,
+            bind_renderbuffer: egl.function(c"glBindRenderbuffer")?,
+            renderbuffer_storage: egl.function(c"glRenderbufferStorage")?,
+            delete_textures: egl.function(c"glDeleteTextures")?,
+            blit: egl.function(c"glBlitFramebuffer"),
+            read_pixels: egl.function(c"glReadPixels")?,
+            pixel_storei: egl.function(c"glPixelStorei")?,
+            get_string: egl.function(c"glGetString")?,
+            finish: egl.function(c"glFinish")?,
         })
     }
 }

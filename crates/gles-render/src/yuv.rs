@@ -99,43 +99,33 @@ struct Fns {
     draw_arrays: unsafe extern "C" fn(u32, i32, i32),
 }
 
-fn get<T: Copy>(egl: &HostEgl, name: &CStr) -> Option<T> {
-    let p = egl.proc_address(name);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: every caller names a GLES 3.0 function whose C signature is `T`; `p` is its
-    // non-null address.
-    Some(unsafe { std::mem::transmute_copy::<*const c_void, T>(&p) })
-}
-
 impl Fns {
     fn load(egl: &HostEgl) -> Option<Fns> {
         Some(Fns {
-            create_shader: get(egl, c"glCreateShader")?,
-            shader_source: get(egl, c"glShaderSource")?,
-            compile_shader: get(egl, c"glCompileShader")?,
-            get_shaderiv: get(egl, c"glGetShaderiv")?,
-            create_program: get(egl, c"glCreateProgram")?,
-            attach_shader: get(egl, c"glAttachShader")?,
-            link_program: get(egl, c"glLinkProgram")?,
-            get_programiv: get(egl, c"glGetProgramiv")?,
-            use_program: get(egl, c"glUseProgram")?,
-            uniform_location: get(egl, c"glGetUniformLocation")?,
-            uniform1i: get(egl, c"glUniform1i")?,
-            active_texture: get(egl, c"glActiveTexture")?,
-            gen_textures: get(egl, c"glGenTextures")?,
-            bind_texture: get(egl, c"glBindTexture")?,
-            tex_parameteri: get(egl, c"glTexParameteri")?,
-            tex_image: get(egl, c"glTexImage2D")?,
-            tex_sub_image: get(egl, c"glTexSubImage2D")?,
-            pixel_storei: get(egl, c"glPixelStorei")?,
-            gen_framebuffers: get(egl, c"glGenFramebuffers")?,
-            bind_framebuffer: get(egl, c"glBindFramebuffer")?,
-            framebuffer_texture: get(egl, c"glFramebufferTexture2D")?,
-            check_status: get(egl, c"glCheckFramebufferStatus")?,
-            viewport: get(egl, c"glViewport")?,
-            draw_arrays: get(egl, c"glDrawArrays")?,
+            create_shader: egl.function(c"glCreateShader")?,
+            shader_source: egl.function(c"glShaderSource")?,
+            compile_shader: egl.function(c"glCompileShader")?,
+            get_shaderiv: egl.function(c"glGetShaderiv")?,
+            create_program: egl.function(c"glCreateProgram")?,
+            attach_shader: egl.function(c"glAttachShader")?,
+            link_program: egl.function(c"glLinkProgram")?,
+            get_programiv: egl.function(c"glGetProgramiv")?,
+            use_program: egl.function(c"glUseProgram")?,
+            uniform_location: egl.function(c"glGetUniformLocation")?,
+            uniform1i: egl.function(c"glUniform1i")?,
+            active_texture: egl.function(c"glActiveTexture")?,
+            gen_textures: egl.function(c"glGenTextures")?,
+            bind_texture: egl.function(c"glBindTexture")?,
+            tex_parameteri: egl.function(c"glTexParameteri")?,
+            tex_image: egl.function(c"glTexImage2D")?,
+            tex_sub_image: egl.function(c"glTexSubImage2D")?,
+            pixel_storei: egl.function(c"glPixelStorei")?,
+            gen_framebuffers: egl.function(c"glGenFramebuffers")?,
+            bind_framebuffer: egl.function(c"glBindFramebuffer")?,
+            framebuffer_texture: egl.function(c"glFramebufferTexture2D")?,
+            check_status: egl.function(c"glCheckFramebufferStatus")?,
+            viewport: egl.function(c"glViewport")?,
+            draw_arrays: egl.function(c"glDrawArrays")?,
         })
     }
 }
