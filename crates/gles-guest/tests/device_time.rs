@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{dlopen, skip, sym, H};
+use common::{dlopen, skip, sym};
 use virtsoc_control::client::{request, Target};
 
 /// How long each guest renders.
@@ -32,28 +32,10 @@ fn time_guest() {
     }
     let (egl, gles) = (dlopen(c"libEGL.so.1"), dlopen(c"libGLESv2.so.2"));
     assert!(!egl.is_null() && !gles.is_null(), "glvnd");
-    let get_platform_display: extern "C" fn(u32, H, *const isize) -> H =
-        sym(egl, c"eglGetPlatformDisplay");
-    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
-    let choose: extern "C" fn(H, *const i32, *mut H, i32, *mut i32) -> u32 =
-        sym(egl, c"eglChooseConfig");
-    let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
-    let create_pbuffer: extern "C" fn(H, H, *const i32) -> H = sym(egl, c"eglCreatePbufferSurface");
-    let make_current: extern "C" fn(H, H, H, H) -> u32 = sym(egl, c"eglMakeCurrent");
+    let _pb = common::pbuffer(egl, &common::ES2_PBUFFER, 2, (1024, 1024));
     let clear_color: extern "C" fn(f32, f32, f32, f32) = sym(gles, c"glClearColor");
     let clear: extern "C" fn(u32) = sym(gles, c"glClear");
     let finish: extern "C" fn() = sym(gles, c"glFinish");
-    let dpy = get_platform_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
-    let (mut major, mut minor) = (0, 0);
-    assert_eq!(initialize(dpy, &mut major, &mut minor), 1);
-    let attrs = [0x3033, 1, 0x3040, 4, 0x3038];
-    let (mut config, mut n): (H, i32) = (std::ptr::null_mut(), 0);
-    assert_eq!(choose(dpy, attrs.as_ptr(), &mut config, 1, &mut n), 1);
-    let ctx_attrs = [0x3098, 2, 0x3038];
-    let ctx = create_context(dpy, config, std::ptr::null_mut(), ctx_attrs.as_ptr());
-    let surf = create_pbuffer(dpy, config, [0x3057, 1024, 0x3056, 1024, 0x3038].as_ptr());
-    assert!(!ctx.is_null() && !surf.is_null());
-    assert_eq!(make_current(dpy, surf, surf, ctx), 1);
     finish();
     let mut lines = std::io::stdin().lock().lines();
     let _go = lines.next();

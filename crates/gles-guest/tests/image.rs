@@ -78,18 +78,7 @@ fn regions_as_egl_images_under_every_protocol() {
         return;
     }
     for p in ["guest-staging", "prefetch"] {
-        let exe = std::env::current_exe().expect("test executable");
-        let out = Command::new(exe)
-            .args(["--exact", "regions_as_egl_images", "--nocapture"])
-            .env("VIRTSOC_TEST_PROTOCOL", p)
-            .output()
-            .expect("run the test again");
-        assert!(
-            out.status.success(),
-            "under {p}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::rerun("regions_as_egl_images", &[("VIRTSOC_TEST_PROTOCOL", p)]);
     }
 }
 

@@ -21,7 +21,6 @@ mod common;
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void, CStr};
 use std::path::Path;
-use std::process::Command;
 
 use common::{dlopen, skip, sym, H};
 use virtsoc_control::client::{request, Target};
@@ -234,23 +233,6 @@ fn gles_stats(ctl: &Path) -> serde_json::Value {
     r.json()["guests"][id.to_string()].clone()
 }
 
-/// Runs this test binary's test `name` again with `env`, in a process of its own (the
-/// vendor library connects once per process).
-fn child(name: &str, env: &[(&str, &str)]) {
-    let exe = std::env::current_exe().expect("test executable");
-    let out = Command::new(exe)
-        .args(["--exact", name, "--nocapture"])
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the test again");
-    assert!(
-        out.status.success(),
-        "{name} {env:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Every part, each in a process of its own (the vendor library connects once per
 /// process): batches and presents under every protocol, freed replicas, two guests.
 #[test]
@@ -259,14 +241,14 @@ fn in_place_end_to_end() {
         return;
     }
     for p in ["write-invalidate", "guest-staging", "prefetch"] {
-        child(
+        common::rerun(
             "in_place_guest",
             &[("VIRTSOC_TEST_ROLE", "guest"), ("VIRTSOC_TEST_PROTOCOL", p)],
         );
     }
     // The presents' other way: frames imported as textures and blitted into (the daemon's
     // workers inherit the setting).
-    child(
+    common::rerun(
         "in_place_guest",
         &[
             ("VIRTSOC_TEST_ROLE", "guest"),
@@ -274,11 +256,11 @@ fn in_place_end_to_end() {
             ("VIRTSOC_RENDER_PRESENT", "direct"),
         ],
     );
-    child(
+    common::rerun(
         "freed_replicas_leave_the_worker",
         &[("VIRTSOC_TEST_ROLE", "freed")],
     );
-    child(
+    common::rerun(
         "workers_map_only_their_guests_replicas",
         &[("VIRTSOC_TEST_ROLE", "own")],
     );

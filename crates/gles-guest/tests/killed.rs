@@ -40,30 +40,13 @@ fn a_killed_render_worker_loses_the_guests_contexts_only() {
     if egl.is_null() || gles.is_null() {
         return skip("glvnd's libEGL.so.1 / libGLESv2.so.2 not installed");
     }
-    let get_platform_display: extern "C" fn(u32, H, *const isize) -> H =
-        sym(egl, c"eglGetPlatformDisplay");
-    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
-    let choose: extern "C" fn(H, *const i32, *mut H, i32, *mut i32) -> u32 =
-        sym(egl, c"eglChooseConfig");
+    let pb = common::pbuffer(egl, &common::ES2_PBUFFER, 2, (32, 32));
+    let (dpy, config, surf) = (pb.dpy, pb.config, pb.surf);
+    let ctx_attrs = [0x3098, 2, 0x3038];
     let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
-    let create_pbuffer: extern "C" fn(H, H, *const i32) -> H = sym(egl, c"eglCreatePbufferSurface");
-    let make_current: extern "C" fn(H, H, H, H) -> u32 = sym(egl, c"eglMakeCurrent");
     let swap: extern "C" fn(H, H) -> u32 = sym(egl, c"eglSwapBuffers");
     let get_error: extern "C" fn() -> i32 = sym(egl, c"eglGetError");
     let clear: extern "C" fn(u32) = sym(gles, c"glClear");
-
-    let dpy = get_platform_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
-    let (mut major, mut minor) = (0, 0);
-    assert_eq!(initialize(dpy, &mut major, &mut minor), 1);
-    let attrs = [0x3033, 1, 0x3040, 4, 0x3038];
-    let (mut config, mut n): (H, i32) = (std::ptr::null_mut(), 0);
-    assert_eq!(choose(dpy, attrs.as_ptr(), &mut config, 1, &mut n), 1);
-    let ctx_attrs = [0x3098, 2, 0x3038];
-    let ctx = create_context(dpy, config, std::ptr::null_mut(), ctx_attrs.as_ptr());
-    assert!(!ctx.is_null(), "eglCreateContext: {:#x}", get_error());
-    let surf = create_pbuffer(dpy, config, [0x3057, 32, 0x3056, 32, 0x3038].as_ptr());
-    assert!(!surf.is_null());
-    assert_eq!(make_current(dpy, surf, surf, ctx), 1);
     clear(0x4000);
     assert_eq!(
         swap(dpy, surf),

@@ -444,18 +444,12 @@ fn role() -> String {
 
 /// Runs test `name` in a process of its own as `role`, under `protocol`.
 fn run_part(name: &str, role: &str, protocol: &str) {
-    let exe = std::env::current_exe().expect("test executable");
-    let out = Command::new(exe)
-        .args(["--exact", name, "--nocapture"])
-        .env("VIRTSOC_SYNC_ROLE", role)
-        .env("VIRTSOC_TEST_PROTOCOL", protocol)
-        .output()
-        .expect("run the part");
-    assert!(
-        out.status.success(),
-        "{name} under {protocol}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    common::rerun(
+        name,
+        &[
+            ("VIRTSOC_SYNC_ROLE", role),
+            ("VIRTSOC_TEST_PROTOCOL", protocol),
+        ],
     );
 }
 

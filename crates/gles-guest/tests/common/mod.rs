@@ -175,3 +175,76 @@ pub fn start_daemon_env(
     std::env::set_var("VIRTSOC_SOCKET", &sock);
     Some((d, sock, ctl))
 }
+
+/// A context current on a pbuffer of the default display: what most tests set up first.
+pub struct Pbuffer {
+    pub dpy: H,
+    pub config: H,
+    pub ctx: H,
+    pub surf: H,
+}
+
+/// An ES `es` context (2 or 3) on a `w` x `h` pbuffer of a config with `config_attrs`
+/// (`EGL_NONE`-terminated), made current; `None` where any step fails.
+pub fn try_pbuffer(egl: H, config_attrs: &[i32], es: i32, (w, h): (i32, i32)) -> Option<Pbuffer> {
+    let get_platform_display: extern "C" fn(u32, H, *const isize) -> H =
+        sym(egl, c"eglGetPlatformDisplay");
+    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
+    let choose: extern "C" fn(H, *const i32, *mut H, i32, *mut i32) -> u32 =
+        sym(egl, c"eglChooseConfig");
+    let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
+    let create_pbuffer: extern "C" fn(H, H, *const i32) -> H = sym(egl, c"eglCreatePbufferSurface");
+    let make_current: extern "C" fn(H, H, H, H) -> u32 = sym(egl, c"eglMakeCurrent");
+    let dpy = get_platform_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
+    let (mut major, mut minor) = (0, 0);
+    if dpy.is_null() || initialize(dpy, &mut major, &mut minor) != 1 {
+        return None;
+    }
+    let (mut config, mut n): (H, i32) = (std::ptr::null_mut(), 0);
+    if choose(dpy, config_attrs.as_ptr(), &mut config, 1, &mut n) != 1 || n < 1 {
+        return None;
+    }
+    let ctx = create_context(
+        dpy,
+        config,
+        std::ptr::null_mut(),
+        [0x3098, es, 0x3038].as_ptr(),
+    );
+    let surf = create_pbuffer(dpy, config, [0x3057, w, 0x3056, h, 0x3038].as_ptr());
+    if ctx.is_null() || surf.is_null() || make_current(dpy, surf, surf, ctx) != 1 {
+        return None;
+    }
+    Some(Pbuffer {
+        dpy,
+        config,
+        ctx,
+        surf,
+    })
+}
+
+/// [`try_pbuffer`] that must succeed.
+pub fn pbuffer(egl: H, config_attrs: &[i32], es: i32, size: (i32, i32)) -> Pbuffer {
+    let get_error: extern "C" fn() -> i32 = sym(egl, c"eglGetError");
+    try_pbuffer(egl, config_attrs, es, size)
+        .unwrap_or_else(|| panic!("an ES {es} context on a pbuffer: {:#x}", get_error()))
+}
+
+/// A pbuffer config of any colour depth with an ES 2 renderable bit.
+pub const ES2_PBUFFER: [i32; 5] = [0x3033, 1, 0x3040, 4, 0x3038];
+
+/// Runs test `name` of this executable again in a process of its own with `env` set: it
+/// must pass.
+pub fn rerun(name: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("test executable");
+    let out = Command::new(exe)
+        .args(["--exact", name, "--nocapture"])
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the test again");
+    assert!(
+        out.status.success(),
+        "{name} {env:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
