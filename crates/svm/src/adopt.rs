@@ -118,7 +118,8 @@ impl RegionCtx<'_> {
 
 impl SvmManager {
     /// Makes `mem` the region's replica in `domain`, holding the region's whole new
-    /// contents: the replica there (the device must have begun an access, so that it
+    /// contents (moved out into host memory at once when a device that reads host memory
+    /// in place has read the region before): the replica there (the device must have begun an access, so that it
     /// exists) is replaced without a copy, it becomes the only valid one, and the region
     /// counts as written. `mem` is only ever read (see the module's notes); it is dropped
     /// when the region is written whole elsewhere, written in `domain` by a copy (moved out
@@ -160,7 +161,14 @@ impl SvmManager {
                 r.stale.insert((0, size));
             }
         }
-        RegionCtx::new(&region, &mut state, &self.engine).drop_stale_adopted();
+        let mut cx = RegionCtx::new(&region, &mut state, &self.engine);
+        cx.drop_stale_adopted();
+        if cx.state.host_reader {
+            // Its reader reads host memory in place: moved out now, on this (the lending
+            // device's) thread, as a device that copies its output into its replica pays,
+            // instead of on the reader's path (a display's present, at a vsync).
+            cx.move_out(domain)?;
+        }
         Ok(())
     }
 

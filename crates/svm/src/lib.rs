@@ -511,6 +511,7 @@ impl SvmManager {
         let moved;
         let a = match in_place.then(|| cx.host_domain_for_read(a.range)).flatten() {
             Some(domain) => {
+                cx.state.host_reader = true;
                 moved = AccessInfo { domain, ..*a };
                 &moved
             }

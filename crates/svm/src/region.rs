@@ -77,6 +77,11 @@ pub struct RegionState {
     /// Bumped at the begin and at the end of every writing access (bytes may change in
     /// between): a migration's pre-copy resends the regions whose version moved.
     pub(crate) version: u64,
+    /// A device that reads host memory in place (the display) has read the region: what a
+    /// device lends it later is moved out at once, on the lending device's thread
+    /// ([`SvmManager::adopt_replica`](crate::SvmManager::adopt_replica)), not on that
+    /// reader's path.
+    pub(crate) host_reader: bool,
 }
 
 /// The host's record of a region.

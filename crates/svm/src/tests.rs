@@ -1176,8 +1176,9 @@ fn window_device_copies_go_straight_through() {
 
 /// A device's lent picture (an adopted replica in device memory) read by a device that
 /// reads host memory in place (the display): moved out into host memory once, the device's
-/// own copy, and read there; not uploaded into the reader's memory. Before, the display's
-/// memory (the GPU's) got a copy of every picture and the display read it back.
+/// own copy, and read there; not uploaded into the reader's memory (before, the display's
+/// memory, the GPU's, got a copy of every picture and the display read it back). Once the
+/// region has such a reader, later pictures are moved out when they are lent.
 #[test]
 fn a_host_memory_reader_moves_a_lent_replica_out_once_and_reads_it_in_place() {
     for kind in [ProtocolKind::WriteInvalidate, ProtocolKind::Prefetch] {
@@ -1214,7 +1215,10 @@ fn a_host_memory_reader_moves_a_lent_replica_out_once_and_reads_it_in_place() {
             f.svm
                 .end_access(GuestId(1), id, &reader(AccessMode::Read))
                 .unwrap();
-            assert_eq!((r.copies, r.bytes), (1, size), "{kind} {seed}: moved out");
+            // The first picture is moved out at the read; the next ones at their
+            // adoption (the region has a host-memory reader), off the reader's path.
+            let at_read = if seed == 1 { (1, size) } else { (0, 0) };
+            assert_eq!((r.copies, r.bytes), at_read, "{kind} {seed}: moved out");
             assert_eq!(again.copies, 0, "{kind} {seed}: read in place");
             assert_eq!(lent.read_back.load(Ordering::Relaxed), size, "{kind}");
             match backing {
