@@ -43,9 +43,10 @@ use virtsoc_proto::Status;
 use virtsoc_svm::RegionMeta;
 use virtsoc_sync::LockExt;
 
-use super::codec::{frame_layout, media_status};
+use super::codec::frame_layout;
 use super::registry::{CameraSourceKind, DeviceConfig};
 use super::{Device, DeviceCtx, DeviceResult};
+use crate::status::status_of;
 use crate::{clock, HostError, Result};
 
 /// Frame rate the synthetic cameras report (their nominal frame interval).
@@ -313,7 +314,7 @@ impl Camera {
         }
         let camera = ModeCamera::open(&self.source(), mode).map_err(|e| {
             log::warn!("camera: guest {guest}: cannot open {mode:?}: {e}");
-            media_status(&e)
+            status_of(&e)
         })?;
         let mut st = self.state();
         st.uses += 1;
@@ -365,7 +366,7 @@ impl Camera {
             })?
             .map_err(|e: MediaError| {
                 log::debug!("camera: guest {}: {e}", cx.guest);
-                media_status(&e)
+                status_of(&e)
             })?;
         let (marker_x, marker_y) = info.marker.unwrap_or((0, 0));
         Ok(api::CaptureReply {

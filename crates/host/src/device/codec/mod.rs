@@ -82,6 +82,7 @@ use virtsoc_svm::RegionMeta;
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult};
+use crate::status::status_of;
 use crate::{Limits, Result};
 use state::{DecoderSession, EncoderSession, Session, State};
 
@@ -112,11 +113,6 @@ pub fn frame_layout(meta: &RegionMeta) -> std::result::Result<FrameLayout, Statu
         return Err(Status::BadArgument);
     }
     Ok(layout)
-}
-
-/// The status a guest sees for a media backend error (the one mapping, [`crate::status`]).
-pub fn media_status(e: &MediaError) -> Status {
-    crate::status::status_of(e)
 }
 
 /// The reason a guest sees for a media backend error (as short as the completion's room
@@ -328,7 +324,7 @@ impl Codec {
                 "codec: guest {guest}: cannot open {} decoder: {e}",
                 kind.name()
             );
-            let st = media_status(&e);
+            let st = status_of(&e);
             match cx {
                 Some(cx) => cx.fail(st, format!("cannot open the {} decoder: {e}", kind.name())),
                 None => st,
@@ -391,7 +387,7 @@ impl Codec {
             Err(MediaError::Frame(FrameError::BufferTooSmall { .. })) => Err(Status::OutOfRange),
             Err(e) => {
                 log::debug!("codec: guest {}: decoder {}: {e}", cx.guest, c.handle);
-                Err(cx.fail(media_status(&e), media_reason(&e)))
+                Err(cx.fail(status_of(&e), media_reason(&e)))
             }
         }
     }
@@ -406,7 +402,7 @@ impl Codec {
             return Err(Status::NotSupported);
         }
         if let Err(e) = s.settle() {
-            return Err(cx.fail(media_status(&e), media_reason(&e)));
+            return Err(cx.fail(status_of(&e), media_reason(&e)));
         }
         let Some(front) = s.ready.front() else {
             return Ok(api::ReceiveFrameReply::default().to_values());
@@ -439,7 +435,7 @@ impl Codec {
                     .map_err(MediaError::from)
                     .and_then(|dst| front.copy_into(dst))
             })?
-            .map_err(|e| media_status(&e))?;
+            .map_err(|e| status_of(&e))?;
             // On the ledger: this copy into the region (out of libavcodec's buffers for a
             // held picture, or out of the worker's buffer libavcodec decoded it into), and
             // for a picture the decoder had already copied out of its frame pool, that copy
@@ -490,7 +486,7 @@ impl Codec {
             }
             Err(e) => {
                 log::debug!("codec: guest {guest}: decoder {}: flush: {e}", c.handle);
-                Err(media_status(&e))
+                Err(status_of(&e))
             }
         }
     }
@@ -499,7 +495,7 @@ impl Codec {
         let mut st = self.state();
         let s = st.decoder(guest, c.handle)?;
         // The next picture's size: wait for it when it is still in the decoder.
-        s.settle().map_err(|e| media_status(&e))?;
+        s.settle().map_err(|e| status_of(&e))?;
         Ok(s.stream_info().to_values())
     }
 
@@ -541,7 +537,7 @@ impl Codec {
         };
         let encoder = encoder.map_err(|e| {
             log::info!("codec: guest {guest}: cannot open H.264 encoder: {e}");
-            media_status(&e)
+            status_of(&e)
         })?;
         let name = encoder.name().to_string();
         let handle = st.open(
@@ -592,7 +588,7 @@ impl Codec {
             })?
             .map_err(|e| {
                 log::debug!("codec: guest {}: encoder {}: {e}", cx.guest, c.handle);
-                cx.fail(media_status(&e), media_reason(&e))
+                cx.fail(status_of(&e), media_reason(&e))
             })?;
         let total: usize = packets.iter().map(|p| p.data.len()).sum();
         if total as u64 > out_size {
