@@ -49,36 +49,11 @@ macro_rules! gl {
 /// An ES 3 context current on a 64x64 pbuffer of the first display; `None` when EGL has
 /// none (skipped by the caller).
 fn es3_context(egl: H) -> Option<(H, H)> {
-    let get_display: extern "C" fn(u32, H, *const isize) -> H = sym(egl, c"eglGetPlatformDisplay");
-    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
-    let choose: extern "C" fn(H, *const i32, *mut H, i32, *mut i32) -> u32 =
-        sym(egl, c"eglChooseConfig");
-    let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
-    let create_pbuffer: extern "C" fn(H, H, *const i32) -> H = sym(egl, c"eglCreatePbufferSurface");
-    let make_current: extern "C" fn(H, H, H, H) -> u32 = sym(egl, c"eglMakeCurrent");
-    let dpy = get_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
-    if dpy.is_null() || initialize(dpy, std::ptr::null_mut(), std::ptr::null_mut()) != 1 {
-        return None;
-    }
     // RGBA8, pbuffer, EGL_OPENGL_ES3_BIT_KHR.
-    let attrs = [
+    let rgba8 = [
         0x3024, 8, 0x3023, 8, 0x3022, 8, 0x3021, 8, 0x3033, 1, 0x3040, 0x40, 0x3038,
     ];
-    let (mut config, mut n): (H, i32) = (std::ptr::null_mut(), 0);
-    if choose(dpy, attrs.as_ptr(), &mut config, 1, &mut n) != 1 || n != 1 {
-        return None;
-    }
-    let ctx = create_context(
-        dpy,
-        config,
-        std::ptr::null_mut(),
-        [0x3098, 3, 0x3038].as_ptr(),
-    );
-    let surf = create_pbuffer(dpy, config, [0x3057, W, 0x3056, W, 0x3038].as_ptr());
-    if ctx.is_null() || surf.is_null() || make_current(dpy, surf, surf, ctx) != 1 {
-        return None;
-    }
-    Some((dpy, ctx))
+    common::try_pbuffer(egl, &rgba8, 3, (W, W)).map(|pb| (pb.dpy, pb.ctx))
 }
 
 /// Compiles and links a program of `vs` and `fs`, with transform feedback `varyings`.

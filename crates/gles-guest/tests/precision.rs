@@ -102,32 +102,10 @@ fn draw(g: H, fs: &str) -> Vec<u8> {
 
 /// An ES 2 context current on a W x W pbuffer of the surfaceless display.
 fn context(egl: H) -> bool {
-    let get_display: extern "C" fn(u32, H, *const isize) -> H = sym(egl, c"eglGetPlatformDisplay");
-    let initialize: extern "C" fn(H, *mut i32, *mut i32) -> u32 = sym(egl, c"eglInitialize");
-    let choose: extern "C" fn(H, *const i32, *mut H, i32, *mut i32) -> u32 =
-        sym(egl, c"eglChooseConfig");
-    let create_context: extern "C" fn(H, H, H, *const i32) -> H = sym(egl, c"eglCreateContext");
-    let create_pbuffer: extern "C" fn(H, H, *const i32) -> H = sym(egl, c"eglCreatePbufferSurface");
-    let make_current: extern "C" fn(H, H, H, H) -> u32 = sym(egl, c"eglMakeCurrent");
-    let dpy = get_display(0x31DD, std::ptr::null_mut(), std::ptr::null());
-    if dpy.is_null() || initialize(dpy, std::ptr::null_mut(), std::ptr::null_mut()) != 1 {
-        return false;
-    }
-    let attrs = [
+    let rgba8 = [
         0x3024, 8, 0x3023, 8, 0x3022, 8, 0x3021, 8, 0x3033, 1, 0x3040, 4, 0x3038,
     ];
-    let (mut config, mut n): (H, i32) = (std::ptr::null_mut(), 0);
-    if choose(dpy, attrs.as_ptr(), &mut config, 1, &mut n) != 1 || n != 1 {
-        return false;
-    }
-    let ctx = create_context(
-        dpy,
-        config,
-        std::ptr::null_mut(),
-        [0x3098, 2, 0x3038].as_ptr(),
-    );
-    let surf = create_pbuffer(dpy, config, [0x3057, W, 0x3056, W, 0x3038].as_ptr());
-    !ctx.is_null() && !surf.is_null() && make_current(dpy, surf, surf, ctx) == 1
+    common::try_pbuffer(egl, &rgba8, 2, (W, W)).is_some()
 }
 
 /// The child: draws what `CHILD_DRAWS` asks and writes the frames, hex, one a line.
