@@ -388,6 +388,7 @@ mod tests {
                 device_use: Default::default(),
                 cpu_weight: None,
                 paced: Default::default(),
+                abandoned_waits: 0,
             }]
         }
         fn devices(&self) -> Vec<DeviceInfo> {

@@ -55,6 +55,10 @@ pub struct GuestInfo {
     /// What pacing to its bandwidth share did to it (`virtsocd --limit-bandwidth`).
     #[serde(default)]
     pub paced: Paced,
+    /// Fence waits of its device queues given up after its policy's `fence_wait_ms` (a fence
+    /// that was never signaled).
+    #[serde(default)]
+    pub abandoned_waits: u64,
 }
 
 /// A guest's large fills and copies paced to its bandwidth share so far.

@@ -18,7 +18,9 @@
 //! If the fence table is cancelled (guest gone), a queue blocked on a
 //! `Wait` closes itself and the worker's `pop_ready` returns `None`.
 //! A `Wait` on an id the table never issued is skipped with a warning rather
-//! than blocking forever; `Signal`s of stale/unknown ids are logged.
+//! than blocking forever; `Signal`s of stale/unknown ids are logged. A worker
+//! that bounds how long a queue may be held gives up a pending `Wait` with
+//! [`OrderedQueue::abandon_wait`].
 
 use crate::error::{FenceError, Result};
 use crate::table::{FenceId, FenceStatus, VirtualFenceTable};
@@ -273,6 +275,25 @@ impl<T: Send + 'static> OrderedQueue<T> {
         self.len() == 0
     }
 
+    /// Gives up the `Wait(id)` at the front of the queue, if `id` is still pending there: the
+    /// items behind it become ready. For a worker that bounds how long a queue may wait (a
+    /// fence that is never signaled must not hold the queue forever). Returns whether a wait
+    /// was dropped.
+    pub fn abandon_wait(&self, id: FenceId) -> bool {
+        let mut st = self.shared.state.lock_or_recover();
+        if !matches!(st.items.front(), Some(QueueItem::Wait(w)) if *w == id) {
+            return false;
+        }
+        if self.completion.table.status(id) != Ok(FenceStatus::Pending) {
+            return false;
+        }
+        st.items.pop_front();
+        st.armed = None;
+        drop(st);
+        self.shared.cv.notify_all();
+        true
+    }
+
     /// Commands popped whose tokens have not completed yet.
     pub fn in_flight(&self) -> usize {
         self.completion.state.lock_or_recover().outstanding.len()
@@ -443,6 +464,32 @@ mod tests {
         assert_eq!(q.in_flight(), 1);
         drop(t1);
         assert_eq!(table.status(f).unwrap(), FenceStatus::Signaled);
+    }
+
+    #[test]
+    fn an_abandoned_wait_lets_the_items_behind_it_run() {
+        let (table, q) = setup();
+        let f = table.create().unwrap();
+        let other = table.create().unwrap();
+        q.push(QueueItem::Wait(f)).unwrap();
+        q.push(QueueItem::Cmd(7)).unwrap();
+        assert!(matches!(q.try_pop_ready(), TryPop::Blocked(id) if id == f));
+        assert!(!q.abandon_wait(other), "only the wait at the front");
+        assert!(matches!(q.try_pop_ready(), TryPop::Blocked(_)));
+        assert!(q.abandon_wait(f));
+        assert!(!q.abandon_wait(f), "once");
+        let (c, _t) = ready(&q);
+        assert_eq!(c, 7);
+        assert_eq!(
+            table.status(f).unwrap(),
+            FenceStatus::Pending,
+            "the fence is not signaled"
+        );
+        // A wait whose fence was signaled meanwhile is not abandoned: it is simply passed.
+        let g = table.create().unwrap();
+        q.push(QueueItem::Wait(g)).unwrap();
+        table.signal(g).unwrap();
+        assert!(!q.abandon_wait(g));
     }
 
     #[test]

@@ -340,7 +340,8 @@ fn gl_queue_waits_on_virtual_fences() {
         return;
     }
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-sync-{}", std::process::id()));
-    let Some((_d, sock, _)) = common::start_daemon(&tmp, &[]) else {
+    // Queue waits here last as long as the test needs (the deadline has a test of its own).
+    let Some((_d, sock)) = daemon_with_fence_wait(&tmp, 600_000) else {
         return;
     };
     let Some(api) = Api::open() else { return };
@@ -436,6 +437,58 @@ fn gl_queue_waits_on_virtual_fences() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// A daemon whose policy gives up a queue's fence wait after `ms` milliseconds.
+fn daemon_with_fence_wait(tmp: &Path, ms: u64) -> Option<(common::Daemon, std::path::PathBuf)> {
+    std::fs::create_dir_all(tmp).expect("temp dir");
+    let policy = tmp.join("policy.toml");
+    std::fs::write(&policy, format!("[default]\nfence_wait_ms = {ms}\n")).expect("policy");
+    let policy = policy.to_str().expect("utf-8 path").to_string();
+    let (d, sock, _) = common::start_daemon(tmp, &["--policy", &policy])?;
+    Some((d, sock))
+}
+
+/// A GL-queue wait on a sync nobody signals is given up at the policy's `fence_wait_ms`:
+/// the GL work behind it runs and a wait on it returns, instead of the queue (and every
+/// `glFinish` of the program) hanging forever.
+#[test]
+fn gl_queue_wait_ends_at_the_policy_deadline() {
+    if role() != "deadline" {
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("virtsoc-gles-dl-{}", std::process::id()));
+    let Some((_d, _sock)) = daemon_with_fence_wait(&tmp, 2_000) else {
+        return;
+    };
+    let Some(api) = Api::open() else { return };
+    let never = api.manual();
+    assert_eq!((api.wait_sync)(api.dpy, never, 0), 1);
+    (api.clear_color)(0.0, 1.0, 0.0, 1.0);
+    (api.clear)(0x4000);
+    let after = api.sync(EGL_SYNC_FENCE, &[]);
+    assert!(!after.is_null(), "{:#x}", (api.get_error)());
+    assert_eq!(
+        api.wait(after, HELD_NS),
+        TIMEOUT_EXPIRED,
+        "the GL work waits for the fence first"
+    );
+    assert_eq!(
+        api.wait(after, 60_000_000_000),
+        SATISFIED,
+        "the wait is given up at the policy's deadline, not held forever"
+    );
+    assert_eq!(
+        &api.pixels()[..4],
+        &[0, 255, 0, 255],
+        "the work behind it ran"
+    );
+    assert_eq!(
+        api.status(never),
+        UNSIGNALED,
+        "giving up does not signal the fence"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// This process's part (`$VIRTSOC_SYNC_ROLE`): the vendor library connects once per
 /// process, so each part runs in a process of its own, started by [`syncs_end_to_end`].
 fn role() -> String {
@@ -462,6 +515,11 @@ fn syncs_end_to_end() {
     run_part(
         "gl_queue_waits_on_virtual_fences",
         "queue",
+        "write-invalidate",
+    );
+    run_part(
+        "gl_queue_wait_ends_at_the_policy_deadline",
+        "deadline",
         "write-invalidate",
     );
     for p in ["write-invalidate", "guest-staging", "prefetch"] {

@@ -123,6 +123,7 @@ impl ControlBackend {
                     wait_ns: p.wait_ns,
                 }
             },
+            abandoned_waits: s.abandoned_waits(),
         })
     }
 }

@@ -7,7 +7,7 @@
 //! slot is free for it, so a guest that stops reading completions stalls only itself.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use virtsoc_svm::pace::Bucket;
@@ -48,6 +48,8 @@ pub struct Session {
     /// The guest's bandwidth share for large moves its devices make
     /// ([`virtsoc_svm::pace`]), and what pacing held back.
     bandwidth: Mutex<Bandwidth>,
+    /// Fence waits of its queues given up after the policy's `fence_wait_ms`.
+    abandoned_waits: AtomicU64,
 }
 
 /// A guest's bandwidth bucket on the session's clock, and its pacing so far.
@@ -97,6 +99,7 @@ impl Session {
                 epoch: Instant::now(),
                 paced: Paced::default(),
             }),
+            abandoned_waits: AtomicU64::new(0),
         })
     }
 
@@ -183,6 +186,17 @@ impl Session {
     /// Counts `waited` of pacing: a paced chunk waited this long for its bytes of the share.
     pub fn note_paced_wait(&self, waited: Duration) {
         self.bandwidth.lock_or_recover().paced.wait_ns += waited.as_nanos() as u64;
+    }
+
+    /// Counts a fence wait of one of the guest's queues given up after its policy's
+    /// `fence_wait_ms` (the device worker's).
+    pub fn note_abandoned_wait(&self) {
+        self.abandoned_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Fence waits of the guest's queues given up so far.
+    pub fn abandoned_waits(&self) -> u64 {
+        self.abandoned_waits.load(Ordering::Relaxed)
     }
 
     /// What pacing did to the guest so far.

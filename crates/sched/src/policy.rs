@@ -14,6 +14,7 @@
 //! memory_limit = 268435456              # bytes its replicas may hold
 //! codec_threads = 8                     # codec threads it may hold (absent: the daemon's share)
 //! codec_sessions = 4                    # decoders + encoders (worker processes) it may hold
+//! fence_wait_ms = 10000                 # longest a device queue of its waits on a fence
 //! ```
 //!
 //! The same in JSON (`{"default": {...}, "guest": {"video": {...}}}`) is accepted too. A file
@@ -73,12 +74,23 @@ pub struct GuestPolicy {
     /// `--limit-codec-sessions-total` still bounds every guest together.
     #[serde(default)]
     pub codec_sessions: Option<u32>,
+    /// The longest one of its device queues waits on a fence (`eglWaitSync`, a
+    /// `FenceWait`) before the wait is given up and the work behind it runs: a fence that is
+    /// never signaled must not hold the queue forever, as a GPU driver's job timeout does not.
+    /// `None`: [`DEFAULT_FENCE_WAIT_MS`].
+    #[serde(default)]
+    pub fence_wait_ms: Option<u64>,
 }
 
 /// Largest per-guest `codec_threads` a policy may name.
 pub const MAX_CODEC_THREADS: u32 = 1024;
 /// Largest per-guest `codec_sessions` a policy may name.
 pub const MAX_CODEC_SESSIONS: u32 = 1024;
+/// How long a device queue waits on a fence by default (as long as Linux GPU drivers' job
+/// timeouts, 10 s).
+pub const DEFAULT_FENCE_WAIT_MS: u64 = 10_000;
+/// Longest `fence_wait_ms` a policy may name (one hour).
+pub const MAX_FENCE_WAIT_MS: u64 = 3_600_000;
 
 fn default_shares() -> u32 {
     DEFAULT_SHARE
@@ -95,6 +107,7 @@ impl Default for GuestPolicy {
             memory_limit: None,
             codec_threads: None,
             codec_sessions: None,
+            fence_wait_ms: None,
         }
     }
 }
@@ -119,6 +132,11 @@ impl GuestPolicy {
             })
     }
 
+    /// The longest one of its device queues waits on a fence.
+    pub fn fence_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.fence_wait_ms.unwrap_or(DEFAULT_FENCE_WAIT_MS))
+    }
+
     fn check(&self) -> std::result::Result<(), String> {
         if self.shares == 0 || self.shares > 1_000_000 {
             return Err(format!("shares {} out of range 1..=1000000", self.shares));
@@ -134,6 +152,13 @@ impl GuestPolicy {
             if !(1..=MAX_CODEC_SESSIONS).contains(&n) {
                 return Err(format!(
                     "codec_sessions {n} out of range 1..={MAX_CODEC_SESSIONS}"
+                ));
+            }
+        }
+        if let Some(ms) = self.fence_wait_ms {
+            if !(1..=MAX_FENCE_WAIT_MS).contains(&ms) {
+                return Err(format!(
+                    "fence_wait_ms {ms} out of range 1..={MAX_FENCE_WAIT_MS}"
                 ));
             }
         }

@@ -588,6 +588,23 @@ fn policy_names_a_guests_codec_threads_in_range() {
 }
 
 #[test]
+fn policy_bounds_a_guests_fence_waits() {
+    let p = Policy::parse("[guest.a]\nfence_wait_ms = 250\n").unwrap();
+    assert_eq!(
+        p.for_guest("a").fence_wait(),
+        std::time::Duration::from_millis(250)
+    );
+    assert_eq!(
+        p.for_guest("b").fence_wait(),
+        std::time::Duration::from_millis(crate::policy::DEFAULT_FENCE_WAIT_MS)
+    );
+    for bad in ["0", "3600001"] {
+        let e = Policy::parse(&format!("[guest.a]\nfence_wait_ms = {bad}\n")).unwrap_err();
+        assert!(e.to_string().contains("fence_wait_ms"), "{e}");
+    }
+}
+
+#[test]
 fn token_bucket_caps_the_rate() {
     let mut b = TokenBucket::new(10.0);
     let mut served = 0;

@@ -191,6 +191,8 @@ struct QueueState {
     busy: Arc<AtomicBool>,
     /// The queue's next request, taken off it and waiting for the scheduler's turn.
     staged: Option<(Request, DoneToken)>,
+    /// The fence wait holding the queue, and since when.
+    held: Option<(FenceId, Instant)>,
 }
 
 impl QueueState {
@@ -225,7 +227,9 @@ enum Turn {
 }
 
 /// One queue's part of a pass: steps its paced command, retries its parked access, or stages
-/// its next ready request. `pace_wake` gets the time a paced step's bytes will be there.
+/// its next ready request, or gives up a fence wait that held the queue longer than its
+/// guest's policy allows (`fence_wait_ms`). `wake_at` gets the time a paced step's bytes
+/// will be there, or the time a held queue's wait runs out.
 fn visit(
     svm: &Arc<SvmManager>,
     slot: &DeviceSlot,
@@ -233,7 +237,7 @@ fn visit(
     q: &GuestQueue,
     st: &mut QueueState,
     policy: &Policy,
-    pace_wake: &mut Option<Instant>,
+    wake_at: &mut Option<Instant>,
 ) -> Turn {
     match st.later.take() {
         // A paced command runs a step when its guest's share has the bytes, else waits
@@ -246,7 +250,7 @@ fn visit(
                     true
                 }
                 Some((p, Some(at))) => {
-                    *pace_wake = Some(pace_wake.map_or(at, |w| w.min(at)));
+                    *wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
                     st.later = Some(Later::Paced(p));
                     false
                 }
@@ -275,10 +279,33 @@ fn visit(
     }
     match q.try_pop_ready() {
         TryPop::Ready(req, token) => {
+            st.held = None;
             st.staged = Some((req, token));
             Turn::Ready
         }
         TryPop::Blocked(f) => {
+            let now = Instant::now();
+            let since = match st.held {
+                Some((h, t)) if h == f => t,
+                _ => st.held.insert((f, now)).1,
+            };
+            let limit = since + policy.for_guest(session.name()).fence_wait();
+            if now >= limit {
+                st.held = None;
+                if q.abandon_wait(f) {
+                    log::warn!(
+                        "guest {} ({}): a {} queue waited {:?} on fence {f:?}, which was not \
+                         signaled; the wait is given up and the work behind it runs",
+                        session.guest_id().0,
+                        session.name(),
+                        slot.device.name(),
+                        now.saturating_duration_since(since),
+                    );
+                    session.note_abandoned_wait();
+                }
+                return Turn::Progressed;
+            }
+            *wake_at = Some(wake_at.map_or(limit, |w| w.min(limit)));
             if st.armed != Some(f) {
                 st.armed = Some(f);
                 let wake = slot.waker();
@@ -320,7 +347,7 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
         let mut running: Vec<GuestId> = Vec::new();
         let policy = arbiter.policy().current();
         // The earliest time a paced command's next step has its bytes of its guest's share.
-        let mut pace_wake: Option<Instant> = None;
+        let mut wake_at: Option<Instant> = None;
         for (i, (session, q)) in queues.iter().enumerate() {
             let key = key_of(q);
             if session.is_closed() {
@@ -328,7 +355,7 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
                 continue;
             }
             let st = states.entry(key).or_default();
-            match visit(&svm, &slot, session, q, st, &policy, &mut pace_wake) {
+            match visit(&svm, &slot, session, q, st, &policy, &mut wake_at) {
                 Turn::Progressed => progressed = true,
                 Turn::Running { progressed: p } => {
                     running.push(session.guest_id());
@@ -374,7 +401,7 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
         drop(queues);
         drop(policy);
         if !progressed {
-            sleep(&slot, seen, deadline, pace_wake);
+            sleep(&slot, seen, deadline, wake_at);
         }
     }
 }
@@ -404,11 +431,11 @@ fn drop_dead(
 }
 
 /// Sleeps until an event past `seen`, or the earlier of the scheduler's `deadline` (device
-/// clock) and the time a paced step's bytes are there (`pace_wake`).
-fn sleep(slot: &DeviceSlot, seen: u64, deadline: Option<u64>, pace_wake: Option<Instant>) {
+/// clock) and the time a paced step's bytes are there (`wake_at`).
+fn sleep(slot: &DeviceSlot, seen: u64, deadline: Option<u64>, wake_at: Option<Instant>) {
     let limit =
         deadline.map(|t| std::time::Duration::from_nanos(t.saturating_sub(slot.acct.now()).max(1)));
-    let pace_limit = pace_wake.map(|t| {
+    let pace_limit = wake_at.map(|t| {
         t.saturating_duration_since(Instant::now())
             .max(std::time::Duration::from_nanos(1))
     });
