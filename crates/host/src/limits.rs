@@ -61,6 +61,9 @@ pub struct Limits {
     ///
     /// [`codec_threads`]: Limits::codec_threads
     pub codec_threads_per_guest: usize,
+    /// How long a decoder may sit idle before its backend (worker process) is closed until
+    /// its next `decode` (`device::codec`'s reaper; zero: never).
+    pub codec_idle_reap: Duration,
     /// Sent messages the modem keeps per guest; the oldest delivered ones are dropped beyond.
     /// (Its received-message store is the modem's own, 30 slots: a full store answers
     /// `+CMS ERROR: 322`.)
@@ -94,6 +97,7 @@ impl Default for Limits {
             codec_sessions: 64,
             codec_threads: 64,
             codec_threads_per_guest: 16,
+            codec_idle_reap: Duration::from_secs(120),
             sms_sent: 256,
             snapshot_interval: Duration::from_secs(1),
             gpu_cost: 8 * 3840 * 2160,

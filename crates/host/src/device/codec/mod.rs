@@ -61,7 +61,7 @@
 //!
 //! Every failure is a status for the guest; nothing here panics on guest input.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec::{self as api, Command};
@@ -69,8 +69,7 @@ use virtsoc_devapi::{codec_frame_flag, codec_kind};
 use virtsoc_media::frame::MAX_DIMENSION;
 use virtsoc_media::{
     CodecKind, DecoderBackend, DecoderPool, EncoderBackend, FfmpegDecoder, FfmpegEncoder,
-    FrameError, FrameLayout, FrameMut, FrameRef, MediaError, PixelFormat, ProcessDecoder,
-    ProcessEncoder,
+    FrameError, FrameLayout, FrameMut, FrameRef, MediaError, PixelFormat, ProcessEncoder,
 };
 
 /// The worker side of decoders in worker processes: enters the sandbox and serves one
@@ -141,7 +140,7 @@ pub struct Codec {
     default_threads: usize,
     /// libx264's preset for every encoder.
     preset: virtsoc_media::EncoderPreset,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     backend: String,
     limits: Limits,
     /// Decoders run in worker processes of this pool (see `DeviceConfig::codec_worker`);
@@ -184,7 +183,7 @@ impl Codec {
         Ok(Codec {
             default_threads: cfg.codec_threads.max(1),
             preset: cfg.encoder_preset,
-            state: Mutex::new(State::default()),
+            state: Arc::default(),
             backend: match &cfg.codec_worker {
                 Some(_) => {
                     format!("{backend} (decoders and encoders in sandboxed worker processes)")
@@ -314,12 +313,7 @@ impl Codec {
         let mut st = self.state();
         // Check the quotas before paying for a decoder.
         st.admit(&self.limits_for(cx), guest, threads)?;
-        let decoder: std::result::Result<Box<dyn DecoderBackend>, MediaError> = match &self.workers
-        {
-            Some(pool) => ProcessDecoder::open(pool, kind, out, threads).map(|d| Box::new(d) as _),
-            None => FfmpegDecoder::new(kind, out, threads).map(|d| Box::new(d) as _),
-        };
-        let decoder = decoder.map_err(|e| {
+        let decoder = self.new_decoder(kind, out, threads).map_err(|e| {
             log::info!(
                 "codec: guest {guest}: cannot open {} decoder: {e}",
                 kind.name()
@@ -344,6 +338,7 @@ impl Codec {
             threads,
             at,
         )?;
+        self.ensure_reaper(&mut st);
         log::info!(
             "codec: guest {guest} opened {} decoder {handle} ({out:?}, {threads} threads)",
             kind.name()
@@ -359,6 +354,7 @@ impl Codec {
         }
         let len = usize::try_from(c.len).map_err(|_| Status::OutOfRange)?;
         let mut st = self.state();
+        self.revive(&mut st, cx, c.handle)?;
         let s = st.decoder(cx.guest, c.handle)?;
         if s.full() {
             return Err(Status::Busy);
@@ -694,6 +690,7 @@ impl Device for Codec {
 }
 
 pub mod lend;
+mod reap;
 mod replay;
 mod state;
 #[cfg(test)]

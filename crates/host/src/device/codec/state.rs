@@ -3,6 +3,7 @@
 //! handle, and the quotas checked when one opens.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec as api;
@@ -143,6 +144,11 @@ pub(super) struct Open {
     pub(super) charge: Option<virtsoc_svm::MemoryCharge>,
     /// The command that opened it (replayed by a restore, see [`replay`]).
     pub(super) record: replay::Opened,
+    /// When a command last used it.
+    pub(super) last_used: Instant,
+    /// Its backend was closed idle ([`super::reap`]): its threads are not counted until a
+    /// `decode` reopens it.
+    pub(super) reaped: bool,
 }
 
 #[derive(Default)]
@@ -153,6 +159,8 @@ pub(super) struct State {
     pub(super) threads: usize,
     /// Last handle given to each guest.
     pub(super) last_handle: HashMap<GuestId, u64>,
+    /// The reaper thread runs ([`super::reap`]).
+    pub(super) reaper: bool,
 }
 
 impl State {
@@ -161,7 +169,7 @@ impl State {
         self.sessions
             .iter()
             .filter(|((g, _), _)| *g == guest)
-            .map(|(_, o)| o.threads)
+            .map(|(_, o)| if o.reaped { 0 } else { o.threads })
             .sum()
     }
 
@@ -255,6 +263,8 @@ impl State {
                 threads,
                 charge: None,
                 record,
+                last_used: Instant::now(),
+                reaped: false,
             },
         );
         Ok(handle)
@@ -273,21 +283,27 @@ impl State {
 
     pub(super) fn remove(&mut self, key: &(GuestId, u64)) -> Option<Session> {
         let o = self.sessions.remove(key)?;
-        self.threads -= o.threads;
+        if !o.reaped {
+            self.threads -= o.threads;
+        }
         Some(o.session)
     }
 
+    /// `guest`'s decoder `handle`, marked used now.
     pub(super) fn decoder(
         &mut self,
         guest: GuestId,
         handle: u64,
     ) -> std::result::Result<&mut DecoderSession, Status> {
-        match self
-            .sessions
-            .get_mut(&(guest, handle))
-            .map(|o| &mut o.session)
-        {
-            Some(Session::Decoder(d)) => Ok(d),
+        match self.sessions.get_mut(&(guest, handle)) {
+            Some(Open {
+                session: Session::Decoder(d),
+                last_used,
+                ..
+            }) => {
+                *last_used = Instant::now();
+                Ok(d)
+            }
             _ => Err(Status::BadArgument),
         }
     }
