@@ -25,7 +25,7 @@
 //!   allows), `name(KIND,soft)` (an unknown name answers 0 without an error: `glIs*`).
 //!
 //! `KIND` is one of `buffer texture framebuffer renderbuffer program shader query sampler
-//! vertexarray transformfeedback`.
+//! vertexarray transformfeedback programpipeline`.
 
 use crate::GenError;
 
@@ -52,6 +52,8 @@ pub enum Kind {
     VertexArray,
     /// Transform feedback objects (GLES 3).
     TransformFeedback,
+    /// Program pipeline objects (GLES 3.1).
+    ProgramPipeline,
 }
 
 impl Kind {
@@ -67,6 +69,7 @@ impl Kind {
             "sampler" => Kind::Sampler,
             "vertexarray" => Kind::VertexArray,
             "transformfeedback" => Kind::TransformFeedback,
+            "programpipeline" => Kind::ProgramPipeline,
             _ => return Err(GenError::Annot(format!("unknown object kind {s:?}"))),
         })
     }
@@ -84,6 +87,7 @@ impl Kind {
             Kind::Sampler => "Kind::Sampler",
             Kind::VertexArray => "Kind::VertexArray",
             Kind::TransformFeedback => "Kind::TransformFeedback",
+            Kind::ProgramPipeline => "Kind::ProgramPipeline",
         }
     }
 }

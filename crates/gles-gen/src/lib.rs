@@ -34,7 +34,7 @@ pub enum GenError {
 pub const FEATURE: &str = "GL_ES_VERSION_2_0";
 /// Every registry feature we generate, in order: the commands of those after the first are
 /// optional on the host (a driver without OpenGL ES 3 still serves ES 2 contexts).
-pub const FEATURES: &[&str] = &[FEATURE, "GL_ES_VERSION_3_0"];
+pub const FEATURES: &[&str] = &[FEATURE, "GL_ES_VERSION_3_0", "GL_ES_VERSION_3_1"];
 /// Where Debian's `khronos-api` puts the registry (`$VIRTSOC_GL_XML` overrides).
 pub const DEFAULT_GL_XML: &str = "/usr/share/khronos-api/gl.xml";
 /// Our annotation file.

@@ -326,6 +326,7 @@ fn run(args: Args) -> virtsoc_host::Result<()> {
             codec_sessions: args.limit_codec_sessions_total,
             codec_threads: args.limit_codec_threads,
             codec_threads_per_guest: args.limit_codec_threads_per_guest,
+            codec_idle_reap: Limits::default().codec_idle_reap,
             sms_sent: args.limit_sms_sent,
             snapshot_interval: std::time::Duration::from_millis(args.limit_snapshot_interval_ms),
             gpu_cost: args.limit_gpu_cost,

@@ -423,15 +423,11 @@ pub extern "C" fn eglCreateContext(
         if config != 0 && wire::config(config).is_none() {
             return Err(EGL_BAD_CONFIG);
         }
-        let mut major = 1;
+        let (mut major, mut minor) = (1, 0);
         for (a, v) in pairs(attribs) {
             match a {
                 EGL_CONTEXT_CLIENT_VERSION => major = v,
-                EGL_CONTEXT_MINOR_VERSION => {
-                    if v != 0 {
-                        return Err(EGL_BAD_MATCH);
-                    }
-                }
+                EGL_CONTEXT_MINOR_VERSION => minor = v,
                 EGL_CONTEXT_FLAGS_KHR
                 | EGL_CONTEXT_OPENGL_PROFILE_MASK
                 | EGL_CONTEXT_OPENGL_DEBUG
@@ -442,8 +438,9 @@ pub extern "C" fn eglCreateContext(
                 _ => return Err(EGL_BAD_ATTRIBUTE),
             }
         }
-        if major != 2 && major != 3 {
-            // OpenGL ES 1 is not offered; ES 3 is 3.0 (the host refuses it without ES 3).
+        if !matches!((major, minor), (2, 0) | (3, 0) | (3, 1)) {
+            // OpenGL ES 1 is not offered; ES 3 is 3.0 or 3.1 (the host refuses it without
+            // ES 3; a 3.1 request on a host with 3.0 only gets 3.0, `GL_VERSION` says so).
             return Err(EGL_BAD_MATCH);
         }
         let major = major as u32;

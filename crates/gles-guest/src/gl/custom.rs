@@ -16,6 +16,7 @@ use crate::rt::{self, Context};
 
 pub(crate) use super::draw::*;
 pub(crate) use super::es3::*;
+pub(crate) use super::es31::*;
 pub(crate) use super::es3obj::*;
 
 /// Extensions exposed when the host has them: those that add no entry point, or whose
@@ -160,13 +161,15 @@ pub(super) fn host_string(ctx: &Context, name: u32) -> Option<Vec<u8>> {
 }
 
 /// The string the guest shows for `name`, from the host's.
-fn make_string(ctx: &Context, name: u32, es3: bool) -> Option<String> {
+fn make_string(ctx: &Context, name: u32, es3: bool, es31: bool) -> Option<String> {
     let host = |n| host_string(ctx, n).map(|b| String::from_utf8_lossy(&b).into_owned());
     Some(match name {
         0x1F00 => "virtsoc".to_owned(),
         0x1F01 => format!("virtsoc ({})", host(0x1F01).unwrap_or_default()),
+        0x1F02 if es31 => "OpenGL ES 3.1 virtsoc".to_owned(),
         0x1F02 if es3 => "OpenGL ES 3.0 virtsoc".to_owned(),
         0x1F02 => "OpenGL ES 2.0 virtsoc".to_owned(),
+        0x8B8C if es31 => "OpenGL ES GLSL ES 3.10".to_owned(),
         0x8B8C if es3 => "OpenGL ES GLSL ES 3.00".to_owned(),
         0x8B8C => "OpenGL ES GLSL ES 1.00".to_owned(),
         0x1F03 => {
@@ -183,7 +186,7 @@ fn make_string(ctx: &Context, name: u32, es3: bool) -> Option<String> {
 }
 
 /// `glGetString`: fetched once per context; `GL_VERSION` says ES 2.0 (3.0 for a GLES 3
-/// context) and the extension
+/// context, 3.1 where the host's is 3.1 or newer) and the extension
 /// list holds only what we support.
 pub(crate) unsafe extern "C" fn glGetString(name: u32) -> *const u8 {
     let Some(ctx) = rt::current() else {
@@ -194,7 +197,8 @@ pub(crate) unsafe extern "C" fn glGetString(name: u32) -> *const u8 {
         return s.as_ptr().cast();
     }
     let es3 = super::es3obj::is_es3(&ctx, &mut st);
-    let Some(s) = make_string(&ctx, name, es3) else {
+    let es31 = es3 && super::es3obj::is_es31(&ctx, &mut st);
+    let Some(s) = make_string(&ctx, name, es3, es31) else {
         st.error(GL_INVALID_ENUM);
         return std::ptr::null();
     };
@@ -293,6 +297,25 @@ pub(crate) unsafe extern "C" fn glShaderSource(
         st.error(GL_INVALID_VALUE);
         return;
     };
+    // SAFETY: the caller's contract.
+    let src = unsafe { joined_source(n, string, length) };
+    drop(st);
+    encode(&ctx, op::glShaderSource, |p| {
+        p.u32(shader).bytes(&src);
+    });
+}
+
+/// A shader's source: `n` strings concatenated, each of its `length` (null, or negative:
+/// NUL-terminated).
+///
+/// # Safety
+/// `string` is null or holds `n` pointers, `length` null or `n` lengths; each non-null
+/// string holds its length or is NUL-terminated.
+pub(super) unsafe fn joined_source(
+    n: usize,
+    string: *const *const c_char,
+    length: *const i32,
+) -> Vec<u8> {
     let mut src = Vec::new();
     for i in 0..n {
         if string.is_null() {
@@ -319,10 +342,7 @@ pub(crate) unsafe extern "C" fn glShaderSource(
             });
         }
     }
-    drop(st);
-    encode(&ctx, op::glShaderSource, |p| {
-        p.u32(shader).bytes(&src);
-    });
+    src
 }
 
 /// `glShaderBinary`: no binary formats exist here.

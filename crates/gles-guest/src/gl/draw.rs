@@ -57,6 +57,7 @@ fn attrib_pointer(
         buffer,
         integer,
         divisor: a.divisor,
+        bound: false,
     };
     if buffer != 0 {
         if integer {
@@ -193,7 +194,7 @@ fn client_attribs(st: &GlState) -> Option<(Vec<(u32, Attrib)>, bool)> {
     let mut v = Vec::new();
     let mut any_buffer = false;
     for (i, a) in st.attribs.iter().enumerate().filter(|(_, a)| a.enabled) {
-        if a.buffer != 0 {
+        if a.buffer != 0 || a.bound {
             any_buffer = true;
         } else if a.ptr == 0 {
             return None;

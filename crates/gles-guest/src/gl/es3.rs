@@ -32,6 +32,10 @@ const TARGETS: &[u32] = &[
     0x8C8E, // TRANSFORM_FEEDBACK_BUFFER
     0x8F36, // COPY_READ_BUFFER
     0x8F37, // COPY_WRITE_BUFFER
+    0x8F3F, // DRAW_INDIRECT_BUFFER (GLES 3.1)
+    0x90EE, // DISPATCH_INDIRECT_BUFFER
+    0x90D2, // SHADER_STORAGE_BUFFER
+    0x92C0, // ATOMIC_COUNTER_BUFFER
 ];
 
 /// What a vertex array object holds that the guest needs.
@@ -68,6 +72,8 @@ pub(crate) struct Es3State {
     /// Whether the host's context is GLES 3 (asked once: an ES 2 context on an ES 3 host is
     /// ES 3.0, as Mesa gives an ES 2 request its newest compatible version).
     pub host_es3: Option<bool>,
+    /// The minor version of the host's GLES 3 context (asked once).
+    pub host_minor: Option<u32>,
 }
 
 impl Es3State {

@@ -190,14 +190,38 @@ pub(crate) fn is_es3(ctx: &Context, st: &mut GlState) -> bool {
     v
 }
 
+/// Whether the context is GLES 3.1: a GLES 3 context on a host whose context is GLES 3.1 or
+/// newer (asked once, a round trip), as Mesa gives a 3.0 request its newest compatible
+/// version.
+pub(crate) fn is_es31(ctx: &Context, st: &mut GlState) -> bool {
+    if !is_es3(ctx, st) {
+        return false;
+    }
+    if let Some(m) = st.es3.host_minor {
+        return m >= 1;
+    }
+    let minor = super::custom::host_string(ctx, 0x1F02)
+        .and_then(|s| es3_minor(&s))
+        .unwrap_or(0);
+    st.es3.host_minor = Some(minor);
+    minor >= 1
+}
+
+/// The minor version of an `OpenGL ES 3.x ...` version string.
+fn es3_minor(s: &[u8]) -> Option<u32> {
+    let rest = s.strip_prefix(b"OpenGL ES 3.")?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
 /// `glGetIntegerv` values the guest answers itself; `None`: ask on.
 pub(crate) fn local_ints(ctx: &Context, st: &mut GlState, pname: u32) -> Option<Vec<i32>> {
     let es3 = matches!(pname, 0x821B | 0x821C) && is_es3(ctx, st);
     Some(match pname {
-        0x821B if es3 => vec![3], // MAJOR_VERSION
-        0x821C if es3 => vec![0], // MINOR_VERSION
-        0x87FE => vec![0],        // NUM_PROGRAM_BINARY_FORMATS: none exposed
-        0x87FF => Vec::new(),     // PROGRAM_BINARY_FORMATS
+        0x821B if es3 => vec![3],                       // MAJOR_VERSION
+        0x821C if es3 => vec![is_es31(ctx, st) as i32], // MINOR_VERSION
+        0x87FE => vec![0],                              // NUM_PROGRAM_BINARY_FORMATS: none exposed
+        0x87FF => Vec::new(),                           // PROGRAM_BINARY_FORMATS
         0x88ED => vec![st.es3.pack_buffer() as i32],
         0x88EF => vec![st.es3.unpack_buffer() as i32],
         0x0CF2 => vec![st.es3.unpack.row_length as i32],

@@ -9,6 +9,7 @@ use super::state::MAX_ATTRIBS;
 use super::GlState;
 
 pub(crate) use super::es3::hooks::*;
+pub(crate) use super::es31::hooks::*;
 
 /// # Safety
 /// GL's arguments (none is a pointer).

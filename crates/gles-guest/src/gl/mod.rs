@@ -33,6 +33,7 @@ mod custom;
 mod diff;
 mod draw;
 mod es3;
+mod es31;
 mod es3obj;
 mod hooks;
 mod rtx;

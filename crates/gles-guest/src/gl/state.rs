@@ -30,6 +30,8 @@ pub enum Kind {
     VertexArray,
     /// Transform feedback objects (GLES 3).
     TransformFeedback,
+    /// Program pipeline objects (GLES 3.1).
+    ProgramPipeline,
 }
 
 impl Kind {
@@ -44,6 +46,7 @@ impl Kind {
             Kind::Sampler => 6,
             Kind::VertexArray => 7,
             Kind::TransformFeedback => 8,
+            Kind::ProgramPipeline => 9,
         }
     }
 }
@@ -66,7 +69,7 @@ pub(crate) struct BufferInfo {
 /// The state contexts sharing objects share.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
-    next: [u32; 9],
+    next: [u32; 10],
     pub buffers: HashMap<u32, BufferInfo>,
     /// GLES 3 objects of the share group: syncs, buffer range mappings (`gl::es3`).
     pub es3: super::es3::SharedEs3,
@@ -88,6 +91,9 @@ pub(crate) struct Attrib {
     pub integer: bool,
     /// `glVertexAttribDivisor` (GLES 3): 0 per vertex, else per `divisor` instances.
     pub divisor: u32,
+    /// Its format was set by `glVertexAttribFormat` (GLES 3.1): it reads a vertex buffer
+    /// binding, never client memory (until `glVertexAttribPointer` again).
+    pub bound: bool,
 }
 
 /// Vertex attributes the guest tracks (GLES 2.0 drivers have 16 to 32).

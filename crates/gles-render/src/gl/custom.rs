@@ -22,6 +22,7 @@ use super::{
 
 pub(crate) use super::draw::*;
 pub(crate) use super::es3::*;
+pub(crate) use super::es31::*;
 pub(crate) use super::es3obj::*;
 
 pub(crate) fn glGetError(
@@ -65,6 +66,9 @@ pub(super) fn binding_kind(pname: u32) -> Option<Kind> {
         0x8894 | 0x8895 => Kind::Buffer, // ARRAY_/ELEMENT_ARRAY_BUFFER_BINDING
         // PIXEL_PACK/UNPACK_, UNIFORM_, TRANSFORM_FEEDBACK_, COPY_READ/WRITE_BUFFER_BINDING
         0x88ED | 0x88EF | 0x8A28 | 0x8C8F | 0x8F36 | 0x8F37 => Kind::Buffer,
+        // DRAW_/DISPATCH_INDIRECT_, SHADER_STORAGE_, ATOMIC_COUNTER_BUFFER_BINDING (GLES 3.1)
+        0x8F43 | 0x90EF | 0x90D3 | 0x92C1 => Kind::Buffer,
+        0x825A => Kind::ProgramPipeline,  // PROGRAM_PIPELINE_BINDING
         0x8069 | 0x8514 => Kind::Texture, // TEXTURE_BINDING_2D/_CUBE_MAP
         0x806A | 0x8C1D => Kind::Texture, // TEXTURE_BINDING_3D/_2D_ARRAY
         0x8CA6 | 0x8CAA => Kind::Framebuffer, // (DRAW_)FRAMEBUFFER_BINDING, READ_
@@ -184,15 +188,7 @@ pub(crate) fn glShaderSource(
     let Some(shader) = cx.host_name(gl, Kind::Shader, shader, Mode::Use) else {
         return Ok(());
     };
-    if cx.precision == Precision::Auto {
-        cx.precision = Precision::Auto.resolve(&precision::renderer(gl));
-        log::debug!("gles decoder: shader precision {}", cx.precision.name());
-    }
-    let src = if cx.precision == Precision::Highp {
-        precision::to_highp(src)
-    } else {
-        std::borrow::Cow::Borrowed(src)
-    };
+    let src = host_source(gl, cx, src);
     // The guest reads its own text back (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`:
     // glmark2 checks the length), up to a NUL as the driver would keep it.
     let guest_text = matches!(src, std::borrow::Cow::Owned(_)).then(|| {
@@ -208,6 +204,24 @@ pub(crate) fn glShaderSource(
     // SAFETY: a current context; one string of `len` bytes (no NUL needed with a length).
     unsafe { (gl.glShaderSource)(shader, 1, &ptr, &len) };
     Ok(())
+}
+
+/// A guest shader's source as the host's driver compiles it: rewritten to `highp` where the
+/// context's precision says so (resolved against the renderer on first use).
+pub(super) fn host_source<'a>(
+    gl: &Gl,
+    cx: &mut ContextState,
+    src: &'a [u8],
+) -> std::borrow::Cow<'a, [u8]> {
+    if cx.precision == Precision::Auto {
+        cx.precision = Precision::Auto.resolve(&precision::renderer(gl));
+        log::debug!("gles decoder: shader precision {}", cx.precision.name());
+    }
+    if cx.precision == Precision::Highp {
+        precision::to_highp(src)
+    } else {
+        std::borrow::Cow::Borrowed(src)
+    }
 }
 
 pub(crate) fn glGetAttachedShaders(

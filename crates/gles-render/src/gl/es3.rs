@@ -57,6 +57,10 @@ fn target_binding(target: u32) -> Option<u32> {
         0x8A11 => 0x8A28,          // UNIFORM_BUFFER
         0x8C8E => 0x8C8F,          // TRANSFORM_FEEDBACK_BUFFER
         0x8F36 | 0x8F37 => target, // COPY_READ/WRITE_BUFFER (binding = target)
+        0x8F3F => 0x8F43,          // DRAW_INDIRECT_BUFFER (GLES 3.1)
+        0x90EE => 0x90EF,          // DISPATCH_INDIRECT_BUFFER
+        0x90D2 => 0x90D3,          // SHADER_STORAGE_BUFFER
+        0x92C0 => 0x92C1,          // ATOMIC_COUNTER_BUFFER
         _ => return None,
     })
 }
@@ -408,6 +412,7 @@ pub(crate) fn host_gen(gl: &Gl, kind: Kind, h: &mut u32) {
         Kind::Sampler => gl.glGenSamplers,
         Kind::VertexArray => gl.glGenVertexArrays,
         Kind::TransformFeedback => gl.glGenTransformFeedbacks,
+        Kind::ProgramPipeline => gl.glGenProgramPipelines,
         _ => None,
     };
     if let Some(f) = f {
@@ -423,6 +428,7 @@ pub(crate) fn host_delete(gl: &Gl, kind: Kind, names: &[u32]) {
         Kind::Sampler => gl.glDeleteSamplers,
         Kind::VertexArray => gl.glDeleteVertexArrays,
         Kind::TransformFeedback => gl.glDeleteTransformFeedbacks,
+        Kind::ProgramPipeline => gl.glDeleteProgramPipelines,
         _ => None,
     };
     if let Some(f) = f {

@@ -8,6 +8,7 @@ use std::ffi::c_void;
 use super::{ContextState, Gl};
 
 pub(crate) use super::es3::hooks::*;
+pub(crate) use super::es31::hooks::*;
 pub(crate) use super::precision::hooks::*;
 
 /// A binding's current host name, asked of the driver.

@@ -26,6 +26,7 @@ use virtsoc_gles_stream::StreamError;
 mod custom;
 mod draw;
 mod es3;
+mod es31;
 mod es3obj;
 mod hooks;
 pub mod names;

@@ -30,7 +30,12 @@ pub enum Kind {
     VertexArray = 8,
     /// Transform feedback objects (GLES 3).
     TransformFeedback = 9,
+    /// Program pipeline objects (GLES 3.1).
+    ProgramPipeline = 10,
 }
+
+/// How many kinds there are (the last one's number, plus one).
+const KINDS: usize = Kind::ProgramPipeline as usize + 1;
 
 /// How a decoder treats a name the share group does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +52,7 @@ pub enum Mode {
 /// buffers, textures and renderbuffers hold (what the daemon may charge the guest).
 #[derive(Debug, Default)]
 pub struct ShareGroup {
-    maps: [HashMap<u32, u32>; 10],
+    maps: [HashMap<u32, u32>; KINDS],
     /// GLES 3 sync objects of the group (`gl::es3obj`).
     pub(crate) syncs: super::es3obj::Syncs,
     buffer_bytes: HashMap<u32, u64>,
@@ -177,9 +182,11 @@ pub(crate) fn host_gen(gl: &Gl, kind: Kind) -> u32 {
             Kind::Framebuffer => (gl.glGenFramebuffers)(1, &mut h),
             Kind::Renderbuffer => (gl.glGenRenderbuffers)(1, &mut h),
             Kind::Program | Kind::Shader => {}
-            Kind::Query | Kind::Sampler | Kind::VertexArray | Kind::TransformFeedback => {
-                super::es3::host_gen(gl, kind, &mut h)
-            }
+            Kind::Query
+            | Kind::Sampler
+            | Kind::VertexArray
+            | Kind::TransformFeedback
+            | Kind::ProgramPipeline => super::es3::host_gen(gl, kind, &mut h),
         }
     }
     h
@@ -199,9 +206,11 @@ fn host_delete(gl: &Gl, kind: Kind, names: &[u32]) {
             Kind::Renderbuffer => (gl.glDeleteRenderbuffers)(n, names.as_ptr()),
             Kind::Program => names.iter().for_each(|h| (gl.glDeleteProgram)(*h)),
             Kind::Shader => names.iter().for_each(|h| (gl.glDeleteShader)(*h)),
-            Kind::Query | Kind::Sampler | Kind::VertexArray | Kind::TransformFeedback => {
-                super::es3::host_delete(gl, kind, names)
-            }
+            Kind::Query
+            | Kind::Sampler
+            | Kind::VertexArray
+            | Kind::TransformFeedback
+            | Kind::ProgramPipeline => super::es3::host_delete(gl, kind, names),
         }
     }
 }

@@ -1,0 +1,123 @@
+//! GLES 3.1 decoders the generator cannot do, and the state hooks after GLES 3.1 calls.
+//!
+//! Payloads (the guest's `gl::es31` writes them):
+//! - `glDrawArraysIndirect(mode, offset u64)`, `glDrawElementsIndirect(mode, type, offset
+//!   u64)`: the offset into the bound `GL_DRAW_INDIRECT_BUFFER`. The host checks that a
+//!   vertex array object, a draw-indirect buffer (and an element buffer) are bound before
+//!   the driver reads anything: without them the offset would be a pointer into the worker.
+//! - `glCreateShaderProgramv(type, name, source bytes)`: the guest's program name (made in
+//!   the guest, as `glCreateProgram`'s), the strings joined; the source is rewritten as a
+//!   `glShaderSource`'s is (`gl::precision`).
+
+#![allow(non_snake_case)]
+
+use std::ffi::c_void;
+
+use virtsoc_gles_stream::{Encoder, Reader};
+
+use super::hooks::{binding, ELEMENT_ARRAY_BUFFER_BINDING};
+use super::names::Kind;
+use super::{ContextState, DecodeResult, Gl, GL_INVALID_ENUM, GL_INVALID_OPERATION};
+
+/// `GL_DRAW_INDIRECT_BUFFER_BINDING`.
+const DRAW_INDIRECT_BUFFER_BINDING: u32 = 0x8F43;
+/// `GL_VERTEX_ARRAY_BINDING`.
+const VERTEX_ARRAY_BINDING: u32 = 0x85B5;
+
+/// Whether an indirect draw's offset reads a buffer: a vertex array object and a
+/// draw-indirect buffer bound (else `GL_INVALID_OPERATION` recorded).
+fn indirect_bound(gl: &Gl, cx: &mut ContextState, elements: bool) -> bool {
+    let ok = binding(gl, VERTEX_ARRAY_BINDING) != 0
+        && binding(gl, DRAW_INDIRECT_BUFFER_BINDING) != 0
+        && (!elements || binding(gl, ELEMENT_ARRAY_BUFFER_BINDING) != 0);
+    if !ok {
+        cx.error(GL_INVALID_OPERATION);
+    }
+    ok
+}
+
+pub(crate) fn glDrawArraysIndirect(
+    gl: &Gl,
+    cx: &mut ContextState,
+    r: &mut Reader<'_>,
+    _reply: &mut Encoder,
+) -> DecodeResult {
+    let (mode, off) = (r.u32()?, r.u64()?);
+    if !indirect_bound(gl, cx, false) {
+        return Ok(());
+    }
+    match gl.glDrawArraysIndirect {
+        // SAFETY: a current context; with a draw-indirect buffer bound the pointer is an
+        // offset into it, which the driver checks against the buffer's size.
+        Some(f) => unsafe { f(mode, off as usize as *const c_void) },
+        None => cx.error(GL_INVALID_OPERATION),
+    }
+    Ok(())
+}
+
+pub(crate) fn glDrawElementsIndirect(
+    gl: &Gl,
+    cx: &mut ContextState,
+    r: &mut Reader<'_>,
+    _reply: &mut Encoder,
+) -> DecodeResult {
+    let (mode, ty, off) = (r.u32()?, r.u32()?, r.u64()?);
+    if !matches!(ty, 0x1401 | 0x1403 | 0x1405) {
+        cx.error(GL_INVALID_ENUM);
+        return Ok(());
+    }
+    if !indirect_bound(gl, cx, true) {
+        return Ok(());
+    }
+    match gl.glDrawElementsIndirect {
+        // SAFETY: a current context; with a draw-indirect and an element buffer bound the
+        // pointer is an offset into the former, which the driver checks.
+        Some(f) => unsafe { f(mode, ty, off as usize as *const c_void) },
+        None => cx.error(GL_INVALID_OPERATION),
+    }
+    Ok(())
+}
+
+pub(crate) fn glCreateShaderProgramv(
+    gl: &Gl,
+    cx: &mut ContextState,
+    r: &mut Reader<'_>,
+    _reply: &mut Encoder,
+) -> DecodeResult {
+    let (ty, guest) = (r.u32()?, r.u32()?);
+    let src = r.bytes()?.unwrap_or(&[]);
+    let Some(f) = gl.glCreateShaderProgramv else {
+        cx.error(GL_INVALID_OPERATION);
+        return Ok(());
+    };
+    let src = super::custom::host_source(gl, cx, src);
+    // NUL-terminated (the call takes no lengths), cut at a NUL inside as the driver would.
+    let end = src.iter().position(|b| *b == 0).unwrap_or(src.len());
+    let mut text = src[..end].to_vec();
+    text.push(0);
+    let ptr = text.as_ptr().cast::<std::ffi::c_char>();
+    // SAFETY: a current context; one NUL-terminated string.
+    let host = unsafe { f(ty, 1, &ptr) };
+    cx.map_name(Kind::Program, guest, host);
+    Ok(())
+}
+
+/// State the host tracks after GLES 3.1 calls (the annotation file's `hhook`).
+pub(crate) mod hooks {
+    use super::*;
+
+    /// The stages' programs a pipeline query answers are host names: the guest's instead.
+    pub(crate) fn glGetProgramPipelineiv(
+        _gl: &Gl,
+        cx: &mut ContextState,
+        _pipeline: u32,
+        pname: u32,
+        params: *mut i32,
+    ) {
+        // ACTIVE_PROGRAM, FRAGMENT_SHADER, VERTEX_SHADER, COMPUTE_SHADER
+        if matches!(pname, 0x8259 | 0x8B30 | 0x8B31 | 0x91B9) && !params.is_null() {
+            // SAFETY: `params` is the decoder's output buffer (one value at least).
+            unsafe { *params = cx.share().guest_of(Kind::Program, *params as u32) as i32 };
+        }
+    }
+}
