@@ -86,7 +86,9 @@ fn child_name(node: roxmltree::Node<'_, '_>) -> Option<String> {
 }
 
 /// The commands of `features` (each one's `<require>`s, in registry order, the features in
-/// the given order) followed by the `extra` commands (in the given order), each once.
+/// the given order) followed by the `extra` commands (in the given order), each once. The
+/// first feature must be in the registry; a later one it lacks (an older `gl.xml`) adds
+/// nothing.
 pub fn commands(xml: &str, features: &[&str], extra: &[String]) -> Result<Vec<Command>, GenError> {
     let doc = roxmltree::Document::parse(xml).map_err(|e| GenError::Registry(e.to_string()))?;
     let mut all = std::collections::HashMap::new();
@@ -109,11 +111,15 @@ pub fn commands(xml: &str, features: &[&str], extra: &[String]) -> Result<Vec<Co
         all.insert(name.clone(), Command { name, ret, params });
     }
     let mut names: Vec<String> = Vec::new();
-    for feature in features {
-        let feat = doc
+    for (i, feature) in features.iter().enumerate() {
+        let found = doc
             .descendants()
-            .find(|n| n.has_tag_name("feature") && n.attribute("name") == Some(feature))
-            .ok_or_else(|| GenError::Registry(format!("no feature {feature}")))?;
+            .find(|n| n.has_tag_name("feature") && n.attribute("name") == Some(feature));
+        let feat = match found {
+            Some(f) => f,
+            None if i > 0 => continue,
+            None => return Err(GenError::Registry(format!("no feature {feature}"))),
+        };
         for req in feat.children().filter(|c| c.has_tag_name("require")) {
             for c in req.children().filter(|c| c.has_tag_name("command")) {
                 if let Some(n) = c.attribute("name") {
