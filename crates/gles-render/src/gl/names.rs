@@ -35,7 +35,7 @@ pub enum Kind {
 }
 
 /// How many kinds there are (the last one's number, plus one).
-const KINDS: usize = Kind::ProgramPipeline as usize + 1;
+pub const KINDS: usize = Kind::ProgramPipeline as usize + 1;
 
 /// How a decoder treats a name the share group does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,8 +111,8 @@ impl ShareGroup {
     }
 
     /// Objects of each kind the group holds, in [`Kind`] order.
-    pub fn counts(&self) -> [usize; 10] {
-        let mut c = [0; 10];
+    pub fn counts(&self) -> [usize; KINDS] {
+        let mut c = [0; KINDS];
         for (i, m) in self.maps.iter().enumerate() {
             c[i] = m.len();
         }
@@ -312,7 +312,7 @@ mod tests {
         s.set_texture_bytes(20, 0x0DE1, 1, 16);
         s.set_texture_bytes(20, 0x0DE1, 1, 8); // respecified
         assert_eq!(s.bytes(), 172);
-        assert_eq!(s.counts(), [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(s.counts(), [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(s.remove(Kind::Texture, 1), Some(20));
         assert_eq!(s.bytes(), 100);
         assert_eq!(s.remove(Kind::Buffer, 1), Some(10));
