@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::{Nanos, Result, SchedError, DEFAULT_SHARE};
+use crate::{Result, SchedError, DEFAULT_SHARE};
 
 /// A guest's class: multimedia guests behind their desired frame rate go ahead of batch ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -243,53 +243,4 @@ fn find_line(text: &str, key: &str) -> usize {
                 || l.contains(&format!("\"{key}\""))
         })
         .map_or(1, |i| i + 1)
-}
-
-/// A token bucket for a rate cap: `rate` requests per second, bursts of up to one second's
-/// worth (at least one).
-#[derive(Debug, Clone)]
-pub struct TokenBucket {
-    rate: f64,
-    tokens: f64,
-    last: Option<Nanos>,
-}
-
-impl TokenBucket {
-    /// A full bucket.
-    pub fn new(rate: f64) -> Self {
-        TokenBucket {
-            rate,
-            tokens: rate.max(1.0),
-            last: None,
-        }
-    }
-
-    fn refill(&mut self, now: Nanos) {
-        let last = *self.last.get_or_insert(now);
-        let dt = now.saturating_sub(last) as f64 / 1e9;
-        self.tokens = (self.tokens + dt * self.rate).min(self.rate.max(1.0));
-        self.last = Some(now);
-    }
-
-    /// Takes one token at `now`: `Ok` if there was one, else the time one will be there.
-    pub fn take(&mut self, now: Nanos) -> std::result::Result<(), Nanos> {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            let wait = (1.0 - self.tokens) / self.rate * 1e9;
-            Err(now + wait.ceil() as Nanos)
-        }
-    }
-
-    /// When a token is there (`now` if one is), without taking it.
-    pub fn ready_at(&mut self, now: Nanos) -> Nanos {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            now
-        } else {
-            now + ((1.0 - self.tokens) / self.rate * 1e9).ceil() as Nanos
-        }
-    }
 }

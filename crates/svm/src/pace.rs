@@ -17,6 +17,8 @@
 //! defers that guest's command (it serves the other guests meanwhile and wakes at the time
 //! the bucket names), so waiting for tokens never holds back another guest.
 
+use virtsoc_rate::TokenBucket;
+
 /// Bytes of one paced step: between two steps of one guest's large move the worker serves
 /// other guests. A multiple of [`crate::stream::FILL_CHUNK`] (the fills' generators keep their
 /// word stream across steps); about 50 us of a streaming fill.
@@ -42,30 +44,23 @@ impl Share {
     }
 }
 
-/// A token bucket of bytes on a caller's clock (nanoseconds, any epoch; a clock going back
-/// counts as standing still): full at first, refilled at the share's rate up to its burst.
-/// Integer arithmetic throughout (tokens are kept in byte-nanoseconds), so the times it names
-/// are exact.
+/// A guest's bucket of bytes ([`virtsoc_rate::TokenBucket`]) for its [`Share`]: full at
+/// first, refilled at the share's rate up to its burst (at least one [`PACE_CHUNK`], so a
+/// chunk always fits); exact times, a clock going back counts as standing still.
 #[derive(Debug, Clone)]
 pub struct Bucket {
     share: Share,
-    /// Bytes available at `last`, times 10^9.
-    tokens: u128,
-    last: Option<u64>,
+    tokens: TokenBucket,
 }
-
-const NS: u128 = 1_000_000_000;
 
 impl Bucket {
     /// A full bucket of `share`.
     pub fn new(share: Share) -> Self {
-        let mut b = Bucket {
+        let burst = share.burst.max(PACE_CHUNK as u64);
+        Bucket {
             share,
-            tokens: 0,
-            last: None,
-        };
-        b.tokens = b.capacity() * NS;
-        b
+            tokens: TokenBucket::new(share.rate, burst),
+        }
     }
 
     /// The share.
@@ -73,43 +68,16 @@ impl Bucket {
         self.share
     }
 
-    fn capacity(&self) -> u128 {
-        u128::from(self.share.burst.max(PACE_CHUNK as u64))
-    }
-
-    fn refill(&mut self, now: u64) {
-        let last = *self.last.get_or_insert(now);
-        let dt = u128::from(now.saturating_sub(last));
-        self.tokens = (self.tokens + dt * u128::from(self.share.rate)).min(self.capacity() * NS);
-        self.last = Some(now.max(last));
-    }
-
     /// Takes `bytes` at `now`: `Ok` if they were there (or the share is not paced), else
     /// `Err` with the time they will be (nothing taken). A request over the capacity is
     /// taken as the capacity (it would never fit).
     pub fn take(&mut self, now: u64, bytes: u64) -> Result<(), u64> {
-        if !self.share.paced() {
-            return Ok(());
-        }
-        self.refill(now);
-        let want = u128::from(bytes).min(self.capacity()) * NS;
-        if self.tokens >= want {
-            self.tokens -= want;
-            Ok(())
-        } else {
-            let rate = u128::from(self.share.rate);
-            let wait = (want - self.tokens).div_ceil(rate);
-            Err(now.max(self.last.unwrap_or(now)) + u64::try_from(wait).unwrap_or(u64::MAX / 2))
-        }
+        self.tokens.take(now, bytes)
     }
 
     /// Bytes available at `now`.
     pub fn available(&mut self, now: u64) -> u64 {
-        if !self.share.paced() {
-            return u64::MAX;
-        }
-        self.refill(now);
-        u64::try_from(self.tokens / NS).unwrap_or(u64::MAX)
+        self.tokens.available(now)
     }
 }
 

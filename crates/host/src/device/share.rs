@@ -26,7 +26,7 @@ use virtsoc_fence::queue::DoneToken;
 use virtsoc_proto::{Opcode, Request};
 use virtsoc_sched::policy::Policy;
 
-use virtsoc_sched::policy::TokenBucket;
+use virtsoc_rate::{TokenBucket, REQUEST};
 use virtsoc_sched::{GuestId, Kind, Nanos, Pick, Scheduler};
 use virtsoc_sync::LockExt;
 
@@ -293,7 +293,7 @@ impl Arbiter {
         let policy = self.sharing.policy.current();
         let p = policy.for_guest(name);
         acct.with_sched(|s| s.set_share(guest, p.shares));
-        let bucket = p.rate_cap.map(TokenBucket::new);
+        let bucket = p.rate_cap.map(TokenBucket::per_second);
         self.known.insert(guest, bucket);
     }
 
@@ -321,7 +321,7 @@ impl Arbiter {
         for (g, _) in ready {
             match self.known.get_mut(g).and_then(Option::as_mut) {
                 Some(b) => {
-                    let at = b.ready_at(now);
+                    let at = b.ready_at(now, REQUEST);
                     if at > now {
                         wake = wake.min(at);
                     } else {
@@ -343,7 +343,7 @@ impl Arbiter {
         match pick {
             Pick::Serve(g) => {
                 if let Some(Some(b)) = self.known.get_mut(&g) {
-                    let _ = b.take(now);
+                    let _ = b.take(now, REQUEST);
                 }
                 Pick::Serve(g)
             }
