@@ -17,16 +17,11 @@
 mod common;
 
 use std::ffi::{c_char, c_void, CStr};
-use std::process::Command;
 
-use common::{dlopen, skip, sym, H};
+use common::{dlopen, skip, sym, Results, H};
 
-/// Where the native child writes its results; the pbuffer's width and height.
-const CHILD_OUT: &str = "VIRTSOC_ES3_CHILD_OUT";
+/// The pbuffer's width and height.
 const W: i32 = 64;
-
-/// Named results of the scene, compared between the two runs.
-type Results = Vec<(String, Vec<u8>)>;
 
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -490,39 +485,14 @@ fn scene(g: H) -> Results {
     out
 }
 
-fn encode(r: &Results) -> String {
-    r.iter()
-        .map(|(n, v)| {
-            let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
-            format!("{n} {hex}\n")
-        })
-        .collect()
-}
-
-fn decode(s: &str) -> Results {
-    s.lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(n, h)| {
-            let v = (0..h.len() / 2)
-                .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).expect("hex"))
-                .collect();
-            (n.to_owned(), v)
-        })
-        .collect()
-}
-
 /// The native run: only in the child process the main test starts.
 #[test]
 fn es3_native_child() {
-    let Some(out) = std::env::var_os(CHILD_OUT) else {
-        return;
-    };
-    let (egl, gles) = (dlopen(c"libEGL.so.1"), dlopen(c"libGLESv2.so.2"));
-    assert!(!egl.is_null() && !gles.is_null(), "glvnd");
-    let Some(_) = es3_context(egl) else {
-        return; // no results: the parent skips
-    };
-    std::fs::write(out, encode(&scene(gles))).expect("write results");
+    common::write_native(|| {
+        let (egl, gles) = (dlopen(c"libEGL.so.1"), dlopen(c"libGLESv2.so.2"));
+        assert!(!egl.is_null() && !gles.is_null(), "glvnd");
+        es3_context(egl).map(|_| scene(gles))
+    });
 }
 
 /// Hostile calls through virtsoc: GL errors; the context goes on.
@@ -605,21 +575,9 @@ fn hostile(g: H, egl: H, dpy: H, ctx: H) {
 fn es3_draws_as_native_and_refuses_hostile_input() {
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-es3-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
-    // The native run, in a child process (glvnd picks its vendor once per process).
-    let native_out = tmp.join("native.txt");
-    let exe = std::env::current_exe().expect("test executable");
-    let st = Command::new(exe)
-        .args(["--exact", "es3_native_child", "--test-threads", "1"])
-        .env(CHILD_OUT, &native_out)
-        .env_remove("__EGL_VENDOR_LIBRARY_FILENAMES")
-        .env_remove("VIRTSOC_SOCKET")
-        .status()
-        .expect("run the native child");
-    assert!(st.success(), "the native run failed");
-    let Ok(native) = std::fs::read_to_string(&native_out) else {
+    let Some(native) = common::native_results(&tmp, "es3_native_child") else {
         return skip("no OpenGL ES 3 context natively");
     };
-    let native = decode(&native);
 
     let Some((_d, sock, _)) = common::start_daemon(&tmp, &[]) else {
         return;
@@ -636,16 +594,7 @@ fn es3_draws_as_native_and_refuses_hostile_input() {
     };
     assert_eq!(vendor.to_str().ok(), Some("virtsoc"), "through virtsoc");
     let ours = scene(gles);
-    assert_eq!(ours.len(), native.len());
-    for ((n, a), (m, b)) in ours.iter().zip(&native) {
-        assert_eq!(n, m);
-        assert!(
-            a == b,
-            "{n} differs from the native run ({} vs {} bytes)",
-            a.len(),
-            b.len()
-        );
-    }
+    common::assert_same(&ours, &native);
     // Pictures are not blank.
     let inst = &ours[3].1;
     assert!(

@@ -16,14 +16,10 @@
 mod common;
 
 use std::ffi::{c_char, c_void, CStr};
-use std::process::Command;
 
-use common::{dlopen, skip, sym, H};
+use common::{dlopen, skip, sym, Results, H};
 
-const CHILD_OUT: &str = "VIRTSOC_ES31_CHILD_OUT";
 const W: i32 = 32;
-
-type Results = Vec<(String, Vec<u8>)>;
 
 macro_rules! gl {
     ($lib:expr, $name:ident) => {
@@ -307,39 +303,14 @@ fn scene(g: H) -> Results {
     out
 }
 
-fn encode(r: &Results) -> String {
-    r.iter()
-        .map(|(n, v)| {
-            let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
-            format!("{}\t{hex}\n", n.replace(' ', "_"))
-        })
-        .collect()
-}
-
-fn decode(s: &str) -> Results {
-    s.lines()
-        .filter_map(|l| l.split_once('\t'))
-        .map(|(n, h)| {
-            let v = (0..h.len() / 2)
-                .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).expect("hex"))
-                .collect();
-            (n.replace('_', " "), v)
-        })
-        .collect()
-}
-
 /// The native run: only in the child process the main test starts.
 #[test]
 fn es31_native_child() {
-    let Some(out) = std::env::var_os(CHILD_OUT) else {
-        return;
-    };
-    let (egl, gles) = (dlopen(c"libEGL.so.1"), dlopen(c"libGLESv2.so.2"));
-    assert!(!egl.is_null() && !gles.is_null(), "glvnd");
-    if context(egl).is_none() || !is_es31(gles) {
-        return; // no results: the parent skips
-    }
-    std::fs::write(out, encode(&scene(gles))).expect("write results");
+    common::write_native(|| {
+        let (egl, gles) = (dlopen(c"libEGL.so.1"), dlopen(c"libGLESv2.so.2"));
+        assert!(!egl.is_null() && !gles.is_null(), "glvnd");
+        (context(egl).is_some() && is_es31(gles)).then(|| scene(gles))
+    });
 }
 
 /// Indirect calls without their buffers, or past their end: GL errors, nothing read from
@@ -373,20 +344,9 @@ fn hostile(g: H) {
 fn es31_computes_and_draws_as_native() {
     let tmp = std::env::temp_dir().join(format!("virtsoc-gles-es31-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
-    let native_out = tmp.join("native.txt");
-    let exe = std::env::current_exe().expect("test executable");
-    let st = Command::new(exe)
-        .args(["--exact", "es31_native_child", "--test-threads", "1"])
-        .env(CHILD_OUT, &native_out)
-        .env_remove("__EGL_VENDOR_LIBRARY_FILENAMES")
-        .env_remove("VIRTSOC_SOCKET")
-        .status()
-        .expect("run the native child");
-    assert!(st.success(), "the native run failed");
-    let Ok(native) = std::fs::read_to_string(&native_out) else {
+    let Some(native) = common::native_results(&tmp, "es31_native_child") else {
         return skip("no OpenGL ES 3.1 context natively");
     };
-    let native = decode(&native);
 
     let Some((_d, _sock, _)) = common::start_daemon(&tmp, &[]) else {
         return;
@@ -401,16 +361,7 @@ fn es31_computes_and_draws_as_native() {
     let version = unsafe { CStr::from_ptr(get_string(0x1F02)) }.to_owned();
     assert_eq!(version.to_str().ok(), Some("OpenGL ES 3.1 virtsoc"));
     let ours = scene(gles);
-    assert_eq!(ours.len(), native.len());
-    for ((n, a), (m, b)) in ours.iter().zip(&native) {
-        assert_eq!(n, m);
-        assert!(
-            a == b,
-            "{n} differs from the native run ({} vs {} bytes)",
-            a.len(),
-            b.len()
-        );
-    }
+    common::assert_same(&ours, &native);
     let squares = &ours[0].1;
     assert_eq!(
         &squares[4 * 5..4 * 6],

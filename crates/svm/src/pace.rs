@@ -88,54 +88,6 @@ mod tests {
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000_000_000;
 
-    /// Takes chunks as fast as the bucket gives them, on a fake clock that jumps to each
-    /// time the bucket names: the bytes moved in `span` are the burst plus the rate's.
-    #[test]
-    fn the_rate_is_held_after_the_burst() {
-        let share = Share {
-            rate: 100 << 20,
-            burst: 4 << 20,
-        };
-        let mut b = Bucket::new(share);
-        let (mut now, mut moved) = (0u64, 0u64);
-        let chunk = PACE_CHUNK as u64;
-        while now < 10 * S {
-            match b.take(now, chunk) {
-                Ok(()) => moved += chunk,
-                Err(at) => {
-                    assert!(at > now, "the bucket names a later time");
-                    now = at;
-                }
-            }
-        }
-        let want = share.burst + share.rate * 10;
-        // Within one chunk of burst + rate x 10 s (the last chunk may straddle the end).
-        assert!(
-            moved <= want + chunk && moved + chunk >= want,
-            "moved {moved}, want {want}"
-        );
-    }
-
-    #[test]
-    fn a_burst_is_bounded_by_the_bucket() {
-        let share = Share {
-            rate: 10 << 20,
-            burst: 2 << 20,
-        };
-        let mut b = Bucket::new(share);
-        let chunk = PACE_CHUNK as u64;
-        // At one instant: exactly the burst, then a refusal naming when the next chunk fits.
-        let n = (0..100)
-            .take_while(|_| b.take(5 * S, chunk).is_ok())
-            .count() as u64;
-        assert_eq!(n * chunk, share.burst);
-        let at = b.take(5 * S, chunk).unwrap_err();
-        assert_eq!(at, 5 * S + chunk * S / share.rate);
-        // Not before that time, then yes.
-        assert!(b.take(at - 1, chunk).is_err());
-        assert!(b.take(at, chunk).is_ok());
-    }
-
     /// A guest idle for a minute has the burst banked, not a minute's worth.
     #[test]
     fn an_idle_guest_banks_no_more_than_the_burst() {

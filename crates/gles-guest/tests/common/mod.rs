@@ -248,3 +248,71 @@ pub fn rerun(name: &str, env: &[(&str, &str)]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Named results of a scene a test runs natively and through virtsoc.
+pub type Results = Vec<(String, Vec<u8>)>;
+
+/// Where a native child writes its results (the env variable naming the file).
+pub const NATIVE_OUT: &str = "VIRTSOC_NATIVE_OUT";
+
+/// In the native child (test `child` of [`native_results`]): writes `scene`'s results to the
+/// file the parent named; `None` when this process is not that child.
+pub fn write_native(scene: impl FnOnce() -> Option<Results>) -> Option<()> {
+    let out = std::env::var_os(NATIVE_OUT)?;
+    if let Some(r) = scene() {
+        let text: String = r
+            .iter()
+            .map(|(n, v)| {
+                let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{n}\t{hex}\n")
+            })
+            .collect();
+        std::fs::write(out, text).expect("write results");
+    }
+    Some(())
+}
+
+/// Runs test `child` of this executable natively (glvnd's own vendor, no virtsoc socket), in
+/// a process of its own (glvnd picks its vendor once per process); its results, `None` when
+/// it wrote none (no such context natively: the caller skips).
+pub fn native_results(tmp: &Path, child: &str) -> Option<Results> {
+    let file = tmp.join(format!("{child}.txt"));
+    let exe = std::env::current_exe().expect("test executable");
+    let st = Command::new(exe)
+        .args(["--exact", child, "--test-threads", "1"])
+        .env(NATIVE_OUT, &file)
+        .env_remove("__EGL_VENDOR_LIBRARY_FILENAMES")
+        .env_remove("VIRTSOC_SOCKET")
+        .status()
+        .expect("run the native child");
+    assert!(st.success(), "the native run failed");
+    let text = std::fs::read_to_string(&file).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('\t'))
+            .map(|(n, h)| {
+                let v = (0..h.len() / 2)
+                    .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).expect("hex"))
+                    .collect();
+                (n.to_owned(), v)
+            })
+            .collect(),
+    )
+}
+
+/// Every result through virtsoc equals the native run's, name by name.
+pub fn assert_same(ours: &Results, native: &Results) {
+    assert_eq!(ours.len(), native.len());
+    for ((n, a), (m, b)) in ours.iter().zip(native) {
+        assert_eq!(n, m);
+        if a.len() <= 64 {
+            assert_eq!(a, b, "{n} differs from the native run");
+        }
+        assert!(
+            a == b,
+            "{n} differs from the native run ({} vs {} bytes)",
+            a.len(),
+            b.len()
+        );
+    }
+}
