@@ -1,7 +1,9 @@
 //! Where the planes of an image region are.
 //!
 //! The host stacks a region's planes as `virtsoc-frame`'s `FrameLayout` does, from the row
-//! stride the host chose at allocation (kept in [`RegionInfo`]):
+//! stride the host chose at allocation (kept in [`RegionInfo`]); the planes here are that
+//! layout's (the one plane rule, declared in `virtsoc-frame`; YUYV, which no device reads,
+//! is one plane):
 //!
 //! | format  | planes (offset, stride)                                              |
 //! |---------|----------------------------------------------------------------------|
@@ -13,6 +15,7 @@
 //! The C ABI reports it in `struct virtsoc_region` (`virtsoc_alloc_frame`,
 //! `virtsoc_region_info`).
 
+use virtsoc_frame::{FrameLayout, PixelFormat};
 use virtsoc_proto::wire::Format;
 
 use crate::RegionInfo;
@@ -31,30 +34,35 @@ pub struct Plane {
 }
 
 impl RegionInfo {
-    /// The region's planes in order (Y first for YUV formats); empty for a blob.
+    /// The region's planes in order (Y first for YUV formats); empty for a blob (and for
+    /// metadata no frame layout has, which the host never gives).
     pub fn planes(&self) -> Vec<Plane> {
         let (w, h, s) = (self.width, self.height, self.stride);
-        let luma = u64::from(s) * u64::from(h);
-        let plane = |offset, stride, row_bytes, rows| Plane {
-            offset,
-            stride,
-            row_bytes,
-            rows,
-        };
-        match self.format {
-            Format::Blob => Vec::new(),
-            Format::Rgba8 | Format::Bgra8 => vec![plane(0, s, w.saturating_mul(4), h)],
-            Format::Yuyv => vec![plane(0, s, w.saturating_mul(2), h)],
-            Format::Nv12 => vec![plane(0, s, w, h), plane(luma, s, w, h / 2)],
-            Format::Yuv420p => {
-                let cs = s / 2;
-                vec![
-                    plane(0, s, w, h),
-                    plane(luma, cs, w / 2, h / 2),
-                    plane(luma + u64::from(cs) * u64::from(h / 2), cs, w / 2, h / 2),
-                ]
-            }
+        if self.format == Format::Yuyv {
+            let row_bytes = w.saturating_mul(2);
+            return vec![Plane {
+                offset: 0,
+                stride: s,
+                row_bytes,
+                rows: h,
+            }];
         }
+        let layout = PixelFormat::try_from(self.format)
+            .ok()
+            .and_then(|f| FrameLayout::with_stride(f, w, h, s).ok());
+        let Some(layout) = layout else {
+            return Vec::new();
+        };
+        layout
+            .planes()
+            .iter()
+            .map(|p| Plane {
+                offset: p.offset as u64,
+                stride: p.stride as u32,
+                row_bytes: p.row_bytes() as u32,
+                rows: p.height,
+            })
+            .collect()
     }
 }
 
