@@ -103,6 +103,18 @@ pub mod codec_frame_flag {
     pub const ALL: &[(&str, u64)] = &[("CORRUPT", CORRUPT), ("CROPPED", CROPPED)];
 }
 
+/// What a display plane can do (`display::present_layers`), the one rule the display and a
+/// guest's composition policy both apply.
+pub mod display_plane {
+    /// Largest scaling of a plane, up or down, per axis.
+    pub const MAX_SCALE: u64 = 4;
+
+    /// Whether a plane can scale `from` source pixels to `to` screen pixels on one axis.
+    pub fn scales(from: u32, to: u32) -> bool {
+        u64::from(to) * MAX_SCALE >= u64::from(from) && u64::from(to) <= u64::from(from) * MAX_SCALE
+    }
+}
+
 /// Size of one layer record in the blob passed to `gpu::composite`.
 pub const LAYER_RECORD: usize = 64;
 /// Size of one marker record in the blob passed to `gpu::markers`.

@@ -2,8 +2,8 @@
 //! layers the display's planes can show by themselves, so that only the rest go to the GPU.
 //!
 //! The display (its `mode` command) says how many planes a frame may use; a plane does not
-//! rotate and scales by at most [`MAX_PLANE_SCALE`] either way (the display's rule, see its
-//! device documentation). A HAL asks [`planes_can_show`] before each frame and sends
+//! rotate and scales by at most [`MAX_PLANE_SCALE`] either way (the display's rule,
+//! `virtsoc_devapi::display_plane`). A HAL asks [`planes_can_show`] before each frame and sends
 //! `display::present_layers` when it says yes, `gpu::composite` + `display::present`
 //! otherwise.
 //!
@@ -16,14 +16,11 @@
 use virtsoc_devapi::LayerRecord;
 
 /// Largest scaling of a display plane, up or down, per axis.
-pub const MAX_PLANE_SCALE: u64 = 4;
+pub use virtsoc_devapi::display_plane::MAX_SCALE as MAX_PLANE_SCALE;
 
 /// Whether a display offering `planes` planes per frame can show `layers` without the GPU.
 pub fn planes_can_show(planes: u64, layers: &[LayerRecord]) -> bool {
-    let within = |from: u32, to: u32| {
-        u64::from(to) * MAX_PLANE_SCALE >= u64::from(from)
-            && u64::from(to) <= u64::from(from) * MAX_PLANE_SCALE
-    };
+    let within = virtsoc_devapi::display_plane::scales;
     !layers.is_empty()
         && layers.len() as u64 <= planes
         && layers.iter().all(|l| {

@@ -3,7 +3,7 @@
 //! directly, with a crop, a position and size on the screen (scaling within limits), a plane
 //! alpha and blending. Sources stay where they are, in the display's memory domain (which is
 //! the GPU's): presenting copies nothing. What a plane cannot do (rotation, projection,
-//! scaling past [`MAX_SCALE`], more than [`MAX_PLANES`] layers) answers `NotSupported`, and
+//! scaling past [`virtsoc_devapi::display_plane::MAX_SCALE`], more than [`MAX_PLANES`] layers) answers `NotSupported`, and
 //! the guest's composition policy sends those layers to the GPU instead.
 //!
 //! A headless display, like a display controller, reads only what it needs: the capture-time
@@ -36,8 +36,6 @@ use crate::device::layers::{crop_inside, LayerSpec};
 
 /// Planes one frame may use.
 pub const MAX_PLANES: usize = 4;
-/// Largest scaling factor of a plane, up or down, per axis.
-pub const MAX_SCALE: u32 = 4;
 
 /// One plane of a presented frame.
 pub(super) struct Plane {
@@ -59,10 +57,7 @@ impl Plane {
         if !crop_inside(spec.crop, &layout) {
             return Err(Status::BadArgument);
         }
-        let within = |from: u32, to: u32| {
-            u64::from(to) * u64::from(MAX_SCALE) >= u64::from(from)
-                && u64::from(to) <= u64::from(from) * u64::from(MAX_SCALE)
-        };
+        let within = virtsoc_devapi::display_plane::scales;
         if spec.rotation != Rotation::R0
             || !within(spec.crop.width, spec.dst.width)
             || !within(spec.crop.height, spec.dst.height)
