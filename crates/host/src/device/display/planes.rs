@@ -3,8 +3,9 @@
 //! directly, with a crop, a position and size on the screen (scaling within limits), a plane
 //! alpha and blending. Sources stay where they are, in the display's memory domain (which is
 //! the GPU's): presenting copies nothing. What a plane cannot do (rotation, projection,
-//! scaling past [`virtsoc_devapi::display_plane::MAX_SCALE`], more than [`MAX_PLANES`] layers) answers `NotSupported`, and
-//! the guest's composition policy sends those layers to the GPU instead.
+//! scaling past [`virtsoc_devapi::display_plane::MAX_SCALE`], more than [`MAX_PLANES`]
+//! layers) answers `NotSupported`, and the guest's composition policy sends those layers to
+//! the GPU instead.
 //!
 //! A headless display, like a display controller, reads only what it needs: the capture-time
 //! stamp for motion-to-photon latency (a grid of 32 x 160 samples of one plane); with the
