@@ -121,3 +121,93 @@ pub(crate) mod hooks {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use virtsoc_gles_stream::gl_ops as op;
+
+    use super::*;
+    use crate::egl::HostEgl;
+    use crate::gl::ShareGroup;
+
+    /// Runs `batch`'s GL packets on `cx` (current on the host).
+    fn run(gl: &Gl, cx: &mut ContextState, batch: &Encoder) {
+        let mut reply = Encoder::new();
+        let mut r = Reader::new(batch.as_bytes());
+        while let Some(p) = r.next_packet() {
+            let (opc, payload) = p.expect("packet");
+            super::super::dispatch(gl, cx, opc, payload, &mut reply).expect("decoded");
+        }
+    }
+
+    /// An indirect draw's offset reaches the driver only with a vertex array object, a
+    /// draw-indirect buffer (and for elements an element buffer) bound: a raw stream
+    /// (no guest library checking first) gets `GL_INVALID_OPERATION` otherwise.
+    #[test]
+    fn indirect_offsets_need_their_buffers() {
+        let _one = crate::egl::HOST_EGL_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Ok(egl) = HostEgl::open() else {
+            assert!(
+                std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
+                "no host EGL"
+            );
+            eprintln!("SKIPPED: no host EGL");
+            return;
+        };
+        let config = egl.config([8, 8, 8, 8], 0, 0).expect("config");
+        let Ok(ctx) = egl.create_context(config, std::ptr::null_mut(), 3) else {
+            eprintln!("SKIPPED: no ES 3 context");
+            return;
+        };
+        let surf = egl.create_pbuffer(config, 8, 8).expect("pbuffer");
+        egl.make_current(surf, surf, ctx).expect("current");
+        // SAFETY: the loader answers the host's GL functions by name.
+        let gl = unsafe { Gl::load(|n| egl.proc_address(n)) }.expect("host GL");
+        if gl.glDrawArraysIndirect.is_none() {
+            eprintln!("SKIPPED: no GLES 3.1");
+            return;
+        }
+        let mut cx = ContextState::new(ShareGroup::new_shared());
+        let refused = |cx: &mut ContextState, e: &Encoder, why: &str| {
+            run(&gl, cx, e);
+            assert_eq!(cx.take_error(), GL_INVALID_OPERATION, "{why}");
+        };
+        let mut e = Encoder::new();
+        e.packet(op::glDrawArraysIndirect).u32(4).u64(0x1234_5678);
+        refused(&mut cx, &e, "no vertex array object");
+        let mut e = Encoder::new();
+        e.packet(op::glGenVertexArrays)
+            .i32(1)
+            .bytes(&1u32.to_le_bytes());
+        e.packet(op::glBindVertexArray).u32(1);
+        e.packet(op::glDrawArraysIndirect).u32(4).u64(0x1234_5678);
+        refused(&mut cx, &e, "no draw-indirect buffer");
+        let mut e = Encoder::new();
+        e.packet(op::glGenBuffers).i32(1).bytes(&2u32.to_le_bytes());
+        e.packet(op::glBindBuffer).u32(0x8F3F).u32(2);
+        e.packet(op::glBufferData)
+            .u32(0x8F3F)
+            .u64(20)
+            .bytes(&[0u8; 20])
+            .u32(0x88E4);
+        e.packet(op::glDrawElementsIndirect)
+            .u32(4)
+            .u32(0x1403)
+            .u64(0);
+        refused(&mut cx, &e, "no element buffer");
+        let mut e = Encoder::new();
+        e.packet(op::glDrawArraysIndirect).u32(4).u64(0);
+        run(&gl, &mut cx, &e);
+        assert_eq!(cx.take_error(), 0, "with its buffers bound the draw runs");
+        egl.make_current(
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .expect("release");
+        egl.destroy_surface(surf);
+        egl.destroy_context(ctx);
+    }
+}
