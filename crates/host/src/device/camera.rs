@@ -436,27 +436,32 @@ impl Device for Camera {
         &self,
         guest: GuestId,
         record: &serde_json::Value,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), super::RecordError> {
+        use super::RecordError;
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Record {
             modes: Vec<[u32; 3]>,
         }
-        let r: Record = serde_json::from_value(record.clone()).map_err(|e| e.to_string())?;
+        let r: Record = serde_json::from_value(record.clone())?;
         if r.modes.len() > MAX_MODES_PER_GUEST {
-            return Err(format!("{} camera modes", r.modes.len()));
+            let why = format!("{} camera modes", r.modes.len());
+            return Err(RecordError::Invalid(why));
         }
         for [code, w, h] in r.modes {
             let f = *PixelFormat::ALL
                 .get(code as usize)
-                .ok_or_else(|| format!("camera format {code}"))?;
+                .ok_or_else(|| RecordError::Invalid(format!("camera format {code}")))?;
             if !(2..=virtsoc_media::frame::MAX_DIMENSION).contains(&w)
                 || !(2..=virtsoc_media::frame::MAX_DIMENSION).contains(&h)
             {
-                return Err(format!("camera mode {w}x{h}"));
+                return Err(RecordError::Invalid(format!("camera mode {w}x{h}")));
             }
             self.camera_for(guest, (f, w, h))
-                .map_err(|s| format!("camera mode {w}x{h}: {}", s.message()))?;
+                .map_err(|status| RecordError::Refused {
+                    what: format!("camera mode {w}x{h}"),
+                    status,
+                })?;
         }
         Ok(())
     }

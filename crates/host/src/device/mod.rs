@@ -56,6 +56,26 @@ use virtsoc_svm::{CopyTicket, DomainId, GuestId, Progress, RegionId, SvmManager}
 use virtsoc_sync::{EventCount, LockExt};
 
 use crate::session::Session;
+
+/// Why a device refused a guest's snapshot record ([`Device::import_guest`]; the record is
+/// untrusted: a tampered or foreign saved session).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The record does not parse as the device's record.
+    #[error("malformed record: {0}")]
+    Malformed(#[from] serde_json::Error),
+    /// A field is missing, or a value out of range or inconsistent (the text names it).
+    #[error("{0}")]
+    Invalid(String),
+    /// Recreating one of its objects was refused, as the guest's own command would be.
+    #[error("{what}: {}", status.message())]
+    Refused {
+        /// The object (e.g. `codec session 3`).
+        what: String,
+        /// The device's answer.
+        status: Status,
+    },
+}
 use share::{permitted, start, Accounting, Arbiter, Sharing};
 use virtsoc_sched::policy::Policy;
 use virtsoc_sched::Pick;
@@ -193,7 +213,11 @@ pub trait Device: Send + Sync {
     }
     /// Snapshots: recreates `guest`'s objects from a record of
     /// [`export_guest`](Self::export_guest) (untrusted input: validate it).
-    fn import_guest(&self, _guest: GuestId, _record: &serde_json::Value) -> Result<(), String> {
+    fn import_guest(
+        &self,
+        _guest: GuestId,
+        _record: &serde_json::Value,
+    ) -> Result<(), RecordError> {
         Ok(())
     }
     /// Runs host control operation `op` (from the control API) with JSON `args`. Called from

@@ -199,7 +199,7 @@ impl Device for Modem {
         &self,
         guest: GuestId,
         record: &serde_json::Value,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), super::RecordError> {
         snapshot::import(self, guest, record)
     }
 
@@ -219,6 +219,7 @@ mod snapshot {
     use serde::Deserialize;
     use virtsoc_modem::{RegState, Signal};
 
+    use super::super::RecordError;
     use super::{GuestId, GuestModem, Modem};
 
     /// Longest SMS text or address kept.
@@ -242,7 +243,7 @@ mod snapshot {
         sms: Vec<Sms>,
     }
 
-    fn reg_state(code: u8) -> Result<RegState, String> {
+    fn reg_state(code: u8) -> Result<RegState, RecordError> {
         Ok(match code {
             0 => RegState::NotRegistered,
             1 => RegState::Home,
@@ -250,26 +251,32 @@ mod snapshot {
             3 => RegState::Denied,
             4 => RegState::Unknown,
             5 => RegState::Roaming,
-            c => return Err(format!("registration state {c}")),
+            c => return Err(RecordError::Invalid(format!("registration state {c}"))),
         })
     }
 
-    pub(super) fn import(m: &Modem, guest: GuestId, v: &serde_json::Value) -> Result<(), String> {
-        let r: Record = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+    pub(super) fn import(
+        m: &Modem,
+        guest: GuestId,
+        v: &serde_json::Value,
+    ) -> Result<(), RecordError> {
+        let r: Record = serde_json::from_value(v.clone())?;
         let registration = reg_state(r.registration)?;
         let signal = Signal {
             rssi: r.signal[0],
             ber: r.signal[1],
         };
         if !signal.is_valid() {
-            return Err("signal out of range".into());
+            return Err(RecordError::Invalid("signal out of range".into()));
         }
         if r.sms.len() > MAX_SMS
             || r.sms
                 .iter()
                 .any(|s| s.from.len() > MAX_FIELD || s.text.len() > MAX_FIELD)
         {
-            return Err("too many or too long stored messages".into());
+            return Err(RecordError::Invalid(
+                "too many or too long stored messages".into(),
+            ));
         }
         let mut cfg = m.new_guest_modem().modem.config().clone();
         cfg.echo = r.echo;
@@ -279,7 +286,7 @@ mod snapshot {
         for s in &r.sms {
             gm.modem
                 .deliver_sms(&s.from, &s.text)
-                .map_err(|e| format!("stored message: {e}"))?;
+                .map_err(|e| RecordError::Invalid(format!("stored message: {e}")))?;
         }
         gm.modem.set_registered(registration);
         // The guest saw these messages arrive before: no new notifications.

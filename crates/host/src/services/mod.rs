@@ -316,8 +316,13 @@ impl Device for ServiceDevice {
         self.export_record(guest)
     }
 
-    fn import_guest(&self, guest: GuestId, record: &Value) -> Result<(), String> {
+    fn import_guest(
+        &self,
+        guest: GuestId,
+        record: &Value,
+    ) -> Result<(), crate::device::RecordError> {
         self.import_record(guest, record)
+            .map_err(crate::device::RecordError::Invalid)
     }
 
     fn guest_gone(&self, guest: GuestId) {

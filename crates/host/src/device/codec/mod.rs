@@ -667,7 +667,7 @@ impl Device for Codec {
         &self,
         guest: GuestId,
         record: &serde_json::Value,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), super::RecordError> {
         self.import(guest, record)
     }
 

@@ -11,6 +11,7 @@ use serde_json::Value;
 use virtsoc_devapi::codec as api;
 use virtsoc_svm::GuestId;
 
+use super::super::RecordError;
 use super::Codec;
 
 /// The command that opened a session.
@@ -63,15 +64,18 @@ impl Codec {
 
     /// Replays every record (untrusted: each goes through the same checks and quotas as the
     /// guest's own command). All or nothing: on a refusal the sessions opened are closed.
-    pub(super) fn import(&self, guest: GuestId, v: &Value) -> Result<(), String> {
-        let recs: Vec<Record> = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+    pub(super) fn import(&self, guest: GuestId, v: &Value) -> Result<(), RecordError> {
+        let recs: Vec<Record> = serde_json::from_value(v.clone())?;
         if recs.len() > MAX_SESSIONS {
-            return Err(format!("{} codec sessions", recs.len()));
+            return Err(RecordError::Invalid(format!(
+                "{} codec sessions",
+                recs.len()
+            )));
         }
         let mut opened = Vec::new();
         for r in &recs {
             if r.handle == 0 || r.handle > MAX_HANDLE {
-                return Err(format!("codec handle {}", r.handle));
+                return Err(RecordError::Invalid(format!("codec handle {}", r.handle)));
             }
         }
         for r in &recs {
@@ -114,7 +118,10 @@ impl Codec {
                     for h in opened {
                         st.remove(&(guest, h));
                     }
-                    return Err(format!("codec session {}: {}", r.handle, s.message()));
+                    return Err(RecordError::Refused {
+                        what: format!("codec session {}", r.handle),
+                        status: s,
+                    });
                 }
             }
         }

@@ -548,17 +548,18 @@ impl Device for Display {
         &self,
         guest: GuestId,
         record: &serde_json::Value,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), super::RecordError> {
+        let invalid = |why: &str| super::RecordError::Invalid(format!("display record: {why}"));
         let foreground = record
             .get("foreground")
             .and_then(|v| v.as_bool())
-            .ok_or("display record without `foreground`")?;
+            .ok_or_else(|| invalid("no `foreground`"))?;
         // Counters are optional (older records have none); each is a plain count.
         let count = |k: &str| record.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
         let (submitted, presented, dropped) =
             (count("submitted"), count("presented"), count("dropped"));
         if presented > submitted || dropped > submitted {
-            return Err("display record: more frames presented or dropped than submitted".into());
+            return Err(invalid("more frames presented or dropped than submitted"));
         }
         if submitted > 0 {
             self.screen
