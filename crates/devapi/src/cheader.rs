@@ -106,11 +106,10 @@ pub fn c_header(all: &[DeviceInfo]) -> String {
                 .args
                 .iter()
                 .filter_map(|a| {
-                    let mode = match a.kind {
-                        "region_r" => "VIRTSOC_READ",
-                        "region_w" => "VIRTSOC_WRITE",
-                        "region_rw" => "VIRTSOC_RW",
-                        _ => return None,
+                    let mode = match a.kind.region()? {
+                        crate::AccessMode::Read => "VIRTSOC_READ",
+                        crate::AccessMode::Write => "VIRTSOC_WRITE",
+                        crate::AccessMode::ReadWrite => "VIRTSOC_RW",
                     };
                     Some(format!("`{}` ({mode})", a.name))
                 })

@@ -36,13 +36,47 @@ pub trait DeviceCommand: Copy {
     fn reply(values: &[u64; 6]) -> Self::Reply;
 }
 
+/// What an argument carries (declared as `u64`, `handle`, `region_r`, `region_w` or
+/// `region_rw`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    /// A plain value (`u64`).
+    Value,
+    /// A handle of an object this guest opened on the device (`handle`).
+    Handle,
+    /// The id of an SVM region the command reads, writes or both (`region_r`, `region_w`,
+    /// `region_rw`).
+    Region(AccessMode),
+}
+
+impl ArgKind {
+    /// The access a region argument needs; `None` for values and handles.
+    pub fn region(self) -> Option<AccessMode> {
+        match self {
+            ArgKind::Region(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The kind as declared.
+    pub fn name(self) -> &'static str {
+        match self {
+            ArgKind::Value => "u64",
+            ArgKind::Handle => "handle",
+            ArgKind::Region(AccessMode::Read) => "region_r",
+            ArgKind::Region(AccessMode::Write) => "region_w",
+            ArgKind::Region(AccessMode::ReadWrite) => "region_rw",
+        }
+    }
+}
+
 /// One argument in a declaration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArgInfo {
     /// Argument name, as declared.
     pub name: &'static str,
-    /// `u64`, `handle`, `region_r`, `region_w` or `region_rw`.
-    pub kind: &'static str,
+    /// What it carries.
+    pub kind: ArgKind,
 }
 
 /// One command in a declaration.

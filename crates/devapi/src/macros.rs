@@ -36,6 +36,24 @@ macro_rules! __region_mode {
     };
 }
 
+/// The [`crate::ArgKind`] of an argument kind.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __arg_kind {
+    (u64) => {
+        $crate::ArgKind::Value
+    };
+    (handle) => {
+        $crate::ArgKind::Handle
+    };
+    ($region:ident) => {
+        match $crate::__region_mode!($region) {
+            Some(m) => $crate::ArgKind::Region(m),
+            None => $crate::ArgKind::Value,
+        }
+    };
+}
+
 /// What an argument kind carries, for the generated field docs.
 #[doc(hidden)]
 #[macro_export]
@@ -203,7 +221,7 @@ macro_rules! devices {
                                 doc: concat!($($cdoc, "\n"),*),
                                 args: &[$($crate::ArgInfo {
                                     name: stringify!($arg),
-                                    kind: stringify!($kind),
+                                    kind: $crate::__arg_kind!($kind),
                                 }),*],
                                 results: &[$(stringify!($ret)),*],
                             },

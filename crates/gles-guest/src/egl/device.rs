@@ -57,11 +57,8 @@ fn resolve(
     }
     let mut regions = Vec::new();
     for (a, w) in c.args.iter().zip(&words[1..]) {
-        let mode = match a.kind {
-            "region_r" => AccessMode::Read,
-            "region_w" => AccessMode::Write,
-            "region_rw" => AccessMode::ReadWrite,
-            _ => continue,
+        let Some(mode) = a.kind.region() else {
+            continue;
         };
         let size = conn.region(*w).ok_or(EGL_BAD_PARAMETER)?.size;
         regions.push((*w, mode, size));

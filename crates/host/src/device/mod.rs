@@ -256,7 +256,7 @@ pub fn validate(id: DeviceId, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> Result<(),
         .find(|c| c.op == args[0])
         .ok_or(Status::UnknownOpcode)?;
     for (i, a) in cmd.args.iter().enumerate() {
-        if a.kind.starts_with("region") {
+        if a.kind.region().is_some() {
             cx.meta(args[1 + i])?;
         }
     }
