@@ -3,13 +3,23 @@
 //!
 //! Every channel moves the same thing: a 64-byte request answered by a 64-byte reply for the
 //! round trip, and `size` bytes from a buffer of this process into the peer's memory for
-//! bandwidth (for the daemon's channels: a CPU write of the buffer, `Connection::write`,
-//! plus the host pulling it into a device's memory; for sockets: a write of the buffer and
-//! the peer reading it into a buffer the size of the transfer). A process guest's write
-//! copies the buffer into the shared window; a remote guest's sends it from the buffer, as
-//! a socket write does. The socket peers are threads of this process on the other core;
-//! the daemon's channels (shared rings for process guests, frames on TCP for remote guests)
-//! go to the daemon process.
+//! bandwidth, in two stages that every channel pays for alike:
+//! - **landing**: the bytes reach the peer's memory. For the daemon's channels a CPU write
+//!   of the buffer (`Connection::write`, which ends when the host has them): a process
+//!   guest's copies the buffer into the shared window; a remote guest's sends it from the
+//!   buffer, as a socket write does, and the host reads it off the stream into its copy of
+//!   the window. For sockets: a write of the buffer and the peer reading it into a buffer
+//!   the size of the transfer; the peer answers once it has every byte.
+//! - **device read**: the bytes reach the consumer's own memory. For the daemon's channels
+//!   the consumer device's read access (the host copies the region into the device's
+//!   memory, as it does for every device that keeps its own replica); for sockets the peer
+//!   copies its buffer into a "device" buffer as large (kept from one transfer to the next,
+//!   as the device's replica is), then answers again.
+//!
+//! `bandwidth_gbps` is the rate of both stages (the bench's definition); `landing_gbps`
+//! the rate of the landing alone. Both compare like with like. The socket peers are threads
+//! of this process on the other core; the daemon's channels (shared rings for process
+//! guests, frames on TCP for remote guests) go to the daemon process.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -28,17 +38,24 @@ use crate::CliError;
 pub struct ChannelResult {
     pub channel: String,
     pub rtt_us: P50P99,
+    /// Bulk rate: a transfer's landing and its device read (see the module docs; the
+    /// landing alone for the socket rows of `bench services`, which asks for no read).
     pub bandwidth_gbps: f64,
-    /// The daemon's channels: where a bulk transfer's time goes (medians).
+    /// Bulk rate of the landing alone (the median landing's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landing_gbps: Option<f64>,
+    /// Where a bulk transfer's time goes (medians).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bulk_stages: Option<BulkStages>,
 }
 
-/// A bulk transfer through the daemon in its two steps, median milliseconds each: the
-/// guest's CPU write (`write_ms`, `Connection::write`: a copy into the shared window, or for
-/// a remote guest the bytes crossing the stream into the host's copy of its window), and a
-/// device's read access (`device_read_ms`: the host pulls the bytes into the device's
-/// memory).
+/// A bulk transfer in its two stages, median milliseconds each: the landing (`write_ms`;
+/// for the daemon's channels the guest's CPU write, `Connection::write`: a copy into the
+/// shared window, or for a remote guest the bytes crossing the stream into the host's copy
+/// of its window; for sockets the write until the peer has every byte), and the device
+/// read (`device_read_ms`: for the daemon's channels the consumer device's read access, the
+/// host pulling the bytes into the device's memory; for sockets the peer's copy into its
+/// device buffer).
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct BulkStages {
     pub write_ms: f64,
@@ -96,6 +113,7 @@ pub fn run(
             size,
             reps,
             unix_pair,
+            Consume::DeviceRead,
         )?);
     }
     if want("tcp") {
@@ -105,6 +123,7 @@ pub fn run(
             size,
             reps,
             tcp_pair,
+            Consume::DeviceRead,
         )?);
     }
     Ok(TransportReport {
@@ -166,6 +185,7 @@ pub fn ring(
         channel: name.into(),
         rtt_us: P50P99::of(&rtt),
         bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
+        landing_gbps: Some(size as f64 / percentile(&write, 50.0) / 1e6),
         bulk_stages: Some(BulkStages {
             write_ms: percentile(&write, 50.0),
             device_read_ms: percentile(&read, 50.0),
@@ -225,13 +245,19 @@ pub fn vm_channel(
     Ok(c)
 }
 
+/// Bulk header kinds: land the bytes and answer; land, answer, copy them into the device
+/// buffer and answer again.
+const LAND: u8 = 1;
+const LAND_AND_READ: u8 = 2;
+
 /// Peer loop: a header `[kind u8][len u64]`, then `len` bytes, landed in a buffer of the
 /// peer's as large as the transfer (kept from one transfer to the next, as the daemon keeps
 /// the region they land in; a 1 MiB buffer overwritten 16 times stays in the cache, and
 /// measured a cheaper landing than any receiver that keeps the bytes gets); answers 64
-/// bytes.
+/// bytes. A `LAND_AND_READ` transfer is then copied into the peer's device buffer (as large,
+/// kept too), and answered again.
 fn serve_stream(mut s: impl Read + Write) {
-    let mut buf = Vec::new();
+    let (mut buf, mut dev) = (Vec::new(), Vec::new());
     let mut head = [0u8; 9];
     while s.read_exact(&mut head).is_ok() {
         let len = u64::from_le_bytes(head[1..9].try_into().unwrap_or([0; 8]));
@@ -247,6 +273,15 @@ fn serve_stream(mut s: impl Read + Write) {
         }
         if s.write_all(&[0u8; 64]).is_err() {
             return;
+        }
+        if head[0] == LAND_AND_READ {
+            if dev.len() < n {
+                dev.resize(n, 0);
+            }
+            dev[..n].copy_from_slice(&buf[..n]);
+            if s.write_all(&[0u8; 64]).is_err() {
+                return;
+            }
         }
     }
 }
@@ -280,14 +315,26 @@ impl<T: Read + Write + Send> ReadWrite for T {}
 
 type PairFn = fn() -> Result<(Box<dyn ReadWrite>, std::thread::JoinHandle<()>), CliError>;
 
+/// What a plain-socket peer does with a bulk transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Consume {
+    /// Lands it (`bench services`' socket rows).
+    Land,
+    /// Lands it, then copies it into its device buffer (`bench transport`: the same two
+    /// stages as the daemon's channels).
+    DeviceRead,
+}
+
 /// One plain-socket channel of `pair`: round trips of 64 bytes, then `reps` bulk transfers
-/// of `size` bytes (the median's rate).
+/// of `size` bytes (the median's rate), each landed and, with `Consume::DeviceRead`, copied
+/// into the peer's device buffer.
 pub(crate) fn stream_channel(
     name: &str,
     round_trips: usize,
     size: u64,
     reps: usize,
     pair: PairFn,
+    consume: Consume,
 ) -> Result<ChannelResult, CliError> {
     let (mut c, peer) = pair()?;
     let mut reply = [0u8; 64];
@@ -303,16 +350,24 @@ pub(crate) fn stream_channel(
         }
     }
     let data = vec![0x5au8; size as usize];
-    let mut times = Vec::new();
+    let (mut times, mut land, mut read) = (Vec::new(), Vec::new(), Vec::new());
+    let read_too = consume == Consume::DeviceRead;
+    let mut head = [if read_too { LAND_AND_READ } else { LAND }; 9];
+    head[1..9].copy_from_slice(&size.to_le_bytes());
     for i in 0..reps + 1 {
         let t0 = Instant::now();
-        let mut head = [1u8; 9];
-        head[1..9].copy_from_slice(&size.to_le_bytes());
         c.write_all(&head)?;
         c.write_all(&data)?;
         c.read_exact(&mut reply)?;
+        let t1 = Instant::now();
+        if read_too {
+            c.read_exact(&mut reply)?;
+        }
+        let t2 = Instant::now();
         if i > 0 {
-            times.push(t0.elapsed().as_secs_f64());
+            times.push((t2 - t0).as_secs_f64());
+            land.push((t1 - t0).as_secs_f64() * 1e3);
+            read.push((t2 - t1).as_secs_f64() * 1e3);
         }
     }
     drop(c);
@@ -321,8 +376,23 @@ pub(crate) fn stream_channel(
         channel: name.to_string(),
         rtt_us: P50P99::of(&rtt),
         bandwidth_gbps: size as f64 / percentile(&times, 50.0) / 1e9,
-        bulk_stages: None,
+        landing_gbps: Some(size as f64 / percentile(&land, 50.0) / 1e6),
+        bulk_stages: read_too.then(|| BulkStages {
+            write_ms: percentile(&land, 50.0),
+            device_read_ms: percentile(&read, 50.0),
+        }),
     })
+}
+
+/// A channel's bulk rates over another's (`bandwidth_gbps`, `landing_gbps`) and its round
+/// trip's p50 over the other's.
+fn ratios(a: &ChannelResult, b: &ChannelResult) -> (f64, Option<f64>, f64) {
+    let landing = a.landing_gbps.zip(b.landing_gbps).map(|(x, y)| x / y);
+    (
+        a.bandwidth_gbps / b.bandwidth_gbps,
+        landing,
+        a.rtt_us.p50 / b.rtt_us.p50,
+    )
 }
 
 /// Prints the report as a table.
@@ -332,21 +402,31 @@ pub fn print_table(r: &TransportReport) {
         r.round_trips, r.bulk_bytes
     );
     println!(
-        "{:<32} {:>11} {:>11} {:>12}",
-        "channel", "rtt p50 us", "rtt p99 us", "bulk GB/s"
+        "{:<32} {:>11} {:>11} {:>12} {:>12}",
+        "channel", "rtt p50 us", "rtt p99 us", "bulk GB/s", "landing GB/s"
     );
     for c in &r.channels {
+        let landing = c.landing_gbps.map_or("-".into(), |g| format!("{g:.3}"));
         println!(
-            "{:<32} {:>11.2} {:>11.2} {:>12.3}",
-            c.channel, c.rtt_us.p50, c.rtt_us.p99, c.bandwidth_gbps
+            "{:<32} {:>11.2} {:>11.2} {:>12.3} {:>12}",
+            c.channel, c.rtt_us.p50, c.rtt_us.p99, c.bandwidth_gbps, landing
         );
     }
+    println!("bulk = landing + device read: every row pays both stages (the socket peers copy what they land into a device buffer)");
     for c in &r.channels {
         if let Some(s) = &c.bulk_stages {
             println!(
-                "{}: bulk ms = CPU write {:.2} + device read {:.2}",
+                "{}: bulk ms = landing {:.2} + device read {:.2}",
                 c.channel, s.write_ms, s.device_read_ms
             );
         }
+    }
+    let find = |p: &str| r.channels.iter().find(|c| c.channel.starts_with(p));
+    if let (Some(remote), Some(tcp)) = (find("virtsoc over TCP"), find("tcp-loopback")) {
+        let (bulk, landing, rtt) = ratios(remote, tcp);
+        let landing = landing.map_or("-".into(), |x| format!("{x:.2}x"));
+        println!(
+            "remote guest / TCP loopback: bulk {bulk:.2}x, landing {landing}, rtt p50 {rtt:.2}x"
+        );
     }
 }

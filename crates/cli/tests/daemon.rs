@@ -422,6 +422,12 @@ fn bench_transport_measures_three_channels() {
     for c in v["channels"].as_array().unwrap() {
         assert!(c["bandwidth_gbps"].as_f64().unwrap() > 0.0);
         assert!(c["rtt_us"]["p50"].as_f64().unwrap() > 0.0);
+        // Every row pays both stages, the socket rows too: a landing and a device read.
+        assert!(c["landing_gbps"].as_f64().unwrap() >= c["bandwidth_gbps"].as_f64().unwrap());
+        assert!(
+            c["bulk_stages"]["device_read_ms"].as_f64().unwrap() > 0.0,
+            "{c}"
+        );
     }
 }
 

@@ -120,6 +120,9 @@ struct Reaped {
     /// number never used, or completed already) is the host's mistake and is dropped.
     outstanding: HashSet<u64>,
     reaping: bool,
+    /// Threads waiting on `reaped_cv` for the reaper's round (woken only when some are: a
+    /// lone caller's round trip makes no wake-up syscall).
+    waiters: usize,
     /// Requests whose completion nobody waits for (fire and forget).
     detached: HashSet<u64>,
     /// Failures of detached requests, until collected.
@@ -300,6 +303,7 @@ impl Connection {
                 done: HashMap::new(),
                 outstanding: HashSet::new(),
                 reaping: false,
+                waiters: 0,
                 detached: HashSet::new(),
                 async_errors: Vec::new(),
             }),
@@ -481,9 +485,12 @@ impl Connection {
         {
             let mut r = self.reaped.lock();
             if r.reaping {
-                let _ = self
+                r.waiters += 1;
+                let mut r = self
                     .reaped_cv
-                    .wait_timeout(r, timeout.unwrap_or(LIVENESS_CHECK));
+                    .wait_timeout(r, timeout.unwrap_or(LIVENESS_CHECK))
+                    .0;
+                r.waiters -= 1;
                 return Ok(());
             }
             r.reaping = true;
@@ -494,7 +501,11 @@ impl Connection {
         if let Ok(batch) = &result {
             self.absorb(&mut r, batch);
         }
-        self.reaped_cv.notify_all();
+        let waiters = r.waiters;
+        drop(r);
+        if waiters > 0 {
+            self.reaped_cv.notify_all();
+        }
         result.map(|_| ())
     }
 

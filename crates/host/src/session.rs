@@ -317,9 +317,17 @@ impl Session {
         !self.is_closed()
     }
 
+    /// Marks the dispatch done. Only a [`pause`](Self::pause) waits for that, and it sets
+    /// the paused flag under the gate's lock before it waits: with no pause there is no one
+    /// to wake (and no wake-up syscall on every request).
     fn leave(&self) {
-        self.gate.lock_or_recover().1 = false;
-        self.gate_cv.notify_all();
+        let mut g = self.gate.lock_or_recover();
+        g.1 = false;
+        let paused = g.0;
+        drop(g);
+        if paused {
+            self.gate_cv.notify_all();
+        }
     }
 
     /// A CPU access of a remote guest: its bytes travel with the request (writes) or the

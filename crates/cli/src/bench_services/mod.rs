@@ -35,7 +35,7 @@ use virtsoc_guest::services::payload::word_sum;
 use virtsoc_guest::services::{bulk, Bulk};
 use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 
-use crate::bench_transport;
+use crate::bench_transport::{self, Consume};
 use crate::daemon_proc::Endpoint;
 use crate::stats::{percentile, P50P99};
 use crate::CliError;
@@ -220,11 +220,11 @@ fn baseline_row(
             }
             "unix-socket" => {
                 let pair = bench_transport::unix_pair;
-                bench_transport::stream_channel(name, round_trips, size, reps, pair)
+                bench_transport::stream_channel(name, round_trips, size, reps, pair, Consume::Land)
             }
             _ => {
                 let pair = bench_transport::tcp_pair;
-                bench_transport::stream_channel(name, round_trips, size, reps, pair)
+                bench_transport::stream_channel(name, round_trips, size, reps, pair, Consume::Land)
             }
         }
     };

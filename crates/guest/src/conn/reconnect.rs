@@ -144,7 +144,9 @@ impl Connection {
         {
             let mut r = self.reaped.lock();
             while r.reaping {
+                r.waiters += 1;
                 r = self.reaped_cv.wait_timeout(r, RETRY).0;
+                r.waiters -= 1;
             }
             r.reaping = true;
         }
