@@ -329,3 +329,59 @@ impl Drop for HostEgl {
 /// so one test's `eglTerminate` (a [`HostEgl`] dropped) would end another's contexts.
 #[cfg(test)]
 pub(crate) static HOST_EGL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A test's host context: ES `major` on an RGBA8 pbuffer, current on this thread, one test at
+/// a time ([`HOST_EGL_TESTS`]); released and destroyed when dropped.
+#[cfg(test)]
+pub(crate) struct TestContext {
+    pub(crate) egl: HostEgl,
+    ctx: Handle,
+    surf: Handle,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+#[cfg(test)]
+impl TestContext {
+    /// The context, or `None` where the host has no EGL or no ES `major` context (said on
+    /// stderr; a failure under `VIRTSOC_REQUIRE_ALL`).
+    pub(crate) fn open(major: u32, (w, h): (u32, u32)) -> Option<TestContext> {
+        let one = HOST_EGL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let skip = |why: &str| {
+            assert!(std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(), "{why}");
+            eprintln!("SKIPPED: {why}");
+        };
+        let Ok(egl) = HostEgl::open() else {
+            skip("no host EGL");
+            return None;
+        };
+        let config = egl.config([8, 8, 8, 8], 0, 0).expect("config");
+        let Ok(ctx) = egl.create_context(config, std::ptr::null_mut(), major) else {
+            skip(&format!("no ES {major} context"));
+            return None;
+        };
+        let surf = egl.create_pbuffer(config, w, h).expect("pbuffer");
+        egl.make_current(surf, surf, ctx).expect("current");
+        Some(TestContext {
+            egl,
+            ctx,
+            surf,
+            _one: one,
+        })
+    }
+
+    /// The host's GL functions.
+    pub(crate) fn gl(&self) -> crate::gl::Gl {
+        // SAFETY: the loader answers the host's GL functions by name; a context is current.
+        unsafe { crate::gl::Gl::load(|n| self.egl.proc_address(n)) }.expect("host GL")
+    }
+}
+
+#[cfg(test)]
+impl Drop for TestContext {
+    fn drop(&mut self) {
+        let null = std::ptr::null_mut();
+        let _ = self.egl.make_current(null, null, null);
+        self.egl.destroy_surface(self.surf);
+        self.egl.destroy_context(self.ctx);
+    }
+}

@@ -217,6 +217,7 @@ pub fn import_fd(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egl::TestContext;
 
     type GlFn<A> = unsafe extern "C" fn(A);
 
@@ -265,16 +266,8 @@ mod tests {
 
     #[test]
     fn llvmpipe_renders_into_a_memfd_of_ours() {
-        let _one = crate::egl::HOST_EGL_TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let egl = HostEgl::open().expect("host EGL (Mesa)");
-        let config = egl.config([8, 8, 8, 8], 0, 0).expect("config");
-        let ctx = egl
-            .create_context(config, std::ptr::null_mut(), 2)
-            .expect("context");
-        let surf = egl.create_pbuffer(config, 16, 16).expect("pbuffer");
-        egl.make_current(surf, surf, ctx).expect("current");
+        let host = TestContext::open(2, (16, 16)).expect("host EGL (Mesa)");
+        let egl = &host.egl;
         let (w, h) = (40u32, 30u32);
         let mem = FrameMemory::new(w, h, LLVMPIPE_UUID).expect("memfd");
         let tex = import_texture(&egl, &mem, w, h).expect("llvmpipe imports our memfd");
@@ -289,40 +282,16 @@ mod tests {
         assert_eq!(px(3, 1), [0, 0, 255, 255]);
         assert_eq!(px(4, 0), [255, 128, 0, 255]);
         assert_eq!(px(39, 29), [255, 128, 0, 255]);
-        egl.make_current(
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-        .expect("release");
-        egl.destroy_surface(surf);
-        egl.destroy_context(ctx);
     }
 
     #[test]
     fn a_memfd_without_the_drivers_id_is_refused() {
-        let _one = crate::egl::HOST_EGL_TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let egl = HostEgl::open().expect("host EGL (Mesa)");
-        let config = egl.config([8, 8, 8, 8], 0, 0).expect("config");
-        let ctx = egl
-            .create_context(config, std::ptr::null_mut(), 2)
-            .expect("context");
-        let surf = egl.create_pbuffer(config, 16, 16).expect("pbuffer");
-        egl.make_current(surf, surf, ctx).expect("current");
+        let host = TestContext::open(2, (16, 16)).expect("host EGL (Mesa)");
+        let egl = &host.egl;
         let mem = FrameMemory::new(8, 8, [0; 16]).expect("memfd");
         // Mesa answers no GL error when it refuses the memory (its import fails silently):
         // the texture has no storage, so a framebuffer on it is incomplete (attachment).
         let tex = import_texture(&egl, &mem, 8, 8).expect("no GL error");
         assert_eq!(clear_and_read(&egl, &mem, tex), Err(0x8CD6));
-        egl.make_current(
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-        .expect("release");
-        egl.destroy_surface(surf);
-        egl.destroy_context(ctx);
     }
 }

@@ -4,7 +4,7 @@
 use virtsoc_gles_stream::gl_ops as op;
 
 use super::*;
-use crate::egl::HostEgl;
+use crate::egl::TestContext;
 use crate::gl::{ShareGroup, GL_NO_ERROR};
 
 /// Runs `batch`'s GL packets on `cx` (current on the host).
@@ -65,25 +65,10 @@ fn program(e: &mut Encoder) {
 
 #[test]
 fn client_arrays_draw_from_the_batch_and_never_linger() {
-    let _one = crate::egl::HOST_EGL_TESTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let Ok(egl) = HostEgl::open() else {
-        assert!(
-            std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
-            "no host EGL"
-        );
-        eprintln!("SKIPPED: no host EGL");
+    let Some(host) = TestContext::open(2, (8, 8)) else {
         return;
     };
-    let config = egl.config([8, 8, 8, 8], 0, 0).expect("config");
-    let ctx = egl
-        .create_context(config, std::ptr::null_mut(), 2)
-        .expect("context");
-    let surf = egl.create_pbuffer(config, 8, 8).expect("pbuffer");
-    egl.make_current(surf, surf, ctx).expect("current");
-    // SAFETY: the loader answers the host's GL functions by name.
-    let gl = unsafe { Gl::load(|n| egl.proc_address(n)) }.expect("host GL");
+    let gl = host.gl();
     let mut cx = ContextState::new(ShareGroup::new_shared());
     // A program drawing attribute 0 in white over a black clear.
     let mut e = Encoder::new();
@@ -111,14 +96,6 @@ fn client_arrays_draw_from_the_batch_and_never_linger() {
     // SAFETY: as above.
     unsafe { (gl.glReadPixels)(4, 4, 1, 1, 0x1908, 0x1401, px.as_mut_ptr().cast()) };
     assert_eq!(px, [0, 0, 0, 0], "nothing drawn");
-    egl.make_current(
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    )
-    .expect("release");
-    egl.destroy_surface(surf);
-    egl.destroy_context(ctx);
 }
 
 /// Not a test: the time of a draw of 517 KB of client arrays (glmark2's `build:use-vbo=false`
@@ -127,18 +104,8 @@ fn client_arrays_draw_from_the_batch_and_never_linger() {
 #[test]
 #[ignore]
 fn client_array_cost() {
-    let _one = crate::egl::HOST_EGL_TESTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let egl = HostEgl::open().expect("host EGL");
-    let config = egl.config([8, 8, 8, 8], 0, 0).expect("config");
-    let ctx = egl
-        .create_context(config, std::ptr::null_mut(), 2)
-        .expect("context");
-    let surf = egl.create_pbuffer(config, 64, 64).expect("pbuffer");
-    egl.make_current(surf, surf, ctx).expect("current");
-    // SAFETY: the loader answers the host's GL functions by name.
-    let gl = unsafe { Gl::load(|n| egl.proc_address(n)) }.expect("host GL");
+    let host = TestContext::open(2, (64, 64)).expect("host EGL");
+    let gl = host.gl();
     let mut cx = ContextState::new(ShareGroup::new_shared());
     let mut e = Encoder::new();
     program(&mut e);
@@ -183,12 +150,4 @@ fn client_array_cost() {
         t.elapsed().as_secs_f64() * 1e6 / 10_000.0,
         cx.max_attribs
     );
-    egl.make_current(
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    )
-    .expect("release");
-    egl.destroy_surface(surf);
-    egl.destroy_context(ctx);
 }

@@ -127,7 +127,7 @@ mod tests {
     use virtsoc_gles_stream::gl_ops as op;
 
     use super::*;
-    use crate::egl::HostEgl;
+    use crate::egl::TestContext;
     use crate::gl::ShareGroup;
 
     /// Runs `batch`'s GL packets on `cx` (current on the host).
@@ -145,26 +145,10 @@ mod tests {
     /// (no guest library checking first) gets `GL_INVALID_OPERATION` otherwise.
     #[test]
     fn indirect_offsets_need_their_buffers() {
-        let _one = crate::egl::HOST_EGL_TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let Ok(egl) = HostEgl::open() else {
-            assert!(
-                std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),
-                "no host EGL"
-            );
-            eprintln!("SKIPPED: no host EGL");
+        let Some(host) = TestContext::open(3, (8, 8)) else {
             return;
         };
-        let config = egl.config([8, 8, 8, 8], 0, 0).expect("config");
-        let Ok(ctx) = egl.create_context(config, std::ptr::null_mut(), 3) else {
-            eprintln!("SKIPPED: no ES 3 context");
-            return;
-        };
-        let surf = egl.create_pbuffer(config, 8, 8).expect("pbuffer");
-        egl.make_current(surf, surf, ctx).expect("current");
-        // SAFETY: the loader answers the host's GL functions by name.
-        let gl = unsafe { Gl::load(|n| egl.proc_address(n)) }.expect("host GL");
+        let gl = host.gl();
         if gl.glDrawArraysIndirect.is_none() {
             eprintln!("SKIPPED: no GLES 3.1");
             return;
@@ -201,13 +185,5 @@ mod tests {
         e.packet(op::glDrawArraysIndirect).u32(4).u64(0);
         run(&gl, &mut cx, &e);
         assert_eq!(cx.take_error(), 0, "with its buffers bound the draw runs");
-        egl.make_current(
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-        .expect("release");
-        egl.destroy_surface(surf);
-        egl.destroy_context(ctx);
     }
 }
