@@ -270,9 +270,9 @@ mod tests {
         let egl = &host.egl;
         let (w, h) = (40u32, 30u32);
         let mem = FrameMemory::new(w, h, LLVMPIPE_UUID).expect("memfd");
-        let tex = import_texture(&egl, &mem, w, h).expect("llvmpipe imports our memfd");
+        let tex = import_texture(egl, &mem, w, h).expect("llvmpipe imports our memfd");
         assert_ne!(tex, 0);
-        let bytes = clear_and_read(&egl, &mem, tex).expect("framebuffer complete");
+        let bytes = clear_and_read(egl, &mem, tex).expect("framebuffer complete");
         let px = |x: usize, y: usize| {
             let at = DATA_OFFSET + y * mem.stride + x * 4;
             [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]
@@ -291,7 +291,7 @@ mod tests {
         let mem = FrameMemory::new(8, 8, [0; 16]).expect("memfd");
         // Mesa answers no GL error when it refuses the memory (its import fails silently):
         // the texture has no storage, so a framebuffer on it is incomplete (attachment).
-        let tex = import_texture(&egl, &mem, 8, 8).expect("no GL error");
-        assert_eq!(clear_and_read(&egl, &mem, tex), Err(0x8CD6));
+        let tex = import_texture(egl, &mem, 8, 8).expect("no GL error");
+        assert_eq!(clear_and_read(egl, &mem, tex), Err(0x8CD6));
     }
 }
