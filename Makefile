@@ -27,7 +27,10 @@ demo: build
 ## processes), and the C ABI test.
 ## One feature set for the build and the tests (the window and V4L2 backends included), so
 ## nothing is compiled twice; no incremental state (a fresh checkout gains nothing from it).
-TEST_FEATURES := --features virtsoc/window,virtsoc/v4l2
+TEST_FEATURES := --features virtsoc/window,virtsoc/v4l2,virtsocd/window,virtsocd/v4l2
+## The integration tests of crates/cli take the daemon the workspace build made (without it,
+## each test binary would run `cargo build -p virtsocd` first: see crates/cli/tests/common.rs).
+test: export VIRTSOCD = $(CURDIR)/target/debug/virtsocd
 test: export VIRTSOC_REQUIRE_ALL = 1
 test: export CARGO_INCREMENTAL = 0
 test: deps lint
@@ -47,11 +50,11 @@ check:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy -p virtsoc --all-targets --features window,v4l2 -- -D warnings
+	$(CARGO) clippy -p virtsoc -p virtsocd --all-targets --features virtsoc/window,virtsoc/v4l2,virtsocd/window,virtsocd/v4l2 -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 ctest:
-	$(CARGO) build -p virtsoc-guest -p virtsoc
+	$(CARGO) build -p virtsoc-guest -p virtsoc -p virtsocd
 	tests/c/run.sh debug
 
 ## libFuzzer targets (fuzz/fuzz_targets), each for FUZZ_SECONDS (default 60) seconds; prints
@@ -66,7 +69,7 @@ fuzz:
 SOAK_GUESTS ?= 32
 SOAK_SECONDS ?= 600
 soak:
-	$(CARGO) build --release -p virtsoc
+	$(CARGO) build --release -p virtsoc -p virtsocd
 	./target/release/virtsoc soak --guests $(SOAK_GUESTS) --seconds $(SOAK_SECONDS)
 
 clean:

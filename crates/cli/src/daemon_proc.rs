@@ -40,7 +40,7 @@ pub fn virtsocd_path() -> Result<PathBuf, CliError> {
         }
     }
     Err(CliError::Usage(format!(
-        "cannot find virtsocd next to {} (set VIRTSOCD)",
+        "cannot find virtsocd next to {} (build it: cargo build -p virtsocd; or set VIRTSOCD)",
         exe.display()
     )))
 }

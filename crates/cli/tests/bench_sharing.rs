@@ -5,12 +5,12 @@
 //! an error, or the bench fails) and the report keeps its fields. The numbers themselves are measurements
 //! (reported, not asserted: no timed assertions here).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
     let chart = std::env::temp_dir().join(format!("sharing-test-{}.svg", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args([
             "bench",
             "sharing",
@@ -92,7 +92,7 @@ fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
 #[test]
 fn bench_sharing_runs_a_gles_video_guest_against_glmark2_hogs() {
     let chart = std::env::temp_dir().join(format!("sharing-gles-{}.svg", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["bench", "sharing", "--json", "--seconds", "1"])
         .args([
             "--repeats",

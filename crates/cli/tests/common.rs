@@ -35,7 +35,7 @@ impl Daemon {
         let socket = socket.unwrap_or_else(|| {
             std::env::temp_dir().join(format!("virtsoc-it-{}-{n}.sock", std::process::id()))
         });
-        let bin = env!("CARGO_BIN_EXE_virtsocd");
+        let bin = virtsocd();
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -131,12 +131,61 @@ impl Drop for Daemon {
     }
 }
 
+/// The daemon binary: `virtsocd` (a package of its own) beside the `virtsoc` binary under
+/// test, where `virtsoc` looks for it too. `cargo test -p virtsoc` builds only this package's
+/// binaries, so the first call in a test binary brings `virtsocd` up to date with the cargo
+/// running the tests (the same profile, the same `window`/`v4l2` features); `$VIRTSOCD`, when
+/// set, is taken as it is (`make test` sets it: its workspace build made the daemon).
+pub fn virtsocd() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("VIRTSOCD") {
+            return PathBuf::from(p);
+        }
+        let dir = Path::new(env!("CARGO_BIN_EXE_virtsoc"))
+            .parent()
+            .expect("virtsoc has a directory");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", "virtsocd", "--bin", "virtsocd"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                cmd.arg("--release");
+            }
+            Some(profile) => {
+                cmd.args(["--profile", profile]);
+            }
+        }
+        let features: Vec<&str> = [
+            cfg!(feature = "window").then_some("window"),
+            cfg!(feature = "v4l2").then_some("v4l2"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !features.is_empty() {
+            cmd.arg("--features").arg(features.join(","));
+        }
+        let st = cmd.status().expect("run cargo to build virtsocd");
+        assert!(st.success(), "cargo build -p virtsocd failed");
+        let bin = dir.join("virtsocd");
+        assert!(bin.exists(), "{} was not built", bin.display());
+        bin
+    })
+}
+
+/// A command running the `virtsoc` binary under test, the daemon it starts built (see
+/// [`virtsocd`]).
+pub fn virtsoc_cmd() -> Command {
+    virtsocd();
+    Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+}
+
 /// Runs the `virtsoc` CLI and returns its stdout (panics on failure).
 pub fn virtsoc(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
-        .args(args)
-        .output()
-        .expect("run virtsoc");
+    let out = virtsoc_cmd().args(args).output().expect("run virtsoc");
     assert!(
         out.status.success(),
         "virtsoc {args:?} failed: {}",

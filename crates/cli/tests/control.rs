@@ -684,7 +684,7 @@ fn tcp_control_needs_the_token() {
     assert_eq!(page.status, 200);
     assert!(page.body.contains("location.hash"));
     // The console over TCP takes the token from $VIRTSOC_TOKEN.
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["ctl", "--socket", &format!("tcp:{addr}"), "devices"])
         .env("VIRTSOC_TOKEN", TOKEN)
         .output()
@@ -695,7 +695,7 @@ fn tcp_control_needs_the_token() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("modem"));
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["ctl", "--socket", &format!("tcp:{addr}"), "devices"])
         .env_remove("VIRTSOC_TOKEN")
         .output()
@@ -707,7 +707,7 @@ fn tcp_control_needs_the_token() {
 
 #[test]
 fn tcp_control_without_a_token_does_not_start() {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+    let out = Command::new(common::virtsocd())
         .args(["--socket", "/tmp/virtsoc-ctl-notoken.sock"])
         .args(["--gpu-backend", "null", "--control-listen", "127.0.0.1:0"])
         .env_remove("VIRTSOC_TOKEN")

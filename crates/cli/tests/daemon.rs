@@ -4,7 +4,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::Ordering;
 
 use common::{virtsoc, Daemon};
@@ -235,7 +235,7 @@ fn malformed_requests_get_errors_and_the_daemon_survives() {
 #[test]
 fn a_crashed_guest_is_cleaned_up_and_the_next_guest_is_served() {
     let mut d = Daemon::start(&[]);
-    let mut guest = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let mut guest = common::virtsoc_cmd()
         .args([
             "debug",
             "hold",
@@ -305,7 +305,7 @@ fn many_guest_processes_at_once() {
     let kids: Vec<_> = ["guest-staging", "write-invalidate", "guest-staging"]
         .iter()
         .map(|p| {
-            Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+            common::virtsoc_cmd()
                 .args([
                     "bench",
                     "svm",

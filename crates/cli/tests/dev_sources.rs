@@ -117,7 +117,7 @@ fn a_video_file_is_looped_as_the_camera() {
 /// stderr.
 fn refused(args: &[&str], env: &[(&str, Option<&str>)]) -> String {
     let dir = temp_dir("refused");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtsocd"));
+    let mut cmd = Command::new(common::virtsocd());
     cmd.arg("--socket")
         .arg(dir.join("d.sock"))
         .arg("--print-ready")
@@ -284,7 +284,7 @@ mod window {
     /// with its socket and its log so far.
     fn daemon(display: &str, dir: &Path, backend: &str) -> (Kill, PathBuf, Arc<Mutex<String>>) {
         let socket = dir.join("d.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+        let mut child = Command::new(common::virtsocd())
             .arg("--socket")
             .arg(&socket)
             .args(["--print-ready", "--display-backend", backend])

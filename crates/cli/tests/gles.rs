@@ -9,8 +9,9 @@
 //! scripts/install-deps.sh) it is skipped loudly, unless `VIRTSOC_REQUIRE_ALL` is set
 //! (`make test` sets it), which makes a missing package a failure.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The directory holding the `virtsoc` binary under test (target/debug or target/release).
 fn bin_dir() -> PathBuf {
@@ -57,7 +58,7 @@ fn programs_present() -> bool {
 }
 
 fn virtsoc(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    common::virtsoc_cmd()
         .args(args)
         .output()
         .expect("run virtsoc")

@@ -214,7 +214,7 @@ fn guests_over_the_cap_are_refused_with_the_reason_and_idle_connections_hold_no_
 
 /// Runs virtsocd to completion (killed after `limit`, which fails the test).
 fn run_virtsocd(args: &[&str], limit: Duration) -> (std::process::ExitStatus, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+    let mut child = Command::new(common::virtsocd())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -423,7 +423,7 @@ fn running_out_of_file_descriptors_neither_spins_nor_stops_the_daemon() {
 /// on its first try. The admission times are reported, not asserted.
 #[test]
 fn floods_of_idle_connections_never_lock_local_guests_out() {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args([
             "bench",
             "admission",

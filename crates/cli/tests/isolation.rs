@@ -2,12 +2,12 @@
 //! one row each, with the hostile guests' work counted and the victim's data verified. The
 //! numbers themselves are measurements (reported, not asserted: no timed assertions here).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn bench_isolation_measures_the_victim_next_to_each_hostile_kind() {
     let kinds = ["region-flood", "fence-flood", "misuse", "handshake-trickle"];
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["bench", "isolation", "--seconds", "1", "--frames", "20"])
         .args(["--hostile", &kinds.join(","), "--json"])
         .output()
@@ -52,7 +52,7 @@ fn bench_isolation_measures_the_victim_next_to_each_hostile_kind() {
         row("misuse")["hostile_ops"],
         "a misuse was accepted"
     );
-    let unknown = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let unknown = common::virtsoc_cmd()
         .args(["bench", "isolation", "--hostile", "nope"])
         .output()
         .unwrap();

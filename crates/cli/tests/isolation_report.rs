@@ -2,11 +2,11 @@
 //! agrees with `ok`) and carries each of its alone/next-to rounds. The numbers themselves are
 //! measurements (reported, not asserted: no timed assertions here).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn bench_isolation_json_rows_carry_their_check_and_rounds() {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["bench", "isolation", "--seconds", "2", "--frames", "24"])
         .args(["--hostile", "fence-flood", "--json"])
         .output()
@@ -51,7 +51,7 @@ fn bench_isolation_json_rows_carry_their_check_and_rounds() {
         rows.iter().all(|r| r["ok"] == true)
     );
     // The table prints what failed under the rows.
-    let table = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let table = common::virtsoc_cmd()
         .args(["bench", "isolation", "--seconds", "1", "--frames", "12"])
         .args(["--hostile", "misuse"])
         .output()

@@ -36,7 +36,7 @@ fn a_guest_migrates_back_and_forth_with_its_regions_and_fences() {
     let (ids, signaled, pending) = guest_state(&g, &sizes, &seeds);
 
     // The first move through the CLI.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args([
             "migrate",
             &g.guest_id().to_string(),

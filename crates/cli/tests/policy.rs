@@ -121,7 +121,7 @@ fn a_denied_guest_gets_permission_denied_and_another_is_unaffected() {
 #[test]
 fn a_bad_policy_at_start_is_a_clear_error() {
     let file = policy_file("bad", "[guest.x]\nshares = 0\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+    let out = Command::new(common::virtsocd())
         .args(["--socket", "/nonexistent/virtsoc-policy.sock", "--policy"])
         .arg(&file)
         .output()

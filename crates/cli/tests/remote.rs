@@ -107,7 +107,7 @@ fn wrong_or_missing_tokens_are_refused_before_anything_is_allocated() {
 
 #[test]
 fn tcp_without_a_token_does_not_start() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsocd"))
+    let out = std::process::Command::new(common::virtsocd())
         .args([
             "--socket",
             "/tmp/virtsoc-notoken.sock",

@@ -195,12 +195,12 @@ fn compare_runs_every_protocol_and_ordering_and_the_report_draws_it() {
 
 #[test]
 fn bad_scenario_arguments_are_clear_errors() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["run", "teleport", "--socket", "/nonexistent.sock"])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["run", "camera", "--resolution", "8k"])
         .output()
         .unwrap();

@@ -174,7 +174,7 @@ fn policy_and_hostile_input_fail_only_their_own_channel() {
     let d = daemon(&dir);
     // Another guest process streams through its own channels all along.
     let sock = d.socket().to_string_lossy().into_owned();
-    let other = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let other = common::virtsoc_cmd()
         .args(["bench", "services", "--socket", &sock, "--channels", "2"])
         .args([
             "--size",
@@ -350,7 +350,7 @@ fn transfers_count_against_the_guests_memory_limit() {
 fn a_short_soak_checks_every_transfer_and_count() {
     let d = Daemon::start(&[]);
     let sock = d.socket().to_string_lossy().into_owned();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["bench", "services", "--socket", &sock, "--soak", "2"])
         .args(["--guests", "3", "--channels", "2", "--size", "3000000"])
         .output()

@@ -8,13 +8,12 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use common::{connect, cpu_read, cpu_write, pattern, Daemon};
 use virtsoc_guest::{Connection, DeviceId, Fence, Format};
 
 fn snapshot_cli(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .arg("snapshot")
         .args(args)
         .output()
@@ -177,7 +176,7 @@ fn a_daemon_killed_while_writing_leaves_the_previous_snapshot_loadable() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("s.snap");
     let save = |file: &PathBuf| {
-        Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+        common::virtsoc_cmd()
             .args([
                 "snapshot",
                 "save",

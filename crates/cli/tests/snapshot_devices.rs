@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{connect, Daemon};
@@ -98,7 +97,7 @@ fn decoders_encoders_modem_and_foreground_are_restored() {
     );
     let file = std::env::temp_dir().join(format!("virtsoc-snapdev-{}.snap", std::process::id()));
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+        let out = common::virtsoc_cmd()
             .arg("snapshot")
             .args(args)
             .output()

@@ -2,10 +2,10 @@
 //! crashing (SIGKILLed) and reconnecting guests, and checks that the daemon's memory,
 //! descriptors and threads come back and every good guest's data was right.
 
-use std::process::Command;
+mod common;
 
 fn soak(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .arg("soak")
         .args(args)
         .arg("--json")

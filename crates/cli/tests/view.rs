@@ -240,7 +240,7 @@ fn a_recording_is_an_mp4_of_the_presented_frames() {
     let stop = Arc::new(AtomicBool::new(false));
     let (guest, h) = presenter(&d, stop.clone());
     let out: PathBuf = std::env::temp_dir().join(format!("virtsoc-rec-{}.mp4", std::process::id()));
-    let status = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let status = common::virtsoc_cmd()
         .args(["ctl", "--socket"])
         .arg(d.socket())
         .args(["record", &guest.to_string()])

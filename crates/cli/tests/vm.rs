@@ -26,7 +26,7 @@ fn vm_daemon(tag: &str) -> (Daemon, PathBuf, PathBuf) {
 }
 
 fn vm_run(shm: &PathBuf, sock: &PathBuf, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_virtsoc"));
+    let mut c = common::virtsoc_cmd();
     c.args(["vm", "run", "--timeout", "240", "--image"])
         .arg(image())
         .arg("--shm")

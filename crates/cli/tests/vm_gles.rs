@@ -15,7 +15,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use common::qemu_present;
 
@@ -56,7 +55,7 @@ fn unmodified_glmark2_validates_inside_a_vm_guest() {
     }
     // An image directory of this test binary's own (its kernel is cached there).
     let image = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/vm-gles-image-test");
-    let out = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let out = common::virtsoc_cmd()
         .args(["gles", "validate", "--vm", "--vm-image"])
         .arg(&image)
         .args(["--scenes", "build:use-vbo=true,texture", "--timeout", "120"])

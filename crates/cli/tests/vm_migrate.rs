@@ -8,7 +8,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -65,7 +65,7 @@ fn setup(tag: &str, b_fault: Option<&str>) -> Setup {
         b_args.extend(["--migrate-fault", f]);
     }
     let b = Daemon::start(&b_args);
-    let mut vm = Command::new(env!("CARGO_BIN_EXE_virtsoc"))
+    let mut vm = common::virtsoc_cmd()
         .args(["vm", "run", "--timeout", "300", "--image"])
         .arg(image)
         .arg("--shm")

@@ -5,7 +5,7 @@
 //! side by side (the dispatch-to-answer chain of a device that runs one command at a time
 //! would have split that wall time between them).
 //!
-//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! The binaries are built by `cargo build -p virtsocd -p virtsoc-render -p
 //! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 

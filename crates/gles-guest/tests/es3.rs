@@ -10,7 +10,7 @@
 //! and another context's sync: GL errors, and the context, the daemon and another guest
 //! go on.
 //!
-//! Needs the binaries (`cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! Needs the binaries (`cargo build -p virtsocd -p virtsoc-render -p
 //! virtsoc-gles`), glvnd and an ES 3 driver; skipped loudly without them unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 

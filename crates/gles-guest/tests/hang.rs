@@ -3,7 +3,7 @@
 //! calls fail cleanly (`EGL_BAD_ALLOC` for a context), the next at once, and the daemon
 //! goes on serving other guests.
 //!
-//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-gles`;
+//! The binaries are built by `cargo build -p virtsocd -p virtsoc-gles`;
 //! without them (or without glvnd) the test is skipped loudly, unless `VIRTSOC_REQUIRE_ALL`
 //! is set.
 

@@ -5,7 +5,7 @@
 //! `glEGLImageTargetTexture2DOES`, and an unchanged one is not copied again (the ledger's
 //! `guest-window -> gles` link); bad images are EGL errors, never hangs.
 //!
-//! Built binaries: `cargo build -p virtsoc --bin virtsocd` and `cargo build -p virtsoc-gles
+//! Built binaries: `cargo build -p virtsocd` and `cargo build -p virtsoc-gles
 //! -p virtsoc-render`; without them (or glvnd) the test is skipped loudly, unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 

@@ -2,7 +2,7 @@
 //! context lost (`EGL_CONTEXT_LOST`), new contexts fail (`EGL_BAD_ALLOC`), and the daemon
 //! goes on serving other guests.
 //!
-//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! The binaries are built by `cargo build -p virtsocd -p virtsoc-render -p
 //! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 

@@ -4,7 +4,7 @@
 //! the control API while its objects live and is given back when its contexts are lost and
 //! when it leaves.
 //!
-//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! The binaries are built by `cargo build -p virtsocd -p virtsoc-render -p
 //! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 

@@ -8,7 +8,7 @@
 //! (`GL_SHADER_SOURCE_LENGTH`, `glGetShaderSource`) wherever it ran.
 //!
 //! Every draw runs in a child process of this test (glvnd picks its vendor once per
-//! process). Needs the binaries (`cargo build -p virtsoc --bin virtsocd -p virtsoc-render
+//! process). Needs the binaries (`cargo build -p virtsocd -p virtsoc-render
 //! -p virtsoc-gles`) and glvnd; skipped loudly without them unless `VIRTSOC_REQUIRE_ALL` is
 //! set.
 

@@ -5,7 +5,7 @@
 //! and reads pixels back (into client memory and through a pixel pack buffer), and checks
 //! them.
 //!
-//! Needs the binaries (`cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! Needs the binaries (`cargo build -p virtsocd -p virtsoc-render -p
 //! virtsoc-gles`) and glvnd; skipped loudly without them unless `VIRTSOC_REQUIRE_ALL` is set.
 
 mod common;

@@ -2,7 +2,7 @@
 //! `libEGL.so.1` / `libGLESv2.so.2` pointed at `libEGL_virtsoc.so`, and a program (this
 //! test) that clears a pbuffer, draws a triangle and reads the pixels back.
 //!
-//! The binaries are built by `cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! The binaries are built by `cargo build -p virtsocd -p virtsoc-render -p
 //! virtsoc-gles`; without them (or without glvnd) the test is skipped loudly, unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 

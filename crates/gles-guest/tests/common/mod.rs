@@ -128,7 +128,7 @@ pub fn start_daemon_env(
     for p in [&daemon, &dir.join("virtsoc-render"), &vendor] {
         if !p.is_file() {
             skip(&format!(
-                "{} not built (cargo build -p virtsoc --bin virtsocd; cargo build -p \
+                "{} not built (cargo build -p virtsocd; cargo build -p \
                  virtsoc-render -p virtsoc-gles)",
                 p.display()
             ));

@@ -139,7 +139,7 @@ impl Source {
     fn v4l2(dev: &Path) -> Result<Self> {
         Err(HostError::Config(format!(
             "camera: v4l2:{} needs a daemon built with the `v4l2` cargo feature \
-             (cargo build --features v4l2)",
+             (cargo build -p virtsocd --features v4l2)",
             dev.display()
         )))
     }

@@ -32,7 +32,7 @@ impl Output {
                     return Err(HostError::Config(
                         "display: --display-backend window is not built into this virtsocd: \
                          rebuild it with the `window` cargo feature \
-                         (cargo build -p virtsoc --features window)"
+                         (cargo build -p virtsocd --features window)"
                             .into(),
                     ));
                 }
