@@ -1,5 +1,7 @@
 //! The command line: `virtsoc`'s commands and their options (clap).
 
+use std::path::PathBuf;
+
 use super::*;
 
 #[derive(Debug, Parser)]
@@ -32,51 +34,7 @@ pub(crate) enum Cmd {
     },
     /// Runs an application scenario (uhd-video, video-360, camera, ar, livestream) through
     /// real devices.
-    Run {
-        scenario: String,
-        #[arg(long)]
-        socket: Option<String>,
-        #[arg(long, default_value = "prefetch")]
-        protocol: String,
-        #[arg(long, value_enum, default_value = "fence")]
-        ordering: bench_svm::OrderingMode,
-        #[arg(long, default_value_t = 5.0)]
-        seconds: f64,
-        /// 360p, 720p, 1080p or uhd (default: uhd for uhd-video, else 1080p).
-        #[arg(long)]
-        resolution: Option<String>,
-        /// Frame rate (default: 60 for uhd-video, else 30).
-        #[arg(long)]
-        fps: Option<u32>,
-        /// How layers reach the screen: display planes where the display can show them (the
-        /// GPU composes the rest), or always the GPU.
-        #[arg(long, value_enum, default_value = "planes")]
-        composition: scenario::show::Composition,
-        /// When frames start: aligned to land just before a vsync (vsync), or on the
-        /// scenario's own clock (free).
-        #[arg(long, value_enum, default_value = "vsync")]
-        pacing: scenario::Pacing,
-        /// Run every protocol x ordering combination and print a table.
-        #[arg(long)]
-        compare: bool,
-        /// Run every mode this many times, interleaved (round 1: every mode, round 2: every
-        /// mode, ...), each run on a fresh daemon; rows hold the medians.
-        #[arg(long, default_value_t = 1)]
-        rounds: usize,
-        /// The video scenarios' clip: cheap (ultrafast, no CABAC/deblocking/B-frames) or
-        /// realistic (preset medium, high bitrate, noise). Default: realistic for uhd-video.
-        #[arg(long, value_enum)]
-        clip: Option<scenario::media::Clip>,
-        /// What consumes presented frames in the daemon started for the run: crc (every byte
-        /// of every plane read once per scanned-out frame) or none.
-        #[arg(long, default_value = "crc", value_parser = ["crc", "none"])]
-        display_sink: String,
-        #[arg(long)]
-        json: bool,
-        /// Also write the results as JSON to this file (for `virtsoc report`).
-        #[arg(long)]
-        save: Option<PathBuf>,
-    },
+    Run(RunArgs),
     /// A guest that only burns CPU until killed (`bench sharing`'s CPU hogs, run as processes
     /// of their own so the daemon can weigh them).
     #[command(hide = true)]
@@ -197,48 +155,7 @@ pub(crate) enum BenchCmd {
     },
     /// Sharing the GPU between guests: unfairness per 1 s window and throughput overhead of
     /// each scheduler with 2, 4 and 8 guests of different per-command cost.
-    Sharing {
-        /// Seconds measured per configuration.
-        #[arg(long, default_value_t = 5)]
-        seconds: u64,
-        /// Guest counts.
-        #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
-        guests: Vec<usize>,
-        /// Schedulers to compare.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "round-robin,wfq,fixed-rate,aimd"
-        )]
-        scheduler: Vec<virtsoc_sched::Kind>,
-        /// Hog counts of the multimedia part (0 to skip it).
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-        hogs: Vec<usize>,
-        /// What the multimedia guest competes with: `gpu` (composition loops), `cpu`
-        /// (spinning processes), `gles` (unmodified glmark2-es2 instances through virtsoc,
-        /// against a GLES video guest; needs glmark2-es2 and Xvfb), any of them.
-        #[arg(long, value_delimiter = ',', default_value = "gpu,cpu")]
-        hog_kind: Vec<String>,
-        /// Skip the two-guests-together part.
-        #[arg(long)]
-        no_together: bool,
-        /// Skip the fairness part on the codec.
-        #[arg(long)]
-        no_codec: bool,
-        /// Rounds of (each size alone, the guests together) per GPU guest count: the
-        /// overhead is their median.
-        #[arg(long, default_value_t = 3)]
-        repeats: usize,
-        /// The GPU fairness guests' three composition sizes (WxH,WxH,WxH).
-        #[arg(long, value_delimiter = ',', default_value = "320x180,640x360,960x540")]
-        gpu_sizes: Vec<String>,
-        /// Where to write the chart (SVG): unfairness per scheduler and guest count, the
-        /// video guest's % of DFR against the hogs.
-        #[arg(long, default_value = "sharing.svg")]
-        chart: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
+    Sharing(SharingArgs),
     /// A victim guest's SVM access p50 and camera fps alone and next to each kind of hostile
     /// guest (issue 10), in a daemon of its own; check: within 20% of alone.
     Isolation {
@@ -269,106 +186,12 @@ pub(crate) enum BenchCmd {
         json: bool,
     },
     /// Round-trip latency and bandwidth of the ring channel, a Unix socket and TCP loopback.
-    Transport {
-        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
-        /// default: start one.
-        #[arg(long)]
-        socket: Option<String>,
-        #[arg(long, default_value_t = 5000)]
-        round_trips: usize,
-        #[arg(long, default_value_t = 16_588_800)]
-        size: u64,
-        #[arg(long, default_value_t = 20)]
-        reps: usize,
-        /// Channels to measure: ring (this guest's shared rings), remote (virtsoc over TCP),
-        /// unix, tcp (plain sockets).
-        #[arg(long, value_delimiter = ',', default_value = "ring,remote,unix,tcp")]
-        channels: Vec<String>,
-        /// Also measure a VM guest's ring (ivshmem + virtio-serial) by booting this image.
-        #[arg(long)]
-        vm_image: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-    },
+    Transport(TransportArgs),
     /// Host services (issue 29): bandwidth and round trip of a service channel beside the
     /// daemon's ring, a Unix socket and TCP loopback, with 1 to N channels at once.
-    Services {
-        /// Daemon to use (a Unix socket path); default: start one.
-        #[arg(long)]
-        socket: Option<String>,
-        /// Most channels at once (rows for 1..=N).
-        #[arg(long, default_value_t = 4)]
-        channels: u32,
-        #[arg(long, default_value_t = 2000)]
-        round_trips: usize,
-        #[arg(long, default_value_t = 16 << 20)]
-        size: u64,
-        #[arg(long, default_value_t = 10)]
-        reps: usize,
-        /// Instead of the comparison: a soak of this many seconds, `--guests` guests with
-        /// `--channels` channels each sending payloads of random sizes up to `--size`
-        /// (streamed in 64 KiB packets or in a region read in place, at random), every one
-        /// checked, the daemon's RSS before and after.
-        #[arg(long)]
-        soak: Option<f64>,
-        #[arg(long, default_value_t = 16)]
-        guests: u32,
-        #[arg(long)]
-        json: bool,
-        /// Also draw the comparison's bandwidths and round trips as an SVG chart here.
-        #[arg(long)]
-        chart: Option<std::path::PathBuf>,
-    },
+    Services(ServicesArgs),
     /// The SVM microbenchmark: producer -> consumer over a ring of buffers, per protocol.
-    Svm {
-        /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
-        /// default: start one.
-        #[arg(long)]
-        socket: Option<String>,
-        /// Comma-separated coherence protocols.
-        #[arg(
-            long,
-            default_value = "guest-staging,write-invalidate,prefetch",
-            value_delimiter = ','
-        )]
-        protocol: Vec<String>,
-        /// Comma-separated ordering modes: fence, atomic.
-        #[arg(long, default_value = "atomic", value_delimiter = ',')]
-        ordering: Vec<bench_svm::OrderingMode>,
-        /// How the slack varies from frame to frame.
-        #[arg(long, value_enum, default_value = "fixed")]
-        slack_pattern: bench_svm::SlackPattern,
-        /// Readers per flow (1: consumer; 2: consumer and consumer2).
-        #[arg(long, default_value_t = 1)]
-        readers: usize,
-        /// Switch to a new pipeline (freshly allocated ring) every N frames.
-        #[arg(long)]
-        switch_every: Option<usize>,
-        /// The first reader: the checksum test device, or the GPU (RGBA frames 3840 wide
-        /// whose GPU replica is a texture: a read is an upload).
-        #[arg(long, value_enum, default_value = "checksum")]
-        consumer: bench_svm::Consumer,
-        /// Replay a recorded access trace instead of the synthetic pipeline (format: see
-        /// `crates/cli/src/trace.rs`).
-        #[arg(long)]
-        trace: Option<PathBuf>,
-        /// Bytes per frame (default: one 3840x2160 frame at 2 bytes per pixel).
-        #[arg(long, default_value_t = 16_588_800)]
-        size: u64,
-        /// Slack interval between the write and the read, in milliseconds.
-        #[arg(long, default_value_t = 17.0)]
-        slack_ms: f64,
-        #[arg(long, default_value_t = 200)]
-        frames: usize,
-        /// Buffers in the ring.
-        #[arg(long, default_value_t = 4)]
-        buffers: usize,
-        /// Unmeasured frames first (lazy allocation, page faults).
-        #[arg(long, default_value_t = 8)]
-        warmup: usize,
-        #[arg(long)]
-        json: bool,
-    },
+    Svm(SvmArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -376,32 +199,7 @@ pub(crate) enum VmCmd {
     /// Boots the guest image under QEMU and runs `virtsoc ARGS...` inside it against the
     /// host daemon (use `--socket vm` in ARGS to reach it); a GLES image
     /// (`build-guest-image.sh --gles`) runs ARGS as a command (`glmark2-es2 --validate`).
-    Run {
-        /// Directory made by scripts/build-guest-image.sh.
-        #[arg(long)]
-        image: PathBuf,
-        /// Memory file of a running daemon's VM endpoint (with --doorbell); default: start a
-        /// daemon for this run.
-        #[arg(long, requires = "doorbell")]
-        shm: Option<PathBuf>,
-        /// Doorbell socket of that endpoint.
-        #[arg(long, requires = "shm")]
-        doorbell: Option<PathBuf>,
-        /// Window size in MiB (must match the endpoint's).
-        #[arg(long, default_value_t = 64)]
-        window_mib: u64,
-        /// tcg (works everywhere) or kvm (where the host supports it).
-        #[arg(long, default_value = "tcg")]
-        accel: String,
-        #[arg(long, default_value_t = 512)]
-        memory_mib: u32,
-        /// Give up (and kill QEMU) after this many seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
-        /// The command to run inside the guest.
-        #[arg(last = true, required = true)]
-        args: Vec<String>,
-    },
+    Run(VmRunArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -429,4 +227,232 @@ pub(crate) enum DebugCmd {
         #[arg(long, default_value_t = 20.0)]
         seconds: f64,
     },
+}
+
+/// `virtsoc run`: a scenario, its size and rate, how it is measured and saved.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    pub(crate) scenario: String,
+    #[arg(long)]
+    pub(crate) socket: Option<String>,
+    #[arg(long, default_value = "prefetch")]
+    pub(crate) protocol: String,
+    #[arg(long, value_enum, default_value = "fence")]
+    pub(crate) ordering: bench_svm::OrderingMode,
+    #[arg(long, default_value_t = 5.0)]
+    pub(crate) seconds: f64,
+    /// 360p, 720p, 1080p or uhd (default: uhd for uhd-video, else 1080p).
+    #[arg(long)]
+    pub(crate) resolution: Option<String>,
+    /// Frame rate (default: 60 for uhd-video, else 30).
+    #[arg(long)]
+    pub(crate) fps: Option<u32>,
+    /// How layers reach the screen: display planes where the display can show them (the
+    /// GPU composes the rest), or always the GPU.
+    #[arg(long, value_enum, default_value = "planes")]
+    pub(crate) composition: scenario::show::Composition,
+    /// When frames start: aligned to land just before a vsync (vsync), or on the
+    /// scenario's own clock (free).
+    #[arg(long, value_enum, default_value = "vsync")]
+    pub(crate) pacing: scenario::Pacing,
+    /// Run every protocol x ordering combination and print a table.
+    #[arg(long)]
+    pub(crate) compare: bool,
+    /// Run every mode this many times, interleaved (round 1: every mode, round 2: every
+    /// mode, ...), each run on a fresh daemon; rows hold the medians.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) rounds: usize,
+    /// The video scenarios' clip: cheap (ultrafast, no CABAC/deblocking/B-frames) or
+    /// realistic (preset medium, high bitrate, noise). Default: realistic for uhd-video.
+    #[arg(long, value_enum)]
+    pub(crate) clip: Option<scenario::media::Clip>,
+    /// What consumes presented frames in the daemon started for the run: crc (every byte
+    /// of every plane read once per scanned-out frame) or none.
+    #[arg(long, default_value = "crc", value_parser = ["crc", "none"])]
+    pub(crate) display_sink: String,
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also write the results as JSON to this file (for `virtsoc report`).
+    #[arg(long)]
+    pub(crate) save: Option<PathBuf>,
+}
+
+/// `virtsoc bench sharing`: schedulers, guest and hog counts, chart.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SharingArgs {
+    /// Seconds measured per configuration.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) seconds: u64,
+    /// Guest counts.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    pub(crate) guests: Vec<usize>,
+    /// Schedulers to compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round-robin,wfq,fixed-rate,aimd"
+    )]
+    pub(crate) scheduler: Vec<virtsoc_sched::Kind>,
+    /// Hog counts of the multimedia part (0 to skip it).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub(crate) hogs: Vec<usize>,
+    /// What the multimedia guest competes with: `gpu` (composition loops), `cpu`
+    /// (spinning processes), `gles` (unmodified glmark2-es2 instances through virtsoc,
+    /// against a GLES video guest; needs glmark2-es2 and Xvfb), any of them.
+    #[arg(long, value_delimiter = ',', default_value = "gpu,cpu")]
+    pub(crate) hog_kind: Vec<String>,
+    /// Skip the two-guests-together part.
+    #[arg(long)]
+    pub(crate) no_together: bool,
+    /// Skip the fairness part on the codec.
+    #[arg(long)]
+    pub(crate) no_codec: bool,
+    /// Rounds of (each size alone, the guests together) per GPU guest count: the
+    /// overhead is their median.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeats: usize,
+    /// The GPU fairness guests' three composition sizes (WxH,WxH,WxH).
+    #[arg(long, value_delimiter = ',', default_value = "320x180,640x360,960x540")]
+    pub(crate) gpu_sizes: Vec<String>,
+    /// Where to write the chart (SVG): unfairness per scheduler and guest count, the
+    /// video guest's % of DFR against the hogs.
+    #[arg(long, default_value = "sharing.svg")]
+    pub(crate) chart: PathBuf,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `virtsoc bench transport`: channels, sizes, repetitions.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TransportArgs {
+    /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+    /// default: start one.
+    #[arg(long)]
+    pub(crate) socket: Option<String>,
+    #[arg(long, default_value_t = 5000)]
+    pub(crate) round_trips: usize,
+    #[arg(long, default_value_t = 16_588_800)]
+    pub(crate) size: u64,
+    #[arg(long, default_value_t = 20)]
+    pub(crate) reps: usize,
+    /// Channels to measure: ring (this guest's shared rings), remote (virtsoc over TCP),
+    /// unix, tcp (plain sockets).
+    #[arg(long, value_delimiter = ',', default_value = "ring,remote,unix,tcp")]
+    pub(crate) channels: Vec<String>,
+    /// Also measure a VM guest's ring (ivshmem + virtio-serial) by booting this image.
+    #[arg(long)]
+    pub(crate) vm_image: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `virtsoc bench services`: channels, sizes, the soak, chart.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServicesArgs {
+    /// Daemon to use (a Unix socket path); default: start one.
+    #[arg(long)]
+    pub(crate) socket: Option<String>,
+    /// Most channels at once (rows for 1..=N).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) channels: u32,
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) round_trips: usize,
+    #[arg(long, default_value_t = 16 << 20)]
+    pub(crate) size: u64,
+    #[arg(long, default_value_t = 10)]
+    pub(crate) reps: usize,
+    /// Instead of the comparison: a soak of this many seconds, `--guests` guests with
+    /// `--channels` channels each sending payloads of random sizes up to `--size`
+    /// (streamed in 64 KiB packets or in a region read in place, at random), every one
+    /// checked, the daemon's RSS before and after.
+    #[arg(long)]
+    pub(crate) soak: Option<f64>,
+    #[arg(long, default_value_t = 16)]
+    pub(crate) guests: u32,
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also draw the comparison's bandwidths and round trips as an SVG chart here.
+    #[arg(long)]
+    pub(crate) chart: Option<std::path::PathBuf>,
+}
+
+/// `virtsoc bench svm`: protocols, orderings, the pipeline's shape, a trace to replay.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SvmArgs {
+    /// Daemon to use: a Unix socket path, tcp:HOST:PORT (token from $VIRTSOC_TOKEN) or vm;
+    /// default: start one.
+    #[arg(long)]
+    pub(crate) socket: Option<String>,
+    /// Comma-separated coherence protocols.
+    #[arg(
+        long,
+        default_value = "guest-staging,write-invalidate,prefetch",
+        value_delimiter = ','
+    )]
+    pub(crate) protocol: Vec<String>,
+    /// Comma-separated ordering modes: fence, atomic.
+    #[arg(long, default_value = "atomic", value_delimiter = ',')]
+    pub(crate) ordering: Vec<bench_svm::OrderingMode>,
+    /// How the slack varies from frame to frame.
+    #[arg(long, value_enum, default_value = "fixed")]
+    pub(crate) slack_pattern: bench_svm::SlackPattern,
+    /// Readers per flow (1: consumer; 2: consumer and consumer2).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) readers: usize,
+    /// Switch to a new pipeline (freshly allocated ring) every N frames.
+    #[arg(long)]
+    pub(crate) switch_every: Option<usize>,
+    /// The first reader: the checksum test device, or the GPU (RGBA frames 3840 wide
+    /// whose GPU replica is a texture: a read is an upload).
+    #[arg(long, value_enum, default_value = "checksum")]
+    pub(crate) consumer: bench_svm::Consumer,
+    /// Replay a recorded access trace instead of the synthetic pipeline (format: see
+    /// `crates/cli/src/trace.rs`).
+    #[arg(long)]
+    pub(crate) trace: Option<PathBuf>,
+    /// Bytes per frame (default: one 3840x2160 frame at 2 bytes per pixel).
+    #[arg(long, default_value_t = 16_588_800)]
+    pub(crate) size: u64,
+    /// Slack interval between the write and the read, in milliseconds.
+    #[arg(long, default_value_t = 17.0)]
+    pub(crate) slack_ms: f64,
+    #[arg(long, default_value_t = 200)]
+    pub(crate) frames: usize,
+    /// Buffers in the ring.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) buffers: usize,
+    /// Unmeasured frames first (lazy allocation, page faults).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) warmup: usize,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `virtsoc vm run`: the image, the daemon's endpoint, the VM's size and the guest command.
+#[derive(Debug, clap::Args)]
+pub(crate) struct VmRunArgs {
+    /// Directory made by scripts/build-guest-image.sh.
+    #[arg(long)]
+    pub(crate) image: PathBuf,
+    /// Memory file of a running daemon's VM endpoint (with --doorbell); default: start a
+    /// daemon for this run.
+    #[arg(long, requires = "doorbell")]
+    pub(crate) shm: Option<PathBuf>,
+    /// Doorbell socket of that endpoint.
+    #[arg(long, requires = "shm")]
+    pub(crate) doorbell: Option<PathBuf>,
+    /// Window size in MiB (must match the endpoint's).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) window_mib: u64,
+    /// tcg (works everywhere) or kvm (where the host supports it).
+    #[arg(long, default_value = "tcg")]
+    pub(crate) accel: String,
+    #[arg(long, default_value_t = 512)]
+    pub(crate) memory_mib: u32,
+    /// Give up (and kill QEMU) after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) timeout: u64,
+    /// The command to run inside the guest.
+    #[arg(last = true, required = true)]
+    pub(crate) args: Vec<String>,
 }
