@@ -106,6 +106,17 @@ fn to_value(v: &impl serde::Serialize) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
+/// `Err(MethodNotAllowed)` unless `ok` (the route's method is the request's).
+fn want(ok: bool) -> Result<(), ControlError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ControlError::MethodNotAllowed)
+    }
+}
+
+/// Answers one request: the route its path names (`path?query`), each group of routes in a
+/// function of its own.
 fn route(
     backend: &dyn Backend,
     method: &str,
@@ -117,13 +128,7 @@ fn route(
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let get = method == "GET";
     let post = method == "POST";
-    let want = |ok: bool| {
-        if ok {
-            Ok(())
-        } else {
-            Err(ControlError::MethodNotAllowed)
-        }
-    };
+    let not_found = || ControlError::NotFound(format!("no route {method} {path}"));
     match parts.as_slice() {
         ["view", ..] | ["guests", _, "frame.jpg" | "record"] => {
             crate::view::route(backend, method, &parts, query, body)
@@ -132,56 +137,12 @@ fn route(
             want(get)?;
             Ok(Answer::json(&backend.guests()))
         }
-        ["guests", id, "stats"] => {
-            want(get)?;
-            Ok(Answer::json(&known_guest(backend, guest_id(id)?)?))
-        }
-        ["guests", id, "policy"] => {
-            want(post)?;
-            let id = guest_id(id)?;
-            known_guest(backend, id)?;
-            let v: Value = parse(body)?;
-            if !v.is_object() {
-                return Err(ControlError::BadRequest(
-                    "bad request body: a guest's policy table (an object)".into(),
-                ));
-            }
-            Ok(Answer::json(&backend.set_policy(id, &v)?))
+        ["guests", id, op @ ("stats" | "policy" | "kill" | "snapshot" | "restore" | "migrate")] => {
+            guest_route(backend, method, id, op, body)
         }
         ["policy", "reload"] => {
             want(post)?;
             Ok(Answer::json(&backend.reload_policy()?))
-        }
-        ["guests", id, "kill"] => {
-            want(post)?;
-            let id = guest_id(id)?;
-            known_guest(backend, id)?;
-            backend.kill(id)?;
-            Ok(Answer::json(&json!({ "killed": id })))
-        }
-        ["guests", id, op @ ("snapshot" | "restore")] => {
-            want(post)?;
-            let id = guest_id(id)?;
-            known_guest(backend, id)?;
-            let r: SnapshotRequest = parse(body)?;
-            if !std::path::Path::new(&r.path).is_absolute() {
-                return Err(ControlError::BadRequest(
-                    "field `path`: must be an absolute path".into(),
-                ));
-            }
-            let v = if *op == "snapshot" {
-                backend.snapshot_save(id, &r.path)?
-            } else {
-                backend.snapshot_load(id, &r.path)?
-            };
-            Ok(Answer::json(&v))
-        }
-        ["guests", id, "migrate"] => {
-            want(post)?;
-            let id = guest_id(id)?;
-            known_guest(backend, id)?;
-            let r: MigrateRequest = parse(body)?;
-            Ok(Answer::json(&backend.migrate(id, &r.to, &r.token)?))
         }
         ["devices"] => {
             want(get)?;
@@ -214,53 +175,7 @@ fn route(
         }
         ["modem", op] => {
             want(post)?;
-            let args = match *op {
-                "sms" => {
-                    let r: SmsRequest = parse(body)?;
-                    check_guest(backend, r.guest)?;
-                    to_value(&r)
-                }
-                "call" => {
-                    let r: CallRequest = parse(body)?;
-                    check_guest(backend, r.guest)?;
-                    to_value(&r)
-                }
-                "hangup" => {
-                    let r: HangupRequest = parse(body)?;
-                    check_guest(backend, r.guest)?;
-                    to_value(&r)
-                }
-                "signal" => {
-                    let r: SignalRequest = parse(body)?;
-                    if r.rssi > 31 && r.rssi != 99 {
-                        return Err(ControlError::BadRequest(
-                            "field `rssi`: must be 0..31 (or 99, unknown)".into(),
-                        ));
-                    }
-                    if r.ber > 7 && r.ber != 99 {
-                        return Err(ControlError::BadRequest(
-                            "field `ber`: must be 0..7 (or 99, unknown)".into(),
-                        ));
-                    }
-                    check_guest(backend, r.guest)?;
-                    to_value(&r)
-                }
-                "registration" => {
-                    let r: RegistrationRequest = parse(body)?;
-                    const STATES: [&str; 5] =
-                        ["home", "searching", "denied", "roaming", "not-registered"];
-                    if !STATES.contains(&r.state.as_str()) {
-                        return Err(ControlError::BadRequest(format!(
-                            "field `state`: {:?} is not one of {}",
-                            r.state,
-                            STATES.join(", ")
-                        )));
-                    }
-                    check_guest(backend, r.guest)?;
-                    to_value(&r)
-                }
-                _ => return Err(ControlError::NotFound(format!("no route {path}"))),
-            };
+            let args = modem_args(backend, op, body, path)?;
             Ok(Answer::json(&backend.device_control("modem", op, &args)?))
         }
         ["gles", "stats"] => {
@@ -290,7 +205,112 @@ fn route(
                 crate::metrics::render(backend)?.into_bytes(),
             ))
         }
-        _ => Err(ControlError::NotFound(format!("no route {method} {path}"))),
+        _ => Err(not_found()),
+    }
+}
+
+/// `GET /guests/ID/stats`, `POST /guests/ID/policy|kill|snapshot|restore|migrate`: the
+/// method checked first, then the id, then that the guest is connected.
+fn guest_route(
+    backend: &dyn Backend,
+    method: &str,
+    id: &str,
+    op: &str,
+    body: &[u8],
+) -> Result<Answer, ControlError> {
+    want(method == if op == "stats" { "GET" } else { "POST" })?;
+    let id = guest_id(id)?;
+    let stats = known_guest(backend, id)?;
+    match op {
+        "stats" => Ok(Answer::json(&stats)),
+        "policy" => {
+            let v: Value = parse(body)?;
+            if !v.is_object() {
+                return Err(ControlError::BadRequest(
+                    "bad request body: a guest's policy table (an object)".into(),
+                ));
+            }
+            Ok(Answer::json(&backend.set_policy(id, &v)?))
+        }
+        "kill" => {
+            backend.kill(id)?;
+            Ok(Answer::json(&json!({ "killed": id })))
+        }
+        "migrate" => {
+            let r: MigrateRequest = parse(body)?;
+            Ok(Answer::json(&backend.migrate(id, &r.to, &r.token)?))
+        }
+        // snapshot, restore
+        _ => {
+            let r: SnapshotRequest = parse(body)?;
+            if !std::path::Path::new(&r.path).is_absolute() {
+                return Err(ControlError::BadRequest(
+                    "field `path`: must be an absolute path".into(),
+                ));
+            }
+            let v = if op == "snapshot" {
+                backend.snapshot_save(id, &r.path)?
+            } else {
+                backend.snapshot_load(id, &r.path)?
+            };
+            Ok(Answer::json(&v))
+        }
+    }
+}
+
+/// The arguments of the modem command `POST /modem/OP` sends, its body checked (`path`:
+/// the request's, named when there is no such command).
+fn modem_args(
+    backend: &dyn Backend,
+    op: &str,
+    body: &[u8],
+    path: &str,
+) -> Result<Value, ControlError> {
+    match op {
+        "sms" => {
+            let r: SmsRequest = parse(body)?;
+            check_guest(backend, r.guest)?;
+            Ok(to_value(&r))
+        }
+        "call" => {
+            let r: CallRequest = parse(body)?;
+            check_guest(backend, r.guest)?;
+            Ok(to_value(&r))
+        }
+        "hangup" => {
+            let r: HangupRequest = parse(body)?;
+            check_guest(backend, r.guest)?;
+            Ok(to_value(&r))
+        }
+        "signal" => {
+            let r: SignalRequest = parse(body)?;
+            if r.rssi > 31 && r.rssi != 99 {
+                return Err(ControlError::BadRequest(
+                    "field `rssi`: must be 0..31 (or 99, unknown)".into(),
+                ));
+            }
+            if r.ber > 7 && r.ber != 99 {
+                return Err(ControlError::BadRequest(
+                    "field `ber`: must be 0..7 (or 99, unknown)".into(),
+                ));
+            }
+            check_guest(backend, r.guest)?;
+            Ok(to_value(&r))
+        }
+        "registration" => {
+            let r: RegistrationRequest = parse(body)?;
+            const STATES: [&str; 5] = ["home", "searching", "denied", "roaming", "not-registered"];
+            if !STATES.contains(&r.state.as_str()) {
+                return Err(ControlError::BadRequest(format!(
+                    "field `state`: {:?} is not one of {}",
+                    r.state,
+                    STATES.join(", ")
+                )));
+            }
+            check_guest(backend, r.guest)?;
+            Ok(to_value(&r))
+        }
+        _ => Err(ControlError::NotFound(format!("no route {path}"))),
     }
 }
 
