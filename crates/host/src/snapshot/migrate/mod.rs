@@ -59,7 +59,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtsoc_svm::{GuestId, RegionId};
+use virtsoc_svm::{GuestId, RegionId, SvmManager};
 
 use super::format::{err, read_section_from, write_section_to, Buf, Cursor, Section};
 use super::image::{self, GuestRecord, SessionImage};
@@ -148,136 +148,31 @@ pub fn migrate(
             "guest {id} has no resume secret (not a process guest)"
         ))
     })?;
-    let stream = TcpStream::connect(to)?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let _ = stream.set_nodelay(true);
-    let mut r = BufReader::new(stream.try_clone()?);
-    let mut w = BufWriter::with_capacity(1 << 20, stream);
-    let mut hello = Buf::default();
-    hello
-        .string(std::str::from_utf8(MAGIC).unwrap_or(""))
-        .string(token);
-    send(&mut w, HELLO, &[&hello.0])?;
-    w.flush()?;
-    let ack = expect(&mut r, ACK)?;
-    let mut ack = Cursor::new(&ack.payload, "ack");
-    let target_socket = ack.string(4096)?;
-    // Where a VM guest's port goes (an older target names none).
-    let port_socket = ack.string(4096).ok();
-    if is_vm && port_socket.is_none() {
+    let mut t = Target::connect(to, token)?;
+    if is_vm && t.port_socket.is_none() {
         return Err(err("the target cannot take a VM guest's port"));
     }
 
     // Pre-copy while the guest runs.
-    let svm = daemon.svm();
     let mut report = MigrationReport::default();
-    let mut sent: BTreeMap<RegionId, u64> = BTreeMap::new();
-    for rid in svm.region_ids(id)? {
-        let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
-            continue; // freed meanwhile
-        };
-        let bytes = img.bytes.as_deref().unwrap_or(&[]);
-        send(
-            &mut w,
-            image::REGION,
-            &[&image::encode_region_header(&img), bytes],
-        )?;
-        report.precopy_bytes += bytes.len() as u64;
-        sent.insert(rid, version);
-    }
-    w.flush()?;
-    // Further rounds resend what the guest wrote meanwhile, while it keeps running, as long
-    // as that shrinks: what is left for the stop is what it writes during the last round.
-    let mut last = u64::MAX;
-    for _ in 0..PRECOPY_ROUNDS {
-        let mut resent = 0u64;
-        for rid in svm.region_ids(id)? {
-            let Ok(v) = svm.region_version(id, rid) else {
-                continue;
-            };
-            if sent.get(&rid) == Some(&v) {
-                continue;
-            }
-            let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
-                continue;
-            };
-            let bytes = img.bytes.as_deref().unwrap_or(&[]);
-            send(
-                &mut w,
-                image::REGION,
-                &[&image::encode_region_header(&img), bytes],
-            )?;
-            report.precopy_bytes += bytes.len() as u64;
-            resent += bytes.len() as u64;
-            sent.insert(rid, version);
-        }
-        w.flush()?;
-        if resent == 0 || resent >= last {
-            break;
-        }
-        last = resent;
-    }
+    let sent = precopy(daemon.svm(), id, &mut t.w, &mut report)?;
     report.precopy_ms = t0.elapsed().as_millis() as u64;
 
     // Stop and copy the dirty part. Dropping `q` on an error resumes the guest here.
     let t_stop = Instant::now();
     let q = super::quiesce(daemon, &s)?;
-    let ids = svm.region_ids(id)?;
-    let mut stop = Buf::default();
-    stop.u64(ids.len() as u64);
-    for rid in &ids {
-        stop.u64(rid.0);
-    }
-    send(&mut w, STOP, &[&stop.0])?;
-    for rid in &ids {
-        if sent.get(rid) == Some(&svm.region_version(id, *rid)?) {
-            continue;
-        }
-        let (img, _) = svm.export_region_versioned(id, *rid)?;
-        let bytes = img.bytes.as_deref().unwrap_or(&[]);
-        send(
-            &mut w,
-            image::REGION,
-            &[&image::encode_region_header(&img), bytes],
-        )?;
-        report.dirty_regions += 1;
-        report.dirty_bytes += bytes.len() as u64;
-    }
-    let rec = GuestRecord {
-        name: s.name().chars().take(256).collect(),
-        protocol: daemon
-            .guest_meta(id)
-            .map(|(_, p)| p)
-            .unwrap_or(daemon.config().protocol)
-            .name()
-            .to_string(),
-        source_guest: id.0,
-        next_region_id: svm.next_region_id(id)?.0,
-        resume: secret.clone(),
-    };
-    send(
-        &mut w,
-        image::GUEST,
-        &[&image::encode_guest(&rec, ids.len() as u64)],
-    )?;
-    let fences = s.fences().export();
-    send(&mut w, image::FENCES, &[&image::encode_fences(&fences)])?;
-    let recs = super::devices::capture(daemon.devices(), id);
-    send(&mut w, image::DEVICES, &[&image::encode_devices(&recs)?])?;
-    send(&mut w, END, &[])?;
-    w.flush()?;
-    expect(&mut r, READY)?;
+    let (kept, ids) = stop_and_copy(daemon, &s, &mut t.w, &sent, &secret, &mut report)?;
+    expect(&mut t.r, READY)?;
     report.regions = ids.len() as u64;
     report.stop_ms = t_stop.elapsed().as_millis() as u64;
 
     // Hand-over: the guest goes to the target; its state stays here until the commit,
     // which comes when the guest arrived there (at its next call, for an idle guest).
-    let vm = match (is_vm, &port_socket) {
+    let vm = match (is_vm, &t.port_socket) {
         // A failure here serves the port again; dropping `q` resumes the session.
         (true, Some(to)) => Some(vm::hand_over(daemon, &s, to, token, &secret)?),
         _ => {
-            daemon.restart().moved(&secret, &target_socket);
+            daemon.restart().moved(&secret, &t.socket);
             None
         }
     };
@@ -302,19 +197,13 @@ pub fn migrate(
         report.dirty_bytes,
         report.stop_ms
     );
-    let kept = SessionImage {
-        guest: rec,
-        fences,
-        regions: Vec::new(),
-        devices: recs,
-    };
     let pending = Pending {
         daemon: daemon.clone(),
         session: s,
         kept,
         ids,
-        r,
-        w,
+        r: t.r,
+        w: t.w,
         since: Instant::now(),
         vm,
     };
@@ -328,6 +217,160 @@ pub fn migrate(
         return Err(err(format!("cannot wait for the commit: {e}")));
     }
     Ok(report)
+}
+
+/// The source's connection to the target's migration listener, past the hello.
+struct Target {
+    r: BufReader<TcpStream>,
+    w: BufWriter<TcpStream>,
+    /// The target daemon's guest socket (where a process guest reconnects).
+    socket: String,
+    /// Where a VM guest's port goes (an older target names none).
+    port_socket: Option<String>,
+}
+
+impl Target {
+    /// Connects to `to`, says hello with `token` and reads the target's acknowledgement.
+    fn connect(to: &str, token: &str) -> Result<Target> {
+        let stream = TcpStream::connect(to)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        let _ = stream.set_nodelay(true);
+        let mut r = BufReader::new(stream.try_clone()?);
+        let mut w = BufWriter::with_capacity(1 << 20, stream);
+        let mut hello = Buf::default();
+        hello
+            .string(std::str::from_utf8(MAGIC).unwrap_or(""))
+            .string(token);
+        send(&mut w, HELLO, &[&hello.0])?;
+        w.flush()?;
+        let ack = expect(&mut r, ACK)?;
+        let mut ack = Cursor::new(&ack.payload, "ack");
+        let socket = ack.string(4096)?;
+        let port_socket = ack.string(4096).ok();
+        Ok(Target {
+            r,
+            w,
+            socket,
+            port_socket,
+        })
+    }
+}
+
+/// Sends one region's image; its bytes' length.
+fn send_region(w: &mut impl Write, img: &virtsoc_svm::RegionImage) -> Result<u64> {
+    let bytes = img.bytes.as_deref().unwrap_or(&[]);
+    send(
+        w,
+        image::REGION,
+        &[&image::encode_region_header(img), bytes],
+    )?;
+    Ok(bytes.len() as u64)
+}
+
+/// Pre-copy while the guest runs: every region, then further rounds resending what the
+/// guest wrote meanwhile, as long as that shrinks (what is left for the stop is what it
+/// writes during the last round). The version of each region sent.
+fn precopy(
+    svm: &SvmManager,
+    id: GuestId,
+    w: &mut impl Write,
+    report: &mut MigrationReport,
+) -> Result<BTreeMap<RegionId, u64>> {
+    let mut sent: BTreeMap<RegionId, u64> = BTreeMap::new();
+    for rid in svm.region_ids(id)? {
+        let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
+            continue; // freed meanwhile
+        };
+        report.precopy_bytes += send_region(w, &img)?;
+        sent.insert(rid, version);
+    }
+    w.flush()?;
+    let mut last = u64::MAX;
+    for _ in 0..PRECOPY_ROUNDS {
+        let mut resent = 0u64;
+        for rid in svm.region_ids(id)? {
+            let Ok(v) = svm.region_version(id, rid) else {
+                continue;
+            };
+            if sent.get(&rid) == Some(&v) {
+                continue;
+            }
+            let Ok((img, version)) = svm.export_region_versioned(id, rid) else {
+                continue;
+            };
+            let n = send_region(w, &img)?;
+            report.precopy_bytes += n;
+            resent += n;
+            sent.insert(rid, version);
+        }
+        w.flush()?;
+        if resent == 0 || resent >= last {
+            break;
+        }
+        last = resent;
+    }
+    Ok(sent)
+}
+
+/// With the guest stopped: the list of its regions, those written since their pre-copy,
+/// its record, fences and device records, and the end. What the source keeps until the
+/// commit (the records; its regions are read only if needed) and the region ids.
+fn stop_and_copy(
+    daemon: &Daemon,
+    s: &Session,
+    w: &mut impl Write,
+    sent: &BTreeMap<RegionId, u64>,
+    secret: &str,
+    report: &mut MigrationReport,
+) -> Result<(SessionImage, Vec<RegionId>)> {
+    let id = s.guest_id();
+    let svm = daemon.svm();
+    let ids = svm.region_ids(id)?;
+    let mut stop = Buf::default();
+    stop.u64(ids.len() as u64);
+    for rid in &ids {
+        stop.u64(rid.0);
+    }
+    send(w, STOP, &[&stop.0])?;
+    for rid in &ids {
+        if sent.get(rid) == Some(&svm.region_version(id, *rid)?) {
+            continue;
+        }
+        let (img, _) = svm.export_region_versioned(id, *rid)?;
+        report.dirty_regions += 1;
+        report.dirty_bytes += send_region(w, &img)?;
+    }
+    let rec = GuestRecord {
+        name: s.name().chars().take(256).collect(),
+        protocol: daemon
+            .guest_meta(id)
+            .map(|(_, p)| p)
+            .unwrap_or(daemon.config().protocol)
+            .name()
+            .to_string(),
+        source_guest: id.0,
+        next_region_id: svm.next_region_id(id)?.0,
+        resume: secret.to_string(),
+    };
+    send(
+        w,
+        image::GUEST,
+        &[&image::encode_guest(&rec, ids.len() as u64)],
+    )?;
+    let fences = s.fences().export();
+    send(w, image::FENCES, &[&image::encode_fences(&fences)])?;
+    let recs = super::devices::capture(daemon.devices(), id);
+    send(w, image::DEVICES, &[&image::encode_devices(&recs)?])?;
+    send(w, END, &[])?;
+    w.flush()?;
+    let kept = SessionImage {
+        guest: rec,
+        fences,
+        regions: Vec::new(),
+        devices: recs,
+    };
+    Ok((kept, ids))
 }
 
 /// A migration handed over and not committed yet: the source's side of steps 6 and 7.
