@@ -16,6 +16,7 @@
 //! threads back to their start values, every good guest's data correct, the daemon alive.
 //! Waits are bounded; nothing is checked against a clock.
 
+mod checks;
 mod roles;
 
 use std::io::{BufRead, BufReader};
@@ -312,46 +313,12 @@ pub fn run(args: &SoakArgs) -> Result<(), CliError> {
 }
 
 fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
-    let roles: Vec<Role> = if args.roles.is_empty() {
-        ROLES.to_vec()
-    } else {
-        args.roles
-            .iter()
-            .map(|r| match r.as_str() {
-                "good" => Ok(Role::Good),
-                "hostile" => Ok(Role::Hostile),
-                "crashing" => Ok(Role::Crashing),
-                "reconnecting" => Ok(Role::Reconnecting),
-                _ => Err(CliError::Usage(format!("unknown role {r}"))),
-            })
-            .collect::<Result<_, _>>()?
-    };
+    let roles = parse_roles(&args.roles)?;
     let guests = args.guests.max(roles.len());
-    let size = format!("{}x{}", SCREEN.0, SCREEN.1);
-    let max_guests = (guests * 2 + 16).to_string();
-    let mut daemon = DaemonProcess::spawn(
-        &[
-            "--gpu-backend",
-            "null",
-            "--isp-backend",
-            "cpu",
-            "--display-size",
-            &size,
-            "--display-verify",
-            "--max-guests",
-            &max_guests,
-        ],
-        false,
-    )?;
+    let mut daemon = spawn_daemon(guests)?;
     let ep = daemon.endpoint();
     let pid = ep.pid.unwrap_or(0);
-    let ctx = Arc::new(Ctx {
-        socket: ep.target.clone(),
-        tally: Tally::default(),
-        stop: AtomicBool::new(false),
-        others: Mutex::new(Vec::new()),
-        raw_bursts: !args.no_raw_bursts,
-    });
+    let ctx = Ctx::new(ep.target.clone(), !args.no_raw_bursts);
     // Warm-up: every role at once for a short while, so the daemon's lazily grown state
     // (allocator arenas, device state, thread stacks) is there before the start measurement.
     let warm = Duration::from_secs_f64((args.run_seconds() / 10.0).clamp(1.0, 5.0));
@@ -359,13 +326,7 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
     let start = settle(pid, None);
     let start_fds = fd_targets(pid);
     // The tally counts the measured run only.
-    let ctx = Arc::new(Ctx {
-        socket: ctx.socket.clone(),
-        tally: Tally::default(),
-        stop: AtomicBool::new(false),
-        others: Mutex::new(Vec::new()),
-        raw_bursts: !args.no_raw_bursts,
-    });
+    let ctx = Ctx::new(ctx.socket.clone(), !args.no_raw_bursts);
     let peak = Arc::new(AtomicU64::new(start.rss_kib));
     let watcher = {
         let (peak, ctx) = (peak.clone(), ctx.clone());
@@ -402,81 +363,14 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
     let serves = good_round(&ctx, &open(&ctx.socket, "after", "prefetch")?, 0).is_ok();
     let daemon_alive = daemon.is_running() && serves;
     let t = &ctx.tally;
-    let mut checks = Vec::new();
-    let mut check = |name: &str, ok: bool, detail: String| {
-        checks.push(Check {
-            name: name.into(),
-            ok,
-            detail,
-        })
+    let outcome = checks::Outcome {
+        start,
+        end,
+        lingering,
+        daemon_alive,
+        pid,
     };
-    let limit = (start.rss_kib as f64 * (1.0 + RSS_SLACK)) as u64;
-    check(
-        "rss",
-        end.rss_kib <= limit,
-        format!(
-            "{} KiB -> {} KiB (limit {limit} KiB)",
-            start.rss_kib, end.rss_kib
-        ),
-    );
-    check(
-        "fds",
-        end.fds <= start.fds,
-        format!("{} -> {}", start.fds, end.fds),
-    );
-    check(
-        "sessions released",
-        lingering == Some(0),
-        match lingering {
-            Some(n) => format!("{n} ended sessions still referenced in the daemon"),
-            None => "the control API did not answer".into(),
-        },
-    );
-    check(
-        "threads",
-        end.threads <= start.threads,
-        format!("{} -> {}", start.threads, end.threads),
-    );
-    let rounds = get(&t.good_rounds);
-    check(
-        "good data",
-        (rounds > 0 || !roles.contains(&Role::Good))
-            && get(&t.good_bad_data) == 0
-            && get(&t.good_errors) == 0,
-        format!(
-            "{rounds} rounds, {} wrong, {} errors",
-            get(&t.good_bad_data),
-            get(&t.good_errors)
-        ),
-    );
-    check(
-        "hostile refused",
-        get(&t.hostile_accepted) == 0,
-        format!(
-            "{} misuses accepted of {}",
-            get(&t.hostile_accepted),
-            get(&t.hostile_requests)
-        ),
-    );
-    check(
-        "crashing guests",
-        get(&t.crash_failures) == 0,
-        format!(
-            "{} killed, {} failed to start",
-            get(&t.crashes),
-            get(&t.crash_failures)
-        ),
-    );
-    check(
-        "reconnects",
-        get(&t.reconnect_errors) == 0,
-        format!(
-            "{} sessions, {} errors",
-            get(&t.reconnects),
-            get(&t.reconnect_errors)
-        ),
-    );
-    check("daemon alive", daemon_alive, format!("pid {pid}"));
+    let checks = checks::checks(&outcome, t, &roles);
     let report = SoakReport {
         guests,
         seconds: args.run_seconds(),
@@ -484,7 +378,7 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
         start,
         end,
         peak_rss_kib: peak.load(Ordering::Relaxed),
-        good_rounds: rounds,
+        good_rounds: get(&t.good_rounds),
         good_bad_data: get(&t.good_bad_data),
         good_errors: get(&t.good_errors),
         presents: get(&t.presents),
@@ -504,6 +398,57 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
         daemon.stop()?;
     }
     Ok(report)
+}
+
+/// The roles named on the command line (all of them when none is).
+fn parse_roles(names: &[String]) -> Result<Vec<Role>, CliError> {
+    if names.is_empty() {
+        return Ok(ROLES.to_vec());
+    }
+    names
+        .iter()
+        .map(|r| match r.as_str() {
+            "good" => Ok(Role::Good),
+            "hostile" => Ok(Role::Hostile),
+            "crashing" => Ok(Role::Crashing),
+            "reconnecting" => Ok(Role::Reconnecting),
+            _ => Err(CliError::Usage(format!("unknown role {r}"))),
+        })
+        .collect()
+}
+
+/// The soak's own daemon: light devices (null GPU, CPU ISP), the soak's screen, room for
+/// `guests` and their reconnections.
+fn spawn_daemon(guests: usize) -> Result<DaemonProcess, CliError> {
+    let size = format!("{}x{}", SCREEN.0, SCREEN.1);
+    let max_guests = (guests * 2 + 16).to_string();
+    DaemonProcess::spawn(
+        &[
+            "--gpu-backend",
+            "null",
+            "--isp-backend",
+            "cpu",
+            "--display-size",
+            &size,
+            "--display-verify",
+            "--max-guests",
+            &max_guests,
+        ],
+        false,
+    )
+}
+
+impl Ctx {
+    /// A fresh context (an empty tally) for guests of the daemon on `socket`.
+    fn new(socket: String, raw_bursts: bool) -> Arc<Ctx> {
+        Arc::new(Ctx {
+            socket,
+            tally: Tally::default(),
+            stop: AtomicBool::new(false),
+            others: Mutex::new(Vec::new()),
+            raw_bursts,
+        })
+    }
 }
 
 /// The daemon's count of sessions that ended over a second ago and are still referenced
