@@ -183,39 +183,14 @@ fn replay_one(
             }
             TraceOp::Write(dev) => {
                 let l = live.get_mut(&e.region).ok_or_else(missing)?;
-                let a = conn.begin_access(l.id, dev, 0, l.size, AccessMode::Write)?;
-                let crc = if dev == DeviceId::CPU {
-                    let ptr = a
-                        .ptr
-                        .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
-                    // SAFETY: the library bounds-checked [ptr, ptr + size) in the window.
-                    let bytes =
-                        unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), l.size as usize) };
-                    bytes.fill(i as u8);
-                    crc32fast::hash(bytes) as u64
-                } else {
-                    conn.device_cmd(dev, [testdev::WRITE_PATTERN, l.id, i as u64, 0, 0, 0])?[0]
-                };
-                let end = conn.end_access(l.id, dev, 0, l.size, AccessMode::Write)?;
-                compensation_ms.push(end.compensation.as_secs_f64() * 1e3);
+                let (crc, compensation) = write(&conn, l, dev, i)?;
+                compensation_ms.push(compensation.as_secs_f64() * 1e3);
                 l.last_crc = Some(crc);
             }
             TraceOp::Read(dev) => {
                 let l = live.get(&e.region).ok_or_else(missing)?;
-                let a = conn.begin_access(l.id, dev, 0, l.size, AccessMode::Read)?;
-                latency_us.push(a.host_elapsed.as_secs_f64() * 1e6);
-                let crc = if dev == DeviceId::CPU {
-                    let ptr = a
-                        .ptr
-                        .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
-                    // SAFETY: as above.
-                    crc32fast::hash(unsafe {
-                        std::slice::from_raw_parts(ptr.as_ptr(), l.size as usize)
-                    }) as u64
-                } else {
-                    conn.device_cmd(dev, [testdev::CHECKSUM, l.id, 0, 0, 0, 0])?[0]
-                };
-                conn.end_access(l.id, dev, 0, l.size, AccessMode::Read)?;
+                let (crc, latency) = read(&conn, l, dev)?;
+                latency_us.push(latency.as_secs_f64() * 1e6);
                 reads += 1;
                 if l.last_crc.is_some_and(|w| w != crc) {
                     corrupt += 1;
@@ -251,6 +226,51 @@ fn replay_one(
         corrupt_frames: corrupt,
         max_queue_depth: conn.max_queue_depth(),
     })
+}
+
+/// Event `i`, a write of region `l` by `dev`: the CPU fills it with `i`'s low byte, a device
+/// writes its pattern. The checksum of what was written and the access's compensation.
+fn write(
+    conn: &Connection,
+    l: &Live,
+    dev: DeviceId,
+    i: usize,
+) -> Result<(u64, std::time::Duration), CliError> {
+    let a = conn.begin_access(l.id, dev, 0, l.size, AccessMode::Write)?;
+    let crc = if dev == DeviceId::CPU {
+        let ptr = a
+            .ptr
+            .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
+        // SAFETY: the library bounds-checked [ptr, ptr + size) in the window.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), l.size as usize) };
+        bytes.fill(i as u8);
+        crc32fast::hash(bytes) as u64
+    } else {
+        conn.device_cmd(dev, [testdev::WRITE_PATTERN, l.id, i as u64, 0, 0, 0])?[0]
+    };
+    let end = conn.end_access(l.id, dev, 0, l.size, AccessMode::Write)?;
+    Ok((crc, end.compensation))
+}
+
+/// A read of region `l` by `dev`: the checksum of what it read and the access's latency.
+fn read(
+    conn: &Connection,
+    l: &Live,
+    dev: DeviceId,
+) -> Result<(u64, std::time::Duration), CliError> {
+    let a = conn.begin_access(l.id, dev, 0, l.size, AccessMode::Read)?;
+    let latency = a.host_elapsed;
+    let crc = if dev == DeviceId::CPU {
+        let ptr = a
+            .ptr
+            .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
+        // SAFETY: the library bounds-checked [ptr, ptr + size) in the window.
+        crc32fast::hash(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), l.size as usize) }) as u64
+    } else {
+        conn.device_cmd(dev, [testdev::CHECKSUM, l.id, 0, 0, 0, 0])?[0]
+    };
+    conn.end_access(l.id, dev, 0, l.size, AccessMode::Read)?;
+    Ok((crc, latency))
 }
 
 #[cfg(test)]
