@@ -410,61 +410,10 @@ pub fn run() -> Result<MigrateResult, CliError> {
     out.migrated_region_bytes = n as u64 * size + (GPU_PAIRS * gpu.len) as u64;
     let seeds: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new((0..n as u64).collect()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (g, ids, seeds, stop) = (g.clone(), ids.clone(), seeds.clone(), stop.clone());
-        std::thread::spawn(move || -> Result<(Vec<Instant>, u64), CliError> {
-            let t0 = Instant::now();
-            let mut done = Vec::new();
-            let mut frame = 0u64;
-            let mut slots_missed = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let slot = t0 + FRAME * frame as u32;
-                let now = Instant::now();
-                if now < slot {
-                    std::thread::sleep(slot - now);
-                }
-                let k = frame as usize % ids.len();
-                let seed = 1000 + frame;
-                let bytes = fill(size as usize, seed);
-                // A frame whose request was in flight when the daemon handed the guest over
-                // fails; it is written again on the new daemon.
-                let mut tries = 0;
-                while let Err(e) = write(&g, ids[k], &bytes) {
-                    tries += 1;
-                    if tries > 100 {
-                        return Err(e);
-                    }
-                }
-                seeds.lock().unwrap_or_else(|p| p.into_inner())[k] = seed;
-                done.push(Instant::now());
-                frame += 1;
-                // Slots that went by without a frame are dropped frames.
-                let behind = (t0.elapsed().as_nanos() / FRAME.as_nanos()) as u64;
-                if behind > frame {
-                    slots_missed += behind - frame;
-                    frame = behind;
-                }
-            }
-            Ok((done, slots_missed))
-        })
-    };
+    let writer = spawn_writer(g.clone(), ids.clone(), seeds.clone(), stop.clone(), size);
     // The camera scenario (camera -> ISP -> display, 30 fps) on the same guest, across the
     // migration; its frames are counted at the display, whose counters move with the guest.
-    let camera = {
-        let g = g.clone();
-        let opts = crate::scenario::RunOpts {
-            scenario: "camera".into(),
-            protocol: g.coherence().to_string(),
-            ordering: crate::bench_svm::OrderingMode::Fence,
-            seconds: CAMERA_SECONDS,
-            width: 640,
-            height: 360,
-            fps: 30,
-            composition: crate::scenario::show::Composition::Planes,
-            pacing: crate::scenario::Pacing::default(),
-        };
-        std::thread::spawn(move || crate::scenario::run_on(&g, None, &opts))
-    };
+    let camera = spawn_camera(g.clone());
     let camera_t0 = Instant::now();
     std::thread::sleep(Duration::from_millis(500));
     let target_token = b
@@ -512,6 +461,71 @@ pub fn run() -> Result<MigrateResult, CliError> {
     drop(b);
     drop(a);
     Ok(out)
+}
+
+/// The frame loop: 60 fps, each frame a fresh fill of the next of `ids` (`size` bytes) whose
+/// seed goes to `seeds`, until `stop`; a frame that fails across the hand-over is written
+/// again. The frames' completion times and the slots missed.
+fn spawn_writer(
+    g: Arc<Connection>,
+    ids: Vec<u64>,
+    seeds: Arc<Mutex<Vec<u64>>>,
+    stop: Arc<AtomicBool>,
+    size: u64,
+) -> std::thread::JoinHandle<Result<(Vec<Instant>, u64), CliError>> {
+    std::thread::spawn(move || -> Result<(Vec<Instant>, u64), CliError> {
+        let t0 = Instant::now();
+        let mut done = Vec::new();
+        let mut frame = 0u64;
+        let mut slots_missed = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            let slot = t0 + FRAME * frame as u32;
+            let now = Instant::now();
+            if now < slot {
+                std::thread::sleep(slot - now);
+            }
+            let k = frame as usize % ids.len();
+            let seed = 1000 + frame;
+            let bytes = fill(size as usize, seed);
+            // A frame whose request was in flight when the daemon handed the guest over
+            // fails; it is written again on the new daemon.
+            let mut tries = 0;
+            while let Err(e) = write(&g, ids[k], &bytes) {
+                tries += 1;
+                if tries > 100 {
+                    return Err(e);
+                }
+            }
+            seeds.lock().unwrap_or_else(|p| p.into_inner())[k] = seed;
+            done.push(Instant::now());
+            frame += 1;
+            // Slots that went by without a frame are dropped frames.
+            let behind = (t0.elapsed().as_nanos() / FRAME.as_nanos()) as u64;
+            if behind > frame {
+                slots_missed += behind - frame;
+                frame = behind;
+            }
+        }
+        Ok((done, slots_missed))
+    })
+}
+
+/// The camera scenario on guest `g` for [`CAMERA_SECONDS`], on a thread.
+fn spawn_camera(
+    g: Arc<Connection>,
+) -> std::thread::JoinHandle<Result<crate::scenario::ScenarioResult, CliError>> {
+    let opts = crate::scenario::RunOpts {
+        scenario: "camera".into(),
+        protocol: g.coherence().to_string(),
+        ordering: crate::bench_svm::OrderingMode::Fence,
+        seconds: CAMERA_SECONDS,
+        width: 640,
+        height: 360,
+        fps: 30,
+        composition: crate::scenario::show::Composition::Planes,
+        pacing: crate::scenario::Pacing::default(),
+    };
+    std::thread::spawn(move || crate::scenario::run_on(&g, None, &opts))
 }
 
 pub fn print(r: &MigrateResult) {
