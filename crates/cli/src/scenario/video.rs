@@ -109,19 +109,26 @@ fn load_clip(o: &RunOpts, clip: Clip, (cw, ch): (u32, u32)) -> Result<Vec<Vec<u8
     Ok(units)
 }
 
-pub(super) fn video(
+/// The regions a video scenario plays through: two bitstream slots, three decoded
+/// pictures (and, for a 360-degree video, three projections of them), the UI overlay, and
+/// one layer list per picture slot.
+struct Surfaces {
+    bits: Vec<u64>,
+    frames: Vec<u64>,
+    projected: Vec<u64>,
+    ui: u64,
+    lists: Vec<(u64, Vec<LayerRecord>)>,
+}
+
+/// Allocates the [`Surfaces`] for pictures of `cw` x `ch` on `screen`, bitstream units of at
+/// most `max_unit` bytes; the UI drawn and the layer lists written.
+fn surfaces(
     p: &mut Pipe<'_>,
-    show: &mut Show,
-    (o, clip): (&RunOpts, Clip),
-    period: Duration,
-    c: &mut Common,
-) -> Result<(), CliError> {
-    let (w, h) = (o.width, o.height);
-    let screen = show.screen;
-    let is360 = o.scenario == "video-360";
-    let (cw, ch) = if is360 { (w, w / 2) } else { (w, h) };
-    let units = load_clip(o, clip, (cw, ch))?;
-    let max_unit = units.iter().map(Vec::len).max().unwrap_or(1) as u64;
+    screen: (u32, u32),
+    (cw, ch): (u32, u32),
+    max_unit: u64,
+    is360: bool,
+) -> Result<Surfaces, CliError> {
     let conn = p.conn;
     let bits: Vec<u64> = (0..2)
         .map(|_| conn.alloc_blob(max_unit).map(|r| r.id))
@@ -147,6 +154,35 @@ pub(super) fn video(
             Ok((layer_blob(p, &records)?, records))
         })
         .collect::<Result<_, _>>()?;
+    Ok(Surfaces {
+        bits,
+        frames,
+        projected,
+        ui,
+        lists,
+    })
+}
+
+pub(super) fn video(
+    p: &mut Pipe<'_>,
+    show: &mut Show,
+    (o, clip): (&RunOpts, Clip),
+    period: Duration,
+    c: &mut Common,
+) -> Result<(), CliError> {
+    let (w, h) = (o.width, o.height);
+    let screen = show.screen;
+    let is360 = o.scenario == "video-360";
+    let (cw, ch) = if is360 { (w, w / 2) } else { (w, h) };
+    let units = load_clip(o, clip, (cw, ch))?;
+    let max_unit = units.iter().map(Vec::len).max().unwrap_or(1) as u64;
+    let Surfaces {
+        bits,
+        frames,
+        projected,
+        ui,
+        lists,
+    } = surfaces(p, screen, (cw, ch), max_unit, is360)?;
     let dec = p.run(&api::codec::OpenDecoder {
         kind: api::codec_kind::H264,
         format: Format::Nv12 as u64,
