@@ -110,75 +110,10 @@ pub fn livestream(
     period: Duration,
     c: &mut Common,
 ) -> Result<(), CliError> {
-    let (w, h) = (o.width, o.height);
     let conn = p.conn;
     let fence_mode = o.ordering == OrderingMode::Fence;
-    let images = |n: usize, format: Format| super::images(conn, n, (w, h), format);
-    // A packet never exceeds a raw frame (the codec device's rule); room for SPS/PPS and AUDs.
-    let packet_max = w as u64 * h as u64 * 3 / 2 + 4096;
-    let blobs = |n: usize| -> Result<Vec<u64>, CliError> {
-        (0..n)
-            .map(|_| conn.alloc_blob(packet_max).map(|r| r.id))
-            .collect::<Result<_, _>>()
-            .map_err(CliError::from)
-    };
-    let cams = images(3, Format::Nv12)?;
-    let packets = blobs(2)?;
-    let bits = blobs(BITSTREAM_SLOTS)?;
-    let frames = images(FRAME_SLOTS, Format::Nv12)?;
-    let screen = show.screen;
-    let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
-    p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
-    // One layer list per decoded-picture slot, written once: [picture, UI].
-    let lists: Vec<(u64, Vec<LayerRecord>)> = frames
-        .iter()
-        .map(|&f| -> Result<_, CliError> {
-            let records = vec![
-                screen_layer(f, (w, h), screen, false),
-                screen_layer(ui, screen, screen, true),
-            ];
-            Ok((layer_blob(p, &records)?, records))
-        })
-        .collect::<Result<_, _>>()?;
-    let bitrate = (w as u64 * h as u64 * o.fps.max(1) as u64 / 8).clamp(250_000, 40_000_000);
-    let t = p.run(&api::codec::OpenEncoder {
-        width: w as u64,
-        height: h as u64,
-        fps: o.fps.max(1) as u64,
-        bitrate,
-    })?;
-    let encoder = p.result(t)?.handle;
-    // One decoding thread: frame threads would hold pictures back.
-    let t = p.run(&api::codec::OpenDecoder {
-        kind: api::codec_kind::H264,
-        format: Format::Nv12 as u64,
-        threads: 1,
-    })?;
-    let decoder = p.result(t)?.handle;
-    p.end_frame(0)?;
-
+    let (mut sender, mut player) = set_up(p, show, o)?;
     let mut relay = Relay::start()?;
-    let mut sender = Broadcaster {
-        encoder,
-        cams,
-        packets,
-        fence_mode,
-        next: 0,
-    };
-    let mut player = Player {
-        decoder,
-        bits,
-        frames,
-        lists,
-        ui,
-        unit_max: packet_max,
-        decodes: (0..BITSTREAM_SLOTS).map(|_| None).collect(),
-        receives: VecDeque::new(),
-        next_bits: 0,
-        next_frame: 0,
-        synced: false,
-        why: Why::default(),
-    };
     let keep = if fence_mode { 2 } else { 0 };
     warm_up(p, show, &mut relay, &mut sender, &mut player, c, period)?;
     c.frames_in = 0;
@@ -244,9 +179,85 @@ pub fn livestream(
         p50(&w.send_ms),
         p50(&w.show_ms)
     );
-    p.run(&api::codec::Close { handle: encoder })?;
+    p.run(&api::codec::Close {
+        handle: sender.encoder,
+    })?;
     drop(relay);
     Ok(())
+}
+
+/// The broadcaster's and the player's regions, layer lists and codec sessions (an encoder
+/// at the stream's rate, a one-thread decoder).
+fn set_up(p: &mut Pipe<'_>, show: &Show, o: &RunOpts) -> Result<(Broadcaster, Player), CliError> {
+    let (w, h) = (o.width, o.height);
+    let conn = p.conn;
+    let fence_mode = o.ordering == OrderingMode::Fence;
+    let images = |n: usize, format: Format| super::images(conn, n, (w, h), format);
+    // A packet never exceeds a raw frame (the codec device's rule); room for SPS/PPS and AUDs.
+    let packet_max = w as u64 * h as u64 * 3 / 2 + 4096;
+    let blobs = |n: usize| -> Result<Vec<u64>, CliError> {
+        (0..n)
+            .map(|_| conn.alloc_blob(packet_max).map(|r| r.id))
+            .collect::<Result<_, _>>()
+            .map_err(CliError::from)
+    };
+    let cams = images(3, Format::Nv12)?;
+    let packets = blobs(2)?;
+    let bits = blobs(BITSTREAM_SLOTS)?;
+    let frames = images(FRAME_SLOTS, Format::Nv12)?;
+    let screen = show.screen;
+    let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
+    p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
+    // One layer list per decoded-picture slot, written once: [picture, UI].
+    let lists: Vec<(u64, Vec<LayerRecord>)> = frames
+        .iter()
+        .map(|&f| -> Result<_, CliError> {
+            let records = vec![
+                screen_layer(f, (w, h), screen, false),
+                screen_layer(ui, screen, screen, true),
+            ];
+            Ok((layer_blob(p, &records)?, records))
+        })
+        .collect::<Result<_, _>>()?;
+    let bitrate = (w as u64 * h as u64 * o.fps.max(1) as u64 / 8).clamp(250_000, 40_000_000);
+    let t = p.run(&api::codec::OpenEncoder {
+        width: w as u64,
+        height: h as u64,
+        fps: o.fps.max(1) as u64,
+        bitrate,
+    })?;
+    let encoder = p.result(t)?.handle;
+    // One decoding thread: frame threads would hold pictures back.
+    let t = p.run(&api::codec::OpenDecoder {
+        kind: api::codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads: 1,
+    })?;
+    let decoder = p.result(t)?.handle;
+    p.end_frame(0)?;
+
+    let sender = Broadcaster {
+        encoder,
+        cams,
+        packets,
+        fence_mode,
+        next: 0,
+    };
+    let player = Player {
+        decoder,
+        bits,
+        frames,
+        lists,
+        ui,
+        unit_max: packet_max,
+        decodes: (0..BITSTREAM_SLOTS).map(|_| None).collect(),
+        receives: VecDeque::new(),
+        next_bits: 0,
+        next_frame: 0,
+        synced: false,
+        why: Why::default(),
+    };
+    Ok((sender, player))
 }
 
 /// Streams, decoding without presenting, until frames come back and [`WARM_UP`] passed
