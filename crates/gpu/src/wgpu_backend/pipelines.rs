@@ -255,26 +255,7 @@ impl Pipelines {
             params_size,
             limits.min_uniform_buffer_offset_alignment as u64,
         );
-        let module = |label: &str, body: &str| {
-            let src = format!("{COMMON_WGSL}\n{body}");
-            device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(label),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            })
-        };
-        let render_module = module("virtsoc-render", RENDER_WGSL);
-        let fused_module = module(
-            "virtsoc-fused",
-            &format!(
-                "{RENDER_WGSL}\n{}\n{FUSED_WGSL}\n{FUSED_CS_WGSL}",
-                second_layer_wgsl()
-            ),
-        );
-        let convert_module = module("virtsoc-convert", CONVERT_WGSL);
-        let marker_module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("virtsoc-markers"),
-            source: wgpu::ShaderSource::Wgsl(MARKERS_WGSL.into()),
-        });
+        let [render_module, fused_module, convert_module, marker_module] = shader_modules(device);
         let src_entries = [
             src_entry(0, uniform_binding(params_size)),
             src_entry(1, texture_binding()),
@@ -341,19 +322,7 @@ impl Pipelines {
         });
         let convert_layout = playout("virtsoc-convert", &convert_bgl);
         let marker_layout = playout("virtsoc-markers", &marker_bgl);
-        let sampler = |label: &str, u: wgpu::AddressMode| {
-            device.create_sampler(&wgpu::SamplerDescriptor {
-                label: Some(label),
-                address_mode_u: u,
-                address_mode_v: wgpu::AddressMode::ClampToEdge,
-                address_mode_w: wgpu::AddressMode::ClampToEdge,
-                mag_filter: wgpu::FilterMode::Linear,
-                min_filter: wgpu::FilterMode::Linear,
-                ..Default::default()
-            })
-        };
-        let clamp_sampler = sampler("virtsoc-clamp", wgpu::AddressMode::ClampToEdge);
-        let wrap_sampler = sampler("virtsoc-wrap", wgpu::AddressMode::Repeat);
+        let (clamp_sampler, wrap_sampler) = samplers(device);
         let dummy = super::pool::create_texture(
             device,
             super::pool::TexKey {
@@ -384,6 +353,50 @@ impl Pipelines {
             dummy_view: dummy.create_view(&Default::default()),
         }
     }
+}
+
+/// The shader modules: composition (render), fused composition (render and compute),
+/// conversion (compute), markers.
+fn shader_modules(device: &wgpu::Device) -> [wgpu::ShaderModule; 4] {
+    let module = |label: &str, body: &str| {
+        let src = format!("{COMMON_WGSL}\n{body}");
+        device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        })
+    };
+    let render_module = module("virtsoc-render", RENDER_WGSL);
+    let fused_module = module(
+        "virtsoc-fused",
+        &format!(
+            "{RENDER_WGSL}\n{}\n{FUSED_WGSL}\n{FUSED_CS_WGSL}",
+            second_layer_wgsl()
+        ),
+    );
+    let convert_module = module("virtsoc-convert", CONVERT_WGSL);
+    let marker_module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("virtsoc-markers"),
+        source: wgpu::ShaderSource::Wgsl(MARKERS_WGSL.into()),
+    });
+    [render_module, fused_module, convert_module, marker_module]
+}
+
+/// The linear samplers: clamped on both axes, and repeating horizontally (equirect).
+fn samplers(device: &wgpu::Device) -> (wgpu::Sampler, wgpu::Sampler) {
+    let sampler = |label: &str, u: wgpu::AddressMode| {
+        device.create_sampler(&wgpu::SamplerDescriptor {
+            label: Some(label),
+            address_mode_u: u,
+            address_mode_v: wgpu::AddressMode::ClampToEdge,
+            address_mode_w: wgpu::AddressMode::ClampToEdge,
+            mag_filter: wgpu::FilterMode::Linear,
+            min_filter: wgpu::FilterMode::Linear,
+            ..Default::default()
+        })
+    };
+    let clamp_sampler = sampler("virtsoc-clamp", wgpu::AddressMode::ClampToEdge);
+    let wrap_sampler = sampler("virtsoc-wrap", wgpu::AddressMode::Repeat);
+    (clamp_sampler, wrap_sampler)
 }
 
 impl WgpuBackend {
