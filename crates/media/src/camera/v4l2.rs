@@ -90,6 +90,70 @@ fn device_error(path: &Path, what: &str, e: io::Error) -> MediaError {
     }
 }
 
+/// Checks that `dev` (at `device`) is a single-plane video capture device with streaming I/O.
+fn check_caps(dev: &Device, device: &Path) -> Result<()> {
+    let caps = dev
+        .query_caps()
+        .map_err(|e| device_error(device, "VIDIOC_QUERYCAP", e))?;
+    if !caps.capabilities.contains(Flags::VIDEO_CAPTURE) {
+        return Err(MediaError::Unsupported(format!(
+            "{}: {} ({}) is not a single-plane video capture device",
+            device.display(),
+            caps.card,
+            caps.driver
+        )));
+    }
+    if !caps.capabilities.contains(Flags::STREAMING) {
+        return Err(MediaError::Unsupported(format!(
+            "{}: {} does not support streaming I/O",
+            device.display(),
+            caps.card
+        )));
+    }
+    Ok(())
+}
+
+/// The capture format: NV12 when `dev` offers it, else YUYV.
+fn choose_format(dev: &Device, device: &Path) -> Result<(FourCC, CaptureFormat)> {
+    let offered: Vec<FourCC> = dev
+        .enum_formats()
+        .map_err(|e| device_error(device, "VIDIOC_ENUM_FMT", e))?
+        .into_iter()
+        .map(|d| d.fourcc)
+        .collect();
+    if offered.contains(&NV12) {
+        Ok((NV12, CaptureFormat::Nv12))
+    } else if offered.contains(&YUYV) {
+        Ok((YUYV, CaptureFormat::Yuyv))
+    } else {
+        let names: Vec<String> = offered.iter().map(|f| f.to_string()).collect();
+        Err(MediaError::Unsupported(format!(
+            "{}: device offers neither YUYV nor NV12 (offers: {})",
+            device.display(),
+            names.join(", ")
+        )))
+    }
+}
+
+/// The interval between frames: `fps`'s, or the driver's rate when it chose another (or
+/// refused to set one, said in the log).
+fn frame_interval(dev: &Device, device: &Path, fps: u32) -> Duration {
+    let mut interval = Duration::from_nanos(1_000_000_000 / fps as u64);
+    match dev.set_params(&Parameters::with_fps(fps)) {
+        Ok(p) if p.interval.numerator > 0 && p.interval.denominator > 0 => {
+            interval = Duration::from_nanos(
+                1_000_000_000 * p.interval.numerator as u64 / p.interval.denominator as u64,
+            );
+        }
+        Ok(_) => {}
+        Err(e) => log::warn!(
+            "{}: cannot set {fps} fps ({e}); using the driver's rate",
+            device.display()
+        ),
+    }
+    interval
+}
+
 impl V4l2Camera {
     /// Opens the capture device at `device`, asks for `width x height` at `fps` in NV12 (if
     /// offered) or YUYV, and starts mmap streaming on the first capture. Frames come out as
@@ -114,42 +178,8 @@ impl V4l2Camera {
             )));
         }
         let dev = Device::with_path(device).map_err(|e| device_error(device, "open", e))?;
-        let caps = dev
-            .query_caps()
-            .map_err(|e| device_error(device, "VIDIOC_QUERYCAP", e))?;
-        if !caps.capabilities.contains(Flags::VIDEO_CAPTURE) {
-            return Err(MediaError::Unsupported(format!(
-                "{}: {} ({}) is not a single-plane video capture device",
-                device.display(),
-                caps.card,
-                caps.driver
-            )));
-        }
-        if !caps.capabilities.contains(Flags::STREAMING) {
-            return Err(MediaError::Unsupported(format!(
-                "{}: {} does not support streaming I/O",
-                device.display(),
-                caps.card
-            )));
-        }
-        let offered: Vec<FourCC> = dev
-            .enum_formats()
-            .map_err(|e| device_error(device, "VIDIOC_ENUM_FMT", e))?
-            .into_iter()
-            .map(|d| d.fourcc)
-            .collect();
-        let (fourcc, capture_format) = if offered.contains(&NV12) {
-            (NV12, CaptureFormat::Nv12)
-        } else if offered.contains(&YUYV) {
-            (YUYV, CaptureFormat::Yuyv)
-        } else {
-            let names: Vec<String> = offered.iter().map(|f| f.to_string()).collect();
-            return Err(MediaError::Unsupported(format!(
-                "{}: device offers neither YUYV nor NV12 (offers: {})",
-                device.display(),
-                names.join(", ")
-            )));
-        };
+        check_caps(&dev, device)?;
+        let (fourcc, capture_format) = choose_format(&dev, device)?;
         let got = dev
             .set_format(&Format::new(width, height, fourcc))
             .map_err(|e| device_error(device, "VIDIOC_S_FMT", e))?;
@@ -189,19 +219,7 @@ impl V4l2Camera {
                 device.display()
             );
         }
-        let mut interval = Duration::from_nanos(1_000_000_000 / fps as u64);
-        match dev.set_params(&Parameters::with_fps(fps)) {
-            Ok(p) if p.interval.numerator > 0 && p.interval.denominator > 0 => {
-                interval = Duration::from_nanos(
-                    1_000_000_000 * p.interval.numerator as u64 / p.interval.denominator as u64,
-                );
-            }
-            Ok(_) => {}
-            Err(e) => log::warn!(
-                "{}: cannot set {fps} fps ({e}); using the driver's rate",
-                device.display()
-            ),
-        }
+        let interval = frame_interval(&dev, device, fps);
         let mut stream = Stream::with_buffers(&dev, Type::VideoCapture, BUFFER_COUNT)
             .map_err(|e| device_error(device, "mmap buffers (VIDIOC_REQBUFS)", e))?;
         stream.set_timeout(CAPTURE_TIMEOUT);
