@@ -225,7 +225,28 @@ fn guest_fn(s: &mut String, c: &Cmd) {
         );
     }
     let fail = format!("{{ st.error(super::GL_INVALID_VALUE); return {dflt}; }}");
-    // Lengths.
+    guest_lengths(s, c, &fail);
+    let body = guest_body(s, c, &fail);
+    let _ = writeln!(
+        s,
+        "    let mut stream = ctx.stream();\n    {{\n        \
+         let enc = stream.encoder(ctx.id);\n        \
+         let mut p = enc.packet(op::{name});\n{body}    }}"
+    );
+    if matches!(c.annot.shape, Some(Shape::Create(_))) {
+        s.push_str("    new_name\n}\n\n");
+        return;
+    }
+    if !c.round_trip() {
+        s.push_str("}\n\n");
+        return;
+    }
+    guest_reply(s, c, dflt);
+}
+
+/// The lengths of the command's arrays (GL_INVALID_VALUE, `fail`, when they cannot be
+/// had) and its C strings.
+fn guest_lengths(s: &mut String, c: &Cmd, fail: &str) {
     for (p, spec) in c.proto.params.iter().zip(&c.specs) {
         let id = ident(&p.name);
         match spec {
@@ -245,6 +266,11 @@ fn guest_fn(s: &mut String, c: &Cmd) {
             _ => {}
         }
     }
+}
+
+/// The guest-side bookkeeping of a shaped command (names generated, deleted, created) into
+/// `s`; the packet's fields, returned.
+fn guest_body(s: &mut String, c: &Cmd, fail: &str) -> String {
     let mut body = String::new();
     match c.annot.shape {
         Some(Shape::Gen(k)) => {
@@ -325,20 +351,13 @@ fn guest_fn(s: &mut String, c: &Cmd) {
             }
         }
     }
-    let _ = writeln!(
-        s,
-        "    let mut stream = ctx.stream();\n    {{\n        \
-         let enc = stream.encoder(ctx.id);\n        \
-         let mut p = enc.packet(op::{name});\n{body}    }}"
-    );
-    if matches!(c.annot.shape, Some(Shape::Create(_))) {
-        s.push_str("    new_name\n}\n\n");
-        return;
-    }
-    if !c.round_trip() {
-        s.push_str("}\n\n");
-        return;
-    }
+    body
+}
+
+/// After the packet: the round trip and its answer (outputs copied out, the return value),
+/// or nothing for a command without one.
+fn guest_reply(s: &mut String, c: &Cmd, dflt: &str) {
+    let name = &c.proto.name;
     let _ = writeln!(
         s,
         "    let reply = stream.round_trip();\n    drop(stream);\n    \
@@ -466,14 +485,59 @@ fn host_fn(s: &mut String, c: &Cmd) {
         "/// Decodes and runs `{name}`.\n\
          fn d_{name}(gl: &Gl, cx: &mut ContextState, r: &mut Reader<'_>, reply: &mut Encoder) -> Result<(), StreamError> {{"
     );
+    if host_shaped(s, c) {
+        return;
+    }
+    host_decode_args(s, c);
+    let ret_ty = if c.proto.ret.is_void() {
+        "()".to_owned()
+    } else {
+        rust_type(&c.proto.ret)
+    };
+    let _ = writeln!(
+        s,
+        "    #[allow(clippy::type_complexity)]\n    \
+         let res: Option<({ret_ty}, Vec<(Vec<u32>, usize)>)> = 'call: {{"
+    );
+    let skip = "break 'call None";
+    let outs = host_prepare_args(s, c, skip);
+    host_call(s, c, skip);
+    let outv: Vec<String> = outs.iter().map(|o| format!("(o_{o}, n_{o})")).collect();
+    let _ = writeln!(s, "        Some((ret, vec![{}]))\n    }};", outv.join(", "));
+    if c.round_trip() {
+        let nulls = "p.null();".repeat(outs.len());
+        let (ret_ok, ret_bad) = if c.proto.ret.is_void() {
+            ("", "")
+        } else {
+            ("p.u32(ret as u32);", "p.u32(0);")
+        };
+        let _ = writeln!(
+            s,
+            "    let mut p = reply.packet(op::{name});\n    \
+             match res {{\n        \
+             Some((ret, outs)) => {{\n            \
+             for (o, n) in &outs {{ p.bytes(&super::rtx::out_bytes(o, *n)); }}\n            \
+             {ret_ok}\n        }}\n        \
+             None => {{ {nulls} {ret_bad} }}\n    }}"
+        );
+    } else {
+        s.push_str("    let _ = res;\n");
+    }
+    s.push_str("    Ok(())\n}\n\n");
+}
+
+/// The body of a decoder whose command has a shape (names generated, deleted, created),
+/// closed; false (nothing written) for a command without one.
+fn host_shaped(s: &mut String, c: &Cmd) -> bool {
+    let name = &c.proto.name;
     match c.annot.shape {
         Some(Shape::Gen(k)) => {
             let _ = writeln!(s, "    super::names::gen(gl, cx, {}, r)\n}}\n", k.rust());
-            return;
+            true
         }
         Some(Shape::Delete(k)) => {
             let _ = writeln!(s, "    super::names::delete(gl, cx, {}, r)\n}}\n", k.rust());
-            return;
+            true
         }
         Some(Shape::Delete1(k)) => {
             let _ = writeln!(
@@ -481,7 +545,7 @@ fn host_fn(s: &mut String, c: &Cmd) {
                 "    super::names::delete1(gl, cx, {}, r)\n}}\n",
                 k.rust()
             );
-            return;
+            true
         }
         Some(Shape::Create(k)) => {
             for p in &c.proto.params {
@@ -502,10 +566,14 @@ fn host_fn(s: &mut String, c: &Cmd) {
                 arg_list(c),
                 k.rust()
             );
-            return;
+            true
         }
-        None => {}
+        None => false,
     }
+}
+
+/// The decoder's reading of the packet: scalars, byte arrays, unpack sources.
+fn host_decode_args(s: &mut String, c: &Cmd) {
     for (p, spec) in c.proto.params.iter().zip(&c.specs) {
         let id = ident(&p.name);
         match spec {
@@ -529,17 +597,11 @@ fn host_fn(s: &mut String, c: &Cmd) {
             Some(Spec::Out(_)) => {}
         }
     }
-    let ret_ty = if c.proto.ret.is_void() {
-        "()".to_owned()
-    } else {
-        rust_type(&c.proto.ret)
-    };
-    let _ = writeln!(
-        s,
-        "    #[allow(clippy::type_complexity)]\n    \
-         let res: Option<({ret_ty}, Vec<(Vec<u32>, usize)>)> = 'call: {{"
-    );
-    let skip = "break 'call None";
+}
+
+/// Inside the call block: each argument made a host value (a host name, a checked pointer
+/// into the packet, an output buffer); the arguments with outputs.
+fn host_prepare_args(s: &mut String, c: &Cmd, skip: &str) -> Vec<String> {
     let mut outs = Vec::new();
     for (p, spec) in c.proto.params.iter().zip(&c.specs) {
         let id = ident(&p.name);
@@ -595,6 +657,13 @@ fn host_fn(s: &mut String, c: &Cmd) {
             None => {}
         }
     }
+    outs
+}
+
+/// Inside the call block: the check hook, the call of the driver's entry point, the hook
+/// after it.
+fn host_call(s: &mut String, c: &Cmd, skip: &str) {
+    let name = &c.proto.name;
     if c.annot.hcheck {
         let _ = writeln!(
             s,
@@ -622,26 +691,4 @@ fn host_fn(s: &mut String, c: &Cmd) {
     if c.annot.hhook {
         let _ = writeln!(s, "        super::hooks::{name}(gl, cx, {});", arg_list(c));
     }
-    let outv: Vec<String> = outs.iter().map(|o| format!("(o_{o}, n_{o})")).collect();
-    let _ = writeln!(s, "        Some((ret, vec![{}]))\n    }};", outv.join(", "));
-    if c.round_trip() {
-        let nulls = "p.null();".repeat(outs.len());
-        let (ret_ok, ret_bad) = if c.proto.ret.is_void() {
-            ("", "")
-        } else {
-            ("p.u32(ret as u32);", "p.u32(0);")
-        };
-        let _ = writeln!(
-            s,
-            "    let mut p = reply.packet(op::{name});\n    \
-             match res {{\n        \
-             Some((ret, outs)) => {{\n            \
-             for (o, n) in &outs {{ p.bytes(&super::rtx::out_bytes(o, *n)); }}\n            \
-             {ret_ok}\n        }}\n        \
-             None => {{ {nulls} {ret_bad} }}\n    }}"
-        );
-    } else {
-        s.push_str("    let _ = res;\n");
-    }
-    s.push_str("    Ok(())\n}\n\n");
 }
