@@ -111,161 +111,81 @@ pub(crate) fn set_last_vendor() {
     }
 }
 
+/// `(name, address)` of each EGL entry point: `NAME => FUNCTION`.
+macro_rules! entry_points {
+    ($($name:ident => $f:path,)*) => {
+        vec![$((stringify!($name), $f as *const () as usize)),*]
+    };
+}
+
 /// Every EGL function the library implements, by name.
 fn egl_functions() -> &'static [(&'static str, usize)] {
     static T: std::sync::OnceLock<Vec<(&'static str, usize)>> = std::sync::OnceLock::new();
     T.get_or_init(|| {
-        vec![
-            ("eglGetDisplay", eglGetDisplay as *const () as usize),
-            (
-                "eglGetPlatformDisplay",
-                eglGetPlatformDisplay as *const () as usize,
-            ),
-            ("eglInitialize", eglInitialize as *const () as usize),
-            ("eglTerminate", eglTerminate as *const () as usize),
-            ("eglQueryString", eglQueryString as *const () as usize),
-            ("eglGetConfigs", eglGetConfigs as *const () as usize),
-            ("eglChooseConfig", eglChooseConfig as *const () as usize),
-            (
-                "eglGetConfigAttrib",
-                eglGetConfigAttrib as *const () as usize,
-            ),
-            ("eglCreateContext", eglCreateContext as *const () as usize),
-            ("eglDestroyContext", eglDestroyContext as *const () as usize),
-            (
-                "eglCreateWindowSurface",
-                eglCreateWindowSurface as *const () as usize,
-            ),
-            (
-                "eglCreatePlatformWindowSurface",
-                eglCreatePlatformWindowSurface as *const () as usize,
-            ),
-            (
-                "eglCreatePlatformWindowSurfaceEXT",
-                eglCreatePlatformWindowSurface as *const () as usize,
-            ),
-            (
-                "eglCreatePbufferSurface",
-                eglCreatePbufferSurface as *const () as usize,
-            ),
-            (
-                "eglCreatePixmapSurface",
-                eglCreatePixmapSurface as *const () as usize,
-            ),
-            (
-                "eglCreatePlatformPixmapSurface",
-                eglCreatePlatformPixmapSurface as *const () as usize,
-            ),
-            (
-                "eglCreatePbufferFromClientBuffer",
-                eglCreatePbufferFromClientBuffer as *const () as usize,
-            ),
-            ("eglDestroySurface", eglDestroySurface as *const () as usize),
-            ("eglQuerySurface", eglQuerySurface as *const () as usize),
-            ("eglSurfaceAttrib", eglSurfaceAttrib as *const () as usize),
-            ("eglMakeCurrent", eglMakeCurrent as *const () as usize),
-            ("eglSwapBuffers", eglSwapBuffers as *const () as usize),
-            ("eglSwapInterval", eglSwapInterval as *const () as usize),
-            ("eglQueryContext", eglQueryContext as *const () as usize),
-            ("eglGetError", eglGetError as *const () as usize),
-            ("eglBindAPI", eglBindAPI as *const () as usize),
-            ("eglQueryAPI", eglQueryAPI as *const () as usize),
-            ("eglWaitClient", eglWaitClient as *const () as usize),
-            ("eglWaitGL", eglWaitGL as *const () as usize),
-            ("eglWaitNative", eglWaitNative as *const () as usize),
-            ("eglReleaseThread", eglReleaseThread as *const () as usize),
-            ("eglCopyBuffers", eglCopyBuffers as *const () as usize),
-            ("eglBindTexImage", eglBindTexImage as *const () as usize),
-            (
-                "eglReleaseTexImage",
-                eglReleaseTexImage as *const () as usize,
-            ),
-            (
-                "eglGetCurrentContext",
-                eglGetCurrentContext as *const () as usize,
-            ),
-            ("eglGetProcAddress", eglGetProcAddress as *const () as usize),
-            ("eglCreateSync", eglCreateSync as *const () as usize),
-            ("eglCreateSyncKHR", eglCreateSyncKHR as *const () as usize),
-            ("eglDestroySync", eglDestroySync as *const () as usize),
-            ("eglDestroySyncKHR", eglDestroySync as *const () as usize),
-            ("eglClientWaitSync", eglClientWaitSync as *const () as usize),
-            (
-                "eglClientWaitSyncKHR",
-                eglClientWaitSync as *const () as usize,
-            ),
-            ("eglWaitSync", eglWaitSync as *const () as usize),
-            ("eglWaitSyncKHR", eglWaitSync as *const () as usize),
-            ("eglGetSyncAttrib", eglGetSyncAttrib as *const () as usize),
-            (
-                "eglGetSyncAttribKHR",
-                eglGetSyncAttribKHR as *const () as usize,
-            ),
-            (
-                "eglCreateImageKHR",
-                image::eglCreateImageKHR as *const () as usize,
-            ),
-            (
-                "eglCreateImage",
-                image::eglCreateImage as *const () as usize,
-            ),
-            (
-                "eglDestroyImageKHR",
-                image::eglDestroyImageKHR as *const () as usize,
-            ),
-            (
-                "eglDestroyImage",
-                image::eglDestroyImageKHR as *const () as usize,
-            ),
-            (
-                "eglCreateRegionVIRTSOC",
-                image::eglCreateRegionVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglMapRegionVIRTSOC",
-                image::eglMapRegionVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglUnmapRegionVIRTSOC",
-                image::eglUnmapRegionVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglDestroyRegionVIRTSOC",
-                image::eglDestroyRegionVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglQueryLedgerVIRTSOC",
-                image::eglQueryLedgerVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglDeviceCommandVIRTSOC",
-                device::eglDeviceCommandVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglQueueDeviceCommandVIRTSOC",
-                device::eglQueueDeviceCommandVIRTSOC as *const () as usize,
-            ),
-            ("eglSignalSyncKHR", eglSignalSyncKHR as *const () as usize),
-            (
-                "eglGetSyncFenceVIRTSOC",
-                eglGetSyncFenceVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglDeviceWaitSyncVIRTSOC",
-                eglDeviceWaitSyncVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglPresentVIRTSOC",
-                present::eglPresentVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglQueryCounterVIRTSOC",
-                present::eglQueryCounterVIRTSOC as *const () as usize,
-            ),
-            (
-                "eglQueryImportLatencyVIRTSOC",
-                image::eglQueryImportLatencyVIRTSOC as *const () as usize,
-            ),
+        entry_points![
+            eglGetDisplay => eglGetDisplay,
+            eglGetPlatformDisplay => eglGetPlatformDisplay,
+            eglInitialize => eglInitialize,
+            eglTerminate => eglTerminate,
+            eglQueryString => eglQueryString,
+            eglGetConfigs => eglGetConfigs,
+            eglChooseConfig => eglChooseConfig,
+            eglGetConfigAttrib => eglGetConfigAttrib,
+            eglCreateContext => eglCreateContext,
+            eglDestroyContext => eglDestroyContext,
+            eglCreateWindowSurface => eglCreateWindowSurface,
+            eglCreatePlatformWindowSurface => eglCreatePlatformWindowSurface,
+            eglCreatePlatformWindowSurfaceEXT => eglCreatePlatformWindowSurface,
+            eglCreatePbufferSurface => eglCreatePbufferSurface,
+            eglCreatePixmapSurface => eglCreatePixmapSurface,
+            eglCreatePlatformPixmapSurface => eglCreatePlatformPixmapSurface,
+            eglCreatePbufferFromClientBuffer => eglCreatePbufferFromClientBuffer,
+            eglDestroySurface => eglDestroySurface,
+            eglQuerySurface => eglQuerySurface,
+            eglSurfaceAttrib => eglSurfaceAttrib,
+            eglMakeCurrent => eglMakeCurrent,
+            eglSwapBuffers => eglSwapBuffers,
+            eglSwapInterval => eglSwapInterval,
+            eglQueryContext => eglQueryContext,
+            eglGetError => eglGetError,
+            eglBindAPI => eglBindAPI,
+            eglQueryAPI => eglQueryAPI,
+            eglWaitClient => eglWaitClient,
+            eglWaitGL => eglWaitGL,
+            eglWaitNative => eglWaitNative,
+            eglReleaseThread => eglReleaseThread,
+            eglCopyBuffers => eglCopyBuffers,
+            eglBindTexImage => eglBindTexImage,
+            eglReleaseTexImage => eglReleaseTexImage,
+            eglGetCurrentContext => eglGetCurrentContext,
+            eglGetProcAddress => eglGetProcAddress,
+            eglCreateSync => eglCreateSync,
+            eglCreateSyncKHR => eglCreateSyncKHR,
+            eglDestroySync => eglDestroySync,
+            eglDestroySyncKHR => eglDestroySync,
+            eglClientWaitSync => eglClientWaitSync,
+            eglClientWaitSyncKHR => eglClientWaitSync,
+            eglWaitSync => eglWaitSync,
+            eglWaitSyncKHR => eglWaitSync,
+            eglGetSyncAttrib => eglGetSyncAttrib,
+            eglGetSyncAttribKHR => eglGetSyncAttribKHR,
+            eglCreateImageKHR => image::eglCreateImageKHR,
+            eglCreateImage => image::eglCreateImage,
+            eglDestroyImageKHR => image::eglDestroyImageKHR,
+            eglDestroyImage => image::eglDestroyImageKHR,
+            eglCreateRegionVIRTSOC => image::eglCreateRegionVIRTSOC,
+            eglMapRegionVIRTSOC => image::eglMapRegionVIRTSOC,
+            eglUnmapRegionVIRTSOC => image::eglUnmapRegionVIRTSOC,
+            eglDestroyRegionVIRTSOC => image::eglDestroyRegionVIRTSOC,
+            eglQueryLedgerVIRTSOC => image::eglQueryLedgerVIRTSOC,
+            eglDeviceCommandVIRTSOC => device::eglDeviceCommandVIRTSOC,
+            eglQueueDeviceCommandVIRTSOC => device::eglQueueDeviceCommandVIRTSOC,
+            eglSignalSyncKHR => eglSignalSyncKHR,
+            eglGetSyncFenceVIRTSOC => eglGetSyncFenceVIRTSOC,
+            eglDeviceWaitSyncVIRTSOC => eglDeviceWaitSyncVIRTSOC,
+            eglPresentVIRTSOC => present::eglPresentVIRTSOC,
+            eglQueryCounterVIRTSOC => present::eglQueryCounterVIRTSOC,
+            eglQueryImportLatencyVIRTSOC => image::eglQueryImportLatencyVIRTSOC,
         ]
     })
 }
