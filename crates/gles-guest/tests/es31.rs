@@ -9,7 +9,7 @@
 //! through virtsoc only, indirect draws and dispatches without their buffers or past their
 //! end are GL errors, and the context goes on.
 //!
-//! Needs the binaries (`cargo build -p virtsoc --bin virtsocd -p virtsoc-render -p
+//! Needs the binaries (`cargo build -p virtsocd -p virtsoc-render -p
 //! virtsoc-gles`), glvnd and an ES 3.1 driver; skipped loudly without them unless
 //! `VIRTSOC_REQUIRE_ALL` is set.
 
