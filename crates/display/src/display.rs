@@ -37,7 +37,7 @@ use std::path::Path;
 
 use crate::backend::{DisplayBackend, HeadlessBackend};
 use crate::error::{DisplayError, Result};
-use crate::frame::{OwnerId, PresentedFrame};
+use crate::frame::{GuestId, PresentedFrame};
 use crate::snapshot;
 
 /// Configuration of a [`Display`].
@@ -133,7 +133,7 @@ pub struct ScanoutRecord {
     /// The frame's id.
     pub frame_id: u64,
     /// The frame's owner.
-    pub owner: OwnerId,
+    pub owner: GuestId,
     /// Sequence number of the vsync that scanned it out.
     pub vsync_seq: u64,
     /// Time of that vsync.
@@ -163,7 +163,7 @@ pub struct VsyncEvent {
     /// The new frame scanned out at this vsync, if any.
     pub scanout: Option<ScanoutRecord>,
     /// The foreground owner, if one is set.
-    pub foreground: Option<OwnerId>,
+    pub foreground: Option<GuestId>,
 }
 
 /// Summary of motion-to-photon latency samples.
@@ -241,15 +241,15 @@ pub struct Display {
     height: u32,
     refresh_hz: u32,
     backend: Box<dyn DisplayBackend>,
-    foreground: Option<OwnerId>,
+    foreground: Option<GuestId>,
     pending: Option<Pending>,
     /// The frame waiting behind `pending` (queue depth 2 only).
     queued: Option<Pending>,
     /// Owners of waiting frames dropped after they were queued (catch-up at a vsync, or a
     /// foreground switch), until drained.
-    late_drops: Vec<OwnerId>,
+    late_drops: Vec<GuestId>,
     queue_depth: usize,
-    background: HashMap<OwnerId, PresentedFrame>,
+    background: HashMap<GuestId, PresentedFrame>,
     current: Option<PresentedFrame>,
     seq: u64,
     last_vsync_ns: Option<u64>,
@@ -379,7 +379,7 @@ impl Display {
     /// scanned out. A frame the previous foreground owner had queued becomes
     /// hidden; the new owner's latest hidden frame, if any, is shown at the
     /// next vsync.
-    pub fn set_foreground(&mut self, owner: OwnerId) {
+    pub fn set_foreground(&mut self, owner: GuestId) {
         if self.foreground == Some(owner) {
             return;
         }
@@ -421,12 +421,12 @@ impl Display {
     }
 
     /// The foreground owner, if one was set.
-    pub fn foreground(&self) -> Option<OwnerId> {
+    pub fn foreground(&self) -> Option<GuestId> {
         self.foreground
     }
 
     /// Forgets an owner's kept background frame (call when a guest leaves).
-    pub fn remove_owner(&mut self, owner: OwnerId) {
+    pub fn remove_owner(&mut self, owner: GuestId) {
         self.background.remove(&owner);
     }
 
@@ -565,7 +565,7 @@ impl Display {
 
     /// Owners of the frames dropped after they had been queued (a queue of two catching up,
     /// a foreground switch), since the last call: one entry per frame.
-    pub fn drain_late_drops(&mut self) -> Vec<OwnerId> {
+    pub fn drain_late_drops(&mut self) -> Vec<GuestId> {
         std::mem::take(&mut self.late_drops)
     }
 

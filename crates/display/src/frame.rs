@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use crate::error::{DisplayError, Result};
 
-/// Identifies the guest (or other producer) that owns a frame, for
-/// foreground/background display sharing.
-pub type OwnerId = u32;
+/// The guest that owns a frame (for foreground/background display sharing): the one guest
+/// id of every crate.
+pub use virtsoc_ids::GuestId;
 
 pub use virtsoc_frame::{PixelFormat, MAX_DIMENSION};
 
@@ -175,7 +175,7 @@ pub struct PresentedFrame {
     /// Producer-chosen id, reported back in scan-out records.
     pub id: u64,
     /// The guest that presented it.
-    pub owner: OwnerId,
+    pub owner: GuestId,
     /// The pixels.
     pub data: FrameData,
     /// Pixel layout: a packed RGB format (4 bytes per pixel).
@@ -195,7 +195,7 @@ pub struct PresentedFrame {
 }
 
 impl PresentedFrame {
-    /// A tightly packed frame of owner 0, submitted at time 0, with no
+    /// A tightly packed frame of guest 0, submitted at time 0, with no
     /// capture time; adjust with the `with_*` methods.
     pub fn new(
         id: u64,
@@ -206,7 +206,7 @@ impl PresentedFrame {
     ) -> Self {
         PresentedFrame {
             id,
-            owner: 0,
+            owner: GuestId(0),
             data: data.into(),
             format,
             width,
@@ -218,7 +218,7 @@ impl PresentedFrame {
     }
 
     /// Sets the owner.
-    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+    pub fn with_owner(mut self, owner: GuestId) -> Self {
         self.owner = owner;
         self
     }

@@ -38,7 +38,7 @@ pub use display::{
 };
 pub use error::{DisplayError, Result};
 pub use frame::{
-    FrameData, FrameHandle, OwnerId, PixelFormat, PresentedFrame, ViewPicture, MAX_DIMENSION,
+    FrameData, FrameHandle, GuestId, PixelFormat, PresentedFrame, ViewPicture, MAX_DIMENSION,
 };
 pub use sink::{ConsumingSink, SinkCounts, SinkStats};
 pub use snapshot::{encode_png, write_png};

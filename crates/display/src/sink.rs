@@ -15,7 +15,7 @@ use virtsoc_sync::LockExt;
 
 use crate::backend::DisplayBackend;
 use crate::error::Result;
-use crate::frame::{OwnerId, PresentedFrame};
+use crate::frame::{GuestId, PresentedFrame};
 
 /// Frames that may wait for the sink's thread.
 pub const SINK_QUEUE: usize = 2;
@@ -37,7 +37,7 @@ pub struct SinkCounts {
 
 #[derive(Debug, Default)]
 struct StatsInner {
-    by_owner: HashMap<OwnerId, SinkCounts>,
+    by_owner: HashMap<GuestId, SinkCounts>,
     /// Frames handed to the sink and not yet done.
     queued: u64,
 }
@@ -50,13 +50,13 @@ pub struct SinkStats {
 
 impl SinkStats {
     /// What the sink read of `owner`'s frames.
-    pub fn of(&self, owner: OwnerId) -> SinkCounts {
+    pub fn of(&self, owner: GuestId) -> SinkCounts {
         let g = self.inner.0.lock_or_recover();
         g.by_owner.get(&owner).copied().unwrap_or_default()
     }
 
     /// Forgets `owner` (its guest left).
-    pub fn forget(&self, owner: OwnerId) {
+    pub fn forget(&self, owner: GuestId) {
         self.inner.0.lock_or_recover().by_owner.remove(&owner);
     }
 
@@ -69,7 +69,7 @@ impl SinkStats {
         }
     }
 
-    fn update(&self, owner: OwnerId, f: impl FnOnce(&mut SinkCounts)) {
+    fn update(&self, owner: GuestId, f: impl FnOnce(&mut SinkCounts)) {
         let mut g = self.inner.0.lock_or_recover();
         f(g.by_owner.entry(owner).or_default());
     }
@@ -193,17 +193,18 @@ mod tests {
         let want = want.finalize();
         let data: Arc<dyn FrameHandle> = Arc::new(planes);
         for id in 0..3u64 {
-            let f = PresentedFrame::new(id, 64, 16, PixelFormat::Rgba8, data.clone()).with_owner(7);
+            let f = PresentedFrame::new(id, 64, 16, PixelFormat::Rgba8, data.clone())
+                .with_owner(GuestId(7));
             sink.scanout(&f).expect("scanout");
             // One at a time, so that none is missed.
             stats.wait_idle();
         }
-        let c = stats.of(7);
+        let c = stats.of(GuestId(7));
         assert_eq!(c.frames, 3);
         assert_eq!(c.bytes, 3 * (64 * 16 * 4 + 32 * 8 * 4));
         assert_eq!(c.last_crc, want);
         assert_eq!((c.missed, c.unreadable), (0, 0));
-        assert_eq!(stats.of(8), SinkCounts::default());
+        assert_eq!(stats.of(GuestId(8)), SinkCounts::default());
     }
 
     #[test]
@@ -226,6 +227,6 @@ mod tests {
         let (mut sink, stats) = ConsumingSink::new(Box::new(NullBackend)).expect("sink");
         sink.scanout(&f).expect("scanout");
         stats.wait_idle();
-        assert_eq!(stats.of(0).unreadable, 1);
+        assert_eq!(stats.of(GuestId(0)).unreadable, 1);
     }
 }

@@ -23,7 +23,7 @@ use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::display::{Display, PresentOutcome, VsyncEvent};
 use crate::error::{DisplayError, Result};
-use crate::frame::{OwnerId, PresentedFrame};
+use crate::frame::{GuestId, PresentedFrame};
 
 /// Absolute vsync deadlines at a fixed rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,7 +245,7 @@ impl VsyncThread {
     }
 
     /// Switches the foreground owner (see [`Display::set_foreground`]).
-    pub fn set_foreground(&self, owner: OwnerId) {
+    pub fn set_foreground(&self, owner: GuestId) {
         self.shared.display.lock_or_recover().set_foreground(owner);
     }
 

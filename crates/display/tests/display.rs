@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use virtsoc_display::{
-    Display, DisplayBackend, DisplayConfig, DisplayError, DisplayStats, FrameHandle,
+    Display, DisplayBackend, DisplayConfig, DisplayError, DisplayStats, FrameHandle, GuestId,
     HeadlessBackend, NullBackend, PixelFormat, PresentOutcome, PresentedFrame, VsyncThread,
 };
 
@@ -150,30 +150,33 @@ fn history_is_bounded_and_drainable() {
 #[test]
 fn foreground_switching_hides_and_reveals() {
     let (mut d, headless) = display();
-    let a = |id| frame(id).with_owner(1);
-    let b = |id| frame(id).with_owner(2);
+    let a = |id| frame(id).with_owner(GuestId(1));
+    let b = |id| frame(id).with_owner(GuestId(2));
 
     // Before any foreground is chosen every owner is shown.
     d.present(a(1)).unwrap();
     assert_eq!(d.on_vsync(PERIOD).scanout.unwrap().frame_id, 1);
 
-    d.set_foreground(1);
-    assert_eq!(d.foreground(), Some(1));
+    d.set_foreground(GuestId(1));
+    assert_eq!(d.foreground(), Some(GuestId(1)));
     assert_eq!(d.present(b(100)).unwrap(), PresentOutcome::Hidden);
     assert_eq!(d.present(b(101)).unwrap(), PresentOutcome::Hidden);
     assert_eq!(d.present(a(2)).unwrap(), PresentOutcome::Queued);
     let ev = d.on_vsync(2 * PERIOD);
     assert_eq!(ev.scanout.unwrap().frame_id, 2);
-    assert_eq!(ev.foreground, Some(1));
+    assert_eq!(ev.foreground, Some(GuestId(1)));
     let s = d.stats();
     assert_eq!((s.presented, s.dropped, s.hidden), (2, 0, 2));
 
     // A queued foreground frame becomes hidden when its owner loses the
     // foreground; the new owner's latest hidden frame is shown at once.
     d.present(a(3)).unwrap();
-    d.set_foreground(2);
+    d.set_foreground(GuestId(2));
     let rec = d.on_vsync(3 * PERIOD).scanout.unwrap();
-    assert_eq!((rec.frame_id, rec.owner, rec.revealed), (101, 2, true));
+    assert_eq!(
+        (rec.frame_id, rec.owner, rec.revealed),
+        (101, GuestId(2), true)
+    );
     assert_eq!(rec.latency_ns, None);
     assert_eq!(headless.last_frame().unwrap().id, 101);
     let s = d.stats();
@@ -181,8 +184,8 @@ fn foreground_switching_hides_and_reveals() {
 
     // The foreground owner draws: a new frame replacing a revealed one is
     // not a drop (the revealed one was already counted as hidden).
-    d.set_foreground(1);
-    d.set_foreground(2);
+    d.set_foreground(GuestId(1));
+    d.set_foreground(GuestId(2));
     d.present(b(102)).unwrap();
     d.present(b(103)).unwrap();
     assert_eq!(d.on_vsync(4 * PERIOD).scanout.unwrap().frame_id, 103);
@@ -191,21 +194,21 @@ fn foreground_switching_hides_and_reveals() {
 
     // Switching back shows what owner 1 last presented (frame 3, hidden
     // when it lost the foreground).
-    d.set_foreground(1);
+    d.set_foreground(GuestId(1));
     let rec = d.on_vsync(5 * PERIOD).scanout.unwrap();
     assert_eq!((rec.frame_id, rec.revealed), (3, true));
     // ... and switching to 2 again shows its frame on screen before.
-    d.set_foreground(2);
+    d.set_foreground(GuestId(2));
     assert_eq!(d.on_vsync(6 * PERIOD).scanout.unwrap().frame_id, 103);
 
     // Setting the same foreground again changes nothing.
-    d.set_foreground(2);
+    d.set_foreground(GuestId(2));
     assert_eq!(d.on_vsync(7 * PERIOD).scanout, None);
 
     // A departed owner leaves nothing to reveal.
     d.present(a(4)).unwrap();
-    d.remove_owner(1);
-    d.set_foreground(1);
+    d.remove_owner(GuestId(1));
+    d.set_foreground(GuestId(1));
     assert_eq!(d.on_vsync(8 * PERIOD).scanout, None);
     assert_balanced(&d);
 }
@@ -362,14 +365,14 @@ fn vsync_thread_delivers_events_and_scans_out() {
     assert!(second.seq > first.seq);
     assert!(second.timestamp_ns > first.timestamp_ns);
 
-    vt.present(frame(42).with_owner(3)).unwrap();
+    vt.present(frame(42).with_owner(GuestId(3))).unwrap();
     let rec = loop {
         let ev = rx.recv_timeout(WAIT).unwrap();
         if let Some(rec) = ev.scanout {
             break rec;
         }
     };
-    assert_eq!((rec.frame_id, rec.owner), (42, 3));
+    assert_eq!((rec.frame_id, rec.owner), (42, GuestId(3)));
     vt.with_display(|d| {
         assert_eq!(d.last_frame().unwrap().id, 42);
         assert_eq!(d.stats().presented, 1);
@@ -474,7 +477,7 @@ fn a_queue_of_two_shows_a_burst_and_replaces_only_the_newest() {
     assert_eq!(d.on_vsync(6 * PERIOD).scanout.map(|r| r.frame_id), Some(7));
     assert_eq!(d.stats().dropped, 2);
     // The frame dropped at the vsync is reported with its owner (for per-guest counts).
-    assert_eq!(d.drain_late_drops(), vec![0]);
+    assert_eq!(d.drain_late_drops(), vec![GuestId(0)]);
     balanced(&d);
 }
 

@@ -58,7 +58,7 @@ impl ScanoutFormat {
         let capture_ns = capture_ns.or_else(|| self.stamped_time(&bytes, width, height, stride));
         vd::PresentedFrame {
             id: 0,
-            owner: 0,
+            owner: vd::GuestId(0),
             data: vd::FrameData::Bytes(bytes),
             format: self.0,
             width,

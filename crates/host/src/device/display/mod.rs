@@ -262,7 +262,7 @@ impl Display {
         });
         let frame = vd::PresentedFrame {
             id: 0,
-            owner: 0,
+            owner: GuestId(0),
             data: vd::FrameData::Handle(Arc::new(set)),
             format: vd::PixelFormat::Rgba8,
             width,

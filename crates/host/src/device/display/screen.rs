@@ -29,8 +29,6 @@ pub(super) fn percentile(sorted: &[u64], p: u64) -> u64 {
 /// One guest's view of the display.
 #[derive(Debug)]
 pub(super) struct GuestScreen {
-    /// Its owner id on the display.
-    pub(super) owner: vd::OwnerId,
     /// Frames it presented.
     pub(super) submitted: u64,
     /// Its frames scanned out.
@@ -73,8 +71,6 @@ impl PendingFence {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) guests: HashMap<GuestId, GuestScreen>,
-    pub(super) owners: HashMap<vd::OwnerId, GuestId>,
-    pub(super) next_owner: vd::OwnerId,
     pub(super) next_frame_id: u64,
     pub(super) present_seq: u64,
     pub(super) foreground: Option<GuestId>,
@@ -87,49 +83,27 @@ impl State {
     /// The guest's record, created at its first use of the display (`vsyncs`: the display's
     /// vsync count now).
     pub(super) fn guest(&mut self, guest: GuestId, vsyncs: u64) -> &mut GuestScreen {
-        if !self.guests.contains_key(&guest) {
-            let owner = loop {
-                self.next_owner = self.next_owner.wrapping_add(1);
-                if !self.owners.contains_key(&self.next_owner) {
-                    break self.next_owner;
-                }
-            };
-            self.owners.insert(owner, guest);
-            self.guests.insert(
-                guest,
-                GuestScreen {
-                    owner,
-                    submitted: 0,
-                    presented: 0,
-                    dropped: 0,
-                    first_vsync: vsyncs,
-                    latencies: VecDeque::new(),
-                    ready: VecDeque::new(),
-                    last_present: 0,
-                },
-            );
-        }
-        self.guests.get_mut(&guest).expect("inserted above")
+        self.guests.entry(guest).or_insert_with(|| GuestScreen {
+            submitted: 0,
+            presented: 0,
+            dropped: 0,
+            first_vsync: vsyncs,
+            latencies: VecDeque::new(),
+            ready: VecDeque::new(),
+            last_present: 0,
+        })
     }
 
     /// Counts scan-outs into their owners' records.
     pub(super) fn absorb(&mut self, d: &mut vd::Display) {
         for owner in d.drain_late_drops() {
-            if let Some(g) = self
-                .owners
-                .get(&owner)
-                .and_then(|guest| self.guests.get_mut(guest))
-            {
+            if let Some(g) = self.guests.get_mut(&owner) {
                 g.dropped += 1;
             }
         }
         let records = d.drain_scanouts();
         for r in records.into_iter().filter(|r| !r.revealed) {
-            let Some(g) = self
-                .owners
-                .get(&r.owner)
-                .and_then(|guest| self.guests.get_mut(guest))
-            else {
+            let Some(g) = self.guests.get_mut(&r.owner) else {
                 continue; // its guest has gone
             };
             g.presented += 1;
@@ -144,18 +118,13 @@ impl State {
 
     /// Gives the screen to `guest`. Frames of owners that have gone, which the display keeps
     /// as background content when switching, are forgotten.
-    pub(super) fn switch_foreground(
-        &mut self,
-        d: &mut vd::Display,
-        guest: GuestId,
-        owner: vd::OwnerId,
-    ) {
+    pub(super) fn switch_foreground(&mut self, d: &mut vd::Display, guest: GuestId) {
         let previous = d.foreground();
         let shown = d.last_frame().map(|f| f.owner);
-        d.set_foreground(owner);
+        d.set_foreground(guest);
         self.foreground = Some(guest);
         for o in [previous, shown].into_iter().flatten() {
-            if o != owner && !self.owners.contains_key(&o) {
+            if o != guest && !self.guests.contains_key(&o) {
                 d.remove_owner(o);
             }
         }
@@ -192,13 +161,13 @@ impl Screen {
         let (capture_ns, submitted_ns) = (frame.capture_ns, frame.submitted_ns);
         self.with(|d, st| {
             let vsyncs = d.stats().vsyncs;
-            let owner = st.guest(guest, vsyncs).owner;
+            st.guest(guest, vsyncs);
             st.next_frame_id += 1;
             let id = st.next_frame_id;
             frame.id = id;
-            frame.owner = owner;
+            frame.owner = guest;
             if st.foreground.is_none() {
-                st.switch_foreground(d, guest, owner);
+                st.switch_foreground(d, guest);
             }
             let keep = frame.clone();
             // The display queues only the foreground's frames, so a frame it replaces (and
@@ -338,11 +307,10 @@ impl Screen {
         self.with(|d, st| {
             st.fences.retain(|f| f.guest != guest);
             st.latest.remove(&guest);
-            let Some(g) = st.guests.remove(&guest) else {
+            if st.guests.remove(&guest).is_none() {
                 return;
-            };
-            st.owners.remove(&g.owner);
-            d.remove_owner(g.owner);
+            }
+            d.remove_owner(guest);
             if st.foreground == Some(guest) {
                 st.foreground = None;
                 let next = st
@@ -350,9 +318,9 @@ impl Screen {
                     .iter()
                     .filter(|(_, g)| g.last_present > 0)
                     .max_by_key(|(_, g)| g.last_present)
-                    .map(|(id, g)| (*id, g.owner));
-                if let Some((next, owner)) = next {
-                    st.switch_foreground(d, next, owner);
+                    .map(|(id, _)| *id);
+                if let Some(next) = next {
+                    st.switch_foreground(d, next);
                 }
             }
         });
@@ -378,14 +346,14 @@ impl Screen {
     pub(super) fn set_foreground(&self, guest: GuestId) {
         self.with(|d, st| {
             let vsyncs = d.stats().vsyncs;
-            let owner = st.guest(guest, vsyncs).owner;
-            st.switch_foreground(d, guest, owner);
+            st.guest(guest, vsyncs);
+            st.switch_foreground(d, guest);
         });
     }
 
-    /// `guest`'s owner id on the display, if it used the display.
-    pub(super) fn owner_of(&self, guest: GuestId) -> Option<vd::OwnerId> {
-        self.with(|_, st| st.guests.get(&guest).map(|g| g.owner))
+    /// `guest` as the display's frames name their owner, if it used the display.
+    pub(super) fn owner_of(&self, guest: GuestId) -> Option<GuestId> {
+        self.with(|_, st| st.guests.contains_key(&guest).then_some(guest))
     }
 
     /// `guest`'s frame counters (submitted, presented, dropped), if it used the display.
