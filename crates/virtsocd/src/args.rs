@@ -1,5 +1,5 @@
 //! `virtsocd`'s command line: every flag, its default and its parser (clap), and the
-//! daemon's configuration built from them ([`Args::config`]).
+//! daemon's configuration built from them (`Args::limits`, `Args::devices`, ...).
 
 use std::path::PathBuf;
 
