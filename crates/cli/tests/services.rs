@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{status_of, virtsoc, Daemon, TempDir};
-use virtsoc_guest::services::chan::{kind, Entry};
+use virtsoc_guest::services::chan::{flags, kind, Entry};
 use virtsoc_guest::services::packet::PacketHeader;
+use virtsoc_guest::services::payload::word_sum;
 use virtsoc_guest::services::{bulk, Bulk, Clipboard, Geo, Sensors, ServiceChannel};
 use virtsoc_guest::{ConnectOptions, Connection, Status};
 
@@ -125,6 +126,31 @@ fn bulk_transfers_inline_in_place_and_in_packets() {
         b.sink(&big).unwrap(),
         (crc32fast::hash(&big), big.len() as u64)
     );
+    // Streamed (no checksum): the drain takes each packet where it lies in its slot, no
+    // buffer on the host; the same answer as the reassembled, checked transfer's.
+    let want = (big.len() as u64, word_sum(&big));
+    let v = b.0.send(bulk::call::DRAIN, &big).unwrap().values;
+    assert_eq!((v[0], v[1]), want);
+    let v = b.0.send_checked(bulk::call::DRAIN, &big).unwrap().values;
+    assert_eq!((v[0], v[1]), want);
+    // In any order; a duplicate is refused; a checksum cannot be checked on bytes not kept.
+    let pk = |t: u32, i: u32| PacketHeader::new(t, bulk::call::DRAIN, big.len() as u64, i);
+    let bytes = |i: u32| &big[(i as usize) << 16..big.len().min(((i as usize) + 1) << 16)];
+    for t in [70, 71] {
+        for i in (0..17).rev() {
+            b.0.post_packet_with(&pk(t, i), bytes(i), 0, flags::NO_CRC)
+                .unwrap();
+            b.0.reap().unwrap();
+        }
+    }
+    b.0.post_packet_with(&pk(70, 3), bytes(3), 0, flags::NO_CRC)
+        .unwrap();
+    let e = b.0.reap().unwrap_err();
+    assert!(e.to_string().contains("received twice"), "{e}");
+    let v = b.0.commit_with(70, 17, 0, flags::NO_CRC).unwrap().values;
+    assert_eq!((v[0], v[1]), want);
+    let e = b.0.commit(71, 17, crc32fast::hash(&big)).unwrap_err();
+    assert!(e.to_string().contains("no checksum"), "{e}");
     // In place: the service reads the region in the guest's window.
     let r = c.alloc_blob(big.len() as u64).unwrap().id;
     common::cpu_write(&c, r, &big);
@@ -344,6 +370,14 @@ fn transfers_count_against_the_guests_memory_limit() {
         (crc32fast::hash(&ok), ok.len() as u64)
     );
     assert_eq!(b.sink(&ok).unwrap().1, ok.len() as u64, "and again");
+    // A drain takes its packets where they lie: the same 12 MiB, over the limit once
+    // reassembled, goes through streamed; with a checksum it is buffered, and refused.
+    let v = b.0.send(bulk::call::DRAIN, &big).unwrap().values;
+    assert_eq!((v[0], v[1]), (big.len() as u64, word_sum(&big)));
+    assert_eq!(
+        status_of(b.0.send_checked(bulk::call::DRAIN, &big)),
+        Status::OutOfMemory
+    );
 }
 
 #[test]

@@ -8,7 +8,8 @@
 //! connection's: inline (input up to one 64 KiB slot, output back in the slot), on regions
 //! read and written in place by the service ([`ServiceChannel::call_region`]), or as a
 //! transfer of 64 KiB packets ([`ServiceChannel::send`]: pipelined over the slots, committed
-//! with the packet count and CRC-32, revoked on error).
+//! with the packet count, revoked on error; [`ServiceChannel::send_checked`] adds a CRC-32
+//! of the payload, checked by the host).
 //!
 //! A channel follows its session when it migrates (`moved.rs`): with the connection's
 //! auto-reconnect on, a call in progress or the next one finds the channel moved, takes the
@@ -346,10 +347,24 @@ impl<'c> ServiceChannel<'c> {
     /// and returns the call's answer on the reassembled input. A refused packet revokes the
     /// transfer and returns the refusal. A transfer cut by a move of the channel starts
     /// again on the daemon the channel moved to (its call runs once).
+    ///
+    /// The commit carries no checksum: the host's completion bitmap and packet checks catch a
+    /// lost, duplicated or overlapping packet, and a CRC would only check this process's own
+    /// memory, at a pass over the payload on each side.
     pub fn send(&mut self, call: u32, data: &[u8]) -> Result<CallReply> {
+        self.send_with(call, data, false)
+    }
+
+    /// [`send`](Self::send), with the payload's CRC-32 in the commit, which the host checks
+    /// on the reassembled bytes (`Incomplete` when they differ).
+    pub fn send_checked(&mut self, call: u32, data: &[u8]) -> Result<CallReply> {
+        self.send_with(call, data, true)
+    }
+
+    fn send_with(&mut self, call: u32, data: &[u8], checked: bool) -> Result<CallReply> {
         let mut restarts = 0;
         loop {
-            match self.send_once(call, data) {
+            match self.send_once(call, data, checked) {
                 Err(e) if moved::is_restart(&e) && restarts < MAX_RESTARTS => restarts += 1,
                 r => return r,
             }
@@ -358,12 +373,13 @@ impl<'c> ServiceChannel<'c> {
 
     /// One try of [`send`](Self::send): a transfer on the daemon the channel is on; the
     /// restart error when the channel moved meanwhile (every packet posted answered first).
-    fn send_once(&mut self, call: u32, data: &[u8]) -> Result<CallReply> {
+    fn send_once(&mut self, call: u32, data: &[u8], checked: bool) -> Result<CallReply> {
         let t = self.next_transfer;
         self.next_transfer = self.next_transfer.wrapping_add(1).max(1);
         let packets = virtsoc_services::reassembly::split(t, call, data);
         let slots = self.entries() as usize;
         let moves = self.moves;
+        let flags = if checked { 0 } else { chan::flags::NO_CRC };
         let mut in_flight = 0usize;
         let mut failure: Option<GuestError> = None;
         for (i, (h, bytes)) in packets.iter().enumerate() {
@@ -378,7 +394,7 @@ impl<'c> ServiceChannel<'c> {
             if self.moves != moves {
                 break;
             }
-            match self.post_packet(h, bytes, (i % slots) as u32) {
+            match self.post_packet_with(h, bytes, (i % slots) as u32, flags) {
                 Ok(_) => in_flight += 1,
                 Err(e) if moved::is_restart(&e) => break,
                 Err(e) => return Err(e),
@@ -399,11 +415,29 @@ impl<'c> ServiceChannel<'c> {
             let _ = self.revoke(t);
             return Err(e);
         }
-        self.commit(t, packets.len() as u32, crc32fast::hash(data))
+        let sent = packets.len() as u32;
+        if checked {
+            self.commit(t, sent, crc32fast::hash(data))
+        } else {
+            self.commit_with(t, sent, 0, flags)
+        }
     }
 
-    /// Posts one packet from slot `slot` (no response read: for pipelining and tests).
+    /// Posts one packet from slot `slot` (no response read: for pipelining and tests), of a
+    /// transfer committed with a checksum.
     pub fn post_packet(&mut self, h: &PacketHeader, bytes: &[u8], slot: u32) -> Result<u64> {
+        self.post_packet_with(h, bytes, slot, 0)
+    }
+
+    /// [`post_packet`](Self::post_packet) of a transfer with flags `flags`
+    /// ([`chan::flags`]).
+    pub fn post_packet_with(
+        &mut self,
+        h: &PacketHeader,
+        bytes: &[u8],
+        slot: u32,
+        flags: u64,
+    ) -> Result<u64> {
         self.write_slot(slot, bytes)?;
         let w = h.to_words();
         self.post(
@@ -412,7 +446,7 @@ impl<'c> ServiceChannel<'c> {
                 call: h.call,
                 slot,
                 len: bytes.len() as u32,
-                args: [w[0], w[1], w[2], 0, 0],
+                args: [w[0], w[1], w[2], flags, 0],
                 ..Entry::default()
             },
             &[],
@@ -422,11 +456,29 @@ impl<'c> ServiceChannel<'c> {
     /// Commits transfer `transfer` of `sent` packets with the payload's CRC-32; the call's
     /// answer.
     pub fn commit(&mut self, transfer: u32, sent: u32, crc: u32) -> Result<CallReply> {
+        self.commit_with(transfer, sent, crc, 0)
+    }
+
+    /// Commits transfer `transfer` with `flags` ([`chan::flags`]); `crc` unless
+    /// [`chan::flags::NO_CRC`].
+    pub fn commit_with(
+        &mut self,
+        transfer: u32,
+        sent: u32,
+        crc: u32,
+        flags: u64,
+    ) -> Result<CallReply> {
         self.round_trip(
             Entry {
                 code: kind::COMMIT,
                 slot: 0,
-                args: [u64::from(transfer), u64::from(sent), u64::from(crc), 0, 0],
+                args: [
+                    u64::from(transfer),
+                    u64::from(sent),
+                    u64::from(crc),
+                    flags,
+                    0,
+                ],
                 ..Entry::default()
             },
             &[],

@@ -7,15 +7,15 @@
 //! lengths, regions and ranges, packet headers. A request that fails answers an error status
 //! with the reason in its slot; a ring violation (an index out of range) closes the channel.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use virtsoc_proto::AccessMode;
 use virtsoc_proto::SharedWindow;
-use virtsoc_services::chan::{closed, kind, Entry, HostEnd};
-use virtsoc_services::hypervisor::{Hypervisor, Reply};
+use virtsoc_services::chan::{closed, flags, kind, Entry, HostEnd};
+use virtsoc_services::hypervisor::{Hypervisor, Reply, SinkCall};
 use virtsoc_services::packet::PacketHeader;
 use virtsoc_services::payload::{Input, Output, WindowBytes};
 use virtsoc_services::reassembly::Reassembler;
@@ -51,18 +51,20 @@ pub struct ChannelCtx {
 }
 
 /// A channel's transfers: the reassembler, the transfers that timed out lately (a commit
-/// of one answers `TimedOut`), and each open transfer's charge against the guest's memory
-/// limit ([`SvmManager::charge`]).
+/// of one answers `TimedOut`), each open transfer's charge against the guest's memory
+/// limit ([`SvmManager::charge`]), and the service's sink of each streamed transfer.
 struct Transfers {
     reasm: Reassembler,
     timed_out: VecDeque<u32>,
     charges: Vec<(u32, MemoryCharge)>,
+    sinks: HashMap<u32, SinkCall>,
 }
 
 impl Transfers {
-    /// Transfer `t` is closed: its memory goes back to the guest.
+    /// Transfer `t` is closed: its memory goes back to the guest, its sink (if any) goes.
     fn release(&mut self, t: u32) {
         self.charges.retain(|(x, _)| *x != t);
+        self.sinks.remove(&t);
     }
 
     /// Drops the transfers past their deadline (remembered, for their commit's answer).
@@ -94,6 +96,7 @@ pub fn serve(cx: ChannelCtx, mut end: HostEnd) {
         reasm: Reassembler::new(CHANNEL_BUDGET, timeout.as_nanos() as u64),
         timed_out: VecDeque::new(),
         charges: Vec::new(),
+        sinks: HashMap::new(),
     };
     // The last responses posted (a ring's worth): those the guest has not read when the
     // channel pauses are kept for a migration's hand-over.
@@ -209,12 +212,17 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
                     e.len, h.len
                 )));
             }
+            let bytes = slot.prefix(h.len as usize)?;
+            if stream_packet(cx, st, &h, &bytes, e.args[3])? {
+                return Ok(Reply::default());
+            }
             let before = st.reasm.used();
             // Copied once, from the slot in place into the transfer's buffer (a guest
-            // writing the slot meanwhile spoils only its own transfer: the commit's CRC).
+            // writing the slot meanwhile spoils only its own transfer; a CRC in its commit,
+            // if it sends one, shows it).
             let now = crate::clock::now_ns();
             let mut put = Err(ServiceError::BadPacket("empty slot".into()));
-            slot.prefix(h.len as usize)?.for_each_chunk(&mut |bytes| {
+            bytes.for_each_chunk(&mut |bytes| {
                 put = match put {
                     Err(ServiceError::BadPacket(_)) if bytes.len() == h.len as usize => {
                         st.reasm.packet(&h, bytes, now)
@@ -246,7 +254,9 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
         }
         kind::COMMIT => {
             let t = e.args[0] as u32;
-            let committed = st.reasm.commit(t, e.args[1] as u32, e.args[2] as u32);
+            let crc = (e.args[3] & flags::NO_CRC == 0).then_some(e.args[2] as u32);
+            let committed = st.reasm.commit(t, e.args[1] as u32, crc);
+            let sink = st.sinks.remove(&t);
             st.release(t);
             let done = match committed {
                 Err(ServiceError::NoSuchTransfer(t)) if st.timed_out.contains(&t) => {
@@ -256,7 +266,12 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
                 r => r?,
             };
             let mut out = slot.clone();
-            cx.hv.invoke(g, cx.id, done.call, &done.data, &mut out)
+            if let Some(sink) = sink {
+                return cx.hv.finish_sink(sink, &mut out);
+            }
+            let r = cx.hv.invoke(g, cx.id, done.call, &done.data, &mut out);
+            st.reasm.recycle(done.data);
+            r
         }
         kind::REVOKE => {
             let t = e.args[0] as u32;
@@ -266,6 +281,47 @@ fn run(cx: &ChannelCtx, end: &HostEnd, st: &mut Transfers, e: &Entry) -> Result<
         }
         k => Err(ServiceError::BadPacket(format!("unknown request kind {k}"))),
     }
+}
+
+/// Packet `h` (its bytes `bytes`, in place in its slot) of a streamed transfer: checked and
+/// recorded by the reassembler, then handed to the service's sink where it lies, no copy.
+/// A transfer is streamed when its first packet says it has no checksum
+/// ([`flags::NO_CRC`]) and the service takes the call's input packet by packet
+/// ([`Hypervisor::open_sink`]); `Ok(false)`: the packet is one of a buffered transfer. A
+/// packet the sink refuses ends its transfer.
+fn stream_packet(
+    cx: &ChannelCtx,
+    st: &mut Transfers,
+    h: &PacketHeader,
+    bytes: &WindowBytes,
+    packet_flags: u64,
+) -> Result<bool> {
+    let now = crate::clock::now_ns();
+    if !st.sinks.contains_key(&h.transfer) {
+        if st.reasm.is_open(h.transfer) || packet_flags & flags::NO_CRC == 0 {
+            return Ok(false);
+        }
+        match cx.hv.open_sink(cx.guest.0, cx.id, h.call, h.total)? {
+            Some(s) => st.sinks.insert(h.transfer, s),
+            None => return Ok(false),
+        };
+    }
+    if let Err(err) = st.reasm.mark(h, now) {
+        if !st.reasm.is_open(h.transfer) {
+            // The first packet was refused: no transfer, no sink.
+            st.sinks.remove(&h.transfer);
+        }
+        return Err(err);
+    }
+    let Some(sink) = st.sinks.get_mut(&h.transfer) else {
+        return Err(ServiceError::NoSuchTransfer(h.transfer));
+    };
+    if let Err(err) = cx.hv.sink_packet(sink, h.offset(), bytes) {
+        let _ = st.reasm.revoke(h.transfer);
+        st.release(h.transfer);
+        return Err(err);
+    }
+    Ok(true)
 }
 
 /// The service's access to `len` bytes (or the rest) at `off` of the guest's region `id`,

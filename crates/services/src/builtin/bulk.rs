@@ -1,17 +1,21 @@
 //! `bulk`: the benchmark's service. `echo` copies its input to its output; `sink` reads its
 //! input once and answers its CRC-32 and length; `drain` reads it once in place.
 //!
+//! `drain` takes a streamed input packet by packet where each packet lies
+//! ([`Service::sink`]: no reassembly buffer, no copy on the host); its sum does not depend on
+//! the packets' order.
+//!
 //! `sink` and `drain` also answer how many of them this guest has had (this one included)
 //! and the bytes they read: a transfer lost or run twice shows in the count, which goes
 //! with the guest when it migrates ([`Service::export_guest`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
-use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
+use crate::hypervisor::{CallCtx, CallInfo, InputSink, Reply, Service};
 use crate::payload::{self, Input, Output};
 use crate::{Result, ServiceError};
 
@@ -51,19 +55,46 @@ const CALLS: &[CallInfo] = &[
     },
 ];
 
+/// Per guest: its sinks and drains and their bytes.
+type Counts = Arc<Mutex<HashMap<u64, (u64, u64)>>>;
+
 /// The bulk service: per guest, its sinks and drains and their bytes.
 #[derive(Default)]
 pub struct Bulk {
-    counts: Mutex<HashMap<u64, (u64, u64)>>,
+    counts: Counts,
 }
 
-impl Bulk {
-    /// Counts one more sink or drain of `bytes` for `guest`; its counters now.
-    fn count(&self, guest: u64, bytes: u64) -> (u64, u64) {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let e = c.entry(guest).or_default();
-        *e = (e.0 + 1, e.1.wrapping_add(bytes));
-        *e
+/// Counts one more sink or drain of `bytes` for `guest`; its counters now.
+fn count(counts: &Counts, guest: u64, bytes: u64) -> (u64, u64) {
+    let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+    let e = c.entry(guest).or_default();
+    *e = (e.0 + 1, e.1.wrapping_add(bytes));
+    *e
+}
+
+/// A `drain` of a streamed input, packet by packet.
+struct DrainSink {
+    counts: Counts,
+    bytes: u64,
+    sum: u64,
+}
+
+impl InputSink for DrainSink {
+    fn packet(&mut self, _offset: u64, bytes: &dyn Input) -> Result<()> {
+        // Packets start at multiples of 64 KiB: each one's words are words of the whole,
+        // and a short last word is zero-padded as the whole's is.
+        let (n, sum) = payload::drain(bytes)?;
+        self.bytes += n as u64;
+        self.sum = self.sum.wrapping_add(sum);
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, cx: &CallCtx, _out: &mut dyn Output) -> Result<Reply> {
+        let (n, bytes) = count(&self.counts, cx.guest, self.bytes);
+        Ok(Reply {
+            len: 0,
+            values: [self.bytes, self.sum, n, bytes],
+        })
     }
 }
 
@@ -90,10 +121,20 @@ impl Service for Bulk {
         } else {
             (u64::from(payload::crc(input)?), input.len() as u64)
         };
-        let (n, bytes) = self.count(cx.guest, input.len() as u64);
+        let (n, bytes) = count(&self.counts, cx.guest, input.len() as u64);
         Ok(Reply {
             len: 0,
             values: [a, b, n, bytes],
+        })
+    }
+
+    fn sink(&self, _cx: &CallCtx, c: u32, _total: u64) -> Option<Box<dyn InputSink>> {
+        (c == call::DRAIN).then(|| {
+            Box::new(DrainSink {
+                counts: self.counts.clone(),
+                bytes: 0,
+                sum: 0,
+            }) as Box<dyn InputSink>
         })
     }
 

@@ -82,13 +82,23 @@ pub mod kind {
     /// offset, input length, output region (0: none), output offset.
     pub const CALL_REGION: u32 = 2;
     /// One packet of a large transfer: its bytes in the slot, `args[0..3]` the header words
-    /// ([`crate::packet::PacketHeader::to_words`]).
+    /// ([`crate::packet::PacketHeader::to_words`]), `args[3]` the transfer's flags
+    /// ([`super::flags`], the same on every packet and the commit).
     pub const PACKET: u32 = 3;
-    /// Ends a transfer: `args` = transfer, packets sent, CRC-32; then runs the call on the
-    /// reassembled input, output in the slot.
+    /// Ends a transfer: `args` = transfer, packets sent, CRC-32, flags ([`super::flags`]);
+    /// then runs the call on the reassembled input, output in the slot.
     pub const COMMIT: u32 = 4;
     /// Drops a transfer: `args[0]` = transfer.
     pub const REVOKE: u32 = 5;
+}
+
+/// Flags of a transfer: `args[3]` of its [`kind::PACKET`]s and its [`kind::COMMIT`].
+pub mod flags {
+    /// No checksum: the commit's `args[2]` is not a CRC-32 and the host computes none (the
+    /// completion bitmap and the packet checks still apply; see [`crate::reassembly`]). The
+    /// host may then hand each packet in place to a service that takes its input packet by
+    /// packet ([`crate::hypervisor::InputSink`]) instead of reassembling it.
+    pub const NO_CRC: u64 = 1;
 }
 
 /// One ring entry (eight words).

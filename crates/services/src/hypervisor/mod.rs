@@ -107,6 +107,12 @@ pub trait Service: Send + Sync {
     fn import_guest(&self, _guest: u64, _state: &Value) -> Result<()> {
         Ok(())
     }
+    /// The sink of call `call` for an input of `total` bytes, when the call can take its
+    /// input packet by packet in any order, in place ([`InputSink`]; `None`, the default:
+    /// the call needs its input whole, reassembled).
+    fn sink(&self, _cx: &CallCtx, _call: u32, _total: u64) -> Option<Box<dyn InputSink>> {
+        None
+    }
     /// Whether the service can take calls now (an external program that went away cannot,
     /// until it registers again).
     fn available(&self) -> bool {
@@ -368,15 +374,15 @@ impl Hypervisor {
         }
     }
 
-    /// Runs call `call` of channel `channel` of `guest`.
-    pub fn invoke(
+    /// The channel record, the service and its instance for call `call` of channel
+    /// `channel` of `guest`: the channel must be the guest's, the policy must allow the
+    /// service, and the service must declare the call.
+    fn resolve(
         &self,
         guest: u64,
         channel: u64,
         call: u32,
-        input: &dyn Input,
-        out: &mut dyn Output,
-    ) -> Result<Reply> {
+    ) -> Result<(ChannelRec, Arc<Registered>, Arc<dyn Service>)> {
         let rec = match lock(&self.channels).get(&channel) {
             Some(c) if c.guest == guest => c.clone(),
             _ => return Err(ServiceError::NoSuchChannel(channel)),
@@ -390,6 +396,19 @@ impl Hypervisor {
             });
         }
         let inst = self.instance(&r, &rec.service, guest);
+        Ok((rec, r, inst))
+    }
+
+    /// Runs call `call` of channel `channel` of `guest`.
+    pub fn invoke(
+        &self,
+        guest: u64,
+        channel: u64,
+        call: u32,
+        input: &dyn Input,
+        out: &mut dyn Output,
+    ) -> Result<Reply> {
+        let (rec, r, inst) = self.resolve(guest, channel, call)?;
         let cx = CallCtx {
             guest,
             channel,
@@ -407,11 +426,7 @@ impl Hypervisor {
                 r.calls_served.fetch_add(1, Ordering::Relaxed);
                 res
             }
-            Err(_) => {
-                log::error!("service {} died in call {call}; restarting it", rec.service);
-                self.restart(&r, &inst);
-                Err(ServiceError::ServiceDied(rec.service))
-            }
+            Err(_) => Err(self.died(&r, &inst, &rec.service, call)),
         }
     }
 
@@ -494,5 +509,7 @@ impl Hypervisor {
 }
 
 pub mod handover;
+mod sink;
+pub use sink::{InputSink, SinkCall};
 #[cfg(test)]
 mod tests;

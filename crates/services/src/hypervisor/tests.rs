@@ -168,3 +168,49 @@ fn a_guests_state_and_channels_are_handed_over() {
     assert!(check_channels(&[rec(3), rec(3)]).is_err());
     assert!(check_channels(&[rec(0)]).is_err());
 }
+
+#[test]
+fn a_drain_takes_its_packets_in_place_in_any_order() {
+    use crate::builtin::bulk;
+    use crate::packet::PACKET_SIZE;
+    let h = Hypervisor::default();
+    crate::builtin::register_all(&h);
+    let ch = h.open(1, "g", "bulk").unwrap();
+    let data: Vec<u8> = (0..3 * PACKET_SIZE as usize + 13)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let mut out = Vec::new();
+    let whole = h.invoke(1, ch, bulk::call::DRAIN, &data, &mut out).unwrap();
+    let mut s = h
+        .open_sink(1, ch, bulk::call::DRAIN, data.len() as u64)
+        .unwrap()
+        .expect("a drain takes packets");
+    let mut packets: Vec<_> = data.chunks(PACKET_SIZE as usize).enumerate().collect();
+    packets.reverse();
+    packets.swap(0, 2);
+    for (i, p) in packets {
+        h.sink_packet(&mut s, (i * PACKET_SIZE as usize) as u64, &p)
+            .unwrap();
+    }
+    let r = h.finish_sink(s, &mut out).unwrap();
+    assert_eq!(r.values[..2], whole.values[..2], "bytes and word sum");
+    assert_eq!(r.values[2], 2, "counted as the guest's second drain");
+
+    // A call that needs its input whole gets no sink; the channel, the call and the policy
+    // are checked as for a call.
+    assert!(h.open_sink(1, ch, bulk::call::SINK, 10).unwrap().is_none());
+    assert_eq!(
+        h.open_sink(2, ch, bulk::call::DRAIN, 10).err(),
+        Some(ServiceError::NoSuchChannel(ch))
+    );
+    assert!(matches!(
+        h.open_sink(1, ch, 99, 10),
+        Err(ServiceError::NoSuchCall { .. })
+    ));
+    let s = h.open_sink(1, ch, bulk::call::DRAIN, 10).unwrap().unwrap();
+    h.set_policy(ServicePolicy::parse(r#"{"allow": {"other": ["*"]}}"#).unwrap());
+    assert!(matches!(
+        h.finish_sink(s, &mut out),
+        Err(ServiceError::Denied { .. })
+    ));
+}
