@@ -230,6 +230,32 @@ fn decodes_h264_bit_exact_in_both_formats() {
     }
 }
 
+/// An idle decoder gives its worker process back (`--codec-idle-reap-ms`), and its next
+/// decode starts another: the stream decodes on from its key frame, bit exact.
+#[test]
+fn an_idle_decoder_gives_its_worker_back_and_decodes_on() {
+    let dir = TempDir::new("devcodec-reap");
+    let clip = make_clip(&dir.0);
+    let (pkts, golden) = (packets(&clip), golden(&clip));
+    let d = Daemon::start(&["--codec-idle-reap-ms", "1000"]);
+    let c = connect(&d);
+    let s = Session::open(&c, Format::Nv12, 1);
+    let mut first = Vec::new();
+    s.decode(&pkts[0], 0).unwrap();
+    s.receive_all(&mut first);
+    s.flush(&mut first);
+    assert_eq!(first.len(), 1, "the key frame decoded");
+    d.expect_log(&format!("decoder {} idle for", s.handle));
+    let mut got = Vec::new();
+    for (i, p) in pkts.iter().enumerate() {
+        s.decode(p, i as u64).unwrap();
+        s.receive_all(&mut got);
+    }
+    s.flush(&mut got);
+    d.expect_log(&format!("decoder {} reopened", s.handle));
+    check_against_golden(&got, &golden);
+}
+
 #[test]
 fn a_corrupt_packet_fails_alone() {
     let dir = TempDir::new("devcodec-corrupt");

@@ -190,6 +190,10 @@ pub struct Args {
     /// --limit-codec-threads (Busy beyond).
     #[arg(long, default_value_t = Limits::default().codec_threads_per_guest)]
     pub limit_codec_threads_per_guest: usize,
+    /// Milliseconds a decoder may sit idle (nothing pending) before its worker process is
+    /// closed until its next decode, which resumes at the next key frame (0: never).
+    #[arg(long, default_value_t = Limits::default().codec_idle_reap.as_millis() as u64)]
+    pub codec_idle_reap_ms: u64,
     /// Limit: sent SMS the modem keeps per guest (the oldest are dropped beyond).
     #[arg(long, default_value_t = Limits::default().sms_sent)]
     pub limit_sms_sent: usize,
@@ -257,7 +261,7 @@ impl Args {
             codec_sessions: self.limit_codec_sessions_total,
             codec_threads: self.limit_codec_threads,
             codec_threads_per_guest: self.limit_codec_threads_per_guest,
-            codec_idle_reap: Limits::default().codec_idle_reap,
+            codec_idle_reap: std::time::Duration::from_millis(self.codec_idle_reap_ms),
             sms_sent: self.limit_sms_sent,
             snapshot_interval: std::time::Duration::from_millis(self.limit_snapshot_interval_ms),
             gpu_cost: self.limit_gpu_cost,
