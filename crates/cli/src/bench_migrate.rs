@@ -36,6 +36,7 @@ use crate::daemon_proc::DaemonProcess;
 use crate::scenario::full_layer;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
+use virtsoc_sync::LockExt;
 
 const MIB: u64 = 1 << 20;
 /// One frame period at 60 fps.
@@ -447,7 +448,7 @@ pub fn run() -> Result<MigrateResult, CliError> {
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
         .fold(0.0, f64::max);
-    let seeds = seeds.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let seeds = seeds.lock_or_recover().clone();
     let mut identical = out.snapshot.identical;
     for (k, id) in ids.iter().enumerate() {
         let want = block_sums(&fill(size as usize, seeds[k]));
@@ -496,7 +497,7 @@ fn spawn_writer(
                     return Err(e);
                 }
             }
-            seeds.lock().unwrap_or_else(|p| p.into_inner())[k] = seed;
+            seeds.lock_or_recover()[k] = seed;
             done.push(Instant::now());
             frame += 1;
             // Slots that went by without a frame are dropped frames.

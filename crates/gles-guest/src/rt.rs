@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtsoc_gles_stream::{egl, Encoder};
+use virtsoc_sync::LockExt;
 
 /// A batch is flushed once it holds this many bytes.
 pub const FLUSH_AT: usize = 256 << 10;
@@ -133,12 +134,12 @@ pub struct Context {
 impl Context {
     /// The stream, locked (a poisoned lock is taken over: the stream holds whole packets).
     pub fn stream(&self) -> MutexGuard<'_, Stream> {
-        self.stream.lock().unwrap_or_else(|p| p.into_inner())
+        self.stream.lock_or_recover()
     }
 
     /// The GL state, locked.
     pub fn gl(&self) -> MutexGuard<'_, crate::gl::GlState> {
-        self.gl.lock().unwrap_or_else(|p| p.into_inner())
+        self.gl.lock_or_recover()
     }
 }
 

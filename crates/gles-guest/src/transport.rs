@@ -34,6 +34,7 @@ use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 
 use crate::rt::{Channel, ChannelError};
+use virtsoc_sync::LockExt;
 
 /// First size of each stream region.
 pub const STREAM_REGION: u64 = 1 << 20;
@@ -221,7 +222,7 @@ impl Transport {
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock_or_recover()
     }
 
     /// Waits for a completion and turns a failure into a channel error.

@@ -345,7 +345,7 @@ impl TestContext {
     /// The context, or `None` where the host has no EGL or no ES `major` context (said on
     /// stderr; a failure under `VIRTSOC_REQUIRE_ALL`).
     pub(crate) fn open(major: u32, (w, h): (u32, u32)) -> Option<TestContext> {
-        let one = HOST_EGL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let one = virtsoc_sync::LockExt::lock_or_recover(&HOST_EGL_TESTS);
         let skip = |why: &str| {
             assert!(std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(), "{why}");
             eprintln!("SKIPPED: {why}");

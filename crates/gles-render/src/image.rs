@@ -436,9 +436,7 @@ mod tests {
 
     #[test]
     fn images_on_the_host_egl() {
-        let _one = crate::egl::HOST_EGL_TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _one = virtsoc_sync::LockExt::lock_or_recover(&crate::egl::HOST_EGL_TESTS);
         let Ok(egl) = HostEgl::open() else {
             eprintln!("SKIPPED: no host EGL");
             return;
@@ -507,9 +505,7 @@ mod tests {
 
     #[test]
     fn yuv_images_are_converted_by_the_gl_as_the_cpu_does() {
-        let _one = crate::egl::HOST_EGL_TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _one = virtsoc_sync::LockExt::lock_or_recover(&crate::egl::HOST_EGL_TESTS);
         let Ok(egl) = HostEgl::open() else {
             eprintln!("SKIPPED: no host EGL");
             return;

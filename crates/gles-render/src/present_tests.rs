@@ -10,6 +10,7 @@ use virtsoc_gles_stream::{egl, gl_ops, Encoder, Reader};
 
 use crate::mapped::DATA_OFFSET;
 use crate::worker::Renderer;
+use virtsoc_sync::LockExt;
 
 /// A memfd like a shared replica's of `len` bytes (the importer's page first).
 fn replica(len: usize) -> (OwnedFd, std::fs::File) {
@@ -110,9 +111,7 @@ fn present_and_check(r: &mut Renderer, (w, h): (u32, u32), handle: u32, direct: 
 
 #[test]
 fn presents_write_the_frame_top_row_first() {
-    let _one = crate::egl::HOST_EGL_TESTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let _one = crate::egl::HOST_EGL_TESTS.lock_or_recover();
     let Ok(mut r) = Renderer::new() else {
         eprintln!("SKIPPED: no host EGL");
         return;
@@ -141,9 +140,7 @@ fn presents_write_the_frame_top_row_first() {
 
 #[test]
 fn batches_run_out_of_a_mapping_and_answers_go_into_another() {
-    let _one = crate::egl::HOST_EGL_TESTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let _one = crate::egl::HOST_EGL_TESTS.lock_or_recover();
     let Ok(mut r) = Renderer::new() else {
         eprintln!("SKIPPED: no host EGL");
         return;

@@ -27,6 +27,7 @@ use virtsoc_gles_stream::{egl, Encoder, Reader, StreamError};
 
 use crate::egl::{EglError, Handle, HostEgl};
 use crate::glue::{CtxState, GlApi, Share};
+use virtsoc_sync::LockExt;
 
 /// Answer status: the batch ran.
 pub const OK: u32 = 0;
@@ -131,7 +132,7 @@ impl Renderer {
             let id = std::sync::Arc::as_ptr(&c.share).cast::<()>();
             if !groups.contains(&id) {
                 groups.push(id);
-                let g = c.share.lock().unwrap_or_else(|p| p.into_inner());
+                let g = c.share.lock_or_recover();
                 total = total.saturating_add(g.bytes());
             }
         }

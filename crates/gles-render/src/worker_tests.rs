@@ -2,6 +2,7 @@
 //! READBACK, malformed batches.
 
 use super::*;
+use virtsoc_sync::LockExt;
 
 /// The answers of a batch: `(op, first word)` each.
 fn answers(reply: &Encoder) -> Vec<(u32, u32)> {
@@ -15,9 +16,7 @@ fn answers(reply: &Encoder) -> Vec<(u32, u32)> {
 
 #[test]
 fn contexts_surfaces_and_bad_ids_on_the_host() {
-    let _one = crate::egl::HOST_EGL_TESTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let _one = crate::egl::HOST_EGL_TESTS.lock_or_recover();
     let Ok(mut r) = Renderer::new() else {
         eprintln!("SKIPPED: no host EGL");
         return;

@@ -29,6 +29,7 @@ use std::time::Instant;
 use crate::error::{MediaError, Result};
 use crate::frame::{copy_frame, FrameLayout, FrameMut, FrameRef, PixelFormat};
 use crate::sws::{ScaleFilter, Scaler};
+use virtsoc_sync::LockExt;
 
 /// A colour-conversion and scaling engine.
 pub trait IspBackend: Send + Sync {
@@ -142,7 +143,7 @@ impl SwscaleIsp {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ScalerCache> {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+        self.cache.lock_or_recover()
     }
 
     fn take(&self, key: &ScalerKey) -> Option<Scaler> {

@@ -12,6 +12,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use virtsoc_sched::{GuestId, Kind, Pick, Scheduler};
+use virtsoc_sync::LockExt;
 
 /// A call's place in the gate.
 pub type Ticket = u64;
@@ -134,7 +135,7 @@ impl Gate {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GateCore> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+        self.core.lock_or_recover()
     }
 
     fn now(&self) -> u64 {

@@ -63,6 +63,7 @@ use crate::daemon_proc::DaemonProcess;
 use crate::scenario::{self, show::Composition, RunOpts};
 use crate::soak::Background;
 use crate::CliError;
+use virtsoc_sync::LockExt;
 
 mod hostile;
 use hostile::{hostile, open};
@@ -190,8 +191,7 @@ impl Tally {
             Err(e @ (GuestError::Status { .. } | GuestError::BadArgument(_))) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 self.first
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .lock_or_recover()
                     .get_or_insert_with(|| e.to_string());
                 Ok(None)
             }

@@ -35,6 +35,7 @@ use virtsoc_proto::Request;
 use crate::daemon_proc::DaemonProcess;
 use crate::CliError;
 use roles::{good_round, guest, open};
+use virtsoc_sync::LockExt;
 
 /// Options of `virtsoc soak`.
 #[derive(Debug, clap::Args)]
@@ -142,7 +143,7 @@ struct Tally {
 
 impl Tally {
     fn note(&self, what: String) {
-        let mut n = self.notes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = self.notes.lock_or_recover();
         if n.len() < 20 {
             n.push(what);
         }
@@ -392,7 +393,7 @@ fn soak(args: &SoakArgs) -> Result<SoakReport, CliError> {
         reconnect_errors: get(&t.reconnect_errors),
         daemon_alive,
         checks,
-        notes: t.notes.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        notes: t.notes.lock_or_recover().clone(),
     };
     if daemon_alive {
         daemon.stop()?;

@@ -2,6 +2,7 @@
 //! the checks each makes of the daemon's answers.
 
 use super::*;
+use virtsoc_sync::LockExt;
 
 pub(super) fn open(socket: &str, name: &str, coherence: &str) -> Result<Connection, GuestError> {
     Connection::open(
@@ -144,10 +145,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 pub(super) fn good_round(ctx: &Ctx, c: &Connection, seed: u64) -> Result<(), CliError> {
     let t = &ctx.tally;
     let r = c.alloc_blob(REGION)?;
-    ctx.others
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(r.id);
+    ctx.others.lock_or_recover().push(r.id);
     // Producer -> consumer, then the CPU reads the same bytes.
     let made = on_device(
         c,
@@ -187,10 +185,7 @@ pub(super) fn good_round(ctx: &Ctx, c: &Connection, seed: u64) -> Result<(), Cli
         t.note(format!("cpu wrote {want:08x}, consumer read {seen:08x}"));
     }
     c.free(r.id)?;
-    ctx.others
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|&id| id != r.id);
+    ctx.others.lock_or_recover().retain(|&id| id != r.id);
     // Every fourth round: an opaque full-screen frame, checked against the display's CRC.
     if seed.is_multiple_of(4) {
         present(ctx, c, seed)?;
@@ -281,8 +276,7 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
     // Other guests' region ids (ids are per guest: none of these are this guest's).
     let theirs: Vec<u64> = ctx
         .others
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .lock_or_recover()
         .iter()
         .copied()
         .filter(|&id| id > own.id)

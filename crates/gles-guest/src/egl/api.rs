@@ -15,6 +15,7 @@ use super::state::{
 };
 use super::x11;
 use crate::rt::{self, ChannelError, Context, Stream};
+use virtsoc_sync::LockExt;
 
 /// An EGL handle (display, config, context, surface, sync).
 pub type Handle = *mut c_void;
@@ -111,7 +112,7 @@ pub(crate) fn stream(t: &Table) -> Result<Arc<Mutex<Stream>>, i32> {
 }
 
 pub(crate) fn lock(s: &Mutex<Stream>) -> std::sync::MutexGuard<'_, Stream> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
+    s.lock_or_recover()
 }
 
 /// The EGL error of a failed batch.

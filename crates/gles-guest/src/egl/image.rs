@@ -40,6 +40,7 @@ use super::consts::*;
 use super::state::{from_handle, table, to_handle};
 use crate::rt::{self, Stream};
 use crate::transport::Transport;
+use virtsoc_sync::LockExt;
 
 /// `EGL_IMAGE_PRESERVED_KHR` (accepted: an import always preserves nothing but the
 /// region's pixels, which it copies whole).
@@ -88,7 +89,7 @@ static IMAGES: std::sync::LazyLock<Mutex<Images>> =
     std::sync::LazyLock::new(|| Mutex::new(Images::default()));
 
 fn images() -> std::sync::MutexGuard<'static, Images> {
-    IMAGES.lock().unwrap_or_else(|p| p.into_inner())
+    IMAGES.lock_or_recover()
 }
 
 /// The stream and the transport of an initialised display.
@@ -178,7 +179,7 @@ fn import(
     force: bool,
 ) -> Result<(), i32> {
     {
-        let mut s = stream.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = stream.lock_or_recover();
         s.flush().map_err(|e| {
             log::warn!("virtsoc EGL: {e}");
             EGL_CONTEXT_LOST
@@ -204,7 +205,7 @@ fn import(
 /// last pixels).
 fn import_queued(stream: &Mutex<Stream>, tr: &Transport, id: u32, img: &Image) -> Result<(), i32> {
     {
-        let mut s = stream.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = stream.lock_or_recover();
         s.flush().map_err(|e| {
             log::warn!("virtsoc EGL: {e}");
             EGL_CONTEXT_LOST
@@ -259,7 +260,7 @@ static LATCHES: std::sync::LazyLock<Mutex<Latches>> =
     std::sync::LazyLock::new(|| Mutex::new(Latches::default()));
 
 fn latches() -> std::sync::MutexGuard<'static, Latches> {
-    LATCHES.lock().unwrap_or_else(|p| p.into_inner())
+    LATCHES.lock_or_recover()
 }
 
 /// Collects the completion of latch access `seq`.

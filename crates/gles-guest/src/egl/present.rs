@@ -26,6 +26,7 @@ use super::api::{display, guard, name_of, put, EglBool, EglInt, Handle};
 use super::consts::*;
 use super::state::{from_handle, table};
 use crate::rt;
+use virtsoc_sync::LockExt;
 
 /// Frame regions of one surface taking turns.
 pub const FRAMES: usize = 3;
@@ -48,7 +49,7 @@ static PRESENTS: std::sync::LazyLock<Mutex<HashMap<u32, Frames>>> =
     std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
 
 fn presents() -> MutexGuard<'static, HashMap<u32, Frames>> {
-    PRESENTS.lock().unwrap_or_else(|p| p.into_inner())
+    PRESENTS.lock_or_recover()
 }
 
 fn failed(what: &str, e: &GuestError) -> i32 {

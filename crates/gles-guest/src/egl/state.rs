@@ -11,6 +11,7 @@ use virtsoc_gles_stream::egl as wire;
 
 use super::consts::*;
 use crate::rt::{Context, Stream};
+use virtsoc_sync::LockExt;
 
 /// Where a display's windows live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +100,7 @@ impl Table {
 /// The process's table, locked.
 pub fn table() -> MutexGuard<'static, Table> {
     // A poisoned table is taken over: it holds whole objects.
-    TABLE.lock().unwrap_or_else(|p| p.into_inner())
+    TABLE.lock_or_recover()
 }
 
 static TABLE: std::sync::LazyLock<Mutex<Table>> =
@@ -258,7 +259,7 @@ pub fn choose(attrs: &[(i32, i32)], visual: i32) -> Result<Vec<u32>, i32> {
 
 /// The EGL error of a lost stream for a call that needs the host.
 pub fn lost_error(stream: &Mutex<Stream>) -> Option<i32> {
-    let s = stream.lock().unwrap_or_else(|p| p.into_inner());
+    let s = stream.lock_or_recover();
     s.lost().map(|_| EGL_CONTEXT_LOST)
 }
 

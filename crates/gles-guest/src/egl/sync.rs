@@ -38,6 +38,7 @@ use super::consts::*;
 use super::state::{from_handle, table, to_handle};
 use crate::rt;
 use crate::transport::Transport;
+use virtsoc_sync::LockExt;
 
 /// `eglCreateSyncKHR` type: a virtsoc virtual fence (`eglext_virtsoc.h`).
 pub const EGL_SYNC_VIRTSOC_FENCE: u32 = 0x7A20;
@@ -86,7 +87,7 @@ static SYNCS: std::sync::LazyLock<Mutex<Syncs>> =
     std::sync::LazyLock::new(|| Mutex::new(Syncs::default()));
 
 fn syncs() -> MutexGuard<'static, Syncs> {
-    SYNCS.lock().unwrap_or_else(|p| p.into_inner())
+    SYNCS.lock_or_recover()
 }
 
 /// The transport of an initialised display.

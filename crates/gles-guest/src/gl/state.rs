@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, MutexGuard};
+use virtsoc_sync::LockExt;
 
 /// Kinds of objects whose names the guest makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +151,7 @@ impl GlState {
 
     /// The share group's state, locked.
     pub(crate) fn shared(&self) -> MutexGuard<'_, Shared> {
-        self.share.lock().unwrap_or_else(|p| p.into_inner())
+        self.share.lock_or_recover()
     }
 
     /// Records an error found by the guest's own checks (`glGetError` returns it first).

@@ -22,6 +22,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtsoc_gles_stream::StreamError;
+use virtsoc_sync::LockExt;
 
 mod custom;
 mod draw;
@@ -161,7 +162,7 @@ impl ContextState {
 
     /// The share group, locked.
     pub fn share(&self) -> MutexGuard<'_, ShareGroup> {
-        self.share.lock().unwrap_or_else(|p| p.into_inner())
+        self.share.lock_or_recover()
     }
 
     /// Records a GL error found by the decoder (GL keeps one of each kind until read).

@@ -3,6 +3,7 @@
 //! and 3.00 shaders of both stages compile and report errors at the guest's lines.
 
 use super::*;
+use virtsoc_sync::LockExt;
 
 fn hi(src: &str) -> String {
     String::from_utf8(to_highp(src.as_bytes()).into_owned()).expect("utf-8")
@@ -286,9 +287,7 @@ mod host {
 
     #[test]
     fn rewritten_shaders_compile_and_errors_keep_their_lines() {
-        let _one = crate::egl::HOST_EGL_TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _one = crate::egl::HOST_EGL_TESTS.lock_or_recover();
         let Ok(egl) = HostEgl::open() else {
             assert!(
                 std::env::var_os("VIRTSOC_REQUIRE_ALL").is_none(),

@@ -57,6 +57,7 @@ use virtsoc_svm::{DomainId, GuestId, SvmManager};
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult, Reply};
 use crate::cgroup::CpuCgroups;
+use virtsoc_sync::LockExt;
 
 /// Largest batch one `exec` runs.
 pub const MAX_BATCH: u64 = 64 << 20;
@@ -175,7 +176,7 @@ struct GuestGles {
 }
 
 fn lock(s: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
+    s.lock_or_recover()
 }
 
 /// The `gles` device.
@@ -209,7 +210,7 @@ impl Gles {
     }
 
     fn guests(&self) -> MutexGuard<'_, HashMap<GuestId, GuestGles>> {
-        self.guests.lock().unwrap_or_else(|p| p.into_inner())
+        self.guests.lock_or_recover()
     }
 
     /// The guest's forwarding thread (started now at its first command).
@@ -408,11 +409,7 @@ impl Spare {
     const KEEP_BYTES: usize = 4 << 20;
 
     fn take(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_default()
+        self.0.lock_or_recover().pop().unwrap_or_default()
     }
 
     fn give(&self, mut buf: Vec<u8>) {
@@ -420,7 +417,7 @@ impl Spare {
             return;
         }
         buf.clear();
-        let mut spare = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut spare = self.0.lock_or_recover();
         if spare.len() < Self::KEEP {
             spare.push(buf);
         }

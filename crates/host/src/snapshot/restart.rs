@@ -20,6 +20,7 @@ use super::image::SessionImage;
 use super::migrate::Confirm;
 use crate::session::Session;
 use crate::Daemon;
+use virtsoc_sync::LockExt;
 
 /// A saved session waiting for its guest.
 struct Parked {
@@ -80,7 +81,7 @@ impl Restart {
             .create(dir)
             .map_err(|e| named("create", e))?;
         let r = Restart::default();
-        let mut parked = r.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut parked = r.parked.lock_or_recover();
         let entries = std::fs::read_dir(dir).map_err(|e| named("read", e))?;
         for e in entries.filter_map(|e| e.ok()) {
             let path = e.path();
@@ -121,37 +122,27 @@ impl Restart {
 
     /// The resume secret of guest `id`.
     pub fn secret_of(&self, id: GuestId) -> Option<String> {
-        self.tokens
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
+        self.tokens.lock_or_recover().get(&id).cloned()
     }
 
     /// Parks an incoming migration's session until its guest arrives with its secret; the
     /// guest is welcomed only once `confirm` got the source's commit.
     pub fn park_candidate(&self, secret: String, img: SessionImage, confirm: Arc<Confirm>) {
-        self.moved
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&secret);
-        self.parked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                secret,
-                Parked {
-                    path: None,
-                    img,
-                    confirm: Some(confirm),
-                },
-            );
+        self.moved.lock_or_recover().remove(&secret);
+        self.parked.lock_or_recover().insert(
+            secret,
+            Parked {
+                path: None,
+                img,
+                confirm: Some(confirm),
+            },
+        );
     }
 
     /// Drops the candidate parked with `confirm` (its source gave up) unless its guest took
     /// it meanwhile; true if dropped.
     pub fn drop_candidate(&self, secret: &str, confirm: &Arc<Confirm>) -> bool {
-        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut parked = self.parked.lock_or_recover();
         let ours = parked
             .get(secret)
             .and_then(|p| p.confirm.as_ref())
@@ -166,8 +157,7 @@ impl Restart {
     /// The confirmation of the incoming migration parked under `secret`, if any.
     pub fn candidate(&self, secret: &str) -> Option<Arc<Confirm>> {
         self.parked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .get(secret)
             .and_then(|p| p.confirm.clone())
     }
@@ -176,37 +166,27 @@ impl Restart {
     /// the guest resumes it here, and stops sending the guest to the target (in this order,
     /// so a guest reconnecting meanwhile is either sent away or finds it).
     pub fn park_returned(&self, secret: String, img: SessionImage) {
-        self.parked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                secret.clone(),
-                Parked {
-                    path: None,
-                    img,
-                    confirm: None,
-                },
-            );
-        self.moved
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&secret);
+        self.parked.lock_or_recover().insert(
+            secret.clone(),
+            Parked {
+                path: None,
+                img,
+                confirm: None,
+            },
+        );
+        self.moved.lock_or_recover().remove(&secret);
     }
 
     /// Records that the session with `secret` moved to the daemon on `socket`.
     pub fn moved(&self, secret: &str, socket: &str) {
         self.moved
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .insert(secret.to_string(), socket.to_string());
     }
 
     /// Forgets guest `id`'s secret (its session ended).
     pub fn forget(&self, id: GuestId) {
-        self.tokens
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        self.tokens.lock_or_recover().remove(&id);
     }
 
     /// Admits `session` (registered, not yet welcomed): with `resume`, restores the parked
@@ -222,18 +202,9 @@ impl Restart {
             None => new_secret()
                 .map_err(|e| Refusal::Refused(format!("cannot make a resume secret: {e}")))?,
             Some(want) => {
-                let found = self
-                    .parked
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(want);
+                let found = self.parked.lock_or_recover().remove(want);
                 let Some(Parked { path, img, confirm }) = found else {
-                    if let Some(to) = self
-                        .moved
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(want)
-                    {
+                    if let Some(to) = self.moved.lock_or_recover().get(want) {
                         return Err(Refusal::Moved(to.clone()));
                     }
                     return Err(Refusal::Refused(
@@ -264,10 +235,7 @@ impl Restart {
                         }
                         // The secret is the guest's before anyone hears it resumed (a
                         // migration asked for right after needs it).
-                        self.tokens
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(id, want.to_string());
+                        self.tokens.lock_or_recover().insert(id, want.to_string());
                         log::info!(
                             "guest {id} resumed the session of guest {} ({} regions)",
                             img.guest.source_guest,
@@ -278,18 +246,14 @@ impl Restart {
                     Err(e) => {
                         let msg = format!("saved session not restored: {e}");
                         self.parked
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
+                            .lock_or_recover()
                             .insert(want.to_string(), Parked { path, img, confirm });
                         return Err(Refusal::Refused(msg));
                     }
                 }
             }
         };
-        self.tokens
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, secret.clone());
+        self.tokens.lock_or_recover().insert(id, secret.clone());
         Ok(secret)
     }
 
@@ -299,7 +263,7 @@ impl Restart {
         let mut saved = 0;
         // Sessions whose guest has not come back yet after a migration that did not commit
         // live only in memory (a migration's uncommitted candidate belongs to its source).
-        for (secret, p) in self.parked.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (secret, p) in self.parked.lock_or_recover().iter() {
             let (path, img) = (&p.path, &p.img);
             if path.is_none() && p.confirm.is_none() {
                 let file = file_for(dir, secret);

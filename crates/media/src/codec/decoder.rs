@@ -11,6 +11,7 @@ use super::{CodecKind, DecodedFrame, DecoderBackend, PacketError, StreamInfo};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, PixelFormat};
 use crate::sws::{av_format, ScaleFilter, Scaler};
+use virtsoc_sync::LockExt;
 
 /// What a conversion scaler was made for: the picture's format, width and height.
 type ScalerKey = (ffi::AVPixelFormat, u32, u32);
@@ -437,10 +438,11 @@ impl FfmpegDecoder {
             // SAFETY: the pointers and strides are the decoder's own padded frame of format
             // `native`, at least w x h.
             unsafe {
-                scaler
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .scale_raw_into(&ptrs, &strides, FrameMut::new(layout, &mut data)?)?
+                scaler.lock_or_recover().scale_raw_into(
+                    &ptrs,
+                    &strides,
+                    FrameMut::new(layout, &mut data)?,
+                )?
             };
         }
         self.layout = Some(layout);

@@ -38,6 +38,7 @@ pub use worker::{
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, FrameRef, PixelFormat};
+use virtsoc_sync::LockExt;
 
 /// The FFmpeg log level the crate runs at: only messages about to abort the process.
 pub const FFMPEG_LOG_LEVEL: ffmpeg_next::util::log::Level = ffmpeg_next::util::log::Level::Fatal;
@@ -188,7 +189,7 @@ impl HeldPicture {
                     std::array::from_fn(|i| (*f).linesize[i]),
                 )
             };
-            let mut s = scaler.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = scaler.lock_or_recover();
             // SAFETY: as above; `dst` was checked to be the picture's layout.
             return unsafe { s.scale_raw_into(&ptrs, &strides, dst) };
         }

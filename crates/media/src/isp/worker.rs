@@ -33,6 +33,7 @@ use crate::worker::{
     deadline_for, io_error, read_answer, serve, write_error, WorkerPool, WorkerProcess,
     WORKER_RESIDENT,
 };
+use virtsoc_sync::LockExt;
 
 /// The argument a program's `main` takes to run [`serve_isp`] (`virtsocd --isp-worker`).
 pub const ISP_WORKER_ARG: &str = "--isp-worker";
@@ -211,7 +212,7 @@ struct IdleState {
 
 impl IdleSet {
     fn lock(&self) -> std::sync::MutexGuard<'_, IdleState> {
-        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+        self.kept.lock_or_recover()
     }
 
     /// Ends the workers whose idle time is up; sleeps until the next one's is, or until a

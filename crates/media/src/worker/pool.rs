@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{MediaError, Result};
+use virtsoc_sync::LockExt;
 
 /// Workers kept waiting by default.
 pub const DEFAULT_SPARE: usize = 2;
@@ -48,7 +49,7 @@ impl WorkerPool {
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Child, UnixStream)>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+        self.idle.lock_or_recover()
     }
 
     /// Starts one worker.

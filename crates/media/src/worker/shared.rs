@@ -30,6 +30,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 use super::wire::bad;
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, FrameRef};
+use virtsoc_sync::LockExt;
 
 /// Most picture buffers one worker may share (its decoder's queue, frame threads and
 /// reordering need far fewer).
@@ -178,10 +179,7 @@ struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.released
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(self.id);
+        self.released.lock_or_recover().push(self.id);
     }
 }
 
@@ -272,7 +270,7 @@ impl Mapped {
 
     /// The buffers the parent is done with since the last call.
     pub(crate) fn take_released(&self) -> Vec<u32> {
-        std::mem::take(&mut *self.released.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.released.lock_or_recover())
     }
 }
 
@@ -302,7 +300,7 @@ pub(crate) type SharedSlots = Arc<Mutex<Slots>>;
 /// Locks the worker's buffers (a panic elsewhere leaves them consistent: every change is
 /// one field).
 pub(crate) fn lock(slots: &SharedSlots) -> std::sync::MutexGuard<'_, Slots> {
-    slots.lock().unwrap_or_else(|p| p.into_inner())
+    slots.lock_or_recover()
 }
 
 /// The worker's side: its buffers and which of them the parent holds.

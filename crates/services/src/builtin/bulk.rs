@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use crate::hypervisor::{CallCtx, CallInfo, InputSink, Reply, Service};
 use crate::payload::{self, Input, Output};
 use crate::{Result, ServiceError};
+use virtsoc_sync::LockExt;
 
 /// Call numbers.
 pub mod call {
@@ -66,7 +67,7 @@ pub struct Bulk {
 
 /// Counts one more sink or drain of `bytes` for `guest`; its counters now.
 fn count(counts: &Counts, guest: u64, bytes: u64) -> (u64, u64) {
-    let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+    let mut c = counts.lock_or_recover();
     let e = c.entry(guest).or_default();
     *e = (e.0 + 1, e.1.wrapping_add(bytes));
     *e
@@ -139,15 +140,12 @@ impl Service for Bulk {
     }
 
     fn guest_gone(&self, guest: u64) {
-        self.counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&guest);
+        self.counts.lock_or_recover().remove(&guest);
     }
 
     /// `{"calls": N, "bytes": N}`: the guest's sinks and drains.
     fn export_guest(&self, guest: u64) -> Option<Value> {
-        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let c = self.counts.lock_or_recover();
         c.get(&guest)
             .map(|(n, b)| json!({ "calls": n, "bytes": b }))
     }
@@ -158,10 +156,7 @@ impl Service for Bulk {
                 "bulk state: {\"calls\": N, \"bytes\": N}".into(),
             ));
         };
-        self.counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(guest, (n, b));
+        self.counts.lock_or_recover().insert(guest, (n, b));
         Ok(())
     }
 }

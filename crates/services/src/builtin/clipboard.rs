@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
+use virtsoc_sync::LockExt;
 
 /// Longest clipboard text (1 MiB).
 pub const MAX_TEXT: usize = 1 << 20;
@@ -45,14 +46,14 @@ pub struct Clipboard {
 
 impl Clipboard {
     fn set(&self, t: String) -> u64 {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock_or_recover();
         s.0 = t;
         s.1 += 1;
         s.1
     }
 
     fn get(&self) -> (String, u64) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.state.lock_or_recover().clone()
     }
 }
 

@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
+use virtsoc_sync::LockExt;
 
 /// Call numbers.
 pub mod call {
@@ -213,7 +214,7 @@ pub fn parse_track(text: &str) -> Result<Vec<Fix>> {
 
 impl Geo {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_or_recover()
     }
 
     /// The current fix: the track's point for now, else the fix set last.

@@ -22,6 +22,7 @@ use std::borrow::Cow;
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
+use virtsoc_sync::LockExt;
 
 /// The sensors, in order.
 pub const NAMES: [&str; 5] = [
@@ -137,7 +138,7 @@ pub fn parse_value(s: &str) -> Result<[f64; 3]> {
 
 impl Sensors {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_or_recover()
     }
 
     fn reply(&self, i: usize) -> Reply {

@@ -21,6 +21,7 @@ use super::{Answer, FromProgram, Registration, ToProgram};
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
+use virtsoc_sync::LockExt;
 
 /// A request's place in the table.
 enum Slot {
@@ -113,7 +114,7 @@ impl ExternalService {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+        self.st.lock_or_recover()
     }
 
     /// Bytes of the memfd.
@@ -147,7 +148,7 @@ impl ExternalService {
     }
 
     fn send_inner(&self, msg: &ToProgram, fd: bool) -> Result<()> {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = self.tx.lock_or_recover();
         let sock = tx.as_ref().ok_or_else(|| self.gone(&self.lock()))?;
         let fd = fd.then(|| self.shm.fd());
         virtsoc_proto::handshake::send_json(sock, msg, fd).map_err(io)
@@ -174,7 +175,7 @@ impl ExternalService {
         }
         drop(st);
         self.cv.notify_all();
-        if let Some(s) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(s) = self.tx.lock_or_recover().take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -421,7 +422,7 @@ impl Service for ExternalService {
         // A program that exited a moment ago may not have been noticed by the reader yet:
         // the kernel knows its end of the socket is closed.
         let hung_up = {
-            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = self.tx.lock_or_recover();
             tx.as_ref().is_none_or(|s| {
                 let mut fds = [PollFd::new(s, PollFlags::RDHUP)];
                 let zero = rustix::time::Timespec {

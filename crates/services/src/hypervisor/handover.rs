@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use super::{lock, ChannelRec, Hypervisor};
 use crate::chan::{Entry, MAX_ENTRIES, SLOT_SIZE};
 use crate::{Result, ServiceError};
+use virtsoc_sync::RwLockExt;
 
 /// Most channels one guest's record may carry.
 pub const MAX_RECORD_CHANNELS: usize = 64;
@@ -118,8 +119,7 @@ impl Hypervisor {
     pub fn export_guest(&self, guest: u64) -> Value {
         let all: Vec<(String, std::sync::Arc<super::Registered>)> = self
             .services
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .read_or_recover()
             .iter()
             .map(|(n, r)| (n.clone(), r.clone()))
             .collect();

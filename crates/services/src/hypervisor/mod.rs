@@ -26,6 +26,7 @@ use crate::gate::Gate;
 use crate::payload::{Input, Output};
 use crate::policy::{Instances, ServicePolicy};
 use crate::{Result, ServiceError};
+use virtsoc_sync::{LockExt, RwLockExt};
 
 /// How long a call may take when the policy sets no `call_timeout_ms` (built-in services
 /// answer in time by construction; the deadline is what an external program is held to).
@@ -158,7 +159,7 @@ pub struct Hypervisor {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock_or_recover()
 }
 
 impl Default for Hypervisor {
@@ -199,7 +200,7 @@ impl Hypervisor {
                 "the name \"services\" is reserved".into(),
             ));
         }
-        let mut services = self.services.write().unwrap_or_else(|p| p.into_inner());
+        let mut services = self.services.write_or_recover();
         if let Some(old) = services.get(&name) {
             let live = lock(&old.shared).as_ref().is_some_and(|s| s.available());
             if !old.external || live {
@@ -230,10 +231,7 @@ impl Hypervisor {
             .as_ref()
             .map(|s| s.name().to_string())
             .unwrap_or_default();
-        self.services
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name, Arc::new(r));
+        self.services.write_or_recover().insert(name, Arc::new(r));
     }
 
     fn registered(default_instances: Instances, make: Factory, external: bool) -> Registered {
@@ -252,8 +250,7 @@ impl Hypervisor {
 
     fn service(&self, name: &str) -> Result<Arc<Registered>> {
         self.services
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .read_or_recover()
             .get(name)
             .cloned()
             .ok_or_else(|| ServiceError::NoSuchService(name.to_string()))
@@ -268,22 +265,16 @@ impl Hypervisor {
             .iter()
             .map(|(s, n)| (s.clone(), Arc::new(Gate::new(kind, *n))))
             .collect();
-        *self.gates.write().unwrap_or_else(|p| p.into_inner()) = gates;
-        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = p;
+        *self.gates.write_or_recover() = gates;
+        *self.policy.write_or_recover() = p;
     }
 
     /// The gate of `service` and the share of `guest_name`, if the policy limits it.
     fn gate(&self, service: &str, guest_name: &str) -> Option<(Arc<Gate>, Option<u32>)> {
-        let gate = self
-            .gates
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(service)
-            .cloned()?;
+        let gate = self.gates.read_or_recover().get(service).cloned()?;
         let share = self
             .policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .read_or_recover()
             .shares
             .get(guest_name)
             .copied();
@@ -293,27 +284,18 @@ impl Hypervisor {
     /// How long a call may take (the policy's `call_timeout_ms`, else [`CALL_TIMEOUT`]).
     pub fn call_timeout(&self) -> Duration {
         self.policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .read_or_recover()
             .call_timeout_ms
             .map_or(CALL_TIMEOUT, Duration::from_millis)
     }
 
     /// The policy.
     pub fn policy(&self) -> ServicePolicy {
-        self.policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.policy.read_or_recover().clone()
     }
 
     fn check(&self, guest_name: &str, service: &str) -> Result<()> {
-        if self
-            .policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .allows(guest_name, service)
-        {
+        if self.policy.read_or_recover().allows(guest_name, service) {
             return Ok(());
         }
         self.denied.fetch_add(1, Ordering::Relaxed);
@@ -362,8 +344,7 @@ impl Hypervisor {
     fn instance(&self, r: &Registered, name: &str, guest: u64) -> Arc<dyn Service> {
         let mode = self
             .policy
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .read_or_recover()
             .instances(name, r.default_instances);
         match mode {
             Instances::Shared => lock(&r.shared).get_or_insert_with(|| (r.make)()).clone(),
@@ -457,13 +438,7 @@ impl Hypervisor {
     /// A guest went away: its channels and per-guest instances go.
     pub fn guest_gone(&self, guest: u64) {
         lock(&self.channels).retain(|_, c| c.guest != guest);
-        let all: Vec<Arc<Registered>> = self
-            .services
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let all: Vec<Arc<Registered>> = self.services.read_or_recover().values().cloned().collect();
         for r in all {
             lock(&r.per_guest).remove(&guest);
             if let Some(s) = lock(&r.shared).clone() {
@@ -479,7 +454,7 @@ impl Hypervisor {
 
     /// The services, their calls and counters, the policy (the control API's listing).
     pub fn describe(&self) -> Value {
-        let services = self.services.read().unwrap_or_else(|p| p.into_inner());
+        let services = self.services.read_or_recover();
         let chans = lock(&self.channels);
         let mut names: Vec<&String> = services.keys().collect();
         names.sort();

@@ -84,6 +84,7 @@ use super::{Device, DeviceCtx, DeviceResult};
 use crate::status::status_of;
 use crate::{Limits, Result};
 use state::{DecoderSession, EncoderSession, Session, State};
+use virtsoc_sync::LockExt;
 
 /// Open decoders and encoders one guest may hold.
 pub const MAX_SESSIONS_PER_GUEST: usize = 16;
@@ -224,7 +225,7 @@ impl Codec {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_or_recover()
     }
 
     /// `open_decoder` for a guest's command: refusals carry their reason, and a decoder in

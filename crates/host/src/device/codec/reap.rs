@@ -27,6 +27,7 @@ use virtsoc_proto::Status;
 
 use super::state::{Session, State};
 use super::{codec_of, replay, Codec, DeviceCtx};
+use virtsoc_sync::LockExt;
 
 impl Codec {
     /// A decoder backend of `kind` writing `out` with `threads` decoding threads: in a worker
@@ -122,7 +123,7 @@ fn reaper(state: Weak<Mutex<State>>, idle: Duration) {
     loop {
         let next = {
             let Some(state) = state.upgrade() else { return };
-            let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = state.lock_or_recover();
             let now = Instant::now();
             let closed = st.reap_idle(now.checked_sub(idle).unwrap_or(now), idle);
             let next = st.next_reap(now, idle);

@@ -83,6 +83,7 @@ use format::ScanoutFormat;
 use output::Output;
 use planes::{Ledger, Plane, PlaneSet, MAX_PLANES};
 use screen::{listen, Screen, State};
+use virtsoc_sync::LockExt;
 
 /// What a control operation answers.
 type ControlResult = std::result::Result<serde_json::Value, virtsoc_control::ControlError>;
@@ -209,8 +210,7 @@ impl Display {
     /// Guest `guest`'s view pictures of planes that do not change.
     fn view_statics(&self, guest: GuestId) -> Arc<thumb::StaticPlanes> {
         self.view_statics
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .entry(guest)
             .or_default()
             .clone()
@@ -273,9 +273,7 @@ impl Display {
         };
         let id = self.screen.present(cx.guest, frame)?;
         if let (Some(v), Some(crc)) = (&self.verify, crc) {
-            v.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(cx.guest, (id, crc));
+            v.lock_or_recover().insert(cx.guest, (id, crc));
         }
         Ok(id)
     }
@@ -345,7 +343,7 @@ impl Display {
     fn snapshot_async(&self, guest: GuestId, reply: Reply) {
         let now = Instant::now();
         {
-            let mut last = self.last_snapshot.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = self.last_snapshot.lock_or_recover();
             if last
                 .get(&guest)
                 .is_some_and(|t| now.duration_since(*t) < self.snapshot_interval)
@@ -463,8 +461,7 @@ impl Device for Display {
             Command::Checksum(_) => {
                 let v = self.verify.as_ref().ok_or(Status::NotSupported)?;
                 let (frame_id, crc) = v
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .lock_or_recover()
                     .get(&cx.guest)
                     .copied()
                     .ok_or(Status::Busy)?;
@@ -506,20 +503,14 @@ impl Device for Display {
     }
 
     fn guest_gone(&self, guest: GuestId) {
-        self.last_snapshot
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&guest);
+        self.last_snapshot.lock_or_recover().remove(&guest);
         if let (Some(stats), Some(owner)) = (&self.sink, self.screen.owner_of(guest)) {
             stats.forget(owner);
         }
         self.screen.guest_gone(guest);
-        self.view_statics
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&guest);
+        self.view_statics.lock_or_recover().remove(&guest);
         if let Some(v) = &self.verify {
-            v.lock().unwrap_or_else(|p| p.into_inner()).remove(&guest);
+            v.lock_or_recover().remove(&guest);
         }
     }
 

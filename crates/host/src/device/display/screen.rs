@@ -13,6 +13,7 @@ use virtsoc_fence::table::{FenceId, VirtualFenceTable};
 use virtsoc_proto::Status;
 
 use super::{Answer, LATENCY_WINDOW, MAX_PENDING_FENCES};
+use virtsoc_sync::LockExt;
 
 /// Frames whose ready latency (capture -> present) the `timing` command summarises.
 const READY_WINDOW: usize = 30;
@@ -140,7 +141,7 @@ pub(super) struct Screen {
 }
 
 pub(super) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock_or_recover()
 }
 
 impl Screen {

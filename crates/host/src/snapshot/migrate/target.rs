@@ -14,6 +14,7 @@ use super::{
 use crate::snapshot::format::{err, read_section_from, Buf, Cursor, Section};
 use crate::snapshot::image;
 use crate::{Daemon, Result};
+use virtsoc_sync::LockExt;
 
 /// Where a target exits on purpose (`virtsocd --migrate-fault PHASE`, for tests of a target
 /// that dies mid-migration: the source must resume its guest with nothing lost).
@@ -75,7 +76,7 @@ impl Confirm {
     /// The migration did not commit: lets go of the VM port adopted for it, if any (its
     /// source serves it again).
     pub fn abandon(&self) {
-        if let Some(ctl) = self.vm.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(ctl) = self.vm.lock_or_recover().take() {
             ctl.abandon();
         }
     }
@@ -90,8 +91,7 @@ impl Confirm {
         die_at(self.fault, Fault::Ready);
         let s = self
             .stream
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .take()
             .ok_or_else(|| err("the migration was already confirmed"))?;
         s.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -226,7 +226,7 @@ fn take_port(
         std::fs::File::from(shm),
         std::os::unix::net::UnixStream::from(stream),
     )?;
-    *confirm.vm.lock().unwrap_or_else(|p| p.into_inner()) = Some(ctl);
+    *confirm.vm.lock_or_recover() = Some(ctl);
     Ok(())
 }
 
