@@ -125,7 +125,11 @@ fn reaper(state: Weak<Mutex<State>>, idle: Duration) {
             let Some(state) = state.upgrade() else { return };
             let mut st = state.lock_or_recover();
             let now = Instant::now();
-            let closed = st.reap_idle(now.checked_sub(idle).unwrap_or(now), idle);
+            // (No cutoff before the clock has run `idle`: nothing can have idled that long.)
+            let closed = match now.checked_sub(idle) {
+                Some(cutoff) => st.reap_idle(cutoff, idle),
+                None => Vec::new(),
+            };
             let next = st.next_reap(now, idle);
             if next.is_none() {
                 st.reaper = false;
