@@ -33,7 +33,7 @@ FLAGS=(-s "$SAN" -a)
 
 summary=()
 for t in "${TARGETS[@]}"; do
-    mkdir -p "work/$t" "artifacts/$t"
+    mkdir -p "work/$t" "artifacts/$t" "corpus/$t"  # a target without seeds starts from nothing
     log="artifacts/$t.log"
     echo "== $t: ${SECONDS_PER} s"
     set +e
