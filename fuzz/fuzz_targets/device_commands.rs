@@ -70,7 +70,7 @@ fn check<C: std::fmt::Debug>(
             let region_args = decl
                 .args
                 .iter()
-                .filter(|a| a.kind.starts_with("region"))
+                .filter(|a| a.kind.region().is_some())
                 .count();
             assert_eq!(regions(&cmd).len(), region_args, "{}", decl.name);
         }
@@ -323,7 +323,7 @@ fn execute(b: &mut Bytes) {
     for (i, w_i) in words.iter_mut().enumerate().skip(1) {
         let is_region = decl
             .and_then(|c| c.args.get(i - 1))
-            .is_some_and(|a| a.kind.starts_with("region"));
+            .is_some_and(|a| a.kind.region().is_some());
         let pick = b.u8();
         *w_i = if is_region && pick < 224 {
             w.regions[pick as usize % w.regions.len()]
