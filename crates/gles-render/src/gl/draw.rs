@@ -505,4 +505,4 @@ pub(crate) fn glDrawElementsInstanced(
 
 #[cfg(test)]
 #[path = "draw_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -7,8 +7,8 @@ use super::*;
 use crate::egl::TestContext;
 use crate::gl::{ShareGroup, GL_NO_ERROR};
 
-/// Runs `batch`'s GL packets on `cx` (current on the host).
-fn run(gl: &Gl, cx: &mut ContextState, batch: &Encoder) {
+/// Runs `batch`'s GL packets on `cx` (current on the host); the GL tests of `gl` share it.
+pub(in crate::gl) fn run(gl: &Gl, cx: &mut ContextState, batch: &Encoder) {
     let mut reply = Encoder::new();
     let mut r = Reader::new(batch.as_bytes());
     while let Some(p) = r.next_packet() {

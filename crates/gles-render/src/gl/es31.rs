@@ -128,17 +128,8 @@ mod tests {
 
     use super::*;
     use crate::egl::TestContext;
+    use crate::gl::draw::tests::run;
     use crate::gl::ShareGroup;
-
-    /// Runs `batch`'s GL packets on `cx` (current on the host).
-    fn run(gl: &Gl, cx: &mut ContextState, batch: &Encoder) {
-        let mut reply = Encoder::new();
-        let mut r = Reader::new(batch.as_bytes());
-        while let Some(p) = r.next_packet() {
-            let (opc, payload) = p.expect("packet");
-            super::super::dispatch(gl, cx, opc, payload, &mut reply).expect("decoded");
-        }
-    }
 
     /// An indirect draw's offset reaches the driver only with a vertex array object, a
     /// draw-indirect buffer (and for elements an element buffer) bound: a raw stream
