@@ -93,6 +93,17 @@ impl Stream {
         self.send(false).map(|_| ())
     }
 
+    /// Sends what is encoded, ended by a `glFinish` on context `ctx`, without waiting: the
+    /// batch completes on the host only once the host's GL has finished the work before it
+    /// (a GL that defers its rendering, as llvmpipe and every tiler do, has then drawn it),
+    /// so what the queue runs after this batch - a fence sync's signal - follows the GL's
+    /// completion, not only its submission.
+    pub fn flush_finished(&mut self, ctx: u32) -> Result<(), ChannelError> {
+        self.encoder(ctx)
+            .packet(virtsoc_gles_stream::gl_ops::glFinish);
+        self.flush()
+    }
+
     /// Sends what is encoded and waits for it to run: the reply bytes of its calls with
     /// results.
     pub fn round_trip(&mut self) -> Result<Vec<u8>, ChannelError> {
@@ -155,4 +166,47 @@ pub fn make_current(ctx: Option<Arc<Context>>) {
 /// The calling thread's current context.
 pub fn current() -> Option<Arc<Context>> {
     CURRENT.with(|c| c.borrow().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtsoc_gles_stream::{gl_ops, Reader};
+
+    /// A channel keeping every batch and whether it was waited for.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(Vec<u8>, bool)>>);
+
+    impl Channel for Recorder {
+        fn exec(&self, batch: &[u8], wait: bool) -> Result<Vec<u8>, ChannelError> {
+            self.0.lock_or_recover().push((batch.to_vec(), wait));
+            Ok(Vec::new())
+        }
+    }
+
+    fn ops(batch: &[u8]) -> Vec<u32> {
+        let mut r = Reader::new(batch);
+        std::iter::from_fn(|| r.next_packet())
+            .map(|p| p.map(|(op, _)| op).expect("whole packets"))
+            .collect()
+    }
+
+    #[test]
+    fn a_finished_flush_ends_its_batch_with_a_finish_and_does_not_wait() {
+        let rec = Arc::new(Recorder::default());
+        let mut s = Stream::new(rec.clone());
+        s.encoder(3).packet(gl_ops::glFlush);
+        s.flush_finished(3).unwrap();
+        // Nothing left to send: the finish still goes (it covers batches already sent).
+        s.flush_finished(3).unwrap();
+        s.flush().unwrap();
+        let batches = rec.0.lock_or_recover().clone();
+        assert_eq!(batches.len(), 2, "an empty plain flush sends nothing");
+        assert_eq!(
+            ops(&batches[0].0),
+            [egl::SET_CONTEXT, gl_ops::glFlush, gl_ops::glFinish]
+        );
+        assert_eq!(ops(&batches[1].0), [gl_ops::glFinish]);
+        assert!(batches.iter().all(|(_, wait)| !wait));
+    }
 }

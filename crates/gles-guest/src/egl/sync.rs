@@ -2,9 +2,10 @@
 //! 1.5 syncs, and virtsoc's `EGL_VIRTSOC_fence_sync`, `include/EGL/eglext_virtsoc.h`).
 //!
 //! - **A fence sync** (`EGL_SYNC_FENCE_KHR`) flushes the stream (its batch goes to the
-//!   `gles` device's queue without waiting) and queues a `FenceSignal` of a virtual fence
-//!   behind it on the gles queue: the daemon signals the fence once the GL work before it
-//!   has run on the host. Creating one is not a round trip: fence ids come from a small
+//!   `gles` device's queue without waiting, ended by a host `glFinish`) and queues a
+//!   `FenceSignal` of a virtual fence behind it on the gles queue: the daemon signals the
+//!   fence once the GL work before it is complete on the host (drawn, not only submitted:
+//!   llvmpipe renders when it is flushed). Creating one is not a round trip: fence ids come from a small
 //!   pool of `FenceCreate` requests submitted ahead ([`POOL`]) and collected later.
 //! - **`eglClientWaitSync`** waits on the fence's word in the shared fence page
 //!   (`Connection::fence_wait_cpu`: spin, then futex), no round trip per check; a finite
@@ -147,10 +148,18 @@ pub(crate) fn new_fence(conn: &Connection) -> Result<Fence, i32> {
 }
 
 /// Sends what the current context's stream holds (without waiting): GL work before this
-/// point reaches the gles queue before what follows.
-fn flush_current() -> Result<(), i32> {
+/// point reaches the gles queue before what follows. With `finished`, the batch ends with a
+/// `glFinish` ([`rt::Stream::flush_finished`]): a fence sync signals once the GL work before
+/// it is complete on the host, as `EGL_KHR_fence_sync` says, not once it was submitted.
+fn flush_current(finished: bool) -> Result<(), i32> {
     if let Some(cur) = rt::current() {
-        lock(&cur.stream).flush().map_err(|e| {
+        let mut s = lock(&cur.stream);
+        let sent = if finished {
+            s.flush_finished(cur.id)
+        } else {
+            s.flush()
+        };
+        sent.map_err(|e| {
             log::warn!("virtsoc EGL: {e:?}");
             EGL_CONTEXT_LOST
         })?;
@@ -204,7 +213,7 @@ fn create_sync(dpy: Handle, kind: u32, attribs: Vec<(i32, i32)>) -> Handle {
                     if rt::current().is_none() {
                         return Err(EGL_BAD_MATCH);
                     }
-                    flush_current()?;
+                    flush_current(true)?;
                 }
                 let f = new_fence(conn)?;
                 if device != 0 {
@@ -302,7 +311,7 @@ pub extern "C" fn eglClientWaitSync(
     guard(EGL_FALSE as EglInt, || {
         let (s, tr) = lookup(dpy, sync)?;
         if flags & EGL_SYNC_FLUSH_COMMANDS_BIT_KHR != 0 {
-            flush_current()?;
+            flush_current(false)?;
         }
         Ok(if wait_cpu(tr.connection(), s.fence, timeout)? {
             EGL_CONDITION_SATISFIED_KHR
@@ -315,7 +324,7 @@ pub extern "C" fn eglClientWaitSync(
 /// Queues a wait for `s` on `device`'s queue (the gles one: after the stream's work so far).
 fn queue_wait(tr: &Transport, s: &Sync, device: DeviceId) -> Result<(), i32> {
     if device == GLES {
-        flush_current()?;
+        flush_current(false)?;
     }
     tr.connection()
         .fence_wait(device, s.fence)
