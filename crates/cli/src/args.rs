@@ -266,6 +266,15 @@ pub(crate) struct RunArgs {
     /// realistic (preset medium, high bitrate, noise). Default: realistic for uhd-video.
     #[arg(long, value_enum)]
     pub(crate) clip: Option<scenario::media::Clip>,
+    /// gles-video and gles-camera with fence ordering: frames drawn but not finished by the
+    /// GL that the guest queues before it waits for the oldest (0: it waits for each).
+    #[arg(long, default_value_t = scenario::gles_video::IN_FLIGHT)]
+    pub(crate) in_flight: usize,
+    /// gles-video and gles-camera with atomic ordering: finish every stage of every frame
+    /// (a fence sync the guest waits on) and report each stage's p50: where each
+    /// millisecond goes. Slower than the stages overlapped.
+    #[arg(long)]
+    pub(crate) breakdown: bool,
     /// What consumes presented frames in the daemon started for the run: crc (every byte
     /// of every plane read once per scanned-out frame) or none.
     #[arg(long, default_value = "crc", value_parser = ["crc", "none"])]

@@ -290,6 +290,8 @@ pub(crate) fn run_scenario(a: RunArgs) -> Result<(), CliError> {
         compare: a.compare,
         rounds: a.rounds,
         clip: a.clip,
+        in_flight: a.in_flight,
+        breakdown: a.breakdown,
         display_sink: a.display_sink,
         json: a.json,
         save: a.save,

@@ -132,6 +132,57 @@ fn gles_scenarios_draw_and_present() {
     }
 }
 
+/// `--breakdown`: the atomic gles-video guest finishes and times every stage of a frame, in
+/// the frame's order; asking it of fence ordering (where stages overlap) is refused.
+#[test]
+fn gles_video_breaks_each_frame_into_its_stages() {
+    let d = Daemon::start(&["--display-sink", "crc"]);
+    let args = [
+        "gles-video",
+        "--seconds",
+        "1.5",
+        "--resolution",
+        "360p",
+        "--ordering",
+        "atomic",
+        "--breakdown",
+    ];
+    let rows = run(&d, &args);
+    let stages = rows[0]["stages_ms"].as_array().expect("stages_ms").clone();
+    let names: Vec<&str> = stages.iter().filter_map(|s| s[0].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "write unit",
+            "decode",
+            "latch",
+            "video quad",
+            "ui layer",
+            "present"
+        ],
+        "{}",
+        rows[0]
+    );
+    for s in &stages {
+        assert!(s[1].as_f64().unwrap() > 0.0, "every stage took time: {s}");
+    }
+    let out = common::virtsoc_cmd()
+        .args([
+            "run",
+            "gles-video",
+            "--ordering",
+            "fence",
+            "--breakdown",
+            "--socket",
+        ])
+        .arg(d.socket())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ordering atomic"), "{err}");
+}
+
 #[test]
 fn compare_runs_every_protocol_and_ordering_and_the_report_draws_it() {
     let d = Daemon::start(&[]);

@@ -12,17 +12,17 @@
 //!   acquire fence. A camera slot is captured into again only after the ISP read it (the
 //!   camera's queue waits on the ISP's sync), an RGBA slot converted into again only after
 //!   the GL latched it (the ISP's queue waits on a GL fence sync). The guest is paced by the
-//!   GL as in `gles-video` (at most [`IN_FLIGHT`] drawn frames unfinished).
-//! - **atomic** ordering: the guest waits for each step.
+//!   GL as in `gles-video` (at most `--in-flight` drawn frames unfinished).
+//! - **atomic** ordering: the guest waits for each step; with `--breakdown` it times each
+//!   ([`STAGES`]).
 //!
 //! Each mode runs in a child process ([`super::gles_run`]).
 
 use std::time::{Duration, Instant};
 
 use super::gles_egl::{self as e, Egl};
-use super::gles_run::{pace, row, snapshot};
-use super::gles_video::IN_FLIGHT;
-use super::{RunOpts, ScenarioResult};
+use super::gles_run::{pace, row, snapshot, Stages};
+use super::{RunExtra, RunOpts, ScenarioResult};
 use crate::bench_svm::OrderingMode;
 use crate::CliError;
 
@@ -37,10 +37,11 @@ const ISP: i32 = 11;
 /// reader takes per row from the markers at the left edge).
 const EFFECT: &std::ffi::CStr = c"precision mediump float; varying vec2 tc; uniform sampler2D t; void main() { vec3 c = texture2D(t, tc).rgb; float l = dot(c, vec3(0.299, 0.587, 0.114)); vec3 s = min(vec3(1.0), l * vec3(1.07, 0.94, 0.78)); vec2 d = tc - vec2(0.5); float v = 1.0 - 0.6 * dot(d, d); gl_FragColor = vec4(s * v, 1.0); }";
 
-/// Runs one mode (in a child process, [`super::gles_run`]).
-pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
-    super::gles_run::run(target, daemon_pid, o, guest)
-}
+/// What `--breakdown` times, in a frame's order: the capture into the camera region; the
+/// ISP's conversion into the RGBA region; the latch (`glEGLImageTargetTexture2DOES`: the
+/// region's access from the gles device and its import) and the effect's draw;
+/// `eglSwapBuffers` and the present.
+const STAGES: &[&str] = &["capture", "isp", "latch + effect", "present"];
 
 /// The GL objects: the effect's program and a texture and an image per RGBA slot.
 struct Scene {
@@ -75,9 +76,10 @@ struct SlotSyncs {
 }
 
 /// The guest: capture, convert, draw, present for `o.seconds`; its row.
-fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
+pub fn guest(pid: Option<u32>, o: &RunOpts, x: &RunExtra) -> Result<ScenarioResult, CliError> {
     let (w, h) = (o.width, o.height);
     let fence = o.ordering == OrderingMode::Fence;
+    let mut st = Stages::new(STAGES, x.breakdown && !fence);
     let egl = Egl::open(w, h)?;
     let cams: Vec<u64> = (0..SLOTS)
         .map(|_| egl.region(e::FORMAT_NV12, w, h))
@@ -100,14 +102,19 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
         let (cam, rgb) = (cams[k], rgbs[k]);
         frames_in += 1;
         if !fence {
+            st.start();
             egl.command(c"camera", c"capture", &[cam])?;
+            st.end(&egl, 0, false)?;
             if behind {
                 late += 1;
             } else {
                 egl.command(c"isp", c"convert", &[cam, rgb])?;
+                st.end(&egl, 1, false)?;
                 draw(&egl, &sc, k);
                 egl.finish_sync(egl.sync(e::SYNC_FENCE, &[])?)?;
+                st.end(&egl, 2, false)?;
                 egl.swap_and_present(w, h, 0, true)?;
+                st.end(&egl, 3, false)?;
             }
             i += 1;
             continue;
@@ -138,7 +145,7 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
         slots[k].latched = Some(egl.sync(e::SYNC_FENCE, &[])?);
         egl.swap_and_present(w, h, 0, false)?;
         drawn.push_back(egl.sync(e::SYNC_FENCE, &[])?);
-        if drawn.len() > IN_FLIGHT {
+        if drawn.len() > x.in_flight {
             if let Some(s) = drawn.pop_front() {
                 egl.finish_sync(s)?;
             }
@@ -154,5 +161,5 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
     egl.finish_sync(egl.sync(e::SYNC_FENCE, &[])?)?;
     let wall = t0.elapsed().as_secs_f64();
     std::thread::sleep(period * 3);
-    row(&egl, o, pid, &before, (frames_in, late, wall))
+    row(&egl, o, pid, &before, (frames_in, late, wall), &st)
 }

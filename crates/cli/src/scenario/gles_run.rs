@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::gles_egl::Egl;
-use super::{cpu_seconds, daemon_cpu_seconds, RunOpts, ScenarioResult};
+use super::{cpu_seconds, daemon_cpu_seconds, RunExtra, RunOpts, ScenarioResult};
 use crate::bench_svm::OrderingMode;
 use crate::stats::P50P99;
 use crate::CliError;
@@ -20,7 +20,7 @@ pub const GUEST_ENV: &str = "VIRTSOC_GLES_SCENARIO_GUEST";
 const PID_ENV: &str = "VIRTSOC_GLES_SCENARIO_DAEMON_PID";
 
 /// The guest of one GLES scenario, run in the child: its row.
-pub type Guest = fn(Option<u32>, &RunOpts) -> Result<ScenarioResult, CliError>;
+pub type Guest = fn(Option<u32>, &RunOpts, &RunExtra) -> Result<ScenarioResult, CliError>;
 
 /// Runs one mode of scenario `o.scenario`: in a child process (module docs), or, in that
 /// child, `guest` itself.
@@ -28,11 +28,12 @@ pub fn run(
     target: &str,
     daemon_pid: Option<u32>,
     o: &RunOpts,
+    x: &RunExtra,
     guest: Guest,
 ) -> Result<ScenarioResult, CliError> {
     if std::env::var_os(GUEST_ENV).is_some() {
         let pid = daemon_pid.or_else(|| std::env::var(PID_ENV).ok()?.parse().ok());
-        return guest(pid, o);
+        return guest(pid, o, x);
     }
     let exe = std::env::current_exe()?;
     let json = crate::bench_gles::env::write_vendor_json()?;
@@ -61,6 +62,7 @@ pub fn run(
     ])
     .args(["--seconds", &o.seconds.to_string(), "--resolution", res])
     .args(["--fps", &o.fps.to_string(), "--json"])
+    .args(["--in-flight", &x.in_flight.to_string()])
     .env(GUEST_ENV, "1")
     .env("VIRTSOC_SOCKET", target)
     .env("VIRTSOC_COHERENCE", &o.protocol)
@@ -68,6 +70,9 @@ pub fn run(
     .stderr(Stdio::inherit());
     // The guest ends with this process (a bench may kill it before its time is up).
     crate::bench_gles::env::die_with_parent(&mut cmd);
+    if x.breakdown {
+        cmd.arg("--breakdown");
+    }
     if let Some(pid) = daemon_pid {
         cmd.env(PID_ENV, pid.to_string());
     }
@@ -130,6 +135,65 @@ pub fn snapshot(egl: &Egl, pid: Option<u32>) -> Result<Before, CliError> {
     })
 }
 
+/// `--breakdown`: each stage of a frame finished before the next (the GL's work with a fence
+/// sync the guest waits on) and its duration kept, so the row says where each millisecond
+/// goes. Off, it costs nothing and changes nothing.
+pub struct Stages {
+    names: &'static [&'static str],
+    ms: Vec<Vec<f64>>,
+    on: bool,
+    at: Instant,
+}
+
+impl Stages {
+    /// Stages `names`, in the order a frame passes them; timed only when `on`.
+    pub fn new(names: &'static [&'static str], on: bool) -> Stages {
+        Stages {
+            names,
+            ms: vec![Vec::new(); names.len()],
+            on,
+            at: Instant::now(),
+        }
+    }
+
+    /// A frame's first stage starts now.
+    pub fn start(&mut self) {
+        self.at = Instant::now();
+    }
+
+    /// Ends stage `k` of the frame, once the GL has finished what was asked of it when `gl`.
+    pub fn end(&mut self, egl: &Egl, k: usize, gl: bool) -> Result<(), CliError> {
+        if !self.on {
+            return Ok(());
+        }
+        if gl {
+            egl.finish_sync(egl.sync(super::gles_egl::SYNC_FENCE, &[])?)?;
+        }
+        let now = Instant::now();
+        if let Some(v) = self.ms.get_mut(k) {
+            v.push((now - self.at).as_secs_f64() * 1e3);
+        }
+        self.at = now;
+        Ok(())
+    }
+
+    /// Each stage's p50 (ms); empty when not timed.
+    fn p50s(&self) -> Vec<(String, f64)> {
+        if !self.on {
+            return Vec::new();
+        }
+        self.names
+            .iter()
+            .zip(&self.ms)
+            .map(|(n, v)| {
+                let mut v = v.clone();
+                v.sort_by(|a, b| a.total_cmp(b));
+                (n.to_string(), P50P99::of(&v).p50)
+            })
+            .collect()
+    }
+}
+
 /// Sleeps until frame `i`'s start on the schedule from `anchor`; returns whether to drop
 /// the frame: more than a frame late, the schedule re-anchors at now and every other late
 /// frame is dropped (as the other scenarios do), so a pipeline slower than the frame rate
@@ -159,6 +223,7 @@ pub fn row(
     pid: Option<u32>,
     b: &Before,
     (frames_in, late, wall): (u64, u64, f64),
+    stages: &Stages,
 ) -> Result<ScenarioResult, CliError> {
     let st = egl.command(c"display", c"stats", &[])?;
     // The consuming display sink: enabled, frames, bytes, missed.
@@ -216,6 +281,7 @@ pub fn row(
         "display_sink": if sink[0] != 0 { "crc" } else { "none" },
         "sink_bytes_per_frame": sink[2] as f64 / sink[1].max(1) as f64,
         "sink_missed": sink[3],
+        "stages_ms": stages.p50s(),
     });
     Ok(serde_json::from_value(v)?)
 }

@@ -13,28 +13,40 @@
 //!   long signaled in a steady state). The guest is paced by the GL: at most [`IN_FLIGHT`]
 //!   drawn frames unfinished (a CPU wait on a fence sync, on the fence page).
 //! - **atomic** ordering: the guest waits for each step (the decode, the draw, the present).
+//!   With `--breakdown` it also finishes the latch, the video quad and the UI layer one by
+//!   one and times every stage ([`STAGES`]).
 //!
 //! Each mode runs in a child process ([`super::gles_run`]).
 
 use std::time::{Duration, Instant};
 
 use super::gles_egl::{self as e, Egl};
-use super::gles_run::{pace, row, snapshot};
-use super::{media, now_ns, RunOpts, ScenarioResult};
+use super::gles_run::{pace, row, snapshot, Stages};
+use super::{media, now_ns, RunExtra, RunOpts, ScenarioResult};
 use crate::bench_svm::OrderingMode;
 use crate::CliError;
 
 /// Picture regions taking turns.
 const SLOTS: usize = 3;
-/// Frames drawn but not finished by the GL that the fence-ordered guest lets be queued.
-pub(super) const IN_FLIGHT: usize = 2;
+/// Frames drawn but not finished by the GL that the fence-ordered guest lets be queued,
+/// unless `--in-flight` says otherwise.
+pub const IN_FLIGHT: usize = 2;
 /// The codec device's id (`virtsoc devices`).
 const CODEC: i32 = 10;
-
-/// Runs one mode (in a child process, [`super::gles_run`]).
-pub fn run(target: &str, daemon_pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
-    super::gles_run::run(target, daemon_pid, o, guest)
-}
+/// What `--breakdown` times, in a frame's order: the bitstream unit written into its
+/// region; the decode and the picture's delivery into its region (two device commands);
+/// the latch (`glEGLImageTargetTexture2DOES`: the region's access from the gles device,
+/// its import and the YUV conversion); the video quad; the UI layer blended over it;
+/// `eglSwapBuffers` and the present (the frame read back into a display region, the
+/// display's present).
+const STAGES: &[&str] = &[
+    "write unit",
+    "decode",
+    "latch",
+    "video quad",
+    "ui layer",
+    "present",
+];
 
 /// An RGBA UI layer: transparent, an opaque bar at the bottom and a translucent panel above.
 fn ui_layer(b: &mut [u8], stride: usize, w: usize, h: usize) {
@@ -88,21 +100,28 @@ fn scene(egl: &Egl, w: u32, h: u32, pictures: &[u64]) -> Result<Scene, CliError>
     })
 }
 
-/// Latches picture `k` and draws it with the UI over it.
-fn draw(egl: &Egl, s: &Scene, k: usize) {
+/// Latches picture `k` and draws it with the UI over it (stages 2-4 of [`STAGES`]).
+fn draw(egl: &Egl, s: &Scene, k: usize, st: &mut Stages) -> Result<(), CliError> {
     let g = &egl.gl;
     (g.disable)(0x0BE2);
-    egl.draw_image(s.video, e::TEXTURE_EXTERNAL, s.textures[k], s.images[k]);
+    (g.use_program)(s.video);
+    (g.bind_texture)(e::TEXTURE_EXTERNAL, s.textures[k]);
+    (g.target_texture)(e::TEXTURE_EXTERNAL, s.images[k]);
+    st.end(egl, 2, true)?;
+    egl.quad();
+    st.end(egl, 3, true)?;
     (g.use_program)(s.ui);
     (g.enable)(0x0BE2);
     (g.bind_texture)(e::TEXTURE_2D, s.ui_tex);
     egl.quad();
+    st.end(egl, 4, true)
 }
 
 /// The guest: decode, draw, present for `o.seconds`; its row.
-fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
+pub fn guest(pid: Option<u32>, o: &RunOpts, x: &RunExtra) -> Result<ScenarioResult, CliError> {
     let (w, h) = (o.width, o.height);
     let fence = o.ordering == OrderingMode::Fence;
+    let mut st = Stages::new(STAGES, x.breakdown && !fence);
     let clip = media::clip("flat", w, h, o.fps, 4)?;
     let units = media::load_units(&clip)?;
     let max_unit = units.iter().map(Vec::len).max().unwrap_or(0);
@@ -145,11 +164,13 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
             egl.finish_sync(s)?;
         }
         let decoded_at = now_ns();
+        st.start();
         egl.write(
             bits[slot],
             |b, _| b[..unit.len()].copy_from_slice(unit),
             unit.len(),
         )?;
+        st.end(&egl, 0, false)?;
         let (len, pic) = (unit.len() as u64, pictures[k]);
         if fence {
             if let Some(s) = latched[k].take() {
@@ -168,6 +189,7 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
                     "unit {i}: the decoder answered {got:?}, not unit {i}'s picture"
                 )));
             }
+            st.end(&egl, 1, false)?;
         }
         frames_in += 1;
         if behind {
@@ -176,21 +198,22 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
             let decoded = egl.device_sync(CODEC)?;
             egl.gl_wait(decoded)?;
             egl.destroy(decoded);
-            draw(&egl, &sc, k);
+            draw(&egl, &sc, k, &mut st)?;
             latched[k] = Some(egl.sync(e::SYNC_FENCE, &[])?);
             egl.swap_and_present(w, h, decoded_at, false)?;
             // Paced by the GL (as a BufferQueue of `IN_FLIGHT` buffers): at most that many
             // frames queued ahead of a GL slower than the clip.
             drawn.push_back(egl.sync(e::SYNC_FENCE, &[])?);
-            if drawn.len() > IN_FLIGHT {
+            if drawn.len() > x.in_flight {
                 if let Some(s) = drawn.pop_front() {
                     egl.finish_sync(s)?;
                 }
             }
         } else {
-            draw(&egl, &sc, k);
+            draw(&egl, &sc, k, &mut st)?;
             egl.finish_sync(egl.sync(e::SYNC_FENCE, &[])?)?;
             egl.swap_and_present(w, h, decoded_at, true)?;
+            st.end(&egl, 5, false)?;
         }
         i += 1;
     }
@@ -204,5 +227,5 @@ fn guest(pid: Option<u32>, o: &RunOpts) -> Result<ScenarioResult, CliError> {
     let wall = t0.elapsed().as_secs_f64();
     std::thread::sleep(period * 3);
     egl.command(c"codec", c"close", &[dec])?;
-    row(&egl, o, pid, &before, (frames_in, late, wall))
+    row(&egl, o, pid, &before, (frames_in, late, wall), &st)
 }

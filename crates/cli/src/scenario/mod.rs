@@ -67,10 +67,16 @@ pub struct RunOpts {
 }
 
 /// How to run a scenario beyond [`RunOpts`] (kept apart so that its other users need no
-/// change): the clip of the video scenarios.
+/// change): the clip of the video scenarios, the GLES scenarios' queue depth and stage
+/// timing.
 #[derive(Debug, Clone, Copy)]
 pub struct RunExtra {
     pub clip: media::Clip,
+    /// GLES scenarios, fence ordering: frames drawn but not finished by the GL that the
+    /// guest lets be queued before it waits for the oldest.
+    pub in_flight: usize,
+    /// GLES scenarios, atomic ordering: finish and time every stage of every frame.
+    pub breakdown: bool,
 }
 
 impl Default for RunExtra {
@@ -78,6 +84,8 @@ impl Default for RunExtra {
     fn default() -> Self {
         RunExtra {
             clip: media::Clip::Cheap,
+            in_flight: gles_video::IN_FLIGHT,
+            breakdown: false,
         }
     }
 }
@@ -160,6 +168,10 @@ pub struct ScenarioResult {
     /// Frames the sink could not read because it was still busy with earlier ones.
     #[serde(default)]
     pub sink_missed: u64,
+    /// With `--breakdown` (GLES scenarios): each stage's p50 in ms per frame, in the order
+    /// a frame passes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages_ms: Vec<(String, f64)>,
     /// With `--rounds`: the rows of every round (this row holds their medians).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rounds: Vec<ScenarioResult>,
@@ -323,8 +335,8 @@ pub fn run_ext(
     x: &RunExtra,
 ) -> Result<ScenarioResult, CliError> {
     match o.scenario.as_str() {
-        "gles-video" => return gles_video::run(target, daemon_pid, o),
-        "gles-camera" => return gles_camera::run(target, daemon_pid, o),
+        "gles-video" => return gles_run::run(target, daemon_pid, o, x, gles_video::guest),
+        "gles-camera" => return gles_run::run(target, daemon_pid, o, x, gles_camera::guest),
         _ => {}
     }
     let frame_bytes = o.width as u64 * o.height as u64 * 4;
@@ -443,6 +455,7 @@ pub fn run_on_ext(
         display_sink: if sink.enabled != 0 { "crc" } else { "none" }.into(),
         sink_bytes_per_frame: sink.bytes as f64 / sink.frames.max(1) as f64,
         sink_missed: sink.missed,
+        stages_ms: Vec::new(),
         rounds: Vec::new(),
     })
 }

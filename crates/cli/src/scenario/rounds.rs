@@ -127,6 +127,8 @@ pub struct RunCmd {
     pub compare: bool,
     pub rounds: usize,
     pub clip: Option<Clip>,
+    pub in_flight: usize,
+    pub breakdown: bool,
     pub display_sink: String,
     pub json: bool,
     pub save: Option<std::path::PathBuf>,
@@ -136,6 +138,19 @@ pub struct RunCmd {
 pub fn run_cmd(c: RunCmd) -> Result<(), CliError> {
     if !(1..=50).contains(&c.rounds) {
         return Err(CliError::Usage("--rounds must be 1..50".into()));
+    }
+    let gles = c.opts.scenario.starts_with("gles-");
+    if c.in_flight > 8 || (!gles && c.in_flight != super::gles_video::IN_FLIGHT) {
+        return Err(CliError::Usage(
+            "--in-flight is 0..8 and only for gles-video and gles-camera".into(),
+        ));
+    }
+    if c.breakdown && (!gles || (!c.compare && c.opts.ordering == OrderingMode::Fence)) {
+        return Err(CliError::Usage(
+            "--breakdown times the stages of gles-video and gles-camera with --ordering atomic \
+             (each stage finished before the next; with --compare, the atomic rows)"
+                .into(),
+        ));
     }
     let modes = if c.compare {
         compare_modes()
@@ -147,6 +162,8 @@ pub fn run_cmd(c: RunCmd) -> Result<(), CliError> {
     };
     let extra = RunExtra {
         clip: c.clip.unwrap_or(Clip::default_for(&c.opts.scenario)),
+        in_flight: c.in_flight,
+        breakdown: c.breakdown,
     };
     let size = format!("{}x{}", c.opts.width, c.opts.height);
     let daemon_args = ["--display-size", &size, "--display-sink", &c.display_sink];
@@ -235,6 +252,16 @@ fn print_rounds(rs: &[ScenarioResult]) {
             r.sink_bytes_per_frame / 1e6,
             r.sink_missed
         );
+    }
+    for r in rs.iter().filter(|r| !r.stages_ms.is_empty()) {
+        let total: f64 = r.stages_ms.iter().map(|(_, ms)| ms).sum();
+        println!(
+            "stages of {} {} (p50 ms per frame, each finished before the next; sum {total:.1}):",
+            r.protocol, r.ordering
+        );
+        for (name, ms) in &r.stages_ms {
+            println!("  {name:<12} {ms:>7.2}");
+        }
     }
     if let Some(c) = control(rs) {
         println!(
