@@ -47,11 +47,14 @@ check:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 	$(CARGO) test --workspace --lib --bins
 
+## The fuzz targets are their own workspace (cargo fuzz builds them with nightly flags):
+## `check` keeps them compiling against the crates they exercise.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p virtsoc -p virtsocd --all-targets --features virtsoc/window,virtsoc/v4l2,virtsocd/window,virtsocd/v4l2 -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
+	$(CARGO) check --manifest-path fuzz/Cargo.toml --bins --target-dir target/fuzz-check
 
 ctest:
 	$(CARGO) build -p virtsoc-guest -p virtsoc -p virtsocd
