@@ -110,6 +110,14 @@ pub struct Images {
     /// The GL conversion of YUV images (`None` until the first; `Some(None)`: the host
     /// cannot, the CPU converts).
     yuv: Option<Option<crate::yuv::Converter>>,
+    /// Whether YUV images are converted on the CPU although the GL could
+    /// ([`crate::yuv::prefer_cpu`]: a software rasterizer); decided at the first.
+    cpu_yuv: Option<bool>,
+    /// The RGBA pixels of a conversion on the CPU, kept between imports (a frame's worth
+    /// of fresh pages every import would fault them in each time).
+    scratch: Vec<u8>,
+    /// Whether the image context is OpenGL ES 3.0 (`GL_UNPACK_ROW_LENGTH`).
+    es3: bool,
     /// YUV images converted by the GL (tests).
     gl_conversions: u64,
 }
@@ -133,8 +141,9 @@ impl Images {
             None => {
                 // OpenGL ES 3.0 where the host has it: the YUV conversion's shaders need it.
                 let null = std::ptr::null_mut();
-                let c = egl
-                    .create_context(null, null, 3)
+                let es3 = egl.create_context(null, null, 3);
+                self.es3 = es3.is_ok();
+                let c = es3
                     .or_else(|_| egl.create_context(null, null, 2))
                     .map_err(|e| {
                         log::warn!("render worker: image context: {e}");
@@ -297,10 +306,13 @@ impl Images {
             if let Err(e) = self.enter(egl) {
                 return e;
             }
+            let cpu = *self
+                .cpu_yuv
+                .get_or_insert_with(|| crate::yuv::prefer_cpu(egl));
             let yuv = self
                 .yuv
                 .get_or_insert_with(|| crate::yuv::Converter::new(egl));
-            if let (Some(c), Some(f)) = (yuv, &self.fns) {
+            if let (false, Some(c), Some(f)) = (cpu, yuv, &self.fns) {
                 if c.convert(tex, format, (w, h, stride), [off1, off2], bytes) {
                     // SAFETY: the image context is current.
                     unsafe { (f.finish)() };
@@ -309,19 +321,47 @@ impl Images {
                 }
             }
         }
-        let Some(rgba) = to_rgba(format, w, h, stride, [off1, off2], bytes) else {
+        // RGBA rows go to the GL where they lie (the row length takes their stride).
+        if format == egl::IMAGE_RGBA8
+            && stride % 4 == 0
+            && (self.es3 || u64::from(stride) == u64::from(w) * 4)
+        {
+            let last = (h as usize).saturating_sub(1) * stride as usize;
+            return match bytes.get(..last + w as usize * 4) {
+                Some(px) if h > 0 => self.upload_rgba(egl, tex, (w, h, stride / 4), px),
+                _ => egl::BAD_PARAMETER,
+            };
+        }
+        let mut rgba = std::mem::take(&mut self.scratch);
+        if to_rgba_into(format, (w, h, stride), [off1, off2], bytes, &mut rgba).is_none() {
+            self.scratch = rgba;
             return egl::BAD_PARAMETER;
-        };
+        }
+        let done = self.upload_rgba(egl, tex, (w, h, w), &rgba);
+        self.scratch = rgba;
+        done
+    }
+
+    /// Uploads `w` x `h` RGBA8 pixels, rows `row` pixels apart, into texture `tex` of the
+    /// image context and finishes; answers an EGL error code.
+    fn upload_rgba(
+        &mut self,
+        egl: &HostEgl,
+        tex: u32,
+        (w, h, row): (u32, u32, u32),
+        rgba: &[u8],
+    ) -> u32 {
         let (f, _) = match self.enter(egl) {
             Ok(x) => x,
             Err(e) => return e,
         };
-        // SAFETY: the image context is current; `rgba` holds w x h tightly packed RGBA8
-        // pixels at unpack alignment 4 and row length 0 (set here; the image context is
-        // the worker's own).
+        // SAFETY: the image context is current; `rgba` holds h rows of w RGBA8 pixels,
+        // `row` pixels apart (the last one ends inside it: checked by the caller), read at
+        // unpack alignment 4 and row length `row` (set here; the image context is the
+        // worker's own).
         unsafe {
             (f.pixel_storei)(GL_UNPACK_ALIGNMENT, 4);
-            (f.pixel_storei)(GL_UNPACK_ROW_LENGTH, 0);
+            (f.pixel_storei)(GL_UNPACK_ROW_LENGTH, row as i32);
             (f.bind_texture)(GL_TEXTURE_2D, tex);
             (f.tex_sub_image)(
                 GL_TEXTURE_2D,
@@ -334,6 +374,7 @@ impl Images {
                 GL_UNSIGNED_BYTE,
                 rgba.as_ptr().cast(),
             );
+            (f.pixel_storei)(GL_UNPACK_ROW_LENGTH, 0);
             // Every sibling (other contexts) sees the pixels in its next draw.
             (f.finish)();
         }
@@ -351,7 +392,7 @@ impl Images {
 
 /// The RGBA8 pixels (rows from the top, tightly packed) of a `w` x `h` image laid out as
 /// `format` in `src`; `None` when the layout reads outside `src` or is unknown. YUV is
-/// BT.601 limited range.
+/// BT.601 limited range ([`yuv_to_rgba`]).
 pub fn to_rgba(
     format: u32,
     w: u32,
@@ -360,47 +401,34 @@ pub fn to_rgba(
     off: [u32; 2],
     src: &[u8],
 ) -> Option<Vec<u8>> {
-    let (w, h, s) = (w as usize, h as usize, stride as usize);
-    if w == 0 || h == 0 {
-        return None;
-    }
-    let row = |o: usize, stride: usize, y: usize, len: usize| {
-        let start = o.checked_add(stride.checked_mul(y)?)?;
-        src.get(start..start.checked_add(len)?)
-    };
-    let mut out = Vec::with_capacity(w * h * 4);
-    match format {
-        egl::IMAGE_RGBA8 => {
-            for y in 0..h {
-                out.extend_from_slice(row(0, s, y, w * 4)?);
-            }
-        }
-        egl::IMAGE_NV12 | egl::IMAGE_YUV420 => {
-            if w % 2 != 0 || h % 2 != 0 {
-                return None;
-            }
-            let (o1, o2) = (off[0] as usize, off[1] as usize);
-            for y in 0..h {
-                let luma = row(0, s, y, w)?;
-                let (u, v): (Vec<u8>, Vec<u8>) = if format == egl::IMAGE_NV12 {
-                    let uv = row(o1, s, y / 2, w)?;
-                    uv.chunks_exact(2).map(|c| (c[0], c[1])).unzip()
-                } else {
-                    let cs = s / 2;
-                    (
-                        row(o1, cs, y / 2, w / 2)?.to_vec(),
-                        row(o2, cs, y / 2, w / 2)?.to_vec(),
-                    )
-                };
-                for (x, &l) in luma.iter().enumerate() {
-                    let (cu, cv) = (*u.get(x / 2)?, *v.get(x / 2)?);
-                    out.extend_from_slice(&yuv_to_rgba(l, cu, cv));
-                }
-            }
-        }
-        _ => return None,
-    }
+    let mut out = Vec::new();
+    to_rgba_into(format, (w, h, stride), off, src, &mut out)?;
     Some(out)
+}
+
+/// [`to_rgba`] into `out` (its allocation reused).
+fn to_rgba_into(
+    format: u32,
+    (w, h, stride): (u32, u32, u32),
+    off: [u32; 2],
+    src: &[u8],
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    let (w, h, s) = (w as usize, h as usize, stride as usize);
+    let off = [off[0] as usize, off[1] as usize];
+    match format {
+        egl::IMAGE_RGBA8 if w > 0 && h > 0 => {
+            out.clear();
+            for y in 0..h {
+                let start = s.checked_mul(y)?;
+                out.extend_from_slice(src.get(start..start.checked_add(w * 4)?)?);
+            }
+            Some(())
+        }
+        egl::IMAGE_NV12 => crate::yuv::to_rgba_cpu(true, (w, h, s), off, src, out),
+        egl::IMAGE_YUV420 => crate::yuv::to_rgba_cpu(false, (w, h, s), off, src, out),
+        _ => None,
+    }
 }
 
 /// One BT.601 limited-range pixel as RGBA8 (opaque).
@@ -469,6 +497,28 @@ mod tests {
         assert_eq!(im.bytes(), 0);
     }
 
+    #[test]
+    fn padded_rgba_rows_are_uploaded_where_they_lie() {
+        let _one = virtsoc_sync::LockExt::lock_or_recover(&crate::egl::HOST_EGL_TESTS);
+        let Ok(egl) = HostEgl::open() else {
+            eprintln!("SKIPPED: no host EGL");
+            return;
+        };
+        let mut im = Images::default();
+        assert_eq!(im.create(&egl, 1, 3, 4), egl::SUCCESS);
+        // Rows of 3 pixels, 5 apart: the padding must not reach the texture.
+        let px: Vec<u8> = (0..20 * 4 - 8).map(|i| (i * 7 % 251) as u8).collect();
+        let words = [1, egl::IMAGE_RGBA8, 3, 4, 20, 0, 0];
+        assert_eq!(import(&mut im, &egl, words, &px), egl::SUCCESS);
+        let want = to_rgba(egl::IMAGE_RGBA8, 3, 4, 20, [0, 0], &px).unwrap();
+        assert!(read_image(&im, &egl, 1) == want);
+        // One byte short of the last row: refused.
+        assert_eq!(
+            import(&mut im, &egl, words, &px[..px.len() - 1]),
+            egl::BAD_PARAMETER
+        );
+    }
+
     /// The RGBA pixels of image `id`'s texture (the image context is current).
     fn read_image(im: &Images, egl: &HostEgl, id: u32) -> Vec<u8> {
         type GenFn = unsafe extern "C" fn(i32, *mut u32);
@@ -510,7 +560,18 @@ mod tests {
             eprintln!("SKIPPED: no host EGL");
             return;
         };
-        let mut im = Images::default();
+        for cpu in [false, true] {
+            yuv_images_converted(&egl, cpu);
+        }
+    }
+
+    /// [`yuv_images_are_converted_by_the_gl_as_the_cpu_does`] with the conversion on the
+    /// GL or (`cpu`) on the CPU.
+    fn yuv_images_converted(egl: &HostEgl, cpu: bool) {
+        let mut im = Images {
+            cpu_yuv: Some(cpu),
+            ..Images::default()
+        };
         let (w, h, stride) = (8u32, 6u32, 10u32);
         // Every luma and chroma extreme, clamped both ways, on padded rows.
         let luma: Vec<u8> = (0..stride * h).map(|i| (i * 37 % 256) as u8).collect();
@@ -523,23 +584,23 @@ mod tests {
         ];
         for (k, (format, bytes, off)) in cases.into_iter().enumerate() {
             let id = k as u32 + 1;
-            assert_eq!(im.create(&egl, id, w, h), egl::SUCCESS);
+            assert_eq!(im.create(egl, id, w, h), egl::SUCCESS);
             let words = [id, format, w, h, stride, off[0], off[1]];
-            assert_eq!(import(&mut im, &egl, words, &bytes), egl::SUCCESS);
+            assert_eq!(import(&mut im, egl, words, &bytes), egl::SUCCESS);
             assert_eq!(
                 im.gl_conversions,
-                k as u64 + 1,
-                "format {format}: by the GL"
+                if cpu { 0 } else { k as u64 + 1 },
+                "format {format}: by the GL unless on the CPU"
             );
             let want = to_rgba(format, w, h, stride, off, &bytes).unwrap();
             assert!(
-                read_image(&im, &egl, id) == want,
+                read_image(&im, egl, id) == want,
                 "format {format}: the CPU's pixels"
             );
         }
         // A layout past the bytes: refused, never read.
         let words = [1, egl::IMAGE_NV12, w, h, stride, stride * h, 0];
-        assert_eq!(import(&mut im, &egl, words, &luma), egl::BAD_PARAMETER);
+        assert_eq!(import(&mut im, egl, words, &luma), egl::BAD_PARAMETER);
     }
 
     #[test]
