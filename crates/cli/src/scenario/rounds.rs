@@ -260,7 +260,7 @@ fn print_rounds(rs: &[ScenarioResult]) {
             r.protocol, r.ordering
         );
         for (name, ms) in &r.stages_ms {
-            println!("  {name:<12} {ms:>7.2}");
+            println!("  {name:<16} {ms:>7.2}");
         }
     }
     if let Some(c) = control(rs) {
