@@ -1,12 +1,20 @@
-//! Typed ids shared by every virtsoc crate: which guest, and which of its regions.
+//! Typed ids shared by every virtsoc crate: which guest, which of its regions, which device,
+//! which object a guest opened on a device (a handle), and which virtual fence.
 //!
 //! Modelled on vm-memory's `GuestAddress`: a newtype per kind of id with the few operations
-//! it needs (display, conversion to and from the wire's `u64`), so a guest id can never be
-//! passed where a region id is meant. The wire carries both as bare `u64`s; the daemon wraps
-//! them once where it decodes a request. This crate is a leaf: it depends on nothing of
-//! virtsoc, so the lowest crates (`prefetch`, `svm`) use it as well as the highest.
+//! it needs (display, conversion to and from the wire's words), so a guest id can never be
+//! passed where a region id is meant. The wire carries them as bare `u64`s (a device as the
+//! request's `u32`); the daemon wraps them once where it decodes a request. This crate is a
+//! leaf: it depends on nothing of virtsoc, so the lowest crates (`prefetch`, `svm`, `fence`,
+//! `proto`) use it as well as the highest.
 
 use std::fmt;
+
+mod device;
+mod fence;
+
+pub use device::{DeviceId, HandleId};
+pub use fence::FenceId;
 
 /// A guest, as the daemon numbers its connections (process, remote and VM guests alike).
 #[derive(

@@ -338,20 +338,8 @@ pub mod usage {
     pub const DEVICE_WRITE: u32 = 8;
 }
 
-/// A virtual device as named in requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeviceId(pub u32);
-
-impl DeviceId {
-    /// The guest CPU: accesses go through the guest window.
-    pub const CPU: DeviceId = DeviceId(0);
-    /// Test device that writes a pattern into a region.
-    pub const PRODUCER: DeviceId = DeviceId(1);
-    /// Test device that checksums a region.
-    pub const CONSUMER: DeviceId = DeviceId(2);
-    /// A second checksum device, for multi-reader flows.
-    pub const CONSUMER2: DeviceId = DeviceId(3);
-}
+/// A virtual device as named in requests: the one definition is in `virtsoc-ids`.
+pub use virtsoc_ids::DeviceId;
 
 /// Device opcodes of the test devices (first argument of [`Opcode::DeviceCmd`]).
 pub mod testdev {
