@@ -28,8 +28,8 @@ use virtsoc_devapi::DeviceCommand;
 use virtsoc_gles_stream::Reader;
 use virtsoc_guest::conn::{ConnectOptions, Connection, RegionInfo};
 use virtsoc_guest::GuestError;
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ops::{self, CoreOp};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 

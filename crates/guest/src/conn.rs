@@ -19,7 +19,7 @@ use virtsoc_fence::page::{slot_offset, slot_status};
 use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
-use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
+use virtsoc_proto::window_layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::WindowLayout;
 use virtsoc_sync::{Condvar, Mutex, RwLock};
 

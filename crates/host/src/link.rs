@@ -21,8 +21,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::LockExt;
 

@@ -25,7 +25,7 @@ pub struct StreamFrame<T> {
 
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum FrameError {
+pub enum StreamFrameError {
     /// Reading the stream failed (including timeouts and EOF).
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
@@ -48,10 +48,10 @@ pub enum FrameError {
     },
 }
 
-impl FrameError {
+impl StreamFrameError {
     /// Whether the read timed out before a frame started (nothing consumed).
     pub fn is_timeout(&self) -> bool {
-        matches!(self, FrameError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+        matches!(self, StreamFrameError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
     }
 }
 
@@ -97,7 +97,7 @@ pub fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> i
 pub fn read_frame<T: ByteValued + Default>(
     r: &mut impl Read,
     max: u64,
-) -> Result<StreamFrame<T>, FrameError> {
+) -> Result<StreamFrame<T>, StreamFrameError> {
     read_frame_admitted(r, max, |_| Ok(())).map(|(f, ())| f)
 }
 
@@ -108,9 +108,9 @@ pub fn read_frame_admitted<T: ByteValued + Default, G>(
     r: &mut impl Read,
     max: u64,
     admit: impl FnOnce(u64) -> Result<G, String>,
-) -> Result<(StreamFrame<T>, G), FrameError> {
+) -> Result<(StreamFrame<T>, G), StreamFrameError> {
     let (entry, len) = read_head::<T>(r, max)?;
-    let guard = admit(len).map_err(|why| FrameError::Refused { len, why })?;
+    let guard = admit(len).map_err(|why| StreamFrameError::Refused { len, why })?;
     let mut payload = vec![0u8; len as usize];
     read_rest(r, &mut payload)?;
     Ok((StreamFrame { entry, payload }, guard))
@@ -121,7 +121,7 @@ pub fn read_frame_admitted<T: ByteValued + Default, G>(
 pub fn read_head<T: ByteValued + Default>(
     r: &mut impl Read,
     max: u64,
-) -> Result<(T, u64), FrameError> {
+) -> Result<(T, u64), StreamFrameError> {
     let mut entry = T::default();
     let size = std::mem::size_of::<T>();
     let buf = entry.as_mut_slice();
@@ -134,14 +134,14 @@ pub fn read_head<T: ByteValued + Default>(
         }
     };
     if n == 0 {
-        return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
+        return Err(StreamFrameError::Io(io::ErrorKind::UnexpectedEof.into()));
     }
     read_rest(r, &mut buf[n..size])?;
     let mut len = [0u8; 4];
     read_rest(r, &mut len)?;
     let len = u32::from_le_bytes(len) as u64;
     if len > max {
-        return Err(FrameError::TooLarge { len, max });
+        return Err(StreamFrameError::TooLarge { len, max });
     }
     Ok((entry, len))
 }
@@ -186,7 +186,7 @@ mod tests {
         write_frame(&mut big, &req, &[0u8; 100]).unwrap();
         assert!(matches!(
             read_frame::<Request>(&mut &big[..], 99),
-            Err(FrameError::TooLarge { len: 100, max: 99 })
+            Err(StreamFrameError::TooLarge { len: 100, max: 99 })
         ));
         assert!(
             read_frame::<Request>(&mut &big[..70], 1000).is_err(),

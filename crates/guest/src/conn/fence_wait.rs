@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 
 use super::*;
 

@@ -8,7 +8,9 @@ use std::net::TcpStream;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Condvar, Mutex};
 
-use virtsoc_proto::stream::{frame_head, read_head, read_rest, write_all_vectored, FrameError};
+use virtsoc_proto::stream::{
+    frame_head, read_head, read_rest, write_all_vectored, StreamFrameError,
+};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::{CondvarExt, LockExt};
 
@@ -252,7 +254,7 @@ impl HostLink for StreamLink {
         let mut r = self.reader.lock_or_recover();
         let (req, len) = match read_head::<Request>(&mut *r, self.max_payload) {
             Ok(h) => h,
-            Err(FrameError::TooLarge { len, max }) => {
+            Err(StreamFrameError::TooLarge { len, max }) => {
                 return Err(LinkError::Violation(format!(
                     "frame payload of {len} bytes over {max}"
                 )))

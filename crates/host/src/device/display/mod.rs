@@ -53,14 +53,14 @@
 
 mod control;
 mod format;
+#[cfg(feature = "window")]
+mod gpu_painter;
 mod output;
 mod planes;
 mod screen;
 #[cfg(test)]
 mod tests;
 mod thumb;
-#[cfg(feature = "window")]
-mod window;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
