@@ -256,7 +256,7 @@ impl Backend for ControlBackend {
         let store = &self.0.config().sharing.policy;
         store
             .set_guest(&name, p)
-            .map_err(ControlError::BadRequest)?;
+            .map_err(|e| ControlError::BadRequest(e.to_string()))?;
         log::info!("policy of guests named {name:?} changed through the control API");
         Ok(serde_json::json!({ "guest": guest, "name": name, "generation": store.generation() }))
     }

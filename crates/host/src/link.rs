@@ -57,7 +57,7 @@ pub type PayloadPlacer = Box<dyn Fn(&Request, u64) -> Option<u64> + Send + Sync>
 /// Charges a remote guest's frame payload against its memory limit before it is read
 /// ([`StreamLink::charging`]).
 pub type PayloadCharger =
-    Box<dyn Fn(u64) -> Result<virtsoc_svm::MemoryCharge, String> + Send + Sync>;
+    Box<dyn Fn(u64) -> Result<virtsoc_svm::MemoryCharge, virtsoc_svm::SvmError> + Send + Sync>;
 
 /// Why a link stopped.
 #[derive(Debug, thiserror::Error)]

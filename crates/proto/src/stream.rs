@@ -43,8 +43,9 @@ pub enum StreamFrameError {
     Refused {
         /// Payload length the frame announced, in bytes.
         len: u64,
-        /// Why.
-        why: String,
+        /// Why: the admitting side's own error.
+        #[source]
+        why: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -98,19 +99,25 @@ pub fn read_frame<T: ByteValued + Default>(
     r: &mut impl Read,
     max: u64,
 ) -> Result<StreamFrame<T>, StreamFrameError> {
-    read_frame_admitted(r, max, |_| Ok(())).map(|(f, ())| f)
+    read_frame_admitted(r, max, |_| Ok::<_, StreamFrameError>(())).map(|(f, ())| f)
 }
 
 /// [`read_frame`], asking `admit` about the payload's length before its buffer is allocated
 /// (a charge against the sender's memory limit, say, held as long as the returned guard):
 /// its error ends the read with nothing allocated.
-pub fn read_frame_admitted<T: ByteValued + Default, G>(
+pub fn read_frame_admitted<T: ByteValued + Default, G, E>(
     r: &mut impl Read,
     max: u64,
-    admit: impl FnOnce(u64) -> Result<G, String>,
-) -> Result<(StreamFrame<T>, G), StreamFrameError> {
+    admit: impl FnOnce(u64) -> Result<G, E>,
+) -> Result<(StreamFrame<T>, G), StreamFrameError>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (entry, len) = read_head::<T>(r, max)?;
-    let guard = admit(len).map_err(|why| StreamFrameError::Refused { len, why })?;
+    let guard = admit(len).map_err(|why| StreamFrameError::Refused {
+        len,
+        why: why.into(),
+    })?;
     let mut payload = vec![0u8; len as usize];
     read_rest(r, &mut payload)?;
     Ok((StreamFrame { entry, payload }, guard))
@@ -191,6 +198,30 @@ mod tests {
         assert!(
             read_frame::<Request>(&mut &big[..70], 1000).is_err(),
             "truncated"
+        );
+    }
+
+    #[test]
+    fn a_refused_payload_keeps_the_admitting_sides_error() {
+        let mut buf = Vec::new();
+        let req = Request::new(7, Opcode::EndAccess, DeviceId::CPU, [0; 6]);
+        write_frame(&mut buf, &req, &[0u8; 40]).unwrap();
+        let limit = io::Error::new(io::ErrorKind::OutOfMemory, "over the guest's limit");
+        let r = read_frame_admitted::<Request, (), _>(&mut &buf[..], 64, |len| {
+            assert_eq!(len, 40);
+            Err(limit)
+        });
+        let Err(e @ StreamFrameError::Refused { len: 40, .. }) = r else {
+            panic!("not refused: {r:?}");
+        };
+        assert_eq!(
+            e.to_string(),
+            "payload of 40 bytes refused: over the guest's limit"
+        );
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(
+            source.map(io::Error::kind),
+            Some(io::ErrorKind::OutOfMemory)
         );
     }
 

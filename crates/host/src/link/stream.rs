@@ -272,8 +272,11 @@ impl HostLink for StreamLink {
             },
             None => {
                 let charge = match (&self.charger, len) {
-                    (Some(charge), 1..) => Some(charge(len).map_err(|why| {
-                        LinkError::Violation(format!("frame payload of {len} bytes: {why}"))
+                    (Some(charge), 1..) => Some(charge(len).map_err(|e| {
+                        LinkError::Violation(format!(
+                            "frame payload of {len} bytes: buffering it would pass the \
+                             guest's memory limit ({e})"
+                        ))
                     })?),
                     _ => None,
                 };
@@ -490,7 +493,7 @@ mod tests {
         let link = l
             .charging(Box::new(move |len| {
                 c.fetch_add(len, std::sync::atomic::Ordering::SeqCst);
-                Err(format!("{len} bytes would pass the limit"))
+                Err(virtsoc_svm::SvmError::OutOfMemory)
             }))
             .placing(crate::testkit::window(), Box::new(|_, _| None));
         let req = Request::new(1, Opcode::EndAccess, DeviceId::CPU, [0; 6]);
