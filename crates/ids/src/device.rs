@@ -1,8 +1,6 @@
 //! Device ids (which virtual device a request names) and handles (an object a guest opened
 //! on one device: a decoder, an encoder, a GL context...).
 
-use std::fmt;
-
 /// A virtual device as named in requests (the request's `device` word).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceId(pub u32);
@@ -18,32 +16,10 @@ impl DeviceId {
     pub const CONSUMER2: DeviceId = DeviceId(3);
 }
 
-impl fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
 /// An object a guest opened on one device (a codec's decoder or encoder...): the device hands
 /// it out in a completion value and the guest names it in later commands. Handles are the
 /// device's own per guest, so a handle is named host-wide only with its guest and device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct HandleId(pub u64);
 
-impl fmt::Display for HandleId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl From<u64> for HandleId {
-    fn from(v: u64) -> Self {
-        HandleId(v)
-    }
-}
-
-impl From<HandleId> for u64 {
-    fn from(v: HandleId) -> Self {
-        v.0
-    }
-}
+wire_word!(DeviceId: u32, HandleId: u64);

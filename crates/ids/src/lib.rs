@@ -8,7 +8,30 @@
 //! leaf: it depends on nothing of virtsoc, so the lowest crates (`prefetch`, `svm`, `fence`,
 //! `proto`) use it as well as the highest.
 
-use std::fmt;
+/// Display as the wire word, and conversion to and from it, for newtype ids over one word.
+macro_rules! wire_word {
+    ($($id:ident: $word:ty),* $(,)?) => {
+        $(
+            impl std::fmt::Display for $id {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    self.0.fmt(f)
+                }
+            }
+
+            impl From<$word> for $id {
+                fn from(v: $word) -> Self {
+                    $id(v)
+                }
+            }
+
+            impl From<$id> for $word {
+                fn from(v: $id) -> Self {
+                    v.0
+                }
+            }
+        )*
+    };
+}
 
 mod device;
 mod fence;
@@ -31,41 +54,7 @@ pub struct GuestId(pub u64);
 #[serde(transparent)]
 pub struct RegionId(pub u64);
 
-impl fmt::Display for GuestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for RegionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl From<u64> for GuestId {
-    fn from(v: u64) -> Self {
-        GuestId(v)
-    }
-}
-
-impl From<u64> for RegionId {
-    fn from(v: u64) -> Self {
-        RegionId(v)
-    }
-}
-
-impl From<GuestId> for u64 {
-    fn from(v: GuestId) -> Self {
-        v.0
-    }
-}
-
-impl From<RegionId> for u64 {
-    fn from(v: RegionId) -> Self {
-        v.0
-    }
-}
+wire_word!(GuestId: u64, RegionId: u64);
 
 #[cfg(test)]
 mod tests {
@@ -75,6 +64,12 @@ mod tests {
     fn ids_are_their_wire_words() {
         assert_eq!(u64::from(GuestId::from(7)), 7);
         assert_eq!(u64::from(RegionId::from(9)), 9);
+        assert_eq!(u64::from(HandleId::from(4)), 4);
+        assert_eq!(u32::from(DeviceId::from(10)), 10);
+        assert_eq!(
+            (DeviceId(10).to_string(), HandleId(2).to_string()),
+            ("10".into(), "2".into())
+        );
         assert_eq!(GuestId(3).to_string(), "3");
         assert_eq!(serde_json::to_string(&RegionId(5)).unwrap(), "5");
         let g: GuestId = serde_json::from_str("11").unwrap();
