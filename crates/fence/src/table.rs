@@ -1,7 +1,8 @@
 //! The virtual fence table: the host's authoritative record of every virtual
 //! fence of one guest (vSoC §3.4, §4).
 //!
-//! This module owns fence ids ([`FenceId`]), fence status ([`FenceStatus`])
+//! This module owns fence status ([`FenceStatus`]), which ids have a page slot
+//! ([`is_page_backed`]; the id itself, [`FenceId`], is declared in `virtsoc-ids`)
 //! and [`VirtualFenceTable`], which
 //!
 //! * allocates fences in the slots of the shared fence page and mirrors
