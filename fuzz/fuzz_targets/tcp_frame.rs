@@ -9,7 +9,7 @@
 use std::io::{self, Read};
 
 use libfuzzer_sys::fuzz_target;
-use virtsoc_proto::stream::{read_frame, write_frame, FrameError, StreamFrame};
+use virtsoc_proto::stream::{read_frame, write_frame, StreamFrame, StreamFrameError};
 use virtsoc_proto::{Completion, Request};
 use vm_memory::ByteValued;
 
@@ -51,7 +51,7 @@ fn read_all<T: ByteValued + Default>(data: &[u8], chunk: usize, stall: bool, max
                 write_frame(&mut again, &entry, &payload).expect("encode");
                 assert_eq!(again.len(), before - r.data.len(), "a frame is its bytes");
             }
-            Err(FrameError::TooLarge { len, max: m }) => {
+            Err(StreamFrameError::TooLarge { len, max: m }) => {
                 assert!(len > m);
                 return;
             }

@@ -205,20 +205,32 @@ fn fence_misuse_gets_errors() {
     let junk = b.call(
         Opcode::FenceWait,
         DeviceId::CONSUMER,
-        [f.0 ^ 0x5555_0000_0000, 0, 0, 0, 0, 0],
+        [f.to_u64() ^ 0x5555_0000_0000, 0, 0, 0, 0, 0],
     );
     assert_eq!(status(junk.unwrap_err()), Status::BadArgument);
-    let cpu_wait = a.call(Opcode::FenceWait, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0]);
+    let cpu_wait = a.call(
+        Opcode::FenceWait,
+        DeviceId::CPU,
+        [f.to_u64(), 0, 0, 0, 0, 0],
+    );
     assert_eq!(
         status(cpu_wait.unwrap_err()),
         Status::BadArgument,
         "the CPU never blocks on a fence"
     );
-    let bad_dev = a.call(Opcode::FenceSignal, DeviceId(42), [f.0, 0, 0, 0, 0, 0]);
+    let bad_dev = a.call(
+        Opcode::FenceSignal,
+        DeviceId(42),
+        [f.to_u64(), 0, 0, 0, 0, 0],
+    );
     assert_eq!(status(bad_dev.unwrap_err()), Status::UnknownDevice);
     // Signaling on the CPU is immediate.
-    a.call(Opcode::FenceSignal, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])
-        .unwrap();
+    a.call(
+        Opcode::FenceSignal,
+        DeviceId::CPU,
+        [f.to_u64(), 0, 0, 0, 0, 0],
+    )
+    .unwrap();
     assert!(a.fence_signaled(f).unwrap());
 }
 

@@ -11,8 +11,8 @@ use common::{virtsoc, Daemon};
 use virtsoc_guest::{
     testdev, AccessMode, ConnectOptions, Connection, DeviceId, Format, GuestError, Opcode, Status,
 };
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{Doorbell, FutexDoorbell};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::Request;
 
 fn connect(d: &Daemon, coherence: Option<&str>) -> Connection {

@@ -77,7 +77,7 @@ fn stats(c: &Connection) -> StatsReply {
 /// Waits (bounded) for the next vsync, with a fence the display signals at vsync.
 fn wait_vsync(c: &Connection) {
     let f: Fence = c.fence_create().unwrap();
-    c.command(&SignalAtVsync { fence: f.0 })
+    c.command(&SignalAtVsync { fence: f.to_u64() })
         .expect("signal_at_vsync");
     let deadline = Instant::now() + Duration::from_secs(20);
     while !c.fence_signaled(f).unwrap() {

@@ -326,7 +326,7 @@ mod window {
     /// Waits (bounded) for the next vsync.
     fn wait_vsync(c: &Connection) {
         let f = c.fence_create().unwrap();
-        c.command(&SignalAtVsync { fence: f.0 })
+        c.command(&SignalAtVsync { fence: f.to_u64() })
             .expect("signal_at_vsync");
         assert!(
             c.fence_wait_cpu(f, Duration::from_secs(20)).unwrap(),

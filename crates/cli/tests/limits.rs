@@ -52,7 +52,7 @@ fn live_fences_are_capped_per_guest() {
     c.call(
         Opcode::FenceSignal,
         DeviceId::CPU,
-        [fences[0].0, 0, 0, 0, 0, 0],
+        [fences[0].to_u64(), 0, 0, 0, 0, 0],
     )
     .unwrap();
     c.fence_create().unwrap();
@@ -64,7 +64,13 @@ fn queued_items_per_device_are_capped_busy_beyond() {
     let d = Daemon::start(&["--gpu-backend", "null", "--limit-queued", "4"]);
     let c = connect(&d);
     let f = c.fence_create().unwrap();
-    let wait = || c.call(Opcode::FenceWait, DeviceId::CONSUMER, [f.0, 0, 0, 0, 0, 0]);
+    let wait = || {
+        c.call(
+            Opcode::FenceWait,
+            DeviceId::CONSUMER,
+            [f.to_u64(), 0, 0, 0, 0, 0],
+        )
+    };
     // The queue is held by the unsignaled fence: items pile up until the cap.
     let mut accepted = 0;
     let busy = loop {
@@ -80,11 +86,19 @@ fn queued_items_per_device_are_capped_busy_beyond() {
         "only {accepted} items accepted under a cap of 4"
     );
     // Another device's queue of the same guest is its own.
-    c.call(Opcode::FenceWait, DeviceId::PRODUCER, [f.0, 0, 0, 0, 0, 0])
-        .unwrap();
+    c.call(
+        Opcode::FenceWait,
+        DeviceId::PRODUCER,
+        [f.to_u64(), 0, 0, 0, 0, 0],
+    )
+    .unwrap();
     // Once the fence is signaled the queue drains and takes items again.
-    c.call(Opcode::FenceSignal, DeviceId::CPU, [f.0, 0, 0, 0, 0, 0])
-        .unwrap();
+    c.call(
+        Opcode::FenceSignal,
+        DeviceId::CPU,
+        [f.to_u64(), 0, 0, 0, 0, 0],
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while wait().is_err() {
         assert!(Instant::now() < deadline, "the queue never drained");
@@ -123,7 +137,7 @@ fn a_departed_guests_window_is_unmapped_without_anyone_else_using_its_devices() 
     // Queues on two devices, each worker handling the guest's items.
     for dev in [DeviceId::CONSUMER, DeviceId::PRODUCER] {
         let f = c.fence_create().unwrap();
-        c.call(Opcode::FenceSignal, dev, [f.0, 0, 0, 0, 0, 0])
+        c.call(Opcode::FenceSignal, dev, [f.to_u64(), 0, 0, 0, 0, 0])
             .unwrap();
         let t = Instant::now();
         while !c.fence_signaled(f).unwrap() {

@@ -54,11 +54,11 @@
 pub mod budget;
 pub mod client;
 pub mod error;
+pub mod live_view;
 pub mod metrics;
 pub mod routes;
 pub mod server;
 pub mod types;
-pub mod view;
 pub mod workers;
 
 pub use error::ControlError;

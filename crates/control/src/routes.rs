@@ -131,7 +131,7 @@ fn route(
     let not_found = || ControlError::NotFound(format!("no route {method} {path}"));
     match parts.as_slice() {
         ["view", ..] | ["guests", _, "frame.jpg" | "record"] => {
-            crate::view::route(backend, method, &parts, query, body)
+            crate::live_view::route(backend, method, &parts, query, body)
         }
         ["guests"] => {
             want(get)?;

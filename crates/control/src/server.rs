@@ -222,8 +222,8 @@ fn serve_one(
     // the page, its reports) is charged to it, whole.
     let budget = backend
         .view_budget()
-        .filter(|_| crate::view::is_view_request(&method, &url));
-    if let Some(b) = budget.filter(|_| crate::view::is_frame_request(&method, &url)) {
+        .filter(|_| crate::live_view::is_view_request(&method, &url));
+    if let Some(b) = budget.filter(|_| crate::live_view::is_frame_request(&method, &url)) {
         std::thread::sleep(b.delay());
     }
     let cpu0 = crate::budget::thread_cpu();

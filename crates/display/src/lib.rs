@@ -23,16 +23,18 @@
 //! plain numbers and no sleeping.
 
 pub mod backend;
+#[cfg(feature = "window")]
+pub mod desktop_window;
 pub mod display;
 pub mod error;
 pub mod frame;
 pub mod sink;
 pub mod snapshot;
 pub mod vsync;
-#[cfg(feature = "window")]
-pub mod window;
 
 pub use backend::{DisplayBackend, HeadlessBackend, NullBackend};
+#[cfg(feature = "window")]
+pub use desktop_window::{CpuPainter, WindowBackend, WindowPainter, WindowTarget};
 pub use display::{
     Display, DisplayConfig, DisplayStats, LatencySummary, PresentOutcome, ScanoutRecord, VsyncEvent,
 };
@@ -46,5 +48,3 @@ pub use vsync::{
     Clock, MonotonicClock, SubscriberId, Subscribers, Tick, VsyncSchedule, VsyncThread,
     SUBSCRIBER_QUEUE,
 };
-#[cfg(feature = "window")]
-pub use window::{CpuPainter, WindowBackend, WindowPainter, WindowTarget};

@@ -41,4 +41,6 @@ pub use flow::MimdPacer;
 pub use page::{FencePageSink, MemPage, PAGE_SIZE, PAGE_SLOTS};
 pub use physical::PhysicalFenceTable;
 pub use queue::{DoneToken, OrderedQueue, QueueItem, TryPop};
-pub use table::{FenceId, FenceStats, FenceStatus, FenceTableImage, SlotImage, VirtualFenceTable};
+pub use table::{
+    is_page_backed, FenceId, FenceStats, FenceStatus, FenceTableImage, SlotImage, VirtualFenceTable,
+};

@@ -73,7 +73,7 @@ pub const fn slot_offset(index: u32) -> usize {
 /// * different generation: the slot was recycled for a newer fence, which
 ///   the host only does after this fence was signaled: `Signaled`.
 ///
-/// Only meaningful for page-backed ids ([`FenceId::is_page_backed`]);
+/// Only meaningful for page-backed ids ([`crate::is_page_backed`]);
 /// overflow fences need a round trip to the host.
 pub fn slot_status(word: u32, id: FenceId) -> FenceStatus {
     let (generation, signaled) = unpack_word(word);
@@ -153,8 +153,7 @@ impl MemPage {
     /// Guest-side status of `id` as read from this page, or `None` for an
     /// overflow id that has no slot.
     pub fn status(&self, id: FenceId) -> Option<FenceStatus> {
-        id.is_page_backed()
-            .then(|| slot_status(self.load_slot(id.index), id))
+        crate::table::is_page_backed(id).then(|| slot_status(self.load_slot(id.index), id))
     }
 
     /// Base pointer of the page, for [`read_slot`].

@@ -1,7 +1,8 @@
 //! The virtual fence table: the host's authoritative record of every virtual
 //! fence of one guest (vSoC §3.4, §4).
 //!
-//! This module owns fence ids ([`FenceId`]), fence status ([`FenceStatus`])
+//! This module owns fence status ([`FenceStatus`]), which ids have a page slot
+//! ([`is_page_backed`]; the id itself, [`FenceId`], is declared in `virtsoc-ids`)
 //! and [`VirtualFenceTable`], which
 //!
 //! * allocates fences in the slots of the shared fence page and mirrors
@@ -53,36 +54,12 @@ pub const LOW_WATER_SLOTS: usize = PAGE_SLOTS as usize / 8;
 /// A callback run once a fence is signaled (or the table cancelled).
 pub type SignalCallback = Box<dyn FnOnce() + Send>;
 
-/// Identifies one virtual fence: a page slot (or overflow number) and the
-/// generation of that slot when the fence was created.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FenceId {
-    /// Page slot index (`0..PAGE_SLOTS`), or `>= PAGE_SLOTS` for an overflow
-    /// fence that has no slot in the page.
-    pub index: u32,
-    /// Generation of the slot for this fence (never 0 for a handed-out id).
-    pub generation: u32,
-}
+pub use virtsoc_ids::FenceId;
 
-impl FenceId {
-    /// Packs the id for wire protocols: `generation << 32 | index`.
-    pub const fn to_u64(self) -> u64 {
-        ((self.generation as u64) << 32) | self.index as u64
-    }
-
-    /// Inverse of [`FenceId::to_u64`].
-    pub const fn from_u64(raw: u64) -> Self {
-        Self {
-            index: raw as u32,
-            generation: (raw >> 32) as u32,
-        }
-    }
-
-    /// Whether the fence has a slot in the shared page, so that the guest
-    /// can read its status without a round trip.
-    pub const fn is_page_backed(self) -> bool {
-        self.index < PAGE_SLOTS
-    }
+/// Whether the fence has a slot in the shared page, so that the guest can read its status
+/// without a round trip (overflow fences, `index >= PAGE_SLOTS`, have none).
+pub const fn is_page_backed(id: FenceId) -> bool {
+    id.index < PAGE_SLOTS
 }
 
 /// Status of a fence.
@@ -151,7 +128,7 @@ fn overflow_id(seq: u64) -> FenceId {
 }
 
 fn overflow_seq(id: FenceId) -> Option<u64> {
-    if id.is_page_backed() || id.generation == 0 {
+    if is_page_backed(id) || id.generation == 0 {
         return None;
     }
     Some((id.generation as u64 - 1) * OVERFLOW_RANGE + (id.index - PAGE_SLOTS) as u64)
@@ -201,7 +178,7 @@ impl Inner {
     }
 
     fn lookup(&self, id: FenceId) -> Lookup {
-        if id.is_page_backed() {
+        if is_page_backed(id) {
             if id.generation == 0 || id.generation > GENERATION_MASK {
                 return Lookup::Unknown;
             }
@@ -278,7 +255,7 @@ impl Inner {
 
     /// Marks a pending fence signaled; returns its callbacks.
     fn mark_signaled(&mut self, id: FenceId, sink: &dyn FencePageSink) -> Vec<SignalCallback> {
-        if !id.is_page_backed() {
+        if !is_page_backed(id) {
             return self.overflow.remove(&id).unwrap_or_default();
         }
         let index = id.index;
@@ -433,7 +410,7 @@ impl VirtualFenceTable {
     /// Whether the guest can read `id`'s status from the page (otherwise it
     /// is an overflow fence and needs a round trip to [`status`](Self::status)).
     pub fn is_page_backed(&self, id: FenceId) -> bool {
-        id.is_page_backed()
+        is_page_backed(id)
     }
 
     /// Blocks until the fence is signaled, or until `timeout` (if any) has

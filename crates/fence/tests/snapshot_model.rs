@@ -6,8 +6,8 @@
 use proptest::prelude::*;
 use std::sync::Arc;
 use virtsoc_fence::{
-    FenceError, FenceId, FenceStatus, FenceTableImage, MemPage, SlotImage, VirtualFenceTable,
-    PAGE_SLOTS,
+    is_page_backed, FenceError, FenceId, FenceStatus, FenceTableImage, MemPage, SlotImage,
+    VirtualFenceTable, PAGE_SLOTS,
 };
 
 #[derive(Debug, Clone)]
@@ -65,7 +65,7 @@ proptest! {
         for &id in &ids {
             let s = a.status(id).unwrap();
             prop_assert_eq!(b.status(id).unwrap(), s, "{:?}", id);
-            if id.is_page_backed() {
+            if is_page_backed(id) {
                 prop_assert_eq!(page.status(id), Some(s), "page {:?}", id);
             }
         }

@@ -3,7 +3,9 @@
 use proptest::prelude::*;
 use std::collections::HashSet;
 use std::sync::Arc;
-use virtsoc_fence::{FenceError, FenceId, FenceStatus, MemPage, VirtualFenceTable, PAGE_SLOTS};
+use virtsoc_fence::{
+    is_page_backed, FenceError, FenceId, FenceStatus, MemPage, VirtualFenceTable, PAGE_SLOTS,
+};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -59,7 +61,7 @@ proptest! {
                 Op::Create => {
                     let id = table.create().unwrap();
                     prop_assert!(issued.insert(id), "id {:?} handed out twice", id);
-                    if id.is_page_backed() {
+                    if is_page_backed(id) {
                         // Must not alias the slot of a fence still holding it
                         // unsignaled.
                         for (other, m) in ids.iter().zip(&model) {
@@ -72,7 +74,7 @@ proptest! {
                         let pending_page = ids
                             .iter()
                             .zip(&model)
-                            .filter(|(i, m)| i.is_page_backed() && !m.signaled)
+                            .filter(|(i, m)| is_page_backed(**i) && !m.signaled)
                             .map(|(i, _)| i.index)
                             .collect::<HashSet<_>>()
                             .len();

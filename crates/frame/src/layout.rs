@@ -70,6 +70,20 @@ impl FrameLayout {
         Self::with_stride(format, width, height, stride)
     }
 
+    /// A packed layout checked against `max` instead of [`MAX_DIMENSION`] for its width and
+    /// height: the sizes a region may be *allocated* with (the wire's limit, larger than what
+    /// any device reads) follow the same plane rule as the frames devices take.
+    pub fn packed_within(format: PixelFormat, width: u32, height: u32, max: u32) -> Result<Self> {
+        let layout = FrameLayout {
+            format,
+            width,
+            height,
+            stride: width.saturating_mul(format.bytes_per_pixel()),
+        };
+        layout.validate_within(max)?;
+        Ok(layout)
+    }
+
     /// A layout with an explicit row stride (bytes).
     pub fn with_stride(format: PixelFormat, width: u32, height: u32, stride: u32) -> Result<Self> {
         let layout = FrameLayout {
@@ -85,16 +99,17 @@ impl FrameLayout {
     /// Checks the invariants: a size of 1..=[`MAX_DIMENSION`] each way, a stride of at least
     /// one row, even width, height and stride for YUV, and a byte size that fits `usize`.
     pub fn validate(&self) -> Result<()> {
+        self.validate_within(MAX_DIMENSION)
+    }
+
+    /// [`validate`](Self::validate) with `max` in place of [`MAX_DIMENSION`].
+    fn validate_within(&self, max: u32) -> Result<()> {
         let (format, width, height, stride) = (self.format, self.width, self.height, self.stride);
         if width == 0 || height == 0 {
             return Err(FrameError::ZeroSize { width, height });
         }
-        if width > MAX_DIMENSION || height > MAX_DIMENSION {
-            return Err(FrameError::TooLarge {
-                width,
-                height,
-                max: MAX_DIMENSION,
-            });
+        if width > max || height > max {
+            return Err(FrameError::TooLarge { width, height, max });
         }
         let min = u64::from(width) * u64::from(format.bytes_per_pixel());
         if u64::from(stride) < min {
@@ -281,5 +296,22 @@ mod tests {
         assert!(odd.check_buffer(1000).is_ok());
         let bad = FrameLayout { stride: 1, ..l };
         assert!(bad.size_bytes().is_err());
+    }
+
+    #[test]
+    fn packed_within_moves_only_the_size_limit() {
+        let big = FrameLayout::packed_within(PixelFormat::Rgba8, MAX_DIMENSION + 2, 2, 1 << 15);
+        assert_eq!(
+            big.map(|l| l.size()),
+            Ok((MAX_DIMENSION as usize + 2) * 2 * 4)
+        );
+        assert!(matches!(
+            FrameLayout::packed_within(PixelFormat::Rgba8, 9, 2, 8),
+            Err(FrameError::TooLarge { max: 8, .. })
+        ));
+        assert!(matches!(
+            FrameLayout::packed_within(PixelFormat::Nv12, 3, 2, 1 << 15),
+            Err(FrameError::OddSize { .. })
+        ));
     }
 }

@@ -35,9 +35,9 @@
 mod error;
 mod format;
 mod layout;
-mod view;
+mod pixels;
 
 pub use error::{FrameError, Result};
 pub use format::PixelFormat;
 pub use layout::{FrameLayout, PlaneInfo, MAX_DIMENSION};
-pub use view::{FrameMut, FrameRef, OwnedFrame};
+pub use pixels::{FrameMut, FrameRef, OwnedFrame};

@@ -28,8 +28,8 @@ use virtsoc_devapi::DeviceCommand;
 use virtsoc_gles_stream::Reader;
 use virtsoc_guest::conn::{ConnectOptions, Connection, RegionInfo};
 use virtsoc_guest::GuestError;
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ops::{self, CoreOp};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 
@@ -549,7 +549,7 @@ impl Transport {
             .map_err(channel_error)?;
         let vsync = if interval >= 1 {
             let v = self.fence(&mut inner.fences_ahead)?;
-            let at = virtsoc_devapi::display::SignalAtVsync { fence: v.0 };
+            let at = virtsoc_devapi::display::SignalAtVsync { fence: v.to_u64() };
             detached(display, Opcode::DeviceCmd, at.encode())?;
             Some(v)
         } else {
@@ -583,7 +583,9 @@ impl Transport {
         };
         let values = self.finish(seq)?;
         ahead.push(submit()?);
-        Ok(virtsoc_guest::Fence(ops::FenceCreate::reply(&values).fence))
+        Ok(virtsoc_guest::Fence::from_u64(
+            ops::FenceCreate::reply(&values).fence,
+        ))
     }
 
     /// Frees a surface's frame regions once the display is done with them.

@@ -398,11 +398,11 @@ fn gl_queue_waits_on_virtual_fences() {
         &virtsoc_guest::ConnectOptions::default(),
     )
     .expect("another guest");
-    let mut foreign = virtsoc_guest::Fence(0);
+    let mut foreign = virtsoc_guest::Fence::from_u64(0);
     for _ in 0..200 {
         foreign = other.fence_create().expect("fence");
     }
-    let f = foreign.0;
+    let f = foreign.to_u64();
     let refused = api.sync(
         EGL_SYNC_VIRTSOC_FENCE,
         &[FENCE_ID_LO, f as i32, FENCE_ID_HI, (f >> 32) as i32],

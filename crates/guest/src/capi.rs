@@ -385,7 +385,7 @@ pub unsafe extern "C" fn virtsoc_fence_create(c: *mut VirtsocConn, fence_out: *m
         }
         let f = c.fence_create()?;
         // SAFETY: checked non-null.
-        unsafe { *fence_out = f.0 };
+        unsafe { *fence_out = f.to_u64() };
         Ok(())
     })
 }
@@ -401,7 +401,7 @@ pub unsafe extern "C" fn virtsoc_fence_signal(
     fence: u64,
 ) -> c_int {
     // SAFETY: forwarded caller guarantees.
-    run(|| unsafe { conn(c) }?.fence_signal(DeviceId(device), crate::Fence(fence)))
+    run(|| unsafe { conn(c) }?.fence_signal(DeviceId(device), crate::Fence::from_u64(fence)))
 }
 
 /// Queues a wait for `fence` on `device` (its later commands run after the signal).
@@ -411,7 +411,7 @@ pub unsafe extern "C" fn virtsoc_fence_signal(
 #[no_mangle]
 pub unsafe extern "C" fn virtsoc_fence_wait(c: *mut VirtsocConn, device: u32, fence: u64) -> c_int {
     // SAFETY: forwarded caller guarantees.
-    run(|| unsafe { conn(c) }?.fence_wait(DeviceId(device), crate::Fence(fence)))
+    run(|| unsafe { conn(c) }?.fence_wait(DeviceId(device), crate::Fence::from_u64(fence)))
 }
 
 /// Gives a fence back.
@@ -421,7 +421,7 @@ pub unsafe extern "C" fn virtsoc_fence_wait(c: *mut VirtsocConn, device: u32, fe
 #[no_mangle]
 pub unsafe extern "C" fn virtsoc_fence_release(c: *mut VirtsocConn, fence: u64) -> c_int {
     // SAFETY: forwarded caller guarantees.
-    run(|| unsafe { conn(c) }?.fence_release(crate::Fence(fence)))
+    run(|| unsafe { conn(c) }?.fence_release(crate::Fence::from_u64(fence)))
 }
 
 /// Runs `status` on the connection and stores its answer in `*signaled` (1 or 0): the body of
@@ -458,7 +458,11 @@ pub unsafe extern "C" fn virtsoc_fence_signaled(
     signaled: *mut c_int,
 ) -> c_int {
     // SAFETY: forwarded caller guarantees.
-    unsafe { fence_flag(c, signaled, |c| c.fence_signaled(crate::Fence(fence))) }
+    unsafe {
+        fence_flag(c, signaled, |c| {
+            c.fence_signaled(crate::Fence::from_u64(fence))
+        })
+    }
 }
 
 /// Blocks until `fence` is signaled or `timeout_ms` milliseconds have passed (a HAL's
@@ -478,7 +482,7 @@ pub unsafe extern "C" fn virtsoc_fence_wait_cpu(
     // SAFETY: forwarded caller guarantees.
     unsafe {
         fence_flag(c, signaled, |c| {
-            c.fence_wait_cpu(crate::Fence(fence), timeout)
+            c.fence_wait_cpu(crate::Fence::from_u64(fence), timeout)
         })
     }
 }

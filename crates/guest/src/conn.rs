@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use virtsoc_fence::page::{slot_offset, slot_status, PAGE_SLOTS};
+use virtsoc_fence::page::{slot_offset, slot_status};
 use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
 use virtsoc_proto::handshake::{DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
-use virtsoc_proto::layout::FENCE_PAGE_OFFSET;
+use virtsoc_proto::window_layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::WindowLayout;
 use virtsoc_sync::{Condvar, Mutex, RwLock};
 
@@ -129,9 +129,9 @@ struct Reaped {
     async_errors: Vec<(u64, Status)>,
 }
 
-/// A virtual command fence of this guest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fence(pub u64);
+/// A virtual command fence of this guest (the host's fence id: one definition, in
+/// `virtsoc-ids`; its wire word is [`Fence::to_u64`]).
+pub use virtsoc_fence::FenceId as Fence;
 
 /// The guest's SVM counters as kept by the host: one record declared once in the protocol
 /// crate (its counts are monotonic: subtract two snapshots with `since`).

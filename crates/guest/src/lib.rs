@@ -6,14 +6,14 @@
 //! commands, over the ring protocol of `virtsoc-proto`.
 //!
 //! - [`conn`]: the connection, request submission and completion reaping;
-//! - [`layout`]: where an image region's planes are;
+//! - [`planes`]: where an image region's planes are;
 //! - [`capi`]: the C ABI declared in `include/virtsoc.h`.
 
 pub mod capi;
 pub mod compose;
 pub mod conn;
-pub mod layout;
 mod link;
+pub mod planes;
 pub mod services;
 pub mod vm;
 

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{guest_rings, Doorbell, RingConsumer, RingProducer};
 use virtsoc_proto::stream::{read_frame, write_frame, StreamFrame};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::LockExt;
 

@@ -23,7 +23,7 @@ use crate::Daemon;
 pub struct ControlBackend(
     pub Arc<Daemon>,
     Mutex<BTreeMap<u64, ViewReport>>,
-    crate::view::Encoders,
+    crate::live_view::Encoders,
     ViewBudget,
 );
 
@@ -34,7 +34,7 @@ impl ControlBackend {
         ControlBackend(
             daemon,
             Mutex::new(BTreeMap::new()),
-            crate::view::Encoders::default(),
+            crate::live_view::Encoders::default(),
             budget,
         )
     }
@@ -211,7 +211,7 @@ impl Backend for ControlBackend {
         max: (u32, u32),
         wait: std::time::Duration,
     ) -> Result<Option<ViewFrame>, ControlError> {
-        crate::view::frame(&self.0, &self.2, GuestId(guest), after, max, wait)
+        crate::live_view::frame(&self.0, &self.2, GuestId(guest), after, max, wait)
     }
 
     fn record(
@@ -221,7 +221,7 @@ impl Backend for ControlBackend {
         fps: u32,
         max: (u32, u32),
     ) -> Result<(Vec<u8>, u64), ControlError> {
-        crate::view::record(&self.0, GuestId(guest), seconds, fps, max)
+        crate::live_view::record(&self.0, GuestId(guest), seconds, fps, max)
     }
 
     fn view_budget(&self) -> Option<&ViewBudget> {
@@ -256,7 +256,7 @@ impl Backend for ControlBackend {
         let store = &self.0.config().sharing.policy;
         store
             .set_guest(&name, p)
-            .map_err(ControlError::BadRequest)?;
+            .map_err(|e| ControlError::BadRequest(e.to_string()))?;
         log::info!("policy of guests named {name:?} changed through the control API");
         Ok(serde_json::json!({ "guest": guest, "name": name, "generation": store.generation() }))
     }

@@ -16,8 +16,8 @@ use rustix::event::{poll, PollFd, PollFlags};
 use virtsoc_proto::handshake::{
     recv_json_until, send_json, DeviceDesc, Hello, Reply, PROTOCOL_VERSION,
 };
-use virtsoc_proto::layout::PAGE;
 use virtsoc_proto::ring::FutexDoorbell;
+use virtsoc_proto::window_layout::PAGE;
 use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
 use virtsoc_svm::{DomainId, ProtocolKind, SvmManager, Topology};
 use virtsoc_sync::{CondvarExt, LockExt};

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use virtsoc_fence::page::{slot_offset, FencePageSink};
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET};
 use virtsoc_proto::SharedWindow;
 
 /// Mirrors fence words into the fence page of a window.

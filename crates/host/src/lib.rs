@@ -21,6 +21,7 @@ pub mod dispatch;
 pub mod fences;
 pub mod limits;
 pub mod link;
+pub mod live_view;
 pub mod policy;
 pub mod runtime_dir;
 pub mod services;
@@ -29,7 +30,6 @@ pub mod snapshot;
 pub mod status;
 #[cfg(test)]
 pub(crate) mod testkit;
-pub mod view;
 pub mod vm;
 
 pub use daemon::{Daemon, DaemonConfig};

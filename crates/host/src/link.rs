@@ -21,8 +21,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::LockExt;
 
@@ -57,7 +57,7 @@ pub type PayloadPlacer = Box<dyn Fn(&Request, u64) -> Option<u64> + Send + Sync>
 /// Charges a remote guest's frame payload against its memory limit before it is read
 /// ([`StreamLink::charging`]).
 pub type PayloadCharger =
-    Box<dyn Fn(u64) -> Result<virtsoc_svm::MemoryCharge, String> + Send + Sync>;
+    Box<dyn Fn(u64) -> Result<virtsoc_svm::MemoryCharge, virtsoc_svm::SvmError> + Send + Sync>;
 
 /// Why a link stopped.
 #[derive(Debug, thiserror::Error)]

@@ -18,6 +18,27 @@ use virtsoc_sync::{LockExt, RwLockExt};
 
 use crate::{HostError, Result};
 
+/// Why a policy (a file, or one guest's through the control API) was refused beyond what
+/// [`Policy::parse`] checks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A guest's policy was given without a guest name.
+    #[error("a guest name is needed")]
+    NoGuestName,
+    /// A `device.command` names a declared device but none of its commands.
+    #[error("line {line}: {device} has no command {command:?} (it has {known})")]
+    UnknownCommand {
+        /// Line of the policy text it is on (1 when there is no text).
+        line: usize,
+        /// The device.
+        device: String,
+        /// The command it does not have.
+        command: String,
+        /// The commands it has, comma-separated.
+        known: String,
+    },
+}
+
 /// Called with the new policy after every change.
 type Watcher = Box<dyn Fn(&Policy) + Send + Sync>;
 
@@ -53,13 +74,13 @@ fn read(path: &Path) -> Result<Policy> {
     let bad = |e: String| HostError::Config(format!("policy {}: {e}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let p = Policy::parse(&text).map_err(|e| bad(e.to_string()))?;
-    check_commands(&p, &text).map_err(bad)?;
+    check_commands(&p, &text).map_err(|e| bad(e.to_string()))?;
     Ok(p)
 }
 
 /// Every `device.command` naming a declared device names one of its commands (a typo would
 /// otherwise deny silently).
-fn check_commands(p: &Policy, text: &str) -> std::result::Result<(), String> {
+fn check_commands(p: &Policy, text: &str) -> std::result::Result<(), PolicyError> {
     for g in std::iter::once(&p.default).chain(p.guest.values()) {
         for c in g.commands.iter().flatten() {
             let Some((dev, cmd)) = c.split_once('.') else {
@@ -74,10 +95,12 @@ fn check_commands(p: &Policy, text: &str) -> std::result::Result<(), String> {
                     .position(|l| l.contains(c.as_str()))
                     .map_or(1, |i| i + 1);
                 let known: Vec<&str> = decl.commands.iter().map(|x| x.name).collect();
-                return Err(format!(
-                    "line {line}: {dev} has no command {cmd:?} (it has {})",
-                    known.join(", ")
-                ));
+                return Err(PolicyError::UnknownCommand {
+                    line,
+                    device: dev.to_string(),
+                    command: cmd.to_string(),
+                    known: known.join(", "),
+                });
             }
         }
     }
@@ -122,9 +145,13 @@ impl PolicyStore {
     /// Sets the policy of guests named `name` (the control API's change; the file is not
     /// written, so a later reload from it replaces this). Refused, keeping the old policy,
     /// when a command it names is not one of its device's.
-    pub fn set_guest(&self, name: &str, guest: GuestPolicy) -> std::result::Result<(), String> {
+    pub fn set_guest(
+        &self,
+        name: &str,
+        guest: GuestPolicy,
+    ) -> std::result::Result<(), PolicyError> {
         if name.is_empty() {
-            return Err("a guest name is needed".into());
+            return Err(PolicyError::NoGuestName);
         }
         let mut current = self.current.write_or_recover();
         let mut next = (**current).clone();
@@ -215,5 +242,29 @@ mod tests {
         store.set_guest("a", g).unwrap();
         assert_eq!(*heard.lock().unwrap(), vec![300, 50]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn set_guest_refusals_are_typed_and_keep_the_old_policy() {
+        let store = PolicyStore::default();
+        assert_eq!(
+            store.set_guest("", GuestPolicy::default()),
+            Err(PolicyError::NoGuestName)
+        );
+        let typo = GuestPolicy {
+            commands: Some(vec!["codec.decod".into()]),
+            ..GuestPolicy::default()
+        };
+        let e = store.set_guest("a", typo).unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::UnknownCommand { device, command, .. }
+                if device == "codec" && command == "decod"),
+            "{e:?}"
+        );
+        assert!(e
+            .to_string()
+            .starts_with("line 1: codec has no command \"decod\" (it has "));
+        assert_eq!(store.generation(), 0);
+        assert!(store.current().guest.is_empty());
     }
 }

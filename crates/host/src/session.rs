@@ -26,6 +26,18 @@ use crate::fences::WindowFencePage;
 use crate::link::{HostLink, Incoming};
 use crate::Limits;
 
+/// Why a session's device queues did not drain ([`Session::drain_queues`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    /// No fence could be made to mark the end of a queue.
+    #[error("{0}")]
+    Fence(#[from] virtsoc_fence::FenceError),
+    /// The queues of these devices did not drain in time (a queue waiting on a fence nobody
+    /// signals, say).
+    #[error("device queues {0:?} did not drain")]
+    Stuck(Vec<u32>),
+}
+
 /// A connected guest.
 pub struct Session {
     guest_id: GuestId,
@@ -122,7 +134,7 @@ impl Session {
     /// Waits until every command the guest queued on a device has completed (a fence
     /// signal queued behind them on each queue fires), at most `timeout`; `Err` names the
     /// devices that did not drain (e.g. a queue waiting on a fence nobody signals).
-    pub fn drain_queues(&self, timeout: Duration) -> Result<(), String> {
+    pub fn drain_queues(&self, timeout: Duration) -> Result<(), DrainError> {
         let queues: Vec<(u32, GuestQueue, Arc<DeviceSlot>)> = self
             .queues
             .lock_or_recover()
@@ -131,7 +143,7 @@ impl Session {
             .collect();
         let mut marks = Vec::new();
         for (dev, q, slot) in queues {
-            let f = self.fences.create().map_err(|e| e.to_string())?;
+            let f = self.fences.create()?;
             if q.push(QueueItem::Signal(f)).is_err() {
                 let _ = self.fences.signal(f);
             }
@@ -150,7 +162,7 @@ impl Session {
         if stuck.is_empty() {
             Ok(())
         } else {
-            Err(format!("device queues {stuck:?} did not drain"))
+            Err(DrainError::Stuck(stuck))
         }
     }
 

@@ -1,12 +1,43 @@
-//! Typed ids shared by every virtsoc crate: which guest, and which of its regions.
+//! Typed ids shared by every virtsoc crate: which guest, which of its regions, which device,
+//! which object a guest opened on a device (a handle), and which virtual fence.
 //!
 //! Modelled on vm-memory's `GuestAddress`: a newtype per kind of id with the few operations
-//! it needs (display, conversion to and from the wire's `u64`), so a guest id can never be
-//! passed where a region id is meant. The wire carries both as bare `u64`s; the daemon wraps
-//! them once where it decodes a request. This crate is a leaf: it depends on nothing of
-//! virtsoc, so the lowest crates (`prefetch`, `svm`) use it as well as the highest.
+//! it needs (display, conversion to and from the wire's words), so a guest id can never be
+//! passed where a region id is meant. The wire carries them as bare `u64`s (a device as the
+//! request's `u32`); the daemon wraps them once where it decodes a request. This crate is a
+//! leaf: it depends on nothing of virtsoc, so the lowest crates (`prefetch`, `svm`, `fence`,
+//! `proto`) use it as well as the highest.
 
-use std::fmt;
+/// Display as the wire word, and conversion to and from it, for newtype ids over one word.
+macro_rules! wire_word {
+    ($($id:ident: $word:ty),* $(,)?) => {
+        $(
+            impl std::fmt::Display for $id {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    self.0.fmt(f)
+                }
+            }
+
+            impl From<$word> for $id {
+                fn from(v: $word) -> Self {
+                    $id(v)
+                }
+            }
+
+            impl From<$id> for $word {
+                fn from(v: $id) -> Self {
+                    v.0
+                }
+            }
+        )*
+    };
+}
+
+mod device;
+mod fence;
+
+pub use device::{DeviceId, HandleId};
+pub use fence::FenceId;
 
 /// A guest, as the daemon numbers its connections (process, remote and VM guests alike).
 #[derive(
@@ -23,41 +54,7 @@ pub struct GuestId(pub u64);
 #[serde(transparent)]
 pub struct RegionId(pub u64);
 
-impl fmt::Display for GuestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for RegionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl From<u64> for GuestId {
-    fn from(v: u64) -> Self {
-        GuestId(v)
-    }
-}
-
-impl From<u64> for RegionId {
-    fn from(v: u64) -> Self {
-        RegionId(v)
-    }
-}
-
-impl From<GuestId> for u64 {
-    fn from(v: GuestId) -> Self {
-        v.0
-    }
-}
-
-impl From<RegionId> for u64 {
-    fn from(v: RegionId) -> Self {
-        v.0
-    }
-}
+wire_word!(GuestId: u64, RegionId: u64);
 
 #[cfg(test)]
 mod tests {
@@ -67,6 +64,12 @@ mod tests {
     fn ids_are_their_wire_words() {
         assert_eq!(u64::from(GuestId::from(7)), 7);
         assert_eq!(u64::from(RegionId::from(9)), 9);
+        assert_eq!(u64::from(HandleId::from(4)), 4);
+        assert_eq!(u32::from(DeviceId::from(10)), 10);
+        assert_eq!(
+            (DeviceId(10).to_string(), HandleId(2).to_string()),
+            ("10".into(), "2".into())
+        );
         assert_eq!(GuestId(3).to_string(), "3");
         assert_eq!(serde_json::to_string(&RegionId(5)).unwrap(), "5");
         let g: GuestId = serde_json::from_str("11").unwrap();

@@ -66,9 +66,13 @@ pub trait IspBackend: Send + Sync {
 /// Memory charged to a tenant (its guest's memory limit), held as long as this lives.
 pub type Charge = Box<dyn std::any::Any + Send>;
 
+/// Why a tenant's limit refused a charge: the charger's own error (the daemon's is its memory
+/// accounting's), kept whole for the [`crate::MediaError::OverLimit`] it becomes.
+pub type ChargeError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Charges `bytes` to the tenant a conversion is for: the charge, or why its limit refuses
 /// them.
-pub type Charger<'a> = &'a dyn Fn(u64) -> std::result::Result<Charge, String>;
+pub type Charger<'a> = &'a dyn Fn(u64) -> std::result::Result<Charge, ChargeError>;
 
 /// Validates both frames; true when they have the same format and size, which a plain copy
 /// (exact) converts.

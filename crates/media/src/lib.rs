@@ -37,7 +37,7 @@ pub use error::{MediaError, Result};
 pub use frame::{
     copy_frame, FrameError, FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo,
 };
-pub use isp::{Charge, Charger, CpuIsp, IspBackend, NullIsp, ProcessIsp, SwscaleIsp};
+pub use isp::{Charge, ChargeError, Charger, CpuIsp, IspBackend, NullIsp, ProcessIsp, SwscaleIsp};
 pub use worker::{worker_processes, WorkerPool, CALL_DEADLINE, WORKER_RESIDENT};
 
 /// Initializes FFmpeg for this process (its error strings, which are empty until then) and

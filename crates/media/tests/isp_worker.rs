@@ -385,7 +385,7 @@ fn kept_workers_are_charged_and_reaped_when_idle() {
     }
     let held = Arc::new(AtomicU64::new(0));
     let limit = Arc::new(AtomicU64::new(u64::MAX));
-    let charger = |bytes: u64| -> Result<virtsoc_media::Charge, String> {
+    let charger = |bytes: u64| -> Result<virtsoc_media::Charge, virtsoc_media::ChargeError> {
         if held.load(Ordering::SeqCst) + bytes > limit.load(Ordering::SeqCst) {
             return Err("refused".into());
         }

@@ -16,7 +16,7 @@ use rustix::net::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::layout::WindowLayout;
+use crate::window_layout::WindowLayout;
 use crate::{ProtoError, Result};
 
 /// Version of the protocol spoken after the handshake. 2: the control page's

@@ -1,11 +1,11 @@
 //! The virtsoc wire protocol, shared by the host daemon and the guest library.
 //!
 //! This crate owns everything both sides must agree on byte for byte:
-//! - [`layout`]: where the rings, the fence page and the data area sit in the shared window;
+//! - [`window_layout`]: where the rings, the fence page and the data area sit in the shared window;
 //! - [`wire`]: the fixed-size ring entries, opcodes, access modes and status codes;
 //! - [`ops`]: the core requests (regions, accesses, fences, counters) declared once;
 //! - [`counters`]: the guest's SVM counters, one record both sides decode the same way;
-//! - [`window`]: bounds-checked access to a mapped window (vm-memory over a memfd or a PCI BAR);
+//! - [`shared_window`]: bounds-checked access to a mapped window (vm-memory over a memfd or a PCI BAR);
 //! - [`ring`]: the lock-free single-producer/single-consumer rings and their doorbells;
 //! - [`handshake`]: the connection handshake and file-descriptor passing on the Unix socket;
 //! - [`stream`]: ring entries as frames on a byte stream, for remote (TCP) guests.
@@ -15,16 +15,21 @@
 
 pub mod counters;
 pub mod handshake;
-pub mod layout;
 pub mod ops;
 pub mod ring;
+pub mod shared_window;
 pub mod spin;
 pub mod stream;
-pub mod window;
+pub mod window_layout;
 pub mod wire;
 
-pub use layout::WindowLayout;
-pub use window::SharedWindow;
+/// The old path of [`window_layout`], kept while the VM transport (`host/src/vm/`,
+/// `guest/src/vm.rs`) still names it.
+#[doc(hidden)]
+pub use window_layout as layout;
+
+pub use shared_window::SharedWindow;
+pub use window_layout::WindowLayout;
 pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};
 
 /// Errors of the protocol layer.

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use vm_memory::ByteValued;
 
-use crate::layout::{ctl, WindowLayout, CONTROL_OFFSET, SQ_OFFSET};
+use crate::shared_window::SharedWindow;
 use crate::spin::AdaptiveSpin;
-use crate::window::SharedWindow;
+use crate::window_layout::{ctl, WindowLayout, CONTROL_OFFSET, SQ_OFFSET};
 use crate::wire::{Completion, Request};
 use crate::{ProtoError, Result};
 

@@ -25,7 +25,7 @@ pub struct StreamFrame<T> {
 
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum FrameError {
+pub enum StreamFrameError {
     /// Reading the stream failed (including timeouts and EOF).
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
@@ -43,15 +43,16 @@ pub enum FrameError {
     Refused {
         /// Payload length the frame announced, in bytes.
         len: u64,
-        /// Why.
-        why: String,
+        /// Why: the admitting side's own error.
+        #[source]
+        why: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
-impl FrameError {
+impl StreamFrameError {
     /// Whether the read timed out before a frame started (nothing consumed).
     pub fn is_timeout(&self) -> bool {
-        matches!(self, FrameError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+        matches!(self, StreamFrameError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
     }
 }
 
@@ -97,20 +98,26 @@ pub fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> i
 pub fn read_frame<T: ByteValued + Default>(
     r: &mut impl Read,
     max: u64,
-) -> Result<StreamFrame<T>, FrameError> {
-    read_frame_admitted(r, max, |_| Ok(())).map(|(f, ())| f)
+) -> Result<StreamFrame<T>, StreamFrameError> {
+    read_frame_admitted(r, max, |_| Ok::<_, StreamFrameError>(())).map(|(f, ())| f)
 }
 
 /// [`read_frame`], asking `admit` about the payload's length before its buffer is allocated
 /// (a charge against the sender's memory limit, say, held as long as the returned guard):
 /// its error ends the read with nothing allocated.
-pub fn read_frame_admitted<T: ByteValued + Default, G>(
+pub fn read_frame_admitted<T: ByteValued + Default, G, E>(
     r: &mut impl Read,
     max: u64,
-    admit: impl FnOnce(u64) -> Result<G, String>,
-) -> Result<(StreamFrame<T>, G), FrameError> {
+    admit: impl FnOnce(u64) -> Result<G, E>,
+) -> Result<(StreamFrame<T>, G), StreamFrameError>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (entry, len) = read_head::<T>(r, max)?;
-    let guard = admit(len).map_err(|why| FrameError::Refused { len, why })?;
+    let guard = admit(len).map_err(|why| StreamFrameError::Refused {
+        len,
+        why: why.into(),
+    })?;
     let mut payload = vec![0u8; len as usize];
     read_rest(r, &mut payload)?;
     Ok((StreamFrame { entry, payload }, guard))
@@ -121,7 +128,7 @@ pub fn read_frame_admitted<T: ByteValued + Default, G>(
 pub fn read_head<T: ByteValued + Default>(
     r: &mut impl Read,
     max: u64,
-) -> Result<(T, u64), FrameError> {
+) -> Result<(T, u64), StreamFrameError> {
     let mut entry = T::default();
     let size = std::mem::size_of::<T>();
     let buf = entry.as_mut_slice();
@@ -134,14 +141,14 @@ pub fn read_head<T: ByteValued + Default>(
         }
     };
     if n == 0 {
-        return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
+        return Err(StreamFrameError::Io(io::ErrorKind::UnexpectedEof.into()));
     }
     read_rest(r, &mut buf[n..size])?;
     let mut len = [0u8; 4];
     read_rest(r, &mut len)?;
     let len = u32::from_le_bytes(len) as u64;
     if len > max {
-        return Err(FrameError::TooLarge { len, max });
+        return Err(StreamFrameError::TooLarge { len, max });
     }
     Ok((entry, len))
 }
@@ -186,11 +193,35 @@ mod tests {
         write_frame(&mut big, &req, &[0u8; 100]).unwrap();
         assert!(matches!(
             read_frame::<Request>(&mut &big[..], 99),
-            Err(FrameError::TooLarge { len: 100, max: 99 })
+            Err(StreamFrameError::TooLarge { len: 100, max: 99 })
         ));
         assert!(
             read_frame::<Request>(&mut &big[..70], 1000).is_err(),
             "truncated"
+        );
+    }
+
+    #[test]
+    fn a_refused_payload_keeps_the_admitting_sides_error() {
+        let mut buf = Vec::new();
+        let req = Request::new(7, Opcode::EndAccess, DeviceId::CPU, [0; 6]);
+        write_frame(&mut buf, &req, &[0u8; 40]).unwrap();
+        let limit = io::Error::new(io::ErrorKind::OutOfMemory, "over the guest's limit");
+        let r = read_frame_admitted::<Request, (), _>(&mut &buf[..], 64, |len| {
+            assert_eq!(len, 40);
+            Err(limit)
+        });
+        let Err(e @ StreamFrameError::Refused { len: 40, .. }) = r else {
+            panic!("not refused: {r:?}");
+        };
+        assert_eq!(
+            e.to_string(),
+            "payload of 40 bytes refused: over the guest's limit"
+        );
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(
+            source.map(io::Error::kind),
+            Some(io::ErrorKind::OutOfMemory)
         );
     }
 

@@ -280,31 +280,26 @@ u32_enum!(
     }
 );
 
+/// Largest width or height a region may be allocated with (larger than
+/// `virtsoc_frame::MAX_DIMENSION`, the most any device reads).
+pub const MAX_IMAGE_DIMENSION: u32 = 1 << 15;
+
 impl Format {
-    /// Size in bytes and row stride of a `width` x `height` image, `None` if the dimensions
-    /// do not fit the format or overflow.
+    /// Size in bytes and row stride of a packed `width` x `height` image, `None` if the
+    /// dimensions do not fit the format (zero, odd where the format halves them, past
+    /// [`MAX_IMAGE_DIMENSION`]). The frame formats' sizes are `virtsoc_frame::FrameLayout`'s
+    /// (the one plane rule); YUYV, which no device reads, is one plane of two bytes a pixel.
     pub fn image_size(self, width: u32, height: u32) -> Option<(u64, u32)> {
-        let (w, h) = (width as u64, height as u64);
-        if w == 0 || h == 0 || w > 1 << 15 || h > 1 << 15 {
-            return None;
+        if self == Format::Yuyv {
+            let ok = width != 0 && height != 0 && width.is_multiple_of(2);
+            let fits = width <= MAX_IMAGE_DIMENSION && height <= MAX_IMAGE_DIMENSION;
+            return (ok && fits).then(|| (u64::from(width) * u64::from(height) * 2, width * 2));
         }
-        let (size, stride) = match self {
-            Format::Blob => return None,
-            Format::Rgba8 | Format::Bgra8 => (w * h * 4, w * 4),
-            Format::Yuyv => {
-                if w % 2 != 0 {
-                    return None;
-                }
-                (w * h * 2, w * 2)
-            }
-            Format::Nv12 | Format::Yuv420p => {
-                if w % 2 != 0 || h % 2 != 0 {
-                    return None;
-                }
-                (w * h * 3 / 2, w)
-            }
-        };
-        Some((size, stride as u32))
+        let format = virtsoc_frame::PixelFormat::try_from(self).ok()?;
+        let layout =
+            virtsoc_frame::FrameLayout::packed_within(format, width, height, MAX_IMAGE_DIMENSION)
+                .ok()?;
+        Some((layout.size() as u64, layout.stride))
     }
 }
 
@@ -338,20 +333,8 @@ pub mod usage {
     pub const DEVICE_WRITE: u32 = 8;
 }
 
-/// A virtual device as named in requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeviceId(pub u32);
-
-impl DeviceId {
-    /// The guest CPU: accesses go through the guest window.
-    pub const CPU: DeviceId = DeviceId(0);
-    /// Test device that writes a pattern into a region.
-    pub const PRODUCER: DeviceId = DeviceId(1);
-    /// Test device that checksums a region.
-    pub const CONSUMER: DeviceId = DeviceId(2);
-    /// A second checksum device, for multi-reader flows.
-    pub const CONSUMER2: DeviceId = DeviceId(3);
-}
+/// A virtual device as named in requests: the one definition is in `virtsoc-ids`.
+pub use virtsoc_ids::DeviceId;
 
 /// Device opcodes of the test devices (first argument of [`Opcode::DeviceCmd`]).
 pub mod testdev {
@@ -398,6 +381,71 @@ mod tests {
         assert_eq!(AccessMode::from_u32(0), None);
         assert!(AccessMode::ReadWrite.reads() && AccessMode::ReadWrite.writes());
         assert_eq!(Status::from_u32(3), Some(Status::NoSuchRegion));
+    }
+
+    /// The rule `image_size` had before it was derived from `FrameLayout`: the new answers
+    /// must be the same for every format and size.
+    fn image_size_before(f: Format, width: u32, height: u32) -> Option<(u64, u32)> {
+        let (w, h) = (width as u64, height as u64);
+        if w == 0 || h == 0 || w > 1 << 15 || h > 1 << 15 {
+            return None;
+        }
+        let (size, stride) = match f {
+            Format::Blob => return None,
+            Format::Rgba8 | Format::Bgra8 => (w * h * 4, w * 4),
+            Format::Yuyv => {
+                if w % 2 != 0 {
+                    return None;
+                }
+                (w * h * 2, w * 2)
+            }
+            Format::Nv12 | Format::Yuv420p => {
+                if w % 2 != 0 || h % 2 != 0 {
+                    return None;
+                }
+                (w * h * 3 / 2, w)
+            }
+        };
+        Some((size, stride as u32))
+    }
+
+    #[test]
+    fn image_sizes_are_the_frame_layouts_and_unchanged() {
+        let dims = [
+            0,
+            1,
+            2,
+            3,
+            15,
+            16,
+            641,
+            1080,
+            1920,
+            16383,
+            16384,
+            16385,
+            32766,
+            32767,
+            32768,
+            32769,
+            65536,
+            u32::MAX - 1,
+            u32::MAX,
+        ];
+        let mut accepted = 0;
+        for &f in Format::ALL {
+            for w in dims {
+                for h in dims {
+                    let new = f.image_size(w, h);
+                    assert_eq!(new, image_size_before(f, w, h), "{f:?} {w}x{h}");
+                    accepted += usize::from(new.is_some());
+                }
+            }
+        }
+        assert!(
+            accepted > 100,
+            "the grid must hit accepted sizes too: {accepted}"
+        );
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use virtsoc_sync::{CondvarExt, LockExt};
 
+use crate::copier::CopyEngine;
 use crate::domain::DomainId;
-use crate::engine::CopyEngine;
 use crate::region::Region;
 
 /// A callback run once when a copy finishes.

@@ -128,7 +128,7 @@ impl GuestSvm {
             alloc: Mutex::new(RangeAllocator::new(
                 l.data_offset(),
                 l.data_size(),
-                virtsoc_proto::layout::PAGE,
+                virtsoc_proto::window_layout::PAGE,
             )),
             window,
             next_region: AtomicU64::new(1),

@@ -2,7 +2,7 @@
 //!
 //! It owns the per-guest state ([`guest::GuestSvm`], with each guest's own region table keyed
 //! by its 64-bit ids), the replicas of every region in every memory domain
-//! ([`region`]), the copy engine that moves bytes between domains ([`engine`]), and the
+//! ([`region`]), the copy engine that moves bytes between domains ([`copier`]), and the
 //! coherence protocols that decide when to move them ([`coherence`]). A guest names only its
 //! own regions: every lookup is keyed by the caller's guest id.
 
@@ -10,9 +10,9 @@ mod adopt;
 pub mod alloc;
 pub mod backing;
 pub mod coherence;
+pub mod copier;
 pub mod dma;
 pub mod domain;
-pub mod engine;
 pub mod guest;
 pub mod id;
 pub mod pace;
@@ -41,9 +41,9 @@ pub use backing::{
     Backing, DeviceAllocator, DeviceMemory, HostBuf, SharedMemory, SHARED_DATA_OFFSET,
 };
 pub use coherence::{AccessInfo, Coherence, ProtocolKind, Step};
+pub use copier::CopyEngine;
 pub use dma::CopyTicket;
 pub use domain::{DomainId, DomainKind, Topology};
-pub use engine::CopyEngine;
 pub use guest::{GuestSvm, LinkCount};
 pub use id::{GuestId, RegionId};
 pub use region::{AccessReport, Region, RegionKey, RegionMeta};

@@ -14,9 +14,9 @@ use virtsoc_proto::wire::Format;
 use virtsoc_sync::LockExt;
 
 use crate::backing::{Backing, HostBuf};
+use crate::copier::CopyEngine;
 use crate::dma::CopyTicket;
 use crate::domain::{DomainId, DomainKind};
-use crate::engine::CopyEngine;
 use crate::guest::GuestSvm;
 use crate::ranges::{Range, RangeSet};
 use crate::{Result, SvmError};

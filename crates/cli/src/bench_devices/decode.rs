@@ -26,7 +26,7 @@ use virtsoc_guest::{
     AccessMode, ConnectOptions, Connection, DeviceCommand, DeviceId, Format, Opcode,
 };
 use virtsoc_media::{CodecKind, DecoderBackend, FfmpegDecoder, PixelFormat};
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 
 use crate::bench_svm::OrderingMode;
 use crate::scenario::pipe::{access_args, check_async_errors, check_completion, Pipe};

@@ -305,10 +305,10 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
     let _ = c.call(
         Opcode::FenceStatus,
         DeviceId::CPU,
-        [f.0 ^ (1 << 40), 0, 0, 0, 0, 0],
+        [f.to_u64() ^ (1 << 40), 0, 0, 0, 0, 0],
     );
-    let _ = c.fence_release(Fence(0xdead_beef_0000 + n));
-    let _ = c.fence_signal(DeviceId::CONSUMER, Fence(0xdead_0000 + n));
+    let _ = c.fence_release(Fence::from_u64(0xdead_beef_0000 + n));
+    let _ = c.fence_signal(DeviceId::CONSUMER, Fence::from_u64(0xdead_0000 + n));
     // A fence that is never signaled holds this guest's producer queue only.
     let stuck = c.fence_create()?;
     let _ = c.fence_wait(DeviceId::PRODUCER, stuck);

@@ -34,7 +34,7 @@ fn overflow_id_mapping_roundtrip() {
         5 * OVERFLOW_RANGE + 7,
     ] {
         let id = overflow_id(seq);
-        assert!(!id.is_page_backed());
+        assert!(!is_page_backed(id));
         assert_eq!(overflow_seq(id), Some(seq));
     }
 }
@@ -43,7 +43,7 @@ fn overflow_id_mapping_roundtrip() {
 fn page_mirrors_create_and_signal() {
     let (page, table) = table();
     let id = table.create().unwrap();
-    assert!(id.is_page_backed());
+    assert!(is_page_backed(id));
     assert_eq!(
         unpack_word(page.load_slot(id.index)),
         (id.generation, false)
@@ -113,7 +113,7 @@ fn recycling_reuses_indices_without_aliasing_live_fences() {
     let total = 10 * PAGE_SLOTS as usize;
     for _ in 0..total {
         let id = table.create().unwrap();
-        assert!(id.is_page_backed(), "no overflow needed: {id:?}");
+        assert!(is_page_backed(id), "no overflow needed: {id:?}");
         assert!(
             !live_indices.contains(&id.index),
             "recycled a live fence's slot: {id:?}"
@@ -173,7 +173,7 @@ fn releasing_a_pending_fence_keeps_its_slot_until_signaled() {
     let all: Vec<FenceId> = (0..PAGE_SLOTS).map(|_| table.create().unwrap()).collect();
     table.release(all[0]).unwrap();
     let next = table.create().unwrap();
-    assert!(!next.is_page_backed(), "slot of a pending fence was reused");
+    assert!(!is_page_backed(next), "slot of a pending fence was reused");
     assert_eq!(table.status(all[0]).unwrap(), FenceStatus::Pending);
     table.signal(all[0]).unwrap();
     let reused = table.create().unwrap();
@@ -186,7 +186,7 @@ fn releasing_a_pending_fence_keeps_its_slot_until_signaled() {
 fn overflow_fences_when_page_is_full() {
     let (_page, table) = table();
     let page_ids: Vec<FenceId> = (0..PAGE_SLOTS).map(|_| table.create().unwrap()).collect();
-    assert!(page_ids.iter().all(|id| id.is_page_backed()));
+    assert!(page_ids.iter().all(|id| is_page_backed(*id)));
     let extra: Vec<FenceId> = (0..50).map(|_| table.create().unwrap()).collect();
     assert!(extra.iter().all(|id| !table.is_page_backed(*id)));
     assert_eq!(extra.iter().collect::<HashSet<_>>().len(), extra.len());
@@ -226,7 +226,7 @@ fn overflow_fences_when_page_is_full() {
     assert_eq!(table.status(extra[0]).unwrap(), FenceStatus::Signaled);
     // Freeing page slots stops the overflow.
     table.signal(page_ids[3]).unwrap();
-    assert!(table.create().unwrap().is_page_backed());
+    assert!(is_page_backed(table.create().unwrap()));
 }
 
 #[test]
@@ -396,7 +396,7 @@ fn live_fences_are_capped_overflow_included() {
     let cap = PAGE_SLOTS as usize + 3;
     let t = VirtualFenceTable::with_limit(Arc::new(MemPage::new()), cap);
     let ids: Vec<_> = (0..cap).map(|_| t.create().unwrap()).collect();
-    assert!(!ids[cap - 1].is_page_backed(), "the last ones overflow");
+    assert!(!is_page_backed(ids[cap - 1]), "the last ones overflow");
     assert_eq!(t.create(), Err(FenceError::TooMany(cap)));
     assert_eq!(t.stats().live, cap);
     // A signaled fence makes room again.

@@ -144,7 +144,7 @@ pub(crate) fn new_fence(conn: &Connection) -> Result<Fence, i32> {
         return Err(EGL_BAD_ALLOC);
     }
     s.pool.push_back(submit()?);
-    Ok(Fence(ops::FenceCreate::reply(&c.values).fence))
+    Ok(Fence::from_u64(ops::FenceCreate::reply(&c.values).fence))
 }
 
 /// Sends what the current context's stream holds (without waiting): GL work before this
@@ -203,7 +203,7 @@ fn create_sync(dpy: Handle, kind: u32, attribs: Vec<(i32, i32)>) -> Handle {
                 // guest's, a released one) is refused.
                 conn.core(DeviceId::CPU, ops::FenceStatus { fence: id })
                     .map_err(|e| fence_error("import fence", &e))?;
-                (Fence(id), None)
+                (Fence::from_u64(id), None)
             }
             None => {
                 if device != 0 && !conn.devices().iter().any(|d| d.id == device) {
@@ -384,8 +384,8 @@ fn sync_attrib(dpy: Handle, sync: Handle, attr: EglInt) -> Result<i64, i32> {
             })
         }
         EGL_SYNC_CONDITION_KHR => i64::from(EGL_SYNC_PRIOR_COMMANDS_COMPLETE_KHR),
-        EGL_VIRTSOC_FENCE_ID_LO => i64::from(s.fence.0 as u32 as i32),
-        EGL_VIRTSOC_FENCE_ID_HI => i64::from((s.fence.0 >> 32) as u32 as i32),
+        EGL_VIRTSOC_FENCE_ID_LO => i64::from(s.fence.to_u64() as u32 as i32),
+        EGL_VIRTSOC_FENCE_ID_HI => i64::from((s.fence.to_u64() >> 32) as u32 as i32),
         EGL_VIRTSOC_SYNC_SIGNALER => s.signaler.map_or(i64::from(EGL_NONE), i64::from),
         _ => return Err(EGL_BAD_ATTRIBUTE),
     })
@@ -425,7 +425,7 @@ pub extern "C" fn eglGetSyncFenceVIRTSOC(dpy: Handle, sync: Handle, fence: *mut 
     super::set_last_vendor();
     guard(EGL_FALSE, || {
         let (s, _) = lookup(dpy, sync)?;
-        put(fence, s.fence.0);
+        put(fence, s.fence.to_u64());
         Ok(EGL_TRUE)
     })
 }

@@ -332,39 +332,40 @@ impl Connection {
 
     /// Creates a virtual command fence.
     pub fn fence_create(&self) -> Result<Fence> {
-        Ok(Fence(self.core(DeviceId::CPU, ops::FenceCreate {})?.fence))
+        Ok(Fence::from_u64(
+            self.core(DeviceId::CPU, ops::FenceCreate {})?.fence,
+        ))
     }
 
     /// Queues a signal of `f` on `device`: it fires once the device finished everything queued
     /// before it. Does not wait. On the CPU it fires at once (CPU requests run in order).
     pub fn fence_signal(&self, device: DeviceId, f: Fence) -> Result<()> {
-        self.core_detached(device, ops::FenceSignal { fence: f.0 })
+        self.core_detached(device, ops::FenceSignal { fence: f.to_u64() })
     }
 
     /// Queues a wait for `f` on `device`: later commands of this guest on that device run only
     /// after `f` is signaled. Does not wait.
     pub fn fence_wait(&self, device: DeviceId, f: Fence) -> Result<()> {
-        self.core_detached(device, ops::FenceWait { fence: f.0 })
+        self.core_detached(device, ops::FenceWait { fence: f.to_u64() })
     }
 
     /// Gives a fence back. Does not wait.
     pub fn fence_release(&self, f: Fence) -> Result<()> {
-        self.core_detached(DeviceId::CPU, ops::FenceRelease { fence: f.0 })
+        self.core_detached(DeviceId::CPU, ops::FenceRelease { fence: f.to_u64() })
     }
 
     /// Whether `f` was signaled, read from the shared fence page without a round trip (a
     /// round trip only for fences beyond the page).
     pub fn fence_signaled(&self, f: Fence) -> Result<bool> {
-        let id = FenceId::from_u64(f.0);
-        if id.index < PAGE_SLOTS && self.link().shares_window() {
+        if virtsoc_fence::is_page_backed(f) && self.link().shares_window() {
             let word = self
                 .window()
-                .atomic_u32(FENCE_PAGE_OFFSET + slot_offset(id.index) as u64)?
+                .atomic_u32(FENCE_PAGE_OFFSET + slot_offset(f.index) as u64)?
                 .load(Ordering::Acquire);
-            return Ok(slot_status(word, id) == FenceStatus::Signaled);
+            return Ok(slot_status(word, f) == FenceStatus::Signaled);
         }
         Ok(self
-            .core(DeviceId::CPU, ops::FenceStatus { fence: f.0 })?
+            .core(DeviceId::CPU, ops::FenceStatus { fence: f.to_u64() })?
             .signaled
             == 1)
     }

@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 
 use super::*;
 
@@ -31,10 +31,9 @@ impl Connection {
     /// signaled. See the module docs for how each kind of guest waits.
     pub fn fence_wait_cpu(&self, f: crate::Fence, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
-        let id = FenceId::from_u64(f.0);
         let link = self.link();
-        if id.index < PAGE_SLOTS && link.shares_window() && link.host_futex() {
-            return self.sleep_on_slot(id, deadline);
+        if virtsoc_fence::is_page_backed(f) && link.shares_window() && link.host_futex() {
+            return self.sleep_on_slot(f, deadline);
         }
         let mut pause = POLL_FIRST;
         loop {

@@ -250,10 +250,7 @@ impl Daemon {
             a.layout.size,
             self.cfg.limits.remote_bytes_in_flight,
         )?
-        .charging(Box::new(move |len| {
-            svm.charge(guest_id, len)
-                .map_err(|e| format!("buffering it would pass the guest's memory limit ({e})"))
-        }))
+        .charging(Box::new(move |len| svm.charge(guest_id, len)))
         .placing(a.window.clone(), {
             let svm = self.svm.clone();
             Box::new(move |req, len| crate::session::remote_write_target(&svm, guest_id, req, len))

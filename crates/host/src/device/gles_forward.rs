@@ -16,7 +16,7 @@ use virtsoc_proto::Status;
 use virtsoc_svm::{GuestId, MemoryCharge, SvmManager};
 
 use super::maps::{Mapped, Maps};
-use super::worker::{Answer, DeviceClock, Worker};
+use super::worker::{Answer, DeviceClock, Worker, WorkerError};
 use super::{
     frame, image, inline_reply, lock, Job, Kind, Shared, ANSWER_BAD_STREAM, ANSWER_OK, FROM_DAEMON,
     INLINE_REPLY,
@@ -42,12 +42,11 @@ impl GlCharge {
         svm: &SvmManager,
         guest: GuestId,
         bytes: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), WorkerError> {
         if bytes == self.bytes {
             return Ok(());
         }
-        let refused =
-            |e| format!("GL objects of {bytes} bytes exceed the guest's memory limit ({e})");
+        let refused = |source| WorkerError::OverLimit { bytes, source };
         if bytes > self.bytes && self.parts.len() < Self::MAX_PARTS {
             let part = svm.charge(guest, bytes - self.bytes).map_err(|e| {
                 self.clear();
@@ -172,13 +171,11 @@ pub(super) fn forward(
 }
 
 /// Sends `job` to the worker and reads its answer, with the time the round trip took.
-fn call(w: &mut Worker, maps: &mut Maps, job: &Job) -> Result<(Answer, Duration), String> {
+fn call(w: &mut Worker, maps: &mut Maps, job: &Job) -> Result<(Answer, Duration), WorkerError> {
     let sent = std::time::Instant::now();
     let a = match &job.mapped {
         Some(m) => {
-            let msg = maps
-                .message(m)
-                .ok_or("a replica could not be mapped in the render worker")?;
+            let msg = maps.message(m).ok_or(WorkerError::Unmappable)?;
             // The worker writes a frame alone: the display's readers of the replica (its
             // scan-out, the consuming sink, snapshots) wait for the present, as they waited
             // for the daemon's own write into it.

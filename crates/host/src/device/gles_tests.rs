@@ -1,7 +1,7 @@
 //! Unit tests of the `gles` device: its worker, charges and clock.
 
 use super::forward::GlCharge;
-use super::worker::{DeviceClock, Worker};
+use super::worker::{DeviceClock, Worker, WorkerError};
 use super::*;
 use std::path::Path;
 
@@ -27,7 +27,8 @@ fn small_answers_travel_in_the_result_words() {
 #[test]
 fn a_missing_worker_program_is_an_error() {
     let e = Worker::start(Path::new("/nonexistent/virtsoc-render"), WORKER_DEADLINE).err();
-    assert!(e.is_some_and(|e| e.contains("cannot start render worker")));
+    assert!(matches!(&e, Some(WorkerError::Start { .. })), "{e:?}");
+    assert!(e.is_some_and(|e| e.to_string().contains("cannot start render worker")));
 }
 
 #[test]
@@ -43,7 +44,11 @@ fn gl_memory_is_charged_grown_shrunk_refused_and_given_back() {
     }
     // Past the guest's limit (64 MiB): refused, and nothing stays charged.
     let e = c.set(svm, g, 100 << 20).expect_err("over the limit");
-    assert!(e.contains("exceed the guest's memory limit"), "{e}");
+    assert!(matches!(e, WorkerError::OverLimit { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("exceed the guest's memory limit"),
+        "{e}"
+    );
     assert_eq!(used(), base);
     c.set(svm, g, 1 << 20).expect("within the limit");
     drop(c);

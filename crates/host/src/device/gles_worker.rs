@@ -3,10 +3,10 @@
 //! validated: the daemon trusts nothing the worker says beyond its bounds), ending it, and
 //! the device time its answers report.
 
-use std::io::{IoSlice, Read};
+use std::io::{self, IoSlice, Read};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
 use std::time::Duration;
 
@@ -14,6 +14,68 @@ use virtsoc_proto::stream::write_all_vectored;
 
 use super::maps::MAX_MAPPED;
 use super::{ANSWER_LOST, MAX_GL_BYTES, MAX_MSG, MAX_REPLY};
+
+/// Why a guest's render worker (and with it the guest's GL contexts) is lost.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WorkerError {
+    /// No socket pair for the worker.
+    #[error("socketpair for the render worker: {0}")]
+    Socket(#[source] io::Error),
+    /// The worker program could not be started.
+    #[error("cannot start render worker {}: {source}", program.display())]
+    Start {
+        /// The program.
+        program: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The socket's timeouts could not be set.
+    #[error("render worker socket: {0}")]
+    Timeouts(#[source] io::Error),
+    /// A batch longer than the length word holds.
+    #[error("batch too large")]
+    BatchTooLarge,
+    /// Sending the descriptors a batch maps failed.
+    #[error("sending descriptors to the render worker: {0}")]
+    SendFds(#[source] io::Error),
+    /// Sending a batch failed.
+    #[error("sending to the render worker: {0}")]
+    Send(#[source] io::Error),
+    /// Reading an answer failed (the worker died, or passed the deadline).
+    #[error("reading the render worker's answer: {0}")]
+    Read(#[source] io::Error),
+    /// An answer claims more GL memory than any guest may hold.
+    #[error("render worker claims {0} bytes of GL objects")]
+    GlBytes(u64),
+    /// An answer's head is out of bounds.
+    #[error(
+        "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes, \
+         {placed} placed, {mapped} mapped)"
+    )]
+    Malformed {
+        /// Its status word.
+        status: u32,
+        /// Reply bytes it announced.
+        reply_len: usize,
+        /// Message bytes it announced.
+        msg_len: usize,
+        /// Bytes it says it placed in a replica.
+        placed: usize,
+        /// Replicas it says it holds mapped.
+        mapped: usize,
+    },
+    /// A replica a batch names could not be mapped in the worker.
+    #[error("a replica could not be mapped in the render worker")]
+    Unmappable,
+    /// The guest's GL memory after a batch passes its memory limit.
+    #[error("GL objects of {bytes} bytes exceed the guest's memory limit ({source})")]
+    OverLimit {
+        /// The GL memory the worker reported.
+        bytes: u64,
+        /// The refusal.
+        source: virtsoc_svm::SvmError,
+    },
+}
 
 /// What a worker's answer says of its guest's use of the host.
 #[derive(Clone, Copy)]
@@ -107,19 +169,21 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    pub(super) fn start(program: &Path, deadline: Duration) -> Result<Worker, String> {
-        let (ours, theirs) =
-            UnixStream::pair().map_err(|e| format!("socketpair for the render worker: {e}"))?;
+    pub(super) fn start(program: &Path, deadline: Duration) -> Result<Worker, WorkerError> {
+        let (ours, theirs) = UnixStream::pair().map_err(WorkerError::Socket)?;
         let child = Process::new(program)
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             // One line: the shader precision it runs guest shaders at (`gles_precision.rs`).
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("cannot start render worker {}: {e}", program.display()))?;
+            .map_err(|source| WorkerError::Start {
+                program: program.to_path_buf(),
+                source,
+            })?;
         ours.set_read_timeout(Some(deadline))
             .and_then(|()| ours.set_write_timeout(Some(deadline)))
-            .map_err(|e| format!("render worker socket: {e}"))?;
+            .map_err(WorkerError::Timeouts)?;
         Ok(Worker {
             child,
             sock: ours,
@@ -133,25 +197,22 @@ impl Worker {
         batch: &[u8],
         flags: u32,
         fds: &[BorrowedFd<'_>],
-    ) -> Result<Answer, String> {
-        let n = u32::try_from(batch.len()).map_err(|_| "batch too large".to_string())?;
+    ) -> Result<Answer, WorkerError> {
+        let n = u32::try_from(batch.len()).map_err(|_| WorkerError::BatchTooLarge)?;
         let mut head = [0u8; 8];
         head[..4].copy_from_slice(&n.to_le_bytes());
         head[4..].copy_from_slice(&flags.to_le_bytes());
         let mut sent = 0;
         if !fds.is_empty() {
-            sent = send_fds(&self.sock, &head, fds)
-                .map_err(|e| format!("sending descriptors to the render worker: {e}"))?;
+            sent = send_fds(&self.sock, &head, fds).map_err(WorkerError::SendFds)?;
         }
         write_all_vectored(
             &mut self.sock,
             &mut [IoSlice::new(&head[sent..]), IoSlice::new(batch)],
         )
-        .map_err(|e| format!("sending to the render worker: {e}"))?;
+        .map_err(WorkerError::Send)?;
         let mut head = [0u8; 36];
-        self.sock
-            .read_exact(&mut head)
-            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
+        self.sock.read_exact(&mut head).map_err(WorkerError::Read)?;
         let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let (status, reply_len, msg_len) = (word(0), word(4) as usize, word(8) as usize);
         let long = |i: usize| u64::from(word(i)) | u64::from(word(i + 4)) << 32;
@@ -161,10 +222,7 @@ impl Worker {
         };
         let (placed, mapped) = (word(28) as usize, word(32) as usize);
         if used.gl_bytes > MAX_GL_BYTES {
-            return Err(format!(
-                "render worker claims {} bytes of GL objects",
-                used.gl_bytes
-            ));
+            return Err(WorkerError::GlBytes(used.gl_bytes));
         }
         if status > ANSWER_LOST
             || reply_len > MAX_REPLY
@@ -173,9 +231,13 @@ impl Worker {
             || (placed > 0 && reply_len > 0)
             || mapped > MAX_MAPPED
         {
-            return Err(format!(
-                "render worker sent a malformed answer (status {status}, {reply_len} + {msg_len} bytes, {placed} placed, {mapped} mapped)"
-            ));
+            return Err(WorkerError::Malformed {
+                status,
+                reply_len,
+                msg_len,
+                placed,
+                mapped,
+            });
         }
         // Small answers (most batches') in a buffer of their own: the spare one is kept for
         // the large ones (readbacks), whose buffer comes back through `recycle`.
@@ -190,7 +252,7 @@ impl Worker {
         self.sock
             .read_exact(&mut reply)
             .and_then(|()| self.sock.read_exact(&mut msg))
-            .map_err(|e| format!("reading the render worker's answer: {e}"))?;
+            .map_err(WorkerError::Read)?;
         Ok(Answer {
             status,
             reply,

@@ -33,8 +33,8 @@ use std::sync::Arc;
 use virtsoc_devapi::isp::Command;
 use virtsoc_media::isp::ISP_WORKER_ARG;
 use virtsoc_media::{
-    Charge, CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, ProcessIsp, SwscaleIsp,
-    WorkerPool,
+    Charge, ChargeError, CpuIsp, FrameMut, FrameRef, IspBackend, MediaError, NullIsp, ProcessIsp,
+    SwscaleIsp, WorkerPool,
 };
 use virtsoc_proto::Status;
 use virtsoc_svm::GuestId;
@@ -170,13 +170,13 @@ impl Isp {
         // Each guest's conversions in workers of its own (`ProcessIsp`), what they keep
         // charged to the guest's memory limit for as long as they keep it.
         let tenant = cx.map_or(0, |cx| cx.guest.0);
-        let charge = |bytes: u64| -> std::result::Result<Charge, String> {
+        let charge = |bytes: u64| -> std::result::Result<Charge, ChargeError> {
             match cx {
                 Some(cx) => cx
                     .svm
                     .charge(cx.guest, bytes)
                     .map(|c| Box::new(c) as Charge)
-                    .map_err(|e| e.to_string()),
+                    .map_err(ChargeError::from),
                 None => Ok(Box::new(())),
             }
         };

@@ -8,7 +8,9 @@ use std::net::TcpStream;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Condvar, Mutex};
 
-use virtsoc_proto::stream::{frame_head, read_head, read_rest, write_all_vectored, FrameError};
+use virtsoc_proto::stream::{
+    frame_head, read_head, read_rest, write_all_vectored, StreamFrameError,
+};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::{CondvarExt, LockExt};
 
@@ -252,7 +254,7 @@ impl HostLink for StreamLink {
         let mut r = self.reader.lock_or_recover();
         let (req, len) = match read_head::<Request>(&mut *r, self.max_payload) {
             Ok(h) => h,
-            Err(FrameError::TooLarge { len, max }) => {
+            Err(StreamFrameError::TooLarge { len, max }) => {
                 return Err(LinkError::Violation(format!(
                     "frame payload of {len} bytes over {max}"
                 )))
@@ -270,8 +272,11 @@ impl HostLink for StreamLink {
             },
             None => {
                 let charge = match (&self.charger, len) {
-                    (Some(charge), 1..) => Some(charge(len).map_err(|why| {
-                        LinkError::Violation(format!("frame payload of {len} bytes: {why}"))
+                    (Some(charge), 1..) => Some(charge(len).map_err(|e| {
+                        LinkError::Violation(format!(
+                            "frame payload of {len} bytes: buffering it would pass the \
+                             guest's memory limit ({e})"
+                        ))
                     })?),
                     _ => None,
                 };
@@ -488,7 +493,7 @@ mod tests {
         let link = l
             .charging(Box::new(move |len| {
                 c.fetch_add(len, std::sync::atomic::Ordering::SeqCst);
-                Err(format!("{len} bytes would pass the limit"))
+                Err(virtsoc_svm::SvmError::OutOfMemory)
             }))
             .placing(crate::testkit::window(), Box::new(|_, _| None));
         let req = Request::new(1, Opcode::EndAccess, DeviceId::CPU, [0; 6]);

@@ -87,6 +87,7 @@ pub fn quiesce(daemon: &Daemon, session: &Arc<Session>) -> Result<Quiesced> {
     let id = session.guest_id();
     session
         .drain_queues(DRAIN_TIMEOUT)
+        .map_err(|e| e.to_string())
         .and_then(|()| daemon.services().pause_guest(id, DRAIN_TIMEOUT))
         .map_err(|e| format::err(format!("quiesce of guest {id}: {e}")))?;
     Ok(q)

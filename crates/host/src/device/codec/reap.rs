@@ -19,6 +19,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use virtsoc_ids::HandleId;
 use virtsoc_media::{
     CodecKind, DecoderBackend, FfmpegDecoder, MediaError, NullDecoder, PixelFormat, ProcessDecoder,
 };
@@ -50,7 +51,7 @@ impl Codec {
         &self,
         st: &mut State,
         cx: &DeviceCtx<'_>,
-        handle: u64,
+        handle: HandleId,
     ) -> Result<(), Status> {
         let key = (cx.guest, handle);
         let Some(o) = st.sessions.get(&key) else {
@@ -216,7 +217,7 @@ mod tests {
 
     fn backend(codec: &Codec, guest: u64, h: u64) -> String {
         let mut st = codec.state();
-        let d = st.decoder(GuestId(guest), h).unwrap();
+        let d = st.decoder(GuestId(guest), HandleId(h)).unwrap();
         d.decoder.name().to_string()
     }
 
@@ -243,7 +244,7 @@ mod tests {
         let pic = FrameLayout::packed(PixelFormat::Nv12, 16, 16).unwrap();
         codec
             .state()
-            .decoder(GuestId(1), busy)
+            .decoder(GuestId(1), HandleId(busy))
             .unwrap()
             .queue(vec![DecodedFrame::packed(pic, 0, vec![0; pic.size()])]);
         assert_eq!(
@@ -275,21 +276,25 @@ mod tests {
         );
 
         // Reopened by its next decode.
-        codec.revive(&mut codec.state(), &cx, idle).unwrap();
+        codec
+            .revive(&mut codec.state(), &cx, HandleId(idle))
+            .unwrap();
         assert!(backend(&codec, 1, idle).starts_with("ffmpeg"));
         assert_eq!(codec.state().threads, 3);
 
         // Closed again; another session takes the threads; the reopen is refused.
         drop(codec.state().reap_idle(Instant::now(), Duration::ZERO));
         let taker = open(&codec, &cx, 2).unwrap();
-        let refused = codec.revive(&mut codec.state(), &cx, idle);
+        let refused = codec.revive(&mut codec.state(), &cx, HandleId(idle));
         assert_eq!(refused, Err(Status::Busy));
         assert!(cx.take_reason().is_some_and(|r| r.contains("closed after")));
         assert_eq!(
             codec.close(GuestId(1), api::Close { handle: taker }),
             Ok([0; 6])
         );
-        codec.revive(&mut codec.state(), &cx, idle).unwrap();
+        codec
+            .revive(&mut codec.state(), &cx, HandleId(idle))
+            .unwrap();
         // Closing a closed decoder frees nothing twice.
         drop(codec.state().reap_idle(Instant::now(), Duration::ZERO));
         assert_eq!(

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use virtsoc_devapi::codec as api;
+use virtsoc_ids::HandleId;
 use virtsoc_svm::GuestId;
 
 use super::super::RecordError;
@@ -51,7 +52,7 @@ impl Codec {
             .iter()
             .filter(|((g, _), _)| *g == guest)
             .map(|((_, handle), o)| Record {
-                handle: *handle,
+                handle: handle.0,
                 opened: o.record,
             })
             .collect();
@@ -91,7 +92,7 @@ impl Codec {
                         format,
                         threads,
                     },
-                    Some(r.handle),
+                    Some(HandleId(r.handle)),
                     None,
                 ),
                 Opened::Encoder {
@@ -107,7 +108,7 @@ impl Codec {
                         fps,
                         bitrate,
                     },
-                    Some(r.handle),
+                    Some(HandleId(r.handle)),
                     None,
                 ),
             };

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
+use virtsoc_ids::HandleId;
 use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec as api;
@@ -154,7 +155,7 @@ pub(super) struct Open {
 #[derive(Default)]
 pub(super) struct State {
     /// Sessions by (guest, handle).
-    pub(super) sessions: HashMap<(GuestId, u64), Open>,
+    pub(super) sessions: HashMap<(GuestId, HandleId), Open>,
     /// Codec threads of all open sessions.
     pub(super) threads: usize,
     /// Last handle given to each guest.
@@ -238,21 +239,21 @@ impl State {
         guest: GuestId,
         (s, record): (Session, replay::Opened),
         threads: usize,
-        at: Option<u64>,
-    ) -> std::result::Result<u64, Status> {
+        at: Option<HandleId>,
+    ) -> std::result::Result<HandleId, Status> {
         self.admit(limits, guest, threads)?;
         let last = self.last_handle.entry(guest).or_insert(0);
         let handle = match at {
-            Some(h) if h == 0 || self.sessions.contains_key(&(guest, h)) => {
+            Some(h) if h.0 == 0 || self.sessions.contains_key(&(guest, h)) => {
                 return Err(Status::BadArgument)
             }
             Some(h) => {
-                *last = (*last).max(h);
+                *last = (*last).max(h.0);
                 h
             }
             None => {
                 *last += 1;
-                *last
+                HandleId(*last)
             }
         };
         self.threads += threads;
@@ -273,7 +274,7 @@ impl State {
     /// Charges session `key`'s worker memory to its guest for as long as it is open.
     pub(super) fn attach_charge(
         &mut self,
-        key: &(GuestId, u64),
+        key: &(GuestId, HandleId),
         charge: virtsoc_svm::MemoryCharge,
     ) {
         if let Some(o) = self.sessions.get_mut(key) {
@@ -281,7 +282,7 @@ impl State {
         }
     }
 
-    pub(super) fn remove(&mut self, key: &(GuestId, u64)) -> Option<Session> {
+    pub(super) fn remove(&mut self, key: &(GuestId, HandleId)) -> Option<Session> {
         let o = self.sessions.remove(key)?;
         if !o.reaped {
             self.threads -= o.threads;
@@ -293,7 +294,7 @@ impl State {
     pub(super) fn decoder(
         &mut self,
         guest: GuestId,
-        handle: u64,
+        handle: HandleId,
     ) -> std::result::Result<&mut DecoderSession, Status> {
         match self.sessions.get_mut(&(guest, handle)) {
             Some(Open {
@@ -311,7 +312,7 @@ impl State {
     pub(super) fn encoder(
         &mut self,
         guest: GuestId,
-        handle: u64,
+        handle: HandleId,
     ) -> std::result::Result<&mut EncoderSession, Status> {
         match self
             .sessions

@@ -197,18 +197,22 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
         let layout = FrameLayout::packed(PixelFormat::Yuv420p, w, h).unwrap();
         DecodedFrame::packed(layout, pts, vec![0; layout.size()])
     };
-    codec.state().decoder(GuestId(3), h).unwrap().queue(vec![
-        pic(64, 48, 0),
-        pic(64, 48, 1),
-        pic(32, 16, 2),
-    ]);
+    codec
+        .state()
+        .decoder(GuestId(3), HandleId(h))
+        .unwrap()
+        .queue(vec![pic(64, 48, 0), pic(64, 48, 1), pic(32, 16, 2)]);
     assert_eq!(
         info(GuestId(3), h),
         Ok(reply(64, 48, 0)),
         "the oldest waiting picture (the change is behind it)"
     );
     let pop = || {
-        codec.state().decoder(GuestId(3), h).unwrap().pop_ready();
+        codec
+            .state()
+            .decoder(GuestId(3), HandleId(h))
+            .unwrap()
+            .pop_ready();
     };
     pop();
     assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 0)));
@@ -226,7 +230,7 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
     );
     codec
         .state()
-        .decoder(GuestId(3), h)
+        .decoder(GuestId(3), HandleId(h))
         .unwrap()
         .queue(vec![pic(64, 48, 3)]);
     assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 2)));

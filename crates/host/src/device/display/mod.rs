@@ -53,14 +53,14 @@
 
 mod control;
 mod format;
+#[cfg(feature = "window")]
+mod gpu_painter;
 mod output;
 mod planes;
 mod screen;
 #[cfg(test)]
 mod tests;
 mod thumb;
-#[cfg(feature = "window")]
-mod window;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -73,6 +73,7 @@ use virtsoc_devapi::display::{
     ChecksumReply, Command, ModeReply, PresentReply, SinkReply, SnapshotReply,
 };
 use virtsoc_display as vd;
+use virtsoc_fence::FenceId;
 use virtsoc_proto::Status;
 
 use super::layers::{layout_of, read_layers, LayerSpec};
@@ -449,7 +450,8 @@ impl Device for Display {
             }
             Command::Stats(_) => Ok(self.screen.stats(cx.guest).to_values()),
             Command::SignalAtVsync(s) => {
-                self.screen.signal_at_vsync(cx.guest, cx.fences, s.fence)?;
+                self.screen
+                    .signal_at_vsync(cx.guest, cx.fences, FenceId::from_u64(s.fence))?;
                 Ok([0; 6])
             }
             // Answered by `execute_async`, off the device worker.

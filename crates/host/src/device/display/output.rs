@@ -1,5 +1,5 @@
 //! Where scanned-out frames go: the `--display-backend` choice (headless or an X11 window,
-//! painted by the GPU when it is a wgpu device, see `window`).
+//! painted by the GPU when it is a wgpu device, see `gpu_painter`).
 
 use std::sync::Arc;
 
@@ -78,7 +78,7 @@ fn open_window(
     gpu: Option<Arc<WgpuBackend>>,
 ) -> Result<Box<dyn vd::DisplayBackend>> {
     let painter: Box<dyn vd::WindowPainter> = match gpu {
-        Some(gpu) => Box::new(super::window::GpuPainter::new(gpu)),
+        Some(gpu) => Box::new(super::gpu_painter::GpuPainter::new(gpu)),
         None => Box::new(vd::CpuPainter::default()),
     };
     let w = vd::WindowBackend::with_painter("virtsoc display", width, height, refresh_hz, painter)

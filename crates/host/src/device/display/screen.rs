@@ -265,14 +265,13 @@ impl Screen {
         }
     }
 
-    /// Arranges for `guest`'s fence `raw` to be signaled at the next vsync.
+    /// Arranges for `guest`'s `fence` to be signaled at the next vsync.
     pub(super) fn signal_at_vsync(
         &self,
         guest: GuestId,
         fences: &Arc<VirtualFenceTable>,
-        raw: u64,
+        fence: FenceId,
     ) -> Answer<()> {
-        let fence = FenceId::from_u64(raw);
         fences.status(fence).map_err(|_| Status::BadArgument)?;
         self.with(|d, st| {
             let vsyncs = d.stats().vsyncs;

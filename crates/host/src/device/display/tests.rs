@@ -27,7 +27,7 @@ fn table() -> Arc<VirtualFenceTable> {
 /// Waits (bounded) for the next vsync after now, through a vsync fence.
 fn next_vsync(d: &Display, guest: GuestId, t: &Arc<VirtualFenceTable>) {
     let f = t.create().unwrap();
-    d.screen.signal_at_vsync(guest, t, f.to_u64()).unwrap();
+    d.screen.signal_at_vsync(guest, t, f).unwrap();
     assert_eq!(
         t.wait(f, Some(Duration::from_secs(10))).unwrap(),
         FenceStatus::Signaled,
@@ -179,15 +179,13 @@ fn unknown_fences_are_refused_and_gone_guests_forgotten() {
     let t = table();
     assert_eq!(
         d.screen
-            .signal_at_vsync(GuestId(1), &t, FenceId::from_u64(0x5_0000_0003).to_u64()),
+            .signal_at_vsync(GuestId(1), &t, FenceId::from_u64(0x5_0000_0003)),
         Err(Status::BadArgument)
     );
     // A gone guest's pending fence is never signaled.
     let other = table();
     let f = other.create().unwrap();
-    d.screen
-        .signal_at_vsync(GuestId(2), &other, f.to_u64())
-        .unwrap();
+    d.screen.signal_at_vsync(GuestId(2), &other, f).unwrap();
     d.guest_gone(GuestId(2));
     next_vsync(&d, GuestId(1), &t);
     next_vsync(&d, GuestId(1), &t);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use vm_memory::{ByteValued, Bytes, FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
 
-use crate::layout::WindowLayout;
+use crate::window_layout::WindowLayout;
 use crate::{ProtoError, Result};
 
 /// One mapping of a shared window.

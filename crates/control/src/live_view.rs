@@ -41,7 +41,7 @@ use crate::types::ViewReport;
 use crate::{Backend, ControlError};
 
 /// The live view page.
-const PAGE: &str = include_str!("view.html");
+const PAGE: &str = include_str!("live_view.html");
 /// How long a frame request waits for a newer frame.
 const FRAME_WAIT: Duration = Duration::from_secs(1);
 /// The default and largest size of a view frame.
