@@ -215,8 +215,24 @@ impl FutexDoorbell {
         }
     }
 
+    /// A bell of two words at window offsets `word` and `sleeping` (checked to lie in the
+    /// window), with no spin cap: the doorbells of a host service channel
+    /// (`virtsoc_services::chan`), whose control block is wherever the guest laid it out.
+    pub fn at(win: &Arc<SharedWindow>, word: u64, sleeping: u64, spins: u32) -> Result<Self> {
+        win.atomic_u32(word)?;
+        win.atomic_u32(sleeping)?;
+        Ok(FutexDoorbell {
+            win: win.clone(),
+            word,
+            sleeping,
+            spin: AdaptiveSpin::new(spins),
+            spin_cap: None,
+        })
+    }
+
     fn words(&self) -> (&AtomicU32, &AtomicU32) {
-        // The offsets are constants inside the control page, which every valid layout has.
+        // The offsets are constants inside the control page, which every valid layout has,
+        // or were checked by `at`.
         (
             self.win
                 .atomic_u32(self.word)

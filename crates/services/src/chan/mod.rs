@@ -14,20 +14,22 @@
 //! input is there, and the response's output is written there in place. Each end keeps its
 //! own ring index and checks the peer's against the ring size (a peer publishing an index
 //! out of range is a protocol violation that closes the channel). Doorbells spin briefly,
-//! then sleep on a futex word in the control block.
+//! then sleep ([`bells`]: futex words in the control block for a process guest, the VM's
+//! port for a VM guest).
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use virtsoc_proto::spin::AdaptiveSpin;
 use virtsoc_proto::SharedWindow;
 
 use crate::packet::PACKET_SIZE;
 use crate::payload::WindowBytes;
 use crate::{Result, ServiceError};
 
+pub mod bells;
 mod layout;
+pub use bells::{BellWords, Bells};
 pub use layout::ChannelLayout;
 
 /// The control block's first word ("VCHN").
@@ -251,68 +253,6 @@ impl Shared {
             .map(|c| c.load(Ordering::Acquire) != 0)
             .unwrap_or(true)
     }
-
-    fn notify(&self, bell: u64, sleeping: u64) {
-        fence(Ordering::SeqCst);
-        if let (Ok(w), Ok(s)) = (self.word(bell), self.word(sleeping)) {
-            if s.load(Ordering::SeqCst) != 0 {
-                w.fetch_add(1, Ordering::SeqCst);
-                let _ = rustix::thread::futex::wake(w, rustix::thread::futex::Flags::empty(), 1);
-            }
-        }
-    }
-
-    fn force_wake(&self, bell: u64) {
-        if let Ok(w) = self.word(bell) {
-            w.fetch_add(1, Ordering::SeqCst);
-            let _ = rustix::thread::futex::wake(w, rustix::thread::futex::Flags::empty(), u32::MAX);
-        }
-    }
-
-    /// Waits until the ring at `tail_off` has an entry past `head` or the channel closes
-    /// (`true`), or `timeout` passes (`false`).
-    #[allow(clippy::too_many_arguments)]
-    fn wait(
-        &self,
-        spin: &AdaptiveSpin,
-        tail_off: u64,
-        head: u32,
-        bell: u64,
-        sleeping: u64,
-        timeout: Duration,
-        interrupt: Option<&AtomicBool>,
-    ) -> Result<bool> {
-        let stop = || interrupt.is_some_and(|i| i.load(Ordering::Acquire));
-        let mut ready = || self.ready(tail_off, head) || self.closed() || stop();
-        let (word, flag) = (self.word(bell)?, self.word(sleeping)?);
-        let deadline = Instant::now() + timeout;
-        Ok(spin.wait(&mut ready, |ready| loop {
-            let seen = word.load(Ordering::SeqCst);
-            flag.store(1, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if ready() {
-                flag.store(0, Ordering::SeqCst);
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                flag.store(0, Ordering::SeqCst);
-                return false;
-            }
-            let ts = rustix::thread::futex::Timespec {
-                tv_sec: left.as_secs() as i64,
-                tv_nsec: left.subsec_nanos() as i64,
-            };
-            // EAGAIN, EINTR and ETIMEDOUT all lead back to the checks.
-            let _ = rustix::thread::futex::wait(
-                word,
-                rustix::thread::futex::Flags::empty(),
-                seen,
-                Some(&ts),
-            );
-            flag.store(0, Ordering::SeqCst);
-        }))
-    }
 }
 
 /// The host's end: takes requests, posts responses.
@@ -320,14 +260,22 @@ pub struct HostEnd {
     sh: Shared,
     req_head: u32,
     resp_tail: u32,
-    spin: AdaptiveSpin,
+    bells: Bells,
     interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl HostEnd {
     /// The host's end of the channel the guest laid out at window offset `base` in a range
     /// of `len` bytes: the control block is checked (magic, version, layout within `len`).
+    /// Its doorbells are futexes (a process guest).
     pub fn attach(win: Arc<SharedWindow>, base: u64, len: u64, spins: u32) -> Result<Self> {
+        win.check(base, CONTROL)?;
+        let bells = Bells::host_futex(&win, base, spins)?;
+        Self::attach_with(win, base, len, bells)
+    }
+
+    /// [`attach`](Self::attach) with doorbells of the caller's (a VM guest's port).
+    pub fn attach_with(win: Arc<SharedWindow>, base: u64, len: u64, bells: Bells) -> Result<Self> {
         let probe = Shared {
             win: win.clone(),
             base,
@@ -367,7 +315,7 @@ impl HostEnd {
             sh,
             req_head,
             resp_tail,
-            spin: AdaptiveSpin::new(spins),
+            bells,
             interrupt: None,
         })
     }
@@ -408,15 +356,12 @@ impl HostEnd {
             if self.sh.closed() {
                 return Err(ServiceError::Closed);
             }
-            let came = self.sh.wait(
-                &self.spin,
-                ctl::REQ_TAIL,
-                self.req_head,
-                ctl::HOST_BELL,
-                ctl::HOST_SLEEPING,
-                timeout,
-                self.interrupt.as_deref(),
-            )?;
+            let (sh, head, interrupt) = (&self.sh, self.req_head, self.interrupt.as_deref());
+            let stop = || interrupt.is_some_and(|i| i.load(Ordering::Acquire));
+            let came = self.bells.own.wait(
+                &mut || sh.ready(ctl::REQ_TAIL, head) || sh.closed() || stop(),
+                Some(timeout),
+            );
             if !came {
                 return Ok(None);
             }
@@ -453,7 +398,7 @@ impl HostEnd {
         )? {
             return Err(ServiceError::Memory("response ring full".into()));
         }
-        self.sh.notify(ctl::GUEST_BELL, ctl::GUEST_SLEEPING);
+        self.bells.peer.notify();
         Ok(())
     }
 
@@ -461,16 +406,21 @@ impl HostEnd {
     /// guest.
     pub fn close(&self, code: u32) {
         self.sh.mark_closed(code);
-        self.sh.force_wake(ctl::GUEST_BELL);
+        self.bells.peer.force_wake();
     }
 
     /// The host is done with the channel's memory (its last touch of it): the guest, waiting
-    /// in [`GuestEnd::wait_host_done`], may free the region.
+    /// in [`GuestEnd::wait_host_done`], may free the region. The host's own bell goes first
+    /// (a VM guest's is registered with the VM's port reader, which must not touch the
+    /// region once the guest may reuse it).
     pub fn finish(self) {
-        if let Ok(w) = self.sh.word(ctl::HOST_DONE) {
+        let HostEnd { sh, bells, .. } = self;
+        let Bells { own, peer } = bells;
+        drop(own);
+        if let Ok(w) = sh.word(ctl::HOST_DONE) {
             w.store(1, Ordering::Release);
         }
-        self.sh.force_wake(ctl::GUEST_BELL);
+        peer.force_wake();
     }
 }
 
@@ -478,6 +428,8 @@ impl HostEnd {
 #[derive(Clone)]
 pub struct Closer {
     sh: Shared,
+    /// The guest's bell, rung by a close (a VM guest's port; `None`: the futex word).
+    guest: Option<Arc<dyn virtsoc_proto::ring::Doorbell>>,
 }
 
 impl Closer {
@@ -492,20 +444,39 @@ impl Closer {
                     slot_size: SLOT_SIZE,
                 },
             },
+            guest: None,
         }
+    }
+
+    /// A close also rings `bell`, the guest's (a VM guest's port), besides its futex word.
+    pub fn ringing(mut self, bell: Arc<dyn virtsoc_proto::ring::Doorbell>) -> Self {
+        self.guest = Some(bell);
+        self
     }
 
     /// Marks the channel closed with `code` (unless it is closed already) and wakes both
     /// ends.
     pub fn close(&self, code: u32) {
         self.sh.mark_closed(code);
-        self.sh.force_wake(ctl::HOST_BELL);
-        self.sh.force_wake(ctl::GUEST_BELL);
+        force_wake(&self.sh, ctl::HOST_BELL);
+        force_wake(&self.sh, ctl::GUEST_BELL);
+        if let Some(b) = &self.guest {
+            b.force_wake();
+        }
     }
 
-    /// Rings the host's doorbell (its thread re-checks its interrupt flag).
+    /// Rings the host's doorbell (its thread re-checks its interrupt flag). The host's end
+    /// always sleeps on its futex word, whatever the guest (a VM's port reader rings it too).
     pub fn wake_host(&self) {
-        self.sh.force_wake(ctl::HOST_BELL);
+        force_wake(&self.sh, ctl::HOST_BELL);
+    }
+}
+
+/// Bumps the futex word at `bell` and wakes its sleepers.
+fn force_wake(sh: &Shared, bell: u64) {
+    if let Ok(w) = sh.word(bell) {
+        w.fetch_add(1, Ordering::SeqCst);
+        let _ = rustix::thread::futex::wake(w, rustix::thread::futex::Flags::empty(), u32::MAX);
     }
 }
 
@@ -514,17 +485,29 @@ pub struct GuestEnd {
     sh: Shared,
     req_tail: u32,
     resp_head: u32,
-    spin: AdaptiveSpin,
+    bells: Bells,
 }
 
 impl GuestEnd {
     /// Lays out a fresh channel at window offset `base` (zeroing its control block and
-    /// rings) and returns the guest's end.
+    /// rings) and returns the guest's end, with futex doorbells (a process guest).
     pub fn create(
         win: Arc<SharedWindow>,
         base: u64,
         layout: ChannelLayout,
         spins: u32,
+    ) -> Result<Self> {
+        win.check(base, CONTROL)?;
+        let bells = Bells::guest_futex(&win, base, spins)?;
+        Self::create_with(win, base, layout, bells)
+    }
+
+    /// [`create`](Self::create) with doorbells of the caller's (a VM guest's port).
+    pub fn create_with(
+        win: Arc<SharedWindow>,
+        base: u64,
+        layout: ChannelLayout,
+        bells: Bells,
     ) -> Result<Self> {
         layout.validate()?;
         win.check(base, layout.size())?;
@@ -540,7 +523,7 @@ impl GuestEnd {
             sh,
             req_tail: 0,
             resp_head: 0,
-            spin: AdaptiveSpin::new(spins),
+            bells,
         })
     }
 
@@ -568,7 +551,7 @@ impl GuestEnd {
             e,
         )?;
         if ok {
-            self.sh.notify(ctl::HOST_BELL, ctl::HOST_SLEEPING);
+            self.bells.peer.notify();
         }
         Ok(ok)
     }
@@ -589,15 +572,11 @@ impl GuestEnd {
             if self.sh.closed() {
                 return Err(ServiceError::Closed);
             }
-            if !self.sh.wait(
-                &self.spin,
-                ctl::RESP_TAIL,
-                self.resp_head,
-                ctl::GUEST_BELL,
-                ctl::GUEST_SLEEPING,
-                timeout,
-                None,
-            )? {
+            let (sh, head) = (&self.sh, self.resp_head);
+            if !self.bells.own.wait(
+                &mut || sh.ready(ctl::RESP_TAIL, head) || sh.closed(),
+                Some(timeout),
+            ) {
                 return Ok(None);
             }
         }
@@ -606,7 +585,7 @@ impl GuestEnd {
     /// Marks the channel closed and wakes the host.
     pub fn close(&self) {
         self.sh.mark_closed(closed::BY_GUEST);
-        self.sh.force_wake(ctl::HOST_BELL);
+        self.bells.peer.force_wake();
     }
 
     /// Why the channel was closed ([`closed`]; 0 while open).
@@ -618,33 +597,13 @@ impl GuestEnd {
     /// ([`HostEnd::finish`]): after a close, before the region is freed, so that no host
     /// thread still in the channel touches memory the region's range is reused for.
     pub fn wait_host_done(&self, timeout: Duration) -> bool {
-        let (Ok(done), Ok(bell)) = (self.sh.word(ctl::HOST_DONE), self.sh.word(ctl::GUEST_BELL))
-        else {
+        let Ok(done) = self.sh.word(ctl::HOST_DONE) else {
             return false;
         };
-        let deadline = Instant::now() + timeout;
-        loop {
-            let seen = bell.load(Ordering::SeqCst);
-            if done.load(Ordering::Acquire) != 0 {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            let ts = rustix::thread::futex::Timespec {
-                tv_sec: left.as_secs() as i64,
-                tv_nsec: left.subsec_nanos() as i64,
-            };
-            // The host's finish bumps the bell after setting the word; EAGAIN, EINTR and
-            // ETIMEDOUT all lead back to the checks.
-            let _ = rustix::thread::futex::wait(
-                bell,
-                rustix::thread::futex::Flags::empty(),
-                seen,
-                Some(&ts),
-            );
-        }
+        // The host's finish rings this end's bell after setting the word.
+        self.bells
+            .own
+            .wait(&mut || done.load(Ordering::Acquire) != 0, Some(timeout))
     }
 
     /// The window the channel lives in.
