@@ -132,12 +132,15 @@ impl ServiceDevice {
         let service = virtsoc_services::unpack_name(name)
             .ok_or_else(|| cx.fail(Status::BadArgument, "service name: 1-16 ASCII characters"))?;
         let guest = cx.guest;
-        if let Some(t @ ("vm" | "tcp")) = self.transport(guest) {
-            // A channel's doorbells are futexes in the shared window: a VM's kernel and a
-            // remote guest's copy of the window cannot ring them.
+        if self.transport(guest) == Some("tcp") {
+            // A remote guest's window is a copy the transport keeps in step at its accesses'
+            // ends: the channel's rings and slots, written while the access stays open, would
+            // need to travel both ways on their own (see docs/services.md).
             return Err(cx.fail(
                 Status::NotSupported,
-                format!("host service channels need a process guest (this one is a {t} guest)"),
+                "host service channels need a process or VM guest: a remote (tcp) guest's \
+                 window is a copy, and the remote transport does not carry a channel's rings \
+                 and slots",
             ));
         }
         let n = self
@@ -200,7 +203,22 @@ impl ServiceDevice {
             .svm
             .guest_window(guest)
             .map_err(|_| cx.fail(Status::Internal, "no window for this guest"))?;
-        HostEnd::attach(win, at, meta.size, SPINS).map_err(|e| fail(cx, &e))
+        let end = match self.vm_port(guest) {
+            Some(port) => port
+                .channel_bells(at, SPINS)
+                .and_then(|bells| HostEnd::attach_with(win, at, meta.size, bells)),
+            None if self.transport(guest) == Some("vm") => {
+                return Err(cx.fail(Status::Closed, "this VM guest's port is not served here"))
+            }
+            None => HostEnd::attach(win, at, meta.size, SPINS),
+        };
+        end.map_err(|e| fail(cx, &e))
+    }
+
+    /// A VM guest's port (its channels ring over it), `None` for other guests.
+    fn vm_port(&self, guest: GuestId) -> Option<Arc<crate::vm::GuestPort>> {
+        let d = self.daemon.get().and_then(Weak::upgrade)?;
+        d.restart().vm_ports.guest_port(guest)
     }
 
     /// Starts the thread of channel `id` (in the table, not served yet) on `end`.
@@ -239,8 +257,12 @@ impl ServiceDevice {
             .map_err(|_| cx.fail(Status::OutOfMemory, "cannot start the channel's thread"))?;
         match self.channels.lock_or_recover().get_mut(&id) {
             Some(o) => {
+                let closer = match self.vm_port(guest) {
+                    Some(port) => Closer::new(win, at).ringing(port.ringer(at)),
+                    None => Closer::new(win, at),
+                };
                 o.serving = Some(Serving {
-                    closer: Closer::new(win, at),
+                    closer,
                     ctl,
                     _thread: thread,
                 })

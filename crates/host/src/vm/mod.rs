@@ -34,8 +34,11 @@ use virtsoc_proto::ring::Doorbell;
 use virtsoc_proto::{SharedWindow, WindowLayout};
 use virtsoc_sync::{EventCount, LockExt};
 
+mod bells;
 mod port;
 
+pub use bells::GuestPort;
+use bells::PortRinger;
 pub use port::{adopt, send_port, serve_again, take, Handed, PortCtl, VmPort, VmPorts};
 use port::{next_byte, Wake};
 
@@ -143,6 +146,8 @@ pub struct Current {
     session: Arc<Session>,
     runner: std::thread::JoinHandle<()>,
     bell: Arc<EventCount>,
+    /// The port as the guest's service channels use it.
+    port: Arc<GuestPort>,
     /// Its welcome and resume secret (a hello repeated with that secret is answered again).
     welcome: Reply,
     secret: Option<String>,
@@ -204,7 +209,10 @@ pub(super) fn serve_vm(
     };
     let mut cur: Option<Current> = current;
     if let Some(c) = &cur {
-        daemon.restart().vm_ports.set(c.session.guest_id(), ctl);
+        daemon
+            .restart()
+            .vm_ports
+            .set(c.session.guest_id(), ctl, &c.port);
     }
     loop {
         let byte = match next_byte(&mut stream, ctl) {
@@ -244,6 +252,7 @@ pub(super) fn serve_vm(
             MSG_BELL => {
                 if let Some(c) = &cur {
                     c.bell.notify();
+                    c.port.wake_channels();
                 }
             }
             MSG_BYE => {
@@ -279,7 +288,10 @@ pub(super) fn serve_vm(
                 };
                 match start_session(daemon, cfg, window, &writer, hello) {
                     Ok(c) => {
-                        daemon.restart().vm_ports.set(c.session.guest_id(), ctl);
+                        daemon
+                            .restart()
+                            .vm_ports
+                            .set(c.session.guest_id(), ctl, &c.port);
                         cur = Some(c);
                     }
                     // A migration that did not commit: no answer, the source answers.
@@ -326,6 +338,7 @@ fn start_session(
         Box::new(PortRinger {
             window: window.clone(),
             port: writer.clone(),
+            sleeping: CONTROL_OFFSET + ctl::GUEST_SLEEPING,
         }),
         Box::new(|| {}),
     );
@@ -394,6 +407,7 @@ fn start_session(
         session,
         runner,
         bell,
+        port: GuestPort::new(writer.clone(), window.clone()),
         welcome,
         secret,
     })
@@ -442,41 +456,6 @@ impl Doorbell for EventBell {
                 return false;
             }
         }
-    }
-}
-
-/// The guest's bell seen from the host: a byte on the port when the guest sleeps.
-struct PortRinger {
-    window: Arc<SharedWindow>,
-    port: Arc<Mutex<UnixStream>>,
-}
-
-impl PortRinger {
-    fn ring(&self) {
-        let _ = self.port.lock_or_recover().write_all(&[MSG_BELL]);
-    }
-}
-
-impl Doorbell for PortRinger {
-    fn notify(&self) {
-        fence(Ordering::SeqCst);
-        let sleeping = self
-            .window
-            .atomic_u32(CONTROL_OFFSET + ctl::GUEST_SLEEPING)
-            .map(|f| f.load(Ordering::SeqCst) != 0)
-            .unwrap_or(true);
-        if sleeping {
-            self.ring();
-        }
-    }
-
-    fn force_wake(&self) {
-        self.ring();
-    }
-
-    fn wait(&self, ready: &mut dyn FnMut() -> bool, _timeout: Option<Duration>) -> bool {
-        // The host never sleeps on the guest's bell.
-        ready()
     }
 }
 

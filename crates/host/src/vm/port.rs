@@ -15,7 +15,7 @@ use virtsoc_svm::GuestId;
 use virtsoc_proto::{SharedWindow, WindowLayout};
 use virtsoc_sync::{CondvarExt, LockExt};
 
-use super::{serve_vm, Current, VmConfig};
+use super::{serve_vm, Current, GuestPort, VmConfig};
 use crate::daemon::Daemon;
 use crate::{HostError, Result};
 
@@ -81,13 +81,16 @@ impl PortCtl {
     }
 }
 
-/// The port reading thread of each VM guest being served, by guest id.
+/// The port reading thread of each VM guest being served, and its port as the guest's
+/// service channels use it, by guest id.
 #[derive(Default)]
-pub struct VmPorts(Mutex<HashMap<GuestId, Arc<PortCtl>>>);
+pub struct VmPorts(Mutex<HashMap<GuestId, (Arc<PortCtl>, Arc<GuestPort>)>>);
 
 impl VmPorts {
-    pub(super) fn set(&self, guest: GuestId, ctl: &Arc<PortCtl>) {
-        self.0.lock_or_recover().insert(guest, ctl.clone());
+    pub(super) fn set(&self, guest: GuestId, ctl: &Arc<PortCtl>, port: &Arc<GuestPort>) {
+        self.0
+            .lock_or_recover()
+            .insert(guest, (ctl.clone(), port.clone()));
     }
 
     pub(super) fn unset(&self, guest: GuestId) {
@@ -95,7 +98,13 @@ impl VmPorts {
     }
 
     fn get(&self, guest: GuestId) -> Option<Arc<PortCtl>> {
-        self.0.lock_or_recover().get(&guest).cloned()
+        self.0.lock_or_recover().get(&guest).map(|(c, _)| c.clone())
+    }
+
+    /// VM guest `guest`'s port, for its service channels (`None`: not a VM guest served
+    /// here now).
+    pub fn guest_port(&self, guest: GuestId) -> Option<Arc<GuestPort>> {
+        self.0.lock_or_recover().get(&guest).map(|(_, p)| p.clone())
     }
 }
 
