@@ -151,9 +151,9 @@ pub struct Connection {
     origin: Mutex<Option<(std::path::PathBuf, ConnectOptions)>>,
     /// The secret that resumes this session elsewhere (from the welcome).
     resume: Mutex<Option<String>>,
-    /// A VM guest's virtio-serial port (it stays open across reconnects: one opener at a
-    /// time).
-    pub(crate) vm_port: Mutex<Option<Arc<std::fs::File>>>,
+    /// A VM guest's virtio-serial port and its one reader (it stays open across
+    /// reconnects: one opener at a time).
+    pub(crate) vm_port: Mutex<Option<Arc<crate::vm::PortHub>>>,
     /// Reconnect by itself for this long when the daemon goes away (`None`: never).
     auto_reconnect: Mutex<Option<Duration>>,
     /// One reconnect at a time.
@@ -267,7 +267,7 @@ impl Connection {
         &mut self,
         origin: String,
         opts: &ConnectOptions,
-        port: Arc<std::fs::File>,
+        port: Arc<crate::vm::PortHub>,
         resume: Option<String>,
     ) {
         self.origin = Mutex::new(Some((origin.into(), opts.clone())));

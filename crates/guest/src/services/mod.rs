@@ -530,6 +530,12 @@ fn lay_out(conn: &Connection, region: u64, layout: ChannelLayout) -> Result<(u64
         .ptr
         .map(|p| (p.as_ptr() as usize).wrapping_sub(win.base_ptr() as usize) as u64)
         .ok_or_else(|| GuestError::BadArgument("no CPU pointer for the channel".into()))?;
-    let end = GuestEnd::create(win, at, layout, SPINS).map_err(svc_err)?;
+    // A VM guest's channel rings over its port, whose one reader wakes the channel's waits.
+    let port = conn.vm_port.lock().clone();
+    let bells = match port {
+        Some(port) => port.channel_bells(&win, at, SPINS)?,
+        None => chan::Bells::guest_futex(&win, at, SPINS).map_err(svc_err)?,
+    };
+    let end = GuestEnd::create_with(win, at, layout, bells).map_err(svc_err)?;
     Ok((at, end))
 }
