@@ -227,6 +227,18 @@ pub(crate) enum DebugCmd {
         #[arg(long, default_value_t = 20.0)]
         seconds: f64,
     },
+    /// Calls each host service (geo, sensor, clipboard, bulk) over channels of its own and
+    /// prints what it got as JSON (the VM test runs it inside a VM).
+    Services {
+        #[arg(long)]
+        socket: String,
+        /// Text the guest puts on the clipboard.
+        #[arg(long, default_value = "from the guest")]
+        clipboard: String,
+        /// Bytes of the bulk transfer (in 64 KiB packets).
+        #[arg(long, default_value_t = 1 << 20)]
+        size: u64,
+    },
 }
 
 /// `virtsoc run`: a scenario, its size and rate, how it is measured and saved.

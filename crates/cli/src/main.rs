@@ -153,5 +153,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     seconds,
                 },
         } => keep::run(&socket, regions, size, seconds),
+        Cmd::Debug {
+            which:
+                DebugCmd::Services {
+                    socket,
+                    clipboard,
+                    size,
+                },
+        } => bench_services::probe::run(&socket, &clipboard, size).map(|v| println!("{v}")),
     }
 }

@@ -1,5 +1,5 @@
 //! VM guests under QEMU (TCG): the guest library inside a real VM reaches the host daemon
-//! through an ivshmem BAR and a virtio-serial port. Skipped, loudly, only when QEMU is absent.
+//! (its devices and its host services) through an ivshmem BAR and a virtio-serial port. Skipped, loudly, only when QEMU is absent.
 
 mod common;
 
@@ -80,6 +80,81 @@ fn a_vm_guest_runs_the_svm_benchmark_against_the_host_daemon() {
         assert_eq!(r["corrupt_frames"], 0, "{r}");
         assert_eq!(r["frames"], 8, "{r}");
     }
+    d.expect_log("VM vm0 disconnected");
+}
+
+fn ctl(d: &Daemon, args: &[&str]) -> String {
+    let s = d.socket().to_string_lossy().into_owned();
+    let mut all = vec!["ctl", "--socket", s.as_str()];
+    all.extend_from_slice(args);
+    common::virtsoc(&all)
+}
+
+/// A VM guest opens host service channels (their doorbells ring over the VM's port) and
+/// calls geo, sensor, clipboard and bulk, the sensor's samples (the guest sleeps until the
+/// host's answer) while a bulk transfer of 16 packets runs on another channel: every answer
+/// is the host's, every byte checked.
+#[test]
+fn a_vm_guest_calls_the_host_services_over_channels() {
+    if !qemu_present() {
+        return;
+    }
+    let (d, shm, sock) = vm_daemon("services");
+    ctl(&d, &["geo", "fix", "-122.084", "37.422", "12"]);
+    ctl(&d, &["sensor", "set", "accelerometer", "0.5:-1:9.7"]);
+    ctl(&d, &["clipboard", "set", "from", "the", "host"]);
+    let size = 1u64 << 20;
+    let out = vm_run(
+        &shm,
+        &sock,
+        &[
+            "debug",
+            "services",
+            "--socket",
+            "vm",
+            "--clipboard",
+            "from the VM",
+            "--size",
+            &size.to_string(),
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("JSON from the guest");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["geo"]["lon"], -122.084, "{v}");
+    assert_eq!(v["geo"]["lat"], 37.422, "{v}");
+    assert_eq!(v["geo"]["alt"], 12.0, "{v}");
+    assert!(v["nmea"].as_str().unwrap().contains("GGA"), "{v}");
+    assert_eq!(
+        v["sensor"]["accelerometer"],
+        serde_json::json!([0.5, -1.0, 9.7])
+    );
+    let seqs: Vec<u64> = serde_json::from_value(v["sensor"]["samples"].clone()).unwrap();
+    assert!(
+        seqs.len() == 3 && seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "samples numbered in order: {v}"
+    );
+    assert_eq!(v["clipboard"]["before"], "from the host", "{v}");
+    assert_eq!(v["clipboard"]["after"], "from the VM", "{v}");
+    assert!(ctl(&d, &["clipboard", "get"]).contains("from the VM"));
+    let b = &v["bulk"];
+    assert_eq!(b["echo_ok"], true, "{v}");
+    assert_eq!(b["packets"], 16, "{v}");
+    let want: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    assert_eq!(b["sink"]["len"], size, "{v}");
+    assert_eq!(b["sink"]["crc"], crc32fast::hash(&want), "{v}");
+    assert_eq!(b["drain"]["len"], size, "{v}");
+    assert_eq!(b["drain"]["sum"], b["drain"]["want_sum"], "{v}");
     d.expect_log("VM vm0 disconnected");
 }
 

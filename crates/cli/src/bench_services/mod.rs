@@ -1,6 +1,7 @@
 //! `virtsoc bench services`: bandwidth and round trip of a host service channel (issue 29)
 //! beside the daemon's own ring, a Unix socket and TCP loopback, in one run, with 1 to N
-//! channels, from process guests.
+//! channels, from a process guest, or from a VM guest when it runs inside the VM with
+//! `--socket vm` (rows with `guest` = `vm`).
 //!
 //! Every kind moves, per transfer, `size` bytes that sit in the sender's memory to the
 //! receiver, which reads each of them once:
@@ -28,6 +29,7 @@
 //! service's sum of the payload's words) and not timed.
 
 pub mod chart;
+pub mod probe;
 pub mod soak;
 
 use std::time::Instant;
@@ -56,7 +58,8 @@ pub struct Row {
     /// through the channel's slots). Absent for the other kinds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<String>,
-    /// `process`.
+    /// `process`, or `vm` when the bench runs inside a VM guest (`--socket vm`: every kind
+    /// then runs in the VM, its sockets the VM kernel's).
     pub guest: String,
     /// Channels running at once.
     pub channels: u32,
@@ -209,7 +212,7 @@ fn service_row(
     Ok(Row {
         channel: "service".into(),
         payload: Some(payload.name().into()),
-        guest: "process".into(),
+        guest: guest_kind(&endpoint.target).into(),
         channels: n,
         bandwidth_gbps: bw / 1e9,
         rtt_us: P50P99::of(&rtt.unwrap_or_default()),
@@ -260,11 +263,22 @@ fn baseline_row(
     Ok(Row {
         channel: name.into(),
         payload: None,
-        guest: "process".into(),
+        guest: guest_kind(&endpoint.target).into(),
         channels: n,
         bandwidth_gbps: bw,
         rtt_us,
     })
+}
+
+/// The kind of guest a bench of `target` runs as.
+fn guest_kind(target: &str) -> &'static str {
+    if target == "vm" || target.starts_with("vm:") {
+        "vm"
+    } else if target.starts_with("tcp:") {
+        "remote"
+    } else {
+        "process"
+    }
 }
 
 /// Runs every channel kind with 1..=`max_channels` channels.
