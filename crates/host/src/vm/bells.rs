@@ -178,3 +178,66 @@ impl Doorbell for Registered {
         self.bell.wait(ready, timeout)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::sync::atomic::AtomicBool;
+
+    use virtsoc_proto::WindowLayout;
+
+    use super::*;
+
+    /// The guest's port reader wakes a channel's host end asleep on its futex word (the
+    /// guest's kernel cannot), the host end rings the guest over the port only when the
+    /// guest sleeps, and a channel whose host end is done is no longer touched.
+    #[test]
+    fn a_guest_bell_wakes_its_sleeping_channels_and_only_registered_ones() {
+        let l = WindowLayout::new(1 << 20, 4, 4).unwrap();
+        let w = Arc::new(SharedWindow::create_memfd("vm-bells", l).unwrap());
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        let port = GuestPort::new(Arc::new(Mutex::new(host)), w.clone());
+        let base = 64 << 10;
+        let b = port.channel_bells(base, 0).unwrap();
+        assert_eq!(port.channels(), 1);
+        let go = Arc::new(AtomicBool::new(false));
+        let (tx, woke) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn({
+            let go = go.clone();
+            move || {
+                // No time limit: only a wake-up ends the wait.
+                let r = b.own.wait(&mut || go.load(Ordering::SeqCst), None);
+                let _ = tx.send(r);
+                b
+            }
+        });
+        let flag = w.atomic_u32(bells::host_bell(base).sleeping).unwrap();
+        while flag.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        go.store(true, Ordering::SeqCst);
+        port.wake_channels();
+        // Far longer than a wake-up takes: still asleep then, it slept through it.
+        assert_eq!(woke.recv_timeout(Duration::from_secs(30)), Ok(true));
+        let b = sleeper.join().unwrap();
+        // The host rings the guest's bell only while the guest sleeps.
+        b.peer.notify();
+        w.atomic_u32(bells::guest_bell(base).sleeping)
+            .unwrap()
+            .store(1, Ordering::SeqCst);
+        b.peer.notify();
+        let mut byte = [0u8; 1];
+        guest.read_exact(&mut byte).unwrap();
+        assert_eq!(byte[0], MSG_BELL);
+        guest.set_nonblocking(true).unwrap();
+        assert!(guest.read(&mut byte).is_err(), "one byte, not two");
+        // Done with: unregistered; the guest's bells touch nothing of it.
+        drop(b);
+        assert_eq!(port.channels(), 0);
+        let word = w.atomic_u32(bells::host_bell(base).word).unwrap();
+        let before = word.load(Ordering::SeqCst);
+        flag.store(1, Ordering::SeqCst);
+        port.wake_channels();
+        assert_eq!(word.load(Ordering::SeqCst), before);
+    }
+}

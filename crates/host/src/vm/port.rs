@@ -84,7 +84,10 @@ impl PortCtl {
 /// The port reading thread of each VM guest being served, and its port as the guest's
 /// service channels use it, by guest id.
 #[derive(Default)]
-pub struct VmPorts(Mutex<HashMap<GuestId, (Arc<PortCtl>, Arc<GuestPort>)>>);
+pub struct VmPorts(Mutex<HashMap<GuestId, Served>>);
+
+/// A served VM guest's port reader and its port as its channels use it.
+type Served = (Arc<PortCtl>, Arc<GuestPort>);
 
 impl VmPorts {
     pub(super) fn set(&self, guest: GuestId, ctl: &Arc<PortCtl>, port: &Arc<GuestPort>) {
