@@ -224,8 +224,10 @@ int virtsoc_fence_wait_cpu(virtsoc_conn *c, uint64_t fence, uint32_t timeout_ms,
 /* Host services (issue 29): a channel to a service the daemon hosts ("geo", "sensor",
  * "clipboard", "bulk"), with its own rings in a region of the connection's window. Calls go
  * through the channel, not the connection's ring. Errors: PERMISSION_DENIED (the services
- * policy), NOT_SUPPORTED (no such service), the service's status otherwise (the reason in
- * virtsoc_last_error). The names are virtsoc_channel_*: virtsoc_service_open and
+ * policy), NOT_SUPPORTED (no such service, or a remote guest: process and VM guests have
+ * channels), the service's status otherwise (the reason in virtsoc_last_error). A VM
+ * guest's channels ring over its virtio-serial port, read by one thread of the library per
+ * connection. The names are virtsoc_channel_*: virtsoc_service_open and
  * virtsoc_service_close are the service device's raw commands in the generated
  * virtsoc_devices.h. */
 typedef struct virtsoc_channel virtsoc_channel;
