@@ -117,10 +117,6 @@ impl Parse {
                 _ => {}
             }
         }
-        if let Parse::Body { want: 0, .. } = self {
-            out.replies.push(Some(Vec::new()));
-            *self = Parse::Idle;
-        }
     }
 }
 
