@@ -370,7 +370,7 @@ pub(crate) struct TransportArgs {
 /// `virtsoc bench services`: channels, sizes, the soak, chart.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServicesArgs {
-    /// Daemon to use (a Unix socket path); default: start one.
+    /// Daemon to use (a Unix socket path, or vm inside a VM guest); default: start one.
     #[arg(long)]
     pub(crate) socket: Option<String>,
     /// Most channels at once (rows for 1..=N).
@@ -395,6 +395,11 @@ pub(crate) struct ServicesArgs {
     /// Also draw the comparison's bandwidths and round trips as an SVG chart here.
     #[arg(long)]
     pub(crate) chart: Option<std::path::PathBuf>,
+    /// Also boot a VM guest from this image (`scripts/build-guest-image.sh`; TCG) that
+    /// runs the comparison with one channel: its rows (`"guest": "vm"`: the service and the
+    /// ring) come after the process guest's.
+    #[arg(long)]
+    pub(crate) vm_image: Option<std::path::PathBuf>,
 }
 
 /// `virtsoc bench svm`: protocols, orderings, the pipeline's shape, a trace to replay.

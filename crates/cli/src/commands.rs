@@ -173,9 +173,13 @@ fn bench_services_cmd(a: ServicesArgs) -> Result<(), CliError> {
         }
         return Ok(());
     }
-    let r = with_daemon(a.socket, false, |e| {
+    let mut r = with_daemon(a.socket, false, |e| {
         bench_services::run(e, a.channels, a.round_trips, a.size, a.reps)
     })?;
+    if let Some(image) = &a.vm_image {
+        let vm = bench_services::vm_rows(image, a.round_trips, a.size, a.reps)?;
+        r.rows.extend(vm);
+    }
     if let Some(path) = &a.chart {
         bench_services::chart::write(&r, path)?;
     }

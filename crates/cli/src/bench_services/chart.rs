@@ -12,9 +12,13 @@ use crate::CliError;
 
 /// A row's kind as the legend names it.
 fn kind(r: &Row) -> String {
-    match &r.payload {
+    let k = match &r.payload {
         Some(p) => format!("{} ({p})", r.channel),
         None => r.channel.clone(),
+    };
+    match r.guest.as_str() {
+        "process" => k,
+        g => format!("{k}, {g} guest"),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `virtsoc bench services`: bandwidth and round trip of a host service channel (issue 29)
 //! beside the daemon's own ring, a Unix socket and TCP loopback, in one run, with 1 to N
 //! channels, from a process guest, or from a VM guest when it runs inside the VM with
-//! `--socket vm` (rows with `guest` = `vm`).
+//! `--socket vm` (rows with `guest` = `vm`: the service and the ring only).
 //!
 //! Every kind moves, per transfer, `size` bytes that sit in the sender's memory to the
 //! receiver, which reads each of them once:
@@ -31,6 +31,9 @@
 pub mod chart;
 pub mod probe;
 pub mod soak;
+mod vm;
+
+pub use vm::vm_rows;
 
 use std::time::Instant;
 
@@ -281,6 +284,16 @@ fn guest_kind(target: &str) -> &'static str {
     }
 }
 
+/// The kinds measured beside the service from a guest of `target`: inside a VM only the
+/// ring (the guest's image has no loopback network, and the VM kernel's own sockets say
+/// nothing of the way to the host).
+fn baselines(target: &str) -> &'static [&'static str] {
+    match guest_kind(target) {
+        "vm" => &["ring"],
+        _ => &["ring", "unix-socket", "tcp-loopback"],
+    }
+}
+
 /// Runs every channel kind with 1..=`max_channels` channels.
 pub fn run(
     endpoint: &Endpoint,
@@ -301,7 +314,7 @@ pub fn run(
         for p in [Payload::Region, Payload::Stream] {
             rows.push(service_row(endpoint, p, n, round_trips, size, reps)?);
         }
-        for name in ["ring", "unix-socket", "tcp-loopback"] {
+        for name in baselines(&endpoint.target) {
             rows.push(baseline_row(endpoint, name, n, round_trips, size, reps)?);
         }
     }
@@ -322,14 +335,14 @@ pub fn print_table(r: &Report) {
         r.bulk_bytes, r.round_trips, r.reps, r.load
     );
     println!(
-        "{:<14} {:>8} {:>11} {:>11} {:>12} {:>9} {:>9}",
+        "{:<19} {:>8} {:>11} {:>11} {:>12} {:>9} {:>9}",
         "channel", "channels", "rtt p50 us", "rtt p99 us", "bulk GB/s", "x ring", "x tcp"
     );
     for row in &r.rows {
         let of = |c: &str| {
             r.rows
                 .iter()
-                .find(|x| x.channel == c && x.channels == row.channels)
+                .find(|x| x.channel == c && x.channels == row.channels && x.guest == row.guest)
                 .map_or(0.0, |x| x.bandwidth_gbps)
         };
         let ratio = |c: &str| match of(c) {
@@ -340,8 +353,12 @@ pub fn print_table(r: &Report) {
             Some(p) => format!("{}/{p}", row.channel),
             None => row.channel.clone(),
         };
+        let name = match row.guest.as_str() {
+            "process" => name,
+            g => format!("{name} ({g})"),
+        };
         println!(
-            "{:<14} {:>8} {:>11.2} {:>11.2} {:>12.3} {:>9} {:>9}",
+            "{:<19} {:>8} {:>11.2} {:>11.2} {:>12.3} {:>9} {:>9}",
             name,
             row.channels,
             row.rtt_us.p50,
