@@ -5,7 +5,7 @@
 //! `0x01` to ring the host's doorbell and `0x04` when it leaves; the host answers the hello
 //! with `0x03` + a length-prefixed JSON reply and rings the guest with `0x01`. Doorbells are
 //! spin-then-sleep: a byte is written only when the other side announced that it sleeps.
-//! One thread per connection reads the port ([`hub`]) and wakes every sleeper of the
+//! One thread per connection reads the port (`vm/hub.rs`) and wakes every sleeper of the
 //! connection on each doorbell byte: the session ring's and those of its host service
 //! channels, which ring over the same port.
 //!

@@ -64,7 +64,7 @@ impl Doorbell for PortRinger {
 
 /// A VM guest's port as its service channels use it (`crate::services`): where the host
 /// rings the guest, and the host bells of the guest's open channels, which the port's
-/// reader wakes on each of the guest's doorbells ([`GuestPort::wake_channels`]).
+/// reader wakes on each of the guest's doorbells (`GuestPort::wake_channels`).
 pub struct GuestPort {
     writer: Arc<Mutex<UnixStream>>,
     window: Arc<SharedWindow>,
