@@ -226,6 +226,10 @@ pub(crate) enum DebugCmd {
         size: u64,
         #[arg(long, default_value_t = 20.0)]
         seconds: f64,
+        /// Also call the bulk and location services each round, over channels that follow
+        /// the session.
+        #[arg(long)]
+        services: bool,
     },
     /// Calls each host service (geo, sensor, clipboard, bulk) over channels of its own and
     /// prints what it got as JSON (the VM test runs it inside a VM).

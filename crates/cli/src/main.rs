@@ -151,8 +151,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     regions,
                     size,
                     seconds,
+                    services,
                 },
-        } => keep::run(&socket, regions, size, seconds),
+        } => keep::run(&socket, regions, size, seconds, services),
         Cmd::Debug {
             which:
                 DebugCmd::Services {

@@ -35,7 +35,8 @@ fn resumed_guest(d: &Daemon) -> u64 {
 }
 
 /// Two daemons, `a` serving a VM endpoint, `b` (with `b_fault`) none, both accepting
-/// migrations; a VM running `virtsoc debug keep` on `a`'s endpoint, ready.
+/// migrations; a VM running `virtsoc debug keep` on `a`'s endpoint (calling host services
+/// over channels too with `services`), ready.
 struct Setup {
     a: Daemon,
     b: Daemon,
@@ -45,9 +46,11 @@ struct Setup {
     out: BufReader<std::process::ChildStdout>,
     first: u64,
     token_file: PathBuf,
+    /// Regions the guest holds: its three, and one per channel.
+    regions: u64,
 }
 
-fn setup(tag: &str, b_fault: Option<&str>) -> Setup {
+fn setup(tag: &str, b_fault: Option<&str>, services: bool) -> Setup {
     let image = image();
     let dir = std::env::temp_dir();
     let tag = format!("{}-{tag}", std::process::id());
@@ -85,6 +88,7 @@ fn setup(tag: &str, b_fault: Option<&str>) -> Setup {
             "--seconds",
             "25",
         ])
+        .args(services.then_some("--services"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -111,12 +115,13 @@ fn setup(tag: &str, b_fault: Option<&str>) -> Setup {
         out,
         first,
         token_file,
+        regions: 3 + 2 * u64::from(services),
     }
 }
 
 impl Setup {
-    /// The guest's own verdict: every check of every region found its bytes.
-    fn check_report(self) {
+    /// The guest's own verdict: every check of every region found its bytes. Its report.
+    fn check_report(self) -> Value {
         let mut report = None;
         for l in self.out.lines().map_while(Result::ok) {
             if l.trim_start().starts_with('{') {
@@ -129,20 +134,25 @@ impl Setup {
         eprintln!("VM guest report: {r}");
         assert!(st.success(), "{r}");
         assert_eq!(r["bad"], 0, "{r}");
-        assert_eq!(r["regions"], 3, "{r}");
+        assert_eq!(r["regions"], self.regions, "{r}");
         // Three regions every 100 ms for 25 s (fewer under a loaded TCG): most came after
         // the moves, which happened within the first seconds.
         assert!(r["checks"].as_u64().unwrap() >= 30, "{r}");
+        // Its service calls (if any) all answered right: each bulk transfer counted once.
+        assert_eq!(r["service_bad"], 0, "{r}");
         std::fs::remove_file(&self.token_file).ok();
+        r
     }
 }
 
+/// The guest calls host services over two channels all along (a bulk transfer and a
+/// location read every round): its channels follow it there and back.
 #[test]
 fn a_vm_guest_migrates_there_and_back_with_its_regions() {
     if !qemu_present() {
         return;
     }
-    let s = setup("both", None);
+    let s = setup("both", None, true);
     // There: the VM's port moves to b, the guest resumes its session there.
     let t = Instant::now();
     let (status, v) = request_migration(&s.a, s.first, &format!("127.0.0.1:{}", s.pb), TOKEN);
@@ -165,7 +175,9 @@ fn a_vm_guest_migrates_there_and_back_with_its_regions() {
         "VM guest migrated b -> a: {v}, resumed {} ms after the request",
         t.elapsed().as_millis()
     );
-    s.check_report();
+    let r = s.check_report();
+    // Calls on the channels before, between and after the moves (two a round).
+    assert!(r["service_calls"].as_u64().unwrap() >= 20, "{r}");
 }
 
 /// The target dies when the guest said hello to it, after it took the VM's port and
@@ -176,7 +188,7 @@ fn a_vm_guest_goes_on_at_its_source_when_the_target_dies_before_confirming() {
     if !qemu_present() {
         return;
     }
-    let mut s = setup("fault", Some("resume"));
+    let mut s = setup("fault", Some("resume"), false);
     let (status, v) = request_migration(&s.a, s.first, &format!("127.0.0.1:{}", s.pb), TOKEN);
     assert_eq!(status, 200, "handed over: {v}");
     let st = s.b.child.wait().unwrap();
