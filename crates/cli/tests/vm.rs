@@ -158,6 +158,75 @@ fn a_vm_guest_calls_the_host_services_over_channels() {
     d.expect_log("VM vm0 disconnected");
 }
 
+/// A VM that floods its port with doorbells (the test plays QEMU's end of the port: a
+/// session, no channel of its own) holds up neither another guest's host service channels
+/// nor the daemon. Needs no QEMU.
+#[test]
+fn a_vm_flooding_its_port_with_bells_does_not_hold_up_other_guests_channels() {
+    use std::io::{Read, Write};
+    use virtsoc_guest::services::Bulk;
+    use virtsoc_proto::handshake::{Hello, PROTOCOL_VERSION};
+
+    let (mut d, _shm, sock) = vm_daemon("flood");
+    let mut port = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let hello = serde_json::to_vec(&Hello {
+        protocol: PROTOCOL_VERSION,
+        name: "flood".into(),
+        window_size: 64 << 20,
+        sq_entries: 64,
+        cq_entries: 64,
+        token: None,
+        coherence: None,
+        resume: None,
+    })
+    .unwrap();
+    let mut msg = vec![2u8];
+    msg.extend_from_slice(&(hello.len() as u32).to_le_bytes());
+    msg.extend_from_slice(&hello);
+    port.write_all(&msg).unwrap();
+    let mut b = [0u8; 1];
+    while b[0] != 3 {
+        port.read_exact(&mut b).unwrap();
+    }
+    let mut len = [0u8; 4];
+    port.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    port.read_exact(&mut body).unwrap();
+    let reply: virtsoc_proto::handshake::Reply = serde_json::from_slice(&body).unwrap();
+    assert!(
+        matches!(reply, virtsoc_proto::handshake::Reply::Welcome { .. }),
+        "{reply:?}"
+    );
+    d.expect_log("VM vm0 guest");
+    // 1 MiB of doorbells while a process guest calls a service over a channel.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let calls = std::thread::scope(|s| {
+        s.spawn(|| {
+            let bells = vec![1u8; 64 << 10];
+            for _ in 0..16 {
+                port.write_all(&bells).unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        let c = common::connect(&d);
+        let mut bulk = Bulk::open(&c, 4).unwrap();
+        let data: Vec<u8> = (0..(256u32 << 10)).map(|i| (i * 7) as u8).collect();
+        let mut calls = 0;
+        while calls < 20 || !done.load(std::sync::atomic::Ordering::SeqCst) {
+            assert_eq!(bulk.echo(&data[..4096]).unwrap(), &data[..4096]);
+            let (crc, n) = bulk.sink(&data).unwrap();
+            assert_eq!((crc, n), (crc32fast::hash(&data), data.len() as u64));
+            calls += 1;
+        }
+        bulk.0.close().unwrap();
+        calls
+    });
+    eprintln!("{calls} rounds of the process guest's calls during the flood");
+    assert!(d.alive());
+    drop(port);
+    d.expect_log("VM vm0 disconnected");
+}
+
 #[test]
 fn a_vm_guest_runs_a_camera_scenario_through_the_host_devices() {
     if !qemu_present() {
