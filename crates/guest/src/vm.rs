@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtsoc_proto::handshake::Reply;
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET};
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::SharedWindow;
 
 use crate::conn::handshake::Handshake;

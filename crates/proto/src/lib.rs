@@ -23,11 +23,6 @@ pub mod stream;
 pub mod window_layout;
 pub mod wire;
 
-/// The old path of [`window_layout`], kept while the VM transport (`host/src/vm/`,
-/// `guest/src/vm.rs`) still names it.
-#[doc(hidden)]
-pub use window_layout as layout;
-
 pub use shared_window::SharedWindow;
 pub use window_layout::WindowLayout;
 pub use wire::{AccessMode, Completion, DeviceId, Opcode, Request, Status};

@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use virtsoc_proto::handshake::{Hello, Reply, MAX_FRAME};
-use virtsoc_proto::layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET, PAGE};
 use virtsoc_proto::ring::Doorbell;
+use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET, FENCE_PAGE_OFFSET, PAGE};
 use virtsoc_proto::{SharedWindow, WindowLayout};
 use virtsoc_sync::{EventCount, LockExt};
 
