@@ -133,7 +133,8 @@ fn gles_scenarios_draw_and_present() {
 }
 
 /// `--breakdown`: the atomic gles-video guest finishes and times every stage of a frame, in
-/// the frame's order; asking it of fence ordering (where stages overlap) is refused.
+/// the frame's order (with `--compare`, the atomic rows); asking it of fence ordering alone
+/// (where stages overlap) is refused.
 #[test]
 fn gles_video_breaks_each_frame_into_its_stages() {
     let d = Daemon::start(&["--display-sink", "crc"]);
@@ -165,6 +166,24 @@ fn gles_video_breaks_each_frame_into_its_stages() {
     );
     for s in &stages {
         assert!(s[1].as_f64().unwrap() > 0.0, "every stage took time: {s}");
+    }
+    // With --compare the atomic rows are timed and the fence rows run as they always do.
+    let rows = virtsoc(&[
+        "run",
+        "gles-video",
+        "--compare",
+        "--breakdown",
+        "--seconds",
+        "0.6",
+        "--resolution",
+        "360p",
+        "--json",
+    ]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&rows).unwrap();
+    assert_eq!(rows.len(), 6);
+    for r in &rows {
+        let timed = r["stages_ms"].as_array().is_some_and(|s| s.len() == 6);
+        assert_eq!(timed, r["ordering"] == "atomic", "{r}");
     }
     let out = common::virtsoc_cmd()
         .args([

@@ -70,7 +70,8 @@ pub fn run(
     .stderr(Stdio::inherit());
     // The guest ends with this process (a bench may kill it before its time is up).
     crate::bench_gles::env::die_with_parent(&mut cmd);
-    if x.breakdown {
+    // Only an atomic guest times its stages (with `--compare`, the fence modes run plain).
+    if x.breakdown && o.ordering == OrderingMode::Atomic {
         cmd.arg("--breakdown");
     }
     if let Some(pid) = daemon_pid {
