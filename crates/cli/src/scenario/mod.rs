@@ -292,7 +292,14 @@ pub(crate) fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
 pub struct Common {
     pub(super) frames_in: u64,
     pub(super) late_drops: u64,
+    /// When the measured run started: its duration and every rate are taken from here.
     pub(super) t0: Instant,
+    /// The frame schedule's origin (frame `i` starts `i` periods after it). A late frame
+    /// and the vsync alignment move it; they never move `t0`, which measures the run (when
+    /// they did, a pipeline slower than the frame rate ran past `--seconds` while its rates
+    /// were divided by the shortened span: uhd-video's realistic clip ran 9.3 s reported as
+    /// 3.0 s, presenting 11 fps reported as 34).
+    pub(super) anchor: Instant,
     /// Whether the last frame was dropped for being late (see [`pace`]).
     dropped_last: bool,
     before: virtsoc_guest::Counters,
@@ -307,8 +314,22 @@ impl Common {
     /// With vsync pacing, moves the schedule so frame `i` starts its lead before a vsync
     /// (see [`Pacing::Vsync`]).
     fn align(&mut self, conn: &Connection, i: u64, period: Duration) -> Result<(), CliError> {
-        self.t0 += pacing::shift(conn, self.pacing, self.t0, i, period)?;
+        self.anchor += pacing::shift(conn, self.pacing, self.anchor, i, period)?;
         Ok(())
+    }
+
+    /// Frame `i`'s place in the schedule at `now`: how long to wait before it starts, or,
+    /// when it is late, whether to drop it (a late frame re-anchors the schedule at `now`:
+    /// [`late_rule`]). Only the schedule moves, never [`Common::t0`].
+    fn schedule(&mut self, now: Instant, i: u64, period: Duration) -> (Option<Duration>, bool) {
+        let start = self.anchor + period * i as u32;
+        if start > now {
+            self.dropped_last = false;
+            return (Some(start - now), false);
+        }
+        let (drop, shift) = late_rule(&mut self.dropped_last, now - start, period);
+        self.anchor += shift;
+        (None, drop)
     }
 
     /// Setup (media generation, allocation) is done: the measured run starts now.
@@ -318,6 +339,7 @@ impl Common {
         self.cpu_guest0 = cpu_seconds(std::process::id()).unwrap_or(0.0);
         self.cpu_daemon0 = self.daemon_pid.and_then(daemon_cpu_seconds);
         self.t0 = Instant::now();
+        self.anchor = self.t0;
         Ok(())
     }
 }
@@ -377,6 +399,7 @@ pub fn run_on_ext(
         frames_in: 0,
         late_drops: 0,
         t0: Instant::now(),
+        anchor: Instant::now(),
         dropped_last: false,
         before: virtsoc_guest::Counters::default(),
         ledger0: Vec::new(),
@@ -500,15 +523,10 @@ fn thin_sorted(v: &[f64], n: usize) -> Vec<f64> {
 /// for good and showing none.
 fn pace(c: &mut Common, conn: &Connection, i: u64, period: Duration) -> Result<bool, CliError> {
     c.align(conn, i, period)?;
-    let start = c.t0 + period * i as u32;
-    let now = Instant::now();
-    if start > now {
-        std::thread::sleep(start - now);
-        c.dropped_last = false;
-        return Ok(false);
+    let (wait, drop) = c.schedule(Instant::now(), i, period);
+    if let Some(w) = wait {
+        std::thread::sleep(w);
     }
-    let (drop, shift) = late_rule(&mut c.dropped_last, now - start, period);
-    c.t0 += shift;
     Ok(drop)
 }
 
@@ -663,8 +681,35 @@ pub fn print_table(rs: &[ScenarioResult]) {
 
 #[cfg(test)]
 mod tests {
-    use super::late_rule;
-    use std::time::Duration;
+    use super::{late_rule, Common, Pacing};
+    use std::time::{Duration, Instant};
+
+    /// A late frame moves the schedule, never the start the run is measured from: a run
+    /// slower than its frame rate lasts its `--seconds` and its rates use the real span.
+    #[test]
+    fn late_frames_move_the_schedule_not_the_measured_start() {
+        let t0 = Instant::now();
+        let mut c = Common {
+            frames_in: 0,
+            late_drops: 0,
+            t0,
+            anchor: t0,
+            dropped_last: false,
+            before: virtsoc_guest::Counters::default(),
+            ledger0: Vec::new(),
+            cpu_guest0: 0.0,
+            cpu_daemon0: None,
+            daemon_pid: None,
+            pacing: Pacing::Free,
+        };
+        let p = Duration::from_millis(16);
+        // Frame 1, due at t0 + p, is asked at t0 + 10 p: late, dropped, schedule re-anchored.
+        assert_eq!(c.schedule(t0 + 10 * p, 1, p), (None, true));
+        assert_eq!(c.t0, t0, "the measured start stays");
+        assert_eq!(c.anchor, t0 + 9 * p);
+        // Frame 2 is now due one period after the re-anchored frame 1.
+        assert_eq!(c.schedule(t0 + 10 * p, 2, p), (Some(p), false));
+    }
 
     /// A guest three periods slow per frame (a decoder that cannot keep up) still shows
     /// every other frame; an on-time guest drops nothing.

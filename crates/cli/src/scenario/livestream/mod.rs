@@ -125,7 +125,7 @@ pub fn livestream(
     let mut i = 0u64;
     while c.t0.elapsed().as_secs_f64() < o.seconds {
         // Until frame i is due: decode what comes back as it comes, show the newest.
-        let due = c.t0 + period * i as u32;
+        let due = c.anchor + period * i as u32;
         loop {
             let mut batch = relay.pull_now(MAX_DECODES_PER_FRAME)?;
             if batch.is_empty() {
