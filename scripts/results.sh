@@ -82,6 +82,21 @@ for s in uhd-video video-360 camera ar livestream; do
     run "$s-1080p" run "$s" --resolution 1080p --fps 30 --compare --seconds "$(secs 4)" \
         "${ROUNDS[@]}" --save "$OUT/$s-1080p.json"
 done
+# The realistic and the cheap UHD clip side by side (stop 36's README line), the GLES video at
+# 1080p60 with its per-stage breakdown, and the services with a VM guest.
+for c in realistic cheap; do
+    run "uhd-video-$c" run uhd-video --compare --seconds "$(secs 3)" --clip "$c" "${ROUNDS[@]}" \
+        --save "$OUT/uhd-video-$c.json"
+done
+run gles-video-1080p run gles-video --compare --resolution 1080p --fps 60 --seconds "$(secs 4)" \
+    "${ROUNDS[@]}" --save "$OUT/gles-video-1080p.json"
+run gles-video-breakdown run gles-video --compare --breakdown --resolution 1080p --fps 60 \
+    --seconds "$(secs 4)"
+if [ -d target/vm-image ]; then
+    run services bench services --json --vm-image target/vm-image
+else
+    run services bench services --json
+fi
 # GPU composition on lavapipe: ms per UHD and 1080p frame against the device's fastest pass.
 run devices bench devices --resolution 1080p,uhd --frames "$(frames 60)"
 # The same composition inside the UHD scenario (`--composition gpu`).
