@@ -200,43 +200,14 @@ pub fn vm_channel(
     size: u64,
     reps: usize,
 ) -> Result<ChannelResult, CliError> {
-    let args: Vec<String> = [
-        "bench",
-        "transport",
-        "--socket",
-        "vm",
-        "--channels",
-        "ring",
-        "--json",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        "--round-trips".into(),
-        round_trips.to_string(),
-        "--size".into(),
-        size.to_string(),
-        "--reps".into(),
-        reps.to_string(),
-    ])
-    .collect();
-    let out = crate::vm::run(&crate::vm::VmRun {
-        image: image.to_path_buf(),
-        endpoint: None,
-        window_mib: (size * 2 + (64 << 20)).next_power_of_two() >> 20,
-        accel: "tcg".into(),
-        memory_mib: 512,
-        timeout: std::time::Duration::from_secs(600),
-        args,
-        echo: false,
-    })?;
-    if out.exit != Some(0) {
-        return Err(CliError::Usage(format!(
-            "VM transport run failed:\n{}",
-            out.output
-        )));
-    }
-    let mut r: TransportReport = serde_json::from_str(&out.output)?;
+    let out = crate::vm::bench_in_vm(
+        image,
+        ("transport", "ring"),
+        (round_trips, size, reps),
+        (size * 2 + (64 << 20)).next_power_of_two() >> 20,
+        std::time::Duration::from_secs(600),
+    )?;
+    let mut r: TransportReport = serde_json::from_str(&out)?;
     let mut c = r
         .channels
         .pop()

@@ -38,6 +38,48 @@ pub struct VmRun {
     pub echo: bool,
 }
 
+/// Runs `virtsoc bench BENCH --socket vm --channels CHANNELS --json --round-trips N --size S
+/// --reps R` inside a TCG guest booted from `image` with a daemon of its own (a window of
+/// `window_mib`): what the guest printed (its JSON), or an error with it when the command
+/// failed.
+pub fn bench_in_vm(
+    image: &Path,
+    (bench, channels): (&str, &str),
+    (round_trips, size, reps): (usize, u64, usize),
+    window_mib: u64,
+    timeout: Duration,
+) -> Result<String, CliError> {
+    let mut args: Vec<String> = ["bench", bench, "--socket", "vm", "--channels", channels]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (flag, v) in [
+        ("--round-trips", round_trips.to_string()),
+        ("--size", size.to_string()),
+        ("--reps", reps.to_string()),
+    ] {
+        args.extend([flag.to_string(), v]);
+    }
+    args.push("--json".into());
+    let out = run(&VmRun {
+        image: image.to_path_buf(),
+        endpoint: None,
+        window_mib,
+        accel: "tcg".into(),
+        memory_mib: 512,
+        timeout,
+        args,
+        echo: false,
+    })?;
+    if out.exit != Some(0) {
+        return Err(CliError::Usage(format!(
+            "VM {bench} run failed:\n{}",
+            out.output
+        )));
+    }
+    Ok(out.output)
+}
+
 /// What the guest command did.
 #[derive(Debug, Clone)]
 pub struct VmOutcome {

@@ -19,43 +19,15 @@ pub fn vm_rows(
     size: u64,
     reps: usize,
 ) -> Result<Vec<Row>, CliError> {
-    let args: Vec<String> = [
-        "bench",
-        "services",
-        "--socket",
-        "vm",
-        "--channels",
-        "1",
-        "--json",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        "--round-trips".into(),
-        round_trips.to_string(),
-        "--size".into(),
-        size.to_string(),
-        "--reps".into(),
-        reps.to_string(),
-    ])
-    .collect();
-    let out = crate::vm::run(&crate::vm::VmRun {
-        image: image.to_path_buf(),
-        endpoint: None,
-        // The payload's region and the ring row's, with room for the channels.
-        window_mib: (size * 2 + ROOM).next_power_of_two() >> 20,
-        accel: "tcg".into(),
-        memory_mib: 512,
-        timeout: Duration::from_secs(900),
-        args,
-        echo: false,
-    })?;
-    if out.exit != Some(0) {
-        return Err(CliError::Usage(format!(
-            "VM services run failed:\n{}",
-            out.output
-        )));
-    }
-    let r: Report = serde_json::from_str(&out.output)?;
+    // The payload's region and the ring row's, with room for the channels.
+    let window_mib = (size * 2 + ROOM).next_power_of_two() >> 20;
+    let out = crate::vm::bench_in_vm(
+        image,
+        ("services", "1"),
+        (round_trips, size, reps),
+        window_mib,
+        Duration::from_secs(900),
+    )?;
+    let r: Report = serde_json::from_str(&out)?;
     Ok(r.rows)
 }
