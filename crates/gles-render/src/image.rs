@@ -107,7 +107,7 @@ pub struct Images {
     /// The image context (null until the first image).
     ctx: Option<Handle>,
     images: HashMap<u32, HostImage>,
-    /// The GL conversion of YUV images (`None` until the first; `Some(None)`: the host
+    /// The GL conversion of YUV images (`None` until the GL first converts; `Some(None)`: the host
     /// cannot, the CPU converts).
     yuv: Option<Option<crate::yuv::Converter>>,
     /// Whether YUV images are converted on the CPU although the GL could
@@ -309,10 +309,15 @@ impl Images {
             let cpu = *self
                 .cpu_yuv
                 .get_or_insert_with(|| crate::yuv::prefer_cpu(egl));
-            let yuv = self
-                .yuv
-                .get_or_insert_with(|| crate::yuv::Converter::new(egl));
-            if let (false, Some(c), Some(f)) = (cpu, yuv, &self.fns) {
+            // The GL's programs are built only where the GL converts.
+            let yuv = match cpu {
+                true => None,
+                false => self
+                    .yuv
+                    .get_or_insert_with(|| crate::yuv::Converter::new(egl))
+                    .as_mut(),
+            };
+            if let (Some(c), Some(f)) = (yuv, &self.fns) {
                 if c.convert(tex, format, (w, h, stride), [off1, off2], bytes) {
                     // SAFETY: the image context is current.
                     unsafe { (f.finish)() };
