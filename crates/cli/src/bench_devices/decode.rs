@@ -11,6 +11,15 @@
 //! Natively, one libavcodec decoder with the daemon's default threads decodes the same
 //! packets in this process, pictures left in its buffers (the worker's model).
 //!
+//! Both are measured warm, in steady state: each decoder (the daemon's and the native one)
+//! is opened once per clip and decodes the clip once untimed, then the timed rounds, with a
+//! flush (which resets the decoder) after each pass. Opening a decoder through the daemon
+//! takes a waiting worker process and starts its replacement, and that start (about 40 ms of
+//! CPU, most of it the dynamic linker binding libavcodec's hundred libraries) would otherwise
+//! run on the same two cores during the first timed pass; libavcodec's first pass also makes
+//! its threads and picture buffers. What opening costs is reported apart ([`DecodeNumbers`]'
+//! `open_ms`, the guest's `open_decoder` round trip; the replacement's start runs after it).
+//!
 //! Since the stages overlap, the breakdown ([`Stages`]) is in CPU time per frame of each
 //! process (the decoder's worker, the daemon, the guest) beside libavcodec's own CPU time,
 //! measured from the kernel's per-thread run time. On a machine with `cores` cores the sum
@@ -50,6 +59,9 @@ pub struct DecodeNumbers {
     pub native_decode_fps: f64,
     /// `decode_fps / native_decode_fps`.
     pub ratio: f64,
+    /// Milliseconds of the guest's `open_decoder` round trip (a waiting worker taken and
+    /// its decoder opened; the replacement worker starts after the answer).
+    pub open_ms: f64,
     pub stages: Stages,
 }
 
@@ -188,106 +200,38 @@ pub fn decode_clip(
         word.store(SPINS, std::sync::atomic::Ordering::Relaxed);
     }
     let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
-    let (mut runs, mut natives) = (Vec::new(), Vec::new());
-    for _ in 0..rounds.max(1) {
-        runs.push(through_daemon(&conn, units, frame, daemon)?);
-        natives.push(native_decode(units)?);
-    }
-    runs.sort_by(|a, b| a.fps.total_cmp(&b.fps));
-    natives.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let run = runs.swap_remove(runs.len() / 2);
-    let (native_fps, native_cpu) = natives[natives.len() / 2];
-    let mut stages = run.stages;
-    stages.native_decode = 1e6 / native_fps.max(1e-9);
-    stages.native_cpu = native_cpu;
-    Ok(DecodeNumbers {
-        clip: clip.to_string(),
-        frames: run.frames,
-        decode_fps: run.fps,
-        native_decode_fps: native_fps,
-        ratio: run.fps / native_fps.max(1e-9),
-        stages,
-    })
-}
-
-/// One decode of a clip through the daemon.
-struct Run {
-    frames: u64,
-    fps: f64,
-    stages: Stages,
-}
-
-/// Decodes `units` through the daemon on `conn` (see the module's notes), receiving into
-/// `frame`; the stages of a frame but native's.
-fn through_daemon(
-    conn: &Connection,
-    units: &[Vec<u8>],
-    frame: u64,
-    daemon: Option<u32>,
-) -> Result<Run, CliError> {
-    let mut p = Pipe::new(conn, OrderingMode::Atomic);
-    let p = &mut p;
+    let mut p = Pipe::new(&conn, OrderingMode::Atomic);
     let largest = units.iter().map(Vec::len).max().unwrap_or(1) as u64;
     let bits = (0..BITSTREAMS)
         .map(|_| conn.alloc_blob(largest).map(|r| r.id))
         .collect::<Result<Vec<_>, _>>()?;
+    let t_open = Instant::now();
     let t = p.run(&api::codec::OpenDecoder {
         kind: api::codec_kind::H264,
         format: Format::Nv12 as u64,
         threads: 0,
     })?;
     let handle = p.result(t)?.handle;
-    let receive = api::codec::ReceiveFrame { handle, frame };
-    let (copied0, cpu0) = (copied_bytes(conn)?, Cpu::now(daemon));
-    let t0 = Instant::now();
-    let mut decodes: VecDeque<u64> = VecDeque::new();
-    let mut receives: VecDeque<u64> = VecDeque::new();
-    let mut decoded = 0;
-    for (i, unit) in units.iter().enumerate() {
-        let slot = i % BITSTREAMS;
-        if decodes.len() >= BITSTREAMS {
-            // The decode that read this region: done before it is written again.
-            if let Some(seq) = decodes.pop_front() {
-                check_completion(&conn.wait(seq)?, "decode")?;
-            }
-        }
-        cpu_write(conn, bits[slot], unit)?;
-        decodes.push_back(queue(
-            conn,
-            &api::codec::Decode {
-                handle,
-                bitstream: bits[slot],
-                len: unit.len() as u64,
-                pts: i as u64,
-            },
-        )?);
-        if i >= LAG {
-            receives.push_back(queue(conn, &receive)?);
-        }
-        while receives.len() > 2 * BITSTREAMS {
-            if let Some(seq) = receives.pop_front() {
-                decoded += got(conn, seq)?;
-            }
-        }
+    let open_ms = t_open.elapsed().as_secs_f64() * 1e3;
+    let player = Player {
+        conn: &conn,
+        handle,
+        bits: &bits,
+        frame,
+    };
+    let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
+    let mut native = FfmpegDecoder::new(CodecKind::H264, PixelFormat::Yuv420p, DEFAULT_THREADS)
+        .map_err(media)?;
+    native.hold_pictures(true);
+    // The warm-up pass of each (see the module's notes), untimed.
+    player.pass(units, daemon)?;
+    native_decode(&mut native, units)?;
+    let (mut runs, mut natives) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        runs.push(player.pass(units, daemon)?);
+        natives.push(native_decode(&mut native, units)?);
     }
-    for seq in decodes.drain(..) {
-        check_completion(&conn.wait(seq)?, "decode")?;
-    }
-    for seq in receives.drain(..) {
-        decoded += got(conn, seq)?;
-    }
-    let t = p.run(&api::codec::Flush { handle })?;
-    p.result(t)?;
-    loop {
-        let n = got(conn, queue(conn, &receive)?)?;
-        if n == 0 {
-            break;
-        }
-        decoded += n;
-    }
-    let elapsed = t0.elapsed();
-    let (copied1, cpu1) = (copied_bytes(conn)?, Cpu::now(daemon));
-    check_async_errors(conn)?;
+    drop(native);
     let mut ring = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
@@ -299,40 +243,135 @@ fn through_daemon(
     for id in bits {
         conn.free(id)?;
     }
-    let n = decoded.max(1) as f64;
-    let per = |ns: u64| ns as f64 / 1e3 / n;
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let frame_bytes = conn.region(frame).map_or(1, |r| r.size).max(1) as f64;
-    let (worker, daemon_ns, guest) = (
-        per(cpu1.workers.saturating_sub(cpu0.workers)),
-        per(cpu1.daemon.saturating_sub(cpu0.daemon)),
-        per(cpu1.guest.saturating_sub(cpu0.guest)),
-    );
-    Ok(Run {
-        frames: decoded,
-        fps: decoded as f64 / elapsed.as_secs_f64(),
-        stages: Stages {
-            total: elapsed.as_secs_f64() * 1e6 / n,
-            worker_cpu: worker,
-            daemon_cpu: daemon_ns,
-            guest_cpu: guest,
-            cores,
-            cpu_floor: (worker + daemon_ns + guest) / cores as f64,
-            ring_us: percentile(&ring, 50.0),
-            frame_copies: copied1.saturating_sub(copied0) as f64 / frame_bytes / n,
-            ..Stages::default()
-        },
+    runs.sort_by(|a, b| a.fps.total_cmp(&b.fps));
+    natives.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let run = runs.swap_remove(runs.len() / 2);
+    let (native_fps, native_cpu) = natives[natives.len() / 2];
+    let mut stages = run.stages;
+    stages.native_decode = 1e6 / native_fps.max(1e-9);
+    stages.native_cpu = native_cpu;
+    stages.ring_us = percentile(&ring, 50.0);
+    Ok(DecodeNumbers {
+        clip: clip.to_string(),
+        frames: run.frames,
+        decode_fps: run.fps,
+        native_decode_fps: native_fps,
+        ratio: run.fps / native_fps.max(1e-9),
+        open_ms,
+        stages,
     })
 }
 
+/// One decode of a clip through the daemon.
+struct Run {
+    frames: u64,
+    fps: f64,
+    stages: Stages,
+}
+
+/// A decoder opened through the daemon, its bitstream regions and the NV12 region it
+/// receives into.
+struct Player<'a> {
+    conn: &'a Connection,
+    handle: u64,
+    bits: &'a [u64],
+    frame: u64,
+}
+
+impl Player<'_> {
+    /// Decodes `units` once (see the module's notes), flushing at the end (which resets the
+    /// decoder for the next pass); the stages of a frame but native's and the ring's.
+    fn pass(&self, units: &[Vec<u8>], daemon: Option<u32>) -> Result<Run, CliError> {
+        let Player {
+            conn,
+            handle,
+            bits,
+            frame,
+        } = *self;
+        let mut p = Pipe::new(conn, OrderingMode::Atomic);
+        let p = &mut p;
+        let receive = api::codec::ReceiveFrame { handle, frame };
+        let (copied0, cpu0) = (copied_bytes(conn)?, Cpu::now(daemon));
+        let t0 = Instant::now();
+        let mut decodes: VecDeque<u64> = VecDeque::new();
+        let mut receives: VecDeque<u64> = VecDeque::new();
+        let mut decoded = 0;
+        for (i, unit) in units.iter().enumerate() {
+            let slot = i % BITSTREAMS;
+            if decodes.len() >= BITSTREAMS {
+                // The decode that read this region: done before it is written again.
+                if let Some(seq) = decodes.pop_front() {
+                    check_completion(&conn.wait(seq)?, "decode")?;
+                }
+            }
+            cpu_write(conn, bits[slot], unit)?;
+            decodes.push_back(queue(
+                conn,
+                &api::codec::Decode {
+                    handle,
+                    bitstream: bits[slot],
+                    len: unit.len() as u64,
+                    pts: i as u64,
+                },
+            )?);
+            if i >= LAG {
+                receives.push_back(queue(conn, &receive)?);
+            }
+            while receives.len() > 2 * BITSTREAMS {
+                if let Some(seq) = receives.pop_front() {
+                    decoded += got(conn, seq)?;
+                }
+            }
+        }
+        for seq in decodes.drain(..) {
+            check_completion(&conn.wait(seq)?, "decode")?;
+        }
+        for seq in receives.drain(..) {
+            decoded += got(conn, seq)?;
+        }
+        let t = p.run(&api::codec::Flush { handle })?;
+        p.result(t)?;
+        loop {
+            let n = got(conn, queue(conn, &receive)?)?;
+            if n == 0 {
+                break;
+            }
+            decoded += n;
+        }
+        let elapsed = t0.elapsed();
+        let (copied1, cpu1) = (copied_bytes(conn)?, Cpu::now(daemon));
+        check_async_errors(conn)?;
+        let n = decoded.max(1) as f64;
+        let per = |ns: u64| ns as f64 / 1e3 / n;
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let frame_bytes = conn.region(frame).map_or(1, |r| r.size).max(1) as f64;
+        let (worker, daemon_ns, guest) = (
+            per(cpu1.workers.saturating_sub(cpu0.workers)),
+            per(cpu1.daemon.saturating_sub(cpu0.daemon)),
+            per(cpu1.guest.saturating_sub(cpu0.guest)),
+        );
+        Ok(Run {
+            frames: decoded,
+            fps: decoded as f64 / elapsed.as_secs_f64(),
+            stages: Stages {
+                total: elapsed.as_secs_f64() * 1e6 / n,
+                worker_cpu: worker,
+                daemon_cpu: daemon_ns,
+                guest_cpu: guest,
+                cores,
+                cpu_floor: (worker + daemon_ns + guest) / cores as f64,
+                frame_copies: copied1.saturating_sub(copied0) as f64 / frame_bytes / n,
+                ..Stages::default()
+            },
+        })
+    }
+}
+
 /// libavcodec alone on `units`, as a worker runs it (one H.264 decoder with the daemon's
-/// default threads, pictures left in its buffers): frames per second, and the CPU
-/// microseconds per frame its threads ran.
-fn native_decode(units: &[Vec<u8>]) -> Result<(f64, f64), CliError> {
+/// default threads, pictures left in its buffers), flushed at the end (which resets it for
+/// the next pass): frames per second, and the CPU microseconds per frame its threads ran.
+fn native_decode(d: &mut FfmpegDecoder, units: &[Vec<u8>]) -> Result<(f64, f64), CliError> {
     let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
-    let mut d = FfmpegDecoder::new(CodecKind::H264, PixelFormat::Yuv420p, DEFAULT_THREADS)
-        .map_err(media)?;
-    d.hold_pictures(true);
     let me = std::process::id();
     let (cpu0, t0) = (run_ns(me), Instant::now());
     let mut n = 0;
@@ -341,7 +380,6 @@ fn native_decode(units: &[Vec<u8>]) -> Result<(f64, f64), CliError> {
     }
     n += d.flush().map_err(media)?.len();
     let fps = n as f64 / t0.elapsed().as_secs_f64();
-    // Before the decoder (and its threads) goes.
     let cpu = run_ns(me).saturating_sub(cpu0) as f64 / 1e3 / n.max(1) as f64;
     Ok((fps, cpu))
 }

@@ -280,11 +280,12 @@ pub fn print_table(b: &DeviceBench) {
     }
     println!();
     println!(
-        "decode, us per frame: wall time (through the daemon, native) and CPU time (the \
-         decoder's worker, the daemon, the guest; native); floor = the CPU time over the cores"
+        "decode, us per frame, warm (after an untimed pass): wall time (through the daemon, \
+         native) and CPU time (the decoder's worker, the daemon, the guest; native); floor = \
+         the CPU time over the cores; open = the guest's open_decoder round trip"
     );
     println!(
-        "{:<10} {:<5} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7}",
+        "{:<10} {:<5} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7}",
         "size",
         "clip",
         "fps",
@@ -297,13 +298,14 @@ pub fn print_table(b: &DeviceBench) {
         "guest",
         "nat.cpu",
         "floor",
-        "copies"
+        "copies",
+        "open ms"
     );
     for r in &b.sizes {
         for d in &r.decode {
             let s = &d.stages;
             println!(
-                "{:<10} {:<5} {:>7.1} {:>7.1} {:>6.2} {:>7.0} {:>7.0} {:>7.0} {:>7.0} {:>6.0} {:>7.0} {:>7.0} {:>7.2}",
+                "{:<10} {:<5} {:>7.1} {:>7.1} {:>6.2} {:>7.0} {:>7.0} {:>7.0} {:>7.0} {:>6.0} {:>7.0} {:>7.0} {:>7.2} {:>7.1}",
                 r.resolution,
                 d.clip,
                 d.decode_fps,
@@ -316,7 +318,8 @@ pub fn print_table(b: &DeviceBench) {
                 s.guest_cpu,
                 s.native_cpu,
                 s.cpu_floor,
-                s.frame_copies
+                s.frame_copies,
+                d.open_ms
             );
         }
     }
