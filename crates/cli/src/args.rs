@@ -360,6 +360,10 @@ pub(crate) struct TransportArgs {
     pub(crate) size: u64,
     #[arg(long, default_value_t = 20)]
     pub(crate) reps: usize,
+    /// Rounds: every channel measured once per round, the channels in turn, and each row
+    /// the median of its rounds (the remote / TCP ratios printed per round).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: usize,
     /// Channels to measure: ring (this guest's shared rings), remote (virtsoc over TCP),
     /// unix, tcp (plain sockets).
     #[arg(long, value_delimiter = ',', default_value = "ring,remote,unix,tcp")]

@@ -67,7 +67,88 @@ pub struct BulkStages {
 pub struct TransportReport {
     pub round_trips: usize,
     pub bulk_bytes: u64,
+    /// Each channel's row: with several rounds, the median of its rounds (each field's).
     pub channels: Vec<ChannelResult>,
+    /// The rounds the rows are medians of (1: one measurement each).
+    #[serde(default = "one")]
+    pub rounds: usize,
+    /// The remote guest's ratios to TCP loopback in each round (bulk, landing, rtt p50),
+    /// when both were measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_over_tcp: Vec<RoundRatios>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// A channel's ratios to another's measured in the same round.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct RoundRatios {
+    pub bulk: f64,
+    pub landing: Option<f64>,
+    pub rtt_p50: f64,
+}
+
+/// Runs all channels `rounds` times, in turn within each round (so a change in the
+/// machine's speed meets every channel alike); each row is the median of its rounds.
+pub fn run_rounds(
+    endpoint: &Endpoint,
+    which: &[String],
+    round_trips: usize,
+    size: u64,
+    reps: usize,
+    rounds: usize,
+) -> Result<TransportReport, CliError> {
+    let runs = (0..rounds.max(1))
+        .map(|_| run(endpoint, which, round_trips, size, reps))
+        .collect::<Result<Vec<_>, _>>()?;
+    let remote_over_tcp = runs
+        .iter()
+        .filter_map(|r| {
+            let (bulk, landing, rtt_p50) =
+                ratios(r.find("virtsoc over TCP")?, r.find("tcp-loopback")?);
+            Some(RoundRatios {
+                bulk,
+                landing,
+                rtt_p50,
+            })
+        })
+        .collect();
+    let mut report = runs[0].clone();
+    report.rounds = runs.len();
+    report.remote_over_tcp = remote_over_tcp;
+    for (i, row) in report.channels.iter_mut().enumerate() {
+        let of = |f: &dyn Fn(&ChannelResult) -> f64| {
+            percentile(
+                &runs.iter().map(|r| f(&r.channels[i])).collect::<Vec<_>>(),
+                50.0,
+            )
+        };
+        row.rtt_us.p50 = of(&|c| c.rtt_us.p50);
+        row.rtt_us.p99 = of(&|c| c.rtt_us.p99);
+        row.bandwidth_gbps = of(&|c| c.bandwidth_gbps);
+        if row.landing_gbps.is_some() {
+            row.landing_gbps = Some(of(&|c| c.landing_gbps.unwrap_or(0.0)));
+        }
+        if let Some(s) = row.bulk_stages.as_mut() {
+            let stage = |c: &ChannelResult, read: bool| {
+                c.bulk_stages
+                    .as_ref()
+                    .map_or(0.0, |s| if read { s.device_read_ms } else { s.write_ms })
+            };
+            s.write_ms = of(&|c| stage(c, false));
+            s.device_read_ms = of(&|c| stage(c, true));
+        }
+    }
+    Ok(report)
+}
+
+impl TransportReport {
+    /// The row whose channel name starts with `prefix`.
+    fn find(&self, prefix: &str) -> Option<&ChannelResult> {
+        self.channels.iter().find(|c| c.channel.starts_with(prefix))
+    }
 }
 
 /// Runs all channels.
@@ -130,6 +211,8 @@ pub fn run(
         round_trips,
         bulk_bytes: size,
         channels,
+        rounds: 1,
+        remote_over_tcp: Vec::new(),
     })
 }
 
@@ -369,8 +452,8 @@ fn ratios(a: &ChannelResult, b: &ChannelResult) -> (f64, Option<f64>, f64) {
 /// Prints the report as a table.
 pub fn print_table(r: &TransportReport) {
     println!(
-        "Transport: {} round trips, {} bytes per bulk transfer",
-        r.round_trips, r.bulk_bytes
+        "Transport: {} round trips, {} bytes per bulk transfer, {} round(s) (rows: medians)",
+        r.round_trips, r.bulk_bytes, r.rounds
     );
     println!(
         "{:<32} {:>11} {:>11} {:>12} {:>12}",
@@ -392,12 +475,20 @@ pub fn print_table(r: &TransportReport) {
             );
         }
     }
-    let find = |p: &str| r.channels.iter().find(|c| c.channel.starts_with(p));
-    if let (Some(remote), Some(tcp)) = (find("virtsoc over TCP"), find("tcp-loopback")) {
+    if let (Some(remote), Some(tcp)) = (r.find("virtsoc over TCP"), r.find("tcp-loopback")) {
         let (bulk, landing, rtt) = ratios(remote, tcp);
         let landing = landing.map_or("-".into(), |x| format!("{x:.2}x"));
         println!(
-            "remote guest / TCP loopback: bulk {bulk:.2}x, landing {landing}, rtt p50 {rtt:.2}x"
+            "remote guest / TCP loopback (medians): bulk {bulk:.2}x, landing {landing}, rtt p50 {rtt:.2}x"
+        );
+    }
+    for (i, x) in r.remote_over_tcp.iter().enumerate() {
+        let landing = x.landing.map_or("-".into(), |l| format!("{l:.2}x"));
+        println!(
+            "  round {}: bulk {:.2}x, landing {landing}, rtt p50 {:.2}x",
+            i + 1,
+            x.bulk,
+            x.rtt_p50
         );
     }
 }

@@ -144,7 +144,7 @@ fn bench_sharing_cmd(a: SharingArgs) -> Result<(), CliError> {
 /// `virtsoc bench transport`.
 fn bench_transport_cmd(a: TransportArgs) -> Result<(), CliError> {
     let mut r = with_daemon(a.socket, true, |e| {
-        bench_transport::run(e, &a.channels, a.round_trips, a.size, a.reps)
+        bench_transport::run_rounds(e, &a.channels, a.round_trips, a.size, a.reps, a.rounds)
     })?;
     if let Some(image) = a.vm_image {
         r.channels.push(bench_transport::vm_channel(
