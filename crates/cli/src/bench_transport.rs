@@ -31,6 +31,7 @@ use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 
 use crate::daemon_proc::Endpoint;
 use crate::stats::{percentile, P50P99};
+use crate::together::Together;
 use crate::CliError;
 
 /// Measurements of one channel.
@@ -175,7 +176,15 @@ pub fn run(
         } else {
             "shm-ring (process guest)"
         };
-        channels.push(ring(name, &endpoint.target, None, round_trips, size, reps)?);
+        channels.push(ring(
+            name,
+            &endpoint.target,
+            None,
+            round_trips,
+            size,
+            reps,
+            None,
+        )?);
     }
     if let (true, Some((addr, token))) = (want("remote"), &endpoint.remote) {
         channels.push(ring(
@@ -185,6 +194,7 @@ pub fn run(
             round_trips,
             size,
             reps,
+            None,
         )?);
     }
     if want("unix") {
@@ -195,6 +205,7 @@ pub fn run(
             reps,
             unix_pair,
             Consume::DeviceRead,
+            None,
         )?);
     }
     if want("tcp") {
@@ -205,6 +216,7 @@ pub fn run(
             reps,
             tcp_pair,
             Consume::DeviceRead,
+            None,
         )?);
     }
     Ok(TransportReport {
@@ -225,7 +237,9 @@ pub fn ring(
     round_trips: usize,
     size: u64,
     reps: usize,
+    together: Option<&Together>,
 ) -> Result<ChannelResult, CliError> {
+    let mut turn = together.map(Together::turn);
     let mut opts = ConnectOptions {
         name: "bench-transport".into(),
         coherence: Some("write-invalidate".into()),
@@ -251,6 +265,9 @@ pub fn ring(
     let (mut write, mut read) = (Vec::new(), Vec::new());
     let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
     for i in 0..reps + 1 {
+        if let (1, Some(t)) = (i, turn.as_mut()) {
+            t.start();
+        }
         let t0 = Instant::now();
         conn.write(id, 0, &src)?;
         let t1 = Instant::now();
@@ -262,6 +279,9 @@ pub fn ring(
             write.push(ms(t0, t1));
             read.push(ms(t1, t2));
         }
+    }
+    if let Some(t) = &turn {
+        t.end();
     }
     conn.free(id)?;
     Ok(ChannelResult {
@@ -389,7 +409,9 @@ pub(crate) fn stream_channel(
     reps: usize,
     pair: PairFn,
     consume: Consume,
+    together: Option<&Together>,
 ) -> Result<ChannelResult, CliError> {
+    let mut turn = together.map(Together::turn);
     let (mut c, peer) = pair()?;
     let mut reply = [0u8; 64];
     let mut msg = [0u8; 64];
@@ -409,6 +431,9 @@ pub(crate) fn stream_channel(
     let mut head = [if read_too { LAND_AND_READ } else { LAND }; 9];
     head[1..9].copy_from_slice(&size.to_le_bytes());
     for i in 0..reps + 1 {
+        if let (1, Some(t)) = (i, turn.as_mut()) {
+            t.start();
+        }
         let t0 = Instant::now();
         c.write_all(&head)?;
         c.write_all(&data)?;
@@ -423,6 +448,9 @@ pub(crate) fn stream_channel(
             land.push((t1 - t0).as_secs_f64() * 1e3);
             read.push((t2 - t1).as_secs_f64() * 1e3);
         }
+    }
+    if let Some(t) = &turn {
+        t.end();
     }
     drop(c);
     let _ = peer.join();

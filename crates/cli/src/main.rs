@@ -22,6 +22,7 @@ mod scenario;
 mod snapshot;
 mod soak;
 mod stats;
+mod together;
 mod top;
 mod trace;
 mod vm;

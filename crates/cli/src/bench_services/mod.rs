@@ -24,9 +24,13 @@
 //! inline `echo`, the ring's a NOP). N service channels are N channels of one guest, one
 //! thread each; N rings are N guests; N sockets are N socket pairs.
 //!
-//! Bandwidth with N channels is the sum of each channel's median transfer rate, all running
-//! at once. The first transfer of every service channel is checked end to end (the
-//! service's sum of the payload's words) and not timed.
+//! Bandwidth with N channels is their aggregate: every channel's timed transfers start at
+//! one instant (after each one's untimed first transfer), and the bytes all of them moved are
+//! divided by the time until the last one ended ([`Together`]). (Summing each channel's own
+//! median rate, as this bench did before, counted a channel's transfers that ran while the
+//! others were descheduled as if they had overlapped: with more channels than cores that
+//! overstated every kind, unevenly.) The first transfer of every service channel is checked
+//! end to end (the service's sum of the payload's words) and not timed.
 
 pub mod chart;
 pub mod probe;
@@ -44,7 +48,8 @@ use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 
 use crate::bench_transport::{self, Consume};
 use crate::daemon_proc::Endpoint;
-use crate::stats::{percentile, P50P99};
+use crate::stats::P50P99;
+use crate::together::Together;
 use crate::CliError;
 
 /// Ring entries (64 KiB slots) of a streaming channel: the guest writes up to this many
@@ -131,7 +136,9 @@ fn service_channel(
     round_trips: usize,
     size: u64,
     reps: usize,
-) -> Result<(Vec<f64>, f64), CliError> {
+    together: &Together,
+) -> Result<Vec<f64>, CliError> {
+    let mut turn = together.turn();
     let entries = if payload == Payload::Stream {
         STREAM_ENTRIES
     } else {
@@ -151,9 +158,10 @@ fn service_channel(
     // SAFETY: the library checked that [ptr, ptr + size) lies in the mapped window.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), size as usize) };
     conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
-    let mut times = Vec::with_capacity(reps);
     for i in 0..reps + 1 {
-        let t0 = Instant::now();
+        if i == 1 {
+            turn.start();
+        }
         let v = match payload {
             Payload::Region => {
                 conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
@@ -164,9 +172,6 @@ fn service_channel(
             }
             Payload::Stream => bulk.0.call(bulk::call::DRAIN, &src)?.values,
         };
-        if i > 0 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
         if (v[0], v[1]) != want {
             return Err(CliError::Usage(format!(
                 "the service drained {} bytes summing to {:#x}, expected {} and {:#x}",
@@ -174,9 +179,20 @@ fn service_channel(
             )));
         }
     }
+    turn.end();
     bulk.0.close()?;
     conn.free(id)?;
-    Ok((rtt, size as f64 / percentile(&times, 50.0)))
+    Ok(rtt)
+}
+
+/// The aggregate rate of `n` channels that each moved `reps` transfers of `size` bytes
+/// together, in GB/s.
+fn aggregate_gbps(together: &Together, n: u32, reps: usize, size: u64) -> Result<f64, CliError> {
+    let secs = together
+        .span_secs()
+        .filter(|s| *s > 0.0)
+        .ok_or_else(|| CliError::Usage("no channel finished its transfers".into()))?;
+    Ok(f64::from(n) * reps as f64 * size as f64 / secs / 1e9)
 }
 
 fn service_row(
@@ -194,9 +210,12 @@ fn service_row(
         ..ConnectOptions::default()
     };
     let conn = Connection::open(&endpoint.target, &opts)?;
-    let results: Vec<Result<(Vec<f64>, f64), CliError>> = std::thread::scope(|s| {
+    let together = Together::new(n as usize);
+    let results: Vec<Result<Vec<f64>, CliError>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
-            .map(|_| s.spawn(|| service_channel(&conn, payload, round_trips, size, reps)))
+            .map(|_| {
+                s.spawn(|| service_channel(&conn, payload, round_trips, size, reps, &together))
+            })
             .collect();
         hs.into_iter()
             .map(|h| {
@@ -205,19 +224,16 @@ fn service_row(
             })
             .collect()
     });
-    let mut bw = 0.0;
     let mut rtt = None;
     for r in results {
-        let (t, b) = r?;
-        bw += b;
-        rtt.get_or_insert(t);
+        rtt.get_or_insert(r?);
     }
     Ok(Row {
         channel: "service".into(),
         payload: Some(payload.name().into()),
         guest: guest_kind(&endpoint.target).into(),
         channels: n,
-        bandwidth_gbps: bw / 1e9,
+        bandwidth_gbps: aggregate_gbps(&together, n, reps, size)?,
         rtt_us: P50P99::of(&rtt.unwrap_or_default()),
     })
 }
@@ -231,18 +247,19 @@ fn baseline_row(
     size: u64,
     reps: usize,
 ) -> Result<Row, CliError> {
+    let together = Together::new(n as usize);
+    let t = Some(&together);
     let one = || -> Result<bench_transport::ChannelResult, CliError> {
+        let (rt, land) = (round_trips, Consume::Land);
         match name {
-            "ring" => {
-                bench_transport::ring("ring", &endpoint.target, None, round_trips, size, reps)
-            }
+            "ring" => bench_transport::ring("ring", &endpoint.target, None, rt, size, reps, t),
             "unix-socket" => {
                 let pair = bench_transport::unix_pair;
-                bench_transport::stream_channel(name, round_trips, size, reps, pair, Consume::Land)
+                bench_transport::stream_channel(name, rt, size, reps, pair, land, t)
             }
             _ => {
                 let pair = bench_transport::tcp_pair;
-                bench_transport::stream_channel(name, round_trips, size, reps, pair, Consume::Land)
+                bench_transport::stream_channel(name, rt, size, reps, pair, land, t)
             }
         }
     };
@@ -255,13 +272,11 @@ fn baseline_row(
             })
             .collect()
     });
-    let mut bw = 0.0;
     let mut rtt_us = None;
     for r in results {
-        let r = r?;
-        bw += r.bandwidth_gbps;
-        rtt_us.get_or_insert(r.rtt_us);
+        rtt_us.get_or_insert(r?.rtt_us);
     }
+    let bw = aggregate_gbps(&together, n, reps, size)?;
     let rtt_us = rtt_us.unwrap_or(P50P99 { p50: 0.0, p99: 0.0 });
     Ok(Row {
         channel: name.into(),
