@@ -212,6 +212,10 @@ pub(crate) enum DebugCmd {
         regions: usize,
         #[arg(long, default_value_t = 1 << 20)]
         size: u64,
+        /// Also opens host service channels to geo, sensor and bulk, and leaves a bulk
+        /// transfer half sent (2 of its 4 packets posted, no commit).
+        #[arg(long)]
+        channels: bool,
     },
     /// Allocates regions and fills them from the CPU, prints READY, then for SECONDS reads
     /// them back every 100 ms (following the session by itself through daemon restarts and

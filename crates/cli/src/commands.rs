@@ -368,9 +368,30 @@ pub(crate) fn vm_run(a: VmRunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `virtsoc debug hold`: opens `regions` regions mid-write and waits to be killed.
-pub(crate) fn hold(socket: &str, regions: usize, size: u64) -> Result<(), CliError> {
+/// `virtsoc debug hold`: opens `regions` regions mid-write (and with `channels`, service
+/// channels with a bulk transfer half sent) and waits to be killed.
+pub(crate) fn hold(
+    socket: &str,
+    regions: usize,
+    size: u64,
+    channels: bool,
+) -> Result<(), CliError> {
+    use virtsoc_guest::services::{bulk, Bulk, Geo, Sensors};
     let conn = Connection::open(socket, &ConnectOptions::default())?;
+    let mut open = (None, None, None);
+    if channels {
+        let (geo, sensors, mut b) = (
+            Geo::open(&conn)?,
+            Sensors::open(&conn)?,
+            Bulk::open(&conn, 8)?,
+        );
+        let data = vec![0x33u8; 4 * virtsoc_services::packet::PACKET_SIZE as usize];
+        let packets = virtsoc_services::reassembly::split(1, bulk::call::SINK, &data);
+        for (slot, (h, bytes)) in packets.iter().take(2).enumerate() {
+            b.0.post_packet(h, bytes, slot as u32)?;
+        }
+        open = (Some(geo), Some(sensors), Some(b));
+    }
     for i in 0..regions {
         let id = conn.alloc_blob(size)?.id;
         conn.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)?;
@@ -386,5 +407,6 @@ pub(crate) fn hold(socket: &str, regions: usize, size: u64) -> Result<(), CliErr
     // Wait to be killed; reading stdin blocks until the test closes it.
     let mut sink = String::new();
     let _ = std::io::stdin().read_line(&mut sink);
+    drop(open);
     Ok(())
 }

@@ -143,8 +143,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     socket,
                     regions,
                     size,
+                    channels,
                 },
-        } => commands::hold(&socket, regions, size),
+        } => commands::hold(&socket, regions, size, channels),
         Cmd::Debug {
             which:
                 DebugCmd::Keep {

@@ -271,6 +271,18 @@ fn a_vm_guest_runs_a_camera_scenario_through_the_host_devices() {
     );
 }
 
+/// The daemon's open service channels, all services together.
+fn service_channels(d: &Daemon) -> u64 {
+    let out = ctl(d, &["services"]);
+    let json = out.trim_end().strip_suffix("OK").unwrap_or(&out);
+    let v: serde_json::Value = serde_json::from_str(json).expect("services JSON");
+    let list = v["services"].as_array().expect("services");
+    list.iter().filter_map(|s| s["channels"].as_u64()).sum()
+}
+
+/// A VM killed mid-frame, with service channels open (geo, sensor, and bulk with a transfer
+/// half sent): its session's regions and its channels are released, and other guests are
+/// served, devices and services.
 #[test]
 fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
     if !qemu_present() {
@@ -280,7 +292,15 @@ fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
     let mut vm = vm_run(
         &shm,
         &sock,
-        &["debug", "hold", "--socket", "vm", "--regions", "3"],
+        &[
+            "debug",
+            "hold",
+            "--socket",
+            "vm",
+            "--regions",
+            "3",
+            "--channels",
+        ],
     )
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
@@ -304,7 +324,9 @@ fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
             "the VM guest never got ready"
         );
     }
-    // The guest is mid-frame with three regions: kill the whole VM.
+    assert_eq!(service_channels(&d), 3, "the VM's three channels");
+    // The guest is mid-frame with three regions and mid-transfer on a channel: kill the
+    // whole VM.
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(qemu).unwrap(),
         rustix::process::Signal::KILL,
@@ -312,7 +334,8 @@ fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
     .unwrap();
     let _ = vm.wait();
     let l = d.expect_log("gone: released");
-    assert!(l.contains("released 3 regions"), "{l}");
+    // Its three regions and its three channels' rings and slots.
+    assert!(l.contains("released 6 regions"), "{l}");
     d.expect_log("VM vm0 disconnected");
     assert!(d.alive());
     // Process guests are still served.
@@ -331,4 +354,22 @@ fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
         .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
         .unwrap()[0];
     assert_eq!(w, r);
+    // The VM's channels are gone (each channel's thread ends at its next wake-up).
+    let t0 = std::time::Instant::now();
+    while service_channels(&d) != 0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "the killed VM's channels stay open: {}",
+            service_channels(&d)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // And the services serve another guest.
+    let mut bulk = virtsoc_guest::services::Bulk::open(&c, 8).unwrap();
+    let data: Vec<u8> = (0..(300u32 << 10)).map(|i| (i * 13) as u8).collect();
+    assert_eq!(
+        bulk.sink(&data).unwrap(),
+        (crc32fast::hash(&data), data.len() as u64)
+    );
+    bulk.0.close().unwrap();
 }
