@@ -52,6 +52,9 @@ pub enum CliError {
 }
 
 fn main() {
+    // Before any thread: benches that open a GPU in this process (`bench devices`' floor, the
+    // window sink) would otherwise have libwayland print an error that is not one.
+    virtsoc_host::runtime_dir::ensure();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     // Inside a VM guest the arguments come hex-encoded from the kernel command line.
     let cli = match std::env::var("VIRTSOC_ARGS_HEX")
