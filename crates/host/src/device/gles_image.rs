@@ -232,6 +232,28 @@ mod tests {
         assert!(layout_end(RGBA8, MAX_SIZE + 1, 4, u32::MAX, [0, 0]).is_err());
     }
 
+    /// The guest reads these words with its `BadArgument`: the typed error keeps them.
+    #[test]
+    fn layout_refusals_read_as_before() {
+        let text = |r: Result<u64, LayoutError>| r.map_err(|e| e.to_string()).unwrap_err();
+        assert_eq!(
+            text(layout_end(RGBA8, 0, 4, 16, [0, 0])),
+            "image size 0x4 (1 to 16384 each)"
+        );
+        assert_eq!(
+            text(layout_end(RGBA8, 4, 2, 12, [0, 0])),
+            "stride 12 under 16 bytes"
+        );
+        assert_eq!(
+            text(layout_end(NV12, 3, 4, 4, [16, 0])),
+            "3x4 YUV with stride 4 (even sizes, stride at least the width)"
+        );
+        assert_eq!(
+            text(layout_end(7, 4, 4, 16, [0, 0])),
+            "image format 7 (1 RGBA8, 3 NV12, 4 YUV 4:2:0)"
+        );
+    }
+
     #[test]
     fn the_record_of_imports_is_bounded() {
         let mut m = std::collections::HashMap::new();

@@ -276,3 +276,37 @@ fn answer(id: u64, r: Result<Value>) -> Answer {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Refuser;
+    impl Handler for Refuser {
+        fn call(&mut self, _: &CallMeta, _: &[u8], _: &mut [u8]) -> Result<(usize, [u64; 4])> {
+            Err(ServiceError::BadArgument("not today".into()))
+        }
+    }
+
+    /// A program's refusal reaches the daemon as its own words (the daemon makes them a
+    /// `BadArgument` again), and the default control refusal reads as before.
+    #[test]
+    fn a_handlers_refusal_goes_out_in_its_own_words() {
+        let mut h = Refuser;
+        let meta = CallMeta {
+            id: 7,
+            guest: 1,
+            channel: 2,
+            call: 3,
+        };
+        let e = h.call(&meta, &[], &mut []).unwrap_err();
+        let a = answer(7, Err(e));
+        assert_eq!((a.id, a.error.as_deref()), (7, Some("not today")));
+        let e = h.control("reset", &Value::Null).unwrap_err();
+        assert_eq!(
+            answer(8, Err(e)).error.as_deref(),
+            Some("no control operation \"reset\"")
+        );
+        assert_eq!(answer(9, Ok(Value::Null)).error, None);
+    }
+}
