@@ -20,6 +20,7 @@ use virtsoc_guest::services::{Geo, ServiceChannel};
 use virtsoc_guest::{ConnectOptions, Connection, Status};
 use virtsoc_services::external::client::{CallMeta, Handler, Options, ServiceHost};
 use virtsoc_services::hypervisor::CallInfo;
+use virtsoc_services::ServiceError;
 
 const CHILD: &str = "VIRTSOC_SERVICE_CHILD";
 
@@ -34,12 +35,14 @@ impl Handler for Upper {
         meta: &CallMeta,
         input: &[u8],
         output: &mut [u8],
-    ) -> Result<(usize, [u64; 4]), String> {
+    ) -> Result<(usize, [u64; 4]), ServiceError> {
         let n = self.calls.entry(meta.guest).or_default();
         *n += 1;
         match meta.call {
             1 => {
-                let out = output.get_mut(..input.len()).ok_or("no room")?;
+                let out = output
+                    .get_mut(..input.len())
+                    .ok_or_else(|| ServiceError::BadArgument("no room".into()))?;
                 out.copy_from_slice(input);
                 out.make_ascii_uppercase();
                 Ok((input.len(), [input.len() as u64, *n, 0, 0]))
@@ -51,14 +54,18 @@ impl Handler for Upper {
             3 => loop {
                 std::thread::park();
             },
-            _ => Err("no such call".into()),
+            _ => Err(ServiceError::BadArgument("no such call".into())),
         }
     }
 
-    fn control(&mut self, op: &str, _: &serde_json::Value) -> Result<serde_json::Value, String> {
+    fn control(
+        &mut self,
+        op: &str,
+        _: &serde_json::Value,
+    ) -> Result<serde_json::Value, ServiceError> {
         match op {
             "stats" => Ok(serde_json::json!({ "guests": self.calls.len() })),
-            _ => Err(format!("no operation {op}")),
+            _ => Err(ServiceError::BadArgument(format!("no operation {op}"))),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 use crate::backend::DisplayBackend;
 use crate::error::Result;
@@ -65,7 +65,7 @@ impl SinkStats {
         let (m, cv) = &*self.inner;
         let mut g = m.lock_or_recover();
         while g.queued > 0 {
-            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = cv.wait_or_recover(g);
         }
     }
 

@@ -414,11 +414,11 @@ pub fn emit_host(cmds: &[Cmd]) -> String {
     s.push_str(
         "}\n\nimpl Gl {\n    \
          /// Looks every entry point up with `get_proc` (`eglGetProcAddress`); fails naming the\n    \
-         /// first core one missing.\n    \
+         /// first core one missing ([`super::MissingGlFunction`]).\n    \
          ///\n    /// # Safety\n    \
          /// `get_proc` must return, for each name, null or the address of that GL function,\n    \
          /// callable with a current context of the library it comes from.\n    \
-         pub unsafe fn load(get_proc: impl Fn(&std::ffi::CStr) -> *const std::ffi::c_void) -> Result<Gl, String> {\n        \
+         pub unsafe fn load(get_proc: impl Fn(&std::ffi::CStr) -> *const std::ffi::c_void) -> Result<Gl, super::MissingGlFunction> {\n        \
          Ok(Gl {\n",
     );
     for c in cmds {
@@ -436,7 +436,7 @@ pub fn emit_host(cmds: &[Cmd]) -> String {
             let _ = writeln!(
                 s,
                 "            {n}: {{\n                let p = get_proc(c\"{n}\");\n                \
-                 if p.is_null() {{ return Err(\"{n}\".into()); }}\n                \
+                 if p.is_null() {{ return Err(super::MissingGlFunction(\"{n}\")); }}\n                \
                  // SAFETY: `p` is the address of `{n}` (the loader's contract), whose C type this is.\n                \
                  unsafe {{ std::mem::transmute::<*const std::ffi::c_void, {ty}>(p) }}\n            }},"
             );

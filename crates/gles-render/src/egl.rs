@@ -38,6 +38,12 @@ pub enum EglError {
     /// `libEGL.so.1` or one of its functions could not be loaded.
     #[error("host EGL: {0}")]
     Load(String),
+    /// A core GL function is missing (the GL decoder cannot run).
+    #[error("host EGL: {0}")]
+    Gl(#[from] crate::gl::MissingGlFunction),
+    /// An EGL or GL function a part of the worker needs is missing.
+    #[error("host EGL/GL has no {0:?}")]
+    NoFunction(&'static CStr),
     /// An EGL call failed.
     #[error("host EGL: {call} failed (error {code:#x})")]
     Call {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use virtsoc_gles_stream::{Encoder, Reader, StreamError};
 
-use crate::gl::{ContextState, Gl, Precision, ShareGroup};
+use crate::gl::{ContextState, Gl, MissingGlFunction, Precision, ShareGroup};
 
 /// The host's GL functions.
 pub struct GlApi {
@@ -24,10 +24,10 @@ pub type CtxState = ContextState;
 
 impl GlApi {
     /// Loads the host's GL functions through `get` (eglGetProcAddress).
-    pub fn load(get: impl Fn(&CStr) -> *const c_void) -> Result<GlApi, String> {
+    pub fn load(get: impl Fn(&CStr) -> *const c_void) -> Result<GlApi, MissingGlFunction> {
         // SAFETY: `get` answers the address of the named function of the host's GL (or
         // null), the loader's contract.
-        let gl = unsafe { Gl::load(get) }.map_err(|missing| format!("host GL has no {missing}"))?;
+        let gl = unsafe { Gl::load(get) }?;
         Ok(GlApi {
             gl,
             precision: Precision::from_env(),

@@ -20,7 +20,7 @@ use std::ffi::{c_void, CStr};
 
 use virtsoc_gles_stream::{egl, Reader, StreamError};
 
-use crate::egl::{Handle, HostEgl};
+use crate::egl::{EglError, Handle, HostEgl};
 
 /// Most images of one guest.
 pub const MAX_IMAGES: usize = 1024;
@@ -70,10 +70,9 @@ struct Fns {
 }
 
 impl Fns {
-    fn load(egl: &HostEgl) -> Result<Fns, String> {
-        fn get<T: Copy>(egl: &HostEgl, name: &CStr) -> Result<T, String> {
-            egl.function(name)
-                .ok_or_else(|| format!("host EGL/GL has no {name:?}"))
+    fn load(egl: &HostEgl) -> Result<Fns, EglError> {
+        fn get<T: Copy>(egl: &HostEgl, name: &'static CStr) -> Result<T, EglError> {
+            egl.function(name).ok_or(EglError::NoFunction(name))
         }
         Ok(Fns {
             create_image: get(egl, c"eglCreateImageKHR")?,

@@ -34,7 +34,7 @@ fn main() {
             log::warn!("render worker: VIRTSOC_RENDER_SANDBOX=off, not sandboxed");
             return Ok(());
         }
-        virtsoc_render::sandbox::enter().map_err(|e| e.to_string())
+        virtsoc_render::sandbox::enter()
     };
     if let Err(e) = virtsoc_render::worker::serve_confined(sock, confine) {
         eprintln!("virtsoc-render: {e}");

@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 
-use crate::egl::{Handle, HostEgl};
+use crate::egl::{EglError, Handle, HostEgl};
 use crate::mapped::Mapping;
 use crate::memobj;
 
@@ -49,6 +49,36 @@ const GL_EXTENSIONS: u32 = 0x1F03;
 const GL_RGBA: u32 = 0x1908;
 const GL_RGBA8: u32 = 0x8058;
 const GL_UNSIGNED_BYTE: u32 = 0x1401;
+
+/// Why a present (or the probe of the host) did not happen; logged by the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum PresentError {
+    /// The host GL lacks a framebuffer function presents need.
+    #[error("the host GL lacks framebuffer functions")]
+    NoFramebufferFunctions,
+    /// The present context could not be made or made current.
+    #[error("present context: {0}")]
+    Context(EglError),
+    /// The frame mapping is smaller than the frame (or the frame is empty).
+    #[error("a {w}x{h} frame in a {len}-byte mapping")]
+    MappingTooSmall {
+        /// The frame's width.
+        w: u32,
+        /// The frame's height.
+        h: u32,
+        /// The mapping's length in bytes.
+        len: usize,
+    },
+    /// The functions were not loaded (no present context was entered).
+    #[error("no functions")]
+    NoFunctions,
+    /// The host GL has no `glBlitFramebuffer` for a direct present.
+    #[error("no glBlitFramebuffer")]
+    NoBlit,
+    /// The host GL has no `glBlitFramebuffer` to flip the rows before a readback.
+    #[error("no glBlitFramebuffer to flip the rows")]
+    NoBlitToFlip,
+}
 
 type GenFn = unsafe extern "C" fn(i32, *mut u32);
 type DeleteFn = unsafe extern "C" fn(i32, *const u32);
@@ -151,9 +181,9 @@ unsafe impl Send for Presenter {}
 impl Presenter {
     /// Makes the present context current with `surface` (the guest's) as both draw and read
     /// surface; loads the functions and probes the host the first time.
-    fn enter(&mut self, egl: &HostEgl, surface: Handle) -> Result<(), String> {
+    fn enter(&mut self, egl: &HostEgl, surface: Handle) -> Result<(), PresentError> {
         if self.fns.is_none() {
-            self.fns = Some(Fns::load(egl).ok_or("the host GL lacks framebuffer functions")?);
+            self.fns = Some(Fns::load(egl).ok_or(PresentError::NoFramebufferFunctions)?);
         }
         let ctx = match self.ctx {
             Some(c) => c,
@@ -162,13 +192,13 @@ impl Presenter {
                 let c = egl
                     .create_context(null, null, 3)
                     .or_else(|_| egl.create_context(null, null, 2))
-                    .map_err(|e| format!("present context: {e}"))?;
+                    .map_err(PresentError::Context)?;
                 self.ctx = Some(c);
                 c
             }
         };
         egl.make_current(surface, surface, ctx)
-            .map_err(|e| format!("present context: {e}"))?;
+            .map_err(PresentError::Context)?;
         if self.caps.is_none() {
             self.caps = Some(self.probe(egl));
         }
@@ -292,13 +322,14 @@ impl Presenter {
         surface: Handle,
         (handle, m): (u32, &mut Mapping),
         (w, h): (u32, u32),
-    ) -> Result<(u32, Way), String> {
+    ) -> Result<(u32, Way), PresentError> {
         let need = u64::from(w) * u64::from(h) * 4;
         if w == 0 || h == 0 || (m.bytes().len() as u64) < need {
-            return Err(format!(
-                "a {w}x{h} frame in a {}-byte mapping",
-                m.bytes().len()
-            ));
+            return Err(PresentError::MappingTooSmall {
+                w,
+                h,
+                len: m.bytes().len(),
+            });
         }
         self.enter(egl, surface)?;
         self.target(egl, handle, m, (w, h));
@@ -306,11 +337,11 @@ impl Presenter {
             direct: false,
             reverse_rows: false,
         });
-        let f = self.fns.as_ref().ok_or("no functions")?;
+        let f = self.fns.as_ref().ok_or(PresentError::NoFunctions)?;
         let (wi, hi) = (w as i32, h as i32);
         match self.targets.get(&handle) {
             Some(Target::Direct { fbo, .. }) => {
-                let blit = f.blit.ok_or("no glBlitFramebuffer")?;
+                let blit = f.blit.ok_or(PresentError::NoBlit)?;
                 // SAFETY: the present context is current with the guest's surface as its
                 // window-system framebuffer; `fbo` is its complete framebuffer on the
                 // frame's memory (`w` x `h`). The blit flips the rows: GL's bottom row
@@ -353,9 +384,13 @@ impl Presenter {
 
     /// The surface blitted upside down into a renderbuffer of the worker's, then read into
     /// the mapping (a host without reversed-row readbacks).
-    fn flipped_readback(&mut self, m: &mut Mapping, (w, h): (u32, u32)) -> Result<(), String> {
-        let f = self.fns.as_ref().ok_or("no functions")?;
-        let blit = f.blit.ok_or("no glBlitFramebuffer to flip the rows")?;
+    fn flipped_readback(
+        &mut self,
+        m: &mut Mapping,
+        (w, h): (u32, u32),
+    ) -> Result<(), PresentError> {
+        let f = self.fns.as_ref().ok_or(PresentError::NoFunctions)?;
+        let blit = f.blit.ok_or(PresentError::NoBlitToFlip)?;
         if self.scratch.is_some_and(|s| s.2 != (w, h)) {
             if let Some((fbo, rb, _)) = self.scratch.take() {
                 // SAFETY: names of the present context, which is current.

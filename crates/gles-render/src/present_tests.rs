@@ -208,3 +208,29 @@ fn batches_run_out_of_a_mapping_and_answers_go_into_another() {
     daemon(&mut r, &e, vec![]);
     assert!(r.mappings.is_empty());
 }
+
+/// The worker logs these words for a present that did not happen: the typed error keeps the
+/// texts it wrote as strings before.
+#[test]
+fn present_refusals_read_as_before() {
+    use crate::present::PresentError;
+    let too_small = PresentError::MappingTooSmall {
+        w: 4,
+        h: 2,
+        len: 16,
+    };
+    assert_eq!(too_small.to_string(), "a 4x2 frame in a 16-byte mapping");
+    assert_eq!(
+        PresentError::NoFramebufferFunctions.to_string(),
+        "the host GL lacks framebuffer functions"
+    );
+    assert_eq!(
+        PresentError::NoBlitToFlip.to_string(),
+        "no glBlitFramebuffer to flip the rows"
+    );
+    let missing = crate::gl::MissingGlFunction("glFinish");
+    assert_eq!(
+        crate::egl::EglError::from(missing).to_string(),
+        "host EGL: host GL has no glFinish"
+    );
+}

@@ -12,6 +12,8 @@ use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFl
 use virtsoc_gles_stream::Encoder;
 use virtsoc_proto::stream::write_all_vectored;
 
+use crate::egl::EglError;
+use crate::sandbox::SandboxError;
 use crate::worker::{cpu_ns, Renderer, WorkerError, BAD_STREAM, FROM_DAEMON, LOST, MAX_BATCH, OK};
 
 /// Most descriptors one message may bring (the daemon sends one per MAP).
@@ -19,6 +21,18 @@ pub const MAX_FDS: usize = 16;
 /// Answers of at most this many bytes travel on the socket even with a reply mapping: the
 /// daemon hands them to the guest in the exec's result words (`INLINE_REPLY` there).
 pub const INLINE_REPLY: usize = 32;
+
+/// Why the worker has no renderer and answers every batch `LOST` (the text goes to the
+/// daemon with each answer, and to the worker's log).
+#[derive(Debug, thiserror::Error)]
+enum Unavailable {
+    /// The host's EGL or GL could not be opened.
+    #[error(transparent)]
+    Egl(EglError),
+    /// The sandbox could not be entered.
+    #[error("render worker sandbox: {0}")]
+    Sandbox(SandboxError),
+}
 
 /// Reads a message header (`u32 len | u32 flags`) into `hdr` with the descriptors that
 /// came with it; `None` when the daemon hung up.
@@ -69,14 +83,14 @@ pub fn serve(sock: UnixStream) -> Result<(), WorkerError> {
 /// ([`crate::sandbox::enter`]). A sandbox that cannot be entered leaves the worker lost.
 pub fn serve_confined(
     mut sock: UnixStream,
-    confine: impl FnOnce() -> Result<(), String>,
+    confine: impl FnOnce() -> Result<(), SandboxError>,
 ) -> Result<(), WorkerError> {
-    let mut renderer: Result<Renderer, String> = Renderer::new().map_err(|e| e.to_string());
+    let mut renderer: Result<Renderer, Unavailable> = Renderer::new().map_err(Unavailable::Egl);
     if let Ok(r) = &mut renderer {
         r.warm_up();
     }
     if let Err(e) = confine() {
-        renderer = Err(format!("render worker sandbox: {e}"));
+        renderer = Err(Unavailable::Sandbox(e));
     }
     if let Err(e) = &renderer {
         log::warn!("render worker: {e}");
@@ -108,7 +122,7 @@ pub fn serve_confined(
         let body = &batch[..n];
         reply.clear();
         let (status, msg) = match &mut renderer {
-            Err(e) => (LOST, e.clone()),
+            Err(e) => (LOST, e.to_string()),
             Ok(r) => {
                 r.incoming = std::mem::take(&mut fds);
                 r.reply_to = 0;

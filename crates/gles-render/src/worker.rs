@@ -103,7 +103,7 @@ impl Renderer {
     /// Opens the host's EGL and loads its GL.
     pub fn new() -> Result<Renderer, EglError> {
         let egl = HostEgl::open()?;
-        let gl = GlApi::load(|n| egl.proc_address(n)).map_err(EglError::Load)?;
+        let gl = GlApi::load(|n| egl.proc_address(n))?;
         log::info!("render worker: {}", egl.description);
         Ok(Renderer {
             egl,

@@ -214,11 +214,13 @@ impl Rotation {
     }
 }
 
-/// One composition layer.
+/// One composition layer drawn from a source `S`: a frame's bytes ([`Layer`]) or, on the
+/// wgpu backend, a resident image (`ImageLayer`). How a source is placed (crop, destination,
+/// rotation, alpha, blending) and its builders are declared once, here, for both.
 #[derive(Clone, Copy, Debug)]
-pub struct Layer<'a> {
-    /// The source frame (layout and bytes); any [`PixelFormat`].
-    pub src: FrameRef<'a>,
+pub struct LayerOf<S> {
+    /// The source: a frame (layout and bytes) or a resident image; any [`PixelFormat`].
+    pub src: S,
     /// Source region, in source pixels; must lie inside the source.
     pub crop: Rect,
     /// Destination region, in destination pixels; clipped to the destination.
@@ -231,17 +233,40 @@ pub struct Layer<'a> {
     pub blend: bool,
 }
 
+/// One composition layer drawn from a frame's bytes.
+pub type Layer<'a> = LayerOf<FrameRef<'a>>;
+
 impl<'a> Layer<'a> {
     /// The whole source drawn into `dst_rect`, unrotated, opaque plane alpha,
     /// blending on.
     pub fn new(src: FrameRef<'a>, dst_rect: Rect) -> Self {
-        Layer {
+        LayerOf::whole(src, &src.layout, dst_rect)
+    }
+}
+
+impl<S> LayerOf<S> {
+    /// The whole of `src` (laid out as `layout`) drawn into `dst_rect`, unrotated, opaque
+    /// plane alpha, blending on.
+    fn whole(src: S, layout: &FrameLayout, dst_rect: Rect) -> Self {
+        LayerOf {
             src,
-            crop: Rect::full(src.layout.width, src.layout.height),
+            crop: Rect::full(layout.width, layout.height),
             dst_rect,
             rotation: Rotation::R0,
             alpha: 1.0,
             blend: true,
+        }
+    }
+
+    /// The same placement drawn from another source (e.g. a frame's resident copy).
+    pub fn drawn_from<T>(&self, src: T) -> LayerOf<T> {
+        LayerOf {
+            src,
+            crop: self.crop,
+            dst_rect: self.dst_rect,
+            rotation: self.rotation,
+            alpha: self.alpha,
+            blend: self.blend,
         }
     }
 

@@ -390,7 +390,7 @@ impl Daemon {
 
     /// Checks a hello and sets up the guest: its window and its SVM state. Nothing is
     /// allocated for a hello that fails the checks.
-    fn admit(&self, hello: &Hello) -> std::result::Result<Admitted, String> {
+    fn admit(&self, hello: &Hello) -> std::result::Result<Admitted, AdmitError> {
         let kind = self.check_hello(hello)?;
         let entries = |n: u32| n.clamp(8, 4096).next_power_of_two();
         let size = hello
@@ -399,10 +399,10 @@ impl Daemon {
             .div_ceil(PAGE)
             * PAGE;
         let layout = WindowLayout::new(size, entries(hello.sq_entries), entries(hello.cq_entries))
-            .map_err(|e| e.to_string())?;
+            .map_err(AdmitError::Layout)?;
         let guest_id = GuestId(self.next_guest.fetch_add(1, Ordering::Relaxed));
         let window = SharedWindow::create_memfd(&format!("virtsoc-guest-{guest_id}"), layout)
-            .map_err(|e| format!("cannot create window: {e}"))?;
+            .map_err(AdmitError::Window)?;
         self.admit_with(guest_id, kind, Arc::new(window), &hello.name)
     }
 
@@ -415,7 +415,7 @@ impl Daemon {
         kind: ProtocolKind,
         window: Arc<SharedWindow>,
         name: &str,
-    ) -> std::result::Result<Admitted, String> {
+    ) -> std::result::Result<Admitted, AdmitError> {
         let policy = self.cfg.sharing.policy.current();
         let limit = policy
             .for_guest(&sanitize_name(name))
@@ -431,7 +431,7 @@ impl Daemon {
                 limit,
                 self.cfg.limits.regions,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(AdmitError::Attach)?;
         self.guest_meta
             .lock_or_recover()
             .insert(guest_id, ("vm", kind));
@@ -449,17 +449,19 @@ impl Daemon {
     }
 
     /// Checks the protocol version and the coherence protocol a guest asks for.
-    pub(crate) fn check_hello(&self, hello: &Hello) -> std::result::Result<ProtocolKind, String> {
+    pub(crate) fn check_hello(
+        &self,
+        hello: &Hello,
+    ) -> std::result::Result<ProtocolKind, AdmitError> {
         if hello.protocol != PROTOCOL_VERSION {
-            return Err(format!(
-                "protocol {} not supported (daemon speaks {PROTOCOL_VERSION})",
-                hello.protocol
-            ));
+            return Err(AdmitError::Protocol {
+                asked: hello.protocol,
+            });
         }
         match hello.coherence.as_deref().map(str::parse::<ProtocolKind>) {
             None => Ok(self.cfg.protocol),
             Some(Ok(k)) => Ok(k),
-            Some(Err(e)) => Err(e.to_string()),
+            Some(Err(e)) => Err(AdmitError::Coherence(e)),
         }
     }
 
@@ -526,5 +528,8 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod accept;
 pub mod admission;
 mod connection;
+mod refusal;
+
+pub use refusal::AdmitError;
 #[cfg(test)]
 mod tests;

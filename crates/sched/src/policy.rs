@@ -137,45 +137,64 @@ impl GuestPolicy {
         std::time::Duration::from_millis(self.fence_wait_ms.unwrap_or(DEFAULT_FENCE_WAIT_MS))
     }
 
-    fn check(&self) -> std::result::Result<(), String> {
-        if self.shares == 0 || self.shares > 1_000_000 {
-            return Err(format!("shares {} out of range 1..=1000000", self.shares));
-        }
-        if let Some(n) = self.codec_threads {
-            if !(1..=MAX_CODEC_THREADS).contains(&n) {
-                return Err(format!(
-                    "codec_threads {n} out of range 1..={MAX_CODEC_THREADS}"
-                ));
+    fn check(&self) -> std::result::Result<(), InvalidValue> {
+        let range = |name, value: u64, max: u64| {
+            if (1..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(InvalidValue::OutOfRange { name, value, max })
             }
+        };
+        range("shares", u64::from(self.shares), 1_000_000)?;
+        if let Some(n) = self.codec_threads {
+            range("codec_threads", u64::from(n), u64::from(MAX_CODEC_THREADS))?;
         }
         if let Some(n) = self.codec_sessions {
-            if !(1..=MAX_CODEC_SESSIONS).contains(&n) {
-                return Err(format!(
-                    "codec_sessions {n} out of range 1..={MAX_CODEC_SESSIONS}"
-                ));
-            }
+            range(
+                "codec_sessions",
+                u64::from(n),
+                u64::from(MAX_CODEC_SESSIONS),
+            )?;
         }
         if let Some(ms) = self.fence_wait_ms {
-            if !(1..=MAX_FENCE_WAIT_MS).contains(&ms) {
-                return Err(format!(
-                    "fence_wait_ms {ms} out of range 1..={MAX_FENCE_WAIT_MS}"
-                ));
-            }
+            range("fence_wait_ms", ms, MAX_FENCE_WAIT_MS)?;
         }
         if let Some(r) = self.rate_cap {
             if !(r.is_finite() && r > 0.0) {
-                return Err(format!("rate_cap {r} is not a positive number"));
+                return Err(InvalidValue::RateCap(r));
             }
         }
         for c in self.commands.iter().flatten() {
             if c.split_once('.')
                 .is_none_or(|(d, n)| d.is_empty() || n.is_empty())
             {
-                return Err(format!("command {c:?} is not device.command or device.*"));
+                return Err(InvalidValue::Command(c.clone()));
             }
         }
         Ok(())
     }
+}
+
+/// A value of a guest's policy that parses but is not allowed; its text is the message of
+/// the [`SchedError::Policy`] the file is refused with.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidValue {
+    /// A number outside `1..=max`.
+    #[error("{name} {value} out of range 1..={max}")]
+    OutOfRange {
+        /// The field.
+        name: &'static str,
+        /// Its value.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// A `rate_cap` that is not a positive number.
+    #[error("rate_cap {0} is not a positive number")]
+    RateCap(f64),
+    /// A `commands` entry that is not `device.command` or `device.*`.
+    #[error("command {0:?} is not device.command or device.*")]
+    Command(String),
 }
 
 /// A whole policy file.

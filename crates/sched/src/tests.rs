@@ -805,3 +805,29 @@ fn wfq_with_a_lead_keeps_the_device_busy_and_eight_guests_fair() {
     let whole = unfairness(&sum(&windows[1..19]), 8);
     assert!(whole <= 0.01, "whole-run unfairness {whole}");
 }
+
+/// A refused policy file's message keeps the words the check wrote as strings before.
+#[test]
+fn policy_value_refusals_read_as_before() {
+    let text = |p: &str| Policy::parse(p).unwrap_err().to_string();
+    assert_eq!(
+        text("[default]\nshares = 0\n"),
+        "policy line 1: default: shares 0 out of range 1..=1000000"
+    );
+    assert_eq!(
+        text("[guest.a]\ncodec_threads = 0\n"),
+        "policy line 1: guest \"a\": codec_threads 0 out of range 1..=1024"
+    );
+    assert_eq!(
+        text("[guest.a]\nfence_wait_ms = 3600001\n"),
+        "policy line 1: guest \"a\": fence_wait_ms 3600001 out of range 1..=3600000"
+    );
+    assert_eq!(
+        text("[guest.a]\nrate_cap = -1.5\n"),
+        "policy line 1: guest \"a\": rate_cap -1.5 is not a positive number"
+    );
+    assert_eq!(
+        text("[guest.a]\ncommands = [\"gpu\"]\n"),
+        "policy line 1: guest \"a\": command \"gpu\" is not device.command or device.*"
+    );
+}

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 use virtsoc_services::external::client::{CallMeta, Handler, Options, ServiceHost};
 use virtsoc_services::hypervisor::CallInfo;
+use virtsoc_services::ServiceError;
 
 #[derive(Default)]
 struct Upper {
@@ -32,14 +33,14 @@ impl Handler for Upper {
         meta: &CallMeta,
         input: &[u8],
         output: &mut [u8],
-    ) -> Result<(usize, [u64; 4]), String> {
+    ) -> Result<(usize, [u64; 4]), ServiceError> {
         let n = self.calls.entry(meta.guest).or_default();
         *n += 1;
         match meta.call {
             1 => {
-                let out = output
-                    .get_mut(..input.len())
-                    .ok_or_else(|| format!("no room for {} bytes", input.len()))?;
+                let out = output.get_mut(..input.len()).ok_or_else(|| {
+                    ServiceError::BadArgument(format!("no room for {} bytes", input.len()))
+                })?;
                 out.copy_from_slice(input);
                 out.make_ascii_uppercase();
                 Ok((input.len(), [input.len() as u64, *n, 0, 0]))
@@ -48,14 +49,16 @@ impl Handler for Upper {
                 0,
                 [u64::from(crc32fast::hash(input)), input.len() as u64, *n, 0],
             )),
-            c => Err(format!("no call {c}")),
+            c => Err(ServiceError::BadArgument(format!("no call {c}"))),
         }
     }
 
-    fn control(&mut self, op: &str, _args: &Value) -> Result<Value, String> {
+    fn control(&mut self, op: &str, _args: &Value) -> Result<Value, ServiceError> {
         match op {
             "stats" => Ok(json!({ "calls": self.calls })),
-            _ => Err(format!("upper: no operation {op:?} (stats)")),
+            _ => Err(ServiceError::BadArgument(format!(
+                "upper: no operation {op:?} (stats)"
+            ))),
         }
     }
 
@@ -67,8 +70,10 @@ impl Handler for Upper {
         self.calls.get(&guest).map(|n| json!({ "calls": n }))
     }
 
-    fn import_guest(&mut self, guest: u64, state: &Value) -> Result<(), String> {
-        let n = state["calls"].as_u64().ok_or("no call count")?;
+    fn import_guest(&mut self, guest: u64, state: &Value) -> Result<(), ServiceError> {
+        let n = state["calls"]
+            .as_u64()
+            .ok_or_else(|| ServiceError::BadArgument("no call count".into()))?;
         self.calls.insert(guest, n);
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use virtsoc_sched::{GuestId, Kind, Pick, Scheduler};
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// A call's place in the gate.
 pub type Ticket = u64;
@@ -165,12 +165,9 @@ impl Gate {
             c = match again {
                 Some(at) => {
                     let wait = Duration::from_nanos(at.saturating_sub(self.now()));
-                    self.cv
-                        .wait_timeout(c, wait)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
+                    self.cv.wait_timeout_or_recover(c, wait).0
                 }
-                None => self.cv.wait(c).unwrap_or_else(|p| p.into_inner()),
+                None => self.cv.wait_or_recover(c),
             };
         }
     }

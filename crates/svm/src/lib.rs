@@ -647,9 +647,10 @@ impl SvmManager {
         SvmStats {
             regions: self
                 .guests
-                .read()
-                .map(|g| g.values().map(|g| g.region_count() as u64).sum())
-                .unwrap_or(0),
+                .read_or_recover()
+                .values()
+                .map(|g| g.region_count() as u64)
+                .sum(),
             begin_accesses: self.counters.begin.load(Ordering::Relaxed),
             end_accesses: self.counters.end.load(Ordering::Relaxed),
             copies: self.counters.copies.load(Ordering::Relaxed),

@@ -340,11 +340,15 @@ impl Args {
     }
 }
 
-fn parse_protocol(s: &str) -> Result<ProtocolKind, String> {
-    s.parse().map_err(|e: virtsoc_svm::SvmError| e.to_string())
+// The value parsers below answer `String` errors where no crate has a type for the mistake:
+// clap prints the text as it is after its own words ("invalid value ... for '--size'"), and
+// nothing matches on it.
+
+fn parse_protocol(s: &str) -> Result<ProtocolKind, virtsoc_svm::SvmError> {
+    s.parse()
 }
 
-/// Parses `WIDTHxHEIGHT`.
+/// Parses `WIDTHxHEIGHT` (a `String` error: clap's value parser, see above).
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
     let (w, h) = s
         .split_once('x')
@@ -353,6 +357,7 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
     Ok((n(w)?, n(h)?))
 }
 
+/// Parses an encoder preset's name (a `String` error: clap's value parser, see above).
 fn parse_preset(s: &str) -> Result<virtsoc_media::EncoderPreset, String> {
     virtsoc_media::EncoderPreset::from_name(s).ok_or_else(|| {
         let names: Vec<&str> = virtsoc_media::EncoderPreset::ALL
@@ -363,7 +368,8 @@ fn parse_preset(s: &str) -> Result<virtsoc_media::EncoderPreset, String> {
     })
 }
 
-/// Parses `--view-budget`: a percentage, 0 to 100.
+/// Parses `--view-budget`: a percentage, 0 to 100 (a `String` error: clap's value parser,
+/// see above).
 fn view_budget(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if (0.0..=100.0).contains(&v) {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 use virtsoc_control::client::{request, Target};
+use virtsoc_sync::LockExt;
 
 /// Cumulative counters of the guests of one program (summed when it opened several).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -183,7 +184,7 @@ fn snapshot(target: &Target, before: &BTreeSet<u64>) -> Option<Snapshot> {
 /// Reads the counters of the guests a program opens, scene by scene. A program may have
 /// closed its connection by the time its last scene's line is read, so a thread also
 /// samples them every 100 ms: a scene whose end finds no guest takes the latest sample.
-pub struct GuestCounters {
+pub struct SceneCostMeter {
     target: Target,
     /// Guests that existed before the program started (not its own).
     before: Arc<BTreeSet<u64>>,
@@ -196,10 +197,10 @@ pub struct GuestCounters {
     sampler: Option<std::thread::JoinHandle<()>>,
 }
 
-impl GuestCounters {
+impl SceneCostMeter {
     /// Counters of the daemon whose guest socket is `socket`.
-    pub fn new(socket: &str) -> GuestCounters {
-        GuestCounters {
+    pub fn new(socket: &str) -> SceneCostMeter {
+        SceneCostMeter {
             target: crate::ctl::target(Some(socket.to_string())),
             before: Arc::new(BTreeSet::new()),
             last: Snapshot::default(),
@@ -225,9 +226,7 @@ impl GuestCounters {
         );
         self.last = Snapshot::default();
         self.scenes.clear();
-        if let Ok(mut l) = self.latest.lock() {
-            *l = None;
-        }
+        *self.latest.lock_or_recover() = None;
         if !self.reachable {
             return;
         }
@@ -241,9 +240,8 @@ impl GuestCounters {
         self.sampler = Some(std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 if let Some(s) = snapshot(&target, &before) {
-                    if let Ok(mut l) = latest.lock() {
-                        *l = Some(l.map_or(s, |old| old.latest(s)));
-                    }
+                    let mut l = latest.lock_or_recover();
+                    *l = Some(l.map_or(s, |old| old.latest(s)));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -262,7 +260,7 @@ impl GuestCounters {
         if !self.reachable {
             return;
         }
-        let sampled = self.latest.lock().ok().and_then(|l| *l);
+        let sampled = *self.latest.lock_or_recover();
         let now = match (snapshot(&self.target, &self.before), sampled) {
             (Some(now), Some(s)) => Some(now.latest(s)),
             (now, s) => now.or(s),
@@ -280,7 +278,7 @@ impl GuestCounters {
     }
 }
 
-impl Drop for GuestCounters {
+impl Drop for SceneCostMeter {
     fn drop(&mut self) {
         self.end_sampling();
     }

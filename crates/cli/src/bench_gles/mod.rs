@@ -59,7 +59,7 @@ use serde::Serialize;
 
 use crate::daemon_proc::DaemonProcess;
 use crate::CliError;
-use counters::GuestCounters;
+use counters::SceneCostMeter;
 use env::{Display, VirglServer};
 use glmark::{SceneLine, GLMARK2};
 use report::report;
@@ -294,7 +294,7 @@ fn run_once(
     args: &[String],
     (limit, quiet): (Duration, Duration),
     server_pid: Option<u32>,
-    mut cost: Option<&mut GuestCounters>,
+    mut cost: Option<&mut SceneCostMeter>,
 ) -> Result<PathRun, GlesError> {
     let mut cmd = env.command(GLMARK2, path)?;
     cmd.args(args);
@@ -424,7 +424,7 @@ pub fn bench(a: &BenchGlesArgs) -> Result<GlesReport, GlesError> {
     // A scene prints its line after `duration` (and its last frame): silence far beyond that
     // is a program stuck in a scene.
     let quiet = Duration::from_secs_f64(60.0 + 2.0 * a.duration);
-    let mut counters = daemon.as_ref().map(|d| GuestCounters::new(&d.socket));
+    let mut counters = daemon.as_ref().map(|d| SceneCostMeter::new(&d.socket));
     let mut runs: BTreeMap<GlPath, Vec<PathRun>> = BTreeMap::new();
     for round in 0..a.rounds {
         for path in GlPath::ALL {

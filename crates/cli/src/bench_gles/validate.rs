@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::counters::GuestCounters;
+use super::counters::SceneCostMeter;
 use super::env::{self, Display};
 use super::glmark::{self, SceneLine, GLMARK2};
 use super::vm::{self, VmGuest};
@@ -249,7 +249,7 @@ fn validate_path(
 ) -> Result<(Vec<String>, Vec<String>), GlesError> {
     let mut cmd = penv.command(GLMARK2, path)?;
     cmd.args(args);
-    let mut counters = (path == GlPath::Vm).then(|| GuestCounters::new(socket));
+    let mut counters = (path == GlPath::Vm).then(|| SceneCostMeter::new(socket));
     if let Some(c) = counters.as_mut() {
         c.begin();
     }

@@ -63,7 +63,6 @@ use crate::daemon_proc::DaemonProcess;
 use crate::scenario::{self, show::Composition, RunOpts};
 use crate::soak::Background;
 use crate::CliError;
-use virtsoc_sync::LockExt;
 
 mod hostile;
 use hostile::{hostile, open};
@@ -180,7 +179,7 @@ pub struct IsolationReport {
 struct Tally {
     ops: AtomicU64,
     refused: AtomicU64,
-    first: std::sync::Mutex<Option<String>>,
+    first: virtsoc_sync::Mutex<Option<String>>,
 }
 
 impl Tally {
@@ -190,9 +189,7 @@ impl Tally {
             Ok(v) => Ok(Some(v)),
             Err(e @ (GuestError::Status { .. } | GuestError::BadArgument(_))) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                self.first
-                    .lock_or_recover()
-                    .get_or_insert_with(|| e.to_string());
+                self.first.lock().get_or_insert_with(|| e.to_string());
                 Ok(None)
             }
             Err(e) => Err(e.into()),
@@ -359,7 +356,7 @@ fn rows(
             rounds,
             hostile_ops: ops,
             hostile_refused: refused,
-            hostile_refusal: tally.first.into_inner().unwrap_or_else(|p| p.into_inner()),
+            hostile_refusal: tally.first.into_inner(),
             victim_corrupt: corrupt,
         });
         drop(done);

@@ -64,6 +64,11 @@ mod generated {
 
 pub use generated::Gl;
 
+/// A core GL entry point the host's GL does not have: what [`Gl::load`] fails with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("host GL has no {0}")]
+pub struct MissingGlFunction(pub &'static str);
+
 /// Runs GL packet `op` (its payload in `payload`) on the current host context, which must be
 /// `cx`'s; the answers of calls with results go to `reply` (`reply.packet(op)`, in packet
 /// order). A malformed packet (a scalar missing, an unknown opcode) is an error; a refused

@@ -12,78 +12,25 @@ use super::pool::BufKey;
 use super::{align_up, State, SubmissionId, Submitted, WgpuBackend};
 use crate::cpu::{LayerMap, ViewParams};
 use crate::{
-    check_crop, check_dst_rect, check_markers, check_view, FrameLayout, GpuError, Marker,
+    check_crop, check_dst_rect, check_markers, check_view, FrameLayout, GpuError, LayerOf, Marker,
     MarkerShape, PixelFormat, Rect, Result, Rotation, View, MAX_LAYERS,
 };
 
-/// One composition layer drawn from a resident image; the fields mean what
-/// they mean in [`Layer`](crate::Layer).
-#[derive(Clone, Copy, Debug)]
-pub struct ImageLayer<'a> {
-    /// The resident source image (any [`PixelFormat`]).
-    pub image: &'a GpuImage,
-    /// Source region, in source pixels; must lie inside the image.
-    pub crop: Rect,
-    /// Destination region, in destination pixels; clipped to the destination.
-    pub dst_rect: Rect,
-    /// Clockwise rotation applied to the cropped source.
-    pub rotation: Rotation,
-    /// Plane alpha in [0, 1], multiplied with the source alpha.
-    pub alpha: f32,
-    /// Blend over what is below (straight alpha) instead of replacing it.
-    pub blend: bool,
-}
+/// One composition layer drawn from a resident image (its placement as in
+/// [`Layer`](crate::Layer): [`LayerOf`]).
+pub type ImageLayer<'a> = LayerOf<&'a GpuImage>;
 
 impl<'a> ImageLayer<'a> {
     /// Byte layer `l` (crop, placement, rotation, alpha, blending) drawn from `image`, the
     /// resident copy of its source.
     pub fn of(l: &crate::Layer<'_>, image: &'a GpuImage) -> Self {
-        ImageLayer {
-            image,
-            crop: l.crop,
-            dst_rect: l.dst_rect,
-            rotation: l.rotation,
-            alpha: l.alpha,
-            blend: l.blend,
-        }
+        l.drawn_from(image)
     }
 
     /// The whole image drawn into `dst_rect`, unrotated, opaque plane alpha,
     /// blending on.
     pub fn new(image: &'a GpuImage, dst_rect: Rect) -> Self {
-        let l = image.layout();
-        ImageLayer {
-            image,
-            crop: Rect::full(l.width, l.height),
-            dst_rect,
-            rotation: Rotation::R0,
-            alpha: 1.0,
-            blend: true,
-        }
-    }
-
-    /// Replaces the crop (source pixels; must lie inside the image).
-    pub fn with_crop(mut self, crop: Rect) -> Self {
-        self.crop = crop;
-        self
-    }
-
-    /// Replaces the rotation.
-    pub fn with_rotation(mut self, rotation: Rotation) -> Self {
-        self.rotation = rotation;
-        self
-    }
-
-    /// Replaces the plane alpha (must be in [0, 1]).
-    pub fn with_alpha(mut self, alpha: f32) -> Self {
-        self.alpha = alpha;
-        self
-    }
-
-    /// Turns blending over the layers below on or off.
-    pub fn with_blend(mut self, blend: bool) -> Self {
-        self.blend = blend;
-        self
+        LayerOf::whole(image, &image.layout(), dst_rect)
     }
 }
 
@@ -92,14 +39,14 @@ impl<'a> ImageLayer<'a> {
 /// destination, and it either replaces (no blending) or is opaque (plane
 /// alpha 1 and a YUV source, which has no alpha).
 pub(super) fn covers_opaque(l: &ImageLayer<'_>, dst: &FrameLayout) -> bool {
-    covers(l, dst) && (!l.blend || (l.alpha == 1.0 && l.image.layout().format.is_yuv()))
+    covers(l, dst) && (!l.blend || (l.alpha == 1.0 && l.src.layout().format.is_yuv()))
 }
 
 /// Whether `l` maps a `dst`-sized destination 1:1 onto the whole of its source: same
 /// size, placed at the origin, not rotated, the crop the whole source (the shaders'
 /// `IDENT`: one fetch per pixel, no coordinate mapping or crop clamping).
 fn is_identity(l: &ImageLayer<'_>, dst: &FrameLayout) -> bool {
-    let sl = l.image.layout();
+    let sl = l.src.layout();
     let full = Rect::full(dst.width, dst.height);
     l.rotation == Rotation::R0
         && l.dst_rect == full
@@ -141,7 +88,7 @@ fn not_dst(src: &GpuImage, dst: &GpuImage) -> Result<()> {
 fn layer_params(l: &ImageLayer<'_>, dst: &FrameLayout) -> Params {
     let r = l.dst_rect;
     let c = l.crop;
-    let sl = l.image.layout();
+    let sl = l.src.layout();
     let map = LayerMap::new(r, c, l.rotation);
     Params {
         dst_rect: [r.x as f32, r.y as f32, r.width as f32, r.height as f32],
@@ -180,9 +127,9 @@ impl WgpuBackend {
             });
         }
         for l in layers {
-            self.check_owner(l.image)?;
-            not_dst(l.image, dst)?;
-            check_crop(l.crop, &l.image.layout())?;
+            self.check_owner(l.src)?;
+            not_dst(l.src, dst)?;
+            check_crop(l.crop, &l.src.layout())?;
             check_dst_rect(l.dst_rect)?;
             if !(l.alpha.is_finite() && (0.0..=1.0).contains(&l.alpha)) {
                 return Err(GpuError::InvalidParameter(format!(
@@ -302,7 +249,7 @@ impl WgpuBackend {
                     &self.pipes.src_bgl,
                     &ubuf,
                     i as u64 * self.pipes.uniform_stride,
-                    &l.image.inner.views,
+                    &l.src.inner.views,
                     &self.pipes.clamp_sampler,
                     None,
                 )
@@ -325,10 +272,10 @@ impl WgpuBackend {
             let (a, b) = (&layers[0], &layers[1]);
             let key = PipeKey::Fused {
                 target,
-                mode: a.image.inner.mode,
+                mode: a.src.inner.mode,
                 exact: exact(a),
                 ident: ident(a),
-                mode2: b.image.inner.mode,
+                mode2: b.src.inner.mode,
                 exact2: exact(b),
                 ident2: ident(b),
                 blend2: b.blend,
@@ -364,7 +311,7 @@ impl WgpuBackend {
             let key = PipeKey::Layer {
                 target,
                 blend: l.blend,
-                mode: l.image.inner.mode,
+                mode: l.src.inner.mode,
                 exact: exact(l),
                 ident: ident(l),
             };

@@ -206,21 +206,21 @@ impl Daemon {
         Ok(())
     }
 
-    pub(super) fn refuse(stream: &impl AsFd, reason: String) {
+    /// Answers a hello with a refusal (`reason`'s text) and logs it.
+    pub(super) fn refuse(stream: &impl AsFd, reason: impl std::fmt::Display) {
         log::warn!("refusing guest: {reason}");
+        let reason = reason.to_string();
         let _ = send_json(stream, &Reply::Refused { reason }, None);
     }
 
     /// Takes a guest's place for a connection whose handshake was read (see
     /// [`admission`](super::admission)): the place is given back when the slot drops; the
     /// refusal's reason when the daemon serves `max_connections` guests already.
-    pub(super) fn take_place(self: &Arc<Self>) -> std::result::Result<ConnSlot, String> {
+    pub(super) fn take_place(self: &Arc<Self>) -> std::result::Result<ConnSlot, AdmitError> {
         let max = self.cfg.max_connections;
         if self.connections.fetch_add(1, Ordering::SeqCst) >= max {
             self.connections.fetch_sub(1, Ordering::SeqCst);
-            return Err(format!(
-                "too many connections: the daemon serves at most {max} guests at once"
-            ));
+            return Err(AdmitError::TooManyConnections { max });
         }
         Ok(ConnSlot(self.clone()))
     }

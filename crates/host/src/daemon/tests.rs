@@ -91,3 +91,29 @@ fn a_failed_thread_start_refuses_only_that_connection() {
     assert_eq!(daemon.connection_count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A refused guest reads these words in its `Refused` reply (and `hardening` tests match
+/// on them): the typed refusal keeps the texts the daemon sent as strings before.
+#[test]
+fn refusals_read_as_before() {
+    assert_eq!(
+        AdmitError::Protocol { asked: 1 }.to_string(),
+        format!("protocol 1 not supported (daemon speaks {PROTOCOL_VERSION})")
+    );
+    assert_eq!(
+        AdmitError::TooManyConnections { max: 3 }.to_string(),
+        "too many connections: the daemon serves at most 3 guests at once"
+    );
+    let window = virtsoc_proto::ProtoError::Handshake("x".into());
+    assert_eq!(
+        AdmitError::Window(window).to_string(),
+        "cannot create window: bad handshake: x"
+    );
+    let svm = virtsoc_svm::SvmError::BadArgument("y".into());
+    assert_eq!(AdmitError::Coherence(svm).to_string(), "bad argument: y");
+    assert_eq!(AdmitError::Resume("z".into()).to_string(), "z");
+    assert_eq!(
+        AdmitError::Moved.to_string(),
+        "this session moved to another daemon with the VM's port"
+    );
+}

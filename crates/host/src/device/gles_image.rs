@@ -43,25 +43,43 @@ pub(super) enum Prepared {
     Mapped(Mapped, Kind),
 }
 
+/// Why an image layout is refused (the guest reads the text with its `BadArgument`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum LayoutError {
+    /// A width or height of 0 or over [`MAX_SIZE`].
+    #[error("image size {w}x{h} (1 to {MAX_SIZE} each)")]
+    Size { w: u32, h: u32 },
+    /// RGBA8 rows shorter than the width.
+    #[error("stride {stride} under {row} bytes")]
+    Stride { stride: u64, row: u64 },
+    /// YUV with odd sizes, or a stride under the width (odd, for YUV 4:2:0).
+    #[error("{w}x{h} YUV with stride {stride} (even sizes, stride at least the width)")]
+    Yuv { w: u64, h: u64, stride: u64 },
+    /// A format the device does not know.
+    #[error("image format {0} (1 RGBA8, 3 NV12, 4 YUV 4:2:0)")]
+    Format(u32),
+}
+
 /// The bytes of the region a layout reads (the end of its last row), or why it does not fit.
-fn layout_end(format: u32, w: u32, h: u32, stride: u32, off: [u32; 2]) -> Result<u64, String> {
+fn layout_end(format: u32, w: u32, h: u32, stride: u32, off: [u32; 2]) -> Result<u64, LayoutError> {
     if !(1..=MAX_SIZE).contains(&w) || !(1..=MAX_SIZE).contains(&h) {
-        return Err(format!("image size {w}x{h} (1 to {MAX_SIZE} each)"));
+        return Err(LayoutError::Size { w, h });
     }
     let (w, h, s) = (u64::from(w), u64::from(h), u64::from(stride));
     let plane = |off: u64, stride: u64, rows: u64, row: u64| off + stride * (rows - 1) + row;
     match format {
         RGBA8 => {
             if s < w * 4 {
-                return Err(format!("stride {s} under {} bytes", w * 4));
+                return Err(LayoutError::Stride {
+                    stride: s,
+                    row: w * 4,
+                });
             }
             Ok(plane(0, s, h, w * 4))
         }
         NV12 | YUV420 => {
             if w % 2 != 0 || h % 2 != 0 || s < w || (format == YUV420 && s % 2 != 0) {
-                return Err(format!(
-                    "{w}x{h} YUV with stride {s} (even sizes, stride at least the width)"
-                ));
+                return Err(LayoutError::Yuv { w, h, stride: s });
             }
             let luma = plane(0, s, h, w);
             let (o1, o2) = (u64::from(off[0]), u64::from(off[1]));
@@ -73,7 +91,7 @@ fn layout_end(format: u32, w: u32, h: u32, stride: u32, off: [u32; 2]) -> Result
                     .max(plane(o2, cs, h / 2, w / 2))
             })
         }
-        f => Err(format!("image format {f} (1 RGBA8, 3 NV12, 4 YUV 4:2:0)")),
+        f => Err(LayoutError::Format(f)),
     }
 }
 
@@ -92,7 +110,8 @@ pub(super) fn prepare(
     let (w, h) = (c.size as u32, (c.size >> 32) as u32);
     let (stride, format) = (c.layout as u32, (c.layout >> 32) as u32);
     let off = [c.planes as u32, (c.planes >> 32) as u32];
-    let end = layout_end(format, w, h, stride, off).map_err(|e| cx.fail(Status::BadArgument, e))?;
+    let end = layout_end(format, w, h, stride, off)
+        .map_err(|e| cx.fail(Status::BadArgument, e.to_string()))?;
     let size = cx.meta(c.region)?.size;
     if end > size {
         return Err(cx.fail(
@@ -211,6 +230,28 @@ mod tests {
         assert!(layout_end(7, 4, 4, 16, [0, 0]).is_err());
         assert!(layout_end(RGBA8, 0, 4, 16, [0, 0]).is_err());
         assert!(layout_end(RGBA8, MAX_SIZE + 1, 4, u32::MAX, [0, 0]).is_err());
+    }
+
+    /// The guest reads these words with its `BadArgument`: the typed error keeps them.
+    #[test]
+    fn layout_refusals_read_as_before() {
+        let text = |r: Result<u64, LayoutError>| r.map_err(|e| e.to_string()).unwrap_err();
+        assert_eq!(
+            text(layout_end(RGBA8, 0, 4, 16, [0, 0])),
+            "image size 0x4 (1 to 16384 each)"
+        );
+        assert_eq!(
+            text(layout_end(RGBA8, 4, 2, 12, [0, 0])),
+            "stride 12 under 16 bytes"
+        );
+        assert_eq!(
+            text(layout_end(NV12, 3, 4, 4, [16, 0])),
+            "3x4 YUV with stride 4 (even sizes, stride at least the width)"
+        );
+        assert_eq!(
+            text(layout_end(7, 4, 4, 16, [0, 0])),
+            "image format 7 (1 RGBA8, 3 NV12, 4 YUV 4:2:0)"
+        );
     }
 
     #[test]

@@ -67,6 +67,20 @@ pub enum RecordError {
     /// A field is missing, or a value out of range or inconsistent (the text names it).
     #[error("{0}")]
     Invalid(String),
+    /// A part of the record does not parse as what it should hold (the text names it).
+    #[error("{0}")]
+    Part(serde_json::Error),
+    /// The services layer refused the record's channels.
+    #[error("{0}")]
+    Services(#[from] virtsoc_services::ServiceError),
+    /// More channels than the guest has room for here.
+    #[error("{channels} channels, room for {room}")]
+    TooManyChannels {
+        /// The record's channels.
+        channels: usize,
+        /// The channels the guest may still open.
+        room: usize,
+    },
     /// Recreating one of its objects was refused, as the guest's own command would be.
     #[error("{what}: {}", status.message())]
     Refused {
@@ -286,9 +300,10 @@ impl DeviceSlot {
     /// Commands queued on this device, all guests together.
     pub fn depth(&self) -> usize {
         self.queues
-            .lock()
-            .map(|q| q.iter().map(|(_, q)| q.len()).sum())
-            .unwrap_or(0)
+            .lock_or_recover()
+            .iter()
+            .map(|(_, q)| q.len())
+            .sum()
     }
 
     /// Registers a guest's queue on this device.

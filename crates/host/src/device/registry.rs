@@ -69,6 +69,8 @@ pub enum CameraSourceKind {
 }
 
 impl std::str::FromStr for CameraSourceKind {
+    // A `String`: this parses a command-line value (`--camera-source`), whose error clap
+    // prints as it is after its own words; nothing matches on it.
     type Err = String;
 
     fn from_str(spec: &str) -> std::result::Result<Self, String> {

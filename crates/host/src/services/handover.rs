@@ -33,16 +33,44 @@ use virtsoc_svm::GuestId;
 use virtsoc_sync::LockExt;
 
 use super::{Open, ServiceDevice};
+use crate::device::RecordError;
 
 /// Most bytes of answers a guest's channels may leave unread for a migration to carry
 /// (the hand-over record travels as one section of at most 2 MiB).
 pub const MAX_KEPT_BYTES: usize = 512 << 10;
+
+/// Why a guest's channels could not be paused ([`ServiceDevice::pause_guest`]); every one
+/// was resumed.
+#[derive(Debug, thiserror::Error)]
+pub enum PauseError {
+    /// A channel did not answer its call in progress in time.
+    #[error("channel {channel} of guest {guest} did not finish its call within {timeout:?}")]
+    Busy {
+        /// The channel.
+        channel: u64,
+        /// Its guest.
+        guest: GuestId,
+        /// How long it was given.
+        timeout: Duration,
+    },
+    /// The answers the guest has not read are too many to go with a migration.
+    #[error(
+        "guest {guest} leaves {kept} bytes of answers unread in its channels (at most \
+         {MAX_KEPT_BYTES} go with a migration)"
+    )]
+    Unread {
+        /// The guest.
+        guest: GuestId,
+        /// The bytes of its unread answers.
+        kept: usize,
+    },
+}
 use crate::device::{DeviceCtx, DeviceResult};
 
 impl ServiceDevice {
     /// Pauses every channel of `guest` once its request in progress is answered; on a
     /// channel that does not pause within `timeout` every one is resumed and this fails.
-    pub fn pause_guest(&self, guest: GuestId, timeout: Duration) -> Result<(), String> {
+    pub fn pause_guest(&self, guest: GuestId, timeout: Duration) -> Result<(), PauseError> {
         let chans = self.channels.lock_or_recover();
         let mine: Vec<_> = chans
             .iter()
@@ -63,18 +91,17 @@ impl ServiceDevice {
         for (id, ctl, closer) in &mine {
             if !ctl.pause(closer, timeout) {
                 undo();
-                return Err(format!(
-                    "channel {id} of guest {guest} did not finish its call within {timeout:?}"
-                ));
+                return Err(PauseError::Busy {
+                    channel: *id,
+                    guest,
+                    timeout,
+                });
             }
             kept += ctl.unread().iter().map(|a| a.out.len() / 2).sum::<usize>();
         }
         if kept > MAX_KEPT_BYTES {
             undo();
-            return Err(format!(
-                "guest {guest} leaves {kept} bytes of answers unread in its channels (at most \
-                 {MAX_KEPT_BYTES} go with a migration)"
-            ));
+            return Err(PauseError::Unread { guest, kept });
         }
         Ok(())
     }
@@ -139,10 +166,10 @@ impl ServiceDevice {
     /// Takes over a hand-over record (another daemon's, untrusted) for `guest`: its
     /// channels wait for the guest to resume them, its services' states go to the services.
     /// A channel whose service is not here or whose id is taken is left out (logged).
-    pub fn import_record(&self, guest: GuestId, record: &Value) -> Result<(), String> {
+    pub fn import_record(&self, guest: GuestId, record: &Value) -> Result<(), RecordError> {
         let channels: Vec<ChannelRecord> =
-            serde_json::from_value(record["channels"].clone()).map_err(|e| e.to_string())?;
-        check_channels(&channels).map_err(|e| e.to_string())?;
+            serde_json::from_value(record["channels"].clone()).map_err(RecordError::Part)?;
+        check_channels(&channels)?;
         let room = super::MAX_CHANNELS.saturating_sub(
             self.channels
                 .lock_or_recover()
@@ -151,7 +178,10 @@ impl ServiceDevice {
                 .count(),
         );
         if channels.len() > room {
-            return Err(format!("{} channels, room for {room}", channels.len()));
+            return Err(RecordError::TooManyChannels {
+                channels: channels.len(),
+                room,
+            });
         }
         let name = self.guest_name(guest);
         for c in channels {

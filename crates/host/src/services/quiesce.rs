@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use virtsoc_services::chan::{Closer, Entry, HostEnd};
 use virtsoc_services::hypervisor::handover::KeptAnswer;
 use virtsoc_services::payload::Input;
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// A channel thread's pause switch.
 #[derive(Default)]
@@ -51,11 +51,7 @@ impl Control {
             if left.is_zero() {
                 return false;
             }
-            p = self
-                .cv
-                .wait_timeout(p, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            p = self.cv.wait_timeout_or_recover(p, left).0;
         }
         true
     }
@@ -92,7 +88,7 @@ impl Control {
             self.cv.notify_all();
         }
         while p.paused && !p.stop {
-            p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner());
+            p = self.cv.wait_or_recover(p);
         }
         p.idle = false;
         !p.stop

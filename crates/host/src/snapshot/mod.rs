@@ -85,11 +85,14 @@ pub fn quiesce(daemon: &Daemon, session: &Arc<Session>) -> Result<Quiesced> {
     session.pause();
     let q = Quiesced(Some((session.clone(), daemon.services().clone())));
     let id = session.guest_id();
+    let failed = |e: &dyn std::fmt::Display| format::err(format!("quiesce of guest {id}: {e}"));
     session
         .drain_queues(DRAIN_TIMEOUT)
-        .map_err(|e| e.to_string())
-        .and_then(|()| daemon.services().pause_guest(id, DRAIN_TIMEOUT))
-        .map_err(|e| format::err(format!("quiesce of guest {id}: {e}")))?;
+        .map_err(|e| failed(&e))?;
+    daemon
+        .services()
+        .pause_guest(id, DRAIN_TIMEOUT)
+        .map_err(|e| failed(&e))?;
     Ok(q)
 }
 

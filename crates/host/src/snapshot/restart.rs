@@ -117,7 +117,7 @@ impl Restart {
 
     /// Sessions waiting for their guest.
     pub fn parked(&self) -> usize {
-        self.parked.lock().map(|p| p.len()).unwrap_or(0)
+        self.parked.lock_or_recover().len()
     }
 
     /// The resume secret of guest `id`.

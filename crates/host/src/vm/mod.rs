@@ -42,7 +42,7 @@ use bells::PortRinger;
 pub use port::{adopt, send_port, serve_again, take, Handed, PortCtl, VmPort, VmPorts};
 use port::{next_byte, Wake};
 
-use crate::daemon::Daemon;
+use crate::daemon::{AdmitError, Daemon};
 use crate::link::ShmLink;
 use crate::session::Session;
 use crate::{HostError, Result};
@@ -298,6 +298,7 @@ pub(super) fn serve_vm(
                     Err(_) if ctl.is_abandoned() => {}
                     Err(reason) => {
                         log::warn!("VM {}: refusing guest: {reason}", cfg.name);
+                        let reason = reason.to_string();
                         let _ = send_reply(&writer, &Reply::Refused { reason });
                     }
                 }
@@ -318,12 +319,12 @@ fn start_session(
     window: &Arc<SharedWindow>,
     writer: &Arc<Mutex<UnixStream>>,
     hello: Hello,
-) -> std::result::Result<Current, String> {
+) -> std::result::Result<Current, AdmitError> {
     let kind = daemon.check_hello(&hello)?;
     // A new guest instance starts from empty rings and an empty fence page.
     window
         .zero(FENCE_PAGE_OFFSET, 2 * PAGE)
-        .map_err(|e| e.to_string())?;
+        .map_err(AdmitError::VmWindow)?;
     let guest_id = daemon.next_guest_id();
     let a = daemon.admit_with(guest_id, kind, window.clone(), &hello.name)?;
     let bell = Arc::new(EventCount::default());
@@ -355,7 +356,7 @@ fn start_session(
     // Like a process guest: a resume secret in the welcome, and a hello presenting one
     // resumes that saved (or migrated) session.
     let mut welcome = daemon.welcome(&a);
-    let refused = |reason: String| {
+    let refused = |reason: AdmitError| {
         daemon.unregister(guest_id);
         session.close();
         daemon.svm().detach_guest(guest_id);
@@ -370,15 +371,13 @@ fn start_session(
                 *resume = Some(secret);
             }
         }
-        Err(crate::snapshot::restart::Refusal::Refused(reason)) => return Err(refused(reason)),
-        Err(crate::snapshot::restart::Refusal::Moved(_)) => {
-            return Err(refused(
-                "this session moved to another daemon with the VM's port".into(),
-            ))
+        Err(crate::snapshot::restart::Refusal::Refused(reason)) => {
+            return Err(refused(AdmitError::Resume(reason)))
         }
+        Err(crate::snapshot::restart::Refusal::Moved(_)) => return Err(refused(AdmitError::Moved)),
     }
     if let Err(e) = send_reply(writer, &welcome) {
-        return Err(refused(e.to_string()));
+        return Err(refused(AdmitError::Welcome(e)));
     }
     log::info!(
         "VM {} guest {guest_id} ({name}) connected, coherence {kind}",
@@ -398,7 +397,7 @@ fn start_session(
     let runner = std::thread::Builder::new()
         .name(format!("vm-guest-{guest_id}"))
         .spawn(move || s.run(svm, dev))
-        .map_err(|e| e.to_string())?;
+        .map_err(AdmitError::Thread)?;
     let secret = match &welcome {
         Reply::Welcome { resume, .. } => resume.clone(),
         _ => None,

@@ -33,7 +33,7 @@ use crate::worker::{
     deadline_for, io_error, read_answer, serve, write_error, WorkerPool, WorkerProcess,
     WORKER_RESIDENT,
 };
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// The argument a program's `main` takes to run [`serve_isp`] (`virtsocd --isp-worker`).
 pub const ISP_WORKER_ARG: &str = "--isp-worker";
@@ -245,11 +245,7 @@ impl IdleSet {
                 break;
             };
             let wait = next.saturating_duration_since(now);
-            st = self
-                .changed
-                .wait_timeout(st, wait)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = self.changed.wait_timeout_or_recover(st, wait).0;
         }
     }
 }

@@ -7,12 +7,15 @@
 //! use std::borrow::Cow;
 //! use virtsoc_services::external::client::{CallMeta, Handler, Options, ServiceHost};
 //! use virtsoc_services::hypervisor::CallInfo;
+//! use virtsoc_services::ServiceError;
 //!
 //! struct Upper;
 //! impl Handler for Upper {
 //!     fn call(&mut self, _: &CallMeta, input: &[u8], output: &mut [u8])
-//!         -> Result<(usize, [u64; 4]), String> {
-//!         let out = output.get_mut(..input.len()).ok_or("no room")?;
+//!         -> Result<(usize, [u64; 4]), ServiceError> {
+//!         let out = output
+//!             .get_mut(..input.len())
+//!             .ok_or_else(|| ServiceError::BadArgument("no room".into()))?;
 //!         out.copy_from_slice(input);
 //!         out.make_ascii_uppercase();
 //!         Ok((input.len(), [0; 4]))
@@ -62,6 +65,10 @@ pub struct CallMeta {
 }
 
 /// What a program does with the daemon's requests.
+///
+/// An error goes to the daemon as its text (`Display`): a refusal in the program's own
+/// words is [`ServiceError::BadArgument`], which is also what the daemon makes of any
+/// error text a program answers, so the guest or the control API sees exactly those words.
 pub trait Handler {
     /// Runs a call on `input`, writing at most `output.len()` bytes to `output`; answers
     /// the bytes written and four values, or an error the guest gets.
@@ -70,10 +77,12 @@ pub trait Handler {
         meta: &CallMeta,
         input: &[u8],
         output: &mut [u8],
-    ) -> std::result::Result<(usize, [u64; 4]), String>;
+    ) -> Result<(usize, [u64; 4])>;
     /// Runs control operation `op` (from `virtsoc ctl` or the control API).
-    fn control(&mut self, op: &str, _args: &Value) -> std::result::Result<Value, String> {
-        Err(format!("no control operation {op:?}"))
+    fn control(&mut self, op: &str, _args: &Value) -> Result<Value> {
+        Err(ServiceError::BadArgument(format!(
+            "no control operation {op:?}"
+        )))
     }
     /// A guest went away.
     fn guest_gone(&mut self, _guest: u64) {}
@@ -82,7 +91,7 @@ pub trait Handler {
         None
     }
     /// A guest migrated here (now `guest`): takes over the state its old program exported.
-    fn import_guest(&mut self, _guest: u64, _state: &Value) -> std::result::Result<(), String> {
+    fn import_guest(&mut self, _guest: u64, _state: &Value) -> Result<()> {
         Ok(())
     }
 }
@@ -243,16 +252,17 @@ impl ServiceHost {
             },
             Ok((len, _)) => answer(
                 meta.id,
-                Err(format!(
+                Err(ServiceError::BadArgument(format!(
                     "the service wrote {len} bytes into room for {capacity}"
-                )),
+                ))),
             ),
             Err(e) => answer(meta.id, Err(e)),
         })
     }
 }
 
-fn answer(id: u64, r: std::result::Result<Value, String>) -> Answer {
+/// The answer to request `id`: its result, or its error's text.
+fn answer(id: u64, r: Result<Value>) -> Answer {
     match r {
         Ok(v) => Answer {
             id,
@@ -261,8 +271,42 @@ fn answer(id: u64, r: std::result::Result<Value, String>) -> Answer {
         },
         Err(e) => Answer {
             id,
-            error: Some(e),
+            error: Some(e.to_string()),
             ..Answer::default()
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Refuser;
+    impl Handler for Refuser {
+        fn call(&mut self, _: &CallMeta, _: &[u8], _: &mut [u8]) -> Result<(usize, [u64; 4])> {
+            Err(ServiceError::BadArgument("not today".into()))
+        }
+    }
+
+    /// A program's refusal reaches the daemon as its own words (the daemon makes them a
+    /// `BadArgument` again), and the default control refusal reads as before.
+    #[test]
+    fn a_handlers_refusal_goes_out_in_its_own_words() {
+        let mut h = Refuser;
+        let meta = CallMeta {
+            id: 7,
+            guest: 1,
+            channel: 2,
+            call: 3,
+        };
+        let e = h.call(&meta, &[], &mut []).unwrap_err();
+        let a = answer(7, Err(e));
+        assert_eq!((a.id, a.error.as_deref()), (7, Some("not today")));
+        let e = h.control("reset", &Value::Null).unwrap_err();
+        assert_eq!(
+            answer(8, Err(e)).error.as_deref(),
+            Some("no control operation \"reset\"")
+        );
+        assert_eq!(answer(9, Ok(Value::Null)).error, None);
     }
 }

@@ -21,7 +21,7 @@ use super::{Answer, FromProgram, Registration, ToProgram};
 use crate::hypervisor::{CallCtx, CallInfo, Reply, Service};
 use crate::payload::{Input, Output};
 use crate::{Result, ServiceError};
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// A request's place in the table.
 enum Slot {
@@ -252,11 +252,7 @@ impl ExternalService {
                     ms: timeout.as_millis() as u64,
                 });
             }
-            st = self
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.cv.wait_timeout_or_recover(st, left).0;
         }
     }
 
@@ -282,11 +278,7 @@ impl ExternalService {
                     ms: timeout.as_millis() as u64,
                 });
             }
-            st = self
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.cv.wait_timeout_or_recover(st, left).0;
         }
     }
 }

@@ -251,7 +251,7 @@ impl PlaneSet {
             .iter()
             .zip(images)
             .map(|(p, image)| ImageLayer {
-                image,
+                src: image,
                 crop: p.crop,
                 dst_rect: scale(p.dst),
                 rotation: Rotation::R0,
@@ -398,7 +398,7 @@ impl PlaneSet {
             .iter()
             .zip(&images)
             .map(|(p, image)| ImageLayer {
-                image,
+                src: image,
                 crop: p.crop,
                 dst_rect: place(p.dst),
                 rotation: Rotation::R0,

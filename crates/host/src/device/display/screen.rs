@@ -13,7 +13,7 @@ use virtsoc_fence::table::{FenceId, VirtualFenceTable};
 use virtsoc_proto::Status;
 
 use super::{Answer, LATENCY_WINDOW, MAX_PENDING_FENCES};
-use virtsoc_sync::LockExt;
+use virtsoc_sync::{CondvarExt, LockExt};
 
 /// Frames whose ready latency (capture -> present) the `timing` command summarises.
 const READY_WINDOW: usize = 30;
@@ -216,11 +216,7 @@ impl Screen {
             if left.is_zero() {
                 return None;
             }
-            st = self
-                .presented
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.presented.wait_timeout_or_recover(st, left).0;
         }
     }
 

@@ -473,7 +473,7 @@ impl Gpu {
                 let layers: Vec<ImageLayer<'_>> = layers
                     .iter()
                     .map(|(image, s)| ImageLayer {
-                        image,
+                        src: image,
                         crop: s.crop,
                         dst_rect: s.dst,
                         rotation: s.rotation,

@@ -31,6 +31,8 @@ pub enum Fault {
 }
 
 impl std::str::FromStr for Fault {
+    // A `String`: this parses a command-line value (virtsocd's hidden `--migrate-fault`),
+    // whose error clap prints as it is after its own words; nothing matches on it.
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
