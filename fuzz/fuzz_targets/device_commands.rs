@@ -59,7 +59,7 @@ fn check<C: std::fmt::Debug>(
     info: &api::DeviceInfo,
     words: &[u64; 6],
     decoded: Result<C, api::Status>,
-    regions: impl Fn(&C) -> Vec<(u64, api::AccessMode)>,
+    regions: impl Fn(&C) -> Vec<(api::RegionId, api::AccessMode)>,
     name: impl Fn(&C) -> &'static str,
 ) {
     let declared = info.commands.iter().find(|c| c.op == words[0]);
@@ -73,6 +73,8 @@ fn check<C: std::fmt::Debug>(
                 .filter(|a| a.kind.region().is_some())
                 .count();
             assert_eq!(regions(&cmd).len(), region_args, "{}", decl.name);
+            // The typed command and the declaration decode the same regions from the words.
+            assert_eq!(regions(&cmd), decl.regions(words), "{}", decl.name);
         }
         Err(st) => {
             assert!(declared.is_none(), "{}: declared opcode refused", info.name);

@@ -36,6 +36,7 @@ use crate::daemon_proc::DaemonProcess;
 use crate::scenario::full_layer;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
+use virtsoc_devapi::RegionId;
 use virtsoc_sync::LockExt;
 
 const MIB: u64 = 1 << 20;
@@ -250,9 +251,9 @@ fn gpu_write(c: &Connection, seed: u64) -> Result<GpuWritten, CliError> {
         p.cpu_write(layers, &full_layer(src, w, h, false).to_bytes())?;
         let t = p.run_with(
             &api::gpu::Composite {
-                layers,
+                layers: RegionId(layers),
                 count: 1,
-                dst,
+                dst: RegionId(dst),
             },
             &[src],
         )?;

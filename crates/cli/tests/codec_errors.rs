@@ -16,6 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{clip_packets, connect, cpu_write, h264_clip, status_of, Daemon, TempDir};
+use virtsoc_devapi::{HandleId, RegionId};
 use virtsoc_guest::devices::{codec, codec_frame_flag, codec_kind};
 use virtsoc_guest::{Connection, Format, RegionInfo, Status};
 
@@ -36,7 +37,7 @@ fn junk() -> Vec<u8> {
 /// One decoder on the daemon and what it reported.
 struct Decoder<'a> {
     c: &'a Connection,
-    handle: u64,
+    handle: HandleId,
     bitstream: RegionInfo,
     frame: Option<RegionInfo>,
     /// Calls that failed: (packet index, status).
@@ -77,7 +78,7 @@ impl<'a> Decoder<'a> {
         cpu_write(self.c, self.bitstream.id, packet);
         let r = self.c.command_with_access(&codec::Decode {
             handle: self.handle,
-            bitstream: self.bitstream.id,
+            bitstream: RegionId(self.bitstream.id),
             len: packet.len() as u64,
             pts,
         });
@@ -130,7 +131,7 @@ impl<'a> Decoder<'a> {
                 .c
                 .command_with_access(&codec::ReceiveFrame {
                     handle: self.handle,
-                    frame: frame.id,
+                    frame: RegionId(frame.id),
                 })
                 .unwrap();
             if r.got == 0 {
@@ -356,7 +357,7 @@ fn a_crashed_decoder_process_ends_that_decoder_alone() {
     let e = ca
         .command_with_access(&codec::Decode {
             handle: a.handle,
-            bitstream: a.bitstream.id,
+            bitstream: RegionId(a.bitstream.id),
             len: pkts[10].len() as u64,
             pts: 10,
         })

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::Duration;
+use virtsoc_devapi::RegionId;
 
 /// A daemon child process whose stderr lines arrive on a channel.
 pub struct Daemon {
@@ -243,8 +244,10 @@ pub fn camera_capture(
     c: &virtsoc_guest::Connection,
     r: &virtsoc_guest::RegionInfo,
 ) -> virtsoc_guest::devices::camera::CaptureReply {
-    c.command_with_access(&virtsoc_guest::devices::camera::Capture { frame: r.id })
-        .expect("capture")
+    c.command_with_access(&virtsoc_guest::devices::camera::Capture {
+        frame: RegionId(r.id),
+    })
+    .expect("capture")
 }
 
 /// Writes `bytes` at the start of region `id` from the guest CPU.

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::{modem_read_once, modem_send, Daemon};
 use serde_json::{json, Value};
 use virtsoc_control::client::{control_path, request, Response, Target};
+use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::camera::Capture;
 use virtsoc_guest::devices::display::{Mode, Present, Stats, StatsReply};
 use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Format};
@@ -108,7 +109,7 @@ fn frame(c: &Connection, w: u32, h: u32) -> u64 {
 
 fn present(c: &Connection, region: u64) {
     c.command_with_access(&Present {
-        frame: region,
+        frame: RegionId(region),
         capture_ns: 0,
     })
     .expect("present");
@@ -416,8 +417,10 @@ fn the_camera_source_switches_at_runtime() {
     let c = connect(&d, "camera-app");
     let r = c.alloc(0, 320, 240, Format::Nv12, 0).unwrap();
     let cap = || -> virtsoc_guest::devices::camera::CaptureReply {
-        c.command_with_access(&Capture { frame: r.id })
-            .expect("capture")
+        c.command_with_access(&Capture {
+            frame: RegionId(r.id),
+        })
+        .expect("capture")
     };
     assert!(camera_backend(&d).starts_with("synthetic"));
     for i in 0..3 {

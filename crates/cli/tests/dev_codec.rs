@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use common::{
     clip_packets, connect, cpu_read, cpu_write, h264_clip, run_tool, status_of, Daemon, TempDir,
 };
+use virtsoc_devapi::{HandleId, RegionId};
 use virtsoc_guest::devices::{codec, codec_kind};
 use virtsoc_guest::{Connection, Format, GuestError, RegionInfo, Status};
 
@@ -127,7 +128,7 @@ fn as_yuv420p(frame: &RegionInfo, bytes: &[u8]) -> Vec<u8> {
 
 struct Session<'a> {
     c: &'a Connection,
-    handle: u64,
+    handle: HandleId,
     bitstream: RegionInfo,
     frame: RegionInfo,
 }
@@ -155,7 +156,7 @@ impl<'a> Session<'a> {
         self.c
             .command_with_access(&codec::Decode {
                 handle: self.handle,
-                bitstream: self.bitstream.id,
+                bitstream: RegionId(self.bitstream.id),
                 len: packet.len() as u64,
                 pts,
             })
@@ -169,7 +170,7 @@ impl<'a> Session<'a> {
                 .c
                 .command_with_access(&codec::ReceiveFrame {
                     handle: self.handle,
-                    frame: self.frame.id,
+                    frame: RegionId(self.frame.id),
                 })
                 .unwrap();
             if r.got == 0 {
@@ -294,7 +295,7 @@ fn handles_regions_and_bounds_are_checked() {
 
     // Unknown handles, and another guest's handle.
     let junk_handle = Session {
-        handle: 999,
+        handle: HandleId(999),
         c: &c,
         bitstream: s.bitstream,
         frame: s.frame,
@@ -313,7 +314,7 @@ fn handles_regions_and_bounds_are_checked() {
     assert_eq!(
         status_of(other.command_with_access(&codec::ReceiveFrame {
             handle: s.handle,
-            frame: theirs.frame.id,
+            frame: RegionId(theirs.frame.id),
         })),
         Status::BadArgument
     );
@@ -327,7 +328,7 @@ fn handles_regions_and_bounds_are_checked() {
             codec::ID,
             virtsoc_guest::DeviceCommand::encode(&codec::ReceiveFrame {
                 handle: s.handle,
-                frame: 1 << 20,
+                frame: RegionId(1 << 20),
             })
         )),
         Status::NoSuchRegion
@@ -338,7 +339,7 @@ fn handles_regions_and_bounds_are_checked() {
     assert_eq!(
         status_of(c.command_with_access(&codec::Decode {
             handle: s.handle,
-            bitstream: s.bitstream.id,
+            bitstream: RegionId(s.bitstream.id),
             len: s.bitstream.size + 1,
             pts: 0,
         })),
@@ -373,7 +374,7 @@ fn handles_regions_and_bounds_are_checked() {
         assert_eq!(
             status_of(c.command_with_access(&codec::ReceiveFrame {
                 handle: s.handle,
-                frame: region,
+                frame: RegionId(region),
             })),
             want,
             "region {region}"
@@ -382,7 +383,7 @@ fn handles_regions_and_bounds_are_checked() {
     let e = c
         .command_with_access(&codec::ReceiveFrame {
             handle: s.handle,
-            frame: small.id,
+            frame: RegionId(small.id),
         })
         .unwrap_err();
     assert!(
@@ -460,9 +461,9 @@ fn encodes_and_decodes_back() {
         let r = c
             .command_with_access(&codec::Encode {
                 handle: enc,
-                frame: frame.id,
+                frame: RegionId(frame.id),
                 pts: i,
-                out: out.id,
+                out: RegionId(out.id),
             })
             .unwrap();
         assert!(r.bytes > 0, "frame {i}: no packet (zero-latency encoder)");
@@ -481,18 +482,18 @@ fn encodes_and_decodes_back() {
     assert_eq!(
         status_of(c.command_with_access(&codec::Encode {
             handle: enc,
-            frame: frame.id,
+            frame: RegionId(frame.id),
             pts: N,
-            out: tiny.id,
+            out: RegionId(tiny.id),
         })),
         Status::OutOfRange
     );
     assert_eq!(
         status_of(c.command_with_access(&codec::Encode {
             handle: enc,
-            frame: wrong.id,
+            frame: RegionId(wrong.id),
             pts: N,
-            out: out.id,
+            out: RegionId(out.id),
         })),
         Status::BadArgument
     );

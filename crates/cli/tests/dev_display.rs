@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::Daemon;
+use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::display::{Present, SignalAtVsync, Snapshot, Stats, StatsReply};
 use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, Fence, Format, Status};
 
@@ -63,7 +64,7 @@ fn frame(c: &Connection, w: u32, h: u32, format: Format, fill: impl Fn(usize) ->
 
 fn present(c: &Connection, region: u64, capture_ns: u64) -> u64 {
     c.command_with_access(&Present {
-        frame: region,
+        frame: RegionId(region),
         capture_ns,
     })
     .expect("present")
@@ -167,7 +168,7 @@ fn bad_inputs_are_refused() {
     let nv12 = frame(&c, 64, 64, Format::Nv12, |_| 128);
     assert_eq!(
         status_of(c.command_with_access(&Present {
-            frame: nv12,
+            frame: RegionId(nv12),
             capture_ns: 0
         })),
         Status::NotSupported
@@ -175,7 +176,7 @@ fn bad_inputs_are_refused() {
     let blob = c.alloc_blob(4096).unwrap().id;
     assert_eq!(
         status_of(c.command_with_access(&Present {
-            frame: blob,
+            frame: RegionId(blob),
             capture_ns: 0
         })),
         Status::NotSupported

@@ -9,6 +9,7 @@ mod common;
 use common::{connect, cpu_read as read, cpu_write as write, nv12_pattern};
 
 use common::Daemon;
+use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::{gpu, LayerRecord, MarkerRecord};
 use virtsoc_guest::{AccessMode, Connection, Format, Status};
 
@@ -185,9 +186,9 @@ impl Scene {
                 .unwrap();
         }
         let r = c.command_with_access(&gpu::Composite {
-            layers: blob,
+            layers: RegionId(blob),
             count,
-            dst,
+            dst: RegionId(dst),
         });
         for s in srcs {
             let size = c.region(s).unwrap().size;
@@ -203,9 +204,9 @@ impl Scene {
         let blob = c.alloc_blob(bytes.len() as u64).unwrap().id;
         write(c, blob, &bytes);
         let r = c.command_with_access(&gpu::Markers {
-            markers: blob,
+            markers: RegionId(blob),
             count: markers.len() as u64,
-            dst: self.dst,
+            dst: RegionId(self.dst),
         });
         c.free(blob).unwrap();
         r.map(|r| r.gpu_us).map_err(|e| e.status())
@@ -260,8 +261,8 @@ fn render(d: &Daemon) -> [Vec<u8>; 3] {
     let project = |yaw_deg: f64| {
         let urad = |deg: f64| (deg.to_radians() * 1e6).round() as i64 as u64;
         s.c.command_with_access(&gpu::Project {
-            src: pano,
-            dst: view.id,
+            src: RegionId(pano),
+            dst: RegionId(view.id),
             yaw: urad(yaw_deg),
             pitch: urad(0.0),
             fov: urad(90.0),
@@ -462,8 +463,8 @@ fn bad_records_answer_errors_and_the_daemon_keeps_serving() {
     );
     // A zero field of view, a zero-sized marker.
     let r = s.c.command_with_access(&gpu::Project {
-        src: s.ui,
-        dst: s.dst,
+        src: RegionId(s.ui),
+        dst: RegionId(s.dst),
         yaw: 0,
         pitch: 0,
         fov: 0,

@@ -7,6 +7,7 @@ mod common;
 use common::{connect, cpu_read as read, cpu_write as write, nv12_pattern};
 
 use common::Daemon;
+use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::isp;
 use virtsoc_guest::{Connection, Format, Status};
 use virtsoc_media::worker_processes;
@@ -104,9 +105,12 @@ fn compare(got: &[u8], want: &[[f64; 3]], order: [usize; 3], allowed: u8, what: 
 }
 
 fn convert(c: &Connection, src: u64, dst: u64) -> Result<(), Status> {
-    c.command_with_access(&isp::Convert { src, dst })
-        .map(|_| ())
-        .map_err(|e| e.status())
+    c.command_with_access(&isp::Convert {
+        src: RegionId(src),
+        dst: RegionId(dst),
+    })
+    .map(|_| ())
+    .map_err(|e| e.status())
 }
 
 #[test]
@@ -172,13 +176,13 @@ fn isp_rejects_bad_regions_and_keeps_serving() {
     }
     assert!(a.region(theirs).is_none());
     let r = a.command(&isp::Convert {
-        src: src.id,
-        dst: theirs,
+        src: RegionId(src.id),
+        dst: RegionId(theirs),
     });
     assert_eq!(r.unwrap_err().status(), Status::NoSuchRegion);
     let r = a.command(&isp::Convert {
-        src: theirs,
-        dst: dst.id,
+        src: RegionId(theirs),
+        dst: RegionId(dst.id),
     });
     assert_eq!(r.unwrap_err().status(), Status::NoSuchRegion);
 
@@ -280,8 +284,8 @@ fn a_killed_isp_worker_fails_one_command_at_most() {
             kill(worker_processes(pid, "--isp-worker"));
         });
         let r = c.command_with_access(&isp::Convert {
-            src: big.id,
-            dst: out.id,
+            src: RegionId(big.id),
+            dst: RegionId(out.id),
         });
         killer.join().unwrap();
         if let Err(e) = r {
@@ -311,8 +315,8 @@ fn an_isp_worker_counts_against_its_guests_memory_limit() {
     let dst = c.alloc(0, w, h, Format::Rgba8, 0).unwrap();
     let e = c
         .command_with_access(&isp::Convert {
-            src: src.id,
-            dst: dst.id,
+            src: RegionId(src.id),
+            dst: RegionId(dst.id),
         })
         .unwrap_err();
     assert_eq!(e.status(), Status::OutOfMemory, "{e}");

@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{connect, cpu_write, Daemon};
+use virtsoc_devapi::{HandleId, RegionId};
 use virtsoc_guest::devices::codec_kind;
 use virtsoc_guest::devices::{codec, display, gpu, LayerRecord};
 use virtsoc_guest::{AccessMode, Connection, DeviceId, Format, Opcode, Status};
@@ -225,7 +226,7 @@ fn decoder_workers_count_against_the_guests_memory_and_threads_are_shared() {
         .map(|r| r.handle)
     };
     let a = connect(&d);
-    let held: Vec<u64> = (0..3).map(|_| open(&a, 1).unwrap()).collect();
+    let held: Vec<HandleId> = (0..3).map(|_| open(&a, 1).unwrap()).collect();
     // Three workers are 96 MiB of the guest's 100: a fourth is refused, with the reason.
     match open(&a, 1) {
         Err(e) => {
@@ -275,7 +276,7 @@ fn snapshots_are_rate_limited_per_guest() {
     cpu_write(&c, r.id, &vec![0x80; r.size as usize]);
     let shown = c
         .command_with_access(&display::Present {
-            frame: r.id,
+            frame: RegionId(r.id),
             capture_ns: 0,
         })
         .unwrap()
@@ -365,9 +366,9 @@ impl Painter {
 
     fn composite(&self, blob: u64, count: u64) -> gpu::Composite {
         gpu::Composite {
-            layers: blob,
+            layers: RegionId(blob),
             count,
-            dst: self.dst.id,
+            dst: RegionId(self.dst.id),
         }
     }
 }

@@ -7,6 +7,7 @@
 mod common;
 
 use common::{cpu_read, cpu_write, nv12_pattern, Daemon};
+use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::{camera, display, gpu, isp, LayerRecord};
 use virtsoc_guest::{
     AccessMode, ConnectOptions, Connection, DeviceId, Format, LedgerLink, Opcode, Status,
@@ -87,9 +88,9 @@ impl Scene {
 
     fn cmd(&self) -> gpu::Composite {
         gpu::Composite {
-            layers: self.layers,
+            layers: RegionId(self.layers),
             count: 2,
-            dst: self.out,
+            dst: RegionId(self.out),
         }
     }
 
@@ -311,19 +312,21 @@ fn the_isp_gpu_backend_and_the_gpu_share_memory_and_move_zero_bytes_between_them
     let layers = c.alloc_blob(64).unwrap().id;
     cpu_write(&c, layers, &layer(rgb.id, false).to_bytes());
     for _ in 0..3 {
-        c.command_with_access(&camera::Capture { frame: cam.id })
-            .unwrap();
+        c.command_with_access(&camera::Capture {
+            frame: RegionId(cam.id),
+        })
+        .unwrap();
         c.command_with_access(&isp::Convert {
-            src: cam.id,
-            dst: rgb.id,
+            src: RegionId(cam.id),
+            dst: RegionId(rgb.id),
         })
         .unwrap();
         c.begin_access(rgb.id, gpu::ID, 0, rgb.size, AccessMode::Read)
             .unwrap();
         c.command_with_access(&gpu::Composite {
-            layers,
+            layers: RegionId(layers),
             count: 1,
-            dst: out.id,
+            dst: RegionId(out.id),
         })
         .unwrap();
         c.end_access(rgb.id, gpu::ID, 0, rgb.size, AccessMode::Read)
@@ -360,7 +363,7 @@ fn display_planes_scan_out_of_gpu_memory_and_every_copy_is_on_the_ledger() {
         cpu_write(&c, s.video, &f);
         reading(&c, display::ID, &[s.video, s.ui], true);
         c.command_with_access(&display::PresentLayers {
-            layers: s.layers,
+            layers: RegionId(s.layers),
             count: 2,
             capture_ns: 1,
         })
@@ -393,7 +396,7 @@ fn display_planes_scan_out_of_gpu_memory_and_every_copy_is_on_the_ledger() {
     let rec: Vec<u8> = (0..5).flat_map(|_| layer(s.ui, true).to_bytes()).collect();
     cpu_write(&c, five, &rec);
     let r = c.command_with_access(&display::PresentLayers {
-        layers: five,
+        layers: RegionId(five),
         count: 5,
         capture_ns: 0,
     });
@@ -521,7 +524,7 @@ fn verify_mode_checksums_match_the_cpu_reference() {
         reading(&c, display::ID, &[s.video, s.ui], true);
         let shown = c
             .command_with_access(&display::PresentLayers {
-                layers: s.layers,
+                layers: RegionId(s.layers),
                 count: 2,
                 capture_ns: 1,
             })
@@ -576,9 +579,9 @@ fn regions_freed_under_a_gpu_submission_are_released_after_it() {
     }
     use virtsoc_guest::DeviceCommand;
     let cmd = gpu::Composite {
-        layers,
+        layers: RegionId(layers),
         count: 2,
-        dst: out.id,
+        dst: RegionId(out.id),
     };
     for (id, size, m) in [
         (layers, 128, AccessMode::Read),
@@ -625,18 +628,20 @@ fn display_planes_of_host_memory_are_scanned_out_in_place() {
         cpu_write(&c, layers, &layer(rgb.id, false).to_bytes());
         let frames = 4u64;
         for _ in 0..frames {
-            c.command_with_access(&camera::Capture { frame: cam.id })
-                .unwrap();
+            c.command_with_access(&camera::Capture {
+                frame: RegionId(cam.id),
+            })
+            .unwrap();
             c.command_with_access(&isp::Convert {
-                src: cam.id,
-                dst: rgb.id,
+                src: RegionId(cam.id),
+                dst: RegionId(rgb.id),
             })
             .unwrap();
             c.begin_access(rgb.id, display::ID, 0, rgb.size, AccessMode::Read)
                 .unwrap();
             let shown = c
                 .command_with_access(&display::PresentLayers {
-                    layers,
+                    layers: RegionId(layers),
                     count: 1,
                     capture_ns: 0,
                 })
@@ -712,16 +717,16 @@ fn a_damaged_rectangle_is_recomposed_and_the_rest_kept() {
             reading(&c, gpu::ID, &[s.video, s.ui], true);
             let damage = pack_damage(x0 as u16, y0 as u16, dw as u16, dh as u16);
             c.command_with_access(&gpu::CompositeDamage {
-                layers: s.layers,
+                layers: RegionId(s.layers),
                 count: 2,
-                dst: s.out,
+                dst: RegionId(s.out),
                 damage,
             })
             .unwrap();
             let bad = c.command_with_access(&gpu::CompositeDamage {
-                layers: s.layers,
+                layers: RegionId(s.layers),
                 count: 2,
-                dst: s.out,
+                dst: RegionId(s.out),
                 damage: pack_damage(W as u16 - 8, 0, 16, 16),
             });
             assert_eq!(

@@ -11,6 +11,7 @@
 
 #[doc(hidden)]
 pub use paste;
+pub use virtsoc_ids::{HandleId, RegionId};
 pub use virtsoc_proto::{AccessMode, DeviceId, Status};
 
 mod cheader;
@@ -31,7 +32,7 @@ pub trait DeviceCommand: Copy {
     /// Request words: the opcode, then the arguments in declaration order.
     fn encode(&self) -> [u64; 6];
     /// The regions it names and how it uses them.
-    fn regions(&self) -> Vec<(u64, AccessMode)>;
+    fn regions(&self) -> Vec<(RegionId, AccessMode)>;
     /// Decodes the completion values.
     fn reply(values: &[u64; 6]) -> Self::Reply;
 }
@@ -92,6 +93,19 @@ pub struct CommandInfo {
     pub args: &'static [ArgInfo],
     /// Result names in declaration order (at most six completion values).
     pub results: &'static [&'static str],
+}
+
+impl CommandInfo {
+    /// The regions that request words `args` (the opcode first) of this command name, with
+    /// how it uses them: the same decoding as the generated `regions()`, for code that has
+    /// the declaration rather than the command's type.
+    pub fn regions(&self, args: &[u64; 6]) -> Vec<(RegionId, AccessMode)> {
+        self.args
+            .iter()
+            .zip(&args[1..])
+            .filter_map(|(a, w)| a.kind.region().map(|m| (RegionId(*w), m)))
+            .collect()
+    }
 }
 
 /// One device's declaration.
@@ -269,7 +283,7 @@ devices! {
     device codec = 10 {
         /// Opens a decoder for `kind` (see `codec_kind`) producing frames in `format`
         /// (NV12 or YUV420P) with `threads` decoding threads.
-        fn open_decoder(kind: u64, format: u64, threads: u64) -> (handle) = 1;
+        fn open_decoder(kind: u64, format: u64, threads: u64) -> (handle: handle) = 1;
         /// Feeds one packet: the first `len` bytes of `bitstream`, presented at `pts`. A packet
         /// is exactly one access unit (H.264/HEVC: every NAL unit of one picture, with their
         /// Annex-B start codes), as a demuxer cuts it; not a whole stream. Packets are numbered
@@ -293,7 +307,7 @@ devices! {
         /// decoder are reported as by `decode`.
         fn flush(handle: handle) -> (frames_ready, failed, failed_pts, failed_seq) = 4;
         /// Opens an H.264 encoder.
-        fn open_encoder(width: u64, height: u64, fps: u64, bitrate: u64) -> (handle) = 5;
+        fn open_encoder(width: u64, height: u64, fps: u64, bitrate: u64) -> (handle: handle) = 5;
         /// Encodes `frame` (NV12 or YUV420P) presented at `pts`; the packet(s) go to `out`.
         fn encode(handle: handle, frame: region_r, pts: u64, out: region_w) -> (bytes, keyframe, out_pts) = 6;
         /// Closes a decoder or encoder.
@@ -465,20 +479,20 @@ mod tests {
     #[test]
     fn commands_round_trip_through_the_wire() {
         let d = codec::Decode {
-            handle: 7,
-            bitstream: 11,
+            handle: HandleId(7),
+            bitstream: RegionId(11),
             len: 1234,
             pts: 99,
         };
         let w = d.encode();
         assert_eq!(w, [2, 7, 11, 1234, 99, 0]);
         assert_eq!(codec::Command::decode(&w), Ok(codec::Command::Decode(d)));
-        assert_eq!(d.regions(), vec![(11, AccessMode::Read)]);
+        assert_eq!(d.regions(), vec![(RegionId(11), AccessMode::Read)]);
         let r = codec::ReceiveFrame {
-            handle: 1,
-            frame: 5,
+            handle: HandleId(1),
+            frame: RegionId(5),
         };
-        assert_eq!(r.regions(), vec![(5, AccessMode::Write)]);
+        assert_eq!(r.regions(), vec![(RegionId(5), AccessMode::Write)]);
         assert_eq!(
             codec::Command::decode(&[99, 0, 0, 0, 0, 0]),
             Err(Status::UnknownOpcode)
@@ -489,12 +503,57 @@ mod tests {
         assert_eq!(gpu::Markers::OP, 3);
         assert_eq!(
             gpu::Markers {
-                markers: 1,
+                markers: RegionId(1),
                 count: 2,
-                dst: 3
+                dst: RegionId(3)
             }
             .regions(),
-            vec![(1, AccessMode::Read), (3, AccessMode::ReadWrite)]
+            vec![
+                (RegionId(1), AccessMode::Read),
+                (RegionId(3), AccessMode::ReadWrite)
+            ]
+        );
+    }
+
+    /// The wire keeps its words: a handle and regions are decoded from them into typed ids
+    /// (and a handle result too), and encode back to the same words.
+    #[test]
+    fn handles_and_regions_round_trip_through_the_wire_as_typed_ids() {
+        let words = [6, 0xdead_beef, 42, 5, u64::MAX, 0];
+        let codec::Command::Encode(e) = codec::Command::decode(&words).unwrap() else {
+            panic!("opcode 6 is encode");
+        };
+        assert_eq!(e.handle, HandleId(0xdead_beef));
+        assert_eq!((e.frame, e.out), (RegionId(42), RegionId(u64::MAX)));
+        assert_eq!(e.pts, 5);
+        assert_eq!(e.encode(), words);
+        let typed = vec![
+            (RegionId(42), AccessMode::Read),
+            (RegionId(u64::MAX), AccessMode::Write),
+        ];
+        assert_eq!(codec::Command::Encode(e).regions(), typed);
+        let decl = codec::INFO.commands.iter().find(|c| c.op == 6).unwrap();
+        assert_eq!(
+            decl.regions(&words),
+            typed,
+            "the declaration decodes the same"
+        );
+        let open = codec::OpenDecoder::reply(&[9, 0, 0, 0, 0, 0]);
+        assert_eq!(open.handle, HandleId(9));
+        assert_eq!(open.to_values(), [9, 0, 0, 0, 0, 0]);
+        let enc = codec::OpenEncoderReply {
+            handle: HandleId(u64::MAX),
+        };
+        assert_eq!(codec::OpenEncoderReply::from_values(&enc.to_values()), enc);
+        let c = gpu::CompositeDamage {
+            layers: RegionId(1),
+            count: 2,
+            dst: RegionId(3),
+            damage: pack_damage(1, 2, 3, 4),
+        };
+        assert_eq!(
+            gpu::Command::decode(&c.encode()),
+            Ok(gpu::Command::CompositeDamage(c))
         );
     }
 

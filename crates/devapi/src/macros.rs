@@ -15,6 +15,39 @@
 //! touches), a reply struct, a host-side `Command` enum decoding the wire words, and the
 //! [`crate::DeviceInfo`] metadata that listings and the C header come from.
 
+/// The field type of an argument kind: the wire word decoded into its typed id.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __arg_type {
+    (u64) => {
+        u64
+    };
+    (handle) => {
+        $crate::HandleId
+    };
+    (region_r) => {
+        $crate::RegionId
+    };
+    (region_w) => {
+        $crate::RegionId
+    };
+    (region_rw) => {
+        $crate::RegionId
+    };
+}
+
+/// The field type of a result: `u64` unless declared `name: handle`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __ret_type {
+    () => {
+        u64
+    };
+    (handle) => {
+        $crate::HandleId
+    };
+}
+
 /// Access mode of a region argument kind, `None` for plain values.
 #[doc(hidden)]
 #[macro_export]
@@ -83,7 +116,7 @@ macro_rules! devices {
         device $dev:ident = $id:literal {
             $(
                 $(#[doc = $cdoc:literal])*
-                fn $cmd:ident ( $($arg:ident : $kind:ident),* $(,)? ) -> ( $($ret:ident),* $(,)? ) = $op:literal;
+                fn $cmd:ident ( $($arg:ident : $kind:ident),* $(,)? ) -> ( $($ret:ident $(: $rkind:ident)?),* $(,)? ) = $op:literal;
             )*
         }
     )*) => {
@@ -91,7 +124,7 @@ macro_rules! devices {
             $(#[doc = $ddoc])*
             pub mod $dev {
                 #![allow(clippy::needless_update, unused_mut, unused_variables)]
-                use $crate::{AccessMode, DeviceCommand, DeviceId, Status};
+                use $crate::{AccessMode, DeviceCommand, DeviceId, RegionId, Status};
 
                 /// The device's id in requests.
                 pub const ID: DeviceId = DeviceId($id);
@@ -106,7 +139,7 @@ macro_rules! devices {
                                     "Argument `", stringify!($arg), "`: ",
                                     $crate::__kind_doc!($kind)
                                 )]
-                                pub $arg: u64
+                                pub $arg: $crate::__arg_type!($kind)
                             ),*
                         }
 
@@ -118,7 +151,7 @@ macro_rules! devices {
                                     "Result `", stringify!($ret), "` of `", stringify!($cmd),
                                     "` (a completion value, in declaration order)."
                                 )]
-                                pub $ret: u64
+                                pub $ret: $crate::__ret_type!($($rkind)?)
                             ),*
                         }
 
@@ -126,13 +159,13 @@ macro_rules! devices {
                             /// Decodes completion values.
                             pub fn from_values(v: &[u64; 6]) -> Self {
                                 let mut it = v.iter().copied();
-                                Self { $($ret: it.next().unwrap_or(0)),* }
+                                Self { $($ret: it.next().unwrap_or(0).into()),* }
                             }
 
                             /// Encodes completion values.
                             pub fn to_values(&self) -> [u64; 6] {
                                 let mut out = [0u64; 6];
-                                let vals: &[u64] = &[$(self.$ret),*];
+                                let vals: &[u64] = &[$(u64::from(self.$ret)),*];
                                 out[..vals.len()].copy_from_slice(vals);
                                 out
                             }
@@ -150,15 +183,15 @@ macro_rules! devices {
                             fn encode(&self) -> [u64; 6] {
                                 let mut out = [0u64; 6];
                                 out[0] = $op;
-                                let vals: &[u64] = &[$(self.$arg),*];
+                                let vals: &[u64] = &[$(u64::from(self.$arg)),*];
                                 out[1..1 + vals.len()].copy_from_slice(vals);
                                 out
                             }
 
-                            fn regions(&self) -> Vec<(u64, AccessMode)> {
+                            fn regions(&self) -> Vec<(RegionId, AccessMode)> {
                                 let all: &[(u64, Option<AccessMode>)] =
-                                    &[$((self.$arg, $crate::__region_mode!($kind))),*];
-                                all.iter().filter_map(|(id, m)| m.map(|m| (*id, m))).collect()
+                                    &[$((u64::from(self.$arg), $crate::__region_mode!($kind))),*];
+                                all.iter().filter_map(|(id, m)| m.map(|m| (RegionId(*id), m))).collect()
                             }
 
                             fn reply(values: &[u64; 6]) -> Self::Reply {
@@ -184,7 +217,7 @@ macro_rules! devices {
                                     $op => {
                                         let mut it = args[1..].iter().copied();
                                         Ok(Command::[<$cmd:camel>]([<$cmd:camel>] {
-                                            $($arg: it.next().unwrap_or(0)),*
+                                            $($arg: it.next().unwrap_or(0).into()),*
                                         }))
                                     }
                                 )*
@@ -193,7 +226,7 @@ macro_rules! devices {
                         }
 
                         /// The regions the command names, with how it uses them.
-                        pub fn regions(&self) -> Vec<(u64, AccessMode)> {
+                        pub fn regions(&self) -> Vec<(RegionId, AccessMode)> {
                             match self {
                                 $( Command::[<$cmd:camel>](c) => c.regions(), )*
                             }

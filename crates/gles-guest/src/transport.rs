@@ -34,6 +34,7 @@ use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Opcode, Status};
 
 use crate::rt::{Channel, ChannelError};
+use virtsoc_devapi::RegionId;
 use virtsoc_sync::LockExt;
 
 /// First size of each stream region.
@@ -387,7 +388,7 @@ impl Transport {
         submit(Opcode::BeginAccess, read, true)?;
         if !wait {
             let exec = api::Exec {
-                stream,
+                stream: RegionId(stream),
                 len,
                 reply: 0,
             };
@@ -401,7 +402,7 @@ impl Transport {
         let write = [reply.id, 0, reply.size, AccessMode::Write as u64, 0, 0];
         submit(Opcode::BeginAccess, write, true)?;
         let exec = api::Exec {
-            stream,
+            stream: RegionId(stream),
             len,
             reply: reply.id,
         };
@@ -448,7 +449,9 @@ impl Transport {
         inner.reply = reply;
         let write = [reply.id, 0, reply.size, AccessMode::Write as u64, 0, 0];
         submit(Opcode::BeginAccess, write, true)?;
-        let rr = api::ReadReply { reply: reply.id };
+        let rr = api::ReadReply {
+            reply: RegionId(reply.id),
+        };
         let s = submit(Opcode::DeviceCmd, rr.encode(), false)?;
         let end_w = submit(Opcode::EndAccess, write, false)?;
         let n = self.finish(s)?[0];
@@ -528,7 +531,7 @@ impl Transport {
         detached(gles, Opcode::BeginAccess, write)?;
         let rb = api::Readback {
             surface: u64::from(surf),
-            frame: frame.id,
+            frame: RegionId(frame.id),
         };
         detached(gles, Opcode::DeviceCmd, rb.encode())?;
         detached(gles, Opcode::EndAccess, write)?;
@@ -539,7 +542,7 @@ impl Transport {
         self.conn.fence_release(fence).map_err(channel_error)?;
         detached(display, Opcode::BeginAccess, read)?;
         let present = virtsoc_devapi::display::Present {
-            frame: frame.id,
+            frame: RegionId(frame.id),
             capture_ns: 0,
         };
         detached(display, Opcode::DeviceCmd, present.encode())?;

@@ -24,6 +24,7 @@ use std::path::Path;
 
 use common::{dlopen, skip, sym, H};
 use virtsoc_control::client::{request, Target};
+use virtsoc_devapi::RegionId;
 
 fn protocol() -> String {
     std::env::var("VIRTSOC_TEST_PROTOCOL").unwrap_or_else(|_| "write-invalidate".into())
@@ -457,11 +458,11 @@ fn workers_map_only_their_guests_replicas() {
     for id in 1..64u64 {
         let rb = virtsoc_devapi::gles::Readback {
             surface: 1,
-            frame: id,
+            frame: RegionId(id),
         };
         let im = virtsoc_devapi::gles::Import {
             image: 1,
-            region: id,
+            region: RegionId(id),
             size: 4 | 4 << 32,
             layout: 16 | 1 << 32,
             planes: 0,

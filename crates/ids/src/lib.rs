@@ -47,9 +47,20 @@ pub use fence::FenceId;
 pub struct GuestId(pub u64);
 
 /// A region of one guest: ids are the guest's own (two guests may both hold a region 1), so
-/// a region is named host-wide only together with its guest.
+/// a region is named host-wide only together with its guest. The default, region 0, is the
+/// zero word of a command argument not yet set.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 #[serde(transparent)]
 pub struct RegionId(pub u64);

@@ -41,6 +41,7 @@ use crate::bench_svm::OrderingMode;
 use crate::scenario::pipe::{access_args, check_async_errors, check_completion, Pipe};
 use crate::stats::percentile;
 use crate::CliError;
+use virtsoc_devapi::{HandleId, RegionId};
 
 /// Bitstream regions the guest writes packets into in turn.
 pub const BITSTREAMS: usize = 6;
@@ -139,11 +140,15 @@ fn copied_bytes(conn: &Connection) -> Result<u64, CliError> {
 fn queue<C: DeviceCommand + 'static>(conn: &Connection, cmd: &C) -> Result<u64, CliError> {
     let dev = C::DEVICE;
     for (id, mode) in cmd.regions() {
-        conn.submit_detached(Opcode::BeginAccess, dev, access_args(conn, id, mode)?)?;
+        conn.submit_detached(
+            Opcode::BeginAccess,
+            dev,
+            access_args(conn, id.into(), mode)?,
+        )?;
     }
     let seq = conn.submit(Opcode::DeviceCmd, dev, cmd.encode())?;
     for (id, mode) in cmd.regions() {
-        conn.submit_detached(Opcode::EndAccess, dev, access_args(conn, id, mode)?)?;
+        conn.submit_detached(Opcode::EndAccess, dev, access_args(conn, id.into(), mode)?)?;
     }
     Ok(seq)
 }
@@ -273,7 +278,7 @@ struct Run {
 /// receives into.
 struct Player<'a> {
     conn: &'a Connection,
-    handle: u64,
+    handle: HandleId,
     bits: &'a [u64],
     frame: u64,
 }
@@ -290,7 +295,10 @@ impl Player<'_> {
         } = *self;
         let mut p = Pipe::new(conn, OrderingMode::Atomic);
         let p = &mut p;
-        let receive = api::codec::ReceiveFrame { handle, frame };
+        let receive = api::codec::ReceiveFrame {
+            handle,
+            frame: RegionId(frame),
+        };
         let (copied0, cpu0) = (copied_bytes(conn)?, Cpu::now(daemon));
         let t0 = Instant::now();
         let mut decodes: VecDeque<u64> = VecDeque::new();
@@ -309,7 +317,7 @@ impl Player<'_> {
                 conn,
                 &api::codec::Decode {
                     handle,
-                    bitstream: bits[slot],
+                    bitstream: RegionId(bits[slot]),
                     len: unit.len() as u64,
                     pts: i as u64,
                 },

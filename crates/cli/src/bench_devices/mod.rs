@@ -33,6 +33,7 @@ use crate::scenario::pipe::Pipe;
 use crate::scenario::{full_layer, media};
 use crate::stats::percentile;
 use crate::CliError;
+use virtsoc_devapi::RegionId;
 
 pub mod decode;
 
@@ -167,16 +168,16 @@ fn one(
     for _ in 0..n.min(20) {
         let t = Instant::now();
         p.run(&api::isp::Convert {
-            src: frame,
-            dst: rgba,
+            src: RegionId(frame),
+            dst: RegionId(rgba),
         })?;
         isp.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
         let r = p.run_with(
             &api::gpu::Composite {
-                layers,
+                layers: RegionId(layers),
                 count: 2,
-                dst: out,
+                dst: RegionId(out),
             },
             &[frame, ui],
         )?;

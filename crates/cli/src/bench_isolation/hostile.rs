@@ -12,6 +12,7 @@ use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId, F
 use super::{Ctl, Tally, SVM_SIZE};
 use crate::scenario::full_layer;
 use crate::CliError;
+use virtsoc_devapi::RegionId;
 
 /// A hostile guest's connection.
 pub(super) fn open(
@@ -141,9 +142,9 @@ fn composite(
     c.begin_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;
     while ctl.go() {
         t.op(c.command_with_access(&gpu::Composite {
-            layers: b.id,
+            layers: RegionId(b.id),
             count: layers as u64,
-            dst: dst.id,
+            dst: RegionId(dst.id),
         }))?;
     }
     c.end_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;

@@ -27,6 +27,7 @@ use crate::bench_svm::OrderingMode;
 use crate::scenario::media;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
+use virtsoc_devapi::{HandleId, RegionId};
 
 /// Frames a codec guest keeps queued: two requests each (decode, receive), within the guest
 /// library's smallest flow control window of four requests.
@@ -76,23 +77,23 @@ pub(super) fn guest(
     let dev = api::codec::Decode::DEVICE;
     // The `k`th frame's commands: the decode of unit `k` (looping over the clip) and the
     // receive into frame region `k % ROTATION`.
-    let commands = |handle: u64, k: u64| {
+    let commands = |handle: HandleId, k: u64| {
         let u = (k % units.len() as u64) as usize;
         let decode = api::codec::Decode {
             handle,
-            bitstream: bits[u],
+            bitstream: RegionId(bits[u]),
             len: units[u].len() as u64,
             pts: 0,
         };
         let receive = api::codec::ReceiveFrame {
             handle,
-            frame: frames[(k % frames.len() as u64) as usize],
+            frame: RegionId(frames[(k % frames.len() as u64) as usize]),
         };
         (decode, receive)
     };
     let mut held: Vec<(u64, AccessMode)> = bits.iter().map(|b| (*b, AccessMode::Read)).collect();
     held.extend(frames.iter().map(|f| (*f, AccessMode::Write)));
-    let warmed = (|| -> Result<(u64, u64), CliError> {
+    let warmed = (|| -> Result<(HandleId, u64), CliError> {
         let mut p = Pipe::new(&conn, OrderingMode::Atomic);
         for (b, u) in bits.iter().zip(&units) {
             p.cpu_write(*b, u)?;

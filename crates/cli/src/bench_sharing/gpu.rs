@@ -38,6 +38,7 @@ use super::backlog::{self, Control};
 use crate::scenario::full_layer;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
+use virtsoc_devapi::RegionId;
 
 /// Compositions a fairness guest keeps queued (within the guest library's smallest flow
 /// control window, four requests, so submitting never blocks on it).
@@ -115,9 +116,9 @@ pub(super) fn guest(
             ring.push((
                 src,
                 api::gpu::Composite {
-                    layers,
+                    layers: RegionId(layers),
                     count: 1,
-                    dst,
+                    dst: RegionId(dst),
                 },
             ));
         }
@@ -134,7 +135,11 @@ pub(super) fn guest(
     // The regions of pair `r`'s composition: its layers and destination, and its source.
     let regions = |r: usize| -> Vec<(u64, AccessMode)> {
         let (src, cmd) = &ring[r];
-        let mut v = cmd.regions();
+        let mut v: Vec<(u64, AccessMode)> = cmd
+            .regions()
+            .into_iter()
+            .map(|(id, mode)| (u64::from(id), mode))
+            .collect();
         v.push((*src, AccessMode::Read));
         v
     };
@@ -159,7 +164,7 @@ pub(super) fn guest(
         let p = Pipe::new(&conn, crate::bench_svm::OrderingMode::Atomic);
         for (r, (src, cmd)) in ring.iter().enumerate() {
             p.cpu_write(*src, &vec![fill(r); image as usize])?;
-            p.cpu_write(cmd.layers, &full_layer(*src, w, h, false).to_bytes())?;
+            p.cpu_write(cmd.layers.into(), &full_layer(*src, w, h, false).to_bytes())?;
         }
         // Every pair at least once (three compositions at least), then each destination
         // must hold its own source.
@@ -168,7 +173,7 @@ pub(super) fn guest(
             k += 1;
         }
         for (r, (_, cmd)) in ring.iter().enumerate() {
-            check_fill(&conn, cmd.dst, image, fill(r))?;
+            check_fill(&conn, cmd.dst.into(), image, fill(r))?;
         }
         if hold {
             // Taken before the run starts: with 8 pairs a guest holds 24 regions, whose

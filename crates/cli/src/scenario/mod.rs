@@ -39,6 +39,7 @@ use crate::stats::P50P99;
 use crate::CliError;
 use pipe::Pipe;
 use show::{layer_blob, screen_layer, Composition, Show};
+use virtsoc_devapi::RegionId;
 
 /// The scenarios.
 pub const SCENARIOS: [&str; 7] = [
@@ -571,11 +572,15 @@ fn camera(
     while c.t0.elapsed().as_secs_f64() < o.seconds {
         let late = pace(c, p.conn, i, period)?;
         let k = (i % 3) as usize;
-        let cap = p.run(&api::camera::Capture { frame: cams[k] })?;
+        let cap = p.run(&api::camera::Capture {
+            frame: RegionId(cams[k]),
+        })?;
         c.frames_in += 1;
         if ar {
             // The tracker: a second reader of the camera frame.
-            p.run(&api::consumer2::Checksum { region: cams[k] })?;
+            p.run(&api::consumer2::Checksum {
+                region: RegionId(cams[k]),
+            })?;
         }
         if late {
             c.late_drops += 1;
@@ -584,8 +589,8 @@ fn camera(
             continue;
         }
         p.run(&api::isp::Convert {
-            src: cams[k],
-            dst: rgbs[k],
+            src: RegionId(cams[k]),
+            dst: RegionId(rgbs[k]),
         })?;
         if ar {
             // Overlays on the preview need the tracked point: this frame's capture result.
@@ -598,9 +603,9 @@ fn camera(
             };
             p.cpu_write(markers, &m.to_bytes())?;
             p.run(&api::gpu::Markers {
-                markers,
+                markers: RegionId(markers),
                 count: 1,
-                dst: rgbs[k],
+                dst: RegionId(rgbs[k]),
             })?;
         }
         // capture_ns 0: the display reads the capture time stamped into the pixels.

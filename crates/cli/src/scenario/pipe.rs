@@ -92,7 +92,12 @@ impl<'a> Pipe<'a> {
         also_read: &[u64],
     ) -> Result<Ticket<C::Reply>, CliError> {
         let dev = C::DEVICE;
-        let mut regions = cmd.regions();
+        // The guest library's accesses take the wire's words.
+        let mut regions: Vec<(u64, AccessMode)> = cmd
+            .regions()
+            .into_iter()
+            .map(|(id, mode)| (u64::from(id), mode))
+            .collect();
         regions.extend(also_read.iter().map(|id| (*id, AccessMode::Read)));
         match self.ordering {
             OrderingMode::Atomic => {

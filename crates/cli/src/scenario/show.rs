@@ -8,6 +8,7 @@ use virtsoc_guest::{Connection, Format};
 
 use super::pipe::Pipe;
 use crate::CliError;
+use virtsoc_devapi::RegionId;
 
 /// How layers reach the screen.
 #[derive(
@@ -128,7 +129,7 @@ impl Show {
             if self.planes_can_show(records) {
                 p.run_with(
                     &api::display::PresentLayers {
-                        layers,
+                        layers: RegionId(layers),
                         count,
                         capture_ns,
                     },
@@ -151,20 +152,27 @@ impl Show {
             Some([x, y, w, h]) => p
                 .run_with(
                     &api::gpu::CompositeDamage {
-                        layers,
+                        layers: RegionId(layers),
                         count,
-                        dst,
+                        dst: RegionId(dst),
                         damage: api::pack_damage(x as u16, y as u16, w as u16, h as u16),
                     },
                     sources,
                 )
                 .map(drop)?,
             None => p
-                .run_with(&api::gpu::Composite { layers, count, dst }, sources)
+                .run_with(
+                    &api::gpu::Composite {
+                        layers: RegionId(layers),
+                        count,
+                        dst: RegionId(dst),
+                    },
+                    sources,
+                )
                 .map(drop)?,
         };
         p.run(&api::display::Present {
-            frame: dst,
+            frame: RegionId(dst),
             capture_ns,
         })?;
         Ok(())

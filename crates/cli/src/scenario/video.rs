@@ -21,6 +21,7 @@ use super::show::{layer_blob, screen_layer, Show};
 use super::{images, now_ns, pace, ui_pixels, Common, RunOpts};
 use crate::bench_svm::OrderingMode;
 use crate::CliError;
+use virtsoc_devapi::{HandleId, RegionId};
 
 /// Stamps kept at most (pictures the decoder never delivers are forgotten oldest first).
 const MAX_STAMPS: usize = 256;
@@ -72,7 +73,7 @@ const MAX_CATCH_UP: u64 = 8;
 /// (their stamps forgotten: they are never presented).
 fn newest(
     p: &mut Pipe<'_>,
-    (handle, frame): (u64, u64),
+    (handle, frame): (HandleId, u64),
     mut got: api::codec::ReceiveFrameReply,
     ready: u64,
     stamps: &mut Stamps,
@@ -82,7 +83,10 @@ fn newest(
         if got.got == 0 {
             break;
         }
-        let t = p.run(&api::codec::ReceiveFrame { handle, frame })?;
+        let t = p.run(&api::codec::ReceiveFrame {
+            handle,
+            frame: RegionId(frame),
+        })?;
         let next = p.result(t)?;
         if next.got == 0 {
             break;
@@ -208,13 +212,13 @@ pub(super) fn video(
         p.cpu_write(bits[slot], unit)?;
         decodes[slot] = Some(p.run(&api::codec::Decode {
             handle,
-            bitstream: bits[slot],
+            bitstream: RegionId(bits[slot]),
             len: unit.len() as u64,
             pts: i,
         })?);
         let got = p.run(&api::codec::ReceiveFrame {
             handle,
-            frame: frames[k],
+            frame: RegionId(frames[k]),
         })?;
         // The picture must exist before anything presents it: wait for the decoder's answer.
         let got = p.result(got)?;
@@ -238,8 +242,8 @@ pub(super) fn video(
                 if is360 {
                     let yaw = ((i as f64 * 0.02).sin() * 1e6) as i64;
                     p.run(&api::gpu::Project {
-                        src: frames[k],
-                        dst: projected[k],
+                        src: RegionId(frames[k]),
+                        dst: RegionId(projected[k]),
                         yaw: yaw as u64,
                         pitch: 0,
                         fov: 1_200_000,

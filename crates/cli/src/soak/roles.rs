@@ -2,6 +2,7 @@
 //! the checks each makes of the daemon's answers.
 
 use super::*;
+use virtsoc_devapi::RegionId;
 use virtsoc_sync::LockExt;
 
 pub(super) fn open(socket: &str, name: &str, coherence: &str) -> Result<Connection, GuestError> {
@@ -212,7 +213,7 @@ fn present(ctx: &Ctx, c: &Connection, seed: u64) -> Result<(), CliError> {
     let want = crc32fast::hash(&shown) as u64;
     let id = c
         .command_with_access(&display::Present {
-            frame: f.id,
+            frame: RegionId(f.id),
             capture_ns: 0,
         })?
         .frame_id;

@@ -40,6 +40,7 @@ use super::consts::*;
 use super::state::{from_handle, table, to_handle};
 use crate::rt::{self, Stream};
 use crate::transport::Transport;
+use virtsoc_devapi::RegionId;
 use virtsoc_sync::LockExt;
 
 /// `EGL_IMAGE_PRESERVED_KHR` (accepted: an import always preserves nothing but the
@@ -187,7 +188,7 @@ fn import(
     }
     let cmd = gapi::Import {
         image: u64::from(id) | u64::from(force) << 63,
-        region: img.region,
+        region: RegionId(img.region),
         size: u64::from(img.size.0) | u64::from(img.size.1) << 32,
         layout: u64::from(img.stride) | u64::from(img.format) << 32,
         planes: u64::from(img.off[0]) | u64::from(img.off[1]) << 32,
@@ -215,7 +216,7 @@ fn import_queued(stream: &Mutex<Stream>, tr: &Transport, id: u32, img: &Image) -
     let size = conn.region(img.region).ok_or(EGL_BAD_PARAMETER)?.size;
     let cmd = gapi::Import {
         image: u64::from(id),
-        region: img.region,
+        region: RegionId(img.region),
         size: u64::from(img.size.0) | u64::from(img.size.1) << 32,
         layout: u64::from(img.stride) | u64::from(img.format) << 32,
         planes: u64::from(img.off[0]) | u64::from(img.off[1]) << 32,

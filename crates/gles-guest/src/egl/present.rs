@@ -26,6 +26,7 @@ use super::api::{display, guard, name_of, put, EglBool, EglInt, Handle};
 use super::consts::*;
 use super::state::{from_handle, table};
 use crate::rt;
+use virtsoc_devapi::RegionId;
 use virtsoc_sync::LockExt;
 
 /// Frame regions of one surface taking turns.
@@ -124,7 +125,7 @@ fn queue_present(
     let read = [frame.id, 0, frame.size, AccessMode::Read as u64, 0, 0];
     let rb = virtsoc_devapi::gles::Readback {
         surface: u64::from(surf),
-        frame: frame.id,
+        frame: RegionId(frame.id),
     };
     conn.submit_detached(Opcode::BeginAccess, GLES, write)?;
     conn.submit_detached(Opcode::DeviceCmd, GLES, rb.encode())?;
@@ -134,7 +135,7 @@ fn queue_present(
     conn.fence_wait(DISPLAY, acquire)?;
     conn.fence_release(acquire)?;
     let present = virtsoc_devapi::display::Present {
-        frame: frame.id,
+        frame: RegionId(frame.id),
         capture_ns,
     };
     conn.submit_detached(Opcode::BeginAccess, DISPLAY, read)?;

@@ -227,7 +227,12 @@ impl Connection {
     /// begin_access/end_access on the command's device (whole regions, in the declared
     /// modes). All requests are queued at once; the first failure is returned.
     pub fn command_with_access<C: DeviceCommand>(&self, cmd: &C) -> Result<C::Reply> {
-        let regions = cmd.regions();
+        // The guest's region table and the access requests take the wire's words.
+        let regions: Vec<(u64, AccessMode)> = cmd
+            .regions()
+            .into_iter()
+            .map(|(id, mode)| (u64::from(id), mode))
+            .collect();
         let mut sizes = Vec::with_capacity(regions.len());
         for (id, _) in &regions {
             let info = self.region(*id).ok_or(GuestError::Status {

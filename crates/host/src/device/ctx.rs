@@ -68,10 +68,10 @@ impl<'a> DeviceCtx<'a> {
 
     /// The replica the device reads region `id` from: a current host-memory replica where
     /// it is, for a device that reads host memory in place; else its own.
-    pub fn source(&self, id: u64) -> Result<virtsoc_svm::Backing, Status> {
+    pub fn source(&self, id: RegionId) -> Result<virtsoc_svm::Backing, Status> {
         match self.reads_host {
-            true => self.svm.read_replica(self.guest, RegionId(id), self.domain),
-            false => self.svm.replica(self.guest, RegionId(id), self.domain),
+            true => self.svm.read_replica(self.guest, id, self.domain),
+            false => self.svm.replica(self.guest, id, self.domain),
         }
         .map_err(|e| status_of(&e))
     }
@@ -79,7 +79,7 @@ impl<'a> DeviceCtx<'a> {
     /// Runs `f` on the bytes of region `id` as the device reads them (see
     /// [`source`](Self::source)). The guest must have begun a read access to it from this
     /// device.
-    pub fn with_source<T>(&self, id: u64, f: impl FnOnce(&[u8]) -> T) -> Result<T, Status> {
+    pub fn with_source<T>(&self, id: RegionId, f: impl FnOnce(&[u8]) -> T) -> Result<T, Status> {
         match self.source(id)? {
             virtsoc_svm::Backing::Host(b) => Ok(f(&b.read())),
             _ => Err(Status::BadArgument),
@@ -102,9 +102,13 @@ impl<'a> DeviceCtx<'a> {
 
     /// Runs `f` on the bytes of region `id` in this device's memory. The guest must have
     /// begun an access to it from this device.
-    pub fn with_region<T>(&self, id: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Status> {
+    pub fn with_region<T>(
+        &self,
+        id: RegionId,
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<T, Status> {
         self.svm
-            .with_replica(self.guest, RegionId(id), self.domain, f)
+            .with_replica(self.guest, id, self.domain, f)
             .map_err(|e| status_of(&e))
     }
 
@@ -113,25 +117,19 @@ impl<'a> DeviceCtx<'a> {
     /// `BadArgument`).
     pub fn with_regions<T>(
         &self,
-        src: u64,
-        dst: u64,
+        src: RegionId,
+        dst: RegionId,
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
     ) -> Result<T, Status> {
         self.svm
-            .with_source_and_replica(
-                self.guest,
-                (RegionId(src), RegionId(dst)),
-                self.domain,
-                self.reads_host,
-                f,
-            )
+            .with_source_and_replica(self.guest, (src, dst), self.domain, self.reads_host, f)
             .map_err(|e| status_of(&e))
     }
 
     /// A copy of the first `n` bytes of region `id` as the device reads it (see
     /// [`source`](Self::source)), wherever that memory is (read back from device memory);
     /// counted on the guest's ledger.
-    pub fn read_bytes(&self, id: u64, n: usize) -> Result<Vec<u8>, Status> {
+    pub fn read_bytes(&self, id: RegionId, n: usize) -> Result<Vec<u8>, Status> {
         let t0 = std::time::Instant::now();
         let mut out = vec![0u8; n];
         match self.source(id) {
@@ -150,9 +148,9 @@ impl<'a> DeviceCtx<'a> {
 
     /// Writes `bytes` at the start of region `id` in this device's memory (uploaded into
     /// device memory); counted on the guest's ledger.
-    pub fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<(), Status> {
+    pub fn write_bytes(&self, id: RegionId, bytes: &[u8]) -> Result<(), Status> {
         let t0 = std::time::Instant::now();
-        match self.svm.replica(self.guest, RegionId(id), self.domain) {
+        match self.svm.replica(self.guest, id, self.domain) {
             Ok(virtsoc_svm::Backing::Host(b)) => b
                 .lock()
                 .get_mut(..bytes.len())
@@ -168,14 +166,14 @@ impl<'a> DeviceCtx<'a> {
 
     /// Whether the device reads region `id` (see [`source`](Self::source)) from device
     /// memory.
-    pub fn source_in_device_memory(&self, id: u64) -> bool {
+    pub fn source_in_device_memory(&self, id: RegionId) -> bool {
         matches!(self.source(id), Ok(virtsoc_svm::Backing::Device(_)))
     }
 
     /// Whether region `id`'s replica in this device's domain is in device memory.
-    pub fn in_device_memory(&self, id: u64) -> bool {
+    pub fn in_device_memory(&self, id: RegionId) -> bool {
         matches!(
-            self.svm.replica(self.guest, RegionId(id), self.domain),
+            self.svm.replica(self.guest, id, self.domain),
             Ok(virtsoc_svm::Backing::Device(_))
         )
     }
@@ -187,9 +185,7 @@ impl<'a> DeviceCtx<'a> {
     }
 
     /// Metadata (size, format, dimensions) of region `id` of this guest.
-    pub fn meta(&self, id: u64) -> Result<virtsoc_svm::RegionMeta, Status> {
-        self.svm
-            .meta(self.guest, RegionId(id))
-            .map_err(|e| status_of(&e))
+    pub fn meta(&self, id: RegionId) -> Result<virtsoc_svm::RegionMeta, Status> {
+        self.svm.meta(self.guest, id).map_err(|e| status_of(&e))
     }
 }

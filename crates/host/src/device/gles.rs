@@ -52,7 +52,7 @@ use std::time::Duration;
 use virtsoc_devapi::gles::{Command, ExecReply, ImportReply, ReadReplyReply};
 use virtsoc_fence::VirtualFenceTable;
 use virtsoc_proto::Status;
-use virtsoc_svm::{DomainId, GuestId, SvmManager};
+use virtsoc_svm::{DomainId, GuestId, RegionId, SvmManager};
 
 use super::registry::DeviceConfig;
 use super::{Device, DeviceCtx, DeviceResult, Reply};
@@ -105,15 +105,15 @@ pub const WORKER_PROGRAM: &str = "virtsoc-render";
 /// What a job's answer is for.
 #[derive(Clone, Copy)]
 enum Kind {
-    /// A guest's batch: the answers go to this reply region (0: none).
-    Exec { reply: u64 },
+    /// A guest's batch: the answers go to this reply region, if any.
+    Exec { reply: Option<RegionId> },
     /// The daemon's readback of a surface: the pixels go to this RGBA8 image region.
-    Readback { frame: u64 },
+    Readback { frame: RegionId },
     /// An import of `bytes` of `region` at write generation `gen` into guest image `image`
     /// (`gles_image`).
     Import {
         image: u32,
-        region: u64,
+        region: RegionId,
         gen: u64,
         bytes: u64,
     },
@@ -164,7 +164,7 @@ struct Shared {
     /// The daemon's end of the worker's socket (shut down when the guest goes away).
     sock: Option<UnixStream>,
     /// `(region, write generation)` of each guest image's last successful import.
-    imported: HashMap<u32, (u64, u64)>,
+    imported: HashMap<u32, (RegionId, u64)>,
     /// The guest's counters (`gles_stats.rs`).
     stats: stats::GlesStats,
 }
@@ -245,8 +245,10 @@ impl Gles {
         let mut mapped = None;
         let (batch, kind) = match Command::decode(args) {
             Ok(Command::Exec(c)) => {
-                if c.reply != 0 {
-                    if let Err(st) = cx.meta(c.reply) {
+                // `reply` is a region id, 0 for none.
+                let reply_region = (c.reply != 0).then_some(RegionId(c.reply));
+                if let Some(r) = reply_region {
+                    if let Err(st) = cx.meta(r) {
                         return reply.send_because(
                             Err(st),
                             Some("reply: not a region of this guest".into()),
@@ -256,16 +258,16 @@ impl Gles {
                 if let Err(st) = check_stream(cx, c.stream, c.len) {
                     return reply.send_because(Err(st), cx.take_reason());
                 }
-                let kind = Kind::Exec { reply: c.reply };
+                let kind = Kind::Exec {
+                    reply: reply_region,
+                };
                 match maps::shared_replica(cx, c.stream) {
                     // Read in place by the worker: nothing copied here.
                     Some(stream) => {
                         mapped = Some(maps::Mapped::Exec {
                             stream,
                             len: c.len as u32,
-                            reply: (c.reply != 0)
-                                .then(|| maps::shared_replica(cx, c.reply))
-                                .flatten(),
+                            reply: reply_region.and_then(|r| maps::shared_replica(cx, r)),
                         });
                         (Vec::new(), kind)
                     }
@@ -338,9 +340,9 @@ impl Gles {
                     // The packet headers, where the worker will read them.
                     let bytes = stream.read();
                     sh.stats
-                        .batch(bytes.get(..*len as usize).unwrap_or_default(), r != 0);
+                        .batch(bytes.get(..*len as usize).unwrap_or_default(), r.is_some());
                 }
-                _ => sh.stats.batch(&batch, r != 0),
+                _ => sh.stats.batch(&batch, r.is_some()),
             }
         }
         let job = Job {
@@ -361,7 +363,7 @@ impl Gles {
         }
     }
 
-    fn read_reply(&self, cx: &DeviceCtx<'_>, region: u64) -> DeviceResult {
+    fn read_reply(&self, cx: &DeviceCtx<'_>, region: RegionId) -> DeviceResult {
         let shared = match self.guests().get(&cx.guest) {
             Some(g) => g.shared.clone(),
             None => return Err(Status::BadArgument),
@@ -453,7 +455,7 @@ impl Drop for Batch {
 }
 
 /// Checks a batch of `len` bytes of the stream region against its size and [`MAX_BATCH`].
-fn check_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<(), Status> {
+fn check_stream(cx: &DeviceCtx<'_>, region: RegionId, len: u64) -> Result<(), Status> {
     let size = cx.meta(region)?.size;
     if len > size || len > MAX_BATCH || len & 3 != 0 {
         return Err(cx.fail(
@@ -469,7 +471,7 @@ fn check_stream(cx: &DeviceCtx<'_>, region: u64, len: u64) -> Result<(), Status>
 /// The first `len` bytes of the stream region (into `buf`; checked by [`check_stream`]).
 fn read_stream(
     cx: &DeviceCtx<'_>,
-    region: u64,
+    region: RegionId,
     len: u64,
     mut buf: Vec<u8>,
 ) -> Result<Vec<u8>, Status> {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use virtsoc_devapi::gles::ExecReply;
 use virtsoc_proto::Status;
-use virtsoc_svm::{GuestId, MemoryCharge, SvmManager};
+use virtsoc_svm::{GuestId, MemoryCharge, RegionId, SvmManager};
 
 use super::maps::{Mapped, Maps};
 use super::worker::{Answer, DeviceClock, Worker, WorkerError};
@@ -249,14 +249,11 @@ fn answer_job(
 /// here), or held for `read_reply` when they do not fit.
 fn exec_answer(
     cx: &DeviceCtx<'_>,
-    reply_region: u64,
+    reply_region: Option<RegionId>,
     a: Answer,
     shared: &Mutex<Shared>,
 ) -> DeviceResult {
-    let size = match reply_region {
-        0 => None,
-        r => cx.meta(r).ok().map(|m| m.size),
-    };
+    let size = reply_region.and_then(|r| cx.meta(r).ok().map(|m| m.size));
     let words = |reply_len: usize, held: u64| {
         ExecReply {
             reply_len: reply_len as u64,
@@ -283,9 +280,8 @@ fn exec_answer(
     let reply = a.reply;
     if reply.len() <= INLINE_REPLY {
         Ok(inline_reply(&reply))
-    } else if size.is_some_and(|s| s >= reply.len() as u64) {
-        cx.write_bytes(reply_region, &reply)
-            .map(|()| words(reply.len(), 0))
+    } else if let Some(r) = reply_region.filter(|_| size.is_some_and(|s| s >= reply.len() as u64)) {
+        cx.write_bytes(r, &reply).map(|()| words(reply.len(), 0))
     } else {
         let n = reply.len();
         lock(shared).held = reply;

@@ -13,6 +13,7 @@
 use virtsoc_devapi::gles::ReadbackReply;
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
+use virtsoc_svm::RegionId;
 
 use super::super::{DeviceCtx, DeviceResult};
 use super::maps::{self, Mapped, PRESENT};
@@ -24,7 +25,7 @@ use super::READBACK;
 pub(super) fn mapped_present(
     cx: &DeviceCtx<'_>,
     surf: u32,
-    frame: u64,
+    frame: RegionId,
 ) -> Result<Option<Mapped>, Status> {
     let Some(buf) = maps::shared_replica(cx, frame) else {
         return Ok(None);
@@ -102,7 +103,7 @@ pub(super) fn count_readback(cx: &DeviceCtx<'_>, reply: &[u64; 6]) -> u64 {
 
 /// Writes a READBACK answer (`op | len | width | height | byte_len | pixels`) into the
 /// RGBA8 image region `frame`, which must be of the surface's size.
-pub(super) fn write_frame(cx: &DeviceCtx<'_>, frame: u64, answer: &[u8]) -> DeviceResult {
+pub(super) fn write_frame(cx: &DeviceCtx<'_>, frame: RegionId, answer: &[u8]) -> DeviceResult {
     let word = |i: usize| {
         answer
             .get(4 * i..4 * i + 4)

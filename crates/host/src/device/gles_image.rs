@@ -100,7 +100,7 @@ fn layout_end(format: u32, w: u32, h: u32, stride: u32, off: [u32; 2]) -> Result
 pub(super) fn prepare(
     cx: &DeviceCtx<'_>,
     c: &Import,
-    last: Option<(u64, u64)>,
+    last: Option<(RegionId, u64)>,
 ) -> Result<Prepared, Status> {
     let image = (c.image & 0xFFFF_FFFF) as u32;
     let force = c.image >> 63 != 0;
@@ -125,7 +125,7 @@ pub(super) fn prepare(
     }
     let gen = cx
         .svm
-        .generation(cx.guest, RegionId(c.region))
+        .generation(cx.guest, c.region)
         .map_err(|e| crate::dispatch::status_of(&e))?;
     if !force && last == Some((c.region, gen)) {
         return Ok(Prepared::Current);
@@ -180,10 +180,10 @@ pub(super) const MAX_RECORDED: usize = 4096;
 /// Records `image`'s last successful import in `map`, bounded by [`MAX_RECORDED`] (a guest
 /// making images without end cannot grow it without end).
 pub(super) fn record(
-    map: &mut std::collections::HashMap<u32, (u64, u64)>,
+    map: &mut std::collections::HashMap<u32, (RegionId, u64)>,
     image: u32,
-    at: (u64, u64),
-) -> Option<(u64, u64)> {
+    at: (RegionId, u64),
+) -> Option<(RegionId, u64)> {
     if map.len() >= MAX_RECORDED && !map.contains_key(&image) {
         map.clear();
     }
@@ -258,9 +258,12 @@ mod tests {
     fn the_record_of_imports_is_bounded() {
         let mut m = std::collections::HashMap::new();
         for i in 0..3 * MAX_RECORDED as u32 {
-            record(&mut m, i, (1, 2));
+            record(&mut m, i, (RegionId(1), 2));
             assert!(m.len() <= MAX_RECORDED);
         }
-        assert_eq!(m.get(&(3 * MAX_RECORDED as u32 - 1)), Some(&(1, 2)));
+        assert_eq!(
+            m.get(&(3 * MAX_RECORDED as u32 - 1)),
+            Some(&(RegionId(1), 2))
+        );
     }
 }

@@ -42,8 +42,8 @@ pub(super) const MAX_MAPS_PER_MESSAGE: usize = 16;
 
 /// The replica of region `id` in the device's domain when it is a shared memfd (else the
 /// batch travels the old way, through the socket).
-pub(super) fn shared_replica(cx: &DeviceCtx<'_>, id: u64) -> Option<Arc<HostBuf>> {
-    match cx.svm.replica(cx.guest, RegionId(id), cx.domain) {
+pub(super) fn shared_replica(cx: &DeviceCtx<'_>, id: RegionId) -> Option<Arc<HostBuf>> {
+    match cx.svm.replica(cx.guest, id, cx.domain) {
         Ok(Backing::Host(b)) if b.memfd().is_some() => Some(b),
         _ => None,
     }

@@ -37,7 +37,7 @@ use virtsoc_media::{
     SwscaleIsp, WorkerPool,
 };
 use virtsoc_proto::Status;
-use virtsoc_svm::GuestId;
+use virtsoc_svm::{GuestId, RegionId};
 
 use super::gpu::Gpu;
 use super::layers::layout_of;
@@ -113,7 +113,7 @@ impl Isp {
         Ok(Isp { engine, desc })
     }
 
-    fn convert(&self, cx: &DeviceCtx<'_>, src: u64, dst: u64) -> DeviceResult {
+    fn convert(&self, cx: &DeviceCtx<'_>, src: RegionId, dst: RegionId) -> DeviceResult {
         let src_layout = layout_of(cx, src)?;
         let dst_layout = layout_of(cx, dst)?;
         if src == dst {

@@ -4,6 +4,7 @@
 use virtsoc_devapi::{LayerRecord, LAYER_RECORD};
 use virtsoc_gpu::{FrameLayout, PixelFormat, Rect, Rotation, MAX_COORD};
 use virtsoc_proto::Status;
+use virtsoc_svm::RegionId;
 
 use super::DeviceCtx;
 use crate::status::status_of;
@@ -11,7 +12,7 @@ use crate::status::status_of;
 /// A layer record checked on its own (the crop is checked against its source later).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LayerSpec {
-    pub(crate) src: u64,
+    pub(crate) src: RegionId,
     pub(crate) crop: Rect,
     pub(crate) dst: Rect,
     pub(crate) rotation: Rotation,
@@ -52,7 +53,7 @@ impl LayerSpec {
             return Err(Status::BadArgument);
         }
         Ok(LayerSpec {
-            src: r.src,
+            src: RegionId(r.src),
             crop: Rect::new(cx, cy, cw, ch),
             dst: Rect::new(dx, dy, dw, dh),
             rotation,
@@ -73,7 +74,7 @@ pub(crate) fn crop_inside(crop: Rect, layout: &FrameLayout) -> bool {
 /// Reads and checks `count` layer records from region `layers` (at most `max`).
 pub(crate) fn read_layers(
     cx: &DeviceCtx<'_>,
-    layers: u64,
+    layers: RegionId,
     count: u64,
     max: usize,
 ) -> std::result::Result<Vec<LayerSpec>, Status> {
@@ -89,7 +90,10 @@ pub(crate) fn read_layers(
 }
 
 /// The frame layout of region `id` from its metadata, checked against the region size.
-pub(crate) fn layout_of(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, Status> {
+pub(crate) fn layout_of(
+    cx: &DeviceCtx<'_>,
+    id: RegionId,
+) -> std::result::Result<FrameLayout, Status> {
     let meta = cx.meta(id)?;
     let layout = FrameLayout::with_stride(
         PixelFormat::try_from(meta.format)?,
@@ -107,7 +111,7 @@ pub(crate) fn layout_of(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<Fram
 /// Reads `count` records of `size` bytes from the start of region `id`.
 pub(crate) fn read_records(
     cx: &DeviceCtx<'_>,
-    id: u64,
+    id: RegionId,
     count: u64,
     size: usize,
 ) -> std::result::Result<Vec<u8>, Status> {

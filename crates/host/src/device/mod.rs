@@ -269,10 +269,8 @@ pub fn validate(id: DeviceId, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> Result<(),
         .iter()
         .find(|c| c.op == args[0])
         .ok_or(Status::UnknownOpcode)?;
-    for (i, a) in cmd.args.iter().enumerate() {
-        if a.kind.region().is_some() {
-            cx.meta(args[1 + i])?;
-        }
+    for (region, _) in cmd.regions(args) {
+        cx.meta(region)?;
     }
     Ok(())
 }

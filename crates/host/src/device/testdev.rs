@@ -2,9 +2,7 @@
 //! checksums one, each in its own device-local memory domain. Together they check that every
 //! coherence protocol delivers the last write to the next reader.
 
-use virtsoc_proto::wire::testdev::{CHECKSUM, WRITE_PATTERN};
-use virtsoc_proto::Status;
-use virtsoc_svm::RegionId;
+use virtsoc_devapi::{consumer, producer};
 
 use std::sync::Arc;
 
@@ -95,27 +93,21 @@ impl Device for Producer {
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
-        match args[0] {
-            WRITE_PATTERN => {
-                let crc = cx
-                    .svm
-                    .with_replica(cx.guest, RegionId(args[1]), cx.domain, |b| {
-                        fill_pattern(b, args[2])
-                    })
-                    .map_err(|e| crate::status::status_of(&e))?;
-                Ok([crc as u64, 0, 0, 0, 0, 0])
-            }
-            _ => Err(Status::UnknownOpcode),
-        }
+        let producer::Command::WritePattern(c) = producer::Command::decode(args)?;
+        let crc = cx
+            .svm
+            .with_replica(cx.guest, c.region, cx.domain, |b| fill_pattern(b, c.seed))
+            .map_err(|e| crate::status::status_of(&e))?;
+        Ok([crc as u64, 0, 0, 0, 0, 0])
     }
 
     /// A fill of at least [`STREAM_MIN`] bytes (one that streams past the caches) is paced.
     fn paced(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> Option<Box<dyn super::PacedOp>> {
-        if args[0] != WRITE_PATTERN {
+        let Ok(producer::Command::WritePattern(c)) = producer::Command::decode(args) else {
             return None;
-        }
+        };
         // Anything wrong with the region: `execute` answers it.
-        let Ok(Backing::Host(buf)) = cx.svm.replica(cx.guest, RegionId(args[1]), cx.domain) else {
+        let Ok(Backing::Host(buf)) = cx.svm.replica(cx.guest, c.region, cx.domain) else {
             return None;
         };
         let len = buf.read().len();
@@ -125,7 +117,7 @@ impl Device for Producer {
         Some(Box::new(PacedFill {
             buf,
             len,
-            pattern: Pattern::new(args[2]),
+            pattern: Pattern::new(c.seed),
             done: 0,
         }))
     }
@@ -154,18 +146,13 @@ impl Device for Consumer {
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
-        match args[0] {
-            CHECKSUM => {
-                let crc = cx
-                    .svm
-                    .with_replica(cx.guest, RegionId(args[1]), cx.domain, |b| {
-                        crc32fast::hash(b)
-                    })
-                    .map_err(|e| crate::status::status_of(&e))?;
-                Ok([crc as u64, 0, 0, 0, 0, 0])
-            }
-            _ => Err(Status::UnknownOpcode),
-        }
+        // `consumer2` declares the same command as `consumer`.
+        let consumer::Command::Checksum(c) = consumer::Command::decode(args)?;
+        let crc = cx
+            .svm
+            .with_replica(cx.guest, c.region, cx.domain, |b| crc32fast::hash(b))
+            .map_err(|e| crate::status::status_of(&e))?;
+        Ok([crc as u64, 0, 0, 0, 0, 0])
     }
 }
 

@@ -186,11 +186,11 @@ impl ServiceDevice {
     /// The host's end of the channel the guest laid out at the start of its region
     /// `region` (its own, with a window replica, large enough for the layout found there).
     fn attach(&self, cx: &DeviceCtx<'_>, region: u64) -> Result<HostEnd, Status> {
-        let guest = cx.guest;
+        let (guest, region) = (cx.guest, RegionId(region));
         let meta = cx.meta(region)?;
         let at = cx
             .svm
-            .window_offset(guest, RegionId(region))
+            .window_offset(guest, region)
             .ok()
             .flatten()
             .ok_or_else(|| {

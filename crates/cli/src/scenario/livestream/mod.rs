@@ -61,6 +61,7 @@ use super::{pace, ui_pixels, Common, RunOpts};
 use crate::bench_svm::OrderingMode;
 use crate::CliError;
 use relay::Relay;
+use virtsoc_devapi::{HandleId, RegionId};
 
 /// Where the RTMP module of Debian's `libnginx-mod-rtmp` (and of common other builds) lives.
 const RTMP_MODULE_PATHS: [&str; 4] = [
@@ -311,7 +312,7 @@ fn warm_up(
 
 /// The sending side: captures, encodes, and hands the packets to the network.
 struct Broadcaster {
-    encoder: u64,
+    encoder: HandleId,
     /// Camera frames and encoded packets, in turn.
     cams: Vec<u64>,
     packets: Vec<u64>,
@@ -327,16 +328,18 @@ impl Broadcaster {
         let i = self.next;
         self.next += 1;
         let cam = self.cams[(i % self.cams.len() as u64) as usize];
-        p.run(&api::camera::Capture { frame: cam })?;
+        p.run(&api::camera::Capture {
+            frame: RegionId(cam),
+        })?;
         if !send {
             return Ok(false);
         }
         let out = self.packets[(i % self.packets.len() as u64) as usize];
         let t = p.run(&api::codec::Encode {
             handle: self.encoder,
-            frame: cam,
+            frame: RegionId(cam),
             pts: i,
-            out,
+            out: RegionId(out),
         })?;
         if self.fence_mode {
             // The packet goes to the network: the encoder's write must have ended.
@@ -382,7 +385,7 @@ fn p50(v: &[f64]) -> f64 {
 
 /// The receiving side: decodes pulled access units and shows pictures.
 struct Player {
-    decoder: u64,
+    decoder: HandleId,
     /// Bitstream blobs the units are written into, in turn.
     bits: Vec<u64>,
     /// Decoded-picture regions, in turn, and their layer lists ([picture, UI]).
@@ -435,7 +438,7 @@ impl Player {
             p.cpu_write(self.bits[s], &unit)?;
             self.decodes[s] = Some(p.run(&api::codec::Decode {
                 handle: self.decoder,
-                bitstream: self.bits[s],
+                bitstream: RegionId(self.bits[s]),
                 len: unit.len() as u64,
                 pts: 0,
             })?);
@@ -443,7 +446,7 @@ impl Player {
             self.next_frame = (f + 1) % self.frames.len();
             self.receives.push_back(p.run(&api::codec::ReceiveFrame {
                 handle: self.decoder,
-                frame: self.frames[f],
+                frame: RegionId(self.frames[f]),
             })?);
             if newest.replace(f).is_some() {
                 c.late_drops += 1; // a newer picture came with it

@@ -53,7 +53,7 @@ impl DeviceMemory for LentMemory {
 /// The pictures one decoder has lent: (region, the replica's memory), oldest first.
 #[derive(Default)]
 pub(super) struct Lent {
-    lent: VecDeque<(u64, Weak<dyn DeviceMemory>)>,
+    lent: VecDeque<(RegionId, Weak<dyn DeviceMemory>)>,
 }
 
 impl Lent {
@@ -63,7 +63,7 @@ impl Lent {
     pub(super) fn lend(
         &mut self,
         cx: &DeviceCtx<'_>,
-        id: u64,
+        id: RegionId,
         (layout, meta): (FrameLayout, &RegionMeta),
         f: &DecodedFrame,
     ) -> Result<bool, Status> {
@@ -77,7 +77,7 @@ impl Lent {
         };
         let mem: Arc<dyn DeviceMemory> = Arc::new(LentMemory(pic));
         cx.svm
-            .adopt_replica(cx.guest, RegionId(id), cx.domain, mem.clone())
+            .adopt_replica(cx.guest, id, cx.domain, mem.clone())
             .map_err(|e| status_of(&e))?;
         // The region's earlier picture, if lent, is replaced.
         self.lent.retain(|(r, _)| *r != id);
@@ -96,10 +96,7 @@ impl Lent {
                 break;
             };
             let Some(m) = m.upgrade() else { continue };
-            match cx
-                .svm
-                .move_out_replica(cx.guest, RegionId(id), cx.domain, Some(&m))
-            {
+            match cx.svm.move_out_replica(cx.guest, id, cx.domain, Some(&m)) {
                 Ok(true) => log::debug!(
                     "codec: guest {}: region {id}'s lent picture moved out ({MAX_LENT} lent)",
                     cx.guest

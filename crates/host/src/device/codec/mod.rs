@@ -245,7 +245,7 @@ impl Codec {
         if let Some(charge) = charge {
             self.state().attach_charge(&(cx.guest, handle), charge);
         }
-        Ok(api::OpenDecoderReply { handle: handle.0 }.to_values())
+        Ok(api::OpenDecoderReply { handle }.to_values())
     }
 
     /// What a new session's worker process (`what`'s) charges to `cx`'s guest's memory limit
@@ -280,13 +280,13 @@ impl Codec {
         if let Some(charge) = charge {
             self.state().attach_charge(&(cx.guest, handle), charge);
         }
-        Ok(api::OpenEncoderReply { handle: handle.0 }.to_values())
+        Ok(api::OpenEncoderReply { handle }.to_values())
     }
 
     #[cfg(test)]
     fn open_decoder(&self, guest: GuestId, c: api::OpenDecoder) -> DeviceResult {
         let handle = self.open_decoder_at(guest, c, None, None)?;
-        Ok(api::OpenDecoderReply { handle: handle.0 }.to_values())
+        Ok(api::OpenDecoderReply { handle }.to_values())
     }
 
     /// Opens a decoder for `guest` (under handle `at`: a restore); a failure to open one
@@ -356,8 +356,8 @@ impl Codec {
         }
         let len = usize::try_from(c.len).map_err(|_| Status::OutOfRange)?;
         let mut st = self.state();
-        self.revive(&mut st, cx, HandleId(c.handle))?;
-        let s = st.decoder(cx.guest, HandleId(c.handle))?;
+        self.revive(&mut st, cx, c.handle)?;
+        let s = st.decoder(cx.guest, c.handle)?;
         if s.full() {
             return Err(Status::Busy);
         }
@@ -393,7 +393,7 @@ impl Codec {
     fn receive_frame(&self, cx: &DeviceCtx<'_>, c: api::ReceiveFrame) -> DeviceResult {
         let meta = cx.meta(c.frame)?;
         let mut st = self.state();
-        let s = st.decoder(cx.guest, HandleId(c.handle))?;
+        let s = st.decoder(cx.guest, c.handle)?;
         let layout = frame_layout(&meta)?;
         if !layout.format.is_yuv() {
             // Decoders only produce NV12 and YUV420P (the ISP converts).
@@ -467,7 +467,7 @@ impl Codec {
 
     fn flush(&self, guest: GuestId, c: api::Flush) -> DeviceResult {
         let mut st = self.state();
-        let s = st.decoder(guest, HandleId(c.handle))?;
+        let s = st.decoder(guest, c.handle)?;
         let r = s.decoder.flush();
         s.note_failures();
         match r {
@@ -491,7 +491,7 @@ impl Codec {
 
     fn stream_info(&self, guest: GuestId, c: api::StreamInfo) -> DeviceResult {
         let mut st = self.state();
-        let s = st.decoder(guest, HandleId(c.handle))?;
+        let s = st.decoder(guest, c.handle)?;
         // The next picture's size: wait for it when it is still in the decoder.
         s.settle().map_err(|e| status_of(&e))?;
         Ok(s.stream_info().to_values())
@@ -500,7 +500,7 @@ impl Codec {
     #[cfg(test)]
     fn open_encoder(&self, guest: GuestId, c: api::OpenEncoder) -> DeviceResult {
         let handle = self.open_encoder_at(guest, c, None, None)?;
-        Ok(api::OpenEncoderReply { handle: handle.0 }.to_values())
+        Ok(api::OpenEncoderReply { handle }.to_values())
     }
 
     fn open_encoder_at(
@@ -569,7 +569,7 @@ impl Codec {
         let meta = cx.meta(c.frame)?;
         let out_size = cx.meta(c.out)?.size;
         let mut st = self.state();
-        let s = st.encoder(cx.guest, HandleId(c.handle))?;
+        let s = st.encoder(cx.guest, c.handle)?;
         let layout = frame_layout(&meta)?;
         if !layout.format.is_yuv() {
             return Err(Status::NotSupported);
@@ -620,7 +620,7 @@ impl Codec {
     }
 
     fn close(&self, guest: GuestId, c: api::Close) -> DeviceResult {
-        let removed = self.state().remove(&(guest, HandleId(c.handle)));
+        let removed = self.state().remove(&(guest, c.handle));
         match removed {
             Some(s) => {
                 // Drop outside the lock: a frame-threaded decoder joins its threads.

@@ -289,7 +289,12 @@ mod tests {
         assert_eq!(refused, Err(Status::Busy));
         assert!(cx.take_reason().is_some_and(|r| r.contains("closed after")));
         assert_eq!(
-            codec.close(GuestId(1), api::Close { handle: taker }),
+            codec.close(
+                GuestId(1),
+                api::Close {
+                    handle: HandleId(taker)
+                }
+            ),
             Ok([0; 6])
         );
         codec
@@ -298,7 +303,12 @@ mod tests {
         // Closing a closed decoder frees nothing twice.
         drop(codec.state().reap_idle(Instant::now(), Duration::ZERO));
         assert_eq!(
-            codec.close(GuestId(1), api::Close { handle: idle }),
+            codec.close(
+                GuestId(1),
+                api::Close {
+                    handle: HandleId(idle)
+                }
+            ),
             Ok([0; 6])
         );
         assert_eq!(codec.state().threads, 1);
@@ -333,7 +343,12 @@ mod tests {
             "nothing left to reap"
         );
         assert_eq!(
-            codec.close(GuestId(2), api::Close { handle: h }),
+            codec.close(
+                GuestId(2),
+                api::Close {
+                    handle: HandleId(h)
+                }
+            ),
             Ok([0; 6])
         );
     }

@@ -54,19 +54,39 @@ fn handles_are_per_guest_and_bounded() {
     // Guest 2 cannot flush or close guest 1's second decoder.
     let h = open(GuestId(1)).unwrap()[0];
     assert_eq!(
-        codec.close(GuestId(2), api::Close { handle: h }),
+        codec.close(
+            GuestId(2),
+            api::Close {
+                handle: HandleId(h)
+            }
+        ),
         Err(Status::BadArgument)
     );
     assert_eq!(
-        codec.flush(GuestId(1), api::Flush { handle: h }),
+        codec.flush(
+            GuestId(1),
+            api::Flush {
+                handle: HandleId(h)
+            }
+        ),
         Ok([0; 6])
     );
     assert_eq!(
-        codec.close(GuestId(1), api::Close { handle: h }),
+        codec.close(
+            GuestId(1),
+            api::Close {
+                handle: HandleId(h)
+            }
+        ),
         Ok([0; 6])
     );
     assert_eq!(
-        codec.close(GuestId(1), api::Close { handle: h }),
+        codec.close(
+            GuestId(1),
+            api::Close {
+                handle: HandleId(h)
+            }
+        ),
         Err(Status::BadArgument)
     );
     for _ in 1..MAX_SESSIONS_PER_GUEST {
@@ -76,7 +96,12 @@ fn handles_are_per_guest_and_bounded() {
     codec.guest_gone(GuestId(1));
     assert_eq!(open(GuestId(1)).unwrap()[0], 1);
     assert_eq!(
-        codec.flush(GuestId(2), api::Flush { handle: 1 }),
+        codec.flush(
+            GuestId(2),
+            api::Flush {
+                handle: HandleId(1)
+            }
+        ),
         Ok([0; 6])
     );
 }
@@ -106,7 +131,14 @@ fn sessions_and_threads_are_capped_across_guests() {
     open(GuestId(2), 4).unwrap();
     assert_eq!(open(GuestId(3), 1), Err(Status::Busy));
     // Closing gives the threads back.
-    codec.close(GuestId(1), api::Close { handle: a }).unwrap();
+    codec
+        .close(
+            GuestId(1),
+            api::Close {
+                handle: HandleId(a),
+            },
+        )
+        .unwrap();
     open(GuestId(3), 2).unwrap();
     open(GuestId(3), 2).unwrap();
     // Sessions: three open, a fourth (even of one thread) is Busy.
@@ -156,7 +188,12 @@ fn bad_open_arguments() {
     assert_eq!(enc(320, 240, 30, 0), Err(Status::BadArgument));
     assert!(enc(320, 240, 30, 1_000_000).is_ok());
     assert_eq!(
-        codec.flush(GuestId(7), api::Flush { handle: 1 }),
+        codec.flush(
+            GuestId(7),
+            api::Flush {
+                handle: HandleId(1)
+            }
+        ),
         Err(Status::BadArgument),
         "an encoder handle is not a decoder"
     );
@@ -189,7 +226,7 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
         picture_height: height,
     };
     assert_eq!(
-        info(GuestId(3), h),
+        info(GuestId(3), HandleId(h)),
         Ok(reply(0, 0, 0)),
         "nothing decoded yet"
     );
@@ -203,7 +240,7 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
         .unwrap()
         .queue(vec![pic(64, 48, 0), pic(64, 48, 1), pic(32, 16, 2)]);
     assert_eq!(
-        info(GuestId(3), h),
+        info(GuestId(3), HandleId(h)),
         Ok(reply(64, 48, 0)),
         "the oldest waiting picture (the change is behind it)"
     );
@@ -215,16 +252,16 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
             .pop_ready();
     };
     pop();
-    assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 0)));
+    assert_eq!(info(GuestId(3), HandleId(h)), Ok(reply(64, 48, 0)));
     pop();
     assert_eq!(
-        info(GuestId(3), h),
+        info(GuestId(3), HandleId(h)),
         Ok(reply(32, 16, 1)),
         "the new size before its picture"
     );
     pop();
     assert_eq!(
-        info(GuestId(3), h),
+        info(GuestId(3), HandleId(h)),
         Ok(reply(32, 16, 1)),
         "none waiting: the last size"
     );
@@ -233,14 +270,14 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
         .decoder(GuestId(3), HandleId(h))
         .unwrap()
         .queue(vec![pic(64, 48, 3)]);
-    assert_eq!(info(GuestId(3), h), Ok(reply(64, 48, 2)));
+    assert_eq!(info(GuestId(3), HandleId(h)), Ok(reply(64, 48, 2)));
     assert_eq!(
-        info(GuestId(4), h),
+        info(GuestId(4), HandleId(h)),
         Err(Status::BadArgument),
         "another guest's handle"
     );
     assert_eq!(
-        info(GuestId(3), h + 1),
+        info(GuestId(3), HandleId(h + 1)),
         Err(Status::BadArgument),
         "unknown handle"
     );
@@ -255,7 +292,11 @@ fn stream_info_reports_the_next_pictures_size_and_its_changes() {
             },
         )
         .unwrap()[0];
-    assert_eq!(info(GuestId(3), e), Err(Status::BadArgument), "an encoder");
+    assert_eq!(
+        info(GuestId(3), HandleId(e)),
+        Err(Status::BadArgument),
+        "an encoder"
+    );
 }
 
 #[test]

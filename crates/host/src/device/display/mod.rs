@@ -225,11 +225,11 @@ impl Display {
         let layout = layout_of(cx, spec.src)?;
         let backing = cx
             .svm
-            .read_replica(cx.guest, RegionId(spec.src), cx.domain)
+            .read_replica(cx.guest, spec.src, cx.domain)
             .map_err(|e| crate::dispatch::status_of(&e))?;
         let generation = cx
             .svm
-            .generation(cx.guest, RegionId(spec.src))
+            .generation(cx.guest, spec.src)
             .map_err(|e| crate::dispatch::status_of(&e))?;
         Plane::new(spec, layout, backing).map(|p| p.at_generation(generation))
     }
@@ -281,7 +281,7 @@ impl Display {
 
     /// Presents region `region` (RGBA8 or BGRA8) of the calling guest as it is: one plane
     /// of its own size, scanned out of the display's memory without a copy.
-    fn present(&self, cx: &DeviceCtx<'_>, region: u64, capture_ns: u64) -> Answer<u64> {
+    fn present(&self, cx: &DeviceCtx<'_>, region: RegionId, capture_ns: u64) -> Answer<u64> {
         let meta = cx.meta(region)?;
         let format = ScanoutFormat::of(meta.format)?;
         format.required_len(meta.width, meta.height, meta.stride, meta.size)?;
@@ -304,7 +304,7 @@ impl Display {
     fn present_layers(
         &self,
         cx: &DeviceCtx<'_>,
-        layers: u64,
+        layers: RegionId,
         count: u64,
         capture_ns: u64,
     ) -> Answer<u64> {

@@ -18,7 +18,7 @@
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-use virtsoc_svm::GuestId;
+use virtsoc_svm::{GuestId, RegionId};
 
 use virtsoc_display as vd;
 use virtsoc_gpu::{
@@ -43,7 +43,7 @@ pub(super) struct Plane {
     /// The source region's replica in the display's domain.
     pub(super) backing: Backing,
     /// The source region and its write generation when presented.
-    pub(super) region: u64,
+    pub(super) region: RegionId,
     pub(super) generation: u64,
     pub(super) layout: FrameLayout,
     pub(super) crop: Rect,

@@ -340,7 +340,7 @@ fn the_sink_reads_every_byte_of_every_plane() {
         buf.lock()[..bytes.len()].copy_from_slice(&bytes);
         let p = Plane {
             backing: virtsoc_svm::Backing::Host(buf),
-            region: seed as u64,
+            region: RegionId(seed as u64),
             generation: 1,
             layout,
             crop: Rect::new(0, 0, w, h),

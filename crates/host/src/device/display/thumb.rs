@@ -214,7 +214,7 @@ impl Coverage {
 /// where and how it is shown.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct StaticKey {
-    region: u64,
+    region: RegionId,
     generation: u64,
     crop: Rect,
     dst: Rect,
@@ -235,8 +235,8 @@ struct StaticState {
     /// The kept pictures, least recently used first.
     kept: Vec<(StaticKey, std::sync::Arc<Coverage>)>,
     /// Regions and generations of the planes of the previous view frame.
-    last_seen: Vec<(u64, u64)>,
-    seen: Vec<(u64, u64)>,
+    last_seen: Vec<(RegionId, u64)>,
+    seen: Vec<(RegionId, u64)>,
 }
 
 /// Pictures kept per guest.
@@ -340,7 +340,7 @@ fn with_samples(
     let host = match &plane.backing {
         Backing::Device(_) => ledger
             .svm
-            .host_replica(ledger.guest, RegionId(plane.region))
+            .host_replica(ledger.guest, plane.region)
             .ok()
             .flatten()
             .filter(|(_, generation)| *generation == plane.generation)
@@ -493,7 +493,7 @@ mod tests {
         buf.lock()[..bytes.len()].copy_from_slice(bytes);
         Plane {
             backing: Backing::Host(buf),
-            region: 7,
+            region: RegionId(7),
             generation: 1,
             layout,
             crop: Rect::new(0, 0, layout.width, layout.height),

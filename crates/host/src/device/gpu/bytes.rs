@@ -9,6 +9,7 @@ use virtsoc_devapi::gpu::{CompositeReply, ConvertReply, MarkersReply, ProjectRep
 use virtsoc_devapi::{MarkerRecord, MARKER_RECORD};
 use virtsoc_gpu::{FrameLayout, FrameMut, FrameRef, GpuStats, Layer, MAX_LAYERS, MAX_MARKERS};
 use virtsoc_proto::Status;
+use virtsoc_svm::RegionId;
 
 use super::{marker_of, rgb_layout, view_of, Gpu};
 use crate::device::layers::{crop_inside, layout_of, read_layers, read_records};
@@ -19,9 +20,9 @@ impl Gpu {
     pub(super) fn composite(
         &self,
         cx: &DeviceCtx<'_>,
-        layers: u64,
+        layers: RegionId,
         count: u64,
-        dst: u64,
+        dst: RegionId,
         damage: u64,
     ) -> DeviceResult {
         let specs = read_layers(cx, layers, count, MAX_LAYERS)?;
@@ -30,7 +31,7 @@ impl Gpu {
         let full = virtsoc_gpu::Rect::full(dst_layout.width, dst_layout.height);
         self.check_cost_in(&specs, damage.unwrap_or(full))?;
         // Copy each distinct source out of its replica, one region lock at a time.
-        let mut sources: BTreeMap<u64, (FrameLayout, Vec<u8>)> = BTreeMap::new();
+        let mut sources: BTreeMap<RegionId, (FrameLayout, Vec<u8>)> = BTreeMap::new();
         for s in &specs {
             if sources.contains_key(&s.src) {
                 continue;
@@ -72,8 +73,8 @@ impl Gpu {
     pub(super) fn project(
         &self,
         cx: &DeviceCtx<'_>,
-        src: u64,
-        dst: u64,
+        src: RegionId,
+        dst: RegionId,
         angles: [u64; 3],
     ) -> DeviceResult {
         let view = view_of(angles);
@@ -101,9 +102,9 @@ impl Gpu {
     pub(super) fn markers(
         &self,
         cx: &DeviceCtx<'_>,
-        markers: u64,
+        markers: RegionId,
         count: u64,
-        dst: u64,
+        dst: RegionId,
     ) -> DeviceResult {
         let records = read_records(cx, markers, count, MARKER_RECORD)?;
         if count as usize > MAX_MARKERS {
@@ -124,7 +125,7 @@ impl Gpu {
         .to_values())
     }
 
-    pub(super) fn convert(&self, cx: &DeviceCtx<'_>, src: u64, dst: u64) -> DeviceResult {
+    pub(super) fn convert(&self, cx: &DeviceCtx<'_>, src: RegionId, dst: RegionId) -> DeviceResult {
         let dst_layout = rgb_layout(cx, dst)?;
         let src_layout = layout_of(cx, src)?;
         let bytes = copy_out(cx, src, &src_layout)?;
@@ -147,7 +148,7 @@ impl Gpu {
 /// Copies the frame bytes of region `id` out of this device's replica.
 fn copy_out(
     cx: &DeviceCtx<'_>,
-    id: u64,
+    id: RegionId,
     layout: &FrameLayout,
 ) -> std::result::Result<Vec<u8>, Status> {
     let n = layout.size_bytes().map_err(|e| status_of(&e))?;
@@ -164,7 +165,7 @@ fn copy_out(
 /// Runs `f` on destination region `id` (locked alone) as a frame of `layout`.
 fn with_dst(
     cx: &DeviceCtx<'_>,
-    id: u64,
+    id: RegionId,
     layout: &FrameLayout,
     f: impl FnOnce(FrameMut<'_>) -> std::result::Result<GpuStats, Status>,
 ) -> std::result::Result<GpuStats, Status> {

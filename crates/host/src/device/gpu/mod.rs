@@ -331,11 +331,15 @@ impl Gpu {
 
     /// The resident image of region `id`'s replica in this device's memory, if it has one
     /// (`None`: the replica is in host memory).
-    fn image(&self, cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<Option<GpuImage>, Status> {
+    fn image(
+        &self,
+        cx: &DeviceCtx<'_>,
+        id: RegionId,
+    ) -> std::result::Result<Option<GpuImage>, Status> {
         if self.wgpu.is_none() {
             return Ok(None);
         }
-        match cx.svm.replica(cx.guest, RegionId(id), cx.domain) {
+        match cx.svm.replica(cx.guest, id, cx.domain) {
             Ok(Backing::Device(m)) => Ok(m
                 .as_any()
                 .downcast_ref::<GpuMemory>()
@@ -518,8 +522,8 @@ impl Gpu {
     pub(crate) fn images(
         &self,
         cx: &DeviceCtx<'_>,
-        src: u64,
-        dst: u64,
+        src: RegionId,
+        dst: RegionId,
     ) -> std::result::Result<Option<(GpuImage, GpuImage)>, Status> {
         Ok(match (self.image(cx, src)?, self.image(cx, dst)?) {
             (Some(s), Some(d)) => Some((s, d)),
@@ -598,14 +602,14 @@ enum Prepared {
 }
 
 /// Checks that `id` is an RGBA8 or BGRA8 frame.
-fn rgb_dst(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<(), Status> {
+fn rgb_dst(cx: &DeviceCtx<'_>, id: RegionId) -> std::result::Result<(), Status> {
     rgb_layout(cx, id).map(|_| ())
 }
 
 /// The markers of `count` records in region `markers`.
 fn markers_of(
     cx: &DeviceCtx<'_>,
-    markers: u64,
+    markers: RegionId,
     count: u64,
 ) -> std::result::Result<Vec<Marker>, Status> {
     let records = read_records(cx, markers, count, virtsoc_devapi::MARKER_RECORD)?;
@@ -645,7 +649,7 @@ fn view_of([yaw, pitch, fov]: [u64; 3]) -> View {
 }
 
 /// The layout of a destination region, which must be RGBA8 or BGRA8.
-fn rgb_layout(cx: &DeviceCtx<'_>, id: u64) -> std::result::Result<FrameLayout, Status> {
+fn rgb_layout(cx: &DeviceCtx<'_>, id: RegionId) -> std::result::Result<FrameLayout, Status> {
     let l = layout_of(cx, id)?;
     if l.format.is_yuv() {
         return Err(Status::NotSupported);

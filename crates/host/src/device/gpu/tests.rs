@@ -8,7 +8,7 @@ fn cost_counts_each_layer_clipped_to_the_target() {
     use crate::device::layers::LayerSpec;
     use virtsoc_gpu::{Rect, Rotation};
     let l = |x, y, w, h| LayerSpec {
-        src: 1,
+        src: RegionId(1),
         crop: Rect::new(0, 0, 1, 1),
         dst: Rect::new(x, y, w, h),
         rotation: Rotation::R0,
