@@ -5,15 +5,19 @@
 //! device codec = 10 {
 //!     /// doc
 //!     fn decode(handle: handle, bitstream: region_r, len: u64, frame: region_w) -> (got, pts) = 2;
+//!     fn open(kind: u64) -> (handle: handle) = 1;
 //! }
 //! ```
 //!
-//! Argument kinds: `u64` (a plain value), `handle` (an object of this guest on this device),
-//! `region_r`, `region_w`, `region_rw` (an SVM region id the command reads, writes or both).
-//! At most five arguments and six results. For each command the macro generates a struct with
-//! the arguments (implementing [`crate::DeviceCommand`]: wire encoding, the regions it
-//! touches), a reply struct, a host-side `Command` enum decoding the wire words, and the
-//! [`crate::DeviceInfo`] metadata that listings and the C header come from.
+//! Argument kinds: `u64` (a plain value), `handle` (an object of this guest on this device,
+//! a [`crate::HandleId`] field), `region_r`, `region_w`, `region_rw` (an SVM region the command
+//! reads, writes or both, a [`crate::RegionId`] field). A result is a `u64` unless declared
+//! `name: handle` (a `HandleId`). At most five arguments and six results. For each command
+//! the macro generates a struct with the arguments (implementing [`crate::DeviceCommand`]:
+//! wire encoding, the regions it touches), a reply struct, a host-side `Command` enum
+//! decoding the wire words, and the [`crate::DeviceInfo`] metadata that listings and the C
+//! header come from. The wire carries every argument and result as one word: the generated
+//! encoding and decoding are the only places the typed ids become words and back.
 
 /// The field type of an argument kind: the wire word decoded into its typed id.
 #[doc(hidden)]
