@@ -143,12 +143,16 @@ fn queue<C: DeviceCommand + 'static>(conn: &Connection, cmd: &C) -> Result<u64, 
         conn.submit_detached(
             Opcode::BeginAccess,
             dev,
-            access_args(conn, id.into(), mode)?,
+            access_args(conn, u64::from(id), mode)?,
         )?;
     }
     let seq = conn.submit(Opcode::DeviceCmd, dev, cmd.encode())?;
     for (id, mode) in cmd.regions() {
-        conn.submit_detached(Opcode::EndAccess, dev, access_args(conn, id.into(), mode)?)?;
+        conn.submit_detached(
+            Opcode::EndAccess,
+            dev,
+            access_args(conn, u64::from(id), mode)?,
+        )?;
     }
     Ok(seq)
 }

@@ -164,7 +164,10 @@ pub(super) fn guest(
         let p = Pipe::new(&conn, crate::bench_svm::OrderingMode::Atomic);
         for (r, (src, cmd)) in ring.iter().enumerate() {
             p.cpu_write(*src, &vec![fill(r); image as usize])?;
-            p.cpu_write(cmd.layers.into(), &full_layer(*src, w, h, false).to_bytes())?;
+            p.cpu_write(
+                u64::from(cmd.layers),
+                &full_layer(*src, w, h, false).to_bytes(),
+            )?;
         }
         // Every pair at least once (three compositions at least), then each destination
         // must hold its own source.
@@ -173,7 +176,7 @@ pub(super) fn guest(
             k += 1;
         }
         for (r, (_, cmd)) in ring.iter().enumerate() {
-            check_fill(&conn, cmd.dst.into(), image, fill(r))?;
+            check_fill(&conn, u64::from(cmd.dst), image, fill(r))?;
         }
         if hold {
             // Taken before the run starts: with 8 pairs a guest holds 24 regions, whose
