@@ -108,7 +108,7 @@ fn mean_diff(a: &[u8], b: &[u8]) -> f64 {
 
 fn layer(src: u64, crop: [u32; 4], pos: [i32; 2], size: [u32; 2]) -> LayerRecord {
     LayerRecord {
-        src,
+        src: RegionId(src),
         crop,
         dst_pos: pos,
         dst_size: size,

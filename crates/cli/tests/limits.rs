@@ -315,7 +315,7 @@ fn layer_blob(c: &Connection, layers: &[LayerRecord]) -> u64 {
 
 fn full_layer(src: u64, w: u32, h: u32) -> LayerRecord {
     LayerRecord {
-        src,
+        src: RegionId(src),
         crop: [0, 0, w, h],
         dst_pos: [0, 0],
         dst_size: [w, h],

@@ -46,7 +46,7 @@ fn overlay() -> Vec<u8> {
 
 fn layer(src: u64, blend: bool) -> LayerRecord {
     LayerRecord {
-        src,
+        src: RegionId(src),
         crop: [0, 0, W, H],
         dst_pos: [0, 0],
         dst_size: [W, H],
@@ -568,8 +568,8 @@ fn regions_freed_under_a_gpu_submission_are_released_after_it() {
         alpha: 1.0,
         blend: true,
     };
-    let mut rec = full(video.id).to_bytes().to_vec();
-    rec.extend_from_slice(&full(ui.id).to_bytes());
+    let mut rec = full(RegionId(video.id)).to_bytes().to_vec();
+    rec.extend_from_slice(&full(RegionId(ui.id)).to_bytes());
     cpu_write(&c, layers, &rec);
     for (id, size, m) in [
         (video.id, video.size, AccessMode::Read),

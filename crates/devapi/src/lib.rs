@@ -174,7 +174,7 @@ pub const MARKER_RECORD: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerRecord {
     /// Source region (this guest's; the GPU must have begun reading it).
-    pub src: u64,
+    pub src: RegionId,
     /// Source rectangle `[x, y, width, height]` in source pixels; must lie inside the source.
     pub crop: [u32; 4],
     /// Destination position `[x, y]` in destination pixels (may be negative; clipped).
@@ -193,7 +193,7 @@ impl LayerRecord {
     /// Encodes the record.
     pub fn to_bytes(&self) -> [u8; LAYER_RECORD] {
         let mut b = [0u8; LAYER_RECORD];
-        b[0..8].copy_from_slice(&self.src.to_le_bytes());
+        b[0..8].copy_from_slice(&u64::from(self.src).to_le_bytes());
         for (i, v) in self.crop.iter().enumerate() {
             b[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
@@ -212,7 +212,7 @@ impl LayerRecord {
         let b: &[u8; LAYER_RECORD] = b.get(..LAYER_RECORD)?.try_into().ok()?;
         let u = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         Some(LayerRecord {
-            src: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            src: RegionId(u64::from_le_bytes(b[0..8].try_into().ok()?)),
             crop: [u(8), u(12), u(16), u(20)],
             dst_pos: [u(24) as i32, u(28) as i32],
             dst_size: [u(32), u(36)],
@@ -590,7 +590,7 @@ mod tests {
     #[test]
     fn records_round_trip() {
         let l = LayerRecord {
-            src: 42,
+            src: RegionId(42),
             crop: [1, 2, 3, 4],
             dst_pos: [-5, 6],
             dst_size: [7, 8],

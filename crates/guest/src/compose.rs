@@ -69,7 +69,7 @@ pub fn frame_damage(
     };
     for i in 0..prev.len().max(cur.len()) {
         match (prev.get(i), cur.get(i)) {
-            (Some(a), Some(b)) if a == b && !changed.contains(&b.src) => {}
+            (Some(a), Some(b)) if a == b && !changed.contains(&u64::from(b.src)) => {}
             (a, b) => {
                 a.into_iter().chain(b).for_each(&mut add);
             }
@@ -128,10 +128,11 @@ impl DamageTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtsoc_devapi::RegionId;
 
     fn at(src: u64, x: i32, y: i32, w: u32, h: u32) -> LayerRecord {
         LayerRecord {
-            src,
+            src: RegionId(src),
             crop: [0, 0, w, h],
             dst_pos: [x, y],
             dst_size: [w, h],
@@ -187,7 +188,7 @@ mod tests {
 
     fn layer(rotation: u32, crop: u32, dst: u32) -> LayerRecord {
         LayerRecord {
-            src: 1,
+            src: RegionId(1),
             crop: [0, 0, crop, crop],
             dst_pos: [0, 0],
             dst_size: [dst, dst],

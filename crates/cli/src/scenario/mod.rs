@@ -279,7 +279,7 @@ pub(crate) fn images(
 /// A layer covering the whole `w` x `h` frame.
 pub(crate) fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
     LayerRecord {
-        src,
+        src: RegionId(src),
         crop: [0, 0, w, h],
         dst_pos: [0, 0],
         dst_size: [w, h],

@@ -30,7 +30,7 @@ pub(crate) fn screen_layer(
     blend: bool,
 ) -> LayerRecord {
     LayerRecord {
-        src,
+        src: RegionId(src),
         crop: [0, 0, w, h],
         dst_pos: [0, 0],
         dst_size: [screen.0, screen.1],

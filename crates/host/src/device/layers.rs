@@ -53,7 +53,7 @@ impl LayerSpec {
             return Err(Status::BadArgument);
         }
         Ok(LayerSpec {
-            src: RegionId(r.src),
+            src: r.src,
             crop: Rect::new(cx, cy, cw, ch),
             dst: Rect::new(dx, dy, dw, dh),
             rotation,
@@ -134,7 +134,7 @@ mod tests {
 
     fn record() -> LayerRecord {
         LayerRecord {
-            src: 3,
+            src: RegionId(3),
             crop: [0, 0, 16, 8],
             dst_pos: [-4, 2],
             dst_size: [32, 16],
