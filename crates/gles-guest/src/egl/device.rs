@@ -56,12 +56,10 @@ fn resolve(
         words[i + 1] = arg(args, i);
     }
     let mut regions = Vec::new();
-    for (a, w) in c.args.iter().zip(&words[1..]) {
-        let Some(mode) = a.kind.region() else {
-            continue;
-        };
-        let size = conn.region(*w).ok_or(EGL_BAD_PARAMETER)?.size;
-        regions.push((*w, mode, size));
+    for (id, mode) in c.regions(&words) {
+        let w = u64::from(id);
+        let size = conn.region(w).ok_or(EGL_BAD_PARAMETER)?.size;
+        regions.push((w, mode, size));
     }
     Ok(Resolved {
         info,
