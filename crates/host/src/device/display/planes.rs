@@ -347,7 +347,7 @@ impl PlaneSet {
 #[cfg(feature = "window")]
 #[derive(Default)]
 pub(super) struct WindowUploads {
-    images: Vec<Option<(u64, u64, GpuImage)>>,
+    images: Vec<Option<(RegionId, u64, GpuImage)>>,
 }
 
 #[cfg(feature = "window")]
