@@ -214,7 +214,7 @@ impl Tally {
     fn check(
         &mut self,
         c: &Connection,
-        id: u64,
+        id: RegionId,
         len: usize,
         want: &[u32],
     ) -> Result<bool, CliError> {
@@ -231,7 +231,7 @@ const GPU_SIZE: (u32, u32) = (1280, 720);
 
 /// The GPU-written regions of a guest: (destination, the sums of its source's fill).
 struct GpuWritten {
-    dsts: Vec<(u64, Vec<u32>)>,
+    dsts: Vec<(RegionId, Vec<u32>)>,
     len: usize,
 }
 
@@ -251,9 +251,9 @@ fn gpu_write(c: &Connection, seed: u64) -> Result<GpuWritten, CliError> {
         p.cpu_write(layers, &full_layer(src, w, h, false).to_bytes())?;
         let t = p.run_with(
             &api::gpu::Composite {
-                layers: RegionId(layers),
+                layers,
                 count: 1,
-                dst: RegionId(dst),
+                dst,
             },
             &[src],
         )?;
@@ -304,7 +304,7 @@ fn gpu_check(
     })
 }
 
-fn write(c: &Connection, id: u64, bytes: &[u8]) -> Result<(), CliError> {
+fn write(c: &Connection, id: RegionId, bytes: &[u8]) -> Result<(), CliError> {
     let len = bytes.len() as u64;
     let a = c.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
     let p = a
@@ -316,7 +316,7 @@ fn write(c: &Connection, id: u64, bytes: &[u8]) -> Result<(), CliError> {
     Ok(())
 }
 
-fn read(c: &Connection, id: u64, len: usize) -> Result<Vec<u8>, CliError> {
+fn read(c: &Connection, id: RegionId, len: usize) -> Result<Vec<u8>, CliError> {
     let a = c.begin_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)?;
     let p = a
         .ptr
@@ -470,7 +470,7 @@ pub fn run() -> Result<MigrateResult, CliError> {
 /// again. The frames' completion times and the slots missed.
 fn spawn_writer(
     g: Arc<Connection>,
-    ids: Vec<u64>,
+    ids: Vec<RegionId>,
     seeds: Arc<Mutex<Vec<u64>>>,
     stop: Arc<AtomicBool>,
     size: u64,

@@ -12,7 +12,9 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, Counters, DeviceId, Opcode};
+use virtsoc_guest::{
+    testdev, AccessMode, ConnectOptions, Connection, Counters, DeviceId, Opcode, RegionId,
+};
 
 use crate::stats::{machine_memcpy_ms, machine_memcpy_written_ms, MeanP50, P50P99};
 use crate::CliError;
@@ -243,11 +245,12 @@ fn readers(p: &SvmBenchParams) -> Vec<DeviceId> {
 
 /// The command a reader runs on the frame: a checksum, or nothing for the GPU (the access is
 /// what is measured; the second reader checks the bytes).
-fn read_cmd(dev: DeviceId, id: u64) -> Option<[u64; 6]> {
+fn read_cmd(dev: DeviceId, id: RegionId) -> Option<[u64; 6]> {
+    let id = u64::from(id);
     (dev != virtsoc_guest::devices::gpu::ID).then_some([testdev::CHECKSUM, id, 0, 0, 0, 0])
 }
 
-fn alloc_ring(conn: &Connection, p: &SvmBenchParams) -> Result<Vec<u64>, CliError> {
+fn alloc_ring(conn: &Connection, p: &SvmBenchParams) -> Result<Vec<RegionId>, CliError> {
     (0..p.buffers)
         .map(|_| {
             match p.consumer {
@@ -362,7 +365,7 @@ fn run_one(
 /// Atomic ordering: every call waits for its completion.
 fn frame_atomic(
     conn: &Connection,
-    id: u64,
+    id: RegionId,
     p: &SvmBenchParams,
     seed: u64,
     slack: Duration,
@@ -371,7 +374,7 @@ fn frame_atomic(
     conn.begin_access(id, DeviceId::PRODUCER, 0, size, w)?;
     let crc_w = conn.device_cmd(
         DeviceId::PRODUCER,
-        [testdev::WRITE_PATTERN, id, seed, 0, 0, 0],
+        [testdev::WRITE_PATTERN, u64::from(id), seed, 0, 0, 0],
     )?[0];
     let e = conn.end_access(id, DeviceId::PRODUCER, 0, size, w)?;
     sleep(slack);
@@ -396,12 +399,14 @@ fn frame_atomic(
 /// guest waits only at the end, to verify the checksums.
 fn frame_fence(
     conn: &Connection,
-    id: u64,
+    id: RegionId,
     p: &SvmBenchParams,
     seed: u64,
     slack: Duration,
 ) -> Result<FrameOut, CliError> {
     let (w, r, size) = (AccessMode::Write as u64, AccessMode::Read as u64, p.size);
+    // The queued requests are built as words here.
+    let (region, id) = (id, u64::from(id));
     let f = conn.fence_create()?;
     conn.submit_detached(
         Opcode::BeginAccess,
@@ -424,7 +429,7 @@ fn frame_fence(
     for dev in readers(p) {
         conn.fence_wait(dev, f)?;
         let s_b = conn.submit(Opcode::BeginAccess, dev, [id, 0, size, r, 0, 0])?;
-        let s_c = read_cmd(dev, id)
+        let s_c = read_cmd(dev, region)
             .map(|cmd| conn.submit(Opcode::DeviceCmd, dev, cmd))
             .transpose()?;
         conn.submit_detached(Opcode::EndAccess, dev, [id, 0, size, r, 0, 0])?;

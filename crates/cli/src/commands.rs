@@ -397,7 +397,7 @@ pub(crate) fn hold(
         conn.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)?;
         conn.device_cmd(
             DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, id, i as u64, 0, 0, 0],
+            [testdev::WRITE_PATTERN, u64::from(id), i as u64, 0, 0, 0],
         )?;
         // Left mid-frame on purpose: the access is never ended.
     }

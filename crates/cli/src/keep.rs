@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use virtsoc_guest::services::{Bulk, Geo};
-use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
+use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId, RegionId};
 
 use crate::CliError;
 
@@ -19,7 +19,7 @@ fn pattern(n: usize, k: usize) -> Vec<u8> {
         .collect()
 }
 
-fn cpu(c: &Connection, id: u64, len: u64, mode: AccessMode) -> Result<*mut u8, CliError> {
+fn cpu(c: &Connection, id: RegionId, len: u64, mode: AccessMode) -> Result<*mut u8, CliError> {
     let a = c.begin_access(id, DeviceId::CPU, 0, len, mode)?;
     Ok(a.ptr
         .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?

@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId};
+use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId, RegionId};
 
 use crate::bench_svm::{OrderingMode, ProtocolResult};
 use crate::stats::{MeanP50, P50P99};
@@ -120,7 +120,7 @@ pub fn replay(
 }
 
 struct Live {
-    id: u64,
+    id: RegionId,
     size: u64,
     last_crc: Option<u64>,
 }
@@ -246,7 +246,10 @@ fn write(
         bytes.fill(i as u8);
         crc32fast::hash(bytes) as u64
     } else {
-        conn.device_cmd(dev, [testdev::WRITE_PATTERN, l.id, i as u64, 0, 0, 0])?[0]
+        conn.device_cmd(
+            dev,
+            [testdev::WRITE_PATTERN, u64::from(l.id), i as u64, 0, 0, 0],
+        )?[0]
     };
     let end = conn.end_access(l.id, dev, 0, l.size, AccessMode::Write)?;
     Ok((crc, end.compensation))
@@ -267,7 +270,7 @@ fn read(
         // SAFETY: the library bounds-checked [ptr, ptr + size) in the window.
         crc32fast::hash(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), l.size as usize) }) as u64
     } else {
-        conn.device_cmd(dev, [testdev::CHECKSUM, l.id, 0, 0, 0, 0])?[0]
+        conn.device_cmd(dev, [testdev::CHECKSUM, u64::from(l.id), 0, 0, 0, 0])?[0]
     };
     conn.end_access(l.id, dev, 0, l.size, AccessMode::Read)?;
     Ok((crc, latency))

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{clip_packets, connect, cpu_write, h264_clip, status_of, Daemon, TempDir};
-use virtsoc_devapi::{HandleId, RegionId};
+use virtsoc_devapi::HandleId;
 use virtsoc_guest::devices::{codec, codec_frame_flag, codec_kind};
 use virtsoc_guest::{Connection, Format, RegionInfo, Status};
 
@@ -78,7 +78,7 @@ impl<'a> Decoder<'a> {
         cpu_write(self.c, self.bitstream.id, packet);
         let r = self.c.command_with_access(&codec::Decode {
             handle: self.handle,
-            bitstream: RegionId(self.bitstream.id),
+            bitstream: self.bitstream.id,
             len: packet.len() as u64,
             pts,
         });
@@ -131,7 +131,7 @@ impl<'a> Decoder<'a> {
                 .c
                 .command_with_access(&codec::ReceiveFrame {
                     handle: self.handle,
-                    frame: RegionId(frame.id),
+                    frame: frame.id,
                 })
                 .unwrap();
             if r.got == 0 {
@@ -357,7 +357,7 @@ fn a_crashed_decoder_process_ends_that_decoder_alone() {
     let e = ca
         .command_with_access(&codec::Decode {
             handle: a.handle,
-            bitstream: RegionId(a.bitstream.id),
+            bitstream: a.bitstream.id,
             len: pkts[10].len() as u64,
             pts: 10,
         })

@@ -10,7 +10,6 @@ mod common;
 use std::path::Path;
 
 use common::{clip_packets, connect, cpu_read, cpu_write, h264_clip, Daemon, TempDir};
-use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::codec;
 use virtsoc_guest::{Connection, Format, RegionInfo};
 use virtsoc_host::device::codec::lend::MAX_LENT;
@@ -76,7 +75,7 @@ fn decode_into(c: &Connection, pkts: &[Vec<u8>], regions: &[RegionInfo]) -> Vec<
         let got = c
             .command_with_access(&codec::ReceiveFrame {
                 handle,
-                frame: RegionId(r.id),
+                frame: r.id,
             })
             .unwrap();
         if got.got == 0 {
@@ -88,7 +87,7 @@ fn decode_into(c: &Connection, pkts: &[Vec<u8>], regions: &[RegionInfo]) -> Vec<
         cpu_write(c, bits.id, p);
         c.command_with_access(&codec::Decode {
             handle,
-            bitstream: RegionId(bits.id),
+            bitstream: bits.id,
             len: p.len() as u64,
             pts: i as u64,
         })
@@ -174,7 +173,7 @@ fn a_dead_worker_leaves_the_lent_pictures_intact() {
         cpu_write(&c, bits.id, &pkts[i]);
         c.command_with_access(&codec::Decode {
             handle,
-            bitstream: RegionId(bits.id),
+            bitstream: bits.id,
             len: pkts[i].len() as u64,
             pts: i as u64,
         })
@@ -184,7 +183,7 @@ fn a_dead_worker_leaves_the_lent_pictures_intact() {
         let got = c
             .command_with_access(&codec::ReceiveFrame {
                 handle,
-                frame: RegionId(r.id),
+                frame: r.id,
             })
             .unwrap();
         assert_eq!(got.got, 1);

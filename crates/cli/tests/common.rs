@@ -244,14 +244,12 @@ pub fn camera_capture(
     c: &virtsoc_guest::Connection,
     r: &virtsoc_guest::RegionInfo,
 ) -> virtsoc_guest::devices::camera::CaptureReply {
-    c.command_with_access(&virtsoc_guest::devices::camera::Capture {
-        frame: RegionId(r.id),
-    })
-    .expect("capture")
+    c.command_with_access(&virtsoc_guest::devices::camera::Capture { frame: r.id })
+        .expect("capture")
 }
 
 /// Writes `bytes` at the start of region `id` from the guest CPU.
-pub fn cpu_write(c: &virtsoc_guest::Connection, id: u64, bytes: &[u8]) {
+pub fn cpu_write(c: &virtsoc_guest::Connection, id: RegionId, bytes: &[u8]) {
     use virtsoc_guest::{AccessMode, DeviceId};
     let len = bytes.len() as u64;
     let a = c
@@ -264,7 +262,7 @@ pub fn cpu_write(c: &virtsoc_guest::Connection, id: u64, bytes: &[u8]) {
 }
 
 /// Reads the first `len` bytes of region `id` from the guest CPU.
-pub fn cpu_read(c: &virtsoc_guest::Connection, id: u64, len: usize) -> Vec<u8> {
+pub fn cpu_read(c: &virtsoc_guest::Connection, id: RegionId, len: usize) -> Vec<u8> {
     use virtsoc_guest::{AccessMode, DeviceId};
     let a = c
         .begin_access(id, DeviceId::CPU, 0, len as u64, AccessMode::Read)
@@ -494,8 +492,8 @@ pub fn guest_state(
     g: &virtsoc_guest::Connection,
     sizes: &[usize],
     seeds: &[u8],
-) -> (Vec<u64>, virtsoc_guest::Fence, virtsoc_guest::Fence) {
-    let ids: Vec<u64> = sizes
+) -> (Vec<RegionId>, virtsoc_guest::Fence, virtsoc_guest::Fence) {
+    let ids: Vec<RegionId> = sizes
         .iter()
         .map(|&n| g.alloc_blob(n as u64).unwrap().id)
         .collect();
@@ -570,14 +568,14 @@ pub fn modem_read_once(c: &virtsoc_guest::Connection) -> Vec<u8> {
 
 /// The producer test device fills the first `size` bytes of region `id` with the pattern of
 /// `seed` (one write access); returns the CRC-32 of what it wrote.
-pub fn producer_write(c: &virtsoc_guest::Connection, id: u64, size: u64, seed: u64) -> u64 {
+pub fn producer_write(c: &virtsoc_guest::Connection, id: RegionId, size: u64, seed: u64) -> u64 {
     use virtsoc_guest::{testdev, AccessMode, DeviceId};
     c.begin_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
         .unwrap();
     let crc = c
         .device_cmd(
             DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, id, seed, 0, 0, 0],
+            [testdev::WRITE_PATTERN, u64::from(id), seed, 0, 0, 0],
         )
         .unwrap()[0];
     c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
@@ -587,12 +585,15 @@ pub fn producer_write(c: &virtsoc_guest::Connection, id: u64, size: u64, seed: u
 
 /// The CRC-32 of region `id` as the consumer test device reads it (one read access of its
 /// first `size` bytes).
-pub fn consumer_checksum(c: &virtsoc_guest::Connection, id: u64, size: u64) -> u64 {
+pub fn consumer_checksum(c: &virtsoc_guest::Connection, id: RegionId, size: u64) -> u64 {
     use virtsoc_guest::{testdev, AccessMode, DeviceId};
     c.begin_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
         .unwrap();
     let crc = c
-        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+        .device_cmd(
+            DeviceId::CONSUMER,
+            [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
+        )
         .unwrap()[0];
     c.end_access(id, DeviceId::CONSUMER, 0, size, AccessMode::Read)
         .unwrap();

@@ -94,7 +94,7 @@ fn at(c: &Connection, line: &str) -> String {
 
 // ---- display ----
 
-fn frame(c: &Connection, w: u32, h: u32) -> u64 {
+fn frame(c: &Connection, w: u32, h: u32) -> RegionId {
     let r = c.alloc(0, w, h, Format::Rgba8, 0).expect("alloc");
     let a = c
         .begin_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Write)
@@ -107,9 +107,9 @@ fn frame(c: &Connection, w: u32, h: u32) -> u64 {
     r.id
 }
 
-fn present(c: &Connection, region: u64) {
+fn present(c: &Connection, region: RegionId) {
     c.command_with_access(&Present {
-        frame: RegionId(region),
+        frame: region,
         capture_ns: 0,
     })
     .expect("present");
@@ -120,7 +120,7 @@ fn stats(c: &Connection) -> StatsReply {
 }
 
 /// Both guests present one frame each, then a vsync or so passes.
-fn present_both(a: (&Connection, u64), b: (&Connection, u64)) {
+fn present_both(a: (&Connection, RegionId), b: (&Connection, RegionId)) {
     present(a.0, a.1);
     present(b.0, b.1);
     std::thread::sleep(Duration::from_millis(20));
@@ -417,10 +417,8 @@ fn the_camera_source_switches_at_runtime() {
     let c = connect(&d, "camera-app");
     let r = c.alloc(0, 320, 240, Format::Nv12, 0).unwrap();
     let cap = || -> virtsoc_guest::devices::camera::CaptureReply {
-        c.command_with_access(&Capture {
-            frame: RegionId(r.id),
-        })
-        .expect("capture")
+        c.command_with_access(&Capture { frame: r.id })
+            .expect("capture")
     };
     assert!(camera_backend(&d).starts_with("synthetic"));
     for i in 0..3 {

@@ -111,14 +111,14 @@ fn a_queued_wait_never_passes_its_signal() {
         .submit(
             Opcode::BeginAccess,
             DeviceId::CONSUMER,
-            [id, 0, size, AccessMode::Read as u64, 0, 0],
+            [u64::from(id), 0, size, AccessMode::Read as u64, 0, 0],
         )
         .unwrap();
     let s_sum = c
         .submit(
             Opcode::DeviceCmd,
             DeviceId::CONSUMER,
-            [testdev::CHECKSUM, id, 0, 0, 0, 0],
+            [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
         )
         .unwrap();
     // Other devices and the CPU are not held up by that wait.
@@ -136,7 +136,7 @@ fn a_queued_wait_never_passes_its_signal() {
     let crc = c
         .device_cmd(
             DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, id, 77, 0, 0, 0],
+            [testdev::WRITE_PATTERN, u64::from(id), 77, 0, 0, 0],
         )
         .unwrap()[0];
     c.end_access(id, DeviceId::PRODUCER, 0, size, AccessMode::Write)
@@ -174,7 +174,7 @@ fn a_cpu_wait_returns_when_the_device_signals() {
         .submit(
             Opcode::DeviceCmd,
             DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, id, 5, 0, 0, 0],
+            [testdev::WRITE_PATTERN, u64::from(id), 5, 0, 0, 0],
         )
         .unwrap();
     c.fence_signal(DeviceId::PRODUCER, f).unwrap();
@@ -248,7 +248,7 @@ fn flow_control_keeps_host_queues_bounded() {
         c.submit_detached(
             Opcode::DeviceCmd,
             DeviceId::CONSUMER,
-            [testdev::CHECKSUM, id, 0, 0, 0, 0],
+            [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
         )
         .unwrap();
         windows.push(c.pacing_window());
@@ -300,7 +300,7 @@ fn commands_parked_behind_a_wait_never_deadlock_the_session() {
                 c.submit(
                     Opcode::DeviceCmd,
                     DeviceId::CONSUMER,
-                    [testdev::CHECKSUM, id, 0, 0, 0, 0],
+                    [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
                 )
                 .unwrap()
             })

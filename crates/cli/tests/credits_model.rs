@@ -136,7 +136,7 @@ fn run(socket: &std::path::Path, seed: u64) {
     for (i, op) in prog.iter().enumerate() {
         match *op {
             Op::Cmd(d) => {
-                let args = [testdev::CHECKSUM, id, 0, 0, 0, 0];
+                let args = [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0];
                 seqs[i] = Some(
                     c.submit(Opcode::DeviceCmd, DEVICES[d], args)
                         .expect("submit"),

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 
 use common::{virtsoc, Daemon};
 use virtsoc_guest::{
-    testdev, AccessMode, ConnectOptions, Connection, DeviceId, Format, GuestError, Opcode, Status,
+    testdev, AccessMode, ConnectOptions, Connection, DeviceId, Format, GuestError, Opcode,
+    RegionId, Status,
 };
 use virtsoc_proto::ring::{Doorbell, FutexDoorbell};
 use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
@@ -35,7 +36,7 @@ fn status_of(e: GuestError) -> Status {
 }
 
 /// One producer -> consumer frame; returns (producer crc, consumer crc).
-fn frame(c: &Connection, id: u64, size: u64, seed: u64) -> (u64, u64) {
+fn frame(c: &Connection, id: RegionId, size: u64, seed: u64) -> (u64, u64) {
     let w = common::producer_write(c, id, size, seed);
     (w, common::consumer_checksum(c, id, size))
 }
@@ -46,7 +47,7 @@ fn both_protocols_deliver_the_last_write() {
     for proto in ["guest-staging", "write-invalidate"] {
         let c = connect(&d, Some(proto));
         assert_eq!(c.coherence(), proto);
-        let ids: Vec<u64> = (0..3).map(|_| c.alloc_blob(300_001).unwrap().id).collect();
+        let ids: Vec<RegionId> = (0..3).map(|_| c.alloc_blob(300_001).unwrap().id).collect();
         for seed in 0..12u64 {
             let id = ids[seed as usize % 3];
             let (w, r) = frame(&c, id, 300_001, seed);
@@ -87,7 +88,10 @@ fn cpu_writes_reach_the_consumer_device() {
         c.begin_access(r.id, DeviceId::CONSUMER, 0, r.size, AccessMode::Read)
             .unwrap();
         let got = c
-            .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, r.id, 0, 0, 0, 0])
+            .device_cmd(
+                DeviceId::CONSUMER,
+                [testdev::CHECKSUM, u64::from(r.id), 0, 0, 0, 0],
+            )
             .unwrap()[0];
         assert_eq!(got, want, "{proto}");
     }
@@ -115,10 +119,11 @@ fn guests_cannot_touch_each_others_regions() {
         Status::NoSuchRegion
     );
     assert_eq!(
-        e(
-            b.device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
-                .map(|_| ())
-        ),
+        e(b.device_cmd(
+            DeviceId::CONSUMER,
+            [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0]
+        )
+        .map(|_| ())),
         Status::NoSuchRegion
     );
     assert_eq!(e(b.free(id)), Status::NoSuchRegion);
@@ -132,7 +137,9 @@ fn guests_cannot_touch_each_others_regions() {
 fn malformed_requests_get_errors_and_the_daemon_survives() {
     let mut d = Daemon::start(&[]);
     let c = connect(&d, None);
-    let id = c.alloc_blob(8192).unwrap().id;
+    let region = c.alloc_blob(8192).unwrap().id;
+    // The raw requests name it by its wire word.
+    let id = u64::from(region);
     let raw = |op: u32, dev: u32, args: [u64; 6]| -> u32 {
         let seq = 1_000_000 + op as u64 * 100 + dev as u64;
         c.submit_raw(Request {
@@ -213,7 +220,7 @@ fn malformed_requests_get_errors_and_the_daemon_survives() {
         Status::OutOfMemory
     );
     // The session still works after all that.
-    let (w, r) = frame(&c, id, 8192, 3);
+    let (w, r) = frame(&c, region, 8192, 3);
     assert_eq!(w, r);
 
     // Now corrupt the ring itself: the daemon drops this guest, and only this guest.

@@ -9,7 +9,6 @@ use common::{
     camera_capture as capture, connect, region_bytes as read_region, region_meta as meta,
     status_of, Daemon,
 };
-use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::camera;
 use virtsoc_guest::{DeviceCommand, Format, Status};
 use virtsoc_host::clock::now_ns;
@@ -97,7 +96,7 @@ fn regions_the_camera_cannot_fill_are_refused() {
         (tiny.id, Status::BadArgument),
     ] {
         assert_eq!(
-            status_of(c.command_with_access(&camera::Capture { frame: RegionId(r) })),
+            status_of(c.command_with_access(&camera::Capture { frame: r })),
             want,
             "region {r}"
         );
@@ -107,28 +106,12 @@ fn regions_the_camera_cannot_fill_are_refused() {
     let mine = c.alloc(0, 640, 480, Format::Nv12, 0).unwrap();
     assert!(other.region(mine.id).is_none());
     assert_eq!(
-        status_of(
-            other.device_cmd(
-                camera::ID,
-                camera::Capture {
-                    frame: RegionId(mine.id)
-                }
-                .encode()
-            )
-        ),
+        status_of(other.device_cmd(camera::ID, camera::Capture { frame: mine.id }.encode())),
         Status::NoSuchRegion
     );
     // Without begin_access from the camera, the device may not touch the region.
     assert_eq!(
-        status_of(
-            c.device_cmd(
-                camera::ID,
-                camera::Capture {
-                    frame: RegionId(mine.id)
-                }
-                .encode()
-            )
-        ),
+        status_of(c.device_cmd(camera::ID, camera::Capture { frame: mine.id }.encode())),
         Status::BadArgument
     );
     // Still serving.

@@ -156,7 +156,7 @@ impl<'a> Session<'a> {
         self.c
             .command_with_access(&codec::Decode {
                 handle: self.handle,
-                bitstream: RegionId(self.bitstream.id),
+                bitstream: self.bitstream.id,
                 len: packet.len() as u64,
                 pts,
             })
@@ -170,7 +170,7 @@ impl<'a> Session<'a> {
                 .c
                 .command_with_access(&codec::ReceiveFrame {
                     handle: self.handle,
-                    frame: RegionId(self.frame.id),
+                    frame: self.frame.id,
                 })
                 .unwrap();
             if r.got == 0 {
@@ -314,7 +314,7 @@ fn handles_regions_and_bounds_are_checked() {
     assert_eq!(
         status_of(other.command_with_access(&codec::ReceiveFrame {
             handle: s.handle,
-            frame: RegionId(theirs.frame.id),
+            frame: theirs.frame.id,
         })),
         Status::BadArgument
     );
@@ -339,7 +339,7 @@ fn handles_regions_and_bounds_are_checked() {
     assert_eq!(
         status_of(c.command_with_access(&codec::Decode {
             handle: s.handle,
-            bitstream: RegionId(s.bitstream.id),
+            bitstream: s.bitstream.id,
             len: s.bitstream.size + 1,
             pts: 0,
         })),
@@ -374,7 +374,7 @@ fn handles_regions_and_bounds_are_checked() {
         assert_eq!(
             status_of(c.command_with_access(&codec::ReceiveFrame {
                 handle: s.handle,
-                frame: RegionId(region),
+                frame: region,
             })),
             want,
             "region {region}"
@@ -383,7 +383,7 @@ fn handles_regions_and_bounds_are_checked() {
     let e = c
         .command_with_access(&codec::ReceiveFrame {
             handle: s.handle,
-            frame: RegionId(small.id),
+            frame: small.id,
         })
         .unwrap_err();
     assert!(
@@ -461,9 +461,9 @@ fn encodes_and_decodes_back() {
         let r = c
             .command_with_access(&codec::Encode {
                 handle: enc,
-                frame: RegionId(frame.id),
+                frame: frame.id,
                 pts: i,
-                out: RegionId(out.id),
+                out: out.id,
             })
             .unwrap();
         assert!(r.bytes > 0, "frame {i}: no packet (zero-latency encoder)");
@@ -482,18 +482,18 @@ fn encodes_and_decodes_back() {
     assert_eq!(
         status_of(c.command_with_access(&codec::Encode {
             handle: enc,
-            frame: RegionId(frame.id),
+            frame: frame.id,
             pts: N,
-            out: RegionId(tiny.id),
+            out: tiny.id,
         })),
         Status::OutOfRange
     );
     assert_eq!(
         status_of(c.command_with_access(&codec::Encode {
             handle: enc,
-            frame: RegionId(wrong.id),
+            frame: wrong.id,
             pts: N,
-            out: RegionId(out.id),
+            out: out.id,
         })),
         Status::BadArgument
     );

@@ -47,7 +47,7 @@ fn connect(d: &Daemon) -> Connection {
 }
 
 /// Allocates a `w` x `h` frame of `format` and fills it from the CPU with `fill(i)` per byte.
-fn frame(c: &Connection, w: u32, h: u32, format: Format, fill: impl Fn(usize) -> u8) -> u64 {
+fn frame(c: &Connection, w: u32, h: u32, format: Format, fill: impl Fn(usize) -> u8) -> RegionId {
     let r = c.alloc(0, w, h, format, 0).expect("alloc");
     let a = c
         .begin_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Write)
@@ -62,9 +62,9 @@ fn frame(c: &Connection, w: u32, h: u32, format: Format, fill: impl Fn(usize) ->
     r.id
 }
 
-fn present(c: &Connection, region: u64, capture_ns: u64) -> u64 {
+fn present(c: &Connection, region: RegionId, capture_ns: u64) -> u64 {
     c.command_with_access(&Present {
-        frame: RegionId(region),
+        frame: region,
         capture_ns,
     })
     .expect("present")
@@ -123,7 +123,7 @@ fn presents_are_counted_and_snapshots_written() {
     );
 
     let (w, h) = (64, 48);
-    let regions: Vec<u64> = (0..6u8)
+    let regions: Vec<RegionId> = (0..6u8)
         .map(|k| frame(&c, w, h, Format::Rgba8, move |i| (i as u8) ^ k))
         .collect();
     let mut ids = Vec::new();
@@ -168,7 +168,7 @@ fn bad_inputs_are_refused() {
     let nv12 = frame(&c, 64, 64, Format::Nv12, |_| 128);
     assert_eq!(
         status_of(c.command_with_access(&Present {
-            frame: RegionId(nv12),
+            frame: nv12,
             capture_ns: 0
         })),
         Status::NotSupported
@@ -176,7 +176,7 @@ fn bad_inputs_are_refused() {
     let blob = c.alloc_blob(4096).unwrap().id;
     assert_eq!(
         status_of(c.command_with_access(&Present {
-            frame: RegionId(blob),
+            frame: blob,
             capture_ns: 0
         })),
         Status::NotSupported

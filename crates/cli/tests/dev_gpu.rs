@@ -106,9 +106,9 @@ fn mean_diff(a: &[u8], b: &[u8]) -> f64 {
         / a.len() as f64
 }
 
-fn layer(src: u64, crop: [u32; 4], pos: [i32; 2], size: [u32; 2]) -> LayerRecord {
+fn layer(src: RegionId, crop: [u32; 4], pos: [i32; 2], size: [u32; 2]) -> LayerRecord {
     LayerRecord {
-        src: RegionId(src),
+        src,
         crop,
         dst_pos: pos,
         dst_size: size,
@@ -125,9 +125,9 @@ fn records<T>(items: &[T], f: impl Fn(&T) -> Vec<u8>) -> Vec<u8> {
 /// A guest with the composition's sources in place.
 struct Scene {
     c: Connection,
-    video: u64,
-    ui: u64,
-    dst: u64,
+    video: RegionId,
+    ui: RegionId,
+    dst: RegionId,
     dst_size: usize,
 }
 
@@ -172,7 +172,7 @@ impl Scene {
     }
 
     /// Runs a composition of `layers` into `dst`, with the sources bracketed by the guest.
-    fn composite(&self, layers: &[LayerRecord], count: u64, dst: u64) -> Result<u64, Status> {
+    fn composite(&self, layers: &[LayerRecord], count: u64, dst: RegionId) -> Result<u64, Status> {
         let c = &self.c;
         let bytes = records(layers, |l| l.to_bytes().to_vec());
         let blob = c.alloc_blob(bytes.len().max(1) as u64).unwrap().id;
@@ -186,9 +186,9 @@ impl Scene {
                 .unwrap();
         }
         let r = c.command_with_access(&gpu::Composite {
-            layers: RegionId(blob),
+            layers: blob,
             count,
-            dst: RegionId(dst),
+            dst,
         });
         for s in srcs {
             let size = c.region(s).unwrap().size;
@@ -204,9 +204,9 @@ impl Scene {
         let blob = c.alloc_blob(bytes.len() as u64).unwrap().id;
         write(c, blob, &bytes);
         let r = c.command_with_access(&gpu::Markers {
-            markers: RegionId(blob),
+            markers: blob,
             count: markers.len() as u64,
-            dst: RegionId(self.dst),
+            dst: self.dst,
         });
         c.free(blob).unwrap();
         r.map(|r| r.gpu_us).map_err(|e| e.status())
@@ -261,8 +261,8 @@ fn render(d: &Daemon) -> [Vec<u8>; 3] {
     let project = |yaw_deg: f64| {
         let urad = |deg: f64| (deg.to_radians() * 1e6).round() as i64 as u64;
         s.c.command_with_access(&gpu::Project {
-            src: RegionId(pano),
-            dst: RegionId(view.id),
+            src: pano,
+            dst: view.id,
             yaw: urad(yaw_deg),
             pitch: urad(0.0),
             fov: urad(90.0),
@@ -412,7 +412,7 @@ fn bad_records_answer_errors_and_the_daemon_keeps_serving() {
 
     // A source id that is none of this guest's regions.
     assert_eq!(
-        one(layer(9999, [0, 0, 8, 8], [0, 0], [8, 8])),
+        one(layer(RegionId(9999), [0, 0, 8, 8], [0, 0], [8, 8])),
         Err(Status::NoSuchRegion)
     );
     // A crop outside its source.
@@ -463,8 +463,8 @@ fn bad_records_answer_errors_and_the_daemon_keeps_serving() {
     );
     // A zero field of view, a zero-sized marker.
     let r = s.c.command_with_access(&gpu::Project {
-        src: RegionId(s.ui),
-        dst: RegionId(s.dst),
+        src: s.ui,
+        dst: s.dst,
         yaw: 0,
         pitch: 0,
         fov: 0,

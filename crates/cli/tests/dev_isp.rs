@@ -104,13 +104,10 @@ fn compare(got: &[u8], want: &[[f64; 3]], order: [usize; 3], allowed: u8, what: 
     (max, mean)
 }
 
-fn convert(c: &Connection, src: u64, dst: u64) -> Result<(), Status> {
-    c.command_with_access(&isp::Convert {
-        src: RegionId(src),
-        dst: RegionId(dst),
-    })
-    .map(|_| ())
-    .map_err(|e| e.status())
+fn convert(c: &Connection, src: RegionId, dst: RegionId) -> Result<(), Status> {
+    c.command_with_access(&isp::Convert { src, dst })
+        .map(|_| ())
+        .map_err(|e| e.status())
 }
 
 #[test]
@@ -170,19 +167,19 @@ fn isp_rejects_bad_regions_and_keeps_serving() {
     assert_eq!(convert(&a, src.id, yuyv.id), Err(Status::NotSupported));
 
     // Another guest's region: ids are per guest, so take one of b's that a does not have.
-    let mut theirs = 0;
+    let mut theirs = RegionId::default();
     for _ in 0..8 {
         theirs = b.alloc(0, 64, 64, Format::Rgba8, 0).unwrap().id;
     }
     assert!(a.region(theirs).is_none());
     let r = a.command(&isp::Convert {
-        src: RegionId(src.id),
-        dst: RegionId(theirs),
+        src: src.id,
+        dst: theirs,
     });
     assert_eq!(r.unwrap_err().status(), Status::NoSuchRegion);
     let r = a.command(&isp::Convert {
-        src: RegionId(theirs),
-        dst: RegionId(dst.id),
+        src: theirs,
+        dst: dst.id,
     });
     assert_eq!(r.unwrap_err().status(), Status::NoSuchRegion);
 
@@ -284,8 +281,8 @@ fn a_killed_isp_worker_fails_one_command_at_most() {
             kill(worker_processes(pid, "--isp-worker"));
         });
         let r = c.command_with_access(&isp::Convert {
-            src: RegionId(big.id),
-            dst: RegionId(out.id),
+            src: big.id,
+            dst: out.id,
         });
         killer.join().unwrap();
         if let Err(e) = r {
@@ -315,8 +312,8 @@ fn an_isp_worker_counts_against_its_guests_memory_limit() {
     let dst = c.alloc(0, w, h, Format::Rgba8, 0).unwrap();
     let e = c
         .command_with_access(&isp::Convert {
-            src: RegionId(src.id),
-            dst: RegionId(dst.id),
+            src: src.id,
+            dst: dst.id,
         })
         .unwrap_err();
     assert_eq!(e.status(), Status::OutOfMemory, "{e}");

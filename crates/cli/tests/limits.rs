@@ -28,7 +28,7 @@ fn regions_are_capped_per_guest_and_huge_blobs_refused_up_front() {
         "67108864",
     ]);
     let c = connect(&d);
-    let ids: Vec<u64> = (0..8).map(|_| c.alloc_blob(4096).unwrap().id).collect();
+    let ids: Vec<RegionId> = (0..8).map(|_| c.alloc_blob(4096).unwrap().id).collect();
     assert_eq!(status(c.alloc_blob(4096)), Status::OutOfMemory);
     c.free(ids[0]).unwrap();
     c.alloc_blob(4096).unwrap();
@@ -276,7 +276,7 @@ fn snapshots_are_rate_limited_per_guest() {
     cpu_write(&c, r.id, &vec![0x80; r.size as usize]);
     let shown = c
         .command_with_access(&display::Present {
-            frame: RegionId(r.id),
+            frame: r.id,
             capture_ns: 0,
         })
         .unwrap()
@@ -306,16 +306,16 @@ fn snapshots_are_rate_limited_per_guest() {
 }
 
 /// Writes `layers` as records into a new blob of `c`.
-fn layer_blob(c: &Connection, layers: &[LayerRecord]) -> u64 {
+fn layer_blob(c: &Connection, layers: &[LayerRecord]) -> RegionId {
     let bytes: Vec<u8> = layers.iter().flat_map(|l| l.to_bytes()).collect();
     let blob = c.alloc_blob(bytes.len() as u64).unwrap().id;
     cpu_write(c, blob, &bytes);
     blob
 }
 
-fn full_layer(src: u64, w: u32, h: u32) -> LayerRecord {
+fn full_layer(src: RegionId, w: u32, h: u32) -> LayerRecord {
     LayerRecord {
-        src: RegionId(src),
+        src,
         crop: [0, 0, w, h],
         dst_pos: [0, 0],
         dst_size: [w, h],
@@ -342,7 +342,7 @@ impl Painter {
         Painter { c, src, dst }
     }
 
-    fn begin(&self, blob: u64) {
+    fn begin(&self, blob: RegionId) {
         let c = &self.c;
         let size = c.region(blob).unwrap().size;
         c.begin_access(blob, gpu::ID, 0, size, AccessMode::Read)
@@ -353,7 +353,7 @@ impl Painter {
             .unwrap();
     }
 
-    fn end(&self, blob: u64) {
+    fn end(&self, blob: RegionId) {
         let c = &self.c;
         let size = c.region(blob).unwrap().size;
         c.end_access(blob, gpu::ID, 0, size, AccessMode::Read)
@@ -364,11 +364,11 @@ impl Painter {
             .unwrap();
     }
 
-    fn composite(&self, blob: u64, count: u64) -> gpu::Composite {
+    fn composite(&self, blob: RegionId, count: u64) -> gpu::Composite {
         gpu::Composite {
-            layers: RegionId(blob),
+            layers: blob,
             count,
-            dst: RegionId(self.dst.id),
+            dst: self.dst.id,
         }
     }
 }
@@ -482,8 +482,12 @@ fn a_paced_fill_does_not_hold_back_another_guest_on_the_device() {
     let hog = connect(&d);
     let big = hog.alloc_blob(BIG).unwrap().id;
     hog.begin_access(big, p, 0, BIG, w).unwrap();
-    hog.submit_detached(Opcode::DeviceCmd, p, [WRITE_PATTERN, big, 1, 0, 0, 0])
-        .unwrap();
+    hog.submit_detached(
+        Opcode::DeviceCmd,
+        p,
+        [WRITE_PATTERN, u64::from(big), 1, 0, 0, 0],
+    )
+    .unwrap();
     // The other guest: fills of 1 MiB (under the streaming threshold: not paced) on the same
     // producer, its accesses queued there too.
     let victim = connect(&d);
@@ -492,7 +496,7 @@ fn a_paced_fill_does_not_hold_back_another_guest_on_the_device() {
     for seed in 0..40 {
         victim.begin_access(small, p, 0, SMALL, w).unwrap();
         victim
-            .device_cmd(p, [WRITE_PATTERN, small, seed, 0, 0, 0])
+            .device_cmd(p, [WRITE_PATTERN, u64::from(small), seed, 0, 0, 0])
             .unwrap();
         victim.end_access(small, p, 0, SMALL, w).unwrap();
     }
@@ -511,7 +515,7 @@ fn a_paced_fill_does_not_hold_back_another_guest_on_the_device() {
     drop(hog);
     victim.begin_access(small, p, 0, SMALL, w).unwrap();
     victim
-        .device_cmd(p, [WRITE_PATTERN, small, 9, 0, 0, 0])
+        .device_cmd(p, [WRITE_PATTERN, u64::from(small), 9, 0, 0, 0])
         .unwrap();
     victim.end_access(small, p, 0, SMALL, w).unwrap();
 }

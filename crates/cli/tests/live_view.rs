@@ -14,7 +14,6 @@ use std::time::Duration;
 use common::Daemon;
 use serde_json::Value;
 use virtsoc_control::client::{control_path, request, Response, Target};
-use virtsoc_devapi::RegionId;
 use virtsoc_guest::devices::display::Present;
 use virtsoc_guest::{Connection, Format};
 
@@ -51,7 +50,7 @@ fn presenter_filling(
             n = fill.unwrap_or(n.wrapping_add(17));
             common::cpu_write(&c, r.id, &vec![n; r.size as usize]);
             c.command_with_access(&Present {
-                frame: RegionId(r.id),
+                frame: r.id,
                 capture_ns: now_ns(),
             })
             .expect("present");

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::Daemon;
-use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId, Status};
+use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId, RegionId, Status};
 
 fn guest(d: &Daemon, name: &str) -> Connection {
     Connection::connect(
@@ -31,18 +31,22 @@ fn policy_file(tag: &str, text: &str) -> PathBuf {
 
 /// Writes a pattern on the producer and checksums it on the consumer: the consumer's
 /// result, or the first status refused.
-fn frame(c: &Connection, id: u64) -> Result<u64, Status> {
+fn frame(c: &Connection, id: RegionId) -> Result<u64, Status> {
+    let word = u64::from(id);
     let st = |e: virtsoc_guest::GuestError| e.status();
     c.begin_access(id, DeviceId::PRODUCER, 0, 4096, AccessMode::Write)
         .map_err(st)?;
-    c.device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, id, 7, 0, 0, 0])
-        .map_err(st)?;
+    c.device_cmd(
+        DeviceId::PRODUCER,
+        [testdev::WRITE_PATTERN, word, 7, 0, 0, 0],
+    )
+    .map_err(st)?;
     c.end_access(id, DeviceId::PRODUCER, 0, 4096, AccessMode::Write)
         .map_err(st)?;
     c.begin_access(id, DeviceId::CONSUMER, 0, 4096, AccessMode::Read)
         .map_err(st)?;
     let crc = c
-        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, word, 0, 0, 0, 0])
         .map_err(st);
     c.end_access(id, DeviceId::CONSUMER, 0, 4096, AccessMode::Read)
         .map_err(st)?;
@@ -69,7 +73,10 @@ fn a_denied_guest_gets_permission_denied_and_another_is_unaffected() {
     // allowed work.
     assert_eq!(frame(&free, b), Ok(good));
     limited
-        .device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, a, 7, 0, 0, 0])
+        .device_cmd(
+            DeviceId::PRODUCER,
+            [testdev::WRITE_PATTERN, u64::from(a), 7, 0, 0, 0],
+        )
         .map(|_| ())
         .unwrap_or_else(|e| assert_ne!(e.status(), Status::PermissionDenied));
 

@@ -44,9 +44,9 @@ fn overlay() -> Vec<u8> {
         .collect()
 }
 
-fn layer(src: u64, blend: bool) -> LayerRecord {
+fn layer(src: RegionId, blend: bool) -> LayerRecord {
     LayerRecord {
-        src: RegionId(src),
+        src,
         crop: [0, 0, W, H],
         dst_pos: [0, 0],
         dst_size: [W, H],
@@ -57,10 +57,10 @@ fn layer(src: u64, blend: bool) -> LayerRecord {
 }
 
 struct Scene {
-    video: u64,
-    ui: u64,
-    layers: u64,
-    out: u64,
+    video: RegionId,
+    ui: RegionId,
+    layers: RegionId,
+    out: RegionId,
 }
 
 impl Scene {
@@ -88,9 +88,9 @@ impl Scene {
 
     fn cmd(&self) -> gpu::Composite {
         gpu::Composite {
-            layers: RegionId(self.layers),
+            layers: self.layers,
             count: 2,
-            dst: RegionId(self.out),
+            dst: self.out,
         }
     }
 
@@ -111,8 +111,12 @@ impl Scene {
             (self.layers, r),
             (self.out, w),
         ] {
-            c.submit_detached(Opcode::BeginAccess, gpu::ID, [id, 0, sz(id), m, 0, 0])
-                .unwrap();
+            c.submit_detached(
+                Opcode::BeginAccess,
+                gpu::ID,
+                [u64::from(id), 0, sz(id), m, 0, 0],
+            )
+            .unwrap();
         }
         use virtsoc_guest::DeviceCommand;
         let seq = c
@@ -124,8 +128,12 @@ impl Scene {
             (self.layers, r),
             (self.out, w),
         ] {
-            c.submit_detached(Opcode::EndAccess, gpu::ID, [id, 0, sz(id), m, 0, 0])
-                .unwrap();
+            c.submit_detached(
+                Opcode::EndAccess,
+                gpu::ID,
+                [u64::from(id), 0, sz(id), m, 0, 0],
+            )
+            .unwrap();
         }
         let f = c.fence_create().unwrap();
         c.fence_signal(gpu::ID, f).unwrap();
@@ -147,7 +155,7 @@ impl Scene {
 }
 
 /// Begins (`begin`) or ends read accesses of whole regions `ids` from `device`.
-fn reading(c: &Connection, device: DeviceId, ids: &[u64], begin: bool) {
+fn reading(c: &Connection, device: DeviceId, ids: &[RegionId], begin: bool) {
     for &id in ids {
         let size = c.region(id).unwrap().size;
         let r = match begin {
@@ -312,21 +320,19 @@ fn the_isp_gpu_backend_and_the_gpu_share_memory_and_move_zero_bytes_between_them
     let layers = c.alloc_blob(64).unwrap().id;
     cpu_write(&c, layers, &layer(rgb.id, false).to_bytes());
     for _ in 0..3 {
-        c.command_with_access(&camera::Capture {
-            frame: RegionId(cam.id),
-        })
-        .unwrap();
+        c.command_with_access(&camera::Capture { frame: cam.id })
+            .unwrap();
         c.command_with_access(&isp::Convert {
-            src: RegionId(cam.id),
-            dst: RegionId(rgb.id),
+            src: cam.id,
+            dst: rgb.id,
         })
         .unwrap();
         c.begin_access(rgb.id, gpu::ID, 0, rgb.size, AccessMode::Read)
             .unwrap();
         c.command_with_access(&gpu::Composite {
-            layers: RegionId(layers),
+            layers,
             count: 1,
-            dst: RegionId(out.id),
+            dst: out.id,
         })
         .unwrap();
         c.end_access(rgb.id, gpu::ID, 0, rgb.size, AccessMode::Read)
@@ -363,7 +369,7 @@ fn display_planes_scan_out_of_gpu_memory_and_every_copy_is_on_the_ledger() {
         cpu_write(&c, s.video, &f);
         reading(&c, display::ID, &[s.video, s.ui], true);
         c.command_with_access(&display::PresentLayers {
-            layers: RegionId(s.layers),
+            layers: s.layers,
             count: 2,
             capture_ns: 1,
         })
@@ -396,7 +402,7 @@ fn display_planes_scan_out_of_gpu_memory_and_every_copy_is_on_the_ledger() {
     let rec: Vec<u8> = (0..5).flat_map(|_| layer(s.ui, true).to_bytes()).collect();
     cpu_write(&c, five, &rec);
     let r = c.command_with_access(&display::PresentLayers {
-        layers: RegionId(five),
+        layers: five,
         count: 5,
         capture_ns: 0,
     });
@@ -426,7 +432,7 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
         a.begin_access(id, DeviceId::PRODUCER, 0, big, w).unwrap();
         a.device_cmd(
             DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, id, seed, 0, 0, 0],
+            [testdev::WRITE_PATTERN, u64::from(id), seed, 0, 0, 0],
         )
         .unwrap()[0]
     };
@@ -445,7 +451,14 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
         .submit(
             Opcode::EndAccess,
             DeviceId::PRODUCER,
-            [id, 0, big, w as u64, virtsoc_guest::ACCESS_COMPENSATES, 0],
+            [
+                u64::from(id),
+                0,
+                big,
+                w as u64,
+                virtsoc_guest::ACCESS_COMPENSATES,
+                0,
+            ],
         )
         .unwrap();
     // The producer's worker has ended the write (and started the held copy) before the read
@@ -456,7 +469,7 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
         .submit(
             Opcode::BeginAccess,
             DeviceId::CONSUMER,
-            [id, 0, big, r as u64, 0, 0],
+            [u64::from(id), 0, big, r as u64, 0, 0],
         )
         .unwrap();
     let fa = a.fence_create().unwrap();
@@ -466,8 +479,11 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
     cpu_write(&b, small, &[7u8; 4096]);
     b.begin_access(small, DeviceId::CONSUMER, 0, 4096, r)
         .unwrap();
-    b.device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, small, 0, 0, 0, 0])
-        .unwrap();
+    b.device_cmd(
+        DeviceId::CONSUMER,
+        [testdev::CHECKSUM, u64::from(small), 0, 0, 0, 0],
+    )
+    .unwrap();
     let served_first = !a.fence_signaled(fa).unwrap();
     assert!(served_first, "B's command was served only after A's copy");
     // A's read completes after its copy (it waited for it, parked), with the bytes.
@@ -478,7 +494,10 @@ fn one_guests_copy_in_flight_does_not_hold_up_another_guests_commands() {
         "A's read waited for its copy in flight"
     );
     let got = a
-        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+        .device_cmd(
+            DeviceId::CONSUMER,
+            [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
+        )
         .unwrap()[0];
     assert_eq!(got, crc);
 }
@@ -524,7 +543,7 @@ fn verify_mode_checksums_match_the_cpu_reference() {
         reading(&c, display::ID, &[s.video, s.ui], true);
         let shown = c
             .command_with_access(&display::PresentLayers {
-                layers: RegionId(s.layers),
+                layers: s.layers,
                 count: 2,
                 capture_ns: 1,
             })
@@ -568,8 +587,8 @@ fn regions_freed_under_a_gpu_submission_are_released_after_it() {
         alpha: 1.0,
         blend: true,
     };
-    let mut rec = full(RegionId(video.id)).to_bytes().to_vec();
-    rec.extend_from_slice(&full(RegionId(ui.id)).to_bytes());
+    let mut rec = full(video.id).to_bytes().to_vec();
+    rec.extend_from_slice(&full(ui.id).to_bytes());
     cpu_write(&c, layers, &rec);
     for (id, size, m) in [
         (video.id, video.size, AccessMode::Read),
@@ -579,9 +598,9 @@ fn regions_freed_under_a_gpu_submission_are_released_after_it() {
     }
     use virtsoc_guest::DeviceCommand;
     let cmd = gpu::Composite {
-        layers: RegionId(layers),
+        layers,
         count: 2,
-        dst: RegionId(out.id),
+        dst: out.id,
     };
     for (id, size, m) in [
         (layers, 128, AccessMode::Read),
@@ -628,20 +647,18 @@ fn display_planes_of_host_memory_are_scanned_out_in_place() {
         cpu_write(&c, layers, &layer(rgb.id, false).to_bytes());
         let frames = 4u64;
         for _ in 0..frames {
-            c.command_with_access(&camera::Capture {
-                frame: RegionId(cam.id),
-            })
-            .unwrap();
+            c.command_with_access(&camera::Capture { frame: cam.id })
+                .unwrap();
             c.command_with_access(&isp::Convert {
-                src: RegionId(cam.id),
-                dst: RegionId(rgb.id),
+                src: cam.id,
+                dst: rgb.id,
             })
             .unwrap();
             c.begin_access(rgb.id, display::ID, 0, rgb.size, AccessMode::Read)
                 .unwrap();
             let shown = c
                 .command_with_access(&display::PresentLayers {
-                    layers: RegionId(layers),
+                    layers,
                     count: 1,
                     capture_ns: 0,
                 })
@@ -717,16 +734,16 @@ fn a_damaged_rectangle_is_recomposed_and_the_rest_kept() {
             reading(&c, gpu::ID, &[s.video, s.ui], true);
             let damage = pack_damage(x0 as u16, y0 as u16, dw as u16, dh as u16);
             c.command_with_access(&gpu::CompositeDamage {
-                layers: RegionId(s.layers),
+                layers: s.layers,
                 count: 2,
-                dst: RegionId(s.out),
+                dst: s.out,
                 damage,
             })
             .unwrap();
             let bad = c.command_with_access(&gpu::CompositeDamage {
-                layers: RegionId(s.layers),
+                layers: s.layers,
                 count: 2,
-                dst: RegionId(s.out),
+                dst: s.out,
                 damage: pack_damage(W as u16 - 8, 0, 16, 16),
             });
             assert_eq!(

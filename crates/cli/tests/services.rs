@@ -14,7 +14,7 @@ use virtsoc_guest::services::chan::{flags, kind, Entry};
 use virtsoc_guest::services::packet::PacketHeader;
 use virtsoc_guest::services::payload::word_sum;
 use virtsoc_guest::services::{bulk, Bulk, Clipboard, Geo, Sensors, ServiceChannel};
-use virtsoc_guest::{ConnectOptions, Connection, Status};
+use virtsoc_guest::{ConnectOptions, Connection, RegionId, Status};
 
 fn guest(d: &Daemon, name: &str) -> Connection {
     Connection::connect(
@@ -171,7 +171,7 @@ fn bulk_transfers_inline_in_place_and_in_packets() {
     // reading from its own memory, sees it).
     let out = c.alloc_blob(big.len() as u64).unwrap().id;
     let rep =
-        b.0.call_region(bulk::call::ECHO, (r, 0, big.len() as u64), (out, 0))
+        b.0.call_region(bulk::call::ECHO, (r, 0, big.len() as u64), Some((out, 0)))
             .unwrap();
     assert_eq!(rep.values[0], big.len() as u64);
     assert_eq!(
@@ -185,11 +185,11 @@ fn bulk_transfers_inline_in_place_and_in_packets() {
     );
     // A range outside the region, and a region that is not the guest's.
     assert_eq!(
-        status_of(b.0.call_region(bulk::call::SINK, (r, 1, big.len() as u64), (0, 0))),
+        status_of(b.0.call_region(bulk::call::SINK, (r, 1, big.len() as u64), None)),
         Status::BadArgument
     );
     assert_eq!(
-        status_of(b.0.call_region(bulk::call::SINK, (9999, 0, 1), (0, 0))),
+        status_of(b.0.call_region(bulk::call::SINK, (RegionId(9999), 0, 1), None)),
         Status::BadArgument
     );
 }

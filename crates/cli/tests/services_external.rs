@@ -266,7 +266,7 @@ fn a_host_program_serves_guests_under_the_same_rules() {
         c.alloc_blob(text.len() as u64).unwrap().id,
     );
     common::cpu_write(&c, inr, &text);
-    up.call_region(1, (inr, 0, text.len() as u64), (outr, 0))
+    up.call_region(1, (inr, 0, text.len() as u64), Some((outr, 0)))
         .unwrap();
     assert_eq!(
         common::cpu_read(&c, outr, text.len()),

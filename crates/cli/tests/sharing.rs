@@ -29,8 +29,8 @@ fn frames(c: &Connection, n: u64) -> Result<(), GuestError> {
     let id = c.alloc_blob(size)?.id;
     for seed in 0..n {
         let (p, q) = (DeviceId::PRODUCER, DeviceId::CONSUMER);
-        let write = [testdev::WRITE_PATTERN, id, seed, 0, 0, 0];
-        let check = [testdev::CHECKSUM, id, 0, 0, 0, 0];
+        let write = [testdev::WRITE_PATTERN, u64::from(id), seed, 0, 0, 0];
+        let check = [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0];
         if seed % 2 == 0 {
             c.begin_access(id, p, 0, size, AccessMode::Write)?;
             let w = c.device_cmd(p, write)?[0];
@@ -40,7 +40,7 @@ fn frames(c: &Connection, n: u64) -> Result<(), GuestError> {
             c.end_access(id, q, 0, size, AccessMode::Read)?;
             assert_eq!(w, r, "frame {seed}");
         } else {
-            let acc = |m: AccessMode| [id, 0, size, m as u64, 0, 0];
+            let acc = |m: AccessMode| [u64::from(id), 0, size, m as u64, 0, 0];
             c.submit_detached(Opcode::BeginAccess, p, acc(AccessMode::Write))?;
             let w = c.submit(Opcode::DeviceCmd, p, write)?;
             c.submit_detached(Opcode::EndAccess, p, acc(AccessMode::Write))?;

@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{connect, cpu_read, cpu_write, pattern, Daemon};
-use virtsoc_guest::{Connection, DeviceId, Fence, Format};
+use virtsoc_guest::{Connection, DeviceId, Fence, Format, RegionId};
 
 fn snapshot_cli(args: &[&str]) -> (bool, String) {
     let out = common::virtsoc_cmd()
@@ -31,12 +31,12 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 /// A region written by the producer device (its only valid copy is then the device's).
-fn device_write(c: &Connection, id: u64, size: u64, seed: u64) -> u64 {
+fn device_write(c: &Connection, id: RegionId, size: u64, seed: u64) -> u64 {
     common::producer_write(c, id, size, seed)
 }
 
 struct Saved {
-    ids: Vec<(u64, u64)>,
+    ids: Vec<(RegionId, u64)>,
     contents: Vec<Vec<u8>>,
     signaled: Fence,
     pending: Fence,
@@ -58,7 +58,7 @@ fn populate(c: &Connection) -> Saved {
     let released = c.fence_create().unwrap();
     c.fence_signal(DeviceId::CPU, released).unwrap();
     c.fence_release(released).unwrap();
-    let ids: Vec<(u64, u64)> = [a, img, dev, untouched]
+    let ids: Vec<(RegionId, u64)> = [a, img, dev, untouched]
         .iter()
         .map(|r| (r.id, r.size))
         .collect();
@@ -165,7 +165,7 @@ fn a_saved_session_is_restored_with_its_ids_bytes_and_fences() {
 fn a_daemon_killed_while_writing_leaves_the_previous_snapshot_loadable() {
     let mut a = Daemon::start(&["--gpu-backend", "null", "--isp-backend", "null"]);
     let g = connect(&a);
-    let ids: Vec<u64> = (0..6)
+    let ids: Vec<RegionId> = (0..6)
         .map(|i| {
             let r = g.alloc_blob(8 << 20).unwrap();
             cpu_write(&g, r.id, &pattern(8 << 20, i));

@@ -344,14 +344,20 @@ fn killing_the_vm_frees_its_session_and_the_daemon_keeps_serving() {
     c.begin_access(id, DeviceId::PRODUCER, 0, 65536, AccessMode::Write)
         .unwrap();
     let w = c
-        .device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, id, 1, 0, 0, 0])
+        .device_cmd(
+            DeviceId::PRODUCER,
+            [testdev::WRITE_PATTERN, u64::from(id), 1, 0, 0, 0],
+        )
         .unwrap()[0];
     c.end_access(id, DeviceId::PRODUCER, 0, 65536, AccessMode::Write)
         .unwrap();
     c.begin_access(id, DeviceId::CONSUMER, 0, 65536, AccessMode::Read)
         .unwrap();
     let r = c
-        .device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])
+        .device_cmd(
+            DeviceId::CONSUMER,
+            [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
+        )
         .unwrap()[0];
     assert_eq!(w, r);
     // The VM's channels are gone (each channel's thread ends at its next wake-up).

@@ -283,6 +283,7 @@ impl Transport {
     /// read access queued after them).
     fn write_region(&self, slot: &mut Slot, bytes: &[u8]) -> Result<(), ChannelError> {
         let (id, len) = (slot.region.id, bytes.len() as u64);
+        let word = u64::from(id);
         if len > slot.region.size {
             return Err(ChannelError::Refused("batch larger than its region".into()));
         }
@@ -292,7 +293,7 @@ impl Transport {
                     .submit_detached(
                         Opcode::BeginAccess,
                         CPU,
-                        [id, 0, len, AccessMode::Write as u64, 0, 0],
+                        [word, 0, len, AccessMode::Write as u64, 0, 0],
                     )
                     .map_err(channel_error)?;
                 base as *mut u8
@@ -324,14 +325,14 @@ impl Transport {
             .submit_detached(
                 Opcode::EndAccess,
                 CPU,
-                [id, 0, len, AccessMode::Write as u64, 0, 0],
+                [word, 0, len, AccessMode::Write as u64, 0, 0],
             )
             .map_err(channel_error)?;
         Ok(())
     }
 
     /// The first `n` bytes of region `id` (a CPU read access).
-    fn read_region(&self, id: u64, n: u64) -> Result<Vec<u8>, ChannelError> {
+    fn read_region(&self, id: RegionId, n: u64) -> Result<Vec<u8>, ChannelError> {
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -350,7 +351,7 @@ impl Transport {
             .submit_detached(
                 Opcode::EndAccess,
                 CPU,
-                [id, 0, n, AccessMode::Read as u64, 0, 0],
+                [u64::from(id), 0, n, AccessMode::Read as u64, 0, 0],
             )
             .map_err(channel_error)?;
         Ok(out)
@@ -376,7 +377,7 @@ impl Transport {
         let stream = inner.slots[i].region.id;
         self.write_region(&mut inner.slots[i], batch)?;
         let gles = gles_id();
-        let read = [stream, 0, len, AccessMode::Read as u64, 0, 0];
+        let read = [u64::from(stream), 0, len, AccessMode::Read as u64, 0, 0];
         let submit = |op, args, detached: bool| {
             if detached {
                 self.conn.submit_detached(op, gles, args)
@@ -388,7 +389,7 @@ impl Transport {
         submit(Opcode::BeginAccess, read, true)?;
         if !wait {
             let exec = api::Exec {
-                stream: RegionId(stream),
+                stream,
                 len,
                 reply: 0,
             };
@@ -399,12 +400,19 @@ impl Transport {
         }
         self.settle_reply(inner);
         let reply = inner.reply;
-        let write = [reply.id, 0, reply.size, AccessMode::Write as u64, 0, 0];
+        let write = [
+            u64::from(reply.id),
+            0,
+            reply.size,
+            AccessMode::Write as u64,
+            0,
+            0,
+        ];
         submit(Opcode::BeginAccess, write, true)?;
         let exec = api::Exec {
-            stream: RegionId(stream),
+            stream,
             len,
-            reply: reply.id,
+            reply: u64::from(reply.id),
         };
         let e = submit(Opcode::DeviceCmd, exec.encode(), false)?;
         let end_w = submit(Opcode::EndAccess, write, false)?;
@@ -447,11 +455,16 @@ impl Transport {
         let mut reply = inner.reply;
         self.grow(&mut reply, reply_len)?;
         inner.reply = reply;
-        let write = [reply.id, 0, reply.size, AccessMode::Write as u64, 0, 0];
+        let write = [
+            u64::from(reply.id),
+            0,
+            reply.size,
+            AccessMode::Write as u64,
+            0,
+            0,
+        ];
         submit(Opcode::BeginAccess, write, true)?;
-        let rr = api::ReadReply {
-            reply: RegionId(reply.id),
-        };
+        let rr = api::ReadReply { reply: reply.id };
         let s = submit(Opcode::DeviceCmd, rr.encode(), false)?;
         let end_w = submit(Opcode::EndAccess, write, false)?;
         let n = self.finish(s)?[0];
@@ -519,8 +532,9 @@ impl Transport {
         }
         let frame = f.regions[k];
         let (gles, display) = (gles_id(), virtsoc_devapi::display::ID);
-        let write = [frame.id, 0, frame.size, AccessMode::Write as u64, 0, 0];
-        let read = [frame.id, 0, frame.size, AccessMode::Read as u64, 0, 0];
+        let word = u64::from(frame.id);
+        let write = [word, 0, frame.size, AccessMode::Write as u64, 0, 0];
+        let read = [word, 0, frame.size, AccessMode::Read as u64, 0, 0];
         let detached = |dev, op, args| {
             self.conn
                 .submit_detached(op, dev, args)
@@ -531,7 +545,7 @@ impl Transport {
         detached(gles, Opcode::BeginAccess, write)?;
         let rb = api::Readback {
             surface: u64::from(surf),
-            frame: RegionId(frame.id),
+            frame: frame.id,
         };
         detached(gles, Opcode::DeviceCmd, rb.encode())?;
         detached(gles, Opcode::EndAccess, write)?;
@@ -542,7 +556,7 @@ impl Transport {
         self.conn.fence_release(fence).map_err(channel_error)?;
         detached(display, Opcode::BeginAccess, read)?;
         let present = virtsoc_devapi::display::Present {
-            frame: RegionId(frame.id),
+            frame: frame.id,
             capture_ns: 0,
         };
         detached(display, Opcode::DeviceCmd, present.encode())?;

@@ -552,10 +552,8 @@ fn regions_as_egl_images() {
     .expect("another guest");
     let mut foreign = 0;
     for _ in 0..100 {
-        foreign = other
-            .alloc(0, 16, 16, virtsoc_proto::wire::Format::Rgba8, 0)
-            .expect("alloc")
-            .id;
+        let r = other.alloc(0, 16, 16, virtsoc_proto::wire::Format::Rgba8, 0);
+        foreign = u64::from(r.expect("alloc").id);
     }
     assert!(image_of(foreign, &[]).is_null(), "another guest's region");
     assert_eq!(get_error(), EGL_BAD_PARAMETER);

@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use virtsoc_proto::wire::Format;
 use virtsoc_proto::{AccessMode, DeviceId, Status};
 
-use crate::{ConnectOptions, Connection, GuestError, RegionInfo, Result};
+use crate::{ConnectOptions, Connection, GuestError, RegionId, RegionInfo, Result};
 
 mod svc;
 pub use svc::VirtsocChannel;
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn virtsoc_alloc(
         let info = c.alloc(size, width, height, format, usage)?;
         // SAFETY: checked non-null above; size_out checked below.
         unsafe {
-            *id_out = info.id;
+            *id_out = u64::from(info.id);
             if !size_out.is_null() {
                 *size_out = info.size;
             }
@@ -192,7 +192,7 @@ pub struct VirtsocRegion {
 impl From<&RegionInfo> for VirtsocRegion {
     fn from(r: &RegionInfo) -> Self {
         let mut out = VirtsocRegion {
-            id: r.id,
+            id: u64::from(r.id),
             size: r.size,
             width: r.width,
             height: r.height,
@@ -270,7 +270,7 @@ pub unsafe extern "C" fn virtsoc_region_info(
     run(|| {
         // SAFETY: forwarded caller guarantees.
         let c = unsafe { conn(c) }?;
-        let info = c.region(id).ok_or(GuestError::Status {
+        let info = c.region(RegionId(id)).ok_or(GuestError::Status {
             op: virtsoc_proto::Opcode::Alloc,
             status: Status::NoSuchRegion,
             reason: Some(format!("region {id} is not one of this connection's")),
@@ -287,7 +287,7 @@ pub unsafe extern "C" fn virtsoc_region_info(
 #[no_mangle]
 pub unsafe extern "C" fn virtsoc_free(c: *mut VirtsocConn, id: u64) -> c_int {
     // SAFETY: forwarded caller guarantees.
-    run(|| unsafe { conn(c) }?.free(id))
+    run(|| unsafe { conn(c) }?.free(RegionId(id)))
 }
 
 /// Begins an access; for `VIRTSOC_DEV_CPU` stores a pointer to the first byte in `*ptr_out`.
@@ -307,7 +307,7 @@ pub unsafe extern "C" fn virtsoc_begin_access(
     run(|| {
         // SAFETY: forwarded caller guarantees.
         let c = unsafe { conn(c) }?;
-        let a = c.begin_access(id, DeviceId(device), offset, len, mode(mode_)?)?;
+        let a = c.begin_access(RegionId(id), DeviceId(device), offset, len, mode(mode_)?)?;
         if !ptr_out.is_null() {
             let p = a
                 .ptr
@@ -336,7 +336,7 @@ pub unsafe extern "C" fn virtsoc_end_access(
     run(|| {
         // SAFETY: forwarded caller guarantees.
         let c = unsafe { conn(c) }?;
-        c.end_access(id, DeviceId(device), offset, len, mode(mode_)?)
+        c.end_access(RegionId(id), DeviceId(device), offset, len, mode(mode_)?)
             .map(|_| ())
     })
 }
@@ -564,7 +564,7 @@ mod tests {
         assert!(h.contains("sizeof(struct virtsoc_plane) == 24"));
         assert!(h.contains(&format!("#define VIRTSOC_MAX_PLANES {MAX_PLANES}")));
         let r = VirtsocRegion::from(&RegionInfo {
-            id: 9,
+            id: RegionId(9),
             size: 320 * 240 * 3 / 2,
             stride: 320,
             width: 320,

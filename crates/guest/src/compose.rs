@@ -13,7 +13,7 @@
 //! layers that moved or whose source changed) and gives the union over the target's age,
 //! which `gpu::composite_damage` draws; `None` means "compose everything".
 
-use virtsoc_devapi::LayerRecord;
+use virtsoc_devapi::{LayerRecord, RegionId};
 
 /// Largest scaling of a display plane, up or down, per axis.
 pub use virtsoc_devapi::display_plane::MAX_SCALE as MAX_PLANE_SCALE;
@@ -58,7 +58,7 @@ fn union(a: ScreenRect, b: ScreenRect) -> ScreenRect {
 pub fn frame_damage(
     prev: &[LayerRecord],
     cur: &[LayerRecord],
-    changed: &[u64],
+    changed: &[RegionId],
     screen: (u32, u32),
 ) -> Option<ScreenRect> {
     let mut damage: Option<ScreenRect> = None;
@@ -69,7 +69,7 @@ pub fn frame_damage(
     };
     for i in 0..prev.len().max(cur.len()) {
         match (prev.get(i), cur.get(i)) {
-            (Some(a), Some(b)) if a == b && !changed.contains(&u64::from(b.src)) => {}
+            (Some(a), Some(b)) if a == b && !changed.contains(&b.src) => {}
             (a, b) => {
                 a.into_iter().chain(b).for_each(&mut add);
             }
@@ -128,7 +128,6 @@ impl DamageTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use virtsoc_devapi::RegionId;
 
     fn at(src: u64, x: i32, y: i32, w: u32, h: u32) -> LayerRecord {
         LayerRecord {
@@ -150,7 +149,7 @@ mod tests {
         let prev = [bg, icon];
         assert_eq!(frame_damage(&prev, &prev, &[], screen), None);
         assert_eq!(
-            frame_damage(&prev, &prev, &[2], screen),
+            frame_damage(&prev, &prev, &[RegionId(2)], screen),
             Some([10, 10, 8, 8])
         );
         // The icon moved: old and new place.
@@ -164,7 +163,7 @@ mod tests {
         assert_eq!(frame_damage(&prev, &off, &[], screen), Some([95, 0, 5, 6]));
         // The background's source changed: everything.
         assert_eq!(
-            frame_damage(&prev, &prev, &[1], screen),
+            frame_damage(&prev, &prev, &[RegionId(1)], screen),
             Some([0, 0, 100, 80])
         );
     }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use virtsoc_fence::page::{slot_offset, slot_status};
 use virtsoc_fence::table::{FenceId, FenceStatus};
 use virtsoc_fence::MimdPacer;
+use virtsoc_ids::RegionId;
 use virtsoc_proto::handshake::{DeviceDesc, Hello, Reply, PROTOCOL_VERSION};
 use virtsoc_proto::window_layout::FENCE_PAGE_OFFSET;
 use virtsoc_proto::WindowLayout;
@@ -86,7 +87,7 @@ impl Default for ConnectOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegionInfo {
     /// The region's id (as the host's region table names it).
-    pub id: u64,
+    pub id: RegionId,
     /// Bytes of the region.
     pub size: u64,
     /// Bytes from one row to the next (0 for blobs).
@@ -174,8 +175,8 @@ pub struct Connection {
     reaped_cv: Condvar,
     /// Window offset of each region's replica, from CPU begin_access (remote guests copy
     /// their writes from there into the stream).
-    cpu_offsets: Mutex<HashMap<u64, u64>>,
-    regions: Mutex<HashMap<u64, RegionInfo>>,
+    cpu_offsets: Mutex<HashMap<RegionId, u64>>,
+    regions: Mutex<HashMap<RegionId, RegionInfo>>,
     closed: AtomicBool,
     submitted: AtomicU64,
     completed: AtomicU64,

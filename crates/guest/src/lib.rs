@@ -20,6 +20,7 @@ pub mod vm;
 pub use conn::{Access, ConnectOptions, Connection, Counters, Fence, LedgerLink, RegionInfo};
 pub use virtsoc_devapi as devices;
 pub use virtsoc_devapi::DeviceCommand;
+pub use virtsoc_ids::RegionId;
 pub use virtsoc_proto::wire::{testdev, usage, Format, ACCESS_COMPENSATES};
 pub use virtsoc_proto::{AccessMode, Completion, DeviceId, Opcode, Status};
 

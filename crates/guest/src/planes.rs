@@ -72,7 +72,7 @@ mod tests {
 
     fn region(format: Format, width: u32, height: u32, stride: u32) -> RegionInfo {
         RegionInfo {
-            id: 1,
+            id: crate::RegionId(1),
             size: 0,
             stride,
             width,

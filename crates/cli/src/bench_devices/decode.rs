@@ -140,19 +140,11 @@ fn copied_bytes(conn: &Connection) -> Result<u64, CliError> {
 fn queue<C: DeviceCommand + 'static>(conn: &Connection, cmd: &C) -> Result<u64, CliError> {
     let dev = C::DEVICE;
     for (id, mode) in cmd.regions() {
-        conn.submit_detached(
-            Opcode::BeginAccess,
-            dev,
-            access_args(conn, u64::from(id), mode)?,
-        )?;
+        conn.submit_detached(Opcode::BeginAccess, dev, access_args(conn, id, mode)?)?;
     }
     let seq = conn.submit(Opcode::DeviceCmd, dev, cmd.encode())?;
     for (id, mode) in cmd.regions() {
-        conn.submit_detached(
-            Opcode::EndAccess,
-            dev,
-            access_args(conn, u64::from(id), mode)?,
-        )?;
+        conn.submit_detached(Opcode::EndAccess, dev, access_args(conn, id, mode)?)?;
     }
     Ok(seq)
 }
@@ -165,7 +157,7 @@ fn got(conn: &Connection, seq: u64) -> Result<u64, CliError> {
 }
 
 /// Writes `bytes` at the start of region `id` from the CPU.
-fn cpu_write(conn: &Connection, id: u64, bytes: &[u8]) -> Result<(), CliError> {
+fn cpu_write(conn: &Connection, id: RegionId, bytes: &[u8]) -> Result<(), CliError> {
     let len = bytes.len() as u64;
     let a = conn.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
     let ptr = a
@@ -283,8 +275,8 @@ struct Run {
 struct Player<'a> {
     conn: &'a Connection,
     handle: HandleId,
-    bits: &'a [u64],
-    frame: u64,
+    bits: &'a [RegionId],
+    frame: RegionId,
 }
 
 impl Player<'_> {
@@ -299,10 +291,7 @@ impl Player<'_> {
         } = *self;
         let mut p = Pipe::new(conn, OrderingMode::Atomic);
         let p = &mut p;
-        let receive = api::codec::ReceiveFrame {
-            handle,
-            frame: RegionId(frame),
-        };
+        let receive = api::codec::ReceiveFrame { handle, frame };
         let (copied0, cpu0) = (copied_bytes(conn)?, Cpu::now(daemon));
         let t0 = Instant::now();
         let mut decodes: VecDeque<u64> = VecDeque::new();
@@ -321,7 +310,7 @@ impl Player<'_> {
                 conn,
                 &api::codec::Decode {
                     handle,
-                    bitstream: RegionId(bits[slot]),
+                    bitstream: bits[slot],
                     len: unit.len() as u64,
                     pts: i as u64,
                 },

@@ -33,7 +33,6 @@ use crate::scenario::pipe::Pipe;
 use crate::scenario::{full_layer, media};
 use crate::stats::percentile;
 use crate::CliError;
-use virtsoc_devapi::RegionId;
 
 pub mod decode;
 
@@ -168,16 +167,16 @@ fn one(
     for _ in 0..n.min(20) {
         let t = Instant::now();
         p.run(&api::isp::Convert {
-            src: RegionId(frame),
-            dst: RegionId(rgba),
+            src: frame,
+            dst: rgba,
         })?;
         isp.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
         let r = p.run_with(
             &api::gpu::Composite {
-                layers: RegionId(layers),
+                layers,
                 count: 2,
-                dst: RegionId(out),
+                dst: out,
             },
             &[frame, ui],
         )?;

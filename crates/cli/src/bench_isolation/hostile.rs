@@ -7,12 +7,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use virtsoc_guest::devices::{display, gpu, LayerRecord};
-use virtsoc_guest::{testdev, AccessMode, ConnectOptions, Connection, DeviceId, Format, Opcode};
+use virtsoc_guest::{
+    testdev, AccessMode, ConnectOptions, Connection, DeviceId, Format, Opcode, RegionId,
+};
 
 use super::{Ctl, Tally, SVM_SIZE};
 use crate::scenario::full_layer;
 use crate::CliError;
-use virtsoc_devapi::RegionId;
 
 /// A hostile guest's connection.
 pub(super) fn open(
@@ -88,7 +89,7 @@ pub(super) fn hostile(kind: &str, target: &str, ctl: &Ctl, t: &Tally) -> Result<
 /// turn, on 4 buffers of 1 MiB, without pause.
 fn prefetch_abuser(target: &str, name: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
     let c = open(target, name, 64 << 20, "prefetch")?;
-    let ring: Vec<u64> = (0..4)
+    let ring: Vec<RegionId> = (0..4)
         .map(|_| c.alloc_blob(SVM_SIZE).map(|r| r.id))
         .collect::<Result<_, _>>()?;
     let readers = [DeviceId::CONSUMER, DeviceId::CONSUMER2, DeviceId::CPU];
@@ -97,13 +98,16 @@ fn prefetch_abuser(target: &str, name: &str, ctl: &Ctl, t: &Tally) -> Result<(),
     while ctl.go() {
         let id = ring[i as usize % ring.len()];
         t.op(c.begin_access(id, DeviceId::PRODUCER, 0, SVM_SIZE, w))?;
-        t.op(c.device_cmd(DeviceId::PRODUCER, [testdev::WRITE_PATTERN, id, i, 0, 0, 0]))?;
+        t.op(c.device_cmd(
+            DeviceId::PRODUCER,
+            [testdev::WRITE_PATTERN, u64::from(id), i, 0, 0, 0],
+        ))?;
         t.op(c.end_access(id, DeviceId::PRODUCER, 0, SVM_SIZE, w))?;
         // A different reader each time: no flow the predictor learns holds for long.
         let dev = readers[(i as usize / ring.len() + i as usize) % readers.len()];
         t.op(c.begin_access(id, dev, 0, SVM_SIZE, r))?;
         if dev != DeviceId::CPU {
-            t.op(c.device_cmd(dev, [testdev::CHECKSUM, id, 0, 0, 0, 0]))?;
+            t.op(c.device_cmd(dev, [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0]))?;
         }
         t.op(c.end_access(id, dev, 0, SVM_SIZE, r))?;
         i += 1;
@@ -142,9 +146,9 @@ fn composite(
     c.begin_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;
     while ctl.go() {
         t.op(c.command_with_access(&gpu::Composite {
-            layers: RegionId(b.id),
+            layers: b.id,
             count: layers as u64,
-            dst: RegionId(dst.id),
+            dst: dst.id,
         }))?;
     }
     c.end_access(src.id, gpu::ID, 0, src.size, AccessMode::Read)?;
@@ -168,7 +172,7 @@ fn queue_flood(target: &str, name: &str, ctl: &Ctl, t: &Tally) -> Result<(), Cli
         c.submit_detached(
             Opcode::DeviceCmd,
             DeviceId::PRODUCER,
-            [testdev::WRITE_PATTERN, big.id, i, 0, 0, 0],
+            [testdev::WRITE_PATTERN, u64::from(big.id), i, 0, 0, 0],
         )?;
         c.fence_signal(DeviceId::PRODUCER, f)?;
         c.fence_wait(DeviceId::CONSUMER, f)?;
@@ -176,7 +180,7 @@ fn queue_flood(target: &str, name: &str, ctl: &Ctl, t: &Tally) -> Result<(), Cli
             t.op(c.submit_detached(
                 Opcode::DeviceCmd,
                 DeviceId::CONSUMER,
-                [testdev::CHECKSUM, r.id, 0, 0, 0, 0],
+                [testdev::CHECKSUM, u64::from(r.id), 0, 0, 0, 0],
             ))?;
         }
         c.drain()?;

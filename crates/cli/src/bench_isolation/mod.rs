@@ -56,7 +56,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
-use virtsoc_guest::{testdev, AccessMode, Connection, DeviceId, GuestError};
+use virtsoc_guest::{testdev, AccessMode, Connection, DeviceId, GuestError, RegionId};
 
 use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
@@ -574,7 +574,7 @@ fn pct(v: f64, alone: f64) -> f64 {
 /// measurement to the next.)
 struct SvmVictim {
     conn: Connection,
-    ring: Vec<u64>,
+    ring: Vec<RegionId>,
     frame: u64,
 }
 
@@ -610,13 +610,16 @@ impl SvmVictim {
             c.begin_access(id, DeviceId::PRODUCER, 0, size, w)?;
             let crc_w = c.device_cmd(
                 DeviceId::PRODUCER,
-                [testdev::WRITE_PATTERN, id, self.frame, 0, 0, 0],
+                [testdev::WRITE_PATTERN, u64::from(id), self.frame, 0, 0, 0],
             )?[0];
             c.end_access(id, DeviceId::PRODUCER, 0, size, w)?;
             std::thread::sleep(Self::SLACK);
             let b = c.begin_access(id, DeviceId::CONSUMER, 0, size, r)?;
             us.push(b.host_elapsed.as_secs_f64() * 1e6);
-            let crc_r = c.device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, id, 0, 0, 0, 0])?[0];
+            let crc_r = c.device_cmd(
+                DeviceId::CONSUMER,
+                [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
+            )?[0];
             corrupt += usize::from(crc_r != crc_w);
             c.end_access(id, DeviceId::CONSUMER, 0, size, r)?;
             self.frame += 1;

@@ -167,7 +167,7 @@ fn service_channel(
                 conn.begin_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
                 conn.end_access(id, DeviceId::CPU, 0, size, AccessMode::Write)?;
                 bulk.0
-                    .call_region(bulk::call::DRAIN, (id, 0, size), (0, 0))?
+                    .call_region(bulk::call::DRAIN, (id, 0, size), None)?
                     .values
             }
             Payload::Stream => bulk.0.call(bulk::call::DRAIN, &src)?.values,

@@ -120,7 +120,7 @@ fn soak_channel(conn: &Connection, seed: u64, max: u64, end: Instant) -> Result<
                 .call_region(
                     virtsoc_guest::services::bulk::call::SINK,
                     (region, 0, size),
-                    (0, 0),
+                    None,
                 )?
                 .values;
             virtsoc_guest::services::Sink {

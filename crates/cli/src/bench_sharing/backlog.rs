@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use virtsoc_guest::{AccessMode, Connection, DeviceId, Opcode};
+use virtsoc_guest::{AccessMode, Connection, DeviceId, Opcode, RegionId};
 
 use crate::scenario::pipe::{access_args, check_async_errors, check_completion};
 use crate::CliError;
@@ -83,7 +83,7 @@ pub(super) fn access(
     conn: &Connection,
     dev: DeviceId,
     op: Opcode,
-    regions: &[(u64, AccessMode)],
+    regions: &[(RegionId, AccessMode)],
 ) -> Result<(), CliError> {
     for (id, mode) in regions {
         conn.submit_detached(op, dev, access_args(conn, *id, *mode)?)?;
@@ -102,7 +102,7 @@ pub(super) fn answered(conn: &Connection, seq: u64, what: &str) -> Result<(), Cl
 pub(super) fn release(
     conn: &Connection,
     dev: DeviceId,
-    regions: &[(u64, AccessMode)],
+    regions: &[(RegionId, AccessMode)],
 ) -> Result<(), CliError> {
     access(conn, dev, Opcode::EndAccess, regions)?;
     conn.drain()?;

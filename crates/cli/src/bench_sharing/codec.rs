@@ -61,10 +61,10 @@ pub(super) fn guest(
         let bits = units
             .iter()
             .map(|u| Ok(conn.alloc_blob(u.len().max(1) as u64)?.id))
-            .collect::<Result<Vec<u64>, CliError>>()?;
+            .collect::<Result<Vec<RegionId>, CliError>>()?;
         let frames = (0..ROTATION)
             .map(|_| Ok(conn.alloc(0, w, h, Format::Nv12, 0)?.id))
-            .collect::<Result<Vec<u64>, CliError>>()?;
+            .collect::<Result<Vec<RegionId>, CliError>>()?;
         Ok((units, conn, bits, frames))
     };
     let (units, conn, bits, frames) = match setup() {
@@ -81,17 +81,18 @@ pub(super) fn guest(
         let u = (k % units.len() as u64) as usize;
         let decode = api::codec::Decode {
             handle,
-            bitstream: RegionId(bits[u]),
+            bitstream: bits[u],
             len: units[u].len() as u64,
             pts: 0,
         };
         let receive = api::codec::ReceiveFrame {
             handle,
-            frame: RegionId(frames[(k % frames.len() as u64) as usize]),
+            frame: frames[(k % frames.len() as u64) as usize],
         };
         (decode, receive)
     };
-    let mut held: Vec<(u64, AccessMode)> = bits.iter().map(|b| (*b, AccessMode::Read)).collect();
+    let mut held: Vec<(RegionId, AccessMode)> =
+        bits.iter().map(|b| (*b, AccessMode::Read)).collect();
     held.extend(frames.iter().map(|f| (*f, AccessMode::Write)));
     let warmed = (|| -> Result<(HandleId, u64), CliError> {
         let mut p = Pipe::new(&conn, OrderingMode::Atomic);

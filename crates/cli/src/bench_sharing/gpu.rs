@@ -116,9 +116,9 @@ pub(super) fn guest(
             ring.push((
                 src,
                 api::gpu::Composite {
-                    layers: RegionId(layers),
+                    layers,
                     count: 1,
-                    dst: RegionId(dst),
+                    dst,
                 },
             ));
         }
@@ -133,17 +133,13 @@ pub(super) fn guest(
     };
     let dev = api::gpu::Composite::DEVICE;
     // The regions of pair `r`'s composition: its layers and destination, and its source.
-    let regions = |r: usize| -> Vec<(u64, AccessMode)> {
+    let regions = |r: usize| -> Vec<(RegionId, AccessMode)> {
         let (src, cmd) = &ring[r];
-        let mut v: Vec<(u64, AccessMode)> = cmd
-            .regions()
-            .into_iter()
-            .map(|(id, mode)| (u64::from(id), mode))
-            .collect();
+        let mut v = cmd.regions();
         v.push((*src, AccessMode::Read));
         v
     };
-    let all: Vec<(u64, AccessMode)> = (0..rotation).flat_map(regions).collect();
+    let all: Vec<(RegionId, AccessMode)> = (0..rotation).flat_map(regions).collect();
     // Held for the whole run by a backlogged guest, per composition by a closed loop.
     let hold = depth > 1;
     // The `k`th composition (pair `k % rotation`).
@@ -164,10 +160,7 @@ pub(super) fn guest(
         let p = Pipe::new(&conn, crate::bench_svm::OrderingMode::Atomic);
         for (r, (src, cmd)) in ring.iter().enumerate() {
             p.cpu_write(*src, &vec![fill(r); image as usize])?;
-            p.cpu_write(
-                u64::from(cmd.layers),
-                &full_layer(*src, w, h, false).to_bytes(),
-            )?;
+            p.cpu_write(cmd.layers, &full_layer(*src, w, h, false).to_bytes())?;
         }
         // Every pair at least once (three compositions at least), then each destination
         // must hold its own source.
@@ -176,7 +169,7 @@ pub(super) fn guest(
             k += 1;
         }
         for (r, (_, cmd)) in ring.iter().enumerate() {
-            check_fill(&conn, u64::from(cmd.dst), image, fill(r))?;
+            check_fill(&conn, cmd.dst, image, fill(r))?;
         }
         if hold {
             // Taken before the run starts: with 8 pairs a guest holds 24 regions, whose
@@ -200,7 +193,7 @@ pub(super) fn guest(
 /// of the source its compositions drew.
 fn check_fill(
     conn: &virtsoc_guest::Connection,
-    dst: u64,
+    dst: RegionId,
     len: u64,
     want: u8,
 ) -> Result<(), CliError> {

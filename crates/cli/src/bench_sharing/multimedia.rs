@@ -26,7 +26,6 @@ use crate::daemon_proc::DaemonProcess;
 use crate::scenario::full_layer;
 use crate::scenario::pipe::Pipe;
 use crate::CliError;
-use virtsoc_devapi::RegionId;
 
 /// What `n` app guests together under `kind` got: per guest, the frames per second the
 /// display showed of it while it had the screen, and the frames per second it presented.
@@ -189,15 +188,15 @@ fn video(
         }
         let t = p.run_with(
             &api::gpu::Composite {
-                layers: RegionId(layers),
+                layers,
                 count: 1,
-                dst: RegionId(dst),
+                dst,
             },
             &[src],
         )?;
         p.result(t)?;
         let t = p.run(&api::display::Present {
-            frame: RegionId(dst),
+            frame: dst,
             capture_ns: 0,
         })?;
         p.result(t)?;

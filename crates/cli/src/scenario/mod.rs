@@ -269,7 +269,7 @@ pub(crate) fn images(
     n: usize,
     (w, h): (u32, u32),
     format: Format,
-) -> Result<Vec<u64>, CliError> {
+) -> Result<Vec<RegionId>, CliError> {
     (0..n)
         .map(|_| conn.alloc(0, w, h, format, 0).map(|r| r.id))
         .collect::<Result<_, _>>()
@@ -277,9 +277,9 @@ pub(crate) fn images(
 }
 
 /// A layer covering the whole `w` x `h` frame.
-pub(crate) fn full_layer(src: u64, w: u32, h: u32, blend: bool) -> LayerRecord {
+pub(crate) fn full_layer(src: RegionId, w: u32, h: u32, blend: bool) -> LayerRecord {
     LayerRecord {
-        src: RegionId(src),
+        src,
         crop: [0, 0, w, h],
         dst_pos: [0, 0],
         dst_size: [w, h],
@@ -557,7 +557,7 @@ fn camera(
     let rgbs = images(conn, 3, (w, h), Format::Rgba8)?;
     let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
     p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
-    let lists: Vec<(u64, Vec<LayerRecord>)> = (0..3)
+    let lists: Vec<(RegionId, Vec<LayerRecord>)> = (0..3)
         .map(|k| -> Result<_, CliError> {
             let records = vec![
                 screen_layer(rgbs[k], (w, h), screen, false),
@@ -572,15 +572,11 @@ fn camera(
     while c.t0.elapsed().as_secs_f64() < o.seconds {
         let late = pace(c, p.conn, i, period)?;
         let k = (i % 3) as usize;
-        let cap = p.run(&api::camera::Capture {
-            frame: RegionId(cams[k]),
-        })?;
+        let cap = p.run(&api::camera::Capture { frame: cams[k] })?;
         c.frames_in += 1;
         if ar {
             // The tracker: a second reader of the camera frame.
-            p.run(&api::consumer2::Checksum {
-                region: RegionId(cams[k]),
-            })?;
+            p.run(&api::consumer2::Checksum { region: cams[k] })?;
         }
         if late {
             c.late_drops += 1;
@@ -589,8 +585,8 @@ fn camera(
             continue;
         }
         p.run(&api::isp::Convert {
-            src: RegionId(cams[k]),
-            dst: RegionId(rgbs[k]),
+            src: cams[k],
+            dst: rgbs[k],
         })?;
         if ar {
             // Overlays on the preview need the tracked point: this frame's capture result.
@@ -603,9 +599,9 @@ fn camera(
             };
             p.cpu_write(markers, &m.to_bytes())?;
             p.run(&api::gpu::Markers {
-                markers: RegionId(markers),
+                markers,
                 count: 1,
-                dst: RegionId(rgbs[k]),
+                dst: rgbs[k],
             })?;
         }
         // capture_ns 0: the display reads the capture time stamped into the pixels.

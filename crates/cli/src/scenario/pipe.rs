@@ -8,21 +8,27 @@
 
 use std::time::Duration;
 
-use virtsoc_guest::{AccessMode, Completion, Connection, DeviceCommand, DeviceId, Opcode};
+use virtsoc_guest::{
+    AccessMode, Completion, Connection, DeviceCommand, DeviceId, Opcode, RegionId,
+};
 
 use crate::bench_svm::OrderingMode;
 use crate::CliError;
 
 /// The size of region `id` of `conn`'s guest.
-pub fn region_size(conn: &Connection, id: u64) -> Result<u64, CliError> {
+pub fn region_size(conn: &Connection, id: RegionId) -> Result<u64, CliError> {
     conn.region(id)
         .map(|r| r.size)
         .ok_or_else(|| CliError::Usage(format!("region {id} not allocated here")))
 }
 
 /// The arguments of a begin_access or end_access of all of region `id` in `mode`.
-pub fn access_args(conn: &Connection, id: u64, mode: AccessMode) -> Result<[u64; 6], CliError> {
-    Ok([id, 0, region_size(conn, id)?, mode as u64, 0, 0])
+pub fn access_args(
+    conn: &Connection,
+    id: RegionId,
+    mode: AccessMode,
+) -> Result<[u64; 6], CliError> {
+    Ok([u64::from(id), 0, region_size(conn, id)?, mode as u64, 0, 0])
 }
 
 /// An error naming `what` if completion `c` failed.
@@ -89,15 +95,10 @@ impl<'a> Pipe<'a> {
     pub fn run_with<C: DeviceCommand + 'static>(
         &mut self,
         cmd: &C,
-        also_read: &[u64],
+        also_read: &[RegionId],
     ) -> Result<Ticket<C::Reply>, CliError> {
         let dev = C::DEVICE;
-        // The guest library's accesses take the wire's words.
-        let mut regions: Vec<(u64, AccessMode)> = cmd
-            .regions()
-            .into_iter()
-            .map(|(id, mode)| (u64::from(id), mode))
-            .collect();
+        let mut regions = cmd.regions();
         regions.extend(also_read.iter().map(|id| (*id, AccessMode::Read)));
         match self.ordering {
             OrderingMode::Atomic => {
@@ -182,7 +183,7 @@ impl<'a> Pipe<'a> {
     }
 
     /// Writes `bytes` into region `id` from the CPU.
-    pub fn cpu_write(&self, id: u64, bytes: &[u8]) -> Result<(), CliError> {
+    pub fn cpu_write(&self, id: RegionId, bytes: &[u8]) -> Result<(), CliError> {
         let len = bytes.len() as u64;
         let a = self
             .conn

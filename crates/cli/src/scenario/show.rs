@@ -24,13 +24,13 @@ pub enum Composition {
 
 /// A layer showing all of a `w` x `h` source stretched over the `screen`.
 pub(crate) fn screen_layer(
-    src: u64,
+    src: RegionId,
     (w, h): (u32, u32),
     screen: (u32, u32),
     blend: bool,
 ) -> LayerRecord {
     LayerRecord {
-        src: RegionId(src),
+        src,
         crop: [0, 0, w, h],
         dst_pos: [0, 0],
         dst_size: [screen.0, screen.1],
@@ -41,7 +41,7 @@ pub(crate) fn screen_layer(
 }
 
 /// Writes `layers` into a new blob region; returns its id.
-pub(crate) fn layer_blob(p: &Pipe<'_>, layers: &[LayerRecord]) -> Result<u64, CliError> {
+pub(crate) fn layer_blob(p: &Pipe<'_>, layers: &[LayerRecord]) -> Result<RegionId, CliError> {
     let id = p
         .conn
         .alloc_blob((layers.len() * api::LAYER_RECORD) as u64)?
@@ -60,7 +60,7 @@ pub(crate) struct Show {
     /// The display's size.
     pub(crate) screen: (u32, u32),
     /// GPU composition targets (GPU composition only), used in turn.
-    outs: Vec<u64>,
+    outs: Vec<RegionId>,
     next: usize,
     /// Planes the display offers per frame.
     planes: u64,
@@ -99,7 +99,7 @@ impl Show {
         Ok(show)
     }
 
-    fn targets(conn: &Connection, screen: (u32, u32)) -> Result<Vec<u64>, CliError> {
+    fn targets(conn: &Connection, screen: (u32, u32)) -> Result<Vec<RegionId>, CliError> {
         super::images(conn, TARGETS, screen, Format::Rgba8)
     }
 
@@ -115,8 +115,8 @@ impl Show {
     pub(crate) fn show(
         &mut self,
         p: &mut Pipe<'_>,
-        (layers, records): (u64, &[LayerRecord]),
-        (sources, changed): (&[u64], &[u64]),
+        (layers, records): (RegionId, &[LayerRecord]),
+        (sources, changed): (&[RegionId], &[RegionId]),
         capture_ns: u64,
     ) -> Result<(), CliError> {
         let count = records.len() as u64;
@@ -129,7 +129,7 @@ impl Show {
             if self.planes_can_show(records) {
                 p.run_with(
                     &api::display::PresentLayers {
-                        layers: RegionId(layers),
+                        layers,
                         count,
                         capture_ns,
                     },
@@ -152,27 +152,20 @@ impl Show {
             Some([x, y, w, h]) => p
                 .run_with(
                     &api::gpu::CompositeDamage {
-                        layers: RegionId(layers),
+                        layers,
                         count,
-                        dst: RegionId(dst),
+                        dst,
                         damage: api::pack_damage(x as u16, y as u16, w as u16, h as u16),
                     },
                     sources,
                 )
                 .map(drop)?,
             None => p
-                .run_with(
-                    &api::gpu::Composite {
-                        layers: RegionId(layers),
-                        count,
-                        dst: RegionId(dst),
-                    },
-                    sources,
-                )
+                .run_with(&api::gpu::Composite { layers, count, dst }, sources)
                 .map(drop)?,
         };
         p.run(&api::display::Present {
-            frame: RegionId(dst),
+            frame: dst,
             capture_ns,
         })?;
         Ok(())

@@ -73,7 +73,7 @@ const MAX_CATCH_UP: u64 = 8;
 /// (their stamps forgotten: they are never presented).
 fn newest(
     p: &mut Pipe<'_>,
-    (handle, frame): (HandleId, u64),
+    (handle, frame): (HandleId, RegionId),
     mut got: api::codec::ReceiveFrameReply,
     ready: u64,
     stamps: &mut Stamps,
@@ -83,10 +83,7 @@ fn newest(
         if got.got == 0 {
             break;
         }
-        let t = p.run(&api::codec::ReceiveFrame {
-            handle,
-            frame: RegionId(frame),
-        })?;
+        let t = p.run(&api::codec::ReceiveFrame { handle, frame })?;
         let next = p.result(t)?;
         if next.got == 0 {
             break;
@@ -117,11 +114,11 @@ fn load_clip(o: &RunOpts, clip: Clip, (cw, ch): (u32, u32)) -> Result<Vec<Vec<u8
 /// pictures (and, for a 360-degree video, three projections of them), the UI overlay, and
 /// one layer list per picture slot.
 struct Surfaces {
-    bits: Vec<u64>,
-    frames: Vec<u64>,
-    projected: Vec<u64>,
-    ui: u64,
-    lists: Vec<(u64, Vec<LayerRecord>)>,
+    bits: Vec<RegionId>,
+    frames: Vec<RegionId>,
+    projected: Vec<RegionId>,
+    ui: RegionId,
+    lists: Vec<(RegionId, Vec<LayerRecord>)>,
 }
 
 /// Allocates the [`Surfaces`] for pictures of `cw` x `ch` on `screen`, bitstream units of at
@@ -134,12 +131,12 @@ fn surfaces(
     is360: bool,
 ) -> Result<Surfaces, CliError> {
     let conn = p.conn;
-    let bits: Vec<u64> = (0..2)
+    let bits: Vec<RegionId> = (0..2)
         .map(|_| conn.alloc_blob(max_unit).map(|r| r.id))
         .collect::<Result<_, _>>()?;
     let frames = images(conn, 3, (cw, ch), Format::Nv12)?;
     // The projection renders the view at the screen's size.
-    let projected: Vec<u64> = if is360 {
+    let projected: Vec<RegionId> = if is360 {
         images(conn, 3, screen, Format::Rgba8)?
     } else {
         Vec::new()
@@ -147,7 +144,7 @@ fn surfaces(
     let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
     p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
     // One layer list per slot, written once: [video or projection, UI].
-    let lists: Vec<(u64, Vec<LayerRecord>)> = (0..3)
+    let lists: Vec<(RegionId, Vec<LayerRecord>)> = (0..3)
         .map(|k| -> Result<_, CliError> {
             let base = if is360 {
                 screen_layer(projected[k], screen, screen, false)
@@ -212,13 +209,13 @@ pub(super) fn video(
         p.cpu_write(bits[slot], unit)?;
         decodes[slot] = Some(p.run(&api::codec::Decode {
             handle,
-            bitstream: RegionId(bits[slot]),
+            bitstream: bits[slot],
             len: unit.len() as u64,
             pts: i,
         })?);
         let got = p.run(&api::codec::ReceiveFrame {
             handle,
-            frame: RegionId(frames[k]),
+            frame: frames[k],
         })?;
         // The picture must exist before anything presents it: wait for the decoder's answer.
         let got = p.result(got)?;
@@ -242,8 +239,8 @@ pub(super) fn video(
                 if is360 {
                     let yaw = ((i as f64 * 0.02).sin() * 1e6) as i64;
                     p.run(&api::gpu::Project {
-                        src: RegionId(frames[k]),
-                        dst: RegionId(projected[k]),
+                        src: frames[k],
+                        dst: projected[k],
                         yaw: yaw as u64,
                         pitch: 0,
                         fov: 1_200_000,

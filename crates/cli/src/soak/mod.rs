@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use virtsoc_guest::devices::display;
+use virtsoc_guest::RegionId;
 use virtsoc_guest::{
     testdev, AccessMode, ConnectOptions, Connection, DeviceId, Fence, Format, GuestError, Opcode,
 };
@@ -212,7 +213,7 @@ struct Ctx {
     tally: Tally,
     stop: AtomicBool,
     /// Region ids the good guests hold (probed by the hostile ones).
-    others: Mutex<Vec<u64>>,
+    others: Mutex<Vec<RegionId>>,
     raw_bursts: bool,
 }
 

@@ -2,7 +2,6 @@
 //! the checks each makes of the daemon's answers.
 
 use super::*;
-use virtsoc_devapi::RegionId;
 use virtsoc_sync::LockExt;
 
 pub(super) fn open(socket: &str, name: &str, coherence: &str) -> Result<Connection, GuestError> {
@@ -93,7 +92,7 @@ fn soak_err(what: String) -> CliError {
 }
 
 /// Copies bytes out of (or into) region `id` through a CPU access.
-fn cpu_read(c: &Connection, id: u64, len: u64) -> Result<Vec<u8>, CliError> {
+fn cpu_read(c: &Connection, id: RegionId, len: u64) -> Result<Vec<u8>, CliError> {
     let a = c.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Read)?;
     let ptr = a.ptr.ok_or_else(|| soak_err("no CPU pointer".into()))?;
     let mut out = vec![0u8; len as usize];
@@ -103,7 +102,7 @@ fn cpu_read(c: &Connection, id: u64, len: u64) -> Result<Vec<u8>, CliError> {
     Ok(out)
 }
 
-fn cpu_write(c: &Connection, id: u64, bytes: &[u8]) -> Result<(), CliError> {
+fn cpu_write(c: &Connection, id: RegionId, bytes: &[u8]) -> Result<(), CliError> {
     let len = bytes.len() as u64;
     let a = c.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
     let ptr = a.ptr.ok_or_else(|| soak_err("no CPU pointer".into()))?;
@@ -117,7 +116,7 @@ fn cpu_write(c: &Connection, id: u64, bytes: &[u8]) -> Result<(), CliError> {
 fn on_device(
     c: &Connection,
     device: DeviceId,
-    id: u64,
+    id: RegionId,
     mode: AccessMode,
     args: [u64; 6],
 ) -> Result<[u64; 6], CliError> {
@@ -153,14 +152,14 @@ pub(super) fn good_round(ctx: &Ctx, c: &Connection, seed: u64) -> Result<(), Cli
         DeviceId::PRODUCER,
         r.id,
         AccessMode::Write,
-        [testdev::WRITE_PATTERN, r.id, seed, 0, 0, 0],
+        [testdev::WRITE_PATTERN, u64::from(r.id), seed, 0, 0, 0],
     )?[0];
     let seen = on_device(
         c,
         DeviceId::CONSUMER,
         r.id,
         AccessMode::Read,
-        [testdev::CHECKSUM, r.id, 0, 0, 0, 0],
+        [testdev::CHECKSUM, u64::from(r.id), 0, 0, 0, 0],
     )?[0];
     let cpu = crc32fast::hash(&cpu_read(c, r.id, REGION)?) as u64;
     if made != seen || made != cpu {
@@ -178,7 +177,7 @@ pub(super) fn good_round(ctx: &Ctx, c: &Connection, seed: u64) -> Result<(), Cli
         DeviceId::CONSUMER2,
         r.id,
         AccessMode::Read,
-        [testdev::CHECKSUM, r.id, 0, 0, 0, 0],
+        [testdev::CHECKSUM, u64::from(r.id), 0, 0, 0, 0],
     )?[0];
     let back = cpu_read(c, r.id, REGION)?;
     if seen != want || back != bytes {
@@ -213,7 +212,7 @@ fn present(ctx: &Ctx, c: &Connection, seed: u64) -> Result<(), CliError> {
     let want = crc32fast::hash(&shown) as u64;
     let id = c
         .command_with_access(&display::Present {
-            frame: RegionId(f.id),
+            frame: f.id,
             capture_ns: 0,
         })?
         .frame_id;
@@ -257,13 +256,13 @@ fn refused<T>(t: &Tally, what: &str, r: Result<T, GuestError>) -> Result<(), Cli
 fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
     let t = &ctx.tally;
     let c = open(&ctx.socket, name, PROTOCOLS[n as usize % PROTOCOLS.len()])?;
-    let own = c.alloc_blob(4096)?;
+    let own = u64::from(c.alloc_blob(4096)?.id);
     // Out of range, through the raw call (the library would refuse it itself).
     for (off, len) in [(4096, 1), (0, 4097), (u64::MAX, 2), (4000, u64::MAX)] {
         let r = c.call(
             Opcode::BeginAccess,
             DeviceId::CPU,
-            [own.id, off, len, AccessMode::Read as u64, 0, 0],
+            [own, off, len, AccessMode::Read as u64, 0, 0],
         );
         refused(t, &format!("access {off}+{len} of a 4096-byte region"), r)?;
     }
@@ -271,19 +270,19 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
     let _ = c.call(
         Opcode::EndAccess,
         DeviceId::CONSUMER,
-        [own.id, 0, 4096, AccessMode::Read as u64, 0, 0],
+        [own, 0, 4096, AccessMode::Read as u64, 0, 0],
     );
-    let _ = c.device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, own.id, 0, 0, 0, 0]);
+    let _ = c.device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, own, 0, 0, 0, 0]);
     // Other guests' region ids (ids are per guest: none of these are this guest's).
     let theirs: Vec<u64> = ctx
         .others
         .lock_or_recover()
         .iter()
-        .copied()
-        .filter(|&id| id > own.id)
+        .map(|&id| u64::from(id))
+        .filter(|&id| id > own)
         .take(4)
         .collect();
-    for id in theirs.into_iter().chain([own.id + 1000, u64::MAX]) {
+    for id in theirs.into_iter().chain([own + 1000, u64::MAX]) {
         refused(
             t,
             &format!("access to region {id}"),
@@ -340,7 +339,7 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
                 _ => DeviceId::CPU.0,
             },
             args: [
-                if i % 2 == 0 { own.id } else { next() },
+                if i % 2 == 0 { own } else { next() },
                 next() % 8192,
                 next() % 8192,
                 next() % 5,

@@ -8,7 +8,7 @@
 use std::ffi::c_char;
 
 use virtsoc_devapi::{CommandInfo, DeviceInfo};
-use virtsoc_guest::{Connection, GuestError};
+use virtsoc_guest::{Connection, GuestError, RegionId};
 use virtsoc_proto::{AccessMode, Opcode};
 
 use super::api::{display, guard, name_of, put, EglBool, Handle};
@@ -28,7 +28,7 @@ struct Resolved {
     info: &'static DeviceInfo,
     cmd: &'static CommandInfo,
     words: [u64; 6],
-    regions: Vec<(u64, AccessMode, u64)>,
+    regions: Vec<(RegionId, AccessMode, u64)>,
 }
 
 fn resolve(
@@ -57,9 +57,8 @@ fn resolve(
     }
     let mut regions = Vec::new();
     for (id, mode) in c.regions(&words) {
-        let w = u64::from(id);
-        let size = conn.region(w).ok_or(EGL_BAD_PARAMETER)?.size;
-        regions.push((w, mode, size));
+        let size = conn.region(id).ok_or(EGL_BAD_PARAMETER)?.size;
+        regions.push((id, mode, size));
     }
     Ok(Resolved {
         info,
@@ -147,7 +146,8 @@ pub extern "C" fn eglQueueDeviceCommandVIRTSOC(
     with_connection(dpy, EGL_FALSE, |conn| {
         let r = resolve(conn, device, command, args)?;
         let dev = r.info.id;
-        let access = |op, (id, mode, size): (u64, AccessMode, u64)| {
+        let access = |op, (id, mode, size): (RegionId, AccessMode, u64)| {
+            let id = u64::from(id);
             conn.submit_detached(op, dev, [id, 0, size, mode as u64, 0, 0])
         };
         let queued = (|| {

@@ -73,7 +73,7 @@ pub const EGL_VIRTSOC_FORMAT_BLOB: i32 = 0x7A13;
 /// One guest image.
 #[derive(Clone, Copy)]
 struct Image {
-    region: u64,
+    region: RegionId,
     format: u32,
     size: (u32, u32),
     stride: u32,
@@ -188,7 +188,7 @@ fn import(
     }
     let cmd = gapi::Import {
         image: u64::from(id) | u64::from(force) << 63,
-        region: RegionId(img.region),
+        region: img.region,
         size: u64::from(img.size.0) | u64::from(img.size.1) << 32,
         layout: u64::from(img.stride) | u64::from(img.format) << 32,
         planes: u64::from(img.off[0]) | u64::from(img.off[1]) << 32,
@@ -216,7 +216,7 @@ fn import_queued(stream: &Mutex<Stream>, tr: &Transport, id: u32, img: &Image) -
     let size = conn.region(img.region).ok_or(EGL_BAD_PARAMETER)?.size;
     let cmd = gapi::Import {
         image: u64::from(id),
-        region: RegionId(img.region),
+        region: img.region,
         size: u64::from(img.size.0) | u64::from(img.size.1) << 32,
         layout: u64::from(img.stride) | u64::from(img.format) << 32,
         planes: u64::from(img.off[0]) | u64::from(img.off[1]) << 32,
@@ -225,7 +225,14 @@ fn import_queued(stream: &Mutex<Stream>, tr: &Transport, id: u32, img: &Image) -
         conn.submit_detached(
             op,
             gapi::ID,
-            [img.region, 0, size, AccessMode::Read as u64, 0, 0],
+            [
+                u64::from(img.region),
+                0,
+                size,
+                AccessMode::Read as u64,
+                0,
+                0,
+            ],
         )
     };
     // The begin is waited for later (its completion says how long the access took on the
@@ -233,7 +240,14 @@ fn import_queued(stream: &Mutex<Stream>, tr: &Transport, id: u32, img: &Image) -
     let begin = conn.submit(
         Opcode::BeginAccess,
         gapi::ID,
-        [img.region, 0, size, AccessMode::Read as u64, 0, 0],
+        [
+            u64::from(img.region),
+            0,
+            size,
+            AccessMode::Read as u64,
+            0,
+            0,
+        ],
     );
     let queued = begin
         .and_then(|seq| {
@@ -348,7 +362,7 @@ fn create_image(dpy: Handle, ctx: Handle, target: u32, attrs: Vec<(i32, i32)>) -
                 _ => return Err(EGL_BAD_PARAMETER),
             }
         }
-        let region = u64::from(lo.ok_or(EGL_BAD_PARAMETER)?) | u64::from(hi) << 32;
+        let region = RegionId(u64::from(lo.ok_or(EGL_BAD_PARAMETER)?) | u64::from(hi) << 32);
         let info = tr.connection().region(region).ok_or(EGL_BAD_PARAMETER)?;
         let own = match info.format {
             Format::Rgba8 => Some(wire::IMAGE_RGBA8),
@@ -491,7 +505,7 @@ pub extern "C" fn eglCreateRegionVIRTSOC(
             log::warn!("virtsoc EGL: region: {e}");
             EGL_BAD_ALLOC
         })?;
-        put(region, info.id);
+        put(region, u64::from(info.id));
         Ok(EGL_TRUE)
     })
 }
@@ -507,6 +521,7 @@ pub extern "C" fn eglMapRegionVIRTSOC(
     guard(std::ptr::null_mut(), || {
         let (_, tr) = channel(dpy)?;
         let conn = tr.connection();
+        let region = RegionId(region);
         let info = conn.region(region).ok_or(EGL_BAD_PARAMETER)?;
         let a = conn
             .begin_access(region, DeviceId::CPU, 0, info.size, AccessMode::ReadWrite)
@@ -527,6 +542,7 @@ pub extern "C" fn eglUnmapRegionVIRTSOC(dpy: Handle, region: u64) -> EglBool {
     guard(EGL_FALSE, || {
         let (_, tr) = channel(dpy)?;
         let conn = tr.connection();
+        let region = RegionId(region);
         let info = conn.region(region).ok_or(EGL_BAD_PARAMETER)?;
         conn.end_access(region, DeviceId::CPU, 0, info.size, AccessMode::ReadWrite)
             .map_err(|e| {
@@ -542,7 +558,7 @@ pub extern "C" fn eglDestroyRegionVIRTSOC(dpy: Handle, region: u64) -> EglBool {
     super::set_last_vendor();
     guard(EGL_FALSE, || {
         let (_, tr) = channel(dpy)?;
-        tr.connection().free(region).map_err(|e| {
+        tr.connection().free(RegionId(region)).map_err(|e| {
             log::warn!("virtsoc EGL: free region: {e}");
             EGL_BAD_PARAMETER
         })?;
@@ -590,7 +606,7 @@ mod tests {
     #[test]
     fn layouts_are_measured() {
         let img = |format, w, h, stride, off| Image {
-            region: 1,
+            region: RegionId(1),
             format,
             size: (w, h),
             stride,

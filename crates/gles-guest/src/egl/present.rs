@@ -26,7 +26,6 @@ use super::api::{display, guard, name_of, put, EglBool, EglInt, Handle};
 use super::consts::*;
 use super::state::{from_handle, table};
 use crate::rt;
-use virtsoc_devapi::RegionId;
 use virtsoc_sync::LockExt;
 
 /// Frame regions of one surface taking turns.
@@ -121,11 +120,12 @@ fn queue_present(
         conn.fence_wait(GLES, done)?;
         conn.fence_release(done)?;
     }
-    let write = [frame.id, 0, frame.size, AccessMode::Write as u64, 0, 0];
-    let read = [frame.id, 0, frame.size, AccessMode::Read as u64, 0, 0];
+    let word = u64::from(frame.id);
+    let write = [word, 0, frame.size, AccessMode::Write as u64, 0, 0];
+    let read = [word, 0, frame.size, AccessMode::Read as u64, 0, 0];
     let rb = virtsoc_devapi::gles::Readback {
         surface: u64::from(surf),
-        frame: RegionId(frame.id),
+        frame: frame.id,
     };
     conn.submit_detached(Opcode::BeginAccess, GLES, write)?;
     conn.submit_detached(Opcode::DeviceCmd, GLES, rb.encode())?;
@@ -135,7 +135,7 @@ fn queue_present(
     conn.fence_wait(DISPLAY, acquire)?;
     conn.fence_release(acquire)?;
     let present = virtsoc_devapi::display::Present {
-        frame: RegionId(frame.id),
+        frame: frame.id,
         capture_ns,
     };
     conn.submit_detached(Opcode::BeginAccess, DISPLAY, read)?;

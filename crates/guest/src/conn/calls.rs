@@ -1,5 +1,8 @@
 //! The guest's calls on a connection: regions (alloc, free, metadata), accesses, device
 //! commands (typed and raw), counters and the copy ledger, and fences.
+//!
+//! Regions are [`RegionId`]s in this API; the core requests' words are built here (the
+//! `ops` structs take the wire's `u64`), so this is where a region id becomes its word.
 
 use super::*;
 use virtsoc_proto::counters::LEDGER_PAGE;
@@ -45,7 +48,7 @@ impl Connection {
             },
         )?;
         let info = RegionInfo {
-            id: r.id,
+            id: RegionId(r.id),
             size: r.size,
             stride: r.stride as u32,
             width,
@@ -62,13 +65,13 @@ impl Connection {
     }
 
     /// Cached metadata of one of this guest's regions.
-    pub fn region(&self, id: u64) -> Option<RegionInfo> {
+    pub fn region(&self, id: RegionId) -> Option<RegionInfo> {
         self.regions.lock().get(&id).copied()
     }
 
     /// Frees a region.
-    pub fn free(&self, id: u64) -> Result<()> {
-        self.core(DeviceId::CPU, ops::Free { id })?;
+    pub fn free(&self, id: RegionId) -> Result<()> {
+        self.core(DeviceId::CPU, ops::Free { id: u64::from(id) })?;
         self.regions.lock().remove(&id);
         Ok(())
     }
@@ -77,7 +80,7 @@ impl Connection {
     /// the result carries a pointer valid until [`end_access`](Self::end_access).
     pub fn begin_access(
         &self,
-        id: u64,
+        id: RegionId,
         device: DeviceId,
         offset: u64,
         len: u64,
@@ -94,7 +97,7 @@ impl Connection {
         let r = self.core(
             device,
             ops::BeginAccess {
-                id,
+                id: u64::from(id),
                 offset,
                 len,
                 mode,
@@ -130,7 +133,7 @@ impl Connection {
     /// (one vectored write of the frame), without copying them into its own copy of the
     /// window first: that copy of the range is left as it was, and the next CPU access that
     /// needs the range's bytes (a read, a partial write) brings the host's.
-    pub fn write(&self, id: u64, offset: u64, bytes: &[u8]) -> Result<()> {
+    pub fn write(&self, id: RegionId, offset: u64, bytes: &[u8]) -> Result<()> {
         let len = bytes.len() as u64;
         let a = self.begin_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
         if !self.link().shares_window() {
@@ -152,7 +155,7 @@ impl Connection {
     /// before returning, so the next reader never waits for the copy.
     pub fn end_access(
         &self,
-        id: u64,
+        id: RegionId,
         device: DeviceId,
         offset: u64,
         len: u64,
@@ -187,7 +190,7 @@ impl Connection {
     /// Ends an access, the bytes of a remote CPU write being `payload`.
     fn end_access_with(
         &self,
-        id: u64,
+        id: RegionId,
         device: DeviceId,
         (offset, len): (u64, u64),
         mode: AccessMode,
@@ -195,7 +198,7 @@ impl Connection {
     ) -> Result<Access> {
         // This call waits for the completion and blocks for the compensation it carries.
         let end = ops::EndAccess {
-            id,
+            id: u64::from(id),
             offset,
             len,
             mode,
@@ -227,12 +230,7 @@ impl Connection {
     /// begin_access/end_access on the command's device (whole regions, in the declared
     /// modes). All requests are queued at once; the first failure is returned.
     pub fn command_with_access<C: DeviceCommand>(&self, cmd: &C) -> Result<C::Reply> {
-        // The guest's region table and the access requests take the wire's words.
-        let regions: Vec<(u64, AccessMode)> = cmd
-            .regions()
-            .into_iter()
-            .map(|(id, mode)| (u64::from(id), mode))
-            .collect();
+        let regions = cmd.regions();
         let mut sizes = Vec::with_capacity(regions.len());
         for (id, _) in &regions {
             let info = self.region(*id).ok_or(GuestError::Status {
@@ -245,7 +243,7 @@ impl Connection {
         let mut seqs = Vec::new();
         for ((id, mode), size) in regions.iter().zip(&sizes) {
             let begin = ops::BeginAccess {
-                id: *id,
+                id: u64::from(*id),
                 offset: 0,
                 len: *size,
                 mode: *mode,
@@ -258,7 +256,7 @@ impl Connection {
         seqs.push((Opcode::DeviceCmd, cmd_seq));
         for ((id, mode), size) in regions.iter().zip(&sizes) {
             let end = ops::EndAccess {
-                id: *id,
+                id: u64::from(*id),
                 offset: 0,
                 len: *size,
                 mode: *mode,

@@ -2,7 +2,7 @@
 //! [`ServiceChannel`].
 
 use super::{bulk, clipboard, geo, sensors, ServiceChannel};
-use crate::{Connection, GuestError, Result};
+use crate::{Connection, GuestError, RegionId, Result};
 
 /// A location fix.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -184,10 +184,10 @@ impl<'c> Bulk<'c> {
     }
 
     /// The service reads `len` bytes of region `region` in place; its CRC-32 and length.
-    pub fn sink_region(&mut self, region: u64, len: u64) -> Result<(u32, u64)> {
+    pub fn sink_region(&mut self, region: RegionId, len: u64) -> Result<(u32, u64)> {
         let v = self
             .0
-            .call_region(bulk::call::SINK, (region, 0, len), (0, 0))?
+            .call_region(bulk::call::SINK, (region, 0, len), None)?
             .values;
         Ok((v[0] as u32, v[1]))
     }

@@ -35,7 +35,7 @@ pub use clients::{Bulk, Clipboard, Geo, GeoFix, SensorValue, Sensors, Sink};
 pub use virtsoc_services::builtin::{bulk, clipboard, geo, sensors};
 pub use virtsoc_services::{chan, packet, payload};
 
-use crate::{Connection, GuestError, Result};
+use crate::{Connection, GuestError, RegionId, Result};
 
 /// Ring entries (and 64 KiB slots) of a channel opened by [`ServiceChannel::open`].
 pub const DEFAULT_ENTRIES: u32 = 8;
@@ -83,7 +83,7 @@ struct Response {
 pub struct ServiceChannel<'c> {
     conn: &'c Connection,
     id: u64,
-    region: u64,
+    region: RegionId,
     base: u64,
     service: String,
     end: GuestEnd,
@@ -126,7 +126,7 @@ impl<'c> ServiceChannel<'c> {
             let r = conn.command(&api::Open {
                 name0: name[0],
                 name1: name[1],
-                ring: region,
+                ring: u64::from(region),
             })?;
             Ok(ServiceChannel {
                 conn,
@@ -320,26 +320,28 @@ impl<'c> ServiceChannel<'c> {
     }
 
     /// Calls `call` on `in_len` bytes at `in_off` of region `input`, read in place by the
-    /// service, writing its output in place at `out_off` of region `output` (0: into the
-    /// slot, returned in [`CallReply::output`]). The service brackets the ranges with an
+    /// service, writing its output in place at `out_off` of region `output` (`None`: into
+    /// the slot, returned in [`CallReply::output`]). The service brackets the ranges with an
     /// access of its own: whatever wrote the regions last (the CPU, a device), it reads
     /// their current bytes, and its write is seen by the next reader.
     pub fn call_region(
         &mut self,
         call: u32,
-        input: (u64, u64, u64),
-        output: (u64, u64),
+        input: (RegionId, u64, u64),
+        output: Option<(RegionId, u64)>,
     ) -> Result<CallReply> {
+        // The entry's words: region 0 says "into the slot".
+        let (out, out_off) = output.map_or((0, 0), |(r, off)| (u64::from(r), off));
         self.round_trip(
             Entry {
                 code: kind::CALL_REGION,
                 call,
                 slot: 0,
-                args: [input.0, input.1, input.2, output.0, output.1],
+                args: [u64::from(input.0), input.1, input.2, out, out_off],
                 ..Entry::default()
             },
             &[],
-            output.0 == 0,
+            out == 0,
         )
     }
 
@@ -522,7 +524,7 @@ impl<'c> ServiceChannel<'c> {
 
 /// Begins the CPU access of the channel's region `region` (for the channel's life) and lays
 /// a fresh channel out at its start; the window offset and the guest's end.
-fn lay_out(conn: &Connection, region: u64, layout: ChannelLayout) -> Result<(u64, GuestEnd)> {
+fn lay_out(conn: &Connection, region: RegionId, layout: ChannelLayout) -> Result<(u64, GuestEnd)> {
     let size = layout.size();
     let a = conn.begin_access(region, DeviceId::CPU, 0, size, AccessMode::ReadWrite)?;
     let win = conn.window();

@@ -90,7 +90,7 @@ impl ServiceChannel<'_> {
         self.moves += 1;
         let r = self.conn.command(&api::Resume {
             channel: self.id,
-            ring: self.region,
+            ring: u64::from(self.region),
         })?;
         // 3. The answers kept for it: those it waits for.
         for _ in 0..r.answers {

@@ -196,7 +196,7 @@ fn set_up(p: &mut Pipe<'_>, show: &Show, o: &RunOpts) -> Result<(Broadcaster, Pl
     let images = |n: usize, format: Format| super::images(conn, n, (w, h), format);
     // A packet never exceeds a raw frame (the codec device's rule); room for SPS/PPS and AUDs.
     let packet_max = w as u64 * h as u64 * 3 / 2 + 4096;
-    let blobs = |n: usize| -> Result<Vec<u64>, CliError> {
+    let blobs = |n: usize| -> Result<Vec<RegionId>, CliError> {
         (0..n)
             .map(|_| conn.alloc_blob(packet_max).map(|r| r.id))
             .collect::<Result<_, _>>()
@@ -210,7 +210,7 @@ fn set_up(p: &mut Pipe<'_>, show: &Show, o: &RunOpts) -> Result<(Broadcaster, Pl
     let ui = conn.alloc(0, screen.0, screen.1, Format::Rgba8, 0)?.id;
     p.cpu_write(ui, &ui_pixels(screen.0, screen.1))?;
     // One layer list per decoded-picture slot, written once: [picture, UI].
-    let lists: Vec<(u64, Vec<LayerRecord>)> = frames
+    let lists: Vec<(RegionId, Vec<LayerRecord>)> = frames
         .iter()
         .map(|&f| -> Result<_, CliError> {
             let records = vec![
@@ -314,8 +314,8 @@ fn warm_up(
 struct Broadcaster {
     encoder: HandleId,
     /// Camera frames and encoded packets, in turn.
-    cams: Vec<u64>,
-    packets: Vec<u64>,
+    cams: Vec<RegionId>,
+    packets: Vec<RegionId>,
     fence_mode: bool,
     /// The next frame's number (its presentation time stamp).
     next: u64,
@@ -328,18 +328,16 @@ impl Broadcaster {
         let i = self.next;
         self.next += 1;
         let cam = self.cams[(i % self.cams.len() as u64) as usize];
-        p.run(&api::camera::Capture {
-            frame: RegionId(cam),
-        })?;
+        p.run(&api::camera::Capture { frame: cam })?;
         if !send {
             return Ok(false);
         }
         let out = self.packets[(i % self.packets.len() as u64) as usize];
         let t = p.run(&api::codec::Encode {
             handle: self.encoder,
-            frame: RegionId(cam),
+            frame: cam,
             pts: i,
-            out: RegionId(out),
+            out,
         })?;
         if self.fence_mode {
             // The packet goes to the network: the encoder's write must have ended.
@@ -387,11 +385,11 @@ fn p50(v: &[f64]) -> f64 {
 struct Player {
     decoder: HandleId,
     /// Bitstream blobs the units are written into, in turn.
-    bits: Vec<u64>,
+    bits: Vec<RegionId>,
     /// Decoded-picture regions, in turn, and their layer lists ([picture, UI]).
-    frames: Vec<u64>,
-    lists: Vec<(u64, Vec<LayerRecord>)>,
-    ui: u64,
+    frames: Vec<RegionId>,
+    lists: Vec<(RegionId, Vec<LayerRecord>)>,
+    ui: RegionId,
     unit_max: u64,
     /// The decode still reading each bitstream blob (fence mode keeps them in flight).
     decodes: Vec<Option<Ticket<api::codec::DecodeReply>>>,
@@ -438,7 +436,7 @@ impl Player {
             p.cpu_write(self.bits[s], &unit)?;
             self.decodes[s] = Some(p.run(&api::codec::Decode {
                 handle: self.decoder,
-                bitstream: RegionId(self.bits[s]),
+                bitstream: self.bits[s],
                 len: unit.len() as u64,
                 pts: 0,
             })?);
@@ -446,7 +444,7 @@ impl Player {
             self.next_frame = (f + 1) % self.frames.len();
             self.receives.push_back(p.run(&api::codec::ReceiveFrame {
                 handle: self.decoder,
-                frame: RegionId(self.frames[f]),
+                frame: self.frames[f],
             })?);
             if newest.replace(f).is_some() {
                 c.late_drops += 1; // a newer picture came with it
@@ -518,7 +516,7 @@ fn wait_for_device(conn: &Connection, device: DeviceId) -> Result<(), CliError> 
 
 /// Reads the `len` packet bytes at the start of blob `id` through a CPU access, followed by an
 /// [`AU_END`]; also returns the host's begin_access time.
-fn read_packet(conn: &Connection, id: u64, len: u64) -> Result<(Vec<u8>, Duration), CliError> {
+fn read_packet(conn: &Connection, id: RegionId, len: u64) -> Result<(Vec<u8>, Duration), CliError> {
     let a = conn.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Read)?;
     let ptr = a
         .ptr
