@@ -349,7 +349,7 @@ mod window {
         c.end_access(r.id, DeviceId::CPU, 0, r.size, AccessMode::Write)
             .unwrap();
         c.command_with_access(&Present {
-            frame: virtsoc_devapi::RegionId(r.id),
+            frame: r.id,
             capture_ns: 0,
         })
         .expect("present");
