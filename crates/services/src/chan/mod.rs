@@ -28,9 +28,9 @@ use crate::payload::WindowBytes;
 use crate::{Result, ServiceError};
 
 pub mod bells;
-mod layout;
+mod channel_layout;
 pub use bells::{BellWords, Bells};
-pub use layout::ChannelLayout;
+pub use channel_layout::ChannelLayout;
 
 /// The control block's first word ("VCHN").
 pub const MAGIC: u32 = 0x4e48_4356;
