@@ -313,13 +313,7 @@ impl Gles {
                         mapped = Some(m);
                         (Vec::new(), Kind::Readback { frame: r.frame })
                     }
-                    Ok(None) => {
-                        let mut b = Vec::with_capacity(12);
-                        b.extend_from_slice(&READBACK.to_le_bytes());
-                        b.extend_from_slice(&4u32.to_le_bytes());
-                        b.extend_from_slice(&surf.to_le_bytes());
-                        (b, Kind::Readback { frame: r.frame })
-                    }
+                    Ok(None) => (readback_packet(surf), Kind::Readback { frame: r.frame }),
                     Err(st) => return reply.send_because(Err(st), cx.take_reason()),
                 }
             }
@@ -558,6 +552,16 @@ impl Device for Gles {
             }
         }
     }
+}
+
+/// The packet that asks the render worker to read surface `surf` back (into the frame region
+/// the job names).
+fn readback_packet(surf: u32) -> Vec<u8> {
+    let mut b = Vec::with_capacity(12);
+    b.extend_from_slice(&READBACK.to_le_bytes());
+    b.extend_from_slice(&4u32.to_le_bytes());
+    b.extend_from_slice(&surf.to_le_bytes());
+    b
 }
 
 #[cfg(test)]
