@@ -144,6 +144,10 @@ pub(crate) enum BenchCmd {
         /// Frames per measurement.
         #[arg(long, default_value_t = 90)]
         frames: usize,
+        /// Rounds of each decode measurement, through the daemon and natively in turn: the
+        /// ratio is the median of the rounds' ratios, each round's printed.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
         #[arg(long)]
         json: bool,
     },

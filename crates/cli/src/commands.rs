@@ -44,8 +44,9 @@ pub(crate) fn bench(which: BenchCmd) -> Result<(), CliError> {
             socket,
             resolution,
             frames,
+            rounds,
             json,
-        } => bench_devices_cmd(socket, &resolution, frames, json),
+        } => bench_devices_cmd(socket, &resolution, (frames, rounds), json),
         BenchCmd::Migrate { json } => {
             print_either(&bench_migrate::run()?, json, bench_migrate::print)
         }
@@ -80,7 +81,7 @@ pub(crate) fn bench(which: BenchCmd) -> Result<(), CliError> {
 fn bench_devices_cmd(
     socket: Option<String>,
     resolution: &[String],
-    frames: usize,
+    (frames, rounds): (usize, usize),
     json: bool,
 ) -> Result<(), CliError> {
     let sizes = resolution
@@ -90,7 +91,7 @@ fn bench_devices_cmd(
     // A daemon started for the bench starts no spare decoder workers: a spare's start
     // (a process's exec and linking) would run beside the decoding it measures.
     let rs = with_daemon_spawned(socket, &["--decoder-spares", "0"], false, |e| {
-        bench_devices::run(&e.target, e.pid, &sizes, frames)
+        bench_devices::run(&e.target, e.pid, &sizes, frames, rounds)
     })?;
     print_either(&rs, json, bench_devices::print_table)
 }

@@ -13,6 +13,32 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     s[rank.clamp(1, s.len()) - 1]
 }
 
+/// The median of `v` (the mean of the middle two for an even count), NaNs skipped; NaN when
+/// nothing is left.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// [`median`], 0 for no samples.
+pub fn median_or_zero(v: &[f64]) -> f64 {
+    let m = median(v);
+    if m.is_nan() {
+        0.0
+    } else {
+        m
+    }
+}
+
 /// Mean of `v`; 0 for no samples.
 pub fn mean(v: &[f64]) -> f64 {
     if v.is_empty() {
@@ -103,6 +129,16 @@ mod tests {
         assert_eq!(percentile(&v, 100.0), 100.0);
         assert_eq!(percentile(&[], 50.0), 0.0);
         assert_eq!(mean(&[1.0, 2.0, 3.0]), 2.0);
+    }
+
+    #[test]
+    fn medians_of_odd_even_empty_and_nan() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[f64::NAN, 5.0]), 5.0);
+        assert!(median(&[]).is_nan());
+        assert_eq!(median_or_zero(&[]), 0.0);
+        assert_eq!(median_or_zero(&[4.0, 1.0, 3.0, 2.0]), 2.5);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use virtsoc_control::client::{control_path, request, Target};
 use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
 use crate::scenario::{self, show::Composition, RunOpts, ScenarioResult};
+use crate::stats::median_or_zero;
 use crate::CliError;
 
 /// Options of `virtsoc watch`.
@@ -354,7 +355,7 @@ fn thread_costs(without: &[Window], with: &[Window]) -> Vec<ThreadCost> {
             .iter()
             .map(|w| w.threads.get(name).copied().unwrap_or(0.0))
             .collect();
-        median(&v)
+        median_or_zero(&v)
     };
     let mut out: Vec<ThreadCost> = names
         .into_iter()
@@ -372,16 +373,6 @@ fn thread_costs(without: &[Window], with: &[Window]) -> Vec<ThreadCost> {
     out
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
 fn view_cost(
     args: &WatchArgs,
     (seconds, ran): (f64, f64),
@@ -392,8 +383,8 @@ fn view_cost(
     let threads = thread_costs(&without, &with);
     let without: Vec<f64> = without.iter().map(|w| w.total).collect();
     let with: Vec<f64> = with.iter().map(|w| w.total).collect();
-    let cpu0 = median(&without);
-    let cpu1 = median(&with);
+    let cpu0 = median_or_zero(&without);
+    let cpu1 = median_or_zero(&with);
     let num = |k: &str| report[k].as_f64().unwrap_or(0.0);
     ViewCost {
         scenario: args.scenario.clone(),

@@ -108,6 +108,7 @@ pub fn run(
     daemon: Option<u32>,
     sizes: &[(u32, u32)],
     frames: usize,
+    rounds: usize,
 ) -> Result<DeviceBench, CliError> {
     let gpu = match WgpuBackend::new() {
         Ok(g) => Some(g),
@@ -118,7 +119,7 @@ pub fn run(
     };
     let mut out = Vec::with_capacity(sizes.len());
     for &(w, h) in sizes {
-        let mut n = one(target, daemon, w, h, frames)?;
+        let mut n = one(target, daemon, (w, h), frames, rounds)?;
         local_gpu(gpu.as_ref(), &mut n);
         out.push(n);
     }
@@ -128,12 +129,14 @@ pub fn run(
     })
 }
 
+/// One size's numbers: each clip decoded in `rounds` rounds (through the daemon, then
+/// natively), then the ISP and the GPU.
 fn one(
     target: &str,
     daemon: Option<u32>,
-    w: u32,
-    h: u32,
+    (w, h): (u32, u32),
     frames: usize,
+    rounds: usize,
 ) -> Result<DeviceNumbers, CliError> {
     let conn = Connection::open(
         target,
@@ -148,7 +151,7 @@ fn one(
     for clip in CLIPS {
         let units = media::load_units(&clip_path(clip, w, h)?)?;
         let units = &units[..frames.min(units.len()).max(1)];
-        decode.push(decode_clip(target, daemon, clip, units, (w, h), ROUNDS)?);
+        decode.push(decode_clip(target, daemon, clip, units, (w, h), rounds)?);
     }
     let mut p = Pipe::new(&conn, OrderingMode::Atomic);
     // A frame of mid-grey video (what is in it does not change the ISP's or the GPU's cost).
@@ -203,9 +206,6 @@ fn one(
 
 /// The clips decoding is measured on: cheap, then realistic.
 const CLIPS: [&str; 2] = ["flat", "real"];
-/// Rounds of each decode measurement, through the daemon and natively in turn (the median
-/// of each is reported: on a busy machine one round can meet another process's burst).
-const ROUNDS: usize = 3;
 /// Seconds of each generated clip (30 fps).
 const CLIP_SECONDS: u32 = 4;
 
@@ -321,6 +321,25 @@ pub fn print_table(b: &DeviceBench) {
                 s.frame_copies,
                 d.open_ms
             );
+        }
+    }
+    println!(
+        "per round: ratio (fps through the daemon / libavcodec's pass right after it); the \
+         ratio above is their median"
+    );
+    for r in &b.sizes {
+        for d in &r.decode {
+            let rounds: Vec<String> = d
+                .rounds
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{:.2} ({:.0}/{:.0})",
+                        x.ratio, x.decode_fps, x.native_decode_fps
+                    )
+                })
+                .collect();
+            println!("{:<10} {:<5} {}", r.resolution, d.clip, rounds.join(" "));
         }
     }
 }

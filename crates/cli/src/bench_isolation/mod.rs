@@ -62,6 +62,7 @@ use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
 use crate::scenario::{self, show::Composition, RunOpts};
 use crate::soak::Background;
+use crate::stats::median_or_zero;
 use crate::CliError;
 
 mod hostile;
@@ -263,16 +264,6 @@ impl Plan {
     }
 }
 
-/// The median of `v` (0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn rows(
     target: &str,
     pid: Option<u32>,
@@ -326,7 +317,7 @@ fn rows(
                 tally.refused.load(Ordering::Relaxed),
             ),
         };
-        let of = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect());
+        let of = |f: fn(&Round) -> f64| median_or_zero(&rounds.iter().map(f).collect::<Vec<_>>());
         let access_pct = of(|r| pct(r.access_p50_us, r.alone_access_p50_us));
         let fps_pct = of(|r| pct(r.camera_fps, r.alone_camera_fps));
         let mut out = Vec::new();
@@ -400,9 +391,9 @@ fn measure_row(
         std::thread::sleep(h.warm());
         let fps = camera(target, pid, plan.seconds)?;
         rounds.push(Round {
-            alone_access_p50_us: median(alone),
+            alone_access_p50_us: median_or_zero(&alone),
             alone_camera_fps: alone_fps,
-            access_p50_us: median(with),
+            access_p50_us: median_or_zero(&with),
             camera_fps: fps,
         });
     }

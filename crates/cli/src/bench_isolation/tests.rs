@@ -1,12 +1,5 @@
-//! Unit tests of the isolation bench: the median, the round plan, pausing.
+//! Unit tests of the isolation bench: the round plan, pausing.
 use super::*;
-
-#[test]
-fn median_of_odd_even_and_empty() {
-    assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-    assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
-    assert_eq!(median(Vec::new()), 0.0);
-}
 
 #[test]
 fn a_round_per_second_of_camera() {
