@@ -31,7 +31,7 @@ use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 
 use crate::daemon_proc::Endpoint;
 use crate::stats::{percentile, P50P99};
-use crate::together::Together;
+use crate::together::{Phase, Together};
 use crate::CliError;
 
 /// Measurements of one channel.
@@ -250,6 +250,9 @@ pub fn ring(
         opts.token = token;
     }
     let conn = Connection::open(target, &opts)?;
+    if let Some(t) = turn.as_mut() {
+        t.reach(Phase::RoundTrips);
+    }
     for _ in 0..round_trips / 10 {
         conn.nop()?;
     }
@@ -258,6 +261,9 @@ pub fn ring(
         let t0 = Instant::now();
         conn.nop()?;
         rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    if let Some(t) = turn.as_mut() {
+        t.reach(Phase::Transfers);
     }
     let id = conn.alloc_blob(size)?.id;
     let src = vec![0x5au8; size as usize];
@@ -416,6 +422,9 @@ pub(crate) fn stream_channel(
     let mut reply = [0u8; 64];
     let mut msg = [0u8; 64];
     msg[1..9].copy_from_slice(&55u64.to_le_bytes());
+    if let Some(t) = turn.as_mut() {
+        t.reach(Phase::RoundTrips);
+    }
     let mut rtt = Vec::with_capacity(round_trips);
     for i in 0..round_trips + round_trips / 10 {
         let t0 = Instant::now();
@@ -424,6 +433,9 @@ pub(crate) fn stream_channel(
         if i >= round_trips / 10 {
             rtt.push(t0.elapsed().as_secs_f64() * 1e6);
         }
+    }
+    if let Some(t) = turn.as_mut() {
+        t.reach(Phase::Transfers);
     }
     let data = vec![0x5au8; size as usize];
     let (mut times, mut land, mut read) = (Vec::new(), Vec::new(), Vec::new());

@@ -49,7 +49,7 @@ use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 use crate::bench_transport::{self, Consume};
 use crate::daemon_proc::Endpoint;
 use crate::stats::P50P99;
-use crate::together::Together;
+use crate::together::{Phase, Together};
 use crate::CliError;
 
 /// Ring entries (64 KiB slots) of a streaming channel: the guest writes up to this many
@@ -145,7 +145,9 @@ fn service_channel(
         1
     };
     let mut bulk = Bulk::open(conn, entries)?;
+    turn.reach(Phase::RoundTrips);
     let rtt = echo_round_trips(&mut bulk, round_trips)?;
+    turn.reach(Phase::Transfers);
     let src: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
     let want = (size, word_sum(&src));
     let id = conn.alloc_blob(size)?.id;
