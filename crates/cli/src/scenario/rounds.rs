@@ -194,11 +194,30 @@ pub fn run_cmd(c: RunCmd) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The control comparison: prefetch + fence over write-invalidate + fence.
+/// The control comparison: prefetch + fence over write-invalidate + fence, and the most
+/// prefetch could gain over the control from the control's own measurements.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Control {
     pub fps_ratio: f64,
     pub latency_p50_ratio: f64,
+    /// The control's coherence work per frame (its copies on the ledger, ms): all that
+    /// prediction can take off the critical path, since the control does it on demand.
+    pub control_coherence_ms: f64,
+    /// The control's latency p50 with that work gone, over its latency p50: the lowest
+    /// `latency_p50_ratio` prefetch could reach.
+    pub ceiling_latency_p50_ratio: f64,
+    /// The control's frame interval with that work gone: the highest `fps_ratio` prefetch
+    /// could reach.
+    pub ceiling_fps_ratio: f64,
+}
+
+/// `span` ms without `saved` ms of it, over `span` (0 when nothing would be left).
+fn without(span: f64, saved: f64) -> f64 {
+    if span > 0.0 {
+        ((span - saved) / span).max(0.0)
+    } else {
+        1.0
+    }
 }
 
 /// Prefetch + fence's frame rate and latency p50 over write-invalidate + fence's (the
@@ -206,9 +225,23 @@ pub struct Control {
 pub fn control(rs: &[ScenarioResult]) -> Option<Control> {
     let find = |p: &str| rs.iter().find(|r| r.protocol == p && r.ordering == "fence");
     let (c, p) = (find("write-invalidate")?, find("prefetch")?);
+    let coh = c.coherence_ms_per_frame.max(0.0);
+    let interval = if c.presented_fps > 0.0 {
+        1e3 / c.presented_fps
+    } else {
+        0.0
+    };
+    let left = without(interval, coh);
     Some(Control {
         fps_ratio: p.presented_fps / c.presented_fps,
         latency_p50_ratio: p.latency_ms.p50 / c.latency_ms.p50,
+        control_coherence_ms: coh,
+        ceiling_latency_p50_ratio: without(c.latency_ms.p50, coh),
+        ceiling_fps_ratio: if left > 0.0 {
+            1.0 / left
+        } else {
+            f64::INFINITY
+        },
     })
 }
 
@@ -253,6 +286,12 @@ fn print_rounds(rs: &[ScenarioResult]) {
             "control: write-invalidate + fence; prefetch + fence over it: fps x{:.2}, m2p p50 x{:.2}",
             c.fps_ratio, c.latency_p50_ratio
         );
+        println!(
+            "prefetch's ceiling over the control: the control's coherence work is {:.2} ms a \
+             frame, done on demand; off the critical path entirely it would give fps at most \
+             x{:.3}, m2p p50 at least x{:.3}",
+            c.control_coherence_ms, c.ceiling_fps_ratio, c.ceiling_latency_p50_ratio
+        );
     }
 }
 
@@ -292,6 +331,14 @@ mod tests {
         assert_eq!(out[0], vec![1, 7, 13]);
         assert_eq!(out[5], vec![6, 12, 18]);
         assert_eq!(schedule(2, 2), vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
+    }
+
+    #[test]
+    fn a_ceiling_is_the_span_without_the_work_that_could_move() {
+        assert_eq!(without(10.0, 2.5), 0.75);
+        assert_eq!(without(10.0, 0.0), 1.0);
+        assert_eq!(without(1.0, 3.0), 0.0, "never below nothing");
+        assert_eq!(without(0.0, 1.0), 1.0, "no span, no gain");
     }
 
     #[test]
