@@ -301,10 +301,10 @@ const PASS_SECONDS: f64 = 1.0;
 /// Most times a timed pass decodes the clip.
 const MAX_REPEATS: usize = 16;
 
-/// `units` decoded back to back as many times as make a pass of [`PASS_SECONDS`] at `fps`
+/// `units` (borrowed, not copied) decoded back to back as many times as make a pass of [`PASS_SECONDS`] at `fps`
 /// (the warm-up's rate). A clip starts with an IDR picture, so each repetition is a stream
 /// of its own that the decoder starts afresh, as after a seek.
-fn repeated(units: &[Vec<u8>], fps: f64) -> Vec<Vec<u8>> {
+fn repeated(units: &[Vec<u8>], fps: f64) -> Vec<&[u8]> {
     let per_pass = units.len().max(1) as f64;
     let reps = (PASS_SECONDS * fps / per_pass).ceil();
     let reps = if reps.is_finite() { reps as usize } else { 1 };
@@ -313,7 +313,7 @@ fn repeated(units: &[Vec<u8>], fps: f64) -> Vec<Vec<u8>> {
         .iter()
         .cycle()
         .take(units.len() * n)
-        .cloned()
+        .map(Vec::as_slice)
         .collect()
 }
 
@@ -336,7 +336,7 @@ struct Player<'a> {
 impl Player<'_> {
     /// Decodes `units` once (see the module's notes), flushing at the end (which resets the
     /// decoder for the next pass); the stages of a frame but native's and the ring's.
-    fn pass(&self, units: &[Vec<u8>], daemon: Option<u32>) -> Result<Run, CliError> {
+    fn pass<U: AsRef<[u8]>>(&self, units: &[U], daemon: Option<u32>) -> Result<Run, CliError> {
         let Player {
             conn,
             handle,
@@ -352,6 +352,7 @@ impl Player<'_> {
         let mut receives: VecDeque<u64> = VecDeque::new();
         let mut decoded = 0;
         for (i, unit) in units.iter().enumerate() {
+            let unit = unit.as_ref();
             let slot = i % BITSTREAMS;
             if decodes.len() >= BITSTREAMS {
                 // The decode that read this region: done before it is written again.
@@ -425,13 +426,16 @@ impl Player<'_> {
 /// libavcodec alone on `units`, as a worker runs it (one H.264 decoder with the daemon's
 /// default threads, pictures left in its buffers), flushed at the end (which resets it for
 /// the next pass): frames per second, and the CPU microseconds per frame its threads ran.
-fn native_decode(d: &mut FfmpegDecoder, units: &[Vec<u8>]) -> Result<(f64, f64), CliError> {
+fn native_decode<U: AsRef<[u8]>>(
+    d: &mut FfmpegDecoder,
+    units: &[U],
+) -> Result<(f64, f64), CliError> {
     let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
     let me = std::process::id();
     let (cpu0, t0) = (run_ns(me), Instant::now());
     let mut n = 0;
     for (i, u) in units.iter().enumerate() {
-        n += d.decode(u, i as i64).map_err(media)?.len();
+        n += d.decode(u.as_ref(), i as i64).map_err(media)?.len();
     }
     n += d.flush().map_err(media)?.len();
     let fps = n as f64 / t0.elapsed().as_secs_f64();
@@ -449,7 +453,7 @@ mod tests {
         // 10 fps, 2 units: 5 repetitions make a second.
         let r = repeated(&units, 10.0);
         assert_eq!(r.len(), 10);
-        assert_eq!(r[2], vec![1u8], "the clip again from its start");
+        assert_eq!(r[2], &[1u8][..], "the clip again from its start");
         assert_eq!(repeated(&units, 1.0).len(), 2, "at least once");
         assert_eq!(repeated(&units, 1e9).len(), 2 * MAX_REPEATS);
         assert_eq!(repeated(&units, f64::NAN).len(), 2);
