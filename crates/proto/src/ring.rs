@@ -218,8 +218,6 @@ impl FutexDoorbell {
     /// A bell of two words at window offsets `word` and `sleeping` (checked to lie in the
     /// window), with no spin cap: the doorbells of a host service channel
     /// (`virtsoc_services::chan`), whose control block is wherever the guest laid it out.
-    /// Its spin yields the core now and then ([`crate::spin::YIELD_EVERY`]): a guest's
-    /// channels are threads that wait on each other on the same cores.
     pub fn at(win: &Arc<SharedWindow>, word: u64, sleeping: u64, spins: u32) -> Result<Self> {
         win.atomic_u32(word)?;
         win.atomic_u32(sleeping)?;
@@ -227,9 +225,16 @@ impl FutexDoorbell {
             win: win.clone(),
             word,
             sleeping,
-            spin: AdaptiveSpin::yielding(spins, crate::spin::YIELD_EVERY),
+            spin: AdaptiveSpin::new(spins),
             spin_cap: None,
         })
+    }
+
+    /// This bell's spin yields the core every `every` iterations
+    /// ([`AdaptiveSpin::yielding`]).
+    pub fn yielding(mut self, every: u32) -> Self {
+        self.spin = AdaptiveSpin::yielding(self.spin.max(), every);
+        self
     }
 
     fn words(&self) -> (&AtomicU32, &AtomicU32) {

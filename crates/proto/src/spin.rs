@@ -75,6 +75,11 @@ impl AdaptiveSpin {
         }
     }
 
+    /// The most iterations a spin makes.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
     /// The current spin count.
     pub fn limit(&self) -> u32 {
         self.limit.load(Ordering::Relaxed)

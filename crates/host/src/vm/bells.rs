@@ -121,7 +121,9 @@ impl GuestPort {
         spins: u32,
     ) -> virtsoc_services::Result<Bells> {
         let words = bells::host_bell(base);
-        let own = FutexDoorbell::at(&self.window, words.word, words.sleeping, spins)?;
+        // A channel's spin yields, as a process guest's does (`virtsoc_services::chan::Bells`).
+        let own = FutexDoorbell::at(&self.window, words.word, words.sleeping, spins)?
+            .yielding(virtsoc_proto::spin::YIELD_EVERY);
         let key = {
             let mut k = self.next_key.lock_or_recover();
             *k += 1;

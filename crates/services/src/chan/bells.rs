@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use virtsoc_proto::ring::{Doorbell, FutexDoorbell};
+use virtsoc_proto::spin::YIELD_EVERY;
 use virtsoc_proto::SharedWindow;
 
 use super::ctl;
@@ -53,7 +54,11 @@ pub struct Bells {
 impl Bells {
     fn futex(win: &Arc<SharedWindow>, own: BellWords, peer: BellWords, spins: u32) -> Result<Self> {
         Ok(Bells {
-            own: Box::new(FutexDoorbell::at(win, own.word, own.sleeping, spins)?),
+            // A guest's channels are pairs of threads waiting on each other on the same
+            // cores: the spin yields (see `YIELD_EVERY`).
+            own: Box::new(
+                FutexDoorbell::at(win, own.word, own.sleeping, spins)?.yielding(YIELD_EVERY),
+            ),
             peer: Box::new(FutexDoorbell::at(win, peer.word, peer.sleeping, 0)?),
         })
     }
