@@ -396,8 +396,13 @@ pub(crate) struct ServicesArgs {
     pub(crate) round_trips: usize,
     #[arg(long, default_value_t = 16 << 20)]
     pub(crate) size: u64,
-    #[arg(long, default_value_t = 10)]
+    /// Transfers timed per channel, each round.
+    #[arg(long, default_value_t = 40)]
     pub(crate) reps: usize,
+    /// Rounds of the whole comparison (every kind at every channel count once a round): rows
+    /// report the median, the ratios the median of the rounds' ratios with their range.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) rounds: usize,
     /// Instead of the comparison: a soak of this many seconds, `--guests` guests with
     /// `--channels` channels each sending payloads of random sizes up to `--size`
     /// (streamed in 64 KiB packets or in a region read in place, at random), every one

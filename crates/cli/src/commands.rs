@@ -175,7 +175,8 @@ fn bench_services_cmd(a: ServicesArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let mut r = with_daemon(a.socket, false, |e| {
-        bench_services::run(e, a.channels, a.round_trips, a.size, a.reps)
+        let each = (a.round_trips, a.size, a.reps);
+        bench_services::run(e, a.channels, each, a.rounds)
     })?;
     if let Some(image) = &a.vm_image {
         let vm = bench_services::vm_rows(image, a.round_trips, a.size, a.reps)?;

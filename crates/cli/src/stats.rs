@@ -39,6 +39,14 @@ pub fn median_or_zero(v: &[f64]) -> f64 {
     }
 }
 
+/// The smallest and largest of `v` (NaNs skipped where anything else is there); `None` for no
+/// samples.
+pub fn min_max(v: &[f64]) -> Option<(f64, f64)> {
+    let lo = v.iter().copied().reduce(f64::min)?;
+    let hi = v.iter().copied().reduce(f64::max)?;
+    Some((lo, hi))
+}
+
 /// Mean of `v`; 0 for no samples.
 pub fn mean(v: &[f64]) -> f64 {
     if v.is_empty() {

@@ -209,6 +209,8 @@ fn policy_and_hostile_input_fail_only_their_own_channel() {
             "20",
             "--round-trips",
             "200",
+            "--rounds",
+            "2",
             "--json",
         ])
         .stdout(std::process::Stdio::piped())
@@ -346,6 +348,7 @@ fn policy_and_hostile_input_fail_only_their_own_channel() {
     );
     for r in rows {
         assert!(r["bandwidth_gbps"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["rounds_gbps"].as_array().unwrap().len(), 2, "{r}");
         assert!(r["rtt_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");
         assert!(["service", "ring", "unix-socket", "tcp-loopback"]
             .contains(&r["channel"].as_str().unwrap()));

@@ -109,11 +109,11 @@ pub fn write(r: &Report, path: &Path) -> Result<(), CliError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::stats::P50P99;
 
-    fn row(channel: &str, payload: Option<&str>, n: u32, gbps: f64) -> Row {
+    pub(crate) fn row(channel: &str, payload: Option<&str>, n: u32, gbps: f64) -> Row {
         Row {
             channel: channel.into(),
             payload: payload.map(str::to_string),
@@ -121,6 +121,7 @@ mod tests {
             channels: n,
             bandwidth_gbps: gbps,
             rtt_us: P50P99 { p50: 2.0, p99: 3.0 },
+            rounds_gbps: Vec::new(),
         }
     }
 
@@ -130,6 +131,7 @@ mod tests {
             bulk_bytes: 1 << 20,
             round_trips: 1,
             reps: 1,
+            rounds: 1,
             load: "0.5 0.4 0.3".into(),
             rows: vec![
                 row("service", Some("region"), 1, 9.0),

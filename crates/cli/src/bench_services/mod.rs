@@ -31,6 +31,14 @@
 //! others were descheduled as if they had overlapped: with more channels than cores that
 //! overstated every kind, unevenly.) The first transfer of every service channel is checked
 //! end to end (the service's sum of the payload's words) and not timed.
+//!
+//! The whole comparison runs in `--rounds` rounds, every kind at every channel count once a
+//! round, so that the kinds a ratio compares ran next to each other each time. A row reports
+//! the median of its rounds' bandwidths (`rounds_gbps` keeps each) and its round trips over
+//! all rounds; the table's ratios are medians of the rounds' own ratios, with their range.
+//! (One pass of 10 transfers per channel lasted 13-50 ms a row: one descheduling moved a
+//! row by a fifth, and 4 channels' region payloads read 1.92x TCP in one run and 4.15x in
+//! the next.)
 
 pub mod chart;
 pub mod probe;
@@ -48,7 +56,7 @@ use virtsoc_guest::{AccessMode, ConnectOptions, Connection, DeviceId};
 
 use crate::bench_transport::{self, Consume};
 use crate::daemon_proc::Endpoint;
-use crate::stats::P50P99;
+use crate::stats::{median_or_zero, min_max, P50P99};
 use crate::together::{Phase, Together};
 use crate::CliError;
 
@@ -71,10 +79,14 @@ pub struct Row {
     pub guest: String,
     /// Channels running at once.
     pub channels: u32,
-    /// Bytes per second over all channels, in GB/s.
+    /// Bytes per second over all channels, in GB/s: the median of the rounds'.
     pub bandwidth_gbps: f64,
-    /// Round trip of a small message on one channel, in microseconds.
+    /// Round trip of a small message on one channel, in microseconds: the medians of the
+    /// rounds' p50 and p99.
     pub rtt_us: P50P99,
+    /// Each round's bandwidth, in GB/s, in the order the rounds ran.
+    #[serde(default)]
+    pub rounds_gbps: Vec<f64>,
 }
 
 /// The report.
@@ -84,8 +96,11 @@ pub struct Report {
     pub bulk_bytes: u64,
     /// Round trips timed per channel.
     pub round_trips: usize,
-    /// Transfers timed per channel.
+    /// Transfers timed per channel and round.
     pub reps: usize,
+    /// Rounds of the whole comparison.
+    #[serde(default)]
+    pub rounds: usize,
     /// The machine's load average when the run started (`/proc/loadavg`).
     pub load: String,
     /// Every measurement.
@@ -237,6 +252,7 @@ fn service_row(
         channels: n,
         bandwidth_gbps: aggregate_gbps(&together, n, reps, size)?,
         rtt_us: P50P99::of(&rtt.unwrap_or_default()),
+        rounds_gbps: Vec::new(),
     })
 }
 
@@ -287,6 +303,7 @@ fn baseline_row(
         channels: n,
         bandwidth_gbps: bw,
         rtt_us,
+        rounds_gbps: Vec::new(),
     })
 }
 
@@ -311,61 +328,131 @@ fn baselines(target: &str) -> &'static [&'static str] {
     }
 }
 
-/// Runs every channel kind with 1..=`max_channels` channels.
+/// Runs every channel kind with 1..=`max_channels` channels, the whole comparison `rounds`
+/// times.
 pub fn run(
     endpoint: &Endpoint,
     max_channels: u32,
-    round_trips: usize,
-    size: u64,
-    reps: usize,
+    (round_trips, size, reps): (usize, u64, usize),
+    rounds: usize,
 ) -> Result<Report, CliError> {
     if !(1..=16).contains(&max_channels) {
         return Err(CliError::Usage("--channels must be 1..=16".into()));
+    }
+    if rounds == 0 {
+        return Err(CliError::Usage("--rounds must be at least 1".into()));
     }
     let load = std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
         .trim()
         .to_string();
-    let mut rows = Vec::new();
-    for n in 1..=max_channels {
-        for p in [Payload::Region, Payload::Stream] {
-            rows.push(service_row(endpoint, p, n, round_trips, size, reps)?);
+    let mut all = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let mut rows = Vec::new();
+        for n in 1..=max_channels {
+            for p in [Payload::Region, Payload::Stream] {
+                rows.push(service_row(endpoint, p, n, round_trips, size, reps)?);
+            }
+            for name in baselines(&endpoint.target) {
+                rows.push(baseline_row(endpoint, name, n, round_trips, size, reps)?);
+            }
         }
-        for name in baselines(&endpoint.target) {
-            rows.push(baseline_row(endpoint, name, n, round_trips, size, reps)?);
-        }
+        all.push(rows);
     }
     Ok(Report {
         bulk_bytes: size,
         round_trips,
         reps,
+        rounds,
         load,
-        rows,
+        rows: merge_rounds(all),
     })
 }
 
-/// Prints the report as a table, with the service's ratios to the ring and TCP.
+/// One row per kind and channel count from the rounds' rows (each round measured the same
+/// rows in the same order): the median bandwidth, every round's kept, and the medians of
+/// the rounds' round-trip percentiles.
+fn merge_rounds(rounds: Vec<Vec<Row>>) -> Vec<Row> {
+    let mut it = rounds.into_iter();
+    let Some(first) = it.next() else {
+        return Vec::new();
+    };
+    let mut rows: Vec<(Row, Vec<f64>, Vec<f64>)> = first
+        .into_iter()
+        .map(|r| {
+            let (p50, p99) = (vec![r.rtt_us.p50], vec![r.rtt_us.p99]);
+            let mut r = r;
+            r.rounds_gbps = vec![r.bandwidth_gbps];
+            (r, p50, p99)
+        })
+        .collect();
+    for round in it {
+        for r in round {
+            if let Some((m, p50, p99)) = rows.iter_mut().find(|(m, ..)| same_row(m, &r)) {
+                m.rounds_gbps.push(r.bandwidth_gbps);
+                p50.push(r.rtt_us.p50);
+                p99.push(r.rtt_us.p99);
+            }
+        }
+    }
+    rows.into_iter()
+        .map(|(mut r, p50, p99)| {
+            r.bandwidth_gbps = median_or_zero(&r.rounds_gbps);
+            r.rtt_us = P50P99 {
+                p50: median_or_zero(&p50),
+                p99: median_or_zero(&p99),
+            };
+            r
+        })
+        .collect()
+}
+
+/// Whether `a` and `b` measured the same kind at the same channel count from the same guest.
+fn same_row(a: &Row, b: &Row) -> bool {
+    (&a.channel, &a.payload, &a.guest, a.channels) == (&b.channel, &b.payload, &b.guest, b.channels)
+}
+
+/// `row`'s bandwidth over that of the `kind` row beside it (same channels and guest), per
+/// round: the median and the range of the rounds' ratios (rows without rounds count as one).
+pub fn ratio_to(rows: &[Row], row: &Row, kind: &str) -> Option<(f64, f64, f64)> {
+    let base = rows
+        .iter()
+        .find(|x| x.channel == kind && x.channels == row.channels && x.guest == row.guest)?;
+    let per_round = |r: &Row| match r.rounds_gbps.is_empty() {
+        true => vec![r.bandwidth_gbps],
+        false => r.rounds_gbps.clone(),
+    };
+    let ratios: Vec<f64> = per_round(row)
+        .iter()
+        .zip(per_round(base))
+        .filter(|(_, d)| *d > 0.0)
+        .map(|(n, d)| n / d)
+        .collect();
+    let (min, max) = min_max(&ratios)?;
+    Some((median_or_zero(&ratios), min, max))
+}
+
+/// Prints the report as a table, with the service's ratios to the ring and TCP (medians of
+/// the rounds' ratios, their range beside the TCP one).
 pub fn print_table(r: &Report) {
     println!(
-        "Host services: {} bytes per transfer, {} round trips, {} transfers per channel \
-         (load average {})",
-        r.bulk_bytes, r.round_trips, r.reps, r.load
+        "Host services: {} bytes per transfer, {} round trips, {} transfers per channel, \
+         {} rounds (load average {})",
+        r.bulk_bytes, r.round_trips, r.reps, r.rounds, r.load
     );
     println!(
-        "{:<19} {:>8} {:>11} {:>11} {:>12} {:>9} {:>9}",
-        "channel", "channels", "rtt p50 us", "rtt p99 us", "bulk GB/s", "x ring", "x tcp"
+        "{:<19} {:>8} {:>11} {:>11} {:>10} {:>15} {:>7} {:>19}",
+        "channel",
+        "channels",
+        "rtt p50 us",
+        "rtt p99 us",
+        "bulk GB/s",
+        "range",
+        "x ring",
+        "x tcp [range]"
     );
     for row in &r.rows {
-        let of = |c: &str| {
-            r.rows
-                .iter()
-                .find(|x| x.channel == c && x.channels == row.channels && x.guest == row.guest)
-                .map_or(0.0, |x| x.bandwidth_gbps)
-        };
-        let ratio = |c: &str| match of(c) {
-            d if d > 0.0 => format!("{:.2}", row.bandwidth_gbps / d),
-            _ => "-".into(),
-        };
+        let ratio = |c: &str| ratio_to(&r.rows, row, c);
         let name = match &row.payload {
             Some(p) => format!("{}/{p}", row.channel),
             None => row.channel.clone(),
@@ -374,15 +461,65 @@ pub fn print_table(r: &Report) {
             "process" => name,
             g => format!("{name} ({g})"),
         };
+        let (lo, hi) =
+            min_max(&row.rounds_gbps).unwrap_or((row.bandwidth_gbps, row.bandwidth_gbps));
         println!(
-            "{:<19} {:>8} {:>11.2} {:>11.2} {:>12.3} {:>9} {:>9}",
+            "{:<19} {:>8} {:>11.2} {:>11.2} {:>10.3} {:>15} {:>7} {:>19}",
             name,
             row.channels,
             row.rtt_us.p50,
             row.rtt_us.p99,
             row.bandwidth_gbps,
-            ratio("ring"),
-            ratio("tcp-loopback")
+            format!("[{lo:.2}, {hi:.2}]"),
+            ratio("ring").map_or("-".into(), |(m, ..)| format!("{m:.2}")),
+            ratio("tcp-loopback").map_or("-".into(), |(m, lo, hi)| format!(
+                "{m:.2} [{lo:.2}, {hi:.2}]"
+            )),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chart::tests::row;
+    use super::*;
+
+    fn round(region: f64, tcp: f64, rtt: f64) -> Vec<Row> {
+        let mut r = vec![
+            row("service", Some("region"), 1, region),
+            row("tcp-loopback", None, 1, tcp),
+        ];
+        r[0].rtt_us = P50P99 {
+            p50: rtt,
+            p99: rtt * 2.0,
+        };
+        r
+    }
+
+    #[test]
+    fn rows_are_the_rounds_medians_and_ratios_are_taken_per_round() {
+        let rows = merge_rounds(vec![
+            round(10.0, 5.0, 2.0),
+            round(30.0, 10.0, 9.0),
+            round(12.0, 4.0, 3.0),
+        ]);
+        assert_eq!(rows.len(), 2);
+        let region = &rows[0];
+        assert_eq!(region.rounds_gbps, [10.0, 30.0, 12.0]);
+        assert_eq!(region.bandwidth_gbps, 12.0);
+        assert_eq!(region.rtt_us, P50P99 { p50: 3.0, p99: 6.0 });
+        // Per round 2.0, 3.0 and 3.0: not 12 / 5 from the two medians.
+        assert_eq!(
+            ratio_to(&rows, region, "tcp-loopback"),
+            Some((3.0, 2.0, 3.0))
+        );
+        assert_eq!(ratio_to(&rows, region, "ring"), None);
+        // Another channel count is another row.
+        let mut other = round(1.0, 1.0, 1.0);
+        other[0].channels = 2;
+        let rows = merge_rounds(vec![round(10.0, 5.0, 2.0), other]);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].rounds_gbps, [10.0]);
+        assert!(merge_rounds(Vec::new()).is_empty());
     }
 }
