@@ -109,8 +109,16 @@ impl GuestLink for ShmLink {
 
     fn reap(&self, timeout: Duration) -> Result<Vec<Arrived>> {
         let mut cq = self.cq.lock_or_recover();
-        let woke = self.guest_bell.wait(
+        // Requests the host has not popped: its thread may be waiting for the core this
+        // one spins on (`AdaptiveSpin::spin_behind`).
+        let mut behind = || {
+            self.sq
+                .try_lock()
+                .is_ok_and(|sq| sq.unconsumed().is_ok_and(|n| n > 0))
+        };
+        let woke = self.guest_bell.wait_behind(
             &mut || self.host_closed() || cq.available().map(|n| n > 0).unwrap_or(true),
+            &mut behind,
             Some(timeout),
         );
         let mut batch = Vec::new();

@@ -177,7 +177,14 @@ impl HostLink for ShmLink {
                         _ => true,
                     }
             };
-            self.host_bell.wait(&mut ready, None);
+            // Completions the guest has not reaped: it may be waiting for the core this
+            // thread spins on (`AdaptiveSpin::spin_behind`).
+            let mut behind = || {
+                self.cq
+                    .try_lock()
+                    .is_ok_and(|cq| cq.ring.unconsumed().is_ok_and(|n| n > 0))
+            };
+            self.host_bell.wait_behind(&mut ready, &mut behind, None);
             if self.closed.load(Ordering::SeqCst) {
                 return Ok(None);
             }

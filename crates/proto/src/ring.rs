@@ -93,6 +93,11 @@ impl<T: ByteValued> RingProducer<T> {
         Ok(self.place.entries - used)
     }
 
+    /// Entries pushed that the consumer has not taken yet (checked).
+    pub fn unconsumed(&self) -> Result<u32> {
+        Ok(self.place.entries - self.space()?)
+    }
+
     /// Appends an entry; `Ok(false)` when the ring is full.
     pub fn push(&mut self, v: T) -> Result<bool> {
         if self.space()? == 0 {
@@ -179,6 +184,18 @@ pub trait Doorbell: Send + Sync {
     /// Waits until `ready()` returns true (`true`) or `timeout` passes (`false`): spins a
     /// little, then sleeps until notified.
     fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool;
+    /// [`wait`](Self::wait), where `behind()` tells whether the peer has not yet taken what
+    /// this side gave it: a spinning bell then yields its core now and then
+    /// ([`AdaptiveSpin::spin_behind`]). Bells that do not spin ignore it.
+    fn wait_behind(
+        &self,
+        ready: &mut dyn FnMut() -> bool,
+        behind: &mut dyn FnMut() -> bool,
+        timeout: Option<Duration>,
+    ) -> bool {
+        let _ = behind;
+        self.wait(ready, timeout)
+    }
 }
 
 /// A doorbell made of two words in the shared window, slept on with a futex.
@@ -309,20 +326,28 @@ impl Doorbell for FutexDoorbell {
     }
 
     fn wait(&self, ready: &mut dyn FnMut() -> bool, timeout: Option<Duration>) -> bool {
+        self.wait_behind(ready, &mut || false, timeout)
+    }
+
+    fn wait_behind(
+        &self,
+        ready: &mut dyn FnMut() -> bool,
+        behind: &mut dyn FnMut() -> bool,
+        timeout: Option<Duration>,
+    ) -> bool {
         let cap = self
             .spin_cap
             .and_then(|at| self.win.atomic_u32(at).ok())
             .map_or(0, |w| w.load(Ordering::Relaxed));
         if cap == 0 {
-            return self.spin.wait(ready, |ready| self.sleep(ready, timeout));
+            return self
+                .spin
+                .wait_behind(ready, behind, |ready| self.sleep(ready, timeout));
         }
         // The peer asked for shorter spins: at most that many (and never more than this
         // bell's own count), with no learning from the waits meanwhile.
-        for _ in 0..cap.min(self.spin.limit()) {
-            if ready() {
-                return true;
-            }
-            std::hint::spin_loop();
+        if AdaptiveSpin::new(cap.min(self.spin.limit())).spin_behind(ready, behind) {
+            return true;
         }
         self.sleep(ready, timeout)
     }
@@ -379,8 +404,10 @@ mod tests {
             !gp.push(Request::default()).unwrap(),
             "fifth push must report full"
         );
+        assert_eq!(gp.unconsumed().unwrap(), 4);
         for i in 0..4 {
             assert_eq!(hc.pop().unwrap().unwrap().seq, i);
+            assert_eq!(gp.unconsumed().unwrap(), 3 - i as u32, "what the host took");
         }
         assert!(hc.pop().unwrap().is_none());
         assert!(gp

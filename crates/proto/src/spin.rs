@@ -33,11 +33,13 @@ const SPIN_PS: u64 = 50_000;
 /// cores, each a guest thread and a daemon thread), a spinner that never yields holds the
 /// core its peer needs to answer until the scheduler takes it away. On this machine, 4
 /// channels streamed 5.2 GB/s together and made round trips of 237 us p50; yielding every
-/// 64 iterations, 9.8 GB/s and 1.6 us. Device rings do not yield: a victim guest's access
-/// next to a GPU hog (`bench isolation`, composite-3x4096) went from 95% to 142-166% of its
-/// time alone, its spin giving the core to the hog's rasterizer threads.
+/// 64 iterations, 9.8 GB/s and 1.6 us. Device rings do not yield that way: a victim guest's
+/// access next to a GPU hog (`bench isolation`, composite-3x4096) went from 95% to 142-166%
+/// of its time alone, its spin giving the core to the hog's rasterizer threads. They yield
+/// only while the peer has not taken what they gave it ([`spin_behind`]).
 ///
 /// [`yielding`]: AdaptiveSpin::yielding
+/// [`spin_behind`]: AdaptiveSpin::spin_behind
 pub const YIELD_EVERY: u32 = 64;
 /// Waits in a row longer than a full spin that halve the spin.
 pub const LONG_RUN: u32 = 4;
@@ -93,11 +95,30 @@ impl AdaptiveSpin {
 
     /// Spins up to the current count until `ready()`: whether it became ready.
     pub fn spin(&self, ready: &mut dyn FnMut() -> bool) -> bool {
+        self.spin_behind(ready, &mut || false)
+    }
+
+    /// [`spin`](Self::spin), yielding the core at every [`YIELD_EVERY`]th iteration where
+    /// `behind()` says that the peer has not yet taken what this side gave it (a request it
+    /// has not popped, a completion it has not reaped). A running peer takes an entry within
+    /// a microsecond or two, far fewer than [`YIELD_EVERY`] iterations; one that has not is
+    /// most likely waiting for a core, perhaps the one this spin holds: two ring guests
+    /// making round trips at once on 2 cores (each a guest thread and a daemon thread, all
+    /// four spinning) took 300 us p50 a round trip, the length of a full spin, instead of
+    /// 1.5 us. A spin whose peer has taken everything (a guest waiting for the GPU's
+    /// answer, a daemon thread waiting for a guest's next request) does not yield: giving
+    /// its core away then only delays its own answer (see [`YIELD_EVERY`]).
+    pub fn spin_behind(
+        &self,
+        ready: &mut dyn FnMut() -> bool,
+        behind: &mut dyn FnMut() -> bool,
+    ) -> bool {
         for i in 1..=self.limit() {
             if ready() {
                 return true;
             }
-            if self.yield_every != 0 && i % self.yield_every == 0 {
+            let every = self.yield_every != 0 && i % self.yield_every == 0;
+            if every || (i % YIELD_EVERY == 0 && behind()) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -114,9 +135,19 @@ impl AdaptiveSpin {
         ready: &mut dyn FnMut() -> bool,
         sleep: impl FnOnce(&mut dyn FnMut() -> bool) -> bool,
     ) -> bool {
+        self.wait_behind(ready, &mut || false, sleep)
+    }
+
+    /// [`wait`](Self::wait) with the spin of [`spin_behind`](Self::spin_behind).
+    pub fn wait_behind(
+        &self,
+        ready: &mut dyn FnMut() -> bool,
+        behind: &mut dyn FnMut() -> bool,
+        sleep: impl FnOnce(&mut dyn FnMut() -> bool) -> bool,
+    ) -> bool {
         let t0 = Instant::now();
         let spins = self.limit();
-        if self.spin(ready) {
+        if self.spin_behind(ready, behind) {
             self.long_run.store(0, Ordering::Relaxed);
             return true;
         }
@@ -154,6 +185,30 @@ impl AdaptiveSpin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spin_asks_whether_the_peer_is_behind_every_yield_every_iterations() {
+        let s = AdaptiveSpin::new(10 * YIELD_EVERY);
+        let (mut looked, mut asked) = (0, 0);
+        assert!(!s.spin_behind(
+            &mut || {
+                looked += 1;
+                false
+            },
+            &mut || {
+                asked += 1;
+                true
+            }
+        ));
+        assert_eq!((looked, asked), (10 * YIELD_EVERY, 10));
+        // Ready before the first question: never asked.
+        let mut asked = 0;
+        assert!(s.spin_behind(&mut || true, &mut || {
+            asked += 1;
+            true
+        }));
+        assert_eq!(asked, 0);
+    }
 
     #[test]
     fn a_yielding_spin_looks_as_often_and_stops_at_the_answer() {
