@@ -62,7 +62,8 @@ ctest:
 
 ## libFuzzer targets (fuzz/fuzz_targets), each for FUZZ_SECONDS (default 60) seconds; prints
 ## libFuzzer's execution counts. cargo fuzz wants nightly: fuzz/run.sh uses `cargo +nightly`
-## when a nightly toolchain is installed, else RUSTC_BOOTSTRAP=1 with `--sanitizer none`.
+## with AddressSanitizer when a nightly toolchain is installed, else RUSTC_BOOTSTRAP=1 with
+## `--sanitizer none`.
 ## One target: `fuzz/run.sh ring_entry`.
 FUZZ_SECONDS ?= 60
 fuzz:

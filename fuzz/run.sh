@@ -4,9 +4,10 @@
 #
 #   FUZZ_SECONDS    seconds per target (default 60)
 #   FUZZ_RUNS       stop a target earlier, after this many executions (default: no limit)
-#   FUZZ_SANITIZER  cargo fuzz --sanitizer (default none: the Rust code is memory safe and
-#                   the native libraries are not instrumented, so ASan mostly costs speed;
-#                   FUZZ_SANITIZER=address works with a nightly toolchain)
+#   FUZZ_SANITIZER  cargo fuzz --sanitizer (default address with a nightly toolchain: ASan
+#                   checks the unsafe code, the shared-memory and mmap accesses, that safe
+#                   Rust cannot; none without nightly, where only the stable compiler
+#                   unlocked for cargo fuzz's flags is there and it cannot build ASan)
 #
 # cargo fuzz needs nightly rustc flags: with a nightly toolchain installed it is used
 # (`cargo +nightly`), otherwise the stable compiler is unlocked with RUSTC_BOOTSTRAP=1
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export PATH="$HOME/.cargo/bin:$PATH"
 SECONDS_PER=${FUZZ_SECONDS:-60}
-SAN=${FUZZ_SANITIZER:-none}
+SAN=${FUZZ_SANITIZER:-address}
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(handshake ring_entry device_commands at_parser tcp_frame worker_answer gles_stream service_packet service_reassembly service_records)
 
