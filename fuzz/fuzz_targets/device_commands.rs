@@ -20,13 +20,13 @@ use virtsoc_devapi as api;
 use virtsoc_fence::{MemPage, VirtualFenceTable};
 use virtsoc_host::device::registry::{self, DeviceConfig, GpuBackendKind};
 use virtsoc_host::device::{validate, Device, DeviceCtx};
-use virtsoc_proto::wire::Format;
-use virtsoc_proto::{AccessMode, DeviceId, SharedWindow, WindowLayout};
-use virtsoc_svm::{AccessSpec, AllocDesc, DomainId, GuestId, ProtocolKind, SvmManager, Topology};
 use virtsoc_media::{
     CodecKind, CpuIsp, DecoderBackend, FfmpegDecoder, FrameLayout, FrameMut, FrameRef, IspBackend,
     PixelFormat, SwscaleIsp,
 };
+use virtsoc_proto::wire::Format;
+use virtsoc_proto::{AccessMode, DeviceId, SharedWindow, WindowLayout};
+use virtsoc_svm::{AccessSpec, AllocDesc, DomainId, GuestId, ProtocolKind, SvmManager, Topology};
 
 /// Reads the fuzz input as little numbers.
 struct Bytes<'a>(&'a [u8]);
@@ -317,7 +317,10 @@ fn execute(b: &mut Bytes) {
     };
     let mut words = [0u64; 6];
     // Mostly a declared command; sometimes any opcode.
-    words[0] = match info.commands.get(b.u8() as usize % (info.commands.len() + 1)) {
+    words[0] = match info
+        .commands
+        .get(b.u8() as usize % (info.commands.len() + 1))
+    {
         Some(c) => c.op,
         None => b.u64(),
     };

@@ -23,7 +23,11 @@ fn framing() -> (Vec<u8>, Vec<u8>) {
     let config = egl::CONFIGS[0].0;
     let mut pre = Encoder::new();
     pre.packet(egl::CREATE_CONTEXT).u32(1).u32(0).u32(2);
-    pre.packet(egl::CREATE_SURFACE).u32(1).u32(64).u32(64).u32(config);
+    pre.packet(egl::CREATE_SURFACE)
+        .u32(1)
+        .u32(64)
+        .u32(64)
+        .u32(config);
     pre.packet(egl::MAKE_CURRENT).u32(1).u32(1).u32(1);
     let mut post = Encoder::new();
     post.packet(egl::MAKE_CURRENT).u32(0).u32(0).u32(0);
