@@ -109,12 +109,19 @@ impl GuestLink for ShmLink {
 
     fn reap(&self, timeout: Duration) -> Result<Vec<Arrived>> {
         let mut cq = self.cq.lock_or_recover();
-        // Requests the host has not popped: its thread may be waiting for the core this
-        // one spins on (`AdaptiveSpin::spin_behind`).
+        // Requests an awake host thread has not popped: it may be waiting for the core this
+        // one spins on (`AdaptiveSpin::spin_behind`). A sleeping one was woken by the
+        // request's doorbell, and the kernel places a woken thread by itself.
         let mut behind = || {
-            self.sq
-                .try_lock()
-                .is_ok_and(|sq| sq.unconsumed().is_ok_and(|n| n > 0))
+            let host_sleeps = self
+                .window
+                .atomic_u32(CONTROL_OFFSET + ctl::HOST_SLEEPING)
+                .is_ok_and(|w| w.load(Ordering::Relaxed) != 0);
+            !host_sleeps
+                && self
+                    .sq
+                    .try_lock()
+                    .is_ok_and(|sq| sq.unconsumed().is_ok_and(|n| n > 0))
         };
         let woke = self.guest_bell.wait_behind(
             &mut || self.host_closed() || cq.available().map(|n| n > 0).unwrap_or(true),

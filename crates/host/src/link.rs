@@ -154,6 +154,14 @@ impl ShmLink {
             .saturating_sub(self.posted.load(Ordering::SeqCst))
     }
 
+    /// Whether the guest says it sleeps on its doorbell (`word`: its sleeping flag in the
+    /// control page).
+    fn peer_sleeping(&self, word: u64) -> bool {
+        self.window
+            .atomic_u32(CONTROL_OFFSET + word)
+            .is_ok_and(|w| w.load(Ordering::Relaxed) != 0)
+    }
+
     /// Whether one more request may be taken: fewer completions than the ring holds wait in
     /// the overflow (those the guest has made room for are moved into the ring first).
     fn can_take(&self) -> Result<bool, LinkError> {
@@ -177,12 +185,15 @@ impl HostLink for ShmLink {
                         _ => true,
                     }
             };
-            // Completions the guest has not reaped: it may be waiting for the core this
-            // thread spins on (`AdaptiveSpin::spin_behind`).
+            // Completions an awake guest has not reaped: it may be waiting for the core this
+            // thread spins on (`AdaptiveSpin::spin_behind`). A sleeping guest was woken by
+            // the completion's doorbell, and the kernel places a woken thread by itself.
             let mut behind = || {
-                self.cq
-                    .try_lock()
-                    .is_ok_and(|cq| cq.ring.unconsumed().is_ok_and(|n| n > 0))
+                !self.peer_sleeping(ctl::GUEST_SLEEPING)
+                    && self
+                        .cq
+                        .try_lock()
+                        .is_ok_and(|cq| cq.ring.unconsumed().is_ok_and(|n| n > 0))
             };
             self.host_bell.wait_behind(&mut ready, &mut behind, None);
             if self.closed.load(Ordering::SeqCst) {

@@ -99,15 +99,17 @@ impl AdaptiveSpin {
     }
 
     /// [`spin`](Self::spin), yielding the core at every [`YIELD_EVERY`]th iteration where
-    /// `behind()` says that the peer has not yet taken what this side gave it (a request it
-    /// has not popped, a completion it has not reaped). A running peer takes an entry within
-    /// a microsecond or two, far fewer than [`YIELD_EVERY`] iterations; one that has not is
-    /// most likely waiting for a core, perhaps the one this spin holds: two ring guests
-    /// making round trips at once on 2 cores (each a guest thread and a daemon thread, all
-    /// four spinning) took 300 us p50 a round trip, the length of a full spin, instead of
-    /// 1.5 us. A spin whose peer has taken everything (a guest waiting for the GPU's
-    /// answer, a daemon thread waiting for a guest's next request) does not yield: giving
-    /// its core away then only delays its own answer (see [`YIELD_EVERY`]).
+    /// `behind()` says that the peer, awake, has not yet taken what this side gave it (a
+    /// request it has not popped, a completion it has not reaped). A running peer takes an
+    /// entry within a microsecond or two, far fewer than [`YIELD_EVERY`] iterations; an
+    /// awake one that has not is most likely waiting for a core, perhaps the one this spin
+    /// holds: two ring guests making round trips at once on 2 cores (each a guest thread and
+    /// a daemon thread, all four spinning) took 300 us p50 a round trip, the length of a
+    /// full spin, instead of 1.5 us. A spin whose peer has taken everything (a guest waiting
+    /// for the GPU's answer, a daemon thread waiting for a guest's next request) does not
+    /// yield: giving its core away then only delays its own answer (see [`YIELD_EVERY`]).
+    /// Nor should it for a sleeping peer, which the doorbell woke: yielding then handed the
+    /// core to whatever else was runnable (`bench svm` beside nice-19 fuzzers lost 4-11%).
     pub fn spin_behind(
         &self,
         ready: &mut dyn FnMut() -> bool,
