@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use virtsoc_proto::ring::{guest_rings, Doorbell, RingConsumer, RingProducer};
+use virtsoc_proto::ring::{guest_rings, peer_sleeps, Doorbell, RingConsumer, RingProducer};
 use virtsoc_proto::stream::{read_frame, write_frame, StreamFrame};
 use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::{Completion, Request, SharedWindow};
@@ -113,11 +113,7 @@ impl GuestLink for ShmLink {
         // one spins on (`AdaptiveSpin::spin_behind`). A sleeping one was woken by the
         // request's doorbell, and the kernel places a woken thread by itself.
         let mut behind = || {
-            let host_sleeps = self
-                .window
-                .atomic_u32(CONTROL_OFFSET + ctl::HOST_SLEEPING)
-                .is_ok_and(|w| w.load(Ordering::Relaxed) != 0);
-            !host_sleeps
+            !peer_sleeps(&self.window, ctl::HOST_SLEEPING)
                 && self
                     .sq
                     .try_lock()

@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use virtsoc_proto::ring::{host_rings, Doorbell, RingConsumer, RingProducer};
+use virtsoc_proto::ring::{host_rings, peer_sleeps, Doorbell, RingConsumer, RingProducer};
 use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 use virtsoc_proto::{Completion, Request, SharedWindow};
 use virtsoc_sync::LockExt;
@@ -154,14 +154,6 @@ impl ShmLink {
             .saturating_sub(self.posted.load(Ordering::SeqCst))
     }
 
-    /// Whether the guest says it sleeps on its doorbell (`word`: its sleeping flag in the
-    /// control page).
-    fn peer_sleeping(&self, word: u64) -> bool {
-        self.window
-            .atomic_u32(CONTROL_OFFSET + word)
-            .is_ok_and(|w| w.load(Ordering::Relaxed) != 0)
-    }
-
     /// Whether one more request may be taken: fewer completions than the ring holds wait in
     /// the overflow (those the guest has made room for are moved into the ring first).
     fn can_take(&self) -> Result<bool, LinkError> {
@@ -189,7 +181,7 @@ impl HostLink for ShmLink {
             // thread spins on (`AdaptiveSpin::spin_behind`). A sleeping guest was woken by
             // the completion's doorbell, and the kernel places a woken thread by itself.
             let mut behind = || {
-                !self.peer_sleeping(ctl::GUEST_SLEEPING)
+                !peer_sleeps(&self.window, ctl::GUEST_SLEEPING)
                     && self
                         .cq
                         .try_lock()

@@ -198,6 +198,13 @@ pub trait Doorbell: Send + Sync {
     }
 }
 
+/// Whether the side whose sleeping flag is control-page word `word` (`ctl::HOST_SLEEPING`,
+/// `ctl::GUEST_SLEEPING`) says it sleeps on its doorbell.
+pub fn peer_sleeps(win: &SharedWindow, word: u64) -> bool {
+    win.atomic_u32(CONTROL_OFFSET + word)
+        .is_ok_and(|w| w.load(Ordering::Relaxed) != 0)
+}
+
 /// A doorbell made of two words in the shared window, slept on with a futex.
 pub struct FutexDoorbell {
     win: Arc<SharedWindow>,
