@@ -32,7 +32,9 @@ bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 command -v busybox >/dev/null || { echo "build-guest-image: busybox-static is missing (scripts/install-deps.sh)" >&2; exit 1; }
 
 modules="virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console"
-work=$(mktemp -d)
+# Scratch space beside the output (the build's disk), not /tmp: /tmp may be a small tmpfs or
+# shared with everything else a CI machine runs.
+work=$(mktemp -d "$out/.build.XXXXXX")
 chmod 777 "$work"   # apt-get download writes as the _apt user
 trap 'rm -rf "$work"' EXIT
 
@@ -45,7 +47,12 @@ if [ ! -f "$out/vmlinuz" ] || [ ! -d "$out/modules" ]; then
   [ -n "$pkg" ] || { echo "build-guest-image: no Debian 6.1 kernel package found" >&2; exit 1; }
   echo "build-guest-image: extracting $pkg"
   (cd "$work" && apt-get download "$pkg" >/dev/null)
-  dpkg-deb -x "$work"/*.deb "$work/k"
+  # Only the kernel and the modules the guest loads (a few MiB; the whole package unpacks to
+  # about 400 MiB).
+  mkdir -p "$work/k"
+  dpkg-deb --fsys-tarfile "$work"/*.deb | tar -x -C "$work/k" --wildcards \
+    './boot/vmlinuz-*' './lib/modules/*/kernel/drivers/virtio/*' './lib/modules/*/kernel/drivers/char/virtio_console.ko*'
+  rm -f "$work"/*.deb
   kver=$(ls "$work/k/lib/modules" | head -1)
   rm -rf "$out/modules" && mkdir -p "$out/modules"
   for m in $modules; do
@@ -64,6 +71,17 @@ fi
 # The uncompressed kernel, when it can boot directly (an ELF with the PVH entry note, Xen's
 # note 18): QEMU loads it without the bzImage's decompressor, which costs 5-6 s of emulated
 # CPU under TCG (`virtsoc vm run` prefers it). Found by the payload's compression magic.
+# Whether ELF file `$1` holds all of itself (its section header table, the file's last part,
+# ends within it): a decompression cut short (a full disk) leaves a valid-looking head.
+elf_whole() {
+  local h start size count
+  h=$(LC_ALL=C readelf -h "$1" 2>/dev/null) || return 1
+  start=$(sed -n 's/.*Start of section headers: *\([0-9]*\).*/\1/p' <<<"$h")
+  size=$(sed -n 's/.*Size of section headers: *\([0-9]*\).*/\1/p' <<<"$h")
+  count=$(sed -n 's/.*Number of section headers: *\([0-9]*\).*/\1/p' <<<"$h")
+  [ -n "$start" ] && [ -n "$size" ] && [ -n "$count" ] &&
+    [ "$(stat -c %s "$1")" -ge $((start + size * count)) ]
+}
 if [ ! -f "$out/vmlinux" ] && [ ! -f "$out/vmlinux.none" ]; then
   touch "$out/vmlinux.none"
   for m in '\xfd7zXZ\x00:xz' '\x28\xb5\x2f\xfd:zstd' '\x1f\x8b\x08:gzip'; do
@@ -72,7 +90,7 @@ if [ ! -f "$out/vmlinux" ] && [ ! -f "$out/vmlinux.none" ]; then
     # The payload is followed by the bzImage's trailer: the decompressor complains, the
     # output is whole.
     tail -c +$((pos + 1)) "$out/vmlinuz" | "${m##*:}" -dc > "$out/vmlinux.tmp" 2>/dev/null || true
-    if readelf -n "$out/vmlinux.tmp" 2>/dev/null | grep -q 'Xen .*(0x00000012)'; then
+    if readelf -n "$out/vmlinux.tmp" 2>/dev/null | grep -q 'Xen .*(0x00000012)' && elf_whole "$out/vmlinux.tmp"; then
       mv "$out/vmlinux.tmp" "$out/vmlinux" && rm -f "$out/vmlinux.none"
       break
     fi

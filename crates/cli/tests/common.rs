@@ -19,6 +19,9 @@ pub struct Daemon {
     pub log: Receiver<String>,
     /// TCP address, when started with `--listen`.
     pub tcp: Option<String>,
+    /// Files the arguments name that the daemon leaves behind when killed: the window and
+    /// the doorbell socket of each `--vm NAME:SHM:SOCKET:MIB`.
+    leftovers: Vec<PathBuf>,
 }
 
 static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -76,11 +79,17 @@ impl Daemon {
                 }
             }
         });
+        let leftovers = extra
+            .windows(2)
+            .filter(|w| w[0] == "--vm")
+            .flat_map(|w| w[1].split(':').skip(1).take(2).map(PathBuf::from))
+            .collect();
         Daemon {
             child,
             socket,
             log,
             tcp,
+            leftovers,
         }
     }
 
@@ -129,6 +138,15 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
         let _ = std::fs::remove_file(&self.socket);
+        // The sockets the daemon puts beside its own (it removes them only on a clean exit).
+        for suffix in [".control", ".services", ".migrate"] {
+            let mut p = self.socket.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+        for f in &self.leftovers {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
 

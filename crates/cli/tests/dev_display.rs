@@ -279,4 +279,7 @@ fn timing_gives_the_vsync_clock_and_the_guests_ready_time() {
         t.ready_max_ns >= 40_000_000 && t.ready_max_ns >= t.ready_p90_ns,
         "{t:?}"
     );
+    drop(c);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
 }
