@@ -248,12 +248,26 @@ fn a_worker_decodes_what_the_process_decodes() {
         remote.name()
     );
     let (mut a, mut b) = (Vec::new(), Vec::new());
+    assert_eq!(
+        local.cpu_ns(),
+        None,
+        "a decoder in this process is not metered apart"
+    );
+    let mut cpu = remote.cpu_ns().unwrap();
     for (p, pts) in &pkts {
         a.extend(local.decode(p, *pts).unwrap());
         b.extend(remote.decode(p, *pts).unwrap());
+        // Each answer says the worker's CPU time so far: it only grows.
+        let now = remote.cpu_ns().unwrap();
+        assert!(now >= cpu, "{now} < {cpu}");
+        cpu = now;
     }
     a.extend(local.flush().unwrap());
     b.extend(remote.flush().unwrap());
+    assert!(
+        remote.cpu_ns().unwrap() > 0,
+        "20 pictures decoded in no CPU time"
+    );
     assert_eq!(a.len(), 20);
     assert!(
         b.iter().all(|f| !f.is_held() && f.data.is_empty()),

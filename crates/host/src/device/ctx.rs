@@ -33,6 +33,8 @@ pub struct DeviceCtx<'a> {
     pub policy: Option<&'a GuestPolicy>,
     /// Why the command failed, for the guest ([`DeviceCtx::fail`]).
     reason: std::sync::Mutex<Option<String>>,
+    /// The command's device time as the device measured it ([`DeviceCtx::busy_for`]).
+    busy_ns: std::sync::Mutex<Option<u64>>,
 }
 
 impl<'a> DeviceCtx<'a> {
@@ -51,6 +53,7 @@ impl<'a> DeviceCtx<'a> {
             reads_host: false,
             policy: None,
             reason: std::sync::Mutex::new(None),
+            busy_ns: std::sync::Mutex::new(None),
         }
     }
 
@@ -98,6 +101,18 @@ impl<'a> DeviceCtx<'a> {
     /// The reason recorded by [`fail`](Self::fail), taken.
     pub fn take_reason(&self) -> Option<String> {
         self.reason.lock_or_recover().take()
+    }
+
+    /// Says how much device time the command took as the device measured it (work it runs
+    /// apart, in a worker process: [`super::Reply::busy_for`]); the default `execute_async`
+    /// passes it on with the answer.
+    pub fn busy_for(&self, ns: u64) {
+        *self.busy_ns.lock_or_recover() = Some(ns);
+    }
+
+    /// The device time recorded by [`busy_for`](Self::busy_for), taken.
+    pub fn take_busy(&self) -> Option<u64> {
+        self.busy_ns.lock_or_recover().take()
     }
 
     /// Runs `f` on the bytes of region `id` in this device's memory. The guest must have

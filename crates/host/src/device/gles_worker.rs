@@ -86,35 +86,7 @@ pub(super) struct WorkerUse {
     pub(super) cpu_ns: u64,
 }
 
-/// The device time of a worker's batches ([`Reply::busy_for`]), from the CPU time each
-/// answer reports.
-pub(super) struct DeviceClock {
-    pub(super) cpus: u64,
-    pub(super) cpu_ns: u64,
-    pub(super) at: std::time::Instant,
-}
-
-impl DeviceClock {
-    pub(super) fn new() -> Self {
-        DeviceClock {
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
-            cpu_ns: 0,
-            at: std::time::Instant::now(),
-        }
-    }
-
-    /// The device time of a batch whose round trip took `wall`, answered with the worker's
-    /// CPU time `cpu_ns`: the CPU time since the previous answer, at most the wall time
-    /// since then times the host's CPUs, at least `wall`.
-    pub(super) fn batch(&mut self, wall: Duration, cpu_ns: u64) -> u64 {
-        let since = self.at.elapsed();
-        self.at = std::time::Instant::now();
-        let ceiling = (since.as_nanos() as u64).saturating_mul(self.cpus);
-        let spent = cpu_ns.saturating_sub(self.cpu_ns).min(ceiling);
-        self.cpu_ns = self.cpu_ns.max(cpu_ns);
-        spent.max(wall.as_nanos() as u64)
-    }
-}
+pub(super) use crate::device::share::DeviceClock;
 
 /// A worker's answer to one batch.
 pub(super) struct Answer {

@@ -195,8 +195,11 @@ pub trait Device: Send + Sync {
     /// Runs one device command and answers through `reply`, at once or once the work is done
     /// (a device with asynchronous work overrides this; the default runs
     /// [`execute`](Self::execute)).
-    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], mut reply: Reply) {
         let result = self.execute(cx, args);
+        if let Some(ns) = cx.take_busy() {
+            reply.busy_for(ns);
+        }
         reply.send_because(result, cx.take_reason());
     }
     /// A command that moves many bytes for the guest (a fill or copy of at least

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use virtsoc_fence::queue::DoneToken;
 use virtsoc_proto::{Opcode, Request};
@@ -399,6 +399,38 @@ pub(super) fn start(
             flag.store(false, Ordering::Release);
             wake();
         })),
+    }
+}
+
+/// The device time of the commands of a device that runs apart in a worker process (a
+/// guest's GLES render worker, a decoder's worker), from the CPU time the worker reports in
+/// each answer ([`Reply::busy_for`](super::Reply::busy_for)): what the guest's work cost,
+/// wherever and whenever it ran, rather than the wall time of the device thread's call.
+pub(crate) struct DeviceClock {
+    pub(crate) cpus: u64,
+    pub(crate) cpu_ns: u64,
+    pub(crate) at: std::time::Instant,
+}
+
+impl DeviceClock {
+    pub(crate) fn new() -> Self {
+        DeviceClock {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            cpu_ns: 0,
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// The device time of a batch whose round trip took `wall`, answered with the worker's
+    /// CPU time `cpu_ns`: the CPU time since the previous answer, at most the wall time
+    /// since then times the host's CPUs, at least `wall`.
+    pub(crate) fn batch(&mut self, wall: Duration, cpu_ns: u64) -> u64 {
+        let since = self.at.elapsed();
+        self.at = std::time::Instant::now();
+        let ceiling = (since.as_nanos() as u64).saturating_mul(self.cpus);
+        let spent = cpu_ns.saturating_sub(self.cpu_ns).min(ceiling);
+        self.cpu_ns = self.cpu_ns.max(cpu_ns);
+        spent.max(wall.as_nanos() as u64)
     }
 }
 

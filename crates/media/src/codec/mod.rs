@@ -493,6 +493,12 @@ pub trait DecoderBackend: Send {
     }
     /// Layout of the output pictures, once known (after the first picture for real codecs).
     fn output_layout(&self) -> Option<FrameLayout>;
+    /// CPU time the decoder has used so far, all its threads, in nanoseconds, where it runs
+    /// apart (a worker process: as its last answer said, not trusted beyond bounds); `None`
+    /// for a decoder that runs on the caller's threads, whose time the caller sees itself.
+    fn cpu_ns(&self) -> Option<u64> {
+        None
+    }
     /// Asks for pictures left in the decoder's own buffers until copied out with
     /// [`DecodedFrame::copy_into`] (one copy instead of two, for a caller that copies each
     /// picture into a buffer of its own anyway). Decoders that cannot ignore it.

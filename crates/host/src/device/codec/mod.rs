@@ -34,6 +34,13 @@
 //! for the packets in flight when no picture is ready yet (`got` 0 means the packets fed so
 //! far yield no more until more come, or `flush`).
 //!
+//! Device time: a decoder in a worker process decodes on its frame threads between the
+//! guest's commands, on the host's CPUs, while this device's thread serves other guests, so
+//! the wall time of a command on that thread says little of what it cost. Each of its
+//! commands is charged the CPU time the worker reports in its answers since the previous
+//! charge (`share::DeviceClock`, as the GLES render workers are), at least the command's own
+//! time; the schedulers weigh the guests by that.
+//!
 //! Damage is reported per packet and per picture, never as success and never on the wrong
 //! packet (`virtsoc_media::codec` tells how libavcodec's results are attributed):
 //! - a packet that fails outright fails the `decode` that fed it with
@@ -466,27 +473,11 @@ impl Codec {
     }
 
     fn flush(&self, guest: GuestId, c: api::Flush) -> DeviceResult {
-        let mut st = self.state();
-        let s = st.decoder(guest, c.handle)?;
-        let r = s.decoder.flush();
-        s.note_failures();
-        match r {
-            Ok(frames) => {
-                s.queue(frames);
-                let (failed, failed_pts, failed_seq) = s.take_unreported();
-                Ok(api::FlushReply {
-                    frames_ready: s.ready.len() as u64,
-                    failed,
-                    failed_pts,
-                    failed_seq,
-                }
-                .to_values())
-            }
-            Err(e) => {
-                log::debug!("codec: guest {guest}: decoder {}: flush: {e}", c.handle);
-                Err(status_of(&e))
-            }
-        }
+        let r = self.state().decoder(guest, c.handle)?.flush();
+        r.map(|r| r.to_values()).map_err(|e| {
+            log::debug!("codec: guest {guest}: decoder {}: flush: {e}", c.handle);
+            status_of(&e)
+        })
     }
 
     fn stream_info(&self, guest: GuestId, c: api::StreamInfo) -> DeviceResult {
@@ -649,16 +640,21 @@ impl Device for Codec {
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
-        match Command::decode(args)? {
-            Command::OpenDecoder(c) => self.open_decoder_for(cx, c),
-            Command::Decode(c) => self.decode(cx, c),
-            Command::ReceiveFrame(c) => self.receive_frame(cx, c),
-            Command::Flush(c) => self.flush(cx.guest, c),
-            Command::OpenEncoder(c) => self.open_encoder_for(cx, c),
-            Command::Encode(c) => self.encode(cx, c),
-            Command::Close(c) => self.close(cx.guest, c),
-            Command::StreamInfo(c) => self.stream_info(cx.guest, c),
+        let t0 = std::time::Instant::now();
+        let (r, decoder) = match Command::decode(args)? {
+            Command::OpenDecoder(c) => (self.open_decoder_for(cx, c), None),
+            Command::Decode(c) => (self.decode(cx, c), Some(c.handle)),
+            Command::ReceiveFrame(c) => (self.receive_frame(cx, c), Some(c.handle)),
+            Command::Flush(c) => (self.flush(cx.guest, c), Some(c.handle)),
+            Command::OpenEncoder(c) => (self.open_encoder_for(cx, c), None),
+            Command::Encode(c) => (self.encode(cx, c), None),
+            Command::Close(c) => (self.close(cx.guest, c), None),
+            Command::StreamInfo(c) => (self.stream_info(cx.guest, c), Some(c.handle)),
+        };
+        if let Some(h) = decoder {
+            self.state().charge(cx, h, t0.elapsed());
         }
+        r
     }
 
     fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {

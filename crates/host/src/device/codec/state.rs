@@ -3,7 +3,7 @@
 //! handle, and the quotas checked when one opens.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use virtsoc_ids::HandleId;
 use virtsoc_svm::GuestId;
 
@@ -13,6 +13,8 @@ use virtsoc_proto::wire::Format;
 use virtsoc_proto::Status;
 
 use super::replay;
+use crate::device::share::DeviceClock;
+use crate::device::DeviceCtx;
 use crate::Limits;
 
 /// An open decoder and the pictures waiting for `receive_frame`.
@@ -32,6 +34,8 @@ pub(super) struct DecoderSession {
     pub(super) unreported: Option<(u64, PacketError)>,
     /// The pictures lent as regions' replicas.
     pub(super) lent: super::lend::Lent,
+    /// The device time of this decoder's commands, from its worker's CPU time.
+    clock: DeviceClock,
 }
 
 impl DecoderSession {
@@ -49,7 +53,22 @@ impl DecoderSession {
             changes_at: VecDeque::new(),
             unreported: None,
             lent: Default::default(),
+            clock: DeviceClock::new(),
         }
+    }
+
+    /// `flush`: drains the decoder; the pictures it still held join the queue.
+    pub(super) fn flush(&mut self) -> virtsoc_media::Result<api::FlushReply> {
+        let r = self.decoder.flush();
+        self.note_failures();
+        self.queue(r?);
+        let (failed, failed_pts, failed_seq) = self.take_unreported();
+        Ok(api::FlushReply {
+            frames_ready: self.ready.len() as u64,
+            failed,
+            failed_pts,
+            failed_seq,
+        })
     }
 
     /// Whether `decode` must answer Busy: the pictures waiting for `receive_frame` and
@@ -306,6 +325,24 @@ impl State {
                 Ok(d)
             }
             _ => Err(Status::BadArgument),
+        }
+    }
+
+    /// Charges the command of `guest` on its decoder `handle` that took `wall` on the device
+    /// thread with what the decoder's worker used since its previous answer (its frame
+    /// threads go on decoding between the guest's commands, on the host's CPUs, while the
+    /// device thread serves other guests): the device time `cx` passes on with the answer.
+    /// A decoder on the device's own threads, or a handle that is gone, is charged the wall
+    /// time as every command is.
+    pub(super) fn charge(&mut self, cx: &DeviceCtx<'_>, handle: HandleId, wall: Duration) {
+        if let Some(Open {
+            session: Session::Decoder(d),
+            ..
+        }) = self.sessions.get_mut(&(cx.guest, handle))
+        {
+            if let Some(cpu) = d.decoder.cpu_ns() {
+                cx.busy_for(d.clock.batch(wall, cpu));
+            }
         }
     }
 

@@ -429,3 +429,79 @@ fn a_guest_policy_sets_its_share_of_codec_sessions() {
     }
     assert_eq!(open(2, None), Err(Status::OutOfMemory));
 }
+
+/// A decoder running apart that reports the CPU time it is told, decoding nothing.
+struct Metered(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl virtsoc_media::DecoderBackend for Metered {
+    fn name(&self) -> &str {
+        "metered"
+    }
+    fn decode(&mut self, _packet: &[u8], _pts: i64) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        Ok(Vec::new())
+    }
+    fn flush(&mut self) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        Ok(Vec::new())
+    }
+    fn output_layout(&self) -> Option<FrameLayout> {
+        None
+    }
+    fn cpu_ns(&self) -> Option<u64> {
+        Some(self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// A decoder's commands are charged what its worker used since its previous answer (its
+/// frame threads decode between the guest's commands, while the device thread serves
+/// others), at least the command's own time and at most the wall time since the previous
+/// charge times the CPUs; a decoder on the device's own threads is not measured apart.
+#[test]
+fn a_decoders_commands_are_charged_its_workers_cpu_time() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let codec = Codec::new(&DeviceConfig::default()).unwrap();
+    let core = crate::testkit::Core::new();
+    let g = GuestId(1);
+    let cx = DeviceCtx::new(
+        g,
+        &core.svm,
+        virtsoc_svm::DomainId(0),
+        core.session.fences(),
+    );
+    let c = api::OpenDecoder {
+        kind: codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads: 1,
+    };
+    let h = HandleId(codec.open_decoder_for(&cx, c).unwrap()[0]);
+    let flush = |cx: &DeviceCtx<'_>| {
+        let args = virtsoc_devapi::DeviceCommand::encode(&api::Flush { handle: h });
+        codec.execute(cx, &args).unwrap();
+        cx.take_busy()
+    };
+    assert_eq!(
+        flush(&cx),
+        None,
+        "in process: the wall time, as any command"
+    );
+    let cpu = std::sync::Arc::new(AtomicU64::new(0));
+    codec.state().decoder(g, h).unwrap().decoder = Box::new(Metered(cpu.clone()));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    cpu.store(15_000_000, Ordering::Relaxed);
+    let first = flush(&cx).expect("measured apart");
+    assert_eq!(
+        first, 15_000_000,
+        "the worker's 15 ms since the session opened"
+    );
+    // Nothing used since: at least the command's own time, far below a millisecond here.
+    let idle = flush(&cx).unwrap();
+    assert!(idle < 1_000_000, "{idle}");
+    // A worker claiming more than its CPUs could give in the time since: capped.
+    cpu.store(u64::MAX / 2, Ordering::Relaxed);
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let capped = flush(&cx).unwrap();
+    assert!(
+        capped >= 10_000_000 && capped < 10_000_000 * cpus * 10,
+        "{capped}"
+    );
+}
