@@ -379,10 +379,9 @@ impl Codec {
         s.note_failures();
         match r {
             Ok(frames) => {
-                s.queue(frames);
-                let (failed, failed_pts, failed_seq) = s.take_unreported();
+                let [frames_ready, failed, failed_pts, failed_seq] = s.report(frames);
                 Ok(api::DecodeReply {
-                    frames_ready: s.ready.len() as u64,
+                    frames_ready,
                     failed,
                     failed_pts,
                     failed_seq,

@@ -61,14 +61,21 @@ impl DecoderSession {
     pub(super) fn flush(&mut self) -> virtsoc_media::Result<api::FlushReply> {
         let r = self.decoder.flush();
         self.note_failures();
-        self.queue(r?);
-        let (failed, failed_pts, failed_seq) = self.take_unreported();
+        let [frames_ready, failed, failed_pts, failed_seq] = self.report(r?);
         Ok(api::FlushReply {
-            frames_ready: self.ready.len() as u64,
+            frames_ready,
             failed,
             failed_pts,
             failed_seq,
         })
+    }
+
+    /// Queues the pictures a `decode` or `flush` got back; what its answer reports: the
+    /// pictures ready, and the failures not reported yet (count, last pts and sequence).
+    pub(super) fn report(&mut self, frames: Vec<DecodedFrame>) -> [u64; 4] {
+        self.queue(frames);
+        let (failed, failed_pts, failed_seq) = self.take_unreported();
+        [self.ready.len() as u64, failed, failed_pts, failed_seq]
     }
 
     /// Whether `decode` must answer Busy: the pictures waiting for `receive_frame` and
