@@ -167,12 +167,15 @@ fn a_fast_viewer_is_paced_by_the_view_budget() {
     let d = Daemon::start(&["--gpu-backend", "null", "--isp-backend", "null"]);
     let stop = Arc::new(AtomicBool::new(false));
     let (guest, h) = presenter(&d, stop.clone());
-    frame_ids(&d, guest, 4);
+    // A request is charged once its answer is written, so the next one can arrive before
+    // the charge that would make it wait (the daemon's thread preempted between the two on
+    // a loaded machine): 1 of 3 waited in one fresh-clone run with 4 frames. 8 give 7
+    // chances for the 2 waits asked below.
+    frame_ids(&d, guest, 8);
     let b: Value = get(&d, "/view/budget").json();
     assert_eq!(b["pct"], 4.0, "{b}");
-    // A request is charged once its answer is written, so the last frame's charge may land
-    // after the viewer has it and asks for the budget.
-    assert!(b["requests"].as_u64().unwrap_or(0) >= 3, "{b}");
+    // The last frame's charge may land after the viewer has it and asks for the budget.
+    assert!(b["requests"].as_u64().unwrap_or(0) >= 7, "{b}");
     assert!(b["delayed"].as_u64().unwrap_or(0) >= 2, "{b}");
     assert!(b["view_cpu_ms"].as_f64().unwrap_or(0.0) > 0.0, "{b}");
     stop.store(true, Ordering::Relaxed);
