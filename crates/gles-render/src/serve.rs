@@ -14,7 +14,7 @@ use virtsoc_proto::stream::write_all_vectored;
 
 use crate::egl::EglError;
 use crate::sandbox::SandboxError;
-use crate::worker::{cpu_ns, Renderer, WorkerError, BAD_STREAM, FROM_DAEMON, LOST, MAX_BATCH, OK};
+use crate::worker::{Renderer, WorkerError, BAD_STREAM, FROM_DAEMON, LOST, MAX_BATCH, OK};
 
 /// Most descriptors one message may bring (the daemon sends one per MAP).
 pub const MAX_FDS: usize = 16;
@@ -158,7 +158,7 @@ pub fn serve_confined(
         head.extend_from_slice(&(msg.len() as u32).to_le_bytes());
         let gl_bytes = renderer.as_ref().map_or(0, Renderer::gl_bytes);
         head.extend_from_slice(&gl_bytes.to_le_bytes());
-        head.extend_from_slice(&cpu_ns().to_le_bytes());
+        head.extend_from_slice(&virtsoc_sandbox::process_cpu_ns().to_le_bytes());
         head.extend_from_slice(&placed.to_le_bytes());
         let mapped = renderer.as_ref().map_or(0, |r| r.mappings.len() as u32);
         head.extend_from_slice(&mapped.to_le_bytes());

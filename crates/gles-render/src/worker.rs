@@ -530,21 +530,6 @@ pub(crate) fn answer(reply: &mut Encoder, op: u32, words: &[u32]) {
     }
 }
 
-/// The worker's CPU time so far, all its threads, in nanoseconds.
-pub(crate) fn cpu_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which `t` is.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
-        return 0;
-    }
-    (t.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(t.tv_nsec as u64)
-}
-
 pub use crate::serve::{serve, serve_confined};
 
 #[cfg(test)]

@@ -170,15 +170,6 @@ impl Drop for WorkerProcess {
     }
 }
 
-/// This process's CPU time so far, all its threads, in nanoseconds (what a worker reports
-/// in its answers, for the device time of its guest's commands).
-pub(crate) fn cpu_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    (t.tv_sec.max(0) as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(t.tv_nsec.max(0) as u64)
-}
-
 /// The worker's side: takes stdin as its socket to the parent, enters the [`sandbox`], then
 /// hands every call (of at most `max_call` bytes) to `handle`, which answers on the socket,
 /// until the parent hangs up. `what` names the worker in errors.

@@ -545,7 +545,7 @@ pub fn serve_decoder() -> Result<()> {
         let sent = {
             let mut held = shared::lock(&slots);
             let (dropped, new) = held.take_news();
-            a.u64(crate::worker::cpu_ns());
+            a.u64(virtsoc_sandbox::process_cpu_ns());
             a.u32(dropped.len() as u32);
             for id in dropped {
                 a.u32(id);
