@@ -139,15 +139,22 @@ mod tests {
             })
             .unwrap();
         let tid = rx.recv().unwrap();
-        assert_eq!(renice_threads(&["vs-nicetest"], &[], 7).unwrap(), 1);
-        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 7);
-        assert_eq!(renice_threads(&["no-such-thread-"], &[], 7).unwrap(), 0);
+        // Nice values above the one the threads start with (`nice` makes it 10), as a thread
+        // is never moved to a lower one.
+        let (a, b) = (mine + 2, mine + 4);
+        assert!(
+            b <= 19,
+            "the test needs to start at nice 15 or less, not {mine}"
+        );
+        assert_eq!(renice_threads(&["vs-nicetest"], &[], a).unwrap(), 1);
+        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), a);
+        assert_eq!(renice_threads(&["no-such-thread-"], &[], a).unwrap(), 0);
         // By id, whatever its name; never to a lower nice value.
         let raw = tid.as_raw_nonzero().get();
-        assert_eq!(renice_threads(&[], &[raw], 9).unwrap(), 1);
-        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 9);
-        assert_eq!(renice_threads(&[], &[raw], 3).unwrap(), 0);
-        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), 9);
+        assert_eq!(renice_threads(&[], &[raw], b).unwrap(), 1);
+        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), b);
+        assert_eq!(renice_threads(&[], &[raw], a).unwrap(), 0);
+        assert_eq!(rustix::process::getpriority_process(Some(tid)).unwrap(), b);
         assert_eq!(
             rustix::process::getpriority_process(Some(me)).unwrap(),
             mine
