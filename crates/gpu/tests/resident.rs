@@ -578,3 +578,56 @@ fn sampling_reads_the_texels_of_the_grid() {
         .sample_plane(&img, 0, (axis(0, 8, 4, 0, 3, 2, 0), cy), |_| ())
         .is_err());
 }
+
+/// Only the backend's poller thread waits on the device: readers on other threads wait for
+/// it to see their work done, and a completion callback, which runs on the poller, reads
+/// back by polling from there (were it to wait for the poller, nothing would poll).
+#[test]
+fn readers_on_several_threads_and_in_a_callback_read_their_own_work() {
+    let g = gpu_or_skip!();
+    let solid = |v: u8| {
+        let mut f = frame(FrameLayout::packed(PixelFormat::Rgba8, 48, 32).unwrap());
+        f.data.fill(v);
+        f
+    };
+    let (src, dst) = (upload(g, &solid(0x41)), upload(g, &solid(0)));
+    let id = g
+        .submit_composite_images(
+            &[ImageLayer::new(&src, Rect::new(0, 0, 48, 32)).with_blend(false)],
+            &dst,
+        )
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let back = dst.clone();
+    g.on_submission_done(
+        id,
+        Box::new(move |_| {
+            let mut out = vec![0u8; back.bytes()];
+            let r = g.read_image(&back, 0, &mut out);
+            let _ = tx.send(r.map(|()| out[..4].to_vec()));
+        }),
+    );
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(150))
+        .expect("the callback's readback never finished");
+    assert_eq!(got.unwrap(), vec![0x41; 4]);
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            s.spawn(move || {
+                let (src, dst) = (upload(g, &solid(0)), upload(g, &solid(0)));
+                for i in 0..12u8 {
+                    let v = t * 50 + i;
+                    g.write_image(&src, 0, &solid(v).data).unwrap();
+                    let layer = ImageLayer::new(&src, Rect::new(0, 0, 48, 32)).with_blend(false);
+                    let id = g.submit_composite_images(&[layer], &dst).unwrap();
+                    if i % 2 == 0 {
+                        g.wait_submission(id).unwrap();
+                        assert!(g.completed_submission() >= id);
+                    }
+                    let f = download(g, &dst);
+                    assert!(f.data.iter().all(|b| *b == v), "thread {t}, round {i}");
+                }
+            });
+        }
+    });
+}

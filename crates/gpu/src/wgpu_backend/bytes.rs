@@ -11,7 +11,7 @@ use virtsoc_sync::LockExt;
 use super::image::GpuImage;
 use super::ops::{covers_opaque, ImageLayer};
 use super::pool::BufKey;
-use super::{align_up, State, SubmissionId, Submitted, WgpuBackend};
+use super::{align_up, State, SubmissionId, Submitted, WgpuBackend, MAP_LIMIT};
 use crate::{
     check_layers, check_markers, check_rgb_dst, check_view, Clear, FrameLayout, FrameMut, FrameRef,
     GpuBackend, GpuError, GpuStats, Layer, Marker, Result, View,
@@ -27,7 +27,8 @@ pub struct PendingFrame {
     bytes_per_row: u32,
     upload: Duration,
     submitted: Instant,
-    work: wgpu::SubmissionIndex,
+    /// The work's submission (the copy into the buffer is `id`).
+    work: (SubmissionId, wgpu::SubmissionIndex),
     copy: wgpu::SubmissionIndex,
     work_done: Arc<Mutex<Option<Instant>>>,
     copy_done: Arc<Mutex<Option<Instant>>>,
@@ -122,7 +123,7 @@ impl WgpuBackend {
             bytes_per_row: bpr as u32,
             upload,
             submitted: work.at,
-            work: work.index,
+            work: (work.id, work.index),
             copy: copy.index,
             work_done: work.done,
             copy_done: copy.done,
@@ -241,8 +242,8 @@ impl WgpuBackend {
         check_rgb_dst("finish", &l, dst.data.len())?;
         // Wait for the work first so its completion time is recorded apart
         // from the readback copy's.
-        self.wait_index(&pending.work)?;
-        self.map_read(&[&pending.buffer], &pending.copy)?;
+        self.wait_done(pending.work.0, Some(&pending.work.1), MAP_LIMIT)?;
+        self.map_read(&[&pending.buffer], (pending.id, &pending.copy))?;
         let mapped_at = Instant::now();
         let work_done = pending.work_done.lock_or_recover().unwrap_or(mapped_at);
         let copy_done = pending.copy_done.lock_or_recover().unwrap_or(mapped_at);

@@ -3,13 +3,23 @@
 //! on a condvar when there is nothing to wait for), and the callbacks of
 //! [`WgpuBackend::on_submission_done`](super::WgpuBackend::on_submission_done),
 //! which it runs without holding any lock.
+//!
+//! The poller is the only thread that waits on the device: every other thread
+//! that needs a submission done waits here ([`Completion::wait`]) for the
+//! poller to see it. Waits of several threads on the device at once are what
+//! wgpu's `Device::maintain` races on (an assertion that fails when another
+//! thread's poll moved the queue on in between, wgpu 30; gfx-rs/wgpu#9958), and
+//! concurrency into the driver is where drivers have corrupted memory
+//! (gfx-rs/wgpu#10085). Code that runs on the poller itself (a callback) polls
+//! the device from there, as it cannot wait for its own thread.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use virtsoc_sync::{CondvarExt, LockExt};
 
 use super::SubmissionId;
@@ -32,6 +42,27 @@ struct Inner {
     /// Set when the device was lost or polling failed: everything fails.
     failed: Option<GpuError>,
     shutdown: bool,
+}
+
+thread_local! {
+    /// Set on a backend's poller thread.
+    static ON_POLLER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is a backend's poller (where callbacks run).
+pub(super) fn on_poller() -> bool {
+    ON_POLLER.with(Cell::get)
+}
+
+/// How a [`Completion::wait`] ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Waited {
+    /// The submission completed.
+    Done,
+    /// The timeout passed first.
+    TimedOut,
+    /// The device was lost or polling failed (the reason), or the backend is being dropped.
+    Failed(GpuError),
 }
 
 /// Shared between the backend, the work-done closures and the poller thread.
@@ -89,6 +120,30 @@ impl Completion {
         self.cv.notify_all();
     }
 
+    /// Waits until submission `id` has completed (as the poller saw it), the
+    /// device failed, or `timeout` passed. Never call it on the poller thread
+    /// ([`on_poller`]): nothing would poll.
+    pub(super) fn wait(&self, id: SubmissionId, timeout: Duration) -> Waited {
+        let end = Instant::now() + timeout;
+        let mut g = self.inner.lock_or_recover();
+        loop {
+            if self.completed() >= id {
+                return Waited::Done;
+            }
+            if let Some(e) = &g.failed {
+                return Waited::Failed(e.clone());
+            }
+            if g.shutdown {
+                return Waited::Failed(GpuError::Backend("the GPU backend was dropped".into()));
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Waited::TimedOut;
+            }
+            g = self.cv.wait_timeout_or_recover(g, left).0;
+        }
+    }
+
     pub(super) fn shutdown(&self) {
         let mut g = self.inner.lock_or_recover();
         g.shutdown = true;
@@ -113,6 +168,7 @@ pub(super) fn spawn_poller(device: wgpu::Device, c: Arc<Completion>) -> Result<J
 }
 
 fn poller(device: wgpu::Device, c: Arc<Completion>) {
+    ON_POLLER.with(|p| p.set(true));
     let mut g = c.inner.lock_or_recover();
     loop {
         let done = c.completed();

@@ -447,7 +447,7 @@ impl WgpuBackend {
         let sub = self.submit(&mut st, enc.finish());
         drop(st);
         let refs: Vec<&wgpu::Buffer> = bufs.iter().map(|b| &b.1).collect();
-        self.map_read(&refs, &sub.index)?;
+        self.map_read(&refs, (sub.id, &sub.index))?;
         for (i, (_, buf, bpr)) in bufs.iter().enumerate() {
             {
                 let view = buf

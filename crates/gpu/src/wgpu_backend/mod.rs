@@ -31,7 +31,9 @@
 //! register a callback with [`WgpuBackend::on_submission_done`] (called on the
 //! backend's poller thread, which polls the device only while submissions are
 //! outstanding). Submissions complete in order, so "completed >= id" means
-//! every earlier submission is done too.
+//! every earlier submission is done too. The poller is the only thread that
+//! waits on the device: [`WgpuBackend::wait_submission`] and readbacks wait for
+//! it to see their submission done (see `completion`).
 //!
 //! The byte API splits every operation into `submit_*` (validate, upload into
 //! pooled images, encode, submit) and [`WgpuBackend::finish`] (wait, read back
@@ -88,7 +90,7 @@ pub use ops::ImageLayer;
 pub use present::{SurfaceOutcome, SurfacePresenter};
 pub use sample::SampleAxis;
 
-use completion::Completion;
+use completion::{Completion, Waited};
 use pipelines::{PipeKey, Pipelines};
 use pool::Pool;
 
@@ -213,6 +215,9 @@ fn poll(device: &wgpu::Device, how: wgpu::PollType) -> std::result::Result<(), w
     }
 }
 
+/// How long a readback waits for its submission.
+const MAP_LIMIT: Duration = Duration::from_secs(120);
+
 fn backend_err(e: impl std::fmt::Display) -> GpuError {
     GpuError::Backend(e.to_string())
 }
@@ -331,9 +336,9 @@ impl WgpuBackend {
         self.state.lock_or_recover().last_submission
     }
 
-    /// Highest submission known to be complete; polls the device without blocking.
+    /// Highest submission known to be complete (as the poller thread saw it: it waits on the
+    /// device whenever submissions are outstanding). Does not block.
     pub fn completed_submission(&self) -> SubmissionId {
-        let _ = poll(&self.device, wgpu::PollType::Poll);
         self.completion.completed()
     }
 
@@ -342,30 +347,7 @@ impl WgpuBackend {
         if id > self.last_submission() {
             return Err(GpuError::UnknownSubmission(id));
         }
-        let start = Instant::now();
-        loop {
-            if self.completion.completed() >= id {
-                return Ok(());
-            }
-            self.check_lost()?;
-            if start.elapsed() > Duration::from_secs(120) {
-                return Err(GpuError::Backend(format!(
-                    "submission {id} did not complete"
-                )));
-            }
-            // The work-done callbacks run inside some poll (this one or the
-            // poller thread's); either way `completed` moves on.
-            match poll(
-                &self.device,
-                wgpu::PollType::Wait {
-                    submission_index: None,
-                    timeout: Some(Duration::from_millis(200)),
-                },
-            ) {
-                Ok(_) | Err(wgpu::PollError::Timeout) => {}
-                Err(e) => return Err(backend_err(e)),
-            }
-        }
+        self.wait_done(id, None, Duration::from_secs(120))
     }
 
     /// Calls `f` once submission `id` has completed (`Ok`) or the device was
@@ -439,25 +421,53 @@ impl WgpuBackend {
         }
     }
 
-    /// Waits until `index` has completed (polling from this thread).
-    fn wait_index(&self, index: &wgpu::SubmissionIndex) -> Result<()> {
-        // A poll that panicked (see [`poll`]) is tried again, a bounded number of times.
-        let mut tries = 0;
+    /// Waits until submission `id` (wgpu's `index`, when known) has completed, at most
+    /// `limit`. Off the poller thread it waits for the poller to see it
+    /// ([`completion::Completion::wait`]); on the poller (a callback) it polls the device
+    /// from there.
+    fn wait_done(
+        &self,
+        id: SubmissionId,
+        index: Option<&wgpu::SubmissionIndex>,
+        limit: Duration,
+    ) -> Result<()> {
+        let start = Instant::now();
         loop {
+            if self.completion.completed() >= id {
+                return self.check_lost();
+            }
+            self.check_lost()?;
+            let left = limit.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(GpuError::Backend(format!(
+                    "submission {id} did not complete"
+                )));
+            }
+            if !completion::on_poller() {
+                match self.completion.wait(id, left) {
+                    Waited::Done | Waited::TimedOut => continue,
+                    Waited::Failed(e) => return Err(e),
+                }
+            }
+            // On the poller thread, nothing else polls: do it here. A poll that panicked
+            // (see [`poll`]) is tried again, until the limit.
             let how = wgpu::PollType::Wait {
-                submission_index: Some(index.clone()),
-                timeout: Some(Duration::from_secs(10)),
+                submission_index: index.cloned(),
+                timeout: Some(left.min(Duration::from_millis(200))),
             };
             match poll(&self.device, how) {
-                Ok(()) => return self.check_lost(),
-                Err(wgpu::PollError::Timeout) if tries < 12 => tries += 1,
+                Ok(()) | Err(wgpu::PollError::Timeout) => {}
                 Err(e) => return Err(backend_err(e)),
             }
         }
     }
 
-    /// Maps `buffers` for reading after submission `index` and waits.
-    fn map_read(&self, buffers: &[&wgpu::Buffer], index: &wgpu::SubmissionIndex) -> Result<()> {
+    /// Maps `buffers` for reading after submission `sub` and waits.
+    fn map_read(
+        &self,
+        buffers: &[&wgpu::Buffer],
+        sub: (SubmissionId, &wgpu::SubmissionIndex),
+    ) -> Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         for b in buffers {
             let tx = tx.clone();
@@ -465,7 +475,10 @@ impl WgpuBackend {
                 let _ = tx.send(r);
             });
         }
-        self.wait_index(index)?;
+        self.wait_done(sub.0, Some(sub.1), MAP_LIMIT)?;
+        // A map asked for after the poller had seen its submission done is served by the
+        // next poll (a non-blocking one: it waits on nothing).
+        let _ = poll(&self.device, wgpu::PollType::Poll);
         let start = Instant::now();
         for _ in buffers {
             loop {
@@ -492,11 +505,8 @@ impl WgpuBackend {
 impl Drop for WgpuBackend {
     fn drop(&mut self) {
         // Let outstanding work finish so pending callbacks get their result.
-        let how = wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: Some(Duration::from_secs(10)),
-        };
-        let _ = poll(&self.device, how);
+        let last = self.last_submission();
+        let _ = self.wait_done(last, None, Duration::from_secs(10));
         self.completion.shutdown();
         if let Some(h) = self.poller.take() {
             let _ = h.join();

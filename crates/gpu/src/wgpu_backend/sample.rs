@@ -231,7 +231,7 @@ impl WgpuBackend {
         enc.copy_buffer_to_buffer(&storage, 0, &readback, 0, bytes);
         let sub = self.submit(&mut st, enc.finish());
         drop(st);
-        self.map_read(&[&readback], &sub.index)?;
+        self.map_read(&[&readback], (sub.id, &sub.index))?;
         {
             let view = readback
                 .slice(..)
