@@ -218,6 +218,8 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
                     if g.failed.is_none() {
                         g.failed = Some(GpuError::DeviceLost(e.to_string()));
                     }
+                    // Threads in `wait` learn it now, not at their timeout.
+                    c.cv.notify_all();
                 }
             }
             continue;
