@@ -227,3 +227,42 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
         g = c.cv.wait_or_recover(g);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_ends_with_the_submission_the_failure_or_the_timeout() {
+        let c = Completion::new();
+        assert_eq!(
+            c.wait(0, Duration::ZERO),
+            Waited::Done,
+            "nothing to wait for"
+        );
+        assert_eq!(c.wait(2, Duration::ZERO), Waited::TimedOut);
+        c.work_done(2);
+        assert_eq!(
+            c.wait(1, Duration::ZERO),
+            Waited::Done,
+            "in order: 2 done, so 1"
+        );
+        assert_eq!(c.wait(2, Duration::from_secs(60)), Waited::Done);
+        assert_eq!(c.wait(3, Duration::ZERO), Waited::TimedOut);
+        let lost = GpuError::DeviceLost("gone".into());
+        c.fail(lost.clone());
+        assert_eq!(c.wait(3, Duration::from_secs(60)), Waited::Failed(lost));
+        assert_eq!(
+            c.wait(2, Duration::ZERO),
+            Waited::Done,
+            "done before the loss"
+        );
+        let d = Completion::new();
+        d.shutdown();
+        assert!(matches!(
+            d.wait(1, Duration::from_secs(60)),
+            Waited::Failed(_)
+        ));
+        assert!(!on_poller(), "a test thread is no poller");
+    }
+}
