@@ -65,6 +65,17 @@ pub(super) enum Waited {
     Failed(GpuError),
 }
 
+impl Inner {
+    /// Why every pending and later wait and callback fails, if they do: the device was
+    /// lost or polling failed, or the backend is being dropped.
+    fn failure(&self) -> Option<GpuError> {
+        self.failed.clone().or_else(|| {
+            self.shutdown
+                .then(|| GpuError::Backend("the GPU backend was dropped".into()))
+        })
+    }
+}
+
 /// Shared between the backend, the work-done closures and the poller thread.
 pub(super) struct Completion {
     completed: AtomicU64,
@@ -130,11 +141,8 @@ impl Completion {
             if self.completed() >= id {
                 return Waited::Done;
             }
-            if let Some(e) = &g.failed {
-                return Waited::Failed(e.clone());
-            }
-            if g.shutdown {
-                return Waited::Failed(GpuError::Backend("the GPU backend was dropped".into()));
+            if let Some(e) = g.failure() {
+                return Waited::Failed(e);
             }
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -176,10 +184,7 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
             .into_iter()
             .map(|(f, e)| (f, Err(e)))
             .collect();
-        let fail = g.failed.clone().or_else(|| {
-            g.shutdown
-                .then(|| GpuError::Backend("the GPU backend was dropped".into()))
-        });
+        let fail = g.failure();
         let later = g.waiting.split_off(&(done + 1));
         let now = std::mem::replace(&mut g.waiting, later);
         ready.extend(now.into_values().flatten().map(|f| (f, Ok(()))));

@@ -433,10 +433,10 @@ impl WgpuBackend {
     ) -> Result<()> {
         let start = Instant::now();
         loop {
-            if self.completion.completed() >= id {
-                return self.check_lost();
-            }
             self.check_lost()?;
+            if self.completion.completed() >= id {
+                return Ok(());
+            }
             let left = limit.saturating_sub(start.elapsed());
             if left.is_zero() {
                 return Err(GpuError::Backend(format!(
