@@ -579,9 +579,11 @@ fn sampling_reads_the_texels_of_the_grid() {
         .is_err());
 }
 
-/// Only the backend's poller thread waits on the device: readers on other threads wait for
-/// it to see their work done, and a completion callback, which runs on the poller, reads
-/// back by polling from there (were it to wait for the poller, nothing would poll).
+/// Only the backend's poller thread waits on the device, or polls it at all: readers on other
+/// threads wait for it to see their work done (and ask it for a poll when their buffer's map
+/// came after that), and a completion callback, which runs on the poller, reads back by
+/// polling from there (were it to wait for the poller, nothing would poll). No other thread
+/// of this test binary made a poll when it ends.
 #[test]
 fn readers_on_several_threads_and_in_a_callback_read_their_own_work() {
     let g = gpu_or_skip!();
@@ -630,4 +632,9 @@ fn readers_on_several_threads_and_in_a_callback_read_their_own_work() {
             });
         }
     });
+    assert_eq!(
+        g.polls_off_poller(),
+        0,
+        "device polls made on threads other than the poller"
+    );
 }

@@ -10,8 +10,11 @@
 //! wgpu's `Device::maintain` races on (an assertion that fails when another
 //! thread's poll moved the queue on in between, wgpu 30; gfx-rs/wgpu#9958), and
 //! concurrency into the driver is where drivers have corrupted memory
-//! (gfx-rs/wgpu#10085). Code that runs on the poller itself (a callback) polls
-//! the device from there, as it cannot wait for its own thread.
+//! (gfx-rs/wgpu#10085). It is also the only thread that polls at all: a reader
+//! whose buffer map was asked for after the poll that saw its submission done
+//! asks the poller for one more poll ([`Completion::want_poll`]) instead of
+//! polling itself. Code that runs on the poller itself (a callback) polls the
+//! device from there, as it cannot wait for its own thread.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -42,6 +45,8 @@ struct Inner {
     /// Set when the device was lost or polling failed: everything fails.
     failed: Option<GpuError>,
     shutdown: bool,
+    /// A thread asked for a poll (a buffer map's callback runs inside one).
+    poll_wanted: bool,
 }
 
 thread_local! {
@@ -79,6 +84,8 @@ impl Inner {
 /// Shared between the backend, the work-done closures and the poller thread.
 pub(super) struct Completion {
     completed: AtomicU64,
+    /// Device polls made on a thread other than the poller.
+    polls_off_poller: AtomicU64,
     inner: Mutex<Inner>,
     cv: Condvar,
 }
@@ -87,6 +94,7 @@ impl Completion {
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Completion {
             completed: AtomicU64::new(0),
+            polls_off_poller: AtomicU64::new(0),
             inner: Mutex::new(Inner::default()),
             cv: Condvar::new(),
         })
@@ -95,6 +103,32 @@ impl Completion {
     /// Highest submission known to be complete.
     pub(super) fn completed(&self) -> SubmissionId {
         self.completed.load(Ordering::Acquire)
+    }
+
+    /// Counts a device poll about to be made on this thread (see
+    /// [`polls_off_poller`](Self::polls_off_poller)).
+    pub(super) fn note_poll(&self) {
+        if !on_poller() {
+            self.polls_off_poller.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Device polls made so far on threads other than the poller (none are expected).
+    pub(super) fn polls_off_poller(&self) -> u64 {
+        self.polls_off_poller.load(Ordering::Relaxed)
+    }
+
+    /// Why waits fail now, if they do (see [`Waited::Failed`]).
+    pub(super) fn failure(&self) -> Option<GpuError> {
+        self.inner.lock_or_recover().failure()
+    }
+
+    /// Asks the poller for one more (non-blocking) poll, made after this call: a buffer map
+    /// asked for after the poll that saw its submission done is served by a later poll.
+    pub(super) fn want_poll(&self) {
+        let mut g = self.inner.lock_or_recover();
+        g.poll_wanted = true;
+        self.cv.notify_all();
     }
 
     /// Submission `id` (wgpu's `index`) was handed to the queue: the poller has work.
@@ -201,35 +235,40 @@ fn poller(device: wgpu::Device, c: Arc<Completion>) {
         if g.shutdown {
             return;
         }
-        if g.submitted > done && g.failed.is_none() {
+        if g.failed.is_some() {
+            g = c.cv.wait_or_recover(g);
+            continue;
+        }
+        // A poll asked for goes first: it waits on nothing, and its asker is waiting.
+        let how = if std::mem::take(&mut g.poll_wanted) {
+            wgpu::PollType::Poll
+        } else if g.submitted > done {
             // The oldest submission not known complete: waiting for the newest (wgpu's
             // default) would answer every earlier one only when the newest is done, so
             // with several on the queue their answers would come together, each but the
             // last late, and device time would be charged to the wrong commands.
             g.indices = g.indices.split_off(&(done + 1));
-            let oldest = g.indices.values().next().cloned();
-            drop(g);
-            let r = super::poll(
-                &device,
-                wgpu::PollType::Wait {
-                    submission_index: oldest,
-                    timeout: Some(Duration::from_secs(1)),
-                },
-            );
-            g = c.inner.lock_or_recover();
-            match r {
-                Ok(_) | Err(wgpu::PollError::Timeout) => {}
-                Err(e) => {
-                    if g.failed.is_none() {
-                        g.failed = Some(GpuError::DeviceLost(e.to_string()));
-                    }
-                    // Threads in `wait` learn it now, not at their timeout.
-                    c.cv.notify_all();
-                }
+            wgpu::PollType::Wait {
+                submission_index: g.indices.values().next().cloned(),
+                timeout: Some(Duration::from_secs(1)),
             }
+        } else {
+            g = c.cv.wait_or_recover(g);
             continue;
+        };
+        drop(g);
+        let r = super::poll(&device, &c, how);
+        g = c.inner.lock_or_recover();
+        match r {
+            Ok(_) | Err(wgpu::PollError::Timeout) => {}
+            Err(e) => {
+                if g.failed.is_none() {
+                    g.failed = Some(GpuError::DeviceLost(e.to_string()));
+                }
+                // Threads in `wait` learn it now, not at their timeout.
+                c.cv.notify_all();
+            }
         }
-        g = c.cv.wait_or_recover(g);
     }
 }
 

@@ -75,6 +75,7 @@ mod sample;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -205,7 +206,12 @@ fn align_up(v: u64, a: u64) -> u64 {
 /// finished index it read can lag, and the assertion panics (seen under a guest flooding the
 /// GPU with composites, in the poller thread). That panic leaves the device usable, so it
 /// becomes a `Timeout` here: the caller polls again and sees the submission finished.
-fn poll(device: &wgpu::Device, how: wgpu::PollType) -> std::result::Result<(), wgpu::PollError> {
+fn poll(
+    device: &wgpu::Device,
+    completion: &Completion,
+    how: wgpu::PollType,
+) -> std::result::Result<(), wgpu::PollError> {
+    completion.note_poll();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| device.poll(how))) {
         Ok(r) => r.map(|_| ()),
         Err(_) => {
@@ -455,7 +461,7 @@ impl WgpuBackend {
                 submission_index: index.cloned(),
                 timeout: Some(left.min(Duration::from_millis(200))),
             };
-            match poll(&self.device, how) {
+            match poll(&self.device, &self.completion, how) {
                 Ok(()) | Err(wgpu::PollError::Timeout) => {}
                 Err(e) => return Err(backend_err(e)),
             }
@@ -476,29 +482,47 @@ impl WgpuBackend {
             });
         }
         self.wait_done(sub.0, Some(sub.1), MAP_LIMIT)?;
-        // A map asked for after the poller had seen its submission done is served by the
-        // next poll (a non-blocking one: it waits on nothing).
-        let _ = poll(&self.device, wgpu::PollType::Poll);
         let start = Instant::now();
         for _ in buffers {
-            loop {
-                match rx.recv_timeout(Duration::from_millis(5)) {
-                    Ok(r) => {
-                        r.map_err(|e| GpuError::Backend(format!("readback map failed: {e}")))?;
-                        break;
+            let r = loop {
+                // The poll that saw the submission done delivered the maps asked for before
+                // it ended; one asked for later is served by the next poll: the poller's,
+                // asked for here, or on the poller (a callback) this thread's own.
+                let waited = if completion::on_poller() {
+                    let _ = poll(&self.device, &self.completion, wgpu::PollType::Poll);
+                    rx.recv_timeout(Duration::from_millis(5))
+                } else {
+                    match rx.try_recv() {
+                        Ok(r) => break r,
+                        Err(_) => self.completion.want_poll(),
                     }
-                    Err(_) => {
-                        // The map callback runs on a later poll in some cases.
-                        self.check_lost()?;
-                        if start.elapsed() > Duration::from_secs(60) {
-                            return Err(GpuError::Backend("readback map did not complete".into()));
-                        }
-                        let _ = poll(&self.device, wgpu::PollType::Poll);
+                    rx.recv_timeout(Duration::from_secs(1))
+                };
+                match waited {
+                    Ok(r) => break r,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(GpuError::Backend("a readback map was dropped".into()))
                     }
+                    Err(RecvTimeoutError::Timeout) => {}
                 }
-            }
+                self.check_lost()?;
+                if let Some(e) = self.completion.failure() {
+                    return Err(e);
+                }
+                if start.elapsed() > MAP_LIMIT {
+                    return Err(GpuError::Backend("readback map did not complete".into()));
+                }
+            };
+            r.map_err(|e| GpuError::Backend(format!("readback map failed: {e}")))?;
         }
         Ok(())
+    }
+
+    /// Device polls made so far on threads other than the backend's poller: none, by design
+    /// (see [`completion`]); a diagnostic for tests.
+    #[doc(hidden)]
+    pub fn polls_off_poller(&self) -> u64 {
+        self.completion.polls_off_poller()
     }
 }
 
