@@ -82,12 +82,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     gpu.wait_submission(gpu.last_submission())?;
     println!(
-        "{} compositions, {} callbacks, {} threads, {seconds} s",
+        "{} compositions, {} callbacks, {} threads, {seconds} s, {} device polls off the poller",
         ops.load(Ordering::Relaxed),
         callbacks.load(Ordering::Relaxed),
-        threads
+        threads,
+        gpu.polls_off_poller()
     );
-    if failed {
+    if failed || gpu.polls_off_poller() > 0 {
         std::process::exit(1);
     }
     Ok(())
