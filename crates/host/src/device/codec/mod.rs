@@ -239,6 +239,16 @@ impl Codec {
     /// `open_decoder` for a guest's command: refusals carry their reason, and a decoder in
     /// a worker process charges [`WORKER_MEMORY`] to the guest's memory limit while open.
     fn open_decoder_for(&self, cx: &DeviceCtx<'_>, c: api::OpenDecoder) -> DeviceResult {
+        if c.threads > MAX_DECODE_THREADS {
+            // Before the quotas: they add the threads asked for to those held.
+            return Err(cx.fail(
+                Status::BadArgument,
+                format!(
+                    "{} decoder threads asked for, at most {MAX_DECODE_THREADS}",
+                    c.threads
+                ),
+            ));
+        }
         let charge = self.worker_charge(cx, "a decoder")?;
         let threads = match c.threads {
             0 => self.default_threads,

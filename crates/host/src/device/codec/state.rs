@@ -232,7 +232,7 @@ impl State {
             ));
         }
         let mine = self.guest_threads(guest);
-        if mine + threads > limits.codec_threads_per_guest {
+        if mine.saturating_add(threads) > limits.codec_threads_per_guest {
             return Some((
                 Status::Busy,
                 format!(
@@ -243,7 +243,7 @@ impl State {
             ));
         }
         if self.sessions.len() >= limits.codec_sessions
-            || self.threads + threads > limits.codec_threads
+            || self.threads.saturating_add(threads) > limits.codec_threads
         {
             return Some((
                 Status::Busy,

@@ -336,6 +336,41 @@ fn no_guest_holds_more_than_its_share_of_codec_threads() {
     }
 }
 
+/// A guest asking for more decoder threads than a decoder may have, up to `u64::MAX`, is
+/// refused as a bad argument before the quotas add them to what it holds (the sum
+/// overflowed: a panic where overflow is checked, a wrapped sum that could pass the share
+/// where it is not; found by the `device_commands` fuzzer), and it still opens decoders.
+#[test]
+fn a_guest_asking_for_too_many_decoder_threads_is_refused_before_the_quotas() {
+    let codec = Codec::new(&DeviceConfig::default()).unwrap();
+    let core = crate::testkit::Core::new();
+    let cx = DeviceCtx::new(
+        GuestId(1),
+        &core.svm,
+        virtsoc_svm::DomainId(0),
+        core.session.fences(),
+    );
+    let open = |threads| {
+        let c = api::OpenDecoder {
+            kind: codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads,
+        };
+        codec.open_decoder_for(&cx, c)
+    };
+    assert!(open(1).is_ok());
+    for threads in [MAX_DECODE_THREADS + 1, u64::MAX - 1, u64::MAX] {
+        assert_eq!(open(threads), Err(Status::BadArgument), "{threads}");
+        let why = cx.take_reason().unwrap_or_default();
+        assert!(why.contains("at most 16"), "{why}");
+    }
+    let st = codec.state();
+    let refused = st.refusal(&Limits::default(), GuestId(1), usize::MAX);
+    assert_eq!(refused.map(|(s, _)| s), Some(Status::Busy), "no overflow");
+    drop(st);
+    assert!(open(0).is_ok(), "the guest goes on");
+}
+
 /// A guest's policy names its own share of codec threads (`codec_threads`), in place of the
 /// daemon's `--limit-codec-threads-per-guest`, smaller or larger; other guests keep the
 /// daemon's.
