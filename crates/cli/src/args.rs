@@ -148,6 +148,11 @@ pub(crate) enum BenchCmd {
         /// ratio is the median of the rounds' ratios, each round's printed.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// The player brackets each command with a begin_access and an end_access request
+        /// per region, as before commands took their own accesses (`DeviceCmdAccess`): 3
+        /// requests a command instead of 1, for comparison.
+        #[arg(long)]
+        separate_accesses: bool,
         #[arg(long)]
         json: bool,
     },

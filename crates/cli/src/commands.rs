@@ -45,8 +45,14 @@ pub(crate) fn bench(which: BenchCmd) -> Result<(), CliError> {
             resolution,
             frames,
             rounds,
+            separate_accesses,
             json,
-        } => bench_devices_cmd(socket, &resolution, (frames, rounds), json),
+        } => bench_devices_cmd(
+            socket,
+            &resolution,
+            (frames, rounds, separate_accesses),
+            json,
+        ),
         BenchCmd::Migrate { json } => {
             print_either(&bench_migrate::run()?, json, bench_migrate::print)
         }
@@ -81,7 +87,7 @@ pub(crate) fn bench(which: BenchCmd) -> Result<(), CliError> {
 fn bench_devices_cmd(
     socket: Option<String>,
     resolution: &[String],
-    (frames, rounds): (usize, usize),
+    (frames, rounds, separate): (usize, usize, bool),
     json: bool,
 ) -> Result<(), CliError> {
     let sizes = resolution
@@ -91,7 +97,7 @@ fn bench_devices_cmd(
     // A daemon started for the bench starts no spare decoder workers: a spare's start
     // (a process's exec and linking) would run beside the decoding it measures.
     let rs = with_daemon_spawned(socket, &["--decoder-spares", "0"], false, |e| {
-        bench_devices::run(&e.target, e.pid, &sizes, frames, rounds)
+        bench_devices::run(&e.target, e.pid, &sizes, (frames, rounds), separate)
     })?;
     print_either(&rs, json, bench_devices::print_table)
 }

@@ -38,7 +38,7 @@ fn access(svm_mgr: &SvmManager, guest: GuestId, req: &Request, begin: bool) -> O
 /// Runs a request that needs no device: allocation, CPU accesses, queries. Its words are
 /// decoded by the core requests' declaration ([`virtsoc_proto::ops`]).
 pub fn inline(svm_mgr: &SvmManager, guest: GuestId, req: &Request) -> Outcome {
-    if req.opcode == Opcode::DeviceCmd as u32 {
+    if Opcode::from_u32(req.opcode).is_some_and(Opcode::runs_device_command) {
         return Err(Status::UnknownDevice); // a device command on the CPU
     }
     match CoreRequest::decode(req.opcode, &req.args)? {

@@ -514,9 +514,12 @@ impl Session {
                 }
                 return;
             }
-            Some(Opcode::BeginAccess | Opcode::EndAccess | Opcode::DeviceCmd)
-                if req.device != DeviceId::CPU.0 =>
-            {
+            Some(
+                Opcode::BeginAccess
+                | Opcode::EndAccess
+                | Opcode::DeviceCmd
+                | Opcode::DeviceCmdAccess,
+            ) if req.device != DeviceId::CPU.0 => {
                 // Completed by the device worker.
                 if let Err(s) = self.queue_on(devices, req.device, QueueItem::Cmd(req)) {
                     self.complete(Completion::err(req.seq, s));

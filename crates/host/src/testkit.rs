@@ -147,18 +147,18 @@ impl Core {
 
     /// A guest within `limits`; `remote`: CPU bytes travel in the link.
     pub fn with(limits: Limits, remote: bool) -> Self {
+        Self::with_protocol(limits, remote, ProtocolKind::WriteInvalidate)
+    }
+
+    /// A guest within `limits` whose regions follow coherence protocol `protocol`.
+    pub fn with_protocol(limits: Limits, remote: bool, protocol: ProtocolKind) -> Self {
         let mut topo = Topology::new();
         let prod = topo.add_device_domain("producer");
         let cons = topo.add_device_domain("consumer");
         let svm = Arc::new(SvmManager::new(topo));
         let window = window();
-        svm.attach_guest(
-            GUEST,
-            window.clone(),
-            svm.protocol(ProtocolKind::WriteInvalidate),
-            64 << 20,
-        )
-        .expect("attach");
+        svm.attach_guest(GUEST, window.clone(), svm.protocol(protocol), 64 << 20)
+            .expect("attach");
         let devices: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = vec![
             (DeviceId::PRODUCER, prod, Arc::new(Producer)),
             (

@@ -182,8 +182,20 @@ u32_enum!(
         FenceRelease = 11,
         /// args: fence id -> values: 1 if signaled (for fences outside the shared page).
         FenceStatus = 12,
+        /// A [`DeviceCmd`](Opcode::DeviceCmd) that takes its own accesses: the device begins
+        /// an access to the whole of each region the command names (in the declared mode)
+        /// before running it and ends them once it has answered, as a begin_access, the
+        /// command and a detached end_access queued on the device would, in one request.
+        DeviceCmdAccess = 13,
     }
 );
+
+impl Opcode {
+    /// Whether the request runs a device command (`args[0]` is the device's opcode).
+    pub fn runs_device_command(self) -> bool {
+        matches!(self, Opcode::DeviceCmd | Opcode::DeviceCmdAccess)
+    }
+}
 
 u32_enum!(
     /// Status of a completion. The C ABI returns these negated.

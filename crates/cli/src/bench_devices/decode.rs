@@ -6,7 +6,9 @@
 //! player's next frame), so several packets are in the daemon and its decoder worker at once
 //! and there is no round trip per frame in steady state: the guest waits only before
 //! rewriting a bitstream region, for the `decode` that read it [`BITSTREAMS`] packets ago.
-//! At the end it flushes and receives what is left.
+//! At the end it flushes and receives what is left. Each command takes its regions'
+//! accesses itself (`DeviceCmdAccess`: one request a command); `--separate-accesses` queues
+//! a begin_access and an end_access request around it instead (three), as before.
 //!
 //! Natively, one libavcodec decoder with the daemon's default threads decodes the same
 //! packets in this process, pictures left in its buffers (the worker's model).
@@ -154,9 +156,18 @@ fn copied_bytes(conn: &Connection) -> Result<u64, CliError> {
     Ok(conn.ledger()?.iter().map(|l| l.bytes).sum())
 }
 
-/// Queues `cmd` on its device between a begin_access and an end_access of each region it
-/// names (queued, not waited for); the command's sequence number.
-fn queue<C: DeviceCommand + 'static>(conn: &Connection, cmd: &C) -> Result<u64, CliError> {
+/// Queues `cmd` on its device, the whole of each region it names accessed in the declared
+/// mode (queued, not waited for); the command's sequence number. The command takes its own
+/// accesses (one request), or, `separate`, is queued between a begin_access and an
+/// end_access request of each region.
+fn queue<C: DeviceCommand + 'static>(
+    conn: &Connection,
+    cmd: &C,
+    separate: bool,
+) -> Result<u64, CliError> {
+    if !separate {
+        return Ok(conn.submit_with_access(cmd)?);
+    }
     let dev = C::DEVICE;
     for (id, mode) in cmd.regions() {
         conn.submit_detached(Opcode::BeginAccess, dev, access_args(conn, id, mode)?)?;
@@ -197,14 +208,15 @@ const SPINS: u32 = 256;
 /// Decodes `units` of `clip` at `w` x `h` through the daemon at `target` (see the module's
 /// notes) and natively, `rounds` times each, in turn; the median round of each, with the
 /// stages of a frame. `daemon` is the daemon's process id, when known (for its CPU time and
-/// its workers').
+/// its workers'). `separate`: the player queues each region's accesses as requests of
+/// their own ([`queue`]).
 pub fn decode_clip(
     target: &str,
     daemon: Option<u32>,
     clip: &str,
     units: &[Vec<u8>],
     (w, h): (u32, u32),
-    rounds: usize,
+    (rounds, separate): (usize, bool),
 ) -> Result<DecodeNumbers, CliError> {
     let conn = Connection::open(
         target,
@@ -238,6 +250,7 @@ pub fn decode_clip(
         handle,
         bits: &bits,
         frame,
+        separate,
     };
     let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
     let mut native = FfmpegDecoder::new(CodecKind::H264, PixelFormat::Yuv420p, DEFAULT_THREADS)
@@ -331,6 +344,8 @@ struct Player<'a> {
     handle: HandleId,
     bits: &'a [RegionId],
     frame: RegionId,
+    /// Each region's accesses as requests of their own ([`queue`]).
+    separate: bool,
 }
 
 impl Player<'_> {
@@ -342,6 +357,7 @@ impl Player<'_> {
             handle,
             bits,
             frame,
+            separate,
         } = *self;
         let mut p = Pipe::new(conn, OrderingMode::Atomic);
         let p = &mut p;
@@ -369,9 +385,10 @@ impl Player<'_> {
                     len: unit.len() as u64,
                     pts: i as u64,
                 },
+                separate,
             )?);
             if i >= LAG {
-                receives.push_back(queue(conn, &receive)?);
+                receives.push_back(queue(conn, &receive, separate)?);
             }
             while receives.len() > 2 * BITSTREAMS {
                 if let Some(seq) = receives.pop_front() {
@@ -388,7 +405,7 @@ impl Player<'_> {
         let t = p.run(&api::codec::Flush { handle })?;
         p.result(t)?;
         loop {
-            let n = got(conn, queue(conn, &receive)?)?;
+            let n = got(conn, queue(conn, &receive, separate)?)?;
             if n == 0 {
                 break;
             }

@@ -103,12 +103,13 @@ fn local_gpu(gpu: Option<&WgpuBackend>, n: &mut DeviceNumbers) {
 
 /// Runs the measurements at each `(width, height)` against the daemon at `target` (whose
 /// process id `daemon`, when known, lets the decode breakdown count its CPU time).
+/// `separate`: the player queues each region's accesses as requests of their own.
 pub fn run(
     target: &str,
     daemon: Option<u32>,
     sizes: &[(u32, u32)],
-    frames: usize,
-    rounds: usize,
+    (frames, rounds): (usize, usize),
+    separate: bool,
 ) -> Result<DeviceBench, CliError> {
     let gpu = match WgpuBackend::new() {
         Ok(g) => Some(g),
@@ -119,7 +120,7 @@ pub fn run(
     };
     let mut out = Vec::with_capacity(sizes.len());
     for &(w, h) in sizes {
-        let mut n = one(target, daemon, (w, h), frames, rounds)?;
+        let mut n = one(target, daemon, (w, h), (frames, rounds), separate)?;
         local_gpu(gpu.as_ref(), &mut n);
         out.push(n);
     }
@@ -135,8 +136,8 @@ fn one(
     target: &str,
     daemon: Option<u32>,
     (w, h): (u32, u32),
-    frames: usize,
-    rounds: usize,
+    (frames, rounds): (usize, usize),
+    separate: bool,
 ) -> Result<DeviceNumbers, CliError> {
     let conn = Connection::open(
         target,
@@ -151,7 +152,8 @@ fn one(
     for clip in CLIPS {
         let units = media::load_units(&clip_path(clip, w, h)?)?;
         let units = &units[..frames.min(units.len()).max(1)];
-        decode.push(decode_clip(target, daemon, clip, units, (w, h), rounds)?);
+        let how = (rounds, separate);
+        decode.push(decode_clip(target, daemon, clip, units, (w, h), how)?);
     }
     let mut p = Pipe::new(&conn, OrderingMode::Atomic);
     // A frame of mid-grey video (what is in it does not change the ISP's or the GPU's cost).

@@ -273,6 +273,11 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
         [own, 0, 4096, AccessMode::Read as u64, 0, 0],
     );
     let _ = c.device_cmd(DeviceId::CONSUMER, [testdev::CHECKSUM, own, 0, 0, 0, 0]);
+    let _ = c.call(
+        Opcode::DeviceCmdAccess,
+        DeviceId::CONSUMER,
+        [testdev::CHECKSUM, own, 0, 0, 0, 0],
+    );
     // Other guests' region ids (ids are per guest: none of these are this guest's).
     let theirs: Vec<u64> = ctx
         .others
@@ -296,6 +301,15 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
             t,
             &format!("free of region {id}"),
             c.call(Opcode::Free, DeviceId::CPU, [id, 0, 0, 0, 0, 0]),
+        )?;
+        refused(
+            t,
+            &format!("a checksum of region {id} taking its access"),
+            c.call(
+                Opcode::DeviceCmdAccess,
+                DeviceId::CONSUMER,
+                [testdev::CHECKSUM, id, 0, 0, 0, 0],
+            ),
         )?;
     }
     // Fence misuse: a released fence, double release, forged ids (any status will do).
@@ -331,7 +345,7 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
             opcode: match i % 4 {
                 0 => (r % 64) as u32,
                 1 => u32::MAX - (r % 4) as u32,
-                _ => (r % 13) as u32,
+                _ => (r % 14) as u32,
             },
             device: match i % 3 {
                 0 => (r >> 8) as u32 % 20,

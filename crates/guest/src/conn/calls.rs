@@ -226,60 +226,21 @@ impl Connection {
         Ok(C::reply(&v))
     }
 
-    /// Runs a declared device command with every region it names bracketed by
-    /// begin_access/end_access on the command's device (whole regions, in the declared
-    /// modes). All requests are queued at once; the first failure is returned.
+    /// Runs a declared device command with every region it names accessed whole by the
+    /// command's device, in the declared modes: one request
+    /// ([`Opcode::DeviceCmdAccess`]), as begin_access, the command and a detached
+    /// end_access per region would be.
     pub fn command_with_access<C: DeviceCommand>(&self, cmd: &C) -> Result<C::Reply> {
-        let regions = cmd.regions();
-        let mut sizes = Vec::with_capacity(regions.len());
-        for (id, _) in &regions {
-            let info = self.region(*id).ok_or(GuestError::Status {
-                op: Opcode::BeginAccess,
-                status: Status::NoSuchRegion,
-                reason: None,
-            })?;
-            sizes.push(info.size);
-        }
-        let mut seqs = Vec::new();
-        for ((id, mode), size) in regions.iter().zip(&sizes) {
-            let begin = ops::BeginAccess {
-                id: u64::from(*id),
-                offset: 0,
-                len: *size,
-                mode: *mode,
-                flags: 0,
-            };
-            let s = self.submit(Opcode::BeginAccess, C::DEVICE, begin.encode())?;
-            seqs.push((Opcode::BeginAccess, s));
-        }
-        let cmd_seq = self.submit(Opcode::DeviceCmd, C::DEVICE, cmd.encode())?;
-        seqs.push((Opcode::DeviceCmd, cmd_seq));
-        for ((id, mode), size) in regions.iter().zip(&sizes) {
-            let end = ops::EndAccess {
-                id: u64::from(*id),
-                offset: 0,
-                len: *size,
-                mode: *mode,
-                flags: 0,
-            };
-            let s = self.submit(Opcode::EndAccess, C::DEVICE, end.encode())?;
-            seqs.push((Opcode::EndAccess, s));
-        }
-        let mut first_err = None;
-        let mut values = [0u64; 6];
-        for (op, s) in seqs {
-            match self.finish(op, s) {
-                Ok(v) if s == cmd_seq => values = v,
-                Ok(_) => {}
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(C::reply(&values)),
-        }
+        let seq = self.submit_with_access(cmd)?;
+        let v = self.finish(Opcode::DeviceCmdAccess, seq)?;
+        Ok(C::reply(&v))
+    }
+
+    /// Queues a declared device command that takes its own accesses (see
+    /// [`command_with_access`](Self::command_with_access)) without waiting for it: its
+    /// sequence number, for [`wait`](Self::wait).
+    pub fn submit_with_access<C: DeviceCommand>(&self, cmd: &C) -> Result<u64> {
+        self.submit(Opcode::DeviceCmdAccess, C::DEVICE, cmd.encode())
     }
 
     /// Sends a device command; `args[0]` is the device opcode.

@@ -30,6 +30,7 @@
 //!   end_access started when its guest does not block for them (fence ordering), so a reader
 //!   waiting on the fence never finds its bytes still in flight.
 
+mod access;
 pub mod camera;
 pub mod codec;
 mod ctx;
@@ -108,6 +109,9 @@ pub struct Reply {
     on_sent: Option<Box<dyn FnOnce(Option<u64>) + Send>>,
     /// The request's device time as the device measured it.
     busy_ns: Option<u64>,
+    /// The accesses a command that took them itself ([`Opcode::DeviceCmdAccess`]) ends
+    /// before its answer is posted.
+    ends: Option<access::Ends>,
 }
 
 impl Reply {
@@ -129,14 +133,23 @@ impl Reply {
         self.post(result, reason);
     }
 
-    fn post(&mut self, result: DeviceResult, reason: Option<String>) {
+    fn post(&mut self, mut result: DeviceResult, mut reason: Option<String>) {
+        let copies = match self.ends.take() {
+            Some(ends) if self.token.is_some() => ends.end(&mut result, &mut reason),
+            _ => None,
+        };
         if let Some(token) = self.token.take() {
             self.session.complete(match (result, reason) {
                 (Ok(values), _) => Completion::ok(self.seq, values),
                 (Err(status), Some(r)) => Completion::err_with_reason(self.seq, status, &r),
                 (Err(status), None) => Completion::err(self.seq, status),
             });
-            token.done();
+            match copies {
+                // As after a detached end_access: the queue's next fence signal waits for
+                // the prefetch copies the ends started.
+                Some((svm, guest, ended)) => worker::hold_until_copied(&svm, guest, ended, token),
+                None => token.done(),
+            }
         }
         if let Some(f) = self.on_sent.take() {
             f(self.busy_ns);

@@ -364,7 +364,7 @@ impl Arbiter {
 pub(super) fn permitted(slot: &DeviceSlot, policy: &Policy, name: &str, req: &Request) -> bool {
     let p = policy.for_guest(name);
     let device = slot.device.name();
-    if Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd) {
+    if Opcode::from_u32(req.opcode).is_some_and(Opcode::runs_device_command) {
         crate::policy::allows_command(p, slot.id, device, req.args[0])
     } else {
         p.allows_device(device)
@@ -385,15 +385,18 @@ pub(super) fn start(
     let wake = slot.waker();
     let acct = slot.acct.clone();
     let (guest, t0) = (session.guest_id(), slot.acct.now());
-    let command = (Opcode::from_u32(req.opcode) == Some(Opcode::DeviceCmd)).then(|| {
-        slot.acct.with_sched(|s| s.dispatched(guest, t0));
-        slot.acct.begin(guest, t0)
-    });
+    let command = Opcode::from_u32(req.opcode)
+        .is_some_and(Opcode::runs_device_command)
+        .then(|| {
+            slot.acct.with_sched(|s| s.dispatched(guest, t0));
+            slot.acct.begin(guest, t0)
+        });
     Reply {
         session: session.clone(),
         seq: req.seq,
         token: Some(token),
         busy_ns: None,
+        ends: None,
         on_sent: Some(Box::new(move |measured| {
             acct.finish(guest, t0, command, measured);
             flag.store(false, Ordering::Release);

@@ -26,8 +26,9 @@ fn serve(core: &Core, dev: DeviceId) -> usize {
                 token: Some(token),
                 on_sent: None,
                 busy_ns: None,
+                ends: None,
             };
-            let parked = execute(&core.svm, slot, &session, req, reply, false, &policy);
+            let parked = execute(&core.svm, slot, &session, req, reply, None, &policy);
             assert!(parked.is_none(), "nothing parks here");
             ran += 1;
         }
@@ -200,6 +201,7 @@ fn reply_for(core: &Core, seq: u64) -> Reply {
         token: Some(token),
         on_sent: None,
         busy_ns: None,
+        ends: None,
     }
 }
 
@@ -301,4 +303,153 @@ fn validate_checks_declared_region_arguments() {
     );
     // A device without a declaration validates itself.
     assert_eq!(validate(DeviceId(200), &cx, &[99, 0, 0, 0, 0, 0]), Ok(()));
+}
+
+/// A command that takes its own accesses (`DeviceCmdAccess`) runs as the bracketed command
+/// does, and leaves no access behind: the same command without accesses is refused after
+/// it. Its region arguments and opcode are checked as a command's.
+#[test]
+fn a_command_that_takes_its_accesses_begins_and_ends_them() {
+    let mut core = Core::new();
+    let id = core.blob(4096);
+    let (w, r) = (AccessMode::Write as u64, AccessMode::Read as u64);
+    let [_, write, _] = bracketed(&mut core, PRODUCER, id, w, [WRITE_PATTERN, id, 7, 0, 0, 0]);
+    assert_eq!(serve(&core, PRODUCER), 3);
+    let want = results(&core).into_iter().find(|(s, _)| *s == write);
+    let want = want.unwrap().1.unwrap()[0];
+    let seq = queue(
+        &mut core,
+        Opcode::DeviceCmdAccess,
+        PRODUCER,
+        [WRITE_PATTERN, id, 7, 0, 0, 0],
+    );
+    assert_eq!(serve(&core, PRODUCER), 1, "one request");
+    let got = results(&core);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, seq);
+    assert_eq!(got[0].1.unwrap()[0], want, "the same pattern written");
+    let sum = queue(
+        &mut core,
+        Opcode::DeviceCmdAccess,
+        CONSUMER,
+        [CHECKSUM, id, 0, 0, 0, 0],
+    );
+    assert_eq!(serve(&core, CONSUMER), 1);
+    assert_eq!(results(&core), vec![(sum, Ok([want, 0, 0, 0, 0, 0]))]);
+    // One begin and one end each, as the bracketed command's.
+    let before = core.svm.stats();
+    let sum = queue(
+        &mut core,
+        Opcode::DeviceCmdAccess,
+        CONSUMER,
+        [CHECKSUM, id, 0, 0, 0, 0],
+    );
+    assert_eq!(serve(&core, CONSUMER), 1);
+    assert_eq!(results(&core), vec![(sum, Ok([want, 0, 0, 0, 0, 0]))]);
+    let after = core.svm.stats();
+    assert_eq!(after.begin_accesses - before.begin_accesses, 1);
+    assert_eq!(after.end_accesses - before.end_accesses, 1);
+    let _ = bracketed(&mut core, CONSUMER, id, r, [CHECKSUM, id, 0, 0, 0, 0]);
+    assert_eq!(serve(&core, CONSUMER), 3);
+    let again = core.svm.stats();
+    assert_eq!(again.begin_accesses - after.begin_accesses, 1);
+    assert_eq!(again.end_accesses - after.end_accesses, 1);
+    results(&core);
+    // A request refused before its command runs begins nothing, or ends what it began.
+    for (args, want) in [
+        ([WRITE_PATTERN, id + 9, 1, 0, 0, 0], Status::NoSuchRegion),
+        ([77, id, 0, 0, 0, 0], Status::UnknownOpcode),
+        ([CHECKSUM, id, 0, 0, 0, 0], Status::UnknownOpcode),
+    ] {
+        let st = status_of_run(&mut core, Opcode::DeviceCmdAccess, PRODUCER, args);
+        assert_eq!(st, want, "{args:?}");
+    }
+    let last = core.svm.stats();
+    assert_eq!(last.begin_accesses, again.begin_accesses);
+    assert_eq!(last.end_accesses, again.end_accesses);
+    assert!(!core.session.is_closed());
+}
+
+/// Runs the next request of `dev`'s queue as its worker would, waiting out a copy it parks
+/// on (then running it again where it parked); whether it parked.
+fn run_parking(core: &Core, dev: DeviceId) -> bool {
+    let slot = core.devices.get(dev).unwrap().clone();
+    let (session, q) = slot.queues.lock().unwrap()[0].clone();
+    let TryPop::Ready(req, token) = q.try_pop_ready() else {
+        panic!("ready");
+    };
+    let reply = Reply {
+        session: session.clone(),
+        seq: req.seq,
+        token: Some(token),
+        on_sent: None,
+        busy_ns: None,
+        ends: None,
+    };
+    let policy = Policy::default();
+    match execute(&core.svm, &slot, &session, req, reply, None, &policy) {
+        None => false,
+        Some(worker::Later::Parked(p)) => {
+            assert!(results(core).is_empty(), "not answered while parked");
+            p.ticket.wait();
+            let again = execute(
+                &core.svm,
+                &slot,
+                &session,
+                p.req,
+                p.reply,
+                Some(p.at),
+                &policy,
+            );
+            assert!(again.is_none(), "ran once resumed");
+            true
+        }
+        Some(_) => panic!("paced"),
+    }
+}
+
+/// A command whose begin waits for a copy into its device's memory (a prefetch still in
+/// flight) parks at that region and resumes there once the copy is done: it runs once, on
+/// the copied bytes, without fetching them itself.
+#[test]
+fn a_command_that_takes_its_accesses_parks_on_a_copy_and_resumes() {
+    let prefetch = virtsoc_svm::ProtocolKind::Prefetch;
+    let mut core = Core::with_protocol(crate::Limits::default(), false, prefetch);
+    let id = core.blob(1 << 20);
+    let sum = [CHECKSUM, id, 0, 0, 0, 0];
+    let mut crc = 0;
+    for seed in 0..4 {
+        if seed == 3 {
+            // Every copy now waits before it starts: the producer's end starts the
+            // consumer's copy, and the consumer's begin finds it in flight.
+            core.svm.set_dma_delay(std::time::Duration::from_millis(50));
+        }
+        queue(
+            &mut core,
+            Opcode::DeviceCmdAccess,
+            PRODUCER,
+            [WRITE_PATTERN, id, seed, 0, 0, 0],
+        );
+        run_parking(&core, PRODUCER);
+        crc = results(&core)[0].1.unwrap()[0];
+        let fetched = core
+            .svm
+            .guest_counters(crate::testkit::GUEST)
+            .unwrap()
+            .sync_fetches;
+        let seq = queue(&mut core, Opcode::DeviceCmdAccess, CONSUMER, sum);
+        let parked = run_parking(&core, CONSUMER);
+        assert_eq!(
+            results(&core),
+            vec![(seq, Ok([crc, 0, 0, 0, 0, 0]))],
+            "{seed}"
+        );
+        if seed == 3 {
+            // The predictor learned who reads what the producer writes.
+            assert!(parked, "parked on the copy in flight");
+            let now = core.svm.guest_counters(crate::testkit::GUEST).unwrap();
+            assert_eq!(now.sync_fetches, fetched, "the prefetch brought the bytes");
+        }
+    }
+    assert_ne!(crc, 0);
 }

@@ -11,11 +11,13 @@ use std::time::Instant;
 use super::*;
 use crate::status::{access_spec, access_values, status_of};
 
-/// A begin_access waiting for a copy into the device's memory.
+/// A begin_access waiting for a copy into the device's memory: a request's own, or that of
+/// the region at `at` of a command that takes its accesses ([`Opcode::DeviceCmdAccess`]).
 pub(super) struct Parked {
-    req: Request,
-    reply: Reply,
-    ticket: Arc<CopyTicket>,
+    pub(super) req: Request,
+    pub(super) reply: Reply,
+    pub(super) ticket: Arc<CopyTicket>,
+    pub(super) at: usize,
 }
 
 /// A paced command between its steps ([`Device::paced`]), and since when its next step has
@@ -70,23 +72,26 @@ struct Hold {
     since: Instant,
     svm: Arc<SvmManager>,
     guest: GuestId,
-    region: RegionId,
+    regions: Vec<RegionId>,
 }
 
-fn hold_until_copied(
+/// Holds `token` until every copy the end_accesses of `ended` started is done (each region
+/// with its copies).
+pub(super) fn hold_until_copied(
     svm: &Arc<SvmManager>,
     guest: GuestId,
-    region: RegionId,
-    tickets: Vec<Arc<CopyTicket>>,
+    ended: Vec<(RegionId, Vec<Arc<CopyTicket>>)>,
     token: DoneToken,
 ) {
+    let regions = ended.iter().map(|(id, _)| *id).collect();
+    let tickets: Vec<Arc<CopyTicket>> = ended.into_iter().flat_map(|(_, t)| t).collect();
     let hold = Arc::new(Mutex::new(Hold {
         token: Some(token),
         left: tickets.len(),
         since: Instant::now(),
         svm: svm.clone(),
         guest,
-        region,
+        regions,
     }));
     for t in tickets {
         let hold = hold.clone();
@@ -96,7 +101,9 @@ fn hold_until_copied(
             if h.left == 0 {
                 if let Some(token) = h.token.take() {
                     token.done();
-                    h.svm.note_hold(h.guest, h.region, h.since.elapsed());
+                    for r in &h.regions {
+                        h.svm.note_hold(h.guest, *r, h.since.elapsed());
+                    }
                 }
             }
         }));
@@ -111,10 +118,11 @@ pub(super) fn execute(
     session: &Arc<Session>,
     req: Request,
     reply: Reply,
-    retry: bool,
+    resume: Option<usize>,
     policy: &Policy,
 ) -> Option<Later> {
     let guest = session.guest_id();
+    let retry = resume.is_some();
     if !retry && !permitted(slot, policy, session.name(), &req) {
         slot.acct.denied(guest);
         reply.send(Err(Status::PermissionDenied));
@@ -133,7 +141,12 @@ pub(super) fn execute(
                 match svm.begin_access_step(guest, id, &spec, retry) {
                     Ok(Progress::Done(r)) => reply.send(Ok(access_values(&r))),
                     Ok(Progress::Wait(ticket)) => {
-                        return Some(Later::Parked(Parked { req, reply, ticket }))
+                        return Some(Later::Parked(Parked {
+                            req,
+                            reply,
+                            ticket,
+                            at: 0,
+                        }))
                     }
                     Err(e) => reply.send(Err(status_of(&e))),
                 }
@@ -147,7 +160,7 @@ pub(super) fn execute(
                             // holds its next signal until the copies are done.
                             if let Some(token) = reply.token.take() {
                                 session.complete(Completion::ok(req.seq, values));
-                                hold_until_copied(svm, guest, id, end.started, token);
+                                hold_until_copied(svm, guest, vec![(id, end.started)], token);
                                 return None;
                             }
                         }
@@ -165,17 +178,32 @@ pub(super) fn execute(
                 reply.send(Err(st));
                 return None;
             }
-            if let Some(op) = slot.device.paced(&cx, &req.args) {
-                return Some(Later::Paced(PacedRun {
-                    op,
-                    reply,
-                    waiting: None,
-                }));
-            }
-            slot.device.execute_async(&cx, &req.args, reply);
+            return run_command(slot, &cx, &req.args, reply);
+        }
+        Some(Opcode::DeviceCmdAccess) => {
+            return super::access::execute(svm, slot, session, req, reply, resume, policy);
         }
         _ => reply.send(Err(Status::UnknownOpcode)),
     }
+    None
+}
+
+/// Runs validated device command `args` of `cx`'s guest: in paced steps if the device paces
+/// it ([`Device::paced`]: handed back to be run by the worker), else at once.
+pub(super) fn run_command(
+    slot: &DeviceSlot,
+    cx: &DeviceCtx<'_>,
+    args: &[u64; 6],
+    reply: Reply,
+) -> Option<Later> {
+    if let Some(op) = slot.device.paced(cx, args) {
+        return Some(Later::Paced(PacedRun {
+            op,
+            reply,
+            waiting: None,
+        }));
+    }
+    slot.device.execute_async(cx, args, reply);
     None
 }
 
@@ -262,7 +290,7 @@ fn visit(
                 st.later = Some(Later::Parked(p));
                 return Turn::Running { progressed: false };
             }
-            if let Some(again) = execute(svm, slot, session, p.req, p.reply, true, policy) {
+            if let Some(again) = execute(svm, slot, session, p.req, p.reply, Some(p.at), policy) {
                 st.hold(slot, again);
             }
             return Turn::Progressed;
@@ -380,7 +408,7 @@ pub(super) fn serve(svm: Arc<SvmManager>, slot: Arc<DeviceSlot>, mut arbiter: Ar
                         if let Some((req, token)) = st.staged.take() {
                             let reply = start(&slot, &st.busy, session, req, token);
                             if let Some(p) =
-                                execute(&svm, &slot, session, req, reply, false, &policy)
+                                execute(&svm, &slot, session, req, reply, None, &policy)
                             {
                                 st.hold(&slot, p);
                             }
