@@ -18,7 +18,7 @@ use virtsoc_sched::policy::Policy;
 use virtsoc_svm::{AccessSpec, CopyTicket, GuestId, Progress, RegionId, SvmManager};
 
 use super::worker::{run_command, Later, Parked};
-use super::{permitted, validate, DeviceCtx, DeviceResult, DeviceSlot, Reply};
+use super::{validate, DeviceCtx, DeviceResult, DeviceSlot, Reply};
 use crate::session::Session;
 use crate::status::status_of;
 use virtsoc_proto::{Request, Status};
@@ -73,12 +73,8 @@ pub(super) fn execute(
     resume: Option<usize>,
     policy: &Policy,
 ) -> Option<Later> {
+    // The worker's `execute` checked the policy (on the first run).
     let guest = session.guest_id();
-    if resume.is_none() && !permitted(slot, policy, session.name(), &req) {
-        slot.acct.denied(guest);
-        reply.send(Err(Status::PermissionDenied));
-        return None;
-    }
     let reads_host = slot.device.reads_host_memory();
     let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences())
         .reading_host(reads_host)
