@@ -20,14 +20,7 @@ fn serve(core: &Core, dev: DeviceId) -> usize {
     let mut ran = 0;
     for (session, q) in queues {
         while let TryPop::Ready(req, token) = q.try_pop_ready() {
-            let reply = Reply {
-                session: session.clone(),
-                seq: req.seq,
-                token: Some(token),
-                on_sent: None,
-                busy_ns: None,
-                ends: None,
-            };
+            let reply = reply_to(&session, &req, token);
             let parked = execute(&core.svm, slot, &session, req, reply, None, &policy);
             assert!(parked.is_none(), "nothing parks here");
             ran += 1;
@@ -195,8 +188,13 @@ fn reply_for(core: &Core, seq: u64) -> Reply {
     let TryPop::Ready(req, token) = q.try_pop_ready() else {
         panic!("ready");
     };
+    reply_to(&core.session, &req, token)
+}
+
+/// The reply to `req` of `session`, as a worker makes it (without its accounting).
+fn reply_to(session: &Arc<Session>, req: &Request, token: DoneToken) -> Reply {
     Reply {
-        session: core.session.clone(),
+        session: session.clone(),
         seq: req.seq,
         token: Some(token),
         on_sent: None,
@@ -370,14 +368,7 @@ fn run_parking(core: &Core, dev: DeviceId) -> bool {
     let TryPop::Ready(req, token) = q.try_pop_ready() else {
         panic!("ready");
     };
-    let reply = Reply {
-        session: session.clone(),
-        seq: req.seq,
-        token: Some(token),
-        on_sent: None,
-        busy_ns: None,
-        ends: None,
-    };
+    let reply = reply_to(&session, &req, token);
     let policy = Policy::default();
     match execute(&core.svm, &slot, &session, req, reply, None, &policy) {
         None => false,
