@@ -239,21 +239,15 @@ impl Codec {
     /// `open_decoder` for a guest's command: refusals carry their reason, and a decoder in
     /// a worker process charges [`WORKER_MEMORY`] to the guest's memory limit while open.
     fn open_decoder_for(&self, cx: &DeviceCtx<'_>, c: api::OpenDecoder) -> DeviceResult {
-        if c.threads > MAX_DECODE_THREADS {
-            // Before the quotas: they add the threads asked for to those held.
-            return Err(cx.fail(
-                Status::BadArgument,
-                format!(
-                    "{} decoder threads asked for, at most {MAX_DECODE_THREADS}",
-                    c.threads
-                ),
-            ));
-        }
+        // Before the quotas: they add the threads asked for to those held.
+        let threads = self.decoder_threads(c.threads).ok_or_else(|| {
+            let why = format!(
+                "{} decoder threads asked for, at most {MAX_DECODE_THREADS}",
+                c.threads
+            );
+            cx.fail(Status::BadArgument, why)
+        })?;
         let charge = self.worker_charge(cx, "a decoder")?;
-        let threads = match c.threads {
-            0 => self.default_threads,
-            n => n as usize,
-        };
         let limits = self.limits_for(Some(cx));
         if let Some((status, why)) = self.state().refusal(&limits, cx.guest, threads) {
             return Err(cx.fail(status, why));
@@ -263,6 +257,16 @@ impl Codec {
             self.state().attach_charge(&(cx.guest, handle), charge);
         }
         Ok(api::OpenDecoderReply { handle }.to_values())
+    }
+
+    /// The threads of a decoder for which a guest asked `asked` (0: the daemon's default);
+    /// `None` past [`MAX_DECODE_THREADS`].
+    fn decoder_threads(&self, asked: u64) -> Option<usize> {
+        match asked {
+            0 => Some(self.default_threads),
+            n if n <= MAX_DECODE_THREADS => Some(n as usize),
+            _ => None,
+        }
     }
 
     /// What a new session's worker process (`what`'s) charges to `cx`'s guest's memory limit
@@ -300,12 +304,6 @@ impl Codec {
         Ok(api::OpenEncoderReply { handle }.to_values())
     }
 
-    #[cfg(test)]
-    fn open_decoder(&self, guest: GuestId, c: api::OpenDecoder) -> DeviceResult {
-        let handle = self.open_decoder_at(guest, c, None, None)?;
-        Ok(api::OpenDecoderReply { handle }.to_values())
-    }
-
     /// Opens a decoder for `guest` (under handle `at`: a restore); a failure to open one
     /// gives its reason to `cx`'s guest when there is one.
     fn open_decoder_at(
@@ -322,13 +320,7 @@ impl Codec {
             Some(_) => return Err(Status::NotSupported),
             None => return Err(Status::BadArgument),
         };
-        if c.threads > MAX_DECODE_THREADS {
-            return Err(Status::BadArgument);
-        }
-        let threads = match c.threads {
-            0 => self.default_threads,
-            n => n as usize,
-        };
+        let threads = self.decoder_threads(c.threads).ok_or(Status::BadArgument)?;
         let mut st = self.state();
         // Check the quotas before paying for a decoder.
         st.admit(&self.limits_for(cx), guest, threads)?;

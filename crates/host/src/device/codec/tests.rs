@@ -3,6 +3,14 @@
 use super::*;
 use virtsoc_media::DecodedFrame;
 
+impl Codec {
+    /// `open_decoder` for `guest` without a command's context (no worker charge).
+    fn open_decoder(&self, guest: GuestId, c: api::OpenDecoder) -> DeviceResult {
+        let handle = self.open_decoder_at(guest, c, None, None)?;
+        Ok(api::OpenDecoderReply { handle }.to_values())
+    }
+}
+
 #[test]
 fn region_formats_map_to_layouts() {
     let meta = |format, width, height, stride, size| RegionMeta {
