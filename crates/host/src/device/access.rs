@@ -18,7 +18,7 @@ use virtsoc_sched::policy::Policy;
 use virtsoc_svm::{AccessSpec, CopyTicket, GuestId, Progress, RegionId, SvmManager};
 
 use super::worker::{run_command, Later, Parked};
-use super::{validate, DeviceCtx, DeviceResult, DeviceSlot, Reply};
+use super::{DeviceCtx, DeviceResult, DeviceSlot, Reply};
 use crate::session::Session;
 use crate::status::status_of;
 use virtsoc_proto::{Request, Status};
@@ -79,25 +79,22 @@ pub(super) fn execute(
     let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences())
         .reading_host(reads_host)
         .with_policy(policy.for_guest(session.name()));
-    if resume.is_none() {
-        if let Err(st) = validate(slot.id, &cx, &req.args) {
-            reply.send(Err(st));
-            return None;
-        }
-    }
-    let Some(decl) = virtsoc_devapi::device(slot.id)
-        .and_then(|d| d.commands.iter().find(|c| c.op == req.args[0]))
-    else {
+    let Some(info) = virtsoc_devapi::device(slot.id) else {
         let why = "the device declares no commands: which regions they name is unknown; \
                    bracket them with begin/end_access";
         reply.send_because(Err(Status::NotSupported), Some(why.into()));
         return None;
     };
+    // The checks of `validate`, once: the opcode is declared, each region is the guest's.
+    let Some(decl) = info.commands.iter().find(|c| c.op == req.args[0]) else {
+        reply.send(Err(Status::UnknownOpcode));
+        return None;
+    };
     let from = resume.unwrap_or(0);
     let mut accesses = Vec::new();
     for (id, mode) in decl.regions(&req.args) {
-        // validate() found every region: one freed since (while the request was parked)
-        // is the guest's own race; the accesses begun before it end.
+        // A region freed while the request was parked is the guest's own race: the accesses
+        // begun before it end.
         let size = match cx.meta(id) {
             Ok(m) => m.size,
             Err(st) => {
