@@ -325,6 +325,40 @@ fn bad_configuration_is_an_error() {
     assert!(FfmpegEncoder::new_h264(64, 48, 0, 1_000_000).is_err());
 }
 
+/// A decoder made with a lower picture limit decodes pictures up to it and refuses larger
+/// ones (what the `device_commands` fuzz target relies on to stay fast).
+#[test]
+fn a_lower_picture_limit_refuses_larger_pictures() {
+    let dir = TempDir::new("limit");
+    let raw = gen_clip(
+        dir.path(),
+        "small.h264",
+        176,
+        144,
+        5,
+        &["-c:v", "libx264", "-pix_fmt", "yuv420p", "-f", "h264"],
+    );
+    let decode = |max: u32| {
+        let mut dec =
+            FfmpegDecoder::with_max_pixels(CodecKind::H264, PixelFormat::Yuv420p, 1, max).unwrap();
+        let mut demux = Demuxer::open(&raw).unwrap();
+        let (mut frames, mut errors) = (0, 0);
+        while let Some(p) = demux.read_packet().unwrap() {
+            match dec.decode(&p.data, p.pts) {
+                Ok(f) => frames += f.len(),
+                Err(_) => errors += 1,
+            }
+        }
+        frames += dec.flush().map(|f| f.len()).unwrap_or(0);
+        (frames, errors)
+    };
+    // libavcodec checks the coded size (macroblock rows rounded up), a little above 176 x 144.
+    assert_eq!(decode(2 * 176 * 144), (5, 0));
+    let (frames, errors) = decode(176 * 144 / 2);
+    assert_eq!(frames, 0, "a picture above the limit came out");
+    assert!(errors > 0, "the decoder refused nothing");
+}
+
 #[test]
 fn random_bytes_never_crash_any_decoder() {
     let dir = TempDir::new("random");

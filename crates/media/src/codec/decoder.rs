@@ -72,7 +72,21 @@ impl FfmpegDecoder {
     /// `out` (NV12 or YUV420P). `threads > 1` enables frame threading with that many threads;
     /// 0 or 1 decodes on the calling thread.
     pub fn new(codec: CodecKind, out: PixelFormat, threads: usize) -> Result<Self> {
-        Self::build(codec, out, threads, None, None)
+        Self::build(codec, out, threads, None, None, MAX_DECODE_PIXELS)
+    }
+
+    /// As [`new`](Self::new), refusing pictures of more than `max_pixels` (at most
+    /// [`MAX_DECODE_PIXELS`]; a larger value is that). For a caller that knows its pictures
+    /// are small: the `device_commands` fuzz target, whose packets declare pictures up to the
+    /// limit that take milliseconds to allocate under ASan.
+    pub fn with_max_pixels(
+        codec: CodecKind,
+        out: PixelFormat,
+        threads: usize,
+        max_pixels: u32,
+    ) -> Result<Self> {
+        let max = i64::from(max_pixels).clamp(1, MAX_DECODE_PIXELS);
+        Self::build(codec, out, threads, None, None, max)
     }
 
     /// As [`new`](Self::new), decoding 4:2:0 pictures straight into `slots` (a decoder
@@ -83,7 +97,7 @@ impl FfmpegDecoder {
         threads: usize,
         slots: crate::worker::shared::SharedSlots,
     ) -> Result<Self> {
-        Self::build(codec, out, threads, None, Some(slots))
+        Self::build(codec, out, threads, None, Some(slots), MAX_DECODE_PIXELS)
     }
 
     /// A decoder for a demuxed stream: takes the codec, size and extradata (e.g. the avcC
@@ -95,7 +109,7 @@ impl FfmpegDecoder {
                 info.codec_name
             ))
         })?;
-        Self::build(codec, out, threads, Some(info), None)
+        Self::build(codec, out, threads, Some(info), None, MAX_DECODE_PIXELS)
     }
 
     fn find_codec(kind: CodecKind) -> Result<ff::Codec> {
@@ -121,6 +135,7 @@ impl FfmpegDecoder {
         threads: usize,
         info: Option<&StreamInfo>,
         slots: Option<crate::worker::shared::SharedSlots>,
+        max_pixels: i64,
     ) -> Result<Self> {
         if !out.is_yuv() {
             return Err(MediaError::Unsupported(format!(
@@ -161,7 +176,7 @@ impl FfmpegDecoder {
         // `device_commands` fuzz target). libavcodec (and libdav1d) refuse larger pictures.
         // SAFETY: a plain field of the context, not yet opened.
         unsafe {
-            (*ctx.as_mut_ptr()).max_pixels = MAX_DECODE_PIXELS;
+            (*ctx.as_mut_ptr()).max_pixels = max_pixels;
         }
         let threads = threads.max(1);
         ctx.set_threading(ff::threading::Config {
