@@ -5,14 +5,15 @@
 //! A daemon of its own (`--max-guests 8`, a Unix socket and a TCP listener with a token)
 //! serves `--flood` idle connections per listener, each reopened as soon as the daemon lets
 //! go of it (a refusal, the oldest pending connection cut off, the handshake deadline), by
-//! one thread per listener; meanwhile `--guests` good local guests connect one after
-//! another (each says hello, runs a `nop`, and leaves). Each guest's admission time is from
+//! one thread per listener. Once both floods are on (each has had a connection let go of
+//! and reopened it, or after [`FLOOD_ON_WAIT`]), `--guests` good local guests connect one
+//! after another (each says hello, runs a `nop`, and leaves). Each guest's admission time is from
 //! its `connect` call to its admitted connection; a guest refused or timed out is counted
 //! as locked out.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,10 @@ use crate::CliError;
 /// The daemon's guest limit in the bench: small, so that a flood that held places would
 /// show at once.
 const MAX_GUESTS: &str = "8";
+
+/// Longest the bench waits for both floods to be on before the guests connect (on a loaded
+/// machine the daemon may take seconds to accept the 128 connections and let go of the first).
+const FLOOD_ON_WAIT: Duration = Duration::from_secs(20);
 
 /// The report.
 #[derive(Debug, Clone, Serialize)]
@@ -48,15 +53,15 @@ pub struct AdmissionReport {
 }
 
 /// Keeps `n` idle connections made by `open` until `stop`, reopening each as soon as the
-/// daemon lets go of it; returns how many it reopened.
+/// daemon lets go of it, counting the reopened ones in `reopened`.
 fn flood(
     open: impl Fn() -> Option<Box<dyn Read + Send>> + Send + 'static,
     n: usize,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<usize> {
+    reopened: Arc<AtomicUsize>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut conns: Vec<Option<Box<dyn Read + Send>>> = (0..n).map(|_| open()).collect();
-        let mut reopened = 0;
         while !stop.load(Ordering::SeqCst) {
             for c in conns.iter_mut() {
                 let closed = match c {
@@ -69,13 +74,12 @@ fn flood(
                 };
                 if closed {
                     *c = open();
-                    reopened += 1;
+                    reopened.fetch_add(1, Ordering::SeqCst);
                 }
             }
             // The flooder's pace: a hostile peer reopening within milliseconds.
             std::thread::sleep(Duration::from_millis(2));
         }
-        reopened
     })
 }
 
@@ -92,6 +96,7 @@ pub fn run(flood_n: usize, guests: usize) -> Result<AdmissionReport, CliError> {
         .ok_or_else(|| CliError::Usage("the daemon has no TCP listener".into()))?;
     let socket = e.target.clone();
     let stop = Arc::new(AtomicBool::new(false));
+    let (reopened_unix, reopened_tcp) = (Arc::default(), Arc::default());
     let unix = flood(
         move || {
             let s = UnixStream::connect(&socket).ok()?;
@@ -100,6 +105,7 @@ pub fn run(flood_n: usize, guests: usize) -> Result<AdmissionReport, CliError> {
         },
         flood_n,
         stop.clone(),
+        Arc::clone(&reopened_unix),
     );
     let tcp = flood(
         move || {
@@ -109,9 +115,15 @@ pub fn run(flood_n: usize, guests: usize) -> Result<AdmissionReport, CliError> {
         },
         flood_n,
         stop.clone(),
+        Arc::clone(&reopened_tcp),
     );
-    // The budgets fill.
-    std::thread::sleep(Duration::from_millis(500));
+    // The budgets fill, and the daemon lets go of connections beyond them.
+    let on = |n: &Arc<AtomicUsize>| n.load(Ordering::SeqCst) > 0;
+    let t0 = Instant::now();
+    while !(on(&reopened_unix) && on(&reopened_tcp)) && t0.elapsed() < FLOOD_ON_WAIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
     let mut took = Vec::with_capacity(guests);
     let mut locked_out = 0;
     for _ in 0..guests {
@@ -132,8 +144,11 @@ pub fn run(flood_n: usize, guests: usize) -> Result<AdmissionReport, CliError> {
         }
     }
     stop.store(true, Ordering::SeqCst);
-    let reopened_unix = unix.join().unwrap_or(0);
-    let reopened_tcp = tcp.join().unwrap_or(0);
+    let _ = (unix.join(), tcp.join());
+    let (reopened_unix, reopened_tcp) = (
+        reopened_unix.load(Ordering::SeqCst),
+        reopened_tcp.load(Ordering::SeqCst),
+    );
     d.stop()?;
     took.sort_by(|a, b| a.total_cmp(b));
     let p99 = percentile(&took, 99.0);
