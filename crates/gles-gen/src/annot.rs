@@ -29,7 +29,9 @@
 
 use crate::GenError;
 
-/// Kinds of GL objects whose names the host translates.
+/// Kinds of GL objects whose names the host translates, as the annotations spell them: the
+/// generated code names the variant of the same name of `virtsoc_gles_stream::Kind`, the
+/// type both sides use at run time (this crate is their build dependency, not a run-time one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// Buffer objects.

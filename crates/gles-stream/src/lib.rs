@@ -16,6 +16,40 @@ pub mod gl_ops {
     include!(concat!(env!("OUT_DIR"), "/gl_ops.rs"));
 }
 
+/// Kinds of GL objects whose names the guest makes and the host translates (each kind a
+/// namespace of its own on the host; the guest's library gives programs and shaders names
+/// from one counter, as GL does). The generated code of both sides names them (`Kind::Buffer`);
+/// `virtsoc-gles-gen` parses them from the annotations' `name(KIND)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Buffer objects.
+    Buffer = 0,
+    /// Textures.
+    Texture = 1,
+    /// Framebuffer objects.
+    Framebuffer = 2,
+    /// Renderbuffers.
+    Renderbuffer = 3,
+    /// Programs.
+    Program = 4,
+    /// Shaders.
+    Shader = 5,
+    /// Query objects (GLES 3).
+    Query = 6,
+    /// Sampler objects (GLES 3).
+    Sampler = 7,
+    /// Vertex array objects (GLES 3).
+    VertexArray = 8,
+    /// Transform feedback objects (GLES 3).
+    TransformFeedback = 9,
+    /// Program pipeline objects (GLES 3.1).
+    ProgramPipeline = 10,
+}
+
+/// How many kinds there are (the last one's number, plus one): `kind as usize` indexes
+/// tables of this size.
+pub const KINDS: usize = Kind::ProgramPipeline as usize + 1;
+
 /// Marker of a null pointer in place of an array's byte length.
 pub const NULL_ARRAY: u32 = u32::MAX;
 /// Bytes of a packet header (`u32 op | u32 len`).

@@ -8,47 +8,21 @@ use std::ffi::CString;
 use std::sync::{Arc, Mutex, MutexGuard};
 use virtsoc_sync::LockExt;
 
-/// Kinds of objects whose names the guest makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Buffer objects.
-    Buffer,
-    /// Textures.
-    Texture,
-    /// Framebuffer objects.
-    Framebuffer,
-    /// Renderbuffers.
-    Renderbuffer,
-    /// Programs (one namespace with shaders).
-    Program,
-    /// Shaders.
-    Shader,
-    /// Query objects (GLES 3).
-    Query,
-    /// Sampler objects (GLES 3).
-    Sampler,
-    /// Vertex array objects (GLES 3).
-    VertexArray,
-    /// Transform feedback objects (GLES 3).
-    TransformFeedback,
-    /// Program pipeline objects (GLES 3.1).
-    ProgramPipeline,
-}
+pub use virtsoc_gles_stream::Kind;
 
-impl Kind {
-    fn counter(self) -> usize {
-        match self {
-            Kind::Buffer => 0,
-            Kind::Texture => 1,
-            Kind::Framebuffer => 2,
-            Kind::Renderbuffer => 3,
-            Kind::Program | Kind::Shader => 4,
-            Kind::Query => 5,
-            Kind::Sampler => 6,
-            Kind::VertexArray => 7,
-            Kind::TransformFeedback => 8,
-            Kind::ProgramPipeline => 9,
-        }
+/// The share group's name counter of `kind`: programs and shaders share one namespace.
+fn counter(kind: Kind) -> usize {
+    match kind {
+        Kind::Buffer => 0,
+        Kind::Texture => 1,
+        Kind::Framebuffer => 2,
+        Kind::Renderbuffer => 3,
+        Kind::Program | Kind::Shader => 4,
+        Kind::Query => 5,
+        Kind::Sampler => 6,
+        Kind::VertexArray => 7,
+        Kind::TransformFeedback => 8,
+        Kind::ProgramPipeline => 9,
     }
 }
 
@@ -169,7 +143,7 @@ impl GlState {
     /// `n` new names of `kind` from the share group's counter.
     pub(crate) fn new_names(&mut self, kind: Kind, n: usize) -> Vec<u32> {
         let mut s = self.shared();
-        let c = &mut s.next[kind.counter()];
+        let c = &mut s.next[counter(kind)];
         (0..n)
             .map(|_| {
                 *c = c.wrapping_add(1).max(1);

@@ -7,35 +7,7 @@ use virtsoc_gles_stream::Reader;
 
 use super::{ContextState, DecodeResult, Gl, GL_INVALID_VALUE};
 
-/// Kinds of objects whose names are translated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// Buffer objects.
-    Buffer = 0,
-    /// Textures.
-    Texture = 1,
-    /// Framebuffer objects.
-    Framebuffer = 2,
-    /// Renderbuffers.
-    Renderbuffer = 3,
-    /// Programs.
-    Program = 4,
-    /// Shaders.
-    Shader = 5,
-    /// Query objects (GLES 3).
-    Query = 6,
-    /// Sampler objects (GLES 3).
-    Sampler = 7,
-    /// Vertex array objects (GLES 3).
-    VertexArray = 8,
-    /// Transform feedback objects (GLES 3).
-    TransformFeedback = 9,
-    /// Program pipeline objects (GLES 3.1).
-    ProgramPipeline = 10,
-}
-
-/// How many kinds there are (the last one's number, plus one).
-pub const KINDS: usize = Kind::ProgramPipeline as usize + 1;
+pub use virtsoc_gles_stream::{Kind, KINDS};
 
 /// How a decoder treats a name the share group does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
