@@ -254,22 +254,7 @@ fn world() -> &'static World {
         };
         let built = registry::build(&cfg, &virtsoc_host::Limits::default()).expect("devices");
         let mut topo = Topology::new();
-        let mut domains: Vec<(String, DomainId)> = Vec::new();
-        let devices: Vec<_> = built
-            .into_iter()
-            .map(|(id, d)| {
-                let name = d.memory_domain().to_string();
-                let dom = match domains.iter().find(|(n, _)| *n == name) {
-                    Some((_, dom)) => *dom,
-                    None => {
-                        let dom = topo.add_device_domain(&name);
-                        domains.push((name, dom));
-                        dom
-                    }
-                };
-                (id, dom, d)
-            })
-            .collect();
+        let devices = registry::with_domains(built, &mut topo);
         let svm = Arc::new(SvmManager::new(topo));
         let layout = WindowLayout::new(64 << 20, 8, 8).expect("layout");
         let window = Arc::new(SharedWindow::create_memfd("fuzz", layout).expect("window"));

@@ -18,11 +18,11 @@ use virtsoc_proto::handshake::{
 };
 use virtsoc_proto::ring::FutexDoorbell;
 use virtsoc_proto::window_layout::PAGE;
-use virtsoc_proto::{DeviceId, SharedWindow, WindowLayout};
-use virtsoc_svm::{DomainId, ProtocolKind, SvmManager, Topology};
+use virtsoc_proto::{SharedWindow, WindowLayout};
+use virtsoc_svm::{ProtocolKind, SvmManager, Topology};
 use virtsoc_sync::{CondvarExt, LockExt};
 
-use crate::device::{Device, DeviceSet};
+use crate::device::DeviceSet;
 use crate::link::{ShmLink, StreamLink};
 use crate::session::Session;
 use crate::{HostError, Result};
@@ -194,23 +194,7 @@ impl Daemon {
             cfg.services_policy.as_deref(),
         )?);
         devices.push((virtsoc_devapi::service::ID, services.clone()));
-        // One domain per physical device's memory: devices naming the same domain share it.
-        let mut domains: Vec<(String, DomainId)> = Vec::new();
-        let with_domains: Vec<(DeviceId, DomainId, Arc<dyn Device>)> = devices
-            .into_iter()
-            .map(|(id, d)| {
-                let name = d.memory_domain().to_string();
-                let dom = match domains.iter().find(|(n, _)| *n == name) {
-                    Some((_, dom)) => *dom,
-                    None => {
-                        let dom = topo.add_device_domain(&name);
-                        domains.push((name, dom));
-                        dom
-                    }
-                };
-                (id, dom, d)
-            })
-            .collect();
+        let with_domains = crate::device::registry::with_domains(devices, &mut topo);
         let svm = Arc::new(SvmManager::with_prefetch_config(topo, cfg.prefetch));
         svm.set_dma_delay(cfg.test_dma_delay);
         for (_, dom, d) in &with_domains {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use virtsoc_proto::DeviceId;
+use virtsoc_svm::{DomainId, Topology};
 
 use super::testdev::{Consumer, Producer};
 use super::{camera, codec, display, gles, gpu, isp, modem, Device};
@@ -205,6 +206,30 @@ pub fn build(cfg: &DeviceConfig, limits: &Limits) -> Result<Vec<(DeviceId, Arc<d
         ),
         (api::gles::ID, Arc::new(gles::Gles::new(cfg))),
     ])
+}
+
+/// Places each device in the memory domain it names, adding the domains to `topo`: one
+/// domain per physical device's memory, devices naming the same domain share it.
+pub fn with_domains(
+    devices: Vec<(DeviceId, Arc<dyn Device>)>,
+    topo: &mut Topology,
+) -> Vec<(DeviceId, DomainId, Arc<dyn Device>)> {
+    let mut domains: Vec<(String, DomainId)> = Vec::new();
+    devices
+        .into_iter()
+        .map(|(id, d)| {
+            let name = d.memory_domain().to_string();
+            let dom = match domains.iter().find(|(n, _)| *n == name) {
+                Some((_, dom)) => *dom,
+                None => {
+                    let dom = topo.add_device_domain(&name);
+                    domains.push((name, dom));
+                    dom
+                }
+            };
+            (id, dom, d)
+        })
+        .collect()
 }
 
 #[cfg(test)]
