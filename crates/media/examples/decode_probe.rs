@@ -5,7 +5,9 @@
 //! bench's guests' frame regions), looping over the clip without a flush as the bench's
 //! guests do. Pairs of phases, interleaved: each clip's first decoder alone, then all N in
 //! turn; prints each clip's median decode time alone and in turn, and how much longer the
-//! decodes in turn took than the same decodes alone (median over the pairs).
+//! decodes in turn took than the same decodes alone (median over the pairs). `--burst B`:
+//! each decoder's turn is B decodes in a row (what a scheduler serving a guest several
+//! commands at a time would give), so the caches change hands B times less often.
 //!
 //! `cargo run --release -p virtsoc-media --example decode_probe -- 8 a.h264 b.h264 c.h264`
 
@@ -49,7 +51,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: decode_probe N CLIP.h264 [CLIP ...] [--rotate R] [--pairs P]";
+    let usage = "usage: decode_probe N CLIP.h264 [CLIP ...] [--rotate R] [--pairs P] [--burst B]";
     let n: usize = args.first().and_then(|a| a.parse().ok()).ok_or(usage)?;
     let option = |name: &str, default: usize| -> usize {
         args.iter()
@@ -58,7 +60,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or(default)
             .max(1)
     };
-    let (rotate, pairs) = (option("--rotate", 8), option("--pairs", 6));
+    let (rotate, pairs, burst) = (
+        option("--rotate", 8),
+        option("--pairs", 6),
+        option("--burst", 1),
+    );
     let clips: Vec<&String> = args
         .iter()
         .skip(1)
@@ -97,7 +103,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let k = clips.len().min(n);
     let (mut alone, mut together) = (vec![Vec::new(); k], vec![Vec::new(); k]);
     let mut overheads = Vec::new();
-    let rounds = 60;
+    // A multiple of the burst: every decoder decodes as many packets in turn as alone.
+    let rounds = 60usize.div_ceil(burst) * burst;
     for _ in 0..pairs {
         let mut rate = vec![0.0; k];
         for (c, r) in rate.iter_mut().enumerate() {
@@ -108,10 +115,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             *r = rounds as f64 / t.elapsed().as_secs_f64();
         }
         let t = Instant::now();
-        for _ in 0..rounds {
+        for _ in 0..rounds / burst {
             for s in &mut streams {
-                let us = s.step()?;
-                together[s.clip].push(us);
+                for _ in 0..burst {
+                    let us = s.step()?;
+                    together[s.clip].push(us);
+                }
             }
         }
         let secs = t.elapsed().as_secs_f64();
@@ -127,7 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!(
-        "{n} decoders in turn: {:.1}% longer than alone (median of {pairs} pairs)",
+        "{n} decoders in turn, {burst} decodes a turn: {:.1}% longer than alone (median of {pairs} pairs)",
         median(overheads)
     );
     Ok(())
