@@ -75,10 +75,10 @@ impl FfmpegDecoder {
         Self::build(codec, out, threads, None, None, MAX_DECODE_PIXELS)
     }
 
-    /// As [`new`](Self::new), refusing pictures of more than `max_pixels` (at most
-    /// [`MAX_DECODE_PIXELS`]; a larger value is that). For a caller that knows its pictures
-    /// are small: the `device_commands` fuzz target, whose packets declare pictures up to the
-    /// limit that take milliseconds to allocate under ASan.
+    /// As [`new`](Self::new), refusing pictures of more than `max_pixels` (at most the limit
+    /// of [`new`](Self::new), 4096 x 2304; a larger value is that). For a caller that knows
+    /// its pictures are small: the `device_commands` fuzz target, whose packets declare
+    /// pictures up to the limit that take milliseconds to allocate under ASan.
     pub fn with_max_pixels(
         codec: CodecKind,
         out: PixelFormat,
