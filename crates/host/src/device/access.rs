@@ -18,7 +18,7 @@ use virtsoc_sched::policy::Policy;
 use virtsoc_svm::{AccessSpec, CopyTicket, GuestId, Progress, RegionId, SvmManager};
 
 use super::worker::{run_command, Later, Parked};
-use super::{DeviceCtx, DeviceResult, DeviceSlot, Reply};
+use super::{DeviceResult, DeviceSlot, Reply};
 use crate::session::Session;
 use crate::status::status_of;
 use virtsoc_proto::{Request, Status};
@@ -76,8 +76,8 @@ pub(super) fn execute(
     // The worker's `execute` checked the policy (on the first run).
     let guest = session.guest_id();
     let reads_host = slot.device.reads_host_memory();
-    let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences())
-        .reading_host(reads_host)
+    let cx = slot
+        .ctx(svm, session)
         .with_policy(policy.for_guest(session.name()));
     let Some(info) = virtsoc_devapi::device(slot.id) else {
         let why = "the device declares no commands: which regions they name is unknown; \

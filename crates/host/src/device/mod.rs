@@ -311,6 +311,13 @@ pub struct DeviceSlot {
 }
 
 impl DeviceSlot {
+    /// The context a command of `session`'s guest runs in on this device (its domain, the
+    /// guest's fences, whether the device reads host memory in place).
+    pub(crate) fn ctx<'a>(&self, svm: &'a Arc<SvmManager>, session: &'a Session) -> DeviceCtx<'a> {
+        DeviceCtx::new(session.guest_id(), svm, self.domain, session.fences())
+            .reading_host(self.device.reads_host_memory())
+    }
+
     /// Commands queued on this device, all guests together.
     pub fn depth(&self) -> usize {
         self.queues

@@ -52,8 +52,7 @@ fn step_paced(
     if let Some(since) = p.waiting.take() {
         session.note_paced_wait(now.saturating_duration_since(since));
     }
-    let cx = DeviceCtx::new(session.guest_id(), svm, slot.domain, session.fences())
-        .reading_host(slot.device.reads_host_memory());
+    let cx = slot.ctx(svm, session);
     match p.op.step(&cx) {
         Some(result) => {
             p.reply.send_because(result, cx.take_reason());
@@ -171,8 +170,8 @@ pub(super) fn execute(
             }
         }
         Some(Opcode::DeviceCmd) => {
-            let cx = DeviceCtx::new(guest, svm, slot.domain, session.fences())
-                .reading_host(slot.device.reads_host_memory())
+            let cx = slot
+                .ctx(svm, session)
                 .with_policy(policy.for_guest(session.name()));
             if let Err(st) = validate(slot.id, &cx, &req.args) {
                 reply.send(Err(st));
