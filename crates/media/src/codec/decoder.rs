@@ -100,6 +100,13 @@ impl FfmpegDecoder {
         Self::build(codec, out, threads, None, Some(slots), MAX_DECODE_PIXELS)
     }
 
+    /// As [`new`](Self::new), decoding 4:2:0 pictures straight into shared memfd buffers of
+    /// its own through the `get_buffer2` a decoder worker installs (`worker::direct`): that
+    /// path measured in one process, without a worker (`examples/decode_cost.rs`).
+    pub fn new_shared_buffers(codec: CodecKind, out: PixelFormat, threads: usize) -> Result<Self> {
+        Self::new_into(codec, out, threads, Default::default())
+    }
+
     /// A decoder for a demuxed stream: takes the codec, size and extradata (e.g. the avcC
     /// box of an MP4) from `info`.
     pub fn for_stream(info: &StreamInfo, out: PixelFormat, threads: usize) -> Result<Self> {
@@ -571,6 +578,19 @@ impl DecoderBackend for FfmpegDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A decoder writing into shared buffers tells libavcodec that its `get_buffer2` is
+    /// thread-safe where libavcodec still asks (before 60): else every frame thread hands
+    /// its allocation to the thread in `avcodec_send_packet` and waits for it.
+    #[test]
+    fn a_decoder_into_shared_buffers_has_thread_safe_callbacks() {
+        let dec = FfmpegDecoder::new_shared_buffers(CodecKind::H264, PixelFormat::Nv12, 2).unwrap();
+        // SAFETY: a plain field of the opened context.
+        let ctx = unsafe { &*dec.decoder.as_ptr() };
+        assert!(ctx.get_buffer2.is_some());
+        #[cfg(virtsoc_thread_safe_callbacks)]
+        assert_eq!(ctx.thread_safe_callbacks, 1);
+    }
 
     /// The `device_commands` fuzz input that made libavcodec allocate over 6 GiB: an H.264
     /// stream whose SPS declares a huge 4:4:4 picture (fuzz/artifacts-regressions). Now the

@@ -38,6 +38,17 @@ pub(crate) unsafe fn install(ctx: *mut ffi::AVCodecContext, slots: &SharedSlots)
     // SAFETY: the caller's promise: a valid context nobody else uses yet.
     unsafe {
         (*ctx).get_buffer2 = Some(get_buffer);
+        // Before libavcodec 60, a frame thread that needs a buffer from a custom
+        // `get_buffer2` not marked thread-safe asks the thread in `avcodec_send_packet` /
+        // `avcodec_receive_frame` for it and sleeps until that thread comes back into
+        // libavcodec: with the worker's main thread away answering its parent, a frame
+        // thread sat idle (1080p H.264 with two threads: 0.80x libavcodec's own buffers
+        // through a worker, 0.89x in one process). `get_buffer` and `give_back` lock the
+        // slots themselves and may run on any thread.
+        #[cfg(virtsoc_thread_safe_callbacks)]
+        {
+            (*ctx).thread_safe_callbacks = 1;
+        }
         (*ctx).opaque = Arc::as_ptr(slots) as *mut c_void;
     }
 }
