@@ -96,6 +96,11 @@ pub trait Scheduler: Send {
     /// How many device commands are on the device now (dispatched, not answered; accesses
     /// are not counted), told before each [`pick`](Self::pick). Ignored by default.
     fn commands_running(&mut self, _n: usize) {}
+    /// Lets the guest served keep the device for its next ready commands, up to `turn` of
+    /// device time in a row, before the others get their say: for a device where a change
+    /// of guest makes the next command slower (decoders evicting each other's pictures from
+    /// the caches). 0 (the default): no turns. Schedulers without turns ignore it.
+    fn set_turn(&mut self, _turn: Nanos) {}
 }
 
 /// The schedulers the daemon offers.

@@ -29,9 +29,13 @@ use crate::scenario::pipe::Pipe;
 use crate::CliError;
 use virtsoc_devapi::{HandleId, RegionId};
 
-/// Frames a codec guest keeps queued: two requests each (decode, receive), within the guest
-/// library's smallest flow control window of four requests.
-const DEPTH: usize = 2;
+/// Frames a codec guest keeps queued, two requests each (decode, receive): a player decoding
+/// ahead into its pool, so that a turn of the codec's scheduler serves it several pictures
+/// in a row. Alone it keeps twice as many (`backlog::DEEP`): 16 requests, as deep as the
+/// guest library's flow control lets a guest's own queue on the host grow before it shrinks
+/// the guest's window. (Until stop 45: two, so a turn held at most two pictures; eight were
+/// measured too, with the same overhead and a slower guest alone.)
+const DEPTH: usize = 4;
 
 /// Decodes until `ctl.stop`, counting decode + receive pairs in `ctl.done`; while `ctl.gate`
 /// (if any) is false, it lets its queue drain and waits.

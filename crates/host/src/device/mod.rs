@@ -203,6 +203,12 @@ pub trait Device: Send + Sync {
     fn allocator(&self) -> Option<Arc<dyn virtsoc_svm::DeviceAllocator>> {
         None
     }
+    /// How much device time a guest's commands may take in a row once it is served, where
+    /// the scheduler has turns ([`virtsoc_sched::Scheduler::set_turn`]): for a device whose
+    /// next command is slower after a change of guest. By default none.
+    fn turn(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// Runs one device command (`args[0]` is the device opcode).
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult;
     /// Runs one device command and answers through `reply`, at once or once the work is done
@@ -381,7 +387,7 @@ impl DeviceSet {
                     events: Arc::new(EventCount::default()),
                     stop: AtomicBool::new(false),
                     worker: Mutex::new(None),
-                    acct: Arc::new(Accounting::new(sharing.scheduler)),
+                    acct: Arc::new(Accounting::new(sharing.scheduler).with_turn(device.turn())),
                 });
                 let (svm, s) = (svm.clone(), slot.clone());
                 let arbiter = Arbiter::new(sharing.clone());

@@ -176,6 +176,14 @@ impl Accounting {
         }
     }
 
+    /// The same with turns of `turn` ([`virtsoc_sched::Scheduler::set_turn`]).
+    pub fn with_turn(self, turn: Duration) -> Self {
+        self.sched
+            .lock_or_recover()
+            .set_turn(turn.as_nanos() as Nanos);
+        self
+    }
+
     /// Nanoseconds since the device started.
     pub fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos

@@ -66,6 +66,7 @@
 //! a crash or hang fails that encoder's calls with `DeviceError` and a reason (the guest
 //! reopens), at one more copy of each frame (into memory shared with the worker).
 //!
+//! A guest served keeps the codec for turns of `state::TURN` (see there).
 //! Every failure is a status for the guest; nothing here panics on guest input.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -635,9 +636,12 @@ impl Device for Codec {
     }
 
     fn reads_host_memory(&self) -> bool {
-        // libavcodec runs on the CPU: bitstreams and frames to encode are read where they
-        // are current in host memory.
+        // libavcodec runs on the CPU: it reads bitstreams and frames where they are current.
         true
+    }
+
+    fn turn(&self) -> std::time::Duration {
+        state::TURN
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {

@@ -17,6 +17,14 @@ use crate::device::share::DeviceClock;
 use crate::device::DeviceCtx;
 use crate::Limits;
 
+/// How much of its decoders' time a guest served may use in a row before the codec's
+/// scheduler chooses again ([`crate::device::Device::turn`]). A decoder decodes slower after
+/// other guests' decoders ran (its reference pictures and tables evicted from the caches:
+/// with 8 decoders taking turns one picture each, 20-50% longer per picture than alone,
+/// `decode_probe`), so a guest's commands are served several in a row: about 10 pictures of
+/// 640x360, 2 of 1080p. A guest is about a turn ahead of its fair share at most.
+pub(super) const TURN: Duration = Duration::from_millis(4);
+
 /// An open decoder and the pictures waiting for `receive_frame`.
 pub(super) struct DecoderSession {
     pub(super) decoder: Box<dyn DecoderBackend>,
