@@ -990,10 +990,13 @@ fn each_guest_has_its_own_region_table_dropped_whole_when_it_leaves() {
     assert_eq!(svm.stats().regions, 20_001);
     // Guest 1 leaving holds no lock guest 2's lookups need: they go on while it runs.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Arc::new(std::sync::Barrier::new(2));
     let looker = {
-        let (svm, stop) = (svm.clone(), stop.clone());
+        let (svm, stop, started) = (svm.clone(), stop.clone(), started.clone());
         std::thread::spawn(move || {
-            let mut n = 0u64;
+            svm.meta(GuestId(2), mine).unwrap();
+            started.wait();
+            let mut n = 1u64;
             while !stop.load(Ordering::Relaxed) {
                 svm.meta(GuestId(2), mine).unwrap();
                 n += 1;
@@ -1001,6 +1004,9 @@ fn each_guest_has_its_own_region_table_dropped_whole_when_it_leaves() {
             n
         })
     };
+    // The looker is looking up before the guest leaves (a thread not yet scheduled when
+    // the detach ended made this flaky on two busy cores).
+    started.wait();
     assert_eq!(svm.detach_guest(GuestId(1)), 20_000);
     stop.store(true, Ordering::Relaxed);
     assert!(looker.join().unwrap() > 0);
