@@ -21,8 +21,9 @@ use crate::Limits;
 /// scheduler chooses again ([`crate::device::Device::turn`]). A decoder decodes slower after
 /// other guests' decoders ran (its reference pictures and tables evicted from the caches:
 /// with 8 decoders taking turns one picture each, 20-50% longer per picture than alone,
-/// `decode_probe`), so a guest's commands are served several in a row: about 10 pictures of
-/// 640x360, 2 of 1080p. A guest is about a turn ahead of its fair share at most.
+/// `decode_probe`), so a guest's queued commands are served several in a row: up to about
+/// ten 640x360 pictures (a decode and a receive each), two 1080p ones. A guest is about a
+/// turn ahead of its fair share at most, and another guest's command may wait a turn.
 pub(super) const TURN: Duration = Duration::from_millis(4);
 
 /// An open decoder and the pictures waiting for `receive_frame`.
