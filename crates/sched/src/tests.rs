@@ -31,6 +31,13 @@ fn always(id: u64, cost: Nanos) -> SimGuest {
     }
 }
 
+/// Guests 1..=`n`, always ready, guest `g`'s commands costing `costs[(g - 1) % 3]`.
+fn cycling(n: u64, costs: [Nanos; 3]) -> Vec<SimGuest> {
+    (1..=n)
+        .map(|g| always(g, costs[(g as usize - 1) % 3]))
+        .collect()
+}
+
 /// Device time per guest in each `bucket`-long window (a command's time in the windows it
 /// ran in), on a device that runs one command at a time and answers when done (a
 /// synchronous device).
@@ -627,9 +634,7 @@ fn wfq_accesses_are_charged_when_done_and_kept_out_of_the_command_cost() {
 /// cycling through `costs`, on a synchronous device, each window counting the device time
 /// it saw.
 fn median_unfairness(s: &mut dyn Scheduler, costs: [Nanos; 3], n: u64) -> f64 {
-    let guests: Vec<SimGuest> = (1..=n)
-        .map(|g| always(g, costs[(g as usize - 1) % 3]))
-        .collect();
+    let guests = cycling(n, costs);
     let windows = run_sync(s, &guests, 20 * S, S);
     let mut us: Vec<f64> = windows[1..19]
         .iter()
@@ -782,9 +787,7 @@ fn wfq_with_a_lead_keeps_the_device_busy_and_eight_guests_fair() {
     // The bench's compositions on lavapipe (about 0.9, 2.5 and 5.5 ms), a 300 us dispatch
     // round trip.
     let costs = [900_000, 2_500_000, 5_500_000];
-    let guests: Vec<SimGuest> = (1..=8)
-        .map(|g| always(g, costs[(g as usize - 1) % 3]))
-        .collect();
+    let guests = cycling(8, costs);
     let delay = 300_000;
     let run = |lead| {
         let mut w = Wfq::new(WfqConfig {
@@ -866,9 +869,7 @@ fn runs_of(
 fn wfq_turns_serve_a_guest_several_commands_in_a_row_and_keep_shares_equal() {
     // The codec's decodes: 640x360, 1280x720 and 1920x1080 pictures, 8 guests.
     let costs = [300_000, 1_000_000, 2_300_000];
-    let guests: Vec<SimGuest> = (1..=8)
-        .map(|g| always(g, costs[(g as usize - 1) % 3]))
-        .collect();
+    let guests = cycling(8, costs);
     let mean_run = |runs: &[u32]| runs.iter().sum::<u32>() as f64 / runs.len().max(1) as f64;
     let mut plain = Wfq::new(WfqConfig::default());
     let without = runs_of(&mut plain, &guests, 10 * S);

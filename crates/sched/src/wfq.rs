@@ -53,8 +53,8 @@
 //!   WF2Q+'s again. For a device where a change of guest costs the next command (the codec:
 //!   a decoder whose reference pictures and tables the other guests' decoders evicted from
 //!   the caches decodes 20-50% slower, `decode_probe`), so that one change serves several
-//!   commands. Fairness holds over time (the turn is charged like any commands: the guest
-//!   then waits the longer), within a turn at any instant; boosted guests have no turns.
+//!   commands. A turn is charged like any commands (the guest then waits the longer), so
+//!   each guest stays within about a turn of its fluid share; boosted guests have no turns.
 //! - As the `feedback` scheduler, boosted guests (multimedia guests behind their desired frame
 //!   rate, [`Scheduler::set_boost`]) go first whenever they have a command ready, and while
 //!   any guest is boosted the others have at most one command running at a time, so a boosted
@@ -379,12 +379,12 @@ impl Scheduler for Wfq {
             // accounts as fresh as the device allows.
             return p;
         }
-        if self.cfg.turn > 0 && self.boosted.is_empty() {
-            if let Some((g, used)) = self.turn {
-                if used < self.cfg.turn as f64 && ready.contains(&g) {
-                    return Pick::Serve(g);
-                }
-            }
+        let turns = self.cfg.turn > 0 && self.boosted.is_empty();
+        let in_turn = self
+            .turn
+            .filter(|(g, used)| turns && *used < self.cfg.turn as f64 && ready.contains(g));
+        if let Some((g, _)) = in_turn {
+            return Pick::Serve(g);
         }
         // The guests behind: running, or between two commands.
         let share = self.flows.get(&cand).map_or(1.0, |f| f.share);
@@ -421,17 +421,17 @@ impl Scheduler for Wfq {
             self.inflight.pop_front();
         }
         self.inflight.push_back((guest, now));
-        let est = self.flow(guest).cost;
-        self.turn = match self.turn {
-            Some((g, used)) if g == guest => Some((g, used + est)),
-            _ => Some((guest, est)),
-        };
         let f = self.flow(guest);
+        let est = f.cost;
         f.finish += est / f.share;
         if f.pending.len() == MAX_PENDING {
             f.pending.pop_front();
         }
         f.pending.push_back(est);
+        self.turn = match self.turn {
+            Some((g, used)) if g == guest => Some((g, used + est)),
+            _ => Some((guest, est)),
+        };
     }
 
     fn completed(&mut self, guest: GuestId, device_ns: Nanos, now: Nanos) {
