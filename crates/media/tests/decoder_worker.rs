@@ -257,7 +257,7 @@ fn a_worker_decodes_what_the_process_decodes() {
     for (p, pts) in &pkts {
         a.extend(local.decode(p, *pts).unwrap());
         b.extend(remote.decode(p, *pts).unwrap());
-        // Each answer says the worker's CPU time so far: it only grows.
+        // The worker's CPU time so far, as the kernel counts it: it only grows.
         let now = remote.cpu_ns().unwrap();
         assert!(now >= cpu, "{now} < {cpu}");
         cpu = now;
@@ -363,6 +363,11 @@ fn a_killed_worker_is_an_error_for_its_decoder_only() {
         }
     }
     assert!(matches!(d.flush(), Err(MediaError::Decode(_))));
+    assert_eq!(
+        d.cpu_ns(),
+        None,
+        "a reaped worker's clock is not read (its pid may be another process's)"
+    );
     // This process goes on: a new worker decodes the stream.
     let mut again = worker(1);
     let mut n = 0;

@@ -193,21 +193,44 @@ pub fn enter(policy: &Policy<'_>) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// This process's CPU time so far, all its threads, in nanoseconds: what a worker reports in
-/// its answers, so that the daemon charges its guest the work it did wherever it ran (0 if the
-/// clock cannot be read). `clock_gettime` is in every worker's allow-list.
+/// This process's CPU time so far, all its threads, in nanoseconds: what a GLES render
+/// worker reports in its answers, so that the daemon charges its guest the work it did
+/// wherever it ran (0 if the clock cannot be read). `clock_gettime` is in every worker's
+/// allow-list.
 pub fn process_cpu_ns() -> u64 {
+    read_clock(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0)
+}
+
+/// The CPU time so far of process `pid`, all its threads, in nanoseconds, as the kernel
+/// counts it: what a worker used, read by its parent rather than reported by the worker
+/// (which a worker taken over by a hostile input could misstate). `None` when the clock
+/// cannot be read (no such process). The caller must know `pid` is still its child, not
+/// reaped: a reaped worker's pid may name another process.
+pub fn cpu_ns_of(pid: u32) -> Option<u64> {
+    let mut clock: libc::clockid_t = 0;
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: clock_getcpuclockid writes one clockid_t, which `clock` is.
+    if unsafe { libc::clock_getcpuclockid(pid, &mut clock) } != 0 {
+        return None;
+    }
+    read_clock(clock)
+}
+
+/// Nanoseconds on `clock`, `None` if it cannot be read.
+fn read_clock(clock: libc::clockid_t) -> Option<u64> {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec, which `t` is.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
-        return 0;
+    if unsafe { libc::clock_gettime(clock, &mut t) } != 0 {
+        return None;
     }
-    (t.tv_sec.max(0) as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(t.tv_nsec.max(0) as u64)
+    Some(
+        (t.tv_sec.max(0) as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec.max(0) as u64),
+    )
 }
 
 /// The user a worker whose kind starts at `base` runs as, for the daemon with pid `daemon`,
@@ -261,6 +284,37 @@ mod tests {
     fn older_forms_go_with_the_calls() {
         let v = with_legacy(&[libc::SYS_openat, libc::SYS_read]);
         assert_eq!(v, vec![libc::SYS_openat, libc::SYS_open, libc::SYS_read]);
+    }
+
+    #[test]
+    fn a_processs_cpu_time_is_read_from_the_kernel_by_another() {
+        use std::io::{BufRead, Write};
+        // This process: the same clock its threads read themselves.
+        let before = process_cpu_ns();
+        let read = cpu_ns_of(std::process::id()).expect("own clock");
+        assert!(
+            before <= read && read <= process_cpu_ns(),
+            "{before} {read}"
+        );
+        // A child that spins, says so, then waits for its input.
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo spun; read x",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let out = child.stdout.take().unwrap();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "spun");
+        let spun = cpu_ns_of(child.id()).expect("the child's clock");
+        assert!(spun > 1_000_000, "20,000 loops of sh in {spun} ns");
+        writeln!(child.stdin.take().unwrap()).unwrap();
+        assert!(child.wait().unwrap().success());
+        assert_eq!(cpu_ns_of(u32::MAX), None, "no such process");
     }
 
     #[test]

@@ -414,9 +414,11 @@ pub(super) fn start(
 }
 
 /// The device time of the commands of a device that runs apart in a worker process (a
-/// guest's GLES render worker, a decoder's worker), from the CPU time the worker reports in
-/// each answer ([`Reply::busy_for`](super::Reply::busy_for)): what the guest's work cost,
-/// wherever and whenever it ran, rather than the wall time of the device thread's call.
+/// guest's GLES render worker, a decoder's worker), from the worker's CPU time
+/// ([`Reply::busy_for`](super::Reply::busy_for)): what the guest's work cost, wherever and
+/// whenever it ran, rather than the wall time of the device thread's call. A render worker
+/// reports its CPU time in its answers ([`batch`](Self::batch)); a decoder's is read from
+/// the kernel ([`measured`](Self::measured)).
 pub(crate) struct DeviceClock {
     pub(crate) cpus: u64,
     pub(crate) cpu_ns: u64,
@@ -430,6 +432,31 @@ impl DeviceClock {
             cpu_ns: 0,
             at: std::time::Instant::now(),
         }
+    }
+
+    /// A clock for a worker that has used `cpu_ns` already (its start, before it served
+    /// this guest): only what it uses from now on is charged.
+    pub(crate) fn from(cpu_ns: u64) -> Self {
+        DeviceClock {
+            cpu_ns,
+            ..DeviceClock::new()
+        }
+    }
+
+    /// The device time of a command from clocks the kernel keeps, which no worker can
+    /// misstate: the worker's CPU time since the previous charge (`cpu_ns`, its CPU time so
+    /// far as this process read it) plus `own`, the CPU time the command took on the
+    /// device's thread (reading the guest's packet, writing it to the worker, placing the
+    /// pictures). No floor at the command's wall time: a software decoder's work is CPU
+    /// time, and a short command's wall time on a busy host also holds its wait for a CPU
+    /// (the worker woken behind other guests' processes), which charged the guests of small
+    /// pictures most (with 8 guests a 640x360 picture cost 27-58% more than alone by the
+    /// wall, 20-24% by CPU time; a 1080p one 0-13% either way: `docs/results.md`, stop 46).
+    pub(crate) fn measured(&mut self, cpu_ns: u64, own: Duration) -> u64 {
+        let spent = cpu_ns.saturating_sub(self.cpu_ns);
+        self.cpu_ns = self.cpu_ns.max(cpu_ns);
+        self.at = std::time::Instant::now();
+        spent.saturating_add(own.as_nanos() as u64)
     }
 
     /// The device time of a batch whose round trip took `wall`, answered with the worker's

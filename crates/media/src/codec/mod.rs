@@ -494,8 +494,9 @@ pub trait DecoderBackend: Send {
     /// Layout of the output pictures, once known (after the first picture for real codecs).
     fn output_layout(&self) -> Option<FrameLayout>;
     /// CPU time the decoder has used so far, all its threads, in nanoseconds, where it runs
-    /// apart (a worker process: as its last answer said, not trusted beyond bounds); `None`
-    /// for a decoder that runs on the caller's threads, whose time the caller sees itself.
+    /// apart (a worker process: as the kernel counts it, read by this process, not reported
+    /// by the worker); `None` for a decoder that runs on the caller's threads, whose time the
+    /// caller sees itself, and for a worker that is gone.
     fn cpu_ns(&self) -> Option<u64> {
         None
     }

@@ -86,9 +86,28 @@ impl WorkerProcess {
         self.child.id()
     }
 
-    /// Whether the worker has neither failed nor exited.
+    /// Whether the worker has neither failed nor exited (one that exited is reaped, and
+    /// ended as a failed one is).
     pub(crate) fn running(&mut self) -> bool {
-        self.dead.is_none() && matches!(self.child.try_wait(), Ok(None))
+        if self.dead.is_none() {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                self.dead = Some(format!(
+                    "{}: {} exited ({s}); {}",
+                    self.name, self.what, self.then
+                ));
+            }
+        }
+        self.dead.is_none()
+    }
+
+    /// The worker's CPU time so far, all its threads, in nanoseconds, as the kernel counts
+    /// it ([`virtsoc_sandbox::cpu_ns_of`]), not as the worker would say; `None` once it is
+    /// gone (reaped, its pid may name another process) or where the clock cannot be read.
+    pub(crate) fn cpu_ns(&self) -> Option<u64> {
+        if self.dead.is_some() {
+            return None;
+        }
+        virtsoc_sandbox::cpu_ns_of(self.pid())
     }
 
     /// Bounds the next calls' sending and answer by `deadline` each (instead of

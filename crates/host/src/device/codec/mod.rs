@@ -37,9 +37,9 @@
 //! Device time: a decoder in a worker process decodes on its frame threads between the
 //! guest's commands, on the host's CPUs, while this device's thread serves other guests, so
 //! the wall time of a command on that thread says little of what it cost. Each of its
-//! commands is charged the CPU time the worker reports in its answers since the previous
-//! charge (`share::DeviceClock`, as the GLES render workers are), at least the command's own
-//! time; the schedulers weigh the guests by that.
+//! commands is charged the worker's CPU time since the previous charge, as the kernel counts
+//! it, plus the CPU time the command took on the device's thread (`share::DeviceClock::
+//! measured`); the schedulers weigh the guests by that.
 //!
 //! Damage is reported per packet and per picture, never as success and never on the wrong
 //! packet (`virtsoc_media::codec` tells how libavcodec's results are attributed):
@@ -645,7 +645,7 @@ impl Device for Codec {
     }
 
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult {
-        let t0 = std::time::Instant::now();
+        let cpu0 = virtsoc_control::budget::thread_cpu();
         let (r, decoder) = match Command::decode(args)? {
             Command::OpenDecoder(c) => (self.open_decoder_for(cx, c), None),
             Command::Decode(c) => (self.decode(cx, c), Some(c.handle)),
@@ -657,7 +657,8 @@ impl Device for Codec {
             Command::StreamInfo(c) => (self.stream_info(cx.guest, c), Some(c.handle)),
         };
         if let Some(h) = decoder {
-            self.state().charge(cx, h, t0.elapsed());
+            let own = virtsoc_control::budget::thread_cpu().saturating_sub(cpu0);
+            self.state().charge(cx, h, own);
         }
         r
     }

@@ -53,6 +53,7 @@ impl DecoderSession {
         // `receive_frame` copies each picture into a region: straight out of libavcodec's
         // buffers, once.
         decoder.hold_pictures(true);
+        let clock = DeviceClock::from(decoder.cpu_ns().unwrap_or(0));
         DecoderSession {
             decoder,
             ready: VecDeque::new(),
@@ -62,7 +63,7 @@ impl DecoderSession {
             changes_at: VecDeque::new(),
             unreported: None,
             lent: Default::default(),
-            clock: DeviceClock::new(),
+            clock,
         }
     }
 
@@ -344,20 +345,20 @@ impl State {
         }
     }
 
-    /// Charges the command of `guest` on its decoder `handle` that took `wall` on the device
-    /// thread with what the decoder's worker used since its previous answer (its frame
-    /// threads go on decoding between the guest's commands, on the host's CPUs, while the
-    /// device thread serves other guests): the device time `cx` passes on with the answer.
-    /// A decoder on the device's own threads, or a handle that is gone, is charged the wall
-    /// time as every command is.
-    pub(super) fn charge(&mut self, cx: &DeviceCtx<'_>, handle: HandleId, wall: Duration) {
+    /// Charges the command of `guest` on its decoder `handle`, which took `own` CPU time on
+    /// the device thread, with that and what the decoder's worker used since its previous
+    /// charge (its frame threads go on decoding between the guest's commands, on the host's
+    /// CPUs, while the device thread serves other guests; [`DeviceClock::measured`]): the
+    /// device time `cx` passes on with the answer. A decoder on the device's own threads, or
+    /// a handle that is gone, is charged the wall time as every command is.
+    pub(super) fn charge(&mut self, cx: &DeviceCtx<'_>, handle: HandleId, own: Duration) {
         if let Some(Open {
             session: Session::Decoder(d),
             ..
         }) = self.sessions.get_mut(&(cx.guest, handle))
         {
             if let Some(cpu) = d.decoder.cpu_ns() {
-                cx.busy_for(d.clock.batch(wall, cpu));
+                cx.busy_for(d.clock.measured(cpu, own));
             }
         }
     }

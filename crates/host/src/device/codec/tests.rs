@@ -473,8 +473,12 @@ fn a_guest_policy_sets_its_share_of_codec_sessions() {
     assert_eq!(open(2, None), Err(Status::OutOfMemory));
 }
 
-/// A decoder running apart that reports the CPU time it is told, decoding nothing.
-struct Metered(std::sync::Arc<std::sync::atomic::AtomicU64>);
+/// A decoder running apart whose CPU time is what it is told, decoding nothing; its
+/// `flush` waits `wait` first, as a command waits for a worker that is not on a CPU yet.
+struct Metered {
+    cpu: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    wait: std::time::Duration,
+}
 
 impl virtsoc_media::DecoderBackend for Metered {
     fn name(&self) -> &str {
@@ -484,23 +488,26 @@ impl virtsoc_media::DecoderBackend for Metered {
         Ok(Vec::new())
     }
     fn flush(&mut self) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        std::thread::sleep(self.wait);
         Ok(Vec::new())
     }
     fn output_layout(&self) -> Option<FrameLayout> {
         None
     }
     fn cpu_ns(&self) -> Option<u64> {
-        Some(self.0.load(std::sync::atomic::Ordering::Relaxed))
+        Some(self.cpu.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
-/// A decoder's commands are charged what its worker used since its previous answer (its
+/// A decoder's commands are charged what its worker used since its previous charge (its
 /// frame threads decode between the guest's commands, while the device thread serves
-/// others), at least the command's own time and at most the wall time since the previous
-/// charge times the CPUs; a decoder on the device's own threads is not measured apart.
+/// others) plus the command's own CPU time on the device thread, not the time the command
+/// waited; what the worker used before the session opened is not the guest's; a decoder on
+/// the device's own threads is not measured apart.
 #[test]
 fn a_decoders_commands_are_charged_its_workers_cpu_time() {
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
     let codec = Codec::new(&DeviceConfig::default()).unwrap();
     let core = crate::testkit::Core::new();
     let g = GuestId(1);
@@ -526,25 +533,25 @@ fn a_decoders_commands_are_charged_its_workers_cpu_time() {
         None,
         "in process: the wall time, as any command"
     );
-    let cpu = std::sync::Arc::new(AtomicU64::new(0));
-    codec.state().decoder(g, h).unwrap().decoder = Box::new(Metered(cpu.clone()));
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    cpu.store(15_000_000, Ordering::Relaxed);
+    // A worker that used 40 ms before it served this guest (its start).
+    let cpu = std::sync::Arc::new(AtomicU64::new(40_000_000));
+    let wait = Duration::from_millis(30);
+    let metered = Metered {
+        cpu: cpu.clone(),
+        wait,
+    };
+    *codec.state().decoder(g, h).unwrap() =
+        state::DecoderSession::new(Box::new(metered), Format::Nv12);
+    let ms = 1_000_000;
     let first = flush(&cx).expect("measured apart");
-    assert_eq!(
-        first, 15_000_000,
-        "the worker's 15 ms since the session opened"
-    );
-    // Nothing used since: at least the command's own time, far below a millisecond here.
-    let idle = flush(&cx).unwrap();
-    assert!(idle < 1_000_000, "{idle}");
-    // A worker claiming more than its CPUs could give in the time since: capped.
-    cpu.store(u64::MAX / 2, Ordering::Relaxed);
-    std::thread::sleep(std::time::Duration::from_millis(10));
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let capped = flush(&cx).unwrap();
     assert!(
-        capped >= 10_000_000 && capped < 10_000_000 * cpus * 10,
-        "{capped}"
+        first < ms,
+        "the worker's start is not the guest's; the 30 ms wait is not charged: {first}"
+    );
+    cpu.fetch_add(15 * ms, Ordering::Relaxed);
+    let second = flush(&cx).unwrap();
+    assert!(
+        (15 * ms..16 * ms).contains(&second),
+        "the worker's 15 ms since, and the command's own CPU time: {second}"
     );
 }

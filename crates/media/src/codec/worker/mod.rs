@@ -113,8 +113,6 @@ pub struct ProcessDecoder {
     max_in_flight: usize,
     /// Pictures read from answers while making room for a packet, not handed out yet.
     early: Vec<DecodedFrame>,
-    /// The worker's CPU time so far (all its threads) as its last answer said.
-    cpu_ns: u64,
 }
 
 impl ProcessDecoder {
@@ -157,7 +155,6 @@ impl ProcessDecoder {
             seq: 0,
             max_in_flight: if threads > 1 { MAX_IN_FLIGHT } else { 0 },
             early: Vec::new(),
-            cpu_ns: 0,
         };
         let mut m = Out::default();
         m.u8(OPEN)
@@ -287,31 +284,19 @@ impl ProcessDecoder {
 
     /// The answer's pictures (or this call's own error) and failures.
     fn parse(&mut self, a: &mut In) -> Result<Result<Vec<DecodedFrame>>> {
-        let mut cpu = 0;
-        let r = parse_answer(
-            a,
-            &mut cpu,
-            &mut self.mapped,
-            &mut self.layout,
-            &mut self.failures,
-        );
-        self.cpu_ns = self.cpu_ns.max(cpu);
-        r
+        parse_answer(a, &mut self.mapped, &mut self.layout, &mut self.failures)
     }
 }
 
-/// Reads a decode or flush answer: the worker's CPU time so far (into `cpu_ns`), the
-/// buffers the worker dropped and introduced, then the pictures (or the call's own error)
+/// Reads a decode or flush answer: the buffers the worker dropped and introduced, then the pictures (or the call's own error)
 /// and earlier packets' failures. `Err` for anything malformed (the caller ends the
 /// worker).
 fn parse_answer(
     a: &mut In,
-    cpu_ns: &mut u64,
     mapped: &mut Mapped,
     layout_seen: &mut Option<FrameLayout>,
     failures: &mut Vec<PacketError>,
 ) -> Result<Result<Vec<DecodedFrame>>> {
-    *cpu_ns = a.u64()?;
     // Buffers the worker dropped, then those it introduces with this answer (their
     // descriptors came with it, in order).
     for _ in 0..a.u32()?.min(shared::MAX_SLOTS as u32 + 1) {
@@ -406,7 +391,7 @@ fn parse_answer(
 pub fn check_worker_answer(bytes: &[u8]) -> bool {
     let mut a = In::from_bytes(bytes.to_vec());
     let mut mapped = Mapped::new(max_buffer_bytes());
-    parse_answer(&mut a, &mut 0, &mut mapped, &mut None, &mut Vec::new()).is_ok()
+    parse_answer(&mut a, &mut mapped, &mut None, &mut Vec::new()).is_ok()
 }
 
 impl DecoderBackend for ProcessDecoder {
@@ -480,7 +465,7 @@ impl DecoderBackend for ProcessDecoder {
     }
 
     fn cpu_ns(&self) -> Option<u64> {
-        Some(self.cpu_ns)
+        self.worker.cpu_ns()
     }
 }
 
@@ -545,7 +530,6 @@ pub fn serve_decoder() -> Result<()> {
         let sent = {
             let mut held = shared::lock(&slots);
             let (dropped, new) = held.take_news();
-            a.u64(virtsoc_sandbox::process_cpu_ns());
             a.u32(dropped.len() as u32);
             for id in dropped {
                 a.u32(id);
@@ -643,7 +627,7 @@ mod tests {
     /// A decode answer with one inline 16x8 NV12 picture of `bytes` bytes.
     fn inline_answer(bytes: usize) -> Vec<u8> {
         let mut a = Out::default();
-        a.u64(42).u32(0).u32(0).u8(0).u32(1);
+        a.u32(0).u32(0).u8(0).u32(1);
         a.u8(0).u32(16).u32(8).u32(16).u32(8).u8(0).u64(7);
         a.u8(INLINE).bytes(&vec![1u8; bytes]);
         a.u32(1).u64(3).u64(2).text("bad packet");
@@ -655,11 +639,9 @@ mod tests {
         let mut a = In::from_bytes(inline_answer(16 * 8 * 3 / 2));
         let (mut mapped, mut seen, mut failures) =
             (Mapped::new(max_picture_bytes()), None, Vec::new());
-        let mut cpu = 0;
-        let frames = parse_answer(&mut a, &mut cpu, &mut mapped, &mut seen, &mut failures)
+        let frames = parse_answer(&mut a, &mut mapped, &mut seen, &mut failures)
             .unwrap()
             .unwrap();
-        assert_eq!(cpu, 42);
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].pts, 7);
         assert_eq!(frames[0].as_frame().data.len(), 192);
@@ -680,7 +662,7 @@ mod tests {
         }
         // A picture in a buffer the worker never introduced.
         let mut a = Out::default();
-        a.u64(0).u32(0).u32(0).u8(0).u32(1);
+        a.u32(0).u32(0).u8(0).u32(1);
         a.u8(0)
             .u32(16)
             .u32(8)
@@ -694,7 +676,7 @@ mod tests {
         assert!(!check_worker_answer(&a.0));
         // A buffer announced without its descriptor.
         let mut a = Out::default();
-        a.u64(0).u32(0).u32(1).u32(5).u8(0).u32(0).u32(0);
+        a.u32(0).u32(1).u32(5).u8(0).u32(0).u32(0);
         assert!(!check_worker_answer(&a.0));
     }
 }
