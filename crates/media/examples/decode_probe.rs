@@ -8,6 +8,10 @@
 //! decodes in turn took than the same decodes alone (median over the pairs). `--burst B`:
 //! each decoder's turn is B decodes in a row (what a scheduler serving a guest several
 //! commands at a time would give), so the caches change hands B times less often.
+//! `--evict M`: a third phase in each pair, each clip's decoder alone again with M MiB of
+//! memory written after each of its turns (the other decoders' work replaced by nothing but
+//! a write that evicts the caches): if its decodes cost what they cost in turn, the caches
+//! are what sharing costs.
 //!
 //! `cargo run --release -p virtsoc-media --example decode_probe -- 8 a.h264 b.h264 c.h264`
 
@@ -51,7 +55,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: decode_probe N CLIP.h264 [CLIP ...] [--rotate R] [--pairs P] [--burst B]";
+    let usage =
+        "usage: decode_probe N CLIP.h264 [CLIP ...] [--rotate R] [--pairs P] [--burst B] [--evict M]";
     let n: usize = args.first().and_then(|a| a.parse().ok()).ok_or(usage)?;
     let option = |name: &str, default: usize| -> usize {
         args.iter()
@@ -65,6 +70,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         option("--pairs", 6),
         option("--burst", 1),
     );
+    let evict_mib = args
+        .iter()
+        .any(|a| a == "--evict")
+        .then(|| option("--evict", 32));
+    let mut scratch = vec![0u8; evict_mib.unwrap_or(0) << 20];
     let clips: Vec<&String> = args
         .iter()
         .skip(1)
@@ -102,6 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let k = clips.len().min(n);
     let (mut alone, mut together) = (vec![Vec::new(); k], vec![Vec::new(); k]);
+    let mut evicted = vec![Vec::new(); k];
     let mut overheads = Vec::new();
     // A multiple of the burst: every decoder decodes as many packets in turn as alone.
     let rounds = 60usize.div_ceil(burst) * burst;
@@ -126,10 +137,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let secs = t.elapsed().as_secs_f64();
         let alone_secs: f64 = streams.iter().map(|s| rounds as f64 / rate[s.clip]).sum();
         overheads.push((secs / alone_secs - 1.0) * 100.0);
+        if evict_mib.is_some() {
+            for (c, e) in evicted.iter_mut().enumerate() {
+                for turn in 0..rounds / burst {
+                    for _ in 0..burst {
+                        e.push(streams[c].step()?);
+                    }
+                    scratch.iter_mut().for_each(|b| *b = turn as u8);
+                }
+            }
+        }
     }
     for c in 0..k {
+        let evict = match evict_mib {
+            Some(m) => format!(
+                ", {:.0} us alone with {m} MiB written after each turn",
+                median(evicted[c].clone())
+            ),
+            None => String::new(),
+        };
         println!(
-            "{}: {:.0} us a decode alone, {:.0} us in turn with {n}",
+            "{}: {:.0} us a decode alone, {:.0} us in turn with {n}{evict}",
             clips[c],
             median(alone[c].clone()),
             median(together[c].clone())
