@@ -151,14 +151,13 @@ pub fn serve_confined(
                 }
             }
         }
-        let mut head = Vec::with_capacity(36);
+        let mut head = Vec::with_capacity(28);
         head.extend_from_slice(&status.to_le_bytes());
         head.extend_from_slice(&(answers.len() as u32).to_le_bytes());
         let msg = &msg.as_bytes()[..msg.len().min(4096)];
         head.extend_from_slice(&(msg.len() as u32).to_le_bytes());
         let gl_bytes = renderer.as_ref().map_or(0, Renderer::gl_bytes);
         head.extend_from_slice(&gl_bytes.to_le_bytes());
-        head.extend_from_slice(&virtsoc_sandbox::process_cpu_ns().to_le_bytes());
         head.extend_from_slice(&placed.to_le_bytes());
         let mapped = renderer.as_ref().map_or(0, |r| r.mappings.len() as u32);
         head.extend_from_slice(&mapped.to_le_bytes());

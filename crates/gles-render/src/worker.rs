@@ -5,13 +5,13 @@
 //! [`crate::serve`]): a batch is `u32 len | u32 flags | len bytes` of whole packets
 //! ([`FROM_DAEMON`]: the daemon's own: a present, an import, mappings, a guest batch run
 //! in place), file descriptors riding with its first byte (`SCM_RIGHTS`, one per MAP
-//! packet); the answer is `u32 status | u32 reply_len | u32 msg_len | u64 gl_bytes | u64
-//! cpu_ns | u32 placed | u32 mappings | reply | msg`, status [`OK`], [`BAD_STREAM`] (the
+//! packet); the answer is `u32 status | u32 reply_len | u32 msg_len | u64 gl_bytes | u32
+//! placed | u32 mappings | reply | msg`, status [`OK`], [`BAD_STREAM`] (the
 //! batch stopped at a malformed packet; `msg` says why) or [`LOST`] (the worker cannot go
 //! on and exits). `gl_bytes`: the guest's GL memory after the batch
 //! ([`Renderer::gl_bytes`]: its share groups' objects and its surfaces), which the daemon
-//! charges against the guest's memory limit; `cpu_ns`: the worker's CPU time so far, all
-//! its threads (the driver's too), from which the daemon takes the batch's device time;
+//! charges against the guest's memory limit (the batch's device time the daemon takes
+//! from the worker's CPU time, all its threads, the driver's too, as the kernel counts it);
 //! `placed`: bytes of answers written into the reply mapping instead (`reply_len` is 0
 //! then); `mappings`: the shared replicas the worker holds mapped. The daemon bounds all.
 //!

@@ -193,14 +193,6 @@ pub fn enter(policy: &Policy<'_>) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// This process's CPU time so far, all its threads, in nanoseconds: what a GLES render
-/// worker reports in its answers, so that the daemon charges its guest the work it did
-/// wherever it ran (0 if the clock cannot be read). `clock_gettime` is in every worker's
-/// allow-list.
-pub fn process_cpu_ns() -> u64 {
-    read_clock(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0)
-}
-
 /// The CPU time so far of process `pid`, all its threads, in nanoseconds, as the kernel
 /// counts it: what a worker used, read by its parent rather than reported by the worker
 /// (which a worker taken over by a hostile input could misstate). `None` when the clock
@@ -290,12 +282,10 @@ mod tests {
     fn a_processs_cpu_time_is_read_from_the_kernel_by_another() {
         use std::io::{BufRead, Write};
         // This process: the same clock its threads read themselves.
-        let before = process_cpu_ns();
+        let own = || read_clock(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap();
+        let before = own();
         let read = cpu_ns_of(std::process::id()).expect("own clock");
-        assert!(
-            before <= read && read <= process_cpu_ns(),
-            "{before} {read}"
-        );
+        assert!(before <= read && read <= own(), "{before} {read}");
         // A child that spins, says so, then waits for its input.
         let mut child = std::process::Command::new("sh")
             .args([

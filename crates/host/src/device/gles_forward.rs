@@ -116,9 +116,9 @@ pub(super) fn forward(
                 Ok(mut w) => {
                     place.place(&mut w.child);
                     lock(shared).sock = w.sock.try_clone().ok();
+                    clock = DeviceClock::from(w.cpu_ns().unwrap_or(0));
                     worker = Some(w);
                     maps = Maps::default();
-                    clock = DeviceClock::new();
                 }
                 Err(e) => {
                     log::warn!("gles: guest {}: {e}", job.guest);
@@ -131,9 +131,10 @@ pub(super) fn forward(
         }
         let Some(w) = worker.as_mut() else { continue };
         let answer = call(w, &mut maps, &job);
+        let cpu = w.cpu_ns().unwrap_or(0);
         let mut job = job;
         let answer = answer.and_then(|(a, sent)| {
-            job.reply.busy_for(clock.batch(sent, a.used.cpu_ns));
+            job.reply.busy_for(clock.batch(sent, cpu));
             charge.set(&job.svm, job.guest, a.used.gl_bytes)?;
             Ok(a)
         });

@@ -82,8 +82,6 @@ pub(super) enum WorkerError {
 pub(super) struct WorkerUse {
     /// The guest's GL memory after the batch (at most [`MAX_GL_BYTES`]).
     pub(super) gl_bytes: u64,
-    /// The worker's CPU time so far, all its threads (not trusted beyond bounds).
-    pub(super) cpu_ns: u64,
 }
 
 pub(super) use crate::device::share::DeviceClock;
@@ -183,16 +181,13 @@ impl Worker {
             &mut [IoSlice::new(&head[sent..]), IoSlice::new(batch)],
         )
         .map_err(WorkerError::Send)?;
-        let mut head = [0u8; 36];
+        let mut head = [0u8; 28];
         self.sock.read_exact(&mut head).map_err(WorkerError::Read)?;
         let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let (status, reply_len, msg_len) = (word(0), word(4) as usize, word(8) as usize);
         let long = |i: usize| u64::from(word(i)) | u64::from(word(i + 4)) << 32;
-        let used = WorkerUse {
-            gl_bytes: long(12),
-            cpu_ns: long(20),
-        };
-        let (placed, mapped) = (word(28) as usize, word(32) as usize);
+        let used = WorkerUse { gl_bytes: long(12) };
+        let (placed, mapped) = (word(20) as usize, word(24) as usize);
         if used.gl_bytes > MAX_GL_BYTES {
             return Err(WorkerError::GlBytes(used.gl_bytes));
         }
@@ -240,6 +235,13 @@ impl Worker {
         if buf.capacity() > self.spare.capacity() {
             self.spare = buf;
         }
+    }
+
+    /// The worker's CPU time so far, all its threads (the driver's too), as the kernel
+    /// counts it ([`virtsoc_sandbox::cpu_ns_of`]): not as the worker would say. The worker
+    /// is not reaped before [`end`](Self::end), so its pid is still its own.
+    pub(super) fn cpu_ns(&self) -> Option<u64> {
+        virtsoc_sandbox::cpu_ns_of(self.child.id())
     }
 
     /// Ends the worker: killed if still running, reaped; describes how it ended.

@@ -414,11 +414,13 @@ pub(super) fn start(
 }
 
 /// The device time of the commands of a device that runs apart in a worker process (a
-/// guest's GLES render worker, a decoder's worker), from the worker's CPU time
-/// ([`Reply::busy_for`](super::Reply::busy_for)): what the guest's work cost, wherever and
-/// whenever it ran, rather than the wall time of the device thread's call. A render worker
-/// reports its CPU time in its answers ([`batch`](Self::batch)); a decoder's is read from
-/// the kernel ([`measured`](Self::measured)).
+/// guest's GLES render worker, a decoder's worker), from the worker's CPU time as the kernel
+/// counts it, read by the daemon (`virtsoc_sandbox::cpu_ns_of`; a worker taken over by a
+/// hostile input cannot misstate it) ([`Reply::busy_for`](super::Reply::busy_for)): what the
+/// guest's work cost, wherever and whenever it ran, rather than the wall time of the device
+/// thread's call. A render worker's batch is charged at least its wall time (a GPU's time is
+/// not the worker's CPU time: [`batch`](Self::batch)); a decoder's command is not
+/// ([`measured`](Self::measured)).
 pub(crate) struct DeviceClock {
     pub(crate) cpus: u64,
     pub(crate) cpu_ns: u64,
@@ -459,9 +461,9 @@ impl DeviceClock {
         spent.saturating_add(own.as_nanos() as u64)
     }
 
-    /// The device time of a batch whose round trip took `wall`, answered with the worker's
-    /// CPU time `cpu_ns`: the CPU time since the previous answer, at most the wall time
-    /// since then times the host's CPUs, at least `wall`.
+    /// The device time of a batch whose round trip took `wall`, after which the worker's
+    /// CPU time so far was `cpu_ns`: the CPU time since the previous batch, at most the wall
+    /// time since then times the host's CPUs, at least `wall`.
     pub(crate) fn batch(&mut self, wall: Duration, cpu_ns: u64) -> u64 {
         let since = self.at.elapsed();
         self.at = std::time::Instant::now();
