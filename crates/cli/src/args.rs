@@ -345,6 +345,9 @@ pub(crate) struct SharingArgs {
     /// Skip the fairness part on the codec.
     #[arg(long)]
     pub(crate) no_codec: bool,
+    /// Skip the fairness part on the GPU.
+    #[arg(long)]
+    pub(crate) no_gpu: bool,
     /// Rounds of (each size alone, the guests together) per GPU guest count: the
     /// overhead is their median.
     #[arg(long, default_value_t = 3)]
@@ -352,6 +355,14 @@ pub(crate) struct SharingArgs {
     /// The GPU fairness guests' three composition sizes (WxH,WxH,WxH).
     #[arg(long, value_delimiter = ',', default_value = "320x180,640x360,960x540")]
     pub(crate) gpu_sizes: Vec<String>,
+    /// The codec fairness guests' three clip sizes (WxH,WxH,WxH; one size three times is
+    /// the control: no weighing of one size's work against another's).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "640x360,1280x720,1920x1080"
+    )]
+    pub(crate) codec_sizes: Vec<String>,
     /// Where to write the chart (SVG): unfairness per scheduler and guest count, the
     /// video guest's % of DFR against the hogs.
     #[arg(long, default_value = "sharing.svg")]

@@ -6,7 +6,9 @@
 //! (continuously backlogged), of a size that differs from guest to guest (`--gpu-sizes`,
 //! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. The
 //! same on the codec (`fairness_codec` in the JSON): each guest keeps two frames' H.264
-//! decode and receive queued, at 640x360, 1280x720 and 1920x1080 in turn (`backlog`). After
+//! decode and receive queued, at 640x360, 1280x720 and 1920x1080 in turn (`backlog`;
+//! `--codec-sizes`, one size three times for the control whose grade weighs no size's
+//! work against another's; `--no-gpu` runs the codec's part alone). After
 //! a 0.5 s settle, a second after its last reading (so a late reading never leaves a short
 //! window behind it) the bench reads each guest's GPU device time from the
 //! daemon's control API (the worker's continuous accounting, the command in service counted
@@ -114,22 +116,22 @@ enum Work {
     /// ms, no scheduler gets 8 guests under about 3%, see `virtsoc_sched`'s eight-guest
     /// test).
     Gpu([(u32, u32); 3]),
-    /// H.264 decodes of 360p, 720p and 1080p clips.
-    Codec,
+    /// H.264 decodes of clips of these sizes (`--codec-sizes`; by default 640x360,
+    /// 1280x720 and 1920x1080).
+    Codec([(u32, u32); 3]),
 }
 
 impl Work {
     fn device(self) -> &'static str {
         match self {
             Work::Gpu(_) => "gpu",
-            Work::Codec => "codec",
+            Work::Codec(_) => "codec",
         }
     }
 
     fn sizes(self) -> [(u32, u32); 3] {
         match self {
-            Work::Gpu(sizes) => sizes,
-            Work::Codec => [(640, 360), (1280, 720), (1920, 1080)],
+            Work::Gpu(sizes) | Work::Codec(sizes) => sizes,
         }
     }
 
@@ -140,7 +142,7 @@ impl Work {
         let pixels = u64::from(w) * u64::from(h);
         match self {
             Work::Gpu(_) => pixels * 4 * 2,
-            Work::Codec => pixels * 3 / 2,
+            Work::Codec(_) => pixels * 3 / 2,
         }
     }
 
@@ -165,7 +167,7 @@ impl Work {
         };
         match self {
             Work::Gpu(_) => gpu::guest(target, name, gpu::Load::backlogged(size), warm, ctl),
-            Work::Codec => codec::guest(target, name, size, warm, ctl),
+            Work::Codec(_) => codec::guest(target, name, size, warm, ctl),
         }
     }
 }
@@ -182,12 +184,18 @@ pub struct SharingParams {
     pub hog_kinds: Vec<HogKind>,
     /// Run the two-guests-together part.
     pub together: bool,
+    /// Run the fairness part on the GPU.
+    pub gpu: bool,
     /// Run the fairness part on the codec too.
     pub codec: bool,
     /// Rounds of (alone, together) per guest count on the GPU (the codec runs one).
     pub repeats: usize,
     /// The GPU guests' composition sizes (guest `i` has size `i % 3`).
     pub gpu_sizes: [(u32, u32); 3],
+    /// The codec guests' clip sizes (guest `i` has size `i % 3`): one size three times is
+    /// the control whose grade does not depend on weighing one size's work against
+    /// another's.
+    pub codec_sizes: [(u32, u32); 3],
 }
 
 /// One size alone on the device, measured just before a scheduler's fairness runs (the
@@ -435,14 +443,16 @@ fn next_reading(read: Instant) -> Instant {
 }
 
 /// Three `WxH` sizes.
-pub fn parse_sizes(v: &[String]) -> Result<[(u32, u32); 3], CliError> {
-    let bad = || CliError::Usage(format!("--gpu-sizes wants three WxH sizes, not {v:?}"));
+/// Three `WxH` sizes of option `--{option}` (even ones where `even`: 4:2:0 clips).
+pub fn parse_sizes(option: &str, v: &[String], even: bool) -> Result<[(u32, u32); 3], CliError> {
+    let what = if even { "even " } else { "" };
+    let bad = || CliError::Usage(format!("--{option} wants three {what}WxH sizes, not {v:?}"));
     let sizes: Vec<(u32, u32)> = v
         .iter()
         .map(|s| {
             let (w, h) = s.split_once('x').ok_or_else(bad)?;
             let (w, h) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
-            if w == 0 || h == 0 || w > 4096 || h > 4096 {
+            if w == 0 || h == 0 || w > 4096 || h > 4096 || (even && (w % 2 == 1 || h % 2 == 1)) {
                 return Err(bad());
             }
             Ok((w, h))
@@ -468,9 +478,13 @@ pub fn parse_hog_kinds(v: &[String]) -> Result<Vec<HogKind>, CliError> {
 /// Runs the benchmark.
 pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
     let mut alone = Vec::new();
-    let fairness = fairness_on(Work::Gpu(p.gpu_sizes), p, p.repeats, &mut alone)?;
+    let fairness = if p.gpu {
+        fairness_on(Work::Gpu(p.gpu_sizes), p, p.repeats, &mut alone)?
+    } else {
+        Vec::new()
+    };
     let fairness_codec = if p.codec {
-        fairness_on(Work::Codec, p, 1, &mut alone)?
+        fairness_on(Work::Codec(p.codec_sizes), p, 1, &mut alone)?
     } else {
         Vec::new()
     };
@@ -578,11 +592,17 @@ mod tests {
     }
 
     #[test]
-    fn gpu_sizes_parse_and_bad_ones_are_refused() {
-        let v: Vec<String> = ["320x180", "640x360", "960x540"].map(String::from).to_vec();
+    fn sizes_parse_and_bad_ones_are_refused() {
+        let v: Vec<String> = ["320x180", "640x360", "961x540"].map(String::from).to_vec();
         assert_eq!(
-            parse_sizes(&v).unwrap(),
-            [(320, 180), (640, 360), (960, 540)]
+            parse_sizes("gpu-sizes", &v, false).unwrap(),
+            [(320, 180), (640, 360), (961, 540)]
+        );
+        // A codec clip is 4:2:0: odd sizes are refused there.
+        let e = parse_sizes("codec-sizes", &v, true).unwrap_err();
+        assert!(
+            e.to_string().contains("--codec-sizes wants three even"),
+            "{e}"
         );
         for bad in [
             vec!["320x180"],
@@ -590,7 +610,7 @@ mod tests {
             vec!["a", "b", "c"],
         ] {
             let v: Vec<String> = bad.into_iter().map(String::from).collect();
-            assert!(parse_sizes(&v).is_err(), "{v:?}");
+            assert!(parse_sizes("gpu-sizes", &v, false).is_err(), "{v:?}");
         }
     }
 }
