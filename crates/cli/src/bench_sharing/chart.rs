@@ -169,6 +169,7 @@ mod tests {
             busy_alone_pct: vec![],
             busy_together_pct: 100.0,
             command_ms_alone: vec![],
+            alone_rate_spread_pct: vec![],
             command_ms_together: vec![],
             shares: vec![],
             windows: 1,

@@ -259,6 +259,10 @@ pub struct FairnessRow {
     pub busy_together_pct: f64,
     /// the device time per command of each size alone, ms ...
     pub command_ms_alone: Vec<f64>,
+    /// How far the alone rates that weigh each size's work in the grade spread over the
+    /// slice pairs: interquartile range over the median, percent. The grade cannot tell
+    /// guests apart by less than about this.
+    pub alone_rate_spread_pct: Vec<f64>,
     /// ... and together (above the alone values: the commands themselves ran slower, e.g.
     /// caches or CPU shared with more guests on a CPU driver).
     pub command_ms_together: Vec<f64>,
