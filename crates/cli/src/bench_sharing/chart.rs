@@ -170,6 +170,7 @@ mod tests {
             busy_together_pct: 100.0,
             command_ms_alone: vec![],
             alone_rate_spread_pct: vec![],
+            unfairness_guest_run: None,
             command_ms_together: vec![],
             shares: vec![],
             windows: 1,

@@ -224,6 +224,9 @@ fn row(
             .collect()
     };
     let busy_together: Vec<f64> = pairs.iter().map(|p| p.busy_together).collect();
+    let run_rates: Vec<f64> = (0..sizes.len().min(n))
+        .map(|k| percentile(&alone_of(pairs, &sizes, k), 50.0))
+        .collect();
     let spread = |k: usize| {
         let v = alone_of(pairs, &sizes, k);
         let mid = percentile(&v, 50.0).max(1e-9);
@@ -241,6 +244,7 @@ fn row(
         unfairness_p95: grade.meter.1,
         unfairness_guest_median: grade.guest.0,
         unfairness_guest_p95: grade.guest.1,
+        unfairness_guest_run: Grade::over_run(&guest_units, &run_rates),
         unfairness_target_met: grade.passes(UNFAIRNESS_TARGET),
         guest_bytes: guest_units
             .iter()

@@ -84,6 +84,14 @@ impl Grade {
         }
     }
 
+    /// The guests' unfairness over a whole run: `units[i]` of guest `i` in all its windows,
+    /// weighed by `rates` as in a window. No window edge cuts a guest's queue there (a
+    /// guest counts a command when its answer comes, so a window holds up to a queue's
+    /// depth more or less of one guest's work than the meter's continuous count).
+    pub(crate) fn over_run(units: &[u64], rates: &[f64]) -> Option<f64> {
+        guest_unfairness(units, rates)
+    }
+
     /// Whether the guests' median unfairness is within `target` (a fraction); the meter's
     /// does not count.
     pub(crate) fn passes(&self, target: f64) -> bool {
@@ -143,5 +151,18 @@ mod tests {
         assert!((u - (1.1 / 4.1 - 0.25) * 4.0).abs() < 1e-9, "{u}");
         assert_eq!(guest_unfairness(&[0, 0], &[1.0, 1.0]), None);
         assert_eq!(guest_unfairness(&[1, 1], &[]), None);
+    }
+
+    #[test]
+    fn a_window_edge_moves_the_windows_grade_not_the_runs() {
+        // One guest's answers fall on either side of the edge: 5% off in each window, even
+        // over the run.
+        let w = Windows {
+            meter_ns: vec![vec![1, 1]; 2],
+            guest_units: vec![vec![105, 95], vec![95, 105]],
+        };
+        let g = Grade::of(&[(w, vec![1.0, 1.0])]);
+        assert!((g.guest.0 - 0.05).abs() < 1e-9, "{g:?}");
+        assert_eq!(Grade::over_run(&[200, 200], &[1.0, 1.0]), Some(0.0));
     }
 }

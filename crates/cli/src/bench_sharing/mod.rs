@@ -222,6 +222,9 @@ pub struct FairnessRow {
     /// rate, device saturated). This is the grade.
     pub unfairness_guest_median: f64,
     pub unfairness_guest_p95: f64,
+    /// The same from the guests' counts over the whole run (each size weighed by its
+    /// median rate alone over the run's slices): no window edge in it.
+    pub unfairness_guest_run: Option<f64>,
     /// Whether `unfairness_guest_median` is within the target (2%).
     pub unfairness_target_met: bool,
     /// Units of work (compositions, or decoded pictures) each guest counted in the
