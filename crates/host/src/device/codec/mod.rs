@@ -35,11 +35,10 @@
 //! far yield no more until more come, or `flush`).
 //!
 //! Device time: a decoder in a worker process decodes on its frame threads between the
-//! guest's commands, on the host's CPUs, while this device's thread serves other guests, so
-//! the wall time of a command on that thread says little of what it cost. Each of its
-//! commands is charged the worker's CPU time since the previous charge, as the kernel counts
-//! it, plus the CPU time the command took on the device's thread (`share::DeviceClock::
-//! measured`); the schedulers weigh the guests by that.
+//! guest's commands while this device's thread serves other guests, so the wall time of a
+//! command says little of what it cost. Each command is charged the worker's CPU time since
+//! the previous charge, as the kernel counts it, plus the command's own CPU time on the
+//! device's thread (`share::DeviceClock::measured`): what the schedulers weigh guests by.
 //!
 //! Damage is reported per packet and per picture, never as success and never on the wrong
 //! packet (`virtsoc_media::codec` tells how libavcodec's results are attributed):
