@@ -224,16 +224,16 @@ fn row(
             .collect()
     };
     let busy_together: Vec<f64> = pairs.iter().map(|p| p.busy_together).collect();
-    let run_rates: Vec<f64> = (0..sizes.len().min(n))
-        .map(|k| percentile(&alone_of(pairs, &sizes, k), 50.0))
+    let pooled: Vec<Vec<f64>> = (0..sizes.len().min(n))
+        .map(|k| alone_of(pairs, &sizes, k))
         .collect();
-    let spread = |k: usize| {
-        let v = alone_of(pairs, &sizes, k);
-        let mid = percentile(&v, 50.0).max(1e-9);
-        (percentile(&v, 75.0) - percentile(&v, 25.0)) / mid * 100.0
+    let run_rates: Vec<f64> = pooled.iter().map(|v| percentile(v, 50.0)).collect();
+    let spread = |v: &Vec<f64>| {
+        let mid = percentile(v, 50.0).max(1e-9);
+        (percentile(v, 75.0) - percentile(v, 25.0)) / mid * 100.0
     };
     FairnessRow {
-        alone_rate_spread_pct: (0..sizes.len().min(n)).map(spread).collect(),
+        alone_rate_spread_pct: pooled.iter().map(spread).collect(),
         busy_alone_pct: per_size(&|p| &p.busy_alone),
         busy_together_pct: percentile(&busy_together, 50.0),
         command_ms_alone: per_size(&|p| &p.command_ms_alone),
@@ -244,7 +244,7 @@ fn row(
         unfairness_p95: grade.meter.1,
         unfairness_guest_median: grade.guest.0,
         unfairness_guest_p95: grade.guest.1,
-        unfairness_guest_run: Grade::over_run(&guest_units, &run_rates),
+        unfairness_guest_run: grade::guest_unfairness(&guest_units, &run_rates),
         unfairness_target_met: grade.passes(UNFAIRNESS_TARGET),
         guest_bytes: guest_units
             .iter()

@@ -39,8 +39,11 @@ fn unfairness_of(window: &[f64]) -> Option<f64> {
 /// One window's unfairness from the guests' own counts: guest `i` answered `units[i]`
 /// units of size `i % 3`, each worth `1 / rates[i % 3]` seconds of the device (the size's
 /// rate alone, as the guests counted it, device saturated), so the device time it got is
-/// measured by what it got done, not by the scheduler's meter.
-fn guest_unfairness(units: &[u64], rates: &[f64]) -> Option<f64> {
+/// measured by what it got done, not by the scheduler's meter. Given a whole run's counts,
+/// the run's: no window edge cuts a guest's queue there (a guest counts a command when its
+/// answer comes, so a window holds up to a queue's depth more or less of one guest's work
+/// than the meter's continuous count).
+pub(crate) fn guest_unfairness(units: &[u64], rates: &[f64]) -> Option<f64> {
     if rates.is_empty() {
         return None;
     }
@@ -82,14 +85,6 @@ impl Grade {
             meter: m(&meter),
             guest: m(&guest),
         }
-    }
-
-    /// The guests' unfairness over a whole run: `units[i]` of guest `i` in all its windows,
-    /// weighed by `rates` as in a window. No window edge cuts a guest's queue there (a
-    /// guest counts a command when its answer comes, so a window holds up to a queue's
-    /// depth more or less of one guest's work than the meter's continuous count).
-    pub(crate) fn over_run(units: &[u64], rates: &[f64]) -> Option<f64> {
-        guest_unfairness(units, rates)
     }
 
     /// Whether the guests' median unfairness is within `target` (a fraction); the meter's
@@ -163,6 +158,6 @@ mod tests {
         };
         let g = Grade::of(&[(w, vec![1.0, 1.0])]);
         assert!((g.guest.0 - 0.05).abs() < 1e-9, "{g:?}");
-        assert_eq!(Grade::over_run(&[200, 200], &[1.0, 1.0]), Some(0.0));
+        assert_eq!(guest_unfairness(&[200, 200], &[1.0, 1.0]), Some(0.0));
     }
 }

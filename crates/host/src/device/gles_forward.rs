@@ -116,7 +116,7 @@ pub(super) fn forward(
                 Ok(mut w) => {
                     place.place(&mut w.child);
                     lock(shared).sock = w.sock.try_clone().ok();
-                    clock = DeviceClock::from(w.cpu_ns().unwrap_or(0));
+                    clock = DeviceClock::since(w.cpu_ns().unwrap_or(0));
                     worker = Some(w);
                     maps = Maps::default();
                 }

@@ -438,7 +438,7 @@ impl DeviceClock {
 
     /// A clock for a worker that has used `cpu_ns` already (its start, before it served
     /// this guest): only what it uses from now on is charged.
-    pub(crate) fn from(cpu_ns: u64) -> Self {
+    pub(crate) fn since(cpu_ns: u64) -> Self {
         DeviceClock {
             cpu_ns,
             ..DeviceClock::new()
@@ -457,7 +457,6 @@ impl DeviceClock {
     pub(crate) fn measured(&mut self, cpu_ns: u64, own: Duration) -> u64 {
         let spent = cpu_ns.saturating_sub(self.cpu_ns);
         self.cpu_ns = self.cpu_ns.max(cpu_ns);
-        self.at = std::time::Instant::now();
         spent.saturating_add(own.as_nanos() as u64)
     }
 

@@ -53,7 +53,7 @@ impl DecoderSession {
         // `receive_frame` copies each picture into a region: straight out of libavcodec's
         // buffers, once.
         decoder.hold_pictures(true);
-        let clock = DeviceClock::from(decoder.cpu_ns().unwrap_or(0));
+        let clock = DeviceClock::since(decoder.cpu_ns().unwrap_or(0));
         DecoderSession {
             decoder,
             ready: VecDeque::new(),
