@@ -215,6 +215,13 @@ impl Coherence for WriteInvalidate {
     }
 }
 
+/// Prefetch copies of at most this many bytes are made by the thread that ends the writer's
+/// access, right after it releases the region's lock, not by a copy channel: waking a
+/// channel's thread and switching to it (and, for a reader already waiting, waking that
+/// reader again) costs more than copying a small packet or a command record (64 KiB: about
+/// 10 us at this machine's memcpy speed).
+pub const INLINE_COPY_MAX: u64 = 64 << 10;
+
 /// vSoC's prefetch protocol: write-invalidate, plus, at a writer's end_access, an
 /// asynchronous copy to every physical device the twin hypergraphs predict will read next,
 /// and a compensation the writer's guest blocks for when the copy is predicted to outlast the
@@ -342,7 +349,7 @@ impl Coherence for Prefetch {
             plan.predicted_slack,
             plan.compensation
         );
-        let mut started = 0;
+        let (mut started, mut queued) = (0, 0);
         let mut targets: Vec<DomainId> = plan.targets.iter().map(|p| DomainId(p.0)).collect();
         targets.sort();
         targets.dedup();
@@ -358,7 +365,8 @@ impl Coherence for Prefetch {
             if cx.ensure_replica(t).is_err() {
                 continue; // out of memory for a speculative copy: skip it
             }
-            if cx.stale_ranges(t).is_empty() {
+            let stale: u64 = cx.stale_ranges(t).iter().map(|(s, e)| e - s).sum();
+            if stale == 0 {
                 continue;
             }
             let ticket = CopyTicket::new();
@@ -369,14 +377,22 @@ impl Coherence for Prefetch {
                 generation: cx.generation(),
                 ticket: ticket.clone(),
             };
-            if self.dma.push(job) {
-                cx.set_inflight(t, ticket.clone());
-                cx.started.push(ticket);
-                started += 1;
+            if stale <= INLINE_COPY_MAX && self.dma.copies_inline() {
+                // Cheaper than handing it to a channel: made on this thread as soon as the
+                // region's lock is released, before the end_access answers.
+                cx.inline.push(job);
+            } else if self.dma.push(job) {
+                queued += 1;
+            } else {
+                continue;
             }
+            cx.set_inflight(t, ticket.clone());
+            cx.started.push(ticket);
+            started += 1;
         }
         counters.prefetches.fetch_add(started, Ordering::Relaxed);
-        if started > 0 {
+        // Only a copy left to a channel can outlast the end_access.
+        if queued > 0 {
             let c = plan.compensation.min(MAX_COMPENSATION);
             if a.compensates {
                 // The guest waits for this completion and blocks for `c` before handing the

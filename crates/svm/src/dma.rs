@@ -9,7 +9,11 @@
 //!
 //! Several channels (threads) serve the jobs, and guests take turns: each guest has its own
 //! queue and the channels serve the queues round robin, so one guest's large copies never
-//! serialise another guest's behind them.
+//! serialise another guest's behind them. A small copy (a packet, a command record: at most
+//! [`crate::coherence::INLINE_COPY_MAX`] bytes) is not queued: the thread that ends the
+//! writer's access makes it ([`execute`]) once it has released the region's lock, since
+//! handing it to a channel (waking the channel, and a reader waiting for it) costs more than
+//! the copy.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -138,8 +142,9 @@ impl Queue {
 pub struct Dma {
     queue: Arc<(Mutex<Queue>, Condvar)>,
     workers: Mutex<Vec<JoinHandle<()>>>,
-    /// Fault injection for tests: every copy waits this long (ns) before it starts, so a
-    /// test can keep a copy in flight for as long as it needs. 0 in normal operation.
+    /// Fault injection for tests: every copy a channel makes waits this long (ns) before it
+    /// starts, so a test can keep a copy in flight for as long as it needs. 0 in normal
+    /// operation.
     delay_ns: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -168,7 +173,7 @@ impl Dma {
         }
     }
 
-    /// Fault injection for tests: delays every copy by `d` before it starts.
+    /// Fault injection for tests: delays every copy a channel makes by `d` before it starts.
     pub(crate) fn set_delay(&self, d: std::time::Duration) {
         self.delay_ns
             .store(d.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -188,6 +193,14 @@ impl Dma {
         q.push(job);
         cv.notify_one();
         true
+    }
+
+    /// Whether a small copy may be made by the thread that asks for it
+    /// ([`crate::coherence::INLINE_COPY_MAX`]): not once the channels stop (the daemon is
+    /// going away). Such a copy needs no channel, and the fault injection of
+    /// [`set_delay`](Self::set_delay) does not hold it up.
+    pub(crate) fn copies_inline(&self) -> bool {
+        !self.queue.0.lock_or_recover().stop
     }
 
     /// Number of copies waiting.
@@ -236,7 +249,8 @@ fn run(
     }
 }
 
-fn execute(engine: &CopyEngine, job: DmaJob) {
+/// Makes one copy and completes its ticket; the region's lock must not be held.
+pub(crate) fn execute(engine: &CopyEngine, job: DmaJob) {
     let region = &job.region;
     let prepared = {
         let st = region.lock();

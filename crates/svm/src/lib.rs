@@ -256,8 +256,9 @@ impl SvmManager {
         }
     }
 
-    /// Fault injection for tests: every asynchronous copy waits `d` before it starts (keeps
-    /// a prefetch in flight deterministically).
+    /// Fault injection for tests: every asynchronous copy a copy channel makes waits `d`
+    /// before it starts (keeps a prefetch in flight deterministically); the small ones made
+    /// by the writer's thread ([`coherence::INLINE_COPY_MAX`]) are not held up.
     pub fn set_dma_delay(&self, d: Duration) {
         self.dma.set_delay(d);
     }
@@ -534,6 +535,11 @@ impl SvmManager {
             report.window_offset = cx.window_offset().map(|w| w + a.range.0);
         }
         started.append(&mut cx.started);
+        let inline = std::mem::take(&mut cx.inline);
+        drop(state);
+        for job in inline {
+            dma::execute(&self.engine, job);
+        }
         Ok(step)
     }
 

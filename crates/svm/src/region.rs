@@ -15,7 +15,7 @@ use virtsoc_sync::LockExt;
 
 use crate::backing::{Backing, HostBuf};
 use crate::copier::CopyEngine;
-use crate::dma::CopyTicket;
+use crate::dma::{CopyTicket, DmaJob};
 use crate::domain::{DomainId, DomainKind};
 use crate::guest::GuestSvm;
 use crate::ranges::{Range, RangeSet};
@@ -156,6 +156,9 @@ pub struct RegionCtx<'a> {
     pub(crate) report: AccessReport,
     /// Asynchronous copies this access started (prefetches at a writer's end_access).
     pub(crate) started: Vec<Arc<CopyTicket>>,
+    /// Prefetch copies small enough to make on this thread once the region's lock is
+    /// released ([`crate::coherence::INLINE_COPY_MAX`]); their tickets are in `started`.
+    pub(crate) inline: Vec<DmaJob>,
 }
 
 impl<'a> RegionCtx<'a> {
@@ -170,6 +173,7 @@ impl<'a> RegionCtx<'a> {
             engine,
             report: AccessReport::default(),
             started: Vec::new(),
+            inline: Vec::new(),
         }
     }
 

@@ -475,6 +475,43 @@ fn prefetch_moves_the_bytes_before_the_reader_asks() {
     assert!(f.svm.metadata_bytes(GuestId(1)) > 0);
 }
 
+/// A prefetch of a region of at most `INLINE_COPY_MAX` bytes is made by the thread that ends
+/// the writer's access: it is done when `end_access` returns although every copy channel is
+/// held up (fault injection), and the reader finds the bytes without fetching them. A larger
+/// one is left to a channel: still in flight on return.
+#[test]
+fn small_prefetches_are_made_by_the_writers_thread_large_ones_by_a_channel() {
+    use crate::coherence::INLINE_COPY_MAX;
+    for (size, inline) in [(16 << 10, true), (INLINE_COPY_MAX + 4096, false)] {
+        let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
+        let id = f.svm.alloc(GuestId(1), blob(size)).unwrap().0;
+        for seed in 0..6 {
+            write_then_read(&f, id, seed);
+        }
+        f.svm.set_dma_delay(std::time::Duration::from_millis(300));
+        let spec = |d: DomainId, mode| AccessSpec::new(d.0, d, 0, size, mode);
+        let w = spec(f.prod, AccessMode::Write);
+        f.svm.begin_access(GuestId(1), id, &w).unwrap();
+        f.svm
+            .with_replica(GuestId(1), id, f.prod, |b| b.fill(0x5A))
+            .unwrap();
+        let end = f.svm.end_access(GuestId(1), id, &w).unwrap();
+        assert_eq!(end.started.len(), 1, "{size}: one prefetch to the reader");
+        assert_eq!(end.started[0].is_done(), inline, "{size}: done on return");
+        let fetched = f.svm.guest_counters(GuestId(1)).unwrap().sync_fetches;
+        let r = spec(f.cons, AccessMode::Read);
+        f.svm.begin_access(GuestId(1), id, &r).unwrap();
+        let ok = f
+            .svm
+            .with_replica(GuestId(1), id, f.cons, |b| b.iter().all(|&x| x == 0x5A))
+            .unwrap();
+        assert!(ok, "{size}: the reader sees the write");
+        f.svm.end_access(GuestId(1), id, &r).unwrap();
+        let now = f.svm.guest_counters(GuestId(1)).unwrap().sync_fetches;
+        assert_eq!(now, fetched, "{size}: the prefetch brought the bytes");
+    }
+}
+
 #[test]
 fn prefetch_mispredictions_fall_back_to_a_synchronous_fetch() {
     let mut t = Topology::new();

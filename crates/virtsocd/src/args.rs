@@ -37,7 +37,8 @@ pub struct Args {
     /// Prefetch: suspend a flow after this many consecutive mispredictions (0 disables).
     #[arg(long, default_value_t = 3)]
     pub prefetch_max_misses: u32,
-    /// Fault injection for tests: every asynchronous copy waits this many ms first.
+    /// Fault injection for tests: every asynchronous copy a copy channel makes waits this
+    /// many ms first.
     #[arg(long, default_value_t = 0, hide = true)]
     pub test_dma_delay_ms: u64,
     /// Also accept remote guests on this TCP address (needs --token-file).
