@@ -6,6 +6,9 @@
 //! player's next frame), so several packets are in the daemon and its decoder worker at once
 //! and there is no round trip per frame in steady state: the guest waits only before
 //! rewriting a bitstream region, for the `decode` that read it [`BITSTREAMS`] packets ago.
+//! Writing a packet takes one round trip, the CPU's begin_access (the daemon says where the
+//! region lies in the window); its end_access is queued without waiting
+//! (`Connection::end_access_detached`), ahead of the `decode` that reads the packet.
 //! At the end it flushes and receives what is left. Each command takes its regions'
 //! accesses itself (`DeviceCmdAccess`: one request a command); `--separate-accesses` queues
 //! a begin_access and an end_access request around it instead (three), as before.
@@ -186,7 +189,8 @@ fn got(conn: &Connection, seq: u64) -> Result<u64, CliError> {
     Ok(api::codec::ReceiveFrame::reply(&c.values).got)
 }
 
-/// Writes `bytes` at the start of region `id` from the CPU.
+/// Writes `bytes` at the start of region `id` from the CPU (the end of the access queued, not
+/// waited for).
 fn cpu_write(conn: &Connection, id: RegionId, bytes: &[u8]) -> Result<(), CliError> {
     let len = bytes.len() as u64;
     let a = conn.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
@@ -195,7 +199,7 @@ fn cpu_write(conn: &Connection, id: RegionId, bytes: &[u8]) -> Result<(), CliErr
         .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
     // SAFETY: the library bounds-checked [ptr, ptr + len) inside the window.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
-    conn.end_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
+    conn.end_access_detached(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
     Ok(())
 }
 

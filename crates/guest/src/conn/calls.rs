@@ -161,6 +161,34 @@ impl Connection {
         len: u64,
         mode: AccessMode,
     ) -> Result<Access> {
+        self.end_access_inner(id, device, (offset, len), mode, true)
+    }
+
+    /// Ends an access without waiting for the daemon's answer (and without compensation):
+    /// the request is queued like a device command, ahead of what the guest queues next,
+    /// so a player that writes a packet and queues its decode pays no round trip for the
+    /// write's end. A failure is kept for
+    /// [`take_async_errors`](crate::Connection::take_async_errors).
+    pub fn end_access_detached(
+        &self,
+        id: RegionId,
+        device: DeviceId,
+        offset: u64,
+        len: u64,
+        mode: AccessMode,
+    ) -> Result<()> {
+        self.end_access_inner(id, device, (offset, len), mode, false)
+            .map(|_| ())
+    }
+
+    fn end_access_inner(
+        &self,
+        id: RegionId,
+        device: DeviceId,
+        (offset, len): (u64, u64),
+        mode: AccessMode,
+        wait: bool,
+    ) -> Result<Access> {
         // A remote CPU write sends the bytes straight from this process's copy of the window
         // (one vectored write of the frame; no buffer in between).
         let remote_write = device == DeviceId::CPU && mode.writes() && !self.link().shares_window();
@@ -184,6 +212,23 @@ impl Connection {
         } else {
             &[]
         };
+        if !wait {
+            let end = ops::EndAccess {
+                id: u64::from(id),
+                offset,
+                len,
+                mode,
+                flags: 0,
+            };
+            self.submit_with(Opcode::EndAccess, device, end.encode(), true, payload)?;
+            return Ok(Access {
+                ptr: None,
+                coherence: Duration::ZERO,
+                copies: 0,
+                compensation: Duration::ZERO,
+                host_elapsed: Duration::ZERO,
+            });
+        }
         self.end_access_with(id, device, (offset, len), mode, payload)
     }
 

@@ -239,3 +239,23 @@ fn a_raw_request_refused_by_a_full_ring_is_not_in_flight() {
     assert_eq!(c.wait(77).unwrap().values, [1; 6]);
     assert_eq!(c.in_flight(), 0);
 }
+
+/// `end_access_detached` queues the end without waiting for it (a reap here would panic:
+/// nothing has arrived) and without asking for compensation; its failure is kept for
+/// `take_async_errors`, and requests queued after it are answered as usual.
+#[test]
+fn a_detached_end_access_is_queued_without_a_wait() {
+    let (c, link) = connection();
+    c.end_access_detached(RegionId(7), DeviceId::CPU, 16, 32, AccessMode::Write)
+        .unwrap();
+    let end = *link.pushed.lock().last().unwrap();
+    assert_eq!(end.opcode, Opcode::EndAccess as u32);
+    assert_eq!(end.args[..5], [7, 16, 32, AccessMode::Write as u64, 0]);
+    let next = c.submit(Opcode::Nop, DeviceId::CPU, [0; 6]).unwrap();
+    link.arrive(vec![
+        Completion::err(end.seq, Status::BadArgument),
+        ok(next, 1),
+    ]);
+    assert_eq!(c.wait(next).unwrap().values, [1; 6]);
+    assert_eq!(c.take_async_errors(), vec![(end.seq, Status::BadArgument)]);
+}
