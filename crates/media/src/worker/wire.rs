@@ -3,7 +3,7 @@
 //! message's length prefix as `SCM_RIGHTS`. Every read is bounds-checked: the parent parses
 //! what a possibly compromised worker sent.
 
-use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::io::{IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -56,16 +56,17 @@ impl Out {
             .u32(l.stride)
     }
     /// Sends the message: its length (with `fds` attached, when there are any), then its
-    /// bytes.
+    /// bytes, in one write where the socket takes them.
     pub(crate) fn send(
         &self,
         sock: &mut UnixStream,
         fds: &[BorrowedFd<'_>],
     ) -> std::io::Result<()> {
-        let len = (self.0.len() as u64).to_le_bytes();
-        if fds.is_empty() {
-            sock.write_all(&len)?;
-        } else {
+        // Prefix and body in one write where the socket takes it: a reader woken by the
+        // prefix alone would sleep again on the body (a second wake-up per message).
+        let mut sent = 0;
+        if !fds.is_empty() {
+            let len = (self.0.len() as u64).to_le_bytes();
             let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
             let mut control = SendAncillaryBuffer::new(&mut space);
             if !control.push(SendAncillaryMessage::ScmRights(fds)) {
@@ -73,11 +74,12 @@ impl Out {
                     "too many descriptors for one message",
                 ));
             }
-            // A signal caught before anything was sent: send again.
-            let sent = loop {
+            // A signal caught before anything was sent: send again. The descriptors go
+            // with the first byte; the rest follows plainly.
+            sent = loop {
                 match rustix::net::sendmsg(
                     &*sock,
-                    &[IoSlice::new(&len)],
+                    &[IoSlice::new(&len), IoSlice::new(&self.0)],
                     &mut control,
                     SendFlags::NOSIGNAL,
                 ) {
@@ -85,11 +87,8 @@ impl Out {
                     r => break r?,
                 }
             };
-            // The descriptors went with the first byte; the rest of the prefix follows plainly.
-            sock.write_all(&len[sent..])?;
         }
-        sock.write_all(&self.0)?;
-        sock.flush()
+        send_parts(sock, &[&self.0], sent, false).map(|_| ())
     }
 }
 
