@@ -29,10 +29,18 @@ fn access(svm_mgr: &SvmManager, guest: GuestId, req: &Request, begin: bool) -> O
     let (id, spec) = access_spec(req, DomainId::GUEST_WINDOW)?;
     let r = if begin {
         svm_mgr.begin_access(guest, id, &spec)
+    } else if posted(req) {
+        svm_mgr.posted_write(guest, id, &spec).map(|e| e.report)
     } else {
         svm_mgr.end_access(guest, id, &spec).map(|e| e.report)
     };
     Ok(access_values(&svm(guest, r)?))
+}
+
+/// Whether `req` (an access) is a posted write ([`virtsoc_proto::wire::ACCESS_BEGINS`]).
+pub fn posted(req: &Request) -> bool {
+    Opcode::from_u32(req.opcode) == Some(Opcode::EndAccess)
+        && req.args[4] & virtsoc_proto::wire::ACCESS_BEGINS != 0
 }
 
 /// Runs a request that needs no device: allocation, CPU accesses, queries. Its words are

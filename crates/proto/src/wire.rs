@@ -28,6 +28,13 @@ unsafe impl ByteValued for Request {}
 /// host holds the writer's next fence signal until the prefetch copies are done instead.
 pub const ACCESS_COMPENSATES: u64 = 1;
 
+/// Flag in `args[4]` of a CPU `EndAccess` of a write: a posted write. The guest wrote the
+/// range in its window without a begin_access (it knows where the region lies from an
+/// earlier one) and the host begins and ends the write in one step. Refused
+/// (`BadArgument`, nothing published) unless the guest's CPU wrote the region last and no
+/// copy into its window is in flight; on a device's queue, refused.
+pub const ACCESS_BEGINS: u64 = 2;
+
 impl Request {
     /// Size of an entry in the ring.
     pub const SIZE: usize = 64;

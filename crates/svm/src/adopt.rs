@@ -155,6 +155,7 @@ impl SvmManager {
             }
         }
         state.written = true;
+        state.cpu_wrote_last = false;
         state.generation += 1;
         for (d, r) in state.replicas.iter_mut() {
             if *d != domain {

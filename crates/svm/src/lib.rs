@@ -16,6 +16,7 @@ pub mod domain;
 pub mod guest;
 pub mod id;
 pub mod pace;
+mod posted;
 pub mod ranges;
 pub mod region;
 mod replicas;
@@ -526,6 +527,9 @@ impl SvmManager {
         };
         if a.mode.writes() {
             cx.state.version += 1;
+            if !begin {
+                cx.state.cpu_wrote_last = a.domain == DomainId::GUEST_WINDOW;
+            }
         }
         report.copies += cx.report.copies;
         report.bytes += cx.report.bytes;

@@ -82,6 +82,10 @@ pub struct RegionState {
     /// ([`SvmManager::adopt_replica`](crate::SvmManager::adopt_replica)), not on that
     /// reader's path.
     pub(crate) host_reader: bool,
+    /// The last write that ended was the guest's CPU's (in its window), and no device has
+    /// written since: no copy into the window can have landed since then, so the guest may
+    /// post a write ([`SvmManager::posted_write`](crate::SvmManager::posted_write)).
+    pub(crate) cpu_wrote_last: bool,
 }
 
 /// The host's record of a region.

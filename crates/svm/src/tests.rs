@@ -512,6 +512,65 @@ fn small_prefetches_are_made_by_the_writers_thread_large_ones_by_a_channel() {
     }
 }
 
+/// A posted write (the guest wrote its window, then one request) is begun and ended at once
+/// while the CPU wrote the region last: the reader sees its bytes. Once a device has written
+/// the region it is refused and publishes nothing (the reader still sees the device's
+/// bytes), until the CPU writes it again with a begin_access. Only a CPU write is posted.
+#[test]
+fn a_posted_write_publishes_only_while_the_cpu_wrote_the_region_last() {
+    let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
+    let size = 4096;
+    let g = GuestId(1);
+    let id = f.svm.alloc(g, blob(size)).unwrap().0;
+    let win = DomainId::GUEST_WINDOW;
+    let cpu = |mode| AccessSpec::new(win.0, win, 0, size, mode);
+    let (w, r) = (AccessMode::Write, AccessMode::Read);
+    let read = || {
+        let spec = AccessSpec::new(f.cons.0, f.cons, 0, size, r);
+        f.svm.begin_access(g, id, &spec).unwrap();
+        let seen = f.svm.with_replica(g, id, f.cons, |b| b[0]).unwrap();
+        f.svm.end_access(g, id, &spec).unwrap();
+        seen
+    };
+    let posted = |byte: u8, off: u64| {
+        f.win.copy_in(off, &[byte; 4096]).unwrap();
+        f.svm.posted_write(g, id, &cpu(w))
+    };
+    let off = f
+        .svm
+        .begin_access(g, id, &cpu(w))
+        .unwrap()
+        .window_offset
+        .unwrap();
+    f.win.copy_in(off, &[1; 4096]).unwrap();
+    f.svm.end_access(g, id, &cpu(w)).unwrap();
+    assert_eq!(read(), 1);
+    for byte in 2..6 {
+        posted(byte, off).unwrap();
+        assert_eq!(read(), byte, "posted write {byte}");
+    }
+    let prod = AccessSpec::new(f.prod.0, f.prod, 0, size, w);
+    f.svm.begin_access(g, id, &prod).unwrap();
+    f.svm.with_replica(g, id, f.prod, |b| b.fill(9)).unwrap();
+    f.svm.end_access(g, id, &prod).unwrap();
+    assert!(matches!(posted(7, off), Err(SvmError::BadArgument(_))));
+    assert_eq!(read(), 9, "the refused write published nothing");
+    f.svm.begin_access(g, id, &cpu(w)).unwrap();
+    f.win.copy_in(off, &[8; 4096]).unwrap();
+    f.svm.end_access(g, id, &cpu(w)).unwrap();
+    posted(10, off).unwrap();
+    assert_eq!(read(), 10);
+    assert!(matches!(
+        f.svm.posted_write(g, id, &cpu(AccessMode::ReadWrite)),
+        Err(SvmError::BadArgument(_))
+    ));
+    assert!(matches!(
+        f.svm
+            .posted_write(g, id, &AccessSpec::new(f.prod.0, f.prod, 0, size, w)),
+        Err(SvmError::BadArgument(_))
+    ));
+}
+
 #[test]
 fn prefetch_mispredictions_fall_back_to_a_synchronous_fetch() {
     let mut t = Topology::new();

@@ -6,9 +6,9 @@
 //! player's next frame), so several packets are in the daemon and its decoder worker at once
 //! and there is no round trip per frame in steady state: the guest waits only before
 //! rewriting a bitstream region, for the `decode` that read it [`BITSTREAMS`] packets ago.
-//! Writing a packet takes one round trip, the CPU's begin_access (the daemon says where the
-//! region lies in the window); its end_access is queued without waiting
-//! (`Connection::end_access_detached`), ahead of the `decode` that reads the packet.
+//! A packet is written as a posted write (`Connection::write_posted`): into the window, then
+//! one request queued without waiting, ahead of the `decode` that reads the packet - no
+//! round trip per packet (the first write of each region asks where it lies).
 //! At the end it flushes and receives what is left. Each command takes its regions'
 //! accesses itself (`DeviceCmdAccess`: one request a command); `--separate-accesses` queues
 //! a begin_access and an end_access request around it instead (three), as before.
@@ -43,9 +43,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use virtsoc_guest::devices as api;
-use virtsoc_guest::{
-    AccessMode, ConnectOptions, Connection, DeviceCommand, DeviceId, Format, Opcode,
-};
+use virtsoc_guest::{ConnectOptions, Connection, DeviceCommand, Format, Opcode};
 use virtsoc_media::{CodecKind, DecoderBackend, FfmpegDecoder, PixelFormat};
 use virtsoc_proto::window_layout::{ctl, CONTROL_OFFSET};
 
@@ -187,20 +185,6 @@ fn got(conn: &Connection, seq: u64) -> Result<u64, CliError> {
     let c = conn.wait(seq)?;
     check_completion(&c, "receive_frame")?;
     Ok(api::codec::ReceiveFrame::reply(&c.values).got)
-}
-
-/// Writes `bytes` at the start of region `id` from the CPU (the end of the access queued, not
-/// waited for).
-fn cpu_write(conn: &Connection, id: RegionId, bytes: &[u8]) -> Result<(), CliError> {
-    let len = bytes.len() as u64;
-    let a = conn.begin_access(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
-    let ptr = a
-        .ptr
-        .ok_or_else(|| CliError::Usage("no CPU pointer".into()))?;
-    // SAFETY: the library bounds-checked [ptr, ptr + len) inside the window.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
-    conn.end_access_detached(id, DeviceId::CPU, 0, len, AccessMode::Write)?;
-    Ok(())
 }
 
 /// Spin iterations of the player's doorbell waits (and of the daemon's waits for its
@@ -380,7 +364,7 @@ impl Player<'_> {
                     check_completion(&conn.wait(seq)?, "decode")?;
                 }
             }
-            cpu_write(conn, bits[slot], unit)?;
+            conn.write_posted(bits[slot], 0, unit)?;
             decodes.push_back(queue(
                 conn,
                 &api::codec::Decode {

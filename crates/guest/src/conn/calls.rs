@@ -151,6 +151,60 @@ impl Connection {
         Ok(())
     }
 
+    /// Writes `bytes` at `offset` of region `id` from the CPU as a posted write: into the
+    /// window where the region lies (known from an earlier CPU access), then one request,
+    /// queued without waiting, in which the daemon begins and ends the write
+    /// ([`virtsoc_proto::wire::ACCESS_BEGINS`]): no round trip before the bytes, none after.
+    /// A player writing packets for a decoder pays no round trip per packet. The region's
+    /// first write (where it lies is not known yet) is a plain begin_access, the copy and a
+    /// detached end_access. The daemon refuses a posted write when a device wrote the region
+    /// since the CPU did (its copy into the window might have landed on these bytes): the
+    /// refusal comes back through [`take_async_errors`](crate::Connection::take_async_errors)
+    /// and nothing was published; write such regions with [`write`](Self::write). A remote
+    /// guest's bytes travel with the request.
+    pub fn write_posted(&self, id: RegionId, offset: u64, bytes: &[u8]) -> Result<()> {
+        let len = bytes.len() as u64;
+        let size = self.region(id).map(|r| r.size).unwrap_or(0);
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(GuestError::BadArgument(format!(
+                "range {offset}+{len} outside region {id} of {size} bytes"
+            )));
+        }
+        let end = ops::EndAccess {
+            id: u64::from(id),
+            offset,
+            len,
+            mode: AccessMode::Write,
+            flags: virtsoc_proto::wire::ACCESS_BEGINS,
+        };
+        if !self.link().shares_window() {
+            self.submit_with(Opcode::EndAccess, DeviceId::CPU, end.encode(), true, bytes)?;
+            return Ok(());
+        }
+        let Some(base) = self.cpu_offsets.lock().get(&id).copied() else {
+            let a = self.begin_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
+            let ptr = a
+                .ptr
+                .ok_or_else(|| GuestError::BadArgument("no CPU pointer".into()))?;
+            // SAFETY: `begin_access` checked that `[ptr, ptr + len)` lies in the window's
+            // mapping, which stays mapped while this connection lives.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
+            return self.end_access_detached(id, DeviceId::CPU, offset, len, AccessMode::Write);
+        };
+        let window = self.window();
+        let at = base.wrapping_add(offset);
+        window.check(at, len)?;
+        let at = usize::try_from(at).map_err(|_| GuestError::BadArgument("offset".into()))?;
+        // SAFETY: `[at, at + len)` lies in the window's mapping (checked above), which
+        // `window` keeps mapped; the region lies there (where an earlier begin_access said,
+        // and a region's place in the window never moves while it lives).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), window.base_ptr().add(at), bytes.len())
+        };
+        self.submit_with(Opcode::EndAccess, DeviceId::CPU, end.encode(), true, &[])?;
+        Ok(())
+    }
+
     /// Ends an access. When the host asks for compensation (prefetch protocol), blocks for it
     /// before returning, so the next reader never waits for the copy.
     pub fn end_access(

@@ -259,3 +259,41 @@ fn a_detached_end_access_is_queued_without_a_wait() {
     assert_eq!(c.wait(next).unwrap().values, [1; 6]);
     assert_eq!(c.take_async_errors(), vec![(end.seq, Status::BadArgument)]);
 }
+
+/// `write_posted` on a region whose place in the window is known puts the bytes there and
+/// queues one posted write (`ACCESS_BEGINS`) without waiting (a reap here would panic);
+/// a range outside the region is refused before anything is written or sent.
+#[test]
+fn a_posted_write_copies_into_the_window_and_queues_one_request() {
+    let (c, link) = connection();
+    let id = RegionId(5);
+    c.regions.lock().insert(
+        id,
+        RegionInfo {
+            id,
+            size: 64,
+            stride: 0,
+            width: 0,
+            height: 0,
+            format: Format::Blob,
+        },
+    );
+    c.cpu_offsets.lock().insert(id, 4096);
+    c.write_posted(id, 8, &[7; 16]).unwrap();
+    let req = *link.pushed.lock().last().unwrap();
+    assert_eq!(req.opcode, Opcode::EndAccess as u32);
+    let begins = virtsoc_proto::wire::ACCESS_BEGINS;
+    assert_eq!(req.args[..5], [5, 8, 16, AccessMode::Write as u64, begins]);
+    let mut seen = [0u8; 24];
+    c.window().copy_out(4096, &mut seen).unwrap();
+    assert_eq!(seen[..8], [0; 8]);
+    assert_eq!(seen[8..], [7; 16]);
+    let pushed = link.pushed.lock().len();
+    assert!(c.write_posted(id, 60, &[1; 8]).is_err());
+    assert!(c.write_posted(RegionId(6), 0, &[1; 8]).is_err());
+    assert_eq!(
+        link.pushed.lock().len(),
+        pushed,
+        "nothing sent for a bad range"
+    );
+}

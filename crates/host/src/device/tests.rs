@@ -129,6 +129,12 @@ fn each_malformed_device_request_gets_its_status() {
             Status::BadArgument,
         ),
         (
+            "end: a posted write is the CPU's",
+            Opcode::EndAccess,
+            [id, 0, 8, w, virtsoc_proto::wire::ACCESS_BEGINS, 0],
+            Status::BadArgument,
+        ),
+        (
             "command: unknown device opcode",
             Opcode::DeviceCmd,
             [77, id, 0, 0, 0, 0],

@@ -130,6 +130,12 @@ pub(super) fn execute(
     match Opcode::from_u32(req.opcode) {
         Some(op @ (Opcode::BeginAccess | Opcode::EndAccess)) => {
             let (id, spec) = match access_spec(&req, slot.domain) {
+                // A posted write is the CPU's alone.
+                Ok(_) if crate::dispatch::posted(&req) => {
+                    let why = "a posted write (ACCESS_BEGINS) is a CPU write";
+                    reply.send_because(Err(Status::BadArgument), Some(why.into()));
+                    return None;
+                }
                 Ok((id, spec)) => (id, spec.reading_host(slot.device.reads_host_memory())),
                 Err(st) => {
                     reply.send(Err(st));
