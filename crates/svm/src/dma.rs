@@ -11,7 +11,7 @@
 //! queue and the channels serve the queues round robin, so one guest's large copies never
 //! serialise another guest's behind them. A small copy (a packet, a command record: at most
 //! [`crate::coherence::INLINE_COPY_MAX`] bytes) is not queued: the thread that ends the
-//! writer's access makes it ([`execute`]) once it has released the region's lock, since
+//! writer's access makes it (`execute`) once it has released the region's lock, since
 //! handing it to a channel (waking the channel, and a reader waiting for it) costs more than
 //! the copy.
 
