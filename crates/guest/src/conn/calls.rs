@@ -134,6 +134,12 @@ impl Connection {
     /// window first: that copy of the range is left as it was, and the next CPU access that
     /// needs the range's bytes (a read, a partial write) brings the host's.
     pub fn write(&self, id: RegionId, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.write_accessed(id, offset, bytes, true)
+    }
+
+    /// [`write`](Self::write), its end_access waited for (`wait`) or only queued (a window
+    /// the daemon shares: a remote guest's write always waits).
+    fn write_accessed(&self, id: RegionId, offset: u64, bytes: &[u8], wait: bool) -> Result<()> {
         let len = bytes.len() as u64;
         let a = self.begin_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
         if !self.link().shares_window() {
@@ -147,7 +153,7 @@ impl Connection {
         // mapping, which stays mapped while this connection lives; the CPU access is this
         // call's until its end_access.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
-        self.end_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
+        self.end_access_inner(id, DeviceId::CPU, (offset, len), AccessMode::Write, wait)?;
         Ok(())
     }
 
@@ -182,14 +188,7 @@ impl Connection {
             return Ok(());
         }
         let Some(base) = self.cpu_offsets.lock().get(&id).copied() else {
-            let a = self.begin_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
-            let ptr = a
-                .ptr
-                .ok_or_else(|| GuestError::BadArgument("no CPU pointer".into()))?;
-            // SAFETY: `begin_access` checked that `[ptr, ptr + len)` lies in the window's
-            // mapping, which stays mapped while this connection lives.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
-            return self.end_access_detached(id, DeviceId::CPU, offset, len, AccessMode::Write);
+            return self.write_accessed(id, offset, bytes, false);
         };
         let window = self.window();
         let at = base.wrapping_add(offset);
