@@ -230,3 +230,46 @@ fn a_write_from_a_buffer_reaches_devices_and_later_reads() {
     }
     std::fs::remove_file(f).unwrap();
 }
+
+/// Posted writes (`Connection::write_posted`) from a remote and a process guest: the first
+/// asks where the region lies, later ones are one request each, queued without waiting; a
+/// device and a CPU read see each in turn. Once a device has written the region, a posted
+/// write is refused (an async error, nothing published: a read still sees the device's
+/// bytes) until the CPU writes it again the ordinary way.
+#[test]
+fn posted_writes_reach_devices_and_are_refused_after_a_device_wrote() {
+    let (d, f) = daemon_with_tcp("posted");
+    let target = format!("tcp:{}", d.tcp.as_ref().unwrap());
+    let remote = Connection::open(&target, &opts(Some(TOKEN))).unwrap();
+    let local = common::connect(&d);
+    let size = 70_000u64;
+    for (c, who) in [(&remote, "remote"), (&local, "process")] {
+        let id = c.alloc_blob(size).unwrap().id;
+        for seed in 1..5u8 {
+            let bytes: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(seed)).collect();
+            c.write_posted(id, 0, &bytes).unwrap();
+            let want = crc32fast::hash(&bytes) as u64;
+            assert_eq!(common::consumer_checksum(c, id, size), want, "{who} {seed}");
+            assert_eq!(common::cpu_read(c, id, 16), bytes[..16], "{who} {seed}");
+        }
+        assert!(c.take_async_errors().is_empty(), "{who}");
+        // A device writes the region: the next posted write is refused.
+        common::producer_write(c, id, size, 3);
+        let device = common::cpu_read(c, id, 16);
+        c.write_posted(id, 0, &vec![0xEE; size as usize]).unwrap();
+        c.drain().unwrap();
+        let refused = c.take_async_errors();
+        assert_eq!(refused.len(), 1, "{who}: {refused:?}");
+        assert_eq!(refused[0].1, virtsoc_guest::Status::BadArgument, "{who}");
+        assert_eq!(
+            common::cpu_read(c, id, 16),
+            device,
+            "{who}: nothing published"
+        );
+        c.write(id, 0, &vec![0x11; size as usize]).unwrap();
+        c.write_posted(id, 0, &vec![0x22; size as usize]).unwrap();
+        assert_eq!(common::cpu_read(c, id, 16), vec![0x22; 16], "{who}");
+        assert!(c.take_async_errors().is_empty(), "{who}");
+    }
+    std::fs::remove_file(f).unwrap();
+}

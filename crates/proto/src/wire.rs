@@ -31,8 +31,9 @@ pub const ACCESS_COMPENSATES: u64 = 1;
 /// Flag in `args[4]` of a CPU `EndAccess` of a write: a posted write. The guest wrote the
 /// range in its window without a begin_access (it knows where the region lies from an
 /// earlier one) and the host begins and ends the write in one step. Refused
-/// (`BadArgument`, nothing published) unless the guest's CPU wrote the region last and no
-/// copy into its window is in flight; on a device's queue, refused.
+/// (`BadArgument`, nothing published: the window's range is marked stale, so the bytes
+/// written there are never read as the region's) when a device wrote the region since the
+/// guest's CPU did or a copy into the window is in flight; on a device's queue, refused.
 pub const ACCESS_BEGINS: u64 = 2;
 
 impl Request {

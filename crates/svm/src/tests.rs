@@ -514,8 +514,9 @@ fn small_prefetches_are_made_by_the_writers_thread_large_ones_by_a_channel() {
 
 /// A posted write (the guest wrote its window, then one request) is begun and ended at once
 /// while the CPU wrote the region last: the reader sees its bytes. Once a device has written
-/// the region it is refused and publishes nothing (the reader still sees the device's
-/// bytes), until the CPU writes it again with a begin_access. Only a CPU write is posted.
+/// the region it is refused and publishes nothing (the reader, and a CPU read of the window,
+/// still see the device's bytes), until the CPU writes it again with a begin_access. Only a
+/// CPU write is posted.
 #[test]
 fn a_posted_write_publishes_only_while_the_cpu_wrote_the_region_last() {
     let f = fixture(ProtocolKind::Prefetch, |_, _, _| {});
@@ -553,8 +554,16 @@ fn a_posted_write_publishes_only_while_the_cpu_wrote_the_region_last() {
     f.svm.begin_access(g, id, &prod).unwrap();
     f.svm.with_replica(g, id, f.prod, |b| b.fill(9)).unwrap();
     f.svm.end_access(g, id, &prod).unwrap();
+    // The window was brought up to date (a CPU read) before the guest wrote it.
+    f.svm.begin_access(g, id, &cpu(r)).unwrap();
+    f.svm.end_access(g, id, &cpu(r)).unwrap();
     assert!(matches!(posted(7, off), Err(SvmError::BadArgument(_))));
     assert_eq!(read(), 9, "the refused write published nothing");
+    f.svm.begin_access(g, id, &cpu(r)).unwrap();
+    let mut seen = [0u8; 1];
+    f.win.copy_out(off, &mut seen).unwrap();
+    f.svm.end_access(g, id, &cpu(r)).unwrap();
+    assert_eq!(seen[0], 9, "a CPU read fetches the current bytes back");
     f.svm.begin_access(g, id, &cpu(w)).unwrap();
     f.win.copy_in(off, &[8; 4096]).unwrap();
     f.svm.end_access(g, id, &cpu(w)).unwrap();

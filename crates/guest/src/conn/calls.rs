@@ -161,16 +161,20 @@ impl Connection {
     /// window where the region lies (known from an earlier CPU access), then one request,
     /// queued without waiting, in which the daemon begins and ends the write
     /// ([`virtsoc_proto::wire::ACCESS_BEGINS`]): no round trip before the bytes, none after.
-    /// A player writing packets for a decoder pays no round trip per packet. The region's
-    /// first write (where it lies is not known yet) is a plain begin_access, the copy and a
-    /// detached end_access. The daemon refuses a posted write when a device wrote the region
-    /// since the CPU did (its copy into the window might have landed on these bytes): the
-    /// refusal comes back through [`take_async_errors`](crate::Connection::take_async_errors)
-    /// and nothing was published; write such regions with [`write`](Self::write). A remote
-    /// guest's bytes travel with the request.
+    /// A player writing packets for a decoder pays no round trip per packet. The first write
+    /// to a region through this connection (where it lies is not known yet) is a plain
+    /// begin_access, the copy and a detached end_access. The daemon refuses a posted write
+    /// unless the CPU wrote the region last (a device that wrote it since may have had its
+    /// bytes copied into the window over these): the refusal comes back through
+    /// [`take_async_errors`](crate::Connection::take_async_errors) and nothing was
+    /// published; write such regions with [`write`](Self::write). A remote guest's bytes
+    /// travel with the request.
     pub fn write_posted(&self, id: RegionId, offset: u64, bytes: &[u8]) -> Result<()> {
         let len = bytes.len() as u64;
-        let size = self.region(id).map(|r| r.size).unwrap_or(0);
+        let size = self
+            .region(id)
+            .ok_or_else(|| GuestError::BadArgument(format!("no region {id}")))?
+            .size;
         if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(GuestError::BadArgument(format!(
                 "range {offset}+{len} outside region {id} of {size} bytes"
@@ -183,13 +187,13 @@ impl Connection {
             mode: AccessMode::Write,
             flags: virtsoc_proto::wire::ACCESS_BEGINS,
         };
+        let Some(base) = self.cpu_offsets.lock().get(&id).copied() else {
+            return self.write_accessed(id, offset, bytes, false);
+        };
         if !self.link().shares_window() {
             self.submit_with(Opcode::EndAccess, DeviceId::CPU, end.encode(), true, bytes)?;
             return Ok(());
         }
-        let Some(base) = self.cpu_offsets.lock().get(&id).copied() else {
-            return self.write_accessed(id, offset, bytes, false);
-        };
         let window = self.window();
         let at = base.wrapping_add(offset);
         window.check(at, len)?;
