@@ -6,7 +6,8 @@
 //! - good: short pipelines with verifiable data: producer -> consumer checksums, CPU write ->
 //!   device read -> CPU read, display presents checked against the display's own checksum;
 //! - hostile: malformed ring entries (`submit_raw`), out-of-range accesses, other guests'
-//!   region ids, fence misuse; every misuse must be refused with an error status;
+//!   region ids, posted writes where none may go (a device's queue, a read, after a device
+//!   wrote the region), fence misuse; every misuse must be refused with an error status;
 //! - crashing: child processes holding regions mid-access, killed with SIGKILL;
 //! - reconnecting: connect, use a region, leave (with or without freeing it), again.
 //!

@@ -266,6 +266,44 @@ fn hostile_round(ctx: &Ctx, name: &str, n: u64) -> Result<(), CliError> {
         );
         refused(t, &format!("access {off}+{len} of a 4096-byte region"), r)?;
     }
+    // Posted writes (`ACCESS_BEGINS`): on a device's queue, of a read, out of range, and
+    // after a device wrote the region (the producer).
+    let posted = virtsoc_proto::wire::ACCESS_BEGINS;
+    let w = AccessMode::Write as u64;
+    let bad_posts = [
+        (
+            "on a device queue",
+            DeviceId::CONSUMER,
+            [own, 0, 4096, w, posted, 0],
+        ),
+        (
+            "of a read",
+            DeviceId::CPU,
+            [own, 0, 4096, AccessMode::Read as u64, posted, 0],
+        ),
+        (
+            "past the end",
+            DeviceId::CPU,
+            [own, 4000, 200, w, posted, 0],
+        ),
+    ];
+    for (what, dev, args) in bad_posts {
+        let r = c.call(Opcode::EndAccess, dev, args);
+        refused(t, &format!("a posted write {what}"), r)?;
+    }
+    let written = c.alloc_blob(4096)?.id;
+    let _ = c.write(written, 0, &[1; 4096]);
+    let _ = c.call(
+        Opcode::DeviceCmdAccess,
+        DeviceId::PRODUCER,
+        [testdev::WRITE_PATTERN, u64::from(written), n, 0, 0, 0],
+    );
+    let r = c.call(
+        Opcode::EndAccess,
+        DeviceId::CPU,
+        [u64::from(written), 0, 4096, w, posted, 0],
+    );
+    refused(t, "a posted write after a device wrote the region", r)?;
     // Answered with whatever status, as long as the daemon answers.
     let _ = c.call(
         Opcode::EndAccess,
