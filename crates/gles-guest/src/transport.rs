@@ -4,7 +4,7 @@
 //! `/tmp/virtsoc.sock`: [`default_target`]).
 //!
 //! - **Double-buffered streams**: two stream regions take turns. A flush writes its batch
-//!   into the next one (a CPU write access), then queues the device's read access, the
+//!   into the next one (a posted CPU write), then queues the device's read access, the
 //!   `exec` and the access's end without waiting; only when that region comes round again
 //!   does the library wait for its batch (long done by then in a steady state). A failure
 //!   of a batch nobody waited for surfaces at the next waited batch.
@@ -61,10 +61,6 @@ struct Slot {
     /// Requests of the batch last sent in it that nobody waited for yet (its `exec` and
     /// access ends; a waited batch leaves only its ends).
     pending: Vec<u64>,
-    /// Address of the region's window replica, once a waited CPU access gave it (the
-    /// replica stays where it is for the region's life, so later writes queue their
-    /// accesses without waiting).
-    base: Option<usize>,
 }
 
 /// The display frames of one window surface: a few RGBA8 image regions taking turns.
@@ -107,9 +103,6 @@ struct Inner {
 pub struct Transport {
     conn: Connection,
     inner: Mutex<Inner>,
-    /// A remote (TCP) guest: its window is a mirror, a CPU write's bytes travel with its
-    /// end_access (a waited one).
-    remote: bool,
 }
 
 fn gles_id() -> DeviceId {
@@ -197,18 +190,15 @@ impl Transport {
             Slot {
                 region: alloc(STREAM_REGION)?,
                 pending: Vec::new(),
-                base: None,
             },
             Slot {
                 region: alloc(STREAM_REGION)?,
                 pending: Vec::new(),
-                base: None,
             },
         ];
         let reply = alloc(REPLY_REGION)?;
         Ok(Transport {
             conn,
-            remote: target.starts_with("tcp:"),
             inner: Mutex::new(Inner {
                 slots,
                 next: 0,
@@ -277,58 +267,19 @@ impl Transport {
         Ok(())
     }
 
-    /// Copies `bytes` into the start of the slot's region (a CPU write access): the first
-    /// time with a waited begin_access that gives the replica's address, later with the
-    /// access queued (the session runs CPU accesses in ring order, before the device's
-    /// read access queued after them).
+    /// Copies `bytes` into the start of the slot's region as a posted write
+    /// (`Connection::write_posted`: the bytes into the window, then one request queued
+    /// without waiting, which the session runs in ring order before the device's read access
+    /// queued after it; the region's first write asks where it lies). Only this library's
+    /// CPU writes a stream region, so the daemon takes every posted write to one.
     fn write_region(&self, slot: &mut Slot, bytes: &[u8]) -> Result<(), ChannelError> {
-        let (id, len) = (slot.region.id, bytes.len() as u64);
-        let word = u64::from(id);
-        if len > slot.region.size {
+        if bytes.len() as u64 > slot.region.size {
             return Err(ChannelError::Refused("batch larger than its region".into()));
         }
-        let ptr = match slot.base {
-            Some(base) => {
-                self.conn
-                    .submit_detached(
-                        Opcode::BeginAccess,
-                        CPU,
-                        [word, 0, len, AccessMode::Write as u64, 0, 0],
-                    )
-                    .map_err(channel_error)?;
-                base as *mut u8
-            }
-            None => {
-                let a = self
-                    .conn
-                    .begin_access(id, CPU, 0, len, AccessMode::Write)
-                    .map_err(channel_error)?;
-                let Some(ptr) = a.ptr else {
-                    return Err(ChannelError::Refused("no CPU pointer for a region".into()));
-                };
-                slot.base = Some(ptr.as_ptr() as usize);
-                ptr.as_ptr()
-            }
-        };
-        // SAFETY: the first begin_access checked that the region's bytes from `ptr` lie in
-        // the window (len <= the region's size, checked above); the replica stays there for
-        // the region's life and the window stays mapped for the connection's. The batch
-        // that last used the region has ended its accesses (`settle`).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
-        if self.remote {
-            self.conn
-                .end_access(id, CPU, 0, len, AccessMode::Write)
-                .map_err(channel_error)?;
-            return Ok(());
-        }
+        // The batch that last used the region has ended its accesses (`settle`).
         self.conn
-            .submit_detached(
-                Opcode::EndAccess,
-                CPU,
-                [word, 0, len, AccessMode::Write as u64, 0, 0],
-            )
-            .map_err(channel_error)?;
-        Ok(())
+            .write_posted(slot.region.id, 0, bytes)
+            .map_err(channel_error)
     }
 
     /// The first `n` bytes of region `id` (a CPU read access).
@@ -369,11 +320,7 @@ impl Transport {
             return Err(ChannelError::Lost(why.clone()));
         }
         let len = batch.len() as u64;
-        let before = inner.slots[i].region.id;
         self.grow(&mut inner.slots[i].region, len)?;
-        if inner.slots[i].region.id != before {
-            inner.slots[i].base = None;
-        }
         let stream = inner.slots[i].region.id;
         self.write_region(&mut inner.slots[i], batch)?;
         let gles = gles_id();
