@@ -92,6 +92,45 @@ int main(int argc, char **argv) {
           "CPU reads the producer's bytes");
     CHECK(virtsoc_end_access(c, id, VIRTSOC_DEV_CPU, 0, size, VIRTSOC_READ) == 0, "end CPU read");
 
+    /* Posted writes: one request each, not waited for; refused (nothing published) once a
+     * device has written the region. */
+    uint64_t pbuf = 0, bsize = 0, bcrc = 0, seq = 0;
+    int st = 0;
+    uint8_t buf[4096];
+    rc = virtsoc_alloc(c, sizeof buf, 0, 0, VIRTSOC_FMT_BLOB, 0, &pbuf, &bsize);
+    CHECK(rc == 0 && bsize == sizeof buf, "alloc a blob");
+    for (int round = 1; round <= 3; round++) {
+        for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)(i * round + 7);
+        CHECK(virtsoc_write_posted(c, pbuf, 0, buf, sizeof buf) == 0, "a posted write");
+        CHECK(virtsoc_begin_access(c, pbuf, VIRTSOC_DEV_CONSUMER, 0, bsize, VIRTSOC_READ, NULL) == 0 &&
+                  virtsoc_consumer_checksum(c, pbuf, &bcrc) == 0 && bcrc == crc32(buf, sizeof buf) &&
+                  virtsoc_end_access(c, pbuf, VIRTSOC_DEV_CONSUMER, 0, bsize, VIRTSOC_READ) == 0,
+              "the consumer sees each posted write");
+    }
+    CHECK(virtsoc_drain(c) == 0 && virtsoc_take_async_error(c, &seq, &st) == 0,
+          "no posted write refused");
+    uint64_t bargs[6] = {VIRTSOC_TEST_WRITE_PATTERN, pbuf, 5, 0, 0, 0};
+    CHECK(virtsoc_begin_access(c, pbuf, VIRTSOC_DEV_PRODUCER, 0, bsize, VIRTSOC_WRITE, NULL) == 0 &&
+              virtsoc_device_cmd(c, VIRTSOC_DEV_PRODUCER, bargs, vals) == 0 &&
+              virtsoc_end_access(c, pbuf, VIRTSOC_DEV_PRODUCER, 0, bsize, VIRTSOC_WRITE) == 0,
+          "the producer writes the blob");
+    uint64_t pblob = vals[0];
+    memset(buf, 0xEE, sizeof buf);
+    CHECK(virtsoc_write_posted(c, pbuf, 0, buf, sizeof buf) == 0,
+          "a posted write after a device wrote is sent");
+    CHECK(virtsoc_drain(c) == 0 && virtsoc_take_async_error(c, &seq, &st) == 1 &&
+              st == VIRTSOC_E_BAD_ARGUMENT && seq != 0,
+          "... and refused");
+    CHECK(virtsoc_take_async_error(c, NULL, NULL) == 0, "a refusal is taken once");
+    CHECK(virtsoc_begin_access(c, pbuf, VIRTSOC_DEV_CONSUMER, 0, bsize, VIRTSOC_READ, NULL) == 0 &&
+              virtsoc_consumer_checksum(c, pbuf, &bcrc) == 0 && bcrc == pblob &&
+              virtsoc_end_access(c, pbuf, VIRTSOC_DEV_CONSUMER, 0, bsize, VIRTSOC_READ) == 0,
+          "the refused write published nothing");
+    CHECK(virtsoc_write_posted(c, pbuf, 4000, buf, 200) == VIRTSOC_E_BAD_ARGUMENT,
+          "a posted write past the end is refused at once");
+    CHECK(virtsoc_write_posted(c, pbuf, 0, NULL, 16) == VIRTSOC_E_BAD_ARGUMENT,
+          "a posted write of NULL bytes is refused at once");
+
     /* Fences: the consumer's checksum waits for the producer's signal. */
     uint64_t fence = 0;
     CHECK(virtsoc_fence_create(c, &fence) == 0, "fence create");

@@ -200,6 +200,25 @@ int virtsoc_begin_access(virtsoc_conn *c, uint64_t id, uint32_t device, uint64_t
 int virtsoc_end_access(virtsoc_conn *c, uint64_t id, uint32_t device, uint64_t offset,
                        uint64_t len, uint32_t mode);
 
+/* Writes len bytes from bytes at offset of region id from the CPU as a posted write: into
+ * the window where the region lies, then one request the library does not wait for, in
+ * which the daemon begins and ends the CPU write (the first write to a region through this
+ * connection is an ordinary begin/end, to learn where it lies). No round trip per write,
+ * e.g. for a decoder's packets. The daemon refuses it when a device wrote the region since
+ * the CPU did (nothing is published; write such regions with begin/end_access): that comes
+ * back through virtsoc_take_async_error. Errors here: BAD_ARGUMENT (a region not of this
+ * connection, a range past its end, NULL bytes). */
+int virtsoc_write_posted(virtsoc_conn *c, uint64_t id, uint64_t offset, const void *bytes,
+                         uint64_t len);
+
+/* Waits until every request sent so far has completed, those nobody waits for included. */
+int virtsoc_drain(virtsoc_conn *c);
+
+/* The oldest failure of a request nobody waited for (a refused posted write): returns 1 and
+ * fills *seq_out and *status_out (a negative VIRTSOC_E_* code; either may be NULL), or 0
+ * when there is none. Call virtsoc_drain first to know of every request sent. */
+int virtsoc_take_async_error(virtsoc_conn *c, uint64_t *seq_out, int *status_out);
+
 /* Sends a device command and waits for its answer: args points to 6 words (args[0] the
  * command's opcode, then its arguments), values (may be NULL) receives 6 result words. The
  * generated stubs of virtsoc_devices.h call this with the right words; region arguments

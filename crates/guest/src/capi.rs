@@ -13,6 +13,7 @@ use virtsoc_proto::{AccessMode, DeviceId, Status};
 
 use crate::{ConnectOptions, Connection, GuestError, RegionId, RegionInfo, Result};
 
+mod posted;
 mod svc;
 pub use svc::VirtsocChannel;
 

@@ -378,6 +378,13 @@ impl Connection {
         std::mem::take(&mut self.reaped.lock().async_errors)
     }
 
+    /// The oldest failure of a detached request not taken yet (one at a time, for the C
+    /// ABI's `virtsoc_take_async_error`).
+    pub fn take_async_error(&self) -> Option<(u64, Status)> {
+        let mut r = self.reaped.lock();
+        (!r.async_errors.is_empty()).then(|| r.async_errors.remove(0))
+    }
+
     /// Requests submitted and not yet completed.
     pub fn in_flight(&self) -> u64 {
         self.submitted
