@@ -109,43 +109,88 @@ pub struct Stages {
     pub cpu_floor: f64,
     pub ring_us: f64,
     pub frame_copies: f64,
+    /// Times per frame a thread of each was put on a CPU (the kernel's count of timeslices
+    /// in `schedstat`, every thread): the hand-offs, each a wake-up and a switch.
+    pub switches: Switches,
 }
 
-/// Nanoseconds process `pid`'s threads have run (from each thread's `schedstat`; threads
-/// that have ended are not counted, so measure over spans in which they live).
-fn run_ns(pid: u32) -> u64 {
+/// Timeslices per frame of the decoder's worker, the daemon, the guest, and libavcodec
+/// alone ([`Stages::switches`]): through the daemon a frame takes the first three
+/// together, alone the fourth.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Switches {
+    pub worker: f64,
+    pub daemon: f64,
+    pub guest: f64,
+    pub native: f64,
+}
+
+/// Nanoseconds process `pid`'s threads have run and the timeslices they were given (from
+/// each thread's `schedstat`; threads that have ended are not counted, so measure over
+/// spans in which they live).
+fn run_of(pid: u32) -> Ran {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return Ran::default();
     };
     tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+        .map(|s| {
+            let mut f = s.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
+            let ns = f.next().unwrap_or(0);
+            Ran {
+                ns,
+                slices: f.nth(1).unwrap_or(0),
+            }
+        })
+        .fold(Ran::default(), |a, b| a.plus(b))
 }
 
-/// CPU nanoseconds so far of this process, the daemon and its codec workers.
+/// CPU time and timeslices of some threads ([`run_of`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Ran {
+    ns: u64,
+    slices: u64,
+}
+
+impl Ran {
+    fn plus(self, o: Ran) -> Ran {
+        Ran {
+            ns: self.ns + o.ns,
+            slices: self.slices + o.slices,
+        }
+    }
+
+    fn since(self, before: Ran) -> Ran {
+        Ran {
+            ns: self.ns.saturating_sub(before.ns),
+            slices: self.slices.saturating_sub(before.slices),
+        }
+    }
+}
+
+/// CPU time and timeslices so far of this process, the daemon and its codec workers.
 #[derive(Debug, Clone, Copy, Default)]
 struct Cpu {
-    guest: u64,
-    daemon: u64,
-    workers: u64,
+    guest: Ran,
+    daemon: Ran,
+    workers: Ran,
 }
 
 impl Cpu {
     fn now(daemon: Option<u32>) -> Cpu {
         let (d, w) = match daemon {
             Some(pid) => (
-                run_ns(pid),
+                run_of(pid),
                 virtsoc_media::worker_processes(pid, "--codec-worker")
                     .into_iter()
-                    .map(run_ns)
-                    .sum(),
+                    .map(run_of)
+                    .fold(Ran::default(), Ran::plus),
             ),
-            None => (0, 0),
+            None => (Ran::default(), Ran::default()),
         };
         Cpu {
-            guest: run_ns(std::process::id()),
+            guest: run_of(std::process::id()),
             daemon: d,
             workers: w,
         }
@@ -279,10 +324,11 @@ pub fn decode_clip(
     runs.sort_by(|a, b| a.fps.total_cmp(&b.fps));
     natives.sort_by(|a, b| a.0.total_cmp(&b.0));
     let run = runs.swap_remove(runs.len() / 2);
-    let (native_fps, native_cpu) = natives[natives.len() / 2];
+    let (native_fps, native_cpu, native_slices) = natives[natives.len() / 2];
     let mut stages = run.stages;
     stages.native_decode = 1e6 / native_fps.max(1e-9);
     stages.native_cpu = native_cpu;
+    stages.switches.native = native_slices;
     stages.ring_us = percentile(&ring, 50.0);
     Ok(DecodeNumbers {
         clip: clip.to_string(),
@@ -406,11 +452,13 @@ impl Player<'_> {
         let per = |ns: u64| ns as f64 / 1e3 / n;
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let frame_bytes = conn.region(frame).map_or(1, |r| r.size).max(1) as f64;
-        let (worker, daemon_ns, guest) = (
-            per(cpu1.workers.saturating_sub(cpu0.workers)),
-            per(cpu1.daemon.saturating_sub(cpu0.daemon)),
-            per(cpu1.guest.saturating_sub(cpu0.guest)),
+        let (w, d, g) = (
+            cpu1.workers.since(cpu0.workers),
+            cpu1.daemon.since(cpu0.daemon),
+            cpu1.guest.since(cpu0.guest),
         );
+        let (worker, daemon_ns, guest) = (per(w.ns), per(d.ns), per(g.ns));
+        let slices = |r: Ran| r.slices as f64 / n;
         Ok(Run {
             frames: decoded,
             fps: decoded as f64 / elapsed.as_secs_f64(),
@@ -422,6 +470,12 @@ impl Player<'_> {
                 cores,
                 cpu_floor: (worker + daemon_ns + guest) / cores as f64,
                 frame_copies: copied1.saturating_sub(copied0) as f64 / frame_bytes / n,
+                switches: Switches {
+                    worker: slices(w),
+                    daemon: slices(d),
+                    guest: slices(g),
+                    native: 0.0,
+                },
                 ..Stages::default()
             },
         })
@@ -430,27 +484,46 @@ impl Player<'_> {
 
 /// libavcodec alone on `units`, as a worker runs it (one H.264 decoder with the daemon's
 /// default threads, pictures left in its buffers), flushed at the end (which resets it for
-/// the next pass): frames per second, and the CPU microseconds per frame its threads ran.
+/// the next pass): frames per second, the CPU microseconds per frame its threads ran and
+/// their timeslices per frame.
 fn native_decode<U: AsRef<[u8]>>(
     d: &mut FfmpegDecoder,
     units: &[U],
-) -> Result<(f64, f64), CliError> {
+) -> Result<(f64, f64, f64), CliError> {
     let media = |e: virtsoc_media::MediaError| CliError::Usage(format!("native decode: {e}"));
     let me = std::process::id();
-    let (cpu0, t0) = (run_ns(me), Instant::now());
+    let (cpu0, t0) = (run_of(me), Instant::now());
     let mut n = 0;
     for (i, u) in units.iter().enumerate() {
         n += d.decode(u.as_ref(), i as i64).map_err(media)?.len();
     }
     n += d.flush().map_err(media)?.len();
     let fps = n as f64 / t0.elapsed().as_secs_f64();
-    let cpu = run_ns(me).saturating_sub(cpu0) as f64 / 1e3 / n.max(1) as f64;
-    Ok((fps, cpu))
+    let used = run_of(me).since(cpu0);
+    let n = n.max(1) as f64;
+    Ok((fps, used.ns as f64 / 1e3 / n, used.slices as f64 / n))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPU time and timeslices of a process's threads come from `schedstat`: this
+    /// process's grow as it spins and sleeps; a process that does not exist has none.
+    #[test]
+    fn a_process_s_run_time_and_timeslices_come_from_schedstat() {
+        let me = std::process::id();
+        let a = run_of(me);
+        assert!(a.ns > 0 && a.slices > 0, "{a:?}");
+        let t = Instant::now();
+        while run_of(me).since(a).ns < 2_000_000 {
+            assert!(t.elapsed().as_secs() < 10, "no CPU time counted");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert!(run_of(me).since(a).slices >= 1);
+        let none = run_of(u32::MAX);
+        assert_eq!((none.ns, none.slices), (0, 0));
+    }
 
     #[test]
     fn a_timed_pass_repeats_the_clip_to_last_a_second_within_bounds() {

@@ -344,4 +344,23 @@ pub fn print_table(b: &DeviceBench) {
             println!("{:<10} {:<5} {}", r.resolution, d.clip, rounds.join(" "));
         }
     }
+    println!(
+        "switches per frame (times a thread was put on a CPU, every thread, the kernel's \
+         schedstat): through the daemon (worker + daemon + guest), libavcodec alone"
+    );
+    for r in &b.sizes {
+        for d in &r.decode {
+            let w = &d.stages.switches;
+            println!(
+                "{:<10} {:<5} worker {:.1} + daemon {:.1} + guest {:.1} = {:.1}; alone {:.1}",
+                r.resolution,
+                d.clip,
+                w.worker,
+                w.daemon,
+                w.guest,
+                w.worker + w.daemon + w.guest,
+                w.native
+            );
+        }
+    }
 }
