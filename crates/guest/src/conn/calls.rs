@@ -7,6 +7,7 @@
 use super::*;
 use virtsoc_proto::counters::LEDGER_PAGE;
 use virtsoc_proto::ops::{self, CoreOp};
+use virtsoc_proto::wire::{ACCESS_BEGINS, ACCESS_COMPENSATES};
 
 impl Connection {
     /// Runs core request `op` (see [`virtsoc_proto::ops`]) on `device`, waits for it and
@@ -143,7 +144,15 @@ impl Connection {
         let len = bytes.len() as u64;
         let a = self.begin_access(id, DeviceId::CPU, offset, len, AccessMode::Write)?;
         if !self.link().shares_window() {
-            self.end_access_with(id, DeviceId::CPU, (offset, len), AccessMode::Write, bytes)?;
+            let write = AccessMode::Write;
+            self.end_access_with(
+                id,
+                DeviceId::CPU,
+                (offset, len),
+                write,
+                bytes,
+                ACCESS_COMPENSATES,
+            )?;
             return Ok(());
         }
         let ptr = a
@@ -180,19 +189,16 @@ impl Connection {
                 "range {offset}+{len} outside region {id} of {size} bytes"
             )));
         }
-        let end = ops::EndAccess {
-            id: u64::from(id),
-            offset,
-            len,
-            mode: AccessMode::Write,
-            flags: virtsoc_proto::wire::ACCESS_BEGINS,
-        };
         let Some(base) = self.cpu_offsets.lock().get(&id).copied() else {
             return self.write_accessed(id, offset, bytes, false);
         };
+        let posted = |payload: &[u8]| {
+            let (range, write) = ((offset, len), AccessMode::Write);
+            self.end_access_with(id, DeviceId::CPU, range, write, payload, ACCESS_BEGINS)
+                .map(|_| ())
+        };
         if !self.link().shares_window() {
-            self.submit_with(Opcode::EndAccess, DeviceId::CPU, end.encode(), true, bytes)?;
-            return Ok(());
+            return posted(bytes);
         }
         let window = self.window();
         let at = base.wrapping_add(offset);
@@ -204,8 +210,7 @@ impl Connection {
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), window.base_ptr().add(at), bytes.len())
         };
-        self.submit_with(Opcode::EndAccess, DeviceId::CPU, end.encode(), true, &[])?;
-        Ok(())
+        posted(&[])
     }
 
     /// Ends an access. When the host asks for compensation (prefetch protocol), blocks for it
@@ -269,14 +274,31 @@ impl Connection {
         } else {
             &[]
         };
-        if !wait {
-            let end = ops::EndAccess {
-                id: u64::from(id),
-                offset,
-                len,
-                mode,
-                flags: 0,
-            };
+        let flags = if wait { ACCESS_COMPENSATES } else { 0 };
+        self.end_access_with(id, device, (offset, len), mode, payload, flags)
+    }
+
+    /// Ends an access, the bytes of a remote CPU write being `payload`. With
+    /// `ACCESS_COMPENSATES` in `flags` the call waits for the completion and blocks for the
+    /// compensation it carries; without it the request is only queued (its failure kept for
+    /// `take_async_errors`) and the access returned is empty.
+    fn end_access_with(
+        &self,
+        id: RegionId,
+        device: DeviceId,
+        (offset, len): (u64, u64),
+        mode: AccessMode,
+        payload: &[u8],
+        flags: u64,
+    ) -> Result<Access> {
+        let end = ops::EndAccess {
+            id: u64::from(id),
+            offset,
+            len,
+            mode,
+            flags,
+        };
+        if flags & ACCESS_COMPENSATES == 0 {
             self.submit_with(Opcode::EndAccess, device, end.encode(), true, payload)?;
             return Ok(Access {
                 ptr: None,
@@ -286,26 +308,6 @@ impl Connection {
                 host_elapsed: Duration::ZERO,
             });
         }
-        self.end_access_with(id, device, (offset, len), mode, payload)
-    }
-
-    /// Ends an access, the bytes of a remote CPU write being `payload`.
-    fn end_access_with(
-        &self,
-        id: RegionId,
-        device: DeviceId,
-        (offset, len): (u64, u64),
-        mode: AccessMode,
-        payload: &[u8],
-    ) -> Result<Access> {
-        // This call waits for the completion and blocks for the compensation it carries.
-        let end = ops::EndAccess {
-            id: u64::from(id),
-            offset,
-            len,
-            mode,
-            flags: virtsoc_proto::wire::ACCESS_COMPENSATES,
-        };
         let seq = self.submit_with(Opcode::EndAccess, device, end.encode(), false, payload)?;
         let r = ops::EndAccess::reply(&self.finish(Opcode::EndAccess, seq)?);
         let compensation = Duration::from_nanos(r.compensation_ns).min(MAX_COMPENSATION);
