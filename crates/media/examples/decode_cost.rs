@@ -7,14 +7,17 @@
 //! - `shared`: libavcodec in this process writing into shared memfd buffers through the
 //!   `get_buffer2` a decoder worker installs ([`FfmpegDecoder::new_shared_buffers`]);
 //! - `worker`: a [`ProcessDecoder`] in a sandboxed worker of this program, packets
-//!   submitted up to [`MAX_IN_FLIGHT`] ahead as the codec device does, every picture
-//!   collected.
+//!   submitted up to `IN_FLIGHT` ahead ([`MAX_IN_FLIGHT`], as the codec device does, unless
+//!   given), every picture collected. The worker learns that a picture's buffer is free
+//!   with the next packet it reads, so the deeper the queue, the more buffers its decoder
+//!   writes in turn (with 2 threads at 1080p: 3 with 2 in flight, 5 with 4).
 //!
 //! Per pass: frames per second, CPU time per frame (this process, plus the worker's for
 //! `worker`) and context switches per frame (voluntary + involuntary, every thread); at the
 //! end each mode's median rate and its ratio to `inproc`.
 //!
-//! `cargo run --release -p virtsoc-media --example decode_cost -- CLIP.h264 [ROUNDS] [THREADS]`
+//! `cargo run --release -p virtsoc-media --example decode_cost -- CLIP.h264 [ROUNDS] [THREADS]
+//! [IN_FLIGHT]`
 //! (the example is also its own worker: `decode_cost --codec-worker`).
 
 use std::time::Instant;
@@ -70,12 +73,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn pass(
     dec: &mut dyn DecoderBackend,
     packets: &[&[u8]],
+    in_flight: usize,
 ) -> Result<(usize, f64), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let mut frames = 0;
     for (i, p) in packets.iter().enumerate() {
         frames += dec.submit(p, i as i64)?.len();
-        if dec.in_flight() >= MAX_IN_FLIGHT {
+        if dec.in_flight() >= in_flight {
             frames += dec.collect(true)?.len();
         }
     }
@@ -90,9 +94,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let clip = args
         .first()
-        .ok_or("usage: decode_cost CLIP.h264 [ROUNDS] [THREADS]")?;
+        .ok_or("usage: decode_cost CLIP.h264 [ROUNDS] [THREADS] [IN_FLIGHT]")?;
     let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
     let threads: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let in_flight: usize = args
+        .get(3)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(MAX_IN_FLIGHT)
+        .clamp(1, MAX_IN_FLIGHT);
     let mut demux = Demuxer::open(clip)?;
     let mut units = Vec::new();
     while let Some(p) = demux.read_packet()? {
@@ -119,11 +128,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("worker", &mut worker, true),
     ];
     for (_, d, _) in decs.iter_mut() {
-        pass(&mut **d, &packets)?;
+        pass(&mut **d, &packets, in_flight)?;
     }
     let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "{} frames a pass, {threads} threads; load {}",
+        "{} frames a pass, {threads} threads, {in_flight} in flight; load {}",
         packets.len(),
         load().trim()
     );
@@ -134,7 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (k, (name, d, in_worker)) in decs.iter_mut().enumerate() {
             let other = if *in_worker { wpid } else { 0 };
             let (c0, w0, s0, t0) = (cpu_ns(me), cpu_ns(other), switches(me), switches(other));
-            let (n, secs) = pass(&mut **d, &packets)?;
+            let (n, secs) = pass(&mut **d, &packets, in_flight)?;
             let (c1, w1, s1, t1) = (cpu_ns(me), cpu_ns(other), switches(me), switches(other));
             let per = |x: u64| x as f64 / n.max(1) as f64;
             line += &format!(

@@ -481,19 +481,20 @@ impl FfmpegDecoder {
     }
 }
 
-impl DecoderBackend for FfmpegDecoder {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn decode(&mut self, packet: &[u8], pts: i64) -> Result<Vec<DecodedFrame>> {
+impl FfmpegDecoder {
+    /// [`DecoderBackend::decode`] of a packet already in libavcodec's memory (a worker's
+    /// received message, [`crate::worker`]): no copy of its bytes.
+    pub(crate) fn decode_packet(
+        &mut self,
+        mut pkt: ff::Packet,
+        pts: i64,
+    ) -> Result<Vec<DecodedFrame>> {
         let mut out = std::mem::take(&mut self.pending);
-        if packet.is_empty() {
+        if pkt.size() == 0 {
             // An empty packet would mean end of stream to libavcodec; use flush() for that.
             return Ok(out);
         }
         let seq = self.seq + 1;
-        let mut pkt = ff::Packet::copy(packet);
         pkt.set_pts(Some(pts));
         // The sequence number as dts: frame threads stamp each picture with the dts of the
         // packet whose thread returned it (used at the end of a stream).
@@ -535,6 +536,16 @@ impl DecoderBackend for FfmpegDecoder {
                 Err(e)
             }
         }
+    }
+}
+
+impl DecoderBackend for FfmpegDecoder {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn decode(&mut self, packet: &[u8], pts: i64) -> Result<Vec<DecodedFrame>> {
+        self.decode_packet(ff::Packet::copy(packet), pts)
     }
 
     fn flush(&mut self) -> Result<Vec<DecodedFrame>> {

@@ -427,7 +427,7 @@ pub fn serve_isp() -> Result<()> {
 pub fn serve_isp_with(isp: &dyn IspBackend) -> Result<()> {
     let io = io_error("isp worker");
     let (mut src, mut dst): (Option<Buffer>, Option<Buffer>) = (None, None);
-    serve("isp worker", MAX_CALL, |mut m, sock| {
+    serve("isp worker", MAX_CALL, In::recv, |mut m, sock| {
         if m.u8()? != CONVERT {
             return Err(bad("unexpected call"));
         }

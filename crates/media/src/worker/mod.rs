@@ -195,6 +195,7 @@ impl Drop for WorkerProcess {
 pub(crate) fn serve(
     what: &str,
     max_call: usize,
+    receive: fn(&mut UnixStream, usize) -> std::io::Result<In>,
     mut handle: impl FnMut(In, &mut UnixStream) -> Result<()>,
 ) -> Result<()> {
     // SAFETY: the parent made this process's stdin one end of a socket pair; nothing else in
@@ -203,7 +204,7 @@ pub(crate) fn serve(
     crate::codec::init_ffmpeg();
     sandbox::enter()?;
     loop {
-        let m = match In::recv(&mut sock, max_call) {
+        let m = match receive(&mut sock, max_call) {
             Ok(m) => m,
             // The parent hung up: done.
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),

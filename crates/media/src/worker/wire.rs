@@ -3,7 +3,7 @@
 //! message's length prefix as `SCM_RIGHTS`. Every read is bounds-checked: the parent parses
 //! what a possibly compromised worker sent.
 
-use std::io::{IoSlice, IoSliceMut, Read};
+use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -12,6 +12,9 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
+
+use ff::packet::Mut as _;
+use ffmpeg_next as ff;
 
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, PixelFormat};
@@ -149,18 +152,90 @@ pub(crate) fn bad(what: &str) -> MediaError {
     MediaError::Decode(format!("worker: malformed message ({what})"))
 }
 
+/// Where a received message's bytes are.
+enum Storage {
+    Bytes(Vec<u8>),
+    /// In a packet's buffer of libavcodec (zeroed padding after the message), so that the
+    /// message's tail can go to a decoder without a copy ([`In::packet_tail`]).
+    Packet(ff::Packet),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Bytes(v) => v,
+            Storage::Packet(p) => p.data().unwrap_or_default(),
+        }
+    }
+}
+
 /// Reader of one received message; every read is bounds-checked.
 pub(crate) struct In {
-    buf: Vec<u8>,
+    buf: Storage,
     at: usize,
     /// Descriptors that came with the message, in order.
     pub(crate) fds: Vec<OwnedFd>,
+}
+
+/// Fills `buf` from the socket, as `read_exact` does, without initialising it first.
+fn read_uninit(sock: &UnixStream, mut buf: &mut [MaybeUninit<u8>]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        let n = match rustix::io::read(sock, &mut *buf) {
+            Ok((filled, _)) => filled.len(),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf = &mut std::mem::take(&mut buf)[n..];
+    }
+    Ok(())
 }
 
 impl In {
     /// Receives one message of at most `max` bytes, with the descriptors that came with its
     /// length prefix (at most [`MAX_FDS`]; a message that brought more is refused).
     pub(crate) fn recv(sock: &mut UnixStream, max: usize) -> std::io::Result<In> {
+        let (len, fds) = Self::prefix(sock, max)?;
+        let mut buf = Vec::with_capacity(len);
+        read_uninit(sock, &mut buf.spare_capacity_mut()[..len])?;
+        // SAFETY: `read_uninit` initialised the first `len` bytes.
+        unsafe { buf.set_len(len) };
+        Ok(In {
+            buf: Storage::Bytes(buf),
+            at: 0,
+            fds,
+        })
+    }
+
+    /// [`recv`](Self::recv) into a libavcodec packet's buffer: a decoder worker's calls,
+    /// whose packet (the message's tail) then goes to libavcodec as it came
+    /// ([`packet_tail`](Self::packet_tail)) - no copy of it in the worker but the socket's.
+    pub(crate) fn recv_packet(sock: &mut UnixStream, max: usize) -> std::io::Result<In> {
+        let (len, fds) = Self::prefix(sock, max)?;
+        let mut packet = ff::Packet::new(len);
+        if packet.data().is_none() {
+            return Err(std::io::Error::other(format!("no memory for {len} bytes")));
+        }
+        if len > 0 {
+            // SAFETY: `av_new_packet` allocated `len` bytes (and zeroed padding after them)
+            // at `data`; they are only written here, then read once initialised.
+            let data = unsafe {
+                let p = packet.as_mut_ptr();
+                std::slice::from_raw_parts_mut((*p).data.cast::<MaybeUninit<u8>>(), len)
+            };
+            read_uninit(sock, data)?;
+        }
+        Ok(In {
+            buf: Storage::Packet(packet),
+            at: 0,
+            fds,
+        })
+    }
+
+    /// A message's length prefix and the descriptors that came with it.
+    fn prefix(sock: &mut UnixStream, max: usize) -> std::io::Result<(usize, Vec<OwnedFd>)> {
         let mut len = [0u8; 8];
         let mut got = 0;
         let mut fds = Vec::new();
@@ -196,25 +271,50 @@ impl In {
         if len > max as u64 {
             return Err(std::io::Error::other(format!("message of {len} bytes")));
         }
-        let mut buf = vec![0u8; len as usize];
-        sock.read_exact(&mut buf)?;
-        Ok(In { buf, at: 0, fds })
+        Ok((len as usize, fds))
+    }
+
+    /// The rest of the message as [`bytes`](Self::bytes) wrote it (its length, then
+    /// exactly the bytes left) as a libavcodec packet: the message's own buffer when it was
+    /// received into one ([`recv_packet`](Self::recv_packet)), else a copy.
+    pub(crate) fn packet_tail(&mut self) -> Result<ff::Packet> {
+        let n = self.u32()? as usize;
+        if n != self.remaining() {
+            return Err(bad("packet not at the end"));
+        }
+        let at = self.at;
+        self.at += n;
+        match std::mem::replace(&mut self.buf, Storage::Bytes(Vec::new())) {
+            Storage::Packet(mut p) => {
+                // SAFETY: the packet's data stays in its own reference-counted buffer, from
+                // `at` to its end (`at + n` is the message's length), and the padding
+                // libavcodec reads past a packet's end follows the message's end.
+                unsafe {
+                    let raw = p.as_mut_ptr();
+                    (*raw).data = (*raw).data.add(at);
+                    (*raw).size = n as i32;
+                }
+                Ok(p)
+            }
+            Storage::Bytes(v) => Ok(ff::Packet::copy(&v[at..at + n])),
+        }
     }
     /// A message already received, without descriptors.
     pub(crate) fn from_bytes(buf: Vec<u8>) -> In {
         In {
-            buf,
+            buf: Storage::Bytes(buf),
             at: 0,
             fds: Vec::new(),
         }
     }
     /// Bytes not read yet.
     pub(crate) fn remaining(&self) -> usize {
-        self.buf.len().saturating_sub(self.at)
+        self.buf.bytes().len().saturating_sub(self.at)
     }
     fn take(&mut self, n: usize) -> Result<&[u8]> {
         let s = self
             .buf
+            .bytes()
             .get(self.at..self.at.saturating_add(n))
             .ok_or_else(|| bad("short"))?;
         self.at += n;
@@ -320,6 +420,58 @@ mod tests {
         assert_eq!([m.u8().unwrap(), m.u8().unwrap(), m.u8().unwrap()], head);
         assert!(m.take(big.len()).unwrap().iter().all(|b| *b == 7));
         assert!(readable(&a), "the other end hung up");
+    }
+
+    /// A decoder worker's call received into a libavcodec packet: its tail goes to the
+    /// decoder as it came (the same bytes, libavcodec's zeroed padding after them); a tail
+    /// that is not the whole rest of the message is refused.
+    #[test]
+    fn a_packet_at_a_message_s_end_is_handed_over_in_place() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let packet: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let mut m = Out::default();
+        m.u8(3).u64(42).bytes(&packet);
+        m.send(&mut a, &[]).unwrap();
+        let mut got = In::recv_packet(&mut b, 1 << 20).unwrap();
+        assert_eq!((got.u8().unwrap(), got.u64().unwrap()), (3, 42));
+        let base = got.buf.bytes().as_ptr();
+        let p = got.packet_tail().unwrap();
+        let data = p.data().unwrap();
+        assert_eq!(data, &packet[..]);
+        assert_eq!(data.as_ptr(), base.wrapping_add(1 + 8 + 4), "copied");
+        // SAFETY: av_new_packet allocated AV_INPUT_BUFFER_PADDING_SIZE bytes after the
+        // message, which ends where the packet does.
+        let padding = unsafe {
+            std::slice::from_raw_parts(
+                data.as_ptr().add(data.len()),
+                ff::ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize,
+            )
+        };
+        assert!(padding.iter().all(|b| *b == 0));
+        assert!(got.u8().is_err(), "read past the packet");
+
+        // Something after the packet: not a tail.
+        let mut m = Out::default();
+        m.bytes(&packet).u8(9);
+        m.send(&mut a, &[]).unwrap();
+        assert!(In::recv_packet(&mut b, 1 << 20)
+            .unwrap()
+            .packet_tail()
+            .is_err());
+        // A message received plainly hands over a copy.
+        let mut m = Out::default();
+        m.bytes(b"abc");
+        m.send(&mut a, &[]).unwrap();
+        let p = In::recv(&mut b, 64).unwrap().packet_tail().unwrap();
+        assert_eq!(p.data().unwrap(), b"abc");
+        // The peer hung up mid-message: an error, not a short packet.
+        let mut m = Out::default();
+        m.bytes(&packet);
+        let len = (m.0.len() as u64).to_le_bytes();
+        std::io::Write::write_all(&mut a, &len).unwrap();
+        std::io::Write::write_all(&mut a, &m.0[..1000]).unwrap();
+        drop(a);
+        assert!(In::recv_packet(&mut b, 1 << 20).is_err());
     }
 
     #[test]

@@ -478,73 +478,77 @@ pub fn serve_decoder() -> Result<()> {
     let slots = SharedSlots::default();
     let mut encoder = encode::Served::default();
     let max_call = MAX_PACKET + 64 + 4 * (shared::MAX_SLOTS + 2);
-    serve("decoder worker", max_call, |mut m, sock| {
-        let mut a = Out::default();
-        let call = m.u8()?;
-        if encode::is_encoder_call(call) {
-            encoder.answer(call, &mut m, &mut a)?;
-            return a.send(sock, &[]).map_err(&io);
-        }
-        if call != OPEN {
-            let n = m.u32()?.min(shared::MAX_SLOTS as u32 + 1);
-            let released: Vec<u32> = (0..n).map(|_| m.u32()).collect::<Result<_>>()?;
-            shared::lock(&slots).release(&released);
-        }
-        let pictures = match (call, dec.as_mut()) {
-            (OPEN, None) => {
-                let kind = *CodecKind::ALL
-                    .get(m.u8()? as usize)
-                    .ok_or_else(|| bad("codec"))?;
-                let out = format_of(m.u8()?).ok_or_else(|| bad("format"))?;
-                let threads = m.u32()? as usize;
-                match FfmpegDecoder::new_into(kind, out, threads, slots.clone()) {
-                    Ok(mut d) => {
-                        d.hold_pictures(true);
-                        a.u8(0).text(d.name());
-                        dec = Some(d);
-                    }
-                    Err(e) => {
-                        a.u8(1).text(&e.to_string());
-                    }
-                }
+    serve(
+        "decoder worker",
+        max_call,
+        In::recv_packet,
+        |mut m, sock| {
+            let mut a = Out::default();
+            let call = m.u8()?;
+            if encode::is_encoder_call(call) {
+                encoder.answer(call, &mut m, &mut a)?;
                 return a.send(sock, &[]).map_err(&io);
             }
-            (DECODE, Some(d)) => {
-                let pts = m.u64()? as i64;
-                let packet = m.bytes()?;
-                let r = d.decode(packet, pts);
-                placed(&slots, r)
+            if call != OPEN {
+                let n = m.u32()?.min(shared::MAX_SLOTS as u32 + 1);
+                let released: Vec<u32> = (0..n).map(|_| m.u32()).collect::<Result<_>>()?;
+                shared::lock(&slots).release(&released);
             }
-            (FLUSH, Some(d)) => {
-                let r = d.flush();
-                placed(&slots, r)
-            }
-            _ => return Err(bad("unexpected call")),
-        };
-        let failures = dec.as_mut().map(|d| d.take_failures()).unwrap_or_default();
-        let mut body = Out::default();
-        answer(&mut body, &pictures, failures);
-        // The buffers' news after the pictures were placed (libavcodec made them while
-        // decoding); the pictures' references to libavcodec's buffers go after the lock (a
-        // last reference going locks the buffers too).
-        let sent = {
-            let mut held = shared::lock(&slots);
-            let (dropped, new) = held.take_news();
-            a.u32(dropped.len() as u32);
-            for id in dropped {
-                a.u32(id);
-            }
-            a.u32(new.len() as u32);
-            for (id, _) in &new {
-                a.u32(*id);
-            }
-            a.0.extend_from_slice(&body.0);
-            let fds: Vec<_> = new.iter().map(|(_, fd)| fd.as_fd()).collect();
-            a.send(sock, &fds).map_err(&io)
-        };
-        drop(pictures);
-        sent
-    })
+            let pictures = match (call, dec.as_mut()) {
+                (OPEN, None) => {
+                    let kind = *CodecKind::ALL
+                        .get(m.u8()? as usize)
+                        .ok_or_else(|| bad("codec"))?;
+                    let out = format_of(m.u8()?).ok_or_else(|| bad("format"))?;
+                    let threads = m.u32()? as usize;
+                    match FfmpegDecoder::new_into(kind, out, threads, slots.clone()) {
+                        Ok(mut d) => {
+                            d.hold_pictures(true);
+                            a.u8(0).text(d.name());
+                            dec = Some(d);
+                        }
+                        Err(e) => {
+                            a.u8(1).text(&e.to_string());
+                        }
+                    }
+                    return a.send(sock, &[]).map_err(&io);
+                }
+                (DECODE, Some(d)) => {
+                    let pts = m.u64()? as i64;
+                    let r = d.decode_packet(m.packet_tail()?, pts);
+                    placed(&slots, r)
+                }
+                (FLUSH, Some(d)) => {
+                    let r = d.flush();
+                    placed(&slots, r)
+                }
+                _ => return Err(bad("unexpected call")),
+            };
+            let failures = dec.as_mut().map(|d| d.take_failures()).unwrap_or_default();
+            let mut body = Out::default();
+            answer(&mut body, &pictures, failures);
+            // The buffers' news after the pictures were placed (libavcodec made them while
+            // decoding); the pictures' references to libavcodec's buffers go after the lock (a
+            // last reference going locks the buffers too).
+            let sent = {
+                let mut held = shared::lock(&slots);
+                let (dropped, new) = held.take_news();
+                a.u32(dropped.len() as u32);
+                for id in dropped {
+                    a.u32(id);
+                }
+                a.u32(new.len() as u32);
+                for (id, _) in &new {
+                    a.u32(*id);
+                }
+                a.0.extend_from_slice(&body.0);
+                let fds: Vec<_> = new.iter().map(|(_, fd)| fd.as_fd()).collect();
+                a.send(sock, &fds).map_err(&io)
+            };
+            drop(pictures);
+            sent
+        },
+    )
 }
 
 /// A decoded picture with where the worker put it.
