@@ -16,12 +16,19 @@
 //! the picture it carries (a worker that shrank a buffer could otherwise make the parent
 //! fault on reading it). A picture holds its buffer ([`SharedPicture`]) until the parent is
 //! done with it (a picture lent as a region's replica holds it as long as the region does);
-//! the buffer's number is then handed back with the parent's next call and the worker may
-//! write into it again. What the parent reads is only pixels: a worker that
-//! writes into a buffer the parent is reading garbles that picture, nothing else.
+//! the parent then counts the picture done on its [`ReleasePage`] (a page it made and the
+//! worker maps read-only, a counter per buffer) and the worker may write into the buffer
+//! again: it sees the count the next time it looks for a free buffer, not with the parent's
+//! next call, which waits behind the packets already queued to it (with 4 in flight its
+//! decoder wrote 5 buffers in turn instead of 3, and libavcodec took about 7% more CPU per
+//! 1080p picture: `docs/results.md`, stop 48). Without a page (a parent that sent none) the
+//! numbers of the buffers it is done with go with its next call. What the parent reads is
+//! only pixels: a worker that writes into a buffer the parent is reading garbles that
+//! picture, nothing else; the worker reads nothing of the parent's but the page's counts.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -35,6 +42,61 @@ use virtsoc_sync::LockExt;
 /// Most picture buffers one worker may share (its decoder's queue, frame threads and
 /// reordering need far fewer).
 pub(crate) const MAX_SLOTS: usize = 48;
+
+/// Counters on a [`ReleasePage`]: one per buffer a worker may have at once, with room.
+pub(crate) const CELLS: u32 = 64;
+const _: () = assert!(CELLS as usize >= MAX_SLOTS);
+
+/// Where the parent counts the pictures it is done with, one counter per cell (each live
+/// buffer of the worker has a cell of its own, named when the buffer was introduced): made
+/// and written by the parent, mapped read-only by the worker.
+pub(crate) struct ReleasePage(Buffer);
+
+impl ReleasePage {
+    const BYTES: usize = CELLS as usize * 4;
+
+    /// The parent's page, every count at 0.
+    pub(crate) fn new() -> Result<ReleasePage> {
+        Ok(ReleasePage(Buffer::new(Self::BYTES)?))
+    }
+
+    /// The worker's mapping of the page its parent sent (read-only).
+    pub(crate) fn open(fd: OwnedFd) -> Result<ReleasePage> {
+        let b = Buffer::open(fd, Self::BYTES, false)?;
+        if b.len() != Self::BYTES {
+            return Err(bad("release page size"));
+        }
+        Ok(ReleasePage(b))
+    }
+
+    /// Its descriptor, to send.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.0.fd()
+    }
+
+    fn cell(&self, cell: u32) -> Option<&AtomicU32> {
+        if cell >= CELLS {
+            return None;
+        }
+        // SAFETY: the mapping is page-aligned and `BYTES` long (checked when opened), so
+        // the word of cell `cell < CELLS` lies within it, aligned; both processes access it
+        // only atomically, and it stays mapped as long as `self`.
+        Some(unsafe { &*self.0.map.ptr.add(cell as usize * 4).cast::<AtomicU32>() })
+    }
+
+    /// The pictures counted done in `cell` so far (wrapping).
+    fn count(&self, cell: u32) -> u32 {
+        self.cell(cell).map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// The parent is done with one more picture in the buffer of `cell` (after its last
+    /// read of it).
+    fn release(&self, cell: u32) {
+        if let Some(c) = self.cell(cell) {
+            c.fetch_add(1, Ordering::Release);
+        }
+    }
+}
 
 /// A memory mapping of a whole file, unmapped on drop.
 struct Mapping {
@@ -170,16 +232,21 @@ pub struct SharedPicture {
     _lease: Arc<Lease>,
 }
 
-/// The parent's hold on a buffer: hands its number back when the last picture using it is
-/// dropped.
+/// The parent's hold on a buffer: counts the picture done on the release page (else hands
+/// the buffer's number back for the next call) when the last picture using it is dropped.
 struct Lease {
     id: u32,
+    cell: u32,
+    page: Option<Arc<ReleasePage>>,
     released: Arc<Mutex<Vec<u32>>>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.released.lock_or_recover().push(self.id);
+        match &self.page {
+            Some(page) => page.release(self.cell),
+            None => self.released.lock_or_recover().push(self.id),
+        }
     }
 }
 
@@ -211,7 +278,10 @@ impl SharedPicture {
 /// The parent's side: the worker's buffers it has mapped, and the numbers of those it is
 /// done with.
 pub(crate) struct Mapped {
-    slots: HashMap<u32, Arc<Mapping>>,
+    /// Each buffer's mapping and release cell, by number.
+    slots: HashMap<u32, (Arc<Mapping>, u32)>,
+    /// Where pictures are counted done (none: their numbers go with the next call).
+    page: Option<Arc<ReleasePage>>,
     released: Arc<Mutex<Vec<u32>>>,
     /// Largest buffer accepted.
     max_len: usize,
@@ -222,18 +292,28 @@ impl Mapped {
     pub(crate) fn new(max_len: usize) -> Mapped {
         Mapped {
             slots: HashMap::new(),
+            page: None,
             released: Arc::default(),
             max_len,
         }
     }
 
-    /// Maps a buffer the worker introduced as `id`, after checking it.
-    pub(crate) fn add(&mut self, id: u32, fd: OwnedFd) -> Result<()> {
-        if self.slots.len() >= MAX_SLOTS || self.slots.contains_key(&id) {
+    /// [`new`](Self::new), counting pictures done on `page` (which the worker maps).
+    pub(crate) fn with_page(max_len: usize, page: Arc<ReleasePage>) -> Mapped {
+        Mapped {
+            page: Some(page),
+            ..Mapped::new(max_len)
+        }
+    }
+
+    /// Maps a buffer the worker introduced as `id` with release cell `cell`, after checking
+    /// it. (A worker naming one cell for two buffers only confuses its own reuse of them.)
+    pub(crate) fn add(&mut self, id: u32, fd: OwnedFd, cell: u32) -> Result<()> {
+        if self.slots.len() >= MAX_SLOTS || self.slots.contains_key(&id) || cell >= CELLS {
             return Err(bad("picture buffer"));
         }
         let map = map_sealed(fd.as_fd(), self.max_len, false)?;
-        self.slots.insert(id, Arc::new(map));
+        self.slots.insert(id, (Arc::new(map), cell));
         Ok(())
     }
 
@@ -250,12 +330,12 @@ impl Mapped {
 
     /// The inodes of the buffers this side has mapped, for tests.
     pub(crate) fn inodes(&self) -> Vec<u64> {
-        self.slots.values().map(|m| m.inode).collect()
+        self.slots.values().map(|(m, _)| m.inode).collect()
     }
 
     /// A picture in buffer `id`.
     pub(crate) fn picture(&self, id: u32) -> Result<SharedPicture> {
-        let map = self
+        let (map, cell) = self
             .slots
             .get(&id)
             .ok_or_else(|| bad("unknown picture buffer"))?;
@@ -263,12 +343,14 @@ impl Mapped {
             map: map.clone(),
             _lease: Arc::new(Lease {
                 id,
+                cell: *cell,
+                page: self.page.clone(),
                 released: self.released.clone(),
             }),
         })
     }
 
-    /// The buffers the parent is done with since the last call.
+    /// The buffers the parent is done with since the last call (none with a page).
     pub(crate) fn take_released(&self) -> Vec<u32> {
         std::mem::take(&mut *self.released.lock_or_recover())
     }
@@ -280,16 +362,26 @@ struct Slot {
     buf: Buffer,
     /// libavcodec holds it (a picture being decoded into it, or a reference picture).
     codec: bool,
-    /// Pictures in it the parent holds (one per answer that named it, until handed back).
+    /// Pictures in it handed to the parent (one per answer that named it), less those
+    /// handed back by number (wrapping).
     held: u32,
+    /// Its cell on the release page, and the cell's count when the buffer was made.
+    cell: u32,
+    base: u32,
     /// Its descriptor has been sent to the parent.
     sent: bool,
 }
 
 impl Slot {
+    /// Pictures in it the parent has not counted done or handed back yet.
+    fn outstanding(&self, page: Option<&ReleasePage>) -> u32 {
+        let counted = page.map_or(0, |p| p.count(self.cell).wrapping_sub(self.base));
+        self.held.wrapping_sub(counted)
+    }
+
     /// Nobody reads or writes it: the worker may write a new picture into it.
-    fn free(&self) -> bool {
-        !self.codec && self.held == 0
+    fn free(&self, page: Option<&ReleasePage>) -> bool {
+        !self.codec && self.outstanding(page) == 0
     }
 }
 
@@ -310,6 +402,8 @@ pub(crate) struct Slots {
     next_id: u32,
     /// Buffers dropped since the last answer (the parent forgets them).
     dropped: Vec<u32>,
+    /// Where the parent counts pictures done, once it sent one.
+    page: Option<Arc<ReleasePage>>,
 }
 
 /// Where the worker put a picture.
@@ -324,12 +418,23 @@ pub(crate) enum Placed {
 }
 
 impl Slots {
+    /// From now on the parent counts the pictures it is done with on `page`.
+    pub(crate) fn use_page(&mut self, page: Arc<ReleasePage>) {
+        for s in &mut self.slots {
+            s.base = page.count(s.cell);
+        }
+        self.page = Some(page);
+    }
+
     /// The parent is done with one picture in each of these buffers (a number twice: two
-    /// pictures; unknown numbers are ignored).
+    /// pictures; unknown numbers, and more than a buffer was handed, are ignored).
     pub(crate) fn release(&mut self, ids: &[u32]) {
+        let page = self.page.clone();
         for id in ids {
             if let Some(s) = self.slots.iter_mut().find(|s| s.id == *id) {
-                s.held = s.held.saturating_sub(1);
+                if s.outstanding(page.as_deref()) != 0 {
+                    s.held = s.held.wrapping_sub(1);
+                }
             }
         }
     }
@@ -337,17 +442,19 @@ impl Slots {
     /// A free buffer of exactly `size` bytes: one there is, else a new one (free buffers of
     /// other sizes are dropped first); `None` when [`MAX_SLOTS`] are in use.
     fn free_slot(&mut self, size: usize) -> Result<Option<usize>> {
+        let page = self.page.clone();
+        let page = page.as_deref();
         if let Some(i) = self
             .slots
             .iter()
-            .position(|s| s.free() && s.buf.len() == size)
+            .position(|s| s.free(page) && s.buf.len() == size)
         {
             return Ok(Some(i));
         }
         let stale: Vec<u32> = self
             .slots
             .iter()
-            .filter(|s| s.free() && s.buf.len() != size)
+            .filter(|s| s.free(page) && s.buf.len() != size)
             .map(|s| s.id)
             .collect();
         self.slots.retain(|s| !stale.contains(&s.id));
@@ -355,11 +462,17 @@ impl Slots {
         if self.slots.len() >= MAX_SLOTS {
             return Ok(None);
         }
+        // A cell no live buffer has (there are more cells than buffers).
+        let cell = (0..CELLS)
+            .find(|c| self.slots.iter().all(|s| s.cell != *c))
+            .ok_or_else(|| bad("no release cell"))?;
         self.slots.push(Slot {
             id: self.next_id,
             buf: Buffer::new(size)?,
             codec: false,
             held: 0,
+            cell,
+            base: page.map_or(0, |p| p.count(cell)),
             sent: false,
         });
         self.next_id += 1;
@@ -392,7 +505,7 @@ impl Slots {
             let base = s.buf.map.ptr as usize;
             (base..base + s.buf.len()).contains(&(at as usize))
         })?;
-        s.held += 1;
+        s.held = s.held.wrapping_add(1);
         Some((s.id, s.buf.map.ptr.cast_const(), s.buf.len()))
     }
 
@@ -409,13 +522,13 @@ impl Slots {
         let s = &mut self.slots[i];
         // The parent does not read a buffer while it is free.
         fill(FrameMut::new(layout, s.buf.bytes_mut())?)?;
-        s.held += 1;
+        s.held = s.held.wrapping_add(1);
         Ok(Placed::Slot(s.id))
     }
 
-    /// Buffers dropped since the last call, and those not yet sent with the descriptors to
-    /// send now (marked sent).
-    pub(crate) fn take_news(&mut self) -> (Vec<u32>, Vec<(u32, BorrowedFd<'_>)>) {
+    /// Buffers dropped since the last call, and those not yet sent with their release
+    /// cells and the descriptors to send now (marked sent).
+    pub(crate) fn take_news(&mut self) -> (Vec<u32>, Vec<(u32, u32, BorrowedFd<'_>)>) {
         let dropped = std::mem::take(&mut self.dropped);
         let new = self
             .slots
@@ -423,7 +536,7 @@ impl Slots {
             .filter(|s| !s.sent)
             .map(|s| {
                 s.sent = true;
-                (s.id, s.buf.fd())
+                (s.id, s.cell, s.buf.fd())
             })
             .collect();
         (dropped, new)
@@ -456,7 +569,7 @@ mod tests {
         assert!(dropped.is_empty());
         assert_eq!(new.len(), 1);
         let mut parent = Mapped::new(1 << 20);
-        parent.add(new[0].0, dup(new[0].1)).unwrap();
+        parent.add(new[0].0, dup(new[0].2), new[0].1).unwrap();
         let p = parent.picture(id).unwrap();
         assert!(p.frame(layout).unwrap().data.iter().all(|b| *b == 9));
         // Held by the parent: the worker makes a second buffer for the next picture.
@@ -475,19 +588,70 @@ mod tests {
         assert_eq!(id3, id, "the released buffer is reused");
     }
 
+    /// With a release page the worker may write a buffer again the moment the parent drops
+    /// its last picture in it: nothing is sent back. Each live buffer has its own cell.
+    #[test]
+    fn a_buffer_comes_back_through_the_page_as_the_parent_drops_its_picture() {
+        let layout = FrameLayout::packed(PixelFormat::Nv12, 16, 8).unwrap();
+        let page = Arc::new(ReleasePage::new().unwrap());
+        let mut parent = Mapped::with_page(1 << 20, page.clone());
+        let mut worker = Slots::default();
+        worker.use_page(Arc::new(ReleasePage::open(dup(page.fd())).unwrap()));
+        let place = |w: &mut Slots| match w.place(layout, |_| Ok(())).unwrap() {
+            Placed::Slot(id) => id,
+            _ => panic!("placed inline"),
+        };
+        // Decoded into x and named twice (a picture shown again); then b, copied.
+        let (x, px) = worker.acquire(layout.size()).unwrap().unwrap();
+        worker.hold_at(px).unwrap();
+        worker.hold_at(px).unwrap();
+        worker.codec_done(x);
+        let b = place(&mut worker);
+        assert_ne!(x, b, "a held buffer was written again");
+        let (_, new) = worker.take_news();
+        assert_ne!(new[0].1, new[1].1, "two live buffers share a cell");
+        for (id, cell, fd) in &new {
+            parent.add(*id, dup(*fd), *cell).unwrap();
+        }
+        let (p1, p2) = (parent.picture(x).unwrap(), parent.picture(x).unwrap());
+        drop(p1);
+        let c = place(&mut worker);
+        assert!(c != x && c != b, "reused with a picture still held");
+        drop(p2);
+        assert!(parent.take_released().is_empty(), "sent back by number");
+        assert_eq!(
+            place(&mut worker),
+            x,
+            "not reused once its pictures were dropped"
+        );
+        // A number handed back (a parent without a page) frees a buffer too; a second one
+        // for the same picture is ignored, not kept for the buffer's next picture.
+        worker.release(&[b, b]);
+        assert_eq!(place(&mut worker), b);
+        assert_ne!(
+            place(&mut worker),
+            b,
+            "a surplus number freed a held buffer"
+        );
+    }
+
     #[test]
     fn the_parent_refuses_unsealed_short_and_repeated_buffers() {
         let mut parent = Mapped::new(1 << 20);
         let plain = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&plain, 4096).unwrap();
-        assert!(parent.add(1, plain).is_err(), "unsealed");
+        assert!(parent.add(1, plain, 0).is_err(), "unsealed");
         let mut worker = Slots::default();
         let layout = FrameLayout::packed(PixelFormat::Nv12, 16, 8).unwrap();
         worker.place(layout, |_| Ok(())).unwrap();
         let (_, new) = worker.take_news();
-        let (id, fd) = (new[0].0, new[0].1);
-        parent.add(id, dup(fd)).unwrap();
-        assert!(parent.add(id, dup(fd)).is_err(), "the same number twice");
+        let (id, cell, fd) = new[0];
+        assert!(parent.add(id, dup(fd), CELLS).is_err(), "no such cell");
+        parent.add(id, dup(fd), cell).unwrap();
+        assert!(
+            parent.add(id, dup(fd), cell).is_err(),
+            "the same number twice"
+        );
         let big = FrameLayout::packed(PixelFormat::Nv12, 32, 8).unwrap();
         assert!(
             parent.picture(id).unwrap().frame(big).is_err(),

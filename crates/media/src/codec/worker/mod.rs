@@ -16,7 +16,7 @@ mod encode;
 mod planes;
 
 use std::collections::VecDeque;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 pub use crate::worker::sandbox;
@@ -32,7 +32,7 @@ pub type DecoderPool = WorkerPool;
 use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, HeldPicture, PacketError};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, PixelFormat};
-use crate::worker::shared::{self, Mapped, Placed, SharedSlots};
+use crate::worker::shared::{self, Mapped, Placed, ReleasePage, SharedSlots};
 use crate::worker::wire::{bad, In, Out, MAX_TEXT};
 use crate::worker::{io_error, serve, WorkerProcess};
 
@@ -146,11 +146,13 @@ impl ProcessDecoder {
             "reopen the decoder",
             MediaError::Decode,
         )?;
+        // Where this side counts the pictures it is done with; the worker maps it.
+        let page = Arc::new(ReleasePage::new()?);
         let mut d = ProcessDecoder {
             worker,
             layout: None,
             failures: Vec::new(),
-            mapped: Mapped::new(max_buffer_bytes()),
+            mapped: Mapped::with_page(max_buffer_bytes(), page.clone()),
             in_flight: VecDeque::new(),
             seq: 0,
             max_in_flight: if threads > 1 { MAX_IN_FLIGHT } else { 0 },
@@ -161,7 +163,7 @@ impl ProcessDecoder {
             .u8(codec_code(codec))
             .u8(format_code(out))
             .u32(threads.min(64) as u32);
-        let mut answer = d.call(&m)?;
+        let mut answer = d.call(&m, &[page.fd()])?;
         match answer.u8()? {
             0 => {
                 d.worker.name = format!("worker-{}", answer.text()?.trim_start_matches("ffmpeg-"));
@@ -176,10 +178,10 @@ impl ProcessDecoder {
         self.worker.pid()
     }
 
-    /// Sends `m` and returns the answer; on any failure the worker is ended and the decoder
-    /// is dead from then on.
-    fn call(&mut self, m: &Out) -> Result<In> {
-        let r = self.worker.call(m, &[], max_answer());
+    /// Sends `m` (with `fds`) and returns the answer; on any failure the worker is ended and
+    /// the decoder is dead from then on.
+    fn call(&mut self, m: &Out, fds: &[BorrowedFd<'_>]) -> Result<In> {
+        let r = self.worker.call(m, fds, max_answer());
         if r.is_err() {
             // The worker is gone: nothing of it stays mapped but the pictures still held.
             self.mapped.clear();
@@ -214,7 +216,7 @@ impl ProcessDecoder {
     /// Sends a flush call and reads its answer, checking every picture.
     fn flush_call(&mut self) -> Result<Vec<DecodedFrame>> {
         let m = self.call_head(FLUSH);
-        let mut a = self.call(&m)?;
+        let mut a = self.call(&m, &[])?;
         self.parse(&mut a).map_err(|e| self.end(&e.to_string()))?
     }
 
@@ -310,7 +312,8 @@ fn parse_answer(
     let fds = std::mem::take(&mut a.fds);
     for fd in fds {
         let id = a.u32()?;
-        mapped.add(id, fd)?;
+        let cell = a.u32()?;
+        mapped.add(id, fd, cell)?;
     }
     let own = match a.u8()? {
         0 => None,
@@ -496,6 +499,10 @@ pub fn serve_decoder() -> Result<()> {
             }
             let pictures = match (call, dec.as_mut()) {
                 (OPEN, None) => {
+                    // The page where the parent counts the pictures it is done with.
+                    if let Some(fd) = m.fds.pop() {
+                        shared::lock(&slots).use_page(Arc::new(ReleasePage::open(fd)?));
+                    }
                     let kind = *CodecKind::ALL
                         .get(m.u8()? as usize)
                         .ok_or_else(|| bad("codec"))?;
@@ -538,11 +545,11 @@ pub fn serve_decoder() -> Result<()> {
                     a.u32(id);
                 }
                 a.u32(new.len() as u32);
-                for (id, _) in &new {
-                    a.u32(*id);
+                for (id, cell, _) in &new {
+                    a.u32(*id).u32(*cell);
                 }
                 a.0.extend_from_slice(&body.0);
-                let fds: Vec<_> = new.iter().map(|(_, fd)| fd.as_fd()).collect();
+                let fds: Vec<_> = new.iter().map(|(_, _, fd)| fd.as_fd()).collect();
                 a.send(sock, &fds).map_err(&io)
             };
             drop(pictures);
