@@ -11,13 +11,15 @@
 //!   malformed ends the worker as if it had crashed. An answer that does not arrive within
 //!   [`CALL_DEADLINE`] ends it too (a hang). [`WorkerProcess`] is the parent's end.
 //! - **Pictures** ([`shared`]): sealed memfds mapped by both sides, so pictures do not
-//!   travel through the socket.
+//!   travel through the socket; a decoder's buffers come back to it through a page of
+//!   counters the parent writes ([`release`]).
 //! - **The sandbox** ([`sandbox`]): the worker drops root and enters a seccomp filter before
 //!   it reads its first message ([`serve`]).
 //! - **Start-up** ([`WorkerPool`]): workers are started ahead (a process start costs
 //!   milliseconds).
 
 mod pool;
+pub(crate) mod release;
 pub mod sandbox;
 pub(crate) mod shared;
 pub(crate) mod wire;

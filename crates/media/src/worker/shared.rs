@@ -28,12 +28,12 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+pub(crate) use super::release::{ReleasePage, CELLS};
 use super::wire::bad;
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, FrameMut, FrameRef};
@@ -42,61 +42,6 @@ use virtsoc_sync::LockExt;
 /// Most picture buffers one worker may share (its decoder's queue, frame threads and
 /// reordering need far fewer).
 pub(crate) const MAX_SLOTS: usize = 48;
-
-/// Counters on a [`ReleasePage`]: one per buffer a worker may have at once, with room.
-pub(crate) const CELLS: u32 = 64;
-const _: () = assert!(CELLS as usize >= MAX_SLOTS);
-
-/// Where the parent counts the pictures it is done with, one counter per cell (each live
-/// buffer of the worker has a cell of its own, named when the buffer was introduced): made
-/// and written by the parent, mapped read-only by the worker.
-pub(crate) struct ReleasePage(Buffer);
-
-impl ReleasePage {
-    const BYTES: usize = CELLS as usize * 4;
-
-    /// The parent's page, every count at 0.
-    pub(crate) fn new() -> Result<ReleasePage> {
-        Ok(ReleasePage(Buffer::new(Self::BYTES)?))
-    }
-
-    /// The worker's mapping of the page its parent sent (read-only).
-    pub(crate) fn open(fd: OwnedFd) -> Result<ReleasePage> {
-        let b = Buffer::open(fd, Self::BYTES, false)?;
-        if b.len() != Self::BYTES {
-            return Err(bad("release page size"));
-        }
-        Ok(ReleasePage(b))
-    }
-
-    /// Its descriptor, to send.
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        self.0.fd()
-    }
-
-    fn cell(&self, cell: u32) -> Option<&AtomicU32> {
-        if cell >= CELLS {
-            return None;
-        }
-        // SAFETY: the mapping is page-aligned and `BYTES` long (checked when opened), so
-        // the word of cell `cell < CELLS` lies within it, aligned; both processes access it
-        // only atomically, and it stays mapped as long as `self`.
-        Some(unsafe { &*self.0.map.ptr.add(cell as usize * 4).cast::<AtomicU32>() })
-    }
-
-    /// The pictures counted done in `cell` so far (wrapping).
-    fn count(&self, cell: u32) -> u32 {
-        self.cell(cell).map_or(0, |c| c.load(Ordering::Acquire))
-    }
-
-    /// The parent is done with one more picture in the buffer of `cell` (after its last
-    /// read of it).
-    fn release(&self, cell: u32) {
-        if let Some(c) = self.cell(cell) {
-            c.fetch_add(1, Ordering::Release);
-        }
-    }
-}
 
 /// A memory mapping of a whole file, unmapped on drop.
 struct Mapping {
@@ -188,6 +133,11 @@ impl Buffer {
     /// Its size in bytes.
     pub(crate) fn len(&self) -> usize {
         self.map.len
+    }
+
+    /// The first byte of its mapping (valid for `len` bytes as long as `self`).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.map.ptr
     }
 
     /// Its bytes. The other side may write them at any time: what is read is pixels only.
