@@ -280,9 +280,10 @@ fn a_worker_decodes_what_the_process_decodes() {
 
 /// Packets fed without waiting for their pictures (several in the worker at once) give
 /// the same pictures, in the same order, as packets decoded one call at a time; never more
-/// than `MAX_IN_FLIGHT` are in flight. The second clip is lossless noise: its packets are
-/// larger than the socket takes at once (about 200 KiB), so a packet's rest is sent after
-/// the answers due are read.
+/// than `MAX_IN_FLIGHT` are in flight. Each is fed through the packet ring and, again, in
+/// the calls themselves. The second clip is lossless noise: its packets are larger than
+/// the socket takes at once (about 200 KiB), so in a call a packet's rest is sent after the
+/// answers due are read.
 #[test]
 fn packets_in_flight_give_the_pictures_of_one_at_a_time() {
     let dir = TempDir::new("worker-in-flight");
@@ -321,23 +322,43 @@ fn packets_in_flight_give_the_pictures_of_one_at_a_time() {
 
 fn in_flight_matches_one_at_a_time(pkts: &[(Vec<u8>, i64)], n: usize) {
     let mut one = worker(2);
-    let mut piped = worker(2);
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut a = Vec::new();
     for (p, pts) in pkts {
         a.extend(one.decode(p, *pts).unwrap());
-        b.extend(piped.submit(p, *pts).unwrap());
-        assert!(piped.in_flight() <= virtsoc_media::MAX_IN_FLIGHT);
-    }
-    while piped.in_flight() > 0 {
-        b.extend(piped.collect(true).unwrap());
     }
     a.extend(one.flush().unwrap());
-    b.extend(piped.flush().unwrap());
     assert_eq!(a.len(), n);
     let a: Vec<_> = a.iter().map(seen).collect();
-    let b: Vec<_> = b.iter().map(seen).collect();
-    assert!(a == b, "the same pictures, in the same order");
-    assert!(piped.take_failures().is_empty());
+    for ring in [true, false] {
+        let mut piped = worker(2);
+        if !ring {
+            piped.packets_in_calls();
+        }
+        let (mut b, mut most) = (Vec::new(), 0);
+        for (p, pts) in pkts {
+            b.extend(piped.submit(p, *pts).unwrap());
+            assert!(piped.in_flight() <= virtsoc_media::MAX_IN_FLIGHT);
+            most = most.max(piped.packets_in_ring());
+        }
+        while piped.in_flight() > 0 {
+            b.extend(piped.collect(true).unwrap());
+        }
+        b.extend(piped.flush().unwrap());
+        let b: Vec<_> = b.iter().map(seen).collect();
+        assert!(
+            a == b,
+            "the same pictures, in the same order (ring: {ring})"
+        );
+        assert!(piped.take_failures().is_empty());
+        // Through the ring, libavcodec lets packets go as it decodes them: at the end no more
+        // are held than its frame threads keep.
+        assert_eq!(most > 0, ring, "packets in the ring: {most}");
+        assert!(
+            piped.packets_in_ring() <= 3,
+            "{} held",
+            piped.packets_in_ring()
+        );
+    }
 }
 
 #[test]

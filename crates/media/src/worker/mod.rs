@@ -12,7 +12,8 @@
 //!   [`CALL_DEADLINE`] ends it too (a hang). [`WorkerProcess`] is the parent's end.
 //! - **Pictures** ([`shared`]): sealed memfds mapped by both sides, so pictures do not
 //!   travel through the socket; a decoder's buffers come back to it through a page of
-//!   counters the parent writes ([`release`]).
+//!   counters the parent writes ([`release`]); a decoder's packets reach it through a ring
+//!   the parent writes ([`ring`]).
 //! - **The sandbox** ([`sandbox`]): the worker drops root and enters a seccomp filter before
 //!   it reads its first message ([`serve`]).
 //! - **Start-up** ([`WorkerPool`]): workers are started ahead (a process start costs
@@ -20,6 +21,7 @@
 
 mod pool;
 pub(crate) mod release;
+pub(crate) mod ring;
 pub mod sandbox;
 pub(crate) mod shared;
 pub(crate) mod wire;

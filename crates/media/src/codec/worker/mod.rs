@@ -8,9 +8,11 @@
 //! the parent ([`direct`], [`Slots`] / [`Mapped`]; other pictures are copied or converted
 //! into one), which maps it read-only: the parent copies it into the guest's region, or lends
 //! it as the region's contents where it lies ([`DecodedFrame::lend`]). Every picture in an
-//! answer must lie within its buffer. With frame threads several packets are in flight
-//! ([`MAX_IN_FLIGHT`]): see [`ProcessDecoder`].
+//! answer must lie within its buffer. Packets go to the worker through a packet ring
+//! ([`crate::worker::ring`]) where it has room, else in the call. With frame threads
+//! several packets are in flight ([`MAX_IN_FLIGHT`]): see [`ProcessDecoder`].
 
+mod answer;
 pub(crate) mod direct;
 mod encode;
 mod planes;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 pub use crate::worker::sandbox;
 pub(crate) use crate::worker::shared::SharedPicture;
 pub use crate::worker::{WorkerPool, CALL_DEADLINE, DEFAULT_SPARE};
+pub use answer::check_worker_answer;
 pub use encode::{check_encoder_answer, ProcessEncoder};
 pub(crate) use planes::{copy_planes, read_planes};
 
@@ -29,10 +32,11 @@ pub(crate) use planes::{copy_planes, read_planes};
 /// [`serve_decoder`]).
 pub type DecoderPool = WorkerPool;
 
-use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, HeldPicture, PacketError};
+use super::{CodecKind, DecodedFrame, DecoderBackend, FfmpegDecoder, PacketError};
 use crate::error::{MediaError, Result};
 use crate::frame::{FrameLayout, PixelFormat};
-use crate::worker::shared::{self, Mapped, Placed, ReleasePage, SharedSlots};
+use crate::worker::ring::{PacketRing, RingView};
+use crate::worker::shared::{self, Mapped, ReleasePage, SharedSlots};
 use crate::worker::wire::{bad, In, Out, MAX_TEXT};
 use crate::worker::{io_error, serve, WorkerProcess};
 
@@ -44,12 +48,8 @@ const MAX_PACKET: usize = 64 << 20;
 const OPEN: u8 = b'O';
 const DECODE: u8 = b'D';
 const FLUSH: u8 = b'F';
-
-/// How a picture travels in an answer.
-const INLINE: u8 = 0;
-const SHARED: u8 = 1;
-/// Where libavcodec decoded it: a shared buffer and its 4:2:0 planes.
-const PLANES: u8 = 2;
+/// A decode call whose packet lies in the [packet ring](crate::worker::ring).
+const RING: u8 = b'R';
 
 fn codec_code(k: CodecKind) -> u8 {
     CodecKind::ALL.iter().position(|c| *c == k).unwrap_or(0) as u8
@@ -113,6 +113,8 @@ pub struct ProcessDecoder {
     max_in_flight: usize,
     /// Pictures read from answers while making room for a packet, not handed out yet.
     early: Vec<DecodedFrame>,
+    /// Where packets go to the worker (`None`: each in its call).
+    ring: Option<PacketRing>,
 }
 
 impl ProcessDecoder {
@@ -148,6 +150,7 @@ impl ProcessDecoder {
         )?;
         // Where this side counts the pictures it is done with; the worker maps it.
         let page = Arc::new(ReleasePage::new()?);
+        let ring = PacketRing::new()?;
         let mut d = ProcessDecoder {
             worker,
             layout: None,
@@ -157,15 +160,17 @@ impl ProcessDecoder {
             seq: 0,
             max_in_flight: if threads > 1 { MAX_IN_FLIGHT } else { 0 },
             early: Vec::new(),
+            ring: None,
         };
         let mut m = Out::default();
         m.u8(OPEN)
             .u8(codec_code(codec))
             .u8(format_code(out))
             .u32(threads.min(64) as u32);
-        let mut answer = d.call(&m, &[page.fd()])?;
+        let mut answer = d.call(&m, &[page.fd(), ring.fd()])?;
         match answer.u8()? {
             0 => {
+                d.ring = Some(ring);
                 d.worker.name = format!("worker-{}", answer.text()?.trim_start_matches("ffmpeg-"));
                 Ok(d)
             }
@@ -202,6 +207,20 @@ impl ProcessDecoder {
         self.mapped.inodes()
     }
 
+    /// Packets in the packet ring that libavcodec has not let go of yet, as far as this side
+    /// knows (for tests).
+    #[doc(hidden)]
+    pub fn packets_in_ring(&self) -> usize {
+        self.ring.as_ref().map_or(0, PacketRing::held)
+    }
+
+    /// Sends every later packet in its call, not through the packet ring (for tests of
+    /// that path).
+    #[doc(hidden)]
+    pub fn packets_in_calls(&mut self) {
+        self.ring = None;
+    }
+
     /// The start of a decode or flush call: the picture buffers this side is done with.
     fn call_head(&mut self, call: u8) -> Out {
         let released = self.mapped.take_released();
@@ -228,13 +247,19 @@ impl ProcessDecoder {
         e
     }
 
-    /// Sends packet `packet` of `pts` to the worker without waiting for its answer (the
-    /// packet goes from the caller's slice into the socket, no copy in between).
+    /// Sends packet `packet` of `pts` to the worker without waiting for its answer: copied
+    /// into the packet ring, the call saying where; else in the call (from the caller's
+    /// slice into the socket, no copy in between).
     fn post(&mut self, packet: &[u8], pts: i64) -> Result<()> {
-        let mut m = self.call_head(DECODE);
-        m.u64(pts as u64).u32(packet.len() as u32);
-        let parts = [&m.0[..], packet];
-        let all = 8 + m.0.len() + packet.len();
+        let at = self.ring.as_mut().and_then(|r| r.put(packet));
+        let mut m = self.call_head(if at.is_some() { RING } else { DECODE });
+        m.u64(pts as u64);
+        match at {
+            Some(at) => m.u32(at).u32(packet.len() as u32),
+            None => m.u32(packet.len() as u32),
+        };
+        let parts = [&m.0[..], if at.is_some() { &[] } else { packet }];
+        let all = 8 + parts[0].len() + parts[1].len();
         let sent = self
             .worker
             .post(&parts, 0, true)
@@ -286,115 +311,15 @@ impl ProcessDecoder {
 
     /// The answer's pictures (or this call's own error) and failures.
     fn parse(&mut self, a: &mut In) -> Result<Result<Vec<DecodedFrame>>> {
-        parse_answer(a, &mut self.mapped, &mut self.layout, &mut self.failures)
+        let ring = self.ring.as_mut();
+        answer::parse_answer(
+            a,
+            &mut self.mapped,
+            &mut self.layout,
+            &mut self.failures,
+            ring,
+        )
     }
-}
-
-/// Reads a decode or flush answer: the buffers the worker dropped and introduced, then the pictures (or the call's own error)
-/// and earlier packets' failures. `Err` for anything malformed (the caller ends the
-/// worker).
-fn parse_answer(
-    a: &mut In,
-    mapped: &mut Mapped,
-    layout_seen: &mut Option<FrameLayout>,
-    failures: &mut Vec<PacketError>,
-) -> Result<Result<Vec<DecodedFrame>>> {
-    // Buffers the worker dropped, then those it introduces with this answer (their
-    // descriptors came with it, in order).
-    for _ in 0..a.u32()?.min(shared::MAX_SLOTS as u32 + 1) {
-        let id = a.u32()?;
-        mapped.remove(id);
-    }
-    let new = a.u32()? as usize;
-    if new != a.fds.len() {
-        return Err(bad("descriptors"));
-    }
-    let fds = std::mem::take(&mut a.fds);
-    for fd in fds {
-        let id = a.u32()?;
-        let cell = a.u32()?;
-        mapped.add(id, fd, cell)?;
-    }
-    let own = match a.u8()? {
-        0 => None,
-        _ => Some(a.text()?),
-    };
-    let n = a.u32()?;
-    if n > MAX_ITEMS {
-        return Err(bad("too many pictures"));
-    }
-    let mut frames = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let format = format_of(a.u8()?).ok_or_else(|| bad("format"))?;
-        let (w, h, pw, ph) = (a.u32()?, a.u32()?, a.u32()?, a.u32()?);
-        let corrupt = a.u8()? != 0;
-        let pts = a.u64()? as i64;
-        let layout = FrameLayout::packed(format, w, h).map_err(|_| bad("layout"))?;
-        if pw < w || ph < h || pw > w + 1 || ph > h + 1 {
-            return Err(bad("picture size"));
-        }
-        let (data, held) = match a.u8()? {
-            INLINE => {
-                let data = a.bytes()?;
-                if data.len() != layout.size() {
-                    return Err(bad("picture size"));
-                }
-                (data.to_vec(), None)
-            }
-            SHARED => {
-                let p = mapped.picture(a.u32()?)?;
-                // Checks the picture fits its buffer.
-                p.frame(layout)?;
-                (Vec::new(), Some(HeldPicture::Shared(p)))
-            }
-            PLANES => {
-                let pic = mapped.picture(a.u32()?)?;
-                let mut planes = [(0usize, 0usize); 3];
-                for p in &mut planes {
-                    *p = (a.u32()? as usize, a.u32()? as usize);
-                }
-                planes::check_planes(pic.bytes().len(), &planes, w, h)?;
-                let packed = std::sync::OnceLock::new();
-                let held = HeldPicture::Planes {
-                    pic,
-                    planes,
-                    packed,
-                };
-                (Vec::new(), Some(held))
-            }
-            _ => return Err(bad("picture kind")),
-        };
-        *layout_seen = Some(layout);
-        frames.push(DecodedFrame {
-            layout,
-            pts,
-            data,
-            corrupt,
-            picture_size: (pw, ph),
-            held,
-        });
-    }
-    let n = a.u32()?;
-    if n > MAX_ITEMS {
-        return Err(bad("too many failures"));
-    }
-    for _ in 0..n {
-        let (pts, seq, reason) = (a.u64()? as i64, a.u64()?, a.text()?);
-        failures.push(PacketError { pts, seq, reason });
-    }
-    Ok(match own {
-        None => Ok(frames),
-        Some(e) => Err(MediaError::Decode(e)),
-    })
-}
-
-/// Parses `bytes` as a worker's decode answer (no descriptors), as the daemon does: for the
-/// fuzzer and the tests. Returns whether it was accepted.
-#[doc(hidden)]
-pub fn check_worker_answer(bytes: &[u8]) -> bool {
-    let mut a = In::from_bytes(bytes.to_vec());
-    let mut mapped = Mapped::new(max_buffer_bytes());
-    parse_answer(&mut a, &mut mapped, &mut None, &mut Vec::new()).is_ok()
 }
 
 impl DecoderBackend for ProcessDecoder {
@@ -479,6 +404,7 @@ pub fn serve_decoder() -> Result<()> {
     let io = io_error("decoder worker");
     let mut dec: Option<FfmpegDecoder> = None;
     let slots = SharedSlots::default();
+    let mut ring: Option<RingView> = None;
     let mut encoder = encode::Served::default();
     let max_call = MAX_PACKET + 64 + 4 * (shared::MAX_SLOTS + 2);
     serve(
@@ -499,9 +425,14 @@ pub fn serve_decoder() -> Result<()> {
             }
             let pictures = match (call, dec.as_mut()) {
                 (OPEN, None) => {
-                    // The page where the parent counts the pictures it is done with.
-                    if let Some(fd) = m.fds.pop() {
+                    // The page where the parent counts the pictures it is done with, and
+                    // the ring it puts packets in.
+                    let mut fds = std::mem::take(&mut m.fds).into_iter();
+                    if let Some(fd) = fds.next() {
                         shared::lock(&slots).use_page(Arc::new(ReleasePage::open(fd)?));
+                    }
+                    if let Some(fd) = fds.next() {
+                        ring = Some(RingView::open(fd)?);
                     }
                     let kind = *CodecKind::ALL
                         .get(m.u8()? as usize)
@@ -523,17 +454,25 @@ pub fn serve_decoder() -> Result<()> {
                 (DECODE, Some(d)) => {
                     let pts = m.u64()? as i64;
                     let r = d.decode_packet(m.packet_tail()?, pts);
-                    placed(&slots, r)
+                    answer::placed(&slots, r)
+                }
+                (RING, Some(d)) => {
+                    let pts = m.u64()? as i64;
+                    let view = ring.as_ref().ok_or_else(|| bad("no packet ring"))?;
+                    let packet = view.packet(m.u32()?, m.u32()?)?;
+                    let r = d.decode_packet(packet, pts);
+                    answer::placed(&slots, r)
                 }
                 (FLUSH, Some(d)) => {
                     let r = d.flush();
-                    placed(&slots, r)
+                    answer::placed(&slots, r)
                 }
                 _ => return Err(bad("unexpected call")),
             };
             let failures = dec.as_mut().map(|d| d.take_failures()).unwrap_or_default();
+            let freed = ring.as_ref().map(RingView::take_freed).unwrap_or_default();
             let mut body = Out::default();
-            answer(&mut body, &pictures, failures);
+            answer::answer(&mut body, &pictures, failures, &freed);
             // The buffers' news after the pictures were placed (libavcodec made them while
             // decoding); the pictures' references to libavcodec's buffers go after the lock (a
             // last reference going locks the buffers too).
@@ -556,138 +495,4 @@ pub fn serve_decoder() -> Result<()> {
             sent
         },
     )
-}
-
-/// A decoded picture with where the worker put it.
-type Placement = (DecodedFrame, Placed);
-
-/// Where each picture of `r` is: in the shared buffer libavcodec decoded it into, else
-/// copied into one (inline when none is free).
-fn placed(slots: &SharedSlots, r: Result<Vec<DecodedFrame>>) -> Result<Vec<Placement>> {
-    let mut out = Vec::new();
-    for f in r? {
-        let direct = f
-            .held_yuv420()
-            .and_then(|(ptrs, strides)| direct::planes_of(slots, ptrs, strides));
-        let at = match direct {
-            Some((id, planes)) => Placed::Planes { id, planes },
-            None => shared::lock(slots).place(f.layout, |dst| f.copy_into(dst))?,
-        };
-        out.push((f, at));
-    }
-    Ok(out)
-}
-
-fn answer(a: &mut Out, r: &Result<Vec<Placement>>, failures: Vec<PacketError>) {
-    let frames: &[Placement] = match r {
-        Ok(f) => {
-            a.u8(0);
-            f
-        }
-        Err(e) => {
-            // The decoder's own words, as an in-process decoder's error carries them.
-            let why = match e {
-                MediaError::Decode(m) => m.clone(),
-                e => e.to_string(),
-            };
-            a.u8(1).text(&why);
-            &[]
-        }
-    };
-    a.u32(frames.len() as u32);
-    for (f, at) in frames {
-        a.u8(format_code(f.layout.format))
-            .u32(f.layout.width)
-            .u32(f.layout.height)
-            .u32(f.picture_size.0)
-            .u32(f.picture_size.1)
-            .u8(u8::from(f.corrupt))
-            .u64(f.pts as u64);
-        match at {
-            Placed::Slot(id) => {
-                a.u8(SHARED).u32(*id);
-            }
-            Placed::Planes { id, planes } => {
-                a.u8(PLANES).u32(*id);
-                for &(offset, stride) in planes {
-                    a.u32(offset).u32(stride);
-                }
-            }
-            Placed::Inline => {
-                let mut data = vec![0u8; f.layout.size()];
-                let copied = crate::frame::FrameMut::new(f.layout, &mut data)
-                    .map_err(MediaError::from)
-                    .and_then(|dst| f.copy_into(dst));
-                if copied.is_err() {
-                    data.fill(0);
-                }
-                a.u8(INLINE).bytes(&data);
-            }
-        }
-    }
-    a.u32(failures.len() as u32);
-    for f in failures {
-        a.u64(f.pts as u64).u64(f.seq).text(&f.reason);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A decode answer with one inline 16x8 NV12 picture of `bytes` bytes.
-    fn inline_answer(bytes: usize) -> Vec<u8> {
-        let mut a = Out::default();
-        a.u32(0).u32(0).u8(0).u32(1);
-        a.u8(0).u32(16).u32(8).u32(16).u32(8).u8(0).u64(7);
-        a.u8(INLINE).bytes(&vec![1u8; bytes]);
-        a.u32(1).u64(3).u64(2).text("bad packet");
-        a.0
-    }
-
-    #[test]
-    fn a_well_formed_answer_is_read() {
-        let mut a = In::from_bytes(inline_answer(16 * 8 * 3 / 2));
-        let (mut mapped, mut seen, mut failures) =
-            (Mapped::new(max_picture_bytes()), None, Vec::new());
-        let frames = parse_answer(&mut a, &mut mapped, &mut seen, &mut failures)
-            .unwrap()
-            .unwrap();
-        assert_eq!(frames.len(), 1);
-        assert_eq!(frames[0].pts, 7);
-        assert_eq!(frames[0].as_frame().data.len(), 192);
-        assert_eq!(failures[0].reason, "bad packet");
-    }
-
-    #[test]
-    fn malformed_answers_are_refused_without_panicking() {
-        assert!(!check_worker_answer(&inline_answer(191)), "short picture");
-        let good = inline_answer(192);
-        assert!(check_worker_answer(&good));
-        // Every truncation, and a deterministic stream of corruptions, of a good answer.
-        for n in 0..good.len() {
-            assert!(!check_worker_answer(&good[..n]), "truncated to {n}");
-        }
-        for (_, bad) in crate::worker::wire::corruptions(&good, 20_000) {
-            check_worker_answer(&bad);
-        }
-        // A picture in a buffer the worker never introduced.
-        let mut a = Out::default();
-        a.u32(0).u32(0).u8(0).u32(1);
-        a.u8(0)
-            .u32(16)
-            .u32(8)
-            .u32(16)
-            .u32(8)
-            .u8(0)
-            .u64(7)
-            .u8(SHARED)
-            .u32(5);
-        a.u32(0);
-        assert!(!check_worker_answer(&a.0));
-        // A buffer announced without its descriptor.
-        let mut a = Out::default();
-        a.u32(0).u32(1).u32(5).u8(0).u32(0).u32(0);
-        assert!(!check_worker_answer(&a.0));
-    }
 }
