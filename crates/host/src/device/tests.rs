@@ -54,7 +54,7 @@ fn bracketed(core: &mut Core, dev: DeviceId, id: u64, mode: u64, cmd: [u64; 6]) 
 }
 
 /// The completions posted since the last call, by sequence number.
-fn results(core: &Core) -> Vec<(u64, Result<[u64; 6], Status>)> {
+pub(super) fn results(core: &Core) -> Vec<(u64, Result<[u64; 6], Status>)> {
     core.link
         .take_posted()
         .iter()
@@ -187,7 +187,7 @@ fn a_worker_refuses_what_is_not_a_device_request() {
 }
 
 /// The reply of request `seq`, taken off a queue of its own as a worker would.
-fn reply_for(core: &Core, seq: u64) -> Reply {
+pub(super) fn reply_for(core: &Core, seq: u64) -> Reply {
     let q: GuestQueue = Arc::new(OrderedQueue::new(core.session.fences().clone()));
     let req = Request::new(seq, Opcode::Nop, PRODUCER, [0; 6]);
     q.push(QueueItem::Cmd(req)).unwrap();

@@ -485,6 +485,13 @@ pub trait DecoderBackend: Send {
     fn collect(&mut self, _wait: bool) -> Result<Vec<DecodedFrame>> {
         Ok(Vec::new())
     }
+    /// A descriptor that becomes readable when the answer to a packet in flight arrives (a
+    /// worker's socket): a caller may wait on it without holding the decoder, then
+    /// [`collect`](Self::collect) without waiting. `None` while nothing is in flight, and
+    /// for a decoder without one (`collect(true)` then waits itself).
+    fn answers_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
     /// Failures of packets fed by earlier calls that surfaced since the last call of this
     /// method, oldest first (with frame threads a packet's result comes out `threads - 1`
     /// packets later, so its error arrives during a later call).

@@ -161,6 +161,12 @@ impl WorkerProcess {
         In::recv(&mut self.sock, max_answer).map_err(|e| self.end(&e.to_string()))
     }
 
+    /// Its socket, which becomes readable when an answer begins to arrive (or the worker
+    /// hangs up).
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.sock)
+    }
+
     /// Whether an answer has begun to arrive (or the worker hung up), without waiting.
     pub(crate) fn answer_waiting(&self) -> bool {
         self.dead.is_none() && wire::readable(&self.sock)

@@ -70,7 +70,6 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use virtsoc_ids::HandleId;
-use virtsoc_svm::GuestId;
 
 use virtsoc_devapi::codec::{self as api, Command};
 use virtsoc_devapi::{codec_frame_flag, codec_kind};
@@ -83,12 +82,10 @@ use virtsoc_media::{
 /// The worker side of decoders in worker processes: enters the sandbox and serves one
 /// decoder on stdin (see [`virtsoc_media::ProcessDecoder`]).
 pub use virtsoc_media::codec::serve_decoder as serve_worker;
-use virtsoc_proto::wire::Format;
-use virtsoc_proto::Status;
-use virtsoc_svm::RegionMeta;
+use virtsoc_proto::{wire::Format, Status};
+use virtsoc_svm::{GuestId, RegionMeta};
 
-use super::registry::DeviceConfig;
-use super::{Device, DeviceCtx, DeviceResult};
+use super::{registry::DeviceConfig, Device, DeviceCtx, DeviceResult};
 use crate::status::status_of;
 use crate::{Limits, Result};
 use state::{DecoderSession, EncoderSession, Session, State};
@@ -143,7 +140,8 @@ fn codec_of(kind: u64) -> Option<CodecKind> {
     }
 }
 
-/// The codec device.
+/// The codec device (a clone shares its sessions).
+#[derive(Clone)]
 pub struct Codec {
     /// Decoding threads when `open_decoder` asks for 0.
     default_threads: usize,
@@ -155,6 +153,8 @@ pub struct Codec {
     /// Decoders run in worker processes of this pool (see `DeviceConfig::codec_worker`);
     /// `None`: in the daemon's process.
     workers: Option<std::sync::Arc<DecoderPool>>,
+    /// Where commands that would wait for a decoder's worker wait ([`wait`]).
+    waits: Arc<wait::Waits>,
 }
 
 impl Codec {
@@ -193,6 +193,7 @@ impl Codec {
             default_threads: cfg.codec_threads.max(1),
             preset: cfg.encoder_preset,
             state: Arc::default(),
+            waits: Arc::default(),
             backend: match &cfg.codec_worker {
                 Some(_) => {
                     format!("{backend} (decoders and encoders in sandboxed worker processes)")
@@ -489,12 +490,6 @@ impl Codec {
         Ok(s.stream_info().to_values())
     }
 
-    #[cfg(test)]
-    fn open_encoder(&self, guest: GuestId, c: api::OpenEncoder) -> DeviceResult {
-        let handle = self.open_encoder_at(guest, c, None, None)?;
-        Ok(api::OpenEncoderReply { handle }.to_values())
-    }
-
     fn open_encoder_at(
         &self,
         guest: GuestId,
@@ -662,6 +657,10 @@ impl Device for Codec {
         r
     }
 
+    fn execute_async(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: super::Reply) {
+        wait::execute_async(self, cx, args, reply);
+    }
+
     fn export_guest(&self, guest: GuestId) -> Option<serde_json::Value> {
         self.export(guest)
     }
@@ -698,3 +697,4 @@ mod replay;
 mod state;
 #[cfg(test)]
 mod tests;
+mod wait;

@@ -45,6 +45,9 @@ pub(super) struct DecoderSession {
     pub(super) lent: super::lend::Lent,
     /// The device time of this decoder's commands, from its worker's CPU time.
     clock: DeviceClock,
+    /// What reading the answers that had arrived met ([`gather`](Self::gather)), for the
+    /// next [`settle`](Self::settle) to report.
+    gathered_error: Option<virtsoc_media::MediaError>,
 }
 
 impl DecoderSession {
@@ -64,6 +67,7 @@ impl DecoderSession {
             unreported: None,
             lent: Default::default(),
             clock,
+            gathered_error: None,
         }
     }
 
@@ -97,12 +101,30 @@ impl DecoderSession {
     /// Waits for the packets in flight while no picture is ready and some are (so the
     /// next picture's size and the picture itself are known), queueing what comes back.
     pub(super) fn settle(&mut self) -> virtsoc_media::Result<()> {
+        if let Some(e) = self.gathered_error.take() {
+            return Err(e);
+        }
         while self.ready.is_empty() && self.decoder.in_flight() > 0 {
             let frames = self.decoder.collect(true);
             self.note_failures();
             self.queue(frames?);
         }
         Ok(())
+    }
+
+    /// Queues the pictures of the answers that have arrived, without waiting for others (an
+    /// error is kept for `settle`); true when `settle` would still wait for the decoder: no
+    /// picture ready, packets in flight.
+    pub(super) fn gather(&mut self) -> bool {
+        if self.gathered_error.is_none() && self.ready.is_empty() {
+            let frames = self.decoder.collect(false);
+            self.note_failures();
+            match frames {
+                Ok(f) => self.queue(f),
+                Err(e) => self.gathered_error = Some(e),
+            }
+        }
+        self.gathered_error.is_none() && self.ready.is_empty() && self.decoder.in_flight() > 0
     }
 
     /// Queues decoded pictures for `receive_frame`, noting size changes for `stream_info`.

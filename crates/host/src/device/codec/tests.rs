@@ -9,6 +9,12 @@ impl Codec {
         let handle = self.open_decoder_at(guest, c, None, None)?;
         Ok(api::OpenDecoderReply { handle }.to_values())
     }
+
+    /// `open_encoder` for `guest` without a command's context.
+    fn open_encoder(&self, guest: GuestId, c: api::OpenEncoder) -> DeviceResult {
+        let handle = self.open_encoder_at(guest, c, None, None)?;
+        Ok(api::OpenEncoderReply { handle }.to_values())
+    }
 }
 
 #[test]
@@ -553,5 +559,120 @@ fn a_decoders_commands_are_charged_its_workers_cpu_time() {
     assert!(
         (15 * ms..16 * ms).contains(&second),
         "the worker's 15 ms since, and the command's own CPU time: {second}"
+    );
+}
+
+/// A decoder running apart with one packet in flight, whose answer (a 64x48 picture)
+/// arrives when the test writes a byte to the other end of `answers`.
+struct Answering {
+    answers: std::os::unix::net::UnixStream,
+    in_flight: usize,
+}
+
+impl virtsoc_media::DecoderBackend for Answering {
+    fn name(&self) -> &str {
+        "answering"
+    }
+    fn decode(&mut self, _packet: &[u8], _pts: i64) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        Ok(Vec::new())
+    }
+    fn flush(&mut self) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        Ok(Vec::new())
+    }
+    fn output_layout(&self) -> Option<FrameLayout> {
+        None
+    }
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+    fn collect(&mut self, wait: bool) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        use std::io::Read;
+        if self.in_flight == 0 {
+            return Ok(Vec::new());
+        }
+        self.answers.set_nonblocking(!wait).unwrap();
+        match self.answers.read(&mut [0u8; 1]) {
+            Ok(1) => {
+                self.in_flight = 0;
+                let layout = FrameLayout::packed(PixelFormat::Nv12, 64, 48).unwrap();
+                Ok(vec![DecodedFrame::packed(
+                    layout,
+                    9,
+                    vec![0; layout.size()],
+                )])
+            }
+            // As a worker that does not answer in time: ended, an error.
+            _ if wait => {
+                self.in_flight = 0;
+                Err(MediaError::Decode("no answer".into()))
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+    fn answers_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        (self.in_flight > 0).then(|| self.answers.as_fd())
+    }
+}
+
+/// A command that would wait for its decoder's worker (no picture ready, a packet in
+/// flight) does not hold the device: another guest's commands are answered meanwhile, and
+/// the waiting one is answered with the picture once the worker's answer arrives.
+#[test]
+fn a_command_waiting_for_its_worker_holds_no_other_guest() {
+    use crate::device::tests::{reply_for, results};
+    use std::time::Duration;
+    let codec = Codec::new(&DeviceConfig::default()).unwrap();
+    let core = crate::testkit::Core::new();
+    let cx = |g| {
+        DeviceCtx::new(
+            g,
+            &core.svm,
+            virtsoc_svm::DomainId(0),
+            core.session.fences(),
+        )
+    };
+    let (cx1, cx2) = (cx(GuestId(1)), cx(GuestId(2)));
+    let open = api::OpenDecoder {
+        kind: codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads: 1,
+    };
+    let h = HandleId(codec.open_decoder_for(&cx1, open).unwrap()[0]);
+    let (mut worker, answers) = std::os::unix::net::UnixStream::pair().unwrap();
+    // Waited for on the device's thread, the answer would not come: a timeout, no picture.
+    answers
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let slow = Answering {
+        answers,
+        in_flight: 1,
+    };
+    *codec.state().decoder(GuestId(1), h).unwrap() =
+        state::DecoderSession::new(Box::new(slow), Format::Nv12);
+    let info = |handle| virtsoc_devapi::DeviceCommand::encode(&api::StreamInfo { handle });
+    let (done, answered) = std::sync::mpsc::channel();
+    let mut reply = reply_for(&core, 7);
+    reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
+    codec.execute_async(&cx1, &info(h), reply);
+    assert!(results(&core).is_empty(), "answered before its worker did");
+
+    let h2 = HandleId(codec.open_decoder_for(&cx2, open).unwrap()[0]);
+    codec.execute_async(&cx2, &info(h2), reply_for(&core, 8));
+    let other = results(&core);
+    assert_eq!(other.len(), 1);
+    assert_eq!(other[0].0, 8);
+    assert!(other[0].1.is_ok(), "{:?}", other[0].1);
+
+    std::io::Write::write_all(&mut worker, &[1]).unwrap();
+    answered.recv_timeout(Duration::from_secs(30)).unwrap();
+    let got = results(&core);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, 7);
+    let v = api::StreamInfoReply::from_values(&got[0].1.unwrap());
+    assert_eq!(
+        (v.width, v.height),
+        (64, 48),
+        "the picture the worker answered"
     );
 }

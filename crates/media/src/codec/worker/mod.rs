@@ -367,6 +367,10 @@ impl DecoderBackend for ProcessDecoder {
         self.in_flight.len()
     }
 
+    fn answers_fd(&self) -> Option<BorrowedFd<'_>> {
+        (!self.in_flight.is_empty()).then(|| self.worker.fd())
+    }
+
     fn collect(&mut self, wait: bool) -> Result<Vec<DecodedFrame>> {
         let mut out = std::mem::take(&mut self.early);
         if wait && out.is_empty() && !self.in_flight.is_empty() {

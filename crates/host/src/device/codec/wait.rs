@@ -1,0 +1,207 @@
+//! `receive_frame` and `stream_info` that would wait for a decoder's worker process (no
+//! picture ready, packets still in the worker): handed to the codec's waiter thread, which
+//! waits on every such worker's socket at once (one `poll`, holding nothing) and answers
+//! each command once its worker's answers bring a picture or the end of what was in flight.
+//! The device's thread goes on serving the other guests meanwhile: one guest's slow decode
+//! (a large or hostile stream) never holds another guest's commands. The guest's own queue
+//! stays held until the answer (a command still running on the device), so its next
+//! command sees the result, as before.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use virtsoc_devapi::codec::Command;
+use virtsoc_fence::table::VirtualFenceTable;
+use virtsoc_ids::HandleId;
+use virtsoc_svm::{DomainId, GuestId, SvmManager};
+use virtsoc_sync::LockExt;
+
+use super::Codec;
+use crate::device::{Device, DeviceCtx, Reply};
+
+/// The codec's waiter: the commands handed to it, and its thread (started with the first).
+#[derive(Default)]
+pub(super) struct Waits {
+    shared: Arc<Shared>,
+    started: OnceLock<bool>,
+}
+
+/// What the device's thread and the waiter share.
+struct Shared {
+    /// Commands handed over and not taken by the waiter yet.
+    new: Mutex<Vec<(Waiting, Reply)>>,
+    /// Written to wake the waiter (a new command, or the end); `None`: no eventfd.
+    wake: Option<OwnedFd>,
+    stop: AtomicBool,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            new: Mutex::default(),
+            wake: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok(),
+            stop: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Shared {
+    fn wake(&self) {
+        if let Some(fd) = &self.wake {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+    }
+}
+
+impl Drop for Waits {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake();
+    }
+}
+
+/// Runs `args` of `cx`'s guest on `codec` and answers through `reply`: at once, or, for a
+/// command that would wait for its decoder's worker, by the waiter once the worker answers.
+pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+    let Some((handle, fd)) = would_wait(codec, cx.guest, args) else {
+        return answer(codec, cx, args, reply);
+    };
+    let waits = &codec.waits;
+    let running = *waits.started.get_or_init(|| {
+        let shared = waits.shared.clone();
+        shared.wake.is_some()
+            && std::thread::Builder::new()
+                .name("codec-wait".into())
+                .spawn(move || serve(&shared))
+                .is_ok()
+    });
+    if !running {
+        // No waiter: wait here, as before.
+        return answer(codec, cx, args, reply);
+    }
+    let w = Waiting {
+        codec: codec.clone(),
+        guest: cx.guest,
+        handle,
+        svm: cx.svm.clone(),
+        domain: cx.domain,
+        fences: cx.fences.clone(),
+        reads_host: cx.reads_host,
+        args: *args,
+        fd,
+        deadline: Instant::now() + virtsoc_media::CALL_DEADLINE,
+    };
+    waits.shared.new.lock_or_recover().push((w, reply));
+    waits.shared.wake();
+}
+
+/// Runs the command and answers it.
+fn answer(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], mut reply: Reply) {
+    let result = codec.execute(cx, args);
+    if let Some(ns) = cx.take_busy() {
+        reply.busy_for(ns);
+    }
+    reply.send_because(result, cx.take_reason());
+}
+
+/// The decoder a `receive_frame` or `stream_info` of `guest` would wait for, and a
+/// descriptor that becomes readable when its worker answers; `None` to run it at once (any
+/// other command, a picture ready, nothing in flight, a decoder in this process).
+fn would_wait(codec: &Codec, guest: GuestId, args: &[u64; 6]) -> Option<(HandleId, OwnedFd)> {
+    let handle = match Command::decode(args).ok()? {
+        Command::ReceiveFrame(c) => c.handle,
+        Command::StreamInfo(c) => c.handle,
+        _ => return None,
+    };
+    let mut st = codec.state();
+    let s = st.decoder(guest, handle).ok()?;
+    if !s.gather() {
+        return None;
+    }
+    let fd = s.decoder.answers_fd()?.try_clone_to_owned().ok()?;
+    Some((handle, fd))
+}
+
+/// A command waiting for its decoder's worker, with what it runs with.
+struct Waiting {
+    codec: Codec,
+    guest: GuestId,
+    handle: HandleId,
+    svm: Arc<SvmManager>,
+    domain: DomainId,
+    fences: Arc<VirtualFenceTable>,
+    reads_host: bool,
+    args: [u64; 6],
+    fd: OwnedFd,
+    /// When a silent worker is left to the command itself, which waits for it as before
+    /// and ends it when it stays silent ([`CALL_DEADLINE`](virtsoc_media::CALL_DEADLINE)).
+    deadline: Instant,
+}
+
+impl Waiting {
+    /// Whether the worker's answers that arrived settle it (a picture, or nothing left in
+    /// flight, or the decoder gone).
+    fn settled(&self) -> bool {
+        !self
+            .codec
+            .state()
+            .decoder(self.guest, self.handle)
+            .is_ok_and(|s| s.gather())
+    }
+
+    fn answer(self, reply: Reply) {
+        let cx = DeviceCtx::new(self.guest, &self.svm, self.domain, &self.fences)
+            .reading_host(self.reads_host);
+        answer(&self.codec, &cx, &self.args, reply);
+    }
+}
+
+/// The waiter's loop: waits on the wake-up and every waiting command's worker at once;
+/// answers each command its worker settled, or whose deadline passed.
+fn serve(shared: &Shared) {
+    let Some(wake) = &shared.wake else { return };
+    let mut waiting: Vec<(Waiting, Reply)> = Vec::new();
+    loop {
+        waiting.append(&mut shared.new.lock_or_recover());
+        if shared.stop.load(Ordering::SeqCst) && waiting.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        let mut ready = Vec::new();
+        {
+            let mut fds: Vec<PollFd<'_>> = std::iter::once(wake.as_fd())
+                .chain(waiting.iter().map(|(w, _)| w.fd.as_fd()))
+                .map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN))
+                .collect();
+            let next = waiting.iter().map(|(w, _)| w.deadline).min();
+            let left = next.map(|d| d.saturating_duration_since(now));
+            let t = left.map(|l| rustix::time::Timespec {
+                tv_sec: l.as_secs() as i64,
+                tv_nsec: i64::from(l.subsec_nanos()),
+            });
+            let _ = rustix::event::poll(&mut fds, t.as_ref());
+            for (k, fd) in fds.iter().enumerate().skip(1) {
+                if !fd.revents().is_empty() {
+                    ready.push(k - 1);
+                }
+            }
+        }
+        let _ = rustix::io::read(wake, &mut [0u8; 8]);
+        let now = Instant::now();
+        // Answer what settled, oldest first; keep the rest.
+        let mut kept = Vec::with_capacity(waiting.len());
+        for (w, reply) in waiting.drain(..) {
+            let due = ready.contains(&i) && w.settled() || now >= w.deadline;
+            i += 1;
+            match due {
+                true => w.answer(reply),
+                false => kept.push((w, reply)),
+            }
+        }
+        waiting = kept;
+    }
+}
