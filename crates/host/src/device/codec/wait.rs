@@ -1,5 +1,6 @@
 //! `receive_frame` and `stream_info` that would wait for a decoder's worker process (no
-//! picture ready, packets still in the worker): handed to the codec's waiter thread, which
+//! picture ready, packets still in the worker) wait on the codec's thread at most [`GRACE`]
+//! (most pictures are that close: handing over costs more), then go to its waiter thread, which
 //! waits on every such worker's socket at once (one `poll`, holding nothing) and answers
 //! each command once its worker's answers bring a picture or the end of what was in flight.
 //! The device's thread goes on serving the other guests meanwhile: one guest's slow decode
@@ -10,7 +11,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use virtsoc_devapi::codec::Command;
@@ -21,6 +22,12 @@ use virtsoc_sync::LockExt;
 
 use super::Codec;
 use crate::device::{Device, DeviceCtx, Reply};
+
+/// How long a command waits for its decoder's worker on the codec's thread before it is
+/// handed to the waiter: half a [turn](super::state::TURN), what another guest's command
+/// may wait for it at most. At 1080p most pictures come within it; a handed-over command
+/// costs the daemon about 40 us more CPU (`docs/results.md`, stop 49).
+const GRACE: Duration = Duration::from_millis(2);
 
 /// The codec's waiter: the commands handed to it, and its thread (started with the first).
 #[derive(Default)]
@@ -69,6 +76,9 @@ pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], 
     let Some((handle, fd)) = would_wait(codec, cx.guest, args) else {
         return answer(codec, cx, args, reply);
     };
+    if readable_within(&fd, GRACE) && !still_waits(codec, cx.guest, handle) {
+        return answer(codec, cx, args, reply);
+    }
     let waits = &codec.waits;
     let running = *waits.started.get_or_init(|| {
         let shared = waits.shared.clone();
@@ -125,6 +135,29 @@ fn would_wait(codec: &Codec, guest: GuestId, args: &[u64; 6]) -> Option<(HandleI
     Some((handle, fd))
 }
 
+/// Whether decoder `handle` of `guest` still has no picture and packets in flight, once the
+/// answers that arrived are read (false for a decoder gone).
+fn still_waits(codec: &Codec, guest: GuestId, handle: HandleId) -> bool {
+    codec
+        .state()
+        .decoder(guest, handle)
+        .is_ok_and(|s| s.gather())
+}
+
+/// Whether `fd` becomes readable (or hangs up) within `left`.
+fn readable_within(fd: &OwnedFd, left: Duration) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let t = timespec(left);
+    matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+}
+
+fn timespec(d: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
+
 /// A command waiting for its decoder's worker, with what it runs with.
 struct Waiting {
     codec: Codec,
@@ -145,11 +178,7 @@ impl Waiting {
     /// Whether the worker's answers that arrived settle it (a picture, or nothing left in
     /// flight, or the decoder gone).
     fn settled(&self) -> bool {
-        !self
-            .codec
-            .state()
-            .decoder(self.guest, self.handle)
-            .is_ok_and(|s| s.gather())
+        !still_waits(&self.codec, self.guest, self.handle)
     }
 
     fn answer(self, reply: Reply) {
@@ -178,11 +207,7 @@ fn serve(shared: &Shared) {
                 .map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN))
                 .collect();
             let next = waiting.iter().map(|(w, _)| w.deadline).min();
-            let left = next.map(|d| d.saturating_duration_since(now));
-            let t = left.map(|l| rustix::time::Timespec {
-                tv_sec: l.as_secs() as i64,
-                tv_nsec: i64::from(l.subsec_nanos()),
-            });
+            let t = next.map(|d| timespec(d.saturating_duration_since(now)));
             let _ = rustix::event::poll(&mut fds, t.as_ref());
             for (k, fd) in fds.iter().enumerate().skip(1) {
                 if !fd.revents().is_empty() {
