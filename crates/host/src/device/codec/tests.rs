@@ -651,13 +651,14 @@ fn a_command_waiting_for_its_worker_holds_no_other_guest() {
     *codec.state().decoder(GuestId(1), h).unwrap() =
         state::DecoderSession::new(Box::new(slow), Format::Nv12);
     let info = |handle| virtsoc_devapi::DeviceCommand::encode(&api::StreamInfo { handle });
+    // Another guest on the codec (alone, the first would wait on the codec's thread).
+    let h2 = HandleId(codec.open_decoder_for(&cx2, open).unwrap()[0]);
     let (done, answered) = std::sync::mpsc::channel();
     let mut reply = reply_for(&core, 7);
     reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
     codec.execute_async(&cx1, &info(h), reply);
     assert!(results(&core).is_empty(), "answered before its worker did");
 
-    let h2 = HandleId(codec.open_decoder_for(&cx2, open).unwrap()[0]);
     codec.execute_async(&cx2, &info(h2), reply_for(&core, 8));
     let other = results(&core);
     assert_eq!(other.len(), 1);

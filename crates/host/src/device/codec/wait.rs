@@ -1,12 +1,14 @@
 //! `receive_frame` and `stream_info` that would wait for a decoder's worker process (no
 //! picture ready, packets still in the worker) wait on the codec's thread at most [`GRACE`]
-//! (most pictures are that close: handing over costs more), then go to its waiter thread, which
-//! waits on every such worker's socket at once (one `poll`, holding nothing) and answers
-//! each command once its worker's answers bring a picture or the end of what was in flight.
-//! The device's thread goes on serving the other guests meanwhile: one guest's slow decode
-//! (a large or hostile stream) never holds another guest's commands. The guest's own queue
-//! stays held until the answer (a command still running on the device), so its next
-//! command sees the result, as before.
+//! (most pictures are that close: handing over costs more), then go to its waiter thread,
+//! which waits on every such worker's socket at once (one `poll`, holding nothing) and
+//! answers each command once its worker's answers bring a picture or the end of what was in
+//! flight. The device's thread goes on serving the other guests meanwhile: one guest's slow
+//! decode (a large or hostile stream) holds another guest's commands for `GRACE` at most.
+//! A guest alone on the codec (no other guest has opened a session on it) waits on the
+//! codec's thread, as before: nobody is held, and a guest that comes meanwhile waits for that
+//! one wait at most. The guest's own queue stays held until the answer (a command still
+//! running on the device), so its next command sees the result, as before.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -119,7 +121,9 @@ fn answer(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], mut reply: Reply) 
 
 /// The decoder a `receive_frame` or `stream_info` of `guest` would wait for, and a
 /// descriptor that becomes readable when its worker answers; `None` to run it at once (any
-/// other command, a picture ready, nothing in flight, a decoder in this process).
+/// other command, a picture ready, nothing in flight, a decoder in this process, or no
+/// other guest on the codec to hold: handing over costs the daemon CPU, `docs/results.md`
+/// stop 49).
 fn would_wait(codec: &Codec, guest: GuestId, args: &[u64; 6]) -> Option<(HandleId, OwnedFd)> {
     let handle = match Command::decode(args).ok()? {
         Command::ReceiveFrame(c) => c.handle,
@@ -127,6 +131,9 @@ fn would_wait(codec: &Codec, guest: GuestId, args: &[u64; 6]) -> Option<(HandleI
         _ => return None,
     };
     let mut st = codec.state();
+    if !st.last_handle.keys().any(|g| *g != guest) {
+        return None;
+    }
     let s = st.decoder(guest, handle).ok()?;
     if !s.gather() {
         return None;
