@@ -47,7 +47,7 @@ pub(super) struct DecoderSession {
     clock: DeviceClock,
     /// What reading the answers that had arrived met ([`gather`](Self::gather)), for the
     /// next [`settle`](Self::settle) to report.
-    gathered_error: Option<virtsoc_media::MediaError>,
+    gathered_error: Option<Box<virtsoc_media::MediaError>>,
 }
 
 impl DecoderSession {
@@ -102,7 +102,7 @@ impl DecoderSession {
     /// next picture's size and the picture itself are known), queueing what comes back.
     pub(super) fn settle(&mut self) -> virtsoc_media::Result<()> {
         if let Some(e) = self.gathered_error.take() {
-            return Err(e);
+            return Err(*e);
         }
         while self.ready.is_empty() && self.decoder.in_flight() > 0 {
             let frames = self.decoder.collect(true);
@@ -121,7 +121,7 @@ impl DecoderSession {
             self.note_failures();
             match frames {
                 Ok(f) => self.queue(f),
-                Err(e) => self.gathered_error = Some(e),
+                Err(e) => self.gathered_error = Some(Box::new(e)),
             }
         }
         self.gathered_error.is_none() && self.ready.is_empty() && self.decoder.in_flight() > 0
@@ -190,6 +190,9 @@ pub(super) struct EncoderSession {
     pub(super) height: u32,
 }
 
+/// An open session. A decoder's is the larger by some 200 bytes; sessions are few (bounded
+/// by the limits) and live in one map, so neither is boxed.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Session {
     Decoder(DecoderSession),
     Encoder(EncoderSession),
