@@ -74,8 +74,15 @@ pub(crate) fn bench(which: BenchCmd) -> Result<(), CliError> {
             seconds,
             frames,
             hostile,
+            slow_decoder_resolution,
             json,
-        } => bench_isolation_cmd(seconds, frames, hostile, json),
+        } => bench_isolation_cmd(
+            seconds,
+            frames,
+            hostile,
+            scenario::resolution(&slow_decoder_resolution)?,
+            json,
+        ),
         BenchCmd::Sharing(args) => bench_sharing_cmd(args),
         BenchCmd::Transport(args) => bench_transport_cmd(args),
         BenchCmd::Services(args) => bench_services_cmd(args),
@@ -107,6 +114,7 @@ fn bench_isolation_cmd(
     seconds: f64,
     frames: usize,
     hostile: Vec<String>,
+    slow_decoder: (u32, u32),
     json: bool,
 ) -> Result<(), CliError> {
     if !(0.5..=3600.0).contains(&seconds) || frames == 0 {
@@ -118,6 +126,7 @@ fn bench_isolation_cmd(
         seconds,
         frames,
         kinds: hostile,
+        slow_decoder,
     })?;
     print_either(&r, json, bench_isolation::print_table)?;
     if !r.all_ok {

@@ -6,10 +6,17 @@ mod common;
 
 #[test]
 fn bench_isolation_measures_the_victim_next_to_each_hostile_kind() {
-    let kinds = ["region-flood", "fence-flood", "misuse", "handshake-trickle"];
+    let kinds = [
+        "region-flood",
+        "fence-flood",
+        "misuse",
+        "handshake-trickle",
+        "slow-decoder",
+    ];
     let out = common::virtsoc_cmd()
         .args(["bench", "isolation", "--seconds", "1", "--frames", "20"])
         .args(["--hostile", &kinds.join(","), "--json"])
+        .args(["--slow-decoder-resolution", "360p"])
         .output()
         .expect("run virtsoc bench isolation");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -40,7 +47,14 @@ fn bench_isolation_measures_the_victim_next_to_each_hostile_kind() {
         for k in ["alone_camera_fps", "camera_fps"] {
             assert!(row[k].as_f64().unwrap() > 0.0, "{name}: {k} {}", row[k]);
         }
-        for k in ["alone_access_p50_us", "access_p50_us"] {
+        for k in [
+            "alone_access_p50_us",
+            "access_p50_us",
+            "alone_decode_p50_ms",
+            "decode_p50_ms",
+            "alone_decode_p99_ms",
+            "decode_p99_ms",
+        ] {
             assert!(row[k].as_f64().unwrap() > 0.0, "{name}: {k} {}", row[k]);
         }
     }

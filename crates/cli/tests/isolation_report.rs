@@ -39,6 +39,10 @@ fn bench_isolation_json_rows_carry_their_check_and_rounds() {
                 "access_p50_us",
                 "alone_camera_fps",
                 "camera_fps",
+                "alone_decode_p50_ms",
+                "decode_p50_ms",
+                "alone_decode_p99_ms",
+                "decode_p99_ms",
             ] {
                 assert!(round[k].as_f64().unwrap() > 0.0, "{k}: {}", round[k]);
             }

@@ -6,13 +6,16 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use virtsoc_guest::devices::{display, gpu, LayerRecord};
+use virtsoc_guest::devices::{self as api, display, gpu, LayerRecord};
 use virtsoc_guest::{
-    testdev, AccessMode, ConnectOptions, Connection, DeviceId, Format, Opcode, RegionId,
+    testdev, AccessMode, ConnectOptions, Connection, DeviceCommand, DeviceId, Format, Opcode,
+    RegionId,
 };
 
 use super::{Ctl, Tally, SVM_SIZE};
-use crate::scenario::full_layer;
+use crate::bench_svm::OrderingMode;
+use crate::scenario::pipe::{check_completion, Pipe};
+use crate::scenario::{full_layer, media};
 use crate::CliError;
 
 /// A hostile guest's connection.
@@ -34,12 +37,18 @@ pub(super) fn open(
 }
 
 /// Runs hostile guest `kind` until `stop`.
-pub(super) fn hostile(kind: &str, target: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
+pub(super) fn hostile(
+    kind: &str,
+    (target, slow): (&str, (u32, u32)),
+    ctl: &Ctl,
+    t: &Tally,
+) -> Result<(), CliError> {
     let name = format!("hostile-{kind}");
     match kind {
         "prefetch-abuser" => prefetch_abuser(target, &name, ctl, t),
         "composite-64x4096" => composite(target, &name, 64, ctl, t),
         "composite-3x4096" => composite(target, &name, 3, ctl, t),
+        "slow-decoder" => slow_decoder(target, &name, slow, ctl, t),
         "region-flood" => {
             let c = open(target, &name, 64 << 20, "write-invalidate")?;
             while ctl.go() {
@@ -219,5 +228,104 @@ fn trickle(target: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    Ok(())
+}
+
+/// Pictures the slow decoder keeps queued (a decode and a receive each), as `virtsoc bench
+/// sharing`'s codec guests do.
+const SLOW_DEPTH: usize = 4;
+
+/// `slow-decoder`: plays the realistic clip of `w` x `h` (3840x2160 by default: `virtsoc run
+/// uhd-video`'s) on a
+/// decoder of the daemon's default threads, each access unit in a bitstream region of its
+/// own written before it starts, [`SLOW_DEPTH`] pictures queued; a picture received is an
+/// operation. Paused, it stops submitting, collects what it queued, flushes its decoder and
+/// receives what the flush gives, so that its worker has nothing left to decode while the
+/// victim is alone, and starts again from the clip's first picture (an IDR).
+fn slow_decoder(
+    target: &str,
+    name: &str,
+    (w, h): (u32, u32),
+    ctl: &Ctl,
+    t: &Tally,
+) -> Result<(), CliError> {
+    let units = media::load_units(&media::realistic_clip("flat", w, h, 60, 2)?)?;
+    if units.is_empty() {
+        return Err(CliError::Usage(format!(
+            "no access units in the {w}x{h} clip"
+        )));
+    }
+    let bytes: u64 = units.iter().map(|u| u.len() as u64).sum();
+    let picture = u64::from(w) * u64::from(h) * 3 / 2;
+    let c = open(target, name, 2 * picture + bytes + (64 << 20), "prefetch")?;
+    let p = Pipe::new(&c, OrderingMode::Atomic);
+    let mut bits = Vec::with_capacity(units.len());
+    for u in &units {
+        let id = c.alloc_blob(u.len().max(1) as u64)?.id;
+        p.cpu_write(id, u)?;
+        bits.push((id, u.len() as u64));
+    }
+    let frames = [
+        c.alloc(0, w, h, Format::Nv12, 0)?.id,
+        c.alloc(0, w, h, Format::Nv12, 0)?.id,
+    ];
+    let handle = c
+        .command(&api::codec::OpenDecoder {
+            kind: api::codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads: 0,
+        })?
+        .handle;
+    let receive = |k: usize| api::codec::ReceiveFrame {
+        handle,
+        frame: frames[k % frames.len()],
+    };
+    // Counts the picture a receive delivered: 1 or 0 (none ready yet).
+    let got = |seq: u64| -> Result<u64, CliError> {
+        let c = c.wait(seq)?;
+        check_completion(&c, "receive_frame")?;
+        let got = api::codec::ReceiveFrame::reply(&c.values).got;
+        t.ops.fetch_add(got, Ordering::Relaxed);
+        Ok(got)
+    };
+    let collect = |(d, r): (u64, u64)| -> Result<u64, CliError> {
+        check_completion(&c.wait(d)?, "decode")?;
+        got(r)
+    };
+    let mut queued = std::collections::VecDeque::new();
+    let mut k = 0;
+    loop {
+        if ctl.pause.load(Ordering::Acquire) || ctl.stop.load(Ordering::Relaxed) {
+            for q in queued.drain(..) {
+                collect(q)?;
+            }
+            if k > 0 {
+                c.command(&api::codec::Flush { handle })?;
+                while got(c.submit_with_access(&receive(0))?)? > 0 {}
+            }
+            k = 0;
+        }
+        if !ctl.go() {
+            break;
+        }
+        let (bitstream, len) = bits[k % bits.len()];
+        let decode = api::codec::Decode {
+            handle,
+            bitstream,
+            len,
+            pts: k as u64,
+        };
+        queued.push_back((
+            c.submit_with_access(&decode)?,
+            c.submit_with_access(&receive(k))?,
+        ));
+        k += 1;
+        if queued.len() >= SLOW_DEPTH {
+            if let Some(q) = queued.pop_front() {
+                collect(q)?;
+            }
+        }
+    }
+    c.command(&api::codec::Close { handle })?;
     Ok(())
 }

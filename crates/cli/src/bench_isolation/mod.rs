@@ -3,11 +3,17 @@
 //!
 //! One daemon of its own (default backends: wgpu GPU, swscale ISP; a 1280x720 display) serves
 //! a victim guest alone and next to each kind of hostile guest in turn, one row each. The
-//! victim, measured the same way in every row, runs two workloads:
+//! victim, measured the same way in every row, runs three workloads:
 //! - **SVM access**: a write -> read pipeline under the prefetch protocol (`virtsoc bench
 //!   svm`'s: the producer writes a 1 MiB buffer, 2 ms later the consumer reads and checksums
 //!   it, 4 buffers in turn, atomic ordering), on one connection kept for the row: the p50 of
 //!   the consumer's begin_access on the host;
+//! - **decode**: H.264 pictures of the cheap 640x360 clip decoded one at a time (decode, then
+//!   receive_frame, on a decoder of one thread; `victim::CodecVictim`), on one connection
+//!   and decoder kept for the row: the p50 and p99 of a picture's time from its decode's
+//!   submission to its picture's answer, reported beside the check (not in it: next to a
+//!   guest that keeps the cores busy, a decoder that needs a core's time is slower whoever
+//!   schedules the codec, and 2 cores make that a large share);
 //! - **camera**: the `camera` scenario (`virtsoc run camera`: camera -> ISP -> GPU/display
 //!   planes -> display, prefetch, fences) at 720p and 30 fps: its presented frames per second.
 //!
@@ -25,6 +31,11 @@
 //! - `snapshot-spam`: display snapshots back to back;
 //! - `handshake-trickle`: 300 connections trickling a hello a byte every 200 ms (re-opened
 //!   when the daemon cuts them off);
+//! - `slow-decoder`: plays the realistic UHD clip (another size with
+//!   `--slow-decoder-resolution`; CABAC, B-frames, 150 Mbit/s at UHD: tens of milliseconds
+//!   a picture on 2 cores) with 4 pictures queued, as fast as its decoder goes: a guest that
+//!   keeps the codec and the cores busy (until stop 49 its receives that waited for its
+//!   worker held the codec's thread, and every other guest's codec commands, meanwhile);
 //! - `misuse` and `crashing`: the soak's hostile role (malformed ring entries, other guests'
 //!   ids, fence misuse; 2 guests) and crashing role (children killed mid-access; 2 guests).
 //!
@@ -39,7 +50,8 @@
 //! - alternates blocks of the victim's SVM frames alone and next to the guest (6 blocks of
 //!   `--frames / rounds / 6` frames each way): before an alone block the guest is paused and
 //!   has finished its operation under way (50 ms more of quiet), before a next-to block it
-//!   runs again for 200 ms; a round's p50s are over its blocks' frames;
+//!   runs again for 200 ms; each block is the SVM frames, then `DECODE_PICTURES` of the
+//!   decoder's; a round's p50s (and the decoder's p99) are over its blocks' frames;
 //! - then runs `--seconds / rounds` of camera alone (the guest paused) and next to it (after
 //!   the guest ran again for 200 ms).
 //!
@@ -56,20 +68,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
-use virtsoc_guest::{testdev, AccessMode, Connection, DeviceId, GuestError, RegionId};
+use virtsoc_guest::GuestError;
 
-use crate::bench_svm::OrderingMode;
 use crate::daemon_proc::DaemonProcess;
-use crate::scenario::{self, show::Composition, RunOpts};
 use crate::soak::Background;
-use crate::stats::median_or_zero;
+use crate::stats::{median_or_zero, percentile};
 use crate::CliError;
 
 mod hostile;
-use hostile::{hostile, open};
+mod victim;
+use hostile::hostile;
+use victim::{camera, CodecVictim, SvmVictim};
 
 /// Every hostile kind, in the order of the table.
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 11] = [
     "prefetch-abuser",
     "composite-64x4096",
     "composite-3x4096",
@@ -78,6 +90,7 @@ pub const KINDS: [&str; 10] = [
     "queue-flood",
     "snapshot-spam",
     "handshake-trickle",
+    "slow-decoder",
     "misuse",
     "crashing",
 ];
@@ -98,6 +111,8 @@ const RESUME: Duration = Duration::from_millis(200);
 const QUIET: Duration = Duration::from_millis(50);
 /// Bytes of the victim's SVM buffers.
 const SVM_SIZE: u64 = 1 << 20;
+/// Pictures of the victim's decoder per block (a picture takes about a millisecond alone).
+const DECODE_PICTURES: usize = 20;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -108,6 +123,8 @@ pub struct IsolationParams {
     pub frames: usize,
     /// Hostile kinds (default: all of [`KINDS`]).
     pub kinds: Vec<String>,
+    /// The picture size of the `slow-decoder`'s clip.
+    pub slow_decoder: (u32, u32),
 }
 
 /// The victim's numbers in one round: alone, then next to the hostile guest.
@@ -121,6 +138,14 @@ pub struct Round {
     pub access_p50_us: f64,
     /// Next to the hostile guest: camera fps.
     pub camera_fps: f64,
+    /// Alone: p50 of the victim's picture times (decode submitted -> picture answered), ms.
+    pub alone_decode_p50_ms: f64,
+    /// Alone: p99 of the same, ms.
+    pub alone_decode_p99_ms: f64,
+    /// Next to the hostile guest: decode p50, ms.
+    pub decode_p50_ms: f64,
+    /// Next to the hostile guest: decode p99, ms.
+    pub decode_p99_ms: f64,
 }
 
 /// The victim's numbers in one row (medians over its rounds).
@@ -142,6 +167,17 @@ pub struct Row {
     pub camera_fps: f64,
     /// The median over the rounds of camera fps next to the hostile guest / alone, %.
     pub fps_pct_of_alone: f64,
+    /// The victim alone: its pictures' p50 (ms), the median of the rounds' values.
+    pub alone_decode_p50_ms: f64,
+    /// Next to the hostile guest: its pictures' p50 (ms), the median of the rounds' values.
+    pub decode_p50_ms: f64,
+    /// The median over the rounds of decode p50 next to the hostile guest / alone, %
+    /// (reported, not checked).
+    pub decode_pct_of_alone: f64,
+    /// The victim alone: its pictures' p99 (ms), the median of the rounds' values.
+    pub alone_decode_p99_ms: f64,
+    /// Next to the hostile guest: its pictures' p99 (ms), the median of the rounds' values.
+    pub decode_p99_ms: f64,
     /// Within the tolerance.
     pub ok: bool,
     /// `ok`, or `FAIL` and what is out of the tolerance.
@@ -287,6 +323,7 @@ fn rows(
         let tally = Tally::default();
         let ctl = Ctl::default();
         let mut svm = SvmVictim::open(target)?;
+        let mut codec = CodecVictim::open(target)?;
         let (rounds, corrupt, soak) = std::thread::scope(|s| {
             let mut h = match kind.as_str() {
                 // The soak's roles run as they are (stopped and started again to pause).
@@ -295,13 +332,13 @@ fn rows(
                 _ => Hostile::Thread(
                     &ctl,
                     Some(s.spawn(|| {
-                        let r = hostile(kind, target, &ctl, &tally);
+                        let r = hostile(kind, (target, p.slow_decoder), &ctl, &tally);
                         ctl.ended.store(true, Ordering::Release);
                         r
                     })),
                 ),
             };
-            let measured = measure_row(&mut h, &mut svm, (target, pid), &plan);
+            let measured = measure_row(&mut h, (&mut svm, &mut codec), (target, pid), &plan);
             let soak = h.stop(kind);
             measured.map(|(rounds, corrupt)| (rounds, corrupt, soak))
         })?;
@@ -320,6 +357,7 @@ fn rows(
         let of = |f: fn(&Round) -> f64| median_or_zero(&rounds.iter().map(f).collect::<Vec<_>>());
         let access_pct = of(|r| pct(r.access_p50_us, r.alone_access_p50_us));
         let fps_pct = of(|r| pct(r.camera_fps, r.alone_camera_fps));
+        let decode_pct = of(|r| pct(r.decode_p50_ms, r.alone_decode_p50_ms));
         let mut out = Vec::new();
         if access_pct > (1.0 + TOLERANCE) * 100.0 {
             out.push(format!("access p50 {access_pct:.0}% of alone"));
@@ -338,6 +376,11 @@ fn rows(
             access_pct_of_alone: access_pct,
             camera_fps: of(|r| r.camera_fps),
             fps_pct_of_alone: fps_pct,
+            alone_decode_p50_ms: of(|r| r.alone_decode_p50_ms),
+            decode_p50_ms: of(|r| r.decode_p50_ms),
+            decode_pct_of_alone: decode_pct,
+            alone_decode_p99_ms: of(|r| r.alone_decode_p99_ms),
+            decode_p99_ms: of(|r| r.decode_p99_ms),
             ok: out.is_empty(),
             check: if out.is_empty() {
                 "ok".into()
@@ -360,7 +403,7 @@ fn rows(
 /// round's numbers, the victim's corrupt SVM frames).
 fn measure_row(
     h: &mut Hostile<'_, '_>,
-    svm: &mut SvmVictim,
+    (svm, codec): (&mut SvmVictim, &mut CodecVictim),
     (target, pid): (&str, Option<u32>),
     plan: &Plan,
 ) -> Result<(Vec<Round>, usize), CliError> {
@@ -372,17 +415,20 @@ fn measure_row(
         let blocks = h.blocks();
         let n = (plan.frames / blocks).max(1);
         let (mut alone, mut with) = (Vec::new(), Vec::new());
+        let (mut alone_ms, mut with_ms) = (Vec::new(), Vec::new());
         for _ in 0..blocks {
             h.pause()?;
             std::thread::sleep(QUIET);
             let (us, c) = svm.measure(n)?;
             alone.extend(us);
             corrupt += c;
+            alone_ms.extend(codec.measure(DECODE_PICTURES)?);
             h.resume(target)?;
             std::thread::sleep(h.warm());
             let (us, c) = svm.measure(n)?;
             with.extend(us);
             corrupt += c;
+            with_ms.extend(codec.measure(DECODE_PICTURES)?);
         }
         h.pause()?;
         std::thread::sleep(QUIET);
@@ -395,6 +441,10 @@ fn measure_row(
             alone_camera_fps: alone_fps,
             access_p50_us: median_or_zero(&with),
             camera_fps: fps,
+            alone_decode_p50_ms: percentile(&alone_ms, 50.0),
+            alone_decode_p99_ms: percentile(&alone_ms, 99.0),
+            decode_p50_ms: percentile(&with_ms, 50.0),
+            decode_p99_ms: percentile(&with_ms, 99.0),
         });
     }
     Ok((rounds, corrupt))
@@ -558,103 +608,39 @@ fn pct(v: f64, alone: f64) -> f64 {
     }
 }
 
-/// The victim's SVM pipeline, `virtsoc bench svm`'s (prefetch protocol, atomic ordering, one
-/// reader, 2 ms of slack, 4 buffers of [`SVM_SIZE`]), on one connection kept for a whole
-/// row: its alone and next-to measurements then differ only by the hostile guest. (With a
-/// fresh connection, ring and predictor per measurement, the p50 alone moved by 2x from one
-/// measurement to the next.)
-struct SvmVictim {
-    conn: Connection,
-    ring: Vec<RegionId>,
-    frame: u64,
-}
-
-impl SvmVictim {
-    /// Frames run (not measured) after connecting: the predictor learns the flow.
-    const WARMUP: usize = 20;
-    /// The producer's write to the consumer's read.
-    const SLACK: Duration = Duration::from_millis(2);
-
-    fn open(target: &str) -> Result<SvmVictim, CliError> {
-        let conn = open(target, "victim-svm", 8 * SVM_SIZE + (64 << 20), "prefetch")?;
-        let ring = (0..4)
-            .map(|_| conn.alloc_blob(SVM_SIZE).map(|r| r.id))
-            .collect::<Result<_, _>>()?;
-        let mut v = SvmVictim {
-            conn,
-            ring,
-            frame: 0,
-        };
-        v.measure(Self::WARMUP)?;
-        Ok(v)
-    }
-
-    /// Runs `frames` frames: (the consumer's begin_access times on the host in us, frames
-    /// whose read checksum differed from the written one).
-    fn measure(&mut self, frames: usize) -> Result<(Vec<f64>, usize), CliError> {
-        let (c, size) = (&self.conn, SVM_SIZE);
-        let (w, r) = (AccessMode::Write, AccessMode::Read);
-        let mut us = Vec::with_capacity(frames);
-        let mut corrupt = 0;
-        for _ in 0..frames {
-            let id = self.ring[self.frame as usize % self.ring.len()];
-            c.begin_access(id, DeviceId::PRODUCER, 0, size, w)?;
-            let crc_w = c.device_cmd(
-                DeviceId::PRODUCER,
-                [testdev::WRITE_PATTERN, u64::from(id), self.frame, 0, 0, 0],
-            )?[0];
-            c.end_access(id, DeviceId::PRODUCER, 0, size, w)?;
-            std::thread::sleep(Self::SLACK);
-            let b = c.begin_access(id, DeviceId::CONSUMER, 0, size, r)?;
-            us.push(b.host_elapsed.as_secs_f64() * 1e6);
-            let crc_r = c.device_cmd(
-                DeviceId::CONSUMER,
-                [testdev::CHECKSUM, u64::from(id), 0, 0, 0, 0],
-            )?[0];
-            corrupt += usize::from(crc_r != crc_w);
-            c.end_access(id, DeviceId::CONSUMER, 0, size, r)?;
-            self.frame += 1;
-        }
-        Ok((us, corrupt))
-    }
-}
-
-/// The camera scenario at 720p, 30 fps: presented frames per second.
-fn camera(target: &str, pid: Option<u32>, seconds: f64) -> Result<f64, CliError> {
-    let r = scenario::run(
-        target,
-        pid,
-        &RunOpts {
-            scenario: "camera".into(),
-            protocol: "prefetch".into(),
-            ordering: OrderingMode::Fence,
-            seconds,
-            width: 1280,
-            height: 720,
-            fps: 30,
-            composition: Composition::Planes,
-            pacing: crate::scenario::Pacing::default(),
-        },
-    )?;
-    Ok(r.presented_fps)
-}
-
 /// Prints the report as a table.
 pub fn print_table(r: &IsolationReport) {
     println!(
         "Isolation: a victim guest (SVM write->read access p50 under prefetch, 1 MiB, {} \
-         frames; camera scenario 720p30 presented fps, {:.0} s) alone, then next to each \
-         hostile guest, in {} interleaved rounds; medians over the rounds (% = median of the \
-         rounds' with/alone); check: within {:.0}% of alone",
+         frames; camera scenario 720p30 presented fps, {:.0} s; 640x360 H.264 pictures \
+         decoded one at a time, ms from decode to picture, p50 and p99) alone, then next to \
+         each hostile guest, in {} interleaved rounds; medians over the rounds (% = median \
+         of the rounds' with/alone); check: access and camera within {:.0}% of alone (the \
+         decoder's times are reported, not checked)",
         r.frames, r.seconds, r.rounds, r.tolerance_pct
     );
     println!(
-        "{:<18} {:>8} {:>8} {:>6} {:>7} {:>7} {:>6} {:>9} {:>9} {:>6}",
-        "hostile", "alone us", "with us", "%", "alone fps", "with", "%", "ops", "refused", "check"
+        "{:<18} {:>8} {:>8} {:>5} {:>7} {:>6} {:>5} {:>11} {:>11} {:>5} {:>8} {:>8} {:>6} {:>9} {:>9}",
+        "hostile",
+        "alone us",
+        "with us",
+        "%",
+        "alone fps",
+        "with",
+        "%",
+        "dec p50 alone",
+        "with",
+        "%",
+        "p99 alone",
+        "with",
+        "check",
+        "ops",
+        "refused"
     );
     for row in &r.rows {
         println!(
-            "{:<18} {:>8.2} {:>8.2} {:>6.0} {:>7.1} {:>7.1} {:>6.0} {:>9} {:>9} {:>6}",
+            "{:<18} {:>8.2} {:>8.2} {:>5.0} {:>7.1} {:>6.1} {:>5.0} {:>11.2} {:>11.2} {:>5.0} \
+             {:>8.2} {:>8.2} {:>6} {:>9} {:>9}",
             row.hostile,
             row.alone_access_p50_us,
             row.access_p50_us,
@@ -662,9 +648,14 @@ pub fn print_table(r: &IsolationReport) {
             row.alone_camera_fps,
             row.camera_fps,
             row.fps_pct_of_alone,
+            row.alone_decode_p50_ms,
+            row.decode_p50_ms,
+            row.decode_pct_of_alone,
+            row.alone_decode_p99_ms,
+            row.decode_p99_ms,
+            if row.ok { "ok" } else { "FAIL" },
             row.hostile_ops,
             row.hostile_refused,
-            if row.ok { "ok" } else { "FAIL" }
         );
     }
     for row in r.rows.iter().filter(|r| !r.ok) {
