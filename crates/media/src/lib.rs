@@ -38,7 +38,7 @@ pub use frame::{
     copy_frame, FrameError, FrameLayout, FrameMut, FrameRef, OwnedFrame, PixelFormat, PlaneInfo,
 };
 pub use isp::{Charge, ChargeError, Charger, CpuIsp, IspBackend, NullIsp, ProcessIsp, SwscaleIsp};
-pub use worker::{worker_processes, WorkerPool, CALL_DEADLINE, WORKER_RESIDENT};
+pub use worker::{deadline_for, worker_processes, WorkerPool, CALL_DEADLINE, WORKER_RESIDENT};
 
 /// Initializes FFmpeg for this process (its error strings, which are empty until then) and
 /// silences its own console messages (libavcodec prints a line per corrupt packet even at

@@ -532,3 +532,26 @@ fn a_killed_encoder_worker_is_an_error_for_its_encoder_only() {
     ));
     assert_eq!(encode_all(&mut fresh, 3).len(), 3);
 }
+
+/// A frame started in the worker (`start`, the codec device's waiter path) and finished
+/// later gives the packets `encode` gives; while it is out, the worker's socket is there to
+/// wait on and a second frame is refused.
+#[test]
+fn frames_started_and_finished_give_what_encode_gives() {
+    let mut here =
+        FfmpegEncoder::new_h264_with(320, 240, 30, 400_000, EncoderPreset::Veryfast).unwrap();
+    let mut there = encoder(&worker_pool());
+    assert!(there.finish().unwrap().is_empty(), "nothing started");
+    let mut started = Vec::new();
+    for i in 0..12 {
+        let (l, data) = nv12_frame(i);
+        let frame = FrameRef::new(l, &data).unwrap();
+        assert!(there.start(frame, i as i64).unwrap());
+        assert!(there.started() && there.answers_fd().is_some());
+        assert!(there.start(frame, i as i64).is_err(), "one frame at a time");
+        started.extend(there.finish().unwrap());
+        assert!(!there.started() && there.answers_fd().is_none());
+    }
+    started.extend(there.flush().unwrap());
+    assert!(encode_all(&mut here, 12) == started, "the same packets");
+}

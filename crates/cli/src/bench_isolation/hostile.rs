@@ -49,6 +49,7 @@ pub(super) fn hostile(
         "composite-64x4096" => composite(target, &name, 64, ctl, t),
         "composite-3x4096" => composite(target, &name, 3, ctl, t),
         "slow-decoder" => slow_decoder(target, &name, slow, ctl, t),
+        "slow-encoder" => slow_encoder(target, &name, slow, ctl, t),
         "region-flood" => {
             let c = open(target, &name, 64 << 20, "write-invalidate")?;
             while ctl.go() {
@@ -325,6 +326,60 @@ fn slow_decoder(
                 collect(q)?;
             }
         }
+    }
+    c.command(&api::codec::Close { handle })?;
+    Ok(())
+}
+
+/// `slow-encoder`: encodes pictures of `w` x `h` (NV12) back to back with an H.264 encoder of
+/// the daemon's, two pictures of noise in turn (so that every one costs libx264 a whole
+/// picture's work), one encode at a time; an encode answered is an operation.
+fn slow_encoder(
+    target: &str,
+    name: &str,
+    (w, h): (u32, u32),
+    ctl: &Ctl,
+    t: &Tally,
+) -> Result<(), CliError> {
+    let picture = u64::from(w) * u64::from(h) * 3 / 2;
+    let c = open(target, name, 3 * picture + (64 << 20), "prefetch")?;
+    let p = Pipe::new(&c, OrderingMode::Atomic);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut noise = vec![0u8; picture as usize];
+    let mut frames = Vec::new();
+    for _ in 0..2 {
+        for chunk in noise.chunks_mut(8) {
+            // xorshift64: cheap bytes no encoder predicts.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let b = seed.to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+        let id = c.alloc(0, w, h, Format::Nv12, 0)?.id;
+        p.cpu_write(id, &noise)?;
+        frames.push(id);
+    }
+    let out = c.alloc_blob(picture)?.id;
+    let handle = c
+        .command(&api::codec::OpenEncoder {
+            width: u64::from(w),
+            height: u64::from(h),
+            fps: 60,
+            bitrate: 100_000_000,
+        })?
+        .handle;
+    let mut k = 0;
+    while ctl.go() {
+        let encode = api::codec::Encode {
+            handle,
+            frame: frames[k % frames.len()],
+            pts: k as u64,
+            out,
+        };
+        check_completion(&c.wait(c.submit_with_access(&encode)?)?, "encode")?;
+        t.ops.fetch_add(1, Ordering::Relaxed);
+        k += 1;
     }
     c.command(&api::codec::Close { handle })?;
     Ok(())

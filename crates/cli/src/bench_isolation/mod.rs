@@ -81,7 +81,7 @@ use hostile::hostile;
 use victim::{camera, CodecVictim, SvmVictim};
 
 /// Every hostile kind, in the order of the table.
-pub const KINDS: [&str; 11] = [
+pub const KINDS: [&str; 12] = [
     "prefetch-abuser",
     "composite-64x4096",
     "composite-3x4096",
@@ -91,6 +91,7 @@ pub const KINDS: [&str; 11] = [
     "snapshot-spam",
     "handshake-trickle",
     "slow-decoder",
+    "slow-encoder",
     "misuse",
     "crashing",
 ];

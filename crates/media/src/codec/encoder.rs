@@ -31,6 +31,28 @@ pub trait EncoderBackend: Send {
     fn encode(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<Vec<EncodedPacket>>;
     /// Ends the stream and returns the remaining packets; the encoder cannot be used after.
     fn flush(&mut self) -> Result<Vec<EncodedPacket>>;
+    /// Starts encoding `frame` as [`encode`](Self::encode) does, without waiting for its
+    /// packets (an encoder in another process takes the frame and returns): `Ok(true)` when
+    /// started, then [`finish`](Self::finish) gives the packets; `Ok(false)` when this
+    /// encoder cannot (call `encode`).
+    fn start(&mut self, _frame: FrameRef<'_>, _pts: i64) -> Result<bool> {
+        Ok(false)
+    }
+    /// Whether a frame [`start`](Self::start) began is waiting for its packets.
+    fn started(&self) -> bool {
+        false
+    }
+    /// The packets of the frame [`start`](Self::start) began, waiting for them (within the
+    /// encoder's deadline); nothing when no frame was started.
+    fn finish(&mut self) -> Result<Vec<EncodedPacket>> {
+        Ok(Vec::new())
+    }
+    /// A descriptor that becomes readable when the started frame's packets begin to arrive
+    /// (or the encoder's process ends); `None` when nothing is started or the encoder runs
+    /// in this process.
+    fn answers_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 impl EncoderBackend for FfmpegEncoder {

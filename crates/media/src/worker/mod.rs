@@ -140,6 +140,16 @@ impl WorkerProcess {
         r.map_err(|e| self.end(&e.to_string()))
     }
 
+    /// Sends `m` with `fds` without reading its answer ([`answer`](Self::answer) does); on a
+    /// failure the worker is ended.
+    pub(crate) fn send(&mut self, m: &Out, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        if let Some(why) = &self.dead {
+            return Err((self.error)(why.clone()));
+        }
+        m.send(&mut self.sock, fds)
+            .map_err(|e| self.end(&e.to_string()))
+    }
+
     /// Sends the message made of `parts` without waiting for its answer (the worker reads
     /// it once it has answered the calls before it), from byte `from` on: all of it, or
     /// with `now_only` what the socket takes at once (a worker busy writing an answer
@@ -279,7 +289,7 @@ pub(crate) fn read_answer<T>(
 
 /// How long a worker may take for a call on `pixels` pixels: [`CALL_DEADLINE`] and 1 ms
 /// more per 10,000 pixels (a 1080p frame adds 0.2 s; the largest frames, tens of seconds).
-pub(crate) fn deadline_for(pixels: u64) -> Duration {
+pub fn deadline_for(pixels: u64) -> Duration {
     CALL_DEADLINE + Duration::from_millis(pixels / 10_000)
 }
 

@@ -1,10 +1,15 @@
 //! `receive_frame` and `stream_info` that would wait for a decoder's worker process (no
-//! picture ready, packets still in the worker) wait on the codec's thread at most [`GRACE`]
-//! (most pictures are that close: handing over costs more), then go to its waiter thread,
-//! which waits on every such worker's socket at once (one `poll`, holding nothing) and
-//! answers each command once its worker's answers bring a picture or the end of what was in
-//! flight. The device's thread goes on serving the other guests meanwhile: one guest's slow
-//! decode (a large or hostile stream) holds another guest's commands for `GRACE` at most.
+//! picture ready, packets still in the worker), and `encode` on an encoder in a worker
+//! process (its frame handed to the worker, its packets not back yet), wait on the codec's
+//! thread at most [`GRACE`] (most pictures are that close: handing over costs more), then
+//! go to its waiter thread, which waits on every such worker's socket at once (one `poll`,
+//! holding nothing) and answers each command once its worker's answers bring a picture or
+//! the end of what was in flight (an encode: its packets). The device's thread goes on
+//! serving the other guests meanwhile: one guest's slow decode or encode (a large or
+//! hostile stream, a picture as large as the limits allow) holds another guest's commands
+//! for `GRACE` at most. (Until stop 50 an encode held the codec's thread, and its state,
+//! for its whole frame: 100-200 ms a 3840x2160 picture here, up to the encoder's deadline,
+//! tens of seconds, for the largest.)
 //! A guest alone on the codec (no other guest has opened a session on it) waits on the
 //! codec's thread, as before: nobody is held, and a guest that comes meanwhile waits for that
 //! one wait at most. The guest's own queue stays held until the answer (a command still
@@ -75,7 +80,7 @@ impl Drop for Waits {
 /// Runs `args` of `cx`'s guest on `codec` and answers through `reply`: at once, or, for a
 /// command that would wait for its decoder's worker, by the waiter once the worker answers.
 pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
-    let Some((handle, fd)) = would_wait(codec, cx.guest, args) else {
+    let Some((handle, fd, deadline)) = would_wait(codec, cx, args) else {
         return answer(codec, cx, args, reply);
     };
     if readable_within(&fd, GRACE) && !still_waits(codec, cx.guest, handle) {
@@ -104,7 +109,7 @@ pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], 
         reads_host: cx.reads_host,
         args: *args,
         fd,
-        deadline: Instant::now() + virtsoc_media::CALL_DEADLINE,
+        deadline: Instant::now() + deadline,
     };
     waits.shared.new.lock_or_recover().push((w, reply));
     waits.shared.wake();
@@ -119,15 +124,22 @@ fn answer(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], mut reply: Reply) 
     reply.send_because(result, cx.take_reason());
 }
 
-/// The decoder a `receive_frame` or `stream_info` of `guest` would wait for, and a
-/// descriptor that becomes readable when its worker answers; `None` to run it at once (any
-/// other command, a picture ready, nothing in flight, a decoder in this process, or no
-/// other guest on the codec to hold: handing over costs the daemon CPU, `docs/results.md`
-/// stop 49).
-fn would_wait(codec: &Codec, guest: GuestId, args: &[u64; 6]) -> Option<(HandleId, OwnedFd)> {
+/// The decoder a `receive_frame` or `stream_info` of `cx`'s guest would wait for, or the
+/// encoder an `encode` started a frame on ([`start_encode`]), a descriptor that becomes
+/// readable when its worker answers, and how long its worker has; `None` to run it at once
+/// (any other command, a picture ready, nothing in flight, a decoder or an encoder in this
+/// process, or no other guest on the codec to hold: handing over costs the daemon CPU,
+/// `docs/results.md` stop 49).
+fn would_wait(
+    codec: &Codec,
+    cx: &DeviceCtx<'_>,
+    args: &[u64; 6],
+) -> Option<(HandleId, OwnedFd, Duration)> {
+    let guest = cx.guest;
     let handle = match Command::decode(args).ok()? {
         Command::ReceiveFrame(c) => c.handle,
         Command::StreamInfo(c) => c.handle,
+        Command::Encode(c) => return start_encode(codec, cx, c),
         _ => return None,
     };
     let mut st = codec.state();
@@ -139,11 +151,47 @@ fn would_wait(codec: &Codec, guest: GuestId, args: &[u64; 6]) -> Option<(HandleI
         return None;
     }
     let fd = s.decoder.answers_fd()?.try_clone_to_owned().ok()?;
-    Some((handle, fd))
+    Some((handle, fd, virtsoc_media::CALL_DEADLINE))
+}
+
+/// Hands `c`'s frame to its encoder's worker without waiting for the packets (the one copy
+/// of the frame into the buffer the worker reads, as `encode` makes); the command, run
+/// later ([`Codec::encode`]), reads them. `None` when the encoder cannot start a frame (in
+/// this process), when a check fails (the command then reports it) or when no other guest
+/// uses the codec: the command runs at once, as before.
+fn start_encode(
+    codec: &Codec,
+    cx: &DeviceCtx<'_>,
+    c: virtsoc_devapi::codec::Encode,
+) -> Option<(HandleId, OwnedFd, Duration)> {
+    let layout = super::frame_layout(&cx.meta(c.frame).ok()?).ok()?;
+    cx.meta(c.out).ok()?;
+    let mut st = codec.state();
+    if !st.last_handle.keys().any(|g| *g != cx.guest) {
+        return None;
+    }
+    let s = st.encoder(cx.guest, c.handle).ok()?;
+    if !layout.format.is_yuv() || (layout.width, layout.height) != (s.width, s.height) {
+        return None;
+    }
+    let encoder = &mut s.encoder;
+    let started = cx.with_source(c.frame, |bytes| {
+        virtsoc_media::FrameRef::new(layout, bytes)
+            .map_err(virtsoc_media::MediaError::from)
+            .and_then(|f| encoder.start(f, c.pts as i64))
+    });
+    // Not started (or it failed: the command's own encode reports why).
+    if !matches!(started, Ok(Ok(true))) {
+        return None;
+    }
+    let pixels = u64::from(layout.width) * u64::from(layout.height);
+    let fd = encoder.answers_fd()?.try_clone_to_owned().ok()?;
+    Some((c.handle, fd, virtsoc_media::deadline_for(pixels)))
 }
 
 /// Whether decoder `handle` of `guest` still has no picture and packets in flight, once the
-/// answers that arrived are read (false for a decoder gone).
+/// answers that arrived are read (false for a decoder gone, and for an encoder: its
+/// packets are there once its worker's socket is readable).
 fn still_waits(codec: &Codec, guest: GuestId, handle: HandleId) -> bool {
     codec
         .state()
@@ -237,3 +285,7 @@ fn serve(shared: &Shared) {
         waiting = kept;
     }
 }
+
+#[cfg(test)]
+#[path = "wait_tests.rs"]
+mod tests;

@@ -41,6 +41,8 @@ pub struct ProcessEncoder {
     frame: Option<Buffer>,
     width: u32,
     height: u32,
+    /// A frame [`start`](EncoderBackend::start) sent, and when its worker's time is up.
+    started: Option<std::time::Instant>,
 }
 
 impl ProcessEncoder {
@@ -65,6 +67,7 @@ impl ProcessEncoder {
             frame: None,
             width,
             height,
+            started: None,
         };
         let preset_code = EncoderPreset::ALL
             .iter()
@@ -95,17 +98,48 @@ impl ProcessEncoder {
 
     /// Sends `m` (with the frame buffer's descriptor when `new`) and reads the packets.
     fn packets(&mut self, m: &Out, new: bool) -> Result<Vec<EncodedPacket>> {
-        let max = max_packet_bytes(self.width, self.height);
+        self.finish()?;
+        self.send(m, new)?;
+        self.read_packets()
+    }
+
+    /// Sends `m` (with the frame buffer's descriptor when `new`), the worker's deadline set
+    /// for this frame size.
+    fn send(&mut self, m: &Out, new: bool) -> Result<()> {
         let fds: Vec<_> = match (&self.frame, new) {
             (Some(b), true) => vec![b.fd()],
             _ => Vec::new(),
         };
         self.worker
             .set_deadline(deadline_for(u64::from(self.width) * u64::from(self.height)));
-        let mut a = self
-            .worker
-            .call(m, &fds, max + 64 * MAX_PACKETS as usize + 4096)?;
+        self.worker.send(m, &fds)
+    }
+
+    /// Reads the answer to the call sent, as packets.
+    fn read_packets(&mut self) -> Result<Vec<EncodedPacket>> {
+        let max = max_packet_bytes(self.width, self.height);
+        let mut a = self.worker.answer(max + 64 * MAX_PACKETS as usize + 4096)?;
         parse_packets(&mut a, max).map_err(|e| self.worker.end(&e.to_string()))?
+    }
+
+    /// Copies `frame` into the buffer the worker reads: the encode call for it.
+    fn encode_call(&mut self, frame: &FrameRef<'_>, pts: i64) -> Result<(Out, bool)> {
+        check_frame(frame, self.width, self.height)?;
+        let l = frame.layout;
+        let n = l.size();
+        let new = Buffer::fit(&mut self.frame, n)?;
+        let buf = self
+            .frame
+            .as_mut()
+            .ok_or_else(|| MediaError::Resources("encoder: no frame buffer".into()))?;
+        // The one copy more than in process: the frame into the buffer the worker reads.
+        buf.bytes_mut()
+            .get_mut(..n)
+            .ok_or_else(|| bad("frame buffer"))?
+            .copy_from_slice(frame.data.get(..n).ok_or_else(|| bad("frame"))?);
+        let mut m = Out::default();
+        m.u8(ENCODE).u8(u8::from(new)).layout(&l).u64(pts as u64);
+        Ok((m, new))
     }
 }
 
@@ -157,21 +191,10 @@ impl EncoderBackend for ProcessEncoder {
     }
 
     fn encode(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<Vec<EncodedPacket>> {
-        check_frame(&frame, self.width, self.height)?;
-        let l = frame.layout;
-        let n = l.size();
-        let new = Buffer::fit(&mut self.frame, n)?;
-        let buf = self
-            .frame
-            .as_mut()
-            .ok_or_else(|| MediaError::Resources("encoder: no frame buffer".into()))?;
-        // The one copy more than in process: the frame into the buffer the worker reads.
-        buf.bytes_mut()
-            .get_mut(..n)
-            .ok_or_else(|| bad("frame buffer"))?
-            .copy_from_slice(frame.data.get(..n).ok_or_else(|| bad("frame"))?);
-        let mut m = Out::default();
-        m.u8(ENCODE).u8(u8::from(new)).layout(&l).u64(pts as u64);
+        // A frame started before: its packets are read first (and dropped: whoever started
+        // it finishes it; this path is the encoder's only caller when nothing is started).
+        self.finish()?;
+        let (m, new) = self.encode_call(&frame, pts)?;
         self.packets(&m, new)
     }
 
@@ -179,6 +202,36 @@ impl EncoderBackend for ProcessEncoder {
         let mut m = Out::default();
         m.u8(FLUSH_ENCODER);
         self.packets(&m, false)
+    }
+
+    fn start(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<bool> {
+        if self.started.is_some() {
+            return Err(bad("a frame is being encoded already"));
+        }
+        let (m, new) = self.encode_call(&frame, pts)?;
+        self.send(&m, new)?;
+        let pixels = u64::from(self.width) * u64::from(self.height);
+        self.started = Some(std::time::Instant::now() + deadline_for(pixels));
+        Ok(true)
+    }
+
+    fn started(&self) -> bool {
+        self.started.is_some()
+    }
+
+    fn finish(&mut self) -> Result<Vec<EncodedPacket>> {
+        let Some(due) = self.started.take() else {
+            return Ok(Vec::new());
+        };
+        // What is left of the frame's deadline (the socket's timeout counts from each read).
+        let left = due.saturating_duration_since(std::time::Instant::now());
+        self.worker
+            .set_deadline(left.max(std::time::Duration::from_millis(1)));
+        self.read_packets()
+    }
+
+    fn answers_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.started.map(|_| self.worker.fd())
     }
 }
 

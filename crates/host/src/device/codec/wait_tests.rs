@@ -1,0 +1,145 @@
+//! The waiter's `encode`: a frame handed to an encoder's worker holds no other guest.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use virtsoc_devapi::codec as api;
+use virtsoc_devapi::{codec_kind, DeviceCommand};
+use virtsoc_ids::{HandleId, RegionId};
+use virtsoc_media::codec::{EncodedPacket, EncoderBackend};
+use virtsoc_media::{FrameRef, MediaError};
+use virtsoc_proto::{wire::Format, AccessMode, DeviceId, Opcode};
+use virtsoc_svm::{AccessSpec, DomainId, GuestId};
+
+use super::super::Codec;
+use crate::device::registry::DeviceConfig;
+use crate::device::tests::{reply_for, results};
+use crate::device::{Device, DeviceCtx};
+use crate::testkit::{Core, GUEST};
+
+/// An encoder running apart: a frame started is answered with one packet (the byte the test
+/// writes to the other end of `answers`, after an H.264 start code) when the test writes it.
+struct Starting {
+    answers: UnixStream,
+    started: bool,
+}
+
+impl EncoderBackend for Starting {
+    fn name(&self) -> &str {
+        "starting"
+    }
+    fn encode(
+        &mut self,
+        _frame: FrameRef<'_>,
+        _pts: i64,
+    ) -> virtsoc_media::Result<Vec<EncodedPacket>> {
+        // What the codec's thread did before the waiter: waited here for the worker.
+        Err(MediaError::Encode("encoded on the codec's thread".into()))
+    }
+    fn flush(&mut self) -> virtsoc_media::Result<Vec<EncodedPacket>> {
+        Ok(Vec::new())
+    }
+    fn start(&mut self, _frame: FrameRef<'_>, _pts: i64) -> virtsoc_media::Result<bool> {
+        self.started = true;
+        Ok(true)
+    }
+    fn started(&self) -> bool {
+        self.started
+    }
+    fn finish(&mut self) -> virtsoc_media::Result<Vec<EncodedPacket>> {
+        if !std::mem::take(&mut self.started) {
+            return Ok(Vec::new());
+        }
+        let mut b = [0u8; 1];
+        match self.answers.read(&mut b) {
+            Ok(1) => Ok(vec![EncodedPacket {
+                data: vec![0, 0, 0, 1, 0x65, b[0]],
+                pts: 5,
+                dts: 5,
+                keyframe: true,
+            }]),
+            _ => Err(MediaError::Encode("no answer".into())),
+        }
+    }
+    fn answers_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.started.then(|| self.answers.as_fd())
+    }
+}
+
+/// An `encode` whose encoder runs apart does not hold the device while its worker encodes:
+/// another guest's commands are answered meanwhile, and the encode once its packets come,
+/// written into its output region.
+#[test]
+fn an_encode_waiting_for_its_worker_holds_no_other_guest() {
+    let codec = Codec::new(&DeviceConfig::default()).unwrap();
+    let mut core = Core::new();
+    let alloc = [0, 64, 48, Format::Nv12 as u64, 0, 0];
+    let frame = core.call(Opcode::Alloc, DeviceId::CPU, alloc).unwrap()[0];
+    let out = core.blob(4096);
+    // The codec here is a device of the test core's first device domain (the producer's),
+    // with the accesses a guest would take: the frame read, the packets' region written.
+    let domain = DomainId(2);
+    for (id, mode) in [(frame, AccessMode::Read), (out, AccessMode::Write)] {
+        let len = core.svm.meta(GUEST, RegionId(id)).unwrap().size;
+        let spec = AccessSpec::new(DeviceId::PRODUCER.0, domain, 0, len, mode);
+        core.svm.begin_access(GUEST, RegionId(id), &spec).unwrap();
+    }
+    let cx = |g| DeviceCtx::new(g, &core.svm, domain, core.session.fences());
+    let (cx1, cx2) = (cx(GUEST), cx(GuestId(2)));
+    let open = api::OpenEncoder {
+        width: 64,
+        height: 48,
+        fps: 30,
+        bitrate: 100_000,
+    };
+    let e = codec.open_encoder_at(GUEST, open, None, None).unwrap();
+    let (mut worker, answers) = UnixStream::pair().unwrap();
+    answers
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    codec.state().encoder(GUEST, e).unwrap().encoder = Box::new(Starting {
+        answers,
+        started: false,
+    });
+    // Another guest on the codec (alone, the encode would run on the codec's thread).
+    let dec = api::OpenDecoder {
+        kind: codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads: 1,
+    };
+    let h2 = HandleId(codec.open_decoder_for(&cx2, dec).unwrap()[0]);
+    let encode = api::Encode {
+        handle: e,
+        frame: RegionId(frame),
+        pts: 5,
+        out: RegionId(out),
+    };
+    let (done, answered) = std::sync::mpsc::channel();
+    let mut reply = reply_for(&core, 7);
+    reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
+    codec.execute_async(&cx1, &encode.encode(), reply);
+    let early = results(&core);
+    assert!(
+        early.is_empty(),
+        "answered before its worker did: {early:?}"
+    );
+
+    let info = api::StreamInfo { handle: h2 };
+    codec.execute_async(&cx2, &info.encode(), reply_for(&core, 8));
+    let other = results(&core);
+    assert_eq!(other.len(), 1);
+    assert_eq!(other[0].0, 8);
+    assert!(other[0].1.is_ok(), "{:?}", other[0].1);
+
+    worker.write_all(&[0x42]).unwrap();
+    answered.recv_timeout(Duration::from_secs(30)).unwrap();
+    let got = results(&core);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, 7);
+    let r = api::EncodeReply::from_values(&got[0].1.unwrap());
+    assert_eq!((r.bytes, r.keyframe, r.out_pts), (6, 1, 5));
+    let written = cx1.with_source(RegionId(out), |b| b[..6].to_vec()).unwrap();
+    assert_eq!(written, [0, 0, 0, 1, 0x65, 0x42], "the worker's packet");
+}
