@@ -177,10 +177,10 @@ pub(crate) enum BenchCmd {
         /// Hostile kinds to run (default all).
         #[arg(long, value_delimiter = ',')]
         hostile: Vec<String>,
-        /// Picture size of the `slow-decoder` hostile guest's realistic clip (360p, 720p,
-        /// 1080p, uhd).
+        /// Picture size of the `slow-decoder` hostile guest's realistic clip and of the
+        /// `slow-encoder`'s pictures (360p, 720p, 1080p, uhd).
         #[arg(long, default_value = "uhd")]
-        slow_decoder_resolution: String,
+        slow_resolution: String,
         #[arg(long)]
         json: bool,
     },

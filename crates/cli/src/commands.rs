@@ -74,13 +74,13 @@ pub(crate) fn bench(which: BenchCmd) -> Result<(), CliError> {
             seconds,
             frames,
             hostile,
-            slow_decoder_resolution,
+            slow_resolution,
             json,
         } => bench_isolation_cmd(
             seconds,
             frames,
             hostile,
-            scenario::resolution(&slow_decoder_resolution)?,
+            scenario::resolution(&slow_resolution)?,
             json,
         ),
         BenchCmd::Sharing(args) => bench_sharing_cmd(args),
@@ -114,7 +114,7 @@ fn bench_isolation_cmd(
     seconds: f64,
     frames: usize,
     hostile: Vec<String>,
-    slow_decoder: (u32, u32),
+    slow: (u32, u32),
     json: bool,
 ) -> Result<(), CliError> {
     if !(0.5..=3600.0).contains(&seconds) || frames == 0 {
@@ -126,7 +126,7 @@ fn bench_isolation_cmd(
         seconds,
         frames,
         kinds: hostile,
-        slow_decoder,
+        slow,
     })?;
     print_either(&r, json, bench_isolation::print_table)?;
     if !r.all_ok {

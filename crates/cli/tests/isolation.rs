@@ -12,11 +12,12 @@ fn bench_isolation_measures_the_victim_next_to_each_hostile_kind() {
         "misuse",
         "handshake-trickle",
         "slow-decoder",
+        "slow-encoder",
     ];
     let out = common::virtsoc_cmd()
         .args(["bench", "isolation", "--seconds", "1", "--frames", "20"])
         .args(["--hostile", &kinds.join(","), "--json"])
-        .args(["--slow-decoder-resolution", "360p"])
+        .args(["--slow-resolution", "360p"])
         .output()
         .expect("run virtsoc bench isolation");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -32,10 +32,13 @@
 //! - `handshake-trickle`: 300 connections trickling a hello a byte every 200 ms (re-opened
 //!   when the daemon cuts them off);
 //! - `slow-decoder`: plays the realistic UHD clip (another size with
-//!   `--slow-decoder-resolution`; CABAC, B-frames, 150 Mbit/s at UHD: tens of milliseconds
+//!   `--slow-resolution`; CABAC, B-frames, 150 Mbit/s at UHD: tens of milliseconds
 //!   a picture on 2 cores) with 4 pictures queued, as fast as its decoder goes: a guest that
 //!   keeps the codec and the cores busy (until stop 49 its receives that waited for its
 //!   worker held the codec's thread, and every other guest's codec commands, meanwhile);
+//! - `slow-encoder`: encodes 3840x2160 pictures of noise back to back (the same
+//!   `--slow-resolution`), one at a time, with the daemon's H.264 encoder (until stop
+//!   50 each encode held the codec's thread for the whole frame);
 //! - `misuse` and `crashing`: the soak's hostile role (malformed ring entries, other guests'
 //!   ids, fence misuse; 2 guests) and crashing role (children killed mid-access; 2 guests).
 //!
@@ -124,8 +127,8 @@ pub struct IsolationParams {
     pub frames: usize,
     /// Hostile kinds (default: all of [`KINDS`]).
     pub kinds: Vec<String>,
-    /// The picture size of the `slow-decoder`'s clip.
-    pub slow_decoder: (u32, u32),
+    /// The picture size of the `slow-decoder`'s clip and of the `slow-encoder`'s pictures.
+    pub slow: (u32, u32),
 }
 
 /// The victim's numbers in one round: alone, then next to the hostile guest.
@@ -333,7 +336,7 @@ fn rows(
                 _ => Hostile::Thread(
                     &ctl,
                     Some(s.spawn(|| {
-                        let r = hostile(kind, (target, p.slow_decoder), &ctl, &tally);
+                        let r = hostile(kind, (target, p.slow), &ctl, &tally);
                         ctl.ended.store(true, Ordering::Release);
                         r
                     })),

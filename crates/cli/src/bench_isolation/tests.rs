@@ -8,7 +8,7 @@ fn a_round_per_second_of_camera() {
             seconds,
             frames,
             kinds: Vec::new(),
-            slow_decoder: (640, 360),
+            slow: (640, 360),
         })
     };
     let d = p(5.0, 300);
