@@ -342,7 +342,7 @@ fn slow_encoder(
     t: &Tally,
 ) -> Result<(), CliError> {
     let picture = u64::from(w) * u64::from(h) * 3 / 2;
-    let c = open(target, name, 3 * picture + (64 << 20), "prefetch")?;
+    let c = open(target, name, 4 * picture + (64 << 20), "prefetch")?;
     let p = Pipe::new(&c, OrderingMode::Atomic);
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut noise = vec![0u8; picture as usize];
@@ -360,7 +360,8 @@ fn slow_encoder(
         p.cpu_write(id, &noise)?;
         frames.push(id);
     }
-    let out = c.alloc_blob(picture)?.id;
+    // As much as the encoder may give for a picture (noise costs more bits than its pixels).
+    let out = c.alloc_blob(2 * picture + (1 << 20))?.id;
     let handle = c
         .command(&api::codec::OpenEncoder {
             width: u64::from(w),
