@@ -12,6 +12,7 @@ use virtsoc_guest::{
     RegionId,
 };
 
+use super::victim::{bitstreams, bytes_of, open_decoder, units_of};
 use super::{Ctl, Tally, SVM_SIZE};
 use crate::bench_svm::OrderingMode;
 use crate::scenario::pipe::{check_completion, Pipe};
@@ -250,33 +251,20 @@ fn slow_decoder(
     ctl: &Ctl,
     t: &Tally,
 ) -> Result<(), CliError> {
-    let units = media::load_units(&media::realistic_clip("flat", w, h, 60, 2)?)?;
-    if units.is_empty() {
-        return Err(CliError::Usage(format!(
-            "no access units in the {w}x{h} clip"
-        )));
-    }
-    let bytes: u64 = units.iter().map(|u| u.len() as u64).sum();
+    let units = units_of(&media::realistic_clip("flat", w, h, 60, 2)?)?;
     let picture = u64::from(w) * u64::from(h) * 3 / 2;
-    let c = open(target, name, 2 * picture + bytes + (64 << 20), "prefetch")?;
-    let p = Pipe::new(&c, OrderingMode::Atomic);
-    let mut bits = Vec::with_capacity(units.len());
-    for u in &units {
-        let id = c.alloc_blob(u.len().max(1) as u64)?.id;
-        p.cpu_write(id, u)?;
-        bits.push((id, u.len() as u64));
-    }
+    let c = open(
+        target,
+        name,
+        2 * picture + bytes_of(&units) + (64 << 20),
+        "prefetch",
+    )?;
+    let bits = bitstreams(&c, &units)?;
     let frames = [
         c.alloc(0, w, h, Format::Nv12, 0)?.id,
         c.alloc(0, w, h, Format::Nv12, 0)?.id,
     ];
-    let handle = c
-        .command(&api::codec::OpenDecoder {
-            kind: api::codec_kind::H264,
-            format: Format::Nv12 as u64,
-            threads: 0,
-        })?
-        .handle;
+    let handle = open_decoder(&c, 0)?;
     let receive = |k: usize| api::codec::ReceiveFrame {
         handle,
         frame: frames[k % frames.len()],

@@ -118,30 +118,12 @@ impl CodecVictim {
 
     pub(super) fn open(target: &str) -> Result<CodecVictim, CliError> {
         let (w, h) = Self::SIZE;
-        let units = media::load_units(&media::clip("flat", w, h, 30, 2)?)?;
-        if units.is_empty() {
-            return Err(CliError::Usage(format!(
-                "no access units in the {w}x{h} clip"
-            )));
-        }
-        let bytes: u64 = units.iter().map(|u| u.len() as u64).sum();
-        let window = u64::from(w) * u64::from(h) * 2 + bytes + (16 << 20);
+        let units = units_of(&media::clip("flat", w, h, 30, 2)?)?;
+        let window = u64::from(w) * u64::from(h) * 2 + bytes_of(&units) + (16 << 20);
         let conn = open(target, "victim-codec", window, "prefetch")?;
-        let p = Pipe::new(&conn, OrderingMode::Atomic);
-        let mut bits = Vec::with_capacity(units.len());
-        for u in &units {
-            let id = conn.alloc_blob(u.len().max(1) as u64)?.id;
-            p.cpu_write(id, u)?;
-            bits.push((id, u.len() as u64));
-        }
+        let bits = bitstreams(&conn, &units)?;
         let frame = conn.alloc(0, w, h, Format::Nv12, 0)?.id;
-        let handle = conn
-            .command(&api::codec::OpenDecoder {
-                kind: api::codec_kind::H264,
-                format: Format::Nv12 as u64,
-                threads: 1,
-            })?
-            .handle;
+        let handle = open_decoder(&conn, 1)?;
         let mut v = CodecVictim {
             conn,
             handle,
@@ -187,6 +169,48 @@ impl CodecVictim {
         }
         Ok(ms)
     }
+}
+
+/// The access units of the clip at `path` (an error when there are none).
+pub(super) fn units_of(path: &std::path::Path) -> Result<Vec<Vec<u8>>, CliError> {
+    let units = media::load_units(path)?;
+    if units.is_empty() {
+        return Err(CliError::Usage(format!(
+            "no access units in {}",
+            path.display()
+        )));
+    }
+    Ok(units)
+}
+
+/// The bytes of `units` together.
+pub(super) fn bytes_of(units: &[Vec<u8>]) -> u64 {
+    units.iter().map(|u| u.len() as u64).sum()
+}
+
+/// Each of `units` written into a bitstream region of its own on `conn`: (region, length).
+pub(super) fn bitstreams(
+    conn: &Connection,
+    units: &[Vec<u8>],
+) -> Result<Vec<(RegionId, u64)>, CliError> {
+    let p = Pipe::new(conn, OrderingMode::Atomic);
+    let mut bits = Vec::with_capacity(units.len());
+    for u in units {
+        let id = conn.alloc_blob(u.len().max(1) as u64)?.id;
+        p.cpu_write(id, u)?;
+        bits.push((id, u.len() as u64));
+    }
+    Ok(bits)
+}
+
+/// An H.264 decoder into NV12 with `threads` threads (0: the daemon's default) on `conn`.
+pub(super) fn open_decoder(conn: &Connection, threads: u64) -> Result<HandleId, CliError> {
+    let open = api::codec::OpenDecoder {
+        kind: api::codec_kind::H264,
+        format: Format::Nv12 as u64,
+        threads,
+    };
+    Ok(conn.command(&open)?.handle)
 }
 
 impl Drop for CodecVictim {
