@@ -5,11 +5,13 @@
 //! go to its waiter thread, which waits on every such worker's socket at once (one `poll`,
 //! holding nothing) and answers each command once its worker's answers bring a picture or
 //! the end of what was in flight (an encode: its packets). The device's thread goes on
-//! serving the other guests meanwhile: one guest's slow decode or encode (a large or
-//! hostile stream, a picture as large as the limits allow) holds another guest's commands
-//! for `GRACE` at most. (Until stop 50 an encode held the codec's thread, and its state,
-//! for its whole frame: 100-200 ms a 3840x2160 picture here, up to the encoder's deadline,
-//! tens of seconds, for the largest.)
+//! serving the other guests meanwhile: one guest's slow pictures (a large or hostile
+//! stream, a picture as large as the limits allow) hold another guest's commands for
+//! `GRACE` at most in these commands. (Until stop 50 an encode held the codec's thread, and
+//! its state, for its whole frame: 100-200 ms a 3840x2160 picture here, up to the encoder's
+//! deadline, tens of seconds, for the largest.) Not yet here: a `decode` still waits on the
+//! codec's thread for its decoder's answer when the decoder has one thread (a round trip a
+//! packet) or 4 packets in flight already.
 //! A guest alone on the codec (no other guest has opened a session on it) waits on the
 //! codec's thread, as before: nobody is held, and a guest that comes meanwhile waits for that
 //! one wait at most. The guest's own queue stays held until the answer (a command still
