@@ -12,6 +12,7 @@ fn bench_isolation_measures_the_victim_next_to_each_hostile_kind() {
         "misuse",
         "handshake-trickle",
         "slow-decoder",
+        "slow-decoder-1",
         "slow-encoder",
     ];
     let out = common::virtsoc_cmd()

@@ -49,7 +49,8 @@ pub(super) fn hostile(
         "prefetch-abuser" => prefetch_abuser(target, &name, ctl, t),
         "composite-64x4096" => composite(target, &name, 64, ctl, t),
         "composite-3x4096" => composite(target, &name, 3, ctl, t),
-        "slow-decoder" => slow_decoder(target, &name, slow, ctl, t),
+        "slow-decoder" => slow_decoder(target, &name, (slow, 0), ctl, t),
+        "slow-decoder-1" => slow_decoder(target, &name, (slow, 1), ctl, t),
         "slow-encoder" => slow_encoder(target, &name, slow, ctl, t),
         "region-flood" => {
             let c = open(target, &name, 64 << 20, "write-invalidate")?;
@@ -238,16 +239,15 @@ fn trickle(target: &str, ctl: &Ctl, t: &Tally) -> Result<(), CliError> {
 const SLOW_DEPTH: usize = 4;
 
 /// `slow-decoder`: plays the realistic clip of `w` x `h` (3840x2160 by default: `virtsoc run
-/// uhd-video`'s) on a
-/// decoder of the daemon's default threads, each access unit in a bitstream region of its
-/// own written before it starts, [`SLOW_DEPTH`] pictures queued; a picture received is an
-/// operation. Paused, it stops submitting, collects what it queued, flushes its decoder and
+/// uhd-video`'s) on a decoder of `threads` threads (0: the daemon's default; 1 for
+/// `slow-decoder-1`), each access unit in a bitstream region of its own written before it
+/// starts, [`SLOW_DEPTH`] pictures queued; a picture received is an operation. Paused, it stops submitting, collects what it queued, flushes its decoder and
 /// receives what the flush gives, so that its worker has nothing left to decode while the
 /// victim is alone, and starts again from the clip's first picture (an IDR).
 fn slow_decoder(
     target: &str,
     name: &str,
-    (w, h): (u32, u32),
+    ((w, h), threads): ((u32, u32), u64),
     ctl: &Ctl,
     t: &Tally,
 ) -> Result<(), CliError> {
@@ -264,7 +264,7 @@ fn slow_decoder(
         c.alloc(0, w, h, Format::Nv12, 0)?.id,
         c.alloc(0, w, h, Format::Nv12, 0)?.id,
     ];
-    let handle = open_decoder(&c, 0)?;
+    let handle = open_decoder(&c, threads)?;
     let receive = |k: usize| api::codec::ReceiveFrame {
         handle,
         frame: frames[k % frames.len()],

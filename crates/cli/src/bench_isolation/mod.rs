@@ -36,6 +36,9 @@
 //!   a picture on 2 cores) with 4 pictures queued, as fast as its decoder goes: a guest that
 //!   keeps the codec and the cores busy (until stop 49 its receives that waited for its
 //!   worker held the codec's thread, and every other guest's codec commands, meanwhile);
+//! - `slow-decoder-1`: the same on a decoder of one thread, whose every `decode` is a round
+//!   trip to its worker (still waited for on the codec's thread: see
+//!   `host/src/device/codec/wait.rs`);
 //! - `slow-encoder`: encodes 3840x2160 pictures of noise back to back (the same
 //!   `--slow-resolution`), one at a time, with the daemon's H.264 encoder (until stop
 //!   50 each encode held the codec's thread for the whole frame);
@@ -84,7 +87,7 @@ use hostile::hostile;
 use victim::{camera, CodecVictim, SvmVictim};
 
 /// Every hostile kind, in the order of the table.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 13] = [
     "prefetch-abuser",
     "composite-64x4096",
     "composite-3x4096",
@@ -94,6 +97,7 @@ pub const KINDS: [&str; 12] = [
     "snapshot-spam",
     "handshake-trickle",
     "slow-decoder",
+    "slow-decoder-1",
     "slow-encoder",
     "misuse",
     "crashing",
