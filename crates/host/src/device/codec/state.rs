@@ -226,6 +226,12 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Whether a guest other than `guest` has opened a session on the codec (else a command
+    /// of `guest`'s holds nobody while it waits on the codec's thread: `wait.rs`).
+    pub(super) fn others_than(&self, guest: GuestId) -> bool {
+        self.last_handle.keys().any(|g| *g != guest)
+    }
+
     /// Codec threads of `guest`'s open sessions.
     pub(super) fn guest_threads(&self, guest: GuestId) -> usize {
         self.sessions

@@ -145,7 +145,7 @@ fn would_wait(
         _ => return None,
     };
     let mut st = codec.state();
-    if !st.last_handle.keys().any(|g| *g != guest) {
+    if !st.others_than(guest) {
         return None;
     }
     let s = st.decoder(guest, handle).ok()?;
@@ -169,7 +169,7 @@ fn start_encode(
     let layout = super::frame_layout(&cx.meta(c.frame).ok()?).ok()?;
     cx.meta(c.out).ok()?;
     let mut st = codec.state();
-    if !st.last_handle.keys().any(|g| *g != cx.guest) {
+    if !st.others_than(cx.guest) {
         return None;
     }
     let s = st.encoder(cx.guest, c.handle).ok()?;

@@ -191,8 +191,8 @@ impl EncoderBackend for ProcessEncoder {
     }
 
     fn encode(&mut self, frame: FrameRef<'_>, pts: i64) -> Result<Vec<EncodedPacket>> {
-        // A frame started before: its packets are read first (and dropped: whoever started
-        // it finishes it; this path is the encoder's only caller when nothing is started).
+        // A frame started before is finished (its packets dropped) before this one overwrites
+        // the buffer its worker may still be reading; the codec device never leaves one.
         self.finish()?;
         let (m, new) = self.encode_call(&frame, pts)?;
         self.packets(&m, new)
