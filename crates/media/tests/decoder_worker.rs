@@ -555,3 +555,102 @@ fn frames_started_and_finished_give_what_encode_gives() {
     started.extend(there.flush().unwrap());
     assert!(encode_all(&mut here, 12) == started, "the same packets");
 }
+
+/// Packets of a one-thread decoder started in the worker (`start`, the codec device's
+/// waiter path) and finished later give the pictures `decode` gives, in the same calls; a
+/// packet that fails outright fails its own `finish`, as it fails its own `decode`. While a
+/// packet is out the worker's socket is there to wait on, `collect` leaves its answer to
+/// `finish`, and a decoder with frame threads starts nothing (its `submit` does not wait).
+#[test]
+fn packets_started_and_finished_give_what_decode_gives() {
+    let dir = TempDir::new("worker-start");
+    let mut pkts = packets(&dir);
+    // Bytes with no NAL start code, which libavcodec fails outright.
+    let junk: Vec<u8> = (0..3000u32).map(|x| (x * 7 + 0xa5) as u8 | 0x80).collect();
+    pkts.insert(7, (junk, 1000));
+    let mut here = worker(1);
+    let mut there = worker(1);
+    assert!(there.finish().unwrap().is_empty(), "nothing started");
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (mut failed_here, mut failed_there) = (Vec::new(), Vec::new());
+    for (i, (p, pts)) in pkts.iter().enumerate() {
+        match here.decode(p, *pts) {
+            Ok(f) => a.push(f),
+            Err(_) => {
+                a.push(Vec::new());
+                failed_here.push(i);
+            }
+        }
+        assert!(there.start(p, *pts).unwrap());
+        assert!(there.started() && there.answers_fd().is_some());
+        assert_eq!(there.in_flight(), 1);
+        assert!(!there.start(p, *pts).unwrap(), "one packet at a time");
+        let mut got = there.collect(false).unwrap();
+        assert!(there.started(), "collect took the started packet's answer");
+        match there.finish() {
+            Ok(f) => got.extend(f),
+            Err(e) => {
+                assert!(e.to_string().contains("Invalid data"), "{e}");
+                failed_there.push(i);
+            }
+        }
+        assert!(!there.started() && !there.would_wait());
+        b.push(got);
+    }
+    assert_eq!(failed_here, [7]);
+    assert_eq!(failed_there, [7], "the junk packet fails its own finish");
+    assert!(there.take_failures().is_empty(), "nothing reported later");
+    a.push(here.flush().unwrap());
+    b.push(there.flush().unwrap());
+    let a: Vec<Vec<_>> = a.iter().map(|c| c.iter().map(seen).collect()).collect();
+    let b: Vec<Vec<_>> = b.iter().map(|c| c.iter().map(seen).collect()).collect();
+    assert_eq!(a.iter().map(Vec::len).sum::<usize>(), 20);
+    assert!(a == b, "the same pictures from the same calls");
+
+    let mut threaded = worker(2);
+    assert!(!threaded.start(&pkts[0].0, 0).unwrap(), "frame threads");
+    assert!(!threaded.started() && threaded.in_flight() == 0);
+}
+
+/// A flush sent behind the packets in flight (`start_flush`, the codec device's waiter
+/// path) gives, once `would_wait` says its answers have all come, what `flush` gives, with
+/// one decoding thread and with frame threads.
+#[test]
+fn a_flush_started_and_finished_gives_what_flush_gives() {
+    let dir = TempDir::new("worker-flush");
+    let pkts = packets(&dir);
+    for threads in [1, 3] {
+        let (mut here, mut there) = (worker(threads), worker(threads));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (p, pts) in &pkts {
+            a.extend(here.submit(p, *pts).unwrap());
+            b.extend(there.submit(p, *pts).unwrap());
+        }
+        a.extend(here.flush().unwrap());
+        assert!(there.start_flush().unwrap());
+        assert!(there.started() && there.in_flight() > 0);
+        assert!(!there.start_flush().unwrap(), "one call at a time");
+        while there.would_wait() {
+            let fd = there.answers_fd().expect("answers to wait for");
+            let mut fds = [rustix::event::PollFd::from_borrowed_fd(
+                fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let t = rustix::time::Timespec {
+                tv_sec: 10,
+                tv_nsec: 0,
+            };
+            assert_eq!(rustix::event::poll(&mut fds, Some(&t)).unwrap(), 1);
+        }
+        b.extend(there.finish().unwrap());
+        assert!(!there.started() && there.in_flight() == 0);
+        let a: Vec<_> = a.iter().map(seen).collect();
+        let b: Vec<_> = b.iter().map(seen).collect();
+        assert_eq!(a.len(), 20, "threads {threads}");
+        assert!(a == b, "threads {threads}: the same pictures");
+        // The decoder takes a new stream afterwards.
+        let mut again = there.submit(&pkts[0].0, 0).unwrap();
+        again.extend(there.flush().unwrap());
+        assert_eq!(again.len(), 1, "threads {threads}");
+    }
+}

@@ -480,6 +480,38 @@ pub trait DecoderBackend: Send {
     fn in_flight(&self) -> usize {
         0
     }
+    /// Sends a packet whose [`submit`](Self::submit) would wait for the packet's own answer
+    /// (a decoder in a worker process with one decoding thread) without waiting: true when
+    /// sent. Its pictures, or its own failure, then come from [`finish`](Self::finish), what
+    /// `decode` would have returned; any other call reads its answer first (a failure then
+    /// goes to [`take_failures`](Self::take_failures)). By default, and with frame threads,
+    /// false: nothing sent.
+    fn start(&mut self, _packet: &[u8], _pts: i64) -> Result<bool> {
+        Ok(false)
+    }
+    /// Sends the end of stream to a decoder in a worker process, behind the packets in
+    /// flight, without waiting: true when sent. [`finish`](Self::finish) then gives what
+    /// [`flush`](Self::flush) gives. By default false: nothing sent.
+    fn start_flush(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Whether a packet [`start`](Self::start)ed, or a flush, is not finished yet.
+    fn started(&self) -> bool {
+        false
+    }
+    /// The started call's result, as [`decode`](Self::decode) or [`flush`](Self::flush)
+    /// gives it (waiting for its answers if they have not come yet); nothing when none was
+    /// started.
+    fn finish(&mut self) -> Result<Vec<DecodedFrame>> {
+        Ok(Vec::new())
+    }
+    /// Whether [`finish`](Self::finish) (a call started) or [`submit`](Self::submit) (frame
+    /// threads, the most packets in flight) would wait now for answers that have not
+    /// arrived ([`answers_fd`](Self::answers_fd) becomes readable as they do); reads those
+    /// that have.
+    fn would_wait(&mut self) -> bool {
+        false
+    }
     /// The pictures of packets in flight that came back since; with `wait`, waits for the
     /// oldest packet in flight first when none has.
     fn collect(&mut self, _wait: bool) -> Result<Vec<DecodedFrame>> {

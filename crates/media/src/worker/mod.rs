@@ -182,6 +182,11 @@ impl WorkerProcess {
         self.dead.is_none() && wire::readable(&self.sock)
     }
 
+    /// Whether the worker was ended after a failure (every call now fails at once).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.is_some()
+    }
+
     /// Ends the worker after a failure: killed if still running, reaped, and the reason
     /// kept for every later call.
     pub(crate) fn end(&mut self, what: &str) -> MediaError {

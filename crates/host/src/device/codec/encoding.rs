@@ -36,8 +36,10 @@ impl Codec {
         {
             return Err(Status::BadArgument);
         }
-        let mut st = self.state();
-        st.admit(&self.limits_for(cx), guest, ENCODER_THREADS)?;
+        // Admitted before its worker starts and again when added (the lock is not held
+        // meanwhile, `sessions.rs`).
+        self.state()
+            .admit(&self.limits_for(cx), guest, ENCODER_THREADS)?;
         let (fps, preset) = (c.fps as u32, self.preset);
         let encoder: std::result::Result<Box<dyn EncoderBackend>, MediaError> = match &self.workers
         {
@@ -52,6 +54,7 @@ impl Codec {
             status_of(&e)
         })?;
         let name = encoder.name().to_string();
+        let mut st = self.state();
         let handle = st.open(
             &self.limits_for(cx),
             guest,

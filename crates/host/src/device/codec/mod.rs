@@ -155,6 +155,8 @@ pub struct Codec {
     workers: Option<std::sync::Arc<DecoderPool>>,
     /// Where commands that would wait for a decoder's worker wait ([`wait`]).
     waits: Arc<wait::Waits>,
+    /// Where opens and closes of sessions run ([`sessions`]).
+    sessions: Arc<sessions::Sessions>,
 }
 
 impl Codec {
@@ -194,6 +196,7 @@ impl Codec {
             preset: cfg.encoder_preset,
             state: Arc::default(),
             waits: Arc::default(),
+            sessions: Arc::default(),
             backend: match &cfg.codec_worker {
                 Some(_) => {
                     format!("{backend} (decoders and encoders in sandboxed worker processes)")
@@ -322,9 +325,9 @@ impl Codec {
             None => return Err(Status::BadArgument),
         };
         let threads = self.decoder_threads(c.threads).ok_or(Status::BadArgument)?;
-        let mut st = self.state();
-        // Check the quotas before paying for a decoder.
-        st.admit(&self.limits_for(cx), guest, threads)?;
+        // Check the quotas before paying for a decoder (and again when adding it: the lock
+        // is not held while its worker starts, `sessions.rs`).
+        self.state().admit(&self.limits_for(cx), guest, threads)?;
         let decoder = self.new_decoder(kind, out, threads).map_err(|e| {
             log::info!(
                 "codec: guest {guest}: cannot open {} decoder: {e}",
@@ -336,6 +339,7 @@ impl Codec {
                 None => st,
             }
         })?;
+        let mut st = self.state();
         let handle = st.open(
             &self.limits_for(cx),
             guest,
@@ -359,26 +363,29 @@ impl Codec {
     }
 
     fn decode(&self, cx: &DeviceCtx<'_>, c: api::Decode) -> DeviceResult {
-        let meta = cx.meta(c.bitstream)?;
-        if c.len > meta.size {
-            let why = format!("len {} > bitstream's {} bytes", c.len, meta.size);
-            return Err(cx.fail(Status::OutOfRange, why));
-        }
-        let len = usize::try_from(c.len).map_err(|_| Status::OutOfRange)?;
+        // A packet the codec's waiter path sent (`wait.rs`), checked then: its answer.
+        let started = (self.state().decoder(cx.guest, c.handle)).is_ok_and(|s| s.decoder.started());
+        let len = if started { 0 } else { Self::packet_len(cx, c)? };
         let mut st = self.state();
-        self.revive(&mut st, cx, c.handle)?;
-        let s = st.decoder(cx.guest, c.handle)?;
-        if s.full() {
-            return Err(Status::Busy);
+        if !started {
+            self.revive(&mut st, cx, c.handle)?;
         }
-        let decoder = &mut s.decoder;
-        let r = cx.with_source(c.bitstream, |bytes| match bytes.get(..len) {
-            Some(packet) => decoder.submit(packet, c.pts as i64),
-            None => Err(MediaError::Frame(FrameError::BufferTooSmall {
-                needed: len,
-                got: bytes.len(),
-            })),
-        })?;
+        let s = st.decoder(cx.guest, c.handle)?;
+        let r = if started {
+            s.decoder.finish()
+        } else {
+            if s.full() {
+                return Err(Status::Busy);
+            }
+            let decoder = &mut s.decoder;
+            cx.with_source(c.bitstream, |bytes| match bytes.get(..len) {
+                Some(packet) => decoder.submit(packet, c.pts as i64),
+                None => Err(MediaError::Frame(FrameError::BufferTooSmall {
+                    needed: len,
+                    got: bytes.len(),
+                })),
+            })?
+        };
         s.note_failures();
         match r {
             Ok(frames) => {
@@ -397,6 +404,16 @@ impl Codec {
                 Err(cx.fail(status_of(&e), media_reason(&e)))
             }
         }
+    }
+
+    /// The length of `decode`'s packet, checked against its bitstream region.
+    fn packet_len(cx: &DeviceCtx<'_>, c: api::Decode) -> std::result::Result<usize, Status> {
+        let meta = cx.meta(c.bitstream)?;
+        if c.len > meta.size {
+            let why = format!("len {} > bitstream's {} bytes", c.len, meta.size);
+            return Err(cx.fail(Status::OutOfRange, why));
+        }
+        usize::try_from(c.len).map_err(|_| Status::OutOfRange)
     }
 
     fn receive_frame(&self, cx: &DeviceCtx<'_>, c: api::ReceiveFrame) -> DeviceResult {
@@ -579,6 +596,7 @@ mod encoding;
 pub mod lend;
 mod reap;
 mod replay;
+mod sessions;
 mod state;
 #[cfg(test)]
 mod tests;

@@ -71,9 +71,13 @@ impl DecoderSession {
         }
     }
 
-    /// `flush`: drains the decoder; the pictures it still held join the queue.
+    /// `flush`: drains the decoder; the pictures it still held join the queue. A flush the
+    /// codec's waiter path sent (`wait.rs`): its answer.
     pub(super) fn flush(&mut self) -> virtsoc_media::Result<api::FlushReply> {
-        let r = self.decoder.flush();
+        let r = match self.decoder.started() {
+            true => self.decoder.finish(),
+            false => self.decoder.flush(),
+        };
         self.note_failures();
         let [frames_ready, failed, failed_pts, failed_seq] = self.report(r?);
         Ok(api::FlushReply {

@@ -1,6 +1,7 @@
 //! `receive_frame` and `stream_info` that would wait for a decoder's worker process (no
-//! picture ready, packets still in the worker), and `encode` on an encoder in a worker
-//! process (its frame handed to the worker, its packets not back yet), wait on the codec's
+//! picture ready, packets still in the worker), `decode` and `flush` that would wait for
+//! one (below), and `encode` on an encoder in a worker process (its frame handed to the worker, its
+//! packets not back yet), wait on the codec's
 //! thread at most [`GRACE`] (most pictures are that close: handing over costs more), then
 //! go to its waiter thread, which waits on every such worker's socket at once (one `poll`,
 //! holding nothing) and answers each command once its worker's answers bring a picture or
@@ -9,9 +10,12 @@
 //! stream, a picture as large as the limits allow) hold another guest's commands for
 //! `GRACE` at most in these commands. (Until stop 50 an encode held the codec's thread, and
 //! its state, for its whole frame: 100-200 ms a 3840x2160 picture here, up to the encoder's
-//! deadline, tens of seconds, for the largest.) Not yet here: a `decode` still waits on the
-//! codec's thread for its decoder's answer when the decoder has one thread (a round trip a
-//! packet) or 4 packets in flight already.
+//! deadline, tens of seconds, for the largest.) A `decode` that would wait for its worker
+//! goes the same way (until stop 51 it waited on the codec's thread): with one decoding
+//! thread its packet is sent to the worker first and the command reads the packet's answer
+//! once it has come; with frame threads and the most packets in flight, the command runs
+//! once the oldest one's answer has come. A `flush` is sent behind the packets in flight and
+//! answered once all their answers and its own have come.
 //! A guest alone on the codec (no other guest has opened a session on it) waits on the
 //! codec's thread, as before: nobody is held, and a guest that comes meanwhile waits for that
 //! one wait at most. The guest's own queue stays held until the answer (a command still
@@ -82,10 +86,13 @@ impl Drop for Waits {
 /// Runs `args` of `cx`'s guest on `codec` and answers through `reply`: at once, or, for a
 /// command that would wait for its decoder's worker, by the waiter once the worker answers.
 pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) {
+    let Some(reply) = super::sessions::hand_over(codec, cx, args, reply) else {
+        return;
+    };
     let Some((handle, fd, deadline)) = would_wait(codec, cx, args) else {
         return answer(codec, cx, args, reply);
     };
-    if readable_within(&fd, GRACE) && !still_waits(codec, cx.guest, handle) {
+    if readable_within(&fd, GRACE) && !still_waits(codec, cx.guest, handle, args) {
         return answer(codec, cx, args, reply);
     }
     let waits = &codec.waits;
@@ -102,14 +109,8 @@ pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], 
         return answer(codec, cx, args, reply);
     }
     let w = Waiting {
-        codec: codec.clone(),
-        guest: cx.guest,
+        run: Deferred::of(codec, cx, args),
         handle,
-        svm: cx.svm.clone(),
-        domain: cx.domain,
-        fences: cx.fences.clone(),
-        reads_host: cx.reads_host,
-        args: *args,
         fd,
         deadline: Instant::now() + deadline,
     };
@@ -118,7 +119,7 @@ pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], 
 }
 
 /// Runs the command and answers it.
-fn answer(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], mut reply: Reply) {
+pub(super) fn answer(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], mut reply: Reply) {
     let result = codec.execute(cx, args);
     if let Some(ns) = cx.take_busy() {
         reply.busy_for(ns);
@@ -142,6 +143,8 @@ fn would_wait(
         Command::ReceiveFrame(c) => c.handle,
         Command::StreamInfo(c) => c.handle,
         Command::Encode(c) => return start_encode(codec, cx, c),
+        Command::Decode(c) => return start_decode(codec, cx, c),
+        Command::Flush(c) => return start_flush(codec, cx.guest, c.handle),
         _ => return None,
     };
     let mut st = codec.state();
@@ -191,14 +194,77 @@ fn start_encode(
     Some((c.handle, fd, virtsoc_media::deadline_for(pixels)))
 }
 
-/// Whether decoder `handle` of `guest` still has no picture and packets in flight, once the
-/// answers that arrived are read (false for a decoder gone, and for an encoder: its
-/// packets are there once its worker's socket is readable).
-fn still_waits(codec: &Codec, guest: GuestId, handle: HandleId) -> bool {
-    codec
-        .state()
-        .decoder(guest, handle)
-        .is_ok_and(|s| s.gather())
+/// A `decode` that would wait for its decoder's worker: with one decoding thread, its
+/// packet is sent now ([`DecoderBackend::start`](virtsoc_media::DecoderBackend::start)) and
+/// the command, run later ([`Codec::decode`]), reads the packet's answer; with frame threads
+/// and the most packets in flight, it runs once the oldest one's answer has come. `None`
+/// when it would not wait, when a check fails (the command then reports it) or when no
+/// other guest uses the codec: the command runs at once, as before.
+fn start_decode(
+    codec: &Codec,
+    cx: &DeviceCtx<'_>,
+    c: virtsoc_devapi::codec::Decode,
+) -> Option<(HandleId, OwnedFd, Duration)> {
+    let len = Codec::packet_len(cx, c).ok()?;
+    let mut st = codec.state();
+    if !st.others_than(cx.guest) {
+        return None;
+    }
+    codec.revive(&mut st, cx, c.handle).ok()?;
+    let s = st.decoder(cx.guest, c.handle).ok()?;
+    if s.full() {
+        return None;
+    }
+    let decoder = &mut s.decoder;
+    if !decoder.would_wait() {
+        let started = cx.with_source(c.bitstream, |bytes| match bytes.get(..len) {
+            Some(packet) => decoder.start(packet, c.pts as i64),
+            None => Ok(false),
+        });
+        // Not started (or it failed: the command's own decode reports why).
+        if !matches!(started, Ok(Ok(true))) {
+            return None;
+        }
+    }
+    let fd = decoder.answers_fd()?.try_clone_to_owned().ok()?;
+    Some((c.handle, fd, virtsoc_media::CALL_DEADLINE))
+}
+
+/// A `flush` of a decoder in a worker process: sent now, behind the packets in flight
+/// ([`DecoderBackend::start_flush`](virtsoc_media::DecoderBackend::start_flush)); the
+/// command, run later, reads the answers once they have all come. `None` for a decoder in
+/// this process, or when no other guest uses the codec: the command runs at once.
+fn start_flush(
+    codec: &Codec,
+    guest: GuestId,
+    handle: HandleId,
+) -> Option<(HandleId, OwnedFd, Duration)> {
+    let mut st = codec.state();
+    if !st.others_than(guest) {
+        return None;
+    }
+    let decoder = &mut st.decoder(guest, handle).ok()?.decoder;
+    if !matches!(decoder.start_flush(), Ok(true)) {
+        return None;
+    }
+    let fd = decoder.answers_fd()?.try_clone_to_owned().ok()?;
+    Some((handle, fd, virtsoc_media::CALL_DEADLINE))
+}
+
+/// Whether `args` (a command of `guest` on `handle`) would still wait for its decoder's
+/// worker, once the answers that arrived are read: a `receive_frame` or `stream_info` while
+/// no picture is ready and packets are in flight, a `decode` or `flush` while the answers
+/// it needs have not all come. False for a decoder gone, and for an encoder: its packets are there once its
+/// worker's socket is readable.
+fn still_waits(codec: &Codec, guest: GuestId, handle: HandleId, args: &[u64; 6]) -> bool {
+    let mut st = codec.state();
+    let Ok(s) = st.decoder(guest, handle) else {
+        return false;
+    };
+    match Command::decode(args) {
+        Ok(Command::Decode(_) | Command::Flush(_)) => s.decoder.would_wait(),
+        _ => s.gather(),
+    }
 }
 
 /// Whether `fd` becomes readable (or hangs up) within `left`.
@@ -215,16 +281,42 @@ fn timespec(d: Duration) -> rustix::time::Timespec {
     }
 }
 
-/// A command waiting for its decoder's worker, with what it runs with.
-struct Waiting {
+/// A command handed to another thread than the codec's, with what it runs with there.
+pub(super) struct Deferred {
     codec: Codec,
     guest: GuestId,
-    handle: HandleId,
     svm: Arc<SvmManager>,
     domain: DomainId,
     fences: Arc<VirtualFenceTable>,
     reads_host: bool,
     args: [u64; 6],
+}
+
+impl Deferred {
+    pub(super) fn of(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> Self {
+        Deferred {
+            codec: codec.clone(),
+            guest: cx.guest,
+            svm: cx.svm.clone(),
+            domain: cx.domain,
+            fences: cx.fences.clone(),
+            reads_host: cx.reads_host,
+            args: *args,
+        }
+    }
+
+    /// Runs the command and answers it.
+    pub(super) fn answer(self, reply: Reply) {
+        let cx = DeviceCtx::new(self.guest, &self.svm, self.domain, &self.fences)
+            .reading_host(self.reads_host);
+        answer(&self.codec, &cx, &self.args, reply);
+    }
+}
+
+/// A command waiting for its decoder's worker.
+struct Waiting {
+    run: Deferred,
+    handle: HandleId,
     fd: OwnedFd,
     /// When a silent worker is left to the command itself, which waits for it as before
     /// and ends it when it stays silent ([`CALL_DEADLINE`](virtsoc_media::CALL_DEADLINE)).
@@ -235,13 +327,12 @@ impl Waiting {
     /// Whether the worker's answers that arrived settle it (a picture, or nothing left in
     /// flight, or the decoder gone).
     fn settled(&self) -> bool {
-        !still_waits(&self.codec, self.guest, self.handle)
+        let r = &self.run;
+        !still_waits(&r.codec, r.guest, self.handle, &r.args)
     }
 
     fn answer(self, reply: Reply) {
-        let cx = DeviceCtx::new(self.guest, &self.svm, self.domain, &self.fences)
-            .reading_host(self.reads_host);
-        answer(&self.codec, &cx, &self.args, reply);
+        self.run.answer(reply);
     }
 }
 

@@ -1,4 +1,5 @@
-//! The waiter's `encode`: a frame handed to an encoder's worker holds no other guest.
+//! The waiter's `encode` and `decode`: a frame handed to an encoder's worker, or a packet
+//! to a decoder's, holds no other guest.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -9,7 +10,7 @@ use virtsoc_devapi::codec as api;
 use virtsoc_devapi::{codec_kind, DeviceCommand};
 use virtsoc_ids::{HandleId, RegionId};
 use virtsoc_media::codec::{EncodedPacket, EncoderBackend};
-use virtsoc_media::{FrameRef, MediaError};
+use virtsoc_media::{DecodedFrame, DecoderBackend, FrameLayout, FrameRef, MediaError, PixelFormat};
 use virtsoc_proto::{wire::Format, AccessMode, DeviceId, Opcode};
 use virtsoc_svm::{AccessSpec, DomainId, GuestId};
 
@@ -142,4 +143,186 @@ fn an_encode_waiting_for_its_worker_holds_no_other_guest() {
     assert_eq!((r.bytes, r.keyframe, r.out_pts), (6, 1, 5));
     let written = cx1.with_source(RegionId(out), |b| b[..6].to_vec()).unwrap();
     assert_eq!(written, [0, 0, 0, 1, 0x65, 0x42], "the worker's packet");
+}
+
+/// A decoder running apart whose answers come when the test writes a byte to the other end
+/// of `answers`: with one thread (`full` false) a packet started is answered with a 64x48
+/// picture carrying the packet's pts (a flush started: pts 9); with frame threads and its most packets in flight
+/// (`full`), `submit` takes the packet once the oldest answer has come (its picture, pts 1).
+struct Slow {
+    answers: UnixStream,
+    started: Option<i64>,
+    full: bool,
+}
+
+impl Slow {
+    fn picture(&mut self, pts: i64) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        let mut b = [0u8; 1];
+        match self.answers.read(&mut b) {
+            Ok(1) => {
+                let layout = FrameLayout::packed(PixelFormat::Nv12, 64, 48).unwrap();
+                Ok(vec![DecodedFrame::packed(
+                    layout,
+                    pts,
+                    vec![b[0]; layout.size()],
+                )])
+            }
+            _ => Err(MediaError::Decode("no answer".into())),
+        }
+    }
+}
+
+impl DecoderBackend for Slow {
+    fn name(&self) -> &str {
+        "slow"
+    }
+    fn decode(&mut self, _packet: &[u8], _pts: i64) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        // What the codec's thread did before the waiter: waited here for the worker.
+        Err(MediaError::Decode("decoded on the codec's thread".into()))
+    }
+    fn submit(&mut self, packet: &[u8], pts: i64) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        if !self.full || self.would_wait() {
+            return self.decode(packet, pts);
+        }
+        self.full = false;
+        self.picture(1)
+    }
+    fn flush(&mut self) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        Ok(Vec::new())
+    }
+    fn output_layout(&self) -> Option<FrameLayout> {
+        None
+    }
+    fn in_flight(&self) -> usize {
+        usize::from(self.started.is_some()) + if self.full { 4 } else { 0 }
+    }
+    fn start(&mut self, _packet: &[u8], pts: i64) -> virtsoc_media::Result<bool> {
+        if self.full || self.started.is_some() {
+            return Ok(false);
+        }
+        self.started = Some(pts);
+        Ok(true)
+    }
+    fn start_flush(&mut self) -> virtsoc_media::Result<bool> {
+        // The flush's answer: a picture of pts 9.
+        self.start(&[], 9)
+    }
+    fn started(&self) -> bool {
+        self.started.is_some()
+    }
+    fn finish(&mut self) -> virtsoc_media::Result<Vec<DecodedFrame>> {
+        match self.started.take() {
+            Some(pts) => self.picture(pts),
+            None => Ok(Vec::new()),
+        }
+    }
+    fn would_wait(&mut self) -> bool {
+        let readable = {
+            let mut fds = [rustix::event::PollFd::new(
+                &self.answers,
+                rustix::event::PollFlags::IN,
+            )];
+            rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default()))
+                .is_ok_and(|n| n > 0)
+        };
+        (self.started.is_some() || self.full) && !readable
+    }
+    fn answers_fd(&self) -> Option<BorrowedFd<'_>> {
+        (self.started.is_some() || self.full).then(|| self.answers.as_fd())
+    }
+}
+
+/// A `decode` or `flush` that would wait for its decoder's worker does not hold the device
+/// while the worker decodes, with one decoding thread (its packet sent first, its picture
+/// read once it comes), with frame threads and the most packets in flight (the command runs
+/// once the oldest answer has come) and for a flush (sent, then answered once its answer
+/// has come): another guest's commands are answered meanwhile, and the waiting one once its
+/// worker answers, with the pictures its answer brought.
+#[test]
+fn a_decode_or_flush_waiting_for_its_worker_holds_no_other_guest() {
+    for (full, flush) in [(false, false), (true, false), (false, true)] {
+        let codec = Codec::new(&DeviceConfig::default()).unwrap();
+        let mut core = Core::new();
+        let bitstream = core.blob(4096);
+        let domain = DomainId(2);
+        let len = core.svm.meta(GUEST, RegionId(bitstream)).unwrap().size;
+        let spec = AccessSpec::new(DeviceId::PRODUCER.0, domain, 0, len, AccessMode::Read);
+        core.svm
+            .begin_access(GUEST, RegionId(bitstream), &spec)
+            .unwrap();
+        let cx = |g| DeviceCtx::new(g, &core.svm, domain, core.session.fences());
+        let (cx1, cx2) = (cx(GUEST), cx(GuestId(2)));
+        let open = api::OpenDecoder {
+            kind: codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads: 1,
+        };
+        let h = HandleId(codec.open_decoder_for(&cx1, open).unwrap()[0]);
+        let (mut worker, answers) = UnixStream::pair().unwrap();
+        answers
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let slow = Slow {
+            answers,
+            started: None,
+            full,
+        };
+        *codec.state().decoder(GUEST, h).unwrap() =
+            super::super::state::DecoderSession::new(Box::new(slow), Format::Nv12);
+        // Another guest on the codec (alone, the decode would run on the codec's thread).
+        let h2 = HandleId(codec.open_decoder_for(&cx2, open).unwrap()[0]);
+        let decode = api::Decode {
+            handle: h,
+            bitstream: RegionId(bitstream),
+            len: 100,
+            pts: 5,
+        };
+        let (done, answered) = std::sync::mpsc::channel();
+        let mut reply = reply_for(&core, 7);
+        reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
+        let command = match flush {
+            true => api::Flush { handle: h }.encode(),
+            false => decode.encode(),
+        };
+        codec.execute_async(&cx1, &command, reply);
+        let early = results(&core);
+        assert!(
+            early.is_empty(),
+            "full {full}, flush {flush}: answered before its worker did: {early:?}"
+        );
+
+        let info = api::StreamInfo { handle: h2 };
+        codec.execute_async(&cx2, &info.encode(), reply_for(&core, 8));
+        let other = results(&core);
+        assert_eq!(other.len(), 1, "full {full}, flush {flush}");
+        assert_eq!(other[0].0, 8);
+        assert!(
+            other[0].1.is_ok(),
+            "full {full}, flush {flush}: {:?}",
+            other[0].1
+        );
+
+        worker.write_all(&[0x42]).unwrap();
+        answered.recv_timeout(Duration::from_secs(30)).unwrap();
+        let got = results(&core);
+        assert_eq!(got.len(), 1, "full {full}, flush {flush}");
+        assert_eq!(got[0].0, 7);
+        let ready = match flush {
+            true => api::FlushReply::from_values(&got[0].1.unwrap()).frames_ready,
+            false => api::DecodeReply::from_values(&got[0].1.unwrap()).frames_ready,
+        };
+        assert_eq!(
+            ready, 1,
+            "full {full}, flush {flush}: the picture its worker answered"
+        );
+        let mut st = codec.state();
+        let s = st.decoder(GUEST, h).unwrap();
+        let pts = [[5, 9], [1, 1]][usize::from(full)][usize::from(flush)];
+        assert_eq!(
+            s.ready.front().map(|f| f.pts),
+            Some(pts),
+            "full {full}, flush {flush}"
+        );
+        assert!(!s.decoder.started() && s.decoder.in_flight() == 0);
+    }
 }

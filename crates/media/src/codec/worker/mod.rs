@@ -91,6 +91,18 @@ fn max_answer() -> usize {
 /// as it has answered one, so its frame threads never wait for the parent's round trip.
 pub const MAX_IN_FLIGHT: usize = 4;
 
+/// A call [`start`](DecoderBackend::start)ed or
+/// [`start_flush`](DecoderBackend::start_flush)ed whose answer
+/// [`finish`](DecoderBackend::finish) reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Started {
+    Nothing,
+    /// A packet (one decoding thread: the only one in flight).
+    Packet,
+    /// The end of stream, sent behind the packets in flight.
+    Flush,
+}
+
 /// A decoder whose libavcodec runs in a worker process.
 ///
 /// With frame threads, [`submit`](DecoderBackend::submit) sends a packet without waiting for
@@ -113,6 +125,8 @@ pub struct ProcessDecoder {
     max_in_flight: usize,
     /// Pictures read from answers while making room for a packet, not handed out yet.
     early: Vec<DecodedFrame>,
+    /// What was sent whose answer [`finish`](DecoderBackend::finish) reads.
+    started: Started,
     /// Where packets go to the worker (`None`: each in its call).
     ring: Option<PacketRing>,
 }
@@ -160,6 +174,7 @@ impl ProcessDecoder {
             seq: 0,
             max_in_flight: if threads > 1 { MAX_IN_FLIGHT } else { 0 },
             early: Vec::new(),
+            started: Started::Nothing,
             ring: None,
         };
         let mut m = Out::default();
@@ -239,6 +254,12 @@ impl ProcessDecoder {
         self.parse(&mut a).map_err(|e| self.end(&e.to_string()))?
     }
 
+    /// Reads a posted flush call's answer, checking every picture.
+    fn flush_answer(&mut self) -> Result<Vec<DecodedFrame>> {
+        let mut a = self.worker.answer(max_answer()).map_err(|e| self.dead(e))?;
+        self.parse(&mut a).map_err(|e| self.end(&e.to_string()))?
+    }
+
     /// A failure of the worker (the decoder is dead from then on): nothing of it stays
     /// mapped but the pictures still held.
     fn dead(&mut self, e: MediaError) -> MediaError {
@@ -258,12 +279,16 @@ impl ProcessDecoder {
             Some(at) => m.u32(at).u32(packet.len() as u32),
             None => m.u32(packet.len() as u32),
         };
-        let parts = [&m.0[..], if at.is_some() { &[] } else { packet }];
-        let all = 8 + parts[0].len() + parts[1].len();
-        let sent = self
-            .worker
-            .post(&parts, 0, true)
-            .map_err(|e| self.dead(e))?;
+        self.post_parts(&[&m.0[..], if at.is_some() { &[] } else { packet }])?;
+        self.seq += 1;
+        self.in_flight.push_back((self.seq, pts));
+        Ok(())
+    }
+
+    /// Sends the call made of `parts` without waiting for its answer.
+    fn post_parts(&mut self, parts: &[&[u8]]) -> Result<()> {
+        let all = 8 + parts.iter().map(|p| p.len()).sum::<usize>();
+        let sent = self.worker.post(parts, 0, true).map_err(|e| self.dead(e))?;
         if sent < all {
             // No room: the worker may be writing an answer; read every one due, then send
             // the rest (the worker reads it once it has answered).
@@ -272,11 +297,18 @@ impl ProcessDecoder {
                 self.early.extend(frames);
             }
             self.worker
-                .post(&parts, sent, false)
+                .post(parts, sent, false)
                 .map_err(|e| self.dead(e))?;
         }
-        self.seq += 1;
-        self.in_flight.push_back((self.seq, pts));
+        Ok(())
+    }
+
+    /// Sends a packet whose answer [`finish`](DecoderBackend::finish) reads, once every
+    /// earlier answer is read (their pictures kept for it).
+    fn send_own(&mut self, packet: &[u8], pts: i64) -> Result<()> {
+        self.early = self.drain()?;
+        self.post(packet, pts)?;
+        self.started = Started::Packet;
         Ok(())
     }
 
@@ -300,13 +332,30 @@ impl ProcessDecoder {
         }
     }
 
-    /// Reads every answer still due: their pictures.
+    /// Reads every answer still due: their pictures (a started packet's is one of them, a
+    /// started flush's too).
     fn drain(&mut self) -> Result<Vec<DecodedFrame>> {
+        let flushing = std::mem::replace(&mut self.started, Started::Nothing) == Started::Flush;
         let mut out = std::mem::take(&mut self.early);
         while !self.in_flight.is_empty() {
             out.extend(self.read_one()?.0);
         }
+        if flushing {
+            out.extend(self.flush_answer()?);
+        }
         Ok(out)
+    }
+
+    /// Reads the answers of packets in flight that have come, without waiting (their
+    /// pictures kept for the next call that hands them out); a failure is left for
+    /// that call (the worker is ended: it fails at once).
+    fn read_arrived(&mut self) {
+        while !self.in_flight.is_empty() && self.worker.answer_waiting() {
+            match self.read_one() {
+                Ok((frames, _)) => self.early.extend(frames),
+                Err(_) => return,
+            }
+        }
     }
 
     /// The answer's pictures (or this call's own error) and failures.
@@ -335,17 +384,70 @@ impl DecoderBackend for ProcessDecoder {
                 packet.len()
             )));
         }
-        let mut out = self.drain()?;
-        self.post(packet, pts)?;
-        let (frames, own) = self.read_one()?;
-        out.extend(frames);
-        match own {
-            None => Ok(out),
-            Some(e) => {
-                // Its own failure is this call's, not a later report's.
-                self.failures.pop();
-                self.early = out;
-                Err(e)
+        self.send_own(packet, pts)?;
+        self.finish()
+    }
+
+    fn start(&mut self, packet: &[u8], pts: i64) -> Result<bool> {
+        if self.max_in_flight > 0 || packet.len() > MAX_PACKET || self.started() {
+            return Ok(false);
+        }
+        self.send_own(packet, pts)?;
+        Ok(true)
+    }
+
+    fn start_flush(&mut self) -> Result<bool> {
+        if self.started() {
+            return Ok(false);
+        }
+        let m = self.call_head(FLUSH);
+        self.post_parts(&[&m.0[..]])?;
+        self.started = Started::Flush;
+        Ok(true)
+    }
+
+    fn started(&self) -> bool {
+        self.started != Started::Nothing
+    }
+
+    fn finish(&mut self) -> Result<Vec<DecodedFrame>> {
+        match self.started {
+            Started::Nothing => Ok(std::mem::take(&mut self.early)),
+            // Every answer due, then the flush's.
+            Started::Flush => self.drain(),
+            Started::Packet => {
+                self.started = Started::Nothing;
+                let mut out = std::mem::take(&mut self.early);
+                let (frames, own) = self.read_one()?;
+                out.extend(frames);
+                match own {
+                    None => Ok(out),
+                    Some(e) => {
+                        // Its own failure is this call's, not a later report's.
+                        self.failures.pop();
+                        self.early = out;
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    fn would_wait(&mut self) -> bool {
+        if self.worker.is_dead() {
+            return false;
+        }
+        match self.started {
+            Started::Packet => !self.worker.answer_waiting(),
+            Started::Flush => {
+                // The flush's answer comes after the packets' answers.
+                self.read_arrived();
+                !self.in_flight.is_empty() || !self.worker.answer_waiting()
+            }
+            Started::Nothing => {
+                self.max_in_flight > 0
+                    && self.in_flight.len() >= self.max_in_flight
+                    && !self.worker.answer_waiting()
             }
         }
     }
@@ -364,14 +466,18 @@ impl DecoderBackend for ProcessDecoder {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + usize::from(self.started == Started::Flush)
     }
 
     fn answers_fd(&self) -> Option<BorrowedFd<'_>> {
-        (!self.in_flight.is_empty()).then(|| self.worker.fd())
+        (self.in_flight() > 0).then(|| self.worker.fd())
     }
 
     fn collect(&mut self, wait: bool) -> Result<Vec<DecodedFrame>> {
+        if self.started() {
+            // The answers due are `finish`'s.
+            return Ok(std::mem::take(&mut self.early));
+        }
         let mut out = std::mem::take(&mut self.early);
         if wait && out.is_empty() && !self.in_flight.is_empty() {
             out.extend(self.read_one()?.0);
