@@ -93,6 +93,21 @@ pub(super) fn hostile(
             Ok(())
         }
         "handshake-trickle" => trickle(target, ctl, t),
+        "session-churn" => {
+            // Opens a decoder (its worker taken from the daemon's pool) and closes it, again.
+            let c = open(target, &name, 16 << 20, "write-invalidate")?;
+            let open = api::codec::OpenDecoder {
+                kind: api::codec_kind::H264,
+                format: Format::Nv12 as u64,
+                threads: 1,
+            };
+            while ctl.go() {
+                if let Some(r) = t.op(c.command(&open))? {
+                    t.op(c.command(&api::codec::Close { handle: r.handle }))?;
+                }
+            }
+            Ok(())
+        }
         other => Err(CliError::Usage(format!("unknown hostile kind {other}"))),
     }
 }

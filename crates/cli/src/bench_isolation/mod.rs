@@ -11,9 +11,10 @@
 //! - **decode**: H.264 pictures of the cheap 640x360 clip decoded one at a time (decode, then
 //!   receive_frame, on a decoder of one thread; `victim::CodecVictim`), on one connection
 //!   and decoder kept for the row: the p50 and p99 of a picture's time from its decode's
-//!   submission to its picture's answer, reported beside the check (not in it: next to a
-//!   guest that keeps the cores busy, a decoder that needs a core's time is slower whoever
-//!   schedules the codec, and 2 cores make that a large share);
+//!   submission to its picture's answer; the p99 is checked for stalls only ([`STALL_MS`]),
+//!   the p50 reported beside the check (not in it: next to a guest that keeps the cores
+//!   busy, a decoder that needs a core's time is slower whoever schedules the codec, and 2
+//!   cores make that a large share);
 //! - **camera**: the `camera` scenario (`virtsoc run camera`: camera -> ISP -> GPU/display
 //!   planes -> display, prefetch, fences) at 720p and 30 fps: its presented frames per second.
 //!
@@ -37,11 +38,13 @@
 //!   keeps the codec and the cores busy (until stop 49 its receives that waited for its
 //!   worker held the codec's thread, and every other guest's codec commands, meanwhile);
 //! - `slow-decoder-1`: the same on a decoder of one thread, whose every `decode` is a round
-//!   trip to its worker (still waited for on the codec's thread: see
+//!   trip to its worker (until stop 51 waited for on the codec's thread: see
 //!   `host/src/device/codec/wait.rs`);
 //! - `slow-encoder`: encodes 3840x2160 pictures of noise back to back (the same
 //!   `--slow-resolution`), one at a time, with the daemon's H.264 encoder (until stop
 //!   50 each encode held the codec's thread for the whole frame);
+//! - `session-churn`: opens a decoder of one thread and closes it, again (each open takes
+//!   a worker process from the daemon's pool, which starts its replacement);
 //! - `misuse` and `crashing`: the soak's hostile role (malformed ring entries, other guests'
 //!   ids, fence misuse; 2 guests) and crashing role (children killed mid-access; 2 guests).
 //!
@@ -67,8 +70,9 @@
 //! (after 1 s), one SVM block each way per round. A row's percentages are the medians over
 //! its rounds of each round's next-to/alone ratio, and its alone/with columns the medians of
 //! the rounds' values; every round's numbers are in the JSON report. The check is the
-//! issue's: access p50 at most 120% and camera fps at least 80% of alone. One run, one
-//! machine: on a shared machine the numbers move with its load.
+//! issue's: access p50 at most 120% and camera fps at least 80% of alone; and no stall: the
+//! victim decoder's p99 at most [`STALL_MS`]. One run, one machine: on a shared machine the
+//! numbers move with its load.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -82,12 +86,14 @@ use crate::stats::{median_or_zero, percentile};
 use crate::CliError;
 
 mod hostile;
+mod table;
 mod victim;
 use hostile::hostile;
+pub use table::print_table;
 use victim::{camera, CodecVictim, SvmVictim};
 
 /// Every hostile kind, in the order of the table.
-pub const KINDS: [&str; 13] = [
+pub const KINDS: [&str; 14] = [
     "prefetch-abuser",
     "composite-64x4096",
     "composite-3x4096",
@@ -99,12 +105,18 @@ pub const KINDS: [&str; 13] = [
     "slow-decoder",
     "slow-decoder-1",
     "slow-encoder",
+    "session-churn",
     "misuse",
     "crashing",
 ];
 
 /// The victim may lose at most this fraction of its alone-numbers.
 const TOLERANCE: f64 = 0.20;
+/// Most the victim decoder's p99 may be next to a hostile guest (median of the rounds), ms:
+/// its pictures take about 1 ms alone and up to 10 ms next to guests that keep both cores
+/// busy; a picture held behind another guest's 3840x2160 one (the codec's thread waiting
+/// for that guest's worker) took 225-400 ms (stops 48-50).
+const STALL_MS: f64 = 50.0;
 /// Most alone/with rounds of a row (there is one per second of camera).
 const MAX_ROUNDS: usize = 5;
 /// Fewest SVM frames of one measurement when the row has several rounds.
@@ -184,9 +196,10 @@ pub struct Row {
     pub decode_pct_of_alone: f64,
     /// The victim alone: its pictures' p99 (ms), the median of the rounds' values.
     pub alone_decode_p99_ms: f64,
-    /// Next to the hostile guest: its pictures' p99 (ms), the median of the rounds' values.
+    /// Next to the hostile guest: its pictures' p99 (ms), the median of the rounds' values
+    /// (checked: at most [`STALL_MS`]).
     pub decode_p99_ms: f64,
-    /// Within the tolerance.
+    /// Within the tolerance, and no stall.
     pub ok: bool,
     /// `ok`, or `FAIL` and what is out of the tolerance.
     pub check: String,
@@ -215,7 +228,7 @@ pub struct IsolationReport {
     pub tolerance_pct: f64,
     /// One row per hostile kind.
     pub rows: Vec<Row>,
-    /// Every row within the tolerance.
+    /// Every row within the tolerance, and no stall.
     pub all_ok: bool,
 }
 
@@ -376,6 +389,10 @@ fn rows(
         if corrupt > 0 {
             out.push(format!("{corrupt} corrupt frames"));
         }
+        let decode_p99 = of(|r| r.decode_p99_ms);
+        if decode_p99 > STALL_MS {
+            out.push(format!("decode p99 {decode_p99:.0} ms (a stall)"));
+        }
         rows.push(Row {
             hostile: kind.clone(),
             alone_access_p50_us: of(|r| r.alone_access_p50_us),
@@ -388,7 +405,7 @@ fn rows(
             decode_p50_ms: of(|r| r.decode_p50_ms),
             decode_pct_of_alone: decode_pct,
             alone_decode_p99_ms: of(|r| r.alone_decode_p99_ms),
-            decode_p99_ms: of(|r| r.decode_p99_ms),
+            decode_p99_ms: decode_p99,
             ok: out.is_empty(),
             check: if out.is_empty() {
                 "ok".into()
@@ -614,73 +631,6 @@ fn pct(v: f64, alone: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// Prints the report as a table.
-pub fn print_table(r: &IsolationReport) {
-    println!(
-        "Isolation: a victim guest (SVM write->read access p50 under prefetch, 1 MiB, {} \
-         frames; camera scenario 720p30 presented fps, {:.0} s; 640x360 H.264 pictures \
-         decoded one at a time, ms from decode to picture, p50 and p99) alone, then next to \
-         each hostile guest, in {} interleaved rounds; medians over the rounds (% = median \
-         of the rounds' with/alone); check: access and camera within {:.0}% of alone (the \
-         decoder's times are reported, not checked)",
-        r.frames, r.seconds, r.rounds, r.tolerance_pct
-    );
-    println!(
-        "{:<18} {:>8} {:>8} {:>5} {:>7} {:>6} {:>5} {:>11} {:>11} {:>5} {:>8} {:>8} {:>6} {:>9} {:>9}",
-        "hostile",
-        "alone us",
-        "with us",
-        "%",
-        "alone fps",
-        "with",
-        "%",
-        "dec p50 alone",
-        "with",
-        "%",
-        "p99 alone",
-        "with",
-        "check",
-        "ops",
-        "refused"
-    );
-    for row in &r.rows {
-        println!(
-            "{:<18} {:>8.2} {:>8.2} {:>5.0} {:>7.1} {:>6.1} {:>5.0} {:>11.2} {:>11.2} {:>5.0} \
-             {:>8.2} {:>8.2} {:>6} {:>9} {:>9}",
-            row.hostile,
-            row.alone_access_p50_us,
-            row.access_p50_us,
-            row.access_pct_of_alone,
-            row.alone_camera_fps,
-            row.camera_fps,
-            row.fps_pct_of_alone,
-            row.alone_decode_p50_ms,
-            row.decode_p50_ms,
-            row.decode_pct_of_alone,
-            row.alone_decode_p99_ms,
-            row.decode_p99_ms,
-            if row.ok { "ok" } else { "FAIL" },
-            row.hostile_ops,
-            row.hostile_refused,
-        );
-    }
-    for row in r.rows.iter().filter(|r| !r.ok) {
-        println!("{}: {}", row.hostile, row.check);
-    }
-    for row in r.rows.iter().filter(|r| r.hostile_refusal.is_some()) {
-        println!(
-            "{}: first refusal: {}",
-            row.hostile,
-            row.hostile_refusal.as_deref().unwrap_or("")
-        );
-    }
-    println!(
-        "all within {:.0}%: {}",
-        r.tolerance_pct,
-        if r.all_ok { "yes" } else { "no" }
-    );
 }
 
 #[cfg(test)]
