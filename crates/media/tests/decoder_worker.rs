@@ -607,6 +607,13 @@ fn packets_started_and_finished_give_what_decode_gives() {
     assert_eq!(a.iter().map(Vec::len).sum::<usize>(), 20);
     assert!(a == b, "the same pictures from the same calls");
 
+    // A caller that waits for pictures meanwhile reads the started packet's answer (its
+    // pictures; its failure, were it one, reported later), and nothing is left to finish.
+    assert!(there.start(&pkts[1].0, 1).unwrap());
+    let _ = there.collect(true).unwrap();
+    assert!(!there.started() && there.in_flight() == 0);
+    assert!(there.finish().unwrap().is_empty());
+
     let mut threaded = worker(2);
     assert!(!threaded.start(&pkts[0].0, 0).unwrap(), "frame threads");
     assert!(!threaded.started() && threaded.in_flight() == 0);

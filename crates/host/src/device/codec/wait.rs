@@ -1,11 +1,11 @@
 //! `receive_frame` and `stream_info` that would wait for a decoder's worker process (no
 //! picture ready, packets still in the worker), `decode` and `flush` that would wait for
-//! one (below), and `encode` on an encoder in a worker process (its frame handed to the worker, its
-//! packets not back yet), wait on the codec's
-//! thread at most [`GRACE`] (most pictures are that close: handing over costs more), then
-//! go to its waiter thread, which waits on every such worker's socket at once (one `poll`,
-//! holding nothing) and answers each command once its worker's answers bring a picture or
-//! the end of what was in flight (an encode: its packets). The device's thread goes on
+//! one (below), and `encode` on an encoder in a worker process (its frame handed to the
+//! worker, its packets not back yet), wait on the codec's thread at most [`GRACE`] (most
+//! pictures are that close: handing over costs more), then go to its waiter thread, which
+//! waits on every such worker's socket at once (one `poll`, holding nothing) and answers
+//! each command once its worker's answers bring a picture or the end of what was in flight
+//! (an encode: its packets). The device's thread goes on
 //! serving the other guests meanwhile: one guest's slow pictures (a large or hostile
 //! stream, a picture as large as the limits allow) hold another guest's commands for
 //! `GRACE` at most in these commands. (Until stop 50 an encode held the codec's thread, and
@@ -15,7 +15,8 @@
 //! thread its packet is sent to the worker first and the command reads the packet's answer
 //! once it has come; with frame threads and the most packets in flight, the command runs
 //! once the oldest one's answer has come. A `flush` is sent behind the packets in flight and
-//! answered once all their answers and its own have come.
+//! answered once all their answers and its own have come. (Opens and closes run on the
+//! codec's session thread: `sessions.rs`.)
 //! A guest alone on the codec (no other guest has opened a session on it) waits on the
 //! codec's thread, as before: nobody is held, and a guest that comes meanwhile waits for that
 //! one wait at most. The guest's own queue stays held until the answer (a command still

@@ -475,8 +475,12 @@ impl DecoderBackend for ProcessDecoder {
 
     fn collect(&mut self, wait: bool) -> Result<Vec<DecodedFrame>> {
         if self.started() {
-            // The answers due are `finish`'s.
-            return Ok(std::mem::take(&mut self.early));
+            // The answers due are `finish`'s; a caller that waits reads them all (as any
+            // other call does: a started packet's own failure then goes to take_failures).
+            return match wait {
+                true => self.drain(),
+                false => Ok(std::mem::take(&mut self.early)),
+            };
         }
         let mut out = std::mem::take(&mut self.early);
         if wait && out.is_empty() && !self.in_flight.is_empty() {
