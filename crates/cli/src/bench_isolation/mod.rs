@@ -114,9 +114,10 @@ pub const KINDS: [&str; 14] = [
 const TOLERANCE: f64 = 0.20;
 /// Most the victim decoder's p99 may be next to a hostile guest (median of the rounds), ms:
 /// its pictures take about 1 ms alone and up to 10 ms next to guests that keep both cores
-/// busy; a picture held behind another guest's 3840x2160 one (the codec's thread waiting
-/// for that guest's worker) took 225-400 ms (stops 48-50).
-const STALL_MS: f64 = 50.0;
+/// busy (every round of every kind, stop 51); held behind another guest's 3840x2160 picture
+/// (the codec's thread waiting for that guest's worker) they took 225-400 ms (stops
+/// 48-50), behind another guest's worker starts 44-60 ms (stop 51).
+const STALL_MS: f64 = 25.0;
 /// Most alone/with rounds of a row (there is one per second of camera).
 const MAX_ROUNDS: usize = 5;
 /// Fewest SVM frames of one measurement when the row has several rounds.
