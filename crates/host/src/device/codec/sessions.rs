@@ -2,12 +2,13 @@
 //! not alone on the codec, with decoders and encoders in worker processes, run on a thread
 //! of their own, so that a worker's start and end hold no other guest's commands. Opening
 //! takes a worker from the pool and waits for its answer to the open call (a worker taken
-//! just after it was started first loads its libraries and enters the sandbox: about 18 ms
-//! here, and a guest that opens and closes sessions back to back takes every spare worker
-//! as it starts); closing kills the worker and reaps it. Until stop 51 these ran on the
-//! codec's thread: next to a guest doing nothing else (`bench isolation --hostile
-//! session-churn`), a victim's 640x360 pictures took 13.5 ms at the median and 46 ms at p99
-//! against 0.63 / 1.35 ms alone (`docs/results.md`, stop 51).
+//! just after it was started first loads its libraries and enters the sandbox, and a guest
+//! that opens and closes sessions back to back takes every spare worker as it starts);
+//! closing kills the worker and reaps it. Until stop 51 these ran on the codec's thread:
+//! next to a guest doing nothing else (`bench isolation --hostile session-churn`), a
+//! victim's 640x360 pictures took 13.5-15.1 ms at the median and 46-51 ms at p99 against
+//! 0.6-0.8 / 1.3-2.2 ms alone; on this thread, 1.0-1.3 / 6.7-8.1 ms (`docs/results.md`,
+//! stop 51).
 //!
 //! The thread runs one command at a time, in the order handed over: one guest's opens can
 //! delay another guest's open or close, never its other commands. The session table stays
