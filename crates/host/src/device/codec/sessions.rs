@@ -123,10 +123,11 @@ mod tests {
     use virtsoc_svm::{DomainId, GuestId};
 
     use super::super::state::{DecoderSession, Session};
+    use super::super::wait::tests::held_beside_another;
     use super::super::{replay, Codec};
     use crate::device::registry::DeviceConfig;
-    use crate::device::tests::{reply_for, results};
-    use crate::device::{Device, DeviceCtx};
+    use crate::device::tests::results;
+    use crate::device::DeviceCtx;
     use crate::testkit::{Core, GUEST};
 
     /// An open whose worker takes its time to answer (a program that sleeps, then exits
@@ -166,19 +167,8 @@ mod tests {
             format: Format::Nv12 as u64,
             threads: 1,
         };
-        let (done, answered) = std::sync::mpsc::channel();
-        let mut reply = reply_for(&core, 7);
-        reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
-        codec.execute_async(&cx1, &open.encode(), reply);
-        assert!(results(&core).is_empty(), "answered before its worker did");
-
-        let info = api::StreamInfo { handle: h2 };
-        codec.execute_async(&cx2, &info.encode(), reply_for(&core, 8));
-        let other = results(&core);
-        assert_eq!(other.len(), 1);
-        assert_eq!(other[0].0, 8);
-        assert!(other[0].1.is_ok(), "{:?}", other[0].1);
-
+        let held = (&cx1, open.encode());
+        let answered = held_beside_another(&codec, &core, held, (&cx2, h2), "open");
         answered.recv_timeout(Duration::from_secs(30)).unwrap();
         let got = results(&core);
         assert_eq!(got.len(), 1);

@@ -620,7 +620,7 @@ impl virtsoc_media::DecoderBackend for Answering {
 /// the waiting one is answered with the picture once the worker's answer arrives.
 #[test]
 fn a_command_waiting_for_its_worker_holds_no_other_guest() {
-    use crate::device::tests::{reply_for, results};
+    use crate::device::tests::results;
     use std::time::Duration;
     let codec = Codec::new(&DeviceConfig::default()).unwrap();
     let core = crate::testkit::Core::new();
@@ -653,17 +653,9 @@ fn a_command_waiting_for_its_worker_holds_no_other_guest() {
     let info = |handle| virtsoc_devapi::DeviceCommand::encode(&api::StreamInfo { handle });
     // Another guest on the codec (alone, the first would wait on the codec's thread).
     let h2 = HandleId(codec.open_decoder_for(&cx2, open).unwrap()[0]);
-    let (done, answered) = std::sync::mpsc::channel();
-    let mut reply = reply_for(&core, 7);
-    reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
-    codec.execute_async(&cx1, &info(h), reply);
-    assert!(results(&core).is_empty(), "answered before its worker did");
-
-    codec.execute_async(&cx2, &info(h2), reply_for(&core, 8));
-    let other = results(&core);
-    assert_eq!(other.len(), 1);
-    assert_eq!(other[0].0, 8);
-    assert!(other[0].1.is_ok(), "{:?}", other[0].1);
+    let held = (&cx1, info(h));
+    let answered =
+        super::wait::tests::held_beside_another(&codec, &core, held, (&cx2, h2), "stream_info");
 
     std::io::Write::write_all(&mut worker, &[1]).unwrap();
     answered.recv_timeout(Duration::from_secs(30)).unwrap();

@@ -382,4 +382,4 @@ fn serve(shared: &Shared) {
 
 #[cfg(test)]
 #[path = "wait_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -20,6 +20,34 @@ use crate::device::tests::{reply_for, results};
 use crate::device::{Device, DeviceCtx};
 use crate::testkit::{Core, GUEST};
 
+/// Runs `held`, a command of `cx1`'s guest that waits for its worker, and checks that it is
+/// not answered yet; then a `stream_info` of `cx2`'s guest on its decoder `h2`, which must
+/// be answered at once (`what` names the case). Returns what fires once `held` is answered.
+pub(in crate::device::codec) fn held_beside_another(
+    codec: &Codec,
+    core: &Core,
+    (cx1, held): (&DeviceCtx<'_>, [u64; 6]),
+    (cx2, h2): (&DeviceCtx<'_>, HandleId),
+    what: &str,
+) -> std::sync::mpsc::Receiver<()> {
+    let (done, answered) = std::sync::mpsc::channel();
+    let mut reply = reply_for(core, 7);
+    reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
+    codec.execute_async(cx1, &held, reply);
+    let early = results(core);
+    assert!(
+        early.is_empty(),
+        "{what}: answered before its worker did: {early:?}"
+    );
+    let info = api::StreamInfo { handle: h2 };
+    codec.execute_async(cx2, &info.encode(), reply_for(core, 8));
+    let other = results(core);
+    assert_eq!(other.len(), 1, "{what}");
+    assert_eq!(other[0].0, 8, "{what}");
+    assert!(other[0].1.is_ok(), "{what}: {:?}", other[0].1);
+    answered
+}
+
 /// An encoder running apart: a frame started is answered with one packet (the byte the test
 /// writes to the other end of `answers`, after an H.264 start code) when the test writes it.
 struct Starting {
@@ -117,23 +145,8 @@ fn an_encode_waiting_for_its_worker_holds_no_other_guest() {
         pts: 5,
         out: RegionId(out),
     };
-    let (done, answered) = std::sync::mpsc::channel();
-    let mut reply = reply_for(&core, 7);
-    reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
-    codec.execute_async(&cx1, &encode.encode(), reply);
-    let early = results(&core);
-    assert!(
-        early.is_empty(),
-        "answered before its worker did: {early:?}"
-    );
-
-    let info = api::StreamInfo { handle: h2 };
-    codec.execute_async(&cx2, &info.encode(), reply_for(&core, 8));
-    let other = results(&core);
-    assert_eq!(other.len(), 1);
-    assert_eq!(other[0].0, 8);
-    assert!(other[0].1.is_ok(), "{:?}", other[0].1);
-
+    let held = (&cx1, encode.encode());
+    let answered = held_beside_another(&codec, &core, held, (&cx2, h2), "encode");
     worker.write_all(&[0x42]).unwrap();
     answered.recv_timeout(Duration::from_secs(30)).unwrap();
     let got = results(&core);
@@ -277,30 +290,12 @@ fn a_decode_or_flush_waiting_for_its_worker_holds_no_other_guest() {
             len: 100,
             pts: 5,
         };
-        let (done, answered) = std::sync::mpsc::channel();
-        let mut reply = reply_for(&core, 7);
-        reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
         let command = match flush {
             true => api::Flush { handle: h }.encode(),
             false => decode.encode(),
         };
-        codec.execute_async(&cx1, &command, reply);
-        let early = results(&core);
-        assert!(
-            early.is_empty(),
-            "full {full}, flush {flush}: answered before its worker did: {early:?}"
-        );
-
-        let info = api::StreamInfo { handle: h2 };
-        codec.execute_async(&cx2, &info.encode(), reply_for(&core, 8));
-        let other = results(&core);
-        assert_eq!(other.len(), 1, "full {full}, flush {flush}");
-        assert_eq!(other[0].0, 8);
-        assert!(
-            other[0].1.is_ok(),
-            "full {full}, flush {flush}: {:?}",
-            other[0].1
-        );
+        let what = format!("full {full}, flush {flush}");
+        let answered = held_beside_another(&codec, &core, (&cx1, command), (&cx2, h2), &what);
 
         worker.write_all(&[0x42]).unwrap();
         answered.recv_timeout(Duration::from_secs(30)).unwrap();
