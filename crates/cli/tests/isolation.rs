@@ -14,6 +14,7 @@ fn bench_isolation_measures_the_victim_next_to_each_hostile_kind() {
         "slow-decoder",
         "slow-decoder-1",
         "slow-encoder",
+        "slow-isp",
         "session-churn",
     ];
     let out = common::virtsoc_cmd()

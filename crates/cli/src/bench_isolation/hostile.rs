@@ -52,6 +52,7 @@ pub(super) fn hostile(
         "slow-decoder" => slow_decoder(target, &name, (slow, 0), ctl, t),
         "slow-decoder-1" => slow_decoder(target, &name, (slow, 1), ctl, t),
         "slow-encoder" => slow_encoder(target, &name, slow, ctl, t),
+        "slow-isp" => slow_isp(target, &name, slow, ctl, t),
         "region-flood" => {
             let c = open(target, &name, 64 << 20, "write-invalidate")?;
             while ctl.go() {
@@ -386,5 +387,30 @@ fn slow_encoder(
         k += 1;
     }
     c.command(&api::codec::Close { handle })?;
+    Ok(())
+}
+
+/// `slow-isp`: converts an NV12 picture of `w` x `h` into RGBA8 with the ISP, back to back,
+/// one conversion at a time (the victim's camera converts 1280x720 pictures on the same
+/// device); a conversion answered is an operation.
+fn slow_isp(
+    target: &str,
+    name: &str,
+    (w, h): (u32, u32),
+    ctl: &Ctl,
+    t: &Tally,
+) -> Result<(), CliError> {
+    let picture = u64::from(w) * u64::from(h) * 3 / 2;
+    let rgba = u64::from(w) * u64::from(h) * 4;
+    let c = open(target, name, picture + rgba + (64 << 20), "prefetch")?;
+    let p = Pipe::new(&c, OrderingMode::Atomic);
+    let src = c.alloc(0, w, h, Format::Nv12, 0)?.id;
+    p.cpu_write(src, &vec![128u8; picture as usize])?;
+    let dst = c.alloc(0, w, h, Format::Rgba8, 0)?.id;
+    while ctl.go() {
+        let convert = api::isp::Convert { src, dst };
+        check_completion(&c.wait(c.submit_with_access(&convert)?)?, "convert")?;
+        t.ops.fetch_add(1, Ordering::Relaxed);
+    }
     Ok(())
 }

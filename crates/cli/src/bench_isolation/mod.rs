@@ -43,6 +43,8 @@
 //! - `slow-encoder`: encodes 3840x2160 pictures of noise back to back (the same
 //!   `--slow-resolution`), one at a time, with the daemon's H.264 encoder (until stop
 //!   50 each encode held the codec's thread for the whole frame);
+//! - `slow-isp`: converts 3840x2160 NV12 pictures into RGBA8 with the ISP (the same
+//!   `--slow-resolution`), back to back, one at a time;
 //! - `session-churn`: opens a decoder of one thread and closes it, again (each open takes
 //!   a worker process from the daemon's pool, which starts its replacement);
 //! - `misuse` and `crashing`: the soak's hostile role (malformed ring entries, other guests'
@@ -93,7 +95,7 @@ pub use table::print_table;
 use victim::{camera, CodecVictim, SvmVictim};
 
 /// Every hostile kind, in the order of the table.
-pub const KINDS: [&str; 14] = [
+pub const KINDS: [&str; 15] = [
     "prefetch-abuser",
     "composite-64x4096",
     "composite-3x4096",
@@ -105,6 +107,7 @@ pub const KINDS: [&str; 14] = [
     "slow-decoder",
     "slow-decoder-1",
     "slow-encoder",
+    "slow-isp",
     "session-churn",
     "misuse",
     "crashing",
@@ -113,7 +116,7 @@ pub const KINDS: [&str; 14] = [
 /// The victim may lose at most this fraction of its alone-numbers.
 const TOLERANCE: f64 = 0.20;
 /// Most the victim decoder's p99 may be next to a hostile guest (median of the rounds), ms:
-/// its pictures take about 1 ms alone and up to 10 ms next to guests that keep both cores
+/// its pictures take about 1 ms alone and up to 11 ms next to guests that keep both cores
 /// busy (every round of every kind, stop 51); held behind another guest's 3840x2160 picture
 /// (the codec's thread waiting for that guest's worker) they took 225-400 ms (stops
 /// 48-50), behind another guest's worker starts 44-60 ms (stop 51).
