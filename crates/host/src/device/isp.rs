@@ -36,6 +36,7 @@
 //! smaller than its frame, `DeviceError` when the backend fails.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use virtsoc_devapi::isp::Command;
@@ -93,6 +94,24 @@ pub struct Isp {
     apart: bool,
     /// The guests that have used the device and not gone yet.
     users: Mutex<BTreeSet<GuestId>>,
+    /// Conversions running apart now, and the most that may ([`apart_max`]).
+    apart_now: Arc<AtomicUsize>,
+}
+
+/// The most conversions that run apart at once: one per core (at least 2). Past it a
+/// conversion runs on the device's thread, so many guests converting at once share the
+/// cores through the device's scheduler rather than all at once in the kernel's.
+fn apart_max() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+}
+
+/// One of the [`apart_max`] conversions running apart, given back when dropped.
+struct ApartSlot(Arc<AtomicUsize>);
+
+impl Drop for ApartSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Isp {
@@ -130,6 +149,7 @@ impl Isp {
             desc,
             apart,
             users: Mutex::default(),
+            apart_now: Arc::default(),
         })
     }
 
@@ -137,8 +157,8 @@ impl Isp {
     /// conversions may run at once and another guest uses the device: gives `reply` back
     /// otherwise (or without a thread), to run the command here. Each guest's conversions
     /// run in a worker process of its own, so one guest's large conversion (tens of
-    /// milliseconds at 3840x2160) does not hold another's: until stop 51 the device's
-    /// thread waited for every one, and a guest converting UHD pictures back to back took
+    /// milliseconds at 3840x2160) does not hold another's ([`apart_max`] at once): until
+    /// stop 51 the device's thread waited for every one, and a guest converting UHD pictures back to back took
     /// the victim's 720p camera of `bench isolation` to 73-90% of its frame rate alone
     /// (`--hostile slow-isp`, `docs/results.md` stop 51). At most one command of a guest
     /// is in flight (its queue is held until the answer): one thread a guest at most.
@@ -151,6 +171,16 @@ impl Isp {
         if !self.apart || !others {
             return Some(reply);
         }
+        let max = apart_max();
+        let taken = self
+            .apart_now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Some(reply);
+        }
+        let running = ApartSlot(self.apart_now.clone());
         let engine = self.engine.clone();
         let (guest, svm, domain) = (cx.guest, cx.svm.clone(), cx.domain);
         let (fences, reads_host, args) = (cx.fences.clone(), cx.reads_host, *args);
@@ -164,11 +194,12 @@ impl Isp {
                 };
                 let cx = DeviceCtx::new(guest, &svm, domain, &fences).reading_host(reads_host);
                 let result = engine.execute(&cx, &args);
+                drop(running);
                 reply.send_because(result, cx.take_reason());
             });
         match started {
             Ok(_) => None,
-            // No thread: here, as before.
+            // No thread (its slot given back with it): here, as before.
             Err(_) => slot.lock_or_recover().take(),
         }
     }
@@ -472,6 +503,7 @@ mod tests {
             desc: "held".into(),
             apart: true,
             users: Mutex::default(),
+            apart_now: Arc::default(),
         };
         let mut core = Core::new();
         let nv12 = [0, 64, 48, Format::Nv12 as u64, 0, 0];
