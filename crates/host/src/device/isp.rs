@@ -158,10 +158,11 @@ impl Isp {
     /// otherwise (or without a thread), to run the command here. Each guest's conversions
     /// run in a worker process of its own, so one guest's large conversion (tens of
     /// milliseconds at 3840x2160) does not hold another's ([`apart_max`] at once): until
-    /// stop 51 the device's thread waited for every one, and a guest converting UHD pictures back to back took
-    /// the victim's 720p camera of `bench isolation` to 73-90% of its frame rate alone
-    /// (`--hostile slow-isp`, `docs/results.md` stop 51). At most one command of a guest
-    /// is in flight (its queue is held until the answer): one thread a guest at most.
+    /// stop 51 the device's thread waited for every one, and a guest converting UHD
+    /// pictures back to back took the victim's 720p camera of `bench isolation` to 73-90%
+    /// of its frame rate alone (`--hostile slow-isp`, `docs/results.md` stop 51). At most
+    /// one command of a guest is in flight (its queue is held until the answer): one
+    /// thread a guest at most.
     fn execute_apart(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) -> Option<Reply> {
         let others = {
             let mut users = self.users.lock_or_recover();
