@@ -92,7 +92,7 @@ pub struct Isp {
     /// Conversions of different guests may run at once (libswscale in worker processes,
     /// one per guest): see `Isp::execute_apart`.
     apart: bool,
-    /// The guests that have used the device and not gone yet.
+    /// The guests that have used the device and not gone yet (kept where `apart`).
     users: Mutex<BTreeSet<GuestId>>,
     /// Conversions running apart now, and the most that may ([`apart_max`]).
     apart_now: Arc<AtomicUsize>,
@@ -164,12 +164,15 @@ impl Isp {
     /// one command of a guest is in flight (its queue is held until the answer): one
     /// thread a guest at most.
     fn execute_apart(&self, cx: &DeviceCtx<'_>, args: &[u64; 6], reply: Reply) -> Option<Reply> {
+        if !self.apart {
+            return Some(reply);
+        }
         let others = {
             let mut users = self.users.lock_or_recover();
             users.insert(cx.guest);
             users.iter().any(|g| *g != cx.guest)
         };
-        if !self.apart || !others {
+        if !others {
             return Some(reply);
         }
         let max = apart_max();

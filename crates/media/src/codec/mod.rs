@@ -489,6 +489,11 @@ pub trait DecoderBackend: Send {
     fn start(&mut self, _packet: &[u8], _pts: i64) -> Result<bool> {
         Ok(false)
     }
+    /// Whether [`start`](Self::start) would send a packet now (one decoding thread in a
+    /// worker, nothing started): a caller checks this before it fetches the packet's bytes.
+    fn starts(&self) -> bool {
+        false
+    }
     /// Sends the end of stream to a decoder in a worker process, behind the packets in
     /// flight, without waiting: true when sent. [`finish`](Self::finish) then gives what
     /// [`flush`](Self::flush) gives. By default false: nothing sent.

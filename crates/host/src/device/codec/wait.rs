@@ -218,6 +218,10 @@ fn start_decode(
     }
     let decoder = &mut s.decoder;
     if !decoder.would_wait() {
+        // Only a decoder that would send it reads the packet here (one decoding thread).
+        if !decoder.starts() {
+            return None;
+        }
         let started = cx.with_source(c.bitstream, |bytes| match bytes.get(..len) {
             Some(packet) => decoder.start(packet, c.pts as i64),
             None => Ok(false),

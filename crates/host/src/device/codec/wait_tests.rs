@@ -216,6 +216,9 @@ impl DecoderBackend for Slow {
         self.started = Some(pts);
         Ok(true)
     }
+    fn starts(&self) -> bool {
+        !self.full && self.started.is_none()
+    }
     fn start_flush(&mut self) -> virtsoc_media::Result<bool> {
         // The flush's answer: a picture of pts 9.
         self.start(&[], 9)

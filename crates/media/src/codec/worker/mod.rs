@@ -388,8 +388,12 @@ impl DecoderBackend for ProcessDecoder {
         self.finish()
     }
 
+    fn starts(&self) -> bool {
+        self.max_in_flight == 0 && !self.started()
+    }
+
     fn start(&mut self, packet: &[u8], pts: i64) -> Result<bool> {
-        if self.max_in_flight > 0 || packet.len() > MAX_PACKET || self.started() {
+        if !self.starts() || packet.len() > MAX_PACKET {
             return Ok(false);
         }
         self.send_own(packet, pts)?;
