@@ -11,7 +11,8 @@
 //! `--evict M`: a third phase in each pair, each clip's decoder alone again with M MiB of
 //! memory written after each of its turns (the other decoders' work replaced by nothing but
 //! a write that evicts the caches): if its decodes cost what they cost in turn, the caches
-//! are what sharing costs.
+//! are what sharing costs. In turn, each decode's place in its turn is kept too: the first
+//! of a turn pays what the change of decoder costs, if only the first does.
 //!
 //! `cargo run --release -p virtsoc-media --example decode_probe -- 8 a.h264 b.h264 c.h264`
 
@@ -113,6 +114,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let k = clips.len().min(n);
     let (mut alone, mut together) = (vec![Vec::new(); k], vec![Vec::new(); k]);
     let mut evicted = vec![Vec::new(); k];
+    // In turn, by the decode's place in its turn (the first pays the refill, if any).
+    let mut placed = vec![vec![Vec::new(); burst]; k];
     let mut overheads = Vec::new();
     // A multiple of the burst: every decoder decodes as many packets in turn as alone.
     let rounds = 60usize.div_ceil(burst) * burst;
@@ -128,9 +131,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         for _ in 0..rounds / burst {
             for s in &mut streams {
-                for _ in 0..burst {
+                for place in placed[s.clip].iter_mut() {
                     let us = s.step()?;
                     together[s.clip].push(us);
+                    place.push(us);
                 }
             }
         }
@@ -156,11 +160,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ),
             None => String::new(),
         };
+        let places: Vec<String> = placed[c]
+            .iter()
+            .map(|v| format!("{:.0}", median(v.clone())))
+            .collect();
         println!(
-            "{}: {:.0} us a decode alone, {:.0} us in turn with {n}{evict}",
+            "{}: {:.0} us a decode alone, {:.0} us in turn with {n} ({} by place in a turn){evict}",
             clips[c],
             median(alone[c].clone()),
-            median(together[c].clone())
+            median(together[c].clone()),
+            places.join(" / ")
         );
     }
     println!(
