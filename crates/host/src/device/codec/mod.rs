@@ -366,10 +366,10 @@ impl Codec {
         // A packet the codec's waiter path sent (`wait.rs`), checked then: its answer.
         let started = (self.state().decoder(cx.guest, c.handle)).is_ok_and(|s| s.decoder.started());
         let len = if started { 0 } else { Self::packet_len(cx, c)? };
-        let mut st = self.state();
         if !started {
-            self.revive(&mut st, cx, c.handle)?;
+            self.revive(cx, c.handle)?;
         }
+        let mut st = self.state();
         let s = st.decoder(cx.guest, c.handle)?;
         let r = if started {
             s.decoder.finish()

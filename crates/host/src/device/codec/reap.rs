@@ -19,7 +19,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use virtsoc_ids::HandleId;
+use virtsoc_ids::{GuestId, HandleId};
 use virtsoc_media::{
     CodecKind, DecoderBackend, FfmpegDecoder, MediaError, NullDecoder, PixelFormat, ProcessDecoder,
 };
@@ -47,58 +47,96 @@ impl Codec {
 
     /// Opens a new backend for `cx`'s decoder `handle` if the reaper closed its old one; a
     /// decoder not reaped (or no decoder: the caller answers that) is left as it is.
-    pub(super) fn revive(
-        &self,
-        st: &mut State,
-        cx: &DeviceCtx<'_>,
-        handle: HandleId,
-    ) -> Result<(), Status> {
+    ///
+    /// The codec's state is not held while the worker starts (until stop 52 it was, and
+    /// every other guest's codec commands waited for that start): its codec threads are
+    /// taken first, under the lock (the session counted open again, a placeholder for its
+    /// backend, marked used now so that the reaper leaves it), and given back if the open
+    /// fails. The guest's own queue is held until the answer, so nothing of its own uses
+    /// the decoder meanwhile; a session closed meanwhile (the guest gone) drops the new
+    /// backend.
+    pub(super) fn revive(&self, cx: &DeviceCtx<'_>, handle: HandleId) -> Result<(), Status> {
         let key = (cx.guest, handle);
-        let Some(o) = st.sessions.get(&key) else {
-            return Ok(());
+        let (kind, out, threads) = {
+            let mut st = self.state();
+            let Some(o) = st.sessions.get(&key) else {
+                return Ok(());
+            };
+            let (replay::Opened::Decoder { kind, .. }, true) = (o.record, o.reaped) else {
+                return Ok(());
+            };
+            let (threads, Session::Decoder(d)) = (o.threads, &o.session) else {
+                return Ok(());
+            };
+            let out = match d.format {
+                Format::Nv12 => PixelFormat::Nv12,
+                _ => PixelFormat::Yuv420p,
+            };
+            let limits = self.limits_for(Some(cx));
+            let mine = st.guest_threads(cx.guest);
+            if mine + threads > limits.codec_threads_per_guest
+                || st.threads + threads > limits.codec_threads
+            {
+                let why = format!(
+                    "decoder {handle} was closed after {:?} idle and its {threads} codec \
+                     threads are not free now ({} of {} in use): retry later",
+                    limits.codec_idle_reap, st.threads, limits.codec_threads
+                );
+                return Err(cx.fail(Status::Busy, why));
+            }
+            let o = st.sessions.get_mut(&key).ok_or(Status::Internal)?;
+            o.reaped = false;
+            o.last_used = Instant::now();
+            st.threads += threads;
+            (kind, out, threads)
         };
-        let (replay::Opened::Decoder { kind, .. }, true) = (o.record, o.reaped) else {
-            return Ok(());
+        let opened = (|| {
+            let charge = self.worker_charge(cx, "the reopened decoder")?;
+            let kind = codec_of(kind).ok_or(Status::Internal)?;
+            let mut backend = self.new_decoder(kind, out, threads).map_err(|e| {
+                let why = format!("cannot reopen the {} decoder: {e}", kind.name());
+                cx.fail(super::status_of(&e), why)
+            })?;
+            backend.hold_pictures(true);
+            Ok((backend, charge))
+        })();
+        let mut st = self.state();
+        let Some(o) = st.sessions.get_mut(&key) else {
+            // Closed meanwhile: its threads went back with it; the backend is dropped.
+            return Err(Status::BadArgument);
         };
-        let (threads, Session::Decoder(d)) = (o.threads, &o.session) else {
-            return Ok(());
-        };
-        let out = match d.format {
-            Format::Nv12 => PixelFormat::Nv12,
-            _ => PixelFormat::Yuv420p,
-        };
-        let limits = self.limits_for(Some(cx));
-        let mine = st.guest_threads(cx.guest);
-        if mine + threads > limits.codec_threads_per_guest
-            || st.threads + threads > limits.codec_threads
-        {
-            let why = format!(
-                "decoder {handle} was closed after {:?} idle and its {threads} codec threads \
-                 are not free now ({} of {} in use): retry later",
-                limits.codec_idle_reap, st.threads, limits.codec_threads
-            );
+        if o.reaped {
+            // Reaped again meanwhile (an idle limit shorter than a worker's start): its
+            // threads went back then.
+            let why = format!("decoder {handle} was closed idle again while it reopened");
             return Err(cx.fail(Status::Busy, why));
         }
-        let charge = self.worker_charge(cx, "the reopened decoder")?;
-        let kind = codec_of(kind).ok_or(Status::Internal)?;
-        let mut backend = self.new_decoder(kind, out, threads).map_err(|e| {
-            let why = format!("cannot reopen the {} decoder: {e}", kind.name());
-            cx.fail(super::status_of(&e), why)
-        })?;
-        backend.hold_pictures(true);
-        let o = st.sessions.get_mut(&key).ok_or(Status::Internal)?;
+        let (backend, charge) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                o.reaped = true;
+                st.threads -= threads;
+                return Err(e);
+            }
+        };
         if let Session::Decoder(d) = &mut o.session {
             d.decoder = backend;
         }
-        o.reaped = false;
         o.charge = charge;
-        st.threads += threads;
         log::info!(
             "codec: guest {} decoder {handle} reopened after it was closed idle; decoding \
              resumes at the next key frame",
             cx.guest
         );
         Ok(())
+    }
+
+    /// Whether `guest`'s decoder `handle` was reaped (its next decode opens a new backend).
+    pub(super) fn reaped(&self, guest: GuestId, handle: HandleId) -> bool {
+        self.state()
+            .sessions
+            .get(&(guest, handle))
+            .is_some_and(|o| o.reaped)
     }
 
     /// Starts the reaper if none runs (with the state locked, after a decoder opened).
@@ -276,16 +314,14 @@ mod tests {
         );
 
         // Reopened by its next decode.
-        codec
-            .revive(&mut codec.state(), &cx, HandleId(idle))
-            .unwrap();
+        codec.revive(&cx, HandleId(idle)).unwrap();
         assert!(backend(&codec, 1, idle).starts_with("ffmpeg"));
         assert_eq!(codec.state().threads, 3);
 
         // Closed again; another session takes the threads; the reopen is refused.
         drop(codec.state().reap_idle(Instant::now(), Duration::ZERO));
         let taker = open(&codec, &cx, 2).unwrap();
-        let refused = codec.revive(&mut codec.state(), &cx, HandleId(idle));
+        let refused = codec.revive(&cx, HandleId(idle));
         assert_eq!(refused, Err(Status::Busy));
         assert!(cx.take_reason().is_some_and(|r| r.contains("closed after")));
         assert_eq!(
@@ -297,9 +333,7 @@ mod tests {
             ),
             Ok([0; 6])
         );
-        codec
-            .revive(&mut codec.state(), &cx, HandleId(idle))
-            .unwrap();
+        codec.revive(&cx, HandleId(idle)).unwrap();
         // Closing a closed decoder frees nothing twice.
         drop(codec.state().reap_idle(Instant::now(), Duration::ZERO));
         assert_eq!(

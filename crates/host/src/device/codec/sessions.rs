@@ -1,6 +1,8 @@
 //! The codec's session thread: `open_decoder`, `open_encoder` and `close` of a guest that is
-//! not alone on the codec, with decoders and encoders in worker processes, run on a thread
-//! of their own, so that a worker's start and end hold no other guest's commands. Opening
+//! not alone on the codec, with decoders and encoders in worker processes, and the `decode`
+//! that reopens a decoder the reaper closed (`reap.rs`; until stop 52 on the codec's thread),
+//! run on a thread of their own, so that a worker's start and end hold no other guest's
+//! commands. Opening
 //! takes a worker from the pool and waits for its answer to the open call (a worker taken
 //! just after it was started first loads its libraries and enters the sandbox, and a guest
 //! that opens and closes sessions back to back takes every spare worker as it starts);
@@ -61,10 +63,11 @@ pub(super) fn hand_over(
     args: &[u64; 6],
     reply: Reply,
 ) -> Option<Reply> {
-    let session_change = matches!(
-        Command::decode(args),
-        Ok(Command::OpenDecoder(_) | Command::OpenEncoder(_) | Command::Close(_))
-    );
+    let session_change = match Command::decode(args) {
+        Ok(Command::OpenDecoder(_) | Command::OpenEncoder(_) | Command::Close(_)) => true,
+        Ok(Command::Decode(d)) => codec.reaped(cx.guest, d.handle),
+        _ => false,
+    };
     if !session_change || codec.workers.is_none() || !codec.state().others_than(cx.guest) {
         return Some(reply);
     }
@@ -114,19 +117,23 @@ fn serve(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use virtsoc_devapi::{codec as api, codec_kind, DeviceCommand};
     use virtsoc_ids::HandleId;
+    use virtsoc_ids::RegionId;
     use virtsoc_media::NullDecoder;
     use virtsoc_proto::wire::Format;
-    use virtsoc_svm::{DomainId, GuestId};
+    use virtsoc_proto::{AccessMode, DeviceId};
+    use virtsoc_svm::{AccessSpec, DomainId, GuestId};
 
     use super::super::state::{DecoderSession, Session};
     use super::super::wait::tests::held_beside_another;
     use super::super::{replay, Codec};
     use crate::device::registry::DeviceConfig;
+    use crate::device::tests::reply_for;
     use crate::device::tests::results;
+    use crate::device::Device;
     use crate::device::DeviceCtx;
     use crate::testkit::{Core, GUEST};
 
@@ -182,5 +189,90 @@ mod tests {
             codec.state().decoder(GUEST, HandleId(1)).is_err(),
             "no session left"
         );
+    }
+
+    /// The decode that reopens a decoder the reaper closed, whose new worker takes its time
+    /// to answer (as above), does not hold the codec: another guest's command is answered
+    /// while the reopen waits (its threads taken, its backend not there yet), and the decode
+    /// afterwards, with its failure, the threads given back.
+    #[test]
+    fn a_reopen_waiting_for_its_worker_holds_no_other_guest() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("slow-worker");
+        std::fs::write(&program, "#!/bin/sh\nsleep 0.3\n").unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg = DeviceConfig {
+            codec_worker: Some(program),
+            codec_worker_spares: 0,
+            ..DeviceConfig::default()
+        };
+        let codec = Codec::new(&cfg).unwrap();
+        let mut core = Core::new();
+        let bitstream = core.blob(4096);
+        let domain = DomainId(2);
+        let len = core.svm.meta(GUEST, RegionId(bitstream)).unwrap().size;
+        let spec = AccessSpec::new(DeviceId::PRODUCER.0, domain, 0, len, AccessMode::Read);
+        core.svm
+            .begin_access(GUEST, RegionId(bitstream), &spec)
+            .unwrap();
+        let cx = |g| DeviceCtx::new(g, &core.svm, domain, core.session.fences());
+        let (cx1, cx2) = (cx(GUEST), cx(GuestId(2)));
+        let opened = replay::Opened::Decoder {
+            kind: codec_kind::H264,
+            format: Format::Nv12 as u64,
+            threads: 1,
+        };
+        let null = || {
+            let d = Box::new(NullDecoder::discarding());
+            Session::Decoder(DecoderSession::new(d, Format::Nv12))
+        };
+        let limits = Default::default();
+        let h = codec
+            .state()
+            .open(&limits, GUEST, (null(), opened), 1, None)
+            .unwrap();
+        drop(codec.state().reap_idle(Instant::now(), Duration::ZERO));
+        assert!(codec.reaped(GUEST, h));
+        assert_eq!(codec.state().threads, 0);
+        let h2 = codec
+            .state()
+            .open(&limits, GuestId(2), (null(), opened), 1, None)
+            .unwrap();
+
+        let decode = api::Decode {
+            handle: h,
+            bitstream: RegionId(bitstream),
+            len: 100,
+            pts: 0,
+        };
+        let (done, answered) = std::sync::mpsc::channel();
+        let mut reply = reply_for(&core, 7);
+        reply.on_sent = Some(Box::new(move |_| done.send(()).unwrap()));
+        codec.execute_async(&cx1, &decode.encode(), reply);
+        // Once the reopen has taken its thread (it then waits for its worker)...
+        let t0 = Instant::now();
+        while codec.reaped(GUEST, h) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!codec.reaped(GUEST, h), "the reopen took its thread");
+        assert_eq!(codec.state().threads, 2);
+        // ... the other guest's command is answered at once, the reopen still waiting.
+        let info = api::StreamInfo { handle: h2 };
+        codec.execute_async(&cx2, &info.encode(), reply_for(&core, 8));
+        let other = results(&core);
+        assert_eq!(other.len(), 1, "{other:?}");
+        assert_eq!(other[0].0, 8);
+        assert!(other[0].1.is_ok(), "{:?}", other[0].1);
+        assert!(answered.try_recv().is_err(), "the reopen still waits");
+        answered.recv_timeout(Duration::from_secs(30)).unwrap();
+        let got = results(&core);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, 7);
+        assert!(got[0].1.is_err(), "a worker that never answered: {got:?}");
+        assert!(
+            codec.reaped(GUEST, h),
+            "closed as before, to be reopened later"
+        );
+        assert_eq!(codec.state().threads, 1, "its thread given back");
     }
 }

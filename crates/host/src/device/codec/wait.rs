@@ -211,7 +211,14 @@ fn start_decode(
     if !st.others_than(cx.guest) {
         return None;
     }
-    codec.revive(&mut st, cx, c.handle).ok()?;
+    if st
+        .sessions
+        .get(&(cx.guest, c.handle))
+        .is_some_and(|o| o.reaped)
+    {
+        // Reopened by the command itself (on the session thread: `sessions.rs`).
+        return None;
+    }
     let s = st.decoder(cx.guest, c.handle).ok()?;
     if s.full() {
         return None;
