@@ -51,6 +51,24 @@ fn bench_sharing_reports_fairness_and_multimedia_rows_with_rotating_guests() {
     for field in ["unfairness_median", "overhead_pct"] {
         assert!(f[field].is_f64(), "{field}: {f}");
     }
+    // The grade's work per window from the guests' answers' times: per guest, over the
+    // windows together, its whole units counted at the edges but for the parts of the
+    // units under way at the first and last edge.
+    let windows = |key: &str| -> Vec<Vec<f64>> {
+        serde_json::from_value(f[key].clone()).unwrap_or_else(|e| panic!("{key}: {e}: {f}"))
+    };
+    let (work, units) = (windows("window_work"), windows("window_units"));
+    assert_eq!(work.len(), units.len(), "{f}");
+    assert!(!work.is_empty(), "{f}");
+    for g in 0..2 {
+        let w: f64 = work.iter().map(|x| x[g]).sum();
+        let u: f64 = units.iter().map(|x| x[g]).sum();
+        assert!(
+            w > 0.0 && (w - u).abs() <= 2.0,
+            "guest {g}: {w} from times, {u} counted"
+        );
+    }
+    assert!(f["unfairness_guest_counted_median"].is_f64(), "{f}");
     let rotation = f["rotation"].as_u64().expect("rotation");
     assert!(rotation > 1, "the guests reuse one buffer: {f}");
     // Both sizes alone were measured (the floor of the overhead), on each device.

@@ -11,6 +11,8 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use virtsoc_guest::{AccessMode, Connection, DeviceId, Opcode, RegionId};
 
@@ -31,6 +33,21 @@ pub(super) struct Control<'a> {
     /// GPU busy 94-96% of the time where guests together kept it 100% busy, so the guests
     /// together looked faster than one alone: a negative overhead).
     pub deep: Option<&'a AtomicBool>,
+    /// When each unit counted in `done` was answered (where the fairness windows want
+    /// them: `grade::work_in`).
+    pub times: Option<&'a Mutex<Vec<Instant>>>,
+}
+
+impl Control<'_> {
+    /// One more unit answered.
+    fn count(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = self.times {
+            t.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Instant::now());
+        }
+    }
 }
 
 /// How many times its depth a guest keeps queued while [`Control::deep`] is set.
@@ -52,7 +69,7 @@ pub(super) fn run<T>(
         if ctl.gate.is_some_and(|g| !g.load(Ordering::Relaxed)) {
             while let Some(t) = queued.pop_front() {
                 answered(t)?;
-                ctl.done.fetch_add(1, Ordering::Relaxed);
+                ctl.count();
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
             continue;
@@ -68,7 +85,7 @@ pub(super) fn run<T>(
         }
         if let Some(t) = queued.pop_front() {
             answered(t)?;
-            ctl.done.fetch_add(1, Ordering::Relaxed);
+            ctl.count();
         }
     }
     for t in queued {

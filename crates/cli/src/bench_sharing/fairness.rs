@@ -88,7 +88,15 @@ fn ab_slices(
                 let (name, gate, warm, stop, done) = (&names[j], &gates[j], &warm, &stop, &done[j]);
                 let (target, size) = (targets[j / n], work.sizes()[(j % n) % 3]);
                 s.spawn(move || {
-                    work.guest(target, name, size, (Some(gate), None), warm, stop, done)
+                    work.guest(
+                        target,
+                        name,
+                        size,
+                        (Some(gate), None, None),
+                        warm,
+                        stop,
+                        done,
+                    )
                 })
             })
             .collect();
@@ -244,6 +252,7 @@ fn row(
         unfairness_p95: grade.meter.1,
         unfairness_guest_median: grade.guest.0,
         unfairness_guest_p95: grade.guest.1,
+        unfairness_guest_counted_median: grade.counted.0,
         unfairness_guest_run: grade::guest_unfairness(&guest_units, &run_rates),
         unfairness_target_met: grade.passes(UNFAIRNESS_TARGET),
         guest_bytes: guest_units
@@ -253,6 +262,10 @@ fn row(
             .collect(),
         guest_units,
         window_units: window_units.into_iter().cloned().collect(),
+        window_work: runs
+            .iter()
+            .flat_map(|(w, _)| w.guest_work.clone())
+            .collect(),
         alone_queue_factor: backlog::DEEP,
         overhead_pct: percentile(&overheads, 50.0),
         overhead_range_pct: (percentile(&overheads, 25.0), percentile(&overheads, 75.0)),
@@ -357,7 +370,7 @@ fn interleaved(
         let handles: Vec<_> = (0..n)
             .map(|i| {
                 let (name, warm, stop, done) = (&names[i], &warm, &stop, &done[i]);
-                let flags = (Some(&gates[i]), Some(&deeps[i]));
+                let flags = (Some(&gates[i]), Some(&deeps[i]), None);
                 let size = work.sizes()[i % 3];
                 s.spawn(move || work.guest(target, name, size, flags, warm, stop, done))
             })

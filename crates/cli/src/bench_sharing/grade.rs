@@ -3,6 +3,14 @@
 //! own view) and from the guests' own counts of the work they got done, each unit weighed
 //! by its size's time alone (the grade: a scheduler can meter device time fairly while a
 //! guest's time goes to something other than its work).
+//!
+//! A guest's work in a window is read from the times its answers came, not from a count at
+//! the window's edges ([`work_in`]): a count moves by a whole unit when an answer falls
+//! just before or after an edge, a 1080p guest's 30-70 pictures a window by 1.5-3% per
+//! edge, while the time between two answers says how much of the next unit was done at the
+//! edge. The counts at the edges are kept beside it (`counted`).
+
+use std::time::Instant;
 
 use crate::stats::percentile;
 
@@ -13,6 +21,32 @@ use crate::stats::percentile;
 pub(crate) struct Windows {
     pub meter_ns: Vec<Vec<u64>>,
     pub guest_units: Vec<Vec<u64>>,
+    /// Per window and guest, the units of work it got done, from its answers' times
+    /// ([`work_in`]); empty where they were not kept.
+    pub guest_work: Vec<Vec<f64>>,
+}
+
+/// How much work a guest whose answers came at `times` (sorted) got done in each window
+/// between consecutive `edges`: its answers in the window, and of the unit under way at
+/// each edge the part done by then, as the time since the answer before it over the time
+/// between that answer and its own (the device works on a guest's next unit from one
+/// answer to the next). Over several windows the parts add up to the answers.
+pub(crate) fn work_in(times: &[Instant], edges: &[Instant]) -> Vec<f64> {
+    let done_at = |t: Instant| -> f64 {
+        let k = times.partition_point(|x| *x <= t);
+        match (k.checked_sub(1).map(|i| times[i]), times.get(k)) {
+            (Some(prev), Some(next)) if next > &prev => {
+                let part =
+                    t.duration_since(prev).as_secs_f64() / next.duration_since(prev).as_secs_f64();
+                k as f64 + part
+            }
+            _ => k as f64,
+        }
+    };
+    edges
+        .windows(2)
+        .map(|e| done_at(e[1]) - done_at(e[0]))
+        .collect()
 }
 
 /// max over guests |share - ideal| / ideal of one window (equal shares).
@@ -36,21 +70,27 @@ fn unfairness_of(window: &[f64]) -> Option<f64> {
     )
 }
 
-/// One window's unfairness from the guests' own counts: guest `i` answered `units[i]`
-/// units of size `i % 3`, each worth `1 / rates[i % 3]` seconds of the device (the size's
+/// One window's unfairness from the guests' own counts: guest `i` got `units[i]`
+/// units of size `i % 3` done, each worth `1 / rates[i % 3]` seconds of the device (the size's
 /// rate alone, as the guests counted it, device saturated), so the device time it got is
 /// measured by what it got done, not by the scheduler's meter. Given a whole run's counts,
 /// the run's: no window edge cuts a guest's queue there (a guest counts a command when its
 /// answer comes, so a window holds up to a queue's depth more or less of one guest's work
 /// than the meter's continuous count).
 pub(crate) fn guest_unfairness(units: &[u64], rates: &[f64]) -> Option<f64> {
+    let units: Vec<f64> = units.iter().map(|u| *u as f64).collect();
+    work_unfairness(&units, rates)
+}
+
+/// [`guest_unfairness`] of units counted in fractions ([`work_in`]).
+pub(crate) fn work_unfairness(units: &[f64], rates: &[f64]) -> Option<f64> {
     if rates.is_empty() {
         return None;
     }
     let work: Vec<f64> = units
         .iter()
         .enumerate()
-        .map(|(i, u)| *u as f64 / rates[i % rates.len()].max(1e-9))
+        .map(|(i, u)| *u / rates[i % rates.len()].max(1e-9))
         .collect();
     unfairness_of(&work)
 }
@@ -61,8 +101,11 @@ pub(crate) fn guest_unfairness(units: &[u64], rates: &[f64]) -> Option<f64> {
 pub(crate) struct Grade {
     /// From the daemon's device-time meter (the scheduler's own view).
     pub meter: (f64, f64),
-    /// From the guests' own counts of their completed work: what the grade is.
+    /// From the guests' own accounts of their completed work, from their answers' times
+    /// where kept: what the grade is.
     pub guest: (f64, f64),
+    /// The same from the counts at the windows' edges.
+    pub counted: (f64, f64),
 }
 
 impl Grade {
@@ -72,7 +115,7 @@ impl Grade {
             .iter()
             .flat_map(|(w, _)| w.meter_ns.iter().filter_map(|x| unfairness(x)))
             .collect();
-        let guest: Vec<f64> = windows
+        let counted: Vec<f64> = windows
             .iter()
             .flat_map(|(w, rates)| {
                 w.guest_units
@@ -80,10 +123,26 @@ impl Grade {
                     .filter_map(|x| guest_unfairness(x, rates))
             })
             .collect();
+        let timed: Vec<f64> = windows
+            .iter()
+            .flat_map(|(w, rates)| {
+                let units: Vec<Vec<f64>> = match w.guest_work.len() == w.guest_units.len() {
+                    true => w.guest_work.clone(),
+                    false => (w.guest_units.iter())
+                        .map(|x| x.iter().map(|u| *u as f64).collect())
+                        .collect(),
+                };
+                units
+                    .into_iter()
+                    .filter_map(|x| work_unfairness(&x, rates))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let m = |v: &[f64]| (percentile(v, 50.0), percentile(v, 95.0));
         Grade {
             meter: m(&meter),
-            guest: m(&guest),
+            guest: m(&timed),
+            counted: m(&counted),
         }
     }
 
@@ -119,6 +178,7 @@ mod tests {
         let w = Windows {
             meter_ns: vec![vec![500_000_000, 500_000_000]; 3],
             guest_units: vec![vec![100, 25]; 3],
+            guest_work: vec![],
         };
         let g = Grade::of(&[(w, vec![100.0, 50.0])]);
         assert_eq!(g.meter, (0.0, 0.0));
@@ -129,6 +189,7 @@ mod tests {
         let w = Windows {
             meter_ns: vec![vec![900, 100]],
             guest_units: vec![vec![100, 50]],
+            guest_work: vec![],
         };
         let g = Grade::of(&[(w, vec![100.0, 50.0])]);
         assert!(g.meter.0 > 0.5, "{g:?}");
@@ -155,9 +216,47 @@ mod tests {
         let w = Windows {
             meter_ns: vec![vec![1, 1]; 2],
             guest_units: vec![vec![105, 95], vec![95, 105]],
+            guest_work: vec![],
         };
         let g = Grade::of(&[(w, vec![1.0, 1.0])]);
         assert!((g.guest.0 - 0.05).abs() < 1e-9, "{g:?}");
         assert_eq!(guest_unfairness(&[200, 200], &[1.0, 1.0]), Some(0.0));
+    }
+
+    #[test]
+    fn work_in_a_window_counts_the_unit_under_way_at_each_edge_in_part() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        // Answers every 10 ms from 10 ms on (the device on the next unit in between).
+        let times: Vec<Instant> = (1..=30).map(|k| ms(10 * k)).collect();
+        // Windows [0, 105), [105, 200), [200, 295): whole counts 10, 10, 9.
+        let w = work_in(&times, &[ms(0), ms(105), ms(200), ms(295)]);
+        let want = [10.5, 9.5, 9.5];
+        for (got, want) in w.iter().zip(want) {
+            assert!((got - want).abs() < 1e-9, "{w:?}");
+        }
+        // The parts add up to the answers over the windows together.
+        let all = work_in(&times, &[ms(0), ms(295)]);
+        assert!((all[0] - w.iter().sum::<f64>()).abs() < 1e-9);
+        // Before the first answer nothing is known to be done; after the last, no part.
+        assert_eq!(work_in(&times, &[ms(0), ms(5)]), vec![0.0]);
+        assert_eq!(work_in(&times, &[ms(300), ms(400)]), vec![0.0]);
+        assert!(work_in(&[], &[ms(0), ms(10)]) == vec![0.0]);
+    }
+
+    #[test]
+    fn the_grade_reads_the_answers_times_where_kept() {
+        // Two guests of one size: counted at the edges 105 and 95 (5% off), while their
+        // answers' times say each did 100 units.
+        let w = Windows {
+            meter_ns: vec![vec![1, 1]],
+            guest_units: vec![vec![105, 95]],
+            guest_work: vec![vec![100.0, 100.0]],
+        };
+        let g = Grade::of(&[(w, vec![1.0, 1.0])]);
+        assert_eq!(g.guest.0, 0.0);
+        assert!((g.counted.0 - 0.05).abs() < 1e-9, "{g:?}");
+        assert!(g.passes(UNFAIRNESS_TARGET));
     }
 }

@@ -14,7 +14,9 @@
 //! daemon's control API (the worker's continuous accounting, the command in service counted
 //! up to the reading, as AvA reads its API server's): the window's unfairness is `max over
 //! guests |share - ideal| / ideal`, reported as the median and p95 over the windows (each
-//! window's device times are in the JSON, `window_ms`). Overhead, in interleaved slices
+//! window's device times are in the JSON, `window_ms`): the meter's view. The grade is the
+//! same from what the guests got (`grade`): each guest's work done in the window, from the
+//! times its answers came, each unit weighed by its size's time alone. Overhead, in interleaved slices
 //! before each round's windows (the same guests stay connected and are switched on and off):
 //! each size alone for 0.3 s (its commands per second), then all the guests together for
 //! 0.6 s, whose commands would have taken `sum(commands / rate alone)` seconds alone;
@@ -73,7 +75,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -154,7 +156,7 @@ impl Work {
         target: &str,
         name: &str,
         size: (u32, u32),
-        (gate, deep): (Option<&AtomicBool>, Option<&AtomicBool>),
+        (gate, deep, times): Flags<'_>,
         warm: &Barrier,
         stop: &AtomicBool,
         done: &AtomicU64,
@@ -164,6 +166,7 @@ impl Work {
             stop,
             done,
             deep,
+            times,
         };
         match self {
             Work::Gpu(_) => gpu::guest(target, name, gpu::Load::backlogged(size), warm, ctl),
@@ -217,11 +220,14 @@ pub struct FairnessRow {
     /// the daemon's device-time meter (the scheduler's own view of what it gave).
     pub unfairness_median: f64,
     pub unfairness_p95: f64,
-    /// The same from what the guests got: each guest's units of work answered in the
-    /// window, as it counted them itself, each weighed by its size's time alone (`alone`'s
-    /// rate, device saturated). This is the grade.
+    /// The same from what the guests got: each guest's units of work done in the window,
+    /// from the times its answers came (`grade::work_in`: the unit under way at an edge
+    /// counted in part), each weighed by its size's time alone (`alone`'s rate, device
+    /// saturated). This is the grade.
     pub unfairness_guest_median: f64,
     pub unfairness_guest_p95: f64,
+    /// The same from whole units counted at the windows' edges (the grade until stop 52).
+    pub unfairness_guest_counted_median: f64,
     /// The same from the guests' counts over the whole run (each size weighed by its
     /// median rate alone over the run's slices): no window edge in it.
     pub unfairness_guest_run: Option<f64>,
@@ -232,8 +238,12 @@ pub struct FairnessRow {
     /// an RGBA image of its size, a decode delivers an NV12 picture).
     pub guest_units: Vec<u64>,
     pub guest_bytes: Vec<u64>,
-    /// Each window's units per guest (what `unfairness_guest_*` is computed from).
+    /// Each window's units per guest, counted at its edges
+    /// (`unfairness_guest_counted_median`) ...
     pub window_units: Vec<Vec<u64>>,
+    /// ... and from the answers' times (what `unfairness_guest_median` and `_p95` are
+    /// computed from).
+    pub window_work: Vec<Vec<f64>>,
     /// How many times its usual queue depth one guest alone keeps queued in the slices
     /// the overhead is measured against (so that it saturates the device).
     pub alone_queue_factor: usize,
@@ -359,8 +369,9 @@ const SLICE_PAIRS: usize = 4;
 
 /// One run: `n` guests named `share-{round}-{i}` on the daemon at `target`, `seconds`
 /// windows: per window the device time per guest (what the daemon's continuous accounting
-/// counted in it, the command in service included up to the sample) and the units of work
-/// each guest counted as answered in it (its own count, read at the same instant).
+/// counted in it, the command in service included up to the sample), the units of work
+/// each guest counted as answered in it (its own count, read at the same instant), and its
+/// work done in it from its answers' times (`grade::work_in`).
 fn run_guests(
     work: Work,
     target: &str,
@@ -372,16 +383,19 @@ fn run_guests(
     let warm = Barrier::new(n + 1);
     let stop = AtomicBool::new(false);
     let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let times: Vec<Mutex<Vec<Instant>>> = (0..n).map(|_| Mutex::new(Vec::new())).collect();
     let names: Vec<String> = (0..n).map(|i| format!("share-{round}-{i}")).collect();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
                 let (name, warm, stop, done) = (&names[i], &warm, &stop, &done[i]);
                 let size = work.sizes()[i % 3];
-                s.spawn(move || work.guest(target, name, size, (None, None), warm, stop, done))
+                let flags = (None, None, Some(&times[i]));
+                s.spawn(move || work.guest(target, name, size, flags, warm, stop, done))
             })
             .collect();
         warm.wait();
+        let mut edges = Vec::new();
         let measured = (|| -> Result<Windows, CliError> {
             std::thread::sleep(SETTLE);
             let mut out = Windows::default();
@@ -389,11 +403,13 @@ fn run_guests(
                 || -> Vec<u64> { done.iter().map(|c| c.load(Ordering::Relaxed)).collect() };
             let mut last = device_time(control, work.device())?;
             let mut last_units = counts();
+            edges.push(Instant::now());
             let mut read = Instant::now();
             for _ in 1..=seconds {
                 let next = next_reading(read);
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
                 let units = counts();
+                edges.push(Instant::now());
                 let now = device_time(control, work.device())?;
                 read = Instant::now();
                 out.meter_ns.push(
@@ -413,9 +429,27 @@ fn run_guests(
             Ok(out)
         })();
         stop_guests(&stop, &[], handles)?;
-        measured
+        let mut out = measured?;
+        for stamps in &times {
+            let t = stamps.lock().unwrap_or_else(|e| e.into_inner());
+            for (w, win) in grade::work_in(&t, &edges).into_iter().enumerate() {
+                if let Some(row) = out.guest_work.get_mut(w) {
+                    row.push(win);
+                } else {
+                    out.guest_work.push(vec![win]);
+                }
+            }
+        }
+        Ok(out)
     })
 }
+
+/// A guest's gate and deep-queue switches, and where it stamps its answers' times.
+type Flags<'a> = (
+    Option<&'a AtomicBool>,
+    Option<&'a AtomicBool>,
+    Option<&'a Mutex<Vec<Instant>>>,
+);
 
 /// Ends a run of guest threads: sets `stop`, opens every gate (a guest paused at its gate
 /// sees `stop`), and joins `handles`, returning the first guest's error.

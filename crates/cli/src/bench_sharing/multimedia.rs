@@ -373,6 +373,7 @@ pub(super) fn run_multimedia(r: MultimediaRun, seconds: u64) -> Result<Multimedi
                         stop,
                         done,
                         deep: None,
+                        times: None,
                     };
                     gpu::guest(t, name, gpu::Load::closed_loop(HOG_SIZE), warm, ctl)
                 })
