@@ -156,6 +156,8 @@ mod tests {
             unfairness_guest_median: 0.015,
             unfairness_guest_p95: 0.03,
             unfairness_guest_counted_median: 0.02,
+            unfairness_same_size_median: Some(0.01),
+            unfairness_same_size_run: None,
             unfairness_target_met: true,
             guest_units: vec![1; guests],
             guest_bytes: vec![1; guests],

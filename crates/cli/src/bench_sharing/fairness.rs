@@ -253,6 +253,11 @@ fn row(
         unfairness_guest_median: grade.guest.0,
         unfairness_guest_p95: grade.guest.1,
         unfairness_guest_counted_median: grade.counted.0,
+        unfairness_same_size_median: grade.same_size.map(|s| s.0),
+        unfairness_same_size_run: grade::same_size_unfairness(
+            &guest_units.iter().map(|u| *u as f64).collect::<Vec<_>>(),
+            run_rates.len(),
+        ),
         unfairness_guest_run: grade::guest_unfairness(&guest_units, &run_rates),
         unfairness_target_met: grade.passes(UNFAIRNESS_TARGET),
         guest_bytes: guest_units

@@ -82,6 +82,25 @@ pub(crate) fn guest_unfairness(units: &[u64], rates: &[f64]) -> Option<f64> {
     work_unfairness(&units, rates)
 }
 
+/// The unfairness among guests of one size, no weights: guest `i` of size `i % sizes` got
+/// `units[i]` done; the worst size's (of those with two guests or more). What it grades is
+/// the scheduler's evenness alone: neither the alone rates (measured in slices of their own,
+/// whose spread on this machine is up to a quarter) nor what sharing costs one size more
+/// than another weighs in it.
+pub(crate) fn same_size_unfairness(units: &[f64], sizes: usize) -> Option<f64> {
+    (0..sizes.max(1))
+        .filter_map(|k| {
+            let class: Vec<f64> = units
+                .iter()
+                .skip(k)
+                .step_by(sizes.max(1))
+                .copied()
+                .collect();
+            (class.len() > 1).then(|| unfairness_of(&class)).flatten()
+        })
+        .reduce(f64::max)
+}
+
 /// [`guest_unfairness`] of units counted in fractions ([`work_in`]).
 pub(crate) fn work_unfairness(units: &[f64], rates: &[f64]) -> Option<f64> {
     if rates.is_empty() {
@@ -106,6 +125,9 @@ pub(crate) struct Grade {
     pub guest: (f64, f64),
     /// The same from the counts at the windows' edges.
     pub counted: (f64, f64),
+    /// Among guests of one size ([`same_size_unfairness`], from the answers' times); `None`
+    /// with no two guests of one size.
+    pub same_size: Option<(f64, f64)>,
 }
 
 impl Grade {
@@ -123,18 +145,29 @@ impl Grade {
                     .filter_map(|x| guest_unfairness(x, rates))
             })
             .collect();
+        let work = |w: &Windows| -> Vec<Vec<f64>> {
+            match w.guest_work.len() == w.guest_units.len() {
+                true => w.guest_work.clone(),
+                false => (w.guest_units.iter())
+                    .map(|x| x.iter().map(|u| *u as f64).collect())
+                    .collect(),
+            }
+        };
         let timed: Vec<f64> = windows
             .iter()
             .flat_map(|(w, rates)| {
-                let units: Vec<Vec<f64>> = match w.guest_work.len() == w.guest_units.len() {
-                    true => w.guest_work.clone(),
-                    false => (w.guest_units.iter())
-                        .map(|x| x.iter().map(|u| *u as f64).collect())
-                        .collect(),
-                };
-                units
+                work(w)
                     .into_iter()
                     .filter_map(|x| work_unfairness(&x, rates))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let same_size: Vec<f64> = windows
+            .iter()
+            .flat_map(|(w, rates)| {
+                work(w)
+                    .into_iter()
+                    .filter_map(|x| same_size_unfairness(&x, rates.len()))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -143,6 +176,7 @@ impl Grade {
             meter: m(&meter),
             guest: m(&timed),
             counted: m(&counted),
+            same_size: (!same_size.is_empty()).then(|| m(&same_size)),
         }
     }
 
@@ -243,6 +277,20 @@ mod tests {
         assert_eq!(work_in(&times, &[ms(0), ms(5)]), vec![0.0]);
         assert_eq!(work_in(&times, &[ms(300), ms(400)]), vec![0.0]);
         assert!(work_in(&[], &[ms(0), ms(10)]) == vec![0.0]);
+    }
+
+    #[test]
+    fn same_size_unfairness_compares_guests_of_one_size_only() {
+        // Sizes 0, 1, 2, 0, 1: sizes 0 and 1 have two guests each, size 2 one.
+        let u = same_size_unfairness(&[100.0, 10.0, 7.0, 100.0, 11.0], 3).unwrap();
+        // Size 1: 10 and 11, shares 10/21 against 1/2.
+        assert!((u - (0.5 - 10.0 / 21.0) * 2.0).abs() < 1e-12, "{u}");
+        // However far apart the sizes' counts, guests of one size alike are even.
+        assert_eq!(
+            same_size_unfairness(&[5.0, 900.0, 5.0, 900.0], 2),
+            Some(0.0)
+        );
+        assert_eq!(same_size_unfairness(&[5.0, 900.0], 3), None);
     }
 
     #[test]

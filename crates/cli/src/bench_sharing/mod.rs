@@ -228,6 +228,11 @@ pub struct FairnessRow {
     pub unfairness_guest_p95: f64,
     /// The same from whole units counted at the windows' edges (the grade until stop 52).
     pub unfairness_guest_counted_median: f64,
+    /// Among guests of one size only, no weights (`grade::same_size_unfairness`): median
+    /// over the windows, and over the whole run. The scheduler's evenness without the alone
+    /// rates' noise and without what sharing costs one size more than another.
+    pub unfairness_same_size_median: Option<f64>,
+    pub unfairness_same_size_run: Option<f64>,
     /// The same from the guests' counts over the whole run (each size weighed by its
     /// median rate alone over the run's slices): no window edge in it.
     pub unfairness_guest_run: Option<f64>,
