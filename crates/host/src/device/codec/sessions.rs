@@ -120,31 +120,23 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use virtsoc_devapi::{codec as api, codec_kind, DeviceCommand};
-    use virtsoc_ids::HandleId;
-    use virtsoc_ids::RegionId;
+    use virtsoc_ids::{HandleId, RegionId};
     use virtsoc_media::NullDecoder;
     use virtsoc_proto::wire::Format;
-    use virtsoc_proto::{AccessMode, DeviceId};
-    use virtsoc_svm::{AccessSpec, DomainId, GuestId};
+    use virtsoc_svm::{DomainId, GuestId};
 
     use super::super::state::{DecoderSession, Session};
-    use super::super::wait::tests::held_beside_another;
+    use super::super::wait::tests::{held_beside_another, read_bitstream};
     use super::super::{replay, Codec};
     use crate::device::registry::DeviceConfig;
-    use crate::device::tests::reply_for;
-    use crate::device::tests::results;
-    use crate::device::Device;
-    use crate::device::DeviceCtx;
+    use crate::device::tests::{reply_for, results};
+    use crate::device::{Device, DeviceCtx};
     use crate::testkit::{Core, GUEST};
 
-    /// An open whose worker takes its time to answer (a program that sleeps, then exits
-    /// without answering: each of the open's two tries fails after it) does not hold the
-    /// codec: another guest's command is answered meanwhile, and the open afterwards, with
-    /// its failure.
-    #[test]
-    fn an_open_waiting_for_its_worker_holds_no_other_guest() {
-        let dir = tempfile::tempdir().unwrap();
-        let program = dir.path().join("slow-worker");
+    /// A codec whose workers are a program in `dir` that sleeps, then exits without
+    /// answering (each of an open's two tries fails after it).
+    fn slow_workers(dir: &std::path::Path) -> Codec {
+        let program = dir.join("slow-worker");
         std::fs::write(&program, "#!/bin/sh\nsleep 0.3\n").unwrap();
         std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cfg = DeviceConfig {
@@ -152,7 +144,16 @@ mod tests {
             codec_worker_spares: 0,
             ..DeviceConfig::default()
         };
-        let codec = Codec::new(&cfg).unwrap();
+        Codec::new(&cfg).unwrap()
+    }
+
+    /// An open whose worker takes its time to answer ([`slow_workers`]) does not hold the
+    /// codec: another guest's command is answered meanwhile, and the open afterwards, with
+    /// its failure.
+    #[test]
+    fn an_open_waiting_for_its_worker_holds_no_other_guest() {
+        let dir = tempfile::tempdir().unwrap();
+        let codec = slow_workers(dir.path());
         let core = Core::new();
         let cx = |g| DeviceCtx::new(g, &core.svm, DomainId(0), core.session.fences());
         let (cx1, cx2) = (cx(GUEST), cx(GuestId(2)));
@@ -198,23 +199,9 @@ mod tests {
     #[test]
     fn a_reopen_waiting_for_its_worker_holds_no_other_guest() {
         let dir = tempfile::tempdir().unwrap();
-        let program = dir.path().join("slow-worker");
-        std::fs::write(&program, "#!/bin/sh\nsleep 0.3\n").unwrap();
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let cfg = DeviceConfig {
-            codec_worker: Some(program),
-            codec_worker_spares: 0,
-            ..DeviceConfig::default()
-        };
-        let codec = Codec::new(&cfg).unwrap();
+        let codec = slow_workers(dir.path());
         let mut core = Core::new();
-        let bitstream = core.blob(4096);
-        let domain = DomainId(2);
-        let len = core.svm.meta(GUEST, RegionId(bitstream)).unwrap().size;
-        let spec = AccessSpec::new(DeviceId::PRODUCER.0, domain, 0, len, AccessMode::Read);
-        core.svm
-            .begin_access(GUEST, RegionId(bitstream), &spec)
-            .unwrap();
+        let (bitstream, domain) = read_bitstream(&mut core);
         let cx = |g| DeviceCtx::new(g, &core.svm, domain, core.session.fences());
         let (cx1, cx2) = (cx(GUEST), cx(GuestId(2)));
         let opened = replay::Opened::Decoder {

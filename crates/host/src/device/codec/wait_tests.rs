@@ -48,6 +48,19 @@ pub(in crate::device::codec) fn held_beside_another(
     answered
 }
 
+/// A 4 KiB bitstream region of the test's guest, read-accessed by a device of domain 2 (that
+/// domain's, for the codec's commands).
+pub(in crate::device::codec) fn read_bitstream(core: &mut Core) -> (u64, DomainId) {
+    let bitstream = core.blob(4096);
+    let domain = DomainId(2);
+    let len = core.svm.meta(GUEST, RegionId(bitstream)).unwrap().size;
+    let spec = AccessSpec::new(DeviceId::PRODUCER.0, domain, 0, len, AccessMode::Read);
+    core.svm
+        .begin_access(GUEST, RegionId(bitstream), &spec)
+        .unwrap();
+    (bitstream, domain)
+}
+
 /// An encoder running apart: a frame started is answered with one packet (the byte the test
 /// writes to the other end of `answers`, after an H.264 start code) when the test writes it.
 struct Starting {
@@ -259,13 +272,7 @@ fn a_decode_or_flush_waiting_for_its_worker_holds_no_other_guest() {
     for (full, flush) in [(false, false), (true, false), (false, true)] {
         let codec = Codec::new(&DeviceConfig::default()).unwrap();
         let mut core = Core::new();
-        let bitstream = core.blob(4096);
-        let domain = DomainId(2);
-        let len = core.svm.meta(GUEST, RegionId(bitstream)).unwrap().size;
-        let spec = AccessSpec::new(DeviceId::PRODUCER.0, domain, 0, len, AccessMode::Read);
-        core.svm
-            .begin_access(GUEST, RegionId(bitstream), &spec)
-            .unwrap();
+        let (bitstream, domain) = read_bitstream(&mut core);
         let cx = |g| DeviceCtx::new(g, &core.svm, domain, core.session.fences());
         let (cx1, cx2) = (cx(GUEST), cx(GuestId(2)));
         let open = api::OpenDecoder {
