@@ -314,6 +314,11 @@ impl Device for Isp {
         }
     }
 
+    fn answers_apart(&self) -> bool {
+        // Conversions in workers, beside another guest's (`execute_apart`).
+        true
+    }
+
     fn reads_host_memory(&self) -> bool {
         // The CPU backends read a source where it is current in host memory (a camera
         // frame); the GPU backend reads its own memory.

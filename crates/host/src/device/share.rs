@@ -164,6 +164,9 @@ pub struct Accounting {
     epoch: Instant,
     book: Mutex<Book>,
     sched: Mutex<Box<dyn Scheduler>>,
+    /// The device answers commands that wait for a worker apart from its thread
+    /// ([`Device::answers_apart`](super::Device::answers_apart)).
+    apart: bool,
 }
 
 impl Accounting {
@@ -173,7 +176,17 @@ impl Accounting {
             epoch: Instant::now(),
             book: Mutex::new(Book::default()),
             sched: Mutex::new(kind.build()),
+            apart: false,
         }
+    }
+
+    /// The same for a device that answers commands waiting for a worker apart from its
+    /// thread ([`Device::answers_apart`](super::Device::answers_apart)): its scheduler is
+    /// told of no command running on it ([`Scheduler::commands_running`]), since none holds
+    /// its thread once the next is dispatched.
+    pub fn with_apart(mut self, apart: bool) -> Self {
+        self.apart = apart;
+        self
     }
 
     /// The same with turns of `turn` ([`virtsoc_sched::Scheduler::set_turn`]).
@@ -342,7 +355,11 @@ impl Arbiter {
         let pick = if eligible.is_empty() {
             Pick::Wait
         } else {
-            let commands = acct.commands_running();
+            let commands = if acct.apart {
+                0
+            } else {
+                acct.commands_running()
+            };
             acct.with_sched(|s| {
                 s.commands_running(commands);
                 s.pick(&eligible, busy, now)
@@ -498,6 +515,38 @@ mod tests {
             b.usage_at(29).get(&GuestId(2)).map_or(0, |u| u.device_ns),
             0
         );
+    }
+
+    /// Under WFQ, which keeps one command on a device at a time, a command of guest 1 that
+    /// waits apart (its worker) holds guest 2 on a device that answers apart only if the
+    /// scheduler is told of it.
+    #[test]
+    fn a_command_waiting_apart_holds_no_other_guest_under_wfq() {
+        let sharing = Sharing {
+            scheduler: Kind::Wfq,
+            ..Sharing::default()
+        };
+        for apart in [false, true] {
+            let acct = Accounting::new(Kind::Wfq).with_apart(apart);
+            let mut arbiter = Arbiter::new(sharing.clone());
+            let (g1, g2) = (GuestId(1), GuestId(2));
+            // Guest 1 once answered (10 ms a command), then dispatched again: running.
+            let t0 = acct.now();
+            assert_eq!(arbiter.pick(&acct, &[(g1, "a")], &[]), Pick::Serve(g1));
+            acct.with_sched(|s| s.dispatched(g1, t0));
+            let t = acct.begin(g1, t0);
+            // (The clock must be past the 10 ms charged: no charge starts before it.)
+            std::thread::sleep(std::time::Duration::from_millis(12));
+            acct.finish(g1, t0, Some(t), Some(10_000_000));
+            let t1 = acct.now();
+            acct.with_sched(|s| s.dispatched(g1, t1));
+            acct.begin(g1, t1);
+            let got = arbiter.pick(&acct, &[(g2, "b")], &[g1]);
+            match apart {
+                true => assert_eq!(got, Pick::Serve(g2)),
+                false => assert_ne!(got, Pick::Serve(g2), "held until guest 1's is about done"),
+            }
+        }
     }
 
     #[test]

@@ -530,6 +530,11 @@ impl Device for Codec {
         self.backend.clone()
     }
 
+    fn answers_apart(&self) -> bool {
+        // The waiter and the session thread (`wait.rs`, `sessions.rs`).
+        true
+    }
+
     fn reads_host_memory(&self) -> bool {
         // libavcodec runs on the CPU: it reads bitstreams and frames where they are current.
         true
