@@ -799,8 +799,8 @@ fn wfq_with_a_lead_keeps_the_device_busy_and_eight_guests_fair() {
     // Without a lead the device idles for the round trip after every command.
     let (_, busy_old) = run(0);
     assert!(busy_old < 0.93, "busy {busy_old} without a lead");
-    let (windows, busy) = run(WfqConfig::default().lead);
-    assert!(busy > 0.99, "busy {busy} with the default lead");
+    let (windows, busy) = run(MS);
+    assert!(busy > 0.99, "busy {busy} with a 1 ms lead");
     let mut us: Vec<f64> = windows[1..19].iter().map(|w| unfairness(w, 8)).collect();
     us.sort_by(f64::total_cmp);
     let median = us[us.len() / 2];
