@@ -1,33 +1,31 @@
 //! `virtsoc bench sharing`: how fairly the daemon's schedulers share the GPU.
 //!
-//! (a) **Fairness.** For each scheduler (`virtsocd --scheduler`), a daemon of its own serves
-//! 2, 4 and 8 guests with equal shares. Each guest is a thread of this process with its own
-//! connection (its own session, rings and window) keeping four GPU compositions queued
-//! (continuously backlogged), of a size that differs from guest to guest (`--gpu-sizes`,
-//! 320x180, 640x360, 960x540 in turn), so the per-command cost differs about six-fold. The
-//! same on the codec (`fairness_codec` in the JSON): each guest keeps two frames' H.264
-//! decode and receive queued, at 640x360, 1280x720 and 1920x1080 in turn (`backlog`;
-//! `--codec-sizes`, one size three times for the control whose grade weighs no size's
-//! work against another's; `--no-gpu` runs the codec's part alone). After
-//! a 0.5 s settle, a second after its last reading (so a late reading never leaves a short
-//! window behind it) the bench reads each guest's GPU device time from the
-//! daemon's control API (the worker's continuous accounting, the command in service counted
-//! up to the reading, as AvA reads its API server's): the window's unfairness is `max over
-//! guests |share - ideal| / ideal`, reported as the median and p95 over the windows (each
-//! window's device times are in the JSON, `window_ms`): the meter's view. The grade is the
-//! same from what the guests got (`grade`): each guest's work done in the window, from the
-//! times its answers came, each unit weighed by its size's time alone. Overhead, in interleaved slices
-//! before each round's windows (the same guests stay connected and are switched on and off):
-//! each size alone for 0.3 s (its commands per second), then all the guests together for
-//! 0.6 s, whose commands would have taken `sum(commands / rate alone)` seconds alone;
-//! `overhead_pct` is how much longer they took together, the median over the slice pairs of
-//! all `--repeats` rounds (their quartiles say how noisy). A machine whose load drifts
-//! changes little within a pair, a second long, where alone runs seconds before the guests
-//! together compared two different machines. `overhead_vs_round_robin_pct` is the
-//! scheduler's own cost: a round-robin daemon and the scheduler's run at once with as many
-//! guests each, and 0.6 s slices alternate between their guests; the median over the pairs
-//! of how much less work the scheduler's guests did (weighed by the round-robin daemon's
-//! alone rates).
+//! (a) **Fairness.** For each scheduler (`virtsocd --scheduler`), a daemon of its own serves 2, 4
+//! and 8 guests with equal shares. Each guest is a thread of this process with its own connection
+//! (its own session, rings and window) keeping four GPU compositions queued (continuously
+//! backlogged), of a size that differs from guest to guest (`--gpu-sizes`, 320x180, 640x360,
+//! 960x540 in turn), so the per-command cost differs about six-fold. The same on the codec
+//! (`fairness_codec` in the JSON): each guest keeps two frames' H.264 decode and receive queued, at
+//! 640x360, 1280x720 and 1920x1080 in turn (`backlog`; `--codec-sizes`, one size three times for
+//! the control whose grade weighs no size's work against another's; `--no-gpu` runs the codec's
+//! part alone). After a 0.5 s settle, a second after its last reading (so a late reading never
+//! leaves a short window behind it) the bench reads each guest's GPU device time from the daemon's
+//! control API (the worker's continuous accounting, the command in service counted up to the
+//! reading, as AvA reads its API server's): the window's unfairness is `max over guests |share -
+//! ideal| / ideal`, reported as the median and p95 over the windows (each window's device times are
+//! in the JSON, `window_ms`): the meter's view. The grade is the same from what the guests got
+//! (`grade`): each guest's work done in the window, from the times its answers came, each unit
+//! weighed by its size's time alone. Overhead, in interleaved slices before each round's windows
+//! (the same guests stay connected and are switched on and off): each size alone for 0.3 s (its
+//! commands per second), then all the guests together for 0.6 s, whose commands would have taken
+//! `sum(commands / rate alone)` seconds alone; `overhead_pct` is how much longer they took
+//! together, the median over the slice pairs of all `--repeats` rounds (their quartiles say how
+//! noisy). A machine whose load drifts changes little within a pair, a second long, where alone
+//! runs seconds before the guests together compared two different machines.
+//! `overhead_vs_round_robin_pct` is the scheduler's own cost: a round-robin daemon and the
+//! scheduler's run at once with as many guests each, and 0.6 s slices alternate between their
+//! guests; the median over the pairs of how much less work the scheduler's guests did (weighed by
+//! the round-robin daemon's alone rates).
 //!
 //! Every fairness guest composes fresh content each command, as a real guest does: it
 //! rotates through 8 (source, destination) image pairs of its size (`gpu::ROTATION`, the

@@ -23,9 +23,9 @@ pub fn print_table(r: &SharingReport) {
 fn print_fairness(rows: &[FairnessRow]) {
     println!(
         "unfairness from the guests' completed work (p50, p95 over 1 s windows, from their \
-         answers' times; p50 from whole units counted at the edges; over the whole run; p50 among guests of \
-         one size, no weights; the meter's p50 beside it), overhead against one guest alone queueing {}x \
-         deeper (saturating)",
+         answers' times; p50 from whole units counted at the edges; over the whole run; p50 \
+         among guests of one size, no weights; the meter's p50 beside it), overhead against \
+         one guest alone queueing {}x deeper (saturating)",
         rows.first().map_or(backlog::DEEP, |f| f.alone_queue_factor)
     );
     println!(
