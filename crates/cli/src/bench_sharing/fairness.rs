@@ -242,6 +242,8 @@ fn row(
     };
     FairnessRow {
         alone_rate_spread_pct: pooled.iter().map(spread).collect(),
+        pair_rates: pairs.iter().map(|p| p.rates.clone()).collect(),
+        pair_command_ms_alone: pairs.iter().map(|p| p.command_ms_alone.clone()).collect(),
         busy_alone_pct: per_size(&|p| &p.busy_alone),
         busy_together_pct: percentile(&busy_together, 50.0),
         command_ms_alone: per_size(&|p| &p.command_ms_alone),
@@ -254,6 +256,7 @@ fn row(
         unfairness_guest_p95: grade.guest.1,
         unfairness_guest_counted_median: grade.counted.0,
         unfairness_same_size_median: grade.same_size.map(|s| s.0),
+        unfairness_together_weights_median: grade.together.map(|t| t.0),
         unfairness_same_size_run: grade::same_size_unfairness(
             &guest_units.iter().map(|u| *u as f64).collect::<Vec<_>>(),
             run_rates.len(),

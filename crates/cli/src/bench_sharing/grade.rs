@@ -128,6 +128,38 @@ pub(crate) struct Grade {
     /// Among guests of one size ([`same_size_unfairness`], from the answers' times); `None`
     /// with no two guests of one size.
     pub same_size: Option<(f64, f64)>,
+    /// The guests' grade with each size's work weighed by its cost together instead of
+    /// alone ([`together_rates`]): what is left once neither the alone rates' noise nor the
+    /// sizes' different slowdowns beside each other weigh in. A decomposition, not the
+    /// grade: those costs come from the meter.
+    /// `None` where no window had every size's cost together.
+    pub together: Option<(f64, f64)>,
+}
+
+/// Each size's units of work per second of device time together, over a run's windows:
+/// the work its guests got done (from their answers' times where kept) over the device
+/// time the meter counted for them (guest `i` of size `i % sizes`). 0 for a size without
+/// either.
+pub(crate) fn together_rates(w: &Windows, sizes: usize) -> Vec<f64> {
+    let sizes = sizes.max(1);
+    let mut units = vec![0.0; sizes];
+    let mut secs = vec![0.0; sizes];
+    let timed = w.guest_work.len() == w.guest_units.len();
+    for (k, meter) in w.meter_ns.iter().enumerate() {
+        for (i, ns) in meter.iter().enumerate() {
+            let u = match timed {
+                true => w.guest_work[k].get(i).copied().unwrap_or(0.0),
+                false => w.guest_units[k].get(i).copied().unwrap_or(0) as f64,
+            };
+            units[i % sizes] += u;
+            secs[i % sizes] += *ns as f64 / 1e9;
+        }
+    }
+    units
+        .iter()
+        .zip(&secs)
+        .map(|(u, s)| if *s > 0.0 { u / s } else { 0.0 })
+        .collect()
 }
 
 impl Grade {
@@ -171,8 +203,21 @@ impl Grade {
                     .collect::<Vec<_>>()
             })
             .collect();
+        let together: Vec<f64> = windows
+            .iter()
+            .flat_map(|(w, rates)| {
+                let rates = together_rates(w, rates.len());
+                let known = rates.iter().all(|r| *r > 0.0);
+                work(w)
+                    .into_iter()
+                    .filter(|_| known)
+                    .filter_map(|x| work_unfairness(&x, &rates))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let m = |v: &[f64]| (percentile(v, 50.0), percentile(v, 95.0));
         Grade {
+            together: (!together.is_empty()).then(|| m(&together)),
             meter: m(&meter),
             guest: m(&timed),
             counted: m(&counted),
@@ -306,5 +351,31 @@ mod tests {
         assert_eq!(g.guest.0, 0.0);
         assert!((g.counted.0 - 0.05).abs() < 1e-9, "{g:?}");
         assert!(g.passes(UNFAIRNESS_TARGET));
+    }
+
+    #[test]
+    fn the_together_weights_take_each_sizes_cost_beside_the_others() {
+        // Sizes cost 1 and 2 ms alone (rates 1000 and 500 a second), but beside each other
+        // size 1 costs 2.5 ms. The meter gave both guests 0.5 s a window: 500 and 200
+        // units. Weighed alone, guest 1 got 0.4 s of work against guest 0's 0.5 s (11%
+        // off); weighed by the costs together (1 and 2.5 ms), both got the same.
+        let w = Windows {
+            meter_ns: vec![vec![500_000_000, 500_000_000]; 2],
+            guest_units: vec![vec![500, 200]; 2],
+            guest_work: vec![],
+        };
+        let rates = together_rates(&w, 2);
+        assert!((rates[0] - 1000.0).abs() < 1e-6 && (rates[1] - 400.0).abs() < 1e-6);
+        let g = Grade::of(&[(w, vec![1000.0, 500.0])]);
+        assert!((g.guest.0 - 1.0 / 9.0).abs() < 1e-9, "{g:?}");
+        assert!(g.together.unwrap().0.abs() < 1e-9, "{g:?}");
+        // A size the meter never saw leaves the together grade out of those windows.
+        let w = Windows {
+            meter_ns: vec![vec![1, 0]],
+            guest_units: vec![vec![5, 0]],
+            guest_work: vec![],
+        };
+        assert_eq!(together_rates(&w, 2), vec![5e9, 0.0]);
+        assert_eq!(Grade::of(&[(w, vec![1.0, 1.0])]).together, None);
     }
 }

@@ -231,6 +231,11 @@ pub struct FairnessRow {
     /// rates' noise and without what sharing costs one size more than another.
     pub unfairness_same_size_median: Option<f64>,
     pub unfairness_same_size_run: Option<f64>,
+    /// The grade with each size's work weighed by its cost together, from the meter over
+    /// the run (`grade::together_rates`), not alone: median over the windows. What is left
+    /// of the grade across sizes once neither the alone rates' noise nor the sizes'
+    /// different slowdowns beside each other weigh in (a decomposition, not the grade).
+    pub unfairness_together_weights_median: Option<f64>,
     /// The same from the guests' counts over the whole run (each size weighed by its
     /// median rate alone over the run's slices): no window edge in it.
     pub unfairness_guest_run: Option<f64>,
@@ -279,6 +284,10 @@ pub struct FairnessRow {
     /// slice pairs: interquartile range over the median, percent. The grade cannot tell
     /// guests apart by less than about this.
     pub alone_rate_spread_pct: Vec<f64>,
+    /// Per slice pair, in the order run: each size's commands per second alone and its
+    /// device time per command alone (ms), the series behind the two medians above.
+    pub pair_rates: Vec<Vec<f64>>,
+    pub pair_command_ms_alone: Vec<Vec<f64>>,
     /// ... and together (above the alone values: the commands themselves ran slower, e.g.
     /// caches or CPU shared with more guests on a CPU driver).
     pub command_ms_together: Vec<f64>,

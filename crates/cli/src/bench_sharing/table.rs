@@ -24,12 +24,13 @@ fn print_fairness(rows: &[FairnessRow]) {
     println!(
         "unfairness from the guests' completed work (p50, p95 over 1 s windows, from their \
          answers' times; p50 from whole units counted at the edges; over the whole run; p50 \
-         among guests of one size, no weights; the meter's p50 beside it), overhead against \
+         among guests of one size, no weights; p50 with each size weighed by its cost together, not \
+         alone; the meter's p50 beside it), overhead against \
          one guest alone queueing {}x deeper (saturating)",
         rows.first().map_or(backlog::DEEP, |f| f.alone_queue_factor)
     );
     println!(
-        "{:<12} {:>6} {:>10} {:>8} {:>9} {:>8} {:>10} {:>9} {:>10} {:>15} {:>10}  shares (meter)",
+        "{:<12} {:>6} {:>10} {:>8} {:>9} {:>8} {:>10} {:>9} {:>9} {:>10} {:>15} {:>10}  shares (meter)",
         "scheduler",
         "guests",
         "guest p50%",
@@ -37,6 +38,7 @@ fn print_fairness(rows: &[FairnessRow]) {
         "counted%",
         "run%",
         "one size%",
+        "together%",
         "meter p50",
         "overhead%",
         "(p25..p75)",
@@ -45,7 +47,7 @@ fn print_fairness(rows: &[FairnessRow]) {
     for f in rows {
         let shares: Vec<String> = f.shares.iter().map(|s| format!("{:.3}", s)).collect();
         println!(
-            "{:<12} {:>6} {:>10.2} {:>8.2} {:>9.2} {:>8} {:>10} {:>9.2} {:>10.1} {:>15} {:>10}  {}",
+            "{:<12} {:>6} {:>10.2} {:>8.2} {:>9.2} {:>8} {:>10} {:>9} {:>9.2} {:>10.1} {:>15} {:>10}  {}",
             f.scheduler,
             f.guests,
             f.unfairness_guest_median * 100.0,
@@ -54,6 +56,8 @@ fn print_fairness(rows: &[FairnessRow]) {
             f.unfairness_guest_run
                 .map_or("-".into(), |u| format!("{:.2}", u * 100.0)),
             f.unfairness_same_size_median
+                .map_or("-".into(), |u| format!("{:.2}", u * 100.0)),
+            f.unfairness_together_weights_median
                 .map_or("-".into(), |u| format!("{:.2}", u * 100.0)),
             f.unfairness_median * 100.0,
             f.overhead_pct,
