@@ -90,6 +90,13 @@ pub struct Args {
     /// does not wait for a process start.
     #[arg(long, default_value_t = virtsoc_media::codec::DEFAULT_SPARE)]
     pub decoder_spares: usize,
+    /// How long (microseconds) a codec command of a guest not alone on the codec may wait
+    /// for its decoder's worker on the codec's thread before the codec's waiter takes it:
+    /// meanwhile no other guest's command starts on the codec; 0 hands it over at once, so
+    /// that the guests' decoders run side by side on the host's cores (each handed-over
+    /// command costs the daemon about 40 us of CPU).
+    #[arg(long, default_value_t = virtsoc_host::device::codec::DEFAULT_GRACE.as_micros() as u64)]
+    pub codec_grace_us: u64,
     /// The GLES device's render worker program, started once per guest using OpenGL ES
     /// (default: `virtsoc-render` beside this executable, or `$VIRTSOC_RENDER_WORKER`).
     #[arg(long, value_name = "PATH")]
@@ -291,6 +298,7 @@ impl Args {
             encoder_preset: self.encoder_preset,
             codec_worker: worker(self.decoders)?,
             codec_worker_spares: self.decoder_spares,
+            codec_grace: std::time::Duration::from_micros(self.codec_grace_us),
             isp_worker: worker(self.isp_swscale)?,
             render_worker: self.render_worker.clone(),
             render_deadline: std::time::Duration::from_millis(self.render_deadline_ms.max(1)),

@@ -146,6 +146,10 @@ pub struct DeviceConfig {
     pub codec_worker: Option<PathBuf>,
     /// Decoder workers kept started ahead.
     pub codec_worker_spares: usize,
+    /// How long a codec command of a guest not alone on the codec may wait for its
+    /// worker on the codec's thread before it goes to the waiter (default
+    /// [`codec::DEFAULT_GRACE`]; 0: at once, so other guests' decodes run beside it).
+    pub codec_grace: std::time::Duration,
     /// Run the ISP's libswscale (the `swscale` backend, the `gpu` backend's YUV
     /// destinations) in sandboxed worker processes: this program, started with
     /// `--isp-worker` (`virtsoc_media::ProcessIsp`; `virtsocd`'s default). `None`: in this
@@ -176,6 +180,7 @@ impl Default for DeviceConfig {
             camera_source: CameraSourceKind::default(),
             codec_worker: None,
             codec_worker_spares: virtsoc_media::codec::DEFAULT_SPARE,
+            codec_grace: codec::DEFAULT_GRACE,
             isp_worker: None,
             render_worker: None,
             render_deadline: gles::WORKER_DEADLINE,

@@ -84,6 +84,7 @@ use virtsoc_media::{
 pub use virtsoc_media::codec::serve_decoder as serve_worker;
 use virtsoc_proto::{wire::Format, Status};
 use virtsoc_svm::{GuestId, RegionMeta};
+pub use wait::DEFAULT_GRACE;
 
 use super::{registry::DeviceConfig, Device, DeviceCtx, DeviceResult};
 use crate::status::status_of;
@@ -155,6 +156,9 @@ pub struct Codec {
     workers: Option<std::sync::Arc<DecoderPool>>,
     /// Where commands that would wait for a decoder's worker wait ([`wait`]).
     waits: Arc<wait::Waits>,
+    /// How long such a command waits on the codec's thread first
+    /// (`DeviceConfig::codec_grace`).
+    grace: std::time::Duration,
     /// Where opens and closes of sessions run ([`sessions`]).
     sessions: Arc<sessions::Sessions>,
 }
@@ -196,6 +200,7 @@ impl Codec {
             preset: cfg.encoder_preset,
             state: Arc::default(),
             waits: Arc::default(),
+            grace: cfg.codec_grace,
             sessions: Arc::default(),
             backend: match &cfg.codec_worker {
                 Some(_) => {

@@ -1,16 +1,16 @@
 //! `receive_frame` and `stream_info` that would wait for a decoder's worker process (no
 //! picture ready, packets still in the worker), `decode` and `flush` that would wait for
 //! one (below), and `encode` on an encoder in a worker process (its frame handed to the
-//! worker, its packets not back yet), wait on the codec's thread at most [`GRACE`] (most
-//! pictures are that close: handing over costs more), then go to its waiter thread, which
-//! waits on every such worker's socket at once (one `poll`, holding nothing) and answers
-//! each command once its worker's answers bring a picture or the end of what was in flight
-//! (an encode: its packets). The device's thread goes on
-//! serving the other guests meanwhile: one guest's slow pictures (a large or hostile
-//! stream, a picture as large as the limits allow) hold another guest's commands for
-//! `GRACE` at most in these commands. (Until stop 50 an encode held the codec's thread, and
-//! its state, for its whole frame: 100-200 ms a 3840x2160 picture here, up to the encoder's
-//! deadline, tens of seconds, for the largest.) A `decode` that would wait for its worker
+//! worker, its packets not back yet), wait on the codec's thread at most a grace (none by
+//! default, [`DEFAULT_GRACE`]), then go to its waiter thread, which waits on every such
+//! worker's socket at once (one `poll`, holding nothing) and answers each command once its
+//! worker's answers bring a picture or the end of what was in flight (an encode: its
+//! packets). The device's thread goes on serving the other guests meanwhile, whose
+//! decoders then run beside it on the host's other cores: one guest's slow pictures (a
+//! large or hostile stream, a picture as large as the limits allow) hold another guest's
+//! commands for the grace at most in these commands. (Until stop 50 an encode held the
+//! codec's thread, and its state, for its whole frame: 100-200 ms a 3840x2160 picture
+//! here, up to the encoder's deadline, tens of seconds, for the largest.) A `decode` that would wait for its worker
 //! goes the same way (until stop 51 it waited on the codec's thread): with one decoding
 //! thread its packet is sent to the worker first and the command reads the packet's answer
 //! once it has come; with frame threads and the most packets in flight, the command runs
@@ -38,10 +38,16 @@ use super::Codec;
 use crate::device::{Device, DeviceCtx, Reply};
 
 /// How long a command waits for its decoder's worker on the codec's thread before it is
-/// handed to the waiter: half a [turn](super::state::TURN), what another guest's command
-/// may wait for it at most. At 1080p most pictures come within it; a handed-over command
-/// costs the daemon about 40 us more CPU (`docs/results.md`, stop 49).
-const GRACE: Duration = Duration::from_millis(2);
+/// handed to the waiter, by default (`DeviceConfig::codec_grace`, `virtsocd
+/// --codec-grace-us`): none. While the codec's thread waits no other guest's command
+/// starts, so the guests' decoders ran one at a time whatever the host's cores: until stop
+/// 53 it waited up to 2 ms (half a [turn](super::state::TURN); most 1080p pictures come
+/// within it, and a handed-over command costs the daemon about 40 us more CPU,
+/// `docs/results.md` stop 49), and 8 guests decoding together did 0.82-0.98x the work of
+/// one guest alone on this machine's two cores; handed over at once, 1.33-1.63x (three
+/// runs each, stop 53), and a victim's decodes next to hostile codec guests were as quick
+/// or quicker (`bench isolation`).
+pub const DEFAULT_GRACE: Duration = Duration::ZERO;
 
 /// The codec's waiter: the commands handed to it, and its thread (started with the first).
 #[derive(Default)]
@@ -93,7 +99,7 @@ pub(super) fn execute_async(codec: &Codec, cx: &DeviceCtx<'_>, args: &[u64; 6], 
     let Some((handle, fd, deadline)) = would_wait(codec, cx, args) else {
         return answer(codec, cx, args, reply);
     };
-    if readable_within(&fd, GRACE) && !still_waits(codec, cx.guest, handle, args) {
+    if readable_within(&fd, codec.grace) && !still_waits(codec, cx.guest, handle, args) {
         return answer(codec, cx, args, reply);
     }
     let waits = &codec.waits;
