@@ -41,7 +41,7 @@ use crate::device::{Device, DeviceCtx, Reply};
 /// handed to the waiter, by default (`DeviceConfig::codec_grace`, `virtsocd
 /// --codec-grace-us`): none. While the codec's thread waits no other guest's command
 /// starts, so the guests' decoders ran one at a time whatever the host's cores: until stop
-/// 53 it waited up to 2 ms (half a [turn](super::state::TURN); most 1080p pictures come
+/// 53 it waited up to 2 ms (half a turn of the codec's scheduler; most 1080p pictures come
 /// within it, and a handed-over command costs the daemon about 40 us more CPU,
 /// `docs/results.md` stop 49), and 8 guests decoding together did 0.82-0.98x the work of
 /// one guest alone on this machine's two cores; handed over at once, 1.33-1.63x (three
