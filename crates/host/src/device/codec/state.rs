@@ -23,7 +23,11 @@ use crate::Limits;
 /// with 8 decoders taking turns one picture each, 20-50% longer per picture than alone,
 /// `decode_probe`), so a guest's queued commands are served several in a row: up to about
 /// ten 640x360 pictures (a decode and a receive each), two 1080p ones. A guest is about a
-/// turn ahead of its fair share at most, and another guest's command may wait a turn.
+/// turn ahead of its fair share at most, and another guest's command may wait a turn. A
+/// command that goes to the codec's waiter (a one-thread decoder's `decode` with other
+/// guests on the codec, at once since stop 53: `wait::DEFAULT_GRACE`) ends its guest's
+/// turn: its queue waits for the answer, and the next guest's decode starts beside it on
+/// another core.
 pub(super) const TURN: Duration = Duration::from_millis(4);
 
 /// An open decoder and the pictures waiting for `receive_frame`.
