@@ -10,12 +10,12 @@
 //! large or hostile stream, a picture as large as the limits allow) hold another guest's
 //! commands for the grace at most in these commands. (Until stop 50 an encode held the
 //! codec's thread, and its state, for its whole frame: 100-200 ms a 3840x2160 picture
-//! here, up to the encoder's deadline, tens of seconds, for the largest.) A `decode` that would wait for its worker
-//! goes the same way (until stop 51 it waited on the codec's thread): with one decoding
-//! thread its packet is sent to the worker first and the command reads the packet's answer
-//! once it has come; with frame threads and the most packets in flight, the command runs
-//! once the oldest one's answer has come. A `flush` is sent behind the packets in flight and
-//! answered once all their answers and its own have come. (Opens and closes run on the
+//! here, up to the encoder's deadline, tens of seconds, for the largest.) A `decode` that
+//! would wait for its worker goes the same way (until stop 51 it waited on the codec's
+//! thread): with one decoding thread its packet is sent to the worker first and the command
+//! reads the packet's answer once it has come; with frame threads and the most packets in
+//! flight, the command runs once the oldest one's answer has come. A `flush` is sent behind
+//! the packets in flight and answered once all their answers and its own have come. (Opens and closes run on the
 //! codec's session thread: `sessions.rs`.)
 //! A guest alone on the codec (no other guest has opened a session on it) waits on the
 //! codec's thread, as before: nobody is held, and a guest that comes meanwhile waits for that
