@@ -144,14 +144,9 @@ pub(crate) fn together_rates(w: &Windows, sizes: usize) -> Vec<f64> {
     let sizes = sizes.max(1);
     let mut units = vec![0.0; sizes];
     let mut secs = vec![0.0; sizes];
-    let timed = w.guest_work.len() == w.guest_units.len();
-    for (k, meter) in w.meter_ns.iter().enumerate() {
+    for (meter, work) in w.meter_ns.iter().zip(w.work()) {
         for (i, ns) in meter.iter().enumerate() {
-            let u = match timed {
-                true => w.guest_work[k].get(i).copied().unwrap_or(0.0),
-                false => w.guest_units[k].get(i).copied().unwrap_or(0) as f64,
-            };
-            units[i % sizes] += u;
+            units[i % sizes] += work.get(i).copied().unwrap_or(0.0);
             secs[i % sizes] += *ns as f64 / 1e9;
         }
     }
@@ -160,6 +155,19 @@ pub(crate) fn together_rates(w: &Windows, sizes: usize) -> Vec<f64> {
         .zip(&secs)
         .map(|(u, s)| if *s > 0.0 { u / s } else { 0.0 })
         .collect()
+}
+
+impl Windows {
+    /// Per window and guest, its units of work done: from its answers' times where kept,
+    /// else the counts at the windows' edges.
+    fn work(&self) -> Vec<Vec<f64>> {
+        match self.guest_work.len() == self.guest_units.len() {
+            true => self.guest_work.clone(),
+            false => (self.guest_units.iter())
+                .map(|x| x.iter().map(|u| *u as f64).collect())
+                .collect(),
+        }
+    }
 }
 
 impl Grade {
@@ -177,44 +185,19 @@ impl Grade {
                     .filter_map(|x| guest_unfairness(x, rates))
             })
             .collect();
-        let work = |w: &Windows| -> Vec<Vec<f64>> {
-            match w.guest_work.len() == w.guest_units.len() {
-                true => w.guest_work.clone(),
-                false => (w.guest_units.iter())
-                    .map(|x| x.iter().map(|u| *u as f64).collect())
-                    .collect(),
+        // Each run's windows' work once, weighed by its alone rates and by its costs together.
+        let (mut timed, mut same_size, mut together) = (vec![], vec![], vec![]);
+        for (w, rates) in windows {
+            let costs = together_rates(w, rates.len());
+            let known = costs.iter().all(|r| *r > 0.0);
+            for x in w.work() {
+                timed.extend(work_unfairness(&x, rates));
+                same_size.extend(same_size_unfairness(&x, rates.len()));
+                if known {
+                    together.extend(work_unfairness(&x, &costs));
+                }
             }
-        };
-        let timed: Vec<f64> = windows
-            .iter()
-            .flat_map(|(w, rates)| {
-                work(w)
-                    .into_iter()
-                    .filter_map(|x| work_unfairness(&x, rates))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let same_size: Vec<f64> = windows
-            .iter()
-            .flat_map(|(w, rates)| {
-                work(w)
-                    .into_iter()
-                    .filter_map(|x| same_size_unfairness(&x, rates.len()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let together: Vec<f64> = windows
-            .iter()
-            .flat_map(|(w, rates)| {
-                let rates = together_rates(w, rates.len());
-                let known = rates.iter().all(|r| *r > 0.0);
-                work(w)
-                    .into_iter()
-                    .filter(|_| known)
-                    .filter_map(|x| work_unfairness(&x, &rates))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        }
         let m = |v: &[f64]| (percentile(v, 50.0), percentile(v, 95.0));
         Grade {
             together: (!together.is_empty()).then(|| m(&together)),
