@@ -367,6 +367,9 @@ pub(crate) struct SharingArgs {
         default_value = "640x360,1280x720,1920x1080"
     )]
     pub(crate) codec_sizes: Vec<String>,
+    /// The threads of each codec fairness guest's decoder (libavcodec's frame threads).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) codec_threads: u32,
     /// Where to write the chart (SVG): unfairness per scheduler and guest count, the
     /// video guest's % of DFR against the hogs.
     #[arg(long, default_value = "sharing.svg")]

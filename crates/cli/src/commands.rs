@@ -142,6 +142,7 @@ fn bench_sharing_cmd(a: SharingArgs) -> Result<(), CliError> {
     let r = bench_sharing::run(&bench_sharing::SharingParams {
         gpu_sizes: bench_sharing::parse_sizes("gpu-sizes", &a.gpu_sizes, false)?,
         codec_sizes: bench_sharing::parse_sizes("codec-sizes", &a.codec_sizes, true)?,
+        codec_threads: a.codec_threads.max(1),
         gpu: !a.no_gpu,
         repeats: a.repeats.max(1),
         codec: !a.no_codec,

@@ -42,7 +42,7 @@ const DEPTH: usize = 4;
 pub(super) fn guest(
     target: &str,
     name: &str,
-    (w, h): (u32, u32),
+    ((w, h), threads): ((u32, u32), u32),
     warm: &Barrier,
     ctl: Control<'_>,
 ) -> Result<(), CliError> {
@@ -106,7 +106,7 @@ pub(super) fn guest(
         let t = p.run(&api::codec::OpenDecoder {
             kind: api::codec_kind::H264,
             format: Format::Nv12 as u64,
-            threads: 1,
+            threads: u64::from(threads),
         })?;
         let handle = p.result(t)?.handle;
         // Every frame region at least once, each command with its own accesses.

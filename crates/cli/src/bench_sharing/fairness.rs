@@ -1,6 +1,7 @@
 //! Part (a) of `bench sharing`: fairness and overhead per scheduler and guest count, in
 //! interleaved slices against one guest alone and against round robin.
 
+use super::cpu::{CpuSplit, Reading};
 use super::*;
 
 /// Part (a) on one device: every scheduler with every guest count. Each scheduler gets one
@@ -18,9 +19,10 @@ pub(super) fn fairness_on(
     let mut fairness = Vec::new();
     for kind in &p.schedulers {
         let d = DaemonProcess::spawn(&["--scheduler", kind.name()], false)?;
-        let target = d.endpoint().target;
+        let (target, pid) = (d.endpoint().target, d.endpoint().pid);
         let control = Target::Unix(control_path(std::path::Path::new(&target)));
-        let r = fairness_of(work, *kind, &target, &control, p, repeats, &mut fairness);
+        let daemon = (target.as_str(), &control, pid);
+        let r = fairness_of(work, *kind, daemon, p, repeats, &mut fairness);
         d.stop()?;
         alone_all.extend(r?);
     }
@@ -77,7 +79,7 @@ fn ab_slices(
 ) -> Result<Vec<f64>, CliError> {
     let warm = Barrier::new(2 * n + 1);
     let stop = AtomicBool::new(false);
-    let gates: Vec<AtomicBool> = (0..2 * n).map(|_| AtomicBool::new(false)).collect();
+    let gates: Vec<Gate> = (0..2 * n).map(|_| Gate::closed()).collect();
     let done: Vec<AtomicU64> = (0..2 * n).map(|_| AtomicU64::new(0)).collect();
     let names: Vec<String> = (0..2 * n)
         .map(|j| format!("share-ab{}-{}", j / n, j % n))
@@ -103,7 +105,7 @@ fn ab_slices(
         warm.wait();
         let slice = |side: usize| -> f64 {
             for (j, g) in gates.iter().enumerate() {
-                g.store(j / n == side, Ordering::Relaxed);
+                g.set(j / n == side);
             }
             std::thread::sleep(SLICE_SETTLE);
             let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
@@ -136,8 +138,7 @@ fn ab_slices(
 fn fairness_of(
     work: Work,
     kind: Kind,
-    target: &str,
-    control: &Target,
+    (target, control, pid): (&str, &Target, Option<u32>),
     p: &SharingParams,
     repeats: usize,
     fairness: &mut Vec<FairnessRow>,
@@ -150,7 +151,7 @@ fn fairness_of(
         let mut pairs = Vec::new();
         for _ in 0..repeats.max(1) {
             round += 1;
-            let round_pairs = interleaved(work, (target, control), round, n, SLICE_PAIRS)?;
+            let round_pairs = interleaved(work, (target, control, pid), round, n, SLICE_PAIRS)?;
             // This round's alone rates weigh its windows' counts.
             let rates: Vec<f64> = (0..n.min(sizes.len()))
                 .map(|k| percentile(&alone_of(&round_pairs, &sizes, k), 50.0))
@@ -223,6 +224,9 @@ fn row(
     let all: u64 = total.iter().sum::<u64>().max(1);
     let throughputs: Vec<f64> = pairs.iter().map(|p| p.throughput).collect();
     let overheads: Vec<f64> = throughputs.iter().map(|t| (1.0 - t) * 100.0).collect();
+    let unit_costs: Vec<f64> = (pairs.iter())
+        .filter_map(|p| p.unit_cost.map(|u| (u - 1.0) * 100.0))
+        .collect();
     let per_size = |f: &dyn Fn(&SlicePair) -> &Vec<f64>| -> Vec<f64> {
         (0..sizes.len().min(n))
             .map(|k| {
@@ -246,6 +250,18 @@ fn row(
         pair_command_ms_alone: pairs.iter().map(|p| p.command_ms_alone.clone()).collect(),
         busy_alone_pct: per_size(&|p| &p.busy_alone),
         busy_together_pct: percentile(&busy_together, 50.0),
+        cpu_alone_pct: (0..sizes.len().min(n))
+            .map(|k| {
+                let v: Vec<CpuSplit> = pairs
+                    .iter()
+                    .filter_map(|p| p.cpu_alone.get(k).copied())
+                    .collect();
+                CpuSplit::median(&v)
+            })
+            .collect(),
+        cpu_together_pct: CpuSplit::median(
+            &pairs.iter().map(|p| p.cpu_together).collect::<Vec<_>>(),
+        ),
         command_ms_alone: per_size(&|p| &p.command_ms_alone),
         command_ms_together: per_size(&|p| &p.command_ms_together),
         scheduler: kind.name().to_string(),
@@ -278,6 +294,9 @@ fn row(
         overhead_pct: percentile(&overheads, 50.0),
         overhead_range_pct: (percentile(&overheads, 25.0), percentile(&overheads, 75.0)),
         overhead_pairs: overheads.len(),
+        overhead_per_unit_pct: (!unit_costs.is_empty()).then(|| percentile(&unit_costs, 50.0)),
+        overhead_per_unit_range_pct: (!unit_costs.is_empty())
+            .then(|| (percentile(&unit_costs, 25.0), percentile(&unit_costs, 75.0))),
         overhead_vs_round_robin_pct: None,
         overhead_vs_round_robin_range_pct: None,
         throughput: percentile(&throughputs, 50.0),
@@ -313,6 +332,12 @@ struct SlicePair {
     busy_together: f64,
     command_ms_alone: Vec<f64>,
     command_ms_together: Vec<f64>,
+    /// The device time the guests' work together took over what the same work took
+    /// alone ([`unit_cost`]).
+    unit_cost: Option<f64>,
+    /// Where the cores went, each size alone and the guests together.
+    cpu_alone: Vec<CpuSplit>,
+    cpu_together: CpuSplit,
 }
 
 /// Device time (ns) per guest name.
@@ -362,14 +387,14 @@ fn device_use(
 /// over many pairs.
 fn interleaved(
     work: Work,
-    (target, control): (&str, &Target),
+    (target, control, pid): (&str, &Target, Option<u32>),
     round: usize,
     n: usize,
     pairs: usize,
 ) -> Result<Vec<SlicePair>, CliError> {
     let warm = Barrier::new(n + 1);
     let stop = AtomicBool::new(false);
-    let gates: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let gates: Vec<Gate> = (0..n).map(|_| Gate::closed()).collect();
     let deeps: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
     let done: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let names: Vec<String> = (0..n).map(|i| format!("share-o{round}-{i}")).collect();
@@ -384,19 +409,21 @@ fn interleaved(
             })
             .collect();
         warm.wait();
-        type Counted = (Vec<u64>, f64, (f64, Vec<f64>));
+        type Counted = (Vec<u64>, f64, (f64, Vec<f64>), CpuSplit);
         // Guests `on` run; alone (one guest on), it queues deeper to saturate the device.
         let count = |on: &dyn Fn(usize) -> bool, d: Duration| -> Result<Counted, CliError> {
             let alone = (0..n).filter(|i| on(*i)).count() == 1;
             for (i, (g, deep)) in gates.iter().zip(&deeps).enumerate() {
                 deep.store(alone && on(i), Ordering::Relaxed);
-                g.store(on(i), Ordering::Relaxed);
+                g.set(on(i));
             }
             std::thread::sleep(SLICE_SETTLE);
             let d0 = device_time(control, work.device())?;
             let c0: Vec<u64> = done.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let cpu0 = Reading::now(pid);
             let t0 = Instant::now();
             std::thread::sleep(d);
+            let cpu = cpu0.split_to(&Reading::now(pid));
             let counts: Vec<u64> = done
                 .iter()
                 .zip(&c0)
@@ -405,20 +432,26 @@ fn interleaved(
             let secs = t0.elapsed().as_secs_f64();
             let d1 = device_time(control, work.device())?;
             let used = device_use(&names, (&d0, &d1), &counts, secs, sizes);
-            Ok((counts, secs, used))
+            Ok((counts, secs, used, cpu))
         };
         let mut out = Vec::new();
         for _ in 0..pairs {
             let (mut rates, mut busy_alone, mut command_ms_alone) = (vec![], vec![], vec![]);
+            let mut cpu_alone = vec![];
             for k in 0..sizes {
-                let (c, secs, (busy, per_cmd)) = count(&|i| i == k, SLICE_ALONE)?;
+                let (c, secs, (busy, per_cmd), cpu) = count(&|i| i == k, SLICE_ALONE)?;
                 rates.push(c[k] as f64 / secs);
                 busy_alone.push(busy);
                 command_ms_alone.push(per_cmd[k]);
+                cpu_alone.push(cpu);
             }
-            let (c, secs, (busy_together, command_ms_together)) = count(&|_| true, SLICE_TOGETHER)?;
+            let (c, secs, (busy_together, command_ms_together), cpu_together) =
+                count(&|_| true, SLICE_TOGETHER)?;
             out.push(SlicePair {
+                cpu_alone,
+                cpu_together,
                 throughput: together_throughput(&c, &rates, secs),
+                unit_cost: unit_cost(&c, &command_ms_alone, &command_ms_together),
                 rates,
                 busy_alone,
                 busy_together,
@@ -429,6 +462,24 @@ fn interleaved(
         stop_guests(&stop, &gates, handles)?;
         Ok(out)
     })
+}
+
+/// The device time `counts[i]` commands of guest `i` (size `i % sizes`) took together over
+/// what they would have taken alone, from the meter's time per command of each size alone
+/// (`ms_alone`) and together (`ms_together`): what sharing costs a unit of work where the
+/// device is busy, whether or not one guest alone keeps it busy (the codec's does not: one
+/// decoder with one thread uses one of the host's cores). `None` without a size's cost.
+pub(super) fn unit_cost(counts: &[u64], ms_alone: &[f64], ms_together: &[f64]) -> Option<f64> {
+    let sizes = ms_alone.len().min(ms_together.len());
+    if sizes == 0 || ms_alone.iter().take(sizes).any(|m| *m <= 0.0) {
+        return None;
+    }
+    let (mut alone, mut together) = (0.0, 0.0);
+    for (i, c) in counts.iter().enumerate() {
+        alone += *c as f64 * ms_alone[i % sizes];
+        together += *c as f64 * ms_together[i % sizes];
+    }
+    (alone > 0.0).then(|| together / alone)
 }
 
 /// The guests' work together in `secs` (`counts[i]` commands of guest `i`, of size `i % 3`)
@@ -455,7 +506,21 @@ mod tests {
             busy_together: 0.0,
             command_ms_alone: vec![],
             command_ms_together: vec![],
+            unit_cost: None,
+            cpu_alone: vec![],
+            cpu_together: CpuSplit::default(),
         }
+    }
+
+    #[test]
+    fn the_unit_cost_weighs_each_sizes_shift_by_its_work_together() {
+        // Size 0: 1 ms alone, 1.2 together; size 1: 4 ms both. Guests 0 and 2 (size 0) did
+        // 100 units each, guest 1 (size 1) 50: 200 ms alone became 240, 200 stayed 200.
+        let u = unit_cost(&[100, 50, 100], &[1.0, 4.0], &[1.2, 4.0]).unwrap();
+        assert!((u - 440.0 / 400.0).abs() < 1e-12, "{u}");
+        assert_eq!(unit_cost(&[1, 1], &[0.0, 1.0], &[1.0, 1.0]), None);
+        assert_eq!(unit_cost(&[0, 0], &[1.0, 1.0], &[1.0, 1.0]), None);
+        assert_eq!(unit_cost(&[1], &[], &[]), None);
     }
 
     #[test]

@@ -92,14 +92,16 @@ use crate::CliError;
 mod backlog;
 mod chart;
 mod codec;
+mod cpu;
 mod fairness;
 mod gles;
 mod gpu;
 mod grade;
 mod multimedia;
 mod table;
-use backlog::Control;
+use backlog::{Control, Gate};
 pub use chart::write as write_chart;
+pub use cpu::CpuSplit;
 use fairness::fairness_on;
 #[cfg(test)]
 use fairness::together_throughput;
@@ -120,21 +122,22 @@ enum Work {
     /// test).
     Gpu([(u32, u32); 3]),
     /// H.264 decodes of clips of these sizes (`--codec-sizes`; by default 640x360,
-    /// 1280x720 and 1920x1080).
-    Codec([(u32, u32); 3]),
+    /// 1280x720 and 1920x1080), each guest's decoder with this many threads
+    /// (`--codec-threads`).
+    Codec([(u32, u32); 3], u32),
 }
 
 impl Work {
     fn device(self) -> &'static str {
         match self {
             Work::Gpu(_) => "gpu",
-            Work::Codec(_) => "codec",
+            Work::Codec(..) => "codec",
         }
     }
 
     fn sizes(self) -> [(u32, u32); 3] {
         match self {
-            Work::Gpu(sizes) | Work::Codec(sizes) => sizes,
+            Work::Gpu(sizes) | Work::Codec(sizes, _) => sizes,
         }
     }
 
@@ -145,7 +148,7 @@ impl Work {
         let pixels = u64::from(w) * u64::from(h);
         match self {
             Work::Gpu(_) => pixels * 4 * 2,
-            Work::Codec(_) => pixels * 3 / 2,
+            Work::Codec(..) => pixels * 3 / 2,
         }
     }
 
@@ -171,7 +174,7 @@ impl Work {
         };
         match self {
             Work::Gpu(_) => gpu::guest(target, name, gpu::Load::backlogged(size), warm, ctl),
-            Work::Codec(_) => codec::guest(target, name, size, warm, ctl),
+            Work::Codec(_, threads) => codec::guest(target, name, (size, threads), warm, ctl),
         }
     }
 }
@@ -200,6 +203,8 @@ pub struct SharingParams {
     /// the control whose grade does not depend on weighing one size's work against
     /// another's.
     pub codec_sizes: [(u32, u32); 3],
+    /// The threads of each codec guest's decoder (`--codec-threads`).
+    pub codec_threads: u32,
 }
 
 /// One size alone on the device, measured just before a scheduler's fairness runs (the
@@ -267,6 +272,15 @@ pub struct FairnessRow {
     pub overhead_range_pct: (f64, f64),
     /// How many slice pairs the overhead is the median of.
     pub overhead_pairs: usize,
+    /// How much more device time the guests' work took together than the same work alone,
+    /// percent (the meter's time per command of each size, together and alone, weighed by
+    /// the work done together; median over the slice pairs): the overhead against a
+    /// device kept busy, which needs no guest alone that keeps it busy. The codec's guest
+    /// alone does not (`cpu_alone_pct`: one decoder with one thread leaves the other core
+    /// idle), so against it `overhead_pct` is negative.
+    pub overhead_per_unit_pct: Option<f64>,
+    /// Its quartiles over the slice pairs.
+    pub overhead_per_unit_range_pct: Option<(f64, f64)>,
     /// Throughput lost against round robin with as many guests, percent (when measured):
     /// a round-robin daemon and this scheduler's running at once, their guests' slices
     /// alternating, the median over the slice pairs.
@@ -281,6 +295,12 @@ pub struct FairnessRow {
     /// ... and with the guests together (below the alone values: the scheduler left the
     /// device idle);
     pub busy_together_pct: f64,
+    /// Where the host's cores went (% of one core, medians of the slice pairs), each size
+    /// alone ...
+    pub cpu_alone_pct: Vec<CpuSplit>,
+    /// ... and the guests together: a device whose guest alone leaves cores idle (the
+    /// codec's) has no saturating alone rate, and the overhead against it is then negative.
+    pub cpu_together_pct: CpuSplit,
     /// the device time per command of each size alone, ms ...
     pub command_ms_alone: Vec<f64>,
     /// How far the alone rates that weigh each size's work in the grade spread over the
@@ -461,7 +481,7 @@ fn run_guests(
 
 /// A guest's gate and deep-queue switches, and where it stamps its answers' times.
 type Flags<'a> = (
-    Option<&'a AtomicBool>,
+    Option<&'a Gate>,
     Option<&'a AtomicBool>,
     Option<&'a Mutex<Vec<Instant>>>,
 );
@@ -470,12 +490,12 @@ type Flags<'a> = (
 /// sees `stop`), and joins `handles`, returning the first guest's error.
 fn stop_guests<'s>(
     stop: &AtomicBool,
-    gates: &[AtomicBool],
+    gates: &[Gate],
     handles: Vec<std::thread::ScopedJoinHandle<'s, Result<(), CliError>>>,
 ) -> Result<(), CliError> {
     stop.store(true, Ordering::Relaxed);
     for g in gates {
-        g.store(true, Ordering::Relaxed);
+        g.set(true);
     }
     for h in handles {
         match h.join() {
@@ -540,7 +560,12 @@ pub fn run(p: &SharingParams) -> Result<SharingReport, CliError> {
         Vec::new()
     };
     let fairness_codec = if p.codec {
-        fairness_on(Work::Codec(p.codec_sizes), p, 1, &mut alone)?
+        fairness_on(
+            Work::Codec(p.codec_sizes, p.codec_threads),
+            p,
+            1,
+            &mut alone,
+        )?
     } else {
         Vec::new()
     };

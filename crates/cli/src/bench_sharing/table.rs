@@ -72,8 +72,14 @@ fn print_fairness(rows: &[FairnessRow]) {
     }
     println!("where the overhead goes (medians of the slice pairs; sizes in order):");
     println!(
-        "{:<12} {:>6}  {:<20} {:>9}  {:<22} {:<22}",
-        "scheduler", "guests", "busy% alone", "together", "ms/command alone", "together"
+        "{:<12} {:>6}  {:<20} {:>9}  {:<22} {:<22} {:>16}",
+        "scheduler",
+        "guests",
+        "busy% alone",
+        "together",
+        "ms/command alone",
+        "together",
+        "per unit +% (p25..p75)"
     );
     let list = |v: &[f64], digits: usize| -> String {
         let s: Vec<String> = v.iter().map(|x| format!("{x:.digits$}")).collect();
@@ -81,13 +87,37 @@ fn print_fairness(rows: &[FairnessRow]) {
     };
     for f in rows {
         println!(
-            "{:<12} {:>6}  {:<20} {:>9.1}  {:<22} {:<22}",
+            "{:<12} {:>6}  {:<20} {:>9.1}  {:<22} {:<22} {:>16}",
             f.scheduler,
             f.guests,
             list(&f.busy_alone_pct, 1),
             f.busy_together_pct,
             list(&f.command_ms_alone, 2),
-            list(&f.command_ms_together, 2)
+            list(&f.command_ms_together, 2),
+            match (f.overhead_per_unit_pct, f.overhead_per_unit_range_pct) {
+                (Some(p), Some((a, b))) => format!("{p:.1} ({a:.1}..{b:.1})"),
+                _ => "-".into(),
+            }
+        );
+    }
+    println!(
+        "where the cores went (% of one core, medians of the slice pairs): daemon / its \
+         workers / guests / other / idle"
+    );
+    let split = |c: &CpuSplit| {
+        format!(
+            "{:.0}/{:.0}/{:.0}/{:.0}/{:.0}",
+            c.daemon, c.workers, c.guests, c.other, c.idle
+        )
+    };
+    for f in rows {
+        let alone: Vec<String> = f.cpu_alone_pct.iter().map(split).collect();
+        println!(
+            "{:<12} {:>6}  alone {}  together {}",
+            f.scheduler,
+            f.guests,
+            alone.join(", "),
+            split(&f.cpu_together_pct)
         );
     }
 }
