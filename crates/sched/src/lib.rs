@@ -101,6 +101,10 @@ pub trait Scheduler: Send {
     /// of guest makes the next command slower (decoders evicting each other's pictures from
     /// the caches). 0 (the default): no turns. Schedulers without turns ignore it.
     fn set_turn(&mut self, _turn: Nanos) {}
+    /// How many device commands may be on the device at once (at least 1): for an
+    /// asynchronous device that does more with the next command already queued behind the
+    /// running one. Schedulers that do not hold commands back ignore it.
+    fn set_max_running(&mut self, _n: usize) {}
 }
 
 /// The schedulers the daemon offers.

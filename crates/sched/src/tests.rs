@@ -915,3 +915,26 @@ fn wfq_turns_hold_two_four_and_eight_guests_within_two_percent_per_second() {
         assert!(u <= 0.02, "{n} guests: {u}");
     }
 }
+
+#[test]
+fn wfq_lets_as_many_commands_on_the_device_as_it_is_told() {
+    let mut w = Kind::Wfq.build();
+    let (a, b) = (GuestId(1), GuestId(2));
+    assert_eq!(w.pick(&[a, b], &[], 0), Pick::Serve(a));
+    w.dispatched(a, 0);
+    // One command on the device: by default the next choice waits for its answer.
+    w.commands_running(1);
+    assert_eq!(w.pick(&[a, b], &[], MS), Pick::Wait);
+    // With two allowed, the next is chosen now...
+    w.set_max_running(2);
+    let next = w.pick(&[a, b], &[], MS);
+    assert!(matches!(next, Pick::Serve(_)), "{next:?}");
+    // ...and with two on the device, the third waits.
+    w.commands_running(2);
+    assert_eq!(w.pick(&[a, b], &[], MS), Pick::Wait);
+    // Round robin holds nothing back whatever it is told.
+    let mut r = Kind::RoundRobin.build();
+    r.set_max_running(1);
+    r.commands_running(5);
+    assert_eq!(r.pick(&[a], &[], 0), Pick::Serve(a));
+}

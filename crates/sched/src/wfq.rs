@@ -22,8 +22,9 @@
 //!   than `credit` of its own device time behind `V` (50 ms). A guest coming back with a
 //!   bank would take the device from the others in the next accounting window, making that
 //!   window unfair too; AvA's 500 ms window is the other extreme.
-//! - An asynchronous device (the GPU) has at most `max_running` device commands (1; accesses,
-//!   which the worker runs itself, are not counted) at once, plus, with a `lead` (0 by
+//! - An asynchronous device has at most `max_running` device commands (1 by default, the
+//!   GPU's 2 since stop 54, [`Scheduler::set_max_running`]; accesses, which the worker
+//!   runs itself, are not counted) at once, plus, with a `lead` (0 by
 //!   default since stop 52; 1 ms before), one more released that long before the last of
 //!   them is expected to answer. Expected: its start (the later
 //!   of its dispatch and the previous answer) plus its guest's average command cost. Until
@@ -294,6 +295,10 @@ impl Scheduler for Wfq {
 
     fn set_turn(&mut self, turn: Nanos) {
         self.cfg.turn = turn;
+    }
+
+    fn set_max_running(&mut self, n: usize) {
+        self.cfg.max_running = n.max(1);
     }
 
     fn set_share(&mut self, guest: GuestId, share: u32) {

@@ -221,6 +221,11 @@ pub trait Device: Send + Sync {
     fn turn(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+    /// How many of its commands a scheduler that holds commands back (WFQ) lets be on
+    /// this device at once ([`virtsoc_sched::Scheduler::set_max_running`]). By default one.
+    fn commands_at_once(&self) -> usize {
+        1
+    }
     /// Runs one device command (`args[0]` is the device opcode).
     fn execute(&self, cx: &DeviceCtx<'_>, args: &[u64; 6]) -> DeviceResult;
     /// Runs one device command and answers through `reply`, at once or once the work is done
@@ -402,6 +407,7 @@ impl DeviceSet {
                     acct: Arc::new(
                         Accounting::new(sharing.scheduler)
                             .with_turn(device.turn())
+                            .with_max_running(device.commands_at_once())
                             .with_apart(device.answers_apart()),
                     ),
                 });

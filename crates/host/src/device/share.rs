@@ -189,6 +189,13 @@ impl Accounting {
         self
     }
 
+    /// The same with at most `n` commands on the device at once
+    /// ([`virtsoc_sched::Scheduler::set_max_running`]).
+    pub fn with_max_running(self, n: usize) -> Self {
+        self.sched.lock_or_recover().set_max_running(n);
+        self
+    }
+
     /// The same with turns of `turn` ([`virtsoc_sched::Scheduler::set_turn`]).
     pub fn with_turn(self, turn: Duration) -> Self {
         self.sched
