@@ -26,7 +26,8 @@ fn print_fairness(rows: &[FairnessRow]) {
          answers' times; p50 from whole units counted at the edges; over the whole run; p50 \
          among guests of one size, no weights; p50 with each size weighed by its cost together, not \
          alone; the meter's p50 beside it), overhead against \
-         one guest alone queueing {}x deeper (saturating)",
+         one guest alone queueing {}x deeper (whether it keeps the device busy: where the \
+         cores went, below)",
         rows.first().map_or(backlog::DEEP, |f| f.alone_queue_factor)
     );
     println!(
