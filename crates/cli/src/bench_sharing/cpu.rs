@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::scenario::{cpu_seconds, daemon_cpu_seconds};
+use crate::scenario::{cpu_seconds, daemon_cpu};
 use crate::stats::percentile;
 
 /// A slice's cores, each part in % of one core (the parts add up to `cores` x 100).
@@ -59,13 +59,13 @@ impl Reading {
     /// The counts now, the daemon being process `daemon` (`None`: unknown, its parts 0).
     pub(super) fn now(daemon: Option<u32>) -> Reading {
         let (host_busy, host_idle) = host_times().unwrap_or((0.0, 0.0));
-        let own = daemon.and_then(cpu_seconds).unwrap_or(0.0);
+        let (own, children) = daemon.and_then(daemon_cpu).unwrap_or((0.0, 0.0));
         Reading {
             at: Instant::now(),
             host_busy,
             host_idle,
             daemon: own,
-            tree: daemon.and_then(daemon_cpu_seconds).unwrap_or(own),
+            tree: own + children,
             guests: cpu_seconds(std::process::id()).unwrap_or(0.0),
         }
     }

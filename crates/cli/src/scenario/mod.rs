@@ -210,9 +210,14 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 /// CPU seconds of the daemon `pid` with its decoder workers: its own, its running
 /// children's, and those of the children it has reaped.
 pub fn daemon_cpu_seconds(pid: u32) -> Option<f64> {
+    daemon_cpu(pid).map(|(own, children)| own + children)
+}
+
+/// CPU seconds of the daemon `pid`, apart: (its own, its children's, running and reaped).
+pub fn daemon_cpu(pid: u32) -> Option<(f64, f64)> {
     let (own, reaped) = proc_cpu(pid)?;
     let live: f64 = live_children(pid).into_iter().filter_map(cpu_seconds).sum();
-    Some(own + reaped + live)
+    Some((own, reaped + live))
 }
 
 /// The running children of process `pid` (from each of its threads' `children` list).
